@@ -1,0 +1,107 @@
+"""Small models written as a feature extractor ``h`` followed by a linear head.
+
+Methods freeze ``features`` and train or privatise ``head`` alone (FedAUX's "+F", FedAUXfdp's DP
+heads). No BatchNorm: DP-SGD (per-sample gradients) and vectorised shadow training need layers
+whose output for one example does not depend on the others in its batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from privkit.errors import PrivkitError
+
+ARCHITECTURES = ("cnn", "mlp")
+
+
+class FeatureClassifier(nn.Module):
+    """``head(features(x))``; ``feature_dim`` is the width of ``features``' output."""
+
+    def __init__(self, features: nn.Module, feature_dim: int, num_classes: int):
+        super().__init__()
+        self.features = features
+        self.feature_dim = feature_dim
+        self.head = nn.Linear(feature_dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x)
+
+
+def _cnn_features(in_shape: tuple[int, int, int], width: int, feature_dim: int) -> nn.Module:
+    c, h, w = in_shape
+    if h < 8 or w < 8:
+        raise PrivkitError(f"cnn needs inputs of at least 8x8; found {h}x{w}")
+    return nn.Sequential(
+        nn.Conv2d(c, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(2 * width * (h // 4) * (w // 4), feature_dim), nn.ReLU(),
+    )
+
+
+def _mlp_features(in_shape: tuple[int, int, int], hidden: int, depth: int) -> nn.Module:
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = int(torch.tensor(in_shape).prod())
+    for _ in range(depth):
+        layers += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    return nn.Sequential(*layers)
+
+
+def build_model(arch: str, input_shape: tuple[int, ...], num_classes: int, *, width: int = 16,
+                feature_dim: int = 128, depth: int = 1) -> FeatureClassifier:
+    """Build a model from a spec.
+
+    Parameters
+    ----------
+    arch : ``"cnn"`` (two conv blocks + dense layer; 1x28x28 and 3x32x32 inputs, any size >= 8x8)
+        or ``"mlp"``.
+    input_shape : (C, H, W).
+    width : conv channels of the first block (cnn).
+    feature_dim : width of the feature vector h(x) (cnn: dense layer; mlp: hidden width).
+    depth : hidden layers (mlp).
+    """
+    shape = tuple(int(s) for s in input_shape)
+    if len(shape) != 3:
+        raise PrivkitError(f"input_shape must be (C, H, W); found {input_shape}")
+    if num_classes < 2:
+        raise PrivkitError(f"num_classes must be >= 2; found {num_classes}")
+    if arch == "cnn":
+        return FeatureClassifier(_cnn_features(shape, width, feature_dim), feature_dim, num_classes)
+    if arch == "mlp":
+        return FeatureClassifier(_mlp_features(shape, feature_dim, depth), feature_dim, num_classes)
+    raise PrivkitError(f"arch must be one of {', '.join(ARCHITECTURES)}; found {arch!r}")
+
+
+def model_spec(arch: str, input_shape: tuple[int, ...], num_classes: int, **kwargs: Any) -> dict:
+    """A JSON-able spec that :func:`build_from_spec` turns back into the same architecture."""
+    return {"arch": arch, "input_shape": list(input_shape), "num_classes": int(num_classes), **kwargs}
+
+
+def build_from_spec(spec: dict) -> FeatureClassifier:
+    kwargs = {k: v for k, v in spec.items() if k not in ("arch", "input_shape", "num_classes")}
+    return build_model(spec["arch"], tuple(spec["input_shape"]), spec["num_classes"], **kwargs)
+
+
+def select_device(spec: str = "auto") -> torch.device:
+    """``auto`` picks ``cuda`` when available, else ``cpu``; asking for an absent ``cuda`` is an error."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise PrivkitError(f"device must be auto, cpu or an available cuda device; found {spec!r} "
+                               "but torch sees no GPU")
+        return torch.device(spec)
+    raise PrivkitError(f"device must be auto, cpu or cuda; found {spec!r}")
+
+
+__all__ = ["ARCHITECTURES", "FeatureClassifier", "build_from_spec", "build_model", "model_spec",
+           "select_device"]

@@ -1,0 +1,13 @@
+"""Trainers: one module per method, each registering itself in :data:`REGISTRY`.
+
+Use :func:`train` (``privkit.trainers.train("fedavg", federation, {...}, seed=0)``) or the CLI
+``privkit train METHOD``.
+"""
+
+from privkit.trainers.base import (REGISTRY, TrainerConfig, TrainerSpec, TrainResult, get_trainer,
+                                   make_config, register_trainer, train)
+
+__all__ = ["REGISTRY", "TrainResult", "TrainerConfig", "TrainerSpec", "get_trainer", "make_config",
+           "register_trainer", "train"]
+
+# Method modules register themselves on import (one line each, below).

@@ -1,0 +1,199 @@
+"""The trainer contract: a pure function of (federation, config, seed) -> :class:`TrainResult`.
+
+A trainer never computes an epsilon itself: every time a mechanism touches a client's private data
+it appends an event to the result's :class:`accountants.Ledger`. The result carries the released
+model(s) (what audits attack), per-round metrics, and any artifact a client shares with the server
+(scores, heads, soft labels, distilled samples), so audits can attack those too.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+from typing_extensions import Annotated
+
+from privkit.config import StrictModel
+from privkit.errors import PrivkitError
+from privkit.models import build_from_spec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from accountants import Ledger
+
+    from privkit.data import Federation
+
+SCHEMA_VERSION = 1
+
+
+class TrainerConfig(StrictModel):
+    """Settings every trainer shares; each method subclasses it with its own fields and defaults."""
+
+    device: str = "auto"
+    arch: Literal["cnn", "mlp"] = "cnn"
+    width: Annotated[int, Field(ge=1)] = 16
+    feature_dim: Annotated[int, Field(ge=2)] = 128
+    eval_batch_size: Annotated[int, Field(ge=1)] = 1024
+
+
+@dataclass
+class TrainResult:
+    """What a trainer returns.
+
+    Attributes
+    ----------
+    model : the released global model (the default audit target).
+    model_spec : JSON spec rebuilding ``model``'s architecture (:func:`privkit.models.build_from_spec`).
+    ledger : every privacy event, per client, with labels.
+    rounds : per-round metrics, each a dict with at least ``round`` and ``test_accuracy``.
+    test_accuracy : the released model's final test accuracy, as a fraction.
+    artifacts : arrays a client shared with the server, keyed ``"<name>"`` or ``"<name>/client_<i>"``.
+    client_models / client_model_specs : personalised or per-party models that are released too.
+    warnings : caveats a reviewer must see (data-dependent choices, sampling mismatches, ...).
+    claims : the paper's own privacy claim for this method, e.g.
+        ``{"epsilon": 0.6, "delta": 2e-5, "composition": "basic", "source": "FedAUXfdp Table 2"}``.
+    """
+
+    method: str
+    seed: int
+    config: dict
+    model: torch.nn.Module
+    model_spec: dict
+    ledger: "Ledger"
+    rounds: list[dict] = field(default_factory=list)
+    test_accuracy: float = float("nan")
+    artifacts: dict[str, np.ndarray] = field(default_factory=dict)
+    client_models: list[torch.nn.Module] = field(default_factory=list)
+    client_model_specs: list[dict] = field(default_factory=list)
+    client_accuracy: list[float] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    claims: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ persistence
+    def metrics(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "method": self.method, "seed": self.seed,
+                "test_accuracy": float(self.test_accuracy), "rounds": self.rounds,
+                "client_accuracy": [float(a) for a in self.client_accuracy]}
+
+    def save(self, run_dir: str | Path) -> Path:
+        """Write checkpoints, ``ledger.json``, ``metrics.json``, ``train.json``, ``artifacts.npz``."""
+        out = Path(run_dir)
+        ckpt = out / "checkpoints"
+        ckpt.mkdir(parents=True, exist_ok=True)
+        torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, ckpt / "model.pt")
+        for i, m in enumerate(self.client_models):
+            torch.save({k: v.detach().cpu() for k, v in m.state_dict().items()}, ckpt / f"client_{i}.pt")
+        self.ledger.save(out / "ledger.json")
+        (out / "metrics.json").write_text(json.dumps(self.metrics(), indent=2))
+        meta = {"schema_version": SCHEMA_VERSION, "method": self.method, "seed": self.seed,
+                "config": self.config, "model_spec": self.model_spec,
+                "client_model_specs": self.client_model_specs, "warnings": self.warnings,
+                "claims": self.claims}
+        (out / "train.json").write_text(json.dumps(meta, indent=2, default=_jsonable))
+        if self.artifacts:
+            np.savez_compressed(out / "artifacts.npz", **self.artifacts)
+        return out
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> "TrainResult":
+        from accountants import Ledger
+
+        out = Path(run_dir)
+        meta_path = out / "train.json"
+        if not meta_path.is_file():
+            raise PrivkitError(f"no trained model in {out}: {meta_path.name} not found "
+                               "(run `privkit train` first)")
+        meta = json.loads(meta_path.read_text())
+        metrics = json.loads((out / "metrics.json").read_text())
+        model = build_from_spec(meta["model_spec"])
+        model.load_state_dict(torch.load(out / "checkpoints" / "model.pt", weights_only=True))
+        clients = []
+        for i, spec in enumerate(meta.get("client_model_specs", [])):
+            m = build_from_spec(spec)
+            m.load_state_dict(torch.load(out / "checkpoints" / f"client_{i}.pt", weights_only=True))
+            clients.append(m)
+        artifacts = {}
+        if (out / "artifacts.npz").is_file():
+            with np.load(out / "artifacts.npz") as data:
+                artifacts = {k: data[k] for k in data.files}
+        return cls(method=meta["method"], seed=meta["seed"], config=meta["config"], model=model,
+                   model_spec=meta["model_spec"], ledger=Ledger.load(out / "ledger.json"),
+                   rounds=metrics["rounds"], test_accuracy=metrics["test_accuracy"],
+                   artifacts=artifacts, client_models=clients,
+                   client_model_specs=meta.get("client_model_specs", []),
+                   client_accuracy=metrics.get("client_accuracy", []),
+                   warnings=meta.get("warnings", []), claims=meta.get("claims", {}))
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return str(obj)
+
+
+# ---------------------------------------------------------------------------- registry
+TrainerFn = Callable[..., TrainResult]
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """A registered method: its config model, the function, and what it promises."""
+
+    name: str
+    config_cls: type[TrainerConfig]
+    fn: TrainerFn
+    summary: str
+    paper: str | None = None
+    formal_dp: bool = True
+
+    def defaults(self) -> dict:
+        return self.config_cls().model_dump()
+
+
+REGISTRY: dict[str, TrainerSpec] = {}
+
+
+def register_trainer(name: str, config_cls: type[TrainerConfig], summary: str, *,
+                     paper: str | None = None, formal_dp: bool = True) -> Callable[[TrainerFn], TrainerFn]:
+    """Decorator registering ``fn(federation, config, seed, progress=False) -> TrainResult``."""
+
+    def deco(fn: TrainerFn) -> TrainerFn:
+        if name in REGISTRY:
+            raise PrivkitError(f"trainer {name!r} registered twice")
+        REGISTRY[name] = TrainerSpec(name, config_cls, fn, summary, paper, formal_dp)
+        return fn
+
+    return deco
+
+
+def get_trainer(name: str) -> TrainerSpec:
+    import privkit.trainers  # noqa: F401  (imports every method module, filling the registry)
+
+    if name not in REGISTRY:
+        raise PrivkitError(f"method must be one of {', '.join(sorted(REGISTRY))}; found {name!r}")
+    return REGISTRY[name]
+
+
+def make_config(method: str, data: dict | TrainerConfig | None = None) -> TrainerConfig:
+    """Validate ``data`` against ``method``'s config model (defaults for missing keys)."""
+    spec = get_trainer(method)
+    if isinstance(data, TrainerConfig):
+        return data
+    return spec.config_cls.model_validate(data or {})
+
+
+def train(method: str, federation: "Federation", config: dict | TrainerConfig | None = None,
+          seed: int = 0, progress: bool = False) -> TrainResult:
+    """Run ``method`` on ``federation``; same (federation, config, seed) -> same result."""
+    spec = get_trainer(method)
+    cfg = make_config(method, config)
+    result = spec.fn(federation, cfg, seed, progress=progress)
+    if result.method != method:
+        raise PrivkitError(f"trainer {method} returned a result labelled {result.method!r}")
+    return result
