@@ -151,22 +151,31 @@ class TrainerSpec:
     summary: str
     paper: str | None = None
     formal_dp: bool = True
+    quick: dict = field(default_factory=dict)
 
     def defaults(self) -> dict:
         return self.config_cls().model_dump()
+
+    def quick_config(self) -> dict:
+        """Defaults with the ``quick`` overrides: a CPU-sized run (seconds) used by the demo and CI."""
+        return self.config_cls.model_validate({**self.defaults(), **self.quick}).model_dump()
 
 
 REGISTRY: dict[str, TrainerSpec] = {}
 
 
 def register_trainer(name: str, config_cls: type[TrainerConfig], summary: str, *,
-                     paper: str | None = None, formal_dp: bool = True) -> Callable[[TrainerFn], TrainerFn]:
-    """Decorator registering ``fn(federation, config, seed, progress=False) -> TrainResult``."""
+                     paper: str | None = None, formal_dp: bool = True,
+                     quick: dict | None = None) -> Callable[[TrainerFn], TrainerFn]:
+    """Decorator registering ``fn(federation, config, seed, progress=False) -> TrainResult``.
+
+    ``quick`` holds config overrides for a CPU-sized run on the embedded data (the demo uses it).
+    """
 
     def deco(fn: TrainerFn) -> TrainerFn:
         if name in REGISTRY:
             raise PrivkitError(f"trainer {name!r} registered twice")
-        REGISTRY[name] = TrainerSpec(name, config_cls, fn, summary, paper, formal_dp)
+        REGISTRY[name] = TrainerSpec(name, config_cls, fn, summary, paper, formal_dp, dict(quick or {}))
         return fn
 
     return deco
