@@ -1,0 +1,101 @@
+"""Config overrides, seeding, executors, models, device selection."""
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from privkit.config import apply_overrides, load_toml, parse_value
+from privkit.data import FederationConfig
+from privkit.errors import PrivkitError
+from privkit.executor import get_executor, run_tasks
+from privkit.models import build_from_spec, build_model, model_spec, select_device
+from privkit.seeding import child_seeds, derive_seed, make_rng
+
+
+def test_overrides_parse_as_toml_values():
+    out = apply_overrides({"federation": {"alpha": 1.0}}, ["federation.alpha=0.01", "methods=[\"a\", \"b\"]",
+                                                         "flag=true", "name=demo"])
+    assert out == {"federation": {"alpha": 0.01}, "methods": ["a", "b"], "flag": True, "name": "demo"}
+    assert parse_value("3") == 3 and parse_value("1e-5") == 1e-5
+
+
+def test_override_errors_name_the_input():
+    with pytest.raises(PrivkitError, match="--set expects key=value; found 'alpha'"):
+        apply_overrides({}, ["alpha"])
+    with pytest.raises(PrivkitError, match="a is not a table"):
+        apply_overrides({"a": 1}, ["a.b=2"])
+
+
+def test_load_toml_errors(tmp_path):
+    with pytest.raises(PrivkitError, match="config file not found"):
+        load_toml(tmp_path / "none.toml")
+    (tmp_path / "bad.toml").write_text("a = [")
+    with pytest.raises(PrivkitError, match="malformed config"):
+        load_toml(tmp_path / "bad.toml")
+
+
+def test_federation_config_rejects_bad_values():
+    with pytest.raises(ValidationError, match="alpha"):
+        FederationConfig(alpha=0)
+    with pytest.raises(ValidationError, match="clients"):
+        FederationConfig(clients=0)
+    with pytest.raises(ValidationError, match="extra"):
+        FederationConfig.model_validate({"alpah": 1.0})
+    with pytest.raises(ValidationError, match="public_size must be > 0"):
+        FederationConfig(public_dataset=None, public_size=0)
+
+
+def test_child_seeds_are_stable_and_independent():
+    a = child_seeds(1, 4, "shadow")
+    assert a == child_seeds(1, 4, "shadow")  # same inputs, same seeds
+    assert child_seeds(1, 5, "shadow")[:4] == a  # adding a task does not shift the others
+    assert a != child_seeds(1, 4, "client") and len(set(a)) == 4
+    assert derive_seed(1, "x") == child_seeds(1, 1, "x")[0]
+    assert make_rng(3, "p").random() == make_rng(3, "p").random()
+
+
+def _square_plus_noise(task):
+    seed, x = task
+    return x * x + float(np.random.default_rng(seed).random())
+
+
+@pytest.mark.parametrize("name", ["serial", "process"])
+def test_executors_give_identical_results(name):
+    tasks = list(zip(child_seeds(0, 4, "t"), range(4)))
+    expected = [_square_plus_noise(t) for t in tasks]
+    assert run_tasks(_square_plus_noise, tasks, executor=name, workers=2) == expected
+
+
+def test_unknown_executor():
+    with pytest.raises(PrivkitError, match="executor must be one of serial, process, ray; found 'gpu'"):
+        get_executor("gpu")
+
+
+@pytest.mark.parametrize("arch, shape", [("cnn", (1, 28, 28)), ("cnn", (3, 32, 32)), ("mlp", (1, 8, 8))])
+def test_models_are_features_plus_linear_head(arch, shape):
+    m = build_model(arch, shape, 10, width=4, feature_dim=16)
+    x = torch.zeros(2, *shape)
+    assert m(x).shape == (2, 10) and m.embed(x).shape == (2, 16)
+    assert torch.allclose(m(x), m.head(m.features(x)))
+    spec = model_spec(arch, shape, 10, width=4, feature_dim=16)
+    clone = build_from_spec(spec)
+    clone.load_state_dict(m.state_dict())
+    assert torch.equal(clone(x), m(x))
+
+
+def test_model_errors():
+    with pytest.raises(PrivkitError, match="arch must be one of cnn, mlp; found 'resnet'"):
+        build_model("resnet", (1, 28, 28), 10)
+    with pytest.raises(PrivkitError, match="cnn needs inputs of at least 8x8; found 4x4"):
+        build_model("cnn", (1, 4, 4), 10)
+
+
+def test_device_selection():
+    assert select_device("cpu").type == "cpu"
+    assert select_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(PrivkitError, match="device must be auto, cpu or cuda; found 'tpu'"):
+        select_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(PrivkitError, match="torch sees no GPU"):
+            select_device("cuda")
