@@ -33,6 +33,14 @@ class FeatureClassifier(nn.Module):
         return self.features(x)
 
 
+class UnitNormalize(nn.Module):
+    """``h / ||h||`` per example (zero stays zero); no parameters (``normalize=True`` in specs)."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        norm = h.norm(dim=1, keepdim=True)
+        return torch.where(norm > 0, h / norm.clamp_min(1e-30), torch.zeros_like(h))
+
+
 def _cnn_features(in_shape: tuple[int, int, int], width: int, feature_dim: int) -> nn.Module:
     c, h, w = in_shape
     if h < 8 or w < 8:
@@ -55,7 +63,7 @@ def _mlp_features(in_shape: tuple[int, int, int], hidden: int, depth: int) -> nn
 
 
 def build_model(arch: str, input_shape: tuple[int, ...], num_classes: int, *, width: int = 16,
-                feature_dim: int = 128, depth: int = 1) -> FeatureClassifier:
+                feature_dim: int = 128, depth: int = 1, normalize: bool = False) -> FeatureClassifier:
     """Build a model from a spec.
 
     Parameters
@@ -66,16 +74,19 @@ def build_model(arch: str, input_shape: tuple[int, ...], num_classes: int, *, wi
     width : conv channels of the first block (cnn).
     feature_dim : width of the feature vector h(x) (cnn: dense layer; mlp: hidden width).
     depth : hidden layers (mlp).
+    normalize : append a parameter-free ``h / ||h||`` to the features (heads fitted on unit-norm
+        features, FedAUXfdp); state-dict keys are unchanged.
     """
     shape = tuple(int(s) for s in input_shape)
     if len(shape) != 3:
         raise PrivkitError(f"input_shape must be (C, H, W); found {input_shape}")
     if num_classes < 2:
         raise PrivkitError(f"num_classes must be >= 2; found {num_classes}")
-    if arch == "cnn":
-        return FeatureClassifier(_cnn_features(shape, width, feature_dim), feature_dim, num_classes)
-    if arch == "mlp":
-        return FeatureClassifier(_mlp_features(shape, feature_dim, depth), feature_dim, num_classes)
+    if arch in ARCHITECTURES:
+        feats = _cnn_features(shape, width, feature_dim) if arch == "cnn" else _mlp_features(shape, feature_dim, depth)
+        if normalize:
+            feats.append(UnitNormalize())
+        return FeatureClassifier(feats, feature_dim, num_classes)
     raise PrivkitError(f"arch must be one of {', '.join(ARCHITECTURES)}; found {arch!r}")
 
 
@@ -103,5 +114,5 @@ def select_device(spec: str = "auto") -> torch.device:
     raise PrivkitError(f"device must be auto, cpu or cuda; found {spec!r}")
 
 
-__all__ = ["ARCHITECTURES", "FeatureClassifier", "build_from_spec", "build_model", "model_spec",
+__all__ = ["ARCHITECTURES", "FeatureClassifier", "UnitNormalize", "build_from_spec", "build_model", "model_spec",
            "select_device"]
