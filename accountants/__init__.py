@@ -1,1 +1,91 @@
-"""placeholder init"""
+"""privkit accountants: mechanisms, sensitivities, privacy events, composition, calibration, ledger.
+
+Everything public is importable from here.  This package never imports torch (the optional opacus
+PRV cross-check imports opacus lazily, only when asked for).
+"""
+
+from accountants.calibration import Calibration, calibrate_noise_multiplier
+from accountants.composition import advanced_composition, basic_composition
+from accountants.dpsgd import (
+    PLD_VDI,
+    DpsgdResult,
+    dpsgd_accounting,
+    dpsgd_epsilon,
+    dpsgd_event,
+    neighbouring_relation,
+)
+from accountants.events import (
+    EpsilonDeltaEvent,
+    NfdpSubsampleEvent,
+    NonPrivateEvent,
+    event_from_dict,
+    event_to_dict,
+)
+from accountants.gaussian import (
+    GaussianCalibration,
+    analytic_gaussian_delta,
+    analytic_gaussian_sigma,
+    calibrate_gaussian,
+    classic_gaussian_sigma,
+    gaussian_epsilon,
+)
+from accountants.ledger import (
+    ACCOUNTANTS,
+    SCHEMA_VERSION,
+    Accounting,
+    Ledger,
+    LedgerEntry,
+    UnsupportedEventError,
+)
+from accountants.nfdp import (
+    nfdp_delta,
+    nfdp_epsilon_delta,
+    nfdp_profile,
+    nfdp_warnings,
+    record_exposure_warning,
+)
+from accountants.sensitivity import (
+    logreg_binary_sensitivity,
+    logreg_multinomial_sensitivity,
+    logreg_multinomial_sensitivity_cfree,
+    project_to_unit_ball,
+)
+
+__all__ = [
+    "ACCOUNTANTS",
+    "PLD_VDI",
+    "SCHEMA_VERSION",
+    "Accounting",
+    "Calibration",
+    "DpsgdResult",
+    "EpsilonDeltaEvent",
+    "GaussianCalibration",
+    "Ledger",
+    "LedgerEntry",
+    "NfdpSubsampleEvent",
+    "NonPrivateEvent",
+    "UnsupportedEventError",
+    "advanced_composition",
+    "analytic_gaussian_delta",
+    "analytic_gaussian_sigma",
+    "basic_composition",
+    "calibrate_gaussian",
+    "calibrate_noise_multiplier",
+    "classic_gaussian_sigma",
+    "dpsgd_accounting",
+    "dpsgd_epsilon",
+    "dpsgd_event",
+    "event_from_dict",
+    "event_to_dict",
+    "gaussian_epsilon",
+    "logreg_binary_sensitivity",
+    "logreg_multinomial_sensitivity",
+    "logreg_multinomial_sensitivity_cfree",
+    "neighbouring_relation",
+    "nfdp_delta",
+    "nfdp_epsilon_delta",
+    "nfdp_profile",
+    "nfdp_warnings",
+    "project_to_unit_ball",
+    "record_exposure_warning",
+]
