@@ -93,10 +93,13 @@ def _pair_deltas(n: int, k: int, replacement: bool, eps: float) -> list[float]:
     if replacement:
         up = (n / (n + 1)) ** k  # P_{D+}[no draw of u]
         down = ((n - 1) / n) ** k  # P_D[no draw of u]
+        p_up = -math.expm1(k * math.log(n / (n + 1)))  # 1 - up, without cancellation
+        p_down = -math.expm1(k * math.log1p(-1.0 / n)) if n > 1 else 1.0
     else:
         up = (n + 1 - k) / (n + 1)
         down = (n - k) / n
-    return [1.0 - up, max(0.0, 1.0 - e * up), 1.0 - down, max(0.0, 1.0 - e * down)]
+        p_up, p_down = k / (n + 1), k / n
+    return [p_up, max(0.0, 1.0 - e * up), p_down, max(0.0, 1.0 - e * down)]
 
 
 def nfdp_profile(n: int, k: int, replacement: bool, epsilons: Sequence[float]) -> np.ndarray:
