@@ -1,0 +1,261 @@
+"""Report figures (matplotlib, Agg backend). Every function returns a ``Figure`` built from a
+:class:`~reports.schema.PrivacyReport` (or a part of it) alone, or ``None`` when the report holds
+nothing to draw.
+
+Infinite epsilons (methods without a formal guarantee) never disappear from a chart: they are drawn
+in a separate band labelled "no formal DP (epsilon = inf)".
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from typing import Iterable
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display; figures are written to PNG  # noqa: E402
+
+from matplotlib import pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from reports.schema import DatasetSummary, MethodReport, PrivacyReport  # noqa: E402
+
+INF_LABEL = "no formal DP\n(epsilon = inf)"
+_DPI = 110
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and not math.isnan(x) and not math.isinf(x)
+
+
+def method_colors(names: Iterable[str]) -> dict[str, tuple]:
+    """A stable colour per method (same colour in every figure of a report)."""
+    names = list(names)
+    cmap = plt.get_cmap("tab20" if len(names) > 10 else "tab10")
+    return {n: cmap(i % cmap.N) for i, n in enumerate(names)}
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    # Figure() directly (not pyplot) so figures are never kept alive by pyplot's registry
+    return Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+
+
+def figure_to_png(fig: Figure) -> bytes:
+    """PNG bytes of ``fig``."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI)
+    return buf.getvalue()
+
+
+def figure_to_data_uri(fig: Figure) -> str:
+    """``data:image/png;base64,...`` of ``fig`` (for self-contained HTML)."""
+    return "data:image/png;base64," + base64.b64encode(figure_to_png(fig)).decode("ascii")
+
+
+# ---------------------------------------------------------------------------------- privacy-utility
+def privacy_utility_figure(report: PrivacyReport) -> Figure | None:
+    """Accounted worst-client epsilon (log x) against test accuracy, one point per method.
+
+    Methods with no formal guarantee (epsilon = inf) sit in a separate right-hand band.
+    """
+    points = [(m, m.privacy.epsilon if m.privacy else None, m.utility.test_accuracy)
+              for m in report.methods if m.utility and _finite(m.utility.test_accuracy)]
+    if not points:
+        return None
+    colors = method_colors(m.name for m in report.methods)
+    fig = _new_figure(8.0, 4.6)
+    grid = fig.add_gridspec(1, 2, width_ratios=[5, 1], wspace=0.02)
+    ax = fig.add_subplot(grid[0])
+    ax_inf = fig.add_subplot(grid[1], sharey=ax)
+    finite = [(m, e, a) for m, e, a in points if _finite(e) and e > 0]
+    infinite = [(m, e, a) for m, e, a in points if not (_finite(e) and e > 0)]
+    for m, e, a in finite:
+        ax.scatter([e], [a], s=60, color=colors[m.name], edgecolor="black", zorder=3)
+        ax.annotate(m.name, (e, a), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.set_xscale("log")
+    if finite:
+        lo = min(e for _, e, _ in finite)
+        hi = max(e for _, e, _ in finite)
+        ax.set_xlim(lo / 2.0, hi * 2.0)
+    else:
+        ax.set_xlim(0.1, 10)
+    ax.set_xlabel(f"accounted epsilon, worst client (delta = {report.threat_model.delta:g}; log scale)")
+    ax.set_ylabel("test accuracy")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title("What privacy costs: accounted epsilon vs test accuracy")
+    for i, (m, e, a) in enumerate(infinite):
+        ax_inf.scatter([0.5], [a], s=70, marker="D", color=colors[m.name], edgecolor="black", zorder=3)
+        ax_inf.annotate(m.name, (0.5, a), textcoords="offset points", xytext=(6, 3), fontsize=8)
+    ax_inf.set_xlim(0, 2.2)
+    ax_inf.set_xticks([0.5])
+    ax_inf.set_xticklabels([INF_LABEL], fontsize=8)
+    ax_inf.tick_params(axis="y", labelleft=False)
+    ax_inf.set_facecolor("#f3f3f3")
+    ax_inf.grid(True, axis="y", alpha=0.3)
+    return fig
+
+
+# ---------------------------------------------------------------------------------- accounted vs empirical
+def epsilon_comparison_figure(report: PrivacyReport) -> Figure | None:
+    """Per method: accounted epsilon (promise) beside the best empirical lower bound (audit).
+
+    The empirical bound is drawn with its ceiling (the largest bound the number of trials could
+    show). A sound accountant has every lower bound left of (or at) its accounted epsilon.
+    """
+    rows = [m for m in report.methods if m.privacy is not None or m.audit is not None]
+    if not rows:
+        return None
+    fig = _new_figure(8.0, 0.45 * len(rows) + 1.6)
+    ax = fig.add_subplot()
+    finite_vals = [1.0]
+    for m in rows:
+        e = m.privacy.epsilon if m.privacy else None
+        if _finite(e):
+            finite_vals.append(e)
+        best = m.audit.best_attack() if m.audit else None
+        if best:
+            for v in (best[1].epsilon_lower_bound, best[1].ceiling):
+                if _finite(v):
+                    finite_vals.append(v)
+    right = max(finite_vals) * 3.0
+    for y, m in enumerate(rows):
+        e = m.privacy.epsilon if m.privacy else None
+        if _finite(e):
+            ax.scatter([e], [y], marker="s", s=55, color="#1f77b4", zorder=3,
+                       label="accounted epsilon" if y == 0 else None)
+        elif m.privacy is not None:
+            ax.annotate("inf", (right, y), xytext=(-30, 0), textcoords="offset points",
+                        va="center", fontsize=8, color="#1f77b4",
+                        arrowprops={"arrowstyle": "->", "color": "#1f77b4"})
+        best = m.audit.best_attack() if m.audit else None
+        if best:
+            lb, ceil = best[1].epsilon_lower_bound, best[1].ceiling
+            if _finite(ceil):
+                ax.plot([0, ceil], [y, y], color="#d62728", alpha=0.25, lw=6, solid_capstyle="butt",
+                        label="range an audit of this size can show" if y == 0 else None)
+            if _finite(lb):
+                ax.scatter([lb], [y], marker="o", s=55, color="#d62728", zorder=4,
+                           label="empirical lower bound (best attack)" if y == 0 else None)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([m.name for m in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xlim(0, right)
+    ax.set_xlabel(f"epsilon at delta = {report.threat_model.delta:g} (symlog scale)")
+    ax.set_title("Promise vs evidence: accounted epsilon and audited lower bound")
+    ax.grid(True, axis="x", alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:  # below the axes, so it never hides a method's row
+        fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncol=3, frameon=False)
+    return fig
+
+
+# ---------------------------------------------------------------------------------- ROC
+def roc_figure(method: MethodReport) -> Figure | None:
+    """Log-log ROC of every successful attack on ``method`` (chance = the diagonal)."""
+    if method.audit is None:
+        return None
+    curves = [(n, a) for n, a in method.audit.attacks.items()
+              if not a.error and len(a.roc.fpr) > 1 and len(a.roc.fpr) == len(a.roc.tpr)]
+    if not curves:
+        return None
+    fig = _new_figure(4.6, 4.0)
+    ax = fig.add_subplot()
+    floor = 1.0
+    for name, a in curves:
+        pos = [v for v in a.roc.fpr + a.roc.tpr if v and v > 0]
+        floor = min(floor, min(pos) if pos else 1.0)
+    floor = max(floor / 2.0, 1e-5)
+    for name, a in curves:
+        fpr = [max(v, floor) for v in a.roc.fpr]
+        tpr = [max(v, floor) for v in a.roc.tpr]
+        auc = f"AUC {a.auc:.3f}" if _finite(a.auc) else "AUC n/a"
+        ax.plot(fpr, tpr, lw=1.5, label=f"{name} ({auc})")
+    ax.plot([floor, 1], [floor, 1], ls="--", color="grey", lw=1, label="chance")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(floor, 1)
+    ax.set_ylim(floor, 1)
+    ax.set_xlabel("false positive rate")
+    ax.set_ylabel("true positive rate")
+    ax.set_title(f"{method.name}: membership inference ROC", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    return fig
+
+
+# ---------------------------------------------------------------------------------- epsilon over rounds
+def epsilon_over_rounds_figure(report: PrivacyReport) -> Figure | None:
+    """Worst-client accounted epsilon after each round, one line per method with finite values."""
+    colors = method_colors(m.name for m in report.methods)
+    series = []
+    for m in report.methods:
+        if m.privacy is None:
+            continue
+        pts = [(r, e) for r, e in m.privacy.epsilon_over_rounds if _finite(e) and e > 0]
+        if pts:
+            series.append((m, pts))
+    if not series:
+        return None
+    fig = _new_figure(8.0, 4.2)
+    ax = fig.add_subplot()
+    for m, pts in series:
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, marker="o", ms=3, lw=1.4, color=colors[m.name], label=m.name)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel("accounted epsilon, worst client (log)")
+    ax.set_title(f"Privacy spent over rounds (delta = {report.threat_model.delta:g})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+# ---------------------------------------------------------------------------------- client x class split
+def client_class_figure(dataset: DatasetSummary | None) -> Figure | None:
+    """Clients (x) by classes (y), dot area proportional to the record count (FedAUX Fig. 8)."""
+    if dataset is None or not dataset.class_counts:
+        return None
+    counts = dataset.class_counts
+    n_clients, n_classes = len(counts), len(counts[0])
+    top = max((c for row in counts for c in row), default=1) or 1
+    fig = _new_figure(max(5.0, 0.32 * n_clients + 1.5), 0.3 * n_classes + 1.6)
+    ax = fig.add_subplot()
+    xs, ys, ss = [], [], []
+    for i, row in enumerate(counts):
+        for k, c in enumerate(row):
+            if c > 0:
+                xs.append(i)
+                ys.append(k)
+                ss.append(220.0 * c / top)
+    ax.scatter(xs, ys, s=ss, color="#2c7fb8", alpha=0.8, edgecolor="none")
+    ax.set_xticks(range(n_clients))
+    ax.set_yticks(range(n_classes))
+    ax.tick_params(labelsize=7)
+    ax.set_xlim(-0.7, n_clients - 0.3)
+    ax.set_ylim(-0.7, n_classes - 0.3)
+    ax.set_xlabel("client")
+    ax.set_ylabel("class")
+    part = dataset.partition + (f", alpha = {dataset.alpha:g}" if dataset.alpha is not None else "")
+    ax.set_title(f"{dataset.dataset}: records per client and class\n({part}; "
+                 f"largest dot = {top} records)", fontsize=9)
+    ax.grid(True, alpha=0.2)
+    return fig
+
+
+def report_figures(report: PrivacyReport) -> dict[str, Figure]:
+    """Every figure of a report, keyed ``privacy_utility``, ``epsilon_comparison``,
+    ``epsilon_over_rounds``, ``client_class`` and ``roc/<method>`` (missing ones left out)."""
+    figs: dict[str, Figure | None] = {
+        "privacy_utility": privacy_utility_figure(report),
+        "epsilon_comparison": epsilon_comparison_figure(report),
+        "epsilon_over_rounds": epsilon_over_rounds_figure(report),
+        "client_class": client_class_figure(report.dataset),
+    }
+    for m in report.methods:
+        figs[f"roc/{m.name}"] = roc_figure(m)
+    return {k: v for k, v in figs.items() if v is not None}

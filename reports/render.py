@@ -1,0 +1,326 @@
+"""Renderers: one self-contained HTML page, Markdown, and JSON, all from a :class:`PrivacyReport`.
+
+The HTML page has no external assets: figures are PNG data URIs, styles and the few lines of
+table-sorting JavaScript are inline. Templates are jinja2 files shipped in ``reports/templates``.
+Files are written atomically (temporary file + rename), so an interrupted write never leaves a
+half report behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import jinja2
+
+from reports.schema import AttackResult, MethodReport, PrivacyReport
+
+FORMATS = ("json", "html", "md")
+_FILES = {"json": "report.json", "html": "report.html", "md": "report.md"}
+
+HOW_TO_READ = [
+    "Promise: the accounted epsilon is a sound upper bound on what any attacker can learn about one "
+    "record of the worst-off client, at the stated delta, under the named accountant, from the "
+    "mechanisms that actually ran. Smaller is more private; 'inf' means no formal guarantee.",
+    "Paper claim: what the method's paper states for the same setting, beside privkit's tight value "
+    "at the paper's own delta. A claim below privkit's value is not supported by the mechanisms run.",
+    "Evidence: membership-inference audits attack the released model(s). AUC 0.5 is chance. The "
+    "empirical epsilon is a statistical lower bound (one-sided, at the stated confidence): a sound "
+    "guarantee never lies below it. It cannot exceed the ceiling set by the number of trials, so a "
+    "small lower bound from a small audit is weak evidence of privacy, not proof.",
+    "Verdict: 'consistent' = lower bound <= accounted epsilon; 'VIOLATION' = the audit proves the "
+    "accounted epsilon wrong; 'no-formal-guarantee' = nothing to check against; 'inconclusive' = "
+    "the audit could not decide.",
+    "Cost: test accuracy of the released model on the held-out test set (and per-client accuracy for "
+    "personalised models), compared with the best method without a formal guarantee.",
+]
+
+
+# ---------------------------------------------------------------------------------- formatting
+def fmt_eps(x: float | None) -> str:
+    """Epsilon for display: 3 significant digits, 'inf' for no guarantee, an em dash if unknown."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    if math.isinf(x):
+        return "inf"
+    if x == 0:
+        return "0"
+    if abs(x) < 0.01 or abs(x) >= 1000:
+        return f"{x:.3g}"
+    if abs(x) < 10:
+        return f"{x:.3f}".rstrip("0").rstrip(".")
+    return f"{x:.1f}"
+
+
+def fmt_num(x: float | None, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    return f"{x:.{digits}f}"
+
+
+def fmt_pct(x: float | None) -> str:
+    if x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x))):
+        return "—"
+    return f"{100 * x:.1f}%"
+
+
+def sort_value(x: float | None) -> str:
+    """A numeric key for the table sorter (missing values sort last)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    if math.isinf(x):
+        return "1e308" if x > 0 else "-1e308"
+    return repr(float(x))
+
+
+def _cell(text: str, value: float | None = None) -> dict:
+    return {"text": text, "value": sort_value(value) if value is not None else ""}
+
+
+# ---------------------------------------------------------------------------------- view model
+def non_private_reference(report: PrivacyReport) -> MethodReport | None:
+    """The most accurate method without a formal guarantee (the 'cost' reference), if any."""
+    cands = [m for m in report.methods if m.utility and m.utility.test_accuracy is not None
+             and not math.isnan(m.utility.test_accuracy)
+             and (not m.formal_dp or (m.privacy is not None and m.privacy.epsilon is not None
+                                      and math.isinf(m.privacy.epsilon)))]
+    return max(cands, key=lambda m: m.utility.test_accuracy) if cands else None
+
+
+def _verdict(m: MethodReport) -> tuple[str, str]:
+    v = m.verdict or (m.audit.verdict if m.audit else None)
+    if v is None:
+        return ("not-audited", "no audit result") if m.audit is None else ("inconclusive", "")
+    return v.status, v.message
+
+
+def _stage_text(m: MethodReport) -> str:
+    failed = [f"{k} failed" for k, s in m.stages.items() if s.state == "failed"]
+    if failed:
+        return "; ".join(failed)
+    if m.stages and all(s.state == "done" for s in m.stages.values()):
+        return "ok"
+    return ", ".join(f"{k} {s.state}" for k, s in m.stages.items()) or "—"
+
+
+def summary_rows(report: PrivacyReport) -> list[dict[str, Any]]:
+    """One row per method for the headline table (display text plus numeric sort keys)."""
+    ref = non_private_reference(report)
+    rows = []
+    for m in report.methods:
+        acc = m.utility.test_accuracy if m.utility else None
+        eps = m.privacy.epsilon if m.privacy else None
+        claim = m.privacy.claim if m.privacy else None
+        best = m.audit.best_attack() if m.audit else None
+        cost = None
+        if ref is not None and acc is not None and not math.isnan(acc):
+            cost = acc - ref.utility.test_accuracy
+        status, message = _verdict(m)
+        rows.append({
+            "name": m.name,
+            "anchor": anchor(m.name),
+            "method": m.method,
+            "formal_dp": "yes" if m.formal_dp else "no",
+            "epsilon": _cell(fmt_eps(eps), eps),
+            "claim": _cell(fmt_eps(claim.epsilon) if claim and claim.epsilon is not None else "—",
+                           claim.epsilon if claim else None),
+            "claim_delta": f"{claim.delta:g}" if claim and claim.delta else "",
+            "tight_at_claim": _cell(fmt_eps(m.privacy.epsilon_at_claim_delta) if m.privacy else "—",
+                                    m.privacy.epsilon_at_claim_delta if m.privacy else None),
+            "accuracy": _cell(fmt_pct(acc), acc),
+            "cost": _cell("—" if cost is None else "reference" if m is ref
+                          else f"{100 * cost:+.1f} pt", cost),
+            "auc": _cell(fmt_num(best[1].auc) if best else "—", best[1].auc if best else None),
+            "attack": best[0] if best else "",
+            "emp_eps": _cell(fmt_eps(best[1].epsilon_lower_bound) if best else "—",
+                             best[1].epsilon_lower_bound if best else None),
+            "ceiling": fmt_eps(best[1].ceiling) if best else "—",
+            "verdict": status,
+            "verdict_message": message,
+            "stages": _stage_text(m),
+            "n_warnings": len(m.warnings),
+        })
+    return rows
+
+
+def anchor(name: str) -> str:
+    return "m-" + "".join(c if c.isalnum() else "-" for c in name)
+
+
+def _attack_rows(m: MethodReport) -> list[dict[str, Any]]:
+    rows = []
+    for name, a in (m.audit.attacks.items() if m.audit else []):
+        rows.append({"name": name, "error": a.error, "notes": a.notes or "",
+                     **_attack_cells(a)})
+    return rows
+
+
+def _attack_cells(a: AttackResult) -> dict[str, Any]:
+    t = a.tpr_at_fpr or {}
+    keys = sorted(t, key=lambda k: float(k))
+    return {
+        "auc": _cell(fmt_num(a.auc), a.auc),
+        "balanced_accuracy": _cell(fmt_num(a.balanced_accuracy), a.balanced_accuracy),
+        "advantage": _cell(fmt_num(a.advantage), a.advantage),
+        "tpr": [(f"{float(k):g}", _cell(fmt_num(t[k], 4), t[k])) for k in keys],
+        "eps_lb": _cell(fmt_eps(a.epsilon_lower_bound), a.epsilon_lower_bound),
+        "ceiling": _cell(fmt_eps(a.ceiling), a.ceiling),
+        "confidence": fmt_pct(a.confidence) if a.confidence is not None else "—",
+        "n_trials": str(a.n_trials) if a.n_trials is not None else "—",
+    }
+
+
+def _tpr_keys(report: PrivacyReport) -> list[str]:
+    keys: set[str] = set()
+    for m in report.methods:
+        if m.audit:
+            for a in m.audit.attacks.values():
+                keys.update(a.tpr_at_fpr or {})
+    return [f"{float(k):g}" for k in sorted(keys, key=float)]
+
+
+def _method_view(m: MethodReport, ref: MethodReport | None) -> dict[str, Any]:
+    p = m.privacy
+    acct_rows = []
+    client_rows = []
+    if p is not None:
+        for acct, eps in p.worst.items():
+            acct_rows.append({"accountant": acct, "eps": _cell(fmt_eps(eps), eps),
+                              "primary": acct == p.primary_accountant})
+        accts = p.accountants or sorted({a for c in p.clients.values() for a in c})
+        for cid, vals in p.clients.items():
+            client_rows.append({"client": cid, "cells": [_cell(fmt_eps(vals.get(a)), vals.get(a))
+                                                         for a in accts]})
+    u = m.utility
+    client_acc = []
+    if u and u.client_accuracy:
+        client_acc = [{"client": str(i), "acc": _cell(fmt_pct(a), a)}
+                      for i, a in enumerate(u.client_accuracy)]
+    attribute = [{"name": n, "error": a.error,
+                  "accuracy": _cell(fmt_pct(a.accuracy), a.accuracy),
+                  "ci": (f"[{fmt_pct(a.ci_low)}, {fmt_pct(a.ci_high)}]"
+                         if a.ci_low is not None and a.ci_high is not None else "—"),
+                  "chance": fmt_pct(a.chance), "n_test": str(a.n_test or "—")}
+                 for n, a in (m.audit.attribute.items() if m.audit else [])]
+    status, message = _verdict(m)
+    acc = u.test_accuracy if u else None
+    return {
+        "m": m,
+        "anchor": anchor(m.name),
+        "accounts": acct_rows,
+        "client_accountants": (p.accountants or sorted({a for c in p.clients.values() for a in c}))
+        if p else [],
+        "client_rows": client_rows,
+        "client_acc": client_acc,
+        "mean_client_acc": fmt_pct(u.mean_client_accuracy) if u else "—",
+        "attacks": _attack_rows(m),
+        "attribute": attribute,
+        "verdict": status,
+        "verdict_message": message,
+        "accuracy": fmt_pct(acc),
+        "ref_name": ref.name if ref is not None and ref.name != m.name else None,
+        "ref_accuracy": fmt_pct(ref.utility.test_accuracy) if ref is not None else "—",
+        "eps": fmt_eps(p.epsilon) if p else "—",
+        "config_json": json.dumps(m.config, indent=2, sort_keys=True, default=str),
+        "stages": [(k, s) for k, s in m.stages.items()],
+    }
+
+
+def _view(report: PrivacyReport, figures: dict[str, str]) -> dict[str, Any]:
+    ref = non_private_reference(report)
+    confidences = sorted({a.confidence for m in report.methods if m.audit
+                          for a in m.audit.attacks.values() if a.confidence is not None})
+    return {
+        "r": report,
+        "rows": summary_rows(report),
+        "methods": [_method_view(m, ref) for m in report.methods],
+        "tpr_keys": _tpr_keys(report),
+        "figures": figures,
+        "how_to_read": HOW_TO_READ,
+        "ref": ref,
+        "audit_confidences": [fmt_pct(c) for c in confidences],
+        "fmt_eps": fmt_eps,
+        "fmt_pct": fmt_pct,
+        "config_json": json.dumps(report.metadata.config, indent=2, sort_keys=True, default=str),
+    }
+
+
+# ---------------------------------------------------------------------------------- renderers
+def _env(autoescape: bool) -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.PackageLoader("reports", "templates"),
+                             autoescape=autoescape, undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["md"] = _md_escape
+    return env
+
+
+def _md_escape(text: Any) -> str:
+    """Make a value safe inside a Markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_html(report: PrivacyReport, *, figures: bool = True) -> str:
+    """One self-contained HTML page (figures embedded as PNG data URIs, inline CSS/JS)."""
+    uris: dict[str, str] = {}
+    if figures:
+        from reports.plots import figure_to_data_uri, report_figures
+
+        uris = {k: figure_to_data_uri(f) for k, f in report_figures(report).items()}
+    return _env(True).get_template("report.html.j2").render(**_view(report, uris))
+
+
+def render_markdown(report: PrivacyReport) -> str:
+    """A Markdown summary (tables only; figures live in the HTML page)."""
+    return _env(False).get_template("report.md.j2").render(**_view(report, {}))
+
+
+def render_json(report: PrivacyReport) -> str:
+    return report.to_json()
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_report(report: PrivacyReport, out_dir: str | Path,
+                 formats: Iterable[str] = FORMATS) -> dict[str, Path]:
+    """Write ``report.json`` / ``report.html`` / ``report.md`` into ``out_dir`` (atomically).
+
+    Returns the written paths keyed by format.
+    """
+    formats = list(formats)
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        raise ValueError(f"formats must be among {', '.join(FORMATS)}; found {bad}")
+    render = {"json": render_json, "html": render_html, "md": render_markdown}
+    out = Path(out_dir)
+    return {f: atomic_write_text(out / _FILES[f], render[f](report)) for f in formats}
+
+
+def load_report(path: str | Path) -> PrivacyReport:
+    """Read a report from ``report.json`` or from a folder holding one."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / _FILES["json"]
+    if not p.is_file():
+        raise FileNotFoundError(f"report not found: {p}")
+    return PrivacyReport.from_json(p.read_text(encoding="utf-8"))

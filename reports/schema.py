@@ -1,0 +1,314 @@
+"""The privacy report: one versioned pydantic model (JSON) per pipeline run.
+
+A :class:`PrivacyReport` answers, for every method of a run, three questions with numbers a
+reviewer can check:
+
+1. what it promises (accounted epsilon at delta per client, the paper's own claim beside it),
+2. what the audits found (membership- and attribute-inference attacks, empirical epsilon lower
+   bounds with their confidence and ceiling),
+3. what it costs (test accuracy of the released model(s)).
+
+It also records the assumptions behind every number (:class:`ThreatModel`) and the run metadata
+needed to reproduce it (:class:`RunMetadata`). The report is self-sufficient: every renderer works
+from the JSON alone (``PrivacyReport.model_validate_json``).
+
+This module depends on pydantic only; the pipeline (``privkit.pipeline``) fills it.
+Infinite epsilons (no formal guarantee) are stored as the JSON string ``"Infinity"`` so the file
+stays strict JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SCHEMA_VERSION = 1
+
+StageName = Literal["train", "account", "audit", "report"]
+StageState = Literal["done", "failed", "skipped", "pending"]
+VerdictStatus = Literal["consistent", "VIOLATION", "no-formal-guarantee", "inconclusive",
+                        "not-audited"]
+
+#: Warning codes the pipeline attaches (``other`` for free text from a trainer or an audit).
+WARNING_CODES = (
+    "delta_ge_1_over_n",        # delta >= 1/n: the guarantee allows publishing a record outright
+    "classic_gaussian_eps_ge_1",  # classic Gaussian formula used outside its range (epsilon < 1)
+    "data_dependent_scaling",   # features normalised by a statistic of the private data
+    "adaptive_noise",           # noise adapted on private metrics (not accounted)
+    "sampling_mismatch",        # sampling accounted differently from the one run
+    "no_formal_dp",             # the method makes no formal DP claim
+    "reduced_audit",            # audit reduced (few shadows / trials): bounds are weak
+    "other",
+)
+
+
+class _Strict(BaseModel):
+    """Fields are checked; unknown keys are errors (a typo in a report is a bug)."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+
+class _Open(BaseModel):
+    """For records copied from other packages' files (audit.json, claims): keep unknown keys."""
+
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="strings")
+
+
+# ---------------------------------------------------------------------------------- run level
+class RunMetadata(_Strict):
+    """What ran, where, and with which software: enough to reproduce the run."""
+
+    name: str
+    created: str = Field(description="ISO 8601 time the report was built")
+    privkit_version: str = ""
+    command: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict, description="resolved run config")
+    seeds: dict[str, int] = Field(default_factory=dict)
+    package_versions: dict[str, str] = Field(default_factory=dict)
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    reduced: list[str] = Field(default_factory=list,
+                               description="what was scaled down from the papers (demo budget)")
+    wall_seconds: float | None = None
+
+
+class DatasetSummary(_Strict):
+    """The federated split shared by every method (and by the audits)."""
+
+    dataset: str
+    public_dataset: str | None = None
+    num_classes: int
+    partition: str
+    alpha: float | None = None
+    seed: int = 0
+    sizes: dict[str, int] = Field(default_factory=dict)
+    client_sizes: list[int] = Field(default_factory=list)
+    class_counts: list[list[int]] = Field(default_factory=list,
+                                          description="clients x classes record counts")
+
+    @property
+    def min_client_size(self) -> int | None:
+        return min(self.client_sizes) if self.client_sizes else None
+
+
+class ThreatModel(_Strict):
+    """The assumptions behind every number in the report."""
+
+    neighbouring: str = Field(description="neighbouring relation of the guarantee, e.g. "
+                              "'add/remove one record of one client'")
+    unit: str = "one record of one client (record-level DP, per client)"
+    delta: float = Field(gt=0, lt=1)
+    accountants: list[str] = Field(default_factory=list)
+    primary_accountant: str = "best"
+    shadows: int | None = Field(default=None, ge=0)
+    confidence: float | None = Field(default=None, gt=0, lt=1)
+    attacker: str = ("black-box access to every released model (per-example logits) and to "
+                     "records from the same distribution; shadow models re-run the method's own "
+                     "recipe on disjoint data")
+    assumptions: list[str] = Field(default_factory=list)
+
+
+class ReportWarning(_Strict):
+    """A caveat a reviewer must see, with a machine-readable code."""
+
+    code: str = "other"
+    message: str
+    source: Literal["trainer", "pipeline", "audit", "accountant", "report"] = "pipeline"
+
+    @field_validator("code")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in WARNING_CODES:
+            raise ValueError(f"warning code must be one of {', '.join(WARNING_CODES)}; found {v!r}")
+        return v
+
+
+# ---------------------------------------------------------------------------------- per method
+class StageStatus(_Strict):
+    state: StageState = "pending"
+    error: str | None = None
+    seconds: float | None = None
+
+
+class RoundMetric(_Open):
+    round: int
+    test_accuracy: float | None = None
+
+
+class Utility(_Strict):
+    """What the method costs: accuracy of its released model(s) on the held-out test set."""
+
+    test_accuracy: float | None = None
+    client_accuracy: list[float] = Field(default_factory=list,
+                                         description="per-client accuracy of personalised models")
+    rounds: list[RoundMetric] = Field(default_factory=list)
+
+    @property
+    def mean_client_accuracy(self) -> float | None:
+        vals = [a for a in self.client_accuracy if a is not None and not math.isnan(a)]
+        return sum(vals) / len(vals) if vals else None
+
+
+class PaperClaim(_Open):
+    """The paper's own privacy statement for this method (as the paper states it)."""
+
+    epsilon: float | None = None
+    delta: float | None = None
+    composition: str | None = None
+    source: str | None = None
+
+
+class PrivacyAccounting(_Strict):
+    """The ledger summary: what the method promises, from the mechanisms that actually ran."""
+
+    delta: float = Field(gt=0, lt=1)
+    accountants: list[str] = Field(default_factory=list)
+    primary_accountant: str = "best"
+    worst: dict[str, float] = Field(default_factory=dict,
+                                    description="worst-client epsilon at delta, per accountant")
+    clients: dict[str, dict[str, float]] = Field(default_factory=dict,
+                                                 description="client -> accountant -> epsilon")
+    epsilon_over_rounds: list[tuple[float, float]] = Field(
+        default_factory=list, description="(round, worst-client epsilon) under primary_accountant")
+    neighbouring: list[str] = Field(default_factory=list)
+    labels: list[str] = Field(default_factory=list, description="mechanism labels in the ledger")
+    claim: PaperClaim | None = None
+    epsilon_at_claim_delta: float | None = Field(
+        default=None, description="privkit's tight worst-client epsilon at the claim's delta")
+    errors: dict[str, str] = Field(default_factory=dict, description="accountant -> error")
+
+    @property
+    def epsilon(self) -> float | None:
+        """Worst-client epsilon under the primary accountant (the headline number)."""
+        if self.primary_accountant in self.worst:
+            return self.worst[self.primary_accountant]
+        finite = [v for v in self.worst.values() if v is not None]
+        return min(finite) if finite else None
+
+
+class Roc(_Strict):
+    fpr: list[float] = Field(default_factory=list)
+    tpr: list[float] = Field(default_factory=list)
+
+
+class AttackResult(_Open):
+    """One membership-inference attack on the released model(s)."""
+
+    auc: float | None = None
+    balanced_accuracy: float | None = None
+    advantage: float | None = None
+    tpr_at_fpr: dict[str, float | None] = Field(default_factory=dict)
+    epsilon_lower_bound: float | None = None
+    ceiling: float | None = Field(default=None,
+                                  description="largest lower bound this many trials can show")
+    confidence: float | None = None
+    delta: float | None = None
+    n_trials: int | None = None
+    roc: Roc = Field(default_factory=Roc)
+    notes: str | None = None
+    error: str | None = None
+
+
+class AttributeResult(_Open):
+    """An attribute-inference attack: accuracy with its confidence interval and chance level."""
+
+    accuracy: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    chance: float | None = None
+    n_test: int | None = None
+    error: str | None = None
+
+
+class Verdict(_Strict):
+    status: VerdictStatus
+    message: str = ""
+
+
+class AuditSummary(_Strict):
+    """What the audits found (copied from the method's ``audit.json``)."""
+
+    attacks: dict[str, AttackResult] = Field(default_factory=dict)
+    attribute: dict[str, AttributeResult] = Field(default_factory=dict)
+    accounted_epsilon: float | None = None
+    delta: float | None = None
+    shadows: int | None = None
+    verdict: Verdict | None = None
+    extra: dict[str, Any] = Field(default_factory=dict, description="other audit.json keys")
+
+    def best_attack(self) -> tuple[str, AttackResult] | None:
+        """The successful attack with the largest empirical epsilon (then AUC)."""
+        ok = [(n, a) for n, a in self.attacks.items() if not a.error]
+        if not ok:
+            return None
+        return max(ok, key=lambda na: (na[1].epsilon_lower_bound or 0.0, na[1].auc or 0.0))
+
+
+class MethodReport(_Strict):
+    """Everything the report says about one method."""
+
+    name: str = Field(description="label in this run (unique)")
+    method: str = Field(description="registered trainer name")
+    summary: str = ""
+    paper: str | None = None
+    formal_dp: bool = True
+    seed: int = 0
+    config: dict[str, Any] = Field(default_factory=dict)
+    quick: bool = False
+    utility: Utility | None = None
+    privacy: PrivacyAccounting | None = None
+    audit: AuditSummary | None = None
+    verdict: Verdict | None = None
+    warnings: list[ReportWarning] = Field(default_factory=list)
+    stages: dict[str, StageStatus] = Field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return any(s.state == "failed" for s in self.stages.values())
+
+
+class PrivacyReport(_Strict):
+    """One pipeline run: metadata, threat model, and one :class:`MethodReport` per method."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    title: str = "privkit privacy report"
+    metadata: RunMetadata
+    threat_model: ThreatModel
+    dataset: DatasetSummary | None = None
+    methods: list[MethodReport] = Field(default_factory=list)
+    warnings: list[ReportWarning] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+    @field_validator("methods")
+    @classmethod
+    def _unique(cls, v: list[MethodReport]) -> list[MethodReport]:
+        names = [m.name for m in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"method names must be unique; found duplicates {dup}")
+        return v
+
+    def method(self, name: str) -> MethodReport:
+        for m in self.methods:
+            if m.name == name:
+                return m
+        raise KeyError(f"no method {name!r} in report; found {[m.name for m in self.methods]}")
+
+    def to_json(self) -> str:
+        """Strict JSON (infinite epsilons as the string ``"Infinity"``)."""
+        return self.model_dump_json(indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "PrivacyReport":
+        """Parse and validate a report; a wrong ``schema_version`` is a one-line error."""
+        import json
+
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"report is not valid JSON: {exc}") from exc
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"report schema_version must be {SCHEMA_VERSION}; found {version!r}")
+        return cls.model_validate(data)
