@@ -1,0 +1,72 @@
+"""Subsampled Gaussian: pinned to dp-accounting, opacus and notes/accounting.md §3a, §3d."""
+
+import math
+
+import dp_accounting as dpa
+import pytest
+
+import accountants as acc
+
+Q, SIGMA, DELTA = 256 / 60000, 1.1, 1e-5
+STEPS = math.ceil(60 / Q)  # 14063
+
+
+def test_mnist_rdp_matches_reference_and_opacus():
+    eps = acc.dpsgd_epsilon(Q, SIGMA, STEPS, DELTA, accountant="rdp")
+    assert eps == pytest.approx(2.5966555295, rel=1e-6)  # dp-accounting RDP, notes §3a
+    from opacus.accountants import RDPAccountant
+
+    op = RDPAccountant()
+    op.history = [(SIGMA, Q, STEPS)]
+    assert eps == pytest.approx(op.get_epsilon(delta=DELTA), rel=1e-6)
+
+
+def test_mnist_pld_inside_certified_bracket():
+    eps = acc.dpsgd_epsilon(Q, SIGMA, STEPS, DELTA, accountant="pld")
+    assert 2.3805 <= eps <= 2.3820  # notes §4: certified [2.38055, 2.38169]
+
+
+def test_prv_cross_check_agrees_with_pld():
+    eps_prv = acc.dpsgd_epsilon(0.01, 1.0, 1000, DELTA, accountant="prv")
+    eps_pld = acc.dpsgd_epsilon(0.01, 1.0, 1000, DELTA, accountant="pld")
+    assert eps_prv == pytest.approx(1.83837, rel=1e-4)  # opacus prv, notes §3b
+    assert eps_pld == pytest.approx(eps_prv, rel=0.01)
+
+
+def test_event_structure_and_poisson_pld_vs_dp_accounting():
+    ev = acc.dpsgd_event(0.01, 1.0, 100)
+    assert ev == dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.0)), 100)
+    ref = dpa.pld.PLDAccountant(value_discretization_interval=1e-4)
+    ref.compose(ev)
+    assert acc.dpsgd_epsilon(0.01, 1.0, 100, DELTA, accountant="pld") == pytest.approx(ref.get_epsilon(DELTA), rel=1e-12)
+
+
+def test_without_replacement_rdp_replace_one():
+    # notes §3d: 10 of 100, sigma relative to the clip norm => effective 2.5 => 4.0248764300 (dpa, autodp).
+    res = acc.dpsgd_accounting(0.1, 5.0, 100, DELTA, sampling="without-replacement", accountant="rdp")
+    assert res.epsilon == pytest.approx(4.0248764300, rel=1e-8)
+    assert res.neighbouring == "replace_one"
+    assert any("replace-one" in w for w in res.warnings)
+    ev = acc.dpsgd_event(0.1, 5.0, 1, sampling="without-replacement", dataset_size=100)
+    assert ev == dpa.SampledWithoutReplacementDpEvent(100, 10, dpa.GaussianDpEvent(2.5))
+    with pytest.raises(ValueError, match="rdp"):
+        acc.dpsgd_epsilon(0.1, 5.0, 100, DELTA, sampling="without-replacement", accountant="pld")
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(sample_rate=0.0), "sample_rate"),
+        (dict(sample_rate=1.5), "sample_rate"),
+        (dict(noise_multiplier=-1.0), "noise_multiplier"),
+        (dict(steps=0), "steps must be an integer >= 1; found 0"),
+        (dict(delta=1.0), "delta"),
+        (dict(sampling="shuffle"), "sampling"),
+        (dict(accountant="gdp"), "accountant"),
+    ],
+)
+def test_errors(kwargs, match):
+    args = dict(sample_rate=0.01, noise_multiplier=1.0, steps=10, delta=DELTA)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        acc.dpsgd_epsilon(**args)
