@@ -11,3 +11,5 @@ __all__ = ["REGISTRY", "TrainResult", "TrainerConfig", "TrainerSpec", "get_train
            "register_trainer", "train"]
 
 # Method modules register themselves on import (one line each, below).
+from privkit.trainers import fedmd as _fedmd  # noqa: F401,E402
+from privkit.trainers import flip as _flip  # noqa: F401,E402

@@ -1,0 +1,531 @@
+"""FedMD-NFDP (Sun & Lyu, IJCAI'21; seed 001) and its baselines FedMD-NP and FedMD-LDP.
+
+Federated model distillation between parties with heterogeneous models (Algorithm 1):
+
+1. every party starts from a model pretrained on the labelled public data (one pretraining run
+   per distinct architecture: "the same pretrained model" of Algorithm 1, line 2);
+2. FedMD-NFDP: each party draws ONE random subset of ``k`` of its ``n`` private records (with or
+   without replacement) and keeps it for the whole run; FedMD-NP and FedMD-LDP use all records;
+3. initialisation: ``T1`` epochs on the private (sub)set;
+4. ``R`` rounds: the server samples a public subset X_p; every party shares its knowledge on X_p
+   (logits, softmax or argmax votes, Table 3); the server averages it; every party digests
+   (``T2`` epochs towards the average on X_p) and revisits (``T3`` epochs on its private
+   (sub)set).  Sharing happens at the start of each round on that round's X_p (the order of
+   the original FedMD code), so there are exactly ``R`` releases per party.
+
+Privacy (record level, per party):
+
+* FedMD-NFDP: everything a party releases is a post-processing of its k-subset (and public
+  data), so the ledger holds one :class:`accountants.NfdpSubsampleEvent` per party and nothing
+  per round.  Theorems 1-2 use the natural logarithm; the paper's Table 2 prints
+  ``k log10((n+1)/n)``, so its epsilons are ``ln 10 = 2.303x`` too small (methods.md section 4).
+  The theorems' delta is ``>= 1/n`` for every k >= 1, which permits publishing records in the
+  clear (the subset release does exactly that): privkit warns.
+* FedMD-NP: no guarantee (:class:`accountants.NonPrivateEvent`).
+* FedMD-LDP: each party adds Gaussian noise to every shared prediction vector.  Sensitivity: a
+  softmax or one-hot vector lies in the probability simplex, whose L2 diameter is ``sqrt(2)``;
+  a clipped logit vector (L2 norm <= c) lies in a ball of diameter ``2c``.  The model is an
+  arbitrary function of the private data, so changing one record (adding/removing it or
+  replacing it: the bound is the output space's diameter, valid under either relation) may move
+  every prediction by up to that diameter.  The R x |X_p| vector releases are composed (a
+  composition of Gaussians with equal noise multiplier is one Gaussian with multiplier
+  ``z / sqrt(R |X_p|)``), and the noise is calibrated with the analytic Gaussian mechanism so the
+  total matches NFDP's theorem (epsilon, delta) at the same k.  The party's own model is trained
+  on all its data without noise; privkit releases it (it is the model the audits attack), so the
+  ledger also records it as a non-private release.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from typing_extensions import Annotated
+
+from privkit.config import StrictModel
+from privkit.errors import PrivkitError
+from privkit.models import FeatureClassifier, build_from_spec, model_spec
+from privkit.seeding import derive_seed, make_rng, seed_torch
+from privkit.trainers.base import TrainerConfig, TrainResult, register_trainer
+from privkit.trainers.common import (accuracy, as_tensor, distill, make_optimizer, minibatches,
+                                     predict_logits, resolve_device, train_supervised)
+from privkit.seeding import torch_generator
+
+PAPER = "Sun & Lyu, Federated Model Distillation with Noise-Free Differential Privacy (IJCAI'21)"
+LN10 = math.log(10.0)
+KNOWLEDGE_MODES = ("logits", "softmax", "argmax")
+NP_REASON = ("FedMD-NP: parties share predictions of models trained on all their private data, "
+             "without noise; no privacy guarantee")
+LDP_MODEL_REASON = ("FedMD-LDP: the party's own model is trained on all its private data without "
+                    "noise; only its shared predictions are noised. privkit releases the model for "
+                    "evaluation and audits, so this release has no guarantee")
+
+
+class PartyModel(StrictModel):
+    """Architecture of one party's model (:func:`privkit.models.build_model` arguments)."""
+
+    arch: Literal["cnn", "mlp"] = "cnn"
+    width: Annotated[int, Field(ge=1)] = 16
+    feature_dim: Annotated[int, Field(ge=2)] = 128
+    depth: Annotated[int, Field(ge=1)] = 1
+
+
+class FedMDConfig(TrainerConfig):
+    """Settings shared by FedMD-NFDP, FedMD-NP and FedMD-LDP (defaults: the paper, Sec. 5).
+
+    ``party_models`` lists the party architectures, assigned cyclically (party i gets entry
+    ``i % len``).  Empty: a heterogeneous cycle derived from ``arch``/``width``/``feature_dim``
+    (the base model, one at half width, one 1.5x wider with two hidden layers for mlp).
+    """
+
+    party_models: list[PartyModel] = Field(default_factory=list)
+    heterogeneous: bool = True
+    rounds: Annotated[int, Field(ge=0)] = 20
+    init_epochs: Annotated[int, Field(ge=0)] = 20  # T1
+    digest_epochs: Annotated[int, Field(ge=0)] = 2  # T2
+    revisit_epochs: Annotated[int, Field(ge=0)] = 1  # T3
+    public_subset: Annotated[int, Field(ge=1)] = 5000  # |X_p| per round, capped at the public size
+    knowledge: Literal["logits", "softmax", "argmax"] = "argmax"
+    pretrain_epochs: Annotated[int, Field(ge=0)] = 20
+    pretrain_batch_size: Annotated[int, Field(ge=1)] = 128
+    digest_batch_size: Annotated[int, Field(ge=1)] = 256
+    revisit_batch_size: Annotated[int, Field(ge=1)] = 5
+    lr: Annotated[float, Field(gt=0)] = 1e-3
+    released_party: Annotated[int, Field(ge=0)] = 0
+
+
+class FedMDNfdpConfig(FedMDConfig):
+    """FedMD-NFDP: each party trains on one random subset of ``k`` records, drawn once."""
+
+    k: Annotated[int, Field(ge=1)] = 16
+    replacement: bool = True  # Theorem 2 (with) is the paper's choice (Lemma 1); False: Theorem 1
+
+
+class FedMDNpConfig(FedMDConfig):
+    """FedMD-NP: all private records, no noise, no guarantee."""
+
+
+class FedMDLdpConfig(FedMDConfig):
+    """FedMD-LDP: all private records; Gaussian noise on every shared prediction vector.
+
+    The target (epsilon, delta) per party is NFDP's theorem pair for subsets of ``match_k``
+    records (``match_replacement``) from that party's n, unless ``epsilon`` and ``delta`` are given.
+    """
+
+    knowledge: Literal["logits", "softmax", "argmax"] = "softmax"
+    match_k: Annotated[int, Field(ge=1)] = 16
+    match_replacement: bool = True
+    epsilon: Annotated[float, Field(gt=0)] | None = None
+    delta: Annotated[float, Field(gt=0, lt=1)] | None = None
+    logit_clip: Annotated[float, Field(gt=0)] = 10.0  # L2 clip of shared logit vectors (logits mode)
+
+
+# ----------------------------------------------------------------------------- party models
+def party_model_specs(config: FedMDConfig, num_parties: int) -> list[PartyModel]:
+    """The architecture of each party (cyclic over ``party_models`` or the derived cycle)."""
+    if config.party_models:
+        cycle = list(config.party_models)
+    else:
+        base = PartyModel(arch=config.arch, width=config.width, feature_dim=config.feature_dim)
+        cycle = [base]
+        if config.heterogeneous:
+            cycle.append(PartyModel(arch=config.arch, width=max(1, config.width // 2),
+                                    feature_dim=max(2, config.feature_dim // 2)))
+            cycle.append(PartyModel(arch=config.arch, width=config.width + config.width // 2,
+                                    feature_dim=config.feature_dim + config.feature_dim // 2,
+                                    depth=2 if config.arch == "mlp" else 1))
+    if not config.heterogeneous:
+        cycle = cycle[:1]
+    return [cycle[i % len(cycle)] for i in range(num_parties)]
+
+
+def _spec_dict(p: PartyModel, input_shape, num_classes: int) -> dict:
+    return model_spec(p.arch, input_shape, num_classes, width=p.width, feature_dim=p.feature_dim,
+                      depth=p.depth)
+
+
+def pretrain_parties(federation, config: FedMDConfig, seed: int, device: torch.device
+                     ) -> tuple[list[FeatureClassifier], list[dict]]:
+    """One model per distinct architecture, pretrained on the labelled public data, copied to parties.
+
+    Algorithm 1 initialises every party "with the same pretrained model"; parties sharing an
+    architecture share that model's weights.
+    """
+    specs = [_spec_dict(p, federation.input_shape, federation.num_classes)
+             for p in party_model_specs(config, federation.num_clients)]
+    xpub, ypub = federation.public_arrays("all")
+    if config.pretrain_epochs > 0 and len(ypub) and ypub.max() >= federation.num_classes:
+        raise PrivkitError(f"public labels go up to {int(ypub.max())} but the private task has "
+                           f"{federation.num_classes} classes; set pretrain_epochs=0 to skip "
+                           "pretraining on labelled public data")
+    pretrained: dict[str, dict] = {}
+    for j, spec in enumerate(specs):
+        key = repr(sorted(spec.items()))
+        if key in pretrained:
+            continue
+        seed_torch(derive_seed(seed, f"fedmd-init-{len(pretrained)}"))
+        model = build_from_spec(spec)
+        if config.pretrain_epochs > 0:
+            train_supervised(model, xpub, ypub, epochs=config.pretrain_epochs,
+                             batch_size=config.pretrain_batch_size, lr=config.lr, device=device,
+                             seed=derive_seed(seed, f"fedmd-pretrain-{len(pretrained)}"))
+        pretrained[key] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    models = []
+    for spec in specs:
+        m = build_from_spec(spec)
+        m.load_state_dict(pretrained[repr(sorted(spec.items()))])
+        models.append(m.to(device))
+    return models, specs
+
+
+# ----------------------------------------------------------------------------- private subsets
+def draw_subset(n: int, k: int, replacement: bool, rng: np.random.Generator) -> np.ndarray:
+    """Positions (into the party's n records) of its NFDP subset of size k, drawn once.
+
+    With replacement: k i.i.d. uniform draws (Theorem 2); without: a uniform k-subset (Theorem 1).
+    """
+    if n < 1:
+        raise PrivkitError(f"a party needs at least one private record to subsample; found n={n}")
+    if not replacement and k > n:
+        raise PrivkitError(f"k must be <= n for sampling without replacement; found k={k}, n={n}")
+    return rng.choice(n, size=k, replace=replacement).astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- knowledge
+def share_knowledge(logits: np.ndarray, mode: str) -> np.ndarray:
+    """What a party uploads for each public record: logits, softmax probabilities or a one-hot vote."""
+    if mode == "logits":
+        return logits.astype(np.float32)
+    if mode == "softmax":
+        z = logits - logits.max(axis=1, keepdims=True)
+        p = np.exp(z)
+        return (p / p.sum(axis=1, keepdims=True)).astype(np.float32)
+    if mode == "argmax":
+        votes = np.zeros_like(logits, dtype=np.float32)
+        votes[np.arange(len(logits)), logits.argmax(axis=1)] = 1.0
+        return votes
+    raise PrivkitError(f"knowledge must be one of {', '.join(KNOWLEDGE_MODES)}; found {mode!r}")
+
+
+def aggregate_knowledge(shares: list[np.ndarray]) -> np.ndarray:
+    """f_Agg of Algorithm 1: the unweighted mean over parties, per public record."""
+    if not shares:
+        raise PrivkitError("aggregate_knowledge needs at least one party's share; found 0")
+    return np.mean(np.stack(shares), axis=0).astype(np.float32)
+
+
+def project_to_simplex_rows(p: np.ndarray) -> np.ndarray:
+    """Post-processing of noisy probability rows into distributions (clip at 0, renormalise).
+
+    A row that is all non-positive becomes uniform.
+    """
+    q = np.clip(p, 0.0, None)
+    s = q.sum(axis=1, keepdims=True)
+    uniform = np.full_like(q, 1.0 / q.shape[1])
+    return np.where(s > 0, q / np.where(s > 0, s, 1.0), uniform).astype(np.float32)
+
+
+def clip_rows(v: np.ndarray, c: float) -> np.ndarray:
+    """Scale each row to L2 norm at most ``c``."""
+    norms = np.linalg.norm(v, axis=1, keepdims=True)
+    return (v * np.minimum(1.0, c / np.maximum(norms, 1e-12))).astype(np.float32)
+
+
+def knowledge_sensitivity(mode: str, logit_clip: float) -> float:
+    """L2 sensitivity of one shared vector: the diameter of its output set."""
+    return 2.0 * logit_clip if mode == "logits" else math.sqrt(2.0)
+
+
+# ----------------------------------------------------------------------------- digest / revisit
+def regress_logits(model: torch.nn.Module, x: np.ndarray, targets: np.ndarray, *, epochs: int,
+                   batch_size: int, lr: float, device: torch.device, seed: int) -> float:
+    """Digest with logit targets: mean absolute error to the averaged logits (original FedMD code)."""
+    if len(x) == 0 or epochs == 0:
+        return float("nan")
+    model.to(device).train()
+    opt = make_optimizer(model.parameters(), "adam", lr)
+    xt, tt = as_tensor(x, device, torch.float32), as_tensor(targets, device, torch.float32)
+    gen = torch_generator(seed)
+    last = float("nan")
+    for _ in range(epochs):
+        total = 0.0
+        for idx in minibatches(len(xt), batch_size, gen):
+            idx = idx.to(device)
+            loss = F.l1_loss(model(xt[idx]), tt[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += float(loss) * len(idx)
+        last = total / len(xt)
+    return last
+
+
+def digest(model: torch.nn.Module, x_pub: np.ndarray, consensus: np.ndarray, mode: str, *,
+           epochs: int, batch_size: int, lr: float, device: torch.device, seed: int) -> float:
+    """Digest (Algorithm 1, line 14): train towards the aggregated knowledge on the public subset."""
+    if epochs == 0:
+        return float("nan")
+    if mode == "logits":
+        return regress_logits(model, x_pub, consensus, epochs=epochs, batch_size=batch_size, lr=lr,
+                              device=device, seed=seed)
+    return distill(model, x_pub, consensus, epochs=epochs, batch_size=batch_size, lr=lr,
+                   device=device, seed=seed)
+
+
+def revisit(model: torch.nn.Module, x_priv: np.ndarray, y_priv: np.ndarray, *, epochs: int,
+            batch_size: int, lr: float, device: torch.device, seed: int) -> float:
+    """Revisit (line 17) and initialisation (line 4): supervised epochs on the party's own records."""
+    if epochs == 0:
+        return float("nan")
+    return train_supervised(model, x_priv, y_priv, epochs=epochs, batch_size=batch_size, lr=lr,
+                            device=device, seed=seed)
+
+
+# ----------------------------------------------------------------------------- the loop
+def _ldp_plan(federation, config: FedMDLdpConfig, m_pub: int) -> dict:
+    """Per-party Gaussian noise std for the shared vectors, calibrated to the target (epsilon, delta)."""
+    from accountants import calibrate_gaussian, nfdp_epsilon_delta
+
+    sens = knowledge_sensitivity(config.knowledge, config.logit_clip)
+    queries = config.rounds * m_pub
+    plan = {"sensitivity": sens, "queries": queries, "sigma": [], "target": []}
+    if queries == 0:
+        return plan
+    for i, idx in enumerate(federation.clients):
+        n = len(idx)
+        if config.epsilon is not None and config.delta is not None:
+            eps, delta = config.epsilon, config.delta
+        else:
+            if not config.match_replacement and config.match_k > n:
+                raise PrivkitError(f"match_k must be <= n for sampling without replacement; found "
+                                   f"match_k={config.match_k}, n={n} (party {i})")
+            eps, delta = nfdp_epsilon_delta(n, config.match_k, config.match_replacement)
+            if config.epsilon is not None:
+                eps = config.epsilon
+            if config.delta is not None:
+                delta = config.delta
+        if not 0 < delta < 1:
+            raise PrivkitError(f"delta must be in (0, 1) to calibrate FedMD-LDP; found {delta} for "
+                               f"party {i} (set delta explicitly)")
+        # R*|X_p| Gaussian releases of sensitivity s with std sigma compose into one Gaussian of
+        # sensitivity s*sqrt(queries) with std sigma: calibrate that one exactly (analytic).
+        cal = calibrate_gaussian(eps, delta, sensitivity=sens * math.sqrt(queries), method="analytic")
+        plan["sigma"].append(cal.sigma)
+        plan["target"].append((float(eps), float(delta)))
+    return plan
+
+
+def _evaluate(models, xt, yt, device, batch_size) -> list[float]:
+    return [accuracy(m, xt, yt, device, batch_size) for m in models]
+
+
+def run_fedmd(federation, config: FedMDConfig, seed: int, variant: str, progress: bool = False
+              ) -> TrainResult:
+    """Run FedMD in one of its variants: ``"nfdp"``, ``"np"`` or ``"ldp"``.
+
+    Returns a :class:`TrainResult` whose ``model`` is party ``released_party``'s model and whose
+    ``client_models`` are all parties' models.
+    """
+    from accountants import Ledger, NfdpSubsampleEvent, NonPrivateEvent
+
+    import dp_accounting as dpa
+
+    n_parties = federation.num_clients
+    if config.released_party >= n_parties:
+        raise PrivkitError(f"released_party must be < {n_parties} (the number of parties); found "
+                           f"{config.released_party}")
+    device = resolve_device(config)
+    models, specs = pretrain_parties(federation, config, seed, device)
+    xt, yt = federation.test_arrays()
+    xpub, _ = federation.public_arrays("all")
+    m_pub = min(config.public_subset, len(xpub))
+    ledger = Ledger()
+    warnings: list[str] = []
+    claims: dict = {}
+    artifacts: dict[str, np.ndarray] = {}
+
+    # Private (sub)sets, fixed for the whole run.
+    private: list[tuple[np.ndarray, np.ndarray]] = []
+    for i, idx in enumerate(federation.clients):
+        x, y = federation.client_arrays(i)
+        if variant == "nfdp":
+            pos = draw_subset(len(idx), config.k, config.replacement, make_rng(seed, f"fedmd-subset-{i}"))
+            artifacts[f"subset_indices/client_{i}"] = idx[pos]
+            x, y = x[pos], y[pos]
+        private.append((x, y))
+
+    _record_privacy(variant, federation, config, ledger, warnings, claims, m_pub, NfdpSubsampleEvent,
+                    NonPrivateEvent)
+    plan = _ldp_plan(federation, config, m_pub) if variant == "ldp" else None
+    if plan is not None:
+        _record_ldp(federation, config, plan, ledger, warnings, claims, dpa, NonPrivateEvent)
+    if m_pub < config.public_subset:
+        warnings.append(f"public_subset={config.public_subset} capped at the public data size {m_pub}")
+
+    # Initialisation phase (no collaboration): T1 epochs on the private (sub)set.
+    for i, m in enumerate(models):
+        revisit(m, *private[i], epochs=config.init_epochs, batch_size=config.revisit_batch_size,
+                lr=config.lr, device=device, seed=derive_seed(seed, f"fedmd-init-train-{i}"))
+    rounds = [_round_record(0, _evaluate(models, xt, yt, device, config.eval_batch_size), config)]
+
+    pub_rng = make_rng(seed, "fedmd-public")
+    iterator = range(1, config.rounds + 1)
+    if progress:
+        from rich.progress import track
+        iterator = track(iterator, description=f"fedmd-{variant}")
+    for t in iterator:
+        sel = np.sort(pub_rng.choice(len(xpub), size=m_pub, replace=False))
+        x_p = xpub[sel]
+        shares = []
+        for i, m in enumerate(models):
+            share = share_knowledge(predict_logits(m, x_p, device, config.eval_batch_size), config.knowledge)
+            if plan is not None:
+                if config.knowledge == "logits":
+                    share = clip_rows(share, config.logit_clip)
+                noise_rng = make_rng(seed, f"fedmd-ldp-{i}-{t}")
+                share = share + noise_rng.normal(0.0, plan["sigma"][i], size=share.shape).astype(np.float32)
+            shares.append(share)
+        consensus = aggregate_knowledge(shares)
+        if plan is not None and config.knowledge != "logits":
+            consensus = project_to_simplex_rows(consensus)  # post-processing of the noisy mean
+        for i, m in enumerate(models):
+            digest(m, x_p, consensus, config.knowledge, epochs=config.digest_epochs,
+                   batch_size=config.digest_batch_size, lr=config.lr, device=device,
+                   seed=derive_seed(seed, f"fedmd-digest-{i}-{t}"))
+            revisit(m, *private[i], epochs=config.revisit_epochs, batch_size=config.revisit_batch_size,
+                    lr=config.lr, device=device, seed=derive_seed(seed, f"fedmd-revisit-{i}-{t}"))
+        rounds.append(_round_record(t, _evaluate(models, xt, yt, device, config.eval_batch_size), config))
+
+    client_acc = rounds[-1]["client_accuracy"]
+    r = config.released_party
+    return TrainResult(method=f"fedmd-{variant}", seed=seed, config=config.model_dump(),
+                       model=models[r], model_spec=specs[r], ledger=ledger, rounds=rounds,
+                       test_accuracy=client_acc[r], artifacts=artifacts, client_models=models,
+                       client_model_specs=specs, client_accuracy=client_acc, warnings=warnings,
+                       claims=claims)
+
+
+def _round_record(t: int, accs: list[float], config: FedMDConfig) -> dict:
+    return {"round": t, "test_accuracy": accs[config.released_party],
+            "mean_client_accuracy": float(np.mean(accs)), "client_accuracy": accs}
+
+
+def _record_privacy(variant, federation, config, ledger, warnings, claims, m_pub,
+                    NfdpSubsampleEvent, NonPrivateEvent) -> None:
+    """Ledger events, warnings and the paper's claim for NFDP / NP (LDP: see :func:`_record_ldp`)."""
+    from accountants.nfdp import nfdp_epsilon_delta, record_exposure_warning
+
+    if variant == "np":
+        for i in range(federation.num_clients):
+            ledger.add(i, NonPrivateEvent(NP_REASON), label="shared predictions (all data)")
+        warnings.append("FedMD-NP gives no privacy guarantee: predictions of models trained on all "
+                        "private data are shared in the clear")
+        claims.update({"epsilon": float("inf"), "delta": 1.0, "source": "FedMD-NFDP Table 2 (FedMD-NP row)"})
+        return
+    if variant != "nfdp":
+        return
+    per_client = []
+    exposed = 0
+    for i, idx in enumerate(federation.clients):
+        n = len(idx)
+        ledger.add(i, NfdpSubsampleEvent(n=n, k=config.k, replacement=config.replacement),
+                   label="nfdp subsample", neighbouring="add_remove")
+        eps, delta = nfdp_epsilon_delta(n, config.k, config.replacement)
+        per_client.append({"client": i, "n": n, "k": config.k, "epsilon": eps, "delta": delta,
+                           "epsilon_table2_log10": eps / LN10, "one_over_n": 1.0 / n})
+        if record_exposure_warning(delta, n) is not None:
+            exposed += 1
+    worst = max(per_client, key=lambda c: (c["delta"], c["epsilon"]))
+    theorem = "Theorem 2 (with replacement)" if config.replacement else "Theorem 1 (without replacement)"
+    claims.update({
+        "epsilon": max(c["epsilon"] for c in per_client),
+        "delta": max(c["delta"] for c in per_client),
+        "log": "natural",
+        "neighbouring": "add_remove",
+        "source": f"FedMD-NFDP {theorem}",
+        "per_client": per_client,
+        "table2_convention": ("the paper's Table 2 prints k*log10((n+1)/n): its epsilons are in "
+                              "log10 and the true (natural-log) epsilon is ln(10) = 2.303x larger; "
+                              "epsilon_table2_log10 gives the value in the table's convention"),
+    })
+    if exposed:
+        warnings.append(
+            f"{exposed} of {len(per_client)} parties have delta >= 1/n (worst: party {worst['client']}, "
+            f"n={worst['n']}, k={config.k}: delta={worst['delta']:.4g} >= 1/n={worst['one_over_n']:.4g}): "
+            "such a guarantee permits publishing records in the clear, and the NFDP subset release "
+            "does exactly that for each sampled record")
+    warnings.append(
+        "NFDP's exact privacy profile is flat: the subset release is (0, delta)-DP and no smaller "
+        "delta holds at any epsilon, so the theorems' epsilon buys nothing (accountants.nfdp)")
+    warnings.append(
+        "FedMD-NFDP Table 2 reports epsilon in log10 (k*log10((n+1)/n)); privkit reports the "
+        f"theorems' natural-log epsilon, 2.303x larger (worst party here: {worst['epsilon']:.4g} "
+        f"= {worst['epsilon_table2_log10']:.4g} in Table 2's convention)")
+
+
+def _record_ldp(federation, config, plan, ledger, warnings, claims, dpa, NonPrivateEvent) -> None:
+    sens, queries = plan["sensitivity"], plan["queries"]
+    per_round = queries // config.rounds if config.rounds else 0
+    per_client = []
+    for i in range(federation.num_clients):
+        ledger.add(i, NonPrivateEvent(LDP_MODEL_REASON), label="party model")
+        if not queries:
+            continue
+        z = plan["sigma"][i] / sens
+        for t in range(1, config.rounds + 1):
+            ledger.add(i, dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(noise_multiplier=z), per_round),
+                       label="ldp predictions", round=t, neighbouring="add_remove")
+        eps, delta = plan["target"][i]
+        per_client.append({"client": i, "n": len(federation.clients[i]), "epsilon": eps,
+                           "delta": delta, "sigma": plan["sigma"][i], "noise_multiplier": z})
+    if per_client:
+        claims.update({
+            "epsilon": max(c["epsilon"] for c in per_client),
+            "delta": max(c["delta"] for c in per_client),
+            "labels": ["ldp predictions"],
+            "neighbouring": "add_remove (the sensitivity bound is the output set's diameter, so it "
+                            "holds under replace-one too)",
+            "sensitivity": sens, "queries": queries,
+            "source": ("FedMD-NFDP, FedMD-LDP baseline: Gaussian noise on shared predictions at NFDP's "
+                       "(epsilon, delta), composed over rounds and queries (Fig. 3c)"),
+            "per_client": per_client,
+        })
+        smin = min(c["sigma"] for c in per_client)
+        warnings.append(
+            f"FedMD-LDP noise std per shared coordinate >= {smin:.4g} (sensitivity {sens:.4g} per "
+            f"vector, {queries} vector releases composed): the paper reports that utility collapses")
+    warnings.append("FedMD-LDP protects only the shared predictions; the released party model is "
+                    "trained on all private data without noise (ledger label 'party model')")
+
+
+# ----------------------------------------------------------------------------- registration
+_QUICK = {"arch": "mlp", "feature_dim": 64, "rounds": 2, "init_epochs": 3, "pretrain_epochs": 2,
+          "public_subset": 300, "digest_epochs": 1, "revisit_batch_size": 16, "heterogeneous": True}
+
+
+@register_trainer("fedmd-nfdp", FedMDNfdpConfig,
+                  "FedMD with noise-free DP: parties train on one random k-subset, share predictions",
+                  paper=PAPER, formal_dp=True, quick={**_QUICK, "k": 16})
+def train_fedmd_nfdp(federation, config: FedMDNfdpConfig, seed: int, progress: bool = False) -> TrainResult:
+    """FedMD-NFDP (Algorithm 1) with one NFDP subsample event per party."""
+    return run_fedmd(federation, config, seed, "nfdp", progress)
+
+
+@register_trainer("fedmd-np", FedMDNpConfig,
+                  "FedMD without privacy: parties train on all private data, share predictions",
+                  paper=PAPER, formal_dp=False, quick=_QUICK)
+def train_fedmd_np(federation, config: FedMDNpConfig, seed: int, progress: bool = False) -> TrainResult:
+    """FedMD-NP baseline (all private data, no guarantee)."""
+    return run_fedmd(federation, config, seed, "np", progress)
+
+
+@register_trainer("fedmd-ldp", FedMDLdpConfig,
+                  "FedMD with Gaussian noise on shared predictions, at NFDP's (epsilon, delta)",
+                  paper=PAPER, formal_dp=False, quick={**_QUICK, "knowledge": "softmax"})
+def train_fedmd_ldp(federation, config: FedMDLdpConfig, seed: int, progress: bool = False) -> TrainResult:
+    """FedMD-LDP baseline: noised predictions; the released party model itself is non-private."""
+    return run_fedmd(federation, config, seed, "ldp", progress)
