@@ -1,0 +1,50 @@
+"""Non-private centralised training on the pooled client data (the no-privacy reference point).
+
+Same model, optimiser, epochs and batch size as :mod:`privkit.trainers.dpsgd`, with shuffled
+batches and no clipping or noise. The ledger records a :class:`accountants.NonPrivateEvent` for
+every client: there is no formal guarantee, only what the audits measure.
+"""
+
+from __future__ import annotations
+
+from privkit.seeding import derive_seed
+from privkit.trainers.base import TrainResult, register_trainer
+from privkit.trainers.common import accuracy, make_optimizer, new_model, resolve_device, train_supervised
+from privkit.trainers.dpsgd import CentralConfig
+
+
+@register_trainer("centralized", CentralConfig, "Non-private centralised training on the pooled client "
+                  "data (no guarantee; reference for utility and audits)", formal_dp=False,
+                  quick={"epochs": 3, "width": 8, "feature_dim": 32, "lr": 0.5, "batch_size": 128})
+def train_centralized(federation, config: CentralConfig, seed: int, progress: bool = False) -> TrainResult:
+    """Train one model on all clients' records pooled; per-epoch test accuracy in ``rounds``."""
+    from accountants import Ledger, NonPrivateEvent
+
+    device = resolve_device(config)
+    x, y = federation.pooled_arrays()
+    x_test, y_test = federation.test_arrays()
+    model, spec = new_model(federation, config, derive_seed(seed, "init"))
+    opt_seed = derive_seed(seed, "batches")
+
+    opt = make_optimizer([p for p in model.to(device).parameters()], config.optimizer, config.lr)
+    rounds = []
+    epochs = range(1, config.epochs + 1)
+    if progress:
+        from rich.progress import track
+
+        epochs = track(epochs, description="centralized epochs")
+    for epoch in epochs:
+        # one epoch per call, the optimiser (and its state) persists across epochs
+        loss = train_supervised(model, x, y, epochs=1, batch_size=config.batch_size, lr=config.lr,
+                                device=device, seed=derive_seed(opt_seed, f"epoch{epoch}"), opt=opt)
+        rounds.append({"round": epoch, "test_accuracy": accuracy(model, x_test, y_test, device), "loss": loss})
+    ledger = Ledger()
+    event = NonPrivateEvent("centralised training on the pooled records without clipping or noise")
+    for k in range(federation.num_clients):
+        ledger.add(k, event, "non-private training (pooled data)")
+    return TrainResult(method="centralized", seed=seed, config=config.model_dump(), model=model.cpu(),
+                       model_spec=spec, ledger=ledger, rounds=rounds,
+                       test_accuracy=accuracy(model, x_test, y_test, device),
+                       warnings=["No formal privacy guarantee: the model is trained on the pooled records "
+                                 "in the clear; its protection is only what the audits measure."],
+                       claims={"epsilon": float("inf"), "source": "non-private baseline"})

@@ -1,0 +1,154 @@
+"""One DP-SGD step (Abadi et al. 2016) with Poisson sampling, shared by every DP-SGD method.
+
+The step is exactly what the subsampled-Gaussian accountant assumes
+(``PoissonSampledDpEvent(q, GaussianDpEvent(noise_multiplier))`` under add/remove-one neighbours):
+
+1. **Poisson sampling**: each of the ``n`` records joins the batch independently with
+   probability ``q`` (:func:`poisson_batch`). A fixed-size shuffled batch would *not* match the
+   accounting (see the sampling-mismatch notes: Chua et al. 2024).
+2. **Per-sample gradients** with ``torch.func`` (``vmap(grad(loss))``), so no record's gradient
+   depends on another's (the models have no BatchNorm).
+3. **Clipping** of each record's whole gradient to L2 norm ``clip_norm`` (flat clipping).
+4. **Noise**: ``N(0, (noise_multiplier * clip_norm)^2 I)`` added to the *sum* of clipped gradients,
+   then divided by the *expected* batch size ``q * n`` (as opacus does for Poisson sampling):
+   dividing by the realised batch size would make the scale data-dependent.
+
+An empty Poisson batch still releases a pure-noise gradient, as the analysis assumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from privkit.errors import PrivkitError
+
+# loss_fn(logits (1, C), target (1,), aux (1, ...) or None) -> scalar loss of ONE record
+PerSampleLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+__all__ = ["DpSgdStep", "PerSampleLoss", "add_gaussian_noise", "clip_per_sample", "poisson_batch",
+           "per_sample_gradients"]
+
+
+def poisson_batch(n: int, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
+    """Indices of a Poisson-sampled batch: each of ``n`` records joins with probability ``sample_rate``.
+
+    ``generator`` must live on the CPU (sampling is cheap; keeping it there keeps results identical
+    across devices).
+    """
+    if not 0.0 < sample_rate <= 1.0:
+        raise PrivkitError(f"sample_rate must be in (0, 1]; found {sample_rate}")
+    if n < 0:
+        raise PrivkitError(f"n must be >= 0; found {n}")
+    mask = torch.rand(n, generator=generator) < sample_rate
+    return torch.nonzero(mask, as_tuple=False).flatten()
+
+
+def per_sample_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: PerSampleLoss,
+                         aux: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Gradient of ``loss_fn`` for each record separately: ``{name: (B, *param.shape)}``.
+
+    Only parameters with ``requires_grad`` are differentiated. ``aux`` is a per-record tensor passed
+    to ``loss_fn`` (e.g. the teacher's logits for knowledge distillation).
+    """
+    params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+
+    def one(p, xi, yi, ai):
+        logits = functional_call(model, (p, buffers), (xi.unsqueeze(0),))
+        return loss_fn(logits, yi.unsqueeze(0), None if ai is None else ai.unsqueeze(0))
+
+    in_dims = (None, 0, 0, 0 if aux is not None else None)
+    return vmap(grad(one), in_dims=in_dims, randomness="error")(params, x, y, aux)
+
+
+def clip_per_sample(grads: dict[str, torch.Tensor], clip_norm: float) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Scale each record's gradient (all parameters together) to L2 norm at most ``clip_norm``.
+
+    Returns the clipped per-sample gradients and the per-sample norms *before* clipping.
+    Factor ``min(1, c / ||g||)`` as in Abadi et al. (opacus adds 1e-6 to the norm; we guard 0 only).
+    """
+    if clip_norm <= 0:
+        raise PrivkitError(f"clip_norm must be > 0; found {clip_norm}")
+    first = next(iter(grads.values()))
+    b = first.shape[0]
+    sq = torch.zeros(b, dtype=first.dtype, device=first.device)
+    for g in grads.values():
+        sq = sq + g.reshape(b, -1).pow(2).sum(1)
+    norms = sq.sqrt()
+    factor = torch.clamp(clip_norm / torch.clamp(norms, min=1e-12), max=1.0)
+    clipped = {k: g * factor.view(-1, *([1] * (g.dim() - 1))) for k, g in grads.items()}
+    return clipped, norms
+
+
+def add_gaussian_noise(total: dict[str, torch.Tensor], std: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """``total + N(0, std^2 I)`` per parameter; noise drawn on the generator's device, in name order."""
+    out = {}
+    for k in sorted(total):
+        t = total[k]
+        noise = torch.randn(t.shape, generator=generator, device=generator.device, dtype=t.dtype)
+        out[k] = t + std * noise.to(t.device)
+    return out
+
+
+@dataclass(frozen=True)
+class DpSgdStep:
+    """DP-SGD with Poisson sampling: ``noisy_gradient`` returns ``(sum_i clip(g_i) + N(0, s^2 c^2 I)) / (q n)``.
+
+    Parameters
+    ----------
+    clip_norm : per-sample L2 clipping norm ``c``.
+    noise_multiplier : ``sigma``; the noise std is ``sigma * c``.
+    sample_rate : Poisson rate ``q`` (the accountant's ``q``).
+    dataset_size : ``n``, the number of records the batch is drawn from.
+    """
+
+    clip_norm: float
+    noise_multiplier: float
+    sample_rate: float
+    dataset_size: int
+
+    def __post_init__(self) -> None:
+        if self.clip_norm <= 0:
+            raise PrivkitError(f"clip_norm must be > 0; found {self.clip_norm}")
+        if self.noise_multiplier < 0:
+            raise PrivkitError(f"noise_multiplier must be >= 0; found {self.noise_multiplier}")
+        if not 0.0 < self.sample_rate <= 1.0:
+            raise PrivkitError(f"sample_rate must be in (0, 1]; found {self.sample_rate}")
+        if self.dataset_size < 1:
+            raise PrivkitError(f"dataset_size must be >= 1; found {self.dataset_size}")
+
+    @property
+    def expected_batch_size(self) -> float:
+        return self.sample_rate * self.dataset_size
+
+    def sample(self, generator: torch.Generator) -> torch.Tensor:
+        """A Poisson batch of record indices (CPU generator)."""
+        return poisson_batch(self.dataset_size, self.sample_rate, generator)
+
+    def noisy_gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: PerSampleLoss,
+                       noise_generator: torch.Generator, aux: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The privatised mean gradient of the batch ``(x, y)`` (may be empty)."""
+        params = {k: v for k, v in model.named_parameters() if v.requires_grad}
+        if len(y) > 0:
+            clipped, _ = clip_per_sample(per_sample_gradients(model, x, y, loss_fn, aux), self.clip_norm)
+            total = {k: g.sum(0) for k, g in clipped.items()}
+        else:  # an empty Poisson batch releases noise only
+            total = {k: torch.zeros_like(p) for k, p in params.items()}
+        noisy = add_gaussian_noise(total, self.noise_multiplier * self.clip_norm, noise_generator)
+        return {k: v / self.expected_batch_size for k, v in noisy.items()}
+
+    def apply(self, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+              loss_fn: PerSampleLoss, noise_generator: torch.Generator,
+              aux: torch.Tensor | None = None) -> None:
+        """Write the noisy gradient into ``.grad`` and take one optimiser step (post-processing)."""
+        g = self.noisy_gradient(model, x, y, loss_fn, noise_generator, aux)
+        for k, p in model.named_parameters():
+            if p.requires_grad:
+                p.grad = g[k].detach()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
