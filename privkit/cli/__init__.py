@@ -6,5 +6,7 @@ Each command group lives in its own module and registers itself on :data:`app` w
 from privkit.cli.app import app, main
 from privkit.cli import data as _data  # noqa: F401  (registers `privkit data`)
 from privkit.cli import budget as _budget  # noqa: F401
+from privkit.cli import run as _run  # noqa: F401  (registers `privkit run`, `report`, `demo`)
+from privkit.cli import audit as _audit  # noqa: F401  (registers `privkit audit`)
 
 __all__ = ["app", "main"]
