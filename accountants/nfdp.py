@@ -99,7 +99,8 @@ def _pair_deltas(n: int, k: int, replacement: bool, eps: float) -> list[float]:
         up = (n + 1 - k) / (n + 1)
         down = (n - k) / n
         p_up, p_down = k / (n + 1), k / n
-    return [p_up, max(0.0, 1.0 - e * up), p_down, max(0.0, 1.0 - e * down)]
+    # For eps >= 0, 1 - e^eps * x <= 1 - x exactly; clamp so rounding cannot break that identity.
+    return [p_up, min(p_up, max(0.0, 1.0 - e * up)), p_down, min(p_down, max(0.0, 1.0 - e * down))]
 
 
 def nfdp_profile(n: int, k: int, replacement: bool, epsilons: Sequence[float]) -> np.ndarray:

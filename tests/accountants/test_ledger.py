@@ -1,0 +1,152 @@
+"""Ledger: composition per client and worst client, mixed ledgers, errors, JSON round trip."""
+
+import math
+
+import dp_accounting as dpa
+import pytest
+
+import accountants as acc
+from accountants.composition import advanced_composition
+
+
+def _fedauxfdp(clients=3):
+    """FedAUXfdp Table 2 budget: scores (0.1, 1e-5) + class heads (0.5, 1e-5), classic Gaussian."""
+    ledger = acc.Ledger()
+    s1 = acc.classic_gaussian_sigma(0.1, 1e-5)
+    s2 = acc.classic_gaussian_sigma(0.5, 1e-5)
+    for c in range(clients):
+        ledger.add(c, dpa.GaussianDpEvent(s1), "scores", neighbouring="replace_one")
+        ledger.add(c, dpa.GaussianDpEvent(s2), "class-head", neighbouring="replace_one")
+    return ledger, s1, s2
+
+
+def test_fedauxfdp_best_is_tighter_than_paper_basic():
+    ledger, s1, s2 = _fedauxfdp()
+    best = ledger.epsilon(2e-5)
+    assert best < 0.6  # the paper's basic composition (0.6, 2e-5)
+    # Two Gaussians compose into one with 1/s^2 = 1/s1^2 + 1/s2^2 (exact): PLD must be within its grid.
+    exact = acc.gaussian_epsilon(1 / math.sqrt(s1**-2 + s2**-2), 2e-5)
+    assert exact <= best <= exact + 2e-3
+    assert ledger.account(2e-5).accountant == "pld"
+    # labels: the scoring part alone is one Gaussian at (0.1, 1e-5) classic => analytic eps < 0.1
+    assert ledger.epsilon(1e-5, labels=["scores"]) == pytest.approx(acc.gaussian_epsilon(s1, 1e-5), abs=2e-4)
+
+
+def test_basic_and_advanced_by_hand():
+    ledger = acc.Ledger()
+    for e, d in [(0.3, 1e-6), (0.2, 2e-6), (0.5, 1e-6)]:
+        ledger.add("a", acc.EpsilonDeltaEvent(e, d), "m")
+    assert ledger.epsilon(1e-5, accountant="basic") == pytest.approx(1.0)
+    assert ledger.epsilon(4e-6, accountant="basic") == pytest.approx(1.0)
+    assert ledger.epsilon(3.9e-6, accountant="basic") == math.inf  # fixed deltas alone exceed target
+    adv, tot = advanced_composition([(0.3, 1e-6), (0.2, 2e-6), (0.5, 1e-6)], 6e-6)
+    assert ledger.epsilon(1e-5, accountant="advanced") == pytest.approx(adv)
+    assert tot <= 1e-5
+
+
+def test_mixed_ledger_splits_delta():
+    ledger = acc.Ledger()
+    ev = acc.dpsgd_event(0.01, 1.0, 1000)
+    ledger.add(0, ev, "dp-sgd")
+    ledger.add(0, acc.EpsilonDeltaEvent(0.5, 2e-6), "extra")
+    ledger.add(0, acc.NfdpSubsampleEvent(10**6, 1, False), "nfdp")  # exact (0, 1e-6)
+    res = ledger.account(1e-5, accountant="rdp")
+    assert res.fixed_epsilon == pytest.approx(0.5) and res.fixed_delta == pytest.approx(3e-6)
+    assert res.tight_delta == pytest.approx(7e-6)
+    rdp = dpa.rdp.RdpAccountant()
+    rdp.compose(ev)
+    assert res.epsilon == pytest.approx(0.5 + rdp.get_epsilon(7e-6), rel=1e-12)
+    summary = ledger.summary(1e-5)
+    assert set(summary["clients"]["0"]) == {"basic", "advanced", "rdp", "pld", "best"}
+    assert summary["clients"]["0"]["best"] == min(v for k, v in summary["clients"]["0"].items() if k != "best")
+
+
+def test_worst_client_and_delta():
+    ledger = acc.Ledger()
+    ledger.add("a", dpa.GaussianDpEvent(4.0), "g")
+    ledger.add("b", dpa.GaussianDpEvent(2.0), "g")
+    assert ledger.clients == ["a", "b"]
+    assert ledger.epsilon(1e-5) == ledger.epsilon(1e-5, client="b") > ledger.epsilon(1e-5, client="a")
+    summary = ledger.summary(1e-5)
+    assert summary["worst_client"]["best"] == "b"
+    assert summary["worst"]["best"] == summary["clients"]["b"]["best"]
+    # delta(eps) inverts epsilon(delta) (exact analytic Gaussian as the reference).
+    eps = acc.gaussian_epsilon(2.0, 1e-6)
+    assert ledger.delta(eps, client="b", accountant="pld") == pytest.approx(1e-6, rel=0.05)
+    assert ledger.delta(eps) >= ledger.delta(eps, client="a")
+
+
+def test_non_private_is_infinite_never_zero_or_error():
+    ledger = acc.Ledger()
+    ledger.add(1, dpa.GaussianDpEvent(3.0), "scores")
+    ledger.add(1, acc.NonPrivateEvent("client model sent in the clear"), "client-model")
+    for kind in ("basic", "advanced", "rdp", "pld", "best"):
+        assert ledger.epsilon(1e-5, accountant=kind) == math.inf
+        assert ledger.delta(1.0, accountant=kind) == 1.0
+    assert ledger.epsilon(1e-5, labels=["scores"]) < math.inf
+
+
+def test_unsupported_event_names_event_and_label():
+    ledger = acc.Ledger()
+    wr = dpa.SampledWithReplacementDpEvent(100, 10, dpa.GaussianDpEvent(1.0))
+    ledger.add(0, wr, "with-replacement step")
+    with pytest.raises(ValueError, match="SampledWithReplacementDpEvent.*with-replacement step"):
+        ledger.epsilon(1e-5)
+    with pytest.raises(ValueError, match="with-replacement step"):
+        ledger.epsilon(1e-5, accountant="pld")
+    wor = acc.Ledger()
+    wor.add(0, acc.dpsgd_event(0.1, 2.0, 10, "without-replacement"), "wor", neighbouring="replace_one")
+    with pytest.raises(ValueError, match="'pld' cannot handle"):
+        wor.epsilon(1e-5, accountant="pld")
+    assert wor.epsilon(1e-5) == pytest.approx(acc.dpsgd_epsilon(0.1, 2.0, 10, 1e-5, "without-replacement"))
+    assert "pld" in wor.summary(1e-5)["not_applicable"]
+
+
+def test_mixed_neighbouring_and_bad_input():
+    ledger = acc.Ledger()
+    ledger.add(0, dpa.GaussianDpEvent(3.0), "a", neighbouring="replace_one")
+    ledger.add(0, dpa.GaussianDpEvent(3.0), "b")
+    with pytest.raises(ValueError, match="mixes neighbouring"):
+        ledger.epsilon(1e-5)
+    with pytest.raises(ValueError, match="neighbouring"):
+        ledger.add(0, dpa.GaussianDpEvent(3.0), "c", neighbouring="swap")
+    with pytest.raises(ValueError, match="client must be one of"):
+        ledger.epsilon(1e-5, client="nobody")
+    with pytest.raises(ValueError, match="labels"):
+        ledger.epsilon(1e-5, labels=["nope"])
+    with pytest.raises(ValueError, match="empty"):
+        acc.Ledger().epsilon(1e-5)
+
+
+def test_epsilon_over_rounds():
+    ledger = acc.Ledger()
+    step = acc.dpsgd_event(0.01, 1.0, 50)
+    for r in range(5):
+        for c in range(3):
+            ledger.add(c, step, f"round {r}", round=r)
+    curve = ledger.epsilon_over_rounds(1e-5, accountant="rdp")
+    assert [r for r, _ in curve] == list(range(5))
+    assert all(a[1] < b[1] for a, b in zip(curve, curve[1:]))
+    assert curve[-1][1] == pytest.approx(ledger.epsilon(1e-5, accountant="rdp"), rel=1e-12)
+    pld = ledger.epsilon_over_rounds(1e-5, accountant="pld")
+    ref = acc.dpsgd_epsilon(0.01, 1.0, 150, 1e-5, accountant="pld", value_discretization_interval=1e-3)
+    assert pld[2][1] == pytest.approx(ref, rel=1e-6)
+
+
+def test_json_round_trip(tmp_path):
+    ledger, _, _ = _fedauxfdp(2)
+    ledger.add(5, acc.dpsgd_event(0.02, 1.3, 200), "round 1: dp-sgd", round=1)
+    ledger.add(5, acc.EpsilonDeltaEvent(0.2, 1e-7), "extra", round=2)
+    ledger.add(6, acc.NfdpSubsampleEvent(5000, 50, True), "nfdp")
+    ledger.add(7, acc.NonPrivateEvent("clear"), "fedaux")
+    path = ledger.save(tmp_path / "ledger.json")
+    import json
+
+    assert json.loads(path.read_text())["schema_version"] == acc.SCHEMA_VERSION
+    back = acc.Ledger.load(path)
+    assert back.clients == ledger.clients
+    for c in ledger.clients:
+        assert back.entries(c) == ledger.entries(c)
+    assert back.summary(1e-3) == ledger.summary(1e-3)
+    with pytest.raises(ValueError, match="schema_version"):
+        acc.Ledger.from_dict({"schema_version": 99, "clients": {}})
