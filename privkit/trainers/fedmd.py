@@ -353,6 +353,9 @@ def run_fedmd(federation, config: FedMDConfig, seed: int, variant: str, progress
     for i, idx in enumerate(federation.clients):
         x, y = federation.client_arrays(i)
         if variant == "nfdp":
+            if not config.replacement and config.k > len(idx):
+                raise PrivkitError(f"k must be <= n for sampling without replacement; found k={config.k}, "
+                                   f"n={len(idx)} (party {i}); use replacement=true or a smaller k")
             pos = draw_subset(len(idx), config.k, config.replacement, make_rng(seed, f"fedmd-subset-{i}"))
             artifacts[f"subset_indices/client_{i}"] = idx[pos]
             x, y = x[pos], y[pos]
@@ -414,10 +417,23 @@ def _round_record(t: int, accs: list[float], config: FedMDConfig) -> dict:
             "mean_client_accuracy": float(np.mean(accs)), "client_accuracy": accs}
 
 
+def nfdp_claim(n: int, k: int, replacement: bool) -> dict:
+    """One party's NFDP guarantee as the theorems state it, with Table 2's log10 convention beside it.
+
+    Returns ``n``, ``k``, ``epsilon`` (natural log, Theorem 1 or 2), ``delta``,
+    ``epsilon_table2_log10`` (``epsilon / ln 10``: what the paper's Table 2 prints) and ``one_over_n``.
+    """
+    from accountants import nfdp_epsilon_delta
+
+    eps, delta = nfdp_epsilon_delta(n, k, replacement)
+    return {"n": n, "k": k, "replacement": replacement, "epsilon": eps, "delta": delta,
+            "epsilon_table2_log10": eps / LN10, "one_over_n": 1.0 / n}
+
+
 def _record_privacy(variant, federation, config, ledger, warnings, claims, m_pub,
                     NfdpSubsampleEvent, NonPrivateEvent) -> None:
     """Ledger events, warnings and the paper's claim for NFDP / NP (LDP: see :func:`_record_ldp`)."""
-    from accountants.nfdp import nfdp_epsilon_delta, record_exposure_warning
+    from accountants.nfdp import record_exposure_warning
 
     if variant == "np":
         for i in range(federation.num_clients):
@@ -434,10 +450,9 @@ def _record_privacy(variant, federation, config, ledger, warnings, claims, m_pub
         n = len(idx)
         ledger.add(i, NfdpSubsampleEvent(n=n, k=config.k, replacement=config.replacement),
                    label="nfdp subsample", neighbouring="add_remove")
-        eps, delta = nfdp_epsilon_delta(n, config.k, config.replacement)
-        per_client.append({"client": i, "n": n, "k": config.k, "epsilon": eps, "delta": delta,
-                           "epsilon_table2_log10": eps / LN10, "one_over_n": 1.0 / n})
-        if record_exposure_warning(delta, n) is not None:
+        claim = nfdp_claim(n, config.k, config.replacement)
+        per_client.append({"client": i, **claim})
+        if record_exposure_warning(claim["delta"], n) is not None:
             exposed += 1
     worst = max(per_client, key=lambda c: (c["delta"], c["epsilon"]))
     theorem = "Theorem 2 (with replacement)" if config.replacement else "Theorem 1 (without replacement)"

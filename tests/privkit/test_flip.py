@@ -1,0 +1,181 @@
+"""FLiP: the differentiable unroll against closed-form and finite-difference gradients, Eq. 4-5,
+ledger, shared artifacts and determinism."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from accountants import NonPrivateEvent
+from privkit.data import FederationConfig, build_federation
+from privkit.trainers import get_trainer, train
+from privkit.trainers import flip
+
+TINY = {"k": 1, "rounds": 2, "local_epochs": 2, "feature_dim": 8, "device": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def fed():
+    full = build_federation(FederationConfig(clients=3, partition="iid", seed=2))
+    return full.with_clients([c[:40] for c in full.clients], "small")
+
+
+def _linear(d: int, c: int, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(d, c)).double()
+
+
+def _problem(d=5, c=3, K=1, B=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(K, d, generator=g, dtype=torch.float64)
+    lab = torch.randn(K, c, generator=g, dtype=torch.float64)
+    rho = flip.raw_from_rates(torch.full((K,), 0.3, dtype=torch.float64) + 0.1 * torch.rand(K, generator=g, dtype=torch.float64))
+    x = torch.randn(B, d, generator=g, dtype=torch.float64)
+    y = torch.randint(0, c, (B,), generator=g)
+    return s, lab, rho, x, y
+
+
+def _loss(model, init, s, lab, rho, x, y):
+    eta = flip.rates_from_raw(rho, 0.0, 10.0)
+    theta = flip.unroll(model, init, s, lab, eta, create_graph=True)
+    return flip.raw_loss(model, theta, x, y)
+
+
+def test_unrolled_gradient_matches_closed_form_one_step():
+    """Softmax regression, K=1: theta_1 = theta_0 - eta * [(p - q) s^T, p - q]; every gradient of
+    L_raw(theta_1) with respect to the rate, the sample and the label logits in closed form."""
+    d, c = 5, 3
+    model = _linear(d, c)
+    init = flip.initial_params(model)
+    s, lab, rho, x, y = _problem(d, c)
+    s.requires_grad_(True), lab.requires_grad_(True), rho.requires_grad_(True)
+    _loss(model, init, s, lab, rho, x, y).backward()
+
+    W0, b0 = init["1.weight"].numpy(), init["1.bias"].numpy()
+    sv, lv, xv, yv = s.detach().numpy()[0], lab.detach().numpy()[0], x.numpy(), y.numpy()
+    eta = float(F.softplus(rho.detach())[0])
+    sm = lambda z: np.exp(z - z.max(-1, keepdims=True)) / np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)  # noqa: E731
+    p, q = sm(W0 @ sv + b0), sm(lv)
+    gW0, gb0 = np.outer(p - q, sv), p - q  # gradient of the inner loss at theta_0
+    W1, b1 = W0 - eta * gW0, b0 - eta * gb0
+    P = sm(xv @ W1.T + b1)
+    Y = np.eye(c)[yv]
+    G, gb = (P - Y).T @ xv / len(yv), (P - Y).mean(0)  # gradient of L_raw at theta_1
+    d_eta = -(np.sum(G * gW0) + gb @ gb0)
+    Jp = np.diag(p) - np.outer(p, p)
+    d_s = -eta * (W0.T @ Jp @ (G @ sv + gb) + G.T @ (p - q))
+    d_q = eta * (G @ sv + gb)
+    d_l = (np.diag(q) - np.outer(q, q)) @ d_q
+    sig = 1 / (1 + math.exp(-float(rho.detach()[0])))  # d softplus / d rho
+    np.testing.assert_allclose(rho.grad.numpy()[0], d_eta * sig, rtol=1e-10)
+    np.testing.assert_allclose(s.grad.numpy()[0], d_s, rtol=1e-9, atol=1e-13)
+    np.testing.assert_allclose(lab.grad.numpy()[0], d_l, rtol=1e-9, atol=1e-13)
+
+
+def test_unrolled_gradient_matches_finite_differences_two_steps():
+    """K=2 through a hidden tanh layer (second-order terms matter): central differences in float64."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    init = flip.initial_params(model)
+    s, lab, rho, x, y = _problem(4, 3, K=2, seed=3)
+    leaves = [s.clone().requires_grad_(True), lab.clone().requires_grad_(True), rho.clone().requires_grad_(True)]
+    _loss(model, init, *leaves, x, y).backward()
+    h = 1e-6
+    for which, leaf in enumerate(leaves):
+        base = [t.detach().clone() for t in leaves]
+        fd = torch.zeros_like(base[which])
+        for i in range(base[which].numel()):
+            plus = [t.clone() for t in base]
+            minus = [t.clone() for t in base]
+            plus[which].view(-1)[i] += h
+            minus[which].view(-1)[i] -= h
+            fd.view(-1)[i] = (_loss(model, init, *plus, x, y) - _loss(model, init, *minus, x, y)) / (2 * h)
+        torch.testing.assert_close(leaf.grad, fd, rtol=1e-6, atol=1e-9)
+
+
+def test_final_model_is_one_sgd_pass_over_the_samples():
+    """Eq. 5 with the unroll equals plain per-sample SGD steps taken with torch.optim on a copy."""
+    model = _linear(5, 3, seed=2)
+    init = flip.initial_params(model)
+    s, lab, rho, _, _ = _problem(5, 3, K=3, seed=4)
+    eta = flip.rates_from_raw(rho, 0.0, 10.0)
+    ref = _linear(5, 3, seed=2)
+    for j in range(3):
+        opt = torch.optim.SGD(ref.parameters(), lr=float(eta[j]))
+        opt.zero_grad()
+        flip.soft_cross_entropy(ref(s[j:j + 1]), F.softmax(lab[j:j + 1], 1)).backward()
+        opt.step()
+    out = flip.final_model(_linear(5, 3, seed=2), init, s, lab, eta)
+    for (n, p), (_, r) in zip(out.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p, r, rtol=1e-12, atol=1e-12)
+
+
+def test_rates_parametrisation_and_aggregation():
+    eta = torch.tensor([1e-4, 0.02, 0.5, 3.0], dtype=torch.float64)
+    torch.testing.assert_close(F.softplus(flip.raw_from_rates(eta)), eta, rtol=1e-10, atol=0)
+    assert flip.rates_from_raw(torch.tensor([10.0]), 0.0, 0.5).item() == 0.5  # clipped
+    ups = [(torch.full((2, 1), float(i)), torch.full((2, 3), 2.0 * i), torch.full((2,), 0.1 * i)) for i in range(3)]
+    S, L, E = flip.aggregate(ups)
+    torch.testing.assert_close(S, torch.full((2, 1), 1.0))
+    torch.testing.assert_close(L, torch.full((2, 3), 2.0))
+    torch.testing.assert_close(E, torch.full((2,), 0.1))
+
+
+def test_client_update_lowers_raw_loss():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+    init = flip.initial_params(model)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(60, 4, generator=g)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    cfg = flip.FlipConfig(k=1, local_epochs=40, batch_size=60, distill_lr=0.05)
+    S, L, E = flip.initial_distilled(1, 3, (4,), cfg, 0, torch.device("cpu"))  # type: ignore[arg-type]
+    before = float(flip.raw_loss(model, flip.unroll(model, init, S, L, E), x, y).detach())
+    S2, L2, E2, _ = flip.client_update(model, init, S, L, E, x, y, cfg, cfg.distill_lr, seed=0)
+    after = float(flip.raw_loss(model, flip.unroll(model, init, S2, L2, E2), x, y).detach())
+    assert after < before - 0.1
+
+
+# ----------------------------------------------------------------------------- the trainer
+def test_flip_run_ledger_artifacts_and_determinism(fed):
+    a = train("flip", fed, TINY, seed=5)
+    b = train("flip", fed, TINY, seed=5)
+    C, K = fed.num_classes, TINY["k"] * fed.num_classes
+    assert a.rounds == b.rounds and len(a.rounds) == TINY["rounds"]
+    for key in a.artifacts:
+        assert np.array_equal(a.artifacts[key], b.artifacts[key])
+    for i in range(fed.num_clients):
+        (entry,) = a.ledger.entries(i)
+        assert isinstance(entry.event, NonPrivateEvent) and "no formal DP" in entry.event.reason
+        assert a.artifacts[f"distilled_x/client_{i}"].shape == (K, *fed.input_shape)
+        ysoft = a.artifacts[f"distilled_y/client_{i}"]
+        assert ysoft.shape == (K, C)
+        np.testing.assert_allclose(ysoft.sum(1), 1.0, rtol=1e-5)
+        assert a.artifacts[f"distilled_lr/client_{i}"].shape == (K,)
+    # the server's aggregate is the element-wise mean of the last uploads (Eq. 4)
+    mean_x = np.mean([a.artifacts[f"distilled_x/client_{i}"] for i in range(3)], 0)
+    np.testing.assert_allclose(a.artifacts["aggregated_x"], mean_x, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(a.artifacts["distilled_slot_class"], np.arange(K) % C)
+    assert a.ledger.epsilon(1e-5) == math.inf
+    assert any("no formal DP" in w for w in a.warnings)
+    for (_, pa), (_, pb) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
+        assert torch.equal(pa, pb)
+    c = train("flip", fed, TINY, seed=6)
+    assert not np.array_equal(c.artifacts["aggregated_x"], a.artifacts["aggregated_x"])
+
+
+def test_record_every_keeps_earlier_uploads(fed):
+    r = train("flip", fed, {**TINY, "rounds": 3, "local_epochs": 1, "record_every": 1}, seed=0)
+    assert "distilled_x_round_1/client_0" in r.artifacts and "distilled_x_round_2/client_2" in r.artifacts
+    assert "distilled_x_round_3/client_0" not in r.artifacts  # the last round is under distilled_x/
+
+
+def test_flip_quick_config_registered():
+    spec = get_trainer("flip")
+    assert not spec.formal_dp
+    assert spec.quick_config()["rounds"] < spec.defaults()["rounds"]
