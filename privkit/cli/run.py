@@ -1,0 +1,98 @@
+"""``privkit run``, ``privkit report`` and ``privkit demo``: the one-command pipeline."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from privkit.cli.app import app, err_console, out_console, print_json
+
+
+def _log(enabled: bool):
+    def say(msg: str) -> None:
+        if enabled:
+            err_console.print(f"[cyan]privkit[/cyan] {msg}", highlight=False)
+    return say
+
+
+def _finish(outcome, as_json: bool) -> None:
+    html = outcome.paths.get("html") or next(iter(outcome.paths.values()))
+    if as_json:
+        print_json({"run_dir": str(outcome.root), "report": {k: str(p) for k, p in outcome.paths.items()},
+                    "failures": outcome.failures, "seconds": round(outcome.seconds, 1)})
+    else:
+        for f in outcome.failures:
+            err_console.print(f"[red]failed:[/red] {f}", highlight=False, soft_wrap=True)
+        out_console.print(f"report: [bold]{html}[/bold]  ({outcome.seconds:.0f} s; run directory "
+                          f"{outcome.root})", highlight=False, soft_wrap=True)
+    if outcome.failures:
+        raise typer.Exit(1)
+
+
+def _run(config: Path, overrides: list[str], out: str, quiet: bool, as_json: bool) -> None:
+    from privkit.pipeline import load_run_config, run_pipeline
+
+    resolved = load_run_config(config, overrides)  # every error here comes before any work
+    command = "privkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
+    outcome = run_pipeline(resolved, out, progress=not (quiet or as_json),
+                           log=_log(not as_json), command=command)
+    _finish(outcome, as_json)
+
+
+@app.command("run")
+def run_cmd(
+    config: Path = typer.Argument(..., help="Run config (TOML): name, seed, delta, federation, "
+                                            "methods, audit, report."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a config key, e.g. "
+                                             "--set audit.shadows=2 (repeatable)."),
+    out: str = typer.Option("runs", "--out", help="Parent folder of the run directory."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bars (stage lines only)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (paths, failures)."),
+) -> None:
+    """Train, account, audit and report every method of CONFIG into OUT/<name>/.
+
+    Re-running skips stages already complete for the same config; an interrupted run resumes.
+    Exit code 1 if a stage failed (the report still shows the others), 2 for a bad config.
+    """
+    _run(config, list(set_ or []), out, quiet, as_json)
+
+
+@app.command("demo")
+def demo_cmd(
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a config key of the "
+                                             "bundled quickstart config (repeatable)."),
+    out: str = typer.Option("runs", "--out", help="Parent folder of the run directory."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bars (stage lines only)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (paths, failures)."),
+) -> None:
+    """Run the bundled quickstart config: every method on the embedded data, CPU-sized.
+
+    Same as `privkit run <privkit>/configs/quickstart.toml`; prints where the report is.
+    """
+    from privkit.pipeline import bundled_config
+
+    _run(bundled_config("quickstart"), list(set_ or []), out, quiet, as_json)
+
+
+@app.command("report")
+def report_cmd(
+    run_dir: Path = typer.Argument(..., help="A pipeline run directory (holding report.json or "
+                                             "config.resolved.json)."),
+    rebuild: bool = typer.Option(False, "--rebuild", help="Rebuild report.json from the method "
+                                 "run directories instead of re-rendering it."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (paths)."),
+) -> None:
+    """Re-render report.html and report.md from report.json (or rebuild it from the run)."""
+    from privkit.pipeline import rerender
+
+    report, paths = rerender(run_dir, rebuild=rebuild)
+    if as_json:
+        print_json({"run_dir": str(run_dir), "report": {k: str(p) for k, p in paths.items()},
+                    "methods": [m.name for m in report.methods]})
+        return
+    for kind, p in paths.items():
+        out_console.print(f"{kind}: {p}", highlight=False, soft_wrap=True)

@@ -1,0 +1,342 @@
+"""The one-command pipeline: validation before work, resume after interruption, failures isolated,
+report built from the run directories.
+
+Trainers here are tiny test trainers registered in this module (a one-epoch MLP whose ledger holds
+one Gaussian release per client); the audit layer is replaced by a fake that writes an
+``audit.json`` in the contract's format, so these tests exercise the orchestration only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import dp_accounting as dpa
+import pytest
+from typer.testing import CliRunner
+
+import privkit.pipeline as pipeline
+from privkit.cli import app
+from privkit.config import StrictModel
+from privkit.trainers import REGISTRY, TrainerConfig, TrainResult, register_trainer
+from reports import PrivacyReport, load_report
+
+CALLS: dict[str, int] = {}
+FAIL: set[str] = set()  # method keys whose trainer raises
+NOISE = 2.0  # noise multiplier of the tiny DP trainer's one Gaussian release per client
+
+
+class TinyConfig(TrainerConfig):
+    epochs: int = 1
+    lr: float = 1e-3
+    private: bool = True
+
+
+def _tiny(name: str):
+    def fn(federation, config: TinyConfig, seed: int, progress: bool = False) -> TrainResult:
+        from accountants import Ledger, NonPrivateEvent
+        from privkit.trainers.common import accuracy, new_model, train_supervised
+
+        CALLS[name] = CALLS.get(name, 0) + 1
+        if name in FAIL:
+            raise RuntimeError(f"{name} exploded on purpose")
+        model, spec = new_model(federation, config, seed, arch="mlp", width=8, feature_dim=16)
+        x, y = federation.pooled_arrays()
+        train_supervised(model, x, y, epochs=config.epochs, batch_size=256, lr=config.lr,
+                         device="cpu", seed=seed)
+        ledger = Ledger()
+        for i in range(federation.num_clients):
+            if config.private:
+                for r in (1, 2):
+                    ledger.add(i, dpa.GaussianDpEvent(NOISE), label="release", round=r)
+            else:
+                ledger.add(i, NonPrivateEvent("no noise"), label="release")
+        xt, yt = federation.test_arrays()
+        acc = accuracy(model, xt, yt, "cpu")
+        return TrainResult(method=name, seed=seed, config=config.model_dump(), model=model,
+                           model_spec=spec, ledger=ledger,
+                           rounds=[{"round": 1, "test_accuracy": acc}], test_accuracy=acc,
+                           warnings=["features are normalised by a data-dependent maximum"],
+                           claims={"epsilon": 0.5, "delta": 1e-4, "source": "tiny paper"})
+    return fn
+
+
+for _name in ("tiny-dp", "tiny-other"):
+    if _name not in REGISTRY:
+        register_trainer(_name, TinyConfig, f"{_name}: test trainer", formal_dp=True,
+                         quick={"epochs": 1})(_tiny(_name))
+
+
+def fake_audit(run_dir, *, attacks, shadows, executor, seed, progress):
+    """Writes an audit.json in the contract's format (the real audit layer is tested elsewhere)."""
+    CALLS["audit"] = CALLS.get("audit", 0) + 1
+    run_dir = Path(run_dir)
+    if "audit" in FAIL:
+        raise RuntimeError("audit exploded on purpose")
+    if "interrupt" in FAIL:
+        raise KeyboardInterrupt
+    out = {"schema_version": 1, "method": json.loads((run_dir / "config.json").read_text())["method"],
+           "attacks": {"loss": {"auc": 0.51, "balanced_accuracy": 0.505, "advantage": 0.01,
+                                "tpr_at_fpr": {"0.001": 0.001, "0.01": 0.011},
+                                "epsilon_lower_bound": 0.0, "ceiling": 3.3, "confidence": 0.95,
+                                "delta": 1e-5, "n_trials": 200,
+                                "roc": {"fpr": [0, 0.01, 0.5, 1], "tpr": [0, 0.012, 0.51, 1]},
+                                "notes": "", "error": None}},
+           "attribute": {}, "accounted_epsilon": 1.0, "delta": 1e-5, "shadows": shadows,
+           "verdict": {"status": "consistent", "message": "0 <= 1"}}
+    (run_dir / "audit.json").write_text(json.dumps(out))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _reset(monkeypatch):
+    CALLS.clear()
+    FAIL.clear()
+    monkeypatch.setattr(pipeline, "run_audit", fake_audit)
+    yield
+
+
+def config(tmp_path: Path, **extra) -> Path:
+    text = f"""
+name = "t"
+seed = 3
+delta = 1e-5
+
+[federation]
+clients = 4
+partition = "iid"
+
+[audit]
+shadows = 1
+
+[[methods]]
+name = "tiny-dp"
+quick = true
+
+[[methods]]
+name = "tiny-other"
+overrides = {{ private = false }}
+""" + extra.get("tail", "")
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return path
+
+
+def run(path: Path, out: Path, overrides: list[str] | None = None):
+    resolved = pipeline.load_run_config(path, overrides or [])
+    return pipeline.run_pipeline(resolved, out)
+
+
+# ---------------------------------------------------------------------------------- end to end
+def test_tiny_end_to_end(tmp_path):
+    outcome = run(config(tmp_path), tmp_path / "runs")
+    root = tmp_path / "runs" / "t"
+    assert outcome.failures == []
+    for f in ("config.resolved.json", "status.json", "report.json", "report.html", "report.md",
+              "federation.json", "dataset.json"):
+        assert (root / f).is_file(), f
+    for key in ("tiny-dp", "tiny-other"):
+        for f in ("config.json", "federation.json", "ledger.json", "metrics.json", "train.json",
+                  "privacy.json", "audit.json", "checkpoints/model.pt"):
+            assert (root / key / f).is_file(), f"{key}/{f}"
+    report = load_report(root)
+    dp = report.method("tiny-dp")
+    # accounted epsilon pinned to dp-accounting's PLD on the same composition (2 Gaussian releases)
+    acc = dpa.pld.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                value_discretization_interval=1e-4)
+    acc.compose(dpa.GaussianDpEvent(NOISE), 2)
+    assert dp.privacy.worst["pld"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-3)
+    assert dp.privacy.epsilon <= dp.privacy.worst["pld"] + 1e-12  # 'best' is the minimum
+    assert [r for r, _ in dp.privacy.epsilon_over_rounds] == [1.0, 2.0]
+    assert dp.privacy.claim.epsilon == 0.5 and dp.privacy.epsilon_at_claim_delta is not None
+    assert dp.utility.test_accuracy > 0.3  # one epoch on MNIST digits beats chance (0.1)
+    assert dp.audit.attacks["loss"].auc == 0.51 and dp.verdict.status == "consistent"
+    assert [w.code for w in dp.warnings] == ["data_dependent_scaling"]
+    assert math.isinf(report.method("tiny-other").privacy.epsilon)
+    assert report.dataset.client_sizes and len(report.dataset.client_sizes) == 4
+    assert report.threat_model.shadows == 1 and report.threat_model.confidence == 0.95
+    assert report.metadata.seeds["method:tiny-dp"] == 3
+    status = json.loads((root / "status.json").read_text())
+    assert {s["state"] for m in status["methods"].values() for s in m["stages"].values()} == {"done"}
+
+
+# ---------------------------------------------------------------------------------- resume
+def test_rerun_skips_completed_stages(tmp_path):
+    path = config(tmp_path)
+    run(path, tmp_path / "runs")
+    model = tmp_path / "runs" / "t" / "tiny-dp" / "checkpoints" / "model.pt"
+    mtime = model.stat().st_mtime_ns
+    CALLS.clear()
+    run(path, tmp_path / "runs")
+    assert CALLS == {}  # nothing trained or audited again
+    assert model.stat().st_mtime_ns == mtime
+    # a changed trainer config re-runs that method only (all its stages)
+    path.write_text(path.read_text().replace("overrides = { private = false }",
+                                             "overrides = { private = false, lr = 0.002 }"))
+    run(path, tmp_path / "runs")
+    assert CALLS == {"tiny-other": 1, "audit": 1}
+    assert model.stat().st_mtime_ns == mtime
+
+
+def test_failing_method_is_recorded_and_others_go_on(tmp_path):
+    path = config(tmp_path)
+    FAIL.add("tiny-dp")
+    outcome = run(path, tmp_path / "runs")
+    root = tmp_path / "runs" / "t"
+    assert outcome.failures == ["tiny-dp/train: RuntimeError: tiny-dp exploded on purpose"]
+    status = json.loads((root / "status.json").read_text())["methods"]
+    assert status["tiny-dp"]["stages"]["train"]["state"] == "failed"
+    assert status["tiny-dp"]["stages"]["audit"]["state"] == "skipped"
+    assert status["tiny-other"]["stages"]["audit"]["state"] == "done"
+    assert "exploded on purpose" in (root / "tiny-dp" / "errors.log").read_text()
+    report = load_report(root)
+    assert report.method("tiny-dp").failed and report.method("tiny-dp").utility is None
+    assert report.method("tiny-other").utility.test_accuracy > 0
+    assert "exploded on purpose" in (root / "report.html").read_text()
+    # fixed: the re-run trains only the failed method
+    FAIL.clear()
+    CALLS.clear()
+    outcome = run(path, tmp_path / "runs")
+    assert outcome.failures == [] and CALLS == {"tiny-dp": 1, "audit": 1}
+    assert not load_report(root).method("tiny-dp").failed
+
+
+def test_interrupted_stage_resumes_and_loses_nothing(tmp_path):
+    path = config(tmp_path)
+    FAIL.add("interrupt")  # Ctrl-C during the first audit
+    with pytest.raises(KeyboardInterrupt):
+        run(path, tmp_path / "runs")
+    root = tmp_path / "runs" / "t"
+    status = json.loads((root / "status.json").read_text())["methods"]
+    assert status["tiny-dp"]["stages"]["train"]["state"] == "done"
+    assert status["tiny-dp"]["stages"]["account"]["state"] == "done"
+    assert "audit" not in status["tiny-dp"]["stages"]  # never completed
+    trained = {p.name: p.read_bytes() for p in (root / "tiny-dp").rglob("*") if p.is_file()}
+    assert not list(root.glob(".staging-*")) and not list(root.rglob("*.tmp"))
+    FAIL.clear()
+    CALLS.clear()
+    outcome = run(path, tmp_path / "runs")
+    assert outcome.failures == []
+    assert CALLS == {"tiny-other": 1, "audit": 2}  # tiny-dp resumes at its audit
+    for name, data in trained.items():  # files written before the interruption are untouched
+        assert (next((root / "tiny-dp").rglob(name))).read_bytes() == data
+    assert load_report(root).method("tiny-dp").audit is not None
+
+
+def test_interrupted_training_keeps_previous_results(tmp_path):
+    path = config(tmp_path)
+    run(path, tmp_path / "runs")
+    root = tmp_path / "runs" / "t"
+    before = (root / "tiny-dp" / "metrics.json").read_text()
+    FAIL.add("tiny-dp")  # a re-train (new config) that fails leaves the old folder intact
+    path.write_text(path.read_text().replace('name = "tiny-dp"\nquick = true',
+                                             'name = "tiny-dp"\nquick = true\noverrides = { lr = 0.01 }'))
+    outcome = run(path, tmp_path / "runs")
+    assert outcome.failures and (root / "tiny-dp" / "metrics.json").read_text() == before
+    assert not list(root.glob(".staging-*"))
+    # the report does not pass the old results off as the new config's
+    assert load_report(root).method("tiny-dp").utility is None
+
+
+# ---------------------------------------------------------------------------------- validation
+@pytest.mark.parametrize("tail, needle", [
+    ('\n[[methods]]\nname = "no-such-method"\n', "method must be one of"),
+    ('\n[[methods]]\nname = "tiny-dp"\n', "unique"),
+    ('\n[[methods]]\nname = "tiny-dp"\nlabel = "x"\noverrides = { epochs = "many" }\n',
+     "methods[2] (x) trainer config: epochs"),
+    ('\n[[methods]]\nname = "tiny-dp"\nlabel = "y"\noverrides = { nope = 1 }\n', "nope"),
+])
+def test_bad_config_fails_before_any_work(tmp_path, tail, needle):
+    path = config(tmp_path, tail=tail)
+    with pytest.raises(ValueError, match=needle.replace("[", r"\[").replace("(", r"\(")
+                       .replace(")", r"\)")):
+        pipeline.load_run_config(path)
+    result = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "runs")])
+    assert result.exit_code != 0
+    assert not (tmp_path / "runs").exists() and CALLS == {}
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("delta=1.5", "delta"),
+    ("federation.dataset=nope", "federation.dataset must be one of"),
+    ("audit.shadows=-1", "audit.shadows"),
+    ("name=../evil", "name must be"),
+    ("federation.partition=zipf", "federation.partition"),
+])
+def test_bad_override_is_one_line_exit_2(tmp_path, override, needle):
+    path = config(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", "from privkit.cli import main; main()", "run",
+                           str(path), "--set", override, "--out", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_config_file_is_one_line(tmp_path):
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "nope.toml")])
+    assert result.exit_code != 0 and "config file not found" in str(result.exception)
+
+
+# ---------------------------------------------------------------------------------- report command
+def test_report_command_rerenders_and_rebuilds(tmp_path):
+    run(config(tmp_path), tmp_path / "runs")
+    root = tmp_path / "runs" / "t"
+    (root / "report.html").unlink()
+    (root / "report.md").unlink()
+    original = (root / "report.json").read_text()
+    result = CliRunner().invoke(app, ["report", str(root), "--json"])
+    assert result.exit_code == 0, result.output
+    assert (root / "report.html").is_file() and (root / "report.md").is_file()
+    assert (root / "report.json").read_text() == original  # re-rendered, not rebuilt
+    # rebuilt from the run directories: same methods and numbers
+    result = CliRunner().invoke(app, ["report", str(root), "--rebuild"])
+    assert result.exit_code == 0, result.output
+    a = PrivacyReport.from_json(original)
+    b = load_report(root)
+    assert [m.name for m in a.methods] == [m.name for m in b.methods]
+    assert a.method("tiny-dp").privacy == b.method("tiny-dp").privacy
+    assert a.method("tiny-dp").utility == b.method("tiny-dp").utility
+    # a report travels alone: re-render a copy of report.json without the run directory
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / "report.json").write_text(original)
+    result = CliRunner().invoke(app, ["report", str(lone)])
+    assert result.exit_code == 0 and (lone / "report.html").is_file()
+
+
+def test_report_command_on_missing_dir(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", "from privkit.cli import main; main()", "report",
+                           str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "run directory not found" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------- bundled configs
+def test_quickstart_covers_every_registered_method():
+    resolved = pipeline.load_run_config(pipeline.bundled_config("quickstart"))
+    listed = {m.method for m in resolved.methods}
+    shipped = {n for n in REGISTRY if not n.startswith("tiny-")}
+    assert shipped - listed == set(), "add new methods to privkit/configs/quickstart.toml"
+    assert all(m.quick for m in resolved.methods)
+    assert resolved.config.federation.dataset == "mnist5k"
+    assert resolved.config.report.reduced  # the report says what was scaled down
+
+
+def test_full_config_validates():
+    resolved = pipeline.load_run_config(pipeline.bundled_config("full"))
+    assert not any(m.quick for m in resolved.methods)
+    assert resolved.config.federation.dataset in ("cifar10", "cifar100")
+
+
+def test_warning_classifier():
+    c = pipeline.classify_warning
+    assert c("3 of 20 parties have delta >= 1/n") == "delta_ge_1_over_n"
+    assert c("classic Gaussian mechanism used at epsilon = 1 (valid for epsilon < 1)") == \
+        "classic_gaussian_eps_ge_1"
+    assert c("noise multiplier adapted on the validation loss") == "adaptive_noise"
+    assert c("accounted with Poisson sampling, but batches are shuffled") == "sampling_mismatch"
+    assert c("something else") == "other"
