@@ -8,7 +8,6 @@ under PLD at a coarse ``value_discretization_interval`` (1e-3: about 70 ms per e
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import scipy.optimize

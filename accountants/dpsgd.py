@@ -17,7 +17,6 @@ DP-SGD case (q=256/60000, sigma=1.1, 14063 steps) it gives 2.38178 (1e-3 gives 2
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from fractions import Fraction
 

@@ -105,3 +105,9 @@ def test_subprocess_one_line_error_exit_2(tmp_path):
     missing = subprocess.run(cmd[:3] + ["budget", "ledger", str(tmp_path / "none.json"), "--delta", "1e-5"],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_accountants_does_not_import_torch():
+    code = "import sys, accountants, accountants.ledger; assert 'torch' not in sys.modules, 'torch imported'"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
