@@ -34,9 +34,17 @@ class FeatureClassifier(nn.Module):
 
 
 class UnitNormalize(nn.Module):
-    """``h / ||h||`` per example (zero stays zero); no parameters (``normalize=True`` in specs)."""
+    """``(h - center) / ||h - center||`` per example (zero stays zero); ``normalize=True`` in specs.
+
+    ``center`` is a buffer (zeros unless set, e.g. to a mean over public data); no parameters.
+    """
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.register_buffer("center", torch.zeros(dim))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        h = h - self.center
         norm = h.norm(dim=1, keepdim=True)
         return torch.where(norm > 0, h / norm.clamp_min(1e-30), torch.zeros_like(h))
 
@@ -74,8 +82,8 @@ def build_model(arch: str, input_shape: tuple[int, ...], num_classes: int, *, wi
     width : conv channels of the first block (cnn).
     feature_dim : width of the feature vector h(x) (cnn: dense layer; mlp: hidden width).
     depth : hidden layers (mlp).
-    normalize : append a parameter-free ``h / ||h||`` to the features (heads fitted on unit-norm
-        features, FedAUXfdp); state-dict keys are unchanged.
+    normalize : append ``(h - c) / ||h - c||`` to the features (heads fitted on unit-norm
+        features, FedAUXfdp); adds one buffer ``c``, no parameters.
     """
     shape = tuple(int(s) for s in input_shape)
     if len(shape) != 3:
@@ -85,7 +93,7 @@ def build_model(arch: str, input_shape: tuple[int, ...], num_classes: int, *, wi
     if arch in ARCHITECTURES:
         feats = _cnn_features(shape, width, feature_dim) if arch == "cnn" else _mlp_features(shape, feature_dim, depth)
         if normalize:
-            feats.append(UnitNormalize())
+            feats.append(UnitNormalize(feature_dim))
         return FeatureClassifier(feats, feature_dim, num_classes)
     raise PrivkitError(f"arch must be one of {', '.join(ARCHITECTURES)}; found {arch!r}")
 

@@ -1,0 +1,289 @@
+"""FedAUXfdp (Hoech et al., seed 000) and its Table 2 baselines FedAvg+P / FedD+P with DP heads.
+
+One round, full participation, frozen h0 (SimCLR on public data, :mod:`privkit.trainers.pretrain`):
+
+* client i fits the exact multinomial logistic class head over all C global classes on
+  ``phi(h0(D_i))`` (Eq. 2, lambda ``class_lambda``) and releases it with Gaussian noise
+  (Algorithm 1): sensitivity ``2 sqrt(C)/(lam |D_i|)`` (Thm 1, ``sensitivity_bound="paper"``) or
+  privkit's ``2 sqrt(2)/(lam |D_i|)`` (``"cfree"``, proof in
+  :func:`~privkit.trainers.heads.fit_multinomial_head`); noise ``classic`` (as the paper) or
+  ``analytic``; ledger event ``GaussianDpEvent`` labelled ``class-head``;
+* client i releases its DP scoring head as in FedAUX (label ``scores``,
+  :func:`~privkit.trainers.fedaux.release_scoring_heads`);
+* the server labels the distillation data with ``Y(x) = sum_i s_i(x) g_i(x) / sum_i s_i(x)``
+  (Eq. 1, g_i = softmax of class head i: probabilities, as the paper writes it) and trains a
+  student initialised from h0 (no parameter averaging) with KL for ``student_epochs`` epochs of Adam
+  at ``student_lr``, batch 128 (paper: 10 epochs, 5e-5).
+
+Claim (Sec. 4.3, Table 2): basic composition, ``(class_epsilon + score_epsilon,
+class_delta + score_delta)`` = (0.6, 2e-5) at the defaults. The ledger lets the accountants give a
+tighter (PLD/RDP) figure for the same two Gaussian releases.
+
+Baselines (Table 2; methods note 1 [gap]: the paper does not say how they were privatised): each
+client releases its class head ONCE through the Gaussian mechanism at the whole budget
+``(class_epsilon + score_epsilon, class_delta + score_delta)``; no scores.
+
+* ``fedavg-dphead`` (FedAvg+P): server model = h0 + the mean of the clients' DP heads.
+* ``fedd-dphead`` (FedD+P): the equally weighted ensemble of DP heads labels ``D_distill``; a
+  student initialised from h0 is trained on it exactly as FedAUXfdp's.
+
+The released models carry the feature map inside them (``normalize=True`` features, the head on
+``h/||h||`` scaled by 1/sqrt(2)), so a server head acts on raw inputs exactly as it was fitted.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+from typing_extensions import Annotated
+
+from privkit.errors import PrivkitError
+from privkit.seeding import derive_seed, make_rng
+from privkit.trainers.base import TrainResult, register_trainer
+from privkit.trainers.common import accuracy, distill, new_model, resolve_device
+from privkit.trainers.fedaux import EQ4_NOTE, FrozenFeatures, release_scoring_heads
+from privkit.trainers.fedavg import progress_bar
+from privkit.trainers.heads import (fit_multinomial_head, head_probabilities, head_to_linear,
+                                    release_head)
+from privkit.trainers.pretrain import PretrainConfig, pretrain_h0
+
+Aggregation = Literal["scores", "mean-head", "mean-ensemble"]
+
+
+class DpHeadConfig(PretrainConfig):
+    """Settings shared by FedAUXfdp and its DP-head baselines (defaults: FedAUXfdp Sec. 5)."""
+
+    pretrain: bool = True
+    freeze: bool = True
+    pretrain_data: Literal["all", "negative", "distill"] = "negative"
+    class_epsilon: Annotated[float, Field(gt=0)] = 0.5
+    class_delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
+    class_lambda: Annotated[float, Field(gt=0)] = 0.01
+    class_dp: bool = True
+    score_epsilon: Annotated[float, Field(gt=0)] = 0.1
+    score_delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
+    score_lambda: Annotated[float, Field(gt=0)] = 0.01
+    score_dp: bool = True
+    sensitivity_bound: Literal["paper", "cfree"] = "paper"
+    calibration: Literal["classic", "analytic"] = "classic"
+    xi: Annotated[float, Field(gt=0)] = 1e-8
+    center_features: bool = True
+    student_epochs: Annotated[int, Field(ge=1)] = 10
+    student_lr: Annotated[float, Field(gt=0)] = 5e-5
+    student_batch_size: Annotated[int, Field(ge=1)] = 128
+    student_freeze: bool = False
+    keep_client_models: bool = True
+
+    @model_validator(mode="after")
+    def _needs_frozen_h0(self) -> "DpHeadConfig":
+        # The DP argument needs a feature extractor that never saw private data: heads on frozen h0.
+        if not (self.pretrain and self.freeze):
+            raise ValueError("the DP heads sit on the frozen pretrained h0: pretrain and freeze must be "
+                             f"true; found pretrain={self.pretrain}, freeze={self.freeze}")
+        return self
+
+    def budget(self) -> tuple[float, float]:
+        """The paper's cumulative (epsilon, delta) by basic composition (Sec. 4.3)."""
+        return self.class_epsilon + self.score_epsilon, self.class_delta + self.score_delta
+
+
+class FedAuxFdpConfig(DpHeadConfig):
+    """FedAUXfdp: DP class heads + DP scoring heads, score-weighted labels, student from h0."""
+
+
+class DpHeadBaselineConfig(DpHeadConfig):
+    """FedAvg+P / FedD+P: one DP release of each class head at the whole budget, no scores.
+
+    The class head is released at ``(class_epsilon + score_epsilon, class_delta + score_delta)``,
+    the same total budget FedAUXfdp spends; ``score_lambda``/``score_dp`` are unused.
+    """
+
+
+def _released_model(federation, cfg: DpHeadConfig, h0_state: dict, center: np.ndarray | None,
+                    W: np.ndarray | None, seed: int):
+    """h0 + the feature map's centring/normalisation, with head ``W`` as an ``nn.Linear`` (random if None)."""
+    model, spec = new_model(federation, cfg, derive_seed(seed, "student-init"), normalize=True)
+    missing, unexpected = model.features.load_state_dict(h0_state, strict=False)
+    if unexpected or any(not k.endswith("center") for k in missing):
+        raise PrivkitError(f"h0 does not fit the model: missing {missing}, unexpected {unexpected}")
+    if center is not None:
+        model.features[-1].center.copy_(torch.as_tensor(center, dtype=torch.float32))
+    if W is not None:
+        weight, bias = head_to_linear(W)
+        with torch.no_grad():
+            model.head.weight.copy_(torch.as_tensor(weight, dtype=torch.float32))
+            model.head.bias.copy_(torch.as_tensor(bias, dtype=torch.float32))
+    return model, spec
+
+
+def _weighted_labels(probs: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
+    """Eq. 1: ``sum_i w_i(x) g_i(x) / sum_i w_i(x)`` for probs (clients, N, C); equal weights if None."""
+    w = np.ones(probs.shape[:2]) if weights is None else weights
+    return ((w[:, :, None] * probs).sum(0) / w.sum(0)[:, None]).astype(np.float32)
+
+
+def run_dp_heads(method: str, aggregation: Aggregation, federation, cfg: DpHeadConfig, seed: int,
+                 progress: bool = False) -> TrainResult:
+    """The one-round DP-head pipeline behind ``fedauxfdp``, ``fedavg-dphead`` and ``fedd-dphead``."""
+    from accountants import Ledger
+
+    device = resolve_device(cfg)
+    ledger = Ledger()
+    h0_state, pinfo = pretrain_h0(federation, cfg, seed, progress=progress)
+    h0_model, spec = new_model(federation, cfg, derive_seed(seed, "h0"))
+    h0_model.features.load_state_dict(h0_state)
+    bs = cfg.eval_batch_size
+    phi = FrozenFeatures(h0_model, federation, device, bs, cfg.center_features)
+    x_distill, _ = federation.public_arrays("distill")
+    x_test, y_test = federation.test_arrays()
+    phi_distill, phi_test = phi(x_distill), phi(x_test)
+    C, K = federation.num_classes, federation.num_clients
+    eps_total, delta_total = cfg.budget()
+    baseline = aggregation != "scores"
+    eps_c, delta_c = (eps_total, delta_total) if baseline else (cfg.class_epsilon, cfg.class_delta)
+
+    heads = np.zeros((K, C, phi_distill.shape[1]))
+    class_info: list[dict] = []
+    warns: set[str] = set()
+    active = [i for i in range(K) if len(federation.clients[i])]
+    with progress_bar(progress) as bar:
+        task = bar.add_task(f"{method}: DP class heads", total=len(active))
+        for i in active:
+            x_i, y_i = federation.client_arrays(i)
+            fit = fit_multinomial_head(phi(x_i), y_i, C, cfg.class_lambda)
+            rel = release_head(fit, kind="multinomial", lam=cfg.class_lambda,
+                               epsilon=eps_c if cfg.class_dp else None, delta=delta_c,
+                               calibration=cfg.calibration, rng=make_rng(seed, f"class-noise-{i}"),
+                               num_classes=C, bound=cfg.sensitivity_bound)
+            ledger.add(i, rel.event, "class-head", neighbouring="replace_one")
+            heads[i] = rel.weights
+            warns.update(rel.info.pop("warnings", []))
+            class_info.append({"client": i, **rel.info, "sensitivity": rel.sensitivity, "sigma": rel.sigma,
+                               "classes_held": int(len(np.unique(y_i)))})
+            bar.advance(task)
+
+    scores = None
+    score_rel = None
+    if not baseline:
+        score_rel = release_scoring_heads(
+            federation, phi, lam=cfg.score_lambda, epsilon=cfg.score_epsilon, delta=cfg.score_delta,
+            dp=cfg.score_dp, calibration=cfg.calibration, xi=cfg.xi, seed=seed, ledger=ledger,
+            phi_distill=phi_distill)
+        scores = score_rel.scores[active]
+        warns.update(score_rel.warnings)
+
+    rounds_entry: dict = {"round": 1}
+    artifacts: dict[str, np.ndarray] = {"heads": heads.astype(np.float32)}
+    if aggregation == "mean-head":
+        model, spec = _released_model(federation, cfg, h0_state, phi.center, heads[active].mean(0), seed)
+    else:
+        probs = np.stack([head_probabilities(heads[i], phi_distill) for i in active])
+        labels = _weighted_labels(probs, scores)
+        artifacts["soft_labels"] = labels
+        # the labeller itself on the test set (post-processing of released heads/scores): a diagnostic
+        test_probs = np.stack([head_probabilities(heads[i], phi_test) for i in active])
+        test_w = None
+        if score_rel is not None:
+            from privkit.trainers.heads import certainty_scores
+
+            test_w = np.stack([certainty_scores(score_rel.heads[i], phi_test, cfg.xi) for i in active])
+        rounds_entry["labeller_test_accuracy"] = float(
+            (_weighted_labels(test_probs, test_w).argmax(1) == y_test).mean())
+        model, spec = _released_model(federation, cfg, h0_state, phi.center, None, seed)
+        params = list(model.head.parameters()) if cfg.student_freeze else None
+        rounds_entry["distill_kl"] = distill(model, x_distill, labels, epochs=cfg.student_epochs,
+                                             batch_size=cfg.student_batch_size, lr=cfg.student_lr,
+                                             device=device, seed=derive_seed(seed, "student"), params=params)
+    if score_rel is not None:
+        artifacts["scores"] = score_rel.scores.astype(np.float32)
+        artifacts["score_heads"] = score_rel.heads.astype(np.float32)
+    rounds_entry["test_accuracy"] = accuracy(model, x_test, y_test, device, bs)
+
+    client_models, client_specs, client_acc = [], [], []
+    if cfg.keep_client_models:
+        for i in active:
+            m, s = _released_model(federation, cfg, h0_state, phi.center, heads[i], seed)
+            client_models.append(m)
+            client_specs.append(s)
+            client_acc.append(accuracy(m, x_test, y_test, device, bs))
+        artifacts["client_model_ids"] = np.asarray(active, dtype=np.int64)
+
+    warnings = _warnings(federation, cfg, baseline, class_info, pinfo) + sorted(warns)
+    claims = _claims(method, cfg, baseline, eps_c, delta_c, class_info, score_rel)
+    return TrainResult(method=method, seed=seed, config=cfg.model_dump(), model=model.cpu(),
+                       model_spec=spec, ledger=ledger, rounds=[rounds_entry],
+                       test_accuracy=rounds_entry["test_accuracy"], artifacts=artifacts,
+                       client_models=[m.cpu() for m in client_models], client_model_specs=client_specs,
+                       client_accuracy=client_acc, warnings=warnings, claims=claims)
+
+
+def _warnings(federation, cfg: DpHeadConfig, baseline: bool, class_info: list[dict], pinfo: dict) -> list[str]:
+    single = sum(1 for c in class_info if c["classes_held"] == 1)
+    out = [EQ4_NOTE,
+           f"class heads cover all C={federation.num_classes} global classes ({single} of "
+           f"{len(class_info)} clients hold a single class); choosing C from a client's own labels "
+           "(the paper's 'fewer classes, less noise') would depend on the private data",
+           f"h0 pretrained (SimCLR) on {pinfo.get('size')} public examples ({pinfo.get('data')} part), "
+           f"{pinfo.get('epochs')} epochs: no privacy cost"]
+    if cfg.class_dp and class_info:
+        paper = np.mean([c["sensitivity_paper"] for c in class_info])
+        cfree = np.mean([c["sensitivity_cfree"] for c in class_info])
+        out.append(f"class-head sensitivity bound used: {cfg.sensitivity_bound} (mean over clients: paper "
+                   f"2 sqrt(C)/(lam n) = {paper:.4g}, C-free 2 sqrt(2)/(lam n) = {cfree:.4g}; the C-free "
+                   f"bound needs {paper / cfree:.2f}x less noise for the same guarantee)")
+    if baseline:
+        out.append("baseline privatisation (the paper does not state it): each class head is released once "
+                   f"at the whole budget ({cfg.budget()[0]:g}, {cfg.budget()[1]:g}); no scores")
+    return out
+
+
+def _claims(method: str, cfg: DpHeadConfig, baseline: bool, eps_c: float, delta_c: float,
+            class_info: list[dict], score_rel) -> dict:
+    eps, delta = cfg.budget()
+    dp = cfg.class_dp and (baseline or cfg.score_dp)
+    mech = {"class-head": {"epsilon": eps_c, "delta": delta_c, "lambda": cfg.class_lambda,
+                           "calibration": cfg.calibration, "sensitivity_bound": cfg.sensitivity_bound,
+                           "dp": cfg.class_dp, "clients": class_info}}
+    if score_rel is not None:
+        mech["scores"] = {"epsilon": cfg.score_epsilon, "delta": cfg.score_delta, "lambda": cfg.score_lambda,
+                          "calibration": cfg.calibration, "dp": cfg.score_dp, "clients": score_rel.info}
+    return {"epsilon": eps if dp else float("inf"), "delta": delta if dp else None,
+            "composition": "basic", "labels": ["class-head"] + ([] if baseline else ["scores"]),
+            "scope": "server model and every client release (heads, scores)",
+            "source": ("FedAUXfdp Table 2 (baseline privatisation assumed: one release at the total budget)"
+                       if baseline else "FedAUXfdp Sec. 4.3 (basic composition), Table 2"),
+            "mechanisms": mech}
+
+
+_QUICK = {"arch": "mlp", "feature_dim": 64, "pretrain_epochs": 5, "student_epochs": 5, "student_lr": 1e-3}
+
+
+@register_trainer("fedauxfdp", FedAuxFdpConfig, "FedAUXfdp: one-shot, frozen h0, DP multinomial class "
+                  "heads + DP scoring heads, score-weighted soft labels, student from h0",
+                  paper="Hoech et al., FedAUXfdp (FL-IJCAI'22)", formal_dp=True, quick=_QUICK)
+def train_fedauxfdp(federation, config: FedAuxFdpConfig, seed: int, progress: bool = False) -> TrainResult:
+    """FedAUXfdp. See the module docstring."""
+    return run_dp_heads("fedauxfdp", "scores", federation, config, seed, progress)
+
+
+@register_trainer("fedavg-dphead", DpHeadBaselineConfig, "FedAvg+P with DP heads (FedAUXfdp Table 2 "
+                  "baseline): mean of the clients' DP class heads on frozen h0, one round",
+                  paper="Hoech et al., FedAUXfdp (FL-IJCAI'22), Table 2", formal_dp=True, quick=_QUICK)
+def train_fedavg_dphead(federation, config: DpHeadBaselineConfig, seed: int, progress: bool = False) -> TrainResult:
+    """FedAvg+P baseline of FedAUXfdp's Table 2."""
+    return run_dp_heads("fedavg-dphead", "mean-head", federation, config, seed, progress)
+
+
+@register_trainer("fedd-dphead", DpHeadBaselineConfig, "FedD+P with DP heads (FedAUXfdp Table 2 "
+                  "baseline): student distilled from the equally weighted DP-head ensemble, one round",
+                  paper="Hoech et al., FedAUXfdp (FL-IJCAI'22), Table 2", formal_dp=True, quick=_QUICK)
+def train_fedd_dphead(federation, config: DpHeadBaselineConfig, seed: int, progress: bool = False) -> TrainResult:
+    """FedD+P baseline of FedAUXfdp's Table 2."""
+    return run_dp_heads("fedd-dphead", "mean-ensemble", federation, config, seed, progress)
+
+
+__all__ = ["DpHeadBaselineConfig", "DpHeadConfig", "FedAuxFdpConfig", "run_dp_heads",
+           "train_fedauxfdp", "train_fedavg_dphead", "train_fedd_dphead"]

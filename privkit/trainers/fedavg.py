@@ -1,0 +1,246 @@
+"""FedAvg (McMahan et al. 2017) and FedProx (Li et al. 2020), each with or without "+P"/"+F".
+
+One round: the server samples ``round(participation * n)`` clients; each trains ``local_epochs``
+epochs from the global model (Adam 1e-3, batch 32: FedAUX's setting); the server averages the
+returned parameters weighted by ``|D_i|``. FedProx adds ``(mu/2) ||theta - theta_t||^2`` to the
+local loss (the FedAUX code's ``lambda ||.||^2`` is ``mu = 2 lambda``). ``one_shot=true`` is the
+one-round setting of FedAUX Table 3: ``rounds=1``, ``participation=1``, ``local_epochs=40``.
+``pretrain=true`` starts from the SimCLR-pretrained h0 ("+P"), ``freeze=true`` keeps it fixed ("+F").
+
+Privacy: client models go to the server in the clear. Each participating client gets a
+``NonPrivateEvent`` (label ``model-update``) per round, so every accountant reports epsilon = inf:
+these methods make no formal DP claim. The loop here is shared with FedDF and FedAUX
+(:func:`run_federated`), which add a server-side distillation step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Literal
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+from typing_extensions import Annotated
+
+from privkit.errors import PrivkitError
+from privkit.seeding import derive_seed, make_rng
+from privkit.trainers.base import TrainResult, register_trainer
+from privkit.trainers.common import accuracy, average_states, resolve_device, train_supervised
+from privkit.trainers.pretrain import PretrainConfig, init_model
+
+MODEL_UPDATE_REASON = "client model parameters sent to the server without noise"
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool) -> Iterator[Any]:
+    """A rich progress display (disabled: a silent one with the same interface)."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("{task.fields[info]}"), disable=not enabled)
+    orig_add = bar.add_task
+
+    def add_task(description: str, **kwargs: Any) -> Any:
+        kwargs.setdefault("info", "")
+        return orig_add(description, **kwargs)
+
+    bar.add_task = add_task  # type: ignore[method-assign]
+    with bar:
+        yield bar
+
+
+class FedAvgConfig(PretrainConfig):
+    """FedAvg settings (defaults: FedAUX Sec. 4.1, T=100, E=1, Adam 1e-3, batch 32)."""
+
+    rounds: Annotated[int, Field(ge=1)] = 100
+    participation: Annotated[float, Field(gt=0, le=1)] = 0.4
+    local_epochs: Annotated[int, Field(ge=1)] = 1
+    one_shot: bool = False
+    one_shot_epochs: Annotated[int, Field(ge=1)] = 40
+    batch_size: Annotated[int, Field(ge=1)] = 32
+    lr: Annotated[float, Field(gt=0)] = 1e-3
+    optimizer: Literal["adam", "sgd"] = "adam"
+    weighting: Literal["size", "equal"] = "size"
+    keep_client_models: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_shot(cls, data: Any) -> Any:
+        # one_shot is a mode, not a hint: it fixes T=1 and C=1 and E=one_shot_epochs, so the
+        # dumped config states what actually ran.
+        if isinstance(data, dict) and data.get("one_shot"):
+            data = dict(data)
+            data["rounds"] = 1
+            data["participation"] = 1.0
+            data["local_epochs"] = data.get("one_shot_epochs", 40)
+        return data
+
+
+class FedProxConfig(FedAvgConfig):
+    """FedProx: FedAvg plus the proximal term ``(mu/2) ||theta - theta_t||^2`` (FedAUX grid 1e-2..1e-5)."""
+
+    mu: Annotated[float, Field(gt=0)] = 1e-2
+
+
+# ----------------------------------------------------------------------------- shared loop
+ServerHook = Callable[[nn.Module, list[nn.Module], list[int], int], dict]
+
+
+@dataclass
+class FederatedOutcome:
+    """What :func:`run_federated` hands back to the method that called it."""
+
+    model: nn.Module
+    spec: dict
+    ledger: Any
+    rounds: list[dict]
+    client_models: list[nn.Module]
+    client_ids: list[int]
+    pretrain_info: dict = field(default_factory=dict)
+
+
+def _prox_term(mu: float, anchor: dict[str, torch.Tensor]):
+    def extra(model: nn.Module, xb: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        total = logits.new_zeros(())
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                total = total + (p - anchor[name]).pow(2).sum()
+        return 0.5 * mu * total
+
+    return extra
+
+
+def select_clients(rng: np.random.Generator, n: int, participation: float) -> list[int]:
+    """``max(1, round(participation * n))`` distinct clients, uniformly (sorted)."""
+    m = max(1, int(round(participation * n)))
+    return sorted(int(i) for i in rng.choice(n, size=m, replace=False))
+
+
+def run_federated(federation, cfg: FedAvgConfig, seed: int, *, progress: bool = False,
+                  mu: float = 0.0, server_hook: ServerHook | None = None, ledger=None,
+                  model: nn.Module | None = None, spec: dict | None = None,
+                  pretrain_info: dict | None = None, description: str = "rounds",
+                  neighbouring: str = "add_remove") -> FederatedOutcome:
+    """T rounds of local training + weighted parameter averaging (+ an optional server step).
+
+    Parameters
+    ----------
+    federation, cfg, seed : the trainer's inputs.
+    mu : FedProx proximal coefficient (0 = FedAvg).
+    server_hook : ``hook(global_model, client_models, client_ids, round) -> metrics`` run after
+        averaging (FedDF / FedAUX distillation); it may update ``global_model`` in place.
+    ledger : an existing :class:`accountants.Ledger` to append to (a new one otherwise).
+    model, spec, pretrain_info : a prepared initial model (else :func:`init_model`).
+    neighbouring : relation recorded with the (non-private) model-update entries; it must match
+        the other entries of the same client (FedAUX's scores are replace-one).
+    """
+    from accountants import Ledger, NonPrivateEvent
+
+    device = resolve_device(cfg)
+    if model is None:
+        model, spec, pretrain_info = init_model(federation, cfg, seed, progress=progress)
+    model.to(device)
+    ledger = ledger if ledger is not None else Ledger()
+    rng = make_rng(seed, "participation")
+    x_test, y_test = federation.test_arrays()
+    rounds: list[dict] = []
+    last_models: list[nn.Module] = []
+    last_ids: list[int] = []
+    sizes = np.array([len(c) for c in federation.clients])
+    with progress_bar(progress) as bar:
+        task = bar.add_task(description, total=cfg.rounds)
+        for t in range(1, cfg.rounds + 1):
+            selected = [i for i in select_clients(rng, federation.num_clients, cfg.participation)
+                        if sizes[i] > 0]
+            anchor = {k: v.detach().clone() for k, v in model.named_parameters()}
+            states, weights, losses, locals_ = [], [], [], []
+            for i in selected:
+                local = copy.deepcopy(model)
+                x, y = federation.client_arrays(i)
+                extra = _prox_term(mu, anchor) if mu > 0 else None
+                loss = train_supervised(local, x, y, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+                                        lr=cfg.lr, device=device, seed=derive_seed(seed, f"local-{t}-{i}"),
+                                        optimizer=cfg.optimizer, extra_loss=extra)
+                states.append({k: v.detach() for k, v in local.state_dict().items()})
+                weights.append(float(sizes[i]) if cfg.weighting == "size" else 1.0)
+                losses.append(loss)
+                locals_.append(local)
+                ledger.add(i, NonPrivateEvent(MODEL_UPDATE_REASON), "model-update", round=t,
+                           neighbouring=neighbouring)
+            if states:
+                model.load_state_dict(average_states(states, weights))
+            extra_metrics = server_hook(model, locals_, selected, t) if server_hook and locals_ else {}
+            acc = accuracy(model, x_test, y_test, device, cfg.eval_batch_size)
+            rounds.append({"round": t, "test_accuracy": acc, "clients": len(selected),
+                           "train_loss": float(np.nanmean(losses)) if losses else float("nan"),
+                           **extra_metrics})
+            last_models, last_ids = locals_, selected
+            bar.update(task, advance=1, info=f"acc {acc:.3f}")
+    if not cfg.keep_client_models:
+        last_models, last_ids = [], []
+    return FederatedOutcome(model, spec, ledger, rounds, last_models, last_ids, pretrain_info or {})
+
+
+def result_from_outcome(method: str, seed: int, cfg: FedAvgConfig, out: FederatedOutcome, *,
+                        artifacts: dict[str, np.ndarray] | None = None, warnings: list[str] | None = None,
+                        claims: dict | None = None, federation=None) -> TrainResult:
+    """Package a :class:`FederatedOutcome` as the method's :class:`TrainResult`."""
+    arts = dict(artifacts or {})
+    if out.client_models:
+        arts["client_model_ids"] = np.asarray(out.client_ids, dtype=np.int64)
+    client_acc: list[float] = []
+    if federation is not None and out.client_models:
+        device = resolve_device(cfg)
+        x_test, y_test = federation.test_arrays()
+        client_acc = [accuracy(m, x_test, y_test, device, cfg.eval_batch_size) for m in out.client_models]
+    warns = list(warnings or [])
+    if out.pretrain_info:
+        warns.append(f"h0 pretrained (SimCLR, NT-Xent) on {out.pretrain_info['size']} public "
+                     f"examples ({out.pretrain_info['data']} part), {out.pretrain_info['epochs']} epochs; "
+                     "public data only, no privacy cost")
+    return TrainResult(method=method, seed=seed, config=cfg.model_dump(), model=out.model.cpu(),
+                       model_spec=out.spec, ledger=out.ledger, rounds=out.rounds,
+                       test_accuracy=out.rounds[-1]["test_accuracy"] if out.rounds else float("nan"),
+                       artifacts=arts, client_models=[m.cpu() for m in out.client_models],
+                       client_model_specs=[out.spec] * len(out.client_models),
+                       client_accuracy=client_acc, warnings=warns, claims=claims or {})
+
+
+NO_DP_CLAIM = {"epsilon": float("inf"), "delta": None, "composition": None,
+               "scope": "none: client models are sent to the server in the clear",
+               "source": "no formal DP claim"}
+
+_QUICK = {"arch": "mlp", "feature_dim": 64, "rounds": 3, "participation": 0.5, "local_epochs": 1,
+          "pretrain_epochs": 3}
+
+
+@register_trainer("fedavg", FedAvgConfig, "FedAvg: local training + size-weighted parameter averaging "
+                  "(pretrain/freeze switch h0 '+P'/'+F'); models sent in the clear",
+                  paper="McMahan et al. 2017; FedAUX (Sattler et al.) baselines", formal_dp=False,
+                  quick=_QUICK)
+def train_fedavg(federation, config: FedAvgConfig, seed: int, progress: bool = False) -> TrainResult:
+    """FedAvg (+P / +F). See the module docstring."""
+    out = run_federated(federation, config, seed, progress=progress, description="fedavg rounds")
+    return result_from_outcome("fedavg", seed, config, out, claims=dict(NO_DP_CLAIM), federation=federation)
+
+
+@register_trainer("fedprox", FedProxConfig, "FedProx: FedAvg with a proximal term (mu/2)||theta - "
+                  "theta_t||^2 in local training; models sent in the clear",
+                  paper="Li et al. 2020; FedAUX (Sattler et al.) baselines", formal_dp=False,
+                  quick=_QUICK)
+def train_fedprox(federation, config: FedProxConfig, seed: int, progress: bool = False) -> TrainResult:
+    """FedProx (+P / +F). See the module docstring."""
+    if config.mu <= 0:
+        raise PrivkitError(f"mu must be > 0 for fedprox; found {config.mu}")
+    out = run_federated(federation, config, seed, progress=progress, mu=config.mu,
+                        description="fedprox rounds")
+    return result_from_outcome("fedprox", seed, config, out, claims=dict(NO_DP_CLAIM), federation=federation)
+
+
+__all__ = ["FedAvgConfig", "FedProxConfig", "FederatedOutcome", "progress_bar", "result_from_outcome",
+           "run_federated", "select_clients", "train_fedavg", "train_fedprox"]
