@@ -16,3 +16,7 @@ from privkit.trainers import flip as _flip  # noqa: F401,E402
 from privkit.trainers import fedkadp as _fedkadp  # noqa: F401,E402
 from privkit.trainers import dpsgd as _dpsgd  # noqa: F401,E402
 from privkit.trainers import centralized as _centralized  # noqa: F401,E402
+from privkit.trainers import fedavg as _fedavg  # noqa: F401,E402
+from privkit.trainers import feddf as _feddf  # noqa: F401,E402
+from privkit.trainers import fedaux as _fedaux  # noqa: F401,E402
+from privkit.trainers import fedauxfdp as _fedauxfdp  # noqa: F401,E402
