@@ -44,7 +44,9 @@ def _mean_party(res) -> float:
 
 
 def run(seeds: int, ks: list[int], rounds: int, progress: bool) -> dict:
-    fed_cfg = FederationConfig(dataset="mnist5k", public_dataset="digits28", clients=10, partition="iid", seed=0)
+    fed_cfg = FederationConfig(
+        dataset="mnist5k", public_dataset="digits28", clients=10, partition="iid", seed=0
+    )
     fed = build_federation(fed_cfg)
     n = min(len(c) for c in fed.clients)
     base = {**BASE, "rounds": rounds}
@@ -60,36 +62,89 @@ def run(seeds: int, ks: list[int], rounds: int, progress: bool) -> dict:
             t = time.time()
             res = train("fedmd-nfdp", fed, {**base, "k": k, "replacement": True}, seed=seed)
             claim = nfdp_claim(n, k, True)
-            add(f"FedMD-NFDP k={k}", _mean_party(res), time.time() - t,
-                {"k": k, "epsilon": claim["epsilon"], "epsilon_table2_log10": claim["epsilon_table2_log10"],
-                 "delta": claim["delta"], "ledger_epsilon_at_delta": res.ledger.epsilon(min(0.999, claim["delta"] * 1.0001))})
+            add(
+                f"FedMD-NFDP k={k}",
+                _mean_party(res),
+                time.time() - t,
+                {
+                    "k": k,
+                    "epsilon": claim["epsilon"],
+                    "epsilon_table2_log10": claim["epsilon_table2_log10"],
+                    "delta": claim["delta"],
+                    "ledger_epsilon_at_delta": res.ledger.epsilon(
+                        min(0.999, claim["delta"] * 1.0001)
+                    ),
+                },
+            )
             if progress:
-                print(f"seed {seed} k={k}: {rows[f'FedMD-NFDP k={k}']['accuracy'][-1]:.3f}", flush=True)
+                print(
+                    f"seed {seed} k={k}: {rows[f'FedMD-NFDP k={k}']['accuracy'][-1]:.3f}",
+                    flush=True,
+                )
         t = time.time()
         res = train("fedmd-np", fed, base, seed=seed)
-        add("FedMD-NP", _mean_party(res), time.time() - t, {"k": n, "epsilon": math.inf, "delta": 1.0})
+        add(
+            "FedMD-NP",
+            _mean_party(res),
+            time.time() - t,
+            {"k": n, "epsilon": math.inf, "delta": 1.0},
+        )
         t = time.time()
         res = train("fedmd-ldp", fed, {**base, "knowledge": "softmax", "match_k": 16}, seed=seed)
-        add("FedMD-LDP (NFDP k=16 budget)", _mean_party(res), time.time() - t,
-            {"k": n, "epsilon": res.claims["epsilon"], "delta": res.claims["delta"],
-             "sigma_min": min(c["sigma"] for c in res.claims["per_client"])})
+        add(
+            "FedMD-LDP (NFDP k=16 budget)",
+            _mean_party(res),
+            time.time() - t,
+            {
+                "k": n,
+                "epsilon": res.claims["epsilon"],
+                "delta": res.claims["delta"],
+                "sigma_min": min(c["sigma"] for c in res.claims["per_client"]),
+            },
+        )
         t = time.time()
-        res = train("centralized", fed, {"arch": "mlp", "feature_dim": 128, "epochs": 20, "device": "cpu"}, seed=seed)
-        add("Centralized", float(res.test_accuracy), time.time() - t, {"k": n * fed.num_clients, "epsilon": math.inf, "delta": 1.0})
+        res = train(
+            "centralized",
+            fed,
+            {"arch": "mlp", "feature_dim": 128, "epochs": 20, "device": "cpu"},
+            seed=seed,
+        )
+        add(
+            "Centralized",
+            float(res.test_accuracy),
+            time.time() - t,
+            {"k": n * fed.num_clients, "epsilon": math.inf, "delta": 1.0},
+        )
         if progress:
-            print(f"seed {seed}: NP {rows['FedMD-NP']['accuracy'][-1]:.3f}, "
-                  f"LDP {rows['FedMD-LDP (NFDP k=16 budget)']['accuracy'][-1]:.3f}, "
-                  f"Centralized {rows['Centralized']['accuracy'][-1]:.3f}", flush=True)
-    return {"schema_version": 1, "benchmark": "repro_fedmd_nfdp", "n": n, "one_over_n": 1.0 / n,
-            "parties": fed.num_clients, "public_subset": min(5000, len(fed.public)), "seeds": seeds,
-            "config": base, "rows": rows}
+            print(
+                f"seed {seed}: NP {rows['FedMD-NP']['accuracy'][-1]:.3f}, "
+                f"LDP {rows['FedMD-LDP (NFDP k=16 budget)']['accuracy'][-1]:.3f}, "
+                f"Centralized {rows['Centralized']['accuracy'][-1]:.3f}",
+                flush=True,
+            )
+    return {
+        "schema_version": 1,
+        "benchmark": "repro_fedmd_nfdp",
+        "n": n,
+        "one_over_n": 1.0 / n,
+        "parties": fed.num_clients,
+        "public_subset": min(5000, len(fed.public)),
+        "seeds": seeds,
+        "config": base,
+        "rows": rows,
+    }
 
 
 def table(result: dict) -> str:
-    lines = [f"n = {result['n']} records per party, 1/n = {result['one_over_n']:.4g}; "
-             f"{result['parties']} parties; {result['seeds']} seed(s)", "",
-             "| setting | k | epsilon (ln) | Table-2 convention (log10) | delta | delta >= 1/n | accuracy (%) | s/run |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            f"n = {result['n']} records per party, 1/n = {result['one_over_n']:.4g}; "
+            f"{result['parties']} parties; {result['seeds']} seed(s)"
+        ),
+        "",
+        "| setting | k | epsilon (ln) | Table-2 convention (log10) | delta | delta >= 1/n | accuracy (%) | s/run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, row in result["rows"].items():
         acc = np.array(row["accuracy"]) * 100
         eps, delta = row["epsilon"], row["delta"]
@@ -98,7 +153,8 @@ def table(result: dict) -> str:
             f"| {name} | {row['k']} | {'inf' if math.isinf(eps) else f'{eps:.4g}'} | "
             f"{'' if log10 is None else f'{log10:.4g}'} | {delta:.4g} | "
             f"{'yes' if delta >= result['one_over_n'] else 'no'} | {acc.mean():.1f} +- {acc.std():.1f} | "
-            f"{np.mean(row['seconds']):.0f} |")
+            f"{np.mean(row['seconds']):.0f} |"
+        )
     return "\n".join(lines)
 
 

@@ -34,8 +34,11 @@ MODEL = {"arch": "mlp", "feature_dim": 64, "device": "cpu"}
 
 
 def run(seeds: int, ks: list[int], rounds: int, progress: bool) -> dict:
-    fed = build_federation(FederationConfig(dataset="mnist5k", public_dataset="digits28", clients=5,
-                                            partition="iid", seed=0))
+    fed = build_federation(
+        FederationConfig(
+            dataset="mnist5k", public_dataset="digits28", clients=5, partition="iid", seed=0
+        )
+    )
     rows: dict[str, dict] = {}
 
     def add(name: str, acc: float, seconds: float, extra: dict) -> None:
@@ -47,29 +50,53 @@ def run(seeds: int, ks: list[int], rounds: int, progress: bool) -> dict:
 
     for seed in range(seeds):
         t = time.time()
-        res = train("fedavg", fed, {**MODEL, "rounds": rounds, "participation": 1.0, "local_epochs": 2}, seed=seed)
+        res = train(
+            "fedavg",
+            fed,
+            {**MODEL, "rounds": rounds, "participation": 1.0, "local_epochs": 2},
+            seed=seed,
+        )
         add("vanilla FedAvg", float(res.test_accuracy), time.time() - t, {"k": None})
         for k in ks:
             t = time.time()
-            res = train("flip", fed, {**MODEL, "k": k, "rounds": rounds, "local_epochs": 10}, seed=seed)
-            add(f"FLiP k={k}", float(res.test_accuracy), time.time() - t,
-                {"k": k, "distilled_samples": k * fed.num_classes})
-    return {"schema_version": 1, "benchmark": "repro_flip", "clients": fed.num_clients,
-            "records_per_client": int(np.mean([len(c) for c in fed.clients])), "rounds": rounds,
-            "seeds": seeds, "rows": rows}
+            res = train(
+                "flip", fed, {**MODEL, "k": k, "rounds": rounds, "local_epochs": 10}, seed=seed
+            )
+            add(
+                f"FLiP k={k}",
+                float(res.test_accuracy),
+                time.time() - t,
+                {"k": k, "distilled_samples": k * fed.num_classes},
+            )
+    return {
+        "schema_version": 1,
+        "benchmark": "repro_flip",
+        "clients": fed.num_clients,
+        "records_per_client": int(np.mean([len(c) for c in fed.clients])),
+        "rounds": rounds,
+        "seeds": seeds,
+        "rows": rows,
+    }
 
 
 def table(result: dict) -> str:
-    lines = [f"{result['clients']} IID clients x {result['records_per_client']} records, "
-             f"{result['rounds']} rounds, {result['seeds']} seed(s)", "",
-             "| method | k (per class) | shared samples per client | test accuracy (%) | s/run |",
-             "|---|---|---|---|---|"]
+    lines = [
+        (
+            f"{result['clients']} IID clients x {result['records_per_client']} records, "
+            f"{result['rounds']} rounds, {result['seeds']} seed(s)"
+        ),
+        "",
+        "| method | k (per class) | shared samples per client | test accuracy (%) | s/run |",
+        "|---|---|---|---|---|",
+    ]
     for name, row in result["rows"].items():
         acc = np.array(row["accuracy"]) * 100
         k = "" if row["k"] is None else row["k"]
         shared = "model weights" if row["k"] is None else row["distilled_samples"]
-        lines.append(f"| {name} | {k} | {shared} | {acc.mean():.1f} +- {acc.std():.1f} | "
-                     f"{np.mean(row['seconds']):.0f} |")
+        lines.append(
+            f"| {name} | {k} | {shared} | {acc.mean():.1f} +- {acc.std():.1f} | "
+            f"{np.mean(row['seconds']):.0f} |"
+        )
     return "\n".join(lines)
 
 

@@ -38,31 +38,41 @@ Privacy (record level, per party):
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from typing_extensions import Annotated
 
 from privkit.config import StrictModel
 from privkit.errors import PrivkitError
 from privkit.models import FeatureClassifier, build_from_spec, model_spec
-from privkit.seeding import derive_seed, make_rng, seed_torch
+from privkit.seeding import derive_seed, make_rng, seed_torch, torch_generator
 from privkit.trainers.base import TrainerConfig, TrainResult, register_trainer
-from privkit.trainers.common import (accuracy, as_tensor, distill, make_optimizer, minibatches,
-                                     predict_logits, resolve_device, train_supervised)
-from privkit.seeding import torch_generator
+from privkit.trainers.common import (
+    accuracy,
+    as_tensor,
+    distill,
+    make_optimizer,
+    minibatches,
+    predict_logits,
+    resolve_device,
+    train_supervised,
+)
 
 PAPER = "Sun & Lyu, Federated Model Distillation with Noise-Free Differential Privacy (IJCAI'21)"
 LN10 = math.log(10.0)
 KNOWLEDGE_MODES = ("logits", "softmax", "argmax")
-NP_REASON = ("FedMD-NP: parties share predictions of models trained on all their private data, "
-             "without noise; no privacy guarantee")
-LDP_MODEL_REASON = ("FedMD-LDP: the party's own model is trained on all its private data without "
-                    "noise; only its shared predictions are noised. privkit releases the model for "
-                    "evaluation and audits, so this release has no guarantee")
+NP_REASON = (
+    "FedMD-NP: parties share predictions of models trained on all their private data, "
+    "without noise; no privacy guarantee"
+)
+LDP_MODEL_REASON = (
+    "FedMD-LDP: the party's own model is trained on all its private data without "
+    "noise; only its shared predictions are noised. privkit releases the model for "
+    "evaluation and audits, so this release has no guarantee"
+)
 
 
 class PartyModel(StrictModel):
@@ -121,7 +131,9 @@ class FedMDLdpConfig(FedMDConfig):
     match_replacement: bool = True
     epsilon: Annotated[float, Field(gt=0)] | None = None
     delta: Annotated[float, Field(gt=0, lt=1)] | None = None
-    logit_clip: Annotated[float, Field(gt=0)] = 10.0  # L2 clip of shared logit vectors (logits mode)
+    logit_clip: Annotated[float, Field(gt=0)] = (
+        10.0  # L2 clip of shared logit vectors (logits mode)
+    )
 
 
 # ----------------------------------------------------------------------------- party models
@@ -133,35 +145,51 @@ def party_model_specs(config: FedMDConfig, num_parties: int) -> list[PartyModel]
         base = PartyModel(arch=config.arch, width=config.width, feature_dim=config.feature_dim)
         cycle = [base]
         if config.heterogeneous:
-            cycle.append(PartyModel(arch=config.arch, width=max(1, config.width // 2),
-                                    feature_dim=max(2, config.feature_dim // 2)))
-            cycle.append(PartyModel(arch=config.arch, width=config.width + config.width // 2,
-                                    feature_dim=config.feature_dim + config.feature_dim // 2,
-                                    depth=2 if config.arch == "mlp" else 1))
+            cycle.append(
+                PartyModel(
+                    arch=config.arch,
+                    width=max(1, config.width // 2),
+                    feature_dim=max(2, config.feature_dim // 2),
+                )
+            )
+            cycle.append(
+                PartyModel(
+                    arch=config.arch,
+                    width=config.width + config.width // 2,
+                    feature_dim=config.feature_dim + config.feature_dim // 2,
+                    depth=2 if config.arch == "mlp" else 1,
+                )
+            )
     if not config.heterogeneous:
         cycle = cycle[:1]
     return [cycle[i % len(cycle)] for i in range(num_parties)]
 
 
 def _spec_dict(p: PartyModel, input_shape, num_classes: int) -> dict:
-    return model_spec(p.arch, input_shape, num_classes, width=p.width, feature_dim=p.feature_dim,
-                      depth=p.depth)
+    return model_spec(
+        p.arch, input_shape, num_classes, width=p.width, feature_dim=p.feature_dim, depth=p.depth
+    )
 
 
-def pretrain_parties(federation, config: FedMDConfig, seed: int, device: torch.device
-                     ) -> tuple[list[FeatureClassifier], list[dict]]:
+def pretrain_parties(
+    federation, config: FedMDConfig, seed: int, device: torch.device
+) -> tuple[list[FeatureClassifier], list[dict]]:
     """One model per distinct architecture, pretrained on the labelled public data, copied to parties.
 
     Algorithm 1 initialises every party "with the same pretrained model"; parties sharing an
     architecture share that model's weights.
     """
-    specs = [_spec_dict(p, federation.input_shape, federation.num_classes)
-             for p in party_model_specs(config, federation.num_clients)]
+    specs = [
+        _spec_dict(p, federation.input_shape, federation.num_classes)
+        for p in party_model_specs(config, federation.num_clients)
+    ]
     xpub, ypub = federation.public_arrays("all")
     if config.pretrain_epochs > 0 and len(ypub) and ypub.max() >= federation.num_classes:
-        raise PrivkitError(f"public labels go up to {int(ypub.max())} but the private task has "
-                           f"{federation.num_classes} classes; set pretrain_epochs=0 to skip "
-                           "pretraining on labelled public data")
+        raise PrivkitError(
+            f"public labels go up to {int(ypub.max())} but the private task has "
+            f"{federation.num_classes} classes; set pretrain_epochs=0 to skip "
+            "pretraining on labelled public data"
+        )
     pretrained: dict[str, dict] = {}
     for j, spec in enumerate(specs):
         key = repr(sorted(spec.items()))
@@ -170,9 +198,16 @@ def pretrain_parties(federation, config: FedMDConfig, seed: int, device: torch.d
         seed_torch(derive_seed(seed, f"fedmd-init-{len(pretrained)}"))
         model = build_from_spec(spec)
         if config.pretrain_epochs > 0:
-            train_supervised(model, xpub, ypub, epochs=config.pretrain_epochs,
-                             batch_size=config.pretrain_batch_size, lr=config.lr, device=device,
-                             seed=derive_seed(seed, f"fedmd-pretrain-{len(pretrained)}"))
+            train_supervised(
+                model,
+                xpub,
+                ypub,
+                epochs=config.pretrain_epochs,
+                batch_size=config.pretrain_batch_size,
+                lr=config.lr,
+                device=device,
+                seed=derive_seed(seed, f"fedmd-pretrain-{len(pretrained)}"),
+            )
         pretrained[key] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     models = []
     for spec in specs:
@@ -241,8 +276,17 @@ def knowledge_sensitivity(mode: str, logit_clip: float) -> float:
 
 
 # ----------------------------------------------------------------------------- digest / revisit
-def regress_logits(model: torch.nn.Module, x: np.ndarray, targets: np.ndarray, *, epochs: int,
-                   batch_size: int, lr: float, device: torch.device, seed: int) -> float:
+def regress_logits(
+    model: torch.nn.Module,
+    x: np.ndarray,
+    targets: np.ndarray,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    device: torch.device,
+    seed: int,
+) -> float:
     """Digest with logit targets: mean absolute error to the averaged logits (original FedMD code)."""
     if len(x) == 0 or epochs == 0:
         return float("nan")
@@ -264,25 +308,61 @@ def regress_logits(model: torch.nn.Module, x: np.ndarray, targets: np.ndarray, *
     return last
 
 
-def digest(model: torch.nn.Module, x_pub: np.ndarray, consensus: np.ndarray, mode: str, *,
-           epochs: int, batch_size: int, lr: float, device: torch.device, seed: int) -> float:
+def digest(
+    model: torch.nn.Module,
+    x_pub: np.ndarray,
+    consensus: np.ndarray,
+    mode: str,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    device: torch.device,
+    seed: int,
+) -> float:
     """Digest (Algorithm 1, line 14): train towards the aggregated knowledge on the public subset."""
     if epochs == 0:
         return float("nan")
     if mode == "logits":
-        return regress_logits(model, x_pub, consensus, epochs=epochs, batch_size=batch_size, lr=lr,
-                              device=device, seed=seed)
-    return distill(model, x_pub, consensus, epochs=epochs, batch_size=batch_size, lr=lr,
-                   device=device, seed=seed)
+        return regress_logits(
+            model,
+            x_pub,
+            consensus,
+            epochs=epochs,
+            batch_size=batch_size,
+            lr=lr,
+            device=device,
+            seed=seed,
+        )
+    return distill(
+        model,
+        x_pub,
+        consensus,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        device=device,
+        seed=seed,
+    )
 
 
-def revisit(model: torch.nn.Module, x_priv: np.ndarray, y_priv: np.ndarray, *, epochs: int,
-            batch_size: int, lr: float, device: torch.device, seed: int) -> float:
+def revisit(
+    model: torch.nn.Module,
+    x_priv: np.ndarray,
+    y_priv: np.ndarray,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    device: torch.device,
+    seed: int,
+) -> float:
     """Revisit (line 17) and initialisation (line 4): supervised epochs on the party's own records."""
     if epochs == 0:
         return float("nan")
-    return train_supervised(model, x_priv, y_priv, epochs=epochs, batch_size=batch_size, lr=lr,
-                            device=device, seed=seed)
+    return train_supervised(
+        model, x_priv, y_priv, epochs=epochs, batch_size=batch_size, lr=lr, device=device, seed=seed
+    )
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -301,19 +381,25 @@ def _ldp_plan(federation, config: FedMDLdpConfig, m_pub: int) -> dict:
             eps, delta = config.epsilon, config.delta
         else:
             if not config.match_replacement and config.match_k > n:
-                raise PrivkitError(f"match_k must be <= n for sampling without replacement; found "
-                                   f"match_k={config.match_k}, n={n} (party {i})")
+                raise PrivkitError(
+                    f"match_k must be <= n for sampling without replacement; found "
+                    f"match_k={config.match_k}, n={n} (party {i})"
+                )
             eps, delta = nfdp_epsilon_delta(n, config.match_k, config.match_replacement)
             if config.epsilon is not None:
                 eps = config.epsilon
             if config.delta is not None:
                 delta = config.delta
         if not 0 < delta < 1:
-            raise PrivkitError(f"delta must be in (0, 1) to calibrate FedMD-LDP; found {delta} for "
-                               f"party {i} (set delta explicitly)")
+            raise PrivkitError(
+                f"delta must be in (0, 1) to calibrate FedMD-LDP; found {delta} for "
+                f"party {i} (set delta explicitly)"
+            )
         # R*|X_p| Gaussian releases of sensitivity s with std sigma compose into one Gaussian of
         # sensitivity s*sqrt(queries) with std sigma: calibrate that one exactly (analytic).
-        cal = calibrate_gaussian(eps, delta, sensitivity=sens * math.sqrt(queries), method="analytic")
+        cal = calibrate_gaussian(
+            eps, delta, sensitivity=sens * math.sqrt(queries), method="analytic"
+        )
         plan["sigma"].append(cal.sigma)
         plan["target"].append((float(eps), float(delta)))
     return plan
@@ -323,21 +409,24 @@ def _evaluate(models, xt, yt, device, batch_size) -> list[float]:
     return [accuracy(m, xt, yt, device, batch_size) for m in models]
 
 
-def run_fedmd(federation, config: FedMDConfig, seed: int, variant: str, progress: bool = False
-              ) -> TrainResult:
+def run_fedmd(
+    federation, config: FedMDConfig, seed: int, variant: str, progress: bool = False
+) -> TrainResult:
     """Run FedMD in one of its variants: ``"nfdp"``, ``"np"`` or ``"ldp"``.
 
     Returns a :class:`TrainResult` whose ``model`` is party ``released_party``'s model and whose
     ``client_models`` are all parties' models.
     """
-    from accountants import Ledger, NfdpSubsampleEvent, NonPrivateEvent
-
     import dp_accounting as dpa
+
+    from accountants import Ledger, NfdpSubsampleEvent, NonPrivateEvent
 
     n_parties = federation.num_clients
     if config.released_party >= n_parties:
-        raise PrivkitError(f"released_party must be < {n_parties} (the number of parties); found "
-                           f"{config.released_party}")
+        raise PrivkitError(
+            f"released_party must be < {n_parties} (the number of parties); found "
+            f"{config.released_party}"
+        )
     device = resolve_device(config)
     models, specs = pretrain_parties(federation, config, seed, device)
     xt, yt = federation.test_arrays()
@@ -354,67 +443,126 @@ def run_fedmd(federation, config: FedMDConfig, seed: int, variant: str, progress
         x, y = federation.client_arrays(i)
         if variant == "nfdp":
             if not config.replacement and config.k > len(idx):
-                raise PrivkitError(f"k must be <= n for sampling without replacement; found k={config.k}, "
-                                   f"n={len(idx)} (party {i}); use replacement=true or a smaller k")
-            pos = draw_subset(len(idx), config.k, config.replacement, make_rng(seed, f"fedmd-subset-{i}"))
+                raise PrivkitError(
+                    f"k must be <= n for sampling without replacement; found k={config.k}, "
+                    f"n={len(idx)} (party {i}); use replacement=true or a smaller k"
+                )
+            pos = draw_subset(
+                len(idx), config.k, config.replacement, make_rng(seed, f"fedmd-subset-{i}")
+            )
             artifacts[f"subset_indices/client_{i}"] = idx[pos]
             x, y = x[pos], y[pos]
         private.append((x, y))
 
-    _record_privacy(variant, federation, config, ledger, warnings, claims, m_pub, NfdpSubsampleEvent,
-                    NonPrivateEvent)
+    _record_privacy(
+        variant,
+        federation,
+        config,
+        ledger,
+        warnings,
+        claims,
+        m_pub,
+        NfdpSubsampleEvent,
+        NonPrivateEvent,
+    )
     plan = _ldp_plan(federation, config, m_pub) if variant == "ldp" else None
     if plan is not None:
         _record_ldp(federation, config, plan, ledger, warnings, claims, dpa, NonPrivateEvent)
     if m_pub < config.public_subset:
-        warnings.append(f"public_subset={config.public_subset} capped at the public data size {m_pub}")
+        warnings.append(
+            f"public_subset={config.public_subset} capped at the public data size {m_pub}"
+        )
 
     # Initialisation phase (no collaboration): T1 epochs on the private (sub)set.
     for i, m in enumerate(models):
-        revisit(m, *private[i], epochs=config.init_epochs, batch_size=config.revisit_batch_size,
-                lr=config.lr, device=device, seed=derive_seed(seed, f"fedmd-init-train-{i}"))
+        revisit(
+            m,
+            *private[i],
+            epochs=config.init_epochs,
+            batch_size=config.revisit_batch_size,
+            lr=config.lr,
+            device=device,
+            seed=derive_seed(seed, f"fedmd-init-train-{i}"),
+        )
     rounds = [_round_record(0, _evaluate(models, xt, yt, device, config.eval_batch_size), config)]
 
     pub_rng = make_rng(seed, "fedmd-public")
     iterator = range(1, config.rounds + 1)
     if progress:
         from rich.progress import track
+
         iterator = track(iterator, description=f"fedmd-{variant}")
     for t in iterator:
         sel = np.sort(pub_rng.choice(len(xpub), size=m_pub, replace=False))
         x_p = xpub[sel]
         shares = []
         for i, m in enumerate(models):
-            share = share_knowledge(predict_logits(m, x_p, device, config.eval_batch_size), config.knowledge)
+            share = share_knowledge(
+                predict_logits(m, x_p, device, config.eval_batch_size), config.knowledge
+            )
             if plan is not None:
                 if config.knowledge == "logits":
                     share = clip_rows(share, config.logit_clip)
                 noise_rng = make_rng(seed, f"fedmd-ldp-{i}-{t}")
-                share = share + noise_rng.normal(0.0, plan["sigma"][i], size=share.shape).astype(np.float32)
+                share = share + noise_rng.normal(0.0, plan["sigma"][i], size=share.shape).astype(
+                    np.float32
+                )
             shares.append(share)
         consensus = aggregate_knowledge(shares)
         if plan is not None and config.knowledge != "logits":
             consensus = project_to_simplex_rows(consensus)  # post-processing of the noisy mean
         for i, m in enumerate(models):
-            digest(m, x_p, consensus, config.knowledge, epochs=config.digest_epochs,
-                   batch_size=config.digest_batch_size, lr=config.lr, device=device,
-                   seed=derive_seed(seed, f"fedmd-digest-{i}-{t}"))
-            revisit(m, *private[i], epochs=config.revisit_epochs, batch_size=config.revisit_batch_size,
-                    lr=config.lr, device=device, seed=derive_seed(seed, f"fedmd-revisit-{i}-{t}"))
-        rounds.append(_round_record(t, _evaluate(models, xt, yt, device, config.eval_batch_size), config))
+            digest(
+                m,
+                x_p,
+                consensus,
+                config.knowledge,
+                epochs=config.digest_epochs,
+                batch_size=config.digest_batch_size,
+                lr=config.lr,
+                device=device,
+                seed=derive_seed(seed, f"fedmd-digest-{i}-{t}"),
+            )
+            revisit(
+                m,
+                *private[i],
+                epochs=config.revisit_epochs,
+                batch_size=config.revisit_batch_size,
+                lr=config.lr,
+                device=device,
+                seed=derive_seed(seed, f"fedmd-revisit-{i}-{t}"),
+            )
+        rounds.append(
+            _round_record(t, _evaluate(models, xt, yt, device, config.eval_batch_size), config)
+        )
 
     client_acc = rounds[-1]["client_accuracy"]
     r = config.released_party
-    return TrainResult(method=f"fedmd-{variant}", seed=seed, config=config.model_dump(),
-                       model=models[r], model_spec=specs[r], ledger=ledger, rounds=rounds,
-                       test_accuracy=client_acc[r], artifacts=artifacts, client_models=models,
-                       client_model_specs=specs, client_accuracy=client_acc, warnings=warnings,
-                       claims=claims)
+    return TrainResult(
+        method=f"fedmd-{variant}",
+        seed=seed,
+        config=config.model_dump(),
+        model=models[r],
+        model_spec=specs[r],
+        ledger=ledger,
+        rounds=rounds,
+        test_accuracy=client_acc[r],
+        artifacts=artifacts,
+        client_models=models,
+        client_model_specs=specs,
+        client_accuracy=client_acc,
+        warnings=warnings,
+        claims=claims,
+    )
 
 
 def _round_record(t: int, accs: list[float], config: FedMDConfig) -> dict:
-    return {"round": t, "test_accuracy": accs[config.released_party],
-            "mean_client_accuracy": float(np.mean(accs)), "client_accuracy": accs}
+    return {
+        "round": t,
+        "test_accuracy": accs[config.released_party],
+        "mean_client_accuracy": float(np.mean(accs)),
+        "client_accuracy": accs,
+    }
 
 
 def nfdp_claim(n: int, k: int, replacement: bool) -> dict:
@@ -426,21 +574,41 @@ def nfdp_claim(n: int, k: int, replacement: bool) -> dict:
     from accountants import nfdp_epsilon_delta
 
     eps, delta = nfdp_epsilon_delta(n, k, replacement)
-    return {"n": n, "k": k, "replacement": replacement, "epsilon": eps, "delta": delta,
-            "epsilon_table2_log10": eps / LN10, "one_over_n": 1.0 / n}
+    return {
+        "n": n,
+        "k": k,
+        "replacement": replacement,
+        "epsilon": eps,
+        "delta": delta,
+        "epsilon_table2_log10": eps / LN10,
+        "one_over_n": 1.0 / n,
+    }
 
 
-def _record_privacy(variant, federation, config, ledger, warnings, claims, m_pub,
-                    NfdpSubsampleEvent, NonPrivateEvent) -> None:
+def _record_privacy(
+    variant,
+    federation,
+    config,
+    ledger,
+    warnings,
+    claims,
+    m_pub,
+    NfdpSubsampleEvent,
+    NonPrivateEvent,
+) -> None:
     """Ledger events, warnings and the paper's claim for NFDP / NP (LDP: see :func:`_record_ldp`)."""
     from accountants.nfdp import record_exposure_warning
 
     if variant == "np":
         for i in range(federation.num_clients):
             ledger.add(i, NonPrivateEvent(NP_REASON), label="shared predictions (all data)")
-        warnings.append("FedMD-NP gives no privacy guarantee: predictions of models trained on all "
-                        "private data are shared in the clear")
-        claims.update({"epsilon": float("inf"), "delta": 1.0, "source": "FedMD-NFDP Table 2 (FedMD-NP row)"})
+        warnings.append(
+            "FedMD-NP gives no privacy guarantee: predictions of models trained on all "
+            "private data are shared in the clear"
+        )
+        claims.update(
+            {"epsilon": float("inf"), "delta": 1.0, "source": "FedMD-NFDP Table 2 (FedMD-NP row)"}
+        )
         return
     if variant != "nfdp":
         return
@@ -448,38 +616,51 @@ def _record_privacy(variant, federation, config, ledger, warnings, claims, m_pub
     exposed = 0
     for i, idx in enumerate(federation.clients):
         n = len(idx)
-        ledger.add(i, NfdpSubsampleEvent(n=n, k=config.k, replacement=config.replacement),
-                   label="nfdp subsample", neighbouring="add_remove")
+        ledger.add(
+            i,
+            NfdpSubsampleEvent(n=n, k=config.k, replacement=config.replacement),
+            label="nfdp subsample",
+            neighbouring="add_remove",
+        )
         claim = nfdp_claim(n, config.k, config.replacement)
         per_client.append({"client": i, **claim})
         if record_exposure_warning(claim["delta"], n) is not None:
             exposed += 1
     worst = max(per_client, key=lambda c: (c["delta"], c["epsilon"]))
-    theorem = "Theorem 2 (with replacement)" if config.replacement else "Theorem 1 (without replacement)"
-    claims.update({
-        "epsilon": max(c["epsilon"] for c in per_client),
-        "delta": max(c["delta"] for c in per_client),
-        "log": "natural",
-        "neighbouring": "add_remove",
-        "source": f"FedMD-NFDP {theorem}",
-        "per_client": per_client,
-        "table2_convention": ("the paper's Table 2 prints k*log10((n+1)/n): its epsilons are in "
-                              "log10 and the true (natural-log) epsilon is ln(10) = 2.303x larger; "
-                              "epsilon_table2_log10 gives the value in the table's convention"),
-    })
+    theorem = (
+        "Theorem 2 (with replacement)" if config.replacement else "Theorem 1 (without replacement)"
+    )
+    claims.update(
+        {
+            "epsilon": max(c["epsilon"] for c in per_client),
+            "delta": max(c["delta"] for c in per_client),
+            "log": "natural",
+            "neighbouring": "add_remove",
+            "source": f"FedMD-NFDP {theorem}",
+            "per_client": per_client,
+            "table2_convention": (
+                "the paper's Table 2 prints k*log10((n+1)/n): its epsilons are in "
+                "log10 and the true (natural-log) epsilon is ln(10) = 2.303x larger; "
+                "epsilon_table2_log10 gives the value in the table's convention"
+            ),
+        }
+    )
     if exposed:
         warnings.append(
             f"{exposed} of {len(per_client)} parties have delta >= 1/n (worst: party {worst['client']}, "
             f"n={worst['n']}, k={config.k}: delta={worst['delta']:.4g} >= 1/n={worst['one_over_n']:.4g}): "
             "such a guarantee permits publishing records in the clear, and the NFDP subset release "
-            "does exactly that for each sampled record")
+            "does exactly that for each sampled record"
+        )
     warnings.append(
         "NFDP's exact privacy profile is flat: the subset release is (0, delta)-DP and no smaller "
-        "delta holds at any epsilon, so the theorems' epsilon buys nothing (accountants.nfdp)")
+        "delta holds at any epsilon, so the theorems' epsilon buys nothing (accountants.nfdp)"
+    )
     warnings.append(
         "FedMD-NFDP Table 2 reports epsilon in log10 (k*log10((n+1)/n)); privkit reports the "
         f"theorems' natural-log epsilon, 2.303x larger (worst party here: {worst['epsilon']:.4g} "
-        f"= {worst['epsilon_table2_log10']:.4g} in Table 2's convention)")
+        f"= {worst['epsilon_table2_log10']:.4g} in Table 2's convention)"
+    )
 
 
 def _record_ldp(federation, config, plan, ledger, warnings, claims, dpa, NonPrivateEvent) -> None:
@@ -492,55 +673,106 @@ def _record_ldp(federation, config, plan, ledger, warnings, claims, dpa, NonPriv
             continue
         z = plan["sigma"][i] / sens
         for t in range(1, config.rounds + 1):
-            ledger.add(i, dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(noise_multiplier=z), per_round),
-                       label="ldp predictions", round=t, neighbouring="add_remove")
+            ledger.add(
+                i,
+                dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(noise_multiplier=z), per_round),
+                label="ldp predictions",
+                round=t,
+                neighbouring="add_remove",
+            )
         eps, delta = plan["target"][i]
-        per_client.append({"client": i, "n": len(federation.clients[i]), "epsilon": eps,
-                           "delta": delta, "sigma": plan["sigma"][i], "noise_multiplier": z})
+        per_client.append(
+            {
+                "client": i,
+                "n": len(federation.clients[i]),
+                "epsilon": eps,
+                "delta": delta,
+                "sigma": plan["sigma"][i],
+                "noise_multiplier": z,
+            }
+        )
     if per_client:
-        claims.update({
-            "epsilon": max(c["epsilon"] for c in per_client),
-            "delta": max(c["delta"] for c in per_client),
-            "labels": ["ldp predictions"],
-            "neighbouring": "add_remove (the sensitivity bound is the output set's diameter, so it "
-                            "holds under replace-one too)",
-            "sensitivity": sens, "queries": queries,
-            "source": ("FedMD-NFDP, FedMD-LDP baseline: Gaussian noise on shared predictions at NFDP's "
-                       "(epsilon, delta), composed over rounds and queries (Fig. 3c)"),
-            "per_client": per_client,
-        })
+        claims.update(
+            {
+                "epsilon": max(c["epsilon"] for c in per_client),
+                "delta": max(c["delta"] for c in per_client),
+                "labels": ["ldp predictions"],
+                "neighbouring": "add_remove (the sensitivity bound is the output set's diameter, so it "
+                "holds under replace-one too)",
+                "sensitivity": sens,
+                "queries": queries,
+                "source": (
+                    "FedMD-NFDP, FedMD-LDP baseline: Gaussian noise on shared predictions at NFDP's "
+                    "(epsilon, delta), composed over rounds and queries (Fig. 3c)"
+                ),
+                "per_client": per_client,
+            }
+        )
         smin = min(c["sigma"] for c in per_client)
         warnings.append(
             f"FedMD-LDP noise std per shared coordinate >= {smin:.4g} (sensitivity {sens:.4g} per "
-            f"vector, {queries} vector releases composed): the paper reports that utility collapses")
-    warnings.append("FedMD-LDP protects only the shared predictions; the released party model is "
-                    "trained on all private data without noise (ledger label 'party model')")
+            f"vector, {queries} vector releases composed): the paper reports that utility collapses"
+        )
+    warnings.append(
+        "FedMD-LDP protects only the shared predictions; the released party model is "
+        "trained on all private data without noise (ledger label 'party model')"
+    )
 
 
 # ----------------------------------------------------------------------------- registration
-_QUICK = {"arch": "mlp", "feature_dim": 64, "rounds": 2, "init_epochs": 3, "pretrain_epochs": 2,
-          "public_subset": 300, "digest_epochs": 1, "revisit_batch_size": 16, "heterogeneous": True}
+_QUICK = {
+    "arch": "mlp",
+    "feature_dim": 64,
+    "rounds": 2,
+    "init_epochs": 3,
+    "pretrain_epochs": 2,
+    "public_subset": 300,
+    "digest_epochs": 1,
+    "revisit_batch_size": 16,
+    "heterogeneous": True,
+}
 
 
-@register_trainer("fedmd-nfdp", FedMDNfdpConfig,
-                  "FedMD with noise-free DP: parties train on one random k-subset, share predictions",
-                  paper=PAPER, formal_dp=True, quick={**_QUICK, "k": 16})
-def train_fedmd_nfdp(federation, config: FedMDNfdpConfig, seed: int, progress: bool = False) -> TrainResult:
+@register_trainer(
+    "fedmd-nfdp",
+    FedMDNfdpConfig,
+    "FedMD with noise-free DP: parties train on one random k-subset, share predictions",
+    paper=PAPER,
+    formal_dp=True,
+    quick={**_QUICK, "k": 16},
+)
+def train_fedmd_nfdp(
+    federation, config: FedMDNfdpConfig, seed: int, progress: bool = False
+) -> TrainResult:
     """FedMD-NFDP (Algorithm 1) with one NFDP subsample event per party."""
     return run_fedmd(federation, config, seed, "nfdp", progress)
 
 
-@register_trainer("fedmd-np", FedMDNpConfig,
-                  "FedMD without privacy: parties train on all private data, share predictions",
-                  paper=PAPER, formal_dp=False, quick=_QUICK)
-def train_fedmd_np(federation, config: FedMDNpConfig, seed: int, progress: bool = False) -> TrainResult:
+@register_trainer(
+    "fedmd-np",
+    FedMDNpConfig,
+    "FedMD without privacy: parties train on all private data, share predictions",
+    paper=PAPER,
+    formal_dp=False,
+    quick=_QUICK,
+)
+def train_fedmd_np(
+    federation, config: FedMDNpConfig, seed: int, progress: bool = False
+) -> TrainResult:
     """FedMD-NP baseline (all private data, no guarantee)."""
     return run_fedmd(federation, config, seed, "np", progress)
 
 
-@register_trainer("fedmd-ldp", FedMDLdpConfig,
-                  "FedMD with Gaussian noise on shared predictions, at NFDP's (epsilon, delta)",
-                  paper=PAPER, formal_dp=False, quick={**_QUICK, "knowledge": "softmax"})
-def train_fedmd_ldp(federation, config: FedMDLdpConfig, seed: int, progress: bool = False) -> TrainResult:
+@register_trainer(
+    "fedmd-ldp",
+    FedMDLdpConfig,
+    "FedMD with Gaussian noise on shared predictions, at NFDP's (epsilon, delta)",
+    paper=PAPER,
+    formal_dp=False,
+    quick={**_QUICK, "knowledge": "softmax"},
+)
+def train_fedmd_ldp(
+    federation, config: FedMDLdpConfig, seed: int, progress: bool = False
+) -> TrainResult:
     """FedMD-LDP baseline: noised predictions; the released party model itself is non-private."""
     return run_fedmd(federation, config, seed, "ldp", progress)

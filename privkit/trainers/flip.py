@@ -23,14 +23,14 @@ carry each client's last upload (``distilled_x/client_<i>``, ``distilled_y/clien
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch.func import functional_call
-from typing_extensions import Annotated
 
 from privkit.errors import PrivkitError
 from privkit.seeding import derive_seed, torch_generator
@@ -94,9 +94,15 @@ def initial_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def unroll(model: torch.nn.Module, params: dict[str, torch.Tensor], samples: torch.Tensor,
-           label_logits: torch.Tensor, rates: torch.Tensor, *, create_graph: bool = True
-           ) -> dict[str, torch.Tensor]:
+def unroll(
+    model: torch.nn.Module,
+    params: dict[str, torch.Tensor],
+    samples: torch.Tensor,
+    label_logits: torch.Tensor,
+    rates: torch.Tensor,
+    *,
+    create_graph: bool = True,
+) -> dict[str, torch.Tensor]:
     """Train from ``params`` through the K samples, one sample per SGD step (Eq. 5 / Alg. 1 line 10).
 
     ``theta_j = theta_{j-1} - rates[j] * grad_theta CE(phi_theta(samples[j]), softmax(label_logits[j]))``.
@@ -104,30 +110,44 @@ def unroll(model: torch.nn.Module, params: dict[str, torch.Tensor], samples: tor
     ``rates`` (second-order terms included).
     """
     names = list(params)
-    theta = [params[n] if params[n].requires_grad else params[n].detach().requires_grad_(True)
-             for n in names]
+    theta = [
+        params[n] if params[n].requires_grad else params[n].detach().requires_grad_(True)
+        for n in names
+    ]
     with torch.enable_grad():
         for j in range(samples.shape[0]):
-            out = functional_call(model, dict(zip(names, theta)), (samples[j:j + 1],))
-            loss = soft_cross_entropy(out, F.softmax(label_logits[j:j + 1], dim=1))
+            out = functional_call(model, dict(zip(names, theta)), (samples[j : j + 1],))
+            loss = soft_cross_entropy(out, F.softmax(label_logits[j : j + 1], dim=1))
             grads = torch.autograd.grad(loss, theta, create_graph=create_graph)
             if create_graph:
                 theta = [p - rates[j] * g for p, g in zip(theta, grads)]
             else:
-                theta = [(p - rates[j] * g).detach().requires_grad_(True) for p, g in zip(theta, grads)]
+                theta = [
+                    (p - rates[j] * g).detach().requires_grad_(True) for p, g in zip(theta, grads)
+                ]
     return {n: (t if create_graph else t.detach()) for n, t in zip(names, theta)}
 
 
-def raw_loss(model: torch.nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
-             y: torch.Tensor) -> torch.Tensor:
+def raw_loss(
+    model: torch.nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
     """``L_raw`` of Algorithm 1 line 12: cross-entropy of the unrolled model on a raw batch."""
     return F.cross_entropy(functional_call(model, params, (x,)), y)
 
 
 # ----------------------------------------------------------------------------- client / server
-def client_update(model: torch.nn.Module, init: dict[str, torch.Tensor], samples: torch.Tensor,
-                  label_logits: torch.Tensor, rates: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-                  config: FlipConfig, lr: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+def client_update(
+    model: torch.nn.Module,
+    init: dict[str, torch.Tensor],
+    samples: torch.Tensor,
+    label_logits: torch.Tensor,
+    rates: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    config: FlipConfig,
+    lr: float,
+    seed: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
     """One client's local procedure (Algorithm 1): returns its new samples, label logits, rates, last loss."""
     s = samples.detach().clone().requires_grad_(True)
     lab = label_logits.detach().clone().requires_grad_(True)
@@ -149,16 +169,23 @@ def client_update(model: torch.nn.Module, init: dict[str, torch.Tensor], samples
     return s.detach(), lab.detach(), eta.detach(), last
 
 
-def aggregate(uploads: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def aggregate(
+    uploads: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eq. 4: element-wise mean over clients of samples, label logits and learning rates."""
     if not uploads:
         raise PrivkitError("aggregate needs at least one client upload; found 0")
     return tuple(torch.stack([u[c] for u in uploads]).mean(0) for c in range(3))  # type: ignore[return-value]
 
 
-def initial_distilled(k: int, num_classes: int, input_shape: tuple[int, int, int], config: FlipConfig,
-                      seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def initial_distilled(
+    k: int,
+    num_classes: int,
+    input_shape: tuple[int, int, int],
+    config: FlipConfig,
+    seed: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The server's initial distilled data: random samples, class-``j % classes`` label logits, init rates."""
     K = k * num_classes
     gen = torch_generator(seed)
@@ -169,8 +196,13 @@ def initial_distilled(k: int, num_classes: int, input_shape: tuple[int, int, int
     return samples.to(device), labels.to(device), rates.to(device)
 
 
-def final_model(model: torch.nn.Module, init: dict[str, torch.Tensor], samples: torch.Tensor,
-                label_logits: torch.Tensor, rates: torch.Tensor) -> torch.nn.Module:
+def final_model(
+    model: torch.nn.Module,
+    init: dict[str, torch.Tensor],
+    samples: torch.Tensor,
+    label_logits: torch.Tensor,
+    rates: torch.Tensor,
+) -> torch.nn.Module:
     """Eq. 5: load ``theta_init`` trained one pass over the (aggregated) samples into ``model``."""
     theta = unroll(model, init, samples, label_logits, rates, create_graph=False)
     with torch.no_grad():
@@ -180,25 +212,34 @@ def final_model(model: torch.nn.Module, init: dict[str, torch.Tensor], samples: 
 
 
 # ----------------------------------------------------------------------------- trainer
-@register_trainer("flip", FlipConfig,
-                  "FLiP: clients share distilled samples (local-global dataset distillation)",
-                  paper=PAPER, formal_dp=False,
-                  quick={"k": 1, "rounds": 3, "local_epochs": 8, "feature_dim": 32})
+@register_trainer(
+    "flip",
+    FlipConfig,
+    "FLiP: clients share distilled samples (local-global dataset distillation)",
+    paper=PAPER,
+    formal_dp=False,
+    quick={"k": 1, "rounds": 3, "local_epochs": 8, "feature_dim": 32},
+)
 def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False) -> TrainResult:
     """Run FLiP on ``federation``; the released model is Eq. 5's on the last aggregate."""
     from accountants import Ledger, NonPrivateEvent
 
     if config.min_rate > config.max_rate:
-        raise PrivkitError(f"min_rate must be <= max_rate; found {config.min_rate} > {config.max_rate}")
+        raise PrivkitError(
+            f"min_rate must be <= max_rate; found {config.min_rate} > {config.max_rate}"
+        )
     device = resolve_device(config)
     model, spec = new_model(federation, config, derive_seed(seed, "flip-init-model"))
     model.to(device)
     init = {n: t.to(device) for n, t in initial_params(model).items()}
     C = federation.num_classes
-    S, L, eta = initial_distilled(config.k, C, federation.input_shape, config,
-                                  derive_seed(seed, "flip-init-data"), device)
-    data = [(as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long))
-            for x, y in (federation.client_arrays(i) for i in range(federation.num_clients))]
+    S, L, eta = initial_distilled(
+        config.k, C, federation.input_shape, config, derive_seed(seed, "flip-init-data"), device
+    )
+    data = [
+        (as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long))
+        for x, y in (federation.client_arrays(i) for i in range(federation.num_clients))
+    ]
     active = [i for i, (_, y) in enumerate(data) if len(y)]
     if not active:
         raise PrivkitError("FLiP needs at least one client with data; found none")
@@ -207,12 +248,18 @@ def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False
     ledger = Ledger()
     for i in range(federation.num_clients):
         ledger.add(i, NonPrivateEvent(NO_DP_REASON), label="distilled data (every round)")
-    warnings = [NO_DP_REASON + " (the ledger records the shared distilled data as a non-private "
-                "release; the server sees every client's upload before averaging)"]
+    warnings = [
+        NO_DP_REASON + " (the ledger records the shared distilled data as a non-private "
+        "release; the server sees every client's upload before averaging)"
+    ]
     if len(active) < federation.num_clients:
-        warnings.append(f"{federation.num_clients - len(active)} clients hold no data and share nothing")
+        warnings.append(
+            f"{federation.num_clients - len(active)} clients hold no data and share nothing"
+        )
 
-    artifacts: dict[str, np.ndarray] = {"distilled_slot_class": (np.arange(config.k * C) % C).astype(np.int64)}
+    artifacts: dict[str, np.ndarray] = {
+        "distilled_slot_class": (np.arange(config.k * C) % C).astype(np.int64)
+    }
     eval_model, _ = new_model(federation, config, derive_seed(seed, "flip-init-model"))
     eval_model.to(device)
     rounds = []
@@ -220,6 +267,7 @@ def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False
     iterator = range(1, config.rounds + 1)
     if progress:
         from rich.progress import track
+
         iterator = track(iterator, description="flip")
     for t in iterator:
         lr = config.distill_lr * config.lr_decay ** ((t - 1) // config.lr_decay_every)
@@ -227,16 +275,23 @@ def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False
         losses = []
         for i in active:
             x, y = data[i]
-            s_i, l_i, e_i, loss = client_update(model, init, S, L, eta, x, y, config, lr,
-                                                derive_seed(seed, f"flip-client-{i}-{t}"))
+            s_i, l_i, e_i, loss = client_update(
+                model, init, S, L, eta, x, y, config, lr, derive_seed(seed, f"flip-client-{i}-{t}")
+            )
             uploads[i] = (s_i, l_i, e_i)
             losses.append(loss)
         S, L, eta = aggregate(list(uploads.values()))
         final_model(eval_model, init, S, L, eta)
         acc = accuracy(eval_model, xt, yt, device, config.eval_batch_size)
-        rounds.append({"round": t, "test_accuracy": acc, "distill_lr": lr,
-                       "mean_client_loss": float(np.mean(losses)),
-                       "mean_rate": float(eta.mean())})
+        rounds.append(
+            {
+                "round": t,
+                "test_accuracy": acc,
+                "distill_lr": lr,
+                "mean_client_loss": float(np.mean(losses)),
+                "mean_rate": float(eta.mean()),
+            }
+        )
         if config.record_every and t % config.record_every == 0 and t != config.rounds:
             _store_uploads(artifacts, uploads, suffix=f"_round_{t}")
     if uploads:
@@ -246,19 +301,36 @@ def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False
     artifacts["aggregated_y"] = F.softmax(L, dim=1).cpu().numpy().astype(np.float32)
     artifacts["aggregated_lr"] = eta.cpu().numpy().astype(np.float32)
     test_acc = accuracy(eval_model, xt, yt, device, config.eval_batch_size)
-    claims = {"epsilon": float("inf"), "delta": 1.0, "formal_dp": False,
-              "source": "FLiP (no formal DP claim; empirical attacks only, Sec. V-VI)",
-              "note": NO_DP_REASON}
-    return TrainResult(method="flip", seed=seed, config=config.model_dump(), model=eval_model,
-                       model_spec=spec, ledger=ledger, rounds=rounds, test_accuracy=test_acc,
-                       artifacts=artifacts, warnings=warnings, claims=claims)
+    claims = {
+        "epsilon": float("inf"),
+        "delta": 1.0,
+        "formal_dp": False,
+        "source": "FLiP (no formal DP claim; empirical attacks only, Sec. V-VI)",
+        "note": NO_DP_REASON,
+    }
+    return TrainResult(
+        method="flip",
+        seed=seed,
+        config=config.model_dump(),
+        model=eval_model,
+        model_spec=spec,
+        ledger=ledger,
+        rounds=rounds,
+        test_accuracy=test_acc,
+        artifacts=artifacts,
+        warnings=warnings,
+        claims=claims,
+    )
 
 
 def _store_uploads(artifacts: dict, uploads: dict, suffix: str) -> None:
     """Each client's upload: samples, soft labels (probabilities), label logits, learning rates."""
     for i, (s, lab, e) in uploads.items():
         artifacts[f"distilled_x{suffix}/client_{i}"] = s.cpu().numpy().astype(np.float32)
-        artifacts[f"distilled_y{suffix}/client_{i}"] = F.softmax(lab, dim=1).cpu().numpy().astype(np.float32)
-        artifacts[f"distilled_label_logits{suffix}/client_{i}"] = lab.cpu().numpy().astype(np.float32)
+        artifacts[f"distilled_y{suffix}/client_{i}"] = (
+            F.softmax(lab, dim=1).cpu().numpy().astype(np.float32)
+        )
+        artifacts[f"distilled_label_logits{suffix}/client_{i}"] = (
+            lab.cpu().numpy().astype(np.float32)
+        )
         artifacts[f"distilled_lr{suffix}/client_{i}"] = e.cpu().numpy().astype(np.float32)
-

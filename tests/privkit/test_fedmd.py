@@ -15,12 +15,20 @@ from accountants import NfdpSubsampleEvent, NonPrivateEvent
 from privkit.data import FederationConfig, build_federation
 from privkit.errors import PrivkitError
 from privkit.models import build_from_spec
-from privkit.trainers import TrainResult, get_trainer, train
-from privkit.trainers import fedmd
+from privkit.trainers import TrainResult, fedmd, get_trainer, train
 
-TINY = {"arch": "mlp", "feature_dim": 16, "rounds": 2, "init_epochs": 1, "pretrain_epochs": 1,
-        "public_subset": 40, "digest_epochs": 1, "revisit_epochs": 1, "revisit_batch_size": 8,
-        "device": "cpu"}
+TINY = {
+    "arch": "mlp",
+    "feature_dim": 16,
+    "rounds": 2,
+    "init_epochs": 1,
+    "pretrain_epochs": 1,
+    "public_subset": 40,
+    "digest_epochs": 1,
+    "revisit_epochs": 1,
+    "revisit_batch_size": 8,
+    "device": "cpu",
+}
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +113,9 @@ def test_ldp_noise_calibrated_to_nfdp_epsilon_by_peer_accountant(fed, knowledge,
         acc = dpa.pld.PLDAccountant(value_discretization_interval=1e-4)
         acc.compose(dpa.GaussianDpEvent(z), rounds * m_pub)
         assert acc.get_epsilon(target_delta) == pytest.approx(target_eps, rel=2e-3)
-        assert res.ledger.epsilon(target_delta, client=i, labels=["ldp predictions"]) == \
-            pytest.approx(target_eps, rel=2e-3)
+        assert res.ledger.epsilon(
+            target_delta, client=i, labels=["ldp predictions"]
+        ) == pytest.approx(target_eps, rel=2e-3)
     assert res.ledger.epsilon(0.5) == math.inf  # the party model itself is not private
 
 
@@ -167,7 +176,7 @@ def test_subset_drawn_once_revisit_uses_it_digest_uses_public(fed, monkeypatch):
     pub = {r.tobytes() for r in fed.public.x}
     assert len(calls["digest"]) == N * R
     for t in range(R):
-        round_calls = calls["digest"][t * N:(t + 1) * N]
+        round_calls = calls["digest"][t * N : (t + 1) * N]
         x0, cons0, mode = round_calls[0]
         assert mode == "argmax" and len(x0) == TINY["public_subset"]
         assert all(r.tobytes() in pub for r in x0)
@@ -179,7 +188,9 @@ def test_subset_drawn_once_revisit_uses_it_digest_uses_public(fed, monkeypatch):
 def test_np_revisits_all_private_data(fed, monkeypatch):
     seen = []
     real = fedmd.revisit
-    monkeypatch.setattr(fedmd, "revisit", lambda m, x, y, **kw: seen.append(len(y)) or real(m, x, y, **kw))
+    monkeypatch.setattr(
+        fedmd, "revisit", lambda m, x, y, **kw: seen.append(len(y)) or real(m, x, y, **kw)
+    )
     _run("fedmd-np", fed, rounds=1)
     assert seen[:3] == [len(c) for c in fed.clients]
 
@@ -189,11 +200,17 @@ def test_knowledge_modes_and_aggregation():
     rng = np.random.default_rng(0)
     logits = [rng.normal(size=(6, 4)).astype(np.float32) for _ in range(3)]
     np.testing.assert_array_equal(fedmd.share_knowledge(logits[0], "logits"), logits[0])
-    np.testing.assert_allclose(fedmd.share_knowledge(logits[0], "softmax"), softmax(logits[0], axis=1), rtol=1e-5)
+    np.testing.assert_allclose(
+        fedmd.share_knowledge(logits[0], "softmax"), softmax(logits[0], axis=1), rtol=1e-5
+    )
     votes = fedmd.share_knowledge(logits[0], "argmax")
-    assert np.array_equal(votes.argmax(1), logits[0].argmax(1)) and np.array_equal(votes.sum(1), np.ones(6))
+    assert np.array_equal(votes.argmax(1), logits[0].argmax(1)) and np.array_equal(
+        votes.sum(1), np.ones(6)
+    )
     agg = fedmd.aggregate_knowledge([fedmd.share_knowledge(l, "argmax") for l in logits])
-    np.testing.assert_allclose(agg, np.mean([fedmd.share_knowledge(l, "argmax") for l in logits], 0))
+    np.testing.assert_allclose(
+        agg, np.mean([fedmd.share_knowledge(l, "argmax") for l in logits], 0)
+    )
     noisy = np.array([[0.5, -0.2, 0.7], [-1.0, -2.0, -0.1]], np.float32)
     proj = fedmd.project_to_simplex_rows(noisy)
     np.testing.assert_allclose(proj, [[0.5 / 1.2, 0, 0.7 / 1.2], [1 / 3, 1 / 3, 1 / 3]], rtol=1e-6)
@@ -206,12 +223,18 @@ def test_knowledge_modes_and_aggregation():
 @pytest.mark.parametrize("mode", ["logits", "softmax"])
 def test_digest_moves_predictions_towards_consensus(mode):
     torch.manual_seed(0)
-    model = build_from_spec({"arch": "mlp", "input_shape": [1, 8, 8], "num_classes": 4, "feature_dim": 16})
+    model = build_from_spec(
+        {"arch": "mlp", "input_shape": [1, 8, 8], "num_classes": 4, "feature_dim": 16}
+    )
     x = np.random.default_rng(1).random((64, 1, 8, 8)).astype(np.float32)
-    teacher = build_from_spec({"arch": "mlp", "input_shape": [1, 8, 8], "num_classes": 4, "feature_dim": 32})
+    teacher = build_from_spec(
+        {"arch": "mlp", "input_shape": [1, 8, 8], "num_classes": 4, "feature_dim": 32}
+    )
     with torch.no_grad():  # a realisable consensus: another network's (sharpened) outputs
         target_logits = (teacher(torch.as_tensor(x)) * 10).numpy()
-    target = target_logits if mode == "logits" else softmax(target_logits, axis=1).astype(np.float32)
+    target = (
+        target_logits if mode == "logits" else softmax(target_logits, axis=1).astype(np.float32)
+    )
     dev = torch.device("cpu")
 
     def gap():
@@ -239,5 +262,10 @@ def test_quick_configs_registered():
         q = spec.quick_config()
         assert q["rounds"] < spec.defaults()["rounds"]
     d = get_trainer("fedmd-nfdp").defaults()
-    assert (d["rounds"], d["init_epochs"], d["digest_epochs"], d["revisit_epochs"], d["public_subset"]) == \
-        (20, 20, 2, 1, 5000)
+    assert (
+        d["rounds"],
+        d["init_epochs"],
+        d["digest_epochs"],
+        d["revisit_epochs"],
+        d["public_subset"],
+    ) == (20, 20, 2, 1, 5000)

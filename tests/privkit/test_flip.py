@@ -13,8 +13,7 @@ from torch import nn
 
 from accountants import NonPrivateEvent
 from privkit.data import FederationConfig, build_federation
-from privkit.trainers import get_trainer, train
-from privkit.trainers import flip
+from privkit.trainers import flip, get_trainer, train
 
 TINY = {"k": 1, "rounds": 2, "local_epochs": 2, "feature_dim": 8, "device": "cpu"}
 
@@ -34,7 +33,10 @@ def _problem(d=5, c=3, K=1, B=7, seed=0):
     g = torch.Generator().manual_seed(seed)
     s = torch.randn(K, d, generator=g, dtype=torch.float64)
     lab = torch.randn(K, c, generator=g, dtype=torch.float64)
-    rho = flip.raw_from_rates(torch.full((K,), 0.3, dtype=torch.float64) + 0.1 * torch.rand(K, generator=g, dtype=torch.float64))
+    rho = flip.raw_from_rates(
+        torch.full((K,), 0.3, dtype=torch.float64)
+        + 0.1 * torch.rand(K, generator=g, dtype=torch.float64)
+    )
     x = torch.randn(B, d, generator=g, dtype=torch.float64)
     y = torch.randint(0, c, (B,), generator=g)
     return s, lab, rho, x, y
@@ -59,7 +61,10 @@ def test_unrolled_gradient_matches_closed_form_one_step():
     W0, b0 = init["1.weight"].numpy(), init["1.bias"].numpy()
     sv, lv, xv, yv = s.detach().numpy()[0], lab.detach().numpy()[0], x.numpy(), y.numpy()
     eta = float(F.softplus(rho.detach())[0])
-    sm = lambda z: np.exp(z - z.max(-1, keepdims=True)) / np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)  # noqa: E731
+    sm = lambda z: (
+        np.exp(z - z.max(-1, keepdims=True))
+        / np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)
+    )
     p, q = sm(W0 @ sv + b0), sm(lv)
     gW0, gb0 = np.outer(p - q, sv), p - q  # gradient of the inner loss at theta_0
     W1, b1 = W0 - eta * gW0, b0 - eta * gb0
@@ -83,7 +88,11 @@ def test_unrolled_gradient_matches_finite_differences_two_steps():
     model = nn.Sequential(nn.Flatten(), nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
     init = flip.initial_params(model)
     s, lab, rho, x, y = _problem(4, 3, K=2, seed=3)
-    leaves = [s.clone().requires_grad_(True), lab.clone().requires_grad_(True), rho.clone().requires_grad_(True)]
+    leaves = [
+        s.clone().requires_grad_(True),
+        lab.clone().requires_grad_(True),
+        rho.clone().requires_grad_(True),
+    ]
     _loss(model, init, *leaves, x, y).backward()
     h = 1e-6
     for which, leaf in enumerate(leaves):
@@ -94,7 +103,9 @@ def test_unrolled_gradient_matches_finite_differences_two_steps():
             minus = [t.clone() for t in base]
             plus[which].view(-1)[i] += h
             minus[which].view(-1)[i] -= h
-            fd.view(-1)[i] = (_loss(model, init, *plus, x, y) - _loss(model, init, *minus, x, y)) / (2 * h)
+            fd.view(-1)[i] = (
+                _loss(model, init, *plus, x, y) - _loss(model, init, *minus, x, y)
+            ) / (2 * h)
         torch.testing.assert_close(leaf.grad, fd, rtol=1e-6, atol=1e-9)
 
 
@@ -108,7 +119,7 @@ def test_final_model_is_one_sgd_pass_over_the_samples():
     for j in range(3):
         opt = torch.optim.SGD(ref.parameters(), lr=float(eta[j]))
         opt.zero_grad()
-        flip.soft_cross_entropy(ref(s[j:j + 1]), F.softmax(lab[j:j + 1], 1)).backward()
+        flip.soft_cross_entropy(ref(s[j : j + 1]), F.softmax(lab[j : j + 1], 1)).backward()
         opt.step()
     out = flip.final_model(_linear(5, 3, seed=2), init, s, lab, eta)
     for (n, p), (_, r) in zip(out.named_parameters(), ref.named_parameters()):
@@ -119,7 +130,10 @@ def test_rates_parametrisation_and_aggregation():
     eta = torch.tensor([1e-4, 0.02, 0.5, 3.0], dtype=torch.float64)
     torch.testing.assert_close(F.softplus(flip.raw_from_rates(eta)), eta, rtol=1e-10, atol=0)
     assert flip.rates_from_raw(torch.tensor([10.0]), 0.0, 0.5).item() == 0.5  # clipped
-    ups = [(torch.full((2, 1), float(i)), torch.full((2, 3), 2.0 * i), torch.full((2,), 0.1 * i)) for i in range(3)]
+    ups = [
+        (torch.full((2, 1), float(i)), torch.full((2, 3), 2.0 * i), torch.full((2,), 0.1 * i))
+        for i in range(3)
+    ]
     S, L, E = flip.aggregate(ups)
     torch.testing.assert_close(S, torch.full((2, 1), 1.0))
     torch.testing.assert_close(L, torch.full((2, 3), 2.0))
@@ -171,7 +185,10 @@ def test_flip_run_ledger_artifacts_and_determinism(fed):
 
 def test_record_every_keeps_earlier_uploads(fed):
     r = train("flip", fed, {**TINY, "rounds": 3, "local_epochs": 1, "record_every": 1}, seed=0)
-    assert "distilled_x_round_1/client_0" in r.artifacts and "distilled_x_round_2/client_2" in r.artifacts
+    assert (
+        "distilled_x_round_1/client_0" in r.artifacts
+        and "distilled_x_round_2/client_2" in r.artifacts
+    )
     assert "distilled_x_round_3/client_0" not in r.artifacts  # the last round is under distilled_x/
 
 
