@@ -62,13 +62,34 @@ class MethodEntry(StrictModel):
 
 
 class AuditSettings(StrictModel):
-    """Membership/attribute-inference audits run on every method's released model(s)."""
+    """Membership/attribute-inference audits run on every method's released model(s).
+
+    Unset options take the audit layer's defaults (``attacks.audit_run``).
+    """
 
     enabled: bool = True
     attacks: list[str] | None = None
-    shadows: Annotated[int, Field(ge=0)] = 8
+    shadows: Annotated[int, Field(ge=2)] = 8
     executor: Literal["serial", "process", "ray"] = "serial"
+    workers: Annotated[int, Field(ge=1)] | None = None
     seed: int | None = None
+    n_audit: Annotated[int, Field(ge=10)] | None = None
+    alpha: Annotated[float, Field(gt=0, lt=1)] | None = None
+    shadow_iterations: Annotated[int, Field(ge=1)] | None = None
+    canaries: Annotated[int, Field(ge=2)] | None = None
+
+    @field_validator("shadows")
+    @classmethod
+    def _even(cls, v: int) -> int:
+        # each audited record is IN for exactly half of the shadow runs
+        if v % 2:
+            raise ValueError(f"shadows must be an even number >= 2; found {v}")
+        return v
+
+    def options(self) -> dict[str, Any]:
+        """Keyword options for ``attacks.audit_run`` that this config sets."""
+        keys = ("workers", "n_audit", "alpha", "shadow_iterations", "canaries")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
 class ReportSettings(StrictModel):
@@ -85,6 +106,8 @@ class RunConfig(StrictModel):
     seed: int = 0
     delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
     accountant: Literal["best", "basic", "advanced", "rdp", "pld"] = "best"
+    workers: Annotated[int, Field(ge=1)] = Field(
+        default=1, description="methods run in parallel in this many local processes")
     federation: FederationConfig = Field(default_factory=FederationConfig)
     methods: Annotated[list[MethodEntry], Field(min_length=1)]
     audit: AuditSettings = Field(default_factory=AuditSettings)
@@ -237,7 +260,8 @@ def stage_hashes(run: ResolvedRun, m: ResolvedMethod) -> dict[str, str]:
                    "federation": cfg.federation.model_dump(mode="json")})
     account = _hash({"train": train, "delta": cfg.delta, "accountant": cfg.accountant})
     audit = _hash({"train": train, "delta": cfg.delta, "attacks": cfg.audit.attacks,
-                   "shadows": cfg.audit.shadows,
+                   "shadows": cfg.audit.shadows, "options": {
+                       k: v for k, v in cfg.audit.options().items() if k != "workers"},
                    "seed": cfg.seed if cfg.audit.seed is None else cfg.audit.seed,
                    "enabled": cfg.audit.enabled})
     return {"train": train, "account": account, "audit": audit}
@@ -382,19 +406,21 @@ def _account_stage(run: ResolvedRun, m: ResolvedMethod, mdir: Path) -> None:
 def _audit_stage(run: ResolvedRun, m: ResolvedMethod, mdir: Path, progress: bool) -> None:
     cfg = run.config
     seed = cfg.seed if cfg.audit.seed is None else cfg.audit.seed
+    # bounds and verdict at the report's delta, so they compare with the headline epsilon
     run_audit(mdir, attacks=cfg.audit.attacks, shadows=cfg.audit.shadows,
-              executor=cfg.audit.executor, seed=seed, progress=progress)
+              executor=cfg.audit.executor, seed=seed, progress=progress, delta=cfg.delta,
+              **cfg.audit.options())
 
 
 def run_audit(run_dir: Path, *, attacks: list[str] | None, shadows: int, executor: str, seed: int,
-              progress: bool) -> dict:
+              progress: bool, **options: Any) -> dict:
     """Call the audit layer (``attacks.audit_run``), which writes ``audit.json``."""
     try:
         from attacks import audit_run
     except ImportError as exc:
         raise PrivkitError(f"the audit layer is not available: {exc}") from exc
     return audit_run(run_dir, attacks=attacks, shadows=shadows, executor=executor, seed=seed,
-                     progress=progress)
+                     progress=progress, **options)
 
 
 # ---------------------------------------------------------------------------------- orchestration
@@ -416,8 +442,11 @@ def run_pipeline(run: ResolvedRun, out: str | Path = "runs", *, progress: bool =
 
     Stages already complete for the same config are skipped. A failing stage is recorded in
     ``status.json`` and the report; later stages of that method are skipped, other methods go on.
+    With ``workers > 1`` methods run in parallel local processes (one torch thread each);
+    ``status.json`` is written by this process only.
     """
     from privkit.data import build_federation
+    from reports import atomic_write_text, write_report
 
     say = log or (lambda msg: None)
     t_start = time.perf_counter()
@@ -429,8 +458,6 @@ def run_pipeline(run: ResolvedRun, out: str | Path = "runs", *, progress: bool =
     root = Path(out) / cfg.name
     root.mkdir(parents=True, exist_ok=True)
     atomic_write_json(root / "config.resolved.json", run.to_dict())
-    from reports import atomic_write_text
-
     atomic_write_text(root / "federation.json", json.dumps(federation.to_dict()))
     atomic_write_json(root / "dataset.json", federation.summary())
     status = Status(root / "status.json", cfg.name)
@@ -438,15 +465,17 @@ def run_pipeline(run: ResolvedRun, out: str | Path = "runs", *, progress: bool =
     status.data["methods"] = {k: v for k, v in status.data["methods"].items()
                               if k in {m.key for m in run.methods}}
     status.save()
-    failures: list[str] = []
-    n = len(run.methods)
-    for i, m in enumerate(run.methods, 1):
-        failures += _run_method(run, m, federation, root, status, progress,
-                                lambda msg, i=i: say(f"[{i}/{n}] {msg}"))
-    report = build_report(root, command=command,
-                          wall_seconds=time.perf_counter() - t_start)
-    from reports import write_report
-
+    plans = [_MethodPlan(run, m, root, status, say=_prefixed(say, i, len(run.methods)))
+             for i, m in enumerate(run.methods, 1)]
+    if cfg.workers > 1 and len(plans) > 1:
+        _run_parallel(plans, cfg.workers)
+    else:
+        _FEDERATIONS[str(root / "federation.json")] = federation
+        for plan in plans:
+            while (stage := plan.next_stage()) is not None:
+                plan.record(stage, _execute(run, plan.m, stage, str(root), progress))
+    failures = [f for plan in plans for f in plan.failures]
+    report = build_report(root, command=command, wall_seconds=time.perf_counter() - t_start)
     paths = write_report(report, root, formats=cfg.report.formats)
     status.data["report"] = {"state": "done", "updated": _now(),
                              "files": {k: str(p.name) for k, p in paths.items()}}
@@ -455,47 +484,117 @@ def run_pipeline(run: ResolvedRun, out: str | Path = "runs", *, progress: bool =
                       seconds=time.perf_counter() - t_start)
 
 
-def _run_method(run: ResolvedRun, m: ResolvedMethod, federation, root: Path, status: Status,
-                progress: bool, say: Log) -> list[str]:
-    hashes = stage_hashes(run, m)
-    mdir = root / m.key
-    failures: list[str] = []
-    blocked: str | None = None
-    required = {"train": mdir / "train.json", "account": mdir / "privacy.json",
-                "audit": mdir / "audit.json"}
-    actions = {"train": lambda: _train_stage(run, m, federation, mdir, progress),
-               "account": lambda: _account_stage(run, m, mdir),
-               "audit": lambda: _audit_stage(run, m, mdir, progress)}
-    for stage in STAGES:
-        digest = hashes[stage]
-        if blocked is not None:
-            status.set(m.key, m.method, stage, "skipped", digest, error=f"{blocked} failed")
-            continue
-        if stage == "audit" and not run.config.audit.enabled:
-            status.set(m.key, m.method, stage, "skipped", digest, error="audits disabled in config")
-            continue
-        if status.is_done(m.key, stage, digest) and required[stage].is_file():
-            say(f"{m.key}: {stage} already done, skipped")
-            continue
-        say(f"{m.key}: {stage} ...")
-        t0 = time.perf_counter()
-        try:
-            actions[stage]()
-        except Exception as exc:  # record and go on; KeyboardInterrupt stops the run
-            err = f"{type(exc).__name__}: {_one_line(exc)}"
-            status.set(m.key, m.method, stage, "failed", digest, error=err,
-                       seconds=time.perf_counter() - t0)
-            mdir.mkdir(parents=True, exist_ok=True)
-            with open(mdir / "errors.log", "a") as fh:
-                fh.write(f"--- {_now()} {stage}\n{traceback.format_exc()}\n")
-            say(f"{m.key}: {stage} FAILED: {err}")
-            failures.append(f"{m.key}/{stage}: {err}")
-            blocked = stage
-            continue
-        dt = time.perf_counter() - t0
-        status.set(m.key, m.method, stage, "done", digest, seconds=dt)
-        say(f"{m.key}: {stage} done in {dt:.1f} s")
-    return failures
+def _prefixed(say: Log, i: int, n: int) -> Log:
+    return lambda msg: say(f"[{i}/{n}] {msg}")
+
+
+class _MethodPlan:
+    """Which stage of one method runs next (skipping completed ones) and what came of it."""
+
+    def __init__(self, run: ResolvedRun, m: ResolvedMethod, root: Path, status: Status, say: Log):
+        self.run, self.m, self.status, self.say = run, m, status, say
+        self.mdir = root / m.key
+        self.hashes = stage_hashes(run, m)
+        self.todo = list(STAGES)
+        self.blocked: str | None = None
+        self.failures: list[str] = []
+        self.required = {"train": self.mdir / "train.json", "account": self.mdir / "privacy.json",
+                         "audit": self.mdir / "audit.json"}
+
+    def next_stage(self) -> str | None:
+        m = self.m
+        while self.todo:
+            stage = self.todo.pop(0)
+            digest = self.hashes[stage]
+            if self.blocked is not None:
+                self.status.set(m.key, m.method, stage, "skipped", digest,
+                                error=f"{self.blocked} failed")
+            elif stage == "audit" and not self.run.config.audit.enabled:
+                self.status.set(m.key, m.method, stage, "skipped", digest,
+                                error="audits disabled in config")
+            elif self.status.is_done(m.key, stage, digest) and self.required[stage].is_file():
+                self.say(f"{m.key}: {stage} already done, skipped")
+            else:
+                self.say(f"{m.key}: {stage} ...")
+                return stage
+        return None
+
+    def record(self, stage: str, outcome: tuple[str | None, str, float]) -> None:
+        error, trace, seconds = outcome
+        m = self.m
+        if error is None:
+            self.status.set(m.key, m.method, stage, "done", self.hashes[stage], seconds=seconds)
+            self.say(f"{m.key}: {stage} done in {seconds:.1f} s")
+            return
+        self.status.set(m.key, m.method, stage, "failed", self.hashes[stage], error=error,
+                        seconds=seconds)
+        self.mdir.mkdir(parents=True, exist_ok=True)
+        with open(self.mdir / "errors.log", "a") as fh:
+            fh.write(f"--- {_now()} {stage}\n{trace}\n")
+        self.say(f"{m.key}: {stage} FAILED: {error}")
+        self.failures.append(f"{m.key}/{stage}: {error}")
+        self.blocked = stage
+
+
+_FEDERATIONS: dict[str, Any] = {}  # per process: the run's federation, loaded once
+
+
+def _execute(run: ResolvedRun, m: ResolvedMethod, stage: str, root: str,
+             progress: bool) -> tuple[str | None, str, float]:
+    """Run one stage; returns (error or None, traceback, seconds). KeyboardInterrupt propagates."""
+    from privkit.data import Federation
+
+    t0 = time.perf_counter()
+    mdir = Path(root) / m.key
+    try:
+        if stage == "train":
+            path = str(Path(root) / "federation.json")
+            if path not in _FEDERATIONS:
+                _FEDERATIONS[path] = Federation.load(path)
+            _train_stage(run, m, _FEDERATIONS[path], mdir, progress)
+        elif stage == "account":
+            _account_stage(run, m, mdir)
+        else:
+            _audit_stage(run, m, mdir, progress)
+    except Exception as exc:  # recorded; the other methods go on
+        return f"{type(exc).__name__}: {_one_line(exc)}", traceback.format_exc(), \
+            time.perf_counter() - t0
+    return None, "", time.perf_counter() - t0
+
+
+def _execute_in_worker(args: tuple) -> tuple[str | None, str, float]:
+    import torch
+
+    torch.set_num_threads(1)  # the workers share the cores between them
+    return _execute(*args, progress=False)
+
+
+def _run_parallel(plans: list[_MethodPlan], workers: int) -> None:
+    """Run stages of different methods in ``workers`` processes; a method's stages stay in order."""
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from multiprocessing import get_context
+
+    waiting = list(plans)
+    running: dict = {}
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        while waiting or running:
+            while waiting and len(running) < workers:
+                plan = waiting.pop(0)
+                stage = plan.next_stage()
+                if stage is not None:
+                    args = (plan.run, plan.m, stage, str(plan.mdir.parent))
+                    running[pool.submit(_execute_in_worker, args)] = (plan, stage)
+            if not running:
+                continue
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                plan, stage = running.pop(fut)
+                try:
+                    outcome = fut.result()
+                except Exception as exc:  # a crashed worker process fails that stage only
+                    outcome = (f"{type(exc).__name__}: {_one_line(exc)}", traceback.format_exc(), 0.0)
+                plan.record(stage, outcome)
+                waiting.insert(0, plan)  # continue this method first (its files are warm)
 
 
 # ---------------------------------------------------------------------------------- report
@@ -556,69 +655,100 @@ def _neighbouring_text(relations: set[str]) -> str:
         " (per method, as recorded in its ledger)" if len(relations) > 1 else "")
 
 
-def _method_report(key: str, info: dict, st: dict, mdir: Path, delta: float):
-    """Build one :class:`reports.MethodReport` from a method's run directory and status."""
-    from reports import (AuditSummary, MethodReport, PrivacyAccounting, ReportWarning,
-                         StageStatus, Utility, Verdict)
+def _method_report(key: str, info: dict, st: dict, mdir: Path):
+    """Build one :class:`reports.MethodReport` from a method's run directory and status.
+
+    A file that cannot be read becomes a warning on that method; the report is still written.
+    """
+    from reports import MethodReport, ReportWarning, StageStatus, Verdict
 
     stages = {s: StageStatus(state=(st.get(s) or {}).get("state", "pending"),
                              error=(st.get(s) or {}).get("error"),
                              seconds=(st.get(s) or {}).get("seconds")) for s in STAGES}
-
-    def usable(stage: str, path: Path) -> bool:
-        # with a status file, only results of completed stages; without one, whatever exists
-        return path.is_file() and (not st or stages[stage].state == "done")
-
-    utility = privacy = audit = verdict = None
+    parts: dict[str, Any] = {"utility": None, "privacy": None, "audit": None}
     warnings: list = []
-    if usable("train", mdir / "metrics.json"):
-        met = _read_json(mdir / "metrics.json")
-        utility = Utility(test_accuracy=_num(met.get("test_accuracy")),
-                          client_accuracy=[_num(a) for a in met.get("client_accuracy", [])],
-                          rounds=[r for r in met.get("rounds", []) if "round" in r])
-        meta = _read_json(mdir / "train.json")
-        warnings += [ReportWarning(code=classify_warning(w), message=w, source="trainer")
-                     for w in meta.get("warnings", [])]
-    if usable("account", mdir / "privacy.json"):
-        p = _read_json(mdir / "privacy.json")
-        s = p["summary"]
-        privacy = PrivacyAccounting(
-            delta=p["delta"], accountants=list(s.get("worst", {})) or ["best"],
-            primary_accountant=p.get("accountant", "best"), worst=s.get("worst", {}),
-            clients=s.get("clients", {}), epsilon_over_rounds=p.get("epsilon_over_rounds", []),
-            neighbouring=p.get("neighbouring", []), labels=p.get("labels", []),
-            claim=p.get("claim"), epsilon_at_claim_delta=p.get("epsilon_at_claim_delta"),
-            errors=p.get("errors", {}))
-        claim = p.get("claim") or {}
-        cd = claim.get("delta")
-        n_min = info.get("min_client_size")
-        if isinstance(cd, (int, float)) and n_min and cd >= 1.0 / n_min and not any(
-                w.code == "delta_ge_1_over_n" for w in warnings):
-            warnings.append(ReportWarning(
-                code="delta_ge_1_over_n", source="pipeline",
-                message=f"the paper's delta = {cd:.3g} >= 1/n = {1.0 / n_min:.3g} (smallest client, "
-                        f"n = {n_min}): such a guarantee allows publishing a record in the clear"))
-    if usable("audit", mdir / "audit.json"):
-        a = _read_json(mdir / "audit.json")
-        known = {"attacks", "attribute", "accounted_epsilon", "delta", "shadows", "verdict",
-                 "schema_version", "method"}
-        audit = AuditSummary(attacks=a.get("attacks") or {}, attribute=a.get("attribute") or {},
-                             accounted_epsilon=_num(a.get("accounted_epsilon")),
-                             delta=a.get("delta"), shadows=a.get("shadows"),
-                             verdict=a.get("verdict"),
-                             extra={k: v for k, v in a.items() if k not in known})
-        verdict = audit.verdict
-        for name, res in audit.attacks.items():
-            if res.error:
-                warnings.append(ReportWarning(code="other", source="audit",
-                                              message=f"attack {name} failed: {res.error}"))
+    readers = (("train", "metrics.json", "utility", _read_utility),
+               ("account", "privacy.json", "privacy", _read_privacy),
+               ("audit", "audit.json", "audit", _read_audit))
+    for stage, fname, part, reader in readers:
+        path = mdir / fname
+        # with a status file, only results of completed stages; without one, whatever exists
+        if not path.is_file() or (st and stages[stage].state != "done"):
+            continue
+        try:
+            parts[part] = reader(mdir, info, warnings)
+        except Exception as exc:  # a damaged file must not cost the whole report
+            warnings.append(ReportWarning(code="other", source="report",
+                                          message=f"{fname} could not be read: {_one_line(exc)}"))
+    audit = parts["audit"]
+    verdict = audit.verdict if audit is not None else None
     if verdict is None and not info.get("formal_dp", True):
         verdict = Verdict(status="no-formal-guarantee", message="the method makes no formal DP claim")
     return MethodReport(name=key, method=info.get("method", key), summary=info.get("summary", ""),
                         paper=info.get("paper"), formal_dp=info.get("formal_dp", True),
                         seed=info.get("seed", 0), config=info.get("trainer", {}),
-                        quick=info.get("quick", False), utility=utility, privacy=privacy,
-                        audit=audit, verdict=verdict, warnings=warnings, stages=stages)
+                        quick=info.get("quick", False), utility=parts["utility"],
+                        privacy=parts["privacy"], audit=audit, verdict=verdict,
+                        warnings=warnings, stages=stages)
+
+
+def _read_utility(mdir: Path, info: dict, warnings: list):
+    from reports import ReportWarning, Utility
+
+    met = _read_json(mdir / "metrics.json")
+    meta = _read_json(mdir / "train.json")
+    warnings += [ReportWarning(code=classify_warning(w), message=w, source="trainer")
+                 for w in meta.get("warnings", [])]
+    return Utility(test_accuracy=_num(met.get("test_accuracy")),
+                   client_accuracy=[_num(a) for a in met.get("client_accuracy", [])],
+                   rounds=[r for r in met.get("rounds", []) if "round" in r])
+
+
+def _read_privacy(mdir: Path, info: dict, warnings: list):
+    from reports import PrivacyAccounting, ReportWarning
+
+    p = _read_json(mdir / "privacy.json")
+    s = p["summary"]
+    claim = p.get("claim") or {}
+    cd = claim.get("delta")
+    n_min = info.get("min_client_size")
+    if isinstance(cd, (int, float)) and n_min and cd >= 1.0 / n_min and not any(
+            w.code == "delta_ge_1_over_n" for w in warnings):
+        warnings.append(ReportWarning(
+            code="delta_ge_1_over_n", source="pipeline",
+            message=f"the paper's delta = {cd:.3g} >= 1/n = {1.0 / n_min:.3g} (smallest client, "
+                    f"n = {n_min}): such a guarantee allows publishing a record in the clear"))
+    return PrivacyAccounting(
+        delta=p["delta"], accountants=list(s.get("worst", {})) or ["best"],
+        primary_accountant=p.get("accountant", "best"), worst=s.get("worst", {}),
+        clients=s.get("clients", {}), epsilon_over_rounds=p.get("epsilon_over_rounds", []),
+        neighbouring=p.get("neighbouring", []), labels=p.get("labels", []),
+        claim=p.get("claim"), epsilon_at_claim_delta=p.get("epsilon_at_claim_delta"),
+        errors=p.get("errors", {}))
+
+
+def _read_audit(mdir: Path, info: dict, warnings: list):
+    from reports import AuditSummary, ReportWarning
+
+    a = _read_json(mdir / "audit.json")
+    known = {"attacks", "attribute", "accounted_epsilon", "delta", "shadows", "verdict",
+             "schema_version", "method"}
+
+    def clean(entries: dict | None) -> dict:  # tracebacks stay in audit.json, not the report
+        return {k: {f: v for f, v in e.items() if f != "traceback"} for k, e in (entries or {}).items()}
+
+    audit = AuditSummary(attacks=clean(a.get("attacks")), attribute=clean(a.get("attribute")),
+                         accounted_epsilon=_num(a.get("accounted_epsilon")), delta=a.get("delta"),
+                         shadows=a.get("shadows"), verdict=a.get("verdict"),
+                         extra={k: v for k, v in a.items() if k not in known})
+    for name, res in audit.attacks.items():
+        if res.error:
+            warnings.append(ReportWarning(code="other", source="audit",
+                                          message=f"attack {name} failed: {res.error}"))
+    if a.get("shadow_error"):
+        warnings.append(ReportWarning(code="other", source="audit",
+                                      message=f"shadow training failed: {a['shadow_error']}"))
+    return audit
 
 
 def _num(x: Any) -> float | None:
@@ -656,7 +786,7 @@ def build_report(root: str | Path, *, command: str | None = None,
     for rm in resolved.get("resolved_methods", []):
         info = {**rm, "min_client_size": n_min}
         st = (status.get("methods", {}).get(rm["key"]) or {}).get("stages", {})
-        methods.append(_method_report(rm["key"], info, st, root / rm["key"], resolved["delta"]))
+        methods.append(_method_report(rm["key"], info, st, root / rm["key"]))
     delta = resolved["delta"]
     warnings = []
     if n_min and delta >= 1.0 / n_min:
@@ -669,6 +799,14 @@ def build_report(root: str | Path, *, command: str | None = None,
                    if a.confidence is not None}
     audit_cfg = resolved.get("audit", {})
     seed = resolved.get("seed", 0)
+    audit_notes: list[str] = []
+    for m in methods:  # the audit layer states its design in every audit.json
+        for k, v in ((m.audit.extra.get("assumptions") or {}) if m.audit else {}).items():
+            label = {"audit_points": "Audit points", "shadows": "Shadow models",
+                     "bound": "Empirical bounds"}.get(k, k)
+            note = f"{label}: {v}."
+            if k in ("audit_points", "shadows", "bound") and note not in audit_notes:
+                audit_notes.append(note)
     threat = ThreatModel(
         neighbouring=_neighbouring_text(relations), delta=delta,
         accountants=["basic", "advanced", "rdp", "pld", "best"],
@@ -684,6 +822,7 @@ def build_report(root: str | Path, *, command: str | None = None,
             "ledger; empirical epsilons are statistical lower bounds from the audits.",
             "Audits attack the released model(s) only, with the shadow models trained by the same "
             "recipe on records disjoint from the target's.",
+            *audit_notes,
         ])
     meta = RunMetadata(
         name=resolved["name"], created=_now(), privkit_version=privkit.__version__,

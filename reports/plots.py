@@ -159,7 +159,8 @@ def roc_figure(method: MethodReport) -> Figure | None:
     if method.audit is None:
         return None
     curves = [(n, a) for n, a in method.audit.attacks.items()
-              if not a.error and len(a.roc.fpr) > 1 and len(a.roc.fpr) == len(a.roc.tpr)]
+              if not a.error and a.roc is not None and len(a.roc.fpr) > 1
+              and len(a.roc.fpr) == len(a.roc.tpr)]
     if not curves:
         return None
     fig = _new_figure(4.6, 4.0)

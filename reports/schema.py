@@ -187,7 +187,7 @@ class PrivacyAccounting(_Strict):
         return min(finite) if finite else None
 
 
-class Roc(_Strict):
+class Roc(_Open):
     fpr: list[float] = Field(default_factory=list)
     tpr: list[float] = Field(default_factory=list)
 
@@ -198,14 +198,14 @@ class AttackResult(_Open):
     auc: float | None = None
     balanced_accuracy: float | None = None
     advantage: float | None = None
-    tpr_at_fpr: dict[str, float | None] = Field(default_factory=dict)
+    tpr_at_fpr: dict[str, float | None] | None = Field(default_factory=dict)
     epsilon_lower_bound: float | None = None
     ceiling: float | None = Field(default=None,
                                   description="largest lower bound this many trials can show")
     confidence: float | None = None
     delta: float | None = None
     n_trials: int | None = None
-    roc: Roc = Field(default_factory=Roc)
+    roc: Roc | None = Field(default_factory=Roc)
     notes: str | None = None
     error: str | None = None
 
@@ -221,7 +221,9 @@ class AttributeResult(_Open):
     error: str | None = None
 
 
-class Verdict(_Strict):
+class Verdict(_Open):
+    """The audit's conclusion; extra keys (e.g. which attack decided it) are kept."""
+
     status: VerdictStatus
     message: str = ""
 

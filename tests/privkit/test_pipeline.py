@@ -70,7 +70,7 @@ for _name in ("tiny-dp", "tiny-other"):
                          quick={"epochs": 1})(_tiny(_name))
 
 
-def fake_audit(run_dir, *, attacks, shadows, executor, seed, progress):
+def fake_audit(run_dir, *, attacks, shadows, executor, seed, progress, **options):
     """Writes an audit.json in the contract's format (the real audit layer is tested elsewhere)."""
     CALLS["audit"] = CALLS.get("audit", 0) + 1
     run_dir = Path(run_dir)
@@ -110,7 +110,7 @@ clients = 4
 partition = "iid"
 
 [audit]
-shadows = 1
+shadows = 2
 
 [[methods]]
 name = "tiny-dp"
@@ -157,7 +157,7 @@ def test_tiny_end_to_end(tmp_path):
     assert [w.code for w in dp.warnings] == ["data_dependent_scaling"]
     assert math.isinf(report.method("tiny-other").privacy.epsilon)
     assert report.dataset.client_sizes and len(report.dataset.client_sizes) == 4
-    assert report.threat_model.shadows == 1 and report.threat_model.confidence == 0.95
+    assert report.threat_model.shadows == 2 and report.threat_model.confidence == 0.95
     assert report.metadata.seeds["method:tiny-dp"] == 3
     status = json.loads((root / "status.json").read_text())
     assert {s["state"] for m in status["methods"].values() for s in m["stages"].values()} == {"done"}
@@ -262,7 +262,7 @@ def test_bad_config_fails_before_any_work(tmp_path, tail, needle):
 @pytest.mark.parametrize("override, needle", [
     ("delta=1.5", "delta"),
     ("federation.dataset=nope", "federation.dataset must be one of"),
-    ("audit.shadows=-1", "audit.shadows"),
+    ("audit.shadows=3", "shadows must be an even number"),
     ("name=../evil", "name must be"),
     ("federation.partition=zipf", "federation.partition"),
 ])
