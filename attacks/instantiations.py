@@ -98,7 +98,7 @@ def soft_label_artifacts(client_models: list, fed, max_points: int = 512) -> dic
         return {}
     x, _ = fed.public_arrays("distill")
     x = x[:max_points]
-    return {f"party_soft_labels/client_{i}": probabilities(model_logits(m, x)).astype(np.float32)
+    return {f"party_predictions/client_{i}": probabilities(model_logits(m, x)).astype(np.float32)
             for i, m in enumerate(client_models)}
 
 
