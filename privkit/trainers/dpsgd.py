@@ -61,13 +61,33 @@ def _loader(x, y, batch_size: int, seed: int) -> DataLoader:
     return DataLoader(ds, batch_size=batch_size, shuffle=True, generator=torch_generator(seed))
 
 
+def _run_epochs(private, dp_opt, dp_loader, loss_fn, epochs, model, federation, device) -> tuple[int, list[dict]]:
+    """opacus' training loop; returns (steps taken, per-epoch metrics)."""
+    x_test, y_test = federation.test_arrays()
+    rounds, done = [], 0
+    for epoch in epochs:
+        total, count = 0.0, 0
+        for xb, yb in dp_loader:
+            xb, yb = xb.to(device), yb.to(device)
+            dp_opt.zero_grad(set_to_none=True)
+            if len(yb):  # an empty Poisson batch still takes a (noise-only) step
+                loss = loss_fn(private(xb), yb)
+                loss.backward()
+                total, count = total + float(loss.detach()) * len(yb), count + len(yb)
+            dp_opt.step()
+            done += 1
+        rounds.append({"round": epoch, "test_accuracy": accuracy(model, x_test, y_test, device),
+                       "loss": total / max(count, 1), "steps": done})
+    return done, rounds
+
+
 @register_trainer("dpsgd", DpsgdConfig, "Centralised DP-SGD on the pooled client data (opacus, Poisson "
                   "sampling), noise given or calibrated to a target (epsilon, delta)", paper=PAPER,
                   formal_dp=True, quick={"epochs": 3, "width": 8, "feature_dim": 32, "lr": 0.5,
                                          "batch_size": 128})
 def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = False) -> TrainResult:
     """Centralised DP-SGD with opacus; see the module docstring for the ledger."""
-    from accountants import Ledger, calibrate_noise_multiplier, dpsgd_event
+    from accountants import Ledger, calibrate_noise_multiplier, dpsgd_epsilon, dpsgd_event
     from opacus import PrivacyEngine
 
     device = resolve_device(config)
@@ -93,9 +113,9 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
         notes.append(f"noise multiplier {sigma:g} given; target_epsilon not used")
 
     optimizer = make_optimizer(model.parameters(), config.optimizer, config.lr)
-    engine = PrivacyEngine(accountant="rdp")
     with _warnings.catch_warnings():  # opacus warns about secure_mode=False (we seed on purpose)
         _warnings.simplefilter("ignore")
+        engine = PrivacyEngine(accountant="rdp")
         private, dp_opt, dp_loader = engine.make_private(
             module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=sigma,
             max_grad_norm=config.clip_norm, poisson_sampling=True,
@@ -103,27 +123,16 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
     if abs(dp_loader.sample_rate - sample_rate) > 1e-12:
         raise PrivkitError(f"opacus sample rate {dp_loader.sample_rate} differs from the accounted {sample_rate}")
 
-    x_test, y_test = federation.test_arrays()
-    rounds, done = [], 0
     epochs = range(1, config.epochs + 1)
     if progress:
         from rich.progress import track
 
         epochs = track(epochs, description="dpsgd epochs")
     loss_fn = torch.nn.CrossEntropyLoss()
-    for epoch in epochs:
-        total, count = 0.0, 0
-        for xb, yb in dp_loader:
-            xb, yb = xb.to(device), yb.to(device)
-            dp_opt.zero_grad(set_to_none=True)
-            if len(yb):
-                loss = loss_fn(private(xb), yb)
-                loss.backward()
-                total, count = total + float(loss.detach()) * len(yb), count + len(yb)
-            dp_opt.step()
-            done += 1
-        rounds.append({"round": epoch, "test_accuracy": accuracy(model, x_test, y_test, device),
-                       "loss": total / max(count, 1), "sigma": sigma, "steps": done})
+    with _warnings.catch_warnings():
+        # opacus' hooks on the first layer: inputs need no grad; harmless, one line per step
+        _warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        done, rounds = _run_epochs(private, dp_opt, dp_loader, loss_fn, epochs, model, federation, device)
     if done != steps:
         raise PrivkitError(f"ran {done} DP-SGD steps but accounted {steps}")
 
@@ -140,6 +149,10 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
     claims = {"noise_multiplier": sigma, "sample_rate": sample_rate, "steps": steps, "delta": config.delta,
               "target_epsilon": config.target_epsilon if config.noise_multiplier is None else None,
               "source": "DP-SGD (Abadi et al. 2016), accounted by privkit"}
+    for row in rounds:  # epsilon after each epoch (RDP, as the ledger's rdp accountant)
+        row["sigma"] = sigma
+        row["epsilon"] = dpsgd_epsilon(sample_rate, sigma, row["steps"], config.delta, accountant="rdp")
+    x_test, y_test = federation.test_arrays()
     return TrainResult(method="dpsgd", seed=seed, config=config.model_dump(), model=released, model_spec=spec,
                        ledger=ledger, rounds=rounds, test_accuracy=accuracy(released, x_test, y_test, device),
                        warnings=warns, claims=claims)

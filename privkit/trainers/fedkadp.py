@@ -35,11 +35,12 @@ Metric treats terms that are undefined in the first rounds (see :func:`feedback_
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
+import functools
 import logging
 import math
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -204,9 +205,10 @@ def paper_epsilon(sigmas: list[float], sample_rate: float, local_steps: int, del
     """
     if not sigmas:
         return 0.0, 2
+    counts = collections.Counter(float(s) for s in sigmas)  # rounds with equal sigma cost the same
     best = (math.inf, 2)
     for alpha in range(2, max_order + 1):
-        eps = sum(paper_round_rdp(alpha, sample_rate, s, local_steps, n) for s in sigmas)
+        eps = sum(c * paper_round_rdp(alpha, sample_rate, s, local_steps, n) for s, c in counts.items())
         eps += math.log(1.0 / delta) / (alpha - 1)
         best = min(best, (eps, alpha))
     return best
@@ -287,34 +289,56 @@ def quiet_absl():
         logger.setLevel(level)
 
 
-@dataclass
+@functools.lru_cache(maxsize=256)
+def _rdp_curve(sample_rate: float, noise_multiplier: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """dp-accounting's RDP curve (orders, values) of ``steps`` Poisson-subsampled Gaussian steps.
+
+    Cached: the same (q, sigma, E) recurs every round for every client with the same data size,
+    and one evaluation costs 0.05-0.4 s. RDP composes by adding curves over the same orders.
+    """
+    import dp_accounting as dpa
+
+    from accountants import dpsgd_event
+
+    acc = dpa.rdp.RdpAccountant()
+    with quiet_absl():
+        acc.compose(dpsgd_event(sample_rate, noise_multiplier, steps))
+    # dp-accounting exposes no public getter for the curve; tests pin the sum of these curves
+    # against Ledger.epsilon(accountant="rdp") so a change of this attribute cannot go unnoticed.
+    return np.asarray(acc._orders, dtype=float), np.asarray(acc._rdp, dtype=float)
+
+
 class _Budget:
-    """Per-client dp-accounting accountants, composed round by round for the budget check."""
+    """Per-client epsilon of the events released so far, for the check before each round.
 
-    accountant: str
-    delta: float
+    ``rdp``: RDP curves added per client (dp-accounting's orders and conversion, identical to the
+    ledger's rdp accountant). ``pld``: one dp-accounting PLD accountant per client, composed round
+    by round (pessimistic, an upper bound).
+    """
 
-    def __post_init__(self) -> None:
-        self.acc: dict[int, object] = {}
+    def __init__(self, accountant: str, delta: float) -> None:
+        self.accountant, self.delta = accountant, delta
+        self.state: dict[int, object] = {}
         self.eps: dict[int, float] = {}
 
-    def _new(self):
+    def would_be(self, client: int, sample_rate: float, noise_multiplier: float, steps: int) -> tuple[object, float]:
+        """(state, epsilon) of ``client`` if it took part in one more round with these parameters."""
         import dp_accounting as dpa
 
         if self.accountant == "rdp":
-            return dpa.rdp.RdpAccountant()
-        from accountants import PLD_VDI
+            orders, curve = _rdp_curve(float(sample_rate), float(noise_multiplier), int(steps))
+            total = curve + self.state[client] if client in self.state else curve
+            eps, _ = dpa.rdp.rdp_privacy_accountant.compute_epsilon(orders, total, self.delta)
+            return total, float(eps)
+        from accountants import PLD_VDI, dpsgd_event
 
-        return dpa.pld.PLDAccountant(value_discretization_interval=PLD_VDI)
+        acc = (copy.deepcopy(self.state[client]) if client in self.state
+               else dpa.pld.PLDAccountant(value_discretization_interval=PLD_VDI))
+        acc.compose(dpsgd_event(sample_rate, noise_multiplier, steps))
+        return acc, float(acc.get_epsilon(self.delta))
 
-    def would_be(self, client: int, event) -> tuple[object, float]:
-        acc = copy.deepcopy(self.acc[client]) if client in self.acc else self._new()
-        with quiet_absl():
-            acc.compose(event)
-            return acc, float(acc.get_epsilon(self.delta))
-
-    def commit(self, client: int, acc: object, eps: float) -> None:
-        self.acc[client], self.eps[client] = acc, eps
+    def commit(self, client: int, state: object, eps: float) -> None:
+        self.state[client], self.eps[client] = state, eps
 
     @property
     def worst(self) -> float:
@@ -394,7 +418,7 @@ def _run(federation, cfg: DpFedConfig, seed: int, *, method: str, distill: bool,
         pending = {}
         for k in sampled:
             ev = dpsgd_event(rates[k], sigma, cfg.local_steps)
-            pending[int(k)] = (ev, *budget.would_be(int(k), ev))
+            pending[int(k)] = (ev, *budget.would_be(int(k), rates[k], sigma, cfg.local_steps))
         would = max(e for _, _, e in pending.values())
         if would > cfg.target_epsilon:
             stop = (f"stopped before round {t}: it would bring a client to epsilon {would:.4g} > "
