@@ -1,0 +1,170 @@
+"""Trainers I end to end on a small federation: ledgers, artifacts, determinism, persistence."""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting as dpa
+import numpy as np
+import pytest
+import torch
+from dp_accounting import gaussian_mechanism
+
+from accountants import NonPrivateEvent
+from privkit.data import FederationConfig, build_federation
+from privkit.trainers import TrainResult, get_trainer, train
+from privkit.trainers.heads import head_to_linear
+from privkit.trainers.pretrain import clear_cache
+
+TINY = {"arch": "mlp", "feature_dim": 32, "pretrain_epochs": 1, "student_epochs": 1}
+FED_TINY = {"rounds": 2, "participation": 1.0, "distill_epochs": 1}
+
+
+@pytest.fixture(scope="module")
+def fed():
+    base = build_federation(FederationConfig(clients=4, alpha=0.01, seed=3))
+    pool = np.concatenate(base.clients)
+    y = base.private.y[pool]
+    # two single-class clients (common at alpha=0.01) and two mixed ones, 60 records each
+    clients = [pool[y == 0][:60], pool[y == 1][:60], pool[y >= 2][:60], pool[y >= 2][60:120]]
+    return base.with_clients(clients, "tiny")
+
+
+def quick(method: str, **extra) -> dict:
+    spec = get_trainer(method)
+    cfg = spec.quick_config()
+    cfg.update({k: v for k, v in {**TINY, **FED_TINY}.items() if k in spec.config_cls.model_fields})
+    cfg.update(extra)
+    return cfg
+
+
+def classic_multiplier(eps: float, delta: float) -> float:
+    # sigma / sensitivity of the classic Gaussian mechanism (Dwork & Roth Thm A.1)
+    return math.sqrt(2 * math.log(1.25 / delta)) / eps
+
+
+def test_fixture_has_single_class_clients(fed):
+    held = [len(np.unique(fed.client_arrays(i)[1])) for i in range(fed.num_clients)]
+    assert min(held) == 1  # the DP-head methods below must cope with them
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedprox", "feddf"])
+def test_parameter_sharing_methods_record_non_private_updates(fed, method):
+    res = train(method, fed, quick(method), seed=0)
+    assert 0.0 <= res.test_accuracy <= 1.0 and [r["round"] for r in res.rounds] == [1, 2]
+    for c in res.ledger.clients:
+        entries = res.ledger.entries(c)
+        assert len(entries) == 2  # full participation, 2 rounds
+        assert all(isinstance(e.event, NonPrivateEvent) and e.label == "model-update" for e in entries)
+    assert math.isinf(res.ledger.epsilon(1e-5))
+    assert math.isinf(res.claims["epsilon"])
+    if method == "feddf":
+        soft = res.artifacts["soft_labels"]
+        assert soft.shape == (len(fed.distill), fed.num_classes)
+        np.testing.assert_allclose(soft.sum(1), 1, atol=1e-5)
+
+
+def test_fedprox_proximal_term_changes_the_model(fed):
+    a = train("fedavg", fed, quick("fedavg"), seed=0).model.state_dict()
+    b = train("fedprox", fed, quick("fedprox", mu=10.0), seed=0).model.state_dict()
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_fedaux_scores_are_dp_and_models_are_not(fed):
+    res = train("fedaux", fed, quick("fedaux", score_epsilon=0.1, score_delta=1e-5), seed=0)
+    K = fed.num_clients
+    assert res.artifacts["scores"].shape == (K, len(fed.distill))
+    assert res.artifacts["score_heads"].shape[0] == K
+    for c in res.ledger.clients:
+        scores = [e for e in res.ledger.entries(c) if e.label == "scores"]
+        assert len(scores) == 1 and scores[0].neighbouring == "replace_one"
+        ev = scores[0].event
+        assert isinstance(ev, dpa.GaussianDpEvent)
+        assert ev.noise_multiplier == pytest.approx(classic_multiplier(0.1, 1e-5))
+    assert math.isinf(res.ledger.epsilon(1e-5))  # client models sent in the clear
+    eps_scores = res.ledger.epsilon(1e-5, labels=["scores"])
+    # independent: dp-accounting's exact Gaussian epsilon at the same noise multiplier
+    exact = gaussian_mechanism.get_epsilon_gaussian(classic_multiplier(0.1, 1e-5), 1e-5)
+    assert eps_scores == pytest.approx(exact, rel=1e-3)
+    assert eps_scores <= 0.1
+    assert res.claims["epsilon"] == 0.1 and math.isinf(res.claims["pipeline_epsilon"])
+    assert any("Eq. 10" in w for w in res.warnings) and any("Eq. 4" in w for w in res.warnings)
+
+
+def test_fedauxfdp_ledger_and_claim(fed):
+    cfg = quick("fedauxfdp", class_epsilon=0.5, score_epsilon=0.1, class_delta=1e-5, score_delta=1e-5)
+    res = train("fedauxfdp", fed, cfg, seed=0)
+    K, C = fed.num_clients, fed.num_classes
+    assert res.artifacts["heads"].shape == (K, C, 32 + 1)
+    assert res.artifacts["scores"].shape == (K, len(fed.distill))
+    assert res.artifacts["soft_labels"].shape == (len(fed.distill), C)
+    for c in res.ledger.clients:
+        by_label = {e.label: e for e in res.ledger.entries(c)}
+        assert set(by_label) == {"class-head", "scores"}
+        assert by_label["class-head"].event.noise_multiplier == pytest.approx(classic_multiplier(0.5, 1e-5))
+        assert by_label["scores"].event.noise_multiplier == pytest.approx(classic_multiplier(0.1, 1e-5))
+    assert res.claims["epsilon"] == pytest.approx(0.6) and res.claims["delta"] == pytest.approx(2e-5)
+    # the accountant's figure for the same two releases is below the paper's basic-composition sum
+    assert res.ledger.epsilon(2e-5) < 0.6
+    mech = res.claims["mechanisms"]["class-head"]["clients"]
+    assert all(m["sensitivity_paper"] == pytest.approx(2 * math.sqrt(C) / (0.01 * m["n"])) for m in mech)
+    assert all(m["sensitivity_cfree"] == pytest.approx(2 * math.sqrt(2) / (0.01 * m["n"])) for m in mech)
+
+
+def test_cfree_bound_needs_less_noise(fed):
+    paper = train("fedauxfdp", fed, quick("fedauxfdp", sensitivity_bound="paper"), seed=0)
+    cfree = train("fedauxfdp", fed, quick("fedauxfdp", sensitivity_bound="cfree"), seed=0)
+    s_p = [m["sigma"] for m in paper.claims["mechanisms"]["class-head"]["clients"]]
+    s_c = [m["sigma"] for m in cfree.claims["mechanisms"]["class-head"]["clients"]]
+    np.testing.assert_allclose(np.array(s_p) / np.array(s_c), math.sqrt(fed.num_classes / 2))
+
+
+@pytest.mark.parametrize("method", ["fedavg-dphead", "fedd-dphead"])
+def test_dp_head_baselines_spend_the_whole_budget_on_one_release(fed, method):
+    res = train(method, fed, quick(method, class_epsilon=0.5, score_epsilon=0.1), seed=0)
+    for c in res.ledger.clients:
+        (entry,) = res.ledger.entries(c)
+        assert entry.label == "class-head"
+        assert entry.event.noise_multiplier == pytest.approx(classic_multiplier(0.6, 2e-5))
+    assert "scores" not in res.artifacts
+    if method == "fedavg-dphead":  # server head = mean of the clients' DP heads
+        weight, bias = head_to_linear(res.artifacts["heads"].astype(np.float64).mean(0))
+        np.testing.assert_allclose(res.model.head.weight.detach().numpy(), weight, atol=1e-5)
+        np.testing.assert_allclose(res.model.head.bias.detach().numpy(), bias, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["fedauxfdp", "fedaux"])
+def test_same_seed_same_models(fed, method):
+    clear_cache()  # pretraining itself must be reproducible, not just cached
+    a = train(method, fed, quick(method), seed=5)
+    clear_cache()
+    b = train(method, fed, quick(method), seed=5)
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    np.testing.assert_array_equal(a.artifacts["scores"], b.artifacts["scores"])
+    c = train(method, fed, quick(method), seed=6)
+    assert not np.array_equal(a.artifacts["scores"], c.artifacts["scores"])
+
+
+def test_save_load_round_trip(fed, tmp_path):
+    res = train("fedauxfdp", fed, quick("fedauxfdp"), seed=0)
+    res.save(tmp_path)
+    back = TrainResult.load(tmp_path)
+    x, _ = fed.test_arrays()
+    with torch.no_grad():
+        xa = torch.as_tensor(x[:50])
+        torch.testing.assert_close(res.model.eval()(xa), back.model.eval()(xa))
+        torch.testing.assert_close(res.client_models[0].eval()(xa), back.client_models[0].eval()(xa))
+    assert back.ledger.epsilon(2e-5) == pytest.approx(res.ledger.epsilon(2e-5))
+    np.testing.assert_array_equal(back.artifacts["heads"], res.artifacts["heads"])
+
+
+def test_one_shot_mode_and_config_errors():
+    cfg = get_trainer("fedavg").config_cls.model_validate({"one_shot": True})
+    assert (cfg.rounds, cfg.participation, cfg.local_epochs) == (1, 1.0, 40)
+    with pytest.raises(ValueError, match="freeze"):
+        get_trainer("fedavg").config_cls.model_validate({"freeze": True, "pretrain": False})
+    with pytest.raises(ValueError, match="pretrain and freeze"):
+        get_trainer("fedauxfdp").config_cls.model_validate({"freeze": False})
+    with pytest.raises(ValueError):
+        get_trainer("fedauxfdp").config_cls.model_validate({"sensitivity_bound": "loose"})
