@@ -183,8 +183,11 @@ def test_flip_run_ledger_artifacts_and_determinism(fed):
     assert not np.array_equal(c.artifacts["aggregated_x"], a.artifacts["aggregated_x"])
 
 
-def test_record_every_keeps_earlier_uploads(fed):
-    r = train("flip", fed, {**TINY, "rounds": 3, "local_epochs": 1, "record_every": 1}, seed=0)
+def test_record_every_keeps_earlier_uploads_and_lr_halves(fed):
+    cfg = {**TINY, "rounds": 3, "local_epochs": 1, "record_every": 1, "lr_decay_every": 2}
+    r = train("flip", fed, cfg, seed=0)
+    # gamma halved every lr_decay_every rounds (paper: every 40)
+    assert [x["distill_lr"] for x in r.rounds] == [0.05, 0.05, 0.025]
     assert (
         "distilled_x_round_1/client_0" in r.artifacts
         and "distilled_x_round_2/client_2" in r.artifacts
