@@ -61,7 +61,13 @@ def _load_run(run_dir: Path):
 
 def _resolve_delta(delta: float | None, trainer_cfg: dict, claims: dict, n_private: int) -> float:
     if delta is None:
-        delta = trainer_cfg.get("delta") or claims.get("delta") or min(1e-5, 1.0 / max(n_private, 1))
+        # the run's own delta when it has a meaningful one (a no-DP claim may say delta = 1)
+        for cand in (trainer_cfg.get("delta"), claims.get("delta")):
+            if isinstance(cand, (int, float)) and 0 < cand < 1:
+                delta = float(cand)
+                break
+        else:
+            delta = min(1e-5, 1.0 / max(n_private, 1))
     if not 0 < float(delta) < 1:
         raise ValueError(f"delta must be in (0, 1); found {delta}")
     return float(delta)

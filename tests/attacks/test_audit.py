@@ -110,6 +110,7 @@ def test_shadows_identical_on_ray(central_run):
     np.testing.assert_array_equal(serial.logits, on_ray.logits)
 
 
+@pytest.mark.slow
 def test_dpsgd_bound_never_exceeds_accounted(tmp_path):
     run = make_run(tmp_path, "dpsgd", tiny_federation_config(), {"arch": "mlp", "epochs": 1})
     out = audit_run(run, shadows=2, n_audit=100, shadow_iterations=30, canaries=100)
@@ -122,7 +123,8 @@ def test_dpsgd_bound_never_exceeds_accounted(tmp_path):
     assert out["delta"] == pytest.approx(json.loads((run / "config.json").read_text())["trainer"]["delta"])
 
 
-@pytest.mark.parametrize("method", ["fedauxfdp", "fedmd-nfdp", "flip"])
+@pytest.mark.parametrize("method", ["fedauxfdp", "fedmd-nfdp",
+                                    pytest.param("flip", marks=pytest.mark.slow)])
 def test_attribute_inference_on_shared_artifacts(tmp_path, method):
     fed_cfg = tiny_federation_config(clients=4, partition="dirichlet", alpha=0.1, public_size=0.2)
     run = make_run(tmp_path, method, fed_cfg)
