@@ -164,7 +164,11 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
     n_m = min(n_audit, members.size, nonmembers.size)
     audit_idx = np.r_[rng.choice(members, n_m, replace=False), rng.choice(nonmembers, n_m, replace=False)]
     target = Target.from_result(result, fed, audit_idx)
-    universe = np.unique(np.r_[fed.shadow_pool, audit_idx])
+    # shadows should train on as many records as the target: universe = 2 x |members| when the
+    # shadow pool allows (each universe record is IN for half of the shadows)
+    n_pool = int(min(fed.shadow_pool.size, max(0, 2 * members.size - audit_idx.size)))
+    pool_part = rng.choice(fed.shadow_pool, n_pool, replace=False) if n_pool else np.zeros(0, np.int64)
+    universe = np.unique(np.r_[pool_part, audit_idx])
     pos = np.searchsorted(universe, audit_idx)
 
     need_shadows = any(a in names for a in ("threshold", "shadow", "lira", "attribute")) or \
@@ -254,8 +258,9 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
             "accountant": "ledger 'best' accountant, worst client",
             "confidence": 1 - alpha,
             "audit_points": "members drawn from the clients' data, non-members from the test set",
-            "shadows": ("same recipe re-run on shadow federations: half of shadow_pool + audit points "
-                        "per shadow (LiRA mask), same client count and partition scheme"),
+            "shadows": ("same recipe re-run on shadow federations: half of (audit points + shadow-pool "
+                        "records) per shadow (LiRA mask), same client count and partition scheme"),
+            "shadow_train_size": int(universe.size // 2), "target_train_size": int(members.size),
             "bound": ("one-run theorem on the audit points with k+ = k- = "
                       f"{guess_fraction:g} x points fixed in advance; GDP numbers are estimates, not bounds"),
         },
