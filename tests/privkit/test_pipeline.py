@@ -340,3 +340,64 @@ def test_warning_classifier():
     assert c("noise multiplier adapted on the validation loss") == "adaptive_noise"
     assert c("accounted with Poisson sampling, but batches are shuffled") == "sampling_mismatch"
     assert c("something else") == "other"
+
+
+# ---------------------------------------------------------------------------------- parallel
+@pytest.mark.slow
+def test_parallel_workers_match_serial(tmp_path):
+    """Methods in 2 worker processes give the same results as in this process (same seeds)."""
+    text = """
+name = "par"
+seed = 1
+workers = {workers}
+[federation]
+clients = 4
+partition = "iid"
+[audit]
+enabled = false
+[[methods]]
+name = "centralized"
+quick = true
+overrides = {{ epochs = 1 }}
+[[methods]]
+name = "dpsgd"
+quick = true
+overrides = {{ epochs = 1 }}
+"""
+    results = {}
+    for workers in (1, 2):
+        path = tmp_path / f"w{workers}.toml"
+        path.write_text(text.format(workers=workers))
+        outcome = run(path, tmp_path / f"runs{workers}")
+        assert outcome.failures == []
+        report = load_report(outcome.root)
+        results[workers] = {m.name: (m.utility.test_accuracy, m.privacy.epsilon)
+                            for m in report.methods}
+        status = json.loads((outcome.root / "status.json").read_text())["methods"]
+        assert status["dpsgd"]["stages"]["audit"]["state"] == "skipped"
+        assert status["dpsgd"]["stages"]["train"]["state"] == "done"
+    assert results[1] == results[2]
+    assert math.isinf(results[1]["centralized"][1]) and results[1]["dpsgd"][1] < math.inf
+
+
+def test_client_table_matches_ledger_summary():
+    """The per-client table restricted to some accountants equals the ledger's own summary."""
+    from accountants import Ledger
+
+    ledger = Ledger()
+    for c, (q, sigma, steps) in enumerate([(0.1, 1.5, 20), (0.2, 1.2, 10), (0.05, 2.0, 50)]):
+        ledger.add(c, dpa.SelfComposedDpEvent(
+            dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps), label="dp-sgd")
+        ledger.add(c, dpa.GaussianDpEvent(3.0), label="head")
+    ref = ledger.summary(1e-5)
+    clients, na = pipeline._client_table(ledger, 1e-5, list(pipeline.ACCOUNTANTS))
+    assert na == {} and set(clients) == set(ref["clients"])
+    for c, row in ref["clients"].items():
+        for kind, eps in row.items():
+            assert clients[c][kind] == pytest.approx(eps, rel=1e-9), (c, kind)
+    worst, who = pipeline._worst(clients)
+    assert worst == pytest.approx(ref["worst"]) and who == ref["worst_client"]
+    # a subset: 'best' is the minimum over that subset only
+    sub, _ = pipeline._client_table(ledger, 1e-5, ["rdp"])
+    assert all(r["best"] == r["rdp"] == pytest.approx(ref["clients"][c]["rdp"])
+               for c, r in sub.items())
