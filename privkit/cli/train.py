@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from privkit.cli.app import app, out_console, print_json
@@ -147,8 +148,8 @@ def train_command(
     out_console.print(f"worst-client epsilon at delta={summary['delta']:g} (best accountant): {eps}")
     if summary["claims"]:
         c = summary["claims"]
-        out_console.print(f"paper's claim: epsilon={c.get('epsilon')}, delta={c.get('delta')} "
-                          f"({c.get('composition')}; {c.get('source')})")
+        out_console.print(escape(f"paper's claim: epsilon={c.get('epsilon')}, delta={c.get('delta')} "
+                                 f"({c.get('composition')}; {c.get('source')})"))
     for w in summary["warnings"]:
-        out_console.print(f"[yellow]note:[/yellow] {w}", highlight=False)
+        out_console.print(f"[yellow]note:[/yellow] {escape(w)}", highlight=False)
     out_console.print(f"wrote {summary['run_dir']}: {', '.join(summary['files'])}")

@@ -258,7 +258,10 @@ def _claims(method: str, cfg: DpHeadConfig, baseline: bool, eps_c: float, delta_
             "mechanisms": mech}
 
 
-_QUICK = {"arch": "mlp", "feature_dim": 64, "pretrain_epochs": 5, "student_epochs": 5, "student_lr": 1e-3}
+# CPU-sized; epsilon scaled to the embedded clients' size as in benchmarks/repro_fedauxfdp.py
+# (noise ~ 1/(lam n eps): ~160 records per client against the paper's 2500), student head-only.
+_QUICK = {"arch": "mlp", "feature_dim": 64, "pretrain_epochs": 5, "student_epochs": 5, "student_lr": 1e-2,
+          "student_freeze": True, "class_epsilon": 8.0, "score_epsilon": 4.0, "class_lambda": 0.1}
 
 
 @register_trainer("fedauxfdp", FedAuxFdpConfig, "FedAUXfdp: one-shot, frozen h0, DP multinomial class "
