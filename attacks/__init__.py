@@ -8,11 +8,27 @@ Numeric core (numpy/scipy only): :mod:`attacks.metrics`, :mod:`attacks.epsilon`,
 """
 
 from attacks.attribute import AttributeInferenceAttack, AttributeResult, evaluate_predictions
-from attacks.epsilon import (EpsilonBound, advantage_upper_bound, balanced_accuracy_upper_bound,
-                             clopper_pearson_interval, clopper_pearson_upper, empirical_epsilon,
-                             epsilon_ceiling, epsilon_from_rates, gdp_epsilon_estimate, verdict)
-from attacks.metrics import (advantage, auc, balanced_accuracy, loglog_roc, roc_points, summarize,
-                             tpr_at_fpr)
+from attacks.epsilon import (
+    EpsilonBound,
+    advantage_upper_bound,
+    balanced_accuracy_upper_bound,
+    clopper_pearson_interval,
+    clopper_pearson_upper,
+    empirical_epsilon,
+    epsilon_ceiling,
+    epsilon_from_rates,
+    gdp_epsilon_estimate,
+    verdict,
+)
+from attacks.metrics import (
+    advantage,
+    auc,
+    balanced_accuracy,
+    loglog_roc,
+    roc_points,
+    summarize,
+    tpr_at_fpr,
+)
 from attacks.mia import LiRA, ShadowModelAttack, ThresholdAttack, lira_leave_one_out
 from attacks.one_run import OneRunResult, one_run_audit, one_run_epsilon_grid
 from attacks.one_run import epsilon_lower_bound as one_run_epsilon
@@ -41,11 +57,38 @@ def __getattr__(name):  # torch-dependent pieces load lazily: the numeric core n
     raise AttributeError(f"module 'attacks' has no attribute {name!r}")
 
 
-__all__ = ["ATTACKS", "AttributeInferenceAttack", "AttributeResult", "EpsilonBound", "LiRA",
-           "OneRunResult", "ShadowModelAttack", "Target", "ThresholdAttack", "advantage",
-           "advantage_upper_bound", "audit_run", "auc", "balanced_accuracy",
-           "balanced_accuracy_upper_bound", "clopper_pearson_interval", "clopper_pearson_upper",
-           "empirical_epsilon", "epsilon_ceiling", "epsilon_from_rates", "evaluate_predictions",
-           "gdp_epsilon_estimate", "lira_leave_one_out", "loglog_roc", "membership_mask",
-           "one_run_audit", "one_run_epsilon", "one_run_epsilon_grid", "roc_points", "summarize",
-           "tpr_at_fpr", "train_shadows", "verdict"]
+__all__ = [
+    "ATTACKS",
+    "AttributeInferenceAttack",
+    "AttributeResult",
+    "EpsilonBound",
+    "LiRA",
+    "OneRunResult",
+    "ShadowModelAttack",
+    "Target",
+    "ThresholdAttack",
+    "advantage",
+    "advantage_upper_bound",
+    "auc",
+    "audit_run",
+    "balanced_accuracy",
+    "balanced_accuracy_upper_bound",
+    "clopper_pearson_interval",
+    "clopper_pearson_upper",
+    "empirical_epsilon",
+    "epsilon_ceiling",
+    "epsilon_from_rates",
+    "evaluate_predictions",
+    "gdp_epsilon_estimate",
+    "lira_leave_one_out",
+    "loglog_roc",
+    "membership_mask",
+    "one_run_audit",
+    "one_run_epsilon",
+    "one_run_epsilon_grid",
+    "roc_points",
+    "summarize",
+    "tpr_at_fpr",
+    "train_shadows",
+    "verdict",
+]

@@ -78,7 +78,7 @@ class AttributeInferenceAttack(BaseEstimator):
         self.C = C
         self.random_state = random_state
 
-    def fit(self, features: np.ndarray, prop: np.ndarray) -> "AttributeInferenceAttack":
+    def fit(self, features: np.ndarray, prop: np.ndarray) -> AttributeInferenceAttack:
         x = np.asarray(features, dtype=np.float64).reshape(len(features), -1)
         y = np.asarray(prop)
         if len(np.unique(y)) < 2:

@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 import math
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -94,7 +95,7 @@ def membership_entry(scores: np.ndarray, membership: np.ndarray, *, delta: float
     fnr = 1.0 - float(membership[np.argsort(-scores)[:k]].sum()) / max(membership.sum(), 1)
     return {**{k_: summ[k_] for k_ in ("auc", "balanced_accuracy", "advantage", "tpr_at_fpr", "roc")},
             "epsilon_lower_bound": orr.epsilon, "ceiling": orr.ceiling, "confidence": 1 - alpha,
-            "delta": delta, "n_trials": int(len(scores)), "guesses": orr.guesses, "correct": orr.correct,
+            "delta": delta, "n_trials": len(scores), "guesses": orr.guesses, "correct": orr.correct,
             "bound": "one-run (Steinke, Nasr & Jagielski 2023), k+ = k- fixed in advance",
             "gdp_epsilon_estimate": gdp_epsilon_estimate(max(fpr, 1e-12), max(fnr, 1e-12), delta),
             "notes": notes, "error": None}

@@ -117,7 +117,7 @@ def binary_federation(fed, positive: int, negative: int, name: str):
     new_index[keep] = np.arange(keep.size)
     ds = ArrayDataset(name=f"{fed.private.name}[{positive}v{negative}]", x=fed.private.x[keep],
                       y=(y[keep] == positive).astype(np.int64), num_classes=2)
-    sub = lambda idx: new_index[idx[np.isin(idx, keep)]]  # noqa: E731
+    sub = lambda idx: new_index[idx[np.isin(idx, keep)]]
     return Federation(config=fed.config, private=ds, public=fed.public, clients=[sub(c) for c in fed.clients],
                       test=sub(fed.test), shadow_pool=sub(fed.shadow_pool), distill=fed.distill,
                       negative=fed.negative, name=name)

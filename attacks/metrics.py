@@ -132,7 +132,7 @@ def summarize(scores: np.ndarray, membership: np.ndarray, levels=LOW_FPR_LEVELS,
     """AUC, balanced accuracy, advantage, TPR at each FPR level, and a down-sampled ROC."""
     s, m = _validate(scores, membership)
     fpr, tpr, _ = roc_points(s, m)
-    ok = lambda lv: fpr <= lv + 1e-15  # noqa: E731
+    ok = lambda lv: fpr <= lv + 1e-15
     f, t = downsample_roc(fpr, tpr, max_points)
     return RocSummary(auc=float(np.trapezoid(tpr, fpr)),
                       balanced_accuracy=float(np.max(1 - (fpr + 1 - tpr) / 2)),

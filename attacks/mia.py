@@ -46,7 +46,7 @@ class ThresholdAttack(BaseEstimator):
     def __init__(self, signal: str = "loss"):
         self.signal = signal
 
-    def fit(self, logits: np.ndarray, labels: np.ndarray, membership: np.ndarray) -> "ThresholdAttack":
+    def fit(self, logits: np.ndarray, labels: np.ndarray, membership: np.ndarray) -> ThresholdAttack:
         s = _signal(self.signal, logits, labels)
         fpr, tpr, thr = roc_points(s, membership)
         i = int(np.argmax(tpr - fpr))
@@ -105,7 +105,7 @@ class ShadowModelAttack(BaseEstimator):
                              self.thread_count)
         return clone(self.classifier)
 
-    def fit(self, logits: np.ndarray, labels: np.ndarray, membership: np.ndarray) -> "ShadowModelAttack":
+    def fit(self, logits: np.ndarray, labels: np.ndarray, membership: np.ndarray) -> ShadowModelAttack:
         """Train on shadow models' outputs (rows of all shadows stacked) and their membership."""
         x = signals.shadow_features(logits, labels)
         m = np.asarray(membership, dtype=bool)
@@ -163,7 +163,7 @@ class LiRA(BaseEstimator):
         self.fix_variance = fix_variance
         self.min_std = min_std
 
-    def fit(self, shadow_logits: np.ndarray, labels: np.ndarray, keep: np.ndarray) -> "LiRA":
+    def fit(self, shadow_logits: np.ndarray, labels: np.ndarray, keep: np.ndarray) -> LiRA:
         """``shadow_logits`` (M, N, C) of M reference models on the N audited examples; ``keep``
         (M, N) True where the example was in that model's training data."""
         conf = signals.logit_confidence(shadow_logits, labels)  # (M, N)

@@ -79,7 +79,7 @@ class OneRunResult:
         return asdict(self)
 
 
-def _resolve_k(k: int | float, m: int, name: str) -> int:
+def _resolve_k(k: float, m: int, name: str) -> int:
     if isinstance(k, float) and 0 < k < 1:
         return max(1, int(round(k * m)))
     if isinstance(k, (int, np.integer)) and 0 <= k <= m:
@@ -100,8 +100,8 @@ def guess(scores: np.ndarray, k_pos: int, k_neg: int) -> np.ndarray:
     return out
 
 
-def one_run_audit(scores: np.ndarray, included: np.ndarray, *, delta: float, k_pos: int | float = 0.1,
-                  k_neg: int | float = 0.1, beta: float = 0.05) -> OneRunResult:
+def one_run_audit(scores: np.ndarray, included: np.ndarray, *, delta: float, k_pos: float = 0.1,
+                  k_neg: float = 0.1, beta: float = 0.05) -> OneRunResult:
     """One-run audit of m canaries with scores (higher = "included").
 
     Parameters

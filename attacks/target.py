@@ -74,7 +74,7 @@ class Target:
     @classmethod
     def from_arrays(cls, model: torch.nn.Module, x_members: np.ndarray, y_members: np.ndarray,
                     x_nonmembers: np.ndarray, y_nonmembers: np.ndarray, *, name: str = "target",
-                    device: str = "auto") -> "Target":
+                    device: str = "auto") -> Target:
         """A user's own torch model with its member and non-member data."""
         x = np.concatenate([np.asarray(x_members), np.asarray(x_nonmembers)])
         y = np.concatenate([np.asarray(y_members), np.asarray(y_nonmembers)])
@@ -83,7 +83,7 @@ class Target:
 
     @classmethod
     def from_result(cls, result, federation, audit_idx: np.ndarray, *, name: str = "target",
-                    device: str = "auto") -> "Target":
+                    device: str = "auto") -> Target:
         """A privkit :class:`~privkit.trainers.TrainResult`'s released model on the audit points
         ``audit_idx`` (indices into ``federation.private``); membership = in some client's data."""
         idx = np.asarray(audit_idx, dtype=np.int64)

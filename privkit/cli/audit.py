@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -22,15 +21,15 @@ def _fmt(x) -> str:
 @app.command("audit")
 def audit(
     run_dir: Path = typer.Argument(..., help="Run directory written by `privkit train` / `privkit run`."),
-    attacks: Optional[str] = typer.Option(None, "--attacks",
+    attacks: str | None = typer.Option(None, "--attacks",
                                           help="Comma-separated: threshold,shadow,lira,one-run,attribute "
                                                "(default: all)."),
     shadows: int = typer.Option(8, "--shadows", help="Shadow runs of the recipe (even, >= 2)."),
     executor: str = typer.Option("serial", "--executor", help="serial | process | ray."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes / Ray CPUs."),
+    workers: int | None = typer.Option(None, "--workers", help="Worker processes / Ray CPUs."),
     seed: int = typer.Option(0, "--seed", help="Audit seed (audit points, mask, shadows, canaries)."),
     n_audit: int = typer.Option(500, "--n-audit", help="Members and non-members audited (each)."),
-    delta: Optional[float] = typer.Option(None, "--delta", help="Delta (default: the run's delta or 1e-5)."),
+    delta: float | None = typer.Option(None, "--delta", help="Delta (default: the run's delta or 1e-5)."),
     iterations: int = typer.Option(200, "--iterations", help="CatBoost iterations of the shadow attack."),
     as_json: bool = typer.Option(False, "--json", help="Print audit.json as one JSON object."),
 ) -> None:

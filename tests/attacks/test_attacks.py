@@ -32,7 +32,7 @@ def _lira_world(m_models=16, n=400, seed=0):
     target_in = rng.random(n) < 0.5
     conf = mu + 1.0 * keep + 0.3 * rng.normal(size=(m_models, n))
     target_conf = mu + 1.0 * target_in + 0.3 * rng.normal(size=n)
-    two = lambda c: np.stack([c, np.zeros_like(c)], -1)  # noqa: E731  logit_confidence = c
+    two = lambda c: np.stack([c, np.zeros_like(c)], -1)
     return two(conf), two(target_conf), np.zeros(n, np.int64), keep, target_in
 
 

@@ -9,13 +9,13 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import SMALL, make_run, tiny_federation_config
 from typer.testing import CliRunner
 
 from attacks.audit import audit_run
 from attacks.fast import SGDRecipe, reference_models, train_many, train_one
 from attacks.shadows import train_shadows
 from privkit.models import model_spec
-from conftest import SMALL, make_run, tiny_federation_config
 
 ENTRY_KEYS = {"auc", "balanced_accuracy", "advantage", "tpr_at_fpr", "epsilon_lower_bound", "ceiling",
               "confidence", "delta", "n_trials", "roc", "notes", "error"}
