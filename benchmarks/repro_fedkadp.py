@@ -11,7 +11,9 @@ the embedded data and 2 shared CPU cores: 20 clients x 160 records, MLP 784-64-1
 E=10 steps, B=32, 10 clients per round, sigma_0=2 (see ``SETTING``; sigma_0=5 leaves every method
 near chance on 160-record clients).
 
-Usage: ``nice python benchmarks/repro_fedkadp.py [--seeds 3] [--rounds 30] [--target-epsilon 12]``
+Usage: ``nice python benchmarks/repro_fedkadp.py [--seeds 3] [--rounds 30] [--target-epsilon 8.5]``;
+seeds can run in separate processes (``--first-seed 1 --seeds 1 --out a.json``) and be merged
+(``--merge a.json b.json``).
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ SETTING = {"arch": "mlp", "feature_dim": 64, "local_steps": 10, "batch_size": 32
            "accountant": "rdp", "device": "auto"}
 
 
-def run(seeds: int, rounds: int, target_epsilon: float) -> dict:
+def run(seeds: list[int], rounds: int, target_epsilon: float) -> dict:
     fed = build_federation(FederationConfig(dataset="mnist5k", partition="shards", clients=20,
                                             shards_per_client=2, seed=0))
     rows = {m: [] for m in METHODS}
-    for seed in range(seeds):
+    for seed in seeds:
         for method in METHODS:
             cfg = {**SETTING, "rounds": rounds, "target_epsilon": target_epsilon}
             t0 = time.time()
@@ -54,7 +56,7 @@ def run(seeds: int, rounds: int, target_epsilon: float) -> dict:
                   f"eps_rdp {eps:.2f} eps_pld {eps_pld:.2f} paper {res.claims['epsilon']:.2f} "
                   f"({time.time() - t0:.0f} s)", flush=True)
     return {"schema_version": 1, "setting": {**SETTING, "rounds": rounds, "target_epsilon": target_epsilon,
-                                             "federation": fed.config.model_dump(), "seeds": seeds},
+                                             "federation": fed.config.model_dump(), "seeds": len(seeds)},
             "runs": rows}
 
 
@@ -84,13 +86,24 @@ def table(result: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=3, help="run seeds first-seed .. first-seed+seeds-1")
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="only print the table of these result files")
     ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--target-epsilon", type=float, default=12.0)
+    ap.add_argument("--target-epsilon", type=float, default=8.5)
     ap.add_argument("--out", default="benchmarks/results/repro_fedkadp.json")
     args = ap.parse_args()
+    if args.merge:  # seeds run in separate processes, one table
+        parts = [json.loads(Path(p).read_text()) for p in args.merge]
+        result = {"schema_version": 1, "setting": {**parts[0]["setting"], "seeds": 0}, "runs": {m: [] for m in METHODS}}
+        for part in parts:
+            result["setting"]["seeds"] += part["setting"]["seeds"]
+            for m in METHODS:
+                result["runs"][m] += part["runs"][m]
+        print(table(result))
+        return
     torch.set_num_threads(1)
-    result = run(args.seeds, args.rounds, args.target_epsilon)
+    result = run(list(range(args.first_seed, args.first_seed + args.seeds)), args.rounds, args.target_epsilon)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

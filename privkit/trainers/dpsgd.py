@@ -53,7 +53,7 @@ class DpsgdConfig(CentralConfig):
     noise_multiplier: Positive | None = None
     target_epsilon: Positive = 3.0
     delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
-    calibration_accountant: Literal["pld", "rdp"] = "pld"
+    calibration_accountant: Literal["pld", "rdp"] = "pld"  # also the per-epoch epsilon in rounds
 
 
 def _loader(x, y, batch_size: int, seed: int) -> DataLoader:
@@ -149,9 +149,10 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
     claims = {"noise_multiplier": sigma, "sample_rate": sample_rate, "steps": steps, "delta": config.delta,
               "target_epsilon": config.target_epsilon if config.noise_multiplier is None else None,
               "source": "DP-SGD (Abadi et al. 2016), accounted by privkit"}
-    for row in rounds:  # epsilon after each epoch (RDP, as the ledger's rdp accountant)
+    for row in rounds:  # epsilon after each epoch, by the accountant the calibration uses
         row["sigma"] = sigma
-        row["epsilon"] = dpsgd_epsilon(sample_rate, sigma, row["steps"], config.delta, accountant="rdp")
+        row["epsilon"] = dpsgd_epsilon(sample_rate, sigma, row["steps"], config.delta,
+                                       accountant=config.calibration_accountant)
     x_test, y_test = federation.test_arrays()
     return TrainResult(method="dpsgd", seed=seed, config=config.model_dump(), model=released, model_spec=spec,
                        ledger=ledger, rounds=rounds, test_accuracy=accuracy(released, x_test, y_test, device),
