@@ -616,6 +616,10 @@ def _execute(run: ResolvedRun, m: ResolvedMethod, stage: str, root: str,
     """Run one stage; returns (error or None, traceback, seconds). KeyboardInterrupt propagates."""
     from privkit.data import Federation
 
+    import logging
+
+    # dp-accounting logs every RDP order it drops (the bound stands); keep the console readable
+    logging.getLogger("absl").setLevel(logging.ERROR)
     t0 = time.perf_counter()
     mdir = Path(root) / m.key
     try:

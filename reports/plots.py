@@ -121,11 +121,19 @@ def epsilon_comparison_figure(report: PrivacyReport) -> Figure | None:
                 if _finite(v):
                     finite_vals.append(v)
     right = max(finite_vals) * 3.0
+    labelled: set[str] = set()
+
+    def label(text: str) -> str | None:  # each legend entry once, on its first use
+        if text in labelled:
+            return None
+        labelled.add(text)
+        return text
+
     for y, m in enumerate(rows):
         e = m.privacy.epsilon if m.privacy else None
         if _finite(e):
             ax.scatter([e], [y], marker="s", s=55, color="#1f77b4", zorder=3,
-                       label="accounted epsilon" if y == 0 else None)
+                       label=label("accounted epsilon"))
         elif m.privacy is not None:
             ax.annotate("inf", (right, y), xytext=(-30, 0), textcoords="offset points",
                         va="center", fontsize=8, color="#1f77b4",
@@ -135,10 +143,10 @@ def epsilon_comparison_figure(report: PrivacyReport) -> Figure | None:
             lb, ceil = best[1].epsilon_lower_bound, best[1].ceiling
             if _finite(ceil):
                 ax.plot([0, ceil], [y, y], color="#d62728", alpha=0.25, lw=6, solid_capstyle="butt",
-                        label="range an audit of this size can show" if y == 0 else None)
+                        label=label("range an audit of this size can show"))
             if _finite(lb):
                 ax.scatter([lb], [y], marker="o", s=55, color="#d62728", zorder=4,
-                           label="empirical lower bound (best attack)" if y == 0 else None)
+                           label=label("empirical lower bound (best attack)"))
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([m.name for m in rows], fontsize=8)
     ax.invert_yaxis()
