@@ -68,12 +68,12 @@ def _ms(values: list[float], fmt: str = "{:.1f}") -> str:
 
 def table(result: dict) -> str:
     s = result["setting"]
-    lines = [f"mnist5k, 20 clients, label shards (2/client), MLP 784-64-10, E={s['local_steps']}, "
+    lines = [(f"mnist5k, 20 clients, label shards (2/client), MLP 784-64-10, E={s['local_steps']}, "
              f"B={s['batch_size']}, lr={s['lr']}, 10 clients/round, sigma_0={s['noise_multiplier']}, "
              f"T<={s['rounds']}, target epsilon {s['target_epsilon']} at delta {s['delta']} (RDP, per client, "
-             f"record-level); {s['seeds']} seed(s)", "",
-             "| method | test accuracy (%) | rounds run | final sigma | epsilon RDP (worst client) | "
-             "epsilon PLD | paper formula (server form) |", "|---|---|---|---|---|---|---|"]
+             f"record-level); {s['seeds']} seed(s)"), "",
+             ("| method | test accuracy (%) | rounds run | final sigma | epsilon RDP (worst client) | "
+             "epsilon PLD | paper formula (server form) |"), "|---|---|---|---|---|---|---|"]
     for m, runs in result["runs"].items():
         lines.append(f"| {m} | {_ms([100 * r['test_accuracy'] for r in runs])} | "
                      f"{_ms([r['rounds'] for r in runs], '{:.0f}')} | "

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from privkit.seeding import derive_seed
 from privkit.trainers.base import TrainResult, register_trainer
-from privkit.trainers.common import accuracy, make_optimizer, new_model, resolve_device, train_supervised
+from privkit.trainers.common import (
+    accuracy,
+    make_optimizer,
+    new_model,
+    resolve_device,
+    train_supervised,
+)
 from privkit.trainers.dpsgd import CentralConfig
 
 
@@ -45,6 +51,6 @@ def train_centralized(federation, config: CentralConfig, seed: int, progress: bo
     return TrainResult(method="centralized", seed=seed, config=config.model_dump(), model=model.cpu(),
                        model_spec=spec, ledger=ledger, rounds=rounds,
                        test_accuracy=accuracy(model, x_test, y_test, device),
-                       warnings=["No formal privacy guarantee: the model is trained on the pooled records "
-                                 "in the clear; its protection is only what the audits measure."],
+                       warnings=[("No formal privacy guarantee: the model is trained on the pooled records "
+                                 "in the clear; its protection is only what the audits measure.")],
                        claims={"epsilon": float("inf"), "source": "non-private baseline"})

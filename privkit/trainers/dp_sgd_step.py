@@ -18,8 +18,8 @@ An empty Poisson batch still releases a pure-noise gradient, as the analysis ass
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -30,8 +30,14 @@ from privkit.errors import PrivkitError
 # loss_fn(logits (1, C), target (1,), aux (1, ...) or None) -> scalar loss of ONE record
 PerSampleLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
-__all__ = ["DpSgdStep", "PerSampleLoss", "add_gaussian_noise", "clip_per_sample", "poisson_batch",
-           "per_sample_gradients"]
+__all__ = [
+    "DpSgdStep",
+    "PerSampleLoss",
+    "add_gaussian_noise",
+    "clip_per_sample",
+    "per_sample_gradients",
+    "poisson_batch",
+]
 
 
 def poisson_batch(n: int, sample_rate: float, generator: torch.Generator) -> torch.Tensor:

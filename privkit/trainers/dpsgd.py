@@ -15,12 +15,11 @@ same entry ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)`` (labelled
 from __future__ import annotations
 
 import warnings as _warnings
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from pydantic import Field
 from torch.utils.data import DataLoader, TensorDataset
-from typing_extensions import Annotated
 
 from privkit.errors import PrivkitError
 from privkit.seeding import derive_seed, torch_generator
@@ -87,8 +86,9 @@ def _run_epochs(private, dp_opt, dp_loader, loss_fn, epochs, model, federation, 
                                          "batch_size": 128})
 def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = False) -> TrainResult:
     """Centralised DP-SGD with opacus; see the module docstring for the ledger."""
-    from accountants import Ledger, calibrate_noise_multiplier, dpsgd_epsilon, dpsgd_event
     from opacus import PrivacyEngine
+
+    from accountants import Ledger, calibrate_noise_multiplier, dpsgd_epsilon, dpsgd_event
 
     device = resolve_device(config)
     x, y = federation.pooled_arrays()
@@ -143,9 +143,9 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
     released, _ = new_model(federation, config, 0)
     released.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
     warns = notes + [
-        "Record-level DP over the pooled data (add/remove-one neighbours, Poisson sampling as run by "
+        ("Record-level DP over the pooled data (add/remove-one neighbours, Poisson sampling as run by "
         "opacus' DPDataLoader); every client's ledger holds the same event, as every record is "
-        "protected alike. Centralised training assumes a trusted curator who sees all records."]
+        "protected alike. Centralised training assumes a trusted curator who sees all records.")]
     claims = {"noise_multiplier": sigma, "sample_rate": sample_rate, "steps": steps, "delta": config.delta,
               "target_epsilon": config.target_epsilon if config.noise_multiplier is None else None,
               "source": "DP-SGD (Abadi et al. 2016), accounted by privkit"}

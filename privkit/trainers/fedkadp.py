@@ -41,14 +41,13 @@ import copy
 import functools
 import logging
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 from scipy.special import gammaln, logsumexp
-from typing_extensions import Annotated
 
 from privkit.errors import PrivkitError
 from privkit.seeding import derive_seed, make_rng, torch_generator
@@ -347,19 +346,19 @@ class _Budget:
 
 def _warnings(cfg: DpFedConfig, adaptive: bool, q_min: float, q_max: float) -> list[str]:
     out = [
-        f"Accounting is record-level, per client, add/remove-one neighbours: each round a client takes "
+        (f"Accounting is record-level, per client, add/remove-one neighbours: each round a client takes "
         f"part in is {cfg.local_steps} Poisson-subsampled Gaussian steps with q = B/n_k "
         f"(here {q_min:.4g}..{q_max:.4g}) and that round's noise multiplier; client sampling is not "
-        "used for amplification and no trusted aggregator is assumed (each upload is a release).",
-        "privkit draws each local batch by Poisson sampling (rate B/n_k) where the paper partitions "
-        "D_k into batches, so that the accountant's sampling model is the one that ran.",
-        "The paper's formula (claims) is not a sound bound: it applies Wang-Balle-Kasiviswanathan "
+        "used for amplification and no trusted aggregator is assumed (each upload is a release)."),
+        ("privkit draws each local batch by Poisson sampling (rate B/n_k) where the paper partitions "
+        "D_k into batches, so that the accountant's sampling model is the one that ran."),
+        ("The paper's formula (claims) is not a sound bound: it applies Wang-Balle-Kasiviswanathan "
         "Thm 9 (sampling without replacement, replace-one neighbours) with the add/remove Gaussian "
         "RDP j/(2 sigma^2) (replace-one needs 2j/sigma^2: 4x in RDP); it uses the client sampling "
         "rate s for record-level amplification (the record-level rate is B/n_k); it divides the "
         "noise variance by the number of clients per round (n sigma^2), which holds only if the "
         "adversary sees nothing but the aggregate (trusted server or secure aggregation); and its "
-        "min{2, .} terms leave a floor that more noise does not lower.",
+        "min{2, .} terms leave a floor that more noise does not lower."),
     ]
     if adaptive:
         out.append(
@@ -380,7 +379,7 @@ def _run(federation, cfg: DpFedConfig, seed: int, *, method: str, distill: bool,
     model, spec = new_model(federation, cfg, derive_seed(seed, "init"))
     model.to(device)
     K = federation.num_clients
-    per_round = max(int(round(K * cfg.client_fraction)), 1)
+    per_round = max(round(K * cfg.client_fraction), 1)
     clients = [federation.client_arrays(k) for k in range(K)]
     if any(len(y) == 0 for _, y in clients):
         raise PrivkitError("every client needs at least one record for DP-SGD; found an empty client")

@@ -15,8 +15,12 @@ from privkit.data import FederationConfig, build_federation
 from privkit.errors import PrivkitError
 from privkit.models import build_model
 from privkit.trainers import train
-from privkit.trainers.dp_sgd_step import (DpSgdStep, clip_per_sample, per_sample_gradients,
-                                          poisson_batch)
+from privkit.trainers.dp_sgd_step import (
+    DpSgdStep,
+    clip_per_sample,
+    per_sample_gradients,
+    poisson_batch,
+)
 
 
 def _ce(logits, target, aux):
