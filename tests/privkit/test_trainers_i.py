@@ -92,7 +92,8 @@ def test_fedaux_scores_are_dp_and_models_are_not(fed):
 
 
 def test_fedauxfdp_ledger_and_claim(fed):
-    cfg = quick("fedauxfdp", class_epsilon=0.5, score_epsilon=0.1, class_delta=1e-5, score_delta=1e-5)
+    cfg = quick("fedauxfdp", class_epsilon=0.5, score_epsilon=0.1, class_delta=1e-5, score_delta=1e-5,
+                class_lambda=0.01)
     res = train("fedauxfdp", fed, cfg, seed=0)
     K, C = fed.num_clients, fed.num_classes
     assert res.artifacts["heads"].shape == (K, C, 32 + 1)
