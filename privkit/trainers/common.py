@@ -79,7 +79,7 @@ def train_supervised(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: 
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            total += float(loss) * len(idx)
+            total += loss.item() * len(idx)
             count += len(idx)
         last = total / max(count, 1)
     return last
@@ -111,7 +111,7 @@ def distill(model: nn.Module, x: np.ndarray, soft_targets: np.ndarray, *, epochs
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            total += float(loss) * len(idx)
+            total += loss.item() * len(idx)
             count += len(idx)
         last = total / max(count, 1)
     return last
