@@ -303,7 +303,7 @@ def regress_logits(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            total += float(loss) * len(idx)
+            total += loss.item() * len(idx)
         last = total / len(xt)
     return last
 
