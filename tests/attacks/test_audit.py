@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import SMALL, make_run, tiny_federation_config
+from audit_helpers import SMALL, make_run, tiny_federation_config
 from typer.testing import CliRunner
 
 from attacks.audit import audit_run
