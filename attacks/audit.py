@@ -26,7 +26,6 @@ import math
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -39,6 +38,7 @@ from attacks.mia import LiRA, ShadowModelAttack, ThresholdAttack
 from attacks.one_run import one_run_audit
 from attacks.shadows import ShadowSet, canary_task, run_shadow_task, train_shadows
 from attacks.target import Target
+from privkit.jsonutil import json_default
 from privkit.seeding import make_rng
 
 SCHEMA_VERSION = 1
@@ -269,18 +269,10 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
     if shadow_error is not None:
         out["shadow_error"] = f"{type(shadow_error).__name__}: {shadow_error}"
     if write:
-        (run / "audit.json").write_text(json.dumps(out, indent=2, default=_jsonable))
+        (run / "audit.json").write_text(json.dumps(out, indent=2, default=json_default))
         if shadow_set is not None:
             shadow_set.save(run / "shadows.npz")
-    return json.loads(json.dumps(out, default=_jsonable))
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return str(obj)
+    return json.loads(json.dumps(out, default=json_default))
 
 
 def _one_run_entry(fed, method: str, trainer_cfg: dict, shadow_set: ShadowSet | None, *, seed: int,

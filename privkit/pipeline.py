@@ -39,6 +39,7 @@ from typing_extensions import Annotated
 from privkit.config import StrictModel, apply_overrides, load_toml
 from privkit.data import DATASETS, FederationConfig
 from privkit.errors import PrivkitError
+from privkit.jsonutil import json_default
 
 SCHEMA_VERSION = 1
 STAGES = ("train", "account", "audit")
@@ -280,17 +281,7 @@ def atomic_write_json(path: Path, obj: Any) -> Path:
     """Write JSON through a temporary file and a rename (never a half-written file)."""
     from reports import atomic_write_text
 
-    return atomic_write_text(path, json.dumps(obj, indent=2, default=_jsonable))
-
-
-def _jsonable(obj: Any) -> Any:
-    import numpy as np
-
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return str(obj)
+    return atomic_write_text(path, json.dumps(obj, indent=2, default=json_default))
 
 
 def _read_json(path: Path) -> Any:
@@ -614,9 +605,9 @@ _FEDERATIONS: dict[str, Any] = {}  # per process: the run's federation, loaded o
 def _execute(run: ResolvedRun, m: ResolvedMethod, stage: str, root: str,
              progress: bool) -> tuple[str | None, str, float]:
     """Run one stage; returns (error or None, traceback, seconds). KeyboardInterrupt propagates."""
-    from privkit.data import Federation
-
     import logging
+
+    from privkit.data import Federation
 
     # dp-accounting logs every RDP order it drops (the bound stands); keep the console readable
     logging.getLogger("absl").setLevel(logging.ERROR)
@@ -840,7 +831,7 @@ def build_report(root: str | Path, *, command: str | None = None,
                  wall_seconds: float | None = None):
     """Assemble a :class:`reports.PrivacyReport` from a pipeline run directory (files only)."""
     import privkit
-    from reports import (DatasetSummary, PrivacyReport, ReportWarning, RunMetadata, ThreatModel)
+    from reports import DatasetSummary, PrivacyReport, ReportWarning, RunMetadata, ThreatModel
 
     root = Path(root)
     cfg_path = root / "config.resolved.json"

@@ -40,17 +40,9 @@ def _root(
 
 def print_json(obj: Any) -> None:
     """Write one JSON object to stdout (no rich markup, so it can be piped)."""
-    sys.stdout.write(json.dumps(obj, indent=2, default=_json_default) + "\n")
+    from privkit.jsonutil import json_default
 
-
-def _json_default(obj: Any) -> Any:
-    import numpy as np
-
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+    sys.stdout.write(json.dumps(obj, indent=2, default=json_default) + "\n")
 
 
 def _one_line(exc: BaseException) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 import numpy as np
 import torch
@@ -20,11 +20,11 @@ from typing_extensions import Annotated
 
 from privkit.config import StrictModel
 from privkit.errors import PrivkitError
+from privkit.jsonutil import json_default
 from privkit.models import build_from_spec
 
 if TYPE_CHECKING:  # pragma: no cover
     from accountants import Ledger
-
     from privkit.data import Federation
 
 SCHEMA_VERSION = 1
@@ -93,7 +93,7 @@ class TrainResult:
                 "config": self.config, "model_spec": self.model_spec,
                 "client_model_specs": self.client_model_specs, "warnings": self.warnings,
                 "claims": self.claims}
-        (out / "train.json").write_text(json.dumps(meta, indent=2, default=_jsonable))
+        (out / "train.json").write_text(json.dumps(meta, indent=2, default=json_default))
         if self.artifacts:
             np.savez_compressed(out / "artifacts.npz", **self.artifacts)
         return out
@@ -127,14 +127,6 @@ class TrainResult:
                    client_model_specs=meta.get("client_model_specs", []),
                    client_accuracy=metrics.get("client_accuracy", []),
                    warnings=meta.get("warnings", []), claims=meta.get("claims", {}))
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return str(obj)
 
 
 # ---------------------------------------------------------------------------- registry
