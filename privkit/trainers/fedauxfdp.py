@@ -24,8 +24,13 @@ client releases its class head ONCE through the Gaussian mechanism at the whole 
 ``(class_epsilon + score_epsilon, class_delta + score_delta)``; no scores.
 
 * ``fedavg-dphead`` (FedAvg+P): server model = h0 + the mean of the clients' DP heads.
-* ``fedd-dphead`` (FedD+P): the equally weighted ensemble of DP heads labels ``D_distill``; a
-  student initialised from h0 is trained on it exactly as FedAUXfdp's.
+* ``fedd-dphead`` (FedD+P): the equally weighted ensemble of DP heads labels ``D_distill`` with
+  ``softmax(mean_i logits_i(x))``, the FedD/FedDF aggregation (Lin et al. 2020; FedAUX Eq. 2, which
+  FedAUXfdp's FedD baseline is taken from); a student initialised from h0 is trained on it exactly
+  as FedAUXfdp's. On the shared frozen h0 the mean of the heads' logits is the logit of the mean
+  head, so FedD+P is a distilled FedAvg+P. ``ensemble="probabilities"`` averages the heads'
+  softmax outputs instead (not the paper's baseline; a diagnostic that isolates the effect of
+  averaging probabilities, which FedAUXfdp's Eq. 1 does, from the effect of the scores).
 
 The released models carry the feature map inside them (``normalize=True`` features, the head on
 ``h/||h||`` scaled by 1/sqrt(2)), so a server head acts on raw inputs exactly as it was fitted.
@@ -99,7 +104,11 @@ class DpHeadBaselineConfig(DpHeadConfig):
 
     The class head is released at ``(class_epsilon + score_epsilon, class_delta + score_delta)``,
     the same total budget FedAUXfdp spends; ``score_lambda``/``score_dp`` are unused.
+    ``ensemble`` (``fedd-dphead`` only): ``logits`` = FedD's ``softmax(mean logits)`` (the paper's
+    baseline), ``probabilities`` = mean of the heads' softmax outputs (diagnostic variant).
     """
+
+    ensemble: Literal["logits", "probabilities"] = "logits"
 
 
 def _released_model(federation, cfg: DpHeadConfig, h0_state: dict, center: np.ndarray | None,
@@ -180,11 +189,17 @@ def run_dp_heads(method: str, aggregation: Aggregation, federation, cfg: DpHeadC
     if aggregation == "mean-head":
         model, spec = _released_model(federation, cfg, h0_state, phi.center, heads[active].mean(0), seed)
     else:
-        probs = np.stack([head_probabilities(heads[i], phi_distill) for i in active])
-        labels = _weighted_labels(probs, scores)
+        if aggregation == "mean-ensemble" and getattr(cfg, "ensemble", "logits") == "logits":
+            # FedD (FedAUX Eq. 2): softmax of the mean logit = the mean head's probabilities
+            mean_head = heads[active].mean(0)
+            labels = head_probabilities(mean_head, phi_distill).astype(np.float32)
+            test_probs = head_probabilities(mean_head, phi_test)[None]
+        else:
+            probs = np.stack([head_probabilities(heads[i], phi_distill) for i in active])
+            labels = _weighted_labels(probs, scores)
+            test_probs = np.stack([head_probabilities(heads[i], phi_test) for i in active])
         artifacts["soft_labels"] = labels
         # the labeller itself on the test set (post-processing of released heads/scores): a diagnostic
-        test_probs = np.stack([head_probabilities(heads[i], phi_test) for i in active])
         test_w = None
         if score_rel is not None:
             from privkit.trainers.heads import certainty_scores
@@ -281,7 +296,7 @@ def train_fedavg_dphead(federation, config: DpHeadBaselineConfig, seed: int, pro
 
 
 @register_trainer("fedd-dphead", DpHeadBaselineConfig, "FedD+P with DP heads (FedAUXfdp Table 2 "
-                  "baseline): student distilled from the equally weighted DP-head ensemble, one round",
+                  "baseline): student distilled from the mean-logit DP-head ensemble (FedD), one round",
                   paper="Hoech et al., FedAUXfdp (FL-IJCAI'22), Table 2", formal_dp=True, quick=_QUICK)
 def train_fedd_dphead(federation, config: DpHeadBaselineConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedD+P baseline of FedAUXfdp's Table 2."""
