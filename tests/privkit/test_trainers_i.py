@@ -169,3 +169,18 @@ def test_one_shot_mode_and_config_errors():
         get_trainer("fedauxfdp").config_cls.model_validate({"freeze": False})
     with pytest.raises(ValueError):
         get_trainer("fedauxfdp").config_cls.model_validate({"sensitivity_bound": "loose"})
+
+
+def test_fedd_baseline_distils_the_mean_logit_ensemble(fed):
+    """FedD (FedAUX Eq. 2) labels with softmax(mean of the clients' logits). On a shared frozen h0
+    that is the mean head's output, i.e. FedAvg+P's released model: checked through that model."""
+    from privkit.trainers.common import predict_logits
+
+    fedd = train("fedd-dphead", fed, quick("fedd-dphead"), seed=4)
+    favg = train("fedavg-dphead", fed, quick("fedavg-dphead"), seed=4)
+    assert np.array_equal(fedd.artifacts["heads"], favg.artifacts["heads"])  # same DP releases
+    x_distill, _ = fed.public_arrays("distill")
+    expected = torch.softmax(torch.from_numpy(predict_logits(favg.model, x_distill, torch.device("cpu"))), 1)
+    assert np.allclose(fedd.artifacts["soft_labels"], expected.numpy(), atol=1e-5)
+    prob = train("fedd-dphead", fed, quick("fedd-dphead", ensemble="probabilities"), seed=4)
+    assert not np.allclose(prob.artifacts["soft_labels"], fedd.artifacts["soft_labels"], atol=1e-3)
