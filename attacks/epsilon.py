@@ -261,8 +261,10 @@ def verdict(lower_bounds: dict[str, float | None], accounted_epsilon: float | No
     at = f" at delta={delta:g}" if delta is not None else ""
     base = {"max_lower_bound": best, "attack": best_name}
     if not formal_dp or accounted_epsilon is None or not np.isfinite(accounted_epsilon):
-        msg = ("this method makes no formal DP claim (accounted epsilon is infinite); "
-               "empirical results describe leakage only")
+        # a method that claims DP can still have no finite guarantee at this delta (NFDP: delta ~ k/n)
+        msg = ("this method makes no formal DP claim" if not formal_dp else
+               f"the ledger gives no finite epsilon{at} (the method's own guarantee needs a larger delta)")
+        msg += "; empirical results describe leakage only"
         if best is not None:
             msg += f"; largest empirical lower bound {best:.3f} ({best_name})"
         return {"status": "no-formal-guarantee", "message": msg, **base}

@@ -164,3 +164,13 @@ def test_verdict_other_states():
     assert E.verdict({"a": None}, 2.0)["status"] == "inconclusive"
     v = E.verdict({"a": 0.5, "b": 1.5}, 2.0)
     assert v["status"] == "consistent" and v["attack"] == "b"
+
+
+def test_verdict_distinguishes_no_claim_from_no_guarantee_at_this_delta():
+    from attacks.epsilon import verdict
+
+    claimed = verdict({"lira": 0.2}, float("inf"), formal_dp=True, delta=1e-5)
+    assert claimed["status"] == "no-formal-guarantee"
+    assert "no finite epsilon at delta=1e-05" in claimed["message"]
+    unclaimed = verdict({"lira": 0.2}, float("inf"), formal_dp=False, delta=1e-5)
+    assert "makes no formal DP claim" in unclaimed["message"]
