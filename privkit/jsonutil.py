@@ -15,3 +15,15 @@ def json_default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     return str(obj)
+
+
+def strict(obj: Any) -> Any:
+    """A copy of ``obj`` that strict JSON parsers accept: non-finite floats become the strings
+    ``"Infinity"``, ``"-Infinity"`` and ``"NaN"`` (as in report.json), which ``float()`` reads back."""
+    if isinstance(obj, dict):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    if isinstance(obj, (float, np.floating)) and not np.isfinite(obj):
+        return "NaN" if np.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+    return obj

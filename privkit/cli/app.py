@@ -39,10 +39,11 @@ def _root(
 
 
 def print_json(obj: Any) -> None:
-    """Write one JSON object to stdout (no rich markup, so it can be piped)."""
-    from privkit.jsonutil import json_default
+    """Write one strict JSON object to stdout (no rich markup, no bare Infinity: it can be piped to jq)."""
+    from privkit.jsonutil import json_default, strict
 
-    sys.stdout.write(json.dumps(obj, indent=2, default=json_default) + "\n")
+    text = json.dumps(obj, indent=2, default=json_default)
+    sys.stdout.write(json.dumps(strict(json.loads(text)), indent=2, allow_nan=False) + "\n")
 
 
 def _one_line(exc: BaseException) -> str:

@@ -99,3 +99,20 @@ def test_device_selection():
     if not torch.cuda.is_available():
         with pytest.raises(PrivkitError, match="torch sees no GPU"):
             select_device("cuda")
+
+
+def test_cli_json_is_strict_for_infinite_epsilons(capsys):
+    import json
+    import math
+
+    from privkit.cli.app import print_json
+
+    print_json({"best": math.inf, "rows": [1.5, -math.inf, float("nan")], "n": np.int64(3)})
+    text = capsys.readouterr().out
+
+    def reject(token):
+        raise ValueError(token)
+
+    out = json.loads(text, parse_constant=reject)  # strict: no bare Infinity/NaN tokens
+    assert out == {"best": "Infinity", "rows": [1.5, "-Infinity", "NaN"], "n": 3}
+    assert float(out["best"]) == math.inf
