@@ -4,6 +4,7 @@ Everything public is importable from here.  This package never imports torch (th
 PRV cross-check imports opacus lazily, only when asked for).
 """
 
+from accountants import _logging
 from accountants.calibration import Calibration, calibrate_noise_multiplier
 from accountants.composition import advanced_composition, basic_composition
 from accountants.dpsgd import (
@@ -89,3 +90,5 @@ __all__ = [
     "project_to_unit_ball",
     "record_exposure_warning",
 ]
+
+_logging.install()
