@@ -71,7 +71,13 @@ def test_ledger_command(tmp_path):
     path = ledger.save(tmp_path / "ledger.json")
     result = runner.invoke(app, ["budget", "ledger", str(path), "--delta", "1e-5", "--json"])
     out = json.loads(result.stdout)
-    assert out["worst"]["best"] == pytest.approx(ledger.epsilon(1e-5))
+    coarse = acc.Ledger.from_dict({**ledger.to_dict(), "value_discretization_interval": 1e-3})
+    assert out["pld_grid"] == 1e-3 and out["worst"]["best"] == pytest.approx(coarse.epsilon(1e-5))
+    # the pessimistic 1e-3 grid never undercuts the 1e-4 grid, and --pld-grid 1e-4 reproduces it
+    assert out["worst"]["pld"] >= ledger.epsilon(1e-5, accountant="pld")
+    fine = json.loads(runner.invoke(app, ["budget", "ledger", str(path), "--delta", "1e-5", "--pld-grid",
+                                          "1e-4", "--json"]).stdout)
+    assert fine["worst"]["best"] == pytest.approx(ledger.epsilon(1e-5))
     assert set(out["clients"]["a"]) >= {"basic", "rdp", "pld", "best"}
     human = runner.invoke(app, ["budget", "ledger", str(path), "--delta", "1e-5"])
     assert human.exit_code == 0 and "worst" in human.stdout
