@@ -46,6 +46,10 @@ def audit_run(run_dir, **kwargs):
 
 
 def __getattr__(name):  # torch-dependent pieces load lazily: the numeric core needs numpy/scipy only
+    if name == "audit_model":
+        from attacks.user_model import audit_model
+
+        return audit_model
     if name == "Target":
         from attacks.target import Target
 
