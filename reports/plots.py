@@ -56,6 +56,30 @@ def figure_to_data_uri(fig: Figure) -> str:
 
 
 # ---------------------------------------------------------------------------------- privacy-utility
+def _spread_labels(ax, items: list[tuple[str, float, float]], gap: float, *, log_x: bool) -> None:
+    """Label points without overlap: points at about the same x (within 15 %, or 0.3 on a linear
+    axis) form a column whose labels are pushed up to at least ``gap`` apart, with a thin leader
+    line from each moved label to its point."""
+    def same_column(x0: float, x1: float) -> bool:
+        return abs(math.log(x1 / x0)) < 0.14 if log_x else abs(x1 - x0) < 0.3
+
+    columns: list[list[tuple[str, float, float]]] = []
+    for item in sorted(items, key=lambda t: t[1]):
+        if columns and same_column(columns[-1][0][1], item[1]):
+            columns[-1].append(item)
+        else:
+            columns.append([item])
+    for column in columns:
+        last = -math.inf
+        for name, x, y in sorted(column, key=lambda t: t[2]):
+            ty = max(y, last + gap)
+            last = ty
+            tx = x * 1.12 if log_x else x + 0.15
+            moved = ty - y > 1e-9
+            ax.annotate(name, (x, y), xytext=(tx, ty), textcoords="data", fontsize=8, va="center",
+                        arrowprops=dict(arrowstyle="-", lw=0.5, color="grey") if moved else None)
+
+
 def privacy_utility_figure(report: PrivacyReport) -> Figure | None:
     """Accounted worst-client epsilon (log x) against test accuracy, one point per method.
 
@@ -72,9 +96,10 @@ def privacy_utility_figure(report: PrivacyReport) -> Figure | None:
     ax_inf = fig.add_subplot(grid[1], sharey=ax)
     finite = [(m, e, a) for m, e, a in points if _finite(e) and e > 0]
     infinite = [(m, e, a) for m, e, a in points if not (_finite(e) and e > 0)]
+    gap = 0.05 * (max(a for _, _, a in points) - min(a for _, _, a in points) + 0.1)
     for m, e, a in finite:
         ax.scatter([e], [a], s=60, color=colors[m.name], edgecolor="black", zorder=3)
-        ax.annotate(m.name, (e, a), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    _spread_labels(ax, [(m.name, e, a) for m, e, a in finite], gap, log_x=True)
     ax.set_xscale("log")
     if finite:
         lo = min(e for _, e, _ in finite)
@@ -86,9 +111,9 @@ def privacy_utility_figure(report: PrivacyReport) -> Figure | None:
     ax.set_ylabel("test accuracy")
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title("What privacy costs: accounted epsilon vs test accuracy")
-    for i, (m, e, a) in enumerate(infinite):
+    for m, e, a in infinite:
         ax_inf.scatter([0.5], [a], s=70, marker="D", color=colors[m.name], edgecolor="black", zorder=3)
-        ax_inf.annotate(m.name, (0.5, a), textcoords="offset points", xytext=(6, 3), fontsize=8)
+    _spread_labels(ax_inf, [(m.name, 0.5, a) for m, e, a in infinite], gap, log_x=False)
     ax_inf.set_xlim(0, 2.2)
     ax_inf.set_xticks([0.5])
     ax_inf.set_xticklabels([INF_LABEL], fontsize=8)
