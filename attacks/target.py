@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from attacks import signals
+from privkit.models import select_device
 
 
 @torch.no_grad()
@@ -16,7 +17,7 @@ def model_logits(model: torch.nn.Module, x: np.ndarray, *, device: str | torch.d
     """Logits of ``model`` on ``x`` in eval mode, batched, on ``cuda`` when present (``device="auto"``)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1; found {batch_size}")
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device)
+    dev = device if isinstance(device, torch.device) else select_device(device)
     was_training = model.training
     model.to(dev).eval()
     out = []

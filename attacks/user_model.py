@@ -17,6 +17,7 @@ from attacks.epsilon import verdict
 from attacks.fast import SGDRecipe, reference_models
 from attacks.mia import LiRA, ThresholdAttack
 from attacks.target import Target
+from privkit.models import select_device
 
 
 def audit_model(model: torch.nn.Module, x_members: np.ndarray, y_members: np.ndarray,
@@ -59,9 +60,8 @@ def audit_model(model: torch.nn.Module, x_members: np.ndarray, y_members: np.nda
     attacks = {"threshold": membership_entry(ThresholdAttack("loss").score_samples(logits, labels),
                                              member, **common, notes="loss threshold (Yeom et al. 2018)")}
     if model_spec is not None:
-        dev = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
         ref_logits, keep = reference_models(model_spec, target.x, labels, n_models=n_reference,
-                                            recipe=recipe, seed=seed, device=dev)
+                                            recipe=recipe, seed=seed, device=select_device(device))
         for name, online in (("lira", True), ("lira-offline", False)):
             scores = LiRA(online=online, fix_variance=True).fit(ref_logits, labels, keep).score_samples(logits, labels)
             attacks[name] = membership_entry(

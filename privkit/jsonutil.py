@@ -22,8 +22,10 @@ def strict(obj: Any) -> Any:
     ``"Infinity"``, ``"-Infinity"`` and ``"NaN"`` (as in report.json), which ``float()`` reads back."""
     if isinstance(obj, dict):
         return {k: strict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
+    if isinstance(obj, (list, tuple, np.ndarray)):
         return [strict(v) for v in obj]
-    if isinstance(obj, (float, np.floating)) and not np.isfinite(obj):
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not np.isfinite(obj):
         return "NaN" if np.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
     return obj

@@ -293,6 +293,7 @@ class Status:
 
     def __init__(self, path: Path, name: str):
         self.path = path
+        self.unreadable: str | None = None
         self.data: dict = {"schema_version": SCHEMA_VERSION, "name": name, "methods": {}}
         if path.is_file():
             try:
@@ -300,8 +301,9 @@ class Status:
                 if old.get("schema_version") == SCHEMA_VERSION:
                     self.data["methods"] = old.get("methods", {})
                     self.data["report"] = old.get("report")
-            except (json.JSONDecodeError, OSError):
-                pass  # an unreadable status only means stages are re-run
+            except (json.JSONDecodeError, OSError) as exc:
+                # unreadable: every stage is re-run (earlier files stay on disk); the run says so
+                self.unreadable = f"{path} unreadable ({type(exc).__name__}); re-running every stage"
 
     def stage(self, key: str, stage: str) -> dict:
         return self.data["methods"].get(key, {}).get("stages", {}).get(stage, {})
@@ -369,39 +371,6 @@ def _claim_from(claims: dict) -> dict | None:
     return out
 
 
-def _client_table(ledger, delta: float, accountants: list[str]) -> tuple[dict, dict]:
-    """Epsilon at ``delta`` per client under each listed accountant (+ ``best``, their minimum).
-
-    Same numbers as ``Ledger.summary`` restricted to ``accountants`` (tested); an accountant that
-    cannot handle a client's events is recorded as not applicable, never as a zero.
-    """
-    clients: dict[str, dict[str, float]] = {}
-    not_applicable: dict[str, str] = {}
-    for c in ledger.clients:
-        row: dict[str, float] = {}
-        for kind in accountants:
-            try:
-                row[kind] = float(ledger.epsilon(delta, client=c, accountant=kind))
-            except ValueError as exc:
-                not_applicable.setdefault(kind, str(exc))
-        if not row:
-            raise PrivkitError(f"no accountant among {accountants} applies to client {c}: "
-                               f"{not_applicable}")
-        row["best"] = min(row.values())
-        clients[c] = row
-    return clients, not_applicable
-
-
-def _worst(clients: dict[str, dict[str, float]]) -> tuple[dict[str, float], dict[str, str]]:
-    kinds = {k for row in clients.values() for k in row}
-    worst, who = {}, {}
-    for kind in sorted(kinds):
-        if all(kind in row for row in clients.values()):  # only accountants valid for everyone
-            c = max(clients, key=lambda k: clients[k][kind])
-            worst[kind], who[kind] = clients[c][kind], c
-    return worst, who
-
-
 def account_method(mdir: Path, delta: float, accountant: str = "best",
                    accountants: list[str] | None = None, pld_grid: float | None = None,
                    curve_accountant: str = "rdp") -> dict:
@@ -414,8 +383,6 @@ def account_method(mdir: Path, delta: float, accountant: str = "best",
     pld_grid : PLD value discretisation interval (coarser is faster and still an upper bound).
     curve_accountant : accountant of the epsilon-over-rounds curve (worst client at the end).
     """
-    import logging
-
     from accountants import Ledger
 
     accountants = list(accountants or ACCOUNTANTS)
@@ -423,33 +390,26 @@ def account_method(mdir: Path, delta: float, accountant: str = "best",
     if pld_grid is not None:
         ledger.value_discretization_interval = pld_grid
     meta = _read_json(mdir / "train.json")
-    absl = logging.getLogger("absl")
-    level = absl.level
-    absl.setLevel(logging.ERROR)  # dp-accounting logs every RDP order it drops; the bound stands
+    summary = ledger.summary(delta, accountants=accountants)
+    clients, worst, who = summary["clients"], summary["worst"], summary["worst_client"]
+    errors = dict(summary["not_applicable"])
+    head = accountant if accountant in worst else "best"
+    over_rounds: list[tuple[float, float]] = []
+    curve_kind = curve_accountant if curve_accountant in worst else head
     try:
-        clients, not_applicable = _client_table(ledger, delta, accountants)
-        worst, who = _worst(clients)
-        errors = {k: v for k, v in not_applicable.items()}
-        head = accountant if accountant in worst else "best"
-        over_rounds: list[tuple[float, float]] = []
-        curve_kind = curve_accountant if curve_accountant in worst else head
+        over_rounds = [(float(r), float(e)) for r, e in ledger.epsilon_over_rounds(
+            delta, curve_kind, client=who.get(head))]
+    except ValueError as exc:
+        errors["epsilon_over_rounds"] = str(exc)
+    claim = _claim_from(meta.get("claims") or {})
+    at_claim = None
+    cd = claim.get("delta") if claim else None
+    if isinstance(cd, (int, float)) and 0 < cd < 1:
         try:
-            over_rounds = [(float(r), float(e)) for r, e in ledger.epsilon_over_rounds(
-                delta, curve_kind, client=who.get(head))]
+            at_claim = (summary if cd == delta else ledger.summary(cd, accountants=accountants))["worst"].get(head)
         except ValueError as exc:
-            errors["epsilon_over_rounds"] = str(exc)
-        claim = _claim_from(meta.get("claims") or {})
-        at_claim = None
-        cd = claim.get("delta") if claim else None
-        if isinstance(cd, (int, float)) and 0 < cd < 1:
-            try:
-                table = clients if cd == delta else _client_table(ledger, cd, accountants)[0]
-                at_claim = _worst(table)[0].get(head)
-            except ValueError as exc:
-                errors["claim_delta"] = str(exc)
-    finally:
-        absl.setLevel(level)
-    neighbouring = sorted({e.neighbouring for c in ledger.clients for e in ledger.entries(c)})
+            errors["claim_delta"] = str(exc)
+    neighbouring = sorted({r for r in summary["neighbouring"].values() if r})
     return {"schema_version": SCHEMA_VERSION, "delta": delta, "accountant": head,
             "accountants": accountants + ["best"], "pld_grid": ledger.value_discretization_interval,
             "curve_accountant": curve_kind,
@@ -524,6 +484,8 @@ def run_pipeline(run: ResolvedRun, out: str | Path = "runs", *, progress: bool =
     atomic_write_text(root / "federation.json", json.dumps(federation.to_dict()))
     atomic_write_json(root / "dataset.json", federation.summary())
     status = Status(root / "status.json", cfg.name)
+    if status.unreadable:
+        say(status.unreadable)
     # forget methods no longer in the config (their folders stay on disk)
     status.data["methods"] = {k: v for k, v in status.data["methods"].items()
                               if k in {m.key for m in run.methods}}
@@ -605,12 +567,8 @@ _FEDERATIONS: dict[str, Any] = {}  # per process: the run's federation, loaded o
 def _execute(run: ResolvedRun, m: ResolvedMethod, stage: str, root: str,
              progress: bool) -> tuple[str | None, str, float]:
     """Run one stage; returns (error or None, traceback, seconds). KeyboardInterrupt propagates."""
-    import logging
-
     from privkit.data import Federation
 
-    # dp-accounting logs every RDP order it drops (the bound stands); keep the console readable
-    logging.getLogger("absl").setLevel(logging.ERROR)
     t0 = time.perf_counter()
     mdir = Path(root) / m.key
     try:

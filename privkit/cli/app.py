@@ -42,8 +42,7 @@ def print_json(obj: Any) -> None:
     """Write one strict JSON object to stdout (no rich markup, no bare Infinity: it can be piped to jq)."""
     from privkit.jsonutil import json_default, strict
 
-    text = json.dumps(obj, indent=2, default=json_default)
-    sys.stdout.write(json.dumps(strict(json.loads(text)), indent=2, allow_nan=False) + "\n")
+    sys.stdout.write(json.dumps(strict(obj), indent=2, allow_nan=False, default=json_default) + "\n")
 
 
 def _one_line(exc: BaseException) -> str:

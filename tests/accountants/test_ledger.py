@@ -150,3 +150,30 @@ def test_json_round_trip(tmp_path):
     assert back.summary(1e-3) == ledger.summary(1e-3)
     with pytest.raises(ValueError, match="schema_version"):
         acc.Ledger.from_dict({"schema_version": 99, "clients": {}})
+
+
+def test_summary_restricted_to_some_accountants_matches_the_full_summary():
+    """A subset of accountants gives the same per-client values; 'best' is the minimum over the
+    subset only; worst client and relation come out as in the full summary."""
+    ledger = acc.Ledger()
+    for c, (q, sigma, steps) in enumerate([(0.1, 1.5, 20), (0.2, 1.2, 10), (0.05, 2.0, 50)]):
+        ledger.add(c, dpa.SelfComposedDpEvent(
+            dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps), label="dp-sgd")
+        ledger.add(c, dpa.GaussianDpEvent(3.0), label="head")
+    ref = ledger.summary(1e-5)
+    both = ledger.summary(1e-5, accountants=["rdp", "pld"])
+    assert both["not_applicable"] == {} and set(both["clients"]) == set(ref["clients"])
+    for c, row in both["clients"].items():
+        assert set(row) == {"rdp", "pld", "best"}
+        for kind in ("rdp", "pld"):
+            assert row[kind] == pytest.approx(ref["clients"][c][kind], rel=1e-9), (c, kind)
+        assert row["best"] == min(row["rdp"], row["pld"])
+    assert both["worst"]["pld"] == pytest.approx(ref["worst"]["pld"])
+    assert both["worst_client"]["pld"] == ref["worst_client"]["pld"]
+    assert both["neighbouring"] == ref["neighbouring"]
+    sub = ledger.summary(1e-5, accountants=["rdp"])
+    assert all(r["best"] == r["rdp"] == pytest.approx(ref["clients"][c]["rdp"])
+               for c, r in sub["clients"].items())
+    with pytest.raises(ValueError, match="accountants must be a non-empty subset of basic, advanced, "
+                                         "rdp, pld; found \\['prv'\\]"):
+        ledger.summary(1e-5, accountants=["prv"])

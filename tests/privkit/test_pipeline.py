@@ -20,7 +20,6 @@ from typer.testing import CliRunner
 
 import privkit.pipeline as pipeline
 from privkit.cli import app
-from privkit.config import StrictModel
 from privkit.trainers import REGISTRY, TrainerConfig, TrainResult, register_trainer
 from reports import PrivacyReport, load_report
 
@@ -100,7 +99,7 @@ def _reset(monkeypatch):
 
 
 def config(tmp_path: Path, **extra) -> Path:
-    text = f"""
+    text = """
 name = "t"
 seed = 3
 delta = 1e-5
@@ -118,7 +117,7 @@ quick = true
 
 [[methods]]
 name = "tiny-other"
-overrides = {{ private = false }}
+overrides = { private = false }
 """ + extra.get("tail", "")
     path = tmp_path / "run.toml"
     path.write_text(text)
@@ -378,26 +377,3 @@ overrides = {{ epochs = 1 }}
         assert status["dpsgd"]["stages"]["train"]["state"] == "done"
     assert results[1] == results[2]
     assert math.isinf(results[1]["centralized"][1]) and results[1]["dpsgd"][1] < math.inf
-
-
-def test_client_table_matches_ledger_summary():
-    """The per-client table restricted to some accountants equals the ledger's own summary."""
-    from accountants import Ledger
-
-    ledger = Ledger()
-    for c, (q, sigma, steps) in enumerate([(0.1, 1.5, 20), (0.2, 1.2, 10), (0.05, 2.0, 50)]):
-        ledger.add(c, dpa.SelfComposedDpEvent(
-            dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps), label="dp-sgd")
-        ledger.add(c, dpa.GaussianDpEvent(3.0), label="head")
-    ref = ledger.summary(1e-5)
-    clients, na = pipeline._client_table(ledger, 1e-5, list(pipeline.ACCOUNTANTS))
-    assert na == {} and set(clients) == set(ref["clients"])
-    for c, row in ref["clients"].items():
-        for kind, eps in row.items():
-            assert clients[c][kind] == pytest.approx(eps, rel=1e-9), (c, kind)
-    worst, who = pipeline._worst(clients)
-    assert worst == pytest.approx(ref["worst"]) and who == ref["worst_client"]
-    # a subset: 'best' is the minimum over that subset only
-    sub, _ = pipeline._client_table(ledger, 1e-5, ["rdp"])
-    assert all(r["best"] == r["rdp"] == pytest.approx(ref["clients"][c]["rdp"])
-               for c, r in sub.items())
