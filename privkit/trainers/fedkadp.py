@@ -1,4 +1,6 @@
-"""FedKADP (Jiang et al., Electronics 2024; seed 004) and its baselines DP-FedAvg and FedKD+DP.
+"""FedKADP (Jiang et al., Electronics 2024; seed 004), its baseline DP-FedAvg and its ablation
+FedKADP-fixed (FedKADP's loss with a fixed temperature and noise, no feedback). The paper's other
+baseline, FedKD (Wu et al. 2022) with DP, is :mod:`privkit.trainers.fedkd` (``fedkd-dp``).
 
 All three share one loop (Algorithms 1-2):
 
@@ -7,7 +9,7 @@ All three share one loop (Algorithms 1-2):
 * client (Alg. 1): ``student = teacher = w_{t-1}``; ``E`` DP-SGD steps (:mod:`dp_sgd_step`):
   per-sample clipping to ``c``, Gaussian noise ``sigma_t c`` on the sum, divided by ``B``; the
   loss is ``CE(y, student) + rho^2 KL(softmax(teacher/rho) || softmax(student/rho))`` (FedKADP,
-  FedKD+DP) or ``CE`` alone (DP-FedAvg);
+  FedKADP-fixed) or ``CE`` alone (DP-FedAvg);
 * FedKADP only: after each round the bidirectional-feedback ``Metric`` (Sec. 3.2) sets the next
   temperature ``rho`` (Eq. 17) and noise multiplier ``sigma`` (Eq. 20).
 
@@ -62,7 +64,8 @@ Unit = Annotated[float, Field(gt=0, le=1)]
 
 # ============================================================================ configs
 class DpFedConfig(TrainerConfig):
-    """Settings shared by DP-FedAvg, FedKD+DP and FedKADP (paper values where Sec. 5 gives them).
+    """Settings shared by DP-FedAvg, FedKADP-fixed, FedKD+DP and FedKADP (paper values where Sec. 5
+    gives them).
 
     Scaled to the embedded data and a CPU (the paper: MNIST, 100 clients, CNN with 2 conv + 2 dense
     layers, eta=0.005): ``arch="mlp"`` with one hidden layer of 64 units (DP-SGD noise grows with
@@ -87,8 +90,8 @@ class DpFedConfig(TrainerConfig):
     accountant: Literal["rdp", "pld"] = "rdp"  # accountant of the budget check and round epsilons
 
 
-class FedKDDPConfig(DpFedConfig):
-    """FedKD+DP: FedKADP's loss with a fixed temperature and a fixed noise multiplier."""
+class FedKADPFixedConfig(DpFedConfig):
+    """FedKADP-fixed: FedKADP's loss with a fixed temperature and a fixed noise multiplier."""
 
     temperature: Annotated[float, Field(gt=0)] = 2.5  # midpoint of the paper's [rho_min, rho_max]
 
@@ -455,7 +458,8 @@ def _run(federation, cfg: DpFedConfig, seed: int, *, method: str, distill: bool,
                        ledger=ledger, rounds=rounds, test_accuracy=test_acc, warnings=warns, claims=claims)
 
 
-QUICK = {"rounds": 10, "local_steps": 10, "noise_multiplier": 1.0, "target_epsilon": 16.0}
+QUICK = {"rounds": 12, "local_steps": 10, "noise_multiplier": 1.0, "target_epsilon": 16.0, "lr": 0.5,
+         "client_fraction": 0.25}
 
 
 @register_trainer("fedkadp", FedKADPConfig, "FedKADP: KD from the global model + DP-SGD with adaptive "
@@ -466,11 +470,13 @@ def train_fedkadp(federation, config: FedKADPConfig, seed: int, progress: bool =
     return _run(federation, config, seed, method="fedkadp", distill=True, adaptive=True, progress=progress)
 
 
-@register_trainer("fedkd-dp", FedKDDPConfig, "FedKD+DP: FedKADP's KD loss and DP-SGD with a fixed "
-                  "temperature and noise multiplier", paper=PAPER, formal_dp=True, quick=QUICK)
-def train_fedkd_dp(federation, config: FedKDDPConfig, seed: int, progress: bool = False) -> TrainResult:
-    """FedKD+DP baseline of FedKADP Sec. 5.4 (fixed rho and sigma)."""
-    return _run(federation, config, seed, method="fedkd-dp", distill=True, adaptive=False, progress=progress)
+@register_trainer("fedkadp-fixed", FedKADPFixedConfig, "FedKADP-fixed (ablation): FedKADP's KD loss and "
+                  "DP-SGD with a fixed temperature and noise multiplier, no feedback", paper=PAPER,
+                  formal_dp=True, quick=QUICK)
+def train_fedkadp_fixed(federation, config: FedKADPFixedConfig, seed: int, progress: bool = False) -> TrainResult:
+    """FedKADP without its bidirectional feedback (fixed rho and sigma): what the feedback adds."""
+    return _run(federation, config, seed, method="fedkadp-fixed", distill=True, adaptive=False,
+                progress=progress)
 
 
 @register_trainer("dp-fedavg", DpFedConfig, "DP-FedAvg: FedAvg whose clients run record-level DP-SGD "

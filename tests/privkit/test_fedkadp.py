@@ -1,4 +1,4 @@
-"""FedKADP, FedKD+DP, DP-FedAvg: feedback Metric, paper formula, ledger, budget stop, determinism."""
+"""FedKADP, FedKADP-fixed, DP-FedAvg: feedback Metric, paper formula, ledger, budget stop, determinism."""
 
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def test_fedkadp_never_releases_a_round_past_the_budget(fed):
     assert none.rounds == [] and len(none.ledger) == 0
 
 
-@pytest.mark.parametrize("method", ["fedkadp", "fedkd-dp"])
+@pytest.mark.parametrize("method", ["fedkadp", "fedkadp-fixed"])
 def test_same_seed_same_result(fed, method):
     a = train(method, fed, {**TINY, "rounds": 2}, seed=5)
     b = train(method, fed, {**TINY, "rounds": 2}, seed=5)
@@ -174,8 +174,8 @@ def test_same_seed_same_result(fed, method):
     assert not torch.equal(a.model.head.weight, c.model.head.weight)
 
 
-def test_fedkd_dp_uses_its_fixed_temperature(fed):
-    res = train("fedkd-dp", fed, {**TINY, "rounds": 2, "temperature": 3.5}, seed=0)
+def test_fedkadp_fixed_uses_its_fixed_temperature(fed):
+    res = train("fedkadp-fixed", fed, {**TINY, "rounds": 2, "temperature": 3.5}, seed=0)
     assert [r["rho"] for r in res.rounds] == [3.5, 3.5]
     assert [r["sigma"] for r in res.rounds] == [3.0, 3.0]
 
