@@ -99,6 +99,7 @@ def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> 
         note = None
     return {"method": result.method, "seed": result.seed, "run_dir": str(out),
             "test_accuracy": float(result.test_accuracy), "rounds": len(result.rounds),
+            "chance_accuracy": _finite(result.chance_accuracy), "near_chance": result.near_chance,
             "seconds": round(seconds, 2), "epsilon": _finite(eps), "epsilon_infinite": math.isinf(eps),
             "delta": delta, "accountant": "best", "accounting_error": note,
             "claims": {k: v for k, v in result.claims.items() if k != "mechanisms"},
@@ -151,5 +152,6 @@ def train_command(
         out_console.print(escape(f"paper's claim: epsilon={c.get('epsilon')}, delta={c.get('delta')} "
                                  f"({c.get('composition')}; {c.get('source')})"))
     for w in summary["warnings"]:
-        out_console.print(f"[yellow]note:[/yellow] {escape(w)}", highlight=False)
+        tag = "[bold red]warning:[/bold red]" if w.startswith("near-chance") else "[yellow]note:[/yellow]"
+        out_console.print(f"{tag} {escape(w)}", highlight=False)
     out_console.print(f"wrote {summary['run_dir']}: {', '.join(summary['files'])}")

@@ -180,7 +180,7 @@ def _client_round(pair: MentorMentee, x: torch.Tensor, y: torch.Tensor, cfg: Fed
 
 # ----------------------------------------------------------------------------- trainer
 _QUICK = {"rounds": 12, "local_steps": 10, "noise_multiplier": 1.0, "target_epsilon": 16.0, "lr": 0.5,
-          "client_fraction": 0.25, "mentor_feature_dim": 96}
+          "client_fraction": 0.25, "mentor_feature_dim": 96, "mentor_depth": 1}
 
 
 @register_trainer("fedkd-dp", FedKDConfig, "FedKD+DP (Wu et al. 2022): local mentor + shared mentee, "

@@ -787,13 +787,15 @@ def _record_ldp(federation, config, plan, ledger, warnings, claims, dpa, NonPriv
 
 
 # ----------------------------------------------------------------------------- registration
+# CPU-sized: 5 rounds, 500 public records per round; NFDP's k=16 subsets train with the paper's
+# revisit batch 5 (T1=20 epochs), the all-data variants with batch 16 (T1=10) at a similar cost.
 _QUICK = {
     "arch": "mlp",
     "feature_dim": 64,
-    "rounds": 2,
-    "init_epochs": 3,
+    "rounds": 5,
+    "init_epochs": 10,
     "pretrain_epochs": 2,
-    "public_subset": 300,
+    "public_subset": 500,
     "digest_epochs": 1,
     "revisit_batch_size": 16,
     "heterogeneous": True,
@@ -806,7 +808,7 @@ _QUICK = {
     "FedMD with noise-free DP: parties train on one random k-subset, share predictions",
     paper=PAPER,
     formal_dp=True,
-    quick={**_QUICK, "k": 16},
+    quick={**_QUICK, "k": 16, "init_epochs": 20, "revisit_batch_size": 5},
 )
 def train_fedmd_nfdp(
     federation, config: FedMDNfdpConfig, seed: int, progress: bool = False

@@ -218,7 +218,7 @@ def final_model(
     "FLiP: clients share distilled samples (local-global dataset distillation)",
     paper=PAPER,
     formal_dp=False,
-    quick={"k": 1, "rounds": 3, "local_epochs": 8, "feature_dim": 32},
+    quick={"k": 2, "rounds": 4, "local_epochs": 8, "feature_dim": 32},
 )
 def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False) -> TrainResult:
     """Run FLiP on ``federation``; the released model is Eq. 5's on the last aggregate."""
