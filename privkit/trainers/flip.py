@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch.func import functional_call
 
+from privkit.config import StrictModel
 from privkit.errors import PrivkitError
 from privkit.seeding import derive_seed, torch_generator
 from privkit.trainers.base import TrainerConfig, TrainResult, register_trainer
@@ -39,6 +40,36 @@ from privkit.trainers.common import accuracy, as_tensor, minibatches, new_model,
 
 PAPER = "Xu et al., Privacy-Preserving Federated Learning via Dataset Distillation (FLiP)"
 NO_DP_REASON = "FLiP claims no formal DP; protection is only what the audits measure"
+
+
+class FlipAttackConfig(StrictModel):
+    """The paper's attackers (Sec. V, VI-D); defaults are the paper's values.
+
+    Sec. VI-D2 (membership inference): 128 shadow models, a CatBoost attack model of depth 1 and
+    10 000 iterations, attacking the models of rounds 1, 25, 50, 75 and 100. Sec. V-A / Table II
+    (task-irrelevant attribute inference): psi_{s1-s2} trained on the distilled data shared during
+    the whole training ("collected during the training procedure"), i.e. every round's release.
+    Lower values are reductions: :meth:`reductions` names each one, and the trainer lists them in
+    its warnings (the report shows them). Audits and ``benchmarks/repro_flip.py`` read these fields.
+    """
+
+    shadows: Annotated[int, Field(ge=2)] = 128
+    catboost_iterations: Annotated[int, Field(ge=1)] = 10_000
+    catboost_depth: Annotated[int, Field(ge=1)] = 1
+    mia_rounds: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 25, 50, 75, 100])
+    table2_rounds: Literal["all", "last"] = "all"
+    table2_classifier: Literal["catboost", "logreg"] = "catboost"
+
+    def reductions(self) -> list[str]:
+        """Each setting below the paper's, as ``"<field> <value> (paper <value>)"``."""
+        paper = FlipAttackConfig()
+        out = [f"{name} {getattr(self, name)} (paper {getattr(paper, name)})"
+               for name in ("shadows", "catboost_iterations") if getattr(self, name) < getattr(paper, name)]
+        if self.table2_rounds != paper.table2_rounds:
+            out.append("table2_rounds last (paper: every round's release)")
+        if self.table2_classifier != paper.table2_classifier:
+            out.append(f"table2_classifier {self.table2_classifier} (paper's attacker: catboost)")
+        return out
 
 
 class FlipConfig(TrainerConfig):
@@ -69,6 +100,7 @@ class FlipConfig(TrainerConfig):
     label_init: Annotated[float, Field(ge=0)] = 3.0  # initial label logit of the slot's class
     sample_init_std: Annotated[float, Field(gt=0)] = 0.3
     record_every: Annotated[int, Field(ge=0)] = 0  # also keep uploads every n rounds (0: last only)
+    attack: FlipAttackConfig = Field(default_factory=FlipAttackConfig)
 
 
 # ----------------------------------------------------------------------------- parametrisation
@@ -218,7 +250,8 @@ def final_model(
     "FLiP: clients share distilled samples (local-global dataset distillation)",
     paper=PAPER,
     formal_dp=False,
-    quick={"k": 2, "rounds": 4, "local_epochs": 8, "feature_dim": 32},
+    quick={"k": 2, "rounds": 4, "local_epochs": 8, "feature_dim": 32,
+           "attack": {"shadows": 2, "catboost_iterations": 200}},
 )
 def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False) -> TrainResult:
     """Run FLiP on ``federation``; the released model is Eq. 5's on the last aggregate."""
@@ -252,6 +285,9 @@ def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False
         NO_DP_REASON + " (the ledger records the shared distilled data as a non-private "
         "release; the server sees every client's upload before averaging)"
     ]
+    reduced = config.attack.reductions()
+    if reduced:
+        warnings.append("FLiP's attackers are scaled down from the paper's (attack.*): " + "; ".join(reduced))
     if len(active) < federation.num_clients:
         warnings.append(
             f"{federation.num_clients - len(active)} clients hold no data and share nothing"
