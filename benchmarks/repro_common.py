@@ -7,7 +7,7 @@ Every script prints one object::
      "rows": [{"name", "paper", "privkit_mean", "privkit_std", "per_seed", ...}],
      "claims": [{"claim", "paper", "privkit", "reproduced", "note"}],
      "privacy_arithmetic": [{"item", "paper", "corrected", "note"}],
-     "conditions": {...}, "seconds": ...}
+     "conditions": {...}, "seconds": ..., "cpu_seconds": ...}
 
 Accuracies are percentages; ``paper`` is None where the paper has no number for a row.
 """
@@ -41,6 +41,7 @@ class Report:
     claims: list[dict] = field(default_factory=list)
     privacy_arithmetic: list[dict] = field(default_factory=list)
     started: float = field(default_factory=time.time)
+    cpu_started: float = field(default_factory=time.process_time)
 
     def row(self, name: str, values: list[float], paper: float | None = None, **extra: Any) -> dict:
         """Add a row: privkit's per-seed values (fractions are turned into %) beside the paper's."""
@@ -75,7 +76,9 @@ class Report:
                 "privacy_arithmetic": self.privacy_arithmetic,
                 "conditions": {"torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
                                "platform": platform.platform(), "load_average": os.getloadavg()},
-                "seconds": round(time.time() - self.started, 1)}
+                "seconds": round(time.time() - self.started, 1),
+                # one torch thread: CPU seconds are what the run takes on an idle core
+                "cpu_seconds": round(time.process_time() - self.cpu_started, 1)}
 
     def markdown(self) -> str:
         def cell(v: Any) -> str:
@@ -100,7 +103,8 @@ class Report:
             for a in self.privacy_arithmetic:
                 lines.append(f"| {cell(a['item'])} | {cell(a['paper'])} | {cell(a['corrected'])} | "
                              f"{cell(a['note'])} |")
-        lines.append(f"\n{self.to_dict()['seconds']} s")
+        d = self.to_dict()
+        lines.append(f"\n{d['seconds']} s wall, {d['cpu_seconds']} s CPU")
         return "\n".join(lines)
 
 

@@ -43,9 +43,9 @@ Usage: ``python benchmarks/repro_fedaux.py [--seeds 3] [--rounds 5] [--arch mlp]
 from __future__ import annotations
 
 import numpy as np
+import repro_common as rc
 import torch
 
-import repro_common as rc
 from privkit.data import FederationConfig, build_federation
 from privkit.trainers import fedaux as fedaux_module
 from privkit.trainers import train
