@@ -5,7 +5,7 @@ Every script prints one object::
 
     {"schema_version": 1, "benchmark": "repro_<paper>", "paper": "...", "setting": {...},
      "rows": [{"name", "paper", "privkit_mean", "privkit_std", "per_seed", ...}],
-     "claims": [{"claim", "paper", "privkit", "reproduced", "note"}],
+     "claims": [{"claim", "paper", "privkit", "reproduced", "resolved", "note"}],
      "privacy_arithmetic": [{"item", "paper", "corrected", "note"}],
      "conditions": {...}, "seconds": ..., "cpu_seconds": ...}
 
@@ -54,17 +54,25 @@ class Report:
     def mean(self, name: str) -> float:
         return next(r["privkit_mean"] for r in self.rows if r["name"] == name)
 
-    def claim(self, claim: str, paper: str, privkit: str, reproduced: bool, note: str = "") -> None:
+    def std(self, name: str) -> float:
+        return next(r["privkit_std"] for r in self.rows if r["name"] == name)
+
+    def claim(self, claim: str, paper: str, privkit: str, reproduced: bool, note: str = "",
+              resolved: bool = True) -> None:
+        """``resolved`` False: the difference is within the spread over seeds (not decided)."""
         self.claims.append({"claim": claim, "paper": paper, "privkit": privkit,
-                            "reproduced": bool(reproduced), "note": note})
+                            "reproduced": bool(reproduced), "resolved": bool(resolved), "note": note})
 
     def order_claim(self, better: str, worse: str, paper_better: float, paper_worse: float,
                     note: str = "", claim: str | None = None) -> bool:
         """``better`` beats ``worse`` (row means): reproduced when privkit's order matches."""
         a, b = self.mean(better), self.mean(worse)
-        ok = a > b
+        spread = max(self.std(better), self.std(worse))
+        ok, resolved = a > b, abs(a - b) > spread
+        if not resolved:
+            note = (note + "; " if note else "") + f"difference within the spread over seeds ({spread:.1f})"
         self.claim(claim or f"{better} > {worse}", f"{paper_better:.1f} > {paper_worse:.1f}",
-                   f"{a:.1f} {'>' if ok else '<='} {b:.1f}", ok, note)
+                   f"{a:.1f} {'>' if ok else '<='} {b:.1f}", ok, note, resolved)
         return ok
 
     def arithmetic(self, item: str, paper: Any, corrected: Any, note: str = "") -> None:
@@ -96,8 +104,9 @@ class Report:
                          + "".join(f" {cell(r[e]) if e in r else '-'} |" for e in extras))
         lines += ["", "| claim | paper | privkit | reproduced |", "|---|---|---|---|"]
         for c in self.claims:
+            verdict = ("yes" if c["reproduced"] else "NO") + ("" if c["resolved"] else " (unresolved)")
             lines.append(f"| {cell(c['claim'])} | {cell(c['paper'])} | {cell(c['privkit'])} | "
-                         f"{'yes' if c['reproduced'] else 'NO'}{': ' + cell(c['note']) if c['note'] else ''} |")
+                         f"{verdict}{': ' + cell(c['note']) if c['note'] else ''} |")
         if self.privacy_arithmetic:
             lines += ["", "| privacy arithmetic | paper | corrected | note |", "|---|---|---|---|"]
             for a in self.privacy_arithmetic:
