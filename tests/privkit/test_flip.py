@@ -228,3 +228,17 @@ def test_table2_attack_uses_every_rounds_release(rounds):
     per_run = fed.num_clients * K * (3 if rounds == "all" else 1)
     assert res.n_test == 2 * per_run  # the two p2 runs' shared samples
     assert "every round's" in res.notes if rounds == "all" else "the last round's" in res.notes
+
+
+def test_mia_rounds_keep_the_aggregate_that_rebuilds_that_rounds_model(fed):
+    cfg = {**TINY, "rounds": 3, "attack": {"mia_rounds": [1, 3]}}
+    res = train("flip", fed, cfg, seed=4)
+    assert {k for k in res.artifacts if k.endswith(("_round_1", "_round_3"))} == {
+        f"aggregated_{n}_round_{t}" for n in ("x", "label_logits", "lr") for t in (1, 3)}
+    assert not any(k.endswith("_round_2") for k in res.artifacts)
+    # the last kept round is the released model itself
+    last = flip.model_at_round(fed, flip.FlipConfig(**cfg), 4, res.artifacts, 3)
+    for a, b in zip(last.parameters(), res.model.parameters()):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(Exception, match="found 2"):
+        flip.model_at_round(fed, flip.FlipConfig(**cfg), 4, res.artifacts, 2)
