@@ -17,9 +17,10 @@ epochs. A positive control runs the same attacker on the p2 runs' raw s1/s2 imag
 far above 50 %, or a 50 % on distilled data would say nothing. It trains on the clients'
 raw s1/s2 images and is tested on the test set's.
 
-Measured (1 seed, defaults, ~7 minutes on one idle core): see the JSON of a run; FLiP's accuracy
-rises with k and stays below vanilla FL by more than 5 points at these small k, and the Table II
-attack is near 50 % while the positive control is near 100 %.
+Measured (1 seed, defaults; 563 s wall on 2 heavily shared cores): vanilla FedAvg 89.9 %, FLiP
+75.3 / 85.3 / 87.1 % at k = 1 / 2 / 5 (rises with k; 2.8 points below vanilla at k = 5); Table II
+attack 48.8 % (95 % CI [44.3, 53.3], 500 distilled test samples from 5 rounds x 5 clients x 2 runs),
+positive control 93.2 %: the claim (attack at chance) reproduces on MNIST.
 
 Usage: ``python benchmarks/repro_flip.py [--seeds 1] [--ks 1,2,5] [--rounds 10] [--json] [--out f.json]``
 """
