@@ -15,14 +15,23 @@ Setting (the paper's disjoint label spaces, scaled to the embedded data):
   would be 0.5 ... 160), sampling with replacement (Theorem 2);
 * baselines: FedMD-NP (all records), FedMD-LDP (Gaussian noise on the shared softmax vectors at
   NFDP's k = 16 budget, composed over R x |X_p| releases), Centralized (one 128-unit MLP on the
-  pooled private-class records, 20 epochs).
+  pooled private-class records, 20 epochs), and local training only (FedMD-NP with no round of
+  collaboration: what a party reaches alone).
 
 Accuracy is the mean over parties (as Table 2), then mean +- std over seeds. epsilon uses the
 natural log (Theorems 1-2); the paper's Table 2 prints the log10 value, shown beside it.
 
-Runtime: about 5 minutes per seed on one idle core.
+Measured (1 seed; 57 s CPU, 110 s wall on 2 shared cores): Centralized 95.6, FedMD-NP 90.1,
+NFDP 0.0 / 52.4 / 81.3 / 87.6 at k = 3 / 16 / 50 / n=146, FedMD-LDP 89.2 (chance 21.4). Accuracy
+rises with k and NFDP at k = n is within 3 points of FedMD-NP, as in the paper. At k = 3 the
+parties predict only public classes on the private test images (0 %, below chance). FedMD-LDP does
+not collapse as the paper reports: its party models train on all their own records without noise
+and only the shared predictions are noised (std ~360 per coordinate), so a party keeps what local
+training gives it (the "local training only" row) and the noisy consensus adds nothing.
 
-Usage: ``python benchmarks/repro_fedmd_nfdp.py [--seeds 1] [--ks 3,16,50,0] [--rounds 10] [--json]``
+Runtime: about 1 minute CPU per seed on one idle core.
+
+Usage: ``python benchmarks/repro_fedmd_nfdp.py [--seeds 3] [--ks 3,16,50,0] [--rounds 10] [--json]``
 (k = 0 stands for k = n).
 """
 
@@ -64,7 +73,7 @@ def centralized(fed, seed: int) -> float:
 
 
 def main(argv=None) -> None:
-    ap = rc.parser(__doc__, seeds=1)
+    ap = rc.parser(__doc__, seeds=3)
     ap.add_argument("--ks", default="3,16,50,0")
     ap.add_argument("--rounds", type=int, default=10)
     args = ap.parse_args(argv)
@@ -93,10 +102,13 @@ def main(argv=None) -> None:
         acc.setdefault("ldp", []).append(float(np.mean(res.client_accuracy)))
         ldp_sigma = min(c["sigma"] for c in res.claims["per_client"])
         acc.setdefault("central", []).append(centralized(fed, seed))
+        res = train("fedmd-np", fed, {**base, "rounds": 0}, seed=seed)
+        acc.setdefault("local", []).append(float(np.mean(res.client_accuracy)))
         rc.log(args, f"seed {seed} NP {acc['np'][-1]:.3f} LDP {acc['ldp'][-1]:.3f} central {acc['central'][-1]:.3f}")
 
     report.row("Centralized (pooled private-class records)", acc["central"], PAPER_CENTRAL)
     report.row("FedMD-NP", acc["np"], PAPER_NP)
+    report.row("local training only (FedMD-NP, 0 rounds)", acc["local"], None)
     for k in ks:
         c = nfdp_claim(n, k, True)
         paper_k = {3: None, 16: 16}.get(k) if k != n else 2880
@@ -116,7 +128,10 @@ def main(argv=None) -> None:
     ldp = report.mean("FedMD-LDP at NFDP k=16's budget")
     report.claim("FedMD-LDP at the same budget is near chance", "'close to random guess' (no number)",
                  f"{ldp:.1f} (chance {100 * chance:.1f}; noise std {ldp_sigma:.3g} per coordinate)",
-                 ldp <= 100 * chance + 0.1 * (100 - 100 * chance))
+                 ldp <= 100 * chance + 0.1 * (100 - 100 * chance),
+                 "the party models train on their own records without noise; only the shared "
+                 f"predictions are noised, so a party keeps its local accuracy "
+                 f"({report.mean('local training only (FedMD-NP, 0 rounds)'):.1f} with no collaboration)")
     privacy_arithmetic(report, n)
     rc.emit(report, args)
 
