@@ -65,7 +65,7 @@ class FedKDConfig(DpFedConfig):
     mentor_arch: Literal["cnn", "mlp"] | None = None  # None: the mentee's arch
     mentor_width: Annotated[int, Field(ge=1)] = 32
     mentor_feature_dim: Annotated[int, Field(ge=2)] = 128
-    mentor_depth: Annotated[int, Field(ge=1)] = 2  # hidden layers (mlp)
+    mentor_depth: Annotated[int, Field(ge=1)] = 1  # hidden layers (mlp); a deeper mentor shares the clip norm with more weights
     hidden_loss: bool = True  # the MSE(h_t, W_h h_s) term
     compress: bool = True  # truncated-SVD compression of the up- and downloads
     energy_start: Annotated[float, Field(gt=0, le=1)] = 0.95  # T_start (paper)
@@ -180,7 +180,7 @@ def _client_round(pair: MentorMentee, x: torch.Tensor, y: torch.Tensor, cfg: Fed
 
 # ----------------------------------------------------------------------------- trainer
 _QUICK = {"rounds": 12, "local_steps": 10, "noise_multiplier": 1.0, "target_epsilon": 16.0, "lr": 0.5,
-          "client_fraction": 0.25, "mentor_feature_dim": 96, "mentor_depth": 1}
+          "client_fraction": 0.25, "mentor_feature_dim": 96}
 
 
 @register_trainer("fedkd-dp", FedKDConfig, "FedKD+DP (Wu et al. 2022): local mentor + shared mentee, "
