@@ -27,8 +27,9 @@ closes the DP gap), lambda_s = 0.01, paper sensitivity bound 2 sqrt(C)/(lam n), 
 head trained on the soft labels for 10 epochs (Adam 1e-2, head only: the 1.4k distillation images
 are too few to fine-tune the extractor at the paper's 5e-5).
 
-Command: ``nice python benchmarks/repro_fedauxfdp.py --seeds 3``. Runtime: 231 s wall (209 s CPU)
-on 2 shared CPU cores (h0 is pretrained once per seed and reused by all methods and both alphas).
+Command: ``python benchmarks/repro_fedauxfdp.py --seeds 3``. Runtime: 231 s wall (209 s CPU)
+on 2 shared CPU cores (h0 is pretrained once per seed and reused by all methods and both alphas);
+a later run with the same numbers took ~20 minutes wall on the same machine under heavy load.
 
 Measured (3 seeds; server test accuracy %, mean +- std):
 
@@ -119,6 +120,8 @@ def main(argv=None) -> None:
     ap = rc.parser(__doc__, seeds=3)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    report = rc.Report("repro_fedauxfdp", "Hoech et al., FedAUXfdp, Table 2 (one-shot, 20 clients)",
+                       {**BASE, "alphas": list(ALPHAS), "seeds": args.seeds})
     results: dict[tuple[float, str], list[float]] = {}
     conc: dict[float, list[tuple[float, float]]] = {}
     eps_ledger: dict[str, list[float]] = {}
@@ -137,8 +140,7 @@ def main(argv=None) -> None:
                 if "scores" in res.artifacts:
                     conc.setdefault(alpha, []).append(score_weight_on_holders(fed, res.artifacts["scores"]))
                 rc.log(args, f"seed {seed} alpha {alpha} {label}: {res.test_accuracy:.3f}")
-    report = rc.Report("repro_fedauxfdp", "Hoech et al., FedAUXfdp, Table 2 (one-shot, 20 clients)",
-                       {**BASE, "alphas": list(ALPHAS), "seeds": args.seeds, "epsilon_scaling": scaling})
+    report.setting["epsilon_scaling"] = scaling
     for (alpha, label), v in results.items():
         extra = {}
         if label == "FedAUXfdp":
