@@ -8,9 +8,12 @@ executor that runs the tasks.
 from __future__ import annotations
 
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where a generator is made, not when seeds are derived
+    import torch
 
 
 def _purpose_key(purpose: str) -> int:
@@ -35,6 +38,8 @@ def make_rng(seed: int, purpose: str = "") -> np.random.Generator:
 
 def torch_generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
     """A torch Generator seeded with ``seed`` on ``device``."""
+    import torch
+
     g = torch.Generator(device=device)
     g.manual_seed(int(seed) % (2**63))
     return g
@@ -42,4 +47,6 @@ def torch_generator(seed: int, device: str | torch.device = "cpu") -> torch.Gene
 
 def seed_torch(seed: int) -> None:
     """Seed torch's global generators (for layer initialisation inside model constructors)."""
+    import torch
+
     torch.manual_seed(int(seed) % (2**63))

@@ -7,13 +7,14 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-import dp_accounting as dpa
 import typer
 from rich.table import Table
 
-import accountants as acc
-from accountants._validate import check_positive
-from privkit.cli.app import app, out_console, print_json
+from privkit.cli.app import app, lazy_module, out_console, print_json
+
+# imported on first use: `privkit --help` and usage errors never load dp-accounting (and scipy)
+acc = lazy_module("accountants")
+dpa = lazy_module("dp_accounting")
 
 budget_app = typer.Typer(help="Privacy budgets: mechanisms, composition, calibration, ledgers.", no_args_is_help=True)
 sensitivity_app = typer.Typer(help="L2 sensitivities of privatised models.", no_args_is_help=True)
@@ -234,9 +235,9 @@ def _event_of(release: dict[str, Any]) -> tuple[dpa.DpEvent, tuple[float, float]
 @budget_app.command("compose")
 def compose(
     gaussian: list[float] = typer.Option([], "--gaussian", help="A Gaussian release, sigma/sensitivity (repeatable)."),
-    gaussian_eps: list[str] = typer.Option([], "--gaussian-eps", help="A Gaussian calibrated for EPS:DELTA[:classic|analytic] (repeatable)."),
+    gaussian_eps: list[str] = typer.Option([], "--gaussian-eps", help="A Gaussian calibrated for EPS:DELTA\\[:classic|analytic] (repeatable)."),
     eps_delta: list[str] = typer.Option([], "--eps-delta", help="An (EPS:DELTA)-DP release (repeatable)."),
-    file: Optional[Path] = typer.Option(None, "--file", help="JSON list of releases: {gaussian}, {gaussian_eps: [e, d, m]}, {epsilon, delta}."),
+    file: Optional[Path] = typer.Option(None, "--file", help="JSON list of releases: {gaussian}, {gaussian_eps: \\[e, d, m]}, {epsilon, delta}."),
     delta: Optional[float] = typer.Option(None, "--delta", help="Total delta (default: sum of the releases' deltas)."),
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -287,6 +288,8 @@ def ledger_cmd(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Epsilon per client and for the worst client under every applicable accountant."""
+    from accountants._validate import check_positive
+
     ledger = acc.Ledger.load(file)
     ledger.value_discretization_interval = check_positive(pld_grid, "pld_grid")
     summary = ledger.summary(delta, labels=labels or None)

@@ -118,7 +118,7 @@ def _print_list(rows: list[dict[str, Any]]) -> None:
 @app.command("train")
 def train_command(
     method: Optional[str] = typer.Argument(None, help="Method name (see --list)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="TOML file: method, seed, [federation], [trainer]."),
+    config: Optional[Path] = typer.Option(None, "--config", help="TOML file: method, seed, \\[federation], \\[trainer]."),
     sets: list[str] = typer.Option([], "--set", help="Trainer override key=value (repeatable)."),
     federation_sets: list[str] = typer.Option([], "--federation-set", help="Federation override key=value (repeatable)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Trainer seed (default: file's or 0)."),
