@@ -765,9 +765,13 @@ class Ledger:
             raise FileNotFoundError(f"ledger file not found: {path}")
         try:
             data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"ledger file {path} is not valid JSON: {exc}") from exc
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # name the file, not a record
+            detail = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise ValueError(f"ledger file {path} is malformed: {detail}") from exc
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._entries.values())

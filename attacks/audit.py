@@ -107,9 +107,16 @@ def _error_entry(exc: BaseException) -> dict:
             "n_trials": None, "roc": None, "notes": "", "error": f"{type(exc).__name__}: {exc}"}
 
 
+class NotApplicable(ValueError):
+    """The attack does not apply to this method (e.g. nothing per-client is shared): reported with
+    its reason under ``not_applicable``, not as a failure."""
+
+
 def _safe(results: dict, name: str, fn: Callable[[], dict], on_error: Callable[[BaseException], dict]):
     try:
         results[name] = fn()
+    except NotApplicable as exc:
+        results[name] = {"not_applicable": str(exc), "error": None}
     except Exception as exc:  # one failed attack must not lose the others' results
         entry = on_error(exc)
         entry["traceback"] = traceback.format_exc(limit=3)
@@ -310,7 +317,7 @@ def _dominant_class_entry(fed, result, shadow_set: ShadowSet, *, seed: int, alph
     for arts, counts in zip(shadow_set.artifacts, shadow_set.class_counts):
         feats = client_artifact_features(arts, fed)
         if feats is None:
-            raise ValueError(f"method {result.method} shares no per-client artifacts to attack")
+            raise NotApplicable(f"method {result.method} shares no per-client artifacts to attack")
         xs.append(feats)
         ys.append(dominant_classes(counts))
     x_train, y_train = np.concatenate(xs), np.concatenate(ys)

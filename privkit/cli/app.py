@@ -8,6 +8,7 @@ inside the commands that need them (measured in ``benchmarks/startup.py``).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -124,7 +125,7 @@ def usage_message(exc: BaseException, args: Sequence[str]) -> str:
     text = " ".join(exc.format_message().split())
     if isinstance(exc, _click_class("BadParameter")) and type(exc).__name__ != "MissingParameter":
         value = _found_value(exc, args)
-        if value is not None and repr(value) not in text and f"'{value}'" not in text:
+        if value is not None and not re.search(rf"(?<![\w.-]){re.escape(value)}(?![\w.-])", text):
             text = f"{text.rstrip('.')}; found {value!r}"
     hint = f" (see {ctx.command_path} --help)" if where else ""
     return f"{where}{text}{hint}"

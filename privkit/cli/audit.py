@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from privkit.cli.app import app, out_console, print_json
+from privkit.cli.app import app, err_console, out_console, print_json
+from privkit.errors import PrivkitError
+from privkit.jsonutil import read_json
 
 
 def _fmt(x) -> str:
@@ -18,6 +21,48 @@ def _fmt(x) -> str:
     return str(x)
 
 
+def _check_options(run_dir: Path, executor: str, delta: float | None) -> None:
+    """Everything checkable before the audit layer (and torch) is imported."""
+    from importlib.util import find_spec
+
+    from privkit.executor import EXECUTORS
+
+    if not run_dir.is_dir():
+        raise PrivkitError(f"run_dir must be an existing directory; found {run_dir}")
+    if not (run_dir / "config.json").is_file():
+        raise PrivkitError(f"run_dir must hold a trained run (config.json); found none in {run_dir} "
+                           "(run `privkit train` first)")
+    read_json(run_dir / "config.json", "run config")  # a corrupted file is named before any work
+    if executor not in EXECUTORS:
+        raise PrivkitError(f"--executor must be one of {', '.join(EXECUTORS)}; found {executor!r}")
+    if executor == "ray" and find_spec("ray") is None:
+        raise PrivkitError('--executor ray needs Ray, which is not installed; found none '
+                           '(pip install "privkit[ray]")')
+    if delta is not None and not 0 < delta < 1:
+        raise PrivkitError(f"--delta must be in (0, 1); found {delta}")
+
+
+def _audit_capacity(run_dir: Path) -> tuple[int, int]:
+    """Training (member) and test (non-member) records of the run: the audit draws from these."""
+    fed = read_json(run_dir / "federation.json", "federation file")
+    try:
+        return sum(len(c) for c in fed["clients"]), len(fed["test"])
+    except (KeyError, TypeError) as exc:
+        raise PrivkitError(f"federation file {run_dir / 'federation.json'} is malformed: "
+                           f"missing {exc}") from None
+
+
+def _outcome(entry: dict, width: int | None = None) -> str:
+    """Markup for an attack that did not run: red when it failed, grey with the reason when it
+    does not apply to this method (not a failure)."""
+    cut = (lambda t: t[:width]) if width else (lambda t: t)
+    if entry.get("error"):
+        return f"[red]failed:[/red] {escape(cut(entry['error']))}"
+    if entry.get("not_applicable"):
+        return f"[grey50]not applicable: {escape(cut(entry['not_applicable']))}[/grey50]"
+    return ""
+
+
 @app.command("audit")
 def audit(
     run_dir: Path = typer.Argument(..., help="Run directory written by `privkit train` / `privkit run`."),
@@ -26,18 +71,27 @@ def audit(
                                                "(default: all)."),
     shadows: int = typer.Option(8, "--shadows", help="Shadow runs of the recipe (even, >= 2)."),
     executor: str = typer.Option("serial", "--executor", help="serial | process | ray."),
-    workers: int | None = typer.Option(None, "--workers", help="Worker processes / Ray CPUs."),
+    workers: int | None = typer.Option(None, "--workers", min=1, help="Worker processes / Ray CPUs."),
     seed: int = typer.Option(0, "--seed", help="Audit seed (audit points, mask, shadows, canaries)."),
-    n_audit: int = typer.Option(500, "--n-audit", help="Members and non-members audited (each)."),
-    delta: float | None = typer.Option(None, "--delta", help="Delta (default: the run's delta or 1e-5)."),
-    iterations: int = typer.Option(200, "--iterations", help="CatBoost iterations of the shadow attack."),
+    n_audit: int = typer.Option(500, "--n-audit", min=10,
+                                help="Members and non-members audited (each); at most the run's "
+                                     "training and test records (announced when capped)."),
+    delta: float | None = typer.Option(None, "--delta", help="Delta in (0, 1) (default: the run's "
+                                                             "delta or 1e-5)."),
+    iterations: int = typer.Option(200, "--iterations", min=1,
+                                   help="CatBoost iterations of the shadow attack."),
     as_json: bool = typer.Option(False, "--json", help="Print audit.json as one JSON object."),
 ) -> None:
     """Attack the released model of RUN_DIR with shadow runs of the same recipe; write audit.json."""
+    _check_options(run_dir, executor, delta)
+    n_train, n_test = _audit_capacity(run_dir)
+    if n_audit > min(n_train, n_test):  # a limit that changes what the user asked for is announced
+        n = min(n_train, n_test)
+        err_console.print(f"[yellow]note:[/yellow] auditing {n} members and {n} non-members, fewer "
+                          f"than --n-audit {n_audit}: the run has {n_train} training and {n_test} "
+                          "test records", highlight=False, soft_wrap=True)
     from attacks.audit import audit_run
 
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"run_dir must be an existing directory; found {run_dir}")
     out = audit_run(run_dir, attacks=attacks, shadows=shadows, executor=executor, workers=workers,
                     seed=seed, progress=not as_json, n_audit=n_audit, delta=delta,
                     shadow_iterations=iterations)
@@ -46,24 +100,25 @@ def audit(
         return
     table = Table(title=f"audit of {out['method']} ({run_dir}), {out['shadows']} shadow runs, "
                         f"delta={out['delta']:g}")
-    for col in ("attack", "AUC", "bal. acc", "TPR@0.1%", "TPR@1%", "eps lower bound", "ceiling", "error"):
+    for col in ("attack", "AUC", "bal. acc", "TPR@0.1%", "TPR@1%", "eps lower bound", "ceiling", "note"):
         table.add_column(col)
     for name, r in out["attacks"].items():
         tpr = r.get("tpr_at_fpr") or {}
         table.add_row(name, _fmt(r.get("auc")), _fmt(r.get("balanced_accuracy")), _fmt(tpr.get("0.001")),
                       _fmt(tpr.get("0.01")), _fmt(r.get("epsilon_lower_bound")), _fmt(r.get("ceiling")),
-                      (r.get("error") or "")[:60])
+                      _outcome(r, width=60))
     out_console.print(table)
     for name, r in out["attribute"].items():
-        if r.get("error"):
-            out_console.print(f"attribute {name}: [red]failed[/red] {r['error']}", highlight=False)
+        if r.get("error") or r.get("not_applicable"):
+            out_console.print(f"attribute {escape(name)}: {_outcome(r)}", highlight=False)
         else:
-            out_console.print(f"attribute {name}: accuracy {r['accuracy']:.3f} "
-                              f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] vs chance {r['chance']:.3f} "
-                              f"(n={r['n_test']})", highlight=False)
+            out_console.print(escape(f"attribute {name}: accuracy {r['accuracy']:.3f} "
+                                     f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] vs chance "
+                                     f"{r['chance']:.3f} (n={r['n_test']})"), highlight=False)
     acc = out["accounted_epsilon"]
     out_console.print(f"accounted epsilon: {_fmt(acc)} at delta={out['delta']:g}", highlight=False)
     status = out["verdict"]["status"]
     color = {"VIOLATION": "bold red", "consistent": "green"}.get(status, "yellow")
-    out_console.print(f"verdict: [{color}]{status}[/{color}] - {out['verdict']['message']}", highlight=False)
+    out_console.print(f"verdict: [{color}]{escape(status)}[/{color}] - "
+                      f"{escape(out['verdict']['message'])}", highlight=False)
     out_console.print(f"wrote {run_dir / 'audit.json'}", highlight=False)

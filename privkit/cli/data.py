@@ -46,10 +46,9 @@ def split(
     """Split DATASET among clients and show each client's size and class histogram."""
     from privkit.data import FederationConfig, build_federation
 
-    public = None if public_dataset in (None, "none") else public_dataset
     cfg = FederationConfig(dataset=dataset, clients=clients, partition=partition, alpha=alpha,
-                           shards_per_client=shards_per_client, public_dataset=public,
-                           public_size=0.0 if public else 0.1, data_root=data_root, seed=seed)
+                           shards_per_client=shards_per_client, public_dataset=public_dataset,
+                           data_root=data_root, seed=seed)
     fed = build_federation(cfg)
     if save:
         fed.save(save)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -74,22 +76,58 @@ def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
+RUN_MARKER = "train.json"  # written last by TrainResult.save: its presence means a finished run
+
+
+def check_out_dir(out: Path, force: bool) -> None:
+    """``--out`` is new, empty, or a finished run replaced only with ``--force``."""
+    if out.exists() and not out.is_dir():
+        raise PrivkitError(f"--out must be a directory; found a file {out}")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / "config.json").is_file():
+        raise PrivkitError(f"--out must be a new or empty directory or an earlier run; found "
+                           f"{sum(1 for _ in out.iterdir())} other entries in {out}")
+    if (out / RUN_MARKER).is_file() and not force:
+        raise PrivkitError(f"--out {out} already holds a finished run; pass --force to replace it "
+                           "(or choose another directory)")
+
+
+@contextmanager
+def _staged(out: Path):
+    """Write into a sibling staging folder, then swap it into place (old run removed last)."""
+    staging = out.parent / f".{out.name}.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    old = out.parent / f".{out.name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        out.rename(old)
+    staging.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> dict[str, Any]:
     """Build the federation, train, and write the run directory; return a summary dict."""
     from privkit.data import build_federation
     from privkit.trainers import train
 
-    out.mkdir(parents=True, exist_ok=True)
     fed_cfg, cfg = resolved["federation"], resolved["trainer"]
     config_json = {"schema_version": SCHEMA_VERSION, "method": resolved["method"], "seed": resolved["seed"],
                    "federation": fed_cfg.model_dump(), "trainer": cfg.model_dump()}
-    (out / "config.json").write_text(json.dumps(config_json, indent=2))
     federation = build_federation(fed_cfg)
-    federation.save(out / "federation.json")
     start = time.perf_counter()
-    result = train(resolved["method"], federation, cfg, seed=resolved["seed"], progress=progress)
+    with _staged(out) as staging:  # an interrupted or failed run leaves `out` as it was
+        (staging / "config.json").write_text(json.dumps(config_json, indent=2))
+        federation.save(staging / "federation.json")
+        result = train(resolved["method"], federation, cfg, seed=resolved["seed"], progress=progress)
+        result.save(staging)
     seconds = time.perf_counter() - start
-    result.save(out)
     delta = result.claims.get("delta") or 1e-5
     try:
         eps = result.ledger.epsilon(delta) if result.ledger.clients else float("inf")
@@ -123,7 +161,10 @@ def train_command(
     federation_sets: list[str] = typer.Option([], "--federation-set", help="Federation override key=value (repeatable)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Trainer seed (default: file's or 0)."),
     quick: bool = typer.Option(False, "--quick", help="Start from the method's CPU-sized quick settings."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory to write."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory to write (new or empty; "
+                                       "an earlier run only with --force)."),
+    force: bool = typer.Option(False, "--force", help="Replace the finished run in --out (it is "
+                               "kept until the new one is complete)."),
     list_: bool = typer.Option(False, "--list", help="List the registered methods and exit."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -137,6 +178,7 @@ def train_command(
         return
     if out is None:
         raise PrivkitError("--out must name the run directory to write; found none")
+    check_out_dir(out, force)
     resolved = resolve_run(method, config, sets, federation_sets, seed, quick)
     summary = run_training(resolved, out, progress=not as_json)
     if as_json:
