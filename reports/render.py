@@ -323,4 +323,11 @@ def load_report(path: str | Path) -> PrivacyReport:
         p = p / _FILES["json"]
     if not p.is_file():
         raise FileNotFoundError(f"report not found: {p}")
-    return PrivacyReport.from_json(p.read_text(encoding="utf-8"))
+    try:
+        return PrivacyReport.from_json(p.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError
+        detail = " ".join(str(exc).split())
+        if hasattr(exc, "error_count"):  # pydantic: the first bad field, not the whole dump
+            err = exc.errors()[0]
+            detail = f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}"
+        raise ValueError(f"report file {p} is unreadable or corrupted: {detail}") from None
