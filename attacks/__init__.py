@@ -4,7 +4,7 @@ statistically valid empirical epsilon lower bounds checked against the accounted
 Numeric core (numpy/scipy only): :mod:`attacks.metrics`, :mod:`attacks.epsilon`,
 :mod:`attacks.one_run`. Attacks (scikit-learn estimators): :mod:`attacks.mia`,
 :mod:`attacks.attribute`. Targets and shadows: :mod:`attacks.target`, :mod:`attacks.shadows`,
-:mod:`attacks.fast` (vectorised training of many small models). Entry point: :func:`audit_run`.
+:mod:`privkit.trainers.batched_sgd` (vectorised training of many small models). Entry point: :func:`audit_run`.
 """
 
 from attacks.attribute import AttributeInferenceAttack, AttributeResult, evaluate_predictions
