@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,6 +24,7 @@ from rich.table import Table
 from privkit.cli.app import app, out_console, print_json
 from privkit.config import apply_overrides, load_toml
 from privkit.errors import PrivkitError
+from privkit.pipeline.files import staged_dir
 
 SCHEMA_VERSION = 1
 _FILE_KEYS = {"method", "seed", "federation", "trainer"}
@@ -93,25 +92,6 @@ def check_out_dir(out: Path, force: bool) -> None:
                            "(or choose another directory)")
 
 
-@contextmanager
-def _staged(out: Path):
-    """Write into a sibling staging folder, then swap it into place (old run removed last)."""
-    staging = out.parent / f".{out.name}.staging"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        yield staging
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    old = out.parent / f".{out.name}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        out.rename(old)
-    staging.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> dict[str, Any]:
     """Build the federation, train, and write the run directory; return a summary dict."""
     from privkit.data import build_federation
@@ -122,7 +102,7 @@ def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> 
                    "federation": fed_cfg.model_dump(), "trainer": cfg.model_dump()}
     federation = build_federation(fed_cfg)
     start = time.perf_counter()
-    with _staged(out) as staging:  # an interrupted or failed run leaves `out` as it was
+    with staged_dir(out) as staging:  # an interrupted or failed run leaves `out` as it was
         (staging / "config.json").write_text(json.dumps(config_json, indent=2))
         federation.save(staging / "federation.json")
         result = train(resolved["method"], federation, cfg, seed=resolved["seed"], progress=progress)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 import traceback
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Any
 
 from privkit.errors import PrivkitError
 from privkit.pipeline.config import ACCOUNTANTS, SCHEMA_VERSION, ResolvedMethod, ResolvedRun
-from privkit.pipeline.files import atomic_write_json
+from privkit.pipeline.files import atomic_write_json, staged_dir
 from privkit.pipeline.files import one_line as _one_line
 from privkit.pipeline.files import read_json as _read_json
 
@@ -19,25 +18,13 @@ def _train_stage(run: ResolvedRun, m: ResolvedMethod, federation, mdir: Path, pr
     """Train into a staging folder, then rename it into place (old results kept until then)."""
     from privkit.trainers import train
 
-    staging = mdir.parent / f".staging-{m.key}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with staged_dir(mdir) as staging:
         result = train(m.method, federation, m.trainer, seed=m.seed, progress=progress)
         atomic_write_json(staging / "config.json", {
             "schema_version": SCHEMA_VERSION, "method": m.method, "seed": m.seed,
             "federation": run.config.federation.model_dump(mode="json"), "trainer": m.trainer})
         federation.save(staging / "federation.json")
         result.save(staging)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    old = mdir.parent / f".old-{m.key}"
-    shutil.rmtree(old, ignore_errors=True)
-    if mdir.exists():
-        mdir.rename(old)
-    staging.rename(mdir)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _claim_from(claims: dict) -> dict | None:

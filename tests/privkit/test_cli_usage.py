@@ -183,7 +183,7 @@ def test_force_replaces_a_finished_run(trained, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert json.loads((run / "config.json").read_text())["seed"] == 1
     assert not (run / "audit.json").exists()
-    assert not list(tmp_path.glob(".copy.*"))  # no staging or old folder left behind
+    assert not list(tmp_path.glob(".*-copy"))  # no staging or old folder left behind
 
 
 # ------------------------------------------------------------------------------- Ctrl-C
@@ -198,7 +198,7 @@ def test_ctrl_c_exits_130_and_leaves_no_half_run(trained, tmp_path):
             "--out", str(run), "--force", "--json"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(), cwd=REPO)
-    staging = tmp_path / ".run.staging"
+    staging = tmp_path / ".staging-run"
     deadline = time.monotonic() + 240
     while not (staging / "federation.json").exists():  # training has started
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
