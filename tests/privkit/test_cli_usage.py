@@ -212,6 +212,75 @@ def test_ctrl_c_exits_130_and_leaves_no_half_run(trained, tmp_path):
     assert after == before and not staging.exists()
 
 
+RUN_TOML = """
+name = "c"
+delta = 1e-5
+accountants = ["rdp"]
+workers = {workers}
+
+[federation]
+dataset = "digits"
+public_dataset = "none"
+clients = 2
+partition = "iid"
+
+[audit]
+enabled = false
+
+[[methods]]
+name = "centralized"
+label = "short"
+overrides = {{ arch = "mlp", epochs = 1 }}
+
+[[methods]]
+name = "centralized"
+label = "long"
+overrides = {{ arch = "mlp", epochs = {long_epochs} }}
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_during_run_keeps_finished_stages_and_resumes(tmp_path, workers):
+    """Ctrl-C from a terminal (SIGINT to the whole process group) while `long` trains, after
+    `short` finished: exit 130, `short` intact, no half-written folder; the same command resumes;
+    a changed config is refused until --force, which keeps the unchanged finished stages."""
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(RUN_TOML.format(workers=workers, long_epochs=100000))
+    out = tmp_path / "runs"
+    root = out / "c"
+    argv = [*_command(), "run", str(cfg), "--out", str(out), "--quiet"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(), cwd=REPO, start_new_session=True)
+    deadline = time.monotonic() + 300
+
+    def short_done() -> bool:
+        try:
+            stages = json.loads((root / "status.json").read_text())["methods"]["short"]["stages"]
+        except (OSError, ValueError, KeyError):
+            return False
+        return stages.get("account", {}).get("state") == "done"
+
+    while not short_done():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.3)
+    time.sleep(1.0)  # `long` is training now
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted; re-run the same command to resume" in err and "Traceback" not in err
+    kept = {p.relative_to(root): p.stat().st_mtime_ns for p in (root / "short").rglob("*")}
+    assert (root / "short" / "train.json").is_file() and (root / "short" / "privacy.json").is_file()
+    assert not (root / "long").exists() and not list(root.glob(".staging-*"))
+
+    cfg.write_text(RUN_TOML.format(workers=workers, long_epochs=1))  # a changed config
+    assert_one_line_error(privkit("run", str(cfg), "--out", str(out), "--quiet"), "--force", "c")
+    done = privkit("run", str(cfg), "--out", str(out), "--quiet", "--force")
+    assert done.returncode == 0, done.stderr
+    assert "short: train already done, skipped" in done.stderr
+    assert {p.relative_to(root): p.stat().st_mtime_ns for p in (root / "short").rglob("*")} == kept
+    assert (root / "long" / "privacy.json").is_file() and (root / "report.json").is_file()
+
+
 # ------------------------------------------------------------------------------- help text
 def test_help_renders_every_word():
     """Every option's help and every command's first docstring line appear verbatim in --help
