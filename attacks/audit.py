@@ -308,6 +308,7 @@ def _one_run_entry(fed, method: str, trainer_cfg: dict, shadow_set: ShadowSet | 
                                     "run's mechanism, not the released model's weights"))
     entry["canaries"] = int(m)
     entry["inserted"] = int(included.sum())
+    entry["released_model"] = False  # reports never take their headline evidence from this row
     return entry
 
 

@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 import jinja2
 
+from reports.guarantee import delta_ge_one_over_n
 from reports.schema import AttackResult, MethodReport, PrivacyReport
 
 FORMATS = ("json", "html", "md")
@@ -25,16 +26,26 @@ _FILES = {"json": "report.json", "html": "report.html", "md": "report.md"}
 HOW_TO_READ = [
     "Promise: the accounted epsilon is a sound upper bound on what any attacker can learn about one "
     "record of the worst-off client, at the stated delta, under the named accountant, from the "
-    "mechanisms that actually ran. Smaller is more private; 'inf' means no formal guarantee.",
+    "mechanisms that actually ran. Smaller is more private; 'inf' means no finite guarantee at "
+    "this delta.",
+    "Formal DP: 'yes' only when the method claims a guarantee and its ledger gives a finite epsilon "
+    "at the report's delta; otherwise the cell says why not: 'no' (no claim, or a release without "
+    "noise), 'not at this δ' (finite only at a larger delta) or 'δ ≥ 1/n' (the guarantee needs a "
+    "delta of at least one over the smallest client's size, which permits publishing records in "
+    "the clear; it is never shown as epsilon 0). The same rule sets the verdict and the charts.",
     "Paper claim: what the method's paper states for the same setting, beside privkit's tight value "
     "at the paper's own delta. A claim below privkit's value is not supported by the mechanisms run.",
     "Evidence: membership-inference audits attack the released model(s). AUC 0.5 is chance. The "
     "empirical epsilon is a statistical lower bound (one-sided, at the stated confidence): a sound "
     "guarantee never lies below it. It cannot exceed the ceiling set by the number of trials, so a "
-    "small lower bound from a small audit is weak evidence of privacy, not proof.",
+    "small lower bound from a small audit is weak evidence of privacy, not proof. The summary's "
+    "empirical epsilon comes only from attacks on the released model; the one-run canary audit "
+    "measures a fresh run of the recipe and is listed per method, not used as the headline. "
+    "'not applicable' (grey) means the method exposes nothing that attack needs (the reason is "
+    "given); it is not a failure.",
     "Verdict: 'consistent' = lower bound <= accounted epsilon; 'VIOLATION' = the audit proves the "
-    "accounted epsilon wrong; 'no-formal-guarantee' = nothing to check against; 'inconclusive' = "
-    "the audit could not decide.",
+    "accounted epsilon wrong; 'no-formal-guarantee' = the formal-DP rule says no (nothing to check "
+    "against); 'inconclusive' = the audit could not decide.",
     "Cost: test accuracy of the released model on the held-out test set (and per-client accuracy for "
     "personalised models), compared with the best method without a formal guarantee.",
 ]
@@ -87,10 +98,38 @@ def _cell(text: str, value: float | None = None) -> dict:
 def non_private_reference(report: PrivacyReport) -> MethodReport | None:
     """The most accurate method without a formal guarantee (the 'cost' reference), if any."""
     cands = [m for m in report.methods if m.utility and m.utility.test_accuracy is not None
-             and not math.isnan(m.utility.test_accuracy)
-             and (not m.formal_dp or (m.privacy is not None and m.privacy.epsilon is not None
-                                      and math.isinf(m.privacy.epsilon)))]
+             and not math.isnan(m.utility.test_accuracy) and not m.formal_dp]
     return max(cands, key=lambda m: m.utility.test_accuracy) if cands else None
+
+
+def formal_dp_label(m: MethodReport) -> str:
+    """The formal-DP rule's short answer for a row (older reports: yes/no)."""
+    return m.formal_dp_label or ("yes" if m.formal_dp else "no")
+
+
+def _min_client_size(report: PrivacyReport) -> int | None:
+    return report.dataset.min_client_size if report.dataset else None
+
+
+def claim_view(m: MethodReport, n_min: int | None) -> dict[str, Any]:
+    """The paper's claim and privkit's epsilon at its delta, as table cells. A claim whose delta is
+    >= 1/n permits publishing records: it is shown as such, never as a small or zero epsilon."""
+    p = m.privacy
+    claim = p.claim if p else None
+    if claim is None:
+        return {"claim": _cell("—"), "claim_delta": "", "tight": _cell("—"), "void": False}
+    void = (claim.delta is not None and claim.delta < 1
+            and delta_ge_one_over_n(claim.delta, n_min))
+    delta_text = f"{claim.delta:.3g}" if claim.delta else ""
+    if void:
+        return {"claim": _cell(fmt_eps(claim.epsilon), math.inf), "void": True,
+                "claim_delta": f"{delta_text} ≥ 1/n",
+                "tight": _cell("none: δ ≥ 1/n", math.inf)}
+    tight = p.epsilon_at_claim_delta if p else None
+    return {"claim": _cell(fmt_eps(claim.epsilon) if claim.epsilon is not None else "—",
+                           claim.epsilon),
+            "claim_delta": delta_text, "void": False,
+            "tight": _cell(fmt_eps(tight), tight)}
 
 
 def _verdict(m: MethodReport) -> tuple[str, str]:
@@ -112,11 +151,12 @@ def _stage_text(m: MethodReport) -> str:
 def summary_rows(report: PrivacyReport) -> list[dict[str, Any]]:
     """One row per method for the headline table (display text plus numeric sort keys)."""
     ref = non_private_reference(report)
+    n_min = _min_client_size(report)
     rows = []
     for m in report.methods:
         acc = m.utility.test_accuracy if m.utility else None
         eps = m.privacy.epsilon if m.privacy else None
-        claim = m.privacy.claim if m.privacy else None
+        claim = claim_view(m, n_min)
         best = m.audit.best_attack() if m.audit else None
         cost = None
         if ref is not None and acc is not None and not math.isnan(acc):
@@ -126,13 +166,12 @@ def summary_rows(report: PrivacyReport) -> list[dict[str, Any]]:
             "name": m.name,
             "anchor": anchor(m.name),
             "method": m.method,
-            "formal_dp": "yes" if m.formal_dp else "no",
+            "formal_dp": formal_dp_label(m),
+            "formal_dp_reason": m.formal_dp_reason,
             "epsilon": _cell(fmt_eps(eps), eps),
-            "claim": _cell(fmt_eps(claim.epsilon) if claim and claim.epsilon is not None else "—",
-                           claim.epsilon if claim else None),
-            "claim_delta": f"{claim.delta:g}" if claim and claim.delta else "",
-            "tight_at_claim": _cell(fmt_eps(m.privacy.epsilon_at_claim_delta) if m.privacy else "—",
-                                    m.privacy.epsilon_at_claim_delta if m.privacy else None),
+            "claim": claim["claim"],
+            "claim_delta": claim["claim_delta"],
+            "tight_at_claim": claim["tight"],
             "accuracy": _cell(fmt_pct(acc), acc),
             "cost": _cell("—" if cost is None else "reference" if m is ref
                           else f"{100 * cost:+.1f} pt", cost),
@@ -156,8 +195,12 @@ def anchor(name: str) -> str:
 def _attack_rows(m: MethodReport) -> list[dict[str, Any]]:
     rows = []
     for name, a in (m.audit.attacks.items() if m.audit else []):
-        rows.append({"name": name, "error": a.error, "notes": a.notes or "",
-                     **_attack_cells(a)})
+        notes = a.notes or ""
+        if not a.released_model:
+            notes = ("a fresh run of the recipe, not the released model: not used as the "
+                     "headline evidence. " + notes)
+        rows.append({"name": name, "error": a.error, "not_applicable": a.not_applicable,
+                     "released": a.released_model, "notes": notes, **_attack_cells(a)})
     return rows
 
 
@@ -185,7 +228,7 @@ def _tpr_keys(report: PrivacyReport) -> list[str]:
     return [f"{float(k):g}" for k in sorted(keys, key=float)]
 
 
-def _method_view(m: MethodReport, ref: MethodReport | None) -> dict[str, Any]:
+def _method_view(m: MethodReport, ref: MethodReport | None, n_min: int | None) -> dict[str, Any]:
     p = m.privacy
     acct_rows = []
     client_rows = []
@@ -202,7 +245,7 @@ def _method_view(m: MethodReport, ref: MethodReport | None) -> dict[str, Any]:
     if u and u.client_accuracy:
         client_acc = [{"client": str(i), "acc": _cell(fmt_pct(a), a)}
                       for i, a in enumerate(u.client_accuracy)]
-    attribute = [{"name": n, "error": a.error,
+    attribute = [{"name": n, "error": a.error, "not_applicable": a.not_applicable,
                   "accuracy": _cell(fmt_pct(a.accuracy), a.accuracy),
                   "ci": (f"[{fmt_pct(a.ci_low)}, {fmt_pct(a.ci_high)}]"
                          if a.ci_low is not None and a.ci_high is not None else "—"),
@@ -227,6 +270,8 @@ def _method_view(m: MethodReport, ref: MethodReport | None) -> dict[str, Any]:
         "ref_name": ref.name if ref is not None and ref.name != m.name else None,
         "ref_accuracy": fmt_pct(ref.utility.test_accuracy) if ref is not None else "—",
         "eps": fmt_eps(p.epsilon) if p else "—",
+        "claim": claim_view(m, n_min),
+        "formal_dp_label": formal_dp_label(m),
         "config_json": json.dumps(m.config, indent=2, sort_keys=True, default=str),
         "stages": [(k, s) for k, s in m.stages.items()],
     }
@@ -239,7 +284,7 @@ def _view(report: PrivacyReport, figures: dict[str, str]) -> dict[str, Any]:
     return {
         "r": report,
         "rows": summary_rows(report),
-        "methods": [_method_view(m, ref) for m in report.methods],
+        "methods": [_method_view(m, ref, _min_client_size(report)) for m in report.methods],
         "tpr_keys": _tpr_keys(report),
         "figures": figures,
         "how_to_read": HOW_TO_READ,

@@ -177,6 +177,11 @@ class PrivacyAccounting(_Strict):
     epsilon_at_claim_delta: float | None = Field(
         default=None, description="privkit's tight worst-client epsilon at the claim's delta")
     errors: dict[str, str] = Field(default_factory=dict, description="accountant -> error")
+    fixed_delta: float | None = Field(
+        default=None, description="worst client: delta spent by mechanisms known only by their "
+                                  "(epsilon, delta); no finite epsilon below it")
+    non_private: list[str] = Field(default_factory=list,
+                                   description="labels of releases recorded without noise")
 
     @property
     def epsilon(self) -> float | None:
@@ -208,6 +213,10 @@ class AttackResult(_Open):
     roc: Roc | None = Field(default_factory=Roc)
     notes: str | None = None
     error: str | None = None
+    not_applicable: str | None = Field(default=None, description="why the attack does not apply")
+    released_model: bool = Field(
+        default=True, description="False when the attack measures a fresh run of the recipe (e.g. "
+                                  "the one-run canary audit), not the released model")
 
 
 class AttributeResult(_Open):
@@ -219,6 +228,7 @@ class AttributeResult(_Open):
     chance: float | None = None
     n_test: int | None = None
     error: str | None = None
+    not_applicable: str | None = Field(default=None, description="why the attack does not apply")
 
 
 class Verdict(_Open):
@@ -240,8 +250,10 @@ class AuditSummary(_Strict):
     extra: dict[str, Any] = Field(default_factory=dict, description="other audit.json keys")
 
     def best_attack(self) -> tuple[str, AttackResult] | None:
-        """The successful attack with the largest empirical epsilon (then AUC)."""
-        ok = [(n, a) for n, a in self.attacks.items() if not a.error]
+        """The successful attack on the released model with the largest empirical epsilon (then
+        AUC): the report's headline evidence. Attacks on a fresh run of the recipe are left out."""
+        ok = [(n, a) for n, a in self.attacks.items()
+              if not a.error and not a.not_applicable and a.released_model]
         if not ok:
             return None
         return max(ok, key=lambda na: (na[1].epsilon_lower_bound or 0.0, na[1].auc or 0.0))
@@ -254,7 +266,12 @@ class MethodReport(_Strict):
     method: str = Field(description="registered trainer name")
     summary: str = ""
     paper: str | None = None
-    formal_dp: bool = True
+    formal_dp: bool = Field(default=True, description="the report's one rule "
+                            "(reports.guarantee.formal_dp_status) applied to this run")
+    formal_dp_label: str = Field(default="", description="short form of the rule's answer")
+    formal_dp_reason: str = Field(default="", description="why not, in words")
+    claims_dp: bool | None = Field(default=None, description="the method claims a formal DP "
+                                   "guarantee (its registration)")
     seed: int = 0
     config: dict[str, Any] = Field(default_factory=dict)
     quick: bool = False

@@ -81,7 +81,13 @@ def account_method(mdir: Path, delta: float, accountant: str = "best",
         except ValueError as exc:
             errors["claim_delta"] = str(exc)
     neighbouring = sorted({r for r in summary["neighbouring"].values() if r})
+    split = summary.get("delta_split", {}).values()
+    # what the report's formal-DP rule needs: delta already spent by (epsilon, delta)-only
+    # mechanisms (worst client) and the labels of releases without noise
+    fixed_delta = max((float(c.get("fixed_delta") or 0.0) for c in split), default=0.0)
+    non_private = sorted({str(x).split(":", 1)[0] for c in split for x in c.get("non_private", [])})
     return {"schema_version": SCHEMA_VERSION, "delta": delta, "accountant": head,
+            "fixed_delta": fixed_delta, "non_private": non_private,
             "accountants": accountants + ["best"], "pld_grid": ledger.value_discretization_interval,
             "curve_accountant": curve_kind,
             "summary": {"clients": clients, "worst": worst, "worst_client": who},

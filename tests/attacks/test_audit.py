@@ -58,6 +58,8 @@ def test_audit_run_contract_and_isolated_failure(central_run):
     assert {"schema_version", "method", "attacks", "attribute", "accounted_epsilon", "delta", "shadows",
             "verdict"} <= set(out)
     assert set(out["attacks"]) == {"threshold", "shadow", "lira", "lira-offline", "one-run"}
+    # only the one-run canary audit measures a fresh run of the recipe, not the released model
+    assert {n for n, e in out["attacks"].items() if e.get("released_model", True) is False} == {"one-run"}
     for name, e in out["attacks"].items():
         assert ENTRY_KEYS <= set(e), name
         assert e["error"] is None, (name, e["error"])

@@ -155,6 +155,13 @@ def test_tiny_end_to_end(tmp_path):
     assert dp.audit.attacks["loss"].auc == 0.51 and dp.verdict.status == "consistent"
     assert [w.code for w in dp.warnings] == ["data_dependent_scaling"]
     assert math.isinf(report.method("tiny-other").privacy.epsilon)
+    # one formal-DP rule for every cell: tiny-other claims DP but releases without noise
+    assert (dp.formal_dp, dp.formal_dp_label, dp.claims_dp) == (True, "yes", True)
+    other = report.method("tiny-other")
+    assert other.privacy.non_private == ["release"] and other.privacy.fixed_delta == 0.0
+    assert (other.formal_dp, other.formal_dp_label, other.claims_dp) == (False, "no", True)
+    assert other.verdict.status == "no-formal-guarantee"  # not the audit file's "consistent"
+    assert "without noise is recorded (release)" in other.verdict.message
     assert report.dataset.client_sizes and len(report.dataset.client_sizes) == 4
     assert report.threat_model.shadows == 2 and report.threat_model.confidence == 0.95
     assert report.metadata.seeds["method:tiny-dp"] == 3
