@@ -11,7 +11,8 @@ cannot disagree. The rule, in order:
    already spend ``fixed_delta`` >= delta: if ``fixed_delta >= 1/n`` (n: the smallest client) the
    guarantee permits publishing records in the clear ("delta >= 1/n"), else it holds only at a
    larger delta ("not at this delta"); a (0, delta) guarantee is never shown as epsilon 0;
-5. otherwise a finite epsilon at the report's delta: "yes".
+5. a finite epsilon at a delta >= 1/n: "delta >= 1/n" as in 4;
+6. otherwise a finite epsilon at the report's delta: "yes".
 """
 
 from __future__ import annotations
@@ -70,4 +71,9 @@ def formal_dp_status(*, claims_dp: bool, epsilon: float | None, delta: float,
                 f"finite epsilon only at delta >= {fixed_delta:.3g}, above the report's delta "
                 f"{delta:g}"))
         return FormalDP(False, "no", f"no finite epsilon at delta {delta:g}")
+    if delta_ge_one_over_n(delta, n_min):
+        return FormalDP(False, "δ ≥ 1/n", (
+            f"epsilon is finite only because delta = {delta:g} >= 1/n = {1.0 / n_min:.3g} (smallest "
+            f"client, n = {n_min}), which permits publishing records in the clear: not a "
+            "meaningful guarantee"))
     return FormalDP(True, "yes", "")

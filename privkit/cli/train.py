@@ -92,10 +92,38 @@ def check_out_dir(out: Path, force: bool) -> None:
                            "(or choose another directory)")
 
 
+def _headline(result, federation, claims_dp: bool) -> dict[str, Any]:
+    """Worst-client epsilon (best accountant) and the report's formal-DP rule, so that this line
+    and a report of the same run agree. The delta is the paper's when it is meaningful (below
+    1/n of the smallest client), else 1e-5 as in reports."""
+    from privkit.pipeline.stages import guarantee_facts
+    from reports import delta_ge_one_over_n, formal_dp_status
+
+    n_min = min((len(c) for c in federation.clients), default=0) or None
+    claimed = result.claims.get("delta")
+    meaningful = (isinstance(claimed, (int, float)) and not isinstance(claimed, bool)
+                  and 0 < claimed < 1 and not delta_ge_one_over_n(claimed, n_min))
+    delta = float(claimed) if meaningful else 1e-5
+    eps, note, facts = math.inf, None, {"fixed_delta": None, "non_private": []}
+    if result.ledger.clients:
+        try:
+            summary = result.ledger.summary(delta)
+            eps, facts = summary["worst"].get("best", math.inf), guarantee_facts(summary)
+        except ValueError as exc:  # an event no accountant handles: say so, do not hide it
+            eps, note = math.nan, str(exc)
+    rule = formal_dp_status(claims_dp=claims_dp, epsilon=None if math.isnan(eps) else eps,
+                            delta=delta, n_min=n_min, error=note, **facts)
+    void = (isinstance(claimed, (int, float)) and not isinstance(claimed, bool) and 0 < claimed < 1
+            and not meaningful)
+    return {"epsilon": _finite(eps), "epsilon_infinite": math.isinf(eps), "delta": delta,
+            "accountant": "best", "accounting_error": note, "formal_dp": rule.formal,
+            "formal_dp_label": rule.label, "formal_dp_reason": rule.reason, "claim_void": void}
+
+
 def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> dict[str, Any]:
     """Build the federation, train, and write the run directory; return a summary dict."""
     from privkit.data import build_federation
-    from privkit.trainers import train
+    from privkit.trainers import get_trainer, train
 
     fed_cfg, cfg = resolved["federation"], resolved["trainer"]
     config_json = {"schema_version": SCHEMA_VERSION, "method": resolved["method"], "seed": resolved["seed"],
@@ -108,17 +136,10 @@ def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> 
         result = train(resolved["method"], federation, cfg, seed=resolved["seed"], progress=progress)
         result.save(staging)
     seconds = time.perf_counter() - start
-    delta = result.claims.get("delta") or 1e-5
-    try:
-        eps = result.ledger.epsilon(delta) if result.ledger.clients else float("inf")
-    except ValueError as exc:  # an event no accountant handles: say so, do not hide it
-        eps, note = float("nan"), str(exc)
-    else:
-        note = None
+    head = _headline(result, federation, get_trainer(resolved["method"]).formal_dp)
     return {"method": result.method, "seed": result.seed, "run_dir": str(out),
             "test_accuracy": float(result.test_accuracy), "rounds": len(result.rounds),
-            "seconds": round(seconds, 2), "epsilon": _finite(eps), "epsilon_infinite": math.isinf(eps),
-            "delta": delta, "accountant": "best", "accounting_error": note,
+            "seconds": round(seconds, 2), **head,
             "claims": {k: v for k, v in result.claims.items() if k != "mechanisms"},
             "warnings": result.warnings, "artifacts": sorted(result.artifacts),
             "files": sorted(p.name for p in out.iterdir())}
@@ -126,7 +147,7 @@ def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> 
 
 def _print_list(rows: list[dict[str, Any]]) -> None:
     table = Table(title="registered methods (privkit train METHOD; defaults: privkit train --list --json)")
-    for col in ("method", "formal DP", "summary", "paper"):
+    for col in ("method", "claims DP", "summary", "paper"):
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(r["name"], "yes" if r["formal_dp"] else "no", r["summary"], r["paper"] or "")
@@ -164,14 +185,18 @@ def train_command(
     if as_json:
         print_json({"schema_version": SCHEMA_VERSION, **summary})
         return
-    eps = "inf (non-private release in the ledger)" if summary["epsilon_infinite"] else f"{summary['epsilon']:.4g}"
+    eps = "inf" if summary["epsilon_infinite"] else f"{summary['epsilon']:.4g}"
     out_console.print(f"[bold]{summary['method']}[/bold] seed {summary['seed']}: test accuracy "
                       f"{summary['test_accuracy']:.4f} after {summary['rounds']} round(s), {summary['seconds']} s")
-    out_console.print(f"worst-client epsilon at delta={summary['delta']:g} (best accountant): {eps}")
+    out_console.print(escape(f"worst-client epsilon at delta={summary['delta']:g} (best accountant): "
+                             f"{eps}; formal DP: {summary['formal_dp_label']}"
+                             + (f" ({summary['formal_dp_reason']})" if summary["formal_dp_reason"] else "")),
+                      highlight=False)
     if summary["claims"]:
         c = summary["claims"]
-        out_console.print(escape(f"paper's claim: epsilon={c.get('epsilon')}, delta={c.get('delta')} "
-                                 f"({c.get('composition')}; {c.get('source')})"))
+        void = " (delta >= 1/n: not a meaningful guarantee)" if summary["claim_void"] else ""
+        out_console.print(escape(f"paper's claim: epsilon={c.get('epsilon')}, delta={c.get('delta')}{void} "
+                                 f"({c.get('composition')}; {c.get('source')})"), highlight=False)
     for w in summary["warnings"]:
         out_console.print(f"[yellow]note:[/yellow] {escape(w)}", highlight=False)
     out_console.print(f"wrote {summary['run_dir']}: {', '.join(summary['files'])}")

@@ -42,6 +42,16 @@ def _claim_from(claims: dict) -> dict | None:
     return out
 
 
+def guarantee_facts(summary: dict) -> dict:
+    """What the formal-DP rule (``reports.formal_dp_status``) needs from a ``Ledger.summary``:
+    ``fixed_delta``, the delta already spent by (epsilon, delta)-only mechanisms (worst client; no
+    finite epsilon below it), and ``non_private``, the labels of releases without noise."""
+    split = summary.get("delta_split", {}).values()
+    return {"fixed_delta": max((float(c.get("fixed_delta") or 0.0) for c in split), default=0.0),
+            "non_private": sorted({str(x).split(":", 1)[0] for c in split
+                                   for x in c.get("non_private", [])})}
+
+
 def account_method(mdir: Path, delta: float, accountant: str = "best",
                    accountants: list[str] | None = None, pld_grid: float | None = None,
                    curve_accountant: str = "rdp") -> dict:
@@ -81,13 +91,8 @@ def account_method(mdir: Path, delta: float, accountant: str = "best",
         except ValueError as exc:
             errors["claim_delta"] = str(exc)
     neighbouring = sorted({r for r in summary["neighbouring"].values() if r})
-    split = summary.get("delta_split", {}).values()
-    # what the report's formal-DP rule needs: delta already spent by (epsilon, delta)-only
-    # mechanisms (worst client) and the labels of releases without noise
-    fixed_delta = max((float(c.get("fixed_delta") or 0.0) for c in split), default=0.0)
-    non_private = sorted({str(x).split(":", 1)[0] for c in split for x in c.get("non_private", [])})
     return {"schema_version": SCHEMA_VERSION, "delta": delta, "accountant": head,
-            "fixed_delta": fixed_delta, "non_private": non_private,
+            **guarantee_facts(summary),
             "accountants": accountants + ["best"], "pld_grid": ledger.value_discretization_interval,
             "curve_accountant": curve_kind,
             "summary": {"clients": clients, "worst": worst, "worst_client": who},

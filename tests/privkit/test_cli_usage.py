@@ -186,6 +186,21 @@ def test_force_replaces_a_finished_run(trained, tmp_path):
     assert not list(tmp_path.glob(".*-copy"))  # no staging or old folder left behind
 
 
+def test_train_headline_follows_the_formal_dp_rule(tmp_path):
+    """FedMD-NFDP's (0, delta) guarantee has delta >= 1/n: `privkit train` says so (as a report
+    would), instead of printing epsilon 0 at the paper's delta."""
+    argv = ["train", "fedmd-nfdp", "--quick", *TINY_TRAIN[6:], "--federation-set", "clients=3",
+            "--out", str(tmp_path / "nfdp")]
+    proc = privkit(*argv, "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert (out["formal_dp"], out["formal_dp_label"], out["claim_void"]) == (False, "δ ≥ 1/n", True)
+    assert out["delta"] == 1e-5 and out["epsilon"] is None and out["epsilon_infinite"] is True
+    text = privkit(*argv[:-1], str(tmp_path / "again")).stdout
+    assert "formal DP: δ ≥ 1/n" in " ".join(text.split())
+    assert "(best accountant): 0" not in text
+
+
 # ------------------------------------------------------------------------------- Ctrl-C
 def test_ctrl_c_exits_130_and_leaves_no_half_run(trained, tmp_path):
     """SIGINT during training: exit 130, the resume hint, and --out untouched (no half run)."""

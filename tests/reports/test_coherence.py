@@ -27,11 +27,13 @@ DONE = {s: StageStatus(state="done") for s in ("train", "account", "audit", "rep
     (dict(claims_dp=True, epsilon=math.inf, fixed_delta=1e-3, n_min=100), False, "not at this δ",
      "only at delta >= 0.001"),
     (dict(claims_dp=True, epsilon=math.inf), False, "no", "no finite epsilon at delta 1e-05"),
+    (dict(claims_dp=True, epsilon=0.0, n_min=8, delta=0.2), False, "δ ≥ 1/n",
+     "finite only because delta = 0.2 >= 1/n"),
     (dict(claims_dp=True, epsilon=None, error="event X unsupported"), False, "not accounted",
      "event X unsupported"),
 ])
 def test_formal_dp_rule(kwargs, formal, label, words):
-    out = formal_dp_status(delta=1e-5, **kwargs)
+    out = formal_dp_status(**{"delta": 1e-5, **kwargs})
     assert (out.formal, out.label) == (formal, label)
     assert words in out.reason
 
