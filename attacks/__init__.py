@@ -4,7 +4,7 @@ statistically valid empirical epsilon lower bounds checked against the accounted
 Numeric core (numpy/scipy only): :mod:`attacks.metrics`, :mod:`attacks.epsilon`,
 :mod:`attacks.one_run`. Attacks (scikit-learn estimators): :mod:`attacks.mia`,
 :mod:`attacks.attribute`. Targets and shadows: :mod:`attacks.target`, :mod:`attacks.shadows`,
-:mod:`attacks.fast` (vectorised training of many small models). Entry points:
+:mod:`privkit.trainers.batched_sgd` (vectorised training of many small models). Entry points:
 :func:`audit_scores` (scores and membership -> family-wise bound, ceiling, detectable epsilon and
 verdict), :func:`audit_run` (a run directory), :func:`audit_model` (a user's torch model).
 """
