@@ -176,7 +176,7 @@ class AuditResult:
     family: list[str]
     guess_grid: list[tuple[float, float]]
     curve: str
-    inclusion: str
+    inclusion: str | dict[str, str]
     seed: int
     attacks: dict[str, AttackAudit]
     notes: list[str] = field(default_factory=list)
@@ -187,8 +187,10 @@ class AuditResult:
         ms = {n: a.m for n, a in self.attacks.items()}
         return next(iter(ms.values())) if len(set(ms.values())) == 1 else ms
 
-    def to_dict(self) -> dict:
-        return _strict({
+    def to_dict(self, with_attacks: bool = True) -> dict:
+        """Strict JSON; ``with_attacks=False`` leaves out the per-attack records (audit.json keeps
+        them beside the verdict)."""
+        d = _strict({
             "status": self.verdict, "message": self.message,
             "epsilon_lower_bound": self.epsilon_lower_bound, "attack": self.attack,
             "epsilon_ceiling": self.epsilon_ceiling, "detectable_epsilon": self.detectable_epsilon,
@@ -197,7 +199,10 @@ class AuditResult:
             "family_size": len(self.family) * len(self.guess_grid),
             "guess_grid": [list(p) for p in self.guess_grid], "m": self.m, "curve": self.curve,
             "inclusion": self.inclusion, "seed": self.seed,
-            "attacks": {n: a.to_dict() for n, a in self.attacks.items()}, "notes": self.notes})
+            "notes": self.notes})
+        if with_attacks:
+            d["attacks"] = {n: a.to_dict() for n, a in self.attacks.items()}
+        return d
 
 
 # ---------------------------------------------------------------------------------- validation
@@ -257,8 +262,10 @@ def _check(accounted_epsilon, delta, confidence, seed, curve, inclusion, primary
     if curve not in CURVES:
         raise ValueError(f"curve must be one of {', '.join(CURVES)} (the Steinke et al. bound for a bare "
                          f"(epsilon, delta) claim); found {curve!r}")
-    if inclusion not in INCLUSION:
-        raise ValueError(f"inclusion must be one of {', '.join(INCLUSION)}; found {inclusion!r}")
+    for how in (inclusion.values() if isinstance(inclusion, Mapping) else [inclusion]):
+        if how not in INCLUSION:
+            raise ValueError(f"inclusion must be one of {', '.join(INCLUSION)} (or a dict of them per "
+                             f"attack); found {how!r}")
     if primary is not None and primary not in names:
         raise ValueError(f"primary must name one of the attacks {sorted(names)}; found {primary!r}")
     if accounted_epsilon is None:
@@ -317,7 +324,7 @@ def _audit_one(name: str, s: np.ndarray, member: np.ndarray, pairs: list[_Pair],
 # ---------------------------------------------------------------------------------- entry point
 def audit_scores(scores, is_member, *, accounted_epsilon: float | None = None, delta: float,
                  confidence: float = 0.95, seed: int = 0, curve: str = "generic",
-                 guesses=0.1, primary: str | None = None, inclusion: str = "unverified",
+                 guesses=0.1, primary: str | None = None, inclusion: str | Mapping[str, str] = "unverified",
                  notes: Mapping[str, str] | None = None) -> AuditResult:
     """Family-wise empirical epsilon lower bound, its ceiling, the detectable epsilon and the verdict.
 
@@ -339,7 +346,8 @@ def audit_scores(scores, is_member, *, accounted_epsilon: float | None = None, d
         (at full confidence); the other attacks are then descriptive. ``None``: Bonferroni over all.
     inclusion : ``"random"`` when every audited record was included by an independent fair coin
         (the premise of the one-run theorem), ``"unverified"`` when members and non-members were
-        chosen otherwise (e.g. handed over by a user): the result then says so.
+        chosen otherwise (e.g. handed over by a user): the result then says so. A dict attack
+        name -> one of these when the attacks audited records drawn differently.
     notes : optional attack name -> text stored with that attack (what the scores are).
 
     Returns
@@ -375,7 +383,19 @@ def audit_scores(scores, is_member, *, accounted_epsilon: float | None = None, d
                        accounted_epsilon=None if accounted_epsilon is None else float(accounted_epsilon),
                        delta=float(delta), confidence=float(confidence), correction=correction,
                        family=family, guess_grid=grid, curve=curve, inclusion=inclusion, seed=int(seed),
-                       attacks=attacks, notes=_notes(inclusion, family_data, primary))
+                       attacks=attacks, notes=_notes(_per_attack(inclusion, family_data), family_data,
+                                                     primary))
+
+
+def decide(bound: float, ceiling: float, accounted_epsilon: float | None) -> str:
+    """The verdict from three numbers, so a reader can re-derive it from report.json alone:
+    ``no-claim`` (no finite accounted epsilon), ``violation`` (bound > accounted), ``consistent``
+    (ceiling > accounted: the audit could have seen a violation), else ``inconclusive``."""
+    if accounted_epsilon is None or not math.isfinite(accounted_epsilon):
+        return "no-claim"
+    if bound > accounted_epsilon:
+        return "violation"
+    return "consistent" if ceiling > accounted_epsilon else "inconclusive"
 
 
 def _verdict(claim, accounted, bound, best, ceiling, detectable, delta, confidence, correction):
@@ -385,33 +405,45 @@ def _verdict(claim, accounted, bound, best, ceiling, detectable, delta, confiden
     reach = (f"a mechanism whose true epsilon is {_fmt(detectable)} or more is flagged at least half the "
              "time (detectable epsilon)" if math.isfinite(detectable) else
              "no true epsilon is flagged half the time (detectable epsilon: inf)")
-    if claim is None:
+    status = decide(bound, ceiling, claim)
+    if status == "no-claim":
         why = ("no DP claim to check" if accounted is None else
                f"the accounted epsilon is {accounted} {at}: no finite guarantee to check")
-        return "no-claim", f"{why}; {lb} describes leakage only; {reach}"
-    if bound > claim:
-        return "violation", (f"VIOLATION: {lb} exceeds the accounted epsilon {_fmt(claim)} {at}: the "
-                             "implementation or the privacy claim is broken (e.g. missing noise, wrong "
-                             "sampling rate or sensitivity), or the audited records were not included "
-                             "at random")
-    if ceiling > claim:
-        return "consistent", (f"no violation: {lb} <= accounted epsilon {_fmt(claim)} {at}; this audit "
-                              f"could show at most {_fmt(ceiling)} (ceiling) and {reach}")
-    return "inconclusive", (f"this audit can detect at most epsilon {_fmt(ceiling)} (its ceiling), not "
-                            f"above the accounted epsilon {_fmt(claim)} {at}: no outcome could contradict "
-                            "the claim (more audited records, more guesses or fewer attacks raise it)")
+        return status, f"{why}; {lb} describes leakage only; {reach}"
+    if status == "violation":
+        return status, (f"VIOLATION: {lb} exceeds the accounted epsilon {_fmt(claim)} {at}: the "
+                        "implementation or the privacy claim is broken (e.g. missing noise, wrong "
+                        "sampling rate or sensitivity), or the audited records were not included "
+                        "at random")
+    if status == "consistent":
+        return status, (f"no violation: {lb} <= accounted epsilon {_fmt(claim)} {at}; this audit "
+                        f"could show at most {_fmt(ceiling)} (ceiling) and {reach}")
+    return status, (f"inconclusive: this audit can detect at most epsilon {_fmt(ceiling)} (its ceiling), "
+                    f"not above the accounted epsilon {_fmt(claim)} {at}: no outcome could contradict "
+                    "the claim (more audited records, more guesses or fewer attacks raise it)")
 
 
-def _notes(inclusion: str, family_data, primary) -> list[str]:
+def _per_attack(inclusion, family_data) -> dict[str, str]:
+    if isinstance(inclusion, Mapping):
+        missing = sorted(set(family_data) - set(inclusion))
+        if missing:
+            raise ValueError(f"inclusion must name every attack when it is a dict; found none for {missing}")
+        return {n: inclusion[n] for n in family_data}
+    return dict.fromkeys(family_data, inclusion)
+
+
+def _notes(inclusion: dict[str, str], family_data, primary) -> list[str]:
     notes = []
-    if inclusion == "unverified":
-        notes.append("the bound assumes random inclusion (each audited record in training by an "
-                     "independent fair coin, Steinke et al. 2023); not verified for these records: if "
-                     "members and non-members differ otherwise (e.g. a train/test distribution shift), "
-                     "the bound can exceed the true epsilon")
-    else:
-        seen = set()
-        for name, (_, member) in family_data.items():
+    unverified = [n for n, how in inclusion.items() if how == "unverified"]
+    if unverified:
+        which = "" if len(unverified) == len(inclusion) else f" ({', '.join(unverified)})"
+        notes.append(f"the bound assumes random inclusion (each audited record in training by an "
+                     f"independent fair coin, Steinke et al. 2023); not verified for these records{which}: "
+                     "if members and non-members differ otherwise (e.g. a train/test distribution "
+                     "shift), the bound can exceed the true epsilon")
+    seen = set()
+    for name, (_, member) in family_data.items():
+        if inclusion[name] == "random":
             m, k = member.size, int(member.sum())
             if (m, k) in seen:  # one check per membership vector (a family usually shares one)
                 continue

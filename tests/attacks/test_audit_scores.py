@@ -163,7 +163,7 @@ def test_inclusion_random_checks_the_coin_counts():
     (dict(primary="nope"), "primary must name one of the attacks"),
     (dict(guesses=0.7), "guesses must be a fraction"),
     (dict(guesses=[(600, 600)]), "k_pos \\+ k_neg must be <="),
-    (dict(inclusion="maybe"), "inclusion must be one of random, unverified; found 'maybe'"),
+    (dict(inclusion="maybe"), "inclusion must be one of random, unverified .*; found 'maybe'"),
     (dict(seed=-1), "seed must be a non-negative integer"),
 ])
 def test_bad_input_names_the_parameter(kwargs, match):
@@ -192,3 +192,20 @@ def test_importing_attacks_loads_no_torch():
     code = "import sys, attacks; attacks.audit_scores; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_inclusion_per_attack_and_verdict_from_three_numbers():
+    from attacks.audit_scores import decide
+
+    member = _coins(500)
+    res = audit_scores({"points": np.zeros(500), "canaries": member.astype(float)}, member, delta=0.0,
+                       accounted_epsilon=1.0, inclusion={"points": "unverified", "canaries": "random"})
+    assert any("not verified for these records (points)" in n for n in res.notes)
+    # the verdict is a function of (bound, ceiling, accounted) only: re-derivable from report.json
+    d = res.to_dict(with_attacks=False)
+    assert "attacks" not in d
+    assert decide(d["epsilon_lower_bound"], d["epsilon_ceiling"], d["accounted_epsilon"]) == d["status"]
+    assert [decide(2, 5, 1), decide(0.5, 5, 1), decide(0.5, 0.9, 1), decide(9, 9, None),
+            decide(1, 2, float("inf"))] == ["violation", "consistent", "inconclusive", "no-claim", "no-claim"]
+    with pytest.raises(ValueError, match="inclusion must name every attack"):
+        audit_scores({"a": np.zeros(10)}, _coins(10), delta=0.0, inclusion={"b": "random"})
