@@ -14,10 +14,10 @@ import torch
 
 from attacks.audit import AttackScores, analyse
 from attacks.audit_scores import INCLUSION
-from privkit.trainers.batched_sgd import SGDRecipe, reference_models
 from attacks.mia import LiRA, ThresholdAttack
 from attacks.target import Target
 from privkit.models import select_device
+from privkit.trainers.batched_sgd import SGDRecipe, reference_models
 
 
 def audit_model(model: torch.nn.Module, x_members: np.ndarray, y_members: np.ndarray,
