@@ -40,7 +40,7 @@ import numpy as np
 
 from accountants.tradeoff import CurveFamily, curve_family
 
-__all__ = ["FdpBound", "fdp_epsilon_lower_bound", "fdp_rejects", "one_run_fdp"]
+__all__ = ["FdpBound", "fdp_epsilon_lower_bound", "fdp_rejection_threshold", "fdp_rejects", "one_run_fdp"]
 
 _LANES = 16
 
@@ -81,6 +81,27 @@ def fdp_rejects(m: int, r: int, v: int, family: CurveFamily, epsilons, *, beta: 
         rr = np.minimum(rr + (i / (r - i)) * (h_new - h), 1.0)
         h = h_new
     return rr + h > r / m
+
+
+def fdp_rejection_threshold(m: int, r: int, epsilon: float, *, delta: float, curve="generic",
+                            beta: float = 0.05) -> int:
+    """Smallest number of right guesses (out of r) that rejects the curve at ``epsilon``.
+
+    ``r + 1`` when even r right guesses do not.  Rejection is monotone in the number of right
+    guesses, so this is a binary search.  With it, the chance of a rejection is a binomial tail
+    whenever each guess is right independently with a known probability (randomized response:
+    ``e^eps / (1 + e^eps)``), which gives exact false-violation rates and detection rates.
+    """
+    family = curve_family(curve, delta)
+    _check_counts(m, r, 0)
+    lo, hi = 0, r + 1  # answer in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fdp_rejects(m, r, mid, family, [epsilon], beta=beta)[0]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def fdp_epsilon_lower_bound(m: int, r: int, v: int, *, delta: float, curve="generic",
