@@ -210,6 +210,12 @@ def roc_figure(method: MethodReport) -> Figure | None:
         tpr = [max(v, floor) for v in a.roc.tpr]
         auc = f"AUC {a.auc:.3f}" if _finite(a.auc) else "AUC n/a"
         ax.plot(fpr, tpr, lw=1.5, label=f"{name} ({auc})")
+    _finish_loglog_roc(ax, floor, f"{method.name}: membership inference ROC")
+    return fig
+
+
+def _finish_loglog_roc(ax, floor: float, title: str) -> None:
+    """Chance line, log-log axes from ``floor`` to 1, labels, grid and legend of a ROC plot."""
     ax.plot([floor, 1], [floor, 1], ls="--", color="grey", lw=1, label="chance")
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -217,10 +223,9 @@ def roc_figure(method: MethodReport) -> Figure | None:
     ax.set_ylim(floor, 1)
     ax.set_xlabel("false positive rate")
     ax.set_ylabel("true positive rate")
-    ax.set_title(f"{method.name}: membership inference ROC", fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
-    return fig
 
 
 # ---------------------------------------------------------------------------------- ROC vs the claim
@@ -274,16 +279,7 @@ def tradeoff_roc_figure(rocs: Mapping[str, tuple[Sequence[float], Sequence[float
                 color="tab:red", ms=5)
     if n_bad:
         ax.plot([], [], ls="none", marker="x", color="tab:red", label=f"{n_bad} ROC points above the curve")
-    ax.plot([floor, 1], [floor, 1], ls="--", color="grey", lw=1, label="chance")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(floor, 1)
-    ax.set_ylim(floor, 1)
-    ax.set_xlabel("false positive rate")
-    ax.set_ylabel("true positive rate")
-    ax.set_title(title or "membership inference ROC against the accounted curve", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    _finish_loglog_roc(ax, floor, title or "membership inference ROC against the accounted curve")
     return fig
 
 
