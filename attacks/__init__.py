@@ -4,9 +4,12 @@ statistically valid empirical epsilon lower bounds checked against the accounted
 Numeric core (numpy/scipy only): :mod:`attacks.metrics`, :mod:`attacks.epsilon`,
 :mod:`attacks.one_run`. Attacks (scikit-learn estimators): :mod:`attacks.mia`,
 :mod:`attacks.attribute`. Targets and shadows: :mod:`attacks.target`, :mod:`attacks.shadows`,
-:mod:`attacks.fast` (vectorised training of many small models). Entry point: :func:`audit_run`.
+:mod:`privkit.trainers.batched_sgd` (vectorised training of many small models). Entry points:
+:func:`audit_scores` (scores and membership -> family-wise bound, ceiling, detectable epsilon and
+verdict), :func:`audit_run` (a run directory), :func:`audit_model` (a user's torch model).
 """
 
+from attacks.audit_scores import AttackAudit, AuditResult, audit_scores, detectable_epsilon
 from attacks.attribute import AttributeInferenceAttack, AttributeResult, evaluate_predictions
 from attacks.epsilon import (
     EpsilonBound,
@@ -66,7 +69,9 @@ def __getattr__(name):  # torch-dependent pieces load lazily: the numeric core n
 __all__ = [
     "ATTACKS",
     "AttributeInferenceAttack",
+    "AttackAudit",
     "AttributeResult",
+    "AuditResult",
     "EpsilonBound",
     "FdpBound",
     "LiRA",
@@ -79,10 +84,12 @@ __all__ = [
     "advantage_upper_bound",
     "auc",
     "audit_run",
+    "audit_scores",
     "balanced_accuracy",
     "balanced_accuracy_upper_bound",
     "clopper_pearson_interval",
     "clopper_pearson_upper",
+    "detectable_epsilon",
     "empirical_epsilon",
     "epsilon_ceiling",
     "epsilon_from_rates",

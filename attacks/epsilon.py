@@ -20,8 +20,14 @@ union over every distinct score (jax_privacy's ``epsilon_lower_bound``). ``metho
 chooses the threshold on a random half of the trials and bounds it on the other half with
 ``a = alpha / 2``.
 
-The formulas need *independent trials* (independent training runs). For many examples scored in
-one training run use :mod:`attacks.one_run` (Steinke, Nasr & Jagielski 2023).
+Ties. A threshold admits a whole group of tied scores at once (thresholds run over the distinct
+scores), so no tie is ever counted as a correct decision because of where it sits in the input:
+for ``bonferroni`` and ``single`` the result does not depend on the input order at all, for
+``heldout`` only through the random split (whose distribution does not).
+
+The formulas need *independent trials* (independent training runs, one IN/OUT trial each). The
+records scored against one trained model are not: for them use :func:`attacks.audit_scores`
+(the one-run bound of Steinke, Nasr & Jagielski 2023), which is what privkit's verdicts rest on.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The auditor holds the model, the records it was trained on (members) and records
 distribution it never saw (non-members). The loss-threshold attack needs nothing else. LiRA needs
 reference models trained the way the target was: when the target's architecture is a privkit spec
 and its training a plain (DP-)SGD recipe, privkit trains them all at once on the vectorised path
-(:mod:`attacks.fast`), each audited record IN for exactly half of them.
+(:mod:`privkit.trainers.batched_sgd`), each audited record IN for exactly half of them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from attacks.audit import membership_entry
 from attacks.epsilon import verdict
-from attacks.fast import SGDRecipe, reference_models
+from privkit.trainers.batched_sgd import SGDRecipe, reference_models
 from attacks.mia import LiRA, ThresholdAttack
 from attacks.target import Target
 from privkit.models import select_device
@@ -34,7 +34,7 @@ def audit_model(model: torch.nn.Module, x_members: np.ndarray, y_members: np.nda
     x_members, y_members : records the model was trained on.
     x_nonmembers, y_nonmembers : records it never saw, from the same distribution.
     model_spec, recipe : a privkit model spec (:func:`privkit.models.model_spec`) and the
-        :class:`~attacks.fast.SGDRecipe` the target was trained with; given both, LiRA (online and
+        :class:`~privkit.trainers.batched_sgd.SGDRecipe` the target was trained with; given both, LiRA (online and
         offline) runs with ``n_reference`` reference models trained on halves of the audited records.
     accounted_epsilon : the epsilon the training claims at ``delta``; the verdict compares every
         lower bound with it (``None``: no formal claim to check).

@@ -13,7 +13,7 @@ from audit_helpers import SMALL, make_run, tiny_federation_config
 from typer.testing import CliRunner
 
 from attacks.audit import audit_run
-from attacks.fast import SGDRecipe, reference_models, train_many, train_one
+from privkit.trainers.batched_sgd import SGDRecipe, reference_models, train_many, train_one
 from attacks.shadows import train_shadows
 from privkit.models import model_spec
 

@@ -174,3 +174,56 @@ def test_verdict_distinguishes_no_claim_from_no_guarantee_at_this_delta():
     assert "no finite epsilon at delta=1e-05" in claimed["message"]
     unclaimed = verdict({"lira": 0.2}, float("inf"), formal_dp=False, delta=1e-5)
     assert "makes no formal DP claim" in unclaimed["message"]
+
+
+def test_one_run_p_value_matches_reference_code_on_a_grid():
+    """Tails included (tiny pmf values, q near 1): relative error below 1e-9 wherever p > 0."""
+    import itertools
+
+    for m, r, v, eps, delta in itertools.product([1000], [20, 200, 1000], [1, 10, 190, 1000],
+                                                 [0.0, 0.3, 3, 20], [1e-5, 1e-3]):
+        if v <= r:
+            ref = _reference_p_value(m, r, v, eps, delta)
+            assert O.p_value(m, r, v, eps, delta) == pytest.approx(ref, rel=1e-9, abs=1e-300)
+
+
+# --------------------------------------------------------------------------- ties (issue 11)
+def test_guess_breaks_ties_at_random_not_by_position():
+    """Constant scores: over seeds every position is guessed equally often (chi-square), whatever
+    the order; a stable sort guessed the first k every time (members first: all correct)."""
+    m, k = 50, 5
+    counts = np.zeros(m)
+    for seed in range(2000):
+        g = O.guess(np.zeros(m), k, k, seed=seed)
+        assert (g == 1).sum() == k and (g == -1).sum() == k
+        counts += g == 1
+    assert stats.chisquare(counts).pvalue > 0.001
+    # strict order among distinct scores is kept: ties are only broken inside a tie group
+    s = np.r_[np.full(10, 2.0), np.full(30, 1.0), np.full(10, 0.0)]
+    for seed in range(20):
+        g = O.guess(s, 15, 10, seed=seed)
+        assert (g[:10] == 1).all() and (g[40:] == -1).all() and (g[10:40] == 1).sum() == 5
+
+
+def test_one_run_constant_scores_members_first_median_zero():
+    m = 1000
+    bounds = []
+    for seed in range(100):
+        inc = np.sort(np.random.default_rng(seed).random(m) < 0.5)[::-1]  # members listed first
+        bounds.append(O.one_run_audit(np.zeros(m), inc, delta=1e-5, seed=seed).epsilon)
+    assert np.median(bounds) == 0.0
+    assert stats.binomtest(int(np.sum(np.array(bounds) > 0)), 100, 0.05, alternative="greater").pvalue > 0.01
+
+
+def test_threshold_bound_credits_no_tie_and_ignores_order():
+    """A threshold admits a whole tie group, so constant scores give 0 and order changes nothing."""
+    mem = np.r_[np.ones(300, bool), np.zeros(300, bool)]
+    for method in ("bonferroni", "heldout", "single"):
+        assert E.empirical_epsilon(np.zeros(600), mem, delta=0.0, method=method, threshold=0.0).epsilon == 0.0
+    rng = np.random.default_rng(0)
+    s, m = _rr(1.0, 300, rng)  # one-bit scores: ties everywhere
+    perm = rng.permutation(s.size)
+    for method in ("bonferroni", "single"):
+        a = E.empirical_epsilon(s, m, delta=0.0, method=method, threshold=0.5)
+        b = E.empirical_epsilon(s[perm], m[perm], delta=0.0, method=method, threshold=0.5)
+        assert a.epsilon == b.epsilon > 0

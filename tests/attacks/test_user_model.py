@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from attacks import audit_model
-from attacks.fast import SGDRecipe, load_states, train_one
+from privkit.trainers.batched_sgd import SGDRecipe, load_states, train_one
 from privkit.data import load_dataset
 from privkit.models import model_spec
 
