@@ -37,10 +37,19 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+from scipy import stats
 
 from accountants.tradeoff import CurveFamily, curve_family
 
-__all__ = ["FdpBound", "fdp_epsilon_lower_bound", "fdp_rejection_threshold", "fdp_rejects", "one_run_fdp"]
+__all__ = [
+    "FdpBound",
+    "fdp_detectable_epsilon",
+    "fdp_epsilon_lower_bound",
+    "fdp_rejection_threshold",
+    "fdp_rejects",
+    "ideal_precision",
+    "one_run_fdp",
+]
 
 _LANES = 16
 
@@ -140,6 +149,68 @@ def fdp_epsilon_lower_bound(m: int, r: int, v: int, *, delta: float, curve="gene
         if hi - lo <= tol:
             return float(lo)
         grid = np.linspace(lo, hi, _LANES + 1)
+
+
+def ideal_precision(family: CurveFamily, epsilon: float, fraction: float) -> float:
+    """Share of right guesses when the member at ``epsilon`` is met with equality and the auditor
+    guesses "in" on a ``fraction`` of the audit points (half of them included).
+
+    The most favourable mechanism the member allows releases, per audit point, the statistic of
+    the optimal test between its two output distributions, whose ROC is ``1 - f``.  Guessing "in"
+    above a threshold with false-positive rate a flags ``(a + 1 - f(a)) / 2`` of the points, of which
+    ``(1 - f(a)) / 2`` are right; ``a`` solves ``(a + 1 - f(a)) / 2 = fraction``.  By symmetry the
+    same share holds for "out" guesses.  For the pure eps-DP curve this is e^eps / (1 + e^eps):
+    randomized response.
+    """
+    f = family.members(np.array([float(epsilon)]))
+    flagged = lambda a: 0.5 * (a + 1.0 - f(np.array([a]))[0])  # noqa: E731 - increasing in a
+    if flagged(0.0) >= fraction:  # the curve's mass at FPR 0 alone fills the guesses: all right
+        return 1.0
+    lo, hi = math.log(1e-300), 0.0  # on log a: the threshold's FPR can be astronomically small
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if flagged(math.exp(mid)) < fraction else (lo, mid)
+    return float(min(1.0, 0.5 * (1.0 - f(np.array([math.exp(lo)]))[0]) / fraction))
+
+
+def fdp_detectable_epsilon(m: int, k_pos: int, k_neg: int, *, delta: float, curve="generic",
+                           beta: float = 0.05, target: float = 0.0, eps_max: float = 100.0) -> float:
+    """Smallest epsilon whose most favourable mechanism (:func:`ideal_precision`) makes this audit's
+    f-DP bound exceed ``target`` at least half the time; ``inf`` if no outcome can.
+
+    ``v*`` is the fewest right guesses (of ``k_pos + k_neg``) whose bound exceeds ``target``; the
+    right guesses are modelled as ``Bin(k_pos, p) + Bin(k_neg, p)`` with ``p`` the ideal
+    precision of each side, and the answer is where their median reaches ``v*`` (bisection: ``p``
+    grows with epsilon).  Real attacks guess worse, so an audit never detects less than this says.
+    """
+    family = curve_family(curve, delta)
+    r = k_pos + k_neg
+    _check_counts(m, r, 0)
+    bound = lambda v: fdp_epsilon_lower_bound(m, r, v, delta=delta, curve=family, beta=beta)  # noqa: E731
+    if r == 0 or bound(r) <= target:
+        return math.inf
+    lo, hi = -1, r  # bound(lo) <= target < bound(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if mid >= 0 and bound(mid) > target else (mid, hi)
+    v_star = hi
+
+    def flagged_half(eps: float) -> bool:
+        pmf = np.array([1.0])
+        for k in (k_pos, k_neg):
+            if k:
+                pmf = np.convolve(pmf, stats.binom.pmf(np.arange(k + 1), k, ideal_precision(family, eps, k / m)))
+        return pmf[v_star:].sum() >= 0.5
+
+    if not flagged_half(eps_max):
+        return math.inf
+    lo_e, hi_e = 0.0, eps_max
+    if flagged_half(0.0):
+        return 0.0
+    while hi_e - lo_e > 1e-4:
+        mid = 0.5 * (lo_e + hi_e)
+        lo_e, hi_e = (mid, hi_e) if not flagged_half(mid) else (lo_e, mid)
+    return hi_e
 
 
 @dataclass

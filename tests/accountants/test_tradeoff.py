@@ -181,7 +181,11 @@ def test_profile_family_at_its_own_epsilon_is_the_curve(curves):
     assert ref == curve.epsilon(1e-5)
     np.testing.assert_array_equal(fam.fnr(FPR, ref), curve(FPR))
     assert fam.claim(ref) == "as private as the ledger's PLD"
-    assert "shifted to epsilon 9" in fam.claim(9.0)
+    assert fam.claim(ref + 1.5) == "as private as the ledger's PLD with every epsilon of its privacy profile raised by 1.5"
+    # anchored at another epsilon (an accounted epsilon), the member there is the curve itself
+    anchored = fam.anchored(ref + 0.1)
+    np.testing.assert_array_equal(anchored.fnr(FPR, ref + 0.1), curve(FPR))
+    assert anchored.claim(ref + 0.1) == "as private as the ledger's PLD"
 
 
 def test_gaussian_family_member_is_the_calibrated_gaussian():

@@ -147,7 +147,7 @@ def test_result_says_which_claim_it_tests(gaussian_ledger):
     led = one_run_fdp(1000, 200, 190, delta=DELTA, curve=ledger_curve(gaussian_ledger))
     assert led.tests == "as private as the ledger's PLD"
     assert led.epsilon > led.reference_epsilon  # 190 of 200 refutes "as private as the ledger says"
-    assert "shifted to epsilon" in led.claim_at_bound
+    assert "privacy profile raised by" in led.claim_at_bound
     d = led.to_dict()
     assert d["curve"] == "profile" and math.isfinite(d["epsilon"])
 
