@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from accountants import Ledger, analytic_gaussian_sigma
-from accountants.tradeoff import CurveFamily, ledger_curve
+from accountants.tradeoff import CurveFamily, curve_from_callable, gaussian_mu, gdp_curve, ledger_curve
 from attacks.audit_scores import audit_scores, decide
 from attacks.one_run_fdp import fdp_detectable_epsilon, fdp_epsilon_lower_bound
 from attacks.validity import simulate
@@ -110,3 +110,18 @@ def test_detectable_epsilon_of_the_gaussian_curve_is_about_where_half_are_caught
     below = simulate("gaussian", epsilon=0.8 * d, claim=2.0, delta=DELTA, seeds=SEEDS, curve="gaussian")
     above = simulate("gaussian", epsilon=1.25 * d, claim=2.0, delta=DELTA, seeds=SEEDS, curve="gaussian")
     assert below.rate < 0.35 and above.rate > 0.65
+
+
+def test_any_callable_curve_is_tested_as_given():
+    rng = np.random.default_rng(2)
+    member = rng.random(1000) < 0.5
+    scores = member + 0.8 * rng.standard_normal(1000)
+    mu = gaussian_mu(2.0, DELTA)
+    obj = audit_scores(scores, member, delta=DELTA, accounted_epsilon=2.0, curve=gdp_curve(mu))
+    fn = audit_scores(scores, member, delta=DELTA, accounted_epsilon=2.0, curve=lambda a: gdp_curve(mu)(a))
+    assert obj.curve == "gaussian" and fn.curve == "profile"
+    assert fn.claim_tested == "as private as a user-supplied trade-off curve"
+    # the same claim at the accounted epsilon: the same verdict; a tabulated callable is never stronger
+    assert obj.verdict == fn.verdict
+    assert 0 < fn.epsilon_lower_bound <= obj.epsilon_lower_bound + 0.05
+    assert curve_from_callable(gdp_curve(mu))(0.01) <= gdp_curve(mu)(0.01)
