@@ -21,7 +21,6 @@ from attacks.epsilon import (
     epsilon_ceiling,
     epsilon_from_rates,
     gdp_epsilon_estimate,
-    verdict,
 )
 from attacks.metrics import (
     advantage,
@@ -107,5 +106,4 @@ __all__ = [
     "summarize",
     "tpr_at_fpr",
     "train_shadows",
-    "verdict",
 ]
