@@ -34,6 +34,8 @@ from attacks.metrics import (
 from attacks.mia import LiRA, ShadowModelAttack, ThresholdAttack, lira_leave_one_out
 from attacks.one_run import OneRunResult, one_run_audit, one_run_epsilon_grid
 from attacks.one_run import epsilon_lower_bound as one_run_epsilon
+from attacks.one_run_fdp import FdpBound, fdp_epsilon_lower_bound, one_run_fdp
+from attacks.rmia import RMIA
 
 ATTACKS = ("threshold", "shadow", "lira", "one-run", "attribute")
 MEMBERSHIP_ATTACKS = ("threshold", "shadow", "lira", "one-run")
@@ -70,8 +72,10 @@ __all__ = [
     "AttributeResult",
     "AuditResult",
     "EpsilonBound",
+    "FdpBound",
     "LiRA",
     "OneRunResult",
+    "RMIA",
     "ShadowModelAttack",
     "Target",
     "ThresholdAttack",
@@ -89,6 +93,7 @@ __all__ = [
     "epsilon_ceiling",
     "epsilon_from_rates",
     "evaluate_predictions",
+    "fdp_epsilon_lower_bound",
     "gdp_epsilon_estimate",
     "lira_leave_one_out",
     "loglog_roc",
@@ -96,6 +101,7 @@ __all__ = [
     "one_run_audit",
     "one_run_epsilon",
     "one_run_epsilon_grid",
+    "one_run_fdp",
     "roc_points",
     "summarize",
     "tpr_at_fpr",
