@@ -28,8 +28,9 @@ SCHEMA_VERSION = 1
 
 StageName = Literal["train", "account", "audit", "report"]
 StageState = Literal["done", "failed", "skipped", "pending"]
-VerdictStatus = Literal["consistent", "VIOLATION", "no-formal-guarantee", "inconclusive",
-                        "not-audited"]
+VerdictStatus = Literal["violation", "consistent", "inconclusive", "no-claim", "not-audited"]
+#: statuses of reports written before the three-way verdict (issue 11), read as their new names
+_LEGACY_STATUS = {"VIOLATION": "violation", "no-formal-guarantee": "no-claim"}
 
 #: Warning codes the pipeline attaches (``other`` for free text from a trainer or an audit).
 WARNING_CODES = (
@@ -232,10 +233,28 @@ class AttributeResult(_Open):
 
 
 class Verdict(_Open):
-    """The audit's conclusion; extra keys (e.g. which attack decided it) are kept."""
+    """The audit's conclusion (``attacks.audit_scores``); extra keys (the per-attack family, notes)
+    are kept. ``status`` follows from three numbers: ``no-claim`` without a finite accounted
+    epsilon, ``violation`` if the family-wise bound exceeds it, ``consistent`` if not and the ceiling
+    does, else ``inconclusive``."""
 
     status: VerdictStatus
     message: str = ""
+    epsilon_lower_bound: float | None = Field(
+        default=None, description="family-wise empirical lower bound (at `confidence` for all attacks)")
+    epsilon_ceiling: float | None = Field(
+        default=None, description="largest family-wise bound any outcome of this audit could give")
+    detectable_epsilon: float | None = Field(
+        default=None, description="smallest true epsilon this audit flags at least half the time")
+    accounted_epsilon: float | None = None
+    confidence: float | None = None
+    correction: str | None = Field(default=None, description="multiplicity correction of the family")
+    attack: str | None = Field(default=None, description="the attack giving the family-wise bound")
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _legacy(cls, v: Any) -> Any:
+        return _LEGACY_STATUS.get(v, v)
 
 
 class AuditSummary(_Strict):
@@ -256,7 +275,15 @@ class AuditSummary(_Strict):
               if not a.error and not a.not_applicable and a.released_model]
         if not ok:
             return None
-        return max(ok, key=lambda na: (na[1].epsilon_lower_bound or 0.0, na[1].auc or 0.0))
+        return max(ok, key=lambda na: (_family_bound(na[1]) or 0.0, na[1].epsilon_lower_bound or 0.0,
+                                       na[1].auc or 0.0))
+
+
+def _family_bound(a: AttackResult) -> float | None:
+    """The attack's bound at the verdict's family-wise confidence (audits before the family-wise
+    verdict have none)."""
+    v = (a.model_extra or {}).get("family_epsilon_lower_bound")
+    return float(v) if isinstance(v, (int, float)) else None
 
 
 class MethodReport(_Strict):
@@ -285,6 +312,23 @@ class MethodReport(_Strict):
     @property
     def failed(self) -> bool:
         return any(s.state == "failed" for s in self.stages.values())
+
+    def audit_numbers(self) -> tuple[float | None, float | None, float | None]:
+        """(family-wise lower bound, ceiling, detectable epsilon) of the verdict; the bound is the
+        released model's (see :meth:`AuditSummary.best_attack`) when the verdict's came from a
+        fresh run of the recipe. Reports written before the verdict carried these numbers fall back
+        to the best attack's own bound and ceiling."""
+        v = self.verdict or (self.audit.verdict if self.audit else None)
+        best = self.audit.best_attack() if self.audit else None
+        if v is not None and v.epsilon_ceiling is not None:
+            lb = v.epsilon_lower_bound
+            recipe = {n for n, a in (self.audit.attacks.items() if self.audit else []) if not a.released_model}
+            if v.attack in recipe:
+                # the headline evidence is about the released model only: the largest family-wise
+                # bound among its attacks (a fresh run of the recipe informs the verdict alone)
+                lb = _family_bound(best[1]) if best else None
+            return lb, v.epsilon_ceiling, v.detectable_epsilon
+        return (best[1].epsilon_lower_bound, best[1].ceiling, None) if best else (None, None, None)
 
 
 class PrivacyReport(_Strict):

@@ -107,7 +107,7 @@ def _method_report(key: str, info: dict, st: dict, mdir: Path):
     verdict = audit.verdict if audit is not None else None
     if not rule.formal and (verdict is None or verdict.status in ("consistent", "inconclusive")):
         # the verdict follows the same rule as every other cell of the row
-        verdict = Verdict(status="no-formal-guarantee", message=rule.reason)
+        verdict = Verdict(status="no-claim", message=rule.reason)
     return MethodReport(name=key, method=info.get("method", key), summary=info.get("summary", ""),
                         paper=info.get("paper"), formal_dp=rule.formal, formal_dp_label=rule.label,
                         formal_dp_reason=rule.reason, claims_dp=claims_dp,

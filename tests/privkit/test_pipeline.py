@@ -160,7 +160,7 @@ def test_tiny_end_to_end(tmp_path):
     other = report.method("tiny-other")
     assert other.privacy.non_private == ["release"] and other.privacy.fixed_delta == 0.0
     assert (other.formal_dp, other.formal_dp_label, other.claims_dp) == (False, "no", True)
-    assert other.verdict.status == "no-formal-guarantee"  # not the audit file's "consistent"
+    assert other.verdict.status == "no-claim"  # not the audit file's "consistent"
     assert "without noise is recorded (release)" in other.verdict.message
     assert report.dataset.client_sizes and len(report.dataset.client_sizes) == 4
     assert report.threat_model.shadows == 2 and report.threat_model.confidence == 0.95

@@ -67,7 +67,7 @@ def _nfdp_row() -> MethodReport:
                                   worst={"pld": math.inf}, fixed_delta=0.2,
                                   claim=PaperClaim(epsilon=0.0, delta=0.2, source="Thm 2"),
                                   epsilon_at_claim_delta=0.0),
-        verdict=Verdict(status="no-formal-guarantee", message=rule.reason), stages=dict(DONE))
+        verdict=Verdict(status="no-claim", message=rule.reason), stages=dict(DONE))
 
 
 def test_delta_only_guarantee_is_never_shown_as_epsilon_zero(sample_report):
@@ -77,7 +77,7 @@ def test_delta_only_guarantee_is_never_shown_as_epsilon_zero(sample_report):
     assert row["formal_dp"] == "δ ≥ 1/n" and "permits publishing" in row["formal_dp_reason"]
     assert row["tight_at_claim"]["text"] == "none: δ ≥ 1/n"
     assert row["claim_delta"].endswith("≥ 1/n")
-    assert row["verdict"] == "no-formal-guarantee"
+    assert row["verdict"] == "no-claim"
     md = render_markdown(report)
     line = next(ln for ln in md.splitlines() if ln.startswith("| fedmd-nfdp |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
@@ -94,10 +94,19 @@ def test_headline_empirical_epsilon_comes_from_the_released_model(sample_report)
     dp.audit.attacks["one-run"] = AttackResult(auc=0.7, epsilon_lower_bound=2.5, ceiling=4.0,
                                                released_model=False)
     row = next(r for r in summary_rows(report) if r["name"] == "fedauxfdp")
-    assert row["attack"] == "shadow" and row["emp_eps"]["text"] == "0.1"
+    assert row["attack"] == "shadow" and row["emp_eps"]["text"] == "0.05"  # the verdict's family-wise bound
     assert dp.audit.best_attack()[0] == "shadow"
     md = render_markdown(report)
     assert "| one-run (fresh run of the recipe, not the released model) |" in md
+    # a family-wise verdict whose bound came from the recipe run: the headline keeps the released
+    # model's family-wise bound; the verdict (about the recipe's claim) keeps its own
+    for name, fam in (("loss", 0.0), ("shadow", 0.04), ("one-run", 2.1)):
+        dp.audit.attacks[name].__pydantic_extra__["family_epsilon_lower_bound"] = fam
+    dp.verdict = Verdict(status="violation", message="one-run bound 2.1 > 1.2", attack="one-run",
+                         epsilon_lower_bound=2.1, epsilon_ceiling=4.0, detectable_epsilon=1.0)
+    assert dp.audit_numbers() == (0.04, 4.0, 1.0)
+    row = next(r for r in summary_rows(report) if r["name"] == "fedauxfdp")
+    assert (row["attack"], row["emp_eps"]["text"], row["verdict"]) == ("shadow", "0.04", "violation")
 
 
 def test_not_applicable_is_grey_with_its_reason_and_no_failure(sample_report):
