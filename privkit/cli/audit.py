@@ -42,16 +42,6 @@ def _check_options(run_dir: Path, executor: str, delta: float | None) -> None:
         raise PrivkitError(f"--delta must be in (0, 1); found {delta}")
 
 
-def _audit_capacity(run_dir: Path) -> tuple[int, int]:
-    """Training (member) and test (non-member) records of the run: the audit draws from these."""
-    fed = read_json(run_dir / "federation.json", "federation file")
-    try:
-        return sum(len(c) for c in fed["clients"]), len(fed["test"])
-    except (KeyError, TypeError) as exc:
-        raise PrivkitError(f"federation file {run_dir / 'federation.json'} is malformed: "
-                           f"missing {exc}") from None
-
-
 def _outcome(entry: dict, width: int | None = None) -> str:
     """Markup for an attack that did not run: red when it failed, grey with the reason when it
     does not apply to this method (not a failure)."""
@@ -84,17 +74,16 @@ def audit(
 ) -> None:
     """Attack the released model of RUN_DIR with shadow runs of the same recipe; write audit.json."""
     _check_options(run_dir, executor, delta)
-    n_train, n_test = _audit_capacity(run_dir)
-    if n_audit > min(n_train, n_test):  # a limit that changes what the user asked for is announced
-        n = min(n_train, n_test)
-        err_console.print(f"[yellow]note:[/yellow] auditing {n} members and {n} non-members, fewer "
-                          f"than --n-audit {n_audit}: the run has {n_train} training and {n_test} "
-                          "test records", highlight=False, soft_wrap=True)
     from attacks.audit import audit_run
 
     out = audit_run(run_dir, attacks=attacks, shadows=shadows, executor=executor, workers=workers,
                     seed=seed, progress=not as_json, n_audit=n_audit, delta=delta,
                     shadow_iterations=iterations)
+    used = (out.get("n_audit") or {}).get("members")
+    if isinstance(used, int) and used < n_audit:  # a limit that changed what was asked: say so
+        err_console.print(f"[yellow]note:[/yellow] audited {used} members and {used} non-members, "
+                          f"fewer than --n-audit {n_audit}: the run has no more training or test "
+                          "records to draw from", highlight=False, soft_wrap=True)
     if as_json:
         print_json(out)
         return

@@ -161,6 +161,21 @@ def test_bad_input_is_one_line_exit_2(argv, needles, trained, files, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in trained.rglob("*")} == before  # nothing touched
 
 
+def test_n_audit_cap_is_announced(trained, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    proc = privkit("audit", str(run), "--attacks", "threshold", "--shadows", "2", "--n-audit",
+                   "100000", "--json")
+    assert proc.returncode == 0, proc.stderr
+    used = json.loads(proc.stdout)["n_audit"]["members"]
+    fed = json.loads((run / "federation.json").read_text())
+    assert used == min(sum(len(c) for c in fed["clients"]), len(fed["test"])) < 100000
+    assert (f"note: audited {used} members and {used} non-members, fewer than --n-audit 100000"
+            in " ".join(proc.stderr.split()))
+
+
 def test_public_dataset_none_means_the_same_everywhere(tmp_path):
     """`none` carves public data from the private dataset in `data split` and in `train`."""
     split = privkit("data", "split", "--dataset", "digits", "--clients", "2", "--public-dataset",
