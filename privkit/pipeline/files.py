@@ -32,7 +32,10 @@ def atomic_write_json(path: Path, obj: Any) -> Path:
 
 
 def read_json(path: Path) -> Any:
-    return json.loads(path.read_text())
+    """Parse a run file; a corrupted one is a one-line error naming it."""
+    from privkit.jsonutil import read_json as _read
+
+    return _read(path, "run file")
 
 
 def now() -> str:
