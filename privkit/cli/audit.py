@@ -10,7 +10,6 @@ from rich.table import Table
 
 from privkit.cli.app import app, err_console, out_console, print_json
 from privkit.errors import PrivkitError
-from privkit.jsonutil import read_json
 
 
 def _fmt(x) -> str:
@@ -26,6 +25,7 @@ def _check_options(run_dir: Path, executor: str, delta: float | None) -> None:
     from importlib.util import find_spec
 
     from privkit.executor import EXECUTORS
+    from privkit.jsonutil import read_json
 
     if not run_dir.is_dir():
         raise PrivkitError(f"run_dir must be an existing directory; found {run_dir}")

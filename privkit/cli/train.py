@@ -22,9 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from privkit.cli.app import app, out_console, print_json
-from privkit.config import apply_overrides, load_toml
 from privkit.errors import PrivkitError
-from privkit.pipeline.files import staged_dir
 
 SCHEMA_VERSION = 1
 _FILE_KEYS = {"method", "seed", "federation", "trainer"}
@@ -41,6 +39,7 @@ def list_methods() -> list[dict[str, Any]]:
 def resolve_run(method: str | None, config_file: Path | None, sets: list[str], federation_sets: list[str],
                 seed: int | None, quick: bool) -> dict[str, Any]:
     """Validated {method, seed, federation (FederationConfig), trainer (config model)}; no training."""
+    from privkit.config import apply_overrides, load_toml
     from privkit.data import FederationConfig
     from privkit.trainers import get_trainer, make_config
 
@@ -123,6 +122,7 @@ def _headline(result, federation, claims_dp: bool) -> dict[str, Any]:
 def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> dict[str, Any]:
     """Build the federation, train, and write the run directory; return a summary dict."""
     from privkit.data import build_federation
+    from privkit.pipeline.files import staged_dir
     from privkit.trainers import get_trainer, train
 
     fed_cfg, cfg = resolved["federation"], resolved["trainer"]
