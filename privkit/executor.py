@@ -101,6 +101,17 @@ class RayExecutor:
         return ray.get(refs)
 
 
+def check_executor(name: str, option: str = "executor") -> None:
+    """Refuse an unknown executor, or Ray when it is not installed, before any work starts."""
+    from importlib.util import find_spec
+
+    if name not in EXECUTORS:
+        raise PrivkitError(f"{option} must be one of {', '.join(EXECUTORS)}; found {name!r}")
+    if name == "ray" and find_spec("ray") is None:
+        raise PrivkitError(f'{option} ray needs Ray, which is not installed; found none '
+                           '(pip install "privkit[ray]")')
+
+
 def get_executor(name: str = "serial", workers: int | None = None) -> Executor:
     """``serial``, ``process`` (local pool) or ``ray``."""
     if name == "serial":

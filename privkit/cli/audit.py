@@ -22,9 +22,7 @@ def _fmt(x) -> str:
 
 def _check_options(run_dir: Path, executor: str, delta: float | None) -> None:
     """Everything checkable before the audit layer (and torch) is imported."""
-    from importlib.util import find_spec
-
-    from privkit.executor import EXECUTORS
+    from privkit.executor import check_executor
     from privkit.jsonutil import read_json
 
     if not run_dir.is_dir():
@@ -33,11 +31,7 @@ def _check_options(run_dir: Path, executor: str, delta: float | None) -> None:
         raise PrivkitError(f"run_dir must hold a trained run (config.json); found none in {run_dir} "
                            "(run `privkit train` first)")
     read_json(run_dir / "config.json", "run config")  # a corrupted file is named before any work
-    if executor not in EXECUTORS:
-        raise PrivkitError(f"--executor must be one of {', '.join(EXECUTORS)}; found {executor!r}")
-    if executor == "ray" and find_spec("ray") is None:
-        raise PrivkitError('--executor ray needs Ray, which is not installed; found none '
-                           '(pip install "privkit[ray]")')
+    check_executor(executor, "--executor")
     if delta is not None and not 0 < delta < 1:
         raise PrivkitError(f"--delta must be in (0, 1); found {delta}")
 

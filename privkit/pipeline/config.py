@@ -184,6 +184,10 @@ def resolve_config(data: dict, *, source: str | None = None,
                                       trainer=trainer, summary=spec.summary, paper=spec.paper,
                                       formal_dp=spec.formal_dp))
     _check_attacks(cfg.audit)
+    if cfg.audit.enabled:
+        from privkit.executor import check_executor
+
+        check_executor(cfg.audit.executor, "audit.executor")
     return ResolvedRun(config=cfg, methods=methods, source=source, overrides=overrides)
 
 

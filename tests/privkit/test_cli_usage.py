@@ -389,3 +389,19 @@ def test_pyproject_metadata_has_no_deprecation_warning():
         dist = apply_configuration(Distribution(), REPO / "pyproject.toml")
     assert [str(w.message) for w in caught] == []
     assert dist.metadata.license_expression == "Apache-2.0"
+
+
+def test_ray_executor_without_ray_is_refused_up_front(monkeypatch):
+    """`--executor ray` (CLI) and `audit.executor = "ray"` (run config) need Ray installed: said
+    before any work, with the install command, instead of every shadow-based attack failing."""
+    import importlib.util
+
+    from privkit.executor import check_executor
+
+    check_executor("serial")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match=r'--executor ray needs Ray.*pip install "privkit\[ray\]"'):
+        check_executor("ray", "--executor")
+    with pytest.raises(ValueError, match="audit.executor must be one of serial, process, ray; "
+                                         "found 'banana'"):
+        check_executor("banana", "audit.executor")
