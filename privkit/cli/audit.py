@@ -34,7 +34,7 @@ def audit(
     as_json: bool = typer.Option(False, "--json", help="Print audit.json as one JSON object."),
 ) -> None:
     """Attack the released model of RUN_DIR with shadow runs of the same recipe; write audit.json."""
-    from attacks.audit import audit_run
+    from privkit.audit import audit_run
 
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run_dir must be an existing directory; found {run_dir}")

@@ -22,7 +22,6 @@ Design (stated in every audit.json under ``assumptions``):
 from __future__ import annotations
 
 import json
-import math
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -31,13 +30,12 @@ import numpy as np
 
 from attacks import signals
 from attacks.attribute import AttributeInferenceAttack
-from attacks.epsilon import gdp_epsilon_estimate, verdict
-from attacks.instantiations import client_artifact_features, dominant_classes, soft_label_artifacts
-from attacks.metrics import summarize
+from attacks.entry import membership_entry
+from attacks.epsilon import verdict
 from attacks.mia import LiRA, ShadowModelAttack, ThresholdAttack
-from attacks.one_run import one_run_audit
-from attacks.shadows import ShadowSet, canary_task, run_shadow_task, train_shadows
-from attacks.target import Target
+from attacks.recipe import torch_logits
+from privkit.audit.instantiations import client_artifact_features, dominant_classes, soft_label_artifacts
+from privkit.audit.shadows import ShadowSet, canary_task, run_shadow_task, train_shadows
 from privkit.jsonutil import json_default
 from privkit.seeding import make_rng
 
@@ -82,23 +80,6 @@ def _parse_attacks(attacks) -> list[str]:
     if bad or not names:
         raise ValueError(f"attacks must be a subset of {', '.join(ATTACKS)}; found {', '.join(bad) or 'none'}")
     return names
-
-
-def membership_entry(scores: np.ndarray, membership: np.ndarray, *, delta: float, alpha: float,
-                     guess_fraction: float, notes: str) -> dict:
-    """Metrics + one-run epsilon lower bound for one attack's scores on the audit points."""
-    summ = summarize(scores, membership).to_dict()
-    k = max(1, int(math.floor(guess_fraction * len(scores))))
-    orr = one_run_audit(scores, membership, delta=delta, k_pos=k, k_neg=k, beta=alpha)
-    # GDP extrapolation from the rates at the pre-registered guess counts: an ESTIMATE only
-    fpr = float((~membership[np.argsort(-scores)[:k]]).sum()) / max((~membership).sum(), 1)
-    fnr = 1.0 - float(membership[np.argsort(-scores)[:k]].sum()) / max(membership.sum(), 1)
-    return {**{k_: summ[k_] for k_ in ("auc", "balanced_accuracy", "advantage", "tpr_at_fpr", "roc")},
-            "epsilon_lower_bound": orr.epsilon, "ceiling": orr.ceiling, "confidence": 1 - alpha,
-            "delta": delta, "n_trials": len(scores), "guesses": orr.guesses, "correct": orr.correct,
-            "bound": "one-run (Steinke, Nasr & Jagielski 2023), k+ = k- fixed in advance",
-            "gdp_epsilon_estimate": gdp_epsilon_estimate(max(fpr, 1e-12), max(fnr, 1e-12), delta),
-            "notes": notes, "error": None}
 
 
 def _error_entry(exc: BaseException) -> dict:
@@ -164,7 +145,8 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
     members, nonmembers = fed.members, fed.test
     n_m = min(n_audit, members.size, nonmembers.size)
     audit_idx = np.r_[rng.choice(members, n_m, replace=False), rng.choice(nonmembers, n_m, replace=False)]
-    target = Target.from_result(result, fed, audit_idx)
+    t_labels, t_member = fed.private.y[audit_idx], np.isin(audit_idx, fed.members)
+    t_logits = torch_logits(result.model, fed.private.x[audit_idx])
     # shadows should train on as many records as the target: universe = 2 x |members| when the
     # shadow pool allows (each universe record is IN for half of the shadows)
     n_pool = int(min(fed.shadow_pool.size, max(0, 2 * members.size - audit_idx.size)))
@@ -186,7 +168,6 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
 
     results: dict[str, dict] = {}
     attribute: dict[str, dict] = {}
-    t_logits, t_labels, t_member = target.logits(), target.y, target.membership
     common = dict(delta=delta, alpha=alpha, guess_fraction=guess_fraction)
 
     def need() -> ShadowSet:

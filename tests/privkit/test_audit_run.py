@@ -12,10 +12,10 @@ import torch
 from audit_helpers import SMALL, make_run, tiny_federation_config
 from typer.testing import CliRunner
 
-from attacks.audit import audit_run
-from privkit.trainers.batched_sgd import SGDRecipe, reference_models, train_many, train_one
-from attacks.shadows import train_shadows
+from privkit.audit import audit_run
+from privkit.audit.shadows import train_shadows
 from privkit.models import model_spec
+from privkit.trainers.batched_sgd import SGDRecipe, reference_models, train_many, train_one
 
 ENTRY_KEYS = {"auc", "balanced_accuracy", "advantage", "tpr_at_fpr", "epsilon_lower_bound", "ceiling",
               "confidence", "delta", "n_trials", "roc", "notes", "error"}
@@ -189,7 +189,7 @@ def test_cli_missing_run_dir(tmp_path):
 
 @pytest.mark.slow
 def test_flip_table2_protocol_runs_and_reports_chance_interval():
-    from attacks.instantiations import binary_federation, flip_table2_attack
+    from privkit.audit.instantiations import binary_federation, flip_table2_attack
     from privkit.data import build_federation
     from privkit.trainers import get_trainer
 
