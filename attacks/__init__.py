@@ -7,9 +7,12 @@ Numeric core (numpy/scipy only): :mod:`attacks.metrics`, :mod:`attacks.epsilon`,
 :mod:`attacks.attribute`. Recipes (``train_fn(x, y, seed) -> model`` for scikit-learn, torch or
 any probability function): :mod:`attacks.recipe`. The experiment (fair-coin inclusion, reference
 models on halves of one pool, training on an executor): :mod:`attacks.experiment`,
-:mod:`attacks.executor`. Entry point for a model trained elsewhere: :func:`audit_model`.
+:mod:`attacks.executor`. Entry point for a model trained elsewhere: :func:`audit_model`;
+for scores already computed: :func:`audit_scores` (scores and membership -> family-wise bound,
+ceiling, detectable epsilon and verdict).
 """
 
+from attacks.audit_scores import AttackAudit, AuditResult, audit_scores, detectable_epsilon
 from attacks.attribute import AttributeInferenceAttack, AttributeResult, evaluate_predictions
 from attacks.epsilon import (
     EpsilonBound,
@@ -21,7 +24,6 @@ from attacks.epsilon import (
     epsilon_ceiling,
     epsilon_from_rates,
     gdp_epsilon_estimate,
-    verdict,
 )
 from attacks.metrics import (
     advantage,
@@ -41,7 +43,9 @@ from attacks.user_model import audit_model
 
 __all__ = [
     "AttributeInferenceAttack",
+    "AttackAudit",
     "AttributeResult",
+    "AuditResult",
     "Design",
     "EpsilonBound",
     "LiRA",
@@ -54,11 +58,13 @@ __all__ = [
     "as_recipe",
     "auc",
     "audit_model",
+    "audit_scores",
     "balanced_accuracy",
     "balanced_accuracy_upper_bound",
     "clopper_pearson_interval",
     "clopper_pearson_upper",
     "design_experiment",
+    "detectable_epsilon",
     "empirical_epsilon",
     "epsilon_ceiling",
     "epsilon_from_rates",
@@ -76,5 +82,4 @@ __all__ = [
     "summarize",
     "tpr_at_fpr",
     "train_models",
-    "verdict",
 ]

@@ -1,28 +1,43 @@
-"""One attack's metrics and one-run epsilon lower bound on audited records (an audit.json entry)."""
+"""A family of membership attacks' scores -> audit.json records and the verdict record.
+
+Each attack's scores wait in an :class:`AttackScores` until the whole family is known; then
+:func:`analyse` runs :func:`attacks.audit_scores` once over the family (one confidence for the
+verdict) and replaces each by its audit.json record.
+"""
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from attacks.epsilon import gdp_epsilon_estimate
-from attacks.metrics import summarize
-from attacks.one_run import one_run_audit
+from attacks.audit_scores import audit_scores
 
 
-def membership_entry(scores: np.ndarray, membership: np.ndarray, *, delta: float, alpha: float,
-                     guess_fraction: float, notes: str) -> dict:
-    """Metrics + one-run epsilon lower bound for one attack's scores on the audit points."""
-    summ = summarize(scores, membership).to_dict()
-    k = max(1, int(math.floor(guess_fraction * len(scores))))
-    orr = one_run_audit(scores, membership, delta=delta, k_pos=k, k_neg=k, beta=alpha)
-    # GDP extrapolation from the rates at the pre-registered guess counts: an ESTIMATE only
-    fpr = float((~membership[np.argsort(-scores)[:k]]).sum()) / max((~membership).sum(), 1)
-    fnr = 1.0 - float(membership[np.argsort(-scores)[:k]].sum()) / max(membership.sum(), 1)
-    return {**{k_: summ[k_] for k_ in ("auc", "balanced_accuracy", "advantage", "tpr_at_fpr", "roc")},
-            "epsilon_lower_bound": orr.epsilon, "ceiling": orr.ceiling, "confidence": 1 - alpha,
-            "delta": delta, "n_trials": len(scores), "guesses": orr.guesses, "correct": orr.correct,
-            "bound": "one-run (Steinke, Nasr & Jagielski 2023), k+ = k- fixed in advance",
-            "gdp_epsilon_estimate": gdp_epsilon_estimate(max(fpr, 1e-12), max(fnr, 1e-12), delta),
-            "notes": notes, "error": None}
+@dataclass
+class AttackScores:
+    """One membership attack's scores on its audited records, before the family is analysed."""
+
+    scores: np.ndarray
+    membership: np.ndarray
+    notes: str
+    inclusion: str = "unverified"  # "random" when the records were included by fair coins
+    extra: dict = field(default_factory=dict)  # more keys for the attack's audit.json record
+
+
+def analyse(results: dict, *, accounted: float | None, delta: float, alpha: float, seed: int,
+            guess_fraction: float) -> dict:
+    """Replace each :class:`AttackScores` in ``results`` by its audit.json record and return the
+    verdict record (:func:`attacks.audit_scores` over the family of attacks that produced scores)."""
+    scored = {n: r for n, r in results.items() if isinstance(r, AttackScores)}
+    if not scored:
+        status = "no-claim" if accounted is None or not np.isfinite(accounted) else "inconclusive"
+        return {"status": status, "message": "no attack produced scores; nothing to compare",
+                "epsilon_lower_bound": None, "epsilon_ceiling": None, "detectable_epsilon": None}
+    res = audit_scores({n: s.scores for n, s in scored.items()}, {n: s.membership for n, s in scored.items()},
+                       accounted_epsilon=accounted, delta=delta, confidence=1 - alpha, seed=seed,
+                       guesses=guess_fraction, inclusion={n: s.inclusion for n, s in scored.items()},
+                       notes={n: s.notes for n, s in scored.items()})
+    for n, s in scored.items():
+        results[n] = {**res.attacks[n].to_dict(), **s.extra}
+    return res.to_dict(with_attacks=False)

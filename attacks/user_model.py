@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from attacks.entry import membership_entry
-from attacks.epsilon import verdict
+from attacks.audit_scores import INCLUSION
+from attacks.entry import AttackScores, analyse
 from attacks.experiment import membership_mask, stream_seeds, train_models
 from attacks.mia import LiRA, ThresholdAttack
 from attacks.recipe import as_recipe, predict_logits
@@ -27,7 +27,7 @@ def audit_model(model: Any, x_members: np.ndarray, y_members: np.ndarray,
                 x_nonmembers: np.ndarray, y_nonmembers: np.ndarray, *, recipe: Any = None,
                 n_reference: int = 8, accounted_epsilon: float | None = None, delta: float = 1e-5,
                 alpha: float = 0.05, guess_fraction: float = 0.1, seed: int = 0,
-                executor: Any = None, progress: bool = False) -> dict:
+                inclusion: str = "unverified", executor: Any = None, progress: bool = False) -> dict:
     """Membership-inference audit of ``model`` with an empirical epsilon lower bound per attack.
 
     Parameters
@@ -39,12 +39,17 @@ def audit_model(model: Any, x_members: np.ndarray, y_members: np.ndarray,
     recipe : how the model was trained (``train_fn(x, y, seed) -> model`` or an
         :class:`attacks.Recipe`); given, LiRA (online and offline) runs with ``n_reference``
         reference models trained on halves of the audited records.
-    accounted_epsilon : the epsilon the training claims at ``delta``; the verdict compares every
-        lower bound with it (``None``: no formal claim to check).
-    delta, alpha : delta of the bounds; 1 - confidence of every bound.
+    accounted_epsilon : the epsilon the training claims at ``delta``; the verdict compares the
+        family-wise lower bound with it (``None``: no formal claim to check).
+    delta, alpha : delta of the bounds; 1 - confidence of the verdict's bound for the whole family
+        of attacks (Bonferroni) and of each attack's own bound.
     guess_fraction : the one-run audit guesses on the top and bottom ``guess_fraction`` of scores,
         fixed before looking at membership.
-    seed : seed of the reference models' halves and of the seeds handed to the recipe.
+    seed : audit seed (reference models' halves, the seeds handed to the recipe, random tie-break
+        of the guesses).
+    inclusion : ``"random"`` if each audited record was put in the training data by an independent
+        fair coin (the one-run theorem's premise); ``"unverified"`` (default) otherwise: the result
+        then notes that the bound assumes random inclusion, not verified.
     executor, progress : where reference models train (:func:`attacks.executor.get_executor`);
         progress bar.
 
@@ -55,6 +60,8 @@ def audit_model(model: Any, x_members: np.ndarray, y_members: np.ndarray,
     """
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1); found {delta}")
+    if inclusion not in INCLUSION:
+        raise ValueError(f"inclusion must be one of {', '.join(INCLUSION)}; found {inclusion!r}")
     if n_reference < 2 or n_reference % 2:
         raise ValueError(f"n_reference must be an even number >= 2; found {n_reference}")
     x = np.concatenate([np.asarray(x_members), np.asarray(x_nonmembers)])
@@ -62,9 +69,8 @@ def audit_model(model: Any, x_members: np.ndarray, y_members: np.ndarray,
     member = np.r_[np.ones(len(x_members), bool), np.zeros(len(x_nonmembers), bool)]
     n_classes = int(labels.max()) + 1
     logits = predict_logits(model, x, n_classes)
-    common = dict(delta=delta, alpha=alpha, guess_fraction=guess_fraction)
-    attacks = {"threshold": membership_entry(ThresholdAttack("loss").score_samples(logits, labels),
-                                             member, **common, notes="loss threshold (Yeom et al. 2018)")}
+    attacks: dict = {"threshold": AttackScores(ThresholdAttack("loss").score_samples(logits, labels), member,
+                                               "loss threshold (Yeom et al. 2018)", inclusion=inclusion)}
     if recipe is not None:
         keep = membership_mask(n_reference, len(labels), seed)
         ref_logits, _ = train_models(as_recipe(recipe), x, labels, [np.flatnonzero(k) for k in keep],
@@ -73,21 +79,21 @@ def audit_model(model: Any, x_members: np.ndarray, y_members: np.ndarray,
                                      description="reference models")
         for name, online in (("lira", True), ("lira-offline", False)):
             scores = LiRA(online=online, fix_variance=True).fit(ref_logits, labels, keep).score_samples(logits, labels)
-            attacks[name] = membership_entry(
-                scores, member, **common,
-                notes=f"LiRA {'online' if online else 'offline'}, fixed variance, {n_reference} reference models")
-    bounds = {k: v["epsilon_lower_bound"] for k, v in attacks.items()}
+            attacks[name] = AttackScores(
+                scores, member, f"LiRA {'online' if online else 'offline'}, fixed variance, "
+                f"{n_reference} reference models", inclusion=inclusion)
+    ver = analyse(attacks, accounted=accounted_epsilon, delta=delta, alpha=alpha, seed=seed,
+                  guess_fraction=guess_fraction)
     return {
         "schema_version": 1,
         "attacks": attacks,
         "accounted_epsilon": accounted_epsilon,
         "delta": delta,
-        "verdict": verdict(bounds, accounted_epsilon, formal_dp=accounted_epsilon is not None, delta=delta),
+        "verdict": ver,
         "assumptions": {
             "trials": "records scored in one trained model are not independent trials; bounds use the "
                       "one-run theorem (Steinke, Nasr & Jagielski 2023), which assumes each audited record "
-                      "was included at random with probability 1/2 (approximately true for a random "
-                      "member/non-member split of equal sizes)",
+                      f"was included by an independent fair coin (inclusion: {inclusion})",
             "reference_models": n_reference if recipe is not None else 0,
             "confidence": 1 - alpha,
         },
