@@ -1,5 +1,11 @@
 """End to end: audit_run / `privkit audit` on small runs: one pool, fair coins, matched sizes,
-executors, verdicts; and the vectorised recipe privkit hands to the audit layer."""
+executors, verdicts; and the vectorised recipe privkit hands to the audit layer.
+
+Changed with issues 11/12: audits no longer attack the released model with members from the
+clients and non-members from the test set, and the separate "one-run" canary run is gone; the
+audited target is a fresh run of the method's recipe whose audited records were included by fair
+coins from one pool (clients + shadow pool), so every attack's records have random inclusion.
+"""
 
 from __future__ import annotations
 
