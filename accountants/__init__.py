@@ -14,6 +14,7 @@ from accountants.dpsgd import (
     dpsgd_epsilon,
     dpsgd_event,
     neighbouring_relation,
+    new_accountant,
 )
 from accountants.events import (
     EpsilonDeltaEvent,
@@ -83,6 +84,7 @@ __all__ = [
     "logreg_multinomial_sensitivity",
     "logreg_multinomial_sensitivity_cfree",
     "neighbouring_relation",
+    "new_accountant",
     "nfdp_delta",
     "nfdp_epsilon_delta",
     "nfdp_profile",

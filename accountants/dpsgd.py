@@ -22,6 +22,7 @@ from fractions import Fraction
 
 import dp_accounting as dpa
 
+from accountants.fast import PldAccountant, RdpAccountant
 from accountants._validate import (
     check_choice,
     check_int,
@@ -37,6 +38,7 @@ __all__ = [
     "dpsgd_epsilon",
     "dpsgd_event",
     "neighbouring_relation",
+    "new_accountant",
 ]
 
 PLD_VDI = 1e-4
@@ -193,14 +195,18 @@ def dpsgd_accounting(
     return DpsgdResult(eps, delta, accountant, sampling, rel, tuple(warns))
 
 
+def new_accountant(kind: str, relation: str = "add_remove", vdi: float = PLD_VDI) -> dpa.PrivacyAccountant:
+    """An empty dp-accounting RDP or PLD accountant (vectorised subsampled Gaussian, :mod:`accountants.fast`)."""
+    rel = neighbouring_relation(relation)
+    if kind == "rdp":
+        return RdpAccountant(neighboring_relation=rel)
+    return PldAccountant(rel, value_discretization_interval=vdi)
+
+
 def _dpa_epsilon(
     event: dpa.DpEvent, delta: float, accountant: str, rel: str, vdi: float = PLD_VDI
 ) -> float:
-    relation = neighbouring_relation(rel)
-    if accountant == "rdp":
-        acc: dpa.PrivacyAccountant = dpa.rdp.RdpAccountant(neighboring_relation=relation)
-    else:
-        acc = dpa.pld.PLDAccountant(relation, value_discretization_interval=vdi)
+    acc = new_accountant(accountant, rel, vdi)
     acc.compose(event)
     return float(acc.get_epsilon(delta))
 

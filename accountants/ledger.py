@@ -46,7 +46,7 @@ import dp_accounting as dpa
 
 from accountants._validate import check_choice, check_nonnegative, check_open_unit, check_positive
 from accountants.composition import advanced_composition, basic_composition
-from accountants.dpsgd import NEIGHBOURINGS, PLD_VDI, neighbouring_relation
+from accountants.dpsgd import NEIGHBOURINGS, PLD_VDI, new_accountant
 from accountants.events import (
     PRIVKIT_EVENTS,
     EpsilonDeltaEvent,
@@ -237,10 +237,7 @@ def _effective_relation(relation: str, events: Iterable[dpa.DpEvent]) -> str:
 
 
 def _new_accountant(kind: str, relation: str, vdi: float) -> dpa.PrivacyAccountant:
-    rel = neighbouring_relation(relation)
-    if kind == "rdp":
-        return dpa.rdp.RdpAccountant(neighboring_relation=rel)
-    return dpa.pld.PLDAccountant(rel, value_discretization_interval=vdi)
+    return new_accountant(kind, relation, vdi)
 
 
 def _check_supported(acc: dpa.PrivacyAccountant, kind: str, units: Sequence[tuple[dpa.DpEvent, str]], relation: str) -> None:
