@@ -33,6 +33,7 @@ from accountants.gaussian import (
 )
 from accountants.ledger import (
     ACCOUNTANTS,
+    NOT_FOR_RELEASE,
     SCHEMA_VERSION,
     Accounting,
     Ledger,
@@ -55,6 +56,7 @@ from accountants.sensitivity import (
 
 __all__ = [
     "ACCOUNTANTS",
+    "NOT_FOR_RELEASE",
     "PLD_VDI",
     "SCHEMA_VERSION",
     "Accounting",

@@ -17,6 +17,8 @@ DP-SGD case (q=256/60000, sigma=1.1, 14063 steps) it gives 2.38178 (1e-3 gives 2
 
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -136,14 +138,47 @@ class DpsgdResult:
     warnings: tuple[str, ...]
 
 
+PRV_MAX_POINTS = 20_000_000  # about 3.6 GB at the ~180 bytes per grid point measured for opacus
+PRV_BYTES_PER_POINT = 180
+
+
+def prv_grid_points(q: float, sigma: float, steps: int, delta: float, eps_error: float = 0.01) -> int:
+    """Size of the grid opacus's PRV accountant would build (its own domain rule, Gopi et al. 2021)."""
+    from opacus.accountants import PRVAccountant
+    from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV
+
+    with warnings.catch_warnings():  # opacus's RDP-based domain bound warns about its order grid
+        warnings.simplefilter("ignore")
+        domain = PRVAccountant()._get_domain([PoissonSubsampledGaussianPRV(q, sigma)], [steps], eps_error,
+                                             delta / 1000)
+    return int(domain.size)
+
+
+def _prv_limit() -> int:
+    """Grid points allowed: PRV_MAX_POINTS, or less when the machine has less free memory."""
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX: the fixed cap alone
+        return PRV_MAX_POINTS
+    return int(min(PRV_MAX_POINTS, free / (2 * PRV_BYTES_PER_POINT)))
+
+
 def _prv_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
     # opacus pulls in torch; import lazily so `accountants` itself stays torch-free.
     from opacus.accountants import PRVAccountant
 
+    points, limit = prv_grid_points(q, sigma, steps, delta), _prv_limit()
+    if points > limit:
+        raise ValueError(
+            f"accountant prv needs a grid of {points:,} points (about {points * PRV_BYTES_PER_POINT / 2**30:.1f} "
+            f"GiB) at steps={steps}, sample_rate={q:g}; privkit allows {limit:,} on this machine: use "
+            "accountant pld (same tightness, memory nearly flat in steps)")
     acc = PRVAccountant()
     acc.history = [(sigma, q, steps)]
     # opacus returns the upper end of the PRV certified interval (eps_error=0.01).
-    return float(acc.get_epsilon(delta=delta, eps_error=0.01))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(acc.get_epsilon(delta=delta, eps_error=0.01))
 
 
 def dpsgd_accounting(

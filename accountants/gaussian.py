@@ -119,7 +119,21 @@ def gaussian_epsilon(
     check_choice(method, "method", _METHODS)
     if method == "classic":
         return sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / sigma
-    return float(_gm.get_epsilon_gaussian(sigma / sensitivity, delta))
+    return safe_gaussian_epsilon(sigma / sensitivity, delta)
+
+
+def safe_gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
+    """Exact epsilon of the Gaussian mechanism, rounded up so that its exact delta is <= ``delta``.
+
+    As :func:`safe_noise_multiplier`: dp-accounting's root (Brent, tolerance 1e-12) is sought for
+    ``delta (1 - 1e-8)`` and raised until dp-accounting's delta at it is <= ``delta (1 - 1e-9)``.
+    """
+    eps = float(_gm.get_epsilon_gaussian(noise_multiplier, delta * (1.0 - 1e-8)))
+    goal, step = delta * (1.0 - 1e-9), 1e-12
+    while math.exp(_gm._get_log_delta(noise_multiplier, eps)) > goal:
+        eps = eps * (1.0 + step) + step
+        step *= 2.0
+    return eps
 
 
 @dataclass(frozen=True)

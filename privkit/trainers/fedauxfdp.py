@@ -46,7 +46,7 @@ from pydantic import Field, model_validator
 from typing_extensions import Annotated
 
 from privkit.errors import PrivkitError
-from privkit.seeding import derive_seed, make_rng
+from privkit.seeding import derive_seed, noise_rng
 from privkit.trainers.base import TrainResult, register_trainer
 from privkit.trainers.common import accuracy, distill, new_model, resolve_device
 from privkit.trainers.fedaux import EQ4_NOTE, FrozenFeatures, release_scoring_heads
@@ -165,7 +165,8 @@ def run_dp_heads(method: str, aggregation: Aggregation, federation, cfg: DpHeadC
             fit = fit_multinomial_head(phi(x_i), y_i, C, cfg.class_lambda)
             rel = release_head(fit, kind="multinomial", lam=cfg.class_lambda,
                                epsilon=eps_c if cfg.class_dp else None, delta=delta_c,
-                               calibration=cfg.calibration, rng=make_rng(seed, f"class-noise-{i}"),
+                               calibration=cfg.calibration,
+                               rng=noise_rng(seed, f"class-noise-{i}", reproducible=cfg.reproducible_noise),
                                num_classes=C, bound=cfg.sensitivity_bound)
             ledger.add(i, rel.event, "class-head", neighbouring="replace_one")
             heads[i] = rel.weights
@@ -180,7 +181,7 @@ def run_dp_heads(method: str, aggregation: Aggregation, federation, cfg: DpHeadC
         score_rel = release_scoring_heads(
             federation, phi, lam=cfg.score_lambda, epsilon=cfg.score_epsilon, delta=cfg.score_delta,
             dp=cfg.score_dp, calibration=cfg.calibration, xi=cfg.xi, seed=seed, ledger=ledger,
-            phi_distill=phi_distill)
+            phi_distill=phi_distill, reproducible_noise=cfg.reproducible_noise)
         scores = score_rel.scores[active]
         warns.update(score_rel.warnings)
 

@@ -47,7 +47,7 @@ from pydantic import Field
 from scipy.special import gammaln, logsumexp
 
 from privkit.errors import PrivkitError
-from privkit.seeding import derive_seed, make_rng, torch_generator
+from privkit.seeding import derive_seed, make_rng, noise_generator
 from privkit.trainers.base import TrainerConfig, TrainResult, register_trainer
 from privkit.trainers.common import accuracy, as_tensor, new_model, predict_logits, resolve_device
 from privkit.trainers.dp_sgd_step import DpSgdStep
@@ -242,8 +242,9 @@ def _local_update(global_model: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
     params = [p for p in student.parameters() if p.requires_grad]
     opt = (torch.optim.SGD(params, lr=cfg.lr) if cfg.optimizer == "sgd"
            else torch.optim.Adam(params, lr=cfg.lr))
-    sample_gen = torch_generator(derive_seed(seed, "poisson"))
-    noise_gen = torch_generator(derive_seed(seed, "noise"), device=device)
+    # Poisson batches and noise are the mechanism's secret randomness (release mode: OS entropy)
+    sample_gen = noise_generator(seed, "poisson", reproducible=cfg.reproducible_noise)
+    noise_gen = noise_generator(seed, "noise", reproducible=cfg.reproducible_noise, device=device)
     loss_fn = kd_loss(rho) if rho is not None else _ce_loss
     for _ in range(cfg.local_steps):
         idx = step.sample(sample_gen).to(device)
