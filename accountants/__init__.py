@@ -47,6 +47,7 @@ from accountants.nfdp import (
     nfdp_warnings,
     record_exposure_warning,
 )
+from accountants.samplers import SAMPLERS, SamplerAccounting, account_loader, describe_loader, sampler_accounting
 from accountants.sensitivity import (
     logreg_binary_sensitivity,
     logreg_multinomial_sensitivity,
@@ -58,6 +59,8 @@ __all__ = [
     "ACCOUNTANTS",
     "NOT_FOR_RELEASE",
     "PLD_VDI",
+    "SAMPLERS",
+    "SamplerAccounting",
     "SCHEMA_VERSION",
     "Accounting",
     "Calibration",
@@ -69,6 +72,7 @@ __all__ = [
     "NfdpSubsampleEvent",
     "NonPrivateEvent",
     "UnsupportedEventError",
+    "account_loader",
     "advanced_composition",
     "analytic_gaussian_delta",
     "analytic_gaussian_sigma",
@@ -76,6 +80,7 @@ __all__ = [
     "calibrate_gaussian",
     "calibrate_noise_multiplier",
     "classic_gaussian_sigma",
+    "describe_loader",
     "dpsgd_accounting",
     "dpsgd_epsilon",
     "dpsgd_event",
@@ -93,6 +98,7 @@ __all__ = [
     "nfdp_warnings",
     "project_to_unit_ball",
     "record_exposure_warning",
+    "sampler_accounting",
 ]
 
 _logging.install()

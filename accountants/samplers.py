@@ -48,6 +48,7 @@ size), the relation under which both shuffle bounds hold.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -64,6 +65,8 @@ from accountants.gaussian import safe_gaussian_epsilon
 __all__ = [
     "SAMPLERS",
     "SamplerAccounting",
+    "account_loader",
+    "describe_loader",
     "random_allocation_rdp_add",
     "random_allocation_rdp_remove",
     "sampler_accounting",
@@ -99,26 +102,39 @@ class SamplerAccounting:
     notes: tuple[str, ...]
 
 
-def _batches_per_epoch(q: float) -> int:
-    t = round(1.0 / q)
-    if t < 1 or abs(t * q - 1.0) > 1e-9:
-        raise ValueError(f"sample_rate must be 1/(batches per epoch) for shuffling and random allocation; "
-                         f"found {q!r} (1/q = {1.0 / q:.6g})")
-    return t
+def _batch_counts(q: float, batches_per_epoch: int | None) -> tuple[int, int, list[str]]:
+    """(t for upper bounds, t for lower bounds, notes).
+
+    Fewer batches per epoch means more epochs in the same steps and less hiding, so upper bounds
+    take ``floor(1/q)`` and lower bounds ``ceil(1/q)`` when ``1/q`` is not a whole number.
+    """
+    if batches_per_epoch is not None:
+        t = check_int(batches_per_epoch, "batches_per_epoch")
+        return t, t, []
+    inv = 1.0 / q
+    t_up, t_low = max(1, math.floor(inv + 1e-9)), math.ceil(inv - 1e-9)
+    if t_up == t_low:
+        return t_up, t_low, []
+    return t_up, t_low, [f"1/sample_rate = {inv:.6g} is not a whole number of batches per epoch: upper bounds "
+                         f"use {t_up}, lower bounds {t_low} (pass batches_per_epoch for the exact count)"]
 
 
 def sampler_accounting(sampler: str, sample_rate: float, noise_multiplier: float, steps: int, delta: float,
-                       *, value_discretization_interval: float = 1e-4) -> SamplerAccounting:
+                       *, batches_per_epoch: int | None = None,
+                       value_discretization_interval: float = 1e-4) -> SamplerAccounting:
     """Epsilon of ``steps`` DP-SGD steps with multiplier ``noise_multiplier`` under ``sampler``.
 
     Parameters
     ----------
     sampler : {"poisson", "shuffle", "random-allocation"}
     sample_rate : float
-        Poisson: the sampling probability q.  Shuffle / random allocation: 1 / (batches per epoch),
-        i.e. batch size / dataset size with ``1/q`` an integer.
+        Poisson: the sampling probability q.  Shuffle / random allocation: batch size / dataset
+        size, i.e. 1 / (batches per epoch).
     noise_multiplier, steps, delta
         As in :func:`accountants.dpsgd_accounting`.
+    batches_per_epoch : int, optional
+        Shuffle / random allocation: the exact number of batches per epoch (e.g. ``len(loader)``);
+        by default derived from ``sample_rate``.
     value_discretization_interval : float
         PLD grid of the Poisson accountant.
 
@@ -136,27 +152,27 @@ def sampler_accounting(sampler: str, sample_rate: float, noise_multiplier: float
                                value_discretization_interval=value_discretization_interval)
         return SamplerAccounting("poisson", res.epsilon, None, delta, sigma, q, steps, None, steps * q,
                                  "dp-accounting PLD (pessimistic)", None, res.warnings)
-    t = _batches_per_epoch(q)
-    started, complete = math.ceil(steps / t), steps // t
+    t_up, t_low, notes = _batch_counts(q, batches_per_epoch)
+    started, complete = math.ceil(steps / t_up), steps // t_low
     no_amp = safe_gaussian_epsilon(sigma / math.sqrt(started), delta)
-    notes = [POISSON_NOTE]
+    notes.insert(0, POISSON_NOTE)
     if sampler == "shuffle":
         upper, upper_method = no_amp, f"Gaussian per started epoch, no amplification ({started} epochs)"
-        lower = shuffle_lower_epsilon(t, sigma, complete, delta) if complete else None
+        lower = shuffle_lower_epsilon(t_low, sigma, complete, delta) if complete else None
         notes.append("upper bound: the record is in exactly one batch per epoch and the adversary may know "
                      "which; lower bound: Chua et al. (2024) attack (other records' gradients -C reveal the "
                      "target's batch), max batch sum per epoch")
     else:
-        rdp = _random_allocation_rdp_epsilon(t, sigma, started, delta)
+        rdp = _random_allocation_rdp_epsilon(t_up, sigma, started, delta)
         upper = min(no_amp, rdp)
         upper_method = ("RDP: remove direction exact, add direction AM-GM bound" if rdp < no_amp
                         else f"Gaussian per started epoch, no amplification ({started} epochs)")
-        lower = random_allocation_lower_epsilon(t, sigma, complete, delta) if complete else None
+        lower = random_allocation_lower_epsilon(t_low, sigma, complete, delta) if complete else None
         notes.append("upper bound: the add-direction RDP bound is loose, so this can exceed the Poisson "
                      "epsilon; lower bound: max batch sum per epoch (the record against no record)")
     if lower is None:
-        notes.append(f"no complete epoch in {steps} steps of {t} batches: no lower bound")
-    return SamplerAccounting(sampler, upper, lower, delta, sigma, q, steps, t, steps / t, upper_method,
+        notes.append(f"no complete epoch in {steps} steps of {t_low} batches: no lower bound")
+    return SamplerAccounting(sampler, upper, lower, delta, sigma, q, steps, t_up, steps / t_up, upper_method,
                              None if lower is None else "max batch sum per epoch, optimistic PLD",
                              tuple(notes))
 
@@ -260,3 +276,65 @@ def shuffle_lower_epsilon(batches_per_epoch: int, sigma: float, epochs: int, del
 def random_allocation_lower_epsilon(batches_per_epoch: int, sigma: float, epochs: int, delta: float) -> float:
     """Certified lower bound on the epsilon of random allocation: the record (shift 1) against none."""
     return _lower_epsilon(int(batches_per_epoch), float(sigma), int(epochs), delta, 1.0, 0.0)
+
+
+# ----------------------------------------------------------------------------- a user's DataLoader
+def describe_loader(loader: object) -> dict:
+    """Which sampler a PyTorch / opacus ``DataLoader`` runs, and its rate and batch count.
+
+    Read from the loader's attributes (no torch import): opacus's ``DPDataLoader`` /
+    ``UniformWithReplacementSampler`` is Poisson sampling at its ``sample_rate``;
+    ``RandomSampler`` (``shuffle=True``), ``SubsetRandomSampler`` and a shuffling
+    ``DistributedSampler`` are shuffling; ``SequentialSampler`` (``shuffle=False``) is a fixed order,
+    for which shuffling's no-amplification upper bound is exact.  Sampling with replacement
+    (``WeightedRandomSampler``, ``RandomSampler(replacement=True)``) has no accountant here and
+    raises ``ValueError`` (opacus issue 813: such loaders are easy to mis-account).
+
+    Returns
+    -------
+    dict
+        ``{"sampler", "sample_rate", "batches_per_epoch", "dataset_size", "batch_size", "notes"}``.
+    """
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    if batch_sampler is None or not hasattr(loader, "dataset"):
+        raise ValueError(f"loader must be a torch DataLoader; found {type(loader).__name__}")
+    n = len(loader.dataset)
+    if type(batch_sampler).__name__ == "UniformWithReplacementSampler":  # opacus Poisson sampling
+        q = float(batch_sampler.sample_rate)
+        return {"sampler": "poisson", "sample_rate": q, "batches_per_epoch": len(loader), "dataset_size": n,
+                "batch_size": q * n, "notes": ["opacus Poisson sampling (DPDataLoader)"]}
+    sampler = getattr(batch_sampler, "sampler", None) or getattr(loader, "sampler", None)
+    kind = type(sampler).__name__
+    notes: list[str] = []
+    if kind in ("WeightedRandomSampler",) or (kind == "RandomSampler" and getattr(sampler, "replacement", False)):
+        raise ValueError(f"loader samples with replacement ({kind}); privkit has no sound accountant for it: "
+                         "use opacus's DPDataLoader (Poisson) or shuffle without replacement")
+    if kind == "SequentialSampler":
+        notes.append("fixed order (shuffle=False): every record's batch is known, so the shuffle upper bound "
+                     "(no amplification) is exact here")
+    elif kind == "DistributedSampler" and not getattr(sampler, "shuffle", True):
+        notes.append("DistributedSampler without shuffling: fixed order, the no-amplification bound is exact")
+    elif kind not in ("RandomSampler", "SubsetRandomSampler", "DistributedSampler"):
+        raise ValueError(f"loader's sampler must be a torch RandomSampler, SequentialSampler, SubsetRandomSampler "
+                         f"or DistributedSampler, or opacus's Poisson sampler; found {kind}")
+    t = len(loader)
+    batch = getattr(loader, "batch_size", None) or getattr(batch_sampler, "batch_size", None)
+    notes.append(f"{t} batches of {batch} per epoch from {len(sampler)} records")
+    return {"sampler": "shuffle", "sample_rate": 1.0 / t, "batches_per_epoch": t, "dataset_size": len(sampler),
+            "batch_size": batch, "notes": notes}
+
+
+def account_loader(loader: object, noise_multiplier: float, delta: float, *, epochs: int | None = None,
+                   steps: int | None = None) -> SamplerAccounting:
+    """Epsilon bounds of DP-SGD run with ``loader`` (see :func:`describe_loader`) for ``epochs`` or ``steps``."""
+    info = describe_loader(loader)
+    if (epochs is None) == (steps is None):
+        raise ValueError("give exactly one of epochs or steps; found " + ("both" if epochs is not None else "neither"))
+    if steps is None:
+        steps = check_int(epochs, "epochs") * info["batches_per_epoch"]
+    if info["sampler"] == "poisson":
+        res = sampler_accounting("poisson", info["sample_rate"], noise_multiplier, steps, delta)
+    else:
+        res = sampler_accounting("shuffle", info["sample_rate"], noise_multiplier, steps, delta,
+                                 batches_per_epoch=info["batches_per_epoch"])
+    return dataclasses.replace(res, notes=tuple(info["notes"]) + res.notes)

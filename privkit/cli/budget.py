@@ -131,37 +131,70 @@ def nfdp(
 
 @budget_app.command("dpsgd")
 def dpsgd(
-    sample_rate: float = typer.Option(..., "--sample-rate", help="Sampling rate q (batch / dataset)."),
-    noise_multiplier: float = typer.Option(..., "--noise-multiplier", help="Noise std / clipping norm."),
-    steps: int = typer.Option(..., "--steps", help="Number of steps."),
-    delta: float = typer.Option(..., "--delta", help="Target delta in (0, 1)."),
-    sampling: str = typer.Option("poisson", "--sampling", help="poisson | without-replacement"),
-    accountant: str = typer.Option("pld", "--accountant", help="rdp | pld | prv | all"),
-    dataset_size: Optional[int] = typer.Option(None, "--dataset-size", help="N for sampling without replacement."),
+    sample_rate_: str = _num_opt(..., "--sample-rate", "Sampling rate q (batch / dataset)."),
+    noise_multiplier_: str = _num_opt(..., "--noise-multiplier", "Noise std / clipping norm."),
+    steps_: str = _num_opt(..., "--steps", "Number of steps.", "INT"),
+    delta_: str = _num_opt(..., "--delta", "Target delta in (0, 1)."),
+    sampler: Optional[str] = typer.Option(None, "--sampler", help="poisson | shuffle | random-allocation | "
+                                          "without-replacement: how batches were drawn (default poisson)"),
+    sampling: Optional[str] = typer.Option(None, "--sampling", help="Older name of --sampler."),
+    accountant: str = typer.Option("pld", "--accountant", help="rdp | pld | prv | all (Poisson and "
+                                   "without-replacement)"),
+    dataset_size_: Optional[str] = _num_opt(None, "--dataset-size", "N for sampling without replacement.", "INT"),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Epsilon of subsampled-Gaussian steps (DP-SGD, DP-FedAvg, FedKADP)."""
+    """Epsilon of subsampled-Gaussian steps (DP-SGD, DP-FedAvg, FedKADP) under the sampler that ran."""
+    q, sigma = _num(sample_rate_, "--sample-rate"), _num(noise_multiplier_, "--noise-multiplier")
+    steps, delta = _int(steps_, "--steps"), _num(delta_, "--delta")
+    dataset_size = _int(dataset_size_, "--dataset-size")
+    if sampler is not None and sampling is not None and sampler != sampling:
+        raise ValueError(f"--sampler and --sampling disagree; found {sampler!r} and {sampling!r}")
+    kind = sampler or sampling or "poisson"
+    choices = (*acc.SAMPLERS, "without-replacement")
+    if kind not in choices:
+        raise ValueError(f"--sampler must be one of {', '.join(choices)}; found {kind!r}")
+    if kind in ("shuffle", "random-allocation"):
+        _emit(_sampler_output(kind, q, sigma, steps, delta), as_json, f"DP-SGD, {kind} batches")
+        return
+    if accountant not in ("rdp", "pld", "prv", "all"):
+        raise ValueError(f"--accountant must be one of rdp, pld, prv, all; found {accountant!r}")
+    warns: list[str] = []
     if accountant == "all":
-        names = ["rdp"] if sampling == "without-replacement" else ["rdp", "pld", "prv"]
+        names = ["rdp"] if kind == "without-replacement" else ["rdp", "pld", "prv"]
+        if kind == "without-replacement":
+            warns.append("pld and prv do not support sampling without replacement; only rdp is shown")
     else:
         names = [accountant]
-    results = {
-        name: acc.dpsgd_accounting(sample_rate, noise_multiplier, steps, delta, sampling, name,
-                                   dataset_size=dataset_size)
-        for name in names
-    }
+    results = {}
+    for name in names:
+        try:
+            results[name] = acc.dpsgd_accounting(q, sigma, steps, delta, kind, name, dataset_size=dataset_size)
+        except ValueError as exc:
+            if accountant != "all" or name != "prv":
+                raise
+            warns.append(f"prv left out: {exc}")  # PRV's grid would not fit in memory
     first = next(iter(results.values()))
-    warns = list(first.warnings)
-    if accountant == "all" and sampling == "without-replacement":
-        warns.append("pld and prv do not support sampling without replacement; only rdp is shown")
     out = {
-        "sample_rate": sample_rate, "noise_multiplier": noise_multiplier, "steps": steps, "delta": delta,
-        "sampling": sampling, "neighbouring": first.neighbouring,
-        "accountant": accountant,
+        "sample_rate": q, "noise_multiplier": sigma, "steps": steps, "delta": delta,
+        "sampler": kind, "neighbouring": first.neighbouring, "accountant": accountant,
         "epsilon": {k: r.epsilon for k, r in results.items()} if accountant == "all" else first.epsilon,
-        "warnings": warns,
+        "warnings": list(first.warnings) + warns,
     }
     _emit(out, as_json, "DP-SGD (subsampled Gaussian)")
+
+
+def _sampler_output(kind: str, q: float, sigma: float, steps: int, delta: float) -> dict[str, Any]:
+    """Upper and lower epsilon bounds for shuffled / randomly allocated batches, beside Poisson's."""
+    res = acc.sampler_accounting(kind, q, sigma, steps, delta)
+    poisson = acc.sampler_accounting("poisson", q, sigma, steps, delta)
+    return {
+        "sample_rate": q, "noise_multiplier": sigma, "steps": steps, "delta": delta, "sampler": kind,
+        "batches_per_epoch": res.batches_per_epoch, "epochs": res.epochs, "neighbouring": "add_remove",
+        "epsilon": res.epsilon, "epsilon_lower": res.epsilon_lower,
+        "upper_method": res.upper_method, "lower_method": res.lower_method,
+        "epsilon_if_poisson": poisson.epsilon,
+        "warnings": list(res.notes),
+    }
 
 
 @budget_app.command("calibrate")
