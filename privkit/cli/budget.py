@@ -313,7 +313,8 @@ def _event_of(release: dict[str, Any], where: str) -> tuple[dpa.DpEvent, tuple[f
     if "gaussian_eps" in release:
         spec = release["gaussian_eps"]
         if not isinstance(spec, list) or len(spec) not in (2, 3):
-            raise ValueError(f"{where}: gaussian_eps must be [epsilon, delta] or [epsilon, delta, method]; found {spec!r}")
+            raise ValueError(f"{where}: gaussian_eps must be a list (epsilon, delta) or (epsilon, delta, method); "
+                             f"found {spec!r}")
         eps, delta = _real(spec[0], f"{where}: epsilon"), _real(spec[1], f"{where}: delta")
         method = spec[2] if len(spec) == 3 else "classic"
         if method not in ("classic", "analytic"):
