@@ -368,7 +368,8 @@ def poisson_gaussian_pld(q: float, sigma: float, vdi: float, count: int = 1) -> 
     clients and rounds are built and self-composed once.
     """
     base = _base_pld(float(sigma), float(q), float(vdi))
-    return base if count == 1 else base.self_compose(int(count))
+    # dp-accounting self-composes even once (its tail truncation then applies): so does this
+    return base.self_compose(int(count))
 
 
 class PldAccountant(dpa.pld.PLDAccountant):
@@ -391,8 +392,8 @@ class PldAccountant(dpa.pld.PLDAccountant):
             return None
         if relation_ok and isinstance(event, dpa.GaussianDpEvent) and event.noise_multiplier > 0:
             if do_compose:  # count Gaussians = one Gaussian with multiplier sigma / sqrt(count)
-                pld = poisson_gaussian_pld(1.0, event.noise_multiplier / math.sqrt(count),
-                                           self._value_discretization_interval)
+                pld = _base_pld(float(event.noise_multiplier / math.sqrt(count)), 1.0,
+                                float(self._value_discretization_interval))
                 self._pld = self._pld.compose(pld)
             return None
         return super()._maybe_compose(event, count, do_compose)

@@ -47,7 +47,8 @@ def _ledger_events(seed):
     rng = np.random.default_rng(seed)
     events = [dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(s)), int(rng.integers(1, 300)))
               for q, s in _cases(seed, int(rng.integers(1, 4)), (-3, -0.3), (-0.2, 0.8))]
-    return events + [dpa.GaussianDpEvent(3.0), dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(2.0), 5),
+    return events + [dpa.PoissonSampledDpEvent(0.05, dpa.GaussianDpEvent(1.1)),  # one step: count 1
+                     dpa.GaussianDpEvent(3.0), dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(2.0), 5),
                      dpa.LaplaceDpEvent(2.0)]
 
 
