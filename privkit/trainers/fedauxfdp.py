@@ -171,8 +171,8 @@ def run_dp_heads(method: str, aggregation: Aggregation, federation, cfg: DpHeadC
             ledger.add(i, rel.event, "class-head", neighbouring="replace_one")
             heads[i] = rel.weights
             warns.update(rel.info.pop("warnings", []))
-            class_info.append({"client": i, **rel.info, "sensitivity": rel.sensitivity, "sigma": rel.sigma,
-                               "classes_held": int(len(np.unique(y_i)))})
+            # which classes a client holds is private: it is neither released nor used
+            class_info.append({"client": i, **rel.info, "sensitivity": rel.sensitivity, "sigma": rel.sigma})
             bar.advance(task)
 
     scores = None
@@ -237,11 +237,10 @@ def run_dp_heads(method: str, aggregation: Aggregation, federation, cfg: DpHeadC
 
 
 def _warnings(federation, cfg: DpHeadConfig, baseline: bool, class_info: list[dict], pinfo: dict) -> list[str]:
-    single = sum(1 for c in class_info if c["classes_held"] == 1)
     out = [EQ4_NOTE,
-           f"class heads cover all C={federation.num_classes} global classes ({single} of "
-           f"{len(class_info)} clients hold a single class); choosing C from a client's own labels "
-           "(the paper's 'fewer classes, less noise') would depend on the private data",
+           f"class heads cover all C={federation.num_classes} global classes; choosing C from a client's own "
+           "labels (the paper's 'fewer classes, less noise') would depend on the private data, and so would "
+           "reporting how many classes each client holds (privkit does neither)",
            f"h0 pretrained (SimCLR) on {pinfo.get('size')} public examples ({pinfo.get('data')} part), "
            f"{pinfo.get('epochs')} epochs: no privacy cost"]
     if cfg.class_dp and class_info:

@@ -181,6 +181,12 @@ def test_fedd_baseline_distils_the_mean_logit_ensemble(fed):
     fedd = train("fedd-dphead", fed, {**quick("fedd-dphead"), "reproducible_noise": True}, seed=4)
     favg = train("fedavg-dphead", fed, {**quick("fedavg-dphead"), "reproducible_noise": True}, seed=4)
     assert np.array_equal(fedd.artifacts["heads"], favg.artifacts["heads"])  # same DP releases
+    # the baseline's claimed budget is what it spends: its epsilon >= 1 release is calibrated with the
+    # analytic Gaussian, whose exact epsilon (dp-accounting RDP/PLD of the ledger) meets the claim
+    claim = favg.claims
+    assert claim["epsilon"] >= 1
+    assert favg.ledger.epsilon(claim["delta"], accountant="pld") <= claim["epsilon"] * (1 + 1e-3)
+    assert not any("classes_held" in c for c in claim["mechanisms"]["class-head"]["clients"])
     x_distill, _ = fed.public_arrays("distill")
     expected = torch.softmax(torch.from_numpy(predict_logits(favg.model, x_distill, torch.device("cpu"))), 1)
     assert np.allclose(fedd.artifacts["soft_labels"], expected.numpy(), atol=1e-5)
