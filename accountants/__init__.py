@@ -23,6 +23,7 @@ from accountants.events import (
     event_from_dict,
     event_to_dict,
 )
+from accountants.filter import RenyiFilter, plan_order
 from accountants.gaussian import (
     GaussianCalibration,
     analytic_gaussian_delta,
@@ -59,6 +60,7 @@ __all__ = [
     "ACCOUNTANTS",
     "NOT_FOR_RELEASE",
     "PLD_VDI",
+    "RenyiFilter",
     "SAMPLERS",
     "SamplerAccounting",
     "SCHEMA_VERSION",
@@ -96,6 +98,7 @@ __all__ = [
     "nfdp_epsilon_delta",
     "nfdp_profile",
     "nfdp_warnings",
+    "plan_order",
     "project_to_unit_ball",
     "record_exposure_warning",
     "sampler_accounting",

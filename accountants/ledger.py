@@ -407,6 +407,9 @@ class Ledger:
         # True when the trainer drew its DP noise from a seeded (reproducible) generator: anyone who
         # holds the seed can regenerate the noise, so the guarantees do not hold for a release.
         self.reproducible_noise = False
+        # A guarantee covering adaptively chosen parameters (e.g. a Rényi filter's to_dict()): the
+        # composition of the recorded events alone assumes their parameters were fixed in advance.
+        self.adaptive: dict[str, Any] | None = None
 
     # -- building -------------------------------------------------------------------------
     def add(
@@ -747,6 +750,7 @@ class Ledger:
             data.get("curve_value_discretization_interval", CURVE_VDI),
         )
         ledger.reproducible_noise = bool(data.get("reproducible_noise", False))
+        ledger.adaptive = data.get("adaptive_composition")
         for key, entries in data["clients"].items():
             if not isinstance(entries, list):
                 raise ValueError(f"ledger client {key!r} must hold a list of entries; found {entries!r:.80}")
@@ -780,10 +784,13 @@ class Ledger:
         return cls.from_dict(data)
 
     def noise_stamp(self) -> dict[str, Any]:
-        """``{"reproducible_noise": bool}``, plus ``"noise": NOT_FOR_RELEASE`` when it is True."""
+        """``{"reproducible_noise": bool}``, plus ``"noise": NOT_FOR_RELEASE`` when it is True, plus
+        ``"adaptive_composition"`` when a guarantee for adaptive choices was recorded."""
         out: dict[str, Any] = {"reproducible_noise": bool(self.reproducible_noise)}
         if self.reproducible_noise:
             out["noise"] = NOT_FOR_RELEASE
+        if self.adaptive is not None:
+            out["adaptive_composition"] = self.adaptive
         return out
 
     def __len__(self) -> int:

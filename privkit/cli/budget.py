@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from pathlib import Path
 from typing import Any, Optional
 
-import dp_accounting as dpa
 import typer
 from rich.table import Table
 
-import accountants as acc
-from accountants._validate import check_positive
 from privkit.cli.app import app, out_console, print_json
+
+
+class _Lazy:
+    """A module imported on first attribute access: `privkit budget calibrate` pays for dp-accounting
+    (about 1.5 s with scipy) only when it computes, and never for --help or a usage error."""
+
+    def __init__(self, name: str) -> None:
+        self._name, self._module = name, None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._module is None:
+            self._module = importlib.import_module(self._name)
+        return getattr(self._module, attr)
+
+
+acc = _Lazy("accountants")
+dpa = _Lazy("dp_accounting")
 
 budget_app = typer.Typer(help="Privacy budgets: mechanisms, composition, calibration, ledgers.", no_args_is_help=True)
 sensitivity_app = typer.Typer(help="L2 sensitivities of privatised models.", no_args_is_help=True)
@@ -300,7 +315,7 @@ def _real(value: Any, where: str) -> float:
     return float(value)
 
 
-def _event_of(release: dict[str, Any], where: str) -> tuple[dpa.DpEvent, tuple[float, float] | None, str]:
+def _event_of(release: dict[str, Any], where: str) -> tuple[Any, tuple[float, float] | None, str]:
     """(event, nominal (eps, delta) or None, description) of one release record."""
     if set(release) not in _SHAPES:
         raise ValueError(f"{where} must have the keys 'gaussian', 'gaussian_eps' or 'epsilon'+'delta'; "
@@ -387,7 +402,7 @@ def ledger_cmd(
 ) -> None:
     """Epsilon per client and for the worst client under every applicable accountant."""
     delta, pld_grid = _num(delta_, "--delta"), _num(pld_grid_, "--pld-grid")
-    check_positive(pld_grid, "pld_grid")
+    acc._validate.check_positive(pld_grid, "pld_grid")
     ledger = acc.Ledger.load(file)
     ledger.value_discretization_interval = pld_grid
     summary = ledger.summary(delta, labels=labels or None)

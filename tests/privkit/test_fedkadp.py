@@ -190,3 +190,27 @@ def test_bad_config_names_the_field(fed):
         train("dp-fedavg", fed, {**TINY, "delta": 2.0})
     with pytest.raises(ValueError, match="temperature"):
         train("fedkadp", fed, {**TINY, "temperature": 2.0})  # FedKADP adapts rho: no fixed temperature
+
+
+def test_fedkadp_runs_under_a_renyi_filter_fixed_before_training(fed):
+    """Adaptive sigma and stopping: every client's RDP at the filter's order stays within its budget
+    (Feldman & Zrnic 2021), the order depends on the config only, and the ledger records the guarantee."""
+    from accountants import RenyiFilter
+    from accountants.fast import poisson_gaussian_rdp
+
+    cfg = {**TINY, "rounds": 8, "noise_multiplier": 2.0, "target_epsilon": 6.0, "reproducible_noise": True}
+    res = train("fedkadp", fed, cfg, seed=2)
+    filt = res.claims["adaptive_filter"]
+    assert filt["epsilon"] == pytest.approx(6.0) and res.ledger.adaptive == filt
+    assert RenyiFilter.for_epsilon(6.0, DELTA, filt["order"]).budget == pytest.approx(filt["rdp_budget"])
+    # recompute each client's spend from its ledger (the sigma_t it actually ran with)
+    for k in res.ledger.clients:
+        spent = sum(TINY["local_steps"] * poisson_gaussian_rdp(e.event.event.sampling_probability,
+                                                               e.event.event.event.noise_multiplier,
+                                                               [filt["order"]])[0]
+                    for e in res.ledger.entries(k))
+        assert spent == pytest.approx(filt["spent"][k]) and spent <= filt["rdp_budget"]
+    other = train("fedkadp", fed, {**cfg, "reproducible_noise": False}, seed=9)
+    assert other.claims["adaptive_filter"]["order"] == filt["order"]  # fixed before any output
+    assert "Renyi filter" in " ".join(res.warnings)
+    assert "adaptive_filter" not in train("fedkd-dp", fed, {**TINY, "rounds": 1}, seed=2).claims
