@@ -15,6 +15,7 @@ from accountants.dpsgd import (
     dpsgd_event,
     neighbouring_relation,
     new_accountant,
+    prv_bracket,
 )
 from accountants.events import (
     EpsilonDeltaEvent,
@@ -99,6 +100,7 @@ __all__ = [
     "nfdp_profile",
     "nfdp_warnings",
     "plan_order",
+    "prv_bracket",
     "project_to_unit_ball",
     "record_exposure_warning",
     "sampler_accounting",

@@ -41,6 +41,7 @@ __all__ = [
     "dpsgd_event",
     "neighbouring_relation",
     "new_accountant",
+    "prv_bracket",
 ]
 
 PLD_VDI = 1e-4
@@ -163,11 +164,16 @@ def _prv_limit() -> int:
     return int(min(PRV_MAX_POINTS, free / (2 * PRV_BYTES_PER_POINT)))
 
 
-def _prv_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
+def prv_bracket(q: float, sigma: float, steps: int, delta: float, eps_error: float = 0.01) -> tuple[float, float, float]:
+    """(lower, estimate, upper) epsilon of opacus's PRV accountant (Gopi, Lee & Wutschitz 2021).
+
+    The lower and upper ends are certified (their Thm. 5.5): the true epsilon lies between them.
+    Raises ``ValueError`` naming ``steps`` when the PRV grid would not fit in memory.
+    """
     # opacus pulls in torch; import lazily so `accountants` itself stays torch-free.
     from opacus.accountants import PRVAccountant
 
-    points, limit = prv_grid_points(q, sigma, steps, delta), _prv_limit()
+    points, limit = prv_grid_points(q, sigma, steps, delta, eps_error), _prv_limit()
     if points > limit:
         raise ValueError(
             f"accountant prv needs a grid of {points:,} points (about {points * PRV_BYTES_PER_POINT / 2**30:.1f} "
@@ -175,10 +181,17 @@ def _prv_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
             "accountant pld (same tightness, memory nearly flat in steps)")
     acc = PRVAccountant()
     acc.history = [(sigma, q, steps)]
-    # opacus returns the upper end of the PRV certified interval (eps_error=0.01).
+    delta_error = delta / 1000  # opacus's default
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return float(acc.get_epsilon(delta=delta, eps_error=0.01))
+        dprv = acc._get_dprv(eps_error=eps_error, delta_error=delta_error)
+        low, est, up = dprv.compute_epsilon(delta, delta_error, eps_error)
+    return float(low), float(est), float(up)
+
+
+def _prv_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
+    # the upper end of the certified interval, as opacus's get_epsilon returns it (eps_error=0.01)
+    return prv_bracket(q, sigma, steps, delta)[2]
 
 
 def dpsgd_accounting(

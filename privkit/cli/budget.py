@@ -193,9 +193,25 @@ def dpsgd(
         "sample_rate": q, "noise_multiplier": sigma, "steps": steps, "delta": delta,
         "sampler": kind, "neighbouring": first.neighbouring, "accountant": accountant,
         "epsilon": {k: r.epsilon for k, r in results.items()} if accountant == "all" else first.epsilon,
-        "warnings": list(first.warnings) + warns,
     }
+    if kind == "poisson" and accountant != "rdp":  # RDP is a relaxation, not a tight value: no bracket
+        out["epsilon_bracket"] = _bracket(q, sigma, steps, delta, results, warns)
+    out["warnings"] = list(first.warnings) + warns
     _emit(out, as_json, "DP-SGD (subsampled Gaussian)")
+
+
+def _bracket(q: float, sigma: float, steps: int, delta: float, results: dict, warns: list[str]) -> dict | None:
+    """Certified [lower, upper] around the tight epsilon: PRV's certified lower end (Gopi et al. 2021)
+    and the smallest certified upper bound among PRV's upper end and the pessimistic PLD."""
+    try:
+        low, est, up = acc.prv_bracket(q, sigma, steps, delta)
+    except ValueError as exc:
+        warns.append(f"no certified bracket: {exc}")
+        return None
+    uppers = {"prv": up, **{k: r.epsilon for k, r in results.items() if k == "pld"}}
+    best = min(uppers, key=uppers.get)
+    return {"lower": low, "upper": uppers[best], "upper_from": best, "prv_estimate": est,
+            "method": "PRV certified interval (eps_error 0.01) and dp-accounting's pessimistic PLD"}
 
 
 def _sampler_output(kind: str, q: float, sigma: float, steps: int, delta: float) -> dict[str, Any]:

@@ -70,3 +70,16 @@ def test_errors(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         acc.dpsgd_epsilon(**args)
+
+
+def test_prv_bracket_certifies_the_pld_value():
+    # notes/accounting.md §3a: prv-accountant at eps_error 0.01 gives (2.3715483, 2.3816923, 2.3918365)
+    low, est, up = acc.prv_bracket(256 / 60000, 1.1, 14063, 1e-5)
+    assert (low, est, up) == pytest.approx((2.3715483, 2.3816923, 2.3918365), rel=2e-6)
+    pld = acc.dpsgd_epsilon(256 / 60000, 1.1, 14063, 1e-5, accountant="pld")
+    assert low <= pld <= up  # the pessimistic PLD sits inside PRV's certified interval
+
+
+def test_prv_refuses_grids_that_do_not_fit():
+    with pytest.raises(ValueError, match="steps=41327"):
+        acc.dpsgd_accounting(0.41, 1.0, 41327, 1e-5, accountant="prv")
