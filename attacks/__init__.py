@@ -4,9 +4,12 @@ statistically valid empirical epsilon lower bounds checked against the accounted
 Numeric core (numpy/scipy only): :mod:`attacks.metrics`, :mod:`attacks.epsilon`,
 :mod:`attacks.one_run`. Attacks (scikit-learn estimators): :mod:`attacks.mia`,
 :mod:`attacks.attribute`. Targets and shadows: :mod:`attacks.target`, :mod:`attacks.shadows`,
-:mod:`attacks.fast` (vectorised training of many small models). Entry point: :func:`audit_run`.
+:mod:`privkit.trainers.batched_sgd` (vectorised training of many small models). Entry points:
+:func:`audit_scores` (scores and membership -> family-wise bound, ceiling, detectable epsilon and
+verdict), :func:`audit_run` (a run directory), :func:`audit_model` (a user's torch model).
 """
 
+from attacks.audit_scores import AttackAudit, AuditResult, audit_scores, detectable_epsilon
 from attacks.attribute import AttributeInferenceAttack, AttributeResult, evaluate_predictions
 from attacks.epsilon import (
     EpsilonBound,
@@ -18,7 +21,6 @@ from attacks.epsilon import (
     epsilon_ceiling,
     epsilon_from_rates,
     gdp_epsilon_estimate,
-    verdict,
 )
 from attacks.metrics import (
     advantage,
@@ -32,6 +34,8 @@ from attacks.metrics import (
 from attacks.mia import LiRA, ShadowModelAttack, ThresholdAttack, lira_leave_one_out
 from attacks.one_run import OneRunResult, one_run_audit, one_run_epsilon_grid
 from attacks.one_run import epsilon_lower_bound as one_run_epsilon
+from attacks.one_run_fdp import FdpBound, fdp_epsilon_lower_bound, one_run_fdp
+from attacks.rmia import RMIA
 
 ATTACKS = ("threshold", "shadow", "lira", "one-run", "attribute")
 MEMBERSHIP_ATTACKS = ("threshold", "shadow", "lira", "one-run")
@@ -64,10 +68,14 @@ def __getattr__(name):  # torch-dependent pieces load lazily: the numeric core n
 __all__ = [
     "ATTACKS",
     "AttributeInferenceAttack",
+    "AttackAudit",
     "AttributeResult",
+    "AuditResult",
     "EpsilonBound",
+    "FdpBound",
     "LiRA",
     "OneRunResult",
+    "RMIA",
     "ShadowModelAttack",
     "Target",
     "ThresholdAttack",
@@ -75,14 +83,17 @@ __all__ = [
     "advantage_upper_bound",
     "auc",
     "audit_run",
+    "audit_scores",
     "balanced_accuracy",
     "balanced_accuracy_upper_bound",
     "clopper_pearson_interval",
     "clopper_pearson_upper",
+    "detectable_epsilon",
     "empirical_epsilon",
     "epsilon_ceiling",
     "epsilon_from_rates",
     "evaluate_predictions",
+    "fdp_epsilon_lower_bound",
     "gdp_epsilon_estimate",
     "lira_leave_one_out",
     "loglog_roc",
@@ -90,9 +101,9 @@ __all__ = [
     "one_run_audit",
     "one_run_epsilon",
     "one_run_epsilon_grid",
+    "one_run_fdp",
     "roc_points",
     "summarize",
     "tpr_at_fpr",
     "train_shadows",
-    "verdict",
 ]

@@ -46,11 +46,11 @@ from pydantic import Field, model_validator
 from typing_extensions import Annotated
 
 from privkit.errors import PrivkitError
+from privkit.progress import progress_bar
 from privkit.seeding import derive_seed, noise_rng
 from privkit.trainers.base import TrainResult, register_trainer
 from privkit.trainers.common import accuracy, distill, new_model, resolve_device
 from privkit.trainers.fedaux import EQ4_NOTE, FrozenFeatures, release_scoring_heads
-from privkit.trainers.fedavg import progress_bar
 from privkit.trainers.heads import (fit_multinomial_head, head_probabilities, head_to_linear,
                                     release_head)
 from privkit.trainers.pretrain import PretrainConfig, pretrain_h0

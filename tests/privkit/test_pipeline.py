@@ -94,7 +94,7 @@ def fake_audit(run_dir, *, attacks, shadows, executor, seed, progress, **options
 def _reset(monkeypatch):
     CALLS.clear()
     FAIL.clear()
-    monkeypatch.setattr(pipeline, "run_audit", fake_audit)
+    monkeypatch.setattr(pipeline.stages, "run_audit", fake_audit)
     yield
 
 

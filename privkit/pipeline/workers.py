@@ -1,0 +1,45 @@
+"""Methods in parallel local processes (one torch thread each); a method's stages stay in order."""
+
+from __future__ import annotations
+
+import traceback
+
+from privkit.pipeline.files import one_line as _one_line
+from privkit.pipeline.stages import execute as _execute
+
+
+def _execute_in_worker(args: tuple) -> tuple[str | None, str, float]:
+    import torch
+
+    torch.set_num_threads(1)  # the workers share the cores between them
+    return _execute(*args, progress=False)
+
+
+def run_parallel(plans: list, workers: int) -> None:
+    """Run stages of different methods in ``workers`` processes; a method's stages stay in order."""
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from multiprocessing import get_context
+
+    waiting = list(plans)
+    running: dict = {}
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        while waiting or running:
+            while waiting and len(running) < workers:
+                plan = waiting.pop(0)
+                stage = plan.next_stage()
+                if stage is not None:
+                    args = (plan.run, plan.m, stage, str(plan.mdir.parent))
+                    running[pool.submit(_execute_in_worker, args)] = (plan, stage)
+            if not running:
+                continue
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                plan, stage = running.pop(fut)
+                try:
+                    outcome = fut.result()
+                except Exception as exc:  # a crashed worker process fails that stage only
+                    outcome = (f"{type(exc).__name__}: {_one_line(exc)}", traceback.format_exc(), 0.0)
+                plan.record(stage, outcome)
+                waiting.insert(0, plan)  # continue this method first (its files are warm)
+
+
