@@ -436,5 +436,12 @@ def ledger_cmd(
     table.add_row("worst", *(f"{summary['worst'][k]:.4g}" if k in summary["worst"] else "n/a" for k in kinds))
     out_console.print(table)
     out_console.print(f"PLD on a {pld_grid:g} grid (pessimistic discretisation: an upper bound)")
+    if "noise" in summary:
+        out_console.print(f"[red]{summary['noise']}[/red]", highlight=False)
+    adaptive = summary.get("adaptive_composition")
+    if adaptive:
+        out_console.print(f"adaptive choices covered by a Renyi filter (order {adaptive['order']:g}): every client is "
+                          f"({adaptive['epsilon']:.4g}, {adaptive['delta']:g})-DP; the table composes the recorded "
+                          "rounds as if their parameters were fixed in advance", highlight=False)
     for kind, reason in summary["not_applicable"].items():
         out_console.print(f"[yellow]{kind} not applicable:[/yellow] {reason}", highlight=False)
