@@ -106,3 +106,41 @@ def test_describe_loader_maps_pytorch_and_opacus_loaders():
     assert res.steps == 60 and res.epsilon == acc.sampler_accounting("shuffle", 0.05, 1.0, 60, 1e-5).epsilon
     opacus_res = acc.account_loader(DPDataLoader.from_data_loader(DataLoader(ds, batch_size=64)), 1.0, 1e-5, epochs=2)
     assert opacus_res.epsilon == pytest.approx(acc.dpsgd_epsilon(1 / 16, 1.0, 32, 1e-5, accountant="pld"))
+
+
+def _exact_epsilon_two_batches(sigma, shift_with, shift_without, delta, n=900):
+    """epsilon at delta of one epoch with t = 2 batches, by quadrature of the 2-D hockey-stick divergence.
+
+    With the record, one of the 2 batch sums (uniformly) is shifted by ``shift_with``; without it by
+    ``shift_without`` (0 for random allocation, 1 for the shuffle attack's zero-gradient neighbour).
+    """
+    y = np.linspace(-9 * sigma, 9 * sigma + 3, n)
+    h = y[1] - y[0]
+    y1, y2 = np.meshgrid(y, y, indexing="ij")
+
+    def density(shift):
+        g = lambda a, m: np.exp(-(a - m) ** 2 / (2 * sigma**2)) / (sigma * math.sqrt(2 * math.pi))  # noqa: E731
+        return 0.5 * (g(y1, shift) * g(y2, 0) + g(y1, 0) * g(y2, shift))
+
+    p, q = density(shift_with), density(shift_without)
+
+    def hockey(eps):
+        return max(np.sum(np.maximum(p - math.exp(eps) * q, 0)), np.sum(np.maximum(q - math.exp(eps) * p, 0))) * h * h
+
+    lo, hi = 0.0, 30.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if hockey(mid) > delta else (lo, mid)
+    return hi
+
+
+@pytest.mark.parametrize("sigma", [0.7, 1.5])
+def test_two_batch_bounds_bracket_the_exact_epsilon(sigma):
+    """t = 2, one epoch: the exact epsilon of each sampler (2-D quadrature) lies between privkit's bounds."""
+    delta = 1e-4
+    exact_shuffle = _exact_epsilon_two_batches(sigma, 2.0, 1.0, delta)
+    res = acc.sampler_accounting("shuffle", 0.5, sigma, 2, delta)
+    assert res.epsilon_lower <= exact_shuffle * (1 + 1e-3) and exact_shuffle <= res.epsilon * (1 + 1e-3)
+    exact_alloc = _exact_epsilon_two_batches(sigma, 1.0, 0.0, delta)
+    res = acc.sampler_accounting("random-allocation", 0.5, sigma, 2, delta)
+    assert res.epsilon_lower <= exact_alloc * (1 + 1e-3) and exact_alloc <= res.epsilon * (1 + 1e-3)
