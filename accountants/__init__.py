@@ -50,7 +50,19 @@ from accountants.nfdp import (
     nfdp_warnings,
     record_exposure_warning,
 )
-from accountants.samplers import SAMPLERS, SamplerAccounting, account_loader, describe_loader, sampler_accounting
+from accountants.samplers import (
+    SAMPLERS,
+    SamplerAccounting,
+    account_loader,
+    describe_loader,
+    sampler_accounting,
+)
+from accountants.sensitivity import (
+    logreg_binary_sensitivity,
+    logreg_multinomial_sensitivity,
+    logreg_multinomial_sensitivity_cfree,
+    project_to_unit_ball,
+)
 from accountants.tradeoff import (
     CurveFamily,
     GaussianCurve,
@@ -65,12 +77,6 @@ from accountants.tradeoff import (
     generic_curve,
     ledger_curve,
     pld_curve,
-)
-from accountants.sensitivity import (
-    logreg_binary_sensitivity,
-    logreg_multinomial_sensitivity,
-    logreg_multinomial_sensitivity_cfree,
-    project_to_unit_ball,
 )
 
 __all__ = [

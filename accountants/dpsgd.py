@@ -24,7 +24,6 @@ from fractions import Fraction
 
 import dp_accounting as dpa
 
-from accountants.fast import PldAccountant, RdpAccountant
 from accountants._validate import (
     check_choice,
     check_int,
@@ -32,6 +31,7 @@ from accountants._validate import (
     check_positive,
     check_real,
 )
+from accountants.fast import PldAccountant, RdpAccountant
 
 __all__ = [
     "PLD_VDI",

@@ -35,7 +35,8 @@ from pathlib import Path
 import dp_accounting as dpa
 
 import accountants as acc
-from accountants import fast, ledger as ledger_module
+from accountants import fast
+from accountants import ledger as ledger_module
 
 DELTA = 1e-5
 CAL = {"epsilon": 8.0, "delta": 1e-5, "sample_rate": 0.004, "steps": 10_000}
@@ -173,12 +174,12 @@ def side_by_side() -> None:
     for steps in (1_000, 10_000, 100_000):
         _clear_caches()
         rows = [
-            ("privkit rdp", lambda: acc.dpsgd_epsilon(q, sigma, steps, DELTA, accountant="rdp")),
-            ("privkit pld (1e-4)", lambda: acc.dpsgd_epsilon(q, sigma, steps, DELTA, accountant="pld")),
-            ("dp-accounting RDP", lambda: dpa_eps("rdp", q, sigma, steps)),
-            ("dp-accounting PLD 1e-4", lambda: dpa_eps("pld", q, sigma, steps)),
-            ("opacus rdp", lambda: opacus_eps("rdp", q, sigma, steps)),
-            ("opacus prv (eps_err 0.01)", lambda: opacus_eps("prv", q, sigma, steps)),
+            ("privkit rdp", lambda t=steps: acc.dpsgd_epsilon(q, sigma, t, DELTA, accountant="rdp")),
+            ("privkit pld (1e-4)", lambda t=steps: acc.dpsgd_epsilon(q, sigma, t, DELTA, accountant="pld")),
+            ("dp-accounting RDP", lambda t=steps: dpa_eps("rdp", q, sigma, t)),
+            ("dp-accounting PLD 1e-4", lambda t=steps: dpa_eps("pld", q, sigma, t)),
+            ("opacus rdp", lambda t=steps: opacus_eps("rdp", q, sigma, t)),
+            ("opacus prv (eps_err 0.01)", lambda t=steps: opacus_eps("prv", q, sigma, t)),
         ]
         for name, fn in rows:
             eps, sec = timed(fn, 1 if steps == 100_000 and "prv" in name else 3)

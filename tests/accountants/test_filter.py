@@ -51,7 +51,7 @@ def _adaptive_renyi(order, budget, sigma1, rule, n=4001, use_filter=True):
 @pytest.mark.parametrize("order", [2.0, 5.0])
 def test_adaptive_interaction_obeys_the_filter_theorem(order):
     sigma1, budget = 3.0, 0.5
-    rule = lambda y1: 1.2 if y1 > 1.0 else 6.0  # noqa: E731  less noise after a large first output
+    rule = lambda y1: 1.2 if y1 > 1.0 else 6.0
     renyi, rho2 = _adaptive_renyi(order, budget, sigma1, rule)
     assert renyi <= budget + 1e-9  # Feldman & Zrnic Thm 3.1: the interaction is (order, budget)-RDP
     assert (rho2 > 0).any() and (rho2 == 0).any()  # the rule mattered and the filter refused some paths
@@ -60,7 +60,7 @@ def test_adaptive_interaction_obeys_the_filter_theorem(order):
 
 
 def test_plan_order_uses_only_what_it_is_given():
-    rho = lambda a: 10 * acc.fast.poisson_gaussian_rdp(0.05, 1.0, a)  # noqa: E731
+    rho = lambda a: 10 * acc.fast.poisson_gaussian_rdp(0.05, 1.0, a)
     order, budget = acc.plan_order(3.0, 1e-5, rho, rdp.DEFAULT_RDP_ORDERS[20:])
     f = acc.RenyiFilter.for_epsilon(3.0, 1e-5, order)
     assert f.budget == pytest.approx(budget) and f.epsilon(1e-5) == pytest.approx(3.0)
