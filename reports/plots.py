@@ -259,8 +259,7 @@ def roc_figure(method: MethodReport) -> Figure | None:
         fpr = [max(v, floor) for v in a.roc.fpr]
         tpr = [max(v, floor) for v in a.roc.tpr]
         auc = f"AUC {a.auc:.3f}" if _finite(a.auc) else "AUC n/a"
-        scope = "" if a.released_model else ", fresh recipe run"
-        ax.plot(fpr, tpr, lw=1.5, label=f"{name} ({auc}{scope}){same.get(name, '')}",
+        ax.plot(fpr, tpr, lw=1.5, label=f"{name} ({auc}){same.get(name, '')}",
                 **_style(i, len(fpr)))
     _finish_loglog_roc(ax, floor, f"{method.name}: membership inference ROC")
     return fig

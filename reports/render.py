@@ -35,14 +35,14 @@ HOW_TO_READ = [
     "the clear; it is never shown as epsilon 0). The same rule sets the verdict and the charts.",
     "Paper claim: what the method's paper states for the same setting, beside privkit's tight value "
     "at the paper's own delta. A claim below privkit's value is not supported by the mechanisms run.",
-    "Evidence: membership-inference audits attack the released model(s). AUC 0.5 is chance. The "
-    "empirical epsilon is a statistical lower bound (one-sided, at the stated confidence): a sound "
-    "guarantee never lies below it. It cannot exceed the ceiling set by the number of trials, so a "
-    "small lower bound from a small audit is weak evidence of privacy, not proof. The summary's "
-    "empirical epsilon comes only from attacks on the released model; the one-run canary audit "
-    "measures a fresh run of the recipe and is listed per method, not used as the headline. "
-    "'not applicable' (grey) means the method exposes nothing that attack needs (the reason is "
-    "given); it is not a failure.",
+    "Evidence: membership-inference audits attack a fresh run of each method's own recipe in which "
+    "every audited record was included by a fair coin (reference runs of the same recipe train on "
+    "as much data as the release); attribute inference attacks what the released run's clients "
+    "share. AUC 0.5 is chance. The empirical epsilon is a statistical lower bound (one-sided, at "
+    "the stated confidence): a sound guarantee never lies below it. It cannot exceed the ceiling "
+    "set by the number of trials, so a small lower bound from a small audit is weak evidence of "
+    "privacy, not proof. 'not applicable' (grey) means the method exposes nothing that attack "
+    "needs (the reason is given); it is not a failure.",
     "Verdict: 'violation' means the audit's family-wise lower bound, which holds at the stated "
     "confidence for all attacks together, exceeds the accounted epsilon: the implementation or the "
     "privacy claim is wrong. 'consistent' means no bound exceeded it although this audit's ceiling "
@@ -201,12 +201,8 @@ def anchor(name: str) -> str:
 def _attack_rows(m: MethodReport) -> list[dict[str, Any]]:
     rows = []
     for name, a in (m.audit.attacks.items() if m.audit else []):
-        notes = a.notes or ""
-        if not a.released_model:
-            notes = ("a fresh run of the recipe, not the released model: not used as the "
-                     "headline evidence. " + notes)
         rows.append({"name": name, "error": a.error, "not_applicable": a.not_applicable,
-                     "released": a.released_model, "notes": notes, **_attack_cells(a)})
+                     "notes": a.notes or "", **_attack_cells(a)})
     return rows
 
 

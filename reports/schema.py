@@ -41,6 +41,7 @@ WARNING_CODES = (
     "sampling_mismatch",        # sampling accounted differently from the one run
     "no_formal_dp",             # the method makes no formal DP claim
     "reduced_audit",            # audit reduced (few shadows / trials): bounds are weak
+    "audit_size_mismatch",      # audited runs train on less data than the release (pool too small)
     "other",
 )
 
@@ -199,7 +200,7 @@ class Roc(_Open):
 
 
 class AttackResult(_Open):
-    """One membership-inference attack on the released model(s)."""
+    """One membership-inference attack (on the audited run of the method's recipe)."""
 
     auc: float | None = None
     balanced_accuracy: float | None = None
@@ -215,9 +216,6 @@ class AttackResult(_Open):
     notes: str | None = None
     error: str | None = None
     not_applicable: str | None = Field(default=None, description="why the attack does not apply")
-    released_model: bool = Field(
-        default=True, description="False when the attack measures a fresh run of the recipe (e.g. "
-                                  "the one-run canary audit), not the released model")
 
 
 class AttributeResult(_Open):
@@ -269,10 +267,9 @@ class AuditSummary(_Strict):
     extra: dict[str, Any] = Field(default_factory=dict, description="other audit.json keys")
 
     def best_attack(self) -> tuple[str, AttackResult] | None:
-        """The successful attack on the released model with the largest empirical epsilon (then
-        AUC): the report's headline evidence. Attacks on a fresh run of the recipe are left out."""
-        ok = [(n, a) for n, a in self.attacks.items()
-              if not a.error and not a.not_applicable and a.released_model]
+        """The successful attack with the largest family-wise (then own) empirical epsilon, then
+        AUC: the attack behind the verdict's bound, named beside it in the summary."""
+        ok = [(n, a) for n, a in self.attacks.items() if not a.error and not a.not_applicable]
         if not ok:
             return None
         return max(ok, key=lambda na: (_family_bound(na[1]) or 0.0, na[1].epsilon_lower_bound or 0.0,
@@ -314,20 +311,12 @@ class MethodReport(_Strict):
         return any(s.state == "failed" for s in self.stages.values())
 
     def audit_numbers(self) -> tuple[float | None, float | None, float | None]:
-        """(family-wise lower bound, ceiling, detectable epsilon) of the verdict; the bound is the
-        released model's (see :meth:`AuditSummary.best_attack`) when the verdict's came from a
-        fresh run of the recipe. Reports written before the verdict carried these numbers fall back
-        to the best attack's own bound and ceiling."""
+        """(family-wise lower bound, ceiling, detectable epsilon) of the verdict; reports written
+        before the verdict carried them fall back to the best attack's own bound and ceiling."""
         v = self.verdict or (self.audit.verdict if self.audit else None)
-        best = self.audit.best_attack() if self.audit else None
         if v is not None and v.epsilon_ceiling is not None:
-            lb = v.epsilon_lower_bound
-            recipe = {n for n, a in (self.audit.attacks.items() if self.audit else []) if not a.released_model}
-            if v.attack in recipe:
-                # the headline evidence is about the released model only: the largest family-wise
-                # bound among its attacks (a fresh run of the recipe informs the verdict alone)
-                lb = _family_bound(best[1]) if best else None
-            return lb, v.epsilon_ceiling, v.detectable_epsilon
+            return v.epsilon_lower_bound, v.epsilon_ceiling, v.detectable_epsilon
+        best = self.audit.best_attack() if self.audit else None
         return (best[1].epsilon_lower_bound, best[1].ceiling, None) if best else (None, None, None)
 
 

@@ -51,22 +51,6 @@ def _root(
     """privkit: what a pipeline promises (accountants), what it leaks (audits), what it costs."""
 
 
-class lazy_module:  # noqa: N801 - stands in for a module name
-    """A module imported on first attribute access (``acc = lazy_module("accountants")``).
-
-    Command modules are imported to register their commands even for ``privkit --help``; this keeps
-    their heavy libraries out of that path without moving every ``acc.x`` into each function.
-    """
-
-    def __init__(self, name: str):
-        self._name = name
-
-    def __getattr__(self, attr: str) -> Any:
-        import importlib
-
-        return getattr(importlib.import_module(self._name), attr)
-
-
 def print_json(obj: Any) -> None:
     """Write one strict JSON object to stdout (no rich markup, no bare Infinity: it can be piped to jq)."""
     from privkit.jsonutil import json_default, strict

@@ -27,6 +27,22 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 
+# the audit layer's executors (attacks.executor.EXECUTORS, a test keeps them equal), named here so
+# that options are checked without importing the audit layer
+EXECUTORS = ("serial", "process", "ray")
+
+
+def check_executor(name: str, option: str = "executor") -> None:
+    """Refuse an unknown executor, or Ray when it is not installed, before any work starts."""
+    from importlib.util import find_spec
+
+    if name not in EXECUTORS:
+        raise PrivkitError(f"{option} must be one of {', '.join(EXECUTORS)}; found {name!r}")
+    if name == "ray" and find_spec("ray") is None:
+        raise PrivkitError(f'{option} ray needs Ray, which is not installed; found none '
+                           '(pip install "privkit[ray]")')
+
+
 class MethodEntry(StrictModel):
     """One method of a run: a registered trainer, its config overrides, and an optional label."""
 
@@ -44,19 +60,18 @@ class MethodEntry(StrictModel):
 class AuditSettings(StrictModel):
     """Membership/attribute-inference audits run on every method's released model(s).
 
-    Unset options take the audit layer's defaults (``attacks.audit_run``).
+    Unset options take the audit layer's defaults (``privkit.audit.audit_run``).
     """
 
     enabled: bool = True
     attacks: list[str] | None = None
     shadows: Annotated[int, Field(ge=2)] = 8
-    executor: Literal["serial", "process", "ray"] = "serial"
+    executor: Literal[EXECUTORS] = "serial"
     workers: Annotated[int, Field(ge=1)] | None = None
     seed: int | None = None
     n_audit: Annotated[int, Field(ge=10)] | None = None
     alpha: Annotated[float, Field(gt=0, lt=1)] | None = None
     shadow_iterations: Annotated[int, Field(ge=1)] | None = None
-    canaries: Annotated[int, Field(ge=2)] | None = None
 
     @field_validator("shadows")
     @classmethod
@@ -67,8 +82,8 @@ class AuditSettings(StrictModel):
         return v
 
     def options(self) -> dict[str, Any]:
-        """Keyword options for ``attacks.audit_run`` that this config sets."""
-        keys = ("workers", "n_audit", "alpha", "shadow_iterations", "canaries")
+        """Keyword options for ``privkit.audit.audit_run`` that this config sets."""
+        keys = ("workers", "n_audit", "alpha", "shadow_iterations")
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
@@ -185,8 +200,6 @@ def resolve_config(data: dict, *, source: str | None = None,
                                       formal_dp=spec.formal_dp))
     _check_attacks(cfg.audit)
     if cfg.audit.enabled:
-        from privkit.executor import check_executor
-
         check_executor(cfg.audit.executor, "audit.executor")
     return ResolvedRun(config=cfg, methods=methods, source=source, overrides=overrides)
 
@@ -205,17 +218,12 @@ def _check_dataset(fed: FederationConfig) -> None:
 
 
 def _check_attacks(audit: AuditSettings) -> None:
-    """Attack names are checked against the audit layer's registry, when it exposes one."""
+    """Attack names are checked against the run audit's registry (:data:`privkit.audit.ATTACKS`)."""
     if not audit.enabled or audit.attacks is None:
         return
-    try:
-        import attacks
-    except ImportError:  # pragma: no cover - attacks ships in this distribution
-        return
-    known = getattr(attacks, "ATTACKS", None) or getattr(attacks, "MEMBERSHIP_ATTACKS", None)
-    if not known:
-        return
-    known = set(known) | set(getattr(attacks, "ATTRIBUTE_ATTACKS", ()) or ())
+    from privkit.audit import ATTACKS
+
+    known = set(ATTACKS)
     bad = [a for a in audit.attacks if a not in known]
     if bad:
         raise PrivkitError(f"audit.attacks must be among {', '.join(sorted(known))}; found {bad}")
