@@ -79,6 +79,8 @@ def noise_generator(seed: int, purpose: str, *, reproducible: bool,
     """
     if reproducible:
         return torch_generator(derive_seed(seed, purpose), device=device)
+    import torch
+
     g = torch.Generator(device=device)
     g.manual_seed(secrets.randbits(64))
     return g
