@@ -66,6 +66,8 @@ def one_line(exc: BaseException) -> str:
             loc = ".".join(str(p) for p in err["loc"]) or "config"
             parts.append(f"{loc}: {err['msg']} (found {err.get('input')!r})")
         return "invalid config: " + "; ".join(parts)
+    if type(exc) is KeyError and exc.args:  # str(KeyError) is just the quoted key
+        return f"missing key {exc.args[0]!r}"
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
