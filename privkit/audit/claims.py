@@ -20,8 +20,8 @@ import numpy as np
 
 from accountants.tradeoff import ledger_curve
 
-#: FPRs at which the ledger's curve is stored (log-spaced: the ROC is drawn on log-log axes)
-CURVE_FPR = np.unique(np.r_[0.0, np.geomspace(1e-6, 1.0, 241)])
+#: FPRs at which the ledger's curve is stored (log-spaced for the log-log ROC, plus an even grid for large FPRs)
+CURVE_FPR = np.unique(np.r_[np.geomspace(1e-6, 1.0, 241), np.linspace(0.0, 1.0, 101)])
 
 
 @functools.lru_cache(maxsize=16)
