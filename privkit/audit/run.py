@@ -338,4 +338,9 @@ def _assumptions(alpha: float, guess_fraction: float) -> dict:
                   f"{guess_fraction:g} x audited records fixed in advance, ties broken at random; "
                   f"the verdict's bound holds at {1 - alpha:g} for the family of attacks "
                   "(Bonferroni); each attack's own bound at its own confidence"),
+        "claims": ("the verdict tests the generic (eps, delta) claim at the audited run's accounted "
+                   "epsilon; claims.ledger tests, with the same guesses and the f-DP one-run analysis "
+                   "(Mahloujifar et al. 2024), the stronger claim that the run is as private as its "
+                   "ledger's own trade-off curve, valid exactly when the ledger describes what ran; "
+                   "its status is shown beside the verdict, not folded into it"),
     }
