@@ -34,7 +34,7 @@ def audit(
     as_json: bool = typer.Option(False, "--json", help="Print audit.json as one JSON object."),
 ) -> None:
     """Attack the released model of RUN_DIR with shadow runs of the same recipe; write audit.json."""
-    from attacks.audit import audit_run
+    from privkit.audit import audit_run
 
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run_dir must be an existing directory; found {run_dir}")
@@ -63,7 +63,10 @@ def audit(
                               f"(n={r['n_test']})", highlight=False)
     acc = out["accounted_epsilon"]
     out_console.print(f"accounted epsilon: {_fmt(acc)} at delta={out['delta']:g}", highlight=False)
-    status = out["verdict"]["status"]
-    color = {"VIOLATION": "bold red", "consistent": "green"}.get(status, "yellow")
-    out_console.print(f"verdict: [{color}]{status}[/{color}] - {out['verdict']['message']}", highlight=False)
+    v = out["verdict"]
+    color = {"violation": "bold red", "consistent": "green"}.get(v["status"], "yellow")
+    out_console.print(f"family-wise lower bound {_fmt(v.get('epsilon_lower_bound'))}, ceiling "
+                      f"{_fmt(v.get('epsilon_ceiling'))}, detectable epsilon {_fmt(v.get('detectable_epsilon'))} "
+                      f"(confidence {_fmt(v.get('confidence'))} for the family)", highlight=False)
+    out_console.print(f"verdict: [{color}]{v['status']}[/{color}] - {v['message']}", highlight=False)
     out_console.print(f"wrote {run_dir / 'audit.json'}", highlight=False)

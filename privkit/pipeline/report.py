@@ -98,7 +98,7 @@ def _method_report(key: str, info: dict, st: dict, mdir: Path):
     audit = parts["audit"]
     verdict = audit.verdict if audit is not None else None
     if verdict is None and not info.get("formal_dp", True):
-        verdict = Verdict(status="no-formal-guarantee", message="the method makes no formal DP claim")
+        verdict = Verdict(status="no-claim", message="the method makes no formal DP claim")
     return MethodReport(name=key, method=info.get("method", key), summary=info.get("summary", ""),
                         paper=info.get("paper"), formal_dp=info.get("formal_dp", True),
                         seed=info.get("seed", 0), config=info.get("trainer", {}),

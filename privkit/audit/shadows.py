@@ -18,20 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from attacks.executor import get_executor
+from attacks.experiment import membership_mask
 from privkit.data import Federation
 from privkit.data.partition import dirichlet_partition, iid_partition, shard_partition
-from privkit.executor import get_executor
 from privkit.seeding import child_seeds, make_rng
-
-
-def membership_mask(n_models: int, n_examples: int, seed: int) -> np.ndarray:
-    """(M, N) bool mask, each column with exactly M/2 True entries (LiRA's ``keep``)."""
-    if n_models < 2 or n_models % 2:
-        raise ValueError(f"n_models must be an even number >= 2; found {n_models}")
-    if n_examples < 1:
-        raise ValueError(f"n_examples must be >= 1; found {n_examples}")
-    rng = make_rng(seed, "lira-mask")
-    return np.argsort(rng.random((n_models, n_examples)), axis=0) < n_models // 2
 
 
 def repartition(federation: Federation, indices: np.ndarray, seed: int) -> list[np.ndarray]:
@@ -71,19 +62,16 @@ def _base_federation(fed_json: str) -> Federation:
 
 def run_shadow_task(task: ShadowTask) -> dict:
     """Train one shadow model; return its logits on the query points (and artifacts if asked)."""
-    import torch
-
-    from attacks.target import model_logits
+    from attacks.recipe import torch_logits
     from privkit.trainers import train
 
     base = _base_federation(task.federation)
     fed = base.with_clients([np.asarray(c, dtype=np.int64) for c in task.clients], task.name)
     result = train(task.method, fed, task.trainer_config, seed=task.seed)
-    with torch.no_grad():
-        logits = model_logits(result.model, fed.private.x[task.query]).astype(np.float32)
+    logits = torch_logits(result.model, fed.private.x[task.query]).astype(np.float32)
     out = {"logits": logits, "test_accuracy": float(result.test_accuracy)}
     if task.keep_artifacts:
-        from attacks.instantiations import soft_label_artifacts
+        from privkit.audit.instantiations import soft_label_artifacts
 
         arts = {k: np.asarray(v) for k, v in result.artifacts.items()}
         arts.update(soft_label_artifacts(result.client_models, fed))

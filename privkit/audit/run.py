@@ -10,11 +10,12 @@ Design (stated in every audit.json under ``assumptions``):
   the same number of clients with the target's partition scheme.
 * Attacks on the released model: ``threshold`` (loss), ``shadow`` (Shokri, CatBoost depth 1,
   trained on the shadows' outputs over the shadow pool), ``lira`` / ``lira-offline``.
-* Epsilon lower bounds for those attacks come from the one-run theorem (Steinke et al. 2023) on
-  the audit points, with k+ = k- = ``guess_fraction`` of them fixed in advance; it treats the
-  audit points' membership as the random inclusion of that theorem (they come from a uniformly
-  random split of the private data). The ``one-run`` attack makes that randomisation explicit:
-  it re-runs the recipe once with shadow-pool canaries each inserted with probability 1/2.
+* Epsilon lower bounds and the verdict come from :func:`attacks.audit_scores`: the one-run theorem
+  (Steinke et al. 2023) with k+ = k- = ``guess_fraction`` of the audited records fixed in advance,
+  ties broken at random, Bonferroni over the attacks for the verdict. The theorem assumes random
+  inclusion, which the audit points (members from the clients' data, non-members from the test
+  set) do not have: their bounds carry that note. The ``one-run`` attack has it: it re-runs the
+  recipe once with shadow-pool canaries each inserted by a fair coin.
 * ``attribute``: dominant-class inference from each client's shared artifacts (generic protocol:
   adversary trained on shadow runs' clients, tested on the target run's clients).
 """
@@ -22,7 +23,6 @@ Design (stated in every audit.json under ``assumptions``):
 from __future__ import annotations
 
 import json
-import math
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -31,13 +31,11 @@ import numpy as np
 
 from attacks import signals
 from attacks.attribute import AttributeInferenceAttack
-from attacks.epsilon import gdp_epsilon_estimate, verdict
-from attacks.instantiations import client_artifact_features, dominant_classes, soft_label_artifacts
-from attacks.metrics import summarize
+from attacks.entry import AttackScores, analyse
 from attacks.mia import LiRA, ShadowModelAttack, ThresholdAttack
-from attacks.one_run import one_run_audit
-from attacks.shadows import ShadowSet, canary_task, run_shadow_task, train_shadows
-from attacks.target import Target
+from attacks.recipe import torch_logits
+from privkit.audit.instantiations import client_artifact_features, dominant_classes, soft_label_artifacts
+from privkit.audit.shadows import ShadowSet, canary_task, run_shadow_task, train_shadows
 from privkit.jsonutil import json_default
 from privkit.seeding import make_rng
 
@@ -82,23 +80,6 @@ def _parse_attacks(attacks) -> list[str]:
     if bad or not names:
         raise ValueError(f"attacks must be a subset of {', '.join(ATTACKS)}; found {', '.join(bad) or 'none'}")
     return names
-
-
-def membership_entry(scores: np.ndarray, membership: np.ndarray, *, delta: float, alpha: float,
-                     guess_fraction: float, notes: str) -> dict:
-    """Metrics + one-run epsilon lower bound for one attack's scores on the audit points."""
-    summ = summarize(scores, membership).to_dict()
-    k = max(1, int(math.floor(guess_fraction * len(scores))))
-    orr = one_run_audit(scores, membership, delta=delta, k_pos=k, k_neg=k, beta=alpha)
-    # GDP extrapolation from the rates at the pre-registered guess counts: an ESTIMATE only
-    fpr = float((~membership[np.argsort(-scores)[:k]]).sum()) / max((~membership).sum(), 1)
-    fnr = 1.0 - float(membership[np.argsort(-scores)[:k]].sum()) / max(membership.sum(), 1)
-    return {**{k_: summ[k_] for k_ in ("auc", "balanced_accuracy", "advantage", "tpr_at_fpr", "roc")},
-            "epsilon_lower_bound": orr.epsilon, "ceiling": orr.ceiling, "confidence": 1 - alpha,
-            "delta": delta, "n_trials": len(scores), "guesses": orr.guesses, "correct": orr.correct,
-            "bound": "one-run (Steinke, Nasr & Jagielski 2023), k+ = k- fixed in advance",
-            "gdp_epsilon_estimate": gdp_epsilon_estimate(max(fpr, 1e-12), max(fnr, 1e-12), delta),
-            "notes": notes, "error": None}
 
 
 def _error_entry(exc: BaseException) -> dict:
@@ -164,7 +145,8 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
     members, nonmembers = fed.members, fed.test
     n_m = min(n_audit, members.size, nonmembers.size)
     audit_idx = np.r_[rng.choice(members, n_m, replace=False), rng.choice(nonmembers, n_m, replace=False)]
-    target = Target.from_result(result, fed, audit_idx)
+    t_labels, t_member = fed.private.y[audit_idx], np.isin(audit_idx, fed.members)
+    t_logits = torch_logits(result.model, fed.private.x[audit_idx])
     # shadows should train on as many records as the target: universe = 2 x |members| when the
     # shadow pool allows (each universe record is IN for half of the shadows)
     n_pool = int(min(fed.shadow_pool.size, max(0, 2 * members.size - audit_idx.size)))
@@ -186,8 +168,6 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
 
     results: dict[str, dict] = {}
     attribute: dict[str, dict] = {}
-    t_logits, t_labels, t_member = target.logits(), target.y, target.membership
-    common = dict(delta=delta, alpha=alpha, guess_fraction=guess_fraction)
 
     def need() -> ShadowSet:
         if shadow_set is None:
@@ -195,44 +175,42 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
         return shadow_set
 
     if "threshold" in names:
-        def _threshold() -> dict:
+        def _threshold() -> AttackScores:
             scores = ThresholdAttack("loss").score_samples(t_logits, t_labels)
-            return membership_entry(scores, t_member, **common,
-                                    notes="loss threshold (Yeom et al. 2018); score = -loss")
+            return AttackScores(scores, t_member, "loss threshold (Yeom et al. 2018); score = -loss")
         _safe(results, "threshold", _threshold, _error_entry)
 
     if "shadow" in names:
-        def _shadow() -> dict:
+        def _shadow() -> AttackScores:
             s = need()
             pool = ~np.isin(s.universe, audit_idx)  # train the attack on shadow-pool points only
             y_pool = fed.private.y[s.universe[pool]]
             x = s.logits[:, pool].reshape(-1, s.logits.shape[-1])
             att = ShadowModelAttack(iterations=shadow_iterations, depth=1, random_state=seed)
             att.fit(x, np.tile(y_pool, s.logits.shape[0]), s.mask[:, pool].ravel())
-            return membership_entry(att.score_samples(t_logits, t_labels), t_member, **common,
-                                    notes=(f"Shokri et al. 2017 shadow-model attack, CatBoost depth 1, "
-                                           f"{shadow_iterations} iterations, {s.mask.shape[0]} shadow runs"))
+            return AttackScores(att.score_samples(t_logits, t_labels), t_member,
+                                (f"Shokri et al. 2017 shadow-model attack, CatBoost depth 1, "
+                                 f"{shadow_iterations} iterations, {s.mask.shape[0]} shadow runs"))
         _safe(results, "shadow", _shadow, _error_entry)
 
     if "lira" in names:
         fixed = shadows < 64  # the paper's advice: few reference models -> global variance
 
-        def _lira(online: bool) -> Callable[[], dict]:
-            def run_() -> dict:
+        def _lira(online: bool) -> Callable[[], AttackScores]:
+            def run_() -> AttackScores:
                 s = need()
                 att = LiRA(online=online, fix_variance=fixed).fit(s.logits[:, pos], t_labels, s.mask[:, pos])
                 mode = "online" if online else "offline (one-sided)"
-                return membership_entry(att.score_samples(t_logits, t_labels), t_member, **common,
-                                        notes=(f"LiRA {mode}, {'fixed' if fixed else 'per-example'} variance, "
-                                               f"{s.mask.shape[0]} reference runs of the recipe"))
+                return AttackScores(att.score_samples(t_logits, t_labels), t_member,
+                                    (f"LiRA {mode}, {'fixed' if fixed else 'per-example'} variance, "
+                                     f"{s.mask.shape[0]} reference runs of the recipe"))
             return run_
         _safe(results, "lira", _lira(True), _error_entry)
         _safe(results, "lira-offline", _lira(False), _error_entry)
 
     if "one-run" in names:
-        def _one_run() -> dict:
-            return _one_run_entry(fed, method, trainer_cfg, shadow_set, seed=seed, delta=delta,
-                                  alpha=alpha, guess_fraction=guess_fraction, canaries=canaries)
+        def _one_run() -> AttackScores:
+            return _one_run_scores(fed, method, trainer_cfg, shadow_set, seed=seed, canaries=canaries)
         _safe(results, "one-run", _one_run, _error_entry)
 
     if "attribute" in names:
@@ -242,8 +220,10 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
               lambda e: {"accuracy": None, "ci_low": None, "ci_high": None, "chance": None,
                          "n_test": None, "error": f"{type(e).__name__}: {e}"})
 
-    bounds = {k: v.get("epsilon_lower_bound") for k, v in results.items()}
-    ver = verdict(bounds, accounted, formal_dp=spec.formal_dp, delta=delta)
+    ver = analyse(results, accounted=accounted if spec.formal_dp else None, delta=delta, alpha=alpha,
+                  seed=seed, guess_fraction=guess_fraction)
+    if not spec.formal_dp:
+        ver["message"] = "this method makes no formal DP claim; " + ver["message"]
     if acc_error:
         ver = {**ver, "status": "inconclusive" if spec.formal_dp else ver["status"],
                "message": ver["message"] + f"; accounting failed: {acc_error}"}
@@ -258,12 +238,15 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
             "neighbouring": "add/remove one record (the ledger's relation)",
             "accountant": "ledger 'best' accountant, worst client",
             "confidence": 1 - alpha,
-            "audit_points": "members drawn from the clients' data, non-members from the test set",
+            "audit_points": ("members drawn from the clients' data, non-members from the test set "
+                             "(not random inclusion: the one-run bound's premise is not verified)"),
             "shadows": ("same recipe re-run on shadow federations: half of (audit points + shadow-pool "
                         "records) per shadow (LiRA mask), same client count and partition scheme"),
             "shadow_train_size": int(universe.size // 2), "target_train_size": int(members.size),
-            "bound": ("one-run theorem on the audit points with k+ = k- = "
-                      f"{guess_fraction:g} x points fixed in advance; GDP numbers are estimates, not bounds"),
+            "bound": ("one-run theorem (Steinke et al. 2023) with k+ = k- = "
+                      f"{guess_fraction:g} x audited records fixed in advance, ties broken at random; "
+                      f"the verdict's bound holds at {1 - alpha:g} for the family of attacks "
+                      "(Bonferroni); each attack's own bound at its own confidence"),
         },
     }
     if shadow_error is not None:
@@ -275,8 +258,8 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
     return json.loads(json.dumps(out, default=json_default))
 
 
-def _one_run_entry(fed, method: str, trainer_cfg: dict, shadow_set: ShadowSet | None, *, seed: int,
-                   delta: float, alpha: float, guess_fraction: float, canaries: int) -> dict:
+def _one_run_scores(fed, method: str, trainer_cfg: dict, shadow_set: ShadowSet | None, *, seed: int,
+                    canaries: int) -> AttackScores:
     """Re-run the recipe once with shadow-pool canaries inserted w.p. 1/2 (Steinke et al. 2023)."""
     rng = make_rng(seed, "canaries")
     pool = fed.shadow_pool
@@ -295,13 +278,11 @@ def _one_run_entry(fed, method: str, trainer_cfg: dict, shadow_set: ShadowSet | 
         att = LiRA(online=False, fix_variance=shadow_set.mask.shape[0] < 64)
         scores = att.fit(shadow_set.logits[:, p], labels, shadow_set.mask[:, p]).score_samples(logits, labels)
         note = "score = offline LiRA against the shadow runs"
-    entry = membership_entry(scores, included, delta=delta, alpha=alpha, guess_fraction=guess_fraction,
-                             notes=(f"one-run audit: {m} shadow-pool canaries each inserted with "
-                                    f"probability 1/2 into a fresh run of the recipe ({note}); bounds that "
-                                    "run's mechanism, not the released model's weights"))
-    entry["canaries"] = int(m)
-    entry["inserted"] = int(included.sum())
-    return entry
+    return AttackScores(scores, included,
+                        (f"one-run audit: {m} shadow-pool canaries each inserted with probability 1/2 "
+                         f"into a fresh run of the recipe ({note}); bounds that run's mechanism, not "
+                         "the released model's weights"),
+                        inclusion="random", extra={"canaries": int(m), "inserted": int(included.sum())})
 
 
 def _dominant_class_entry(fed, result, shadow_set: ShadowSet, *, seed: int, alpha: float) -> dict:
