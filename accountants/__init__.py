@@ -1,4 +1,5 @@
-"""privkit accountants: mechanisms, sensitivities, privacy events, composition, calibration, ledger.
+"""privkit accountants: mechanisms, sensitivities, privacy events, composition, calibration, ledger,
+trade-off curves.
 
 Everything public is importable from here.  This package never imports torch (the optional opacus
 PRV cross-check imports opacus lazily, only when asked for).
@@ -45,6 +46,21 @@ from accountants.nfdp import (
     nfdp_warnings,
     record_exposure_warning,
 )
+from accountants.tradeoff import (
+    CurveFamily,
+    GaussianCurve,
+    GenericCurve,
+    ProfileCurve,
+    TradeoffCurve,
+    curve_family,
+    curve_from_callable,
+    gaussian_curve,
+    gaussian_mu,
+    gdp_curve,
+    generic_curve,
+    ledger_curve,
+    pld_curve,
+)
 from accountants.sensitivity import (
     logreg_binary_sensitivity,
     logreg_multinomial_sensitivity,
@@ -89,6 +105,20 @@ __all__ = [
     "nfdp_warnings",
     "project_to_unit_ball",
     "record_exposure_warning",
+    # trade-off curves (accountants.tradeoff)
+    "CurveFamily",
+    "GaussianCurve",
+    "GenericCurve",
+    "ProfileCurve",
+    "TradeoffCurve",
+    "curve_family",
+    "curve_from_callable",
+    "gaussian_curve",
+    "gaussian_mu",
+    "gdp_curve",
+    "generic_curve",
+    "ledger_curve",
+    "pld_curve",
 ]
 
 _logging.install()

@@ -38,7 +38,9 @@ from attacks.experiment import Design, design_experiment, inclusion_coins, membe
 from attacks.mia import LiRA, ShadowModelAttack, ThresholdAttack, lira_leave_one_out
 from attacks.one_run import OneRunResult, one_run_audit, one_run_epsilon_grid
 from attacks.one_run import epsilon_lower_bound as one_run_epsilon
+from attacks.one_run_fdp import FdpBound, fdp_epsilon_lower_bound, one_run_fdp
 from attacks.recipe import Recipe, as_recipe, predict_logits
+from attacks.rmia import RMIA
 from attacks.user_model import audit_model
 
 __all__ = [
@@ -48,8 +50,10 @@ __all__ = [
     "AuditResult",
     "Design",
     "EpsilonBound",
+    "FdpBound",
     "LiRA",
     "OneRunResult",
+    "RMIA",
     "Recipe",
     "ShadowModelAttack",
     "ThresholdAttack",
@@ -69,6 +73,7 @@ __all__ = [
     "epsilon_ceiling",
     "epsilon_from_rates",
     "evaluate_predictions",
+    "fdp_epsilon_lower_bound",
     "gdp_epsilon_estimate",
     "inclusion_coins",
     "lira_leave_one_out",
@@ -77,6 +82,7 @@ __all__ = [
     "one_run_audit",
     "one_run_epsilon",
     "one_run_epsilon_grid",
+    "one_run_fdp",
     "predict_logits",
     "roc_points",
     "summarize",

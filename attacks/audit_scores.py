@@ -34,6 +34,19 @@ Numbers a reader needs besides the bound:
   reaches v*; then P[bound > accounted] >= 1/2. A real attack on a real model guesses worse than
   this, so the detectable epsilon is optimistic: an audit does not detect less.
 
+Which claim. ``curve="generic"`` (the default) tests the bare (epsilon, delta) claim with Steinke et
+al.'s bound. Where the mechanism is known, a stronger claim can be tested with the f-DP analysis of
+the same guesses (Mahloujifar, Melis & Chaudhuri 2024, :mod:`attacks.one_run_fdp`):
+``curve="gaussian"`` tests "as private as the Gaussian mechanism at (epsilon, delta)", and a
+trade-off curve of the ledger (:func:`accountants.ledger_curve`) tests "as private as the ledger's
+PLD" (its family is anchored at ``accounted_epsilon``, so a bound above it means exactly that the
+ledger's curve is rejected). Such a bound is valid only if the curve is true of the mechanism: on
+randomized response, which is (epsilon, delta)-DP but not Gaussian, the Gaussian curve reports
+false violations in most runs. Bound, ceiling and detectable epsilon all use the same curve, and the
+result names the claim tested (``claim_tested``). For these curves the detectable epsilon's ideal
+attack is the one the family's member allows (:func:`attacks.one_run_fdp.ideal_precision`; for the
+generic curve it is randomized response, as above).
+
 The verdict: ``no-claim`` without a finite accounted epsilon; ``violation`` when the family-wise
 bound exceeds it; ``consistent`` when it does not and the ceiling is above it (the audit could
 have seen a violation); otherwise ``inconclusive`` ("this audit can detect at most epsilon X").
@@ -50,12 +63,16 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import optimize, stats
 
+from accountants.tradeoff import CurveFamily, curve_family
 from attacks.metrics import _validate, summarize
 from attacks.one_run import guess
 from attacks.one_run import epsilon_lower_bound as one_run_bound
+from attacks.one_run_fdp import fdp_detectable_epsilon, fdp_epsilon_lower_bound
 
 VERDICTS = ("violation", "consistent", "inconclusive", "no-claim")
-CURVES = ("generic",)
+CURVES = ("generic", "gaussian")  # or a trade-off curve / CurveFamily (e.g. accountants.ledger_curve)
+STEINKE = "one-run (Steinke, Nasr & Jagielski 2023), guesses fixed in advance, random tie-break"
+FDP = "one-run f-DP (Mahloujifar, Melis & Chaudhuri 2024), guesses fixed in advance, random tie-break"
 INCLUSION = ("random", "unverified")
 DEFAULT_NAME = "scores"  # the attack's name when ``scores`` is one array
 
@@ -78,26 +95,53 @@ def _strict(x):
 
 
 # ---------------------------------------------------------------------------------- the bound
-def epsilon_bound(m: int, r: int, v: int, *, delta: float, beta: float, curve: str = "generic") -> float:
+def _resolve_curve(curve, delta: float, accounted: float | None) -> str | CurveFamily:
+    """``"generic"``, or the CurveFamily the f-DP analysis searches (profiles anchored at the claim)."""
+    if isinstance(curve, str) and curve == "generic":
+        return "generic"
+    if (isinstance(curve, str) and curve not in CURVES) or not (isinstance(curve, str) or callable(curve)
+                                                                 or isinstance(curve, CurveFamily)):
+        raise ValueError(f"curve must be one of {', '.join(CURVES)}, a trade-off curve (a callable FPR -> "
+                         f"FNR) or a CurveFamily; found {curve!r}")
+    return curve_family(curve, delta).anchored(accounted)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fdp_bound(m: int, r: int, v: int, delta: float, beta: float, family: CurveFamily) -> float:
+    # the f-DP search costs milliseconds; ceilings and repeated outcomes recur across attacks/seeds
+    return fdp_epsilon_lower_bound(m, r, v, delta=delta, curve=family, beta=beta)
+
+
+def epsilon_bound(m: int, r: int, v: int, *, delta: float, beta: float, curve="generic") -> float:
     """The (1 - beta) lower bound on epsilon from ``v`` correct of ``r`` guesses on ``m`` records.
 
-    ``curve="generic"``: Steinke, Nasr & Jagielski's bound for a bare (epsilon, delta) claim.
+    ``curve="generic"``: Steinke, Nasr & Jagielski's bound for a bare (epsilon, delta) claim; a
+    :class:`~accountants.tradeoff.CurveFamily`: the f-DP analysis against that family.
     """
+    if isinstance(curve, CurveFamily):
+        return _fdp_bound(m, r, v, delta, beta, curve)
     if curve != "generic":
-        raise ValueError(f"curve must be one of {', '.join(CURVES)}; found {curve!r}")
+        raise ValueError(f"curve must be 'generic' or a CurveFamily; found {curve!r}")
     return one_run_bound(m, r, v, delta=delta, beta=beta)
 
 
 @functools.lru_cache(maxsize=1024)
 def detectable_epsilon(m: int, r: int, *, delta: float, beta: float, target: float = 0.0,
-                       curve: str = "generic") -> float:
+                       curve="generic", k_pos: int | None = None) -> float:
     """Smallest true epsilon whose ideal attack (r guesses, each right w.p. e^eps/(1+e^eps)) gives a
     bound above ``target`` at least half the time; ``inf`` if no outcome can (ceiling <= target).
 
     v* = the fewest correct guesses whose bound exceeds ``target`` (bisection over v: the bound
     increases with v); the answer is the epsilon where the median of Bin(r, q) reaches v*, i.e.
     where ``P[Bin(r, q) <= v* - 1] = 1/2`` (scipy's median is the smallest k with cdf >= 1/2).
+    With a :class:`~accountants.tradeoff.CurveFamily` the bound is the f-DP one and the ideal
+    attack the one that family's members allow
+    (:func:`attacks.one_run_fdp.fdp_detectable_epsilon`; ``k_pos`` of the r guesses are "in",
+    default half).
     """
+    if isinstance(curve, CurveFamily):
+        kp = r - r // 2 if k_pos is None else k_pos
+        return fdp_detectable_epsilon(m, kp, r - kp, delta=delta, curve=curve, beta=beta, target=target)
     if r == 0 or epsilon_bound(m, r, r, delta=delta, beta=beta, curve=curve) <= target:
         return math.inf
     lo, hi = -1, r  # bound(lo) <= target < bound(hi)
@@ -143,6 +187,8 @@ class AttackAudit:
     delta: float
     in_verdict: bool = True
     notes: str = ""
+    tests: str = "(eps, delta)-DP"
+    method: str = STEINKE
 
     def to_dict(self) -> dict:
         """The audit.json record of one attack (the keys of ``reports.schema.AttackResult`` and more)."""
@@ -155,7 +201,7 @@ class AttackAudit:
             "delta": self.delta, "n_trials": self.m, "m": self.m, "n_members": self.n_members,
             "n_nonmembers": self.n_nonmembers, "k_pos": self.k_pos, "k_neg": self.k_neg,
             "guesses": self.guesses, "correct": self.correct,
-            "bound": "one-run (Steinke, Nasr & Jagielski 2023), guesses fixed in advance, random tie-break",
+            "bound": self.method, "tests": self.tests,
             "notes": self.notes, "error": None})
 
 
@@ -180,6 +226,7 @@ class AuditResult:
     seed: int
     attacks: dict[str, AttackAudit]
     notes: list[str] = field(default_factory=list)
+    claim_tested: str = "(eps, delta)-DP"
 
     @property
     def m(self) -> int | dict[str, int]:
@@ -198,6 +245,7 @@ class AuditResult:
             "confidence": self.confidence, "correction": self.correction, "family": self.family,
             "family_size": len(self.family) * len(self.guess_grid),
             "guess_grid": [list(p) for p in self.guess_grid], "m": self.m, "curve": self.curve,
+            "claim_tested": self.claim_tested,
             "inclusion": self.inclusion, "seed": self.seed,
             "notes": self.notes})
         if with_attacks:
@@ -259,9 +307,6 @@ def _check(accounted_epsilon, delta, confidence, seed, curve, inclusion, primary
         raise ValueError(f"confidence must be in (0, 1); found {confidence}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer; found {seed!r}")
-    if curve not in CURVES:
-        raise ValueError(f"curve must be one of {', '.join(CURVES)} (the Steinke et al. bound for a bare "
-                         f"(epsilon, delta) claim); found {curve!r}")
     for how in (inclusion.values() if isinstance(inclusion, Mapping) else [inclusion]):
         if how not in INCLUSION:
             raise ValueError(f"inclusion must be one of {', '.join(INCLUSION)} (or a dict of them per "
@@ -301,7 +346,7 @@ def _pairs(name: str, s: np.ndarray, member: np.ndarray, grid, seed: int) -> lis
 
 
 def _audit_one(name: str, s: np.ndarray, member: np.ndarray, pairs: list[_Pair], *, delta: float,
-               beta: float, beta_family: float | None, curve: str) -> AttackAudit:
+               beta: float, beta_family: float | None, curve) -> AttackAudit:
     m, n_pairs = s.size, len(pairs)
     own = [epsilon_bound(m, p.r, p.correct, delta=delta, beta=beta / n_pairs, curve=curve) for p in pairs]
     fam = ([epsilon_bound(m, p.r, p.correct, delta=delta, beta=beta_family, curve=curve) for p in pairs]
@@ -318,12 +363,18 @@ def _audit_one(name: str, s: np.ndarray, member: np.ndarray, pairs: list[_Pair],
         auc=summ["auc"], balanced_accuracy=summ["balanced_accuracy"], advantage=summ["advantage"],
         tpr_at_fpr=summ["tpr_at_fpr"], roc=summ["roc"], m=m, n_members=n_in, n_nonmembers=m - n_in,
         k_pos=best.k_pos, k_neg=best.k_neg, guesses=best.r, correct=best.correct,
-        delta=delta, in_verdict=beta_family is not None)
+        delta=delta, in_verdict=beta_family is not None, tests=_tests(curve),
+        method=STEINKE if curve == "generic" else FDP)
+
+
+def _tests(curve) -> str:
+    """The claim a bound under ``curve`` refutes when it exceeds an epsilon."""
+    return "(eps, delta)-DP" if curve == "generic" else curve.description
 
 
 # ---------------------------------------------------------------------------------- entry point
 def audit_scores(scores, is_member, *, accounted_epsilon: float | None = None, delta: float,
-                 confidence: float = 0.95, seed: int = 0, curve: str = "generic",
+                 confidence: float = 0.95, seed: int = 0, curve="generic",
                  guesses=0.1, primary: str | None = None, inclusion: str | Mapping[str, str] = "unverified",
                  notes: Mapping[str, str] | None = None) -> AuditResult:
     """Family-wise empirical epsilon lower bound, its ceiling, the detectable epsilon and the verdict.
@@ -338,8 +389,11 @@ def audit_scores(scores, is_member, *, accounted_epsilon: float | None = None, d
     delta : delta of the claim (the one-run bound's delta term grows with m * delta).
     confidence : confidence of the verdict's bound for the whole family (Bonferroni, or ``primary``).
     seed : audit seed of the random tie-break (must not depend on ``is_member``).
-    curve : the trade-off curve the claim is tested against; only ``"generic"`` (Steinke et al.'s
-        bound for a bare (epsilon, delta) claim) is implemented.
+    curve : the claim the bound tests. ``"generic"`` (default): the bare (epsilon, delta) claim,
+        Steinke et al.'s bound. ``"gaussian"``: "as private as the Gaussian mechanism at (epsilon,
+        delta)", f-DP analysis (valid only for Gaussian-like mechanisms). A trade-off curve (e.g.
+        ``accountants.ledger_curve(ledger)``: "as private as the ledger's PLD", anchored at
+        ``accounted_epsilon``), a ``CurveFamily``, or any callable FPR -> smallest FNR.
     guesses : k+ = k- = ``floor(guesses * m)`` (a fraction in (0, 0.5]), or a list of (k_pos, k_neg)
         pairs (counts or fractions) tried with Bonferroni over the grid. Fixed before looking.
     primary : the one attack, declared before looking at the scores, on which the verdict rests
@@ -358,6 +412,7 @@ def audit_scores(scores, is_member, *, accounted_epsilon: float | None = None, d
     """
     family_data = _as_family(scores, is_member)
     claim = _check(accounted_epsilon, delta, confidence, seed, curve, inclusion, primary, family_data)
+    curve = _resolve_curve(curve, delta, claim)
     grid, beta = _grid(guesses), 1.0 - confidence
     family = [primary] if primary is not None else list(family_data)
     beta_family = beta / (len(family) * len(grid))
@@ -369,20 +424,22 @@ def audit_scores(scores, is_member, *, accounted_epsilon: float | None = None, d
         attacks[name].notes = (notes or {}).get(name, "")
     best = max(family, key=lambda n: attacks[n].family_epsilon_lower_bound)
     bound = attacks[best].family_epsilon_lower_bound
-    shapes = {(attacks[n].m, p.r) for n in family for p in pairs[n]}
-    ceiling = max(epsilon_bound(m, r, r, delta=delta, beta=beta_family, curve=curve) for m, r in shapes)
-    detectable = min(detectable_epsilon(m, r, delta=delta, beta=beta_family, target=claim or 0.0,
-                                        curve=curve) for m, r in shapes)
+    shapes = {(attacks[n].m, p.k_pos, p.k_neg) for n in family for p in pairs[n]}
+    ceiling = max(epsilon_bound(m, kp + kn, kp + kn, delta=delta, beta=beta_family, curve=curve)
+                  for m, kp, kn in shapes)
+    detectable = min(detectable_epsilon(m, kp + kn, delta=delta, beta=beta_family, target=claim or 0.0,
+                                        curve=curve, k_pos=kp) for m, kp, kn in shapes)
     correction = (f"primary attack {primary!r} declared in advance" if primary is not None else
                   f"Bonferroni over {len(family)} attack(s)") + (
         f" x {len(grid)} (k+, k-) pairs" if len(grid) > 1 else "")
     verdict, message = _verdict(claim, accounted_epsilon, bound, best, ceiling, detectable, delta,
-                                confidence, correction)
+                                confidence, correction, None if curve == "generic" else _tests(curve))
     return AuditResult(verdict=verdict, message=message, epsilon_lower_bound=bound, attack=best,
                        epsilon_ceiling=ceiling, detectable_epsilon=detectable,
                        accounted_epsilon=None if accounted_epsilon is None else float(accounted_epsilon),
                        delta=float(delta), confidence=float(confidence), correction=correction,
-                       family=family, guess_grid=grid, curve=curve, inclusion=inclusion, seed=int(seed),
+                       family=family, guess_grid=grid, curve=curve if curve == "generic" else curve.kind,
+                       claim_tested=_tests(curve), inclusion=inclusion, seed=int(seed),
                        attacks=attacks, notes=_notes(_per_attack(inclusion, family_data), family_data,
                                                      primary))
 
@@ -398,10 +455,13 @@ def decide(bound: float, ceiling: float, accounted_epsilon: float | None) -> str
     return "consistent" if ceiling > accounted_epsilon else "inconclusive"
 
 
-def _verdict(claim, accounted, bound, best, ceiling, detectable, delta, confidence, correction):
+def _verdict(claim, accounted, bound, best, ceiling, detectable, delta, confidence, correction,
+             tested=None):
     at = f"at delta={delta:g}"
     lb = (f"family-wise lower bound {_fmt(bound)} ({best}; {confidence:.0%} for the whole family, "
           f"{correction})")
+    if tested is not None:  # an f-DP bound refutes a stronger claim than (eps, delta)-DP
+        lb = f"{lb}, testing the claim '{tested}'"
     reach = (f"a mechanism whose true epsilon is {_fmt(detectable)} or more is flagged at least half the "
              "time (detectable epsilon)" if math.isfinite(detectable) else
              "no true epsilon is flagged half the time (detectable epsilon: inf)")

@@ -106,11 +106,13 @@ class SimulationResult:
 
 def simulate(scenario: str, *, epsilon: float = 0.0, claim: float | None = None, delta: float = 0.0,
              m: int = 1000, n_attacks: int = 1, seeds: int = 200, order: str = "shuffled",
-             confidence: float = 0.95, guesses: float = 0.1, seed0: int = 0) -> SimulationResult:
+             confidence: float = 0.95, guesses: float = 0.1, seed0: int = 0,
+             curve="generic") -> SimulationResult:
     """Audit ``seeds`` independent releases of ``scenario`` against ``claim`` (default: the truth).
 
     ``rate_upper`` is the one-sided 95% Clopper-Pearson upper limit of the violation rate and
     ``p_value`` the binomial test of "rate <= 1 - confidence" (small: the audit's claim is false).
+    ``curve`` is handed to :func:`audit_scores` (the claim tested; see there).
     """
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}; found {order!r}")
@@ -123,7 +125,8 @@ def simulate(scenario: str, *, epsilon: float = 0.0, claim: float | None = None,
         fam = family_scores(scores, scale, n_attacks, rng)
         idx = np.argsort(~member, kind="stable") if order == "members-first" else rng.permutation(m)
         res = audit_scores({k: v[idx] for k, v in fam.items()}, member[idx], accounted_epsilon=claim,
-                           delta=delta, confidence=confidence, seed=s, guesses=guesses, inclusion="random")
+                           delta=delta, confidence=confidence, seed=s, guesses=guesses, inclusion="random",
+                           curve=curve)
         bounds.append(res.epsilon_lower_bound)
         ceilings.append(res.epsilon_ceiling)
         detectable = res.detectable_epsilon

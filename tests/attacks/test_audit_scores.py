@@ -156,7 +156,8 @@ def test_inclusion_random_checks_the_coin_counts():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(curve="gaussian"), "curve must be one of generic .*; found 'gaussian'"),
+    (dict(curve="laplace"), "curve must be one of generic, gaussian, .*; found 'laplace'"),
+    (dict(curve="gaussian", delta=0.0), r"delta must be in \(0, 1\); found 0.0"),
     (dict(delta=1.5), r"delta must be in \[0, 1\); found 1.5"),
     (dict(confidence=1.0), r"confidence must be in \(0, 1\); found 1.0"),
     (dict(accounted_epsilon=-1), "accounted_epsilon must be >= 0"),
