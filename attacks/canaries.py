@@ -24,26 +24,21 @@ clipping in place, a canary's influence per step is bounded and the noise hides 
 measurement: 0 of the bound with clipping kept, noise removed). The white-box mode
 (:mod:`attacks.whitebox`) audits the noise of each step.
 
-This module imports numpy only (torch lazily, to query a torch model).
 """
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
+from attacks.experiment import stream
+
 KINDS = ("mislabel", "ood")
 SCORES = ("loss", "logit-gap")
 
-__all__ = ["KINDS", "SCORES", "CanaryData", "audit_stream", "canary_scores", "insert_canaries",
-           "make_canaries", "model_logits_any"]
-
-
-def audit_stream(seed: int, purpose: str) -> np.random.Generator:
-    """The audit's own random stream for ``purpose`` (independent of any trainer's streams)."""
-    return np.random.default_rng(np.random.SeedSequence([int(seed), zlib.crc32(purpose.encode())]))
+__all__ = ["KINDS", "SCORES", "CanaryData", "audit_canaries", "canary_scores", "insert_canaries",
+           "make_canaries"]
 
 
 @dataclass
@@ -112,7 +107,7 @@ def make_canaries(x: np.ndarray, y: np.ndarray, n: int, *, kind: str = "mislabel
     k = int(num_classes) if num_classes is not None else int(y.max()) + 1
     if k < 2:
         raise ValueError(f"num_classes must be >= 2; found {k}")
-    rng = audit_stream(seed, f"canaries/{kind}")
+    rng = stream(seed, f"canaries/{kind}")
     if kind == "mislabel":
         source = np.sort(rng.choice(len(y), n, replace=False))
         # shift by 1..k-1 (mod k): uniform among the other classes
@@ -145,7 +140,7 @@ def insert_canaries(x: np.ndarray, y: np.ndarray, n: int, *, kind: str = "mislab
     Returns a :class:`CanaryData`; it unpacks as ``x_train, y_train, canary_index, included``.
     """
     cx, cy, source = make_canaries(x, y, n, kind=kind, num_classes=num_classes, seed=seed, **options)
-    included = audit_stream(seed, "canaries/coins").random(n) < 0.5
+    included = stream(seed, "canaries/coins").random(n) < 0.5
     keep = np.ones(len(y), dtype=bool)
     keep[source[source >= 0]] = False
     base_x, base_y = np.asarray(x)[keep], np.asarray(y, dtype=np.int64)[keep]
@@ -180,29 +175,41 @@ def canary_scores(logits: np.ndarray, labels: np.ndarray, score: str = "loss") -
     return z[rows, lab] - others.max(1)
 
 
-def model_logits_any(model, x: np.ndarray, batch_size: int = 1024) -> np.ndarray:
-    """(N, C) logits (or log-probabilities) of a torch module, a scikit-learn classifier
-    (``predict_proba``) or a callable returning class probabilities."""
-    if hasattr(model, "predict_proba"):
-        p = np.asarray(model.predict_proba(np.asarray(x).reshape(len(x), -1)), dtype=np.float64)
-        return np.log(np.clip(p, 1e-300, None))
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency of the distribution
-        torch = None
-    if torch is not None and isinstance(model, torch.nn.Module):
-        was = model.training
-        model.eval()
-        dev = next((p.device for p in model.parameters()), torch.device("cpu"))
-        out = []
-        with torch.no_grad():
-            for s in range(0, len(x), batch_size):
-                xb = torch.as_tensor(np.asarray(x[s:s + batch_size]), dtype=torch.float32, device=dev)
-                out.append(model(xb).double().cpu().numpy())
-        model.train(was)
-        return np.concatenate(out) if out else np.zeros((0, 0))
-    if callable(model):
-        p = np.asarray(model(x), dtype=np.float64)
-        return np.log(np.clip(p, 1e-300, None))
-    raise ValueError(f"model must be a torch module, a classifier with predict_proba or a callable; "
-                     f"found {type(model).__name__}")
+def audit_canaries(recipe, x: np.ndarray, y: np.ndarray, n: int, *, delta: float,
+                   accounted_epsilon: float | None = None, kind: str = "mislabel", score: str = "loss",
+                   confidence: float = 0.95, seed: int = 0, curve="generic", guesses=0.1,
+                   num_classes: int | None = None, **options):
+    """One-run canary audit of a training recipe: insert ``n`` canaries into the pool ``(x, y)``,
+    train once, score every canary, bound epsilon over the canaries alone.
+
+    Parameters
+    ----------
+    recipe : ``train_fn(x, y, seed) -> model`` or an :class:`attacks.Recipe` (scikit-learn, torch
+        or probability model).
+    x, y : the pool; every record not used as a canary source is in the training data.
+    n, kind, options : see :func:`insert_canaries` (``mislabel`` or ``ood``).
+    score : ``loss`` or ``logit-gap`` (:func:`canary_scores`).
+    delta, accounted_epsilon, confidence, curve, guesses : as in :func:`attacks.audit_scores`.
+    seed : audit seed (canaries, coins, the recipe's seed and the tie-break all derive from it).
+
+    Returns
+    -------
+    :class:`attacks.AuditResult` whose one attack is named ``canaries-<kind>``; its notes say how
+    many canaries were inserted.
+    """
+    from attacks.audit_scores import audit_scores
+    from attacks.experiment import stream_seeds
+    from attacks.recipe import as_recipe
+
+    rec = as_recipe(recipe)
+    data = insert_canaries(x, y, n, kind=kind, seed=seed, num_classes=num_classes, **options)
+    model = rec.fit(data.x_train, data.y_train, stream_seeds(seed, 1, "canaries/recipe")[0])
+    scores = canary_scores(rec.logits(model, data.canary_x, num_classes), data.canary_y, score)
+    name = f"canaries-{kind}"
+    res = audit_scores({name: scores}, data.included, accounted_epsilon=accounted_epsilon, delta=delta,
+                       confidence=confidence, seed=seed, curve=curve, guesses=guesses, inclusion="random",
+                       notes={name: f"{data.m} {kind} canaries, {int(data.included.sum())} included by "
+                                    f"fair coins; score = {score}"})
+    res.notes.append(f"one-run audit over {data.m} {kind} canaries only (each included by an "
+                     "independent fair coin); the other training records are not audited")
+    return res

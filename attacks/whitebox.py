@@ -40,7 +40,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from attacks.canaries import audit_stream
+from attacks.experiment import stream
 
 KINDS = ("dirac", "random")
 STATISTICS = ("auto", "sum", "lr")
@@ -90,8 +90,8 @@ class GradientCanaries:
         self.clip_norm, self.sample_rate = float(clip_norm), float(sample_rate)
         self.noise_multiplier = None if noise_multiplier is None else float(noise_multiplier)
         self.know_batch = know_batch
-        self.included = audit_stream(seed, "gradient-canaries/coins").random(self.n) < 0.5
-        rng = audit_stream(seed, "gradient-canaries/directions")
+        self.included = stream(seed, "gradient-canaries/coins").random(self.n) < 0.5
+        rng = stream(seed, "gradient-canaries/directions")
         if kind == "dirac":
             self._coords = torch.as_tensor(rng.choice(self.dim, self.n, replace=False), dtype=torch.long)
             self._u = None
@@ -100,7 +100,7 @@ class GradientCanaries:
             self._u = u / u.norm(dim=1, keepdim=True)
         # the canaries' Poisson sampling is the mechanism's randomness: its own stream, never scored
         self._sampling = torch.Generator().manual_seed(
-            int(audit_stream(seed, "gradient-canaries/sampling").integers(2**62)))
+            int(stream(seed, "gradient-canaries/sampling").integers(2**62)))
         self._inc = torch.as_tensor(self.included)
         self._sum = np.zeros(self.n)
         self._lr = np.zeros(self.n)
@@ -175,14 +175,22 @@ class GradientCanaries:
 
     def audit(self, *, accounted_epsilon: float | None, delta: float, confidence: float = 0.95,
               seed: int | None = None, statistic: str = "auto", **kwargs):
-        """The one-run audit over the canaries (``attacks.audit_scores``)."""
-        from attacks.canaries import analyse
+        """The one-run audit over the canaries alone (:func:`attacks.audit_scores`, ``inclusion``
+        random); ``kwargs`` go to it (``curve``, ``guesses``)."""
+        from attacks.audit_scores import audit_scores
 
         if self.steps == 0:
             raise ValueError("no step was observed; run the training loop with these canaries first")
-        return analyse(self.scores(statistic), self.included, accounted_epsilon=accounted_epsilon,
-                       delta=delta, confidence=confidence, seed=self.seed if seed is None else seed,
-                       **kwargs)
+        stat = "lr" if statistic == "auto" and self.noise_multiplier else (
+            "sum" if statistic == "auto" else statistic)
+        name = f"gradient-canaries-{self.kind}"
+        note = (f"{self.n} {self.kind} gradient canaries (norm {self.clip_norm:g}, sampled at q = "
+                f"{self.sample_rate:g} per step over {self.steps} steps), {int(self.included.sum())} "
+                f"included by fair coins; score = {stat} of each step's component along the canary"
+                + ("" if self.know_batch else "; the other records' gradients not subtracted"))
+        return audit_scores({name: self.scores(stat)}, self.included, accounted_epsilon=accounted_epsilon,
+                            delta=delta, confidence=confidence, seed=self.seed if seed is None else seed,
+                            inclusion="random", notes={name: note}, **kwargs)
 
     def summary(self) -> dict:
         inc = self.included
@@ -225,9 +233,10 @@ def attach_to_opacus(optimizer, canaries: GradientCanaries):
                          f"max_grad_norm {optimizer.max_grad_norm}")
 
     def add_noise() -> None:
-        summed = [p.summed_grad.reshape(-1) for p in params]
-        for p, t in zip(params, canaries.inject(summed)):
-            p.summed_grad = t.reshape(p.summed_grad.shape)
+        summed = [p.summed_grad for p in params]
+        for p, before, after in zip(params, summed, canaries.inject(summed)):
+            if after is not before:  # in place: opacus marks summed_grad as processed
+                p.summed_grad.add_(after - before)
         original()
         canaries.observe([p.grad for p in params])
 
