@@ -40,6 +40,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from attacks.canaries import POSITIVE_GUESSES
 from attacks.experiment import stream
 
 KINDS = ("dirac", "random")
@@ -66,7 +67,9 @@ class GradientCanaries:
     clip_norm : the loop's clipping norm ``C``; every canary gradient has L2 norm ``C``.
     sample_rate : the loop's Poisson rate ``q``; an included canary joins each step with it.
     noise_multiplier : the *claimed* sigma (for ``statistic="lr"``); ``None`` allows ``sum`` only.
-    kind : ``dirac`` or ``random``.
+    kind : ``dirac`` or ``random``. Random directions overlap by about ``1/sqrt(dim)``, so each
+        step adds cross-talk of about ``sqrt(q n / dim)`` clip norms to every score: use them with
+        ``dim`` much larger than ``n``.
     know_batch : subtract the other records' clipped sum of each step (see the module docstring).
     seed : audit seed: coins, directions and the canaries' own sampling use separate streams.
     """
@@ -110,7 +113,7 @@ class GradientCanaries:
         self.appearances = np.zeros(self.n, dtype=np.int64)  # diagnostics only; never in a score
 
     @classmethod
-    def for_parameters(cls, params: Sequence[torch.Tensor], n: int, **kwargs) -> "GradientCanaries":
+    def for_parameters(cls, params: Sequence[torch.Tensor], n: int, **kwargs) -> GradientCanaries:
         """Canaries over the trainable tensors ``params`` (their total number of entries)."""
         return cls(sum(int(p.numel()) for p in params if p.requires_grad), n, **kwargs)
 
@@ -174,9 +177,9 @@ class GradientCanaries:
         return (self._lr if statistic == "lr" else self._sum).copy()
 
     def audit(self, *, accounted_epsilon: float | None, delta: float, confidence: float = 0.95,
-              seed: int | None = None, statistic: str = "auto", **kwargs):
+              seed: int | None = None, statistic: str = "auto", guesses=POSITIVE_GUESSES, **kwargs):
         """The one-run audit over the canaries alone (:func:`attacks.audit_scores`, ``inclusion``
-        random); ``kwargs`` go to it (``curve``, ``guesses``)."""
+        random; guesses :data:`attacks.canaries.POSITIVE_GUESSES`); ``kwargs`` go to it (``curve``)."""
         from attacks.audit_scores import audit_scores
 
         if self.steps == 0:
@@ -190,7 +193,7 @@ class GradientCanaries:
                 + ("" if self.know_batch else "; the other records' gradients not subtracted"))
         return audit_scores({name: self.scores(stat)}, self.included, accounted_epsilon=accounted_epsilon,
                             delta=delta, confidence=confidence, seed=self.seed if seed is None else seed,
-                            inclusion="random", notes={name: note}, **kwargs)
+                            inclusion="random", notes={name: note}, guesses=guesses, **kwargs)
 
     def summary(self) -> dict:
         inc = self.included
