@@ -129,7 +129,7 @@ def make_canaries(x: np.ndarray, y: np.ndarray, n: int, *, kind: str = "mislabel
     if math.comb(d, lit) < 4 * n:  # distinct patterns must be plentiful, or canaries repeat
         raise ValueError(f"ood canaries light {lit} of {d} coordinates: only {math.comb(d, lit)} "
                          f"patterns for n = {n} canaries; raise ood_fraction or use kind='mislabel'")
-    cx = np.repeat(flat.mean(0, keepdims=True), n, axis=0)
+    cx = np.repeat(flat.min(0, keepdims=True), n, axis=0)
     seen: set[tuple[int, ...]] = set()
     for i in range(n):
         coords = tuple(sorted(rng.choice(d, lit, replace=False)))
