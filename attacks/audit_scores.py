@@ -31,8 +31,9 @@ Numbers a reader needs besides the bound:
   e^eps / (1 + e^eps), independently: randomised response on the membership bit). Exact binomial
   computation: with v* the fewest correct guesses whose family-wise bound exceeds the accounted
   epsilon (0 without a claim), it is the epsilon at which the median of Bin(r, e^eps / (1 + e^eps))
-  reaches v*; then P[bound > accounted] >= 1/2. A real attack on a real model guesses worse than
-  this, so the detectable epsilon is optimistic: an audit does not detect less.
+  reaches v*; then P[bound > accounted] >= 1/2. A real attack on a real model guesses less well
+  than this ideal one and needs a larger true epsilon to be flagged: the detectable epsilon is the
+  audit's best case.
 
 Which claim. ``curve="generic"`` (the default) tests the bare (epsilon, delta) claim with Steinke et
 al.'s bound. Where the mechanism is known, a stronger claim can be tested with the f-DP analysis of
@@ -57,7 +58,7 @@ from __future__ import annotations
 import functools
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,8 +66,8 @@ from scipy import optimize, stats
 
 from accountants.tradeoff import CurveFamily, curve_family
 from attacks.metrics import _validate, summarize
-from attacks.one_run import guess
 from attacks.one_run import epsilon_lower_bound as one_run_bound
+from attacks.one_run import guess
 from attacks.one_run_fdp import fdp_detectable_epsilon, fdp_epsilon_lower_bound
 
 VERDICTS = ("violation", "consistent", "inconclusive", "no-claim")
@@ -294,7 +295,7 @@ def _grid(guesses) -> list[tuple[float, float]]:
 def _counts(k: float, m: int, name: str) -> int:
     """A fraction f in [0, 1) means floor(f m) guesses (at least 1 unless f = 0); an int is a count."""
     if isinstance(k, (float, np.floating)) and 0 <= k < 1:
-        return 0 if k == 0 else max(1, int(math.floor(k * m)))
+        return 0 if k == 0 else max(1, math.floor(k * m))
     if isinstance(k, (int, np.integer)) and not isinstance(k, bool) and 0 <= k <= m:
         return int(k)
     raise ValueError(f"{name} must be a count in [0, m={m}] or a fraction in [0, 1); found {k!r}")
@@ -412,6 +413,7 @@ def audit_scores(scores, is_member, *, accounted_epsilon: float | None = None, d
     """
     family_data = _as_family(scores, is_member)
     claim = _check(accounted_epsilon, delta, confidence, seed, curve, inclusion, primary, family_data)
+    how_included = _per_attack(inclusion, family_data)
     curve = _resolve_curve(curve, delta, claim)
     grid, beta = _grid(guesses), 1.0 - confidence
     family = [primary] if primary is not None else list(family_data)
@@ -440,8 +442,7 @@ def audit_scores(scores, is_member, *, accounted_epsilon: float | None = None, d
                        delta=float(delta), confidence=float(confidence), correction=correction,
                        family=family, guess_grid=grid, curve=curve if curve == "generic" else curve.kind,
                        claim_tested=_tests(curve), inclusion=inclusion, seed=int(seed),
-                       attacks=attacks, notes=_notes(_per_attack(inclusion, family_data), family_data,
-                                                     primary))
+                       attacks=attacks, notes=_notes(how_included, family_data, primary))
 
 
 def decide(bound: float, ceiling: float, accounted_epsilon: float | None) -> str:

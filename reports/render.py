@@ -37,7 +37,7 @@ HOW_TO_READ = [
     "privacy claim is wrong. 'consistent' means no bound exceeded it although this audit's ceiling "
     "(the largest bound any outcome could give) lies above it; the detectable epsilon says how large "
     "the true epsilon must be before this audit flags it at least half the time, so a consistent "
-    "verdict rules out only leakage that large. 'inconclusive' means the ceiling is not above the "
+    "verdict is evidence only against a true epsilon of about that size or more. 'inconclusive' means the ceiling is not above the "
     "accounted epsilon, so no outcome of this audit could have contradicted the claim; 'no-claim' "
     "means there is no finite accounted epsilon to check.",
     "Cost: test accuracy of the released model on the held-out test set (and per-client accuracy for "
