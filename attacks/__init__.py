@@ -7,7 +7,8 @@ Numeric core (numpy/scipy only): :mod:`attacks.metrics`, :mod:`attacks.epsilon`,
 :mod:`attacks.attribute`. Recipes (``train_fn(x, y, seed) -> model`` for scikit-learn, torch or
 any probability function): :mod:`attacks.recipe`. The experiment (fair-coin inclusion, reference
 models on halves of one pool, training on an executor): :mod:`attacks.experiment`,
-:mod:`attacks.executor`. Entry point for a model trained elsewhere: :func:`audit_model`;
+:mod:`attacks.executor`. Entry points: :func:`audit_recipe` (a recipe, end to end), :func:`audit_model`
+(a model trained elsewhere, with its members and non-members);
 for scores already computed: :func:`audit_scores` (scores and membership -> family-wise bound,
 ceiling, detectable epsilon and verdict).
 """
@@ -40,6 +41,7 @@ from attacks.one_run import OneRunResult, one_run_audit, one_run_epsilon_grid
 from attacks.one_run import epsilon_lower_bound as one_run_epsilon
 from attacks.one_run_fdp import FdpBound, fdp_epsilon_lower_bound, one_run_fdp
 from attacks.recipe import Recipe, as_recipe, predict_logits
+from attacks.recipe_audit import RecipeAudit, audit_recipe
 from attacks.rmia import RMIA
 from attacks.user_model import audit_model
 
@@ -55,6 +57,7 @@ __all__ = [
     "OneRunResult",
     "RMIA",
     "Recipe",
+    "RecipeAudit",
     "ShadowModelAttack",
     "ThresholdAttack",
     "advantage",
@@ -62,6 +65,7 @@ __all__ = [
     "as_recipe",
     "auc",
     "audit_model",
+    "audit_recipe",
     "audit_scores",
     "balanced_accuracy",
     "balanced_accuracy_upper_bound",

@@ -41,6 +41,7 @@ WARNING_CODES = (
     "sampling_mismatch",        # sampling accounted differently from the one run
     "no_formal_dp",             # the method makes no formal DP claim
     "reduced_audit",            # audit reduced (few shadows / trials): bounds are weak
+    "audit_size_mismatch",      # audited runs train on less data than the release (pool too small)
     "other",
 )
 

@@ -1,47 +1,51 @@
-"""``audit_run``: audit one run directory and write ``audit.json``.
+"""``audit_run``: audit one run directory's method and write ``audit.json``.
 
-Design (stated in every audit.json under ``assumptions``):
+Design (stated in every audit.json under ``experiment`` and ``assumptions``):
 
-* Audit points: ``n_audit`` target members (drawn from the clients' data) and ``n_audit``
-  non-members (drawn from the federation's test set), drawn with the audit seed.
-* Shadow models: the SAME recipe (method + trainer config + federation layout) re-run on
-  shadow federations whose private data is half of the universe ``shadow_pool + audit points``
-  (LiRA's mask: each universe example IN for exactly half of the shadows), re-partitioned among
-  the same number of clients with the target's partition scheme.
-* Attacks on the released model: ``threshold`` (loss), ``shadow`` (Shokri, CatBoost depth 1,
-  trained on the shadows' outputs over the shadow pool), ``lira`` / ``lira-offline``.
-* Epsilon lower bounds and the verdict come from :func:`attacks.audit_scores`: the one-run theorem
-  (Steinke et al. 2023) with k+ = k- = ``guess_fraction`` of the audited records fixed in advance,
-  ties broken at random, Bonferroni over the attacks for the verdict. The theorem assumes random
-  inclusion, which the audit points (members from the clients' data, non-members from the test
-  set) do not have: their bounds carry that note. The ``one-run`` attack has it: it re-runs the
-  recipe once with shadow-pool canaries each inserted by a fair coin.
-* ``attribute``: dominant-class inference from each client's shared artifacts (generic protocol:
-  adversary trained on shadow runs' clients, tested on the target run's clients).
+* One pool: the clients' records and records of the shadow pool, the two parts of the private
+  data the federation split at random (the test set stays out: non-members never come from
+  another source). ``n_audit`` pool records are audited, drawn with the audit seed; every other
+  pool record is in every audited run's training data.
+* The audited target is a fresh run of the method's recipe (:class:`~privkit.audit.recipes.FederationRecipe`:
+  the whole federation, same trainer config, client count and partition scheme) on the
+  non-audited records plus each audited record included by an independent fair coin from the
+  audit's own stream (:mod:`attacks.experiment`). ``shadows`` reference runs of the same recipe
+  include every non-audited record and half of the audited ones (each audited record in exactly
+  half of them), so they train on as many records as the target.
+* The pool holds n_audit/2 shadow-pool records, so the audited runs train on as many records as
+  the released run did (pool - n_audit/2 = the clients' records); the default ``n_audit`` is the
+  largest that allows it. When the shadow pool is too small for the ``n_audit`` asked, audit.json
+  and the report warn with the numbers.
+* The verdict compares the family-wise bound (:func:`attacks.audit_scores`, Bonferroni over the
+  membership attacks) with the audited target run's own accounted epsilon at ``delta``.
+* ``attribute``: dominant-class inference from each client's shared artifacts (adversary trained
+  on the reference runs' clients, tested on the released run's clients).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from attacks import signals
-from attacks.attribute import AttributeInferenceAttack
 from attacks.entry import AttackScores, analyse
-from attacks.mia import LiRA, ShadowModelAttack, ThresholdAttack
-from attacks.recipe import torch_logits
-from privkit.audit.instantiations import client_artifact_features, dominant_classes, soft_label_artifacts
-from privkit.audit.shadows import ShadowSet, canary_task, run_shadow_task, train_shadows
+from attacks.experiment import Design, design_experiment, stream, train_models
+from attacks.family import ATTACKS as FAMILY
+from attacks.family import Options, Outputs, score
+from attacks.recipe_audit import experiment_record
+from privkit.audit.attribute import dominant_class_entry
+from privkit.audit.recipes import FederationRecipe
 from privkit.jsonutil import json_default
-from privkit.seeding import make_rng
 
 SCHEMA_VERSION = 1
-ATTACKS = ("threshold", "shadow", "lira", "one-run", "attribute")
+ATTACKS = ("threshold", "shadow", "lira", "attribute")
 MEMBERSHIP_ATTACKS = ("threshold", "shadow", "lira")
+#: the audited runs may train on this much less data than the release before audit.json warns
+SIZE_TOLERANCE = 0.05
 
 
 def _load_run(run_dir: Path):
@@ -88,7 +92,7 @@ def _error_entry(exc: BaseException) -> dict:
             "n_trials": None, "roc": None, "notes": "", "error": f"{type(exc).__name__}: {exc}"}
 
 
-def _safe(results: dict, name: str, fn: Callable[[], dict], on_error: Callable[[BaseException], dict]):
+def _safe(results: dict, name: str, fn: Callable[[], object], on_error: Callable[[BaseException], dict]):
     try:
         results[name] = fn()
     except Exception as exc:  # one failed attack must not lose the others' results
@@ -97,28 +101,114 @@ def _safe(results: dict, name: str, fn: Callable[[], dict], on_error: Callable[[
         results[name] = entry
 
 
+# ---------------------------------------------------------------------------- the pool
+def audit_pool(fed, n_audit: int | None, seed: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The pool (indices into ``fed.private``), which of its records are audited, and the sizes.
+
+    The pool is every client record plus s records of the shadow pool (drawn with the audit seed),
+    s = min(shadow pool, ceil(n_audit / 2)): the audited runs then train on pool - n_audit/2 =
+    the clients' records, as many as the release. Default ``n_audit``: 2 x min(shadow pool,
+    client records), the most that keeps that balance.
+    """
+    members, shadow = fed.members, fed.shadow_pool
+    matched = 2 * min(shadow.size, members.size)
+    m = matched if n_audit is None else int(n_audit)
+    s = min(shadow.size, (m + 1) // 2)
+    if m < 10 or m > members.size + s:
+        raise ValueError(f"n_audit must be between 10 and the pool size {members.size + shadow.size} "
+                         f"(client records {members.size} + shadow pool {shadow.size}); found {m}"
+                         + (" (the default is 2 x min(shadow pool, client records); set n_audit)" if n_audit is None else ""))
+    rng = stream(seed, "audit-records")
+    pool = np.sort(np.concatenate([members, rng.choice(shadow, s, replace=False)]))
+    audited = np.zeros(pool.size, bool)
+    audited[rng.choice(pool.size, m, replace=False)] = True
+    sizes = {"pool": int(pool.size), "pool_from_clients": int(members.size), "pool_from_shadow_pool": int(s),
+             "release_train_size": int(members.size), "audit_train_size_expected": float(pool.size - m / 2),
+             "n_audit_matched": int(matched)}
+    return pool, audited, sizes
+
+
+def size_warnings(sizes: dict, design: Design) -> list[dict]:
+    """A warning with the numbers when the audited runs train on less data than the release
+    (n_audit above 2 x the shadow pool or the client records)."""
+    release, expected = sizes["release_train_size"], sizes["audit_train_size_expected"]
+    if expected >= (1 - SIZE_TOLERANCE) * release:
+        return []
+    return [{"code": "audit_size_mismatch", "message": (
+        f"the audited runs train on about {expected:.0f} records (target: {int(design.included.sum())}; "
+        f"pool {sizes['pool']} = {sizes['pool_from_clients']} client records + "
+        f"{sizes['pool_from_shadow_pool']} shadow-pool records, {int(design.audited.sum())} audited "
+        f"by fair coin), the released model on {release} ({expected / release:.0%}): the pool is too "
+        f"small to match at this n_audit (matching needs n_audit <= {sizes['n_audit_matched']}); "
+        "bounds and accuracy refer to runs on less data than the release")}]
+
+
+# ---------------------------------------------------------------------------- the attacks
+def _membership(names: list[str], design: Design, logits: np.ndarray | None, labels: np.ndarray,
+                train_error: BaseException | None, *, seed: int, shadow_iterations: int) -> dict:
+    """Each membership attack's :class:`AttackScores` (or its error entry)."""
+    family = [n for n in FAMILY if n in names or (n == "lira-offline" and "lira" in names)]
+    results: dict = {}
+    for name in family:
+        def run(name=name) -> AttackScores:
+            if logits is None:
+                raise RuntimeError(f"training the audited runs failed: {train_error}")
+            out = Outputs(target=logits[0], references=logits[1:], labels=labels, keep=design.reference_keep)
+            s, note = score(name, out, Options(seed=seed, shadow_iterations=shadow_iterations))
+            return AttackScores(s, design.is_member, note, inclusion="random")
+        _safe(results, name, run, _error_entry)
+    return results
+
+
+def _accounting(details: list[dict] | None, release_ledger, delta: float) -> tuple[dict, str | None]:
+    """The audited target run's accounted epsilon (what the verdict checks) beside the release's."""
+    out: dict = {"release_accounted_epsilon": None, "audit_target_accounted_epsilon": None}
+    errors = []
+    for key, ledger in (("release_accounted_epsilon", release_ledger),
+                        ("audit_target_accounted_epsilon", details[0]["ledger"] if details else None)):
+        if ledger is None:
+            continue
+        try:
+            out[key] = float(ledger.epsilon(delta))
+        except Exception as exc:  # an accountant that cannot handle an event is reported, not hidden
+            errors.append(f"{key}: {type(exc).__name__}: {exc}")
+    return out, "; ".join(errors) or None
+
+
+def _epsilon_warning(acc: dict) -> list[dict]:
+    rel, tgt = acc["release_accounted_epsilon"], acc["audit_target_accounted_epsilon"]
+    if rel is None or tgt is None or not (math.isfinite(rel) and math.isfinite(tgt)):
+        return []
+    if abs(tgt - rel) <= 0.05 * max(rel, 1e-12):
+        return []
+    return [{"code": "audit_size_mismatch", "message": (
+        f"the audited target run's accounted epsilon is {tgt:.4g}, the release's {rel:.4g}: the verdict "
+        "checks the audited run's own claim (its clients hold other amounts of data)")}]
+
+
+# ---------------------------------------------------------------------------- entry point
 def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: str = "serial",
-              seed: int = 0, progress: bool = False, workers: int | None = None, n_audit: int = 500,
-              delta: float | None = None, alpha: float = 0.05, guess_fraction: float = 0.1,
-              shadow_iterations: int = 200, canaries: int = 500, write: bool = True) -> dict:
+              seed: int = 0, progress: bool = False, workers: int | None = None,
+              n_audit: int | None = None, delta: float | None = None, alpha: float = 0.05,
+              guess_fraction: float = 0.1, shadow_iterations: int = 200, write: bool = True) -> dict:
     """Audit a run directory written by ``privkit train`` and write ``audit.json`` into it.
 
     Parameters
     ----------
     run_dir : the run directory (config.json, federation.json, checkpoints, ledger.json, ...).
-    attacks : comma-separated names or a list from ``threshold, shadow, lira, one-run, attribute``
-        (default: all).
-    shadows : number of shadow runs of the recipe (even, >= 2; LiRA online wants >= 4).
-    executor, workers : where shadow runs execute (``serial``, ``process``, ``ray``).
-    seed : audit seed (audit points, mask, shadow seeds, canaries).
+    attacks : comma-separated names or a list from ``threshold, shadow, lira, attribute``
+        (default: all; ``lira`` runs online and offline).
+    shadows : reference runs of the recipe (even, >= 2).
+    executor, workers : where the audited runs execute (``serial``, ``process``, ``ray``).
+    seed : audit seed (audited records, coins, reference halves, run seeds, tie-break).
     progress : show progress bars.
-    n_audit : members and non-members audited (each).
+    n_audit : pool records audited, each by a fair coin (default: 2 x min(shadow pool, client
+        records), the most that keeps the audited runs' data size equal to the release's).
     delta : delta for the bounds and the accounted epsilon (default: the run's delta, else 1e-5).
-    alpha : 1 - confidence of every bound and interval.
-    guess_fraction : k+ = k- = this fraction of the audited points (fixed in advance).
+    alpha : 1 - confidence of the verdict's family-wise bound.
+    guess_fraction : k+ = k- = this fraction of the audited records (fixed in advance).
     shadow_iterations : CatBoost iterations of the shadow-model attack (FLiP used 10 000).
-    canaries : number of shadow-pool canaries in the one-run audit.
-    write : write ``audit.json`` (and ``shadows.npz``) into ``run_dir``.
+    write : write ``audit.json`` (and ``shadows.npz``: design and outputs) into ``run_dir``.
 
     Returns
     -------
@@ -128,179 +218,84 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
     names = _parse_attacks(attacks)
     if shadows < 2 or shadows % 2:
         raise ValueError(f"shadows must be an even number >= 2; found {shadows}")
-    if n_audit < 10:
-        raise ValueError(f"n_audit must be >= 10; found {n_audit}")
     if not 0 < guess_fraction <= 0.5:
         raise ValueError(f"guess_fraction must be in (0, 0.5]; found {guess_fraction}")
     cfg, fed, result, spec = _load_run(run)
     method, trainer_cfg = cfg["method"], cfg["trainer"]
     delta = _resolve_delta(delta, trainer_cfg, result.claims, len(fed.members))
+    pool, audited, sizes = audit_pool(fed, n_audit, seed)
+    design = design_experiment(pool.size, shadows=shadows, seed=seed, audited=audited)
+    recipe = FederationRecipe(fed, method, trainer_cfg, keep_artifacts="attribute" in names)
+    query, labels = pool[audited], fed.private.y[pool[audited]]
+    logits, details, train_error = None, None, None
     try:
-        accounted = float(result.ledger.epsilon(delta))
-        acc_error = None
-    except Exception as exc:  # an accountant that cannot handle an event is reported, not hidden
-        accounted, acc_error = None, f"{type(exc).__name__}: {exc}"
+        logits, details = train_models(recipe, fed.private.x[pool], fed.private.y[pool], design.index_sets(),
+                                       design.seeds(), query=np.flatnonzero(audited),
+                                       n_classes=fed.num_classes, executor=executor, workers=workers,
+                                       progress=progress, description=f"audited runs ({method})")
+    except Exception as exc:  # recorded in audit.json; the attribute attack may still fail alone
+        train_error = exc
 
-    rng = make_rng(seed, "audit-points")
-    members, nonmembers = fed.members, fed.test
-    n_m = min(n_audit, members.size, nonmembers.size)
-    audit_idx = np.r_[rng.choice(members, n_m, replace=False), rng.choice(nonmembers, n_m, replace=False)]
-    t_labels, t_member = fed.private.y[audit_idx], np.isin(audit_idx, fed.members)
-    t_logits = torch_logits(result.model, fed.private.x[audit_idx])
-    # shadows should train on as many records as the target: universe = 2 x |members| when the
-    # shadow pool allows (each universe record is IN for half of the shadows)
-    n_pool = int(min(fed.shadow_pool.size, max(0, 2 * members.size - audit_idx.size)))
-    pool_part = rng.choice(fed.shadow_pool, n_pool, replace=False) if n_pool else np.zeros(0, np.int64)
-    universe = np.unique(np.r_[pool_part, audit_idx])
-    pos = np.searchsorted(universe, audit_idx)
-
-    need_shadows = any(a in names for a in ("threshold", "shadow", "lira", "attribute")) or \
-        ("one-run" in names)
-    shadow_set: ShadowSet | None = None
-    shadow_error = None
-    if need_shadows:
-        try:
-            shadow_set = train_shadows(fed, method, trainer_cfg, universe, n_models=shadows, seed=seed,
-                                       executor=executor, workers=workers, progress=progress,
-                                       keep_artifacts="attribute" in names)
-        except Exception as exc:
-            shadow_error = exc
-
-    results: dict[str, dict] = {}
-    attribute: dict[str, dict] = {}
-
-    def need() -> ShadowSet:
-        if shadow_set is None:
-            raise RuntimeError(f"shadow training failed: {shadow_error}")
-        return shadow_set
-
-    if "threshold" in names:
-        def _threshold() -> AttackScores:
-            scores = ThresholdAttack("loss").score_samples(t_logits, t_labels)
-            return AttackScores(scores, t_member, "loss threshold (Yeom et al. 2018); score = -loss")
-        _safe(results, "threshold", _threshold, _error_entry)
-
-    if "shadow" in names:
-        def _shadow() -> AttackScores:
-            s = need()
-            pool = ~np.isin(s.universe, audit_idx)  # train the attack on shadow-pool points only
-            y_pool = fed.private.y[s.universe[pool]]
-            x = s.logits[:, pool].reshape(-1, s.logits.shape[-1])
-            att = ShadowModelAttack(iterations=shadow_iterations, depth=1, random_state=seed)
-            att.fit(x, np.tile(y_pool, s.logits.shape[0]), s.mask[:, pool].ravel())
-            return AttackScores(att.score_samples(t_logits, t_labels), t_member,
-                                (f"Shokri et al. 2017 shadow-model attack, CatBoost depth 1, "
-                                 f"{shadow_iterations} iterations, {s.mask.shape[0]} shadow runs"))
-        _safe(results, "shadow", _shadow, _error_entry)
-
-    if "lira" in names:
-        fixed = shadows < 64  # the paper's advice: few reference models -> global variance
-
-        def _lira(online: bool) -> Callable[[], AttackScores]:
-            def run_() -> AttackScores:
-                s = need()
-                att = LiRA(online=online, fix_variance=fixed).fit(s.logits[:, pos], t_labels, s.mask[:, pos])
-                mode = "online" if online else "offline (one-sided)"
-                return AttackScores(att.score_samples(t_logits, t_labels), t_member,
-                                    (f"LiRA {mode}, {'fixed' if fixed else 'per-example'} variance, "
-                                     f"{s.mask.shape[0]} reference runs of the recipe"))
-            return run_
-        _safe(results, "lira", _lira(True), _error_entry)
-        _safe(results, "lira-offline", _lira(False), _error_entry)
-
-    if "one-run" in names:
-        def _one_run() -> AttackScores:
-            return _one_run_scores(fed, method, trainer_cfg, shadow_set, seed=seed, canaries=canaries)
-        _safe(results, "one-run", _one_run, _error_entry)
-
-    if "attribute" in names:
-        def _attr() -> dict:
-            return _dominant_class_entry(fed, result, need(), seed=seed, alpha=alpha)
-        _safe(attribute, "dominant-class", _attr,
-              lambda e: {"accuracy": None, "ci_low": None, "ci_high": None, "chance": None,
-                         "n_test": None, "error": f"{type(e).__name__}: {e}"})
-
-    ver = analyse(results, accounted=accounted if spec.formal_dp else None, delta=delta, alpha=alpha,
-                  seed=seed, guess_fraction=guess_fraction)
+    results = _membership(names, design, logits, labels, train_error, seed=seed,
+                          shadow_iterations=shadow_iterations)
+    acc, acc_error = _accounting(details, result.ledger, delta)
+    claim = acc["audit_target_accounted_epsilon"] if spec.formal_dp else None
+    ver = analyse(results, accounted=claim, delta=delta, alpha=alpha, seed=seed, guess_fraction=guess_fraction)
     if not spec.formal_dp:
         ver["message"] = "this method makes no formal DP claim; " + ver["message"]
     if acc_error:
         ver = {**ver, "status": "inconclusive" if spec.formal_dp else ver["status"],
                "message": ver["message"] + f"; accounting failed: {acc_error}"}
+
+    attribute: dict = {}
+    if "attribute" in names:
+        def _attr() -> dict:
+            if details is None:
+                raise RuntimeError(f"training the audited runs failed: {train_error}")
+            return dominant_class_entry(fed, result, details[1:], seed=seed, alpha=alpha)
+        _safe(attribute, "dominant-class", _attr,
+              lambda e: {"accuracy": None, "ci_low": None, "ci_high": None, "chance": None,
+                         "n_test": None, "error": f"{type(e).__name__}: {e}"})
+
+    experiment = {**sizes, **(experiment_record(design, logits, labels) if logits is not None
+                              else design.summary()), **acc,
+                  "recipe": recipe.name, "executor": executor}
+    warnings = size_warnings(sizes, design) + _epsilon_warning(acc)
     out = {
         "schema_version": SCHEMA_VERSION, "method": method, "attacks": results, "attribute": attribute,
-        "accounted_epsilon": accounted, "delta": delta, "shadows": shadows, "seed": seed,
-        "formal_dp": spec.formal_dp, "n_audit": {"members": int(n_m), "nonmembers": int(n_m)},
-        "shadow_test_accuracy": shadow_set.test_accuracy if shadow_set is not None else None,
+        "accounted_epsilon": claim if claim is not None else acc["release_accounted_epsilon"],
+        "delta": delta, "shadows": shadows, "seed": seed, "formal_dp": spec.formal_dp,
+        "n_audit": {"members": int(design.is_member.sum()), "nonmembers": int((~design.is_member).sum())},
+        "shadow_test_accuracy": [d["test_accuracy"] for d in details[1:]] if details else None,
+        "audit_target_test_accuracy": details[0]["test_accuracy"] if details else None,
         "target_test_accuracy": float(result.test_accuracy),
-        "verdict": ver,
-        "assumptions": {
-            "neighbouring": "add/remove one record (the ledger's relation)",
-            "accountant": "ledger 'best' accountant, worst client",
-            "confidence": 1 - alpha,
-            "audit_points": ("members drawn from the clients' data, non-members from the test set "
-                             "(not random inclusion: the one-run bound's premise is not verified)"),
-            "shadows": ("same recipe re-run on shadow federations: half of (audit points + shadow-pool "
-                        "records) per shadow (LiRA mask), same client count and partition scheme"),
-            "shadow_train_size": int(universe.size // 2), "target_train_size": int(members.size),
-            "bound": ("one-run theorem (Steinke et al. 2023) with k+ = k- = "
-                      f"{guess_fraction:g} x audited records fixed in advance, ties broken at random; "
-                      f"the verdict's bound holds at {1 - alpha:g} for the family of attacks "
-                      "(Bonferroni); each attack's own bound at its own confidence"),
-        },
+        "verdict": ver, "experiment": experiment, "warnings": warnings,
+        "assumptions": _assumptions(alpha, guess_fraction),
     }
-    if shadow_error is not None:
-        out["shadow_error"] = f"{type(shadow_error).__name__}: {shadow_error}"
+    if train_error is not None:
+        out["shadow_error"] = f"{type(train_error).__name__}: {train_error}"
     if write:
         (run / "audit.json").write_text(json.dumps(out, indent=2, default=json_default))
-        if shadow_set is not None:
-            shadow_set.save(run / "shadows.npz")
+        if logits is not None:
+            np.savez_compressed(run / "shadows.npz", pool=pool, audited=audited, included=design.included,
+                                keep=design.keep, seeds=np.asarray(design.seeds(), dtype=np.int64),
+                                logits=logits.astype(np.float32))
     return json.loads(json.dumps(out, default=json_default))
 
 
-def _one_run_scores(fed, method: str, trainer_cfg: dict, shadow_set: ShadowSet | None, *, seed: int,
-                    canaries: int) -> AttackScores:
-    """Re-run the recipe once with shadow-pool canaries inserted w.p. 1/2 (Steinke et al. 2023)."""
-    rng = make_rng(seed, "canaries")
-    pool = fed.shadow_pool
-    m = min(canaries, pool.size)
-    if m < 10:
-        raise ValueError(f"one-run audit needs >= 10 canaries in the shadow pool; found {pool.size}")
-    can = np.sort(rng.choice(pool, m, replace=False))
-    included = rng.random(m) < 0.5
-    out = run_shadow_task(canary_task(fed, method, trainer_cfg, can, included, seed=seed))
-    logits, labels = out["logits"].astype(np.float64), fed.private.y[can]
-    note = "score = -loss"
-    scores = -signals.loss(logits, labels)
-    if shadow_set is not None and np.isin(can, shadow_set.universe).all():
-        # reference statistics from the shadow runs: independent of which canaries were inserted
-        p = np.searchsorted(shadow_set.universe, can)
-        att = LiRA(online=False, fix_variance=shadow_set.mask.shape[0] < 64)
-        scores = att.fit(shadow_set.logits[:, p], labels, shadow_set.mask[:, p]).score_samples(logits, labels)
-        note = "score = offline LiRA against the shadow runs"
-    return AttackScores(scores, included,
-                        (f"one-run audit: {m} shadow-pool canaries each inserted with probability 1/2 "
-                         f"into a fresh run of the recipe ({note}); bounds that run's mechanism, not "
-                         "the released model's weights"),
-                        inclusion="random", extra={"canaries": int(m), "inserted": int(included.sum())})
-
-
-def _dominant_class_entry(fed, result, shadow_set: ShadowSet, *, seed: int, alpha: float) -> dict:
-    """Generic dominant-class inference from per-client artifacts (train: shadows; test: target)."""
-    xs, ys = [], []
-    for arts, counts in zip(shadow_set.artifacts, shadow_set.class_counts):
-        feats = client_artifact_features(arts, fed)
-        if feats is None:
-            raise ValueError(f"method {result.method} shares no per-client artifacts to attack")
-        xs.append(feats)
-        ys.append(dominant_classes(counts))
-    x_train, y_train = np.concatenate(xs), np.concatenate(ys)
-    x_test = client_artifact_features({**result.artifacts,
-                                       **soft_label_artifacts(result.client_models, fed)}, fed)
-    y_test = dominant_classes(fed.client_class_counts())
-    att = AttributeInferenceAttack(random_state=seed).fit(x_train, y_train)
-    res = att.evaluate(x_test, y_test, alpha=alpha,
-                       notes=("dominant class of each client's private data inferred from the "
-                              "artifacts it shares; adversary (logistic regression) trained on "
-                              f"{len(y_train)} shadow clients, tested on the {len(y_test)} target clients"))
-    return {**res.to_dict(), "error": None}
+def _assumptions(alpha: float, guess_fraction: float) -> dict:
+    return {
+        "neighbouring": "add/remove one record (the ledger's relation)",
+        "accountant": "ledger 'best' accountant, worst client, of the audited target run",
+        "confidence": 1 - alpha,
+        "audit_points": ("drawn from one pool (the clients' records and the shadow pool); each included "
+                         "in a fresh run of the method's recipe by an independent fair coin from the "
+                         "audit's own stream, every other pool record always included"),
+        "shadows": ("the same recipe (whole federation, same client count and partition scheme) re-run "
+                    "with every non-audited pool record and half of the audited ones (each in exactly "
+                    "half of the reference runs): the target's data size"),
+        "bound": ("one-run theorem (Steinke et al. 2023) with k+ = k- = "
+                  f"{guess_fraction:g} x audited records fixed in advance, ties broken at random; "
+                  f"the verdict's bound holds at {1 - alpha:g} for the family of attacks "
+                  "(Bonferroni); each attack's own bound at its own confidence"),
+    }

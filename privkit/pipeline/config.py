@@ -56,7 +56,6 @@ class AuditSettings(StrictModel):
     n_audit: Annotated[int, Field(ge=10)] | None = None
     alpha: Annotated[float, Field(gt=0, lt=1)] | None = None
     shadow_iterations: Annotated[int, Field(ge=1)] | None = None
-    canaries: Annotated[int, Field(ge=2)] | None = None
 
     @field_validator("shadows")
     @classmethod
@@ -68,7 +67,7 @@ class AuditSettings(StrictModel):
 
     def options(self) -> dict[str, Any]:
         """Keyword options for ``privkit.audit.audit_run`` that this config sets."""
-        keys = ("workers", "n_audit", "alpha", "shadow_iterations", "canaries")
+        keys = ("workers", "n_audit", "alpha", "shadow_iterations")
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
