@@ -37,13 +37,14 @@ from attacks.experiment import stream
 
 KINDS = ("mislabel", "ood")
 SCORES = ("loss", "logit-gap")
-#: Guesses of a canary audit, fixed in advance: "in" on the top 5%, 10% or 20% of the scores
-#: (Bonferroni over the three), no "out" guesses. An included canary the model did not memorise
-#: (or, white-box, that the sampling never picked) scores like an excluded one, so "out" guesses
-#: are wrong at a rate a one-run bound cannot afford; the top of the scores is where the evidence is.
-POSITIVE_GUESSES = [(0.05, 0), (0.1, 0), (0.2, 0)]
+#: Guesses of a canary audit, fixed in advance: "in" on the top 5%, 10% or 20% of the scores, or
+#: "out" on the bottom 5%, 10% or 20% (Bonferroni over the six). One-sided sets because the clean
+#: evidence sits at one end: white-box, an included canary the sampling never picked scores like an
+#: excluded one (the top is clean, the bottom is not); black-box, a memorised canary has a tiny
+#: loss while an excluded one can land on its random label by chance (the bottom is clean).
+ONE_SIDED_GUESSES = [(0.05, 0), (0.1, 0), (0.2, 0), (0, 0.05), (0, 0.1), (0, 0.2)]
 
-__all__ = ["KINDS", "POSITIVE_GUESSES", "SCORES", "CanaryData", "audit_canaries", "canary_scores",
+__all__ = ["KINDS", "ONE_SIDED_GUESSES", "SCORES", "CanaryData", "audit_canaries", "canary_scores",
            "insert_canaries", "make_canaries"]
 
 
@@ -190,7 +191,7 @@ def canary_scores(logits: np.ndarray, labels: np.ndarray, score: str = "loss") -
 
 def audit_canaries(recipe, x: np.ndarray, y: np.ndarray, n: int, *, delta: float,
                    accounted_epsilon: float | None = None, kind: str = "mislabel", score: str = "loss",
-                   confidence: float = 0.95, seed: int = 0, curve="generic", guesses=POSITIVE_GUESSES,
+                   confidence: float = 0.95, seed: int = 0, curve="generic", guesses=ONE_SIDED_GUESSES,
                    num_classes: int | None = None, **options):
     """One-run canary audit of a training recipe: insert ``n`` canaries into the pool ``(x, y)``,
     train once, score every canary, bound epsilon over the canaries alone.
@@ -203,7 +204,7 @@ def audit_canaries(recipe, x: np.ndarray, y: np.ndarray, n: int, *, delta: float
     n, kind, options : see :func:`insert_canaries` (``mislabel`` or ``ood``).
     score : ``loss`` or ``logit-gap`` (:func:`canary_scores`).
     delta, accounted_epsilon, confidence, curve, guesses : as in :func:`attacks.audit_scores`
-        (default guesses: :data:`POSITIVE_GUESSES`).
+        (default guesses: :data:`ONE_SIDED_GUESSES`).
     seed : audit seed (canaries, coins, the recipe's seed and the tie-break all derive from it).
 
     Returns

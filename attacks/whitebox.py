@@ -40,7 +40,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from attacks.canaries import POSITIVE_GUESSES
+from attacks.canaries import ONE_SIDED_GUESSES
 from attacks.experiment import stream
 
 KINDS = ("dirac", "random")
@@ -177,9 +177,9 @@ class GradientCanaries:
         return (self._lr if statistic == "lr" else self._sum).copy()
 
     def audit(self, *, accounted_epsilon: float | None, delta: float, confidence: float = 0.95,
-              seed: int | None = None, statistic: str = "auto", guesses=POSITIVE_GUESSES, **kwargs):
+              seed: int | None = None, statistic: str = "auto", guesses=ONE_SIDED_GUESSES, **kwargs):
         """The one-run audit over the canaries alone (:func:`attacks.audit_scores`, ``inclusion``
-        random; guesses :data:`attacks.canaries.POSITIVE_GUESSES`); ``kwargs`` go to it (``curve``)."""
+        random; guesses :data:`attacks.canaries.ONE_SIDED_GUESSES`); ``kwargs`` go to it (``curve``)."""
         from attacks.audit_scores import audit_scores
 
         if self.steps == 0:

@@ -7,7 +7,7 @@ from scipy import stats
 from scipy.special import log_softmax
 
 from attacks.canaries import (
-    POSITIVE_GUESSES,
+    ONE_SIDED_GUESSES,
     audit_canaries,
     canary_scores,
     insert_canaries,
@@ -140,7 +140,7 @@ def test_positive_control_memorising_recipe_is_a_violation(pool, kind):
                              seed=seed, num_classes=4)
         assert res.verdict == "violation", res.message
         assert res.epsilon_lower_bound == pytest.approx(res.epsilon_ceiling)  # every guess right
-        assert res.guess_grid == POSITIVE_GUESSES
+        assert res.guess_grid == ONE_SIDED_GUESSES
 
 
 def test_negative_control_blind_recipe_is_never_a_violation(pool):
