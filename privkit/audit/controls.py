@@ -176,7 +176,8 @@ def run_controls(federation, trainer_config: dict, *, delta: float, seed: int = 
     black_box_epochs : training length of the non-private twin.
     white_box_canaries, black_box_canaries : number of gradient / record canaries.
     canary_options : options of the record canaries (:func:`attacks.canaries.make_canaries`;
-        default: 2% of the input coordinates, 5 times the pool's range above its minimum).
+        default: 2% of the input coordinates, at least enough for distinct patterns, lit 5 times
+        the pool's range above its minimum).
     """
     from attacks.canaries import insert_canaries
     from privkit.progress import progress_bar
@@ -187,7 +188,8 @@ def run_controls(federation, trainer_config: dict, *, delta: float, seed: int = 
     claimed = claimed_epsilon(recipe, sigma, delta)
     x, y = federation.pooled_arrays()
     x_test, y_test = federation.test_arrays()
-    options = {"ood_fraction": 0.02, "ood_amplitude": 5.0, **(canary_options or {})}
+    options = {"ood_fraction": _ood_fraction(int(np.prod(x.shape[1:])), black_box_canaries),
+               "ood_amplitude": 5.0, **(canary_options or {})}
     data = insert_canaries(x, y, black_box_canaries, kind="ood", seed=seed,
                            num_classes=federation.num_classes, **options)
     # every twin trains on all pooled records (ood canaries have no source) + the included canaries;
@@ -214,6 +216,15 @@ def run_controls(federation, trainer_config: dict, *, delta: float, seed: int = 
             "recipes": {"dp-sgd": st.method.to_dict(), "non-private": st.non_private.to_dict()},
             "controls": out, "power": not lacks_power, "false_alarm": bool(false_alarms),
             "message": _message(claimed, delta, method, lacks_power, false_alarms)}
+
+
+def _ood_fraction(d: int, n: int) -> float:
+    """2% of the input coordinates (16 pixels of MNIST's 784), or the fewest that give every one
+    of ``n`` canaries its own pattern with room to spare (small inputs)."""
+    lit = max(1, round(0.02 * d))
+    while lit < d and math.comb(d, lit) < 4 * n:
+        lit += 1
+    return lit / d
 
 
 def _run_twin(st: _Setting, name: str, index: int) -> list[dict]:

@@ -52,6 +52,8 @@ class Status:
                 if old.get("schema_version") == SCHEMA_VERSION:
                     self.data["methods"] = old.get("methods", {})
                     self.data["report"] = old.get("report")
+                    if old.get("controls"):
+                        self.data["controls"] = old["controls"]
             except (json.JSONDecodeError, OSError) as exc:
                 # unreadable: every stage is re-run (earlier files stay on disk); the run says so
                 self.unreadable = f"{path} unreadable ({type(exc).__name__}); re-running every stage"
