@@ -9,8 +9,8 @@ its failure is recorded and reported like a method stage's, the methods go on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from privkit.errors import PrivkitError
 from privkit.pipeline.config import ResolvedMethod, ResolvedRun

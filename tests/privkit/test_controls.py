@@ -27,7 +27,7 @@ def _config(**kw):
 
 def test_twins_copy_the_dpsgd_trainers_accounting(fed):
     cfg = _config(epochs=2)
-    recipe, sigma, delta = method_recipe(fed, cfg)
+    recipe, sigma, _delta = method_recipe(fed, cfg)
     result = train("dpsgd", fed, cfg, seed=0)
     assert sigma == pytest.approx(result.claims["noise_multiplier"], rel=1e-12)
     assert recipe.sample_rate == pytest.approx(result.claims["sample_rate"], rel=1e-12)
