@@ -66,7 +66,7 @@ def run_pipeline(run: ResolvedRun, out: str | Path = "runs", *, progress: bool =
     plans = [_MethodPlan(run, m, root, status, say=_prefixed(say, i, len(run.methods)))
              for i, m in enumerate(run.methods, 1)]
     # the audit controls first: the longest single task, it then runs beside the methods
-    plans.insert(0, ControlsPlan(run, root, status, say=lambda msg: say(f"[controls] {msg}")))
+    plans.insert(0, ControlsPlan(run, root, status, say=say))  # its lines say "audit controls ..."
     if cfg.workers > 1 and len(plans) > 1:
         _run_parallel(plans, cfg.workers)
     else:
