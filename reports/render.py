@@ -246,8 +246,7 @@ def controls_view(report: PrivacyReport) -> dict[str, Any] | None:
     rows = []
     for a in c.controls:
         v = a.verdict
-        att = (v.model_extra or {}).get("attacks") or {}
-        best = att.get((v.model_extra or {}).get("attack")) or {}
+        best = ((v.model_extra or {}).get("attacks") or {}).get(v.attack) or {}
         right = (f"{best['correct']}/{best['guesses']}" if "correct" in best and "guesses" in best else "—")
         rows.append({"name": a.name, "mode": a.audit_mode, "expected": a.expected, "status": v.status,
                      "bound": fmt_eps(v.epsilon_lower_bound), "ceiling": fmt_eps(v.epsilon_ceiling),

@@ -425,6 +425,7 @@ def test_controls_are_a_resumable_step_with_their_own_report_section(tmp_path):
     assert report.controls.power and len(report.controls.controls) == 4
     md = (root / "report.md").read_text()
     assert "## Audit controls" in md and md.startswith("# ")
+    assert "| noise removed | white-box | violation | violation | 3.6 | 3.6 | 200/200 |" in md
     assert 'id="audit-controls"' in (root / "report.html").read_text()
     CALLS.clear()
     run(path, tmp_path / "runs")
