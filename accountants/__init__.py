@@ -15,6 +15,8 @@ from accountants.dpsgd import (
     dpsgd_epsilon,
     dpsgd_event,
     neighbouring_relation,
+    new_accountant,
+    prv_bracket,
 )
 from accountants.events import (
     EpsilonDeltaEvent,
@@ -23,6 +25,7 @@ from accountants.events import (
     event_from_dict,
     event_to_dict,
 )
+from accountants.filter import RenyiFilter, plan_order
 from accountants.gaussian import (
     GaussianCalibration,
     analytic_gaussian_delta,
@@ -33,6 +36,7 @@ from accountants.gaussian import (
 )
 from accountants.ledger import (
     ACCOUNTANTS,
+    NOT_FOR_RELEASE,
     SCHEMA_VERSION,
     Accounting,
     Ledger,
@@ -45,6 +49,19 @@ from accountants.nfdp import (
     nfdp_profile,
     nfdp_warnings,
     record_exposure_warning,
+)
+from accountants.samplers import (
+    SAMPLERS,
+    SamplerAccounting,
+    account_loader,
+    describe_loader,
+    sampler_accounting,
+)
+from accountants.sensitivity import (
+    logreg_binary_sensitivity,
+    logreg_multinomial_sensitivity,
+    logreg_multinomial_sensitivity_cfree,
+    project_to_unit_ball,
 )
 from accountants.tradeoff import (
     CurveFamily,
@@ -61,16 +78,14 @@ from accountants.tradeoff import (
     ledger_curve,
     pld_curve,
 )
-from accountants.sensitivity import (
-    logreg_binary_sensitivity,
-    logreg_multinomial_sensitivity,
-    logreg_multinomial_sensitivity_cfree,
-    project_to_unit_ball,
-)
 
 __all__ = [
     "ACCOUNTANTS",
+    "NOT_FOR_RELEASE",
     "PLD_VDI",
+    "RenyiFilter",
+    "SAMPLERS",
+    "SamplerAccounting",
     "SCHEMA_VERSION",
     "Accounting",
     "Calibration",
@@ -82,6 +97,7 @@ __all__ = [
     "NfdpSubsampleEvent",
     "NonPrivateEvent",
     "UnsupportedEventError",
+    "account_loader",
     "advanced_composition",
     "analytic_gaussian_delta",
     "analytic_gaussian_sigma",
@@ -89,6 +105,7 @@ __all__ = [
     "calibrate_gaussian",
     "calibrate_noise_multiplier",
     "classic_gaussian_sigma",
+    "describe_loader",
     "dpsgd_accounting",
     "dpsgd_epsilon",
     "dpsgd_event",
@@ -99,12 +116,16 @@ __all__ = [
     "logreg_multinomial_sensitivity",
     "logreg_multinomial_sensitivity_cfree",
     "neighbouring_relation",
+    "new_accountant",
     "nfdp_delta",
     "nfdp_epsilon_delta",
     "nfdp_profile",
     "nfdp_warnings",
+    "plan_order",
+    "prv_bracket",
     "project_to_unit_ball",
     "record_exposure_warning",
+    "sampler_accounting",
     # trade-off curves (accountants.tradeoff)
     "CurveFamily",
     "GaussianCurve",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attacks.mia import LiRA, ShadowModelAttack, ThresholdAttack
+from attacks.rmia import RMIA
 
 
 @dataclass(frozen=True)
@@ -76,12 +77,26 @@ def _lira(online: bool) -> Callable[[Outputs, Options], tuple[np.ndarray, str]]:
     return run
 
 
+def _rmia(online: bool) -> Callable[[Outputs, Options], tuple[np.ndarray, str]]:
+    def run(o: Outputs, opt: Options) -> tuple[np.ndarray, str]:
+        # population z: the audited records themselves (the pool is all the auditor holds); the
+        # reference models' membership of them is known, the target's is not used
+        att = RMIA(online=online).fit(o.references, o.labels, o.keep, population_logits=o.references,
+                                      population_labels=o.labels, population_keep=o.keep)
+        return (att.score_samples(o.target, o.labels, population_logits=o.target),
+                f"RMIA {'online' if online else 'offline'} (Zarifzadeh et al. 2024), gamma {att.gamma:g}, "
+                f"{o.n_references} reference models, population = the audited records")
+    return run
+
+
 #: name -> (attack, reference models it needs at least)
 ATTACKS: dict[str, tuple[Callable[[Outputs, Options], tuple[np.ndarray, str]], int]] = {
     "threshold": (_threshold, 0),
     "shadow": (_shadow, 2),
     "lira": (_lira(True), 2),
     "lira-offline": (_lira(False), 2),
+    "rmia": (_rmia(True), 2),
+    "rmia-offline": (_rmia(False), 2),
 }
 
 

@@ -42,8 +42,8 @@ from privkit.audit.recipes import FederationRecipe
 from privkit.jsonutil import json_default
 
 SCHEMA_VERSION = 1
-ATTACKS = ("threshold", "shadow", "lira", "attribute")
-MEMBERSHIP_ATTACKS = ("threshold", "shadow", "lira")
+ATTACKS = ("threshold", "shadow", "lira", "rmia", "attribute")
+MEMBERSHIP_ATTACKS = ("threshold", "shadow", "lira", "rmia")  # lira and rmia: online and offline
 #: the audited runs may train on this much less data than the release before audit.json warns
 SIZE_TOLERANCE = 0.05
 
@@ -147,7 +147,7 @@ def size_warnings(sizes: dict, design: Design) -> list[dict]:
 def _membership(names: list[str], design: Design, logits: np.ndarray | None, labels: np.ndarray,
                 train_error: BaseException | None, *, seed: int, shadow_iterations: int) -> dict:
     """Each membership attack's :class:`AttackScores` (or its error entry)."""
-    family = [n for n in FAMILY if n in names or (n == "lira-offline" and "lira" in names)]
+    family = [n for n in FAMILY if n in names or n.removesuffix("-offline") in names]
     results: dict = {}
     for name in family:
         def run(name=name) -> AttackScores:
@@ -196,8 +196,8 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
     Parameters
     ----------
     run_dir : the run directory (config.json, federation.json, checkpoints, ledger.json, ...).
-    attacks : comma-separated names or a list from ``threshold, shadow, lira, attribute``
-        (default: all; ``lira`` runs online and offline).
+    attacks : comma-separated names or a list from ``threshold, shadow, lira, rmia, attribute``
+        (default: all; ``lira`` and ``rmia`` run online and offline).
     shadows : reference runs of the recipe (even, >= 2).
     executor, workers : where the audited runs execute (``serial``, ``process``, ``ray``).
     seed : audit seed (audited records, coins, reference halves, run seeds, tie-break).

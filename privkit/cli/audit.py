@@ -146,7 +146,8 @@ def audit(
     out: Path = typer.Option(Path("audit.json"), "--out", help="With --recipe: where to write the result."),
     attacks: str | None = typer.Option(None, "--attacks",
                                        help="Comma-separated (default: all). Run directory: threshold, shadow, "
-                                            "lira, attribute. Recipe: threshold, shadow, lira, lira-offline."),
+                                            "lira, rmia, attribute. Recipe: threshold, shadow, lira, "
+                                            "lira-offline, rmia, rmia-offline."),
     shadows: int | None = typer.Option(None, "--shadows", help="Reference runs of the recipe (even, >= 2; "
                                                                "default 8 for a run directory, 16 for --recipe)."),
     executor: str = typer.Option("serial", "--executor", help="serial | process | ray."),

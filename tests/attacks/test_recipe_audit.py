@@ -18,7 +18,7 @@ def test_scikit_learn_recipe_memorising_is_caught(data):
     x, y = data
     res = audit_recipe(forest, x, y, accounted_epsilon=0.5, delta=1e-5, shadows=4)
     assert isinstance(res, AuditResult)
-    assert set(res.attacks) == {"threshold", "shadow", "lira", "lira-offline"}
+    assert set(res.attacks) == {"threshold", "shadow", "lira", "lira-offline", "rmia", "rmia-offline"}
     assert res.inclusion == "random" and not any("not verified" in n for n in res.notes)
     # fully grown trees memorise: no 0.5-DP mechanism gives these guesses
     assert res.verdict == "violation" and res.epsilon_lower_bound > 0.5
@@ -49,7 +49,7 @@ def test_plain_pytorch_loop(data):
 def test_opacus_dpsgd_recipe(data):
     x, y = data
     res = audit_recipe(opacus_dpsgd, x, y, accounted_epsilon=DP_EPSILON, delta=DP_DELTA, shadows=4)
-    assert set(res.attacks) == {"threshold", "shadow", "lira", "lira-offline"}
+    assert set(res.attacks) == {"threshold", "shadow", "lira", "lira-offline", "rmia", "rmia-offline"}
     # correctly implemented DP-SGD at epsilon 2: the family-wise bound stays below the claim, and the
     # audit could have shown more (its ceiling is above 2), so the verdict is "consistent"
     assert res.epsilon_lower_bound <= DP_EPSILON and res.epsilon_ceiling > DP_EPSILON

@@ -1,5 +1,11 @@
 """End to end: audit_run / `privkit audit` on small runs: one pool, fair coins, matched sizes,
-executors, verdicts; and the vectorised recipe privkit hands to the audit layer."""
+executors, verdicts; and the vectorised recipe privkit hands to the audit layer.
+
+Changed with issues 11/12: audits no longer attack the released model with members from the
+clients and non-members from the test set, and the separate "one-run" canary run is gone; the
+audited target is a fresh run of the method's recipe whose audited records were included by fair
+coins from one pool (clients + shadow pool), so every attack's records have random inclusion.
+"""
 
 from __future__ import annotations
 
@@ -59,7 +65,7 @@ def test_audit_run_contract_and_isolated_failure(central_run):
     assert on_disk == out
     assert {"schema_version", "method", "attacks", "attribute", "accounted_epsilon", "delta", "shadows",
             "verdict", "experiment", "warnings"} <= set(out)
-    assert set(out["attacks"]) == {"threshold", "shadow", "lira", "lira-offline"}
+    assert set(out["attacks"]) == {"threshold", "shadow", "lira", "lira-offline", "rmia", "rmia-offline"}
     for name, e in out["attacks"].items():
         assert ENTRY_KEYS <= set(e), name
         assert e["error"] is None, (name, e["error"])
@@ -152,12 +158,12 @@ def test_dpsgd_bound_never_exceeds_accounted(tmp_path):
     for name, e in out["attacks"].items():
         assert e["error"] is None, (name, e["error"])
         assert e["epsilon_lower_bound"] <= acc, name
-    # the verdict follows from three numbers of audit.json: 200 audited records and four attacks
+    # the verdict follows from three numbers of audit.json: 200 audited records and six attacks
     # (Bonferroni) cap the bound below the accounted epsilon, so "inconclusive"
     v = out["verdict"]
     assert v["status"] == decide(v["epsilon_lower_bound"], v["epsilon_ceiling"], acc) == "inconclusive"
     assert v["epsilon_ceiling"] < acc and "can detect at most epsilon" in v["message"]
-    assert v["confidence"] == 0.95 and v["correction"] == "Bonferroni over 4 attack(s)"
+    assert v["confidence"] == 0.95 and v["correction"] == "Bonferroni over 6 attack(s)"
     assert out["delta"] == pytest.approx(json.loads((run / "config.json").read_text())["trainer"]["delta"])
 
 
@@ -274,7 +280,7 @@ def test_cli_audits_a_recipe(recipe_dir):
     data = json.loads(res.stdout)
     assert data == json.loads((recipe_dir / "audit.json").read_text())
     assert data["recipe"] == "my_recipe:train_fn" and data["schema_version"] == 1
-    assert set(data["attacks"]) == {"threshold", "shadow", "lira", "lira-offline"}
+    assert set(data["attacks"]) == {"threshold", "shadow", "lira", "lira-offline", "rmia", "rmia-offline"}
     assert data["experiment"]["pool"] == 600 and data["experiment"]["references"] == 2
     assert data["inclusion"] == "random" and data["accounted_epsilon"] == 0.5
     # the same audit through the library gives the same numbers
