@@ -348,6 +348,9 @@ def report_figures(report: PrivacyReport) -> dict[str, Figure]:
         "epsilon_over_rounds": epsilon_over_rounds_figure(report),
         "client_class": client_class_figure(report.dataset),
     }
+    from reports.roc_claims import ledger_roc_figure
+
     for m in report.methods:
         figs[f"roc/{m.name}"] = roc_figure(m)
+        figs[f"tradeoff_roc/{m.name}"] = ledger_roc_figure(m)
     return {k: v for k, v in figs.items() if v is not None}

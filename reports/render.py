@@ -235,6 +235,7 @@ def _method_view(m: MethodReport, ref: MethodReport | None) -> dict[str, Any]:
         "eps": fmt_eps(p.epsilon) if p else "—",
         "config_json": json.dumps(m.config, indent=2, sort_keys=True, default=str),
         "stages": [(k, s) for k, s in m.stages.items()],
+        **_accounting_view(m),
     }
 
 
@@ -254,6 +255,31 @@ def controls_view(report: PrivacyReport) -> dict[str, Any] | None:
                      "passed": "yes" if a.passed else "NO", "message": v.message})
     return {"c": c, "rows": rows, "banner": c.message if c.lacks_power else None,
             "claimed": fmt_eps(c.claimed_epsilon)}
+
+
+def _accounting_view(m: MethodReport) -> dict[str, Any]:
+    """Which claim each audit bound tests, the ROC-vs-ledger sentence, and the noise/adaptivity notes."""
+    from reports.roc_claims import roc_claim_sentence
+
+    claims = []
+    for key, c in (m.audit.claims.items() if m.audit else []):
+        lb, ceil = c.get("epsilon_lower_bound"), c.get("epsilon_ceiling")
+        claims.append({"key": key, "claim": c.get("claim_tested", key), "error": c.get("error"),
+                       "lb": fmt_eps(_float(lb)), "ceiling": fmt_eps(_float(ceil)),
+                       "status": c.get("status", "—"), "in_verdict": bool(c.get("in_verdict"))})
+    p = m.privacy
+    adaptive = p.adaptive_composition if p else None
+    return {"claims": claims, "roc_claim": roc_claim_sentence(m),
+            "not_for_release": bool(p and p.reproducible_noise),
+            "adaptive": ({"epsilon": fmt_eps(_float(adaptive.get("epsilon"))),
+                          "source": adaptive.get("source", ""), "order": adaptive.get("order")}
+                         if isinstance(adaptive, dict) else None)}
+
+
+def _float(x: Any) -> float | None:
+    if x in ("Infinity", "inf"):
+        return math.inf
+    return float(x) if isinstance(x, (int, float)) else None
 
 
 def _view(report: PrivacyReport, figures: dict[str, str]) -> dict[str, Any]:

@@ -179,6 +179,10 @@ class PrivacyAccounting(_Strict):
     epsilon_at_claim_delta: float | None = Field(
         default=None, description="privkit's tight worst-client epsilon at the claim's delta")
     errors: dict[str, str] = Field(default_factory=dict, description="accountant -> error")
+    reproducible_noise: bool = Field(
+        default=False, description="DP noise derived from the stored seed: not for release")
+    adaptive_composition: dict[str, Any] | None = Field(
+        default=None, description="guarantee for adaptive choices (FedKADP's Renyi filter)")
 
     @property
     def epsilon(self) -> float | None:
@@ -248,6 +252,16 @@ class Verdict(_Open):
         return _LEGACY_STATUS.get(v, v)
 
 
+class TradeoffPoints(_Open):
+    """The audited run's ledger as a trade-off curve: each FPR and the smallest FNR it allows."""
+
+    claim: str = ""
+    accounted_epsilon: float | None = None
+    delta: float | None = None
+    fpr: list[float] = Field(default_factory=list)
+    fnr: list[float] = Field(default_factory=list)
+
+
 class AuditSummary(_Strict):
     """What the audits found (copied from the method's ``audit.json``)."""
 
@@ -257,6 +271,9 @@ class AuditSummary(_Strict):
     delta: float | None = None
     shadows: int | None = None
     verdict: Verdict | None = None
+    claims: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="claim key (generic, ledger) -> its bound and the claim tested")
+    tradeoff_curve: TradeoffPoints | None = None
     extra: dict[str, Any] = Field(default_factory=dict, description="other audit.json keys")
 
     def best_attack(self) -> tuple[str, AttackResult] | None:

@@ -52,13 +52,17 @@ def run_cmd(
     out: str = typer.Option("runs", "--out", help="Parent folder of the run directory."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars (stage lines only)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (paths, failures)."),
+    reproducible_noise: bool = typer.Option(
+        False, "--reproducible-noise", help="Derive every method's DP noise from its seed (bit-reproducible; "
+        "ledgers and the report say 'reproducible noise: not for release'). Default: OS entropy, never stored."),
 ) -> None:
     """Train, account, audit and report every method of CONFIG into OUT/<name>/.
 
     Re-running skips stages already complete for the same config; an interrupted run resumes.
     Exit code 1 if a stage failed (the report still shows the others), 2 for a bad config.
     """
-    _run(config, list(set_ or []), out, quiet, as_json)
+    overrides = list(set_ or []) + (["reproducible_noise=true"] if reproducible_noise else [])
+    _run(config, overrides, out, quiet, as_json)
 
 
 @app.command("demo")

@@ -103,6 +103,8 @@ class RunConfig(StrictModel):
     curve_accountant: Accountant = "rdp"
     workers: Annotated[int, Field(ge=1)] = Field(
         default=1, description="methods run in parallel in this many local processes")
+    reproducible_noise: bool = Field(
+        default=False, description="derive every method's DP noise from its seed (stamped 'not for release')")
     federation: FederationConfig = Field(default_factory=FederationConfig)
     methods: Annotated[list[MethodEntry], Field(min_length=1)]
     audit: AuditSettings = Field(default_factory=AuditSettings)
@@ -184,7 +186,8 @@ def resolve_config(data: dict, *, source: str | None = None,
         spec = get_trainer(entry.name)  # unknown method: error listing the registered ones
         base = spec.quick_config() if entry.quick else spec.defaults()
         try:
-            trainer = make_config(entry.name, {**base, **entry.overrides}).model_dump(mode="json")
+            noise = {"reproducible_noise": True} if cfg.reproducible_noise else {}  # default: release mode
+            trainer = make_config(entry.name, {**base, **entry.overrides, **noise}).model_dump(mode="json")
         except ValidationError as exc:
             raise PrivkitError(f"invalid run config: methods[{i}] ({entry.key}) trainer config: "
                                f"{_one_line(exc)}") from None

@@ -139,7 +139,8 @@ def _read_privacy(mdir: Path, info: dict, warnings: list):
         clients=s.get("clients", {}), epsilon_over_rounds=p.get("epsilon_over_rounds", []),
         neighbouring=p.get("neighbouring", []), labels=p.get("labels", []),
         claim=p.get("claim"), epsilon_at_claim_delta=p.get("epsilon_at_claim_delta"),
-        errors=p.get("errors", {}))
+        errors=p.get("errors", {}), reproducible_noise=bool(p.get("reproducible_noise", False)),
+        adaptive_composition=p.get("adaptive_composition"))
 
 
 def _read_audit(mdir: Path, info: dict, warnings: list):
@@ -148,7 +149,7 @@ def _read_audit(mdir: Path, info: dict, warnings: list):
 
     a = _read_json(mdir / "audit.json")
     known = {"attacks", "attribute", "accounted_epsilon", "delta", "shadows", "verdict",
-             "schema_version", "method", "warnings"}
+             "schema_version", "method", "warnings", "claims", "tradeoff_curve"}
 
     def clean(entries: dict | None) -> dict:  # tracebacks stay in audit.json, not the report
         return {k: {f: v for f, v in e.items() if f != "traceback"} for k, e in (entries or {}).items()}
@@ -156,6 +157,7 @@ def _read_audit(mdir: Path, info: dict, warnings: list):
     audit = AuditSummary(attacks=clean(a.get("attacks")), attribute=clean(a.get("attribute")),
                          accounted_epsilon=_num(a.get("accounted_epsilon")), delta=a.get("delta"),
                          shadows=a.get("shadows"), verdict=a.get("verdict"),
+                         claims=a.get("claims") or {}, tradeoff_curve=a.get("tradeoff_curve"),
                          extra={k: v for k, v in a.items() if k not in known})
     for name, res in audit.attacks.items():
         if res.error:

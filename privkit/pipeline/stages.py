@@ -100,7 +100,8 @@ def account_method(mdir: Path, delta: float, accountant: str = "best",
             "summary": {"clients": clients, "worst": worst, "worst_client": who},
             "neighbouring": neighbouring, "labels": ledger.labels(),
             "epsilon_over_rounds": over_rounds, "claim": claim,
-            "epsilon_at_claim_delta": at_claim, "errors": errors}
+            "epsilon_at_claim_delta": at_claim, "errors": errors,
+            **ledger.noise_stamp()}  # "reproducible noise: not for release"; the Renyi filter's guarantee
 
 
 def _account_stage(run: ResolvedRun, m: ResolvedMethod, mdir: Path) -> None:

@@ -476,3 +476,31 @@ def test_old_reports_without_controls_still_load(tmp_path):
     data.pop("controls")
     old = PrivacyReport.model_validate(data)
     assert old.controls is None
+
+
+# ---------------------------------------------------------------------------------- release mode
+def test_reproducible_noise_flag_stamps_report_not_for_release(tmp_path):
+    """`privkit run --reproducible-noise` stamps ledger, privacy.json and report; the default does not."""
+    tail = '\n[report]\nformats = ["json", "md"]\n'
+    path = config(tmp_path, tail=tail)
+    stamp = "reproducible noise: not for release"
+    for flag, out in ((["--reproducible-noise"], "seeded"), ([], "release")):
+        res = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / out), "--quiet",
+                                       "--set", "audit.enabled=false", *flag])
+        assert res.exit_code == 0, res.output
+        root = tmp_path / out / "t"
+        seeded = bool(flag)
+        resolved = json.loads((root / "config.resolved.json").read_text())
+        assert resolved["reproducible_noise"] is seeded
+        assert all(m["trainer"]["reproducible_noise"] is seeded for m in resolved["resolved_methods"])
+        ledger = json.loads((root / "tiny-dp" / "ledger.json").read_text())
+        assert ledger.get("reproducible_noise", False) is seeded
+        privacy = json.loads((root / "tiny-dp" / "privacy.json").read_text())
+        assert privacy["reproducible_noise"] is seeded and (privacy.get("noise") == stamp) is seeded
+        report = load_report(root)
+        assert report.method("tiny-dp").privacy.reproducible_noise is seeded
+        md = (root / "report.md").read_text()
+        # one prominent stamp per method when seeded (tiny-dp and tiny-other); in release mode the
+        # words appear nowhere (neither the stamp nor the trainers' warning)
+        assert md.count(f"**WARNING — {stamp}.**") == (2 if seeded else 0)
+        assert (stamp in md) is seeded
