@@ -280,6 +280,24 @@ def _method_view(m: MethodReport, ref: MethodReport | None, n_min: int | None) -
     }
 
 
+def controls_view(report: PrivacyReport) -> dict[str, Any] | None:
+    """The "Audit controls" section: one row per audit of a twin (None if the report has none)."""
+    c = report.controls
+    if c is None:
+        return None
+    rows = []
+    for a in c.controls:
+        v = a.verdict
+        best = ((v.model_extra or {}).get("attacks") or {}).get(v.attack) or {}
+        right = (f"{best['correct']}/{best['guesses']}" if "correct" in best and "guesses" in best else "—")
+        rows.append({"name": a.name, "mode": a.audit_mode, "expected": a.expected, "status": v.status,
+                     "bound": fmt_eps(v.epsilon_lower_bound), "ceiling": fmt_eps(v.epsilon_ceiling),
+                     "right": right, "accuracy": fmt_pct(a.test_accuracy), "mechanism": a.mechanism,
+                     "passed": "yes" if a.passed else "NO", "message": v.message})
+    return {"c": c, "rows": rows, "banner": c.message if c.lacks_power else None,
+            "claimed": fmt_eps(c.claimed_epsilon)}
+
+
 def _accounting_view(m: MethodReport) -> dict[str, Any]:
     """Which claim each audit bound tests, the ROC-vs-ledger sentence, and the noise/adaptivity notes."""
     from reports.roc_claims import roc_claim_sentence
@@ -316,6 +334,7 @@ def _view(report: PrivacyReport, figures: dict[str, str]) -> dict[str, Any]:
         "tpr_keys": _tpr_keys(report),
         "figures": figures,
         "how_to_read": HOW_TO_READ,
+        "controls": controls_view(report),
         "ref": ref,
         "audit_confidences": [fmt_pct(c) for c in confidences],
         "fmt_eps": fmt_eps,

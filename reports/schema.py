@@ -337,6 +337,44 @@ class MethodReport(_Strict):
         return (best[1].epsilon_lower_bound, best[1].ceiling, None) if best else (None, None, None)
 
 
+# ---------------------------------------------------------------------------------- audit controls
+class ControlAudit(_Open):
+    """One audit of one control twin (a deliberately broken or a correct copy of a DP method)."""
+
+    name: str = Field(description="'correct', 'noise removed' or 'clipping and noise removed'")
+    expected: Literal["violation", "no violation"]
+    audit_mode: Literal["white-box", "black-box"]
+    mechanism: str = ""
+    verdict: Verdict
+    caught: bool = Field(description="the audit said 'violation'")
+    passed: bool = Field(description="the outcome is the expected one")
+    test_accuracy: float | None = None
+
+
+class AuditControls(_Open):
+    """The run's audit controls: twins of one DP method, each claiming its accounted epsilon.
+
+    Not methods of the summary. ``power`` is False when a positive control (a twin that must come
+    out ``violation``) was not caught, or when the controls could not run (``state`` failed):
+    the report then cannot show that its audit could see a violation.
+    """
+
+    state: Literal["done", "failed", "skipped"] = "done"
+    error: str | None = None
+    method: str | None = Field(default=None, description="the DP method the twins copy")
+    claimed_epsilon: float | None = None
+    delta: float | None = None
+    power: bool = False
+    false_alarm: bool = False
+    message: str = ""
+    controls: list[ControlAudit] = Field(default_factory=list)
+    recipes: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def lacks_power(self) -> bool:
+        return self.state != "skipped" and not self.power
+
+
 class PrivacyReport(_Strict):
     """One pipeline run: metadata, threat model, and one :class:`MethodReport` per method."""
 
@@ -348,6 +386,9 @@ class PrivacyReport(_Strict):
     methods: list[MethodReport] = Field(default_factory=list)
     warnings: list[ReportWarning] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    controls: AuditControls | None = Field(
+        default=None, description="audit controls (broken twins of a DP method); absent in reports "
+                                  "written before them")
 
     @field_validator("methods")
     @classmethod

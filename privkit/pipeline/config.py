@@ -57,6 +57,16 @@ class MethodEntry(StrictModel):
         return self.label or self.name
 
 
+class ControlSettings(StrictModel):
+    """Audit controls (:mod:`privkit.audit.controls`): broken twins of a DP-SGD method of the run."""
+
+    enabled: bool = True
+    method: str | None = Field(default=None, description="label of the dpsgd method to twin (default: "
+                               "the run's first dpsgd method, else dpsgd's own config)")
+    black_box_epochs: Annotated[int, Field(ge=1)] = 20
+    canaries: Annotated[int, Field(ge=10)] = 1000
+
+
 class AuditSettings(StrictModel):
     """Membership/attribute-inference audits run on every method's released model(s).
 
@@ -64,6 +74,7 @@ class AuditSettings(StrictModel):
     """
 
     enabled: bool = True
+    controls: ControlSettings = Field(default_factory=ControlSettings)
     attacks: list[str] | None = None
     shadows: Annotated[int, Field(ge=2)] = 8
     executor: Literal[EXECUTORS] = "serial"
@@ -204,6 +215,10 @@ def resolve_config(data: dict, *, source: str | None = None,
     _check_attacks(cfg.audit)
     if cfg.audit.enabled:
         check_executor(cfg.audit.executor, "audit.executor")
+    want = cfg.audit.controls.method
+    if want is not None and want not in {m.key for m in methods if m.method == "dpsgd"}:
+        raise PrivkitError(f"audit.controls.method must be the label of a dpsgd method of the run; "
+                           f"found {want!r}")
     return ResolvedRun(config=cfg, methods=methods, source=source, overrides=overrides)
 
 

@@ -194,6 +194,25 @@ def _num(x: Any) -> float | None:
         return None
 
 
+def _read_controls(root: Path, status: dict):
+    """The run's audit controls (``audit-controls/controls.json`` and its status), if any."""
+    from privkit.pipeline.controls import CONTROLS_DIR
+    from reports import AuditControls
+
+    st = status.get("controls") or {}
+    if st.get("state") == "skipped":
+        return AuditControls(state="skipped", message=st.get("error") or "audit controls disabled")
+    if st.get("state") == "failed":
+        return AuditControls(state="failed", error=st.get("error"), power=False, message=(
+            f"The audit controls failed ({st.get('error')}): this report cannot show that its audit "
+            "had the power to see a violation."))
+    path = root / CONTROLS_DIR / "controls.json"
+    if not path.is_file() or (st and st.get("state") != "done"):
+        return None
+    rec = _read_json(path)
+    return AuditControls(state="done", **{k: v for k, v in rec.items() if k not in ("state", "schema_version")})
+
+
 def build_report(root: str | Path, *, command: str | None = None,
                  wall_seconds: float | None = None):
     """Assemble a :class:`reports.PrivacyReport` from a pipeline run directory (files only)."""
@@ -274,9 +293,12 @@ def build_report(root: str | Path, *, command: str | None = None,
         package_versions=_package_versions(), hardware=_hardware(),
         reduced=list(resolved.get("report", {}).get("reduced", [])),
         wall_seconds=wall_seconds)
+    controls = _read_controls(root, status)
+    if controls is not None and controls.lacks_power:
+        warnings.append(ReportWarning(code="reduced_audit", source="audit", message=controls.message))
     return PrivacyReport(title=resolved.get("report", {}).get("title", "privkit privacy report"),
                          metadata=meta, threat_model=threat, dataset=dataset, methods=methods,
-                         warnings=warnings)
+                         warnings=warnings, controls=controls)
 
 
 def rerender(root: str | Path, *, rebuild: bool = False, formats: list[str] | None = None):

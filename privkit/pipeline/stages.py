@@ -1,4 +1,5 @@
-"""The three stages of one method: train, account, audit (each writes its files atomically)."""
+"""The three stages of one method: train, account, audit (each writes its files atomically); and
+the run's audit controls (:mod:`privkit.pipeline.controls`)."""
 
 from __future__ import annotations
 
@@ -144,6 +145,10 @@ def execute(run: ResolvedRun, m: ResolvedMethod, stage: str, root: str,
             _train_stage(run, m, FEDERATIONS[path], mdir, progress)
         elif stage == "account":
             _account_stage(run, m, mdir)
+        elif stage == "controls":
+            from privkit.pipeline.controls import controls_stage
+
+            controls_stage(run, m, Path(root), progress)
         else:
             _audit_stage(run, m, mdir, progress)
     except Exception as exc:  # recorded; the other methods go on
