@@ -1,4 +1,4 @@
-"""Vectorised shadow training (attacks.fast.train_many) vs a plain loop (attacks.fast.train_one).
+"""Vectorised shadow training (privkit.trainers.batched_sgd.train_many) vs a plain loop (privkit.trainers.batched_sgd.train_one).
 
 Same recipe, same seeds, same batches: the two produce the same weights (checked here on the first
 model), so the ratio is pure speed. Prints ms per model-step and the speed-up for M in {16, 64,
@@ -15,7 +15,7 @@ import time
 import numpy as np
 import torch
 
-from attacks.fast import SGDRecipe, train_many, train_one
+from privkit.trainers.batched_sgd import SGDRecipe, train_many, train_one
 from privkit.data import load_dataset
 from privkit.models import model_spec
 

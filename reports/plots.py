@@ -2,8 +2,10 @@
 :class:`~reports.schema.PrivacyReport` (or a part of it) alone, or ``None`` when the report holds
 nothing to draw.
 
-Infinite epsilons (methods without a formal guarantee) never disappear from a chart: they are drawn
-in a separate band labelled "no formal DP (epsilon = inf)".
+Methods without formal DP (the report's one rule, ``MethodReport.formal_dp``) never disappear from a
+chart: they are drawn in a separate band labelled "no formal DP", with the rule's short reason.
+Curves that coincide stay visible: each method has its own marker and line style, and a curve
+identical to another's says so in the legend.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from __future__ import annotations
 import base64
 import io
 import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Iterable
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # no display; figures are written to PNG  # noqa: E402
 
@@ -23,7 +27,9 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from reports.schema import DatasetSummary, MethodReport, PrivacyReport  # noqa: E402
 
-INF_LABEL = "no formal DP\n(epsilon = inf)"
+INF_LABEL = "no formal DP\n(epsilon = inf\nat this delta)"
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p")
+LINESTYLES = ("-", "--", "-.", ":")
 _DPI = 110
 
 
@@ -34,8 +40,13 @@ def _finite(x: float | None) -> bool:
 def method_colors(names: Iterable[str]) -> dict[str, tuple]:
     """A stable colour per method (same colour in every figure of a report)."""
     names = list(names)
-    cmap = plt.get_cmap("tab20" if len(names) > 10 else "tab10")
-    return {n: cmap(i % cmap.N) for i, n in enumerate(names)}
+    if len(names) <= 10:
+        cmap = plt.get_cmap("tab10")
+        return {n: cmap(i % cmap.N) for i, n in enumerate(names)}
+    # tab20 pairs a dark and a light shade of each hue: take every hue's dark shade first, so
+    # neighbouring methods (often related baselines) get different hues
+    cmap = plt.get_cmap("tab20")
+    return {n: cmap((2 * i) % 20 + (2 * i // 20) % 2) for i, n in enumerate(names)}
 
 
 def _new_figure(width: float, height: float) -> Figure:
@@ -53,6 +64,42 @@ def figure_to_png(fig: Figure) -> bytes:
 def figure_to_data_uri(fig: Figure) -> str:
     """``data:image/png;base64,...`` of ``fig`` (for self-contained HTML)."""
     return "data:image/png;base64," + base64.b64encode(figure_to_png(fig)).decode("ascii")
+
+
+# ---------------------------------------------------------------------------------- shared styling
+def _style(i: int, n_points: int) -> dict:
+    """Marker, line style and drawing order of the i-th curve: a curve drawn over an identical one
+    still shows its hollow markers around the other's, offset along the curve."""
+    every = max(1, n_points // 12)
+    return {"marker": MARKERS[i % len(MARKERS)],
+            "ls": LINESTYLES[(i + i // len(MARKERS)) % len(LINESTYLES)],  # no (marker, ls) repeats
+            "ms": 4 + 2 * (i % 3), "mfc": "none", "mew": 1.1, "zorder": 3 + (i % 5),
+            "markevery": (i % every, every)}
+
+
+def _duplicates(series: list[tuple[str, object]]) -> dict[str, str]:
+    """Legend suffix " (= first)" for every curve identical to an earlier one."""
+    seen: dict[object, str] = {}
+    out: dict[str, str] = {}
+    for name, key in series:
+        if key in seen:
+            out[name] = f" (= {seen[key]})"
+        else:
+            seen[key] = name
+    return out
+
+
+def _dodge(ys: list[float], tol: float, *, start: float, step: float) -> list[float]:
+    """x positions in a band: a point within ``tol`` of an earlier one moves ``step`` right."""
+    xs: list[float] = []
+    for i, y in enumerate(ys):
+        xs.append(start + step * sum(1 for y2 in ys[:i] if abs(y2 - y) < tol))
+    return xs
+
+
+def _band_label(m: MethodReport) -> str:
+    label = m.formal_dp_label
+    return m.name if label in ("", "no", "yes") else f"{m.name} ({label})"
 
 
 # ---------------------------------------------------------------------------------- privacy-utility
@@ -94,11 +141,14 @@ def privacy_utility_figure(report: PrivacyReport) -> Figure | None:
     grid = fig.add_gridspec(1, 2, width_ratios=[5, 1], wspace=0.02)
     ax = fig.add_subplot(grid[0])
     ax_inf = fig.add_subplot(grid[1], sharey=ax)
-    finite = [(m, e, a) for m, e, a in points if _finite(e) and e > 0]
-    infinite = [(m, e, a) for m, e, a in points if not (_finite(e) and e > 0)]
+    finite = [(m, e, a) for m, e, a in points if m.formal_dp and _finite(e) and e > 0]
+    infinite = [(m, e, a) for m, e, a in points if not (m.formal_dp and _finite(e) and e > 0)]
     gap = 0.05 * (max(a for _, _, a in points) - min(a for _, _, a in points) + 0.1)
-    for m, e, a in finite:
-        ax.scatter([e], [a], s=60, color=colors[m.name], edgecolor="black", zorder=3)
+    for k, (m, e, a) in enumerate(finite):
+        # an identical point drawn earlier stays visible as a ring around this one
+        ring = sum(1 for m2, e2, a2 in finite[:k] if (e2, a2) == (e, a))
+        ax.scatter([e], [a], s=60 + 90 * ring, color=colors[m.name], edgecolor="black",
+                   zorder=3 - 0.1 * ring)
     _spread_labels(ax, [(m.name, e, a) for m, e, a in finite], gap, log_x=True)
     ax.set_xscale("log")
     if finite:
@@ -111,9 +161,11 @@ def privacy_utility_figure(report: PrivacyReport) -> Figure | None:
     ax.set_ylabel("test accuracy")
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title("What privacy costs: accounted epsilon vs test accuracy")
-    for m, e, a in infinite:
-        ax_inf.scatter([0.5], [a], s=70, marker="D", color=colors[m.name], edgecolor="black", zorder=3)
-    _spread_labels(ax_inf, [(m.name, 0.5, a) for m, e, a in infinite], gap, log_x=False)
+    band_x = _dodge([a for _, _, a in infinite], gap / 2, start=0.5, step=0.22)
+    for (m, e, a), x in zip(infinite, band_x):
+        ax_inf.scatter([x], [a], s=70, marker="D", color=colors[m.name], edgecolor="black", zorder=3)
+    _spread_labels(ax_inf, [(_band_label(m), x, a) for (m, e, a), x in zip(infinite, band_x)], gap,
+                   log_x=False)
     ax_inf.set_xlim(0, 2.2)
     ax_inf.set_xticks([0.5])
     ax_inf.set_xticklabels([INF_LABEL], fontsize=8)
@@ -125,7 +177,7 @@ def privacy_utility_figure(report: PrivacyReport) -> Figure | None:
 
 # ---------------------------------------------------------------------------------- accounted vs empirical
 def epsilon_comparison_figure(report: PrivacyReport) -> Figure | None:
-    """Per method: accounted epsilon (promise) beside the best empirical lower bound (audit).
+    """Per method: accounted epsilon (promise) beside the family-wise empirical lower bound (audit).
 
     The empirical bound is drawn with its ceiling (the largest bound the number of trials could
     show). A sound accountant has every lower bound left of (or at) its accounted epsilon.
@@ -140,11 +192,9 @@ def epsilon_comparison_figure(report: PrivacyReport) -> Figure | None:
         e = m.privacy.epsilon if m.privacy else None
         if _finite(e):
             finite_vals.append(e)
-        best = m.audit.best_attack() if m.audit else None
-        if best:
-            for v in (best[1].epsilon_lower_bound, best[1].ceiling):
-                if _finite(v):
-                    finite_vals.append(v)
+        for v in m.audit_numbers()[:2]:
+            if _finite(v):
+                finite_vals.append(v)
     right = max(finite_vals) * 3.0
     labelled: set[str] = set()
 
@@ -160,18 +210,19 @@ def epsilon_comparison_figure(report: PrivacyReport) -> Figure | None:
             ax.scatter([e], [y], marker="s", s=55, color="#1f77b4", zorder=3,
                        label=label("accounted epsilon"))
         elif m.privacy is not None:
-            ax.annotate("inf", (right, y), xytext=(-30, 0), textcoords="offset points",
+            label_ = m.formal_dp_label or "no"
+            text = "inf" if label_ in ("no", "yes") else f"inf ({label_})"
+            ax.annotate(text, (right, y), xytext=(-30 - 4 * max(0, len(text) - 3), 0),
+                        textcoords="offset points",
                         va="center", fontsize=8, color="#1f77b4",
                         arrowprops={"arrowstyle": "->", "color": "#1f77b4"})
-        best = m.audit.best_attack() if m.audit else None
-        if best:
-            lb, ceil = best[1].epsilon_lower_bound, best[1].ceiling
-            if _finite(ceil):
-                ax.plot([0, ceil], [y, y], color="#d62728", alpha=0.25, lw=6, solid_capstyle="butt",
-                        label=label("range an audit of this size can show"))
-            if _finite(lb):
-                ax.scatter([lb], [y], marker="o", s=55, color="#d62728", zorder=4,
-                           label=label("empirical lower bound (best attack)"))
+        lb, ceil, _ = m.audit_numbers()
+        if _finite(ceil):
+            ax.plot([0, ceil], [y, y], color="#d62728", alpha=0.25, lw=6, solid_capstyle="butt",
+                    label=label("range an audit of this size can show"))
+        if _finite(lb):
+            ax.scatter([lb], [y], marker="o", s=55, color="#d62728", zorder=4,
+                       label=label("empirical lower bound (all attacks, family-wise)"))
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([m.name for m in rows], fontsize=8)
     ax.invert_yaxis()
@@ -203,11 +254,19 @@ def roc_figure(method: MethodReport) -> Figure | None:
         pos = [v for v in a.roc.fpr + a.roc.tpr if v and v > 0]
         floor = min(floor, min(pos) if pos else 1.0)
     floor = max(floor / 2.0, 1e-5)
-    for name, a in curves:
+    same = _duplicates([(name, (tuple(a.roc.fpr), tuple(a.roc.tpr))) for name, a in curves])
+    for i, (name, a) in enumerate(curves):
         fpr = [max(v, floor) for v in a.roc.fpr]
         tpr = [max(v, floor) for v in a.roc.tpr]
         auc = f"AUC {a.auc:.3f}" if _finite(a.auc) else "AUC n/a"
-        ax.plot(fpr, tpr, lw=1.5, label=f"{name} ({auc})")
+        ax.plot(fpr, tpr, lw=1.5, label=f"{name} ({auc}){same.get(name, '')}",
+                **_style(i, len(fpr)))
+    _finish_loglog_roc(ax, floor, f"{method.name}: membership inference ROC")
+    return fig
+
+
+def _finish_loglog_roc(ax, floor: float, title: str) -> None:
+    """Chance line, log-log axes from ``floor`` to 1, labels, grid and legend of a ROC plot."""
     ax.plot([floor, 1], [floor, 1], ls="--", color="grey", lw=1, label="chance")
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -215,9 +274,63 @@ def roc_figure(method: MethodReport) -> Figure | None:
     ax.set_ylim(floor, 1)
     ax.set_xlabel("false positive rate")
     ax.set_ylabel("true positive rate")
-    ax.set_title(f"{method.name}: membership inference ROC", fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
+
+
+# ---------------------------------------------------------------------------------- ROC vs the claim
+def forbidden_roc_points(fpr: Sequence[float], tpr: Sequence[float], curve: Callable,
+                         tol: float = 0.0) -> np.ndarray:
+    """Indices of the ROC points a privacy claim forbids: ``TPR > 1 - f(FPR) + tol``.
+
+    ``curve`` is the claim's trade-off function ``f`` (FPR -> smallest FNR, vectorised), e.g.
+    ``accountants.ledger_curve(ledger)``.  A point listed here is an attack doing better than the
+    claim allows *on these data*; whether that is a statistically significant violation is the
+    audit's lower bound's question, not this one's.
+    """
+    x = np.asarray(fpr, dtype=np.float64)
+    y = np.asarray(tpr, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"fpr and tpr must be 1-D of equal length; found {x.shape} and {y.shape}")
+    if np.any((x < 0) | (x > 1) | (y < 0) | (y > 1)) or np.any(np.isnan(x) | np.isnan(y)):
+        raise ValueError("fpr and tpr must lie in [0, 1]; found values outside")
+    bound = 1.0 - np.asarray(curve(x), dtype=np.float64)
+    return np.nonzero(y > bound + tol)[0]
+
+
+def tradeoff_roc_figure(rocs: Mapping[str, tuple[Sequence[float], Sequence[float]]], curve: Callable,
+                        *, claim: str | None = None, title: str | None = None,
+                        floor: float | None = None) -> Figure:
+    """Log-log ROC of every attack over the region a privacy claim allows.
+
+    The claim's boundary ``TPR = 1 - f(FPR)`` is drawn as a line and the region above it (which no
+    attack on a mechanism satisfying the claim can reach) is shaded; ROC points inside it are
+    marked, so a violation is visible.  ``rocs`` maps attack name -> (fpr, tpr); ``curve`` is the
+    trade-off function (its ``claim`` attribute labels the boundary unless ``claim`` is given);
+    ``floor`` is the smallest rate shown (default: half the smallest positive rate, >= 1e-6).
+    """
+    label = claim or getattr(curve, "claim", "the privacy claim")
+    pos = [v for f, t in rocs.values() for v in (*f, *t) if v and v > 0]
+    floor = floor if floor is not None else max(min(pos, default=1e-3) / 2.0, 1e-6)
+    fig = _new_figure(5.0, 4.4)
+    ax = fig.add_subplot()
+    grid = np.geomspace(floor, 1.0, 400)
+    boundary = np.maximum(1.0 - np.asarray(curve(grid), dtype=np.float64), floor)
+    ax.fill_between(grid, boundary, 1.0, color="tab:red", alpha=0.12, lw=0,
+                    label="forbidden by the claim")
+    ax.plot(grid, boundary, color="tab:red", lw=1.5, label=f"claim: {label}")
+    n_bad = 0
+    for name, (f, t) in rocs.items():
+        f, t = np.asarray(f, dtype=np.float64), np.asarray(t, dtype=np.float64)
+        ax.plot(np.maximum(f, floor), np.maximum(t, floor), lw=1.3, label=name)
+        bad = forbidden_roc_points(f, t, curve)
+        n_bad += bad.size
+        ax.plot(np.maximum(f[bad], floor), np.maximum(t[bad], floor), ls="none", marker="x",
+                color="tab:red", ms=5)
+    if n_bad:
+        ax.plot([], [], ls="none", marker="x", color="tab:red", label=f"{n_bad} ROC points above the curve")
+    _finish_loglog_roc(ax, floor, title or "membership inference ROC against the accounted curve")
     return fig
 
 
@@ -236,9 +349,11 @@ def epsilon_over_rounds_figure(report: PrivacyReport) -> Figure | None:
         return None
     fig = _new_figure(8.0, 4.2)
     ax = fig.add_subplot()
-    for m, pts in series:
+    same = _duplicates([(m.name, tuple(pts)) for m, pts in series])
+    for i, (m, pts) in enumerate(series):
         xs, ys = zip(*pts)
-        ax.plot(xs, ys, marker="o", ms=3, lw=1.4, color=colors[m.name], label=m.name)
+        ax.plot(xs, ys, lw=1.4, color=colors[m.name], label=m.name + same.get(m.name, ""),
+                **_style(i, len(xs)))
     ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
@@ -290,6 +405,9 @@ def report_figures(report: PrivacyReport) -> dict[str, Figure]:
         "epsilon_over_rounds": epsilon_over_rounds_figure(report),
         "client_class": client_class_figure(report.dataset),
     }
+    from reports.roc_claims import ledger_roc_figure
+
     for m in report.methods:
         figs[f"roc/{m.name}"] = roc_figure(m)
+        figs[f"tradeoff_roc/{m.name}"] = ledger_roc_figure(m)
     return {k: v for k, v in figs.items() if v is not None}

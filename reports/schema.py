@@ -28,8 +28,9 @@ SCHEMA_VERSION = 1
 
 StageName = Literal["train", "account", "audit", "report"]
 StageState = Literal["done", "failed", "skipped", "pending"]
-VerdictStatus = Literal["consistent", "VIOLATION", "no-formal-guarantee", "inconclusive",
-                        "not-audited"]
+VerdictStatus = Literal["violation", "consistent", "inconclusive", "no-claim", "not-audited"]
+#: statuses of reports written before the three-way verdict (issue 11), read as their new names
+_LEGACY_STATUS = {"VIOLATION": "violation", "no-formal-guarantee": "no-claim"}
 
 #: Warning codes the pipeline attaches (``other`` for free text from a trainer or an audit).
 WARNING_CODES = (
@@ -40,6 +41,7 @@ WARNING_CODES = (
     "sampling_mismatch",        # sampling accounted differently from the one run
     "no_formal_dp",             # the method makes no formal DP claim
     "reduced_audit",            # audit reduced (few shadows / trials): bounds are weak
+    "audit_size_mismatch",      # audited runs train on less data than the release (pool too small)
     "other",
 )
 
@@ -177,6 +179,15 @@ class PrivacyAccounting(_Strict):
     epsilon_at_claim_delta: float | None = Field(
         default=None, description="privkit's tight worst-client epsilon at the claim's delta")
     errors: dict[str, str] = Field(default_factory=dict, description="accountant -> error")
+    fixed_delta: float | None = Field(
+        default=None, description="worst client: delta spent by mechanisms known only by their "
+                                  "(epsilon, delta); no finite epsilon below it")
+    non_private: list[str] = Field(default_factory=list,
+                                   description="labels of releases recorded without noise")
+    reproducible_noise: bool = Field(
+        default=False, description="DP noise derived from the stored seed: not for release")
+    adaptive_composition: dict[str, Any] | None = Field(
+        default=None, description="guarantee for adaptive choices (FedKADP's Renyi filter)")
 
     @property
     def epsilon(self) -> float | None:
@@ -193,7 +204,7 @@ class Roc(_Open):
 
 
 class AttackResult(_Open):
-    """One membership-inference attack on the released model(s)."""
+    """One membership-inference attack (on the audited run of the method's recipe)."""
 
     auc: float | None = None
     balanced_accuracy: float | None = None
@@ -208,6 +219,7 @@ class AttackResult(_Open):
     roc: Roc | None = Field(default_factory=Roc)
     notes: str | None = None
     error: str | None = None
+    not_applicable: str | None = Field(default=None, description="why the attack does not apply")
 
 
 class AttributeResult(_Open):
@@ -219,13 +231,42 @@ class AttributeResult(_Open):
     chance: float | None = None
     n_test: int | None = None
     error: str | None = None
+    not_applicable: str | None = Field(default=None, description="why the attack does not apply")
 
 
 class Verdict(_Open):
-    """The audit's conclusion; extra keys (e.g. which attack decided it) are kept."""
+    """The audit's conclusion (``attacks.audit_scores``); extra keys (the per-attack family, notes)
+    are kept. ``status`` follows from three numbers: ``no-claim`` without a finite accounted
+    epsilon, ``violation`` if the family-wise bound exceeds it, ``consistent`` if not and the ceiling
+    does, else ``inconclusive``."""
 
     status: VerdictStatus
     message: str = ""
+    epsilon_lower_bound: float | None = Field(
+        default=None, description="family-wise empirical lower bound (at `confidence` for all attacks)")
+    epsilon_ceiling: float | None = Field(
+        default=None, description="largest family-wise bound any outcome of this audit could give")
+    detectable_epsilon: float | None = Field(
+        default=None, description="smallest true epsilon this audit flags at least half the time")
+    accounted_epsilon: float | None = None
+    confidence: float | None = None
+    correction: str | None = Field(default=None, description="multiplicity correction of the family")
+    attack: str | None = Field(default=None, description="the attack giving the family-wise bound")
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _legacy(cls, v: Any) -> Any:
+        return _LEGACY_STATUS.get(v, v)
+
+
+class TradeoffPoints(_Open):
+    """The audited run's ledger as a trade-off curve: each FPR and the smallest FNR it allows."""
+
+    claim: str = ""
+    accounted_epsilon: float | None = None
+    delta: float | None = None
+    fpr: list[float] = Field(default_factory=list)
+    fnr: list[float] = Field(default_factory=list)
 
 
 class AuditSummary(_Strict):
@@ -237,14 +278,26 @@ class AuditSummary(_Strict):
     delta: float | None = None
     shadows: int | None = None
     verdict: Verdict | None = None
+    claims: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="claim key (generic, ledger) -> its bound and the claim tested")
+    tradeoff_curve: TradeoffPoints | None = None
     extra: dict[str, Any] = Field(default_factory=dict, description="other audit.json keys")
 
     def best_attack(self) -> tuple[str, AttackResult] | None:
-        """The successful attack with the largest empirical epsilon (then AUC)."""
-        ok = [(n, a) for n, a in self.attacks.items() if not a.error]
+        """The successful attack with the largest family-wise (then own) empirical epsilon, then
+        AUC: the attack behind the verdict's bound, named beside it in the summary."""
+        ok = [(n, a) for n, a in self.attacks.items() if not a.error and not a.not_applicable]
         if not ok:
             return None
-        return max(ok, key=lambda na: (na[1].epsilon_lower_bound or 0.0, na[1].auc or 0.0))
+        return max(ok, key=lambda na: (_family_bound(na[1]) or 0.0, na[1].epsilon_lower_bound or 0.0,
+                                       na[1].auc or 0.0))
+
+
+def _family_bound(a: AttackResult) -> float | None:
+    """The attack's bound at the verdict's family-wise confidence (audits before the family-wise
+    verdict have none)."""
+    v = (a.model_extra or {}).get("family_epsilon_lower_bound")
+    return float(v) if isinstance(v, (int, float)) else None
 
 
 class MethodReport(_Strict):
@@ -254,7 +307,12 @@ class MethodReport(_Strict):
     method: str = Field(description="registered trainer name")
     summary: str = ""
     paper: str | None = None
-    formal_dp: bool = True
+    formal_dp: bool = Field(default=True, description="the report's one rule "
+                            "(reports.guarantee.formal_dp_status) applied to this run")
+    formal_dp_label: str = Field(default="", description="short form of the rule's answer")
+    formal_dp_reason: str = Field(default="", description="why not, in words")
+    claims_dp: bool | None = Field(default=None, description="the method claims a formal DP "
+                                   "guarantee (its registration)")
     seed: int = 0
     config: dict[str, Any] = Field(default_factory=dict)
     quick: bool = False
@@ -269,6 +327,53 @@ class MethodReport(_Strict):
     def failed(self) -> bool:
         return any(s.state == "failed" for s in self.stages.values())
 
+    def audit_numbers(self) -> tuple[float | None, float | None, float | None]:
+        """(family-wise lower bound, ceiling, detectable epsilon) of the verdict; reports written
+        before the verdict carried them fall back to the best attack's own bound and ceiling."""
+        v = self.verdict or (self.audit.verdict if self.audit else None)
+        if v is not None and v.epsilon_ceiling is not None:
+            return v.epsilon_lower_bound, v.epsilon_ceiling, v.detectable_epsilon
+        best = self.audit.best_attack() if self.audit else None
+        return (best[1].epsilon_lower_bound, best[1].ceiling, None) if best else (None, None, None)
+
+
+# ---------------------------------------------------------------------------------- audit controls
+class ControlAudit(_Open):
+    """One audit of one control twin (a deliberately broken or a correct copy of a DP method)."""
+
+    name: str = Field(description="'correct', 'noise removed' or 'clipping and noise removed'")
+    expected: Literal["violation", "no violation"]
+    audit_mode: Literal["white-box", "black-box"]
+    mechanism: str = ""
+    verdict: Verdict
+    caught: bool = Field(description="the audit said 'violation'")
+    passed: bool = Field(description="the outcome is the expected one")
+    test_accuracy: float | None = None
+
+
+class AuditControls(_Open):
+    """The run's audit controls: twins of one DP method, each claiming its accounted epsilon.
+
+    Not methods of the summary. ``power`` is False when a positive control (a twin that must come
+    out ``violation``) was not caught, or when the controls could not run (``state`` failed):
+    the report then cannot show that its audit could see a violation.
+    """
+
+    state: Literal["done", "failed", "skipped"] = "done"
+    error: str | None = None
+    method: str | None = Field(default=None, description="the DP method the twins copy")
+    claimed_epsilon: float | None = None
+    delta: float | None = None
+    power: bool = False
+    false_alarm: bool = False
+    message: str = ""
+    controls: list[ControlAudit] = Field(default_factory=list)
+    recipes: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def lacks_power(self) -> bool:
+        return self.state != "skipped" and not self.power
+
 
 class PrivacyReport(_Strict):
     """One pipeline run: metadata, threat model, and one :class:`MethodReport` per method."""
@@ -281,6 +386,9 @@ class PrivacyReport(_Strict):
     methods: list[MethodReport] = Field(default_factory=list)
     warnings: list[ReportWarning] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    controls: AuditControls | None = Field(
+        default=None, description="audit controls (broken twins of a DP method); absent in reports "
+                                  "written before them")
 
     @field_validator("methods")
     @classmethod

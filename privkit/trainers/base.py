@@ -20,7 +20,7 @@ from typing_extensions import Annotated
 
 from privkit.config import StrictModel
 from privkit.errors import PrivkitError
-from privkit.jsonutil import json_default
+from privkit.jsonutil import json_default, read_json
 from privkit.models import build_from_spec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,6 +34,9 @@ class TrainerConfig(StrictModel):
     """Settings every trainer shares; each method subclasses it with its own fields and defaults."""
 
     device: str = "auto"
+    # False (release mode): DP noise and privacy-amplifying sampling come from OS entropy and are
+    # never stored. True: derived from the run seed, bit-reproducible, stamped "not for release".
+    reproducible_noise: bool = False
     arch: Literal["cnn", "mlp"] = "cnn"
     width: Annotated[int, Field(ge=1)] = 16
     feature_dim: Annotated[int, Field(ge=2)] = 128
@@ -56,6 +59,7 @@ class TrainResult:
     warnings : caveats a reviewer must see (data-dependent choices, sampling mismatches, ...).
     claims : the paper's own privacy claim for this method, e.g.
         ``{"epsilon": 0.6, "delta": 2e-5, "composition": "basic", "source": "FedAUXfdp Table 2"}``.
+    reproducible_noise : True when the DP noise was derived from the run seed (not for release).
     """
 
     method: str
@@ -72,6 +76,7 @@ class TrainResult:
     client_accuracy: list[float] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     claims: dict = field(default_factory=dict)
+    reproducible_noise: bool = False  # True: DP noise derived from the stored seed ("not for release")
     chance_accuracy: float = float("nan")
 
     @property
@@ -120,7 +125,7 @@ class TrainResult:
         meta = {"schema_version": SCHEMA_VERSION, "method": self.method, "seed": self.seed,
                 "config": self.config, "model_spec": self.model_spec,
                 "client_model_specs": self.client_model_specs, "warnings": self.warnings,
-                "claims": self.claims}
+                "claims": self.claims, "reproducible_noise": self.reproducible_noise}
         (out / "train.json").write_text(json.dumps(meta, indent=2, default=json_default))
         if self.artifacts:
             np.savez_compressed(out / "artifacts.npz", **self.artifacts)
@@ -135,19 +140,19 @@ class TrainResult:
         if not meta_path.is_file():
             raise PrivkitError(f"no trained model in {out}: {meta_path.name} not found "
                                "(run `privkit train` first)")
-        meta = json.loads(meta_path.read_text())
-        metrics = json.loads((out / "metrics.json").read_text())
-        model = build_from_spec(meta["model_spec"])
-        model.load_state_dict(torch.load(out / "checkpoints" / "model.pt", weights_only=True))
-        clients = []
-        for i, spec in enumerate(meta.get("client_model_specs", [])):
-            m = build_from_spec(spec)
-            m.load_state_dict(torch.load(out / "checkpoints" / f"client_{i}.pt", weights_only=True))
-            clients.append(m)
+        meta = read_json(meta_path, "training record")
+        metrics = read_json(out / "metrics.json", "metrics file")
+        model = _load_checkpoint(build_from_spec(meta["model_spec"]), out / "checkpoints" / "model.pt")
+        clients = [_load_checkpoint(build_from_spec(spec), out / "checkpoints" / f"client_{i}.pt")
+                   for i, spec in enumerate(meta.get("client_model_specs", []))]
         artifacts = {}
         if (out / "artifacts.npz").is_file():
-            with np.load(out / "artifacts.npz") as data:
-                artifacts = {k: data[k] for k in data.files}
+            try:
+                with np.load(out / "artifacts.npz") as data:
+                    artifacts = {k: data[k] for k in data.files}
+            except (OSError, ValueError, EOFError) as exc:
+                raise PrivkitError(f"artifacts file {out / 'artifacts.npz'} is unreadable or "
+                                   f"corrupted ({type(exc).__name__}); re-run `privkit train`") from None
         return cls(method=meta["method"], seed=meta["seed"], config=meta["config"], model=model,
                    model_spec=meta["model_spec"], ledger=Ledger.load(out / "ledger.json"),
                    rounds=metrics["rounds"], test_accuracy=metrics["test_accuracy"],
@@ -155,7 +160,32 @@ class TrainResult:
                    client_model_specs=meta.get("client_model_specs", []),
                    client_accuracy=metrics.get("client_accuracy", []),
                    warnings=meta.get("warnings", []), claims=meta.get("claims", {}),
-                   chance_accuracy=float(metrics.get("chance_accuracy", float("nan"))))
+                   chance_accuracy=float(metrics.get("chance_accuracy", float("nan"))),
+                   reproducible_noise=bool(meta.get("reproducible_noise", False)))
+
+
+def _load_checkpoint(model: torch.nn.Module, path: Path) -> torch.nn.Module:
+    """Load ``path`` into ``model``; a missing, truncated or foreign file is one error naming it."""
+    import pickle
+    import zipfile
+
+    if not path.is_file():
+        raise PrivkitError(f"checkpoint not found: {path} (run `privkit train` first)")
+    try:
+        state = torch.load(path, weights_only=True)
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError,
+            zipfile.BadZipFile) as exc:
+        # torch reports truncation and garbage as RuntimeError/UnpicklingError with paragraphs of
+        # advice about weights_only that do not apply here: the file itself is damaged
+        raise PrivkitError(f"checkpoint {path} is unreadable or corrupted ({type(exc).__name__}); "
+                           "re-run `privkit train`") from None
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError, KeyError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:120]
+        raise PrivkitError(f"checkpoint {path} does not match the model in train.json "
+                           f"({type(exc).__name__}: {first}); re-run `privkit train`") from None
+    return model
 
 
 # ---------------------------------------------------------------------------- registry
@@ -226,5 +256,17 @@ def train(method: str, federation: "Federation", config: dict | TrainerConfig | 
     result = spec.fn(federation, cfg, seed, progress=progress)
     if result.method != method:
         raise PrivkitError(f"trainer {method} returned a result labelled {result.method!r}")
+    stamp_noise(result, cfg.reproducible_noise)
     result.check_chance(federation)
     return result
+
+
+def stamp_noise(result: TrainResult, reproducible: bool) -> None:
+    """Record how the DP randomness was drawn in the result, its ledger and its warnings."""
+    from accountants import NOT_FOR_RELEASE
+
+    result.reproducible_noise = bool(reproducible)
+    result.ledger.reproducible_noise = bool(reproducible)
+    if reproducible and NOT_FOR_RELEASE not in result.warnings:
+        result.warnings.insert(0, f"{NOT_FOR_RELEASE}: the DP noise and sampling were derived from the run "
+                                  "seed stored in this run directory, so they can be regenerated")

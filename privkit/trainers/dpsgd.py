@@ -22,7 +22,7 @@ from pydantic import Field
 from torch.utils.data import DataLoader, TensorDataset
 
 from privkit.errors import PrivkitError
-from privkit.seeding import derive_seed, torch_generator
+from privkit.seeding import derive_seed, noise_generator
 from privkit.trainers.base import TrainerConfig, TrainResult, register_trainer
 from privkit.trainers.common import accuracy, make_optimizer, new_model, resolve_device
 
@@ -55,9 +55,10 @@ class DpsgdConfig(CentralConfig):
     calibration_accountant: Literal["pld", "rdp"] = "pld"  # also the per-epoch epsilon in rounds
 
 
-def _loader(x, y, batch_size: int, seed: int) -> DataLoader:
+def _loader(x, y, batch_size: int, generator: torch.Generator) -> DataLoader:
+    # opacus's DPDataLoader replaces the batches by Poisson sampling drawn from this generator
     ds = TensorDataset(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.long))
-    return DataLoader(ds, batch_size=batch_size, shuffle=True, generator=torch_generator(seed))
+    return DataLoader(ds, batch_size=batch_size, shuffle=True, generator=generator)
 
 
 def _run_epochs(private, dp_opt, dp_loader, loss_fn, epochs, model, federation, device) -> tuple[int, list[dict]]:
@@ -96,7 +97,8 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
         raise PrivkitError(f"batch_size must be <= the pooled data size {len(y)}; found {config.batch_size}")
     model, spec = new_model(federation, config, derive_seed(seed, "init"))
     model.to(device).train()
-    loader = _loader(x, y, config.batch_size, derive_seed(seed, "poisson"))
+    secret = config.reproducible_noise
+    loader = _loader(x, y, config.batch_size, noise_generator(seed, "poisson", reproducible=secret))
     # opacus's DPDataLoader samples each record with rate 1 / (batches per epoch)
     sample_rate = 1.0 / len(loader)
     steps = config.epochs * len(loader)
@@ -113,13 +115,15 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
         notes.append(f"noise multiplier {sigma:g} given; target_epsilon not used")
 
     optimizer = make_optimizer(model.parameters(), config.optimizer, config.lr)
-    with _warnings.catch_warnings():  # opacus warns about secure_mode=False (we seed on purpose)
-        _warnings.simplefilter("ignore")
+    with _warnings.catch_warnings():
+        # opacus warns that secure_mode=False; privkit supplies the generators itself (OS-seeded in
+        # release mode, see privkit.seeding), since opacus's secure mode needs torchcsprng.
+        _warnings.filterwarnings("ignore", message=".*[Ss]ecure.*")
         engine = PrivacyEngine(accountant="rdp")
         private, dp_opt, dp_loader = engine.make_private(
             module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=sigma,
             max_grad_norm=config.clip_norm, poisson_sampling=True,
-            noise_generator=torch_generator(derive_seed(seed, "noise"), device=device))
+            noise_generator=noise_generator(seed, "noise", reproducible=secret, device=device))
     if abs(dp_loader.sample_rate - sample_rate) > 1e-12:
         raise PrivkitError(f"opacus sample rate {dp_loader.sample_rate} differs from the accounted {sample_rate}")
 

@@ -19,10 +19,9 @@ these methods make no formal DP claim. The loop here is shared with FedDF and Fe
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 import torch
@@ -31,31 +30,13 @@ from torch import nn
 from typing_extensions import Annotated
 
 from privkit.errors import PrivkitError
+from privkit.progress import progress_bar
 from privkit.seeding import derive_seed, make_rng
 from privkit.trainers.base import TrainResult, register_trainer
 from privkit.trainers.common import accuracy, average_states, resolve_device, train_supervised
 from privkit.trainers.pretrain import PretrainConfig, init_model
 
 MODEL_UPDATE_REASON = "client model parameters sent to the server without noise"
-
-
-@contextlib.contextmanager
-def progress_bar(enabled: bool) -> Iterator[Any]:
-    """A rich progress display (disabled: a silent one with the same interface)."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn)
-
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("{task.fields[info]}"), disable=not enabled)
-    orig_add = bar.add_task
-
-    def add_task(description: str, **kwargs: Any) -> Any:
-        kwargs.setdefault("info", "")
-        return orig_add(description, **kwargs)
-
-    bar.add_task = add_task  # type: ignore[method-assign]
-    with bar:
-        yield bar
 
 
 class FedAvgConfig(PretrainConfig):
@@ -248,5 +229,5 @@ def train_fedprox(federation, config: FedProxConfig, seed: int, progress: bool =
     return result_from_outcome("fedprox", seed, config, out, claims=dict(NO_DP_CLAIM), federation=federation)
 
 
-__all__ = ["FedAvgConfig", "FedProxConfig", "FederatedOutcome", "progress_bar", "result_from_outcome",
+__all__ = ["FedAvgConfig", "FedProxConfig", "FederatedOutcome", "result_from_outcome",
            "run_federated", "select_clients", "train_fedavg", "train_fedprox"]

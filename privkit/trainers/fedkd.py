@@ -44,7 +44,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from privkit.errors import PrivkitError
-from privkit.seeding import derive_seed, make_rng, torch_generator
+from privkit.seeding import derive_seed, make_rng, noise_generator
 from privkit.trainers.base import TrainResult, register_trainer
 from privkit.trainers.common import accuracy, as_tensor, new_model, resolve_device
 from privkit.trainers.dp_sgd_step import DpSgdStep
@@ -170,8 +170,10 @@ def _client_round(pair: MentorMentee, x: torch.Tensor, y: torch.Tensor, cfg: Fed
     params = [p for p in pair.parameters() if p.requires_grad]
     opt = (torch.optim.SGD(params, lr=cfg.lr) if cfg.optimizer == "sgd"
            else torch.optim.Adam(params, lr=cfg.lr))
-    sample_gen = torch_generator(derive_seed(seed, "poisson"))
-    noise_gen = torch_generator(derive_seed(seed, "noise"), device=device)
+    # Poisson sampling and noise: OS entropy in release mode (never stored), seeded only in
+    # reproducible mode (privkit.seeding.noise_generator)
+    sample_gen = noise_generator(seed, "poisson", reproducible=cfg.reproducible_noise)
+    noise_gen = noise_generator(seed, "noise", reproducible=cfg.reproducible_noise, device=device)
     pair.train()
     for _ in range(cfg.local_steps):
         idx = step.sample(sample_gen).to(device)

@@ -26,9 +26,16 @@ from torch import nn
 from typing_extensions import Annotated
 
 from privkit.errors import PrivkitError
+from privkit.progress import progress_bar
 from privkit.seeding import derive_seed, seed_torch, torch_generator
 from privkit.trainers.base import TrainerConfig
-from privkit.trainers.common import as_tensor, make_optimizer, minibatches, new_model, resolve_device
+from privkit.trainers.common import (
+    as_tensor,
+    make_optimizer,
+    minibatches,
+    new_model,
+    resolve_device,
+)
 
 
 class PretrainConfig(TrainerConfig):
@@ -154,7 +161,6 @@ def pretrain_h0(federation, config: PretrainConfig, seed: int, *, progress: bool
     aug_gen = torch_generator(derive_seed(seed, "pretrain-augment"))
     bs = min(config.pretrain_batch_size, len(x))
     last = float("nan")
-    from privkit.trainers.fedavg import progress_bar
 
     with progress_bar(progress) as bar:
         task = bar.add_task("pretrain h0 (SimCLR)", total=config.pretrain_epochs)

@@ -146,12 +146,14 @@ def test_fedkadp_heterogeneous_sigma_ledger_matches_opacus(fed):
 
 
 def test_fedkadp_never_releases_a_round_past_the_budget(fed):
-    free = train("fedkadp", fed, {**TINY, "rounds": 6}, seed=2)
+    # reproducible noise: the capped run must repeat the free run's rounds exactly
+    free = train("fedkadp", fed, {**TINY, "rounds": 6, "reproducible_noise": True}, seed=2)
     eps = [r["epsilon"] for r in free.rounds]
     # first round (after round 1) that raises the worst-client epsilon: the budget ends just before it
     i = next(j for j in range(1, len(eps)) if eps[j] > eps[j - 1] * 1.001)
     target = (eps[i - 1] + eps[i]) / 2
-    capped = train("fedkadp", fed, {**TINY, "rounds": 6, "target_epsilon": target}, seed=2)
+    capped = train("fedkadp", fed, {**TINY, "rounds": 6, "target_epsilon": target, "reproducible_noise": True},
+                   seed=2)
     assert len(capped.rounds) == i  # rounds 1..i ran, round i+1 was refused
     assert capped.rounds == free.rounds[:i]  # identical up to the stop
     assert f"stopped before round {i + 1}" in capped.claims["stop"]
@@ -163,15 +165,17 @@ def test_fedkadp_never_releases_a_round_past_the_budget(fed):
     assert none.rounds == [] and len(none.ledger) == 0
 
 
-@pytest.mark.parametrize("feedback", [True, False])
-def test_same_seed_same_result(fed, feedback):
-    method, TINY_ = "fedkadp", {**TINY, "feedback": feedback}
-    a = train(method, fed, {**TINY_, "rounds": 2}, seed=5)
-    b = train(method, fed, {**TINY_, "rounds": 2}, seed=5)
+@pytest.mark.parametrize("method, extra", [("fedkadp", {}), ("fedkadp", {"feedback": False}),
+                                           ("fedkd-dp", {})])
+def test_same_seed_same_result(fed, method, extra):
+    # same seed, same result in reproducible-noise mode (release mode draws the noise from the OS)
+    cfg = {**TINY, **extra, "rounds": 2, "reproducible_noise": True}
+    a = train(method, fed, cfg, seed=5)
+    b = train(method, fed, cfg, seed=5)
     for (k, v), w in zip(a.model.state_dict().items(), b.model.state_dict().values()):
         torch.testing.assert_close(v, w, rtol=0, atol=0, msg=k)
     assert a.rounds == b.rounds
-    c = train(method, fed, {**TINY_, "rounds": 2}, seed=6)
+    c = train(method, fed, cfg, seed=6)
     assert not torch.equal(a.model.head.weight, c.model.head.weight)
 
 
@@ -188,3 +192,57 @@ def test_bad_config_names_the_field(fed):
         train("dp-fedavg", fed, {**TINY, "delta": 2.0})
     with pytest.raises(ValueError, match="temperature"):
         train("dp-fedavg", fed, {**TINY, "temperature": 2.0})  # DP-FedAvg distils nothing
+
+
+def test_fedkadp_runs_under_a_renyi_filter_fixed_before_training(fed):
+    """Adaptive sigma and stopping: every client's RDP at the filter's order stays within its budget
+    (Feldman & Zrnic 2021), the order depends on the config only, and the ledger records the guarantee."""
+    from accountants import RenyiFilter
+    from accountants.fast import poisson_gaussian_rdp
+
+    cfg = {**TINY, "rounds": 8, "noise_multiplier": 2.0, "target_epsilon": 6.0, "reproducible_noise": True}
+    res = train("fedkadp", fed, cfg, seed=2)
+    filt = res.claims["adaptive_filter"]
+    assert filt["epsilon"] == pytest.approx(6.0) and res.ledger.adaptive == filt
+    assert RenyiFilter.for_epsilon(6.0, DELTA, filt["order"]).budget == pytest.approx(filt["rdp_budget"])
+    # recompute each client's spend from its ledger (the sigma_t it actually ran with)
+    for k in res.ledger.clients:
+        spent = sum(TINY["local_steps"] * poisson_gaussian_rdp(e.event.event.sampling_probability,
+                                                               e.event.event.event.noise_multiplier,
+                                                               [filt["order"]])[0]
+                    for e in res.ledger.entries(k))
+        assert spent == pytest.approx(filt["spent"][k]) and spent <= filt["rdp_budget"]
+    other = train("fedkadp", fed, {**cfg, "reproducible_noise": False}, seed=9)
+    assert other.claims["adaptive_filter"]["order"] == filt["order"]  # fixed before any output
+    assert "Renyi filter" in " ".join(res.warnings)
+    assert "adaptive_filter" not in train("fedkd-dp", fed, {**TINY, "rounds": 1}, seed=2).claims
+
+
+def test_report_shows_the_renyi_filter_beside_the_paper_claim(fed, tmp_path):
+    """privacy.json and the report carry the filter's guarantee (epsilon 6 at the run's delta,
+    Feldman & Zrnic) beside the paper's claim, and the reproducible-noise stamp of a seeded run."""
+    import json
+
+    from privkit.pipeline.report import _read_privacy
+    from privkit.pipeline.stages import account_method
+    from reports import MethodReport, PrivacyReport, RunMetadata, ThreatModel, fmt_eps, render_markdown
+
+    cfg = {**TINY, "rounds": 2, "noise_multiplier": 2.0, "target_epsilon": 6.0, "reproducible_noise": True}
+    res = train("fedkadp", fed, cfg, seed=2)
+    res.save(tmp_path)
+    privacy = account_method(tmp_path, DELTA, accountants=["rdp", "pld"])
+    assert privacy["adaptive_composition"]["epsilon"] == pytest.approx(6.0)
+    assert privacy["noise"] == "reproducible noise: not for release"
+    (tmp_path / "privacy.json").write_text(json.dumps(privacy))
+    acc = _read_privacy(tmp_path, {}, [])
+    assert acc.reproducible_noise and acc.adaptive_composition["order"] == res.claims["adaptive_filter"]["order"]
+    report = PrivacyReport(
+        metadata=RunMetadata(name="k", created="2026-01-01T00:00:00", privkit_version="0", config={}),
+        threat_model=ThreatModel(neighbouring="add/remove", delta=DELTA),
+        methods=[MethodReport(name="fedkadp", method="fedkadp", privacy=acc)])
+    md = render_markdown(report)
+    order = res.claims["adaptive_filter"]["order"]
+    assert acc.claim is not None and acc.claim.epsilon is not None
+    assert (f"Rényi filter at order {order}): ε = 6 whatever the adaptive choices, beside the paper's "
+            f"claim ε = {fmt_eps(acc.claim.epsilon)}.") in md
+    assert md.count("**WARNING — reproducible noise: not for release.**") == 1

@@ -186,13 +186,33 @@ def reference_models(spec: dict, x: np.ndarray, y: np.ndarray, *, n_models: int,
                      seed: int = 0, device: str = "cpu", query: np.ndarray | None = None):
     """LiRA reference models for a user's own model: M models on halves of ``(x, y)`` (mask with
     each example in exactly half), trained at once; returns ``(logits (M, N, C), keep (M, N))``."""
-    from attacks.shadows import membership_mask
-    from attacks.target import model_logits
+    from attacks.experiment import membership_mask
+    from attacks.recipe import torch_logits
     from privkit.seeding import child_seeds
 
     keep = membership_mask(n_models, len(y), seed)
     states = train_many(spec, x, y, [np.nonzero(k)[0] for k in keep], recipe,
                         child_seeds(seed, n_models, "reference-models"), device=device)
     q = x if query is None else query
-    logits = np.stack([model_logits(m, q, device=device) for m in load_states(spec, states)])
+    logits = np.stack([torch_logits(m, q, device=device) for m in load_states(spec, states)])
     return logits, keep
+
+
+def _fit_one(spec: dict, recipe: SGDRecipe, x: np.ndarray, y: np.ndarray, seed: int) -> torch.nn.Module:
+    return load_states(spec, [train_one(spec, x, y, np.arange(len(y)), recipe, seed)])[0]
+
+
+def _fit_many(spec: dict, recipe: SGDRecipe, x: np.ndarray, y: np.ndarray, index_sets: list,
+              seeds: list, device: str = "cpu") -> list[torch.nn.Module]:
+    return load_states(spec, train_many(spec, x, y, index_sets, recipe, seeds, device=device))
+
+
+def batched_recipe(spec: dict, recipe: SGDRecipe, device: str = "cpu"):
+    """The (DP-)SGD recipe as an audit-layer :class:`attacks.Recipe`: ``train_fn`` is
+    :func:`train_one`, the batched form :func:`train_many` (same models up to float rounding)."""
+    from functools import partial
+
+    from attacks.recipe import Recipe
+
+    return Recipe(partial(_fit_one, spec, recipe), train_many=partial(_fit_many, spec, recipe, device=device),
+                  name=f"{'dp-' if recipe.clip is not None else ''}sgd {spec.get('arch', 'model')}")

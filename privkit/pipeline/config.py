@@ -1,0 +1,261 @@
+"""Run configuration of ``privkit run``: the TOML schema, its validation, and the resolved form.
+
+A config is validated completely (every method's trainer config included) before anything is
+written, so a bad value is one line naming the field and the value found.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from typing_extensions import Annotated
+
+from privkit.config import StrictModel, apply_overrides, load_toml
+from privkit.data import DATASETS, FederationConfig
+from privkit.errors import PrivkitError
+from privkit.pipeline.files import one_line as _one_line
+
+SCHEMA_VERSION = 1
+STAGES = ("train", "account", "audit")
+ACCOUNTANTS = ("basic", "advanced", "rdp", "pld")
+Accountant = Literal["basic", "advanced", "rdp", "pld"]
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+
+# the audit layer's executors (attacks.executor.EXECUTORS, a test keeps them equal), named here so
+# that options are checked without importing the audit layer
+EXECUTORS = ("serial", "process", "ray")
+
+
+def check_executor(name: str, option: str = "executor") -> None:
+    """Refuse an unknown executor, or Ray when it is not installed, before any work starts."""
+    from importlib.util import find_spec
+
+    if name not in EXECUTORS:
+        raise PrivkitError(f"{option} must be one of {', '.join(EXECUTORS)}; found {name!r}")
+    if name == "ray" and find_spec("ray") is None:
+        raise PrivkitError(f'{option} ray needs Ray, which is not installed; found none '
+                           '(pip install "privkit[ray]")')
+
+
+class MethodEntry(StrictModel):
+    """One method of a run: a registered trainer, its config overrides, and an optional label."""
+
+    name: str
+    label: str | None = None
+    quick: bool = False
+    seed: int | None = None
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return self.label or self.name
+
+
+class ControlSettings(StrictModel):
+    """Audit controls (:mod:`privkit.audit.controls`): broken twins of a DP-SGD method of the run."""
+
+    enabled: bool = True
+    method: str | None = Field(default=None, description="label of the dpsgd method to twin (default: "
+                               "the run's first dpsgd method, else dpsgd's own config)")
+    black_box_epochs: Annotated[int, Field(ge=1)] = 20
+    canaries: Annotated[int, Field(ge=10)] = 1000
+
+
+class AuditSettings(StrictModel):
+    """Membership/attribute-inference audits run on every method's released model(s).
+
+    Unset options take the audit layer's defaults (``privkit.audit.audit_run``).
+    """
+
+    enabled: bool = True
+    controls: ControlSettings = Field(default_factory=ControlSettings)
+    attacks: list[str] | None = None
+    shadows: Annotated[int, Field(ge=2)] = 8
+    executor: Literal[EXECUTORS] = "serial"
+    workers: Annotated[int, Field(ge=1)] | None = None
+    seed: int | None = None
+    n_audit: Annotated[int, Field(ge=10)] | None = None
+    alpha: Annotated[float, Field(gt=0, lt=1)] | None = None
+    shadow_iterations: Annotated[int, Field(ge=1)] | None = None
+
+    @field_validator("shadows")
+    @classmethod
+    def _even(cls, v: int) -> int:
+        # each audited record is IN for exactly half of the shadow runs
+        if v % 2:
+            raise ValueError(f"shadows must be an even number >= 2; found {v}")
+        return v
+
+    def options(self) -> dict[str, Any]:
+        """Keyword options for ``privkit.audit.audit_run`` that this config sets."""
+        keys = ("workers", "n_audit", "alpha", "shadow_iterations")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+
+class ReportSettings(StrictModel):
+    title: str = "privkit privacy report"
+    reduced: list[str] = Field(default_factory=list,
+                               description="what this config scales down from the papers")
+    formats: list[Literal["json", "html", "md"]] = Field(default_factory=lambda: ["json", "html", "md"])
+
+
+class RunConfig(StrictModel):
+    """A pipeline run (the TOML file)."""
+
+    name: str
+    seed: int = 0
+    delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
+    accountant: Literal["best", "basic", "advanced", "rdp", "pld"] = "best"
+    accountants: Annotated[list[Accountant], Field(min_length=1)] = Field(
+        default_factory=lambda: list(ACCOUNTANTS), description="computed per client")
+    pld_grid: Annotated[float, Field(gt=0, le=0.1)] | None = Field(
+        default=None, description="PLD value discretisation (default: the accountant's 1e-4)")
+    curve_accountant: Accountant = "rdp"
+    workers: Annotated[int, Field(ge=1)] = Field(
+        default=1, description="methods run in parallel in this many local processes")
+    reproducible_noise: bool = Field(
+        default=False, description="derive every method's DP noise from its seed (stamped 'not for release')")
+    federation: FederationConfig = Field(default_factory=FederationConfig)
+    methods: Annotated[list[MethodEntry], Field(min_length=1)]
+    audit: AuditSettings = Field(default_factory=AuditSettings)
+    report: ReportSettings = Field(default_factory=ReportSettings)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"name must be letters, digits, '.', '_' or '-'; found {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_keys(self) -> "RunConfig":
+        keys = [m.key for m in self.methods]
+        dup = sorted({k for k in keys if keys.count(k) > 1})
+        if dup:
+            raise ValueError(f"methods must have unique names (set `label` to run one method twice); "
+                             f"found duplicates {dup}")
+        for k in keys:
+            if not _NAME.match(k):
+                raise ValueError(f"method label must be letters, digits, '.', '_' or '-'; found {k!r}")
+        return self
+
+
+@dataclass
+class ResolvedMethod:
+    """A method entry with its full, validated trainer config."""
+
+    key: str
+    method: str
+    seed: int
+    quick: bool
+    overrides: dict
+    trainer: dict
+    summary: str = ""
+    paper: str | None = None
+    formal_dp: bool = True
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "method": self.method, "seed": self.seed, "quick": self.quick,
+                "overrides": self.overrides, "trainer": self.trainer, "summary": self.summary,
+                "paper": self.paper, "formal_dp": self.formal_dp}
+
+
+@dataclass
+class ResolvedRun:
+    config: RunConfig
+    methods: list[ResolvedMethod]
+    source: str | None = None
+    overrides: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "source": self.source, "overrides": self.overrides,
+                **self.config.model_dump(mode="json"),
+                "resolved_methods": [m.to_dict() for m in self.methods]}
+
+
+def resolve_config(data: dict, *, source: str | None = None,
+                   overrides: list[str] | None = None) -> ResolvedRun:
+    """Validate a run config completely (every method's trainer config included).
+
+    Raises
+    ------
+    PrivkitError
+        One line naming the bad field and the value found; nothing has been written yet.
+    """
+    from privkit.trainers import get_trainer, make_config
+
+    overrides = list(overrides or [])
+    data = apply_overrides(data, overrides)
+    try:
+        cfg = RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise PrivkitError(f"invalid run config: {_one_line(exc)}") from None
+    _check_dataset(cfg.federation)
+    methods = []
+    for i, entry in enumerate(cfg.methods):
+        spec = get_trainer(entry.name)  # unknown method: error listing the registered ones
+        base = spec.quick_config() if entry.quick else spec.defaults()
+        try:
+            noise = {"reproducible_noise": True} if cfg.reproducible_noise else {}  # default: release mode
+            trainer = make_config(entry.name, {**base, **entry.overrides, **noise}).model_dump(mode="json")
+        except ValidationError as exc:
+            raise PrivkitError(f"invalid run config: methods[{i}] ({entry.key}) trainer config: "
+                               f"{_one_line(exc)}") from None
+        methods.append(ResolvedMethod(key=entry.key, method=entry.name,
+                                      seed=cfg.seed if entry.seed is None else entry.seed,
+                                      quick=entry.quick, overrides=dict(entry.overrides),
+                                      trainer=trainer, summary=spec.summary, paper=spec.paper,
+                                      formal_dp=spec.formal_dp))
+    _check_attacks(cfg.audit)
+    if cfg.audit.enabled:
+        check_executor(cfg.audit.executor, "audit.executor")
+    want = cfg.audit.controls.method
+    if want is not None and want not in {m.key for m in methods if m.method == "dpsgd"}:
+        raise PrivkitError(f"audit.controls.method must be the label of a dpsgd method of the run; "
+                           f"found {want!r}")
+    return ResolvedRun(config=cfg, methods=methods, source=source, overrides=overrides)
+
+
+def _check_dataset(fed: FederationConfig) -> None:
+    for field_name in ("dataset", "public_dataset"):
+        name = getattr(fed, field_name)
+        if name is None or name in DATASETS:
+            continue
+        if name.endswith(".npz"):
+            if not Path(name).expanduser().is_file():
+                raise PrivkitError(f"federation.{field_name}: file not found; found {name!r}")
+            continue
+        raise PrivkitError(f"federation.{field_name} must be one of {', '.join(sorted(DATASETS))} "
+                           f"or a path to a .npz file; found {name!r}")
+
+
+def _check_attacks(audit: AuditSettings) -> None:
+    """Attack names are checked against the run audit's registry (:data:`privkit.audit.ATTACKS`)."""
+    if not audit.enabled or audit.attacks is None:
+        return
+    from privkit.audit import ATTACKS
+
+    known = set(ATTACKS)
+    bad = [a for a in audit.attacks if a not in known]
+    if bad:
+        raise PrivkitError(f"audit.attacks must be among {', '.join(sorted(known))}; found {bad}")
+
+
+def load_run_config(path: str | Path, overrides: list[str] | None = None) -> ResolvedRun:
+    """Read and fully validate a run config TOML file (with ``--set`` overrides)."""
+    return resolve_config(load_toml(path), source=str(path), overrides=overrides)
+
+
+def bundled_config(name: str) -> Path:
+    """Path of a config shipped with privkit (``quickstart`` or ``full``)."""
+    path = Path(__file__).parent.parent / "configs" / f"{name}.toml"
+    if not path.is_file():
+        raise PrivkitError(f"bundled config must be quickstart or full; found {name!r}")
+    return path
+

@@ -1,0 +1,138 @@
+"""``run_pipeline``: every method of a run, stage by stage (resuming), then the report."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from privkit.errors import PrivkitError
+from privkit.pipeline.config import STAGES, ResolvedMethod, ResolvedRun
+from privkit.pipeline.controls import ControlsPlan
+from privkit.pipeline.files import atomic_write_json
+from privkit.pipeline.files import now as _now
+from privkit.pipeline.files import one_line as _one_line
+from privkit.pipeline.report import build_report
+from privkit.pipeline.stages import FEDERATIONS as _FEDERATIONS
+from privkit.pipeline.stages import execute as _execute
+from privkit.pipeline.state import Status, stage_hashes
+from privkit.pipeline.workers import run_parallel as _run_parallel
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class RunOutcome:
+    root: Path
+    report: Any
+    paths: dict[str, Path]
+    failures: list[str]
+    seconds: float
+
+
+def run_pipeline(run: ResolvedRun, out: str | Path = "runs", *, progress: bool = False,
+                 log: Log | None = None, command: str | None = None) -> RunOutcome:
+    """Run every method of ``run`` (train -> account -> audit) and write the report.
+
+    Stages already complete for the same config are skipped. A failing stage is recorded in
+    ``status.json`` and the report; later stages of that method are skipped, other methods go on.
+    With ``workers > 1`` methods run in parallel local processes (one torch thread each);
+    ``status.json`` is written by this process only.
+    """
+    from privkit.data import build_federation
+    from reports import atomic_write_text, write_report
+
+    say = log or (lambda msg: None)
+    t_start = time.perf_counter()
+    cfg = run.config
+    try:  # part of validation: a missing local dataset is an error before anything is written
+        federation = build_federation(cfg.federation)
+    except (ValueError, FileNotFoundError) as exc:
+        raise PrivkitError(f"federation: {_one_line(exc)}") from exc
+    root = Path(out) / cfg.name
+    root.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(root / "config.resolved.json", run.to_dict())
+    atomic_write_text(root / "federation.json", json.dumps(federation.to_dict()))
+    atomic_write_json(root / "dataset.json", federation.summary())
+    status = Status(root / "status.json", cfg.name)
+    if status.unreadable:
+        say(status.unreadable)
+    # forget methods no longer in the config (their folders stay on disk)
+    status.data["methods"] = {k: v for k, v in status.data["methods"].items()
+                              if k in {m.key for m in run.methods}}
+    status.save()
+    plans = [_MethodPlan(run, m, root, status, say=_prefixed(say, i, len(run.methods)))
+             for i, m in enumerate(run.methods, 1)]
+    # the audit controls first: the longest single task, it then runs beside the methods
+    plans.insert(0, ControlsPlan(run, root, status, say=say))  # its lines say "audit controls ..."
+    if cfg.workers > 1 and len(plans) > 1:
+        _run_parallel(plans, cfg.workers)
+    else:
+        _FEDERATIONS[str(root / "federation.json")] = federation
+        for plan in plans:
+            while (stage := plan.next_stage()) is not None:
+                plan.record(stage, _execute(run, plan.m, stage, str(root), progress))
+    failures = [f for plan in plans for f in plan.failures]
+    report = build_report(root, command=command, wall_seconds=time.perf_counter() - t_start)
+    paths = write_report(report, root, formats=cfg.report.formats)
+    status.data["report"] = {"state": "done", "updated": _now(),
+                             "files": {k: str(p.name) for k, p in paths.items()}}
+    status.save()
+    return RunOutcome(root=root, report=report, paths=paths, failures=failures,
+                      seconds=time.perf_counter() - t_start)
+
+
+def _prefixed(say: Log, i: int, n: int) -> Log:
+    return lambda msg: say(f"[{i}/{n}] {msg}")
+
+
+class _MethodPlan:
+    """Which stage of one method runs next (skipping completed ones) and what came of it."""
+
+    def __init__(self, run: ResolvedRun, m: ResolvedMethod, root: Path, status: Status, say: Log):
+        self.run, self.m, self.status, self.say = run, m, status, say
+        self.mdir = root / m.key
+        self.hashes = stage_hashes(run, m)
+        self.todo = list(STAGES)
+        self.blocked: str | None = None
+        self.failures: list[str] = []
+        self.required = {"train": self.mdir / "train.json", "account": self.mdir / "privacy.json",
+                         "audit": self.mdir / "audit.json"}
+
+    def next_stage(self) -> str | None:
+        m = self.m
+        while self.todo:
+            stage = self.todo.pop(0)
+            digest = self.hashes[stage]
+            if self.blocked is not None:
+                self.status.set(m.key, m.method, stage, "skipped", digest,
+                                error=f"{self.blocked} failed")
+            elif stage == "audit" and not self.run.config.audit.enabled:
+                self.status.set(m.key, m.method, stage, "skipped", digest,
+                                error="audits disabled in config")
+            elif self.status.is_done(m.key, stage, digest) and self.required[stage].is_file():
+                self.say(f"{m.key}: {stage} already done, skipped")
+            else:
+                self.say(f"{m.key}: {stage} ...")
+                return stage
+        return None
+
+    def record(self, stage: str, outcome: tuple[str | None, str, float]) -> None:
+        error, trace, seconds = outcome
+        m = self.m
+        if error is None:
+            self.status.set(m.key, m.method, stage, "done", self.hashes[stage], seconds=seconds)
+            self.say(f"{m.key}: {stage} done in {seconds:.1f} s")
+            return
+        self.status.set(m.key, m.method, stage, "failed", self.hashes[stage], error=error,
+                        seconds=seconds)
+        self.mdir.mkdir(parents=True, exist_ok=True)
+        with open(self.mdir / "errors.log", "a") as fh:
+            fh.write(f"--- {_now()} {stage}\n{trace}\n")
+        self.say(f"{m.key}: {stage} FAILED: {error}")
+        self.failures.append(f"{m.key}/{stage}: {error}")
+        self.blocked = stage
+
+

@@ -1,0 +1,159 @@
+"""The three stages of one method: train, account, audit (each writes its files atomically); and
+the run's audit controls (:mod:`privkit.pipeline.controls`)."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from privkit.pipeline.config import ACCOUNTANTS, SCHEMA_VERSION, ResolvedMethod, ResolvedRun
+from privkit.pipeline.files import atomic_write_json, staged_dir
+from privkit.pipeline.files import one_line as _one_line
+from privkit.pipeline.files import read_json as _read_json
+
+
+def _train_stage(run: ResolvedRun, m: ResolvedMethod, federation, mdir: Path, progress: bool) -> None:
+    """Train into a staging folder, then rename it into place (old results kept until then)."""
+    from privkit.trainers import train
+
+    with staged_dir(mdir) as staging:
+        result = train(m.method, federation, m.trainer, seed=m.seed, progress=progress)
+        atomic_write_json(staging / "config.json", {
+            "schema_version": SCHEMA_VERSION, "method": m.method, "seed": m.seed,
+            "federation": run.config.federation.model_dump(mode="json"), "trainer": m.trainer})
+        federation.save(staging / "federation.json")
+        result.save(staging)
+
+
+def _claim_from(claims: dict) -> dict | None:
+    """The paper's claim, keeping scalar entries only (the full record stays in train.json)."""
+    if not claims:
+        return None
+    out = {k: v for k, v in claims.items()
+           if v is None or isinstance(v, (int, float, str, bool))}
+    if "epsilon" not in out and out.get("target_epsilon") is not None:
+        out["epsilon"] = out["target_epsilon"]
+    for k in ("epsilon", "delta"):  # only numbers are comparable with privkit's values
+        v = out.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            out.pop(k, None)
+    return out
+
+
+def guarantee_facts(summary: dict) -> dict:
+    """What the formal-DP rule (``reports.formal_dp_status``) needs from a ``Ledger.summary``:
+    ``fixed_delta``, the delta already spent by (epsilon, delta)-only mechanisms (worst client; no
+    finite epsilon below it), and ``non_private``, the labels of releases without noise."""
+    split = summary.get("delta_split", {}).values()
+    return {"fixed_delta": max((float(c.get("fixed_delta") or 0.0) for c in split), default=0.0),
+            "non_private": sorted({str(x).split(":", 1)[0] for c in split
+                                   for x in c.get("non_private", [])})}
+
+
+def account_method(mdir: Path, delta: float, accountant: str = "best",
+                   accountants: list[str] | None = None, pld_grid: float | None = None,
+                   curve_accountant: str = "rdp") -> dict:
+    """Ledger summary of a trained run directory at ``delta`` (what ``privacy.json`` holds).
+
+    Parameters
+    ----------
+    accountant : headline accountant (``best`` = the minimum over ``accountants``).
+    accountants : accountants computed per client (default: basic, advanced, rdp, pld).
+    pld_grid : PLD value discretisation interval (coarser is faster and still an upper bound).
+    curve_accountant : accountant of the epsilon-over-rounds curve (worst client at the end).
+    """
+    from accountants import Ledger
+
+    accountants = list(accountants or ACCOUNTANTS)
+    ledger = Ledger.load(mdir / "ledger.json")
+    if pld_grid is not None:
+        ledger.value_discretization_interval = pld_grid
+    meta = _read_json(mdir / "train.json")
+    summary = ledger.summary(delta, accountants=accountants)
+    clients, worst, who = summary["clients"], summary["worst"], summary["worst_client"]
+    errors = dict(summary["not_applicable"])
+    head = accountant if accountant in worst else "best"
+    over_rounds: list[tuple[float, float]] = []
+    curve_kind = curve_accountant if curve_accountant in worst else head
+    try:
+        over_rounds = [(float(r), float(e)) for r, e in ledger.epsilon_over_rounds(
+            delta, curve_kind, client=who.get(head))]
+    except ValueError as exc:
+        errors["epsilon_over_rounds"] = str(exc)
+    claim = _claim_from(meta.get("claims") or {})
+    at_claim = None
+    cd = claim.get("delta") if claim else None
+    if isinstance(cd, (int, float)) and 0 < cd < 1:
+        try:
+            at_claim = (summary if cd == delta else ledger.summary(cd, accountants=accountants))["worst"].get(head)
+        except ValueError as exc:
+            errors["claim_delta"] = str(exc)
+    neighbouring = sorted({r for r in summary["neighbouring"].values() if r})
+    return {"schema_version": SCHEMA_VERSION, "delta": delta, "accountant": head,
+            **guarantee_facts(summary),
+            "accountants": accountants + ["best"], "pld_grid": ledger.value_discretization_interval,
+            "curve_accountant": curve_kind,
+            "summary": {"clients": clients, "worst": worst, "worst_client": who},
+            "neighbouring": neighbouring, "labels": ledger.labels(),
+            "epsilon_over_rounds": over_rounds, "claim": claim,
+            "epsilon_at_claim_delta": at_claim, "errors": errors,
+            **ledger.noise_stamp()}  # "reproducible noise: not for release"; the Renyi filter's guarantee
+
+
+def _account_stage(run: ResolvedRun, m: ResolvedMethod, mdir: Path) -> None:
+    cfg = run.config
+    privacy = account_method(mdir, cfg.delta, cfg.accountant, accountants=cfg.accountants,
+                             pld_grid=cfg.pld_grid, curve_accountant=cfg.curve_accountant)
+    atomic_write_json(mdir / "privacy.json", privacy)
+
+
+def _audit_stage(run: ResolvedRun, m: ResolvedMethod, mdir: Path, progress: bool) -> None:
+    cfg = run.config
+    seed = cfg.seed if cfg.audit.seed is None else cfg.audit.seed
+    # bounds and verdict at the report's delta, so they compare with the headline epsilon
+    run_audit(mdir, attacks=cfg.audit.attacks, shadows=cfg.audit.shadows,
+              executor=cfg.audit.executor, seed=seed, progress=progress, delta=cfg.delta,
+              **cfg.audit.options())
+
+
+def run_audit(run_dir: Path, *, attacks: list[str] | None, shadows: int, executor: str, seed: int,
+              progress: bool, **options: Any) -> dict:
+    """Audit one method's run directory (:func:`privkit.audit.audit_run`), which writes ``audit.json``."""
+    from privkit.audit import audit_run
+
+    return audit_run(run_dir, attacks=attacks, shadows=shadows, executor=executor, seed=seed,
+                     progress=progress, **options)
+
+
+FEDERATIONS: dict[str, Any] = {}  # per process: the run's federation, loaded once
+
+
+def execute(run: ResolvedRun, m: ResolvedMethod, stage: str, root: str,
+             progress: bool) -> tuple[str | None, str, float]:
+    """Run one stage; returns (error or None, traceback, seconds). KeyboardInterrupt propagates."""
+    from privkit.data import Federation
+
+    t0 = time.perf_counter()
+    mdir = Path(root) / m.key
+    try:
+        if stage == "train":
+            path = str(Path(root) / "federation.json")
+            if path not in FEDERATIONS:
+                FEDERATIONS[path] = Federation.load(path)
+            _train_stage(run, m, FEDERATIONS[path], mdir, progress)
+        elif stage == "account":
+            _account_stage(run, m, mdir)
+        elif stage == "controls":
+            from privkit.pipeline.controls import controls_stage
+
+            controls_stage(run, m, Path(root), progress)
+        else:
+            _audit_stage(run, m, mdir, progress)
+    except Exception as exc:  # recorded; the other methods go on
+        return f"{type(exc).__name__}: {_one_line(exc)}", traceback.format_exc(), \
+            time.perf_counter() - t0
+    return None, "", time.perf_counter() - t0
+
+
