@@ -34,7 +34,7 @@ import repro_common as rc
 import torch
 
 from attacks.attribute import AttributeInferenceAttack
-from attacks.instantiations import flip_table2_attack, table2_classifier
+from privkit.audit.instantiations import flip_table2_attack, table2_classifier
 from privkit.data import FederationConfig, build_federation
 from privkit.trainers import train
 

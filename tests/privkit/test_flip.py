@@ -217,7 +217,7 @@ def test_attack_config_defaults_are_the_papers_and_reductions_are_listed(fed):
 
 @pytest.mark.parametrize("rounds", ["all", "last"])
 def test_table2_attack_uses_every_rounds_release(rounds):
-    from attacks.instantiations import flip_table2_attack
+    from privkit.audit.instantiations import flip_table2_attack
 
     full = build_federation(FederationConfig(clients=2, partition="iid", seed=0))
     fed = full.with_clients([c[::8] for c in full.clients], "tiny")
