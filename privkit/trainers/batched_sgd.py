@@ -316,7 +316,7 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
 
 
 def _losses(stacked: StackedModels, params, buffers, xb, yb, wb, record: bool):
-    logits, recs = stacked.forward(params, buffers, xb, record=record)
+    logits, recs = stacked.forward(params, buffers, xb, record=stacked.parametrised if record else ())
     per = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="none")
     return per.view_as(wb) * wb, recs
 

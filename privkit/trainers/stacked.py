@@ -22,6 +22,7 @@ The result equals the per-example gradients of ``vmap(grad)`` up to float roundi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
@@ -82,6 +83,7 @@ class StackedModels:
                 layers[i], layers[i + 1] = layers[i + 1], layers[i]
         self.layers = layers
         self.m = n_models
+        self.parametrised = [name for name, layer in layers if isinstance(layer, _PARAMETRISED)]
 
     # -- layout changes ---------------------------------------------------------------------
     def _grid(self, h: torch.Tensor, kind: str) -> torch.Tensor:
@@ -98,9 +100,9 @@ class StackedModels:
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor,
-                record: bool = False) -> tuple[torch.Tensor, list[_Record]]:
-        """Logits ``(M, B, classes)`` of model m on ``x[m]`` (``x``: ``(M, B, C, H, W)``), and, with
-        ``record``, each parametrised layer's input and output."""
+                record: Collection[str] = ()) -> tuple[torch.Tensor, list[_Record]]:
+        """Logits ``(M, B, classes)`` of model m on ``x[m]`` (``x``: ``(M, B, C, H, W)``), and the
+        inputs and outputs of the parametrised layers named in ``record``."""
         h, kind, recs = x, "dense", []
         for name, layer in self.layers:
             if isinstance(layer, nn.Linear):
@@ -128,7 +130,7 @@ class StackedModels:
                 h = self._dense(h, kind) - buffers[f"{name}.center"].unsqueeze(1)
                 norm = h.norm(dim=2, keepdim=True)
                 h, kind = torch.where(norm > 0, h / norm.clamp_min(1e-30), torch.zeros_like(h)), "dense"
-            if record and isinstance(layer, _PARAMETRISED):
+            if name in record:
                 recs.append(_Record(name, layer, inp, h))
         return self._dense(h, kind), recs
 
@@ -181,3 +183,31 @@ class StackedModels:
         per = F.conv2d(inp, filt, padding=conv.padding, groups=b * self.m)       # (in, B*M*out, k, k)
         per = per.reshape(c, b, self.m, conv.out_channels, -1)
         return per, g.reshape(b, self.m, conv.out_channels, -1).sum(-1)
+
+
+def clipped_sum_one(model: nn.Module, x: torch.Tensor, example_losses: Callable[[torch.Tensor], torch.Tensor],
+                    clip: float) -> dict[str, torch.Tensor]:
+    """One model's ``sum_i min(1, clip / ||g_i||) g_i`` over its trainable parameters, ``g_i`` the
+    gradient of ``example_losses(logits)[i]`` (``logits``: ``(B, classes)``, one loss per example).
+
+    Frozen layers (``requires_grad`` off) take no part in the norms, as with ``torch.func``
+    per-example gradients of the trainable parameters. A model :class:`StackedModels` does not
+    support, or a layer with only some parameters trainable, is a ``ValueError``.
+    """
+    stacked = StackedModels(model, 1)
+    named = dict(model.named_parameters())
+    trainable = []
+    for name in stacked.parametrised:
+        flags = {named[f"{name}.weight"].requires_grad, named[f"{name}.bias"].requires_grad}
+        if len(flags) > 1:
+            raise ValueError(f"layer {name}: weight and bias must be both trainable or both frozen")
+        if flags.pop():
+            trainable.append(name)
+    if not trainable:
+        raise ValueError("the model has no trainable parameters")
+    params = {k: p.detach().unsqueeze(0).requires_grad_(p.requires_grad) for k, p in named.items()}
+    buffers = {k: b.unsqueeze(0) for k, b in model.named_buffers()}
+    logits, recs = stacked.forward(params, buffers, x.unsqueeze(0), record=trainable)
+    outs = torch.autograd.grad(example_losses(logits[0]).sum(), [r.out for r in recs])
+    sums, _ = stacked.clipped_gradient_sum(recs, list(outs), clip)
+    return {k: v[0] for k, v in sums.items()}
