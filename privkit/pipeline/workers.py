@@ -15,6 +15,16 @@ def _execute_in_worker(args: tuple) -> tuple[str | None, str, float]:
     return _execute(*args, progress=False)
 
 
+def _priority(plan) -> tuple:
+    """Every method trains first (in config order); then the longest trainers' account and audit
+    stages start first (an audit re-runs the recipe once per shadow, so its cost follows the
+    training time): the last method to finish is a short one and both workers stay busy."""
+    if plan.todo and plan.todo[0] == "train":
+        return (0, 0.0)
+    seconds = plan.status.stage(plan.m.key, "train").get("seconds") or 0.0
+    return (1, -float(seconds))
+
+
 def run_parallel(plans: list, workers: int) -> None:
     """Run stages of different methods in ``workers`` processes; a method's stages stay in order."""
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -25,7 +35,8 @@ def run_parallel(plans: list, workers: int) -> None:
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         while waiting or running:
             while waiting and len(running) < workers:
-                plan = waiting.pop(0)
+                plan = min(waiting, key=_priority)  # stable: ties keep config order
+                waiting.remove(plan)
                 stage = plan.next_stage()
                 if stage is not None:
                     args = (plan.run, plan.m, stage, str(plan.mdir.parent))
@@ -40,6 +51,6 @@ def run_parallel(plans: list, workers: int) -> None:
                 except Exception as exc:  # a crashed worker process fails that stage only
                     outcome = (f"{type(exc).__name__}: {_one_line(exc)}", traceback.format_exc(), 0.0)
                 plan.record(stage, outcome)
-                waiting.insert(0, plan)  # continue this method first (its files are warm)
+                waiting.insert(0, plan)
 
 
