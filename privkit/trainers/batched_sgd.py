@@ -23,9 +23,9 @@ same weights up to float rounding, tested):
 
 Randomness per model from its seed: initialisation (``seed``), batches (``derive_seed(seed,
 "batches")``) and noise (``derive_seed(seed, "noise")``). Poisson masks and noise are drawn in
-blocks of :data:`BLOCK` steps (``rand(BLOCK, n)``, ``randn(BLOCK, parameters)`` from the model's
-generator), so that the M models' draws happen once per block rather than once per step, and the
-loop draws exactly the same numbers.
+blocks of :data:`BLOCK` steps (``rand(K, n)``, ``randn(K, parameters)`` from the model's generator,
+``K = min(BLOCK, steps left)``), so that the M models' draws happen once per block rather than once
+per step, and the loop draws exactly the same numbers.
 """
 
 from __future__ import annotations
@@ -113,8 +113,7 @@ def _one_batches(n: int, recipe: SGDRecipe, gen: torch.Generator):
         return
     q, steps = recipe.sample_rate(n), recipe.steps(n)
     for start in range(0, steps, BLOCK):
-        masks = torch.rand(BLOCK, n, generator=gen) < q
-        for row in masks[:min(BLOCK, steps - start)]:
+        for row in torch.rand(min(BLOCK, steps - start), n, generator=gen) < q:
             yield torch.nonzero(row).flatten()
 
 
@@ -133,6 +132,7 @@ def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recip
     opt = (torch.optim.SGD if recipe.optimizer == "sgd" else torch.optim.Adam)(model.parameters(), lr=recipe.lr)
     xt, yt = torch.as_tensor(x[index], dtype=torch.float32), torch.as_tensor(y[index], dtype=torch.long)
     n = len(index)
+    steps = recipe.steps(n)
     batch_gen, noise_gen = _generators(seed, torch.device("cpu"))
     n_params = sum(p.numel() for p in model.parameters())
     std = (recipe.noise_multiplier * recipe.clip) if recipe.clip is not None else 0.0
@@ -151,7 +151,7 @@ def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recip
             else:  # an empty Poisson batch releases noise only
                 g = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
             if t % BLOCK == 0:
-                noise = torch.randn(BLOCK, n_params, generator=noise_gen)
+                noise = torch.randn(min(BLOCK, steps - t), n_params, generator=noise_gen)
             parts = noise[t % BLOCK].split([g[k].numel() for k in names])
             g = {k: (g[k] + std * z.view_as(g[k])) / norm for k, z in zip(names, parts)}
         for k, p in model.named_parameters():
@@ -203,17 +203,22 @@ class _Schedule:
         if self.recipe.sampling == "shuffle":
             pos, w = (t[:, start:start + k] for t in self._epochs)
         else:
-            pos, w = self._poisson_block()
+            pos, w = self._poisson_block(start)
             pos, w = pos[:, :k], w[:, :k]
         w = w * active[..., None]
         glob = torch.gather(self.table, 1, pos.reshape(len(self.sizes), -1)).view(pos.shape)
         return glob.to(self.device), w.to(self.device), active.to(self.device)
 
-    def _poisson_block(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def rows(self, start: int) -> list[int]:
+        """Per model, the steps of the block starting at ``start`` it still takes (its draw size)."""
+        return [max(0, min(BLOCK, int(s) - start)) for s in self.steps]
+
+    def _poisson_block(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         m, n_max = len(self.sizes), self.table.shape[1]
         masks = torch.zeros(m, BLOCK, n_max, dtype=torch.bool)
-        for j, n in enumerate(self.sizes):  # one draw per model and block of steps
-            masks[j, :, :n] = torch.rand(BLOCK, n, generator=self.gens[j]) < self.recipe.sample_rate(n)
+        for j, (n, rows) in enumerate(zip(self.sizes, self.rows(start))):  # once per model and block
+            if rows > 0:
+                masks[j, :rows, :n] = torch.rand(rows, n, generator=self.gens[j]) < self.recipe.sample_rate(n)
         counts = masks.sum(-1)
         width = max(1, int(counts.max()))
         # selected positions first, in increasing order (a stable sort of "not selected")
@@ -240,7 +245,7 @@ class _StackedOptimizer:
         with torch.no_grad():
             if self.recipe.optimizer == "sgd":
                 for k, p in params.items():
-                    p.sub_(lr * grads[k] * _expand(active, p))
+                    p.addcmul_(grads[k], _expand(active, p), value=-lr)
                 return
             b1, b2, eps = 0.9, 0.999, 1e-8
             self.count += active
@@ -298,10 +303,15 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
     numels = [params[k][0].numel() for k in names]
     std = recipe.noise_multiplier * recipe.clip if recipe.clip is not None else 0.0
     opt = _StackedOptimizer(params, recipe)
-    for start in range(0, int(schedule.steps.max()), BLOCK):
+    t_max = int(schedule.steps.max())
+    # one noise buffer for the run (models whose steps have run out get zeros: no NaN to mask)
+    noise = torch.empty(m, min(BLOCK, t_max), sum(numels), device=dev) if recipe.clip is not None else None
+    for start in range(0, t_max, BLOCK):
         glob, w, active = schedule.block(start)
-        noise = torch.stack([torch.randn(BLOCK, sum(numels), generator=g[1], device=dev) for g in gens]) \
-            if recipe.clip is not None else None   # one draw per model and block of steps
+        if noise is not None:  # one draw per model and block of steps
+            for j, rows in enumerate(schedule.rows(start)):
+                torch.randn(rows, sum(numels), generator=gens[j][1], device=dev, out=noise[j, :rows])
+                noise[j, rows:].zero_()
         for t in range(glob.shape[1]):
             norm = expected if poisson else w[:, t].sum(1).clamp(min=1)
             xb, yb, wb = xt[glob[:, t]], yt[glob[:, t]], w[:, t]
@@ -310,7 +320,8 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
             else:
                 g = _private_gradient(stacked, params, buffers, xb, yb, wb, recipe.clip)
                 parts = noise[:, t].split(numels, dim=1)
-                g = {k: (g[k] + std * z.view_as(g[k])) / _expand(norm, g[k]) for k, z in zip(names, parts)}
+                g = {k: g[k].add_(z.view_as(g[k]), alpha=std).div_(_expand(norm, g[k]))
+                     for k, z in zip(names, parts)}
             opt.step(params, g, active[:, t])
     return [{k: v[j].detach().cpu().clone() for k, v in params.items()} for j in range(m)]
 

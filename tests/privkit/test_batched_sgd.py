@@ -225,3 +225,29 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="every model needs at least one record"):
         train_many(_spec("mlp"), np.zeros((4, 1, 8, 8), np.float32), np.zeros(4, int), [np.arange(0)],
                    SGDRecipe(), [0])
+
+
+def test_dpsgd_batched_form_runs_the_trainers_mechanism():
+    """train_dpsgd_many: the trainer's sampling rate, steps and calibrated noise multiplier, one per
+    data size; models as useful as the opacus-trained target."""
+    from privkit.data import FederationConfig, build_federation
+    from privkit.trainers import train
+    from privkit.trainers.dpsgd import DpsgdConfig, dpsgd_recipe, train_dpsgd_many
+
+    fed = build_federation(FederationConfig(partition="shards", clients=20, seed=0))
+    cfg = {"arch": "mlp", "feature_dim": 16, "epochs": 2, "batch_size": 160, "lr": 0.2, "device": "cpu",
+           "target_epsilon": 2.0}
+    target = train("dpsgd", fed, cfg, seed=3)
+    n = len(fed.members)
+    recipe = dpsgd_recipe(DpsgdConfig(**cfg), n)
+    assert recipe.noise_multiplier == pytest.approx(target.claims["noise_multiplier"], rel=1e-12)
+    assert recipe.sample_rate(n) == pytest.approx(target.claims["sample_rate"], rel=1e-12)
+    assert recipe.steps(n) == target.claims["steps"]
+    assert dpsgd_recipe(DpsgdConfig(**cfg), n // 2).noise_multiplier != recipe.noise_multiplier
+    rng = np.random.default_rng(0)
+    idx = [rng.choice(fed.members, n // 2, replace=False), fed.members, rng.choice(fed.members, n // 2, replace=False)]
+    models = train_dpsgd_many(fed, cfg, idx, [4, 3, 5])
+    x_test, y_test = fed.test_arrays()
+    with torch.no_grad():
+        acc = [float((m(torch.as_tensor(x_test)).argmax(1).numpy() == y_test).mean()) for m in models]
+    assert abs(acc[1] - target.test_accuracy) < 0.1 and min(acc) > 0.2  # chance: 0.1
