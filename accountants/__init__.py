@@ -1,4 +1,5 @@
-"""privkit accountants: mechanisms, sensitivities, privacy events, composition, calibration, ledger.
+"""privkit accountants: mechanisms, sensitivities, privacy events, composition, calibration, ledger,
+trade-off curves.
 
 Everything public is importable from here.  This package never imports torch (the optional opacus
 PRV cross-check imports opacus lazily, only when asked for).
@@ -14,6 +15,8 @@ from accountants.dpsgd import (
     dpsgd_epsilon,
     dpsgd_event,
     neighbouring_relation,
+    new_accountant,
+    prv_bracket,
 )
 from accountants.events import (
     EpsilonDeltaEvent,
@@ -22,6 +25,7 @@ from accountants.events import (
     event_from_dict,
     event_to_dict,
 )
+from accountants.filter import RenyiFilter, plan_order
 from accountants.gaussian import (
     GaussianCalibration,
     analytic_gaussian_delta,
@@ -32,6 +36,7 @@ from accountants.gaussian import (
 )
 from accountants.ledger import (
     ACCOUNTANTS,
+    NOT_FOR_RELEASE,
     SCHEMA_VERSION,
     Accounting,
     Ledger,
@@ -45,16 +50,42 @@ from accountants.nfdp import (
     nfdp_warnings,
     record_exposure_warning,
 )
+from accountants.samplers import (
+    SAMPLERS,
+    SamplerAccounting,
+    account_loader,
+    describe_loader,
+    sampler_accounting,
+)
 from accountants.sensitivity import (
     logreg_binary_sensitivity,
     logreg_multinomial_sensitivity,
     logreg_multinomial_sensitivity_cfree,
     project_to_unit_ball,
 )
+from accountants.tradeoff import (
+    CurveFamily,
+    GaussianCurve,
+    GenericCurve,
+    ProfileCurve,
+    TradeoffCurve,
+    curve_family,
+    curve_from_callable,
+    gaussian_curve,
+    gaussian_mu,
+    gdp_curve,
+    generic_curve,
+    ledger_curve,
+    pld_curve,
+)
 
 __all__ = [
     "ACCOUNTANTS",
+    "NOT_FOR_RELEASE",
     "PLD_VDI",
+    "RenyiFilter",
+    "SAMPLERS",
+    "SamplerAccounting",
     "SCHEMA_VERSION",
     "Accounting",
     "Calibration",
@@ -66,6 +97,7 @@ __all__ = [
     "NfdpSubsampleEvent",
     "NonPrivateEvent",
     "UnsupportedEventError",
+    "account_loader",
     "advanced_composition",
     "analytic_gaussian_delta",
     "analytic_gaussian_sigma",
@@ -73,6 +105,7 @@ __all__ = [
     "calibrate_gaussian",
     "calibrate_noise_multiplier",
     "classic_gaussian_sigma",
+    "describe_loader",
     "dpsgd_accounting",
     "dpsgd_epsilon",
     "dpsgd_event",
@@ -83,12 +116,30 @@ __all__ = [
     "logreg_multinomial_sensitivity",
     "logreg_multinomial_sensitivity_cfree",
     "neighbouring_relation",
+    "new_accountant",
     "nfdp_delta",
     "nfdp_epsilon_delta",
     "nfdp_profile",
     "nfdp_warnings",
+    "plan_order",
+    "prv_bracket",
     "project_to_unit_ball",
     "record_exposure_warning",
+    "sampler_accounting",
+    # trade-off curves (accountants.tradeoff)
+    "CurveFamily",
+    "GaussianCurve",
+    "GenericCurve",
+    "ProfileCurve",
+    "TradeoffCurve",
+    "curve_family",
+    "curve_from_callable",
+    "gaussian_curve",
+    "gaussian_mu",
+    "gdp_curve",
+    "generic_curve",
+    "ledger_curve",
+    "pld_curve",
 ]
 
 _logging.install()

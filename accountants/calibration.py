@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import scipy.optimize
 
 from accountants._validate import check_choice, check_int, check_open_unit, check_positive
-from accountants.dpsgd import SAMPLINGS, WOR_NOTE, _dpa_epsilon, _check_sample_rate, dpsgd_event
+from accountants.dpsgd import SAMPLINGS, WOR_NOTE, _check_sample_rate, dpsgd_event, new_accountant
 
 __all__ = ["Calibration", "calibrate_noise_multiplier"]
 
@@ -25,7 +25,8 @@ _SIGMA_MIN, _SIGMA_MAX = 1e-3, 1e5
 class Calibration:
     """Result of :func:`calibrate_noise_multiplier`.
 
-    ``epsilon`` is the accountant's epsilon at ``noise_multiplier`` (re-checked, <= target).
+    ``epsilon`` is the accountant's epsilon at ``noise_multiplier`` (re-checked, <= target); the
+    same accountant's delta at the target epsilon is <= ``delta`` as well.
     """
 
     noise_multiplier: float
@@ -93,10 +94,21 @@ def calibrate_noise_multiplier(
         warns.append(WOR_NOTE)
     counter = [0]
 
-    def eps_at(sigma: float, acct: str) -> float:
+    def composed(sigma: float, acct: str):
         counter[0] += 1
-        ev = dpsgd_event(q, sigma, steps, sampling, dataset_size=dataset_size)
-        return _dpa_epsilon(ev, delta, acct, rel, value_discretization_interval)
+        accountant_ = new_accountant(acct, rel, value_discretization_interval)
+        accountant_.compose(dpsgd_event(q, sigma, steps, sampling, dataset_size=dataset_size))
+        return accountant_
+
+    def eps_at(sigma: float, acct: str) -> float:
+        return float(composed(sigma, acct).get_epsilon(delta))
+
+    def certified(sigma: float) -> tuple[bool, float]:
+        # Both directions in the accountant's own arithmetic: epsilon(delta) <= target AND
+        # delta(target) <= delta (the two queries are not exact inverses of each other).
+        a = composed(sigma, accountant)
+        eps = float(a.get_epsilon(delta))
+        return eps <= target and float(a.get_delta(target)) <= delta, eps
 
     # 1. Bracket under RDP (cheap), coarse tolerance.
     sigma_rdp = _root(lambda s: eps_at(s, "rdp") - target, 1.0, 1e-3)
@@ -109,12 +121,12 @@ def calibrate_noise_multiplier(
     lo, hi = _expand(f, lo, hi)
     # 2. Refine under the target accountant.
     root = scipy.optimize.brentq(f, lo, hi, xtol=rtol * hi / 4, rtol=1e-12)
-    # 3. Re-check: move up until the accountant certifies epsilon <= target (never overshoot).
+    # 3. Re-check: move up until the accountant certifies the target both ways (never overshoot).
     sigma = min(hi, root + rtol * root / 4)
-    eps = eps_at(sigma, accountant)
-    while eps > target:
+    ok, eps = certified(sigma)
+    while not ok:
         sigma = min(hi, sigma * (1 + rtol / 2)) if sigma < hi else sigma * (1 + rtol)
-        eps = eps_at(sigma, accountant)
+        ok, eps = certified(sigma)
     return Calibration(
         noise_multiplier=sigma,
         epsilon=eps,

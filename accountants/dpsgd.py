@@ -17,6 +17,8 @@ DP-SGD case (q=256/60000, sigma=1.1, 14063 steps) it gives 2.38178 (1e-3 gives 2
 
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -29,6 +31,7 @@ from accountants._validate import (
     check_positive,
     check_real,
 )
+from accountants.fast import PldAccountant, RdpAccountant
 
 __all__ = [
     "PLD_VDI",
@@ -37,6 +40,8 @@ __all__ = [
     "dpsgd_epsilon",
     "dpsgd_event",
     "neighbouring_relation",
+    "new_accountant",
+    "prv_bracket",
 ]
 
 PLD_VDI = 1e-4
@@ -134,14 +139,59 @@ class DpsgdResult:
     warnings: tuple[str, ...]
 
 
-def _prv_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
+PRV_MAX_POINTS = 20_000_000  # about 3.6 GB at the ~180 bytes per grid point measured for opacus
+PRV_BYTES_PER_POINT = 180
+
+
+def prv_grid_points(q: float, sigma: float, steps: int, delta: float, eps_error: float = 0.01) -> int:
+    """Size of the grid opacus's PRV accountant would build (its own domain rule, Gopi et al. 2021)."""
+    from opacus.accountants import PRVAccountant
+    from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV
+
+    with warnings.catch_warnings():  # opacus's RDP-based domain bound warns about its order grid
+        warnings.simplefilter("ignore")
+        domain = PRVAccountant()._get_domain([PoissonSubsampledGaussianPRV(q, sigma)], [steps], eps_error,
+                                             delta / 1000)
+    return int(domain.size)
+
+
+def _prv_limit() -> int:
+    """Grid points allowed: PRV_MAX_POINTS, or less when the machine has less free memory."""
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX: the fixed cap alone
+        return PRV_MAX_POINTS
+    return int(min(PRV_MAX_POINTS, free / (2 * PRV_BYTES_PER_POINT)))
+
+
+def prv_bracket(q: float, sigma: float, steps: int, delta: float, eps_error: float = 0.01) -> tuple[float, float, float]:
+    """(lower, estimate, upper) epsilon of opacus's PRV accountant (Gopi, Lee & Wutschitz 2021).
+
+    The lower and upper ends are certified (their Thm. 5.5): the true epsilon lies between them.
+    Raises ``ValueError`` naming ``steps`` when the PRV grid would not fit in memory.
+    """
     # opacus pulls in torch; import lazily so `accountants` itself stays torch-free.
     from opacus.accountants import PRVAccountant
 
+    points, limit = prv_grid_points(q, sigma, steps, delta, eps_error), _prv_limit()
+    if points > limit:
+        raise ValueError(
+            f"accountant prv needs a grid of {points:,} points (about {points * PRV_BYTES_PER_POINT / 2**30:.1f} "
+            f"GiB) at steps={steps}, sample_rate={q:g}; privkit allows {limit:,} on this machine: use "
+            "accountant pld (same tightness, memory nearly flat in steps)")
     acc = PRVAccountant()
     acc.history = [(sigma, q, steps)]
-    # opacus returns the upper end of the PRV certified interval (eps_error=0.01).
-    return float(acc.get_epsilon(delta=delta, eps_error=0.01))
+    delta_error = delta / 1000  # opacus's default
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dprv = acc._get_dprv(eps_error=eps_error, delta_error=delta_error)
+        low, est, up = dprv.compute_epsilon(delta, delta_error, eps_error)
+    return float(low), float(est), float(up)
+
+
+def _prv_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
+    # the upper end of the certified interval, as opacus's get_epsilon returns it (eps_error=0.01)
+    return prv_bracket(q, sigma, steps, delta)[2]
 
 
 def dpsgd_accounting(
@@ -193,14 +243,18 @@ def dpsgd_accounting(
     return DpsgdResult(eps, delta, accountant, sampling, rel, tuple(warns))
 
 
+def new_accountant(kind: str, relation: str = "add_remove", vdi: float = PLD_VDI) -> dpa.PrivacyAccountant:
+    """An empty dp-accounting RDP or PLD accountant (vectorised subsampled Gaussian, :mod:`accountants.fast`)."""
+    rel = neighbouring_relation(relation)
+    if kind == "rdp":
+        return RdpAccountant(neighboring_relation=rel)
+    return PldAccountant(rel, value_discretization_interval=vdi)
+
+
 def _dpa_epsilon(
     event: dpa.DpEvent, delta: float, accountant: str, rel: str, vdi: float = PLD_VDI
 ) -> float:
-    relation = neighbouring_relation(rel)
-    if accountant == "rdp":
-        acc: dpa.PrivacyAccountant = dpa.rdp.RdpAccountant(neighboring_relation=relation)
-    else:
-        acc = dpa.pld.PLDAccountant(relation, value_discretization_interval=vdi)
+    acc = new_accountant(accountant, rel, vdi)
     acc.compose(event)
     return float(acc.get_epsilon(delta))
 

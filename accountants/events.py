@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import numbers
 from typing import Any
 
 import attr
@@ -131,20 +132,57 @@ def event_from_dict(data: dict[str, Any]) -> dpa.DpEvent:
         module_name, class_name = data["type"].split(":")
         fields = data["fields"]
     except (KeyError, AttributeError, ValueError, TypeError) as exc:
-        raise ValueError(f"malformed event record: {data!r}") from exc
+        raise ValueError(f"event must look like {{'type': 'module:Class', 'fields': {{...}}}}; found {data!r}") from exc
     if not module_name.startswith(_ALLOWED_MODULE_PREFIXES):
         raise ValueError(f"event type must come from dp_accounting or accountants; found {module_name!r}")
     cls = getattr(importlib.import_module(module_name), class_name, None)
     if cls is None or not (isinstance(cls, type) and issubclass(cls, dpa.DpEvent)):
         raise ValueError(f"unknown event type {data['type']!r}")
+    if not isinstance(fields, dict):
+        raise ValueError(f"event {data['type']} fields must be an object; found {fields!r}")
     kwargs = {}
     for f in attr.fields(cls):
         if f.name not in fields:
             raise ValueError(f"event {data['type']} is missing field {f.name!r}")
         value = _decode_value(fields[f.name])
+        _check_field(class_name, f.name, value)
         # dp-accounting types sequences of sub-events as lists; keep that.
         kwargs[f.name] = value
+    unknown = sorted(set(fields) - {f.name for f in attr.fields(cls)})
+    if unknown:
+        raise ValueError(f"event {data['type']} has unknown fields {unknown}")
     return cls(**kwargs)
+
+
+# Numeric fields of dp-accounting's events and the values that make sense for them: dp-accounting
+# itself checks few of them, and a NaN or an out-of-range value would surface later as an
+# unrelated error (or a wrong number) far from the ledger entry that holds it.
+_PROBABILITIES = {"sampling_probability", "sampling_probs"}
+_NONNEGATIVE = {"noise_multiplier", "standard_deviation", "noise_parameter", "parameter", "rho", "xi",
+                "sensitivity", "sensitivities", "mean", "shape", "epsilon", "delta"}
+_COUNTS = {"count": 1, "num_buckets": 1, "source_dataset_size": 0, "sample_size": 0, "dataset_size": 0,
+           "truncated_batch_size": 0, "step_counts": 0, "n": 1, "k": 1}
+
+
+def _check_field(event: str, name: str, value: Any) -> None:
+    """Raise ``ValueError`` naming ``event.name`` and the value when it is not a sensible number."""
+    if isinstance(value, dpa.DpEvent) or name in ("events", "reason", "replacement"):
+        return
+    values = value if isinstance(value, list) else [value]
+    where = f"{event}.{name}"
+    for v in values:
+        if isinstance(v, dpa.DpEvent):
+            continue
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise ValueError(f"{where} must be a number; found {v!r}")
+        if math.isnan(v):
+            raise ValueError(f"{where} must be a number; found nan")
+        if name in _PROBABILITIES and not 0.0 <= v <= 1.0:
+            raise ValueError(f"{where} must be in [0, 1]; found {v!r}")
+        if name in _NONNEGATIVE and v < 0:
+            raise ValueError(f"{where} must be >= 0; found {v!r}")
+        if name in _COUNTS and (not float(v).is_integer() or v < _COUNTS[name]):
+            raise ValueError(f"{where} must be an integer >= {_COUNTS[name]}; found {v!r}")
 
 
 def describe_event(event: dpa.DpEvent) -> str:

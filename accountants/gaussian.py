@@ -58,13 +58,31 @@ def classic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.
 def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
     """Smallest noise std for which the Gaussian mechanism is (epsilon, delta)-DP (Balle & Wang 2018).
 
-    Computed by ``dp_accounting.gaussian_mechanism.get_sigma_gaussian`` (tolerance 1e-12) and
+    Computed by ``dp_accounting.gaussian_mechanism.get_sigma_gaussian`` (tolerance 1e-12), then
+    rounded toward more noise: Brent's root can sit a relative 1e-11 on the unsafe side, so the
+    multiplier is raised until dp-accounting's own exact delta at it is <= ``delta``.  The result is
     scaled by ``sensitivity``.
     """
     epsilon = check_positive(epsilon, "epsilon")
     delta = check_open_unit(delta, "delta")
     sensitivity = check_positive(sensitivity, "sensitivity")
-    return sensitivity * float(_gm.get_sigma_gaussian(epsilon, delta))
+    return sensitivity * safe_noise_multiplier(epsilon, delta)
+
+
+def safe_noise_multiplier(epsilon: float, delta: float) -> float:
+    """Analytic-Gaussian noise multiplier whose exact delta at ``epsilon`` is <= ``delta``.
+
+    dp-accounting's delta(sigma) carries relative floating-point noise of about 1e-11 (measured:
+    it is not even monotone at that scale), so the root is sought for ``delta (1 - 1e-8)`` and
+    then raised until delta is <= ``delta (1 - 1e-9)``: any evaluation near the returned value, in
+    the same arithmetic, stays <= ``delta``.  The extra noise is a relative ~1e-9 or less.
+    """
+    z = float(_gm.get_sigma_gaussian(epsilon, delta * (1.0 - 1e-8)))
+    goal, step = delta * (1.0 - 1e-9), 1e-12
+    while math.exp(_gm._get_log_delta(z, epsilon)) > goal:
+        z *= 1.0 + step
+        step *= 2.0
+    return z
 
 
 def analytic_gaussian_delta(sigma: float, epsilon: float, sensitivity: float = 1.0) -> float:
@@ -101,7 +119,21 @@ def gaussian_epsilon(
     check_choice(method, "method", _METHODS)
     if method == "classic":
         return sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / sigma
-    return float(_gm.get_epsilon_gaussian(sigma / sensitivity, delta))
+    return safe_gaussian_epsilon(sigma / sensitivity, delta)
+
+
+def safe_gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
+    """Exact epsilon of the Gaussian mechanism, rounded up so that its exact delta is <= ``delta``.
+
+    As :func:`safe_noise_multiplier`: dp-accounting's root (Brent, tolerance 1e-12) is sought for
+    ``delta (1 - 1e-8)`` and raised until dp-accounting's delta at it is <= ``delta (1 - 1e-9)``.
+    """
+    eps = float(_gm.get_epsilon_gaussian(noise_multiplier, delta * (1.0 - 1e-8)))
+    goal, step = delta * (1.0 - 1e-9), 1e-12
+    while math.exp(_gm._get_log_delta(noise_multiplier, eps)) > goal:
+        eps = eps * (1.0 + step) + step
+        step *= 2.0
+    return eps
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ import dp_accounting as dpa
 
 from accountants._validate import check_choice, check_nonnegative, check_open_unit, check_positive
 from accountants.composition import advanced_composition, basic_composition
-from accountants.dpsgd import NEIGHBOURINGS, PLD_VDI, neighbouring_relation
+from accountants.dpsgd import NEIGHBOURINGS, PLD_VDI, new_accountant
 from accountants.events import (
     PRIVKIT_EVENTS,
     EpsilonDeltaEvent,
@@ -59,6 +59,7 @@ from accountants.events import (
 
 __all__ = [
     "ACCOUNTANTS",
+    "NOT_FOR_RELEASE",
     "Accounting",
     "Ledger",
     "LedgerEntry",
@@ -68,6 +69,7 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 CURVE_VDI = 1e-3
+NOT_FOR_RELEASE = "reproducible noise: not for release"
 ACCOUNTANTS = ("basic", "advanced", "rdp", "pld")
 _ALL_CHOICES = ACCOUNTANTS + ("best",)
 
@@ -237,10 +239,7 @@ def _effective_relation(relation: str, events: Iterable[dpa.DpEvent]) -> str:
 
 
 def _new_accountant(kind: str, relation: str, vdi: float) -> dpa.PrivacyAccountant:
-    rel = neighbouring_relation(relation)
-    if kind == "rdp":
-        return dpa.rdp.RdpAccountant(neighboring_relation=rel)
-    return dpa.pld.PLDAccountant(rel, value_discretization_interval=vdi)
+    return new_accountant(kind, relation, vdi)
 
 
 def _check_supported(acc: dpa.PrivacyAccountant, kind: str, units: Sequence[tuple[dpa.DpEvent, str]], relation: str) -> None:
@@ -405,6 +404,12 @@ class Ledger:
             curve_value_discretization_interval, "curve_value_discretization_interval"
         )
         self._curves: dict[tuple, list[float]] = {}
+        # True when the trainer drew its DP noise from a seeded (reproducible) generator: anyone who
+        # holds the seed can regenerate the noise, so the guarantees do not hold for a release.
+        self.reproducible_noise = False
+        # A guarantee covering adaptively chosen parameters (e.g. a Rényi filter's to_dict()): the
+        # composition of the recorded events alone assumes their parameters were fixed in advance.
+        self.adaptive: dict[str, Any] | None = None
 
     # -- building -------------------------------------------------------------------------
     def add(
@@ -630,6 +635,7 @@ class Ledger:
                 worst[kind], worst_client[kind] = clients[key][kind], key
         return {
             "schema_version": SCHEMA_VERSION,
+            **self.noise_stamp(),
             "delta": delta,
             "clients": clients,
             "worst": worst,
@@ -712,6 +718,7 @@ class Ledger:
         """JSON-ready dict with ``schema_version``; events via :func:`~accountants.events.event_to_dict`."""
         return {
             "schema_version": SCHEMA_VERSION,
+            **self.noise_stamp(),
             "value_discretization_interval": self.value_discretization_interval,
             "curve_value_discretization_interval": self.curve_value_discretization_interval,
             "clients": {
@@ -736,19 +743,26 @@ class Ledger:
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:
             raise ValueError(f"schema_version must be {SCHEMA_VERSION}; found {version!r}")
+        if not isinstance(data["clients"], dict):
+            raise ValueError(f"ledger 'clients' must map client ids to lists of entries; found {data['clients']!r:.80}")
         ledger = cls(
             data.get("value_discretization_interval", PLD_VDI),
             data.get("curve_value_discretization_interval", CURVE_VDI),
         )
+        ledger.reproducible_noise = bool(data.get("reproducible_noise", False))
+        ledger.adaptive = data.get("adaptive_composition")
         for key, entries in data["clients"].items():
-            for e in entries:
-                ledger.add(
-                    key,
-                    event_from_dict(e["event"]),
-                    e["label"],
-                    round=e.get("round"),
-                    neighbouring=e.get("neighbouring", "add_remove"),
-                )
+            if not isinstance(entries, list):
+                raise ValueError(f"ledger client {key!r} must hold a list of entries; found {entries!r:.80}")
+            for i, e in enumerate(entries):
+                where = f"ledger client {key!r}, entry {i}"
+                if not isinstance(e, dict) or not {"event", "label"} <= set(e):
+                    raise ValueError(f"{where} must be an object with 'label' and 'event'; found {e!r:.80}")
+                try:
+                    ledger.add(key, event_from_dict(e["event"]), e["label"], round=e.get("round"),
+                               neighbouring=e.get("neighbouring", "add_remove"))
+                except (ValueError, TypeError) as exc:
+                    raise ValueError(f"{where} ({e.get('label')!r}): {exc}") from None
         return ledger
 
     def save(self, path: str | Path) -> Path:
@@ -768,6 +782,16 @@ class Ledger:
         except json.JSONDecodeError as exc:
             raise ValueError(f"ledger file {path} is not valid JSON: {exc}") from exc
         return cls.from_dict(data)
+
+    def noise_stamp(self) -> dict[str, Any]:
+        """``{"reproducible_noise": bool}``, plus ``"noise": NOT_FOR_RELEASE`` when it is True, plus
+        ``"adaptive_composition"`` when a guarantee for adaptive choices was recorded."""
+        out: dict[str, Any] = {"reproducible_noise": bool(self.reproducible_noise)}
+        if self.reproducible_noise:
+            out["noise"] = NOT_FOR_RELEASE
+        if self.adaptive is not None:
+            out["adaptive_composition"] = self.adaptive
+        return out
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._entries.values())

@@ -1,12 +1,19 @@
-"""privkit's audit layer: membership and attribute inference against released models, and
-statistically valid empirical epsilon lower bounds checked against the accounted epsilon.
+"""The audit layer: membership and attribute inference against trained models, and statistically
+valid empirical epsilon lower bounds checked against the accounted epsilon.
 
+A library: it imports nothing from the ``privkit`` application, which hands it training recipes.
 Numeric core (numpy/scipy only): :mod:`attacks.metrics`, :mod:`attacks.epsilon`,
 :mod:`attacks.one_run`. Attacks (scikit-learn estimators): :mod:`attacks.mia`,
-:mod:`attacks.attribute`. Targets and shadows: :mod:`attacks.target`, :mod:`attacks.shadows`,
-:mod:`privkit.trainers.batched_sgd` (vectorised training of many small models). Entry point: :func:`audit_run`.
+:mod:`attacks.attribute`. Recipes (``train_fn(x, y, seed) -> model`` for scikit-learn, torch or
+any probability function): :mod:`attacks.recipe`. The experiment (fair-coin inclusion, reference
+models on halves of one pool, training on an executor): :mod:`attacks.experiment`,
+:mod:`attacks.executor`. Entry points: :func:`audit_recipe` (a recipe, end to end), :func:`audit_model`
+(a model trained elsewhere, with its members and non-members);
+for scores already computed: :func:`audit_scores` (scores and membership -> family-wise bound,
+ceiling, detectable epsilon and verdict).
 """
 
+from attacks.audit_scores import AttackAudit, AuditResult, audit_scores, detectable_epsilon
 from attacks.attribute import AttributeInferenceAttack, AttributeResult, evaluate_predictions
 from attacks.epsilon import (
     EpsilonBound,
@@ -18,7 +25,6 @@ from attacks.epsilon import (
     epsilon_ceiling,
     epsilon_from_rates,
     gdp_epsilon_estimate,
-    verdict,
 )
 from attacks.metrics import (
     advantage,
@@ -29,70 +35,61 @@ from attacks.metrics import (
     summarize,
     tpr_at_fpr,
 )
+from attacks.experiment import Design, design_experiment, inclusion_coins, membership_mask, train_models
 from attacks.mia import LiRA, ShadowModelAttack, ThresholdAttack, lira_leave_one_out
 from attacks.one_run import OneRunResult, one_run_audit, one_run_epsilon_grid
 from attacks.one_run import epsilon_lower_bound as one_run_epsilon
-
-ATTACKS = ("threshold", "shadow", "lira", "one-run", "attribute")
-MEMBERSHIP_ATTACKS = ("threshold", "shadow", "lira", "one-run")
-ATTRIBUTE_ATTACKS = ("attribute",)
-
-
-def audit_run(run_dir, **kwargs):
-    """Audit a run directory and write ``audit.json`` (see :func:`attacks.audit.audit_run`)."""
-    from attacks.audit import audit_run as _audit_run
-
-    return _audit_run(run_dir, **kwargs)
-
-
-def __getattr__(name):  # torch-dependent pieces load lazily: the numeric core needs numpy/scipy only
-    if name == "audit_model":
-        from attacks.user_model import audit_model
-
-        return audit_model
-    if name == "Target":
-        from attacks.target import Target
-
-        return Target
-    if name in ("train_shadows", "membership_mask", "ShadowSet"):
-        from attacks import shadows
-
-        return getattr(shadows, name)
-    raise AttributeError(f"module 'attacks' has no attribute {name!r}")
-
+from attacks.one_run_fdp import FdpBound, fdp_epsilon_lower_bound, one_run_fdp
+from attacks.recipe import Recipe, as_recipe, predict_logits
+from attacks.recipe_audit import RecipeAudit, audit_recipe
+from attacks.rmia import RMIA
+from attacks.user_model import audit_model
 
 __all__ = [
-    "ATTACKS",
     "AttributeInferenceAttack",
+    "AttackAudit",
     "AttributeResult",
+    "AuditResult",
+    "Design",
     "EpsilonBound",
+    "FdpBound",
     "LiRA",
     "OneRunResult",
+    "RMIA",
+    "Recipe",
+    "RecipeAudit",
     "ShadowModelAttack",
-    "Target",
     "ThresholdAttack",
     "advantage",
     "advantage_upper_bound",
+    "as_recipe",
     "auc",
-    "audit_run",
+    "audit_model",
+    "audit_recipe",
+    "audit_scores",
     "balanced_accuracy",
     "balanced_accuracy_upper_bound",
     "clopper_pearson_interval",
     "clopper_pearson_upper",
+    "design_experiment",
+    "detectable_epsilon",
     "empirical_epsilon",
     "epsilon_ceiling",
     "epsilon_from_rates",
     "evaluate_predictions",
+    "fdp_epsilon_lower_bound",
     "gdp_epsilon_estimate",
+    "inclusion_coins",
     "lira_leave_one_out",
     "loglog_roc",
     "membership_mask",
     "one_run_audit",
     "one_run_epsilon",
     "one_run_epsilon_grid",
+    "one_run_fdp",
+    "predict_logits",
     "roc_points",
     "summarize",
     "tpr_at_fpr",
-    "train_shadows",
-    "verdict",
+    "train_models",
 ]

@@ -1,4 +1,4 @@
-"""Statistically valid empirical epsilon lower bounds, their ceilings, and the verdict.
+"""Empirical epsilon lower bounds from independent IN/OUT trials (Clopper-Pearson), and their ceilings.
 
 Maths (see notes/auditing.md §4). (epsilon, delta)-DP implies, for every test "member iff
 score >= t" (Kairouz et al. 2015)::
@@ -20,8 +20,14 @@ union over every distinct score (jax_privacy's ``epsilon_lower_bound``). ``metho
 chooses the threshold on a random half of the trials and bounds it on the other half with
 ``a = alpha / 2``.
 
-The formulas need *independent trials* (independent training runs). For many examples scored in
-one training run use :mod:`attacks.one_run` (Steinke, Nasr & Jagielski 2023).
+Ties. A threshold admits a whole group of tied scores at once (thresholds run over the distinct
+scores), so no tie is ever counted as a correct decision because of where it sits in the input:
+for ``bonferroni`` and ``single`` the result does not depend on the input order at all, for
+``heldout`` only through the random split (whose distribution does not).
+
+The formulas need *independent trials* (independent training runs, one IN/OUT trial each). The
+records scored against one trained model are not: for them use :func:`attacks.audit_scores`
+(the one-run bound of Steinke, Nasr & Jagielski 2023), which is what privkit's verdicts rest on.
 """
 
 from __future__ import annotations
@@ -239,48 +245,3 @@ def advantage_upper_bound(epsilon: float, delta: float) -> float:
 def balanced_accuracy_upper_bound(epsilon: float, delta: float) -> float:
     """Largest balanced accuracy that (epsilon, delta)-DP allows: (e^eps + delta) / (e^eps + 1)."""
     return (math.exp(epsilon) + delta) / (math.exp(epsilon) + 1)
-
-
-# ------------------------------------------------------------------------------ verdict
-VERDICTS = ("consistent", "VIOLATION", "no-formal-guarantee", "inconclusive")
-
-
-def verdict(lower_bounds: dict[str, float | None], accounted_epsilon: float | None, *,
-            formal_dp: bool = True, delta: float | None = None, tolerance: float = 1e-9) -> dict:
-    """Compare empirical lower bounds with the accounted epsilon of the same release.
-
-    Returns ``{"status", "message", "max_lower_bound", "attack"}`` with status one of
-    ``consistent`` (every bound <= accounted), ``VIOLATION`` (some valid lower bound exceeds the
-    accounted epsilon: the implementation or the privacy claim is broken), ``no-formal-guarantee``
-    (the method claims no DP or its ledger is infinite) and ``inconclusive`` (no bound computed).
-    """
-    valid = {k: float(v) for k, v in lower_bounds.items()
-             if v is not None and np.isfinite(v)}
-    best_name = max(valid, key=valid.get) if valid else None
-    best = valid[best_name] if valid else None
-    at = f" at delta={delta:g}" if delta is not None else ""
-    base = {"max_lower_bound": best, "attack": best_name}
-    if not formal_dp or accounted_epsilon is None or not np.isfinite(accounted_epsilon):
-        # a method that claims DP can still have no finite guarantee at this delta (NFDP: delta ~ k/n)
-        msg = ("this method makes no formal DP claim" if not formal_dp else
-               f"the ledger gives no finite epsilon{at} (the method's own guarantee needs a larger delta)")
-        msg += "; empirical results describe leakage only"
-        if best is not None:
-            msg += f"; largest empirical lower bound {best:.3f} ({best_name})"
-        return {"status": "no-formal-guarantee", "message": msg, **base}
-    if best is None:
-        return {"status": "inconclusive",
-                "message": f"no attack produced an epsilon lower bound; accounted epsilon "
-                           f"{accounted_epsilon:.3f}{at} cannot be checked", **base}
-    if best > accounted_epsilon + tolerance:
-        return {"status": "VIOLATION",
-                "message": (f"PRIVACY VIOLATION: empirical lower bound {best:.3f} ({best_name}) "
-                            f"EXCEEDS the accounted epsilon {accounted_epsilon:.3f}{at}. The "
-                            "implementation or the privacy claim is broken (e.g. missing noise, "
-                            "wrong sampling rate or sensitivity); do not trust this release's "
-                            "accounted guarantee."), **base}
-    return {"status": "consistent",
-            "message": (f"empirical lower bound {best:.3f} ({best_name}) <= accounted epsilon "
-                        f"{accounted_epsilon:.3f}{at}; the audit found no contradiction (a lower "
-                        "bound below the accounted value does not prove the accounting tight)"),
-            **base}

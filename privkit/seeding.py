@@ -1,12 +1,30 @@
-"""Seeds: one root seed, independent child seeds per client / shadow model / task.
+"""Seeds: one root seed, independent child seeds per client / shadow model / task; DP noise apart.
 
 Children come from ``numpy.random.SeedSequence.spawn`` keyed by a purpose string, so adding a new
 consumer of randomness never shifts the streams the others see, and results do not depend on the
 executor that runs the tasks.
+
+**DP randomness is the exception** (:func:`noise_generator`, :func:`noise_rng`).  A mechanism's
+guarantee holds only while its random bits are secret: the Gaussian noise, and the sampling that
+the accountant amplifies on (Poisson batches, the NFDP subsample), as opacus's secure mode treats
+them.  The run seed is written into every run directory, so noise derived from it could be
+regenerated and subtracted by anyone holding the directory.  In release mode (the default) these
+generators are seeded from the operating system's CSPRNG (``secrets``: 64 bits for torch, 128 for
+numpy), fresh for every run and never stored or logged; everything else (data split, model
+initialisation, client sampling, audits) stays a function of the run seed.  With
+``reproducible=True`` they are derived from the run seed like everything else, and the ledger and
+report say "reproducible noise: not for release".
+
+Limits: the stream generators behind the OS seed are torch's Mersenne Twister / Philox and numpy's
+PCG64, which are not cryptographic PRNGs (opacus's secure mode used torchcsprng, which no longer
+builds for current torch); recovering their state would take the noise itself, which is never
+released on its own.  Floating-point attacks on Gaussian sampling (Mironov 2012; Jin et al. 2022)
+are not addressed.
 """
 
 from __future__ import annotations
 
+import secrets
 import zlib
 
 import numpy as np
@@ -43,3 +61,24 @@ def torch_generator(seed: int, device: str | torch.device = "cpu") -> torch.Gene
 def seed_torch(seed: int) -> None:
     """Seed torch's global generators (for layer initialisation inside model constructors)."""
     torch.manual_seed(int(seed) % (2**63))
+
+
+def noise_generator(seed: int, purpose: str, *, reproducible: bool,
+                    device: str | torch.device = "cpu") -> torch.Generator:
+    """Generator for DP noise or privacy-amplifying sampling (see the module docstring).
+
+    Release mode (``reproducible=False``): seeded from 64 bits of OS entropy, ignoring ``seed``.
+    Reproducible mode: the same generator as ``torch_generator(derive_seed(seed, purpose))``.
+    """
+    if reproducible:
+        return torch_generator(derive_seed(seed, purpose), device=device)
+    g = torch.Generator(device=device)
+    g.manual_seed(secrets.randbits(64))
+    return g
+
+
+def noise_rng(seed: int, purpose: str, *, reproducible: bool) -> np.random.Generator:
+    """numpy counterpart of :func:`noise_generator` (128 bits of OS entropy in release mode)."""
+    if reproducible:
+        return make_rng(seed, purpose)
+    return np.random.default_rng(secrets.randbits(128))

@@ -11,9 +11,11 @@ from __future__ import annotations
 import base64
 import io
 import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Iterable
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # no display; figures are written to PNG  # noqa: E402
 
@@ -125,7 +127,7 @@ def privacy_utility_figure(report: PrivacyReport) -> Figure | None:
 
 # ---------------------------------------------------------------------------------- accounted vs empirical
 def epsilon_comparison_figure(report: PrivacyReport) -> Figure | None:
-    """Per method: accounted epsilon (promise) beside the best empirical lower bound (audit).
+    """Per method: accounted epsilon (promise) beside the family-wise empirical lower bound (audit).
 
     The empirical bound is drawn with its ceiling (the largest bound the number of trials could
     show). A sound accountant has every lower bound left of (or at) its accounted epsilon.
@@ -140,11 +142,9 @@ def epsilon_comparison_figure(report: PrivacyReport) -> Figure | None:
         e = m.privacy.epsilon if m.privacy else None
         if _finite(e):
             finite_vals.append(e)
-        best = m.audit.best_attack() if m.audit else None
-        if best:
-            for v in (best[1].epsilon_lower_bound, best[1].ceiling):
-                if _finite(v):
-                    finite_vals.append(v)
+        for v in m.audit_numbers()[:2]:
+            if _finite(v):
+                finite_vals.append(v)
     right = max(finite_vals) * 3.0
     labelled: set[str] = set()
 
@@ -163,15 +163,13 @@ def epsilon_comparison_figure(report: PrivacyReport) -> Figure | None:
             ax.annotate("inf", (right, y), xytext=(-30, 0), textcoords="offset points",
                         va="center", fontsize=8, color="#1f77b4",
                         arrowprops={"arrowstyle": "->", "color": "#1f77b4"})
-        best = m.audit.best_attack() if m.audit else None
-        if best:
-            lb, ceil = best[1].epsilon_lower_bound, best[1].ceiling
-            if _finite(ceil):
-                ax.plot([0, ceil], [y, y], color="#d62728", alpha=0.25, lw=6, solid_capstyle="butt",
-                        label=label("range an audit of this size can show"))
-            if _finite(lb):
-                ax.scatter([lb], [y], marker="o", s=55, color="#d62728", zorder=4,
-                           label=label("empirical lower bound (best attack)"))
+        lb, ceil, _ = m.audit_numbers()
+        if _finite(ceil):
+            ax.plot([0, ceil], [y, y], color="#d62728", alpha=0.25, lw=6, solid_capstyle="butt",
+                    label=label("range an audit of this size can show"))
+        if _finite(lb):
+            ax.scatter([lb], [y], marker="o", s=55, color="#d62728", zorder=4,
+                       label=label("empirical lower bound (all attacks, family-wise)"))
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([m.name for m in rows], fontsize=8)
     ax.invert_yaxis()
@@ -208,6 +206,12 @@ def roc_figure(method: MethodReport) -> Figure | None:
         tpr = [max(v, floor) for v in a.roc.tpr]
         auc = f"AUC {a.auc:.3f}" if _finite(a.auc) else "AUC n/a"
         ax.plot(fpr, tpr, lw=1.5, label=f"{name} ({auc})")
+    _finish_loglog_roc(ax, floor, f"{method.name}: membership inference ROC")
+    return fig
+
+
+def _finish_loglog_roc(ax, floor: float, title: str) -> None:
+    """Chance line, log-log axes from ``floor`` to 1, labels, grid and legend of a ROC plot."""
     ax.plot([floor, 1], [floor, 1], ls="--", color="grey", lw=1, label="chance")
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -215,9 +219,63 @@ def roc_figure(method: MethodReport) -> Figure | None:
     ax.set_ylim(floor, 1)
     ax.set_xlabel("false positive rate")
     ax.set_ylabel("true positive rate")
-    ax.set_title(f"{method.name}: membership inference ROC", fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
+
+
+# ---------------------------------------------------------------------------------- ROC vs the claim
+def forbidden_roc_points(fpr: Sequence[float], tpr: Sequence[float], curve: Callable,
+                         tol: float = 0.0) -> np.ndarray:
+    """Indices of the ROC points a privacy claim forbids: ``TPR > 1 - f(FPR) + tol``.
+
+    ``curve`` is the claim's trade-off function ``f`` (FPR -> smallest FNR, vectorised), e.g.
+    ``accountants.ledger_curve(ledger)``.  A point listed here is an attack doing better than the
+    claim allows *on these data*; whether that is a statistically significant violation is the
+    audit's lower bound's question, not this one's.
+    """
+    x = np.asarray(fpr, dtype=np.float64)
+    y = np.asarray(tpr, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"fpr and tpr must be 1-D of equal length; found {x.shape} and {y.shape}")
+    if np.any((x < 0) | (x > 1) | (y < 0) | (y > 1)) or np.any(np.isnan(x) | np.isnan(y)):
+        raise ValueError("fpr and tpr must lie in [0, 1]; found values outside")
+    bound = 1.0 - np.asarray(curve(x), dtype=np.float64)
+    return np.nonzero(y > bound + tol)[0]
+
+
+def tradeoff_roc_figure(rocs: Mapping[str, tuple[Sequence[float], Sequence[float]]], curve: Callable,
+                        *, claim: str | None = None, title: str | None = None,
+                        floor: float | None = None) -> Figure:
+    """Log-log ROC of every attack over the region a privacy claim allows.
+
+    The claim's boundary ``TPR = 1 - f(FPR)`` is drawn as a line and the region above it (which no
+    attack on a mechanism satisfying the claim can reach) is shaded; ROC points inside it are
+    marked, so a violation is visible.  ``rocs`` maps attack name -> (fpr, tpr); ``curve`` is the
+    trade-off function (its ``claim`` attribute labels the boundary unless ``claim`` is given);
+    ``floor`` is the smallest rate shown (default: half the smallest positive rate, >= 1e-6).
+    """
+    label = claim or getattr(curve, "claim", "the privacy claim")
+    pos = [v for f, t in rocs.values() for v in (*f, *t) if v and v > 0]
+    floor = floor if floor is not None else max(min(pos, default=1e-3) / 2.0, 1e-6)
+    fig = _new_figure(5.0, 4.4)
+    ax = fig.add_subplot()
+    grid = np.geomspace(floor, 1.0, 400)
+    boundary = np.maximum(1.0 - np.asarray(curve(grid), dtype=np.float64), floor)
+    ax.fill_between(grid, boundary, 1.0, color="tab:red", alpha=0.12, lw=0,
+                    label="forbidden by the claim")
+    ax.plot(grid, boundary, color="tab:red", lw=1.5, label=f"claim: {label}")
+    n_bad = 0
+    for name, (f, t) in rocs.items():
+        f, t = np.asarray(f, dtype=np.float64), np.asarray(t, dtype=np.float64)
+        ax.plot(np.maximum(f, floor), np.maximum(t, floor), lw=1.3, label=name)
+        bad = forbidden_roc_points(f, t, curve)
+        n_bad += bad.size
+        ax.plot(np.maximum(f[bad], floor), np.maximum(t[bad], floor), ls="none", marker="x",
+                color="tab:red", ms=5)
+    if n_bad:
+        ax.plot([], [], ls="none", marker="x", color="tab:red", label=f"{n_bad} ROC points above the curve")
+    _finish_loglog_roc(ax, floor, title or "membership inference ROC against the accounted curve")
     return fig
 
 

@@ -32,9 +32,14 @@ HOW_TO_READ = [
     "empirical epsilon is a statistical lower bound (one-sided, at the stated confidence): a sound "
     "guarantee never lies below it. It cannot exceed the ceiling set by the number of trials, so a "
     "small lower bound from a small audit is weak evidence of privacy, not proof.",
-    "Verdict: 'consistent' = lower bound <= accounted epsilon; 'VIOLATION' = the audit proves the "
-    "accounted epsilon wrong; 'no-formal-guarantee' = nothing to check against; 'inconclusive' = "
-    "the audit could not decide.",
+    "Verdict: 'violation' means the audit's family-wise lower bound, which holds at the stated "
+    "confidence for all attacks together, exceeds the accounted epsilon: the implementation or the "
+    "privacy claim is wrong. 'consistent' means no bound exceeded it although this audit's ceiling "
+    "(the largest bound any outcome could give) lies above it; the detectable epsilon says how large "
+    "the true epsilon must be before this audit flags it at least half the time, so a consistent "
+    "verdict is evidence only against a true epsilon of about that size or more. 'inconclusive' means the ceiling is not above the "
+    "accounted epsilon, so no outcome of this audit could have contradicted the claim; 'no-claim' "
+    "means there is no finite accounted epsilon to check.",
     "Cost: test accuracy of the released model on the held-out test set (and per-client accuracy for "
     "personalised models), compared with the best method without a formal guarantee.",
 ]
@@ -118,6 +123,7 @@ def summary_rows(report: PrivacyReport) -> list[dict[str, Any]]:
         eps = m.privacy.epsilon if m.privacy else None
         claim = m.privacy.claim if m.privacy else None
         best = m.audit.best_attack() if m.audit else None
+        lb, ceiling, detectable = m.audit_numbers()
         cost = None
         if ref is not None and acc is not None and not math.isnan(acc):
             cost = acc - ref.utility.test_accuracy
@@ -138,9 +144,9 @@ def summary_rows(report: PrivacyReport) -> list[dict[str, Any]]:
                           else f"{100 * cost:+.1f} pt", cost),
             "auc": _cell(fmt_num(best[1].auc) if best else "—", best[1].auc if best else None),
             "attack": best[0] if best else "",
-            "emp_eps": _cell(fmt_eps(best[1].epsilon_lower_bound) if best else "—",
-                             best[1].epsilon_lower_bound if best else None),
-            "ceiling": fmt_eps(best[1].ceiling) if best else "—",
+            "emp_eps": _cell(fmt_eps(lb), lb),
+            "ceiling": fmt_eps(ceiling),
+            "detectable": _cell(fmt_eps(detectable), detectable),
             "verdict": status,
             "verdict_message": message,
             "stages": _stage_text(m),

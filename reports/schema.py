@@ -28,8 +28,9 @@ SCHEMA_VERSION = 1
 
 StageName = Literal["train", "account", "audit", "report"]
 StageState = Literal["done", "failed", "skipped", "pending"]
-VerdictStatus = Literal["consistent", "VIOLATION", "no-formal-guarantee", "inconclusive",
-                        "not-audited"]
+VerdictStatus = Literal["violation", "consistent", "inconclusive", "no-claim", "not-audited"]
+#: statuses of reports written before the three-way verdict (issue 11), read as their new names
+_LEGACY_STATUS = {"VIOLATION": "violation", "no-formal-guarantee": "no-claim"}
 
 #: Warning codes the pipeline attaches (``other`` for free text from a trainer or an audit).
 WARNING_CODES = (
@@ -40,6 +41,7 @@ WARNING_CODES = (
     "sampling_mismatch",        # sampling accounted differently from the one run
     "no_formal_dp",             # the method makes no formal DP claim
     "reduced_audit",            # audit reduced (few shadows / trials): bounds are weak
+    "audit_size_mismatch",      # audited runs train on less data than the release (pool too small)
     "other",
 )
 
@@ -222,10 +224,28 @@ class AttributeResult(_Open):
 
 
 class Verdict(_Open):
-    """The audit's conclusion; extra keys (e.g. which attack decided it) are kept."""
+    """The audit's conclusion (``attacks.audit_scores``); extra keys (the per-attack family, notes)
+    are kept. ``status`` follows from three numbers: ``no-claim`` without a finite accounted
+    epsilon, ``violation`` if the family-wise bound exceeds it, ``consistent`` if not and the ceiling
+    does, else ``inconclusive``."""
 
     status: VerdictStatus
     message: str = ""
+    epsilon_lower_bound: float | None = Field(
+        default=None, description="family-wise empirical lower bound (at `confidence` for all attacks)")
+    epsilon_ceiling: float | None = Field(
+        default=None, description="largest family-wise bound any outcome of this audit could give")
+    detectable_epsilon: float | None = Field(
+        default=None, description="smallest true epsilon this audit flags at least half the time")
+    accounted_epsilon: float | None = None
+    confidence: float | None = None
+    correction: str | None = Field(default=None, description="multiplicity correction of the family")
+    attack: str | None = Field(default=None, description="the attack giving the family-wise bound")
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _legacy(cls, v: Any) -> Any:
+        return _LEGACY_STATUS.get(v, v)
 
 
 class AuditSummary(_Strict):
@@ -268,6 +288,15 @@ class MethodReport(_Strict):
     @property
     def failed(self) -> bool:
         return any(s.state == "failed" for s in self.stages.values())
+
+    def audit_numbers(self) -> tuple[float | None, float | None, float | None]:
+        """(family-wise lower bound, ceiling, detectable epsilon) of the verdict; reports written
+        before the verdict carried them fall back to the best attack's own bound and ceiling."""
+        v = self.verdict or (self.audit.verdict if self.audit else None)
+        if v is not None and v.epsilon_ceiling is not None:
+            return v.epsilon_lower_bound, v.epsilon_ceiling, v.detectable_epsilon
+        best = self.audit.best_attack() if self.audit else None
+        return (best[1].epsilon_lower_bound, best[1].ceiling, None) if best else (None, None, None)
 
 
 class PrivacyReport(_Strict):

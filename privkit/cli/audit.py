@@ -1,7 +1,16 @@
-"""``privkit audit RUN_DIR``: membership / attribute inference and empirical epsilon for one run."""
+"""``privkit audit``: membership (and attribute) inference with an empirical epsilon and a verdict.
+
+Two forms: ``privkit audit RUN_DIR`` audits a privkit run directory (writes ``RUN_DIR/audit.json``);
+``privkit audit --recipe module:function --data file.npz`` audits any training recipe
+``train_fn(x, y, seed) -> model`` on the pool ``(x, y)`` held in the ``.npz`` file
+(:func:`attacks.audit_recipe`; writes ``--out``).
+"""
 
 from __future__ import annotations
 
+import importlib
+import json
+import sys
 from pathlib import Path
 
 import typer
@@ -18,23 +27,88 @@ def _fmt(x) -> str:
     return str(x)
 
 
-@app.command("audit")
-def audit(
-    run_dir: Path = typer.Argument(..., help="Run directory written by `privkit train` / `privkit run`."),
-    attacks: str | None = typer.Option(None, "--attacks",
-                                          help="Comma-separated: threshold,shadow,lira,one-run,attribute "
-                                               "(default: all)."),
-    shadows: int = typer.Option(8, "--shadows", help="Shadow runs of the recipe (even, >= 2)."),
-    executor: str = typer.Option("serial", "--executor", help="serial | process | ray."),
-    workers: int | None = typer.Option(None, "--workers", help="Worker processes / Ray CPUs."),
-    seed: int = typer.Option(0, "--seed", help="Audit seed (audit points, mask, shadows, canaries)."),
-    n_audit: int = typer.Option(500, "--n-audit", help="Members and non-members audited (each)."),
-    delta: float | None = typer.Option(None, "--delta", help="Delta (default: the run's delta or 1e-5)."),
-    iterations: int = typer.Option(200, "--iterations", help="CatBoost iterations of the shadow attack."),
-    as_json: bool = typer.Option(False, "--json", help="Print audit.json as one JSON object."),
-) -> None:
-    """Attack the released model of RUN_DIR with shadow runs of the same recipe; write audit.json."""
-    from attacks.audit import audit_run
+def load_recipe(spec: str):
+    """``module:function`` -> the function (the current directory is importable, like ``python -m``)."""
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"recipe must be module:function (e.g. my_training:train_fn); found {spec!r}")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise ValueError(f"recipe module {module!r} cannot be imported: {exc}") from exc
+    fn = getattr(mod, name, None)
+    if not callable(fn):
+        raise ValueError(f"recipe {spec!r}: module {module} has no callable {name!r}")
+    return fn
+
+
+def load_pool(path: Path):
+    """The pool ``(x, y)`` from a ``.npz`` file with arrays ``x`` and ``y``."""
+    import numpy as np
+
+    if not path.is_file():
+        raise FileNotFoundError(f"data must be an existing .npz file; found {path}")
+    with np.load(path, allow_pickle=False) as z:
+        missing = [k for k in ("x", "y") if k not in z.files]
+        if missing:
+            raise ValueError(f"data {path} must hold arrays x and y; found {sorted(z.files)}")
+        return z["x"], z["y"]
+
+
+def _attack_table(title: str, attacks: dict) -> Table:
+    table = Table(title=title)
+    for col in ("attack", "AUC", "bal. acc", "TPR@0.1%", "TPR@1%", "eps lower bound", "ceiling", "error"):
+        table.add_column(col)
+    for name, r in attacks.items():
+        tpr = r.get("tpr_at_fpr") or {}
+        table.add_row(name, _fmt(r.get("auc")), _fmt(r.get("balanced_accuracy")), _fmt(tpr.get("0.001")),
+                      _fmt(tpr.get("0.01")), _fmt(r.get("epsilon_lower_bound")), _fmt(r.get("ceiling")),
+                      (r.get("error") or "")[:60])
+    return table
+
+
+def _print_verdict(v: dict, accounted, delta: float) -> None:
+    out_console.print(f"accounted epsilon: {_fmt(accounted)} at delta={delta:g}", highlight=False)
+    color = {"violation": "bold red", "consistent": "green"}.get(v["status"], "yellow")
+    out_console.print(f"family-wise lower bound {_fmt(v.get('epsilon_lower_bound'))}, ceiling "
+                      f"{_fmt(v.get('epsilon_ceiling'))}, detectable epsilon {_fmt(v.get('detectable_epsilon'))} "
+                      f"(confidence {_fmt(v.get('confidence'))} for the family)", highlight=False)
+    out_console.print(f"verdict: [{color}]{v['status']}[/{color}] - {v['message']}", highlight=False)
+
+
+def _audit_recipe(recipe: str, data: Path, *, out: Path, epsilon, delta, shadows, executor, workers,
+                  seed, attacks, iterations, as_json) -> None:
+    from attacks import audit_recipe
+
+    x, y = load_pool(data)
+    res = audit_recipe(load_recipe(recipe), x, y, accounted_epsilon=epsilon, delta=delta, shadows=shadows,
+                       seed=seed, executor=executor, workers=workers, progress=not as_json,
+                       attacks=attacks.split(",") if attacks else None, shadow_iterations=iterations)
+    record = {"schema_version": 1, "recipe": recipe, "data": str(data), **res.to_dict()}
+    out.write_text(json.dumps(record, indent=2))  # to_dict() is strict JSON already
+    if as_json:
+        print_json(record)
+        return
+    exp = res.experiment
+    out_console.print(_attack_table(f"audit of {recipe} on {data} ({exp['pool']} records, "
+                                    f"{exp['references']} reference models), delta={delta:g}",
+                                    record["attacks"]))
+    out_console.print(f"target trained on {exp['target_train_size']} of {exp['pool']} records (fair coins); "
+                      f"reference models on {exp['reference_train_size']['mean']:.0f} on average"
+                      if exp["reference_train_size"] else
+                      f"target trained on {exp['target_train_size']} of {exp['pool']} records (fair coins)",
+                      highlight=False)
+    for note in res.notes:
+        out_console.print(f"note: {note}", highlight=False)
+    _print_verdict(record, epsilon, delta)
+    out_console.print(f"wrote {out}", highlight=False)
+
+
+def _audit_run_dir(run_dir: Path, *, attacks, shadows, executor, workers, seed, n_audit, delta, iterations,
+                   as_json) -> None:
+    from privkit.audit import audit_run
 
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run_dir must be an existing directory; found {run_dir}")
@@ -44,16 +118,8 @@ def audit(
     if as_json:
         print_json(out)
         return
-    table = Table(title=f"audit of {out['method']} ({run_dir}), {out['shadows']} shadow runs, "
-                        f"delta={out['delta']:g}")
-    for col in ("attack", "AUC", "bal. acc", "TPR@0.1%", "TPR@1%", "eps lower bound", "ceiling", "error"):
-        table.add_column(col)
-    for name, r in out["attacks"].items():
-        tpr = r.get("tpr_at_fpr") or {}
-        table.add_row(name, _fmt(r.get("auc")), _fmt(r.get("balanced_accuracy")), _fmt(tpr.get("0.001")),
-                      _fmt(tpr.get("0.01")), _fmt(r.get("epsilon_lower_bound")), _fmt(r.get("ceiling")),
-                      (r.get("error") or "")[:60])
-    out_console.print(table)
+    out_console.print(_attack_table(f"audit of {out['method']} ({run_dir}), {out['shadows']} reference runs, "
+                                    f"delta={out['delta']:g}", out["attacks"]))
     for name, r in out["attribute"].items():
         if r.get("error"):
             out_console.print(f"attribute {name}: [red]failed[/red] {r['error']}", highlight=False)
@@ -61,9 +127,50 @@ def audit(
             out_console.print(f"attribute {name}: accuracy {r['accuracy']:.3f} "
                               f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] vs chance {r['chance']:.3f} "
                               f"(n={r['n_test']})", highlight=False)
-    acc = out["accounted_epsilon"]
-    out_console.print(f"accounted epsilon: {_fmt(acc)} at delta={out['delta']:g}", highlight=False)
-    status = out["verdict"]["status"]
-    color = {"VIOLATION": "bold red", "consistent": "green"}.get(status, "yellow")
-    out_console.print(f"verdict: [{color}]{status}[/{color}] - {out['verdict']['message']}", highlight=False)
+    for w in out.get("warnings", []):
+        out_console.print(f"[yellow]warning:[/yellow] {w['message']}", highlight=False)
+    _print_verdict(out["verdict"], out["accounted_epsilon"], out["delta"])
     out_console.print(f"wrote {run_dir / 'audit.json'}", highlight=False)
+
+
+@app.command("audit")
+def audit(
+    run_dir: Path | None = typer.Argument(None, help="Run directory written by `privkit train` / `privkit run` "
+                                                     "(or use --recipe and --data)."),
+    recipe: str | None = typer.Option(None, "--recipe", help="Audit a training recipe module:function, "
+                                                             "train_fn(x, y, seed) -> model."),
+    data: Path | None = typer.Option(None, "--data", help="With --recipe: .npz file with arrays x and y "
+                                                          "(the pool)."),
+    epsilon: float | None = typer.Option(None, "--epsilon", help="With --recipe: the epsilon the recipe "
+                                                                 "claims at --delta (default: no claim)."),
+    out: Path = typer.Option(Path("audit.json"), "--out", help="With --recipe: where to write the result."),
+    attacks: str | None = typer.Option(None, "--attacks",
+                                       help="Comma-separated (default: all). Run directory: threshold, shadow, "
+                                            "lira, rmia, attribute. Recipe: threshold, shadow, lira, "
+                                            "lira-offline, rmia, rmia-offline."),
+    shadows: int | None = typer.Option(None, "--shadows", help="Reference runs of the recipe (even, >= 2; "
+                                                               "default 8 for a run directory, 16 for --recipe)."),
+    executor: str = typer.Option("serial", "--executor", help="serial | process | ray."),
+    workers: int | None = typer.Option(None, "--workers", help="Worker processes / Ray CPUs."),
+    seed: int = typer.Option(0, "--seed", help="Audit seed (audited records, coins, reference halves, run seeds)."),
+    n_audit: int | None = typer.Option(None, "--n-audit",
+                                       help="Run directory: pool records audited, each included by a fair "
+                                            "coin (default: the most that keeps the release's data size)."),
+    delta: float | None = typer.Option(None, "--delta", help="Delta (default: the run's delta or 1e-5)."),
+    iterations: int = typer.Option(200, "--iterations", help="CatBoost iterations of the shadow attack."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+) -> None:
+    """Audit a run directory's method, or any training recipe, with fair-coin inclusion; write the result."""
+    if (run_dir is None) == (recipe is None):
+        raise ValueError("give either RUN_DIR or --recipe module:function with --data; found "
+                         + ("both" if run_dir is not None else "neither"))
+    if recipe is not None:
+        if data is None:
+            raise ValueError("--recipe needs --data FILE.npz (arrays x and y); found none")
+        _audit_recipe(recipe, data, out=out, epsilon=epsilon, delta=1e-5 if delta is None else delta,
+                      shadows=16 if shadows is None else shadows, executor=executor, workers=workers,
+                      seed=seed, attacks=attacks, iterations=iterations, as_json=as_json)
+        return
+    _audit_run_dir(run_dir, attacks=attacks, shadows=8 if shadows is None else shadows, executor=executor,
+                   workers=workers, seed=seed, n_audit=n_audit, delta=delta, iterations=iterations,
+                   as_json=as_json)

@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from pathlib import Path
 from typing import Any, Optional
 
-import dp_accounting as dpa
 import typer
 from rich.table import Table
 
-import accountants as acc
-from accountants._validate import check_positive
 from privkit.cli.app import app, out_console, print_json
+
+
+class _Lazy:
+    """A module imported on first attribute access: `privkit budget calibrate` pays for dp-accounting
+    (about 1.5 s with scipy) only when it computes, and never for --help or a usage error."""
+
+    def __init__(self, name: str) -> None:
+        self._name, self._module = name, None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._module is None:
+            self._module = importlib.import_module(self._name)
+        return getattr(self._module, attr)
+
+
+acc = _Lazy("accountants")
+dpa = _Lazy("dp_accounting")
 
 budget_app = typer.Typer(help="Privacy budgets: mechanisms, composition, calibration, ledgers.", no_args_is_help=True)
 sensitivity_app = typer.Typer(help="L2 sensitivities of privatised models.", no_args_is_help=True)
@@ -22,6 +37,32 @@ budget_app.add_typer(sensitivity_app, name="sensitivity")
 
 JSON_OPT = typer.Option(False, "--json", help="Print one JSON object.")
 PROFILE_EPSILONS = (0.0, 0.1, 0.5, 1.0, 2.0, 5.0)
+
+
+# Numbers are taken as text and parsed here, so that a bad value ("1.5" steps, "abc", "nan") is
+# one line naming the option and the value, whatever the CLI framework does with its own types.
+def _num(text: str | None, option: str) -> float | None:
+    """Parse a real number given to ``option`` (None stays None)."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{option} must be a number; found {text!r}") from None
+
+
+def _int(text: str | None, option: str, minimum: int = 1) -> int | None:
+    """Parse an integer >= ``minimum`` given to ``option`` ("1e4" is fine, "1.5" is not)."""
+    value = _num(text, option)
+    if value is None:
+        return None
+    if not float(value).is_integer() or value < minimum:
+        raise ValueError(f"{option} must be an integer >= {minimum}; found {text!r}")
+    return int(value)
+
+
+def _num_opt(default: str | None, flag: str, help_: str, metavar: str = "FLOAT"):
+    return typer.Option(default, flag, help=help_, metavar=metavar)
 
 
 def _show(data: dict[str, Any], title: str) -> None:
@@ -51,13 +92,15 @@ def _emit(data: dict[str, Any], as_json: bool, title: str) -> None:
 
 @budget_app.command("gaussian")
 def gaussian(
-    delta: float = typer.Option(..., "--delta", help="Target delta in (0, 1)."),
-    sigma: Optional[float] = typer.Option(None, "--sigma", help="Noise std (gives epsilons)."),
-    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Target epsilon (gives sigmas)."),
-    sensitivity: float = typer.Option(1.0, "--sensitivity", help="L2 sensitivity."),
+    delta_: str = _num_opt(..., "--delta", "Target delta in (0, 1)."),
+    sigma_: Optional[str] = _num_opt(None, "--sigma", "Noise std (gives epsilons)."),
+    epsilon_: Optional[str] = _num_opt(None, "--epsilon", "Target epsilon (gives sigmas)."),
+    sensitivity_: str = _num_opt("1.0", "--sensitivity", "L2 sensitivity."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Gaussian mechanism: classic (epsilon < 1 only) and analytic calibration side by side."""
+    delta, sigma, epsilon = _num(delta_, "--delta"), _num(sigma_, "--sigma"), _num(epsilon_, "--epsilon")
+    sensitivity = _num(sensitivity_, "--sensitivity")
     if (sigma is None) == (epsilon is None):
         raise ValueError("give exactly one of --sigma or --epsilon; found "
                          + ("both" if sigma is not None else "neither"))
@@ -80,12 +123,13 @@ def gaussian(
 
 @budget_app.command("nfdp")
 def nfdp(
-    n: int = typer.Option(..., "--n", help="Client dataset size."),
-    k: int = typer.Option(..., "--k", help="Subsample size."),
+    n_: str = _num_opt(..., "--n", "Client dataset size.", "INT"),
+    k_: str = _num_opt(..., "--k", "Subsample size.", "INT"),
     replacement: bool = typer.Option(..., "--replacement/--no-replacement", help="Sampling with or without replacement."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """FedMD-NFDP subsampling: the theorem's (epsilon, delta) and the exact privacy profile."""
+    n, k = _int(n_, "--n"), _int(k_, "--k")
     eps, delta = acc.nfdp_epsilon_delta(n, k, replacement)
     grid = sorted(set(PROFILE_EPSILONS) | {eps})
     profile = acc.nfdp_profile(n, k, replacement, grid)
@@ -102,51 +146,102 @@ def nfdp(
 
 @budget_app.command("dpsgd")
 def dpsgd(
-    sample_rate: float = typer.Option(..., "--sample-rate", help="Sampling rate q (batch / dataset)."),
-    noise_multiplier: float = typer.Option(..., "--noise-multiplier", help="Noise std / clipping norm."),
-    steps: int = typer.Option(..., "--steps", help="Number of steps."),
-    delta: float = typer.Option(..., "--delta", help="Target delta in (0, 1)."),
-    sampling: str = typer.Option("poisson", "--sampling", help="poisson | without-replacement"),
-    accountant: str = typer.Option("pld", "--accountant", help="rdp | pld | prv | all"),
-    dataset_size: Optional[int] = typer.Option(None, "--dataset-size", help="N for sampling without replacement."),
+    sample_rate_: str = _num_opt(..., "--sample-rate", "Sampling rate q (batch / dataset)."),
+    noise_multiplier_: str = _num_opt(..., "--noise-multiplier", "Noise std / clipping norm."),
+    steps_: str = _num_opt(..., "--steps", "Number of steps.", "INT"),
+    delta_: str = _num_opt(..., "--delta", "Target delta in (0, 1)."),
+    sampler: Optional[str] = typer.Option(None, "--sampler", help="poisson | shuffle | random-allocation | "
+                                          "without-replacement: how batches were drawn (default poisson)"),
+    sampling: Optional[str] = typer.Option(None, "--sampling", help="Older name of --sampler."),
+    accountant: str = typer.Option("pld", "--accountant", help="rdp | pld | prv | all (Poisson and "
+                                   "without-replacement)"),
+    dataset_size_: Optional[str] = _num_opt(None, "--dataset-size", "N for sampling without replacement.", "INT"),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Epsilon of subsampled-Gaussian steps (DP-SGD, DP-FedAvg, FedKADP)."""
+    """Epsilon of subsampled-Gaussian steps (DP-SGD, DP-FedAvg, FedKADP) under the sampler that ran."""
+    q, sigma = _num(sample_rate_, "--sample-rate"), _num(noise_multiplier_, "--noise-multiplier")
+    steps, delta = _int(steps_, "--steps"), _num(delta_, "--delta")
+    dataset_size = _int(dataset_size_, "--dataset-size")
+    if sampler is not None and sampling is not None and sampler != sampling:
+        raise ValueError(f"--sampler and --sampling disagree; found {sampler!r} and {sampling!r}")
+    kind = sampler or sampling or "poisson"
+    choices = (*acc.SAMPLERS, "without-replacement")
+    if kind not in choices:
+        raise ValueError(f"--sampler must be one of {', '.join(choices)}; found {kind!r}")
+    if kind in ("shuffle", "random-allocation"):
+        _emit(_sampler_output(kind, q, sigma, steps, delta), as_json, f"DP-SGD, {kind} batches")
+        return
+    if accountant not in ("rdp", "pld", "prv", "all"):
+        raise ValueError(f"--accountant must be one of rdp, pld, prv, all; found {accountant!r}")
+    warns: list[str] = []
     if accountant == "all":
-        names = ["rdp"] if sampling == "without-replacement" else ["rdp", "pld", "prv"]
+        names = ["rdp"] if kind == "without-replacement" else ["rdp", "pld", "prv"]
+        if kind == "without-replacement":
+            warns.append("pld and prv do not support sampling without replacement; only rdp is shown")
     else:
         names = [accountant]
-    results = {
-        name: acc.dpsgd_accounting(sample_rate, noise_multiplier, steps, delta, sampling, name,
-                                   dataset_size=dataset_size)
-        for name in names
-    }
+    results = {}
+    for name in names:
+        try:
+            results[name] = acc.dpsgd_accounting(q, sigma, steps, delta, kind, name, dataset_size=dataset_size)
+        except ValueError as exc:
+            if accountant != "all" or name != "prv":
+                raise
+            warns.append(f"prv left out: {exc}")  # PRV's grid would not fit in memory
     first = next(iter(results.values()))
-    warns = list(first.warnings)
-    if accountant == "all" and sampling == "without-replacement":
-        warns.append("pld and prv do not support sampling without replacement; only rdp is shown")
     out = {
-        "sample_rate": sample_rate, "noise_multiplier": noise_multiplier, "steps": steps, "delta": delta,
-        "sampling": sampling, "neighbouring": first.neighbouring,
-        "accountant": accountant,
+        "sample_rate": q, "noise_multiplier": sigma, "steps": steps, "delta": delta,
+        "sampler": kind, "neighbouring": first.neighbouring, "accountant": accountant,
         "epsilon": {k: r.epsilon for k, r in results.items()} if accountant == "all" else first.epsilon,
-        "warnings": warns,
     }
+    if kind == "poisson" and accountant != "rdp":  # RDP is a relaxation, not a tight value: no bracket
+        out["epsilon_bracket"] = _bracket(q, sigma, steps, delta, results, warns)
+    out["warnings"] = list(first.warnings) + warns
     _emit(out, as_json, "DP-SGD (subsampled Gaussian)")
+
+
+def _bracket(q: float, sigma: float, steps: int, delta: float, results: dict, warns: list[str]) -> dict | None:
+    """Certified [lower, upper] around the tight epsilon: PRV's certified lower end (Gopi et al. 2021)
+    and the smallest certified upper bound among PRV's upper end and the pessimistic PLD."""
+    try:
+        low, est, up = acc.prv_bracket(q, sigma, steps, delta)
+    except ValueError as exc:
+        warns.append(f"no certified bracket: {exc}")
+        return None
+    uppers = {"prv": up, **{k: r.epsilon for k, r in results.items() if k == "pld"}}
+    best = min(uppers, key=uppers.get)
+    return {"lower": low, "upper": uppers[best], "upper_from": best, "prv_estimate": est,
+            "method": "PRV certified interval (eps_error 0.01) and dp-accounting's pessimistic PLD"}
+
+
+def _sampler_output(kind: str, q: float, sigma: float, steps: int, delta: float) -> dict[str, Any]:
+    """Upper and lower epsilon bounds for shuffled / randomly allocated batches, beside Poisson's."""
+    res = acc.sampler_accounting(kind, q, sigma, steps, delta)
+    poisson = acc.sampler_accounting("poisson", q, sigma, steps, delta)
+    return {
+        "sample_rate": q, "noise_multiplier": sigma, "steps": steps, "delta": delta, "sampler": kind,
+        "batches_per_epoch": res.batches_per_epoch, "epochs": res.epochs, "neighbouring": "add_remove",
+        "epsilon": res.epsilon, "epsilon_lower": res.epsilon_lower,
+        "upper_method": res.upper_method, "lower_method": res.lower_method,
+        "epsilon_if_poisson": poisson.epsilon,
+        "warnings": list(res.notes),
+    }
 
 
 @budget_app.command("calibrate")
 def calibrate(
-    epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon."),
-    delta: float = typer.Option(..., "--delta", help="Target delta in (0, 1)."),
-    sample_rate: float = typer.Option(..., "--sample-rate", help="Sampling rate q."),
-    steps: int = typer.Option(..., "--steps", help="Number of steps."),
+    epsilon_: str = _num_opt(..., "--epsilon", "Target epsilon."),
+    delta_: str = _num_opt(..., "--delta", "Target delta in (0, 1)."),
+    sample_rate_: str = _num_opt(..., "--sample-rate", "Sampling rate q."),
+    steps_: str = _num_opt(..., "--steps", "Number of steps.", "INT"),
     sampling: str = typer.Option("poisson", "--sampling", help="poisson | without-replacement"),
     accountant: str = typer.Option("pld", "--accountant", help="pld | rdp"),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Smallest noise multiplier meeting (epsilon, delta); the returned epsilon is re-checked <= target."""
-    cal = acc.calibrate_noise_multiplier(epsilon, delta, sample_rate, steps, sampling, accountant)
+    cal = acc.calibrate_noise_multiplier(_num(epsilon_, "--epsilon"), _num(delta_, "--delta"),
+                                         _num(sample_rate_, "--sample-rate"), _int(steps_, "--steps"),
+                                         sampling, accountant)
     out = {
         "noise_multiplier": cal.noise_multiplier, "epsilon": cal.epsilon, "target_epsilon": cal.target_epsilon,
         "delta": cal.delta, "sample_rate": cal.sample_rate, "steps": cal.steps, "sampling": cal.sampling,
@@ -159,12 +254,13 @@ def calibrate(
 
 @sensitivity_app.command("logreg")
 def logreg(
-    n: int = typer.Option(..., "--n", help="Examples the ERM is solved on."),
-    lam: float = typer.Option(..., "--lambda", help="L2 regularisation strength."),
-    classes: Optional[int] = typer.Option(None, "--classes", help="Number of classes C (multinomial)."),
+    n_: str = _num_opt(..., "--n", "Examples the ERM is solved on.", "INT"),
+    lam_: str = _num_opt(..., "--lambda", "L2 regularisation strength."),
+    classes_: Optional[str] = _num_opt(None, "--classes", "Number of classes C (multinomial).", "INT"),
     as_json: bool = JSON_OPT,
 ) -> None:
     """L2 sensitivity of L2-regularised logistic regression (features with norm <= 1, replace-one)."""
+    n, lam, classes = _int(n_, "--n"), _num(lam_, "--lambda"), _int(classes_, "--classes", 2)
     out: dict[str, Any] = {"n": n, "lambda": lam, "neighbouring": "replace_one",
                            "binary": acc.logreg_binary_sensitivity(n, lam)}
     if classes is not None:
@@ -176,77 +272,112 @@ def logreg(
     _emit(out, as_json, "logistic-regression sensitivity")
 
 
-def _parse_floats(text: str, option: str, parts: tuple[int, int]) -> list[str]:
+def _split_release(text: str, option: str, parts: tuple[int, int]) -> list[str]:
     items = text.split(":")
     if not parts[0] <= len(items) <= parts[1]:
-        raise ValueError(f"{option} must look like EPS:DELTA[:METHOD]; found {text!r}")
+        shape = "EPS:DELTA[:classic|analytic]" if parts[1] == 3 else "EPS:DELTA"
+        raise ValueError(f"{option} must look like {shape}; found {text!r}")
     return items
 
 
-def _to_float(text: str, name: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"{name} must be a number; found {text!r}") from None
-
-
-def _releases_from(gaussian: list[float], gaussian_eps: list[str], eps_delta: list[str],
-                   file: Optional[Path]) -> list[dict[str, Any]]:
-    releases: list[dict[str, Any]] = [{"gaussian": g} for g in gaussian]
+def _releases_from(gaussian: list[str], gaussian_eps: list[str], eps_delta: list[str],
+                   file: Optional[Path]) -> list[tuple[str, dict[str, Any]]]:
+    """(where, release record) pairs; ``where`` names the option or file entry for error messages."""
+    releases: list[tuple[str, dict[str, Any]]] = [(f"--gaussian {g!r}", {"gaussian": _num(g, "--gaussian")})
+                                                  for g in gaussian]
     for text in gaussian_eps:
-        items = _parse_floats(text, "--gaussian-eps", (2, 3))
-        releases.append({"gaussian_eps": [_to_float(items[0], "epsilon"), _to_float(items[1], "delta"),
-                                          items[2] if len(items) == 3 else "classic"]})
+        items = _split_release(text, "--gaussian-eps", (2, 3))
+        where = f"--gaussian-eps {text!r}"
+        releases.append((where, {"gaussian_eps": [_num(items[0], f"{where}: epsilon"), _num(items[1], f"{where}: delta"),
+                                                  items[2] if len(items) == 3 else "classic"]}))
     for text in eps_delta:
-        items = _parse_floats(text, "--eps-delta", (2, 2))
-        releases.append({"epsilon": _to_float(items[0], "epsilon"), "delta": _to_float(items[1], "delta")})
+        items = _split_release(text, "--eps-delta", (2, 2))
+        where = f"--eps-delta {text!r}"
+        releases.append((where, {"epsilon": _num(items[0], f"{where}: epsilon"),
+                                 "delta": _num(items[1], f"{where}: delta")}))
     if file is not None:
-        if not file.is_file():
-            raise FileNotFoundError(f"compose file not found: {file}")
-        data = json.loads(file.read_text())
-        items = data.get("releases") if isinstance(data, dict) else data
-        if not isinstance(items, list):
-            raise ValueError(f"compose file must hold a list of releases (or {{'releases': [...]}}); found {type(items).__name__}")
-        releases.extend(items)
+        releases.extend(_releases_in_file(file))
     if not releases:
         raise ValueError("give at least one release (--gaussian, --gaussian-eps, --eps-delta or --file); found none")
     return releases
 
 
-def _event_of(release: dict[str, Any]) -> tuple[dpa.DpEvent, tuple[float, float] | None, str]:
+def _releases_in_file(file: Path) -> list[tuple[str, dict[str, Any]]]:
+    if not file.is_file():
+        raise FileNotFoundError(f"compose file not found: {file}")
+    try:
+        data = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"compose file {file} is not valid JSON: {exc}") from None
+    items = data.get("releases") if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise ValueError(f"compose file {file} must hold a list of releases or {{\"releases\": [...]}}; "
+                         f"found {json.dumps(data)[:80]}")
+    out = []
+    for i, item in enumerate(items):
+        where = f"compose file {file}: releases[{i}]"
+        if not isinstance(item, dict):
+            raise ValueError(f"{where} must be an object such as {{\"gaussian\": 2.0}}; found {json.dumps(item)[:80]}")
+        out.append((where, item))
+    return out
+
+
+_SHAPES = ({"gaussian"}, {"gaussian_eps"}, {"epsilon", "delta"})
+
+
+def _real(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where} must be a number; found {value!r}")
+    return float(value)
+
+
+def _event_of(release: dict[str, Any], where: str) -> tuple[Any, tuple[float, float] | None, str]:
     """(event, nominal (eps, delta) or None, description) of one release record."""
+    if set(release) not in _SHAPES:
+        raise ValueError(f"{where} must have the keys 'gaussian', 'gaussian_eps' or 'epsilon'+'delta'; "
+                         f"found {sorted(release)}")
     if "gaussian" in release:
-        sigma = float(release["gaussian"])
+        sigma = _real(release["gaussian"], f"{where}: gaussian")
         if not sigma > 0 or math.isinf(sigma):
-            raise ValueError(f"gaussian noise multiplier must be a positive finite number; found {sigma!r}")
+            raise ValueError(f"{where}: gaussian noise multiplier must be a positive finite number; found {sigma!r}")
         return dpa.GaussianDpEvent(sigma), None, f"Gaussian, sigma/sensitivity={sigma:g}"
     if "gaussian_eps" in release:
-        eps, delta, method = release["gaussian_eps"]
-        cal = acc.calibrate_gaussian(float(eps), float(delta), 1.0, method=str(method))
-        return (dpa.GaussianDpEvent(cal.sigma), (float(eps), float(delta)),
+        spec = release["gaussian_eps"]
+        if not isinstance(spec, list) or len(spec) not in (2, 3):
+            raise ValueError(f"{where}: gaussian_eps must be a list (epsilon, delta) or (epsilon, delta, method); "
+                             f"found {spec!r}")
+        eps, delta = _real(spec[0], f"{where}: epsilon"), _real(spec[1], f"{where}: delta")
+        method = spec[2] if len(spec) == 3 else "classic"
+        if method not in ("classic", "analytic"):
+            raise ValueError(f"{where}: method must be classic or analytic; found {method!r}")
+        cal = acc.calibrate_gaussian(eps, delta, 1.0, method=method)
+        return (dpa.GaussianDpEvent(cal.sigma), (eps, delta),
                 f"Gaussian calibrated ({method}) for ({eps:g}, {delta:g}): sigma/sensitivity={cal.sigma:.6g}")
-    if "epsilon" in release and "delta" in release:
-        ev = acc.EpsilonDeltaEvent(float(release["epsilon"]), float(release["delta"]))
-        return ev, ev.epsilon_delta, f"({release['epsilon']:g}, {release['delta']:g})-DP mechanism"
-    raise ValueError(f"release must have 'gaussian', 'gaussian_eps' or 'epsilon'+'delta'; found {release!r}")
+    eps, delta = _real(release["epsilon"], f"{where}: epsilon"), _real(release["delta"], f"{where}: delta")
+    try:
+        ev = acc.EpsilonDeltaEvent(eps, delta)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    return ev, ev.epsilon_delta, f"({eps:g}, {delta:g})-DP mechanism"
 
 
 @budget_app.command("compose")
 def compose(
-    gaussian: list[float] = typer.Option([], "--gaussian", help="A Gaussian release, sigma/sensitivity (repeatable)."),
+    gaussian: list[str] = typer.Option([], "--gaussian", metavar="FLOAT", help="A Gaussian release, sigma/sensitivity (repeatable)."),
     gaussian_eps: list[str] = typer.Option([], "--gaussian-eps", help="A Gaussian calibrated for EPS:DELTA[:classic|analytic] (repeatable)."),
     eps_delta: list[str] = typer.Option([], "--eps-delta", help="An (EPS:DELTA)-DP release (repeatable)."),
     file: Optional[Path] = typer.Option(None, "--file", help="JSON list of releases: {gaussian}, {gaussian_eps: [e, d, m]}, {epsilon, delta}."),
-    delta: Optional[float] = typer.Option(None, "--delta", help="Total delta (default: sum of the releases' deltas)."),
+    delta_: Optional[str] = _num_opt(None, "--delta", "Total delta (default: sum of the releases' deltas)."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Compose several releases on the same data: nominal basic sum vs privkit's accountants."""
+    delta = _num(delta_, "--delta")
     releases = _releases_from(gaussian, gaussian_eps, eps_delta, file)
     ledger = acc.Ledger()
     nominal: list[tuple[float, float]] = []
     described = []
-    for i, rel in enumerate(releases):
-        event, nom, text = _event_of(rel)
+    for i, (where, rel) in enumerate(releases):
+        event, nom, text = _event_of(rel, where)
         ledger.add("data", event, f"release {i}")
         described.append(text)
         if nom is not None:
@@ -279,16 +410,17 @@ def compose(
 @budget_app.command("ledger")
 def ledger_cmd(
     file: Path = typer.Argument(..., help="ledger.json written by Ledger.save."),
-    delta: float = typer.Option(..., "--delta", help="Target delta in (0, 1)."),
+    delta_: str = _num_opt(..., "--delta", "Target delta in (0, 1)."),
     labels: list[str] = typer.Option([], "--label", help="Only entries with this label (repeatable)."),
-    pld_grid: float = typer.Option(1e-3, "--pld-grid", help="PLD value discretisation interval: "
-                                   "1e-3 is fast and still a pessimistic upper bound; 1e-4 is tighter "
-                                   "by ~0.1% and ~10x slower."),
+    pld_grid_: str = _num_opt("1e-3", "--pld-grid", "PLD value discretisation interval: 1e-3 is fast "
+                              "and still a pessimistic upper bound; 1e-4 is tighter by ~0.1% and ~10x slower."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Epsilon per client and for the worst client under every applicable accountant."""
+    delta, pld_grid = _num(delta_, "--delta"), _num(pld_grid_, "--pld-grid")
+    acc._validate.check_positive(pld_grid, "pld_grid")
     ledger = acc.Ledger.load(file)
-    ledger.value_discretization_interval = check_positive(pld_grid, "pld_grid")
+    ledger.value_discretization_interval = pld_grid
     summary = ledger.summary(delta, labels=labels or None)
     summary["pld_grid"] = pld_grid
     if as_json:
@@ -304,5 +436,12 @@ def ledger_cmd(
     table.add_row("worst", *(f"{summary['worst'][k]:.4g}" if k in summary["worst"] else "n/a" for k in kinds))
     out_console.print(table)
     out_console.print(f"PLD on a {pld_grid:g} grid (pessimistic discretisation: an upper bound)")
+    if "noise" in summary:
+        out_console.print(f"[red]{summary['noise']}[/red]", highlight=False)
+    adaptive = summary.get("adaptive_composition")
+    if adaptive:
+        out_console.print(f"adaptive choices covered by a Renyi filter (order {adaptive['order']:g}): every client is "
+                          f"({adaptive['epsilon']:.4g}, {adaptive['delta']:g})-DP; the table composes the recorded "
+                          "rounds as if their parameters were fixed in advance", highlight=False)
     for kind, reason in summary["not_applicable"].items():
         out_console.print(f"[yellow]{kind} not applicable:[/yellow] {reason}", highlight=False)

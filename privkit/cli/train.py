@@ -38,7 +38,7 @@ def list_methods() -> list[dict[str, Any]]:
 
 
 def resolve_run(method: str | None, config_file: Path | None, sets: list[str], federation_sets: list[str],
-                seed: int | None, quick: bool) -> dict[str, Any]:
+                seed: int | None, quick: bool, reproducible_noise: bool = False) -> dict[str, Any]:
     """Validated {method, seed, federation (FederationConfig), trainer (config model)}; no training."""
     from privkit.data import FederationConfig
     from privkit.trainers import get_trainer, make_config
@@ -56,6 +56,8 @@ def resolve_run(method: str | None, config_file: Path | None, sets: list[str], f
     trainer = spec.quick_config() if quick else {}
     trainer.update(data.get("trainer", {}))
     trainer = apply_overrides(trainer, sets)
+    if reproducible_noise:
+        trainer["reproducible_noise"] = True
     for key in trainer:
         if key not in spec.config_cls.model_fields:
             raise PrivkitError(f"--set key must be a field of {method}'s config "
@@ -103,6 +105,7 @@ def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> 
             "delta": delta, "accountant": "best", "accounting_error": note,
             "claims": {k: v for k, v in result.claims.items() if k != "mechanisms"},
             "warnings": result.warnings, "artifacts": sorted(result.artifacts),
+            **result.ledger.noise_stamp(),
             "files": sorted(p.name for p in out.iterdir())}
 
 
@@ -126,6 +129,9 @@ def train_command(
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory to write."),
     list_: bool = typer.Option(False, "--list", help="List the registered methods and exit."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    reproducible_noise: bool = typer.Option(
+        False, "--reproducible-noise", help="Derive DP noise and sampling from the seed (bit-reproducible; "
+        "the ledger and outputs say 'reproducible noise: not for release'). Default: OS entropy, never stored."),
 ) -> None:
     """Train METHOD on a federation and write RUN_DIR (config, federation, checkpoints, ledger, metrics)."""
     if list_:
@@ -137,7 +143,7 @@ def train_command(
         return
     if out is None:
         raise PrivkitError("--out must name the run directory to write; found none")
-    resolved = resolve_run(method, config, sets, federation_sets, seed, quick)
+    resolved = resolve_run(method, config, sets, federation_sets, seed, quick, reproducible_noise)
     summary = run_training(resolved, out, progress=not as_json)
     if as_json:
         print_json({"schema_version": SCHEMA_VERSION, **summary})

@@ -44,7 +44,7 @@ class MethodEntry(StrictModel):
 class AuditSettings(StrictModel):
     """Membership/attribute-inference audits run on every method's released model(s).
 
-    Unset options take the audit layer's defaults (``attacks.audit_run``).
+    Unset options take the audit layer's defaults (``privkit.audit.audit_run``).
     """
 
     enabled: bool = True
@@ -56,7 +56,6 @@ class AuditSettings(StrictModel):
     n_audit: Annotated[int, Field(ge=10)] | None = None
     alpha: Annotated[float, Field(gt=0, lt=1)] | None = None
     shadow_iterations: Annotated[int, Field(ge=1)] | None = None
-    canaries: Annotated[int, Field(ge=2)] | None = None
 
     @field_validator("shadows")
     @classmethod
@@ -67,8 +66,8 @@ class AuditSettings(StrictModel):
         return v
 
     def options(self) -> dict[str, Any]:
-        """Keyword options for ``attacks.audit_run`` that this config sets."""
-        keys = ("workers", "n_audit", "alpha", "shadow_iterations", "canaries")
+        """Keyword options for ``privkit.audit.audit_run`` that this config sets."""
+        keys = ("workers", "n_audit", "alpha", "shadow_iterations")
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
@@ -201,17 +200,12 @@ def _check_dataset(fed: FederationConfig) -> None:
 
 
 def _check_attacks(audit: AuditSettings) -> None:
-    """Attack names are checked against the audit layer's registry, when it exposes one."""
+    """Attack names are checked against the run audit's registry (:data:`privkit.audit.ATTACKS`)."""
     if not audit.enabled or audit.attacks is None:
         return
-    try:
-        import attacks
-    except ImportError:  # pragma: no cover - attacks ships in this distribution
-        return
-    known = getattr(attacks, "ATTACKS", None) or getattr(attacks, "MEMBERSHIP_ATTACKS", None)
-    if not known:
-        return
-    known = set(known) | set(getattr(attacks, "ATTRIBUTE_ATTACKS", ()) or ())
+    from privkit.audit import ATTACKS
+
+    known = set(ATTACKS)
     bad = [a for a in audit.attacks if a not in known]
     if bad:
         raise PrivkitError(f"audit.attacks must be among {', '.join(sorted(known))}; found {bad}")

@@ -98,7 +98,7 @@ def _method_report(key: str, info: dict, st: dict, mdir: Path):
     audit = parts["audit"]
     verdict = audit.verdict if audit is not None else None
     if verdict is None and not info.get("formal_dp", True):
-        verdict = Verdict(status="no-formal-guarantee", message="the method makes no formal DP claim")
+        verdict = Verdict(status="no-claim", message="the method makes no formal DP claim")
     return MethodReport(name=key, method=info.get("method", key), summary=info.get("summary", ""),
                         paper=info.get("paper"), formal_dp=info.get("formal_dp", True),
                         seed=info.get("seed", 0), config=info.get("trainer", {}),
@@ -144,10 +144,11 @@ def _read_privacy(mdir: Path, info: dict, warnings: list):
 
 def _read_audit(mdir: Path, info: dict, warnings: list):
     from reports import AuditSummary, ReportWarning
+    from reports.schema import WARNING_CODES
 
     a = _read_json(mdir / "audit.json")
     known = {"attacks", "attribute", "accounted_epsilon", "delta", "shadows", "verdict",
-             "schema_version", "method"}
+             "schema_version", "method", "warnings"}
 
     def clean(entries: dict | None) -> dict:  # tracebacks stay in audit.json, not the report
         return {k: {f: v for f, v in e.items() if f != "traceback"} for k, e in (entries or {}).items()}
@@ -163,6 +164,10 @@ def _read_audit(mdir: Path, info: dict, warnings: list):
     if a.get("shadow_error"):
         warnings.append(ReportWarning(code="other", source="audit",
                                       message=f"shadow training failed: {a['shadow_error']}"))
+    for w in a.get("warnings") or []:  # e.g. audited runs on less data than the release, with numbers
+        code = w.get("code", "other") if isinstance(w, dict) else "other"
+        warnings.append(ReportWarning(code=code if code in WARNING_CODES else "other", source="audit",
+                                      message=w.get("message", "") if isinstance(w, dict) else str(w)))
     return audit
 
 
@@ -235,8 +240,9 @@ def build_report(root: str | Path, *, command: str | None = None,
             "clients' records are protected.",
             "Accounted epsilons are upper bounds from the mechanisms recorded in each method's "
             "ledger; empirical epsilons are statistical lower bounds from the audits.",
-            "Audits attack the released model(s) only, with the shadow models trained by the same "
-            "recipe on records disjoint from the target's.",
+            "Membership audits attack a fresh run of each method's recipe whose audited records were "
+            "included by fair coins from one pool, with reference runs of the same recipe on data of "
+            "the same size; attribute audits attack the released run's shared artifacts.",
             *audit_notes,
             *([f"PLD accountant on a value grid of {resolved['pld_grid']:g} (coarser than the "
                "default 1e-4: faster, still a pessimistic upper bound)."]

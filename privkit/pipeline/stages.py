@@ -8,7 +8,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from privkit.errors import PrivkitError
 from privkit.pipeline.config import ACCOUNTANTS, SCHEMA_VERSION, ResolvedMethod, ResolvedRun
 from privkit.pipeline.files import atomic_write_json
 from privkit.pipeline.files import one_line as _one_line
@@ -121,11 +120,9 @@ def _audit_stage(run: ResolvedRun, m: ResolvedMethod, mdir: Path, progress: bool
 
 def run_audit(run_dir: Path, *, attacks: list[str] | None, shadows: int, executor: str, seed: int,
               progress: bool, **options: Any) -> dict:
-    """Call the audit layer (``attacks.audit_run``), which writes ``audit.json``."""
-    try:
-        from attacks import audit_run
-    except ImportError as exc:
-        raise PrivkitError(f"the audit layer is not available: {exc}") from exc
+    """Audit one method's run directory (:func:`privkit.audit.audit_run`), which writes ``audit.json``."""
+    from privkit.audit import audit_run
+
     return audit_run(run_dir, attacks=attacks, shadows=shadows, executor=executor, seed=seed,
                      progress=progress, **options)
 

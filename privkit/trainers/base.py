@@ -34,6 +34,9 @@ class TrainerConfig(StrictModel):
     """Settings every trainer shares; each method subclasses it with its own fields and defaults."""
 
     device: str = "auto"
+    # False (release mode): DP noise and privacy-amplifying sampling come from OS entropy and are
+    # never stored. True: derived from the run seed, bit-reproducible, stamped "not for release".
+    reproducible_noise: bool = False
     arch: Literal["cnn", "mlp"] = "cnn"
     width: Annotated[int, Field(ge=1)] = 16
     feature_dim: Annotated[int, Field(ge=2)] = 128
@@ -56,6 +59,7 @@ class TrainResult:
     warnings : caveats a reviewer must see (data-dependent choices, sampling mismatches, ...).
     claims : the paper's own privacy claim for this method, e.g.
         ``{"epsilon": 0.6, "delta": 2e-5, "composition": "basic", "source": "FedAUXfdp Table 2"}``.
+    reproducible_noise : True when the DP noise was derived from the run seed (not for release).
     """
 
     method: str
@@ -72,6 +76,7 @@ class TrainResult:
     client_accuracy: list[float] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     claims: dict = field(default_factory=dict)
+    reproducible_noise: bool = False  # True: DP noise derived from the stored seed ("not for release")
 
     # ------------------------------------------------------------------ persistence
     def metrics(self) -> dict:
@@ -92,7 +97,7 @@ class TrainResult:
         meta = {"schema_version": SCHEMA_VERSION, "method": self.method, "seed": self.seed,
                 "config": self.config, "model_spec": self.model_spec,
                 "client_model_specs": self.client_model_specs, "warnings": self.warnings,
-                "claims": self.claims}
+                "claims": self.claims, "reproducible_noise": self.reproducible_noise}
         (out / "train.json").write_text(json.dumps(meta, indent=2, default=json_default))
         if self.artifacts:
             np.savez_compressed(out / "artifacts.npz", **self.artifacts)
@@ -126,7 +131,8 @@ class TrainResult:
                    artifacts=artifacts, client_models=clients,
                    client_model_specs=meta.get("client_model_specs", []),
                    client_accuracy=metrics.get("client_accuracy", []),
-                   warnings=meta.get("warnings", []), claims=meta.get("claims", {}))
+                   warnings=meta.get("warnings", []), claims=meta.get("claims", {}),
+                   reproducible_noise=bool(meta.get("reproducible_noise", False)))
 
 
 # ---------------------------------------------------------------------------- registry
@@ -197,4 +203,16 @@ def train(method: str, federation: "Federation", config: dict | TrainerConfig | 
     result = spec.fn(federation, cfg, seed, progress=progress)
     if result.method != method:
         raise PrivkitError(f"trainer {method} returned a result labelled {result.method!r}")
+    stamp_noise(result, cfg.reproducible_noise)
     return result
+
+
+def stamp_noise(result: TrainResult, reproducible: bool) -> None:
+    """Record how the DP randomness was drawn in the result, its ledger and its warnings."""
+    from accountants import NOT_FOR_RELEASE
+
+    result.reproducible_noise = bool(reproducible)
+    result.ledger.reproducible_noise = bool(reproducible)
+    if reproducible and NOT_FOR_RELEASE not in result.warnings:
+        result.warnings.insert(0, f"{NOT_FOR_RELEASE}: the DP noise and sampling were derived from the run "
+                                  "seed stored in this run directory, so they can be regenerated")

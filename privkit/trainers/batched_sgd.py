@@ -22,7 +22,8 @@ same weights up to float rounding, tested):
 * update: SGD or Adam (torch's defaults) with step ``lr``.
 
 Randomness per model from its seed: initialisation (``seed``), batches (``derive_seed(seed,
-"batches")``) and noise (``derive_seed(seed, "noise")``). Poisson masks and noise are drawn in
+"batches")``) and noise (``derive_seed(seed, "noise")``); with ``reproducible=False`` (release mode,
+:func:`privkit.seeding.noise_generator`) batches and noise come from OS entropy instead. Poisson masks and noise are drawn in
 blocks of :data:`BLOCK` steps (``rand(K, n)``, ``randn(K, parameters)`` from the model's generator,
 ``K = min(BLOCK, steps left)``), so that the M models' draws happen once per block rather than once
 per step, and the loop draws exactly the same numbers.
@@ -40,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from privkit.models import build_from_spec
-from privkit.seeding import derive_seed, seed_torch, torch_generator
+from privkit.seeding import noise_generator, seed_torch
 from privkit.trainers.stacked import StackedModels
 
 BLOCK = 16  # steps whose Poisson masks and noise are drawn at once (part of the stream definition)
@@ -94,10 +95,11 @@ def _init(spec: dict, seed: int) -> torch.nn.Module:
     return build_from_spec(spec)
 
 
-def _generators(seed: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
-    """(batch generator on the CPU, noise generator on ``device``) of one model."""
-    return (torch_generator(derive_seed(seed, "batches")),
-            torch_generator(derive_seed(seed, "noise"), device=device))
+def _generators(seed: int, device: torch.device, reproducible: bool) -> tuple[torch.Generator, torch.Generator]:
+    """(batch generator on the CPU, noise generator on ``device``) of one model: the sampling the
+    accountant amplifies on and the noise, both secret in release mode."""
+    return (noise_generator(seed, "batches", reproducible=reproducible),
+            noise_generator(seed, "noise", reproducible=reproducible, device=device))
 
 
 # -- the reference loop ---------------------------------------------------------------------------
@@ -118,7 +120,7 @@ def _one_batches(n: int, recipe: SGDRecipe, gen: torch.Generator):
 
 
 def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recipe: SGDRecipe,
-              seed: int) -> dict[str, torch.Tensor]:
+              seed: int, *, reproducible: bool = True) -> dict[str, torch.Tensor]:
     """Reference loop: train one model on ``x[index]`` (CPU); returns its parameters.
 
     Per-example gradients come from ``torch.func`` (:func:`~privkit.trainers.dp_sgd_step.
@@ -133,7 +135,7 @@ def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recip
     xt, yt = torch.as_tensor(x[index], dtype=torch.float32), torch.as_tensor(y[index], dtype=torch.long)
     n = len(index)
     steps = recipe.steps(n)
-    batch_gen, noise_gen = _generators(seed, torch.device("cpu"))
+    batch_gen, noise_gen = _generators(seed, torch.device("cpu"), reproducible)
     n_params = sum(p.numel() for p in model.parameters())
     std = (recipe.noise_multiplier * recipe.clip) if recipe.clip is not None else 0.0
     noise = None
@@ -267,7 +269,7 @@ def _expand(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarray], recipe: SGDRecipe,
                seeds: list[int], device: str | torch.device = "cpu",
-               chunk_size: int | None = None) -> list[dict[str, torch.Tensor]]:
+               chunk_size: int | None = None, *, reproducible: bool = True) -> list[dict[str, torch.Tensor]]:
     """Train ``len(indices)`` models at once, model j on ``x[indices[j]]`` with seed ``seeds[j]``.
 
     Models with fewer steps than others sit idle (no update) once their stream ends, so each
@@ -283,7 +285,8 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
             raise ValueError(f"chunk_size must be >= 1; found {chunk_size}")
         out: list[dict[str, torch.Tensor]] = []
         for s in range(0, len(seeds), chunk_size):
-            out += train_many(spec, x, y, indices[s:s + chunk_size], recipe, seeds[s:s + chunk_size], device)
+            out += train_many(spec, x, y, indices[s:s + chunk_size], recipe, seeds[s:s + chunk_size], device,
+                              reproducible=reproducible)
         return out
     dev = torch.device(device)
     m = len(seeds)
@@ -293,7 +296,7 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
     buffers = {k: torch.stack([dict(mod.named_buffers())[k] for mod in models]).to(dev)
                for k, _ in models[0].named_buffers()}
     stacked = StackedModels(copy.deepcopy(models[0]), m)
-    gens = [_generators(s, dev) for s in seeds]
+    gens = [_generators(s, dev, reproducible) for s in seeds]
     schedule = _Schedule(indices, recipe, [g[0] for g in gens], dev)
     xt = torch.as_tensor(x, dtype=torch.float32, device=dev)
     yt = torch.as_tensor(y, dtype=torch.long, device=dev)
@@ -363,13 +366,33 @@ def reference_models(spec: dict, x: np.ndarray, y: np.ndarray, *, n_models: int,
                      seed: int = 0, device: str = "cpu", query: np.ndarray | None = None):
     """LiRA reference models for a user's own model: M models on halves of ``(x, y)`` (mask with
     each example in exactly half), trained at once; returns ``(logits (M, N, C), keep (M, N))``."""
-    from attacks.shadows import membership_mask
-    from attacks.target import model_logits
+    from attacks.experiment import membership_mask
+    from attacks.recipe import torch_logits
     from privkit.seeding import child_seeds
 
     keep = membership_mask(n_models, len(y), seed)
     states = train_many(spec, x, y, [np.nonzero(k)[0] for k in keep], recipe,
                         child_seeds(seed, n_models, "reference-models"), device=device)
     q = x if query is None else query
-    logits = np.stack([model_logits(m, q, device=device) for m in load_states(spec, states)])
+    logits = np.stack([torch_logits(m, q, device=device) for m in load_states(spec, states)])
     return logits, keep
+
+
+def _fit_one(spec: dict, recipe: SGDRecipe, x: np.ndarray, y: np.ndarray, seed: int) -> torch.nn.Module:
+    return load_states(spec, [train_one(spec, x, y, np.arange(len(y)), recipe, seed)])[0]
+
+
+def _fit_many(spec: dict, recipe: SGDRecipe, x: np.ndarray, y: np.ndarray, index_sets: list,
+              seeds: list, device: str = "cpu") -> list[torch.nn.Module]:
+    return load_states(spec, train_many(spec, x, y, index_sets, recipe, seeds, device=device))
+
+
+def batched_recipe(spec: dict, recipe: SGDRecipe, device: str = "cpu"):
+    """The (DP-)SGD recipe as an audit-layer :class:`attacks.Recipe`: ``train_fn`` is
+    :func:`train_one`, the batched form :func:`train_many` (same models up to float rounding)."""
+    from functools import partial
+
+    from attacks.recipe import Recipe
+
+    return Recipe(partial(_fit_one, spec, recipe), train_many=partial(_fit_many, spec, recipe, device=device),
+                  name=f"{'dp-' if recipe.clip is not None else ''}sgd {spec.get('arch', 'model')}")

@@ -27,7 +27,7 @@ from pydantic import Field
 from torch.utils.data import DataLoader, TensorDataset
 
 from privkit.errors import PrivkitError
-from privkit.seeding import derive_seed, torch_generator
+from privkit.seeding import derive_seed, noise_generator
 from privkit.trainers.base import TrainerConfig, TrainResult, register_trainer
 from privkit.trainers.common import accuracy, make_optimizer, new_model, resolve_device
 
@@ -60,9 +60,10 @@ class DpsgdConfig(CentralConfig):
     calibration_accountant: Literal["pld", "rdp"] = "pld"  # also the per-epoch epsilon in rounds
 
 
-def _loader(x, y, batch_size: int, seed: int) -> DataLoader:
+def _loader(x, y, batch_size: int, generator: torch.Generator) -> DataLoader:
+    # opacus's DPDataLoader replaces the batches by Poisson sampling drawn from this generator
     ds = TensorDataset(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.long))
-    return DataLoader(ds, batch_size=batch_size, shuffle=True, generator=torch_generator(seed))
+    return DataLoader(ds, batch_size=batch_size, shuffle=True, generator=generator)
 
 
 def _run_epochs(private, dp_opt, dp_loader, loss_fn, epochs, model, federation, device) -> tuple[int, list[dict]]:
@@ -101,7 +102,8 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
         raise PrivkitError(f"batch_size must be <= the pooled data size {len(y)}; found {config.batch_size}")
     model, spec = new_model(federation, config, derive_seed(seed, "init"))
     model.to(device).train()
-    loader = _loader(x, y, config.batch_size, derive_seed(seed, "poisson"))
+    secret = config.reproducible_noise
+    loader = _loader(x, y, config.batch_size, noise_generator(seed, "poisson", reproducible=secret))
     # opacus's DPDataLoader samples each record with rate 1 / (batches per epoch)
     sample_rate = 1.0 / len(loader)
     steps = config.epochs * len(loader)
@@ -118,13 +120,15 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
         notes.append(f"noise multiplier {sigma:g} given; target_epsilon not used")
 
     optimizer = make_optimizer(model.parameters(), config.optimizer, config.lr)
-    with _warnings.catch_warnings():  # opacus warns about secure_mode=False (we seed on purpose)
-        _warnings.simplefilter("ignore")
+    with _warnings.catch_warnings():
+        # opacus warns that secure_mode=False; privkit supplies the generators itself (OS-seeded in
+        # release mode, see privkit.seeding), since opacus's secure mode needs torchcsprng.
+        _warnings.filterwarnings("ignore", message=".*[Ss]ecure.*")
         engine = PrivacyEngine(accountant="rdp")
         private, dp_opt, dp_loader = engine.make_private(
             module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=sigma,
             max_grad_norm=config.clip_norm, poisson_sampling=True,
-            noise_generator=torch_generator(derive_seed(seed, "noise"), device=device))
+            noise_generator=noise_generator(seed, "noise", reproducible=secret, device=device))
     if abs(dp_loader.sample_rate - sample_rate) > 1e-12:
         raise PrivkitError(f"opacus sample rate {dp_loader.sample_rate} differs from the accounted {sample_rate}")
 
@@ -193,7 +197,8 @@ def dpsgd_recipe(config: DpsgdConfig, n: int):
 def train_dpsgd_many(federation, config: DpsgdConfig | dict, indices: list, seeds: list[int],
                      device: str = "cpu") -> list[torch.nn.Module]:
     """M dpsgd models at once: model j is DP-SGD on ``federation.private[indices[j]]`` with seed
-    ``seeds[j]`` (its initialisation is ``train_dpsgd``'s for that seed). Returns CPU models."""
+    ``seeds[j]`` (its initialisation is ``train_dpsgd``'s for that seed; sampling and noise secret
+    unless ``reproducible_noise``). Returns CPU models."""
     import numpy as np
 
     from privkit.trainers.base import make_config
@@ -208,7 +213,8 @@ def train_dpsgd_many(federation, config: DpsgdConfig | dict, indices: list, seed
         recipe = dpsgd_recipe(cfg, n)
         states = train_many(spec, federation.private.x, federation.private.y,
                             [np.asarray(indices[j]) for j in members], recipe,
-                            [derive_seed(seeds[j], "init") for j in members], device=device)
+                            [derive_seed(seeds[j], "init") for j in members], device=device,
+                            reproducible=cfg.reproducible_noise)
         for j, model in zip(members, load_states(spec, states)):
             out[j] = model
     return out

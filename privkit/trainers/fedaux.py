@@ -34,7 +34,7 @@ import torch
 from pydantic import Field
 from typing_extensions import Annotated
 
-from privkit.seeding import make_rng
+from privkit.seeding import noise_rng
 from privkit.trainers.base import TrainResult, register_trainer
 from privkit.trainers.common import embed, resolve_device
 from privkit.trainers.feddf import FedDFConfig, distillation_hook
@@ -92,7 +92,8 @@ class FrozenFeatures:
 def release_scoring_heads(federation, phi: FrozenFeatures, *, lam: float, epsilon: float, delta: float,
                           dp: bool, calibration: str, xi: float, seed: int, ledger,
                           phi_neg: np.ndarray | None = None,
-                          phi_distill: np.ndarray | None = None) -> ScoreRelease:
+                          phi_distill: np.ndarray | None = None,
+                          reproducible_noise: bool = False) -> ScoreRelease:
     """Fit, privatise and record every client's scoring head; return heads and scores.
 
     Each client's ledger gets ``GaussianDpEvent(sigma / (2/(lam n)))`` labelled ``scores``
@@ -114,7 +115,8 @@ def release_scoring_heads(federation, phi: FrozenFeatures, *, lam: float, epsilo
             continue
         fit = fit_binary_head(phi(x_i), phi_neg, lam)
         rel = release_head(fit, kind="binary", lam=lam, epsilon=epsilon if dp else None, delta=delta,
-                           calibration=calibration, rng=make_rng(seed, f"score-noise-{i}"))
+                           calibration=calibration,
+                           rng=noise_rng(seed, f"score-noise-{i}", reproducible=reproducible_noise))
         ledger.add(i, rel.event, "scores", neighbouring="replace_one")
         heads[i] = rel.weights
         scores[i] = certainty_scores(rel.weights, phi_distill, xi)
@@ -165,7 +167,7 @@ def train_fedaux(federation, config: FedAUXConfig, seed: int, progress: bool = F
     release = release_scoring_heads(
         federation, phi, lam=config.score_lambda, epsilon=config.score_epsilon,
         delta=config.score_delta, dp=config.score_dp, calibration=config.calibration, xi=config.xi,
-        seed=seed, ledger=ledger)
+        seed=seed, ledger=ledger, reproducible_noise=config.reproducible_noise)
     store: dict = {}
     hook = distillation_hook(federation, config, seed, scores=release.scores, store=store)
     out = run_federated(federation, config, seed, progress=progress, server_hook=hook, ledger=ledger,

@@ -47,7 +47,7 @@ from typing_extensions import Annotated
 
 from privkit.errors import PrivkitError
 from privkit.progress import progress_bar
-from privkit.seeding import derive_seed, make_rng
+from privkit.seeding import derive_seed, noise_rng
 from privkit.trainers.base import TrainResult, register_trainer
 from privkit.trainers.common import accuracy, distill, new_model, resolve_device
 from privkit.trainers.fedaux import EQ4_NOTE, FrozenFeatures, release_scoring_heads
@@ -165,13 +165,14 @@ def run_dp_heads(method: str, aggregation: Aggregation, federation, cfg: DpHeadC
             fit = fit_multinomial_head(phi(x_i), y_i, C, cfg.class_lambda)
             rel = release_head(fit, kind="multinomial", lam=cfg.class_lambda,
                                epsilon=eps_c if cfg.class_dp else None, delta=delta_c,
-                               calibration=cfg.calibration, rng=make_rng(seed, f"class-noise-{i}"),
+                               calibration=cfg.calibration,
+                               rng=noise_rng(seed, f"class-noise-{i}", reproducible=cfg.reproducible_noise),
                                num_classes=C, bound=cfg.sensitivity_bound)
             ledger.add(i, rel.event, "class-head", neighbouring="replace_one")
             heads[i] = rel.weights
             warns.update(rel.info.pop("warnings", []))
-            class_info.append({"client": i, **rel.info, "sensitivity": rel.sensitivity, "sigma": rel.sigma,
-                               "classes_held": int(len(np.unique(y_i)))})
+            # which classes a client holds is private: it is neither released nor used
+            class_info.append({"client": i, **rel.info, "sensitivity": rel.sensitivity, "sigma": rel.sigma})
             bar.advance(task)
 
     scores = None
@@ -180,7 +181,7 @@ def run_dp_heads(method: str, aggregation: Aggregation, federation, cfg: DpHeadC
         score_rel = release_scoring_heads(
             federation, phi, lam=cfg.score_lambda, epsilon=cfg.score_epsilon, delta=cfg.score_delta,
             dp=cfg.score_dp, calibration=cfg.calibration, xi=cfg.xi, seed=seed, ledger=ledger,
-            phi_distill=phi_distill)
+            phi_distill=phi_distill, reproducible_noise=cfg.reproducible_noise)
         scores = score_rel.scores[active]
         warns.update(score_rel.warnings)
 
@@ -236,11 +237,10 @@ def run_dp_heads(method: str, aggregation: Aggregation, federation, cfg: DpHeadC
 
 
 def _warnings(federation, cfg: DpHeadConfig, baseline: bool, class_info: list[dict], pinfo: dict) -> list[str]:
-    single = sum(1 for c in class_info if c["classes_held"] == 1)
     out = [EQ4_NOTE,
-           f"class heads cover all C={federation.num_classes} global classes ({single} of "
-           f"{len(class_info)} clients hold a single class); choosing C from a client's own labels "
-           "(the paper's 'fewer classes, less noise') would depend on the private data",
+           f"class heads cover all C={federation.num_classes} global classes; choosing C from a client's own "
+           "labels (the paper's 'fewer classes, less noise') would depend on the private data, and so would "
+           "reporting how many classes each client holds (privkit does neither)",
            f"h0 pretrained (SimCLR) on {pinfo.get('size')} public examples ({pinfo.get('data')} part), "
            f"{pinfo.get('epochs')} epochs: no privacy cost"]
     if cfg.class_dp and class_info:

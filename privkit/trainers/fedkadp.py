@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import functools
 import math
 from typing import Annotated, Literal
 
@@ -48,7 +47,7 @@ from pydantic import Field
 from scipy.special import gammaln, logsumexp
 
 from privkit.errors import PrivkitError
-from privkit.seeding import derive_seed, make_rng, torch_generator
+from privkit.seeding import derive_seed, make_rng, noise_generator
 from privkit.trainers.base import TrainerConfig, TrainResult, register_trainer
 from privkit.trainers.common import accuracy, as_tensor, new_model, predict_logits, resolve_device
 from privkit.trainers.dp_sgd_step import DpSgdStep
@@ -243,8 +242,9 @@ def _local_update(global_model: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
     params = [p for p in student.parameters() if p.requires_grad]
     opt = (torch.optim.SGD(params, lr=cfg.lr) if cfg.optimizer == "sgd"
            else torch.optim.Adam(params, lr=cfg.lr))
-    sample_gen = torch_generator(derive_seed(seed, "poisson"))
-    noise_gen = torch_generator(derive_seed(seed, "noise"), device=device)
+    # Poisson batches and noise are the mechanism's secret randomness (release mode: OS entropy)
+    sample_gen = noise_generator(seed, "poisson", reproducible=cfg.reproducible_noise)
+    noise_gen = noise_generator(seed, "noise", reproducible=cfg.reproducible_noise, device=device)
     loss_fn = kd_loss(rho) if rho is not None else _ce_loss
     for _ in range(cfg.local_steps):
         idx = step.sample(sample_gen).to(device)
@@ -273,22 +273,17 @@ def _public_eval(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, device: t
     return float(F.cross_entropy(logits, yt)), float((logits.argmax(1) == yt).float().mean())
 
 
-@functools.lru_cache(maxsize=256)
 def _rdp_curve(sample_rate: float, noise_multiplier: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
     """dp-accounting's RDP curve (orders, values) of ``steps`` Poisson-subsampled Gaussian steps.
 
-    Cached: the same (q, sigma, E) recurs every round for every client with the same data size,
-    and one evaluation costs 0.05-0.4 s. RDP composes by adding curves over the same orders.
+    :mod:`accountants.fast` caches the one-step curve per (q, sigma), which recurs every round for
+    every client with the same data size.  RDP composes by adding curves over the same orders.
     """
-    import dp_accounting as dpa
+    from accountants import dpsgd_event, new_accountant
 
-    from accountants import dpsgd_event
-
-    acc = dpa.rdp.RdpAccountant()  # importing accountants filters dp-accounting's dropped-order warnings
+    acc = new_accountant("rdp")
     acc.compose(dpsgd_event(sample_rate, noise_multiplier, steps))
-    # dp-accounting exposes no public getter for the curve; tests pin the sum of these curves
-    # against Ledger.epsilon(accountant="rdp") so a change of this attribute cannot go unnoticed.
-    return np.asarray(acc._orders, dtype=float), np.asarray(acc._rdp, dtype=float)
+    return acc.rdp_curve()
 
 
 class _Budget:
@@ -313,10 +308,9 @@ class _Budget:
             total = curve + self.state[client] if client in self.state else curve
             eps, _ = dpa.rdp.rdp_privacy_accountant.compute_epsilon(orders, total, self.delta)
             return total, float(eps)
-        from accountants import PLD_VDI, dpsgd_event
+        from accountants import PLD_VDI, dpsgd_event, new_accountant
 
-        acc = (copy.deepcopy(self.state[client]) if client in self.state
-               else dpa.pld.PLDAccountant(value_discretization_interval=PLD_VDI))
+        acc = copy.deepcopy(self.state[client]) if client in self.state else new_accountant("pld", vdi=PLD_VDI)
         acc.compose(dpsgd_event(sample_rate, noise_multiplier, steps))
         return acc, float(acc.get_epsilon(self.delta))
 
@@ -326,6 +320,28 @@ class _Budget:
     @property
     def worst(self) -> float:
         return max(self.eps.values(), default=0.0)
+
+
+def _plan_filter(cfg: DpFedConfig, q_max: float):
+    """FedKADP's Rényi filter (Feldman & Zrnic 2021), fixed before training from the config alone.
+
+    The order is the one that affords the most rounds at the initial noise multiplier for the client
+    with the largest sampling rate; its budget converts to exactly ``target_epsilon`` at ``delta``.
+    """
+    from accountants import RenyiFilter, plan_order
+    from accountants.fast import poisson_gaussian_rdp
+    from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
+
+    orders = [a for a in DEFAULT_RDP_ORDERS if a >= 1.1]
+    order, _ = plan_order(cfg.target_epsilon, cfg.delta,
+                          lambda a: cfg.local_steps * poisson_gaussian_rdp(q_max, cfg.noise_multiplier, a), orders)
+    return RenyiFilter.for_epsilon(cfg.target_epsilon, cfg.delta, order)
+
+
+def _round_rdp(order: float, sample_rate: float, sigma: float, steps: int) -> float:
+    from accountants.fast import poisson_gaussian_rdp
+
+    return steps * float(poisson_gaussian_rdp(sample_rate, sigma, [order])[0])
 
 
 def _warnings(cfg: DpFedConfig, adaptive: bool, q_min: float, q_max: float) -> list[str]:
@@ -347,11 +363,12 @@ def _warnings(cfg: DpFedConfig, adaptive: bool, q_min: float, q_max: float) -> l
     if adaptive:
         out.append(
             "sigma_t and rho_t are chosen from training metrics (global-model gradient norm, loss and "
-            "accuracy on public data): an adaptive choice of the noise multiplier. The per-round "
-            "composition privkit reports treats the sigma_t sequence as fixed in advance; covering "
-            "the adaptive choice and the data-dependent stopping time needs a Renyi privacy filter "
-            "(Feldman & Zrnic 2021) with the order fixed in advance, which the basic analysis does "
-            "not provide.")
+            "accuracy on public data), and so is when training stops: the ledger's composition of the "
+            "recorded rounds assumes their parameters were fixed in advance and does not cover that. "
+            "privkit runs FedKADP under a Renyi filter (Feldman & Zrnic 2021, Thm. 3.1): the order is "
+            "fixed before training from the initial noise multiplier, each client's RDP at that order is "
+            "summed round by round, and no round is released that would pass the budget, so every client "
+            "is (target_epsilon, delta)-DP whatever the adaptive choices (claims['adaptive_filter']).")
     return out
 
 
@@ -376,6 +393,7 @@ def _run(federation, cfg: DpFedConfig, seed: int, *, method: str, distill: bool,
 
     ledger = Ledger()
     budget = _Budget(cfg.accountant, cfg.delta)
+    rdp_filter = _plan_filter(cfg, max(rates)) if adaptive else None
     rng = make_rng(seed, "client-sampling")
     sigma = cfg.noise_multiplier
     rho = (cfg.rho_min if adaptive else cfg.temperature) if distill else None
@@ -407,6 +425,14 @@ def _run(federation, cfg: DpFedConfig, seed: int, *, method: str, distill: bool,
             stop = (f"stopped before round {t}: it would bring a client to epsilon {would:.4g} > "
                     f"target {cfg.target_epsilon:g} ({cfg.accountant}, delta={cfg.delta:g})")
             break
+        spend = {}
+        if rdp_filter is not None:  # the guarantee under adaptivity: the filter must admit the round
+            spend = {int(k): _round_rdp(rdp_filter.order, rates[k], sigma, cfg.local_steps) for k in sampled}
+            refused = [k for k, r in spend.items() if not rdp_filter.admits(k, r)]
+            if refused:
+                stop = (f"stopped before round {t}: the Renyi filter (order {rdp_filter.order:g}, budget "
+                        f"{rdp_filter.budget:.4g}) would be passed by client {refused[0]}")
+                break
         prev = _flat(model)
         states = []
         for k in sampled:
@@ -415,6 +441,8 @@ def _run(federation, cfg: DpFedConfig, seed: int, *, method: str, distill: bool,
             states.append(_local_update(model, *data[k], cfg, sigma, rho, cseed, device))
             ev, acc, eps = pending[k]
             budget.commit(k, acc, eps)
+            if rdp_filter is not None:
+                rdp_filter.spend(k, spend[k])
             ledger.add(k, ev, f"round {t}: dp-sgd", round=t)
         model.load_state_dict(_mean_state(states))
         sigmas_used.append(sigma)
@@ -449,6 +477,9 @@ def _run(federation, cfg: DpFedConfig, seed: int, *, method: str, distill: bool,
         "privkit_epsilon": budget.worst, "privkit_accountant": cfg.accountant,
         "target_epsilon": cfg.target_epsilon, "stop": stop,
     }
+    if rdp_filter is not None:
+        claims["adaptive_filter"] = rdp_filter.to_dict(cfg.delta)
+        ledger.adaptive = claims["adaptive_filter"]
     warns = _warnings(cfg, adaptive, min(rates), max(rates))
     warns.append(f"Training {stop}.")
     return TrainResult(method=method, seed=seed, config=cfg.model_dump(), model=model.cpu(), model_spec=spec,

@@ -48,7 +48,7 @@ from pydantic import Field
 from privkit.config import StrictModel
 from privkit.errors import PrivkitError
 from privkit.models import FeatureClassifier, build_from_spec, model_spec
-from privkit.seeding import derive_seed, make_rng, seed_torch, torch_generator
+from privkit.seeding import derive_seed, make_rng, noise_rng, seed_torch, torch_generator
 from privkit.trainers.base import TrainerConfig, TrainResult, register_trainer
 from privkit.trainers.common import (
     accuracy,
@@ -447,10 +447,14 @@ def run_fedmd(
                     f"k must be <= n for sampling without replacement; found k={config.k}, "
                     f"n={len(idx)} (party {i}); use replacement=true or a smaller k"
                 )
+            # The subsample is NFDP's only randomness: secret in release mode (OS entropy) and
+            # stored only in reproducible mode, where the run is not for release anyway.
             pos = draw_subset(
-                len(idx), config.k, config.replacement, make_rng(seed, f"fedmd-subset-{i}")
+                len(idx), config.k, config.replacement,
+                noise_rng(seed, f"fedmd-subset-{i}", reproducible=config.reproducible_noise),
             )
-            artifacts[f"subset_indices/client_{i}"] = idx[pos]
+            if config.reproducible_noise:
+                artifacts[f"subset_indices/client_{i}"] = idx[pos]
             x, y = x[pos], y[pos]
         private.append((x, y))
 
@@ -503,8 +507,8 @@ def run_fedmd(
             if plan is not None:
                 if config.knowledge == "logits":
                     share = clip_rows(share, config.logit_clip)
-                noise_rng = make_rng(seed, f"fedmd-ldp-{i}-{t}")
-                share = share + noise_rng.normal(0.0, plan["sigma"][i], size=share.shape).astype(
+                rng = noise_rng(seed, f"fedmd-ldp-{i}-{t}", reproducible=config.reproducible_noise)
+                share = share + rng.normal(0.0, plan["sigma"][i], size=share.shape).astype(
                     np.float32
                 )
             shares.append(share)

@@ -1,6 +1,7 @@
 """Noise calibration: never overshoots the target; no more noise than opacus' PRV calibration."""
 
 import dp_accounting as dpa
+import numpy as np
 import pytest
 
 import accountants as acc
@@ -50,3 +51,34 @@ def test_errors(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         acc.calibrate_noise_multiplier(**args)
+
+
+def _random_targets(n, seed):
+    rng = np.random.default_rng(seed)
+    return [(float(np.exp(rng.uniform(np.log(0.3), np.log(10)))), float(10 ** rng.uniform(-8, -3)),
+             float(10 ** rng.uniform(-3, -0.5)), int(10 ** rng.uniform(0, 3.3)), ("pld", "rdp")[i % 2])
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("eps,delta,q,steps,kind", _random_targets(8, seed=11))
+def test_calibration_never_overshoots_in_either_direction(eps, delta, q, steps, kind):
+    """The returned sigma meets the target in dp-accounting's own arithmetic, both ways round:
+    epsilon(delta) <= target and delta(target) <= delta (the two are not exact inverses)."""
+    cal = acc.calibrate_noise_multiplier(eps, delta, q, steps, accountant=kind)
+    ref = dpa.rdp.RdpAccountant() if kind == "rdp" else dpa.pld.PLDAccountant(value_discretization_interval=1e-3)
+    ref.compose(acc.dpsgd_event(q, cal.noise_multiplier, steps))
+    assert ref.get_epsilon(delta) <= eps
+    assert ref.get_delta(eps) <= delta
+    assert cal.epsilon == ref.get_epsilon(delta)
+
+
+def test_analytic_gaussian_rounds_toward_more_noise_on_random_cases():
+    rng = np.random.default_rng(5)
+    for _ in range(500):
+        eps, delta = float(np.exp(rng.uniform(np.log(0.01), np.log(50)))), float(10 ** rng.uniform(-15, -1))
+        sens = float(10 ** rng.uniform(-4, 3))
+        sigma = acc.analytic_gaussian_sigma(eps, delta, sens)
+        assert acc.analytic_gaussian_delta(sigma, eps, sens) <= delta  # dp-accounting's exact delta
+        assert acc.gaussian_epsilon(sigma, delta, sens) <= eps * (1 + 1e-7)
+        z = acc.gaussian_epsilon(1.0, delta)  # epsilon side: its delta is within the target too
+        assert acc.analytic_gaussian_delta(1.0, z) <= delta

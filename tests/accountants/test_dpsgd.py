@@ -3,6 +3,7 @@
 import math
 
 import dp_accounting as dpa
+import numpy as np
 import pytest
 
 import accountants as acc
@@ -70,3 +71,44 @@ def test_errors(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         acc.dpsgd_epsilon(**args)
+
+
+def test_prv_bracket_certifies_the_pld_value():
+    # notes/accounting.md §3a: prv-accountant at eps_error 0.01 gives (2.3715483, 2.3816923, 2.3918365)
+    low, est, up = acc.prv_bracket(256 / 60000, 1.1, 14063, 1e-5)
+    assert (low, est, up) == pytest.approx((2.3715483, 2.3816923, 2.3918365), rel=2e-6)
+    pld = acc.dpsgd_epsilon(256 / 60000, 1.1, 14063, 1e-5, accountant="pld")
+    assert low <= pld <= up  # the pessimistic PLD sits inside PRV's certified interval
+
+
+def test_prv_refuses_grids_that_do_not_fit():
+    with pytest.raises(ValueError, match="steps=41327"):
+        acc.dpsgd_accounting(0.41, 1.0, 41327, 1e-5, accountant="prv")
+
+
+def _random_poisson_cases(n, seed):
+    rng = np.random.default_rng(seed)
+    return [(float(10 ** rng.uniform(-3, -1)), float(10 ** rng.uniform(-0.2, 0.6)), int(10 ** rng.uniform(1, 3.3)),
+             float(10 ** rng.uniform(-9, -4))) for _ in range(n)]
+
+
+@pytest.mark.parametrize("q,sigma,steps,delta", _random_poisson_cases(6, seed=21))
+def test_random_cases_agree_with_dp_accounting_and_opacus(q, sigma, steps, delta):
+    """privkit's PLD (vectorised) equals dp-accounting's and sits inside opacus's certified PRV
+    interval; privkit's RDP equals dp-accounting's and opacus's RDP (same conversion) to 1e-6."""
+    from opacus.accountants import RDPAccountant
+
+    event = acc.dpsgd_event(q, sigma, steps)
+    ref = dpa.pld.PLDAccountant(value_discretization_interval=1e-4)
+    ref.compose(event)
+    pld = acc.dpsgd_epsilon(q, sigma, steps, delta, accountant="pld")
+    assert pld == ref.get_epsilon(delta)
+    low, _, up = acc.prv_bracket(q, sigma, steps, delta)
+    assert low <= pld <= up + 1e-9
+    ours = acc.dpsgd_epsilon(q, sigma, steps, delta, accountant="rdp")
+    ref_rdp = dpa.rdp.RdpAccountant()
+    ref_rdp.compose(event)
+    assert ours == ref_rdp.get_epsilon(delta)
+    op = RDPAccountant()
+    op.history = [(sigma, q, steps)]
+    assert ours == pytest.approx(op.get_epsilon(delta=delta), rel=1e-4)  # opacus: 151 orders, same conversion

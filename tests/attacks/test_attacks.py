@@ -8,7 +8,7 @@ from sklearn.linear_model import LogisticRegression
 from attacks import metrics, signals
 from attacks.attribute import AttributeInferenceAttack, evaluate_predictions
 from attacks.mia import LiRA, ShadowModelAttack, ThresholdAttack, lira_leave_one_out
-from attacks.shadows import membership_mask
+from attacks.experiment import membership_mask
 
 
 def test_signals_closed_forms():

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from attacks import audit_model
-from privkit.trainers.batched_sgd import SGDRecipe, load_states, train_one
 from privkit.data import load_dataset
 from privkit.models import model_spec
+from privkit.trainers.batched_sgd import SGDRecipe, batched_recipe, load_states, train_one
 
 
 @pytest.fixture(scope="module")
@@ -23,27 +23,27 @@ def overfit_digits():
 
 def test_overfit_user_model_leaks_and_lira_runs(overfit_digits):
     d, mem, non, spec, recipe, model = overfit_digits
-    out = audit_model(model, d.x[mem], d.y[mem], d.x[non], d.y[non], model_spec=spec, recipe=recipe,
-                      n_reference=4, device="cpu")
-    assert set(out["attacks"]) == {"threshold", "lira", "lira-offline"}
+    out = audit_model(model, d.x[mem], d.y[mem], d.x[non], d.y[non], recipe=batched_recipe(spec, recipe),
+                      n_reference=4)
+    assert set(out["attacks"]) == {"threshold", "shadow", "lira", "lira-offline", "rmia", "rmia-offline"}
     assert out["attacks"]["threshold"]["auc"] > 0.6  # memorised members have lower loss
     assert out["attacks"]["lira"]["auc"] > 0.6
-    assert out["verdict"]["status"] == "no-formal-guarantee"  # no accounted epsilon given
+    assert out["verdict"]["status"] == "no-claim"  # no accounted epsilon given
     for entry in out["attacks"].values():
         assert 0 <= entry["epsilon_lower_bound"] <= entry["ceiling"]
 
 
 def test_a_false_claim_is_flagged(overfit_digits):
     d, mem, non, _, _, model = overfit_digits
-    out = audit_model(model, d.x[mem], d.y[mem], d.x[non], d.y[non], accounted_epsilon=1e-3, device="cpu")
+    out = audit_model(model, d.x[mem], d.y[mem], d.x[non], d.y[non], accounted_epsilon=1e-3)
     # a memorising model cannot be 0.001-DP: the audit proves a larger epsilon and says so
     assert out["attacks"]["threshold"]["epsilon_lower_bound"] > 1e-3
-    assert out["verdict"]["status"] == "VIOLATION" and "EXCEEDS" in out["verdict"]["message"]
+    assert out["verdict"]["status"] == "violation" and "VIOLATION" in out["verdict"]["message"]
 
 
 def test_bad_arguments(overfit_digits):
     d, mem, non, spec, _, model = overfit_digits
-    with pytest.raises(ValueError, match="model_spec and recipe go together"):
-        audit_model(model, d.x[mem], d.y[mem], d.x[non], d.y[non], model_spec=spec)
+    with pytest.raises(ValueError, match="recipe must be a callable train_fn"):
+        audit_model(model, d.x[mem], d.y[mem], d.x[non], d.y[non], recipe=spec)
     with pytest.raises(ValueError, match="delta must be in \\(0, 1\\); found 2"):
         audit_model(model, d.x[mem], d.y[mem], d.x[non], d.y[non], delta=2)

@@ -1,4 +1,4 @@
-"""Config overrides, seeding, executors, models, device selection."""
+"""Config overrides, seeding, models, device selection (executors: tests/attacks/test_executor.py)."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,6 @@ from pydantic import ValidationError
 from privkit.config import apply_overrides, load_toml, parse_value
 from privkit.data import FederationConfig
 from privkit.errors import PrivkitError
-from privkit.executor import get_executor, run_tasks
 from privkit.models import build_from_spec, build_model, model_spec, select_device
 from privkit.seeding import child_seeds, derive_seed, make_rng
 
@@ -53,23 +52,6 @@ def test_child_seeds_are_stable_and_independent():
     assert a != child_seeds(1, 4, "client") and len(set(a)) == 4
     assert derive_seed(1, "x") == child_seeds(1, 1, "x")[0]
     assert make_rng(3, "p").random() == make_rng(3, "p").random()
-
-
-def _square_plus_noise(task):
-    seed, x = task
-    return x * x + float(np.random.default_rng(seed).random())
-
-
-@pytest.mark.parametrize("name", ["serial", "process"])
-def test_executors_give_identical_results(name):
-    tasks = list(zip(child_seeds(0, 4, "t"), range(4)))
-    expected = [_square_plus_noise(t) for t in tasks]
-    assert run_tasks(_square_plus_noise, tasks, executor=name, workers=2) == expected
-
-
-def test_unknown_executor():
-    with pytest.raises(PrivkitError, match="executor must be one of serial, process, ray; found 'gpu'"):
-        get_executor("gpu")
 
 
 @pytest.mark.parametrize("arch, shape", [("cnn", (1, 28, 28)), ("cnn", (3, 32, 32)), ("mlp", (1, 8, 8))])

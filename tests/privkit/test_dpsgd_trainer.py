@@ -154,7 +154,7 @@ def test_dpsgd_ledger_matches_dpsgd_epsilon(fed):
 
 
 def test_dpsgd_calibrates_to_target_and_is_deterministic(fed):
-    cfg = {**SMALL, "target_epsilon": 2.0, "delta": 1e-5}
+    cfg = {**SMALL, "target_epsilon": 2.0, "delta": 1e-5, "reproducible_noise": True}
     a = train("dpsgd", fed, cfg, seed=3)
     b = train("dpsgd", fed, cfg, seed=3)
     sigma = a.claims["noise_multiplier"]

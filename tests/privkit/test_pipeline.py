@@ -361,7 +361,7 @@ overrides = {{ epochs = 1 }}
 [[methods]]
 name = "dpsgd"
 quick = true
-overrides = {{ epochs = 1 }}
+overrides = {{ epochs = 1, reproducible_noise = true }}
 """
     results = {}
     for workers in (1, 2):

@@ -46,7 +46,9 @@ def make_report() -> PrivacyReport:
                                                                n_test=300)},
                            accounted_epsilon=1.2, delta=1e-5, shadows=2,
                            verdict=Verdict(status="consistent", message="0.1 <= 1.2")),
-        verdict=Verdict(status="consistent", message="lower bound 0.1 <= accounted 1.2"),
+        verdict=Verdict(status="consistent", message="lower bound 0.1 <= accounted 1.2",
+                        epsilon_lower_bound=0.05, epsilon_ceiling=3.81, detectable_epsilon=1.62,
+                        accounted_epsilon=1.2, confidence=0.95, correction="Bonferroni over 2 attack(s)"),
         warnings=[ReportWarning(code="classic_gaussian_eps_ge_1", source="trainer",
                                 message="classic Gaussian at epsilon = 1.0 (valid for < 1)")],
         stages=dict(DONE))
@@ -56,8 +58,8 @@ def make_report() -> PrivacyReport:
         privacy=PrivacyAccounting(delta=1e-5, accountants=["pld"], primary_accountant="pld",
                                   worst={"pld": math.inf}, clients={"0": {"pld": math.inf}}),
         audit=AuditSummary(attacks={"loss": _attack(0.62, 0.8)}, shadows=2,
-                           verdict=Verdict(status="no-formal-guarantee", message="")),
-        verdict=Verdict(status="no-formal-guarantee", message="no claim to check"),
+                           verdict=Verdict(status="no-claim", message="")),
+        verdict=Verdict(status="no-claim", message="no claim to check"),
         warnings=[ReportWarning(code="no_formal_dp", message="no formal DP claim")],
         stages=dict(DONE))
     personal = MethodReport(

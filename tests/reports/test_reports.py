@@ -87,6 +87,34 @@ def test_summary_rows_cost_is_relative_to_best_non_private(sample_report):
     assert rows["flip-eps8"]["verdict"] == "not-audited"
 
 
+def test_summary_shows_the_verdicts_family_wise_numbers(sample_report):
+    rows = {r["name"]: r for r in summary_rows(sample_report)}
+    # the verdict's family-wise bound, ceiling and detectable epsilon, not the best attack's own
+    assert (rows["fedauxfdp"]["emp_eps"]["text"], rows["fedauxfdp"]["ceiling"],
+            rows["fedauxfdp"]["detectable"]["text"]) == ("0.05", "3.81", "1.62")
+    # no verdict numbers (older report): the best attack's own bound and ceiling, no detectable
+    assert rows["fedavg"]["emp_eps"]["text"] == "0.8" and rows["fedavg"]["detectable"]["text"] == "—"
+
+
+def test_verdict_rederived_from_report_json(sample_report):
+    """Each verdict follows from three numbers of report.json (attacks.audit_scores.decide)."""
+    from attacks.audit_scores import decide
+
+    back = PrivacyReport.from_json(sample_report.to_json())
+    v = back.method("fedauxfdp").verdict
+    assert v.status == decide(v.epsilon_lower_bound, v.epsilon_ceiling, v.accounted_epsilon)
+
+
+def test_legacy_verdict_names_are_read_as_new_ones(sample_report):
+    data = json.loads(sample_report.to_json())
+    data["methods"][0]["verdict"]["status"] = "VIOLATION"
+    data["methods"][1]["verdict"]["status"] = "no-formal-guarantee"
+    back = PrivacyReport.model_validate(data)
+    assert [back.methods[0].verdict.status, back.methods[1].verdict.status] == ["violation", "no-claim"]
+    data["methods"][0]["verdict"]["detectable_epsilon"] = "Infinity"  # strict JSON for inf
+    assert PrivacyReport.model_validate(data).methods[0].verdict.detectable_epsilon == math.inf
+
+
 def test_fmt_eps():
     assert fmt_eps(math.inf) == "inf"
     assert fmt_eps(None) == "—"

@@ -91,14 +91,14 @@ def client_artifact_features(artifacts: dict, fed) -> np.ndarray | None:
 def soft_label_artifacts(client_models: list, fed, max_points: int = 512) -> dict[str, np.ndarray]:
     """Soft labels each party model gives on (a fixed prefix of) the public data: what FedMD
     parties share each round, reconstructed from the released party models."""
+    from attacks.recipe import torch_logits
     from attacks.signals import probabilities
-    from attacks.target import model_logits
 
     if len(client_models) != fed.num_clients:
         return {}
     x, _ = fed.public_arrays("distill")
     x = x[:max_points]
-    return {f"party_predictions/client_{i}": probabilities(model_logits(m, x)).astype(np.float32)
+    return {f"party_predictions/client_{i}": probabilities(torch_logits(m, x)).astype(np.float32)
             for i, m in enumerate(client_models)}
 
 
@@ -140,7 +140,7 @@ def flip_table2_attack(fed, trainer_config: dict, *, p1: int, p2: int, s1: int, 
     negative class) and tests it on those of the p2 runs. Accuracy near 50 % = no leakage. Samples
     of one run are not independent, so the interval is optimistic about the sample size.
     """
-    from privkit.executor import get_executor
+    from attacks.executor import get_executor
     from privkit.seeding import child_seeds
 
     if len({p1, p2, s1, s2}) != 4:

@@ -1,4 +1,4 @@
-"""Fixtures for the audit tests."""
+"""Fixtures for the tests of privkit's run audits."""
 
 import pytest
 

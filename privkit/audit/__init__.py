@@ -1,0 +1,14 @@
+"""Auditing privkit's own runs: the application side of the audit layer.
+
+:func:`audit_run` audits a run directory (``privkit audit RUN_DIR``, the pipeline's audit stage)
+and writes ``audit.json``; :mod:`~privkit.audit.shadows` re-runs a method's federation as shadow
+runs; :mod:`~privkit.audit.instantiations` holds the attribute attacks on what the seed methods
+share (FLiP's Table II protocol among them). The attacks and the bounds come from the ``attacks``
+library, which never imports privkit.
+"""
+
+from privkit.audit.run import ATTACKS, MEMBERSHIP_ATTACKS, audit_run
+
+ATTRIBUTE_ATTACKS = ("attribute",)
+
+__all__ = ["ATTACKS", "ATTRIBUTE_ATTACKS", "MEMBERSHIP_ATTACKS", "audit_run"]

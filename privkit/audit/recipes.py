@@ -1,0 +1,121 @@
+"""privkit's methods as audit recipes: ``train_fn(x, y, seed)`` runs a whole federation.
+
+The audit layer (:mod:`attacks`) decides which records each audited run trains on; for a
+federated method the recipe turns those records into a federation exactly like the released
+one except for its private data: the same number of clients, the target's partition scheme
+(re-drawn over the given records, seeded by the run's seed), the same public/auxiliary data and
+test set, the same trainer config. Its "model" is the whole :class:`~privkit.trainers.TrainResult`,
+so the auditor also gets each run's own ledger (its accounted epsilon) and shared artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from attacks.recipe import Recipe, torch_logits
+from privkit.data import ArrayDataset, Federation
+from privkit.data.partition import dirichlet_partition, iid_partition, shard_partition
+from privkit.seeding import derive_seed, make_rng
+
+
+def partition_like(federation: Federation, y: np.ndarray, seed: int) -> list[np.ndarray]:
+    """Split records with labels ``y`` among ``federation``'s number of clients with its partition
+    scheme, seeded by ``seed``; returns index arrays into ``y``."""
+    cfg = federation.config
+    rng = make_rng(seed, "shadow-partition")
+    n = federation.num_clients
+    if cfg.partition == "dirichlet":
+        return dirichlet_partition(y, n, cfg.alpha, rng, federation.num_classes)
+    if cfg.partition == "iid":
+        return iid_partition(len(y), n, rng)
+    return shard_partition(y, n, cfg.shards_per_client, rng)
+
+
+def federation_over(base: Federation, x: np.ndarray, y: np.ndarray, seed: int,
+                    name: str = "audit-run") -> Federation:
+    """``base`` with the given records as its clients' private data (partitioned like ``base``).
+
+    The private dataset of the new federation is the given records followed by ``base``'s test
+    records (so test accuracy is measured on the same test set); it has no shadow pool.
+    """
+    x_test, y_test = base.test_arrays()
+    n = len(y)
+    private = ArrayDataset(name=f"{base.private.name}[{name}]",
+                           x=np.ascontiguousarray(np.concatenate([x, x_test]), dtype=np.float32),
+                           y=np.concatenate([np.asarray(y, dtype=np.int64), y_test]),
+                           num_classes=base.num_classes)
+    clients = [np.asarray(c, dtype=np.int64) for c in partition_like(base, np.asarray(y, dtype=np.int64), seed)]
+    return Federation(config=base.config, private=private, public=base.public, clients=clients,
+                      test=np.arange(n, n + len(y_test), dtype=np.int64), shadow_pool=np.zeros(0, np.int64),
+                      distill=base.distill, negative=base.negative, name=name)
+
+
+@lru_cache(maxsize=4)
+def _base_federation(fed_json: str) -> Federation:
+    return Federation.from_dict(json.loads(fed_json))
+
+
+def federation_json(federation: Federation) -> str:
+    """The federation as JSON without its client lists (the data reloads from its config)."""
+    d = federation.to_dict()
+    d["clients"] = [[] for _ in federation.clients]  # keeps the client count
+    return json.dumps(d)
+
+
+@dataclass
+class AuditRun:
+    """One run of a federation recipe: the trainer's result and the federation it ran on."""
+
+    result: object  # privkit.trainers.TrainResult
+    federation: Federation
+
+
+class FederationRecipe(Recipe):
+    """A privkit method with its trainer config and federation layout, as an audit recipe.
+
+    Each trained model is an :class:`AuditRun`; its details (returned from worker processes) hold
+    the run's test accuracy, training-set size and ledger, and, with ``keep_artifacts``, what its
+    clients shared.
+
+    Parameters
+    ----------
+    federation : the released run's federation (public data, test set, client count, partition).
+    method, trainer_config : the released run's method and full trainer config.
+    keep_artifacts : each run's details carry its shared artifacts and class counts (attribute
+        inference trains on them).
+    """
+
+    def __init__(self, federation: Federation, method: str, trainer_config: dict, *,
+                 keep_artifacts: bool = False):
+        super().__init__(self, name=f"{method} (whole federation, {federation.num_clients} clients)")
+        self.federation_json = federation_json(federation)
+        self.method = method
+        self.trainer_config = dict(trainer_config)
+        self.keep_artifacts = keep_artifacts
+
+    def __call__(self, x: np.ndarray, y: np.ndarray, seed: int) -> AuditRun:
+        from privkit.trainers import train
+
+        fed = federation_over(_base_federation(self.federation_json), x, y, seed)
+        return AuditRun(train(self.method, fed, self.trainer_config, seed=derive_seed(seed, "audit-run-train")), fed)
+
+    def logits(self, model: AuditRun, x: np.ndarray, n_classes: int | None = None) -> np.ndarray:
+        return torch_logits(model.result.model, x)
+
+    def details(self, model: AuditRun) -> dict:
+        res, fed = model.result, model.federation
+        # the run's own ledger: its accounted epsilon is what an audit of this run is checked against
+        out: dict = {"test_accuracy": float(res.test_accuracy), "train_size": int(fed.members.size),
+                     "ledger": res.ledger}
+        if self.keep_artifacts:
+            from privkit.audit.instantiations import soft_label_artifacts
+
+            arts = {k: np.asarray(v) for k, v in res.artifacts.items()}
+            arts.update(soft_label_artifacts(res.client_models, fed))
+            out["artifacts"] = arts
+            out["class_counts"] = fed.client_class_counts()
+        return out

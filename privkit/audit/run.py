@@ -1,0 +1,301 @@
+"""``audit_run``: audit one run directory's method and write ``audit.json``.
+
+Design (stated in every audit.json under ``experiment`` and ``assumptions``):
+
+* One pool: the clients' records and records of the shadow pool, the two parts of the private
+  data the federation split at random (the test set stays out: non-members never come from
+  another source). ``n_audit`` pool records are audited, drawn with the audit seed; every other
+  pool record is in every audited run's training data.
+* The audited target is a fresh run of the method's recipe (:class:`~privkit.audit.recipes.FederationRecipe`:
+  the whole federation, same trainer config, client count and partition scheme) on the
+  non-audited records plus each audited record included by an independent fair coin from the
+  audit's own stream (:mod:`attacks.experiment`). ``shadows`` reference runs of the same recipe
+  include every non-audited record and half of the audited ones (each audited record in exactly
+  half of them), so they train on as many records as the target.
+* The pool holds n_audit/2 shadow-pool records, so the audited runs train on as many records as
+  the released run did (pool - n_audit/2 = the clients' records); the default ``n_audit`` is the
+  largest that allows it. When the shadow pool is too small for the ``n_audit`` asked, audit.json
+  and the report warn with the numbers.
+* The verdict compares the family-wise bound (:func:`attacks.audit_scores`, Bonferroni over the
+  membership attacks) with the audited target run's own accounted epsilon at ``delta``.
+* ``attribute``: dominant-class inference from each client's shared artifacts (adversary trained
+  on the reference runs' clients, tested on the released run's clients).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from attacks.entry import AttackScores, analyse
+from attacks.experiment import Design, design_experiment, stream, train_models
+from attacks.family import ATTACKS as FAMILY
+from attacks.family import Options, Outputs, score
+from attacks.recipe_audit import experiment_record
+from privkit.audit.attribute import dominant_class_entry
+from privkit.audit.recipes import FederationRecipe
+from privkit.jsonutil import json_default
+
+SCHEMA_VERSION = 1
+ATTACKS = ("threshold", "shadow", "lira", "rmia", "attribute")
+MEMBERSHIP_ATTACKS = ("threshold", "shadow", "lira", "rmia")  # lira and rmia: online and offline
+#: the audited runs may train on this much less data than the release before audit.json warns
+SIZE_TOLERANCE = 0.05
+
+
+def _load_run(run_dir: Path):
+    from privkit.data import Federation
+    from privkit.trainers import TrainResult, get_trainer
+
+    cfg_path = run_dir / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"run directory {run_dir} has no config.json (run `privkit train` first)")
+    cfg = json.loads(cfg_path.read_text())
+    fed = Federation.load(run_dir / "federation.json")
+    result = TrainResult.load(run_dir)
+    spec = get_trainer(cfg["method"])
+    return cfg, fed, result, spec
+
+
+def _resolve_delta(delta: float | None, trainer_cfg: dict, claims: dict, n_private: int) -> float:
+    if delta is None:
+        # the run's own delta when it has a meaningful one (a no-DP claim may say delta = 1)
+        for cand in (trainer_cfg.get("delta"), claims.get("delta")):
+            if isinstance(cand, (int, float)) and 0 < cand < 1:
+                delta = float(cand)
+                break
+        else:
+            delta = min(1e-5, 1.0 / max(n_private, 1))
+    if not 0 < float(delta) < 1:
+        raise ValueError(f"delta must be in (0, 1); found {delta}")
+    return float(delta)
+
+
+def _parse_attacks(attacks) -> list[str]:
+    if attacks is None:
+        return list(ATTACKS)
+    names = [a.strip() for a in (attacks.split(",") if isinstance(attacks, str) else attacks) if a.strip()]
+    bad = [a for a in names if a not in ATTACKS]
+    if bad or not names:
+        raise ValueError(f"attacks must be a subset of {', '.join(ATTACKS)}; found {', '.join(bad) or 'none'}")
+    return names
+
+
+def _error_entry(exc: BaseException) -> dict:
+    return {"auc": None, "balanced_accuracy": None, "advantage": None, "tpr_at_fpr": None,
+            "epsilon_lower_bound": None, "ceiling": None, "confidence": None, "delta": None,
+            "n_trials": None, "roc": None, "notes": "", "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _safe(results: dict, name: str, fn: Callable[[], object], on_error: Callable[[BaseException], dict]):
+    try:
+        results[name] = fn()
+    except Exception as exc:  # one failed attack must not lose the others' results
+        entry = on_error(exc)
+        entry["traceback"] = traceback.format_exc(limit=3)
+        results[name] = entry
+
+
+# ---------------------------------------------------------------------------- the pool
+def audit_pool(fed, n_audit: int | None, seed: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The pool (indices into ``fed.private``), which of its records are audited, and the sizes.
+
+    The pool is every client record plus s records of the shadow pool (drawn with the audit seed),
+    s = min(shadow pool, ceil(n_audit / 2)): the audited runs then train on pool - n_audit/2 =
+    the clients' records, as many as the release. Default ``n_audit``: 2 x min(shadow pool,
+    client records), the most that keeps that balance.
+    """
+    members, shadow = fed.members, fed.shadow_pool
+    matched = 2 * min(shadow.size, members.size)
+    m = matched if n_audit is None else int(n_audit)
+    s = min(shadow.size, (m + 1) // 2)
+    if m < 10 or m > members.size + s:
+        raise ValueError(f"n_audit must be between 10 and the pool size {members.size + shadow.size} "
+                         f"(client records {members.size} + shadow pool {shadow.size}); found {m}"
+                         + (" (the default is 2 x min(shadow pool, client records); set n_audit)" if n_audit is None else ""))
+    rng = stream(seed, "audit-records")
+    pool = np.sort(np.concatenate([members, rng.choice(shadow, s, replace=False)]))
+    audited = np.zeros(pool.size, bool)
+    audited[rng.choice(pool.size, m, replace=False)] = True
+    sizes = {"pool": int(pool.size), "pool_from_clients": int(members.size), "pool_from_shadow_pool": int(s),
+             "release_train_size": int(members.size), "audit_train_size_expected": float(pool.size - m / 2),
+             "n_audit_matched": int(matched)}
+    return pool, audited, sizes
+
+
+def size_warnings(sizes: dict, design: Design) -> list[dict]:
+    """A warning with the numbers when the audited runs train on less data than the release
+    (n_audit above 2 x the shadow pool or the client records)."""
+    release, expected = sizes["release_train_size"], sizes["audit_train_size_expected"]
+    if expected >= (1 - SIZE_TOLERANCE) * release:
+        return []
+    return [{"code": "audit_size_mismatch", "message": (
+        f"the audited runs train on about {expected:.0f} records (target: {int(design.included.sum())}; "
+        f"pool {sizes['pool']} = {sizes['pool_from_clients']} client records + "
+        f"{sizes['pool_from_shadow_pool']} shadow-pool records, {int(design.audited.sum())} audited "
+        f"by fair coin), the released model on {release} ({expected / release:.0%}): the pool is too "
+        f"small to match at this n_audit (matching needs n_audit <= {sizes['n_audit_matched']}); "
+        "bounds and accuracy refer to runs on less data than the release")}]
+
+
+# ---------------------------------------------------------------------------- the attacks
+def _membership(names: list[str], design: Design, logits: np.ndarray | None, labels: np.ndarray,
+                train_error: BaseException | None, *, seed: int, shadow_iterations: int) -> dict:
+    """Each membership attack's :class:`AttackScores` (or its error entry)."""
+    family = [n for n in FAMILY if n in names or n.removesuffix("-offline") in names]
+    results: dict = {}
+    for name in family:
+        def run(name=name) -> AttackScores:
+            if logits is None:
+                raise RuntimeError(f"training the audited runs failed: {train_error}")
+            out = Outputs(target=logits[0], references=logits[1:], labels=labels, keep=design.reference_keep)
+            s, note = score(name, out, Options(seed=seed, shadow_iterations=shadow_iterations))
+            return AttackScores(s, design.is_member, note, inclusion="random")
+        _safe(results, name, run, _error_entry)
+    return results
+
+
+def _accounting(details: list[dict] | None, release_ledger, delta: float) -> tuple[dict, str | None]:
+    """The audited target run's accounted epsilon (what the verdict checks) beside the release's."""
+    out: dict = {"release_accounted_epsilon": None, "audit_target_accounted_epsilon": None}
+    errors = []
+    for key, ledger in (("release_accounted_epsilon", release_ledger),
+                        ("audit_target_accounted_epsilon", details[0]["ledger"] if details else None)):
+        if ledger is None:
+            continue
+        try:
+            out[key] = float(ledger.epsilon(delta))
+        except Exception as exc:  # an accountant that cannot handle an event is reported, not hidden
+            errors.append(f"{key}: {type(exc).__name__}: {exc}")
+    return out, "; ".join(errors) or None
+
+
+def _epsilon_warning(acc: dict) -> list[dict]:
+    rel, tgt = acc["release_accounted_epsilon"], acc["audit_target_accounted_epsilon"]
+    if rel is None or tgt is None or not (math.isfinite(rel) and math.isfinite(tgt)):
+        return []
+    if abs(tgt - rel) <= 0.05 * max(rel, 1e-12):
+        return []
+    return [{"code": "audit_size_mismatch", "message": (
+        f"the audited target run's accounted epsilon is {tgt:.4g}, the release's {rel:.4g}: the verdict "
+        "checks the audited run's own claim (its clients hold other amounts of data)")}]
+
+
+# ---------------------------------------------------------------------------- entry point
+def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: str = "serial",
+              seed: int = 0, progress: bool = False, workers: int | None = None,
+              n_audit: int | None = None, delta: float | None = None, alpha: float = 0.05,
+              guess_fraction: float = 0.1, shadow_iterations: int = 200, write: bool = True) -> dict:
+    """Audit a run directory written by ``privkit train`` and write ``audit.json`` into it.
+
+    Parameters
+    ----------
+    run_dir : the run directory (config.json, federation.json, checkpoints, ledger.json, ...).
+    attacks : comma-separated names or a list from ``threshold, shadow, lira, rmia, attribute``
+        (default: all; ``lira`` and ``rmia`` run online and offline).
+    shadows : reference runs of the recipe (even, >= 2).
+    executor, workers : where the audited runs execute (``serial``, ``process``, ``ray``).
+    seed : audit seed (audited records, coins, reference halves, run seeds, tie-break).
+    progress : show progress bars.
+    n_audit : pool records audited, each by a fair coin (default: 2 x min(shadow pool, client
+        records), the most that keeps the audited runs' data size equal to the release's).
+    delta : delta for the bounds and the accounted epsilon (default: the run's delta, else 1e-5).
+    alpha : 1 - confidence of the verdict's family-wise bound.
+    guess_fraction : k+ = k- = this fraction of the audited records (fixed in advance).
+    shadow_iterations : CatBoost iterations of the shadow-model attack (FLiP used 10 000).
+    write : write ``audit.json`` (and ``shadows.npz``: design and outputs) into ``run_dir``.
+
+    Returns
+    -------
+    The audit.json content as a dict.
+    """
+    run = Path(run_dir)
+    names = _parse_attacks(attacks)
+    if shadows < 2 or shadows % 2:
+        raise ValueError(f"shadows must be an even number >= 2; found {shadows}")
+    if not 0 < guess_fraction <= 0.5:
+        raise ValueError(f"guess_fraction must be in (0, 0.5]; found {guess_fraction}")
+    cfg, fed, result, spec = _load_run(run)
+    method, trainer_cfg = cfg["method"], cfg["trainer"]
+    delta = _resolve_delta(delta, trainer_cfg, result.claims, len(fed.members))
+    pool, audited, sizes = audit_pool(fed, n_audit, seed)
+    design = design_experiment(pool.size, shadows=shadows, seed=seed, audited=audited)
+    recipe = FederationRecipe(fed, method, trainer_cfg, keep_artifacts="attribute" in names)
+    query, labels = pool[audited], fed.private.y[pool[audited]]
+    logits, details, train_error = None, None, None
+    try:
+        logits, details = train_models(recipe, fed.private.x[pool], fed.private.y[pool], design.index_sets(),
+                                       design.seeds(), query=np.flatnonzero(audited),
+                                       n_classes=fed.num_classes, executor=executor, workers=workers,
+                                       progress=progress, description=f"audited runs ({method})")
+    except Exception as exc:  # recorded in audit.json; the attribute attack may still fail alone
+        train_error = exc
+
+    results = _membership(names, design, logits, labels, train_error, seed=seed,
+                          shadow_iterations=shadow_iterations)
+    acc, acc_error = _accounting(details, result.ledger, delta)
+    claim = acc["audit_target_accounted_epsilon"] if spec.formal_dp else None
+    ver = analyse(results, accounted=claim, delta=delta, alpha=alpha, seed=seed, guess_fraction=guess_fraction)
+    if not spec.formal_dp:
+        ver["message"] = "this method makes no formal DP claim; " + ver["message"]
+    if acc_error:
+        ver = {**ver, "status": "inconclusive" if spec.formal_dp else ver["status"],
+               "message": ver["message"] + f"; accounting failed: {acc_error}"}
+
+    attribute: dict = {}
+    if "attribute" in names:
+        def _attr() -> dict:
+            if details is None:
+                raise RuntimeError(f"training the audited runs failed: {train_error}")
+            return dominant_class_entry(fed, result, details[1:], seed=seed, alpha=alpha)
+        _safe(attribute, "dominant-class", _attr,
+              lambda e: {"accuracy": None, "ci_low": None, "ci_high": None, "chance": None,
+                         "n_test": None, "error": f"{type(e).__name__}: {e}"})
+
+    experiment = {**sizes, **(experiment_record(design, logits, labels) if logits is not None
+                              else design.summary()), **acc,
+                  "recipe": recipe.name, "executor": executor}
+    warnings = size_warnings(sizes, design) + _epsilon_warning(acc)
+    out = {
+        "schema_version": SCHEMA_VERSION, "method": method, "attacks": results, "attribute": attribute,
+        "accounted_epsilon": claim if claim is not None else acc["release_accounted_epsilon"],
+        "delta": delta, "shadows": shadows, "seed": seed, "formal_dp": spec.formal_dp,
+        "n_audit": {"members": int(design.is_member.sum()), "nonmembers": int((~design.is_member).sum())},
+        "shadow_test_accuracy": [d["test_accuracy"] for d in details[1:]] if details else None,
+        "audit_target_test_accuracy": details[0]["test_accuracy"] if details else None,
+        "target_test_accuracy": float(result.test_accuracy),
+        "verdict": ver, "experiment": experiment, "warnings": warnings,
+        "assumptions": _assumptions(alpha, guess_fraction),
+    }
+    if train_error is not None:
+        out["shadow_error"] = f"{type(train_error).__name__}: {train_error}"
+    if write:
+        (run / "audit.json").write_text(json.dumps(out, indent=2, default=json_default))
+        if logits is not None:
+            np.savez_compressed(run / "shadows.npz", pool=pool, audited=audited, included=design.included,
+                                keep=design.keep, seeds=np.asarray(design.seeds(), dtype=np.int64),
+                                logits=logits.astype(np.float32))
+    return json.loads(json.dumps(out, default=json_default))
+
+
+def _assumptions(alpha: float, guess_fraction: float) -> dict:
+    return {
+        "neighbouring": "add/remove one record (the ledger's relation)",
+        "accountant": "ledger 'best' accountant, worst client, of the audited target run",
+        "confidence": 1 - alpha,
+        "audit_points": ("drawn from one pool (the clients' records and the shadow pool); each included "
+                         "in a fresh run of the method's recipe by an independent fair coin from the "
+                         "audit's own stream, every other pool record always included"),
+        "shadows": ("the same recipe (whole federation, same client count and partition scheme) re-run "
+                    "with every non-audited pool record and half of the audited ones (each in exactly "
+                    "half of the reference runs): the target's data size"),
+        "bound": ("one-run theorem (Steinke et al. 2023) with k+ = k- = "
+                  f"{guess_fraction:g} x audited records fixed in advance, ties broken at random; "
+                  f"the verdict's bound holds at {1 - alpha:g} for the family of attacks "
+                  "(Bonferroni); each attack's own bound at its own confidence"),
+    }

@@ -1,0 +1,310 @@
+"""End to end: audit_run / `privkit audit` on small runs: one pool, fair coins, matched sizes,
+executors, verdicts; and the vectorised recipe privkit hands to the audit layer.
+
+Changed with issues 11/12: audits no longer attack the released model with members from the
+clients and non-members from the test set, and the separate "one-run" canary run is gone; the
+audited target is a fresh run of the method's recipe whose audited records were included by fair
+coins from one pool (clients + shadow pool), so every attack's records have random inclusion.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from audit_helpers import SMALL, make_run, tiny_federation_config
+from scipy import stats
+from typer.testing import CliRunner
+
+from attacks.audit_scores import decide
+from privkit.audit import audit_run
+from privkit.models import model_spec
+from privkit.trainers.batched_sgd import SGDRecipe, reference_models, train_many, train_one
+
+ENTRY_KEYS = {"auc", "balanced_accuracy", "advantage", "tpr_at_fpr", "epsilon_lower_bound", "ceiling",
+              "confidence", "delta", "n_trials", "roc", "notes", "error"}
+FAST = dict(shadows=4, n_audit=200, shadow_iterations=30)
+
+
+@pytest.mark.parametrize("dp", [False, True])
+def test_vectorised_training_matches_loop(dp):
+    rng = np.random.default_rng(0)
+    x = rng.random((200, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 4, 200)
+    spec = model_spec("mlp", (1, 8, 8), 4, feature_dim=16)
+    recipe = SGDRecipe(epochs=2, batch_size=16, lr=0.2, clip=1.0 if dp else None,
+                       noise_multiplier=0.8 if dp else 0.0)
+    idx = [rng.choice(200, n, replace=False) for n in (100, 90, 110)]  # unequal sizes: idle steps
+    many = train_many(spec, x, y, idx, recipe, [5, 6, 7])
+    chunked = train_many(spec, x, y, idx, recipe, [5, 6, 7], chunk_size=2)
+    for j, s in enumerate([5, 6, 7]):
+        one = train_one(spec, x, y, idx[j], recipe, s)
+        for k in one:
+            torch.testing.assert_close(many[j][k], one[k], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(chunked[j][k], one[k], atol=1e-5, rtol=1e-5)
+    # the models actually trained and differ from one another
+    assert not torch.allclose(many[0]["head.weight"], many[1]["head.weight"])
+
+
+def test_reference_models_for_a_user_model():
+    rng = np.random.default_rng(1)
+    x = rng.random((120, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 120)
+    logits, keep = reference_models(model_spec("mlp", (1, 8, 8), 3, feature_dim=8), x, y, n_models=4,
+                                    recipe=SGDRecipe(epochs=1, batch_size=10, lr=0.1))
+    assert logits.shape == (4, 120, 3) and (keep.sum(0) == 2).all()
+
+
+def test_audit_run_contract_and_isolated_failure(central_run):
+    out = audit_run(central_run, **FAST)
+    on_disk = json.loads((central_run / "audit.json").read_text())
+    assert on_disk == out
+    assert {"schema_version", "method", "attacks", "attribute", "accounted_epsilon", "delta", "shadows",
+            "verdict", "experiment", "warnings"} <= set(out)
+    assert set(out["attacks"]) == {"threshold", "shadow", "lira", "lira-offline", "rmia", "rmia-offline"}
+    for name, e in out["attacks"].items():
+        assert ENTRY_KEYS <= set(e), name
+        assert e["error"] is None, (name, e["error"])
+        assert set(e["tpr_at_fpr"]) == {"0.001", "0.01"}
+        assert 0 <= e["epsilon_lower_bound"] <= e["ceiling"]
+    # centralized claims nothing: infinite accounted epsilon, verdict says so
+    assert not np.isfinite(out["accounted_epsilon"])
+    v = out["verdict"]
+    assert v["status"] == "no-claim"
+    assert {"epsilon_lower_bound", "epsilon_ceiling", "detectable_epsilon", "confidence", "correction",
+            "m", "family"} <= set(v)
+    # every attack audits the same n_audit records, all included by fair coins: no "not verified" note
+    assert v["m"] == FAST["n_audit"] and set(v["inclusion"].values()) == {"random"}
+    assert not any("not verified" in n for n in v["notes"])
+    # the attribute attack fails (no per-client artifacts) without losing the others
+    assert out["attribute"]["dominant-class"]["error"].startswith("ValueError")
+
+
+def test_audited_records_come_from_one_pool_by_fair_coins(central_run):
+    from privkit.data import Federation
+
+    out = audit_run(central_run, **FAST)
+    fed = Federation.load(central_run / "federation.json")
+    with np.load(central_run / "shadows.npz") as z:
+        pool, audited, included, keep = z["pool"], z["audited"], z["included"], z["keep"]
+    # the pool: every client record plus shadow-pool records; never the test set
+    assert np.isin(fed.members, pool).all() and np.isin(pool, np.r_[fed.members, fed.shadow_pool]).all()
+    assert not np.isin(pool, fed.test).any()
+    # audited records from both parts; the others always in; references: each audited record in
+    # exactly half of them, every other record in all
+    assert audited.sum() == FAST["n_audit"]
+    assert np.isin(pool[audited], fed.members).any() and np.isin(pool[audited], fed.shadow_pool).any()
+    assert included[~audited].all() and keep[:, ~audited].all()
+    assert (keep[:, audited].sum(0) == FAST["shadows"] // 2).all()
+    # the coins are fair (two-sided binomial test) and are what the attacks were scored against
+    k = int(included[audited].sum())
+    assert stats.binomtest(k, FAST["n_audit"], 0.5).pvalue > 1e-3
+    assert out["n_audit"] == {"members": k, "nonmembers": FAST["n_audit"] - k}
+
+
+def test_audited_runs_match_the_release_size_or_warn(central_run):
+    from privkit.pipeline.report import _read_audit
+
+    out = audit_run(central_run, **FAST)
+    exp = out["experiment"]
+    # pool = clients + n_audit/2 shadow-pool records: pool - n_audit/2 = the release's data size
+    assert exp["audit_train_size_expected"] == exp["release_train_size"] == exp["pool_from_clients"]
+    assert exp["pool_from_shadow_pool"] == FAST["n_audit"] // 2
+    assert abs(exp["target_train_size"] - exp["release_train_size"]) < 4 * np.sqrt(FAST["n_audit"]) / 2
+    assert out["warnings"] == []
+    # more audited records than the shadow pool can balance: the audited runs see less data, and
+    # the warning with the numbers reaches audit.json and the report
+    n = exp["n_audit_matched"] + 100
+    big = audit_run(central_run, **{**FAST, "n_audit": n, "attacks": "threshold"})
+    (w,) = [w for w in big["warnings"] if w["code"] == "audit_size_mismatch"]
+    assert f"the released model on {exp['release_train_size']}" in w["message"]
+    assert f"matching needs n_audit <= {exp['n_audit_matched']}" in w["message"]
+    report_warnings: list = []
+    _read_audit(central_run, {}, report_warnings)
+    assert [r.code for r in report_warnings] == ["audit_size_mismatch"]
+    assert report_warnings[0].message == w["message"]
+
+
+def test_audit_same_seed_same_result(central_run):
+    a = audit_run(central_run, attacks="threshold,lira", write=False, **FAST)
+    b = audit_run(central_run, attacks=["threshold", "lira"], write=False, **FAST)
+    assert a["attacks"] == b["attacks"]
+
+
+@pytest.mark.slow
+def test_run_audit_identical_across_executors(central_run):
+    """The audited runs go through the audit layer's executors (Ray: tests/attacks/test_recipe_audit.py)."""
+    kw = {**FAST, "shadows": 2, "attacks": "threshold,lira", "write": False}
+    serial = audit_run(central_run, **kw)
+    process = audit_run(central_run, executor="process", workers=2, **kw)
+    assert serial["attacks"] == process["attacks"] and serial["verdict"] == process["verdict"]
+
+
+@pytest.mark.slow
+def test_dpsgd_bound_never_exceeds_accounted(tmp_path):
+    run = make_run(tmp_path, "dpsgd", tiny_federation_config(), {"arch": "mlp", "epochs": 1})
+    out = audit_run(run, shadows=2, n_audit=200, shadow_iterations=30)
+    acc = out["accounted_epsilon"]
+    assert acc is not None and np.isfinite(acc) and acc > 0
+    # the verdict checks the audited target run's own ledger; it trains on as many records as the
+    # release (up to the coins), so its epsilon is close to the release's
+    exp = out["experiment"]
+    assert acc == exp["audit_target_accounted_epsilon"]
+    assert acc == pytest.approx(exp["release_accounted_epsilon"], rel=0.05)
+    for name, e in out["attacks"].items():
+        assert e["error"] is None, (name, e["error"])
+        assert e["epsilon_lower_bound"] <= acc, name
+    # the verdict follows from three numbers of audit.json: 200 audited records and six attacks
+    # (Bonferroni) cap the bound below the accounted epsilon, so "inconclusive"
+    v = out["verdict"]
+    assert v["status"] == decide(v["epsilon_lower_bound"], v["epsilon_ceiling"], acc) == "inconclusive"
+    assert v["epsilon_ceiling"] < acc and "can detect at most epsilon" in v["message"]
+    assert v["confidence"] == 0.95 and v["correction"] == "Bonferroni over 6 attack(s)"
+    assert out["delta"] == pytest.approx(json.loads((run / "config.json").read_text())["trainer"]["delta"])
+
+
+@pytest.mark.parametrize("method", ["fedauxfdp", "fedmd-nfdp",
+                                    pytest.param("flip", marks=pytest.mark.slow)])
+def test_attribute_inference_on_shared_artifacts(tmp_path, method):
+    fed_cfg = tiny_federation_config(clients=4, partition="dirichlet", alpha=0.1, public_size=0.2)
+    run = make_run(tmp_path, method, fed_cfg)
+    out = audit_run(run, attacks="attribute,threshold", shadows=4, n_audit=50)
+    assert out["experiment"]["references"] == 4
+    r = out["attribute"]["dominant-class"]
+    assert r["error"] is None, r["error"]
+    assert r["n_test"] == 4 and 0 <= r["ci_low"] <= r["accuracy"] <= r["ci_high"] <= 1
+    assert out["attacks"]["threshold"]["error"] is None
+
+
+@pytest.mark.slow
+def test_overfit_model_leaks_and_lira_beats_threshold(tmp_path):
+    """A deliberately overfit non-private model on mnist5k: clear signal, LiRA strongest at low FPR."""
+    from privkit.data import FederationConfig
+
+    fed_cfg = FederationConfig(dataset="mnist5k", clients=2, partition="iid", test_size=0.2,
+                               shadow_size=0.85, seed=0)  # 600 members: easy to overfit
+    run = make_run(tmp_path, "centralized", fed_cfg,
+                   {"arch": "mlp", "feature_dim": 256, "epochs": 40, "lr": 0.1, "batch_size": 32})
+    out = audit_run(run, attacks="threshold,lira", shadows=8 if SMALL else 16)
+    thr, lira = out["attacks"]["threshold"], out["attacks"]["lira"]
+    # measured (seed 0, 8 reference runs, 1200 audited records): threshold AUC 0.60, LiRA 0.73;
+    # TPR@1%FPR 0.023 vs 0.120, TPR@0.1%FPR 0.010 vs 0.054
+    assert thr["auc"] > 0.55 and lira["auc"] > 0.62
+    assert lira["tpr_at_fpr"]["0.01"] > thr["tpr_at_fpr"]["0.01"]
+    assert lira["tpr_at_fpr"]["0.001"] > thr["tpr_at_fpr"]["0.001"]
+    # 3400 shadow-pool records: the pool takes 600 of them, so the audited runs also see ~600
+    assert out["experiment"]["audit_train_size_expected"] == 600 and out["warnings"] == []
+
+
+# ------------------------------------------------------------------------------------- CLI
+def test_cli_json(central_run):
+    from privkit.cli import app
+
+    res = CliRunner().invoke(app, ["audit", str(central_run), "--attacks", "threshold", "--shadows", "2",
+                                   "--n-audit", "50", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert set(data["attacks"]) == {"threshold"} and data["schema_version"] == 1
+
+
+def test_cli_table(central_run):
+    from privkit.cli import app
+
+    res = CliRunner().invoke(app, ["audit", str(central_run), "--attacks", "threshold", "--shadows", "2",
+                                   "--n-audit", "50"])
+    assert res.exit_code == 0, res.output
+    assert "verdict" in res.output and "no-claim" in res.output
+
+
+@pytest.mark.parametrize("args,needle", [(["--attacks", "bogus"], "attacks must be a subset"),
+                                         (["--shadows", "3"], "shadows must be an even number")])
+def test_cli_bad_input_one_line_exit_2(central_run, args, needle):
+    proc = subprocess.run([sys.executable, "-c", "from privkit.cli import main; main()", "audit",
+                           str(central_run), *args], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_cli_missing_run_dir(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", "from privkit.cli import main; main()", "audit",
+                           str(tmp_path / "nope")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "run_dir" in proc.stderr
+
+
+@pytest.mark.slow
+def test_flip_table2_protocol_runs_and_reports_chance_interval():
+    from privkit.audit.instantiations import binary_federation, flip_table2_attack
+    from privkit.data import build_federation
+    from privkit.trainers import get_trainer
+
+    fed = build_federation(tiny_federation_config(clients=2))
+    binfed = binary_federation(fed, 1, 3, "b")
+    assert binfed.num_classes == 2 and set(np.unique(binfed.private.y)) == {0, 1}
+    res = flip_table2_attack(fed, get_trainer("flip").quick_config(), p1=0, p2=1, s1=3, s2=8)
+    assert res.chance == 0.5 and res.n_test > 0 and res.ci_low <= res.accuracy <= res.ci_high
+    with pytest.raises(ValueError, match="four distinct"):
+        flip_table2_attack(fed, {}, p1=0, p2=0, s1=3, s2=8)
+
+
+# ------------------------------------------------------------------------------- CLI: --recipe
+RECIPE_MODULE = '''
+from sklearn.ensemble import RandomForestClassifier
+
+
+def train_fn(x, y, seed):
+    return RandomForestClassifier(n_estimators=10, random_state=seed).fit(x, y)
+'''
+
+
+@pytest.fixture()
+def recipe_dir(tmp_path, monkeypatch):
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    (tmp_path / "my_recipe.py").write_text(RECIPE_MODULE)
+    np.savez(tmp_path / "pool.npz", x=x[:600], y=y[:600])
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_cli_audits_a_recipe(recipe_dir):
+    from privkit.cli import app
+
+    res = CliRunner().invoke(app, ["audit", "--recipe", "my_recipe:train_fn", "--data", "pool.npz",
+                                   "--shadows", "2", "--epsilon", "0.5", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data == json.loads((recipe_dir / "audit.json").read_text())
+    assert data["recipe"] == "my_recipe:train_fn" and data["schema_version"] == 1
+    assert set(data["attacks"]) == {"threshold", "shadow", "lira", "lira-offline", "rmia", "rmia-offline"}
+    assert data["experiment"]["pool"] == 600 and data["experiment"]["references"] == 2
+    assert data["inclusion"] == "random" and data["accounted_epsilon"] == 0.5
+    # the same audit through the library gives the same numbers
+    from attacks import audit_recipe
+    from my_recipe import train_fn
+
+    with np.load(recipe_dir / "pool.npz") as z:
+        lib = audit_recipe(train_fn, z["x"], z["y"], accounted_epsilon=0.5, delta=1e-5, shadows=2)
+    assert lib.epsilon_lower_bound == data["epsilon_lower_bound"] and lib.verdict == data["status"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--recipe", "my_recipe", "--data", "pool.npz"], "recipe must be module:function"),
+    (["--recipe", "nope:train_fn", "--data", "pool.npz"], "recipe module 'nope' cannot be imported"),
+    (["--recipe", "my_recipe:missing", "--data", "pool.npz"], "has no callable 'missing'"),
+    (["--recipe", "my_recipe:train_fn"], "--recipe needs --data"),
+    (["--recipe", "my_recipe:train_fn", "--data", "none.npz"], "data must be an existing .npz file"),
+    ([], "give either RUN_DIR or --recipe")])
+def test_cli_recipe_bad_input_one_line_exit_2(recipe_dir, args, needle, monkeypatch, capsys):
+    from privkit.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["privkit", "audit", *args])  # main() as the console script runs it
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert needle in err and len(err.strip().splitlines()) == 1
