@@ -124,8 +124,8 @@ def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recip
     """Reference loop: train one model on ``x[index]`` (CPU); returns its parameters.
 
     Per-example gradients come from ``torch.func`` (:func:`~privkit.trainers.dp_sgd_step.
-    per_sample_gradients`), as in privkit's DP-SGD step: an implementation independent of
-    :func:`train_many`'s stacked layers.
+    per_sample_gradients`), formed one by one as opacus also forms them: an implementation
+    independent of :func:`train_many`'s stacked layers.
     """
     from privkit.trainers.dp_sgd_step import clip_per_sample, per_sample_gradients
 
@@ -176,25 +176,36 @@ class _Schedule:
         self.table = torch.zeros(len(indices), max(n_max, 1), dtype=torch.long)
         for j, ix in enumerate(indices):
             self.table[j, :len(ix)] = torch.as_tensor(np.asarray(ix), dtype=torch.long)
-        if recipe.sampling == "shuffle":
-            self._epochs = self._shuffle_all()
+        self._epoch: list[tuple[int, torch.Tensor, torch.Tensor] | None] = [None] * len(indices)
 
-    def _shuffle_all(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every step's batch of every model (positions into its index set) and their weights."""
-        r, m = self.recipe, len(self.sizes)
-        t_max = int(self.steps.max())
-        pos = torch.zeros(m, max(t_max, 1), r.batch_size, dtype=torch.long)
-        w = torch.zeros(m, max(t_max, 1), r.batch_size)
-        for j, n in enumerate(self.sizes):  # once per model and epoch, outside the steps
+    def _epoch_batches(self, j: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Model j's batches in epoch e (positions into its index set, padded) and their weights;
+        epochs are drawn in order, one permutation each, as the loop draws them."""
+        cached = self._epoch[j]
+        if cached is None or cached[0] != e:
+            r, n = self.recipe, self.sizes[j]
             per = r.batches_per_epoch(n)
-            for e in range(r.epochs):
-                perm = torch.randperm(n, generator=self.gens[j])
-                padded = torch.zeros(per * r.batch_size, dtype=torch.long)
-                padded[:min(n, per * r.batch_size)] = perm[:per * r.batch_size]
-                pos[j, e * per:(e + 1) * per] = padded.view(per, r.batch_size)
-                valid = torch.zeros(per * r.batch_size)
-                valid[:min(n, per * r.batch_size)] = 1.0
-                w[j, e * per:(e + 1) * per] = valid.view(per, r.batch_size)
+            perm = torch.randperm(n, generator=self.gens[j])[:per * r.batch_size]
+            pos = torch.zeros(per * r.batch_size, dtype=torch.long)
+            w = torch.zeros(per * r.batch_size)
+            pos[:len(perm)], w[:len(perm)] = perm, 1.0
+            cached = (e, pos.view(per, r.batch_size), w.view(per, r.batch_size))
+            self._epoch[j] = cached
+        return cached[1], cached[2]
+
+    def _shuffle_block(self, start: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        r, m = self.recipe, len(self.sizes)
+        pos = torch.zeros(m, k, r.batch_size, dtype=torch.long)
+        w = torch.zeros(m, k, r.batch_size)
+        for j, n in enumerate(self.sizes):  # once per model and block: slices of its epochs
+            per, end = r.batches_per_epoch(n), min(start + k, int(self.steps[j]))
+            t = start
+            while t < end:
+                e, s = divmod(t, per)
+                stop = min(end, (e + 1) * per)
+                ep, ew = self._epoch_batches(j, e)
+                pos[j, t - start:stop - start], w[j, t - start:stop - start] = ep[s:s + stop - t], ew[s:s + stop - t]
+                t = stop
         return pos, w
 
     def block(self, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -203,7 +214,7 @@ class _Schedule:
         k = min(BLOCK, int(self.steps.max()) - start)
         active = (torch.arange(start, start + k)[None, :] < self.steps[:, None]).float()
         if self.recipe.sampling == "shuffle":
-            pos, w = (t[:, start:start + k] for t in self._epochs)
+            pos, w = self._shuffle_block(start, k)
         else:
             pos, w = self._poisson_block(start)
             pos, w = pos[:, :k], w[:, :k]
