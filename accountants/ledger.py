@@ -779,9 +779,13 @@ class Ledger:
             raise FileNotFoundError(f"ledger file not found: {path}")
         try:
             data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"ledger file {path} is not valid JSON: {exc}") from exc
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # name the file, not a record
+            detail = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise ValueError(f"ledger file {path} is malformed: {detail}") from exc
 
     def noise_stamp(self) -> dict[str, Any]:
         """``{"reproducible_noise": bool}``, plus ``"noise": NOT_FOR_RELEASE`` when it is True, plus

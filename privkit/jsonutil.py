@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,3 +31,16 @@ def strict(obj: Any) -> Any:
     if isinstance(obj, float) and not np.isfinite(obj):
         return "NaN" if np.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
     return obj
+
+
+def read_json(path: str | Path, what: str = "file") -> Any:
+    """Parse a JSON file; a missing, unreadable or corrupted file is one error naming it."""
+    from privkit.errors import PrivkitError
+
+    p = Path(path)
+    if not p.is_file():
+        raise PrivkitError(f"{what} not found: {p}")
+    try:
+        return json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PrivkitError(f"{what} {p} is unreadable or corrupted: {' '.join(str(exc).split())}") from None

@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import secrets
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where a generator is made, not when seeds are derived
+    import torch
 
 
 def _purpose_key(purpose: str) -> int:
@@ -53,6 +56,8 @@ def make_rng(seed: int, purpose: str = "") -> np.random.Generator:
 
 def torch_generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
     """A torch Generator seeded with ``seed`` on ``device``."""
+    import torch
+
     g = torch.Generator(device=device)
     g.manual_seed(int(seed) % (2**63))
     return g
@@ -60,6 +65,8 @@ def torch_generator(seed: int, device: str | torch.device = "cpu") -> torch.Gene
 
 def seed_torch(seed: int) -> None:
     """Seed torch's global generators (for layer initialisation inside model constructors)."""
+    import torch
+
     torch.manual_seed(int(seed) % (2**63))
 
 
@@ -72,6 +79,8 @@ def noise_generator(seed: int, purpose: str, *, reproducible: bool,
     """
     if reproducible:
         return torch_generator(derive_seed(seed, purpose), device=device)
+    import torch
+
     g = torch.Generator(device=device)
     g.manual_seed(secrets.randbits(64))
     return g

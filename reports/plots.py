@@ -2,8 +2,10 @@
 :class:`~reports.schema.PrivacyReport` (or a part of it) alone, or ``None`` when the report holds
 nothing to draw.
 
-Infinite epsilons (methods without a formal guarantee) never disappear from a chart: they are drawn
-in a separate band labelled "no formal DP (epsilon = inf)".
+Methods without formal DP (the report's one rule, ``MethodReport.formal_dp``) never disappear from a
+chart: they are drawn in a separate band labelled "no formal DP", with the rule's short reason.
+Curves that coincide stay visible: each method has its own marker and line style, and a curve
+identical to another's says so in the legend.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from reports.schema import DatasetSummary, MethodReport, PrivacyReport  # noqa: E402
 
-INF_LABEL = "no formal DP\n(epsilon = inf)"
+INF_LABEL = "no formal DP\n(epsilon = inf\nat this delta)"
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p")
+LINESTYLES = ("-", "--", "-.", ":")
 _DPI = 110
 
 
@@ -36,8 +40,13 @@ def _finite(x: float | None) -> bool:
 def method_colors(names: Iterable[str]) -> dict[str, tuple]:
     """A stable colour per method (same colour in every figure of a report)."""
     names = list(names)
-    cmap = plt.get_cmap("tab20" if len(names) > 10 else "tab10")
-    return {n: cmap(i % cmap.N) for i, n in enumerate(names)}
+    if len(names) <= 10:
+        cmap = plt.get_cmap("tab10")
+        return {n: cmap(i % cmap.N) for i, n in enumerate(names)}
+    # tab20 pairs a dark and a light shade of each hue: take every hue's dark shade first, so
+    # neighbouring methods (often related baselines) get different hues
+    cmap = plt.get_cmap("tab20")
+    return {n: cmap((2 * i) % 20 + (2 * i // 20) % 2) for i, n in enumerate(names)}
 
 
 def _new_figure(width: float, height: float) -> Figure:
@@ -55,6 +64,42 @@ def figure_to_png(fig: Figure) -> bytes:
 def figure_to_data_uri(fig: Figure) -> str:
     """``data:image/png;base64,...`` of ``fig`` (for self-contained HTML)."""
     return "data:image/png;base64," + base64.b64encode(figure_to_png(fig)).decode("ascii")
+
+
+# ---------------------------------------------------------------------------------- shared styling
+def _style(i: int, n_points: int) -> dict:
+    """Marker, line style and drawing order of the i-th curve: a curve drawn over an identical one
+    still shows its hollow markers around the other's, offset along the curve."""
+    every = max(1, n_points // 12)
+    return {"marker": MARKERS[i % len(MARKERS)],
+            "ls": LINESTYLES[(i + i // len(MARKERS)) % len(LINESTYLES)],  # no (marker, ls) repeats
+            "ms": 4 + 2 * (i % 3), "mfc": "none", "mew": 1.1, "zorder": 3 + (i % 5),
+            "markevery": (i % every, every)}
+
+
+def _duplicates(series: list[tuple[str, object]]) -> dict[str, str]:
+    """Legend suffix " (= first)" for every curve identical to an earlier one."""
+    seen: dict[object, str] = {}
+    out: dict[str, str] = {}
+    for name, key in series:
+        if key in seen:
+            out[name] = f" (= {seen[key]})"
+        else:
+            seen[key] = name
+    return out
+
+
+def _dodge(ys: list[float], tol: float, *, start: float, step: float) -> list[float]:
+    """x positions in a band: a point within ``tol`` of an earlier one moves ``step`` right."""
+    xs: list[float] = []
+    for i, y in enumerate(ys):
+        xs.append(start + step * sum(1 for y2 in ys[:i] if abs(y2 - y) < tol))
+    return xs
+
+
+def _band_label(m: MethodReport) -> str:
+    label = m.formal_dp_label
+    return m.name if label in ("", "no", "yes") else f"{m.name} ({label})"
 
 
 # ---------------------------------------------------------------------------------- privacy-utility
@@ -96,11 +141,14 @@ def privacy_utility_figure(report: PrivacyReport) -> Figure | None:
     grid = fig.add_gridspec(1, 2, width_ratios=[5, 1], wspace=0.02)
     ax = fig.add_subplot(grid[0])
     ax_inf = fig.add_subplot(grid[1], sharey=ax)
-    finite = [(m, e, a) for m, e, a in points if _finite(e) and e > 0]
-    infinite = [(m, e, a) for m, e, a in points if not (_finite(e) and e > 0)]
+    finite = [(m, e, a) for m, e, a in points if m.formal_dp and _finite(e) and e > 0]
+    infinite = [(m, e, a) for m, e, a in points if not (m.formal_dp and _finite(e) and e > 0)]
     gap = 0.05 * (max(a for _, _, a in points) - min(a for _, _, a in points) + 0.1)
-    for m, e, a in finite:
-        ax.scatter([e], [a], s=60, color=colors[m.name], edgecolor="black", zorder=3)
+    for k, (m, e, a) in enumerate(finite):
+        # an identical point drawn earlier stays visible as a ring around this one
+        ring = sum(1 for m2, e2, a2 in finite[:k] if (e2, a2) == (e, a))
+        ax.scatter([e], [a], s=60 + 90 * ring, color=colors[m.name], edgecolor="black",
+                   zorder=3 - 0.1 * ring)
     _spread_labels(ax, [(m.name, e, a) for m, e, a in finite], gap, log_x=True)
     ax.set_xscale("log")
     if finite:
@@ -113,9 +161,11 @@ def privacy_utility_figure(report: PrivacyReport) -> Figure | None:
     ax.set_ylabel("test accuracy")
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title("What privacy costs: accounted epsilon vs test accuracy")
-    for m, e, a in infinite:
-        ax_inf.scatter([0.5], [a], s=70, marker="D", color=colors[m.name], edgecolor="black", zorder=3)
-    _spread_labels(ax_inf, [(m.name, 0.5, a) for m, e, a in infinite], gap, log_x=False)
+    band_x = _dodge([a for _, _, a in infinite], gap / 2, start=0.5, step=0.22)
+    for (m, e, a), x in zip(infinite, band_x):
+        ax_inf.scatter([x], [a], s=70, marker="D", color=colors[m.name], edgecolor="black", zorder=3)
+    _spread_labels(ax_inf, [(_band_label(m), x, a) for (m, e, a), x in zip(infinite, band_x)], gap,
+                   log_x=False)
     ax_inf.set_xlim(0, 2.2)
     ax_inf.set_xticks([0.5])
     ax_inf.set_xticklabels([INF_LABEL], fontsize=8)
@@ -160,7 +210,10 @@ def epsilon_comparison_figure(report: PrivacyReport) -> Figure | None:
             ax.scatter([e], [y], marker="s", s=55, color="#1f77b4", zorder=3,
                        label=label("accounted epsilon"))
         elif m.privacy is not None:
-            ax.annotate("inf", (right, y), xytext=(-30, 0), textcoords="offset points",
+            label_ = m.formal_dp_label or "no"
+            text = "inf" if label_ in ("no", "yes") else f"inf ({label_})"
+            ax.annotate(text, (right, y), xytext=(-30 - 4 * max(0, len(text) - 3), 0),
+                        textcoords="offset points",
                         va="center", fontsize=8, color="#1f77b4",
                         arrowprops={"arrowstyle": "->", "color": "#1f77b4"})
         lb, ceil, _ = m.audit_numbers()
@@ -201,11 +254,13 @@ def roc_figure(method: MethodReport) -> Figure | None:
         pos = [v for v in a.roc.fpr + a.roc.tpr if v and v > 0]
         floor = min(floor, min(pos) if pos else 1.0)
     floor = max(floor / 2.0, 1e-5)
-    for name, a in curves:
+    same = _duplicates([(name, (tuple(a.roc.fpr), tuple(a.roc.tpr))) for name, a in curves])
+    for i, (name, a) in enumerate(curves):
         fpr = [max(v, floor) for v in a.roc.fpr]
         tpr = [max(v, floor) for v in a.roc.tpr]
         auc = f"AUC {a.auc:.3f}" if _finite(a.auc) else "AUC n/a"
-        ax.plot(fpr, tpr, lw=1.5, label=f"{name} ({auc})")
+        ax.plot(fpr, tpr, lw=1.5, label=f"{name} ({auc}){same.get(name, '')}",
+                **_style(i, len(fpr)))
     _finish_loglog_roc(ax, floor, f"{method.name}: membership inference ROC")
     return fig
 
@@ -294,9 +349,11 @@ def epsilon_over_rounds_figure(report: PrivacyReport) -> Figure | None:
         return None
     fig = _new_figure(8.0, 4.2)
     ax = fig.add_subplot()
-    for m, pts in series:
+    same = _duplicates([(m.name, tuple(pts)) for m, pts in series])
+    for i, (m, pts) in enumerate(series):
         xs, ys = zip(*pts)
-        ax.plot(xs, ys, marker="o", ms=3, lw=1.4, color=colors[m.name], label=m.name)
+        ax.plot(xs, ys, lw=1.4, color=colors[m.name], label=m.name + same.get(m.name, ""),
+                **_style(i, len(xs)))
     ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
@@ -348,6 +405,9 @@ def report_figures(report: PrivacyReport) -> dict[str, Figure]:
         "epsilon_over_rounds": epsilon_over_rounds_figure(report),
         "client_class": client_class_figure(report.dataset),
     }
+    from reports.roc_claims import ledger_roc_figure
+
     for m in report.methods:
         figs[f"roc/{m.name}"] = roc_figure(m)
+        figs[f"tradeoff_roc/{m.name}"] = ledger_roc_figure(m)
     return {k: v for k, v in figs.items() if v is not None}

@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 import jinja2
 
+from reports.guarantee import delta_ge_one_over_n
 from reports.schema import AttackResult, MethodReport, PrivacyReport
 
 FORMATS = ("json", "html", "md")
@@ -25,13 +26,23 @@ _FILES = {"json": "report.json", "html": "report.html", "md": "report.md"}
 HOW_TO_READ = [
     "Promise: the accounted epsilon is a sound upper bound on what any attacker can learn about one "
     "record of the worst-off client, at the stated delta, under the named accountant, from the "
-    "mechanisms that actually ran. Smaller is more private; 'inf' means no formal guarantee.",
+    "mechanisms that actually ran. Smaller is more private; 'inf' means no finite guarantee at "
+    "this delta.",
+    "Formal DP: 'yes' only when the method claims a guarantee and its ledger gives a finite epsilon "
+    "at the report's delta; otherwise the cell says why not: 'no' (no claim, or a release without "
+    "noise), 'not at this δ' (finite only at a larger delta) or 'δ ≥ 1/n' (the guarantee needs a "
+    "delta of at least one over the smallest client's size, which permits publishing records in "
+    "the clear; it is never shown as epsilon 0). The same rule sets the verdict and the charts.",
     "Paper claim: what the method's paper states for the same setting, beside privkit's tight value "
     "at the paper's own delta. A claim below privkit's value is not supported by the mechanisms run.",
-    "Evidence: membership-inference audits attack the released model(s). AUC 0.5 is chance. The "
-    "empirical epsilon is a statistical lower bound (one-sided, at the stated confidence): a sound "
-    "guarantee never lies below it. It cannot exceed the ceiling set by the number of trials, so a "
-    "small lower bound from a small audit is weak evidence of privacy, not proof.",
+    "Evidence: membership-inference audits attack a fresh run of each method's own recipe in which "
+    "every audited record was included by a fair coin (reference runs of the same recipe train on "
+    "as much data as the release); attribute inference attacks what the released run's clients "
+    "share. AUC 0.5 is chance. The empirical epsilon is a statistical lower bound (one-sided, at "
+    "the stated confidence): a sound guarantee never lies below it. It cannot exceed the ceiling "
+    "set by the number of trials, so a small lower bound from a small audit is weak evidence of "
+    "privacy, not proof. 'not applicable' (grey) means the method exposes nothing that attack "
+    "needs (the reason is given); it is not a failure.",
     "Verdict: 'violation' means the audit's family-wise lower bound, which holds at the stated "
     "confidence for all attacks together, exceeds the accounted epsilon: the implementation or the "
     "privacy claim is wrong. 'consistent' means no bound exceeded it although this audit's ceiling "
@@ -39,7 +50,7 @@ HOW_TO_READ = [
     "the true epsilon must be before this audit flags it at least half the time, so a consistent "
     "verdict is evidence only against a true epsilon of about that size or more. 'inconclusive' means the ceiling is not above the "
     "accounted epsilon, so no outcome of this audit could have contradicted the claim; 'no-claim' "
-    "means there is no finite accounted epsilon to check.",
+    "means the formal-DP rule above says no (no finite, meaningful accounted epsilon to check).",
     "Cost: test accuracy of the released model on the held-out test set (and per-client accuracy for "
     "personalised models), compared with the best method without a formal guarantee.",
 ]
@@ -92,10 +103,38 @@ def _cell(text: str, value: float | None = None) -> dict:
 def non_private_reference(report: PrivacyReport) -> MethodReport | None:
     """The most accurate method without a formal guarantee (the 'cost' reference), if any."""
     cands = [m for m in report.methods if m.utility and m.utility.test_accuracy is not None
-             and not math.isnan(m.utility.test_accuracy)
-             and (not m.formal_dp or (m.privacy is not None and m.privacy.epsilon is not None
-                                      and math.isinf(m.privacy.epsilon)))]
+             and not math.isnan(m.utility.test_accuracy) and not m.formal_dp]
     return max(cands, key=lambda m: m.utility.test_accuracy) if cands else None
+
+
+def formal_dp_label(m: MethodReport) -> str:
+    """The formal-DP rule's short answer for a row (older reports: yes/no)."""
+    return m.formal_dp_label or ("yes" if m.formal_dp else "no")
+
+
+def _min_client_size(report: PrivacyReport) -> int | None:
+    return report.dataset.min_client_size if report.dataset else None
+
+
+def claim_view(m: MethodReport, n_min: int | None) -> dict[str, Any]:
+    """The paper's claim and privkit's epsilon at its delta, as table cells. A claim whose delta is
+    >= 1/n permits publishing records: it is shown as such, never as a small or zero epsilon."""
+    p = m.privacy
+    claim = p.claim if p else None
+    if claim is None:
+        return {"claim": _cell("—"), "claim_delta": "", "tight": _cell("—"), "void": False}
+    void = (claim.delta is not None and claim.delta < 1
+            and delta_ge_one_over_n(claim.delta, n_min))
+    delta_text = f"{claim.delta:.3g}" if claim.delta else ""
+    if void:
+        return {"claim": _cell(fmt_eps(claim.epsilon), math.inf), "void": True,
+                "claim_delta": f"{delta_text} ≥ 1/n",
+                "tight": _cell("none: δ ≥ 1/n", math.inf)}
+    tight = p.epsilon_at_claim_delta if p else None
+    return {"claim": _cell(fmt_eps(claim.epsilon) if claim.epsilon is not None else "—",
+                           claim.epsilon),
+            "claim_delta": delta_text, "void": False,
+            "tight": _cell(fmt_eps(tight), tight)}
 
 
 def _verdict(m: MethodReport) -> tuple[str, str]:
@@ -117,11 +156,12 @@ def _stage_text(m: MethodReport) -> str:
 def summary_rows(report: PrivacyReport) -> list[dict[str, Any]]:
     """One row per method for the headline table (display text plus numeric sort keys)."""
     ref = non_private_reference(report)
+    n_min = _min_client_size(report)
     rows = []
     for m in report.methods:
         acc = m.utility.test_accuracy if m.utility else None
         eps = m.privacy.epsilon if m.privacy else None
-        claim = m.privacy.claim if m.privacy else None
+        claim = claim_view(m, n_min)
         best = m.audit.best_attack() if m.audit else None
         lb, ceiling, detectable = m.audit_numbers()
         cost = None
@@ -132,13 +172,12 @@ def summary_rows(report: PrivacyReport) -> list[dict[str, Any]]:
             "name": m.name,
             "anchor": anchor(m.name),
             "method": m.method,
-            "formal_dp": "yes" if m.formal_dp else "no",
+            "formal_dp": formal_dp_label(m),
+            "formal_dp_reason": m.formal_dp_reason,
             "epsilon": _cell(fmt_eps(eps), eps),
-            "claim": _cell(fmt_eps(claim.epsilon) if claim and claim.epsilon is not None else "—",
-                           claim.epsilon if claim else None),
-            "claim_delta": f"{claim.delta:g}" if claim and claim.delta else "",
-            "tight_at_claim": _cell(fmt_eps(m.privacy.epsilon_at_claim_delta) if m.privacy else "—",
-                                    m.privacy.epsilon_at_claim_delta if m.privacy else None),
+            "claim": claim["claim"],
+            "claim_delta": claim["claim_delta"],
+            "tight_at_claim": claim["tight"],
             "accuracy": _cell(fmt_pct(acc), acc),
             "cost": _cell("—" if cost is None else "reference" if m is ref
                           else f"{100 * cost:+.1f} pt", cost),
@@ -162,8 +201,8 @@ def anchor(name: str) -> str:
 def _attack_rows(m: MethodReport) -> list[dict[str, Any]]:
     rows = []
     for name, a in (m.audit.attacks.items() if m.audit else []):
-        rows.append({"name": name, "error": a.error, "notes": a.notes or "",
-                     **_attack_cells(a)})
+        rows.append({"name": name, "error": a.error, "not_applicable": a.not_applicable,
+                     "notes": a.notes or "", **_attack_cells(a)})
     return rows
 
 
@@ -191,7 +230,7 @@ def _tpr_keys(report: PrivacyReport) -> list[str]:
     return [f"{float(k):g}" for k in sorted(keys, key=float)]
 
 
-def _method_view(m: MethodReport, ref: MethodReport | None) -> dict[str, Any]:
+def _method_view(m: MethodReport, ref: MethodReport | None, n_min: int | None) -> dict[str, Any]:
     p = m.privacy
     acct_rows = []
     client_rows = []
@@ -208,7 +247,7 @@ def _method_view(m: MethodReport, ref: MethodReport | None) -> dict[str, Any]:
     if u and u.client_accuracy:
         client_acc = [{"client": str(i), "acc": _cell(fmt_pct(a), a)}
                       for i, a in enumerate(u.client_accuracy)]
-    attribute = [{"name": n, "error": a.error,
+    attribute = [{"name": n, "error": a.error, "not_applicable": a.not_applicable,
                   "accuracy": _cell(fmt_pct(a.accuracy), a.accuracy),
                   "ci": (f"[{fmt_pct(a.ci_low)}, {fmt_pct(a.ci_high)}]"
                          if a.ci_low is not None and a.ci_high is not None else "—"),
@@ -233,9 +272,55 @@ def _method_view(m: MethodReport, ref: MethodReport | None) -> dict[str, Any]:
         "ref_name": ref.name if ref is not None and ref.name != m.name else None,
         "ref_accuracy": fmt_pct(ref.utility.test_accuracy) if ref is not None else "—",
         "eps": fmt_eps(p.epsilon) if p else "—",
+        "claim": claim_view(m, n_min),
+        "formal_dp_label": formal_dp_label(m),
         "config_json": json.dumps(m.config, indent=2, sort_keys=True, default=str),
         "stages": [(k, s) for k, s in m.stages.items()],
+        **_accounting_view(m),
     }
+
+
+def controls_view(report: PrivacyReport) -> dict[str, Any] | None:
+    """The "Audit controls" section: one row per audit of a twin (None if the report has none)."""
+    c = report.controls
+    if c is None:
+        return None
+    rows = []
+    for a in c.controls:
+        v = a.verdict
+        best = ((v.model_extra or {}).get("attacks") or {}).get(v.attack) or {}
+        right = (f"{best['correct']}/{best['guesses']}" if "correct" in best and "guesses" in best else "—")
+        rows.append({"name": a.name, "mode": a.audit_mode, "expected": a.expected, "status": v.status,
+                     "bound": fmt_eps(v.epsilon_lower_bound), "ceiling": fmt_eps(v.epsilon_ceiling),
+                     "right": right, "accuracy": fmt_pct(a.test_accuracy), "mechanism": a.mechanism,
+                     "passed": "yes" if a.passed else "NO", "message": v.message})
+    return {"c": c, "rows": rows, "banner": c.message if c.lacks_power else None,
+            "claimed": fmt_eps(c.claimed_epsilon)}
+
+
+def _accounting_view(m: MethodReport) -> dict[str, Any]:
+    """Which claim each audit bound tests, the ROC-vs-ledger sentence, and the noise/adaptivity notes."""
+    from reports.roc_claims import roc_claim_sentence
+
+    claims = []
+    for key, c in (m.audit.claims.items() if m.audit else []):
+        lb, ceil = c.get("epsilon_lower_bound"), c.get("epsilon_ceiling")
+        claims.append({"key": key, "claim": c.get("claim_tested", key), "error": c.get("error"),
+                       "lb": fmt_eps(_float(lb)), "ceiling": fmt_eps(_float(ceil)),
+                       "status": c.get("status", "—"), "in_verdict": bool(c.get("in_verdict"))})
+    p = m.privacy
+    adaptive = p.adaptive_composition if p else None
+    return {"claims": claims, "roc_claim": roc_claim_sentence(m),
+            "not_for_release": bool(p and p.reproducible_noise),
+            "adaptive": ({"epsilon": fmt_eps(_float(adaptive.get("epsilon"))),
+                          "source": adaptive.get("source", ""), "order": adaptive.get("order")}
+                         if isinstance(adaptive, dict) else None)}
+
+
+def _float(x: Any) -> float | None:
+    if x in ("Infinity", "inf"):
+        return math.inf
+    return float(x) if isinstance(x, (int, float)) else None
 
 
 def _view(report: PrivacyReport, figures: dict[str, str]) -> dict[str, Any]:
@@ -245,10 +330,11 @@ def _view(report: PrivacyReport, figures: dict[str, str]) -> dict[str, Any]:
     return {
         "r": report,
         "rows": summary_rows(report),
-        "methods": [_method_view(m, ref) for m in report.methods],
+        "methods": [_method_view(m, ref, _min_client_size(report)) for m in report.methods],
         "tpr_keys": _tpr_keys(report),
         "figures": figures,
         "how_to_read": HOW_TO_READ,
+        "controls": controls_view(report),
         "ref": ref,
         "audit_confidences": [fmt_pct(c) for c in confidences],
         "fmt_eps": fmt_eps,
@@ -329,4 +415,11 @@ def load_report(path: str | Path) -> PrivacyReport:
         p = p / _FILES["json"]
     if not p.is_file():
         raise FileNotFoundError(f"report not found: {p}")
-    return PrivacyReport.from_json(p.read_text(encoding="utf-8"))
+    try:
+        return PrivacyReport.from_json(p.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError
+        detail = " ".join(str(exc).split())
+        if hasattr(exc, "error_count"):  # pydantic: the first bad field, not the whole dump
+            err = exc.errors()[0]
+            detail = f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}"
+        raise ValueError(f"report file {p} is unreadable or corrupted: {detail}") from None

@@ -179,6 +179,15 @@ class PrivacyAccounting(_Strict):
     epsilon_at_claim_delta: float | None = Field(
         default=None, description="privkit's tight worst-client epsilon at the claim's delta")
     errors: dict[str, str] = Field(default_factory=dict, description="accountant -> error")
+    fixed_delta: float | None = Field(
+        default=None, description="worst client: delta spent by mechanisms known only by their "
+                                  "(epsilon, delta); no finite epsilon below it")
+    non_private: list[str] = Field(default_factory=list,
+                                   description="labels of releases recorded without noise")
+    reproducible_noise: bool = Field(
+        default=False, description="DP noise derived from the stored seed: not for release")
+    adaptive_composition: dict[str, Any] | None = Field(
+        default=None, description="guarantee for adaptive choices (FedKADP's Renyi filter)")
 
     @property
     def epsilon(self) -> float | None:
@@ -195,7 +204,7 @@ class Roc(_Open):
 
 
 class AttackResult(_Open):
-    """One membership-inference attack on the released model(s)."""
+    """One membership-inference attack (on the audited run of the method's recipe)."""
 
     auc: float | None = None
     balanced_accuracy: float | None = None
@@ -210,6 +219,7 @@ class AttackResult(_Open):
     roc: Roc | None = Field(default_factory=Roc)
     notes: str | None = None
     error: str | None = None
+    not_applicable: str | None = Field(default=None, description="why the attack does not apply")
 
 
 class AttributeResult(_Open):
@@ -221,6 +231,7 @@ class AttributeResult(_Open):
     chance: float | None = None
     n_test: int | None = None
     error: str | None = None
+    not_applicable: str | None = Field(default=None, description="why the attack does not apply")
 
 
 class Verdict(_Open):
@@ -248,6 +259,16 @@ class Verdict(_Open):
         return _LEGACY_STATUS.get(v, v)
 
 
+class TradeoffPoints(_Open):
+    """The audited run's ledger as a trade-off curve: each FPR and the smallest FNR it allows."""
+
+    claim: str = ""
+    accounted_epsilon: float | None = None
+    delta: float | None = None
+    fpr: list[float] = Field(default_factory=list)
+    fnr: list[float] = Field(default_factory=list)
+
+
 class AuditSummary(_Strict):
     """What the audits found (copied from the method's ``audit.json``)."""
 
@@ -257,14 +278,26 @@ class AuditSummary(_Strict):
     delta: float | None = None
     shadows: int | None = None
     verdict: Verdict | None = None
+    claims: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="claim key (generic, ledger) -> its bound and the claim tested")
+    tradeoff_curve: TradeoffPoints | None = None
     extra: dict[str, Any] = Field(default_factory=dict, description="other audit.json keys")
 
     def best_attack(self) -> tuple[str, AttackResult] | None:
-        """The successful attack with the largest empirical epsilon (then AUC)."""
-        ok = [(n, a) for n, a in self.attacks.items() if not a.error]
+        """The successful attack with the largest family-wise (then own) empirical epsilon, then
+        AUC: the attack behind the verdict's bound, named beside it in the summary."""
+        ok = [(n, a) for n, a in self.attacks.items() if not a.error and not a.not_applicable]
         if not ok:
             return None
-        return max(ok, key=lambda na: (na[1].epsilon_lower_bound or 0.0, na[1].auc or 0.0))
+        return max(ok, key=lambda na: (_family_bound(na[1]) or 0.0, na[1].epsilon_lower_bound or 0.0,
+                                       na[1].auc or 0.0))
+
+
+def _family_bound(a: AttackResult) -> float | None:
+    """The attack's bound at the verdict's family-wise confidence (audits before the family-wise
+    verdict have none)."""
+    v = (a.model_extra or {}).get("family_epsilon_lower_bound")
+    return float(v) if isinstance(v, (int, float)) else None
 
 
 class MethodReport(_Strict):
@@ -274,7 +307,12 @@ class MethodReport(_Strict):
     method: str = Field(description="registered trainer name")
     summary: str = ""
     paper: str | None = None
-    formal_dp: bool = True
+    formal_dp: bool = Field(default=True, description="the report's one rule "
+                            "(reports.guarantee.formal_dp_status) applied to this run")
+    formal_dp_label: str = Field(default="", description="short form of the rule's answer")
+    formal_dp_reason: str = Field(default="", description="why not, in words")
+    claims_dp: bool | None = Field(default=None, description="the method claims a formal DP "
+                                   "guarantee (its registration)")
     seed: int = 0
     config: dict[str, Any] = Field(default_factory=dict)
     quick: bool = False
@@ -299,6 +337,44 @@ class MethodReport(_Strict):
         return (best[1].epsilon_lower_bound, best[1].ceiling, None) if best else (None, None, None)
 
 
+# ---------------------------------------------------------------------------------- audit controls
+class ControlAudit(_Open):
+    """One audit of one control twin (a deliberately broken or a correct copy of a DP method)."""
+
+    name: str = Field(description="'correct', 'noise removed' or 'clipping and noise removed'")
+    expected: Literal["violation", "no violation"]
+    audit_mode: Literal["white-box", "black-box"]
+    mechanism: str = ""
+    verdict: Verdict
+    caught: bool = Field(description="the audit said 'violation'")
+    passed: bool = Field(description="the outcome is the expected one")
+    test_accuracy: float | None = None
+
+
+class AuditControls(_Open):
+    """The run's audit controls: twins of one DP method, each claiming its accounted epsilon.
+
+    Not methods of the summary. ``power`` is False when a positive control (a twin that must come
+    out ``violation``) was not caught, or when the controls could not run (``state`` failed):
+    the report then cannot show that its audit could see a violation.
+    """
+
+    state: Literal["done", "failed", "skipped"] = "done"
+    error: str | None = None
+    method: str | None = Field(default=None, description="the DP method the twins copy")
+    claimed_epsilon: float | None = None
+    delta: float | None = None
+    power: bool = False
+    false_alarm: bool = False
+    message: str = ""
+    controls: list[ControlAudit] = Field(default_factory=list)
+    recipes: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def lacks_power(self) -> bool:
+        return self.state != "skipped" and not self.power
+
+
 class PrivacyReport(_Strict):
     """One pipeline run: metadata, threat model, and one :class:`MethodReport` per method."""
 
@@ -310,6 +386,9 @@ class PrivacyReport(_Strict):
     methods: list[MethodReport] = Field(default_factory=list)
     warnings: list[ReportWarning] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    controls: AuditControls | None = Field(
+        default=None, description="audit controls (broken twins of a DP method); absent in reports "
+                                  "written before them")
 
     @field_validator("methods")
     @classmethod

@@ -3,8 +3,10 @@
 :func:`audit_run` audits a run directory (``privkit audit RUN_DIR``, the pipeline's audit stage)
 and writes ``audit.json``; :mod:`~privkit.audit.shadows` re-runs a method's federation as shadow
 runs; :mod:`~privkit.audit.instantiations` holds the attribute attacks on what the seed methods
-share (FLiP's Table II protocol among them). The attacks and the bounds come from the ``attacks``
-library, which never imports privkit.
+share (FLiP's Table II protocol among them). :mod:`~privkit.audit.controls` trains and audits the
+broken twins of a DP-SGD method that every report carries; :mod:`~privkit.audit.federated_canaries`
+audits one client's record-level guarantee with canary records. The attacks and the bounds come
+from the ``attacks`` library, which never imports privkit.
 """
 
 from privkit.audit.run import ATTACKS, MEMBERSHIP_ATTACKS, audit_run

@@ -8,6 +8,11 @@ from attacks.attribute import AttributeInferenceAttack
 from privkit.audit.instantiations import client_artifact_features, dominant_classes, soft_label_artifacts
 
 
+class NotApplicable(ValueError):
+    """The attack does not apply to this method (e.g. nothing per-client is shared): the audit
+    records the reason under ``not_applicable``, not as a failure."""
+
+
 def dominant_class_entry(fed, result, reference_details: list[dict], *, seed: int, alpha: float) -> dict:
     """Generic dominant-class inference from per-client artifacts.
 
@@ -19,7 +24,7 @@ def dominant_class_entry(fed, result, reference_details: list[dict], *, seed: in
     for d in reference_details:
         feats = client_artifact_features(d["artifacts"], fed)
         if feats is None:
-            raise ValueError(f"method {result.method} shares no per-client artifacts to attack")
+            raise NotApplicable(f"method {result.method} shares no per-client artifacts to attack")
         xs.append(feats)
         ys.append(dominant_classes(d["class_counts"]))
     x_train, y_train = np.concatenate(xs), np.concatenate(ys)

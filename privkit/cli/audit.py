@@ -14,9 +14,11 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from privkit.cli.app import app, out_console, print_json
+from privkit.errors import PrivkitError
 
 
 def _fmt(x) -> str:
@@ -57,15 +59,43 @@ def load_pool(path: Path):
         return z["x"], z["y"]
 
 
+def _check_options(executor: str, delta: float | None, run_dir: Path | None = None) -> None:
+    """Everything checkable before the audit layer (and torch) is imported."""
+    from privkit.pipeline.config import check_executor
+    from privkit.jsonutil import read_json
+
+    if run_dir is not None:
+        if not run_dir.is_dir():
+            raise PrivkitError(f"run_dir must be an existing directory; found {run_dir}")
+        if not (run_dir / "config.json").is_file():
+            raise PrivkitError(f"run_dir must hold a trained run (config.json); found none in "
+                               f"{run_dir} (run `privkit train` first)")
+        read_json(run_dir / "config.json", "run config")  # a corrupted file is named before any work
+    check_executor(executor, "--executor")
+    if delta is not None and not 0 < delta < 1:
+        raise PrivkitError(f"--delta must be in (0, 1); found {delta}")
+
+
+def _outcome(entry: dict, width: int | None = None) -> str:
+    """Markup for an attack that did not run: red when it failed, grey with the reason when it
+    does not apply to this method (not a failure)."""
+    cut = (lambda t: t[:width]) if width else (lambda t: t)
+    if entry.get("error"):
+        return f"[red]failed:[/red] {escape(cut(entry['error']))}"
+    if entry.get("not_applicable"):
+        return f"[grey50]not applicable: {escape(cut(entry['not_applicable']))}[/grey50]"
+    return ""
+
+
 def _attack_table(title: str, attacks: dict) -> Table:
-    table = Table(title=title)
-    for col in ("attack", "AUC", "bal. acc", "TPR@0.1%", "TPR@1%", "eps lower bound", "ceiling", "error"):
+    table = Table(title=escape(title))
+    for col in ("attack", "AUC", "bal. acc", "TPR@0.1%", "TPR@1%", "eps lower bound", "ceiling", "note"):
         table.add_column(col)
     for name, r in attacks.items():
         tpr = r.get("tpr_at_fpr") or {}
-        table.add_row(name, _fmt(r.get("auc")), _fmt(r.get("balanced_accuracy")), _fmt(tpr.get("0.001")),
-                      _fmt(tpr.get("0.01")), _fmt(r.get("epsilon_lower_bound")), _fmt(r.get("ceiling")),
-                      (r.get("error") or "")[:60])
+        table.add_row(escape(name), _fmt(r.get("auc")), _fmt(r.get("balanced_accuracy")),
+                      _fmt(tpr.get("0.001")), _fmt(tpr.get("0.01")), _fmt(r.get("epsilon_lower_bound")),
+                      _fmt(r.get("ceiling")), _outcome(r, width=60))
     return table
 
 
@@ -75,11 +105,13 @@ def _print_verdict(v: dict, accounted, delta: float) -> None:
     out_console.print(f"family-wise lower bound {_fmt(v.get('epsilon_lower_bound'))}, ceiling "
                       f"{_fmt(v.get('epsilon_ceiling'))}, detectable epsilon {_fmt(v.get('detectable_epsilon'))} "
                       f"(confidence {_fmt(v.get('confidence'))} for the family)", highlight=False)
-    out_console.print(f"verdict: [{color}]{v['status']}[/{color}] - {v['message']}", highlight=False)
+    out_console.print(f"verdict: [{color}]{escape(v['status'])}[/{color}] - {escape(v['message'])}",
+                      highlight=False)
 
 
 def _audit_recipe(recipe: str, data: Path, *, out: Path, epsilon, delta, shadows, executor, workers,
                   seed, attacks, iterations, as_json) -> None:
+    _check_options(executor, delta)
     from attacks import audit_recipe
 
     x, y = load_pool(data)
@@ -101,17 +133,16 @@ def _audit_recipe(recipe: str, data: Path, *, out: Path, epsilon, delta, shadows
                       f"target trained on {exp['target_train_size']} of {exp['pool']} records (fair coins)",
                       highlight=False)
     for note in res.notes:
-        out_console.print(f"note: {note}", highlight=False)
+        out_console.print(escape(f"note: {note}"), highlight=False)
     _print_verdict(record, epsilon, delta)
     out_console.print(f"wrote {out}", highlight=False)
 
 
 def _audit_run_dir(run_dir: Path, *, attacks, shadows, executor, workers, seed, n_audit, delta, iterations,
                    as_json) -> None:
+    _check_options(executor, delta, run_dir)
     from privkit.audit import audit_run
 
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"run_dir must be an existing directory; found {run_dir}")
     out = audit_run(run_dir, attacks=attacks, shadows=shadows, executor=executor, workers=workers,
                     seed=seed, progress=not as_json, n_audit=n_audit, delta=delta,
                     shadow_iterations=iterations)
@@ -121,14 +152,14 @@ def _audit_run_dir(run_dir: Path, *, attacks, shadows, executor, workers, seed, 
     out_console.print(_attack_table(f"audit of {out['method']} ({run_dir}), {out['shadows']} reference runs, "
                                     f"delta={out['delta']:g}", out["attacks"]))
     for name, r in out["attribute"].items():
-        if r.get("error"):
-            out_console.print(f"attribute {name}: [red]failed[/red] {r['error']}", highlight=False)
+        if r.get("error") or r.get("not_applicable"):
+            out_console.print(f"attribute {escape(name)}: {_outcome(r)}", highlight=False)
         else:
-            out_console.print(f"attribute {name}: accuracy {r['accuracy']:.3f} "
-                              f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] vs chance {r['chance']:.3f} "
-                              f"(n={r['n_test']})", highlight=False)
+            out_console.print(escape(f"attribute {name}: accuracy {r['accuracy']:.3f} "
+                                     f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] vs chance "
+                                     f"{r['chance']:.3f} (n={r['n_test']})"), highlight=False)
     for w in out.get("warnings", []):
-        out_console.print(f"[yellow]warning:[/yellow] {w['message']}", highlight=False)
+        out_console.print(f"[yellow]warning:[/yellow] {escape(w['message'])}", highlight=False)
     _print_verdict(out["verdict"], out["accounted_epsilon"], out["delta"])
     out_console.print(f"wrote {run_dir / 'audit.json'}", highlight=False)
 
@@ -151,13 +182,15 @@ def audit(
     shadows: int | None = typer.Option(None, "--shadows", help="Reference runs of the recipe (even, >= 2; "
                                                                "default 8 for a run directory, 16 for --recipe)."),
     executor: str = typer.Option("serial", "--executor", help="serial | process | ray."),
-    workers: int | None = typer.Option(None, "--workers", help="Worker processes / Ray CPUs."),
+    workers: int | None = typer.Option(None, "--workers", min=1, help="Worker processes / Ray CPUs."),
     seed: int = typer.Option(0, "--seed", help="Audit seed (audited records, coins, reference halves, run seeds)."),
-    n_audit: int | None = typer.Option(None, "--n-audit",
+    n_audit: int | None = typer.Option(None, "--n-audit", min=10,
                                        help="Run directory: pool records audited, each included by a fair "
                                             "coin (default: the most that keeps the release's data size)."),
-    delta: float | None = typer.Option(None, "--delta", help="Delta (default: the run's delta or 1e-5)."),
-    iterations: int = typer.Option(200, "--iterations", help="CatBoost iterations of the shadow attack."),
+    delta: float | None = typer.Option(None, "--delta", help="Delta in (0, 1) (default: the run's "
+                                                             "delta or 1e-5)."),
+    iterations: int = typer.Option(200, "--iterations", min=1,
+                                   help="CatBoost iterations of the shadow attack."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Audit a run directory's method, or any training recipe, with fair-coin inclusion; write the result."""

@@ -364,9 +364,9 @@ def _event_of(release: dict[str, Any], where: str) -> tuple[Any, tuple[float, fl
 @budget_app.command("compose")
 def compose(
     gaussian: list[str] = typer.Option([], "--gaussian", metavar="FLOAT", help="A Gaussian release, sigma/sensitivity (repeatable)."),
-    gaussian_eps: list[str] = typer.Option([], "--gaussian-eps", help="A Gaussian calibrated for EPS:DELTA[:classic|analytic] (repeatable)."),
+    gaussian_eps: list[str] = typer.Option([], "--gaussian-eps", help="A Gaussian calibrated for EPS:DELTA\\[:classic|analytic] (repeatable)."),
     eps_delta: list[str] = typer.Option([], "--eps-delta", help="An (EPS:DELTA)-DP release (repeatable)."),
-    file: Optional[Path] = typer.Option(None, "--file", help="JSON list of releases: {gaussian}, {gaussian_eps: [e, d, m]}, {epsilon, delta}."),
+    file: Optional[Path] = typer.Option(None, "--file", help="JSON list of releases: {gaussian}, {gaussian_eps: \\[e, d, m]}, {epsilon, delta}."),
     delta_: Optional[str] = _num_opt(None, "--delta", "Total delta (default: sum of the releases' deltas)."),
     as_json: bool = JSON_OPT,
 ) -> None:

@@ -8,7 +8,6 @@ import typer
 from rich.table import Table
 
 from privkit.cli.app import app, out_console, print_json
-from privkit.data import DATASETS, FederationConfig, build_federation
 
 data_app = typer.Typer(help="Datasets and federated splits.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
@@ -17,6 +16,8 @@ app.add_typer(data_app, name="data")
 @data_app.command("list")
 def list_datasets(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """List the embedded datasets and the local formats privkit reads."""
+    from privkit.data import DATASETS
+
     rows = [{"name": d.name, "embedded": d.embedded, "description": d.description} for d in DATASETS.values()]
     if as_json:
         print_json({"datasets": rows})
@@ -43,10 +44,11 @@ def split(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Split DATASET among clients and show each client's size and class histogram."""
-    public = None if public_dataset in (None, "none") else public_dataset
+    from privkit.data import FederationConfig, build_federation
+
     cfg = FederationConfig(dataset=dataset, clients=clients, partition=partition, alpha=alpha,
-                           shards_per_client=shards_per_client, public_dataset=public,
-                           public_size=0.0 if public else 0.1, data_root=data_root, seed=seed)
+                           shards_per_client=shards_per_client, public_dataset=public_dataset,
+                           data_root=data_root, seed=seed)
     fed = build_federation(cfg)
     if save:
         fed.save(save)

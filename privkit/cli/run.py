@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import List, Optional
 import typer
 
 from privkit.cli.app import app, err_console, out_console, print_json
+from privkit.errors import PrivkitError
 
 
 def _log(enabled: bool):
@@ -33,10 +35,45 @@ def _finish(outcome, as_json: bool) -> None:
         raise typer.Exit(1)
 
 
-def _run(config: Path, overrides: list[str], out: str, quiet: bool, as_json: bool) -> None:
+def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two resolved configs (first level of difference)."""
+    keys = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += _changed_keys(a, b, f"{prefix}{k}.")
+        else:
+            keys.append(f"{prefix}{k}")
+    return keys
+
+
+def check_run_dir(root: Path, resolved: dict, force: bool) -> None:
+    """An existing run directory is resumed when its config is the same, refused otherwise
+    (without ``--force``): re-running a changed config replaces the results it changes."""
+    from privkit.jsonutil import read_json
+
+    path = root / "config.resolved.json"
+    if force or not path.is_file():
+        return
+    ignore = ("source", "overrides")  # where the config came from, not what it says
+    old = {k: v for k, v in read_json(path, "run config").items() if k not in ignore}
+    new = {k: v for k, v in json.loads(json.dumps(resolved, default=str)).items() if k not in ignore}
+    changed = _changed_keys(old, new)
+    if changed:
+        shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+        raise PrivkitError(f"--out: {root} holds a run of a different config ({shown} changed); pass "
+                           "--force to update it (stages whose inputs did not change are kept) or "
+                           "give the run another name (--set name=...)")
+
+
+def _run(config: Path, overrides: list[str], out: str, quiet: bool, as_json: bool,
+         force: bool = False) -> None:
     from privkit.pipeline import load_run_config, run_pipeline
 
     resolved = load_run_config(config, overrides)  # every error here comes before any work
+    check_run_dir(Path(out) / resolved.config.name, resolved.to_dict(), force)
     command = "privkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     outcome = run_pipeline(resolved, out, progress=not (quiet or as_json),
                            log=_log(not as_json), command=command)
@@ -50,15 +87,22 @@ def run_cmd(
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a config key, e.g. "
                                              "--set audit.shadows=2 (repeatable)."),
     out: str = typer.Option("runs", "--out", help="Parent folder of the run directory."),
+    force: bool = typer.Option(False, "--force", help="Update a run directory written by a "
+                               "different config (unchanged stages are kept)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars (stage lines only)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (paths, failures)."),
+    reproducible_noise: bool = typer.Option(
+        False, "--reproducible-noise", help="Derive every method's DP noise from its seed (bit-reproducible; "
+        "ledgers and the report say 'reproducible noise: not for release'). Default: OS entropy, never stored."),
 ) -> None:
     """Train, account, audit and report every method of CONFIG into OUT/<name>/.
 
-    Re-running skips stages already complete for the same config; an interrupted run resumes.
-    Exit code 1 if a stage failed (the report still shows the others), 2 for a bad config.
+    Re-running the same config skips finished stages: an interrupted run (Ctrl-C, exit code 130)
+    resumes. A run directory of a different config is refused unless --force. Exit code 1 if a
+    stage failed (the report still shows the others), 2 for a bad config.
     """
-    _run(config, list(set_ or []), out, quiet, as_json)
+    overrides = list(set_ or []) + (["reproducible_noise=true"] if reproducible_noise else [])
+    _run(config, overrides, out, quiet, as_json, force)
 
 
 @app.command("demo")
@@ -66,6 +110,8 @@ def demo_cmd(
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a config key of the "
                                              "bundled quickstart config (repeatable)."),
     out: str = typer.Option("runs", "--out", help="Parent folder of the run directory."),
+    force: bool = typer.Option(False, "--force", help="Update a run directory written by a "
+                               "different config (unchanged stages are kept)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars (stage lines only)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (paths, failures)."),
 ) -> None:
@@ -75,7 +121,7 @@ def demo_cmd(
     """
     from privkit.pipeline import bundled_config
 
-    _run(bundled_config("quickstart"), list(set_ or []), out, quiet, as_json)
+    _run(bundled_config("quickstart"), list(set_ or []), out, quiet, as_json, force)
 
 
 @app.command("report")

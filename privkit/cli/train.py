@@ -22,7 +22,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from privkit.cli.app import app, out_console, print_json
-from privkit.config import apply_overrides, load_toml
 from privkit.errors import PrivkitError
 
 SCHEMA_VERSION = 1
@@ -40,6 +39,7 @@ def list_methods() -> list[dict[str, Any]]:
 def resolve_run(method: str | None, config_file: Path | None, sets: list[str], federation_sets: list[str],
                 seed: int | None, quick: bool, reproducible_noise: bool = False) -> dict[str, Any]:
     """Validated {method, seed, federation (FederationConfig), trainer (config model)}; no training."""
+    from privkit.config import apply_overrides, load_toml
     from privkit.data import FederationConfig
     from privkit.trainers import get_trainer, make_config
 
@@ -76,33 +76,72 @@ def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
+RUN_MARKER = "train.json"  # written last by TrainResult.save: its presence means a finished run
+
+
+def check_out_dir(out: Path, force: bool) -> None:
+    """``--out`` is new, empty, or a finished run replaced only with ``--force``."""
+    if out.exists() and not out.is_dir():
+        raise PrivkitError(f"--out must be a directory; found a file {out}")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / "config.json").is_file():
+        raise PrivkitError(f"--out must be a new or empty directory or an earlier run; found "
+                           f"{sum(1 for _ in out.iterdir())} other entries in {out}")
+    if (out / RUN_MARKER).is_file() and not force:
+        raise PrivkitError(f"--out {out} already holds a finished run; pass --force to replace it "
+                           "(or choose another directory)")
+
+
+def _headline(result, federation, claims_dp: bool) -> dict[str, Any]:
+    """Worst-client epsilon (best accountant) and the report's formal-DP rule, so that this line
+    and a report of the same run agree. The delta is the paper's when it is meaningful (below
+    1/n of the smallest client), else 1e-5 as in reports."""
+    from privkit.pipeline.stages import guarantee_facts
+    from reports import delta_ge_one_over_n, formal_dp_status
+
+    n_min = min((len(c) for c in federation.clients), default=0) or None
+    claimed = result.claims.get("delta")
+    meaningful = (isinstance(claimed, (int, float)) and not isinstance(claimed, bool)
+                  and 0 < claimed < 1 and not delta_ge_one_over_n(claimed, n_min))
+    delta = float(claimed) if meaningful else 1e-5
+    eps, note, facts = math.inf, None, {"fixed_delta": None, "non_private": []}
+    if result.ledger.clients:
+        try:
+            summary = result.ledger.summary(delta)
+            eps, facts = summary["worst"].get("best", math.inf), guarantee_facts(summary)
+        except ValueError as exc:  # an event no accountant handles: say so, do not hide it
+            eps, note = math.nan, str(exc)
+    rule = formal_dp_status(claims_dp=claims_dp, epsilon=None if math.isnan(eps) else eps,
+                            delta=delta, n_min=n_min, error=note, **facts)
+    void = (isinstance(claimed, (int, float)) and not isinstance(claimed, bool) and 0 < claimed < 1
+            and not meaningful)
+    return {"epsilon": _finite(eps), "epsilon_infinite": math.isinf(eps), "delta": delta,
+            "accountant": "best", "accounting_error": note, "formal_dp": rule.formal,
+            "formal_dp_label": rule.label, "formal_dp_reason": rule.reason, "claim_void": void}
+
+
 def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> dict[str, Any]:
     """Build the federation, train, and write the run directory; return a summary dict."""
     from privkit.data import build_federation
-    from privkit.trainers import train
+    from privkit.pipeline.files import staged_dir
+    from privkit.trainers import get_trainer, train
 
-    out.mkdir(parents=True, exist_ok=True)
     fed_cfg, cfg = resolved["federation"], resolved["trainer"]
     config_json = {"schema_version": SCHEMA_VERSION, "method": resolved["method"], "seed": resolved["seed"],
                    "federation": fed_cfg.model_dump(), "trainer": cfg.model_dump()}
-    (out / "config.json").write_text(json.dumps(config_json, indent=2))
     federation = build_federation(fed_cfg)
-    federation.save(out / "federation.json")
     start = time.perf_counter()
-    result = train(resolved["method"], federation, cfg, seed=resolved["seed"], progress=progress)
+    with staged_dir(out) as staging:  # an interrupted or failed run leaves `out` as it was
+        (staging / "config.json").write_text(json.dumps(config_json, indent=2))
+        federation.save(staging / "federation.json")
+        result = train(resolved["method"], federation, cfg, seed=resolved["seed"], progress=progress)
+        result.save(staging)
     seconds = time.perf_counter() - start
-    result.save(out)
-    delta = result.claims.get("delta") or 1e-5
-    try:
-        eps = result.ledger.epsilon(delta) if result.ledger.clients else float("inf")
-    except ValueError as exc:  # an event no accountant handles: say so, do not hide it
-        eps, note = float("nan"), str(exc)
-    else:
-        note = None
+    head = _headline(result, federation, get_trainer(resolved["method"]).formal_dp)
     return {"method": result.method, "seed": result.seed, "run_dir": str(out),
             "test_accuracy": float(result.test_accuracy), "rounds": len(result.rounds),
-            "seconds": round(seconds, 2), "epsilon": _finite(eps), "epsilon_infinite": math.isinf(eps),
-            "delta": delta, "accountant": "best", "accounting_error": note,
+            "seconds": round(seconds, 2), **head,
             "claims": {k: v for k, v in result.claims.items() if k != "mechanisms"},
             "warnings": result.warnings, "artifacts": sorted(result.artifacts),
             **result.ledger.noise_stamp(),
@@ -111,7 +150,7 @@ def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> 
 
 def _print_list(rows: list[dict[str, Any]]) -> None:
     table = Table(title="registered methods (privkit train METHOD; defaults: privkit train --list --json)")
-    for col in ("method", "formal DP", "summary", "paper"):
+    for col in ("method", "claims DP", "summary", "paper"):
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(r["name"], "yes" if r["formal_dp"] else "no", r["summary"], r["paper"] or "")
@@ -121,12 +160,15 @@ def _print_list(rows: list[dict[str, Any]]) -> None:
 @app.command("train")
 def train_command(
     method: Optional[str] = typer.Argument(None, help="Method name (see --list)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="TOML file: method, seed, [federation], [trainer]."),
+    config: Optional[Path] = typer.Option(None, "--config", help="TOML file: method, seed, \\[federation], \\[trainer]."),
     sets: list[str] = typer.Option([], "--set", help="Trainer override key=value (repeatable)."),
     federation_sets: list[str] = typer.Option([], "--federation-set", help="Federation override key=value (repeatable)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Trainer seed (default: file's or 0)."),
     quick: bool = typer.Option(False, "--quick", help="Start from the method's CPU-sized quick settings."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory to write."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory to write (new or empty; "
+                                       "an earlier run only with --force)."),
+    force: bool = typer.Option(False, "--force", help="Replace the finished run in --out (it is "
+                               "kept until the new one is complete)."),
     list_: bool = typer.Option(False, "--list", help="List the registered methods and exit."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     reproducible_noise: bool = typer.Option(
@@ -143,19 +185,24 @@ def train_command(
         return
     if out is None:
         raise PrivkitError("--out must name the run directory to write; found none")
+    check_out_dir(out, force)
     resolved = resolve_run(method, config, sets, federation_sets, seed, quick, reproducible_noise)
     summary = run_training(resolved, out, progress=not as_json)
     if as_json:
         print_json({"schema_version": SCHEMA_VERSION, **summary})
         return
-    eps = "inf (non-private release in the ledger)" if summary["epsilon_infinite"] else f"{summary['epsilon']:.4g}"
+    eps = "inf" if summary["epsilon_infinite"] else f"{summary['epsilon']:.4g}"
     out_console.print(f"[bold]{summary['method']}[/bold] seed {summary['seed']}: test accuracy "
                       f"{summary['test_accuracy']:.4f} after {summary['rounds']} round(s), {summary['seconds']} s")
-    out_console.print(f"worst-client epsilon at delta={summary['delta']:g} (best accountant): {eps}")
+    out_console.print(escape(f"worst-client epsilon at delta={summary['delta']:g} (best accountant): "
+                             f"{eps}; formal DP: {summary['formal_dp_label']}"
+                             + (f" ({summary['formal_dp_reason']})" if summary["formal_dp_reason"] else "")),
+                      highlight=False)
     if summary["claims"]:
         c = summary["claims"]
-        out_console.print(escape(f"paper's claim: epsilon={c.get('epsilon')}, delta={c.get('delta')} "
-                                 f"({c.get('composition')}; {c.get('source')})"))
+        void = " (delta >= 1/n: not a meaningful guarantee)" if summary["claim_void"] else ""
+        out_console.print(escape(f"paper's claim: epsilon={c.get('epsilon')}, delta={c.get('delta')}{void} "
+                                 f"({c.get('composition')}; {c.get('source')})"), highlight=False)
     for w in summary["warnings"]:
         out_console.print(f"[yellow]note:[/yellow] {escape(w)}", highlight=False)
     out_console.print(f"wrote {summary['run_dir']}: {', '.join(summary['files'])}")

@@ -42,6 +42,7 @@ class ArrayDataset:
             raise PrivkitError(
                 f"dataset {self.name}: x and y lengths differ; found {len(self.x)} and {len(self.y)}"
             )
+        _require_finite(self.name, self.description, "x", self.x)
 
     def __len__(self) -> int:
         return len(self.y)
@@ -53,6 +54,15 @@ class ArrayDataset:
     def class_counts(self, indices: np.ndarray | None = None) -> np.ndarray:
         labels = self.y if indices is None else self.y[indices]
         return np.bincount(labels, minlength=self.num_classes)
+
+
+def _require_finite(name: str, where: str, array: str, values: np.ndarray) -> None:
+    """Refuse NaN or infinite values: they would silently poison training, audits and accuracy."""
+    if not np.issubdtype(values.dtype, np.floating) or np.isfinite(values).all():
+        return
+    nan, inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
+    raise PrivkitError(f"dataset {name} ({where}): array {array} must hold finite values; found "
+                       f"{nan} NaN and {inf} infinite of {values.size}")
 
 
 def _as_dataset(name: str, x: np.ndarray, y: np.ndarray, num_classes: int, description: str,

@@ -24,18 +24,20 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from privkit.config import StrictModel
 from privkit.data.datasets import ArrayDataset, load_dataset
 from privkit.data.partition import (dirichlet_partition, iid_partition, shard_partition,
                                     top_class_shares)
 from privkit.errors import PrivkitError
+from privkit.jsonutil import read_json
 from privkit.seeding import make_rng
 
 SCHEMA_VERSION = 1
 
 Fraction = Annotated[float, Field(gt=0, lt=1)]
+CARVED_PUBLIC_SIZE = 0.1  # share of `dataset` used as public data when public_dataset is none
 
 
 class FederationConfig(StrictModel):
@@ -54,6 +56,22 @@ class FederationConfig(StrictModel):
     max_public: Annotated[int, Field(ge=0)] = 0
     negative_fraction: Fraction = 0.2
     seed: int = 0
+
+    @field_validator("public_dataset", mode="before")
+    @classmethod
+    def _none_word(cls, v: object) -> object:
+        # "none" (TOML has no null; --set and the CLI pass words) means: no separate public dataset
+        return None if isinstance(v, str) and v.strip().lower() in ("none", "") else v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _carved_public_size(cls, data: object) -> object:
+        # without a public dataset, public data is carved from `dataset`: 10 % unless public_size
+        # says otherwise (the same default in `privkit data split`, `train` and `run`)
+        if isinstance(data, dict) and "public_size" not in data and "public_dataset" in data \
+                and cls._none_word(data["public_dataset"]) is None:
+            data = {**data, "public_size": CARVED_PUBLIC_SIZE}
+        return data
 
     @model_validator(mode="after")
     def _public_source(self) -> "FederationConfig":
@@ -193,9 +211,11 @@ class Federation:
     @classmethod
     def load(cls, path: str | Path) -> "Federation":
         p = Path(path)
-        if not p.is_file():
-            raise PrivkitError(f"federation file not found: {p}")
-        return cls.from_dict(json.loads(p.read_text()))
+        data = read_json(p, "federation file")
+        try:
+            return cls.from_dict(data)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise PrivkitError(f"federation file {p} is malformed ({type(exc).__name__}: {exc})") from None
 
 
 def build_federation(config: FederationConfig | dict) -> Federation:

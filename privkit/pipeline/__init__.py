@@ -8,6 +8,8 @@
     status.json            per method and stage: done / failed (with the error) / skipped
     <method>/              a run directory (config.json, federation.json, checkpoints, ledger.json,
                            metrics.json, train.json, privacy.json, audit.json)
+    audit-controls/         controls.json: broken twins of a DP-SGD method, audited (the report's
+                           "Audit controls"; :mod:`~privkit.pipeline.controls`)
     report.json / report.html / report.md
 
 Every stage is keyed by a hash of what it depends on (method, trainer config, seed, federation;

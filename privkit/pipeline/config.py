@@ -27,6 +27,22 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 
+# the audit layer's executors (attacks.executor.EXECUTORS, a test keeps them equal), named here so
+# that options are checked without importing the audit layer
+EXECUTORS = ("serial", "process", "ray")
+
+
+def check_executor(name: str, option: str = "executor") -> None:
+    """Refuse an unknown executor, or Ray when it is not installed, before any work starts."""
+    from importlib.util import find_spec
+
+    if name not in EXECUTORS:
+        raise PrivkitError(f"{option} must be one of {', '.join(EXECUTORS)}; found {name!r}")
+    if name == "ray" and find_spec("ray") is None:
+        raise PrivkitError(f'{option} ray needs Ray, which is not installed; found none '
+                           '(pip install "privkit[ray]")')
+
+
 class MethodEntry(StrictModel):
     """One method of a run: a registered trainer, its config overrides, and an optional label."""
 
@@ -41,6 +57,16 @@ class MethodEntry(StrictModel):
         return self.label or self.name
 
 
+class ControlSettings(StrictModel):
+    """Audit controls (:mod:`privkit.audit.controls`): broken twins of a DP-SGD method of the run."""
+
+    enabled: bool = True
+    method: str | None = Field(default=None, description="label of the dpsgd method to twin (default: "
+                               "the run's first dpsgd method, else dpsgd's own config)")
+    black_box_epochs: Annotated[int, Field(ge=1)] = 20
+    canaries: Annotated[int, Field(ge=10)] = 1000
+
+
 class AuditSettings(StrictModel):
     """Membership/attribute-inference audits run on every method's released model(s).
 
@@ -48,9 +74,10 @@ class AuditSettings(StrictModel):
     """
 
     enabled: bool = True
+    controls: ControlSettings = Field(default_factory=ControlSettings)
     attacks: list[str] | None = None
     shadows: Annotated[int, Field(ge=2)] = 8
-    executor: Literal["serial", "process", "ray"] = "serial"
+    executor: Literal[EXECUTORS] = "serial"
     workers: Annotated[int, Field(ge=1)] | None = None
     seed: int | None = None
     n_audit: Annotated[int, Field(ge=10)] | None = None
@@ -92,6 +119,8 @@ class RunConfig(StrictModel):
     curve_accountant: Accountant = "rdp"
     workers: Annotated[int, Field(ge=1)] = Field(
         default=1, description="methods run in parallel in this many local processes")
+    reproducible_noise: bool = Field(
+        default=False, description="derive every method's DP noise from its seed (stamped 'not for release')")
     federation: FederationConfig = Field(default_factory=FederationConfig)
     methods: Annotated[list[MethodEntry], Field(min_length=1)]
     audit: AuditSettings = Field(default_factory=AuditSettings)
@@ -173,7 +202,8 @@ def resolve_config(data: dict, *, source: str | None = None,
         spec = get_trainer(entry.name)  # unknown method: error listing the registered ones
         base = spec.quick_config() if entry.quick else spec.defaults()
         try:
-            trainer = make_config(entry.name, {**base, **entry.overrides}).model_dump(mode="json")
+            noise = {"reproducible_noise": True} if cfg.reproducible_noise else {}  # default: release mode
+            trainer = make_config(entry.name, {**base, **entry.overrides, **noise}).model_dump(mode="json")
         except ValidationError as exc:
             raise PrivkitError(f"invalid run config: methods[{i}] ({entry.key}) trainer config: "
                                f"{_one_line(exc)}") from None
@@ -183,6 +213,12 @@ def resolve_config(data: dict, *, source: str | None = None,
                                       trainer=trainer, summary=spec.summary, paper=spec.paper,
                                       formal_dp=spec.formal_dp))
     _check_attacks(cfg.audit)
+    if cfg.audit.enabled:
+        check_executor(cfg.audit.executor, "audit.executor")
+    want = cfg.audit.controls.method
+    if want is not None and want not in {m.key for m in methods if m.method == "dpsgd"}:
+        raise PrivkitError(f"audit.controls.method must be the label of a dpsgd method of the run; "
+                           f"found {want!r}")
     return ResolvedRun(config=cfg, methods=methods, source=source, overrides=overrides)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -30,10 +32,37 @@ def atomic_write_json(path: Path, obj: Any) -> Path:
 
 
 def read_json(path: Path) -> Any:
-    return json.loads(path.read_text())
+    """Parse a run file; a corrupted one is a one-line error naming it."""
+    from privkit.jsonutil import read_json as _read
+
+    return _read(path, "run file")
 
 
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def staging_dir(target: Path) -> Path:
+    """Where :func:`staged_dir` writes ``target`` before swapping it into place."""
+    return target.parent / f".staging-{target.name}"
+
+
+@contextmanager
+def staged_dir(target: Path):
+    """Yield an empty sibling folder to write ``target``'s new content into; on success it replaces
+    ``target`` (the old content is removed last), on any error or Ctrl-C it is deleted and
+    ``target`` stays as it was. Nothing half-written is ever found at ``target``."""
+    staging = staging_dir(target)
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    old = target.parent / f".old-{target.name}"
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        target.rename(old)
+    staging.rename(target)
+    shutil.rmtree(old, ignore_errors=True)

@@ -75,7 +75,7 @@ def _method_report(key: str, info: dict, st: dict, mdir: Path):
 
     A file that cannot be read becomes a warning on that method; the report is still written.
     """
-    from reports import MethodReport, ReportWarning, StageStatus, Verdict
+    from reports import MethodReport, ReportWarning, StageStatus, Verdict, formal_dp_status
 
     stages = {s: StageStatus(state=(st.get(s) or {}).get("state", "pending"),
                              error=(st.get(s) or {}).get("error"),
@@ -95,12 +95,22 @@ def _method_report(key: str, info: dict, st: dict, mdir: Path):
         except Exception as exc:  # a damaged file must not cost the whole report
             warnings.append(ReportWarning(code="other", source="report",
                                           message=f"{fname} could not be read: {_one_line(exc)}"))
-    audit = parts["audit"]
+    audit, privacy = parts["audit"], parts["privacy"]
+    claims_dp = info.get("formal_dp", True)
+    rule = formal_dp_status(
+        claims_dp=claims_dp, epsilon=privacy.epsilon if privacy else None,
+        delta=privacy.delta if privacy else info.get("delta", 1e-5),
+        fixed_delta=privacy.fixed_delta if privacy else None,
+        non_private=privacy.non_private if privacy else (),
+        n_min=info.get("min_client_size"),
+        error="; ".join(privacy.errors.values()) if privacy and privacy.errors else None)
     verdict = audit.verdict if audit is not None else None
-    if verdict is None and not info.get("formal_dp", True):
-        verdict = Verdict(status="no-claim", message="the method makes no formal DP claim")
+    if not rule.formal and (verdict is None or verdict.status in ("consistent", "inconclusive")):
+        # the verdict follows the same rule as every other cell of the row
+        verdict = Verdict(status="no-claim", message=rule.reason)
     return MethodReport(name=key, method=info.get("method", key), summary=info.get("summary", ""),
-                        paper=info.get("paper"), formal_dp=info.get("formal_dp", True),
+                        paper=info.get("paper"), formal_dp=rule.formal, formal_dp_label=rule.label,
+                        formal_dp_reason=rule.reason, claims_dp=claims_dp,
                         seed=info.get("seed", 0), config=info.get("trainer", {}),
                         quick=info.get("quick", False), utility=parts["utility"],
                         privacy=parts["privacy"], audit=audit, verdict=verdict,
@@ -120,14 +130,14 @@ def _read_utility(mdir: Path, info: dict, warnings: list):
 
 
 def _read_privacy(mdir: Path, info: dict, warnings: list):
-    from reports import PrivacyAccounting, ReportWarning
+    from reports import PrivacyAccounting, ReportWarning, delta_ge_one_over_n
 
     p = _read_json(mdir / "privacy.json")
     s = p["summary"]
     claim = p.get("claim") or {}
     cd = claim.get("delta")
     n_min = info.get("min_client_size")
-    if isinstance(cd, (int, float)) and n_min and cd >= 1.0 / n_min and not any(
+    if isinstance(cd, (int, float)) and cd < 1 and delta_ge_one_over_n(cd, n_min) and not any(
             w.code == "delta_ge_1_over_n" for w in warnings):
         warnings.append(ReportWarning(
             code="delta_ge_1_over_n", source="pipeline",
@@ -139,7 +149,10 @@ def _read_privacy(mdir: Path, info: dict, warnings: list):
         clients=s.get("clients", {}), epsilon_over_rounds=p.get("epsilon_over_rounds", []),
         neighbouring=p.get("neighbouring", []), labels=p.get("labels", []),
         claim=p.get("claim"), epsilon_at_claim_delta=p.get("epsilon_at_claim_delta"),
-        errors=p.get("errors", {}))
+        errors=p.get("errors", {}), fixed_delta=p.get("fixed_delta"),
+        non_private=p.get("non_private", []),
+        reproducible_noise=bool(p.get("reproducible_noise", False)),
+        adaptive_composition=p.get("adaptive_composition"))
 
 
 def _read_audit(mdir: Path, info: dict, warnings: list):
@@ -148,7 +161,7 @@ def _read_audit(mdir: Path, info: dict, warnings: list):
 
     a = _read_json(mdir / "audit.json")
     known = {"attacks", "attribute", "accounted_epsilon", "delta", "shadows", "verdict",
-             "schema_version", "method", "warnings"}
+             "schema_version", "method", "warnings", "claims", "tradeoff_curve"}
 
     def clean(entries: dict | None) -> dict:  # tracebacks stay in audit.json, not the report
         return {k: {f: v for f, v in e.items() if f != "traceback"} for k, e in (entries or {}).items()}
@@ -156,6 +169,7 @@ def _read_audit(mdir: Path, info: dict, warnings: list):
     audit = AuditSummary(attacks=clean(a.get("attacks")), attribute=clean(a.get("attribute")),
                          accounted_epsilon=_num(a.get("accounted_epsilon")), delta=a.get("delta"),
                          shadows=a.get("shadows"), verdict=a.get("verdict"),
+                         claims=a.get("claims") or {}, tradeoff_curve=a.get("tradeoff_curve"),
                          extra={k: v for k, v in a.items() if k not in known})
     for name, res in audit.attacks.items():
         if res.error:
@@ -180,11 +194,31 @@ def _num(x: Any) -> float | None:
         return None
 
 
+def _read_controls(root: Path, status: dict):
+    """The run's audit controls (``audit-controls/controls.json`` and its status), if any."""
+    from privkit.pipeline.controls import CONTROLS_DIR
+    from reports import AuditControls
+
+    st = status.get("controls") or {}
+    if st.get("state") == "skipped":
+        return AuditControls(state="skipped", message=st.get("error") or "audit controls disabled")
+    if st.get("state") == "failed":
+        return AuditControls(state="failed", error=st.get("error"), power=False, message=(
+            f"The audit controls failed ({st.get('error')}): this report cannot show that its audit "
+            "had the power to see a violation."))
+    path = root / CONTROLS_DIR / "controls.json"
+    if not path.is_file() or (st and st.get("state") != "done"):
+        return None
+    rec = _read_json(path)
+    return AuditControls(state="done", **{k: v for k, v in rec.items() if k not in ("state", "schema_version")})
+
+
 def build_report(root: str | Path, *, command: str | None = None,
                  wall_seconds: float | None = None):
     """Assemble a :class:`reports.PrivacyReport` from a pipeline run directory (files only)."""
     import privkit
-    from reports import DatasetSummary, PrivacyReport, ReportWarning, RunMetadata, ThreatModel
+    from reports import (DatasetSummary, PrivacyReport, ReportWarning, RunMetadata, ThreatModel,
+                         delta_ge_one_over_n)
 
     root = Path(root)
     cfg_path = root / "config.resolved.json"
@@ -204,12 +238,12 @@ def build_report(root: str | Path, *, command: str | None = None,
     n_min = dataset.min_client_size if dataset else None
     methods = []
     for rm in resolved.get("resolved_methods", []):
-        info = {**rm, "min_client_size": n_min}
+        info = {**rm, "min_client_size": n_min, "delta": resolved["delta"]}
         st = (status.get("methods", {}).get(rm["key"]) or {}).get("stages", {})
         methods.append(_method_report(rm["key"], info, st, root / rm["key"]))
     delta = resolved["delta"]
     warnings = []
-    if n_min and delta >= 1.0 / n_min:
+    if delta_ge_one_over_n(delta, n_min):
         warnings.append(ReportWarning(
             code="delta_ge_1_over_n", source="pipeline",
             message=f"delta = {delta:g} >= 1/n = {1.0 / n_min:.3g} for the smallest client "
@@ -259,9 +293,12 @@ def build_report(root: str | Path, *, command: str | None = None,
         package_versions=_package_versions(), hardware=_hardware(),
         reduced=list(resolved.get("report", {}).get("reduced", [])),
         wall_seconds=wall_seconds)
+    controls = _read_controls(root, status)
+    if controls is not None and controls.lacks_power:
+        warnings.append(ReportWarning(code="reduced_audit", source="audit", message=controls.message))
     return PrivacyReport(title=resolved.get("report", {}).get("title", "privkit privacy report"),
                          metadata=meta, threat_model=threat, dataset=dataset, methods=methods,
-                         warnings=warnings)
+                         warnings=warnings, controls=controls)
 
 
 def rerender(root: str | Path, *, rebuild: bool = False, formats: list[str] | None = None):

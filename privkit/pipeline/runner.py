@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from privkit.errors import PrivkitError
 from privkit.pipeline.config import STAGES, ResolvedMethod, ResolvedRun
+from privkit.pipeline.controls import ControlsPlan
 from privkit.pipeline.files import atomic_write_json
 from privkit.pipeline.files import now as _now
 from privkit.pipeline.files import one_line as _one_line
@@ -64,6 +65,8 @@ def run_pipeline(run: ResolvedRun, out: str | Path = "runs", *, progress: bool =
     status.save()
     plans = [_MethodPlan(run, m, root, status, say=_prefixed(say, i, len(run.methods)))
              for i, m in enumerate(run.methods, 1)]
+    # the audit controls first: the longest single task, it then runs beside the methods
+    plans.insert(0, ControlsPlan(run, root, status, say=say))  # its lines say "audit controls ..."
     if cfg.workers > 1 and len(plans) > 1:
         _run_parallel(plans, cfg.workers)
     else:

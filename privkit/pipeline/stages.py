@@ -1,15 +1,15 @@
-"""The three stages of one method: train, account, audit (each writes its files atomically)."""
+"""The three stages of one method: train, account, audit (each writes its files atomically); and
+the run's audit controls (:mod:`privkit.pipeline.controls`)."""
 
 from __future__ import annotations
 
-import shutil
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 from privkit.pipeline.config import ACCOUNTANTS, SCHEMA_VERSION, ResolvedMethod, ResolvedRun
-from privkit.pipeline.files import atomic_write_json
+from privkit.pipeline.files import atomic_write_json, staged_dir
 from privkit.pipeline.files import one_line as _one_line
 from privkit.pipeline.files import read_json as _read_json
 
@@ -18,25 +18,13 @@ def _train_stage(run: ResolvedRun, m: ResolvedMethod, federation, mdir: Path, pr
     """Train into a staging folder, then rename it into place (old results kept until then)."""
     from privkit.trainers import train
 
-    staging = mdir.parent / f".staging-{m.key}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with staged_dir(mdir) as staging:
         result = train(m.method, federation, m.trainer, seed=m.seed, progress=progress)
         atomic_write_json(staging / "config.json", {
             "schema_version": SCHEMA_VERSION, "method": m.method, "seed": m.seed,
             "federation": run.config.federation.model_dump(mode="json"), "trainer": m.trainer})
         federation.save(staging / "federation.json")
         result.save(staging)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    old = mdir.parent / f".old-{m.key}"
-    shutil.rmtree(old, ignore_errors=True)
-    if mdir.exists():
-        mdir.rename(old)
-    staging.rename(mdir)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _claim_from(claims: dict) -> dict | None:
@@ -52,6 +40,16 @@ def _claim_from(claims: dict) -> dict | None:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             out.pop(k, None)
     return out
+
+
+def guarantee_facts(summary: dict) -> dict:
+    """What the formal-DP rule (``reports.formal_dp_status``) needs from a ``Ledger.summary``:
+    ``fixed_delta``, the delta already spent by (epsilon, delta)-only mechanisms (worst client; no
+    finite epsilon below it), and ``non_private``, the labels of releases without noise."""
+    split = summary.get("delta_split", {}).values()
+    return {"fixed_delta": max((float(c.get("fixed_delta") or 0.0) for c in split), default=0.0),
+            "non_private": sorted({str(x).split(":", 1)[0] for c in split
+                                   for x in c.get("non_private", [])})}
 
 
 def account_method(mdir: Path, delta: float, accountant: str = "best",
@@ -94,12 +92,14 @@ def account_method(mdir: Path, delta: float, accountant: str = "best",
             errors["claim_delta"] = str(exc)
     neighbouring = sorted({r for r in summary["neighbouring"].values() if r})
     return {"schema_version": SCHEMA_VERSION, "delta": delta, "accountant": head,
+            **guarantee_facts(summary),
             "accountants": accountants + ["best"], "pld_grid": ledger.value_discretization_interval,
             "curve_accountant": curve_kind,
             "summary": {"clients": clients, "worst": worst, "worst_client": who},
             "neighbouring": neighbouring, "labels": ledger.labels(),
             "epsilon_over_rounds": over_rounds, "claim": claim,
-            "epsilon_at_claim_delta": at_claim, "errors": errors}
+            "epsilon_at_claim_delta": at_claim, "errors": errors,
+            **ledger.noise_stamp()}  # "reproducible noise: not for release"; the Renyi filter's guarantee
 
 
 def _account_stage(run: ResolvedRun, m: ResolvedMethod, mdir: Path) -> None:
@@ -145,6 +145,10 @@ def execute(run: ResolvedRun, m: ResolvedMethod, stage: str, root: str,
             _train_stage(run, m, FEDERATIONS[path], mdir, progress)
         elif stage == "account":
             _account_stage(run, m, mdir)
+        elif stage == "controls":
+            from privkit.pipeline.controls import controls_stage
+
+            controls_stage(run, m, Path(root), progress)
         else:
             _audit_stage(run, m, mdir, progress)
     except Exception as exc:  # recorded; the other methods go on

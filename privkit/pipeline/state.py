@@ -49,10 +49,12 @@ class Status:
         if path.is_file():
             try:
                 old = _read_json(path)
-                if old.get("schema_version") == SCHEMA_VERSION:
+                if isinstance(old, dict) and old.get("schema_version") == SCHEMA_VERSION:
                     self.data["methods"] = old.get("methods", {})
                     self.data["report"] = old.get("report")
-            except (json.JSONDecodeError, OSError) as exc:
+                    if old.get("controls"):
+                        self.data["controls"] = old["controls"]
+            except (ValueError, OSError) as exc:  # corrupted JSON (a ValueError) or unreadable
                 # unreadable: every stage is re-run (earlier files stay on disk); the run says so
                 self.unreadable = f"{path} unreadable ({type(exc).__name__}); re-running every stage"
 

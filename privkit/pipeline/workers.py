@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
+import signal
 import traceback
 
 from privkit.pipeline.files import one_line as _one_line
+from privkit.pipeline.files import staging_dir
 from privkit.pipeline.stages import execute as _execute
+
+
+def _worker_init() -> None:
+    # Ctrl-C reaches every process of the terminal's group: only the parent acts on it (it stops
+    # the workers and says so once), so no worker dies printing a traceback of its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _execute_in_worker(args: tuple) -> tuple[str | None, str, float]:
@@ -25,14 +34,33 @@ def _priority(plan) -> tuple:
     return (1, -float(seconds))
 
 
+def _stop(pool) -> None:
+    """Stop the workers now: a stage in flight is lost (it re-runs on resume), finished ones stay."""
+    terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
+    if terminate is not None:
+        terminate()
+        return
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in processes:
+        proc.terminate()
+    for proc in processes:
+        proc.join(timeout=10)
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 def run_parallel(plans: list, workers: int) -> None:
-    """Run stages of different methods in ``workers`` processes; a method's stages stay in order."""
+    """Run stages of different methods in ``workers`` processes; a method's stages stay in order.
+
+    On Ctrl-C (or any error of this loop) the workers are stopped at once and the half-written
+    training folders of the stages in flight are removed; finished stages are already recorded.
+    """
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from multiprocessing import get_context
 
     waiting = list(plans)
     running: dict = {}
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init)
+    try:
         while waiting or running:
             while waiting and len(running) < workers:
                 plan = min(waiting, key=_priority)  # stable: ties keep config order
@@ -52,5 +80,10 @@ def run_parallel(plans: list, workers: int) -> None:
                     outcome = (f"{type(exc).__name__}: {_one_line(exc)}", traceback.format_exc(), 0.0)
                 plan.record(stage, outcome)
                 waiting.insert(0, plan)
-
-
+    except BaseException:
+        _stop(pool)
+        for plan, stage in running.values():
+            if stage == "train":
+                shutil.rmtree(staging_dir(plan.mdir), ignore_errors=True)
+        raise
+    pool.shutdown()

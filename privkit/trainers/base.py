@@ -20,7 +20,7 @@ from typing_extensions import Annotated
 
 from privkit.config import StrictModel
 from privkit.errors import PrivkitError
-from privkit.jsonutil import json_default
+from privkit.jsonutil import json_default, read_json
 from privkit.models import build_from_spec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -112,19 +112,19 @@ class TrainResult:
         if not meta_path.is_file():
             raise PrivkitError(f"no trained model in {out}: {meta_path.name} not found "
                                "(run `privkit train` first)")
-        meta = json.loads(meta_path.read_text())
-        metrics = json.loads((out / "metrics.json").read_text())
-        model = build_from_spec(meta["model_spec"])
-        model.load_state_dict(torch.load(out / "checkpoints" / "model.pt", weights_only=True))
-        clients = []
-        for i, spec in enumerate(meta.get("client_model_specs", [])):
-            m = build_from_spec(spec)
-            m.load_state_dict(torch.load(out / "checkpoints" / f"client_{i}.pt", weights_only=True))
-            clients.append(m)
+        meta = read_json(meta_path, "training record")
+        metrics = read_json(out / "metrics.json", "metrics file")
+        model = _load_checkpoint(build_from_spec(meta["model_spec"]), out / "checkpoints" / "model.pt")
+        clients = [_load_checkpoint(build_from_spec(spec), out / "checkpoints" / f"client_{i}.pt")
+                   for i, spec in enumerate(meta.get("client_model_specs", []))]
         artifacts = {}
         if (out / "artifacts.npz").is_file():
-            with np.load(out / "artifacts.npz") as data:
-                artifacts = {k: data[k] for k in data.files}
+            try:
+                with np.load(out / "artifacts.npz") as data:
+                    artifacts = {k: data[k] for k in data.files}
+            except (OSError, ValueError, EOFError) as exc:
+                raise PrivkitError(f"artifacts file {out / 'artifacts.npz'} is unreadable or "
+                                   f"corrupted ({type(exc).__name__}); re-run `privkit train`") from None
         return cls(method=meta["method"], seed=meta["seed"], config=meta["config"], model=model,
                    model_spec=meta["model_spec"], ledger=Ledger.load(out / "ledger.json"),
                    rounds=metrics["rounds"], test_accuracy=metrics["test_accuracy"],
@@ -133,6 +133,30 @@ class TrainResult:
                    client_accuracy=metrics.get("client_accuracy", []),
                    warnings=meta.get("warnings", []), claims=meta.get("claims", {}),
                    reproducible_noise=bool(meta.get("reproducible_noise", False)))
+
+
+def _load_checkpoint(model: torch.nn.Module, path: Path) -> torch.nn.Module:
+    """Load ``path`` into ``model``; a missing, truncated or foreign file is one error naming it."""
+    import pickle
+    import zipfile
+
+    if not path.is_file():
+        raise PrivkitError(f"checkpoint not found: {path} (run `privkit train` first)")
+    try:
+        state = torch.load(path, weights_only=True)
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError,
+            zipfile.BadZipFile) as exc:
+        # torch reports truncation and garbage as RuntimeError/UnpicklingError with paragraphs of
+        # advice about weights_only that do not apply here: the file itself is damaged
+        raise PrivkitError(f"checkpoint {path} is unreadable or corrupted ({type(exc).__name__}); "
+                           "re-run `privkit train`") from None
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError, KeyError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:120]
+        raise PrivkitError(f"checkpoint {path} does not match the model in train.json "
+                           f"({type(exc).__name__}: {first}); re-run `privkit train`") from None
+    return model
 
 
 # ---------------------------------------------------------------------------- registry

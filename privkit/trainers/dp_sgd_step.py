@@ -162,21 +162,31 @@ class DpSgdStep:
         return poisson_batch(self.dataset_size, self.sample_rate, generator)
 
     def noisy_gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: PerSampleLoss,
-                       noise_generator: torch.Generator, aux: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """The privatised mean gradient of the batch ``(x, y)`` (may be empty)."""
+                       noise_generator: torch.Generator, aux: torch.Tensor | None = None,
+                       canaries=None) -> dict[str, torch.Tensor]:
+        """The privatised mean gradient of the batch ``(x, y)`` (may be empty).
+
+        ``canaries`` (an :class:`attacks.whitebox.GradientCanaries` over the trainable parameters,
+        in ``named_parameters`` order) adds its sampled canary gradients to the clipped sum before
+        the noise and observes the noisy sum: the white-box audit of this step.
+        """
         params = {k: v for k, v in model.named_parameters() if v.requires_grad}
         if len(y) > 0:
             total = clipped_gradient_sum(model, x, y, loss_fn, self.clip_norm, aux)
         else:  # an empty Poisson batch releases noise only
             total = {k: torch.zeros_like(p) for k, p in params.items()}
+        if canaries is not None:
+            total = dict(zip(params, canaries.inject([total[k] for k in params])))
         noisy = add_gaussian_noise(total, self.noise_multiplier * self.clip_norm, noise_generator)
+        if canaries is not None:
+            canaries.observe([noisy[k] for k in params])
         return {k: v / self.expected_batch_size for k, v in noisy.items()}
 
     def apply(self, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
               loss_fn: PerSampleLoss, noise_generator: torch.Generator,
-              aux: torch.Tensor | None = None) -> None:
+              aux: torch.Tensor | None = None, canaries=None) -> None:
         """Write the noisy gradient into ``.grad`` and take one optimiser step (post-processing)."""
-        g = self.noisy_gradient(model, x, y, loss_fn, noise_generator, aux)
+        g = self.noisy_gradient(model, x, y, loss_fn, noise_generator, aux, canaries)
         for k, p in model.named_parameters():
             if p.requires_grad:
                 p.grad = g[k].detach()

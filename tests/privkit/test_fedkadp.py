@@ -214,3 +214,33 @@ def test_fedkadp_runs_under_a_renyi_filter_fixed_before_training(fed):
     assert other.claims["adaptive_filter"]["order"] == filt["order"]  # fixed before any output
     assert "Renyi filter" in " ".join(res.warnings)
     assert "adaptive_filter" not in train("fedkd-dp", fed, {**TINY, "rounds": 1}, seed=2).claims
+
+
+def test_report_shows_the_renyi_filter_beside_the_paper_claim(fed, tmp_path):
+    """privacy.json and the report carry the filter's guarantee (epsilon 6 at the run's delta,
+    Feldman & Zrnic) beside the paper's claim, and the reproducible-noise stamp of a seeded run."""
+    import json
+
+    from privkit.pipeline.report import _read_privacy
+    from privkit.pipeline.stages import account_method
+    from reports import MethodReport, PrivacyReport, RunMetadata, ThreatModel, fmt_eps, render_markdown
+
+    cfg = {**TINY, "rounds": 2, "noise_multiplier": 2.0, "target_epsilon": 6.0, "reproducible_noise": True}
+    res = train("fedkadp", fed, cfg, seed=2)
+    res.save(tmp_path)
+    privacy = account_method(tmp_path, DELTA, accountants=["rdp", "pld"])
+    assert privacy["adaptive_composition"]["epsilon"] == pytest.approx(6.0)
+    assert privacy["noise"] == "reproducible noise: not for release"
+    (tmp_path / "privacy.json").write_text(json.dumps(privacy))
+    acc = _read_privacy(tmp_path, {}, [])
+    assert acc.reproducible_noise and acc.adaptive_composition["order"] == res.claims["adaptive_filter"]["order"]
+    report = PrivacyReport(
+        metadata=RunMetadata(name="k", created="2026-01-01T00:00:00", privkit_version="0", config={}),
+        threat_model=ThreatModel(neighbouring="add/remove", delta=DELTA),
+        methods=[MethodReport(name="fedkadp", method="fedkadp", privacy=acc)])
+    md = render_markdown(report)
+    order = res.claims["adaptive_filter"]["order"]
+    assert acc.claim is not None and acc.claim.epsilon is not None
+    assert (f"Rényi filter at order {order}): ε = 6 whatever the adaptive choices, beside the paper's "
+            f"claim ε = {fmt_eps(acc.claim.epsilon)}.") in md
+    assert md.count("**WARNING — reproducible noise: not for release.**") == 1

@@ -90,11 +90,44 @@ def fake_audit(run_dir, *, attacks, shadows, executor, seed, progress, **options
     return out
 
 
+def control_record(power: bool = True) -> dict:
+    """A controls.json in the contract's format (the real controls are tested in test_controls)."""
+    def entry(name, mode, status):
+        expected = "no violation" if name == "correct" else "violation"
+        caught = status == "violation"
+        return {"name": name, "expected": expected, "audit_mode": mode, "mechanism": "m",
+                "verdict": {"status": status, "message": "x", "epsilon_lower_bound": 3.6 if caught else 0.3,
+                            "epsilon_ceiling": 3.6, "detectable_epsilon": 2.0, "accounted_epsilon": 3.0,
+                            "attack": "a", "attacks": {"a": {"correct": 200, "guesses": 200}}},
+                "caught": caught, "passed": caught == (expected == "violation"), "test_accuracy": 0.7}
+    bb = "violation" if power else "consistent"
+    return {"schema_version": 1, "method": "dpsgd", "claimed_epsilon": 3.0, "delta": 1e-5, "seed": 0,
+            "controls": [entry("correct", "white-box", "consistent"), entry("correct", "black-box", "consistent"),
+                         entry("noise removed", "white-box", "violation"),
+                         entry("clipping and noise removed", "black-box", bb)],
+            "power": power, "false_alarm": False,
+            "message": ("Every positive control was caught (twins)." if power else
+                        "This audit lacked the power to see a violation: clipping and noise removed.")}
+
+
+CONTROL_POWER = {"power": True}
+
+
+def fake_controls(run, target, root, progress):
+    CALLS["controls"] = CALLS.get("controls", 0) + 1
+    if "controls" in FAIL:
+        raise RuntimeError("controls exploded on purpose")
+    (root / "audit-controls").mkdir(parents=True, exist_ok=True)
+    (root / "audit-controls" / "controls.json").write_text(json.dumps(control_record(CONTROL_POWER["power"])))
+
+
 @pytest.fixture(autouse=True)
 def _reset(monkeypatch):
     CALLS.clear()
     FAIL.clear()
+    CONTROL_POWER["power"] = True
     monkeypatch.setattr(pipeline.stages, "run_audit", fake_audit)
+    monkeypatch.setattr(pipeline.controls, "controls_stage", fake_controls)
     yield
 
 
@@ -155,6 +188,13 @@ def test_tiny_end_to_end(tmp_path):
     assert dp.audit.attacks["loss"].auc == 0.51 and dp.verdict.status == "consistent"
     assert [w.code for w in dp.warnings] == ["data_dependent_scaling"]
     assert math.isinf(report.method("tiny-other").privacy.epsilon)
+    # one formal-DP rule for every cell: tiny-other claims DP but releases without noise
+    assert (dp.formal_dp, dp.formal_dp_label, dp.claims_dp) == (True, "yes", True)
+    other = report.method("tiny-other")
+    assert other.privacy.non_private == ["release"] and other.privacy.fixed_delta == 0.0
+    assert (other.formal_dp, other.formal_dp_label, other.claims_dp) == (False, "no", True)
+    assert other.verdict.status == "no-claim"  # not the audit file's "consistent"
+    assert "without noise is recorded (release)" in other.verdict.message
     assert report.dataset.client_sizes and len(report.dataset.client_sizes) == 4
     assert report.threat_model.shadows == 2 and report.threat_model.confidence == 0.95
     assert report.metadata.seeds["method:tiny-dp"] == 3
@@ -170,7 +210,7 @@ def test_rerun_skips_completed_stages(tmp_path):
     mtime = model.stat().st_mtime_ns
     CALLS.clear()
     run(path, tmp_path / "runs")
-    assert CALLS == {}  # nothing trained or audited again
+    assert CALLS == {}  # nothing trained, audited or controlled again
     assert model.stat().st_mtime_ns == mtime
     # a changed trainer config re-runs that method only (all its stages)
     path.write_text(path.read_text().replace("overrides = { private = false }",
@@ -377,3 +417,97 @@ overrides = {{ epochs = 1, reproducible_noise = true }}
         assert status["dpsgd"]["stages"]["train"]["state"] == "done"
     assert results[1] == results[2]
     assert math.isinf(results[1]["centralized"][1]) and results[1]["dpsgd"][1] < math.inf
+
+
+# ---------------------------------------------------------------------------------- audit controls
+def test_controls_are_a_resumable_step_with_their_own_report_section(tmp_path):
+    path = config(tmp_path)
+    run(path, tmp_path / "runs")
+    root = tmp_path / "runs" / "t"
+    assert CALLS["controls"] == 1
+    status = json.loads((root / "status.json").read_text())
+    assert status["controls"]["state"] == "done" and set(status["methods"]) == {"tiny-dp", "tiny-other"}
+    report = load_report(root)
+    assert [m.name for m in report.methods] == ["tiny-dp", "tiny-other"]  # controls are not methods
+    assert report.controls.power and len(report.controls.controls) == 4
+    md = (root / "report.md").read_text()
+    assert "## Audit controls" in md and md.startswith("# ")
+    assert "| noise removed | white-box | violation | violation | 3.6 | 3.6 | 200/200 |" in md
+    assert 'id="audit-controls"' in (root / "report.html").read_text()
+    CALLS.clear()
+    run(path, tmp_path / "runs")
+    assert "controls" not in CALLS  # same hash: skipped
+    run(path, tmp_path / "runs", ["audit.controls.black_box_epochs=5"])
+    assert CALLS["controls"] == 1  # changed settings: re-run
+
+
+def test_uncaught_positive_control_is_the_reports_first_line(tmp_path):
+    CONTROL_POWER["power"] = False
+    run(config(tmp_path), tmp_path / "runs")
+    root = tmp_path / "runs" / "t"
+    first = (root / "report.md").read_text().splitlines()[0]
+    assert first.startswith("**This audit lacked the power to see a violation")
+    html = (root / "report.html").read_text()
+    assert html.index("controls-banner") < html.index("<h1>")
+    report = load_report(root)
+    assert report.controls.lacks_power
+    assert any(w.code == "reduced_audit" and "lacked the power" in w.message for w in report.warnings)
+
+
+def test_failed_or_disabled_controls(tmp_path):
+    FAIL.add("controls")
+    outcome = run(config(tmp_path), tmp_path / "runs")
+    root = tmp_path / "runs" / "t"
+    assert outcome.failures == ["audit-controls: RuntimeError: controls exploded on purpose"]
+    report = load_report(root)
+    assert report.controls.state == "failed" and report.controls.lacks_power
+    assert (root / "report.md").read_text().startswith("**The audit controls failed")
+    assert report.method("tiny-dp").utility is not None  # the methods went on
+    FAIL.clear()
+    run(config(tmp_path), tmp_path / "runs", ["audit.controls.enabled=false"])
+    report = load_report(root)
+    assert report.controls.state == "skipped" and not report.controls.lacks_power
+    assert not (root / "report.md").read_text().startswith("**")
+
+
+def test_controls_method_must_be_a_dpsgd_method_of_the_run(tmp_path):
+    from privkit.errors import PrivkitError
+
+    with pytest.raises(PrivkitError, match="audit.controls.method must be the label of a dpsgd method"):
+        pipeline.load_run_config(config(tmp_path), ["audit.controls.method=tiny-dp"])
+
+
+def test_old_reports_without_controls_still_load(tmp_path):
+    run(config(tmp_path), tmp_path / "runs")
+    data = json.loads((tmp_path / "runs" / "t" / "report.json").read_text())
+    data.pop("controls")
+    old = PrivacyReport.model_validate(data)
+    assert old.controls is None
+
+
+# ---------------------------------------------------------------------------------- release mode
+def test_reproducible_noise_flag_stamps_report_not_for_release(tmp_path):
+    """`privkit run --reproducible-noise` stamps ledger, privacy.json and report; the default does not."""
+    tail = '\n[report]\nformats = ["json", "md"]\n'
+    path = config(tmp_path, tail=tail)
+    stamp = "reproducible noise: not for release"
+    for flag, out in ((["--reproducible-noise"], "seeded"), ([], "release")):
+        res = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / out), "--quiet",
+                                       "--set", "audit.enabled=false", *flag])
+        assert res.exit_code == 0, res.output
+        root = tmp_path / out / "t"
+        seeded = bool(flag)
+        resolved = json.loads((root / "config.resolved.json").read_text())
+        assert resolved["reproducible_noise"] is seeded
+        assert all(m["trainer"]["reproducible_noise"] is seeded for m in resolved["resolved_methods"])
+        ledger = json.loads((root / "tiny-dp" / "ledger.json").read_text())
+        assert ledger.get("reproducible_noise", False) is seeded
+        privacy = json.loads((root / "tiny-dp" / "privacy.json").read_text())
+        assert privacy["reproducible_noise"] is seeded and (privacy.get("noise") == stamp) is seeded
+        report = load_report(root)
+        assert report.method("tiny-dp").privacy.reproducible_noise is seeded
+        md = (root / "report.md").read_text()
+        # one prominent stamp per method when seeded (tiny-dp and tiny-other); in release mode the
+        # words appear nowhere (neither the stamp nor the trainers' warning)
+        assert md.count(f"**WARNING — {stamp}.**") == (2 if seeded else 0)
+        assert (stamp in md) is seeded

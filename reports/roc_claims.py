@@ -1,0 +1,78 @@
+"""Each method's attack ROCs against its ledger's trade-off curve, from report.json alone.
+
+The audit stores the audited run's ledger as points of its trade-off curve (FPR -> smallest FNR,
+:class:`~reports.schema.TradeoffPoints`).  Between two stored FPRs ``a_k < x <= a_{k+1}`` the
+curve is read as ``f(a_{k+1})``: a trade-off curve is non-increasing, so that is at most the true
+``f(x)``, the drawn forbidden region is never larger than the ledger's, and a point reported inside
+it is inside the ledger's own region.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from reports.schema import MethodReport, TradeoffPoints
+
+
+def stored_curve(points: TradeoffPoints) -> Callable[[np.ndarray], np.ndarray]:
+    """FPR -> FNR floor read from the stored points (never above the curve they sample)."""
+    a = np.asarray(points.fpr, dtype=np.float64)
+    f = np.asarray(points.fnr, dtype=np.float64)
+    if a.size < 2 or a.size != f.size or a[-1] < 1.0:
+        raise ValueError(f"tradeoff_curve needs matching fpr/fnr lists reaching FPR 1; found {a.size} "
+                         f"and {f.size} points up to FPR {a[-1] if a.size else None}")
+
+    def fn(x) -> np.ndarray:
+        i = np.searchsorted(a, np.clip(np.asarray(x, dtype=np.float64), 0.0, 1.0), side="left")
+        return f[np.minimum(i, a.size - 1)]
+
+    return fn
+
+
+def _rocs(m: MethodReport) -> dict[str, tuple[list[float], list[float]]]:
+    if m.audit is None:
+        return {}
+    return {n: (a.roc.fpr, a.roc.tpr) for n, a in m.audit.attacks.items()
+            if not a.error and a.roc is not None and len(a.roc.fpr) > 1 and len(a.roc.fpr) == len(a.roc.tpr)}
+
+
+def forbidden_counts(m: MethodReport) -> dict[str, int] | None:
+    """Attack -> number of its ROC points inside the region the ledger forbids (None: no curve)."""
+    from reports.plots import forbidden_roc_points
+
+    if m.audit is None or m.audit.tradeoff_curve is None:
+        return None
+    curve = stored_curve(m.audit.tradeoff_curve)
+    return {n: int(forbidden_roc_points(f, t, curve).size) for n, (f, t) in _rocs(m).items()}
+
+
+def roc_claim_sentence(m: MethodReport) -> str | None:
+    """Whether any ROC point lies in the region the ledger forbids, in words (None: no curve)."""
+    counts = forbidden_counts(m)
+    if counts is None or not counts:
+        return None
+    tc = m.audit.tradeoff_curve
+    eps = f" (accounted epsilon {tc.accounted_epsilon:.4g} at delta {tc.delta:g})" if (
+        tc.accounted_epsilon is not None and tc.delta is not None) else ""
+    bad = {n: c for n, c in counts.items() if c}
+    if not bad:
+        return (f"No ROC point of the {len(counts)} attacks lies in the region the ledger's trade-off "
+                f"curve forbids{eps}.")
+    listed = ", ".join(f"{n} ({c} points)" for n, c in sorted(bad.items()))
+    return (f"ROC points lie in the region the ledger's trade-off curve forbids{eps}: {listed}. On these "
+            "audited records an attack did better than the ledger allows; whether that is a "
+            "statistically significant violation is the ledger claim's lower bound's question.")
+
+
+def ledger_roc_figure(m: MethodReport):
+    """:func:`reports.plots.tradeoff_roc_figure` of every attack against the stored curve (or None)."""
+    from reports.plots import tradeoff_roc_figure
+
+    rocs = _rocs(m)
+    if not rocs or m.audit is None or m.audit.tradeoff_curve is None:
+        return None
+    tc = m.audit.tradeoff_curve
+    return tradeoff_roc_figure(rocs, stored_curve(tc), claim=f"the ledger ({tc.claim})",
+                               title=f"{m.name}: ROC against the ledger's trade-off curve")
