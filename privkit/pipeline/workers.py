@@ -25,10 +25,12 @@ def _execute_in_worker(args: tuple) -> tuple[str | None, str, float]:
 
 
 def _priority(plan) -> tuple:
-    """Every method trains first (in config order); then the longest trainers' account and audit
-    stages start first (an audit re-runs the recipe once per shadow, so its cost follows the
-    training time): the last method to finish is a short one and both workers stay busy."""
-    if plan.todo and plan.todo[0] == "train":
+    """Every method trains first (in list order, after the audit controls, a plan of one step);
+    then the longest trainers' account and audit stages start first (an audit re-runs the recipe
+    once per reference model, so its cost follows the training time): the last stage to finish is
+    a short one and both workers stay busy."""
+    todo = getattr(plan, "todo", None)
+    if todo is None or (todo and todo[0] == "train"):
         return (0, 0.0)
     seconds = plan.status.stage(plan.m.key, "train").get("seconds") or 0.0
     return (1, -float(seconds))

@@ -22,6 +22,8 @@ def test_trains_first_in_config_order_then_longest_trainer_first():
     plans = [_plan("a", ["account", "audit"], status), _plan("b", ["audit"], status),
              _plan("c", ["account", "audit"], status), _plan("d", ["train", "account", "audit"], status),
              _plan("e", ["train", "account", "audit"], status)]
+    controls = SimpleNamespace(m=SimpleNamespace(key="controls"))  # one step, no todo list
+    plans.insert(0, controls)
     order = [p.m.key for p in sorted(plans, key=_priority)]  # sorted is stable, as min() is
-    assert order == ["d", "e", "b", "c", "a"]
-    assert min(plans, key=_priority).m.key == "d"
+    assert order == ["controls", "d", "e", "b", "c", "a"]
+    assert min(plans, key=_priority) is controls
