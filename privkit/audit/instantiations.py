@@ -131,23 +131,40 @@ def _train_flip(args) -> dict:
     return {k: v for k, v in res.artifacts.items() if k.startswith("distilled_x")}
 
 
+def table2_classifier(attack: dict, random_state: int):
+    """The psi_{s1-s2} attacker of a FLiP attack config (``attack`` field of the trainer config):
+    CatBoost (depth, iterations as configured; the paper's: 1 and 10 000) or "logreg"."""
+    if attack.get("table2_classifier", "catboost") == "logreg":
+        return "logreg"
+    from attacks.mia import _catboost
+
+    return _catboost(int(attack.get("catboost_iterations", 10_000)), int(attack.get("catboost_depth", 1)),
+                     None, random_state, 1)
+
+
 def flip_table2_attack(fed, trainer_config: dict, *, p1: int, p2: int, s1: int, s2: int, seed: int = 0,
                        executor: str = "serial", alpha: float = 0.05) -> AttributeResult:
     """FLiP's task-irrelevant attribute attack (Sec. V-A, Table II) on the shared distilled samples.
 
-    Runs the binary FLiP tasks (p1,s1), (p1,s2), (p2,s1), (p2,s2); trains an s1-vs-s2 logistic
-    regression on every distilled sample the clients shared in the p1 runs (label = the run's
-    negative class) and tests it on those of the p2 runs. Accuracy near 50 % = no leakage. Samples
-    of one run are not independent, so the interval is optimistic about the sample size.
+    Runs the binary FLiP tasks (p1,s1), (p1,s2), (p2,s1), (p2,s2); trains an s1-vs-s2 classifier
+    psi on the distilled samples the clients shared in the p1 runs (label = the run's negative
+    class) and tests it on those of the p2 runs. Accuracy near 50 % = no leakage. The trainer
+    config's ``attack`` field says which releases and which attacker (the paper's: every round's
+    release, CatBoost depth 1 with 10 000 iterations). Samples of one run are not independent, so
+    the interval is optimistic about the sample size.
     """
     from attacks.executor import get_executor
     from privkit.seeding import child_seeds
 
     if len({p1, p2, s1, s2}) != 4:
         raise ValueError(f"p1, p2, s1, s2 must be four distinct classes; found {p1, p2, s1, s2}")
+    attack = dict(trainer_config.get("attack") or {})
+    cfg = dict(trainer_config)
+    if attack.get("table2_rounds", "all") == "all":
+        cfg["record_every"] = 1  # keep every round's upload, not only the last
     pairs = [(p1, s1), (p1, s2), (p2, s1), (p2, s2)]
     seeds = child_seeds(seed, 4, "flip-table2")
-    tasks = [(binary_federation(fed, p, s, f"flip-{p}v{s}"), dict(trainer_config), sd)
+    tasks = [(binary_federation(fed, p, s, f"flip-{p}v{s}"), dict(cfg), sd)
              for (p, s), sd in zip(pairs, seeds)]
     arts = get_executor(executor).map(_train_flip, tasks, description="FLiP binary runs")
 
@@ -159,9 +176,12 @@ def flip_table2_attack(fed, trainer_config: dict, *, p1: int, p2: int, s1: int, 
     xs = [samples(a) for a in arts]
     x_tr, y_tr = np.concatenate(xs[:2]), np.r_[np.zeros(len(xs[0])), np.ones(len(xs[1]))]
     x_te, y_te = np.concatenate(xs[2:]), np.r_[np.zeros(len(xs[2])), np.ones(len(xs[3]))]
-    att = AttributeInferenceAttack(random_state=seed).fit(x_tr, y_tr)
+    att = AttributeInferenceAttack(classifier=table2_classifier(attack, seed), random_state=seed)
+    att.fit(x_tr, y_tr)
+    which = "every round's" if cfg.get("record_every") == 1 else "the last round's"
     res = att.evaluate(x_te, y_te, alpha=alpha, chance=0.5,
-                       notes=(f"FLiP Table II protocol: psi_s1-s2 trained on distilled samples of runs "
-                              f"({p1},{s1}),({p1},{s2}); tested on ({p2},{s1}),({p2},{s2}); "
-                              f"{len(y_te)} test samples from 2 runs (not independent)"))
+                       notes=(f"FLiP Table II protocol: psi_s1-s2 ({attack.get('table2_classifier', 'catboost')}) "
+                              f"trained on {which} distilled samples of runs ({p1},{s1}),({p1},{s2}); tested "
+                              f"on ({p2},{s1}),({p2},{s2}); {len(y_te)} test samples from 2 runs "
+                              "(not independent)"))
     return replace(res)

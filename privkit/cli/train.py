@@ -141,6 +141,7 @@ def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> 
     head = _headline(result, federation, get_trainer(resolved["method"]).formal_dp)
     return {"method": result.method, "seed": result.seed, "run_dir": str(out),
             "test_accuracy": float(result.test_accuracy), "rounds": len(result.rounds),
+            "chance_accuracy": _finite(result.chance_accuracy), "near_chance": result.near_chance,
             "seconds": round(seconds, 2), **head,
             "claims": {k: v for k, v in result.claims.items() if k != "mechanisms"},
             "warnings": result.warnings, "artifacts": sorted(result.artifacts),
@@ -204,5 +205,6 @@ def train_command(
         out_console.print(escape(f"paper's claim: epsilon={c.get('epsilon')}, delta={c.get('delta')}{void} "
                                  f"({c.get('composition')}; {c.get('source')})"), highlight=False)
     for w in summary["warnings"]:
-        out_console.print(f"[yellow]note:[/yellow] {escape(w)}", highlight=False)
+        tag = "[bold red]warning:[/bold red]" if w.startswith("near-chance") else "[yellow]note:[/yellow]"
+        out_console.print(f"{tag} {escape(w)}", highlight=False)
     out_console.print(f"wrote {summary['run_dir']}: {', '.join(summary['files'])}")

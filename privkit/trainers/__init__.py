@@ -14,6 +14,7 @@ __all__ = ["REGISTRY", "TrainResult", "TrainerConfig", "TrainerSpec", "get_train
 from privkit.trainers import fedmd as _fedmd  # noqa: F401,E402
 from privkit.trainers import flip as _flip  # noqa: F401,E402
 from privkit.trainers import fedkadp as _fedkadp  # noqa: F401,E402
+from privkit.trainers import fedkd as _fedkd  # noqa: F401,E402
 from privkit.trainers import dpsgd as _dpsgd  # noqa: F401,E402
 from privkit.trainers import centralized as _centralized  # noqa: F401,E402
 from privkit.trainers import fedavg as _fedavg  # noqa: F401,E402

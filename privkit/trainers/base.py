@@ -77,12 +77,40 @@ class TrainResult:
     warnings: list[str] = field(default_factory=list)
     claims: dict = field(default_factory=dict)
     reproducible_noise: bool = False  # True: DP noise derived from the stored seed ("not for release")
+    chance_accuracy: float = float("nan")
+
+    @property
+    def near_chance(self) -> bool:
+        """True when the final test accuracy is at or near chance (:mod:`privkit.trainers.chance`)."""
+        from privkit.trainers.chance import chance_warning
+
+        return chance_warning(self.method, float(self.test_accuracy), self.chance_accuracy) is not None
+
+    def check_chance(self, federation) -> None:
+        """Record the federation's chance accuracy (unless the trainer set its own, e.g. a test set
+        restricted to some classes) and add the near-chance warning if it applies."""
+        import math
+
+        from privkit.trainers.chance import chance_level, chance_warning
+
+        if math.isnan(self.chance_accuracy):
+            self.chance_accuracy = chance_level(federation)
+        w = chance_warning(self.method, float(self.test_accuracy), self.chance_accuracy)
+        if w is not None and w not in self.warnings:
+            self.warnings.insert(0, w)
 
     # ------------------------------------------------------------------ persistence
     def metrics(self) -> dict:
+        """``metrics.json``: accuracies, rounds, and the utility warnings (near chance)."""
+        from privkit.trainers.chance import near_chance_threshold
+
+        chance = float(self.chance_accuracy)
         return {"schema_version": SCHEMA_VERSION, "method": self.method, "seed": self.seed,
                 "test_accuracy": float(self.test_accuracy), "rounds": self.rounds,
-                "client_accuracy": [float(a) for a in self.client_accuracy]}
+                "client_accuracy": [float(a) for a in self.client_accuracy],
+                "chance_accuracy": chance, "near_chance_threshold": near_chance_threshold(chance),
+                "near_chance": self.near_chance,
+                "warnings": [w for w in self.warnings if w.startswith("near-chance accuracy")]}
 
     def save(self, run_dir: str | Path) -> Path:
         """Write checkpoints, ``ledger.json``, ``metrics.json``, ``train.json``, ``artifacts.npz``."""
@@ -132,6 +160,7 @@ class TrainResult:
                    client_model_specs=meta.get("client_model_specs", []),
                    client_accuracy=metrics.get("client_accuracy", []),
                    warnings=meta.get("warnings", []), claims=meta.get("claims", {}),
+                   chance_accuracy=float(metrics.get("chance_accuracy", float("nan"))),
                    reproducible_noise=bool(meta.get("reproducible_noise", False)))
 
 
@@ -228,6 +257,7 @@ def train(method: str, federation: "Federation", config: dict | TrainerConfig | 
     if result.method != method:
         raise PrivkitError(f"trainer {method} returned a result labelled {result.method!r}")
     stamp_noise(result, cfg.reproducible_noise)
+    result.check_chance(federation)
     return result
 
 

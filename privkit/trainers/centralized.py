@@ -21,7 +21,7 @@ from privkit.trainers.dpsgd import CentralConfig
 
 @register_trainer("centralized", CentralConfig, "Non-private centralised training on the pooled client "
                   "data (no guarantee; reference for utility and audits)", formal_dp=False,
-                  quick={"epochs": 3, "width": 8, "feature_dim": 32, "lr": 0.1, "batch_size": 64})
+                  quick={"epochs": 6, "width": 8, "feature_dim": 32, "lr": 0.1, "batch_size": 64})
 def train_centralized(federation, config: CentralConfig, seed: int, progress: bool = False) -> TrainResult:
     """Train one model on all clients' records pooled; per-epoch test accuracy in ``rounds``."""
     from accountants import Ledger, NonPrivateEvent

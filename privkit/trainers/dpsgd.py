@@ -88,8 +88,8 @@ def _run_epochs(private, dp_opt, dp_loader, loss_fn, epochs, model, federation, 
 
 @register_trainer("dpsgd", DpsgdConfig, "Centralised DP-SGD on the pooled client data (opacus, Poisson "
                   "sampling), noise given or calibrated to a target (epsilon, delta)", paper=PAPER,
-                  formal_dp=True, quick={"epochs": 3, "width": 8, "feature_dim": 32, "lr": 0.5,
-                                         "batch_size": 128})
+                  formal_dp=True, quick={"arch": "mlp", "feature_dim": 64, "epochs": 10, "lr": 0.5,
+                                         "batch_size": 128, "calibration_accountant": "rdp"})
 def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = False) -> TrainResult:
     """Centralised DP-SGD with opacus; see the module docstring for the ledger."""
     from opacus import PrivacyEngine

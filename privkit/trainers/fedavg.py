@@ -6,6 +6,10 @@ returned parameters weighted by ``|D_i|``. FedProx adds ``(mu/2) ||theta - theta
 local loss (the FedAUX code's ``lambda ||.||^2`` is ``mu = 2 lambda``). ``one_shot=true`` is the
 one-round setting of FedAUX Table 3: ``rounds=1``, ``participation=1``, ``local_epochs=40``.
 ``pretrain=true`` starts from the SimCLR-pretrained h0 ("+P"), ``freeze=true`` keeps it fixed ("+F").
+At the FedAUX grid's small ``mu`` (1e-2) and a few local steps the proximal gradient
+``mu (theta - theta_t)`` is ~1e-4 against cross-entropy gradients ~1e-2, so FedProx's weights differ
+from FedAvg's only slightly and test accuracy often agrees to every printed digit; the term itself
+is tested in ``tests/privkit/test_trainers_i.py`` (closed form, and drift shrinking as mu grows).
 
 Privacy: client models go to the server in the clear. Each participating client gets a
 ``NonPrivateEvent`` (label ``model-update``) per round, so every accountant reports epsilon = inf:
@@ -196,8 +200,10 @@ NO_DP_CLAIM = {"epsilon": float("inf"), "delta": None, "composition": None,
                "scope": "none: client models are sent to the server in the clear",
                "source": "no formal DP claim"}
 
-_QUICK = {"arch": "mlp", "feature_dim": 64, "rounds": 3, "participation": 0.5, "local_epochs": 1,
-          "pretrain_epochs": 3}
+# CPU-sized (the demo): a 784-64-10 MLP, 10 rounds of 5 local epochs (measured on the quickstart
+# federation: 88 % in ~3 s on one core, against 53 % for 3 rounds of 1 epoch).
+_QUICK = {"arch": "mlp", "feature_dim": 64, "rounds": 10, "participation": 0.5, "local_epochs": 5,
+          "pretrain_epochs": 20, "pretrain_data": "all", "pretrain_seed": 0}
 
 
 @register_trainer("fedavg", FedAvgConfig, "FedAvg: local training + size-weighted parameter averaging "

@@ -1,4 +1,7 @@
-"""FedKADP (Jiang et al., Electronics 2024; seed 004) and its baselines DP-FedAvg and FedKD+DP.
+"""FedKADP (Jiang et al., Electronics 2024; seed 004) and its baseline DP-FedAvg. ``feedback=false``
+is the ablation without the bidirectional feedback (FedKADP's loss at a fixed temperature and
+noise). The paper's other baseline, FedKD (Wu et al. 2022) with DP, is
+:mod:`privkit.trainers.fedkd` (``fedkd-dp``).
 
 All three share one loop (Algorithms 1-2):
 
@@ -6,8 +9,8 @@ All three share one loop (Algorithms 1-2):
   sends them the global model ``w_{t-1}``, averages what they return (equal weights, Alg. 2 line 8);
 * client (Alg. 1): ``student = teacher = w_{t-1}``; ``E`` DP-SGD steps (:mod:`dp_sgd_step`):
   per-sample clipping to ``c``, Gaussian noise ``sigma_t c`` on the sum, divided by ``B``; the
-  loss is ``CE(y, student) + rho^2 KL(softmax(teacher/rho) || softmax(student/rho))`` (FedKADP,
-  FedKD+DP) or ``CE`` alone (DP-FedAvg);
+  loss is ``CE(y, student) + rho^2 KL(softmax(teacher/rho) || softmax(student/rho))`` (FedKADP)
+  or ``CE`` alone (DP-FedAvg);
 * FedKADP only: after each round the bidirectional-feedback ``Metric`` (Sec. 3.2) sets the next
   temperature ``rho`` (Eq. 17) and noise multiplier ``sigma`` (Eq. 20).
 
@@ -86,14 +89,15 @@ class DpFedConfig(TrainerConfig):
     accountant: Literal["rdp", "pld"] = "rdp"  # accountant of the budget check and round epsilons
 
 
-class FedKDDPConfig(DpFedConfig):
-    """FedKD+DP: FedKADP's loss with a fixed temperature and a fixed noise multiplier."""
-
-    temperature: Annotated[float, Field(gt=0)] = 2.5  # midpoint of the paper's [rho_min, rho_max]
-
-
 class FedKADPConfig(DpFedConfig):
-    """FedKADP: adaptive temperature (Eq. 17) and noise multiplier (Eq. 20)."""
+    """FedKADP: adaptive temperature (Eq. 17) and noise multiplier (Eq. 20).
+
+    ``feedback=false`` turns the feedback off (ablation): the loss runs at the fixed
+    ``temperature`` and the noise multiplier stays at ``noise_multiplier``.
+    """
+
+    feedback: bool = True
+    temperature: Annotated[float, Field(gt=0)] = 2.5  # feedback off: midpoint of [rho_min, rho_max]
 
     rho_min: Positive = 2.0  # paper: 2 (also the temperature of round 1)
     rho_max: Positive = 3.0  # paper: 3
@@ -486,22 +490,17 @@ def _run(federation, cfg: DpFedConfig, seed: int, *, method: str, distill: bool,
                        ledger=ledger, rounds=rounds, test_accuracy=test_acc, warnings=warns, claims=claims)
 
 
-QUICK = {"rounds": 10, "local_steps": 10, "noise_multiplier": 1.0, "target_epsilon": 16.0}
+QUICK = {"rounds": 12, "local_steps": 10, "noise_multiplier": 1.0, "target_epsilon": 16.0, "lr": 0.5,
+         "client_fraction": 0.25}
 
 
 @register_trainer("fedkadp", FedKADPConfig, "FedKADP: KD from the global model + DP-SGD with adaptive "
                   "temperature and noise (bidirectional feedback), stopped at the privacy budget",
                   paper=PAPER, formal_dp=True, quick=QUICK)
 def train_fedkadp(federation, config: FedKADPConfig, seed: int, progress: bool = False) -> TrainResult:
-    """FedKADP (Algorithms 1-2) with per-client record-level accounting."""
-    return _run(federation, config, seed, method="fedkadp", distill=True, adaptive=True, progress=progress)
-
-
-@register_trainer("fedkd-dp", FedKDDPConfig, "FedKD+DP: FedKADP's KD loss and DP-SGD with a fixed "
-                  "temperature and noise multiplier", paper=PAPER, formal_dp=True, quick=QUICK)
-def train_fedkd_dp(federation, config: FedKDDPConfig, seed: int, progress: bool = False) -> TrainResult:
-    """FedKD+DP baseline of FedKADP Sec. 5.4 (fixed rho and sigma)."""
-    return _run(federation, config, seed, method="fedkd-dp", distill=True, adaptive=False, progress=progress)
+    """FedKADP (Algorithms 1-2) with per-client record-level accounting (``feedback=false``: ablation)."""
+    return _run(federation, config, seed, method="fedkadp", distill=True, adaptive=config.feedback,
+                progress=progress)
 
 
 @register_trainer("dp-fedavg", DpFedConfig, "DP-FedAvg: FedAvg whose clients run record-level DP-SGD "

@@ -106,6 +106,15 @@ class FedMDConfig(TrainerConfig):
     revisit_batch_size: Annotated[int, Field(ge=1)] = 5
     lr: Annotated[float, Field(gt=0)] = 1e-3
     released_party: Annotated[int, Field(ge=0)] = 0
+    # Label spaces (Sec. 5): the paper's public data (MNIST / CIFAR-10) and private data (FEMNIST
+    # letters / CIFAR-100 subclasses) have disjoint labels, so pretraining teaches features, never
+    # the private classes. "disjoint": public data restricted to ``public_classes`` (default: the
+    # first half of the classes), private data and test set to ``private_classes`` (default: the
+    # rest); "shared": every class on both sides (then pretraining alone already solves much of
+    # the private task).
+    labels: Literal["disjoint", "shared"] = "disjoint"
+    public_classes: list[Annotated[int, Field(ge=0)]] | None = None
+    private_classes: list[Annotated[int, Field(ge=0)]] | None = None
 
 
 class FedMDNfdpConfig(FedMDConfig):
@@ -171,19 +180,48 @@ def _spec_dict(p: PartyModel, input_shape, num_classes: int) -> dict:
     )
 
 
+def label_split(federation, config: FedMDConfig) -> tuple[list[int], list[int]]:
+    """(public classes, private classes) the run uses; both all classes when ``labels="shared"``."""
+    C = federation.num_classes
+    if config.labels == "shared":
+        if config.public_classes is not None or config.private_classes is not None:
+            raise PrivkitError("public_classes/private_classes need labels='disjoint'; found "
+                               f"labels='shared' with public_classes={config.public_classes}, "
+                               f"private_classes={config.private_classes}")
+        return list(range(C)), list(range(C))
+    pub = sorted(config.public_classes) if config.public_classes is not None else list(range(C // 2))
+    priv = (sorted(config.private_classes) if config.private_classes is not None
+            else [c for c in range(C) if c not in pub])
+    for name, cls in (("public_classes", pub), ("private_classes", priv)):
+        if not cls or max(cls) >= C or len(set(cls)) != len(cls):
+            raise PrivkitError(f"{name} must be distinct classes in [0, {C}); found {cls}")
+    if set(pub) & set(priv):
+        raise PrivkitError("public_classes and private_classes must be disjoint with labels='disjoint'; "
+                           f"found both holding {sorted(set(pub) & set(priv))}")
+    return pub, priv
+
+
+def restrict(x: np.ndarray, y: np.ndarray, classes: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The records whose label is in ``classes``: (x, y, positions kept)."""
+    keep = np.flatnonzero(np.isin(y, classes))
+    return x[keep], y[keep], keep
+
+
 def pretrain_parties(
-    federation, config: FedMDConfig, seed: int, device: torch.device
+    federation, config: FedMDConfig, seed: int, device: torch.device,
+    public: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[list[FeatureClassifier], list[dict]]:
     """One model per distinct architecture, pretrained on the labelled public data, copied to parties.
 
     Algorithm 1 initialises every party "with the same pretrained model"; parties sharing an
-    architecture share that model's weights.
+    architecture share that model's weights. ``public`` (x, y): the labelled public records to
+    pretrain on (default: all of the federation's public data).
     """
     specs = [
         _spec_dict(p, federation.input_shape, federation.num_classes)
         for p in party_model_specs(config, federation.num_clients)
     ]
-    xpub, ypub = federation.public_arrays("all")
+    xpub, ypub = public if public is not None else federation.public_arrays("all")
     if config.pretrain_epochs > 0 and len(ypub) and ypub.max() >= federation.num_classes:
         raise PrivkitError(
             f"public labels go up to {int(ypub.max())} but the private task has "
@@ -366,7 +404,7 @@ def revisit(
 
 
 # ----------------------------------------------------------------------------- the loop
-def _ldp_plan(federation, config: FedMDLdpConfig, m_pub: int) -> dict:
+def _ldp_plan(federation, config: FedMDLdpConfig, m_pub: int, sizes: list[int]) -> dict:
     """Per-party Gaussian noise std for the shared vectors, calibrated to the target (epsilon, delta)."""
     from accountants import calibrate_gaussian, nfdp_epsilon_delta
 
@@ -375,11 +413,15 @@ def _ldp_plan(federation, config: FedMDLdpConfig, m_pub: int) -> dict:
     plan = {"sensitivity": sens, "queries": queries, "sigma": [], "target": []}
     if queries == 0:
         return plan
-    for i, idx in enumerate(federation.clients):
-        n = len(idx)
+    for i, n in enumerate(sizes):
         if config.epsilon is not None and config.delta is not None:
             eps, delta = config.epsilon, config.delta
         else:
+            if n == 0:
+                raise PrivkitError(
+                    f"party {i} holds no records of the private classes, so NFDP's (epsilon, delta) "
+                    "at its n is undefined; found n=0 (set epsilon and delta explicitly)"
+                )
             if not config.match_replacement and config.match_k > n:
                 raise PrivkitError(
                     f"match_k must be <= n for sampling without replacement; found "
@@ -428,20 +470,33 @@ def run_fedmd(
             f"{config.released_party}"
         )
     device = resolve_device(config)
-    models, specs = pretrain_parties(federation, config, seed, device)
-    xt, yt = federation.test_arrays()
-    xpub, _ = federation.public_arrays("all")
+    pub_classes, priv_classes = label_split(federation, config)
+    xpub, ypub, _ = restrict(*federation.public_arrays("all"), pub_classes)
+    models, specs = pretrain_parties(federation, config, seed, device, public=(xpub, ypub))
+    xt, yt, _ = restrict(*federation.test_arrays(), priv_classes)
     m_pub = min(config.public_subset, len(xpub))
     ledger = Ledger()
     warnings: list[str] = []
     claims: dict = {}
     artifacts: dict[str, np.ndarray] = {}
+    if config.labels == "disjoint":
+        warnings.append(
+            f"disjoint label spaces (as the paper): public data and pretraining use classes "
+            f"{pub_classes} only ({len(xpub)} public records), parties train on their records of "
+            f"classes {priv_classes} only, and test accuracy is over the test records of those "
+            f"classes ({len(yt)}); a party's records of other classes are never used"
+        )
 
-    # Private (sub)sets, fixed for the whole run.
+    # Private (sub)sets, fixed for the whole run. n is the party's number of private-class
+    # records: the label filter keeps or drops each record on its own label, so adding or
+    # removing one record changes the filtered set by at most that record.
     private: list[tuple[np.ndarray, np.ndarray]] = []
+    sizes: list[int] = []
     for i, idx in enumerate(federation.clients):
-        x, y = federation.client_arrays(i)
-        if variant == "nfdp":
+        x, y, keep = restrict(*federation.client_arrays(i), priv_classes)
+        idx = idx[keep]
+        sizes.append(len(idx))
+        if variant == "nfdp" and len(idx):
             if not config.replacement and config.k > len(idx):
                 raise PrivkitError(
                     f"k must be <= n for sampling without replacement; found k={config.k}, "
@@ -465,13 +520,13 @@ def run_fedmd(
         ledger,
         warnings,
         claims,
-        m_pub,
+        sizes,
         NfdpSubsampleEvent,
         NonPrivateEvent,
     )
-    plan = _ldp_plan(federation, config, m_pub) if variant == "ldp" else None
+    plan = _ldp_plan(federation, config, m_pub, sizes) if variant == "ldp" else None
     if plan is not None:
-        _record_ldp(federation, config, plan, ledger, warnings, claims, dpa, NonPrivateEvent)
+        _record_ldp(federation, config, plan, ledger, warnings, claims, dpa, NonPrivateEvent, sizes)
     if m_pub < config.public_subset:
         warnings.append(
             f"public_subset={config.public_subset} capped at the public data size {m_pub}"
@@ -557,6 +612,7 @@ def run_fedmd(
         client_accuracy=client_acc,
         warnings=warnings,
         claims=claims,
+        chance_accuracy=float(np.bincount(yt).max() / len(yt)) if len(yt) else float("nan"),
     )
 
 
@@ -596,11 +652,15 @@ def _record_privacy(
     ledger,
     warnings,
     claims,
-    m_pub,
+    sizes,
     NfdpSubsampleEvent,
     NonPrivateEvent,
 ) -> None:
-    """Ledger events, warnings and the paper's claim for NFDP / NP (LDP: see :func:`_record_ldp`)."""
+    """Ledger events, warnings and the paper's claim for NFDP / NP (LDP: see :func:`_record_ldp`).
+
+    ``sizes``: each party's number of private-class records (the NFDP theorems' n).
+    """
+    from accountants import EpsilonDeltaEvent
     from accountants.nfdp import record_exposure_warning
 
     if variant == "np":
@@ -618,8 +678,13 @@ def _record_privacy(
         return
     per_client = []
     exposed = 0
-    for i, idx in enumerate(federation.clients):
-        n = len(idx)
+    for i, n in enumerate(sizes):
+        if n == 0:  # nothing to subsample: the party trains on public data only
+            ledger.add(i, EpsilonDeltaEvent(0.0, 0.0), label="no private-class records",
+                       neighbouring="add_remove")
+            warnings.append(f"party {i} holds no records of the private classes: it releases "
+                            "predictions of its pretrained model only (epsilon 0)")
+            continue
         ledger.add(
             i,
             NfdpSubsampleEvent(n=n, k=config.k, replacement=config.replacement),
@@ -630,6 +695,8 @@ def _record_privacy(
         per_client.append({"client": i, **claim})
         if record_exposure_warning(claim["delta"], n) is not None:
             exposed += 1
+    if not per_client:
+        raise PrivkitError("no party holds records of the private classes; found 0 records in every party")
     worst = max(per_client, key=lambda c: (c["delta"], c["epsilon"]))
     theorem = (
         "Theorem 2 (with replacement)" if config.replacement else "Theorem 1 (without replacement)"
@@ -667,7 +734,7 @@ def _record_privacy(
     )
 
 
-def _record_ldp(federation, config, plan, ledger, warnings, claims, dpa, NonPrivateEvent) -> None:
+def _record_ldp(federation, config, plan, ledger, warnings, claims, dpa, NonPrivateEvent, sizes) -> None:
     sens, queries = plan["sensitivity"], plan["queries"]
     per_round = queries // config.rounds if config.rounds else 0
     per_client = []
@@ -688,7 +755,7 @@ def _record_ldp(federation, config, plan, ledger, warnings, claims, dpa, NonPriv
         per_client.append(
             {
                 "client": i,
-                "n": len(federation.clients[i]),
+                "n": sizes[i],
                 "epsilon": eps,
                 "delta": delta,
                 "sigma": plan["sigma"][i],
@@ -724,13 +791,15 @@ def _record_ldp(federation, config, plan, ledger, warnings, claims, dpa, NonPriv
 
 
 # ----------------------------------------------------------------------------- registration
+# CPU-sized: 5 rounds, 500 public records per round; NFDP's k=16 subsets train with the paper's
+# revisit batch 5 (T1=20 epochs), the all-data variants with batch 16 (T1=10) at a similar cost.
 _QUICK = {
     "arch": "mlp",
     "feature_dim": 64,
-    "rounds": 2,
-    "init_epochs": 3,
+    "rounds": 5,
+    "init_epochs": 10,
     "pretrain_epochs": 2,
-    "public_subset": 300,
+    "public_subset": 500,
     "digest_epochs": 1,
     "revisit_batch_size": 16,
     "heterogeneous": True,
@@ -743,7 +812,7 @@ _QUICK = {
     "FedMD with noise-free DP: parties train on one random k-subset, share predictions",
     paper=PAPER,
     formal_dp=True,
-    quick={**_QUICK, "k": 16},
+    quick={**_QUICK, "k": 16, "init_epochs": 20, "revisit_batch_size": 5},
 )
 def train_fedmd_nfdp(
     federation, config: FedMDNfdpConfig, seed: int, progress: bool = False

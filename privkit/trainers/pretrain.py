@@ -49,6 +49,9 @@ class PretrainConfig(TrainerConfig):
     pretrain_lr: Annotated[float, Field(gt=0)] = 1e-3
     pretrain_temperature: Annotated[float, Field(gt=0)] = 0.5
     pretrain_proj_dim: Annotated[int, Field(ge=2)] = 64
+    # h0 sees public data only, so its seed need not follow the trainer's: a fixed pretrain_seed
+    # gives the target and every shadow run the same h0 (one pretraining per process, cached).
+    pretrain_seed: int | None = None  # None: derived from the trainer seed
 
     @model_validator(mode="after")
     def _freeze_needs_pretrain(self) -> "PretrainConfig":
@@ -124,7 +127,8 @@ def pretrain_h0(federation, config: PretrainConfig, seed: int, *, progress: bool
     ----------
     federation : the federation whose public data (``config.pretrain_data`` part) is used.
     config : a :class:`PretrainConfig` (architecture and pretraining fields).
-    seed : the trainer seed; the model init and augmentations use seeds derived from it.
+    seed : the trainer seed; the model init and augmentations use seeds derived from it (from
+        ``config.pretrain_seed`` instead when that is set).
 
     Returns
     -------
@@ -137,6 +141,8 @@ def pretrain_h0(federation, config: PretrainConfig, seed: int, *, progress: bool
            "distill": federation.distill}[part]
     if len(idx) < 2:
         raise PrivkitError(f"pretraining needs at least 2 public examples in {part!r}; found {len(idx)}")
+    if config.pretrain_seed is not None:
+        seed = config.pretrain_seed
     key = _cache_key(federation, config, seed, idx)
     if key in _CACHE:
         state, info = _CACHE[key]

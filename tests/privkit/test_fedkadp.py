@@ -1,4 +1,4 @@
-"""FedKADP, FedKD+DP, DP-FedAvg: feedback Metric, paper formula, ledger, budget stop, determinism."""
+"""FedKADP (with and without feedback), DP-FedAvg: feedback Metric, paper formula, ledger, budget stop, determinism."""
 
 from __future__ import annotations
 
@@ -165,20 +165,22 @@ def test_fedkadp_never_releases_a_round_past_the_budget(fed):
     assert none.rounds == [] and len(none.ledger) == 0
 
 
-@pytest.mark.parametrize("method", ["fedkadp", "fedkd-dp"])
-def test_same_seed_same_result(fed, method):
+@pytest.mark.parametrize("method, extra", [("fedkadp", {}), ("fedkadp", {"feedback": False}),
+                                           ("fedkd-dp", {})])
+def test_same_seed_same_result(fed, method, extra):
     # same seed, same result in reproducible-noise mode (release mode draws the noise from the OS)
-    a = train(method, fed, {**TINY, "rounds": 2, "reproducible_noise": True}, seed=5)
-    b = train(method, fed, {**TINY, "rounds": 2, "reproducible_noise": True}, seed=5)
+    cfg = {**TINY, **extra, "rounds": 2, "reproducible_noise": True}
+    a = train(method, fed, cfg, seed=5)
+    b = train(method, fed, cfg, seed=5)
     for (k, v), w in zip(a.model.state_dict().items(), b.model.state_dict().values()):
         torch.testing.assert_close(v, w, rtol=0, atol=0, msg=k)
     assert a.rounds == b.rounds
-    c = train(method, fed, {**TINY, "rounds": 2, "reproducible_noise": True}, seed=6)
+    c = train(method, fed, cfg, seed=6)
     assert not torch.equal(a.model.head.weight, c.model.head.weight)
 
 
-def test_fedkd_dp_uses_its_fixed_temperature(fed):
-    res = train("fedkd-dp", fed, {**TINY, "rounds": 2, "temperature": 3.5}, seed=0)
+def test_fedkadp_without_feedback_uses_its_fixed_temperature(fed):
+    res = train("fedkadp", fed, {**TINY, "rounds": 2, "temperature": 3.5, "feedback": False}, seed=0)
     assert [r["rho"] for r in res.rounds] == [3.5, 3.5]
     assert [r["sigma"] for r in res.rounds] == [3.0, 3.0]
 
@@ -189,7 +191,7 @@ def test_bad_config_names_the_field(fed):
     with pytest.raises(ValueError, match="delta"):
         train("dp-fedavg", fed, {**TINY, "delta": 2.0})
     with pytest.raises(ValueError, match="temperature"):
-        train("fedkadp", fed, {**TINY, "temperature": 2.0})  # FedKADP adapts rho: no fixed temperature
+        train("dp-fedavg", fed, {**TINY, "temperature": 2.0})  # DP-FedAvg distils nothing
 
 
 def test_fedkadp_runs_under_a_renyi_filter_fixed_before_training(fed):

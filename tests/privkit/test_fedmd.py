@@ -28,6 +28,7 @@ TINY = {
     "revisit_epochs": 1,
     "revisit_batch_size": 8,
     "device": "cpu",
+    "labels": "shared",  # every class on both sides: n is the party's whole dataset
 }
 
 
@@ -271,3 +272,66 @@ def test_quick_configs_registered():
         d["revisit_epochs"],
         d["public_subset"],
     ) == (20, 20, 2, 1, 5000)
+
+
+# ----------------------------------------------------------------------------- disjoint label spaces
+@pytest.fixture(scope="module")
+def mixed():
+    # Client indices are sorted and mnist5k is ordered by label, so a prefix holds one class; a
+    # random subset of each client holds all classes.
+    full = build_federation(FederationConfig(clients=3, partition="iid", seed=1))
+    rng = np.random.default_rng(0)
+    return full.with_clients([np.sort(rng.choice(c, s, replace=False))
+                              for c, s in zip(full.clients, (80, 60, 50))], "mixed")
+
+
+def test_disjoint_labels_pretraining_alone_knows_no_private_class(mixed):
+    fed = mixed
+    # The paper's setting: public and private labels are disjoint, so the pretrained model never
+    # predicts a private class (accuracy 0 on the private test records) and chance is that of the
+    # private classes. With shared labels, pretraining alone already solves much of the task.
+    over = {"rounds": 0, "init_epochs": 0, "pretrain_epochs": 3}
+    shared = _run("fedmd-np", fed, **over)
+    disjoint = _run("fedmd-np", fed, **{**over, "labels": "disjoint"})
+    assert shared.test_accuracy > 2 * shared.chance_accuracy
+    assert disjoint.test_accuracy == 0.0
+    _, yt = fed.test_arrays()
+    priv = yt[yt >= 5]
+    assert disjoint.chance_accuracy == pytest.approx(np.bincount(priv).max() / len(priv))
+    assert any("disjoint label spaces" in w for w in disjoint.warnings)
+
+
+def test_disjoint_labels_each_side_sees_only_its_classes(mixed, monkeypatch):
+    fed = mixed
+    seen = {"pretrain": [], "revisit": []}
+    real_pre, real_rev = fedmd.pretrain_parties, fedmd.revisit
+    monkeypatch.setattr(fedmd, "pretrain_parties",
+                        lambda *a, public, **kw: seen["pretrain"].append(np.unique(public[1]))
+                        or real_pre(*a, public=public, **kw))
+    monkeypatch.setattr(fedmd, "revisit",
+                        lambda m, x, y, **kw: seen["revisit"].append(y.copy()) or real_rev(m, x, y, **kw))
+    res = _run("fedmd-nfdp", fed, k=7, labels="disjoint", public_classes=[0, 1, 2],
+               private_classes=[6, 7, 8, 9], reproducible_noise=True)  # keeps the subset indices
+    assert all(set(u) <= {0, 1, 2} for u in seen["pretrain"]) and seen["pretrain"]
+    assert all(set(np.unique(y)) <= {6, 7, 8, 9} for y in seen["revisit"])
+    for i in range(fed.num_clients):
+        _, y = fed.client_arrays(i)
+        n = int(np.isin(y, [6, 7, 8, 9]).sum())  # the theorems' n: the party's private-class records
+        (entry,) = res.ledger.entries(i)
+        assert entry.event == NfdpSubsampleEvent(n=n, k=7, replacement=True)
+        assert set(fed.private.y[res.artifacts[f"subset_indices/client_{i}"]]) <= {6, 7, 8, 9}
+    # test accuracy is over the private-class test records only
+    xt, yt = fed.test_arrays()
+    keep = np.isin(yt, [6, 7, 8, 9])
+    logits = res.model(torch.as_tensor(xt[keep])).detach().numpy()
+    assert res.test_accuracy == pytest.approx(float((logits.argmax(1) == yt[keep]).mean()))
+
+
+def test_disjoint_label_choices_are_validated(mixed):
+    fed = mixed
+    with pytest.raises(PrivkitError, match=r"must be disjoint .* found both holding \[2\]"):
+        _run("fedmd-np", fed, labels="disjoint", public_classes=[0, 1, 2], private_classes=[2, 3])
+    with pytest.raises(PrivkitError, match=r"private_classes must be distinct classes in \[0, 10\); found \[12\]"):
+        _run("fedmd-np", fed, labels="disjoint", private_classes=[12])
+    with pytest.raises(PrivkitError, match="need labels='disjoint'"):
+        _run("fedmd-np", fed, public_classes=[0])

@@ -199,3 +199,46 @@ def test_flip_quick_config_registered():
     spec = get_trainer("flip")
     assert not spec.formal_dp
     assert spec.quick_config()["rounds"] < spec.defaults()["rounds"]
+
+
+# ----------------------------------------------------------------------------- the paper's attackers
+def test_attack_config_defaults_are_the_papers_and_reductions_are_listed(fed):
+    a = flip.FlipAttackConfig()
+    assert (a.shadows, a.catboost_iterations, a.catboost_depth) == (128, 10_000, 1)  # Sec. VI-D2
+    assert a.mia_rounds == [1, 25, 50, 75, 100] and a.table2_rounds == "all"
+    assert a.reductions() == []
+    small = flip.FlipAttackConfig(shadows=8, catboost_iterations=200, table2_rounds="last")
+    assert small.reductions() == ["shadows 8 (paper 128)", "catboost_iterations 200 (paper 10000)",
+                                  "table2_rounds last (paper: every round's release)"]
+    res = train("flip", fed, {**TINY, "attack": {"shadows": 8}}, seed=0)
+    assert any("scaled down from the paper's" in w and "shadows 8 (paper 128)" in w for w in res.warnings)
+    assert not any("scaled down" in w for w in train("flip", fed, TINY, seed=0).warnings)
+
+
+@pytest.mark.parametrize("rounds", ["all", "last"])
+def test_table2_attack_uses_every_rounds_release(rounds):
+    from privkit.audit.instantiations import flip_table2_attack
+
+    full = build_federation(FederationConfig(clients=2, partition="iid", seed=0))
+    fed = full.with_clients([c[::8] for c in full.clients], "tiny")
+    cfg = {**TINY, "rounds": 3, "local_epochs": 1,
+           "attack": {"table2_rounds": rounds, "table2_classifier": "logreg"}}
+    res = flip_table2_attack(fed, cfg, p1=0, p2=1, s1=3, s2=8)
+    K = TINY["k"] * 2  # binary tasks: k samples per class
+    per_run = fed.num_clients * K * (3 if rounds == "all" else 1)
+    assert res.n_test == 2 * per_run  # the two p2 runs' shared samples
+    assert "every round's" in res.notes if rounds == "all" else "the last round's" in res.notes
+
+
+def test_mia_rounds_keep_the_aggregate_that_rebuilds_that_rounds_model(fed):
+    cfg = {**TINY, "rounds": 3, "attack": {"mia_rounds": [1, 3]}}
+    res = train("flip", fed, cfg, seed=4)
+    assert {k for k in res.artifacts if k.endswith(("_round_1", "_round_3"))} == {
+        f"aggregated_{n}_round_{t}" for n in ("x", "label_logits", "lr") for t in (1, 3)}
+    assert not any(k.endswith("_round_2") for k in res.artifacts)
+    # the last kept round is the released model itself
+    last = flip.model_at_round(fed, flip.FlipConfig(**cfg), 4, res.artifacts, 3)
+    for a, b in zip(last.parameters(), res.model.parameters()):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(Exception, match="found 2"):
+        flip.model_at_round(fed, flip.FlipConfig(**cfg), 4, res.artifacts, 2)

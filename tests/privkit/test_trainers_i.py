@@ -70,8 +70,44 @@ def test_fedprox_proximal_term_changes_the_model(fed):
     assert any(not torch.equal(a[k], b[k]) for k in a)
 
 
+def test_fedprox_term_is_half_mu_squared_distance_with_gradient_mu_times_drift():
+    from privkit.trainers.fedavg import _prox_term
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    anchor = {k: v.detach().clone() for k, v in model.named_parameters()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    term = _prox_term(0.3, anchor)(model, None, torch.zeros(1))
+    drift = {k: p.detach() - anchor[k] for k, p in model.named_parameters()}
+    assert float(term) == pytest.approx(0.15 * sum(float((d ** 2).sum()) for d in drift.values()))
+    term.backward()
+    for k, p in model.named_parameters():  # d/dtheta (mu/2)||theta - theta_t||^2 = mu (theta - theta_t)
+        torch.testing.assert_close(p.grad, 0.3 * drift[k])
+
+
+def test_fedprox_larger_mu_keeps_the_model_closer_to_where_it_started(fed):
+    # FedProx's point: the proximal term limits client drift. With plain SGD (the FedProx paper's
+    # local solver) the averaged model's distance from the initial model shrinks as mu grows, and
+    # even the FedAUX grid's mu=0.01 changes the weights (accuracy may still agree to every digit:
+    # a few local steps move theta by ~1e-2, so the term's gradient is ~1e-4).
+    cfg = {"optimizer": "sgd", "lr": 0.1, "rounds": 1, "local_epochs": 3}
+    start = train("fedavg", fed, quick("fedavg", **{**cfg, "lr": 1e-12}), seed=0).model
+    init = torch.cat([p.detach().flatten() for p in start.parameters()])
+
+    def dist(model) -> float:
+        return float((torch.cat([p.detach().flatten() for p in model.parameters()]) - init).norm())
+
+    avg = train("fedavg", fed, quick("fedavg", **cfg), seed=0).model
+    prox = [train("fedprox", fed, quick("fedprox", **cfg, mu=mu), seed=0).model for mu in (0.01, 1.0, 10.0)]
+    d = [dist(avg)] + [dist(m) for m in prox]
+    assert d[0] > d[1] > d[2] > d[3]
+    assert not torch.equal(avg.head.weight, prox[0].head.weight)
+
+
 def test_fedaux_scores_are_dp_and_models_are_not(fed):
-    res = train("fedaux", fed, quick("fedaux", score_epsilon=0.1, score_delta=1e-5), seed=0)
+    res = train("fedaux", fed, quick("fedaux", score_epsilon=0.1, score_delta=1e-5, calibration="classic"), seed=0)
     K = fed.num_clients
     assert res.artifacts["scores"].shape == (K, len(fed.distill))
     assert res.artifacts["score_heads"].shape[0] == K
@@ -93,7 +129,7 @@ def test_fedaux_scores_are_dp_and_models_are_not(fed):
 
 def test_fedauxfdp_ledger_and_claim(fed):
     cfg = quick("fedauxfdp", class_epsilon=0.5, score_epsilon=0.1, class_delta=1e-5, score_delta=1e-5,
-                class_lambda=0.01)
+                class_lambda=0.01, calibration="classic")  # the paper's mechanism
     res = train("fedauxfdp", fed, cfg, seed=0)
     K, C = fed.num_clients, fed.num_classes
     assert res.artifacts["heads"].shape == (K, C, 32 + 1)
@@ -122,7 +158,7 @@ def test_cfree_bound_needs_less_noise(fed):
 
 @pytest.mark.parametrize("method", ["fedavg-dphead", "fedd-dphead"])
 def test_dp_head_baselines_spend_the_whole_budget_on_one_release(fed, method):
-    res = train(method, fed, quick(method, class_epsilon=0.5, score_epsilon=0.1), seed=0)
+    res = train(method, fed, quick(method, class_epsilon=0.5, score_epsilon=0.1, calibration="classic"), seed=0)
     for c in res.ledger.clients:
         (entry,) = res.ledger.entries(c)
         assert entry.label == "class-head"
