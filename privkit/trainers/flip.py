@@ -50,7 +50,10 @@ class FlipAttackConfig(StrictModel):
     (task-irrelevant attribute inference): psi_{s1-s2} trained on the distilled data shared during
     the whole training ("collected during the training procedure"), i.e. every round's release.
     Lower values are reductions: :meth:`reductions` names each one, and the trainer lists them in
-    its warnings (the report shows them). Audits and ``benchmarks/repro_flip.py`` read these fields.
+    its warnings (the report shows them). The Table II attack
+    (:func:`privkit.audit.instantiations.flip_table2_attack`) and ``benchmarks/repro_flip.py`` read
+    these fields; a run directory's membership audit takes its shadows and CatBoost iterations
+    from the run's audit settings (reported with the audit).
     """
 
     shadows: Annotated[int, Field(ge=2)] = 128
@@ -289,7 +292,8 @@ def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False
     ]
     reduced = config.attack.reductions()
     if reduced:
-        warnings.append("FLiP's attackers are scaled down from the paper's (attack.*): " + "; ".join(reduced))
+        warnings.append("FLiP's attacker configuration (attack.*, used by the Table II attack) is scaled "
+                        "down from the paper's: " + "; ".join(reduced))
     if len(active) < federation.num_clients:
         warnings.append(
             f"{federation.num_clients - len(active)} clients hold no data and share nothing"
