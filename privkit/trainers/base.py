@@ -256,8 +256,8 @@ def train(method: str, federation: "Federation", config: dict | TrainerConfig | 
     result = spec.fn(federation, cfg, seed, progress=progress)
     if result.method != method:
         raise PrivkitError(f"trainer {method} returned a result labelled {result.method!r}")
-    stamp_noise(result, cfg.reproducible_noise)
     result.check_chance(federation)
+    stamp_noise(result, cfg.reproducible_noise)  # "not for release" goes first, before near-chance
     return result
 
 
