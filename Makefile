@@ -2,23 +2,31 @@
 # make test : run the test suite (sets up .venv on first use)
 PYTHON ?= python3
 VENV   ?= .venv
-# CPU build by default; GPU users: make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
+# torch from the configured package index. PyPI's Linux wheel bundles CUDA (several GB to download);
+# the CPU-only wheel is much smaller: make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+# GPU users: make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
 TORCH  ?= torch==2.13.0
 PY      = $(VENV)/bin/python
+BASE    = $(VENV)/.privkit-base-installed
 STAMP   = $(VENV)/.privkit-installed
 
 .PHONY: demo test venv clean
 
-$(STAMP): pyproject.toml
+# the demo needs privkit alone; tests add pytest and the optional ray executor
+$(BASE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
+	$(PY) -m pip install --quiet -e .
+	touch $(BASE)
+
+$(STAMP): $(BASE)
 	$(PY) -m pip install --quiet -e ".[test,ray]"
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+demo: $(BASE)
 	$(VENV)/bin/privkit demo
 
 test: $(STAMP)

@@ -24,6 +24,18 @@ def _execute_in_worker(args: tuple) -> tuple[str | None, str, float]:
     return _execute(*args, progress=False)
 
 
+def _priority(plan) -> tuple:
+    """Every method trains first (in list order, after the audit controls, a plan of one step);
+    then the longest trainers' account and audit stages start first (an audit re-runs the recipe
+    once per reference model, so its cost follows the training time): the last stage to finish is
+    a short one and both workers stay busy."""
+    todo = getattr(plan, "todo", None)
+    if todo is None or (todo and todo[0] == "train"):
+        return (0, 0.0)
+    seconds = plan.status.stage(plan.m.key, "train").get("seconds") or 0.0
+    return (1, -float(seconds))
+
+
 def _stop(pool) -> None:
     """Stop the workers now: a stage in flight is lost (it re-runs on resume), finished ones stay."""
     terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
@@ -53,7 +65,8 @@ def run_parallel(plans: list, workers: int) -> None:
     try:
         while waiting or running:
             while waiting and len(running) < workers:
-                plan = waiting.pop(0)
+                plan = min(waiting, key=_priority)  # stable: ties keep config order
+                waiting.remove(plan)
                 stage = plan.next_stage()
                 if stage is not None:
                     args = (plan.run, plan.m, stage, str(plan.mdir.parent))
@@ -68,7 +81,7 @@ def run_parallel(plans: list, workers: int) -> None:
                 except Exception as exc:  # a crashed worker process fails that stage only
                     outcome = (f"{type(exc).__name__}: {_one_line(exc)}", traceback.format_exc(), 0.0)
                 plan.record(stage, outcome)
-                waiting.insert(0, plan)  # continue this method first (its files are warm)
+                waiting.insert(0, plan)
     except BaseException:
         _stop(pool)
         for plan, stage in running.values():

@@ -1,41 +1,64 @@
-"""Vectorised training of M small torch models at once (stacked parameters, ``torch.func.vmap``).
+"""Training M small torch models at once with (DP-)SGD: privkit's batched training recipe.
 
-The recipe "train one small model with (DP-)SGD" (the centralised / DP-SGD baselines, reference
-models for a user's own model) is run for M models in lock-step: parameters stacked with
-``torch.func.stack_module_state``, one ``vmap``-ed gradient per step, per-model batches gathered
-by index. Each model keeps its own seed (initialisation, batch order, DP noise), and the result is
-identical, up to float rounding, to :func:`train_one` run M times (tested).
+The recipe "train one small model with (DP-)SGD" (the centralised and DP-SGD methods, reference
+models for a user's own model, audit shadows) runs for M models in lock-step: parameters stacked
+on a model axis (:class:`privkit.trainers.stacked.StackedModels`), one forward and one backward
+pass per step for all M, per-example clipping from each layer's inputs and output gradients (no
+per-example weight gradients of linear layers are formed), noise for all M added at once. No
+Python loop over models runs inside a step.
 
-Algorithm per model: ``epochs`` passes over its own index set in a seeded random order, batches of
-``batch_size`` (last partial batch dropped), plain SGD with step ``lr``; with ``clip`` set, DP-SGD:
-per-example gradients clipped to L2 norm ``clip``, summed, Gaussian noise of std
-``noise_multiplier * clip`` added, divided by ``batch_size`` (fixed-size shuffled batches, not
-Poisson sampling: account for it accordingly).
+Algorithm per model (:func:`train_one` is the plain reference loop; :func:`train_many` gives the
+same weights up to float rounding, tested):
+
+* batches: ``sampling="shuffle"``: per epoch a permutation of the model's records from its batch
+  generator, cut into batches of ``batch_size`` (last partial batch dropped unless
+  ``drop_last=False``); ``sampling="poisson"``: each record joins each batch independently with
+  probability ``q = 1 / ceil(n / batch_size)``, for ``epochs * ceil(n / batch_size)`` steps (what
+  opacus' ``DPDataLoader`` and :class:`~privkit.trainers.dp_sgd_step.DpSgdStep` do, and what the
+  subsampled-Gaussian accountant assumes).
+* gradient: mean cross-entropy; with ``clip`` set (DP-SGD): per-example gradients clipped to L2
+  norm ``clip``, summed, Gaussian noise of std ``noise_multiplier * clip`` added, divided by the
+  batch size (shuffle) or the expected batch size ``q n`` (Poisson; also without DP).
+* update: SGD or Adam (torch's defaults) with step ``lr``.
+
+Randomness per model from its seed: initialisation (``seed``), batches (``derive_seed(seed,
+"batches")``) and noise (``derive_seed(seed, "noise")``); with ``reproducible=False`` (release mode,
+:func:`privkit.seeding.noise_generator`) batches and noise come from OS entropy instead. Poisson masks and noise are drawn in
+blocks of :data:`BLOCK` steps (``rand(K, n)``, ``randn(K, parameters)`` from the model's generator,
+``K = min(BLOCK, steps left)``), so that the M models' draws happen once per block rather than once
+per step, and the loop draws exactly the same numbers.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call, grad, stack_module_state, vmap
 
 from privkit.models import build_from_spec
-from privkit.seeding import seed_torch, torch_generator
+from privkit.seeding import noise_generator, seed_torch
+from privkit.trainers.stacked import StackedModels
+
+BLOCK = 16  # steps whose Poisson masks and noise are drawn at once (part of the stream definition)
 
 
 @dataclass(frozen=True)
 class SGDRecipe:
-    """Hyper-parameters of the vectorisable recipe."""
+    """Hyper-parameters of the batched recipe (see the module docstring for the algorithm)."""
 
     epochs: int = 5
     batch_size: int = 64
     lr: float = 0.1
     clip: float | None = None
     noise_multiplier: float = 0.0
+    sampling: Literal["shuffle", "poisson"] = "shuffle"
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    drop_last: bool = True
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
@@ -45,6 +68,26 @@ class SGDRecipe:
             raise ValueError(f"clip must be > 0; found {self.clip}")
         if self.noise_multiplier < 0:
             raise ValueError(f"noise_multiplier must be >= 0; found {self.noise_multiplier}")
+        if self.noise_multiplier > 0 and self.clip is None:
+            raise ValueError(f"noise_multiplier needs clip (the noise std is noise_multiplier * clip); "
+                             f"found noise_multiplier={self.noise_multiplier}, clip=None")
+        if self.sampling not in ("shuffle", "poisson"):
+            raise ValueError(f"sampling must be shuffle or poisson; found {self.sampling!r}")
+        if self.optimizer not in ("sgd", "adam"):
+            raise ValueError(f"optimizer must be sgd or adam; found {self.optimizer!r}")
+
+    def batches_per_epoch(self, n: int) -> int:
+        if self.sampling == "poisson" or not self.drop_last:
+            return math.ceil(n / self.batch_size)
+        return n // self.batch_size
+
+    def steps(self, n: int) -> int:
+        """Optimiser steps a model trained on ``n`` records takes."""
+        return self.epochs * self.batches_per_epoch(n)
+
+    def sample_rate(self, n: int) -> float:
+        """Poisson sampling rate ``q`` for ``n`` records."""
+        return 1.0 / max(1, self.batches_per_epoch(n))
 
 
 def _init(spec: dict, seed: int) -> torch.nn.Module:
@@ -52,124 +95,272 @@ def _init(spec: dict, seed: int) -> torch.nn.Module:
     return build_from_spec(spec)
 
 
-def _batches(n: int, recipe: SGDRecipe, gen: torch.Generator, noise_cb):
-    """The loop's batch stream: per epoch a seeded permutation, full batches only."""
-    for _ in range(recipe.epochs):
-        perm = torch.randperm(n, generator=gen)
-        for s in range(0, n - recipe.batch_size + 1, recipe.batch_size):
-            yield perm[s:s + recipe.batch_size]
+def _generators(seed: int, device: torch.device, reproducible: bool) -> tuple[torch.Generator, torch.Generator]:
+    """(batch generator on the CPU, noise generator on ``device``) of one model: the sampling the
+    accountant amplifies on and the noise, both secret in release mode."""
+    return (noise_generator(seed, "batches", reproducible=reproducible),
+            noise_generator(seed, "noise", reproducible=reproducible, device=device))
 
 
-def _loss(model, params, x, y):
-    return F.cross_entropy(functional_call(model, params, (x,)), y)
+# -- the reference loop ---------------------------------------------------------------------------
 
-
-def _example_loss(model, params, x, y):
-    return F.cross_entropy(functional_call(model, params, (x[None],)), y[None])
-
-
-def _dp_grad(model, params, xb, yb, recipe: SGDRecipe, gen: torch.Generator) -> dict:
-    per = vmap(grad(lambda p, x, y: _example_loss(model, p, x, y)), in_dims=(None, 0, 0))(params, xb, yb)
-    return _clip_noise(per, recipe, [gen], single=True)
-
-
-def _clip_noise(per: dict, recipe: SGDRecipe, gens: list, single: bool) -> dict:
-    """Clip per-example grads (leading dims [M,] B), sum, add noise per model, divide by B."""
-    lead = 1 if single else 2
-    sq = sum(g.flatten(lead).pow(2).sum(-1) for g in per.values())
-    factor = (recipe.clip / (sq.sqrt() + 1e-12)).clamp(max=1.0)
-    out = {}
-    for k, g in per.items():
-        shaped = factor.reshape(factor.shape + (1,) * (g.dim() - lead))
-        out[k] = (g * shaped).sum(lead - 1)
-    std = recipe.noise_multiplier * recipe.clip
-    for k in out:  # noise drawn per model, parameter by parameter, from that model's generator
-        if std > 0:
-            if single:
-                out[k] = out[k] + torch.normal(0.0, std, out[k].shape, generator=gens[0])
-            else:
-                noise = torch.stack([torch.normal(0.0, std, out[k].shape[1:], generator=g) for g in gens])
-                out[k] = out[k] + noise
-        out[k] = out[k] / recipe.batch_size
-    return out
+def _one_batches(n: int, recipe: SGDRecipe, gen: torch.Generator):
+    """One model's batches (local indices), step by step, as the stream definition says."""
+    if recipe.sampling == "shuffle":
+        per = recipe.batches_per_epoch(n)
+        for _ in range(recipe.epochs):
+            perm = torch.randperm(n, generator=gen)
+            for s in range(per):
+                yield perm[s * recipe.batch_size:(s + 1) * recipe.batch_size]
+        return
+    q, steps = recipe.sample_rate(n), recipe.steps(n)
+    for start in range(0, steps, BLOCK):
+        for row in torch.rand(min(BLOCK, steps - start), n, generator=gen) < q:
+            yield torch.nonzero(row).flatten()
 
 
 def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recipe: SGDRecipe,
-              seed: int) -> dict[str, torch.Tensor]:
-    """Reference loop: train one model on ``x[index]``; returns its state dict."""
+              seed: int, *, reproducible: bool = True) -> dict[str, torch.Tensor]:
+    """Reference loop: train one model on ``x[index]`` (CPU); returns its parameters.
+
+    Per-example gradients come from ``torch.func`` (:func:`~privkit.trainers.dp_sgd_step.
+    per_sample_gradients`), formed one by one as opacus also forms them: an implementation
+    independent of :func:`train_many`'s stacked layers.
+    """
+    from privkit.trainers.dp_sgd_step import clip_per_sample, per_sample_gradients
+
     model = _init(spec, seed)
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    names = [k for k, _ in model.named_parameters()]
+    opt = (torch.optim.SGD if recipe.optimizer == "sgd" else torch.optim.Adam)(model.parameters(), lr=recipe.lr)
     xt, yt = torch.as_tensor(x[index], dtype=torch.float32), torch.as_tensor(y[index], dtype=torch.long)
-    gen = torch_generator(seed)
-    for b in _batches(len(index), recipe, gen, None):
+    n = len(index)
+    steps = recipe.steps(n)
+    batch_gen, noise_gen = _generators(seed, torch.device("cpu"), reproducible)
+    n_params = sum(p.numel() for p in model.parameters())
+    std = (recipe.noise_multiplier * recipe.clip) if recipe.clip is not None else 0.0
+    noise = None
+    for t, b in enumerate(_one_batches(n, recipe, batch_gen)):
+        norm = recipe.sample_rate(n) * n if recipe.sampling == "poisson" else max(len(b), 1)
         if recipe.clip is None:
-            g = grad(lambda p: _loss(model, p, xt[b], yt[b]))(params)
+            loss = F.cross_entropy(model(xt[b]), yt[b], reduction="sum") / norm if len(b) else None
+            grads = torch.autograd.grad(loss, list(model.parameters())) if loss is not None else \
+                [torch.zeros_like(p) for p in model.parameters()]
+            g = dict(zip(names, grads))
         else:
-            g = _dp_grad(model, params, xt[b], yt[b], recipe, gen)
-        params = {k: params[k] - recipe.lr * g[k] for k in params}
-    return params
+            if len(b):
+                per = per_sample_gradients(model, xt[b], yt[b], lambda lo, ta, _a: F.cross_entropy(lo, ta))
+                g = {k: v.sum(0) for k, v in clip_per_sample(per, recipe.clip)[0].items()}
+            else:  # an empty Poisson batch releases noise only
+                g = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
+            if t % BLOCK == 0:
+                noise = torch.randn(min(BLOCK, steps - t), n_params, generator=noise_gen)
+            parts = noise[t % BLOCK].split([g[k].numel() for k in names])
+            g = {k: (g[k] + std * z.view_as(g[k])) / norm for k, z in zip(names, parts)}
+        for k, p in model.named_parameters():
+            p.grad = g[k].detach()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+# -- the batched path -----------------------------------------------------------------------------
+
+class _Schedule:
+    """The M models' batches for a block of steps, as padded index tensors (no per-step loops)."""
+
+    def __init__(self, indices: list[np.ndarray], recipe: SGDRecipe, gens: list[torch.Generator],
+                 device: torch.device):
+        self.recipe, self.gens, self.device = recipe, gens, device
+        self.sizes = [len(ix) for ix in indices]
+        self.steps = torch.tensor([recipe.steps(n) for n in self.sizes])
+        n_max = max(self.sizes)
+        self.table = torch.zeros(len(indices), max(n_max, 1), dtype=torch.long)
+        for j, ix in enumerate(indices):
+            self.table[j, :len(ix)] = torch.as_tensor(np.asarray(ix), dtype=torch.long)
+        self._epoch: list[tuple[int, torch.Tensor, torch.Tensor] | None] = [None] * len(indices)
+
+    def _epoch_batches(self, j: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Model j's batches in epoch e (positions into its index set, padded) and their weights;
+        epochs are drawn in order, one permutation each, as the loop draws them."""
+        cached = self._epoch[j]
+        if cached is None or cached[0] != e:
+            r, n = self.recipe, self.sizes[j]
+            per = r.batches_per_epoch(n)
+            perm = torch.randperm(n, generator=self.gens[j])[:per * r.batch_size]
+            pos = torch.zeros(per * r.batch_size, dtype=torch.long)
+            w = torch.zeros(per * r.batch_size)
+            pos[:len(perm)], w[:len(perm)] = perm, 1.0
+            cached = (e, pos.view(per, r.batch_size), w.view(per, r.batch_size))
+            self._epoch[j] = cached
+        return cached[1], cached[2]
+
+    def _shuffle_block(self, start: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        r, m = self.recipe, len(self.sizes)
+        pos = torch.zeros(m, k, r.batch_size, dtype=torch.long)
+        w = torch.zeros(m, k, r.batch_size)
+        for j, n in enumerate(self.sizes):  # once per model and block: slices of its epochs
+            per, end = r.batches_per_epoch(n), min(start + k, int(self.steps[j]))
+            t = start
+            while t < end:
+                e, s = divmod(t, per)
+                stop = min(end, (e + 1) * per)
+                ep, ew = self._epoch_batches(j, e)
+                pos[j, t - start:stop - start], w[j, t - start:stop - start] = ep[s:s + stop - t], ew[s:s + stop - t]
+                t = stop
+        return pos, w
+
+    def block(self, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For steps ``start .. start + BLOCK``: global record indices ``(M, K, B)``, example
+        weights ``(M, K, B)`` (0 pads) and which models are still training ``(M, K)``."""
+        k = min(BLOCK, int(self.steps.max()) - start)
+        active = (torch.arange(start, start + k)[None, :] < self.steps[:, None]).float()
+        if self.recipe.sampling == "shuffle":
+            pos, w = self._shuffle_block(start, k)
+        else:
+            pos, w = self._poisson_block(start)
+            pos, w = pos[:, :k], w[:, :k]
+        w = w * active[..., None]
+        glob = torch.gather(self.table, 1, pos.reshape(len(self.sizes), -1)).view(pos.shape)
+        return glob.to(self.device), w.to(self.device), active.to(self.device)
+
+    def rows(self, start: int) -> list[int]:
+        """Per model, the steps of the block starting at ``start`` it still takes (its draw size)."""
+        return [max(0, min(BLOCK, int(s) - start)) for s in self.steps]
+
+    def _poisson_block(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        m, n_max = len(self.sizes), self.table.shape[1]
+        masks = torch.zeros(m, BLOCK, n_max, dtype=torch.bool)
+        for j, (n, rows) in enumerate(zip(self.sizes, self.rows(start))):  # once per model and block
+            if rows > 0:
+                masks[j, :rows, :n] = torch.rand(rows, n, generator=self.gens[j]) < self.recipe.sample_rate(n)
+        counts = masks.sum(-1)
+        width = max(1, int(counts.max()))
+        # selected positions first, in increasing order (a stable sort of "not selected")
+        pos = torch.sort((~masks).to(torch.uint8), dim=-1, stable=True).indices[..., :width]
+        w = (torch.arange(width)[None, None, :] < counts[..., None]).float()
+        return pos, w
+
+
+class _StackedOptimizer:
+    """SGD or Adam (torch's update rules and defaults) on stacked parameters; a model whose
+    ``active`` entry is 0 is left unchanged (its batches have run out)."""
+
+    def __init__(self, params: dict[str, torch.Tensor], recipe: SGDRecipe):
+        self.recipe = recipe
+        if recipe.optimizer == "adam":
+            self.m1 = {k: torch.zeros_like(v) for k, v in params.items()}
+            self.m2 = {k: torch.zeros_like(v) for k, v in params.items()}
+            first = next(iter(params.values()))
+            # step counts and bias corrections in float64, as torch.optim.Adam computes them
+            self.count = torch.zeros(first.shape[0], dtype=torch.float64, device=first.device)
+
+    def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], active: torch.Tensor) -> None:
+        lr = self.recipe.lr
+        with torch.no_grad():
+            if self.recipe.optimizer == "sgd":
+                for k, p in params.items():
+                    p.addcmul_(grads[k], _expand(active, p), value=-lr)
+                return
+            b1, b2, eps = 0.9, 0.999, 1e-8
+            self.count += active
+            step = self.count.clamp(min=1)
+            size = (lr / (1 - b1 ** step)).float()           # (M,)
+            bc2 = (1 - b2 ** step).sqrt().float()
+            for k, p in params.items():
+                a = _expand(active, p).bool()
+                g = grads[k]
+                self.m1[k] = torch.where(a, self.m1[k].lerp(g, 1 - b1), self.m1[k])
+                self.m2[k] = torch.where(a, self.m2[k] * b2 + (1 - b2) * g * g, self.m2[k])
+                denom = self.m2[k].sqrt() / _expand(bc2, p) + eps
+                p.sub_(torch.where(a, _expand(size, p) * self.m1[k] / denom, torch.zeros_like(p)))
+
+
+def _expand(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return v.reshape((-1,) + (1,) * (like.dim() - 1))
 
 
 def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarray], recipe: SGDRecipe,
                seeds: list[int], device: str | torch.device = "cpu",
-               chunk_size: int | None = None) -> list[dict[str, torch.Tensor]]:
+               chunk_size: int | None = None, *, reproducible: bool = True) -> list[dict[str, torch.Tensor]]:
     """Train ``len(indices)`` models at once, model j on ``x[indices[j]]`` with seed ``seeds[j]``.
 
-    Models with fewer batches than others sit idle (zero update) once their stream ends, so each
+    Models with fewer steps than others sit idle (no update) once their stream ends, so each
     follows exactly the loop's schedule. ``chunk_size`` trains the models in groups of that size
-    (same result; bounds memory: DP-SGD holds M x batch per-example gradients).
+    (same result; bounds memory). Returns each model's parameters (on the CPU).
     """
     if len(indices) != len(seeds) or not indices:
         raise ValueError(f"indices and seeds must be non-empty and equally long; found {len(indices)} and {len(seeds)}")
+    if any(len(ix) == 0 for ix in indices):
+        raise ValueError("every model needs at least one record; found an empty index set")
     if chunk_size is not None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1; found {chunk_size}")
         out: list[dict[str, torch.Tensor]] = []
         for s in range(0, len(seeds), chunk_size):
-            out += train_many(spec, x, y, indices[s:s + chunk_size], recipe, seeds[s:s + chunk_size], device)
+            out += train_many(spec, x, y, indices[s:s + chunk_size], recipe, seeds[s:s + chunk_size], device,
+                              reproducible=reproducible)
         return out
     dev = torch.device(device)
+    m = len(seeds)
     models = [_init(spec, s) for s in seeds]
-    params, _ = stack_module_state(models)
-    params = {k: v.detach().to(dev) for k, v in params.items()}
-    base = copy.deepcopy(models[0]).to("meta")
+    names = [k for k, _ in models[0].named_parameters()]
+    params = {k: torch.stack([dict(mod.named_parameters())[k].detach() for mod in models]).to(dev) for k in names}
+    buffers = {k: torch.stack([dict(mod.named_buffers())[k] for mod in models]).to(dev)
+               for k, _ in models[0].named_buffers()}
+    stacked = StackedModels(copy.deepcopy(models[0]), m)
+    gens = [_generators(s, dev, reproducible) for s in seeds]
+    schedule = _Schedule(indices, recipe, [g[0] for g in gens], dev)
     xt = torch.as_tensor(x, dtype=torch.float32, device=dev)
     yt = torch.as_tensor(y, dtype=torch.long, device=dev)
-    gens = [torch_generator(s) for s in seeds]
-    streams = [_batches(len(ix), recipe, g, None) for ix, g in zip(indices, gens)]
-    ix_t = [torch.as_tensor(np.asarray(ix), dtype=torch.long) for ix in indices]
-    dummy = torch.zeros(recipe.batch_size, dtype=torch.long)
+    sizes = torch.tensor([len(ix) for ix in indices], dtype=torch.float32, device=dev)
+    poisson = recipe.sampling == "poisson"
+    expected = sizes * torch.tensor([recipe.sample_rate(len(ix)) for ix in indices], device=dev)
+    numels = [params[k][0].numel() for k in names]
+    std = recipe.noise_multiplier * recipe.clip if recipe.clip is not None else 0.0
+    opt = _StackedOptimizer(params, recipe)
+    t_max = int(schedule.steps.max())
+    # one noise buffer for the run (models whose steps have run out get zeros: no NaN to mask)
+    noise = torch.empty(m, min(BLOCK, t_max), sum(numels), device=dev) if recipe.clip is not None else None
+    for start in range(0, t_max, BLOCK):
+        glob, w, active = schedule.block(start)
+        if noise is not None:  # one draw per model and block of steps
+            for j, rows in enumerate(schedule.rows(start)):
+                torch.randn(rows, sum(numels), generator=gens[j][1], device=dev, out=noise[j, :rows])
+                noise[j, rows:].zero_()
+        for t in range(glob.shape[1]):
+            norm = expected if poisson else w[:, t].sum(1).clamp(min=1)
+            xb, yb, wb = xt[glob[:, t]], yt[glob[:, t]], w[:, t]
+            if recipe.clip is None:
+                g = _mean_gradient(stacked, params, buffers, xb, yb, wb, norm)
+            else:
+                g = _private_gradient(stacked, params, buffers, xb, yb, wb, recipe.clip)
+                parts = noise[:, t].split(numels, dim=1)
+                g = {k: g[k].add_(z.view_as(g[k]), alpha=std).div_(_expand(norm, g[k]))
+                     for k, z in zip(names, parts)}
+            opt.step(params, g, active[:, t])
+    return [{k: v[j].detach().cpu().clone() for k, v in params.items()} for j in range(m)]
 
-    def model_loss(p, xb, yb):
-        return F.cross_entropy(functional_call(base, p, (xb,)), yb)
 
-    per_model_grad = vmap(grad(model_loss))
-    per_example = vmap(vmap(grad(lambda p, xe, ye: model_loss(p, xe[None], ye[None])), in_dims=(None, 0, 0)))
-    while True:
-        batches, active = [], []
-        for j, st in enumerate(streams):
-            b = next(st, None)
-            active.append(b is not None)
-            batches.append(ix_t[j][b] if b is not None else dummy)
-        if not any(active):
-            break
-        idx = torch.stack(batches).to(dev)
-        xb, yb = xt[idx], yt[idx]
-        if recipe.clip is None:
-            g = per_model_grad(params, xb, yb)
-        else:
-            per = per_example(params, xb, yb)
-            # only active models draw noise, so each generator's stream matches the loop
-            act = [j for j, a in enumerate(active) if a]
-            g = _clip_noise({k: v[act] for k, v in per.items()}, recipe, [gens[j] for j in act], single=False)
-            full = {k: torch.zeros_like(params[k]) for k in params}
-            for k in full:
-                full[k][act] = g[k]
-            g = full
-        on = torch.tensor(active, dtype=torch.float32, device=dev)
-        params = {k: params[k] - recipe.lr * g[k] * on.reshape((-1,) + (1,) * (params[k].dim() - 1))
-                  for k in params}
-    return [{k: v[j].detach().cpu() for k, v in params.items()} for j in range(len(seeds))]
+def _losses(stacked: StackedModels, params, buffers, xb, yb, wb, record: bool):
+    logits, recs = stacked.forward(params, buffers, xb, record=stacked.parametrised if record else ())
+    per = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="none")
+    return per.view_as(wb) * wb, recs
+
+
+def _mean_gradient(stacked, params, buffers, xb, yb, wb, norm) -> dict[str, torch.Tensor]:
+    """Per model the gradient of its summed batch loss divided by ``norm[m]`` (models are
+    independent, so one backward pass of the total gives every model's own gradient)."""
+    p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+    losses, _ = _losses(stacked, p, buffers, xb, yb, wb, record=False)
+    grads = torch.autograd.grad((losses.sum(1) / norm).sum(), list(p.values()))
+    return dict(zip(p, grads))
+
+
+def _private_gradient(stacked, params, buffers, xb, yb, wb, clip: float) -> dict[str, torch.Tensor]:
+    """Per model the sum of its examples' clipped gradients (no noise yet)."""
+    p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+    losses, recs = _losses(stacked, p, buffers, xb, yb, wb, record=True)
+    outs = torch.autograd.grad(losses.sum(), [r.out for r in recs])
+    return stacked.clipped_gradient_sum(recs, list(outs), clip)[0]
 
 
 def load_states(spec: dict, states: list[dict[str, torch.Tensor]]) -> list[torch.nn.Module]:

@@ -6,8 +6,11 @@ The step is exactly what the subsampled-Gaussian accountant assumes
 1. **Poisson sampling**: each of the ``n`` records joins the batch independently with
    probability ``q`` (:func:`poisson_batch`). A fixed-size shuffled batch would *not* match the
    accounting (see the sampling-mismatch notes: Chua et al. 2024).
-2. **Per-sample gradients** with ``torch.func`` (``vmap(grad(loss))``), so no record's gradient
-   depends on another's (the models have no BatchNorm).
+2. **Per-sample gradients**, so no record's gradient depends on another's (the models have no
+   BatchNorm): for privkit's models the per-record norms and the clipped sum come from each
+   layer's inputs and output gradients (:func:`privkit.trainers.stacked.clipped_sum_one`; no
+   per-record weight gradients of linear layers are formed), for any other model from
+   ``torch.func`` (``vmap(grad(loss))``); the two agree up to float rounding (tested).
 3. **Clipping** of each record's whole gradient to L2 norm ``clip_norm`` (flat clipping).
 4. **Noise**: ``N(0, (noise_multiplier * clip_norm)^2 I)`` added to the *sum* of clipped gradients,
    then divided by the *expected* batch size ``q * n`` (as opacus does for Poisson sampling):
@@ -35,6 +38,7 @@ __all__ = [
     "PerSampleLoss",
     "add_gaussian_noise",
     "clip_per_sample",
+    "clipped_gradient_sum",
     "per_sample_gradients",
     "poisson_batch",
 ]
@@ -89,6 +93,27 @@ def clip_per_sample(grads: dict[str, torch.Tensor], clip_norm: float) -> tuple[d
     factor = torch.clamp(clip_norm / torch.clamp(norms, min=1e-12), max=1.0)
     clipped = {k: g * factor.view(-1, *([1] * (g.dim() - 1))) for k, g in grads.items()}
     return clipped, norms
+
+
+def clipped_gradient_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: PerSampleLoss,
+                         clip_norm: float, aux: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """``sum_i min(1, c / ||g_i||) g_i`` over the trainable parameters (``g_i``: record i's gradient)."""
+    from privkit.trainers.stacked import clipped_sum_one
+
+    if clip_norm <= 0:
+        raise PrivkitError(f"clip_norm must be > 0; found {clip_norm}")
+
+    def one(lo: torch.Tensor, t: torch.Tensor, a: torch.Tensor | None) -> torch.Tensor:
+        return loss_fn(lo.unsqueeze(0), t.unsqueeze(0), None if a is None else a.unsqueeze(0))
+
+    def example_losses(logits: torch.Tensor) -> torch.Tensor:
+        return vmap(one, in_dims=(0, 0, 0 if aux is not None else None))(logits, y, aux)
+
+    try:
+        return clipped_sum_one(model, x, example_losses, clip_norm)
+    except ValueError:  # a model the stacked layers do not cover: torch.func per-example gradients
+        clipped, _ = clip_per_sample(per_sample_gradients(model, x, y, loss_fn, aux), clip_norm)
+        return {k: g.sum(0) for k, g in clipped.items()}
 
 
 def add_gaussian_noise(total: dict[str, torch.Tensor], std: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -147,8 +172,7 @@ class DpSgdStep:
         """
         params = {k: v for k, v in model.named_parameters() if v.requires_grad}
         if len(y) > 0:
-            clipped, _ = clip_per_sample(per_sample_gradients(model, x, y, loss_fn, aux), self.clip_norm)
-            total = {k: g.sum(0) for k, g in clipped.items()}
+            total = clipped_gradient_sum(model, x, y, loss_fn, self.clip_norm, aux)
         else:  # an empty Poisson batch releases noise only
             total = {k: torch.zeros_like(p) for k, p in params.items()}
         if canaries is not None:

@@ -10,6 +10,11 @@ sample rate and number of steps that run.
 Ledger: record-level DP over the pooled dataset holds for every record, so each client gets the
 same entry ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)`` (labelled
 "dp-sgd (pooled data)"); per-client entries keep the reports comparable with the federated methods.
+
+Batched form: :func:`train_dpsgd_many` trains M models with the same mechanism (Poisson rate, steps,
+noise multiplier, clipping, optimiser, initialisation) at once on privkit's batched path
+(:mod:`privkit.trainers.batched_sgd`), e.g. the shadow or reference models of an audit; only the
+random streams differ from opacus'.
 """
 
 from __future__ import annotations
@@ -161,3 +166,55 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
     return TrainResult(method="dpsgd", seed=seed, config=config.model_dump(), model=released, model_spec=spec,
                        ledger=ledger, rounds=rounds, test_accuracy=accuracy(released, x_test, y_test, device),
                        warnings=warns, claims=claims)
+
+
+def _sigma(config: DpsgdConfig, sample_rate: float, steps: int) -> float:
+    """The noise multiplier ``train_dpsgd`` uses: given, or calibrated for exactly (q, steps)."""
+    from accountants import calibrate_noise_multiplier
+
+    if config.noise_multiplier is not None:
+        return float(config.noise_multiplier)
+    return calibrate_noise_multiplier(config.target_epsilon, config.delta, sample_rate, steps,
+                                      accountant=config.calibration_accountant).noise_multiplier
+
+
+def dpsgd_recipe(config: DpsgdConfig, n: int):
+    """The :class:`~privkit.trainers.batched_sgd.SGDRecipe` running ``train_dpsgd``'s mechanism on
+    ``n`` records: Poisson rate ``1 / ceil(n / batch_size)`` (opacus' ``DPDataLoader``),
+    ``epochs * ceil(n / batch_size)`` steps, the same noise multiplier, clip norm, optimiser and lr."""
+    from dataclasses import replace
+
+    from privkit.trainers.batched_sgd import SGDRecipe
+
+    if n < config.batch_size:
+        raise PrivkitError(f"batch_size must be <= the pooled data size {n}; found {config.batch_size}")
+    recipe = SGDRecipe(epochs=config.epochs, batch_size=config.batch_size, lr=config.lr, clip=config.clip_norm,
+                       sampling="poisson", optimizer=config.optimizer)
+    sigma = _sigma(config, recipe.sample_rate(n), recipe.steps(n))
+    return replace(recipe, noise_multiplier=sigma)
+
+
+def train_dpsgd_many(federation, config: DpsgdConfig | dict, indices: list, seeds: list[int],
+                     device: str = "cpu") -> list[torch.nn.Module]:
+    """M dpsgd models at once: model j is DP-SGD on ``federation.private[indices[j]]`` with seed
+    ``seeds[j]`` (its initialisation is ``train_dpsgd``'s for that seed; sampling and noise secret
+    unless ``reproducible_noise``). Returns CPU models."""
+    import numpy as np
+
+    from privkit.trainers.base import make_config
+    from privkit.trainers.batched_sgd import load_states, train_many
+
+    cfg = make_config("dpsgd", config)
+    sizes = sorted({len(ix) for ix in indices})
+    groups = {n: [j for j, ix in enumerate(indices) if len(ix) == n] for n in sizes}
+    _, spec = new_model(federation, cfg, 0)
+    out: list = [None] * len(indices)
+    for n, members in groups.items():  # one recipe (noise multiplier) per data size
+        recipe = dpsgd_recipe(cfg, n)
+        states = train_many(spec, federation.private.x, federation.private.y,
+                            [np.asarray(indices[j]) for j in members], recipe,
+                            [derive_seed(seeds[j], "init") for j in members], device=device,
+                            reproducible=cfg.reproducible_noise)
+        for j, model in zip(members, load_states(spec, states)):
+            out[j] = model
+    return out

@@ -1,0 +1,263 @@
+"""Many models at once (privkit.trainers.batched_sgd, privkit.trainers.stacked) against independent
+references: torch.func per-example gradients, the single-model loop, torch.optim, opacus."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy import stats
+
+from privkit.models import build_model, model_spec
+from privkit.trainers.batched_sgd import BLOCK, SGDRecipe, _StackedOptimizer, train_many, train_one
+from privkit.trainers.dp_sgd_step import clip_per_sample, per_sample_gradients
+from privkit.trainers.stacked import StackedModels, layer_sequence
+
+ARCHS = {"mlp": {"feature_dim": 16}, "cnn": {"width": 4, "feature_dim": 16},
+         "mlp-normalized": {"feature_dim": 12, "depth": 2, "normalize": True}}
+
+
+def _spec(name: str, shape=(1, 8, 8), classes: int = 4) -> dict:
+    return model_spec(name.split("-")[0], shape, classes, **ARCHS[name])
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.random((200, 1, 8, 8)).astype(np.float32)
+    return x, rng.integers(0, 4, 200)
+
+
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_stacked_clipped_sums_equal_torch_func_per_example_gradients(name):
+    """Norms and clipped sums from layer inputs/output gradients = vmap(grad) per example."""
+    torch.manual_seed(0)
+    spec = _spec(name, (1, 12, 12), 5)
+    models = [build_model(spec["arch"], (1, 12, 12), 5, **ARCHS[name]) for _ in range(3)]
+    params = {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models]).requires_grad_(True)
+              for k, _ in models[0].named_parameters()}
+    buffers = {k: torch.stack([dict(m.named_buffers())[k] for m in models]) for k, _ in models[0].named_buffers()}
+    x, y = torch.randn(3, 7, 1, 12, 12), torch.randint(0, 5, (3, 7))
+    stacked = StackedModels(models[0], 3)
+    logits, recs = stacked.forward(params, buffers, x, record=stacked.parametrised)
+    loss = F.cross_entropy(logits.reshape(-1, 5), y.reshape(-1), reduction="sum")
+    sums, norms = stacked.clipped_gradient_sum(recs, list(torch.autograd.grad(loss, [r.out for r in recs])), 0.3)
+    for j, model in enumerate(models):
+        torch.testing.assert_close(logits[j], model(x[j]), rtol=1e-5, atol=1e-5)
+        per = per_sample_gradients(model, x[j], y[j], lambda lo, t, _a: F.cross_entropy(lo, t))
+        clipped, want_norms = clip_per_sample(per, 0.3)
+        assert (want_norms > 0.3).any()  # clipping is active
+        torch.testing.assert_close(norms[j], want_norms, rtol=1e-4, atol=1e-6)
+        for k, g in clipped.items():
+            torch.testing.assert_close(sums[k][j], g.sum(0), rtol=1e-4, atol=1e-6)
+
+
+CASES = [{"sampling": s, "clip": c, "drop_last": d} for s, c, d in
+         itertools.product(["shuffle", "poisson"], [None, 1.0], [True, False])]
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_many_equals_loop_including_noise(data, name, case):
+    """Same seeds -> the same batches, the same noise and the same weights as the loop."""
+    x, y = data
+    recipe = SGDRecipe(epochs=2, batch_size=16, lr=0.2, noise_multiplier=0.8 if case["clip"] else 0.0, **case)
+    rng = np.random.default_rng(1)
+    idx = [rng.choice(200, n, replace=False) for n in (100, 90, 120)]  # unequal: models idle at the end
+    spec = _spec(name)
+    many = train_many(spec, x, y, idx, recipe, [5, 6, 7])
+    chunked = train_many(spec, x, y, idx, recipe, [5, 6, 7], chunk_size=2)
+    for j, s in enumerate([5, 6, 7]):
+        one = train_one(spec, x, y, idx[j], recipe, s)
+        for k in one:
+            torch.testing.assert_close(many[j][k], one[k], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(chunked[j][k], one[k], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(many[0]["head.weight"], many[1]["head.weight"])
+    assert not torch.allclose(many[0]["head.weight"], _init_head(spec, 5))  # it trained
+
+
+def _init_head(spec, seed):
+    torch.manual_seed(seed)
+    return build_model(spec["arch"], tuple(spec["input_shape"]), spec["num_classes"],
+                       **{k: v for k, v in spec.items() if k not in ("arch", "input_shape", "num_classes")}
+                       ).head.weight.detach()
+
+
+@pytest.mark.parametrize("clip", [None, 1.0])
+def test_many_equals_loop_with_adam(data, clip):
+    x, y = data
+    recipe = SGDRecipe(epochs=1, batch_size=16, lr=0.01, clip=clip, noise_multiplier=0.5 if clip else 0.0,
+                       sampling="poisson", optimizer="adam")
+    idx = [np.arange(0, 80), np.arange(50, 150)]
+    many = train_many(_spec("mlp"), x, y, idx, recipe, [1, 2])
+    for j in range(2):
+        one = train_one(_spec("mlp"), x, y, idx[j], recipe, [1, 2][j])
+        for k in one:
+            torch.testing.assert_close(many[j][k], one[k], rtol=1e-4, atol=1e-4)
+
+
+def test_stacked_adam_is_torch_adam_per_model_and_idle_models_stay_put():
+    torch.manual_seed(0)
+    grads = [torch.randn(3, 4, 5) for _ in range(6)]
+    active = [torch.tensor([1.0, 1.0, 1.0])] * 4 + [torch.tensor([1.0, 0.0, 1.0])] * 2
+    p = {"w": torch.randn(3, 4, 5)}
+    start = p["w"].clone()
+    opt = _StackedOptimizer(p, SGDRecipe(lr=0.05, optimizer="adam"))
+    for g, a in zip(grads, active):
+        opt.step(p, {"w": g}, a)
+    for j in range(3):
+        w = torch.nn.Parameter(start[j].clone())
+        ref = torch.optim.Adam([w], lr=0.05)
+        for g, a in zip(grads, active):
+            if a[j]:
+                w.grad = g[j].clone()
+                ref.step()
+        torch.testing.assert_close(p["w"][j], w.detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_noise_is_sigma_c_gaussian_independent_across_models(data):
+    """The noise of one step, recovered as (noisy - noise-free weights): N(0, (sigma C / B)^2 lr^2)
+    per coordinate, mean 0, uncorrelated across models (batches use their own generator, so the
+    two runs see the same batches and clipped sums)."""
+    x, y = data
+    sigma, clip, lr = 2.0, 0.5, 0.1
+    # one step: Poisson with q = 1 (batch_size >= n), expected batch size q n = 200
+    one_step = {"epochs": 1, "batch_size": 200, "lr": lr, "clip": clip, "sampling": "poisson"}
+    idx, seeds = [np.arange(200)] * 8, list(range(20, 28))
+    spec = model_spec("mlp", (1, 8, 8), 4, feature_dim=64)
+    assert SGDRecipe(**one_step).steps(200) == 1
+    noisy = train_many(spec, x, y, idx, SGDRecipe(**one_step, noise_multiplier=sigma), seeds)
+    clean = train_many(spec, x, y, idx, SGDRecipe(**one_step, noise_multiplier=0.0), seeds)
+    scale = sigma * clip / 200 * lr  # std of the noise's effect on the weights after one step
+    z = torch.stack([torch.cat([((noisy[j][k] - clean[j][k]) / -scale).flatten() for k in noisy[j]])
+                     for j in range(8)]).double().numpy()
+    p = z.shape[1]
+    assert p > 4000
+    # per model: variance 1 (chi-square) and mean 0 (z-test), two-sided, family-wise level 1e-3
+    # (Bonferroni over the 8 models)
+    a = 1e-3 / 8
+    lo, hi = stats.chi2.ppf([a / 2, 1 - a / 2], p) / p
+    for row in z:
+        assert lo < (row ** 2).mean() < hi
+        assert abs(row.mean()) < stats.norm.ppf(1 - a / 2) / np.sqrt(p)
+    # all models together: variance within 1 +- 3%
+    assert (z ** 2).mean() == pytest.approx(1.0, abs=0.03)
+    # across models: the 28 pairwise correlations in the band of independent samples (level 1e-3)
+    corr = np.corrcoef(z)[np.triu_indices(8, 1)]
+    assert np.abs(corr).max() < stats.norm.ppf(1 - 1e-3 / 28 / 2) / np.sqrt(p)
+    # and Gaussian: Kolmogorov-Smirnov against N(0, 1)
+    assert stats.kstest(z.ravel(), "norm").pvalue > 1e-3
+
+
+def test_noise_streams_are_the_loops_own(data):
+    """Model j's noise is its own generator's stream: changing model 0's seed leaves model 1 alone."""
+    x, y = data
+    recipe = SGDRecipe(epochs=1, batch_size=16, lr=0.1, clip=1.0, noise_multiplier=1.0, sampling="poisson")
+    a = train_many(_spec("mlp"), x, y, [np.arange(100)] * 2, recipe, [3, 4])
+    b = train_many(_spec("mlp"), x, y, [np.arange(100)] * 2, recipe, [9, 4])
+    torch.testing.assert_close(a[1]["head.weight"], b[1]["head.weight"], rtol=0, atol=0)
+    assert not torch.allclose(a[0]["head.weight"], b[0]["head.weight"])
+
+
+def test_poisson_sampling_rate_and_steps(data):
+    from privkit.trainers.batched_sgd import _one_batches
+
+    recipe = SGDRecipe(epochs=3, batch_size=16, sampling="poisson")
+    n = 100
+    assert recipe.sample_rate(n) == pytest.approx(1 / 7) and recipe.steps(n) == 21 > BLOCK
+    sizes = [len(b) for b in _one_batches(n, recipe, torch.Generator().manual_seed(0))]
+    assert len(sizes) == 21
+    many = [len(b) for _ in range(20) for b in _one_batches(n, recipe, torch.Generator().manual_seed(_))]
+    # Binomial(100, 1/7): mean 14.29, variance 12.24; 420 draws
+    assert np.mean(many) == pytest.approx(100 / 7, abs=4 * np.sqrt(12.24 / 420))
+    assert len(set(many)) > 5
+
+
+def test_matches_opacus_without_noise():
+    """Clipping and normalisation by the expected batch size as opacus does them (q = 1: every
+    record in every batch, so both see the same batches; noise 0)."""
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    rng = np.random.default_rng(2)
+    x = rng.random((40, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 40)
+    spec = model_spec("cnn", (1, 8, 8), 3, width=2, feature_dim=8)
+    recipe = SGDRecipe(epochs=3, batch_size=40, lr=0.5, clip=0.05, noise_multiplier=0.0, sampling="poisson")
+    ours = train_many(spec, x, y, [np.arange(40)], recipe, [11])[0]
+    torch.manual_seed(11)
+    model = build_model("cnn", (1, 8, 8), 3, width=2, feature_dim=8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    loader = DataLoader(TensorDataset(torch.as_tensor(x), torch.as_tensor(y)), batch_size=40)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        private, dp_opt, dp_loader = PrivacyEngine().make_private(
+            module=model, optimizer=opt, data_loader=loader, noise_multiplier=0.0, max_grad_norm=0.05,
+            poisson_sampling=True)
+        for _ in range(3):
+            for xb, yb in dp_loader:
+                assert len(yb) == 40
+                dp_opt.zero_grad()
+                F.cross_entropy(private(xb), yb).backward()
+                dp_opt.step()
+    for k, v in model.named_parameters():
+        torch.testing.assert_close(ours[k], v.detach(), rtol=1e-4, atol=1e-6)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="clip must be > 0; found -1"):
+        SGDRecipe(clip=-1)
+    with pytest.raises(ValueError, match="noise_multiplier needs clip"):
+        SGDRecipe(noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="sampling must be shuffle or poisson; found 'x'"):
+        SGDRecipe(sampling="x")
+    with pytest.raises(ValueError, match="model must be a privkit FeatureClassifier"):
+        layer_sequence(torch.nn.Linear(2, 2))
+    model = build_model("mlp", (1, 4, 4), 2, feature_dim=4)
+    model.features.append(torch.nn.Tanh())
+    with pytest.raises(ValueError, match="layer features.3 \\(Tanh\\) is not supported"):
+        layer_sequence(model)
+    with pytest.raises(ValueError, match="every model needs at least one record"):
+        train_many(_spec("mlp"), np.zeros((4, 1, 8, 8), np.float32), np.zeros(4, int), [np.arange(0)],
+                   SGDRecipe(), [0])
+
+
+def test_dpsgd_batched_form_runs_the_trainers_mechanism():
+    """train_dpsgd_many: the trainer's sampling rate, steps and calibrated noise multiplier, one per
+    data size; models as useful as the opacus-trained target."""
+    from privkit.data import FederationConfig, build_federation
+    from privkit.trainers import train
+    from privkit.trainers.dpsgd import DpsgdConfig, dpsgd_recipe, train_dpsgd_many
+
+    fed = build_federation(FederationConfig(partition="shards", clients=20, seed=0))
+    cfg = {"arch": "mlp", "feature_dim": 16, "epochs": 2, "batch_size": 160, "lr": 0.2, "device": "cpu",
+           "target_epsilon": 2.0}
+    target = train("dpsgd", fed, cfg, seed=3)
+    n = len(fed.members)
+    recipe = dpsgd_recipe(DpsgdConfig(**cfg), n)
+    assert recipe.noise_multiplier == pytest.approx(target.claims["noise_multiplier"], rel=1e-12)
+    assert recipe.sample_rate(n) == pytest.approx(target.claims["sample_rate"], rel=1e-12)
+    assert recipe.steps(n) == target.claims["steps"]
+    assert dpsgd_recipe(DpsgdConfig(**cfg), n // 2).noise_multiplier != recipe.noise_multiplier
+    rng = np.random.default_rng(0)
+    idx = [rng.choice(fed.members, n // 2, replace=False), fed.members, rng.choice(fed.members, n // 2, replace=False)]
+    models = train_dpsgd_many(fed, cfg, idx, [4, 3, 5])
+    x_test, y_test = fed.test_arrays()
+    with torch.no_grad():
+        acc = [float((m(torch.as_tensor(x_test)).argmax(1).numpy() == y_test).mean()) for m in models]
+    assert abs(acc[1] - target.test_accuracy) < 0.1 and min(acc) > 0.2  # chance: 0.1
+
+
+def test_release_mode_noise_is_not_derived_from_the_seed(data):
+    x, y = data
+    recipe = SGDRecipe(epochs=1, batch_size=16, lr=0.1, clip=1.0, noise_multiplier=1.0, sampling="poisson")
+    idx = [np.arange(100)]
+    a, b = (train_many(_spec("mlp"), x, y, idx, recipe, [3], reproducible=False)[0] for _ in range(2))
+    assert not torch.allclose(a["head.weight"], b["head.weight"])  # fresh OS entropy per run
+    c, d = (train_many(_spec("mlp"), x, y, idx, recipe, [3])[0] for _ in range(2))
+    torch.testing.assert_close(c["head.weight"], d["head.weight"], rtol=0, atol=0)
