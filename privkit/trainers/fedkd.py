@@ -72,7 +72,7 @@ class FedKDConfig(DpFedConfig):
     energy_end: Annotated[float, Field(gt=0, le=1)] = 0.98  # T_end (paper)
 
     @model_validator(mode="after")
-    def _energy_order(self) -> "FedKDConfig":
+    def _energy_order(self) -> FedKDConfig:
         if self.energy_start > self.energy_end:
             raise ValueError(f"energy_start must be <= energy_end; found {self.energy_start} > "
                              f"{self.energy_end}")
