@@ -208,9 +208,10 @@ class _Schedule:
                 t = stop
         return pos, w
 
-    def block(self, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def block(self, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
         """For steps ``start .. start + BLOCK``: global record indices ``(M, K, B)``, example
-        weights ``(M, K, B)`` (0 pads) and which models are still training ``(M, K)``."""
+        weights ``(M, K, B)`` (0 pads), which models are still training ``(M, K)``, and per step
+        the largest batch of any model (pads come last: columns beyond it are pads only)."""
         k = min(BLOCK, int(self.steps.max()) - start)
         active = (torch.arange(start, start + k)[None, :] < self.steps[:, None]).float()
         if self.recipe.sampling == "shuffle":
@@ -220,7 +221,8 @@ class _Schedule:
             pos, w = pos[:, :k], w[:, :k]
         w = w * active[..., None]
         glob = torch.gather(self.table, 1, pos.reshape(len(self.sizes), -1)).view(pos.shape)
-        return glob.to(self.device), w.to(self.device), active.to(self.device)
+        widths = [max(1, int(c)) for c in (w > 0).sum(-1).amax(0)]
+        return glob.to(self.device), w.to(self.device), active.to(self.device), widths
 
     def rows(self, start: int) -> list[int]:
         """Per model, the steps of the block starting at ``start`` it still takes (its draw size)."""
@@ -321,14 +323,15 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
     # one noise buffer for the run (models whose steps have run out get zeros: no NaN to mask)
     noise = torch.empty(m, min(BLOCK, t_max), sum(numels), device=dev) if recipe.clip is not None else None
     for start in range(0, t_max, BLOCK):
-        glob, w, active = schedule.block(start)
+        glob, w, active, widths = schedule.block(start)
         if noise is not None:  # one draw per model and block of steps
             for j, rows in enumerate(schedule.rows(start)):
                 torch.randn(rows, sum(numels), generator=gens[j][1], device=dev, out=noise[j, :rows])
                 noise[j, rows:].zero_()
         for t in range(glob.shape[1]):
             norm = expected if poisson else w[:, t].sum(1).clamp(min=1)
-            xb, yb, wb = xt[glob[:, t]], yt[glob[:, t]], w[:, t]
+            b = glob[:, t, :widths[t]]  # the models' examples at this step, without all-pad columns
+            xb, yb, wb = xt[b], yt[b], w[:, t, :widths[t]]
             if recipe.clip is None:
                 g = _mean_gradient(stacked, params, buffers, xb, yb, wb, norm)
             else:
@@ -358,9 +361,12 @@ def _mean_gradient(stacked, params, buffers, xb, yb, wb, norm) -> dict[str, torc
 def _private_gradient(stacked, params, buffers, xb, yb, wb, clip: float) -> dict[str, torch.Tensor]:
     """Per model the sum of its examples' clipped gradients (no noise yet)."""
     p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-    losses, recs = _losses(stacked, p, buffers, xb, yb, wb, record=True)
-    outs = torch.autograd.grad(losses.sum(), [r.out for r in recs])
-    return stacked.clipped_gradient_sum(recs, list(outs), clip)[0]
+
+    def losses(logits: torch.Tensor, s: slice) -> torch.Tensor:
+        per = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb[:, s].reshape(-1), reduction="none")
+        return per.view_as(wb[:, s]) * wb[:, s]
+
+    return stacked.clipped_sums(p, buffers, xb, losses, clip)[0]
 
 
 def load_states(spec: dict, states: list[dict[str, torch.Tensor]]) -> list[torch.nn.Module]:

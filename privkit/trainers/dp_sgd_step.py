@@ -106,8 +106,8 @@ def clipped_gradient_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, los
     def one(lo: torch.Tensor, t: torch.Tensor, a: torch.Tensor | None) -> torch.Tensor:
         return loss_fn(lo.unsqueeze(0), t.unsqueeze(0), None if a is None else a.unsqueeze(0))
 
-    def example_losses(logits: torch.Tensor) -> torch.Tensor:
-        return vmap(one, in_dims=(0, 0, 0 if aux is not None else None))(logits, y, aux)
+    def example_losses(logits: torch.Tensor, s: slice) -> torch.Tensor:
+        return vmap(one, in_dims=(0, 0, 0 if aux is not None else None))(logits, y[s], None if aux is None else aux[s])
 
     try:
         return clipped_sum_one(model, x, example_losses, clip_norm)

@@ -66,6 +66,27 @@ class _Record:
     out: torch.Tensor
 
 
+@dataclass
+class _Saved:
+    """What the hand-written backward pass through one layer needs from the forward pass."""
+
+    name: str
+    module: nn.Module
+    tensor: torch.Tensor | None   # linear, conv: input; relu, unit-normalise: output; pool: indices
+    shape: torch.Size             # the layer's output shape (grid layers: the layout to go back to)
+    extra: torch.Size | torch.Tensor | None = None  # pool: its input's shape; unit-normalise: the norms
+
+
+def _pair(v) -> list[int]:
+    return list(v) if isinstance(v, tuple | list) else [v, v]
+
+
+# model-examples per chunk of the clipped-sum pass, in bytes of the largest convolutional activation:
+# a few MB keep a chunk's activations in cache; much larger ones (tens of MB) make every step pay
+# for memory traffic and fresh page mappings, which cost more than the arithmetic of small convs
+CHUNK_BYTES = 6 << 20
+
+
 class StackedModels:
     """M models of ``template``'s architecture; parameters and buffers as ``{name: (M, ...)}``.
 
@@ -103,92 +124,191 @@ class StackedModels:
                 record: Collection[str] = ()) -> tuple[torch.Tensor, list[_Record]]:
         """Logits ``(M, B, classes)`` of model m on ``x[m]`` (``x``: ``(M, B, C, H, W)``), and the
         inputs and outputs of the parametrised layers named in ``record``."""
-        h, kind, recs = x, "dense", []
+        recs: list[_Record] = []
+        h = self._run(params, buffers, x, None, lambda name, layer, inp, out: recs.append(
+            _Record(name, layer, inp, out)) if name in record else None)
+        return h, recs
+
+    def _run(self, params, buffers, x, tape: list[_Saved] | None, seen=None) -> torch.Tensor:
+        """Logits ``(M, B, classes)``; with a ``tape``, save what :meth:`_backward` needs."""
+        h, kind = x, "dense"
         for name, layer in self.layers:
+            saved, extra = None, None
             if isinstance(layer, nn.Linear):
-                h = self._dense(h, kind)
+                h = saved = self._dense(h, kind)
                 inp = h
                 h = torch.baddbmm(params[f"{name}.bias"].unsqueeze(1), h,
                                   params[f"{name}.weight"].transpose(1, 2))
                 kind = "dense"
             elif isinstance(layer, nn.Conv2d):
-                h = self._grid(h, kind)
+                h = saved = self._grid(h, kind)
                 inp = h
                 w = params[f"{name}.weight"]
                 h = F.conv2d(h, w.reshape(-1, *w.shape[2:]), params[f"{name}.bias"].reshape(-1),
                              layer.stride, layer.padding, layer.dilation, groups=self.m)
                 kind = "grid"
             elif isinstance(layer, nn.ReLU):
-                h = F.relu(h)
+                inp = h
+                h = saved = F.relu(h)
             elif isinstance(layer, nn.MaxPool2d):
-                h = F.max_pool2d(self._grid(h, kind), layer.kernel_size, layer.stride, layer.padding,
-                                 layer.dilation, ceil_mode=layer.ceil_mode)
+                h = inp = self._grid(h, kind)
+                extra = h.shape
+                h, saved = F.max_pool2d(h, layer.kernel_size, layer.stride, layer.padding, layer.dilation,
+                                        ceil_mode=layer.ceil_mode, return_indices=True)
                 kind = "grid"
             elif isinstance(layer, nn.Flatten):
+                inp = h
                 h, kind = self._dense(h, kind), "dense"
             else:  # UnitNormalize, per model its own centre
-                h = self._dense(h, kind) - buffers[f"{name}.center"].unsqueeze(1)
-                norm = h.norm(dim=2, keepdim=True)
-                h, kind = torch.where(norm > 0, h / norm.clamp_min(1e-30), torch.zeros_like(h)), "dense"
-            if name in record:
-                recs.append(_Record(name, layer, inp, h))
-        return self._dense(h, kind), recs
+                inp = h = self._dense(h, kind)
+                h = h - buffers[f"{name}.center"].unsqueeze(1)
+                extra = h.norm(dim=2, keepdim=True)
+                h = saved = torch.where(extra > 0, h / extra.clamp_min(1e-30), torch.zeros_like(h))
+                kind = "dense"
+            if tape is not None:
+                tape.append(_Saved(name, layer, saved, h.shape, extra))
+            if seen is not None:
+                seen(name, layer, inp, h)
+        return self._dense(h, kind)
 
     # -- per-example clipping -----------------------------------------------------------------
-    def clipped_gradient_sum(self, recs: list[_Record], out_grads: list[torch.Tensor],
-                             clip: float) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """``sum_i min(1, clip / ||grad_i||) grad_i`` per model, and the norms ``(M, B)``.
+    def clipped_sums(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor,
+                     example_losses: Callable[[torch.Tensor, slice], torch.Tensor], clip: float,
+                     record: Collection[str] | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """``sum_i min(1, clip / ||grad_i||) grad_i`` per model over the layers in ``record`` (all
+        parametrised layers by default), and the norms ``(M, B)``.
 
-        ``out_grads[l]`` is the gradient of the summed per-example losses with respect to layer l's
-        output, i.e. each example's own output gradient (examples do not interact).
+        ``grad_i`` is the gradient of ``example_losses(logits, s)[m, i]``, where ``logits`` are
+        ``(M, b, classes)`` for the examples ``x[:, s]`` and the losses ``(M, b)``, one per example
+        (each depending on its own logits only). The examples are processed in chunks (``s``), each
+        with its own forward and backward pass: every example's norm is formed within its chunk,
+        so the chunks only add up, and a chunk's activations stay in cache.
         """
-        sq = None
-        parts = []
-        for rec, g in zip(recs, out_grads):
-            if isinstance(rec.module, nn.Linear):
-                # ||g_i a_i^T||^2 = ||g_i||^2 ||a_i||^2 ; bias gradient is g_i
-                g2 = g.pow(2).sum(-1)
-                layer_sq, per = g2 * (rec.inp.pow(2).sum(-1) + 1.0), None
+        record = self.parametrised if record is None else [n for n in self.parametrised if n in record]
+        step = self._chunk(x)
+        sums: dict[str, torch.Tensor] = {}
+        norms = []
+        for start in range(0, x.shape[1], step):
+            sl = slice(start, min(start + step, x.shape[1]))
+            part, n = self._clipped_chunk(params, buffers, x[:, sl], lambda lo, s=sl: example_losses(lo, s),
+                                          clip, record)
+            for k, v in part.items():
+                sums[k] = v if k not in sums else sums[k].add_(v)
+            norms.append(n)
+        return sums, torch.cat(norms, 1)
+
+    def _chunk(self, x: torch.Tensor) -> int:
+        """Examples per model and chunk: about :data:`CHUNK_BYTES` of the largest convolutional
+        activation (the whole batch for an mlp)."""
+        h = torch.empty(1, *x.shape[2:], device="meta")
+        largest = 0
+        for _, layer in self.layers:
+            if isinstance(layer, nn.Conv2d):
+                h = F.conv2d(h, torch.empty(layer.weight.shape, device="meta"), None, layer.stride,
+                             layer.padding, layer.dilation)
+                largest = max(largest, h.numel())
+            elif isinstance(layer, nn.MaxPool2d):
+                h = F.max_pool2d(h, layer.kernel_size, layer.stride, layer.padding, layer.dilation,
+                                 ceil_mode=layer.ceil_mode)
+        if not largest:
+            return max(1, x.shape[1])
+        return max(1, CHUNK_BYTES // (largest * x.element_size() * self.m))
+
+    def _clipped_chunk(self, params, buffers, x, losses_of, clip, record):
+        """:meth:`clipped_sums` for one chunk of examples: forward without autograd, the loss's
+        gradient by autograd, the rest of the backward pass by hand (:meth:`_backward`)."""
+        tape: list[_Saved] = []
+        with torch.no_grad():
+            logits = self._run(params, buffers, x, tape)
+        logits.requires_grad_(True)
+        with torch.enable_grad():
+            (dlogits,) = torch.autograd.grad(losses_of(logits).sum(), [logits])
+        per = self._backward(tape, dlogits, params, record)
+        sq = torch.zeros(x.shape[:2], dtype=x.dtype, device=x.device)
+        for kind, a, g in per.values():
+            if kind == "linear":  # ||g_i a_i^T||^2 = ||g_i||^2 ||a_i||^2 ; the bias gradient is g_i
+                sq += g.pow(2).sum(-1) * (a.pow(2).sum(-1) + 1.0)
             else:
-                per = self._conv_per_example(rec, g)
-                layer_sq = (per[0].pow(2).sum((0, 3, 4)) + per[1].pow(2).sum(2)).transpose(0, 1)
-            sq = layer_sq if sq is None else sq + layer_sq
-            parts.append(per)
+                sq += (a.pow(2).sum(-1) + g.pow(2).sum(-1)).transpose(0, 1)
         norms = sq.sqrt()
-        factor = (clip / norms.clamp_min(1e-12)).clamp(max=1.0)  # (M, B), as clip_per_sample
+        factor = (clip / norms.clamp_min(1e-12)).clamp(max=1.0)  # (M, b), as clip_per_sample
+        ft = factor.transpose(0, 1)  # (b, M)
         out = {}
-        for rec, g, per in zip(recs, out_grads, parts):
-            if isinstance(rec.module, nn.Linear):
+        for name, (kind, a, g) in per.items():
+            if kind == "linear":
                 gc = g * factor.unsqueeze(-1)
-                out[f"{rec.name}.weight"] = torch.bmm(gc.transpose(1, 2), rec.inp)
-                out[f"{rec.name}.bias"] = gc.sum(1)
+                out[f"{name}.weight"] = torch.bmm(gc.transpose(1, 2), a)
+                out[f"{name}.bias"] = gc.sum(1)
             else:
-                ft = factor.transpose(0, 1)  # (B, M)
-                w = rec.module.weight
-                out[f"{rec.name}.weight"] = torch.einsum("bm,cbmok->mock", ft, per[0]).reshape(self.m, *w.shape)
-                out[f"{rec.name}.bias"] = torch.einsum("bm,bmo->mo", ft, per[1])
+                out[f"{name}.weight"] = torch.einsum("bm,bmx->mx", ft, a).reshape(params[f"{name}.weight"].shape)
+                out[f"{name}.bias"] = torch.einsum("bm,bmo->mo", ft, g)
         return out, norms
 
-    def _conv_per_example(self, rec: _Record, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-example weight gradients ``(in, B, M, out, k*k)`` and bias gradients ``(B, M, out)``.
+    def _backward(self, tape: list[_Saved], g: torch.Tensor, params, record: list[str]) -> dict[str, tuple]:
+        """From the logits' gradient ``g`` (``(M, B, classes)``), per recorded layer: for a linear
+        layer ``("linear", input (M, B, in), output gradient (M, B, out))``, whose per-example
+        weight gradients are never formed; for a convolution ``("conv", weight gradients
+        (B, M, out * in * k * k), bias gradients (B, M, out))`` per example.
 
-        The weight gradient of example i is the cross-correlation of its input channels with its
-        output gradient: one convolution with the B*M output gradients as depthwise filters
-        (stride 1, no dilation).
+        Grid layers run backward in the contiguous layout ``(B, M * C, H, W)``, which is also
+        ``(1, B * M * C, H, W)``: one image whose channel groups are the (example, model) pairs, so
+        that one grouped weight-gradient convolution with ``B * M`` groups gives every example's own
+        weight gradient without copies. (The forward pass runs channels last, where pooling and the
+        forward convolutions are faster.)
         """
-        conv: nn.Conv2d = rec.module
-        b, c = rec.inp.shape[0], conv.in_channels
-        inp = rec.inp.reshape(b * self.m, c, *rec.inp.shape[2:]).transpose(0, 1)  # (in, B*M, H, W)
-        filt = g.reshape(b * self.m * conv.out_channels, 1, *g.shape[2:])
-        per = F.conv2d(inp, filt, padding=conv.padding, groups=b * self.m)       # (in, B*M*out, k, k)
-        per = per.reshape(c, b, self.m, conv.out_channels, -1)
-        return per, g.reshape(b, self.m, conv.out_channels, -1).sum(-1)
+        aten = torch.ops.aten
+        m = self.m
+        contiguous: dict[int, torch.Tensor] = {}  # a saved tensor in the contiguous layout, made once
+
+        def plain(t: torch.Tensor) -> torch.Tensor:
+            if id(t) not in contiguous:
+                contiguous[id(t)] = t.contiguous()
+            return contiguous[id(t)]
+
+        first = min(i for i, s in enumerate(tape) if s.name in record)
+        out: dict[str, tuple] = {}
+        for i in range(len(tape) - 1, first - 1, -1):
+            s, layer = tape[i], tape[i].module
+            if len(s.shape) == 4 and g.dim() == 3:  # leaving the dense part: (M, B, F) -> (B, M*C, H, W)
+                g = g.transpose(0, 1).reshape(s.shape)
+            if isinstance(layer, nn.Linear):
+                if s.name in record:
+                    out[s.name] = ("linear", s.tensor, g)
+                if i > first:
+                    g = torch.bmm(g, params[f"{s.name}.weight"])
+            elif isinstance(layer, nn.ReLU):
+                g = aten.threshold_backward(g, plain(s.tensor), 0)
+            elif isinstance(layer, nn.MaxPool2d):
+                g = aten.max_pool2d_with_indices_backward(
+                    g, g.new_empty(s.extra), _pair(layer.kernel_size), _pair(layer.stride),
+                    _pair(layer.padding), _pair(layer.dilation), layer.ceil_mode, plain(s.tensor))
+            elif isinstance(layer, nn.Conv2d):
+                inp, b = plain(s.tensor), s.shape[0]
+                o, c = layer.out_channels, layer.in_channels
+                if s.name in record:  # weight gradients of B * M one-example convolutions
+                    per = aten.convolution_backward(
+                        g.view(1, b * m * o, *g.shape[2:]), inp.view(1, b * m * c, *inp.shape[2:]),
+                        inp.new_empty(b * m * o, c, *layer.kernel_size), None, layer.stride, layer.padding,
+                        layer.dilation, False, [0, 0], b * m, [False, True, False])[1]
+                    out[s.name] = ("conv", per.view(b, m, -1), g.sum((2, 3)).view(b, m, o))
+                if i > first:
+                    g = aten.convolution_backward(
+                        g, inp, params[f"{s.name}.weight"].reshape(m * o, c, *layer.kernel_size), None,
+                        layer.stride, layer.padding, layer.dilation, False, [0, 0], m, [True, False, False])[0]
+            elif isinstance(layer, UnitNormalize):  # y = u / |u|: du = (g - y (y . g)) / |u|, 0 where u = 0
+                y, norm = s.tensor, s.extra
+                g = torch.where(norm > 0, (g - y * (y * g).sum(-1, keepdim=True)) / norm.clamp_min(1e-30),
+                                torch.zeros_like(g))
+            # Flatten: the gradient stays (M, B, F) until a grid layer reshapes it
+        return out
 
 
-def clipped_sum_one(model: nn.Module, x: torch.Tensor, example_losses: Callable[[torch.Tensor], torch.Tensor],
+def clipped_sum_one(model: nn.Module, x: torch.Tensor,
+                    example_losses: Callable[[torch.Tensor, slice], torch.Tensor],
                     clip: float) -> dict[str, torch.Tensor]:
     """One model's ``sum_i min(1, clip / ||g_i||) g_i`` over its trainable parameters, ``g_i`` the
-    gradient of ``example_losses(logits)[i]`` (``logits``: ``(B, classes)``, one loss per example).
+    gradient of ``example_losses(logits, s)[i]`` (``logits``: ``(b, classes)`` for the examples
+    ``x[s]``, one loss per example).
 
     Frozen layers (``requires_grad`` off) take no part in the norms, as with ``torch.func``
     per-example gradients of the trainable parameters. A model :class:`StackedModels` does not
@@ -207,7 +327,6 @@ def clipped_sum_one(model: nn.Module, x: torch.Tensor, example_losses: Callable[
         raise ValueError("the model has no trainable parameters")
     params = {k: p.detach().unsqueeze(0).requires_grad_(p.requires_grad) for k, p in named.items()}
     buffers = {k: b.unsqueeze(0) for k, b in model.named_buffers()}
-    logits, recs = stacked.forward(params, buffers, x.unsqueeze(0), record=trainable)
-    outs = torch.autograd.grad(example_losses(logits[0]).sum(), [r.out for r in recs])
-    sums, _ = stacked.clipped_gradient_sum(recs, list(outs), clip)
+    sums, _ = stacked.clipped_sums(params, buffers, x.unsqueeze(0),
+                                   lambda lo, s: example_losses(lo[0], s)[None], clip, trainable)
     return {k: v[0] for k, v in sums.items()}

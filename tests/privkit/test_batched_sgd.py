@@ -42,9 +42,9 @@ def test_stacked_clipped_sums_equal_torch_func_per_example_gradients(name):
     buffers = {k: torch.stack([dict(m.named_buffers())[k] for m in models]) for k, _ in models[0].named_buffers()}
     x, y = torch.randn(3, 7, 1, 12, 12), torch.randint(0, 5, (3, 7))
     stacked = StackedModels(models[0], 3)
-    logits, recs = stacked.forward(params, buffers, x, record=stacked.parametrised)
-    loss = F.cross_entropy(logits.reshape(-1, 5), y.reshape(-1), reduction="sum")
-    sums, norms = stacked.clipped_gradient_sum(recs, list(torch.autograd.grad(loss, [r.out for r in recs])), 0.3)
+    logits, _ = stacked.forward(params, buffers, x)
+    sums, norms = stacked.clipped_sums(params, buffers, x, lambda lo, s: F.cross_entropy(
+        lo.reshape(-1, 5), y[:, s].reshape(-1), reduction="none").view(3, -1), 0.3)
     for j, model in enumerate(models):
         torch.testing.assert_close(logits[j], model(x[j]), rtol=1e-5, atol=1e-5)
         per = per_sample_gradients(model, x[j], y[j], lambda lo, t, _a: F.cross_entropy(lo, t))
