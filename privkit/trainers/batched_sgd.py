@@ -208,10 +208,10 @@ class _Schedule:
                 t = stop
         return pos, w
 
-    def block(self, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    def block(self, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """For steps ``start .. start + BLOCK``: global record indices ``(M, K, B)``, example
-        weights ``(M, K, B)`` (0 pads), which models are still training ``(M, K)``, and per step
-        the largest batch of any model (pads come last: columns beyond it are pads only)."""
+        weights ``(M, K, B)`` (0 pads), which models are still training ``(M, K)``, and each
+        model's batch size ``(M, K)`` on the CPU (its examples come first, then the pads)."""
         k = min(BLOCK, int(self.steps.max()) - start)
         active = (torch.arange(start, start + k)[None, :] < self.steps[:, None]).float()
         if self.recipe.sampling == "shuffle":
@@ -221,8 +221,7 @@ class _Schedule:
             pos, w = pos[:, :k], w[:, :k]
         w = w * active[..., None]
         glob = torch.gather(self.table, 1, pos.reshape(len(self.sizes), -1)).view(pos.shape)
-        widths = [max(1, int(c)) for c in (w > 0).sum(-1).amax(0)]
-        return glob.to(self.device), w.to(self.device), active.to(self.device), widths
+        return glob.to(self.device), w.to(self.device), active.to(self.device), (w > 0).sum(-1)
 
     def rows(self, start: int) -> list[int]:
         """Per model, the steps of the block starting at ``start`` it still takes (its draw size)."""
@@ -323,19 +322,20 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
     # one noise buffer for the run (models whose steps have run out get zeros: no NaN to mask)
     noise = torch.empty(m, min(BLOCK, t_max), sum(numels), device=dev) if recipe.clip is not None else None
     for start in range(0, t_max, BLOCK):
-        glob, w, active, widths = schedule.block(start)
+        glob, w, active, counts = schedule.block(start)
         if noise is not None:  # one draw per model and block of steps
             for j, rows in enumerate(schedule.rows(start)):
                 torch.randn(rows, sum(numels), generator=gens[j][1], device=dev, out=noise[j, :rows])
                 noise[j, rows:].zero_()
         for t in range(glob.shape[1]):
             norm = expected if poisson else w[:, t].sum(1).clamp(min=1)
-            b = glob[:, t, :widths[t]]  # the models' examples at this step, without all-pad columns
-            xb, yb, wb = xt[b], yt[b], w[:, t, :widths[t]]
+            width = max(1, int(counts[:, t].max()))  # columns beyond it are pads in every model
+            b = glob[:, t, :width]
+            xb, yb, wb = xt[b], yt[b], w[:, t, :width]
             if recipe.clip is None:
                 g = _mean_gradient(stacked, params, buffers, xb, yb, wb, norm)
             else:
-                g = _private_gradient(stacked, params, buffers, xb, yb, wb, recipe.clip)
+                g = _private_gradient(stacked, params, buffers, xb, yb, wb, recipe.clip, counts[:, t].tolist())
                 parts = noise[:, t].split(numels, dim=1)
                 g = {k: g[k].add_(z.view_as(g[k]), alpha=std).div_(_expand(norm, g[k]))
                      for k, z in zip(names, parts)}
@@ -358,15 +358,15 @@ def _mean_gradient(stacked, params, buffers, xb, yb, wb, norm) -> dict[str, torc
     return dict(zip(p, grads))
 
 
-def _private_gradient(stacked, params, buffers, xb, yb, wb, clip: float) -> dict[str, torch.Tensor]:
-    """Per model the sum of its examples' clipped gradients (no noise yet)."""
-    p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+def _private_gradient(stacked, params, buffers, xb, yb, wb, clip: float, counts: list[int]) -> dict[str, torch.Tensor]:
+    """Per model the sum of its examples' clipped gradients (no noise yet); model m's examples
+    are its first ``counts[m]``."""
 
-    def losses(logits: torch.Tensor, s: slice) -> torch.Tensor:
-        per = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb[:, s].reshape(-1), reduction="none")
-        return per.view_as(wb[:, s]) * wb[:, s]
+    def losses(logits: torch.Tensor, models: torch.Tensor, s: slice) -> torch.Tensor:
+        y, w = yb[models, s], wb[models, s]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view_as(w) * w
 
-    return stacked.clipped_sums(p, buffers, xb, losses, clip)[0]
+    return stacked.clipped_sums(params, buffers, xb, losses, clip, counts=counts)[0]
 
 
 def load_states(spec: dict, states: list[dict[str, torch.Tensor]]) -> list[torch.nn.Module]:

@@ -114,10 +114,11 @@ class StackedModels:
         h = h.transpose(0, 1).reshape(b, m * h.shape[2], *h.shape[3:])
         return h.contiguous(memory_format=torch.channels_last)
 
-    def _dense(self, h: torch.Tensor, kind: str) -> torch.Tensor:
+    @staticmethod
+    def _dense(h: torch.Tensor, kind: str, m: int) -> torch.Tensor:
         if kind == "dense":
             return h.reshape(h.shape[0], h.shape[1], -1)
-        return h.reshape(h.shape[0], self.m, -1).transpose(0, 1)  # (B, M*C, H, W) -> (M, B, C*H*W)
+        return h.reshape(h.shape[0], m, -1).transpose(0, 1)  # (B, M*C, H, W) -> (M, B, C*H*W)
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor,
@@ -130,12 +131,13 @@ class StackedModels:
         return h, recs
 
     def _run(self, params, buffers, x, tape: list[_Saved] | None, seen=None) -> torch.Tensor:
-        """Logits ``(M, B, classes)``; with a ``tape``, save what :meth:`_backward` needs."""
-        h, kind = x, "dense"
+        """Logits ``(M, B, classes)``; with a ``tape``, save what :meth:`_backward` needs. ``M`` is
+        ``x``'s first dimension (all models, or some of them with their parameters)."""
+        h, kind, m = x, "dense", x.shape[0]
         for name, layer in self.layers:
             saved, extra = None, None
             if isinstance(layer, nn.Linear):
-                h = saved = self._dense(h, kind)
+                h = saved = self._dense(h, kind, m)
                 inp = h
                 h = torch.baddbmm(params[f"{name}.bias"].unsqueeze(1), h,
                                   params[f"{name}.weight"].transpose(1, 2))
@@ -145,7 +147,7 @@ class StackedModels:
                 inp = h
                 w = params[f"{name}.weight"]
                 h = F.conv2d(h, w.reshape(-1, *w.shape[2:]), params[f"{name}.bias"].reshape(-1),
-                             layer.stride, layer.padding, layer.dilation, groups=self.m)
+                             layer.stride, layer.padding, layer.dilation, groups=m)
                 kind = "grid"
             elif isinstance(layer, nn.ReLU):
                 inp = h
@@ -158,9 +160,9 @@ class StackedModels:
                 kind = "grid"
             elif isinstance(layer, nn.Flatten):
                 inp = h
-                h, kind = self._dense(h, kind), "dense"
+                h, kind = self._dense(h, kind, m), "dense"
             else:  # UnitNormalize, per model its own centre
-                inp = h = self._dense(h, kind)
+                inp = h = self._dense(h, kind, m)
                 h = h - buffers[f"{name}.center"].unsqueeze(1)
                 extra = h.norm(dim=2, keepdim=True)
                 h = saved = torch.where(extra > 0, h / extra.clamp_min(1e-30), torch.zeros_like(h))
@@ -169,33 +171,57 @@ class StackedModels:
                 tape.append(_Saved(name, layer, saved, h.shape, extra))
             if seen is not None:
                 seen(name, layer, inp, h)
-        return self._dense(h, kind)
+        return self._dense(h, kind, m)
 
     # -- per-example clipping -----------------------------------------------------------------
     def clipped_sums(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor,
-                     example_losses: Callable[[torch.Tensor, slice], torch.Tensor], clip: float,
-                     record: Collection[str] | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+                     example_losses: Callable[[torch.Tensor, torch.Tensor, slice], torch.Tensor], clip: float,
+                     record: Collection[str] | None = None,
+                     counts: list[int] | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """``sum_i min(1, clip / ||grad_i||) grad_i`` per model over the layers in ``record`` (all
         parametrised layers by default), and the norms ``(M, B)``.
 
-        ``grad_i`` is the gradient of ``example_losses(logits, s)[m, i]``, where ``logits`` are
-        ``(M, b, classes)`` for the examples ``x[:, s]`` and the losses ``(M, b)``, one per example
-        (each depending on its own logits only). The examples are processed in chunks (``s``), each
-        with its own forward and backward pass: every example's norm is formed within its chunk,
-        so the chunks only add up, and a chunk's activations stay in cache.
+        ``grad_i`` is the gradient of ``example_losses(logits, models, s)[j, i]``: ``logits`` are
+        ``(len(models), b, classes)`` for the examples ``x[models, s]`` and the losses one per
+        example (each depending on its own logits only). Model m's examples are its first
+        ``counts[m]`` (default: all); the rest are pads: they add nothing and have norm 0, whatever
+        their losses.
+
+        The examples are processed in chunks (``s``), each with its own forward and backward pass:
+        every example's norm is formed within its chunk, so the chunks only add up, and a chunk's
+        activations stay in cache. A chunk leaves out the models whose examples have run out.
         """
+        m, width = x.shape[:2]
         record = self.parametrised if record is None else [n for n in self.parametrised if n in record]
+        counts = [width] * m if counts is None else counts
+        if len(counts) != m or min(counts) < 0 or max(counts) > width:
+            raise ValueError(f"counts must be {m} numbers in [0, {width}]; found {counts}")
+        size = torch.tensor(counts, device=x.device)
+        sums = {f"{n}.{p}": torch.zeros_like(params[f"{n}.{p}"]) for n in record for p in ("weight", "bias")}
+        norms = x.new_zeros(m, width)
         step = self._chunk(x)
-        sums: dict[str, torch.Tensor] = {}
-        norms = []
-        for start in range(0, x.shape[1], step):
-            sl = slice(start, min(start + step, x.shape[1]))
-            part, n = self._clipped_chunk(params, buffers, x[:, sl], lambda lo, s=sl: example_losses(lo, s),
-                                          clip, record)
+        for start in range(0, max(counts), step):
+            sl = slice(start, min(start + step, width))
+            rows = [j for j in range(m) if counts[j] > start]
+            if len(rows) == m:
+                models, sub, p, bf = torch.arange(m, device=x.device), x[:, sl], params, buffers
+            else:
+                models = torch.tensor(rows, device=x.device)
+                sub = x[models, sl]
+                p = {k: v[models] for k, v in params.items()}
+                bf = {k: v[models] for k, v in buffers.items()}
+            # pads among the chunk's examples (of a model whose examples run out within it)
+            keep = (torch.arange(sl.start, sl.stop, device=x.device) < size[models, None]
+                    if min(counts[j] for j in rows) < sl.stop else None)
+            part, n = self._clipped_chunk(p, bf, sub, lambda lo, mo=models, s=sl: example_losses(lo, mo, s),
+                                          clip, record, keep)
             for k, v in part.items():
-                sums[k] = v if k not in sums else sums[k].add_(v)
-            norms.append(n)
-        return sums, torch.cat(norms, 1)
+                if len(rows) < m:
+                    sums[k].index_add_(0, models, v)
+                else:
+                    sums[k].add_(v)
+            norms[models, sl] = n
+        return sums, norms
 
     def _chunk(self, x: torch.Tensor) -> int:
         """Examples per model and chunk: about :data:`CHUNK_BYTES` of the largest convolutional
@@ -212,11 +238,12 @@ class StackedModels:
                                  ceil_mode=layer.ceil_mode)
         if not largest:
             return max(1, x.shape[1])
-        return max(1, CHUNK_BYTES // (largest * x.element_size() * self.m))
+        return max(1, CHUNK_BYTES // (largest * x.element_size() * x.shape[0]))
 
-    def _clipped_chunk(self, params, buffers, x, losses_of, clip, record):
-        """:meth:`clipped_sums` for one chunk of examples: forward without autograd, the loss's
-        gradient by autograd, the rest of the backward pass by hand (:meth:`_backward`)."""
+    def _clipped_chunk(self, params, buffers, x, losses_of, clip, record, keep):
+        """:meth:`clipped_sums` for one chunk of examples (``keep``: ``(M, b)``, False at pads, or
+        None): forward without autograd, the loss's gradient by autograd, the rest of the backward
+        pass by hand (:meth:`_backward`)."""
         tape: list[_Saved] = []
         with torch.no_grad():
             logits = self._run(params, buffers, x, tape)
@@ -232,6 +259,8 @@ class StackedModels:
                 sq += (a.pow(2).sum(-1) + g.pow(2).sum(-1)).transpose(0, 1)
         norms = sq.sqrt()
         factor = (clip / norms.clamp_min(1e-12)).clamp(max=1.0)  # (M, b), as clip_per_sample
+        if keep is not None:
+            norms, factor = torch.where(keep, norms, 0.0), torch.where(keep, factor, 0.0)
         ft = factor.transpose(0, 1)  # (b, M)
         out = {}
         for name, (kind, a, g) in per.items():
@@ -257,7 +286,7 @@ class StackedModels:
         forward convolutions are faster.)
         """
         aten = torch.ops.aten
-        m = self.m
+        m = g.shape[0]
         contiguous: dict[int, torch.Tensor] = {}  # a saved tensor in the contiguous layout, made once
 
         def plain(t: torch.Tensor) -> torch.Tensor:
@@ -328,5 +357,5 @@ def clipped_sum_one(model: nn.Module, x: torch.Tensor,
     params = {k: p.detach().unsqueeze(0).requires_grad_(p.requires_grad) for k, p in named.items()}
     buffers = {k: b.unsqueeze(0) for k, b in model.named_buffers()}
     sums, _ = stacked.clipped_sums(params, buffers, x.unsqueeze(0),
-                                   lambda lo, s: example_losses(lo[0], s)[None], clip, trainable)
+                                   lambda lo, _models, s: example_losses(lo[0], s)[None], clip, trainable)
     return {k: v[0] for k, v in sums.items()}

@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from scipy import stats
 
 from privkit.models import build_model, model_spec
+from privkit.trainers import stacked as stacked_module
 from privkit.trainers.batched_sgd import BLOCK, SGDRecipe, _StackedOptimizer, train_many, train_one
 from privkit.trainers.dp_sgd_step import clip_per_sample, per_sample_gradients
-from privkit.trainers.stacked import StackedModels, layer_sequence
+from privkit.trainers.stacked import StackedModels, clipped_sum_one, layer_sequence
 
 ARCHS = {"mlp": {"feature_dim": 16}, "cnn": {"width": 4, "feature_dim": 16},
          "mlp-normalized": {"feature_dim": 12, "depth": 2, "normalize": True}}
@@ -43,8 +44,8 @@ def test_stacked_clipped_sums_equal_torch_func_per_example_gradients(name):
     x, y = torch.randn(3, 7, 1, 12, 12), torch.randint(0, 5, (3, 7))
     stacked = StackedModels(models[0], 3)
     logits, _ = stacked.forward(params, buffers, x)
-    sums, norms = stacked.clipped_sums(params, buffers, x, lambda lo, s: F.cross_entropy(
-        lo.reshape(-1, 5), y[:, s].reshape(-1), reduction="none").view(3, -1), 0.3)
+    sums, norms = stacked.clipped_sums(params, buffers, x, lambda lo, mo, s: F.cross_entropy(
+        lo.reshape(-1, 5), y[mo, s].reshape(-1), reduction="none").view(len(mo), -1), 0.3)
     for j, model in enumerate(models):
         torch.testing.assert_close(logits[j], model(x[j]), rtol=1e-5, atol=1e-5)
         per = per_sample_gradients(model, x[j], y[j], lambda lo, t, _a: F.cross_entropy(lo, t))
@@ -53,6 +54,63 @@ def test_stacked_clipped_sums_equal_torch_func_per_example_gradients(name):
         torch.testing.assert_close(norms[j], want_norms, rtol=1e-4, atol=1e-6)
         for k, g in clipped.items():
             torch.testing.assert_close(sums[k][j], g.sum(0), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_chunked_clipped_sums_with_pads_equal_torch_func_per_example_gradients(name, monkeypatch):
+    """Chunks of three examples; models whose examples run out at different points (their pads hold
+    large random inputs with real losses, and must count for nothing); clip at the median norm, so
+    some examples are clipped and some not: norms and sums are torch.func's per-example gradients,
+    clipped and summed over each model's own examples."""
+    torch.manual_seed(1)
+    spec = _spec(name, (1, 12, 12), 5)
+    models = [build_model(spec["arch"], (1, 12, 12), 5, **ARCHS[name]) for _ in range(3)]
+    params = {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
+              for k, _ in models[0].named_parameters()}
+    buffers = {k: torch.stack([dict(m.named_buffers())[k] for m in models]) for k, _ in models[0].named_buffers()}
+    counts = [7, 2, 5]
+    x, y = torch.randn(3, 7, 1, 12, 12), torch.randint(0, 5, (3, 7))
+    for j, c in enumerate(counts):
+        x[j, c:] = 100 * torch.rand(7 - c, 1, 12, 12)
+    stacked = StackedModels(models[0], 3)
+    if name == "cnn":  # the largest activation: 4 channels x 12 x 12 floats per model and example
+        monkeypatch.setattr(stacked_module, "CHUNK_BYTES", 3 * (4 * 12 * 12) * 4 * 3)
+        assert stacked._chunk(x) == 3
+    per = [per_sample_gradients(m, x[j, :counts[j]], y[j, :counts[j]], lambda lo, t, _a: F.cross_entropy(lo, t))
+           for j, m in enumerate(models)]
+    clip = clip_per_sample(per[0], 1.0)[1].median().item()
+
+    def losses(lo, mo, s):
+        return F.cross_entropy(lo.reshape(-1, 5), y[mo, s].reshape(-1), reduction="none").view(len(mo), -1)
+
+    sums, norms = stacked.clipped_sums(params, buffers, x, losses, clip, counts=counts)
+    for j, c in enumerate(counts):
+        clipped, want_norms = clip_per_sample(per[j], clip)
+        torch.testing.assert_close(norms[j, :c], want_norms, rtol=1e-4, atol=1e-6)
+        assert (norms[j, c:] == 0).all()
+        for k, g in clipped.items():
+            torch.testing.assert_close(sums[k][j], g.sum(0), rtol=1e-4, atol=1e-6)
+    assert (norms[0] > clip).any() and (norms[0] < clip).any()
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["all-trainable", "features-frozen"])
+def test_single_model_clipped_sum_in_chunks_equals_torch_func(frozen, monkeypatch):
+    """The single-model form DpSgdStep uses (clipped_sum_one), four examples per chunk, with and
+    without frozen features: torch.func's clipped per-example gradients of the trainable parameters."""
+    torch.manual_seed(2)
+    model = build_model("cnn", (1, 12, 12), 5, width=4, feature_dim=16)
+    if frozen:
+        model.features.requires_grad_(False)
+    monkeypatch.setattr(stacked_module, "CHUNK_BYTES", 4 * (4 * 12 * 12) * 4)
+    x, y = torch.randn(9, 1, 12, 12), torch.randint(0, 5, (9,))
+    per = per_sample_gradients(model, x, y, lambda lo, t, _a: F.cross_entropy(lo, t))
+    clip = clip_per_sample(per, 1.0)[1].median().item()
+    clipped, norms = clip_per_sample(per, clip)
+    assert (norms > clip).any() and (norms < clip).any()
+    got = clipped_sum_one(model, x, lambda lo, s: F.cross_entropy(lo, y[s], reduction="none"), clip)
+    assert set(got) == set(clipped)
+    for k, g in clipped.items():
+        torch.testing.assert_close(got[k], g.sum(0), rtol=1e-4, atol=1e-6)
 
 
 CASES = [{"sampling": s, "clip": c, "drop_last": d} for s, c, d in
@@ -77,6 +135,20 @@ def test_many_equals_loop_including_noise(data, name, case):
             torch.testing.assert_close(chunked[j][k], one[k], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(many[0]["head.weight"], many[1]["head.weight"])
     assert not torch.allclose(many[0]["head.weight"], _init_head(spec, 5))  # it trained
+
+
+def test_many_equals_loop_in_chunks_of_three_examples(data, monkeypatch):
+    """Each step's clipped sums formed three examples at a time, models dropping out of the last
+    chunks as their Poisson batches run out: still the loop's weights."""
+    x, y = data
+    monkeypatch.setattr(stacked_module, "CHUNK_BYTES", 3 * (4 * 8 * 8) * 4 * 3)  # cnn conv1: 4 x 8 x 8
+    recipe = SGDRecipe(epochs=1, batch_size=16, lr=0.2, clip=0.5, noise_multiplier=0.8, sampling="poisson")
+    idx = [np.arange(0, 100), np.arange(40, 130), np.arange(80, 200)]
+    many = train_many(_spec("cnn"), x, y, idx, recipe, [5, 6, 7])
+    for j, s in enumerate([5, 6, 7]):
+        one = train_one(_spec("cnn"), x, y, idx[j], recipe, s)
+        for k in one:
+            torch.testing.assert_close(many[j][k], one[k], rtol=1e-5, atol=1e-5)
 
 
 def _init_head(spec, seed):
