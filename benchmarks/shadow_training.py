@@ -5,15 +5,17 @@ per-example gradients from ``torch.func.vmap(grad)`` as in privkit's DP-SGD step
 trains the M models in lock-step on stacked layers with per-layer clipping (no per-example weight
 gradients of linear layers). Same recipe, same seeds, same batches and the same noise: both give
 the same weights, which the benchmark checks (``max_abs_weight_diff``), so the ratio is pure
-speed. For DP-SGD a loop of opacus models (``PrivacyEngine``, Poisson sampling, the same
-mechanism with its own random streams) is timed as the peer.
+speed. For DP-SGD two more loops run the same mechanism with their own random streams: privkit's
+single-model step (:class:`~privkit.trainers.dp_sgd_step.DpSgdStep`, what privkit's federated
+DP-SGD methods run per model: per-layer clipping by the batched path's own code with M = 1) and
+opacus (``PrivacyEngine``, the peer).
 
 Two models: ``mlp`` (784-128-10, batch 32, 256 records per model: the configuration of the
 measurement that found the old batched DP-SGD slower than the loop) and ``cnn`` (the quickstart's
 dpsgd model, batch 128, 1024 records per model). The top-level ``dpsgd`` and ``sgd`` entries are the
 mlp's; ``cnn`` holds the same entries for the CNN.
 
-Timings are interleaved (loop, batched, opacus, loop, batched, ...); speed-ups are medians of the
+Timings are interleaved (loop, batched, opacus, DpSgdStep loop, loop, ...); speed-ups are medians of the
 per-repeat ratios, by wall clock and by this process's CPU time (one torch thread: CPU time is the
 work done, and is less disturbed by other processes on a shared machine). Run:
 
@@ -36,6 +38,7 @@ import torch.nn.functional as F
 from privkit.data import load_dataset
 from privkit.models import model_spec
 from privkit.trainers.batched_sgd import SGDRecipe, _init, train_many, train_one
+from privkit.trainers.dp_sgd_step import DpSgdStep
 
 CASES = {
     "mlp": ({"arch": "mlp", "feature_dim": 128}, 32, 256),
@@ -76,6 +79,19 @@ def _opacus_one(spec: dict, x: np.ndarray, y: np.ndarray, recipe: SGDRecipe, see
                 opt.step()
 
 
+def _dpsgd_step_one(spec: dict, x: np.ndarray, y: np.ndarray, recipe: SGDRecipe, seed: int) -> None:
+    """One model trained with privkit's single-model DP-SGD step and the recipe's mechanism."""
+    model = _init(spec, seed)
+    n = len(y)
+    step = DpSgdStep(recipe.clip, recipe.noise_multiplier, recipe.sample_rate(n), n)
+    opt = torch.optim.SGD(model.parameters(), lr=recipe.lr)
+    xt, yt = torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.long)
+    batches, noise = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
+    for _ in range(recipe.steps(n)):
+        b = step.sample(batches)
+        step.apply(model, opt, xt[b], yt[b], lambda lo, t, _a: F.cross_entropy(lo, t), noise)
+
+
 def _median_ratio(a: list, b: list, i: int) -> float:
     return statistics.median(u[i] / v[i] for u, v in zip(a, b))
 
@@ -101,14 +117,19 @@ def bench(case: str, recipe: SGDRecipe, m: int, repeats: int, device: str) -> di
         for j in range(m):
             _opacus_one(spec, ds.x[indices[j]], ds.y[indices[j]], recipe, seeds[j])
 
+    def step_loop() -> None:
+        for j in range(m):
+            _dpsgd_step_one(spec, ds.x[indices[j]], ds.y[indices[j]], recipe, seeds[j])
+
     train_many(spec, ds.x, ds.y, indices[:2], recipe, seeds[:2], device=device)  # warm-up
     dp = recipe.clip is not None
-    loops, vecs, peers = [], [], []
+    loops, vecs, peers, steps = [], [], [], []
     for _ in range(repeats):
         loops.append(_time(loop))
         vecs.append(_time(batched))
         if dp:
             peers.append(_time(opacus))
+            steps.append(_time(step_loop))
     err = max((out["many"][j][k] - out["one"][j][k]).abs().max().item() for j in range(m) for k in out["one"][j])
     wall = [a[0] / b[0] for a, b in zip(loops, vecs)]
     res = {"models": m, "loop_s": statistics.median(a[0] for a in loops),
@@ -125,7 +146,11 @@ def bench(case: str, recipe: SGDRecipe, m: int, repeats: int, device: str) -> di
         res.update({"opacus_loop_s": statistics.median(p[0] for p in peers),
                     "opacus_loop_cpu_s": statistics.median(p[1] for p in peers),
                     "speedup_vs_opacus": _median_ratio(peers, vecs, 0),
-                    "speedup_vs_opacus_cpu": _median_ratio(peers, vecs, 1)})
+                    "speedup_vs_opacus_cpu": _median_ratio(peers, vecs, 1),
+                    "dpsgd_step_loop_s": statistics.median(p[0] for p in steps),
+                    "dpsgd_step_loop_cpu_s": statistics.median(p[1] for p in steps),
+                    "speedup_vs_dpsgd_step": _median_ratio(steps, vecs, 0),
+                    "speedup_vs_dpsgd_step_cpu": _median_ratio(steps, vecs, 1)})
     return res
 
 
@@ -156,8 +181,10 @@ def main() -> None:
         "load_average_start": list(load_start), "load_average_end": list(os.getloadavg()),
         "torch": torch.__version__, "repeats": args.repeats,
         "loop": "train_one per model (torch.func vmap per-example gradients)",
-        "vectorised": "train_many (stacked layers, per-layer clipping)",
-        "opacus_loop": "opacus PrivacyEngine per model (DP-SGD only)"}}
+        "vectorised": "train_many (stacked layers, per-layer clipping in chunks of examples)",
+        "opacus_loop": "opacus PrivacyEngine per model (DP-SGD only)",
+        "dpsgd_step_loop": "privkit DpSgdStep per model (DP-SGD only): Poisson batches, per-layer clipping "
+                           "by the batched path's code with M = 1"}}
     if args.json:
         print(json.dumps(result, indent=2))
         return
@@ -168,7 +195,8 @@ def main() -> None:
         print(s[case])
         for name, r in by_case[case].items():
             peer = (f"  vs opacus loop {r['speedup_vs_opacus']:5.2f}x (CPU {r['speedup_vs_opacus_cpu']:.2f}x)"
-                    if "opacus_loop_s" in r else "")
+                    f"  vs DpSgdStep loop {r['speedup_vs_dpsgd_step']:5.2f}x (CPU "
+                    f"{r['speedup_vs_dpsgd_step_cpu']:.2f}x)" if "opacus_loop_s" in r else "")
             print(f"  {name:6} loop {r['loop_s']:7.2f} s  batched {r['vectorised_s']:7.2f} s  speed-up "
                   f"{r['speedup']:5.2f}x (CPU time {r['speedup_cpu']:5.2f}x){peer}  max |dw| "
                   f"{r['max_abs_weight_diff']:.1e}")

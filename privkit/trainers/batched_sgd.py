@@ -331,7 +331,8 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
             norm = expected if poisson else w[:, t].sum(1).clamp(min=1)
             width = max(1, int(counts[:, t].max()))  # columns beyond it are pads in every model
             b = glob[:, t, :width]
-            xb, yb, wb = xt[b], yt[b], w[:, t, :width]
+            # gathered example-major: a chunk of it is already the (B, M*C, H, W) layout of convolutions
+            xb, yb, wb = xt[b.T].transpose(0, 1), yt[b], w[:, t, :width]
             if recipe.clip is None:
                 g = _mean_gradient(stacked, params, buffers, xb, yb, wb, norm)
             else:

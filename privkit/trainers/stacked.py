@@ -74,7 +74,8 @@ class _Saved:
     module: nn.Module
     tensor: torch.Tensor | None   # linear, conv: input; relu, unit-normalise: output; pool: indices
     shape: torch.Size             # the layer's output shape (grid layers: the layout to go back to)
-    extra: torch.Size | torch.Tensor | None = None  # pool: its input's shape; unit-normalise: the norms
+    extra: torch.Size | torch.Tensor | None = None  # pool: its input's shape; unit-normalise: the norms;
+    #                                                 the first conv: its input, contiguous
 
 
 def _pair(v) -> list[int]:
@@ -107,12 +108,13 @@ class StackedModels:
         self.parametrised = [name for name, layer in layers if isinstance(layer, _PARAMETRISED)]
 
     # -- layout changes ---------------------------------------------------------------------
-    def _grid(self, h: torch.Tensor, kind: str) -> torch.Tensor:
+    @staticmethod
+    def _grid(h: torch.Tensor, kind: str, memory_format=torch.channels_last) -> torch.Tensor:
         if kind == "grid":
             return h
         m, b = h.shape[:2]  # (M, B, C, H, W) -> (B, M * C, H, W), channels last
         h = h.transpose(0, 1).reshape(b, m * h.shape[2], *h.shape[3:])
-        return h.contiguous(memory_format=torch.channels_last)
+        return h.contiguous(memory_format=memory_format)
 
     @staticmethod
     def _dense(h: torch.Tensor, kind: str, m: int) -> torch.Tensor:
@@ -143,8 +145,10 @@ class StackedModels:
                                   params[f"{name}.weight"].transpose(1, 2))
                 kind = "dense"
             elif isinstance(layer, nn.Conv2d):
-                h = saved = self._grid(h, kind)
-                inp = h
+                if kind == "dense":  # the input, (B, M*C, H, W); its contiguous copy kept for the backward
+                    extra = self._grid(h, kind, torch.contiguous_format)
+                    h = extra.contiguous(memory_format=torch.channels_last)
+                saved = inp = h
                 w = params[f"{name}.weight"]
                 h = F.conv2d(h, w.reshape(-1, *w.shape[2:]), params[f"{name}.bias"].reshape(-1),
                              layer.stride, layer.padding, layer.dilation, groups=m)
@@ -312,7 +316,7 @@ class StackedModels:
                     g, g.new_empty(s.extra), _pair(layer.kernel_size), _pair(layer.stride),
                     _pair(layer.padding), _pair(layer.dilation), layer.ceil_mode, plain(s.tensor))
             elif isinstance(layer, nn.Conv2d):
-                inp, b = plain(s.tensor), s.shape[0]
+                inp, b = (plain(s.tensor) if s.extra is None else s.extra), s.shape[0]
                 o, c = layer.out_channels, layer.in_channels
                 if s.name in record:  # weight gradients of B * M one-example convolutions
                     per = aten.convolution_backward(
