@@ -13,8 +13,14 @@ the gradient ``g`` of the loss with respect to its output (one backward pass):
 * linear layer: the example's weight gradient is the outer product ``g_i a_i^T``, whose norm is
   ``||g_i|| ||a_i||`` (Goodfellow 2015; "ghost norm", Li et al. 2022); the clipped sum is one
   batched product ``(c * g)^T a``. No per-example weight gradient is formed.
-* convolution: per-example weight gradients are formed from the unfolded input (they are small:
-  out x in x k x k per example), then reduced.
+* convolution: per-example weight gradients are formed (they are small, out x in x k x k per
+  example, and cheaper than the ghost norm's T^2 terms for T = H x W output positions: 784^2 for a
+  28x28 layer) by one weight-gradient convolution with B x M groups, one per (example, model) pair,
+  then reduced with the clipping factors. It costs what the weight gradient of plain training costs.
+
+The pass runs in chunks of examples (a few MB of activations, so that they stay in cache), each
+with a forward pass without autograd and a hand-written backward pass (autograd only for the
+loss): the backward pass runs in the layout where the per-example convolution needs no copies.
 
 The result equals the per-example gradients of ``vmap(grad)`` up to float rounding (tested against
 :func:`privkit.trainers.dp_sgd_step.per_sample_gradients`).
@@ -82,9 +88,10 @@ def _pair(v) -> list[int]:
     return list(v) if isinstance(v, tuple | list) else [v, v]
 
 
-# model-examples per chunk of the clipped-sum pass, in bytes of the largest convolutional activation:
-# a few MB keep a chunk's activations in cache; much larger ones (tens of MB) make every step pay
-# for memory traffic and fresh page mappings, which cost more than the arithmetic of small convs
+# model-examples per chunk of the clipped-sum pass on the CPU, in bytes of the largest convolutional
+# activation: a few MB keep a chunk's activations in cache (measured best at 4-8 MB for the quickstart
+# cnn, 16 models); tens of MB make every step pay for memory traffic and fresh page mappings, which
+# cost more than the arithmetic of small convolutions (batch 128 x 16 models at once: 1.6x slower)
 CHUNK_BYTES = 6 << 20
 
 
@@ -228,8 +235,11 @@ class StackedModels:
         return sums, norms
 
     def _chunk(self, x: torch.Tensor) -> int:
-        """Examples per model and chunk: about :data:`CHUNK_BYTES` of the largest convolutional
-        activation (the whole batch for an mlp)."""
+        """Examples per model and chunk: on the CPU about :data:`CHUNK_BYTES` of the largest
+        convolutional activation; the whole batch for an mlp, and on a GPU (no cache to fit; fewer,
+        larger kernels)."""
+        if x.device.type != "cpu":
+            return max(1, x.shape[1])
         h = torch.empty(1, *x.shape[2:], device="meta")
         largest = 0
         for _, layer in self.layers:
