@@ -37,6 +37,9 @@ CASES: list[tuple[str, list[str], int]] = [
     ("unknown option", ["train", "--bogus"], 2),
     ("non-integer --steps", ["budget", "dpsgd", "--steps", "1.5", "--sample-rate", "0.01",
                              "--noise-multiplier", "1", "--delta", "1e-5"], 2),
+    ("--delta out of range", ["budget", "dpsgd", "--steps", "10", "--sample-rate", "0.01",
+                              "--noise-multiplier", "1", "--delta", "1.5"], 2),
+    ("bad trainer value", ["train", "dpsgd", "--set", "epochs=-1", "--out", "unused-run-dir"], 2),
     ("bad --executor", ["audit", "missing-run-dir", "--executor", "banana"], 2),
     ("missing config file", ["run", "missing.toml"], 2),
 ]

@@ -350,7 +350,9 @@ def test_help_renders_every_word():
 # ------------------------------------------------------------------------------- start-up
 @pytest.mark.parametrize("argv", [["--help"], ["train", "--bogus"],
                                   [*DPSGD, "--steps", "1.5"], ["budget", "gaussian", "--help"],
-                                  ["audit", "nowhere", "--executor", "banana"]])
+                                  ["audit", "nowhere", "--executor", "banana"],
+                                  [*DPSGD[:-2], "--delta", "1.5", "--steps", "10"],
+                                  [*DPSGD[:-2], "--delta", "1e-5", "--steps", "10", "--sampler", "x"]])
 def test_start_up_imports_no_heavy_library(argv):
     """Help and refused input never import torch, dp-accounting & co. (timed in
     benchmarks/startup.py; here the mechanism is checked, not the clock)."""
