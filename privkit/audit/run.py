@@ -220,7 +220,7 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
     progress : show progress bars.
     n_audit : pool records audited, each by a fair coin (default: 2 x min(shadow pool, client
         records), the most that keeps the audited runs' data size equal to the release's).
-    delta : delta for the bounds and the accounted epsilon (default: the run's delta, else 1e-5).
+    delta : delta for the bounds and the accounted epsilon (default: :func:`resolve_delta`).
     alpha : 1 - confidence of the verdict's family-wise bound.
     guess_fraction : k+ = k- = this fraction of the audited records (fixed in advance).
     shadow_iterations : CatBoost iterations of the shadow-model attack (FLiP used 10 000).
