@@ -19,6 +19,7 @@ from privkit.trainers.common import (
 )
 
 
+# method "centralized": registration in privkit.methods.centralized (config: privkit.methods.dpsgd)
 def train_centralized(federation, config: CentralConfig, seed: int, progress: bool = False) -> TrainResult:
     """Train one model on all clients' records pooled; per-epoch test accuracy in ``rounds``."""
     from accountants import Ledger, NonPrivateEvent

@@ -57,6 +57,7 @@ def _run_epochs(private, dp_opt, dp_loader, loss_fn, epochs, model, federation, 
     return done, rounds
 
 
+# method "dpsgd": config and registration in privkit.methods.dpsgd
 def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = False) -> TrainResult:
     """Centralised DP-SGD with opacus; see the module docstring for the ledger."""
     from opacus import PrivacyEngine

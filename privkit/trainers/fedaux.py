@@ -128,6 +128,7 @@ def eq10_warning(federation, lam: float, epsilon: float, delta: float, calibrati
             f"epsilon={true_eps:.3g} (analytic, at delta={delta:g}) instead of the claimed {epsilon:g}")
 
 
+# method "fedaux": config and registration in privkit.methods.fedaux
 def train_fedaux(federation, config: FedAUXConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedAUX (``pretrain=false`` drops h0 for the client models; scores always use h0)."""
     from accountants import Ledger

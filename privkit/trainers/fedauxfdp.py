@@ -219,16 +219,19 @@ def _claims(method: str, cfg: DpHeadConfig, baseline: bool, eps_c: float, delta_
             "mechanisms": mech}
 
 
+# method "fedauxfdp": config and registration in privkit.methods.fedauxfdp
 def train_fedauxfdp(federation, config: FedAuxFdpConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedAUXfdp. See the module docstring."""
     return run_dp_heads("fedauxfdp", "scores", federation, config, seed, progress)
 
 
+# method "fedavg-dphead": config and registration in privkit.methods.fedauxfdp
 def train_fedavg_dphead(federation, config: DpHeadBaselineConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedAvg+P baseline of FedAUXfdp's Table 2."""
     return run_dp_heads("fedavg-dphead", "mean-head", federation, config, seed, progress)
 
 
+# method "fedd-dphead": config and registration in privkit.methods.fedauxfdp
 def train_fedd_dphead(federation, config: DpHeadBaselineConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedD+P baseline of FedAUXfdp's Table 2."""
     return run_dp_heads("fedd-dphead", "mean-ensemble", federation, config, seed, progress)

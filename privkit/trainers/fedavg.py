@@ -166,12 +166,14 @@ NO_DP_CLAIM = {"epsilon": float("inf"), "delta": None, "composition": None,
                "scope": "none: client models are sent to the server in the clear",
                "source": "no formal DP claim"}
 
+# method "fedavg": config and registration in privkit.methods.fedavg
 def train_fedavg(federation, config: FedAvgConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedAvg (+P / +F). See the module docstring."""
     out = run_federated(federation, config, seed, progress=progress, description="fedavg rounds")
     return result_from_outcome("fedavg", seed, config, out, claims=dict(NO_DP_CLAIM), federation=federation)
 
 
+# method "fedprox": config and registration in privkit.methods.fedavg
 def train_fedprox(federation, config: FedProxConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedProx (+P / +F). See the module docstring."""
     if config.mu <= 0:

@@ -62,6 +62,7 @@ def distillation_hook(federation, cfg: FedDFConfig, seed: int, scores: np.ndarra
     return hook
 
 
+# method "feddf": config and registration in privkit.methods.feddf
 def train_feddf(federation, config: FedDFConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedDF (+P / +F). See the module docstring."""
     store: dict = {}

@@ -433,12 +433,14 @@ def _run(federation, cfg: DpFedConfig, seed: int, *, method: str, distill: bool,
                        ledger=ledger, rounds=rounds, test_accuracy=test_acc, warnings=warns, claims=claims)
 
 
+# method "fedkadp": config and registration in privkit.methods.fedkadp
 def train_fedkadp(federation, config: FedKADPConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedKADP (Algorithms 1-2) with per-client record-level accounting (``feedback=false``: ablation)."""
     return _run(federation, config, seed, method="fedkadp", distill=True, adaptive=config.feedback,
                 progress=progress)
 
 
+# method "dp-fedavg": config and registration in privkit.methods.fedkadp
 def train_dp_fedavg(federation, config: DpFedConfig, seed: int, progress: bool = False) -> TrainResult:
     """DP-FedAvg baseline (DP-FL of FedKADP Sec. 5.4): same DP-SGD, no distillation, fixed sigma."""
     return _run(federation, config, seed, method="dp-fedavg", distill=False, adaptive=False, progress=progress)

@@ -152,6 +152,7 @@ def _client_round(pair: MentorMentee, x: torch.Tensor, y: torch.Tensor, cfg: Fed
 
 
 # ----------------------------------------------------------------------------- trainer
+# method "fedkd-dp": config and registration in privkit.methods.fedkd
 def train_fedkd_dp(federation, config: FedKDConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedKD with record-level DP; see the module docstring."""
     from accountants import Ledger, dpsgd_event

@@ -724,6 +724,7 @@ def _record_ldp(federation, config, plan, ledger, warnings, claims, dpa, NonPriv
     )
 
 
+# method "fedmd-nfdp": config and registration in privkit.methods.fedmd
 def train_fedmd_nfdp(
     federation, config: FedMDNfdpConfig, seed: int, progress: bool = False
 ) -> TrainResult:
@@ -731,6 +732,7 @@ def train_fedmd_nfdp(
     return run_fedmd(federation, config, seed, "nfdp", progress)
 
 
+# method "fedmd-np": config and registration in privkit.methods.fedmd
 def train_fedmd_np(
     federation, config: FedMDNpConfig, seed: int, progress: bool = False
 ) -> TrainResult:
@@ -738,6 +740,7 @@ def train_fedmd_np(
     return run_fedmd(federation, config, seed, "np", progress)
 
 
+# method "fedmd-ldp": config and registration in privkit.methods.fedmd
 def train_fedmd_ldp(
     federation, config: FedMDLdpConfig, seed: int, progress: bool = False
 ) -> TrainResult:

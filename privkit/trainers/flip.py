@@ -180,6 +180,7 @@ def final_model(
 
 
 # ----------------------------------------------------------------------------- trainer
+# method "flip": config and registration in privkit.methods.flip
 def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False) -> TrainResult:
     """Run FLiP on ``federation``; the released model is Eq. 5's on the last aggregate."""
     from accountants import Ledger, NonPrivateEvent

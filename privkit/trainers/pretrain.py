@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from privkit.errors import PrivkitError
-from privkit.methods.pretrain import PretrainConfig  # noqa: F401  (re-exported)
+from privkit.methods.pretrain import PretrainConfig
 from privkit.progress import progress_bar
 from privkit.seeding import derive_seed, seed_torch, torch_generator
 from privkit.trainers.common import (

@@ -37,13 +37,13 @@ for name in sorted(REGISTRY):
     except ValidationError:
         refused += 1
 print(json.dumps({"methods": len(REGISTRY), "refused": refused,
-                  "heavy": sorted(m for m in %r if m in sys.modules)}))
-""" % (HEAVY,)
+                  "heavy": sorted(m for m in sys.argv[1:] if m in sys.modules)}))
+"""
 
 
 def test_validating_every_method_imports_no_heavy_library():
-    proc = subprocess.run([sys.executable, "-c", VALIDATE_EVERYTHING], capture_output=True, text=True,
-                          cwd=REPO, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", VALIDATE_EVERYTHING, *HEAVY], capture_output=True,
+                          text=True, cwd=REPO, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["methods"] == len(REGISTRY) >= 16
@@ -81,8 +81,8 @@ def test_config_classes_keep_their_trainer_module_import_path(module):
 
 
 def test_old_import_paths_of_the_registry_still_work():
-    import privkit.trainers as trainers
-    import privkit.trainers.base as base
+    from privkit import trainers
+    from privkit.trainers import base
 
     assert trainers.REGISTRY is base.REGISTRY is REGISTRY
     assert trainers.TrainerConfig is base.TrainerConfig is TrainerConfig
