@@ -344,19 +344,21 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
     return [{k: v[j].detach().cpu().clone() for k, v in params.items()} for j in range(m)]
 
 
-def _losses(stacked: StackedModels, params, buffers, xb, yb, wb, record: bool):
-    logits, recs = stacked.forward(params, buffers, xb, record=stacked.parametrised if record else ())
-    per = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="none")
-    return per.view_as(wb) * wb, recs
-
-
 def _mean_gradient(stacked, params, buffers, xb, yb, wb, norm) -> dict[str, torch.Tensor]:
     """Per model the gradient of its summed batch loss divided by ``norm[m]`` (models are
-    independent, so one backward pass of the total gives every model's own gradient)."""
+    independent, so one backward pass of the total gives every model's own gradient), summed over
+    chunks of examples as the clipped sums are (activations that stay in cache)."""
     p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-    losses, _ = _losses(stacked, p, buffers, xb, yb, wb, record=False)
-    grads = torch.autograd.grad((losses.sum(1) / norm).sum(), list(p.values()))
-    return dict(zip(p, grads))
+    step = stacked.chunk_size(xb)
+    total: list[torch.Tensor] = []
+    for start in range(0, xb.shape[1], step):
+        s = slice(start, start + step)
+        logits, _ = stacked.forward(p, buffers, xb[:, s])
+        y, w = yb[:, s], wb[:, s]
+        losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view_as(w) * w
+        grads = torch.autograd.grad((losses.sum(1) / norm).sum(), list(p.values()))
+        total = list(grads) if not total else [t.add_(g) for t, g in zip(total, grads)]
+    return dict(zip(p, total))
 
 
 def _private_gradient(stacked, params, buffers, xb, yb, wb, clip: float, counts: list[int]) -> dict[str, torch.Tensor]:

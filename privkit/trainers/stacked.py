@@ -210,7 +210,7 @@ class StackedModels:
         size = torch.tensor(counts, device=x.device)
         sums = {f"{n}.{p}": torch.zeros_like(params[f"{n}.{p}"]) for n in record for p in ("weight", "bias")}
         norms = x.new_zeros(m, width)
-        step = self._chunk(x)
+        step = self.chunk_size(x)
         for start in range(0, max(counts), step):
             sl = slice(start, min(start + step, width))
             rows = [j for j in range(m) if counts[j] > start]
@@ -234,7 +234,7 @@ class StackedModels:
             norms[models, sl] = n
         return sums, norms
 
-    def _chunk(self, x: torch.Tensor) -> int:
+    def chunk_size(self, x: torch.Tensor) -> int:
         """Examples per model and chunk: on the CPU about :data:`CHUNK_BYTES` of the largest
         convolutional activation; the whole batch for an mlp, and on a GPU (no cache to fit; fewer,
         larger kernels)."""

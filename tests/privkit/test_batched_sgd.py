@@ -75,7 +75,7 @@ def test_chunked_clipped_sums_with_pads_equal_torch_func_per_example_gradients(n
     stacked = StackedModels(models[0], 3)
     if name == "cnn":  # the largest activation: 4 channels x 12 x 12 floats per model and example
         monkeypatch.setattr(stacked_module, "CHUNK_BYTES", 3 * (4 * 12 * 12) * 4 * 3)
-        assert stacked._chunk(x) == 3
+        assert stacked.chunk_size(x) == 3
     per = [per_sample_gradients(m, x[j, :counts[j]], y[j, :counts[j]], lambda lo, t, _a: F.cross_entropy(lo, t))
            for j, m in enumerate(models)]
     clip = clip_per_sample(per[0], 1.0)[1].median().item()
@@ -137,12 +137,14 @@ def test_many_equals_loop_including_noise(data, name, case):
     assert not torch.allclose(many[0]["head.weight"], _init_head(spec, 5))  # it trained
 
 
-def test_many_equals_loop_in_chunks_of_three_examples(data, monkeypatch):
-    """Each step's clipped sums formed three examples at a time, models dropping out of the last
-    chunks as their Poisson batches run out: still the loop's weights."""
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_many_equals_loop_in_chunks_of_three_examples(data, monkeypatch, clip):
+    """Each step's gradients (clipped sums, or mean gradients) formed three examples at a time,
+    models dropping out of the last chunks as their Poisson batches run out: the loop's weights."""
     x, y = data
     monkeypatch.setattr(stacked_module, "CHUNK_BYTES", 3 * (4 * 8 * 8) * 4 * 3)  # cnn conv1: 4 x 8 x 8
-    recipe = SGDRecipe(epochs=1, batch_size=16, lr=0.2, clip=0.5, noise_multiplier=0.8, sampling="poisson")
+    recipe = SGDRecipe(epochs=1, batch_size=16, lr=0.2, clip=clip, noise_multiplier=0.8 if clip else 0.0,
+                       sampling="poisson")
     idx = [np.arange(0, 100), np.arange(40, 130), np.arange(80, 200)]
     many = train_many(_spec("cnn"), x, y, idx, recipe, [5, 6, 7])
     for j, s in enumerate([5, 6, 7]):
