@@ -208,7 +208,7 @@ class StackedModels:
         if len(counts) != m or min(counts) < 0 or max(counts) > width:
             raise ValueError(f"counts must be {m} numbers in [0, {width}]; found {counts}")
         size = torch.tensor(counts, device=x.device)
-        sums = {f"{n}.{p}": torch.zeros_like(params[f"{n}.{p}"]) for n in record for p in ("weight", "bias")}
+        sums: dict[str, torch.Tensor] = {}
         norms = x.new_zeros(m, width)
         step = self.chunk_size(x)
         for start in range(0, max(counts), step):
@@ -227,12 +227,14 @@ class StackedModels:
             part, n = self._clipped_chunk(p, bf, sub, lambda lo, mo=models, s=sl: example_losses(lo, mo, s),
                                           clip, record, keep)
             for k, v in part.items():
-                if len(rows) < m:
+                if len(rows) == m:
+                    sums[k] = sums[k].add_(v) if k in sums else v
+                else:  # models whose examples ran out add nothing
+                    sums[k] = sums[k] if k in sums else torch.zeros_like(params[k])
                     sums[k].index_add_(0, models, v)
-                else:
-                    sums[k].add_(v)
             norms[models, sl] = n
-        return sums, norms
+        keys = [f"{n}.{p}" for n in record for p in ("weight", "bias")]
+        return {k: sums[k] if k in sums else torch.zeros_like(params[k]) for k in keys}, norms
 
     def chunk_size(self, x: torch.Tensor) -> int:
         """Examples per model and chunk: on the CPU about :data:`CHUNK_BYTES` of the largest
