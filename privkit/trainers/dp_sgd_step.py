@@ -98,7 +98,7 @@ def clip_per_sample(grads: dict[str, torch.Tensor], clip_norm: float) -> tuple[d
 def clipped_gradient_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: PerSampleLoss,
                          clip_norm: float, aux: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """``sum_i min(1, c / ||g_i||) g_i`` over the trainable parameters (``g_i``: record i's gradient)."""
-    from privkit.trainers.stacked import clipped_sum_one
+    from privkit.trainers.stacked import UnsupportedModelError, clipped_sum_one
 
     if clip_norm <= 0:
         raise PrivkitError(f"clip_norm must be > 0; found {clip_norm}")
@@ -111,7 +111,7 @@ def clipped_gradient_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, los
 
     try:
         return clipped_sum_one(model, x, example_losses, clip_norm)
-    except ValueError:  # a model the stacked layers do not cover: torch.func per-example gradients
+    except UnsupportedModelError:  # a model the stacked layers do not cover: torch.func per-example gradients
         clipped, _ = clip_per_sample(per_sample_gradients(model, x, y, loss_fn, aux), clip_norm)
         return {k: g.sum(0) for k, g in clipped.items()}
 

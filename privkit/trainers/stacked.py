@@ -41,24 +41,29 @@ _PARAMETRISED = (nn.Linear, nn.Conv2d)
 _SUPPORTED = _PARAMETRISED + (nn.ReLU, nn.MaxPool2d, nn.Flatten, UnitNormalize)
 
 
+class UnsupportedModelError(ValueError):
+    """A model or layer the stacked forward/backward does not cover (callers fall back to
+    ``torch.func``); any other ``ValueError`` from this module is a bug and propagates."""
+
+
 def layer_sequence(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Leaf layers of a privkit :class:`~privkit.models.FeatureClassifier` in execution order, with
     the prefixes of their parameter names; any other model or layer is a ``ValueError``."""
     if not isinstance(model, FeatureClassifier) or not isinstance(model.features, nn.Sequential):
-        raise ValueError(f"model must be a privkit FeatureClassifier with sequential features; found "
+        raise UnsupportedModelError(f"model must be a privkit FeatureClassifier with sequential features; found "
                          f"{type(model).__name__}")
     seq = [(f"features.{n}", m) for n, m in model.features.named_children()] + [("head", model.head)]
     for name, m in seq:
         if not isinstance(m, _SUPPORTED):
-            raise ValueError(f"layer {name} ({type(m).__name__}) is not supported by stacked training; "
+            raise UnsupportedModelError(f"layer {name} ({type(m).__name__}) is not supported by stacked training; "
                              f"supported: {', '.join(t.__name__ for t in _SUPPORTED)}")
         if isinstance(m, nn.Conv2d) and (m.groups != 1 or m.padding_mode != "zeros" or m.bias is None
                                          or m.stride != (1, 1) or m.dilation != (1, 1)):
-            raise ValueError(f"layer {name}: stacked training needs Conv2d with groups=1, stride 1, no "
+            raise UnsupportedModelError(f"layer {name}: stacked training needs Conv2d with groups=1, stride 1, no "
                              f"dilation, zero padding and a bias; found groups={m.groups}, stride="
                              f"{m.stride}, dilation={m.dilation}, padding_mode={m.padding_mode!r}")
         if isinstance(m, nn.Linear) and m.bias is None:
-            raise ValueError(f"layer {name}: stacked training needs Linear layers with a bias")
+            raise UnsupportedModelError(f"layer {name}: stacked training needs Linear layers with a bias")
     return seq
 
 
@@ -365,11 +370,11 @@ def clipped_sum_one(model: nn.Module, x: torch.Tensor,
     for name in stacked.parametrised:
         flags = {named[f"{name}.weight"].requires_grad, named[f"{name}.bias"].requires_grad}
         if len(flags) > 1:
-            raise ValueError(f"layer {name}: weight and bias must be both trainable or both frozen")
+            raise UnsupportedModelError(f"layer {name}: weight and bias must be both trainable or both frozen")
         if flags.pop():
             trainable.append(name)
     if not trainable:
-        raise ValueError("the model has no trainable parameters")
+        raise UnsupportedModelError("the model has no trainable parameters")
     params = {k: p.detach().unsqueeze(0).requires_grad_(p.requires_grad) for k, p in named.items()}
     buffers = {k: b.unsqueeze(0) for k, b in model.named_buffers()}
     sums, _ = stacked.clipped_sums(params, buffers, x.unsqueeze(0),

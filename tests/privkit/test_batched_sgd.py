@@ -335,3 +335,29 @@ def test_release_mode_noise_is_not_derived_from_the_seed(data):
     assert not torch.allclose(a["head.weight"], b["head.weight"])  # fresh OS entropy per run
     c, d = (train_many(_spec("mlp"), x, y, idx, recipe, [3])[0] for _ in range(2))
     torch.testing.assert_close(c["head.weight"], d["head.weight"], rtol=0, atol=0)
+
+
+def test_unsupported_model_falls_back_but_a_bug_propagates(monkeypatch):
+    """clipped_gradient_sum uses torch.func only for models the stacked path does not cover; any
+    other error inside the fast path is raised, not hidden behind the slower fallback."""
+    from torch import nn
+
+    from privkit.trainers import dp_sgd_step, stacked
+
+    def loss(logits, y, _aux):
+        return F.cross_entropy(logits, y)
+
+    torch.manual_seed(0)
+    x, y = torch.randn(6, 5), torch.randint(0, 3, (6,))
+    plain = nn.Sequential(nn.Linear(5, 3))  # not a FeatureClassifier: torch.func per-example gradients
+    got = dp_sgd_step.clipped_gradient_sum(plain, x, y, loss, 0.5)
+    clipped, _ = dp_sgd_step.clip_per_sample(dp_sgd_step.per_sample_gradients(plain, x, y, loss), 0.5)
+    for k, g in clipped.items():
+        torch.testing.assert_close(got[k], g.sum(0))
+
+    def broken(*_a, **_k):
+        raise ValueError("a bug in the fast path")
+
+    monkeypatch.setattr(stacked, "clipped_sum_one", broken)
+    with pytest.raises(ValueError, match="a bug in the fast path"):
+        dp_sgd_step.clipped_gradient_sum(plain, x, y, loss, 0.5)
