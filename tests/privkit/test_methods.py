@@ -46,7 +46,9 @@ def test_validating_every_method_imports_no_heavy_library():
                           text=True, cwd=REPO, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
-    assert out["methods"] == len(REGISTRY) >= 16
+    # other tests may register toy trainers in this process: count the shipped methods only
+    shipped = [n for n, spec in REGISTRY.items() if spec.config_cls.__module__.startswith("privkit.methods.")]
+    assert out["methods"] == len(shipped) >= 16
     assert out["refused"] == out["methods"]  # eval_batch_size >= 1 holds for every method
     assert out["heavy"] == []
 
