@@ -6,6 +6,7 @@ PRV cross-check imports opacus lazily, only when asked for).
 """
 
 from accountants import _logging
+from accountants.bracket import Bracket, optimistic_epsilon, pld_bracket
 from accountants.calibration import Calibration, calibrate_noise_multiplier
 from accountants.composition import advanced_composition, basic_composition
 from accountants.dpsgd import (
@@ -123,6 +124,9 @@ __all__ = [
     "nfdp_warnings",
     "plan_order",
     "prv_bracket",
+    "Bracket",
+    "optimistic_epsilon",
+    "pld_bracket",
     "project_to_unit_ball",
     "record_exposure_warning",
     "sampler_accounting",
