@@ -63,6 +63,7 @@ from scipy import special
 
 from accountants._validate import check_choice, check_int, check_open_unit, check_positive
 from accountants.allocation_pld import random_allocation_pld_epsilon
+from accountants.choices import SAMPLERS
 from accountants.dpsgd import _check_sample_rate, dpsgd_accounting
 from accountants.gaussian import safe_gaussian_epsilon
 
@@ -77,7 +78,6 @@ __all__ = [
     "shuffle_lower_epsilon",
 ]
 
-SAMPLERS = ("poisson", "shuffle", "random-allocation")
 RDP_ORDERS = tuple(range(2, 33))
 LOWER_VDI = 1e-3
 POISSON_NOTE = ("the Poisson epsilon does not apply to this sampler: it assumes each record joins each "

@@ -14,6 +14,12 @@ Measured on the 2-core development machine under a load average of ~10, median o
 ``train --bogus`` 7.9-8.3 s -> 0.48-0.65 s, ``budget dpsgd --steps 1.5`` 8.0 s -> 0.45-0.66 s,
 ``audit --executor banana`` 8.0-9.5 s -> 0.71-0.90 s, ``run missing.toml`` 6.3-8.9 s -> 0.75-0.97 s;
 importing every heavy library took 9.4-12.2 s (ratio 0.56-0.81 before, 0.047-0.080 after).
+
+Trainer configs in the torch-free ``privkit.methods`` (two alternating runs, median of 3, load ~4,
+before = main 8d2a5f9): ``train dpsgd --set epochs=-1`` 3.8-4.2 s -> 0.33-0.50 s, ``--set bogus=1``
+5.2-7.7 s -> 0.38-0.47 s, ``train --list`` 3.9-5.9 s -> 0.29-0.51 s, ``run`` with a bad trainer value
+4.4-4.5 s -> 0.45-0.66 s (ratio 0.37-0.75 before, 0.058-0.096 after; torch, scipy, sklearn and
+dp_accounting no longer imported).
 """
 
 from __future__ import annotations
@@ -25,10 +31,15 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 HEAVY = ("torch", "opacus", "catboost", "ray", "dp_accounting", "matplotlib", "sklearn", "scipy")
+
+# a run config whose only method has a bad trainer value, written to a temporary file by main()
+BAD_RUN_CONFIG = "{bad_run_config}"
+BAD_RUN_TOML = 'name = "bad"\n[[methods]]\nname = "dpsgd"\noverrides = { epochs = -1 }\n'
 
 # (name, argv after `privkit`, expected exit code)
 CASES: list[tuple[str, list[str], int]] = [
@@ -37,6 +48,12 @@ CASES: list[tuple[str, list[str], int]] = [
     ("unknown option", ["train", "--bogus"], 2),
     ("non-integer --steps", ["budget", "dpsgd", "--steps", "1.5", "--sample-rate", "0.01",
                              "--noise-multiplier", "1", "--delta", "1e-5"], 2),
+    ("--delta out of range", ["budget", "dpsgd", "--steps", "10", "--sample-rate", "0.01",
+                              "--noise-multiplier", "1", "--delta", "1.5"], 2),
+    ("bad trainer value", ["train", "dpsgd", "--set", "epochs=-1", "--out", "unused-run-dir"], 2),
+    ("unknown trainer key", ["train", "dpsgd", "--set", "bogus=1", "--out", "unused-run-dir"], 2),
+    ("train --list", ["train", "--list"], 0),
+    ("run: bad trainer value", ["run", BAD_RUN_CONFIG], 2),
     ("bad --executor", ["audit", "missing-run-dir", "--executor", "banana"], 2),
     ("missing config file", ["run", "missing.toml"], 2),
 ]
@@ -85,12 +102,16 @@ def main() -> None:
     heavy_stmt = "import " + ", ".join(HEAVY)
     everything, _ = _time([sys.executable, "-c", heavy_stmt], args.repeats, env)
     rows = []
-    for name, argv, expected in CASES:
-        seconds, code = _time([*script, *argv], args.repeats, env)
-        rows.append({"case": name, "argv": argv, "seconds": round(seconds, 3), "exit_code": code,
-                     "expected_exit_code": expected,
-                     "ratio_to_import_everything": round(seconds / everything, 3),
-                     "heavy_imports": _heavy_imports([*script, *argv], env)})
+    with tempfile.TemporaryDirectory(prefix="privkit-startup-") as tmp:
+        bad_run = Path(tmp) / "bad.toml"
+        bad_run.write_text(BAD_RUN_TOML)
+        for name, argv, expected in CASES:
+            argv = [str(bad_run) if a == BAD_RUN_CONFIG else a for a in argv]
+            seconds, code = _time([*script, *argv], args.repeats, env)
+            rows.append({"case": name, "argv": argv, "seconds": round(seconds, 3), "exit_code": code,
+                         "expected_exit_code": expected,
+                         "ratio_to_import_everything": round(seconds / everything, 3),
+                         "heavy_imports": _heavy_imports([*script, *argv], env)})
     out = {"repeats": args.repeats, "python_bare_seconds": round(bare, 3),
            "import_everything_seconds": round(everything, 3), "import_everything": heavy_stmt,
            "cases": rows}

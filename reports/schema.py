@@ -42,6 +42,8 @@ WARNING_CODES = (
     "no_formal_dp",             # the method makes no formal DP claim
     "reduced_audit",            # audit reduced (few shadows / trials): bounds are weak
     "audit_size_mismatch",      # audited runs train on less data than the release (pool too small)
+    "near_chance",              # the released model ends at or near chance accuracy
+    "reproducible_noise",       # DP noise derived from the stored seed: not for release
     "other",
 )
 

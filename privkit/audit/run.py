@@ -73,11 +73,14 @@ def _load_run(run_dir: Path):
     return cfg, fed, result, spec
 
 
-def _resolve_delta(delta: float | None, trainer_cfg: dict, claims: dict, n_private: int) -> float:
+def resolve_delta(delta: float | None, trainer_cfg: dict, claims: dict, n_private: int) -> float:
+    """The audit's delta: ``delta`` if given, else the run's own delta when it is meaningful, else
+    ``min(1e-5, 1/n)``. A delta >= 1/n (a no-DP claim may say 1; FedMD-NFDP's theorem gives 0.098)
+    permits publishing a record outright, so an audit at that delta would test nothing: it is skipped,
+    as the pipeline's audit (run at the run config's delta) does."""
     if delta is None:
-        # the run's own delta when it has a meaningful one (a no-DP claim may say delta = 1)
         for cand in (trainer_cfg.get("delta"), claims.get("delta")):
-            if isinstance(cand, (int, float)) and 0 < cand < 1:
+            if isinstance(cand, (int, float)) and 0 < cand < 1 / max(n_private, 1):
                 delta = float(cand)
                 break
         else:
@@ -217,7 +220,7 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
     progress : show progress bars.
     n_audit : pool records audited, each by a fair coin (default: 2 x min(shadow pool, client
         records), the most that keeps the audited runs' data size equal to the release's).
-    delta : delta for the bounds and the accounted epsilon (default: the run's delta, else 1e-5).
+    delta : delta for the bounds and the accounted epsilon (default: :func:`resolve_delta`).
     alpha : 1 - confidence of the verdict's family-wise bound.
     guess_fraction : k+ = k- = this fraction of the audited records (fixed in advance).
     shadow_iterations : CatBoost iterations of the shadow-model attack (FLiP used 10 000).
@@ -235,7 +238,7 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
         raise ValueError(f"guess_fraction must be in (0, 0.5]; found {guess_fraction}")
     cfg, fed, result, spec = _load_run(run)
     method, trainer_cfg = cfg["method"], cfg["trainer"]
-    delta = _resolve_delta(delta, trainer_cfg, result.claims, len(fed.members))
+    delta = resolve_delta(delta, trainer_cfg, result.claims, len(fed.members))
     pool, audited, sizes = audit_pool(fed, n_audit, seed)
     design = design_experiment(pool.size, shadows=shadows, seed=seed, audited=audited)
     recipe = FederationRecipe(fed, method, trainer_cfg, keep_artifacts="attribute" in names)

@@ -188,7 +188,7 @@ def audit(
                                        help="Run directory: pool records audited, each included by a fair "
                                             "coin (default: the most that keeps the release's data size)."),
     delta: float | None = typer.Option(None, "--delta", help="Delta in (0, 1) (default: the run's "
-                                                             "delta or 1e-5)."),
+                                                             "delta if below 1/n, else min(1e-5, 1/n))."),
     iterations: int = typer.Option(200, "--iterations", min=1,
                                    help="CatBoost iterations of the shadow attack."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),

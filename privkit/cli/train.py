@@ -30,7 +30,7 @@ _FILE_KEYS = {"method", "seed", "federation", "trainer"}
 
 def list_methods() -> list[dict[str, Any]]:
     """Every registered method with its summary, paper, formal_dp flag, defaults and quick overrides."""
-    from privkit.trainers import REGISTRY  # importing the package registers every method
+    from privkit.methods import REGISTRY  # torch-free: configs and metadata only
 
     return [{"name": s.name, "summary": s.summary, "paper": s.paper, "formal_dp": s.formal_dp,
              "defaults": s.defaults(), "quick": dict(s.quick)} for s in sorted(REGISTRY.values(), key=lambda s: s.name)]
@@ -41,7 +41,7 @@ def resolve_run(method: str | None, config_file: Path | None, sets: list[str], f
     """Validated {method, seed, federation (FederationConfig), trainer (config model)}; no training."""
     from privkit.config import apply_overrides, load_toml
     from privkit.data import FederationConfig
-    from privkit.trainers import get_trainer, make_config
+    from privkit.methods import get_trainer, make_config  # torch-free: refusing a value stays fast
 
     data: dict[str, Any] = {}
     if config_file is not None:

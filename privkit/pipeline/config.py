@@ -188,7 +188,7 @@ def resolve_config(data: dict, *, source: str | None = None,
     PrivkitError
         One line naming the bad field and the value found; nothing has been written yet.
     """
-    from privkit.trainers import get_trainer, make_config
+    from privkit.methods import get_trainer, make_config  # torch-free: refusing a value stays fast
 
     overrides = list(overrides or [])
     data = apply_overrides(data, overrides)

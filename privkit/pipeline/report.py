@@ -13,7 +13,10 @@ from privkit.pipeline.files import now as _now
 from privkit.pipeline.files import one_line as _one_line
 from privkit.pipeline.files import read_json as _read_json
 
+# first match wins: the stamps come first because their texts mention sampling and accuracy
 _WARNING_RULES: list[tuple[str, tuple[str, ...]]] = [
+    ("reproducible_noise", ("reproducible noise",)),
+    ("near_chance", ("near-chance",)),
     ("delta_ge_1_over_n", ("1/n",)),
     ("classic_gaussian_eps_ge_1", ("classic gaussian", "classic formula", "classic mechanism")),
     ("data_dependent_scaling", ("data-dependent", "normalis", "normaliz", "feature scal",

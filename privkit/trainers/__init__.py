@@ -1,23 +1,21 @@
-"""Trainers: one module per method, each registering itself in :data:`REGISTRY`.
+"""Trainers: one module per method, each holding the training function of the methods declared in
+the torch-free :mod:`privkit.methods` module of the same name (config models, metadata, registry).
 
 Use :func:`train` (``privkit.trainers.train("fedavg", federation, {...}, seed=0)``) or the CLI
-``privkit train METHOD``.
+``privkit train METHOD``. Importing this package does not import torch: a method's module (and
+torch) is imported when it trains (``get_trainer(name).fn``).
 """
 
-from privkit.trainers.base import (REGISTRY, TrainerConfig, TrainerSpec, TrainResult, get_trainer,
-                                   make_config, register_trainer, train)
+from privkit.trainers.base import (
+    REGISTRY,
+    TrainerConfig,
+    TrainerSpec,
+    TrainResult,
+    get_trainer,
+    make_config,
+    register_trainer,
+    train,
+)
 
 __all__ = ["REGISTRY", "TrainResult", "TrainerConfig", "TrainerSpec", "get_trainer", "make_config",
            "register_trainer", "train"]
-
-# Method modules register themselves on import (one line each, below).
-from privkit.trainers import fedmd as _fedmd  # noqa: F401,E402
-from privkit.trainers import flip as _flip  # noqa: F401,E402
-from privkit.trainers import fedkadp as _fedkadp  # noqa: F401,E402
-from privkit.trainers import fedkd as _fedkd  # noqa: F401,E402
-from privkit.trainers import dpsgd as _dpsgd  # noqa: F401,E402
-from privkit.trainers import centralized as _centralized  # noqa: F401,E402
-from privkit.trainers import fedavg as _fedavg  # noqa: F401,E402
-from privkit.trainers import feddf as _feddf  # noqa: F401,E402
-from privkit.trainers import fedaux as _fedaux  # noqa: F401,E402
-from privkit.trainers import fedauxfdp as _fedauxfdp  # noqa: F401,E402

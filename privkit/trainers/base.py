@@ -4,6 +4,9 @@ A trainer never computes an epsilon itself: every time a mechanism touches a cli
 it appends an event to the result's :class:`accountants.Ledger`. The result carries the released
 model(s) (what audits attack), per-round metrics, and any artifact a client shares with the server
 (scores, heads, soft labels, distilled samples), so audits can attack those too.
+
+The config models and the registry live in :mod:`privkit.methods` (torch-free, re-exported here);
+this module imports torch only to save or load checkpoints, so that validating a run stays fast.
 """
 
 from __future__ import annotations
@@ -11,36 +14,29 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from pydantic import Field
-from typing_extensions import Annotated
 
-from privkit.config import StrictModel
 from privkit.errors import PrivkitError
 from privkit.jsonutil import json_default, read_json
-from privkit.models import build_from_spec
+from privkit.methods.base import TrainerConfig
+from privkit.methods.registry import (  # noqa: F401  (re-exported from their former home)
+    REGISTRY,
+    TrainerFn,
+    TrainerSpec,
+    get_trainer,
+    make_config,
+    register_trainer,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from accountants import Ledger
     from privkit.data import Federation
 
 SCHEMA_VERSION = 1
-
-
-class TrainerConfig(StrictModel):
-    """Settings every trainer shares; each method subclasses it with its own fields and defaults."""
-
-    device: str = "auto"
-    # False (release mode): DP noise and privacy-amplifying sampling come from AES-CTR keyed from
-    # OS entropy, never stored (privkit.dp_random). True: derived from the run seed, bit-reproducible, stamped "not for release".
-    reproducible_noise: bool = False
-    arch: Literal["cnn", "mlp"] = "cnn"
-    width: Annotated[int, Field(ge=1)] = 16
-    feature_dim: Annotated[int, Field(ge=2)] = 128
-    eval_batch_size: Annotated[int, Field(ge=1)] = 1024
 
 
 @dataclass
@@ -114,6 +110,8 @@ class TrainResult:
 
     def save(self, run_dir: str | Path) -> Path:
         """Write checkpoints, ``ledger.json``, ``metrics.json``, ``train.json``, ``artifacts.npz``."""
+        import torch
+
         out = Path(run_dir)
         ckpt = out / "checkpoints"
         ckpt.mkdir(parents=True, exist_ok=True)
@@ -134,6 +132,7 @@ class TrainResult:
     @classmethod
     def load(cls, run_dir: str | Path) -> "TrainResult":
         from accountants import Ledger
+        from privkit.models import build_from_spec
 
         out = Path(run_dir)
         meta_path = out / "train.json"
@@ -169,6 +168,8 @@ def _load_checkpoint(model: torch.nn.Module, path: Path) -> torch.nn.Module:
     import pickle
     import zipfile
 
+    import torch
+
     if not path.is_file():
         raise PrivkitError(f"checkpoint not found: {path} (run `privkit train` first)")
     try:
@@ -186,66 +187,6 @@ def _load_checkpoint(model: torch.nn.Module, path: Path) -> torch.nn.Module:
         raise PrivkitError(f"checkpoint {path} does not match the model in train.json "
                            f"({type(exc).__name__}: {first}); re-run `privkit train`") from None
     return model
-
-
-# ---------------------------------------------------------------------------- registry
-TrainerFn = Callable[..., TrainResult]
-
-
-@dataclass(frozen=True)
-class TrainerSpec:
-    """A registered method: its config model, the function, and what it promises."""
-
-    name: str
-    config_cls: type[TrainerConfig]
-    fn: TrainerFn
-    summary: str
-    paper: str | None = None
-    formal_dp: bool = True
-    quick: dict = field(default_factory=dict)
-
-    def defaults(self) -> dict:
-        return self.config_cls().model_dump()
-
-    def quick_config(self) -> dict:
-        """Defaults with the ``quick`` overrides: a CPU-sized run (seconds) used by the demo and CI."""
-        return self.config_cls.model_validate({**self.defaults(), **self.quick}).model_dump()
-
-
-REGISTRY: dict[str, TrainerSpec] = {}
-
-
-def register_trainer(name: str, config_cls: type[TrainerConfig], summary: str, *,
-                     paper: str | None = None, formal_dp: bool = True,
-                     quick: dict | None = None) -> Callable[[TrainerFn], TrainerFn]:
-    """Decorator registering ``fn(federation, config, seed, progress=False) -> TrainResult``.
-
-    ``quick`` holds config overrides for a CPU-sized run on the embedded data (the demo uses it).
-    """
-
-    def deco(fn: TrainerFn) -> TrainerFn:
-        if name in REGISTRY:
-            raise PrivkitError(f"trainer {name!r} registered twice")
-        REGISTRY[name] = TrainerSpec(name, config_cls, fn, summary, paper, formal_dp, dict(quick or {}))
-        return fn
-
-    return deco
-
-
-def get_trainer(name: str) -> TrainerSpec:
-    import privkit.trainers  # noqa: F401  (imports every method module, filling the registry)
-
-    if name not in REGISTRY:
-        raise PrivkitError(f"method must be one of {', '.join(sorted(REGISTRY))}; found {name!r}")
-    return REGISTRY[name]
-
-
-def make_config(method: str, data: dict | TrainerConfig | None = None) -> TrainerConfig:
-    """Validate ``data`` against ``method``'s config model (defaults for missing keys)."""
-    spec = get_trainer(method)
-    if isinstance(data, TrainerConfig):
-        return data
-    return spec.config_cls.model_validate(data or {})
 
 
 def train(method: str, federation: "Federation", config: dict | TrainerConfig | None = None,

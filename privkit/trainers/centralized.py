@@ -7,8 +7,9 @@ every client: there is no formal guarantee, only what the audits measure.
 
 from __future__ import annotations
 
+from privkit.methods.dpsgd import CentralConfig
 from privkit.seeding import derive_seed
-from privkit.trainers.base import TrainResult, register_trainer
+from privkit.trainers.base import TrainResult
 from privkit.trainers.common import (
     accuracy,
     make_optimizer,
@@ -16,12 +17,9 @@ from privkit.trainers.common import (
     resolve_device,
     train_supervised,
 )
-from privkit.trainers.dpsgd import CentralConfig
 
 
-@register_trainer("centralized", CentralConfig, "Non-private centralised training on the pooled client "
-                  "data (no guarantee; reference for utility and audits)", formal_dp=False,
-                  quick={"epochs": 6, "width": 8, "feature_dim": 32, "lr": 0.1, "batch_size": 64})
+# method "centralized": registration in privkit.methods.centralized (config: privkit.methods.dpsgd)
 def train_centralized(federation, config: CentralConfig, seed: int, progress: bool = False) -> TrainResult:
     """Train one model on all clients' records pooled; per-epoch test accuracy in ``rounds``."""
     from accountants import Ledger, NonPrivateEvent

@@ -20,45 +20,16 @@ random streams differ from opacus'.
 from __future__ import annotations
 
 import warnings as _warnings
-from typing import Annotated, Literal
 
 import torch
-from pydantic import Field
 from torch.utils.data import DataLoader, TensorDataset
 
 from privkit.errors import PrivkitError
+from privkit.methods.dpsgd import PAPER, CentralConfig, DpsgdConfig  # noqa: F401  (re-exported)
 from privkit.seeding import derive_seed, noise_generator
-from privkit.trainers.base import TrainerConfig, TrainResult, register_trainer
+from privkit.trainers.base import TrainResult
 from privkit.trainers.common import accuracy, make_optimizer, new_model, resolve_device
 from privkit.trainers.opacus_streams import secret_poisson_loader, use_noise_source
-
-PAPER = "Abadi et al., Deep Learning with Differential Privacy, CCS 2016 (opacus implementation)"
-
-Positive = Annotated[float, Field(gt=0)]
-
-
-class CentralConfig(TrainerConfig):
-    """Training settings shared by the centralised baselines (``dpsgd`` and ``centralized``)."""
-
-    epochs: Annotated[int, Field(ge=1)] = 10
-    batch_size: Annotated[int, Field(ge=1)] = 64  # expected batch size (Poisson) / batch size
-    lr: Positive = 0.1
-    optimizer: Literal["sgd", "adam"] = "sgd"
-
-
-class DpsgdConfig(CentralConfig):
-    """DP-SGD settings.
-
-    ``noise_multiplier`` (noise std / clip norm), when set, is used as is and ``target_epsilon``
-    is not used; when it is ``None`` (default) it is calibrated so that the PLD epsilon at
-    ``delta`` is at most ``target_epsilon``.
-    """
-
-    clip_norm: Positive = 1.0
-    noise_multiplier: Positive | None = None
-    target_epsilon: Positive = 3.0
-    delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
-    calibration_accountant: Literal["pld", "rdp"] = "pld"  # also the per-epoch epsilon in rounds
 
 
 def _loader(x, y, batch_size: int, generator: torch.Generator | None) -> DataLoader:
@@ -87,10 +58,7 @@ def _run_epochs(private, dp_opt, dp_loader, loss_fn, epochs, model, federation, 
     return done, rounds
 
 
-@register_trainer("dpsgd", DpsgdConfig, "Centralised DP-SGD on the pooled client data (opacus, Poisson "
-                  "sampling), noise given or calibrated to a target (epsilon, delta)", paper=PAPER,
-                  formal_dp=True, quick={"arch": "mlp", "feature_dim": 64, "epochs": 10, "lr": 0.5,
-                                         "batch_size": 128, "calibration_accountant": "rdp"})
+# method "dpsgd": config and registration in privkit.methods.dpsgd
 def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = False) -> TrainResult:
     """Centralised DP-SGD with opacus; see the module docstring for the ledger."""
     from opacus import PrivacyEngine

@@ -27,17 +27,15 @@ norm over ``D_i u D^-``, which depends on the private data and is sent to the se
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field
-from typing_extensions import Annotated
 
+from privkit.methods.fedaux import FedAUXConfig
 from privkit.seeding import noise_rng
-from privkit.trainers.base import TrainResult, register_trainer
+from privkit.trainers.base import TrainResult
 from privkit.trainers.common import embed, resolve_device
-from privkit.trainers.feddf import FedDFConfig, distillation_hook
+from privkit.trainers.feddf import distillation_hook
 from privkit.trainers.fedavg import result_from_outcome, run_federated
 from privkit.trainers.heads import (certainty_scores, fit_binary_head, head_features, release_head)
 from privkit.trainers.pretrain import init_model
@@ -47,25 +45,6 @@ EQ4_NOTE = ("features enter the logistic heads through the per-example map [v/||
             "(unit ball, bias inside the norm bound); the paper's Eq. 4 divides by max ||h0(x)|| over "
             "the client's private data, a data-dependent scale outside the sensitivity proof (and "
             "sent to the server), so privkit does not use it")
-
-
-class FedAUXConfig(FedDFConfig):
-    """FedAUX settings: FedDF's (pretraining on by default) plus the DP scoring heads.
-
-    ``score_epsilon`` defaults to 4 (paper 0.1) and ``calibration`` to ``analytic`` (paper:
-    classic): the scoring head's noise scales as 1/(lam n eps) with n = |D_i| + |D^-|, about 520
-    on the embedded data against the paper's 22 500, so 4 keeps the paper's n * eps; at 0.1 the
-    embedded scores are noise. ``privkit/configs/full.toml`` sets the paper's values.
-    """
-
-    pretrain: bool = True
-    score_epsilon: Annotated[float, Field(gt=0)] = 4.0  # paper 0.1 (see the class docstring)
-    score_delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
-    score_lambda: Annotated[float, Field(gt=0)] = 0.1
-    score_dp: bool = True
-    calibration: Literal["classic", "analytic"] = "analytic"  # paper: "classic"
-    xi: Annotated[float, Field(gt=0)] = 1e-8
-    center_features: bool = True
 
 
 @dataclass
@@ -149,16 +128,7 @@ def eq10_warning(federation, lam: float, epsilon: float, delta: float, calibrati
             f"epsilon={true_eps:.3g} (analytic, at delta={delta:g}) instead of the claimed {epsilon:g}")
 
 
-# CPU-sized: FedDF's quick setting; h0 is the same as FedAUXfdp's quick h0 (cached per process).
-_QUICK = {"arch": "mlp", "feature_dim": 64, "rounds": 10, "participation": 0.5, "local_epochs": 5,
-          "pretrain_epochs": 20, "pretrain_data": "all", "pretrain_seed": 0, "distill_epochs": 1,
-          "distill_lr": 1e-4}
-
-
-@register_trainer("fedaux", FedAUXConfig, "FedAUX: pretrained h0, DP certainty scores (binary logistic "
-                  "heads vs public negatives), certainty-weighted ensemble distillation; client models "
-                  "sent in the clear (epsilon inf for the pipeline, scores DP)",
-                  paper="Sattler et al., FedAUX (IEEE TNNLS 2021)", formal_dp=False, quick=_QUICK)
+# method "fedaux": config and registration in privkit.methods.fedaux
 def train_fedaux(federation, config: FedAUXConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedAUX (``pretrain=false`` drops h0 for the client models; scores always use h0)."""
     from accountants import Ledger

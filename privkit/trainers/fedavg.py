@@ -21,55 +21,21 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
 from torch import nn
-from typing_extensions import Annotated
 
 from privkit.errors import PrivkitError
+from privkit.methods.fedavg import FedAvgConfig, FedProxConfig
 from privkit.progress import progress_bar
 from privkit.seeding import derive_seed, make_rng
-from privkit.trainers.base import TrainResult, register_trainer
+from privkit.trainers.base import TrainResult
 from privkit.trainers.common import accuracy, average_states, resolve_device, train_supervised
-from privkit.trainers.pretrain import PretrainConfig, init_model
+from privkit.trainers.pretrain import init_model
 
 MODEL_UPDATE_REASON = "client model parameters sent to the server without noise"
-
-
-class FedAvgConfig(PretrainConfig):
-    """FedAvg settings (defaults: FedAUX Sec. 4.1, T=100, E=1, Adam 1e-3, batch 32)."""
-
-    rounds: Annotated[int, Field(ge=1)] = 100
-    participation: Annotated[float, Field(gt=0, le=1)] = 0.4
-    local_epochs: Annotated[int, Field(ge=1)] = 1
-    one_shot: bool = False
-    one_shot_epochs: Annotated[int, Field(ge=1)] = 40
-    batch_size: Annotated[int, Field(ge=1)] = 32
-    lr: Annotated[float, Field(gt=0)] = 1e-3
-    optimizer: Literal["adam", "sgd"] = "adam"
-    weighting: Literal["size", "equal"] = "size"
-    keep_client_models: bool = True
-
-    @model_validator(mode="before")
-    @classmethod
-    def _one_shot(cls, data: Any) -> Any:
-        # one_shot is a mode, not a hint: it fixes T=1 and C=1 and E=one_shot_epochs, so the
-        # dumped config states what actually ran.
-        if isinstance(data, dict) and data.get("one_shot"):
-            data = dict(data)
-            data["rounds"] = 1
-            data["participation"] = 1.0
-            data["local_epochs"] = data.get("one_shot_epochs", 40)
-        return data
-
-
-class FedProxConfig(FedAvgConfig):
-    """FedProx: FedAvg plus the proximal term ``(mu/2) ||theta - theta_t||^2`` (FedAUX grid 1e-2..1e-5)."""
-
-    mu: Annotated[float, Field(gt=0)] = 1e-2
 
 
 # ----------------------------------------------------------------------------- shared loop
@@ -200,26 +166,14 @@ NO_DP_CLAIM = {"epsilon": float("inf"), "delta": None, "composition": None,
                "scope": "none: client models are sent to the server in the clear",
                "source": "no formal DP claim"}
 
-# CPU-sized (the demo): a 784-64-10 MLP, 10 rounds of 5 local epochs (measured on the quickstart
-# federation: 88 % in ~3 s on one core, against 53 % for 3 rounds of 1 epoch).
-_QUICK = {"arch": "mlp", "feature_dim": 64, "rounds": 10, "participation": 0.5, "local_epochs": 5,
-          "pretrain_epochs": 20, "pretrain_data": "all", "pretrain_seed": 0}
-
-
-@register_trainer("fedavg", FedAvgConfig, "FedAvg: local training + size-weighted parameter averaging "
-                  "(pretrain/freeze switch h0 '+P'/'+F'); models sent in the clear",
-                  paper="McMahan et al. 2017; FedAUX (Sattler et al.) baselines", formal_dp=False,
-                  quick=_QUICK)
+# method "fedavg": config and registration in privkit.methods.fedavg
 def train_fedavg(federation, config: FedAvgConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedAvg (+P / +F). See the module docstring."""
     out = run_federated(federation, config, seed, progress=progress, description="fedavg rounds")
     return result_from_outcome("fedavg", seed, config, out, claims=dict(NO_DP_CLAIM), federation=federation)
 
 
-@register_trainer("fedprox", FedProxConfig, "FedProx: FedAvg with a proximal term (mu/2)||theta - "
-                  "theta_t||^2 in local training; models sent in the clear",
-                  paper="Li et al. 2020; FedAUX (Sattler et al.) baselines", formal_dp=False,
-                  quick=_QUICK)
+# method "fedprox": config and registration in privkit.methods.fedavg
 def train_fedprox(federation, config: FedProxConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedProx (+P / +F). See the module docstring."""
     if config.mu <= 0:

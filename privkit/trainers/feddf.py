@@ -16,23 +16,13 @@ participating client); the logits on public data are post-processing of those mo
 from __future__ import annotations
 
 import numpy as np
-import torch
-from pydantic import Field
 from torch import nn
-from typing_extensions import Annotated
 
+from privkit.methods.feddf import FedDFConfig
 from privkit.seeding import derive_seed
-from privkit.trainers.base import TrainResult, register_trainer
+from privkit.trainers.base import TrainResult
 from privkit.trainers.common import distill, predict_logits, resolve_device
-from privkit.trainers.fedavg import (NO_DP_CLAIM, FedAvgConfig, result_from_outcome, run_federated)
-
-
-class FedDFConfig(FedAvgConfig):
-    """FedDF settings: FedAvg's plus the server distillation step."""
-
-    distill_epochs: Annotated[int, Field(ge=1)] = 1
-    distill_lr: Annotated[float, Field(gt=0)] = 5e-5
-    distill_batch_size: Annotated[int, Field(ge=1)] = 128
+from privkit.trainers.fedavg import NO_DP_CLAIM, result_from_outcome, run_federated
 
 
 def ensemble_targets(client_logits: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
@@ -72,16 +62,7 @@ def distillation_hook(federation, cfg: FedDFConfig, seed: int, scores: np.ndarra
     return hook
 
 
-# CPU-sized: FedAvg's quick setting plus one distillation epoch per round at 1e-4 (FedAUX Table 8's
-# best distillation step size at alpha=0.01; the paper's 5e-5 makes ~12 steps on 1.4k images).
-_QUICK = {"arch": "mlp", "feature_dim": 64, "rounds": 10, "participation": 0.5, "local_epochs": 5,
-          "pretrain_epochs": 20, "pretrain_data": "all", "pretrain_seed": 0, "distill_epochs": 1,
-          "distill_lr": 1e-4}
-
-
-@register_trainer("feddf", FedDFConfig, "FedDF/FedD: FedAvg + server distillation of the mean-logit "
-                  "client ensemble on public data (pretrain/freeze: '+P'/'+F'); models sent in the clear",
-                  paper="Lin et al. 2020; FedAUX (Sattler et al.) baselines", formal_dp=False, quick=_QUICK)
+# method "feddf": config and registration in privkit.methods.feddf
 def train_feddf(federation, config: FedDFConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedDF (+P / +F). See the module docstring."""
     store: dict = {}

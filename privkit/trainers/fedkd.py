@@ -35,48 +35,19 @@ accounting covers them too).
 from __future__ import annotations
 
 import copy
-from typing import Annotated, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
 from torch import nn
 
 from privkit.errors import PrivkitError
+from privkit.methods.fedkd import PAPER, FedKDConfig  # noqa: F401  (re-exported)
 from privkit.seeding import derive_seed, make_rng, noise_generator
-from privkit.trainers.base import TrainResult, register_trainer
+from privkit.trainers.base import TrainResult
 from privkit.trainers.common import accuracy, as_tensor, new_model, resolve_device
 from privkit.trainers.dp_sgd_step import DpSgdStep
-from privkit.trainers.fedkadp import DpFedConfig, _Budget
-
-PAPER = ("Wu et al., Communication-efficient federated learning via knowledge distillation, "
-         "Nature Communications 13:2032 (2022); with DP as FedKADP's baseline 'FedKD (with DP)'")
-
-
-class FedKDConfig(DpFedConfig):
-    """FedKD+DP: mentee = the shared model (``arch``/``feature_dim``), mentor = a larger local model.
-
-    Defaults follow DP-FedAvg's (:class:`~privkit.trainers.fedkadp.DpFedConfig`) so the three DP
-    baselines of FedKADP's comparison share one setting; ``energy_start``/``energy_end`` are the
-    paper's SVD energy thresholds.
-    """
-
-    mentor_arch: Literal["cnn", "mlp"] | None = None  # None: the mentee's arch
-    mentor_width: Annotated[int, Field(ge=1)] = 32
-    mentor_feature_dim: Annotated[int, Field(ge=2)] = 128
-    mentor_depth: Annotated[int, Field(ge=1)] = 1  # hidden layers (mlp); a deeper mentor shares the clip norm with more weights
-    hidden_loss: bool = True  # the MSE(h_t, W_h h_s) term
-    compress: bool = True  # truncated-SVD compression of the up- and downloads
-    energy_start: Annotated[float, Field(gt=0, le=1)] = 0.95  # T_start (paper)
-    energy_end: Annotated[float, Field(gt=0, le=1)] = 0.98  # T_end (paper)
-
-    @model_validator(mode="after")
-    def _energy_order(self) -> FedKDConfig:
-        if self.energy_start > self.energy_end:
-            raise ValueError(f"energy_start must be <= energy_end; found {self.energy_start} > "
-                             f"{self.energy_end}")
-        return self
+from privkit.trainers.fedkadp import _Budget
 
 
 # ----------------------------------------------------------------------------- mutual distillation
@@ -181,13 +152,7 @@ def _client_round(pair: MentorMentee, x: torch.Tensor, y: torch.Tensor, cfg: Fed
 
 
 # ----------------------------------------------------------------------------- trainer
-_QUICK = {"rounds": 12, "local_steps": 10, "noise_multiplier": 1.0, "target_epsilon": 16.0, "lr": 0.5,
-          "client_fraction": 0.25, "mentor_feature_dim": 96}
-
-
-@register_trainer("fedkd-dp", FedKDConfig, "FedKD+DP (Wu et al. 2022): local mentor + shared mentee, "
-                  "adaptive mutual distillation, SVD-compressed mentee updates, joint DP-SGD",
-                  paper=PAPER, formal_dp=True, quick=_QUICK)
+# method "fedkd-dp": config and registration in privkit.methods.fedkd
 def train_fedkd_dp(federation, config: FedKDConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedKD with record-level DP; see the module docstring."""
     from accountants import Ledger, dpsgd_event

@@ -16,19 +16,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
 from torch import nn
-from typing_extensions import Annotated
 
 from privkit.errors import PrivkitError
+from privkit.methods.pretrain import PretrainConfig
 from privkit.progress import progress_bar
 from privkit.seeding import derive_seed, seed_torch, torch_generator
-from privkit.trainers.base import TrainerConfig
 from privkit.trainers.common import (
     as_tensor,
     make_optimizer,
@@ -36,29 +33,6 @@ from privkit.trainers.common import (
     new_model,
     resolve_device,
 )
-
-
-class PretrainConfig(TrainerConfig):
-    """Fields of every method that may start from (``pretrain``) or freeze (``freeze``) h0."""
-
-    pretrain: bool = False
-    freeze: bool = False
-    pretrain_data: Literal["all", "negative", "distill"] = "all"
-    pretrain_epochs: Annotated[int, Field(ge=1)] = 40
-    pretrain_batch_size: Annotated[int, Field(ge=2)] = 256
-    pretrain_lr: Annotated[float, Field(gt=0)] = 1e-3
-    pretrain_temperature: Annotated[float, Field(gt=0)] = 0.5
-    pretrain_proj_dim: Annotated[int, Field(ge=2)] = 64
-    # h0 sees public data only, so its seed need not follow the trainer's: a fixed pretrain_seed
-    # gives the target and every shadow run the same h0 (one pretraining per process, cached).
-    pretrain_seed: int | None = None  # None: derived from the trainer seed
-
-    @model_validator(mode="after")
-    def _freeze_needs_pretrain(self) -> "PretrainConfig":
-        if self.freeze and not self.pretrain:
-            raise ValueError("freeze=true freezes the pretrained h0, so it needs pretrain=true; "
-                             f"found pretrain={self.pretrain}")
-        return self
 
 
 # ----------------------------------------------------------------------------- augmentation

@@ -350,18 +350,39 @@ def test_help_renders_every_word():
 # ------------------------------------------------------------------------------- start-up
 @pytest.mark.parametrize("argv", [["--help"], ["train", "--bogus"],
                                   [*DPSGD, "--steps", "1.5"], ["budget", "gaussian", "--help"],
-                                  ["audit", "nowhere", "--executor", "banana"]])
+                                  ["audit", "nowhere", "--executor", "banana"],
+                                  [*DPSGD[:-2], "--delta", "1.5", "--steps", "10"],
+                                  [*DPSGD[:-2], "--delta", "1e-5", "--steps", "10", "--sampler", "x"],
+                                  ["train", "dpsgd", "--set", "epochs=-1", "--out", "unused"],
+                                  ["train", "dpsgd", "--set", "bogus=1", "--out", "unused"],
+                                  ["train", "fedavg", "--quick", "--set", "freeze=true", "--out", "unused"],
+                                  ["train", "--list", "--json"]])
 def test_start_up_imports_no_heavy_library(argv):
     """Help and refused input never import torch, dp-accounting & co. (timed in
     benchmarks/startup.py; here the mechanism is checked, not the clock)."""
+    assert _heavy_imports(argv) == []
+    assert not (REPO / "unused").exists()  # refused before any work
+
+
+def test_run_refusing_a_trainer_value_imports_no_heavy_library(tmp_path):
+    """``privkit run`` validates every method's trainer config before it loads torch."""
+    config = tmp_path / "bad.toml"
+    config.write_text('name = "bad"\n[[methods]]\nname = "dpsgd"\noverrides = { epochs = -1 }\n')
+    assert _heavy_imports(["run", str(config), "--out", str(tmp_path / "run")], expect=2) == []
+    assert not (tmp_path / "run").exists()
+
+
+def _heavy_imports(argv: list[str], expect: int | None = None) -> list[str]:
+    """The heavy libraries ``privkit ARGV`` imported (``-X importtime``); exit code 0 or 2."""
     proc = subprocess.run([sys.executable, "-X", "importtime", "-c",
                            "from privkit.cli import main; main()", *argv],
-                          capture_output=True, text=True, env=_env(), cwd=REPO, timeout=120)
-    assert proc.returncode in (0, 2), proc.stderr[-2000:]
+                          capture_output=True, text=True, env=_env(), cwd=REPO, timeout=120,
+                          check=False)
+    assert proc.returncode in ((0, 2) if expect is None else (expect,)), proc.stderr[-2000:]
     imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines()
                 if ln.startswith("import time:")}
     assert imported, "no -X importtime output"
-    assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
+    return sorted(imported & set(HEAVY))
 
 
 # ------------------------------------------------------------------------------- build

@@ -387,6 +387,15 @@ def test_warning_classifier():
     assert c("noise multiplier adapted on the validation loss") == "adaptive_noise"
     assert c("accounted with Poisson sampling, but batches are shuffled") == "sampling_mismatch"
     assert c("something else") == "other"
+    # the trainers' own stamps, verbatim, keep their codes (both mention sampling or accuracy)
+    from privkit.trainers.chance import chance_warning
+    from privkit.trainers.base import TrainResult, stamp_noise
+    from accountants import Ledger
+
+    assert c(chance_warning("fedavg", 0.1, 0.1)) == "near_chance"
+    result = TrainResult("dpsgd", 0, {}, None, {}, Ledger())
+    stamp_noise(result, True)
+    assert c(result.warnings[0]) == "reproducible_noise"
 
 
 # ---------------------------------------------------------------------------------- parallel

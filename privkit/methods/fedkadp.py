@@ -1,0 +1,76 @@
+"""FedKADP and DP-FedAvg (:mod:`privkit.trainers.fedkadp`): their settings and registrations."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from privkit.methods.base import TrainerConfig
+from privkit.methods.registry import declare
+
+PAPER = "Jiang et al., A Personalized Federated Learning Method Based on Knowledge Distillation and " \
+        "Differential Privacy (FedKADP), Electronics 13(17) 3538, 2024"
+
+Positive = Annotated[float, Field(gt=0)]
+Unit = Annotated[float, Field(gt=0, le=1)]
+
+
+class DpFedConfig(TrainerConfig):
+    """Settings shared by DP-FedAvg, FedKD+DP and FedKADP (paper values where Sec. 5 gives them).
+
+    Scaled to the embedded data and a CPU (the paper: MNIST, 100 clients, CNN with 2 conv + 2 dense
+    layers, eta=0.005): ``arch="mlp"`` with one hidden layer of 64 units (DP-SGD noise grows with
+    the number of parameters, and per-sample gradients of an MLP are ~5x cheaper; ``arch="cnn"``
+    gives the paper's architecture family); ``client_fraction=0.5`` so that, as in the paper
+    (s=0.1 of 100), 10 clients take part per round of the 20-client federation; ``lr=0.1``
+    (0.005 barely moves the model within the rounds the embedded data allows).
+    """
+
+    arch: Literal["cnn", "mlp"] = "mlp"
+    feature_dim: Annotated[int, Field(ge=2)] = 64
+    rounds: Annotated[int, Field(ge=1)] = 100  # T (paper: 100)
+    local_steps: Annotated[int, Field(ge=1)] = 20  # E, DP-SGD steps per round (paper: 20)
+    batch_size: Annotated[int, Field(ge=1)] = 32  # B, expected Poisson batch (paper: 32)
+    lr: Positive = 0.1  # eta (paper: 0.005, see class docstring)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    client_fraction: Unit = 0.5  # s (paper: 0.1 of 100 clients; see class docstring)
+    clip_norm: Positive = 1.0  # c (paper: not given)
+    noise_multiplier: Positive = 5.0  # sigma_0 (paper default 5)
+    target_epsilon: Positive = 3.0  # eps_T (paper: not given)
+    delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5  # (paper: not given)
+    accountant: Literal["rdp", "pld"] = "rdp"  # accountant of the budget check and round epsilons
+
+
+class FedKADPConfig(DpFedConfig):
+    """FedKADP: adaptive temperature (Eq. 17) and noise multiplier (Eq. 20).
+
+    ``feedback=false`` turns the feedback off (ablation): the loss runs at the fixed
+    ``temperature`` and the noise multiplier stays at ``noise_multiplier``.
+    """
+
+    feedback: bool = True
+    temperature: Annotated[float, Field(gt=0)] = 2.5  # feedback off: midpoint of [rho_min, rho_max]
+
+    rho_min: Positive = 2.0  # paper: 2 (also the temperature of round 1)
+    rho_max: Positive = 3.0  # paper: 3
+    decay: Annotated[float, Field(gt=0, le=1)] = 0.95  # p in Eq. 20 (paper: not given)
+    weight_gradient: Annotated[float, Field(ge=0)] = 0.25  # w_g (paper: not given)
+    weight_loss: Annotated[float, Field(ge=0)] = 0.25  # w_l
+    weight_accuracy: Annotated[float, Field(ge=0)] = 0.25  # w_a
+    weight_time: Annotated[float, Field(ge=0)] = 0.25  # w_t
+    metric_dp: float = 60.0  # Metric_DP threshold of Eq. 20 (paper: not given)
+    metric_kd: float = 50.0  # Metric_KD threshold of Eq. 17 (paper: not given)
+    steepness: Positive = 0.1  # k in Eq. 17 (paper: not given)
+    accuracy_clip: Positive = 100.0  # |M_a| cap: the paper's ratio is unbounded (privkit choice)
+
+
+QUICK = {"rounds": 12, "local_steps": 10, "noise_multiplier": 1.0, "target_epsilon": 16.0, "lr": 0.5,
+         "client_fraction": 0.25}
+
+declare("fedkadp", FedKADPConfig, "privkit.trainers.fedkadp:train_fedkadp",
+        "FedKADP: KD from the global model + DP-SGD with adaptive temperature and noise "
+        "(bidirectional feedback), stopped at the privacy budget", paper=PAPER, formal_dp=True, quick=QUICK)
+declare("dp-fedavg", DpFedConfig, "privkit.trainers.fedkadp:train_dp_fedavg",
+        "DP-FedAvg: FedAvg whose clients run record-level DP-SGD (Poisson sampling, fixed noise), "
+        "stopped at the privacy budget", paper=PAPER, formal_dp=True, quick=QUICK)

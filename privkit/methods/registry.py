@@ -1,0 +1,95 @@
+"""The method registry: each name maps to its config model, its metadata and where its trainer lives.
+
+A :class:`TrainerSpec` names its training function by a dotted path
+(``"privkit.trainers.dpsgd:train_dpsgd"``) and imports it only when :attr:`TrainerSpec.fn` is read,
+so that listing methods and validating configs never load torch or opacus. A function defined
+elsewhere (a test's toy trainer, a plug-in) is registered directly with :func:`register_trainer`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from privkit.errors import PrivkitError
+from privkit.methods.base import TrainerConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from privkit.trainers.base import TrainResult
+
+TrainerFn = Callable[..., "TrainResult"]
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """A registered method: its config model, its trainer, and what it promises.
+
+    ``target`` is the trainer ``fn(federation, config, seed, progress=False) -> TrainResult`` itself
+    or its dotted path ``"package.module:function"``; ``quick`` holds config overrides for a
+    CPU-sized run on the embedded data (the demo and CI use it).
+    """
+
+    name: str
+    config_cls: type[TrainerConfig]
+    target: str | TrainerFn
+    summary: str
+    paper: str | None = None
+    formal_dp: bool = True
+    quick: dict = field(default_factory=dict)
+
+    @property
+    def fn(self) -> TrainerFn:
+        """The training function (importing its module, and torch with it, on first use)."""
+        if callable(self.target):
+            return self.target
+        module, _, name = self.target.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def defaults(self) -> dict:
+        return self.config_cls().model_dump()
+
+    def quick_config(self) -> dict:
+        """Defaults with the ``quick`` overrides: a CPU-sized run (seconds) used by the demo and CI."""
+        return self.config_cls.model_validate({**self.defaults(), **self.quick}).model_dump()
+
+
+REGISTRY: dict[str, TrainerSpec] = {}
+
+
+def declare(name: str, config_cls: type[TrainerConfig], target: str | TrainerFn, summary: str, *,
+            paper: str | None = None, formal_dp: bool = True, quick: dict | None = None) -> TrainerSpec:
+    """Register method ``name``; ``target`` is its trainer or the trainer's ``"module:function"``."""
+    if name in REGISTRY:
+        raise PrivkitError(f"trainer {name!r} registered twice")
+    REGISTRY[name] = TrainerSpec(name, config_cls, target, summary, paper, formal_dp, dict(quick or {}))
+    return REGISTRY[name]
+
+
+def register_trainer(name: str, config_cls: type[TrainerConfig], summary: str, *,
+                     paper: str | None = None, formal_dp: bool = True,
+                     quick: dict | None = None) -> Callable[[TrainerFn], TrainerFn]:
+    """Decorator registering ``fn(federation, config, seed, progress=False) -> TrainResult`` as is."""
+
+    def deco(fn: TrainerFn) -> TrainerFn:
+        declare(name, config_cls, fn, summary, paper=paper, formal_dp=formal_dp, quick=quick)
+        return fn
+
+    return deco
+
+
+def get_trainer(name: str) -> TrainerSpec:
+    import privkit.methods  # noqa: F401  (declares every shipped method)
+
+    if name not in REGISTRY:
+        raise PrivkitError(f"method must be one of {', '.join(sorted(REGISTRY))}; found {name!r}")
+    return REGISTRY[name]
+
+
+def make_config(method: str, data: dict | TrainerConfig | None = None) -> TrainerConfig:
+    """Validate ``data`` against ``method``'s config model (defaults for missing keys)."""
+    spec = get_trainer(method)
+    if isinstance(data, TrainerConfig):
+        return data
+    return spec.config_cls.model_validate(data or {})
