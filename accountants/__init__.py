@@ -18,6 +18,7 @@ from accountants import _logging
 
 # submodule -> the public names it exports
 _EXPORTS: dict[str, tuple[str, ...]] = {
+    "bracket": ("Bracket", "optimistic_epsilon", "pld_bracket"),
     "calibration": ("Calibration", "calibrate_noise_multiplier"),
     "composition": ("advanced_composition", "basic_composition"),
     "dpsgd": (

@@ -45,8 +45,9 @@ from typing import Any
 import dp_accounting as dpa
 
 from accountants._validate import check_choice, check_nonnegative, check_open_unit, check_positive
+from accountants.bracket import LOWER_VDI, METHOD, OptimisticPldAccountant
 from accountants.composition import advanced_composition, basic_composition
-from accountants.dpsgd import NEIGHBOURINGS, PLD_VDI, new_accountant
+from accountants.dpsgd import NEIGHBOURINGS, PLD_VDI, neighbouring_relation, new_accountant
 from accountants.events import (
     PRIVKIT_EVENTS,
     EpsilonDeltaEvent,
@@ -72,6 +73,10 @@ CURVE_VDI = 1e-3
 NOT_FOR_RELEASE = "reproducible noise: not for release"
 ACCOUNTANTS = ("basic", "advanced", "rdp", "pld")
 _ALL_CHOICES = ACCOUNTANTS + ("best",)
+LOWER = "pld-lower"  # internal accountant kind: the optimistic PLD of accountants.bracket
+# why an accountant's epsilon has no bracket: it is an upper bound by construction, not a tight
+# estimate with a discretisation error around the exact value
+NOT_TIGHT = "not-tight"
 
 
 class UnsupportedEventError(ValueError):
@@ -239,6 +244,8 @@ def _effective_relation(relation: str, events: Iterable[dpa.DpEvent]) -> str:
 
 
 def _new_accountant(kind: str, relation: str, vdi: float) -> dpa.PrivacyAccountant:
+    if kind == LOWER:  # the optimistic PLD: a certified lower bound on the exact epsilon
+        return OptimisticPldAccountant(neighbouring_relation(relation), min(vdi, LOWER_VDI))
     return new_accountant(kind, relation, vdi)
 
 
@@ -645,6 +652,48 @@ class Ledger:
             "delta_split": split_info,
             "accountants": _ACCOUNTANT_NOTES,
         }
+
+    def pld_bracket(self, delta: float, labels: Iterable[str] | None = None) -> dict[str, Any]:
+        """Certified ``[lower, upper]`` around the ``pld`` accountant's epsilon, per client and worst.
+
+        ``upper`` is the ``pld`` epsilon :meth:`summary` reports; ``lower`` adds the same
+        (epsilon, delta)-only part to the optimistic PLD of the DpEvents at the same free delta
+        (:mod:`accountants.bracket`), so the exact value of the ``pld`` computation (PLD
+        composition without discretisation error) lies between.  Returns ``{"clients": {id:
+        {"lower", "upper"}}, "worst": {...}, "grid", "lower_grid", "method"}``; raises
+        :class:`UnsupportedEventError` naming an event with no optimistic PLD.
+        """
+        delta = check_open_unit(delta, "delta")
+        vdi = self.value_discretization_interval
+        clients = {}
+        for key, entries in self._selected(None, labels).items():
+            split = _split(entries, key)
+            upper = _eps_for(split, delta, "pld", vdi)[0]
+            lower = _eps_with(split, delta, lambda d, s=split: float(
+                _composed(LOWER, s.units, s.neighbouring or "add_remove", vdi).get_epsilon(d)))[0]
+            clients[key] = {"lower": lower, "upper": upper}
+        return {"clients": clients,
+                "worst": {end: max(c[end] for c in clients.values()) for end in ("lower", "upper")},
+                "grid": vdi, "lower_grid": min(vdi, LOWER_VDI), "method": METHOD + (
+                    "; (epsilon, delta)-only events add by basic composition at both ends")}
+
+    def brackets(self, delta: float, labels: Iterable[str] | None = None,
+                 accountants: Iterable[str] = ACCOUNTANTS) -> dict[str, Any]:
+        """``{"epsilon_bracket": {acct: bracket or None}, "bracket_reason": {acct: why None}}`` for
+        ``accountants``: :meth:`pld_bracket` for ``pld``; the others are upper bounds by
+        construction (``"not-tight"``), and ``pld`` on an event without an optimistic PLD says so."""
+        brackets: dict[str, Any] = {}
+        reasons: dict[str, str] = {}
+        for kind in accountants:
+            brackets[kind] = None
+            if kind != "pld":
+                reasons[kind] = NOT_TIGHT
+                continue
+            try:
+                brackets[kind] = self.pld_bracket(delta, labels)
+            except UnsupportedEventError as exc:
+                reasons[kind] = f"unsupported: {exc}"
+        return {"epsilon_bracket": brackets, "bracket_reason": reasons}
 
     def epsilon_over_rounds(
         self, delta: float, accountant: str = "best", client: str | int | None = None

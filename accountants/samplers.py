@@ -28,15 +28,18 @@ shuffling can leak far more.  privkit therefore reports, per sampler:
   steps, independently of the others (Chua et al. 2025 "balls and bins"; Feldman & Shenfeld 2025).
   Per epoch the dominating pair is ``P = (1/t) sum_j N(e_j, sigma^2 I_t)`` vs ``Q = N(0, sigma^2 I_t)``.
 
-  - *Upper bound*: the smaller of (a) the no-amplification Gaussian above and (b) an RDP bound
-    taking the worse of the two directions, each converted with dp-accounting's RDP conversion:
-    remove direction ``D_a(P||Q)`` *exactly* at integer orders (the multinomial expansion of
-    ``E_Q[(P/Q)^a]`` over the partitions of ``a``; Feldman & Shenfeld 2025, Cor. 6.2, re-derived in
-    :func:`random_allocation_rdp_remove`), add direction ``D_a(Q||P) <= (a - 1 + t) / (2 t sigma^2)``
-    (arithmetic-geometric mean inequality, :func:`random_allocation_rdp_add`).  The add-direction
-    bound is loose (tighter analyses, e.g. Feldman & Shenfeld's decomposition or Dong et al.'s RDP
-    bound, are not implemented), so the upper bound can exceed the Poisson epsilon; the lower
-    bound printed beside it shows how much of that gap is the bound's.
+  - *Upper bound*: the smallest of three sound bounds.  (a) The no-amplification Gaussian above.
+    (b) A PLD bound without Monte Carlo (:mod:`accountants.allocation_pld`): both directions'
+    hockey-stick curves are expectations of convex functions of the likelihood ratio, a mean of
+    ``t`` i.i.d. lognormals; each lognormal is replaced by a mean-preserving spread onto a grid
+    (which can only raise them), the ``t``-fold sum is computed exactly up to float rounding, and
+    the epochs compose by dp-accounting with losses rounded up.  Second-order tight: at the
+    README configuration it gives 0.882 where the attack certifies 0.451 and Poisson gives 0.918.
+    (c) An RDP bound taking the worse of the two directions: remove direction ``D_a(P||Q)``
+    *exactly* at integer orders (the multinomial expansion of ``E_Q[(P/Q)^a]`` over the partitions
+    of ``a``; Feldman & Shenfeld 2025, Cor. 6.2, re-derived in :func:`random_allocation_rdp_remove`),
+    add direction ``D_a(Q||P) <= (a - 1 + t) / (2 t sigma^2)`` (arithmetic-geometric mean
+    inequality, :func:`random_allocation_rdp_add`; loose, 4.86 at the README configuration).
   - *Lower bound*: the same max-of-batch-sums attack (record with gradient ``C`` against no
     record; other records contribute nothing).
 
@@ -59,6 +62,7 @@ from dp_accounting.pld import privacy_loss_distribution as _pld
 from scipy import special
 
 from accountants._validate import check_choice, check_int, check_open_unit, check_positive
+from accountants.allocation_pld import random_allocation_pld_epsilon
 from accountants.choices import SAMPLERS
 from accountants.dpsgd import _check_sample_rate, dpsgd_accounting
 from accountants.gaussian import safe_gaussian_epsilon
@@ -163,13 +167,18 @@ def sampler_accounting(sampler: str, sample_rate: float, noise_multiplier: float
                      "which; lower bound: Chua et al. (2024) attack (other records' gradients -C reveal the "
                      "target's batch), max batch sum per epoch")
     else:
-        rdp = _random_allocation_rdp_epsilon(t_up, sigma, started, delta)
-        upper = min(no_amp, rdp)
-        upper_method = ("RDP: remove direction exact, add direction AM-GM bound" if rdp < no_amp
-                        else f"Gaussian per started epoch, no amplification ({started} epochs)")
+        bounds = {
+            f"Gaussian per started epoch, no amplification ({started} epochs)": no_amp,
+            "PLD of a mean-preserving spread of the likelihood ratio (no Monte Carlo)": (
+                random_allocation_pld_epsilon(t_up, sigma, started, delta, value_discretization_interval)),
+            "RDP: remove direction exact, add direction AM-GM bound": (
+                _random_allocation_rdp_epsilon(t_up, sigma, started, delta)),
+        }
+        upper_method = min(bounds, key=bounds.get)
+        upper = bounds[upper_method]
         lower = random_allocation_lower_epsilon(t_low, sigma, complete, delta) if complete else None
-        notes.append("upper bound: the add-direction RDP bound is loose, so this can exceed the Poisson "
-                     "epsilon; lower bound: max batch sum per epoch (the record against no record)")
+        notes.append("upper bound: the smallest of three sound bounds (see upper_method); lower bound: max "
+                     "batch sum per epoch (the record against no record)")
     if lower is None:
         notes.append(f"no complete epoch in {steps} steps of {t_low} batches: no lower bound")
     return SamplerAccounting(sampler, upper, lower, delta, sigma, q, steps, t_up, steps / t_up, upper_method,

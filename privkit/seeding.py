@@ -9,22 +9,23 @@ guarantee holds only while its random bits are secret: the Gaussian noise, and t
 the accountant amplifies on (Poisson batches, the NFDP subsample), as opacus's secure mode treats
 them.  The run seed is written into every run directory, so noise derived from it could be
 regenerated and subtracted by anyone holding the directory.  In release mode (the default) these
-generators are seeded from the operating system's CSPRNG (``secrets``: 64 bits for torch, 128 for
-numpy), fresh for every run and never stored or logged; everything else (data split, model
-initialisation, client sampling, audits) stays a function of the run seed.  With
-``reproducible=True`` they are derived from the run seed like everything else, and the ledger and
-report say "reproducible noise: not for release".
+streams are AES-128 in counter mode keyed with 128 bits from the operating system's CSPRNG
+(``secrets``), fresh for every stream and never stored or logged (:mod:`privkit.dp_random`): a
+cryptographic generator, so neither the seed nor any amount of released output gives the rest of
+the stream away.  Everything else (data split, model initialisation, client sampling, audits)
+stays a function of the run seed.  With ``reproducible=True`` the streams are derived from the run
+seed like everything else (torch's and numpy's ordinary generators, bit-identical to earlier
+privkit versions), and the ledger and report say "reproducible noise: not for release".
 
-Limits: the stream generators behind the OS seed are torch's Mersenne Twister / Philox and numpy's
-PCG64, which are not cryptographic PRNGs (opacus's secure mode used torchcsprng, which no longer
-builds for current torch); recovering their state would take the noise itself, which is never
-released on its own.  Floating-point attacks on Gaussian sampling (Mironov 2012; Jin et al. 2022)
-are not addressed.
+Limits: floating-point attacks on Gaussian sampling (Mironov 2012; Jin et al. 2022: the set of
+floats a sampler can return, and their spacing, depends on the value and leaks the unnoised sum)
+are not addressed: the normals are numpy's ziggurat in float32/float64, added in floating point.
+The AES key sits in process memory while the run lasts; an attacker who can read that memory is
+outside this threat model.
 """
 
 from __future__ import annotations
 
-import secrets
 import zlib
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,8 @@ import numpy as np
 
 if TYPE_CHECKING:  # torch is imported where a generator is made, not when seeds are derived
     import torch
+
+    from privkit.dp_random import DpRandom
 
 
 def _purpose_key(purpose: str) -> int:
@@ -71,23 +74,23 @@ def seed_torch(seed: int) -> None:
 
 
 def noise_generator(seed: int, purpose: str, *, reproducible: bool,
-                    device: str | torch.device = "cpu") -> torch.Generator:
-    """Generator for DP noise or privacy-amplifying sampling (see the module docstring).
+                    device: str | torch.device = "cpu") -> DpRandom:
+    """Source of DP noise or privacy-amplifying sampling (see the module docstring).
 
-    Release mode (``reproducible=False``): seeded from 64 bits of OS entropy, ignoring ``seed``.
-    Reproducible mode: the same generator as ``torch_generator(derive_seed(seed, purpose))``.
+    Release mode (``reproducible=False``): a fresh AES-CTR stream keyed from the OS, ignoring
+    ``seed``. Reproducible mode: draws exactly as ``torch_generator(derive_seed(seed, purpose))``.
     """
-    if reproducible:
-        return torch_generator(derive_seed(seed, purpose), device=device)
-    import torch
+    from privkit.dp_random import DpRandom
 
-    g = torch.Generator(device=device)
-    g.manual_seed(secrets.randbits(64))
-    return g
+    if reproducible:
+        return DpRandom(torch_generator(derive_seed(seed, purpose), device=device))
+    return DpRandom.secret(device)
 
 
 def noise_rng(seed: int, purpose: str, *, reproducible: bool) -> np.random.Generator:
-    """numpy counterpart of :func:`noise_generator` (128 bits of OS entropy in release mode)."""
+    """numpy counterpart of :func:`noise_generator`: the AES-CTR Generator in release mode."""
     if reproducible:
         return make_rng(seed, purpose)
-    return np.random.default_rng(secrets.randbits(128))
+    from privkit.dp_random import aes_generator
+
+    return aes_generator()

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import jinja2
 
 from reports.guarantee import delta_ge_one_over_n
-from reports.schema import AttackResult, MethodReport, PrivacyReport
+from reports.schema import AttackResult, EpsilonBracket, MethodReport, PrivacyReport
 
 FORMATS = ("json", "html", "md")
 _FILES = {"json": "report.json", "html": "report.html", "md": "report.md"}
@@ -70,6 +70,13 @@ def fmt_eps(x: float | None) -> str:
     if abs(x) < 10:
         return f"{x:.3f}".rstrip("0").rstrip(".")
     return f"{x:.1f}"
+
+
+def fmt_bracket(bracket: EpsilonBracket | None, reason: str | None = None) -> str:
+    """A certified ``[lower, upper]`` with enough digits to show its width; why there is none."""
+    if bracket is not None:
+        return f"[{bracket.lower:.6g}, {bracket.upper:.6g}]"
+    return "— (upper bound only)" if reason == "not-tight" else "—"
 
 
 def fmt_num(x: float | None, digits: int = 3) -> str:
@@ -237,7 +244,8 @@ def _method_view(m: MethodReport, ref: MethodReport | None, n_min: int | None) -
     if p is not None:
         for acct, eps in p.worst.items():
             acct_rows.append({"accountant": acct, "eps": _cell(fmt_eps(eps), eps),
-                              "primary": acct == p.primary_accountant})
+                              "primary": acct == p.primary_accountant,
+                              "bracket": fmt_bracket(p.epsilon_bracket.get(acct), p.bracket_reason.get(acct))})
         accts = p.accountants or sorted({a for c in p.clients.values() for a in c})
         for cid, vals in p.clients.items():
             client_rows.append({"client": cid, "cells": [_cell(fmt_eps(vals.get(a)), vals.get(a))

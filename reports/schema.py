@@ -163,6 +163,16 @@ class PaperClaim(_Open):
     source: str | None = None
 
 
+class EpsilonBracket(_Strict):
+    """A certified interval around a tight accountant's worst-client epsilon."""
+
+    lower: float
+    upper: float
+    grid: float | None = Field(default=None, description="PLD discretisation of the upper end")
+    lower_grid: float | None = Field(default=None, description="PLD discretisation of the lower end")
+    method: str | None = None
+
+
 class PrivacyAccounting(_Strict):
     """The ledger summary: what the method promises, from the mechanisms that actually ran."""
 
@@ -190,6 +200,13 @@ class PrivacyAccounting(_Strict):
         default=False, description="DP noise derived from the stored seed: not for release")
     adaptive_composition: dict[str, Any] | None = Field(
         default=None, description="guarantee for adaptive choices (FedKADP's Renyi filter)")
+    epsilon_bracket: dict[str, EpsilonBracket | None] = Field(
+        default_factory=dict, description="accountant -> certified {lower, upper, grid, lower_grid, "
+                                          "method} around its worst-client epsilon (tight accountants "
+                                          "only), or None")
+    bracket_reason: dict[str, str] = Field(
+        default_factory=dict, description="accountant -> why it has no bracket ('not-tight': an upper "
+                                          "bound by construction)")
 
     @property
     def epsilon(self) -> float | None:

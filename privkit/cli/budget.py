@@ -77,6 +77,8 @@ def _show(data: dict[str, Any], title: str) -> None:
             continue
         if isinstance(value, float):
             value = f"{value:.6g}"
+        elif key == "epsilon_bracket" and isinstance(value, dict) and "lower" in value:
+            value = f"[{value['lower']:.6g}, {value['upper']:.6g}] (certified; {value['method']})"
         elif isinstance(value, (dict, list)):
             value = json.dumps(value, default=str)
         table.add_row(key, str(value))
@@ -197,8 +199,10 @@ def dpsgd(
         "sampler": kind, "neighbouring": first.neighbouring, "accountant": accountant,
         "epsilon": {k: r.epsilon for k, r in results.items()} if accountant == "all" else first.epsilon,
     }
-    if kind == "poisson" and accountant != "rdp":  # RDP is a relaxation, not a tight value: no bracket
+    if kind == "poisson" and accountant != "rdp":
         out["epsilon_bracket"] = _bracket(q, sigma, steps, delta, results, warns)
+    else:  # RDP's conversion and sampling without replacement (RDP only) are upper bounds only
+        out.update(epsilon_bracket=None, bracket_reason="not-tight")
     out["warnings"] = list(first.warnings) + warns
     _emit(out, as_json, "DP-SGD (subsampled Gaussian)")
 
@@ -211,18 +215,23 @@ def _check_dpsgd_inputs(q: float, sigma: float, delta: float) -> None:
         raise ValueError(f"--sample-rate must be in (0, 1]; found {q!r}")
 
 
-def _bracket(q: float, sigma: float, steps: int, delta: float, results: dict, warns: list[str]) -> dict | None:
-    """Certified [lower, upper] around the tight epsilon: PRV's certified lower end (Gopi et al. 2021)
-    and the smallest certified upper bound among PRV's upper end and the pessimistic PLD."""
+def _bracket(q: float, sigma: float, steps: int, delta: float, results: dict, warns: list[str]) -> dict:
+    """Certified [lower, upper] around the printed tight epsilon: ``upper`` is that epsilon (the
+    smallest of PLD's and PRV's when both are printed), ``lower`` the larger certified lower end
+    of the optimistic PLD (accountants.bracket) and PRV's interval (Gopi et al. 2021)."""
+    tight = {k: r.epsilon for k, r in results.items() if k in ("pld", "prv")}
+    upper_from = min(tight, key=tight.get)
+    lowers = {"pld": acc.optimistic_epsilon(acc.dpsgd_event(q, sigma, steps), delta)}
+    out: dict[str, Any] = {}
     try:
-        low, est, up = acc.prv_bracket(q, sigma, steps, delta)
-    except ValueError as exc:
-        warns.append(f"no certified bracket: {exc}")
-        return None
-    uppers = {"prv": up, **{k: r.epsilon for k, r in results.items() if k == "pld"}}
-    best = min(uppers, key=uppers.get)
-    return {"lower": low, "upper": uppers[best], "upper_from": best, "prv_estimate": est,
-            "method": "PRV certified interval (eps_error 0.01) and dp-accounting's pessimistic PLD"}
+        lowers["prv"], out["prv_estimate"], _ = acc.prv_bracket(q, sigma, steps, delta)
+    except ValueError as exc:  # PRV's grid would not fit in memory: the PLD end alone
+        warns.append(f"prv interval left out of the bracket: {exc}")
+    lower_from = max(lowers, key=lowers.get)
+    return {"lower": lowers[lower_from], "upper": tight[upper_from], "lower_from": lower_from,
+            "upper_from": upper_from, **out,
+            "method": "lower: optimistic PLD (tangent discretisation, 1e-4 grid) or PRV's certified "
+                      "interval (eps_error 0.01); upper: the printed epsilon"}
 
 
 def _sampler_output(kind: str, q: float, sigma: float, steps: int, delta: float) -> dict[str, Any]:
@@ -253,11 +262,15 @@ def calibrate(
     cal = acc.calibrate_noise_multiplier(_num(epsilon_, "--epsilon"), _num(delta_, "--delta"),
                                          _num(sample_rate_, "--sample-rate"), _int(steps_, "--steps"),
                                          sampling, accountant)
+    bracket: dict[str, Any] = {"epsilon_bracket": None, "bracket_reason": "not-tight"}  # RDP; without replacement
+    if cal.accountant == "pld":  # the bracket at the returned sigma; its upper end is cal.epsilon
+        event = acc.dpsgd_event(cal.sample_rate, cal.noise_multiplier, cal.steps)
+        bracket = {"epsilon_bracket": acc.pld_bracket(event, cal.delta, cal.value_discretization_interval).to_dict()}
     out = {
         "noise_multiplier": cal.noise_multiplier, "epsilon": cal.epsilon, "target_epsilon": cal.target_epsilon,
         "delta": cal.delta, "sample_rate": cal.sample_rate, "steps": cal.steps, "sampling": cal.sampling,
         "accountant": cal.accountant, "neighbouring": cal.neighbouring,
-        "value_discretization_interval": cal.value_discretization_interval,
+        "value_discretization_interval": cal.value_discretization_interval, **bracket,
         "warnings": list(cal.warnings),
     }
     _emit(out, as_json, "noise calibration")
@@ -404,12 +417,16 @@ def compose(
         e, d = acc.basic_composition(nominal)
         basic_nominal = {"epsilon": e, "delta": d}
     best_kind = min((k for k in row if k != "best"), key=lambda k: row[k])
+    brackets = ledger.brackets(delta, accountants=[k for k in row if k != "best"])
+    brackets["epsilon_bracket"] = {k: b and {**b["worst"], "grid": b["grid"], "lower_grid": b["lower_grid"],
+                                             "method": b["method"]}
+                                   for k, b in brackets["epsilon_bracket"].items()}
     out = {
         "releases": described,
         "delta": delta,
         "basic": basic_nominal,
         "best": {"epsilon": row["best"], "delta": delta, "accountant": best_kind},
-        "accountants": row,
+        "accountants": row, **brackets,
         "not_applicable": summary["not_applicable"],
         "warnings": [] if basic_nominal is None else [
             "basic = the releases' nominal (epsilon, delta) summed (what a paper reports); best = privkit's "
@@ -434,19 +451,34 @@ def ledger_cmd(
     ledger.value_discretization_interval = pld_grid
     summary = ledger.summary(delta, labels=labels or None)
     summary["pld_grid"] = pld_grid
+    summary.update(ledger.brackets(delta, labels or None, [k for k in acc.ACCOUNTANTS if k in summary["worst"]]))
     if as_json:
         print_json(summary)
         return
     kinds = [k for k in (*acc.ACCOUNTANTS, "best") if any(k in r for r in summary["clients"].values())]
+    pld = summary["epsilon_bracket"].get("pld")
     table = Table(title=f"{file}: epsilon at delta={delta:g}")
     table.add_column("client")
     for k in kinds:
         table.add_column(k, justify="right")
+    if pld:
+        table.add_column("pld certified bracket", justify="right")
+
+    def bracket(end: dict) -> list[str]:
+        return [f"[{end['lower']:.6g}, {end['upper']:.6g}]"] if pld else []
+
     for cid, row in summary["clients"].items():
-        table.add_row(cid, *(f"{row[k]:.4g}" if k in row else "n/a" for k in kinds))
-    table.add_row("worst", *(f"{summary['worst'][k]:.4g}" if k in summary["worst"] else "n/a" for k in kinds))
+        table.add_row(cid, *(f"{row[k]:.4g}" if k in row else "n/a" for k in kinds),
+                      *bracket(pld["clients"][cid] if pld else {}))
+    table.add_row("worst", *(f"{summary['worst'][k]:.4g}" if k in summary["worst"] else "n/a" for k in kinds),
+                  *bracket(pld["worst"] if pld else {}))
     out_console.print(table)
-    out_console.print(f"PLD on a {pld_grid:g} grid (pessimistic discretisation: an upper bound)")
+    out_console.print(f"PLD on a {pld_grid:g} grid (pessimistic discretisation: an upper bound)"
+                      + (f"; the exact PLD epsilon lies in the certified bracket (lower end on a "
+                         f"{pld['lower_grid']:g} grid)" if pld else ""))
+    for kind, reason in summary["bracket_reason"].items():
+        if reason != "not-tight":
+            out_console.print(f"[yellow]no {kind} bracket:[/yellow] {reason}", highlight=False)
     if "noise" in summary:
         out_console.print(f"[red]{summary['noise']}[/red]", highlight=False)
     adaptive = summary.get("adaptive_composition")

@@ -93,7 +93,7 @@ def run_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (paths, failures)."),
     reproducible_noise: bool = typer.Option(
         False, "--reproducible-noise", help="Derive every method's DP noise from its seed (bit-reproducible; "
-        "ledgers and the report say 'reproducible noise: not for release'). Default: OS entropy, never stored."),
+        "ledgers and the report say 'reproducible noise: not for release'). Default: AES-CTR keyed from OS entropy, never stored."),
 ) -> None:
     """Train, account, audit and report every method of CONFIG into OUT/<name>/.
 

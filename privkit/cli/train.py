@@ -174,7 +174,7 @@ def train_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     reproducible_noise: bool = typer.Option(
         False, "--reproducible-noise", help="Derive DP noise and sampling from the seed (bit-reproducible; "
-        "the ledger and outputs say 'reproducible noise: not for release'). Default: OS entropy, never stored."),
+        "the ledger and outputs say 'reproducible noise: not for release'). Default: AES-CTR keyed from OS entropy, never stored."),
 ) -> None:
     """Train METHOD on a federation and write RUN_DIR (config, federation, checkpoints, ledger, metrics)."""
     if list_:

@@ -13,8 +13,8 @@ class TrainerConfig(StrictModel):
     """Settings every trainer shares; each method subclasses it with its own fields and defaults."""
 
     device: str = "auto"
-    # False (release mode): DP noise and privacy-amplifying sampling come from OS entropy and are
-    # never stored. True: derived from the run seed, bit-reproducible, stamped "not for release".
+    # False (release mode): DP noise and privacy-amplifying sampling come from AES-CTR keyed from
+    # OS entropy, never stored (privkit.dp_random). True: derived from the run seed, bit-reproducible, stamped "not for release".
     reproducible_noise: bool = False
     arch: Literal["cnn", "mlp"] = "cnn"
     width: Annotated[int, Field(ge=1)] = 16

@@ -155,7 +155,16 @@ def _read_privacy(mdir: Path, info: dict, warnings: list):
         errors=p.get("errors", {}), fixed_delta=p.get("fixed_delta"),
         non_private=p.get("non_private", []),
         reproducible_noise=bool(p.get("reproducible_noise", False)),
-        adaptive_composition=p.get("adaptive_composition"))
+        adaptive_composition=p.get("adaptive_composition"),
+        epsilon_bracket={k: _worst_bracket(v) for k, v in (p.get("epsilon_bracket") or {}).items()},
+        bracket_reason=p.get("bracket_reason") or {})
+
+
+def _worst_bracket(bracket: dict | None) -> dict | None:
+    """The worst client's bracket from privacy.json's (per-client ones stay there)."""
+    if not bracket:
+        return None
+    return {**bracket["worst"], **{k: bracket[k] for k in ("grid", "lower_grid", "method") if k in bracket}}
 
 
 def _read_audit(mdir: Path, info: dict, warnings: list):

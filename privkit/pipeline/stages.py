@@ -91,7 +91,12 @@ def account_method(mdir: Path, delta: float, accountant: str = "best",
         except ValueError as exc:
             errors["claim_delta"] = str(exc)
     neighbouring = sorted({r for r in summary["neighbouring"].values() if r})
-    return {"schema_version": SCHEMA_VERSION, "delta": delta, "accountant": head,
+    try:  # certified [lower, upper] around the tight (PLD) epsilon; the others have none
+        brackets = ledger.brackets(delta, accountants=[a for a in accountants if a in worst])
+    except ValueError as exc:
+        brackets = {}
+        errors["epsilon_bracket"] = str(exc)
+    return {"schema_version": SCHEMA_VERSION, "delta": delta, "accountant": head, **brackets,
             **guarantee_facts(summary),
             "accountants": accountants + ["best"], "pld_grid": ledger.value_discretization_interval,
             "curve_accountant": curve_kind,

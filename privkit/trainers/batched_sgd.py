@@ -23,8 +23,8 @@ same weights up to float rounding, tested):
 
 Randomness per model from its seed: initialisation (``seed``), batches (``derive_seed(seed,
 "batches")``) and noise (``derive_seed(seed, "noise")``); with ``reproducible=False`` (release mode,
-:func:`privkit.seeding.noise_generator`) batches and noise come from OS entropy instead. Poisson masks and noise are drawn in
-blocks of :data:`BLOCK` steps (``rand(K, n)``, ``randn(K, parameters)`` from the model's generator,
+:func:`privkit.seeding.noise_generator`) batches and noise come from a secret AES-CTR stream instead. Poisson masks and noise are drawn in
+blocks of :data:`BLOCK` steps (``mask(K, n)``, ``randn(K, parameters)`` from the model's stream,
 ``K = min(BLOCK, steps left)``), so that the M models' draws happen once per block rather than once
 per step, and the loop draws exactly the same numbers.
 """
@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from privkit.dp_random import DpRandom
 from privkit.models import build_from_spec
 from privkit.seeding import noise_generator, seed_torch
 from privkit.trainers.stacked import StackedModels
@@ -95,7 +96,7 @@ def _init(spec: dict, seed: int) -> torch.nn.Module:
     return build_from_spec(spec)
 
 
-def _generators(seed: int, device: torch.device, reproducible: bool) -> tuple[torch.Generator, torch.Generator]:
+def _generators(seed: int, device: torch.device, reproducible: bool) -> tuple[DpRandom, DpRandom]:
     """(batch generator on the CPU, noise generator on ``device``) of one model: the sampling the
     accountant amplifies on and the noise, both secret in release mode."""
     return (noise_generator(seed, "batches", reproducible=reproducible),
@@ -104,18 +105,18 @@ def _generators(seed: int, device: torch.device, reproducible: bool) -> tuple[to
 
 # -- the reference loop ---------------------------------------------------------------------------
 
-def _one_batches(n: int, recipe: SGDRecipe, gen: torch.Generator):
+def _one_batches(n: int, recipe: SGDRecipe, gen: DpRandom):
     """One model's batches (local indices), step by step, as the stream definition says."""
     if recipe.sampling == "shuffle":
         per = recipe.batches_per_epoch(n)
         for _ in range(recipe.epochs):
-            perm = torch.randperm(n, generator=gen)
+            perm = gen.randperm(n)
             for s in range(per):
                 yield perm[s * recipe.batch_size:(s + 1) * recipe.batch_size]
         return
     q, steps = recipe.sample_rate(n), recipe.steps(n)
     for start in range(0, steps, BLOCK):
-        for row in torch.rand(min(BLOCK, steps - start), n, generator=gen) < q:
+        for row in gen.mask(min(BLOCK, steps - start), n, rate=q):
             yield torch.nonzero(row).flatten()
 
 
@@ -153,7 +154,7 @@ def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recip
             else:  # an empty Poisson batch releases noise only
                 g = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
             if t % BLOCK == 0:
-                noise = torch.randn(min(BLOCK, steps - t), n_params, generator=noise_gen)
+                noise = noise_gen.randn(min(BLOCK, steps - t), n_params)
             parts = noise[t % BLOCK].split([g[k].numel() for k in names])
             g = {k: (g[k] + std * z.view_as(g[k])) / norm for k, z in zip(names, parts)}
         for k, p in model.named_parameters():
@@ -167,7 +168,7 @@ def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recip
 class _Schedule:
     """The M models' batches for a block of steps, as padded index tensors (no per-step loops)."""
 
-    def __init__(self, indices: list[np.ndarray], recipe: SGDRecipe, gens: list[torch.Generator],
+    def __init__(self, indices: list[np.ndarray], recipe: SGDRecipe, gens: list[DpRandom],
                  device: torch.device):
         self.recipe, self.gens, self.device = recipe, gens, device
         self.sizes = [len(ix) for ix in indices]
@@ -185,7 +186,7 @@ class _Schedule:
         if cached is None or cached[0] != e:
             r, n = self.recipe, self.sizes[j]
             per = r.batches_per_epoch(n)
-            perm = torch.randperm(n, generator=self.gens[j])[:per * r.batch_size]
+            perm = self.gens[j].randperm(n)[:per * r.batch_size]
             pos = torch.zeros(per * r.batch_size, dtype=torch.long)
             w = torch.zeros(per * r.batch_size)
             pos[:len(perm)], w[:len(perm)] = perm, 1.0
@@ -232,7 +233,7 @@ class _Schedule:
         masks = torch.zeros(m, BLOCK, n_max, dtype=torch.bool)
         for j, (n, rows) in enumerate(zip(self.sizes, self.rows(start))):  # once per model and block
             if rows > 0:
-                masks[j, :rows, :n] = torch.rand(rows, n, generator=self.gens[j]) < self.recipe.sample_rate(n)
+                masks[j, :rows, :n] = self.gens[j].mask(rows, n, rate=self.recipe.sample_rate(n))
         counts = masks.sum(-1)
         width = max(1, int(counts.max()))
         # selected positions first, in increasing order (a stable sort of "not selected")
@@ -325,7 +326,7 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
         glob, w, active, counts = schedule.block(start)
         if noise is not None:  # one draw per model and block of steps
             for j, rows in enumerate(schedule.rows(start)):
-                torch.randn(rows, sum(numels), generator=gens[j][1], device=dev, out=noise[j, :rows])
+                gens[j][1].randn(rows, sum(numels), out=noise[j, :rows])
                 noise[j, rows:].zero_()
         for t in range(glob.shape[1]):
             norm = expected if poisson else w[:, t].sum(1).clamp(min=1)

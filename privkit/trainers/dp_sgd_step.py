@@ -16,7 +16,9 @@ The step is exactly what the subsampled-Gaussian accountant assumes
    then divided by the *expected* batch size ``q * n`` (as opacus does for Poisson sampling):
    dividing by the realised batch size would make the scale data-dependent.
 
-An empty Poisson batch still releases a pure-noise gradient, as the analysis assumes.
+An empty Poisson batch still releases a pure-noise gradient, as the analysis assumes. Batches and
+noise are drawn from a :class:`privkit.dp_random.DpRandom` (the AES stream in release mode); a plain
+``torch.Generator`` is accepted too and drawn from as torch draws.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from privkit.dp_random import DpRandom
 from privkit.errors import PrivkitError
 
 # loss_fn(logits (1, C), target (1,), aux (1, ...) or None) -> scalar loss of ONE record
@@ -44,17 +47,17 @@ __all__ = [
 ]
 
 
-def poisson_batch(n: int, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
+def poisson_batch(n: int, sample_rate: float, generator: DpRandom | torch.Generator) -> torch.Tensor:
     """Indices of a Poisson-sampled batch: each of ``n`` records joins with probability ``sample_rate``.
 
-    ``generator`` must live on the CPU (sampling is cheap; keeping it there keeps results identical
-    across devices).
+    A torch ``generator`` must live on the CPU (sampling is cheap; keeping it there keeps results
+    identical across devices).
     """
     if not 0.0 < sample_rate <= 1.0:
         raise PrivkitError(f"sample_rate must be in (0, 1]; found {sample_rate}")
     if n < 0:
         raise PrivkitError(f"n must be >= 0; found {n}")
-    mask = torch.rand(n, generator=generator) < sample_rate
+    mask = DpRandom.of(generator).mask(n, rate=sample_rate)
     return torch.nonzero(mask, as_tuple=False).flatten()
 
 
@@ -116,12 +119,14 @@ def clipped_gradient_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, los
         return {k: g.sum(0) for k, g in clipped.items()}
 
 
-def add_gaussian_noise(total: dict[str, torch.Tensor], std: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
+def add_gaussian_noise(total: dict[str, torch.Tensor], std: float,
+                       generator: DpRandom | torch.Generator) -> dict[str, torch.Tensor]:
     """``total + N(0, std^2 I)`` per parameter; noise drawn on the generator's device, in name order."""
+    source = DpRandom.of(generator)
     out = {}
     for k in sorted(total):
         t = total[k]
-        noise = torch.randn(t.shape, generator=generator, device=generator.device, dtype=t.dtype)
+        noise = source.randn(t.shape, dtype=t.dtype)
         out[k] = t + std * noise.to(t.device)
     return out
 
@@ -157,12 +162,12 @@ class DpSgdStep:
     def expected_batch_size(self) -> float:
         return self.sample_rate * self.dataset_size
 
-    def sample(self, generator: torch.Generator) -> torch.Tensor:
-        """A Poisson batch of record indices (CPU generator)."""
+    def sample(self, generator: DpRandom | torch.Generator) -> torch.Tensor:
+        """A Poisson batch of record indices (a torch generator must be on the CPU)."""
         return poisson_batch(self.dataset_size, self.sample_rate, generator)
 
     def noisy_gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: PerSampleLoss,
-                       noise_generator: torch.Generator, aux: torch.Tensor | None = None,
+                       noise_generator: DpRandom | torch.Generator, aux: torch.Tensor | None = None,
                        canaries=None) -> dict[str, torch.Tensor]:
         """The privatised mean gradient of the batch ``(x, y)`` (may be empty).
 
@@ -183,7 +188,7 @@ class DpSgdStep:
         return {k: v / self.expected_batch_size for k, v in noisy.items()}
 
     def apply(self, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-              loss_fn: PerSampleLoss, noise_generator: torch.Generator,
+              loss_fn: PerSampleLoss, noise_generator: DpRandom | torch.Generator,
               aux: torch.Tensor | None = None, canaries=None) -> None:
         """Write the noisy gradient into ``.grad`` and take one optimiser step (post-processing)."""
         g = self.noisy_gradient(model, x, y, loss_fn, noise_generator, aux, canaries)

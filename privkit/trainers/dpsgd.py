@@ -29,9 +29,10 @@ from privkit.methods.dpsgd import PAPER, CentralConfig, DpsgdConfig  # noqa: F40
 from privkit.seeding import derive_seed, noise_generator
 from privkit.trainers.base import TrainResult
 from privkit.trainers.common import accuracy, make_optimizer, new_model, resolve_device
+from privkit.trainers.opacus_streams import secret_poisson_loader, use_noise_source
 
 
-def _loader(x, y, batch_size: int, generator: torch.Generator) -> DataLoader:
+def _loader(x, y, batch_size: int, generator: torch.Generator | None) -> DataLoader:
     # opacus's DPDataLoader replaces the batches by Poisson sampling drawn from this generator
     ds = TensorDataset(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.long))
     return DataLoader(ds, batch_size=batch_size, shuffle=True, generator=generator)
@@ -70,8 +71,11 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
         raise PrivkitError(f"batch_size must be <= the pooled data size {len(y)}; found {config.batch_size}")
     model, spec = new_model(federation, config, derive_seed(seed, "init"))
     model.to(device).train()
-    secret = config.reproducible_noise
-    loader = _loader(x, y, config.batch_size, noise_generator(seed, "poisson", reproducible=secret))
+    batches = noise_generator(seed, "poisson", reproducible=config.reproducible_noise)
+    noise = noise_generator(seed, "noise", reproducible=config.reproducible_noise, device=device)
+    # reproducible mode: opacus draws from the seeded torch generators itself; release mode: both
+    # streams are privkit's AES stream, swapped in after make_private (privkit.trainers.opacus_streams)
+    loader = _loader(x, y, config.batch_size, batches.source if batches.seeded_torch else None)
     # opacus's DPDataLoader samples each record with rate 1 / (batches per epoch)
     sample_rate = 1.0 / len(loader)
     steps = config.epochs * len(loader)
@@ -89,16 +93,19 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
 
     optimizer = make_optimizer(model.parameters(), config.optimizer, config.lr)
     with _warnings.catch_warnings():
-        # opacus warns that secure_mode=False; privkit supplies the generators itself (OS-seeded in
-        # release mode, see privkit.seeding), since opacus's secure mode needs torchcsprng.
+        # opacus warns that secure_mode=False; privkit supplies the streams itself (AES-CTR keyed
+        # from the OS in release mode, see privkit.seeding), since opacus's secure mode needs torchcsprng.
         _warnings.filterwarnings("ignore", message=".*[Ss]ecure.*")
         engine = PrivacyEngine(accountant="rdp")
         private, dp_opt, dp_loader = engine.make_private(
             module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=sigma,
             max_grad_norm=config.clip_norm, poisson_sampling=True,
-            noise_generator=noise_generator(seed, "noise", reproducible=secret, device=device))
+            noise_generator=noise.source if noise.seeded_torch else None)
     if abs(dp_loader.sample_rate - sample_rate) > 1e-12:
         raise PrivkitError(f"opacus sample rate {dp_loader.sample_rate} differs from the accounted {sample_rate}")
+    if not noise.seeded_torch:
+        dp_loader = secret_poisson_loader(dp_loader, batches)
+        use_noise_source(dp_opt, noise)
 
     epochs = range(1, config.epochs + 1)
     if progress:

@@ -189,7 +189,7 @@ def _local_update(global_model: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
     params = [p for p in student.parameters() if p.requires_grad]
     opt = (torch.optim.SGD(params, lr=cfg.lr) if cfg.optimizer == "sgd"
            else torch.optim.Adam(params, lr=cfg.lr))
-    # Poisson batches and noise are the mechanism's secret randomness (release mode: OS entropy)
+    # Poisson batches and noise are the mechanism's secret randomness (release mode: AES-CTR keyed from OS entropy)
     sample_gen = noise_generator(seed, "poisson", reproducible=cfg.reproducible_noise)
     noise_gen = noise_generator(seed, "noise", reproducible=cfg.reproducible_noise, device=device)
     loss_fn = kd_loss(rho) if rho is not None else _ce_loss

@@ -141,7 +141,7 @@ def _client_round(pair: MentorMentee, x: torch.Tensor, y: torch.Tensor, cfg: Fed
     params = [p for p in pair.parameters() if p.requires_grad]
     opt = (torch.optim.SGD(params, lr=cfg.lr) if cfg.optimizer == "sgd"
            else torch.optim.Adam(params, lr=cfg.lr))
-    # Poisson sampling and noise: OS entropy in release mode (never stored), seeded only in
+    # Poisson sampling and noise: AES-CTR keyed from OS entropy in release mode (never stored), seeded only in
     # reproducible mode (privkit.seeding.noise_generator)
     sample_gen = noise_generator(seed, "poisson", reproducible=cfg.reproducible_noise)
     noise_gen = noise_generator(seed, "noise", reproducible=cfg.reproducible_noise, device=device)

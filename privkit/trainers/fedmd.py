@@ -436,7 +436,7 @@ def run_fedmd(
                     f"k must be <= n for sampling without replacement; found k={config.k}, "
                     f"n={len(idx)} (party {i}); use replacement=true or a smaller k"
                 )
-            # The subsample is NFDP's only randomness: secret in release mode (OS entropy) and
+            # The subsample is NFDP's only randomness: secret in release mode (AES-CTR keyed from OS entropy) and
             # stored only in reproducible mode, where the run is not for release anyway.
             pos = draw_subset(
                 len(idx), config.k, config.replacement,

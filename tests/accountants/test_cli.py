@@ -46,11 +46,20 @@ def test_dpsgd_all_and_calibrate():
     assert set(out["epsilon"]) == {"rdp", "pld", "prv"}
     assert out["epsilon"]["rdp"] == pytest.approx(2.10137, rel=1e-5)  # notes §3b
     assert out["neighbouring"] == "add_remove"
+    bracket = out["epsilon_bracket"]  # certified: the printed tight epsilon is its upper end
+    assert bracket["upper"] == min(out["epsilon"]["pld"], out["epsilon"]["prv"])
+    assert bracket["lower"] <= bracket["upper"] and bracket["upper"] - bracket["lower"] < 1e-3
     out = _json("dpsgd", "--sample-rate", "0.1", "--noise-multiplier", "5", "--steps", "100",
                 "--delta", "1e-5", "--sampling", "without-replacement", "--accountant", "rdp")
     assert out["neighbouring"] == "replace_one" and out["epsilon"] == pytest.approx(4.02487643, rel=1e-8)
+    assert out["epsilon_bracket"] is None and out["bracket_reason"] == "not-tight"
     out = _json("calibrate", "--epsilon", "3", "--delta", "1e-5", "--sample-rate", "0.01", "--steps", "500")
     assert out["epsilon"] <= 3.0
+    assert out["epsilon_bracket"]["lower"] <= out["epsilon"] == out["epsilon_bracket"]["upper"]
+    assert out["epsilon_bracket"]["lower"] > 0.99 * out["epsilon"]
+    rdp = _json("calibrate", "--epsilon", "3", "--delta", "1e-5", "--sample-rate", "0.01", "--steps", "500",
+                "--accountant", "rdp")
+    assert rdp["epsilon_bracket"] is None and rdp["bracket_reason"] == "not-tight"
     assert acc.dpsgd_epsilon(0.01, out["noise_multiplier"], 500, 1e-5, accountant="pld",
                              value_discretization_interval=1e-3) <= 3.0
 
@@ -63,6 +72,9 @@ def test_sensitivity_and_compose_fedauxfdp():
     assert out["best"]["epsilon"] < 0.6
     out2 = _json("compose", "--gaussian", "3", "--eps-delta", "0.5:1e-6", "--delta", "1e-5")
     assert out2["basic"] is None and out2["best"]["epsilon"] > 0.5
+    pld = out2["epsilon_bracket"]["pld"]  # a Gaussian and a fixed (0.5, 1e-6): both ends hold the 0.5
+    assert 0.5 < pld["lower"] <= out2["accountants"]["pld"] == pld["upper"]
+    assert out2["epsilon_bracket"]["rdp"] is None and out2["bracket_reason"]["rdp"] == "not-tight"
 
 
 def test_ledger_command(tmp_path):
@@ -80,8 +92,13 @@ def test_ledger_command(tmp_path):
                                           "1e-4", "--json"]).stdout)
     assert fine["worst"]["best"] == pytest.approx(ledger.epsilon(1e-5))
     assert set(out["clients"]["a"]) >= {"basic", "rdp", "pld", "best"}
+    pld = out["epsilon_bracket"]["pld"]
+    assert pld["worst"]["upper"] == out["worst"]["pld"] and pld["worst"]["lower"] <= out["worst"]["pld"]
+    assert pld["clients"]["a"]["lower"] <= out["clients"]["a"]["pld"] == pld["clients"]["a"]["upper"]
+    assert out["bracket_reason"] == {"basic": "not-tight", "advanced": "not-tight", "rdp": "not-tight"}
     human = runner.invoke(app, ["budget", "ledger", str(path), "--delta", "1e-5"])
     assert human.exit_code == 0 and "worst" in human.stdout
+    assert "certified bracket" in human.stdout and f"{pld['worst']['lower']:.6g}" in human.stdout
 
 
 @pytest.mark.parametrize(

@@ -237,14 +237,15 @@ def test_noise_streams_are_the_loops_own(data):
 
 
 def test_poisson_sampling_rate_and_steps(data):
+    from privkit.dp_random import DpRandom
     from privkit.trainers.batched_sgd import _one_batches
 
     recipe = SGDRecipe(epochs=3, batch_size=16, sampling="poisson")
     n = 100
     assert recipe.sample_rate(n) == pytest.approx(1 / 7) and recipe.steps(n) == 21 > BLOCK
-    sizes = [len(b) for b in _one_batches(n, recipe, torch.Generator().manual_seed(0))]
+    sizes = [len(b) for b in _one_batches(n, recipe, DpRandom(torch.Generator().manual_seed(0)))]
     assert len(sizes) == 21
-    many = [len(b) for _ in range(20) for b in _one_batches(n, recipe, torch.Generator().manual_seed(_))]
+    many = [len(b) for _ in range(20) for b in _one_batches(n, recipe, DpRandom(torch.Generator().manual_seed(_)))]
     # Binomial(100, 1/7): mean 14.29, variance 12.24; 420 draws
     assert np.mean(many) == pytest.approx(100 / 7, abs=4 * np.sqrt(12.24 / 420))
     assert len(set(many)) > 5

@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 import privkit.pipeline as pipeline
+from accountants import gaussian_epsilon
 from privkit.cli import app
 from privkit.trainers import REGISTRY, TrainerConfig, TrainResult, register_trainer
 from reports import PrivacyReport, load_report
@@ -182,6 +183,13 @@ def test_tiny_end_to_end(tmp_path):
     acc.compose(dpa.GaussianDpEvent(NOISE), 2)
     assert dp.privacy.worst["pld"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-3)
     assert dp.privacy.epsilon <= dp.privacy.worst["pld"] + 1e-12  # 'best' is the minimum
+    # the certified bracket holds the exact value: 2 Gaussians = one with NOISE / sqrt(2) (analytic)
+    bracket = dp.privacy.epsilon_bracket["pld"].model_dump()
+    exact = gaussian_epsilon(NOISE / math.sqrt(2), 1e-5, method="analytic")
+    assert bracket["lower"] <= exact <= bracket["upper"] * (1 + 1e-9) and bracket["upper"] == dp.privacy.worst["pld"]
+    assert dp.privacy.epsilon_bracket["rdp"] is None and dp.privacy.bracket_reason["rdp"] == "not-tight"
+    assert f"[{bracket['lower']:.6g}, {bracket['upper']:.6g}]" in (root / "report.md").read_text()
+    assert "certified bracket" in (root / "report.html").read_text()
     assert [r for r, _ in dp.privacy.epsilon_over_rounds] == [1.0, 2.0]
     assert dp.privacy.claim.epsilon == 0.5 and dp.privacy.epsilon_at_claim_delta is not None
     assert dp.utility.test_accuracy > 0.3  # one epoch on MNIST digits beats chance (0.1)

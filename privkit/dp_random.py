@@ -1,0 +1,105 @@
+"""The random bits a DP mechanism spends, as torch tensors: :class:`DpRandom`.
+
+A mechanism's guarantee holds only while its random bits are secret, so in release mode they come
+from a cryptographic stream: AES-128 in counter mode (``randomgen.AESCounter``, AES-NI where the
+CPU has it) keyed with 128 bits from the operating system's CSPRNG (``secrets``), fresh for every
+stream and never stored, wrapped in a ``numpy.random.Generator``.  Recovering the key from any
+amount of output is breaking AES; torch's Mersenne Twister / Philox and numpy's PCG64 give their
+state away to anyone who sees enough output.
+
+torch cannot draw from a numpy bit generator, so the trainers draw through :class:`DpRandom`:
+``randn``, ``mask`` (Bernoulli inclusion, the Poisson sampling) and ``randperm``, each returning a
+torch tensor.  Backed by the AES stream, normals come from numpy's ziggurat (exact tails, float32
+or float64 as asked) on the CPU and are moved to the requested device; Bernoulli masks compare
+float64 uniforms (53 bits) with the rate.  Backed by a seeded ``torch.Generator`` (reproducible
+mode, or a caller's own generator) every method is exactly the torch call the trainers made before
+this type existed, so seeded results are bit-identical to theirs.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+import torch
+
+__all__ = ["DpRandom", "aes_generator"]
+
+_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def aes_generator(key: int | None = None) -> np.random.Generator:
+    """A numpy Generator over AES-128 in counter mode (counter 0) under ``key``.
+
+    ``key=None`` (release mode) takes 128 bits from ``secrets``; the key lives only inside the
+    returned generator.  A fixed ``key`` is for tests of the stream itself, never for release.
+    """
+    from randomgen import AESCounter
+
+    if key is None:
+        key = secrets.randbits(128)
+    if not 0 <= int(key) < 2**128:
+        raise ValueError(f"key must be in [0, 2**128); found {key}")
+    return np.random.Generator(AESCounter(key=int(key), counter=0))
+
+
+class DpRandom:
+    """Source of DP randomness handing out torch tensors (see the module docstring).
+
+    Parameters
+    ----------
+    source : torch.Generator or numpy.random.Generator
+        The stream: a numpy Generator (the AES stream, :meth:`secret`) or a torch Generator (seeded,
+        reproducible; drawn from exactly as torch's own functions draw).
+    device : torch.device or str, optional
+        Where :meth:`randn` puts its tensors; defaults to the torch generator's device, else CPU.
+    """
+
+    def __init__(self, source: torch.Generator | np.random.Generator,
+                 device: str | torch.device | None = None):
+        if not isinstance(source, (torch.Generator, np.random.Generator)):
+            raise TypeError(f"source must be a torch.Generator or numpy Generator; found {type(source).__name__}")
+        self.source = source
+        default = source.device if isinstance(source, torch.Generator) else "cpu"
+        self.device = torch.device(default if device is None else device)
+
+    @classmethod
+    def secret(cls, device: str | torch.device = "cpu") -> DpRandom:
+        """Release mode: a fresh AES-CTR stream keyed from the OS CSPRNG."""
+        return cls(aes_generator(), device)
+
+    @classmethod
+    def of(cls, source: DpRandom | torch.Generator) -> DpRandom:
+        """``source`` itself, or a torch Generator wrapped (callers may still pass one)."""
+        return source if isinstance(source, DpRandom) else cls(source)
+
+    @property
+    def seeded_torch(self) -> bool:
+        """Whether draws are torch's own (a torch Generator behind this stream)."""
+        return isinstance(self.source, torch.Generator)
+
+    def randn(self, *size: int, dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Standard normals of shape ``size`` on :attr:`device` (into ``out`` when given)."""
+        shape = tuple(size[0]) if len(size) == 1 and not isinstance(size[0], int) else size
+        if self.seeded_torch:
+            if out is not None:
+                return torch.randn(shape, generator=self.source, device=self.device, out=out)
+            return torch.randn(shape, generator=self.source, device=self.device, dtype=dtype)
+        want = out.dtype if out is not None else dtype
+        # float64 where asked, else float32 normals cast to the narrower type (half, bfloat16)
+        z = torch.from_numpy(self.source.standard_normal(shape, dtype=_DTYPES.get(want, np.float32)))
+        if out is not None:
+            return out.copy_(z)
+        return z.to(device=self.device, dtype=want)
+
+    def mask(self, *size: int, rate: float) -> torch.Tensor:
+        """Independent Bernoulli(``rate``) inclusions of shape ``size`` (a bool CPU tensor)."""
+        if self.seeded_torch:  # torch.rand(float32) < rate, as poisson_batch and opacus draw it
+            return torch.rand(size, generator=self.source) < rate
+        return torch.from_numpy(self.source.random(size) < rate)
+
+    def randperm(self, n: int) -> torch.Tensor:
+        """A uniformly random permutation of ``range(n)`` (int64, CPU)."""
+        if self.seeded_torch:
+            return torch.randperm(n, generator=self.source)
+        return torch.from_numpy(self.source.permutation(n).astype(np.int64))
