@@ -9,8 +9,21 @@ audits one client's record-level guarantee with canary records. The attacks and 
 from the ``attacks`` library, which never imports privkit.
 """
 
-from privkit.audit.run import ATTACKS, MEMBERSHIP_ATTACKS, audit_run
 
-ATTRIBUTE_ATTACKS = ("attribute",)
+from __future__ import annotations
+
+from typing import Any
+
+from privkit.audit.names import ATTACKS, ATTRIBUTE_ATTACKS, MEMBERSHIP_ATTACKS
 
 __all__ = ["ATTACKS", "ATTRIBUTE_ATTACKS", "MEMBERSHIP_ATTACKS", "audit_run"]
+
+
+def __getattr__(name: str) -> Any:
+    # audit_run pulls in the attacks library (scikit-learn, CatBoost, dp-accounting): loaded on
+    # first use, so that checking a config's attack names stays fast
+    if name == "audit_run":
+        from privkit.audit.run import audit_run
+
+        return audit_run
+    raise AttributeError(f"module 'privkit.audit' has no attribute {name!r}")

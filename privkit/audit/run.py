@@ -49,12 +49,11 @@ from attacks.family import Options, Outputs, score
 from attacks.recipe_audit import experiment_record
 from privkit.audit.attribute import NotApplicable, dominant_class_entry
 from privkit.audit.claims import curve_points, ledger_claim_bound, ledger_tradeoff
+from privkit.audit.names import ATTACKS
 from privkit.audit.recipes import FederationRecipe
 from privkit.jsonutil import json_default
 
 SCHEMA_VERSION = 1
-ATTACKS = ("threshold", "shadow", "lira", "rmia", "attribute")
-MEMBERSHIP_ATTACKS = ("threshold", "shadow", "lira", "rmia")  # lira and rmia: online and offline
 #: the audited runs may train on this much less data than the release before audit.json warns
 SIZE_TOLERANCE = 0.05
 

@@ -239,7 +239,7 @@ def _check_attacks(audit: AuditSettings) -> None:
     """Attack names are checked against the run audit's registry (:data:`privkit.audit.ATTACKS`)."""
     if not audit.enabled or audit.attacks is None:
         return
-    from privkit.audit import ATTACKS
+    from privkit.audit.names import ATTACKS  # names only: the audit layer loads when it runs
 
     known = set(ATTACKS)
     bad = [a for a in audit.attacks if a not in known]

@@ -372,6 +372,20 @@ def test_run_refusing_a_trainer_value_imports_no_heavy_library(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_run_refusing_an_attack_name_imports_no_heavy_library(tmp_path):
+    """``[audit].attacks`` is checked against the run audit's names without loading the audit layer;
+    those names are the attacks library's family plus the attribute attack."""
+    from attacks.family import ATTACKS as FAMILY
+    from privkit.audit.names import ATTRIBUTE_ATTACKS, MEMBERSHIP_ATTACKS
+
+    assert {n.removesuffix("-offline") for n in FAMILY} == set(MEMBERSHIP_ATTACKS)
+    assert ATTRIBUTE_ATTACKS == ("attribute",)
+    config = tmp_path / "bad.toml"
+    config.write_text('name = "bad"\n[audit]\nattacks = ["banana"]\n[[methods]]\nname = "fedavg"\n')
+    assert _heavy_imports(["run", str(config), "--out", str(tmp_path / "run")], expect=2) == []
+    assert not (tmp_path / "run").exists()
+
+
 def _heavy_imports(argv: list[str], expect: int | None = None) -> list[str]:
     """The heavy libraries ``privkit ARGV`` imported (``-X importtime``); exit code 0 or 2."""
     proc = subprocess.run([sys.executable, "-X", "importtime", "-c",
