@@ -15,7 +15,6 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 from audit_helpers import SMALL, make_run, tiny_federation_config
 from scipy import stats
 from typer.testing import CliRunner
@@ -23,31 +22,11 @@ from typer.testing import CliRunner
 from attacks.audit_scores import decide
 from privkit.audit import audit_run
 from privkit.models import model_spec
-from privkit.trainers.batched_sgd import SGDRecipe, reference_models, train_many, train_one
+from privkit.trainers.batched_sgd import SGDRecipe, reference_models
 
 ENTRY_KEYS = {"auc", "balanced_accuracy", "advantage", "tpr_at_fpr", "epsilon_lower_bound", "ceiling",
               "confidence", "delta", "n_trials", "roc", "notes", "error"}
 FAST = dict(shadows=4, n_audit=200, shadow_iterations=30)
-
-
-@pytest.mark.parametrize("dp", [False, True])
-def test_vectorised_training_matches_loop(dp):
-    rng = np.random.default_rng(0)
-    x = rng.random((200, 1, 8, 8)).astype(np.float32)
-    y = rng.integers(0, 4, 200)
-    spec = model_spec("mlp", (1, 8, 8), 4, feature_dim=16)
-    recipe = SGDRecipe(epochs=2, batch_size=16, lr=0.2, clip=1.0 if dp else None,
-                       noise_multiplier=0.8 if dp else 0.0)
-    idx = [rng.choice(200, n, replace=False) for n in (100, 90, 110)]  # unequal sizes: idle steps
-    many = train_many(spec, x, y, idx, recipe, [5, 6, 7])
-    chunked = train_many(spec, x, y, idx, recipe, [5, 6, 7], chunk_size=2)
-    for j, s in enumerate([5, 6, 7]):
-        one = train_one(spec, x, y, idx[j], recipe, s)
-        for k in one:
-            torch.testing.assert_close(many[j][k], one[k], atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(chunked[j][k], one[k], atol=1e-5, rtol=1e-5)
-    # the models actually trained and differ from one another
-    assert not torch.allclose(many[0]["head.weight"], many[1]["head.weight"])
 
 
 def test_reference_models_for_a_user_model():

@@ -129,7 +129,8 @@ def test_usage_error_is_one_line_exit_2(argv, needles, typer_path, tmp_path):
     assert_one_line_error(privkit(*argv, typer_path=typer_path), *needles)
 
 
-# (argv with placeholders, needles): checks that run inside commands, before any work
+# (argv, needles): errors found inside commands, before any work; "{name}" in argv is
+# filled with the path of the fixture file of that name (see test_bad_input_is_one_line_exit_2)
 def _input_cases():
     return [
         (["audit", "{trained}", "--executor", "banana"], ["--executor", "banana"]),
