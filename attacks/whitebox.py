@@ -25,6 +25,26 @@ canaries, so this view protects every canary exactly as the accountant assumes
 epsilon is a real violation. With ``know_batch=False`` the auditor sees only the released sum and
 the other records' gradients act as extra noise (weaker, same validity).
 
+Canaries at the mechanism. A DP primitive that samples and clips its records itself (privkit's
+``DpSgdStep``, its Gaussian output perturbation) treats the canaries as records instead::
+
+    w = sampled * clip_factor(raw_norm) * raw_norm     # the mechanism's own sampling and clipping
+    released = clean + canaries.vector(w) + noise      # vector: sum_k w_k u_k over included canaries
+    canaries.observe(released, clean=clean)
+
+Each included canary then has a gradient of norm ``raw_norm`` (default four clip norms) *before* the
+mechanism clips it, and joins each step with the mechanism's real sampling rate: a mechanism whose
+clipping or sampling is not what its ledger says moves the canaries' components, and
+:meth:`GradientCanaries.conformance` (:mod:`attacks.conformance`) measures it.
+
+What is tested. :meth:`GradientCanaries.audit` tests the *claimed mechanism* by default: the
+canaries know the claimed noise multiplier, sampling rate and number of steps (or take a
+:class:`~attacks.conformance.MechanismClaim` read from the ledger), and the audit is the union of
+two tests at half the error rate each: the conformance test of the mechanism (number of releases,
+noise scale along coordinates no included canary touches, influence of an included canary), and
+the model-free one-run bound (Steinke et al.) on the canaries' likelihood-ratio scores against the
+bare (epsilon, delta) claim. ``analysis="one-run"`` gives the latter alone, at full confidence.
+
 Score of canary k: its direction's component of each observed step, ``x_t = <r_t, u_k> / C``.
 ``statistic="sum"`` adds them (Steinke et al.); ``"lr"`` adds the per-step log-likelihood ratio
 of the claimed step, ``log(1 - q + q exp((x_t - 1/2) / sigma^2))``, the most powerful test of one
@@ -36,17 +56,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from attacks.canaries import ONE_SIDED_GUESSES
+from attacks.conformance import ConformanceResult, MechanismClaim, ProbeEvidence, conformance_test
 from attacks.experiment import stream
 
 KINDS = ("dirac", "random")
 STATISTICS = ("auto", "sum", "lr")
+ANALYSES = ("mechanism", "one-run")
+#: an included canary's gradient norm before the mechanism clips it, in clip norms (default)
+RAW_NORM = 4.0
 
-__all__ = ["GradientCanaries", "attach_to_opacus"]
+__all__ = ["ANALYSES", "GradientCanaries", "MechanismAudit", "attach_to_opacus", "lr_scores"]
 
 TensorLike = torch.Tensor | Sequence[torch.Tensor]
 
@@ -57,6 +82,22 @@ def _flat(tensors: TensorLike) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in tensors])
 
 
+def lr_scores(projections: np.ndarray, sample_rates: np.ndarray, noise_multipliers: np.ndarray) -> np.ndarray:
+    """Per-canary log-likelihood ratio of its observed components under the claimed mechanism.
+
+    ``projections`` is (T, m) in clip norms; step ``t`` claims Poisson rate ``q_t`` and noise
+    multiplier ``sigma_t``. A step's ratio "canary included" / "canary excluded" is
+    ``1 - q + q exp((x - 1/2) / sigma^2)`` (Neyman-Pearson: the most powerful test of one canary).
+    """
+    x = np.asarray(projections, dtype=np.float64)
+    q = np.asarray(sample_rates, dtype=np.float64)[: x.shape[0], None]
+    s2 = np.asarray(noise_multipliers, dtype=np.float64)[: x.shape[0], None] ** 2
+    z = (x - 0.5) / s2
+    full = q >= 1
+    out = np.where(full, z, np.logaddexp(np.log1p(-np.minimum(q, 1 - 1e-16)), np.log(q) + z))
+    return out.sum(0)
+
+
 class GradientCanaries:
     """``n`` gradient canaries for a DP-SGD run over ``dim`` parameters (see the module docstring).
 
@@ -64,19 +105,25 @@ class GradientCanaries:
     ----------
     dim : number of (trainable) parameters, flattened in the order the loop passes them.
     n : number of canaries (``dirac`` needs ``n <= dim``).
-    clip_norm : the loop's clipping norm ``C``; every canary gradient has L2 norm ``C``.
-    sample_rate : the loop's Poisson rate ``q``; an included canary joins each step with it.
-    noise_multiplier : the *claimed* sigma (for ``statistic="lr"``); ``None`` allows ``sum`` only.
+    clip_norm : the claimed clipping norm (or sensitivity) ``C``; an auditor-injected canary
+        (:meth:`inject`) has L2 norm ``C``.
+    sample_rate : the claimed Poisson rate ``q``; :meth:`inject` samples each included canary with it.
+    noise_multiplier : the *claimed* sigma (for ``statistic="lr"`` and the conformance test);
+        ``None`` allows ``sum`` only.
+    steps : the claimed number of steps (releases); ``None``: as many as observed (the release
+        count is then not tested).
     kind : ``dirac`` or ``random``. Random directions overlap by about ``1/sqrt(dim)``, so each
         step adds cross-talk of about ``sqrt(q n / dim)`` clip norms to every score: use them with
         ``dim`` much larger than ``n``.
     know_batch : subtract the other records' clipped sum of each step (see the module docstring).
+    raw_norm : an included canary's gradient norm before a mechanism clips it (canaries at the
+        mechanism, :meth:`vector`); default ``4 * clip_norm``.
     seed : audit seed: coins, directions and the canaries' own sampling use separate streams.
     """
 
     def __init__(self, dim: int, n: int, *, clip_norm: float, sample_rate: float,
-                 noise_multiplier: float | None = None, kind: str = "dirac", know_batch: bool = True,
-                 seed: int = 0):
+                 noise_multiplier: float | None = None, steps: int | None = None, kind: str = "dirac",
+                 know_batch: bool = True, raw_norm: float | None = None, seed: int = 0):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}; found {kind!r}")
         if not isinstance(n, (int, np.integer)) or n < 2:
@@ -89,11 +136,18 @@ class GradientCanaries:
             raise ValueError(f"sample_rate must be in (0, 1]; found {sample_rate}")
         if noise_multiplier is not None and noise_multiplier < 0:
             raise ValueError(f"noise_multiplier must be >= 0; found {noise_multiplier}")
+        if steps is not None and (not isinstance(steps, (int, np.integer)) or steps < 1):
+            raise ValueError(f"steps must be an integer >= 1 or None; found {steps!r}")
+        raw = 4.0 * clip_norm if raw_norm is None else float(raw_norm)
+        if not raw > 0 or not math.isfinite(raw):
+            raise ValueError(f"raw_norm must be a finite number > 0; found {raw_norm}")
         self.dim, self.n, self.kind, self.seed = int(dim), int(n), kind, int(seed)
-        self.clip_norm, self.sample_rate = float(clip_norm), float(sample_rate)
+        self.clip_norm, self.sample_rate, self.raw_norm = float(clip_norm), float(sample_rate), raw
         self.noise_multiplier = None if noise_multiplier is None else float(noise_multiplier)
+        self.claimed_steps = None if steps is None else int(steps)
         self.know_batch = know_batch
         self.included = stream(seed, "gradient-canaries/coins").random(self.n) < 0.5
+        self.included_ids = np.flatnonzero(self.included)
         rng = stream(seed, "gradient-canaries/directions")
         if kind == "dirac":
             self._coords = torch.as_tensor(rng.choice(self.dim, self.n, replace=False), dtype=torch.long)
@@ -105,11 +159,12 @@ class GradientCanaries:
         self._sampling = torch.Generator().manual_seed(
             int(stream(seed, "gradient-canaries/sampling").integers(2**62)))
         self._inc = torch.as_tensor(self.included)
-        self._sum = np.zeros(self.n)
-        self._lr = np.zeros(self.n)
+        self._proj: list[np.ndarray] = []
+        self._noise_ss: list[float] = []
+        self._noise_dof: list[int] = []
         self._clean: torch.Tensor | None = None
         self._pending = False
-        self.steps = 0
+        self._clean_known = know_batch  # False once a step is observed without the clean sum
         self.appearances = np.zeros(self.n, dtype=np.int64)  # diagnostics only; never in a score
 
     @classmethod
@@ -117,13 +172,20 @@ class GradientCanaries:
         """Canaries over the trainable tensors ``params`` (their total number of entries)."""
         return cls(sum(int(p.numel()) for p in params if p.requires_grad), n, **kwargs)
 
-    # ------------------------------------------------------------------ the two calls per step
+    @property
+    def steps(self) -> int:
+        """Number of releases observed so far."""
+        return len(self._proj)
+
+    # ------------------------------------------------------------------ auditor-side injection
     def inject(self, summed: TensorLike) -> TensorLike:
         """The clipped sum of this step plus the gradients of the included canaries sampled now.
 
-        ``summed`` is a flat tensor or a list of tensors (the loop's parameter order); the same
-        structure comes back. Call :meth:`observe` with the released (noisy) sum before the next
-        ``inject``.
+        The auditor samples the canaries (rate ``sample_rate``) and adds them at norm
+        ``clip_norm``, after the loop's clipping: for loops that take no canaries themselves (an
+        opacus optimizer, a user's loop). ``summed`` is a flat tensor or a list of tensors (the
+        loop's parameter order); the same structure comes back. Call :meth:`observe` with the
+        released (noisy) sum before the next ``inject``.
         """
         if self._pending:
             raise RuntimeError("inject called twice without observe: call observe(released) every step")
@@ -136,7 +198,7 @@ class GradientCanaries:
         self._pending = True
         if not bool(sampled.any()):
             return summed
-        add = self._direction_sum(sampled).to(device=flat.device, dtype=flat.dtype) * self.clip_norm
+        add = self._direction_sum(sampled.to(torch.float32)).to(device=flat.device, dtype=flat.dtype) * self.clip_norm
         if isinstance(summed, torch.Tensor):
             return summed + add.reshape(summed.shape)
         out, at = [], 0
@@ -146,75 +208,227 @@ class GradientCanaries:
             at += k
         return out
 
-    def observe(self, released: TensorLike) -> None:
-        """Score this step from the released sum (clipped sum + canaries + noise)."""
-        if not self._pending:
-            raise RuntimeError("observe called without inject: call inject(summed) first every step")
+    # ------------------------------------------------------------------ canaries at the mechanism
+    def vector(self, weights: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """``sum_k weights_k u_k`` over the included canaries (``weights`` in :attr:`included_ids`
+        order): what the included canaries add to a mechanism's sum once the mechanism has sampled
+        them (weight 0) and clipped their raw gradients of norm :attr:`raw_norm`. A flat float32
+        tensor of ``dim`` entries on the CPU."""
+        w = torch.as_tensor(np.asarray(weights, dtype=np.float32)).reshape(-1)
+        if w.numel() != self.included_ids.size:
+            raise ValueError(f"weights must have one entry per included canary ({self.included_ids.size}); "
+                             f"found {w.numel()}")
+        full = torch.zeros(self.n)
+        full[torch.as_tensor(self.included_ids, dtype=torch.long)] = w
+        self.appearances += (full.numpy() > 0)
+        return self._direction_sum(full)
+
+    def observe(self, released: TensorLike, clean: TensorLike | None = None) -> None:
+        """Score this step from the released sum (clean sum + canaries + noise).
+
+        After :meth:`inject` the clean sum is the one it was given. A mechanism that adds the
+        canaries itself (:meth:`vector`) passes ``clean``, the other records' sum before the
+        canaries and the noise (ignored with ``know_batch=False``).
+        """
+        if self._pending:
+            base = self._clean
+        else:
+            base = None if clean is None or not self.know_batch else _flat(clean).detach()
         r = _flat(released).detach().to(device="cpu", dtype=torch.float64)
-        if self._clean is not None:
-            r = r - self._clean.to(device="cpu", dtype=torch.float64)
-        x = self._project(r) / self.clip_norm
-        self._sum += x
-        if self.noise_multiplier and self.sample_rate < 1:
-            s2 = self.noise_multiplier ** 2
-            self._lr += np.logaddexp(math.log1p(-self.sample_rate),
-                                     math.log(self.sample_rate) + (x - 0.5) / s2)
-        elif self.noise_multiplier:
-            self._lr += (x - 0.5) / self.noise_multiplier ** 2
+        if r.numel() != self.dim:
+            raise ValueError(f"the released sum must have dim = {self.dim} entries; found {r.numel()}")
+        if base is not None:
+            r = r - base.to(device="cpu", dtype=torch.float64)
+        else:
+            self._clean_known = False
+        r = r / self.clip_norm
+        x = self._project(r)
+        self._proj.append(x)
+        ss, dof = self._noise_part(r, x)
+        self._noise_ss.append(ss)
+        self._noise_dof.append(dof)
         self._clean, self._pending = None, False
-        self.steps += 1
 
     # ------------------------------------------------------------------ scores and the audit
-    def scores(self, statistic: str = "auto") -> np.ndarray:
-        """Per-canary score (higher = included): ``sum`` or ``lr`` (``auto``: ``lr`` when the
+    def claim(self, steps: int | None = None) -> MechanismClaim:
+        """The claimed mechanism: :attr:`claimed_steps` (or ``steps``, or as many as observed)
+        releases at the claimed sampling rate and noise multiplier, sensitivity ``clip_norm``."""
+        if not self.noise_multiplier:
+            raise ValueError(f"the conformance test needs the claimed noise_multiplier > 0; found "
+                             f"{self.noise_multiplier}")
+        t = steps or self.claimed_steps or max(self.steps, 1)
+        return MechanismClaim.repeated(self.sample_rate, self.noise_multiplier, t, self.clip_norm)
+
+    def evidence(self) -> ProbeEvidence:
+        """What the canaries observed (:class:`attacks.conformance.ProbeEvidence`)."""
+        proj = np.stack(self._proj) if self._proj else np.zeros((0, self.n))
+        return ProbeEvidence(proj, self.included.copy(), np.array(self._noise_ss),
+                             np.array(self._noise_dof, dtype=np.int64), clean_known=self._clean_known)
+
+    def scores(self, statistic: str = "auto", claim: MechanismClaim | None = None) -> np.ndarray:
+        """Per-canary score (higher = included): ``sum`` of the components or ``lr``, their
+        log-likelihood ratio under ``claim`` (default :meth:`claim`; ``auto``: ``lr`` when the
         claimed sigma is known and positive)."""
         if statistic not in STATISTICS:
             raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}; found {statistic!r}")
         if statistic == "auto":
-            statistic = "lr" if self.noise_multiplier else "sum"
-        if statistic == "lr" and not self.noise_multiplier:
+            statistic = "lr" if (self.noise_multiplier or claim is not None) else "sum"
+        proj = self.evidence().projections
+        if statistic == "sum":
+            return proj.sum(0)
+        if claim is None and not self.noise_multiplier:
             raise ValueError(f"statistic 'lr' needs the claimed noise_multiplier > 0; found {self.noise_multiplier}")
-        return (self._lr if statistic == "lr" else self._sum).copy()
+        c = claim or self.claim(steps=max(self.steps, self.claimed_steps or 0))
+        if c.steps < proj.shape[0]:  # releases beyond the claim: scored as the claim's last
+            extra = proj.shape[0] - c.steps
+            c = MechanismClaim(np.r_[c.sample_rates, np.full(extra, c.sample_rates[-1])],
+                               np.r_[c.noise_multipliers, np.full(extra, c.noise_multipliers[-1])], c.sensitivity)
+        return lr_scores(proj, c.sample_rates, c.noise_multipliers)
 
-    def audit(self, *, accounted_epsilon: float | None, delta: float, confidence: float = 0.95,
-              seed: int | None = None, statistic: str = "auto", guesses=ONE_SIDED_GUESSES, **kwargs):
-        """The one-run audit over the canaries alone (:func:`attacks.audit_scores`, ``inclusion``
-        random; guesses :data:`attacks.canaries.ONE_SIDED_GUESSES`); ``kwargs`` go to it (``curve``)."""
-        from attacks.audit_scores import audit_scores
-
+    def conformance(self, *, claim: MechanismClaim | None = None, confidence: float = 0.95,
+                    delta: float | None = None) -> ConformanceResult:
+        """The conformance test of the mechanism these canaries observed against ``claim``
+        (default :meth:`claim`): :func:`attacks.conformance.conformance_test`."""
         if self.steps == 0:
             raise ValueError("no step was observed; run the training loop with these canaries first")
-        stat = "lr" if statistic == "auto" and self.noise_multiplier else (
+        res = conformance_test(self.evidence(), claim or self.claim(), confidence=confidence, delta=delta)
+        if not self.know_batch:
+            res.notes.append("the other records' gradients were not subtracted: the noise test sees "
+                             "them as extra noise (valid, less powerful)")
+        return res
+
+    def audit(self, *, accounted_epsilon: float | None = None, delta: float, confidence: float = 0.95,
+              seed: int | None = None, statistic: str = "auto", guesses=ONE_SIDED_GUESSES,
+              analysis: str = "mechanism", claim: MechanismClaim | None = None, **kwargs):
+        """Audit the run these canaries observed.
+
+        ``analysis="mechanism"`` (default): the claimed mechanism (``claim``, default :meth:`claim`)
+        is tested by the conformance test at ``beta / 2`` and by the one-run bound over the
+        canaries' scores at ``beta / 2``; a :class:`MechanismAudit`. ``accounted_epsilon``
+        defaults to the claim's epsilon at ``delta``. ``analysis="one-run"``: the one-run bound
+        alone (:func:`attacks.audit_scores`, ``inclusion`` random, guesses
+        :data:`attacks.canaries.ONE_SIDED_GUESSES`; ``kwargs`` go to it, e.g. ``curve``), an
+        :class:`attacks.AuditResult`.
+        """
+        from attacks.audit_scores import audit_scores
+
+        if analysis not in ANALYSES:
+            raise ValueError(f"analysis must be one of {', '.join(ANALYSES)}; found {analysis!r}")
+        if self.steps == 0:
+            raise ValueError("no step was observed; run the training loop with these canaries first")
+        if not 0 < confidence < 1:
+            raise ValueError(f"confidence must be in (0, 1); found {confidence}")
+        mechanism = analysis == "mechanism"
+        if mechanism:
+            claim = claim or self.claim()
+            if accounted_epsilon is None:
+                accounted_epsilon = claim.epsilon(delta)
+        stat = "lr" if statistic == "auto" and (self.noise_multiplier or claim is not None) else (
             "sum" if statistic == "auto" else statistic)
         name = f"gradient-canaries-{self.kind}"
         note = (f"{self.n} {self.kind} gradient canaries (norm {self.clip_norm:g}, sampled at q = "
                 f"{self.sample_rate:g} per step over {self.steps} steps), {int(self.included.sum())} "
                 f"included by fair coins; score = {stat} of each step's component along the canary"
                 + ("" if self.know_batch else "; the other records' gradients not subtracted"))
-        return audit_scores({name: self.scores(stat)}, self.included, accounted_epsilon=accounted_epsilon,
-                            delta=delta, confidence=confidence, seed=self.seed if seed is None else seed,
-                            inclusion="random", notes={name: note}, guesses=guesses, **kwargs)
+        half = 1 - (1 - confidence) / 2 if mechanism else confidence
+        one_run = audit_scores({name: self.scores(stat, claim)}, self.included,
+                               accounted_epsilon=accounted_epsilon, delta=delta, confidence=half,
+                               seed=self.seed if seed is None else seed, inclusion="random",
+                               notes={name: note}, guesses=guesses, **kwargs)
+        if not mechanism:
+            return one_run
+        conf = self.conformance(claim=claim, confidence=half, delta=delta)
+        return MechanismAudit.of(conf, one_run, confidence)
 
     def summary(self) -> dict:
         inc = self.included
         return {"kind": self.kind, "canaries": self.n, "included": int(inc.sum()), "steps": self.steps,
-                "clip_norm": self.clip_norm, "sample_rate": self.sample_rate,
-                "claimed_noise_multiplier": self.noise_multiplier, "know_batch": self.know_batch,
+                "clip_norm": self.clip_norm, "raw_norm": self.raw_norm, "sample_rate": self.sample_rate,
+                "claimed_noise_multiplier": self.noise_multiplier, "claimed_steps": self.claimed_steps,
+                "know_batch": self.know_batch,
                 "mean_appearances_included": float(self.appearances[inc].mean()) if inc.any() else 0.0,
                 "seed": self.seed}
 
     # ------------------------------------------------------------------ internals
-    def _direction_sum(self, sampled: torch.Tensor) -> torch.Tensor:
+    def _direction_sum(self, weights: torch.Tensor) -> torch.Tensor:
         if self._u is None:
             out = torch.zeros(self.dim)
-            out[self._coords[sampled]] = 1.0
+            nz = weights != 0
+            out[self._coords[nz]] = weights[nz].to(torch.float32)
             return out
-        return self._u[sampled].sum(0)
+        return weights.to(torch.float32) @ self._u
 
     def _project(self, r: torch.Tensor) -> np.ndarray:
         if self._u is None:
-            return r[self._coords].numpy()
+            return r[self._coords].numpy().copy()
         return (self._u.to(torch.float64) @ r).numpy()
+
+    def _noise_part(self, r: torch.Tensor, x: np.ndarray) -> tuple[float, int]:
+        """Sum of squares and count of the components no included canary touches: every
+        coordinate but the included Dirac canaries'; for random directions, the excluded
+        canaries' components (cross-talk from included ones only inflates them: conservative)."""
+        if self._u is None:
+            inc = x[self.included]
+            # float rounding can leave a tiny negative difference when there is no noise at all
+            return max(0.0, float(r.pow(2).sum()) - float(np.square(inc).sum())), self.dim - int(self.included.sum())
+        exc = x[~self.included]
+        return float(np.square(exc).sum()), int(exc.size)
+
+
+@dataclass
+class MechanismAudit:
+    """A white-box audit of a claimed mechanism: conformance test and one-run bound, each at
+    half the error rate, so the verdict holds at ``confidence`` for both together.
+
+    ``verdict`` is ``violation`` when either rejects the claim, else ``consistent`` (the
+    conformance test can always see a mechanism that departs from its claim). ``epsilon_lower_bound``,
+    ``epsilon_ceiling`` and ``detectable_epsilon`` are the one-run bound's (model-free);
+    ``measured_epsilon`` is the conformance test's (see :mod:`attacks.conformance`).
+    """
+
+    verdict: str
+    message: str
+    confidence: float
+    conformance: ConformanceResult
+    one_run: object  # attacks.AuditResult
+
+    @classmethod
+    def of(cls, conformance: ConformanceResult, one_run, confidence: float) -> MechanismAudit:
+        bad = [n for n, v in (("conformance test", conformance.verdict), ("one-run bound", one_run.verdict))
+               if v == "violation"]
+        verdict = "violation" if bad else "consistent"
+        head = (f"VIOLATION ({' and '.join(bad)})" if bad else "no violation") + (
+            f" of the claimed mechanism at {100 * confidence:.4g}% confidence (two tests at half the error "
+            "rate each)")
+        return cls(verdict, f"{head}. Conformance: {conformance.message} One-run: {one_run.message}",
+                   float(confidence), conformance, one_run)
+
+    @property
+    def epsilon_lower_bound(self) -> float:
+        return self.one_run.epsilon_lower_bound
+
+    @property
+    def epsilon_ceiling(self) -> float:
+        return self.one_run.epsilon_ceiling
+
+    @property
+    def detectable_epsilon(self) -> float:
+        return self.one_run.detectable_epsilon
+
+    @property
+    def accounted_epsilon(self) -> float | None:
+        return self.one_run.accounted_epsilon
+
+    @property
+    def measured_epsilon(self) -> float | None:
+        return self.conformance.measured_epsilon
+
+    def to_dict(self) -> dict:
+        one = self.one_run.to_dict()
+        return {**one, "status": self.verdict, "message": self.message, "analysis": "mechanism",
+                "confidence": self.confidence, "one_run": {"status": self.one_run.verdict,
+                                                           "confidence": self.one_run.confidence},
+                "conformance": self.conformance.to_dict()}
 
 
 def attach_to_opacus(optimizer, canaries: GradientCanaries):

@@ -23,6 +23,7 @@ noise are drawn from a :class:`privkit.dp_random.DpRandom` (the AES stream in re
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from privkit import mutations
 from privkit.dp_random import DpRandom
 from privkit.errors import PrivkitError
 
@@ -166,26 +168,56 @@ class DpSgdStep:
         """A Poisson batch of record indices (a torch generator must be on the CPU)."""
         return poisson_batch(self.dataset_size, self.sample_rate, generator)
 
+    def clip_factor(self, norms: torch.Tensor) -> torch.Tensor:
+        """Each record's clipping factor ``min(1, c / ||g||)`` (1 when an audit's mutation switched
+        clipping off: :mod:`privkit.mutations`)."""
+        if not mutations.active().clipping:
+            return torch.ones_like(norms)
+        return (self.clip_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
+
     def noisy_gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: PerSampleLoss,
                        noise_generator: DpRandom | torch.Generator, aux: torch.Tensor | None = None,
                        canaries=None) -> dict[str, torch.Tensor]:
         """The privatised mean gradient of the batch ``(x, y)`` (may be empty).
 
         ``canaries`` (an :class:`attacks.whitebox.GradientCanaries` over the trainable parameters,
-        in ``named_parameters`` order) adds its sampled canary gradients to the clipped sum before
-        the noise and observes the noisy sum: the white-box audit of this step.
+        in ``named_parameters`` order) are records of this step: each included canary joins the
+        batch with this step's sampling rate (drawn from ``noise_generator``) and its raw gradient
+        (norm ``canaries.raw_norm``) is clipped as every record's is, before the noise; the
+        canaries then observe the noisy sum. That is the white-box audit of this step, tested
+        against what the ledger claims (:mod:`attacks.conformance`).
         """
+        mutation = mutations.active()
+        clip = self.clip_norm if mutation.clipping else math.inf
         params = {k: v for k, v in model.named_parameters() if v.requires_grad}
         if len(y) > 0:
-            total = clipped_gradient_sum(model, x, y, loss_fn, self.clip_norm, aux)
+            total = clipped_gradient_sum(model, x, y, loss_fn, clip, aux)
         else:  # an empty Poisson batch releases noise only
             total = {k: torch.zeros_like(p) for k, p in params.items()}
+        clean = None
         if canaries is not None:
-            total = dict(zip(params, canaries.inject([total[k] for k in params])))
-        noisy = add_gaussian_noise(total, self.noise_multiplier * self.clip_norm, noise_generator)
+            clean = [total[k] for k in params]
+            total = self._with_canaries(total, list(params), canaries, DpRandom.of(noise_generator))
+        std = self.noise_multiplier * self.clip_norm * mutation.noise_factor
+        noisy = add_gaussian_noise(total, std, noise_generator)
         if canaries is not None:
-            canaries.observe([noisy[k] for k in params])
+            canaries.observe([noisy[k] for k in params], clean=clean)
         return {k: v / self.expected_batch_size for k, v in noisy.items()}
+
+    def _with_canaries(self, total: dict[str, torch.Tensor], names: list[str], canaries,
+                       source: DpRandom) -> dict[str, torch.Tensor]:
+        """``total`` plus the included canaries this step samples, each clipped like a record."""
+        ids = canaries.included_ids
+        sampled = source.mask(len(ids), rate=self.sample_rate).to(torch.float32)
+        raw = torch.full((len(ids),), canaries.raw_norm)
+        weights = sampled * self.clip_factor(raw) * raw
+        add = canaries.vector(weights)
+        out, at = dict(total), 0
+        for k in names:
+            t = total[k]
+            out[k] = t + add[at:at + t.numel()].reshape(t.shape).to(device=t.device, dtype=t.dtype)
+            at += t.numel()
+        return out
 
     def apply(self, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
               loss_fn: PerSampleLoss, noise_generator: DpRandom | torch.Generator,

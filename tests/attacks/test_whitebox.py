@@ -100,33 +100,39 @@ def test_likelihood_ratio_statistic_matches_its_formula():
 
 def test_inject_and_observe_alternate():
     can = GradientCanaries(10, 2, clip_norm=1.0, sample_rate=0.5, seed=0)
-    with pytest.raises(RuntimeError, match="observe called without inject"):
-        can.observe(torch.zeros(10))
     can.inject(torch.zeros(10))
     with pytest.raises(RuntimeError, match="inject called twice"):
         can.inject(torch.zeros(10))
     with pytest.raises(ValueError, match="dim = 10"):
         GradientCanaries(10, 2, clip_norm=1.0, sample_rate=0.5).inject(torch.zeros(11))
+    with pytest.raises(ValueError, match="dim = 10"):
+        GradientCanaries(10, 2, clip_norm=1.0, sample_rate=0.5).observe(torch.zeros(11))
     with pytest.raises(ValueError, match="n must be <= dim"):
         GradientCanaries(10, 11, clip_norm=1.0, sample_rate=0.5)
+    with pytest.raises(ValueError, match="one entry per included canary"):
+        can.vector(np.ones(can.included_ids.size + 1))
 
 
-def test_canaries_leave_the_noise_stream_alone():
-    """With the same noise generator, the step with canaries differs from the step without by the
-    sampled canaries' gradients only (divided by the expected batch size)."""
+def test_the_step_samples_and_clips_canaries_like_records():
+    """Without noise, what a DpSgdStep adds for its canaries is each sampled included canary's raw
+    gradient (norm 4 clip norms) clipped to one clip norm, at its coordinate, nothing else."""
     x, y = _data()
     model = _model()
-    step = DpSgdStep(1.0, 1.3, 0.1, len(y))
+    step = DpSgdStep(1.0, 0.0, 0.3, len(y))
     b = torch.arange(30)
     plain = step.noisy_gradient(model, x[b], y[b], _loss, torch.Generator().manual_seed(5))
-    can = GradientCanaries.for_parameters(list(model.parameters()), 400, clip_norm=1.0, sample_rate=1.0,
-                                          seed=3)
+    can = GradientCanaries.for_parameters(list(model.parameters()), 400, clip_norm=1.0, sample_rate=0.3,
+                                          noise_multiplier=1.0, seed=3)
+    assert can.raw_norm == 4.0
     with_c = step.noisy_gradient(model, x[b], y[b], _loss, torch.Generator().manual_seed(5), canaries=can)
     names = [k for k, _ in model.named_parameters()]  # the canaries' flattening order
     diff = torch.cat([(with_c[k] - plain[k]).reshape(-1) for k in names]) * step.expected_batch_size
     expected = torch.zeros_like(diff)
-    expected[can._coords[torch.as_tensor(can.included)]] = 1.0  # q = 1: every included canary sampled
+    expected[can._coords[torch.as_tensor(can.appearances > 0)]] = 1.0
     torch.testing.assert_close(diff, expected, atol=1e-5, rtol=0)
+    assert not can.appearances[~can.included].any()
+    k = int(can.appearances[can.included].sum())  # the step's own sampling, rate 0.3
+    assert stats.binomtest(k, int(can.included.sum()), 0.3).pvalue > 1e-3
 
 
 @pytest.mark.parametrize("kind", ["dirac", "random"])

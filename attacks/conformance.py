@@ -1,0 +1,388 @@
+"""Conformance test of a Gaussian mechanism against its claim, from white-box probes.
+
+A ledger entry such as ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), T)`` is a precise claim
+about what ran: at most ``T`` releases; in each, every record joins with probability ``q`` and
+moves the released sum by at most ``C`` (the clip norm, or the sensitivity of an output
+perturbation); Gaussian noise of standard deviation ``sigma * C`` on every coordinate. Probes at
+the mechanism (:class:`attacks.whitebox.GradientCanaries`) see each release minus the other records'
+contribution, so every part of the claim can be measured where it happens:
+
+``releases``
+    The number of releases the probes observed. More than the claim's ``T`` is a violation outright
+    (a ledger that undercounts steps or rounds); no statistics involved.
+``noise``
+    The noise's scale along coordinates no included probe touches: there the observation is pure
+    noise, ``N(0, sigma_t^2)`` in units of ``C``, so ``sum_t SS_t / sigma_t^2`` is chi-square with
+    as many degrees of freedom as coordinates observed. The one-sided lower tail rejects noise
+    smaller than claimed (noise halved, divided by the number of clients). With every other
+    record's contribution unknown (``know_batch=False``) the statistic only grows: still valid,
+    less powerful.
+``influence``
+    Each included probe is a record whose gradient (or output shift) is larger than ``C`` before
+    the mechanism's own sampling and clipping; an excluded probe is not in the data. Under the claim
+    an included probe adds exactly ``q_t * C`` per release in expectation (clipped to ``C``,
+    sampled with rate ``q_t``) and an excluded one nothing, so the difference of the two groups'
+    mean totals is at most ``sum_t q_t``. A one-sided Welch t-test rejects a larger influence
+    (clipping off, unbounded sensitivity, a sampling rate above the claimed one).
+
+Each of the two statistical tests runs at ``beta / 2`` (Bonferroni); a rejection of any part is a
+``violation`` of the claim at the stated confidence. Every part is one-sided towards *less* privacy
+(more releases, less noise, more influence), in each of which the subsampled Gaussian's epsilon
+increases, so a mechanism more private than claimed is never flagged.
+
+The numbers: the noise ratio (measured / claimed noise standard deviation, with its upper
+confidence limit), the influence ratio (measured / claimed, with its lower confidence limit), and
+``measured_epsilon``: the accountant's epsilon of the claimed mechanism over the releases observed,
+with the noise at the upper confidence limit of its measured scale. It is a lower confidence bound
+on the true epsilon *if* sampling and sensitivity are at least as claimed (the influence test checks
+them); it is labelled as such and is a measurement, not the model-free lower bound of
+:mod:`attacks.one_run`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import stats
+
+TESTS = ("releases", "noise", "influence")
+
+__all__ = ["TESTS", "ConformanceResult", "MechanismClaim", "ProbeEvidence", "claim_from_events",
+           "conformance_test"]
+
+
+@dataclass(frozen=True)
+class MechanismClaim:
+    """What a ledger claims of one mechanism, release by release.
+
+    Attributes
+    ----------
+    sample_rates : (T,) each release's claimed Poisson rate ``q_t`` (1 for an unsampled release).
+    noise_multipliers : (T,) each release's claimed noise standard deviation in units of ``C``.
+    sensitivity : ``C``: the clip norm or L2 sensitivity a record's influence is claimed bounded by.
+    """
+
+    sample_rates: np.ndarray
+    noise_multipliers: np.ndarray
+    sensitivity: float
+
+    def __post_init__(self) -> None:
+        q = np.asarray(self.sample_rates, dtype=np.float64).reshape(-1)
+        s = np.asarray(self.noise_multipliers, dtype=np.float64).reshape(-1)
+        if q.shape != s.shape:
+            raise ValueError(f"sample_rates and noise_multipliers must have the same length; found "
+                             f"{q.size} and {s.size}")
+        if q.size and (not np.all((q > 0) & (q <= 1))):
+            raise ValueError(f"sample_rates must be in (0, 1]; found {q[~((q > 0) & (q <= 1))][0]}")
+        if q.size and not np.all(s > 0):
+            raise ValueError(f"noise_multipliers must be > 0 (a release without noise claims no DP); "
+                             f"found {s[~(s > 0)][0]}")
+        if not (self.sensitivity > 0 and math.isfinite(self.sensitivity)):
+            raise ValueError(f"sensitivity must be a finite number > 0; found {self.sensitivity}")
+        object.__setattr__(self, "sample_rates", q)
+        object.__setattr__(self, "noise_multipliers", s)
+
+    @classmethod
+    def repeated(cls, sample_rate: float, noise_multiplier: float, steps: int, sensitivity: float) -> MechanismClaim:
+        """``steps`` identical releases: ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)``."""
+        if not isinstance(steps, (int, np.integer)) or steps < 1:
+            raise ValueError(f"steps must be an integer >= 1; found {steps!r}")
+        return cls(np.full(int(steps), float(sample_rate)), np.full(int(steps), float(noise_multiplier)),
+                   float(sensitivity))
+
+    @property
+    def steps(self) -> int:
+        return int(self.sample_rates.size)
+
+    def epsilon(self, delta: float, noise_scale: float = 1.0, fallback: bool = True) -> float:
+        """Epsilon at ``delta`` of this claim (privkit's accountants, ``best``) with every noise
+        multiplier multiplied by ``noise_scale``. Where the PLD grid cannot hold the loss (noise far
+        below the claim: epsilon in the hundreds) the RDP upper bound is used (``fallback``), and
+        ``inf`` where neither can answer: an upper bound of the mechanism's epsilon either way."""
+        from accountants import Ledger, dpsgd_event
+
+        if noise_scale <= 0:
+            return math.inf
+        ledger = Ledger()
+        for (q, s), count in _runs(self.sample_rates, self.noise_multipliers * noise_scale):
+            ledger.add(0, dpsgd_event(q, s, count), "claimed mechanism")
+        for accountant in ("best", "rdp") if fallback else ("best",):
+            try:
+                with np.errstate(all="ignore"):  # far outside the grid the PLD overflows, then raises
+                    return float(ledger.epsilon(delta, accountant=accountant))
+            except (ValueError, MemoryError, IndexError, OverflowError, FloatingPointError):
+                continue
+        return math.inf
+
+    def to_dict(self) -> dict:
+        return {"steps": self.steps, "sensitivity": self.sensitivity,
+                "sample_rates": _compress(self.sample_rates), "noise_multipliers": _compress(self.noise_multipliers)}
+
+
+def _runs(q: np.ndarray, s: np.ndarray) -> list[tuple[tuple[float, float], int]]:
+    """Consecutive equal (q, sigma) pairs as ((q, sigma), count)."""
+    out: list[tuple[tuple[float, float], int]] = []
+    for pair in zip(q.tolist(), s.tolist()):
+        if out and out[-1][0] == pair:
+            out[-1] = (pair, out[-1][1] + 1)
+        else:
+            out.append((pair, 1))
+    return out
+
+
+def _compress(a: np.ndarray) -> list[list[float]]:
+    """``[[value, count], ...]`` run-length form of a per-release array (JSON-sized)."""
+    out: list[list[float]] = []
+    for v in a.tolist():
+        if out and out[-1][0] == v:
+            out[-1][1] += 1
+        else:
+            out.append([v, 1])
+    return out
+
+
+def claim_from_events(events: Iterable, sensitivity: float) -> MechanismClaim:
+    """The per-release claim of a sequence of dp-accounting events, in order.
+
+    Understood: ``GaussianDpEvent`` (one unsampled release), ``PoissonSampledDpEvent`` of a Gaussian
+    (one sampled release), ``SelfComposedDpEvent`` and ``ComposedDpEvent`` of those. Any other event
+    is an error naming it: a conformance test of a claim it cannot read would test nothing.
+    """
+    import dp_accounting as dpa
+
+    q: list[float] = []
+    s: list[float] = []
+
+    def walk(ev, times: int) -> None:
+        if isinstance(ev, dpa.SelfComposedDpEvent):
+            walk(ev.event, times * int(ev.count))
+        elif isinstance(ev, dpa.ComposedDpEvent):
+            for _ in range(times):
+                for e in ev.events:
+                    walk(e, 1)
+        elif isinstance(ev, dpa.PoissonSampledDpEvent) and isinstance(ev.event, dpa.GaussianDpEvent):
+            q.extend([float(ev.sampling_probability)] * times)
+            s.extend([float(ev.event.noise_multiplier)] * times)
+        elif isinstance(ev, dpa.GaussianDpEvent):
+            q.extend([1.0] * times)
+            s.extend([float(ev.noise_multiplier)] * times)
+        else:
+            raise ValueError(f"claim_from_events reads Gaussian, Poisson-sampled Gaussian, self-composed "
+                             f"and composed events; found {type(ev).__name__}")
+
+    for event in events:
+        walk(event, 1)
+    if not q:
+        raise ValueError("claim_from_events needs at least one event; found none")
+    return MechanismClaim(np.array(q), np.array(s), float(sensitivity))
+
+
+@dataclass(frozen=True)
+class ProbeEvidence:
+    """What probes observed of one mechanism, in units of ``C``.
+
+    Attributes
+    ----------
+    projections : (T, m) each release's component along each probe's direction, divided by ``C``.
+    included : (m,) the probes' fair coins.
+    noise_squares : (T,) sum of squares (units of ``C^2``) of each release over coordinates that no
+        included probe touches (after subtracting the other records' contribution where known).
+    noise_coordinates : (T,) how many coordinates each ``noise_squares`` entry sums.
+    clean_known : whether the other records' contribution was subtracted (white-box, the auditor
+        knows every other record): an excluded probe's component is then pure zero-mean noise, and
+        the influence test compares the included probes with 0 instead of with the excluded ones
+        (half the variance).
+    """
+
+    projections: np.ndarray
+    included: np.ndarray
+    noise_squares: np.ndarray
+    noise_coordinates: np.ndarray
+    clean_known: bool = False
+
+    @property
+    def steps(self) -> int:
+        return int(self.projections.shape[0])
+
+    @property
+    def m(self) -> int:
+        return int(self.included.size)
+
+
+@dataclass
+class ConformanceTest:
+    """One part of the conformance test (see the module docstring)."""
+
+    name: str
+    rejected: bool
+    p_value: float
+    level: float
+    measured: float
+    confidence_limit: float
+    claimed: float
+    detail: str
+
+    def to_dict(self) -> dict:
+        return {k: _finite(v) for k, v in self.__dict__.items()}
+
+
+def _finite(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+    return v
+
+
+@dataclass
+class ConformanceResult:
+    """The conformance test's outcome: ``verdict`` (``violation`` or ``consistent``), its parts."""
+
+    verdict: str
+    message: str
+    confidence: float
+    tests: dict[str, ConformanceTest]
+    claim: MechanismClaim
+    steps_observed: int
+    measured_epsilon: float | None = None
+    claimed_epsilon: float | None = None
+    delta: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rejected(self) -> list[str]:
+        return [n for n, t in self.tests.items() if t.rejected]
+
+    def to_dict(self) -> dict:
+        return {"analysis": "conformance", "status": self.verdict, "message": self.message,
+                "confidence": self.confidence, "steps_observed": self.steps_observed,
+                "rejected": self.rejected, "tests": {n: t.to_dict() for n, t in self.tests.items()},
+                "claim": self.claim.to_dict(), "claimed_epsilon": _finite_or_none(self.claimed_epsilon),
+                "measured_epsilon": _finite_or_none(self.measured_epsilon), "delta": self.delta,
+                "notes": list(self.notes)}
+
+
+def _finite_or_none(v):
+    return None if v is None else _finite(float(v))
+
+
+def _releases_test(steps: int, claim: MechanismClaim) -> ConformanceTest:
+    over = steps > claim.steps
+    return ConformanceTest("releases", over, 0.0 if over else 1.0, 0.0, float(steps), float(steps),
+                           float(claim.steps),
+                           f"{steps} releases observed, {claim.steps} claimed" + (
+                               ": the ledger undercounts the releases" if over else ""))
+
+
+def _noise_test(ev: ProbeEvidence, claim: MechanismClaim, level: float, upto: int) -> ConformanceTest:
+    s2 = claim.noise_multipliers[:upto] ** 2
+    stat = float(np.sum(ev.noise_squares[:upto] / s2))
+    dof = float(np.sum(ev.noise_coordinates[:upto]))
+    if dof < 1:
+        return ConformanceTest("noise", False, 1.0, level, math.nan, math.inf, 1.0,
+                               "no coordinate free of included probes: noise scale not measured")
+    p = float(stats.chi2.cdf(stat, dof))
+    ratio = math.sqrt(stat / dof)  # measured / claimed noise standard deviation
+    upper = math.sqrt(stat / stats.chi2.ppf(level, dof)) if stat > 0 else 0.0
+    return ConformanceTest("noise", p < level, p, level, ratio, upper, 1.0,
+                           f"noise std {ratio:.4f} x the claimed (upper {_pct(1 - level)} limit {upper:.4f}) "
+                           f"over {int(dof)} coordinate-releases free of probes")
+
+
+def _influence_test(ev: ProbeEvidence, claim: MechanismClaim, level: float, upto: int) -> ConformanceTest:
+    totals = ev.projections[:upto].sum(0)
+    inc, exc = totals[ev.included], totals[~ev.included]
+    expected = float(claim.sample_rates[:upto].sum())  # each appearance adds exactly C (clipped)
+    if inc.size < 2 or (exc.size < 2 and not ev.clean_known) or expected <= 0:
+        return ConformanceTest("influence", False, 1.0, level, math.nan, 0.0, 1.0,
+                               "fewer than two included or excluded probes: influence not measured")
+    var = inc.var(ddof=1) / inc.size
+    if ev.clean_known:  # an excluded probe sees zero-mean noise only: compare with 0 (one sample)
+        diff, dof = float(inc.mean()), inc.size - 1
+        against = "0 (the other records' contribution subtracted)"
+    else:  # the other records' gradients may have a mean along a probe: compare the two groups
+        vb = exc.var(ddof=1) / exc.size
+        diff = float(inc.mean() - exc.mean())
+        dof = (var + vb) ** 2 / (var ** 2 / (inc.size - 1) + vb ** 2 / (exc.size - 1)) if var + vb > 0 else 1e9
+        var += vb
+        against = f"the {exc.size} excluded probes"
+    se = math.sqrt(var)
+    if se == 0:
+        p, lower = (0.0 if diff > expected else 1.0), diff
+    else:
+        p = float(stats.t.sf((diff - expected) / se, dof))
+        lower = diff - float(stats.t.ppf(1 - level, dof)) * se
+    ratio, lower_ratio = diff / expected, lower / expected
+    return ConformanceTest("influence", p < level, p, level, ratio, lower_ratio, 1.0,
+                           f"an included probe moved the releases by {ratio:.3f} x the claimed "
+                           f"sampling rate x sensitivity (lower {_pct(1 - level)} limit {lower_ratio:.3f}); "
+                           f"{inc.size} included probes against {against}")
+
+
+def _pct(p: float) -> str:
+    return f"{100 * p:.4g}%"
+
+
+def conformance_test(evidence: ProbeEvidence, claim: MechanismClaim, *, confidence: float = 0.95,
+                     delta: float | None = None) -> ConformanceResult:
+    """Test the mechanism the probes observed against ``claim`` (see the module docstring).
+
+    Parameters
+    ----------
+    evidence : what the probes observed (:meth:`attacks.whitebox.GradientCanaries.evidence`).
+    claim : the claimed mechanism, release by release (:class:`MechanismClaim`,
+        :func:`claim_from_events`).
+    confidence : family-wise confidence of the verdict (each statistical part at ``beta / 2``).
+    delta : where given, the claimed and the measured epsilon at this delta are computed.
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1); found {confidence}")
+    if evidence.steps < 1:
+        raise ValueError("no release was observed; run the mechanism with the probes first")
+    level = (1.0 - confidence) / 2
+    upto = min(evidence.steps, claim.steps)
+    tests = {"releases": _releases_test(evidence.steps, claim),
+             "noise": _noise_test(evidence, claim, level, upto),
+             "influence": _influence_test(evidence, claim, level, upto)}
+    rejected = [n for n, t in tests.items() if t.rejected]
+    verdict = "violation" if rejected else "consistent"
+    res = ConformanceResult(verdict, "", float(confidence), tests, claim, evidence.steps, delta=delta)
+    if delta is not None:
+        res.claimed_epsilon = claim.epsilon(delta)
+        res.measured_epsilon = _measured_epsilon(evidence, claim, tests["noise"], delta)
+    res.message = _message(res)
+    return res
+
+
+def _measured_epsilon(evidence: ProbeEvidence, claim: MechanismClaim, noise: ConformanceTest,
+                      delta: float) -> float:
+    """Epsilon of the claim over the observed releases (each extra release as the claim's last),
+    with the noise at its upper confidence limit (never above the claimed noise)."""
+    scale = min(1.0, noise.confidence_limit) if math.isfinite(noise.confidence_limit) else 1.0
+    if scale <= 0:
+        return math.inf
+    extra = max(0, evidence.steps - claim.steps)
+    observed = MechanismClaim(np.concatenate([claim.sample_rates, np.full(extra, claim.sample_rates[-1])]),
+                              np.concatenate([claim.noise_multipliers,
+                                              np.full(extra, claim.noise_multipliers[-1])]),
+                              claim.sensitivity)
+    if extra == 0:
+        observed = MechanismClaim(claim.sample_rates[:evidence.steps], claim.noise_multipliers[:evidence.steps],
+                                  claim.sensitivity)
+    # PLD only (tight to its grid): RDP's looser upper bound would overstate a measurement
+    return observed.epsilon(delta, noise_scale=scale, fallback=False)
+
+
+def _message(res: ConformanceResult) -> str:
+    conf = _pct(res.confidence)
+    parts = "; ".join(t.detail for t in res.tests.values())
+    eps = ""
+    if res.measured_epsilon is not None:
+        eps = (f" Claimed epsilon {res.claimed_epsilon:.3f}; epsilon of the claimed mechanism at the "
+               f"measured noise and releases {res.measured_epsilon:.3f} at delta={res.delta:g} (valid if "
+               "sampling and sensitivity are as claimed).")
+    if res.verdict == "violation":
+        return (f"VIOLATION of the claimed mechanism ({', '.join(res.rejected)}) at {conf} confidence: "
+                f"{parts}.{eps}")
+    return f"the mechanism conforms to its claim at {conf} confidence: {parts}.{eps}"
