@@ -17,6 +17,10 @@ contribution, so every part of the claim can be measured where it happens:
     smaller than claimed (noise halved, divided by the number of clients). With every other
     record's contribution unknown (``know_batch=False``) the statistic only grows: still valid,
     less powerful.
+``sensitivity`` (where measured)
+    A probe *record*'s exact influence on the pre-noise release (a minimiser refitted with and
+    without it) above the claimed sensitivity ``C``: the sensitivity bound does not hold (e.g.
+    features left unnormalised). Deterministic up to the solver's precision.
 ``influence``
     Each included probe is a record whose gradient (or output shift) is larger than ``C`` before
     the mechanism's own sampling and clipping; an excluded probe is not in the data. Under the claim
@@ -48,7 +52,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-TESTS = ("releases", "noise", "influence")
+TESTS = ("releases", "noise", "influence", "sensitivity")
 
 __all__ = ["TESTS", "ConformanceResult", "MechanismClaim", "ProbeEvidence", "claim_from_events",
            "conformance_test"]
@@ -195,6 +199,10 @@ class ProbeEvidence:
         knows every other record): an excluded probe's component is then pure zero-mean noise, and
         the influence test compares the included probes with 0 instead of with the excluded ones
         (half the variance).
+    record_influence : where the mechanism could compute it exactly (an output perturbation of a
+        deterministic minimiser, refitted with and without a probe record), each probe record's
+        influence on the pre-noise release, in units of ``C``; the ``sensitivity`` test rejects
+        when one exceeds ``1 + influence_tolerance`` (the solver's guaranteed precision).
     """
 
     projections: np.ndarray
@@ -202,6 +210,8 @@ class ProbeEvidence:
     noise_squares: np.ndarray
     noise_coordinates: np.ndarray
     clean_known: bool = False
+    record_influence: np.ndarray | None = None
+    influence_tolerance: float = 1e-6
 
     @property
     def steps(self) -> int:
@@ -320,6 +330,15 @@ def _influence_test(ev: ProbeEvidence, claim: MechanismClaim, level: float, upto
                            f"{inc.size} included probes against {against}")
 
 
+def _sensitivity_test(ev: ProbeEvidence) -> ConformanceTest:
+    worst = float(np.max(ev.record_influence))
+    over = worst > 1 + ev.influence_tolerance
+    return ConformanceTest("sensitivity", over, 0.0 if over else 1.0, 0.0, worst, worst, 1.0,
+                           f"largest exact influence of {np.size(ev.record_influence)} probe record(s) "
+                           f"{worst:.4g} x the claimed sensitivity" + (
+                               ": the sensitivity bound does not hold" if over else ""))
+
+
 def _pct(p: float) -> str:
     return f"{100 * p:.4g}%"
 
@@ -345,6 +364,8 @@ def conformance_test(evidence: ProbeEvidence, claim: MechanismClaim, *, confiden
     tests = {"releases": _releases_test(evidence.steps, claim),
              "noise": _noise_test(evidence, claim, level, upto),
              "influence": _influence_test(evidence, claim, level, upto)}
+    if evidence.record_influence is not None and np.size(evidence.record_influence):
+        tests["sensitivity"] = _sensitivity_test(evidence)
     rejected = [n for n, t in tests.items() if t.rejected]
     verdict = "violation" if rejected else "consistent"
     res = ConformanceResult(verdict, "", float(confidence), tests, claim, evidence.steps, delta=delta)

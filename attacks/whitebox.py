@@ -165,6 +165,8 @@ class GradientCanaries:
         self._clean: torch.Tensor | None = None
         self._pending = False
         self._clean_known = know_batch  # False once a step is observed without the clean sum
+        self._record_influence: list[float] = []
+        self.influence_tolerance = 1e-6
         self.appearances = np.zeros(self.n, dtype=np.int64)  # diagnostics only; never in a score
 
     @classmethod
@@ -263,7 +265,22 @@ class GradientCanaries:
         """What the canaries observed (:class:`attacks.conformance.ProbeEvidence`)."""
         proj = np.stack(self._proj) if self._proj else np.zeros((0, self.n))
         return ProbeEvidence(proj, self.included.copy(), np.array(self._noise_ss),
-                             np.array(self._noise_dof, dtype=np.int64), clean_known=self._clean_known)
+                             np.array(self._noise_dof, dtype=np.int64), clean_known=self._clean_known,
+                             record_influence=np.array(self._record_influence) if self._record_influence else None,
+                             influence_tolerance=self.influence_tolerance)
+
+    def record_influence(self, norms, tolerance: float = 1e-6) -> None:
+        """Record probe records' exact influence on the pre-noise release (L2 norms, same units as
+        ``clip_norm``), measured by the mechanism (a deterministic minimiser refitted with and
+        without each record); :meth:`conformance` tests them against ``clip_norm`` with this
+        relative ``tolerance`` (the solver's guaranteed precision)."""
+        v = np.asarray(norms, dtype=np.float64).reshape(-1)
+        if not np.all(np.isfinite(v)) or np.any(v < 0):
+            raise ValueError(f"influence norms must be finite and >= 0; found {v[~(np.isfinite(v) & (v >= 0))][0]}")
+        if not tolerance >= 0:
+            raise ValueError(f"tolerance must be >= 0; found {tolerance}")
+        self._record_influence.extend((v / self.clip_norm).tolist())
+        self.influence_tolerance = max(self.influence_tolerance, float(tolerance))
 
     def scores(self, statistic: str = "auto", claim: MechanismClaim | None = None) -> np.ndarray:
         """Per-canary score (higher = included): ``sum`` of the components or ``lr``, their

@@ -120,7 +120,7 @@ def mutate_ledger(ledger, mutation: Mutation):
     out = Ledger(ledger.value_discretization_interval, ledger.curve_value_discretization_interval)
     out.reproducible_noise = ledger.reproducible_noise
     out.adaptive = ledger.adaptive
-    for client in ledger.clients():
+    for client in ledger.clients:
         for entry in ledger.entries(client):
             out.add(client, _rewrite(entry.event, mutation), entry.label, round=entry.round,
                     neighbouring=entry.neighbouring)

@@ -219,6 +219,16 @@ class DpSgdStep:
             at += t.numel()
         return out
 
+    def probes(self, model: nn.Module, client: int, label: str = "dp-sgd"):
+        """The audit canaries this step must take for ``client``'s mechanism ``label`` (``None``
+        unless an audit is probing: :func:`privkit.probes.canaries_for`), over ``model``'s
+        trainable parameters, with this step's claimed parameters."""
+        from privkit.probes import canaries_for
+
+        dim = sum(int(p.numel()) for p in model.parameters() if p.requires_grad)
+        return canaries_for(client, label, dim=dim, clip_norm=self.clip_norm, sample_rate=self.sample_rate,
+                            noise_multiplier=self.noise_multiplier)
+
     def apply(self, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
               loss_fn: PerSampleLoss, noise_generator: DpRandom | torch.Generator,
               aux: torch.Tensor | None = None, canaries=None) -> None:

@@ -180,8 +180,10 @@ def kd_loss(rho: float):
 
 
 def _local_update(global_model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: DpFedConfig,
-                  sigma: float, rho: float | None, seed: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Algorithm 1 on one client: ``E`` Poisson-sampled DP-SGD steps from the global model."""
+                  sigma: float, rho: float | None, seed: int, device: torch.device,
+                  client: int = 0) -> dict[str, torch.Tensor]:
+    """Algorithm 1 on one client: ``E`` Poisson-sampled DP-SGD steps from the global model (taking
+    an audit's probes when ``client``'s mechanism is probed: :mod:`privkit.probes`)."""
     n = len(y)
     step = DpSgdStep(cfg.clip_norm, sigma, min(1.0, cfg.batch_size / n), n)
     student = copy.deepcopy(global_model).to(device).train()
@@ -193,6 +195,7 @@ def _local_update(global_model: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
     sample_gen = noise_generator(seed, "poisson", reproducible=cfg.reproducible_noise)
     noise_gen = noise_generator(seed, "noise", reproducible=cfg.reproducible_noise, device=device)
     loss_fn = kd_loss(rho) if rho is not None else _ce_loss
+    canaries = step.probes(student, client)
     for _ in range(cfg.local_steps):
         idx = step.sample(sample_gen).to(device)
         xb, yb = x[idx], y[idx]
@@ -200,7 +203,7 @@ def _local_update(global_model: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
         if teacher is not None:
             with torch.no_grad():
                 aux = teacher(xb)
-        step.apply(student, opt, xb, yb, loss_fn, noise_gen, aux)
+        step.apply(student, opt, xb, yb, loss_fn, noise_gen, aux, canaries=canaries)
     return {k: v.detach() for k, v in student.state_dict().items()}
 
 
@@ -385,7 +388,7 @@ def _run(federation, cfg: DpFedConfig, seed: int, *, method: str, distill: bool,
         for k in sampled:
             k = int(k)
             cseed = derive_seed(seed, f"round{t}/client{k}")
-            states.append(_local_update(model, *data[k], cfg, sigma, rho, cseed, device))
+            states.append(_local_update(model, *data[k], cfg, sigma, rho, cseed, device, client=k))
             ev, acc, eps = pending[k]
             budget.commit(k, acc, eps)
             if rdp_filter is not None:

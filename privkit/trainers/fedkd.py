@@ -134,8 +134,9 @@ def _mentee_params(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _client_round(pair: MentorMentee, x: torch.Tensor, y: torch.Tensor, cfg: FedKDConfig, loss_fn,
-                  seed: int, device: torch.device) -> None:
-    """``E`` joint DP-SGD steps of mentor, mentee and W_h on the client's data (in place)."""
+                  seed: int, device: torch.device, client: int = 0) -> None:
+    """``E`` joint DP-SGD steps of mentor, mentee and W_h on the client's data (in place; taking an
+    audit's probes when ``client``'s mechanism is probed: :mod:`privkit.probes`)."""
     n = len(y)
     step = DpSgdStep(cfg.clip_norm, cfg.noise_multiplier, min(1.0, cfg.batch_size / n), n)
     params = [p for p in pair.parameters() if p.requires_grad]
@@ -146,9 +147,10 @@ def _client_round(pair: MentorMentee, x: torch.Tensor, y: torch.Tensor, cfg: Fed
     sample_gen = noise_generator(seed, "poisson", reproducible=cfg.reproducible_noise)
     noise_gen = noise_generator(seed, "noise", reproducible=cfg.reproducible_noise, device=device)
     pair.train()
+    canaries = step.probes(pair, client)
     for _ in range(cfg.local_steps):
         idx = step.sample(sample_gen).to(device)
-        step.apply(pair, opt, x[idx], y[idx], loss_fn, noise_gen)
+        step.apply(pair, opt, x[idx], y[idx], loss_fn, noise_gen, canaries=canaries)
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -204,7 +206,7 @@ def train_fedkd_dp(federation, config: FedKDConfig, seed: int, progress: bool = 
         for k in sampled:
             pair = pairs[k]
             pair.mentee.load_state_dict(mentee.state_dict())
-            _client_round(pair, *data[k], cfg, loss_fn, derive_seed(seed, f"round{t}/client{k}"), device)
+            _client_round(pair, *data[k], cfg, loss_fn, derive_seed(seed, f"round{t}/client{k}"), device, client=k)
             upd = {n: p.detach() - start[n] for n, p in pair.mentee.named_parameters()}
             if cfg.compress:
                 upd, s_k, f_k = compress(upd, energy)
