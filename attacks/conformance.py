@@ -234,6 +234,9 @@ class ConformanceTest:
     confidence_limit: float
     claimed: float
     detail: str
+    # the smallest departure from the claim this test flags at least half the time (a noise
+    # factor at or below it, an influence factor at or above it); ``None`` for exact tests
+    detectable: float | None = None
 
     def to_dict(self) -> dict:
         return {k: _finite(v) for k, v in self.__dict__.items()}
@@ -295,9 +298,11 @@ def _noise_test(ev: ProbeEvidence, claim: MechanismClaim, level: float, upto: in
     p = float(stats.chi2.cdf(stat, dof))
     ratio = math.sqrt(stat / dof)  # measured / claimed noise standard deviation
     upper = math.sqrt(stat / stats.chi2.ppf(level, dof)) if stat > 0 else 0.0
+    # noise f x the claim makes stat ~ f^2 chi2(dof): flagged half the time when f^2 median = critical
+    detectable = math.sqrt(stats.chi2.ppf(level, dof) / stats.chi2.median(dof))
     return ConformanceTest("noise", p < level, p, level, ratio, upper, 1.0,
                            f"noise std {ratio:.4f} x the claimed (upper {_pct(1 - level)} limit {upper:.4f}) "
-                           f"over {int(dof)} coordinate-releases free of probes")
+                           f"over {int(dof)} coordinate-releases free of probes", detectable)
 
 
 def _influence_test(ev: ProbeEvidence, claim: MechanismClaim, level: float, upto: int) -> ConformanceTest:
@@ -319,15 +324,16 @@ def _influence_test(ev: ProbeEvidence, claim: MechanismClaim, level: float, upto
         against = f"the {exc.size} excluded probes"
     se = math.sqrt(var)
     if se == 0:
-        p, lower = (0.0 if diff > expected else 1.0), diff
+        p, lower, margin = (0.0 if diff > expected else 1.0), diff, 0.0
     else:
+        margin = float(stats.t.ppf(1 - level, dof)) * se
         p = float(stats.t.sf((diff - expected) / se, dof))
-        lower = diff - float(stats.t.ppf(1 - level, dof)) * se
+        lower = diff - margin
     ratio, lower_ratio = diff / expected, lower / expected
     return ConformanceTest("influence", p < level, p, level, ratio, lower_ratio, 1.0,
                            f"an included probe moved the releases by {ratio:.3f} x the claimed "
                            f"sampling rate x sensitivity (lower {_pct(1 - level)} limit {lower_ratio:.3f}); "
-                           f"{inc.size} included probes against {against}")
+                           f"{inc.size} included probes against {against}", 1.0 + margin / expected)
 
 
 def _sensitivity_test(ev: ProbeEvidence) -> ConformanceTest:
