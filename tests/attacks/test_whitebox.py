@@ -225,4 +225,4 @@ def test_readme_example_prints_what_readme_says(capsys):
     block = text.split("### Canaries, white-box audits of DP-SGD")[1].split("```python\n")[1].split("```")[0]
     expected = [ln.lstrip("# ") for ln in block.splitlines() if ln.startswith("# ")]
     exec(compile(block, "README.md", "exec"), {})
-    assert len(expected) == 2 and capsys.readouterr().out.splitlines() == expected
+    assert len(expected) == 4 and capsys.readouterr().out.splitlines() == expected
