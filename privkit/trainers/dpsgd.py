@@ -11,6 +11,16 @@ Ledger: record-level DP over the pooled dataset holds for every record, so each 
 same entry ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)`` (labelled
 "dp-sgd (pooled data)"); per-client entries keep the reports comparable with the federated methods.
 
+Audits at the mechanism: inside an audit's :func:`privkit.probes.probing` block the opacus
+optimizer takes the audit's canaries (mechanism label ``dp-sgd``, one probe set per probed client:
+each client's records are records of the pooled data) as records of the pooled dataset: each
+included canary joins each step with the loader's real sampling rate (drawn from the noise
+stream), its raw gradient is clipped by opacus' own per-sample rule (``max_grad_norm``), then the
+noise is added and every probe set observes the noisy sum (:func:`_take_probes_and_mutation`). An
+audit's mutation (:mod:`privkit.mutations`) is run there too: noise std
+``noise_multiplier * max_grad_norm * noise_factor``, per-sample clipping off for records and
+canaries alike (the noise stays at the claimed clip norm). Outside audits nothing is installed.
+
 Batched form: :func:`train_dpsgd_many` trains M models with the same mechanism (Poisson rate, steps,
 noise multiplier, clipping, optimiser, initialisation) at once on privkit's batched path
 (:mod:`privkit.trainers.batched_sgd`), e.g. the shadow or reference models of an audit; only the
@@ -19,11 +29,14 @@ random streams differ from opacus'.
 
 from __future__ import annotations
 
+import math
 import warnings as _warnings
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from privkit import mutations
+from privkit.dp_random import DpRandom
 from privkit.errors import PrivkitError
 from privkit.methods.dpsgd import PAPER, CentralConfig, DpsgdConfig  # noqa: F401  (re-exported)
 from privkit.seeding import derive_seed, noise_generator
@@ -47,10 +60,15 @@ def _run_epochs(private, dp_opt, dp_loader, loss_fn, epochs, model, federation, 
         for xb, yb in dp_loader:
             xb, yb = xb.to(device), yb.to(device)
             dp_opt.zero_grad(set_to_none=True)
-            if len(yb):  # an empty Poisson batch still takes a (noise-only) step
+            if len(yb):
                 loss = loss_fn(private(xb), yb)
                 loss.backward()
                 total, count = total + float(loss.detach()) * len(yb), count + len(yb)
+            else:
+                # an empty Poisson batch still takes a (noise-only) step, as the accountant counts:
+                # opacus steps only once a backward pass has set the (here zero-length) per-sample
+                # gradients; any function of no records gives them, the sum avoids the mean's 0 / 0
+                private(xb).sum().backward()
             dp_opt.step()
             done += 1
         rounds.append({"round": epoch, "test_accuracy": accuracy(model, x_test, y_test, device),
@@ -103,9 +121,12 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
             noise_generator=noise.source if noise.seeded_torch else None)
     if abs(dp_loader.sample_rate - sample_rate) > 1e-12:
         raise PrivkitError(f"opacus sample rate {dp_loader.sample_rate} differs from the accounted {sample_rate}")
+    real_rate = dp_loader.sample_rate  # the rate its batches are drawn with (opacus' or privkit's loader)
     if not noise.seeded_torch:
         dp_loader = secret_poisson_loader(dp_loader, batches)
         use_noise_source(dp_opt, noise)
+    probes = _probe_sets(dp_opt, federation.num_clients, config.clip_norm, sample_rate, sigma)
+    _take_probes_and_mutation(dp_opt, probes, mutations.active(), noise, real_rate)
 
     epochs = range(1, config.epochs + 1)
     if progress:
@@ -143,6 +164,91 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
                        warnings=warns, claims=claims)
 
 
+def _probe_sets(dp_opt, num_clients: int, clip_norm: float, sample_rate: float, sigma: float) -> list:
+    """The audit canaries the pooled mechanism must take (:func:`privkit.probes.canaries_for`, label
+    ``dp-sgd``): one probe set per probed client, as every client's ledger holds the mechanism's
+    entry; none outside an audit. Over the optimizer's parameters, in its order."""
+    from privkit.probes import canaries_for
+
+    dim = sum(int(p.numel()) for p in dp_opt.params)
+    sets = [canaries_for(k, "dp-sgd", dim=dim, clip_norm=clip_norm, sample_rate=sample_rate,
+                         noise_multiplier=sigma) for k in range(num_clients)]
+    return [c for c in sets if c is not None]
+
+
+def _opacus_clip_factor(norms: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
+    """opacus' per-sample clipping factor (``DPOptimizer.clip_and_accumulate``)."""
+    return (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+
+
+def _mask(source: DpRandom, n: int, rate: float) -> torch.Tensor:
+    """``n`` Bernoulli(``rate``) draws from ``source`` as a CPU bool tensor (a seeded torch
+    generator on an accelerator draws there: torch cannot draw on the CPU from it)."""
+    gen = source.source
+    if source.seeded_torch and gen.device.type != "cpu":
+        return (torch.rand(n, generator=gen, device=gen.device) < rate).cpu()
+    return source.mask(n, rate=rate)
+
+
+def _take_probes_and_mutation(dp_opt, probes: list, mutation, noise: DpRandom, sample_rate: float) -> None:
+    """Make the opacus ``DPOptimizer`` ``dp_opt`` take an audit's canaries and run its mutation.
+
+    Per step, in ``add_noise`` (after opacus clipped and summed the batch into ``summed_grad``):
+    each probe set's included canaries are sampled at ``sample_rate`` from the noise stream, their
+    raw gradients (norm ``raw_norm``) clipped by opacus' rule and added to ``summed_grad``; then the
+    noise (``noise_factor`` times the claimed std) is added, and each probe set observes the
+    released sum, its clean sum being the records' clipped sum plus the *other* sets' canaries
+    (records of other clients, to it). With clipping off, opacus clips neither records nor
+    canaries (``max_grad_norm`` is infinite while it clips, the claimed one when it draws noise).
+    Installs nothing when there is nothing to do, so a run outside audits is opacus' own.
+    """
+    if not probes and mutation.noise_factor == 1.0 and mutation.clipping:
+        return
+    params = list(dp_opt.params)
+    clip = dp_opt.max_grad_norm if mutation.clipping else math.inf
+    if not mutation.clipping:
+        clip_and_accumulate = dp_opt.clip_and_accumulate
+
+        def unclipped() -> None:
+            claimed = dp_opt.max_grad_norm
+            dp_opt.max_grad_norm = math.inf  # opacus' factor min(1, inf / (norm + 1e-6)) is 1
+            try:
+                clip_and_accumulate()
+            finally:
+                dp_opt.max_grad_norm = claimed
+
+        dp_opt.clip_and_accumulate = unclipped
+
+    add_noise = dp_opt.add_noise  # opacus' own, or privkit's stream (use_noise_source)
+
+    def probed_add_noise() -> None:
+        clean = torch.cat([p.summed_grad.detach().reshape(-1) for p in params]).cpu()
+        added = []
+        for can in probes:
+            raw = torch.full((len(can.included_ids),), can.raw_norm)
+            weights = _mask(noise, len(can.included_ids), sample_rate).to(torch.float32) * \
+                _opacus_clip_factor(raw, clip) * raw
+            added.append(can.vector(weights))
+        if probes:
+            extra, at = sum(added), 0
+            for p in params:  # in place: opacus has marked summed_grad as processed
+                k = p.summed_grad.numel()
+                p.summed_grad.add_(extra[at:at + k].reshape(p.summed_grad.shape).to(p.summed_grad))
+                at += k
+        claimed = dp_opt.noise_multiplier
+        dp_opt.noise_multiplier = claimed * mutation.noise_factor
+        try:
+            add_noise()
+        finally:
+            dp_opt.noise_multiplier = claimed  # opacus' accountant hook reads it after the noise
+        released = [p.grad for p in params]
+        for i, can in enumerate(probes):
+            others = sum((a for j, a in enumerate(added) if j != i), torch.zeros_like(clean))
+            can.observe(released, clean=clean + others)
+
+    dp_opt.add_noise = probed_add_noise
+
+
 def _sigma(config: DpsgdConfig, sample_rate: float, steps: int) -> float:
     """The noise multiplier ``train_dpsgd`` uses: given, or calibrated for exactly (q, steps)."""
     from accountants import calibrate_noise_multiplier
@@ -173,7 +279,11 @@ def train_dpsgd_many(federation, config: DpsgdConfig | dict, indices: list, seed
                      device: str = "cpu") -> list[torch.nn.Module]:
     """M dpsgd models at once: model j is DP-SGD on ``federation.private[indices[j]]`` with seed
     ``seeds[j]`` (its initialisation is ``train_dpsgd``'s for that seed; sampling and noise secret
-    unless ``reproducible_noise``). Returns CPU models."""
+    unless ``reproducible_noise``). Returns CPU models.
+
+    Reference and shadow models of audits: it takes no audit probes and runs no mutation
+    (:mod:`privkit.mutations`); :func:`privkit.audit.mechanism_audit.audit_mechanisms` audits
+    ``train_dpsgd``, which takes both."""
     import numpy as np
 
     from privkit.trainers.base import make_config
