@@ -71,7 +71,8 @@ ANALYSES = ("mechanism", "one-run")
 #: an included canary's gradient norm before the mechanism clips it, in clip norms (default)
 RAW_NORM = 4.0
 
-__all__ = ["ANALYSES", "GradientCanaries", "MechanismAudit", "attach_to_opacus", "lr_scores"]
+__all__ = ["ANALYSES", "GUESS_FRACTIONS", "GradientCanaries", "MechanismAudit", "attach_to_opacus",
+           "claim_optimised_guesses", "lr_scores"]
 
 TensorLike = torch.Tensor | Sequence[torch.Tensor]
 
@@ -96,6 +97,43 @@ def lr_scores(projections: np.ndarray, sample_rates: np.ndarray, noise_multiplie
     full = q >= 1
     out = np.where(full, z, np.logaddexp(np.log1p(-np.minimum(q, 1 - 1e-16)), np.log(q) + z))
     return out.sum(0)
+
+
+#: fractions of the canaries the claim-optimised guess may take ("in" on the top k)
+GUESS_FRACTIONS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
+
+
+def claim_optimised_guesses(claim: MechanismClaim, m: int, *, delta: float, beta: float = 0.05,
+                            sims: int = 3, seed: int = 0) -> list[tuple[int, int]]:
+    """Guesses declared before looking, optimised for the claimed mechanism: "in" on the ``k``
+    highest likelihood-ratio scores, for two sizes ``k`` (Bonferroni over the two): the one whose
+    median one-run bound is largest when the mechanism is exactly as claimed (how close the audit
+    comes to the claim), and the one whose median bound is largest when it adds half the claimed
+    noise (the power to see the commonest bug). Each median is over ``sims`` simulations of the
+    claimed mechanism itself (each canary a fair coin, Poisson appearances at the claimed rates,
+    Gaussian noise); nothing of the audited run is used, so the guesses are valid for any outcome.
+    Where no size gives a positive median bound even with half the noise (too few canaries), the
+    one-sided grid :data:`attacks.canaries.ONE_SIDED_GUESSES` is returned.
+    """
+    from attacks.one_run import epsilon_lower_bound
+
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x5EED]))
+    ks = sorted({max(1, int(round(f * m))) for f in GUESS_FRACTIONS if f * m >= 1} | {min(m, 10)})
+    q, s = claim.sample_rates, claim.noise_multipliers
+
+    def median_bounds(noise: float) -> np.ndarray:
+        bounds = np.zeros((sims, len(ks)))
+        for i in range(sims):
+            inc = rng.random(m) < 0.5
+            x = ((rng.random((q.size, m)) < q[:, None]) & inc) + rng.normal(0.0, noise, (q.size, m)) * s[:, None]
+            right = np.cumsum(inc[np.argsort(-lr_scores(x, q, s), kind="stable")])
+            bounds[i] = [epsilon_lower_bound(m, k, int(right[k - 1]), delta=delta, beta=beta / 2) for k in ks]
+        return np.median(bounds, 0)
+
+    chosen = [ks[int(np.argmax(b))] for b in (median_bounds(1.0), median_bounds(0.5)) if b.max() > 0]
+    if not chosen:
+        return list(ONE_SIDED_GUESSES)
+    return [(k, 0) for k in sorted(set(chosen))]
 
 
 class GradientCanaries:
@@ -315,7 +353,7 @@ class GradientCanaries:
         return res
 
     def audit(self, *, accounted_epsilon: float | None = None, delta: float, confidence: float = 0.95,
-              seed: int | None = None, statistic: str = "auto", guesses=ONE_SIDED_GUESSES,
+              seed: int | None = None, statistic: str = "auto", guesses="claim",
               analysis: str = "mechanism", claim: MechanismClaim | None = None, **kwargs):
         """Audit the run these canaries observed.
 
@@ -326,6 +364,10 @@ class GradientCanaries:
         alone (:func:`attacks.audit_scores`, ``inclusion`` random, guesses
         :data:`attacks.canaries.ONE_SIDED_GUESSES`; ``kwargs`` go to it, e.g. ``curve``), an
         :class:`attacks.AuditResult`.
+
+        ``guesses="claim"`` (default where the claimed noise is known): one guess declared in
+        advance, optimised for the claimed mechanism (:func:`claim_optimised_guesses`); otherwise
+        (or ``guesses`` given as in :func:`attacks.audit_scores`) :data:`attacks.canaries.ONE_SIDED_GUESSES`.
         """
         from attacks.audit_scores import audit_scores
 
@@ -348,6 +390,11 @@ class GradientCanaries:
                 f"included by fair coins; score = {stat} of each step's component along the canary"
                 + ("" if self.know_batch else "; the other records' gradients not subtracted"))
         half = 1 - (1 - confidence) / 2 if mechanism else confidence
+        if isinstance(guesses, str) and guesses == "claim":
+            known = claim or (self.claim(steps=max(self.steps, self.claimed_steps or 0))
+                              if self.noise_multiplier else None)
+            guesses = (claim_optimised_guesses(known, self.n, delta=delta, beta=1 - half, seed=self.seed)
+                       if known is not None and stat == "lr" else ONE_SIDED_GUESSES)
         one_run = audit_scores({name: self.scores(stat, claim)}, self.included,
                                accounted_epsilon=accounted_epsilon, delta=delta, confidence=half,
                                seed=self.seed if seed is None else seed, inclusion="random",
