@@ -13,6 +13,9 @@ With ``mutation`` the same run is made with one of the bugs of :mod:`privkit.mut
 the audit's power is measured (``benchmarks/audit_mutations.py``) and how every report's
 noise-halved control is made. A ledger mutation that leaves a method's ledger unchanged (no
 Poisson sampling to halve, single releases) is ``not-applicable`` for that method.
+
+A method without a formal guarantee for its pipeline (``formal_dp`` false) is audited at the DP
+mechanisms it does run (FedAUX's certainty scores): the record says so (``scope``).
 """
 
 from __future__ import annotations
@@ -69,8 +72,10 @@ def audit_mechanisms(method: str, federation, trainer_config: dict | None = None
     if not 0 < confidence < 1:
         raise PrivkitError(f"confidence must be in (0, 1); found {confidence}")
     spec = get_trainer(method)
-    if not spec.formal_dp:
-        raise PrivkitError(f"method {method!r} claims no formal guarantee: there is no mechanism to audit")
+    # A method without a formal guarantee for its whole pipeline may still release some things
+    # through a DP mechanism (FedAUX: its certainty scores; its models go out in the clear): those
+    # mechanisms are audited against their own ledger entries all the same. A method with no DP
+    # mechanism at all takes no probes and is refused below, once it has run.
     mut = mutations.for_federation(mutation, federation.num_clients)
     cfg = spec.config_cls.model_validate({**(trainer_config or {}), "reproducible_noise": reproducible_noise})
     plan = ProbePlan(canaries=canaries, clients=clients, seed=seed)
@@ -79,10 +84,15 @@ def audit_mechanisms(method: str, federation, trainer_config: dict | None = None
     ledger = mutations.mutate_ledger(result.ledger, mut)
     base = {"schema_version": SCHEMA_VERSION, "method": method, "mutation": mut.to_dict(), "seed": seed,
             "delta": delta, "confidence": confidence, "test_accuracy": float(result.test_accuracy),
-            "accounted_epsilon": _worst_epsilon(ledger, delta)}
+            "accounted_epsilon": _worst_epsilon(ledger, delta), "formal_dp": spec.formal_dp}
     if not session.probes:
-        raise PrivkitError(f"method {method!r} ran no probed DP mechanism (clients {clients}): its "
-                           "mechanisms do not take audit probes")
+        raise PrivkitError(f"method {method!r} ran no probed DP mechanism (clients {clients}): "
+                           + ("its mechanisms do not take audit probes" if spec.formal_dp else
+                              "it claims no formal guarantee and released nothing through a DP mechanism"))
+    if not spec.formal_dp:
+        base["scope"] = (f"{method} claims no formal guarantee for the whole pipeline (accounted epsilon "
+                         f"{base['accounted_epsilon']:g}); the audit covers its DP mechanisms only: "
+                         + ", ".join(sorted({label for _, label in session.probes})))
     if mut.touches_ledger and _same_ledger(ledger, result.ledger):
         return {**base, "status": "not-applicable", "probes": [],
                 "message": f"{mut.name}: the method's ledger has nothing this bug changes (no Poisson "

@@ -37,7 +37,7 @@ from privkit.trainers.base import TrainResult
 from privkit.trainers.common import embed, resolve_device
 from privkit.trainers.feddf import distillation_hook
 from privkit.trainers.fedavg import result_from_outcome, run_federated
-from privkit.trainers.heads import (certainty_scores, fit_binary_head, head_features, release_head)
+from privkit.trainers.heads import HeadData, certainty_scores, fit_binary_head, head_features, release_head
 from privkit.trainers.pretrain import init_model
 
 EQ4_NOTE = ("features enter the logistic heads through the per-example map [v/||v||, 1]/sqrt(2), "
@@ -70,8 +70,23 @@ class FrozenFeatures:
         self.center = (embed(h0_model, federation.public_arrays("all")[0], device, batch_size)
                        .astype(np.float64).mean(0) if center else None)
 
+    def embed(self, x: np.ndarray) -> np.ndarray:
+        """Raw features ``h0(x)`` (before the map)."""
+        return embed(self.model, x, self.device, self.batch_size)
+
+    def map(self, h: np.ndarray) -> np.ndarray:
+        """``phi`` of raw features ``h``: :func:`~privkit.trainers.heads.head_features` with the centre."""
+        return head_features(h, self.center)
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return head_features(embed(self.model, x, self.device, self.batch_size), self.center)
+        return self.map(self.embed(x))
+
+    def head_data(self, x: np.ndarray, labels: np.ndarray | None = None,
+                  negatives: np.ndarray | None = None) -> HeadData:
+        """The private records ``x`` as a head is fitted on them (mapped features in ``.X``), kept
+        with their raw features so that an audit can refit the head with probe records."""
+        h = self.embed(x)
+        return HeadData(self.map(h), h, self.center, labels, negatives)
 
 
 def release_scoring_heads(federation, phi: FrozenFeatures, *, lam: float, epsilon: float, delta: float,
@@ -98,10 +113,12 @@ def release_scoring_heads(federation, phi: FrozenFeatures, *, lam: float, epsilo
         if len(x_i) == 0:
             info.append({"n": 0})
             continue
-        fit = fit_binary_head(phi(x_i), phi_neg, lam)
+        data = phi.head_data(x_i, negatives=phi_neg)
+        fit = fit_binary_head(data.X, phi_neg, lam)
         rel = release_head(fit, kind="binary", lam=lam, epsilon=epsilon if dp else None, delta=delta,
                            calibration=calibration,
-                           rng=noise_rng(seed, f"score-noise-{i}", reproducible=reproducible_noise))
+                           rng=noise_rng(seed, f"score-noise-{i}", reproducible=reproducible_noise),
+                           client=i, label="scores", data=data)
         ledger.add(i, rel.event, "scores", neighbouring="replace_one")
         heads[i] = rel.weights
         scores[i] = certainty_scores(rel.weights, phi_distill, xi)

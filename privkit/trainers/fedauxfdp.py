@@ -108,12 +108,14 @@ def run_dp_heads(method: str, aggregation: Aggregation, federation, cfg: DpHeadC
         task = bar.add_task(f"{method}: DP class heads", total=len(active))
         for i in active:
             x_i, y_i = federation.client_arrays(i)
-            fit = fit_multinomial_head(phi(x_i), y_i, C, cfg.class_lambda)
+            data = phi.head_data(x_i, labels=y_i)
+            fit = fit_multinomial_head(data.X, y_i, C, cfg.class_lambda)
             rel = release_head(fit, kind="multinomial", lam=cfg.class_lambda,
                                epsilon=eps_c if cfg.class_dp else None, delta=delta_c,
                                calibration=cfg.calibration,
                                rng=noise_rng(seed, f"class-noise-{i}", reproducible=cfg.reproducible_noise),
-                               num_classes=C, bound=cfg.sensitivity_bound)
+                               num_classes=C, bound=cfg.sensitivity_bound, client=i, label="class-head",
+                               data=data)
             ledger.add(i, rel.event, "class-head", neighbouring="replace_one")
             heads[i] = rel.weights
             warns.update(rel.info.pop("warnings", []))

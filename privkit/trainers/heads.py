@@ -18,6 +18,13 @@ ball: ``phi(h) = [h / ||h||, 1] / sqrt(2)``, passed through
 :func:`accountants.project_to_unit_ball` so rounding never leaves ``||phi|| <= 1``. Replacing one
 record changes only that record's row, which is what the replace-one sensitivity bound needs; the
 papers' Eq. 4 (divide by the maximum norm over the private data) does not have this property.
+
+Audits. Every DP release goes through the Gaussian output-perturbation primitive
+(:func:`privkit.trainers.output_perturbation.gaussian_output_perturbation`), where a mechanism
+audit's mutations and canaries act; under the audit's probes, :func:`probe_record_influence`
+measures the sensitivity bound where it is assumed, by refitting the head with auditor-made
+records. The mutation ``clipping off`` skips the normalisation in :func:`head_features` (and the
+unit-ball check that enforces it).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Literal
 
 import numpy as np
 import scipy.optimize
+from privkit import mutations
 from privkit.errors import PrivkitError
 
 SensitivityBound = Literal["paper", "cfree"]
@@ -54,7 +62,9 @@ def head_features(h: np.ndarray, center: np.ndarray | None = None) -> np.ndarray
     -------
     numpy.ndarray
         ``(n, p + 1)`` float64, every row of norm <= 1; the last coordinate is the bias feature.
-        A zero vector ``v`` maps to ``[0, 1] / sqrt(2)``.
+        A zero vector ``v`` maps to ``[0, 1] / sqrt(2)``. Under the audit mutation ``clipping off``
+        (:mod:`privkit.mutations`) the normalisation is skipped: ``[v, 1] / sqrt(2)``, rows keep
+        their norm, and the sensitivity bound's assumption no longer holds.
     """
     from accountants import project_to_unit_ball
 
@@ -63,6 +73,10 @@ def head_features(h: np.ndarray, center: np.ndarray | None = None) -> np.ndarray
         raise PrivkitError(f"features must be a 2-D array (n, p); found shape {h.shape}")
     if center is not None:
         h = h - np.asarray(center, dtype=np.float64)[None, :]
+    if not mutations.active().clipping:
+        # the bug a mechanism audit must catch: the per-example normalisation the bound assumes is
+        # skipped (as an implementation that forgot it would), the noise still calibrated to it
+        return np.concatenate([h, np.ones((len(h), 1))], axis=1) / _SQRT2
     norms = np.linalg.norm(h, axis=1, keepdims=True)
     unit = np.divide(h, norms, out=np.zeros_like(h), where=norms > 0)
     phi = np.concatenate([unit, np.ones((len(h), 1))], axis=1) / _SQRT2
@@ -148,7 +162,8 @@ def _check_inputs(X: np.ndarray, lam: float) -> np.ndarray:
     if not lam > 0:
         raise PrivkitError(f"lambda must be > 0; found {lam}")
     norms = np.linalg.norm(X, axis=1)
-    if norms.max() > 1.0 + 1e-12:
+    # the unit-ball check enforces the bound's assumption: off with it under ``clipping off``
+    if mutations.active().clipping and norms.max() > 1.0 + 1e-12:
         raise PrivkitError("features must lie in the unit ball (use head_features); found a row of "
                            f"norm {norms.max():.6g}")
     return X
@@ -282,16 +297,24 @@ class HeadRelease:
 def release_head(fit: HeadFit, *, kind: Literal["binary", "multinomial"], lam: float,
                  epsilon: float | None, delta: float, calibration: Calibration,
                  rng: np.random.Generator, num_classes: int = 2,
-                 bound: SensitivityBound = "paper") -> HeadRelease:
+                 bound: SensitivityBound = "paper", client: int | None = None, label: str | None = None,
+                 data: HeadData | None = None) -> HeadRelease:
     """Add Gaussian noise calibrated to (epsilon, delta) and the head's sensitivity.
 
     ``sigma`` comes from :func:`accountants.calibrate_gaussian` (``classic`` as the papers, or
     ``analytic``); the ledger event is ``GaussianDpEvent(sigma / sensitivity)``. With
     ``epsilon=None`` the head is released without noise and the event is a ``NonPrivateEvent``.
     ``info`` holds both multinomial bounds (paper and C-free) and both sigmas for reports.
+
+    The noise is added by :func:`privkit.trainers.output_perturbation.gaussian_output_perturbation`
+    for ``client``'s release labelled ``label`` (its ledger label), where an audit's mutations and
+    probes act. ``data`` (the records ``fit`` was solved on) lets an audit measure probe records'
+    exact influence on ``fit`` (:func:`probe_record_influence`); it is read only under probes.
     """
     import dp_accounting as dpa
     from accountants import NonPrivateEvent, calibrate_gaussian
+
+    from privkit.trainers.output_perturbation import gaussian_output_perturbation
 
     sens = head_sensitivity(kind, fit.n, lam, num_classes, bound)
     info: dict = {"n": fit.n, "lambda": lam, "grad_norm": fit.grad_norm}
@@ -306,7 +329,15 @@ def release_head(fit: HeadFit, *, kind: Literal["binary", "multinomial"], lam: f
     # (Balle & Wang 2018) is used, so the (epsilon, delta) the method claims is the one it has.
     method = calibration if epsilon < 1 else "analytic"
     cal = calibrate_gaussian(epsilon, delta, sens, method=method)
-    noisy = fit.weights + rng.normal(0.0, cal.sigma, size=fit.weights.shape)
+    influence = None
+    if data is not None:  # called by the primitive under an audit's probes only
+
+        def influence(canaries) -> tuple[np.ndarray, float]:
+            return probe_record_influence(fit, data, kind=kind, lam=lam, sensitivity=sens,
+                                          num_classes=num_classes, seed=canaries.seed)
+
+    noisy = gaussian_output_perturbation(fit.weights, sigma=cal.sigma, sensitivity=sens, rng=rng, client=client,
+                                         label=label, record_influence=influence)
     warns = list(cal.warnings)
     if method != calibration:
         warns.append(f"classic Gaussian calibration requested at epsilon={epsilon:g} >= 1, outside its proof: "
@@ -342,6 +373,126 @@ def check_minimiser(fit: HeadFit, lam: float, sensitivity: float) -> float:
     return MINIMISER_SLACK
 
 
+# ----------------------------------------------------------------------------- audit probe records
+#: probe records per audited head release (each costs one refit of the head)
+PROBE_RECORDS = 8
+#: a probe record's centred feature norm, in multiples of the largest among the head's private
+#: records: far outside the data, so that with the normalisation off its loss gradient is ~100x
+#: what the bound assumes. Its influence then saturates near the move that flips its margin
+#: (about the head's weight norm); on privkit's digits heads that is 1.2-6x the sensitivity, where
+#: 4x the data's norm left the binary heads below it (measured)
+PROBE_RECORD_SCALE = 100.0
+
+
+@dataclass(frozen=True)
+class HeadData:
+    """The records a head was solved on, kept so that an audit can refit it (probe records).
+
+    Attributes
+    ----------
+    X : ``(n_private, d)`` the private records' mapped features, as the head was fitted on them
+        (binary: the positives).
+    h : ``(n_private, p)`` the same records' raw features (before :func:`head_features`).
+    center : the feature map's centre (``None``: none).
+    labels : multinomial: the private records' labels.
+    negatives : binary: the mapped public negatives (never replaced: not private).
+    """
+
+    X: np.ndarray
+    h: np.ndarray
+    center: np.ndarray | None = None
+    labels: np.ndarray | None = None
+    negatives: np.ndarray | None = None
+
+
+def _record_gradients(kind: str, W: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Each record's loss gradient at the head ``W`` (``(C, d)``; binary: ``(1, d)``, labels
+    ``t = y`` in {-1, +1}), flattened: ``(n, C d)``."""
+    if kind == "binary":
+        return (-y * _sigmoid(-y * (X @ W[0])))[:, None] * X
+    P = head_probabilities(W, X)
+    P[np.arange(len(X)), y] -= 1.0
+    return np.einsum("nc,nd->ncd", P, X).reshape(len(X), -1)
+
+
+def probe_record_influence(fit: HeadFit, data: HeadData, *, kind: Literal["binary", "multinomial"], lam: float,
+                           sensitivity: float, num_classes: int = 2, seed: int = 0,
+                           count: int = PROBE_RECORDS) -> tuple[np.ndarray, float]:
+    """Exact influence of ``count`` probe records on the head ``fit``, for the sensitivity test.
+
+    Each probe is an auditor-made record far outside the data: raw features ``center + R u``,
+    ``R`` = :data:`PROBE_RECORD_SCALE` x the largest centred norm among the private records, mapped
+    by :func:`head_features` like every record (under the ``clipping off`` mutation, then, left
+    unnormalised). ``u`` is the direction in which the probe's label scores worst under ``fit``
+    (binary: the client's records are the positives, ``u = -w``; multinomial, label ``c``:
+    ``u = -(W_c - mean_k W_k)``), tilted by a random direction for every probe after the first.
+
+    With the normalisation on, every probe lands on the unit sphere like any record and the
+    theorem bounds its influence. With it off (``clipping off``) the influence is no longer bounded
+    by ``sensitivity`` but a logistic loss stops pushing once the probe is classified, so the move
+    saturates near the one that flips the probe's margin, about ``||W||``: the test sees the bug
+    where the head's weights exceed its sensitivity, as they must for a head whose signal is to
+    survive noise of scale ``sigma >= sensitivity`` (a head of pure noise shows nothing).
+
+    Neighbouring relation. The ledger records these heads as ``replace_one``: the claimed
+    sensitivity (``2/(lam n)``, ``2 sqrt(C)/(lam n)``, ``2 sqrt(2)/(lam n)``) bounds the move of the
+    minimiser between two datasets of the *same* size ``n`` that differ in one record. So the probe
+    *replaces* a private record (the one whose loss gradient at ``fit`` differs most from the
+    probe's: the swap a first-order step says moves the minimiser most) and the head is re-solved
+    with the same solver; adding the probe instead would change ``n`` and reweight every other
+    record (a different relation, with a different bound). The negatives of a binary head are
+    public and never replaced.
+
+    Tolerance. L-BFGS returns points with gradient norms ``g`` (the head's) and ``g'`` (the
+    probe's refit); ``lam``-strong convexity puts each exact minimiser within ``g / lam`` of them
+    (the argument behind :data:`MINIMISER_SLACK`), so the exact influence lies within
+    ``(g + g') / lam`` of the measured one. The returned relative tolerance is the largest
+    ``(g + g') / (lam sensitivity)``: a measured influence above ``sensitivity (1 + tolerance)``
+    is an exact influence above ``sensitivity``, and the correct mechanism (whose exact influence
+    the theorem bounds by ``sensitivity``) is never flagged.
+
+    Returns
+    -------
+    (norms, tolerance) : the ``count`` L2 influences (units of the weights) and the relative
+        tolerance, for :meth:`attacks.whitebox.GradientCanaries.record_influence`.
+    """
+    from privkit.seeding import make_rng
+
+    if count < 1:
+        raise PrivkitError(f"count must be >= 1; found {count}")
+    W = np.atleast_2d(np.asarray(fit.weights, dtype=np.float64))
+    h = np.asarray(data.h, dtype=np.float64)
+    p = h.shape[1]
+    centred = h if data.center is None else h - np.asarray(data.center, dtype=np.float64)[None, :]
+    R = PROBE_RECORD_SCALE * max(float(np.linalg.norm(centred, axis=1).max()), 1e-12)
+    rng = make_rng(seed, "probe-records")
+    binary = kind == "binary"
+    y = np.ones(len(data.X), dtype=np.int64) if binary else np.asarray(data.labels, dtype=np.int64)
+    probe_labels = np.ones(count, dtype=np.int64) if binary else np.resize(rng.permutation(num_classes), count)
+    grads = _record_gradients(kind, W, data.X, y)
+    norms, tolerance = np.zeros(count), 0.0
+    for k, c in enumerate(probe_labels):
+        a = -W[0, :p] if binary else -(W[c, :p] - W[:, :p].mean(0))
+        a = a / np.linalg.norm(a) if np.linalg.norm(a) > 0 else rng.standard_normal(p)
+        if k:  # other directions than the worst-scoring one are tested too
+            g = rng.standard_normal(p)
+            a = a / np.linalg.norm(a) + 0.5 * g / np.linalg.norm(g)
+        u = a / np.linalg.norm(a)
+        x_p = head_features((R * u)[None, :] + (0.0 if data.center is None else data.center[None, :]),
+                            data.center)[0]
+        g_p = _record_gradients(kind, W, x_p[None, :], np.array([c]))[0]
+        j = int(np.argmax(np.linalg.norm(grads - g_p[None, :], axis=1)))
+        X2, y2 = data.X.copy(), y.copy()
+        X2[j], y2[j] = x_p, c
+        if binary:
+            refit = fit_binary_head(X2, data.negatives, lam)
+        else:
+            refit = fit_multinomial_head(X2, y2, num_classes, lam)
+        norms[k] = float(np.linalg.norm(refit.weights - fit.weights))
+        tolerance = max(tolerance, (fit.grad_norm + refit.grad_norm) / (lam * sensitivity))
+    return norms, tolerance
+
+
 def certainty_scores(w: np.ndarray, X: np.ndarray, xi: float = 1e-8) -> np.ndarray:
     """FedAUX Eq. 6: ``s(x) = sigmoid(<w, x>) + xi`` for feature rows ``X`` (post-processing)."""
     return _sigmoid(np.asarray(X, np.float64) @ np.asarray(w, np.float64)) + xi
@@ -353,6 +504,7 @@ def head_probabilities(W: np.ndarray, X: np.ndarray) -> np.ndarray:
     return np.exp(logits - _logsumexp(logits)[:, None])
 
 
-__all__ = ["MINIMISER_SLACK", "HeadFit", "HeadRelease", "binary_objective", "certainty_scores", "check_minimiser",
-           "fit_binary_head", "fit_multinomial_head", "head_features", "head_probabilities",
-           "head_sensitivity", "head_to_linear", "multinomial_objective", "release_head"]
+__all__ = ["MINIMISER_SLACK", "PROBE_RECORDS", "PROBE_RECORD_SCALE", "HeadData", "HeadFit", "HeadRelease",
+           "binary_objective", "certainty_scores", "check_minimiser", "fit_binary_head", "fit_multinomial_head",
+           "head_features", "head_probabilities", "head_sensitivity", "head_to_linear", "multinomial_objective",
+           "probe_record_influence", "release_head"]

@@ -1,0 +1,103 @@
+"""Gaussian output perturbation: the one DP primitive every privkit head release goes through.
+
+``released = clean + N(0, sigma^2 I)``, where ``clean`` is a deterministic function of the data
+(the exact minimiser of a strongly convex ERM: FedAUX's scoring heads, FedAUXfdp's class heads and
+the DP-head baselines, :func:`privkit.trainers.heads.release_head`) whose L2 sensitivity is
+``sensitivity``; the ledger records ``GaussianDpEvent(sigma / sensitivity)``. The noise comes from
+the caller's generator (the AES stream in release mode, the seeded one in reproducible mode:
+:func:`privkit.seeding.noise_rng`), drawn as one ``rng.normal`` call, so a release outside an
+audit is bit-identical to the plain ``clean + rng.normal(0, sigma, clean.shape)``.
+
+Audits act here, where the mechanism runs:
+
+* **mutations** (:mod:`privkit.mutations`): the noise's standard deviation is multiplied by
+  ``active().noise_factor`` (``noise x1/2``, ``noise x1/N``); ``clipping off`` switches the
+  sensitivity bound off, which for output perturbation is the feature normalisation the bound
+  assumes (:func:`privkit.trainers.heads.head_features`) and, here, the canaries' bounded weight;
+* **probes** (:func:`privkit.probes.canaries_for`, label = the release's ledger label): each
+  included canary is a record whose influence on ``clean`` the mechanism bounds by
+  ``sensitivity``. Its raw influence is ``canaries.raw_norm`` (four sensitivities); the bound
+  brings it down to ``sensitivity`` (up to ``raw_norm`` with the bound switched off, as DP-SGD's
+  clipping does for its canaries), it is added before the noise, and the canaries observe the
+  noisy release with ``clean`` subtracted. One release, unsampled (``sample_rate=1``), noise
+  multiplier ``sigma / sensitivity``: exactly the ledger's Gaussian event. The canaries stand for
+  the worst-case record; a real record's exact influence is measured by ``record_influence``
+  (probe records refitted into the minimiser), which the conformance test's ``sensitivity``
+  part compares with ``sensitivity``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from privkit import mutations
+from privkit.errors import PrivkitError
+
+#: ``record_influence(canaries) -> (norms, tolerance)``: probe records' exact influence on the
+#: pre-noise release (L2 norms, same units as the sensitivity) and the relative precision of the
+#: measurement (:meth:`attacks.whitebox.GradientCanaries.record_influence`)
+RecordInfluence = Callable[[Any], tuple[np.ndarray, float]]
+
+__all__ = ["RecordInfluence", "gaussian_output_perturbation"]
+
+
+def gaussian_output_perturbation(clean: np.ndarray, *, sigma: float, sensitivity: float,
+                                 rng: np.random.Generator, client: int | None = None,
+                                 label: str | None = None,
+                                 record_influence: RecordInfluence | None = None) -> np.ndarray:
+    """Release ``clean + N(0, sigma^2 I)`` (see the module docstring).
+
+    Parameters
+    ----------
+    clean : numpy.ndarray
+        The pre-noise value (any shape), a deterministic function of the data with L2 sensitivity
+        ``sensitivity``.
+    sigma : float
+        The noise standard deviation the ledger accounts for (``> 0``).
+    sensitivity : float
+        The claimed L2 sensitivity (the ledger's noise multiplier is ``sigma / sensitivity``).
+    rng : numpy.random.Generator
+        The DP noise stream (:func:`privkit.seeding.noise_rng`).
+    client, label : int, str, optional
+        Whose release this is and its ledger label: an audit's probes are taken for this pair
+        (``client=None``: a release outside any client's ledger, never probed).
+    record_influence : callable, optional
+        Under probes only: measures probe records' exact influence on ``clean`` (see
+        :data:`RecordInfluence`); its result goes to the canaries' sensitivity test.
+
+    Returns
+    -------
+    numpy.ndarray
+        The released value, ``clean``'s shape, float64.
+    """
+    if not sigma > 0 or not sensitivity > 0:
+        raise PrivkitError(f"sigma and sensitivity must be > 0; found sigma={sigma}, sensitivity={sensitivity}")
+    mutation = mutations.active()
+    clean = np.asarray(clean, dtype=np.float64)
+    # one draw of the whole shape, the noise std scaled by the mutation's factor (1.0 outside an
+    # audit: sigma * 1.0 == sigma, so the draw is today's bit for bit)
+    noise = rng.normal(0.0, sigma * mutation.noise_factor, size=clean.shape)
+    canaries = None
+    if client is not None:
+        from privkit.probes import canaries_for
+
+        canaries = canaries_for(client, label or "output-perturbation", dim=clean.size,
+                                clip_norm=sensitivity, sample_rate=1.0,
+                                noise_multiplier=sigma / sensitivity)
+    if canaries is None:
+        return clean + noise
+    import torch
+
+    # an included canary's raw influence, bounded by the sensitivity unless the bound is off
+    raw = float(canaries.raw_norm)
+    weight = min(raw, sensitivity) if mutation.clipping else raw
+    add = canaries.vector(np.full(canaries.included_ids.size, weight)).numpy().astype(np.float64)
+    released = clean + add.reshape(clean.shape) + noise
+    canaries.observe(torch.as_tensor(released.ravel()), clean=torch.as_tensor(clean.ravel()))
+    if record_influence is not None:
+        norms, tolerance = record_influence(canaries)
+        canaries.record_influence(norms, tolerance=tolerance)
+    return released
