@@ -400,8 +400,10 @@ def conformance_test(evidence: ProbeEvidence, claim: MechanismClaim, *, confiden
 def _measured_epsilon(evidence: ProbeEvidence, claim: MechanismClaim, noise: ConformanceTest,
                       delta: float) -> float:
     """Epsilon of the claim over the observed releases (each extra release as the claim's last),
-    with the noise at its upper confidence limit (never above the claimed noise)."""
-    scale = min(1.0, noise.confidence_limit) if math.isfinite(noise.confidence_limit) else 1.0
+    with the noise at its upper confidence limit: a lower confidence bound of the epsilon that ran
+    (when sampling and clipping are as claimed), just below the claim for a correct mechanism and
+    closer to it the more noise was observed."""
+    scale = noise.confidence_limit if math.isfinite(noise.confidence_limit) else 1.0
     if scale <= 0:
         return math.inf
     extra = max(0, evidence.steps - claim.steps)
