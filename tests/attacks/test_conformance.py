@@ -176,3 +176,28 @@ def test_white_box_mechanism_audit_catches_halved_noise_and_clipping_off():
     for kw, part in (({"sigma_real": 0.6}, "noise"), ({"clip": False}, "influence")):
         res = [_mechanism_run(s, **kw).audit(delta=DELTA) for s in range(10)]
         assert all(r.verdict == "violation" and part in r.conformance.rejected for r in res)
+
+
+def test_claim_optimised_guesses_are_fixed_by_the_claim_and_valid_over_200_seeds():
+    """The one-run part with guesses optimised for the claim (many canaries, one or two top-k
+    guesses): chosen from the claim alone, and its false violations at the nominal rate."""
+    from attacks.whitebox import claim_optimised_guesses
+
+    claim = MechanismClaim.repeated(0.1, 1.0, 20, 1.0)
+    g = claim_optimised_guesses(claim, 1500, delta=DELTA, beta=0.025)
+    assert g == claim_optimised_guesses(claim, 1500, delta=DELTA, beta=0.025)
+    assert all(kn == 0 and 1 <= kp <= 600 for kp, kn in g)
+    n = 200
+    res = [_mechanism_run(s, sigma=1.0, steps=20, dim=2500, m=1500).audit(delta=DELTA) for s in range(n)]
+    assert res[0].one_run.guess_grid == [tuple(x) for x in g] or res[0].one_run.guess_grid == g
+    flagged = sum(r.one_run.verdict == "violation" for r in res)
+    assert flagged / n <= 0.025 + 3 * math.sqrt(0.025 * 0.975 / n)
+    assert sum(r.verdict == "violation" for r in res) / n <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / n)
+    # and it moves with the evidence: half the noise doubles its median; noise removed is caught
+    # by the one-run part alone (the model-free test needs no Gaussian assumption)
+    half = [_mechanism_run(s, sigma=1.0, sigma_real=0.5, steps=20, dim=2500, m=1500).audit(delta=DELTA)
+            for s in range(5)]
+    assert np.median([r.epsilon_lower_bound for r in half]) > 2 * np.median([r.epsilon_lower_bound for r in res])
+    gone = [_mechanism_run(s, sigma=1.0, sigma_real=0.0, steps=20, dim=2500, m=1500).audit(delta=DELTA)
+            for s in range(5)]
+    assert all(r.one_run.verdict == "violation" for r in gone)
