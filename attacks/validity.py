@@ -147,3 +147,23 @@ def permutation_test(a: SimulationResult, b: SimulationResult) -> float:
     if np.ptp(np.r_[a.bounds, b.bounds]) == 0:
         return 1.0
     return float(stats.ks_2samp(a.bounds, b.bounds).pvalue)
+
+
+def probe_evidence(rng: np.random.Generator, *, steps: int = 40, m: int = 200, free: int = 300, q: float = 0.1,
+                   sigma: float = 1.2, noise: float = 1.0, influence: float = 1.0, q_real: float | None = None,
+                   clean_known: bool = True):
+    """What white-box probes at a Poisson-subsampled Gaussian mechanism observe, in clip norms
+    (:class:`attacks.conformance.ProbeEvidence`): ``m`` probes, each included by a fair coin, each
+    included one appearing in a release with rate ``q_real`` (default ``q``) and adding
+    ``influence``; noise ``noise * sigma`` on every component, ``free`` probe-free coordinates
+    per release. With ``noise = influence = 1`` and ``q_real = q`` it is exactly the mechanism
+    ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)`` claims: the conformance test's
+    null hypothesis at its boundary."""
+    from attacks.conformance import ProbeEvidence
+
+    q_real = q if q_real is None else q_real
+    included = rng.random(m) < 0.5
+    appear = (rng.random((steps, m)) < q_real) & included
+    proj = appear * influence + rng.normal(0.0, noise * sigma, (steps, m))
+    free_noise = rng.normal(0.0, noise * sigma, (steps, free))
+    return ProbeEvidence(proj, included, (free_noise ** 2).sum(1), np.full(steps, free), clean_known=clean_known)

@@ -12,21 +12,14 @@ from scipy import stats
 
 from accountants import dpsgd_epsilon, dpsgd_event
 from attacks.conformance import MechanismClaim, ProbeEvidence, claim_from_events, conformance_test
+from attacks.validity import probe_evidence
 from attacks.whitebox import GradientCanaries
 
 DELTA = 1e-5
 
 
-def _evidence(rng, *, steps=40, m=200, free=300, q=0.1, sigma=1.2, noise=1.0, influence=1.0, q_real=None,
-              clean_known=True):
-    """What probes at a Poisson-subsampled Gaussian mechanism observe, in clip norms: ``noise`` x
-    the claimed noise, each included probe appearing with rate ``q_real`` and adding ``influence``."""
-    q_real = q if q_real is None else q_real
-    included = rng.random(m) < 0.5
-    appear = (rng.random((steps, m)) < q_real) & included
-    proj = appear * influence + rng.normal(0.0, noise * sigma, (steps, m))
-    free_noise = rng.normal(0.0, noise * sigma, (steps, free))
-    return ProbeEvidence(proj, included, (free_noise ** 2).sum(1), np.full(steps, free), clean_known=clean_known)
+def _evidence(rng, **kw):
+    return probe_evidence(rng, **kw)
 
 
 def _claim(steps=40, q=0.1, sigma=1.2):
