@@ -191,6 +191,16 @@ def audit(
                                                              "delta if below 1/n, else min(1e-5, 1/n))."),
     iterations: int = typer.Option(200, "--iterations", min=1,
                                    help="CatBoost iterations of the shadow attack."),
+    mechanisms: bool = typer.Option(False, "--mechanisms",
+                                    help="Run directory: white-box audit at the method's DP mechanisms "
+                                         "(canaries sampled, clipped and noised by each mechanism; tested "
+                                         "against the ledger's claim); writes mechanism-audit.json."),
+    canaries: int = typer.Option(1000, "--canaries", help="With --mechanisms: canaries per mechanism."),
+    mutation: str = typer.Option("correct", "--mutation",
+                                 help="With --mechanisms: audit a deliberately broken copy (noise x1/2, "
+                                      "noise x1/N, clipping off, ledger steps x1/2, ledger rate x1/2)."),
+    clients: str | None = typer.Option(None, "--clients",
+                                       help="With --mechanisms: probed clients, e.g. 0,3 or all (default 0)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Audit a run directory's method, or any training recipe, with fair-coin inclusion; write the result."""
@@ -203,6 +213,13 @@ def audit(
         _audit_recipe(recipe, data, out=out, epsilon=epsilon, delta=1e-5 if delta is None else delta,
                       shadows=16 if shadows is None else shadows, executor=executor, workers=workers,
                       seed=seed, attacks=attacks, iterations=iterations, as_json=as_json)
+        return
+    if mechanisms:
+        from privkit.cli.audit_mechanisms import audit_run_mechanisms
+
+        _check_options(executor, delta, run_dir)
+        audit_run_mechanisms(run_dir, seed=seed, delta=delta, mutation=mutation, canaries=canaries,
+                             clients=clients, as_json=as_json)
         return
     _audit_run_dir(run_dir, attacks=attacks, shadows=8 if shadows is None else shadows, executor=executor,
                    workers=workers, seed=seed, n_audit=n_audit, delta=delta, iterations=iterations,
