@@ -65,6 +65,7 @@ from privkit.trainers.common import (
     resolve_device,
     train_supervised,
 )
+from privkit.trainers.output_perturbation import gaussian_output_perturbation
 
 LN10 = math.log(10.0)
 KNOWLEDGE_MODES = ("logits", "softmax", "argmax")
@@ -497,8 +498,10 @@ def run_fedmd(
                 if config.knowledge == "logits":
                     share = clip_rows(share, config.logit_clip)
                 rng = noise_rng(seed, f"fedmd-ldp-{i}-{t}", reproducible=config.reproducible_noise)
-                share = share + rng.normal(0.0, plan["sigma"][i], size=share.shape).astype(
-                    np.float32
+                # each shared vector is one Gaussian release (the ledger's "ldp predictions" events)
+                share = gaussian_output_perturbation(
+                    share, sigma=plan["sigma"][i], sensitivity=plan["sensitivity"], rng=rng, client=i,
+                    label="ldp predictions", rows=True, dtype=np.float32,
                 )
             shares.append(share)
         consensus = aggregate_knowledge(shares)

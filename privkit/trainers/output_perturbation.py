@@ -1,4 +1,5 @@
-"""Gaussian output perturbation: the one DP primitive every privkit head release goes through.
+"""Gaussian output perturbation: the one DP primitive every privkit head release (and FedMD-LDP's
+noised predictions) goes through.
 
 ``released = clean + N(0, sigma^2 I)``, where ``clean`` is a deterministic function of the data
 (the exact minimiser of a strongly convex ERM: FedAUX's scoring heads, FedAUXfdp's class heads and
@@ -47,7 +48,8 @@ __all__ = ["RecordInfluence", "gaussian_output_perturbation"]
 def gaussian_output_perturbation(clean: np.ndarray, *, sigma: float, sensitivity: float,
                                  rng: np.random.Generator, client: int | None = None,
                                  label: str | None = None,
-                                 record_influence: RecordInfluence | None = None) -> np.ndarray:
+                                 record_influence: RecordInfluence | None = None,
+                                 rows: bool = False, dtype: type | None = None) -> np.ndarray:
     """Release ``clean + N(0, sigma^2 I)`` (see the module docstring).
 
     Parameters
@@ -67,6 +69,12 @@ def gaussian_output_perturbation(clean: np.ndarray, *, sigma: float, sensitivity
     record_influence : callable, optional
         Under probes only: measures probe records' exact influence on ``clean`` (see
         :data:`RecordInfluence`); its result goes to the canaries' sensitivity test.
+    rows : bool
+        ``clean`` is (R, d): R releases of d numbers each, one Gaussian event per row (FedMD-LDP's
+        shared prediction vectors, each of sensitivity ``sensitivity``); probes see each row.
+    dtype : numpy dtype, optional
+        Add noise and value in this type (the noise is cast first), e.g. float32 for a release
+        made in float32; default float64.
 
     Returns
     -------
@@ -76,15 +84,18 @@ def gaussian_output_perturbation(clean: np.ndarray, *, sigma: float, sensitivity
     if not sigma > 0 or not sensitivity > 0:
         raise PrivkitError(f"sigma and sensitivity must be > 0; found sigma={sigma}, sensitivity={sensitivity}")
     mutation = mutations.active()
-    clean = np.asarray(clean, dtype=np.float64)
+    kind = np.float64 if dtype is None else dtype
+    clean = np.asarray(clean, dtype=kind)
+    if rows and clean.ndim != 2:
+        raise PrivkitError(f"rows=True needs a 2-D value (one release per row); found shape {clean.shape}")
     # one draw of the whole shape, the noise std scaled by the mutation's factor (1.0 outside an
     # audit: sigma * 1.0 == sigma, so the draw is today's bit for bit)
-    noise = rng.normal(0.0, sigma * mutation.noise_factor, size=clean.shape)
+    noise = rng.normal(0.0, sigma * mutation.noise_factor, size=clean.shape).astype(kind, copy=False)
     canaries = None
     if client is not None:
         from privkit.probes import canaries_for
 
-        canaries = canaries_for(client, label or "output-perturbation", dim=clean.size,
+        canaries = canaries_for(client, label or "output-perturbation", dim=clean.shape[-1] if rows else clean.size,
                                 clip_norm=sensitivity, sample_rate=1.0,
                                 noise_multiplier=sigma / sensitivity)
     if canaries is None:
@@ -94,9 +105,10 @@ def gaussian_output_perturbation(clean: np.ndarray, *, sigma: float, sensitivity
     # an included canary's raw influence, bounded by the sensitivity unless the bound is off
     raw = float(canaries.raw_norm)
     weight = min(raw, sensitivity) if mutation.clipping else raw
-    add = canaries.vector(np.full(canaries.included_ids.size, weight)).numpy().astype(np.float64)
-    released = clean + add.reshape(clean.shape) + noise
-    canaries.observe(torch.as_tensor(released.ravel()), clean=torch.as_tensor(clean.ravel()))
+    add = canaries.vector(np.full(canaries.included_ids.size, weight)).numpy().astype(kind)
+    released = clean + (add if rows else add.reshape(clean.shape)) + noise
+    for got, base in (zip(released, clean) if rows else [(released, clean)]):
+        canaries.observe(torch.as_tensor(got.ravel()), clean=torch.as_tensor(base.ravel()))
     if record_influence is not None:
         norms, tolerance = record_influence(canaries)
         canaries.record_influence(norms, tolerance=tolerance)

@@ -131,3 +131,31 @@ def test_mechanism_bugs_are_violations_for_the_right_reason(fed, method, mutatio
         assert reason in p["rejected"], (p["mechanism"], p["rejected"])
         if reason == "noise":  # the bound still holds: only the noise is wrong
             assert "sensitivity" not in p["rejected"]
+
+
+# ----------------------------------------------------------------------------- FedMD-LDP's rows
+def test_row_releases_in_float32_are_todays_and_each_row_is_observed():
+    clean = np.random.default_rng(2).normal(size=(6, 4)).astype(np.float32)
+    out = gaussian_output_perturbation(clean, sigma=0.5, sensitivity=1.0, rng=np.random.default_rng(3), client=0,
+                                       label="ldp predictions", rows=True, dtype=np.float32)
+    want = clean + np.random.default_rng(3).normal(0.0, 0.5, size=clean.shape).astype(np.float32)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, want)
+    with probing(ProbePlan(canaries=4)) as session:
+        gaussian_output_perturbation(clean, sigma=0.5, sensitivity=1.0, rng=np.random.default_rng(3), client=0,
+                                     label="ldp predictions", rows=True, dtype=np.float32)
+    (can,) = session.probes.values()
+    assert can.dim == 4 and can.steps == 6  # one release per shared vector, as the ledger counts
+
+
+@pytest.mark.parametrize("mutation, reason", [("correct", None), ("noise x1/2", "noise"),
+                                              ("ledger steps x1/2", "releases")])
+def test_fedmd_ldp_predictions_are_audited_at_the_mechanism(fed, mutation, reason):
+    from privkit.methods import get_trainer
+
+    cfg = {**get_trainer("fedmd-ldp").quick_config(), "rounds": 2, "init_epochs": 1}
+    r = audit_mechanisms("fedmd-ldp", fed, cfg, delta=DELTA, mutation=mutation, canaries=50)
+    assert [p["mechanism"] for p in r["probes"]] == ["ldp predictions"]
+    assert r["status"] == ("consistent" if reason is None else "violation"), r["message"]
+    if reason:
+        assert r["probes"][0]["rejected"] == [reason]
