@@ -12,15 +12,16 @@ from reports.guarantee import FormalDP, delta_ge_one_over_n, formal_dp_status
 from reports.render import (FORMATS, HOW_TO_READ, atomic_write_text, fmt_eps, load_report,
                             render_html, render_json, render_markdown, summary_rows, write_report)
 from reports.schema import (SCHEMA_VERSION, WARNING_CODES, AttackResult, AttributeResult,
-                            AuditControls, AuditSummary, ControlAudit, DatasetSummary, EpsilonBracket,
-                            MethodReport, PaperClaim,
+                            AuditControls, AuditSummary, ConformanceCheck, ControlAudit,
+                            DatasetSummary, EpsilonBracket, MechanismControls, MechanismProbe,
+                            MechanismTwin, MethodReport, PaperClaim,
                             PrivacyAccounting, PrivacyReport, ReportWarning, Roc, RoundMetric,
                             RunMetadata, StageStatus, ThreatModel, Utility, Verdict)
 
 __all__ = [
     "FORMATS", "HOW_TO_READ", "SCHEMA_VERSION", "WARNING_CODES", "AttackResult", "AttributeResult",
-    "AuditControls", "AuditSummary", "ControlAudit", "DatasetSummary", "EpsilonBracket", "FormalDP",
-    "MethodReport",
+    "AuditControls", "AuditSummary", "ConformanceCheck", "ControlAudit", "DatasetSummary",
+    "EpsilonBracket", "FormalDP", "MechanismControls", "MechanismProbe", "MechanismTwin", "MethodReport",
     "PaperClaim", "PrivacyAccounting", "PrivacyReport", "ReportWarning", "Roc", "RoundMetric",
     "RunMetadata", "StageStatus", "ThreatModel", "Utility", "Verdict", "atomic_write_text",
     "delta_ge_one_over_n", "fmt_eps", "formal_dp_status", "load_report", "render_html",

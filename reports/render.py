@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import jinja2
 
 from reports.guarantee import delta_ge_one_over_n
+from reports.mechanism_view import BASIS, TESTS, mechanism_controls_view, method_mechanism_view
 from reports.schema import AttackResult, EpsilonBracket, MethodReport, PrivacyReport
 
 FORMATS = ("json", "html", "md")
@@ -51,6 +52,13 @@ HOW_TO_READ = [
     "verdict is evidence only against a true epsilon of about that size or more. 'inconclusive' means the ceiling is not above the "
     "accounted epsilon, so no outcome of this audit could have contradicted the claim; 'no-claim' "
     "means the formal-DP rule above says no (no finite, meaningful accounted epsilon to check).",
+    "Verdict rests on: for a method with a formal guarantee and mechanism controls, the summary's "
+    "verdict is the white-box mechanism audit of its correct twin ('mechanism audit'): " + TESTS + ". "
+    "It needs no large ceiling, so it is 'violation' or 'consistent', never 'inconclusive'; a "
+    "black-box 'violation' still stands over it. The black-box numbers of the row (AUC, empirical ε, "
+    "ceiling, detectable ε) stay the black-box audit's, and its verdict is kept in the method's "
+    "section. Each such method also has a noise-halved twin, which its audit must flag "
+    "('Mechanism controls').",
     "Cost: test accuracy of the released model on the held-out test set (and per-client accuracy for "
     "personalised models), compared with the best method without a formal guarantee.",
 ]
@@ -195,6 +203,7 @@ def summary_rows(report: PrivacyReport) -> list[dict[str, Any]]:
             "detectable": _cell(fmt_eps(detectable), detectable),
             "verdict": status,
             "verdict_message": message,
+            "basis": BASIS.get(m.verdict_basis or "", "—"),
             "stages": _stage_text(m),
             "n_warnings": len(m.warnings),
         })
@@ -276,6 +285,8 @@ def _method_view(m: MethodReport, ref: MethodReport | None, n_min: int | None) -
         "attribute": attribute,
         "verdict": status,
         "verdict_message": message,
+        "mechanism": method_mechanism_view(m),
+        "black_box_verdict": m.audit.verdict if m.audit and m.verdict_basis == "mechanism" else None,
         "accuracy": fmt_pct(acc),
         "ref_name": ref.name if ref is not None and ref.name != m.name else None,
         "ref_accuracy": fmt_pct(ref.utility.test_accuracy) if ref is not None else "—",
@@ -343,6 +354,7 @@ def _view(report: PrivacyReport, figures: dict[str, str]) -> dict[str, Any]:
         "figures": figures,
         "how_to_read": HOW_TO_READ,
         "controls": controls_view(report),
+        "mechanism_rows": mechanism_controls_view(report),
         "ref": ref,
         "audit_confidences": [fmt_pct(c) for c in confidences],
         "fmt_eps": fmt_eps,

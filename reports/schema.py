@@ -110,6 +110,9 @@ class ThreatModel(_Strict):
     attacker: str = ("black-box access to every released model (per-example logits) and to "
                      "records from the same distribution; shadow models re-run the method's own "
                      "recipe on disjoint data")
+    mechanism_audit: str | None = Field(
+        default=None, description="the mechanism audits' assumptions (white-box auditor, probe sets, "
+                                  "confidence), when the report has any")
     assumptions: list[str] = Field(default_factory=list)
 
 
@@ -339,6 +342,12 @@ class MethodReport(_Strict):
     privacy: PrivacyAccounting | None = None
     audit: AuditSummary | None = None
     verdict: Verdict | None = None
+    verdict_basis: Literal["mechanism", "black-box"] | None = Field(
+        default=None, description="the audit the verdict rests on: the white-box mechanism audit "
+                                  "of the correct twin, or the black-box membership audit")
+    mechanism_controls: MechanismControls | None = Field(
+        default=None, description="the method's twins audited at its DP mechanisms (formal-DP "
+                                  "methods; absent in reports written before them)")
     warnings: list[ReportWarning] = Field(default_factory=list)
     stages: dict[str, StageStatus] = Field(default_factory=dict)
 
@@ -347,9 +356,11 @@ class MethodReport(_Strict):
         return any(s.state == "failed" for s in self.stages.values())
 
     def audit_numbers(self) -> tuple[float | None, float | None, float | None]:
-        """(family-wise lower bound, ceiling, detectable epsilon) of the verdict; reports written
-        before the verdict carried them fall back to the best attack's own bound and ceiling."""
-        v = self.verdict or (self.audit.verdict if self.audit else None)
+        """(family-wise lower bound, ceiling, detectable epsilon) of the black-box audit's verdict
+        (the row's verdict unless that rests on the mechanism audit); reports written before the
+        verdict carried them fall back to the best attack's own bound and ceiling."""
+        v = self.verdict if self.verdict_basis != "mechanism" else None
+        v = v or (self.audit.verdict if self.audit else None)
         if v is not None and v.epsilon_ceiling is not None:
             return v.epsilon_lower_bound, v.epsilon_ceiling, v.detectable_epsilon
         best = self.audit.best_attack() if self.audit else None
@@ -392,6 +403,107 @@ class AuditControls(_Open):
     @property
     def lacks_power(self) -> bool:
         return self.state != "skipped" and not self.power
+
+
+# ---------------------------------------------------------------------------------- mechanism controls
+class ConformanceCheck(_Open):
+    """One part of a mechanism's conformance test (``attacks.conformance``): its measured value
+    (as a multiple of the claim, or a count), the confidence limit on the side the test rejects, and
+    the departure it flags at least half the time (``detectable``; ``None`` for an exact test)."""
+
+    name: str
+    rejected: bool
+    measured: float | None = None
+    confidence_limit: float | None = None
+    claimed: float | None = None
+    detectable: float | None = None
+    detail: str = ""
+
+
+class MechanismProbe(_Open):
+    """One probe set: the canaries of one client's DP mechanism, audited against its ledger entries."""
+
+    client: int | str
+    mechanism: str = Field(description="the mechanism's label in the ledger (e.g. 'dp-sgd')")
+    status: str
+    rejected: list[str] = Field(default_factory=list, description="conformance tests that rejected")
+    tests: dict[str, ConformanceCheck] = Field(default_factory=dict)
+    epsilon_lower_bound: float | None = Field(default=None, description="model-free one-run bound")
+    epsilon_ceiling: float | None = None
+    measured_epsilon: float | None = Field(
+        default=None, description="epsilon of the claimed mechanism at the measured noise and releases")
+    claimed_epsilon: float | None = None
+    canaries: int | None = None
+    releases: int | None = Field(default=None, description="releases the probes observed")
+
+
+class MechanismTwin(_Open):
+    """One twin of a method (``correct`` or a bug of ``privkit.mutations``) audited at its mechanisms."""
+
+    twin: str = Field(description="the mutation: 'correct' or e.g. 'noise x1/2'")
+    description: str = ""
+    expected: Literal["consistent", "violation"]
+    status: Literal["violation", "consistent", "not-applicable"]
+    message: str = ""
+    as_expected: bool
+    accounted_epsilon: float | None = None
+    measured_epsilon: float | None = None
+    epsilon_lower_bound: float | None = None
+    test_accuracy: float | None = None
+    probes: list[MechanismProbe] = Field(default_factory=list)
+
+    @property
+    def rejected(self) -> list[str]:
+        """Every conformance test any probe set rejected (one-run bound: ``one-run bound``)."""
+        out = sorted({t for p in self.probes for t in p.rejected})
+        if self.status == "violation" and not out:
+            out = ["one-run bound"]
+        return out
+
+    @property
+    def noise_ratio(self) -> float | None:
+        """The smallest measured noise scale, as a multiple of the claimed one, over the probe sets."""
+        vals = [p.tests["noise"].measured for p in self.probes
+                if "noise" in p.tests and p.tests["noise"].measured is not None]
+        return min(vals) if vals else None
+
+
+class MechanismControls(_Open):
+    """A formal-DP method's mechanism controls: its correct and noise-halved twins, each audited
+    white-box at the method's DP mechanisms against its ledger.
+
+    ``state``: ``done``; ``unprobed`` (no mechanism of the method takes probes: ``reason`` says why);
+    ``failed`` (``error``); ``skipped`` (disabled). ``catchable`` is the sentence saying which bug
+    sizes the audit catches (from the correct twin's conformance tests).
+    """
+
+    state: Literal["done", "unprobed", "failed", "skipped"] = "done"
+    error: str | None = None
+    message: str = ""
+    reason: str | None = Field(default=None, description="why the method has no mechanism audit")
+    delta: float | None = None
+    confidence: float | None = None
+    canaries: int | None = None
+    clients: list[int] = Field(default_factory=list)
+    twins: list[MechanismTwin] = Field(default_factory=list)
+    catchable: str | None = None
+
+    def twin(self, name: str) -> MechanismTwin | None:
+        return next((t for t in self.twins if t.twin == name), None)
+
+    @property
+    def correct(self) -> MechanismTwin | None:
+        return self.twin("correct")
+
+    @property
+    def noise_halved(self) -> MechanismTwin | None:
+        return next((t for t in self.twins if t.twin.startswith("noise x1/2")), None)
+
+    @property
+    def lacks_power(self) -> bool:
+        """The noise-halved twin was audited and not caught."""
+        half = self.noise_halved
+        return half is not None and half.status != "violation"
 
 
 class PrivacyReport(_Strict):

@@ -10,6 +10,9 @@
                            metrics.json, train.json, privacy.json, audit.json)
     audit-controls/         controls.json: broken twins of a DP-SGD method, audited (the report's
                            "Audit controls"; :mod:`~privkit.pipeline.controls`)
+    mechanism-controls/    <method>.json per formal-DP method: its correct and noise-halved twins,
+                           audited white-box at its DP mechanisms (the report's verdicts and
+                           "Mechanism controls"; :mod:`~privkit.pipeline.mechanism_controls`)
     report.json / report.html / report.md
 
 Every stage is keyed by a hash of what it depends on (method, trainer config, seed, federation;
@@ -22,7 +25,10 @@ earlier is lost or left half-written.
 The package holds one job per module: :mod:`~privkit.pipeline.config` (run config and its
 validation), :mod:`~privkit.pipeline.state` (stage hashes and ``status.json``),
 :mod:`~privkit.pipeline.stages` (train / account / audit of one method),
-:mod:`~privkit.pipeline.workers` (methods in parallel processes), :mod:`~privkit.pipeline.runner`
+:mod:`~privkit.pipeline.workers` (methods in parallel processes),
+:mod:`~privkit.pipeline.steps` (a resumable step beside the methods: the audit controls,
+:mod:`~privkit.pipeline.controls`, and each method's mechanism controls,
+:mod:`~privkit.pipeline.mechanism_controls`), :mod:`~privkit.pipeline.runner`
 (``run_pipeline``) and :mod:`~privkit.pipeline.report` (report assembly and re-rendering).
 """
 

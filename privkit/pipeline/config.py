@@ -67,6 +67,20 @@ class ControlSettings(StrictModel):
     canaries: Annotated[int, Field(ge=10)] = 1000
 
 
+class MechanismControlSettings(StrictModel):
+    """Mechanism controls (:func:`privkit.audit.mechanism_audit.audit_mechanisms`): every method of
+    the run with a formal guarantee is trained twice more with white-box probes at its DP mechanisms,
+    as it is accounted (the correct twin) and with half its noise (the noise-halved twin)."""
+
+    enabled: bool = True
+    canaries: Annotated[int, Field(ge=10)] = Field(default=1000, description="canaries per probe set")
+    clients: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = Field(
+        default_factory=lambda: [0], description="the clients whose mechanisms take probes")
+    confidence: Annotated[float, Field(gt=0, lt=1)] = Field(
+        default=0.95, description="family-wise confidence of each method's verdict (Bonferroni over "
+                                  "its probe sets)")
+
+
 class AuditSettings(StrictModel):
     """Membership/attribute-inference audits run on every method's released model(s).
 
@@ -75,6 +89,7 @@ class AuditSettings(StrictModel):
 
     enabled: bool = True
     controls: ControlSettings = Field(default_factory=ControlSettings)
+    mechanism_controls: MechanismControlSettings = Field(default_factory=MechanismControlSettings)
     attacks: list[str] | None = None
     shadows: Annotated[int, Field(ge=2)] = 8
     executor: Literal[EXECUTORS] = "serial"
@@ -219,6 +234,7 @@ def resolve_config(data: dict, *, source: str | None = None,
     if want is not None and want not in {m.key for m in methods if m.method == "dpsgd"}:
         raise PrivkitError(f"audit.controls.method must be the label of a dpsgd method of the run; "
                            f"found {want!r}")
+    _check_probed_clients(cfg)
     return ResolvedRun(config=cfg, methods=methods, source=source, overrides=overrides)
 
 
@@ -233,6 +249,15 @@ def _check_dataset(fed: FederationConfig) -> None:
             continue
         raise PrivkitError(f"federation.{field_name} must be one of {', '.join(sorted(DATASETS))} "
                            f"or a path to a .npz file; found {name!r}")
+
+
+def _check_probed_clients(cfg: RunConfig) -> None:
+    """The probed clients must be clients of the federation (ids 0 .. clients - 1)."""
+    clients = cfg.audit.mechanism_controls.clients
+    bad = [c for c in clients if c >= cfg.federation.clients]
+    if bad and cfg.audit.enabled and cfg.audit.mechanism_controls.enabled:
+        raise PrivkitError(f"audit.mechanism_controls.clients must be client ids below "
+                           f"federation.clients = {cfg.federation.clients}; found {bad}")
 
 
 def _check_attacks(audit: AuditSettings) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 from privkit.errors import PrivkitError
 from privkit.pipeline.config import ResolvedMethod, ResolvedRun
 from privkit.pipeline.files import atomic_write_json
-from privkit.pipeline.files import now as _now
 from privkit.pipeline.state import Status, _hash
+from privkit.pipeline.steps import StepPlan
 
 CONTROLS_DIR = "audit-controls"
 STAGE = "controls"
@@ -57,11 +57,12 @@ def control_target(run: ResolvedRun) -> ResolvedMethod:
 def controls_hash(run: ResolvedRun, target: ResolvedMethod) -> str:
     cfg = run.config
     return _hash({"trainer": target.trainer, "federation": cfg.federation.model_dump(mode="json"),
-                  "delta": cfg.delta, "seed": _audit_seed(run),
+                  "delta": cfg.delta, "seed": audit_seed(run),
                   "controls": cfg.audit.controls.model_dump(mode="json")})
 
 
-def _audit_seed(run: ResolvedRun) -> int:
+def audit_seed(run: ResolvedRun) -> int:
+    """The run's audit seed: ``audit.seed``, else the run's seed."""
     cfg = run.config
     return cfg.seed if cfg.audit.seed is None else cfg.audit.seed
 
@@ -69,16 +70,12 @@ def _audit_seed(run: ResolvedRun) -> int:
 def controls_stage(run: ResolvedRun, target: ResolvedMethod, root: Path, progress: bool) -> None:
     """Train and audit the twins; write ``audit-controls/controls.json``."""
     from privkit.audit.controls import run_controls
-    from privkit.data import Federation
-    from privkit.pipeline.stages import FEDERATIONS
+    from privkit.pipeline.stages import run_federation
 
-    path = str(root / "federation.json")
-    if path not in FEDERATIONS:
-        FEDERATIONS[path] = Federation.load(path)
     settings = run.config.audit.controls
     dp_label = settings.method or next((m.key for m in run.methods if m.method == "dpsgd"), "dpsgd")
-    record = run_controls(FEDERATIONS[path], target.trainer, delta=run.config.delta,
-                          seed=_audit_seed(run), method=dp_label,
+    record = run_controls(run_federation(root), target.trainer, delta=run.config.delta,
+                          seed=audit_seed(run), method=dp_label,
                           black_box_epochs=settings.black_box_epochs,
                           white_box_canaries=settings.canaries, black_box_canaries=settings.canaries,
                           progress=progress)
@@ -87,43 +84,13 @@ def controls_stage(run: ResolvedRun, target: ResolvedMethod, root: Path, progres
     atomic_write_json(root / CONTROLS_DIR / "controls.json", record)
 
 
-class ControlsPlan:
-    """The controls step with the interface of a method's plan (``next_stage`` / ``record``)."""
+class ControlsPlan(StepPlan):
+    """The controls step (a :class:`~privkit.pipeline.steps.StepPlan` in ``status.json``'s ``controls``)."""
 
     def __init__(self, run: ResolvedRun, root: Path, status: Status, say: Callable[[str], None]):
-        self.run, self.status, self.say = run, status, say
-        self.m = control_target(run)  # validated before any training starts
-        self.mdir = root / CONTROLS_DIR
-        self.digest = controls_hash(run, self.m)
-        self.pending = controls_enabled(run)
-        self.failures: list[str] = []
-        if not self.pending:
-            status.data["controls"] = {"state": "skipped", "hash": None, "updated": _now(),
-                                       "error": "audit controls disabled in config"}
-            status.save()
-
-    def next_stage(self) -> str | None:
-        if not self.pending:
-            return None
-        self.pending = False
-        done = self.status.data.get("controls") or {}
-        if done.get("state") == "done" and done.get("hash") == self.digest and \
-                (self.mdir / "controls.json").is_file():
-            self.say("audit controls already done, skipped")
-            return None
-        self.say("audit controls ...")
-        return STAGE
-
-    def record(self, stage: str, outcome: tuple[str | None, str, float]) -> None:
-        error, trace, seconds = outcome
-        self.status.data["controls"] = {"state": "failed" if error else "done", "hash": self.digest,
-                                        "error": error, "seconds": round(seconds, 3), "updated": _now()}
-        self.status.save()
-        if error is None:
-            self.say(f"audit controls done in {seconds:.1f} s")
-            return
-        self.mdir.mkdir(parents=True, exist_ok=True)
-        with open(self.mdir / "errors.log", "a") as fh:
-            fh.write(f"--- {_now()} {stage}\n{trace}\n")
-        self.say(f"audit controls FAILED: {error}")
-        self.failures.append(f"{CONTROLS_DIR}: {error}")
+        target = control_target(run)  # validated before any training starts
+        mdir = root / CONTROLS_DIR
+        super().__init__(run, target, mdir=mdir, status=status, slot=("controls",),
+                         digest=controls_hash(run, target), stage=STAGE, output=mdir / "controls.json",
+                         title="audit controls", name=CONTROLS_DIR, log=mdir / "errors.log", say=say,
+                         disabled=None if controls_enabled(run) else "audit controls disabled in config")

@@ -12,6 +12,7 @@ from privkit.pipeline.config import ACCOUNTANTS, STAGES
 from privkit.pipeline.files import now as _now
 from privkit.pipeline.files import one_line as _one_line
 from privkit.pipeline.files import read_json as _read_json
+from privkit.pipeline.mechanism_report import mechanism_threat_text, read_mechanism_controls, rest_verdict
 
 # first match wins: the stamps come first because their texts mention sampling and accuracy
 _WARNING_RULES: list[tuple[str, tuple[str, ...]]] = [
@@ -225,6 +226,18 @@ def _read_controls(root: Path, status: dict):
     return AuditControls(state="done", **{k: v for k, v in rec.items() if k not in ("state", "schema_version")})
 
 
+def _add_mechanism_controls(method, root: Path, status: dict) -> None:
+    """Attach the method's mechanism controls and rest its verdict on its strongest valid audit."""
+    from reports import ReportWarning
+
+    try:
+        method.mechanism_controls = read_mechanism_controls(root, method.name, status, root / method.name)
+    except Exception as exc:  # a damaged record must not cost the whole report
+        method.warnings.append(ReportWarning(code="other", source="report", message=(
+            f"mechanism controls could not be read: {_one_line(exc)}")))
+    rest_verdict(method)
+
+
 def build_report(root: str | Path, *, command: str | None = None,
                  wall_seconds: float | None = None):
     """Assemble a :class:`reports.PrivacyReport` from a pipeline run directory (files only)."""
@@ -252,7 +265,9 @@ def build_report(root: str | Path, *, command: str | None = None,
     for rm in resolved.get("resolved_methods", []):
         info = {**rm, "min_client_size": n_min, "delta": resolved["delta"]}
         st = (status.get("methods", {}).get(rm["key"]) or {}).get("stages", {})
-        methods.append(_method_report(rm["key"], info, st, root / rm["key"]))
+        method = _method_report(rm["key"], info, st, root / rm["key"])
+        _add_mechanism_controls(method, root, status)
+        methods.append(method)
     delta = resolved["delta"]
     warnings = []
     if delta_ge_one_over_n(delta, n_min):
@@ -275,6 +290,7 @@ def build_report(root: str | Path, *, command: str | None = None,
                 audit_notes.append(note)
     threat = ThreatModel(
         neighbouring=_neighbouring_text(relations), delta=delta,
+        mechanism_audit=mechanism_threat_text(methods),
         accountants=[*resolved.get("accountants", ACCOUNTANTS), "best"],
         primary_accountant=resolved.get("accountant", "best"),
         shadows=audit_cfg.get("shadows") if audit_cfg.get("enabled", True) else None,

@@ -11,6 +11,7 @@ from typing import Any, Callable
 from privkit.errors import PrivkitError
 from privkit.pipeline.config import STAGES, ResolvedMethod, ResolvedRun
 from privkit.pipeline.controls import ControlsPlan
+from privkit.pipeline.mechanism_controls import MechanismControlsPlan
 from privkit.pipeline.files import atomic_write_json
 from privkit.pipeline.files import now as _now
 from privkit.pipeline.files import one_line as _one_line
@@ -34,7 +35,8 @@ class RunOutcome:
 
 def run_pipeline(run: ResolvedRun, out: str | Path = "runs", *, progress: bool = False,
                  log: Log | None = None, command: str | None = None) -> RunOutcome:
-    """Run every method of ``run`` (train -> account -> audit) and write the report.
+    """Run every method of ``run`` (train -> account -> audit), the audit controls and every
+    formal-DP method's mechanism controls, and write the report.
 
     Stages already complete for the same config are skipped. A failing stage is recorded in
     ``status.json`` and the report; later stages of that method are skipped, other methods go on.
@@ -67,6 +69,9 @@ def run_pipeline(run: ResolvedRun, out: str | Path = "runs", *, progress: bool =
              for i, m in enumerate(run.methods, 1)]
     # the audit controls first: the longest single task, it then runs beside the methods
     plans.insert(0, ControlsPlan(run, root, status, say=say))  # its lines say "audit controls ..."
+    # every formal-DP method's mechanism controls (two twins each), after the methods' plans
+    plans += [MechanismControlsPlan(run, m, root, status, say=_prefixed(say, i, len(run.methods)))
+              for i, m in enumerate(run.methods, 1) if m.formal_dp]
     if cfg.workers > 1 and len(plans) > 1:
         _run_parallel(plans, cfg.workers)
     else:

@@ -1,5 +1,6 @@
 """The three stages of one method: train, account, audit (each writes its files atomically); and
-the run's audit controls (:mod:`privkit.pipeline.controls`)."""
+the steps beside them: the run's audit controls (:mod:`privkit.pipeline.controls`) and each
+method's mechanism controls (:mod:`privkit.pipeline.mechanism_controls`)."""
 
 from __future__ import annotations
 
@@ -135,25 +136,34 @@ def run_audit(run_dir: Path, *, attacks: list[str] | None, shadows: int, executo
 FEDERATIONS: dict[str, Any] = {}  # per process: the run's federation, loaded once
 
 
+def run_federation(root: Path):
+    """The run's federation (``<root>/federation.json``), loaded once per process."""
+    from privkit.data import Federation
+
+    path = str(Path(root) / "federation.json")
+    if path not in FEDERATIONS:
+        FEDERATIONS[path] = Federation.load(path)
+    return FEDERATIONS[path]
+
+
 def execute(run: ResolvedRun, m: ResolvedMethod, stage: str, root: str,
              progress: bool) -> tuple[str | None, str, float]:
     """Run one stage; returns (error or None, traceback, seconds). KeyboardInterrupt propagates."""
-    from privkit.data import Federation
-
     t0 = time.perf_counter()
     mdir = Path(root) / m.key
     try:
         if stage == "train":
-            path = str(Path(root) / "federation.json")
-            if path not in FEDERATIONS:
-                FEDERATIONS[path] = Federation.load(path)
-            _train_stage(run, m, FEDERATIONS[path], mdir, progress)
+            _train_stage(run, m, run_federation(root), mdir, progress)
         elif stage == "account":
             _account_stage(run, m, mdir)
         elif stage == "controls":
             from privkit.pipeline.controls import controls_stage
 
             controls_stage(run, m, Path(root), progress)
+        elif stage == "mechanism-controls":
+            from privkit.pipeline.mechanism_controls import mechanism_controls_stage
+
+            mechanism_controls_stage(run, m, Path(root), progress)
         else:
             _audit_stage(run, m, mdir, progress)
     except Exception as exc:  # recorded; the other methods go on

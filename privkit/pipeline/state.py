@@ -52,8 +52,9 @@ class Status:
                 if isinstance(old, dict) and old.get("schema_version") == SCHEMA_VERSION:
                     self.data["methods"] = old.get("methods", {})
                     self.data["report"] = old.get("report")
-                    if old.get("controls"):
-                        self.data["controls"] = old["controls"]
+                    for step in ("controls", "mechanism_controls"):  # steps beside the methods
+                        if old.get(step):
+                            self.data[step] = old[step]
             except (ValueError, OSError) as exc:  # corrupted JSON (a ValueError) or unreadable
                 # unreadable: every stage is re-run (earlier files stay on disk); the run says so
                 self.unreadable = f"{path} unreadable ({type(exc).__name__}); re-running every stage"

@@ -25,7 +25,8 @@ def _execute_in_worker(args: tuple) -> tuple[str | None, str, float]:
 
 
 def _priority(plan) -> tuple:
-    """Every method trains first (in list order, after the audit controls, a plan of one step);
+    """Every method trains first (in list order, after the audit controls and before the methods'
+    mechanism controls, plans of one step each);
     then the longest trainers' account and audit stages start first (an audit re-runs the recipe
     once per reference model, so its cost follows the training time): the last stage to finish is
     a short one and both workers stay busy."""

@@ -122,6 +122,16 @@ def fake_controls(run, target, root, progress):
     (root / "audit-controls" / "controls.json").write_text(json.dumps(control_record(CONTROL_POWER["power"])))
 
 
+def fake_mechanism_controls(run, m, root, progress):
+    """Writes an 'unprobed' mechanism-controls record (the real step is tested in
+    test_mechanism_controls_pipeline)."""
+    CALLS["mechanism-controls"] = CALLS.get("mechanism-controls", 0) + 1
+    rec = {"schema_version": 1, "method": m.key, "trainer": m.method, "state": "unprobed", "twins": [],
+           "message": f"method {m.method!r} ran no probed DP mechanism", "catchable": None}
+    (root / "mechanism-controls").mkdir(parents=True, exist_ok=True)
+    (root / "mechanism-controls" / f"{m.key}.json").write_text(json.dumps(rec))
+
+
 @pytest.fixture(autouse=True)
 def _reset(monkeypatch):
     CALLS.clear()
@@ -129,6 +139,7 @@ def _reset(monkeypatch):
     CONTROL_POWER["power"] = True
     monkeypatch.setattr(pipeline.stages, "run_audit", fake_audit)
     monkeypatch.setattr(pipeline.controls, "controls_stage", fake_controls)
+    monkeypatch.setattr(pipeline.mechanism_controls, "mechanism_controls_stage", fake_mechanism_controls)
     yield
 
 
@@ -224,7 +235,8 @@ def test_rerun_skips_completed_stages(tmp_path):
     path.write_text(path.read_text().replace("overrides = { private = false }",
                                              "overrides = { private = false, lr = 0.002 }"))
     run(path, tmp_path / "runs")
-    assert CALLS == {"tiny-other": 1, "audit": 1}
+    # ... and its mechanism controls (their twins use the method's trainer config)
+    assert CALLS == {"tiny-other": 1, "audit": 1, "mechanism-controls": 1}
     assert model.stat().st_mtime_ns == mtime
 
 
@@ -267,7 +279,8 @@ def test_interrupted_stage_resumes_and_loses_nothing(tmp_path):
     CALLS.clear()
     outcome = run(path, tmp_path / "runs")
     assert outcome.failures == []
-    assert CALLS == {"tiny-other": 1, "audit": 2}  # tiny-dp resumes at its audit
+    # tiny-dp resumes at its audit; the mechanism controls (after the methods) never ran
+    assert CALLS == {"tiny-other": 1, "audit": 2, "mechanism-controls": 2}
     for name, data in trained.items():  # files written before the interruption are untouched
         assert (next((root / "tiny-dp").rglob(name))).read_bytes() == data
     assert load_report(root).method("tiny-dp").audit is not None

@@ -1,0 +1,135 @@
+"""Each formal-DP method's mechanism controls as a pipeline step: ``mechanism-controls/<method>.json``.
+
+For every method of the run with a formal guarantee (``formal_dp`` in its registration) the step
+trains the method twice more with white-box probes at its DP mechanisms
+(:func:`privkit.audit.mechanism_audit.audit_mechanisms`): the *correct twin*, exactly as the method
+is accounted, and the *noise-halved twin*, with half the noise its ledger accounts for. Both use
+the method's trainer config, reproducible noise (controls are never releases), the run's delta and
+its audit seed. The correct twin's verdict is the one the report's summary row rests on
+(:mod:`privkit.pipeline.mechanism_report`); the noise-halved twin must come out ``violation``, or
+the audit lacked the power to see a bug of that size.
+
+A method whose mechanisms take no probes (no Gaussian mechanism, as FedMD-NFDP's noise-free
+subsampling, or one not wired to :mod:`privkit.probes` yet) gets an ``unprobed`` record that says
+so; its verdict stays the black-box audit's.
+
+The step is keyed by a hash (method, trainer config, federation, delta, audit seed, settings) and
+recorded under ``mechanism_controls.<method>`` in ``status.json``. Records live in the run
+directory's ``mechanism-controls/`` folder, not in the method's own: a method's training replaces
+its folder whole, and this step runs beside it (in the worker pool when ``workers > 1``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from privkit.errors import PrivkitError
+from privkit.pipeline.config import ResolvedMethod, ResolvedRun
+from privkit.pipeline.controls import audit_seed
+from privkit.pipeline.files import atomic_write_json
+from privkit.pipeline.state import Status, _hash
+from privkit.pipeline.steps import StepPlan
+
+SCHEMA_VERSION = 1
+MECH_DIR = "mechanism-controls"
+STAGE = "mechanism-controls"
+#: the twins: (mutation of :mod:`privkit.mutations`, the verdict its audit must give)
+TWINS = (("correct", "consistent"), ("noise x1/2", "violation"))
+#: the words of audit_mechanisms' error for a method none of whose mechanisms took probes
+UNPROBED = "ran no probed DP mechanism"
+
+
+def mechanism_controls_enabled(run: ResolvedRun) -> bool:
+    audit = run.config.audit
+    return audit.enabled and audit.mechanism_controls.enabled
+
+
+def record_path(root: Path, key: str) -> Path:
+    """Where the mechanism controls of method ``key`` are written."""
+    return Path(root) / MECH_DIR / f"{key}.json"
+
+
+def mechanism_hash(run: ResolvedRun, m: ResolvedMethod) -> str:
+    cfg = run.config
+    return _hash({"method": m.method, "trainer": m.trainer, "federation": cfg.federation.model_dump(mode="json"),
+                  "delta": cfg.delta, "seed": audit_seed(run),
+                  "settings": cfg.audit.mechanism_controls.model_dump(mode="json"),
+                  "twins": TWINS})
+
+
+def mechanism_controls_stage(run: ResolvedRun, m: ResolvedMethod, root: Path, progress: bool) -> None:
+    """Train and audit method ``m``'s two twins; write ``mechanism-controls/<m.key>.json``."""
+    from privkit.pipeline.stages import run_federation
+
+    settings = run.config.audit.mechanism_controls
+    base = {"schema_version": SCHEMA_VERSION, "method": m.key, "trainer": m.method,
+            "delta": run.config.delta, "seed": audit_seed(run), "canaries": settings.canaries,
+            "clients": list(settings.clients), "confidence": settings.confidence}
+    twins = []
+    for mutation, expected in TWINS:
+        try:
+            rec = _audit_twin(run, m, run_federation(root), mutation, progress)
+        except PrivkitError as exc:
+            if UNPROBED not in str(exc):
+                raise
+            # the same holds for every twin: one training says it, the other is not run
+            atomic_write_json(record_path(root, m.key), {**base, "state": "unprobed", "twins": [],
+                                                         "message": str(exc), "catchable": None})
+            return
+        twins.append({**rec, "twin": mutation, "expected": expected,
+                      "as_expected": rec["status"] == expected})
+    atomic_write_json(record_path(root, m.key), {
+        **base, "state": "done", "twins": twins, "message": _summary(twins),
+        "catchable": catchable(m.key, twins[0])})
+
+
+def _audit_twin(run: ResolvedRun, m: ResolvedMethod, federation, mutation: str, progress: bool) -> dict:
+    from privkit.audit.mechanism_audit import audit_mechanisms
+
+    settings = run.config.audit.mechanism_controls
+    return audit_mechanisms(m.method, federation, m.trainer, delta=run.config.delta, seed=audit_seed(run),
+                            mutation=mutation, canaries=settings.canaries, clients=tuple(settings.clients),
+                            confidence=settings.confidence, reproducible_noise=True, progress=progress)
+
+
+def _summary(twins: list[dict]) -> str:
+    missed = [t["twin"] for t in twins if not t["as_expected"]]
+    if not missed:
+        return "every twin came out as expected (the correct twin consistent, the noise-halved twin a violation)"
+    return "not as expected: " + "; ".join(f"the {t['twin']} twin came out {t['status']} (expected "
+                                           f"{t['expected']})" for t in twins if t["twin"] in missed)
+
+
+def catchable(key: str, correct: dict) -> str:
+    """:func:`~privkit.audit.mechanism_audit.catchable_sentence` from the correct twin's conformance
+    tests: the least sensitive probe set sets each size (the smallest noise factor, the largest
+    influence factor any of them flags half the time)."""
+    from privkit.audit.mechanism_audit import catchable_sentence
+
+    def detectable(test: str) -> list[float]:
+        out = []
+        for p in correct.get("probes", []):
+            v = p["audit"]["conformance"]["tests"].get(test, {}).get("detectable")
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                out.append(float(v))
+        return out
+
+    noise, influence = detectable("noise"), detectable("influence")
+    return catchable_sentence(key, min(noise) if noise else None, max(influence) if influence else None)
+
+
+class MechanismControlsPlan(StepPlan):
+    """Method ``m``'s mechanism-controls step (``status.json``: ``mechanism_controls.<m.key>``)."""
+
+    def __init__(self, run: ResolvedRun, m: ResolvedMethod, root: Path, status: Status,
+                 say: Callable[[str], None]):
+        mdir = root / MECH_DIR
+        super().__init__(run, m, mdir=mdir, status=status, slot=("mechanism_controls", m.key),
+                         digest=mechanism_hash(run, m), stage=STAGE, output=record_path(root, m.key),
+                         title=f"{m.key}: mechanism controls", name=f"{m.key}/{STAGE}",
+                         log=mdir / f"{m.key}.errors.log", say=say,
+                         disabled=None if mechanism_controls_enabled(run) else
+                         "mechanism controls disabled in config")
+
