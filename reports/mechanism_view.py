@@ -31,14 +31,14 @@ def _twin_row(method: str, t: MechanismTwin) -> dict[str, Any]:
             "expected": t.expected, "as_expected": "yes" if t.as_expected else "NO",
             "rejected": ", ".join(t.rejected) or "none", "noise": _fmt(t.noise_ratio),
             "bound": _eps(t.epsilon_lower_bound), "measured": _eps(t.measured_epsilon),
-            "accounted": _eps(t.accounted_epsilon), "message": t.message}
+            "claimed": _eps(t.claimed_epsilon), "accounted": _eps(t.accounted_epsilon), "message": t.message}
 
 
 def _state_row(method: str, mc: MechanismControls) -> dict[str, Any]:
     text = {"unprobed": "no probed mechanism", "failed": "failed", "skipped": "skipped"}[mc.state]
     return {"method": method, "twin": "—", "description": "", "status": text, "expected": "",
             "as_expected": "—", "rejected": "—", "noise": "—", "bound": "—", "measured": "—",
-            "accounted": "—", "message": mc.reason or mc.error or mc.message}
+            "claimed": "—", "accounted": "—", "message": mc.reason or mc.error or mc.message}
 
 
 def mechanism_controls_view(report: PrivacyReport) -> list[dict[str, Any]]:

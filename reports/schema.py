@@ -461,6 +461,14 @@ class MechanismTwin(_Open):
         return out
 
     @property
+    def claimed_epsilon(self) -> float | None:
+        """The largest epsilon the probed mechanisms' own ledger entries claim (the one the measured
+        epsilon is compared with; the method's accounted epsilon is its worst client's, all
+        mechanisms together)."""
+        vals = [p.claimed_epsilon for p in self.probes if p.claimed_epsilon is not None]
+        return max(vals) if vals else None
+
+    @property
     def noise_ratio(self) -> float | None:
         """The smallest measured noise scale, as a multiple of the claimed one, over the probe sets."""
         vals = [p.tests["noise"].measured for p in self.probes

@@ -156,5 +156,5 @@ def mechanism_threat_text(methods: list) -> str | None:
         f"per DP mechanism of client(s) {clients}) enter the mechanism as records and are sampled, "
         "clipped and noised like them; each probe set is tested against its ledger entries "
         "(number of releases, noise scale, influence = sampling rate x clip or sensitivity) and gives "
-        "a model-free one-run lower bound (Steinke et al. 2023), the two at half the error rate each. "
+        "a model-free one-run lower bound (the f-DP analysis of the one-run experiment against the bare (epsilon, delta) claim, Mahloujifar, Melis & Chaudhuri 2024; guesses fixed in advance from the claim), the two at half the error rate each. "
         f"A method's verdict holds at {conf} confidence, Bonferroni over its probe sets.")
