@@ -175,17 +175,22 @@ def main(argv=None) -> int:
     tasks += [(m, f, s, args.canaries) for m in args.methods for f in args.factors for s in range(args.seeds)]
     t0 = time.perf_counter()
     rows = []
+    partial = args.out.with_suffix(".partial.jsonl")  # every finished row, kept if the run is cut short
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_text("")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for i, row in enumerate(pool.map(one, tasks), 1):
             rows.append(row)
+            with partial.open("a") as fh:
+                fh.write(json.dumps(row, default=float) + "\n")
             print(f"[{i}/{len(tasks)}] {row['method']} {row['mutation']} seed {row['seed']}: {row['status']} "
                   f"({row['seconds']:.1f} s)", file=sys.stderr, flush=True)
     summary = summarise(rows)
     result = {"schema_version": 1, "benchmark": "audit_mutations", "delta": DELTA, "seeds": args.seeds,
               "canaries": args.canaries, "confidence": 0.95, "federation": "quickstart (mnist5k, 20 clients)",
               "wall_seconds": time.perf_counter() - t0, "summary": summary, "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=float))
+    partial.unlink()
     print(json.dumps(result if args.json else {"summary": summary}, default=float) if args.json else
           markdown(summary, args.seeds))
     return 0
