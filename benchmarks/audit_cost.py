@@ -1,0 +1,210 @@
+"""What an audit costs: per method, one training's time, the audit's time, and their ratio.
+
+Each method trains once with its ``quick`` configuration (what ``privkit demo`` runs) on the
+quickstart federation (mnist5k, 20 clients, Dirichlet alpha=1, digits28 public data), with an empty
+h0 cache, and its run directory is then audited as the demo audits it
+(:func:`privkit.audit.audit_run`: 16 reference runs, every attack, the demo's delta and seed). The
+audit trains the target's fair-coin run and the reference runs: on the batched path where the
+method's recipe has one (serial executor), else one run after the other. ``--loop`` forces the
+one-at-a-time path (an executor object, so the batched form is not taken): the "before" of a
+before/after comparison, run in the same invocation with ``--compare``.
+
+Conditions: the demo's. Methods run in ``--workers`` (default 2) spawned processes, one torch
+thread each, so both cores are busy as in ``privkit demo``; each (method, repeat) is one task and
+the repeats of a method are spread over the run. ``train_s`` and ``audit_s`` are medians over
+``--repeats`` (default 3) of wall seconds, ``ratio`` their quotient; ``*_cpu_s`` are the worker's
+CPU seconds (one thread: the work done, less disturbed by other processes on a shared machine), and
+``ratio_cpu`` their quotient. ``load_average`` says how busy the machine was.
+
+Usage::
+
+    OMP_NUM_THREADS=1 python benchmarks/audit_cost.py [--json] [--methods a,b] [--repeats 3]
+        [--shadows 16] [--workers 2] [--loop | --compare]
+
+Output (``--json``)::
+
+    {"methods": {"dpsgd": {"train_s": ..., "audit_s": ..., "ratio": ..., ...}, ...}, ...}
+
+With ``--compare`` each method also carries ``loop_audit_s`` and ``speedup`` (loop audit over
+batched audit, medians of the per-repeat ratios: the two audits of a repeat run back to back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "privkit" / "configs" / "quickstart.toml"
+
+
+def _one_thread() -> None:
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _demo_settings() -> tuple[list[str], dict, int]:
+    """The demo's methods, audit settings and seed (privkit/configs/quickstart.toml)."""
+    import tomllib
+
+    cfg = tomllib.loads(QUICKSTART.read_text())
+    methods = [m["name"] for m in cfg["methods"]]
+    audit = cfg.get("audit", {})
+    return methods, {"shadows": int(audit.get("shadows", 16)), "delta": float(cfg.get("delta", 1e-5))}, \
+        int(cfg.get("seed", 0))
+
+
+_FEDERATION = {}
+
+
+def _federation():
+    from privkit.data import FederationConfig, build_federation
+
+    if "fed" not in _FEDERATION:
+        _FEDERATION["fed"] = build_federation(FederationConfig())  # the quickstart federation
+    return _FEDERATION["fed"]
+
+
+def _timed(fn):
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+def measure(task: dict) -> dict:
+    """One (method, repeat): train once (cold h0 cache), then audit the run directory (batched
+    and/or loop path)."""
+    _one_thread()
+    from attacks.executor import SerialExecutor
+    from privkit.audit import audit_run
+    from privkit.trainers import REGISTRY, train
+    from privkit.trainers.pretrain import clear_cache
+
+    method, seed, shadows, delta = task["method"], task["seed"], task["shadows"], task["delta"]
+    fed = _federation()
+    cfg = REGISTRY[method].quick_config()
+    clear_cache()
+    result, train_s, train_cpu = _timed(lambda: train(method, fed, cfg, seed=seed))
+    out = {"method": method, "repeat": task["repeat"], "train_s": train_s, "train_cpu_s": train_cpu,
+           "test_accuracy": float(result.test_accuracy)}
+    with tempfile.TemporaryDirectory(prefix="audit-cost-") as tmp:
+        run = Path(tmp)
+        (run / "config.json").write_text(json.dumps({"method": method, "seed": seed, "trainer": cfg}))
+        fed.save(run / "federation.json")
+        result.save(run)
+        for path in task["paths"]:  # "batched" (the serial executor: batched form if any) or "loop"
+            executor = "serial" if path == "batched" else SerialExecutor()
+            audit, secs, cpu = _timed(lambda ex=executor: audit_run(run, shadows=shadows, executor=ex,
+                                                                    seed=task["audit_seed"], delta=delta,
+                                                                    write=False))
+            key = "audit" if path == "batched" else "loop_audit"
+            out[f"{key}_s"], out[f"{key}_cpu_s"] = secs, cpu
+            out[f"{key}_error"] = audit.get("shadow_error")
+    return out
+
+
+def _median(rows: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Per method: medians and ratios (see the module docstring)."""
+    out: dict = {}
+    for method in dict.fromkeys(r["method"] for r in rows):
+        rs = [r for r in rows if r["method"] == method]
+        entry = {"repeats": len(rs)}
+        for key in ("train_s", "train_cpu_s", "audit_s", "audit_cpu_s", "loop_audit_s", "loop_audit_cpu_s"):
+            v = _median(rs, key)
+            if v is not None:
+                entry[key] = round(v, 2)
+        # the audit of the default path: batched where the recipe allows, else the loop
+        audit, audit_cpu = entry.get("audit_s", entry.get("loop_audit_s")), \
+            entry.get("audit_cpu_s", entry.get("loop_audit_cpu_s"))
+        entry["audit_s"], entry["audit_cpu_s"] = audit, audit_cpu
+        entry["ratio"] = round(audit / entry["train_s"], 2)
+        entry["ratio_cpu"] = round(audit_cpu / entry["train_cpu_s"], 2)
+        if all("loop_audit_s" in r and "audit_s" in r for r in rs):
+            entry["loop_ratio"] = round(entry["loop_audit_s"] / entry["train_s"], 2)
+            entry["speedup"] = round(statistics.median(r["loop_audit_s"] / r["audit_s"] for r in rs), 2)
+            entry["speedup_cpu"] = round(statistics.median(r["loop_audit_cpu_s"] / r["audit_cpu_s"]
+                                                           for r in rs), 2)
+        errors = sorted({e for r in rs for k in ("audit_error", "loop_audit_error") if (e := r.get(k))})
+        if errors:
+            entry["errors"] = errors
+        entry["test_accuracy"] = round(statistics.median(r["test_accuracy"] for r in rs), 4)
+        out[method] = entry
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--methods", default="", help="comma-separated subset (default: the demo's 16)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--shadows", type=int, default=None, help="reference runs (default: the demo's 16)")
+    ap.add_argument("--workers", type=int, default=2, help="parallel worker processes (one thread each)")
+    ap.add_argument("--seed", type=int, default=None, help="training seed (default: the demo's)")
+    path = ap.add_mutually_exclusive_group()
+    path.add_argument("--loop", action="store_true", help="audit one run after the other (no batched form)")
+    path.add_argument("--compare", action="store_true", help="audit both ways, back to back")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.repeats < 1 or args.workers < 1:
+        ap.error(f"repeats and workers must be >= 1; found {args.repeats}, {args.workers}")
+    demo_methods, audit, demo_seed = _demo_settings()
+    methods = [m for m in args.methods.split(",") if m] or demo_methods
+    shadows = args.shadows or audit["shadows"]
+    seed = demo_seed if args.seed is None else args.seed
+    paths = ["loop"] if args.loop else ["batched", "loop"] if args.compare else ["batched"]
+    tasks = [{"method": m, "repeat": r, "seed": seed, "audit_seed": seed + r, "shadows": shadows,
+              "delta": audit["delta"], "paths": paths}
+             for r in range(args.repeats) for m in methods]  # repeats spread over the run
+    load_start = os.getloadavg()
+    t0 = time.perf_counter()
+    rows = []
+    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=_one_thread) as pool:
+        futures = [pool.submit(measure, t) for t in tasks]
+        for fut in as_completed(futures):
+            row = fut.result()
+            rows.append(row)
+            if not args.json:
+                print(f"{row['method']:<14} repeat {row['repeat']}: train {row['train_s']:.1f} s, "
+                      + ", ".join(f"{k} {row[k]:.1f} s" for k in ("audit_s", "loop_audit_s") if k in row),
+                      file=sys.stderr, flush=True)
+    summary = summarise(sorted(rows, key=lambda r: (methods.index(r["method"]), r["repeat"])))
+    out = {"schema_version": 1, "benchmark": "audit_cost", "methods": summary,
+           "conditions": {"workers": args.workers, "torch_threads": 1, "cpus": os.cpu_count(),
+                          "platform": platform.platform(), "config": "quick",
+                          "federation": "quickstart (mnist5k, 20 clients, dirichlet alpha=1, digits28 public)",
+                          "shadows": shadows, "repeats": args.repeats, "paths": paths, "seed": seed,
+                          "load_average_start": load_start, "load_average_end": os.getloadavg()},
+           "total_seconds": round(time.perf_counter() - t0, 1),
+           "totals": {k: round(sum(e.get(k) or 0.0 for e in summary.values()), 1)
+                      for k in ("train_s", "audit_s", "loop_audit_s")}}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{'method':<14} {'train s':>8} {'audit s':>8} {'ratio':>6} {'cpu ratio':>9}"
+              + ("  loop audit s  speed-up" if args.compare else ""))
+        for m, e in summary.items():
+            line = f"{m:<14} {e['train_s']:>8.1f} {e['audit_s']:>8.1f} {e['ratio']:>6.1f} {e['ratio_cpu']:>9.1f}"
+            if "speedup" in e:
+                line += f"  {e['loop_audit_s']:>12.1f}  {e['speedup']:>7.2f}x"
+            print(line)
+        print(f"load average {out['conditions']['load_average_start']} -> {out['conditions']['load_average_end']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
