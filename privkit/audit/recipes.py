@@ -6,6 +6,11 @@ one except for its private data: the same number of clients, the target's partit
 (re-drawn over the given records, seeded by the run's seed), the same public/auxiliary data and
 test set, the same trainer config. Its "model" is the whole :class:`~privkit.trainers.TrainResult`,
 so the auditor also gets each run's own ledger (its accounted epsilon) and shared artifacts.
+
+A method with a batched form (:data:`privkit.trainers.many.BATCHED`) trains all the audited runs
+at once (:meth:`FederationRecipe.fit_many`, taken by :func:`attacks.experiment.train_models` on
+the serial executor): every client of every run steps together, each with the streams and the
+result it has when run alone.
 """
 
 from __future__ import annotations
@@ -102,6 +107,23 @@ class FederationRecipe(Recipe):
 
         fed = federation_over(_base_federation(self.federation_json), x, y, seed)
         return AuditRun(train(self.method, fed, self.trainer_config, seed=derive_seed(seed, "audit-run-train")), fed)
+
+    @property
+    def batched(self) -> bool:
+        """Whether the method's runs train as one batched computation (:mod:`privkit.trainers.many`)."""
+        from privkit.trainers.many import has_batched
+
+        return has_batched(self.method)
+
+    def fit_many(self, x: np.ndarray, y: np.ndarray, index_sets, seeds) -> list[AuditRun]:
+        """Run j on ``x[index_sets[j]]`` with ``seeds[j]``, as :meth:`__call__` would, all at once."""
+        from privkit.trainers.many import train_many
+
+        base = _base_federation(self.federation_json)
+        feds = [federation_over(base, x[ix], y[ix], s) for ix, s in zip(index_sets, seeds)]
+        results = train_many(self.method, feds, self.trainer_config,
+                             [derive_seed(s, "audit-run-train") for s in seeds])
+        return [AuditRun(r, f) for r, f in zip(results, feds)]
 
     def logits(self, model: AuditRun, x: np.ndarray, n_classes: int | None = None) -> np.ndarray:
         return torch_logits(model.result.model, x)

@@ -114,8 +114,19 @@ def adapt_noise(sigma: float, metric: float, decay: float, metric_dp: float) -> 
 
 
 # ============================================================================ the paper's privacy formula (Sec. 4.1)
-def _log_binom(a: int, j: np.ndarray) -> np.ndarray:
-    return gammaln(a + 1) - gammaln(j + 1) - gammaln(a - j + 1)
+def _paper_round_rdp_orders(alphas: np.ndarray, sample_rate: float, sigma: float, local_steps: int,
+                            n: int = 1) -> np.ndarray:
+    """:func:`paper_round_rdp` at every integer order in ``alphas`` (>= 2) at once."""
+    alphas = np.asarray(alphas, dtype=np.int64)
+    a = alphas.astype(float)
+    v = 1.0 / (n * sigma ** 2)
+    second = sample_rate ** 2 * (a * (a - 1) / 2.0) * min(4.0 * math.expm1(v), 2.0 * math.exp(v))
+    j = np.arange(3, max(int(alphas.max()), 3) + 1, dtype=float)
+    terms = (math.log(2.0) + j * math.log(sample_rate) + j * (j - 1) * v / 2.0)[None, :] + \
+        gammaln(a + 1)[:, None] - gammaln(j + 1)[None, :] - gammaln(np.maximum(a[:, None] - j[None, :], 0) + 1)
+    terms = np.where(j[None, :] <= a[:, None], terms, -np.inf)  # the sum runs to j = alpha
+    higher = logsumexp(terms, axis=1) if j.size else np.full(a.shape, -np.inf)
+    return local_steps * np.logaddexp(np.log1p(second), higher) / (a - 1)
 
 
 def paper_round_rdp(alpha: int, sample_rate: float, sigma: float, local_steps: int, n: int = 1) -> float:
@@ -127,15 +138,7 @@ def paper_round_rdp(alpha: int, sample_rate: float, sigma: float, local_steps: i
     """
     if alpha < 2:
         raise PrivkitError(f"alpha must be an integer >= 2; found {alpha}")
-    v = 1.0 / (n * sigma ** 2)
-    second = sample_rate ** 2 * math.comb(alpha, 2) * min(4.0 * math.expm1(v), 2.0 * math.exp(v))
-    log_terms = [math.log1p(second)]
-    if alpha >= 3:
-        j = np.arange(3, alpha + 1, dtype=float)
-        higher = logsumexp(math.log(2.0) + j * math.log(sample_rate) + _log_binom(alpha, j)
-                           + j * (j - 1) * v / 2.0)
-        log_terms.append(float(higher))
-    return local_steps * float(logsumexp(log_terms)) / (alpha - 1)
+    return float(_paper_round_rdp_orders(np.array([alpha]), sample_rate, sigma, local_steps, n)[0])
 
 
 def paper_epsilon(sigmas: list[float], sample_rate: float, local_steps: int, delta: float, n: int = 1,
@@ -149,12 +152,11 @@ def paper_epsilon(sigmas: list[float], sample_rate: float, local_steps: int, del
     if not sigmas:
         return 0.0, 2
     counts = collections.Counter(float(s) for s in sigmas)  # rounds with equal sigma cost the same
-    best = (math.inf, 2)
-    for alpha in range(2, max_order + 1):
-        eps = sum(c * paper_round_rdp(alpha, sample_rate, s, local_steps, n) for s, c in counts.items())
-        eps += math.log(1.0 / delta) / (alpha - 1)
-        best = min(best, (eps, alpha))
-    return best
+    alphas = np.arange(2, max_order + 1)
+    eps = sum(c * _paper_round_rdp_orders(alphas, sample_rate, s, local_steps, n) for s, c in counts.items())
+    eps = eps + math.log(1.0 / delta) / (alphas - 1)
+    best = int(np.argmin(eps))  # the first of equal minima: the smallest order, as before
+    return float(eps[best]), int(alphas[best])
 
 
 # ============================================================================ training
@@ -322,128 +324,187 @@ def _warnings(cfg: DpFedConfig, adaptive: bool, q_min: float, q_max: float) -> l
     return out
 
 
-def _run(federation, cfg: DpFedConfig, seed: int, *, method: str, distill: bool, adaptive: bool,
-         progress: bool = False) -> TrainResult:
-    from accountants import Ledger, dpsgd_event
+class DpFedRun:
+    """One run of the shared loop, held between rounds, so that many runs can be stepped together.
 
-    device = resolve_device(cfg)
-    model, spec = new_model(federation, cfg, derive_seed(seed, "init"))
-    model.to(device)
-    K = federation.num_clients
-    per_round = max(round(K * cfg.client_fraction), 1)
-    clients = [federation.client_arrays(k) for k in range(K)]
-    if any(len(y) == 0 for _, y in clients):
-        raise PrivkitError("every client needs at least one record for DP-SGD; found an empty client")
-    data = [(as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long)) for x, y in clients]
-    rates = [min(1.0, cfg.batch_size / len(y)) for _, y in clients]
-    x_val, y_val = federation.public_arrays("distill")
-    if len(y_val) == 0:
-        raise PrivkitError("the federation has no public distill data for the feedback Metric; found 0 records")
-    x_test, y_test = federation.test_arrays()
+    :func:`_run` drives one: :meth:`next_round` samples the round's clients (or says training has
+    ended: all rounds run, or the budget / Renyi filter refuses the round), each sampled client
+    runs :func:`_local_update` from :attr:`model` with :attr:`sigma`, :attr:`rho` and
+    :meth:`client_seed`, and :meth:`finish_round` takes their states (in the sampled order):
+    accounting, averaging, evaluation and the feedback. The batched path
+    (:mod:`privkit.trainers.many_dpfed`) runs the clients of many runs' rounds as one computation
+    and hands each run its states the same way.
+    """
 
-    ledger = Ledger()
-    budget = _Budget(cfg.accountant, cfg.delta)
-    rdp_filter = _plan_filter(cfg, max(rates)) if adaptive else None
-    rng = make_rng(seed, "client-sampling")
-    sigma = cfg.noise_multiplier
-    rho = (cfg.rho_min if adaptive else cfg.temperature) if distill else None
-    loss_hist, acc_hist = [], []
-    l0, a0 = _public_eval(model, x_val, y_val, device)
-    loss_hist.append(l0)
-    acc_hist.append(a0)
-    grad_norms: list[float] = []
-    sigmas_used: list[float] = []
-    rounds: list[dict] = []
-    stop = f"completed all {cfg.rounds} rounds"
-    weights = ({"g": cfg.weight_gradient, "l": cfg.weight_loss, "a": cfg.weight_accuracy,
-                "t": cfg.weight_time} if adaptive else None)
+    def __init__(self, federation, cfg: DpFedConfig, seed: int, *, method: str, distill: bool,
+                 adaptive: bool):
+        self.federation, self.cfg, self.seed, self.method = federation, cfg, seed, method
+        self.distill, self.adaptive = distill, adaptive
+        self.device = device = resolve_device(cfg)
+        self.model, self.spec = new_model(federation, cfg, derive_seed(seed, "init"))
+        self.model.to(device)
+        K = self.num_clients = federation.num_clients
+        self.per_round = max(round(K * cfg.client_fraction), 1)
+        clients = [federation.client_arrays(k) for k in range(K)]
+        if any(len(y) == 0 for _, y in clients):
+            raise PrivkitError("every client needs at least one record for DP-SGD; found an empty client")
+        self.data = [(as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long)) for x, y in clients]
+        self.rates = [min(1.0, cfg.batch_size / len(y)) for _, y in clients]
+        self.x_val, self.y_val = federation.public_arrays("distill")
+        if len(self.y_val) == 0:
+            raise PrivkitError("the federation has no public distill data for the feedback Metric; found 0 records")
+        self.x_test, self.y_test = federation.test_arrays()
 
+        from accountants import Ledger
+
+        self.ledger = Ledger()
+        self.budget = _Budget(cfg.accountant, cfg.delta)
+        self.rdp_filter = _plan_filter(cfg, max(self.rates)) if adaptive else None
+        self.rng = make_rng(seed, "client-sampling")
+        self.sigma = cfg.noise_multiplier
+        self.rho = (cfg.rho_min if adaptive else cfg.temperature) if distill else None
+        l0, a0 = _public_eval(self.model, self.x_val, self.y_val, device)
+        self.loss_hist, self.acc_hist = [l0], [a0]
+        self.grad_norms: list[float] = []
+        self.sigmas_used: list[float] = []
+        self.rounds: list[dict] = []
+        self.stop = f"completed all {cfg.rounds} rounds"
+        self.weights = ({"g": cfg.weight_gradient, "l": cfg.weight_loss, "a": cfg.weight_accuracy,
+                         "t": cfg.weight_time} if adaptive else None)
+        self.t, self.ended = 0, False
+        self.sampled: list[int] = []
+
+    def next_round(self) -> list[int] | None:
+        """Sample the next round's clients and check the budget before it; ``None`` once training
+        has ended (no round past ``target_epsilon`` or the filter is ever released)."""
+        from accountants import dpsgd_event
+
+        cfg = self.cfg
+        if self.ended or self.t >= cfg.rounds:
+            self.ended = True
+            return None
+        t = self.t + 1
+        sampled = np.sort(self.rng.choice(self.num_clients, size=self.per_round, replace=False))
+        # Budget check BEFORE the round: never release a round past target_epsilon.
+        pending = {}
+        for k in sampled:
+            ev = dpsgd_event(self.rates[k], self.sigma, cfg.local_steps)
+            pending[int(k)] = (ev, *self.budget.would_be(int(k), self.rates[k], self.sigma, cfg.local_steps))
+        would = max(e for _, _, e in pending.values())
+        if would > cfg.target_epsilon:
+            self.stop = (f"stopped before round {t}: it would bring a client to epsilon {would:.4g} > "
+                         f"target {cfg.target_epsilon:g} ({cfg.accountant}, delta={cfg.delta:g})")
+            self.ended = True
+            return None
+        spend = {}
+        if self.rdp_filter is not None:  # the guarantee under adaptivity: the filter must admit the round
+            spend = {int(k): _round_rdp(self.rdp_filter.order, self.rates[k], self.sigma, cfg.local_steps)
+                     for k in sampled}
+            refused = [k for k, r in spend.items() if not self.rdp_filter.admits(k, r)]
+            if refused:
+                self.stop = (f"stopped before round {t}: the Renyi filter (order {self.rdp_filter.order:g}, "
+                             f"budget {self.rdp_filter.budget:.4g}) would be passed by client {refused[0]}")
+                self.ended = True
+                return None
+        self.t, self.pending, self.spend = t, pending, spend
+        self.sampled = [int(k) for k in sampled]
+        self.prev = _flat(self.model)
+        return list(self.sampled)
+
+    def client_seed(self, k: int) -> int:
+        """The seed of client ``k``'s local update in the current round."""
+        return derive_seed(self.seed, f"round{self.t}/client{k}")
+
+    def finish_round(self, states: list[dict[str, torch.Tensor]]) -> None:
+        """Account the round's clients (in the sampled order), average their states, evaluate,
+        and (FedKADP) set the next round's temperature and noise multiplier."""
+        cfg, t, device = self.cfg, self.t, self.device
+        for k in self.sampled:
+            ev, acc, eps = self.pending[k]
+            self.budget.commit(k, acc, eps)
+            if self.rdp_filter is not None:
+                self.rdp_filter.spend(k, self.spend[k])
+            self.ledger.add(k, ev, f"round {t}: dp-sgd", round=t)
+        self.model.load_state_dict(_mean_state(states))
+        self.sigmas_used.append(self.sigma)
+        val_loss, val_acc = _public_eval(self.model, self.x_val, self.y_val, device)
+        test_acc = accuracy(self.model, self.x_test, self.y_test, device)
+        row = {"round": t, "test_accuracy": test_acc, "loss": val_loss, "val_accuracy": val_acc,
+               "sigma": self.sigma, "rho": self.rho, "epsilon": self.budget.worst, "clients": list(self.sampled)}
+        g_t = float((_flat(self.model) - self.prev).norm())
+        if self.adaptive:
+            acc_hist = self.acc_hist
+            comp = {"g": metric_gradient(g_t, self.grad_norms), "l": metric_loss(val_loss, self.loss_hist[-1]),
+                    "a": metric_accuracy(val_acc, acc_hist[-1], acc_hist[-2] if len(acc_hist) > 1 else None,
+                                         cfg.accuracy_clip),
+                    "t": metric_time(t, cfg.rounds)}
+            metric = feedback_metric(comp, self.weights)
+            row.update({"metric": metric, "metric_components": comp})
+            self.rho = adapt_temperature(metric, cfg.rho_min, cfg.rho_max, cfg.steepness, cfg.metric_kd)
+            self.sigma = adapt_noise(self.sigma, metric, cfg.decay, cfg.metric_dp)
+        self.grad_norms.append(g_t)
+        self.loss_hist.append(val_loss)
+        self.acc_hist.append(val_acc)
+        self.rounds.append(row)
+
+    def result(self) -> TrainResult:
+        """The run's :class:`TrainResult` (after :meth:`next_round` returned ``None``)."""
+        cfg, sigmas_used, per_round = self.cfg, self.sigmas_used, self.per_round
+        test_acc = accuracy(self.model, self.x_test, self.y_test, self.device)
+        paper_server = paper_epsilon(sigmas_used, cfg.client_fraction, cfg.local_steps, cfg.delta, n=per_round)
+        paper_client = paper_epsilon(sigmas_used, cfg.client_fraction, cfg.local_steps, cfg.delta, n=1)
+        claims = {
+            "epsilon": paper_server[0], "delta": cfg.delta, "order": paper_server[1],
+            "epsilon_per_client_form": paper_client[0], "order_per_client_form": paper_client[1],
+            "sample_rate_used": cfg.client_fraction, "clients_per_round": per_round,
+            "rounds": len(sigmas_used), "composition": "RDP, WBK19 Thm 9 as stated in the paper",
+            "source": "FedKADP Sec. 4.1-4.2 (server form with n sigma^2; per-client form with n=1)",
+            "privkit_epsilon": self.budget.worst, "privkit_accountant": cfg.accountant,
+            "target_epsilon": cfg.target_epsilon, "stop": self.stop,
+        }
+        if self.rdp_filter is not None:
+            claims["adaptive_filter"] = self.rdp_filter.to_dict(cfg.delta)
+            self.ledger.adaptive = claims["adaptive_filter"]
+        warns = _warnings(cfg, self.adaptive, min(self.rates), max(self.rates))
+        warns.append(f"Training {self.stop}.")
+        return TrainResult(method=self.method, seed=self.seed, config=cfg.model_dump(), model=self.model.cpu(),
+                           model_spec=self.spec, ledger=self.ledger, rounds=self.rounds, test_accuracy=test_acc,
+                           warnings=warns, claims=claims)
+
+
+def _drive(run: DpFedRun, progress: bool = False) -> TrainResult:
+    """Run ``run`` to its end, one client after the other."""
+    cfg, method = run.cfg, run.method
     iterator = range(1, cfg.rounds + 1)
     if progress:
         from rich.progress import track
 
         iterator = track(iterator, description=f"{method} rounds")
-    for t in iterator:
-        sampled = np.sort(rng.choice(K, size=per_round, replace=False))
-        # Budget check BEFORE the round: never release a round past target_epsilon.
-        pending = {}
-        for k in sampled:
-            ev = dpsgd_event(rates[k], sigma, cfg.local_steps)
-            pending[int(k)] = (ev, *budget.would_be(int(k), rates[k], sigma, cfg.local_steps))
-        would = max(e for _, _, e in pending.values())
-        if would > cfg.target_epsilon:
-            stop = (f"stopped before round {t}: it would bring a client to epsilon {would:.4g} > "
-                    f"target {cfg.target_epsilon:g} ({cfg.accountant}, delta={cfg.delta:g})")
+    for _ in iterator:
+        sampled = run.next_round()
+        if sampled is None:
             break
-        spend = {}
-        if rdp_filter is not None:  # the guarantee under adaptivity: the filter must admit the round
-            spend = {int(k): _round_rdp(rdp_filter.order, rates[k], sigma, cfg.local_steps) for k in sampled}
-            refused = [k for k, r in spend.items() if not rdp_filter.admits(k, r)]
-            if refused:
-                stop = (f"stopped before round {t}: the Renyi filter (order {rdp_filter.order:g}, budget "
-                        f"{rdp_filter.budget:.4g}) would be passed by client {refused[0]}")
-                break
-        prev = _flat(model)
-        states = []
-        for k in sampled:
-            k = int(k)
-            cseed = derive_seed(seed, f"round{t}/client{k}")
-            states.append(_local_update(model, *data[k], cfg, sigma, rho, cseed, device, client=k))
-            ev, acc, eps = pending[k]
-            budget.commit(k, acc, eps)
-            if rdp_filter is not None:
-                rdp_filter.spend(k, spend[k])
-            ledger.add(k, ev, f"round {t}: dp-sgd", round=t)
-        model.load_state_dict(_mean_state(states))
-        sigmas_used.append(sigma)
-        val_loss, val_acc = _public_eval(model, x_val, y_val, device)
-        test_acc = accuracy(model, x_test, y_test, device)
-        row = {"round": t, "test_accuracy": test_acc, "loss": val_loss, "val_accuracy": val_acc,
-               "sigma": sigma, "rho": rho, "epsilon": budget.worst, "clients": [int(k) for k in sampled]}
-        g_t = float((_flat(model) - prev).norm())
-        if adaptive:
-            comp = {"g": metric_gradient(g_t, grad_norms), "l": metric_loss(val_loss, loss_hist[-1]),
-                    "a": metric_accuracy(val_acc, acc_hist[-1], acc_hist[-2] if len(acc_hist) > 1 else None,
-                                         cfg.accuracy_clip),
-                    "t": metric_time(t, cfg.rounds)}
-            metric = feedback_metric(comp, weights)
-            row.update({"metric": metric, "metric_components": comp})
-            rho = adapt_temperature(metric, cfg.rho_min, cfg.rho_max, cfg.steepness, cfg.metric_kd)
-            sigma = adapt_noise(sigma, metric, cfg.decay, cfg.metric_dp)
-        grad_norms.append(g_t)
-        loss_hist.append(val_loss)
-        acc_hist.append(val_acc)
-        rounds.append(row)
+        run.finish_round([_local_update(run.model, *run.data[k], cfg, run.sigma, run.rho, run.client_seed(k),
+                                        run.device, client=k) for k in sampled])
+    return run.result()
 
-    test_acc = accuracy(model, x_test, y_test, device)
-    paper_server = paper_epsilon(sigmas_used, cfg.client_fraction, cfg.local_steps, cfg.delta, n=per_round)
-    paper_client = paper_epsilon(sigmas_used, cfg.client_fraction, cfg.local_steps, cfg.delta, n=1)
-    claims = {
-        "epsilon": paper_server[0], "delta": cfg.delta, "order": paper_server[1],
-        "epsilon_per_client_form": paper_client[0], "order_per_client_form": paper_client[1],
-        "sample_rate_used": cfg.client_fraction, "clients_per_round": per_round,
-        "rounds": len(sigmas_used), "composition": "RDP, WBK19 Thm 9 as stated in the paper",
-        "source": "FedKADP Sec. 4.1-4.2 (server form with n sigma^2; per-client form with n=1)",
-        "privkit_epsilon": budget.worst, "privkit_accountant": cfg.accountant,
-        "target_epsilon": cfg.target_epsilon, "stop": stop,
-    }
-    if rdp_filter is not None:
-        claims["adaptive_filter"] = rdp_filter.to_dict(cfg.delta)
-        ledger.adaptive = claims["adaptive_filter"]
-    warns = _warnings(cfg, adaptive, min(rates), max(rates))
-    warns.append(f"Training {stop}.")
-    return TrainResult(method=method, seed=seed, config=cfg.model_dump(), model=model.cpu(), model_spec=spec,
-                       ledger=ledger, rounds=rounds, test_accuracy=test_acc, warnings=warns, claims=claims)
+
+def run_for(method: str, federation, cfg: DpFedConfig, seed: int) -> DpFedRun:
+    """The :class:`DpFedRun` that ``train(method, ...)`` drives, for ``dp-fedavg`` or ``fedkadp``."""
+    if method == "fedkadp":
+        return DpFedRun(federation, cfg, seed, method=method, distill=True, adaptive=cfg.feedback)
+    if method == "dp-fedavg":
+        return DpFedRun(federation, cfg, seed, method=method, distill=False, adaptive=False)
+    raise PrivkitError(f"method must be dp-fedavg or fedkadp; found {method!r}")
 
 
 # method "fedkadp": config and registration in privkit.methods.fedkadp
 def train_fedkadp(federation, config: FedKADPConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedKADP (Algorithms 1-2) with per-client record-level accounting (``feedback=false``: ablation)."""
-    return _run(federation, config, seed, method="fedkadp", distill=True, adaptive=config.feedback,
-                progress=progress)
+    return _drive(run_for("fedkadp", federation, config, seed), progress)
 
 
 # method "dp-fedavg": config and registration in privkit.methods.fedkadp
 def train_dp_fedavg(federation, config: DpFedConfig, seed: int, progress: bool = False) -> TrainResult:
     """DP-FedAvg baseline (DP-FL of FedKADP Sec. 5.4): same DP-SGD, no distillation, fixed sigma."""
-    return _run(federation, config, seed, method="dp-fedavg", distill=False, adaptive=False, progress=progress)
+    return _drive(run_for("dp-fedavg", federation, config, seed), progress)

@@ -1,0 +1,184 @@
+"""Many runs of one method at once: batched federations (the reference runs of an audit).
+
+An audit trains the target's fair-coin run and its reference runs: the same method, trainer config
+and federation layout on other records, each with its own seed. Run one after the other, each is
+a whole federation, and the audit costs 17 trainings. :func:`train_many` trains them as one
+computation where the method allows: the clients of every run that train in a round step
+together, their parameters stacked on one model axis (clients x runs, :class:`~privkit.trainers.
+stacked.StackedModels`), with each model's own Poisson sampling, per-example clipping, noise and
+optimiser exactly as the single run does. What happens between rounds (client sampling, the budget
+check, accounting, averaging, evaluation) is the single run's own code, run per run: each method's
+trainer is written as a run object whose rounds are driven from outside (:class:`~privkit.
+trainers.fedkadp.DpFedRun`), so both paths share every line except the local training.
+
+Same seeds, same result: in reproducible-noise mode each model draws its batches and noise from
+the streams the single run draws them from, in the same order, so the weights agree with
+:func:`privkit.trainers.train`'s up to float rounding (tested per method, at most 1e-5). In
+release mode every stream is a fresh secret one, as in the single run.
+
+Methods with a batched form: :data:`BATCHED`. The others (and any run inside an audit's probing
+block, whose canaries are per client and step) train one after the other.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from privkit import mutations
+from privkit.dp_random import DpRandom
+from privkit.errors import PrivkitError
+
+#: method -> "module:function" of its batched trainer ``fn(method, federations, config, seeds) -> results``
+BATCHED: dict[str, str] = {
+    "dp-fedavg": "privkit.trainers.many_dpfed:train_dpfed_many",
+    "fedkadp": "privkit.trainers.many_dpfed:train_dpfed_many",
+}
+
+
+def has_batched(method: str) -> bool:
+    """Whether ``method``'s runs can train as one batched computation."""
+    return method in BATCHED
+
+
+def _probing() -> bool:
+    """Whether an audit's probing block is active (:func:`privkit.probes.probing`): its canaries
+    are taken per client and step by the single run's mechanism, so such runs use the loop."""
+    from privkit import probes
+
+    return probes._SESSION.get() is not None  # noqa: SLF001  (probes has no public query for it)
+
+
+def train_many(method: str, federations: Sequence, config: dict | None, seeds: Sequence[int]) -> list:
+    """Run ``method`` on each federation with its seed: ``train(method, federations[j], config,
+    seeds[j])`` for every j, as one batched computation where the method has one (:data:`BATCHED`),
+    else one after the other. Returns the :class:`~privkit.trainers.TrainResult` list."""
+    from privkit.trainers.base import get_trainer, make_config, stamp_noise, train
+
+    if len(federations) != len(seeds) or not federations:
+        raise ValueError(f"federations and seeds must be non-empty and equally long; found "
+                         f"{len(federations)} and {len(seeds)}")
+    get_trainer(method)
+    if not has_batched(method) or _probing():
+        return [train(method, f, config, seed=s) for f, s in zip(federations, seeds)]
+    cfg = make_config(method, config)
+    module, _, name = BATCHED[method].partition(":")
+    results = getattr(importlib.import_module(module), name)(method, list(federations), cfg,
+                                                             [int(s) for s in seeds])
+    for res, fed in zip(results, federations):  # what train() adds to every result
+        if res.method != method:
+            raise PrivkitError(f"batched trainer of {method} returned a result labelled {res.method!r}")
+        res.check_chance(fed)
+        stamp_noise(res, cfg.reproducible_noise)
+    return results
+
+
+# ---------------------------------------------------------------------------- stacked parameters
+def stack_states(models: Sequence[torch.nn.Module]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The models' parameters and buffers stacked on a leading model axis (detached copies)."""
+    params = {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
+              for k, _ in models[0].named_parameters()}
+    buffers = {k: torch.stack([dict(m.named_buffers())[k].detach() for m in models])
+               for k, _ in models[0].named_buffers()}
+    return params, buffers
+
+
+def unstack(stacked: dict[str, torch.Tensor], j: int) -> dict[str, torch.Tensor]:
+    """Model ``j``'s tensors of a stacked dict."""
+    return {k: v[j] for k, v in stacked.items()}
+
+
+# ---------------------------------------------------------------------------- local DP-SGD
+@dataclass
+class LocalDp:
+    """One model's local DP-SGD (:class:`~privkit.trainers.dp_sgd_step.DpSgdStep`) in a batched
+    step: its records, its mechanism and its two random streams (batches, noise)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    step: object  # DpSgdStep
+    sample_gen: DpRandom
+    noise_gen: DpRandom
+
+
+#: losses(out, models, s, y, aux) -> (len(models), b) per-example losses of the examples s
+ExampleLosses = Callable[[torch.Tensor, torch.Tensor, slice, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def local_dp_sgd(net, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], jobs: Sequence[LocalDp],
+                 steps: int, *, lr: float, optimizer: str, losses: ExampleLosses,
+                 aux: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+    """``steps`` DP-SGD steps of every job at once, in place on the stacked ``params``.
+
+    Model j runs exactly :meth:`DpSgdStep.apply <privkit.trainers.dp_sgd_step.DpSgdStep.apply>`
+    with its job's mechanism: a Poisson batch from its sample stream, each example's gradient
+    clipped to the clip norm (by ``net.clipped_sums``: :class:`~privkit.trainers.stacked.
+    StackedModels` or a model of the same interface), Gaussian noise from its noise stream (one
+    draw per parameter, in name order), the sum divided by the expected batch size, and one step
+    of a fresh SGD or Adam optimiser. ``aux(xb)`` gives per-example auxiliary inputs of the loss
+    (a teacher's logits) for the padded batch ``xb`` ``(M, B, ...)``. An audit's mutation
+    (:mod:`privkit.mutations`) acts as in the single step.
+    """
+    from privkit.trainers.batched_sgd import SGDRecipe, _StackedOptimizer
+
+    if not jobs:
+        return
+    mutation = mutations.active()
+    first = jobs[0].step
+    clip = first.clip_norm if mutation.clipping else math.inf
+    if any(j.step.clip_norm != first.clip_norm for j in jobs):
+        raise ValueError("every job of a batched step must have the same clip norm")
+    device = next(iter(params.values())).device
+    m = len(jobs)
+    names = sorted(params)  # the order add_gaussian_noise draws in
+    std = torch.tensor([j.step.noise_multiplier * j.step.clip_norm * mutation.noise_factor for j in jobs],
+                       device=device)
+    expected = torch.tensor([j.step.expected_batch_size for j in jobs], device=device)
+    offsets = torch.tensor([0] + [len(j.y) for j in jobs]).cumsum(0)
+    x_all = torch.cat([j.x for j in jobs])
+    y_all = torch.cat([j.y for j in jobs])
+    opt = _StackedOptimizer(params, SGDRecipe(lr=lr, optimizer=optimizer))
+    active = torch.ones(m, device=device)
+    noise = {k: torch.empty_like(params[k]) for k in names}
+    for _ in range(steps):
+        batches = [j.step.sample(j.sample_gen) for j in jobs]
+        counts = [len(b) for b in batches]
+        width = max(1, max(counts))
+        glob = torch.zeros(m, width, dtype=torch.long)
+        for i, b in enumerate(batches):
+            glob[i, :len(b)] = b + offsets[i]
+        glob = glob.to(device)
+        # gathered example-major: a chunk of it is already the (B, M*C, H, W) layout of convolutions
+        xb, yb = x_all[glob.T].transpose(0, 1), y_all[glob]
+        extra = aux(xb) if aux is not None else None
+
+        def example_losses(out: torch.Tensor, models: torch.Tensor, s: slice) -> torch.Tensor:
+            return losses(out, models, s, yb[models, s], None if extra is None else extra[models, s])
+
+        sums, _ = net.clipped_sums(params, buffers, xb, example_losses, clip, counts=counts)
+        for i, j in enumerate(jobs):  # each model's noise from its own stream, as the single step draws it
+            for k in names:
+                j.noise_gen.randn(params[k].shape[1:], out=noise[k][i])
+        # (sum + std * noise) / expected batch size, in the single step's order of operations
+        grads = {k: noise[k].mul_(_expand(std, sums[k])).add_(sums[k]).div_(_expand(expected, sums[k]))
+                 for k in names}
+        opt.step(params, grads, active)
+
+
+def _expand(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return v.reshape((-1,) + (1,) * (like.dim() - 1))
+
+
+def ce_losses(out: torch.Tensor, models: torch.Tensor, s: slice, y: torch.Tensor, aux) -> torch.Tensor:
+    """Per-example cross-entropy (:func:`ExampleLosses`)."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="none").view(y.shape)
+
+
+__all__ = ["BATCHED", "LocalDp", "ce_losses", "has_batched", "local_dp_sgd", "stack_states", "train_many",
+           "unstack"]

@@ -1,0 +1,101 @@
+"""Batched federations (privkit.trainers.many): many runs of a method as one computation give each
+run what it gives alone.
+
+In reproducible-noise mode every model of the batch draws its Poisson batches and noise from the
+streams the single run draws them from, so the released weights must agree with
+``train(method, ...)``'s up to float rounding (at most 1e-5), and so must everything decided from
+them between rounds (client sampling, budget stops, ledgers). The audit takes the batched path on
+the serial executor: its logits must be the loop's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attacks.executor import SerialExecutor
+from attacks.experiment import train_models
+from privkit.audit.recipes import FederationRecipe, federation_over
+from privkit.data import FederationConfig, build_federation
+from privkit.trainers import train
+from privkit.trainers.many import has_batched, train_many
+
+TOL = 1e-5
+DPFED = {"arch": "mlp", "feature_dim": 16, "rounds": 3, "local_steps": 3, "batch_size": 16,
+         "client_fraction": 0.25, "noise_multiplier": 1.0, "target_epsilon": 1e6, "lr": 0.3,
+         "device": "cpu", "reproducible_noise": True}
+CASES = {
+    "dp-fedavg": DPFED,
+    # a budget that stops runs at different rounds (their clients hold different amounts of data)
+    "dp-fedavg budget": {**DPFED, "rounds": 6, "target_epsilon": 4.0},
+    "fedkadp": {**DPFED, "rounds": 4},
+    "fedkadp adam": {**DPFED, "optimizer": "adam", "lr": 0.01, "feedback": False},
+}
+
+
+@pytest.fixture(scope="module")
+def fed():
+    return build_federation(FederationConfig(partition="dirichlet", clients=20, seed=0))
+
+
+def _federations(fed, n: int, seed: int = 0):
+    """``n`` federations like ``fed`` over random 80% subsets of its client records."""
+    rng = np.random.default_rng(seed)
+    x, y = fed.private.x[fed.members], fed.private.y[fed.members]
+    out = []
+    for j in range(n):
+        ix = np.sort(rng.choice(len(y), int(0.8 * len(y)), replace=False))
+        out.append(federation_over(fed, x[ix], y[ix], seed=j))
+    return out
+
+
+def _max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    return max(float((sa[k] - sb[k]).abs().max()) for k in sa)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_batched_runs_equal_single_runs(fed, case):
+    method, cfg = case.split()[0], CASES[case]
+    assert has_batched(method)
+    feds, seeds = _federations(fed, 3), [11, 12, 13]
+    torch.set_num_threads(1)
+    alone = [train(method, f, cfg, seed=s) for f, s in zip(feds, seeds)]
+    many = train_many(method, feds, cfg, seeds)
+    for a, b in zip(alone, many):
+        assert _max_diff(a.model, b.model) <= TOL
+        assert [r["clients"] for r in a.rounds] == [r["clients"] for r in b.rounds]
+        assert a.ledger.to_dict() == b.ledger.to_dict()
+        assert a.claims["stop"] == b.claims["stop"]
+        assert a.test_accuracy == pytest.approx(b.test_accuracy, abs=2e-3)
+        assert b.reproducible_noise and a.warnings == b.warnings
+    if case == "dp-fedavg budget":  # the budget stops the runs, not all at the last round
+        assert {len(r.rounds) for r in alone} != {6}
+
+
+def test_release_mode_batched_runs_draw_secret_noise(fed):
+    feds = _federations(fed, 2)
+    cfg = {**DPFED, "reproducible_noise": False}
+    a = train_many("dp-fedavg", feds, cfg, [5, 5])
+    b = train_many("dp-fedavg", feds[:1], cfg, [5])
+    # same seed and data: same client sampling and ledger, different secret noise
+    assert a[0].ledger.to_dict() == b[0].ledger.to_dict()
+    assert _max_diff(a[0].model, b[0].model) > 1e-3
+    assert not a[0].reproducible_noise
+
+
+def test_audit_trains_its_runs_batched_with_the_loops_outputs(fed):
+    recipe = FederationRecipe(fed, "dp-fedavg", DPFED)
+    assert recipe.batched
+    x, y = fed.private.x[fed.members], fed.private.y[fed.members]
+    rng = np.random.default_rng(1)
+    sets = [np.sort(rng.choice(len(y), int(0.7 * len(y)), replace=False)) for _ in range(3)]
+    query = np.arange(50)
+    batched, d1 = train_models(recipe, x, y, sets, [1, 2, 3], query=query, n_classes=fed.num_classes)
+    loop, d2 = train_models(recipe, x, y, sets, [1, 2, 3], query=query, n_classes=fed.num_classes,
+                            executor=SerialExecutor())
+    assert batched.shape == loop.shape == (3, 50, fed.num_classes)
+    assert np.abs(batched - loop).max() <= 1e-4
+    assert [d["ledger"].to_dict() for d in d1] == [d["ledger"].to_dict() for d in d2]
