@@ -154,96 +154,144 @@ def _client_round(pair: MentorMentee, x: torch.Tensor, y: torch.Tensor, cfg: Fed
 
 
 # ----------------------------------------------------------------------------- trainer
-# method "fedkd-dp": config and registration in privkit.methods.fedkd
-def train_fedkd_dp(federation, config: FedKDConfig, seed: int, progress: bool = False) -> TrainResult:
-    """FedKD with record-level DP; see the module docstring."""
-    from accountants import Ledger, dpsgd_event
+class FedKdRun:
+    """One FedKD+DP run held between rounds (as :class:`~privkit.trainers.fedkadp.DpFedRun`):
+    :meth:`next_round` samples the round's clients (budget checked before it) and loads the global
+    mentee into their pairs, each sampled client runs :func:`_client_round` on its pair with
+    :meth:`client_seed`, and :meth:`finish_round` compresses, accounts and averages the updates.
+    The batched path (:mod:`privkit.trainers.many_dpfed`) steps many runs' pairs together."""
 
-    cfg = config
-    device = resolve_device(cfg)
-    K, C = federation.num_clients, federation.num_classes
-    clients = [federation.client_arrays(k) for k in range(K)]
-    if any(len(y) == 0 for _, y in clients):
-        raise PrivkitError("every client needs at least one record for DP-SGD; found an empty client")
-    data = [(as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long)) for x, y in clients]
-    rates = [min(1.0, cfg.batch_size / len(y)) for _, y in clients]
-    mentee, spec = new_model(federation, cfg, derive_seed(seed, "init"))
-    mentee.to(device)
-    mentor_kw = {"width": cfg.mentor_width, "feature_dim": cfg.mentor_feature_dim}
-    if (cfg.mentor_arch or cfg.arch) == "mlp":
-        mentor_kw["depth"] = cfg.mentor_depth
-    pairs: list[MentorMentee] = []
-    mentor_specs: list[dict] = []
-    for k in range(K):  # each client's own mentor (and W_h), initialised independently
-        mentor, mspec = new_model(federation, cfg, derive_seed(seed, f"mentor-{k}"),
-                                  arch=cfg.mentor_arch or cfg.arch, **mentor_kw)
-        torch.manual_seed(derive_seed(seed, f"w_h-{k}"))
-        pairs.append(MentorMentee(mentor, copy.deepcopy(mentee)).to(device))
-        mentor_specs.append(mspec)
-    loss_fn = mutual_loss(C, cfg.hidden_loss)
-    x_test, y_test = federation.test_arrays()
-    ledger, budget = Ledger(), _Budget(cfg.accountant, cfg.delta)
-    rng = make_rng(seed, "client-sampling")
-    per_round = max(round(K * cfg.client_fraction), 1)
-    rounds: list[dict] = []
-    stop = f"completed all {cfg.rounds} rounds"
-    iterator = range(1, cfg.rounds + 1)
-    if progress:
-        from rich.progress import track
+    def __init__(self, federation, cfg: FedKDConfig, seed: int):
+        from accountants import Ledger
 
-        iterator = track(iterator, description="fedkd-dp rounds")
-    for t in iterator:
-        sampled = [int(k) for k in np.sort(rng.choice(K, size=per_round, replace=False))]
-        pending = {k: budget.would_be(k, rates[k], cfg.noise_multiplier, cfg.local_steps) for k in sampled}
+        self.federation, self.cfg, self.seed = federation, cfg, seed
+        self.device = device = resolve_device(cfg)
+        K, C = self.num_clients, self.num_classes = federation.num_clients, federation.num_classes
+        clients = [federation.client_arrays(k) for k in range(K)]
+        if any(len(y) == 0 for _, y in clients):
+            raise PrivkitError("every client needs at least one record for DP-SGD; found an empty client")
+        self.data = [(as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long)) for x, y in clients]
+        self.rates = [min(1.0, cfg.batch_size / len(y)) for _, y in clients]
+        self.mentee, self.spec = new_model(federation, cfg, derive_seed(seed, "init"))
+        self.mentee.to(device)
+        mentor_kw = {"width": cfg.mentor_width, "feature_dim": cfg.mentor_feature_dim}
+        if (cfg.mentor_arch or cfg.arch) == "mlp":
+            mentor_kw["depth"] = cfg.mentor_depth
+        self.pairs: list[MentorMentee] = []
+        self.mentor_specs: list[dict] = []
+        for k in range(K):  # each client's own mentor (and W_h), initialised independently
+            mentor, mspec = new_model(federation, cfg, derive_seed(seed, f"mentor-{k}"),
+                                      arch=cfg.mentor_arch or cfg.arch, **mentor_kw)
+            torch.manual_seed(derive_seed(seed, f"w_h-{k}"))
+            self.pairs.append(MentorMentee(mentor, copy.deepcopy(self.mentee)).to(device))
+            self.mentor_specs.append(mspec)
+        self.loss_fn = mutual_loss(C, cfg.hidden_loss)
+        self.x_test, self.y_test = federation.test_arrays()
+        self.ledger, self.budget = Ledger(), _Budget(cfg.accountant, cfg.delta)
+        self.rng = make_rng(seed, "client-sampling")
+        self.per_round = max(round(K * cfg.client_fraction), 1)
+        self.rounds: list[dict] = []
+        self.stop = f"completed all {cfg.rounds} rounds"
+        self.t, self.ended = 0, False
+        self.sampled: list[int] = []
+
+    def next_round(self) -> list[int] | None:
+        """The next round's clients, their pairs holding the global mentee; ``None`` once training
+        has ended (all rounds run, or the round would pass the budget)."""
+        cfg = self.cfg
+        if self.ended or self.t >= cfg.rounds:
+            self.ended = True
+            return None
+        t = self.t + 1
+        sampled = [int(k) for k in np.sort(self.rng.choice(self.num_clients, size=self.per_round, replace=False))]
+        pending = {k: self.budget.would_be(k, self.rates[k], cfg.noise_multiplier, cfg.local_steps) for k in sampled}
         would = max(e for _, e in pending.values())
         if would > cfg.target_epsilon:  # never release a round past the budget
-            stop = (f"stopped before round {t}: it would bring a client to epsilon {would:.4g} > "
-                    f"target {cfg.target_epsilon:g} ({cfg.accountant}, delta={cfg.delta:g})")
-            break
-        energy = energy_threshold(t, cfg.rounds, cfg.energy_start, cfg.energy_end)
-        start = _mentee_params(mentee)
-        updates, sent, full = [], 0, 0
+            self.stop = (f"stopped before round {t}: it would bring a client to epsilon {would:.4g} > "
+                         f"target {cfg.target_epsilon:g} ({cfg.accountant}, delta={cfg.delta:g})")
+            self.ended = True
+            return None
+        self.t, self.sampled, self.pending = t, sampled, pending
+        self.start = _mentee_params(self.mentee)
         for k in sampled:
-            pair = pairs[k]
-            pair.mentee.load_state_dict(mentee.state_dict())
-            _client_round(pair, *data[k], cfg, loss_fn, derive_seed(seed, f"round{t}/client{k}"), device, client=k)
-            upd = {n: p.detach() - start[n] for n, p in pair.mentee.named_parameters()}
+            self.pairs[k].mentee.load_state_dict(self.mentee.state_dict())
+        return list(sampled)
+
+    def client_seed(self, k: int) -> int:
+        """The seed of client ``k``'s local round."""
+        return derive_seed(self.seed, f"round{self.t}/client{k}")
+
+    def finish_round(self) -> None:
+        """After every sampled pair ran its local round: compress and account each client's mentee
+        update (in the sampled order), average them, compress the download, update the mentee."""
+        from accountants import dpsgd_event
+
+        cfg, t, start = self.cfg, self.t, self.start
+        energy = energy_threshold(t, cfg.rounds, cfg.energy_start, cfg.energy_end)
+        updates, sent, full = [], 0, 0
+        for k in self.sampled:
+            upd = {n: p.detach() - start[n] for n, p in self.pairs[k].mentee.named_parameters()}
             if cfg.compress:
                 upd, s_k, f_k = compress(upd, energy)
                 sent, full = sent + s_k, full + f_k
             updates.append(upd)
-            budget.commit(k, *pending[k])
-            ledger.add(k, dpsgd_event(rates[k], cfg.noise_multiplier, cfg.local_steps),
-                       f"round {t}: dp-sgd (mentor+mentee)", round=t)
+            self.budget.commit(k, *self.pending[k])
+            self.ledger.add(k, dpsgd_event(self.rates[k], cfg.noise_multiplier, cfg.local_steps),
+                            f"round {t}: dp-sgd (mentor+mentee)", round=t)
         mean = {n: torch.stack([u[n] for u in updates]).mean(0) for n in start}
         down = compress(mean, energy)[0] if cfg.compress else mean
         with torch.no_grad():
-            for n, p in mentee.named_parameters():
+            for n, p in self.mentee.named_parameters():
                 p.copy_(start[n] + down[n])
-        row = {"round": t, "test_accuracy": accuracy(mentee, x_test, y_test, device),
-               "epsilon": budget.worst, "clients": sampled, "energy": energy}
+        row = {"round": t, "test_accuracy": accuracy(self.mentee, self.x_test, self.y_test, self.device),
+               "epsilon": self.budget.worst, "clients": list(self.sampled), "energy": energy}
         if cfg.compress:
             row["upload_fraction"] = sent / full
-        rounds.append(row)
+        self.rounds.append(row)
 
-    mentors = [p.mentor.cpu() for p in pairs]
-    mentor_acc = [accuracy(m, x_test, y_test, torch.device("cpu")) for m in mentors]
-    warnings = [
-        (f"Accounting is record-level, per client, add/remove-one neighbours: each round a client takes "
-         f"part in is {cfg.local_steps} Poisson-subsampled Gaussian steps (q = B/n_k) on the joint "
-         "mentor+mentee+W_h gradient; the mentor never leaves the client and needs no separate budget."),
-        ("FedKD has no DP in its paper and FedKADP does not say how it privatised it: privkit runs each "
-         "local step as one DP-SGD step on the joint gradient of the per-record mutual-distillation loss."),
-        f"Training {stop}.",
-    ]
-    claims = {"epsilon": budget.worst, "delta": cfg.delta, "accountant": cfg.accountant,
-              "target_epsilon": cfg.target_epsilon, "stop": stop,
-              "source": "privkit's accounting (FedKD itself makes no DP claim)"}
-    return TrainResult(method="fedkd-dp", seed=seed, config=cfg.model_dump(), model=mentee.cpu(),
-                       model_spec=spec, ledger=ledger, rounds=rounds,
-                       test_accuracy=accuracy(mentee, x_test, y_test, torch.device("cpu")),
-                       client_models=mentors, client_model_specs=mentor_specs, client_accuracy=mentor_acc,
-                       warnings=warnings, claims=claims)
+    def result(self) -> TrainResult:
+        """The run's :class:`TrainResult` (after :meth:`next_round` returned ``None``)."""
+        cfg, stop = self.cfg, self.stop
+        x_test, y_test = self.x_test, self.y_test
+        mentors = [p.mentor.cpu() for p in self.pairs]
+        mentor_acc = [accuracy(m, x_test, y_test, torch.device("cpu")) for m in mentors]
+        warnings = [
+            (f"Accounting is record-level, per client, add/remove-one neighbours: each round a client takes "
+             f"part in is {cfg.local_steps} Poisson-subsampled Gaussian steps (q = B/n_k) on the joint "
+             "mentor+mentee+W_h gradient; the mentor never leaves the client and needs no separate budget."),
+            ("FedKD has no DP in its paper and FedKADP does not say how it privatised it: privkit runs each "
+             "local step as one DP-SGD step on the joint gradient of the per-record mutual-distillation loss."),
+            f"Training {stop}.",
+        ]
+        claims = {"epsilon": self.budget.worst, "delta": cfg.delta, "accountant": cfg.accountant,
+                  "target_epsilon": cfg.target_epsilon, "stop": stop,
+                  "source": "privkit's accounting (FedKD itself makes no DP claim)"}
+        mentee = self.mentee.cpu()
+        return TrainResult(method="fedkd-dp", seed=self.seed, config=cfg.model_dump(), model=mentee,
+                           model_spec=self.spec, ledger=self.ledger, rounds=self.rounds,
+                           test_accuracy=accuracy(mentee, x_test, y_test, torch.device("cpu")),
+                           client_models=mentors, client_model_specs=self.mentor_specs, client_accuracy=mentor_acc,
+                           warnings=warnings, claims=claims)
 
 
-__all__ = ["FedKDConfig", "MentorMentee", "compress", "energy_threshold", "mutual_loss", "train_fedkd_dp"]
+# method "fedkd-dp": config and registration in privkit.methods.fedkd
+def train_fedkd_dp(federation, config: FedKDConfig, seed: int, progress: bool = False) -> TrainResult:
+    """FedKD with record-level DP; see the module docstring."""
+    run = FedKdRun(federation, config, seed)
+    iterator = range(1, config.rounds + 1)
+    if progress:
+        from rich.progress import track
+
+        iterator = track(iterator, description="fedkd-dp rounds")
+    for _ in iterator:
+        sampled = run.next_round()
+        if sampled is None:
+            break
+        for k in sampled:
+            _client_round(run.pairs[k], *run.data[k], config, run.loss_fn, run.client_seed(k), run.device,
+                          client=k)
+        run.finish_round()
+    return run.result()
+
+
+__all__ = ["FedKDConfig", "FedKdRun", "MentorMentee", "compress", "energy_threshold", "mutual_loss", "train_fedkd_dp"]

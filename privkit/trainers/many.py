@@ -37,6 +37,7 @@ from privkit.errors import PrivkitError
 BATCHED: dict[str, str] = {
     "dp-fedavg": "privkit.trainers.many_dpfed:train_dpfed_many",
     "fedkadp": "privkit.trainers.many_dpfed:train_dpfed_many",
+    "fedkd-dp": "privkit.trainers.many_dpfed:train_fedkd_many",
 }
 
 

@@ -1,4 +1,4 @@
-"""DP-FedAvg and FedKADP runs batched (:mod:`privkit.trainers.many`).
+"""DP-FedAvg, FedKADP and FedKD+DP runs batched (:mod:`privkit.trainers.many`).
 
 Each run is a :class:`~privkit.trainers.fedkadp.DpFedRun` (the single run's own object: client
 sampling, budget check, Renyi filter, accounting, averaging, evaluation, feedback). Per round every
@@ -8,6 +8,12 @@ pair's model starts from its run's global model, draws its batches and noise fro
 :func:`~privkit.trainers.fedkadp._local_update` for that client and round, and FedKADP's
 distillation loss reads the logits of its run's global model (the teacher) at that round's
 temperature. The states go back to each run in its sampled order.
+
+FedKD+DP (:class:`~privkit.trainers.fedkd.FedKdRun`) runs the same way on each sampled client's
+mentor-mentee pair: :class:`StackedPairs` gives the joint per-example norms of mentor, mentee and
+``W_h`` from each layer's inputs and output gradients (the single run forms each record's joint
+gradient with ``torch.func``), the loss reading the mentor's and the projected mentee's features
+as well as both models' logits.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import torch.nn.functional as F
 from privkit.seeding import noise_generator
 from privkit.trainers.dp_sgd_step import DpSgdStep
 from privkit.trainers.fedkadp import DpFedRun, run_for
+from privkit.trainers.fedkd import FedKdRun
 from privkit.trainers.many import LocalDp, ce_losses, local_dp_sgd, stack_states, unstack
 from privkit.trainers.stacked import StackedModels
 
@@ -36,21 +43,32 @@ def kd_losses(rho: torch.Tensor):
     return losses
 
 
+def _jobs(pairs: list[tuple], device: torch.device) -> list[LocalDp]:
+    """Each (run, client) pair's local DP-SGD: the client's records, the step with the run's noise
+    multiplier, and the client's batch and noise streams of this round."""
+    jobs = []
+    for r, k in pairs:
+        cfg, (x, y) = r.cfg, r.data[k]
+        n, seed = len(y), r.client_seed(k)
+        sigma = getattr(r, "sigma", cfg.noise_multiplier)
+        jobs.append(LocalDp(x, y, DpSgdStep(cfg.clip_norm, sigma, min(1.0, cfg.batch_size / n), n),
+                            noise_generator(seed, "poisson", reproducible=cfg.reproducible_noise),
+                            noise_generator(seed, "noise", reproducible=cfg.reproducible_noise, device=device)))
+    return jobs
+
+
+def _stacked(models: list[torch.nn.Module], device: torch.device):
+    params, buffers = stack_states(models)
+    return {k: v.to(device) for k, v in params.items()}, {k: v.to(device) for k, v in buffers.items()}
+
+
 def _round(runs: list[DpFedRun], sampled: list[list[int]]) -> list[list[dict[str, torch.Tensor]]]:
     """One round's local updates of every (run, client) pair; per run, its states in sampled order."""
     pairs = [(r, k) for r, ks in zip(runs, sampled) for k in ks]
     cfg, device = runs[0].cfg, runs[0].device
     models = [r.model for r, _ in pairs]
-    params, buffers = stack_states(models)
-    params = {k: v.to(device) for k, v in params.items()}
-    buffers = {k: v.to(device) for k, v in buffers.items()}
-    jobs = []
-    for r, k in pairs:
-        x, y = r.data[k]
-        n, seed = len(y), r.client_seed(k)
-        jobs.append(LocalDp(x, y, DpSgdStep(cfg.clip_norm, r.sigma, min(1.0, cfg.batch_size / n), n),
-                            noise_generator(seed, "poisson", reproducible=cfg.reproducible_noise),
-                            noise_generator(seed, "noise", reproducible=cfg.reproducible_noise, device=device)))
+    params, buffers = _stacked(models, device)
+    jobs = _jobs(pairs, device)
     net = StackedModels(models[0], len(pairs))
     aux, losses = None, ce_losses
     if runs[0].distill:
@@ -75,21 +93,114 @@ def _round(runs: list[DpFedRun], sampled: list[list[int]]) -> list[list[dict[str
     return out
 
 
-def train_dpfed_many(method: str, federations: list, config, seeds: list[int]) -> list:
-    """``train(method, federations[j], config, seeds[j])`` for every j (``dp-fedavg`` or
-    ``fedkadp``), the clients of all runs' rounds batched."""
-    runs = [run_for(method, f, config, s) for f, s in zip(federations, seeds)]
+# ---------------------------------------------------------------------------- FedKD+DP
+class StackedPairs(StackedModels):
+    """M :class:`~privkit.trainers.fedkd.MentorMentee` pairs as stacked tensors (parameter names
+    ``mentor.*``, ``mentee.*``, ``w_h.weight``); output ``[t logits | s logits | h_t | W_h h_s]``
+    per example, as the module's. Per-example joint clipping from each layer's inputs and output
+    gradients (:meth:`StackedModels.clipped_layers`): the loss's gradients with respect to ``h_t``
+    and ``W_h h_s`` join the backward passes of the two towers at their heads' inputs."""
+
+    def __init__(self, pair: torch.nn.Module, n_models: int):
+        self.mentor, self.mentee = StackedModels(pair.mentor, n_models), StackedModels(pair.mentee, n_models)
+        self.m = n_models
+        self.parametrised = ([f"mentor.{n}" for n in self.mentor.parametrised]
+                             + [f"mentee.{n}" for n in self.mentee.parametrised] + ["w_h"])
+
+    def chunk_size(self, x: torch.Tensor) -> int:
+        return min(self.mentor.chunk_size(x), self.mentee.chunk_size(x))
+
+    def _clipped_chunk(self, params, buffers, x, losses_of, clip, record, keep):
+        def part(d: dict, prefix: str) -> dict:
+            return {k[len(prefix):]: v for k, v in d.items() if k.startswith(prefix)}
+
+        pt, ps = part(params, "mentor."), part(params, "mentee.")
+        w_h = params["w_h.weight"]
+        tape_t, tape_s = [], []
+        with torch.no_grad():
+            t = self.mentor._run(pt, part(buffers, "mentor."), x, tape_t)
+            s = self.mentee._run(ps, part(buffers, "mentee."), x, tape_s)
+            h_t, h_s = tape_t[-1].tensor, tape_s[-1].tensor  # the heads' inputs
+            out = torch.cat([t, s, h_t, torch.bmm(h_s, w_h.transpose(1, 2))], dim=-1)
+        out.requires_grad_(True)
+        with torch.enable_grad():
+            (dout,) = torch.autograd.grad(losses_of(out).sum(), [out])
+        c, d = t.shape[-1], h_t.shape[-1]
+        dt, ds, dh_t, dproj = dout[..., :c], dout[..., c:2 * c], dout[..., 2 * c:2 * c + d], dout[..., 2 * c + d:]
+        per = {f"mentor.{n}": v for n, v in self.mentor._backward(
+            tape_t, dt, pt, [n[7:] for n in record if n.startswith("mentor.")], {"head": dh_t}).items()}
+        per.update({f"mentee.{n}": v for n, v in self.mentee._backward(
+            tape_s, ds, ps, [n[7:] for n in record if n.startswith("mentee.")],
+            {"head": torch.bmm(dproj, w_h)}).items()})
+        if "w_h" in record:
+            per["w_h"] = ("linear_nobias", h_s, dproj)
+        return self.clipped_layers(per, clip, keep, params)
+
+
+def mutual_losses(num_classes: int, hidden: bool):
+    """Per-example :func:`~privkit.trainers.fedkd.mutual_loss` on :class:`StackedPairs`' output."""
+    C = num_classes
+
+    def losses(out: torch.Tensor, models: torch.Tensor, s: slice, y: torch.Tensor, aux) -> torch.Tensor:
+        t, st = out[..., :C], out[..., C:2 * C]
+        ce_t, ce_s = ce_losses(t, models, s, y, None), ce_losses(st, models, s, y, None)
+        weight = 1.0 / (ce_t + ce_s).detach().clamp_min(1e-6)
+        log_t, log_s = F.log_softmax(t, -1), F.log_softmax(st, -1)
+        kl_t = (log_s.detach().exp() * (log_s.detach() - log_t)).sum(-1)
+        kl_s = (log_t.detach().exp() * (log_t.detach() - log_s)).sum(-1)
+        total = ce_t + ce_s + weight * (kl_t + kl_s)
+        if hidden:
+            d = (out.shape[-1] - 2 * C) // 2
+            h_t, proj = out[..., 2 * C:2 * C + d], out[..., 2 * C + d:]
+            total = total + weight * ((h_t - proj.detach()).pow(2).mean(-1) + (proj - h_t.detach()).pow(2).mean(-1))
+        return total
+
+    return losses
+
+
+def _kd_round(runs: list[FedKdRun], sampled: list[list[int]]) -> None:
+    """One round's local rounds of every (run, client) pair, written back into the pairs."""
+    pairs = [(r, k) for r, ks in zip(runs, sampled) for k in ks]
+    cfg, device = runs[0].cfg, runs[0].device
+    modules = [r.pairs[k] for r, k in pairs]
+    params, buffers = _stacked(modules, device)
+    local_dp_sgd(StackedPairs(modules[0], len(pairs)), params, buffers, _jobs(pairs, device), cfg.local_steps,
+                 lr=cfg.lr, optimizer=cfg.optimizer, losses=mutual_losses(runs[0].num_classes, cfg.hidden_loss))
+    with torch.no_grad():
+        for j, mod in enumerate(modules):
+            for name, p in mod.named_parameters():
+                p.copy_(params[name][j])
+
+
+# ---------------------------------------------------------------------------- driver
+def _lockstep(runs: list, local_round) -> None:
+    """Drive ``runs`` round by round: every run that goes on samples its clients, ``local_round``
+    trains all their clients at once, each run finishes its round."""
     if len({str(r.spec) for r in runs}) != 1:
         raise ValueError("batched runs need one model architecture; found several")
     while True:
         sampled = [r.next_round() for r in runs]
         going = [i for i, s in enumerate(sampled) if s]
         if not going:
-            break
-        states = _round([runs[i] for i in going], [sampled[i] for i in going])
-        for i, st in zip(going, states):
-            runs[i].finish_round(st)
+            return
+        states = local_round([runs[i] for i in going], [sampled[i] for i in going])
+        for at, i in enumerate(going):
+            runs[i].finish_round(*([states[at]] if states is not None else []))
+
+
+def train_dpfed_many(method: str, federations: list, config, seeds: list[int]) -> list:
+    """``train(method, federations[j], config, seeds[j])`` for every j (``dp-fedavg`` or
+    ``fedkadp``), the clients of all runs' rounds batched."""
+    runs = [run_for(method, f, config, s) for f, s in zip(federations, seeds)]
+    _lockstep(runs, _round)
     return [r.result() for r in runs]
 
 
-__all__ = ["kd_losses", "train_dpfed_many"]
+def train_fedkd_many(method: str, federations: list, config, seeds: list[int]) -> list:
+    """``train("fedkd-dp", federations[j], config, seeds[j])`` for every j, batched."""
+    runs = [FedKdRun(f, config, s) for f, s in zip(federations, seeds)]
+    _lockstep(runs, _kd_round)
+    return [r.result() for r in runs]
+
+
+__all__ = ["StackedPairs", "kd_losses", "mutual_losses", "train_dpfed_many", "train_fedkd_many"]

@@ -238,7 +238,7 @@ class StackedModels:
                     sums[k] = sums[k] if k in sums else torch.zeros_like(params[k])
                     sums[k].index_add_(0, models, v)
             norms[models, sl] = n
-        keys = [f"{n}.{p}" for n in record for p in ("weight", "bias")]
+        keys = [k for n in record for k in (f"{n}.weight", f"{n}.bias") if k in params]
         return {k: sums[k] if k in sums else torch.zeros_like(params[k]) for k in keys}, norms
 
     def chunk_size(self, x: torch.Tensor) -> int:
@@ -272,10 +272,22 @@ class StackedModels:
         with torch.enable_grad():
             (dlogits,) = torch.autograd.grad(losses_of(logits).sum(), [logits])
         per = self._backward(tape, dlogits, params, record)
-        sq = torch.zeros(x.shape[:2], dtype=x.dtype, device=x.device)
+        return self.clipped_layers(per, clip, keep, params)
+
+    @staticmethod
+    def clipped_layers(per: dict[str, tuple], clip: float, keep: torch.Tensor | None,
+                       params: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """From each layer's per-example pieces (:meth:`_backward`; also ``("linear_nobias", input,
+        output gradient)`` for a linear layer without bias), every example's norm over all the
+        layers ``(M, b)`` and the clipped sums ``{parameter name: (M, ...)}``."""
+        first = next(iter(per.values()))
+        shape = first[1].shape[:2] if first[0] != "conv" else first[1].shape[:2][::-1]
+        sq = torch.zeros(shape, dtype=first[1].dtype, device=first[1].device)
         for kind, a, g in per.values():
             if kind == "linear":  # ||g_i a_i^T||^2 = ||g_i||^2 ||a_i||^2 ; the bias gradient is g_i
                 sq += g.pow(2).sum(-1) * (a.pow(2).sum(-1) + 1.0)
+            elif kind == "linear_nobias":
+                sq += g.pow(2).sum(-1) * a.pow(2).sum(-1)
             else:
                 sq += (a.pow(2).sum(-1) + g.pow(2).sum(-1)).transpose(0, 1)
         norms = sq.sqrt()
@@ -285,16 +297,18 @@ class StackedModels:
         ft = factor.transpose(0, 1)  # (b, M)
         out = {}
         for name, (kind, a, g) in per.items():
-            if kind == "linear":
+            if kind != "conv":
                 gc = g * factor.unsqueeze(-1)
                 out[f"{name}.weight"] = torch.bmm(gc.transpose(1, 2), a)
-                out[f"{name}.bias"] = gc.sum(1)
+                if kind == "linear":
+                    out[f"{name}.bias"] = gc.sum(1)
             else:
                 out[f"{name}.weight"] = torch.einsum("bm,bmx->mx", ft, a).reshape(params[f"{name}.weight"].shape)
                 out[f"{name}.bias"] = torch.einsum("bm,bmo->mo", ft, g)
         return out, norms
 
-    def _backward(self, tape: list[_Saved], g: torch.Tensor, params, record: list[str]) -> dict[str, tuple]:
+    def _backward(self, tape: list[_Saved], g: torch.Tensor, params, record: list[str],
+                  inject: dict[str, torch.Tensor] | None = None) -> dict[str, tuple]:
         """From the logits' gradient ``g`` (``(M, B, classes)``), per recorded layer: for a linear
         layer ``("linear", input (M, B, in), output gradient (M, B, out))``, whose per-example
         weight gradients are never formed; for a convolution ``("conv", weight gradients
@@ -304,7 +318,9 @@ class StackedModels:
         ``(1, B * M * C, H, W)``: one image whose channel groups are the (example, model) pairs, so
         that one grouped weight-gradient convolution with ``B * M`` groups gives every example's own
         weight gradient without copies. (The forward pass runs channels last, where pooling and the
-        forward convolutions are faster.)
+        forward convolutions are faster.) ``inject`` adds, per linear layer name, a gradient with
+        respect to that layer's input after the pass through it: a loss that also reads a hidden
+        layer (the head's input, ``(M, B, in)``).
         """
         aten = torch.ops.aten
         m = g.shape[0]
@@ -326,6 +342,8 @@ class StackedModels:
                     out[s.name] = ("linear", s.tensor, g)
                 if i > first:
                     g = torch.bmm(g, params[f"{s.name}.weight"])
+                    if inject and s.name in inject:  # the loss reads this layer's input too
+                        g = g + inject[s.name]
             elif isinstance(layer, nn.ReLU):
                 g = aten.threshold_backward(g, plain(s.tensor), 0)
             elif isinstance(layer, nn.MaxPool2d):

@@ -31,6 +31,10 @@ CASES = {
     "dp-fedavg budget": {**DPFED, "rounds": 6, "target_epsilon": 4.0},
     "fedkadp": {**DPFED, "rounds": 4},
     "fedkadp adam": {**DPFED, "optimizer": "adam", "lr": 0.01, "feedback": False},
+    # the single run forms each record's joint mentor+mentee+W_h gradient with torch.func
+    "fedkd-dp": {**DPFED, "mentor_feature_dim": 24},
+    "fedkd-dp deep-mentor": {**DPFED, "mentor_feature_dim": 24, "mentor_depth": 2, "hidden_loss": False,
+                             "compress": False},
 }
 
 
@@ -66,6 +70,8 @@ def test_batched_runs_equal_single_runs(fed, case):
     many = train_many(method, feds, cfg, seeds)
     for a, b in zip(alone, many):
         assert _max_diff(a.model, b.model) <= TOL
+        assert len(a.client_models) == len(b.client_models)
+        assert all(_max_diff(p, q) <= TOL for p, q in zip(a.client_models, b.client_models))
         assert [r["clients"] for r in a.rounds] == [r["clients"] for r in b.rounds]
         assert a.ledger.to_dict() == b.ledger.to_dict()
         assert a.claims["stop"] == b.claims["stop"]
