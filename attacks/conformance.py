@@ -45,6 +45,7 @@ them); it is labelled as such and is a measurement, not the model-free lower bou
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -101,40 +102,19 @@ class MechanismClaim:
     def steps(self) -> int:
         return int(self.sample_rates.size)
 
-    def epsilon(self, delta: float, noise_scale: float = 1.0, fallback: bool = True) -> float:
+    def epsilon(self, delta: float, noise_scale: float = 1.0, fallback: bool = True, grid: float = 1e-4) -> float:
         """Epsilon at ``delta`` of this claim (privkit's accountants, ``best``) with every noise
         multiplier multiplied by ``noise_scale``. Where the PLD grid cannot hold the loss (noise far
         below the claim: epsilon in the hundreds) the RDP upper bound is used (``fallback``), and
         ``inf`` where neither can answer: an upper bound of the mechanism's epsilon either way.
 
-        The PLD grid is the accountants' default (1e-4) up to epsilon 20; above, where a fine grid
-        costs minutes and adds nothing a reader needs, it is 1/2000 of the RDP epsilon (still a
-        pessimistic upper bound of the PLD epsilon)."""
-        from accountants import Ledger, dpsgd_event
-
+        The PLD grid is ``grid`` (the accountants' default 1e-4) up to epsilon 20; above, where a
+        fine grid costs minutes and adds nothing a reader needs, it is 1/2000 of the RDP epsilon
+        (still a pessimistic upper bound of the PLD epsilon). Results are cached per claim."""
         if noise_scale <= 0:
             return math.inf
-        events = [dpsgd_event(q, s, count) for (q, s), count in
-                  _runs(self.sample_rates, self.noise_multipliers * noise_scale)]
-
-        def ledger_at(vdi: float | None) -> Ledger:
-            ledger = Ledger() if vdi is None else Ledger(value_discretization_interval=vdi)
-            for ev in events:
-                ledger.add(0, ev, "claimed mechanism")
-            return ledger
-
-        try:
-            rough = float(ledger_at(None).epsilon(delta, accountant="rdp"))
-        except (ValueError, MemoryError, IndexError, OverflowError, FloatingPointError):
-            rough = math.inf
-        if not math.isfinite(rough):
-            return math.inf
-        vdi = None if rough <= 20 else rough / 2000
-        try:
-            with np.errstate(all="ignore"):  # far outside the grid the PLD overflows, then raises
-                return float(ledger_at(vdi).epsilon(delta, accountant="best"))
-        except (ValueError, MemoryError, IndexError, OverflowError, FloatingPointError):
-            return rough if fallback else math.inf
+        return _claim_epsilon(self.sample_rates.tobytes(), self.noise_multipliers.tobytes(), float(delta),
+                              float(noise_scale), bool(fallback), float(grid))
 
     def to_dict(self) -> dict:
         return {"steps": self.steps, "sensitivity": self.sensitivity,
@@ -150,6 +130,33 @@ def _runs(q: np.ndarray, s: np.ndarray) -> list[tuple[tuple[float, float], int]]
         else:
             out.append((pair, 1))
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _claim_epsilon(rates: bytes, noises: bytes, delta: float, scale: float, fallback: bool, grid: float) -> float:
+    from accountants import Ledger, dpsgd_event
+
+    events = [dpsgd_event(q, s, count) for (q, s), count in
+              _runs(np.frombuffer(rates), np.frombuffer(noises) * scale)]
+
+    def ledger_at(vdi: float) -> Ledger:
+        ledger = Ledger(value_discretization_interval=vdi)
+        for ev in events:
+            ledger.add(0, ev, "claimed mechanism")
+        return ledger
+
+    try:
+        rough = float(ledger_at(grid).epsilon(delta, accountant="rdp"))
+    except (ValueError, MemoryError, IndexError, OverflowError, FloatingPointError):
+        rough = math.inf
+    if not math.isfinite(rough):
+        return math.inf
+    vdi = grid if rough <= 20 else max(grid, rough / 2000)
+    try:
+        with np.errstate(all="ignore"):  # far outside the grid the PLD overflows, then raises
+            return float(ledger_at(vdi).epsilon(delta, accountant="best"))
+    except (ValueError, MemoryError, IndexError, OverflowError, FloatingPointError):
+        return rough if fallback else math.inf
 
 
 def _compress(a: np.ndarray) -> list[list[float]]:
@@ -414,8 +421,9 @@ def _measured_epsilon(evidence: ProbeEvidence, claim: MechanismClaim, noise: Con
     if extra == 0:
         observed = MechanismClaim(claim.sample_rates[:evidence.steps], claim.noise_multipliers[:evidence.steps],
                                   claim.sensitivity)
-    # PLD only (tight to its grid): RDP's looser upper bound would overstate a measurement
-    return observed.epsilon(delta, noise_scale=scale, fallback=False)
+    # PLD only (tight to its grid): RDP's looser upper bound would overstate a measurement; a 1e-3
+    # grid (10x faster, pessimistic by about 0.1-0.4%) is ample for a measurement
+    return observed.epsilon(delta, noise_scale=scale, fallback=False, grid=1e-3)
 
 
 def _message(res: ConformanceResult) -> str:
