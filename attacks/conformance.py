@@ -102,6 +102,15 @@ class MechanismClaim:
     def steps(self) -> int:
         return int(self.sample_rates.size)
 
+    def over(self, steps: int) -> MechanismClaim:
+        """This claim over ``steps`` releases: its first ``steps``, or all of them followed by
+        copies of its last (how releases the claim does not count are scored and measured)."""
+        extra = max(0, int(steps) - self.steps)
+        take = min(int(steps), self.steps)
+        return MechanismClaim(np.r_[self.sample_rates[:take], np.full(extra, self.sample_rates[-1])],
+                              np.r_[self.noise_multipliers[:take], np.full(extra, self.noise_multipliers[-1])],
+                              self.sensitivity)
+
     def epsilon(self, delta: float, noise_scale: float = 1.0, fallback: bool = True, grid: float = 1e-4) -> float:
         """Epsilon at ``delta`` of this claim (privkit's accountants, ``best``) with every noise
         multiplier multiplied by ``noise_scale``. Where the PLD grid cannot hold the loss (noise far
@@ -413,14 +422,7 @@ def _measured_epsilon(evidence: ProbeEvidence, claim: MechanismClaim, noise: Con
     scale = noise.confidence_limit if math.isfinite(noise.confidence_limit) else 1.0
     if scale <= 0:
         return math.inf
-    extra = max(0, evidence.steps - claim.steps)
-    observed = MechanismClaim(np.concatenate([claim.sample_rates, np.full(extra, claim.sample_rates[-1])]),
-                              np.concatenate([claim.noise_multipliers,
-                                              np.full(extra, claim.noise_multipliers[-1])]),
-                              claim.sensitivity)
-    if extra == 0:
-        observed = MechanismClaim(claim.sample_rates[:evidence.steps], claim.noise_multipliers[:evidence.steps],
-                                  claim.sensitivity)
+    observed = claim.over(evidence.steps)
     # PLD only (tight to its grid): RDP's looser upper bound would overstate a measurement; a 1e-3
     # grid (10x faster, pessimistic by about 0.1-0.4%) is ample for a measurement
     return observed.epsilon(delta, noise_scale=scale, fallback=False, grid=1e-3)

@@ -357,9 +357,7 @@ class GradientCanaries:
             raise ValueError(f"statistic 'lr' needs the claimed noise_multiplier > 0; found {self.noise_multiplier}")
         c = claim or self.claim(steps=max(self.steps, self.claimed_steps or 0))
         if c.steps < proj.shape[0]:  # releases beyond the claim: scored as the claim's last
-            extra = proj.shape[0] - c.steps
-            c = MechanismClaim(np.r_[c.sample_rates, np.full(extra, c.sample_rates[-1])],
-                               np.r_[c.noise_multipliers, np.full(extra, c.noise_multipliers[-1])], c.sensitivity)
+            c = c.over(proj.shape[0])
         return lr_scores(proj, c.sample_rates, c.noise_multipliers)
 
     def conformance(self, *, claim: MechanismClaim | None = None, confidence: float = 0.95,
