@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -204,8 +204,8 @@ def claim_from_events(events: Iterable, sensitivity: float) -> MechanismClaim:
         elif isinstance(ev, dpa.GaussianDpEvent):
             q.extend([1.0] * times)
             s.extend([float(ev.noise_multiplier)] * times)
-        else:
-            raise ValueError(f"claim_from_events reads Gaussian, Poisson-sampled Gaussian, self-composed "
+        else:  # an event privkit cannot read as a claim is a bad value, as in the accountants
+            raise ValueError(f"claim_from_events reads Gaussian, Poisson-sampled Gaussian, self-composed "  # noqa: TRY004
                              f"and composed events; found {type(ev).__name__}")
 
     for event in events:

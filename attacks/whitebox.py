@@ -129,7 +129,7 @@ def _optimised_guesses(rates: bytes, noises: bytes, m: int, delta: float, beta: 
 
     generic = CurveFamily("generic", delta)
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x5EED]))
-    ks = sorted({max(1, int(round(f * m))) for f in GUESS_FRACTIONS if f * m >= 1} | {min(m, 10)})
+    ks = sorted({max(1, round(f * m)) for f in GUESS_FRACTIONS if f * m >= 1} | {min(m, 10)})
     q, s = np.frombuffer(rates), np.frombuffer(noises)
 
     def simulated_bounds(noise: float) -> np.ndarray:

@@ -68,7 +68,7 @@ def one(task: tuple[str, str | float, int, int]) -> dict:
         r = __import__("privkit.audit.mechanism_audit", fromlist=["audit_mechanisms"]).audit_mechanisms(
             method, _federation(), get_trainer(method).quick_config(), delta=DELTA, seed=seed, mutation=mut,
             canaries=canaries)
-    except Exception as exc:  # a failure is a row of the table, with its reason
+    except Exception as exc:  # noqa: BLE001  (a failure is a row of the table, with its reason)
         return {"method": method, "mutation": str(mutation), "seed": seed, "status": "error",
                 "error": f"{type(exc).__name__}: {exc}", "seconds": time.perf_counter() - t0}
     return {"method": method, "mutation": str(mutation) if not isinstance(mutation, float) else mutation,

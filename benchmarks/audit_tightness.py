@@ -93,8 +93,8 @@ def summarise(rows: list[dict]) -> dict:
 
 
 def markdown(summary: dict, canaries: int) -> str:
-    lines = [f"| accounted epsilon | one-run bound / accounted, generic claim (median [min, max]) | "
-             f"measured / accounted, claimed mechanism (median [min, max]) | runs | false violations |",
+    lines = [("| accounted epsilon | one-run bound / accounted, generic claim (median [min, max]) | "
+              "measured / accounted, claimed mechanism (median [min, max]) | runs | false violations |"),
              "|---|---|---|---|---|"]
     for eps, s in summary.items():
         lines.append(f"| {s['accounted_epsilon']:.3f} (target {eps}) | {s['one_run_ratio_median']:.2f} "
