@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import numbers
 
+MAX_STEPS = 10**300  # the accountants multiply by a count of steps in float64 (up to 1.8e308)
+
 
 def check_open_unit(value: float, name: str) -> float:
     """Require ``value`` in the open interval (0, 1)."""
@@ -40,8 +42,9 @@ def check_nonnegative(value: float, name: str, *, allow_inf: bool = False) -> fl
     return value
 
 
-def check_int(value: object, name: str, *, minimum: int = 1) -> int:
-    """Require an integer ``>= minimum`` (floats with an integral value are accepted)."""
+def check_int(value: object, name: str, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """Require an integer ``>= minimum`` (and ``<= maximum`` when given; floats with an integral
+    value are accepted)."""
     if isinstance(value, bool):
         raise ValueError(f"{name} must be an integer >= {minimum}; found {value!r}")
     if isinstance(value, numbers.Integral):
@@ -52,7 +55,14 @@ def check_int(value: object, name: str, *, minimum: int = 1) -> int:
         raise ValueError(f"{name} must be an integer >= {minimum}; found {value!r}")
     if ivalue < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}; found {value!r}")
+    if maximum is not None and ivalue > maximum:
+        raise ValueError(f"{name} must be an integer <= {maximum:.3g}; found {_short(value)}")
     return ivalue
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} digits)"
 
 
 def check_choice(value: str, name: str, choices: tuple[str, ...]) -> str:

@@ -17,6 +17,8 @@ DP-SGD case (q=256/60000, sigma=1.1, 14063 steps) it gives 2.38178 (1e-3 gives 2
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -25,13 +27,14 @@ from fractions import Fraction
 import dp_accounting as dpa
 
 from accountants._validate import (
+    MAX_STEPS,
     check_choice,
     check_int,
     check_open_unit,
     check_positive,
     check_real,
 )
-from accountants.fast import PldAccountant, RdpAccountant
+from accountants.fast import PldAccountant, PldGridError, RdpAccountant
 
 __all__ = [
     "PLD_VDI",
@@ -117,7 +120,7 @@ def dpsgd_event(
     """
     q = _check_sample_rate(sample_rate)
     sigma = check_positive(noise_multiplier, "noise_multiplier")
-    steps = check_int(steps, "steps")
+    steps = check_int(steps, "steps", maximum=MAX_STEPS)
     check_choice(sampling, "sampling", SAMPLINGS)
     if sampling == "poisson":
         inner: dpa.DpEvent = dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma))
@@ -148,11 +151,23 @@ def prv_grid_points(q: float, sigma: float, steps: int, delta: float, eps_error:
     from opacus.accountants import PRVAccountant
     from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV
 
-    with warnings.catch_warnings():  # opacus's RDP-based domain bound warns about its order grid
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(), _opacus_arithmetic(q, sigma, steps):
+        warnings.simplefilter("ignore")  # opacus's RDP-based domain bound warns about its order grid
         domain = PRVAccountant()._get_domain([PoissonSubsampledGaussianPRV(q, sigma)], [steps], eps_error,
                                              delta / 1000)
     return int(domain.size)
+
+
+@contextlib.contextmanager
+def _opacus_arithmetic(q: float, sigma: float, steps: int):
+    """opacus's float errors at extreme inputs (sigma**2 underflowing to 0, a domain past float
+    range) as one ValueError naming the inputs."""
+    try:
+        yield
+    except (ArithmeticError, OverflowError) as exc:
+        raise ValueError(f"accountant prv cannot account noise_multiplier={sigma!r}, sample_rate={q:g}, "
+                         f"steps={steps}: opacus's arithmetic fails ({type(exc).__name__}: {exc}); use "
+                         "accountant rdp") from None
 
 
 def _prv_limit() -> int:
@@ -182,10 +197,13 @@ def prv_bracket(q: float, sigma: float, steps: int, delta: float, eps_error: flo
     acc = PRVAccountant()
     acc.history = [(sigma, q, steps)]
     delta_error = delta / 1000  # opacus's default
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _opacus_arithmetic(q, sigma, steps):
         warnings.simplefilter("ignore")
         dprv = acc._get_dprv(eps_error=eps_error, delta_error=delta_error)
         low, est, up = dprv.compute_epsilon(delta, delta_error, eps_error)
+    if not (math.isfinite(low) and math.isfinite(up)) or not low <= up:
+        raise ValueError(f"accountant prv gave no finite interval ([{low}, {up}]) at noise_multiplier={sigma!r}, "
+                         f"steps={steps}; use accountant rdp or pld")
     return float(low), float(est), float(up)
 
 
@@ -215,7 +233,10 @@ def dpsgd_accounting(
         Target delta in (0, 1).
     accountant : {"rdp", "pld", "prv"}
         dp-accounting RDP (default orders), dp-accounting PLD (pessimistic, upper bound), or
-        opacus PRV (upper end of its certified interval; Poisson only).
+        opacus PRV (upper end of its certified interval; Poisson only).  Where the PLD's grid would
+        pass :data:`~accountants.fast.MAX_PLD_POINTS` (epsilon in the thousands on the default grid,
+        or steps beyond any grid) the result is RDP's, with ``accountant="rdp"`` and a warning
+        saying why.
 
     Raises
     ------
@@ -239,7 +260,12 @@ def dpsgd_accounting(
     if accountant == "prv":
         eps = _prv_epsilon(float(sample_rate), float(noise_multiplier), int(steps), delta)
     else:
-        eps = _dpa_epsilon(event, delta, accountant, rel, value_discretization_interval)
+        try:
+            eps = _dpa_epsilon(event, delta, accountant, rel, value_discretization_interval)
+        except PldGridError as exc:  # past the PLD's size: RDP's bound, never a smaller number
+            warns.append(f"pld left out: {exc}; epsilon from rdp instead (an upper bound, not tight)")
+            accountant = "rdp"
+            eps = _dpa_epsilon(event, delta, accountant, rel)
     return DpsgdResult(eps, delta, accountant, sampling, rel, tuple(warns))
 
 

@@ -12,6 +12,20 @@ following dp-accounting's formulas step by step (same terms, same summation orde
 rule), caches them per (q, sigma[, grid]) and plugs them into subclasses of dp-accounting's own
 accountants, which do everything else (composition, conversion to epsilon and delta).
 ``tests/accountants/test_fast.py`` pins both against dp-accounting on random cases.
+
+Where dp-accounting's float arithmetic gives way at the extremes, privkit departs from it, so that
+the PLD epsilon stays an upper bound at any size (``tests/accountants/test_extremes.py`` pins this
+against the closed form of composed Gaussians):
+
+- Gaussians sampled with probability 1 are one Gaussian with multiplier ``sigma / sqrt(count)``
+  (as dp-accounting does for unsampled ones), instead of an FFT power of one step, whose rounding
+  (a relative ``count * 2**-52`` on the total mass, spread over every bin) can pull the tail below
+  the exact one at small delta.
+- The epsilon of a pmf weighs masses by ``exp(-loss)`` relative to a shift past 700 nats (where
+  the plain weights under- and overflow), and reads its losses off the grid once the
+  repeated-addition losses of dp-accounting's loop drift more than 1e-9 nats from it.
+- No pmf grows past :data:`MAX_PLD_POINTS`; :class:`PldGridError` says so before any memory is
+  spent, and the callers fall back to RDP or leave the bracket out with that reason.
 """
 
 from __future__ import annotations
@@ -27,10 +41,42 @@ from dp_accounting.pld import privacy_loss_distribution as _pld
 from dp_accounting.pld import privacy_loss_mechanism as _plm
 from scipy import fft, signal, special
 
-__all__ = ["PldAccountant", "RdpAccountant", "poisson_gaussian_pld", "poisson_gaussian_rdp"]
+__all__ = ["MAX_PLD_POINTS", "PldAccountant", "PldGridError", "RdpAccountant", "poisson_gaussian_pld",
+           "poisson_gaussian_rdp"]
 
 _NR = dpa.NeighboringRelation
 _FRAC_TERMS = 1000  # dp-accounting's _MAX_STEPS_LOG_A_FRAC
+
+# Largest PLD grid built (points of one pmf, before or after a composition): about 1 GB at the peak of
+# a self-composition and a few seconds.  dp-accounting's PLD of a Gaussian spans mu**2 + 20 mu nats
+# (mu = 1/sigma of the composed Gaussian), so on the default 1e-4 grid this admits mu up to about 20
+# (epsilon near 300 at delta 1e-5), on a 1e-2 grid about 280; past it the callers fall back to RDP or
+# leave the bracket out, saying why.
+MAX_PLD_POINTS = 2**23
+
+
+class PldGridError(ValueError):
+    """A PLD would need more than :data:`MAX_PLD_POINTS` grid points (message names the count)."""
+
+
+def _check_grid(points: int, vdi: float) -> None:
+    if points > MAX_PLD_POINTS:
+        raise PldGridError(
+            f"accountant pld needs a grid of {points:,} points at value_discretization_interval={vdi:g}; "
+            f"privkit builds at most {MAX_PLD_POINTS:,} (accountant rdp needs none)")
+
+
+def _grid_bounds(loss: _plm.AdditiveNoisePrivacyLoss, vdi: float) -> tuple[int, int]:
+    """The grid indices ``lo, hi`` of a privacy loss's connect-the-dots range, checked for size."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):  # checked just below
+        bounds = loss.connect_dots_bounds()
+    if not (math.isfinite(bounds.epsilon_lower) and math.isfinite(bounds.epsilon_upper)):
+        raise PldGridError(f"accountant pld needs an unbounded grid: the privacy loss of noise multiplier "
+                           f"{loss.standard_deviation:g} reaches {bounds.epsilon_upper:g} nats in float64 "
+                           "(accountant rdp needs none)")
+    lo, hi = math.floor(bounds.epsilon_lower / vdi), math.ceil(bounds.epsilon_upper / vdi)
+    _check_grid(hi - lo + 1, vdi)
+    return lo, hi
 
 
 # ----------------------------------------------------------------------------- RDP
@@ -113,7 +159,8 @@ def _rdp_curve(q: float, sigma: float, orders: tuple[float, ...]) -> np.ndarray:
     elif sigma == 0:
         out[:] = math.inf
     elif q == 1.0:
-        out[:] = alphas / (2 * sigma**2)
+        with np.errstate(divide="ignore"):  # sigma**2 underflowing to 0: infinite, as it is
+            out[:] = alphas / (2 * sigma**2)
     else:
         finite = np.isfinite(alphas)
         frac = finite & (alphas != np.floor(alphas))
@@ -214,7 +261,9 @@ def _truncate_tails(probs: np.ndarray, tail_mass_truncation: float, pessimistic:
     """dp-accounting's ``pld_pmf._truncate_tails`` without its Python loop."""
     if tail_mass_truncation == 0:
         return 0, probs, 0
-    left_idx = _prefix_to_truncate(probs, tail_mass_truncation / 2)
+    # at least one point stays, also when all the mass is below the truncation (dp-accounting's loop
+    # stops there too); the mass cut off on the left is then booked on it
+    left_idx = min(_prefix_to_truncate(probs, tail_mass_truncation / 2), len(probs) - 1)
     right_idx = len(probs) - _prefix_to_truncate(np.flip(probs), tail_mass_truncation / 2)
     right_idx = max(right_idx, left_idx + 1)
     left_mass = np.sum(probs[:left_idx])
@@ -269,6 +318,7 @@ class _FastPmf(_pmf.DensePLDPmf):
     def compose(self, other: _pmf.PLDPmf, tail_mass_truncation: float = 0) -> _FastPmf:
         other = other.to_dense_pmf()
         self.validate_composable(other)
+        _check_grid(len(self._probs) + len(other._probs) - 1, self._discretization)
         lower_loss = self._lower_loss + other._lower_loss
         probs = signal.fftconvolve(self._probs, other._probs)
         infinity_mass = self._infinity_mass + other._infinity_mass - self._infinity_mass * other._infinity_mass
@@ -281,13 +331,20 @@ class _FastPmf(_pmf.DensePLDPmf):
         # itertools.count(upper_loss, -d) adds -d repeatedly; a sequential cumulative sum does the same
         steps = np.full(len(self._probs), -self._discretization)
         steps[0] = upper_loss
-        return _epsilon_for_delta(self._infinity_mass, np.cumsum(steps), np.flip(self._probs), delta)
+        losses = np.cumsum(steps)
+        # that sum drifts off the grid (1e-11 over 1e5 points near 10 nats, 1e-8 near 300): where the
+        # drift passes 1e-9 nats the grid's own losses are used, or a mass could sit below its loss
+        exact = (self._lower_loss + np.arange(len(self._probs) - 1, -1, -1, dtype=float)) * self._discretization
+        if len(losses) and float(np.max(np.abs(losses - exact))) > _LOSS_DRIFT:
+            losses = exact
+        return _epsilon_for_delta(self._infinity_mass, losses, np.flip(self._probs), delta)
 
     def self_compose(self, num_times: int, tail_mass_truncation: float = 1e-15) -> _FastPmf:
         if num_times <= 0:
             raise ValueError(f"num_times should be >= 1, num_times={num_times}")
         lo, hi = _self_convolve_bounds(self._probs, num_times, tail_mass_truncation)
         output_len = hi - lo + 1
+        _check_grid(output_len, self._discretization)  # before the FFT: steps=10**23 is one line, not a crash
         fast_len = fft.next_fast_len(max(output_len, len(self._probs)))
         out = np.real(fft.ifft(fft.fft(self._probs, fast_len) ** num_times))
         probs = np.array(np.roll(out, -lo)[:output_len])
@@ -300,23 +357,49 @@ def _epsilon_for_delta(infinity_mass: float, rev_losses: np.ndarray, rev_probs: 
     """dp-accounting's ``pld_pmf._get_epsilon_for_delta`` with its loop over losses (from the top)
     replaced by cumulative sums.  Step k of that loop first tests whether epsilon >= loss k with
     the masses of the losses above it, then adds loss k; both tests are evaluated for every k and
-    the first one to fire decides, as in the loop."""
+    the first one to fire decides, as in the loop.
+
+    The loop weighs each mass by ``exp(-loss)``, which leaves float range past about 700 nats
+    (every weight is 0 above 745, and the loop then answers a grid loss, or 0).  The weights are
+    therefore taken relative to ``exp(-shift)``, ``shift`` being the loss at which the mass above
+    first exceeds delta (the loop cannot stop before it); ``shift`` is 0, and the arithmetic
+    dp-accounting's, while every loss stays within :data:`_EXP_SAFE` nats of 0.
+    """
     if infinity_mass > delta:
         return math.inf
     upper = np.cumsum(np.concatenate([[infinity_mass], rev_probs]))  # masses before step k = index k
-    lower = np.cumsum(np.concatenate([[0.0], np.exp(-rev_losses) * rev_probs]))
     n = len(rev_probs)
+    shift = 0.0
+    if n and max(abs(float(rev_losses[0])), abs(float(rev_losses[-1]))) > _EXP_SAFE:
+        if not upper[-1] > delta:  # all the mass is at most delta: the loop ends and answers 0
+            return 0
+        k0 = int(np.argmax(upper[1:] > delta))
+        shift = float(rev_losses[k0])
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # inf (* 0) only past the stop
+        lower = np.cumsum(np.concatenate([[0.0], np.exp(shift - rev_losses) * rev_probs]))
     with np.errstate(divide="ignore", invalid="ignore"):
-        stop = (upper[:n] > delta) & (lower[:n] > 0) & (np.log((upper[:n] - delta) / lower[:n]) >= rev_losses)
+        stop = (upper[:n] > delta) & (lower[:n] > 0) & (np.log((upper[:n] - delta) / lower[:n]) + shift >= rev_losses)
     zero = (upper[1:] >= delta) & (lower[1:] == 0)
     k_stop = int(np.argmax(stop)) if stop.any() else n
     k_zero = int(np.argmax(zero)) if zero.any() else n
     if k_zero < k_stop:
         return max(0, float(rev_losses[k_zero]))
     mass_upper, mass_lower = float(upper[k_stop]), float(lower[k_stop])
-    if mass_upper <= mass_lower + delta:
+    if shift == 0.0:
+        if mass_upper <= mass_lower + delta:
+            return 0
+        return math.log((mass_upper - delta) / mass_lower)
+    if not math.isfinite(mass_lower):
+        # the weights overflowed (losses more than 700 nats below the shift) before the loop stopped:
+        # answer the loss at the shift, whose mass above is at most delta, so its delta is too
+        return max(0, float(rev_losses[k0]))
+    if mass_upper - delta <= mass_lower * math.exp(-shift):
         return 0
-    return math.log((mass_upper - delta) / mass_lower)
+    return math.log((mass_upper - delta) / mass_lower) + shift
+
+
+_EXP_SAFE = 700.0  # |loss| up to which exp(-loss) keeps full precision in float64
+_LOSS_DRIFT = 1e-9  # nats the losses of dp-accounting's loop may drift off the grid before privkit's are used
 
 
 def _fast_pld(pld: _pld.PrivacyLossDistribution) -> _pld.PrivacyLossDistribution:
@@ -331,10 +414,11 @@ def _connect_dots_pmf(loss: _VectorGaussianPrivacyLoss, vdi: float) -> _FastPmf:
     """dp-accounting's pessimistic connect-the-dots pmf on a fixed grid (Doroshenko et al. 2022,
     Alg. 1), as ``pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap`` computes it, built
     straight into a dense array (dp-accounting goes through a dict of every grid point)."""
-    bounds = loss.connect_dots_bounds()
-    lo = math.floor(bounds.epsilon_lower / vdi)
-    hi = math.ceil(bounds.epsilon_upper / vdi)
+    lo, hi = _grid_bounds(loss, vdi)
     deltas = np.asarray(loss.get_delta_for_epsilon(np.arange(lo, hi + 1) * vdi), dtype=np.float64)
+    if not np.all(np.isfinite(deltas)):
+        raise ValueError(f"the PLD of a Gaussian with noise multiplier {loss.standard_deviation:g} is not finite "
+                         "in float64 on this grid")
     if lo == hi:
         return _FastPmf(vdi, lo, np.array([1 - deltas[0]]), float(deltas[0]), True)
     if np.any(np.diff(deltas) > _pmf._DELTA_DIFF_TOLERANCE):
@@ -384,16 +468,20 @@ class PldAccountant(dpa.pld.PLDAccountant):
     def _maybe_compose(self, event: dpa.DpEvent, count: int, do_compose: bool):
         relation_ok = self.neighboring_relation in (_NR.ADD_OR_REMOVE_ONE, _NR.REPLACE_SPECIAL)
         sampled = isinstance(event, dpa.PoissonSampledDpEvent) and isinstance(event.event, dpa.GaussianDpEvent)
-        if relation_ok and sampled and event.sampling_probability > 0 and event.event.noise_multiplier > 0:
-            if do_compose:
-                pld = poisson_gaussian_pld(event.sampling_probability, event.event.noise_multiplier,
-                                           self._value_discretization_interval, count)
+        gaussian = isinstance(event, dpa.GaussianDpEvent) or (sampled and event.sampling_probability == 1.0)
+        sigma = (event.event if sampled else event).noise_multiplier if (sampled or gaussian) else None
+        if relation_ok and gaussian and sigma > 0:
+            if do_compose and math.isfinite(sigma):
+                # count Gaussians (sampled with probability 1 or not) are one Gaussian with multiplier
+                # sigma / sqrt(count): one discretisation, exact in float, instead of an FFT power whose
+                # rounding noise can reach the tail masses at small delta
+                pld = _base_pld(float(sigma / math.sqrt(count)), 1.0, float(self._value_discretization_interval))
                 self._pld = self._pld.compose(pld)
-            return None
-        if relation_ok and isinstance(event, dpa.GaussianDpEvent) and event.noise_multiplier > 0:
-            if do_compose:  # count Gaussians = one Gaussian with multiplier sigma / sqrt(count)
-                pld = _base_pld(float(event.noise_multiplier / math.sqrt(count)), 1.0,
-                                float(self._value_discretization_interval))
+            return None  # infinite noise releases nothing: the identity
+        if relation_ok and sampled and event.sampling_probability > 0 and sigma > 0:
+            if do_compose and math.isfinite(sigma):
+                pld = poisson_gaussian_pld(event.sampling_probability, sigma,
+                                           self._value_discretization_interval, count)
                 self._pld = self._pld.compose(pld)
             return None
         return super()._maybe_compose(event, count, do_compose)

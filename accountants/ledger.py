@@ -45,7 +45,7 @@ from typing import Any
 import dp_accounting as dpa
 
 from accountants._validate import check_choice, check_nonnegative, check_open_unit, check_positive
-from accountants.bracket import LOWER_VDI, METHOD, OptimisticPldAccountant
+from accountants.bracket import LOWER_VDI, METHOD, OptimisticPldAccountant, check_ordered
 from accountants.composition import advanced_composition, basic_composition
 from accountants.dpsgd import NEIGHBOURINGS, PLD_VDI, neighbouring_relation, new_accountant
 from accountants.events import (
@@ -57,6 +57,7 @@ from accountants.events import (
     event_from_dict,
     event_to_dict,
 )
+from accountants.fast import PldGridError
 
 __all__ = [
     "ACCOUNTANTS",
@@ -81,6 +82,10 @@ NOT_TIGHT = "not-tight"
 
 class UnsupportedEventError(ValueError):
     """An accountant cannot handle an event of the ledger (message names the event and label)."""
+
+
+class _GridTooLarge(UnsupportedEventError):
+    """The PLD of an event would need a grid past :data:`~accountants.fast.MAX_PLD_POINTS`."""
 
 
 @dataclass(frozen=True)
@@ -269,11 +274,23 @@ def _composed(kind: str, units: Sequence[tuple[dpa.DpEvent, str]], relation: str
     acc = _new_accountant(kind, relation, vdi)
     _check_supported(acc, kind, units, relation)
     for ev in grouped:
-        acc.compose(ev)
+        _compose_or_say(acc, kind, ev, units)
     _CACHE[key] = acc
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
     return acc
+
+
+def _compose_or_say(acc: dpa.PrivacyAccountant, kind: str, event: dpa.DpEvent,
+                    units: Sequence[tuple[dpa.DpEvent, str]]) -> None:
+    """``acc.compose(event)``; a PLD grid past its limit makes the accountant not applicable (the
+    others, RDP first, still answer), with the labels of the entries it came from."""
+    try:
+        acc.compose(event)
+    except PldGridError as exc:
+        labels = sorted({label for _, label in units})
+        raise _GridTooLarge(f"accountant {kind!r} cannot account {describe_event(event)} (labels "
+                            f"{labels}): {exc}") from None
 
 
 def _unit_query(unit: tuple[dpa.DpEvent, str], relation: str, vdi: float, query: Callable[[dpa.PrivacyAccountant], float]) -> float:
@@ -342,6 +359,15 @@ def _eps_for(split: _Split, delta: float, kind: str, vdi: float) -> tuple[float,
     return eps, (free - slack) if m else None, f"advanced composition (KOV), slack delta={slack:.6g}"
 
 
+def _lower_end(split: _Split, delta: float, vdi: float) -> float:
+    """Certified lower bound on the exact epsilon of one client's composition at ``delta`` (see
+    :meth:`Ledger.pld_bracket`)."""
+    if split.nonprivate:
+        return math.inf
+    low = _composed(LOWER, split.units, split.neighbouring or "add_remove", vdi)
+    return float(low.epsilon_with_fixed(delta, [(e, d) for e, d, _ in split.fixed]))
+
+
 def _delta_for(split: _Split, epsilon: float, kind: str, vdi: float) -> float:
     rel = split.neighbouring or "add_remove"
     if split.nonprivate:
@@ -380,6 +406,26 @@ def _delta_by_search(eps_of_delta: Callable[[float], float], epsilon: float) -> 
         else:
             llo = mid
     return math.exp(lhi)
+
+
+_NOISE_FIELDS = ("noise_multiplier", "standard_deviation")
+
+
+def _check_noise(event: dpa.DpEvent, label: str) -> None:
+    """A noise scale must be a finite number: NaN or inf (a clipping norm of 0 divided into the
+    noise, say) would otherwise surface later as an unrelated float error, far from the entry."""
+    import attr
+
+    if not attr.has(type(event)):
+        return
+    for f in attr.fields(type(event)):
+        value = getattr(event, f.name)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, dpa.DpEvent):
+                _check_noise(v, label)
+            elif f.name in _NOISE_FIELDS and isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"{type(event).__name__}.{f.name} must be a finite number; found {v!r} "
+                                 f"(label {label!r})")
 
 
 # ----------------------------------------------------------------------------- the ledger
@@ -452,6 +498,7 @@ class Ledger:
         if round is not None and (isinstance(round, bool) or not isinstance(round, int) or round < 0):
             raise ValueError(f"round must be a non-negative int or None; found {round!r}")
         check_choice(neighbouring, "neighbouring", NEIGHBOURINGS)
+        _check_noise(event, label)
         entry = LedgerEntry(label=label, event=event, round=round, neighbouring=neighbouring)
         self._entries.setdefault(str(client), []).append(entry)
         return entry
@@ -656,12 +703,16 @@ class Ledger:
     def pld_bracket(self, delta: float, labels: Iterable[str] | None = None) -> dict[str, Any]:
         """Certified ``[lower, upper]`` around the ``pld`` accountant's epsilon, per client and worst.
 
-        ``upper`` is the ``pld`` epsilon :meth:`summary` reports; ``lower`` adds the same
-        (epsilon, delta)-only part to the optimistic PLD of the DpEvents at the same free delta
-        (:mod:`accountants.bracket`), so the exact value of the ``pld`` computation (PLD
-        composition without discretisation error) lies between.  Returns ``{"clients": {id:
-        {"lower", "upper"}}, "worst": {...}, "grid", "lower_grid", "method"}``; raises
-        :class:`UnsupportedEventError` naming an event with no optimistic PLD.
+        ``upper`` is the ``pld`` epsilon :meth:`summary` reports.  ``lower`` is a lower bound on the
+        exact epsilon of the client's composition: the optimistic PLD of its DpEvents
+        (:mod:`accountants.bracket`) composed with each (epsilon, delta)-only event taken at its
+        worst, randomised response with mass delta at infinity (NFDP's exact (0, delta) is that
+        with epsilon 0), at the whole delta.  The ``pld`` accountant adds those events by basic
+        composition instead, a looser upper bound: the exact value lies between, and the gap
+        shows what basic composition costs.  Returns ``{"clients": {id: {"lower", "upper"}},
+        "worst": {...}, "grid", "lower_grid", "method"}``; raises :class:`UnsupportedEventError`
+        naming an event with no optimistic PLD, ``ValueError`` when a grid would be too large or
+        the ends come out of order (float arithmetic at an extreme size).
         """
         delta = check_open_unit(delta, "delta")
         vdi = self.value_discretization_interval
@@ -669,13 +720,17 @@ class Ledger:
         for key, entries in self._selected(None, labels).items():
             split = _split(entries, key)
             upper = _eps_for(split, delta, "pld", vdi)[0]
-            lower = _eps_with(split, delta, lambda d, s=split: float(
-                _composed(LOWER, s.units, s.neighbouring or "add_remove", vdi).get_epsilon(d)))[0]
+            lower = _lower_end(split, delta, vdi)
+            try:
+                check_ordered(lower, upper)
+            except ValueError as exc:
+                raise ValueError(f"client {key!r}: {exc}") from None
             clients[key] = {"lower": lower, "upper": upper}
         return {"clients": clients,
                 "worst": {end: max(c[end] for c in clients.values()) for end in ("lower", "upper")},
                 "grid": vdi, "lower_grid": min(vdi, LOWER_VDI), "method": METHOD + (
-                    "; (epsilon, delta)-only events add by basic composition at both ends")}
+                    "; (epsilon, delta)-only events: basic composition at the upper end, at their "
+                    "worst (randomised response) in the composition at the lower end")}
 
     def brackets(self, delta: float, labels: Iterable[str] | None = None,
                  accountants: Iterable[str] = ACCOUNTANTS) -> dict[str, Any]:
@@ -691,8 +746,12 @@ class Ledger:
                 continue
             try:
                 brackets[kind] = self.pld_bracket(delta, labels)
+            except _GridTooLarge as exc:
+                reasons[kind] = f"no certified bracket: {exc}"
             except UnsupportedEventError as exc:
                 reasons[kind] = f"unsupported: {exc}"
+            except ValueError as exc:  # a grid past its limit; ends out of order
+                reasons[kind] = str(exc)
         return {"epsilon_bracket": brackets, "bracket_reason": reasons}
 
     def epsilon_over_rounds(
@@ -754,7 +813,7 @@ class Ledger:
                    or (e.round is not None and (previous is None or e.round > previous) and e.round <= r)]
             part = _split(new, key)
             for ev in _group(u for u, _ in part.units):
-                acc.compose(ev)
+                _compose_or_say(acc, kind, ev, part.units)
             cumulative.fixed += part.fixed
             cumulative.units += part.units
             cumulative.nonprivate += part.nonprivate

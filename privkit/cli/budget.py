@@ -11,7 +11,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from accountants._validate import check_open_unit, check_positive, check_real
+from accountants._validate import MAX_STEPS, check_open_unit, check_positive, check_real
 from accountants.choices import SAMPLERS
 from privkit.cli.app import app, out_console, print_json
 
@@ -53,13 +53,21 @@ def _num(text: str | None, option: str) -> float | None:
         raise ValueError(f"{option} must be a number; found {text!r}") from None
 
 
-def _int(text: str | None, option: str, minimum: int = 1) -> int | None:
-    """Parse an integer >= ``minimum`` given to ``option`` ("1e4" is fine, "1.5" is not)."""
-    value = _num(text, option)
-    if value is None:
+def _int(text: str | None, option: str, minimum: int = 1, maximum: int | None = None) -> int | None:
+    """Parse an integer >= ``minimum`` (and <= ``maximum``) given to ``option`` ("1e4" is fine, "1.5"
+    is not; digits are read exactly, so 99999999999999999999999 stays that number instead of the
+    float nearest it)."""
+    if text is None:
         return None
-    if not float(value).is_integer() or value < minimum:
-        raise ValueError(f"{option} must be an integer >= {minimum}; found {text!r}")
+    try:
+        value: float | int = int(text.strip())
+    except ValueError:
+        value = _num(text, option)
+    if isinstance(value, float) and not (value.is_integer() and math.isfinite(value)) or value < minimum:
+        raise ValueError(f"{option} must be an integer >= {minimum}; found {text[:40]!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{option} must be an integer <= {maximum:.3g}; found {text[:20]!r}... "
+                         f"({len(text.strip())} characters)")
     return int(value)
 
 
@@ -164,7 +172,7 @@ def dpsgd(
 ) -> None:
     """Epsilon of subsampled-Gaussian steps (DP-SGD, DP-FedAvg, FedKADP) under the sampler that ran."""
     q, sigma = _num(sample_rate_, "--sample-rate"), _num(noise_multiplier_, "--noise-multiplier")
-    steps, delta = _int(steps_, "--steps"), _num(delta_, "--delta")
+    steps, delta = _int(steps_, "--steps", maximum=MAX_STEPS), _num(delta_, "--delta")
     dataset_size = _int(dataset_size_, "--dataset-size")
     if sampler is not None and sampling is not None and sampler != sampling:
         raise ValueError(f"--sampler and --sampling disagree; found {sampler!r} and {sampling!r}")
@@ -188,22 +196,34 @@ def dpsgd(
     results = {}
     for name in names:
         try:
-            results[name] = acc.dpsgd_accounting(q, sigma, steps, delta, kind, name, dataset_size=dataset_size)
+            res = acc.dpsgd_accounting(q, sigma, steps, delta, kind, name, dataset_size=dataset_size)
         except ValueError as exc:
             if accountant != "all" or name != "prv":
                 raise
             warns.append(f"prv left out: {exc}")  # PRV's grid would not fit in memory
+            continue
+        if res.accountant != name:  # pld past its grid: the result is RDP's, and says so
+            warns.extend(w for w in res.warnings if w not in warns)
+            if accountant == "all":
+                continue  # rdp is in the table already
+        results[name] = res
     first = next(iter(results.values()))
     out = {
         "sample_rate": q, "noise_multiplier": sigma, "steps": steps, "delta": delta,
-        "sampler": kind, "neighbouring": first.neighbouring, "accountant": accountant,
+        "sampler": kind, "neighbouring": first.neighbouring,
+        "accountant": accountant if accountant == "all" else first.accountant,
         "epsilon": {k: r.epsilon for k, r in results.items()} if accountant == "all" else first.epsilon,
     }
-    if kind == "poisson" and accountant != "rdp":
-        out["epsilon_bracket"] = _bracket(q, sigma, steps, delta, results, warns)
-    else:  # RDP's conversion and sampling without replacement (RDP only) are upper bounds only
+    tight = [k for k, r in results.items() if r.accountant in ("pld", "prv")]
+    if kind == "poisson" and tight:
+        out.update(_bracket(q, sigma, steps, delta, {k: results[k] for k in tight}, warns))
+    elif accountant in ("rdp", "all") or kind != "poisson":
+        # RDP's conversion and sampling without replacement (RDP only) are upper bounds only
         out.update(epsilon_bracket=None, bracket_reason="not-tight")
-    out["warnings"] = list(first.warnings) + warns
+    else:  # pld asked for, RDP's bound printed instead (the warning says why)
+        out.update(epsilon_bracket=None, bracket_reason="not-tight: the PLD grid would be too large, "
+                   "the epsilon is RDP's")
+    out["warnings"] = [w for w in first.warnings if w not in warns] + warns
     _emit(out, as_json, "DP-SGD (subsampled Gaussian)")
 
 
@@ -216,22 +236,38 @@ def _check_dpsgd_inputs(q: float, sigma: float, delta: float) -> None:
 
 
 def _bracket(q: float, sigma: float, steps: int, delta: float, results: dict, warns: list[str]) -> dict:
-    """Certified [lower, upper] around the printed tight epsilon: ``upper`` is that epsilon (the
-    smallest of PLD's and PRV's when both are printed), ``lower`` the larger certified lower end
-    of the optimistic PLD (accountants.bracket) and PRV's interval (Gopi et al. 2021)."""
-    tight = {k: r.epsilon for k, r in results.items() if k in ("pld", "prv")}
+    """``{"epsilon_bracket": ...}``: certified [lower, upper] around the printed tight epsilon.
+    ``upper`` is that epsilon (the smallest of PLD's and PRV's when both are printed), ``lower`` the
+    larger certified lower end of the optimistic PLD (accountants.bracket) and PRV's interval
+    (Gopi et al. 2021).  Without a lower end, or with ends out of order, ``epsilon_bracket`` is
+    None and ``bracket_reason`` says why: a bracket is printed ordered or not at all."""
+    tight = {k: r.epsilon for k, r in results.items()}
     upper_from = min(tight, key=tight.get)
-    lowers = {"pld": acc.optimistic_epsilon(acc.dpsgd_event(q, sigma, steps), delta)}
+    lowers: dict[str, float] = {}
     out: dict[str, Any] = {}
+    reasons = []
+    try:
+        lowers["pld"] = acc.optimistic_epsilon(acc.dpsgd_event(q, sigma, steps), delta)
+    except ValueError as exc:  # the optimistic PLD's grid is past its limit
+        reasons.append(f"no optimistic PLD: {exc}")
     try:
         lowers["prv"], out["prv_estimate"], _ = acc.prv_bracket(q, sigma, steps, delta)
     except ValueError as exc:  # PRV's grid would not fit in memory: the PLD end alone
         warns.append(f"prv interval left out of the bracket: {exc}")
+        reasons.append(f"no PRV interval: {exc}")
+    lowers = {k: v for k, v in lowers.items() if not math.isnan(v)}
+    if not lowers:
+        return {"epsilon_bracket": None, "bracket_reason": "; ".join(reasons) or "no certified lower end"}
     lower_from = max(lowers, key=lowers.get)
-    return {"lower": lowers[lower_from], "upper": tight[upper_from], "lower_from": lower_from,
-            "upper_from": upper_from, **out,
-            "method": "lower: optimistic PLD (tangent discretisation, 1e-4 grid) or PRV's certified "
-                      "interval (eps_error 0.01); upper: the printed epsilon"}
+    try:
+        acc.bracket.check_ordered(lowers[lower_from], tight[upper_from])
+    except ValueError as exc:
+        return {"epsilon_bracket": None, "bracket_reason": str(exc)}
+    return {"epsilon_bracket": {
+        "lower": lowers[lower_from], "upper": tight[upper_from], "lower_from": lower_from,
+        "upper_from": upper_from, **out,
+        "method": "lower: optimistic PLD (tangent discretisation, 1e-4 grid) or PRV's certified "
+                  "interval (eps_error 0.01); upper: the printed epsilon"}}
 
 
 def _sampler_output(kind: str, q: float, sigma: float, steps: int, delta: float) -> dict[str, Any]:
@@ -260,12 +296,15 @@ def calibrate(
 ) -> None:
     """Smallest noise multiplier meeting (epsilon, delta); the returned epsilon is re-checked <= target."""
     cal = acc.calibrate_noise_multiplier(_num(epsilon_, "--epsilon"), _num(delta_, "--delta"),
-                                         _num(sample_rate_, "--sample-rate"), _int(steps_, "--steps"),
-                                         sampling, accountant)
+                                         _num(sample_rate_, "--sample-rate"),
+                                         _int(steps_, "--steps", maximum=MAX_STEPS), sampling, accountant)
     bracket: dict[str, Any] = {"epsilon_bracket": None, "bracket_reason": "not-tight"}  # RDP; without replacement
     if cal.accountant == "pld":  # the bracket at the returned sigma; its upper end is cal.epsilon
         event = acc.dpsgd_event(cal.sample_rate, cal.noise_multiplier, cal.steps)
-        bracket = {"epsilon_bracket": acc.pld_bracket(event, cal.delta, cal.value_discretization_interval).to_dict()}
+        try:
+            bracket = {"epsilon_bracket": acc.pld_bracket(event, cal.delta, cal.value_discretization_interval).to_dict()}
+        except ValueError as exc:  # no optimistic PLD at this size, or ends out of order: none, and why
+            bracket = {"epsilon_bracket": None, "bracket_reason": str(exc)}
     out = {
         "noise_multiplier": cal.noise_multiplier, "epsilon": cal.epsilon, "target_epsilon": cal.target_epsilon,
         "delta": cal.delta, "sample_rate": cal.sample_rate, "steps": cal.steps, "sampling": cal.sampling,

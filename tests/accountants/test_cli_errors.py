@@ -62,6 +62,12 @@ CASES = [
     ("dpsgd-prv-memory", lambda t: ["budget", "dpsgd", "--sample-rate", "0.41", "--noise-multiplier", "1",
                                     "--steps", "41327", "--delta", "1e-5", "--accountant", "prv"],
      ["steps=41327", "pld"]),
+    ("dpsgd-steps-past-float", lambda t: DPSGD + ["--steps", "1" + "0" * 400], ["--steps", "<= 1e+300", "401"]),
+    ("dpsgd-prv-sigma-underflow", lambda t: ["budget", "dpsgd", "--sample-rate", "1", "--noise-multiplier", "1e-300",
+                                             "--steps", "5", "--delta", "1e-5", "--accountant", "prv"],
+     ["prv", "noise_multiplier=1e-300", "rdp"]),
+    ("calibrate-past-the-pld-grid", lambda t: ["budget", "calibrate", "--epsilon", "3000", "--delta", "1e-5",
+                                               "--sample-rate", "1", "--steps", "500"], ["grid of", "rdp"]),
     ("calibrate-epsilon-negative", lambda t: ["budget", "calibrate", "--epsilon", "-1", "--delta", "1e-5",
                                               "--sample-rate", "0.01", "--steps", "10"], ["epsilon", "-1"]),
     ("calibrate-epsilon-inf", lambda t: ["budget", "calibrate", "--epsilon", "inf", "--delta", "1e-5",
@@ -100,6 +106,10 @@ CASES = [
         t, "nan.json", lambda d: _event(d).__setitem__("event", {"type": "dp_accounting.dp_event:GaussianDpEvent",
                                                                  "fields": {"noise_multiplier": float("nan")}}))],
      ["noise_multiplier", "nan", "'c0'"]),
+    ("ledger-inf-sigma", lambda t: ["budget", "ledger", "--delta", "1e-5", _ledger(
+        t, "inf.json", lambda d: _event(d).__setitem__("event", {"type": "dp_accounting.dp_event:GaussianDpEvent",
+                                                                 "fields": {"noise_multiplier": {"float": "inf"}}}))],
+     ["noise_multiplier", "inf", "'c0'"]),
     ("ledger-q-out-of-range", lambda t: ["budget", "ledger", "--delta", "1e-5", _ledger(
         t, "q.json", lambda d: _event(d).__setitem__("sampling_probability", 1.5))],
      ["sampling_probability", "1.5", "'c0'"]),
@@ -114,7 +124,8 @@ CASES = [
     ("ledger-pld-grid", lambda t: ["budget", "ledger", "--delta", "1e-5", "--pld-grid", "0",
                                    _ledger(t, "ok.json", lambda d: None)], ["pld_grid", "0"]),
 ]
-SCRIPT_ROWS = {"dpsgd-steps-float", "calibrate-steps-float", "compose-file-not-json", "ledger-nan-sigma"}
+SCRIPT_ROWS = {"dpsgd-steps-float", "calibrate-steps-float", "compose-file-not-json", "ledger-nan-sigma",
+               "ledger-inf-sigma"}
 
 
 def _check(rc: int, out: str, err: str, needles: list[str]) -> None:
