@@ -10,10 +10,19 @@ models on halves of one pool, training on an executor): :mod:`attacks.experiment
 :mod:`attacks.executor`. Entry points: :func:`audit_recipe` (a recipe, end to end), :func:`audit_model`
 (a model trained elsewhere, with its members and non-members);
 for scores already computed: :func:`audit_scores` (scores and membership -> family-wise bound,
-ceiling, detectable epsilon and verdict).
+ceiling, detectable epsilon and verdict); for white-box probes at a DP mechanism:
+:func:`conformance_test` (the mechanism against its ledger's claim, :mod:`attacks.conformance`;
+the probes themselves, which need torch, are :class:`attacks.whitebox.GradientCanaries`).
 """
 
 from attacks.audit_scores import AttackAudit, AuditResult, audit_scores, detectable_epsilon
+from attacks.conformance import (
+    ConformanceResult,
+    MechanismClaim,
+    ProbeEvidence,
+    claim_from_events,
+    conformance_test,
+)
 from attacks.attribute import AttributeInferenceAttack, AttributeResult, evaluate_predictions
 from attacks.epsilon import (
     EpsilonBound,
@@ -50,11 +59,14 @@ __all__ = [
     "AttackAudit",
     "AttributeResult",
     "AuditResult",
+    "ConformanceResult",
     "Design",
     "EpsilonBound",
     "FdpBound",
     "LiRA",
+    "MechanismClaim",
     "OneRunResult",
+    "ProbeEvidence",
     "RMIA",
     "Recipe",
     "RecipeAudit",
@@ -69,8 +81,10 @@ __all__ = [
     "audit_scores",
     "balanced_accuracy",
     "balanced_accuracy_upper_bound",
+    "claim_from_events",
     "clopper_pearson_interval",
     "clopper_pearson_upper",
+    "conformance_test",
     "design_experiment",
     "detectable_epsilon",
     "empirical_epsilon",
