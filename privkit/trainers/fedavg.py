@@ -72,6 +72,95 @@ def select_clients(rng: np.random.Generator, n: int, participation: float) -> li
     return sorted(int(i) for i in rng.choice(n, size=m, replace=False))
 
 
+class FederatedRun:
+    """One run of :func:`run_federated` held between rounds, so that many runs can be stepped together.
+
+    :meth:`next_round` selects the round's clients (``None`` after the last round), each selected
+    client trains a copy of :attr:`model` (:meth:`train_local`), and :meth:`finish_round` takes
+    the trained copies and their losses in the selected order: ledger, weighted averaging, the
+    server hook, evaluation. The batched path (:mod:`privkit.trainers.many_fedavg`) trains the
+    selected clients of many runs at once and hands each run its copies the same way.
+    """
+
+    def __init__(self, federation, cfg: FedAvgConfig, seed: int, *, progress: bool = False,
+                 mu: float = 0.0, server_hook: ServerHook | None = None, ledger=None,
+                 model: nn.Module | None = None, spec: dict | None = None,
+                 pretrain_info: dict | None = None, neighbouring: str = "add_remove"):
+        from accountants import Ledger
+
+        self.federation, self.cfg, self.seed, self.mu = federation, cfg, seed, mu
+        self.server_hook, self.neighbouring = server_hook, neighbouring
+        self.device = resolve_device(cfg)
+        if model is None:
+            model, spec, pretrain_info = init_model(federation, cfg, seed, progress=progress)
+        self.model, self.spec, self.pretrain_info = model.to(self.device), spec, pretrain_info
+        self.ledger = ledger if ledger is not None else Ledger()
+        self.rng = make_rng(seed, "participation")
+        self.x_test, self.y_test = federation.test_arrays()
+        self.rounds: list[dict] = []
+        self.last_models: list[nn.Module] = []
+        self.last_ids: list[int] = []
+        self.sizes = np.array([len(c) for c in federation.clients])
+        self.t = 0
+        self.selected: list[int] = []
+
+    def next_round(self) -> list[int] | None:
+        """The next round's clients (those holding records among the sampled ones); ``None`` after
+        the last round."""
+        if self.t >= self.cfg.rounds:
+            return None
+        self.t += 1
+        self.selected = [i for i in select_clients(self.rng, self.federation.num_clients, self.cfg.participation)
+                         if self.sizes[i] > 0]
+        self.anchor = {k: v.detach().clone() for k, v in self.model.named_parameters()}
+        return list(self.selected)
+
+    def local_seed(self, i: int) -> int:
+        """The seed of client ``i``'s local training (its batches) in the current round."""
+        return derive_seed(self.seed, f"local-{self.t}-{i}")
+
+    def train_local(self, i: int) -> tuple[nn.Module, float]:
+        """Client ``i``'s local training from the global model: the trained copy and its last
+        epoch's mean loss."""
+        cfg = self.cfg
+        local = copy.deepcopy(self.model)
+        x, y = self.federation.client_arrays(i)
+        extra = _prox_term(self.mu, self.anchor) if self.mu > 0 else None
+        loss = train_supervised(local, x, y, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+                                lr=cfg.lr, device=self.device, seed=self.local_seed(i),
+                                optimizer=cfg.optimizer, extra_loss=extra)
+        return local, loss
+
+    def finish_round(self, trained: list[tuple[nn.Module, float]]) -> None:
+        """Record, average and evaluate the round from the selected clients' trained copies."""
+        from accountants import NonPrivateEvent
+
+        cfg, t = self.cfg, self.t
+        states, weights, losses, locals_ = [], [], [], []
+        for i, (local, loss) in zip(self.selected, trained):
+            states.append({k: v.detach() for k, v in local.state_dict().items()})
+            weights.append(float(self.sizes[i]) if cfg.weighting == "size" else 1.0)
+            losses.append(loss)
+            locals_.append(local)
+            self.ledger.add(i, NonPrivateEvent(MODEL_UPDATE_REASON), "model-update", round=t,
+                            neighbouring=self.neighbouring)
+        if states:
+            self.model.load_state_dict(average_states(states, weights))
+        hook = self.server_hook
+        extra_metrics = hook(self.model, locals_, list(self.selected), t) if hook and locals_ else {}
+        acc = accuracy(self.model, self.x_test, self.y_test, self.device, cfg.eval_batch_size)
+        self.rounds.append({"round": t, "test_accuracy": acc, "clients": len(self.selected),
+                            "train_loss": float(np.nanmean(losses)) if losses else float("nan"),
+                            **extra_metrics})
+        self.last_models, self.last_ids = locals_, list(self.selected)
+
+    def outcome(self) -> FederatedOutcome:
+        if not self.cfg.keep_client_models:
+            self.last_models, self.last_ids = [], []
+        return FederatedOutcome(self.model, self.spec, self.ledger, self.rounds, self.last_models,
+                                self.last_ids, self.pretrain_info or {})
+
+
 def run_federated(federation, cfg: FedAvgConfig, seed: int, *, progress: bool = False,
                   mu: float = 0.0, server_hook: ServerHook | None = None, ledger=None,
                   model: nn.Module | None = None, spec: dict | None = None,
@@ -90,51 +179,15 @@ def run_federated(federation, cfg: FedAvgConfig, seed: int, *, progress: bool = 
     neighbouring : relation recorded with the (non-private) model-update entries; it must match
         the other entries of the same client (FedAUX's scores are replace-one).
     """
-    from accountants import Ledger, NonPrivateEvent
-
-    device = resolve_device(cfg)
-    if model is None:
-        model, spec, pretrain_info = init_model(federation, cfg, seed, progress=progress)
-    model.to(device)
-    ledger = ledger if ledger is not None else Ledger()
-    rng = make_rng(seed, "participation")
-    x_test, y_test = federation.test_arrays()
-    rounds: list[dict] = []
-    last_models: list[nn.Module] = []
-    last_ids: list[int] = []
-    sizes = np.array([len(c) for c in federation.clients])
+    run = FederatedRun(federation, cfg, seed, progress=progress, mu=mu, server_hook=server_hook,
+                       ledger=ledger, model=model, spec=spec, pretrain_info=pretrain_info,
+                       neighbouring=neighbouring)
     with progress_bar(progress) as bar:
         task = bar.add_task(description, total=cfg.rounds)
-        for t in range(1, cfg.rounds + 1):
-            selected = [i for i in select_clients(rng, federation.num_clients, cfg.participation)
-                        if sizes[i] > 0]
-            anchor = {k: v.detach().clone() for k, v in model.named_parameters()}
-            states, weights, losses, locals_ = [], [], [], []
-            for i in selected:
-                local = copy.deepcopy(model)
-                x, y = federation.client_arrays(i)
-                extra = _prox_term(mu, anchor) if mu > 0 else None
-                loss = train_supervised(local, x, y, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-                                        lr=cfg.lr, device=device, seed=derive_seed(seed, f"local-{t}-{i}"),
-                                        optimizer=cfg.optimizer, extra_loss=extra)
-                states.append({k: v.detach() for k, v in local.state_dict().items()})
-                weights.append(float(sizes[i]) if cfg.weighting == "size" else 1.0)
-                losses.append(loss)
-                locals_.append(local)
-                ledger.add(i, NonPrivateEvent(MODEL_UPDATE_REASON), "model-update", round=t,
-                           neighbouring=neighbouring)
-            if states:
-                model.load_state_dict(average_states(states, weights))
-            extra_metrics = server_hook(model, locals_, selected, t) if server_hook and locals_ else {}
-            acc = accuracy(model, x_test, y_test, device, cfg.eval_batch_size)
-            rounds.append({"round": t, "test_accuracy": acc, "clients": len(selected),
-                           "train_loss": float(np.nanmean(losses)) if losses else float("nan"),
-                           **extra_metrics})
-            last_models, last_ids = locals_, selected
-            bar.update(task, advance=1, info=f"acc {acc:.3f}")
-    if not cfg.keep_client_models:
-        last_models, last_ids = [], []
-    return FederatedOutcome(model, spec, ledger, rounds, last_models, last_ids, pretrain_info or {})
+        while (selected := run.next_round()) is not None:
+            run.finish_round([run.train_local(i) for i in selected])
+            bar.update(task, advance=1, info=f"acc {run.rounds[-1]['test_accuracy']:.3f}")
+    return run.outcome()
 
 
 def result_from_outcome(method: str, seed: int, cfg: FedAvgConfig, out: FederatedOutcome, *,
@@ -183,5 +236,5 @@ def train_fedprox(federation, config: FedProxConfig, seed: int, progress: bool =
     return result_from_outcome("fedprox", seed, config, out, claims=dict(NO_DP_CLAIM), federation=federation)
 
 
-__all__ = ["FedAvgConfig", "FedProxConfig", "FederatedOutcome", "result_from_outcome",
+__all__ = ["FedAvgConfig", "FedProxConfig", "FederatedOutcome", "FederatedRun", "result_from_outcome",
            "run_federated", "select_clients", "train_fedavg", "train_fedprox"]

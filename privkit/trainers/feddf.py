@@ -69,9 +69,14 @@ def train_feddf(federation, config: FedDFConfig, seed: int, progress: bool = Fal
     hook = distillation_hook(federation, config, seed, store=store)
     out = run_federated(federation, config, seed, progress=progress, server_hook=hook,
                         description="feddf rounds")
+    return feddf_result(federation, config, seed, out, store)
+
+
+def feddf_result(federation, config: FedDFConfig, seed: int, out, store: dict) -> TrainResult:
+    """FedDF's :class:`TrainResult` from the run's outcome and its hook's ``store``."""
     artifacts = {"soft_labels": store["soft_labels"]} if "soft_labels" in store else {}
     return result_from_outcome("feddf", seed, config, out, artifacts=artifacts,
                                claims=dict(NO_DP_CLAIM), federation=federation)
 
 
-__all__ = ["FedDFConfig", "distillation_hook", "ensemble_targets", "train_feddf"]
+__all__ = ["FedDFConfig", "distillation_hook", "ensemble_targets", "feddf_result", "train_feddf"]

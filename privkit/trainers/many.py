@@ -38,6 +38,9 @@ BATCHED: dict[str, str] = {
     "dp-fedavg": "privkit.trainers.many_dpfed:train_dpfed_many",
     "fedkadp": "privkit.trainers.many_dpfed:train_dpfed_many",
     "fedkd-dp": "privkit.trainers.many_dpfed:train_fedkd_many",
+    "fedavg": "privkit.trainers.many_fedavg:train_fedavg_many",
+    "fedprox": "privkit.trainers.many_fedavg:train_fedavg_many",
+    "feddf": "privkit.trainers.many_fedavg:train_feddf_many",
 }
 
 
@@ -88,9 +91,32 @@ def stack_states(models: Sequence[torch.nn.Module]) -> tuple[dict[str, torch.Ten
     return params, buffers
 
 
+def stacked_on(models: Sequence[torch.nn.Module], device: torch.device) -> tuple[dict, dict]:
+    """:func:`stack_states` on ``device``."""
+    params, buffers = stack_states(models)
+    return {k: v.to(device) for k, v in params.items()}, {k: v.to(device) for k, v in buffers.items()}
+
+
 def unstack(stacked: dict[str, torch.Tensor], j: int) -> dict[str, torch.Tensor]:
     """Model ``j``'s tensors of a stacked dict."""
     return {k: v[j] for k, v in stacked.items()}
+
+
+def lockstep(runs: Sequence, local_round: Callable[[list, list[list[int]]], list | None]) -> None:
+    """Drive run objects round by round: each run that goes on picks its clients (``next_round``;
+    ``None`` once it has ended), ``local_round(runs, clients)`` trains the clients of all of them
+    at once (returning per run what its ``finish_round`` takes, or ``None`` when it takes nothing),
+    then each run finishes its round."""
+    if len({str(r.spec) for r in runs}) != 1:
+        raise ValueError("batched runs need one model architecture; found several")
+    while True:
+        picked = [r.next_round() for r in runs]
+        going = [i for i, s in enumerate(picked) if s is not None]
+        if not going:
+            return
+        out = local_round([runs[i] for i in going], [picked[i] for i in going])
+        for at, i in enumerate(going):
+            runs[i].finish_round(*([out[at]] if out is not None else []))
 
 
 # ---------------------------------------------------------------------------- local DP-SGD
@@ -181,5 +207,5 @@ def ce_losses(out: torch.Tensor, models: torch.Tensor, s: slice, y: torch.Tensor
     return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="none").view(y.shape)
 
 
-__all__ = ["BATCHED", "LocalDp", "ce_losses", "has_batched", "local_dp_sgd", "stack_states", "train_many",
-           "unstack"]
+__all__ = ["BATCHED", "LocalDp", "ce_losses", "has_batched", "local_dp_sgd", "lockstep", "stack_states",
+           "stacked_on", "train_many", "unstack"]

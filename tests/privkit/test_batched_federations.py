@@ -25,6 +25,8 @@ TOL = 1e-5
 DPFED = {"arch": "mlp", "feature_dim": 16, "rounds": 3, "local_steps": 3, "batch_size": 16,
          "client_fraction": 0.25, "noise_multiplier": 1.0, "target_epsilon": 1e6, "lr": 0.3,
          "device": "cpu", "reproducible_noise": True}
+FEDAVG = {"arch": "mlp", "feature_dim": 16, "rounds": 3, "participation": 0.25, "local_epochs": 2,
+          "batch_size": 32, "device": "cpu", "reproducible_noise": True}
 CASES = {
     "dp-fedavg": DPFED,
     # a budget that stops runs at different rounds (their clients hold different amounts of data)
@@ -35,7 +37,14 @@ CASES = {
     "fedkd-dp": {**DPFED, "mentor_feature_dim": 24},
     "fedkd-dp deep-mentor": {**DPFED, "mentor_feature_dim": 24, "mentor_depth": 2, "hidden_loss": False,
                              "compress": False},
+    # Adam (these methods' optimiser) amplifies float rounding: the batched path is bit for bit
+    "fedavg": FEDAVG,
+    "fedavg sgd": {**FEDAVG, "optimizer": "sgd", "lr": 0.1},
+    "fedavg frozen": {**FEDAVG, "pretrain": True, "freeze": True, "pretrain_epochs": 1, "pretrain_seed": 0},
+    "fedprox": {**FEDAVG, "mu": 0.1},
+    "feddf": {**FEDAVG, "distill_epochs": 1, "distill_lr": 1e-3},
 }
+EXACT = ("fedavg", "fedprox", "feddf")  # methods whose batched runs equal the single runs bit for bit
 
 
 @pytest.fixture(scope="module")
@@ -68,13 +77,16 @@ def test_batched_runs_equal_single_runs(fed, case):
     torch.set_num_threads(1)
     alone = [train(method, f, cfg, seed=s) for f, s in zip(feds, seeds)]
     many = train_many(method, feds, cfg, seeds)
+    tol = 0.0 if method in EXACT else TOL
     for a, b in zip(alone, many):
-        assert _max_diff(a.model, b.model) <= TOL
+        assert _max_diff(a.model, b.model) <= tol
         assert len(a.client_models) == len(b.client_models)
-        assert all(_max_diff(p, q) <= TOL for p, q in zip(a.client_models, b.client_models))
+        assert all(_max_diff(p, q) <= tol for p, q in zip(a.client_models, b.client_models))
         assert [r["clients"] for r in a.rounds] == [r["clients"] for r in b.rounds]
+        if method in EXACT:  # losses and accuracies of every round too
+            assert a.rounds == b.rounds and a.artifacts.keys() == b.artifacts.keys()
         assert a.ledger.to_dict() == b.ledger.to_dict()
-        assert a.claims["stop"] == b.claims["stop"]
+        assert a.claims.get("stop") == b.claims.get("stop")
         assert a.test_accuracy == pytest.approx(b.test_accuracy, abs=2e-3)
         assert b.reproducible_noise and a.warnings == b.warnings
     if case == "dp-fedavg budget":  # the budget stops the runs, not all at the last round

@@ -1,0 +1,159 @@
+"""Many MLPs trained with (non-private) SGD or Adam at once, bit for bit as one at a time.
+
+Adam divides each update by the root of its running mean of squared gradients plus ``eps``
+(1e-8): a parameter whose gradient is at that scale (it sums terms of ~1e-2 that nearly cancel)
+moves by up to the learning rate per step in reaction to a float rounding of 1e-9 in its gradient.
+A batched path that sums the same products in another order (padded batches, another matrix
+kernel) so drifts from the single run by 1e-3 within a few rounds: Adam amplifies rounding by
+``lr / eps`` (measured on FedAvg's quick setting). This module therefore computes, for every
+model of a step, exactly the operations autograd and ``torch.optim`` run for one model (the same
+kernels on the same shapes: ``addmm`` forward, ``g.t().mm(a)`` weight gradients, the mean
+cross-entropy's gradient, torch's single-tensor Adam or SGD update), so that each model's weights
+equal the single run's bit for bit; what it saves is the Python, autograd and optimiser overhead,
+which is most of a small model's step (the optimiser's update runs as ``torch._foreach_*`` over
+all models' parameters, each tensor as the single-tensor optimiser updates it).
+
+Covered: privkit's MLP (``Flatten``, ``Linear``/``ReLU`` hidden layers, linear head), trainable
+or frozen features, an optional proximal term (FedProx). Anything else is an
+:class:`~privkit.trainers.stacked.UnsupportedModelError` (callers train one at a time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from privkit.models import FeatureClassifier
+from privkit.trainers.stacked import UnsupportedModelError
+
+BETA1, BETA2, EPS = 0.9, 0.999, 1e-8  # torch.optim.Adam's defaults (privkit's make_optimizer)
+
+
+def mlp_layers(model: nn.Module) -> list[str]:
+    """Names of ``model``'s linear layers in order (``features.<i>`` ..., ``head``) when it is a
+    privkit MLP (Flatten, then Linear + ReLU pairs, then the head); else UnsupportedModelError."""
+    if not isinstance(model, FeatureClassifier) or not isinstance(model.features, nn.Sequential):
+        raise UnsupportedModelError(f"exact batched training needs a privkit MLP; found {type(model).__name__}")
+    kids = list(model.features.named_children())
+    if not kids or not isinstance(kids[0][1], nn.Flatten) or len(kids) % 2 != 1:
+        raise UnsupportedModelError("exact batched training needs Flatten, then Linear + ReLU pairs")
+    names = []
+    for (n1, lin), (_, act) in zip(kids[1::2], kids[2::2]):
+        if not isinstance(lin, nn.Linear) or not isinstance(act, nn.ReLU) or lin.bias is None:
+            raise UnsupportedModelError(f"exact batched training needs Linear (with bias) + ReLU; found "
+                                        f"{type(lin).__name__}, {type(act).__name__}")
+        names.append(f"features.{n1}")
+    if model.head.bias is None:
+        raise UnsupportedModelError("exact batched training needs a head with a bias")
+    trainable = {name: p.requires_grad for name, p in model.named_parameters()}
+    if len({trainable[f"{n}.weight"] == trainable[f"{n}.bias"] for n in names + ["head"]}) > 1 or \
+            not trainable["head.weight"] or any(trainable[f"{a}.weight"] < trainable[f"{b}.weight"]
+                                                 for a, b in zip(names, names[1:])):
+        raise UnsupportedModelError("exact batched training needs whole layers trainable from some layer on")
+    return names + ["head"]
+
+
+@dataclass
+class Model:
+    """One model of the batch: its parameters (views of the stacked tensors), its records and its
+    batches (index tensors into them, in step order)."""
+
+    params: dict[str, torch.Tensor]
+    x: torch.Tensor
+    y: torch.Tensor
+    batches: list[torch.Tensor]
+
+
+def _gradients(layers: list[tuple[str, str, bool]], trainable: set[str], p: dict[str, torch.Tensor], x: torch.Tensor,
+               y: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The mean cross-entropy's gradients on the batch ``(x, y)`` with autograd's kernels, and the
+    log-probabilities (for the loss); ``scale`` is ``-1 / len(y)`` in float32 (nll_loss's gradient
+    at each target), ``rows`` is ``arange(len(y))``."""
+    aten = torch.ops.aten
+    acts = [x.reshape(x.shape[0], -1)]
+    for w, b, _ in layers[:-1]:
+        acts.append(torch.relu(torch.addmm(p[b], acts[-1], p[w].t())))
+    w, b, _ = layers[-1]
+    logp = torch.log_softmax(torch.addmm(p[b], acts[-1], p[w].t()), 1)
+    g = torch.zeros_like(logp)
+    g[rows, y] = scale
+    g = aten._log_softmax_backward_data(g, logp, 1, logp.dtype)
+    grads: dict[str, torch.Tensor] = {}
+    for i in range(len(layers) - 1, -1, -1):
+        w, b, below = layers[i]
+        if w not in trainable:
+            break
+        grads[w] = g.t().mm(acts[i])
+        grads[b] = g.sum(0)
+        if below:
+            g = aten.threshold_backward(g.mm(p[w]), acts[i], 0)
+    return grads, logp
+
+
+def train_exact(template: nn.Module, models: Sequence[Model], *, optimizer: str, lr: float,
+                mu: Sequence[float] | None = None, anchors: Sequence[dict[str, torch.Tensor]] | None = None,
+                loss_from: Sequence[int] | None = None) -> list[float]:
+    """Train every model over its batches (in place on its parameters), as
+    :func:`~privkit.trainers.common.train_supervised` trains one with a fresh ``optimizer``
+    (``"sgd"`` or ``"adam"``) at ``lr``: mean cross-entropy per batch plus, where ``mu[j] > 0``,
+    ``mu[j] / 2 ||theta - anchors[j]||^2`` over the trainable parameters. Returns each model's
+    summed ``(batch loss) x (batch size)`` over its batches from ``loss_from[j]`` on (default: all).
+
+    The models take their steps in turns, each step's gradient and update together (one model's
+    tensors stay in cache; an update of all models' parameters at once is bound by memory traffic).
+    """
+    names = [k for k, q in template.named_parameters() if q.requires_grad]
+    trainable = set(names)
+    ls = mlp_layers(template)
+    # per layer: weight and bias names, and whether the gradient goes on to a trainable layer below
+    layers = [(f"{n}.weight", f"{n}.bias", i > 0 and f"{ls[i - 1]}.weight" in trainable) for i, n in enumerate(ls)]
+    n = len(models)
+    mu = list(mu) if mu is not None else [0.0] * n
+    first = list(loss_from) if loss_from is not None else [0] * n
+    moments = [([torch.zeros_like(m.params[k]) for k in names], [torch.zeros_like(m.params[k]) for k in names])
+               for m in models]
+    totals = [0.0] * n
+    consts: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+    for t in range(max((len(m.batches) for m in models), default=0)):
+        for j, m in enumerate(models):
+            if t >= len(m.batches):
+                continue
+            b = m.batches[t]
+            yb = m.y[b]
+            key = (len(b), yb.device)
+            if key not in consts:  # nll_loss's gradient -1 / total weight, in float32
+                consts[key] = (-(torch.ones((), device=yb.device) / len(b)), torch.arange(len(b), device=yb.device))
+            g, logp = _gradients(layers, trainable, m.params, m.x[b], yb, *consts[key])
+            extra = None
+            if mu[j] > 0:  # autograd's gradient of (mu/2) sum ||p - a||^2: (mu/2) (2 (p - a))
+                half = 0.5 * mu[j]
+                diffs = {k: m.params[k] - anchors[j][k] for k in names}
+                g = {k: g[k] + half * (2 * diffs[k]) for k in names}
+                if t >= first[j]:
+                    extra = sum((d.pow(2).sum() for d in diffs.values()), torch.zeros(())) * half
+            if t >= first[j]:
+                loss = torch.nn.functional.nll_loss(logp, yb)
+                totals[j] += float(loss + extra if extra is not None else loss) * len(b)
+            _update(optimizer, lr, t + 1, [m.params[k] for k in names], [g[k] for k in names], *moments[j])
+    return totals
+
+
+def _update(optimizer: str, lr: float, step: int, p: list[torch.Tensor], g: list[torch.Tensor],
+            m1: list[torch.Tensor], m2: list[torch.Tensor]) -> None:
+    """torch's single-tensor SGD or Adam update (at step ``step``) of one model's parameters."""
+    if optimizer == "sgd":
+        torch._foreach_add_(p, g, alpha=-lr)
+        return
+    torch._foreach_lerp_(m1, g, 1 - BETA1)
+    torch._foreach_mul_(m2, BETA2)
+    torch._foreach_addcmul_(m2, g, g, value=1 - BETA2)
+    denom = torch._foreach_sqrt(m2)
+    torch._foreach_div_(denom, (1 - BETA2 ** step) ** 0.5)
+    torch._foreach_add_(denom, EPS)
+    torch._foreach_addcdiv_(p, m1, denom, value=-lr / (1 - BETA1 ** step))
+
+
+__all__ = ["Model", "mlp_layers", "train_exact"]
