@@ -8,8 +8,9 @@ its JSON alone::
     write_report(load_report("runs/demo/report.json"), "runs/demo")
 """
 
+from reports.formatting import fmt_eps
 from reports.guarantee import FormalDP, delta_ge_one_over_n, formal_dp_status
-from reports.render import (FORMATS, HOW_TO_READ, atomic_write_text, fmt_eps, load_report,
+from reports.render import (FORMATS, HOW_TO_READ, atomic_write_text, load_report,
                             render_html, render_json, render_markdown, summary_rows, write_report)
 from reports.schema import (SCHEMA_VERSION, WARNING_CODES, AttackResult, AttributeResult,
                             AuditControls, AuditSummary, ConformanceCheck, ControlAudit,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from reports.formatting import fmt_eps, fmt_num
 from reports.schema import MechanismControls, MechanismTwin, MethodReport, PrivacyReport
 
 #: what the mechanism audit tests, in one sentence (method sections and the how-to-read list)
@@ -15,14 +16,10 @@ BASIS = {"mechanism": "mechanism audit", "black-box": "black-box audit"}
 
 
 def _fmt(x: float | None) -> str:
-    from reports.render import fmt_num  # render imports this module
-
     return fmt_num(x, 3)
 
 
 def _eps(x: float | None) -> str:
-    from reports.render import fmt_eps
-
     return fmt_eps(x)
 
 

@@ -25,6 +25,7 @@ from matplotlib import pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from reports.roc_claims import forbidden_roc_points, rocs_of, stored_curve  # noqa: E402
 from reports.schema import DatasetSummary, MethodReport, PrivacyReport  # noqa: E402
 
 INF_LABEL = "no formal DP\n(epsilon = inf\nat this delta)"
@@ -280,25 +281,6 @@ def _finish_loglog_roc(ax, floor: float, title: str) -> None:
 
 
 # ---------------------------------------------------------------------------------- ROC vs the claim
-def forbidden_roc_points(fpr: Sequence[float], tpr: Sequence[float], curve: Callable,
-                         tol: float = 0.0) -> np.ndarray:
-    """Indices of the ROC points a privacy claim forbids: ``TPR > 1 - f(FPR) + tol``.
-
-    ``curve`` is the claim's trade-off function ``f`` (FPR -> smallest FNR, vectorised), e.g.
-    ``accountants.ledger_curve(ledger)``.  A point listed here is an attack doing better than the
-    claim allows *on these data*; whether that is a statistically significant violation is the
-    audit's lower bound's question, not this one's.
-    """
-    x = np.asarray(fpr, dtype=np.float64)
-    y = np.asarray(tpr, dtype=np.float64)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"fpr and tpr must be 1-D of equal length; found {x.shape} and {y.shape}")
-    if np.any((x < 0) | (x > 1) | (y < 0) | (y > 1)) or np.any(np.isnan(x) | np.isnan(y)):
-        raise ValueError("fpr and tpr must lie in [0, 1]; found values outside")
-    bound = 1.0 - np.asarray(curve(x), dtype=np.float64)
-    return np.nonzero(y > bound + tol)[0]
-
-
 def tradeoff_roc_figure(rocs: Mapping[str, tuple[Sequence[float], Sequence[float]]], curve: Callable,
                         *, claim: str | None = None, title: str | None = None,
                         floor: float | None = None) -> Figure:
@@ -332,6 +314,16 @@ def tradeoff_roc_figure(rocs: Mapping[str, tuple[Sequence[float], Sequence[float
         ax.plot([], [], ls="none", marker="x", color="tab:red", label=f"{n_bad} ROC points above the curve")
     _finish_loglog_roc(ax, floor, title or "membership inference ROC against the accounted curve")
     return fig
+
+
+def ledger_roc_figure(m: MethodReport):
+    """:func:`tradeoff_roc_figure` of every attack against the stored curve (or None)."""
+    rocs = rocs_of(m)
+    if not rocs or m.audit is None or m.audit.tradeoff_curve is None:
+        return None
+    tc = m.audit.tradeoff_curve
+    return tradeoff_roc_figure(rocs, stored_curve(tc), claim=f"the ledger ({tc.claim})",
+                               title=f"{m.name}: ROC against the ledger's trade-off curve")
 
 
 # ---------------------------------------------------------------------------------- epsilon over rounds
@@ -405,8 +397,6 @@ def report_figures(report: PrivacyReport) -> dict[str, Figure]:
         "epsilon_over_rounds": epsilon_over_rounds_figure(report),
         "client_class": client_class_figure(report.dataset),
     }
-    from reports.roc_claims import ledger_roc_figure
-
     for m in report.methods:
         figs[f"roc/{m.name}"] = roc_figure(m)
         figs[f"tradeoff_roc/{m.name}"] = ledger_roc_figure(m)

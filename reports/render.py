@@ -17,9 +17,10 @@ from typing import Any, Iterable
 
 import jinja2
 
+from reports.formatting import fmt_bracket, fmt_eps, fmt_num, fmt_pct, sort_value
 from reports.guarantee import delta_ge_one_over_n
 from reports.mechanism_view import BASIS, TESTS, mechanism_controls_view, method_mechanism_view
-from reports.schema import AttackResult, EpsilonBracket, MethodReport, PrivacyReport
+from reports.schema import AttackResult, MethodReport, PrivacyReport
 
 FORMATS = ("json", "html", "md")
 _FILES = {"json": "report.json", "html": "report.html", "md": "report.md"}
@@ -62,52 +63,6 @@ HOW_TO_READ = [
     "Cost: test accuracy of the released model on the held-out test set (and per-client accuracy for "
     "personalised models), compared with the best method without a formal guarantee.",
 ]
-
-
-# ---------------------------------------------------------------------------------- formatting
-def fmt_eps(x: float | None) -> str:
-    """Epsilon for display: 3 significant digits, 'inf' for no guarantee, an em dash if unknown."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    if math.isinf(x):
-        return "inf"
-    if x == 0:
-        return "0"
-    if abs(x) < 0.01 or abs(x) >= 1000:
-        return f"{x:.3g}"
-    if abs(x) < 10:
-        return f"{x:.3f}".rstrip("0").rstrip(".")
-    return f"{x:.1f}"
-
-
-def fmt_bracket(bracket: EpsilonBracket | None, reason: str | None = None) -> str:
-    """A certified ``[lower, upper]`` with enough digits to show its width; why there is none."""
-    if bracket is not None:
-        return f"[{bracket.lower:.6g}, {bracket.upper:.6g}]"
-    return "— (upper bound only)" if reason == "not-tight" else "—"
-
-
-def fmt_num(x: float | None, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf"
-    return f"{x:.{digits}f}"
-
-
-def fmt_pct(x: float | None) -> str:
-    if x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x))):
-        return "—"
-    return f"{100 * x:.1f}%"
-
-
-def sort_value(x: float | None) -> str:
-    """A numeric key for the table sorter (missing values sort last)."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return ""
-    if math.isinf(x):
-        return "1e308" if x > 0 else "-1e308"
-    return repr(float(x))
 
 
 def _cell(text: str, value: float | None = None) -> dict:

@@ -5,15 +5,37 @@ The audit stores the audited run's ledger as points of its trade-off curve (FPR 
 curve is read as ``f(a_{k+1})``: a trade-off curve is non-increasing, so that is at most the true
 ``f(x)``, the drawn forbidden region is never larger than the ledger's, and a point reported inside
 it is inside the ledger's own region.
+
+The numbers and sentences live here (no matplotlib); the figure drawn from them is
+:func:`reports.plots.ledger_roc_figure`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from reports.schema import MethodReport, TradeoffPoints
+
+
+def forbidden_roc_points(fpr: Sequence[float], tpr: Sequence[float], curve: Callable,
+                         tol: float = 0.0) -> np.ndarray:
+    """Indices of the ROC points a privacy claim forbids: ``TPR > 1 - f(FPR) + tol``.
+
+    ``curve`` is the claim's trade-off function ``f`` (FPR -> smallest FNR, vectorised), e.g.
+    ``accountants.ledger_curve(ledger)``.  A point listed here is an attack doing better than the
+    claim allows *on these data*; whether that is a statistically significant violation is the
+    audit's lower bound's question, not this one's.
+    """
+    x = np.asarray(fpr, dtype=np.float64)
+    y = np.asarray(tpr, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"fpr and tpr must be 1-D of equal length; found {x.shape} and {y.shape}")
+    if np.any((x < 0) | (x > 1) | (y < 0) | (y > 1)) or np.any(np.isnan(x) | np.isnan(y)):
+        raise ValueError("fpr and tpr must lie in [0, 1]; found values outside")
+    bound = 1.0 - np.asarray(curve(x), dtype=np.float64)
+    return np.nonzero(y > bound + tol)[0]
 
 
 def stored_curve(points: TradeoffPoints) -> Callable[[np.ndarray], np.ndarray]:
@@ -31,7 +53,7 @@ def stored_curve(points: TradeoffPoints) -> Callable[[np.ndarray], np.ndarray]:
     return fn
 
 
-def _rocs(m: MethodReport) -> dict[str, tuple[list[float], list[float]]]:
+def rocs_of(m: MethodReport) -> dict[str, tuple[list[float], list[float]]]:
     if m.audit is None:
         return {}
     return {n: (a.roc.fpr, a.roc.tpr) for n, a in m.audit.attacks.items()
@@ -40,12 +62,10 @@ def _rocs(m: MethodReport) -> dict[str, tuple[list[float], list[float]]]:
 
 def forbidden_counts(m: MethodReport) -> dict[str, int] | None:
     """Attack -> number of its ROC points inside the region the ledger forbids (None: no curve)."""
-    from reports.plots import forbidden_roc_points
-
     if m.audit is None or m.audit.tradeoff_curve is None:
         return None
     curve = stored_curve(m.audit.tradeoff_curve)
-    return {n: int(forbidden_roc_points(f, t, curve).size) for n, (f, t) in _rocs(m).items()}
+    return {n: int(forbidden_roc_points(f, t, curve).size) for n, (f, t) in rocs_of(m).items()}
 
 
 def roc_claim_sentence(m: MethodReport) -> str | None:
@@ -64,15 +84,3 @@ def roc_claim_sentence(m: MethodReport) -> str | None:
     return (f"ROC points lie in the region the ledger's trade-off curve forbids{eps}: {listed}. On these "
             "audited records an attack did better than the ledger allows; whether that is a "
             "statistically significant violation is the ledger claim's lower bound's question.")
-
-
-def ledger_roc_figure(m: MethodReport):
-    """:func:`reports.plots.tradeoff_roc_figure` of every attack against the stored curve (or None)."""
-    from reports.plots import tradeoff_roc_figure
-
-    rocs = _rocs(m)
-    if not rocs or m.audit is None or m.audit.tradeoff_curve is None:
-        return None
-    tc = m.audit.tradeoff_curve
-    return tradeoff_roc_figure(rocs, stored_curve(tc), claim=f"the ledger ({tc.claim})",
-                               title=f"{m.name}: ROC against the ledger's trade-off curve")

@@ -14,18 +14,13 @@ So every method is split in two modules of the same name:
 :data:`REGISTRY` maps each name to its :class:`TrainerSpec`; ``spec.fn`` imports the training
 module (and torch) only when it is read, i.e. when training runs. Importing this package declares
 every shipped method (one line each, below); :func:`register_trainer` registers any other function
-(tests, plug-ins) directly.
+(tests, plug-ins) directly. :func:`get_trainer` and :func:`make_config` live here, beside the
+declarations they read (:mod:`~privkit.methods.registry` only stores them).
 """
 
+from privkit.errors import PrivkitError
 from privkit.methods.base import TrainerConfig
-from privkit.methods.registry import (
-    REGISTRY,
-    TrainerSpec,
-    declare,
-    get_trainer,
-    make_config,
-    register_trainer,
-)
+from privkit.methods.registry import REGISTRY, TrainerSpec, declare, register_trainer
 
 __all__ = ["REGISTRY", "TrainerConfig", "TrainerSpec", "declare", "get_trainer", "make_config",
            "register_trainer"]
@@ -40,3 +35,18 @@ from privkit.methods import fedkadp as _fedkadp  # noqa: F401
 from privkit.methods import fedkd as _fedkd  # noqa: F401
 from privkit.methods import fedmd as _fedmd  # noqa: F401
 from privkit.methods import flip as _flip  # noqa: F401
+
+
+def get_trainer(name: str) -> TrainerSpec:
+    """The registration of method ``name`` (every shipped method is declared above)."""
+    if name not in REGISTRY:
+        raise PrivkitError(f"method must be one of {', '.join(sorted(REGISTRY))}; found {name!r}")
+    return REGISTRY[name]
+
+
+def make_config(method: str, data: dict | TrainerConfig | None = None) -> TrainerConfig:
+    """Validate ``data`` against ``method``'s config model (defaults for missing keys)."""
+    spec = get_trainer(method)
+    if isinstance(data, TrainerConfig):
+        return data
+    return spec.config_cls.model_validate(data or {})

@@ -77,19 +77,3 @@ def register_trainer(name: str, config_cls: type[TrainerConfig], summary: str, *
         return fn
 
     return deco
-
-
-def get_trainer(name: str) -> TrainerSpec:
-    import privkit.methods  # noqa: F401  (declares every shipped method)
-
-    if name not in REGISTRY:
-        raise PrivkitError(f"method must be one of {', '.join(sorted(REGISTRY))}; found {name!r}")
-    return REGISTRY[name]
-
-
-def make_config(method: str, data: dict | TrainerConfig | None = None) -> TrainerConfig:
-    """Validate ``data`` against ``method``'s config model (defaults for missing keys)."""
-    spec = get_trainer(method)
-    if isinstance(data, TrainerConfig):
-        return data
-    return spec.config_cls.model_validate(data or {})

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from privkit.errors import PrivkitError
 from privkit.pipeline.config import ResolvedMethod, ResolvedRun
+from privkit.pipeline.federation import run_federation
 from privkit.pipeline.files import atomic_write_json
 from privkit.pipeline.state import Status, _hash
 from privkit.pipeline.steps import StepPlan
@@ -70,7 +71,6 @@ def audit_seed(run: ResolvedRun) -> int:
 def controls_stage(run: ResolvedRun, target: ResolvedMethod, root: Path, progress: bool) -> None:
     """Train and audit the twins; write ``audit-controls/controls.json``."""
     from privkit.audit.controls import run_controls
-    from privkit.pipeline.stages import run_federation
 
     settings = run.config.audit.controls
     dp_label = settings.method or next((m.key for m in run.methods if m.method == "dpsgd"), "dpsgd")

@@ -28,6 +28,7 @@ from pathlib import Path
 from privkit.errors import PrivkitError
 from privkit.pipeline.config import ResolvedMethod, ResolvedRun
 from privkit.pipeline.controls import audit_seed
+from privkit.pipeline.federation import run_federation
 from privkit.pipeline.files import atomic_write_json
 from privkit.pipeline.state import Status, _hash
 from privkit.pipeline.steps import StepPlan
@@ -61,7 +62,6 @@ def mechanism_hash(run: ResolvedRun, m: ResolvedMethod) -> str:
 
 def mechanism_controls_stage(run: ResolvedRun, m: ResolvedMethod, root: Path, progress: bool) -> None:
     """Train and audit method ``m``'s two twins; write ``mechanism-controls/<m.key>.json``."""
-    from privkit.pipeline.stages import run_federation
 
     settings = run.config.audit.mechanism_controls
     base = {"schema_version": SCHEMA_VERSION, "method": m.key, "trainer": m.method,

@@ -11,12 +11,12 @@ from typing import Any, Callable
 from privkit.errors import PrivkitError
 from privkit.pipeline.config import STAGES, ResolvedMethod, ResolvedRun
 from privkit.pipeline.controls import ControlsPlan
-from privkit.pipeline.mechanism_controls import MechanismControlsPlan
+from privkit.pipeline.federation import FEDERATIONS as _FEDERATIONS
 from privkit.pipeline.files import atomic_write_json
 from privkit.pipeline.files import now as _now
 from privkit.pipeline.files import one_line as _one_line
+from privkit.pipeline.mechanism_controls import MechanismControlsPlan
 from privkit.pipeline.report import build_report
-from privkit.pipeline.stages import FEDERATIONS as _FEDERATIONS
 from privkit.pipeline.stages import execute as _execute
 from privkit.pipeline.state import Status, stage_hashes
 from privkit.pipeline.workers import run_parallel as _run_parallel

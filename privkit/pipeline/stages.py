@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from privkit.pipeline.config import ACCOUNTANTS, SCHEMA_VERSION, ResolvedMethod, ResolvedRun
+from privkit.pipeline.federation import FEDERATIONS, run_federation  # noqa: F401  (FEDERATIONS re-exported)
 from privkit.pipeline.files import atomic_write_json, staged_dir
 from privkit.pipeline.files import one_line as _one_line
 from privkit.pipeline.files import read_json as _read_json
@@ -131,19 +132,6 @@ def run_audit(run_dir: Path, *, attacks: list[str] | None, shadows: int, executo
 
     return audit_run(run_dir, attacks=attacks, shadows=shadows, executor=executor, seed=seed,
                      progress=progress, **options)
-
-
-FEDERATIONS: dict[str, Any] = {}  # per process: the run's federation, loaded once
-
-
-def run_federation(root: Path):
-    """The run's federation (``<root>/federation.json``), loaded once per process."""
-    from privkit.data import Federation
-
-    path = str(Path(root) / "federation.json")
-    if path not in FEDERATIONS:
-        FEDERATIONS[path] = Federation.load(path)
-    return FEDERATIONS[path]
 
 
 def execute(run: ResolvedRun, m: ResolvedMethod, stage: str, root: str,

@@ -21,12 +21,11 @@ import numpy as np
 from privkit.errors import PrivkitError
 from privkit.jsonutil import json_default, read_json
 from privkit.methods.base import TrainerConfig
+from privkit.methods import get_trainer, make_config  # noqa: F401  (re-exported from their former home)
 from privkit.methods.registry import (  # noqa: F401  (re-exported from their former home)
     REGISTRY,
     TrainerFn,
     TrainerSpec,
-    get_trainer,
-    make_config,
     register_trainer,
 )
 

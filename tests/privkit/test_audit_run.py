@@ -184,7 +184,8 @@ def _check_both_claims(out: dict, run) -> None:
     # the report reads both from audit.json: curve points and every attack's ROC reach report.json,
     # and the ROC-vs-ledger figure draws from them
     from privkit.pipeline.report import _read_audit
-    from reports.roc_claims import forbidden_counts, ledger_roc_figure
+    from reports.plots import ledger_roc_figure
+    from reports.roc_claims import forbidden_counts
 
     summary = _read_audit(run, {}, [])
     assert summary.claims["ledger"]["epsilon_lower_bound"] == led["epsilon_lower_bound"]
