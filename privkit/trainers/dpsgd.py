@@ -76,17 +76,36 @@ def _run_epochs(private, dp_opt, dp_loader, loss_fn, epochs, model, federation, 
     return done, rounds
 
 
+def _plan(federation, config: DpsgdConfig) -> tuple[float, int, float, list[str]]:
+    """What ``train_dpsgd`` fixes before training: opacus' sample rate (1 / batches per epoch),
+    the steps, the noise multiplier (given or calibrated for exactly them) and the notes."""
+    n = len(federation.pooled_arrays()[1])
+    if n < config.batch_size:
+        raise PrivkitError(f"batch_size must be <= the pooled data size {n}; found {config.batch_size}")
+    batches = math.ceil(n / config.batch_size)  # len() of the DataLoader opacus replaces
+    sample_rate = 1.0 / batches  # opacus's DPDataLoader samples each record with rate 1 / (batches per epoch)
+    steps = config.epochs * batches
+    if config.noise_multiplier is None:
+        from accountants import calibrate_noise_multiplier
+
+        cal = calibrate_noise_multiplier(config.target_epsilon, config.delta, sample_rate, steps,
+                                         accountant=config.calibration_accountant)
+        return sample_rate, steps, cal.noise_multiplier, [
+            f"noise multiplier {cal.noise_multiplier:.5g} calibrated for epsilon <= {config.target_epsilon:g} at "
+            f"delta={config.delta:g} ({config.calibration_accountant}; re-checked epsilon "
+            f"{cal.epsilon:.5g}) for q={sample_rate:.5g}, {steps} steps"]
+    sigma = float(config.noise_multiplier)
+    return sample_rate, steps, sigma, [f"noise multiplier {sigma:g} given; target_epsilon not used"]
+
+
 # method "dpsgd": config and registration in privkit.methods.dpsgd
 def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = False) -> TrainResult:
     """Centralised DP-SGD with opacus; see the module docstring for the ledger."""
     from opacus import PrivacyEngine
 
-    from accountants import Ledger, calibrate_noise_multiplier, dpsgd_epsilon, dpsgd_event
-
     device = resolve_device(config)
     x, y = federation.pooled_arrays()
-    if len(y) < config.batch_size:
-        raise PrivkitError(f"batch_size must be <= the pooled data size {len(y)}; found {config.batch_size}")
+    sample_rate, steps, sigma, notes = _plan(federation, config)
     model, spec = new_model(federation, config, derive_seed(seed, "init"))
     model.to(device).train()
     batches = noise_generator(seed, "poisson", reproducible=config.reproducible_noise)
@@ -94,20 +113,8 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
     # reproducible mode: opacus draws from the seeded torch generators itself; release mode: both
     # streams are privkit's AES stream, swapped in after make_private (privkit.trainers.opacus_streams)
     loader = _loader(x, y, config.batch_size, batches.source if batches.seeded_torch else None)
-    # opacus's DPDataLoader samples each record with rate 1 / (batches per epoch)
-    sample_rate = 1.0 / len(loader)
-    steps = config.epochs * len(loader)
-    notes: list[str] = []
-    if config.noise_multiplier is None:
-        cal = calibrate_noise_multiplier(config.target_epsilon, config.delta, sample_rate, steps,
-                                         accountant=config.calibration_accountant)
-        sigma = cal.noise_multiplier
-        notes.append(f"noise multiplier {sigma:.5g} calibrated for epsilon <= {config.target_epsilon:g} at "
-                     f"delta={config.delta:g} ({config.calibration_accountant}; re-checked epsilon "
-                     f"{cal.epsilon:.5g}) for q={sample_rate:.5g}, {steps} steps")
-    else:
-        sigma = float(config.noise_multiplier)
-        notes.append(f"noise multiplier {sigma:g} given; target_epsilon not used")
+    if abs(1.0 / len(loader) - sample_rate) > 1e-15:
+        raise PrivkitError(f"loader has {len(loader)} batches per epoch; the plan assumed {1 / sample_rate:g}")
 
     optimizer = make_optimizer(model.parameters(), config.optimizer, config.lr)
     with _warnings.catch_warnings():
@@ -140,13 +147,23 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
         done, rounds = _run_epochs(private, dp_opt, dp_loader, loss_fn, epochs, model, federation, device)
     if done != steps:
         raise PrivkitError(f"ran {done} DP-SGD steps but accounted {steps}")
+    released, _ = new_model(federation, config, 0)
+    released.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    return dpsgd_result(federation, config, seed, released, spec, rounds, (sample_rate, steps, sigma, notes),
+                        device)
 
+
+def dpsgd_result(federation, config: DpsgdConfig, seed: int, released, spec: dict, rounds: list[dict],
+                 plan: tuple[float, int, float, list[str]], device) -> TrainResult:
+    """``train_dpsgd``'s :class:`TrainResult` for the released model, the per-epoch rows (round,
+    test accuracy, loss, steps) and the :func:`_plan` that ran."""
+    from accountants import Ledger, dpsgd_epsilon, dpsgd_event
+
+    sample_rate, steps, sigma, notes = plan
     event = dpsgd_event(sample_rate, sigma, steps)
     ledger = Ledger()
     for k in range(federation.num_clients):
         ledger.add(k, event, "dp-sgd (pooled data)")
-    released, _ = new_model(federation, config, 0)
-    released.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
     warns = notes + [
         ("Record-level DP over the pooled data (add/remove-one neighbours, Poisson sampling as run by "
         "opacus' DPDataLoader); every client's ledger holds the same event, as every record is "

@@ -41,6 +41,7 @@ BATCHED: dict[str, str] = {
     "fedavg": "privkit.trainers.many_fedavg:train_fedavg_many",
     "fedprox": "privkit.trainers.many_fedavg:train_fedavg_many",
     "feddf": "privkit.trainers.many_fedavg:train_feddf_many",
+    "dpsgd": "privkit.trainers.many_dpsgd:train_dpsgd_runs",
 }
 
 

@@ -25,7 +25,7 @@ from privkit.seeding import noise_generator
 from privkit.trainers.dp_sgd_step import DpSgdStep
 from privkit.trainers.fedkadp import DpFedRun, run_for
 from privkit.trainers.fedkd import FedKdRun
-from privkit.trainers.many import LocalDp, ce_losses, local_dp_sgd, stack_states, unstack
+from privkit.trainers.many import LocalDp, ce_losses, local_dp_sgd, lockstep, stacked_on, unstack
 from privkit.trainers.stacked import StackedModels
 
 
@@ -57,17 +57,12 @@ def _jobs(pairs: list[tuple], device: torch.device) -> list[LocalDp]:
     return jobs
 
 
-def _stacked(models: list[torch.nn.Module], device: torch.device):
-    params, buffers = stack_states(models)
-    return {k: v.to(device) for k, v in params.items()}, {k: v.to(device) for k, v in buffers.items()}
-
-
 def _round(runs: list[DpFedRun], sampled: list[list[int]]) -> list[list[dict[str, torch.Tensor]]]:
     """One round's local updates of every (run, client) pair; per run, its states in sampled order."""
     pairs = [(r, k) for r, ks in zip(runs, sampled) for k in ks]
     cfg, device = runs[0].cfg, runs[0].device
     models = [r.model for r, _ in pairs]
-    params, buffers = _stacked(models, device)
+    params, buffers = stacked_on(models, device)
     jobs = _jobs(pairs, device)
     net = StackedModels(models[0], len(pairs))
     aux, losses = None, ce_losses
@@ -103,7 +98,7 @@ class StackedPairs(StackedModels):
 
     def __init__(self, pair: torch.nn.Module, n_models: int):
         self.mentor, self.mentee = StackedModels(pair.mentor, n_models), StackedModels(pair.mentee, n_models)
-        self.m = n_models
+        self.m, self.norm_offset = n_models, 0.0
         self.parametrised = ([f"mentor.{n}" for n in self.mentor.parametrised]
                              + [f"mentee.{n}" for n in self.mentee.parametrised] + ["w_h"])
 
@@ -163,7 +158,7 @@ def _kd_round(runs: list[FedKdRun], sampled: list[list[int]]) -> None:
     pairs = [(r, k) for r, ks in zip(runs, sampled) for k in ks]
     cfg, device = runs[0].cfg, runs[0].device
     modules = [r.pairs[k] for r, k in pairs]
-    params, buffers = _stacked(modules, device)
+    params, buffers = stacked_on(modules, device)
     local_dp_sgd(StackedPairs(modules[0], len(pairs)), params, buffers, _jobs(pairs, device), cfg.local_steps,
                  lr=cfg.lr, optimizer=cfg.optimizer, losses=mutual_losses(runs[0].num_classes, cfg.hidden_loss))
     with torch.no_grad():
@@ -172,34 +167,18 @@ def _kd_round(runs: list[FedKdRun], sampled: list[list[int]]) -> None:
                 p.copy_(params[name][j])
 
 
-# ---------------------------------------------------------------------------- driver
-def _lockstep(runs: list, local_round) -> None:
-    """Drive ``runs`` round by round: every run that goes on samples its clients, ``local_round``
-    trains all their clients at once, each run finishes its round."""
-    if len({str(r.spec) for r in runs}) != 1:
-        raise ValueError("batched runs need one model architecture; found several")
-    while True:
-        sampled = [r.next_round() for r in runs]
-        going = [i for i, s in enumerate(sampled) if s]
-        if not going:
-            return
-        states = local_round([runs[i] for i in going], [sampled[i] for i in going])
-        for at, i in enumerate(going):
-            runs[i].finish_round(*([states[at]] if states is not None else []))
-
-
 def train_dpfed_many(method: str, federations: list, config, seeds: list[int]) -> list:
     """``train(method, federations[j], config, seeds[j])`` for every j (``dp-fedavg`` or
     ``fedkadp``), the clients of all runs' rounds batched."""
     runs = [run_for(method, f, config, s) for f, s in zip(federations, seeds)]
-    _lockstep(runs, _round)
+    lockstep(runs, _round)
     return [r.result() for r in runs]
 
 
 def train_fedkd_many(method: str, federations: list, config, seeds: list[int]) -> list:
     """``train("fedkd-dp", federations[j], config, seeds[j])`` for every j, batched."""
     runs = [FedKdRun(f, config, s) for f, s in zip(federations, seeds)]
-    _lockstep(runs, _kd_round)
+    lockstep(runs, _kd_round)
     return [r.result() for r in runs]
 
 

@@ -118,6 +118,9 @@ class StackedModels:
         self.layers = layers
         self.m = n_models
         self.parametrised = [name for name, layer in layers if isinstance(layer, _PARAMETRISED)]
+        #: clipping factor ``min(1, clip / (norm + norm_offset))``; 0 guards 0 norms only, as
+        #: privkit's clip_per_sample; opacus adds 1e-6 (its DPOptimizer.clip_and_accumulate)
+        self.norm_offset = 0.0
 
     # -- layout changes ---------------------------------------------------------------------
     @staticmethod
@@ -274,8 +277,7 @@ class StackedModels:
         per = self._backward(tape, dlogits, params, record)
         return self.clipped_layers(per, clip, keep, params)
 
-    @staticmethod
-    def clipped_layers(per: dict[str, tuple], clip: float, keep: torch.Tensor | None,
+    def clipped_layers(self, per: dict[str, tuple], clip: float, keep: torch.Tensor | None,
                        params: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """From each layer's per-example pieces (:meth:`_backward`; also ``("linear_nobias", input,
         output gradient)`` for a linear layer without bias), every example's norm over all the
@@ -291,7 +293,7 @@ class StackedModels:
             else:
                 sq += (a.pow(2).sum(-1) + g.pow(2).sum(-1)).transpose(0, 1)
         norms = sq.sqrt()
-        factor = (clip / norms.clamp_min(1e-12)).clamp(max=1.0)  # (M, b), as clip_per_sample
+        factor = (clip / (norms + self.norm_offset if self.norm_offset else norms.clamp_min(1e-12))).clamp(max=1.0)
         if keep is not None:
             norms, factor = torch.where(keep, norms, 0.0), torch.where(keep, factor, 0.0)
         ft = factor.transpose(0, 1)  # (b, M)

@@ -1,0 +1,142 @@
+"""Centralised DP-SGD runs batched (:mod:`privkit.trainers.many`): opacus' mechanism, opacus' streams.
+
+``train("dpsgd", ...)`` runs opacus (:func:`privkit.trainers.dpsgd.train_dpsgd`). Its batched form
+runs the same mechanism for many runs in lock-step on stacked models, and draws from each run's
+streams exactly what opacus draws from them, in the same order, so that in reproducible-noise mode
+each run's weights are opacus' up to float rounding:
+
+* batches (the ``poisson`` stream): per epoch, the DataLoader iterator's base seed (one int64 drawn
+  from the loader's generator), then per step one ``rand(n) < q`` mask
+  (``UniformWithReplacementSampler``), ``ceil(n / batch_size)`` steps, ``q`` their inverse;
+* per-example gradients clipped by opacus' rule ``min(1, C / (norm + 1e-6))`` (norms and the clipped
+  sum from each layer's inputs and output gradients, :class:`~privkit.trainers.stacked.
+  StackedModels`, where opacus forms every per-example gradient);
+* noise (the ``noise`` stream): per parameter in the optimiser's order, ``normal(0, sigma C)`` of its
+  shape; the sum of the clipped gradients and the noise divided by opacus' expected batch size
+  ``int(n q)``; one step of SGD.
+
+In release mode the streams are fresh secret ones drawn as :mod:`privkit.trainers.opacus_streams`
+draws them. Adam is not batched (it amplifies the float rounding by which the batched gradients
+differ from opacus', :mod:`privkit.trainers.exact_mlp`): those runs train one after the other, as
+do runs inside an audit's probing block or with a mutation (opacus' hooks take those).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from privkit import mutations
+from privkit.seeding import derive_seed, noise_generator
+from privkit.trainers.batched_sgd import load_states
+from privkit.trainers.common import accuracy, new_model, resolve_device
+from privkit.trainers.dpsgd import _plan, dpsgd_result
+from privkit.trainers.many import stacked_on
+from privkit.trainers.stacked import StackedModels
+
+OPACUS_NORM_OFFSET = 1e-6  # opacus' DPOptimizer.clip_and_accumulate: C / (norm + 1e-6)
+
+
+class _Run:
+    """One run's data, plan, streams and bookkeeping."""
+
+    def __init__(self, federation, config, seed: int, device: torch.device):
+        self.federation, self.seed = federation, seed
+        x, y = federation.pooled_arrays()
+        self.n = len(y)
+        self.plan = _plan(federation, config)
+        self.rate, self.steps, self.sigma, _ = self.plan
+        self.per_epoch = round(1 / self.rate)
+        self.expected = int(self.n * self.rate)  # opacus: int(len(dataset) * sample_rate)
+        self.model, self.spec = new_model(federation, config, derive_seed(seed, "init"))
+        self.batches = noise_generator(seed, "poisson", reproducible=config.reproducible_noise)
+        self.noise = noise_generator(seed, "noise", reproducible=config.reproducible_noise, device=device)
+        self.x = torch.as_tensor(x, dtype=torch.float32, device=device)
+        self.y = torch.as_tensor(y, dtype=torch.long, device=device)
+        self.rounds: list[dict] = []
+        self.loss = [0.0, 0]
+
+    def batch(self, t: int) -> torch.Tensor:
+        """Step ``t``'s Poisson batch (record indices), drawn as opacus' loader draws it."""
+        if t % self.per_epoch == 0 and self.batches.seeded_torch:  # a new DataLoader iterator's base seed
+            torch.empty((), dtype=torch.int64).random_(generator=self.batches.source)
+        return torch.nonzero(self.batches.mask(self.n, rate=self.rate)).flatten()
+
+    def noise_like(self, shape: torch.Size, std: float) -> torch.Tensor:
+        """One parameter's noise, as opacus' ``_generate_noise`` (or privkit's stream) draws it."""
+        if self.batches.seeded_torch:
+            return torch.normal(mean=0, std=std, size=tuple(shape), generator=self.noise.source,
+                                device=self.noise.source.device)
+        return std * self.noise.randn(shape)
+
+
+def batchable(config) -> bool:
+    """Whether the batched form covers ``config`` (SGD, and no audit mutation active)."""
+    return config.optimizer == "sgd" and mutations.active() == mutations.CORRECT
+
+
+def train_dpsgd_runs(method: str, federations: list, config, seeds: list[int]) -> list:
+    """``train("dpsgd", federations[j], config, seeds[j])`` for every j, batched (see the module
+    docstring; configurations it does not cover train one after the other)."""
+    from privkit.trainers.base import train
+
+    if not batchable(config):
+        return [train(method, f, config, seed=s) for f, s in zip(federations, seeds)]
+    device = resolve_device(config)
+    runs = [_Run(f, config, s, device) for f, s in zip(federations, seeds)]
+    if len({str(r.spec) for r in runs}) != 1:
+        raise ValueError("batched runs need one model architecture; found several")
+    m = len(runs)
+    params, buffers = stacked_on([r.model for r in runs], device)
+    names = list(params)  # the optimiser's parameter order, opacus' noise order
+    net = StackedModels(runs[0].model, m)
+    net.norm_offset = OPACUS_NORM_OFFSET
+    std = [r.sigma * config.clip_norm for r in runs]
+    expected = torch.tensor([float(r.expected) for r in runs], device=device)
+    for t in range(max(r.steps for r in runs)):
+        live = [j for j, r in enumerate(runs) if t < r.steps]
+        batches = {j: runs[j].batch(t) for j in live}
+        counts = [len(batches.get(j, ())) for j in range(m)]
+        width = max(1, max(counts))
+        xb = torch.zeros((m, width, *runs[0].x.shape[1:]), device=device)
+        yb = torch.zeros((m, width), dtype=torch.long, device=device)
+        for j, b in batches.items():
+            xb[j, :len(b)], yb[j, :len(b)] = runs[j].x[b], runs[j].y[b]
+        losses = torch.zeros(m, device=device)
+
+        def example_losses(out: torch.Tensor, models: torch.Tensor, s: slice) -> torch.Tensor:
+            ce = F.cross_entropy(out.reshape(-1, out.shape[-1]), yb[models, s].reshape(-1),
+                                 reduction="none").view(len(models), -1)
+            keep = torch.arange(s.start, s.start + ce.shape[1], device=device)[None, :] < \
+                torch.tensor(counts, device=device)[models, None]
+            losses.index_add_(0, models, torch.where(keep, ce, 0.0).detach().sum(1))
+            return ce
+
+        sums, _ = net.clipped_sums(params, buffers, xb, example_losses, config.clip_norm, counts=counts)
+        with torch.no_grad():
+            for j in live:
+                for k in names:
+                    g = (sums[k][j] + runs[j].noise_like(params[k].shape[1:], std[j])) / expected[j]
+                    params[k][j].add_(g, alpha=-config.lr)
+        for j in live:
+            r = runs[j]
+            r.loss[0] += float(losses[j])
+            r.loss[1] += counts[j]
+            if (t + 1) % r.per_epoch == 0:  # the end of an epoch: opacus' per-epoch row
+                r.model.load_state_dict({k: params[k][j].detach().clone() for k in names}, strict=False)
+                r.rounds.append({"round": (t + 1) // r.per_epoch, "steps": t + 1, "loss": r.loss[0] / max(r.loss[1], 1),
+                                 "test_accuracy": accuracy(r.model, *r.federation.test_arrays(), device)})
+                r.loss = [0.0, 0]
+    out = []
+    for j, (r, released) in enumerate(zip(runs, load_states(runs[0].spec, [
+            {k: v[j].detach().cpu().clone() for k, v in params.items()} for j in range(m)]))):
+        rows = [{"round": row["round"], "test_accuracy": row["test_accuracy"], "loss": row["loss"],
+                 "steps": row["steps"]} for row in r.rounds]
+        out.append(dpsgd_result(r.federation, config, r.seed, released, r.spec, rows, r.plan, device))
+    return out
+
+
+__all__ = ["batchable", "train_dpsgd_runs"]
