@@ -14,7 +14,8 @@ thread each, so both cores are busy as in ``privkit demo``; each (method, repeat
 the repeats of a method are spread over the run. ``train_s`` and ``audit_s`` are medians over
 ``--repeats`` (default 3) of wall seconds, ``ratio`` their quotient; ``*_cpu_s`` are the worker's
 CPU seconds (one thread: the work done, less disturbed by other processes on a shared machine), and
-``ratio_cpu`` their quotient. ``load_average`` says how busy the machine was.
+``ratio_cpu`` their quotient. ``load_average`` says how busy the machine was. Each (method,
+repeat) is also printed to stderr as one JSON line when it ends.
 
 Usage::
 
@@ -178,10 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         for fut in as_completed(futures):
             row = fut.result()
             rows.append(row)
-            if not args.json:
-                print(f"{row['method']:<14} repeat {row['repeat']}: train {row['train_s']:.1f} s, "
-                      + ", ".join(f"{k} {row[k]:.1f} s" for k in ("audit_s", "loop_audit_s") if k in row),
-                      file=sys.stderr, flush=True)
+            print(json.dumps(row), file=sys.stderr, flush=True)  # each repeat as it ends (a long run's log)
     summary = summarise(sorted(rows, key=lambda r: (methods.index(r["method"]), r["repeat"])))
     out = {"schema_version": 1, "benchmark": "audit_cost", "methods": summary,
            "conditions": {"workers": args.workers, "torch_threads": 1, "cpus": os.cpu_count(),
