@@ -36,7 +36,7 @@ from privkit.seeding import noise_rng
 from privkit.trainers.base import TrainResult
 from privkit.trainers.common import embed, resolve_device
 from privkit.trainers.feddf import distillation_hook
-from privkit.trainers.fedavg import result_from_outcome, run_federated
+from privkit.trainers.fedavg import FederatedRun, drive, result_from_outcome
 from privkit.trainers.heads import HeadData, certainty_scores, fit_binary_head, head_features, release_head
 from privkit.trainers.pretrain import init_model
 
@@ -145,9 +145,9 @@ def eq10_warning(federation, lam: float, epsilon: float, delta: float, calibrati
             f"epsilon={true_eps:.3g} (analytic, at delta={delta:g}) instead of the claimed {epsilon:g}")
 
 
-# method "fedaux": config and registration in privkit.methods.fedaux
-def train_fedaux(federation, config: FedAUXConfig, seed: int, progress: bool = False) -> TrainResult:
-    """FedAUX (``pretrain=false`` drops h0 for the client models; scores always use h0)."""
+def fedaux_run(federation, config: FedAUXConfig, seed: int, progress: bool = False):
+    """FedAUX's run (after the scores' release; the score-weighted distillation as its server hook)
+    and what turns its outcome into the result."""
     from accountants import Ledger
 
     device = resolve_device(config)
@@ -165,31 +165,42 @@ def train_fedaux(federation, config: FedAUXConfig, seed: int, progress: bool = F
         seed=seed, ledger=ledger, reproducible_noise=config.reproducible_noise)
     store: dict = {}
     hook = distillation_hook(federation, config, seed, scores=release.scores, store=store)
-    out = run_federated(federation, config, seed, progress=progress, server_hook=hook, ledger=ledger,
-                        model=model, spec=spec, pretrain_info=pinfo, description="fedaux rounds",
-                        neighbouring="replace_one")
-    warnings = [EQ4_NOTE,
-                "client models f_i are sent to the server in the clear (as in the paper): the pipeline "
-                "has no finite epsilon; the DP claim covers the certainty scores only (ledger label "
-                "'scores')", *release.warnings]
-    if config.score_dp:
-        warnings.insert(0, eq10_warning(federation, config.score_lambda, config.score_epsilon,
-                                        config.score_delta, config.calibration))
-    claims = {"epsilon": config.score_epsilon if config.score_dp else float("inf"),
-              "delta": config.score_delta if config.score_dp else None,
-              "composition": "basic", "labels": ["scores"],
-              "scope": "certainty scores only; client models f_i are not protected",
-              "pipeline_epsilon": float("inf"),
-              "source": "FedAUX Sec. 3.5 (Thm 1, Eq. 10) and App. J",
-              "mechanisms": {"scores": {"epsilon": config.score_epsilon, "delta": config.score_delta,
-                                        "lambda": config.score_lambda, "calibration": config.calibration,
-                                        "dp": config.score_dp, "clients": release.info}}}
-    artifacts = {"scores": release.scores.astype(np.float32), "score_heads": release.heads.astype(np.float32)}
-    if "soft_labels" in store:
-        artifacts["soft_labels"] = store["soft_labels"]
-    return result_from_outcome("fedaux", seed, config, out, artifacts=artifacts, warnings=warnings,
-                               claims=claims, federation=federation)
+    run = FederatedRun(federation, config, seed, progress=progress, server_hook=hook, ledger=ledger,
+                       model=model, spec=spec, pretrain_info=pinfo, neighbouring="replace_one")
+
+    def finish(out) -> TrainResult:
+        warnings = [EQ4_NOTE,
+                    "client models f_i are sent to the server in the clear (as in the paper): the pipeline "
+                    "has no finite epsilon; the DP claim covers the certainty scores only (ledger label "
+                    "'scores')", *release.warnings]
+        if config.score_dp:
+            warnings.insert(0, eq10_warning(federation, config.score_lambda, config.score_epsilon,
+                                            config.score_delta, config.calibration))
+        claims = {"epsilon": config.score_epsilon if config.score_dp else float("inf"),
+                  "delta": config.score_delta if config.score_dp else None,
+                  "composition": "basic", "labels": ["scores"],
+                  "scope": "certainty scores only; client models f_i are not protected",
+                  "pipeline_epsilon": float("inf"),
+                  "source": "FedAUX Sec. 3.5 (Thm 1, Eq. 10) and App. J",
+                  "mechanisms": {"scores": {"epsilon": config.score_epsilon, "delta": config.score_delta,
+                                            "lambda": config.score_lambda, "calibration": config.calibration,
+                                            "dp": config.score_dp, "clients": release.info}}}
+        artifacts = {"scores": release.scores.astype(np.float32),
+                     "score_heads": release.heads.astype(np.float32)}
+        if "soft_labels" in store:
+            artifacts["soft_labels"] = store["soft_labels"]
+        return result_from_outcome("fedaux", seed, config, out, artifacts=artifacts, warnings=warnings,
+                                   claims=claims, federation=federation)
+
+    return run, finish
 
 
-__all__ = ["FedAUXConfig", "FrozenFeatures", "ScoreRelease", "eq10_warning", "release_scoring_heads",
-           "train_fedaux"]
+# method "fedaux": config and registration in privkit.methods.fedaux
+def train_fedaux(federation, config: FedAUXConfig, seed: int, progress: bool = False) -> TrainResult:
+    """FedAUX (``pretrain=false`` drops h0 for the client models; scores always use h0)."""
+    run, finish = fedaux_run(federation, config, seed, progress)
+    return finish(drive(run, progress, "fedaux rounds"))
+
+
+__all__ = ["FedAUXConfig", "FrozenFeatures", "ScoreRelease", "eq10_warning", "fedaux_run",
+           "release_scoring_heads", "train_fedaux"]

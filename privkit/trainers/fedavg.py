@@ -182,8 +182,13 @@ def run_federated(federation, cfg: FedAvgConfig, seed: int, *, progress: bool = 
     run = FederatedRun(federation, cfg, seed, progress=progress, mu=mu, server_hook=server_hook,
                        ledger=ledger, model=model, spec=spec, pretrain_info=pretrain_info,
                        neighbouring=neighbouring)
+    return drive(run, progress, description)
+
+
+def drive(run: FederatedRun, progress: bool = False, description: str = "rounds") -> FederatedOutcome:
+    """Run ``run`` to its end, one client after the other."""
     with progress_bar(progress) as bar:
-        task = bar.add_task(description, total=cfg.rounds)
+        task = bar.add_task(description, total=run.cfg.rounds)
         while (selected := run.next_round()) is not None:
             run.finish_round([run.train_local(i) for i in selected])
             bar.update(task, advance=1, info=f"acc {run.rounds[-1]['test_accuracy']:.3f}")
@@ -219,22 +224,37 @@ NO_DP_CLAIM = {"epsilon": float("inf"), "delta": None, "composition": None,
                "scope": "none: client models are sent to the server in the clear",
                "source": "no formal DP claim"}
 
+def fedavg_run(federation, config: FedAvgConfig, seed: int, progress: bool = False,
+               method: str = "fedavg") -> tuple[FederatedRun, Callable[[FederatedOutcome], TrainResult]]:
+    """FedAvg's (or FedProx's) run and what turns its outcome into the method's result."""
+    mu = 0.0
+    if method == "fedprox":
+        mu = config.mu
+        if mu <= 0:
+            raise PrivkitError(f"mu must be > 0 for fedprox; found {mu}")
+    run = FederatedRun(federation, config, seed, progress=progress, mu=mu)
+    return run, lambda out: result_from_outcome(method, seed, config, out, claims=dict(NO_DP_CLAIM),
+                                                federation=federation)
+
+
 # method "fedavg": config and registration in privkit.methods.fedavg
 def train_fedavg(federation, config: FedAvgConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedAvg (+P / +F). See the module docstring."""
-    out = run_federated(federation, config, seed, progress=progress, description="fedavg rounds")
-    return result_from_outcome("fedavg", seed, config, out, claims=dict(NO_DP_CLAIM), federation=federation)
+    run, finish = fedavg_run(federation, config, seed, progress)
+    return finish(drive(run, progress, "fedavg rounds"))
+
+
+def fedprox_run(federation, config: FedProxConfig, seed: int, progress: bool = False):
+    """FedProx's run and result (:func:`fedavg_run`)."""
+    return fedavg_run(federation, config, seed, progress, method="fedprox")
 
 
 # method "fedprox": config and registration in privkit.methods.fedavg
 def train_fedprox(federation, config: FedProxConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedProx (+P / +F). See the module docstring."""
-    if config.mu <= 0:
-        raise PrivkitError(f"mu must be > 0 for fedprox; found {config.mu}")
-    out = run_federated(federation, config, seed, progress=progress, mu=config.mu,
-                        description="fedprox rounds")
-    return result_from_outcome("fedprox", seed, config, out, claims=dict(NO_DP_CLAIM), federation=federation)
+    run, finish = fedprox_run(federation, config, seed, progress)
+    return finish(drive(run, progress, "fedprox rounds"))
 
 
-__all__ = ["FedAvgConfig", "FedProxConfig", "FederatedOutcome", "FederatedRun", "result_from_outcome",
-           "run_federated", "select_clients", "train_fedavg", "train_fedprox"]
+__all__ = ["FedAvgConfig", "FedProxConfig", "FederatedOutcome", "FederatedRun", "drive", "fedavg_run",
+           "fedprox_run", "result_from_outcome", "run_federated", "select_clients", "train_fedavg", "train_fedprox"]

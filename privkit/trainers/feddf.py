@@ -22,7 +22,7 @@ from privkit.methods.feddf import FedDFConfig
 from privkit.seeding import derive_seed
 from privkit.trainers.base import TrainResult
 from privkit.trainers.common import distill, predict_logits, resolve_device
-from privkit.trainers.fedavg import NO_DP_CLAIM, result_from_outcome, run_federated
+from privkit.trainers.fedavg import NO_DP_CLAIM, FederatedRun, drive, result_from_outcome
 
 
 def ensemble_targets(client_logits: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
@@ -62,21 +62,25 @@ def distillation_hook(federation, cfg: FedDFConfig, seed: int, scores: np.ndarra
     return hook
 
 
+def feddf_run(federation, config: FedDFConfig, seed: int, progress: bool = False):
+    """FedDF's run (the distillation as its server hook) and what turns its outcome into the result."""
+    store: dict = {}
+    hook = distillation_hook(federation, config, seed, store=store)
+    run = FederatedRun(federation, config, seed, progress=progress, server_hook=hook)
+
+    def finish(out) -> TrainResult:
+        artifacts = {"soft_labels": store["soft_labels"]} if "soft_labels" in store else {}
+        return result_from_outcome("feddf", seed, config, out, artifacts=artifacts,
+                                   claims=dict(NO_DP_CLAIM), federation=federation)
+
+    return run, finish
+
+
 # method "feddf": config and registration in privkit.methods.feddf
 def train_feddf(federation, config: FedDFConfig, seed: int, progress: bool = False) -> TrainResult:
     """FedDF (+P / +F). See the module docstring."""
-    store: dict = {}
-    hook = distillation_hook(federation, config, seed, store=store)
-    out = run_federated(federation, config, seed, progress=progress, server_hook=hook,
-                        description="feddf rounds")
-    return feddf_result(federation, config, seed, out, store)
+    run, finish = feddf_run(federation, config, seed, progress)
+    return finish(drive(run, progress, "feddf rounds"))
 
 
-def feddf_result(federation, config: FedDFConfig, seed: int, out, store: dict) -> TrainResult:
-    """FedDF's :class:`TrainResult` from the run's outcome and its hook's ``store``."""
-    artifacts = {"soft_labels": store["soft_labels"]} if "soft_labels" in store else {}
-    return result_from_outcome("feddf", seed, config, out, artifacts=artifacts,
-                               claims=dict(NO_DP_CLAIM), federation=federation)
-
-
-__all__ = ["FedDFConfig", "distillation_hook", "ensemble_targets", "feddf_result", "train_feddf"]
+__all__ = ["FedDFConfig", "distillation_hook", "ensemble_targets", "feddf_run", "train_feddf"]

@@ -38,9 +38,10 @@ BATCHED: dict[str, str] = {
     "dp-fedavg": "privkit.trainers.many_dpfed:train_dpfed_many",
     "fedkadp": "privkit.trainers.many_dpfed:train_dpfed_many",
     "fedkd-dp": "privkit.trainers.many_dpfed:train_fedkd_many",
-    "fedavg": "privkit.trainers.many_fedavg:train_fedavg_many",
-    "fedprox": "privkit.trainers.many_fedavg:train_fedavg_many",
-    "feddf": "privkit.trainers.many_fedavg:train_feddf_many",
+    "fedavg": "privkit.trainers.many_fedavg:train_federated_many",
+    "fedprox": "privkit.trainers.many_fedavg:train_federated_many",
+    "feddf": "privkit.trainers.many_fedavg:train_federated_many",
+    "fedaux": "privkit.trainers.many_fedavg:train_federated_many",
     "dpsgd": "privkit.trainers.many_dpsgd:train_dpsgd_runs",
 }
 

@@ -1,4 +1,4 @@
-"""FedAvg, FedProx and FedDF runs batched (:mod:`privkit.trainers.many`).
+"""FedAvg, FedProx, FedDF and FedAUX runs batched (:mod:`privkit.trainers.many`).
 
 Each run is a :class:`~privkit.trainers.fedavg.FederatedRun` (the single run's own object: client
 selection, ledger, size-weighted averaging, the server hook, evaluation). Per round the selected
@@ -9,7 +9,8 @@ mean cross-entropy, plus FedProx's proximal term towards its run's global model;
 Adam per round), models with fewer batches idling once theirs have run out. These methods train
 with Adam, which amplifies float rounding (:mod:`privkit.trainers.exact_mlp`), so each model runs
 exactly the single run's kernels: the batch saves the per-step overhead, not the arithmetic.
-FedDF's distillation (the server hook) runs per run, as in the single run.
+FedDF's and FedAUX's distillation (the server hook) and FedAUX's score release run per run, as in
+the single run.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ import copy
 
 import torch
 
-from privkit.errors import PrivkitError
 from privkit.seeding import torch_generator
 from privkit.trainers.common import as_tensor, minibatches
 from privkit.trainers.exact_mlp import Model, mlp_layers, train_exact
-from privkit.trainers.fedavg import NO_DP_CLAIM, FederatedRun, result_from_outcome
+from privkit.trainers.fedavg import FederatedRun
 from privkit.trainers.many import lockstep
 from privkit.trainers.stacked import UnsupportedModelError
 
@@ -61,28 +61,22 @@ def local_epochs(runs: list[FederatedRun], selected: list[list[int]]) -> list[li
     return out
 
 
-def train_fedavg_many(method: str, federations: list, config, seeds: list[int]) -> list:
-    """``train(method, federations[j], config, seeds[j])`` for every j (``fedavg``, ``fedprox``),
-    the selected clients of all runs' rounds trained together."""
-    mu = float(getattr(config, "mu", 0.0)) if method == "fedprox" else 0.0
-    if method == "fedprox" and mu <= 0:
-        raise PrivkitError(f"mu must be > 0 for fedprox; found {mu}")
-    runs = [FederatedRun(f, config, s, mu=mu) for f, s in zip(federations, seeds)]
-    lockstep(runs, local_epochs)
-    return [result_from_outcome(method, s, config, r.outcome(), claims=dict(NO_DP_CLAIM), federation=f)
-            for r, f, s in zip(runs, federations, seeds)]
+#: method -> "module:function" returning ``(FederatedRun, finish)`` for (federation, config, seed)
+RUNS = {"fedavg": "privkit.trainers.fedavg:fedavg_run", "fedprox": "privkit.trainers.fedavg:fedprox_run",
+        "feddf": "privkit.trainers.feddf:feddf_run", "fedaux": "privkit.trainers.fedaux:fedaux_run"}
 
 
-def train_feddf_many(method: str, federations: list, config, seeds: list[int]) -> list:
-    """``train("feddf", federations[j], config, seeds[j])`` for every j: local training batched,
-    each run's distillation its own."""
-    from privkit.trainers.feddf import distillation_hook, feddf_result
+def train_federated_many(method: str, federations: list, config, seeds: list[int]) -> list:
+    """``train(method, federations[j], config, seeds[j])`` for every j (a method of :data:`RUNS`):
+    each run set up as the single run sets it up, the selected clients of all runs' rounds trained
+    together, each run's server step (FedDF's and FedAUX's distillation) its own."""
+    import importlib
 
-    stores: list[dict] = [{} for _ in federations]
-    runs = [FederatedRun(f, config, s, server_hook=distillation_hook(f, config, s, store=st))
-            for f, s, st in zip(federations, seeds, stores)]
-    lockstep(runs, local_epochs)
-    return [feddf_result(f, config, s, r.outcome(), st) for r, f, s, st in zip(runs, federations, seeds, stores)]
+    module, _, name = RUNS[method].partition(":")
+    setup = getattr(importlib.import_module(module), name)
+    pairs = [setup(f, config, s) for f, s in zip(federations, seeds)]
+    lockstep([run for run, _ in pairs], local_epochs)
+    return [finish(run.outcome()) for run, finish in pairs]
 
 
-__all__ = ["local_epochs", "train_fedavg_many", "train_feddf_many"]
+__all__ = ["RUNS", "local_epochs", "train_federated_many"]

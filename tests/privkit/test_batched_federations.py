@@ -44,13 +44,14 @@ CASES = {
     "fedavg frozen": {**FEDAVG, "pretrain": True, "freeze": True, "pretrain_epochs": 1, "pretrain_seed": 0},
     "fedprox": {**FEDAVG, "mu": 0.1},
     "feddf": {**FEDAVG, "distill_epochs": 1, "distill_lr": 1e-3},
+    "fedaux": {**FEDAVG, "distill_epochs": 1, "distill_lr": 1e-3, "pretrain_epochs": 1, "pretrain_seed": 0},
     # opacus' streams and clipping rule, per-example norms from the layers (opacus forms them)
     "dpsgd": {"arch": "mlp", "feature_dim": 16, "epochs": 2, "batch_size": 64, "lr": 0.5, "device": "cpu",
               "calibration_accountant": "rdp", "reproducible_noise": True},
     "dpsgd given-sigma": {"arch": "mlp", "feature_dim": 16, "epochs": 1, "batch_size": 200, "lr": 0.5,
                           "noise_multiplier": 0.8, "clip_norm": 0.5, "device": "cpu", "reproducible_noise": True},
 }
-EXACT = ("fedavg", "fedprox", "feddf")  # methods whose batched runs equal the single runs bit for bit
+EXACT = ("fedavg", "fedprox", "feddf", "fedaux")  # methods whose batched runs equal the single runs bit for bit
 
 
 @pytest.fixture(scope="module")
