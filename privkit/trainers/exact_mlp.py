@@ -20,6 +20,7 @@ or frozen features, an optional proximal term (FedProx). Anything else is an
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,28 +59,56 @@ def mlp_layers(model: nn.Module) -> list[str]:
 
 @dataclass
 class Model:
-    """One model of the batch: its parameters (views of the stacked tensors), its records and its
-    batches (index tensors into them, in step order)."""
+    """One model of the batch: its parameters (trained in place), its records, their targets and
+    its batches (index tensors into them, in step order). Targets are labels (mean cross-entropy,
+    :func:`~privkit.trainers.common.train_supervised`) or, with ``soft``, probability rows
+    (``KL(targets || softmax)`` per batch, :func:`~privkit.trainers.common.distill`)."""
 
     params: dict[str, torch.Tensor]
     x: torch.Tensor
     y: torch.Tensor
     batches: list[torch.Tensor]
+    soft: bool = False
+
+
+def model_for(module: nn.Module, x, y, *, epochs: int, batch_size: int, seed: int, device: torch.device,
+              soft: bool = False) -> Model:
+    """``module`` (trained in place) on ``(x, y)`` with the batches ``train_supervised`` /
+    ``distill`` draw for ``seed``: per epoch one permutation from ``torch_generator(seed)``, cut
+    into batches of ``batch_size`` (the last one partial)."""
+    from privkit.seeding import torch_generator
+    from privkit.trainers.common import as_tensor, minibatches
+
+    module.to(device).train()
+    xt = as_tensor(x, device, torch.float32)
+    yt = as_tensor(y, device, torch.float32 if soft else torch.long)
+    gen = torch_generator(seed)
+    batches = [idx.to(device) for _ in range(epochs) for idx in minibatches(len(xt), batch_size, gen)]
+    return Model({k: q.detach() for k, q in module.named_parameters()}, xt, yt, batches, soft)
+
+
+def architecture(module: nn.Module) -> tuple:
+    """What models trained together by :func:`train_exact` must share."""
+    return tuple((k, tuple(q.shape), q.requires_grad) for k, q in module.named_parameters())
 
 
 def _gradients(layers: list[tuple[str, str, bool]], trainable: set[str], p: dict[str, torch.Tensor], x: torch.Tensor,
-               y: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """The mean cross-entropy's gradients on the batch ``(x, y)`` with autograd's kernels, and the
-    log-probabilities (for the loss); ``scale`` is ``-1 / len(y)`` in float32 (nll_loss's gradient
-    at each target), ``rows`` is ``arange(len(y))``."""
+               y: torch.Tensor, soft: bool, scale: torch.Tensor,
+               rows: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The batch loss's gradients with autograd's kernels, and the log-probabilities (for the
+    loss). ``scale`` is ``-1 / len(y)`` in float32: nll_loss's gradient at each label, and the
+    factor of the targets in ``kl_div(..., reduction="batchmean")``'s; ``rows`` is ``arange(len(y))``."""
     aten = torch.ops.aten
     acts = [x.reshape(x.shape[0], -1)]
     for w, b, _ in layers[:-1]:
         acts.append(torch.relu(torch.addmm(p[b], acts[-1], p[w].t())))
     w, b, _ = layers[-1]
     logp = torch.log_softmax(torch.addmm(p[b], acts[-1], p[w].t()), 1)
-    g = torch.zeros_like(logp)
-    g[rows, y] = scale
+    if soft:  # d/d log q of sum(t (log t - log q)) / B: (-(1 / B)) t
+        g = y * scale
+    else:
+        g = torch.zeros_like(logp)
+        g[rows, y] = scale
     g = aten._log_softmax_backward_data(g, logp, 1, logp.dtype)
     grads: dict[str, torch.Tensor] = {}
     for i in range(len(layers) - 1, -1, -1):
@@ -100,7 +129,8 @@ def train_exact(template: nn.Module, models: Sequence[Model], *, optimizer: str,
     :func:`~privkit.trainers.common.train_supervised` trains one with a fresh ``optimizer``
     (``"sgd"`` or ``"adam"``) at ``lr``: mean cross-entropy per batch plus, where ``mu[j] > 0``,
     ``mu[j] / 2 ||theta - anchors[j]||^2`` over the trainable parameters. Returns each model's
-    summed ``(batch loss) x (batch size)`` over its batches from ``loss_from[j]`` on (default: all).
+    summed ``(batch loss) x (batch size)`` over its batches from ``loss_from[j]`` on (label targets;
+    none without ``loss_from``).
 
     The models take their steps in turns, each step's gradient and update together (one model's
     tensors stay in cache; an update of all models' parameters at once is bound by memory traffic).
@@ -112,7 +142,7 @@ def train_exact(template: nn.Module, models: Sequence[Model], *, optimizer: str,
     layers = [(f"{n}.weight", f"{n}.bias", i > 0 and f"{ls[i - 1]}.weight" in trainable) for i, n in enumerate(ls)]
     n = len(models)
     mu = list(mu) if mu is not None else [0.0] * n
-    first = list(loss_from) if loss_from is not None else [0] * n
+    first = list(loss_from) if loss_from is not None else [math.inf] * n
     moments = [([torch.zeros_like(m.params[k]) for k in names], [torch.zeros_like(m.params[k]) for k in names])
                for m in models]
     totals = [0.0] * n
@@ -126,7 +156,7 @@ def train_exact(template: nn.Module, models: Sequence[Model], *, optimizer: str,
             key = (len(b), yb.device)
             if key not in consts:  # nll_loss's gradient -1 / total weight, in float32
                 consts[key] = (-(torch.ones((), device=yb.device) / len(b)), torch.arange(len(b), device=yb.device))
-            g, logp = _gradients(layers, trainable, m.params, m.x[b], yb, *consts[key])
+            g, logp = _gradients(layers, trainable, m.params, m.x[b], yb, m.soft, *consts[key])
             extra = None
             if mu[j] > 0:  # autograd's gradient of (mu/2) sum ||p - a||^2: (mu/2) (2 (p - a))
                 half = 0.5 * mu[j]
@@ -156,4 +186,4 @@ def _update(optimizer: str, lr: float, step: int, p: list[torch.Tensor], g: list
     torch._foreach_addcdiv_(p, m1, denom, value=-lr / (1 - BETA1 ** step))
 
 
-__all__ = ["Model", "mlp_layers", "train_exact"]
+__all__ = ["Model", "architecture", "mlp_layers", "model_for", "train_exact"]

@@ -38,6 +38,7 @@ Privacy (record level, per party):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -386,6 +387,188 @@ def _evaluate(models, xt, yt, device, batch_size) -> list[float]:
     return [accuracy(m, xt, yt, device, batch_size) for m in models]
 
 
+@dataclass
+class PartyJob:
+    """One party's training call of a phase: a revisit (its private records and labels, the
+    initialisation included) or a digest (the public subset and the consensus)."""
+
+    model: torch.nn.Module
+    x: np.ndarray
+    targets: np.ndarray
+    digest: bool
+    epochs: int
+    batch_size: int
+    seed: int
+
+    def run(self, config: FedMDConfig, device: torch.device) -> None:
+        """Train the party's model as the single run does (:func:`digest` / :func:`revisit`)."""
+        if self.digest:
+            digest(self.model, self.x, self.targets, config.knowledge, epochs=self.epochs,
+                   batch_size=self.batch_size, lr=config.lr, device=device, seed=self.seed)
+        else:
+            revisit(self.model, self.x, self.targets, epochs=self.epochs, batch_size=self.batch_size,
+                    lr=config.lr, device=device, seed=self.seed)
+
+
+class FedMDRun:
+    """One FedMD run held between its phases, so that many runs' parties can train together.
+
+    :meth:`init_jobs` are the initialisation's revisits; each round, :meth:`next_round` shares the
+    parties' knowledge on the round's public subset and returns the digests, then
+    :meth:`revisit_jobs` the revisits; :meth:`record` evaluates after each phase pair. The jobs of
+    a phase are independent (each its own party's model), so the single run runs them in turn and
+    the batched path (:mod:`privkit.trainers.many_fedmd`) all at once.
+    """
+
+    def __init__(self, federation, config: FedMDConfig, seed: int, variant: str):
+        import dp_accounting as dpa
+
+        from accountants import Ledger, NfdpSubsampleEvent, NonPrivateEvent
+
+        self.federation, self.config, self.seed, self.variant = federation, config, seed, variant
+        n_parties = federation.num_clients
+        if config.released_party >= n_parties:
+            raise PrivkitError(
+                f"released_party must be < {n_parties} (the number of parties); found "
+                f"{config.released_party}"
+            )
+        self.device = device = resolve_device(config)
+        pub_classes, priv_classes = label_split(federation, config)
+        self.xpub, ypub, _ = restrict(*federation.public_arrays("all"), pub_classes)
+        self.models, self.specs = pretrain_parties(federation, config, seed, device, public=(self.xpub, ypub))
+        self.xt, self.yt, _ = restrict(*federation.test_arrays(), priv_classes)
+        self.m_pub = m_pub = min(config.public_subset, len(self.xpub))
+        self.ledger = ledger = Ledger()
+        self.warnings: list[str] = []
+        self.claims: dict = {}
+        self.artifacts: dict[str, np.ndarray] = {}
+        warnings = self.warnings
+        if config.labels == "disjoint":
+            warnings.append(
+                f"disjoint label spaces (as the paper): public data and pretraining use classes "
+                f"{pub_classes} only ({len(self.xpub)} public records), parties train on their records of "
+                f"classes {priv_classes} only, and test accuracy is over the test records of those "
+                f"classes ({len(self.yt)}); a party's records of other classes are never used"
+            )
+
+        # Private (sub)sets, fixed for the whole run. n is the party's number of private-class
+        # records: the label filter keeps or drops each record on its own label, so adding or
+        # removing one record changes the filtered set by at most that record.
+        self.private: list[tuple[np.ndarray, np.ndarray]] = []
+        sizes: list[int] = []
+        for i, idx in enumerate(federation.clients):
+            x, y, keep = restrict(*federation.client_arrays(i), priv_classes)
+            idx = idx[keep]
+            sizes.append(len(idx))
+            if variant == "nfdp" and len(idx):
+                if not config.replacement and config.k > len(idx):
+                    raise PrivkitError(
+                        f"k must be <= n for sampling without replacement; found k={config.k}, "
+                        f"n={len(idx)} (party {i}); use replacement=true or a smaller k"
+                    )
+                # The subsample is NFDP's only randomness: secret in release mode (AES-CTR keyed from OS entropy) and
+                # stored only in reproducible mode, where the run is not for release anyway.
+                pos = draw_subset(
+                    len(idx), config.k, config.replacement,
+                    noise_rng(seed, f"fedmd-subset-{i}", reproducible=config.reproducible_noise),
+                )
+                if config.reproducible_noise:
+                    self.artifacts[f"subset_indices/client_{i}"] = idx[pos]
+                x, y = x[pos], y[pos]
+            self.private.append((x, y))
+
+        _record_privacy(
+            variant,
+            federation,
+            config,
+            ledger,
+            warnings,
+            self.claims,
+            sizes,
+            NfdpSubsampleEvent,
+            NonPrivateEvent,
+        )
+        self.plan = plan = _ldp_plan(federation, config, m_pub, sizes) if variant == "ldp" else None
+        if plan is not None:
+            _record_ldp(federation, config, plan, ledger, warnings, self.claims, dpa, NonPrivateEvent, sizes)
+        if m_pub < config.public_subset:
+            warnings.append(
+                f"public_subset={config.public_subset} capped at the public data size {m_pub}"
+            )
+        self.pub_rng = make_rng(seed, "fedmd-public")
+        self.rounds: list[dict] = []
+        self.t = 0
+
+    def init_jobs(self) -> list[PartyJob]:
+        """Initialisation phase (no collaboration): T1 epochs on the private (sub)set."""
+        cfg = self.config
+        return [PartyJob(m, *self.private[i], False, cfg.init_epochs, cfg.revisit_batch_size,
+                         derive_seed(self.seed, f"fedmd-init-train-{i}")) for i, m in enumerate(self.models)]
+
+    def record(self) -> None:
+        """Evaluate every party after the current round (round 0: after the initialisation)."""
+        accs = _evaluate(self.models, self.xt, self.yt, self.device, self.config.eval_batch_size)
+        self.rounds.append(_round_record(self.t, accs, self.config))
+
+    def next_round(self) -> list[PartyJob] | None:
+        """Start the next round: the parties share their knowledge on its public subset, the server
+        averages it; returns the digests (``None`` after the last round)."""
+        cfg, plan, t = self.config, self.plan, self.t + 1
+        if t > cfg.rounds:
+            return None
+        self.t = t
+        sel = np.sort(self.pub_rng.choice(len(self.xpub), size=self.m_pub, replace=False))
+        x_p = self.xpub[sel]
+        shares = []
+        for i, m in enumerate(self.models):
+            share = share_knowledge(
+                predict_logits(m, x_p, self.device, cfg.eval_batch_size), cfg.knowledge
+            )
+            if plan is not None:
+                if cfg.knowledge == "logits":
+                    share = clip_rows(share, cfg.logit_clip)
+                rng = noise_rng(self.seed, f"fedmd-ldp-{i}-{t}", reproducible=cfg.reproducible_noise)
+                # each shared vector is one Gaussian release (the ledger's "ldp predictions" events)
+                share = gaussian_output_perturbation(
+                    share, sigma=plan["sigma"][i], sensitivity=plan["sensitivity"], rng=rng, client=i,
+                    label="ldp predictions", rows=True, dtype=np.float32,
+                )
+            shares.append(share)
+        consensus = aggregate_knowledge(shares)
+        if plan is not None and cfg.knowledge != "logits":
+            consensus = project_to_simplex_rows(consensus)  # post-processing of the noisy mean
+        return [PartyJob(m, x_p, consensus, True, cfg.digest_epochs, cfg.digest_batch_size,
+                         derive_seed(self.seed, f"fedmd-digest-{i}-{t}")) for i, m in enumerate(self.models)]
+
+    def revisit_jobs(self) -> list[PartyJob]:
+        """The current round's revisits: T3 epochs on each party's private (sub)set."""
+        cfg = self.config
+        return [PartyJob(m, *self.private[i], False, cfg.revisit_epochs, cfg.revisit_batch_size,
+                         derive_seed(self.seed, f"fedmd-revisit-{i}-{self.t}")) for i, m in enumerate(self.models)]
+
+    def result(self) -> TrainResult:
+        cfg, yt = self.config, self.yt
+        client_acc = self.rounds[-1]["client_accuracy"]
+        r = cfg.released_party
+        return TrainResult(
+            method=f"fedmd-{self.variant}",
+            seed=self.seed,
+            config=cfg.model_dump(),
+            model=self.models[r],
+            model_spec=self.specs[r],
+            ledger=self.ledger,
+            rounds=self.rounds,
+            test_accuracy=client_acc[r],
+            artifacts=self.artifacts,
+            client_models=self.models,
+            client_model_specs=self.specs,
+            client_accuracy=client_acc,
+            warnings=self.warnings,
+            claims=self.claims,
+            chance_accuracy=float(np.bincount(yt).max() / len(yt)) if len(yt) else float("nan"),
+        )
+
+
 def run_fedmd(
     federation, config: FedMDConfig, seed: int, variant: str, progress: bool = False
 ) -> TrainResult:
@@ -394,163 +577,22 @@ def run_fedmd(
     Returns a :class:`TrainResult` whose ``model`` is party ``released_party``'s model and whose
     ``client_models`` are all parties' models.
     """
-    import dp_accounting as dpa
-
-    from accountants import Ledger, NfdpSubsampleEvent, NonPrivateEvent
-
-    n_parties = federation.num_clients
-    if config.released_party >= n_parties:
-        raise PrivkitError(
-            f"released_party must be < {n_parties} (the number of parties); found "
-            f"{config.released_party}"
-        )
-    device = resolve_device(config)
-    pub_classes, priv_classes = label_split(federation, config)
-    xpub, ypub, _ = restrict(*federation.public_arrays("all"), pub_classes)
-    models, specs = pretrain_parties(federation, config, seed, device, public=(xpub, ypub))
-    xt, yt, _ = restrict(*federation.test_arrays(), priv_classes)
-    m_pub = min(config.public_subset, len(xpub))
-    ledger = Ledger()
-    warnings: list[str] = []
-    claims: dict = {}
-    artifacts: dict[str, np.ndarray] = {}
-    if config.labels == "disjoint":
-        warnings.append(
-            f"disjoint label spaces (as the paper): public data and pretraining use classes "
-            f"{pub_classes} only ({len(xpub)} public records), parties train on their records of "
-            f"classes {priv_classes} only, and test accuracy is over the test records of those "
-            f"classes ({len(yt)}); a party's records of other classes are never used"
-        )
-
-    # Private (sub)sets, fixed for the whole run. n is the party's number of private-class
-    # records: the label filter keeps or drops each record on its own label, so adding or
-    # removing one record changes the filtered set by at most that record.
-    private: list[tuple[np.ndarray, np.ndarray]] = []
-    sizes: list[int] = []
-    for i, idx in enumerate(federation.clients):
-        x, y, keep = restrict(*federation.client_arrays(i), priv_classes)
-        idx = idx[keep]
-        sizes.append(len(idx))
-        if variant == "nfdp" and len(idx):
-            if not config.replacement and config.k > len(idx):
-                raise PrivkitError(
-                    f"k must be <= n for sampling without replacement; found k={config.k}, "
-                    f"n={len(idx)} (party {i}); use replacement=true or a smaller k"
-                )
-            # The subsample is NFDP's only randomness: secret in release mode (AES-CTR keyed from OS entropy) and
-            # stored only in reproducible mode, where the run is not for release anyway.
-            pos = draw_subset(
-                len(idx), config.k, config.replacement,
-                noise_rng(seed, f"fedmd-subset-{i}", reproducible=config.reproducible_noise),
-            )
-            if config.reproducible_noise:
-                artifacts[f"subset_indices/client_{i}"] = idx[pos]
-            x, y = x[pos], y[pos]
-        private.append((x, y))
-
-    _record_privacy(
-        variant,
-        federation,
-        config,
-        ledger,
-        warnings,
-        claims,
-        sizes,
-        NfdpSubsampleEvent,
-        NonPrivateEvent,
-    )
-    plan = _ldp_plan(federation, config, m_pub, sizes) if variant == "ldp" else None
-    if plan is not None:
-        _record_ldp(federation, config, plan, ledger, warnings, claims, dpa, NonPrivateEvent, sizes)
-    if m_pub < config.public_subset:
-        warnings.append(
-            f"public_subset={config.public_subset} capped at the public data size {m_pub}"
-        )
-
-    # Initialisation phase (no collaboration): T1 epochs on the private (sub)set.
-    for i, m in enumerate(models):
-        revisit(
-            m,
-            *private[i],
-            epochs=config.init_epochs,
-            batch_size=config.revisit_batch_size,
-            lr=config.lr,
-            device=device,
-            seed=derive_seed(seed, f"fedmd-init-train-{i}"),
-        )
-    rounds = [_round_record(0, _evaluate(models, xt, yt, device, config.eval_batch_size), config)]
-
-    pub_rng = make_rng(seed, "fedmd-public")
+    run = FedMDRun(federation, config, seed, variant)
+    for job in run.init_jobs():
+        job.run(config, run.device)
+    run.record()
     iterator = range(1, config.rounds + 1)
     if progress:
         from rich.progress import track
 
         iterator = track(iterator, description=f"fedmd-{variant}")
-    for t in iterator:
-        sel = np.sort(pub_rng.choice(len(xpub), size=m_pub, replace=False))
-        x_p = xpub[sel]
-        shares = []
-        for i, m in enumerate(models):
-            share = share_knowledge(
-                predict_logits(m, x_p, device, config.eval_batch_size), config.knowledge
-            )
-            if plan is not None:
-                if config.knowledge == "logits":
-                    share = clip_rows(share, config.logit_clip)
-                rng = noise_rng(seed, f"fedmd-ldp-{i}-{t}", reproducible=config.reproducible_noise)
-                # each shared vector is one Gaussian release (the ledger's "ldp predictions" events)
-                share = gaussian_output_perturbation(
-                    share, sigma=plan["sigma"][i], sensitivity=plan["sensitivity"], rng=rng, client=i,
-                    label="ldp predictions", rows=True, dtype=np.float32,
-                )
-            shares.append(share)
-        consensus = aggregate_knowledge(shares)
-        if plan is not None and config.knowledge != "logits":
-            consensus = project_to_simplex_rows(consensus)  # post-processing of the noisy mean
-        for i, m in enumerate(models):
-            digest(
-                m,
-                x_p,
-                consensus,
-                config.knowledge,
-                epochs=config.digest_epochs,
-                batch_size=config.digest_batch_size,
-                lr=config.lr,
-                device=device,
-                seed=derive_seed(seed, f"fedmd-digest-{i}-{t}"),
-            )
-            revisit(
-                m,
-                *private[i],
-                epochs=config.revisit_epochs,
-                batch_size=config.revisit_batch_size,
-                lr=config.lr,
-                device=device,
-                seed=derive_seed(seed, f"fedmd-revisit-{i}-{t}"),
-            )
-        rounds.append(
-            _round_record(t, _evaluate(models, xt, yt, device, config.eval_batch_size), config)
-        )
-
-    client_acc = rounds[-1]["client_accuracy"]
-    r = config.released_party
-    return TrainResult(
-        method=f"fedmd-{variant}",
-        seed=seed,
-        config=config.model_dump(),
-        model=models[r],
-        model_spec=specs[r],
-        ledger=ledger,
-        rounds=rounds,
-        test_accuracy=client_acc[r],
-        artifacts=artifacts,
-        client_models=models,
-        client_model_specs=specs,
-        client_accuracy=client_acc,
-        warnings=warnings,
-        claims=claims,
-        chance_accuracy=float(np.bincount(yt).max() / len(yt)) if len(yt) else float("nan"),
-    )
+    for _ in iterator:
+        digests = run.next_round()
+        for d, r in zip(digests, run.revisit_jobs()):  # per party: digest, then revisit
+            d.run(config, run.device)
+            r.run(config, run.device)
+        run.record()
+    return run.result()
 
 
 def _round_record(t: int, accs: list[float], config: FedMDConfig) -> dict:

@@ -43,6 +43,9 @@ BATCHED: dict[str, str] = {
     "feddf": "privkit.trainers.many_fedavg:train_federated_many",
     "fedaux": "privkit.trainers.many_fedavg:train_federated_many",
     "dpsgd": "privkit.trainers.many_dpsgd:train_dpsgd_runs",
+    "fedmd-nfdp": "privkit.trainers.many_fedmd:train_fedmd_many",
+    "fedmd-np": "privkit.trainers.many_fedmd:train_fedmd_many",
+    "fedmd-ldp": "privkit.trainers.many_fedmd:train_fedmd_many",
 }
 
 

@@ -19,9 +19,7 @@ import copy
 
 import torch
 
-from privkit.seeding import torch_generator
-from privkit.trainers.common import as_tensor, minibatches
-from privkit.trainers.exact_mlp import Model, mlp_layers, train_exact
+from privkit.trainers.exact_mlp import mlp_layers, model_for, train_exact
 from privkit.trainers.fedavg import FederatedRun
 from privkit.trainers.many import lockstep
 from privkit.trainers.stacked import UnsupportedModelError
@@ -43,13 +41,11 @@ def local_epochs(runs: list[FederatedRun], selected: list[list[int]]) -> list[li
     models, locals_, sizes = [], [], []
     for r, i in jobs:
         x, y = r.federation.client_arrays(i)
-        xt, yt = as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long)
-        gen = torch_generator(r.local_seed(i))  # train_supervised's batches: one permutation per epoch
-        batches = [idx.to(device) for _ in range(cfg.local_epochs) for idx in minibatches(len(yt), cfg.batch_size, gen)]
-        local = copy.deepcopy(r.model).to(device).train()
-        models.append(Model({k: q.detach() for k, q in local.named_parameters()}, xt, yt, batches))
+        local = copy.deepcopy(r.model)
+        models.append(model_for(local, x, y, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+                                seed=r.local_seed(i), device=device))
         locals_.append(local)
-        sizes.append(len(yt))
+        sizes.append(len(y))
     per_epoch = [len(m.batches) // cfg.local_epochs for m in models]
     totals = train_exact(runs[0].model, models, optimizer=cfg.optimizer, lr=cfg.lr, mu=[r.mu for r, _ in jobs],
                          anchors=[r.anchor for r, _ in jobs],

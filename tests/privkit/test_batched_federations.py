@@ -28,6 +28,9 @@ DPFED = {"arch": "mlp", "feature_dim": 16, "rounds": 3, "local_steps": 3, "batch
          "device": "cpu", "reproducible_noise": True}
 FEDAVG = {"arch": "mlp", "feature_dim": 16, "rounds": 3, "participation": 0.25, "local_epochs": 2,
           "batch_size": 32, "device": "cpu", "reproducible_noise": True}
+FEDMD = {"arch": "mlp", "feature_dim": 16, "rounds": 2, "init_epochs": 2, "pretrain_epochs": 1,
+         "public_subset": 100, "digest_epochs": 1, "revisit_batch_size": 8, "device": "cpu",
+         "reproducible_noise": True}
 CASES = {
     "dp-fedavg": DPFED,
     # a budget that stops runs at different rounds (their clients hold different amounts of data)
@@ -45,13 +48,17 @@ CASES = {
     "fedprox": {**FEDAVG, "mu": 0.1},
     "feddf": {**FEDAVG, "distill_epochs": 1, "distill_lr": 1e-3},
     "fedaux": {**FEDAVG, "distill_epochs": 1, "distill_lr": 1e-3, "pretrain_epochs": 1, "pretrain_seed": 0},
+    "fedmd-nfdp": {**FEDMD, "k": 8},
+    "fedmd-np": FEDMD,
+    "fedmd-np logits": {**FEDMD, "knowledge": "logits"},  # an L1 digest: those jobs one at a time
+    "fedmd-ldp": FEDMD,
     # opacus' streams and clipping rule, per-example norms from the layers (opacus forms them)
     "dpsgd": {"arch": "mlp", "feature_dim": 16, "epochs": 2, "batch_size": 64, "lr": 0.5, "device": "cpu",
               "calibration_accountant": "rdp", "reproducible_noise": True},
     "dpsgd given-sigma": {"arch": "mlp", "feature_dim": 16, "epochs": 1, "batch_size": 200, "lr": 0.5,
                           "noise_multiplier": 0.8, "clip_norm": 0.5, "device": "cpu", "reproducible_noise": True},
 }
-EXACT = ("fedavg", "fedprox", "feddf", "fedaux")  # methods whose batched runs equal the single runs bit for bit
+EXACT = ("fedavg", "fedprox", "feddf", "fedaux", "fedmd-nfdp", "fedmd-np", "fedmd-ldp")  # methods whose batched runs equal the single runs bit for bit
 
 
 @pytest.fixture(scope="module")
