@@ -4,20 +4,30 @@ An audit trains the target's fair-coin run and its reference runs: the same meth
 and federation layout on other records, each with its own seed. Run one after the other, each is
 a whole federation, and the audit costs 17 trainings. :func:`train_many` trains them as one
 computation where the method allows: the clients of every run that train in a round step
-together, their parameters stacked on one model axis (clients x runs, :class:`~privkit.trainers.
-stacked.StackedModels`), with each model's own Poisson sampling, per-example clipping, noise and
-optimiser exactly as the single run does. What happens between rounds (client sampling, the budget
-check, accounting, averaging, evaluation) is the single run's own code, run per run: each method's
+together, each with its own Poisson sampling, per-example clipping, noise and optimiser exactly
+as the single run does. What happens between rounds (client sampling, the budget check,
+accounting, averaging, evaluation) is the single run's own code, run per run: each method's
 trainer is written as a run object whose rounds are driven from outside (:class:`~privkit.
-trainers.fedkadp.DpFedRun`), so both paths share every line except the local training.
+trainers.fedkadp.DpFedRun`, :class:`~privkit.trainers.fedkd.FedKdRun`, :class:`~privkit.trainers.
+fedavg.FederatedRun`, :class:`~privkit.trainers.fedmd.FedMDRun`), so both paths share every line
+except the local training. Two engines do the local training:
+
+* the DP-SGD methods (:func:`local_dp_sgd`; dpsgd: :mod:`privkit.trainers.many_dpsgd`) stack the
+  models' parameters on one axis (clients x runs, :class:`~privkit.trainers.stacked.StackedModels`)
+  and take one forward and backward pass per step for all of them;
+* the methods trained with Adam (FedAvg, FedProx, FedDF, FedAUX, FedMD) run, per model, exactly
+  the single run's kernels (:mod:`privkit.trainers.exact_mlp`): Adam amplifies float rounding, so
+  only bit-for-bit equal arithmetic keeps a batched run on its single run.
 
 Same seeds, same result: in reproducible-noise mode each model draws its batches and noise from
 the streams the single run draws them from, in the same order, so the weights agree with
-:func:`privkit.trainers.train`'s up to float rounding (tested per method, at most 1e-5). In
-release mode every stream is a fresh secret one, as in the single run.
+:func:`privkit.trainers.train`'s up to float rounding (tested per method: at most 1e-5, and bit for
+bit for the Adam methods). In release mode every stream is a fresh secret one, as in the single run.
 
-Methods with a batched form: :data:`BATCHED`. The others (and any run inside an audit's probing
-block, whose canaries are per client and step) train one after the other.
+Methods with a batched form: :data:`BATCHED`. The others (FLiP, centralized, FedAUXfdp and the
+DP-head baselines: README, Performance, says why), configurations a batched form does not cover,
+and any run inside an audit's probing block (whose canaries are per client and step) train one
+after the other.
 """
 
 from __future__ import annotations
