@@ -23,7 +23,7 @@ from typing import Any
 
 from privkit.errors import PrivkitError
 
-__all__ = ["ProbePlan", "ProbeSession", "canaries_for", "probing"]
+__all__ = ["ProbePlan", "ProbeSession", "active", "canaries_for", "probing"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,12 @@ class ProbeSession:
 
 
 _SESSION: ContextVar[ProbeSession | None] = ContextVar("privkit_probes", default=None)
+
+
+def active() -> bool:
+    """Whether an audit is probing now (inside :func:`probing`): batched training paths, which
+    take no probes, leave such runs to the single-run code."""
+    return _SESSION.get() is not None
 
 
 def canaries_for(client: int, label: str, *, dim: int, clip_norm: float, sample_rate: float,

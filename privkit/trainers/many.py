@@ -69,7 +69,7 @@ def _probing() -> bool:
     are taken per client and step by the single run's mechanism, so such runs use the loop."""
     from privkit import probes
 
-    return probes._SESSION.get() is not None  # noqa: SLF001  (probes has no public query for it)
+    return probes.active()
 
 
 def train_many(method: str, federations: Sequence, config: dict | None, seeds: Sequence[int]) -> list:
