@@ -12,7 +12,7 @@ STAMP   = $(VENV)/.privkit-installed
 
 .PHONY: demo test venv clean
 
-# the demo needs privkit alone; tests add pytest and the optional ray executor
+# the demo needs privkit alone; tests add pytest, the optional ray executor and Flower
 $(BASE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -21,7 +21,7 @@ $(BASE): pyproject.toml
 	touch $(BASE)
 
 $(STAMP): $(BASE)
-	$(PY) -m pip install --quiet -e ".[test,ray]"
+	$(PY) -m pip install --quiet -e ".[test,ray,flower]"
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -1,0 +1,40 @@
+"""privkit on Flower (optional extra: ``pip install "privkit[flower]"``).
+
+Accounting of a Flower app's DP mechanisms as privkit ledger events, privkit's methods as Flower apps,
+and audits of Flower simulations. ``import privkit`` never imports Flower: the names below are loaded
+on first use, and a missing Flower is one line naming the extra to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+INSTALL_HINT = 'privkit.flower needs Flower: pip install "privkit[flower]"'
+
+# public name -> submodule of privkit.flower that defines it (loaded on first access)
+_LAZY: dict[str, str] = {
+    "Accounted": "privkit.flower.accounting",
+    "ledger_mod": "privkit.flower.accounting",
+    "FlowerAccountant": "privkit.flower.accounting",
+    "check_flower_dp": "privkit.flower.checks",
+}
+
+
+def require_flwr() -> Any:
+    """Import and return the ``flwr`` package, or raise one line naming the extra to install."""
+    try:
+        return importlib.import_module("flwr")
+    except ImportError as exc:
+        raise ImportError(INSTALL_HINT) from exc
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'privkit.flower' has no attribute {name!r}")
+    require_flwr()
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = ["INSTALL_HINT", "require_flwr", *_LAZY]
