@@ -18,6 +18,7 @@ this type existed, so seeded results are bit-identical to theirs.
 
 from __future__ import annotations
 
+import math
 import secrets
 
 import numpy as np
@@ -53,20 +54,36 @@ class DpRandom:
         reproducible; drawn from exactly as torch's own functions draw).
     device : torch.device or str, optional
         Where :meth:`randn` puts its tensors; defaults to the torch generator's device, else CPU.
+    normals : privkit.device_random.ChaChaStream, optional
+        Release mode on an accelerator: :meth:`randn` draws from this counter-based stream on
+        :attr:`device` (no host copy); ``mask`` and ``randperm`` still read ``source``.
     """
 
     def __init__(self, source: torch.Generator | np.random.Generator,
-                 device: str | torch.device | None = None):
+                 device: str | torch.device | None = None, normals=None):
         if not isinstance(source, (torch.Generator, np.random.Generator)):
             raise TypeError(f"source must be a torch.Generator or numpy Generator; found {type(source).__name__}")
         self.source = source
         default = source.device if isinstance(source, torch.Generator) else "cpu"
         self.device = torch.device(default if device is None else device)
+        if normals is not None and (self.seeded_torch or normals.device != self.device):
+            raise ValueError(f"normals must be a stream on {self.device} beside a secret source; found "
+                             f"{type(normals).__name__} on {getattr(normals, 'device', None)}")
+        self.normals = normals
 
     @classmethod
-    def secret(cls, device: str | torch.device = "cpu") -> DpRandom:
-        """Release mode: a fresh AES-CTR stream keyed from the OS CSPRNG."""
-        return cls(aes_generator(), device)
+    def secret(cls, device: str | torch.device = "cpu", on_device: bool | None = None) -> DpRandom:
+        """Release mode: a fresh AES-CTR stream keyed from the OS CSPRNG; normals on an
+        accelerator (``on_device`` defaults to whether ``device`` is not the CPU) come from a fresh
+        ChaCha20 stream computed there (:mod:`privkit.device_random`)."""
+        device = torch.device(device)
+        if on_device is None:
+            on_device = device.type != "cpu"
+        if not on_device:
+            return cls(aes_generator(), device)
+        from privkit.device_random import ChaChaStream
+
+        return cls(aes_generator(), device, normals=ChaChaStream(device))
 
     @classmethod
     def of(cls, source: DpRandom | torch.Generator) -> DpRandom:
@@ -86,6 +103,9 @@ class DpRandom:
                 return torch.randn(shape, generator=self.source, device=self.device, out=out)
             return torch.randn(shape, generator=self.source, device=self.device, dtype=dtype)
         want = out.dtype if out is not None else dtype
+        if self.normals is not None:  # drawn on the device
+            z = self.normals.normal(math.prod(shape), want).view(shape)
+            return out.copy_(z) if out is not None else z
         # float64 where asked, else float32 normals cast to the narrower type (half, bfloat16)
         z = torch.from_numpy(self.source.standard_normal(shape, dtype=_DTYPES.get(want, np.float32)))
         if out is not None:
