@@ -1,5 +1,7 @@
 # make demo : run the privkit demo pipeline on the embedded data (sets up .venv on first use)
 # make test : run the test suite (sets up .venv on first use)
+# make docs : build the documentation site into site/ (warnings are errors)
+# make lint : ruff (rules and formatting) on the whole tree, mypy on the libraries
 PYTHON ?= python3
 VENV   ?= .venv
 # torch from the configured package index. PyPI's Linux wheel bundles CUDA (several GB to download);
@@ -10,7 +12,7 @@ PY      = $(VENV)/bin/python
 BASE    = $(VENV)/.privkit-base-installed
 STAMP   = $(VENV)/.privkit-installed
 
-.PHONY: demo test venv clean
+.PHONY: demo test docs lint venv clean
 
 # the demo needs privkit alone; tests add pytest, the optional ray executor and Flower
 $(BASE): pyproject.toml
@@ -21,7 +23,7 @@ $(BASE): pyproject.toml
 	touch $(BASE)
 
 $(STAMP): $(BASE)
-	$(PY) -m pip install --quiet -e ".[test,ray,flower]"
+	$(PY) -m pip install --quiet -e ".[test,ray,flower,docs,lint]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -32,5 +34,11 @@ demo: $(BASE)
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+lint: $(STAMP)
+	$(VENV)/bin/mypy
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

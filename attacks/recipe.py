@@ -127,6 +127,8 @@ class Recipe:
         trained on ``x[index_sets[j]]`` with ``seeds[j]``, as ``train_fn`` would.
     name : label for reports (default: the function's name).
 
+    Notes
+    -----
     Subclasses may override :meth:`fit`, :meth:`logits` and :meth:`details` (privkit's federated
     recipes return a whole training run and report its accounting through ``details``). A recipe
     that runs in worker processes must be picklable (module-level functions).
