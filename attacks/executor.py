@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor as FuturesExecutor
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
 from attacks.progress import progress_bar
 
@@ -55,40 +57,76 @@ def _limited(fn_and_arg):
 
 
 class ProcessExecutor:
-    """Run tasks in a pool of local processes (spawned, one thread each)."""
+    """Run tasks in a pool of local processes (spawned, one thread each).
 
-    def __init__(self, workers: int | None = None):
+    A worker process that dies (killed, out of memory) breaks the whole pool
+    (:class:`~concurrent.futures.process.BrokenProcessPool`): the finished tasks' results are
+    kept and only the unfinished tasks (the lost one and those in flight or queued) are submitted
+    again to a fresh pool, up to ``retries`` times; ``resubmitted`` counts them.
+    """
+
+    def __init__(self, workers: int | None = None, retries: int = 3):
         if workers is not None and workers < 1:
             raise ValueError(f"workers must be >= 1; found {workers}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0; found {retries}")
         self.workers = workers or max(1, (os.cpu_count() or 1))
+        self.retries = retries
+        self.resubmitted = 0
 
     def map(self, fn, tasks, *, progress=False, description="tasks"):
         out: list[Any] = [None] * len(tasks)
-        with progress_bar(progress) as bar, ProcessPoolExecutor(
-                self.workers, mp_context=get_context("spawn"), initializer=_one_thread) as pool:
+        todo = list(range(len(tasks)))
+        with progress_bar(progress) as bar:
             tid = bar.add_task(description, total=len(tasks))
-            futures = {pool.submit(_limited, (fn, t)): i for i, t in enumerate(tasks)}
+            for attempt in range(self.retries + 1):
+                todo = self._round(fn, tasks, todo, out, lambda: bar.advance(tid))
+                if not todo:
+                    return out
+                if attempt < self.retries:
+                    self.resubmitted += len(todo)
+        raise RuntimeError(f"{len(todo)} task(s) lost their worker process {self.retries + 1} times "
+                           f"(first: task {todo[0]}); a task that kills its process each time, e.g. "
+                           "out of memory, cannot finish")
+
+    def _round(self, fn, tasks, todo, out, advance) -> list[int]:
+        """Run the tasks ``todo`` in a fresh pool; the indices lost to a broken pool."""
+        lost: list[int] = []
+        with ProcessPoolExecutor(min(self.workers, len(todo)), mp_context=get_context("spawn"),
+                                 initializer=_one_thread) as pool:
+            futures = {pool.submit(_limited, (fn, tasks[i])): i for i in todo}
             for fut in as_completed(futures):
-                out[futures[fut]] = fut.result()
-                bar.advance(tid)
-        return out
+                try:
+                    out[futures[fut]] = fut.result()
+                except BrokenProcessPool:
+                    lost.append(futures[fut])
+                    continue
+                advance()
+        return sorted(lost)
 
 
 class RayExecutor:
-    """Run tasks as Ray remote functions (optional extra: ``pip install "privkit[ray]"``)."""
+    """Run tasks as Ray remote functions (optional extra: ``pip install "privkit[ray]"``).
 
-    def __init__(self, num_cpus: int | None = None):
+    A task whose worker process dies is re-run by Ray itself (``max_retries``, Ray's retry of
+    tasks on system failures: worker or node death); an exception raised by the task is not
+    retried (``retry_exceptions=False``): it is the task's own error, and would recur.
+    """
+
+    def __init__(self, num_cpus: int | None = None, max_retries: int = 3):
         try:
             import ray
         except ImportError as exc:
             raise ValueError('executor "ray" needs Ray: pip install "privkit[ray]"') from exc
         self._ray = ray
+        self.max_retries = max_retries
         if not ray.is_initialized():
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
     def map(self, fn, tasks, *, progress=False, description="tasks"):
         ray = self._ray
-        remote = ray.remote(num_cpus=1)(_limited)
+        remote = ray.remote(num_cpus=1, max_retries=self.max_retries,
+                            retry_exceptions=False)(_limited)
         refs = [remote.remote((fn, t)) for t in tasks]
         with progress_bar(progress) as bar:
             tid = bar.add_task(description, total=len(tasks))

@@ -13,7 +13,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import jinja2
 
@@ -369,10 +369,12 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 
 def write_report(report: PrivacyReport, out_dir: str | Path,
-                 formats: Iterable[str] = FORMATS) -> dict[str, Path]:
+                 formats: Iterable[str] = FORMATS,
+                 write: Callable[[Path, str], Path] = atomic_write_text) -> dict[str, Path]:
     """Write ``report.json`` / ``report.html`` / ``report.md`` into ``out_dir`` (atomically).
 
-    Returns the written paths keyed by format.
+    ``write(path, text)`` stores one file (an application may add its checksums). Returns the
+    written paths keyed by format.
     """
     formats = list(formats)
     bad = [f for f in formats if f not in FORMATS]
@@ -380,7 +382,7 @@ def write_report(report: PrivacyReport, out_dir: str | Path,
         raise ValueError(f"formats must be among {', '.join(FORMATS)}; found {bad}")
     render = {"json": render_json, "html": render_html, "md": render_markdown}
     out = Path(out_dir)
-    return {f: atomic_write_text(out / _FILES[f], render[f](report)) for f in formats}
+    return {f: write(out / _FILES[f], render[f](report)) for f in formats}
 
 
 def load_report(path: str | Path) -> PrivacyReport:

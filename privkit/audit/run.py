@@ -60,12 +60,13 @@ SIZE_TOLERANCE = 0.05
 
 def _load_run(run_dir: Path):
     from privkit.data import Federation
+    from privkit.pipeline.files import read_json
     from privkit.trainers import TrainResult, get_trainer
 
     cfg_path = run_dir / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"run directory {run_dir} has no config.json (run `privkit train` first)")
-    cfg = json.loads(cfg_path.read_text())
+    cfg = read_json(cfg_path, "run config")
     fed = Federation.load(run_dir / "federation.json")
     result = TrainResult.load(run_dir)
     spec = get_trainer(cfg["method"])
@@ -294,11 +295,14 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
     if train_error is not None:
         out["shadow_error"] = f"{type(train_error).__name__}: {train_error}"
     if write:
-        (run / "audit.json").write_text(json.dumps(out, indent=2, default=json_default))
-        if logits is not None:
-            np.savez_compressed(run / "shadows.npz", pool=pool, audited=audited, included=design.included,
-                                keep=design.keep, seeds=np.asarray(design.seeds(), dtype=np.int64),
-                                logits=logits.astype(np.float32))
+        from privkit.pipeline.files import write_json, write_with
+
+        if logits is not None:  # before audit.json, whose presence means a finished audit
+            arrays = {"pool": pool, "audited": audited, "included": design.included,
+                      "keep": design.keep, "seeds": np.asarray(design.seeds(), dtype=np.int64),
+                      "logits": logits.astype(np.float32)}
+            write_with(run / "shadows.npz", lambda buf: np.savez_compressed(buf, **arrays))
+        write_json(run / "audit.json", out)
     return json.loads(json.dumps(out, default=json_default))
 
 

@@ -9,7 +9,6 @@ Two forms: ``privkit audit RUN_DIR`` audits a privkit run directory (writes ``RU
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 from pathlib import Path
 
@@ -62,7 +61,7 @@ def load_pool(path: Path):
 def _check_options(executor: str, delta: float | None, run_dir: Path | None = None) -> None:
     """Everything checkable before the audit layer (and torch) is imported."""
     from privkit.pipeline.config import check_executor
-    from privkit.jsonutil import read_json
+    from privkit.pipeline.files import read_json
 
     if run_dir is not None:
         if not run_dir.is_dir():
@@ -119,7 +118,9 @@ def _audit_recipe(recipe: str, data: Path, *, out: Path, epsilon, delta, shadows
                        seed=seed, executor=executor, workers=workers, progress=not as_json,
                        attacks=attacks.split(",") if attacks else None, shadow_iterations=iterations)
     record = {"schema_version": 1, "recipe": recipe, "data": str(data), **res.to_dict()}
-    out.write_text(json.dumps(record, indent=2))  # to_dict() is strict JSON already
+    from privkit.pipeline.files import write_json
+
+    write_json(out, record)  # to_dict() is strict JSON already
     if as_json:
         print_json(record)
         return

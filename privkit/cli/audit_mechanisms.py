@@ -10,7 +10,6 @@ control: it must say ``violation``). Writes ``RUN_DIR/mechanism-audit.json`` (or
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -79,7 +78,7 @@ def audit_run_mechanisms(run_dir: Path, *, seed: int, delta: float | None, mutat
     from privkit.audit.mechanism_audit import audit_mechanisms
     from privkit.audit.run import resolve_delta
     from privkit.data import Federation
-    from privkit.jsonutil import read_json
+    from privkit.pipeline.files import read_json, write_json
 
     cfg = read_json(run_dir / "config.json", "run config")
     fed = Federation.load(run_dir / "federation.json")
@@ -90,9 +89,7 @@ def audit_run_mechanisms(run_dir: Path, *, seed: int, delta: float | None, mutat
                               canaries=canaries, clients=wanted, progress=not as_json)
     slug = re.sub(r"[^a-z0-9]+", "-", mutation.lower()).strip("-")
     path = run_dir / ("mechanism-audit.json" if mutation == "correct" else f"mechanism-audit-{slug}.json")
-    from privkit.jsonutil import json_default
-
-    path.write_text(json.dumps(record, indent=2, default=json_default))
+    write_json(path, record)
     if as_json:
         print_json(record)
         return

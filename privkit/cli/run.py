@@ -52,7 +52,7 @@ def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
 def check_run_dir(root: Path, resolved: dict, force: bool) -> None:
     """An existing run directory is resumed when its config is the same, refused otherwise
     (without ``--force``): re-running a changed config replaces the results it changes."""
-    from privkit.jsonutil import read_json
+    from privkit.pipeline.files import read_json
 
     path = root / "config.resolved.json"
     if force or not path.is_file():

@@ -79,18 +79,44 @@ def _finite(x: float) -> float | None:
 RUN_MARKER = "train.json"  # written last by TrainResult.save: its presence means a finished run
 
 
-def check_out_dir(out: Path, force: bool) -> None:
-    """``--out`` is new, empty, or a finished run replaced only with ``--force``."""
+def _config_json(resolved: dict[str, Any]) -> dict[str, Any]:
+    """``config.json`` of a run (JSON values only, so that it compares with a stored one)."""
+    return json.loads(json.dumps({
+        "schema_version": SCHEMA_VERSION, "method": resolved["method"], "seed": resolved["seed"],
+        "federation": resolved["federation"].model_dump(), "trainer": resolved["trainer"].model_dump()},
+        default=str))
+
+
+def check_out_dir(out: Path, force: bool, config_json: dict[str, Any] | None = None) -> bool:
+    """``--out`` is new, empty, a finished run of the same config (True: nothing to train), or
+    a finished run of another config, replaced only with ``--force``. A finished run whose files
+    fail their checksums is trained again (with a warning)."""
+    from privkit.pipeline.files import intact, read_json
+
     if out.exists() and not out.is_dir():
         raise PrivkitError(f"--out must be a directory; found a file {out}")
     if not out.is_dir() or not any(out.iterdir()):
-        return
+        return False
     if not (out / "config.json").is_file():
         raise PrivkitError(f"--out must be a new or empty directory or an earlier run; found "
                            f"{sum(1 for _ in out.iterdir())} other entries in {out}")
-    if (out / RUN_MARKER).is_file() and not force:
-        raise PrivkitError(f"--out {out} already holds a finished run; pass --force to replace it "
-                           "(or choose another directory)")
+    if not (out / RUN_MARKER).is_file() or config_json is None:
+        return False
+    if not force and intact(out / "config.json", _warn) \
+            and read_json(out / "config.json", "run config") == config_json:
+        files = [p for p in out.rglob("*") if p.is_file() and not p.name.startswith(".")]
+        failing = [p for p in files if not intact(p, _warn)]  # each one named in a warning
+        return not failing
+    if not force:
+        raise PrivkitError(f"--out {out} already holds a finished run of another config; pass "
+                           "--force to replace it (or choose another directory)")
+    return False
+
+
+def _warn(msg: str) -> None:
+    from privkit.cli.app import err_console
+
+    err_console.print(f"[yellow]warning:[/yellow] {escape(msg)}", highlight=False, soft_wrap=True)
 
 
 def _headline(result, federation, claims_dp: bool) -> dict[str, Any]:
@@ -124,21 +150,34 @@ def _headline(result, federation, claims_dp: bool) -> dict[str, Any]:
 def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> dict[str, Any]:
     """Build the federation, train, and write the run directory; return a summary dict."""
     from privkit.data import build_federation
-    from privkit.pipeline.files import staged_dir
-    from privkit.trainers import get_trainer, train
+    from privkit.pipeline.files import staged_dir, write_json
+    from privkit.trainers import train
 
     fed_cfg, cfg = resolved["federation"], resolved["trainer"]
-    config_json = {"schema_version": SCHEMA_VERSION, "method": resolved["method"], "seed": resolved["seed"],
-                   "federation": fed_cfg.model_dump(), "trainer": cfg.model_dump()}
     federation = build_federation(fed_cfg)
     start = time.perf_counter()
     with staged_dir(out) as staging:  # an interrupted or failed run leaves `out` as it was
-        (staging / "config.json").write_text(json.dumps(config_json, indent=2))
+        write_json(staging / "config.json", _config_json(resolved))
         federation.save(staging / "federation.json")
         result = train(resolved["method"], federation, cfg, seed=resolved["seed"], progress=progress)
         result.save(staging)
-    seconds = time.perf_counter() - start
-    head = _headline(result, federation, get_trainer(resolved["method"]).formal_dp)
+    return training_summary(result, federation, out, time.perf_counter() - start)
+
+
+def stored_summary(out: Path) -> dict[str, Any]:
+    """The summary of the finished run in ``out`` (nothing trained)."""
+    from privkit.data import Federation
+    from privkit.trainers import TrainResult
+
+    summary = training_summary(TrainResult.load(out), Federation.load(out / "federation.json"),
+                               out, 0.0)
+    return {**summary, "already_trained": True}
+
+
+def training_summary(result, federation, out: Path, seconds: float) -> dict[str, Any]:
+    from privkit.trainers import get_trainer
+
+    head = _headline(result, federation, get_trainer(result.method).formal_dp)
     return {"method": result.method, "seed": result.seed, "run_dir": str(out),
             "test_accuracy": float(result.test_accuracy), "rounds": len(result.rounds),
             "chance_accuracy": _finite(result.chance_accuracy), "near_chance": result.near_chance,
@@ -146,7 +185,7 @@ def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> 
             "claims": {k: v for k, v in result.claims.items() if k != "mechanisms"},
             "warnings": result.warnings, "artifacts": sorted(result.artifacts),
             **result.ledger.noise_stamp(),
-            "files": sorted(p.name for p in out.iterdir())}
+            "files": sorted(p.name for p in out.iterdir() if not p.name.startswith("."))}
 
 
 def _print_list(rows: list[dict[str, Any]]) -> None:
@@ -186,13 +225,23 @@ def train_command(
         return
     if out is None:
         raise PrivkitError("--out must name the run directory to write; found none")
-    check_out_dir(out, force)
+    from privkit.pipeline.files import recover_dir, remove_temporaries, run_lock
+
+    check_out_dir(out, force)  # a bad --out is named before the config is even read (structure only)
     resolved = resolve_run(method, config, sets, federation_sets, seed, quick, reproducible_noise)
-    summary = run_training(resolved, out, progress=not as_json)
+    with run_lock(out, _warn):  # one `privkit train` per directory; released if this one dies
+        recover_dir(out)  # a swap a crash interrupted
+        if out.is_dir():
+            remove_temporaries(out)
+        done = check_out_dir(out, force, _config_json(resolved))
+        summary = stored_summary(out) if done else run_training(resolved, out, progress=not as_json)
     if as_json:
         print_json({"schema_version": SCHEMA_VERSION, **summary})
         return
     eps = "inf" if summary["epsilon_infinite"] else f"{summary['epsilon']:.4g}"
+    if summary.get("already_trained"):
+        out_console.print(f"{out} already holds this run (same config, checksums verified): "
+                          "nothing trained", highlight=False)
     out_console.print(f"[bold]{summary['method']}[/bold] seed {summary['seed']}: test accuracy "
                       f"{summary['test_accuracy']:.4f} after {summary['rounds']} round(s), {summary['seconds']} s")
     out_console.print(escape(f"worst-client epsilon at delta={summary['delta']:g} (best accountant): "

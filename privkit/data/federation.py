@@ -31,7 +31,6 @@ from privkit.data.datasets import ArrayDataset, load_dataset
 from privkit.data.partition import (dirichlet_partition, iid_partition, shard_partition,
                                     top_class_shares)
 from privkit.errors import PrivkitError
-from privkit.jsonutil import read_json
 from privkit.seeding import make_rng
 
 SCHEMA_VERSION = 1
@@ -192,7 +191,9 @@ class Federation:
         }
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict()))
+        from privkit.pipeline.files import write_text
+
+        write_text(path, json.dumps(self.to_dict()))
 
     @classmethod
     def from_dict(cls, data: dict) -> "Federation":
@@ -210,6 +211,8 @@ class Federation:
 
     @classmethod
     def load(cls, path: str | Path) -> "Federation":
+        from privkit.pipeline.files import read_json
+
         p = Path(path)
         data = read_json(p, "federation file")
         try:

@@ -1,17 +1,61 @@
-"""Files of a run directory: atomic JSON writes, reads, timestamps, one-line error text."""
+"""Files of a run directory, written so that a crash never leaves a file that reads as valid.
+
+Every stored artefact (JSON, checkpoints, ``.npz`` arrays, report pages) goes through
+:func:`write_bytes`: a temporary file in the same folder, flushed and fsynced, renamed over the
+target with :func:`os.replace`, then the folder fsynced, so a reader sees the old file or the new
+one, never a part. Beside each artefact a sidecar ``.<name>.sha256`` (``sha256sum`` format, so
+``sha256sum -c`` checks it in that folder) holds its checksum; :func:`verify` compares them, and a
+file whose checksum fails is treated as absent (the pipeline re-runs the stage that writes it, with
+a warning), never read as valid. :func:`run_lock` keeps a second process out of a directory in
+use. A full or read-only file system is one :class:`StorageError` naming the file.
+
+For fault-injection tests, ``PRIVKIT_FAULT_KILL=N:PHASE`` makes this process kill itself with
+SIGKILL at its N-th artefact write: ``start`` (before any byte), ``mid`` (half the bytes in the
+temporary file), ``renamed`` (the new file in place, its checksum not yet).
+"""
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import io
 import json
+import os
 import shutil
+import signal
+import socket
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from privkit.errors import PrivkitError
 from privkit.jsonutil import json_default
+
+FAULT_ENV = "PRIVKIT_FAULT_KILL"
+FAULT_PHASES = ("start", "mid", "renamed")
+# file-system states that no retry fixes while they last: said in one line, never a traceback
+_STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EROFS: "read-only file system",
+                   errno.EDQUOT: "disk quota exceeded", errno.EACCES: "permission denied",
+                   errno.EPERM: "operation not permitted"}
+_writes = 0  # artefact writes of this process (the fault hook counts them)
+
+
+class StorageError(PrivkitError):
+    """The output directory cannot be written (full, read-only, no permission)."""
+
+
+class CorruptFileError(PrivkitError):
+    """A stored artefact whose checksum does not match its content."""
+
+
+class DirectoryInUse(PrivkitError):
+    """Another live process holds the directory's lock."""
 
 
 def one_line(exc: BaseException) -> str:
@@ -24,45 +68,273 @@ def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def atomic_write_json(path: Path, obj: Any) -> Path:
-    """Write JSON through a temporary file and a rename (never a half-written file)."""
-    from reports import atomic_write_text
-
-    return atomic_write_text(path, json.dumps(obj, indent=2, default=json_default))
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def read_json(path: Path) -> Any:
-    """Parse a run file; a corrupted one is a one-line error naming it."""
+# ---------------------------------------------------------------------------- storage errors
+def storage_error(exc: OSError, path: Path | str) -> StorageError | None:
+    """The :class:`StorageError` for an ``OSError`` of a full or read-only file system (else None)."""
+    what = _STORAGE_ERRNOS.get(exc.errno or 0)
+    if what is None:
+        return None
+    return StorageError(f"cannot write {path}: {what} (errno {errno.errorcode[exc.errno]}); files "
+                        "finished earlier are intact; re-run the same command once it is writable "
+                        "to resume")
+
+
+@contextmanager
+def storage_errors(path: Path | str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        err = storage_error(exc, path)
+        if err is None:
+            raise
+        raise err from None
+
+
+# ---------------------------------------------------------------------------- the fault hook
+def _fault_point() -> tuple[int, str] | None:
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return None
+    n, _, phase = spec.partition(":")
+    if not n.isdigit() or phase not in FAULT_PHASES:
+        raise PrivkitError(f"{FAULT_ENV} must be N:PHASE with PHASE in {', '.join(FAULT_PHASES)}; "
+                           f"found {spec!r}")
+    return int(n), phase
+
+
+def _maybe_die(phase: str) -> None:
+    point = _fault_point()
+    if point is not None and point == (_writes, phase):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------------- atomic writes
+def checksum_path(path: Path | str) -> Path:
+    """The sidecar holding ``path``'s sha256 (hidden, beside it)."""
+    p = Path(path)
+    return p.with_name(f".{p.name}.sha256")
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def fsync_dir(folder: Path | str) -> None:
+    """Make renames in ``folder`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _replace(path: Path, data: bytes, *, hooked: bool) -> None:
+    """``data`` into ``path`` through a temporary file in the same folder, fsync and a rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            if hooked and len(data) > 1:
+                half = len(data) // 2
+                fh.write(data[:half])
+                fh.flush()
+                _maybe_die("mid")
+                fh.write(data[half:])
+            else:
+                fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_bytes(path: Path | str, data: bytes) -> Path:
+    """Store ``data`` at ``path`` atomically, with its checksum sidecar (see the module doc)."""
+    global _writes
+    path = Path(path)
+    _writes += 1
+    _maybe_die("start")
+    with storage_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _replace(path, data, hooked=True)
+        _maybe_die("renamed")
+        _replace(checksum_path(path), f"{sha256(data)}  {path.name}\n".encode(), hooked=False)
+        fsync_dir(path.parent)
+    return path
+
+
+def write_text(path: Path | str, text: str) -> Path:
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: Path | str, obj: Any) -> Path:
+    """``obj`` as indented JSON (numpy values through :func:`privkit.jsonutil.json_default`)."""
+    return write_text(path, json.dumps(obj, indent=2, default=json_default))
+
+
+atomic_write_json = write_json  # the name earlier modules use
+
+
+def write_with(path: Path | str, save: Callable[[io.BytesIO], Any]) -> Path:
+    """Store what ``save(buffer)`` writes (``torch.save``, ``np.savez_compressed``) atomically."""
+    buf = io.BytesIO()
+    save(buf)
+    return write_bytes(path, buf.getvalue())
+
+
+def append_log(path: Path | str, text: str) -> None:
+    """Append to a log file (not an artefact: nothing reads it back; a torn line is harmless)."""
+    path = Path(path)
+    with storage_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as fh:
+            fh.write(text)
+
+
+# ---------------------------------------------------------------------------- verified reads
+def verify(path: Path | str, *, required: bool = False) -> str | None:
+    """Why ``path`` is not a valid stored artefact, or None when its checksum matches.
+
+    A missing sidecar is accepted unless ``required`` (files made by hand or by an older privkit);
+    the pipeline requires it before it skips a stage."""
+    path = Path(path)
+    if not path.is_file():
+        return "missing"
+    side = checksum_path(path)
+    if not side.is_file():
+        return "no checksum" if required else None
+    try:
+        expected = side.read_text().split()[0]
+        actual = sha256(path.read_bytes())
+    except (OSError, UnicodeDecodeError, IndexError) as exc:
+        return f"unreadable ({type(exc).__name__})"
+    return None if actual == expected else "checksum mismatch"
+
+
+def intact(path: Path | str, say: Callable[[str], None] | None = None) -> bool:
+    """True when ``path`` exists with a matching checksum; a file present but failing is treated
+    as absent, with a warning (``say``, else :mod:`warnings`)."""
+    problem = verify(path, required=True)
+    if problem is None:
+        return True
+    if problem != "missing":
+        msg = f"{path}: {problem}; treated as absent and recomputed"
+        (say or (lambda m: warnings.warn(m, stacklevel=3)))(msg)
+    return False
+
+
+def checked(path: Path | str, what: str = "file") -> Path:
+    """``path``, once its checksum is verified: a mismatch is one error naming the file (a missing
+    file is left to the reader's own message)."""
+    path = Path(path)
+    problem = verify(path) if path.is_file() else None
+    if problem is not None:
+        raise CorruptFileError(f"{what} {path} is corrupted ({problem}); re-run the command that "
+                               "wrote it")
+    return path
+
+
+def read_json(path: Path | str, what: str = "run file") -> Any:
+    """Parse a stored JSON file (checksum verified); a corrupted one is a one-line error naming it."""
     from privkit.jsonutil import read_json as _read
 
-    return _read(path, "run file")
+    return _read(checked(path, what), what)
 
 
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
+# ---------------------------------------------------------------------------- staged folders
 def staging_dir(target: Path) -> Path:
     """Where :func:`staged_dir` writes ``target`` before swapping it into place."""
     return target.parent / f".staging-{target.name}"
+
+
+def _old_dir(target: Path) -> Path:
+    return target.parent / f".old-{target.name}"
+
+
+def recover_dir(target: Path) -> None:
+    """Undo a swap a crash interrupted: ``target`` moved aside, the new content not yet in place."""
+    old = _old_dir(target)
+    if old.is_dir() and not target.exists():
+        old.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 @contextmanager
 def staged_dir(target: Path):
     """Yield an empty sibling folder to write ``target``'s new content into; on success it replaces
     ``target`` (the old content is removed last), on any error or Ctrl-C it is deleted and
-    ``target`` stays as it was. Nothing half-written is ever found at ``target``."""
+    ``target`` stays as it was. Nothing half-written is ever found at ``target``; a crash during
+    the swap is undone by :func:`recover_dir` on the next use."""
     staging = staging_dir(target)
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    with storage_errors(staging):
+        recover_dir(target)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
     try:
         yield staging
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    old = target.parent / f".old-{target.name}"
+    old = _old_dir(target)
+    with storage_errors(target):
+        if target.exists():
+            target.rename(old)
+        staging.rename(target)
+        fsync_dir(target.parent)
     shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        target.rename(old)
-    staging.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_temporaries(root: Path) -> None:
+    """Delete the temporary files a killed writer left under ``root`` (never read by anyone)."""
+    for tmp in root.rglob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------- one run per directory
+def lock_path(target: Path) -> Path:
+    """The lock of a directory: a hidden sibling, so it outlives the directory's swaps."""
+    return target.parent / f".{target.name}.lock"
+
+
+@contextmanager
+def run_lock(target: Path | str, say: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold ``target``'s lock (``fcntl.flock``, released by the kernel when the process dies) for
+    the block; the lock file names the holder (pid and host). A directory in use is one
+    :class:`DirectoryInUse` line naming its holder; a lock left by a dead process is taken over
+    with a warning."""
+    import fcntl
+
+    target = Path(target)
+    path = lock_path(target)
+    with storage_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            raise DirectoryInUse(f"{target} is in use by {holder}; wait for it to finish or stop "
+                                 f"it (lock {path})") from None
+        previous = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        if previous:  # written by a holder that never released it: it died
+            (say or (lambda m: warnings.warn(m, stacklevel=3)))(
+                f"took over the lock of {target} left by {previous} (no longer running)")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)  # an empty lock file: released cleanly, nothing to take over
+    finally:
+        os.close(fd)  # closing releases the flock

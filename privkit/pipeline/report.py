@@ -9,6 +9,7 @@ from typing import Any
 
 from privkit.errors import PrivkitError
 from privkit.pipeline.config import ACCOUNTANTS, STAGES
+from privkit.pipeline.files import checked, write_text
 from privkit.pipeline.files import now as _now
 from privkit.pipeline.files import one_line as _one_line
 from privkit.pipeline.files import read_json as _read_json
@@ -342,8 +343,8 @@ def rerender(root: str | Path, *, rebuild: bool = False, formats: list[str] | No
         if "json" not in formats:
             formats.append("json")
     else:
-        report = load_report(root / "report.json")
+        report = load_report(checked(root / "report.json", "report"))
         formats = [f for f in (formats or FORMATS) if f != "json"]
-    return report, write_report(report, root, formats=formats)
+    return report, write_report(report, root, formats=formats, write=write_text)
 
 

@@ -12,7 +12,8 @@ from privkit.errors import PrivkitError
 from privkit.pipeline.config import STAGES, ResolvedMethod, ResolvedRun
 from privkit.pipeline.controls import ControlsPlan
 from privkit.pipeline.federation import FEDERATIONS as _FEDERATIONS
-from privkit.pipeline.files import atomic_write_json
+from privkit.pipeline.files import (append_log, intact, remove_temporaries, run_lock,
+                                    storage_errors, write_json, write_text)
 from privkit.pipeline.files import now as _now
 from privkit.pipeline.files import one_line as _one_line
 from privkit.pipeline.mechanism_controls import MechanismControlsPlan
@@ -44,7 +45,6 @@ def run_pipeline(run: ResolvedRun, out: str | Path = "runs", *, progress: bool =
     ``status.json`` is written by this process only.
     """
     from privkit.data import build_federation
-    from reports import atomic_write_text, write_report
 
     say = log or (lambda msg: None)
     t_start = time.perf_counter()
@@ -54,10 +54,22 @@ def run_pipeline(run: ResolvedRun, out: str | Path = "runs", *, progress: bool =
     except (ValueError, FileNotFoundError) as exc:
         raise PrivkitError(f"federation: {_one_line(exc)}") from exc
     root = Path(out) / cfg.name
-    root.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(root / "config.resolved.json", run.to_dict())
-    atomic_write_text(root / "federation.json", json.dumps(federation.to_dict()))
-    atomic_write_json(root / "dataset.json", federation.summary())
+    with storage_errors(root):
+        root.mkdir(parents=True, exist_ok=True)
+    with run_lock(root, say):  # one run per directory; released by the kernel if this one dies
+        return _run_locked(run, federation, root, progress=progress, say=say, command=command,
+                           t_start=t_start)
+
+
+def _run_locked(run: ResolvedRun, federation, root: Path, *, progress: bool, say: Log,
+                command: str | None, t_start: float) -> RunOutcome:
+    from reports import write_report
+
+    cfg = run.config
+    remove_temporaries(root)  # left by a writer killed mid-file; never read
+    write_json(root / "config.resolved.json", run.to_dict())
+    write_text(root / "federation.json", json.dumps(federation.to_dict()))
+    write_json(root / "dataset.json", federation.summary())
     status = Status(root / "status.json", cfg.name)
     if status.unreadable:
         say(status.unreadable)
@@ -81,7 +93,7 @@ def run_pipeline(run: ResolvedRun, out: str | Path = "runs", *, progress: bool =
                 plan.record(stage, _execute(run, plan.m, stage, str(root), progress))
     failures = [f for plan in plans for f in plan.failures]
     report = build_report(root, command=command, wall_seconds=time.perf_counter() - t_start)
-    paths = write_report(report, root, formats=cfg.report.formats)
+    paths = write_report(report, root, formats=cfg.report.formats, write=write_text)
     status.data["report"] = {"state": "done", "updated": _now(),
                              "files": {k: str(p.name) for k, p in paths.items()}}
     status.save()
@@ -103,9 +115,22 @@ class _MethodPlan:
         self.todo = list(STAGES)
         self.blocked: str | None = None
         self.failures: list[str] = []
+        self.rerun = False
         self.required = {"train": self.mdir / "train.json", "account": self.mdir / "privacy.json",
                          "audit": self.mdir / "audit.json"}
 
+    def _intact(self, stage: str) -> bool:
+        """Every file the stage wrote is present with a matching checksum (a failing one is
+        treated as absent, with a warning, and the stage re-runs)."""
+        files = [self.required[stage]]
+        if stage == "train":  # the whole training folder (checkpoints, ledger, artifacts...)
+            later = {p.name for p in self.required.values()} - {"train.json"} | {"shadows.npz"}
+            files += [p for p in self.mdir.rglob("*") if p.is_file() and p.name not in later
+                      and not p.name.startswith(".") and p.name != "errors.log"]
+        elif stage == "audit" and (self.mdir / "shadows.npz").is_file():
+            files.append(self.mdir / "shadows.npz")
+        failing = [p for p in files if not intact(p, self.say)]  # each one named in a warning
+        return not failing
     def next_stage(self) -> str | None:
         m = self.m
         while self.todo:
@@ -117,10 +142,12 @@ class _MethodPlan:
             elif stage == "audit" and not self.run.config.audit.enabled:
                 self.status.set(m.key, m.method, stage, "skipped", digest,
                                 error="audits disabled in config")
-            elif self.status.is_done(m.key, stage, digest) and self.required[stage].is_file():
+            elif not self.rerun and self.status.is_done(m.key, stage, digest) \
+                    and self._intact(stage):
                 self.say(f"{m.key}: {stage} already done, skipped")
             else:
                 self.say(f"{m.key}: {stage} ...")
+                self.rerun = True  # the stages after it read its new output: they re-run too
                 return stage
         return None
 
@@ -133,9 +160,7 @@ class _MethodPlan:
             return
         self.status.set(m.key, m.method, stage, "failed", self.hashes[stage], error=error,
                         seconds=seconds)
-        self.mdir.mkdir(parents=True, exist_ok=True)
-        with open(self.mdir / "errors.log", "a") as fh:
-            fh.write(f"--- {_now()} {stage}\n{trace}\n")
+        append_log(self.mdir / "errors.log", f"--- {_now()} {stage}\n{trace}\n")
         self.say(f"{m.key}: {stage} FAILED: {error}")
         self.failures.append(f"{m.key}/{stage}: {error}")
         self.blocked = stage

@@ -11,7 +11,7 @@ from typing import Any
 
 from privkit.pipeline.config import ACCOUNTANTS, SCHEMA_VERSION, ResolvedMethod, ResolvedRun
 from privkit.pipeline.federation import FEDERATIONS, run_federation  # noqa: F401  (FEDERATIONS re-exported)
-from privkit.pipeline.files import atomic_write_json, staged_dir
+from privkit.pipeline.files import StorageError, atomic_write_json, staged_dir
 from privkit.pipeline.files import one_line as _one_line
 from privkit.pipeline.files import read_json as _read_json
 
@@ -154,6 +154,8 @@ def execute(run: ResolvedRun, m: ResolvedMethod, stage: str, root: str,
             mechanism_controls_stage(run, m, Path(root), progress)
         else:
             _audit_stage(run, m, mdir, progress)
+    except StorageError:  # a full or read-only disk stops the run: no later stage could write
+        raise
     except Exception as exc:  # recorded; the other methods go on
         return f"{type(exc).__name__}: {_one_line(exc)}", traceback.format_exc(), \
             time.perf_counter() - t0

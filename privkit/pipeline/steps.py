@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from privkit.pipeline.config import ResolvedMethod, ResolvedRun
+from privkit.pipeline.files import append_log, intact
 from privkit.pipeline.files import now as _now
 from privkit.pipeline.state import Status
 
@@ -68,7 +69,8 @@ class StepPlan:
             return None
         self.pending = False
         done = self.entry()
-        if done.get("state") == "done" and done.get("hash") == self.digest and self.output.is_file():
+        if done.get("state") == "done" and done.get("hash") == self.digest \
+                and intact(self.output, self.say):
             self.say(f"{self.title} already done, skipped")
             return None
         self.say(f"{self.title} ...")
@@ -81,8 +83,6 @@ class StepPlan:
         if error is None:
             self.say(f"{self.title} done in {seconds:.1f} s")
             return
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "a") as fh:
-            fh.write(f"--- {_now()} {stage}\n{trace}\n")
+        append_log(self.log, f"--- {_now()} {stage}\n{trace}\n")
         self.say(f"{self.title} FAILED: {error}")
         self.failures.append(f"{self.name}: {error}")

@@ -7,7 +7,7 @@ import signal
 import traceback
 
 from privkit.pipeline.files import one_line as _one_line
-from privkit.pipeline.files import staging_dir
+from privkit.pipeline.files import StorageError, staging_dir
 from privkit.pipeline.stages import execute as _execute
 
 
@@ -79,6 +79,8 @@ def run_parallel(plans: list, workers: int) -> None:
                 plan, stage = running.pop(fut)
                 try:
                     outcome = fut.result()
+                except StorageError:  # a full or read-only disk stops the run (see stages.execute)
+                    raise
                 except Exception as exc:  # a crashed worker process fails that stage only
                     outcome = (f"{type(exc).__name__}: {_one_line(exc)}", traceback.format_exc(), 0.0)
                 plan.record(stage, outcome)

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from privkit.errors import PrivkitError
-from privkit.jsonutil import json_default, read_json
 from privkit.methods.base import TrainerConfig
 from privkit.methods import get_trainer, make_config  # noqa: F401  (re-exported from their former home)
 from privkit.methods.registry import (  # noqa: F401  (re-exported from their former home)
@@ -111,27 +110,30 @@ class TrainResult:
         """Write checkpoints, ``ledger.json``, ``metrics.json``, ``train.json``, ``artifacts.npz``."""
         import torch
 
+        from privkit.pipeline.files import write_json, write_text, write_with
+
         out = Path(run_dir)
         ckpt = out / "checkpoints"
-        ckpt.mkdir(parents=True, exist_ok=True)
-        torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, ckpt / "model.pt")
-        for i, m in enumerate(self.client_models):
-            torch.save({k: v.detach().cpu() for k, v in m.state_dict().items()}, ckpt / f"client_{i}.pt")
-        self.ledger.save(out / "ledger.json")
-        (out / "metrics.json").write_text(json.dumps(self.metrics(), indent=2))
+        for name, m in [("model.pt", self.model)] + [(f"client_{i}.pt", m) for i, m in
+                                                     enumerate(self.client_models)]:
+            state = {k: v.detach().cpu() for k, v in m.state_dict().items()}
+            write_with(ckpt / name, lambda buf, state=state: torch.save(state, buf))
+        write_text(out / "ledger.json", json.dumps(self.ledger.to_dict(), indent=2) + "\n")
+        write_json(out / "metrics.json", self.metrics())
+        if self.artifacts:
+            write_with(out / "artifacts.npz", lambda buf: np.savez_compressed(buf, **self.artifacts))
         meta = {"schema_version": SCHEMA_VERSION, "method": self.method, "seed": self.seed,
                 "config": self.config, "model_spec": self.model_spec,
                 "client_model_specs": self.client_model_specs, "warnings": self.warnings,
                 "claims": self.claims, "reproducible_noise": self.reproducible_noise}
-        (out / "train.json").write_text(json.dumps(meta, indent=2, default=json_default))
-        if self.artifacts:
-            np.savez_compressed(out / "artifacts.npz", **self.artifacts)
+        write_json(out / "train.json", meta)  # last: its presence means a finished run
         return out
 
     @classmethod
     def load(cls, run_dir: str | Path) -> "TrainResult":
         from accountants import Ledger
         from privkit.models import build_from_spec
+        from privkit.pipeline.files import checked, read_json
 
         out = Path(run_dir)
         meta_path = out / "train.json"
@@ -146,13 +148,13 @@ class TrainResult:
         artifacts = {}
         if (out / "artifacts.npz").is_file():
             try:
-                with np.load(out / "artifacts.npz") as data:
+                with np.load(checked(out / "artifacts.npz", "artifacts file")) as data:
                     artifacts = {k: data[k] for k in data.files}
             except (OSError, ValueError, EOFError) as exc:
                 raise PrivkitError(f"artifacts file {out / 'artifacts.npz'} is unreadable or "
                                    f"corrupted ({type(exc).__name__}); re-run `privkit train`") from None
         return cls(method=meta["method"], seed=meta["seed"], config=meta["config"], model=model,
-                   model_spec=meta["model_spec"], ledger=Ledger.load(out / "ledger.json"),
+                   model_spec=meta["model_spec"], ledger=Ledger.load(checked(out / "ledger.json", "ledger file")),
                    rounds=metrics["rounds"], test_accuracy=metrics["test_accuracy"],
                    artifacts=artifacts, client_models=clients,
                    client_model_specs=meta.get("client_model_specs", []),
@@ -169,8 +171,11 @@ def _load_checkpoint(model: torch.nn.Module, path: Path) -> torch.nn.Module:
 
     import torch
 
+    from privkit.pipeline.files import checked
+
     if not path.is_file():
         raise PrivkitError(f"checkpoint not found: {path} (run `privkit train` first)")
+    checked(path, "checkpoint")
     try:
         state = torch.load(path, weights_only=True)
     except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError,

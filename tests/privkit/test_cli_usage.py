@@ -150,7 +150,7 @@ def _input_cases():
         (["report", "{report_dir}"], ["report file", "report.json"]),
         (["data", "split", "--dataset", "{nan_npz}", "--public-dataset", "none", "--clients", "2"],
          ["array x", "2 NaN and 1 infinite", "nan.npz"]),
-        (["train", *TINY_TRAIN, "--out", "{trained}"], ["--out", "--force"]),
+        (["train", *TINY_TRAIN, "--seed", "5", "--out", "{trained}"], ["--out", "--force"]),
         (["train", *TINY_TRAIN, "--out", "{not_a_run}"], ["--out", "not-a-run"]),
     ]
 

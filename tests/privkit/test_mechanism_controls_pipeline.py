@@ -17,6 +17,7 @@ import pytest
 
 import privkit.audit.mechanism_audit as mechanism_audit
 import privkit.pipeline as pipeline
+from privkit.pipeline.files import write_json
 from accountants import Ledger, NfdpSubsampleEvent
 from privkit.data import build_federation
 from privkit.errors import PrivkitError
@@ -60,7 +61,7 @@ def fake_audit(run_dir, *, attacks, shadows, executor, seed, progress, **options
            "delta": 1e-5, "shadows": shadows,
            "verdict": {"status": "inconclusive", "message": "ceiling 0.5 <= accounted 2",
                        "epsilon_lower_bound": 0.0, "epsilon_ceiling": 0.5, "accounted_epsilon": 2.0}}
-    (run_dir / "audit.json").write_text(json.dumps(out))
+    write_json(run_dir / "audit.json", out)  # a stage stores through privkit.pipeline.files
     return out
 
 

@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 import privkit.pipeline as pipeline
+from privkit.pipeline.files import write_json
 from accountants import gaussian_epsilon
 from privkit.cli import app
 from privkit.trainers import REGISTRY, TrainerConfig, TrainResult, register_trainer
@@ -87,7 +88,7 @@ def fake_audit(run_dir, *, attacks, shadows, executor, seed, progress, **options
                                 "notes": "", "error": None}},
            "attribute": {}, "accounted_epsilon": 1.0, "delta": 1e-5, "shadows": shadows,
            "verdict": {"status": "consistent", "message": "0 <= 1"}}
-    (run_dir / "audit.json").write_text(json.dumps(out))
+    write_json(run_dir / "audit.json", out)  # a stage stores through privkit.pipeline.files
     return out
 
 
@@ -118,8 +119,7 @@ def fake_controls(run, target, root, progress):
     CALLS["controls"] = CALLS.get("controls", 0) + 1
     if "controls" in FAIL:
         raise RuntimeError("controls exploded on purpose")
-    (root / "audit-controls").mkdir(parents=True, exist_ok=True)
-    (root / "audit-controls" / "controls.json").write_text(json.dumps(control_record(CONTROL_POWER["power"])))
+    write_json(root / "audit-controls" / "controls.json", control_record(CONTROL_POWER["power"]))
 
 
 def fake_mechanism_controls(run, m, root, progress):
@@ -128,8 +128,7 @@ def fake_mechanism_controls(run, m, root, progress):
     CALLS["mechanism-controls"] = CALLS.get("mechanism-controls", 0) + 1
     rec = {"schema_version": 1, "method": m.key, "trainer": m.method, "state": "unprobed", "twins": [],
            "message": f"method {m.method!r} ran no probed DP mechanism", "catchable": None}
-    (root / "mechanism-controls").mkdir(parents=True, exist_ok=True)
-    (root / "mechanism-controls" / f"{m.key}.json").write_text(json.dumps(rec))
+    write_json(root / "mechanism-controls" / f"{m.key}.json", rec)
 
 
 @pytest.fixture(autouse=True)
