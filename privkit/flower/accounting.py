@@ -1,0 +1,320 @@
+"""privkit's ledger for a Flower app: :class:`Accounted` wraps a Message-API strategy (flwr 1.42,
+``flwr.serverapp.strategy``) and records, per client (node id) and per round, every DP mechanism
+the round applied to that client's data.
+
+What a round records for a client (the release it covers in brackets):
+
+* the entries the client sent with its reply (:mod:`privkit.flower.client`: privkit's DP-SGD step,
+  Flower's LocalDpMod) [the update the client uploaded; the aggregate is post-processing of it];
+* otherwise, with one of Flower's central-DP wrappers in the strategy chain, the wrapper's Gaussian
+  (:mod:`privkit.flower.mechanisms`) [the noised global model]; with ``client_sampling=
+  "without_replacement"`` every connected node gets the subsampled event, since the server draws
+  ``m`` of ``n`` nodes uniformly without replacement (``random.sample`` in flwr's
+  ``sample_nodes``), and amplification holds for whoever sees the model but not the draw;
+* otherwise a :class:`~accountants.NonPrivateEvent` [a model averaged without noise].
+
+A client-side clipping wrapper trusts the clients to clip; the server checks each reply's update
+norm and records a client whose update exceeds the clip norm as non-private.  Training and
+evaluation metrics (``MetricRecord``) pass through un-noised, as Flower's wrappers leave them: they
+are not accounted, so publish the model, not the metrics.
+
+Per round the worst client's epsilon at ``delta`` (``accountant``, RDP by default) is added to the
+round's train metrics as ``privkit-epsilon``; with ``budget`` a round that would take any client
+past it is not sent (the remaining rounds send nothing); :meth:`Accounted.start` writes the run's
+``ledger.json`` and ``privacy.json`` when given ``out``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+from accountants import Ledger, NonPrivateEvent, event_from_dict
+from privkit.flower import require_flwr
+
+require_flwr()
+
+from flwr.serverapp.strategy import Strategy  # noqa: E402  (after the one-line install hint)
+from flwr.supercore import log  # noqa: E402
+
+from privkit.flower.client import entries_of, ledger_mod, record, record_dpsgd, recorded  # noqa: E402
+from privkit.flower.mechanisms import CentralDp, central_dp, central_event, local_dp_event  # noqa: E402
+
+__all__ = ["Accounted", "ledger_mod", "record", "record_dpsgd", "recorded"]
+
+EPSILON_METRIC = "privkit-epsilon"
+SAMPLINGS = ("without_replacement", "none")
+_RUNNING_ACCOUNTANTS = ("rdp", "pld")
+_NORM_SLACK = 1e-4  # float32 arrays: a clipped update's norm may exceed C by rounding
+
+
+@dataclass
+class _Round:
+    """What :meth:`Accounted.configure_train` fixed for the round before anything was sent."""
+
+    number: int
+    nodes: list[int]
+    sampled: list[int]
+    sent: list | None  # the global arrays sent (numpy), for the clip-norm check
+    clip_norm: float | None
+    predicted: dict[str, list[tuple[Any, str, str]]] = field(default_factory=dict)
+
+
+def _entry_event(entry: dict, neighbouring: str) -> tuple[Any, str, str]:
+    """(event, label, relation) of one entry a client sent."""
+    if entry.get("kind") == "local_dp":
+        mod = type("LocalDpParameters", (), {k: entry[k] for k in ("clipping_norm", "sensitivity", "epsilon",
+                                                                   "delta")})
+        return local_dp_event(mod, neighbouring), "local dp (LocalDpMod)", neighbouring
+    if entry.get("kind") == "event":
+        return event_from_dict(entry["event"]), str(entry["label"]), str(entry.get("neighbouring", "add_remove"))
+    raise ValueError(f"privkit ledger entry kind must be 'event' or 'local_dp'; found {entry.get('kind')!r}")
+
+
+def _update_norm(reply_arrays: list, sent: list) -> float:
+    import numpy as np
+
+    return float(math.sqrt(sum(float(np.sum((np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)) ** 2))
+                               for a, b in zip(reply_arrays, sent, strict=True))))
+
+
+class _RecordingGrid:
+    """A Grid that remembers the node list it last handed out (everything else delegated)."""
+
+    def __init__(self, grid: Any) -> None:
+        self._grid, self.last = grid, []
+
+    def get_node_ids(self) -> list:
+        self.last = list(self._grid.get_node_ids())
+        return self.last
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+
+class Accounted(Strategy):
+    """A Flower strategy whose rounds are recorded in a privkit :class:`~accountants.Ledger`.
+
+    Parameters
+    ----------
+    strategy : flwr.serverapp.strategy.Strategy
+        The app's strategy, DP wrapper included (e.g. ``DifferentialPrivacyClientSideFixedClipping(
+        FedAvg(...), ...)``).
+    delta : float
+        The run's delta: the per-round epsilon and the budget are at this delta.
+    budget : float, optional
+        Epsilon budget: a round that would take any client past it is not sent.
+    neighbouring : {"replace_one", "add_remove"}
+        Client-level relation of the central-DP and LocalDpMod events (see
+        :mod:`privkit.flower.mechanisms`); ``add_remove`` is the zero-out relation.
+    client_sampling : {"without_replacement", "none"}
+        ``without_replacement``: amplification by Flower's uniform draw of ``m`` of ``n`` nodes
+        (replace-one only; dp-accounting's RDP); ``none``: only the sampled clients are charged.
+    accountant : {"rdp", "pld"}
+        Accountant of the per-round epsilon and the budget check (``privacy.json`` has all).
+    out : path, optional
+        Where :meth:`start` writes the run (``<out>/<name>/ledger.json``, ``privacy.json``, ...).
+    name : str
+        The run's name in ``out``.
+    """
+
+    def __init__(self, strategy: Strategy, *, delta: float, budget: float | None = None,
+                 neighbouring: str = "replace_one", client_sampling: str = "without_replacement",
+                 accountant: str = "rdp", out: str | Path | None = None, name: str = "flower-app") -> None:
+        super().__init__()
+        from accountants._validate import check_choice, check_open_unit, check_positive
+
+        self.strategy = strategy
+        self.delta = check_open_unit(delta, "delta")
+        self.budget = None if budget is None else check_positive(budget, "budget")
+        self.neighbouring = check_choice(neighbouring, "neighbouring", ("replace_one", "add_remove"))
+        self.client_sampling = check_choice(client_sampling, "client_sampling", SAMPLINGS)
+        if client_sampling == "without_replacement" and neighbouring != "replace_one":
+            raise ValueError("client_sampling must be 'none' with neighbouring 'add_remove' (sampling without "
+                             f"replacement is accounted under replace-one); found {client_sampling!r}")
+        self.accountant = check_choice(accountant, "accountant", _RUNNING_ACCOUNTANTS)
+        if accountant == "pld" and client_sampling == "without_replacement":
+            raise ValueError("accountant must be 'rdp' with client_sampling 'without_replacement' "
+                             "(dp-accounting's PLD has no sampling without replacement); found 'pld'")
+        self.central: CentralDp | None = central_dp(strategy)
+        self.out, self.name = (None if out is None else Path(out)), name
+        self.ledger = Ledger()
+        self.rounds: list[dict] = []
+        self.stopped: str | None = None
+        self._round: _Round | None = None
+        self._worst = 0.0
+
+    # -- accounting ------------------------------------------------------------------------
+    def _client_epsilon(self, client: str, extra: list[tuple[Any, str, str]]) -> float:
+        """``client``'s epsilon at delta with ``extra`` (event, label, relation) added."""
+        scratch = Ledger()
+        for e in (self.ledger.entries(client) if client in self.ledger.clients else []):
+            scratch.add(client, e.event, e.label, round=e.round, neighbouring=e.neighbouring)
+        for event, label, relation in extra:
+            scratch.add(client, event, label, neighbouring=relation)
+        return scratch.account(self.delta, accountant=self.accountant).epsilon
+
+    def _epsilon_with(self, pending: dict[str, list[tuple[Any, str, str]]]) -> float:
+        """The worst client's epsilon if ``pending`` were recorded (clients with identical histories
+        hit the ledger's cache)."""
+        touched = [self._client_epsilon(c, evs) for c, evs in pending.items() if evs]
+        return max([self._worst, *touched])
+
+    def _central_pending(self, rnd: _Round, shares: dict[int, float]) -> dict[str, list]:
+        """Central-DP events of the round: ``shares`` = each replying client's weight in the mean."""
+        dp = self.central
+        assert dp is not None
+        label = f"round {rnd.number}: central dp ({dp.name})"
+        equal = len({round(s, 12) for s in shares.values()}) <= 1
+        if self.client_sampling == "without_replacement" and equal and shares:
+            share = next(iter(shares.values()))
+            event = central_event(dp, share, self.neighbouring, (len(rnd.nodes), len(rnd.sampled)))
+            return {str(n): [(event, label, self.neighbouring)] for n in rnd.nodes}
+        if self.client_sampling == "without_replacement" and not equal:
+            log(WARNING, "privkit: unequal client weights in round %s: accounted without sampling amplification",
+                rnd.number)
+        return {str(n): [(central_event(dp, s, self.neighbouring), label, self.neighbouring)]
+                for n, s in shares.items()}
+
+    def _predict(self, rnd: _Round) -> dict[str, list]:
+        """The round's events as known before sending: central DP at equal weights; a client's own
+        mechanisms as in its last round (unknown for a client that never reported)."""
+        pending: dict[str, list] = {}
+        if self.central is not None:
+            pending = self._central_pending(rnd, {n: 1.0 / len(rnd.sampled) for n in rnd.sampled})
+        for n in rnd.sampled:
+            key = str(n)
+            if key in self.ledger.clients:
+                last = max((e.round or 0) for e in self.ledger.entries(key))
+                own = [(e.event, e.label, e.neighbouring) for e in self.ledger.entries(key)
+                       if e.round == last and not e.label.startswith(f"round {last}: central")]
+                if own:
+                    pending[key] = own
+        return pending
+
+    # -- Strategy --------------------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: Any, config: Any, grid: Any) -> list:
+        """The inner strategy's messages, unless the round would take a client past the budget."""
+        if self.stopped:
+            return []
+        clip = self.central.clip_norm if self.central is not None else None
+        seen = _RecordingGrid(grid)
+        messages = list(self.strategy.configure_train(server_round, arrays, config, seen))
+        # the population the inner strategy drew from: flwr's sample_nodes draws from the node list
+        # of its last get_node_ids() call (it polls until enough nodes are connected)
+        nodes = sorted({int(n) for n in seen.last} | {int(m.metadata.dst_node_id) for m in messages})
+        sent = arrays.to_numpy_ndarrays() if self.central is not None and self.central.side == "client" else None
+        rnd = _Round(server_round, nodes, [int(m.metadata.dst_node_id) for m in messages], sent, clip)
+        if self.budget is not None and rnd.sampled:
+            would = self._epsilon_with(self._predict(rnd))
+            if would > self.budget:
+                self.stopped = (f"stopped before round {server_round}: it would take a client to epsilon {would:.4g} "
+                                f"> budget {self.budget:g} ({self.accountant}, delta={self.delta:g})")
+                log(WARNING, "privkit: %s", self.stopped)
+                return []
+        self._round = rnd
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Any) -> tuple[Any, Any]:
+        """Aggregate with the inner strategy, then record the round's events and its epsilon."""
+        rnd, self._round = self._round, None
+        if rnd is None or rnd.number != server_round:
+            return None, None
+        replies = list(replies)
+        reported = {int(r.metadata.src_node_id): entries_of(r) for r in replies}
+        shares, unclipped = self._weights_and_norms(rnd, replies)
+        arrays, metrics = self.strategy.aggregate_train(server_round, replies)
+        pending: dict[str, list] = {}
+        if arrays is not None:
+            if self.central is not None and shares:
+                pending = self._central_pending(rnd, shares)
+            else:
+                reason = "model update averaged without DP noise"
+                pending = {str(n): [(NonPrivateEvent(reason), f"round {rnd.number}: model update", self.neighbouring)]
+                           for n in rnd.sampled}
+        for node, norm in unclipped.items():
+            pending[str(node)] = [(NonPrivateEvent(
+                f"update norm {norm:.6g} exceeds the clipping norm {rnd.clip_norm:.6g} (is the clipping mod "
+                "installed?)"), f"round {rnd.number}: unclipped update", self.neighbouring)]
+        for node, entries in reported.items():  # the client's own release covers the round
+            if entries:
+                pending[str(node)] = [_entry_event(e, self.neighbouring) for e in entries]
+                pending[str(node)] = [(ev, f"round {rnd.number}: {label}", rel) for ev, label, rel in pending[str(node)]]
+        for client, events in pending.items():
+            for event, label, relation in events:
+                self.ledger.add(client, event, label, round=rnd.number, neighbouring=relation)
+        if pending:
+            self._worst = self.ledger.account(self.delta, accountant=self.accountant).epsilon
+        self.rounds.append({"round": rnd.number, "epsilon": self._worst, "clients": sorted(rnd.sampled),
+                            "nodes": len(rnd.nodes)})
+        log(INFO, "privkit: round %s, worst client's epsilon %.6g at delta %g (%s)", rnd.number, self._worst,
+            self.delta, self.accountant)
+        from flwr.app import MetricRecord
+
+        metrics = MetricRecord() if metrics is None else metrics
+        metrics[EPSILON_METRIC] = float(self._worst)
+        return arrays, metrics
+
+    def _weights_and_norms(self, rnd: _Round, replies: list) -> tuple[dict[int, float], dict[int, float]]:
+        """Each valid reply's share of the weighted mean, and the clients whose updates exceed the clip
+        norm (client-side clipping only)."""
+        dp = self.central
+        if dp is None:
+            return {}, {}
+        ok = [r for r in replies if not r.has_error()]
+        key = dp.aggregator.weighted_by_key
+        weights = {int(r.metadata.src_node_id): float(next(iter(r.content.metric_records.values()))[key])
+                   for r in ok}
+        total = math.fsum(weights.values())
+        shares = {n: w / total for n, w in weights.items()} if total > 0 else {}
+        unclipped: dict[int, float] = {}
+        if rnd.sent is not None and rnd.clip_norm is not None:
+            for r in ok:
+                norm = _update_norm(next(iter(r.content.array_records.values())).to_numpy_ndarrays(), rnd.sent)
+                if norm > rnd.clip_norm * (1 + _NORM_SLACK):
+                    unclipped[int(r.metadata.src_node_id)] = norm
+        return shares, unclipped
+
+    def configure_evaluate(self, server_round: int, arrays: Any, config: Any, grid: Any) -> Any:
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Any) -> Any:
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+    def summary(self) -> None:
+        log(INFO, "\t├──> privkit ledger: delta=%g, budget=%s, neighbouring=%s, client sampling=%s",
+            self.delta, self.budget, self.neighbouring, self.client_sampling)
+        self.strategy.summary()
+
+    def start(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the inner loop (``Strategy.start``), then write the run to ``out`` if given."""
+        result = super().start(*args, **kwargs)
+        if self.out is not None and len(self.ledger):
+            self.save(self.out)
+        return result
+
+    # -- results ---------------------------------------------------------------------------
+    @property
+    def epsilon(self) -> float:
+        """The worst client's epsilon at ``delta`` after the rounds so far (``accountant``)."""
+        return self._worst
+
+    def save(self, out: str | Path) -> Path:
+        """Write ``<out>/<name>/`` (``ledger.json``, ``privacy.json``, ``metrics.json``, ``train.json``)
+        and ``<out>/config.resolved.json``: what ``privkit budget ledger`` and ``privkit report`` read."""
+        from privkit.flower.rundir import write_run
+
+        return write_run(Path(out), self.name, self.ledger, self.delta, rounds=self.rounds,
+                         description=self.describe(), stop=self.stopped)
+
+    def describe(self) -> list[str]:
+        """The accounting assumptions, as the run's warnings."""
+        out = [f"Flower app accounted by privkit: client-level events with neighbouring {self.neighbouring} "
+               "(see privkit.flower.mechanisms); training and evaluation metrics are not accounted."]
+        if self.central is not None:
+            out.append(f"central DP: {self.central.name} (noise multiplier {self.central.update_multiplier:g} on the "
+                       f"mean of {self.central.num_sampled_clients} clients), client sampling: {self.client_sampling}")
+        return out

@@ -1,0 +1,96 @@
+"""Run a Flower ServerApp/ClientApp pair in this process, without Ray: the cost baseline of Flower's
+simulation engine and a fast driver for tests.
+
+flwr 1.42 has one simulation backend, Ray (``flwr.simulation.run_simulation``).  :func:`run_inprocess`
+drives the same two apps with a :class:`InProcessGrid` that delivers each message to the ClientApp by
+a plain call, one node after the other.  What it does not do: run nodes in parallel or in separate
+processes, time out, lose messages, or isolate the apps' global state.  Each node keeps one
+``Context`` (``node_config["partition-id"]`` and ``["num-partitions"]`` as Flower's simulation sets
+them) for the whole run, and each message is copied before delivery, as a transport would.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Iterable
+from typing import Any
+
+from privkit.flower import require_flwr
+
+require_flwr()
+
+from flwr.app import Context, Message, RecordDict  # noqa: E402
+from flwr.serverapp import Grid  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+__all__ = ["InProcessGrid", "run_inprocess"]
+
+SERVER_NODE = 0
+
+
+class InProcessGrid(Grid):
+    """A Grid whose nodes are ``num_nodes`` copies of ``client_app`` called in this process."""
+
+    def __init__(self, client_app: Any, num_nodes: int, run_id: int = 1, first_node_id: int = 1) -> None:
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+            raise ValueError(f"num_nodes must be an int >= 1; found {num_nodes!r}")
+        self.client_app, self.run_id = client_app, run_id
+        self._nodes = [first_node_id + i for i in range(num_nodes)]
+        self._contexts = {
+            node: Context(run_id=run_id, node_id=node, state=RecordDict(), run_config={},
+                          node_config={"partition-id": i, "num-partitions": num_nodes})
+            for i, node in enumerate(self._nodes)}
+        self._ids = itertools.count(1)
+        self._replies: dict[str, Message] = {}
+
+    def set_run(self, run: Any) -> None:  # the in-process run needs no run record
+        self._run = run
+
+    @property
+    def run(self) -> Any:
+        return getattr(self, "_run", None)
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return Message(content=content, message_type=message_type, dst_node_id=dst_node_id, group_id=group_id,
+                       ttl=ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self._nodes)
+
+    def _deliver(self, message: Message) -> Message:
+        node = int(message.metadata.dst_node_id)
+        if node not in self._contexts:
+            raise ValueError(f"message dst_node_id must be one of the {len(self._nodes)} nodes; found {node}")
+        message = copy.deepcopy(message)
+        TaskIdentity.node_id = node
+        try:
+            return self.client_app(message, self._contexts[node])
+        finally:
+            TaskIdentity.node_id = SERVER_NODE
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for message in messages:
+            ids.append(f"m{next(self._ids)}")
+            self._replies[ids[-1]] = self._deliver(message)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self._replies.pop(i) for i in message_ids if i in self._replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        return [self._deliver(m) for m in messages]
+
+
+def run_inprocess(server_app: Any, client_app: Any, num_nodes: int, *, run_config: dict | None = None) -> None:
+    """Run ``server_app`` against ``num_nodes`` in-process copies of ``client_app``."""
+    previous = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    grid = InProcessGrid(client_app, num_nodes)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = grid.run_id, SERVER_NODE, 1
+    try:
+        server_app(grid, Context(run_id=grid.run_id, node_id=SERVER_NODE, state=RecordDict(),
+                                 run_config=dict(run_config or {}), node_config={}))
+    finally:
+        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = previous
