@@ -37,4 +37,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["INSTALL_HINT", "require_flwr", *_LAZY]
+__all__ = ["INSTALL_HINT", "require_flwr"] + list(_LAZY)

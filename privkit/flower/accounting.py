@@ -37,11 +37,11 @@ from privkit.flower import require_flwr
 
 require_flwr()
 
-from flwr.serverapp.strategy import Strategy  # noqa: E402  (after the one-line install hint)
-from flwr.supercore import log  # noqa: E402
+from flwr.serverapp.strategy import Strategy
+from flwr.supercore import log
 
-from privkit.flower.client import entries_of, ledger_mod, record, record_dpsgd, recorded  # noqa: E402
-from privkit.flower.mechanisms import CentralDp, central_dp, central_event, local_dp_event  # noqa: E402
+from privkit.flower.client import entries_of, ledger_mod, record, record_dpsgd, recorded
+from privkit.flower.mechanisms import CentralDp, central_dp, central_event, local_dp_event
 
 __all__ = ["Accounted", "ledger_mod", "record", "record_dpsgd", "recorded"]
 
@@ -66,19 +66,36 @@ class _Round:
 def _entry_event(entry: dict, neighbouring: str) -> tuple[Any, str, str]:
     """(event, label, relation) of one entry a client sent."""
     if entry.get("kind") == "local_dp":
-        mod = type("LocalDpParameters", (), {k: entry[k] for k in ("clipping_norm", "sensitivity", "epsilon",
-                                                                   "delta")})
+        mod = type(
+            "LocalDpParameters",
+            (),
+            {k: entry[k] for k in ("clipping_norm", "sensitivity", "epsilon", "delta")},
+        )
         return local_dp_event(mod, neighbouring), "local dp (LocalDpMod)", neighbouring
     if entry.get("kind") == "event":
-        return event_from_dict(entry["event"]), str(entry["label"]), str(entry.get("neighbouring", "add_remove"))
-    raise ValueError(f"privkit ledger entry kind must be 'event' or 'local_dp'; found {entry.get('kind')!r}")
+        return (
+            event_from_dict(entry["event"]),
+            str(entry["label"]),
+            str(entry.get("neighbouring", "add_remove")),
+        )
+    raise ValueError(
+        f"privkit ledger entry kind must be 'event' or 'local_dp'; found {entry.get('kind')!r}"
+    )
 
 
 def _update_norm(reply_arrays: list, sent: list) -> float:
     import numpy as np
 
-    return float(math.sqrt(sum(float(np.sum((np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)) ** 2))
-                               for a, b in zip(reply_arrays, sent, strict=True))))
+    return float(
+        math.sqrt(
+            sum(
+                float(
+                    np.sum((np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)) ** 2)
+                )
+                for a, b in zip(reply_arrays, sent, strict=True)
+            )
+        )
+    )
 
 
 class _RecordingGrid:
@@ -121,24 +138,39 @@ class Accounted(Strategy):
         The run's name in ``out``.
     """
 
-    def __init__(self, strategy: Strategy, *, delta: float, budget: float | None = None,
-                 neighbouring: str = "replace_one", client_sampling: str = "without_replacement",
-                 accountant: str = "rdp", out: str | Path | None = None, name: str = "flower-app") -> None:
+    def __init__(
+        self,
+        strategy: Strategy,
+        *,
+        delta: float,
+        budget: float | None = None,
+        neighbouring: str = "replace_one",
+        client_sampling: str = "without_replacement",
+        accountant: str = "rdp",
+        out: str | Path | None = None,
+        name: str = "flower-app",
+    ) -> None:
         super().__init__()
         from accountants._validate import check_choice, check_open_unit, check_positive
 
         self.strategy = strategy
         self.delta = check_open_unit(delta, "delta")
         self.budget = None if budget is None else check_positive(budget, "budget")
-        self.neighbouring = check_choice(neighbouring, "neighbouring", ("replace_one", "add_remove"))
+        self.neighbouring = check_choice(
+            neighbouring, "neighbouring", ("replace_one", "add_remove")
+        )
         self.client_sampling = check_choice(client_sampling, "client_sampling", SAMPLINGS)
         if client_sampling == "without_replacement" and neighbouring != "replace_one":
-            raise ValueError("client_sampling must be 'none' with neighbouring 'add_remove' (sampling without "
-                             f"replacement is accounted under replace-one); found {client_sampling!r}")
+            raise ValueError(
+                "client_sampling must be 'none' with neighbouring 'add_remove' (sampling without "
+                f"replacement is accounted under replace-one); found {client_sampling!r}"
+            )
         self.accountant = check_choice(accountant, "accountant", _RUNNING_ACCOUNTANTS)
         if accountant == "pld" and client_sampling == "without_replacement":
-            raise ValueError("accountant must be 'rdp' with client_sampling 'without_replacement' "
-                             "(dp-accounting's PLD has no sampling without replacement); found 'pld'")
+            raise ValueError(
+                "accountant must be 'rdp' with client_sampling 'without_replacement' "
+                "(dp-accounting's PLD has no sampling without replacement); found 'pld'"
+            )
         self.central: CentralDp | None = central_dp(strategy)
         self.out, self.name = (None if out is None else Path(out)), name
         self.ledger = Ledger()
@@ -151,7 +183,7 @@ class Accounted(Strategy):
     def _client_epsilon(self, client: str, extra: list[tuple[Any, str, str]]) -> float:
         """``client``'s epsilon at delta with ``extra`` (event, label, relation) added."""
         scratch = Ledger()
-        for e in (self.ledger.entries(client) if client in self.ledger.clients else []):
+        for e in self.ledger.entries(client) if client in self.ledger.clients else []:
             scratch.add(client, e.event, e.label, round=e.round, neighbouring=e.neighbouring)
         for event, label, relation in extra:
             scratch.add(client, event, label, neighbouring=relation)
@@ -174,10 +206,15 @@ class Accounted(Strategy):
             event = central_event(dp, share, self.neighbouring, (len(rnd.nodes), len(rnd.sampled)))
             return {str(n): [(event, label, self.neighbouring)] for n in rnd.nodes}
         if self.client_sampling == "without_replacement" and not equal:
-            log(WARNING, "privkit: unequal client weights in round %s: accounted without sampling amplification",
-                rnd.number)
-        return {str(n): [(central_event(dp, s, self.neighbouring), label, self.neighbouring)]
-                for n, s in shares.items()}
+            log(
+                WARNING,
+                "privkit: unequal client weights in round %s: accounted without sampling amplification",
+                rnd.number,
+            )
+        return {
+            str(n): [(central_event(dp, s, self.neighbouring), label, self.neighbouring)]
+            for n, s in shares.items()
+        }
 
     def _predict(self, rnd: _Round) -> dict[str, list]:
         """The round's events as known before sending: central DP at equal weights; a client's own
@@ -189,8 +226,11 @@ class Accounted(Strategy):
             key = str(n)
             if key in self.ledger.clients:
                 last = max((e.round or 0) for e in self.ledger.entries(key))
-                own = [(e.event, e.label, e.neighbouring) for e in self.ledger.entries(key)
-                       if e.round == last and not e.label.startswith(f"round {last}: central")]
+                own = [
+                    (e.event, e.label, e.neighbouring)
+                    for e in self.ledger.entries(key)
+                    if e.round == last and not e.label.startswith(f"round {last}: central")
+                ]
                 if own:
                     pending[key] = own
         return pending
@@ -205,14 +245,24 @@ class Accounted(Strategy):
         messages = list(self.strategy.configure_train(server_round, arrays, config, seen))
         # the population the inner strategy drew from: flwr's sample_nodes draws from the node list
         # of its last get_node_ids() call (it polls until enough nodes are connected)
-        nodes = sorted({int(n) for n in seen.last} | {int(m.metadata.dst_node_id) for m in messages})
-        sent = arrays.to_numpy_ndarrays() if self.central is not None and self.central.side == "client" else None
-        rnd = _Round(server_round, nodes, [int(m.metadata.dst_node_id) for m in messages], sent, clip)
+        nodes = sorted(
+            {int(n) for n in seen.last} | {int(m.metadata.dst_node_id) for m in messages}
+        )
+        sent = (
+            arrays.to_numpy_ndarrays()
+            if self.central is not None and self.central.side == "client"
+            else None
+        )
+        rnd = _Round(
+            server_round, nodes, [int(m.metadata.dst_node_id) for m in messages], sent, clip
+        )
         if self.budget is not None and rnd.sampled:
             would = self._epsilon_with(self._predict(rnd))
             if would > self.budget:
-                self.stopped = (f"stopped before round {server_round}: it would take a client to epsilon {would:.4g} "
-                                f"> budget {self.budget:g} ({self.accountant}, delta={self.delta:g})")
+                self.stopped = (
+                    f"stopped before round {server_round}: it would take a client to epsilon {would:.4g} "
+                    f"> budget {self.budget:g} ({self.accountant}, delta={self.delta:g})"
+                )
                 log(WARNING, "privkit: %s", self.stopped)
                 return []
         self._round = rnd
@@ -233,32 +283,64 @@ class Accounted(Strategy):
                 pending = self._central_pending(rnd, shares)
             else:
                 reason = "model update averaged without DP noise"
-                pending = {str(n): [(NonPrivateEvent(reason), f"round {rnd.number}: model update", self.neighbouring)]
-                           for n in rnd.sampled}
+                pending = {
+                    str(n): [
+                        (
+                            NonPrivateEvent(reason),
+                            f"round {rnd.number}: model update",
+                            self.neighbouring,
+                        )
+                    ]
+                    for n in rnd.sampled
+                }
         for node, norm in unclipped.items():
-            pending[str(node)] = [(NonPrivateEvent(
-                f"update norm {norm:.6g} exceeds the clipping norm {rnd.clip_norm:.6g} (is the clipping mod "
-                "installed?)"), f"round {rnd.number}: unclipped update", self.neighbouring)]
+            pending[str(node)] = [
+                (
+                    NonPrivateEvent(
+                        f"update norm {norm:.6g} exceeds the clipping norm {rnd.clip_norm:.6g} (is the clipping mod "
+                        "installed?)"
+                    ),
+                    f"round {rnd.number}: unclipped update",
+                    self.neighbouring,
+                )
+            ]
         for node, entries in reported.items():  # the client's own release covers the round
             if entries:
                 pending[str(node)] = [_entry_event(e, self.neighbouring) for e in entries]
-                pending[str(node)] = [(ev, f"round {rnd.number}: {label}", rel) for ev, label, rel in pending[str(node)]]
+                pending[str(node)] = [
+                    (ev, f"round {rnd.number}: {label}", rel)
+                    for ev, label, rel in pending[str(node)]
+                ]
         for client, events in pending.items():
             for event, label, relation in events:
                 self.ledger.add(client, event, label, round=rnd.number, neighbouring=relation)
         if pending:
             self._worst = self.ledger.account(self.delta, accountant=self.accountant).epsilon
-        self.rounds.append({"round": rnd.number, "epsilon": self._worst, "clients": sorted(rnd.sampled),
-                            "nodes": len(rnd.nodes)})
-        log(INFO, "privkit: round %s, worst client's epsilon %.6g at delta %g (%s)", rnd.number, self._worst,
-            self.delta, self.accountant)
+        self.rounds.append(
+            {
+                "round": rnd.number,
+                "epsilon": self._worst,
+                "clients": sorted(rnd.sampled),
+                "nodes": len(rnd.nodes),
+            }
+        )
+        log(
+            INFO,
+            "privkit: round %s, worst client's epsilon %.6g at delta %g (%s)",
+            rnd.number,
+            self._worst,
+            self.delta,
+            self.accountant,
+        )
         from flwr.app import MetricRecord
 
         metrics = MetricRecord() if metrics is None else metrics
         metrics[EPSILON_METRIC] = float(self._worst)
         return arrays, metrics
 
-    def _weights_and_norms(self, rnd: _Round, replies: list) -> tuple[dict[int, float], dict[int, float]]:
+    def _weights_and_norms(
+        self, rnd: _Round, replies: list
+    ) -> tuple[dict[int, float], dict[int, float]]:
         """Each valid reply's share of the weighted mean, and the clients whose updates exceed the clip
         norm (client-side clipping only)."""
         dp = self.central
@@ -266,14 +348,18 @@ class Accounted(Strategy):
             return {}, {}
         ok = [r for r in replies if not r.has_error()]
         key = dp.aggregator.weighted_by_key
-        weights = {int(r.metadata.src_node_id): float(next(iter(r.content.metric_records.values()))[key])
-                   for r in ok}
+        weights = {
+            int(r.metadata.src_node_id): float(next(iter(r.content.metric_records.values()))[key])
+            for r in ok
+        }
         total = math.fsum(weights.values())
         shares = {n: w / total for n, w in weights.items()} if total > 0 else {}
         unclipped: dict[int, float] = {}
         if rnd.sent is not None and rnd.clip_norm is not None:
             for r in ok:
-                norm = _update_norm(next(iter(r.content.array_records.values())).to_numpy_ndarrays(), rnd.sent)
+                norm = _update_norm(
+                    next(iter(r.content.array_records.values())).to_numpy_ndarrays(), rnd.sent
+                )
                 if norm > rnd.clip_norm * (1 + _NORM_SLACK):
                     unclipped[int(r.metadata.src_node_id)] = norm
         return shares, unclipped
@@ -285,8 +371,14 @@ class Accounted(Strategy):
         return self.strategy.aggregate_evaluate(server_round, replies)
 
     def summary(self) -> None:
-        log(INFO, "\t├──> privkit ledger: delta=%g, budget=%s, neighbouring=%s, client sampling=%s",
-            self.delta, self.budget, self.neighbouring, self.client_sampling)
+        log(
+            INFO,
+            "\t├──> privkit ledger: delta=%g, budget=%s, neighbouring=%s, client sampling=%s",
+            self.delta,
+            self.budget,
+            self.neighbouring,
+            self.client_sampling,
+        )
         self.strategy.summary()
 
     def start(self, *args: Any, **kwargs: Any) -> Any:
@@ -307,14 +399,27 @@ class Accounted(Strategy):
         and ``<out>/config.resolved.json``: what ``privkit budget ledger`` and ``privkit report`` read."""
         from privkit.flower.rundir import write_run
 
-        return write_run(Path(out), self.name, self.ledger, self.delta, rounds=self.rounds,
-                         description=self.describe(), stop=self.stopped)
+        return write_run(
+            Path(out),
+            self.name,
+            self.ledger,
+            self.delta,
+            rounds=self.rounds,
+            description=self.describe(),
+            stop=self.stopped,
+        )
 
     def describe(self) -> list[str]:
         """The accounting assumptions, as the run's warnings."""
-        out = [f"Flower app accounted by privkit: client-level events with neighbouring {self.neighbouring} "
-               "(see privkit.flower.mechanisms); training and evaluation metrics are not accounted."]
+        out = [
+            (
+                f"Flower app accounted by privkit: client-level events with neighbouring {self.neighbouring} "
+                "(see privkit.flower.mechanisms); training and evaluation metrics are not accounted."
+            )
+        ]
         if self.central is not None:
-            out.append(f"central DP: {self.central.name} (noise multiplier {self.central.update_multiplier:g} on the "
-                       f"mean of {self.central.num_sampled_clients} clients), client sampling: {self.client_sampling}")
+            out.append(
+                f"central DP: {self.central.name} (noise multiplier {self.central.update_multiplier:g} on the "
+                f"mean of {self.central.num_sampled_clients} clients), client sampling: {self.client_sampling}"
+            )
         return out

@@ -23,8 +23,9 @@ __all__ = ["RECORD_KEY", "ledger_mod", "record", "record_dpsgd", "recorded"]
 
 RECORD_KEY = "privkit-ledger"
 _ENTRIES = "entries"
-_recording: contextvars.ContextVar[list[dict] | None] = contextvars.ContextVar("privkit_flower_entries",
-                                                                               default=None)
+_recording: contextvars.ContextVar[list[dict] | None] = contextvars.ContextVar(
+    "privkit_flower_entries", default=None
+)
 
 
 def record(event: Any, label: str, neighbouring: str = "add_remove") -> None:
@@ -36,12 +37,20 @@ def record(event: Any, label: str, neighbouring: str = "add_remove") -> None:
     """
     entries = _recording.get()
     if entries is None:
-        raise ValueError("record() must run inside a ClientApp whose mods start with privkit.flower.ledger_mod; "
-                         "found no active ledger_mod")
+        raise ValueError(
+            "record() must run inside a ClientApp whose mods start with privkit.flower.ledger_mod; "
+            "found no active ledger_mod"
+        )
     if not isinstance(label, str) or not label:
         raise ValueError(f"label must be a non-empty string; found {label!r}")
-    entries.append({"kind": "event", "event": event_to_dict(event), "label": label,
-                    "neighbouring": neighbouring})
+    entries.append(
+        {
+            "kind": "event",
+            "event": event_to_dict(event),
+            "label": label,
+            "neighbouring": neighbouring,
+        }
+    )
 
 
 def record_dpsgd(step: Any, steps: int, label: str = "dp-sgd") -> None:
@@ -87,8 +96,14 @@ def ledger_mod(msg: Any, ctxt: Any, call_next: Any) -> Any:
 
 
 def _local_dp_entry(mod: Any) -> dict:
-    return {"kind": "local_dp", "label": "LocalDpMod", "clipping_norm": float(mod.clipping_norm),
-            "sensitivity": float(mod.sensitivity), "epsilon": float(mod.epsilon), "delta": float(mod.delta)}
+    return {
+        "kind": "local_dp",
+        "label": "LocalDpMod",
+        "clipping_norm": float(mod.clipping_norm),
+        "sensitivity": float(mod.sensitivity),
+        "epsilon": float(mod.epsilon),
+        "delta": float(mod.delta),
+    }
 
 
 def recorded(mod: Any) -> Any:
@@ -97,7 +112,7 @@ def recorded(mod: Any) -> Any:
     from flwr.clientapp.mod import LocalDpMod
 
     if not isinstance(mod, LocalDpMod):
-        raise ValueError(f"mod must be a flwr LocalDpMod; found {type(mod).__name__}")
+        raise TypeError(f"mod must be a flwr LocalDpMod; found {type(mod).__name__}")
 
     def recorded_mod(msg: Any, ctxt: Any, call_next: Any) -> Any:
         reply = mod(msg, ctxt, call_next)

@@ -20,9 +20,9 @@ from privkit.flower import require_flwr
 
 require_flwr()
 
-from flwr.app import Context, Message, RecordDict  # noqa: E402
-from flwr.serverapp import Grid  # noqa: E402
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+from flwr.app import Context, Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
 
 __all__ = ["InProcessGrid", "run_inprocess"]
 
@@ -32,15 +32,23 @@ SERVER_NODE = 0
 class InProcessGrid(Grid):
     """A Grid whose nodes are ``num_nodes`` copies of ``client_app`` called in this process."""
 
-    def __init__(self, client_app: Any, num_nodes: int, run_id: int = 1, first_node_id: int = 1) -> None:
+    def __init__(
+        self, client_app: Any, num_nodes: int, run_id: int = 1, first_node_id: int = 1
+    ) -> None:
         if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
             raise ValueError(f"num_nodes must be an int >= 1; found {num_nodes!r}")
         self.client_app, self.run_id = client_app, run_id
         self._nodes = [first_node_id + i for i in range(num_nodes)]
         self._contexts = {
-            node: Context(run_id=run_id, node_id=node, state=RecordDict(), run_config={},
-                          node_config={"partition-id": i, "num-partitions": num_nodes})
-            for i, node in enumerate(self._nodes)}
+            node: Context(
+                run_id=run_id,
+                node_id=node,
+                state=RecordDict(),
+                run_config={},
+                node_config={"partition-id": i, "num-partitions": num_nodes},
+            )
+            for i, node in enumerate(self._nodes)
+        }
         self._ids = itertools.count(1)
         self._replies: dict[str, Message] = {}
 
@@ -51,10 +59,21 @@ class InProcessGrid(Grid):
     def run(self) -> Any:
         return getattr(self, "_run", None)
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:
-        return Message(content=content, message_type=message_type, dst_node_id=dst_node_id, group_id=group_id,
-                       ttl=ttl)
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        return Message(
+            content=content,
+            message_type=message_type,
+            dst_node_id=dst_node_id,
+            group_id=group_id,
+            ttl=ttl,
+        )
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self._nodes)
@@ -62,7 +81,9 @@ class InProcessGrid(Grid):
     def _deliver(self, message: Message) -> Message:
         node = int(message.metadata.dst_node_id)
         if node not in self._contexts:
-            raise ValueError(f"message dst_node_id must be one of the {len(self._nodes)} nodes; found {node}")
+            raise ValueError(
+                f"message dst_node_id must be one of the {len(self._nodes)} nodes; found {node}"
+            )
         message = copy.deepcopy(message)
         TaskIdentity.node_id = node
         try:
@@ -80,17 +101,29 @@ class InProcessGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._replies.pop(i) for i in message_ids if i in self._replies]
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
         return [self._deliver(m) for m in messages]
 
 
-def run_inprocess(server_app: Any, client_app: Any, num_nodes: int, *, run_config: dict | None = None) -> None:
+def run_inprocess(
+    server_app: Any, client_app: Any, num_nodes: int, *, run_config: dict | None = None
+) -> None:
     """Run ``server_app`` against ``num_nodes`` in-process copies of ``client_app``."""
     previous = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
     grid = InProcessGrid(client_app, num_nodes)
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = grid.run_id, SERVER_NODE, 1
     try:
-        server_app(grid, Context(run_id=grid.run_id, node_id=SERVER_NODE, state=RecordDict(),
-                                 run_config=dict(run_config or {}), node_config={}))
+        server_app(
+            grid,
+            Context(
+                run_id=grid.run_id,
+                node_id=SERVER_NODE,
+                state=RecordDict(),
+                run_config=dict(run_config or {}),
+                node_config={},
+            ),
+        )
     finally:
         TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = previous

@@ -63,7 +63,9 @@ _CENTRAL_WRAPPERS = {
 
 def _check_relation(neighbouring: str) -> str:
     if neighbouring not in NEIGHBOURINGS:
-        raise ValueError(f"neighbouring must be one of {list(NEIGHBOURINGS)}; found {neighbouring!r}")
+        raise ValueError(
+            f"neighbouring must be one of {list(NEIGHBOURINGS)}; found {neighbouring!r}"
+        )
     return neighbouring
 
 
@@ -117,23 +119,38 @@ def central_dp(strategy: Any) -> CentralDp | None:
     from flwr.serverapp.strategy import FedAvg
 
     chain = _chain(strategy)
-    found = [s for s in chain if type(s).__name__ in _CENTRAL_WRAPPERS
-             and type(s).__module__.startswith("flwr.serverapp.strategy")]
+    found = [
+        s
+        for s in chain
+        if type(s).__name__ in _CENTRAL_WRAPPERS
+        and type(s).__module__.startswith("flwr.serverapp.strategy")
+    ]
     if not found:
         return None
     if len(found) > 1:
-        raise ValueError(f"strategy must hold one Flower DP wrapper; found {[type(s).__name__ for s in found]}")
+        raise ValueError(
+            f"strategy must hold one Flower DP wrapper; found {[type(s).__name__ for s in found]}"
+        )
     wrapper, aggregator = found[0], chain[-1]
-    if not isinstance(aggregator, FedAvg) or type(aggregator).aggregate_train is not FedAvg.aggregate_train:
+    if (
+        not isinstance(aggregator, FedAvg)
+        or type(aggregator).aggregate_train is not FedAvg.aggregate_train
+    ):
         raise ValueError(
             f"strategy inside {type(wrapper).__name__} must aggregate as FedAvg.aggregate_train (the noise "
-            f"is calibrated to a weighted mean of clipped updates); found {type(aggregator).__name__}")
+            f"is calibrated to a weighted mean of clipped updates); found {type(aggregator).__name__}"
+        )
     clipping, side = _CENTRAL_WRAPPERS[type(wrapper).__name__]
     count_std = float(wrapper.clipped_count_stddev) if clipping == "adaptive" else None
-    return CentralDp(wrapper=wrapper, clipping=clipping, side=side,
-                     update_multiplier=float(wrapper.noise_multiplier),
-                     num_sampled_clients=int(wrapper.num_sampled_clients), count_std=count_std,
-                     aggregator=aggregator)
+    return CentralDp(
+        wrapper=wrapper,
+        clipping=clipping,
+        side=side,
+        update_multiplier=float(wrapper.noise_multiplier),
+        num_sampled_clients=int(wrapper.num_sampled_clients),
+        count_std=count_std,
+        aggregator=aggregator,
+    )
 
 
 def central_multiplier(dp: CentralDp, weight_share: float, neighbouring: str) -> float:
@@ -149,11 +166,12 @@ def central_multiplier(dp: CentralDp, weight_share: float, neighbouring: str) ->
     count = dp.count_std / _BIT_SENSITIVITY[rel]
     if update == 0.0 or count == 0.0:
         return 0.0
-    return (update ** -2 + count ** -2) ** -0.5
+    return (update**-2 + count**-2) ** -0.5
 
 
-def central_event(dp: CentralDp, weight_share: float, neighbouring: str,
-                  sampling: tuple[int, int] | None = None) -> dpa.DpEvent:
+def central_event(
+    dp: CentralDp, weight_share: float, neighbouring: str, sampling: tuple[int, int] | None = None
+) -> dpa.DpEvent:
     """The privacy event of one round's central-DP release for one client.
 
     ``sampling = (n, m)``: the round's clients were ``m`` of ``n`` drawn uniformly without
@@ -169,8 +187,10 @@ def central_event(dp: CentralDp, weight_share: float, neighbouring: str,
         return gauss
     n, m = sampling
     if neighbouring != "replace_one":
-        raise ValueError("client_sampling 'without_replacement' is accounted under neighbouring 'replace_one' "
-                         f"only (dp-accounting's RDP); found neighbouring {neighbouring!r}")
+        raise ValueError(
+            "client_sampling 'without_replacement' is accounted under neighbouring 'replace_one' "
+            f"only (dp-accounting's RDP); found neighbouring {neighbouring!r}"
+        )
     return dpa.SampledWithoutReplacementDpEvent(int(n), int(m), gauss) if m < n else gauss
 
 

@@ -17,8 +17,16 @@ from privkit.pipeline.files import write_json, write_text
 __all__ = ["write_run"]
 
 
-def write_run(out: Path, name: str, ledger: Any, delta: float, *, rounds: list[dict],
-              description: list[str], stop: str | None) -> Path:
+def write_run(
+    out: Path,
+    name: str,
+    ledger: Any,
+    delta: float,
+    *,
+    rounds: list[dict],
+    description: list[str],
+    stop: str | None,
+) -> Path:
     """Write the run; returns ``<out>/<name>``."""
     import json
 
@@ -30,15 +38,41 @@ def write_run(out: Path, name: str, ledger: Any, delta: float, *, rounds: list[d
     mdir.mkdir(parents=True, exist_ok=True)
     write_text(mdir / "ledger.json", json.dumps(ledger.to_dict(), indent=2) + "\n")
     notes = [*description, *([stop] if stop else [])]
-    write_json(mdir / "train.json", {"schema_version": SCHEMA_VERSION, "method": "flower", "engine": "flower",
-                                     "rounds_run": len(rounds), "stop": stop, "warnings": notes, "claims": {}})
+    write_json(
+        mdir / "train.json",
+        {
+            "schema_version": SCHEMA_VERSION,
+            "method": "flower",
+            "engine": "flower",
+            "rounds_run": len(rounds),
+            "stop": stop,
+            "warnings": notes,
+            "claims": {},
+        },
+    )
     write_json(mdir / "metrics.json", {"rounds": rounds})
     write_json(mdir / "privacy.json", account_method(mdir, delta))
-    write_json(out / "config.resolved.json", {
-        "schema_version": SCHEMA_VERSION, "name": name, "delta": delta, "seed": 0,
-        "accountant": "best", "accountants": list(ACCOUNTANTS), "audit": {"enabled": False},
-        "report": {"title": f"privkit privacy report: Flower app {name}"},
-        "resolved_methods": [{"key": name, "method": "flower", "seed": 0, "trainer": {},
-                              "summary": "a Flower app accounted by privkit.flower.Accounted",
-                              "formal_dp": True}]})
+    write_json(
+        out / "config.resolved.json",
+        {
+            "schema_version": SCHEMA_VERSION,
+            "name": name,
+            "delta": delta,
+            "seed": 0,
+            "accountant": "best",
+            "accountants": list(ACCOUNTANTS),
+            "audit": {"enabled": False},
+            "report": {"title": f"privkit privacy report: Flower app {name}"},
+            "resolved_methods": [
+                {
+                    "key": name,
+                    "method": "flower",
+                    "seed": 0,
+                    "trainer": {},
+                    "summary": "a Flower app accounted by privkit.flower.Accounted",
+                    "formal_dp": True,
+                }
+            ],
+        },
+    )
     return mdir
