@@ -15,9 +15,12 @@ INSTALL_HINT = 'privkit.flower needs Flower: pip install "privkit[flower]"'
 # public name -> submodule of privkit.flower that defines it (loaded on first access)
 _LAZY: dict[str, str] = {
     "Accounted": "privkit.flower.accounting",
-    "ledger_mod": "privkit.flower.accounting",
-    "FlowerAccountant": "privkit.flower.accounting",
+    "ledger_mod": "privkit.flower.client",
+    "record": "privkit.flower.client",
+    "record_dpsgd": "privkit.flower.client",
+    "recorded": "privkit.flower.client",
     "check_flower_dp": "privkit.flower.checks",
+    "run_inprocess": "privkit.flower.inprocess",
 }
 
 

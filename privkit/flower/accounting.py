@@ -40,6 +40,7 @@ require_flwr()
 from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 
+from privkit.flower.checks import check_flower_dp
 from privkit.flower.client import entries_of, ledger_mod, record, record_dpsgd, recorded
 from privkit.flower.mechanisms import CentralDp, central_dp, central_event, local_dp_event
 
@@ -63,14 +64,18 @@ class _Round:
     predicted: dict[str, list[tuple[Any, str, str]]] = field(default_factory=dict)
 
 
+def _local_dp_parameters(entry: dict) -> Any:
+    """A LocalDpMod's parameters as a client sent them (the attributes the mod has)."""
+    from flwr.clientapp.mod import LocalDpMod
+
+    keys = ("clipping_norm", "sensitivity", "epsilon", "delta")
+    return LocalDpMod(**{k: float(entry[k]) for k in keys})
+
+
 def _entry_event(entry: dict, neighbouring: str) -> tuple[Any, str, str]:
     """(event, label, relation) of one entry a client sent."""
     if entry.get("kind") == "local_dp":
-        mod = type(
-            "LocalDpParameters",
-            (),
-            {k: entry[k] for k in ("clipping_norm", "sensitivity", "epsilon", "delta")},
-        )
+        mod = _local_dp_parameters(entry)
         return local_dp_event(mod, neighbouring), "local dp (LocalDpMod)", neighbouring
     if entry.get("kind") == "event":
         return (
@@ -172,12 +177,24 @@ class Accounted(Strategy):
                 "(dp-accounting's PLD has no sampling without replacement); found 'pld'"
             )
         self.central: CentralDp | None = central_dp(strategy)
+        self.notes: list[str] = []  # what check_flower_dp warns about the app's DP configuration
+        self._checked: set[str] = set()
+        if self.central is not None:
+            self._note(check_flower_dp(strategy, delta=self.delta, neighbouring=self.neighbouring))
         self.out, self.name = (None if out is None else Path(out)), name
         self.ledger = Ledger()
         self.rounds: list[dict] = []
         self.stopped: str | None = None
         self._round: _Round | None = None
         self._worst = 0.0
+
+    def _note(self, check: Any) -> None:
+        """Log the check's statement and keep its warnings for the run's ``train.json``."""
+        log(INFO, "privkit: %s", str(check).splitlines()[0])
+        for w in check.warnings:
+            if w not in self.notes:
+                self.notes.append(w)
+                log(WARNING, "privkit: %s", w)
 
     # -- accounting ------------------------------------------------------------------------
     def _client_epsilon(self, client: str, extra: list[tuple[Any, str, str]]) -> float:
@@ -305,6 +322,12 @@ class Accounted(Strategy):
                 )
             ]
         for node, entries in reported.items():  # the client's own release covers the round
+            for entry in entries:
+                if entry.get("kind") == "local_dp" and repr(entry) not in self._checked:
+                    self._checked.add(repr(entry))
+                    self._note(
+                        check_flower_dp(_local_dp_parameters(entry), neighbouring=self.neighbouring)
+                    )
             if entries:
                 pending[str(node)] = [_entry_event(e, self.neighbouring) for e in entries]
                 pending[str(node)] = [
@@ -422,4 +445,4 @@ class Accounted(Strategy):
                 f"central DP: {self.central.name} (noise multiplier {self.central.update_multiplier:g} on the "
                 f"mean of {self.central.num_sampled_clients} clients), client sampling: {self.client_sampling}"
             )
-        return out
+        return out + self.notes

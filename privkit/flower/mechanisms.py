@@ -6,10 +6,11 @@ What each of Flower's DP building blocks does to one client's data in one round,
 
 * **Fixed clipping** (``DifferentialPrivacyClientSideFixedClipping``, ``...ServerSideFixedClipping``):
   every update ``w_i - w`` is clipped to L2 norm ``C``; the inner strategy averages the replies with
-  weights ``w_i`` (FedAvg: the ``num-examples`` metric); ``N(0, (z C / m)^2)`` is added per
-  coordinate, ``m`` = the wrapper's ``num_sampled_clients``.  On the sum of updates this is noise
-  ``z C W / m`` with ``W`` the sum of the weights over ``W / w_i``-scaled contributions, so client
-  ``i``'s noise multiplier is ``z W / (m w_i)`` per unit of its update's sensitivity.
+  weights ``w_i`` (FedAvg: the ``num-examples`` metric, taken as public), so client ``i``'s update
+  enters the mean with factor ``w_i / W``; ``N(0, (z C / m)^2)`` is added per coordinate, ``m`` = the
+  wrapper's ``num_sampled_clients``.  Client ``i``'s noise multiplier is therefore
+  ``(z / m) / ((w_i / W) s)`` with ``s`` the update's sensitivity in units of ``C``: ``z / s`` when
+  ``m`` equal-weight clients reply, less when fewer reply than ``num_sampled_clients``.
 * **Adaptive clipping** (``...ClientSideAdaptiveClipping``, ``...ServerSideAdaptiveClipping``): the
   same release at the current clip norm ``C_t``, with Flower's update multiplier
   ``z_u = (z^-2 - (2 sigma_b)^-2)^-1/2`` (Andrew et al. 2021), plus the count of clipped updates
@@ -45,6 +46,7 @@ __all__ = [
     "CentralDp",
     "central_dp",
     "central_event",
+    "central_multiplier",
     "local_dp_event",
     "local_dp_std",
     "update_sensitivity",
