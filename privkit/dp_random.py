@@ -14,6 +14,10 @@ or float64 as asked) on the CPU and are moved to the requested device; Bernoulli
 float64 uniforms (53 bits) with the rate.  Backed by a seeded ``torch.Generator`` (reproducible
 mode, or a caller's own generator) every method is exactly the torch call the trainers made before
 this type existed, so seeded results are bit-identical to theirs.
+
+Gaussian noise a release carries goes through :meth:`DpRandom.gaussian_release`: in release mode the
+released floats lie on a grid fixed by the noise scale alone and the grid offset is drawn exactly
+(:mod:`privkit.grid_noise`), so the floating-point attack on ``clean + sigma * z`` does not apply.
 """
 
 from __future__ import annotations
@@ -111,6 +115,32 @@ class DpRandom:
         if out is not None:
             return out.copy_(z)
         return z.to(device=self.device, dtype=want)
+
+    def bits(self):
+        """The release stream as raw bits (a :class:`privkit.grid_noise.BitSource`): the device
+        stream when there is one, else the AES stream.  Release mode only."""
+        from privkit.grid_noise import NumpyBits, WordBits
+
+        if self.seeded_torch:
+            raise ValueError("bits() is for release mode; found a seeded torch Generator")
+        return WordBits(self.normals) if self.normals is not None else NumpyBits(self.source, self.device)
+
+    def gaussian_release(self, clean: torch.Tensor, std: float, *, sensitivity: float | None,
+                         dim: int | None = None) -> torch.Tensor:
+        """``clean`` plus ``N(0, std^2)`` noise in each coordinate, ``clean``'s dtype and device.
+
+        Seeded: ``clean + std * randn(...)``, as torch draws it.  Release mode: the grid release of
+        :mod:`privkit.grid_noise` (no float of the result depends on ``clean`` beyond the grid
+        point), whose noise covers the rounding of a ``dim``-coordinate release (default
+        ``clean.numel()``) of L2 sensitivity ``sensitivity``, so the multiplier ``std /
+        sensitivity`` accounts for it.
+        """
+        if self.seeded_torch:
+            return clean + std * self.randn(clean.shape, dtype=clean.dtype).to(clean.device)
+        from privkit.grid_noise import Grid, grid_release
+
+        grid = Grid.for_release(std, sensitivity, clean.numel() if dim is None else dim)
+        return grid_release(clean, grid, self.bits())
 
     def mask(self, *size: int, rate: float) -> torch.Tensor:
         """Independent Bernoulli(``rate``) inclusions of shape ``size`` (a bool CPU tensor)."""

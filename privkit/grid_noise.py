@@ -1,0 +1,251 @@
+"""Release-mode Gaussian noise whose floating-point bits leak nothing: releases on a data-independent grid.
+
+**The attack.**  ``clean + sigma * z`` computed in floating point, with ``z`` a float from a normal
+sampler, does not have the distribution the Gaussian mechanism's analysis assumes: the set of
+floats it can return depends on ``clean`` (Mironov 2012, "On significance of the least significant
+bits for differential privacy"; Jin et al. 2022, "Are we there yet? Timing and floating-point
+attacks on differential privacy systems").  For ``clean = 1024`` and ``sigma = 1024`` every float32
+release is a multiple of ``2**-14``, while for ``clean = 0`` a third of them are not: one release
+can tell the two inputs apart with certainty, whatever the noise multiplier.
+
+**The defence** (the snapping idea of Mironov 2012 and of Google's secure noise generation:
+release only points of a grid chosen without looking at the data, and draw the grid offset
+exactly).  With ``gamma`` a power of two fixed by ``sigma`` alone (:class:`Grid`), the release is::
+
+    release = gamma * (round(clean / gamma) + k),   k_i = round(N_i),  N_i ~ N(0, s^2) i.i.d.
+
+``clean / gamma`` is exact (a power-of-two scaling), ``k`` is an integer drawn exactly from the
+*rounded Gaussian* law ``P(k) = Phi((k + 1/2) / s) - Phi((k - 1/2) / s)`` (:func:`rounded_gaussian`),
+and the integer ``round(clean / gamma) + k`` is turned into a float by correctly rounded IEEE
+operations: the released float is a fixed function of that integer, so it carries nothing beyond
+it, and two inputs reach the same set of floats.
+
+**Accounting: unchanged.**  Because ``round(r + N) = r + round(N)`` for an integer ``r``, the
+release is a post-processing (``y -> gamma * round(y / gamma)``) of the continuous Gaussian
+mechanism ``gamma * round(clean / gamma) + N(0, (gamma s)^2 I)``.  Rounding moves each of the ``d``
+coordinates by at most ``gamma / 2``, so neighbouring inputs whose ``clean`` differ by at most
+``Delta`` in L2 have rounded inputs within ``Delta + gamma * sqrt(d)`` (:func:`rounded_sensitivity`).
+:meth:`Grid.for_release` takes ``gamma * s >= sigma * (1 + gamma * sqrt(d) / Delta)``, so the
+noise multiplier ``gamma * s / (Delta + gamma * sqrt(d))`` is at least ``sigma / Delta``: the
+ledger's ``GaussianDpEvent(sigma / Delta)`` (and every subsampled, composed event built on it)
+stays a sound description of what ran, for every accountant (PLD, RDP, PRV).  The price is noise
+larger by the factor ``1 + gamma * sqrt(d) / Delta <= 1 + 2**-24 * (sigma / Delta) * sqrt(d)``
+(``1 + 6e-5`` for a million coordinates at noise multiplier 1).  The Discrete Gaussian of Canonne,
+Kamath & Steinke (2020) would serve the same purpose, but its privacy is that of the continuous
+Gaussian only in zCDP and single-release (epsilon, delta) terms, not in the subsampled PLD privkit's
+accountants compose; the rounded Gaussian needs no new accounting.
+
+**Exactness of the sampler.**  ``k = round(s * Phi^-1(U))`` with ``U`` uniform on (0, 1), read as
+an infinite-precision number whose first 53 bits come from the secret stream.  The 53 bits fix
+``U`` to a cell of width ``2**-53``; when the whole cell maps inside one integer's interval (with
+a margin of ``2**-44`` relative, far above the ``~2**-52`` error of float64 ``ndtri``) ``k`` is
+decided.  Otherwise (about 2 draws in a million at ``s = 2**24``) it is settled exactly by
+:func:`_settle`: mpmath compares the cell with ``Phi((k +- 1/2) / s)`` at 80 bits beyond the cell's
+width, drawing 64 more bits of ``U`` from the stream until no boundary falls inside.  The law of
+``k`` is the rounded Gaussian up to mpmath's rounding at that precision (below ``2**-70`` per
+settled draw); no float approximation of the Gaussian enters it.
+
+Reproducible mode (a seeded torch generator) keeps drawing ``clean + sigma * z`` as before, bit for
+bit: the defence is for release mode, where the noise is secret.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from privkit.errors import PrivkitError
+
+__all__ = [
+    "GRID_BITS",
+    "BitSource",
+    "Grid",
+    "NumpyBits",
+    "WordBits",
+    "grid_release",
+    "rounded_gaussian",
+    "rounded_sensitivity",
+    "snap_add",
+]
+
+#: the grid step is ``2**(floor(log2 sigma) - GRID_BITS)``: ``s = sigma / gamma`` lies in
+#: ``[2**24, 2**25)`` (a fixed part of the mechanism's definition)
+GRID_BITS = 24
+_MARGIN = 2.0**-44  # relative margin of the float64 decision (ndtri's error is ~2**-52)
+_Z_BULK = 3.0  # |z| beyond it (0.3% of the draws): the cell's width is computed for each
+_BULK_WIDTH = 2.0**-53 * math.sqrt(2.0 * math.pi) * math.exp(0.5 * _Z_BULK**2)  # 2**-53 / phi(3)
+
+
+class BitSource(Protocol):
+    """The secret stream as raw bits: 53-bit integers in bulk, 64-bit words one at a time."""
+
+    def bits53(self, n: int) -> torch.Tensor:
+        """``n`` independent uniform integers in ``[0, 2**53)``, as float64 (exact), on the
+        source's device."""
+        ...
+
+    def bits64(self) -> int:
+        """One uniform integer in ``[0, 2**64)``."""
+        ...
+
+
+class NumpyBits:
+    """:class:`BitSource` over a numpy Generator's bit generator (the AES-CTR stream)."""
+
+    def __init__(self, generator: np.random.Generator, device: str | torch.device = "cpu"):
+        self.bit_generator = generator.bit_generator
+        self.device = torch.device(device)
+
+    def bits53(self, n: int) -> torch.Tensor:
+        raw = self.bit_generator.random_raw(n)
+        raw >>= np.uint64(11)
+        return torch.from_numpy(raw.astype(np.float64)).to(self.device)
+
+    def bits64(self) -> int:
+        return int(self.bit_generator.random_raw())
+
+
+class WordBits:
+    """:class:`BitSource` over a counter-based stream of 32-bit words computed on a device
+    (:class:`privkit.device_random.ChaChaStream`: ``words(blocks) -> (16, blocks)`` int64)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def bits53(self, n: int) -> torch.Tensor:
+        w = self.stream.words(-(-n // 8)).t().reshape(-1, 2)[:n]  # 8 draws per 16-word block
+        return ((w[:, 0] << 21) | (w[:, 1] >> 11)).to(torch.float64)  # 32 + 21 bits
+
+    def bits64(self) -> int:
+        w = self.stream.words(1)[:2, 0].tolist()
+        return (int(w[0]) << 32) | int(w[1])
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The release grid ``gamma * Z`` and the noise scale ``s`` in grid units.
+
+    ``gamma`` is a power of two, ``std = gamma * s`` the standard deviation of the continuous
+    Gaussian the release post-processes.
+    """
+
+    gamma: float
+    scale: float
+
+    @property
+    def std(self) -> float:
+        return self.gamma * self.scale
+
+    @classmethod
+    def for_release(cls, std: float, sensitivity: float | None, dim: int = 1) -> Grid:
+        """The grid for noise ``std`` on a ``dim``-coordinate release of L2 sensitivity ``sensitivity``.
+
+        ``gamma = 2**(floor(log2 std) - GRID_BITS)`` and ``s`` the smallest float with
+        ``gamma * s >= std * (1 + gamma * sqrt(dim) / sensitivity)``: the noise covers the rounding
+        (see the module docstring), so the accounted multiplier ``std / sensitivity`` holds.
+        ``sensitivity=None`` leaves the noise at ``std`` (``gamma * s >= std``): for draws no
+        privacy claim rests on.
+        """
+        if not (math.isfinite(std) and std >= 2.0**-900):
+            raise PrivkitError(f"std must be a finite number >= 2**-900; found {std}")
+        if sensitivity is not None and not sensitivity > 0:
+            raise PrivkitError(f"sensitivity must be > 0; found {sensitivity}")
+        if dim < 1:
+            raise PrivkitError(f"dim must be >= 1; found {dim}")
+        gamma = math.ldexp(1.0, math.frexp(std)[1] - 1 - GRID_BITS)
+        widened = std if sensitivity is None else std * (1.0 + rounded_sensitivity(0.0, gamma, dim) / sensitivity)
+        scale = float(np.nextafter(widened / gamma, np.inf))
+        while gamma * scale < widened:  # guard the two roundings above
+            scale = float(np.nextafter(scale, np.inf))
+        return cls(gamma, scale)
+
+
+def rounded_sensitivity(sensitivity: float, gamma: float, dim: int) -> float:
+    """L2 sensitivity of ``gamma * round(x / gamma)`` when ``x`` has L2 sensitivity ``sensitivity``:
+    ``sensitivity + gamma * sqrt(dim)`` (each coordinate's rounding error lies in
+    ``[-gamma/2, gamma/2]``, so two inputs' errors differ by at most ``gamma`` per coordinate).
+    Rounded up to the next float."""
+    return float(np.nextafter(sensitivity + gamma * math.sqrt(dim), np.inf))
+
+
+def rounded_gaussian(scale: float, n: int, bits: BitSource, *, margin: float = _MARGIN) -> torch.Tensor:
+    """``n`` independent draws of ``round(N(0, scale^2))``, exactly (see the module docstring).
+
+    Returns float64 integers on the bit source's device. ``margin`` (relative) widens the band of
+    cells settled by mpmath; tests raise it to exercise that path.
+    """
+    if not (math.isfinite(scale) and scale > 0):
+        raise PrivkitError(f"scale must be a finite number > 0; found {scale}")
+    u = bits.bits53(n)
+    # the cell [u, u + 1) * 2**-53 around its midpoint; z = Phi^-1(midpoint), a = scale * z
+    a = torch.special.ndtri(u.mul(2.0**-53).add_(2.0**-54)).mul_(scale)
+    k = torch.round(a)
+    # The cell maps into a +- scale * w with w <= 2**-53 / phi(z) (half the cell over phi, times 2
+    # for the midpoint's rounding and for phi's variation over the cell, e**(|z| w) < 2 while
+    # scale * w < 2**-10); w <= _BULK_WIDTH where |z| <= _Z_BULK. The margin covers float64 ndtri
+    # (~2**-52 relative) 256 times over.
+    size = a.abs()
+    off = (a - k).abs_()
+    open_ = ~(off < (0.5 - _BULK_WIDTH * scale) - margin * (size + 1.0))
+    tail = torch.nonzero(~(size <= _Z_BULK * scale)).flatten()  # 0.3% of the draws, and NaN/inf
+    if len(tail):
+        z = a[tail] / scale
+        width = scale * 2.0**-53 * math.sqrt(2.0 * math.pi) * torch.exp(0.5 * z * z)
+        open_[tail] = ~(off[tail] < 0.5 - width - margin * (size[tail] + 1.0)) | ~(width < 2.0**-10)
+    if bool(open_.any()):
+        idx = torch.nonzero(open_).flatten()
+        settled = [_settle(int(c), scale, bits) for c in u[idx].tolist()]  # exact integers
+        k[idx] = torch.tensor(settled, dtype=torch.float64, device=k.device)
+    return k
+
+
+def _settle(cell: int, scale: float, bits: BitSource) -> int:
+    """The integer ``k`` whose interval ``(Phi((k - 1/2) / s), Phi((k + 1/2) / s)]`` holds ``U``,
+    where ``U`` lies in ``[cell, cell + 1) * 2**-53``, exactly: more bits of ``U`` are drawn while a
+    boundary lies inside its cell."""
+    import mpmath as mp
+
+    width = 53
+    k = None
+    while True:
+        with mp.workprec(width + 80):
+            lo = mp.mpf(cell) / mp.mpf(2) ** width
+            hi = mp.mpf(cell + 1) / mp.mpf(2) ** width
+            s = mp.mpf(scale)
+            if k is None:
+                mid = (lo + hi) / 2
+                k = int(mp.floor(s * mp.sqrt(2) * mp.erfinv(2 * mid - 1) + mp.mpf(0.5)))
+            tol = mp.mpf(2) ** -(width + 64)
+            below = mp.ncdf((k - mp.mpf(0.5)) / s)
+            above = mp.ncdf((k + mp.mpf(0.5)) / s)
+            if hi <= below * (1 - tol):
+                k -= 1
+            elif lo >= above * (1 + tol):
+                k += 1
+            elif lo >= below * (1 + tol) and hi <= above * (1 - tol):
+                return k
+            else:  # a boundary inside the cell: read 64 more bits of U
+                cell = (cell << 64) | bits.bits64()
+                width += 64
+
+
+def snap_add(clean: torch.Tensor, k: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``gamma * (round(clean / gamma) + k)`` in float64, then in ``clean``'s dtype.
+
+    ``clean / gamma`` and the product by ``gamma`` are exact (power of two), the sum of two integers
+    is correctly rounded: the result is a fixed function of the integer ``round(clean / gamma) + k``.
+    """
+    c = clean.to(torch.float64)
+    out = torch.round(c / gamma).add_(k.to(device=c.device, dtype=torch.float64)).mul_(gamma)
+    return out.to(clean.dtype)
+
+
+def grid_release(clean: torch.Tensor, grid: Grid, bits: BitSource) -> torch.Tensor:
+    """``clean`` released with the grid's Gaussian noise: ``gamma * (round(clean / gamma) + k)``,
+    ``k`` drawn by :func:`rounded_gaussian` from ``bits`` (see the module docstring)."""
+    k = rounded_gaussian(grid.scale, clean.numel(), bits).view(clean.shape)
+    return snap_add(clean, k, grid.gamma)
