@@ -9,11 +9,17 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from privkit.errors import PrivkitError
+
+
+#: where a federated method runs: privkit's own in-process federation (default) or Flower's
+#: simulation engine (:mod:`privkit.flower.engine`)
+ENGINES = ("inprocess", "flower")
+Engine = Literal["inprocess", "flower"]
 
 
 class StrictModel(BaseModel):

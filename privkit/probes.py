@@ -23,7 +23,7 @@ from typing import Any
 
 from privkit.errors import PrivkitError
 
-__all__ = ["ProbePlan", "ProbeSession", "active", "canaries_for", "probing"]
+__all__ = ["ProbePlan", "ProbeSession", "active", "canaries_for", "current", "probing"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,12 @@ def active() -> bool:
     return _SESSION.get() is not None
 
 
+def current() -> ProbeSession | None:
+    """The probe session of the enclosing :func:`probing` block (``None`` outside one): an engine
+    that runs mechanisms in other processes carries it there (:mod:`privkit.flower.audit`)."""
+    return _SESSION.get()
+
+
 def canaries_for(client: int, label: str, *, dim: int, clip_norm: float, sample_rate: float,
                  noise_multiplier: float):
     """The canaries a DP mechanism of ``client`` labelled ``label`` must take now (``None``
@@ -97,9 +103,10 @@ def canaries_for(client: int, label: str, *, dim: int, clip_norm: float, sample_
 
 
 @contextmanager
-def probing(plan: ProbePlan) -> Iterator[ProbeSession]:
-    """Probe the DP mechanisms that run inside the ``with`` block (see the module docstring)."""
-    session = ProbeSession(plan)
+def probing(plan: ProbePlan, session: ProbeSession | None = None) -> Iterator[ProbeSession]:
+    """Probe the DP mechanisms that run inside the ``with`` block (see the module docstring);
+    ``session``: go on with the probes of an earlier block (same plan)."""
+    session = ProbeSession(plan) if session is None else session
     token = _SESSION.set(session)
     try:
         yield session

@@ -27,7 +27,7 @@ from privkit.errors import PrivkitError
 
 SCHEMA_VERSION = 1
 
-__all__ = ["SCHEMA_VERSION", "audit_mechanisms", "catchable_sentence"]
+__all__ = ["SCHEMA_VERSION", "audit_mechanisms", "catchable_sentence", "probe_verdict"]
 
 
 def _claim_for(ledger, client: int, label: str, sensitivity: float):
@@ -43,7 +43,8 @@ def _claim_for(ledger, client: int, label: str, sensitivity: float):
 def audit_mechanisms(method: str, federation, trainer_config: dict | None = None, *, delta: float,
                      seed: int = 0, mutation: Any = "correct", canaries: int = 1000,
                      clients: tuple[int, ...] | None = (0,), confidence: float = 0.95,
-                     reproducible_noise: bool = True, progress: bool = False) -> dict:
+                     reproducible_noise: bool = True, progress: bool = False,
+                     engine: str = "inprocess") -> dict:
     """Train ``method`` once with probes at its DP mechanisms and audit each against its ledger.
 
     Parameters
@@ -58,6 +59,8 @@ def audit_mechanisms(method: str, federation, trainer_config: dict | None = None
     clients : the clients whose mechanisms take probes (``None``: all).
     confidence : family-wise confidence over the probe sets.
     reproducible_noise : seed the DP noise (audits and controls are never releases).
+    engine : where the method trains: ``inprocess`` or ``flower`` (its ClientApps take the probes:
+        :mod:`privkit.flower.audit`).
 
     Returns
     -------
@@ -80,7 +83,12 @@ def audit_mechanisms(method: str, federation, trainer_config: dict | None = None
     cfg = spec.config_cls.model_validate({**(trainer_config or {}), "reproducible_noise": reproducible_noise})
     plan = ProbePlan(canaries=canaries, clients=clients, seed=seed)
     with probing(plan) as session, mutations.mutated(mut):
-        result = spec.fn(federation, cfg, seed, progress=progress)
+        if engine == "inprocess":
+            result = spec.fn(federation, cfg, seed, progress=progress)
+        else:
+            from privkit.flower.engine import train
+
+            result = train(method, federation, cfg, seed, progress=progress, engine=engine)
     ledger = mutations.mutate_ledger(result.ledger, mut)
     base = {"schema_version": SCHEMA_VERSION, "method": method, "mutation": mut.to_dict(), "seed": seed,
             "delta": delta, "confidence": confidence, "test_accuracy": float(result.test_accuracy),
@@ -97,6 +105,13 @@ def audit_mechanisms(method: str, federation, trainer_config: dict | None = None
         return {**base, "status": "not-applicable", "probes": [],
                 "message": f"{mut.name}: the method's ledger has nothing this bug changes (no Poisson "
                            "sampling or repeated steps)"}
+    return {**base, **probe_verdict(session, ledger, delta=delta, confidence=confidence)}
+
+
+def probe_verdict(session, ledger, *, delta: float, confidence: float) -> dict:
+    """Each probe set of ``session`` audited against the claim ``ledger`` records for its client's
+    mechanism, at ``1 - beta / k`` each (Bonferroni over the k probe sets): ``status``, ``message``,
+    ``probes``, the largest ``epsilon_lower_bound`` and ``measured_epsilon``."""
     share = 1 - (1 - confidence) / len(session.probes)
     probes = []
     for (client, label), can in sorted(session.probes.items()):
@@ -113,7 +128,7 @@ def audit_mechanisms(method: str, federation, trainer_config: dict | None = None
     msg = (f"VIOLATION at the mechanism ({where})" if bad else
            f"every probed mechanism conforms to its ledger ({len(probes)} probe set(s))") + (
         f" at {100 * confidence:.4g}% confidence, Bonferroni over {len(probes)} probe set(s)")
-    return {**base, "status": status, "message": msg, "probes": probes,
+    return {"status": status, "message": msg, "probes": probes,
             "epsilon_lower_bound": max(p["epsilon_lower_bound"] for p in probes),
             "measured_epsilon": max((p["measured_epsilon"] for p in probes if p["measured_epsilon"] is not None),
                                     default=None)}

@@ -92,37 +92,45 @@ class FederationRecipe(Recipe):
     method, trainer_config : the released run's method and full trainer config.
     keep_artifacts : each run's details carry its shared artifacts and class counts (attribute
         inference trains on them).
+    engine : where each run trains, as the released run did: ``inprocess`` or ``flower`` (the
+        method's Flower apps; :meth:`fit_many` then runs every audited run in one simulation).
     """
 
     def __init__(self, federation: Federation, method: str, trainer_config: dict, *,
-                 keep_artifacts: bool = False):
-        super().__init__(self, name=f"{method} (whole federation, {federation.num_clients} clients)")
+                 keep_artifacts: bool = False, engine: str = "inprocess"):
+        on = "" if engine == "inprocess" else f", on {engine}"
+        super().__init__(self, name=f"{method} (whole federation, {federation.num_clients} clients{on})")
         self.federation_json = federation_json(federation)
         self.method = method
         self.trainer_config = dict(trainer_config)
         self.keep_artifacts = keep_artifacts
+        self.engine = engine
 
     def __call__(self, x: np.ndarray, y: np.ndarray, seed: int) -> AuditRun:
-        from privkit.trainers import train
+        from privkit.flower.engine import train
 
         fed = federation_over(_base_federation(self.federation_json), x, y, seed)
-        return AuditRun(train(self.method, fed, self.trainer_config, seed=derive_seed(seed, "audit-run-train")), fed)
+        return AuditRun(train(self.method, fed, self.trainer_config, seed=derive_seed(seed, "audit-run-train"),
+                              engine=self.engine), fed)
 
     @property
     def batched(self) -> bool:
-        """Whether the method's runs train as one batched computation (:mod:`privkit.trainers.many`)."""
+        """Whether the method's runs train as one computation: batched (:mod:`privkit.trainers.many`)
+        or, on Flower, one simulation."""
         from privkit.trainers.many import has_batched
 
-        return has_batched(self.method)
+        return self.engine == "flower" or has_batched(self.method)
 
     def fit_many(self, x: np.ndarray, y: np.ndarray, index_sets, seeds) -> list[AuditRun]:
         """Run j on ``x[index_sets[j]]`` with ``seeds[j]``, as :meth:`__call__` would, all at once."""
+        from privkit.flower.engine import train_many_on_flower
         from privkit.trainers.many import train_many
 
         base = _base_federation(self.federation_json)
         feds = [federation_over(base, x[ix], y[ix], s) for ix, s in zip(index_sets, seeds)]
-        results = train_many(self.method, feds, self.trainer_config,
-                             [derive_seed(s, "audit-run-train") for s in seeds])
+        many = train_many_on_flower if self.engine == "flower" else train_many
+        results = many(self.method, feds, self.trainer_config,
+                       [derive_seed(s, "audit-run-train") for s in seeds])
         return [AuditRun(r, f) for r, f in zip(results, feds)]
 
     def logits(self, model: AuditRun, x: np.ndarray, n_classes: int | None = None) -> np.ndarray:

@@ -70,6 +70,14 @@ class FrozenFeatures:
         self.center = (embed(h0_model, federation.public_arrays("all")[0], device, batch_size)
                        .astype(np.float64).mean(0) if center else None)
 
+    @classmethod
+    def with_center(cls, h0_model, center: np.ndarray | None, device: torch.device,
+                    batch_size: int = 1024) -> FrozenFeatures:
+        """The map with a centre computed elsewhere (the server's, sent to a client)."""
+        out = cls.__new__(cls)
+        out.model, out.device, out.batch_size, out.center = h0_model, device, batch_size, center
+        return out
+
     def embed(self, x: np.ndarray) -> np.ndarray:
         """Raw features ``h0(x)`` (before the map)."""
         return embed(self.model, x, self.device, self.batch_size)
@@ -113,19 +121,34 @@ def release_scoring_heads(federation, phi: FrozenFeatures, *, lam: float, epsilo
         if len(x_i) == 0:
             info.append({"n": 0})
             continue
-        data = phi.head_data(x_i, negatives=phi_neg)
-        fit = fit_binary_head(data.X, phi_neg, lam)
-        rel = release_head(fit, kind="binary", lam=lam, epsilon=epsilon if dp else None, delta=delta,
-                           calibration=calibration,
-                           rng=noise_rng(seed, f"score-noise-{i}", reproducible=reproducible_noise),
-                           client=i, label="scores", data=data)
+        rel = release_scoring_head(i, x_i, phi, phi_neg, lam=lam, epsilon=epsilon, delta=delta, dp=dp,
+                                   calibration=calibration, seed=seed, reproducible_noise=reproducible_noise)
         ledger.add(i, rel.event, "scores", neighbouring="replace_one")
         heads[i] = rel.weights
         scores[i] = certainty_scores(rel.weights, phi_distill, xi)
         warns.update(rel.info.pop("warnings", []))
-        info.append({**rel.info, "sensitivity": rel.sensitivity, "sigma": rel.sigma,
-                     "n_private": len(x_i), "n_negative": len(phi_neg)})
+        info.append(score_info(rel, len(x_i), len(phi_neg)))
     return ScoreRelease(heads, scores, info, sorted(warns))
+
+
+def release_scoring_head(i: int, x_i: np.ndarray, phi: FrozenFeatures, phi_neg: np.ndarray, *, lam: float,
+                         epsilon: float, delta: float, dp: bool, calibration: str, seed: int,
+                         reproducible_noise: bool):
+    """Client ``i``'s scoring head on its records ``x_i`` against the public negatives, released
+    through the Gaussian mechanism (a :class:`~privkit.trainers.heads.HeadRelease`, whose ``clean``
+    head never leaves the client). Every engine runs a client's release through this function."""
+    data = phi.head_data(x_i, negatives=phi_neg)
+    fit = fit_binary_head(data.X, phi_neg, lam)
+    return release_head(fit, kind="binary", lam=lam, epsilon=epsilon if dp else None, delta=delta,
+                        calibration=calibration,
+                        rng=noise_rng(seed, f"score-noise-{i}", reproducible=reproducible_noise),
+                        client=i, label="scores", data=data)
+
+
+def score_info(rel, n_private: int, n_negative: int) -> dict:
+    """What a scoring head's release reports about itself (no private value; its warnings apart)."""
+    return {**{k: v for k, v in rel.info.items() if k != "warnings"}, "sensitivity": rel.sensitivity,
+            "sigma": rel.sigma, "n_private": n_private, "n_negative": n_negative}
 
 
 def eq10_warning(federation, lam: float, epsilon: float, delta: float, calibration: str) -> str:
@@ -203,4 +226,4 @@ def train_fedaux(federation, config: FedAUXConfig, seed: int, progress: bool = F
 
 
 __all__ = ["FedAUXConfig", "FrozenFeatures", "ScoreRelease", "eq10_warning", "fedaux_run",
-           "release_scoring_heads", "train_fedaux"]
+           "release_scoring_head", "release_scoring_heads", "score_info", "train_fedaux"]

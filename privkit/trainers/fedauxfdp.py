@@ -38,6 +38,7 @@ The released models carry the feature map inside them (``normalize=True`` featur
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -49,9 +50,10 @@ from privkit.progress import progress_bar
 from privkit.seeding import derive_seed, noise_rng
 from privkit.trainers.base import TrainResult
 from privkit.trainers.common import accuracy, distill, new_model, resolve_device
-from privkit.trainers.fedaux import EQ4_NOTE, FrozenFeatures, release_scoring_heads
-from privkit.trainers.heads import (fit_multinomial_head, head_probabilities, head_to_linear,
-                                    release_head)
+from privkit.trainers.fedaux import (EQ4_NOTE, FrozenFeatures, ScoreRelease, release_scoring_head,
+                                    score_info)
+from privkit.trainers.heads import (certainty_scores, fit_multinomial_head, head_probabilities,
+                                    head_to_linear, release_head)
 from privkit.trainers.pretrain import pretrain_h0
 
 Aggregation = Literal["scores", "mean-head", "mean-ensemble"]
@@ -80,56 +82,125 @@ def _weighted_labels(probs: np.ndarray, weights: np.ndarray | None) -> np.ndarra
     return ((w[:, :, None] * probs).sum(0) / w.sum(0)[:, None]).astype(np.float32)
 
 
+@dataclass
+class DpHeadsSetup:
+    """What the server prepares before the clients release their heads: h0, the feature map, the
+    public features, and the budget each class head is released at."""
+
+    method: str
+    aggregation: Aggregation
+    h0_state: dict
+    h0_spec: dict
+    pretrain_info: dict
+    phi: FrozenFeatures
+    phi_neg: np.ndarray | None
+    phi_distill: np.ndarray
+    phi_test: np.ndarray
+    class_epsilon: float
+    class_delta: float
+    baseline: bool
+    active: list[int]
+
+
+@dataclass
+class ClientHeads:
+    """One client's releases: its DP class head and (FedAUXfdp) its DP scoring head. The clean
+    heads stay with the client; what leaves it is ``weights`` and the ledger events."""
+
+    client: int
+    class_release: object   # HeadRelease
+    score_release: object | None
+    n_private: int
+
+
+def dp_heads_setup(method: str, aggregation: Aggregation, federation, cfg: DpHeadConfig, seed: int,
+                   progress: bool = False) -> DpHeadsSetup:
+    """The server's side before the round: h0 (public data only), the feature map and public features."""
+    device = resolve_device(cfg)
+    h0_state, pinfo = pretrain_h0(federation, cfg, seed, progress=progress)
+    h0_model, h0_spec = new_model(federation, cfg, derive_seed(seed, "h0"))
+    h0_model.features.load_state_dict(h0_state)
+    phi = FrozenFeatures(h0_model, federation, device, cfg.eval_batch_size, cfg.center_features)
+    x_distill, _ = federation.public_arrays("distill")
+    x_test, _ = federation.test_arrays()
+    baseline = aggregation != "scores"
+    eps_total, delta_total = cfg.budget()
+    eps_c, delta_c = (eps_total, delta_total) if baseline else (cfg.class_epsilon, cfg.class_delta)
+    phi_neg = None if baseline else phi(federation.public_arrays("negative")[0])
+    active = [i for i in range(federation.num_clients) if len(federation.clients[i])]
+    return DpHeadsSetup(method, aggregation, h0_state, h0_spec, pinfo, phi, phi_neg, phi(x_distill), phi(x_test),
+                        eps_c, delta_c, baseline, active)
+
+
+def release_client_heads(i: int, x_i: np.ndarray, y_i: np.ndarray, phi: FrozenFeatures,
+                         phi_neg: np.ndarray | None, cfg: DpHeadConfig, seed: int, *, num_classes: int,
+                         class_epsilon: float, class_delta: float) -> ClientHeads:
+    """Client ``i``'s round: its class head (and, with ``phi_neg``, its scoring head) fitted on its
+    records and released through the Gaussian mechanism. Every engine runs a client through this."""
+    data = phi.head_data(x_i, labels=y_i)
+    fit = fit_multinomial_head(data.X, y_i, num_classes, cfg.class_lambda)
+    rel = release_head(fit, kind="multinomial", lam=cfg.class_lambda,
+                       epsilon=class_epsilon if cfg.class_dp else None, delta=class_delta,
+                       calibration=cfg.calibration,
+                       rng=noise_rng(seed, f"class-noise-{i}", reproducible=cfg.reproducible_noise),
+                       num_classes=num_classes, bound=cfg.sensitivity_bound, client=i, label="class-head",
+                       data=data)
+    score = None
+    if phi_neg is not None:
+        score = release_scoring_head(i, x_i, phi, phi_neg, lam=cfg.score_lambda, epsilon=cfg.score_epsilon,
+                                     delta=cfg.score_delta, dp=cfg.score_dp, calibration=cfg.calibration,
+                                     seed=seed, reproducible_noise=cfg.reproducible_noise)
+    return ClientHeads(i, rel, score, len(y_i))
+
+
 def run_dp_heads(method: str, aggregation: Aggregation, federation, cfg: DpHeadConfig, seed: int,
                  progress: bool = False) -> TrainResult:
     """The one-round DP-head pipeline behind ``fedauxfdp``, ``fedavg-dphead`` and ``fedd-dphead``."""
+    setup = dp_heads_setup(method, aggregation, federation, cfg, seed, progress)
+    releases = []
+    with progress_bar(progress) as bar:
+        task = bar.add_task(f"{method}: DP class heads", total=len(setup.active))
+        for i in setup.active:
+            x_i, y_i = federation.client_arrays(i)
+            releases.append(release_client_heads(i, x_i, y_i, setup.phi, setup.phi_neg, cfg, seed,
+                                                 num_classes=federation.num_classes,
+                                                 class_epsilon=setup.class_epsilon,
+                                                 class_delta=setup.class_delta))
+            bar.advance(task)
+    return dp_heads_result(setup, federation, cfg, seed, releases)
+
+
+def dp_heads_result(setup: DpHeadsSetup, federation, cfg: DpHeadConfig, seed: int,
+                    releases: list[ClientHeads]) -> TrainResult:
+    """The server's side after the round: the ledger, the labeller and the released model(s), from
+    the clients' releases (in client order)."""
     from accountants import Ledger
 
+    method, aggregation, phi, h0_state = setup.method, setup.aggregation, setup.phi, setup.h0_state
     device = resolve_device(cfg)
-    ledger = Ledger()
-    h0_state, pinfo = pretrain_h0(federation, cfg, seed, progress=progress)
-    h0_model, spec = new_model(federation, cfg, derive_seed(seed, "h0"))
-    h0_model.features.load_state_dict(h0_state)
     bs = cfg.eval_batch_size
-    phi = FrozenFeatures(h0_model, federation, device, bs, cfg.center_features)
+    ledger = Ledger()
     x_distill, _ = federation.public_arrays("distill")
     x_test, y_test = federation.test_arrays()
-    phi_distill, phi_test = phi(x_distill), phi(x_test)
+    phi_distill, phi_test = setup.phi_distill, setup.phi_test
     C, K = federation.num_classes, federation.num_clients
-    eps_total, delta_total = cfg.budget()
-    baseline = aggregation != "scores"
-    eps_c, delta_c = (eps_total, delta_total) if baseline else (cfg.class_epsilon, cfg.class_delta)
-
+    baseline, active = setup.baseline, setup.active
     heads = np.zeros((K, C, phi_distill.shape[1]))
     class_info: list[dict] = []
     warns: set[str] = set()
-    active = [i for i in range(K) if len(federation.clients[i])]
-    with progress_bar(progress) as bar:
-        task = bar.add_task(f"{method}: DP class heads", total=len(active))
-        for i in active:
-            x_i, y_i = federation.client_arrays(i)
-            data = phi.head_data(x_i, labels=y_i)
-            fit = fit_multinomial_head(data.X, y_i, C, cfg.class_lambda)
-            rel = release_head(fit, kind="multinomial", lam=cfg.class_lambda,
-                               epsilon=eps_c if cfg.class_dp else None, delta=delta_c,
-                               calibration=cfg.calibration,
-                               rng=noise_rng(seed, f"class-noise-{i}", reproducible=cfg.reproducible_noise),
-                               num_classes=C, bound=cfg.sensitivity_bound, client=i, label="class-head",
-                               data=data)
-            ledger.add(i, rel.event, "class-head", neighbouring="replace_one")
-            heads[i] = rel.weights
-            warns.update(rel.info.pop("warnings", []))
-            # which classes a client holds is private: it is neither released nor used
-            class_info.append({"client": i, **rel.info, "sensitivity": rel.sensitivity, "sigma": rel.sigma})
-            bar.advance(task)
+    for r in releases:
+        rel = r.class_release
+        ledger.add(r.client, rel.event, "class-head", neighbouring="replace_one")
+        heads[r.client] = rel.weights
+        info = {k: v for k, v in rel.info.items() if k != "warnings"}
+        warns.update(rel.info.get("warnings", []))
+        # which classes a client holds is private: it is neither released nor used
+        class_info.append({"client": r.client, **info, "sensitivity": rel.sensitivity, "sigma": rel.sigma})
 
     scores = None
     score_rel = None
     if not baseline:
-        score_rel = release_scoring_heads(
-            federation, phi, lam=cfg.score_lambda, epsilon=cfg.score_epsilon, delta=cfg.score_delta,
-            dp=cfg.score_dp, calibration=cfg.calibration, xi=cfg.xi, seed=seed, ledger=ledger,
-            phi_distill=phi_distill, reproducible_noise=cfg.reproducible_noise)
+        score_rel = _score_release(releases, K, phi_distill, len(setup.phi_neg), cfg.xi, ledger)
         scores = score_rel.scores[active]
         warns.update(score_rel.warnings)
 
@@ -151,8 +222,6 @@ def run_dp_heads(method: str, aggregation: Aggregation, federation, cfg: DpHeadC
         # the labeller itself on the test set (post-processing of released heads/scores): a diagnostic
         test_w = None
         if score_rel is not None:
-            from privkit.trainers.heads import certainty_scores
-
             test_w = np.stack([certainty_scores(score_rel.heads[i], phi_test, cfg.xi) for i in active])
         rounds_entry["labeller_test_accuracy"] = float(
             (_weighted_labels(test_probs, test_w).argmax(1) == y_test).mean())
@@ -175,13 +244,30 @@ def run_dp_heads(method: str, aggregation: Aggregation, federation, cfg: DpHeadC
             client_acc.append(accuracy(m, x_test, y_test, device, bs))
         artifacts["client_model_ids"] = np.asarray(active, dtype=np.int64)
 
-    warnings = _warnings(federation, cfg, baseline, class_info, pinfo) + sorted(warns)
-    claims = _claims(method, cfg, baseline, eps_c, delta_c, class_info, score_rel)
+    warnings = _warnings(federation, cfg, baseline, class_info, setup.pretrain_info) + sorted(warns)
+    claims = _claims(method, cfg, baseline, setup.class_epsilon, setup.class_delta, class_info, score_rel)
     return TrainResult(method=method, seed=seed, config=cfg.model_dump(), model=model.cpu(),
                        model_spec=spec, ledger=ledger, rounds=[rounds_entry],
                        test_accuracy=rounds_entry["test_accuracy"], artifacts=artifacts,
                        client_models=[m.cpu() for m in client_models], client_model_specs=client_specs,
                        client_accuracy=client_acc, warnings=warnings, claims=claims)
+
+
+def _score_release(releases: list[ClientHeads], K: int, phi_distill: np.ndarray, n_negative: int, xi: float,
+                   ledger) -> ScoreRelease:
+    """The clients' scoring heads as FedAUX's :class:`ScoreRelease` (ledger entries ``scores``)."""
+    heads = np.zeros((K, phi_distill.shape[1]))
+    scores = np.full((K, len(phi_distill)), xi)
+    info: list[dict] = [{"n": 0} for _ in range(K)]
+    warns: set[str] = set()
+    for r in releases:
+        rel = r.score_release
+        ledger.add(r.client, rel.event, "scores", neighbouring="replace_one")
+        heads[r.client] = rel.weights
+        scores[r.client] = certainty_scores(rel.weights, phi_distill, xi)
+        warns.update(rel.info.get("warnings", []))
+        info[r.client] = score_info(rel, r.n_private, n_negative)
+    return ScoreRelease(heads, scores, info, sorted(warns))
 
 
 def _warnings(federation, cfg: DpHeadConfig, baseline: bool, class_info: list[dict], pinfo: dict) -> list[str]:
@@ -239,5 +325,6 @@ def train_fedd_dphead(federation, config: DpHeadBaselineConfig, seed: int, progr
     return run_dp_heads("fedd-dphead", "mean-ensemble", federation, config, seed, progress)
 
 
-__all__ = ["DpHeadBaselineConfig", "DpHeadConfig", "FedAuxFdpConfig", "run_dp_heads",
+__all__ = ["ClientHeads", "DpHeadBaselineConfig", "DpHeadConfig", "DpHeadsSetup", "FedAuxFdpConfig",
+           "dp_heads_result", "dp_heads_setup", "release_client_heads", "run_dp_heads",
            "train_fedauxfdp", "train_fedavg_dphead", "train_fedd_dphead"]

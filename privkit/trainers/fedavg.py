@@ -66,6 +66,25 @@ def _prox_term(mu: float, anchor: dict[str, torch.Tensor]):
     return extra
 
 
+def local_seed(seed: int, t: int, i: int) -> int:
+    """The seed of client ``i``'s local training (its batches) in round ``t`` of a run seeded ``seed``."""
+    return derive_seed(seed, f"local-{t}-{i}")
+
+
+def local_update(model: nn.Module, x: np.ndarray, y: np.ndarray, cfg: FedAvgConfig, *, mu: float,
+                 seed: int, device) -> tuple[nn.Module, float]:
+    """One client's local training from the global ``model`` (left untouched): the trained copy and
+    its last epoch's mean loss. FedProx's anchor (``mu > 0``) is ``model`` itself. Every engine
+    runs a client's round through this function (:class:`FederatedRun`, :mod:`privkit.flower`)."""
+    local = copy.deepcopy(model)
+    anchor = {k: v.detach().clone() for k, v in model.named_parameters()}
+    extra = _prox_term(mu, anchor) if mu > 0 else None
+    loss = train_supervised(local, x, y, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+                            lr=cfg.lr, device=device, seed=seed, optimizer=cfg.optimizer,
+                            extra_loss=extra)
+    return local, loss
+
+
 def select_clients(rng: np.random.Generator, n: int, participation: float) -> list[int]:
     """``max(1, round(participation * n))`` distinct clients, uniformly (sorted)."""
     m = max(1, int(round(participation * n)))
@@ -117,19 +136,14 @@ class FederatedRun:
 
     def local_seed(self, i: int) -> int:
         """The seed of client ``i``'s local training (its batches) in the current round."""
-        return derive_seed(self.seed, f"local-{self.t}-{i}")
+        return local_seed(self.seed, self.t, i)
 
     def train_local(self, i: int) -> tuple[nn.Module, float]:
         """Client ``i``'s local training from the global model: the trained copy and its last
         epoch's mean loss."""
-        cfg = self.cfg
-        local = copy.deepcopy(self.model)
         x, y = self.federation.client_arrays(i)
-        extra = _prox_term(self.mu, self.anchor) if self.mu > 0 else None
-        loss = train_supervised(local, x, y, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-                                lr=cfg.lr, device=self.device, seed=self.local_seed(i),
-                                optimizer=cfg.optimizer, extra_loss=extra)
-        return local, loss
+        return local_update(self.model, x, y, self.cfg, mu=self.mu, seed=self.local_seed(i),
+                            device=self.device)
 
     def finish_round(self, trained: list[tuple[nn.Module, float]]) -> None:
         """Record, average and evaluate the round from the selected clients' trained copies."""
@@ -257,4 +271,5 @@ def train_fedprox(federation, config: FedProxConfig, seed: int, progress: bool =
 
 
 __all__ = ["FedAvgConfig", "FedProxConfig", "FederatedOutcome", "FederatedRun", "drive", "fedavg_run",
-           "fedprox_run", "result_from_outcome", "run_federated", "select_clients", "train_fedavg", "train_fedprox"]
+           "fedprox_run", "local_seed", "local_update", "result_from_outcome", "run_federated",
+           "select_clients", "train_fedavg", "train_fedprox"]

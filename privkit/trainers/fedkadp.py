@@ -209,6 +209,19 @@ def _local_update(global_model: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
     return {k: v.detach() for k, v in student.state_dict().items()}
 
 
+def client_seed(seed: int, t: int, k: int) -> int:
+    """The seed of client ``k``'s local update in round ``t`` of a run seeded ``seed`` (its Poisson
+    batches and noise in reproducible mode): the same in every engine."""
+    return derive_seed(seed, f"round{t}/client{k}")
+
+
+def local_update(global_model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: DpFedConfig,
+                 sigma: float, rho: float | None, seed: int, device: torch.device,
+                 client: int = 0) -> dict[str, torch.Tensor]:
+    """Algorithm 1 on one client (public name of the step every engine runs: :mod:`privkit.flower`)."""
+    return _local_update(global_model, x, y, cfg, sigma, rho, seed, device, client)
+
+
 def _mean_state(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {k: torch.stack([s[k] for s in states]).mean(0) for k in states[0]}
 
@@ -413,7 +426,7 @@ class DpFedRun:
 
     def client_seed(self, k: int) -> int:
         """The seed of client ``k``'s local update in the current round."""
-        return derive_seed(self.seed, f"round{self.t}/client{k}")
+        return client_seed(self.seed, self.t, k)
 
     def finish_round(self, states: list[dict[str, torch.Tensor]]) -> None:
         """Account the round's clients (in the sampled order), average their states, evaluate,

@@ -1,0 +1,499 @@
+"""privkit's federated methods as a Flower ServerApp and ClientApp.
+
+The server side of a method (client sampling, accounting, aggregation, evaluation, the budget
+check) is the in-process trainer's own run object, stepped round by round: :class:`FederatedRun`
+(fedavg, fedprox), :class:`DpFedRun` (dp-fedavg, fedkadp) and the DP-head setup and result of
+fedauxfdp. Each round the ServerApp sends every sampled client a ``train`` message with the global
+model and the round's parameters, and the ClientApp on the node holding that client's records runs
+the trainer's own client step on them (:func:`privkit.trainers.fedavg.local_update`,
+:func:`privkit.trainers.fedkadp.local_update`, :func:`privkit.trainers.fedauxfdp.release_client_heads`),
+seeded by the same derivation from the run seed as in-process. The records never leave the
+ClientApp; the server reads the clients' sizes from the federation layout, as the in-process run
+does (the accountant's sampling rate ``B / n_k`` needs them).
+
+A node learns which client it is from Flower's ``partition-id``; the ServerApp asks every node once
+(a ``query`` message) and addresses each client's messages to its node. One simulation may carry
+several runs one after the other (an audit's target and reference runs): each message names the
+run's federation file, which the ClientApp loads once per process.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from privkit.errors import PrivkitError
+
+TASK = "privkit.task"  # ConfigRecord: what the client is asked to do
+MODEL = "privkit.model"  # ArrayRecord: the global model (or h0) the client starts from
+EXTRA = "privkit.extra"  # ArrayRecord: public arrays the round needs (fedauxfdp: center, negatives)
+UPDATE = "privkit.update"  # ArrayRecord: what the client sends back
+REPORT = "privkit.report"  # ConfigRecord: the client's scalar report (loss, released events, info)
+NODE_WAIT_S = 120.0  # how long the ServerApp waits for the simulation's nodes to register
+
+
+# ----------------------------------------------------------------------------- encoding
+def _arrays(d: dict[str, Any]):
+    """``{name: tensor or array}`` as a Flower ArrayRecord (exact: raw bytes with dtype and shape)."""
+    import torch
+    from flwr.app import ArrayRecord
+
+    return ArrayRecord(
+        {
+            k: torch.as_tensor(np.asarray(v))
+            if not isinstance(v, torch.Tensor)
+            else v.detach().cpu()
+            for k, v in d.items()
+        }
+    )
+
+
+def _tensors(record) -> dict:
+    return dict(record.to_torch_state_dict())
+
+
+def _config(d: dict[str, Any]):
+    from flwr.app import ConfigRecord
+
+    return ConfigRecord({k: v for k, v in d.items() if v is not None})
+
+
+@lru_cache(maxsize=32)
+def load_federation(path: str):
+    """The federation a run's messages name, loaded once per process (written by the driver:
+    :func:`privkit.flower.engine.federation_file`)."""
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def _frozen(model) -> list[str]:
+    return [k for k, p in model.named_parameters() if not p.requires_grad]
+
+
+def _model_from(task, record):
+    """The model a task describes: its spec, its state, and which parameters are frozen."""
+    from privkit.models import build_from_spec
+
+    model = build_from_spec(json.loads(task["spec"]))
+    model.load_state_dict(_tensors(record))
+    frozen = set(json.loads(task["frozen"]))
+    for k, p in model.named_parameters():
+        if k in frozen:
+            p.requires_grad_(False)
+    return model
+
+
+# ----------------------------------------------------------------------------- server side: ports
+class Port:
+    """One privkit run seen from the ServerApp: which clients take part next, what each is sent,
+    and what the server does with their replies. The in-process trainer's run object does the work."""
+
+    method: str
+    federation: Any
+    path: str = ""
+
+    def next_round(self) -> list[int] | None:
+        raise NotImplementedError
+
+    def task(self, k: int) -> tuple[dict, dict, dict]:
+        """(config, model arrays, extra arrays) for client ``k`` this round."""
+        raise NotImplementedError
+
+    def finish_round(self, replies: dict[int, tuple[dict, dict]]) -> None:
+        raise NotImplementedError
+
+    def result(self):
+        raise NotImplementedError
+
+    def common(self, model, round_: int) -> dict:
+        return {
+            "method": self.method,
+            "config": json.dumps(self.cfg.model_dump(mode="json")),
+            "seed": int(self.seed),
+            "round": int(round_),
+            "federation": self.path,
+            "spec": json.dumps(self.spec),
+            "frozen": json.dumps(_frozen(model)),
+        }
+
+
+class FedAvgPort(Port):
+    """fedavg / fedprox: :class:`privkit.trainers.fedavg.FederatedRun` between rounds."""
+
+    def __init__(self, method: str, federation, cfg, seed: int, progress: bool = False):
+        from privkit.trainers.fedavg import fedavg_run
+
+        self.method, self.federation, self.cfg, self.seed = method, federation, cfg, seed
+        self.run, self.finish = fedavg_run(federation, cfg, seed, progress, method=method)
+        self.spec = self.run.spec
+
+    def next_round(self):
+        return self.run.next_round()
+
+    def task(self, k):
+        return (
+            {**self.common(self.run.model, self.run.t), "mu": float(self.run.mu)},
+            self.run.model.state_dict(),
+            {},
+        )
+
+    def finish_round(self, replies):
+        from privkit.models import build_from_spec
+
+        trained = []
+        for k in self.run.selected:
+            arrays, report = replies[k]
+            local = build_from_spec(self.spec)
+            local.load_state_dict(arrays)
+            trained.append((local.to(self.run.device), float(report["loss"])))
+        self.run.finish_round(trained)
+
+    def result(self):
+        return self.finish(self.run.outcome())
+
+
+class DpFedPort(Port):
+    """dp-fedavg / fedkadp: :class:`privkit.trainers.fedkadp.DpFedRun` between rounds."""
+
+    def __init__(self, method: str, federation, cfg, seed: int, progress: bool = False):
+        from privkit.trainers.fedkadp import run_for
+
+        self.method, self.federation, self.cfg, self.seed = method, federation, cfg, seed
+        self.run = run_for(method, federation, cfg, seed)
+        self.spec = self.run.spec
+
+    def next_round(self):
+        return self.run.next_round()
+
+    def task(self, k):
+        rho = self.run.rho
+        return (
+            {
+                **self.common(self.run.model, self.run.t),
+                "sigma": float(self.run.sigma),
+                "rho": None if rho is None else float(rho),
+            },
+            self.run.model.state_dict(),
+            {},
+        )
+
+    def finish_round(self, replies):
+        self.run.finish_round(
+            [{n: v.to(self.run.device) for n, v in replies[k][0].items()} for k in self.run.sampled]
+        )
+
+    def result(self):
+        return self.run.result()
+
+
+@dataclass
+class ReleasedHead:
+    """A head as it reaches the server: the noisy weights and what the client reports about the
+    release (its ledger event, sensitivity, noise); the clean head stays with the client."""
+
+    weights: np.ndarray
+    event: Any
+    info: dict
+    sensitivity: float
+    sigma: float
+
+    def report(self, prefix: str) -> dict:
+        from accountants import event_to_dict
+        from privkit.jsonutil import json_default
+
+        return {
+            f"{prefix}event": json.dumps(event_to_dict(self.event)),
+            f"{prefix}info": json.dumps(self.info, default=json_default),
+            f"{prefix}sensitivity": float(self.sensitivity),
+            f"{prefix}sigma": float(self.sigma),
+        }
+
+    @classmethod
+    def from_report(cls, weights, report, prefix: str) -> ReleasedHead:
+        from accountants import event_from_dict
+
+        return cls(
+            np.asarray(weights),
+            event_from_dict(json.loads(report[f"{prefix}event"])),
+            json.loads(report[f"{prefix}info"]),
+            float(report[f"{prefix}sensitivity"]),
+            float(report[f"{prefix}sigma"]),
+        )
+
+
+class DpHeadsPort(Port):
+    """fedauxfdp: one round; the server's h0 and public features, each client's DP heads."""
+
+    def __init__(self, method: str, federation, cfg, seed: int, progress: bool = False):
+        from privkit.trainers.fedauxfdp import dp_heads_setup
+
+        self.method, self.federation, self.cfg, self.seed = method, federation, cfg, seed
+        self.setup = dp_heads_setup(method, "scores", federation, cfg, seed, progress)
+        self.spec = self.setup.h0_spec
+        self.done = False
+
+    def next_round(self):
+        if self.done:
+            return None
+        self.done = True
+        return list(self.setup.active)
+
+    def task(self, k):
+        s = self.setup
+        extra = {"phi_neg": s.phi_neg} if s.phi_neg is not None else {}
+        if s.phi.center is not None:
+            extra["center"] = s.phi.center
+        return (
+            {
+                **self.common(s.phi.model, 1),
+                "class_epsilon": float(s.class_epsilon),
+                "class_delta": float(s.class_delta),
+            },
+            s.phi.model.state_dict(),
+            extra,
+        )
+
+    def finish_round(self, replies):
+        from privkit.trainers.fedauxfdp import ClientHeads
+
+        self.releases = []
+        for k in self.setup.active:
+            arrays, report = replies[k]
+            score = (
+                ReleasedHead.from_report(arrays["score_weights"].numpy(), report, "score_")
+                if "score_weights" in arrays
+                else None
+            )
+            self.releases.append(
+                ClientHeads(
+                    k,
+                    ReleasedHead.from_report(arrays["class_weights"].numpy(), report, "class_"),
+                    score,
+                    int(report["n_private"]),
+                )
+            )
+
+    def result(self):
+        from privkit.trainers.fedauxfdp import dp_heads_result
+
+        return dp_heads_result(self.setup, self.federation, self.cfg, self.seed, self.releases)
+
+
+PORTS: dict[str, type[Port]] = {
+    "fedavg": FedAvgPort,
+    "fedprox": FedAvgPort,
+    "dp-fedavg": DpFedPort,
+    "fedkadp": DpFedPort,
+    "fedauxfdp": DpHeadsPort,
+}
+
+
+def make_port(method: str, federation, cfg, seed: int, progress: bool = False) -> Port:
+    """The server side of ``method``'s run (``cfg`` validated by the method's config model)."""
+    if method not in PORTS:
+        raise PrivkitError(
+            f"method {method!r} does not run on the Flower engine; found engine 'flower' "
+            f"(ported: {', '.join(PORTS)})"
+        )
+    return PORTS[method](method, federation, cfg, seed, progress)
+
+
+# ----------------------------------------------------------------------------- client side
+def client_step(task, model_record, extra_record, partition: int) -> tuple[dict, dict]:
+    """Run the method's own client step for client ``partition`` on its records; returns the arrays
+    and the scalar report the client sends back."""
+    from privkit.methods import make_config
+    from privkit.trainers.common import resolve_device
+
+    method = task["method"]
+    fed = load_federation(task["federation"])
+    cfg = make_config(method, json.loads(task["config"]))
+    device = resolve_device(cfg)
+    seed, t, k = int(task["seed"]), int(task["round"]), int(partition)
+    x, y = fed.client_arrays(k)
+    model = _model_from(task, model_record).to(device)
+    if PORTS.get(method) is FedAvgPort:
+        from privkit.trainers.fedavg import local_seed, local_update
+
+        local, loss = local_update(
+            model, x, y, cfg, mu=float(task["mu"]), seed=local_seed(seed, t, k), device=device
+        )
+        return local.state_dict(), {"loss": float(loss)}
+    if PORTS.get(method) is DpFedPort:
+        import torch
+
+        from privkit.trainers.common import as_tensor
+        from privkit.trainers.fedkadp import client_seed, local_update
+
+        rho = float(task["rho"]) if "rho" in task else None
+        state = local_update(
+            model,
+            as_tensor(x, device, torch.float32),
+            as_tensor(y, device, torch.long),
+            cfg,
+            float(task["sigma"]),
+            rho,
+            client_seed(seed, t, k),
+            device,
+            client=k,
+        )
+        return state, {}
+    if PORTS.get(method) is DpHeadsPort:
+        return _heads_step(task, model, _tensors(extra_record), cfg, fed, x, y, k, seed, device)
+    raise PrivkitError(f"method {method!r} has no Flower client step; found it in a train message")
+
+
+def _heads_step(task, h0_model, extra, cfg, fed, x, y, k, seed, device) -> tuple[dict, dict]:
+    from privkit.trainers.fedaux import FrozenFeatures
+    from privkit.trainers.fedauxfdp import release_client_heads
+
+    center = extra["center"].numpy() if "center" in extra else None
+    phi = FrozenFeatures.with_center(h0_model, center, device, cfg.eval_batch_size)
+    phi_neg = extra["phi_neg"].numpy() if "phi_neg" in extra else None
+    out = release_client_heads(
+        k,
+        x,
+        y,
+        phi,
+        phi_neg,
+        cfg,
+        seed,
+        num_classes=fed.num_classes,
+        class_epsilon=float(task["class_epsilon"]),
+        class_delta=float(task["class_delta"]),
+    )
+    arrays, report = {"class_weights": out.class_release.weights}, {"n_private": out.n_private}
+    report.update(_as_released(out.class_release).report("class_"))
+    if out.score_release is not None:
+        arrays["score_weights"] = out.score_release.weights
+        report.update(_as_released(out.score_release).report("score_"))
+    return arrays, report
+
+
+def _as_released(rel) -> ReleasedHead:
+    return ReleasedHead(rel.weights, rel.event, rel.info, rel.sensitivity, rel.sigma)
+
+
+def privkit_client_app():
+    """The ClientApp of privkit's methods: ``query`` answers the node's partition id, ``train``
+    runs the method's client step (:func:`client_step`). Audit probes and mutations reach the
+    mechanisms through :func:`privkit.flower.audit.audit_mod`."""
+    from flwr.app import Message, RecordDict
+    from flwr.clientapp import ClientApp
+
+    from privkit.flower.audit import audit_mod
+
+    app = ClientApp(mods=[audit_mod])
+
+    @app.query()
+    def query(msg, context):
+        return Message(
+            RecordDict({REPORT: _config({"partition": int(context.node_config["partition-id"])})}),
+            reply_to=msg,
+        )
+
+    @app.train()
+    def train(msg, context):
+        arrays, report = client_step(
+            msg.content[TASK],
+            msg.content[MODEL],
+            msg.content[EXTRA],
+            int(context.node_config["partition-id"]),
+        )
+        return Message(RecordDict({UPDATE: _arrays(arrays), REPORT: _config(report)}), reply_to=msg)
+
+    return app
+
+
+# ----------------------------------------------------------------------------- server app
+def _raise_errors(replies) -> None:
+    for r in replies:
+        if r.has_error():
+            raise PrivkitError(
+                f"a Flower ClientApp failed (node {r.metadata.src_node_id}): {r.error.reason}"
+            )
+
+
+def partition_nodes(grid, num_clients: int) -> dict[int, int]:
+    """``{client (partition id): node id}``: waits for the nodes, then asks each which partition it holds."""
+    from flwr.app import Message, RecordDict
+
+    deadline = time.monotonic() + NODE_WAIT_S
+    while len(nodes := list(grid.get_node_ids())) < num_clients:
+        if time.monotonic() > deadline:
+            raise PrivkitError(
+                f"the Flower simulation must have {num_clients} nodes (one per client); "
+                f"found {len(nodes)} after {NODE_WAIT_S:g} s"
+            )
+        time.sleep(0.05)
+    msgs = [Message(RecordDict(), dst_node_id=n, message_type="query") for n in nodes]
+    replies = list(grid.send_and_receive(msgs))
+    _raise_errors(replies)
+    found = {int(r.content[REPORT]["partition"]): int(r.metadata.src_node_id) for r in replies}
+    missing = sorted(set(range(num_clients)) - set(found))
+    if missing:
+        raise PrivkitError(
+            f"every client needs a Flower node; found none for clients {missing[:5]}"
+        )
+    return found
+
+
+def drive_port(port: Port, grid, nodes: dict[int, int]) -> Any:
+    """Run one privkit run to its end through ``grid``; returns its TrainResult."""
+    from flwr.app import Message, RecordDict
+
+    while (selected := port.next_round()) is not None:
+        msgs = []
+        for k in selected:
+            cfg, model, extra = port.task(k)
+            content = RecordDict({TASK: _config(cfg), MODEL: _arrays(model), EXTRA: _arrays(extra)})
+            msgs.append(
+                Message(
+                    content, dst_node_id=nodes[k], message_type="train", group_id=str(cfg["round"])
+                )
+            )
+        replies = list(grid.send_and_receive(msgs))
+        _raise_errors(replies)
+        by_node = {int(r.metadata.src_node_id): r for r in replies}
+        port.finish_round(
+            {
+                k: (_tensors(by_node[nodes[k]].content[UPDATE]), by_node[nodes[k]].content[REPORT])
+                for k in selected
+            }
+        )
+    return port.result()
+
+
+def privkit_server_app(ports: list[Port], results: list):
+    """The ServerApp that drives ``ports`` one after the other (appending each result to ``results``)."""
+    from flwr.serverapp import ServerApp
+
+    app = ServerApp()
+
+    @app.main()
+    def main(grid, context):
+        nodes = partition_nodes(grid, max(p.federation.num_clients for p in ports))
+        for port in ports:
+            results.append(drive_port(port, grid, nodes))
+
+    return app
+
+
+__all__ = [
+    "PORTS",
+    "Port",
+    "ReleasedHead",
+    "client_step",
+    "drive_port",
+    "load_federation",
+    "make_port",
+    "partition_nodes",
+    "privkit_client_app",
+    "privkit_server_app",
+]

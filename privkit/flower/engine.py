@@ -1,0 +1,215 @@
+"""The Flower engine: privkit's methods run as Flower apps on Flower's simulation engine (Ray).
+
+``privkit train METHOD --engine flower`` (or ``engine = "flower"`` in a run config) runs the method's
+ServerApp and ClientApp (:mod:`privkit.flower.apps`) with ``flwr.simulation.run_simulation``, one
+Flower node per client. The server and client steps are the in-process trainer's own, so with
+reproducible noise and the same seed the released model and the ledger are those of the in-process
+run; in release mode only the noise differs. The in-process federation stays the default: it
+starts no Ray cluster and moves no messages.
+
+Nothing here imports Flower, Ray or torch at module level: checking an engine name stays cheap, and
+``import privkit`` never needs Flower.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import pickle
+import tempfile
+from collections.abc import Iterator, Sequence
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from privkit.config import ENGINES
+from privkit.errors import PrivkitError
+
+#: methods whose server and client steps run on Flower (:data:`privkit.flower.apps.PORTS`)
+FLOWER_METHODS = ("dp-fedavg", "fedauxfdp", "fedavg", "fedkadp", "fedprox")
+
+__all__ = [
+    "ENGINES",
+    "FLOWER_METHODS",
+    "check_engine",
+    "federation_file",
+    "simulate",
+    "train",
+    "train_jobs_on_flower",
+    "train_many_on_flower",
+    "train_on_flower",
+]
+
+
+def check_engine(engine: str, method: str | None = None) -> None:
+    """Refuse an unknown engine, a method the Flower engine does not run, or a missing Flower,
+    before any work starts (one line naming the value found)."""
+    if engine not in ENGINES:
+        raise PrivkitError(f"engine must be one of {', '.join(ENGINES)}; found {engine!r}")
+    if engine != "flower":
+        return
+    if method is not None and method not in FLOWER_METHODS:
+        raise PrivkitError(
+            f"method {method} does not run on the Flower engine (it runs on: "
+            f"{', '.join(FLOWER_METHODS)}); found engine 'flower'"
+        )
+    missing = [m for m in ("flwr", "ray") if find_spec(m) is None]
+    if missing:
+        raise PrivkitError(
+            f"engine flower needs {' and '.join(missing)}, not installed; found none "
+            '(pip install "privkit[flower]")'
+        )
+
+
+@contextlib.contextmanager
+def federation_file(federations: Sequence[Any]) -> Iterator[list[str]]:
+    """Each federation pickled to a temporary file that the ClientApps load (Ray actors are other
+    processes on this machine); removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="privkit-flower-") as d:
+        paths = []
+        for j, fed in enumerate(federations):
+            path = Path(d) / f"federation-{j}.pkl"
+            with open(path, "wb") as f:
+                pickle.dump(fed, f, protocol=pickle.HIGHEST_PROTOCOL)
+            paths.append(str(path))
+        yield paths
+
+
+def backend_config(client_cpus: float = 1.0) -> dict:
+    """Flower's Ray backend settings: one CPU per ClientApp actor, Ray's dashboard off."""
+    cpus = max(1, os.cpu_count() or 1)
+    return {
+        "client_resources": {"num_cpus": client_cpus, "num_gpus": 0.0},
+        "init_args": {
+            "num_cpus": cpus,
+            "include_dashboard": False,
+            "log_to_driver": False,
+            "logging_level": logging.ERROR,
+        },
+    }
+
+
+@contextlib.contextmanager
+def _quiet_flower() -> Iterator[None]:
+    """Flower's INFO lines and its deprecation notice for ``run_simulation`` off; errors stay."""
+    logger = logging.getLogger("flwr")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def simulate(server_app, client_app, num_supernodes: int, *, backend: dict | None = None) -> None:
+    """Run a ServerApp/ClientApp pair on Flower's simulation engine (Ray), ``num_supernodes`` nodes.
+
+    The ServerApp runs in a thread of this process and sees this thread's context (an audit's probe
+    session and mutation: :mod:`privkit.flower.audit`); the ClientApps run in Ray actors.
+    """
+    from flwr.serverapp import ServerApp
+    from flwr.simulation import run_simulation
+
+    ctx = contextvars.copy_context()
+    wrapped = ServerApp()
+
+    @wrapped.main()
+    def main(grid, context):
+        from privkit.flower.audit import audited_grid
+
+        ctx.run(lambda: server_app(audited_grid(grid), context))
+
+    with _quiet_flower():
+        run_simulation(
+            wrapped,
+            client_app,
+            num_supernodes=num_supernodes,
+            backend_config=backend or backend_config(),
+        )
+
+
+def train_jobs_on_flower(jobs: Sequence[tuple[str, Any, Any, int]], progress: bool = False) -> list:
+    """Each ``(method, federation, config, seed)`` job, all in ONE Flower simulation (one Ray start):
+    the runs go one after the other through the same nodes, one node per client. Each result is
+    what :func:`privkit.trainers.train` returns for the same inputs in-process (up to float
+    rounding), with the same chance check and noise stamp."""
+    from privkit.flower.apps import make_port, privkit_client_app, privkit_server_app
+    from privkit.methods import make_config
+    from privkit.trainers.base import stamp_noise
+
+    if not jobs:
+        raise PrivkitError(
+            "jobs must hold at least one (method, federation, config, seed); found none"
+        )
+    for method, *_ in jobs:
+        check_engine("flower", method)
+    cfgs = [make_config(method, config) for method, _, config, _ in jobs]
+    feds = [fed for _, fed, _, _ in jobs]
+    with federation_file(feds) as paths:
+        ports = [
+            make_port(method, fed, cfg, int(seed), progress)
+            for (method, fed, _, seed), cfg in zip(jobs, cfgs)
+        ]
+        for port, path in zip(ports, paths):
+            port.path = path
+        results: list = []
+        simulate(
+            privkit_server_app(ports, results),
+            privkit_client_app(),
+            max(f.num_clients for f in feds),
+        )
+    if len(results) != len(ports):
+        raise PrivkitError(
+            f"the Flower simulation must finish every run; found {len(results)} of {len(ports)}"
+        )
+    for res, (method, fed, _, _), cfg in zip(results, jobs, cfgs):
+        if res.method != method:
+            raise PrivkitError(f"trainer {method} returned a result labelled {res.method!r}")
+        res.check_chance(fed)
+        stamp_noise(res, cfg.reproducible_noise)
+    return results
+
+
+def train_many_on_flower(
+    method: str,
+    federations: Sequence[Any],
+    config: Any,
+    seeds: Sequence[int],
+    progress: bool = False,
+) -> list:
+    """``method`` on each federation with its seed, in one Flower simulation (:func:`train_jobs_on_flower`)."""
+    if len(federations) != len(seeds):
+        raise PrivkitError(
+            f"federations and seeds must have equal lengths; found {len(federations)} and {len(seeds)}"
+        )
+    return train_jobs_on_flower(
+        [(method, fed, config, int(s)) for fed, s in zip(federations, seeds)], progress
+    )
+
+
+def train_on_flower(
+    method: str, federation, config: Any = None, seed: int = 0, progress: bool = False
+):
+    """``method`` on ``federation`` as a Flower simulation: :func:`privkit.trainers.train` on Flower."""
+    return train_many_on_flower(method, [federation], config, [seed], progress)[0]
+
+
+def train(
+    method: str,
+    federation,
+    config: Any = None,
+    seed: int = 0,
+    progress: bool = False,
+    engine: str = "inprocess",
+):
+    """:func:`privkit.trainers.train` on the chosen engine (``inprocess``, the default, or ``flower``)."""
+    check_engine(engine, method)
+    if engine == "flower":
+        return train_on_flower(method, federation, config, seed, progress)
+    from privkit.trainers import train as train_inprocess
+
+    return train_inprocess(method, federation, config, seed=seed, progress=progress)
