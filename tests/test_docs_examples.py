@@ -1,6 +1,6 @@
 """Every code example of the documentation runs and prints what its page shows.
 
-The ```` ```python ```` blocks of one page under ``docs/`` run one after the other in one namespace.
+The ```` ```python ```` blocks of one page under ``docs/`` (and of README.md) run one after the other in one namespace.
 The comment lines that start in the first column right after a statement are what it prints, one
 line each; text after the first ``": "`` explains the output and is not compared. A page whose
 examples take long is marked ``<!-- examples: slow -->`` (a ``slow`` test). A page whose examples
@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
-PAGES = sorted(p for p in DOCS.glob("*.md"))
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]
 _MARKER = re.compile(r"^<!-- examples: (.+?) -->$", flags=re.M)
 
 
@@ -68,9 +69,10 @@ def test_page_examples_print_what_the_page_shows(page, capsys):
     marker = _marker(page.read_text())
     if marker not in (None, "slow"):
         for path in marker.split():
-            test_file = DOCS.parent / path
+            test_file = ROOT / path
             assert test_file.is_file(), f"{page.name} names {path}, which does not exist"
-            assert f"docs/{page.name}" in test_file.read_text(), f"{path} does not read docs/{page.name}"
+            where = page.relative_to(ROOT).as_posix()
+            assert where in test_file.read_text(), f"{path} does not read {where}"
         return
     _run_page(page, capsys)
 
