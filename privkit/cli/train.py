@@ -25,7 +25,7 @@ from privkit.cli.app import app, out_console, print_json
 from privkit.errors import PrivkitError
 
 SCHEMA_VERSION = 1
-_FILE_KEYS = {"method", "seed", "federation", "trainer"}
+_FILE_KEYS = {"method", "seed", "engine", "federation", "trainer"}
 
 
 def list_methods() -> list[dict[str, Any]]:
@@ -37,8 +37,10 @@ def list_methods() -> list[dict[str, Any]]:
 
 
 def resolve_run(method: str | None, config_file: Path | None, sets: list[str], federation_sets: list[str],
-                seed: int | None, quick: bool, reproducible_noise: bool = False) -> dict[str, Any]:
-    """Validated {method, seed, federation (FederationConfig), trainer (config model)}; no training."""
+                seed: int | None, quick: bool, reproducible_noise: bool = False,
+                engine: str | None = None) -> dict[str, Any]:
+    """Validated {method, seed, engine, federation (FederationConfig), trainer (config model)}; no training."""
+    from privkit.flower.engine import check_engine  # Flower-free: only the name and the extra are checked
     from privkit.config import apply_overrides, load_toml
     from privkit.data import FederationConfig
     from privkit.methods import get_trainer, make_config  # torch-free: refusing a value stays fast
@@ -53,6 +55,8 @@ def resolve_run(method: str | None, config_file: Path | None, sets: list[str], f
     if not method:
         raise PrivkitError("method must be given (argument or 'method' in the config file); found none")
     spec = get_trainer(method)
+    engine = engine or data.get("engine", "inprocess")
+    check_engine(engine, method)
     trainer = spec.quick_config() if quick else {}
     trainer.update(data.get("trainer", {}))
     trainer = apply_overrides(trainer, sets)
@@ -69,7 +73,7 @@ def resolve_run(method: str | None, config_file: Path | None, sets: list[str], f
                                f"found {key!r}")
     run_seed = seed if seed is not None else int(data.get("seed", 0))
     return {"method": method, "seed": run_seed, "federation": FederationConfig.model_validate(fed),
-            "trainer": make_config(method, trainer)}
+            "trainer": make_config(method, trainer), "engine": engine}
 
 
 def _finite(x: float) -> float | None:
@@ -83,8 +87,14 @@ def _config_json(resolved: dict[str, Any]) -> dict[str, Any]:
     """``config.json`` of a run (JSON values only, so that it compares with a stored one)."""
     return json.loads(json.dumps({
         "schema_version": SCHEMA_VERSION, "method": resolved["method"], "seed": resolved["seed"],
-        "federation": resolved["federation"].model_dump(), "trainer": resolved["trainer"].model_dump()},
-        default=str))
+        "federation": resolved["federation"].model_dump(), "trainer": resolved["trainer"].model_dump(),
+        **engine_entry(resolved.get("engine", "inprocess"))}, default=str))
+
+
+def engine_entry(engine: str) -> dict[str, str]:
+    """``config.json``'s ``engine`` key: written for a run off the default engine (the audits of the
+    run train the same way), absent for in-process runs."""
+    return {} if engine == "inprocess" else {"engine": engine}
 
 
 def check_out_dir(out: Path, force: bool, config_json: dict[str, Any] | None = None) -> bool:
@@ -150,8 +160,8 @@ def _headline(result, federation, claims_dp: bool) -> dict[str, Any]:
 def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> dict[str, Any]:
     """Build the federation, train, and write the run directory; return a summary dict."""
     from privkit.data import build_federation
+    from privkit.flower.engine import train
     from privkit.pipeline.files import staged_dir, write_json
-    from privkit.trainers import train
 
     fed_cfg, cfg = resolved["federation"], resolved["trainer"]
     federation = build_federation(fed_cfg)
@@ -159,7 +169,8 @@ def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> 
     with staged_dir(out) as staging:  # an interrupted or failed run leaves `out` as it was
         write_json(staging / "config.json", _config_json(resolved))
         federation.save(staging / "federation.json")
-        result = train(resolved["method"], federation, cfg, seed=resolved["seed"], progress=progress)
+        result = train(resolved["method"], federation, cfg, seed=resolved["seed"], progress=progress,
+                       engine=resolved.get("engine", "inprocess"))
         result.save(staging)
     return training_summary(result, federation, out, time.perf_counter() - start)
 
@@ -214,6 +225,10 @@ def train_command(
     reproducible_noise: bool = typer.Option(
         False, "--reproducible-noise", help="Derive DP noise and sampling from the seed (bit-reproducible; "
         "the ledger and outputs say 'reproducible noise: not for release'). Default: AES-CTR keyed from OS entropy, never stored."),
+    engine: Optional[str] = typer.Option(
+        None, "--engine", help="Where the federation runs: inprocess (default: privkit's own, no start-up) or "
+        "flower (the method's Flower ServerApp/ClientApp on Flower's simulation engine; fedavg, fedprox, "
+        "dp-fedavg, fedkadp, fedauxfdp). Default: the config file's engine, else inprocess."),
 ) -> None:
     """Train METHOD on a federation and write RUN_DIR (config, federation, checkpoints, ledger, metrics)."""
     if list_:
@@ -228,7 +243,7 @@ def train_command(
     from privkit.pipeline.files import recover_dir, remove_temporaries, run_lock
 
     check_out_dir(out, force)  # a bad --out is named before the config is even read (structure only)
-    resolved = resolve_run(method, config, sets, federation_sets, seed, quick, reproducible_noise)
+    resolved = resolve_run(method, config, sets, federation_sets, seed, quick, reproducible_noise, engine)
     with run_lock(out, _warn):  # one `privkit train` per directory; released if this one dies
         recover_dir(out)  # a swap a crash interrupted
         if out.is_dir():
