@@ -28,7 +28,7 @@ import secrets
 import numpy as np
 import torch
 
-__all__ = ["DpRandom", "aes_generator"]
+__all__ = ["DpRandom", "aes_generator", "is_secret"]
 
 _DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
@@ -46,6 +46,13 @@ def aes_generator(key: int | None = None) -> np.random.Generator:
     if not 0 <= int(key) < 2**128:
         raise ValueError(f"key must be in [0, 2**128); found {key}")
     return np.random.Generator(AESCounter(key=int(key), counter=0))
+
+
+def is_secret(rng: np.random.Generator) -> bool:
+    """Whether ``rng`` is the release stream (AES-CTR), not a seeded numpy generator."""
+    from randomgen import AESCounter
+
+    return isinstance(rng.bit_generator, AESCounter)
 
 
 class DpRandom:

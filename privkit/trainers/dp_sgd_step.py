@@ -17,7 +17,8 @@ The step is exactly what the subsampled-Gaussian accountant assumes
    dividing by the realised batch size would make the scale data-dependent.
 
 An empty Poisson batch still releases a pure-noise gradient, as the analysis assumes. Batches and
-noise are drawn from a :class:`privkit.dp_random.DpRandom` (the AES stream in release mode); a plain
+noise are drawn from a :class:`privkit.dp_random.DpRandom` (the AES stream in release mode, where
+the noisy sum lies on the data-independent grid of :mod:`privkit.grid_noise`); a plain
 ``torch.Generator`` is accepted too and drawn from as torch draws.
 """
 
@@ -122,15 +123,33 @@ def clipped_gradient_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, los
 
 
 def add_gaussian_noise(total: dict[str, torch.Tensor], std: float,
-                       generator: DpRandom | torch.Generator) -> dict[str, torch.Tensor]:
-    """``total + N(0, std^2 I)`` per parameter; noise drawn on the generator's device, in name order."""
+                       generator: DpRandom | torch.Generator, *,
+                       sensitivity: float | None = None) -> dict[str, torch.Tensor]:
+    """``total + N(0, std^2 I)`` per parameter; noise drawn on the generator's device, in name order.
+
+    In release mode the whole release (all parameters, L2 sensitivity ``sensitivity``) lies on the
+    grid of :mod:`privkit.grid_noise`, its noise covering the rounding so that the multiplier
+    ``std / sensitivity`` accounts for it; a seeded generator draws ``t + std * z`` as before.
+    """
     source = DpRandom.of(generator)
+    if not source.seeded_torch and std > 0:
+        return _grid_noise(total, std, source, sensitivity)
     out = {}
     for k in sorted(total):
         t = total[k]
         noise = source.randn(t.shape, dtype=t.dtype)
         out[k] = t + std * noise.to(t.device)
     return out
+
+
+def _grid_noise(total: dict[str, torch.Tensor], std: float, source: DpRandom,
+                sensitivity: float | None) -> dict[str, torch.Tensor]:
+    """Release mode: every parameter of one release on one grid (its dimension is all of them)."""
+    from privkit.grid_noise import Grid, grid_release
+
+    grid = Grid.for_release(std, sensitivity, sum(t.numel() for t in total.values()))
+    bits = source.bits()
+    return {k: grid_release(total[k], grid, bits) for k in sorted(total)}
 
 
 @dataclass(frozen=True)
@@ -199,7 +218,7 @@ class DpSgdStep:
             clean = [total[k] for k in params]
             total = self._with_canaries(total, list(params), canaries, DpRandom.of(noise_generator))
         std = self.noise_multiplier * self.clip_norm * mutation.noise_factor
-        noisy = add_gaussian_noise(total, std, noise_generator)
+        noisy = add_gaussian_noise(total, std, noise_generator, sensitivity=self.clip_norm)
         if canaries is not None:
             canaries.observe([noisy[k] for k in params], clean=clean)
         return {k: v / self.expected_batch_size for k, v in noisy.items()}

@@ -202,13 +202,31 @@ def local_dp_sgd(net, params: dict[str, torch.Tensor], buffers: dict[str, torch.
             return losses(out, models, s, yb[models, s], None if extra is None else extra[models, s])
 
         sums, _ = net.clipped_sums(params, buffers, xb, example_losses, clip, counts=counts)
-        for i, j in enumerate(jobs):  # each model's noise from its own stream, as the single step draws it
-            for k in names:
-                j.noise_gen.randn(params[k].shape[1:], out=noise[k][i])
-        # (sum + std * noise) / expected batch size, in the single step's order of operations
-        grads = {k: noise[k].mul_(_expand(std, sums[k])).add_(sums[k]).div_(_expand(expected, sums[k]))
-                 for k in names}
+        if not jobs[0].noise_gen.seeded_torch:  # release mode: each model's sum on its grid
+            grads = _grid_noisy(sums, jobs, std, expected)
+        else:
+            for i, j in enumerate(jobs):  # each model's noise from its own stream, as the single step draws it
+                for k in names:
+                    j.noise_gen.randn(params[k].shape[1:], out=noise[k][i])
+            # (sum + std * noise) / expected batch size, in the single step's order of operations
+            grads = {k: noise[k].mul_(_expand(std, sums[k])).add_(sums[k]).div_(_expand(expected, sums[k]))
+                     for k in names}
         opt.step(params, grads, active)
+
+
+def _grid_noisy(sums: dict[str, torch.Tensor], jobs: Sequence[LocalDp], std: torch.Tensor,
+                expected: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Release mode: model i's noisy sum as the single step releases it (its parameters on one
+    grid, :func:`~privkit.trainers.dp_sgd_step.add_gaussian_noise`), divided by its expected batch size."""
+    from privkit.trainers.dp_sgd_step import add_gaussian_noise
+
+    grads = {k: torch.empty_like(v) for k, v in sums.items()}
+    for i, j in enumerate(jobs):
+        noisy = add_gaussian_noise({k: v[i] for k, v in sums.items()}, float(std[i]), j.noise_gen,
+                                   sensitivity=j.step.clip_norm)
+        for k, v in noisy.items():
+            grads[k][i] = v / expected[i]
+    return grads
 
 
 def _expand(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

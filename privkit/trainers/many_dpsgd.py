@@ -33,6 +33,7 @@ from privkit import mutations
 from privkit.seeding import derive_seed, noise_generator
 from privkit.trainers.batched_sgd import load_states
 from privkit.trainers.common import accuracy, new_model, resolve_device
+from privkit.trainers.dp_sgd_step import add_gaussian_noise
 from privkit.trainers.dpsgd import _plan, dpsgd_result
 from privkit.trainers.many import stacked_on
 from privkit.trainers.stacked import StackedModels
@@ -65,12 +66,14 @@ class _Run:
             torch.empty((), dtype=torch.int64).random_(generator=self.batches.source)
         return torch.nonzero(self.batches.mask(self.n, rate=self.rate)).flatten()
 
-    def noise_like(self, shape: torch.Size, std: float) -> torch.Tensor:
-        """One parameter's noise, as opacus' ``_generate_noise`` (or privkit's stream) draws it."""
-        if self.batches.seeded_torch:
-            return torch.normal(mean=0, std=std, size=tuple(shape), generator=self.noise.source,
-                                device=self.noise.source.device)
-        return std * self.noise.randn(shape)
+    def noisy(self, sums: dict[str, torch.Tensor], std: float, clip: float) -> dict[str, torch.Tensor]:
+        """The step's summed gradients plus noise: per parameter, in order, as opacus'
+        ``_generate_noise`` draws it (reproducible mode), or on the grid of privkit's release
+        stream (:func:`~privkit.trainers.dp_sgd_step.add_gaussian_noise`, sensitivity ``clip``)."""
+        if not self.noise.seeded_torch:
+            return add_gaussian_noise(sums, std, self.noise, sensitivity=clip)
+        return {k: v + torch.normal(mean=0, std=std, size=tuple(v.shape), generator=self.noise.source,
+                                    device=self.noise.source.device) for k, v in sums.items()}
 
 
 def batchable(config) -> bool:
@@ -118,9 +121,9 @@ def train_dpsgd_runs(method: str, federations: list, config, seeds: list[int]) -
         sums, _ = net.clipped_sums(params, buffers, xb, example_losses, config.clip_norm, counts=counts)
         with torch.no_grad():
             for j in live:
+                noisy = runs[j].noisy({k: sums[k][j] for k in names}, std[j], config.clip_norm)
                 for k in names:
-                    g = (sums[k][j] + runs[j].noise_like(params[k].shape[1:], std[j])) / expected[j]
-                    params[k][j].add_(g, alpha=-config.lr)
+                    params[k][j].add_(noisy[k] / expected[j], alpha=-config.lr)
         for j in live:
             r = runs[j]
             r.loss[0] += float(losses[j])

@@ -11,7 +11,7 @@ privkit draws both from its AES stream instead:
   collate function (which turns an empty batch into zero-length tensors);
 * :func:`use_noise_source`: the optimizer's ``add_noise`` replaced on the instance by the same
   update, ``p.grad = p.summed_grad + N(0, (noise_multiplier * max_grad_norm)^2)``, with the noise
-  from the stream.  A wrapper installed afterwards (``attacks.whitebox.attach_to_opacus``) wraps
+  from the stream, the noisy sums on the data-independent grid of :mod:`privkit.grid_noise`.  A wrapper installed afterwards (``attacks.whitebox.attach_to_opacus``) wraps
   this one, as it wraps opacus's.
 """
 
@@ -51,10 +51,24 @@ def use_noise_source(dp_opt, source: DpRandom) -> None:
 
     def add_noise() -> None:  # opacus's DPOptimizer.add_noise with the stream swapped
         std = dp_opt.noise_multiplier * dp_opt.max_grad_norm
+        if not source.seeded_torch and std > 0:  # release mode: the noisy sum on the grid
+            grid_add_noise(std)
+            return
         for p in dp_opt.params:
             _check_processed_flag(p.summed_grad)
             noise = source.randn(p.summed_grad.shape, dtype=p.summed_grad.dtype).to(p.summed_grad.device)
             p.grad = (p.summed_grad + std * noise).view_as(p)
+            _mark_as_processed(p.summed_grad)
+
+    def grid_add_noise(std: float) -> None:
+        from privkit.grid_noise import Grid, grid_release
+
+        # one release: every parameter's summed gradient, L2 sensitivity max_grad_norm
+        grid = Grid.for_release(std, dp_opt.max_grad_norm, sum(p.summed_grad.numel() for p in dp_opt.params))
+        bits = source.bits()
+        for p in dp_opt.params:
+            _check_processed_flag(p.summed_grad)
+            p.grad = grid_release(p.summed_grad, grid, bits).view_as(p)
             _mark_as_processed(p.summed_grad)
 
     dp_opt.add_noise = add_noise

@@ -7,7 +7,11 @@ the DP-head baselines, :func:`privkit.trainers.heads.release_head`) whose L2 sen
 ``sensitivity``; the ledger records ``GaussianDpEvent(sigma / sensitivity)``. The noise comes from
 the caller's generator (the AES stream in release mode, the seeded one in reproducible mode:
 :func:`privkit.seeding.noise_rng`), drawn as one ``rng.normal`` call, so a release outside an
-audit is bit-identical to the plain ``clean + rng.normal(0, sigma, clean.shape)``.
+audit is bit-identical to the plain ``clean + rng.normal(0, sigma, clean.shape)``.  In release mode
+(``rng`` the AES stream) the release lies on the data-independent grid of
+:mod:`privkit.grid_noise`, its noise covering the grid's rounding, so the floating-point attack on
+``clean + sigma * z`` does not apply and the ledger's ``GaussianDpEvent(sigma / sensitivity)``
+still accounts for it.
 
 Audits act here, where the mechanism runs:
 
@@ -35,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from privkit import mutations
+from privkit.dp_random import is_secret
 from privkit.errors import PrivkitError
 
 #: ``record_influence(canaries) -> (norms, tolerance)``: probe records' exact influence on the
@@ -43,6 +48,17 @@ from privkit.errors import PrivkitError
 RecordInfluence = Callable[[Any], tuple[np.ndarray, float]]
 
 __all__ = ["RecordInfluence", "gaussian_output_perturbation"]
+
+
+def _grid_noise(std: float, sensitivity: float, dim: int, rng: np.random.Generator) -> Callable[[np.ndarray], np.ndarray]:
+    """Release mode's noise: ``value -> `` the grid release of ``value`` (:mod:`privkit.grid_noise`;
+    each release of ``dim`` numbers has L2 sensitivity ``sensitivity``), in ``value``'s dtype."""
+    import torch
+
+    from privkit.grid_noise import Grid, NumpyBits, grid_release
+
+    grid, bits = Grid.for_release(std, sensitivity, dim), NumpyBits(rng)
+    return lambda value: grid_release(torch.from_numpy(np.ascontiguousarray(value)), grid, bits).numpy()
 
 
 def gaussian_output_perturbation(clean: np.ndarray, *, sigma: float, sensitivity: float,
@@ -88,9 +104,15 @@ def gaussian_output_perturbation(clean: np.ndarray, *, sigma: float, sensitivity
     clean = np.asarray(clean, dtype=kind)
     if rows and clean.ndim != 2:
         raise PrivkitError(f"rows=True needs a 2-D value (one release per row); found shape {clean.shape}")
-    # one draw of the whole shape, the noise std scaled by the mutation's factor (1.0 outside an
-    # audit: sigma * 1.0 == sigma, so the draw is today's bit for bit)
-    noise = rng.normal(0.0, sigma * mutation.noise_factor, size=clean.shape).astype(kind, copy=False)
+    std = sigma * mutation.noise_factor
+    if is_secret(rng):  # release mode: on the grid of privkit.grid_noise
+        add_noise = _grid_noise(std, sensitivity, clean.shape[-1] if rows else clean.size, rng)
+    else:  # one draw of the whole shape, the noise std scaled by the mutation's factor (1.0 outside
+        # an audit: sigma * 1.0 == sigma, so the draw is today's bit for bit)
+        noise = rng.normal(0.0, std, size=clean.shape).astype(kind, copy=False)
+
+        def add_noise(value: np.ndarray) -> np.ndarray:
+            return value + noise
     canaries = None
     if client is not None:
         from privkit.probes import canaries_for
@@ -99,14 +121,14 @@ def gaussian_output_perturbation(clean: np.ndarray, *, sigma: float, sensitivity
                                 clip_norm=sensitivity, sample_rate=1.0,
                                 noise_multiplier=sigma / sensitivity)
     if canaries is None:
-        return clean + noise
+        return add_noise(clean)
     import torch
 
     # an included canary's raw influence, bounded by the sensitivity unless the bound is off
     raw = float(canaries.raw_norm)
     weight = min(raw, sensitivity) if mutation.clipping else raw
     add = canaries.vector(np.full(canaries.included_ids.size, weight)).numpy().astype(kind)
-    released = clean + (add if rows else add.reshape(clean.shape)) + noise
+    released = add_noise(clean + (add if rows else add.reshape(clean.shape)))
     for got, base in (zip(released, clean) if rows else [(released, clean)]):
         canaries.observe(torch.as_tensor(got.ravel()), clean=torch.as_tensor(base.ravel()))
     if record_influence is not None:

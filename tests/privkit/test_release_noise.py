@@ -59,8 +59,8 @@ def _recorded_run(monkeypatch, fed, **over):
         seen["batches"].append(idx.clone())
         return idx
 
-    def noise(total, std, generator):
-        out = real_noise(total, std, generator)
+    def noise(total, std, generator, **kw):
+        out = real_noise(total, std, generator, **kw)
         seen["noise"].append(torch.cat([(out[k] - total[k]).flatten() for k in sorted(total)]))
         return out
 
