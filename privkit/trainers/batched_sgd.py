@@ -26,7 +26,8 @@ Randomness per model from its seed: initialisation (``seed``), batches (``derive
 :func:`privkit.seeding.noise_generator`) batches and noise come from a secret AES-CTR stream instead. Poisson masks and noise are drawn in
 blocks of :data:`BLOCK` steps (``mask(K, n)``, ``randn(K, parameters)`` from the model's stream,
 ``K = min(BLOCK, steps left)``), so that the M models' draws happen once per block rather than once
-per step, and the loop draws exactly the same numbers.
+per step, and the loop draws exactly the same numbers. In release mode the noisy sums lie on the
+data-independent grid of :mod:`privkit.grid_noise` (the block holds the grid's integer draws).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from privkit.dp_random import DpRandom
+from privkit.grid_noise import Grid, rounded_gaussian, snap_add
 from privkit.models import build_from_spec
 from privkit.seeding import noise_generator, seed_torch
 from privkit.trainers.stacked import StackedModels
@@ -128,7 +130,11 @@ def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recip
     per_sample_gradients`), formed one by one as opacus also forms them: an implementation
     independent of :func:`train_many`'s stacked layers.
     """
-    from privkit.trainers.dp_sgd_step import clip_per_sample, per_sample_gradients
+    from privkit.trainers.dp_sgd_step import (
+        add_gaussian_noise,
+        clip_per_sample,
+        per_sample_gradients,
+    )
 
     model = _init(spec, seed)
     names = [k for k, _ in model.named_parameters()]
@@ -153,10 +159,13 @@ def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recip
                 g = {k: v.sum(0) for k, v in clip_per_sample(per, recipe.clip)[0].items()}
             else:  # an empty Poisson batch releases noise only
                 g = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
-            if t % BLOCK == 0:
-                noise = noise_gen.randn(min(BLOCK, steps - t), n_params)
-            parts = noise[t % BLOCK].split([g[k].numel() for k in names])
-            g = {k: (g[k] + std * z.view_as(g[k])) / norm for k, z in zip(names, parts)}
+            if not noise_gen.seeded_torch:  # release mode: the noisy sum on the grid (grid_noise)
+                g = {k: v / norm for k, v in add_gaussian_noise(g, std, noise_gen, sensitivity=recipe.clip).items()}
+            else:
+                if t % BLOCK == 0:
+                    noise = noise_gen.randn(min(BLOCK, steps - t), n_params)
+                parts = noise[t % BLOCK].split([g[k].numel() for k in names])
+                g = {k: (g[k] + std * z.view_as(g[k])) / norm for k, z in zip(names, parts)}
         for k, p in model.named_parameters():
             p.grad = g[k].detach()
         opt.step()
@@ -320,13 +329,20 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
     std = recipe.noise_multiplier * recipe.clip if recipe.clip is not None else 0.0
     opt = _StackedOptimizer(params, recipe)
     t_max = int(schedule.steps.max())
-    # one noise buffer for the run (models whose steps have run out get zeros: no NaN to mask)
-    noise = torch.empty(m, min(BLOCK, t_max), sum(numels), device=dev) if recipe.clip is not None else None
+    # one noise buffer for the run (models whose steps have run out get zeros: no NaN to mask); in
+    # release mode the grid's integer draws (privkit.grid_noise: |k| < 2**29), added by snap_add
+    grid = None if reproducible or recipe.clip is None or std == 0 else \
+        Grid.for_release(std, recipe.clip, sum(numels))
+    noise = torch.empty(m, min(BLOCK, t_max), sum(numels), device=dev,
+                        dtype=torch.float32 if grid is None else torch.int32) if recipe.clip is not None else None
     for start in range(0, t_max, BLOCK):
         glob, w, active, counts = schedule.block(start)
         if noise is not None:  # one draw per model and block of steps
             for j, rows in enumerate(schedule.rows(start)):
-                gens[j][1].randn(rows, sum(numels), out=noise[j, :rows])
+                if grid is None:
+                    gens[j][1].randn(rows, sum(numels), out=noise[j, :rows])
+                else:
+                    noise[j, :rows] = rounded_gaussian(grid.scale, rows * sum(numels), gens[j][1].bits()).view(rows, -1)
                 noise[j, rows:].zero_()
         for t in range(glob.shape[1]):
             norm = expected if poisson else w[:, t].sum(1).clamp(min=1)
@@ -339,8 +355,12 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
             else:
                 g = _private_gradient(stacked, params, buffers, xb, yb, wb, recipe.clip, counts[:, t].tolist())
                 parts = noise[:, t].split(numels, dim=1)
-                g = {k: g[k].add_(z.view_as(g[k]), alpha=std).div_(_expand(norm, g[k]))
-                     for k, z in zip(names, parts)}
+                if grid is None:
+                    g = {k: g[k].add_(z.view_as(g[k]), alpha=std).div_(_expand(norm, g[k]))
+                         for k, z in zip(names, parts)}
+                else:
+                    g = {k: snap_add(g[k], z.view_as(g[k]), grid.gamma).div_(_expand(norm, g[k]))
+                         for k, z in zip(names, parts)}
             opt.step(params, g, active[:, t])
     return [{k: v[j].detach().cpu().clone() for k, v in params.items()} for j in range(m)]
 
