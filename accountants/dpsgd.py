@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 PLD_VDI = 1e-4
+"""Default value discretisation interval of privkit's PLD accountants (the epsilon grid step)."""
 SAMPLINGS = ("poisson", "without-replacement")
 ACCOUNTANTS = ("rdp", "pld", "prv")
 NEIGHBOURINGS = ("add_remove", "replace_one")

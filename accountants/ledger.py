@@ -70,9 +70,12 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+"""Version of the ``ledger.json`` format written by :meth:`Ledger.save`."""
 CURVE_VDI = 1e-3
 NOT_FOR_RELEASE = "reproducible noise: not for release"
+"""The label of a ledger (and a run) whose DP noise was derived from the run seed."""
 ACCOUNTANTS = ("basic", "advanced", "rdp", "pld")
+"""The accountants a :class:`Ledger` walks (``"best"`` is the minimum over the applicable ones)."""
 _ALL_CHOICES = ACCOUNTANTS + ("best",)
 LOWER = "pld-lower"  # internal accountant kind: the optimistic PLD of accountants.bracket
 # why an accountant's epsilon has no bracket: it is an upper bound by construction, not a tight

@@ -13,7 +13,16 @@ for scores already computed: :func:`audit_scores` (scores and membership -> fami
 ceiling, detectable epsilon and verdict); for white-box probes at a DP mechanism:
 :func:`conformance_test` (the mechanism against its ledger's claim, :mod:`attacks.conformance`;
 the probes themselves, which need torch, are :class:`attacks.whitebox.GradientCanaries`).
+Canary records for black-box audits: :mod:`attacks.canaries`.
+
+Everything public is importable from here. The white-box probes (:mod:`attacks.whitebox`) import
+torch, so they load on first use: ``import attacks`` never imports torch.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from attacks.audit_scores import AttackAudit, AuditResult, audit_scores, detectable_epsilon
 from attacks.conformance import (
@@ -24,6 +33,7 @@ from attacks.conformance import (
     conformance_test,
 )
 from attacks.attribute import AttributeInferenceAttack, AttributeResult, evaluate_predictions
+from attacks.canaries import CanaryData, audit_canaries, canary_scores, insert_canaries, make_canaries
 from attacks.epsilon import (
     EpsilonBound,
     advantage_upper_bound,
@@ -54,11 +64,32 @@ from attacks.recipe_audit import RecipeAudit, audit_recipe
 from attacks.rmia import RMIA
 from attacks.user_model import audit_model
 
+# names whose module imports torch, loaded on first access (PEP 562)
+_LAZY = {name: "attacks.whitebox" for name in
+         ("GradientCanaries", "MechanismAudit", "attach_to_opacus", "claim_optimised_guesses")}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'attacks' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
 __all__ = [
     "AttributeInferenceAttack",
     "AttackAudit",
     "AttributeResult",
     "AuditResult",
+    "CanaryData",
+    "GradientCanaries",
+    "MechanismAudit",
     "ConformanceResult",
     "Design",
     "EpsilonBound",
@@ -75,13 +106,17 @@ __all__ = [
     "advantage",
     "advantage_upper_bound",
     "as_recipe",
+    "attach_to_opacus",
     "auc",
+    "audit_canaries",
     "audit_model",
     "audit_recipe",
     "audit_scores",
     "balanced_accuracy",
     "balanced_accuracy_upper_bound",
+    "canary_scores",
     "claim_from_events",
+    "claim_optimised_guesses",
     "clopper_pearson_interval",
     "clopper_pearson_upper",
     "conformance_test",
@@ -94,8 +129,10 @@ __all__ = [
     "fdp_epsilon_lower_bound",
     "gdp_epsilon_estimate",
     "inclusion_coins",
+    "insert_canaries",
     "lira_leave_one_out",
     "loglog_roc",
+    "make_canaries",
     "membership_mask",
     "one_run_audit",
     "one_run_epsilon",

@@ -68,6 +68,7 @@ class Mutation:
 
 
 CORRECT = Mutation()
+"""No bug: the mechanisms as implemented."""
 MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
     CORRECT,
     Mutation("noise x1/2", noise_factor=0.5),
@@ -76,6 +77,7 @@ MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
     Mutation("ledger steps x1/2", ledger_steps_factor=0.5),
     Mutation("ledger rate x1/2", ledger_rate_factor=0.5),
 )}
+"""The bugs privkit audits itself with, by name (``privkit audit --mutation NAME``)."""
 
 _ACTIVE: ContextVar[Mutation] = ContextVar("privkit_mutation", default=CORRECT)
 

@@ -23,6 +23,7 @@ from reports.mechanism_view import BASIS, TESTS, mechanism_controls_view, method
 from reports.schema import AttackResult, MethodReport, PrivacyReport
 
 FORMATS = ("json", "html", "md")
+"""The formats :func:`write_report` writes: ``report.json``, ``report.html``, ``report.md``."""
 _FILES = {"json": "report.json", "html": "report.html", "md": "report.md"}
 
 HOW_TO_READ = [
@@ -63,6 +64,7 @@ HOW_TO_READ = [
     "Cost: test accuracy of the released model on the held-out test set (and per-client accuracy for "
     "personalised models), compared with the best method without a formal guarantee.",
 ]
+"""The report's "How to read this report" paragraphs, one per question (HTML and Markdown)."""
 
 
 def _cell(text: str, value: float | None = None) -> dict:
@@ -348,6 +350,7 @@ def render_markdown(report: PrivacyReport) -> str:
 
 
 def render_json(report: PrivacyReport) -> str:
+    """The report as JSON text (what ``report.json`` holds; :func:`load_report` reads it back)."""
     return report.to_json()
 
 

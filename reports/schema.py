@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SCHEMA_VERSION = 1
+"""Version of the :class:`PrivacyReport` JSON schema."""
 
 StageName = Literal["train", "account", "audit", "report"]
 StageState = Literal["done", "failed", "skipped", "pending"]
@@ -32,7 +33,6 @@ VerdictStatus = Literal["violation", "consistent", "inconclusive", "no-claim", "
 #: statuses of reports written before the three-way verdict (issue 11), read as their new names
 _LEGACY_STATUS = {"VIOLATION": "violation", "no-formal-guarantee": "no-claim"}
 
-#: Warning codes the pipeline attaches (``other`` for free text from a trainer or an audit).
 WARNING_CODES = (
     "delta_ge_1_over_n",        # delta >= 1/n: the guarantee allows publishing a record outright
     "classic_gaussian_eps_ge_1",  # classic Gaussian formula used outside its range (epsilon < 1)
@@ -46,6 +46,7 @@ WARNING_CODES = (
     "reproducible_noise",       # DP noise derived from the stored seed: not for release
     "other",
 )
+"""Warning codes the pipeline attaches (``other`` for free text from a trainer or an audit)."""
 
 
 class _Strict(BaseModel):
@@ -133,12 +134,16 @@ class ReportWarning(_Strict):
 
 # ---------------------------------------------------------------------------------- per method
 class StageStatus(_Strict):
+    """One stage of one method: its state, the error if it failed, and how long it took."""
+
     state: StageState = "pending"
     error: str | None = None
     seconds: float | None = None
 
 
 class RoundMetric(_Open):
+    """Metrics of one communication round (at least the round and its test accuracy)."""
+
     round: int
     test_accuracy: float | None = None
 
@@ -221,6 +226,8 @@ class PrivacyAccounting(_Strict):
 
 
 class Roc(_Open):
+    """An ROC curve: false- and true-positive rates at each threshold."""
+
     fpr: list[float] = Field(default_factory=list)
     tpr: list[float] = Field(default_factory=list)
 

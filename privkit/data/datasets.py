@@ -296,6 +296,7 @@ DATASETS: dict[str, DatasetInfo] = {
                                  lambda root: load_emnist(root, "digits")),
     "stl10": DatasetInfo("stl10", False, STL10_LAYOUT, load_stl10),
 }
+"""Every dataset :func:`load_dataset` knows, by name: embedded ones and those read from disk."""
 
 _CACHE: dict[tuple[str, str], ArrayDataset] = {}
 

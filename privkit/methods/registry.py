@@ -56,6 +56,7 @@ class TrainerSpec:
 
 
 REGISTRY: dict[str, TrainerSpec] = {}
+"""Every registered method by name (``privkit train --list`` prints it)."""
 
 
 def declare(name: str, config_cls: type[TrainerConfig], target: str | TrainerFn, summary: str, *,

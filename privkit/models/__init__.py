@@ -15,6 +15,7 @@ from torch import nn
 from privkit.errors import PrivkitError
 
 ARCHITECTURES = ("cnn", "mlp")
+"""The architectures :func:`build_model` builds."""
 
 
 class FeatureClassifier(nn.Module):
@@ -104,6 +105,7 @@ def model_spec(arch: str, input_shape: tuple[int, ...], num_classes: int, **kwar
 
 
 def build_from_spec(spec: dict) -> FeatureClassifier:
+    """The model a :func:`model_spec` describes, freshly initialised."""
     kwargs = {k: v for k, v in spec.items() if k not in ("arch", "input_shape", "num_classes")}
     return build_model(spec["arch"], tuple(spec["input_shape"]), spec["num_classes"], **kwargs)
 

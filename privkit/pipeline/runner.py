@@ -27,6 +27,8 @@ Log = Callable[[str], None]
 
 @dataclass
 class RunOutcome:
+    """What :func:`run_pipeline` wrote: the run directory, the report and the paths of its files."""
+
     root: Path
     report: Any
     paths: dict[str, Path]
