@@ -20,6 +20,10 @@ per-repeat ratios, by wall clock and by this process's CPU time (one torch threa
 work done, and is less disturbed by other processes on a shared machine). Run:
 
     python benchmarks/shadow_training.py [--json] [--models 16] [--repeats 3] [--threads 1] [--device cpu]
+        [--loop-device DEVICE] [--no-peers]
+
+On a GPU (``--device cuda``) both the batched path and the loop run there (the loop's per-model
+kernel launches are what batching removes); ``--loop-device cpu`` compares with the CPU loop.
 """
 
 from __future__ import annotations
@@ -96,7 +100,8 @@ def _median_ratio(a: list, b: list, i: int) -> float:
     return statistics.median(u[i] / v[i] for u, v in zip(a, b))
 
 
-def bench(case: str, recipe: SGDRecipe, m: int, repeats: int, device: str) -> dict:
+def bench(case: str, recipe: SGDRecipe, m: int, repeats: int, device: str, loop_device: str,
+          peers: bool = True) -> dict:
     arch, _, n_train = CASES[case]
     ds = load_dataset("mnist5k")
     spec = model_spec(arch["arch"], ds.input_shape, ds.num_classes, **{k: v for k, v in arch.items() if k != "arch"})
@@ -110,8 +115,12 @@ def bench(case: str, recipe: SGDRecipe, m: int, repeats: int, device: str) -> di
         out["many"] = train_many(spec, ds.x, ds.y, indices, recipe, seeds, device=device)
         sync()
 
+    loop_sync = torch.cuda.synchronize if loop_device.startswith("cuda") else (lambda: None)
+
     def loop() -> None:
-        out["one"] = [train_one(spec, ds.x, ds.y, indices[j], recipe, seeds[j]) for j in range(m)]
+        out["one"] = [train_one(spec, ds.x, ds.y, indices[j], recipe, seeds[j], device=loop_device)
+                      for j in range(m)]
+        loop_sync()
 
     def opacus() -> None:
         for j in range(m):
@@ -122,7 +131,8 @@ def bench(case: str, recipe: SGDRecipe, m: int, repeats: int, device: str) -> di
             _dpsgd_step_one(spec, ds.x[indices[j]], ds.y[indices[j]], recipe, seeds[j])
 
     train_many(spec, ds.x, ds.y, indices[:2], recipe, seeds[:2], device=device)  # warm-up
-    dp = recipe.clip is not None
+    train_one(spec, ds.x, ds.y, indices[0], recipe, seeds[0], device=loop_device)
+    dp = recipe.clip is not None and peers
     loops, vecs, peers, steps = [], [], [], []
     for _ in range(repeats):
         loops.append(_time(loop))
@@ -160,27 +170,36 @@ def main() -> None:
     ap.add_argument("--models", type=int, default=16, help="M, models trained at once (default 16)")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default 3)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    ap.add_argument("--device", default="cpu", help="device of the batched path: cpu (default) or cuda; "
-                    "the loops run on the CPU")
+    ap.add_argument("--device", default="cpu", help="device of the batched path: cpu (default) or cuda")
+    ap.add_argument("--loop-device", default=None, help="device of the reference loop (default: --device); "
+                    "opacus' and DpSgdStep's loops run on the CPU")
+    ap.add_argument("--no-peers", action="store_true", help="skip the opacus and DpSgdStep loops")
     args = ap.parse_args()
     for name in ("models", "repeats", "threads"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name} must be >= 1; found {getattr(args, name)}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"--device must be cpu or an available cuda device; found {args.device!r}")
+    args.loop_device = args.loop_device or args.device
+    for name in ("device", "loop_device"):
+        value = getattr(args, name)
+        if value != "cpu" and not (value.startswith("cuda") and torch.cuda.is_available()):
+            raise SystemExit(f"--{name.replace('_', '-')} must be cpu or an available cuda device; "
+                             f"found {value!r}")
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()
-    by_case = {case: {name: bench(case, r, args.models, args.repeats, args.device)
+    by_case = {case: {name: bench(case, r, args.models, args.repeats, args.device, args.loop_device,
+                                  not args.no_peers)
                       for name, r in _recipes(CASES[case][1]).items()} for case in CASES}
     result = {**by_case["mlp"], "cnn": by_case["cnn"], "setup": {
         "mlp": "privkit mlp 784-128-10, batch 32, 256 records per model, 1 epoch",
         "cnn": "privkit cnn width 8, feature_dim 32 (the quickstart's dpsgd model), batch 128, "
                "1024 records per model, 1 epoch",
-        "data": "mnist5k (1x28x28)", "device": args.device, "torch_threads": args.threads,
+        "data": "mnist5k (1x28x28)", "device": args.device, "loop_device": args.loop_device,
+        "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+        "torch_threads": args.threads,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "cpu_count": os.cpu_count(),
         "load_average_start": list(load_start), "load_average_end": list(os.getloadavg()),
         "torch": torch.__version__, "repeats": args.repeats,
-        "loop": "train_one per model (torch.func vmap per-example gradients)",
+        "loop": "train_one per model on loop_device (torch.func vmap per-example gradients)",
         "vectorised": "train_many (stacked layers, per-layer clipping in chunks of examples)",
         "opacus_loop": "opacus PrivacyEngine per model (DP-SGD only)",
         "dpsgd_step_loop": "privkit DpSgdStep per model (DP-SGD only): Poisson batches, per-layer clipping "

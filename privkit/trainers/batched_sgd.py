@@ -123,8 +123,10 @@ def _one_batches(n: int, recipe: SGDRecipe, gen: DpRandom):
 
 
 def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recipe: SGDRecipe,
-              seed: int, *, reproducible: bool = True) -> dict[str, torch.Tensor]:
-    """Reference loop: train one model on ``x[index]`` (CPU); returns its parameters.
+              seed: int, *, reproducible: bool = True,
+              device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Reference loop: train one model on ``x[index]`` on ``device``; returns its parameters (on
+    the CPU).
 
     Per-example gradients come from ``torch.func`` (:func:`~privkit.trainers.dp_sgd_step.
     per_sample_gradients`), formed one by one as opacus also forms them: an implementation
@@ -136,17 +138,20 @@ def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recip
         per_sample_gradients,
     )
 
-    model = _init(spec, seed)
+    dev = torch.device(device)
+    model = _init(spec, seed).to(dev)
     names = [k for k, _ in model.named_parameters()]
     opt = (torch.optim.SGD if recipe.optimizer == "sgd" else torch.optim.Adam)(model.parameters(), lr=recipe.lr)
-    xt, yt = torch.as_tensor(x[index], dtype=torch.float32), torch.as_tensor(y[index], dtype=torch.long)
+    xt = torch.as_tensor(x[index], dtype=torch.float32, device=dev)
+    yt = torch.as_tensor(y[index], dtype=torch.long, device=dev)
     n = len(index)
     steps = recipe.steps(n)
-    batch_gen, noise_gen = _generators(seed, torch.device("cpu"), reproducible)
+    batch_gen, noise_gen = _generators(seed, dev, reproducible)
     n_params = sum(p.numel() for p in model.parameters())
     std = (recipe.noise_multiplier * recipe.clip) if recipe.clip is not None else 0.0
     noise = None
     for t, b in enumerate(_one_batches(n, recipe, batch_gen)):
+        b = b.to(dev)
         norm = recipe.sample_rate(n) * n if recipe.sampling == "poisson" else max(len(b), 1)
         if recipe.clip is None:
             loss = F.cross_entropy(model(xt[b]), yt[b], reduction="sum") / norm if len(b) else None
@@ -169,7 +174,7 @@ def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recip
         for k, p in model.named_parameters():
             p.grad = g[k].detach()
         opt.step()
-    return {k: v.detach().clone() for k, v in model.named_parameters()}
+    return {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
 
 
 # -- the batched path -----------------------------------------------------------------------------

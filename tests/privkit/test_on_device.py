@@ -1,0 +1,39 @@
+"""The accelerator path of the batched trainer, run on PRIVKIT_TEST_DEVICE (default: the CPU).
+
+On a machine without a GPU these tests run the device-agnostic code on the CPU (with the ChaCha20
+release stream forced on, as a GPU would use it); on a GPU, ``PRIVKIT_TEST_DEVICE=cuda`` runs them
+there (benchmarks/run_gpu.sh does).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from privkit.models import model_spec
+from privkit.trainers.batched_sgd import SGDRecipe, train_many, train_one
+
+DEVICE = os.environ.get("PRIVKIT_TEST_DEVICE", "cpu")
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    return rng.random((200, 1, 8, 8)).astype(np.float32), rng.integers(0, 4, 200)
+
+
+@pytest.mark.parametrize("arch", [{"arch": "mlp", "feature_dim": 16},
+                                  {"arch": "cnn", "width": 4, "feature_dim": 16}], ids=["mlp", "cnn"])
+def test_batched_equals_loop_on_the_device(data, arch):
+    x, y = data
+    spec = model_spec(arch["arch"], (1, 8, 8), 4, **{k: v for k, v in arch.items() if k != "arch"})
+    recipe = SGDRecipe(epochs=2, batch_size=16, lr=0.2, clip=1.0, noise_multiplier=0.8, sampling="poisson")
+    idx = [np.arange(0, 100), np.arange(50, 170)]
+    many = train_many(spec, x, y, idx, recipe, [1, 2], device=DEVICE)
+    for j, seed in enumerate([1, 2]):
+        one = train_one(spec, x, y, idx[j], recipe, seed, device=DEVICE)
+        for k in one:
+            torch.testing.assert_close(many[j][k], one[k], rtol=1e-5, atol=1e-5)
