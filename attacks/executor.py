@@ -62,7 +62,7 @@ class ProcessExecutor:
     A worker process that dies (killed, out of memory) breaks the whole pool
     (:class:`~concurrent.futures.process.BrokenProcessPool`): the finished tasks' results are
     kept and only the unfinished tasks (the lost one and those in flight or queued) are submitted
-    again to a fresh pool, up to ``retries`` times; ``resubmitted`` counts them.
+    again to a fresh pool, up to ``retries`` times; ``resubmitted`` lists their indices.
     """
 
     def __init__(self, workers: int | None = None, retries: int = 3):
@@ -72,7 +72,7 @@ class ProcessExecutor:
             raise ValueError(f"retries must be >= 0; found {retries}")
         self.workers = workers or max(1, (os.cpu_count() or 1))
         self.retries = retries
-        self.resubmitted = 0
+        self.resubmitted: list[int] = []
 
     def map(self, fn, tasks, *, progress=False, description="tasks"):
         out: list[Any] = [None] * len(tasks)
@@ -84,7 +84,7 @@ class ProcessExecutor:
                 if not todo:
                     return out
                 if attempt < self.retries:
-                    self.resubmitted += len(todo)
+                    self.resubmitted += todo
         raise RuntimeError(f"{len(todo)} task(s) lost their worker process {self.retries + 1} times "
                            f"(first: task {todo[0]}); a task that kills its process each time, e.g. "
                            "out of memory, cannot finish")

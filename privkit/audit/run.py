@@ -241,7 +241,8 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
     delta = resolve_delta(delta, trainer_cfg, result.claims, len(fed.members))
     pool, audited, sizes = audit_pool(fed, n_audit, seed)
     design = design_experiment(pool.size, shadows=shadows, seed=seed, audited=audited)
-    recipe = FederationRecipe(fed, method, trainer_cfg, keep_artifacts="attribute" in names)
+    recipe = FederationRecipe(fed, method, trainer_cfg, keep_artifacts="attribute" in names,
+                              engine=cfg.get("engine", "inprocess"))
     query, labels = pool[audited], fed.private.y[pool[audited]]
     logits, details, train_error = None, None, None
     try:
@@ -294,6 +295,9 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
     }
     if train_error is not None:
         out["shadow_error"] = f"{type(train_error).__name__}: {train_error}"
+    out["request"] = audit_request(attacks=names, shadows=shadows, seed=seed, n_audit=n_audit,
+                                   delta=delta, alpha=alpha, guess_fraction=guess_fraction,
+                                   shadow_iterations=shadow_iterations)
     if write:
         from privkit.pipeline.files import write_json, write_with
 
@@ -304,6 +308,41 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
             write_with(run / "shadows.npz", lambda buf: np.savez_compressed(buf, **arrays))
         write_json(run / "audit.json", out)
     return json.loads(json.dumps(out, default=json_default))
+
+
+def audit_request(*, attacks, shadows: int, seed: int, n_audit: int | None, delta: float,
+                  alpha: float, guess_fraction: float, shadow_iterations: int) -> dict:
+    """What an audit's result depends on besides the run directory (``audit.json``'s ``request``):
+    a re-run asking the same finds its result already there."""
+    return {"attacks": sorted(_parse_attacks(attacks)), "shadows": int(shadows), "seed": int(seed),
+            "n_audit": None if n_audit is None else int(n_audit), "delta": float(delta),
+            "alpha": float(alpha), "guess_fraction": float(guess_fraction),
+            "shadow_iterations": int(shadow_iterations)}
+
+
+def finished_audit(run_dir: str | Path, *, attacks=None, shadows: int = 8, seed: int = 0,
+                   n_audit: int | None = None, delta: float | None = None, alpha: float = 0.05,
+                   guess_fraction: float = 0.1, shadow_iterations: int = 200,
+                   say=None) -> dict | None:
+    """The ``audit.json`` of ``run_dir`` when it answers this very request with intact files
+    (checksums verified), else None (a file failing its checksum is named in a warning)."""
+    from privkit.pipeline.files import intact, read_json
+
+    run = Path(run_dir)
+    if not intact(run / "audit.json", say):
+        return None
+    stored = read_json(run / "audit.json", "audit file")
+    _, fed, result, _ = _load_run(run)
+    delta = resolve_delta(delta, read_json(run / "config.json", "run config")["trainer"],
+                          result.claims, len(fed.members))
+    asked = audit_request(attacks=attacks, shadows=shadows, seed=seed, n_audit=n_audit,
+                          delta=delta, alpha=alpha, guess_fraction=guess_fraction,
+                          shadow_iterations=shadow_iterations)
+    if stored.get("request") != asked:
+        return None
+    if (run / "shadows.npz").is_file() and not intact(run / "shadows.npz", say):
+        return None
+    return stored
 
 
 def _claims(ver: dict, scored: dict, details: list[dict] | None, accounted: float | None, *,

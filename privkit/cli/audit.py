@@ -143,10 +143,21 @@ def _audit_run_dir(run_dir: Path, *, attacks, shadows, executor, workers, seed, 
                    as_json) -> None:
     _check_options(executor, delta, run_dir)
     from privkit.audit import audit_run
+    from privkit.audit.run import finished_audit
+    from privkit.cli.train import say_warning
+    from privkit.pipeline.files import remove_temporaries, run_lock
 
-    out = audit_run(run_dir, attacks=attacks, shadows=shadows, executor=executor, workers=workers,
-                    seed=seed, progress=not as_json, n_audit=n_audit, delta=delta,
-                    shadow_iterations=iterations)
+    asked = {"attacks": attacks, "shadows": shadows, "seed": seed, "n_audit": n_audit,
+             "delta": delta, "shadow_iterations": iterations}
+    with run_lock(run_dir, say_warning):  # one writer per run directory; released if this one dies
+        remove_temporaries(run_dir)
+        out = finished_audit(run_dir, **asked, say=say_warning)  # a finished audit is not redone
+        if out is None:
+            out = audit_run(run_dir, executor=executor, workers=workers, progress=not as_json,
+                            **asked)
+        elif not as_json:
+            out_console.print(f"{run_dir / 'audit.json'} already answers this audit (same settings, "
+                              "checksums verified): nothing re-run", highlight=False)
     if as_json:
         print_json(out)
         return

@@ -85,16 +85,12 @@ RUN_MARKER = "train.json"  # written last by TrainResult.save: its presence mean
 
 def _config_json(resolved: dict[str, Any]) -> dict[str, Any]:
     """``config.json`` of a run (JSON values only, so that it compares with a stored one)."""
+    from privkit.flower.engine import engine_entry
+
     return json.loads(json.dumps({
         "schema_version": SCHEMA_VERSION, "method": resolved["method"], "seed": resolved["seed"],
         "federation": resolved["federation"].model_dump(), "trainer": resolved["trainer"].model_dump(),
         **engine_entry(resolved.get("engine", "inprocess"))}, default=str))
-
-
-def engine_entry(engine: str) -> dict[str, str]:
-    """``config.json``'s ``engine`` key: written for a run off the default engine (the audits of the
-    run train the same way), absent for in-process runs."""
-    return {} if engine == "inprocess" else {"engine": engine}
 
 
 def check_out_dir(out: Path, force: bool, config_json: dict[str, Any] | None = None) -> bool:
@@ -112,10 +108,10 @@ def check_out_dir(out: Path, force: bool, config_json: dict[str, Any] | None = N
                            f"{sum(1 for _ in out.iterdir())} other entries in {out}")
     if not (out / RUN_MARKER).is_file() or config_json is None:
         return False
-    if not force and intact(out / "config.json", _warn) \
+    if not force and intact(out / "config.json", say_warning) \
             and read_json(out / "config.json", "run config") == config_json:
         files = [p for p in out.rglob("*") if p.is_file() and not p.name.startswith(".")]
-        failing = [p for p in files if not intact(p, _warn)]  # each one named in a warning
+        failing = [p for p in files if not intact(p, say_warning)]  # each one named in a warning
         return not failing
     if not force:
         raise PrivkitError(f"--out {out} already holds a finished run of another config; pass "
@@ -123,7 +119,7 @@ def check_out_dir(out: Path, force: bool, config_json: dict[str, Any] | None = N
     return False
 
 
-def _warn(msg: str) -> None:
+def say_warning(msg: str) -> None:
     from privkit.cli.app import err_console
 
     err_console.print(f"[yellow]warning:[/yellow] {escape(msg)}", highlight=False, soft_wrap=True)
@@ -244,7 +240,7 @@ def train_command(
 
     check_out_dir(out, force)  # a bad --out is named before the config is even read (structure only)
     resolved = resolve_run(method, config, sets, federation_sets, seed, quick, reproducible_noise, engine)
-    with run_lock(out, _warn):  # one `privkit train` per directory; released if this one dies
+    with run_lock(out, say_warning):  # one `privkit train` per directory; released if this one dies
         recover_dir(out)  # a swap a crash interrupted
         if out.is_dir():
             remove_temporaries(out)

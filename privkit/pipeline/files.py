@@ -10,8 +10,10 @@ a warning), never read as valid. :func:`run_lock` keeps a second process out of 
 use. A full or read-only file system is one :class:`StorageError` naming the file.
 
 For fault-injection tests, ``PRIVKIT_FAULT_KILL=N:PHASE`` makes this process kill itself with
-SIGKILL at its N-th artefact write: ``start`` (before any byte), ``mid`` (half the bytes in the
-temporary file), ``renamed`` (the new file in place, its checksum not yet).
+SIGKILL at its N-th artefact write: ``start`` (before any byte), ``sidecar`` (the new checksum
+listed beside the old one, the old file in place), ``mid`` (half the bytes in the temporary file),
+``renamed`` (the new file in place, the old checksum not yet dropped). ``PRIVKIT_FAULT_TRACE=FILE``
+appends one line per artefact write (pid, count, path), so a test can choose its kill points.
 """
 
 from __future__ import annotations
@@ -38,11 +40,15 @@ from privkit.errors import PrivkitError
 from privkit.jsonutil import json_default
 
 FAULT_ENV = "PRIVKIT_FAULT_KILL"
-FAULT_PHASES = ("start", "mid", "renamed")
+FAULT_PHASES = ("start", "sidecar", "mid", "renamed")
 # file-system states that no retry fixes while they last: said in one line, never a traceback
-_STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EROFS: "read-only file system",
-                   errno.EDQUOT: "disk quota exceeded", errno.EACCES: "permission denied",
-                   errno.EPERM: "operation not permitted"}
+_STORAGE_ERRNOS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EROFS: "read-only file system",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
 _writes = 0  # artefact writes of this process (the fault hook counts them)
 
 
@@ -78,9 +84,11 @@ def storage_error(exc: OSError, path: Path | str) -> StorageError | None:
     what = _STORAGE_ERRNOS.get(exc.errno or 0)
     if what is None:
         return None
-    return StorageError(f"cannot write {path}: {what} (errno {errno.errorcode[exc.errno]}); files "
-                        "finished earlier are intact; re-run the same command once it is writable "
-                        "to resume")
+    return StorageError(
+        f"cannot write {path}: {what} (errno {errno.errorcode[exc.errno]}); files "
+        "finished earlier are intact; re-run the same command once it is writable "
+        "to resume"
+    )
 
 
 @contextmanager
@@ -101,9 +109,17 @@ def _fault_point() -> tuple[int, str] | None:
         return None
     n, _, phase = spec.partition(":")
     if not n.isdigit() or phase not in FAULT_PHASES:
-        raise PrivkitError(f"{FAULT_ENV} must be N:PHASE with PHASE in {', '.join(FAULT_PHASES)}; "
-                           f"found {spec!r}")
+        raise PrivkitError(
+            f"{FAULT_ENV} must be N:PHASE with PHASE in {', '.join(FAULT_PHASES)}; found {spec!r}"
+        )
     return int(n), phase
+
+
+def _trace(path: Path) -> None:
+    trace = os.environ.get("PRIVKIT_FAULT_TRACE")
+    if trace:
+        with open(trace, "a") as fh:
+            fh.write(f"{os.getpid()} {_writes} {path}\n")
 
 
 def _maybe_die(phase: str) -> None:
@@ -158,17 +174,43 @@ def _replace(path: Path, data: bytes, *, hooked: bool) -> None:
         raise
 
 
+def _sidecar(path: Path, hashes: list[str]) -> None:
+    lines = "".join(f"{h}  {path.name}\n" for h in hashes)
+    _replace(checksum_path(path), lines.encode(), hooked=False)
+
+
+def _stored_hashes(path: Path) -> list[str]:
+    side = checksum_path(path)
+    try:
+        return [ln.split()[0] for ln in side.read_text().splitlines() if ln.strip()]
+    except (OSError, UnicodeDecodeError, IndexError):
+        return []
+
+
 def write_bytes(path: Path | str, data: bytes) -> Path:
-    """Store ``data`` at ``path`` atomically, with its checksum sidecar (see the module doc)."""
+    """Store ``data`` at ``path`` atomically, with its checksum sidecar (see the module doc).
+
+    The sidecar first lists the new checksum beside the current file's, then the file is
+    replaced, then the sidecar keeps the new checksum only: at every instant the file on disk is
+    one complete version whose checksum the sidecar lists, so a crash anywhere leaves a valid file
+    (old or new), and a torn or damaged one never passes."""
     global _writes
     path = Path(path)
     _writes += 1
+    _trace(path)
     _maybe_die("start")
+    new = sha256(data)
     with storage_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
+        # the current file stays valid through the swap only if it is valid now
+        current = sha256(path.read_bytes()) if path.is_file() else None
+        old = [current] if current in _stored_hashes(path) else []
+        _sidecar(path, [new] + [h for h in old if h != new])
+        _maybe_die("sidecar")
         _replace(path, data, hooked=True)
         _maybe_die("renamed")
-        _replace(checksum_path(path), f"{sha256(data)}  {path.name}\n".encode(), hooked=False)
+        if old and old != [new]:
+            _sidecar(path, [new])
         fsync_dir(path.parent)
     return path
 
@@ -203,22 +245,22 @@ def append_log(path: Path | str, text: str) -> None:
 
 # ---------------------------------------------------------------------------- verified reads
 def verify(path: Path | str, *, required: bool = False) -> str | None:
-    """Why ``path`` is not a valid stored artefact, or None when its checksum matches.
+    """Why ``path`` is not a valid stored artefact, or None when its checksum is one its sidecar
+    lists.
 
     A missing sidecar is accepted unless ``required`` (files made by hand or by an older privkit);
     the pipeline requires it before it skips a stage."""
     path = Path(path)
     if not path.is_file():
         return "missing"
-    side = checksum_path(path)
-    if not side.is_file():
+    if not checksum_path(path).is_file():
         return "no checksum" if required else None
+    expected = _stored_hashes(path)
     try:
-        expected = side.read_text().split()[0]
         actual = sha256(path.read_bytes())
-    except (OSError, UnicodeDecodeError, IndexError) as exc:
+    except OSError as exc:
         return f"unreadable ({type(exc).__name__})"
-    return None if actual == expected else "checksum mismatch"
+    return None if actual in expected else "checksum mismatch"
 
 
 def intact(path: Path | str, say: Callable[[str], None] | None = None) -> bool:
@@ -239,8 +281,9 @@ def checked(path: Path | str, what: str = "file") -> Path:
     path = Path(path)
     problem = verify(path) if path.is_file() else None
     if problem is not None:
-        raise CorruptFileError(f"{what} {path} is corrupted ({problem}); re-run the command that "
-                               "wrote it")
+        raise CorruptFileError(
+            f"{what} {path} is corrupted ({problem}); re-run the command that wrote it"
+        )
     return path
 
 
@@ -324,12 +367,14 @@ def run_lock(target: Path | str, say: Callable[[str], None] | None = None) -> It
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            raise DirectoryInUse(f"{target} is in use by {holder}; wait for it to finish or stop "
-                                 f"it (lock {path})") from None
+            raise DirectoryInUse(
+                f"{target} is in use by {holder}; wait for it to finish or stop it (lock {path})"
+            ) from None
         previous = os.pread(fd, 200, 0).decode(errors="replace").strip()
         if previous:  # written by a holder that never released it: it died
             (say or (lambda m: warnings.warn(m, stacklevel=3)))(
-                f"took over the lock of {target} left by {previous} (no longer running)")
+                f"took over the lock of {target} left by {previous} (no longer running)"
+            )
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         try:

@@ -70,3 +70,24 @@ def opacus_dpsgd(x, y, seed):
                 torch.nn.functional.cross_entropy(model(xb), yb).backward()
                 opt.step()
     return model
+
+
+def logreg_losing_its_worker(x, y, seed):
+    """``logreg``, but the third call anywhere kills the worker process running it (SIGKILL, as
+    an out-of-memory killer would), once: calls are counted by files in ``$PRIVKIT_TEST_KILL_DIR``;
+    the process ``$PRIVKIT_TEST_MAIN_PID`` (the test's own) is never killed."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    calls = Path(os.environ["PRIVKIT_TEST_KILL_DIR"])
+    (calls / f"call-{seed}-{os.getpid()}-{time.time_ns()}").touch()
+    if os.getpid() != int(os.environ["PRIVKIT_TEST_MAIN_PID"]) and len(list(calls.glob("call-*"))) >= 3:
+        try:
+            os.close(os.open(calls / "killed", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pass
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return logreg(x, y, seed)
