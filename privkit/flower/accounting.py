@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from accountants import Ledger, NonPrivateEvent, event_from_dict
-from privkit.flower import require_flwr
+from privkit.flower import INSTALL_HINT
 
-require_flwr()
-
-from flwr.serverapp.strategy import Strategy
-from flwr.supercore import log
+try:
+    from flwr.serverapp.strategy import Strategy
+    from flwr.supercore import log
+except ImportError as exc:  # one line naming the extra to install
+    raise ImportError(INSTALL_HINT) from exc
 
 from privkit.flower.checks import check_flower_dp
 from privkit.flower.client import entries_of, ledger_mod, record, record_dpsgd, recorded

@@ -4,7 +4,8 @@ simulation engine and a fast driver for tests.
 flwr 1.42 has one simulation backend, Ray (``flwr.simulation.run_simulation``).  :func:`run_inprocess`
 drives the same two apps with a :class:`InProcessGrid` that delivers each message to the ClientApp by
 a plain call, one node after the other.  What it does not do: run nodes in parallel or in separate
-processes, time out, lose messages, or isolate the apps' global state.  Each node keeps one
+processes, time out, lose messages, or isolate the apps' global state.  A ClientApp that raises
+answers with an error reply, as in Flower's simulation.  Each node keeps one
 ``Context`` (``node_config["partition-id"]`` and ``["num-partitions"]`` as Flower's simulation sets
 them) for the whole run, and each message is copied before delivery, as a transport would.
 """
@@ -14,15 +15,19 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Iterable
+from logging import ERROR
 from typing import Any
 
-from privkit.flower import require_flwr
+from privkit.flower import INSTALL_HINT
 
-require_flwr()
-
-from flwr.app import Context, Message, RecordDict
-from flwr.serverapp import Grid
-from flwr.supercore.task_identity import TaskIdentity
+try:
+    from flwr.app import Context, Error, Message, RecordDict
+    from flwr.common.constant import ErrorCode
+    from flwr.serverapp import Grid
+    from flwr.supercore import log
+    from flwr.supercore.task_identity import TaskIdentity
+except ImportError as exc:  # one line naming the extra to install
+    raise ImportError(INSTALL_HINT) from exc
 
 __all__ = ["InProcessGrid", "run_inprocess"]
 
@@ -88,6 +93,12 @@ class InProcessGrid(Grid):
         TaskIdentity.node_id = node
         try:
             return self.client_app(message, self._contexts[node])
+        except Exception as exc:  # as in Flower's simulation: an error reply, not a crash
+            log(ERROR, "ClientApp on node %s raised %r", node, exc)
+            reason = f"{type(exc)}:<'{exc}'>"
+            return Message(
+                Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message
+            )
         finally:
             TaskIdentity.node_id = SERVER_NODE
 

@@ -89,7 +89,7 @@ def test_central_multipliers_from_flowers_parameters():
     # zero-out: update sensitivity C but the uncentred bit still moves the count by 1
     z_u = (1.0 - 0.25) ** -0.5
     assert central_multiplier(dp, 1 / 20, "add_remove") == pytest.approx((z_u**-2 + 1.0) ** -0.5)
-    with pytest.raises(ValueError, match="FedAvg.aggregate_train"):
+    with pytest.raises(ValueError, match=r"FedAvg\.aggregate_train"):
         central_dp(DifferentialPrivacyServerSideFixedClipping(FedAdam(), 1.0, 1.0, 3))
 
 
