@@ -212,3 +212,31 @@ def test_ray_simulation_ledger_equals_direct_accounting(tmp_path):
     assert [
         r["round"] for r in json.loads((out / "app" / "metrics.json").read_text())["rounds"]
     ] == [1, 2]
+
+
+def test_flowers_own_accountant_is_privkits_zero_out_without_amplification():
+    """flwr 1.42's RdpAccountant (fixed clipping only: add-or-remove, no amplification, multiplier z)
+    is privkit's ``neighbouring="add_remove", client_sampling="none"`` reading of the same wrapper."""
+    from flwr.supercore.privacy_accounting import (
+        GaussianPrivacyEvent,
+        NeighboringRelation,
+        PrivacyConfig,
+        SamplingMethod,
+    )
+    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+    from accountants import Ledger
+    from privkit.flower.mechanisms import central_event
+
+    config = PrivacyConfig(
+        DELTA, 5, NeighboringRelation.ADD_OR_REMOVE_ONE, SamplingMethod.NO_AMPLIFICATION
+    )
+    flower = RdpAccountant(config)
+    flower.compose(GaussianPrivacyEvent(1.3, 3, 5), count=4)
+    ledger = Ledger()
+    for t in range(4):
+        event = central_event(central_dp(fixed(z=1.3)), 1 / 3, "add_remove")
+        ledger.add(0, event, f"round {t}", neighbouring="add_remove")
+    assert ledger.epsilon(DELTA, accountant="rdp") == pytest.approx(
+        flower.get_epsilon(DELTA), rel=1e-12
+    )
