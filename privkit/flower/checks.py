@@ -73,10 +73,12 @@ def _local_dp(mod: Any, neighbouring: str) -> DpCheck:
             f"is calibrated to the wrong scale"
         )
     if mod.epsilon >= 1:
+        own = _epsilon(std / mod.sensitivity, delta) if mod.sensitivity > 0 else float("inf")
         out.append(
             f"LocalDpMod uses the classic Gaussian formula sigma = sensitivity*sqrt(2 ln(1.25/delta))/epsilon "
             f"at epsilon = {mod.epsilon:g} >= 1, where it is not a proof: the exact epsilon of its noise "
-            f"(std {std:.4g}) at delta = {delta:g} is {eps:.4g}, not {mod.epsilon:g}"
+            f"(std {std:.4g}) at delta = {delta:g} is {eps:.4g}, not {mod.epsilon:g} ({own:.4g} at its "
+            f"stated sensitivity {mod.sensitivity:g})"
         )
     elif eps > mod.epsilon * (1 + 1e-9):
         out.append(
