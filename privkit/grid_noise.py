@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Protocol
 
 import numpy as np
@@ -157,11 +158,23 @@ class Grid:
         if dim < 1:
             raise PrivkitError(f"dim must be >= 1; found {dim}")
         gamma = math.ldexp(1.0, math.frexp(std)[1] - 1 - GRID_BITS)
-        widened = std if sensitivity is None else std * (1.0 + rounded_sensitivity(0.0, gamma, dim) / sensitivity)
+        widened = std if sensitivity is None else std * (1.0 + gamma * math.sqrt(dim) / sensitivity)
         scale = float(np.nextafter(widened / gamma, np.inf))
-        while gamma * scale < widened:  # guard the two roundings above
+        while not _covers(
+            std, sensitivity, gamma, scale, dim
+        ):  # exact: float rounding may fall short
             scale = float(np.nextafter(scale, np.inf))
         return cls(gamma, scale)
+
+
+def _covers(std: float, sensitivity: float | None, gamma: float, scale: float, dim: int) -> bool:
+    """``gamma * scale >= std * (1 + gamma * sqrt(dim) / sensitivity)`` in exact rationals (squared
+    to keep the square root out)."""
+    noise = Fraction(gamma) * Fraction(scale)
+    if sensitivity is None:
+        return noise >= Fraction(std)
+    excess = (noise - Fraction(std)) * Fraction(sensitivity)  # must be >= std * gamma * sqrt(dim)
+    return excess >= 0 and excess * excess >= (Fraction(std) * Fraction(gamma)) ** 2 * dim
 
 
 def rounded_sensitivity(sensitivity: float, gamma: float, dim: int) -> float:
@@ -172,7 +185,9 @@ def rounded_sensitivity(sensitivity: float, gamma: float, dim: int) -> float:
     return float(np.nextafter(sensitivity + gamma * math.sqrt(dim), np.inf))
 
 
-def rounded_gaussian(scale: float, n: int, bits: BitSource, *, margin: float = _MARGIN) -> torch.Tensor:
+def rounded_gaussian(
+    scale: float, n: int, bits: BitSource, *, margin: float = _MARGIN
+) -> torch.Tensor:
     """``n`` independent draws of ``round(N(0, scale^2))``, exactly (see the module docstring).
 
     Returns float64 integers on the bit source's device. ``margin`` (relative) widens the band of

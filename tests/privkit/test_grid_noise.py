@@ -1,0 +1,293 @@
+"""Release-mode noise on a data-independent grid (privkit.grid_noise).
+
+References: the rounded Gaussian's pmf ``Phi((k + 1/2) / s) - Phi((k - 1/2) / s)`` (scipy) for the
+sampler (chi-square at fixed keys, so the tests cannot flake; the same test rejects the discrete
+Gaussian, so it can fail); mpmath at 200 bits for float64 ``ndtri``; exact rational arithmetic
+(``fractions``) for the grid arithmetic; the Gaussian mechanism's closed-form hockey-stick
+divergence (Balle & Wang 2018) for the accounting, against the exact divergence of the released
+integers and of Canonne, Kamath & Steinke's discrete Gaussian.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import mpmath as mp
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from privkit.dp_random import DpRandom, aes_generator
+from privkit.errors import PrivkitError
+from privkit.grid_noise import (
+    GRID_BITS,
+    Grid,
+    NumpyBits,
+    grid_release,
+    rounded_gaussian,
+    rounded_sensitivity,
+    snap_add,
+)
+
+
+def _bits(key: int) -> NumpyBits:
+    return NumpyBits(aes_generator(key=key))
+
+
+def _rounded_pmf(scale: float, support: np.ndarray) -> np.ndarray:
+    return stats.norm.cdf((support + 0.5) / scale) - stats.norm.cdf((support - 0.5) / scale)
+
+
+def _discrete_gaussian_pmf(scale: float, support: np.ndarray) -> np.ndarray:
+    w = np.exp(-(support.astype(float) ** 2) / (2 * scale**2))
+    return w / w.sum()
+
+
+def _chi2_pvalue(draws: np.ndarray, pmf) -> float:
+    """Chi-square of the draws against ``pmf`` over the integers, cells of expected count < 5 pooled
+    into the two tails."""
+    lo, hi = int(draws.min()) - 1, int(draws.max()) + 1
+    support = np.arange(lo, hi + 1)
+    p = pmf(support)
+    p = np.concatenate([[1 - p.sum() + p[0]], p[1:]])  # everything below lo + 1 in the first cell
+    counts = np.bincount((draws - lo).astype(np.int64), minlength=len(support))
+    expected = p * len(draws)
+    keep = expected >= 5
+    obs = np.concatenate([counts[keep], [counts[~keep].sum()]])
+    exp_ = np.concatenate([expected[keep], [expected[~keep].sum()]])
+    if exp_[-1] == 0:
+        obs, exp_ = obs[:-1], exp_[:-1]
+    exp_ = exp_ * obs.sum() / exp_.sum()
+    return float(stats.chisquare(obs, exp_).pvalue)
+
+
+# ----------------------------------------------------------------------------- the sampler
+@pytest.mark.parametrize("scale,key", [(0.6, 1), (1.5, 2), (4.0, 3)])
+def test_sampler_draws_the_rounded_gaussian_not_the_discrete_one(scale, key):
+    draws = rounded_gaussian(scale, 200_000, _bits(key)).numpy()
+    assert np.all(draws == np.round(draws))
+    assert _chi2_pvalue(draws, lambda k: _rounded_pmf(scale, k)) > 1e-3
+    if scale < 2:  # there the two laws differ by more than this sample resolves: the test has power
+        assert _chi2_pvalue(draws, lambda k: _discrete_gaussian_pmf(scale, k)) < 1e-6
+
+
+def test_sampler_moments_at_the_release_scale():
+    grid = Grid.for_release(1.0, 1.0, 10**6)
+    k = rounded_gaussian(grid.scale, 400_000, _bits(4)).numpy() / grid.scale
+    n = len(k)
+    assert abs(k.mean()) < 5 / math.sqrt(n)
+    assert abs(k.var() - 1.0) < 5 * math.sqrt(2 / n)  # (the rounding adds 1 / (12 s^2): invisible)
+    assert stats.kstest(k, "norm").pvalue > 1e-3
+    p = 2 * stats.norm.sf(3.0)  # tails: Binomial(n, p) counts beyond 3 sd, within 5 of its sds
+    assert abs((np.abs(k) > 3).sum() - n * p) < 5 * math.sqrt(n * p)
+
+
+@pytest.mark.parametrize("scale", [1.5, 2.0**24 + 12345.678])
+def test_fast_path_decides_every_cell_as_the_exact_comparison_does(scale):
+    """With every cell settled by mpmath (margin 1) the same stream gives the same integers: the
+    float64 decisions agree with the exact ones wherever they decide."""
+    fast = rounded_gaussian(scale, 1500, _bits(5))
+    exact = rounded_gaussian(scale, 1500, _bits(5), margin=1.0)
+    assert torch.equal(fast, exact)
+
+
+def test_cells_straddling_a_boundary_read_more_bits():
+    from privkit.grid_noise import _settle
+
+    class Counting:
+        def __init__(self):
+            self.inner, self.words = _bits(6), 0
+
+        def bits64(self):
+            self.words += 1
+            return self.inner.bits64()
+
+    scale = 3.0  # the boundary Phi(0.5 / 3) lies inside the 53-bit cell holding it
+    with mp.workprec(200):
+        cell = int(mp.floor(mp.ncdf(mp.mpf(0.5) / scale) * 2**53))
+    src = Counting()
+    k = _settle(cell, scale, src)
+    assert src.words >= 1 and k in (0, 1)
+    assert _settle(cell - 10, scale, src) == 0 and _settle(cell + 10, scale, src) == 1
+
+
+def test_float64_ndtri_error_is_far_inside_the_margin():
+    rng = np.random.default_rng(0)
+    cells = np.concatenate(
+        [
+            rng.integers(0, 2**53, 3000, dtype=np.int64),
+            rng.integers(0, 2**20, 300),
+            2**53 - 1 - rng.integers(0, 2**20, 300),
+        ]
+    )
+    mids = (cells.astype(np.float64) + 0.5) * 2.0**-53
+    got = torch.special.ndtri(torch.from_numpy(mids)).numpy()
+    worst = 0.0
+    with mp.workprec(200):
+        for m, g in zip(mids, got):
+            true = mp.sqrt(2) * mp.erfinv(2 * mp.mpf(float(m)) - 1)
+            worst = max(worst, float(abs(g - true) / (abs(true) + 2.0**-44)))
+    assert worst < 2.0**-48  # the decision's margin is 2**-44 relative
+
+
+# ----------------------------------------------------------------------------- the grid
+def test_grid_is_a_power_of_two_and_its_noise_covers_the_rounding():
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        std, sens, dim = (
+            10 ** rng.uniform(-6, 6),
+            10 ** rng.uniform(-6, 6),
+            int(10 ** rng.uniform(0, 9)),
+        )
+        g = Grid.for_release(std, sens, dim)
+        assert math.frexp(g.gamma)[0] == 0.5  # a power of two
+        assert 2.0**GRID_BITS <= std / g.gamma < 2.0 ** (GRID_BITS + 1)
+        # exact rationals: the rounded input's sensitivity is at least sens + gamma sqrt(dim) ...
+        rounded = Fraction(rounded_sensitivity(sens, g.gamma, dim))
+        assert (
+            rounded >= Fraction(sens)
+            and (rounded - Fraction(sens)) ** 2 >= Fraction(g.gamma) ** 2 * dim
+        )
+        # ... and the accounted multiplier std / sens is at most the mechanism's own, gamma s over
+        # sens + gamma sqrt(dim): (gamma s sens / std - sens)^2 >= gamma^2 dim
+        excess = Fraction(g.gamma) * Fraction(g.scale) * Fraction(sens) / Fraction(std) - Fraction(
+            sens
+        )
+        assert excess >= 0 and excess**2 >= Fraction(g.gamma) ** 2 * dim
+        assert g.std <= std * (1 + g.gamma * math.sqrt(dim) / sens) * (
+            1 + 1e-12
+        )  # and not much more
+    with pytest.raises(PrivkitError, match="std"):
+        Grid.for_release(float("nan"), 1.0, 3)
+    with pytest.raises(PrivkitError, match="sensitivity"):
+        Grid.for_release(1.0, 0.0, 3)
+
+
+def test_rounding_moves_neighbours_apart_by_at_most_gamma_sqrt_d():
+    rng = np.random.default_rng(2)
+    gamma, d = 2.0**-10, 400
+
+    def snapped(v):
+        return gamma * np.round(v / gamma)
+
+    for _ in range(50):  # random neighbours: within the bound
+        x = rng.normal(scale=3.0, size=d)
+        step = rng.normal(size=d)
+        xp = x + step * (0.3 / np.linalg.norm(step))
+        assert np.linalg.norm(snapped(x) - snapped(xp)) <= rounded_sensitivity(0.3, gamma, d)
+    # the worst case: every coordinate just below half-way, the neighbour just above
+    tiny = 2.0**-30
+    x = (rng.integers(-5000, 5000, d) + 0.5) * gamma - tiny
+    xp = x + 15 * gamma + 2 * tiny
+    sens = float(np.linalg.norm(xp - x))
+    moved = float(np.linalg.norm(snapped(x) - snapped(xp)))
+    assert moved <= rounded_sensitivity(sens, gamma, d)
+    assert moved - sens > 0.99 * gamma * math.sqrt(d)  # the bound is attained
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_released_float_is_a_function_of_the_grid_integer_alone(dtype):
+    """Two inputs whose rounded value plus noise is the same integer give the same bits, and the
+    float equals gamma * that integer correctly rounded (exact rationals)."""
+    gamma = 2.0**-14
+    rng = np.random.default_rng(3)
+    x = torch.as_tensor(rng.normal(scale=50.0, size=2000), dtype=dtype)
+    k = torch.as_tensor(rng.integers(-(2**27), 2**27, 2000), dtype=torch.float64)
+    out = snap_add(x, k, gamma)
+    r = torch.round(x.double() / gamma)
+    shift = torch.as_tensor(rng.integers(-(2**20), 2**20, 2000), dtype=torch.float64)
+    # another input, on another grid point, with the noise that lands on the same integer
+    other = snap_add(((r + shift) * gamma).to(dtype), k - shift, gamma)
+    assert torch.equal(out, other)
+    for o, ri, ki in zip(out.tolist()[:200], r.tolist()[:200], k.tolist()[:200]):
+        exact = Fraction(int(ri) + int(ki)) * Fraction(gamma)
+        want = float(exact) if dtype == torch.float64 else float(np.float32(float(exact)))
+        assert o == want
+
+
+def test_dp_random_release_puts_every_parameter_on_one_grid():
+    src = DpRandom(aes_generator(key=8))
+    clean = torch.randn(50, 40, generator=torch.Generator().manual_seed(0))
+    out = src.gaussian_release(clean, 0.7, sensitivity=1.0, dim=10**6)
+    grid = Grid.for_release(0.7, 1.0, 10**6)
+    assert out.dtype == clean.dtype and out.shape == clean.shape
+    assert torch.equal(out.double() / grid.gamma, torch.round(out.double() / grid.gamma))
+    z = ((out - clean).double() / grid.std).flatten().numpy()
+    assert stats.kstest(z, "norm").pvalue > 1e-3
+    seeded = DpRandom(torch.Generator().manual_seed(4))
+    assert torch.equal(
+        seeded.gaussian_release(clean, 0.7, sensitivity=1.0),
+        clean + 0.7 * torch.randn(50, 40, generator=torch.Generator().manual_seed(4)),
+    )
+
+
+def test_grid_release_on_a_word_stream_matches_its_bits():
+    """The device stream's adapter: 53-bit draws from word pairs, as ChaChaStream.uniform53 forms them."""
+    from privkit.device_random import ChaChaStream
+    from privkit.grid_noise import WordBits
+
+    bits = WordBits(ChaChaStream("cpu", key=9)).bits53(1000)
+    uni = ChaChaStream("cpu", key=9).uniform53(1000)
+    assert torch.equal((bits + 0.5) / 2.0**53, uni)
+    grid = Grid.for_release(2.0, 1.0, 100)
+    out = grid_release(torch.zeros(100), grid, WordBits(ChaChaStream("cpu", key=9)))
+    assert torch.equal(out.double() / grid.gamma, torch.round(out.double() / grid.gamma))
+
+
+# ----------------------------------------------------------------------------- the accounting
+def _gaussian_delta(eps: float, mu: float) -> float:
+    """Balle & Wang (2018), Theorem 8: the Gaussian mechanism's delta(eps) at mu = Delta / sigma."""
+    return float(
+        stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)
+    )
+
+
+def _hockey_stick(p: np.ndarray, q: np.ndarray, eps: float) -> float:
+    return float(np.maximum(0.0, p - math.exp(eps) * q).sum())
+
+
+@pytest.mark.parametrize("scale", [0.3, 0.5, 1.0, 2.0, 4.0])
+def test_released_integers_are_as_private_as_the_gaussian_the_ledger_records(scale):
+    """One coordinate, neighbours one grid step apart (Delta = gamma): the exact hockey-stick
+    divergence of the released integers never exceeds the closed form at mu = 1 / s. The discrete
+    Gaussian (Canonne, Kamath & Steinke 2020) at the same scale does exceed it, which is why
+    privkit releases the rounded Gaussian: accounted as a continuous Gaussian, the discrete one
+    would print an epsilon below the truth."""
+    k = np.arange(-400, 402)
+    rounded = _rounded_pmf(scale, k)
+    discrete = _discrete_gaussian_pmf(scale, k)
+    exceeded = 0.0
+    for eps in [0.0, 0.25, 0.5, 1.0, 2.0, 3.0]:
+        closed = _gaussian_delta(eps, 1.0 / scale)
+        for p in (rounded, rounded[::-1]):  # both directions (add and remove)
+            assert _hockey_stick(p[1:], p[:-1], eps) <= closed + 1e-12
+        exceeded = max(exceeded, _hockey_stick(discrete[1:], discrete[:-1], eps) - closed)
+    assert exceeded > 1e-4
+
+
+def test_release_mode_ledgers_equal_reproducible_ones():
+    """The defence changes no ledger: a DP-SGD run records the same events in both modes."""
+    from privkit.data import FederationConfig, build_federation
+    from privkit.trainers import train
+
+    fed = build_federation(FederationConfig(partition="shards", clients=20, seed=0))
+    cfg = {
+        "arch": "mlp",
+        "feature_dim": 16,
+        "rounds": 1,
+        "local_steps": 2,
+        "batch_size": 32,
+        "client_fraction": 0.25,
+        "noise_multiplier": 1.3,
+        "target_epsilon": 1e6,
+        "lr": 0.1,
+        "device": "cpu",
+    }
+    a = train("dp-fedavg", fed, cfg, seed=3)
+    b = train("dp-fedavg", fed, {**cfg, "reproducible_noise": True}, seed=3)
+    ra, rb = a.ledger.to_dict(), b.ledger.to_dict()
+    for d in (ra, rb):
+        d.pop("reproducible_noise"), d.pop("noise", None)
+    assert ra == rb
