@@ -335,11 +335,11 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
     opt = _StackedOptimizer(params, recipe)
     t_max = int(schedule.steps.max())
     # one noise buffer for the run (models whose steps have run out get zeros: no NaN to mask); in
-    # release mode the grid's integer draws (privkit.grid_noise: |k| < 2**29), added by snap_add
+    # release mode the grid's integer draws (privkit.grid_noise, exact in float64), added by snap_add
     grid = None if reproducible or recipe.clip is None or std == 0 else \
         Grid.for_release(std, recipe.clip, sum(numels))
     noise = torch.empty(m, min(BLOCK, t_max), sum(numels), device=dev,
-                        dtype=torch.float32 if grid is None else torch.int32) if recipe.clip is not None else None
+                        dtype=torch.float32 if grid is None else torch.float64) if recipe.clip is not None else None
     for start in range(0, t_max, BLOCK):
         glob, w, active, counts = schedule.block(start)
         if noise is not None:  # one draw per model and block of steps
