@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from privkit.pipeline.files import FAULT_ENV, FAULT_PHASES, read_json
+from privkit.pipeline.files import FAULT_ENV, FAULT_PHASES, read_json  # noqa: E402
 
 RUN_TOML = """
 name = "fi"
@@ -62,7 +62,7 @@ partition = "iid"
 shadows = 2
 attacks = ["threshold"]
 controls = {{ enabled = {controls}, black_box_epochs = 1, canaries = 10 }}
-mechanism_controls = {{ canaries = 10 }}
+mechanism_controls = {{ enabled = {controls}, canaries = 10 }}
 
 [[methods]]
 name = "dpsgd"
@@ -195,7 +195,7 @@ def scenarios(trained: Path | None, controls: bool) -> list[Scenario]:
     return out
 
 
-def _env(**extra: str) -> dict[str, str]:
+def child_env(**extra: str) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **extra}
     for key in (FAULT_ENV, "PRIVKIT_FAULT_TRACE"):
         if key not in extra:
@@ -214,7 +214,7 @@ def invoke(argv: list[str], timeout: float = 900, **env: str) -> subprocess.Comp
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=_env(**env),
+        env=child_env(**env),
         cwd=REPO,
     )
 
@@ -288,7 +288,7 @@ def trial(
             command(argv),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env=_env(),
+            env=child_env(),
             cwd=REPO,
         )
         try:

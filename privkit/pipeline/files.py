@@ -375,8 +375,9 @@ def run_lock(target: Path | str, say: Callable[[str], None] | None = None) -> It
             (say or (lambda m: warnings.warn(m, stacklevel=3)))(
                 f"took over the lock of {target} left by {previous} (no longer running)"
             )
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        with storage_errors(path):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         try:
             yield
         finally:
