@@ -19,8 +19,10 @@ Every stage is keyed by a hash of what it depends on (method, trainer config, se
 plus delta/accountant for accounting and the audit settings for audits). Re-running skips stages
 that are complete for the same hash, so an interrupted run resumes where it stopped. A failing
 stage is recorded with its error and the other methods go on. Files are written atomically (a
-method's training output goes to a staging folder renamed into place), so nothing completed
-earlier is lost or left half-written.
+method's training output goes to a staging folder renamed into place), each with a sha256
+sidecar verified on load, so nothing completed earlier is lost, left half-written, or read back
+damaged; a second run on a directory in use is refused (:func:`~privkit.pipeline.files.run_lock`).
+See :mod:`~privkit.pipeline.files` and docs/faults.md.
 
 The package holds one job per module: :mod:`~privkit.pipeline.config` (run config and its
 validation), :mod:`~privkit.pipeline.state` (stage hashes and ``status.json``),
