@@ -22,32 +22,69 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "calibration": ("Calibration", "calibrate_noise_multiplier"),
     "composition": ("advanced_composition", "basic_composition"),
     "dpsgd": (
-        "PLD_VDI", "DpsgdResult", "dpsgd_accounting", "dpsgd_epsilon", "dpsgd_event",
-        "neighbouring_relation", "new_accountant", "prv_bracket",
+        "PLD_VDI",
+        "DpsgdResult",
+        "dpsgd_accounting",
+        "dpsgd_epsilon",
+        "dpsgd_event",
+        "neighbouring_relation",
+        "new_accountant",
+        "prv_bracket",
     ),
     "events": (
-        "EpsilonDeltaEvent", "NfdpSubsampleEvent", "NonPrivateEvent", "event_from_dict", "event_to_dict",
+        "EpsilonDeltaEvent",
+        "NfdpSubsampleEvent",
+        "NonPrivateEvent",
+        "event_from_dict",
+        "event_to_dict",
     ),
     "filter": ("RenyiFilter", "plan_order"),
     "gaussian": (
-        "GaussianCalibration", "analytic_gaussian_delta", "analytic_gaussian_sigma",
-        "calibrate_gaussian", "classic_gaussian_sigma", "gaussian_epsilon",
+        "GaussianCalibration",
+        "analytic_gaussian_delta",
+        "analytic_gaussian_sigma",
+        "calibrate_gaussian",
+        "classic_gaussian_sigma",
+        "gaussian_epsilon",
     ),
     "ledger": (
-        "ACCOUNTANTS", "NOT_FOR_RELEASE", "SCHEMA_VERSION", "Accounting", "Ledger", "LedgerEntry",
+        "ACCOUNTANTS",
+        "NOT_FOR_RELEASE",
+        "SCHEMA_VERSION",
+        "Accounting",
+        "Ledger",
+        "LedgerEntry",
         "UnsupportedEventError",
     ),
-    "nfdp": ("nfdp_delta", "nfdp_epsilon_delta", "nfdp_profile", "nfdp_warnings", "record_exposure_warning"),
+    "nfdp": (
+        "nfdp_delta",
+        "nfdp_epsilon_delta",
+        "nfdp_profile",
+        "nfdp_warnings",
+        "record_exposure_warning",
+    ),
     "choices": ("SAMPLERS",),
     "samplers": ("SamplerAccounting", "account_loader", "describe_loader", "sampler_accounting"),
     "sensitivity": (
-        "logreg_binary_sensitivity", "logreg_multinomial_sensitivity",
-        "logreg_multinomial_sensitivity_cfree", "project_to_unit_ball",
+        "logreg_binary_sensitivity",
+        "logreg_multinomial_sensitivity",
+        "logreg_multinomial_sensitivity_cfree",
+        "project_to_unit_ball",
     ),
     "tradeoff": (
-        "CurveFamily", "GaussianCurve", "GenericCurve", "ProfileCurve", "TradeoffCurve", "curve_family",
-        "curve_from_callable", "gaussian_curve", "gaussian_mu", "gdp_curve", "generic_curve",
-        "ledger_curve", "pld_curve",
+        "CurveFamily",
+        "GaussianCurve",
+        "GenericCurve",
+        "ProfileCurve",
+        "TradeoffCurve",
+        "curve_family",
+        "curve_from_callable",
+        "gaussian_curve",
+        "gaussian_mu",
+        "gdp_curve",
+        "generic_curve",
+        "ledger_curve",
+        "pld_curve",
     ),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -57,11 +94,15 @@ __all__ = list(_MODULE_OF)  # built from _EXPORTS, the one list of names
 
 def __getattr__(name: str) -> Any:
     module = _MODULE_OF.get(name)
-    if module is None:  # a submodule reached as an attribute (accountants.ledger) loads on first use
+    if (
+        module is None
+    ):  # a submodule reached as an attribute (accountants.ledger) loads on first use
         try:
             return importlib.import_module(f"accountants.{name}")
         except ModuleNotFoundError as exc:
-            if exc.name != f"accountants.{name}":  # the submodule exists; one of its imports is missing
+            if (
+                exc.name != f"accountants.{name}"
+            ):  # the submodule exists; one of its imports is missing
                 raise
             raise AttributeError(f"module 'accountants' has no attribute {name!r}") from None
     value = getattr(importlib.import_module(f"accountants.{module}"), name)

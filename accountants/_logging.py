@@ -16,7 +16,10 @@ _MESSAGE = "failed to converge after"
 
 class _DropNonConvergedOrders(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.getMessage().startswith("_compute_log_a_frac") and _MESSAGE in record.getMessage())
+        return not (
+            record.getMessage().startswith("_compute_log_a_frac")
+            and _MESSAGE in record.getMessage()
+        )
 
 
 def install() -> None:

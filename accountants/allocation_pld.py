@@ -54,16 +54,22 @@ SUM_POINTS = 2**21  # grid points of the t-fold sum (sets the cell width h)
 def _normal_mass(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """``Phi(hi) - Phi(lo)``, from the nearer tail for precision."""
     upper = lo > 0
-    return np.where(upper, special.ndtr(-lo) - special.ndtr(-hi), special.ndtr(hi) - special.ndtr(lo))
+    return np.where(
+        upper, special.ndtr(-lo) - special.ndtr(-hi), special.ndtr(hi) - special.ndtr(lo)
+    )
 
 
 def _cells(sigma: float, h: float, k_max: int) -> tuple[np.ndarray, np.ndarray]:
     """Per cell ``[k h, (k+1) h)``, ``k < k_max``: ``Q``-mass and partial mean ``E[Z 1{cell}]``."""
     edges = np.arange(k_max + 1) * h
     with np.errstate(divide="ignore"):
-        w = sigma * np.log(edges) + 1.0 / (2 * sigma)  # W at the edges (log Z = W / sigma - 1 / (2 sigma^2))
+        w = sigma * np.log(edges) + 1.0 / (
+            2 * sigma
+        )  # W at the edges (log Z = W / sigma - 1 / (2 sigma^2))
     mass = _normal_mass(w[:-1], w[1:])
-    mean = _normal_mass(w[:-1] - 1.0 / sigma, w[1:] - 1.0 / sigma)  # e^(w/sigma - 1/(2 sigma^2)) phi(w) = phi(w - 1/sigma)
+    mean = _normal_mass(
+        w[:-1] - 1.0 / sigma, w[1:] - 1.0 / sigma
+    )  # e^(w/sigma - 1/(2 sigma^2)) phi(w) = phi(w - 1/sigma)
     return mass, mean
 
 
@@ -71,7 +77,9 @@ def spread_mean_pmf(t: int, sigma: float, direction: str) -> tuple[np.ndarray, f
     """``(p, step, infinity)``: a pmf ``p`` of ``Zbar`` (spread, see the module docstring) on the
     grid ``k * step``, and the mass to book at infinity (remove direction only)."""
     z_max = math.exp(W_MAX / sigma - 1.0 / (2 * sigma**2))
-    if direction == "add":  # a coordinate above t e^c makes Zbar > e^c: (1 - e^eps Zbar)_+ = 0 for eps >= -c
+    if (
+        direction == "add"
+    ):  # a coordinate above t e^c makes Zbar > e^c: (1 - e^eps Zbar)_+ = 0 for eps >= -c
         z_max = min(z_max, t * math.exp(ADD_CAP))
     h = z_max * t / SUM_POINTS
     k_max = math.ceil(z_max / h)
@@ -89,7 +97,7 @@ def spread_mean_pmf(t: int, sigma: float, direction: str) -> tuple[np.ndarray, f
     else:  # what a coordinate above the grid could add to E[(Zbar - e^eps)_+]
         infinity = float(tail_mean + (t - 1) * tail)
     size = fft.next_fast_len(k_max * t + 1, real=True)
-    p = fft.irfft(fft.rfft(one, size) ** t, size)[:k_max * t + 1]
+    p = fft.irfft(fft.rfft(one, size) ** t, size)[: k_max * t + 1]
     return np.clip(p, 0.0, None), h / t, infinity
 
 
@@ -116,7 +124,9 @@ def random_allocation_pld(t: int, sigma: float, vdi: float = 1e-4) -> _pld.Priva
     return _fast_pld(_pld.PrivacyLossDistribution(remove, add))
 
 
-def random_allocation_pld_epsilon(t: int, sigma: float, epochs: int, delta: float, vdi: float = 1e-4) -> float:
+def random_allocation_pld_epsilon(
+    t: int, sigma: float, epochs: int, delta: float, vdi: float = 1e-4
+) -> float:
     """Upper bound on the epsilon of ``epochs`` epochs of random allocation (add/remove)."""
     pld = random_allocation_pld(int(t), float(sigma), float(vdi))
     if epochs > 1:

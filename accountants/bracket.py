@@ -60,12 +60,21 @@ from accountants.fast import (
     _VectorGaussianPrivacyLoss,
 )
 
-__all__ = ["LOWER_VDI", "Bracket", "OptimisticPldAccountant", "PldGridError", "check_ordered", "optimistic_epsilon",
-           "pld_bracket"]
+__all__ = [
+    "LOWER_VDI",
+    "Bracket",
+    "OptimisticPldAccountant",
+    "PldGridError",
+    "check_ordered",
+    "optimistic_epsilon",
+    "pld_bracket",
+]
 
 LOWER_VDI = 1e-4
-METHOD = ("PLD: optimistic tangent discretisation (lower) and dp-accounting's pessimistic "
-          "connect-the-dots (upper); the exact epsilon lies between")
+METHOD = (
+    "PLD: optimistic tangent discretisation (lower) and dp-accounting's pessimistic "
+    "connect-the-dots (upper); the exact epsilon lies between"
+)
 
 
 @dataclass(frozen=True)
@@ -80,8 +89,13 @@ class Bracket:
     method: str = METHOD
 
     def to_dict(self) -> dict:
-        return {"lower": self.lower, "upper": self.upper, "grid": self.grid, "lower_grid": self.lower_grid,
-                "method": self.method}
+        return {
+            "lower": self.lower,
+            "upper": self.upper,
+            "grid": self.grid,
+            "lower_grid": self.lower_grid,
+            "method": self.method,
+        }
 
 
 def _tails(loss: _VectorGaussianPrivacyLoss, eps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -98,11 +112,15 @@ def _tails(loss: _VectorGaussianPrivacyLoss, eps: np.ndarray) -> tuple[np.ndarra
         inside = np.ones_like(eps, dtype=bool)
     with np.errstate(invalid="ignore", divide="ignore"):
         x[inside] = loss._inverse_vec(eps[inside])
-        return (np.asarray(loss.mu_upper_cdf(x), dtype=float),
-                np.asarray(loss.mu_lower_log_cdf(x), dtype=float))
+        return (
+            np.asarray(loss.mu_upper_cdf(x), dtype=float),
+            np.asarray(loss.mu_lower_log_cdf(x), dtype=float),
+        )
 
 
-def _tangent_values(loss: _VectorGaussianPrivacyLoss, tau: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _tangent_values(
+    loss: _VectorGaussianPrivacyLoss, tau: np.ndarray, at: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """The tangent of the hockey-stick curve (as a function of ``e^eps``) at ``eps = tau``, evaluated
     at ``eps = at``: ``delta(tau) - e^tau Q(L > tau) expm1(at - tau)`` (its slope in ``e^eps`` is
     ``-Q(L > tau)``), and the size of the terms it is computed from (its rounding scale).
@@ -149,10 +167,14 @@ def _end_edges(g: np.ndarray, p0: float, eps: np.ndarray) -> None:
         last = g[:t] / np.expm1(eps[:t] - eps[t])  # chord slopes into (x_t, 0), times e^eps_t
         j = int(np.argmax(last))
         if g[j] > 0:
-            g[j + 1:t] = np.minimum(g[j + 1:t], g[j] * np.expm1(eps[j + 1:t] - eps[t]) / np.expm1(eps[j] - eps[t]))
+            g[j + 1 : t] = np.minimum(
+                g[j + 1 : t], g[j] * np.expm1(eps[j + 1 : t] - eps[t]) / np.expm1(eps[j] - eps[t])
+            )
 
 
-def _convex_below(g: np.ndarray, scale: np.ndarray, p0: float, eps: np.ndarray, vdi: float) -> np.ndarray:
+def _convex_below(
+    g: np.ndarray, scale: np.ndarray, p0: float, eps: np.ndarray, vdi: float
+) -> np.ndarray:
     """Non-negative masses of a curve (in ``x = e^eps``) below the points ``(0, p0), (e^eps_k, g_k)``.
 
     Non-convexity shows as a negative mass.  Beyond the rounding of ``g`` (``scale`` is the size of
@@ -168,7 +190,9 @@ def _convex_below(g: np.ndarray, scale: np.ndarray, p0: float, eps: np.ndarray, 
     tol[1:-1] = 16 * _U * (scale[:-2] + 2 * scale[1:-1] + scale[2:]) / em1
     tol[0] = 16 * _U * ((scale[0] + scale[min(1, len(g) - 1)]) / em1 + p0)
     tol[-1] = 16 * _U * scale[-1] / em1
-    w = 1.0 / (1.0 + math.exp(vdi))  # the chord of k - 1 and k + 1 at k: g[k-1] + (g[k+1] - g[k-1]) w
+    w = 1.0 / (
+        1.0 + math.exp(vdi)
+    )  # the chord of k - 1 and k + 1 at k: g[k-1] + (g[k+1] - g[k-1]) w
     for _ in range(_CONVEX_ROUNDS):
         probs = _masses(g, p0, vdi)
         bad = np.flatnonzero(probs < -tol)
@@ -222,28 +246,43 @@ def _optimistic_pmf(loss: _VectorGaussianPrivacyLoss, vdi: float) -> _FastPmf:
     k = np.arange(lo, hi + 1, dtype=float)
     eps = k * vdi
     mid = (k[:-1] + 0.5) * vdi
-    left = np.concatenate([[lo * vdi], mid])   # tangent point of the interval left of x_k
+    left = np.concatenate([[lo * vdi], mid])  # tangent point of the interval left of x_k
     right = np.concatenate([mid, [hi * vdi]])  # and of the interval right of it
-    (g_left, s_left), (g_right, s_right) = _tangent_values(loss, left, eps), _tangent_values(loss, right, eps)
+    (g_left, s_left), (g_right, s_right) = (
+        _tangent_values(loss, left, eps),
+        _tangent_values(loss, right, eps),
+    )
     g, scale = np.minimum(g_left, g_right), np.maximum(s_left, s_right)
     if not (np.all(np.isfinite(g)) and np.all(np.isfinite(scale))):
-        raise ValueError(f"no certified lower bound: the hockey-stick curve of a Gaussian with noise multiplier "
-                         f"{loss.standard_deviation:g} is not finite in float64 on this grid")
+        raise ValueError(
+            f"no certified lower bound: the hockey-stick curve of a Gaussian with noise multiplier "
+            f"{loss.standard_deviation:g} is not finite in float64 on this grid"
+        )
     top = np.flatnonzero(g <= 0)  # from just before the curve would cross 0: 0 (a lowering)
-    g[max(0, (top[0] if top.size else len(g) - 1) - 1):] = 0.0
-    p0 = float(_tails(loss, np.array([lo * vdi]))[0][0])  # the tangent at x_lo meets x = 0 at P(L > lo vdi)
+    g[max(0, (top[0] if top.size else len(g) - 1) - 1) :] = 0.0
+    p0 = float(
+        _tails(loss, np.array([lo * vdi]))[0][0]
+    )  # the tangent at x_lo meets x = 0 at P(L > lo vdi)
     return _FastPmf(vdi, lo, _convex_below(g, scale, p0, eps, vdi), 0.0, False)
 
 
 @functools.lru_cache(maxsize=1024)
-def _optimistic_gaussian(sigma: float, q: float, vdi: float, count: int) -> _pld.PrivacyLossDistribution:
+def _optimistic_gaussian(
+    sigma: float, q: float, vdi: float, count: int
+) -> _pld.PrivacyLossDistribution:
     """Optimistic PLD of ``count`` Poisson-subsampled (q < 1) or plain Gaussians, add/remove."""
+
     def pmf(adjacency: _plm.AdjacencyType) -> _FastPmf:
-        return _optimistic_pmf(_VectorGaussianPrivacyLoss(sigma, sampling_prob=q, adjacency_type=adjacency), vdi)
+        return _optimistic_pmf(
+            _VectorGaussianPrivacyLoss(sigma, sampling_prob=q, adjacency_type=adjacency), vdi
+        )
 
     remove = pmf(_plm.AdjacencyType.REMOVE)
-    base = (_pld.PrivacyLossDistribution(remove) if q == 1.0
-            else _pld.PrivacyLossDistribution(remove, pmf(_plm.AdjacencyType.ADD)))
+    base = (
+        _pld.PrivacyLossDistribution(remove)
+        if q == 1.0
+        else _pld.PrivacyLossDistribution(remove, pmf(_plm.AdjacencyType.ADD))
+    )
     return base.self_compose(count) if count > 1 else base
 
 
@@ -251,7 +290,9 @@ def _gaussian_parts(event: dpa.DpEvent) -> tuple[float, float] | None:
     """(noise multiplier, sampling probability) of a Gaussian or Poisson-subsampled Gaussian."""
     if isinstance(event, dpa.GaussianDpEvent):
         return float(event.noise_multiplier), 1.0
-    if isinstance(event, dpa.PoissonSampledDpEvent) and isinstance(event.event, dpa.GaussianDpEvent):
+    if isinstance(event, dpa.PoissonSampledDpEvent) and isinstance(
+        event.event, dpa.GaussianDpEvent
+    ):
         return float(event.event.noise_multiplier), float(event.sampling_probability)
     return None
 
@@ -261,42 +302,66 @@ class OptimisticPldAccountant(dpa.pld.PLDAccountant):
     bound on the exact epsilon (see the module docstring).  Gaussian-based events only; (epsilon,
     delta)-only events join through :meth:`epsilon_with_fixed`."""
 
-    def __init__(self, neighboring_relation: dpa.NeighboringRelation = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
-                 value_discretization_interval: float = 1e-4) -> None:
+    def __init__(
+        self,
+        neighboring_relation: dpa.NeighboringRelation = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
+        value_discretization_interval: float = 1e-4,
+    ) -> None:
         super().__init__(neighboring_relation, value_discretization_interval)
-        self._pld = _fast_pld(_pld.identity(value_discretization_interval, pessimistic_estimate=False))
+        self._pld = _fast_pld(
+            _pld.identity(value_discretization_interval, pessimistic_estimate=False)
+        )
 
     def _maybe_compose(self, event: dpa.DpEvent, count: int, do_compose: bool):
-        wrappers = (dpa.NoOpDpEvent, dpa.NonPrivateDpEvent, dpa.SelfComposedDpEvent, dpa.ComposedDpEvent)
+        wrappers = (
+            dpa.NoOpDpEvent,
+            dpa.NonPrivateDpEvent,
+            dpa.SelfComposedDpEvent,
+            dpa.ComposedDpEvent,
+        )
         if isinstance(event, wrappers):  # dp-accounting's own handling recurses into this method
             return super()._maybe_compose(event, count, do_compose)
         parts = _gaussian_parts(event)
         if self.neighboring_relation != dpa.NeighboringRelation.ADD_OR_REMOVE_ONE:
             return self.CompositionErrorDetails(
-                invalid_event=event, error_message="no optimistic PLD under replace-one here (add/remove only)")
+                invalid_event=event,
+                error_message="no optimistic PLD under replace-one here (add/remove only)",
+            )
         if parts is None:
             return self.CompositionErrorDetails(
-                invalid_event=event, error_message="no optimistic PLD: privkit brackets Gaussian and "
-                "Poisson-subsampled Gaussian events only")
+                invalid_event=event,
+                error_message="no optimistic PLD: privkit brackets Gaussian and "
+                "Poisson-subsampled Gaussian events only",
+            )
         sigma, q = parts
         if do_compose and q > 0 and not math.isinf(sigma):  # infinite noise releases nothing
             if sigma == 0:
                 self._contains_non_dp_event = True
             elif q == 1.0:  # count Gaussians are one Gaussian with multiplier sigma / sqrt(count)
-                self._pld = self._pld.compose(_optimistic_gaussian(
-                    sigma / math.sqrt(count), 1.0, self._value_discretization_interval, 1))
+                self._pld = self._pld.compose(
+                    _optimistic_gaussian(
+                        sigma / math.sqrt(count), 1.0, self._value_discretization_interval, 1
+                    )
+                )
             else:
-                self._pld = self._pld.compose(_optimistic_gaussian(
-                    sigma, q, self._value_discretization_interval, count))
+                self._pld = self._pld.compose(
+                    _optimistic_gaussian(sigma, q, self._value_discretization_interval, count)
+                )
         return None
 
     def _pmfs(self) -> list[_FastPmf]:
-        return [_finite_part(p) for p in [self._pld._pmf_remove] + ([] if self._pld._symmetric else [self._pld._pmf_add])]
+        return [
+            _finite_part(p)
+            for p in [self._pld._pmf_remove]
+            + ([] if self._pld._symmetric else [self._pld._pmf_add])
+        ]
 
     def get_epsilon(self, target_delta: float) -> float:
         return self.epsilon_with_fixed(target_delta, ())
 
-    def epsilon_with_fixed(self, target_delta: float, fixed: Sequence[tuple[float, float]]) -> float:
+    def epsilon_with_fixed(
+        self, target_delta: float, fixed: Sequence[tuple[float, float]]
+    ) -> float:
         """Lower bound on the exact epsilon at ``target_delta`` of the composed events together with
         mechanisms known only as ``(epsilon, delta)``-DP, each taken at its worst: the pair of
         randomised response with mass ``delta`` at infinity (Kairouz et al. 2015), which every
@@ -343,7 +408,9 @@ def _with_randomised_response(pmf: _FastPmf, eps: float, delta: float, count: in
     p_hi = (1 - delta) / (1 + math.exp(-eps))  # e^eps / (1 + e^eps), without overflow
     p_lo = (1 - delta) - p_hi
     if hi == lo:  # both losses on one grid point: a scaling (NFDP's (0, delta))
-        return _FastPmf(vdi, pmf._lower_loss + count * lo, pmf._probs * (1 - delta) ** count, 0.0, False)
+        return _FastPmf(
+            vdi, pmf._lower_loss + count * lo, pmf._probs * (1 - delta) ** count, 0.0, False
+        )
     width = hi - lo
     _check_grid(len(pmf._probs) + count * width, vdi)
     if count <= _DIRECT_COPIES:
@@ -354,9 +421,16 @@ def _with_randomised_response(pmf: _FastPmf, eps: float, delta: float, count: in
             pmf = _FastPmf(vdi, pmf._lower_loss + lo, probs, 0.0, False)
         return pmf
     j = np.arange(count + 1)
-    with np.errstate(divide="ignore"):  # p_lo or p_hi of 0 (delta near 1 and eps huge): log 0 = -inf
-        log_mass = (special.gammaln(count + 1) - special.gammaln(j + 1) - special.gammaln(count - j + 1)
-                    + j * math.log(p_hi) + (count - j) * (math.log(p_lo) if p_lo > 0 else -np.inf))
+    with np.errstate(
+        divide="ignore"
+    ):  # p_lo or p_hi of 0 (delta near 1 and eps huge): log 0 = -inf
+        log_mass = (
+            special.gammaln(count + 1)
+            - special.gammaln(j + 1)
+            - special.gammaln(count - j + 1)
+            + j * math.log(p_hi)
+            + (count - j) * (math.log(p_lo) if p_lo > 0 else -np.inf)
+        )
     atoms = np.zeros(count * width + 1)
     atoms[j * width] = np.exp(log_mass)
     return pmf.compose(_FastPmf(vdi, count * lo, atoms, 0.0, False))
@@ -377,8 +451,10 @@ def optimistic_epsilon(event: dpa.DpEvent, delta: float, vdi: float = LOWER_VDI)
     its grid would pass :data:`~accountants.fast.MAX_PLD_POINTS`."""
     low = OptimisticPldAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE, vdi)
     if not low.supports(event):
-        raise ValueError(f"no certified lower bound for event {event!r}: only Gaussian and "
-                         "Poisson-subsampled Gaussian events under add/remove have an optimistic PLD here")
+        raise ValueError(
+            f"no certified lower bound for event {event!r}: only Gaussian and "
+            "Poisson-subsampled Gaussian events under add/remove have an optimistic PLD here"
+        )
     low.compose(event)
     return float(low.get_epsilon(delta))
 
@@ -386,8 +462,10 @@ def optimistic_epsilon(event: dpa.DpEvent, delta: float, vdi: float = LOWER_VDI)
 def check_ordered(lower: float, upper: float) -> None:
     """``ValueError`` unless ``lower <= upper`` (both numbers): a bracket is printed ordered or not at all."""
     if not lower <= upper:
-        raise ValueError(f"no certified bracket: its ends came out as [{lower!r}, {upper!r}], not ordered "
-                         "(float arithmetic at this size); the upper end alone stands")
+        raise ValueError(
+            f"no certified bracket: its ends came out as [{lower!r}, {upper!r}], not ordered "
+            "(float arithmetic at this size); the upper end alone stands"
+        )
 
 
 def pld_bracket(event: dpa.DpEvent, delta: float, vdi: float = 1e-4) -> Bracket:

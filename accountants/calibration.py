@@ -89,7 +89,9 @@ def calibrate_noise_multiplier(
     rel = "add_remove"
     if sampling == "without-replacement":
         if accountant != "rdp":
-            raise ValueError(f"accountant must be rdp for sampling without replacement; found {accountant!r}")
+            raise ValueError(
+                f"accountant must be rdp for sampling without replacement; found {accountant!r}"
+            )
         rel = "replace_one"
         warns.append(WOR_NOTE)
     counter = [0]
@@ -117,7 +119,7 @@ def calibrate_noise_multiplier(
     else:
         # PLD is tighter than RDP, so its root lies at or below the RDP one.
         lo, hi = sigma_rdp * 0.85, sigma_rdp * (1 + 2e-3)
-    f = lambda s: eps_at(s, accountant) - target  # noqa: E731
+    f = lambda s: eps_at(s, accountant) - target
     lo, hi = _expand(f, lo, hi)
     # 2. Refine under the target accountant.
     root = scipy.optimize.brentq(f, lo, hi, xtol=rtol * hi / 4, rtol=1e-12)
@@ -137,7 +139,9 @@ def calibrate_noise_multiplier(
         sampling=sampling,
         accountant=accountant,
         neighbouring=rel,
-        value_discretization_interval=value_discretization_interval if accountant == "pld" else None,
+        value_discretization_interval=value_discretization_interval
+        if accountant == "pld"
+        else None,
         evaluations=counter[0],
         warnings=tuple(warns),
     )

@@ -15,7 +15,9 @@ def basic_composition(params: Sequence[tuple[float, float]]) -> tuple[float, flo
     return eps, min(1.0, delta)
 
 
-def advanced_composition(params: Sequence[tuple[float, float]], delta_slack: float) -> tuple[float, float]:
+def advanced_composition(
+    params: Sequence[tuple[float, float]], delta_slack: float
+) -> tuple[float, float]:
     """Heterogeneous advanced composition (Kairouz, Oh & Viswanath 2015, Thm 3.5).
 
     The composition of ``(eps_i, delta_i)``-DP mechanisms is ``(eps, 1 - (1 - s) prod(1 - delta_i))``-DP

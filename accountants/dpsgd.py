@@ -147,15 +147,20 @@ PRV_MAX_POINTS = 20_000_000  # about 3.6 GB at the ~180 bytes per grid point mea
 PRV_BYTES_PER_POINT = 180
 
 
-def prv_grid_points(q: float, sigma: float, steps: int, delta: float, eps_error: float = 0.01) -> int:
+def prv_grid_points(
+    q: float, sigma: float, steps: int, delta: float, eps_error: float = 0.01
+) -> int:
     """Size of the grid opacus's PRV accountant would build (its own domain rule, Gopi et al. 2021)."""
     from opacus.accountants import PRVAccountant
     from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV
 
     with warnings.catch_warnings(), _opacus_arithmetic(q, sigma, steps):
-        warnings.simplefilter("ignore")  # opacus's RDP-based domain bound warns about its order grid
-        domain = PRVAccountant()._get_domain([PoissonSubsampledGaussianPRV(q, sigma)], [steps], eps_error,
-                                             delta / 1000)
+        warnings.simplefilter(
+            "ignore"
+        )  # opacus's RDP-based domain bound warns about its order grid
+        domain = PRVAccountant()._get_domain(
+            [PoissonSubsampledGaussianPRV(q, sigma)], [steps], eps_error, delta / 1000
+        )
     return int(domain.size)
 
 
@@ -166,9 +171,11 @@ def _opacus_arithmetic(q: float, sigma: float, steps: int):
     try:
         yield
     except (ArithmeticError, OverflowError) as exc:
-        raise ValueError(f"accountant prv cannot account noise_multiplier={sigma!r}, sample_rate={q:g}, "
-                         f"steps={steps}: opacus's arithmetic fails ({type(exc).__name__}: {exc}); use "
-                         "accountant rdp") from None
+        raise ValueError(
+            f"accountant prv cannot account noise_multiplier={sigma!r}, sample_rate={q:g}, "
+            f"steps={steps}: opacus's arithmetic fails ({type(exc).__name__}: {exc}); use "
+            "accountant rdp"
+        ) from None
 
 
 def _prv_limit() -> int:
@@ -180,7 +187,9 @@ def _prv_limit() -> int:
     return int(min(PRV_MAX_POINTS, free / (2 * PRV_BYTES_PER_POINT)))
 
 
-def prv_bracket(q: float, sigma: float, steps: int, delta: float, eps_error: float = 0.01) -> tuple[float, float, float]:
+def prv_bracket(
+    q: float, sigma: float, steps: int, delta: float, eps_error: float = 0.01
+) -> tuple[float, float, float]:
     """(lower, estimate, upper) epsilon of opacus's PRV accountant (Gopi, Lee & Wutschitz 2021).
 
     The lower and upper ends are certified (their Thm. 5.5): the true epsilon lies between them.
@@ -194,7 +203,8 @@ def prv_bracket(q: float, sigma: float, steps: int, delta: float, eps_error: flo
         raise ValueError(
             f"accountant prv needs a grid of {points:,} points (about {points * PRV_BYTES_PER_POINT / 2**30:.1f} "
             f"GiB) at steps={steps}, sample_rate={q:g}; privkit allows {limit:,} on this machine: use "
-            "accountant pld (same tightness, memory nearly flat in steps)")
+            "accountant pld (same tightness, memory nearly flat in steps)"
+        )
     acc = PRVAccountant()
     acc.history = [(sigma, q, steps)]
     delta_error = delta / 1000  # opacus's default
@@ -203,8 +213,10 @@ def prv_bracket(q: float, sigma: float, steps: int, delta: float, eps_error: flo
         dprv = acc._get_dprv(eps_error=eps_error, delta_error=delta_error)
         low, est, up = dprv.compute_epsilon(delta, delta_error, eps_error)
     if not (math.isfinite(low) and math.isfinite(up)) or not low <= up:
-        raise ValueError(f"accountant prv gave no finite interval ([{low}, {up}]) at noise_multiplier={sigma!r}, "
-                         f"steps={steps}; use accountant rdp or pld")
+        raise ValueError(
+            f"accountant prv gave no finite interval ([{low}, {up}]) at noise_multiplier={sigma!r}, "
+            f"steps={steps}; use accountant rdp or pld"
+        )
     return float(low), float(est), float(up)
 
 
@@ -264,13 +276,17 @@ def dpsgd_accounting(
         try:
             eps = _dpa_epsilon(event, delta, accountant, rel, value_discretization_interval)
         except PldGridError as exc:  # past the PLD's size: RDP's bound, never a smaller number
-            warns.append(f"pld left out: {exc}; epsilon from rdp instead (an upper bound, not tight)")
+            warns.append(
+                f"pld left out: {exc}; epsilon from rdp instead (an upper bound, not tight)"
+            )
             accountant = "rdp"
             eps = _dpa_epsilon(event, delta, accountant, rel)
     return DpsgdResult(eps, delta, accountant, sampling, rel, tuple(warns))
 
 
-def new_accountant(kind: str, relation: str = "add_remove", vdi: float = PLD_VDI) -> dpa.PrivacyAccountant:
+def new_accountant(
+    kind: str, relation: str = "add_remove", vdi: float = PLD_VDI
+) -> dpa.PrivacyAccountant:
     """An empty dp-accounting RDP or PLD accountant (vectorised subsampled Gaussian, :mod:`accountants.fast`)."""
     rel = neighbouring_relation(relation)
     if kind == "rdp":

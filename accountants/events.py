@@ -132,9 +132,13 @@ def event_from_dict(data: dict[str, Any]) -> dpa.DpEvent:
         module_name, class_name = data["type"].split(":")
         fields = data["fields"]
     except (KeyError, AttributeError, ValueError, TypeError) as exc:
-        raise ValueError(f"event must look like {{'type': 'module:Class', 'fields': {{...}}}}; found {data!r}") from exc
+        raise ValueError(
+            f"event must look like {{'type': 'module:Class', 'fields': {{...}}}}; found {data!r}"
+        ) from exc
     if not module_name.startswith(_ALLOWED_MODULE_PREFIXES):
-        raise ValueError(f"event type must come from dp_accounting or accountants; found {module_name!r}")
+        raise ValueError(
+            f"event type must come from dp_accounting or accountants; found {module_name!r}"
+        )
     cls = getattr(importlib.import_module(module_name), class_name, None)
     if cls is None or not (isinstance(cls, type) and issubclass(cls, dpa.DpEvent)):
         raise ValueError(f"unknown event type {data['type']!r}")
@@ -158,10 +162,31 @@ def event_from_dict(data: dict[str, Any]) -> dpa.DpEvent:
 # itself checks few of them, and a NaN or an out-of-range value would surface later as an
 # unrelated error (or a wrong number) far from the ledger entry that holds it.
 _PROBABILITIES = {"sampling_probability", "sampling_probs"}
-_NONNEGATIVE = {"noise_multiplier", "standard_deviation", "noise_parameter", "parameter", "rho", "xi",
-                "sensitivity", "sensitivities", "mean", "shape", "epsilon", "delta"}
-_COUNTS = {"count": 1, "num_buckets": 1, "source_dataset_size": 0, "sample_size": 0, "dataset_size": 0,
-           "truncated_batch_size": 0, "step_counts": 0, "n": 1, "k": 1}
+_NONNEGATIVE = {
+    "noise_multiplier",
+    "standard_deviation",
+    "noise_parameter",
+    "parameter",
+    "rho",
+    "xi",
+    "sensitivity",
+    "sensitivities",
+    "mean",
+    "shape",
+    "epsilon",
+    "delta",
+}
+_COUNTS = {
+    "count": 1,
+    "num_buckets": 1,
+    "source_dataset_size": 0,
+    "sample_size": 0,
+    "dataset_size": 0,
+    "truncated_batch_size": 0,
+    "step_counts": 0,
+    "n": 1,
+    "k": 1,
+}
 
 
 def _check_field(event: str, name: str, value: Any) -> None:
@@ -189,5 +214,3 @@ def describe_event(event: dpa.DpEvent) -> str:
     """Short one-line description of an event for error messages."""
     text = repr(event)
     return text if len(text) <= 200 else text[:197] + "..."
-
-

@@ -41,8 +41,14 @@ from dp_accounting.pld import privacy_loss_distribution as _pld
 from dp_accounting.pld import privacy_loss_mechanism as _plm
 from scipy import fft, signal, special
 
-__all__ = ["MAX_PLD_POINTS", "PldAccountant", "PldGridError", "RdpAccountant", "poisson_gaussian_pld",
-           "poisson_gaussian_rdp"]
+__all__ = [
+    "MAX_PLD_POINTS",
+    "PldAccountant",
+    "PldGridError",
+    "RdpAccountant",
+    "poisson_gaussian_pld",
+    "poisson_gaussian_rdp",
+]
 
 _NR = dpa.NeighboringRelation
 _FRAC_TERMS = 1000  # dp-accounting's _MAX_STEPS_LOG_A_FRAC
@@ -63,7 +69,8 @@ def _check_grid(points: int, vdi: float) -> None:
     if points > MAX_PLD_POINTS:
         raise PldGridError(
             f"accountant pld needs a grid of {points:,} points at value_discretization_interval={vdi:g}; "
-            f"privkit builds at most {MAX_PLD_POINTS:,} (accountant rdp needs none)")
+            f"privkit builds at most {MAX_PLD_POINTS:,} (accountant rdp needs none)"
+        )
 
 
 def _grid_bounds(loss: _plm.AdditiveNoisePrivacyLoss, vdi: float) -> tuple[int, int]:
@@ -71,9 +78,11 @@ def _grid_bounds(loss: _plm.AdditiveNoisePrivacyLoss, vdi: float) -> tuple[int, 
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):  # checked just below
         bounds = loss.connect_dots_bounds()
     if not (math.isfinite(bounds.epsilon_lower) and math.isfinite(bounds.epsilon_upper)):
-        raise PldGridError(f"accountant pld needs an unbounded grid: the privacy loss of noise multiplier "
-                           f"{loss.standard_deviation:g} reaches {bounds.epsilon_upper:g} nats in float64 "
-                           "(accountant rdp needs none)")
+        raise PldGridError(
+            f"accountant pld needs an unbounded grid: the privacy loss of noise multiplier "
+            f"{loss.standard_deviation:g} reaches {bounds.epsilon_upper:g} nats in float64 "
+            "(accountant rdp needs none)"
+        )
     lo, hi = math.floor(bounds.epsilon_lower / vdi), math.ceil(bounds.epsilon_upper / vdi)
     _check_grid(hi - lo + 1, vdi)
     return lo, hi
@@ -106,7 +115,9 @@ def _log_a_int(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
     i = np.arange(int(alphas.max()) + 1, dtype=float)[None, :]
     a = alphas[:, None]
     with np.errstate(invalid="ignore"):
-        log_coef = _log_comb_table(tuple(alphas), i.shape[1]) + i * math.log(q) + (a - i) * math.log1p(-q)
+        log_coef = (
+            _log_comb_table(tuple(alphas), i.shape[1]) + i * math.log(q) + (a - i) * math.log1p(-q)
+        )
         terms = log_coef + (i * i - i) / (2 * (sigma**2))
     terms = np.where(i <= a, terms, -np.inf)
     return np.logaddexp.accumulate(terms, axis=1)[:, -1]
@@ -131,7 +142,9 @@ def _log_a_frac(q: float, sigma: float, alphas: np.ndarray, terms: int) -> np.nd
     log_e1 = math.log(0.5) + _log_erfc((z0 - j) / (math.sqrt(2) * sigma))
     log_s0 = log_t0 + (i * i - i) / (2 * (sigma**2)) + log_e0
     log_s1 = log_t1 + (j * j - j) / (2 * (sigma**2)) + log_e1
-    total = np.logaddexp(np.logaddexp.accumulate(log_s0, axis=1), np.logaddexp.accumulate(log_s1, axis=1))
+    total = np.logaddexp(
+        np.logaddexp.accumulate(log_s0, axis=1), np.logaddexp.accumulate(log_s1, axis=1)
+    )
     minus_inf = np.full((len(alphas), 1), -np.inf)
     prev0 = np.concatenate([minus_inf, log_s0[:, :-1]], axis=1)
     prev1 = np.concatenate([minus_inf, log_s1[:, :-1]], axis=1)
@@ -190,11 +203,14 @@ class RdpAccountant(dpa.rdp.RdpAccountant):
     """dp-accounting's RDP accountant; Poisson-subsampled and plain Gaussians use the cached curve."""
 
     def _maybe_compose(self, event: dpa.DpEvent, count: int, do_compose: bool):
-        sampled = isinstance(event, dpa.PoissonSampledDpEvent) and isinstance(event.event, dpa.GaussianDpEvent)
+        sampled = isinstance(event, dpa.PoissonSampledDpEvent) and isinstance(
+            event.event, dpa.GaussianDpEvent
+        )
         if sampled and self._neighboring_relation in (_NR.ADD_OR_REMOVE_ONE, _NR.REPLACE_SPECIAL):
             if do_compose:
                 self._rdp += count * poisson_gaussian_rdp(
-                    event.sampling_probability, event.event.noise_multiplier, self._orders)
+                    event.sampling_probability, event.event.noise_multiplier, self._orders
+                )
             return None
         if isinstance(event, dpa.GaussianDpEvent):
             if do_compose:
@@ -227,9 +243,15 @@ class _VectorGaussianPrivacyLoss(_plm.GaussianPrivacyLoss):
         if self.adjacency_type == _plm.AdjacencyType.ADD:
             x = s + x
         if q < 1.0:  # math.isclose cases of dp-accounting's scalar code
-            edge = -math.log(1 - q) if self.adjacency_type == _plm.AdjacencyType.ADD else math.log(1 - q)
+            edge = (
+                -math.log(1 - q)
+                if self.adjacency_type == _plm.AdjacencyType.ADD
+                else math.log(1 - q)
+            )
             close = np.abs(eps - edge) <= 1e-9 * np.maximum(np.abs(eps), abs(edge))
-            x = np.where(close, -np.inf if self.adjacency_type == _plm.AdjacencyType.ADD else np.inf, x)
+            x = np.where(
+                close, -np.inf if self.adjacency_type == _plm.AdjacencyType.ADD else np.inf, x
+            )
         return x
 
     def get_delta_for_epsilon(self, epsilon):
@@ -276,7 +298,9 @@ def _truncate_tails(probs: np.ndarray, tail_mass_truncation: float, pessimistic:
     return left_idx, truncated, 0
 
 
-def _self_convolve_bounds(probs: np.ndarray, num_times: int, tail_mass_truncation: float) -> tuple[int, int]:
+def _self_convolve_bounds(
+    probs: np.ndarray, num_times: int, tail_mass_truncation: float
+) -> tuple[int, int]:
     """dp-accounting's ``common.compute_self_convolve_bounds`` (Chernoff bounds), the 40 moment
     generating functions in one array operation.
 
@@ -312,8 +336,13 @@ class _FastPmf(_pmf.DensePLDPmf):
         if isinstance(pmf, cls):
             return pmf
         d = pmf.to_dense_pmf()
-        return cls(d._discretization, d._lower_loss, np.asarray(d._probs, dtype=float), d._infinity_mass,
-                   d._pessimistic_estimate)
+        return cls(
+            d._discretization,
+            d._lower_loss,
+            np.asarray(d._probs, dtype=float),
+            d._infinity_mass,
+            d._pessimistic_estimate,
+        )
 
     def compose(self, other: _pmf.PLDPmf, tail_mass_truncation: float = 0) -> _FastPmf:
         other = other.to_dense_pmf()
@@ -321,10 +350,19 @@ class _FastPmf(_pmf.DensePLDPmf):
         _check_grid(len(self._probs) + len(other._probs) - 1, self._discretization)
         lower_loss = self._lower_loss + other._lower_loss
         probs = signal.fftconvolve(self._probs, other._probs)
-        infinity_mass = self._infinity_mass + other._infinity_mass - self._infinity_mass * other._infinity_mass
-        offset, probs, right_tail = _truncate_tails(probs, tail_mass_truncation, self._pessimistic_estimate)
-        return _FastPmf(self._discretization, lower_loss + offset, probs, infinity_mass + right_tail,
-                        self._pessimistic_estimate)
+        infinity_mass = (
+            self._infinity_mass + other._infinity_mass - self._infinity_mass * other._infinity_mass
+        )
+        offset, probs, right_tail = _truncate_tails(
+            probs, tail_mass_truncation, self._pessimistic_estimate
+        )
+        return _FastPmf(
+            self._discretization,
+            lower_loss + offset,
+            probs,
+            infinity_mass + right_tail,
+            self._pessimistic_estimate,
+        )
 
     def get_epsilon_for_delta(self, delta: float) -> float:
         upper_loss = (self._lower_loss + len(self._probs) - 1) * self._discretization
@@ -334,7 +372,9 @@ class _FastPmf(_pmf.DensePLDPmf):
         losses = np.cumsum(steps)
         # that sum drifts off the grid (1e-11 over 1e5 points near 10 nats, 1e-8 near 300): where the
         # drift passes 1e-9 nats the grid's own losses are used, or a mass could sit below its loss
-        exact = (self._lower_loss + np.arange(len(self._probs) - 1, -1, -1, dtype=float)) * self._discretization
+        exact = (
+            self._lower_loss + np.arange(len(self._probs) - 1, -1, -1, dtype=float)
+        ) * self._discretization
         if len(losses) and float(np.max(np.abs(losses - exact))) > _LOSS_DRIFT:
             losses = exact
         return _epsilon_for_delta(self._infinity_mass, losses, np.flip(self._probs), delta)
@@ -344,16 +384,25 @@ class _FastPmf(_pmf.DensePLDPmf):
             raise ValueError(f"num_times should be >= 1, num_times={num_times}")
         lo, hi = _self_convolve_bounds(self._probs, num_times, tail_mass_truncation)
         output_len = hi - lo + 1
-        _check_grid(output_len, self._discretization)  # before the FFT: steps=10**23 is one line, not a crash
+        _check_grid(
+            output_len, self._discretization
+        )  # before the FFT: steps=10**23 is one line, not a crash
         fast_len = fft.next_fast_len(max(output_len, len(self._probs)))
         out = np.real(fft.ifft(fft.fft(self._probs, fast_len) ** num_times))
         probs = np.array(np.roll(out, -lo)[:output_len])
         inf_prob = tail_mass_truncation - math.expm1(num_times * math.log1p(-self._infinity_mass))
-        return _FastPmf(self._discretization, self._lower_loss * num_times + lo, probs, inf_prob,
-                        self._pessimistic_estimate)
+        return _FastPmf(
+            self._discretization,
+            self._lower_loss * num_times + lo,
+            probs,
+            inf_prob,
+            self._pessimistic_estimate,
+        )
 
 
-def _epsilon_for_delta(infinity_mass: float, rev_losses: np.ndarray, rev_probs: np.ndarray, delta: float) -> float:
+def _epsilon_for_delta(
+    infinity_mass: float, rev_losses: np.ndarray, rev_probs: np.ndarray, delta: float
+) -> float:
     """dp-accounting's ``pld_pmf._get_epsilon_for_delta`` with its loop over losses (from the top)
     replaced by cumulative sums.  Step k of that loop first tests whether epsilon >= loss k with
     the masses of the losses above it, then adds loss k; both tests are evaluated for every k and
@@ -367,7 +416,9 @@ def _epsilon_for_delta(infinity_mass: float, rev_losses: np.ndarray, rev_probs: 
     """
     if infinity_mass > delta:
         return math.inf
-    upper = np.cumsum(np.concatenate([[infinity_mass], rev_probs]))  # masses before step k = index k
+    upper = np.cumsum(
+        np.concatenate([[infinity_mass], rev_probs])
+    )  # masses before step k = index k
     n = len(rev_probs)
     shift = 0.0
     if n and max(abs(float(rev_losses[0])), abs(float(rev_losses[-1]))) > _EXP_SAFE:
@@ -375,10 +426,16 @@ def _epsilon_for_delta(infinity_mass: float, rev_losses: np.ndarray, rev_probs: 
             return 0
         k0 = int(np.argmax(upper[1:] > delta))
         shift = float(rev_losses[k0])
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # inf (* 0) only past the stop
+    with np.errstate(
+        over="ignore", under="ignore", invalid="ignore"
+    ):  # inf (* 0) only past the stop
         lower = np.cumsum(np.concatenate([[0.0], np.exp(shift - rev_losses) * rev_probs]))
     with np.errstate(divide="ignore", invalid="ignore"):
-        stop = (upper[:n] > delta) & (lower[:n] > 0) & (np.log((upper[:n] - delta) / lower[:n]) + shift >= rev_losses)
+        stop = (
+            (upper[:n] > delta)
+            & (lower[:n] > 0)
+            & (np.log((upper[:n] - delta) / lower[:n]) + shift >= rev_losses)
+        )
     zero = (upper[1:] >= delta) & (lower[1:] == 0)
     k_stop = int(np.argmax(stop)) if stop.any() else n
     k_zero = int(np.argmax(zero)) if zero.any() else n
@@ -399,7 +456,9 @@ def _epsilon_for_delta(infinity_mass: float, rev_losses: np.ndarray, rev_probs: 
 
 
 _EXP_SAFE = 700.0  # |loss| up to which exp(-loss) keeps full precision in float64
-_LOSS_DRIFT = 1e-9  # nats the losses of dp-accounting's loop may drift off the grid before privkit's are used
+_LOSS_DRIFT = (
+    1e-9  # nats the losses of dp-accounting's loop may drift off the grid before privkit's are used
+)
 
 
 def _fast_pld(pld: _pld.PrivacyLossDistribution) -> _pld.PrivacyLossDistribution:
@@ -417,8 +476,10 @@ def _connect_dots_pmf(loss: _VectorGaussianPrivacyLoss, vdi: float) -> _FastPmf:
     lo, hi = _grid_bounds(loss, vdi)
     deltas = np.asarray(loss.get_delta_for_epsilon(np.arange(lo, hi + 1) * vdi), dtype=np.float64)
     if not np.all(np.isfinite(deltas)):
-        raise ValueError(f"the PLD of a Gaussian with noise multiplier {loss.standard_deviation:g} is not finite "
-                         "in float64 on this grid")
+        raise ValueError(
+            f"the PLD of a Gaussian with noise multiplier {loss.standard_deviation:g} is not finite "
+            "in float64 on this grid"
+        )
     if lo == hi:
         return _FastPmf(vdi, lo, np.array([1 - deltas[0]]), float(deltas[0]), True)
     if np.any(np.diff(deltas) > _pmf._DELTA_DIFF_TOLERANCE):
@@ -435,7 +496,9 @@ def _connect_dots_pmf(loss: _VectorGaussianPrivacyLoss, vdi: float) -> _FastPmf:
 @functools.lru_cache(maxsize=1024)
 def _base_pld(sigma: float, q: float, vdi: float) -> _pld.PrivacyLossDistribution:
     def pmf(adjacency: _plm.AdjacencyType) -> _FastPmf:
-        return _connect_dots_pmf(_VectorGaussianPrivacyLoss(sigma, sampling_prob=q, adjacency_type=adjacency), vdi)
+        return _connect_dots_pmf(
+            _VectorGaussianPrivacyLoss(sigma, sampling_prob=q, adjacency_type=adjacency), vdi
+        )
 
     remove = pmf(_plm.AdjacencyType.REMOVE)
     if q == 1.0:
@@ -444,7 +507,9 @@ def _base_pld(sigma: float, q: float, vdi: float) -> _pld.PrivacyLossDistributio
 
 
 @functools.lru_cache(maxsize=1024)
-def poisson_gaussian_pld(q: float, sigma: float, vdi: float, count: int = 1) -> _pld.PrivacyLossDistribution:
+def poisson_gaussian_pld(
+    q: float, sigma: float, vdi: float, count: int = 1
+) -> _pld.PrivacyLossDistribution:
     """Pessimistic connect-the-dots PLD of ``count`` Poisson-subsampled Gaussian steps (add/remove).
 
     Identical to dp-accounting's ``from_gaussian_mechanism(sigma, sampling_prob=q,
@@ -460,28 +525,40 @@ class PldAccountant(dpa.pld.PLDAccountant):
     """dp-accounting's PLD accountant; Poisson-subsampled and plain Gaussians use cached PLDs and
     every composition runs through :class:`_FastPmf`."""
 
-    def __init__(self, neighboring_relation: dpa.NeighboringRelation = _NR.ADD_OR_REMOVE_ONE,
-                 value_discretization_interval: float = 1e-4) -> None:
+    def __init__(
+        self,
+        neighboring_relation: dpa.NeighboringRelation = _NR.ADD_OR_REMOVE_ONE,
+        value_discretization_interval: float = 1e-4,
+    ) -> None:
         super().__init__(neighboring_relation, value_discretization_interval)
         self._pld = _fast_pld(self._pld)
 
     def _maybe_compose(self, event: dpa.DpEvent, count: int, do_compose: bool):
         relation_ok = self.neighboring_relation in (_NR.ADD_OR_REMOVE_ONE, _NR.REPLACE_SPECIAL)
-        sampled = isinstance(event, dpa.PoissonSampledDpEvent) and isinstance(event.event, dpa.GaussianDpEvent)
-        gaussian = isinstance(event, dpa.GaussianDpEvent) or (sampled and event.sampling_probability == 1.0)
-        sigma = (event.event if sampled else event).noise_multiplier if (sampled or gaussian) else None
+        sampled = isinstance(event, dpa.PoissonSampledDpEvent) and isinstance(
+            event.event, dpa.GaussianDpEvent
+        )
+        gaussian = isinstance(event, dpa.GaussianDpEvent) or (
+            sampled and event.sampling_probability == 1.0
+        )
+        sigma = (
+            (event.event if sampled else event).noise_multiplier if (sampled or gaussian) else None
+        )
         if relation_ok and gaussian and sigma > 0:
             if do_compose and math.isfinite(sigma):
                 # count Gaussians (sampled with probability 1 or not) are one Gaussian with multiplier
                 # sigma / sqrt(count): one discretisation, exact in float, instead of an FFT power whose
                 # rounding noise can reach the tail masses at small delta
-                pld = _base_pld(float(sigma / math.sqrt(count)), 1.0, float(self._value_discretization_interval))
+                pld = _base_pld(
+                    float(sigma / math.sqrt(count)), 1.0, float(self._value_discretization_interval)
+                )
                 self._pld = self._pld.compose(pld)
             return None  # infinite noise releases nothing: the identity
         if relation_ok and sampled and event.sampling_probability > 0 and sigma > 0:
             if do_compose and math.isfinite(sigma):
-                pld = poisson_gaussian_pld(event.sampling_probability, sigma,
-                                           self._value_discretization_interval, count)
+                pld = poisson_gaussian_pld(
+                    event.sampling_probability, sigma, self._value_discretization_interval, count
+                )
                 self._pld = self._pld.compose(pld)
             return None
         return super()._maybe_compose(event, count, do_compose)

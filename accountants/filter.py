@@ -36,8 +36,12 @@ def conversion_offset(order: float, delta: float) -> float:
     return math.log1p(-1.0 / order) - math.log(delta * order) / (order - 1)
 
 
-def plan_order(epsilon: float, delta: float, rdp_of_step: Callable[[np.ndarray], np.ndarray],
-               orders: Sequence[float]) -> tuple[float, float]:
+def plan_order(
+    epsilon: float,
+    delta: float,
+    rdp_of_step: Callable[[np.ndarray], np.ndarray],
+    orders: Sequence[float],
+) -> tuple[float, float]:
     """The order (and its budget) that affords the most steps of ``rdp_of_step`` within ``epsilon``.
 
     ``rdp_of_step(orders)`` must use only parameters fixed before the run (e.g. the initial noise
@@ -49,8 +53,10 @@ def plan_order(epsilon: float, delta: float, rdp_of_step: Callable[[np.ndarray],
     steps = np.where(budgets > 0, budgets / np.maximum(per_step, 1e-300), -np.inf)
     best = int(np.argmax(steps))
     if not budgets[best] > 0:
-        raise ValueError(f"target epsilon {epsilon:g} is below the RDP conversion cost at every order; found none "
-                         f"with a positive budget at delta={delta:g}")
+        raise ValueError(
+            f"target epsilon {epsilon:g} is below the RDP conversion cost at every order; found none "
+            f"with a positive budget at delta={delta:g}"
+        )
     return float(orders[best]), float(budgets[best])
 
 
@@ -84,8 +90,10 @@ class RenyiFilter:
 
     def spend(self, client: str | int, rdp: float) -> None:
         if not self.admits(client, rdp):
-            raise ValueError(f"client {client!r} would pass the filter's budget {self.budget:.6g} at order "
-                             f"{self.order:g}; found {self.spent.get(str(client), 0.0) + rdp:.6g}")
+            raise ValueError(
+                f"client {client!r} would pass the filter's budget {self.budget:.6g} at order "
+                f"{self.order:g}; found {self.spent.get(str(client), 0.0) + rdp:.6g}"
+            )
         self.spent[str(client)] = self.spent.get(str(client), 0.0) + rdp
 
     def epsilon(self, delta: float) -> float:
@@ -94,6 +102,13 @@ class RenyiFilter:
         return self.budget + conversion_offset(self.order, delta)
 
     def to_dict(self, delta: float) -> dict:
-        return {"kind": "renyi_filter", "source": "Feldman & Zrnic 2021, Thm. 3.1", "order": self.order,
-                "rdp_budget": self.budget, "delta": delta, "epsilon": self.epsilon(delta),
-                "spent": dict(self.spent), "max_spent": max(self.spent.values(), default=0.0)}
+        return {
+            "kind": "renyi_filter",
+            "source": "Feldman & Zrnic 2021, Thm. 3.1",
+            "order": self.order,
+            "rdp_budget": self.budget,
+            "delta": delta,
+            "epsilon": self.epsilon(delta),
+            "spent": dict(self.spent),
+            "max_spent": max(self.spent.values(), default=0.0),
+        }

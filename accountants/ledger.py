@@ -62,10 +62,10 @@ from accountants.fast import PldGridError
 __all__ = [
     "ACCOUNTANTS",
     "NOT_FOR_RELEASE",
+    "SCHEMA_VERSION",
     "Accounting",
     "Ledger",
     "LedgerEntry",
-    "SCHEMA_VERSION",
     "UnsupportedEventError",
 ]
 
@@ -257,7 +257,9 @@ def _new_accountant(kind: str, relation: str, vdi: float) -> dpa.PrivacyAccounta
     return new_accountant(kind, relation, vdi)
 
 
-def _check_supported(acc: dpa.PrivacyAccountant, kind: str, units: Sequence[tuple[dpa.DpEvent, str]], relation: str) -> None:
+def _check_supported(
+    acc: dpa.PrivacyAccountant, kind: str, units: Sequence[tuple[dpa.DpEvent, str]], relation: str
+) -> None:
     for ev, label in units:
         if not acc.supports(ev):
             raise UnsupportedEventError(
@@ -266,7 +268,9 @@ def _check_supported(acc: dpa.PrivacyAccountant, kind: str, units: Sequence[tupl
             )
 
 
-def _composed(kind: str, units: Sequence[tuple[dpa.DpEvent, str]], relation: str, vdi: float) -> dpa.PrivacyAccountant:
+def _composed(
+    kind: str, units: Sequence[tuple[dpa.DpEvent, str]], relation: str, vdi: float
+) -> dpa.PrivacyAccountant:
     """A (cached) dp-accounting accountant with all ``units`` composed."""
     grouped = _group(ev for ev, _ in units)
     relation = _effective_relation(relation, grouped)
@@ -284,19 +288,29 @@ def _composed(kind: str, units: Sequence[tuple[dpa.DpEvent, str]], relation: str
     return acc
 
 
-def _compose_or_say(acc: dpa.PrivacyAccountant, kind: str, event: dpa.DpEvent,
-                    units: Sequence[tuple[dpa.DpEvent, str]]) -> None:
+def _compose_or_say(
+    acc: dpa.PrivacyAccountant,
+    kind: str,
+    event: dpa.DpEvent,
+    units: Sequence[tuple[dpa.DpEvent, str]],
+) -> None:
     """``acc.compose(event)``; a PLD grid past its limit makes the accountant not applicable (the
     others, RDP first, still answer), with the labels of the entries it came from."""
     try:
         acc.compose(event)
     except PldGridError as exc:
         labels = sorted({label for _, label in units})
-        raise _GridTooLarge(f"accountant {kind!r} cannot account {describe_event(event)} (labels "
-                            f"{labels}): {exc}") from None
+        raise _GridTooLarge(
+            f"accountant {kind!r} cannot account {describe_event(event)} (labels {labels}): {exc}"
+        ) from None
 
 
-def _unit_query(unit: tuple[dpa.DpEvent, str], relation: str, vdi: float, query: Callable[[dpa.PrivacyAccountant], float]) -> float:
+def _unit_query(
+    unit: tuple[dpa.DpEvent, str],
+    relation: str,
+    vdi: float,
+    query: Callable[[dpa.PrivacyAccountant], float],
+) -> float:
     """Min over RDP and PLD (where supported) of ``query`` on one mechanism."""
     values = []
     for kind in ("rdp", "pld"):
@@ -317,7 +331,9 @@ def _unit_query(unit: tuple[dpa.DpEvent, str], relation: str, vdi: float, query:
 # ----------------------------------------------------------------------------- accountants
 
 
-def _eps_with(split: _Split, delta: float, tight_eps: Callable[[float], float]) -> tuple[float, float | None]:
+def _eps_with(
+    split: _Split, delta: float, tight_eps: Callable[[float], float]
+) -> tuple[float, float | None]:
     """Fixed part by basic composition + the tight part at the whole free delta."""
     if split.nonprivate:
         return math.inf, None
@@ -337,7 +353,11 @@ def _eps_for(split: _Split, delta: float, kind: str, vdi: float) -> tuple[float,
     fixed_eps, free = split.fixed_epsilon, delta - split.fixed_delta
     m = len(split.units)
     if free < 0 or (free == 0 and m > 0):
-        return math.inf, None, f"the (epsilon, delta)-only events alone use delta={split.fixed_delta:.6g} > target"
+        return (
+            math.inf,
+            None,
+            f"the (epsilon, delta)-only events alone use delta={split.fixed_delta:.6g} > target",
+        )
     if m == 0 and kind != "advanced":
         return fixed_eps, None, "basic composition of (epsilon, delta)-only events"
     if kind in ("rdp", "pld"):
@@ -347,7 +367,8 @@ def _eps_for(split: _Split, delta: float, kind: str, vdi: float) -> tuple[float,
     if kind == "basic":
         share = free / m
         eps = fixed_eps + math.fsum(
-            _unit_query(u, rel, vdi, lambda a, s=share: float(a.get_epsilon(s))) for u in split.units
+            _unit_query(u, rel, vdi, lambda a, s=share: float(a.get_epsilon(s)))
+            for u in split.units
         )
         return eps, free, f"basic composition; each of {m} DpEvent entries at delta={share:.6g}"
     # advanced
@@ -359,7 +380,11 @@ def _eps_for(split: _Split, delta: float, kind: str, vdi: float) -> tuple[float,
     for u in split.units:
         params.append((_unit_query(u, rel, vdi, lambda a, s=share: float(a.get_epsilon(s))), share))
     eps, _ = advanced_composition(params, slack)
-    return eps, (free - slack) if m else None, f"advanced composition (KOV), slack delta={slack:.6g}"
+    return (
+        eps,
+        (free - slack) if m else None,
+        f"advanced composition (KOV), slack delta={slack:.6g}",
+    )
 
 
 def _lower_end(split: _Split, delta: float, vdi: float) -> float:
@@ -427,8 +452,10 @@ def _check_noise(event: dpa.DpEvent, label: str) -> None:
             if isinstance(v, dpa.DpEvent):
                 _check_noise(v, label)
             elif f.name in _NOISE_FIELDS and isinstance(v, float) and not math.isfinite(v):
-                raise ValueError(f"{type(event).__name__}.{f.name} must be a finite number; found {v!r} "
-                                 f"(label {label!r})")
+                raise ValueError(
+                    f"{type(event).__name__}.{f.name} must be a finite number; found {v!r} "
+                    f"(label {label!r})"
+                )
 
 
 # ----------------------------------------------------------------------------- the ledger
@@ -473,7 +500,7 @@ class Ledger:
         client: str | int,
         event: dpa.DpEvent,
         label: str,
-        round: int | None = None,  # noqa: A002 - the public name the trainers use
+        round: int | None = None,
         neighbouring: str = "add_remove",
     ) -> LedgerEntry:
         """Record that ``event`` touched ``client``'s data.
@@ -495,10 +522,14 @@ class Ledger:
         if isinstance(client, bool) or not isinstance(client, (str, int)):
             raise ValueError(f"client must be a str or int id; found {client!r}")
         if not isinstance(event, dpa.DpEvent):
-            raise ValueError(f"event must be a dp_accounting DpEvent or privkit event; found {event!r}")
+            raise ValueError(
+                f"event must be a dp_accounting DpEvent or privkit event; found {event!r}"
+            )
         if not isinstance(label, str) or not label:
             raise ValueError(f"label must be a non-empty string; found {label!r}")
-        if round is not None and (isinstance(round, bool) or not isinstance(round, int) or round < 0):
+        if round is not None and (
+            isinstance(round, bool) or not isinstance(round, int) or round < 0
+        ):
             raise ValueError(f"round must be a non-negative int or None; found {round!r}")
         check_choice(neighbouring, "neighbouring", NEIGHBOURINGS)
         _check_noise(event, label)
@@ -529,14 +560,20 @@ class Ledger:
             raise ValueError(f"client must be one of {self.clients}; found {client!r}")
         return key
 
-    def _selected(self, client: str | int | None, labels: Iterable[str] | None) -> dict[str, list[LedgerEntry]]:
+    def _selected(
+        self, client: str | int | None, labels: Iterable[str] | None
+    ) -> dict[str, list[LedgerEntry]]:
         if not self._entries:
             raise ValueError("the ledger is empty: no events were recorded")
         keys = [self._client(client)] if client is not None else self.clients
         wanted = None if labels is None else set([labels] if isinstance(labels, str) else labels)
-        out = {k: [e for e in self._entries[k] if wanted is None or e.label in wanted] for k in keys}
+        out = {
+            k: [e for e in self._entries[k] if wanted is None or e.label in wanted] for k in keys
+        }
         if wanted is not None and not any(out.values()):
-            raise ValueError(f"labels must name recorded entries {self.labels()}; found {sorted(wanted)}")
+            raise ValueError(
+                f"labels must name recorded entries {self.labels()}; found {sorted(wanted)}"
+            )
         return out
 
     # -- querying -------------------------------------------------------------------------
@@ -556,14 +593,18 @@ class Ledger:
         ]
         return max(results, key=lambda r: r.epsilon)
 
-    def _account_one(self, key: str, entries: list[LedgerEntry], delta: float, accountant: str) -> Accounting:
+    def _account_one(
+        self, key: str, entries: list[LedgerEntry], delta: float, accountant: str
+    ) -> Accounting:
         split = _split(entries, key)
         kinds = ACCOUNTANTS if accountant == "best" else (accountant,)
         best: Accounting | None = None
         first_error: UnsupportedEventError | None = None
         for kind in kinds:
             try:
-                eps, tight_delta, note = _eps_for(split, delta, kind, self.value_discretization_interval)
+                eps, tight_delta, note = _eps_for(
+                    split, delta, kind, self.value_discretization_interval
+                )
             except UnsupportedEventError as exc:
                 if accountant != "best":
                     raise
@@ -626,7 +667,9 @@ class Ledger:
             values, error = [], None
             for kind in kinds:
                 try:
-                    values.append(_delta_for(split, epsilon, kind, self.value_discretization_interval))
+                    values.append(
+                        _delta_for(split, epsilon, kind, self.value_discretization_interval)
+                    )
                 except UnsupportedEventError as exc:
                     if accountant != "best":
                         raise
@@ -636,8 +679,12 @@ class Ledger:
             worst = max(worst, min(values))
         return worst
 
-    def summary(self, delta: float, labels: Iterable[str] | None = None,
-                accountants: Iterable[str] | None = None) -> dict[str, Any]:
+    def summary(
+        self,
+        delta: float,
+        labels: Iterable[str] | None = None,
+        accountants: Iterable[str] | None = None,
+    ) -> dict[str, Any]:
         """Epsilon at ``delta`` per client and for the worst client, under every applicable accountant.
 
         ``accountants`` restricts the computation to some of ``basic, advanced, rdp, pld`` (default:
@@ -656,8 +703,10 @@ class Ledger:
         kinds = tuple(accountants) if accountants is not None else ACCOUNTANTS
         unknown = [k for k in kinds if k not in ACCOUNTANTS]
         if unknown or not kinds:
-            raise ValueError(f"accountants must be a non-empty subset of {', '.join(ACCOUNTANTS)}; "
-                             f"found {list(kinds)}")
+            raise ValueError(
+                f"accountants must be a non-empty subset of {', '.join(ACCOUNTANTS)}; "
+                f"found {list(kinds)}"
+            )
         clients: dict[str, dict[str, float]] = {}
         not_applicable: dict[str, str] = {}
         neighbouring: dict[str, str | None] = {}
@@ -673,7 +722,9 @@ class Ledger:
                     continue
                 row[kind] = eps
             if not row:
-                raise UnsupportedEventError(not_applicable.get(kinds[0], f"no accountant applies to client {key!r}"))
+                raise UnsupportedEventError(
+                    not_applicable.get(kinds[0], f"no accountant applies to client {key!r}")
+                )
             row["best"] = min(row.values())
             clients[key] = row
             neighbouring[key] = split.neighbouring
@@ -729,14 +780,24 @@ class Ledger:
             except ValueError as exc:
                 raise ValueError(f"client {key!r}: {exc}") from None
             clients[key] = {"lower": lower, "upper": upper}
-        return {"clients": clients,
-                "worst": {end: max(c[end] for c in clients.values()) for end in ("lower", "upper")},
-                "grid": vdi, "lower_grid": min(vdi, LOWER_VDI), "method": METHOD + (
-                    "; (epsilon, delta)-only events: basic composition at the upper end, at their "
-                    "worst (randomised response) in the composition at the lower end")}
+        return {
+            "clients": clients,
+            "worst": {end: max(c[end] for c in clients.values()) for end in ("lower", "upper")},
+            "grid": vdi,
+            "lower_grid": min(vdi, LOWER_VDI),
+            "method": METHOD
+            + (
+                "; (epsilon, delta)-only events: basic composition at the upper end, at their "
+                "worst (randomised response) in the composition at the lower end"
+            ),
+        }
 
-    def brackets(self, delta: float, labels: Iterable[str] | None = None,
-                 accountants: Iterable[str] = ACCOUNTANTS) -> dict[str, Any]:
+    def brackets(
+        self,
+        delta: float,
+        labels: Iterable[str] | None = None,
+        accountants: Iterable[str] = ACCOUNTANTS,
+    ) -> dict[str, Any]:
         """``{"epsilon_bracket": {acct: bracket or None}, "bracket_reason": {acct: why None}}`` for
         ``accountants``: :meth:`pld_bracket` for ``pld``; the others are upper bounds by
         construction (``"not-tight"``), and ``pld`` on an event without an optimistic PLD says so."""
@@ -789,14 +850,23 @@ class Ledger:
             per_client.append([min(vals) for vals in zip(*curves)])
         return [(r, max(vals)) for r, vals in zip(rounds, zip(*per_client))]
 
-    def _curve(self, key: str, entries: list[LedgerEntry], delta: float, kind: str, rounds: list[int]) -> list[float]:
+    def _curve(
+        self, key: str, entries: list[LedgerEntry], delta: float, kind: str, rounds: list[int]
+    ) -> list[float]:
         """Epsilon after each round for one client and accountant (memoised: clients often share histories)."""
-        memo = (kind, delta, tuple(rounds), tuple((repr(e.event), e.round, e.neighbouring) for e in entries))
+        memo = (
+            kind,
+            delta,
+            tuple(rounds),
+            tuple((repr(e.event), e.round, e.neighbouring) for e in entries),
+        )
         if memo not in self._curves:
             self._curves[memo] = self._compute_curve(key, entries, delta, kind, rounds)
         return self._curves[memo]
 
-    def _compute_curve(self, key: str, entries: list[LedgerEntry], delta: float, kind: str, rounds: list[int]) -> list[float]:
+    def _compute_curve(
+        self, key: str, entries: list[LedgerEntry], delta: float, kind: str, rounds: list[int]
+    ) -> list[float]:
         vdi = self.curve_value_discretization_interval
         if kind not in ("rdp", "pld"):
             out = []
@@ -812,8 +882,16 @@ class Ledger:
         cumulative = _Split(neighbouring=full.neighbouring)
         out, previous = [], None
         for r in rounds:
-            new = [e for e in entries if (e.round is None and previous is None)
-                   or (e.round is not None and (previous is None or e.round > previous) and e.round <= r)]
+            new = [
+                e
+                for e in entries
+                if (e.round is None and previous is None)
+                or (
+                    e.round is not None
+                    and (previous is None or e.round > previous)
+                    and e.round <= r
+                )
+            ]
             part = _split(new, key)
             for ev in _group(u for u, _ in part.units):
                 _compose_or_say(acc, kind, ev, part.units)
@@ -855,7 +933,9 @@ class Ledger:
         if version != SCHEMA_VERSION:
             raise ValueError(f"schema_version must be {SCHEMA_VERSION}; found {version!r}")
         if not isinstance(data["clients"], dict):
-            raise ValueError(f"ledger 'clients' must map client ids to lists of entries; found {data['clients']!r:.80}")
+            raise ValueError(
+                f"ledger 'clients' must map client ids to lists of entries; found {data['clients']!r:.80}"
+            )
         ledger = cls(
             data.get("value_discretization_interval", PLD_VDI),
             data.get("curve_value_discretization_interval", CURVE_VDI),
@@ -864,14 +944,23 @@ class Ledger:
         ledger.adaptive = data.get("adaptive_composition")
         for key, entries in data["clients"].items():
             if not isinstance(entries, list):
-                raise ValueError(f"ledger client {key!r} must hold a list of entries; found {entries!r:.80}")
+                raise ValueError(
+                    f"ledger client {key!r} must hold a list of entries; found {entries!r:.80}"
+                )
             for i, e in enumerate(entries):
                 where = f"ledger client {key!r}, entry {i}"
                 if not isinstance(e, dict) or not {"event", "label"} <= set(e):
-                    raise ValueError(f"{where} must be an object with 'label' and 'event'; found {e!r:.80}")
+                    raise ValueError(
+                        f"{where} must be an object with 'label' and 'event'; found {e!r:.80}"
+                    )
                 try:
-                    ledger.add(key, event_from_dict(e["event"]), e["label"], round=e.get("round"),
-                               neighbouring=e.get("neighbouring", "add_remove"))
+                    ledger.add(
+                        key,
+                        event_from_dict(e["event"]),
+                        e["label"],
+                        round=e.get("round"),
+                        neighbouring=e.get("neighbouring", "add_remove"),
+                    )
                 except (ValueError, TypeError) as exc:
                     raise ValueError(f"{where} ({e.get('label')!r}): {exc}") from None
         return ledger
@@ -894,7 +983,12 @@ class Ledger:
             raise ValueError(f"ledger file {path} is not valid JSON: {exc}") from exc
         try:
             return cls.from_dict(data)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # name the file, not a record
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+        ) as exc:  # name the file, not a record
             detail = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
             raise ValueError(f"ledger file {path} is malformed: {detail}") from exc
 

@@ -80,8 +80,10 @@ __all__ = [
 
 RDP_ORDERS = tuple(range(2, 33))
 LOWER_VDI = 1e-3
-POISSON_NOTE = ("the Poisson epsilon does not apply to this sampler: it assumes each record joins each "
-                "step independently with probability q")
+POISSON_NOTE = (
+    "the Poisson epsilon does not apply to this sampler: it assumes each record joins each "
+    "step independently with probability q"
+)
 
 
 @dataclass(frozen=True)
@@ -119,13 +121,26 @@ def _batch_counts(q: float, batches_per_epoch: int | None) -> tuple[int, int, li
     t_up, t_low = max(1, math.floor(inv + 1e-9)), math.ceil(inv - 1e-9)
     if t_up == t_low:
         return t_up, t_low, []
-    return t_up, t_low, [f"1/sample_rate = {inv:.6g} is not a whole number of batches per epoch: upper bounds "
-                         f"use {t_up}, lower bounds {t_low} (pass batches_per_epoch for the exact count)"]
+    return (
+        t_up,
+        t_low,
+        [
+            f"1/sample_rate = {inv:.6g} is not a whole number of batches per epoch: upper bounds "
+            f"use {t_up}, lower bounds {t_low} (pass batches_per_epoch for the exact count)"
+        ],
+    )
 
 
-def sampler_accounting(sampler: str, sample_rate: float, noise_multiplier: float, steps: int, delta: float,
-                       *, batches_per_epoch: int | None = None,
-                       value_discretization_interval: float = 1e-4) -> SamplerAccounting:
+def sampler_accounting(
+    sampler: str,
+    sample_rate: float,
+    noise_multiplier: float,
+    steps: int,
+    delta: float,
+    *,
+    batches_per_epoch: int | None = None,
+    value_discretization_interval: float = 1e-4,
+) -> SamplerAccounting:
     """Epsilon of ``steps`` DP-SGD steps with multiplier ``noise_multiplier`` under ``sampler``.
 
     Parameters
@@ -152,38 +167,78 @@ def sampler_accounting(sampler: str, sample_rate: float, noise_multiplier: float
     steps = check_int(steps, "steps")
     delta = check_open_unit(delta, "delta")
     if sampler == "poisson":
-        res = dpsgd_accounting(q, sigma, steps, delta, accountant="pld",
-                               value_discretization_interval=value_discretization_interval)
-        return SamplerAccounting("poisson", res.epsilon, None, delta, sigma, q, steps, None, steps * q,
-                                 "dp-accounting PLD (pessimistic)", None, res.warnings)
+        res = dpsgd_accounting(
+            q,
+            sigma,
+            steps,
+            delta,
+            accountant="pld",
+            value_discretization_interval=value_discretization_interval,
+        )
+        return SamplerAccounting(
+            "poisson",
+            res.epsilon,
+            None,
+            delta,
+            sigma,
+            q,
+            steps,
+            None,
+            steps * q,
+            "dp-accounting PLD (pessimistic)",
+            None,
+            res.warnings,
+        )
     t_up, t_low, notes = _batch_counts(q, batches_per_epoch)
     started, complete = math.ceil(steps / t_up), steps // t_low
     no_amp = safe_gaussian_epsilon(sigma / math.sqrt(started), delta)
     notes.insert(0, POISSON_NOTE)
     if sampler == "shuffle":
-        upper, upper_method = no_amp, f"Gaussian per started epoch, no amplification ({started} epochs)"
+        upper, upper_method = (
+            no_amp,
+            f"Gaussian per started epoch, no amplification ({started} epochs)",
+        )
         lower = shuffle_lower_epsilon(t_low, sigma, complete, delta) if complete else None
-        notes.append("upper bound: the record is in exactly one batch per epoch and the adversary may know "
-                     "which; lower bound: Chua et al. (2024) attack (other records' gradients -C reveal the "
-                     "target's batch), max batch sum per epoch")
+        notes.append(
+            "upper bound: the record is in exactly one batch per epoch and the adversary may know "
+            "which; lower bound: Chua et al. (2024) attack (other records' gradients -C reveal the "
+            "target's batch), max batch sum per epoch"
+        )
     else:
         bounds = {
             f"Gaussian per started epoch, no amplification ({started} epochs)": no_amp,
             "PLD of a mean-preserving spread of the likelihood ratio (no Monte Carlo)": (
-                random_allocation_pld_epsilon(t_up, sigma, started, delta, value_discretization_interval)),
+                random_allocation_pld_epsilon(
+                    t_up, sigma, started, delta, value_discretization_interval
+                )
+            ),
             "RDP: remove direction exact, add direction AM-GM bound": (
-                _random_allocation_rdp_epsilon(t_up, sigma, started, delta)),
+                _random_allocation_rdp_epsilon(t_up, sigma, started, delta)
+            ),
         }
         upper_method = min(bounds, key=bounds.get)
         upper = bounds[upper_method]
         lower = random_allocation_lower_epsilon(t_low, sigma, complete, delta) if complete else None
-        notes.append("upper bound: the smallest of three sound bounds (see upper_method); lower bound: max "
-                     "batch sum per epoch (the record against no record)")
+        notes.append(
+            "upper bound: the smallest of three sound bounds (see upper_method); lower bound: max "
+            "batch sum per epoch (the record against no record)"
+        )
     if lower is None:
         notes.append(f"no complete epoch in {steps} steps of {t_low} batches: no lower bound")
-    return SamplerAccounting(sampler, upper, lower, delta, sigma, q, steps, t_up, steps / t_up, upper_method,
-                             None if lower is None else "max batch sum per epoch, optimistic PLD",
-                             tuple(notes))
+    return SamplerAccounting(
+        sampler,
+        upper,
+        lower,
+        delta,
+        sigma,
+        q,
+        steps,
+        t_up,
+        steps / t_up,
+        upper_method,
+        None if lower is None else "max batch sum per epoch, optimistic PLD",
+        tuple(notes),
+    )
 
 
 # ----------------------------------------------------------------------------- random allocation RDP
@@ -224,7 +279,9 @@ def random_allocation_rdp_remove(alpha: int, steps_per_epoch: int, sigma: float)
     parts, log_fact, squares, log_mult = _partition_stats(int(alpha))
     ok = parts <= t
     log_assign = special.gammaln(t + 1.0) - special.gammaln(t - parts[ok] + 1.0) - log_mult[ok]
-    terms = log_assign + (special.gammaln(alpha + 1.0) - log_fact[ok]) + squares[ok] / (2 * sigma**2)
+    terms = (
+        log_assign + (special.gammaln(alpha + 1.0) - log_fact[ok]) + squares[ok] / (2 * sigma**2)
+    )
     log_moment = float(special.logsumexp(terms)) - alpha * math.log(t) - alpha / (2 * sigma**2)
     return max(0.0, log_moment) / (alpha - 1)
 
@@ -244,7 +301,10 @@ def _random_allocation_rdp_epsilon(t: int, sigma: float, epochs: int, delta: flo
     orders = np.asarray(RDP_ORDERS, dtype=float)
     remove = epochs * np.array([random_allocation_rdp_remove(int(a), t, sigma) for a in RDP_ORDERS])
     add = epochs * np.array([random_allocation_rdp_add(a, t, sigma) for a in RDP_ORDERS])
-    eps = [dpa.rdp.rdp_privacy_accountant.compute_epsilon(orders, rdp, delta)[0] for rdp in (remove, add)]
+    eps = [
+        dpa.rdp.rdp_privacy_accountant.compute_epsilon(orders, rdp, delta)[0]
+        for rdp in (remove, add)
+    ]
     return float(max(eps))
 
 
@@ -260,14 +320,21 @@ def _max_statistic_log_pmf(t: int, sigma: float, mu: float, edges: np.ndarray) -
     return {i: float(v) for i, v in enumerate(log_p) if np.isfinite(v)}
 
 
-def _lower_epsilon(t: int, sigma: float, epochs: int, delta: float, mu_with: float, mu_without: float) -> float:
+def _lower_epsilon(
+    t: int, sigma: float, epochs: int, delta: float, mu_with: float, mu_without: float
+) -> float:
     """Epsilon of the binned max-statistic pair (optimistic PLD), composed over ``epochs``."""
     lo, hi = min(mu_with, mu_without) - 12 * sigma, max(mu_with, mu_without) + 12 * sigma
     edges = np.linspace(lo, hi + sigma * math.sqrt(2 * math.log(max(t, 2))), 4001)
     upper = _max_statistic_log_pmf(t, sigma, mu_with, edges)
     lower = _max_statistic_log_pmf(t, sigma, mu_without, edges)
-    pld = _pld.from_two_probability_mass_functions(lower, upper, pessimistic_estimate=False,
-                                                   value_discretization_interval=LOWER_VDI, symmetric=False)
+    pld = _pld.from_two_probability_mass_functions(
+        lower,
+        upper,
+        pessimistic_estimate=False,
+        value_discretization_interval=LOWER_VDI,
+        symmetric=False,
+    )
     if epochs > 1:
         pld = pld.self_compose(epochs, tail_mass_truncation=0)  # no truncation: stays a lower bound
     return float(pld.get_epsilon_for_delta(delta))
@@ -282,7 +349,9 @@ def shuffle_lower_epsilon(batches_per_epoch: int, sigma: float, epochs: int, del
     return _lower_epsilon(int(batches_per_epoch), float(sigma), int(epochs), delta, 2.0, 1.0)
 
 
-def random_allocation_lower_epsilon(batches_per_epoch: int, sigma: float, epochs: int, delta: float) -> float:
+def random_allocation_lower_epsilon(
+    batches_per_epoch: int, sigma: float, epochs: int, delta: float
+) -> float:
     """Certified lower bound on the epsilon of random allocation: the record (shift 1) against none."""
     return _lower_epsilon(int(batches_per_epoch), float(sigma), int(epochs), delta, 1.0, 0.0)
 
@@ -310,40 +379,77 @@ def describe_loader(loader: object) -> dict:
     n = len(loader.dataset)
     if type(batch_sampler).__name__ == "UniformWithReplacementSampler":  # opacus Poisson sampling
         q = float(batch_sampler.sample_rate)
-        return {"sampler": "poisson", "sample_rate": q, "batches_per_epoch": len(loader), "dataset_size": n,
-                "batch_size": q * n, "notes": ["opacus Poisson sampling (DPDataLoader)"]}
+        return {
+            "sampler": "poisson",
+            "sample_rate": q,
+            "batches_per_epoch": len(loader),
+            "dataset_size": n,
+            "batch_size": q * n,
+            "notes": ["opacus Poisson sampling (DPDataLoader)"],
+        }
     sampler = getattr(batch_sampler, "sampler", None) or getattr(loader, "sampler", None)
     kind = type(sampler).__name__
     notes: list[str] = []
-    if kind in ("WeightedRandomSampler",) or (kind == "RandomSampler" and getattr(sampler, "replacement", False)):
-        raise ValueError(f"loader samples with replacement ({kind}); privkit has no sound accountant for it: "
-                         "use opacus's DPDataLoader (Poisson) or shuffle without replacement")
+    if kind in ("WeightedRandomSampler",) or (
+        kind == "RandomSampler" and getattr(sampler, "replacement", False)
+    ):
+        raise ValueError(
+            f"loader samples with replacement ({kind}); privkit has no sound accountant for it: "
+            "use opacus's DPDataLoader (Poisson) or shuffle without replacement"
+        )
     if kind == "SequentialSampler":
-        notes.append("fixed order (shuffle=False): every record's batch is known, so the shuffle upper bound "
-                     "(no amplification) is exact here")
+        notes.append(
+            "fixed order (shuffle=False): every record's batch is known, so the shuffle upper bound "
+            "(no amplification) is exact here"
+        )
     elif kind == "DistributedSampler" and not getattr(sampler, "shuffle", True):
-        notes.append("DistributedSampler without shuffling: fixed order, the no-amplification bound is exact")
+        notes.append(
+            "DistributedSampler without shuffling: fixed order, the no-amplification bound is exact"
+        )
     elif kind not in ("RandomSampler", "SubsetRandomSampler", "DistributedSampler"):
-        raise ValueError(f"loader's sampler must be a torch RandomSampler, SequentialSampler, SubsetRandomSampler "
-                         f"or DistributedSampler, or opacus's Poisson sampler; found {kind}")
+        raise ValueError(
+            f"loader's sampler must be a torch RandomSampler, SequentialSampler, SubsetRandomSampler "
+            f"or DistributedSampler, or opacus's Poisson sampler; found {kind}"
+        )
     t = len(loader)
     batch = getattr(loader, "batch_size", None) or getattr(batch_sampler, "batch_size", None)
     notes.append(f"{t} batches of {batch} per epoch from {len(sampler)} records")
-    return {"sampler": "shuffle", "sample_rate": 1.0 / t, "batches_per_epoch": t, "dataset_size": len(sampler),
-            "batch_size": batch, "notes": notes}
+    return {
+        "sampler": "shuffle",
+        "sample_rate": 1.0 / t,
+        "batches_per_epoch": t,
+        "dataset_size": len(sampler),
+        "batch_size": batch,
+        "notes": notes,
+    }
 
 
-def account_loader(loader: object, noise_multiplier: float, delta: float, *, epochs: int | None = None,
-                   steps: int | None = None) -> SamplerAccounting:
+def account_loader(
+    loader: object,
+    noise_multiplier: float,
+    delta: float,
+    *,
+    epochs: int | None = None,
+    steps: int | None = None,
+) -> SamplerAccounting:
     """Epsilon bounds of DP-SGD run with ``loader`` (see :func:`describe_loader`) for ``epochs`` or ``steps``."""
     info = describe_loader(loader)
     if (epochs is None) == (steps is None):
-        raise ValueError("give exactly one of epochs or steps; found " + ("both" if epochs is not None else "neither"))
+        raise ValueError(
+            "give exactly one of epochs or steps; found "
+            + ("both" if epochs is not None else "neither")
+        )
     if steps is None:
         steps = check_int(epochs, "epochs") * info["batches_per_epoch"]
     if info["sampler"] == "poisson":
         res = sampler_accounting("poisson", info["sample_rate"], noise_multiplier, steps, delta)
     else:
-        res = sampler_accounting("shuffle", info["sample_rate"], noise_multiplier, steps, delta,
-                                 batches_per_epoch=info["batches_per_epoch"])
+        res = sampler_accounting(
+            "shuffle",
+            info["sample_rate"],
+            noise_multiplier,
+            steps,
+            delta,
+            batches_per_epoch=info["batches_per_epoch"],
+        )
     return dataclasses.replace(res, notes=tuple(info["notes"]) + res.notes)

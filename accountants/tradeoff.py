@@ -139,7 +139,9 @@ class GenericCurve(TradeoffCurve):
     delta: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon", check_nonnegative(self.epsilon, "epsilon", allow_inf=True))
+        object.__setattr__(
+            self, "epsilon", check_nonnegative(self.epsilon, "epsilon", allow_inf=True)
+        )
         object.__setattr__(self, "delta", _check_delta(self.delta))
 
     def __call__(self, fpr) -> np.ndarray:
@@ -239,15 +241,19 @@ class GaussianCurve(TradeoffCurve):
     @property
     def claim(self) -> str:
         if self.epsilon is not None and self.delta is not None:
-            return (f"as private as the Gaussian mechanism at ({self.epsilon:.4g}, {self.delta:.3g}) "
-                    f"(mu = {self.mu:.4g})")
+            return (
+                f"as private as the Gaussian mechanism at ({self.epsilon:.4g}, {self.delta:.3g}) "
+                f"(mu = {self.mu:.4g})"
+            )
         return f"{self.mu:.4g}-GDP (as private as a Gaussian mechanism with mu = {self.mu:.4g})"
 
     def family(self, delta: float | None = None) -> CurveFamily:
         """Gaussian mechanisms indexed by their epsilon at ``delta`` (default: the calibration delta)."""
         delta = self.delta if delta is None else delta
         if delta is None:
-            raise ValueError("delta must be given for a GaussianCurve built from mu alone; found None")
+            raise ValueError(
+                "delta must be given for a GaussianCurve built from mu alone; found None"
+            )
         return CurveFamily("gaussian", delta)
 
 
@@ -290,11 +296,15 @@ class ProfileCurve(TradeoffCurve):
         eps = np.asarray(epsilons, dtype=np.float64).ravel()
         dl = np.asarray(deltas, dtype=np.float64).ravel()
         if eps.shape != dl.shape or eps.size == 0:
-            raise ValueError(f"epsilons and deltas must be non-empty and of equal length; found "
-                             f"{eps.size} and {dl.size}")
+            raise ValueError(
+                f"epsilons and deltas must be non-empty and of equal length; found "
+                f"{eps.size} and {dl.size}"
+            )
         if np.any(~np.isfinite(eps)) or np.any(eps < 0) or np.any(np.diff(eps) <= 0):
-            raise ValueError("epsilons must be finite, >= 0 and strictly ascending; found "
-                             f"[{eps.min()}, {eps.max()}] with {int((np.diff(eps) <= 0).sum())} non-ascending steps")
+            raise ValueError(
+                "epsilons must be finite, >= 0 and strictly ascending; found "
+                f"[{eps.min()}, {eps.max()}] with {int((np.diff(eps) <= 0).sum())} non-ascending steps"
+            )
         if np.any(np.isnan(dl)) or np.any(dl < 0):
             raise ValueError(f"deltas must be >= 0; found minimum {np.nanmin(dl)!r}")
         keep = dl < 1.0
@@ -405,9 +415,9 @@ def _dense_pmf_delta(pmf, eps: np.ndarray) -> np.ndarray:
     suffix sums; a relative margin of 1e-12 covers the rounding of the sums.
     """
     dense = pmf.to_dense_pmf()
-    p = np.asarray(dense._probs, dtype=np.float64)  # noqa: SLF001 - dp-accounting keeps these private
-    losses = (dense._lower_loss + np.arange(p.size)) * dense._discretization  # noqa: SLF001
-    inf_mass = float(dense._infinity_mass)  # noqa: SLF001
+    p = np.asarray(dense._probs, dtype=np.float64)
+    losses = (dense._lower_loss + np.arange(p.size)) * dense._discretization
+    inf_mass = float(dense._infinity_mass)
     with np.errstate(over="ignore"):
         q = p * np.exp(-losses)
     tail_p = np.r_[np.cumsum(p[::-1])[::-1], 0.0]
@@ -425,7 +435,7 @@ def _pld_delta_fn(pld) -> Callable[[np.ndarray], np.ndarray]:
     own scalar ``get_delta_for_epsilon`` at three points; otherwise its slower public vector path.
     """
     try:
-        pmfs = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]  # noqa: SLF001
+        pmfs = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]
 
         def fast(eps: np.ndarray) -> np.ndarray:
             return np.max([_dense_pmf_delta(p, eps) for p in pmfs], axis=0)
@@ -437,11 +447,14 @@ def _pld_delta_fn(pld) -> Callable[[np.ndarray], np.ndarray]:
             return fast
     except (AttributeError, TypeError, ValueError):
         pass
-    return lambda eps: np.asarray(pld.get_delta_for_epsilon(np.sort(np.asarray(eps, dtype=np.float64))))
+    return lambda eps: np.asarray(
+        pld.get_delta_for_epsilon(np.sort(np.asarray(eps, dtype=np.float64)))
+    )
 
 
-def pld_curve(pld, *, source: str = "the privacy loss distribution",
-              max_points: int = _MAX_POINTS) -> ProfileCurve:
+def pld_curve(
+    pld, *, source: str = "the privacy loss distribution", max_points: int = _MAX_POINTS
+) -> ProfileCurve:
     """Trade-off curve of a dp-accounting ``PrivacyLossDistribution``.
 
     Pessimistic PLDs (dp-accounting's default) give an upper bound on delta at every epsilon, so
@@ -450,13 +463,19 @@ def pld_curve(pld, *, source: str = "the privacy loss distribution",
     """
     max_points = check_int(max_points, "max_points", minimum=2)
     fn = _pld_delta_fn(pld)
-    step = float(getattr(pld._pmf_remove, "_discretization", 1e-4))  # noqa: SLF001
+    step = float(getattr(pld._pmf_remove, "_discretization", 1e-4))
     eps = _grid(fn, step, max_points)
     return ProfileCurve(eps, fn(eps), source)
 
 
-def ledger_curve(ledger, *, client: str | int | None = None, labels=None, accountant: str = "pld",
-                 max_points: int = _MAX_POINTS) -> ProfileCurve:
+def ledger_curve(
+    ledger,
+    *,
+    client: str | int | None = None,
+    labels=None,
+    accountant: str = "pld",
+    max_points: int = _MAX_POINTS,
+) -> ProfileCurve:
     """Trade-off curve of what a privkit :class:`~accountants.Ledger` promises.
 
     Built as the ledger's own ``pld`` (or ``rdp``) accountant builds epsilon: the dp-accounting
@@ -478,16 +497,27 @@ def ledger_curve(ledger, *, client: str | int | None = None, labels=None, accoun
     max_points = check_int(max_points, "max_points", minimum=2)
     source = "the ledger's " + ("PLD" if accountant == "pld" else "RDP profile")
     parts = []
-    for key, entries in ledger._selected(client, labels).items():  # noqa: SLF001
-        split = _ledger._split(entries, key)  # noqa: SLF001
+    for key, entries in ledger._selected(client, labels).items():
+        split = _ledger._split(entries, key)
         if split.nonprivate:
-            return ProfileCurve.no_privacy(source + " (non-private: " + "; ".join(split.nonprivate) + ")")
+            return ProfileCurve.no_privacy(
+                source + " (non-private: " + "; ".join(split.nonprivate) + ")"
+            )
         tight = None
         if split.units:
-            acc = _ledger._composed(accountant, split.units, split.neighbouring or "add_remove",  # noqa: SLF001
-                                    ledger.value_discretization_interval)
-            tight = _pld_delta_fn(acc._pld) if accountant == "pld" else np.vectorize(  # noqa: SLF001
-                lambda e, a=acc: float(a.get_delta(float(e))), otypes=[np.float64])
+            acc = _ledger._composed(
+                accountant,
+                split.units,
+                split.neighbouring or "add_remove",
+                ledger.value_discretization_interval,
+            )
+            tight = (
+                _pld_delta_fn(acc._pld)
+                if accountant == "pld"
+                else np.vectorize(
+                    lambda e, a=acc: float(a.get_delta(float(e))), otypes=[np.float64]
+                )
+            )
         parts.append((split.fixed_epsilon, split.fixed_delta, tight))
 
     def delta_fn(eps: np.ndarray) -> np.ndarray:
@@ -507,8 +537,9 @@ def ledger_curve(ledger, *, client: str | int | None = None, labels=None, accoun
     return ProfileCurve(eps, delta_fn(eps), source)
 
 
-def curve_from_callable(fn: Callable, *, source: str = "a user-supplied trade-off curve",
-                        points: int = 8192) -> ProfileCurve:
+def curve_from_callable(
+    fn: Callable, *, source: str = "a user-supplied trade-off curve", points: int = 8192
+) -> ProfileCurve:
     """A :class:`ProfileCurve` no stronger than a user's trade-off function ``fn: FPR -> FNR``.
 
     ``fn`` is evaluated on a grid ``a_0 = 0 < a_1 < ... < a_n = 1`` (half log-spaced towards 0,
@@ -519,21 +550,27 @@ def curve_from_callable(fn: Callable, *, source: str = "a user-supplied trade-of
     symmetric trade-off function.
     """
     points = check_int(points, "points", minimum=16)
-    grid = np.unique(np.r_[np.geomspace(1e-12, 1.0, points // 2), np.linspace(0.0, 1.0, points // 2)])
+    grid = np.unique(
+        np.r_[np.geomspace(1e-12, 1.0, points // 2), np.linspace(0.0, 1.0, points // 2)]
+    )
     f = np.asarray(fn(grid), dtype=np.float64)
     if f.shape != grid.shape or np.any(~np.isfinite(f)) or np.any((f < 0) | (f > 1)):
-        raise ValueError("curve must map an array of FPRs to FNRs in [0, 1] of the same shape; "
-                         f"found shape {f.shape} with range [{np.nanmin(f)}, {np.nanmax(f)}]")
+        raise ValueError(
+            "curve must map an array of FPRs to FNRs in [0, 1] of the same shape; "
+            f"found shape {f.shape} with range [{np.nanmin(f)}, {np.nanmax(f)}]"
+        )
     if np.any(np.diff(f) > 1e-12):
-        raise ValueError(f"curve must be non-increasing; found an increase of {np.diff(f).max():.3g}")
+        raise ValueError(
+            f"curve must be non-increasing; found an increase of {np.diff(f).max():.3g}"
+        )
     f = np.minimum(f, 1.0 - grid)
     left, right_f = grid[:-1], f[1:]
 
     def delta_fn(eps: np.ndarray) -> np.ndarray:
         out = np.empty(eps.shape)
         for lo in range(0, eps.size, 256):  # chunks keep the (eps x grid) block small
-            e = np.exp(eps[lo:lo + 256])[:, None]
-            out[lo:lo + 256] = np.max(1.0 - right_f[None, :] - e * left[None, :], axis=1)
+            e = np.exp(eps[lo : lo + 256])[:, None]
+            out[lo : lo + 256] = np.max(1.0 - right_f[None, :] - e * left[None, :], axis=1)
         return np.maximum(out, 1.0 - f[0])
 
     eps = _grid(delta_fn, 1e-3, 4000)
@@ -621,8 +658,10 @@ class CurveFamily:
         shift = epsilon - self.reference_epsilon
         if math.isclose(shift, 0.0, abs_tol=1e-12):
             return self.base.claim
-        return (f"as private as {self.base.source} with every epsilon of its privacy profile "
-                f"{'raised' if shift > 0 else 'lowered'} by {abs(shift):.4g}")
+        return (
+            f"as private as {self.base.source} with every epsilon of its privacy profile "
+            f"{'raised' if shift > 0 else 'lowered'} by {abs(shift):.4g}"
+        )
 
     @property
     def description(self) -> str:
@@ -668,4 +707,6 @@ def curve_family(curve, delta: float) -> CurveFamily:
         return curve.family(delta)
     if callable(curve):
         return curve_from_callable(curve).family(delta)
-    raise ValueError(f"curve must be 'generic', 'gaussian', a TradeoffCurve or a callable; found {curve!r}")
+    raise ValueError(
+        f"curve must be 'generic', 'gaussian', a TradeoffCurve or a callable; found {curve!r}"
+    )

@@ -24,7 +24,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from attacks.attribute import AttributeInferenceAttack, AttributeResult, evaluate_predictions
 from attacks.audit_scores import AttackAudit, AuditResult, audit_scores, detectable_epsilon
+from attacks.canaries import (
+    CanaryData,
+    audit_canaries,
+    canary_scores,
+    insert_canaries,
+    make_canaries,
+)
 from attacks.conformance import (
     ConformanceResult,
     MechanismClaim,
@@ -32,8 +40,6 @@ from attacks.conformance import (
     claim_from_events,
     conformance_test,
 )
-from attacks.attribute import AttributeInferenceAttack, AttributeResult, evaluate_predictions
-from attacks.canaries import CanaryData, audit_canaries, canary_scores, insert_canaries, make_canaries
 from attacks.epsilon import (
     EpsilonBound,
     advantage_upper_bound,
@@ -45,6 +51,13 @@ from attacks.epsilon import (
     epsilon_from_rates,
     gdp_epsilon_estimate,
 )
+from attacks.experiment import (
+    Design,
+    design_experiment,
+    inclusion_coins,
+    membership_mask,
+    train_models,
+)
 from attacks.metrics import (
     advantage,
     auc,
@@ -54,7 +67,6 @@ from attacks.metrics import (
     summarize,
     tpr_at_fpr,
 )
-from attacks.experiment import Design, design_experiment, inclusion_coins, membership_mask, train_models
 from attacks.mia import LiRA, ShadowModelAttack, ThresholdAttack, lira_leave_one_out
 from attacks.one_run import OneRunResult, one_run_audit, one_run_epsilon_grid
 from attacks.one_run import epsilon_lower_bound as one_run_epsilon
@@ -65,8 +77,10 @@ from attacks.rmia import RMIA
 from attacks.user_model import audit_model
 
 # names whose module imports torch, loaded on first access (PEP 562)
-_LAZY = {name: "attacks.whitebox" for name in
-         ("GradientCanaries", "MechanismAudit", "attach_to_opacus", "claim_optimised_guesses")}
+_LAZY = dict.fromkeys(
+    ("GradientCanaries", "MechanismAudit", "attach_to_opacus", "claim_optimised_guesses"),
+    "attacks.whitebox",
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -83,22 +97,22 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "AttributeInferenceAttack",
+    "RMIA",
     "AttackAudit",
+    "AttributeInferenceAttack",
     "AttributeResult",
     "AuditResult",
     "CanaryData",
-    "GradientCanaries",
-    "MechanismAudit",
     "ConformanceResult",
     "Design",
     "EpsilonBound",
     "FdpBound",
+    "GradientCanaries",
     "LiRA",
+    "MechanismAudit",
     "MechanismClaim",
     "OneRunResult",
     "ProbeEvidence",
-    "RMIA",
     "Recipe",
     "RecipeAudit",
     "ShadowModelAttack",

@@ -43,8 +43,14 @@ class AttributeResult:
         return self.ci_low > self.chance
 
 
-def evaluate_predictions(pred: np.ndarray, truth: np.ndarray, *, chance: float | None = None,
-                         alpha: float = 0.05, notes: str = "") -> AttributeResult:
+def evaluate_predictions(
+    pred: np.ndarray,
+    truth: np.ndarray,
+    *,
+    chance: float | None = None,
+    alpha: float = 0.05,
+    notes: str = "",
+) -> AttributeResult:
     """Accuracy of ``pred`` against ``truth`` with a (1 - alpha) Clopper-Pearson interval.
 
     ``chance`` defaults to the frequency of the most common true value (the best constant guess
@@ -52,14 +58,23 @@ def evaluate_predictions(pred: np.ndarray, truth: np.ndarray, *, chance: float |
     """
     pred, truth = np.asarray(pred), np.asarray(truth)
     if pred.shape != truth.shape or truth.size == 0:
-        raise ValueError(f"pred and truth must be non-empty and equally long; found {pred.size} and {truth.size}")
+        raise ValueError(
+            f"pred and truth must be non-empty and equally long; found {pred.size} and {truth.size}"
+        )
     k = int((pred == truth).sum())
     lo, hi = clopper_pearson_interval(k, truth.size, alpha)
     if chance is None:
         _, counts = np.unique(truth, return_counts=True)
         chance = float(counts.max() / truth.size)
-    return AttributeResult(accuracy=k / truth.size, ci_low=lo, ci_high=hi, chance=float(chance),
-                           n_test=int(truth.size), confidence=1 - alpha, notes=notes)
+    return AttributeResult(
+        accuracy=k / truth.size,
+        ci_low=lo,
+        ci_high=hi,
+        chance=float(chance),
+        n_test=int(truth.size),
+        confidence=1 - alpha,
+        notes=notes,
+    )
 
 
 class AttributeInferenceAttack(BaseEstimator):
@@ -82,12 +97,18 @@ class AttributeInferenceAttack(BaseEstimator):
         x = np.asarray(features, dtype=np.float64).reshape(len(features), -1)
         y = np.asarray(prop)
         if len(np.unique(y)) < 2:
-            raise ValueError(f"prop must take at least two values in training; found {np.unique(y).tolist()}")
+            raise ValueError(
+                f"prop must take at least two values in training; found {np.unique(y).tolist()}"
+            )
         if isinstance(self.classifier, str):
             if self.classifier != "logreg":
-                raise ValueError(f"classifier must be 'logreg' or an estimator; found {self.classifier!r}")
-            clf = make_pipeline(StandardScaler(), LogisticRegression(C=self.C, max_iter=2000,
-                                                                     random_state=self.random_state))
+                raise ValueError(
+                    f"classifier must be 'logreg' or an estimator; found {self.classifier!r}"
+                )
+            clf = make_pipeline(
+                StandardScaler(),
+                LogisticRegression(C=self.C, max_iter=2000, random_state=self.random_state),
+            )
         else:
             clf = clone(self.classifier)
         self.model_ = clf.fit(x, y)
@@ -96,10 +117,20 @@ class AttributeInferenceAttack(BaseEstimator):
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         check_is_fitted(self, "model_")
-        return self.model_.predict(np.asarray(features, dtype=np.float64).reshape(len(features), -1))
+        return self.model_.predict(
+            np.asarray(features, dtype=np.float64).reshape(len(features), -1)
+        )
 
-    def evaluate(self, features: np.ndarray, prop: np.ndarray, *, alpha: float = 0.05,
-                 chance: float | None = None, notes: str = "") -> AttributeResult:
+    def evaluate(
+        self,
+        features: np.ndarray,
+        prop: np.ndarray,
+        *,
+        alpha: float = 0.05,
+        chance: float | None = None,
+        notes: str = "",
+    ) -> AttributeResult:
         """Accuracy on held-out artifacts with a Clopper-Pearson interval."""
-        return evaluate_predictions(self.predict(features), np.asarray(prop), chance=chance,
-                                    alpha=alpha, notes=notes)
+        return evaluate_predictions(
+            self.predict(features), np.asarray(prop), chance=chance, alpha=alpha, notes=notes
+        )

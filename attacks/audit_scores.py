@@ -71,9 +71,14 @@ from attacks.one_run import guess
 from attacks.one_run_fdp import fdp_detectable_epsilon, fdp_epsilon_lower_bound
 
 VERDICTS = ("violation", "consistent", "inconclusive", "no-claim")
-CURVES = ("generic", "gaussian")  # or a trade-off curve / CurveFamily (e.g. accountants.ledger_curve)
+CURVES = (
+    "generic",
+    "gaussian",
+)  # or a trade-off curve / CurveFamily (e.g. accountants.ledger_curve)
 STEINKE = "one-run (Steinke, Nasr & Jagielski 2023), guesses fixed in advance, random tie-break"
-FDP = "one-run f-DP (Mahloujifar, Melis & Chaudhuri 2024), guesses fixed in advance, random tie-break"
+FDP = (
+    "one-run f-DP (Mahloujifar, Melis & Chaudhuri 2024), guesses fixed in advance, random tie-break"
+)
 INCLUSION = ("random", "unverified")
 DEFAULT_NAME = "scores"  # the attack's name when ``scores`` is one array
 
@@ -100,10 +105,13 @@ def _resolve_curve(curve, delta: float, accounted: float | None) -> str | CurveF
     """``"generic"``, or the CurveFamily the f-DP analysis searches (profiles anchored at the claim)."""
     if isinstance(curve, str) and curve == "generic":
         return "generic"
-    if (isinstance(curve, str) and curve not in CURVES) or not (isinstance(curve, str) or callable(curve)
-                                                                 or isinstance(curve, CurveFamily)):
-        raise ValueError(f"curve must be one of {', '.join(CURVES)}, a trade-off curve (a callable FPR -> "
-                         f"FNR) or a CurveFamily; found {curve!r}")
+    if (isinstance(curve, str) and curve not in CURVES) or not (
+        isinstance(curve, str) or callable(curve) or isinstance(curve, CurveFamily)
+    ):
+        raise ValueError(
+            f"curve must be one of {', '.join(CURVES)}, a trade-off curve (a callable FPR -> "
+            f"FNR) or a CurveFamily; found {curve!r}"
+        )
     return curve_family(curve, delta).anchored(accounted)
 
 
@@ -127,8 +135,16 @@ def epsilon_bound(m: int, r: int, v: int, *, delta: float, beta: float, curve="g
 
 
 @functools.lru_cache(maxsize=1024)
-def detectable_epsilon(m: int, r: int, *, delta: float, beta: float, target: float = 0.0,
-                       curve="generic", k_pos: int | None = None) -> float:
+def detectable_epsilon(
+    m: int,
+    r: int,
+    *,
+    delta: float,
+    beta: float,
+    target: float = 0.0,
+    curve="generic",
+    k_pos: int | None = None,
+) -> float:
     """Smallest true epsilon whose ideal attack (r guesses, each right w.p. e^eps/(1+e^eps)) gives a
     bound above ``target`` at least half the time; ``inf`` if no outcome can (ceiling <= target).
 
@@ -142,7 +158,9 @@ def detectable_epsilon(m: int, r: int, *, delta: float, beta: float, target: flo
     """
     if isinstance(curve, CurveFamily):
         kp = r - r // 2 if k_pos is None else k_pos
-        return fdp_detectable_epsilon(m, kp, r - kp, delta=delta, curve=curve, beta=beta, target=target)
+        return fdp_detectable_epsilon(
+            m, kp, r - kp, delta=delta, curve=curve, beta=beta, target=target
+        )
     if r == 0 or epsilon_bound(m, r, r, delta=delta, beta=beta, curve=curve) <= target:
         return math.inf
     lo, hi = -1, r  # bound(lo) <= target < bound(hi)
@@ -193,17 +211,34 @@ class AttackAudit:
 
     def to_dict(self) -> dict:
         """The audit.json record of one attack (the keys of ``reports.schema.AttackResult`` and more)."""
-        return _strict({
-            "auc": self.auc, "balanced_accuracy": self.balanced_accuracy, "advantage": self.advantage,
-            "tpr_at_fpr": self.tpr_at_fpr, "roc": self.roc,
-            "epsilon_lower_bound": self.epsilon_lower_bound, "confidence": self.confidence,
-            "ceiling": self.ceiling, "family_epsilon_lower_bound": self.family_epsilon_lower_bound,
-            "family_confidence": self.family_confidence, "in_verdict": self.in_verdict,
-            "delta": self.delta, "n_trials": self.m, "m": self.m, "n_members": self.n_members,
-            "n_nonmembers": self.n_nonmembers, "k_pos": self.k_pos, "k_neg": self.k_neg,
-            "guesses": self.guesses, "correct": self.correct,
-            "bound": self.method, "tests": self.tests,
-            "notes": self.notes, "error": None})
+        return _strict(
+            {
+                "auc": self.auc,
+                "balanced_accuracy": self.balanced_accuracy,
+                "advantage": self.advantage,
+                "tpr_at_fpr": self.tpr_at_fpr,
+                "roc": self.roc,
+                "epsilon_lower_bound": self.epsilon_lower_bound,
+                "confidence": self.confidence,
+                "ceiling": self.ceiling,
+                "family_epsilon_lower_bound": self.family_epsilon_lower_bound,
+                "family_confidence": self.family_confidence,
+                "in_verdict": self.in_verdict,
+                "delta": self.delta,
+                "n_trials": self.m,
+                "m": self.m,
+                "n_members": self.n_members,
+                "n_nonmembers": self.n_nonmembers,
+                "k_pos": self.k_pos,
+                "k_neg": self.k_neg,
+                "guesses": self.guesses,
+                "correct": self.correct,
+                "bound": self.method,
+                "tests": self.tests,
+                "notes": self.notes,
+                "error": None,
+            }
+        )
 
 
 @dataclass
@@ -238,17 +273,29 @@ class AuditResult:
     def to_dict(self, with_attacks: bool = True) -> dict:
         """Strict JSON; ``with_attacks=False`` leaves out the per-attack records (audit.json keeps
         them beside the verdict)."""
-        d = _strict({
-            "status": self.verdict, "message": self.message,
-            "epsilon_lower_bound": self.epsilon_lower_bound, "attack": self.attack,
-            "epsilon_ceiling": self.epsilon_ceiling, "detectable_epsilon": self.detectable_epsilon,
-            "accounted_epsilon": self.accounted_epsilon, "delta": self.delta,
-            "confidence": self.confidence, "correction": self.correction, "family": self.family,
-            "family_size": len(self.family) * len(self.guess_grid),
-            "guess_grid": [list(p) for p in self.guess_grid], "m": self.m, "curve": self.curve,
-            "claim_tested": self.claim_tested,
-            "inclusion": self.inclusion, "seed": self.seed,
-            "notes": self.notes})
+        d = _strict(
+            {
+                "status": self.verdict,
+                "message": self.message,
+                "epsilon_lower_bound": self.epsilon_lower_bound,
+                "attack": self.attack,
+                "epsilon_ceiling": self.epsilon_ceiling,
+                "detectable_epsilon": self.detectable_epsilon,
+                "accounted_epsilon": self.accounted_epsilon,
+                "delta": self.delta,
+                "confidence": self.confidence,
+                "correction": self.correction,
+                "family": self.family,
+                "family_size": len(self.family) * len(self.guess_grid),
+                "guess_grid": [list(p) for p in self.guess_grid],
+                "m": self.m,
+                "curve": self.curve,
+                "claim_tested": self.claim_tested,
+                "inclusion": self.inclusion,
+                "seed": self.seed,
+                "notes": self.notes,
+            }
+        )
         if with_attacks:
             d["attacks"] = {n: a.to_dict() for n, a in self.attacks.items()}
         return d
@@ -265,7 +312,9 @@ def _as_family(scores, is_member) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     if isinstance(is_member, Mapping):
         missing = sorted(set(fam) - set(map(str, is_member)))
         if missing:
-            raise ValueError(f"is_member must give membership for every attack; found none for {missing}")
+            raise ValueError(
+                f"is_member must give membership for every attack; found none for {missing}"
+            )
         members = {str(k): v for k, v in is_member.items()}
     else:
         members = dict.fromkeys(fam, is_member)
@@ -282,13 +331,17 @@ def _grid(guesses) -> list[tuple[float, float]]:
     if isinstance(guesses, (int, float, np.integer, np.floating)) and not isinstance(guesses, bool):
         f = float(guesses)
         if not 0 < f <= 0.5:
-            raise ValueError(f"guesses must be a fraction in (0, 0.5] or a list of (k_pos, k_neg) pairs; "
-                             f"found {guesses}")
+            raise ValueError(
+                f"guesses must be a fraction in (0, 0.5] or a list of (k_pos, k_neg) pairs; "
+                f"found {guesses}"
+            )
         return [(f, f)]
     pairs = [tuple(p) for p in guesses]
     if not pairs or any(len(p) != 2 for p in pairs):
-        raise ValueError(f"guesses must be a fraction in (0, 0.5] or a list of (k_pos, k_neg) pairs; "
-                         f"found {guesses}")
+        raise ValueError(
+            f"guesses must be a fraction in (0, 0.5] or a list of (k_pos, k_neg) pairs; "
+            f"found {guesses}"
+        )
     return pairs
 
 
@@ -301,24 +354,30 @@ def _counts(k: float, m: int, name: str) -> int:
     raise ValueError(f"{name} must be a count in [0, m={m}] or a fraction in [0, 1); found {k!r}")
 
 
-def _check(accounted_epsilon, delta, confidence, seed, curve, inclusion, primary, names) -> float | None:
+def _check(
+    accounted_epsilon, delta, confidence, seed, curve, inclusion, primary, names
+) -> float | None:
     if not 0 <= delta < 1:
         raise ValueError(f"delta must be in [0, 1); found {delta}")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1); found {confidence}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer; found {seed!r}")
-    for how in (inclusion.values() if isinstance(inclusion, Mapping) else [inclusion]):
+    for how in inclusion.values() if isinstance(inclusion, Mapping) else [inclusion]:
         if how not in INCLUSION:
-            raise ValueError(f"inclusion must be one of {', '.join(INCLUSION)} (or a dict of them per "
-                             f"attack); found {how!r}")
+            raise ValueError(
+                f"inclusion must be one of {', '.join(INCLUSION)} (or a dict of them per "
+                f"attack); found {how!r}"
+            )
     if primary is not None and primary not in names:
         raise ValueError(f"primary must name one of the attacks {sorted(names)}; found {primary!r}")
     if accounted_epsilon is None:
         return None
     eps = float(accounted_epsilon)
     if eps < 0:
-        raise ValueError(f"accounted_epsilon must be >= 0 (or None / inf for no claim); found {accounted_epsilon}")
+        raise ValueError(
+            f"accounted_epsilon must be >= 0 (or None / inf for no claim); found {accounted_epsilon}"
+        )
     return eps if math.isfinite(eps) else None
 
 
@@ -346,26 +405,60 @@ def _pairs(name: str, s: np.ndarray, member: np.ndarray, grid, seed: int) -> lis
     return out
 
 
-def _audit_one(name: str, s: np.ndarray, member: np.ndarray, pairs: list[_Pair], *, delta: float,
-               beta: float, beta_family: float | None, curve) -> AttackAudit:
+def _audit_one(
+    name: str,
+    s: np.ndarray,
+    member: np.ndarray,
+    pairs: list[_Pair],
+    *,
+    delta: float,
+    beta: float,
+    beta_family: float | None,
+    curve,
+) -> AttackAudit:
     m, n_pairs = s.size, len(pairs)
-    own = [epsilon_bound(m, p.r, p.correct, delta=delta, beta=beta / n_pairs, curve=curve) for p in pairs]
-    fam = ([epsilon_bound(m, p.r, p.correct, delta=delta, beta=beta_family, curve=curve) for p in pairs]
-           if beta_family is not None else own)
+    own = [
+        epsilon_bound(m, p.r, p.correct, delta=delta, beta=beta / n_pairs, curve=curve)
+        for p in pairs
+    ]
+    fam = (
+        [
+            epsilon_bound(m, p.r, p.correct, delta=delta, beta=beta_family, curve=curve)
+            for p in pairs
+        ]
+        if beta_family is not None
+        else own
+    )
     i = int(np.argmax(fam))
     best = pairs[i]
     summ = summarize(s, member).to_dict()
     n_in = int(member.sum())
     return AttackAudit(
-        name=name, epsilon_lower_bound=max(own), confidence=1 - beta,
-        ceiling=max(epsilon_bound(m, p.r, p.r, delta=delta, beta=beta / n_pairs, curve=curve) for p in pairs),
+        name=name,
+        epsilon_lower_bound=max(own),
+        confidence=1 - beta,
+        ceiling=max(
+            epsilon_bound(m, p.r, p.r, delta=delta, beta=beta / n_pairs, curve=curve) for p in pairs
+        ),
         family_epsilon_lower_bound=max(fam) if beta_family is not None else None,
         family_confidence=1 - beta_family if beta_family is not None else None,
-        auc=summ["auc"], balanced_accuracy=summ["balanced_accuracy"], advantage=summ["advantage"],
-        tpr_at_fpr=summ["tpr_at_fpr"], roc=summ["roc"], m=m, n_members=n_in, n_nonmembers=m - n_in,
-        k_pos=best.k_pos, k_neg=best.k_neg, guesses=best.r, correct=best.correct,
-        delta=delta, in_verdict=beta_family is not None, tests=_tests(curve),
-        method=STEINKE if curve == "generic" else FDP)
+        auc=summ["auc"],
+        balanced_accuracy=summ["balanced_accuracy"],
+        advantage=summ["advantage"],
+        tpr_at_fpr=summ["tpr_at_fpr"],
+        roc=summ["roc"],
+        m=m,
+        n_members=n_in,
+        n_nonmembers=m - n_in,
+        k_pos=best.k_pos,
+        k_neg=best.k_neg,
+        guesses=best.r,
+        correct=best.correct,
+        delta=delta,
+        in_verdict=beta_family is not None,
+        tests=_tests(curve),
+        method=STEINKE if curve == "generic" else FDP,
+    )
 
 
 def _tests(curve) -> str:
@@ -374,10 +467,20 @@ def _tests(curve) -> str:
 
 
 # ---------------------------------------------------------------------------------- entry point
-def audit_scores(scores, is_member, *, accounted_epsilon: float | None = None, delta: float,
-                 confidence: float = 0.95, seed: int = 0, curve="generic",
-                 guesses=0.1, primary: str | None = None, inclusion: str | Mapping[str, str] = "unverified",
-                 notes: Mapping[str, str] | None = None) -> AuditResult:
+def audit_scores(
+    scores,
+    is_member,
+    *,
+    accounted_epsilon: float | None = None,
+    delta: float,
+    confidence: float = 0.95,
+    seed: int = 0,
+    curve="generic",
+    guesses=0.1,
+    primary: str | None = None,
+    inclusion: str | Mapping[str, str] = "unverified",
+    notes: Mapping[str, str] | None = None,
+) -> AuditResult:
     """Family-wise empirical epsilon lower bound, its ceiling, the detectable epsilon and the verdict.
 
     Parameters
@@ -412,7 +515,9 @@ def audit_scores(scores, is_member, *, accounted_epsilon: float | None = None, d
     audit.json / report.json (``status`` = the verdict), strict JSON.
     """
     family_data = _as_family(scores, is_member)
-    claim = _check(accounted_epsilon, delta, confidence, seed, curve, inclusion, primary, family_data)
+    claim = _check(
+        accounted_epsilon, delta, confidence, seed, curve, inclusion, primary, family_data
+    )
     how_included = _per_attack(inclusion, family_data)
     curve = _resolve_curve(curve, delta, claim)
     grid, beta = _grid(guesses), 1.0 - confidence
@@ -421,28 +526,67 @@ def audit_scores(scores, is_member, *, accounted_epsilon: float | None = None, d
     attacks, pairs = {}, {}
     for name, (s, member) in family_data.items():
         pairs[name] = _pairs(name, s, member, grid, seed)
-        attacks[name] = _audit_one(name, s, member, pairs[name], delta=delta, beta=beta, curve=curve,
-                                   beta_family=beta_family if name in family else None)
+        attacks[name] = _audit_one(
+            name,
+            s,
+            member,
+            pairs[name],
+            delta=delta,
+            beta=beta,
+            curve=curve,
+            beta_family=beta_family if name in family else None,
+        )
         attacks[name].notes = (notes or {}).get(name, "")
     best = max(family, key=lambda n: attacks[n].family_epsilon_lower_bound)
     bound = attacks[best].family_epsilon_lower_bound
     shapes = {(attacks[n].m, p.k_pos, p.k_neg) for n in family for p in pairs[n]}
-    ceiling = max(epsilon_bound(m, kp + kn, kp + kn, delta=delta, beta=beta_family, curve=curve)
-                  for m, kp, kn in shapes)
-    detectable = min(detectable_epsilon(m, kp + kn, delta=delta, beta=beta_family, target=claim or 0.0,
-                                        curve=curve, k_pos=kp) for m, kp, kn in shapes)
-    correction = (f"primary attack {primary!r} declared in advance" if primary is not None else
-                  f"Bonferroni over {len(family)} attack(s)") + (
-        f" x {len(grid)} (k+, k-) pairs" if len(grid) > 1 else "")
-    verdict, message = _verdict(claim, accounted_epsilon, bound, best, ceiling, detectable, delta,
-                                confidence, correction, None if curve == "generic" else _tests(curve))
-    return AuditResult(verdict=verdict, message=message, epsilon_lower_bound=bound, attack=best,
-                       epsilon_ceiling=ceiling, detectable_epsilon=detectable,
-                       accounted_epsilon=None if accounted_epsilon is None else float(accounted_epsilon),
-                       delta=float(delta), confidence=float(confidence), correction=correction,
-                       family=family, guess_grid=grid, curve=curve if curve == "generic" else curve.kind,
-                       claim_tested=_tests(curve), inclusion=inclusion, seed=int(seed),
-                       attacks=attacks, notes=_notes(how_included, family_data, primary))
+    ceiling = max(
+        epsilon_bound(m, kp + kn, kp + kn, delta=delta, beta=beta_family, curve=curve)
+        for m, kp, kn in shapes
+    )
+    detectable = min(
+        detectable_epsilon(
+            m, kp + kn, delta=delta, beta=beta_family, target=claim or 0.0, curve=curve, k_pos=kp
+        )
+        for m, kp, kn in shapes
+    )
+    correction = (
+        f"primary attack {primary!r} declared in advance"
+        if primary is not None
+        else f"Bonferroni over {len(family)} attack(s)"
+    ) + (f" x {len(grid)} (k+, k-) pairs" if len(grid) > 1 else "")
+    verdict, message = _verdict(
+        claim,
+        accounted_epsilon,
+        bound,
+        best,
+        ceiling,
+        detectable,
+        delta,
+        confidence,
+        correction,
+        None if curve == "generic" else _tests(curve),
+    )
+    return AuditResult(
+        verdict=verdict,
+        message=message,
+        epsilon_lower_bound=bound,
+        attack=best,
+        epsilon_ceiling=ceiling,
+        detectable_epsilon=detectable,
+        accounted_epsilon=None if accounted_epsilon is None else float(accounted_epsilon),
+        delta=float(delta),
+        confidence=float(confidence),
+        correction=correction,
+        family=family,
+        guess_grid=grid,
+        curve=curve if curve == "generic" else curve.kind,
+        claim_tested=_tests(curve),
+        inclusion=inclusion,
+        seed=int(seed),
+        attacks=attacks,
+        notes=_notes(how_included, family_data, primary),
+    )
 
 
 def decide(bound: float, ceiling: float, accounted_epsilon: float | None) -> str:
@@ -456,39 +600,56 @@ def decide(bound: float, ceiling: float, accounted_epsilon: float | None) -> str
     return "consistent" if ceiling > accounted_epsilon else "inconclusive"
 
 
-def _verdict(claim, accounted, bound, best, ceiling, detectable, delta, confidence, correction,
-             tested=None):
+def _verdict(
+    claim, accounted, bound, best, ceiling, detectable, delta, confidence, correction, tested=None
+):
     at = f"at delta={delta:g}"
-    lb = (f"family-wise lower bound {_fmt(bound)} ({best}; {confidence:.0%} for the whole family, "
-          f"{correction})")
+    lb = (
+        f"family-wise lower bound {_fmt(bound)} ({best}; {confidence:.0%} for the whole family, "
+        f"{correction})"
+    )
     if tested is not None:  # an f-DP bound refutes a stronger claim than (eps, delta)-DP
         lb = f"{lb}, testing the claim '{tested}'"
-    reach = (f"a mechanism whose true epsilon is {_fmt(detectable)} or more is flagged at least half the "
-             "time (detectable epsilon)" if math.isfinite(detectable) else
-             "no true epsilon is flagged half the time (detectable epsilon: inf)")
+    reach = (
+        f"a mechanism whose true epsilon is {_fmt(detectable)} or more is flagged at least half the "
+        "time (detectable epsilon)"
+        if math.isfinite(detectable)
+        else "no true epsilon is flagged half the time (detectable epsilon: inf)"
+    )
     status = decide(bound, ceiling, claim)
     if status == "no-claim":
-        why = ("no DP claim to check" if accounted is None else
-               f"the accounted epsilon is {accounted} {at}: no finite guarantee to check")
+        why = (
+            "no DP claim to check"
+            if accounted is None
+            else f"the accounted epsilon is {accounted} {at}: no finite guarantee to check"
+        )
         return status, f"{why}; {lb} describes leakage only; {reach}"
     if status == "violation":
-        return status, (f"VIOLATION: {lb} exceeds the accounted epsilon {_fmt(claim)} {at}: the "
-                        "implementation or the privacy claim is broken (e.g. missing noise, wrong "
-                        "sampling rate or sensitivity), or the audited records were not included "
-                        "at random")
+        return status, (
+            f"VIOLATION: {lb} exceeds the accounted epsilon {_fmt(claim)} {at}: the "
+            "implementation or the privacy claim is broken (e.g. missing noise, wrong "
+            "sampling rate or sensitivity), or the audited records were not included "
+            "at random"
+        )
     if status == "consistent":
-        return status, (f"no violation: {lb} <= accounted epsilon {_fmt(claim)} {at}; this audit "
-                        f"could show at most {_fmt(ceiling)} (ceiling) and {reach}")
-    return status, (f"inconclusive: this audit can detect at most epsilon {_fmt(ceiling)} (its ceiling), "
-                    f"not above the accounted epsilon {_fmt(claim)} {at}: no outcome could contradict "
-                    "the claim (more audited records, more guesses or fewer attacks raise it)")
+        return status, (
+            f"no violation: {lb} <= accounted epsilon {_fmt(claim)} {at}; this audit "
+            f"could show at most {_fmt(ceiling)} (ceiling) and {reach}"
+        )
+    return status, (
+        f"inconclusive: this audit can detect at most epsilon {_fmt(ceiling)} (its ceiling), "
+        f"not above the accounted epsilon {_fmt(claim)} {at}: no outcome could contradict "
+        "the claim (more audited records, more guesses or fewer attacks raise it)"
+    )
 
 
 def _per_attack(inclusion, family_data) -> dict[str, str]:
     if isinstance(inclusion, Mapping):
         missing = sorted(set(family_data) - set(inclusion))
         if missing:
-            raise ValueError(f"inclusion must name every attack when it is a dict; found none for {missing}")
+            raise ValueError(
+                f"inclusion must name every attack when it is a dict; found none for {missing}"
+            )
         return {n: inclusion[n] for n in family_data}
     return dict.fromkeys(family_data, inclusion)
 
@@ -498,10 +659,12 @@ def _notes(inclusion: dict[str, str], family_data, primary) -> list[str]:
     unverified = [n for n, how in inclusion.items() if how == "unverified"]
     if unverified:
         which = "" if len(unverified) == len(inclusion) else f" ({', '.join(unverified)})"
-        notes.append(f"the bound assumes random inclusion (each audited record in training by an "
-                     f"independent fair coin, Steinke et al. 2023); not verified for these records{which}: "
-                     "if members and non-members differ otherwise (e.g. a train/test distribution "
-                     "shift), the bound can exceed the true epsilon")
+        notes.append(
+            f"the bound assumes random inclusion (each audited record in training by an "
+            f"independent fair coin, Steinke et al. 2023); not verified for these records{which}: "
+            "if members and non-members differ otherwise (e.g. a train/test distribution "
+            "shift), the bound can exceed the true epsilon"
+        )
     seen = set()
     for name, (_, member) in family_data.items():
         if inclusion[name] == "random":
@@ -512,9 +675,13 @@ def _notes(inclusion: dict[str, str], family_data, primary) -> list[str]:
             # two-sided binomial test of fair coins (symmetric at 1/2: twice the smaller tail)
             p = min(1.0, 2 * float(min(stats.binom.cdf(k, m, 0.5), stats.binom.sf(k - 1, m, 0.5))))
             if p < 1e-3:
-                notes.append(f"{name}: {k} members of {m} records is unlikely under fair-coin inclusion "
-                             f"(two-sided binomial p = {p:.2g}); check how membership was drawn")
+                notes.append(
+                    f"{name}: {k} members of {m} records is unlikely under fair-coin inclusion "
+                    f"(two-sided binomial p = {p:.2g}); check how membership was drawn"
+                )
     if primary is not None:
-        notes.append(f"the verdict rests on the primary attack {primary!r} alone; the other attacks' "
-                     "bounds are descriptive (each at its own confidence)")
+        notes.append(
+            f"the verdict rests on the primary attack {primary!r} alone; the other attacks' "
+            "bounds are descriptive (each at its own confidence)"
+        )
     return notes

@@ -44,8 +44,16 @@ SCORES = ("loss", "logit-gap")
 #: loss while an excluded one can land on its random label by chance (the bottom is clean).
 ONE_SIDED_GUESSES = [(0.05, 0), (0.1, 0), (0.2, 0), (0, 0.05), (0, 0.1), (0, 0.2)]
 
-__all__ = ["KINDS", "ONE_SIDED_GUESSES", "SCORES", "CanaryData", "audit_canaries", "canary_scores",
-           "insert_canaries", "make_canaries"]
+__all__ = [
+    "KINDS",
+    "ONE_SIDED_GUESSES",
+    "SCORES",
+    "CanaryData",
+    "audit_canaries",
+    "canary_scores",
+    "insert_canaries",
+    "make_canaries",
+]
 
 
 @dataclass
@@ -81,8 +89,13 @@ class CanaryData:
         return int(self.included.size)
 
     def summary(self) -> dict:
-        return {"kind": self.kind, "canaries": self.m, "included": int(self.included.sum()),
-                "seed": self.seed, "train_size": len(self.y_train)}
+        return {
+            "kind": self.kind,
+            "canaries": self.m,
+            "included": int(self.included.sum()),
+            "seed": self.seed,
+            "train_size": len(self.y_train),
+        }
 
 
 def _check(x: np.ndarray, y: np.ndarray, n: int, kind: str) -> None:
@@ -96,9 +109,17 @@ def _check(x: np.ndarray, y: np.ndarray, n: int, kind: str) -> None:
         raise ValueError(f"n must be <= the pool size {len(y)} for mislabelled canaries; found {n}")
 
 
-def make_canaries(x: np.ndarray, y: np.ndarray, n: int, *, kind: str = "mislabel",
-                  num_classes: int | None = None, seed: int = 0, ood_fraction: float = 0.04,
-                  ood_amplitude: float = 5.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def make_canaries(
+    x: np.ndarray,
+    y: np.ndarray,
+    n: int,
+    *,
+    kind: str = "mislabel",
+    num_classes: int | None = None,
+    seed: int = 0,
+    ood_fraction: float = 0.04,
+    ood_amplitude: float = 5.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``n`` canaries from the pool ``(x, y)``: returns ``(canary_x, canary_y, source)``.
 
     Parameters
@@ -128,22 +149,37 @@ def make_canaries(x: np.ndarray, y: np.ndarray, n: int, *, kind: str = "mislabel
     lit = max(1, round(ood_fraction * d))
     span = float(flat.max() - flat.min()) or 1.0
     if math.comb(d, lit) < 4 * n:  # distinct patterns must be plentiful, or canaries repeat
-        raise ValueError(f"ood canaries light {lit} of {d} coordinates: only {math.comb(d, lit)} "
-                         f"patterns for n = {n} canaries; raise ood_fraction or use kind='mislabel'")
+        raise ValueError(
+            f"ood canaries light {lit} of {d} coordinates: only {math.comb(d, lit)} "
+            f"patterns for n = {n} canaries; raise ood_fraction or use kind='mislabel'"
+        )
     cx = np.repeat(flat.min(0, keepdims=True), n, axis=0)
     seen: set[tuple[int, ...]] = set()
     for i in range(n):
         coords = tuple(sorted(rng.choice(d, lit, replace=False)))
-        while coords in seen:  # each canary its own pattern (two copies would share one coin's effect)
+        while (
+            coords in seen
+        ):  # each canary its own pattern (two copies would share one coin's effect)
             coords = tuple(sorted(rng.choice(d, lit, replace=False)))
         seen.add(coords)
         cx[i, list(coords)] += ood_amplitude * span
-    return cx.reshape((n,) + x.shape[1:]).astype(x.dtype, copy=False), rng.integers(0, k, n), \
-        np.full(n, -1, dtype=np.int64)
+    return (
+        cx.reshape((n,) + x.shape[1:]).astype(x.dtype, copy=False),
+        rng.integers(0, k, n),
+        np.full(n, -1, dtype=np.int64),
+    )
 
 
-def insert_canaries(x: np.ndarray, y: np.ndarray, n: int, *, kind: str = "mislabel", seed: int = 0,
-                    num_classes: int | None = None, **options) -> CanaryData:
+def insert_canaries(
+    x: np.ndarray,
+    y: np.ndarray,
+    n: int,
+    *,
+    kind: str = "mislabel",
+    seed: int = 0,
+    num_classes: int | None = None,
+    **options,
+) -> CanaryData:
     """Make ``n`` canaries from the pool ``(x, y)`` and include each by an independent fair coin.
 
     The coins come from the audit stream ``(seed, "canaries/coins")``, drawn after and apart
@@ -153,7 +189,9 @@ def insert_canaries(x: np.ndarray, y: np.ndarray, n: int, *, kind: str = "mislab
 
     Returns a :class:`CanaryData`; it unpacks as ``x_train, y_train, canary_index, included``.
     """
-    cx, cy, source = make_canaries(x, y, n, kind=kind, num_classes=num_classes, seed=seed, **options)
+    cx, cy, source = make_canaries(
+        x, y, n, kind=kind, num_classes=num_classes, seed=seed, **options
+    )
     included = stream(seed, "canaries/coins").random(n) < 0.5
     keep = np.ones(len(y), dtype=bool)
     keep[source[source >= 0]] = False
@@ -162,8 +200,17 @@ def insert_canaries(x: np.ndarray, y: np.ndarray, n: int, *, kind: str = "mislab
     index[included] = len(base_y) + np.arange(int(included.sum()))
     x_train = np.concatenate([base_x, cx[included].astype(base_x.dtype, copy=False)])
     y_train = np.concatenate([base_y, cy[included]])
-    return CanaryData(x_train=x_train, y_train=y_train, canary_index=index, included=included,
-                      canary_x=cx, canary_y=cy, source=source, kind=kind, seed=int(seed))
+    return CanaryData(
+        x_train=x_train,
+        y_train=y_train,
+        canary_index=index,
+        included=included,
+        canary_x=cx,
+        canary_y=cy,
+        source=source,
+        kind=kind,
+        seed=int(seed),
+    )
 
 
 def canary_scores(logits: np.ndarray, labels: np.ndarray, score: str = "loss") -> np.ndarray:
@@ -176,7 +223,9 @@ def canary_scores(logits: np.ndarray, labels: np.ndarray, score: str = "loss") -
     z = np.asarray(logits, dtype=np.float64)
     lab = np.asarray(labels, dtype=np.int64)
     if z.ndim != 2 or z.shape[0] != lab.size:
-        raise ValueError(f"logits must be (m, C) with m = len(labels) = {lab.size}; found shape {z.shape}")
+        raise ValueError(
+            f"logits must be (m, C) with m = len(labels) = {lab.size}; found shape {z.shape}"
+        )
     if score not in SCORES:
         raise ValueError(f"score must be one of {', '.join(SCORES)}; found {score!r}")
     rows = np.arange(lab.size)
@@ -189,10 +238,23 @@ def canary_scores(logits: np.ndarray, labels: np.ndarray, score: str = "loss") -
     return z[rows, lab] - others.max(1)
 
 
-def audit_canaries(recipe, x: np.ndarray, y: np.ndarray, n: int, *, delta: float,
-                   accounted_epsilon: float | None = None, kind: str = "mislabel", score: str = "loss",
-                   confidence: float = 0.95, seed: int = 0, curve="generic", guesses=ONE_SIDED_GUESSES,
-                   num_classes: int | None = None, **options):
+def audit_canaries(
+    recipe,
+    x: np.ndarray,
+    y: np.ndarray,
+    n: int,
+    *,
+    delta: float,
+    accounted_epsilon: float | None = None,
+    kind: str = "mislabel",
+    score: str = "loss",
+    confidence: float = 0.95,
+    seed: int = 0,
+    curve="generic",
+    guesses=ONE_SIDED_GUESSES,
+    num_classes: int | None = None,
+    **options,
+):
     """One-run canary audit of a training recipe: insert ``n`` canaries into the pool ``(x, y)``,
     train once, score every canary, bound epsilon over the canaries alone.
 
@@ -221,10 +283,23 @@ def audit_canaries(recipe, x: np.ndarray, y: np.ndarray, n: int, *, delta: float
     model = rec.fit(data.x_train, data.y_train, stream_seeds(seed, 1, "canaries/recipe")[0])
     scores = canary_scores(rec.logits(model, data.canary_x, num_classes), data.canary_y, score)
     name = f"canaries-{kind}"
-    res = audit_scores({name: scores}, data.included, accounted_epsilon=accounted_epsilon, delta=delta,
-                       confidence=confidence, seed=seed, curve=curve, guesses=guesses, inclusion="random",
-                       notes={name: f"{data.m} {kind} canaries, {int(data.included.sum())} included by "
-                                    f"fair coins; score = {score}"})
-    res.notes.append(f"one-run audit over {data.m} {kind} canaries only (each included by an "
-                     "independent fair coin); the other training records are not audited")
+    res = audit_scores(
+        {name: scores},
+        data.included,
+        accounted_epsilon=accounted_epsilon,
+        delta=delta,
+        confidence=confidence,
+        seed=seed,
+        curve=curve,
+        guesses=guesses,
+        inclusion="random",
+        notes={
+            name: f"{data.m} {kind} canaries, {int(data.included.sum())} included by "
+            f"fair coins; score = {score}"
+        },
+    )
+    res.notes.append(
+        f"one-run audit over {data.m} {kind} canaries only (each included by an "
+        "independent fair coin); the other training records are not audited"
+    )
     return res

@@ -55,8 +55,14 @@ from scipy import stats
 
 TESTS = ("releases", "noise", "influence", "sensitivity")
 
-__all__ = ["TESTS", "ConformanceResult", "MechanismClaim", "ProbeEvidence", "claim_from_events",
-           "conformance_test"]
+__all__ = [
+    "TESTS",
+    "ConformanceResult",
+    "MechanismClaim",
+    "ProbeEvidence",
+    "claim_from_events",
+    "conformance_test",
+]
 
 
 @dataclass(frozen=True)
@@ -78,25 +84,34 @@ class MechanismClaim:
         q = np.asarray(self.sample_rates, dtype=np.float64).reshape(-1)
         s = np.asarray(self.noise_multipliers, dtype=np.float64).reshape(-1)
         if q.shape != s.shape:
-            raise ValueError(f"sample_rates and noise_multipliers must have the same length; found "
-                             f"{q.size} and {s.size}")
+            raise ValueError(
+                f"sample_rates and noise_multipliers must have the same length; found "
+                f"{q.size} and {s.size}"
+            )
         if q.size and (not np.all((q > 0) & (q <= 1))):
             raise ValueError(f"sample_rates must be in (0, 1]; found {q[~((q > 0) & (q <= 1))][0]}")
         if q.size and not np.all(s > 0):
-            raise ValueError(f"noise_multipliers must be > 0 (a release without noise claims no DP); "
-                             f"found {s[~(s > 0)][0]}")
+            raise ValueError(
+                f"noise_multipliers must be > 0 (a release without noise claims no DP); "
+                f"found {s[~(s > 0)][0]}"
+            )
         if not (self.sensitivity > 0 and math.isfinite(self.sensitivity)):
             raise ValueError(f"sensitivity must be a finite number > 0; found {self.sensitivity}")
         object.__setattr__(self, "sample_rates", q)
         object.__setattr__(self, "noise_multipliers", s)
 
     @classmethod
-    def repeated(cls, sample_rate: float, noise_multiplier: float, steps: int, sensitivity: float) -> MechanismClaim:
+    def repeated(
+        cls, sample_rate: float, noise_multiplier: float, steps: int, sensitivity: float
+    ) -> MechanismClaim:
         """``steps`` identical releases: ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)``."""
         if not isinstance(steps, (int, np.integer)) or steps < 1:
             raise ValueError(f"steps must be an integer >= 1; found {steps!r}")
-        return cls(np.full(int(steps), float(sample_rate)), np.full(int(steps), float(noise_multiplier)),
-                   float(sensitivity))
+        return cls(
+            np.full(int(steps), float(sample_rate)),
+            np.full(int(steps), float(noise_multiplier)),
+            float(sensitivity),
+        )
 
     @property
     def steps(self) -> int:
@@ -107,11 +122,15 @@ class MechanismClaim:
         copies of its last (how releases the claim does not count are scored and measured)."""
         extra = max(0, int(steps) - self.steps)
         take = min(int(steps), self.steps)
-        return MechanismClaim(np.r_[self.sample_rates[:take], np.full(extra, self.sample_rates[-1])],
-                              np.r_[self.noise_multipliers[:take], np.full(extra, self.noise_multipliers[-1])],
-                              self.sensitivity)
+        return MechanismClaim(
+            np.r_[self.sample_rates[:take], np.full(extra, self.sample_rates[-1])],
+            np.r_[self.noise_multipliers[:take], np.full(extra, self.noise_multipliers[-1])],
+            self.sensitivity,
+        )
 
-    def epsilon(self, delta: float, noise_scale: float = 1.0, fallback: bool = True, grid: float = 1e-4) -> float:
+    def epsilon(
+        self, delta: float, noise_scale: float = 1.0, fallback: bool = True, grid: float = 1e-4
+    ) -> float:
         """Epsilon at ``delta`` of this claim (privkit's accountants, ``best``) with every noise
         multiplier multiplied by ``noise_scale``. Where the PLD grid cannot hold the loss (noise far
         below the claim: epsilon in the hundreds) the RDP upper bound is used (``fallback``), and
@@ -122,12 +141,22 @@ class MechanismClaim:
         (still a pessimistic upper bound of the PLD epsilon). Results are cached per claim."""
         if noise_scale <= 0:
             return math.inf
-        return _claim_epsilon(self.sample_rates.tobytes(), self.noise_multipliers.tobytes(), float(delta),
-                              float(noise_scale), bool(fallback), float(grid))
+        return _claim_epsilon(
+            self.sample_rates.tobytes(),
+            self.noise_multipliers.tobytes(),
+            float(delta),
+            float(noise_scale),
+            bool(fallback),
+            float(grid),
+        )
 
     def to_dict(self) -> dict:
-        return {"steps": self.steps, "sensitivity": self.sensitivity,
-                "sample_rates": _compress(self.sample_rates), "noise_multipliers": _compress(self.noise_multipliers)}
+        return {
+            "steps": self.steps,
+            "sensitivity": self.sensitivity,
+            "sample_rates": _compress(self.sample_rates),
+            "noise_multipliers": _compress(self.noise_multipliers),
+        }
 
 
 def _runs(q: np.ndarray, s: np.ndarray) -> list[tuple[tuple[float, float], int]]:
@@ -142,11 +171,15 @@ def _runs(q: np.ndarray, s: np.ndarray) -> list[tuple[tuple[float, float], int]]
 
 
 @functools.lru_cache(maxsize=256)
-def _claim_epsilon(rates: bytes, noises: bytes, delta: float, scale: float, fallback: bool, grid: float) -> float:
+def _claim_epsilon(
+    rates: bytes, noises: bytes, delta: float, scale: float, fallback: bool, grid: float
+) -> float:
     from accountants import Ledger, dpsgd_event
 
-    events = [dpsgd_event(q, s, count) for (q, s), count in
-              _runs(np.frombuffer(rates), np.frombuffer(noises) * scale)]
+    events = [
+        dpsgd_event(q, s, count)
+        for (q, s), count in _runs(np.frombuffer(rates), np.frombuffer(noises) * scale)
+    ]
 
     def ledger_at(vdi: float) -> Ledger:
         ledger = Ledger(value_discretization_interval=vdi)
@@ -198,15 +231,19 @@ def claim_from_events(events: Iterable, sensitivity: float) -> MechanismClaim:
             for _ in range(times):
                 for e in ev.events:
                     walk(e, 1)
-        elif isinstance(ev, dpa.PoissonSampledDpEvent) and isinstance(ev.event, dpa.GaussianDpEvent):
+        elif isinstance(ev, dpa.PoissonSampledDpEvent) and isinstance(
+            ev.event, dpa.GaussianDpEvent
+        ):
             q.extend([float(ev.sampling_probability)] * times)
             s.extend([float(ev.event.noise_multiplier)] * times)
         elif isinstance(ev, dpa.GaussianDpEvent):
             q.extend([1.0] * times)
             s.extend([float(ev.noise_multiplier)] * times)
         else:  # an event privkit cannot read as a claim is a bad value, as in the accountants
-            raise ValueError(f"claim_from_events reads Gaussian, Poisson-sampled Gaussian, self-composed "  # noqa: TRY004
-                             f"and composed events; found {type(ev).__name__}")
+            raise ValueError(
+                f"claim_from_events reads Gaussian, Poisson-sampled Gaussian, self-composed "
+                f"and composed events; found {type(ev).__name__}"
+            )
 
     for event in events:
         walk(event, 1)
@@ -299,12 +336,20 @@ class ConformanceResult:
         return [n for n, t in self.tests.items() if t.rejected]
 
     def to_dict(self) -> dict:
-        return {"analysis": "conformance", "status": self.verdict, "message": self.message,
-                "confidence": self.confidence, "steps_observed": self.steps_observed,
-                "rejected": self.rejected, "tests": {n: t.to_dict() for n, t in self.tests.items()},
-                "claim": self.claim.to_dict(), "claimed_epsilon": _finite_or_none(self.claimed_epsilon),
-                "measured_epsilon": _finite_or_none(self.measured_epsilon), "delta": self.delta,
-                "notes": list(self.notes)}
+        return {
+            "analysis": "conformance",
+            "status": self.verdict,
+            "message": self.message,
+            "confidence": self.confidence,
+            "steps_observed": self.steps_observed,
+            "rejected": self.rejected,
+            "tests": {n: t.to_dict() for n, t in self.tests.items()},
+            "claim": self.claim.to_dict(),
+            "claimed_epsilon": _finite_or_none(self.claimed_epsilon),
+            "measured_epsilon": _finite_or_none(self.measured_epsilon),
+            "delta": self.delta,
+            "notes": list(self.notes),
+        }
 
 
 def _finite_or_none(v):
@@ -313,36 +358,72 @@ def _finite_or_none(v):
 
 def _releases_test(steps: int, claim: MechanismClaim) -> ConformanceTest:
     over = steps > claim.steps
-    return ConformanceTest("releases", over, 0.0 if over else 1.0, 0.0, float(steps), float(steps),
-                           float(claim.steps),
-                           f"{steps} releases observed, {claim.steps} claimed" + (
-                               ": the ledger undercounts the releases" if over else ""))
+    return ConformanceTest(
+        "releases",
+        over,
+        0.0 if over else 1.0,
+        0.0,
+        float(steps),
+        float(steps),
+        float(claim.steps),
+        f"{steps} releases observed, {claim.steps} claimed"
+        + (": the ledger undercounts the releases" if over else ""),
+    )
 
 
-def _noise_test(ev: ProbeEvidence, claim: MechanismClaim, level: float, upto: int) -> ConformanceTest:
+def _noise_test(
+    ev: ProbeEvidence, claim: MechanismClaim, level: float, upto: int
+) -> ConformanceTest:
     s2 = claim.noise_multipliers[:upto] ** 2
     stat = float(np.sum(ev.noise_squares[:upto] / s2))
     dof = float(np.sum(ev.noise_coordinates[:upto]))
     if dof < 1:
-        return ConformanceTest("noise", False, 1.0, level, math.nan, math.inf, 1.0,
-                               "no coordinate free of included probes: noise scale not measured")
+        return ConformanceTest(
+            "noise",
+            False,
+            1.0,
+            level,
+            math.nan,
+            math.inf,
+            1.0,
+            "no coordinate free of included probes: noise scale not measured",
+        )
     p = float(stats.chi2.cdf(stat, dof))
     ratio = math.sqrt(stat / dof)  # measured / claimed noise standard deviation
     upper = math.sqrt(stat / stats.chi2.ppf(level, dof)) if stat > 0 else 0.0
     # noise f x the claim makes stat ~ f^2 chi2(dof): flagged half the time when f^2 median = critical
     detectable = math.sqrt(stats.chi2.ppf(level, dof) / stats.chi2.median(dof))
-    return ConformanceTest("noise", p < level, p, level, ratio, upper, 1.0,
-                           f"noise std {ratio:.4f} x the claimed (upper {_pct(1 - level)} limit {upper:.4f}) "
-                           f"over {int(dof)} coordinate-releases free of probes", detectable)
+    return ConformanceTest(
+        "noise",
+        p < level,
+        p,
+        level,
+        ratio,
+        upper,
+        1.0,
+        f"noise std {ratio:.4f} x the claimed (upper {_pct(1 - level)} limit {upper:.4f}) "
+        f"over {int(dof)} coordinate-releases free of probes",
+        detectable,
+    )
 
 
-def _influence_test(ev: ProbeEvidence, claim: MechanismClaim, level: float, upto: int) -> ConformanceTest:
+def _influence_test(
+    ev: ProbeEvidence, claim: MechanismClaim, level: float, upto: int
+) -> ConformanceTest:
     totals = ev.projections[:upto].sum(0)
     inc, exc = totals[ev.included], totals[~ev.included]
     expected = float(claim.sample_rates[:upto].sum())  # each appearance adds exactly C (clipped)
     if inc.size < 2 or (exc.size < 2 and not ev.clean_known) or expected <= 0:
-        return ConformanceTest("influence", False, 1.0, level, math.nan, 0.0, 1.0,
-                               "fewer than two included or excluded probes: influence not measured")
+        return ConformanceTest(
+            "influence",
+            False,
+            1.0,
+            level,
+            math.nan,
+            0.0,
+            1.0,
+            "fewer than two included or excluded probes: influence not measured",
+        )
     var = inc.var(ddof=1) / inc.size
     if ev.clean_known:  # an excluded probe sees zero-mean noise only: compare with 0 (one sample)
         diff, dof = float(inc.mean()), inc.size - 1
@@ -350,7 +431,11 @@ def _influence_test(ev: ProbeEvidence, claim: MechanismClaim, level: float, upto
     else:  # the other records' gradients may have a mean along a probe: compare the two groups
         vb = exc.var(ddof=1) / exc.size
         diff = float(inc.mean() - exc.mean())
-        dof = (var + vb) ** 2 / (var ** 2 / (inc.size - 1) + vb ** 2 / (exc.size - 1)) if var + vb > 0 else 1e9
+        dof = (
+            (var + vb) ** 2 / (var**2 / (inc.size - 1) + vb**2 / (exc.size - 1))
+            if var + vb > 0
+            else 1e9
+        )
         var += vb
         against = f"the {exc.size} excluded probes"
     se = math.sqrt(var)
@@ -361,27 +446,49 @@ def _influence_test(ev: ProbeEvidence, claim: MechanismClaim, level: float, upto
         p = float(stats.t.sf((diff - expected) / se, dof))
         lower = diff - margin
     ratio, lower_ratio = diff / expected, lower / expected
-    return ConformanceTest("influence", p < level, p, level, ratio, lower_ratio, 1.0,
-                           f"an included probe moved the releases by {ratio:.3f} x the claimed "
-                           f"sampling rate x sensitivity (lower {_pct(1 - level)} limit {lower_ratio:.3f}); "
-                           f"{inc.size} included probes against {against}", 1.0 + margin / expected)
+    return ConformanceTest(
+        "influence",
+        p < level,
+        p,
+        level,
+        ratio,
+        lower_ratio,
+        1.0,
+        f"an included probe moved the releases by {ratio:.3f} x the claimed "
+        f"sampling rate x sensitivity (lower {_pct(1 - level)} limit {lower_ratio:.3f}); "
+        f"{inc.size} included probes against {against}",
+        1.0 + margin / expected,
+    )
 
 
 def _sensitivity_test(ev: ProbeEvidence) -> ConformanceTest:
     worst = float(np.max(ev.record_influence))
     over = worst > 1 + ev.influence_tolerance
-    return ConformanceTest("sensitivity", over, 0.0 if over else 1.0, 0.0, worst, worst, 1.0,
-                           f"largest exact influence of {np.size(ev.record_influence)} probe record(s) "
-                           f"{worst:.4g} x the claimed sensitivity" + (
-                               ": the sensitivity bound does not hold" if over else ""))
+    return ConformanceTest(
+        "sensitivity",
+        over,
+        0.0 if over else 1.0,
+        0.0,
+        worst,
+        worst,
+        1.0,
+        f"largest exact influence of {np.size(ev.record_influence)} probe record(s) "
+        f"{worst:.4g} x the claimed sensitivity"
+        + (": the sensitivity bound does not hold" if over else ""),
+    )
 
 
 def _pct(p: float) -> str:
     return f"{100 * p:.4g}%"
 
 
-def conformance_test(evidence: ProbeEvidence, claim: MechanismClaim, *, confidence: float = 0.95,
-                     delta: float | None = None) -> ConformanceResult:
+def conformance_test(
+    evidence: ProbeEvidence,
+    claim: MechanismClaim,
+    *,
+    confidence: float = 0.95,
+    delta: float | None = None,
+) -> ConformanceResult:
     """Test the mechanism the probes observed against ``claim`` (see the module docstring).
 
     Parameters
@@ -398,14 +505,18 @@ def conformance_test(evidence: ProbeEvidence, claim: MechanismClaim, *, confiden
         raise ValueError("no release was observed; run the mechanism with the probes first")
     level = (1.0 - confidence) / 2
     upto = min(evidence.steps, claim.steps)
-    tests = {"releases": _releases_test(evidence.steps, claim),
-             "noise": _noise_test(evidence, claim, level, upto),
-             "influence": _influence_test(evidence, claim, level, upto)}
+    tests = {
+        "releases": _releases_test(evidence.steps, claim),
+        "noise": _noise_test(evidence, claim, level, upto),
+        "influence": _influence_test(evidence, claim, level, upto),
+    }
     if evidence.record_influence is not None and np.size(evidence.record_influence):
         tests["sensitivity"] = _sensitivity_test(evidence)
     rejected = [n for n, t in tests.items() if t.rejected]
     verdict = "violation" if rejected else "consistent"
-    res = ConformanceResult(verdict, "", float(confidence), tests, claim, evidence.steps, delta=delta)
+    res = ConformanceResult(
+        verdict, "", float(confidence), tests, claim, evidence.steps, delta=delta
+    )
     if delta is not None:
         res.claimed_epsilon = claim.epsilon(delta)
         res.measured_epsilon = _measured_epsilon(evidence, claim, tests["noise"], delta)
@@ -413,8 +524,9 @@ def conformance_test(evidence: ProbeEvidence, claim: MechanismClaim, *, confiden
     return res
 
 
-def _measured_epsilon(evidence: ProbeEvidence, claim: MechanismClaim, noise: ConformanceTest,
-                      delta: float) -> float:
+def _measured_epsilon(
+    evidence: ProbeEvidence, claim: MechanismClaim, noise: ConformanceTest, delta: float
+) -> float:
     """Epsilon of the claim over the observed releases (each extra release as the claim's last),
     with the noise at its upper confidence limit: a lower confidence bound of the epsilon that ran
     (when sampling and clipping are as claimed), just below the claim for a correct mechanism and
@@ -433,10 +545,14 @@ def _message(res: ConformanceResult) -> str:
     parts = "; ".join(t.detail for t in res.tests.values())
     eps = ""
     if res.measured_epsilon is not None:
-        eps = (f" Claimed epsilon {res.claimed_epsilon:.3f}; epsilon of the claimed mechanism at the "
-               f"measured noise and releases {res.measured_epsilon:.3f} at delta={res.delta:g} (valid if "
-               "sampling and sensitivity are as claimed).")
+        eps = (
+            f" Claimed epsilon {res.claimed_epsilon:.3f}; epsilon of the claimed mechanism at the "
+            f"measured noise and releases {res.measured_epsilon:.3f} at delta={res.delta:g} (valid if "
+            "sampling and sensitivity are as claimed)."
+        )
     if res.verdict == "violation":
-        return (f"VIOLATION of the claimed mechanism ({', '.join(res.rejected)}) at {conf} confidence: "
-                f"{parts}.{eps}")
+        return (
+            f"VIOLATION of the claimed mechanism ({', '.join(res.rejected)}) at {conf} confidence: "
+            f"{parts}.{eps}"
+        )
     return f"the mechanism conforms to its claim at {conf} confidence: {parts}.{eps}"

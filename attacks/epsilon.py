@@ -80,12 +80,18 @@ def epsilon_from_rates(fpr_upper, fnr_upper, delta: float, two_sided: bool = Tru
     fpr_u = np.asarray(fpr_upper, dtype=np.float64)
     fnr_u = np.asarray(fnr_upper, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
-        t1 = np.where((1 - delta - fnr_u > 0) & (fpr_u > 0),
-                      np.log(np.maximum(1 - delta - fnr_u, 1e-300) / fpr_u), 0.0)
+        t1 = np.where(
+            (1 - delta - fnr_u > 0) & (fpr_u > 0),
+            np.log(np.maximum(1 - delta - fnr_u, 1e-300) / fpr_u),
+            0.0,
+        )
         if not two_sided:
             return np.maximum(t1, 0.0)
-        t2 = np.where((1 - delta - fpr_u > 0) & (fnr_u > 0),
-                      np.log(np.maximum(1 - delta - fpr_u, 1e-300) / fnr_u), 0.0)
+        t2 = np.where(
+            (1 - delta - fpr_u > 0) & (fnr_u > 0),
+            np.log(np.maximum(1 - delta - fpr_u, 1e-300) / fnr_u),
+            0.0,
+        )
     return np.maximum(np.maximum(t1, t2), 0.0)
 
 
@@ -110,7 +116,9 @@ class EpsilonBound:
         return asdict(self)
 
 
-def _counts(s_in: np.ndarray, s_out: np.ndarray, thresholds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _counts(
+    s_in: np.ndarray, s_out: np.ndarray, thresholds: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """FP(t) = #{out >= t}, FN(t) = #{in < t} for each threshold (sorted search, O(n log n))."""
     so, si = np.sort(s_out), np.sort(s_in)
     fp = so.size - np.searchsorted(so, thresholds, side="left")
@@ -118,8 +126,9 @@ def _counts(s_in: np.ndarray, s_out: np.ndarray, thresholds: np.ndarray) -> tupl
     return fp, fn
 
 
-def epsilon_ceiling(n_members: int, n_nonmembers: int, delta: float, alpha: float = 0.05,
-                    method: str = "bonferroni") -> float:
+def epsilon_ceiling(
+    n_members: int, n_nonmembers: int, delta: float, alpha: float = 0.05, method: str = "bonferroni"
+) -> float:
     """The largest bound this procedure can print for ``n`` trials (a perfect attack, FP = FN = 0).
 
     With one fixed threshold (``method="single"``) and alpha = 0.05 this is ``ln((1-u)/u)``,
@@ -154,8 +163,9 @@ def gdp_epsilon_estimate(fpr_upper: float, fnr_upper: float, delta: float) -> fl
         return 0.0
 
     def gap(eps: float) -> float:
-        return (stats.norm.cdf(-eps / mu + mu / 2)
-                - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)) - delta
+        return (
+            stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)
+        ) - delta
 
     if gap(0.0) <= 0:
         return 0.0
@@ -175,9 +185,17 @@ def _best(s_in, s_out, delta, a_fp, a_fn, two_sided):
     return float(eps[i]), float(thresholds[i]), float(fpr_u[i]), float(fnr_u[i])
 
 
-def empirical_epsilon(scores: np.ndarray, membership: np.ndarray, *, delta: float,
-                      alpha: float = 0.05, method: str = "bonferroni", two_sided: bool = True,
-                      threshold: float | None = None, random_state: int = 0) -> EpsilonBound:
+def empirical_epsilon(
+    scores: np.ndarray,
+    membership: np.ndarray,
+    *,
+    delta: float,
+    alpha: float = 0.05,
+    method: str = "bonferroni",
+    two_sided: bool = True,
+    threshold: float | None = None,
+    random_state: int = 0,
+) -> EpsilonBound:
     """A (1 - alpha) lower bound on epsilon from scores of *independent* IN/OUT trials.
 
     Parameters
@@ -208,11 +226,13 @@ def empirical_epsilon(scores: np.ndarray, membership: np.ndarray, *, delta: floa
         notes.append("union bound over every threshold (order statistics of FP and FN counts)")
     elif method == "heldout":
         if s_in.size < 2 or s_out.size < 2:
-            raise ValueError(f"heldout needs >= 2 IN and OUT trials; found {s_in.size} and {s_out.size}")
+            raise ValueError(
+                f"heldout needs >= 2 IN and OUT trials; found {s_in.size} and {s_out.size}"
+            )
         rng = np.random.default_rng(random_state)
         pin, pout = rng.permutation(s_in.size), rng.permutation(s_out.size)
         hin, hout = pin[: s_in.size // 2], pout[: s_out.size // 2]
-        ein, eout = pin[s_in.size // 2:], pout[s_out.size // 2:]
+        ein, eout = pin[s_in.size // 2 :], pout[s_out.size // 2 :]
         _, thr, _, _ = _best(s_in[hin], s_out[hout], delta, alpha / 2, alpha / 2, two_sided)
         fp = int((s_out[eout] >= thr).sum())
         fn = int((s_in[ein] < thr).sum())
@@ -222,7 +242,9 @@ def empirical_epsilon(scores: np.ndarray, membership: np.ndarray, *, delta: floa
         notes.append("threshold chosen on a random half of the trials, bounded on the other half")
     elif method == "single":
         if threshold is None:
-            raise ValueError("threshold must be given (fixed in advance) for method='single'; found None")
+            raise ValueError(
+                "threshold must be given (fixed in advance) for method='single'; found None"
+            )
         thr = float(threshold)
         fpr_u = float(clopper_pearson_upper(int((s_out >= thr).sum()), s_out.size, alpha / 2))
         fnr_u = float(clopper_pearson_upper(int((s_in < thr).sum()), s_in.size, alpha / 2))
@@ -230,10 +252,20 @@ def empirical_epsilon(scores: np.ndarray, membership: np.ndarray, *, delta: floa
         notes.append(f"one threshold {thr:g} fixed in advance")
     else:
         raise ValueError(f"method must be bonferroni, heldout or single; found {method!r}")
-    return EpsilonBound(epsilon=eps, ceiling=epsilon_ceiling(s_in.size, s_out.size, delta, alpha, method),
-                        confidence=1 - alpha, delta=delta, method=method, n_members=int(s_in.size),
-                        n_nonmembers=int(s_out.size), threshold=thr, fpr_upper=fpr_u, fnr_upper=fnr_u,
-                        gdp_estimate=gdp_epsilon_estimate(fpr_u, fnr_u, delta), notes=notes)
+    return EpsilonBound(
+        epsilon=eps,
+        ceiling=epsilon_ceiling(s_in.size, s_out.size, delta, alpha, method),
+        confidence=1 - alpha,
+        delta=delta,
+        method=method,
+        n_members=int(s_in.size),
+        n_nonmembers=int(s_out.size),
+        threshold=thr,
+        fpr_upper=fpr_u,
+        fnr_upper=fnr_u,
+        gdp_estimate=gdp_epsilon_estimate(fpr_u, fnr_u, delta),
+        notes=notes,
+    )
 
 
 # ------------------------------------------------------------------------------ scalar bounds

@@ -53,7 +53,9 @@ def membership_mask(n_models: int, n_examples: int, seed: int) -> np.ndarray:
         raise ValueError(f"n_models must be an even number >= 2; found {n_models}")
     if n_examples < 1:
         raise ValueError(f"n_examples must be >= 1; found {n_examples}")
-    return np.argsort(stream(seed, "lira-mask").random((n_models, n_examples)), axis=0) < n_models // 2
+    return (
+        np.argsort(stream(seed, "lira-mask").random((n_models, n_examples)), axis=0) < n_models // 2
+    )
 
 
 @dataclass(frozen=True)
@@ -101,16 +103,26 @@ class Design:
         """Sizes a reader needs to judge the experiment (JSON-ready)."""
         ref = self.keep.sum(1)
         m = int(self.audited.sum())
-        return {"pool": int(self.audited.size), "audited": m, "always_in": int(self.audited.size - m),
-                "audited_members": int(self.is_member.sum()),
-                "target_train_size": int(self.included.sum()), "references": self.n_references,
-                "reference_train_size": ({"min": int(ref.min()), "mean": float(ref.mean()),
-                                          "max": int(ref.max())} if ref.size else None),
-                "inclusion": "independent fair coin per audited record (audit's own stream)",
-                "references_design": "each audited record in exactly half of the reference models"}
+        return {
+            "pool": int(self.audited.size),
+            "audited": m,
+            "always_in": int(self.audited.size - m),
+            "audited_members": int(self.is_member.sum()),
+            "target_train_size": int(self.included.sum()),
+            "references": self.n_references,
+            "reference_train_size": (
+                {"min": int(ref.min()), "mean": float(ref.mean()), "max": int(ref.max())}
+                if ref.size
+                else None
+            ),
+            "inclusion": "independent fair coin per audited record (audit's own stream)",
+            "references_design": "each audited record in exactly half of the reference models",
+        }
 
 
-def design_experiment(n: int, *, shadows: int, seed: int, audited: np.ndarray | None = None) -> Design:
+def design_experiment(
+    n: int, *, shadows: int, seed: int, audited: np.ndarray | None = None
+) -> Design:
     """Draw the target's coins, the reference models' halves and the recipe's seeds.
 
     Parameters
@@ -134,9 +146,14 @@ def design_experiment(n: int, *, shadows: int, seed: int, audited: np.ndarray | 
     keep = np.ones((shadows, n), bool)
     if shadows:
         keep[:, aud] = membership_mask(shadows, m, seed)
-    return Design(seed=int(seed), audited=aud, included=included, keep=keep,
-                  target_seed=stream_seeds(seed, 1, "target-train")[0],
-                  reference_seeds=tuple(stream_seeds(seed, shadows, "reference-train")))
+    return Design(
+        seed=int(seed),
+        audited=aud,
+        included=included,
+        keep=keep,
+        target_seed=stream_seeds(seed, 1, "target-train")[0],
+        reference_seeds=tuple(stream_seeds(seed, shadows, "reference-train")),
+    )
 
 
 # ---------------------------------------------------------------------------- training
@@ -156,18 +173,30 @@ class TrainTask:
 def run_train_task(task: TrainTask) -> dict:
     """Train one model; return its logits on the query records and the recipe's details."""
     model = task.recipe.fit(task.x[task.index], task.y[task.index], task.seed)
-    return {"logits": task.recipe.logits(model, task.x[task.query], task.n_classes),
-            "details": task.recipe.details(model)}
+    return {
+        "logits": task.recipe.logits(model, task.x[task.query], task.n_classes),
+        "details": task.recipe.details(model),
+    }
 
 
 def _serial(executor: Any) -> bool:
     return executor is None or executor == "serial"
 
 
-def train_models(recipe: Any, x: Any, y: np.ndarray, index_sets: Sequence[np.ndarray],
-                 seeds: Sequence[int], *, query: np.ndarray | None = None, n_classes: int | None = None,
-                 executor: Any = None, workers: int | None = None, progress: bool = False,
-                 description: str = "training models") -> tuple[np.ndarray, list[dict]]:
+def train_models(
+    recipe: Any,
+    x: Any,
+    y: np.ndarray,
+    index_sets: Sequence[np.ndarray],
+    seeds: Sequence[int],
+    *,
+    query: np.ndarray | None = None,
+    n_classes: int | None = None,
+    executor: Any = None,
+    workers: int | None = None,
+    progress: bool = False,
+    description: str = "training models",
+) -> tuple[np.ndarray, list[dict]]:
     """Train model j on ``x[index_sets[j]]`` with ``seeds[j]``; logits on ``x[query]``.
 
     A recipe with a batched form trains all models at once when ``executor`` is serial; otherwise
@@ -181,7 +210,9 @@ def train_models(recipe: Any, x: Any, y: np.ndarray, index_sets: Sequence[np.nda
     rec = as_recipe(recipe)
     y = np.asarray(y, dtype=np.int64)
     if len(index_sets) != len(seeds):
-        raise ValueError(f"index_sets and seeds must be equally long; found {len(index_sets)} and {len(seeds)}")
+        raise ValueError(
+            f"index_sets and seeds must be equally long; found {len(index_sets)} and {len(seeds)}"
+        )
     q = np.arange(len(y)) if query is None else np.asarray(query, dtype=np.int64)
     c = int(y.max()) + 1 if n_classes is None else int(n_classes)
     if rec.batched and _serial(executor):
@@ -190,11 +221,26 @@ def train_models(recipe: Any, x: Any, y: np.ndarray, index_sets: Sequence[np.nda
         with progress_bar(progress) as bar:
             tid = bar.add_task(f"{description} (batched)", total=len(seeds))
             models = rec.fit_many(x, y, index_sets, seeds)
-            outs = [{"logits": rec.logits(mdl, x[q], c), "details": rec.details(mdl)} for mdl in models]
+            outs = [
+                {"logits": rec.logits(mdl, x[q], c), "details": rec.details(mdl)} for mdl in models
+            ]
             bar.advance(tid, len(seeds))
     else:
-        tasks = [TrainTask(recipe=rec, x=x, y=y, index=np.asarray(ix, dtype=np.int64), seed=int(s),
-                           query=q, n_classes=c) for ix, s in zip(index_sets, seeds)]
-        outs = get_executor(executor, workers).map(run_train_task, tasks, progress=progress,
-                                                   description=description)
-    return np.stack([np.asarray(o["logits"], dtype=np.float64) for o in outs]), [o["details"] for o in outs]
+        tasks = [
+            TrainTask(
+                recipe=rec,
+                x=x,
+                y=y,
+                index=np.asarray(ix, dtype=np.int64),
+                seed=int(s),
+                query=q,
+                n_classes=c,
+            )
+            for ix, s in zip(index_sets, seeds)
+        ]
+        outs = get_executor(executor, workers).map(
+            run_train_task, tasks, progress=progress, description=description
+        )
+    return np.stack([np.asarray(o["logits"], dtype=np.float64) for o in outs]), [
+        o["details"] for o in outs
+    ]

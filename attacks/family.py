@@ -52,18 +52,26 @@ class Options:
 
 
 def _threshold(o: Outputs, opt: Options) -> tuple[np.ndarray, str]:
-    return (ThresholdAttack("loss").score_samples(o.target, o.labels),
-            "loss threshold (Yeom et al. 2018); score = -loss")
+    return (
+        ThresholdAttack("loss").score_samples(o.target, o.labels),
+        "loss threshold (Yeom et al. 2018); score = -loss",
+    )
 
 
 def _shadow(o: Outputs, opt: Options) -> tuple[np.ndarray, str]:
     # trained on the reference models' outputs with their known membership, applied to the target
     m_models = o.n_references
     att = ShadowModelAttack(iterations=opt.shadow_iterations, depth=1, random_state=opt.seed)
-    att.fit(o.references.reshape(-1, o.references.shape[-1]), np.tile(o.labels, m_models), o.keep.ravel())
-    return (att.score_samples(o.target, o.labels),
-            f"Shokri et al. 2017 shadow-model attack, CatBoost depth 1, {opt.shadow_iterations} "
-            f"iterations, trained on {m_models} reference models' outputs")
+    att.fit(
+        o.references.reshape(-1, o.references.shape[-1]),
+        np.tile(o.labels, m_models),
+        o.keep.ravel(),
+    )
+    return (
+        att.score_samples(o.target, o.labels),
+        f"Shokri et al. 2017 shadow-model attack, CatBoost depth 1, {opt.shadow_iterations} "
+        f"iterations, trained on {m_models} reference models' outputs",
+    )
 
 
 def _lira(online: bool) -> Callable[[Outputs, Options], tuple[np.ndarray, str]]:
@@ -71,9 +79,12 @@ def _lira(online: bool) -> Callable[[Outputs, Options], tuple[np.ndarray, str]]:
         fixed = opt.lira_fixed_variance(o.n_references)
         att = LiRA(online=online, fix_variance=fixed).fit(o.references, o.labels, o.keep)
         mode = "online" if online else "offline (one-sided)"
-        return (att.score_samples(o.target, o.labels),
-                f"LiRA {mode}, {'fixed' if fixed else 'per-example'} variance, "
-                f"{o.n_references} reference models")
+        return (
+            att.score_samples(o.target, o.labels),
+            f"LiRA {mode}, {'fixed' if fixed else 'per-example'} variance, "
+            f"{o.n_references} reference models",
+        )
+
     return run
 
 
@@ -81,11 +92,20 @@ def _rmia(online: bool) -> Callable[[Outputs, Options], tuple[np.ndarray, str]]:
     def run(o: Outputs, opt: Options) -> tuple[np.ndarray, str]:
         # population z: the audited records themselves (the pool is all the auditor holds); the
         # reference models' membership of them is known, the target's is not used
-        att = RMIA(online=online).fit(o.references, o.labels, o.keep, population_logits=o.references,
-                                      population_labels=o.labels, population_keep=o.keep)
-        return (att.score_samples(o.target, o.labels, population_logits=o.target),
-                f"RMIA {'online' if online else 'offline'} (Zarifzadeh et al. 2024), gamma {att.gamma:g}, "
-                f"{o.n_references} reference models, population = the audited records")
+        att = RMIA(online=online).fit(
+            o.references,
+            o.labels,
+            o.keep,
+            population_logits=o.references,
+            population_labels=o.labels,
+            population_keep=o.keep,
+        )
+        return (
+            att.score_samples(o.target, o.labels, population_logits=o.target),
+            f"RMIA {'online' if online else 'offline'} (Zarifzadeh et al. 2024), gamma {att.gamma:g}, "
+            f"{o.n_references} reference models, population = the audited records",
+        )
+
     return run
 
 
@@ -111,7 +131,9 @@ def applicable(n_references: int, names: Sequence[str] | None = None) -> list[st
         raise ValueError(f"attacks must be among {', '.join(ATTACKS)}; found {bad or 'none'}")
     short = [n for n in wanted if n_references < ATTACKS[n][1]]
     if short:
-        raise ValueError(f"attacks {', '.join(short)} need >= 2 reference models; found shadows={n_references}")
+        raise ValueError(
+            f"attacks {', '.join(short)} need >= 2 reference models; found shadows={n_references}"
+        )
     return wanted
 
 
@@ -119,5 +141,7 @@ def score(name: str, outputs: Outputs, options: Options) -> tuple[np.ndarray, st
     """One attack's scores on the audited records and a note saying what they are."""
     fn, need = ATTACKS[name]
     if outputs.n_references < need:
-        raise ValueError(f"attack {name} needs >= {need} reference models; found {outputs.n_references}")
+        raise ValueError(
+            f"attack {name} needs >= {need} reference models; found {outputs.n_references}"
+        )
     return fn(outputs, options)

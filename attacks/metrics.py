@@ -18,20 +18,30 @@ def _validate(scores: np.ndarray, membership: np.ndarray) -> tuple[np.ndarray, n
     s = np.asarray(scores, dtype=np.float64).ravel()
     m = np.asarray(membership).ravel()
     if s.shape != m.shape:
-        raise ValueError(f"scores and membership must have the same length; found {s.size} and {m.size}")
+        raise ValueError(
+            f"scores and membership must have the same length; found {s.size} and {m.size}"
+        )
     if not np.all(np.isfinite(s)):
-        raise ValueError(f"scores must be finite; found {int((~np.isfinite(s)).sum())} non-finite values")
+        raise ValueError(
+            f"scores must be finite; found {int((~np.isfinite(s)).sum())} non-finite values"
+        )
     if m.dtype != bool:
         if not np.isin(m, (0, 1)).all():
-            raise ValueError(f"membership must be boolean or 0/1; found values {np.unique(m)[:5].tolist()}")
+            raise ValueError(
+                f"membership must be boolean or 0/1; found values {np.unique(m)[:5].tolist()}"
+            )
         m = m.astype(bool)
     if m.all() or (~m).all():
-        raise ValueError(f"membership must contain both members and non-members; found "
-                         f"{int(m.sum())} members of {m.size}")
+        raise ValueError(
+            f"membership must contain both members and non-members; found "
+            f"{int(m.sum())} members of {m.size}"
+        )
     return s, m
 
 
-def roc_points(scores: np.ndarray, membership: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def roc_points(
+    scores: np.ndarray, membership: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """All ROC points of the rule "member iff score >= t", t running over every distinct score.
 
     Returns
@@ -121,21 +131,32 @@ class RocSummary:
     n_nonmembers: int
 
     def to_dict(self) -> dict:
-        return {"auc": self.auc, "balanced_accuracy": self.balanced_accuracy,
-                "advantage": self.advantage, "tpr_at_fpr": self.tpr_at_fpr,
-                "roc": {"fpr": self.fpr, "tpr": self.tpr},
-                "n_members": self.n_members, "n_nonmembers": self.n_nonmembers}
+        return {
+            "auc": self.auc,
+            "balanced_accuracy": self.balanced_accuracy,
+            "advantage": self.advantage,
+            "tpr_at_fpr": self.tpr_at_fpr,
+            "roc": {"fpr": self.fpr, "tpr": self.tpr},
+            "n_members": self.n_members,
+            "n_nonmembers": self.n_nonmembers,
+        }
 
 
-def summarize(scores: np.ndarray, membership: np.ndarray, levels=LOW_FPR_LEVELS,
-              max_points: int = 400) -> RocSummary:
+def summarize(
+    scores: np.ndarray, membership: np.ndarray, levels=LOW_FPR_LEVELS, max_points: int = 400
+) -> RocSummary:
     """AUC, balanced accuracy, advantage, TPR at each FPR level, and a down-sampled ROC."""
     s, m = _validate(scores, membership)
     fpr, tpr, _ = roc_points(s, m)
     ok = lambda lv: fpr <= lv + 1e-15
     f, t = downsample_roc(fpr, tpr, max_points)
-    return RocSummary(auc=float(np.trapezoid(tpr, fpr)),
-                      balanced_accuracy=float(np.max(1 - (fpr + 1 - tpr) / 2)),
-                      advantage=float(np.max(tpr - fpr)),
-                      tpr_at_fpr={str(lv): float(tpr[ok(lv)].max()) for lv in levels},
-                      fpr=f, tpr=t, n_members=int(m.sum()), n_nonmembers=int((~m).sum()))
+    return RocSummary(
+        auc=float(np.trapezoid(tpr, fpr)),
+        balanced_accuracy=float(np.max(1 - (fpr + 1 - tpr) / 2)),
+        advantage=float(np.max(tpr - fpr)),
+        tpr_at_fpr={str(lv): float(tpr[ok(lv)].max()) for lv in levels},
+        fpr=f,
+        tpr=t,
+        n_members=int(m.sum()),
+        n_nonmembers=int((~m).sum()),
+    )

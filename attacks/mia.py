@@ -46,7 +46,9 @@ class ThresholdAttack(BaseEstimator):
     def __init__(self, signal: str = "loss"):
         self.signal = signal
 
-    def fit(self, logits: np.ndarray, labels: np.ndarray, membership: np.ndarray) -> ThresholdAttack:
+    def fit(
+        self, logits: np.ndarray, labels: np.ndarray, membership: np.ndarray
+    ) -> ThresholdAttack:
         s = _signal(self.signal, logits, labels)
         fpr, tpr, thr = roc_points(s, membership)
         i = int(np.argmax(tpr - fpr))
@@ -61,13 +63,20 @@ class ThresholdAttack(BaseEstimator):
         return self.score_samples(logits, labels) >= self.threshold_
 
 
-def _catboost(iterations: int, depth: int, learning_rate: float | None, random_state: int,
-              thread_count: int):
+def _catboost(
+    iterations: int, depth: int, learning_rate: float | None, random_state: int, thread_count: int
+):
     from catboost import CatBoostClassifier
 
-    return CatBoostClassifier(iterations=iterations, depth=depth, learning_rate=learning_rate,
-                              random_seed=random_state, thread_count=thread_count, verbose=False,
-                              allow_writing_files=False)
+    return CatBoostClassifier(
+        iterations=iterations,
+        depth=depth,
+        learning_rate=learning_rate,
+        random_seed=random_state,
+        thread_count=thread_count,
+        verbose=False,
+        allow_writing_files=False,
+    )
 
 
 class ShadowModelAttack(BaseEstimator):
@@ -84,9 +93,16 @@ class ShadowModelAttack(BaseEstimator):
     thread_count : CatBoost threads.
     """
 
-    def __init__(self, classifier: Any = "catboost", iterations: int = 200, depth: int = 1,
-                 learning_rate: float | None = None, per_class: bool = False, random_state: int = 0,
-                 thread_count: int = 1):
+    def __init__(
+        self,
+        classifier: Any = "catboost",
+        iterations: int = 200,
+        depth: int = 1,
+        learning_rate: float | None = None,
+        per_class: bool = False,
+        random_state: int = 0,
+        thread_count: int = 1,
+    ):
         self.classifier = classifier
         self.iterations = iterations
         self.depth = depth
@@ -98,19 +114,32 @@ class ShadowModelAttack(BaseEstimator):
     def _new(self):
         if isinstance(self.classifier, str):
             if self.classifier != "catboost":
-                raise ValueError(f"classifier must be 'catboost' or an estimator; found {self.classifier!r}")
+                raise ValueError(
+                    f"classifier must be 'catboost' or an estimator; found {self.classifier!r}"
+                )
             if self.iterations < 1 or self.depth < 1:
-                raise ValueError(f"iterations and depth must be >= 1; found {self.iterations}, {self.depth}")
-            return _catboost(self.iterations, self.depth, self.learning_rate, self.random_state,
-                             self.thread_count)
+                raise ValueError(
+                    f"iterations and depth must be >= 1; found {self.iterations}, {self.depth}"
+                )
+            return _catboost(
+                self.iterations,
+                self.depth,
+                self.learning_rate,
+                self.random_state,
+                self.thread_count,
+            )
         return clone(self.classifier)
 
-    def fit(self, logits: np.ndarray, labels: np.ndarray, membership: np.ndarray) -> ShadowModelAttack:
+    def fit(
+        self, logits: np.ndarray, labels: np.ndarray, membership: np.ndarray
+    ) -> ShadowModelAttack:
         """Train on shadow models' outputs (rows of all shadows stacked) and their membership."""
         x = signals.shadow_features(logits, labels)
         m = np.asarray(membership, dtype=bool)
         if m.all() or (~m).all():
-            raise ValueError("membership must contain both members and non-members; found one value only")
+            raise ValueError(
+                "membership must contain both members and non-members; found one value only"
+            )
         self.global_ = self._new().fit(x, m)
         self.models_ = {}
         if self.per_class:
@@ -173,11 +202,15 @@ class LiRA(BaseEstimator):
         self.mean_in_, self.std_in_ = self._stats(conf, keep)
         self.mean_out_, self.std_out_ = self._stats(conf, ~keep)
         if not np.all(np.isfinite(self.mean_out_)):
-            raise ValueError("every example needs at least one OUT reference model; found none for "
-                             f"{int((~np.isfinite(self.mean_out_)).sum())} examples")
+            raise ValueError(
+                "every example needs at least one OUT reference model; found none for "
+                f"{int((~np.isfinite(self.mean_out_)).sum())} examples"
+            )
         if self.online and not np.all(np.isfinite(self.mean_in_)):
-            raise ValueError("online LiRA needs at least one IN reference model per example; found none "
-                             f"for {int((~np.isfinite(self.mean_in_)).sum())} examples")
+            raise ValueError(
+                "online LiRA needs at least one IN reference model per example; found none "
+                f"for {int((~np.isfinite(self.mean_in_)).sum())} examples"
+            )
         return self
 
     def _stats(self, conf: np.ndarray, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -187,7 +220,9 @@ class LiRA(BaseEstimator):
             if self.fix_variance:
                 std = np.full(conf.shape[1], conf[sel].std() if sel.any() else np.nan)
             else:
-                var = np.where(cnt > 1, ((conf - mean) ** 2 * sel).sum(0) / np.maximum(cnt, 1), np.nan)
+                var = np.where(
+                    cnt > 1, ((conf - mean) ** 2 * sel).sum(0) / np.maximum(cnt, 1), np.nan
+                )
                 std = np.sqrt(var)
                 # a single reference model gives no spread: fall back to the pooled spread
                 pooled = conf[sel].std() if sel.any() else np.nan
@@ -199,15 +234,24 @@ class LiRA(BaseEstimator):
         check_is_fitted(self, "mean_out_")
         c = signals.logit_confidence(logits, labels)
         if c.shape != self.mean_out_.shape:
-            raise ValueError(f"logits must cover the {self.mean_out_.size} fitted examples; found {c.size}")
+            raise ValueError(
+                f"logits must cover the {self.mean_out_.size} fitted examples; found {c.size}"
+            )
         if self.online:
-            return (stats.norm.logpdf(c, self.mean_in_, self.std_in_)
-                    - stats.norm.logpdf(c, self.mean_out_, self.std_out_))
+            return stats.norm.logpdf(c, self.mean_in_, self.std_in_) - stats.norm.logpdf(
+                c, self.mean_out_, self.std_out_
+            )
         return -stats.norm.logsf(c, self.mean_out_, self.std_out_)
 
 
-def lira_leave_one_out(shadow_logits: np.ndarray, labels: np.ndarray, keep: np.ndarray, *,
-                       online: bool = True, fix_variance: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def lira_leave_one_out(
+    shadow_logits: np.ndarray,
+    labels: np.ndarray,
+    keep: np.ndarray,
+    *,
+    online: bool = True,
+    fix_variance: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
     """Each shadow model in turn as the target, the others as references (LiRA's evaluation).
 
     Returns ``(scores, membership)`` flattened over (models x examples).
@@ -217,8 +261,10 @@ def lira_leave_one_out(shadow_logits: np.ndarray, labels: np.ndarray, keep: np.n
         raise ValueError(f"leave-one-out LiRA needs >= 3 models; found {m}")
     scores, member = [], []
     for j in range(m):
-        rest = np.r_[0:j, j + 1:m]
-        att = LiRA(online=online, fix_variance=fix_variance).fit(shadow_logits[rest], labels, keep[rest])
+        rest = np.r_[0:j, j + 1 : m]
+        att = LiRA(online=online, fix_variance=fix_variance).fit(
+            shadow_logits[rest], labels, keep[rest]
+        )
         scores.append(att.score_samples(shadow_logits[j], labels))
         member.append(keep[j])
     return np.concatenate(scores), np.concatenate(member)

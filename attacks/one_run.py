@@ -48,7 +48,9 @@ def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
     if delta == 0 or v == 0:
         return min(tail, 1.0)
     # cumulative P[v-i <= Bin < v] for i = 1..v, then max_i (1/i) * cumulative
-    term = float(np.max(np.cumsum(_binom_pmf(np.arange(v - 1, -1, -1), r, q)) / np.arange(1, v + 1)))
+    term = float(
+        np.max(np.cumsum(_binom_pmf(np.arange(v - 1, -1, -1), r, q)) / np.arange(1, v + 1))
+    )
     return min(tail + 2 * m * delta * term, 1.0)
 
 
@@ -56,13 +58,26 @@ def _binom_pmf(k: np.ndarray, r: int, q: float) -> np.ndarray:
     """Bin(r, q) pmf at the integers ``k`` (log-space, exact to ~1e-13 relative)."""
     if q >= 1.0:
         return (k == r).astype(np.float64)
-    log = (special.gammaln(r + 1) - special.gammaln(k + 1) - special.gammaln(r - k + 1)
-           + k * math.log(q) + (r - k) * math.log1p(-q))
+    log = (
+        special.gammaln(r + 1)
+        - special.gammaln(k + 1)
+        - special.gammaln(r - k + 1)
+        + k * math.log(q)
+        + (r - k) * math.log1p(-q)
+    )
     return np.exp(log)
 
 
-def epsilon_lower_bound(m: int, r: int, v: int, *, delta: float, beta: float = 0.05,
-                        tol: float = 1e-6, eps_max: float = 100.0) -> float:
+def epsilon_lower_bound(
+    m: int,
+    r: int,
+    v: int,
+    *,
+    delta: float,
+    beta: float = 0.05,
+    tol: float = 1e-6,
+    eps_max: float = 100.0,
+) -> float:
     """``sup{eps : p_value(m, r, v, eps, delta) < beta}`` by bisection (0 if none)."""
     if not 0 < beta < 1:
         raise ValueError(f"beta must be in (0, 1); found {beta}")
@@ -109,7 +124,7 @@ class OneRunResult:
 
 def _resolve_k(k: float, m: int, name: str) -> int:
     if isinstance(k, float) and 0 < k < 1:
-        return max(1, int(round(k * m)))
+        return max(1, round(k * m))
     if isinstance(k, (int, np.integer)) and 0 <= k <= m:
         return int(k)
     raise ValueError(f"{name} must be a count in [0, m] or a fraction in (0, 1); found {k}")
@@ -124,18 +139,28 @@ def guess(scores: np.ndarray, k_pos: int, k_neg: int, *, seed=0) -> np.ndarray:
     """
     s = np.asarray(scores, dtype=np.float64)
     if k_pos + k_neg > s.size:
-        raise ValueError(f"k_pos + k_neg must be <= number of canaries {s.size}; found {k_pos + k_neg}")
+        raise ValueError(
+            f"k_pos + k_neg must be <= number of canaries {s.size}; found {k_pos + k_neg}"
+        )
     key = np.random.default_rng(seed).random(s.size)
     order = np.lexsort((key, -s))  # by score, highest first; ties in random order
     out = np.zeros(s.size, dtype=np.int8)
     out[order[:k_pos]] = 1
     if k_neg:
-        out[order[s.size - k_neg:]] = -1
+        out[order[s.size - k_neg :]] = -1
     return out
 
 
-def one_run_audit(scores: np.ndarray, included: np.ndarray, *, delta: float, k_pos: float = 0.1,
-                  k_neg: float = 0.1, beta: float = 0.05, seed=0) -> OneRunResult:
+def one_run_audit(
+    scores: np.ndarray,
+    included: np.ndarray,
+    *,
+    delta: float,
+    k_pos: float = 0.1,
+    k_neg: float = 0.1,
+    beta: float = 0.05,
+    seed=0,
+) -> OneRunResult:
     """One-run audit of m canaries with scores (higher = "included").
 
     Parameters
@@ -150,26 +175,46 @@ def one_run_audit(scores: np.ndarray, included: np.ndarray, *, delta: float, k_p
     s = np.asarray(scores, dtype=np.float64).ravel()
     inc = np.asarray(included, dtype=bool).ravel()
     if s.shape != inc.shape:
-        raise ValueError(f"scores and included must have the same length; found {s.size} and {inc.size}")
+        raise ValueError(
+            f"scores and included must have the same length; found {s.size} and {inc.size}"
+        )
     m = s.size
     kp, kn = _resolve_k(k_pos, m, "k_pos"), _resolve_k(k_neg, m, "k_neg")
     g = guess(s, kp, kn, seed=seed)
     r = int((g != 0).sum())
     v = int(((g == 1) & inc).sum() + ((g == -1) & ~inc).sum())
-    return OneRunResult(epsilon=epsilon_lower_bound(m, r, v, delta=delta, beta=beta),
-                        ceiling=epsilon_lower_bound(m, r, r, delta=delta, beta=beta),
-                        confidence=1 - beta, delta=delta, m=m, k_pos=kp, k_neg=kn, guesses=r, correct=v,
-                        notes=["one-run audit (Steinke, Nasr & Jagielski 2023); k+/k- fixed in advance"])
+    return OneRunResult(
+        epsilon=epsilon_lower_bound(m, r, v, delta=delta, beta=beta),
+        ceiling=epsilon_lower_bound(m, r, r, delta=delta, beta=beta),
+        confidence=1 - beta,
+        delta=delta,
+        m=m,
+        k_pos=kp,
+        k_neg=kn,
+        guesses=r,
+        correct=v,
+        notes=["one-run audit (Steinke, Nasr & Jagielski 2023); k+/k- fixed in advance"],
+    )
 
 
-def one_run_epsilon_grid(scores: np.ndarray, included: np.ndarray, *, delta: float,
-                         grid: list[tuple[int, int]], beta: float = 0.05, seed=0) -> OneRunResult:
+def one_run_epsilon_grid(
+    scores: np.ndarray,
+    included: np.ndarray,
+    *,
+    delta: float,
+    grid: list[tuple[int, int]],
+    beta: float = 0.05,
+    seed=0,
+) -> OneRunResult:
     """The best one-run bound over a (k+, k-) grid, each tested at ``beta / len(grid)`` (Bonferroni)."""
     if not grid:
         raise ValueError("grid must contain at least one (k_pos, k_neg) pair; found []")
-    results = [one_run_audit(scores, included, delta=delta, k_pos=kp, k_neg=kn, beta=beta / len(grid),
-                             seed=seed)
-               for kp, kn in grid]
+    results = [
+        one_run_audit(
+            scores, included, delta=delta, k_pos=kp, k_neg=kn, beta=beta / len(grid), seed=seed
+        )
+        for kp, kn in grid
+    ]
     best = max(results, key=lambda r: r.epsilon)
     best.confidence = 1 - beta
     best.ceiling = max(r.ceiling for r in results)

@@ -68,7 +68,9 @@ def _check_beta(beta: float) -> float:
     return float(beta)
 
 
-def fdp_rejects(m: int, r: int, v: int, family: CurveFamily, epsilons, *, beta: float = 0.05) -> np.ndarray:
+def fdp_rejects(
+    m: int, r: int, v: int, family: CurveFamily, epsilons, *, beta: float = 0.05
+) -> np.ndarray:
     """For each epsilon: is "M satisfies the family's curve at epsilon" rejected at level beta?
 
     Vectorised over ``epsilons`` (one lane each); the recursion stops as soon as no lane moves
@@ -92,8 +94,9 @@ def fdp_rejects(m: int, r: int, v: int, family: CurveFamily, epsilons, *, beta: 
     return rr + h > r / m
 
 
-def fdp_rejection_threshold(m: int, r: int, epsilon: float, *, delta: float, curve="generic",
-                            beta: float = 0.05) -> int:
+def fdp_rejection_threshold(
+    m: int, r: int, epsilon: float, *, delta: float, curve="generic", beta: float = 0.05
+) -> int:
     """Smallest number of right guesses (out of r) that rejects the curve at ``epsilon``.
 
     ``r + 1`` when even r right guesses do not.  Rejection is monotone in the number of right
@@ -113,8 +116,17 @@ def fdp_rejection_threshold(m: int, r: int, epsilon: float, *, delta: float, cur
     return lo
 
 
-def fdp_epsilon_lower_bound(m: int, r: int, v: int, *, delta: float, curve="generic",
-                            beta: float = 0.05, tol: float = 1e-4, eps_max: float = 100.0) -> float:
+def fdp_epsilon_lower_bound(
+    m: int,
+    r: int,
+    v: int,
+    *,
+    delta: float,
+    curve="generic",
+    beta: float = 0.05,
+    tol: float = 1e-4,
+    eps_max: float = 100.0,
+) -> float:
     """Largest epsilon whose curve the outcome (m, r, v) rejects at confidence ``1 - beta``.
 
     Parameters
@@ -163,7 +175,7 @@ def ideal_precision(family: CurveFamily, epsilon: float, fraction: float) -> flo
     randomized response.
     """
     f = family.members(np.array([float(epsilon)]))
-    flagged = lambda a: 0.5 * (a + 1.0 - f(np.array([a]))[0])  # noqa: E731 - increasing in a
+    flagged = lambda a: 0.5 * (a + 1.0 - f(np.array([a]))[0])
     if flagged(0.0) >= fraction:  # the curve's mass at FPR 0 alone fills the guesses: all right
         return 1.0
     lo, hi = math.log(1e-300), 0.0  # on log a: the threshold's FPR can be astronomically small
@@ -173,8 +185,17 @@ def ideal_precision(family: CurveFamily, epsilon: float, fraction: float) -> flo
     return float(min(1.0, 0.5 * (1.0 - f(np.array([math.exp(lo)]))[0]) / fraction))
 
 
-def fdp_detectable_epsilon(m: int, k_pos: int, k_neg: int, *, delta: float, curve="generic",
-                           beta: float = 0.05, target: float = 0.0, eps_max: float = 100.0) -> float:
+def fdp_detectable_epsilon(
+    m: int,
+    k_pos: int,
+    k_neg: int,
+    *,
+    delta: float,
+    curve="generic",
+    beta: float = 0.05,
+    target: float = 0.0,
+    eps_max: float = 100.0,
+) -> float:
     """Smallest epsilon whose most favourable mechanism (:func:`ideal_precision`) makes this audit's
     f-DP bound exceed ``target`` at least half the time; ``inf`` if no outcome can.
 
@@ -186,7 +207,7 @@ def fdp_detectable_epsilon(m: int, k_pos: int, k_neg: int, *, delta: float, curv
     family = curve_family(curve, delta)
     r = k_pos + k_neg
     _check_counts(m, r, 0)
-    bound = lambda v: fdp_epsilon_lower_bound(m, r, v, delta=delta, curve=family, beta=beta)  # noqa: E731
+    bound = lambda v: fdp_epsilon_lower_bound(m, r, v, delta=delta, curve=family, beta=beta)
     if r == 0 or bound(r) <= target:
         return math.inf
     lo, hi = -1, r  # bound(lo) <= target < bound(hi)
@@ -199,7 +220,9 @@ def fdp_detectable_epsilon(m: int, k_pos: int, k_neg: int, *, delta: float, curv
         pmf = np.array([1.0])
         for k in (k_pos, k_neg):
             if k:
-                pmf = np.convolve(pmf, stats.binom.pmf(np.arange(k + 1), k, ideal_precision(family, eps, k / m)))
+                pmf = np.convolve(
+                    pmf, stats.binom.pmf(np.arange(k + 1), k, ideal_precision(family, eps, k / m))
+                )
         return pmf[v_star:].sum() >= 0.5
 
     if not flagged_half(eps_max):
@@ -237,8 +260,9 @@ class FdpBound:
         return d
 
 
-def one_run_fdp(m: int, r: int, v: int, *, delta: float, curve="generic", beta: float = 0.05,
-                tol: float = 1e-4) -> FdpBound:
+def one_run_fdp(
+    m: int, r: int, v: int, *, delta: float, curve="generic", beta: float = 0.05, tol: float = 1e-4
+) -> FdpBound:
     """The f-DP bound of an outcome with its ceiling (every guess right) and the claim it tests.
 
     ``tests`` says which claim a bound above a given epsilon refutes: "(eps, delta)-DP",
@@ -247,12 +271,26 @@ def one_run_fdp(m: int, r: int, v: int, *, delta: float, curve="generic", beta: 
     family = curve_family(curve, delta)
     eps = fdp_epsilon_lower_bound(m, r, v, delta=delta, curve=family, beta=beta, tol=tol)
     ceiling = fdp_epsilon_lower_bound(m, r, r, delta=delta, curve=family, beta=beta, tol=tol)
-    notes = ["f-DP analysis of a one-run audit (Mahloujifar, Melis & Chaudhuri 2024); "
-             "the guesses were fixed before the coins were looked at"]
+    notes = [
+        "f-DP analysis of a one-run audit (Mahloujifar, Melis & Chaudhuri 2024); "
+        "the guesses were fixed before the coins were looked at"
+    ]
     if family.kind == "gaussian":
-        notes.append("valid only if the mechanism is at least as private as a Gaussian mechanism; "
-                     "for a bare (eps, delta)-DP claim use curve='generic'")
-    return FdpBound(epsilon=eps, ceiling=ceiling, curve=family.kind, tests=family.description,
-                    claim_at_bound=family.claim(eps), confidence=1 - beta, delta=family.delta,
-                    m=m, guesses=r, correct=v, reference_epsilon=family.reference_epsilon,
-                    notes=notes)
+        notes.append(
+            "valid only if the mechanism is at least as private as a Gaussian mechanism; "
+            "for a bare (eps, delta)-DP claim use curve='generic'"
+        )
+    return FdpBound(
+        epsilon=eps,
+        ceiling=ceiling,
+        curve=family.kind,
+        tests=family.description,
+        claim_at_bound=family.claim(eps),
+        confidence=1 - beta,
+        delta=family.delta,
+        m=m,
+        guesses=r,
+        correct=v,
+        reference_epsilon=family.reference_epsilon,
+        notes=notes,
+    )

@@ -4,7 +4,8 @@ here, and privkit's trainers (:mod:`privkit.progress` re-exports it)."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -15,8 +16,14 @@ def progress_bar(enabled: bool) -> Iterator[Any]:
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("{task.fields[info]}"), disable=not enabled)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+        disable=not enabled,
+    )
     orig_add = bar.add_task
 
     def add_task(description: str, **kwargs: Any) -> Any:

@@ -42,8 +42,10 @@ def model_kind(model: Any) -> str:
         return "torch"
     if callable(model):
         return "callable"
-    raise ValueError("model must be a scikit-learn classifier (predict_proba), a torch.nn.Module or a "
-                     f"callable returning class probabilities; found {type(model).__name__}")
+    raise ValueError(
+        "model must be a scikit-learn classifier (predict_proba), a torch.nn.Module or a "
+        f"callable returning class probabilities; found {type(model).__name__}"
+    )
 
 
 def torch_logits(model, x: np.ndarray, *, batch_size: int = 1024, device: Any = None) -> np.ndarray:
@@ -62,7 +64,9 @@ def torch_logits(model, x: np.ndarray, *, batch_size: int = 1024, device: Any = 
     try:
         with torch.no_grad():
             for s in range(0, len(x), batch_size):
-                xb = torch.as_tensor(np.asarray(x[s:s + batch_size]), dtype=torch.float32, device=device)
+                xb = torch.as_tensor(
+                    np.asarray(x[s : s + batch_size]), dtype=torch.float32, device=device
+                )
                 out.append(model(xb).float().cpu())
     finally:
         model.train(was_training)
@@ -75,8 +79,10 @@ def _log_probabilities(p: np.ndarray, n: int, n_classes: int | None, what: str) 
         want = f"({n}, {n_classes if n_classes is not None else 'C'})"
         raise ValueError(f"{what} must have shape {want}; found {p.shape}")
     if not np.all(np.isfinite(p)) or p.min(initial=0.0) < 0:
-        raise ValueError(f"{what} must be finite and non-negative; found values in "
-                         f"[{np.nanmin(p)}, {np.nanmax(p)}]")
+        raise ValueError(
+            f"{what} must be finite and non-negative; found values in "
+            f"[{np.nanmin(p)}, {np.nanmax(p)}]"
+        )
     return np.log(np.maximum(p, PROBABILITY_FLOOR))
 
 
@@ -88,14 +94,17 @@ def _sklearn_probabilities(model, x: np.ndarray, n_classes: int | None) -> np.nd
     # a model trained on a subset may have seen only some classes: put each column in its place
     cls = np.asarray(classes)
     if not np.issubdtype(cls.dtype, np.integer) or cls.min() < 0 or cls.max() >= n_classes:
-        raise ValueError(f"classes_ must be integer labels in [0, {n_classes}); found {cls.tolist()[:10]}")
+        raise ValueError(
+            f"classes_ must be integer labels in [0, {n_classes}); found {cls.tolist()[:10]}"
+        )
     full = np.zeros((len(p), n_classes))
     full[:, cls] = p
     return full
 
 
-def predict_logits(model: Any, x: np.ndarray, n_classes: int | None = None, *,
-                   batch_size: int = 1024) -> np.ndarray:
+def predict_logits(
+    model: Any, x: np.ndarray, n_classes: int | None = None, *, batch_size: int = 1024
+) -> np.ndarray:
     """(N, C) logits of any supported model on ``x`` (float64).
 
     Parameters
@@ -112,8 +121,9 @@ def predict_logits(model: Any, x: np.ndarray, n_classes: int | None = None, *,
             raise ValueError(f"model logits must have {n_classes} columns; found shape {z.shape}")
         return z
     if kind == "sklearn":
-        return _log_probabilities(_sklearn_probabilities(model, x, n_classes), len(x), n_classes,
-                                  "predict_proba output")
+        return _log_probabilities(
+            _sklearn_probabilities(model, x, n_classes), len(x), n_classes, "predict_proba output"
+        )
     return _log_probabilities(model(x), len(x), n_classes, "model(x) probabilities")
 
 
@@ -134,10 +144,17 @@ class Recipe:
     that runs in worker processes must be picklable (module-level functions).
     """
 
-    def __init__(self, train_fn: Callable[..., Any], *, train_many: Callable[..., Sequence[Any]] | None = None,
-                 name: str | None = None):
+    def __init__(
+        self,
+        train_fn: Callable[..., Any],
+        *,
+        train_many: Callable[..., Sequence[Any]] | None = None,
+        name: str | None = None,
+    ):
         if not callable(train_fn):
-            raise ValueError(f"train_fn must be callable train_fn(x, y, seed) -> model; found {train_fn!r}")
+            raise ValueError(
+                f"train_fn must be callable train_fn(x, y, seed) -> model; found {train_fn!r}"
+            )
         if train_many is not None and not callable(train_many):
             raise ValueError(f"train_many must be callable or None; found {train_many!r}")
         self.train_fn = train_fn
@@ -152,15 +169,18 @@ class Recipe:
         """One model on ``(x, y)``."""
         return self.train_fn(x, y, seed)
 
-    def fit_many(self, x: np.ndarray, y: np.ndarray, index_sets: Sequence[np.ndarray],
-                 seeds: Sequence[int]) -> list[Any]:
+    def fit_many(
+        self, x: np.ndarray, y: np.ndarray, index_sets: Sequence[np.ndarray], seeds: Sequence[int]
+    ) -> list[Any]:
         """Model j on ``x[index_sets[j]]`` with ``seeds[j]``: the batched form when there is one."""
         if self.train_many is None:
             return [self.fit(x[ix], y[ix], s) for ix, s in zip(index_sets, seeds)]
         models = list(self.train_many(x, y, list(index_sets), list(seeds)))
         if len(models) != len(seeds):
-            raise ValueError(f"train_many must return one model per index set ({len(seeds)}); "
-                             f"found {len(models)}")
+            raise ValueError(
+                f"train_many must return one model per index set ({len(seeds)}); "
+                f"found {len(models)}"
+            )
         return models
 
     def logits(self, model: Any, x: np.ndarray, n_classes: int | None = None) -> np.ndarray:
@@ -181,5 +201,7 @@ def as_recipe(recipe: Any) -> Recipe:
         return recipe
     if callable(recipe):
         return Recipe(recipe)
-    raise ValueError("recipe must be a callable train_fn(x, y, seed) -> model or an attacks.Recipe; "
-                     f"found {type(recipe).__name__}")
+    raise ValueError(
+        "recipe must be a callable train_fn(x, y, seed) -> model or an attacks.Recipe; "
+        f"found {type(recipe).__name__}"
+    )

@@ -23,6 +23,7 @@ from attacks.family import Options, Outputs, applicable, score
 from attacks.progress import progress_bar
 from attacks.recipe import as_recipe
 
+
 @dataclass
 class RecipeAudit(AuditResult):
     """:class:`attacks.AuditResult` of a recipe audit, plus how the experiment was run.
@@ -49,7 +50,9 @@ def _check(x: Any, y: np.ndarray, accounted_epsilon, delta: float, confidence: f
     if y.ndim != 1 or y.size < 4:
         raise ValueError(f"y must be a 1-D array of at least 4 labels; found shape {y.shape}")
     if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
-        raise ValueError(f"y must hold integer class labels >= 0; found dtype {y.dtype}, min {y.min()}")
+        raise ValueError(
+            f"y must hold integer class labels >= 0; found dtype {y.dtype}, min {y.min()}"
+        )
     if len(x) != y.size:
         raise ValueError(f"x and y must have equal lengths; found {len(x)} and {y.size}")
     if not 0 <= delta < 1:
@@ -57,7 +60,9 @@ def _check(x: Any, y: np.ndarray, accounted_epsilon, delta: float, confidence: f
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1); found {confidence}")
     if accounted_epsilon is not None and not float(accounted_epsilon) >= 0:
-        raise ValueError(f"accounted_epsilon must be >= 0 (or None for no claim); found {accounted_epsilon}")
+        raise ValueError(
+            f"accounted_epsilon must be >= 0 (or None for no claim); found {accounted_epsilon}"
+        )
     return y.astype(np.int64)
 
 
@@ -76,17 +81,32 @@ def experiment_record(design: Design, logits: np.ndarray, labels: np.ndarray) ->
     rec = design.summary()
     refs = [unseen_accuracy(z, labels, k) for z, k in zip(logits[1:], design.reference_keep)]
     refs = [a for a in refs if a is not None]
-    rec.update(target_accuracy_unseen=unseen_accuracy(logits[0], labels, design.is_member),
-               reference_accuracy_unseen=({"mean": float(np.mean(refs)), "min": min(refs), "max": max(refs)}
-                                          if refs else None))
+    rec.update(
+        target_accuracy_unseen=unseen_accuracy(logits[0], labels, design.is_member),
+        reference_accuracy_unseen=(
+            {"mean": float(np.mean(refs)), "min": min(refs), "max": max(refs)} if refs else None
+        ),
+    )
     return rec
 
 
-def audit_recipe(train_fn: Any, x: Any, y: np.ndarray, *, accounted_epsilon: float | None = None,
-                 delta: float, shadows: int = 16, confidence: float = 0.95, seed: int = 0,
-                 executor: Any = None, progress: bool = False, workers: int | None = None,
-                 attacks: list[str] | None = None, guesses: float = 0.1,
-                 shadow_iterations: int = 200) -> RecipeAudit:
+def audit_recipe(
+    train_fn: Any,
+    x: Any,
+    y: np.ndarray,
+    *,
+    accounted_epsilon: float | None = None,
+    delta: float,
+    shadows: int = 16,
+    confidence: float = 0.95,
+    seed: int = 0,
+    executor: Any = None,
+    progress: bool = False,
+    workers: int | None = None,
+    attacks: list[str] | None = None,
+    guesses: float = 0.1,
+    shadow_iterations: int = 200,
+) -> RecipeAudit:
     """Audit a training recipe: fair-coin target, reference models, every applicable attack, verdict.
 
     Parameters
@@ -119,10 +139,21 @@ def audit_recipe(train_fn: Any, x: Any, y: np.ndarray, *, accounted_epsilon: flo
     names = applicable(shadows, attacks)
     design = design_experiment(labels.size, shadows=shadows, seed=seed)
     audited = np.flatnonzero(design.audited)
-    logits, _ = train_models(recipe, x, labels, design.index_sets(), design.seeds(), query=audited,
-                             executor=executor, workers=workers, progress=progress,
-                             description=f"training target + {shadows} reference models")
-    out = Outputs(target=logits[0], references=logits[1:], labels=labels[audited], keep=design.reference_keep)
+    logits, _ = train_models(
+        recipe,
+        x,
+        labels,
+        design.index_sets(),
+        design.seeds(),
+        query=audited,
+        executor=executor,
+        workers=workers,
+        progress=progress,
+        description=f"training target + {shadows} reference models",
+    )
+    out = Outputs(
+        target=logits[0], references=logits[1:], labels=labels[audited], keep=design.reference_keep
+    )
     opts = Options(seed=seed, shadow_iterations=shadow_iterations)
     scores, notes = {}, {}
     with progress_bar(progress) as bar:
@@ -130,12 +161,27 @@ def audit_recipe(train_fn: Any, x: Any, y: np.ndarray, *, accounted_epsilon: flo
         for name in names:
             scores[name], notes[name] = score(name, out, opts)
             bar.advance(tid)
-    result = audit_scores(scores, design.is_member, accounted_epsilon=accounted_epsilon, delta=delta,
-                          confidence=confidence, seed=seed, guesses=guesses, inclusion="random",
-                          notes=notes)
+    result = audit_scores(
+        scores,
+        design.is_member,
+        accounted_epsilon=accounted_epsilon,
+        delta=delta,
+        confidence=confidence,
+        seed=seed,
+        guesses=guesses,
+        inclusion="random",
+        notes=notes,
+    )
     exp = experiment_record(design, logits, out.labels)
-    exp.update(recipe=recipe.name, batched=recipe.batched and executor in (None, "serial"),
-               executor=executor or "serial" if isinstance(executor, (str, type(None))) else type(executor).__name__)
+    exp.update(
+        recipe=recipe.name,
+        batched=recipe.batched and executor in (None, "serial"),
+        executor=executor or "serial"
+        if isinstance(executor, (str, type(None)))
+        else type(executor).__name__,
+    )
     if accounted_epsilon is not None and math.isfinite(float(accounted_epsilon)):
-        exp["claim"] = f"accounted epsilon {float(accounted_epsilon):g} at delta {delta:g}, as stated by the caller"
+        exp["claim"] = (
+            f"accounted epsilon {float(accounted_epsilon):g} at delta {delta:g}, as stated by the caller"
+        )
     return RecipeAudit.of(result, exp, design)

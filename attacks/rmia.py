@@ -68,8 +68,13 @@ class RMIA(BaseEstimator):
         Softmax temperature applied to every logit.
     """
 
-    def __init__(self, online: bool = True, offline_a: float = 0.3, gamma: float = 2.0,
-                 temperature: float = 1.0):
+    def __init__(
+        self,
+        online: bool = True,
+        offline_a: float = 0.3,
+        gamma: float = 2.0,
+        temperature: float = 1.0,
+    ):
         self.online = online
         self.offline_a = offline_a
         self.gamma = gamma
@@ -90,8 +95,10 @@ class RMIA(BaseEstimator):
         p_in, n_in = _mean_where(p, keep)
         p_out, n_out = _mean_where(p, ~keep)
         if np.any((n_in == 0) & (n_out == 0)):
-            raise ValueError("every example needs at least one reference model; found none for "
-                             f"{int(((n_in == 0) & (n_out == 0)).sum())}")
+            raise ValueError(
+                "every example needs at least one reference model; found none for "
+                f"{int(((n_in == 0) & (n_out == 0)).sum())}"
+            )
         # offline approximation; where no OUT model exists, P_OUT from the IN models
         p_out_est = np.where(n_out > 0, p_out, np.clip((p_in - (1 - a)) / a, 0.0, 1.0))
         marginal = ((1 + a) * p_out_est + (1 - a)) / 2
@@ -100,9 +107,16 @@ class RMIA(BaseEstimator):
         both = (n_in > 0) & (n_out > 0)
         return np.where(both, (p_in + p_out) / 2, marginal), int((~both).sum())
 
-    def fit(self, shadow_logits: np.ndarray, labels: np.ndarray, keep: np.ndarray, *,
-            population_logits: np.ndarray, population_labels: np.ndarray,
-            population_keep: np.ndarray | None = None) -> RMIA:
+    def fit(
+        self,
+        shadow_logits: np.ndarray,
+        labels: np.ndarray,
+        keep: np.ndarray,
+        *,
+        population_logits: np.ndarray,
+        population_labels: np.ndarray,
+        population_keep: np.ndarray | None = None,
+    ) -> RMIA:
         """Estimate ``P(x)`` and ``P(z)`` from reference models.
 
         Parameters
@@ -121,9 +135,14 @@ class RMIA(BaseEstimator):
             raise ValueError(f"keep must have shape {p.shape}; found {keep.shape}")
         pz = _true_prob(population_logits, population_labels, self.temperature)  # (M, Z)
         if pz.shape[0] != p.shape[0] or pz.shape[1] < 1:
-            raise ValueError(f"population_logits must be ({p.shape[0]}, Z >= 1, C); found {np.shape(population_logits)}")
-        zkeep = (np.zeros(pz.shape, dtype=bool) if population_keep is None
-                 else np.asarray(population_keep, dtype=bool))
+            raise ValueError(
+                f"population_logits must be ({p.shape[0]}, Z >= 1, C); found {np.shape(population_logits)}"
+            )
+        zkeep = (
+            np.zeros(pz.shape, dtype=bool)
+            if population_keep is None
+            else np.asarray(population_keep, dtype=bool)
+        )
         if zkeep.shape != pz.shape:
             raise ValueError(f"population_keep must have shape {pz.shape}; found {zkeep.shape}")
         self.marginal_x_, self.n_approximated_ = self._marginal(p, keep)
@@ -132,8 +151,9 @@ class RMIA(BaseEstimator):
         self.n_reference_models_ = p.shape[0]
         return self
 
-    def score_samples(self, logits: np.ndarray, labels: np.ndarray, *,
-                      population_logits: np.ndarray) -> np.ndarray:
+    def score_samples(
+        self, logits: np.ndarray, labels: np.ndarray, *, population_logits: np.ndarray
+    ) -> np.ndarray:
         """Scores of the target's ``logits (N, C)`` given its ``population_logits (Z, C)``.
 
         The same N examples and Z population examples as in :meth:`fit`.
@@ -142,11 +162,15 @@ class RMIA(BaseEstimator):
         self._check_params()
         px = _true_prob(logits, labels, self.temperature)
         if px.shape != self.marginal_x_.shape:
-            raise ValueError(f"logits must cover the {self.marginal_x_.size} fitted examples; found {px.size}")
+            raise ValueError(
+                f"logits must cover the {self.marginal_x_.size} fitted examples; found {px.size}"
+            )
         pz = _true_prob(population_logits, self.population_labels_, self.temperature)
         if pz.shape != self.marginal_z_.shape:
-            raise ValueError(f"population_logits must cover the {self.marginal_z_.size} fitted "
-                             f"population examples; found {pz.size}")
+            raise ValueError(
+                f"population_logits must cover the {self.marginal_z_.size} fitted "
+                f"population examples; found {pz.size}"
+            )
         tiny = np.finfo(np.float64).tiny  # a zero marginal only arises from a clipped estimate
         ratio_x = px / np.maximum(self.marginal_x_, tiny)
         ratio_z = np.sort(pz / np.maximum(self.marginal_z_, tiny))

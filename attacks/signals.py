@@ -10,7 +10,9 @@ def _check(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarr
     z = np.asarray(logits, dtype=np.float64)
     y = np.asarray(labels, dtype=np.int64)
     if z.ndim < 2 or y.ndim != 1 or z.shape[-2] != y.shape[0]:
-        raise ValueError(f"logits (..., N, C) and labels (N,) disagree; found {z.shape} and {y.shape}")
+        raise ValueError(
+            f"logits (..., N, C) and labels (N,) disagree; found {z.shape} and {y.shape}"
+        )
     if y.size and (y.min() < 0 or y.max() >= z.shape[-1]):
         raise ValueError(f"labels must be in [0, {z.shape[-1]}); found {y.min()}..{y.max()}")
     return z, y

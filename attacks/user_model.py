@@ -24,12 +24,25 @@ from attacks.family import Options, Outputs, applicable, score
 from attacks.recipe import as_recipe, predict_logits
 
 
-def audit_model(model: Any, x_members: np.ndarray, y_members: np.ndarray,
-                x_nonmembers: np.ndarray, y_nonmembers: np.ndarray, *, recipe: Any = None,
-                n_reference: int = 8, accounted_epsilon: float | None = None, delta: float = 1e-5,
-                alpha: float = 0.05, guess_fraction: float = 0.1, seed: int = 0,
-                inclusion: str = "unverified", executor: Any = None, progress: bool = False,
-                shadow_iterations: int = 200) -> dict:
+def audit_model(
+    model: Any,
+    x_members: np.ndarray,
+    y_members: np.ndarray,
+    x_nonmembers: np.ndarray,
+    y_nonmembers: np.ndarray,
+    *,
+    recipe: Any = None,
+    n_reference: int = 8,
+    accounted_epsilon: float | None = None,
+    delta: float = 1e-5,
+    alpha: float = 0.05,
+    guess_fraction: float = 0.1,
+    seed: int = 0,
+    inclusion: str = "unverified",
+    executor: Any = None,
+    progress: bool = False,
+    shadow_iterations: int = 200,
+) -> dict:
     """Membership-inference audit of ``model`` with an empirical epsilon lower bound per attack.
 
     Parameters
@@ -73,13 +86,24 @@ def audit_model(model: Any, x_members: np.ndarray, y_members: np.ndarray,
     n_classes = int(labels.max()) + 1
     logits = predict_logits(model, x, n_classes)
     m_ref = n_reference if recipe is not None else 0
-    keep = membership_mask(n_reference, len(labels), seed) if m_ref else np.zeros((0, len(labels)), bool)
+    keep = (
+        membership_mask(n_reference, len(labels), seed)
+        if m_ref
+        else np.zeros((0, len(labels)), bool)
+    )
     ref_logits = np.zeros((0, *logits.shape))
     if m_ref:
-        ref_logits, _ = train_models(as_recipe(recipe), x, labels, [np.flatnonzero(k) for k in keep],
-                                     stream_seeds(seed, n_reference, "reference-train"),
-                                     n_classes=n_classes, executor=executor, progress=progress,
-                                     description="reference models")
+        ref_logits, _ = train_models(
+            as_recipe(recipe),
+            x,
+            labels,
+            [np.flatnonzero(k) for k in keep],
+            stream_seeds(seed, n_reference, "reference-train"),
+            n_classes=n_classes,
+            executor=executor,
+            progress=progress,
+            description="reference models",
+        )
     # the same family of attacks as a recipe audit: all that the reference models allow
     out = Outputs(target=logits, references=ref_logits, labels=labels, keep=keep)
     opts = Options(seed=seed, shadow_iterations=shadow_iterations)
@@ -87,8 +111,14 @@ def audit_model(model: Any, x_members: np.ndarray, y_members: np.ndarray,
     for name in applicable(m_ref):
         scores, note = score(name, out, opts)
         attacks[name] = AttackScores(scores, member, note, inclusion=inclusion)
-    ver = analyse(attacks, accounted=accounted_epsilon, delta=delta, alpha=alpha, seed=seed,
-                  guess_fraction=guess_fraction)
+    ver = analyse(
+        attacks,
+        accounted=accounted_epsilon,
+        delta=delta,
+        alpha=alpha,
+        seed=seed,
+        guess_fraction=guess_fraction,
+    )
     return {
         "schema_version": 1,
         "attacks": attacks,
@@ -97,8 +127,8 @@ def audit_model(model: Any, x_members: np.ndarray, y_members: np.ndarray,
         "verdict": ver,
         "assumptions": {
             "trials": "records scored in one trained model are not independent trials; bounds use the "
-                      "one-run theorem (Steinke, Nasr & Jagielski 2023), which assumes each audited record "
-                      f"was included by an independent fair coin (inclusion: {inclusion})",
+            "one-run theorem (Steinke, Nasr & Jagielski 2023), which assumes each audited record "
+            f"was included by an independent fair coin (inclusion: {inclusion})",
             "reference_models": n_reference if recipe is not None else 0,
             "confidence": 1 - alpha,
         },

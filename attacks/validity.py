@@ -35,7 +35,12 @@ from attacks.audit_scores import audit_scores
 
 SCENARIOS = ("constant", "independent", "rr", "gaussian", "exact")
 ORDERS = ("members-first", "shuffled")
-NOISE_SCALES = (0.0, 0.5, 1.0, 2.0)  # extra noise (x the mechanism's own scale) per attack of a family
+NOISE_SCALES = (
+    0.0,
+    0.5,
+    1.0,
+    2.0,
+)  # extra noise (x the mechanism's own scale) per attack of a family
 
 
 @functools.lru_cache(maxsize=64)
@@ -46,8 +51,14 @@ def gaussian_sigma(epsilon: float, delta: float) -> float:
     return analytic_gaussian_sigma(epsilon, delta)
 
 
-def release(scenario: str, member: np.ndarray, rng: np.random.Generator, *, epsilon: float = 0.0,
-            delta: float = 0.0) -> tuple[np.ndarray, float]:
+def release(
+    scenario: str,
+    member: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    epsilon: float = 0.0,
+    delta: float = 0.0,
+) -> tuple[np.ndarray, float]:
     """One release of ``scenario`` on the membership bits: (scores, the noise's scale)."""
     b = member.astype(np.float64)
     if scenario == "constant":
@@ -65,14 +76,20 @@ def release(scenario: str, member: np.ndarray, rng: np.random.Generator, *, epsi
     raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}; found {scenario!r}")
 
 
-def family_scores(scores: np.ndarray, scale: float, n_attacks: int, rng: np.random.Generator) -> dict:
+def family_scores(
+    scores: np.ndarray, scale: float, n_attacks: int, rng: np.random.Generator
+) -> dict:
     """``n_attacks`` post-processings of one release: the scores plus independent noise of growing
     scale (discrete scores get the same scores; their attacks differ by their random tie-breaks)."""
     if n_attacks > len(NOISE_SCALES):
         raise ValueError(f"n_attacks must be <= {len(NOISE_SCALES)}; found {n_attacks}")
     discrete = np.unique(scores).size <= 2
-    return {f"attack{j}": scores if discrete or c == 0 else scores + c * scale * rng.normal(size=scores.size)
-            for j, c in enumerate(NOISE_SCALES[:n_attacks])}
+    return {
+        f"attack{j}": scores
+        if discrete or c == 0
+        else scores + c * scale * rng.normal(size=scores.size)
+        for j, c in enumerate(NOISE_SCALES[:n_attacks])
+    }
 
 
 @dataclass
@@ -101,13 +118,26 @@ class SimulationResult:
         d = asdict(self)
         if not with_bounds:
             d.pop("bounds")
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+        return {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()
+        }
 
 
-def simulate(scenario: str, *, epsilon: float = 0.0, claim: float | None = None, delta: float = 0.0,
-             m: int = 1000, n_attacks: int = 1, seeds: int = 200, order: str = "shuffled",
-             confidence: float = 0.95, guesses: float = 0.1, seed0: int = 0,
-             curve="generic") -> SimulationResult:
+def simulate(
+    scenario: str,
+    *,
+    epsilon: float = 0.0,
+    claim: float | None = None,
+    delta: float = 0.0,
+    m: int = 1000,
+    n_attacks: int = 1,
+    seeds: int = 200,
+    order: str = "shuffled",
+    confidence: float = 0.95,
+    guesses: float = 0.1,
+    seed0: int = 0,
+    curve="generic",
+) -> SimulationResult:
     """Audit ``seeds`` independent releases of ``scenario`` against ``claim`` (default: the truth).
 
     ``rate_upper`` is the one-sided 95% Clopper-Pearson upper limit of the violation rate and
@@ -119,27 +149,53 @@ def simulate(scenario: str, *, epsilon: float = 0.0, claim: float | None = None,
     claim = epsilon if claim is None else claim
     bounds, ceilings, detectable, violations = [], [], math.nan, 0
     for s in range(seed0, seed0 + seeds):
-        rng = np.random.default_rng([s, 7919])  # the mechanism's stream, apart from the audit's seed
+        rng = np.random.default_rng(
+            [s, 7919]
+        )  # the mechanism's stream, apart from the audit's seed
         member = rng.random(m) < 0.5  # random inclusion by fair coins
         scores, scale = release(scenario, member, rng, epsilon=epsilon, delta=delta)
         fam = family_scores(scores, scale, n_attacks, rng)
         idx = np.argsort(~member, kind="stable") if order == "members-first" else rng.permutation(m)
-        res = audit_scores({k: v[idx] for k, v in fam.items()}, member[idx], accounted_epsilon=claim,
-                           delta=delta, confidence=confidence, seed=s, guesses=guesses, inclusion="random",
-                           curve=curve)
+        res = audit_scores(
+            {k: v[idx] for k, v in fam.items()},
+            member[idx],
+            accounted_epsilon=claim,
+            delta=delta,
+            confidence=confidence,
+            seed=s,
+            guesses=guesses,
+            inclusion="random",
+            curve=curve,
+        )
         bounds.append(res.epsilon_lower_bound)
         ceilings.append(res.epsilon_ceiling)
         detectable = res.detectable_epsilon
         violations += res.verdict == "violation"
     beta = 1.0 - confidence
-    upper = 1.0 if violations == seeds else float(stats.beta.ppf(0.95, violations + 1, seeds - violations))
+    upper = (
+        1.0
+        if violations == seeds
+        else float(stats.beta.ppf(0.95, violations + 1, seeds - violations))
+    )
     return SimulationResult(
-        scenario=scenario, epsilon=epsilon, claim=claim, delta=delta, m=m, n_attacks=n_attacks,
-        order=order, seeds=seeds, confidence=confidence, bounds=bounds, violations=violations,
-        rate=violations / seeds, rate_upper=upper,
+        scenario=scenario,
+        epsilon=epsilon,
+        claim=claim,
+        delta=delta,
+        m=m,
+        n_attacks=n_attacks,
+        order=order,
+        seeds=seeds,
+        confidence=confidence,
+        bounds=bounds,
+        violations=violations,
+        rate=violations / seeds,
+        rate_upper=upper,
         p_value=float(stats.binomtest(violations, seeds, beta, alternative="greater").pvalue),
-        median_bound=float(np.median(bounds)), mean_ceiling=float(np.mean(ceilings)),
-        detectable_epsilon=float(detectable))
+        median_bound=float(np.median(bounds)),
+        mean_ceiling=float(np.mean(ceilings)),
+        detectable_epsilon=float(detectable),
+    )
 
 
 def permutation_test(a: SimulationResult, b: SimulationResult) -> float:
@@ -149,9 +205,19 @@ def permutation_test(a: SimulationResult, b: SimulationResult) -> float:
     return float(stats.ks_2samp(a.bounds, b.bounds).pvalue)
 
 
-def probe_evidence(rng: np.random.Generator, *, steps: int = 40, m: int = 200, free: int = 300, q: float = 0.1,
-                   sigma: float = 1.2, noise: float = 1.0, influence: float = 1.0, q_real: float | None = None,
-                   clean_known: bool = True):
+def probe_evidence(
+    rng: np.random.Generator,
+    *,
+    steps: int = 40,
+    m: int = 200,
+    free: int = 300,
+    q: float = 0.1,
+    sigma: float = 1.2,
+    noise: float = 1.0,
+    influence: float = 1.0,
+    q_real: float | None = None,
+    clean_known: bool = True,
+):
     """What white-box probes at a Poisson-subsampled Gaussian mechanism observe, in clip norms
     (:class:`attacks.conformance.ProbeEvidence`): ``m`` probes, each included by a fair coin, each
     included one appearing in a release with rate ``q_real`` (default ``q``) and adding
@@ -166,4 +232,6 @@ def probe_evidence(rng: np.random.Generator, *, steps: int = 40, m: int = 200, f
     appear = (rng.random((steps, m)) < q_real) & included
     proj = appear * influence + rng.normal(0.0, noise * sigma, (steps, m))
     free_noise = rng.normal(0.0, noise * sigma, (steps, free))
-    return ProbeEvidence(proj, included, (free_noise ** 2).sum(1), np.full(steps, free), clean_known=clean_known)
+    return ProbeEvidence(
+        proj, included, (free_noise**2).sum(1), np.full(steps, free), clean_known=clean_known
+    )

@@ -72,8 +72,15 @@ ANALYSES = ("mechanism", "one-run")
 #: an included canary's gradient norm before the mechanism clips it, in clip norms (default)
 RAW_NORM = 4.0
 
-__all__ = ["ANALYSES", "GUESS_FRACTIONS", "GradientCanaries", "MechanismAudit", "attach_to_opacus",
-           "claim_optimised_guesses", "lr_scores"]
+__all__ = [
+    "ANALYSES",
+    "GUESS_FRACTIONS",
+    "GradientCanaries",
+    "MechanismAudit",
+    "attach_to_opacus",
+    "claim_optimised_guesses",
+    "lr_scores",
+]
 
 TensorLike = torch.Tensor | Sequence[torch.Tensor]
 
@@ -84,7 +91,9 @@ def _flat(tensors: TensorLike) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in tensors])
 
 
-def lr_scores(projections: np.ndarray, sample_rates: np.ndarray, noise_multipliers: np.ndarray) -> np.ndarray:
+def lr_scores(
+    projections: np.ndarray, sample_rates: np.ndarray, noise_multipliers: np.ndarray
+) -> np.ndarray:
     """Per-canary log-likelihood ratio of its observed components under the claimed mechanism.
 
     ``projections`` is (T, m) in clip norms; step ``t`` claims Poisson rate ``q_t`` and noise
@@ -104,8 +113,9 @@ def lr_scores(projections: np.ndarray, sample_rates: np.ndarray, noise_multiplie
 GUESS_FRACTIONS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
 
 
-def claim_optimised_guesses(claim: MechanismClaim, m: int, *, delta: float, beta: float = 0.05,
-                            sims: int = 3, seed: int = 0) -> list[tuple[int, int]]:
+def claim_optimised_guesses(
+    claim: MechanismClaim, m: int, *, delta: float, beta: float = 0.05, sims: int = 3, seed: int = 0
+) -> list[tuple[int, int]]:
     """Guesses declared before looking, optimised for the claimed mechanism: "in" on the ``k``
     highest likelihood-ratio scores, for two sizes ``k`` (Bonferroni over the two): the one whose
     median one-run bound is largest when the mechanism is exactly as claimed (how close the audit
@@ -117,13 +127,31 @@ def claim_optimised_guesses(claim: MechanismClaim, m: int, *, delta: float, beta
     Where no size gives a positive median bound even with half the noise (too few canaries), the
     one-sided grid :data:`attacks.canaries.ONE_SIDED_GUESSES` is returned.
     """
-    return list(_optimised_guesses(claim.sample_rates.tobytes(), claim.noise_multipliers.tobytes(), int(m),
-                                   float(delta), float(beta), int(sims), int(seed), claim.epsilon(delta)))
+    return list(
+        _optimised_guesses(
+            claim.sample_rates.tobytes(),
+            claim.noise_multipliers.tobytes(),
+            int(m),
+            float(delta),
+            float(beta),
+            int(sims),
+            int(seed),
+            claim.epsilon(delta),
+        )
+    )
 
 
 @functools.lru_cache(maxsize=64)
-def _optimised_guesses(rates: bytes, noises: bytes, m: int, delta: float, beta: float, sims: int,
-                       seed: int, claimed: float) -> tuple[tuple[int, int], ...]:
+def _optimised_guesses(
+    rates: bytes,
+    noises: bytes,
+    m: int,
+    delta: float,
+    beta: float,
+    sims: int,
+    seed: int,
+    claimed: float,
+) -> tuple[tuple[int, int], ...]:
     from accountants.tradeoff import CurveFamily
     from attacks.one_run_fdp import fdp_epsilon_lower_bound
 
@@ -136,10 +164,16 @@ def _optimised_guesses(rates: bytes, noises: bytes, m: int, delta: float, beta: 
         bounds = np.zeros((sims, len(ks)))
         for i in range(sims):
             inc = rng.random(m) < 0.5
-            x = ((rng.random((q.size, m)) < q[:, None]) & inc) + rng.normal(0.0, noise, (q.size, m)) * s[:, None]
+            x = ((rng.random((q.size, m)) < q[:, None]) & inc) + rng.normal(
+                0.0, noise, (q.size, m)
+            ) * s[:, None]
             right = np.cumsum(inc[np.argsort(-lr_scores(x, q, s), kind="stable")])
-            bounds[i] = [fdp_epsilon_lower_bound(m, k, int(right[k - 1]), delta=delta, curve=generic, beta=beta / 2)
-                         for k in ks]
+            bounds[i] = [
+                fdp_epsilon_lower_bound(
+                    m, k, int(right[k - 1]), delta=delta, curve=generic, beta=beta / 2
+                )
+                for k in ks
+            ]
         return bounds
 
     at_claim, half_noise = simulated_bounds(1.0), simulated_bounds(0.5)
@@ -149,8 +183,12 @@ def _optimised_guesses(rates: bytes, noises: bytes, m: int, delta: float, beta: 
     # most often above the claim with half the noise; then one whose ceiling (every guess right)
     # is above the claim, so that a mechanism far worse than half the noise can still be shown;
     # then the larger median bound
-    ceiling = np.array([fdp_epsilon_lower_bound(m, k, k, delta=delta, curve=generic, beta=beta / 2) for k in ks])
-    power = np.lexsort((np.median(half_noise, 0), ceiling > claimed, (half_noise > claimed).mean(0)))[-1]
+    ceiling = np.array(
+        [fdp_epsilon_lower_bound(m, k, k, delta=delta, curve=generic, beta=beta / 2) for k in ks]
+    )
+    power = np.lexsort(
+        (np.median(half_noise, 0), ceiling > claimed, (half_noise > claimed).mean(0))
+    )[-1]
     if np.median(half_noise, 0)[power] > 0:
         chosen.append(ks[int(power)])
     if not chosen:
@@ -181,15 +219,28 @@ class GradientCanaries:
     seed : audit seed: coins, directions and the canaries' own sampling use separate streams.
     """
 
-    def __init__(self, dim: int, n: int, *, clip_norm: float, sample_rate: float,
-                 noise_multiplier: float | None = None, steps: int | None = None, kind: str = "dirac",
-                 know_batch: bool = True, raw_norm: float | None = None, seed: int = 0):
+    def __init__(
+        self,
+        dim: int,
+        n: int,
+        *,
+        clip_norm: float,
+        sample_rate: float,
+        noise_multiplier: float | None = None,
+        steps: int | None = None,
+        kind: str = "dirac",
+        know_batch: bool = True,
+        raw_norm: float | None = None,
+        seed: int = 0,
+    ):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}; found {kind!r}")
         if not isinstance(n, (int, np.integer)) or n < 2:
             raise ValueError(f"n (number of canaries) must be an integer >= 2; found {n!r}")
         if kind == "dirac" and n > dim:
-            raise ValueError(f"n must be <= dim = {dim} for dirac canaries (one coordinate each); found {n}")
+            raise ValueError(
+                f"n must be <= dim = {dim} for dirac canaries (one coordinate each); found {n}"
+            )
         if not clip_norm > 0 or not math.isfinite(clip_norm):
             raise ValueError(f"clip_norm must be a finite number > 0; found {clip_norm}")
         if not 0 < sample_rate <= 1:
@@ -210,14 +261,17 @@ class GradientCanaries:
         self.included_ids = np.flatnonzero(self.included)
         rng = stream(seed, "gradient-canaries/directions")
         if kind == "dirac":
-            self._coords = torch.as_tensor(rng.choice(self.dim, self.n, replace=False), dtype=torch.long)
+            self._coords = torch.as_tensor(
+                rng.choice(self.dim, self.n, replace=False), dtype=torch.long
+            )
             self._u = None
         else:
             u = torch.as_tensor(rng.standard_normal((self.n, self.dim)), dtype=torch.float32)
             self._u = u / u.norm(dim=1, keepdim=True)
         # the canaries' Poisson sampling is the mechanism's randomness: its own stream, never scored
         self._sampling = torch.Generator().manual_seed(
-            int(stream(seed, "gradient-canaries/sampling").integers(2**62)))
+            int(stream(seed, "gradient-canaries/sampling").integers(2**62))
+        )
         self._inc = torch.as_tensor(self.included)
         self._proj: list[np.ndarray] = []
         self._noise_ss: list[float] = []
@@ -250,23 +304,30 @@ class GradientCanaries:
         released (noisy) sum before the next ``inject``.
         """
         if self._pending:
-            raise RuntimeError("inject called twice without observe: call observe(released) every step")
+            raise RuntimeError(
+                "inject called twice without observe: call observe(released) every step"
+            )
         flat = _flat(summed).detach()
         if flat.numel() != self.dim:
-            raise ValueError(f"the summed gradient must have dim = {self.dim} entries; found {flat.numel()}")
+            raise ValueError(
+                f"the summed gradient must have dim = {self.dim} entries; found {flat.numel()}"
+            )
         self._clean = flat.clone() if self.know_batch else None
         sampled = (torch.rand(self.n, generator=self._sampling) < self.sample_rate) & self._inc
         self.appearances += sampled.numpy()
         self._pending = True
         if not bool(sampled.any()):
             return summed
-        add = self._direction_sum(sampled.to(torch.float32)).to(device=flat.device, dtype=flat.dtype) * self.clip_norm
+        add = (
+            self._direction_sum(sampled.to(torch.float32)).to(device=flat.device, dtype=flat.dtype)
+            * self.clip_norm
+        )
         if isinstance(summed, torch.Tensor):
             return summed + add.reshape(summed.shape)
         out, at = [], 0
         for t in summed:
             k = t.numel()
-            out.append(t + add[at:at + k].reshape(t.shape))
+            out.append(t + add[at : at + k].reshape(t.shape))
             at += k
         return out
 
@@ -278,11 +339,13 @@ class GradientCanaries:
         tensor of ``dim`` entries on the CPU."""
         w = torch.as_tensor(np.asarray(weights, dtype=np.float32)).reshape(-1)
         if w.numel() != self.included_ids.size:
-            raise ValueError(f"weights must have one entry per included canary ({self.included_ids.size}); "
-                             f"found {w.numel()}")
+            raise ValueError(
+                f"weights must have one entry per included canary ({self.included_ids.size}); "
+                f"found {w.numel()}"
+            )
         full = torch.zeros(self.n)
         full[torch.as_tensor(self.included_ids, dtype=torch.long)] = w
-        self.appearances += (full.numpy() > 0)
+        self.appearances += full.numpy() > 0
         return self._direction_sum(full)
 
     def observe(self, released: TensorLike, clean: TensorLike | None = None) -> None:
@@ -298,7 +361,9 @@ class GradientCanaries:
             base = None if clean is None or not self.know_batch else _flat(clean).detach()
         r = _flat(released).detach().to(device="cpu", dtype=torch.float64)
         if r.numel() != self.dim:
-            raise ValueError(f"the released sum must have dim = {self.dim} entries; found {r.numel()}")
+            raise ValueError(
+                f"the released sum must have dim = {self.dim} entries; found {r.numel()}"
+            )
         if base is not None:
             r = r - base.to(device="cpu", dtype=torch.float64)
         else:
@@ -316,18 +381,25 @@ class GradientCanaries:
         """The claimed mechanism: :attr:`claimed_steps` (or ``steps``, or as many as observed)
         releases at the claimed sampling rate and noise multiplier, sensitivity ``clip_norm``."""
         if not self.noise_multiplier:
-            raise ValueError(f"the conformance test needs the claimed noise_multiplier > 0; found "
-                             f"{self.noise_multiplier}")
+            raise ValueError(
+                f"the conformance test needs the claimed noise_multiplier > 0; found "
+                f"{self.noise_multiplier}"
+            )
         t = steps or self.claimed_steps or max(self.steps, 1)
         return MechanismClaim.repeated(self.sample_rate, self.noise_multiplier, t, self.clip_norm)
 
     def evidence(self) -> ProbeEvidence:
         """What the canaries observed (:class:`attacks.conformance.ProbeEvidence`)."""
         proj = np.stack(self._proj) if self._proj else np.zeros((0, self.n))
-        return ProbeEvidence(proj, self.included.copy(), np.array(self._noise_ss),
-                             np.array(self._noise_dof, dtype=np.int64), clean_known=self._clean_known,
-                             record_influence=np.array(self._record_influence) if self._record_influence else None,
-                             influence_tolerance=self.influence_tolerance)
+        return ProbeEvidence(
+            proj,
+            self.included.copy(),
+            np.array(self._noise_ss),
+            np.array(self._noise_dof, dtype=np.int64),
+            clean_known=self._clean_known,
+            record_influence=np.array(self._record_influence) if self._record_influence else None,
+            influence_tolerance=self.influence_tolerance,
+        )
 
     def record_influence(self, norms, tolerance: float = 1e-6) -> None:
         """Record probe records' exact influence on the pre-noise release (L2 norms, same units as
@@ -336,7 +408,9 @@ class GradientCanaries:
         relative ``tolerance`` (the solver's guaranteed precision)."""
         v = np.asarray(norms, dtype=np.float64).reshape(-1)
         if not np.all(np.isfinite(v)) or np.any(v < 0):
-            raise ValueError(f"influence norms must be finite and >= 0; found {v[~(np.isfinite(v) & (v >= 0))][0]}")
+            raise ValueError(
+                f"influence norms must be finite and >= 0; found {v[~(np.isfinite(v) & (v >= 0))][0]}"
+            )
         if not tolerance >= 0:
             raise ValueError(f"tolerance must be >= 0; found {tolerance}")
         self._record_influence.extend((v / self.clip_norm).tolist())
@@ -347,34 +421,59 @@ class GradientCanaries:
         log-likelihood ratio under ``claim`` (default :meth:`claim`; ``auto``: ``lr`` when the
         claimed sigma is known and positive)."""
         if statistic not in STATISTICS:
-            raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}; found {statistic!r}")
+            raise ValueError(
+                f"statistic must be one of {', '.join(STATISTICS)}; found {statistic!r}"
+            )
         if statistic == "auto":
             statistic = "lr" if (self.noise_multiplier or claim is not None) else "sum"
         proj = self.evidence().projections
         if statistic == "sum":
             return proj.sum(0)
         if claim is None and not self.noise_multiplier:
-            raise ValueError(f"statistic 'lr' needs the claimed noise_multiplier > 0; found {self.noise_multiplier}")
+            raise ValueError(
+                f"statistic 'lr' needs the claimed noise_multiplier > 0; found {self.noise_multiplier}"
+            )
         c = claim or self.claim(steps=max(self.steps, self.claimed_steps or 0))
         if c.steps < proj.shape[0]:  # releases beyond the claim: scored as the claim's last
             c = c.over(proj.shape[0])
         return lr_scores(proj, c.sample_rates, c.noise_multipliers)
 
-    def conformance(self, *, claim: MechanismClaim | None = None, confidence: float = 0.95,
-                    delta: float | None = None) -> ConformanceResult:
+    def conformance(
+        self,
+        *,
+        claim: MechanismClaim | None = None,
+        confidence: float = 0.95,
+        delta: float | None = None,
+    ) -> ConformanceResult:
         """The conformance test of the mechanism these canaries observed against ``claim``
         (default :meth:`claim`): :func:`attacks.conformance.conformance_test`."""
         if self.steps == 0:
-            raise ValueError("no step was observed; run the training loop with these canaries first")
-        res = conformance_test(self.evidence(), claim or self.claim(), confidence=confidence, delta=delta)
+            raise ValueError(
+                "no step was observed; run the training loop with these canaries first"
+            )
+        res = conformance_test(
+            self.evidence(), claim or self.claim(), confidence=confidence, delta=delta
+        )
         if not self.know_batch:
-            res.notes.append("the other records' gradients were not subtracted: the noise test sees "
-                             "them as extra noise (valid, less powerful)")
+            res.notes.append(
+                "the other records' gradients were not subtracted: the noise test sees "
+                "them as extra noise (valid, less powerful)"
+            )
         return res
 
-    def audit(self, *, accounted_epsilon: float | None = None, delta: float, confidence: float = 0.95,
-              seed: int | None = None, statistic: str = "auto", guesses="claim",
-              analysis: str = "mechanism", claim: MechanismClaim | None = None, **kwargs):
+    def audit(
+        self,
+        *,
+        accounted_epsilon: float | None = None,
+        delta: float,
+        confidence: float = 0.95,
+        seed: int | None = None,
+        statistic: str = "auto",
+        guesses="claim",
+        analysis: str = "mechanism",
+        claim: MechanismClaim | None = None,
+        **kwargs,
+    ):
         """Audit the run these canaries observed.
 
         ``analysis="mechanism"`` (default): the claimed mechanism (``claim``, default :meth:`claim`)
@@ -395,7 +494,9 @@ class GradientCanaries:
         if analysis not in ANALYSES:
             raise ValueError(f"analysis must be one of {', '.join(ANALYSES)}; found {analysis!r}")
         if self.steps == 0:
-            raise ValueError("no step was observed; run the training loop with these canaries first")
+            raise ValueError(
+                "no step was observed; run the training loop with these canaries first"
+            )
         if not 0 < confidence < 1:
             raise ValueError(f"confidence must be in (0, 1); found {confidence}")
         mechanism = analysis == "mechanism"
@@ -403,27 +504,46 @@ class GradientCanaries:
             claim = claim or self.claim()
             if accounted_epsilon is None:
                 accounted_epsilon = claim.epsilon(delta)
-        stat = "lr" if statistic == "auto" and (self.noise_multiplier or claim is not None) else (
-            "sum" if statistic == "auto" else statistic)
+        stat = (
+            "lr"
+            if statistic == "auto" and (self.noise_multiplier or claim is not None)
+            else ("sum" if statistic == "auto" else statistic)
+        )
         name = f"gradient-canaries-{self.kind}"
-        note = (f"{self.n} {self.kind} gradient canaries (norm {self.clip_norm:g}, sampled at q = "
-                f"{self.sample_rate:g} per step over {self.steps} steps), {int(self.included.sum())} "
-                f"included by fair coins; score = {stat} of each step's component along the canary"
-                + ("" if self.know_batch else "; the other records' gradients not subtracted"))
+        note = (
+            f"{self.n} {self.kind} gradient canaries (norm {self.clip_norm:g}, sampled at q = "
+            f"{self.sample_rate:g} per step over {self.steps} steps), {int(self.included.sum())} "
+            f"included by fair coins; score = {stat} of each step's component along the canary"
+            + ("" if self.know_batch else "; the other records' gradients not subtracted")
+        )
         half = 1 - (1 - confidence) / 2 if mechanism else confidence
         if isinstance(guesses, str) and guesses == "claim":
-            known = claim or (self.claim(steps=max(self.steps, self.claimed_steps or 0))
-                              if self.noise_multiplier else None)
-            guesses = (claim_optimised_guesses(known, self.n, delta=delta, beta=1 - half)
-                       if known is not None and stat == "lr" else ONE_SIDED_GUESSES)
+            known = claim or (
+                self.claim(steps=max(self.steps, self.claimed_steps or 0))
+                if self.noise_multiplier
+                else None
+            )
+            guesses = (
+                claim_optimised_guesses(known, self.n, delta=delta, beta=1 - half)
+                if known is not None and stat == "lr"
+                else ONE_SIDED_GUESSES
+            )
         # the generic (epsilon, delta) claim, by the f-DP analysis of the one-run experiment
         # (Mahloujifar, Melis & Chaudhuri 2024): valid for every (epsilon, delta)-DP mechanism and a
         # little tighter than Steinke et al.'s bound at delta > 0
         kwargs.setdefault("curve", CurveFamily("generic", delta))
-        one_run = audit_scores({name: self.scores(stat, claim)}, self.included,
-                               accounted_epsilon=accounted_epsilon, delta=delta, confidence=half,
-                               seed=self.seed if seed is None else seed, inclusion="random",
-                               notes={name: note}, guesses=guesses, **kwargs)
+        one_run = audit_scores(
+            {name: self.scores(stat, claim)},
+            self.included,
+            accounted_epsilon=accounted_epsilon,
+            delta=delta,
+            confidence=half,
+            seed=self.seed if seed is None else seed,
+            inclusion="random",
+            notes={name: note},
+            guesses=guesses,
+            **kwargs,
+        )
         if not mechanism:
             return one_run
         conf = self.conformance(claim=claim, confidence=half, delta=delta)
@@ -431,12 +551,20 @@ class GradientCanaries:
 
     def summary(self) -> dict:
         inc = self.included
-        return {"kind": self.kind, "canaries": self.n, "included": int(inc.sum()), "steps": self.steps,
-                "clip_norm": self.clip_norm, "raw_norm": self.raw_norm, "sample_rate": self.sample_rate,
-                "claimed_noise_multiplier": self.noise_multiplier, "claimed_steps": self.claimed_steps,
-                "know_batch": self.know_batch,
-                "mean_appearances_included": float(self.appearances[inc].mean()) if inc.any() else 0.0,
-                "seed": self.seed}
+        return {
+            "kind": self.kind,
+            "canaries": self.n,
+            "included": int(inc.sum()),
+            "steps": self.steps,
+            "clip_norm": self.clip_norm,
+            "raw_norm": self.raw_norm,
+            "sample_rate": self.sample_rate,
+            "claimed_noise_multiplier": self.noise_multiplier,
+            "claimed_steps": self.claimed_steps,
+            "know_batch": self.know_batch,
+            "mean_appearances_included": float(self.appearances[inc].mean()) if inc.any() else 0.0,
+            "seed": self.seed,
+        }
 
     # ------------------------------------------------------------------ internals
     def _direction_sum(self, weights: torch.Tensor) -> torch.Tensor:
@@ -459,7 +587,9 @@ class GradientCanaries:
         if self._u is None:
             inc = x[self.included]
             # float rounding can leave a tiny negative difference when there is no noise at all
-            return max(0.0, float(r.pow(2).sum()) - float(np.square(inc).sum())), self.dim - int(self.included.sum())
+            return max(0.0, float(r.pow(2).sum()) - float(np.square(inc).sum())), self.dim - int(
+                self.included.sum()
+            )
         exc = x[~self.included]
         return float(np.square(exc).sum()), int(exc.size)
 
@@ -483,14 +613,26 @@ class MechanismAudit:
 
     @classmethod
     def of(cls, conformance: ConformanceResult, one_run, confidence: float) -> MechanismAudit:
-        bad = [n for n, v in (("conformance test", conformance.verdict), ("one-run bound", one_run.verdict))
-               if v == "violation"]
+        bad = [
+            n
+            for n, v in (
+                ("conformance test", conformance.verdict),
+                ("one-run bound", one_run.verdict),
+            )
+            if v == "violation"
+        ]
         verdict = "violation" if bad else "consistent"
         head = (f"VIOLATION ({' and '.join(bad)})" if bad else "no violation") + (
             f" of the claimed mechanism at {100 * confidence:.4g}% confidence (two tests at half the error "
-            "rate each)")
-        return cls(verdict, f"{head}. Conformance: {conformance.message} One-run: {one_run.message}",
-                   float(confidence), conformance, one_run)
+            "rate each)"
+        )
+        return cls(
+            verdict,
+            f"{head}. Conformance: {conformance.message} One-run: {one_run.message}",
+            float(confidence),
+            conformance,
+            one_run,
+        )
 
     @property
     def epsilon_lower_bound(self) -> float:
@@ -514,10 +656,15 @@ class MechanismAudit:
 
     def to_dict(self) -> dict:
         one = self.one_run.to_dict()
-        return {**one, "status": self.verdict, "message": self.message, "analysis": "mechanism",
-                "confidence": self.confidence, "one_run": {"status": self.one_run.verdict,
-                                                           "confidence": self.one_run.confidence},
-                "conformance": self.conformance.to_dict()}
+        return {
+            **one,
+            "status": self.verdict,
+            "message": self.message,
+            "analysis": "mechanism",
+            "confidence": self.confidence,
+            "one_run": {"status": self.one_run.verdict, "confidence": self.one_run.confidence},
+            "conformance": self.conformance.to_dict(),
+        }
 
 
 def attach_to_opacus(optimizer, canaries: GradientCanaries):
@@ -532,11 +679,15 @@ def attach_to_opacus(optimizer, canaries: GradientCanaries):
     original = optimizer.add_noise
     params = list(optimizer.params)
     if sum(p.numel() for p in params) != canaries.dim:
-        raise ValueError(f"canaries are over dim = {canaries.dim} entries but the optimizer has "
-                         f"{sum(p.numel() for p in params)}")
+        raise ValueError(
+            f"canaries are over dim = {canaries.dim} entries but the optimizer has "
+            f"{sum(p.numel() for p in params)}"
+        )
     if abs(getattr(optimizer, "max_grad_norm", canaries.clip_norm) - canaries.clip_norm) > 1e-12:
-        raise ValueError(f"canaries' clip_norm {canaries.clip_norm} differs from the optimizer's "
-                         f"max_grad_norm {optimizer.max_grad_norm}")
+        raise ValueError(
+            f"canaries' clip_norm {canaries.clip_norm} differs from the optimizer's "
+            f"max_grad_norm {optimizer.max_grad_norm}"
+        )
 
     def add_noise() -> None:
         summed = [p.summed_grad for p in params]

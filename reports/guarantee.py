@@ -18,8 +18,8 @@ cannot disagree. The rule, in order:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,16 @@ def delta_ge_one_over_n(delta: float | None, n: int | None) -> bool:
     return delta is not None and bool(n) and delta >= 1.0 / n
 
 
-def formal_dp_status(*, claims_dp: bool, epsilon: float | None, delta: float,
-                     fixed_delta: float | None = None, non_private: Sequence[str] = (),
-                     n_min: int | None = None, error: str | None = None) -> FormalDP:
+def formal_dp_status(
+    *,
+    claims_dp: bool,
+    epsilon: float | None,
+    delta: float,
+    fixed_delta: float | None = None,
+    non_private: Sequence[str] = (),
+    n_min: int | None = None,
+    error: str | None = None,
+) -> FormalDP:
     """Apply the rule above.
 
     Parameters
@@ -54,26 +61,46 @@ def formal_dp_status(*, claims_dp: bool, epsilon: float | None, delta: float,
     """
     if non_private:
         labels = ", ".join(sorted(set(non_private)))
-        return FormalDP(False, "no", f"a release without noise is recorded ({labels}): no finite "
-                                     "epsilon at any delta")
+        return FormalDP(
+            False,
+            "no",
+            f"a release without noise is recorded ({labels}): no finite epsilon at any delta",
+        )
     if not claims_dp:
         return FormalDP(False, "no", "the method makes no formal DP claim")
     if epsilon is None or math.isnan(epsilon):
-        return FormalDP(False, "not accounted", f"no accounted epsilon{': ' + error if error else ''}")
+        return FormalDP(
+            False, "not accounted", f"no accounted epsilon{': ' + error if error else ''}"
+        )
     if math.isinf(epsilon):
         if fixed_delta is not None and fixed_delta >= delta:
             if delta_ge_one_over_n(fixed_delta, n_min):
-                return FormalDP(False, "δ ≥ 1/n", (
-                    f"the ledger's guarantee needs delta >= {fixed_delta:.3g}, and delta >= 1/n = "
-                    f"{1.0 / n_min:.3g} (smallest client, n = {n_min}) permits publishing records "
-                    "in the clear: not a meaningful guarantee"))
-            return FormalDP(False, "not at this δ", (
-                f"finite epsilon only at delta >= {fixed_delta:.3g}, above the report's delta "
-                f"{delta:g}"))
+                return FormalDP(
+                    False,
+                    "δ ≥ 1/n",
+                    (
+                        f"the ledger's guarantee needs delta >= {fixed_delta:.3g}, and delta >= 1/n = "
+                        f"{1.0 / n_min:.3g} (smallest client, n = {n_min}) permits publishing records "
+                        "in the clear: not a meaningful guarantee"
+                    ),
+                )
+            return FormalDP(
+                False,
+                "not at this δ",
+                (
+                    f"finite epsilon only at delta >= {fixed_delta:.3g}, above the report's delta "
+                    f"{delta:g}"
+                ),
+            )
         return FormalDP(False, "no", f"no finite epsilon at delta {delta:g}")
     if delta_ge_one_over_n(delta, n_min):
-        return FormalDP(False, "δ ≥ 1/n", (
-            f"epsilon is finite only because delta = {delta:g} >= 1/n = {1.0 / n_min:.3g} (smallest "
-            f"client, n = {n_min}), which permits publishing records in the clear: not a "
-            "meaningful guarantee"))
+        return FormalDP(
+            False,
+            "δ ≥ 1/n",
+            (
+                f"epsilon is finite only because delta = {delta:g} >= 1/n = {1.0 / n_min:.3g} (smallest "
+                f"client, n = {n_min}), which permits publishing records in the clear: not a "
+                "meaningful guarantee"
+            ),
+        )
     return FormalDP(True, "yes", "")

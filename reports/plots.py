@@ -13,20 +13,19 @@ from __future__ import annotations
 import base64
 import io
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")  # no display; figures are written to PNG  # noqa: E402
+matplotlib.use("Agg")  # no display; figures are written to PNG
 
-from matplotlib import pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib import pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-from reports.roc_claims import forbidden_roc_points, rocs_of, stored_curve  # noqa: E402
-from reports.schema import DatasetSummary, MethodReport, PrivacyReport  # noqa: E402
+from reports.roc_claims import forbidden_roc_points, rocs_of, stored_curve
+from reports.schema import DatasetSummary, MethodReport, PrivacyReport
 
 INF_LABEL = "no formal DP\n(epsilon = inf\nat this delta)"
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p")
@@ -72,10 +71,15 @@ def _style(i: int, n_points: int) -> dict:
     """Marker, line style and drawing order of the i-th curve: a curve drawn over an identical one
     still shows its hollow markers around the other's, offset along the curve."""
     every = max(1, n_points // 12)
-    return {"marker": MARKERS[i % len(MARKERS)],
-            "ls": LINESTYLES[(i + i // len(MARKERS)) % len(LINESTYLES)],  # no (marker, ls) repeats
-            "ms": 4 + 2 * (i % 3), "mfc": "none", "mew": 1.1, "zorder": 3 + (i % 5),
-            "markevery": (i % every, every)}
+    return {
+        "marker": MARKERS[i % len(MARKERS)],
+        "ls": LINESTYLES[(i + i // len(MARKERS)) % len(LINESTYLES)],  # no (marker, ls) repeats
+        "ms": 4 + 2 * (i % 3),
+        "mfc": "none",
+        "mew": 1.1,
+        "zorder": 3 + (i % 5),
+        "markevery": (i % every, every),
+    }
 
 
 def _duplicates(series: list[tuple[str, object]]) -> dict[str, str]:
@@ -108,6 +112,7 @@ def _spread_labels(ax, items: list[tuple[str, float, float]], gap: float, *, log
     """Label points without overlap: points at about the same x (within 15 %, or 0.3 on a linear
     axis) form a column whose labels are pushed up to at least ``gap`` apart, with a thin leader
     line from each moved label to its point."""
+
     def same_column(x0: float, x1: float) -> bool:
         return abs(math.log(x1 / x0)) < 0.14 if log_x else abs(x1 - x0) < 0.3
 
@@ -124,8 +129,15 @@ def _spread_labels(ax, items: list[tuple[str, float, float]], gap: float, *, log
             last = ty
             tx = x * 1.12 if log_x else x + 0.15
             moved = ty - y > 1e-9
-            ax.annotate(name, (x, y), xytext=(tx, ty), textcoords="data", fontsize=8, va="center",
-                        arrowprops=dict(arrowstyle="-", lw=0.5, color="grey") if moved else None)
+            ax.annotate(
+                name,
+                (x, y),
+                xytext=(tx, ty),
+                textcoords="data",
+                fontsize=8,
+                va="center",
+                arrowprops=dict(arrowstyle="-", lw=0.5, color="grey") if moved else None,
+            )
 
 
 def privacy_utility_figure(report: PrivacyReport) -> Figure | None:
@@ -133,8 +145,11 @@ def privacy_utility_figure(report: PrivacyReport) -> Figure | None:
 
     Methods with no formal guarantee (epsilon = inf) sit in a separate right-hand band.
     """
-    points = [(m, m.privacy.epsilon if m.privacy else None, m.utility.test_accuracy)
-              for m in report.methods if m.utility and _finite(m.utility.test_accuracy)]
+    points = [
+        (m, m.privacy.epsilon if m.privacy else None, m.utility.test_accuracy)
+        for m in report.methods
+        if m.utility and _finite(m.utility.test_accuracy)
+    ]
     if not points:
         return None
     colors = method_colors(m.name for m in report.methods)
@@ -148,8 +163,14 @@ def privacy_utility_figure(report: PrivacyReport) -> Figure | None:
     for k, (m, e, a) in enumerate(finite):
         # an identical point drawn earlier stays visible as a ring around this one
         ring = sum(1 for m2, e2, a2 in finite[:k] if (e2, a2) == (e, a))
-        ax.scatter([e], [a], s=60 + 90 * ring, color=colors[m.name], edgecolor="black",
-                   zorder=3 - 0.1 * ring)
+        ax.scatter(
+            [e],
+            [a],
+            s=60 + 90 * ring,
+            color=colors[m.name],
+            edgecolor="black",
+            zorder=3 - 0.1 * ring,
+        )
     _spread_labels(ax, [(m.name, e, a) for m, e, a in finite], gap, log_x=True)
     ax.set_xscale("log")
     if finite:
@@ -158,15 +179,20 @@ def privacy_utility_figure(report: PrivacyReport) -> Figure | None:
         ax.set_xlim(lo / 2.0, hi * 2.0)
     else:
         ax.set_xlim(0.1, 10)
-    ax.set_xlabel(f"accounted epsilon, worst client (delta = {report.threat_model.delta:g}; log scale)")
+    ax.set_xlabel(
+        f"accounted epsilon, worst client (delta = {report.threat_model.delta:g}; log scale)"
+    )
     ax.set_ylabel("test accuracy")
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title("What privacy costs: accounted epsilon vs test accuracy")
     band_x = _dodge([a for _, _, a in infinite], gap / 2, start=0.5, step=0.22)
-    for (m, e, a), x in zip(infinite, band_x):
-        ax_inf.scatter([x], [a], s=70, marker="D", color=colors[m.name], edgecolor="black", zorder=3)
-    _spread_labels(ax_inf, [(_band_label(m), x, a) for (m, e, a), x in zip(infinite, band_x)], gap,
-                   log_x=False)
+    for (m, _, a), x in zip(infinite, band_x):
+        ax_inf.scatter(
+            [x], [a], s=70, marker="D", color=colors[m.name], edgecolor="black", zorder=3
+        )
+    _spread_labels(
+        ax_inf, [(_band_label(m), x, a) for (m, _, a), x in zip(infinite, band_x)], gap, log_x=False
+    )
     ax_inf.set_xlim(0, 2.2)
     ax_inf.set_xticks([0.5])
     ax_inf.set_xticklabels([INF_LABEL], fontsize=8)
@@ -208,22 +234,49 @@ def epsilon_comparison_figure(report: PrivacyReport) -> Figure | None:
     for y, m in enumerate(rows):
         e = m.privacy.epsilon if m.privacy else None
         if _finite(e):
-            ax.scatter([e], [y], marker="s", s=55, color="#1f77b4", zorder=3,
-                       label=label("accounted epsilon"))
+            ax.scatter(
+                [e],
+                [y],
+                marker="s",
+                s=55,
+                color="#1f77b4",
+                zorder=3,
+                label=label("accounted epsilon"),
+            )
         elif m.privacy is not None:
             label_ = m.formal_dp_label or "no"
             text = "inf" if label_ in ("no", "yes") else f"inf ({label_})"
-            ax.annotate(text, (right, y), xytext=(-30 - 4 * max(0, len(text) - 3), 0),
-                        textcoords="offset points",
-                        va="center", fontsize=8, color="#1f77b4",
-                        arrowprops={"arrowstyle": "->", "color": "#1f77b4"})
+            ax.annotate(
+                text,
+                (right, y),
+                xytext=(-30 - 4 * max(0, len(text) - 3), 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=8,
+                color="#1f77b4",
+                arrowprops={"arrowstyle": "->", "color": "#1f77b4"},
+            )
         lb, ceil, _ = m.audit_numbers()
         if _finite(ceil):
-            ax.plot([0, ceil], [y, y], color="#d62728", alpha=0.25, lw=6, solid_capstyle="butt",
-                    label=label("range an audit of this size can show"))
+            ax.plot(
+                [0, ceil],
+                [y, y],
+                color="#d62728",
+                alpha=0.25,
+                lw=6,
+                solid_capstyle="butt",
+                label=label("range an audit of this size can show"),
+            )
         if _finite(lb):
-            ax.scatter([lb], [y], marker="o", s=55, color="#d62728", zorder=4,
-                       label=label("empirical lower bound (all attacks, family-wise)"))
+            ax.scatter(
+                [lb],
+                [y],
+                marker="o",
+                s=55,
+                color="#d62728",
+                zorder=4,
+                label=label("empirical lower bound (all attacks, family-wise)"),
+            )
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([m.name for m in rows], fontsize=8)
     ax.invert_yaxis()
@@ -243,15 +296,20 @@ def roc_figure(method: MethodReport) -> Figure | None:
     """Log-log ROC of every successful attack on ``method`` (chance = the diagonal)."""
     if method.audit is None:
         return None
-    curves = [(n, a) for n, a in method.audit.attacks.items()
-              if not a.error and a.roc is not None and len(a.roc.fpr) > 1
-              and len(a.roc.fpr) == len(a.roc.tpr)]
+    curves = [
+        (n, a)
+        for n, a in method.audit.attacks.items()
+        if not a.error
+        and a.roc is not None
+        and len(a.roc.fpr) > 1
+        and len(a.roc.fpr) == len(a.roc.tpr)
+    ]
     if not curves:
         return None
     fig = _new_figure(4.6, 4.0)
     ax = fig.add_subplot()
     floor = 1.0
-    for name, a in curves:
+    for _, a in curves:
         pos = [v for v in a.roc.fpr + a.roc.tpr if v and v > 0]
         floor = min(floor, min(pos) if pos else 1.0)
     floor = max(floor / 2.0, 1e-5)
@@ -260,8 +318,9 @@ def roc_figure(method: MethodReport) -> Figure | None:
         fpr = [max(v, floor) for v in a.roc.fpr]
         tpr = [max(v, floor) for v in a.roc.tpr]
         auc = f"AUC {a.auc:.3f}" if _finite(a.auc) else "AUC n/a"
-        ax.plot(fpr, tpr, lw=1.5, label=f"{name} ({auc}){same.get(name, '')}",
-                **_style(i, len(fpr)))
+        ax.plot(
+            fpr, tpr, lw=1.5, label=f"{name} ({auc}){same.get(name, '')}", **_style(i, len(fpr))
+        )
     _finish_loglog_roc(ax, floor, f"{method.name}: membership inference ROC")
     return fig
 
@@ -281,9 +340,14 @@ def _finish_loglog_roc(ax, floor: float, title: str) -> None:
 
 
 # ---------------------------------------------------------------------------------- ROC vs the claim
-def tradeoff_roc_figure(rocs: Mapping[str, tuple[Sequence[float], Sequence[float]]], curve: Callable,
-                        *, claim: str | None = None, title: str | None = None,
-                        floor: float | None = None) -> Figure:
+def tradeoff_roc_figure(
+    rocs: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    curve: Callable,
+    *,
+    claim: str | None = None,
+    title: str | None = None,
+    floor: float | None = None,
+) -> Figure:
     """Log-log ROC of every attack over the region a privacy claim allows.
 
     The claim's boundary ``TPR = 1 - f(FPR)`` is drawn as a line and the region above it (which no
@@ -299,8 +363,9 @@ def tradeoff_roc_figure(rocs: Mapping[str, tuple[Sequence[float], Sequence[float
     ax = fig.add_subplot()
     grid = np.geomspace(floor, 1.0, 400)
     boundary = np.maximum(1.0 - np.asarray(curve(grid), dtype=np.float64), floor)
-    ax.fill_between(grid, boundary, 1.0, color="tab:red", alpha=0.12, lw=0,
-                    label="forbidden by the claim")
+    ax.fill_between(
+        grid, boundary, 1.0, color="tab:red", alpha=0.12, lw=0, label="forbidden by the claim"
+    )
     ax.plot(grid, boundary, color="tab:red", lw=1.5, label=f"claim: {label}")
     n_bad = 0
     for name, (f, t) in rocs.items():
@@ -308,10 +373,23 @@ def tradeoff_roc_figure(rocs: Mapping[str, tuple[Sequence[float], Sequence[float
         ax.plot(np.maximum(f, floor), np.maximum(t, floor), lw=1.3, label=name)
         bad = forbidden_roc_points(f, t, curve)
         n_bad += bad.size
-        ax.plot(np.maximum(f[bad], floor), np.maximum(t[bad], floor), ls="none", marker="x",
-                color="tab:red", ms=5)
+        ax.plot(
+            np.maximum(f[bad], floor),
+            np.maximum(t[bad], floor),
+            ls="none",
+            marker="x",
+            color="tab:red",
+            ms=5,
+        )
     if n_bad:
-        ax.plot([], [], ls="none", marker="x", color="tab:red", label=f"{n_bad} ROC points above the curve")
+        ax.plot(
+            [],
+            [],
+            ls="none",
+            marker="x",
+            color="tab:red",
+            label=f"{n_bad} ROC points above the curve",
+        )
     _finish_loglog_roc(ax, floor, title or "membership inference ROC against the accounted curve")
     return fig
 
@@ -322,8 +400,12 @@ def ledger_roc_figure(m: MethodReport):
     if not rocs or m.audit is None or m.audit.tradeoff_curve is None:
         return None
     tc = m.audit.tradeoff_curve
-    return tradeoff_roc_figure(rocs, stored_curve(tc), claim=f"the ledger ({tc.claim})",
-                               title=f"{m.name}: ROC against the ledger's trade-off curve")
+    return tradeoff_roc_figure(
+        rocs,
+        stored_curve(tc),
+        claim=f"the ledger ({tc.claim})",
+        title=f"{m.name}: ROC against the ledger's trade-off curve",
+    )
 
 
 # ---------------------------------------------------------------------------------- epsilon over rounds
@@ -344,8 +426,14 @@ def epsilon_over_rounds_figure(report: PrivacyReport) -> Figure | None:
     same = _duplicates([(m.name, tuple(pts)) for m, pts in series])
     for i, (m, pts) in enumerate(series):
         xs, ys = zip(*pts)
-        ax.plot(xs, ys, lw=1.4, color=colors[m.name], label=m.name + same.get(m.name, ""),
-                **_style(i, len(xs)))
+        ax.plot(
+            xs,
+            ys,
+            lw=1.4,
+            color=colors[m.name],
+            label=m.name + same.get(m.name, ""),
+            **_style(i, len(xs)),
+        )
     ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
@@ -382,8 +470,10 @@ def client_class_figure(dataset: DatasetSummary | None) -> Figure | None:
     ax.set_xlabel("client")
     ax.set_ylabel("class")
     part = dataset.partition + (f", alpha = {dataset.alpha:g}" if dataset.alpha is not None else "")
-    ax.set_title(f"{dataset.dataset}: records per client and class\n({part}; "
-                 f"largest dot = {top} records)", fontsize=9)
+    ax.set_title(
+        f"{dataset.dataset}: records per client and class\n({part}; largest dot = {top} records)",
+        fontsize=9,
+    )
     ax.grid(True, alpha=0.2)
     return fig
 

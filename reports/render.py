@@ -12,8 +12,9 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import jinja2
 
@@ -55,7 +56,9 @@ HOW_TO_READ = [
     "accounted epsilon, so no outcome of this audit could have contradicted the claim; 'no-claim' "
     "means the formal-DP rule above says no (no finite, meaningful accounted epsilon to check).",
     "Verdict rests on: for a method with a formal guarantee and mechanism controls, the summary's "
-    "verdict is the white-box mechanism audit of its correct twin ('mechanism audit'): " + TESTS + ". "
+    "verdict is the white-box mechanism audit of its correct twin ('mechanism audit'): "
+    + TESTS
+    + ". "
     "It needs no large ceiling, so it is 'violation' or 'consistent', never 'inconclusive'; a "
     "black-box 'violation' still stands over it. The black-box numbers of the row (AUC, empirical ε, "
     "ceiling, detectable ε) stay the black-box audit's, and its verdict is kept in the method's "
@@ -74,8 +77,14 @@ def _cell(text: str, value: float | None = None) -> dict:
 # ---------------------------------------------------------------------------------- view model
 def non_private_reference(report: PrivacyReport) -> MethodReport | None:
     """The most accurate method without a formal guarantee (the 'cost' reference), if any."""
-    cands = [m for m in report.methods if m.utility and m.utility.test_accuracy is not None
-             and not math.isnan(m.utility.test_accuracy) and not m.formal_dp]
+    cands = [
+        m
+        for m in report.methods
+        if m.utility
+        and m.utility.test_accuracy is not None
+        and not math.isnan(m.utility.test_accuracy)
+        and not m.formal_dp
+    ]
     return max(cands, key=lambda m: m.utility.test_accuracy) if cands else None
 
 
@@ -95,18 +104,22 @@ def claim_view(m: MethodReport, n_min: int | None) -> dict[str, Any]:
     claim = p.claim if p else None
     if claim is None:
         return {"claim": _cell("—"), "claim_delta": "", "tight": _cell("—"), "void": False}
-    void = (claim.delta is not None and claim.delta < 1
-            and delta_ge_one_over_n(claim.delta, n_min))
+    void = claim.delta is not None and claim.delta < 1 and delta_ge_one_over_n(claim.delta, n_min)
     delta_text = f"{claim.delta:.3g}" if claim.delta else ""
     if void:
-        return {"claim": _cell(fmt_eps(claim.epsilon), math.inf), "void": True,
-                "claim_delta": f"{delta_text} ≥ 1/n",
-                "tight": _cell("none: δ ≥ 1/n", math.inf)}
+        return {
+            "claim": _cell(fmt_eps(claim.epsilon), math.inf),
+            "void": True,
+            "claim_delta": f"{delta_text} ≥ 1/n",
+            "tight": _cell("none: δ ≥ 1/n", math.inf),
+        }
     tight = p.epsilon_at_claim_delta if p else None
-    return {"claim": _cell(fmt_eps(claim.epsilon) if claim.epsilon is not None else "—",
-                           claim.epsilon),
-            "claim_delta": delta_text, "void": False,
-            "tight": _cell(fmt_eps(tight), tight)}
+    return {
+        "claim": _cell(fmt_eps(claim.epsilon) if claim.epsilon is not None else "—", claim.epsilon),
+        "claim_delta": delta_text,
+        "void": False,
+        "tight": _cell(fmt_eps(tight), tight),
+    }
 
 
 def _verdict(m: MethodReport) -> tuple[str, str]:
@@ -140,30 +153,34 @@ def summary_rows(report: PrivacyReport) -> list[dict[str, Any]]:
         if ref is not None and acc is not None and not math.isnan(acc):
             cost = acc - ref.utility.test_accuracy
         status, message = _verdict(m)
-        rows.append({
-            "name": m.name,
-            "anchor": anchor(m.name),
-            "method": m.method,
-            "formal_dp": formal_dp_label(m),
-            "formal_dp_reason": m.formal_dp_reason,
-            "epsilon": _cell(fmt_eps(eps), eps),
-            "claim": claim["claim"],
-            "claim_delta": claim["claim_delta"],
-            "tight_at_claim": claim["tight"],
-            "accuracy": _cell(fmt_pct(acc), acc),
-            "cost": _cell("—" if cost is None else "reference" if m is ref
-                          else f"{100 * cost:+.1f} pt", cost),
-            "auc": _cell(fmt_num(best[1].auc) if best else "—", best[1].auc if best else None),
-            "attack": best[0] if best else "",
-            "emp_eps": _cell(fmt_eps(lb), lb),
-            "ceiling": fmt_eps(ceiling),
-            "detectable": _cell(fmt_eps(detectable), detectable),
-            "verdict": status,
-            "verdict_message": message,
-            "basis": BASIS.get(m.verdict_basis or "", "—"),
-            "stages": _stage_text(m),
-            "n_warnings": len(m.warnings),
-        })
+        rows.append(
+            {
+                "name": m.name,
+                "anchor": anchor(m.name),
+                "method": m.method,
+                "formal_dp": formal_dp_label(m),
+                "formal_dp_reason": m.formal_dp_reason,
+                "epsilon": _cell(fmt_eps(eps), eps),
+                "claim": claim["claim"],
+                "claim_delta": claim["claim_delta"],
+                "tight_at_claim": claim["tight"],
+                "accuracy": _cell(fmt_pct(acc), acc),
+                "cost": _cell(
+                    "—" if cost is None else "reference" if m is ref else f"{100 * cost:+.1f} pt",
+                    cost,
+                ),
+                "auc": _cell(fmt_num(best[1].auc) if best else "—", best[1].auc if best else None),
+                "attack": best[0] if best else "",
+                "emp_eps": _cell(fmt_eps(lb), lb),
+                "ceiling": fmt_eps(ceiling),
+                "detectable": _cell(fmt_eps(detectable), detectable),
+                "verdict": status,
+                "verdict_message": message,
+                "basis": BASIS.get(m.verdict_basis or "", "—"),
+                "stages": _stage_text(m),
+                "n_warnings": len(m.warnings),
+            }
+        )
     return rows
 
 
@@ -173,9 +190,16 @@ def anchor(name: str) -> str:
 
 def _attack_rows(m: MethodReport) -> list[dict[str, Any]]:
     rows = []
-    for name, a in (m.audit.attacks.items() if m.audit else []):
-        rows.append({"name": name, "error": a.error, "not_applicable": a.not_applicable,
-                     "notes": a.notes or "", **_attack_cells(a)})
+    for name, a in m.audit.attacks.items() if m.audit else []:
+        rows.append(
+            {
+                "name": name,
+                "error": a.error,
+                "not_applicable": a.not_applicable,
+                "notes": a.notes or "",
+                **_attack_cells(a),
+            }
+        )
     return rows
 
 
@@ -209,24 +233,41 @@ def _method_view(m: MethodReport, ref: MethodReport | None, n_min: int | None) -
     client_rows = []
     if p is not None:
         for acct, eps in p.worst.items():
-            acct_rows.append({"accountant": acct, "eps": _cell(fmt_eps(eps), eps),
-                              "primary": acct == p.primary_accountant,
-                              "bracket": fmt_bracket(p.epsilon_bracket.get(acct), p.bracket_reason.get(acct))})
+            acct_rows.append(
+                {
+                    "accountant": acct,
+                    "eps": _cell(fmt_eps(eps), eps),
+                    "primary": acct == p.primary_accountant,
+                    "bracket": fmt_bracket(p.epsilon_bracket.get(acct), p.bracket_reason.get(acct)),
+                }
+            )
         accts = p.accountants or sorted({a for c in p.clients.values() for a in c})
         for cid, vals in p.clients.items():
-            client_rows.append({"client": cid, "cells": [_cell(fmt_eps(vals.get(a)), vals.get(a))
-                                                         for a in accts]})
+            client_rows.append(
+                {"client": cid, "cells": [_cell(fmt_eps(vals.get(a)), vals.get(a)) for a in accts]}
+            )
     u = m.utility
     client_acc = []
     if u and u.client_accuracy:
-        client_acc = [{"client": str(i), "acc": _cell(fmt_pct(a), a)}
-                      for i, a in enumerate(u.client_accuracy)]
-    attribute = [{"name": n, "error": a.error, "not_applicable": a.not_applicable,
-                  "accuracy": _cell(fmt_pct(a.accuracy), a.accuracy),
-                  "ci": (f"[{fmt_pct(a.ci_low)}, {fmt_pct(a.ci_high)}]"
-                         if a.ci_low is not None and a.ci_high is not None else "—"),
-                  "chance": fmt_pct(a.chance), "n_test": str(a.n_test or "—")}
-                 for n, a in (m.audit.attribute.items() if m.audit else [])]
+        client_acc = [
+            {"client": str(i), "acc": _cell(fmt_pct(a), a)} for i, a in enumerate(u.client_accuracy)
+        ]
+    attribute = [
+        {
+            "name": n,
+            "error": a.error,
+            "not_applicable": a.not_applicable,
+            "accuracy": _cell(fmt_pct(a.accuracy), a.accuracy),
+            "ci": (
+                f"[{fmt_pct(a.ci_low)}, {fmt_pct(a.ci_high)}]"
+                if a.ci_low is not None and a.ci_high is not None
+                else "—"
+            ),
+            "chance": fmt_pct(a.chance),
+            "n_test": str(a.n_test or "—"),
+        }
+        for n, a in (m.audit.attribute.items() if m.audit else [])
+    ]
     status, message = _verdict(m)
     acc = u.test_accuracy if u else None
     return {
@@ -234,7 +275,8 @@ def _method_view(m: MethodReport, ref: MethodReport | None, n_min: int | None) -
         "anchor": anchor(m.name),
         "accounts": acct_rows,
         "client_accountants": (p.accountants or sorted({a for c in p.clients.values() for a in c}))
-        if p else [],
+        if p
+        else [],
         "client_rows": client_rows,
         "client_acc": client_acc,
         "mean_client_acc": fmt_pct(u.mean_client_accuracy) if u else "—",
@@ -243,7 +285,9 @@ def _method_view(m: MethodReport, ref: MethodReport | None, n_min: int | None) -
         "verdict": status,
         "verdict_message": message,
         "mechanism": method_mechanism_view(m),
-        "black_box_verdict": m.audit.verdict if m.audit and m.verdict_basis == "mechanism" else None,
+        "black_box_verdict": m.audit.verdict
+        if m.audit and m.verdict_basis == "mechanism"
+        else None,
         "accuracy": fmt_pct(acc),
         "ref_name": ref.name if ref is not None and ref.name != m.name else None,
         "ref_accuracy": fmt_pct(ref.utility.test_accuracy) if ref is not None else "—",
@@ -265,13 +309,32 @@ def controls_view(report: PrivacyReport) -> dict[str, Any] | None:
     for a in c.controls:
         v = a.verdict
         best = ((v.model_extra or {}).get("attacks") or {}).get(v.attack) or {}
-        right = (f"{best['correct']}/{best['guesses']}" if "correct" in best and "guesses" in best else "—")
-        rows.append({"name": a.name, "mode": a.audit_mode, "expected": a.expected, "status": v.status,
-                     "bound": fmt_eps(v.epsilon_lower_bound), "ceiling": fmt_eps(v.epsilon_ceiling),
-                     "right": right, "accuracy": fmt_pct(a.test_accuracy), "mechanism": a.mechanism,
-                     "passed": "yes" if a.passed else "NO", "message": v.message})
-    return {"c": c, "rows": rows, "banner": c.message if c.lacks_power else None,
-            "claimed": fmt_eps(c.claimed_epsilon)}
+        right = (
+            f"{best['correct']}/{best['guesses']}"
+            if "correct" in best and "guesses" in best
+            else "—"
+        )
+        rows.append(
+            {
+                "name": a.name,
+                "mode": a.audit_mode,
+                "expected": a.expected,
+                "status": v.status,
+                "bound": fmt_eps(v.epsilon_lower_bound),
+                "ceiling": fmt_eps(v.epsilon_ceiling),
+                "right": right,
+                "accuracy": fmt_pct(a.test_accuracy),
+                "mechanism": a.mechanism,
+                "passed": "yes" if a.passed else "NO",
+                "message": v.message,
+            }
+        )
+    return {
+        "c": c,
+        "rows": rows,
+        "banner": c.message if c.lacks_power else None,
+        "claimed": fmt_eps(c.claimed_epsilon),
+    }
 
 
 def _accounting_view(m: MethodReport) -> dict[str, Any]:
@@ -279,18 +342,35 @@ def _accounting_view(m: MethodReport) -> dict[str, Any]:
     from reports.roc_claims import roc_claim_sentence
 
     claims = []
-    for key, c in (m.audit.claims.items() if m.audit else []):
+    for key, c in m.audit.claims.items() if m.audit else []:
         lb, ceil = c.get("epsilon_lower_bound"), c.get("epsilon_ceiling")
-        claims.append({"key": key, "claim": c.get("claim_tested", key), "error": c.get("error"),
-                       "lb": fmt_eps(_float(lb)), "ceiling": fmt_eps(_float(ceil)),
-                       "status": c.get("status", "—"), "in_verdict": bool(c.get("in_verdict"))})
+        claims.append(
+            {
+                "key": key,
+                "claim": c.get("claim_tested", key),
+                "error": c.get("error"),
+                "lb": fmt_eps(_float(lb)),
+                "ceiling": fmt_eps(_float(ceil)),
+                "status": c.get("status", "—"),
+                "in_verdict": bool(c.get("in_verdict")),
+            }
+        )
     p = m.privacy
     adaptive = p.adaptive_composition if p else None
-    return {"claims": claims, "roc_claim": roc_claim_sentence(m),
-            "not_for_release": bool(p and p.reproducible_noise),
-            "adaptive": ({"epsilon": fmt_eps(_float(adaptive.get("epsilon"))),
-                          "source": adaptive.get("source", ""), "order": adaptive.get("order")}
-                         if isinstance(adaptive, dict) else None)}
+    return {
+        "claims": claims,
+        "roc_claim": roc_claim_sentence(m),
+        "not_for_release": bool(p and p.reproducible_noise),
+        "adaptive": (
+            {
+                "epsilon": fmt_eps(_float(adaptive.get("epsilon"))),
+                "source": adaptive.get("source", ""),
+                "order": adaptive.get("order"),
+            }
+            if isinstance(adaptive, dict)
+            else None
+        ),
+    }
 
 
 def _float(x: Any) -> float | None:
@@ -301,8 +381,15 @@ def _float(x: Any) -> float | None:
 
 def _view(report: PrivacyReport, figures: dict[str, str]) -> dict[str, Any]:
     ref = non_private_reference(report)
-    confidences = sorted({a.confidence for m in report.methods if m.audit
-                          for a in m.audit.attacks.values() if a.confidence is not None})
+    confidences = sorted(
+        {
+            a.confidence
+            for m in report.methods
+            if m.audit
+            for a in m.audit.attacks.values()
+            if a.confidence is not None
+        }
+    )
     return {
         "r": report,
         "rows": summary_rows(report),
@@ -322,9 +409,14 @@ def _view(report: PrivacyReport, figures: dict[str, str]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------- renderers
 def _env(autoescape: bool) -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.PackageLoader("reports", "templates"),
-                             autoescape=autoescape, undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("reports", "templates"),
+        autoescape=autoescape,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
     env.filters["md"] = _md_escape
     return env
 
@@ -371,9 +463,12 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return path
 
 
-def write_report(report: PrivacyReport, out_dir: str | Path,
-                 formats: Iterable[str] = FORMATS,
-                 write: Callable[[Path, str], Path] = atomic_write_text) -> dict[str, Path]:
+def write_report(
+    report: PrivacyReport,
+    out_dir: str | Path,
+    formats: Iterable[str] = FORMATS,
+    write: Callable[[Path, str], Path] = atomic_write_text,
+) -> dict[str, Path]:
     """Write ``report.json`` / ``report.html`` / ``report.md`` into ``out_dir`` (atomically).
 
     ``write(path, text)`` stores one file (an application may add its checksums). Returns the

@@ -19,8 +19,9 @@ import numpy as np
 from reports.schema import MethodReport, TradeoffPoints
 
 
-def forbidden_roc_points(fpr: Sequence[float], tpr: Sequence[float], curve: Callable,
-                         tol: float = 0.0) -> np.ndarray:
+def forbidden_roc_points(
+    fpr: Sequence[float], tpr: Sequence[float], curve: Callable, tol: float = 0.0
+) -> np.ndarray:
     """Indices of the ROC points a privacy claim forbids: ``TPR > 1 - f(FPR) + tol``.
 
     ``curve`` is the claim's trade-off function ``f`` (FPR -> smallest FNR, vectorised), e.g.
@@ -43,8 +44,10 @@ def stored_curve(points: TradeoffPoints) -> Callable[[np.ndarray], np.ndarray]:
     a = np.asarray(points.fpr, dtype=np.float64)
     f = np.asarray(points.fnr, dtype=np.float64)
     if a.size < 2 or a.size != f.size or a[-1] < 1.0:
-        raise ValueError(f"tradeoff_curve needs matching fpr/fnr lists reaching FPR 1; found {a.size} "
-                         f"and {f.size} points up to FPR {a[-1] if a.size else None}")
+        raise ValueError(
+            f"tradeoff_curve needs matching fpr/fnr lists reaching FPR 1; found {a.size} "
+            f"and {f.size} points up to FPR {a[-1] if a.size else None}"
+        )
 
     def fn(x) -> np.ndarray:
         i = np.searchsorted(a, np.clip(np.asarray(x, dtype=np.float64), 0.0, 1.0), side="left")
@@ -56,8 +59,14 @@ def stored_curve(points: TradeoffPoints) -> Callable[[np.ndarray], np.ndarray]:
 def rocs_of(m: MethodReport) -> dict[str, tuple[list[float], list[float]]]:
     if m.audit is None:
         return {}
-    return {n: (a.roc.fpr, a.roc.tpr) for n, a in m.audit.attacks.items()
-            if not a.error and a.roc is not None and len(a.roc.fpr) > 1 and len(a.roc.fpr) == len(a.roc.tpr)}
+    return {
+        n: (a.roc.fpr, a.roc.tpr)
+        for n, a in m.audit.attacks.items()
+        if not a.error
+        and a.roc is not None
+        and len(a.roc.fpr) > 1
+        and len(a.roc.fpr) == len(a.roc.tpr)
+    }
 
 
 def forbidden_counts(m: MethodReport) -> dict[str, int] | None:
@@ -74,13 +83,20 @@ def roc_claim_sentence(m: MethodReport) -> str | None:
     if counts is None or not counts:
         return None
     tc = m.audit.tradeoff_curve
-    eps = f" (accounted epsilon {tc.accounted_epsilon:.4g} at delta {tc.delta:g})" if (
-        tc.accounted_epsilon is not None and tc.delta is not None) else ""
+    eps = (
+        f" (accounted epsilon {tc.accounted_epsilon:.4g} at delta {tc.delta:g})"
+        if (tc.accounted_epsilon is not None and tc.delta is not None)
+        else ""
+    )
     bad = {n: c for n, c in counts.items() if c}
     if not bad:
-        return (f"No ROC point of the {len(counts)} attacks lies in the region the ledger's trade-off "
-                f"curve forbids{eps}.")
+        return (
+            f"No ROC point of the {len(counts)} attacks lies in the region the ledger's trade-off "
+            f"curve forbids{eps}."
+        )
     listed = ", ".join(f"{n} ({c} points)" for n, c in sorted(bad.items()))
-    return (f"ROC points lie in the region the ledger's trade-off curve forbids{eps}: {listed}. On these "
-            "audited records an attack did better than the ledger allows; whether that is a "
-            "statistically significant violation is the ledger claim's lower bound's question.")
+    return (
+        f"ROC points lie in the region the ledger's trade-off curve forbids{eps}: {listed}. On these "
+        "audited records an attack did better than the ledger allows; whether that is a "
+        "statistically significant violation is the ledger claim's lower bound's question."
+    )

@@ -34,16 +34,16 @@ VerdictStatus = Literal["violation", "consistent", "inconclusive", "no-claim", "
 _LEGACY_STATUS = {"VIOLATION": "violation", "no-formal-guarantee": "no-claim"}
 
 WARNING_CODES = (
-    "delta_ge_1_over_n",        # delta >= 1/n: the guarantee allows publishing a record outright
+    "delta_ge_1_over_n",  # delta >= 1/n: the guarantee allows publishing a record outright
     "classic_gaussian_eps_ge_1",  # classic Gaussian formula used outside its range (epsilon < 1)
-    "data_dependent_scaling",   # features normalised by a statistic of the private data
-    "adaptive_noise",           # noise adapted on private metrics (not accounted)
-    "sampling_mismatch",        # sampling accounted differently from the one run
-    "no_formal_dp",             # the method makes no formal DP claim
-    "reduced_audit",            # audit reduced (few shadows / trials): bounds are weak
-    "audit_size_mismatch",      # audited runs train on less data than the release (pool too small)
-    "near_chance",              # the released model ends at or near chance accuracy
-    "reproducible_noise",       # DP noise derived from the stored seed: not for release
+    "data_dependent_scaling",  # features normalised by a statistic of the private data
+    "adaptive_noise",  # noise adapted on private metrics (not accounted)
+    "sampling_mismatch",  # sampling accounted differently from the one run
+    "no_formal_dp",  # the method makes no formal DP claim
+    "reduced_audit",  # audit reduced (few shadows / trials): bounds are weak
+    "audit_size_mismatch",  # audited runs train on less data than the release (pool too small)
+    "near_chance",  # the released model ends at or near chance accuracy
+    "reproducible_noise",  # DP noise derived from the stored seed: not for release
     "other",
 )
 """Warning codes the pipeline attaches (``other`` for free text from a trainer or an audit)."""
@@ -73,8 +73,9 @@ class RunMetadata(_Strict):
     seeds: dict[str, int] = Field(default_factory=dict)
     package_versions: dict[str, str] = Field(default_factory=dict)
     hardware: dict[str, Any] = Field(default_factory=dict)
-    reduced: list[str] = Field(default_factory=list,
-                               description="what was scaled down from the papers (demo budget)")
+    reduced: list[str] = Field(
+        default_factory=list, description="what was scaled down from the papers (demo budget)"
+    )
     wall_seconds: float | None = None
 
 
@@ -89,8 +90,9 @@ class DatasetSummary(_Strict):
     seed: int = 0
     sizes: dict[str, int] = Field(default_factory=dict)
     client_sizes: list[int] = Field(default_factory=list)
-    class_counts: list[list[int]] = Field(default_factory=list,
-                                          description="clients x classes record counts")
+    class_counts: list[list[int]] = Field(
+        default_factory=list, description="clients x classes record counts"
+    )
 
     @property
     def min_client_size(self) -> int | None:
@@ -100,20 +102,26 @@ class DatasetSummary(_Strict):
 class ThreatModel(_Strict):
     """The assumptions behind every number in the report."""
 
-    neighbouring: str = Field(description="neighbouring relation of the guarantee, e.g. "
-                              "'add/remove one record of one client'")
+    neighbouring: str = Field(
+        description="neighbouring relation of the guarantee, e.g. "
+        "'add/remove one record of one client'"
+    )
     unit: str = "one record of one client (record-level DP, per client)"
     delta: float = Field(gt=0, lt=1)
     accountants: list[str] = Field(default_factory=list)
     primary_accountant: str = "best"
     shadows: int | None = Field(default=None, ge=0)
     confidence: float | None = Field(default=None, gt=0, lt=1)
-    attacker: str = ("black-box access to every released model (per-example logits) and to "
-                     "records from the same distribution; shadow models re-run the method's own "
-                     "recipe on disjoint data")
+    attacker: str = (
+        "black-box access to every released model (per-example logits) and to "
+        "records from the same distribution; shadow models re-run the method's own "
+        "recipe on disjoint data"
+    )
     mechanism_audit: str | None = Field(
-        default=None, description="the mechanism audits' assumptions (white-box auditor, probe sets, "
-                                  "confidence), when the report has any")
+        default=None,
+        description="the mechanism audits' assumptions (white-box auditor, probe sets, "
+        "confidence), when the report has any",
+    )
     assumptions: list[str] = Field(default_factory=list)
 
 
@@ -152,8 +160,9 @@ class Utility(_Strict):
     """What the method costs: accuracy of its released model(s) on the held-out test set."""
 
     test_accuracy: float | None = None
-    client_accuracy: list[float] = Field(default_factory=list,
-                                         description="per-client accuracy of personalised models")
+    client_accuracy: list[float] = Field(
+        default_factory=list, description="per-client accuracy of personalised models"
+    )
     rounds: list[RoundMetric] = Field(default_factory=list)
 
     @property
@@ -177,7 +186,9 @@ class EpsilonBracket(_Strict):
     lower: float
     upper: float
     grid: float | None = Field(default=None, description="PLD discretisation of the upper end")
-    lower_grid: float | None = Field(default=None, description="PLD discretisation of the lower end")
+    lower_grid: float | None = Field(
+        default=None, description="PLD discretisation of the lower end"
+    )
     method: str | None = None
 
 
@@ -187,34 +198,47 @@ class PrivacyAccounting(_Strict):
     delta: float = Field(gt=0, lt=1)
     accountants: list[str] = Field(default_factory=list)
     primary_accountant: str = "best"
-    worst: dict[str, float] = Field(default_factory=dict,
-                                    description="worst-client epsilon at delta, per accountant")
-    clients: dict[str, dict[str, float]] = Field(default_factory=dict,
-                                                 description="client -> accountant -> epsilon")
+    worst: dict[str, float] = Field(
+        default_factory=dict, description="worst-client epsilon at delta, per accountant"
+    )
+    clients: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="client -> accountant -> epsilon"
+    )
     epsilon_over_rounds: list[tuple[float, float]] = Field(
-        default_factory=list, description="(round, worst-client epsilon) under primary_accountant")
+        default_factory=list, description="(round, worst-client epsilon) under primary_accountant"
+    )
     neighbouring: list[str] = Field(default_factory=list)
     labels: list[str] = Field(default_factory=list, description="mechanism labels in the ledger")
     claim: PaperClaim | None = None
     epsilon_at_claim_delta: float | None = Field(
-        default=None, description="privkit's tight worst-client epsilon at the claim's delta")
+        default=None, description="privkit's tight worst-client epsilon at the claim's delta"
+    )
     errors: dict[str, str] = Field(default_factory=dict, description="accountant -> error")
     fixed_delta: float | None = Field(
-        default=None, description="worst client: delta spent by mechanisms known only by their "
-                                  "(epsilon, delta); no finite epsilon below it")
-    non_private: list[str] = Field(default_factory=list,
-                                   description="labels of releases recorded without noise")
+        default=None,
+        description="worst client: delta spent by mechanisms known only by their "
+        "(epsilon, delta); no finite epsilon below it",
+    )
+    non_private: list[str] = Field(
+        default_factory=list, description="labels of releases recorded without noise"
+    )
     reproducible_noise: bool = Field(
-        default=False, description="DP noise derived from the stored seed: not for release")
+        default=False, description="DP noise derived from the stored seed: not for release"
+    )
     adaptive_composition: dict[str, Any] | None = Field(
-        default=None, description="guarantee for adaptive choices (FedKADP's Renyi filter)")
+        default=None, description="guarantee for adaptive choices (FedKADP's Renyi filter)"
+    )
     epsilon_bracket: dict[str, EpsilonBracket | None] = Field(
-        default_factory=dict, description="accountant -> certified {lower, upper, grid, lower_grid, "
-                                          "method} around its worst-client epsilon (tight accountants "
-                                          "only), or None")
+        default_factory=dict,
+        description="accountant -> certified {lower, upper, grid, lower_grid, "
+        "method} around its worst-client epsilon (tight accountants "
+        "only), or None",
+    )
     bracket_reason: dict[str, str] = Field(
-        default_factory=dict, description="accountant -> why it has no bracket ('not-tight': an upper "
-                                          "bound by construction)")
+        default_factory=dict,
+        description="accountant -> why it has no bracket ('not-tight': an upper "
+        "bound by construction)",
+    )
 
     @property
     def epsilon(self) -> float | None:
@@ -240,8 +264,9 @@ class AttackResult(_Open):
     advantage: float | None = None
     tpr_at_fpr: dict[str, float | None] | None = Field(default_factory=dict)
     epsilon_lower_bound: float | None = None
-    ceiling: float | None = Field(default=None,
-                                  description="largest lower bound this many trials can show")
+    ceiling: float | None = Field(
+        default=None, description="largest lower bound this many trials can show"
+    )
     confidence: float | None = None
     delta: float | None = None
     n_trials: int | None = None
@@ -272,14 +297,20 @@ class Verdict(_Open):
     status: VerdictStatus
     message: str = ""
     epsilon_lower_bound: float | None = Field(
-        default=None, description="family-wise empirical lower bound (at `confidence` for all attacks)")
+        default=None,
+        description="family-wise empirical lower bound (at `confidence` for all attacks)",
+    )
     epsilon_ceiling: float | None = Field(
-        default=None, description="largest family-wise bound any outcome of this audit could give")
+        default=None, description="largest family-wise bound any outcome of this audit could give"
+    )
     detectable_epsilon: float | None = Field(
-        default=None, description="smallest true epsilon this audit flags at least half the time")
+        default=None, description="smallest true epsilon this audit flags at least half the time"
+    )
     accounted_epsilon: float | None = None
     confidence: float | None = None
-    correction: str | None = Field(default=None, description="multiplicity correction of the family")
+    correction: str | None = Field(
+        default=None, description="multiplicity correction of the family"
+    )
     attack: str | None = Field(default=None, description="the attack giving the family-wise bound")
 
     @field_validator("status", mode="before")
@@ -308,7 +339,9 @@ class AuditSummary(_Strict):
     shadows: int | None = None
     verdict: Verdict | None = None
     claims: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="claim key (generic, ledger) -> its bound and the claim tested")
+        default_factory=dict,
+        description="claim key (generic, ledger) -> its bound and the claim tested",
+    )
     tradeoff_curve: TradeoffPoints | None = None
     extra: dict[str, Any] = Field(default_factory=dict, description="other audit.json keys")
 
@@ -318,8 +351,14 @@ class AuditSummary(_Strict):
         ok = [(n, a) for n, a in self.attacks.items() if not a.error and not a.not_applicable]
         if not ok:
             return None
-        return max(ok, key=lambda na: (_family_bound(na[1]) or 0.0, na[1].epsilon_lower_bound or 0.0,
-                                       na[1].auc or 0.0))
+        return max(
+            ok,
+            key=lambda na: (
+                _family_bound(na[1]) or 0.0,
+                na[1].epsilon_lower_bound or 0.0,
+                na[1].auc or 0.0,
+            ),
+        )
 
 
 def _family_bound(a: AttackResult) -> float | None:
@@ -336,12 +375,16 @@ class MethodReport(_Strict):
     method: str = Field(description="registered trainer name")
     summary: str = ""
     paper: str | None = None
-    formal_dp: bool = Field(default=True, description="the report's one rule "
-                            "(reports.guarantee.formal_dp_status) applied to this run")
+    formal_dp: bool = Field(
+        default=True,
+        description="the report's one rule "
+        "(reports.guarantee.formal_dp_status) applied to this run",
+    )
     formal_dp_label: str = Field(default="", description="short form of the rule's answer")
     formal_dp_reason: str = Field(default="", description="why not, in words")
-    claims_dp: bool | None = Field(default=None, description="the method claims a formal DP "
-                                   "guarantee (its registration)")
+    claims_dp: bool | None = Field(
+        default=None, description="the method claims a formal DP guarantee (its registration)"
+    )
     seed: int = 0
     config: dict[str, Any] = Field(default_factory=dict)
     quick: bool = False
@@ -350,11 +393,15 @@ class MethodReport(_Strict):
     audit: AuditSummary | None = None
     verdict: Verdict | None = None
     verdict_basis: Literal["mechanism", "black-box"] | None = Field(
-        default=None, description="the audit the verdict rests on: the white-box mechanism audit "
-                                  "of the correct twin, or the black-box membership audit")
+        default=None,
+        description="the audit the verdict rests on: the white-box mechanism audit "
+        "of the correct twin, or the black-box membership audit",
+    )
     mechanism_controls: MechanismControls | None = Field(
-        default=None, description="the method's twins audited at its DP mechanisms (formal-DP "
-                                  "methods; absent in reports written before them)")
+        default=None,
+        description="the method's twins audited at its DP mechanisms (formal-DP "
+        "methods; absent in reports written before them)",
+    )
     warnings: list[ReportWarning] = Field(default_factory=list)
     stages: dict[str, StageStatus] = Field(default_factory=dict)
 
@@ -438,7 +485,9 @@ class MechanismProbe(_Open):
     epsilon_lower_bound: float | None = Field(default=None, description="model-free one-run bound")
     epsilon_ceiling: float | None = None
     measured_epsilon: float | None = Field(
-        default=None, description="epsilon of the claimed mechanism at the measured noise and releases")
+        default=None,
+        description="epsilon of the claimed mechanism at the measured noise and releases",
+    )
     claimed_epsilon: float | None = None
     canaries: int | None = None
     releases: int | None = Field(default=None, description="releases the probes observed")
@@ -478,8 +527,11 @@ class MechanismTwin(_Open):
     @property
     def noise_ratio(self) -> float | None:
         """The smallest measured noise scale, as a multiple of the claimed one, over the probe sets."""
-        vals = [p.tests["noise"].measured for p in self.probes
-                if "noise" in p.tests and p.tests["noise"].measured is not None]
+        vals = [
+            p.tests["noise"].measured
+            for p in self.probes
+            if "noise" in p.tests and p.tests["noise"].measured is not None
+        ]
         return min(vals) if vals else None
 
 
@@ -533,8 +585,10 @@ class PrivacyReport(_Strict):
     warnings: list[ReportWarning] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     controls: AuditControls | None = Field(
-        default=None, description="audit controls (broken twins of a DP method); absent in reports "
-                                  "written before them")
+        default=None,
+        description="audit controls (broken twins of a DP method); absent in reports "
+        "written before them",
+    )
 
     @field_validator("methods")
     @classmethod
@@ -556,7 +610,7 @@ class PrivacyReport(_Strict):
         return self.model_dump_json(indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "PrivacyReport":
+    def from_json(cls, text: str) -> PrivacyReport:
         """Parse and validate a report; a wrong ``schema_version`` is a one-line error."""
         import json
 

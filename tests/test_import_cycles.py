@@ -33,7 +33,8 @@ def _modules(root: Path) -> dict[str, Path]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree: ast.AST, module: str, is_package: bool) -> list[tuple[str, str | None, int]]:
@@ -55,11 +56,16 @@ def _imports(tree: ast.AST, module: str, is_package: bool) -> list[tuple[str, st
             target = node.module or ""
             if node.level:
                 base = module.split(".") if is_package else module.split(".")[:-1]
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 target = ".".join(base + ([node.module] if node.module else []))
             found.extend((target, a.name, node.lineno) for a in node.names)
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
-                "import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", ""))
+            in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
             found.append((str(node.args[0].value), None, node.lineno))
         visit(node)
 
@@ -150,9 +156,14 @@ def import_cycles(root: Path = ROOT) -> list[str]:
     for comp in _components(sorted(files), edges):
         cyc = _cycle_in(comp, edges)
         hops = [f"{files[a].relative_to(root)}:{edges[a][b]}" for a, b in pairwise(cyc)]
-        lines.append(" -> ".join([*hops, str(files[cyc[0]].relative_to(root))])
-                     + (f"  (files in this knot: {', '.join(str(files[m].relative_to(root)) for m in comp)})"
-                        if len(comp) > len(cyc) - 1 else ""))
+        lines.append(
+            " -> ".join([*hops, str(files[cyc[0]].relative_to(root))])
+            + (
+                f"  (files in this knot: {', '.join(str(files[m].relative_to(root)) for m in comp)})"
+                if len(comp) > len(cyc) - 1
+                else ""
+            )
+        )
     return lines
 
 
@@ -160,7 +171,9 @@ def test_no_file_level_import_cycle():
     files, _ = import_graph()
     assert len(files) > 50, f"the scan found only {len(files)} files"
     cycles = import_cycles()
-    assert not cycles, "file-level import cycles (file:line of the import -> next file):\n" + "\n".join(cycles)
+    assert not cycles, (
+        "file-level import cycles (file:line of the import -> next file):\n" + "\n".join(cycles)
+    )
 
 
 def _project(root: Path, files: dict[str, str]) -> Path:
@@ -173,24 +186,35 @@ def _project(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_scan_sees_lazy_relative_and_dynamic_imports_but_not_type_checking(tmp_path):
-    _project(tmp_path, {
-        "privkit/a.py": "def f():\n    from privkit import b\n",
-        "privkit/b.py": "from .a import f\n",
-        "reports/x.py": "import importlib\nimportlib.import_module('reports.y')\n",
-        "reports/y.py": "import reports.z\n",
-        "reports/z.py": "from reports.x import *\n",
-        "attacks/p.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from attacks.q import Q\n",
-        "attacks/q.py": "from attacks.p import P\n"})
-    assert import_cycles(tmp_path) == ["privkit/a.py:2 -> privkit/b.py:1 -> privkit/a.py",
-                                       "reports/x.py:2 -> reports/y.py:1 -> reports/z.py:1 -> reports/x.py"]
+    _project(
+        tmp_path,
+        {
+            "privkit/a.py": "def f():\n    from privkit import b\n",
+            "privkit/b.py": "from .a import f\n",
+            "reports/x.py": "import importlib\nimportlib.import_module('reports.y')\n",
+            "reports/y.py": "import reports.z\n",
+            "reports/z.py": "from reports.x import *\n",
+            "attacks/p.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from attacks.q import Q\n",
+            "attacks/q.py": "from attacks.p import P\n",
+        },
+    )
+    assert import_cycles(tmp_path) == [
+        "privkit/a.py:2 -> privkit/b.py:1 -> privkit/a.py",
+        "reports/x.py:2 -> reports/y.py:1 -> reports/z.py:1 -> reports/x.py",
+    ]
 
 
 def test_a_package_reexporting_its_submodules_is_no_cycle_unless_one_imports_it_back(tmp_path):
-    files = {"accountants/sub/__init__.py": "from accountants.sub.m import g\n",
-             "accountants/sub/m.py": "import accountants.sub.n\ndef g():\n    pass\n",
-             "accountants/sub/n.py": "x = 1\n"}
+    files = {
+        "accountants/sub/__init__.py": "from accountants.sub.m import g\n",
+        "accountants/sub/m.py": "import accountants.sub.n\ndef g():\n    pass\n",
+        "accountants/sub/n.py": "x = 1\n",
+    }
     assert import_cycles(_project(tmp_path / "one", files)) == []
     files["accountants/sub/n.py"] = "def h():\n    import accountants.sub\n"
     assert import_cycles(_project(tmp_path / "two", files)) == [
-        ("accountants/sub/__init__.py:1 -> accountants/sub/m.py:1 -> accountants/sub/n.py:2 -> "
-         "accountants/sub/__init__.py")]
+        (
+            "accountants/sub/__init__.py:1 -> accountants/sub/m.py:1 -> accountants/sub/n.py:2 -> "
+            "accountants/sub/__init__.py"
+        )
+    ]

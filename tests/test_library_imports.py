@@ -24,11 +24,19 @@ def _privkit_imports(path: Path, root: Path = ROOT) -> list[str]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
-                "import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", ""))
+            in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
             names = [str(node.args[0].value)]
-        found += [f"{path.relative_to(root)}:{node.lineno} imports {n}" for n in names
-                  if n == "privkit" or n.startswith("privkit.")]
+        found += [
+            f"{path.relative_to(root)}:{node.lineno} imports {n}"
+            for n in names
+            if n == "privkit" or n.startswith("privkit.")
+        ]
     return found
 
 
@@ -42,9 +50,11 @@ def test_no_module_of_a_library_imports_privkit(package):
 
 def test_the_scan_sees_every_form_of_import(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import privkit\nfrom privkit.data import x\n"
-                   "def f():\n    import privkit.models as m\n"
-                   "import importlib\nimportlib.import_module('privkit.trainers')\n")
+    bad.write_text(
+        "import privkit\nfrom privkit.data import x\n"
+        "def f():\n    import privkit.models as m\n"
+        "import importlib\nimportlib.import_module('privkit.trainers')\n"
+    )
     assert len(_privkit_imports(bad, tmp_path)) == 4
     (tmp_path / "good.py").write_text("import privkitten\nfrom .privkit import y\nimport attacks\n")
     assert _privkit_imports(tmp_path / "good.py", tmp_path) == []
@@ -71,7 +81,12 @@ print("ok")
 
 
 def test_libraries_import_with_privkit_unimportable():
-    proc = subprocess.run([sys.executable, "-c", BLOCK_AND_IMPORT.replace("LIBRARIES", repr(LIBRARIES))],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", BLOCK_AND_IMPORT.replace("LIBRARIES", repr(LIBRARIES))],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "ok"

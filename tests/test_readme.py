@@ -42,14 +42,16 @@ def test_every_readme_link_resolves():
             continue
         path, _, anchor = link.partition("#")
         target = (README.parent / path).resolve() if path else README
-        if not target.exists():
-            broken.append(link)
-        elif anchor and (target.suffix != ".md" or anchor not in anchors(target)):
+        if not target.exists() or (
+            anchor and (target.suffix != ".md" or anchor not in anchors(target))
+        ):
             broken.append(link)
     assert not broken, f"README.md links that resolve to no file or heading: {broken}"
 
 
 def test_anchor_rules():
-    assert github_anchor("From scores to a verdict: `attacks.audit_scores`") == \
-        "from-scores-to-a-verdict-attacksaudit_scores"
+    assert (
+        github_anchor("From scores to a verdict: `attacks.audit_scores`")
+        == "from-scores-to-a-verdict-attacksaudit_scores"
+    )
     assert github_anchor("Auditing privkit's methods") == "auditing-privkits-methods"

@@ -34,8 +34,10 @@ def test_one_epoch_divergences_against_monte_carlo():
     t, sigma, n = 4, 1.0, 400_000
     w = np.random.default_rng(7).standard_normal((n, t))
     zbar = np.exp(w / sigma - 1 / (2 * sigma**2)).mean(1)
-    for direction, loss in (("remove", lambda z, e: np.maximum(z - math.exp(e), 0)),
-                            ("add", lambda z, e: np.maximum(1 - math.exp(e) * z, 0))):
+    for direction, loss in (
+        ("remove", lambda z, e: np.maximum(z - math.exp(e), 0)),
+        ("add", lambda z, e: np.maximum(1 - math.exp(e) * z, 0)),
+    ):
         p, step, infinity = spread_mean_pmf(t, sigma, direction)
         grid = np.arange(len(p)) * step
         for eps in (0.3, 1.0, 2.0):

@@ -23,17 +23,30 @@ from accountants.fast import _VectorGaussianPrivacyLoss
 
 def _cases(seed, n):
     rng = np.random.default_rng(seed)
-    return [(float(10 ** rng.uniform(-2.5, -0.5)), float(rng.uniform(0.7, 2.5)), int(rng.integers(10, 600)))
-            for _ in range(n)]
+    return [
+        (
+            float(10 ** rng.uniform(-2.5, -0.5)),
+            float(rng.uniform(0.7, 2.5)),
+            int(rng.integers(10, 600)),
+        )
+        for _ in range(n)
+    ]
 
 
-@pytest.mark.parametrize("q,sigma,adjacency", [(0.01, 0.8, plm.AdjacencyType.REMOVE),
-                                               (0.01, 0.8, plm.AdjacencyType.ADD),
-                                               (0.2, 1.5, plm.AdjacencyType.ADD),
-                                               (1.0, 2.0, plm.AdjacencyType.REMOVE)])
+@pytest.mark.parametrize(
+    "q,sigma,adjacency",
+    [
+        (0.01, 0.8, plm.AdjacencyType.REMOVE),
+        (0.01, 0.8, plm.AdjacencyType.ADD),
+        (0.2, 1.5, plm.AdjacencyType.ADD),
+        (1.0, 2.0, plm.AdjacencyType.REMOVE),
+    ],
+)
 def test_optimistic_pmf_lies_below_the_exact_curve_everywhere(q, sigma, adjacency):
     loss = plm.GaussianPrivacyLoss(sigma, sampling_prob=q, adjacency_type=adjacency)
-    pmf = _optimistic_pmf(_VectorGaussianPrivacyLoss(sigma, sampling_prob=q, adjacency_type=adjacency), 1e-3)
+    pmf = _optimistic_pmf(
+        _VectorGaussianPrivacyLoss(sigma, sampling_prob=q, adjacency_type=adjacency), 1e-3
+    )
     losses = (pmf._lower_loss + np.arange(len(pmf._probs))) * 1e-3
     for eps in np.concatenate([np.linspace(-0.3, 0.4, 701) + 1.7e-4, np.linspace(0.4, 6.0, 57)]):
         ours = float(np.sum(pmf._probs * np.maximum(0.0, -np.expm1(eps - losses))))
@@ -55,7 +68,9 @@ def test_bracket_contains_the_pld_epsilon_and_a_finer_grid_value(q, sigma, steps
     delta = 1e-5
     event = acc.dpsgd_event(q, sigma, steps)
     b = acc.pld_bracket(event, delta)
-    assert b.upper == acc.dpsgd_epsilon(q, sigma, steps, delta, accountant="pld")  # the printed value
+    assert b.upper == acc.dpsgd_epsilon(
+        q, sigma, steps, delta, accountant="pld"
+    )  # the printed value
     # dp-accounting itself on a grid twice as fine: still an upper bound, and no looser (its
     # connect-the-dots points include the coarse ones)
     fine = dpa.pld.PLDAccountant(value_discretization_interval=5e-5)
@@ -75,14 +90,24 @@ def test_mnist_dpsgd_bracket_is_tight_where_rounding_down_is_not():
     q, sigma, steps, delta = 256 / 60000, 1.1, 14063, 1e-5
     event = acc.dpsgd_event(q, sigma, steps)
     b = acc.pld_bracket(event, delta)
-    assert b.lower <= 2.3816900 <= b.upper  # notes section 4: dp-accounting at a 2e-6 grid (upper bound)
+    assert (
+        b.lower <= 2.3816900 <= b.upper
+    )  # notes section 4: dp-accounting at a 2e-6 grid (upper bound)
     assert b.lower >= 2.3805457  # tighter than PRV's certified lower end at eps_error 1e-3 (notes)
     rounded_down = dpa.pld.PLDAccountant(value_discretization_interval=1e-3)
     rounded_down._pld = pld.identity(1e-3, pessimistic_estimate=False)
-    rounded_down._pld = rounded_down._pld.compose(pld.from_gaussian_mechanism(
-        sigma, sampling_prob=q, pessimistic_estimate=False, value_discretization_interval=1e-3,
-        use_connect_dots=False).self_compose(steps))
-    assert rounded_down.get_epsilon(delta) < 0.9 * b.lower  # dp-accounting's optimistic PLD: useless here
+    rounded_down._pld = rounded_down._pld.compose(
+        pld.from_gaussian_mechanism(
+            sigma,
+            sampling_prob=q,
+            pessimistic_estimate=False,
+            value_discretization_interval=1e-3,
+            use_connect_dots=False,
+        ).self_compose(steps)
+    )
+    assert (
+        rounded_down.get_epsilon(delta) < 0.9 * b.lower
+    )  # dp-accounting's optimistic PLD: useless here
 
 
 def test_unsupported_events_name_themselves():
@@ -110,10 +135,15 @@ def test_ledger_brackets_per_client_and_worst():
     tight = acc.Ledger()
     tight.add(0, acc.dpsgd_event(0.06, 1.2, 100), "dp-sgd")
     tight.add(0, dpa.GaussianDpEvent(4.0), "head")
-    assert pld_b["clients"]["2"]["upper"] == pytest.approx(tight.epsilon(1e-5 - 1e-7, accountant="pld") + 0.3,
-                                                           rel=1e-12)
+    assert pld_b["clients"]["2"]["upper"] == pytest.approx(
+        tight.epsilon(1e-5 - 1e-7, accountant="pld") + 0.3, rel=1e-12
+    )
     alone = tight.pld_bracket(1e-5)["worst"]["lower"]
-    assert alone < pld_b["clients"]["2"]["lower"] < tight.pld_bracket(1e-5 - 1e-7)["worst"]["lower"] + 0.3
+    assert (
+        alone
+        < pld_b["clients"]["2"]["lower"]
+        < tight.pld_bracket(1e-5 - 1e-7)["worst"]["lower"] + 0.3
+    )
     laplace = acc.Ledger()
     laplace.add(0, dpa.LaplaceDpEvent(1.0), "laplace")
     assert "LaplaceDpEvent" in laplace.brackets(1e-5, accountants=["pld"])["bracket_reason"]["pld"]

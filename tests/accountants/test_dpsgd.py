@@ -36,15 +36,21 @@ def test_prv_cross_check_agrees_with_pld():
 
 def test_event_structure_and_poisson_pld_vs_dp_accounting():
     ev = acc.dpsgd_event(0.01, 1.0, 100)
-    assert ev == dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.0)), 100)
+    assert ev == dpa.SelfComposedDpEvent(
+        dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.0)), 100
+    )
     ref = dpa.pld.PLDAccountant(value_discretization_interval=1e-4)
     ref.compose(ev)
-    assert acc.dpsgd_epsilon(0.01, 1.0, 100, DELTA, accountant="pld") == pytest.approx(ref.get_epsilon(DELTA), rel=1e-12)
+    assert acc.dpsgd_epsilon(0.01, 1.0, 100, DELTA, accountant="pld") == pytest.approx(
+        ref.get_epsilon(DELTA), rel=1e-12
+    )
 
 
 def test_without_replacement_rdp_replace_one():
     # notes §3d: 10 of 100, sigma relative to the clip norm => effective 2.5 => 4.0248764300 (dpa, autodp).
-    res = acc.dpsgd_accounting(0.1, 5.0, 100, DELTA, sampling="without-replacement", accountant="rdp")
+    res = acc.dpsgd_accounting(
+        0.1, 5.0, 100, DELTA, sampling="without-replacement", accountant="rdp"
+    )
     assert res.epsilon == pytest.approx(4.0248764300, rel=1e-8)
     assert res.neighbouring == "replace_one"
     assert any("replace-one" in w for w in res.warnings)
@@ -88,8 +94,15 @@ def test_prv_refuses_grids_that_do_not_fit():
 
 def _random_poisson_cases(n, seed):
     rng = np.random.default_rng(seed)
-    return [(float(10 ** rng.uniform(-3, -1)), float(10 ** rng.uniform(-0.2, 0.6)), int(10 ** rng.uniform(1, 3.3)),
-             float(10 ** rng.uniform(-9, -4))) for _ in range(n)]
+    return [
+        (
+            float(10 ** rng.uniform(-3, -1)),
+            float(10 ** rng.uniform(-0.2, 0.6)),
+            int(10 ** rng.uniform(1, 3.3)),
+            float(10 ** rng.uniform(-9, -4)),
+        )
+        for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("q,sigma,steps,delta", _random_poisson_cases(6, seed=21))
@@ -111,4 +124,6 @@ def test_random_cases_agree_with_dp_accounting_and_opacus(q, sigma, steps, delta
     assert ours == ref_rdp.get_epsilon(delta)
     op = RDPAccountant()
     op.history = [(sigma, q, steps)]
-    assert ours == pytest.approx(op.get_epsilon(delta=delta), rel=1e-4)  # opacus: 151 orders, same conversion
+    assert ours == pytest.approx(
+        op.get_epsilon(delta=delta), rel=1e-4
+    )  # opacus: 151 orders, same conversion

@@ -53,7 +53,11 @@ def _solve(profile, delta) -> float:
 def exact_epsilon(sigma: float, steps: int, delta: float) -> float:
     """Exact epsilon of ``steps`` Gaussians with multiplier ``sigma`` (as privkit composes them)."""
     with mp.workdps(40):
-        mu = 1 / mp.mpf(sigma / math.sqrt(steps)) if steps < 2**53 else mp.sqrt(steps) / mp.mpf(sigma)
+        mu = (
+            1 / mp.mpf(sigma / math.sqrt(steps))
+            if steps < 2**53
+            else mp.sqrt(steps) / mp.mpf(sigma)
+        )
         return _solve(lambda e: _delta_gaussian(e, mu), delta)
 
 
@@ -62,8 +66,14 @@ def exact_with_fixed(sigma: float, eps1: float, delta1: float, delta: float) -> 
     with mp.workdps(40):
         mu, e1, d1 = 1 / mp.mpf(sigma), mp.mpf(eps1), mp.mpf(delta1)
         a = mp.exp(e1) / (1 + mp.exp(e1))
-        return _solve(lambda e: d1 + (1 - d1) * (a * _delta_gaussian(e - e1, mu)
-                                                 + (1 - a) * _delta_gaussian(e + e1, mu)), delta)
+        return _solve(
+            lambda e: (
+                d1
+                + (1 - d1)
+                * (a * _delta_gaussian(e - e1, mu) + (1 - a) * _delta_gaussian(e + e1, mu))
+            ),
+            delta,
+        )
 
 
 def _cli_json(monkeypatch, capsys, *args: str) -> dict:
@@ -84,10 +94,12 @@ def test_reference_matches_the_analytic_gaussian_and_known_values():
     assert exact_epsilon(0.398, 38, 1.2e-8) == pytest.approx(205.5245626583222, rel=1e-13)
     for sigma, delta in ((1.0, 1e-5), (3.0, 1e-6), (0.7, 1e-3)):
         assert exact_epsilon(sigma, 1, delta) == pytest.approx(
-            acc.gaussian_epsilon(sigma, delta, method="analytic"), rel=1e-7)
+            acc.gaussian_epsilon(sigma, delta, method="analytic"), rel=1e-7
+        )
     # with a (0, delta1) mechanism the profile is delta1 + (1 - delta1) delta_G: a shifted target
     assert exact_with_fixed(2.0, 0.0, 1e-6, 1e-5) == pytest.approx(
-        exact_epsilon(2.0, 1, (1e-5 - 1e-6) / (1 - 1e-6)), rel=1e-15)
+        exact_epsilon(2.0, 1, (1e-5 - 1e-6) / (1 - 1e-6)), rel=1e-15
+    )
 
 
 # ----------------------------------------------------------------------------- the issue's cases
@@ -99,13 +111,27 @@ ISSUE_CASES = [  # (sigma, steps, delta, exact epsilon), sample rate 1
 ]
 
 
-@pytest.mark.parametrize("sigma,steps,delta,pinned", ISSUE_CASES, ids=[f"T{c[1]}" for c in ISSUE_CASES])
-def test_budget_dpsgd_prints_an_upper_bound_and_an_ordered_bracket_or_why_not(sigma, steps, delta, pinned,
-                                                                                monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "sigma,steps,delta,pinned", ISSUE_CASES, ids=[f"T{c[1]}" for c in ISSUE_CASES]
+)
+def test_budget_dpsgd_prints_an_upper_bound_and_an_ordered_bracket_or_why_not(
+    sigma, steps, delta, pinned, monkeypatch, capsys
+):
     exact = exact_epsilon(sigma, steps, delta)
     assert exact == pytest.approx(pinned, rel=1e-11)
-    out = _cli_json(monkeypatch, capsys, "dpsgd", "--sample-rate", "1", "--noise-multiplier", str(sigma),
-                    "--steps", str(steps), "--delta", str(delta))
+    out = _cli_json(
+        monkeypatch,
+        capsys,
+        "dpsgd",
+        "--sample-rate",
+        "1",
+        "--noise-multiplier",
+        str(sigma),
+        "--steps",
+        str(steps),
+        "--delta",
+        str(delta),
+    )
     assert out["epsilon"] >= exact * (1 - TOL)
     bracket = out["epsilon_bracket"]
     if bracket is None:  # the PLD's grid is past its limit: RDP's bound, and the reason
@@ -115,7 +141,9 @@ def test_budget_dpsgd_prints_an_upper_bound_and_an_ordered_bracket_or_why_not(si
     else:
         assert out["accountant"] == "pld" and bracket["upper"] == out["epsilon"]
         assert bracket["lower"] <= exact * (1 + TOL) and exact <= bracket["upper"] * (1 + TOL)
-        assert bracket["upper"] - bracket["lower"] < 1e-6 * exact  # and tight: [205.5245626555, ...6599]
+        assert (
+            bracket["upper"] - bracket["lower"] < 1e-6 * exact
+        )  # and tight: [205.5245626555, ...6599]
 
 
 def test_issue_cases_through_the_python_api():
@@ -124,19 +152,23 @@ def test_issue_cases_through_the_python_api():
     res = acc.dpsgd_accounting(1, sigma, steps, delta, accountant="pld")  # was a MemoryError
     assert res.accountant == "rdp" and res.epsilon >= exact and "pld left out" in res.warnings[0]
     assert acc.dpsgd_epsilon(1, sigma, steps, delta, accountant="pld") == res.epsilon
-    with pytest.raises(fast.PldGridError, match="grid of .* points"):
+    with pytest.raises(fast.PldGridError, match=r"grid of .* points"):
         acc.pld_bracket(acc.dpsgd_event(1, sigma, steps), delta)
     with pytest.raises(fast.PldGridError):
         acc.optimistic_epsilon(acc.dpsgd_event(1, sigma, steps), delta)
 
 
-@pytest.mark.parametrize("sigma,steps,delta,_", ISSUE_CASES[1:], ids=[f"T{c[1]}" for c in ISSUE_CASES[1:]])
+@pytest.mark.parametrize(
+    "sigma,steps,delta,_", ISSUE_CASES[1:], ids=[f"T{c[1]}" for c in ISSUE_CASES[1:]]
+)
 def test_large_epsilons_on_a_coarser_grid_bracket_the_closed_form(sigma, steps, delta, _):
     # a 1e-2 grid keeps these PLDs small; their losses reach thousands of nats, where exp(-loss)
     # underflows and e^eps overflows (the old IndexError, NaN lower end and loose upper end)
     exact = exact_epsilon(sigma, steps, delta)
     event = acc.dpsgd_event(1, sigma, steps)
-    upper = acc.dpsgd_epsilon(1, sigma, steps, delta, accountant="pld", value_discretization_interval=1e-2)
+    upper = acc.dpsgd_epsilon(
+        1, sigma, steps, delta, accountant="pld", value_discretization_interval=1e-2
+    )
     lower = acc.optimistic_epsilon(event, delta, 1e-2)
     assert lower <= exact * (1 + TOL) and exact <= upper * (1 + TOL)
     assert upper - lower < 1e-7 * exact
@@ -144,8 +176,19 @@ def test_large_epsilons_on_a_coarser_grid_bracket_the_closed_form(sigma, steps, 
 
 def test_steps_beyond_any_grid_print_rdps_bound_and_the_exact_steps(monkeypatch, capsys):
     steps = "99999999999999999999999"  # an OverflowError traceback before
-    out = _cli_json(monkeypatch, capsys, "dpsgd", "--sample-rate", "1", "--noise-multiplier", "1",
-                    "--steps", steps, "--delta", "1e-5")
+    out = _cli_json(
+        monkeypatch,
+        capsys,
+        "dpsgd",
+        "--sample-rate",
+        "1",
+        "--noise-multiplier",
+        "1",
+        "--steps",
+        steps,
+        "--delta",
+        "1e-5",
+    )
     assert out["steps"] == int(steps)  # read exactly, not as the float 1e23
     assert out["accountant"] == "rdp" and out["epsilon_bracket"] is None
     assert out["epsilon"] >= exact_epsilon(1.0, int(steps), 1e-5) * (1 - TOL)
@@ -157,7 +200,9 @@ def test_poisson_case_with_losses_past_float_range_is_ordered():
     q, sigma, steps, delta = 0.30617, 0.87678, 31809, 2.5e-5
     res = acc.dpsgd_accounting(q, sigma, steps, delta, accountant="pld")  # default grid: too large
     assert res.accountant == "rdp" and res.epsilon == acc.dpsgd_epsilon(q, sigma, steps, delta)
-    upper = acc.dpsgd_epsilon(q, sigma, steps, delta, accountant="pld", value_discretization_interval=1e-3)
+    upper = acc.dpsgd_epsilon(
+        q, sigma, steps, delta, accountant="pld", value_discretization_interval=1e-3
+    )
     lower = acc.optimistic_epsilon(acc.dpsgd_event(q, sigma, steps), delta, 1e-3)
     assert lower <= upper <= res.epsilon
     assert upper - lower < 1e-5 * upper  # [2806.62807, 2806.63228]
@@ -168,10 +213,22 @@ def test_poisson_case_with_losses_past_float_range_is_ordered():
 # ----------------------------------------------------------------------------- random cases
 def _random_cases(seed: int, n: int) -> list[tuple[float, int, float, float]]:
     rng = np.random.default_rng(seed)
-    cases = [(float(10 ** rng.uniform(-1, 0.5)), int(10 ** rng.uniform(0, 4)), float(10 ** rng.uniform(-14, -1.5)),
-              (1e-3, 1e-2)[i % 2]) for i in range(n)]
-    extremes = [(0.05, 1, 1e-12, 1e-2), (3.0, 1, 0.3, 1e-3), (0.2, 10**6, 1e-9, 1e-2), (1.0, 2, 1e-300, 1e-3),
-                (0.1, 10**30, 1e-5, 1e-2)]
+    cases = [
+        (
+            float(10 ** rng.uniform(-1, 0.5)),
+            int(10 ** rng.uniform(0, 4)),
+            float(10 ** rng.uniform(-14, -1.5)),
+            (1e-3, 1e-2)[i % 2],
+        )
+        for i in range(n)
+    ]
+    extremes = [
+        (0.05, 1, 1e-12, 1e-2),
+        (3.0, 1, 0.3, 1e-3),
+        (0.2, 10**6, 1e-9, 1e-2),
+        (1.0, 2, 1e-300, 1e-3),
+        (0.1, 10**30, 1e-5, 1e-2),
+    ]
     return cases + extremes
 
 
@@ -179,9 +236,13 @@ def _random_cases(seed: int, n: int) -> list[tuple[float, int, float, float]]:
 def test_random_cases_bracket_the_closed_form(sigma, steps, delta, vdi, monkeypatch):
     """Upper end never below the exact epsilon, lower end never above, ordered or absent with a
     reason, over sigma in [0.1, 3.2], 1 to 10^4 steps (and the extremes), delta in [1e-14, 0.03]."""
-    monkeypatch.setattr(fast, "MAX_PLD_POINTS", 2**20)  # fallbacks at test size: epsilons past ~300 or ~5000
+    monkeypatch.setattr(
+        fast, "MAX_PLD_POINTS", 2**20
+    )  # fallbacks at test size: epsilons past ~300 or ~5000
     exact = exact_epsilon(sigma, steps, delta)
-    res = acc.dpsgd_accounting(1.0, sigma, steps, delta, accountant="pld", value_discretization_interval=vdi)
+    res = acc.dpsgd_accounting(
+        1.0, sigma, steps, delta, accountant="pld", value_discretization_interval=vdi
+    )
     assert res.epsilon >= exact * (1 - TOL)
     if res.accountant == "rdp":
         assert "grid" in res.warnings[0]
@@ -197,7 +258,10 @@ def test_random_cases_bracket_the_closed_form(sigma, steps, delta, vdi, monkeypa
 
 
 def test_optimistic_pmf_lies_below_the_curve_past_float_range():
-    sigma_eff, vdi = 1 / 45.0, 1e-2  # mu 45: losses from -400 to 2900 nats, e^eps overflows past 709
+    sigma_eff, vdi = (
+        1 / 45.0,
+        1e-2,
+    )  # mu 45: losses from -400 to 2900 nats, e^eps overflows past 709
     pmf = _optimistic_pmf(_VectorGaussianPrivacyLoss(sigma_eff, sampling_prob=1.0), vdi)
     losses = (pmf._lower_loss + np.arange(len(pmf._probs))) * vdi
     assert np.all(pmf._probs >= 0) and math.isfinite(pmf._probs.sum())
@@ -236,7 +300,9 @@ def test_ledger_lower_end_holds_the_exact_composition_with_fixed_events(eps1, de
     exact = exact_with_fixed(sigma, eps1, delta1, delta)
     end = ledger.pld_bracket(delta)["worst"]
     assert end["lower"] <= exact <= end["upper"]
-    assert end["upper"] == ledger.epsilon(delta, accountant="pld")  # basic composition of the fixed part
+    assert end["upper"] == ledger.epsilon(
+        delta, accountant="pld"
+    )  # basic composition of the fixed part
     assert exact - end["lower"] < 1e-6 * exact  # tight at the lower end
     # what the lower end was before: the same basic composition at both ends, above the exact value
     alone = acc.Ledger()
@@ -246,7 +312,11 @@ def test_ledger_lower_end_holds_the_exact_composition_with_fixed_events(eps1, de
 
 
 def test_ledger_past_the_grid_answers_rdp_and_says_why(tmp_path, monkeypatch, capsys):
-    sigma, steps, delta = 0.5, 400, 1e-6  # mu 40: 2.4 million points on a 1e-3 grid, 24 million on 1e-4
+    sigma, steps, delta = (
+        0.5,
+        400,
+        1e-6,
+    )  # mu 40: 2.4 million points on a 1e-3 grid, 24 million on 1e-4
     ledger = acc.Ledger()
     ledger.add("a", acc.dpsgd_event(1, sigma, steps), "dp-sgd")
     ledger.add("b", acc.dpsgd_event(0.01, 1.0, 100), "dp-sgd")
@@ -263,8 +333,21 @@ def test_ledger_past_the_grid_answers_rdp_and_says_why(tmp_path, monkeypatch, ca
 
 
 def test_calibrate_without_a_bracket_says_why(monkeypatch, capsys):
-    monkeypatch.setattr(acc.bracket, "LOWER_VDI", 1e-12)  # the upper PLD fits, a lower end this fine does not
-    out = _cli_json(monkeypatch, capsys, "calibrate", "--epsilon", "3", "--delta", "1e-5", "--sample-rate", "0.01",
-                    "--steps", "50")
+    monkeypatch.setattr(
+        acc.bracket, "LOWER_VDI", 1e-12
+    )  # the upper PLD fits, a lower end this fine does not
+    out = _cli_json(
+        monkeypatch,
+        capsys,
+        "calibrate",
+        "--epsilon",
+        "3",
+        "--delta",
+        "1e-5",
+        "--sample-rate",
+        "0.01",
+        "--steps",
+        "50",
+    )
     assert out["epsilon"] <= 3
     assert out["epsilon_bracket"] is None and "grid of" in out["bracket_reason"]

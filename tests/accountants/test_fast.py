@@ -20,7 +20,9 @@ logging.getLogger("absl").setLevel(logging.ERROR)  # dp-accounting's non-converg
 
 def _cases(seed, n, q_range=(-4, 0), s_range=(-0.5, 1.3)):
     rng = np.random.default_rng(seed)
-    return [(float(10 ** rng.uniform(*q_range)), float(10 ** rng.uniform(*s_range))) for _ in range(n)]
+    return [
+        (float(10 ** rng.uniform(*q_range)), float(10 ** rng.uniform(*s_range))) for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("q,sigma", _cases(0, 8) + [(1.0, 0.7), (0.3, 0.55)])
@@ -31,8 +33,11 @@ def test_rdp_curve_equals_dp_accounting(q, sigma):
     np.testing.assert_array_equal(ours, ref)  # inf where dp-accounting's series does not converge
 
 
-@pytest.mark.parametrize("q,sigma,vdi", [(q, s, v) for (q, s), v in zip(_cases(1, 6, (-3, 0), (-0.3, 1)),
-                                                                     [1e-3, 1e-4] * 3)] + [(1.0, 1.3, 1e-3)])
+@pytest.mark.parametrize(
+    "q,sigma,vdi",
+    [(q, s, v) for (q, s), v in zip(_cases(1, 6, (-3, 0), (-0.3, 1)), [1e-3, 1e-4] * 3)]
+    + [(1.0, 1.3, 1e-3)],
+)
 def test_pld_pmfs_equal_dp_accounting(q, sigma, vdi):
     ours = fast._base_pld(sigma, q, vdi)
     ref = pld.from_gaussian_mechanism(sigma, sampling_prob=q, value_discretization_interval=vdi)
@@ -45,19 +50,31 @@ def test_pld_pmfs_equal_dp_accounting(q, sigma, vdi):
 
 def _ledger_events(seed):
     rng = np.random.default_rng(seed)
-    events = [dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(s)), int(rng.integers(1, 300)))
-              for q, s in _cases(seed, int(rng.integers(1, 4)), (-3, -0.3), (-0.2, 0.8))]
-    return events + [dpa.PoissonSampledDpEvent(0.05, dpa.GaussianDpEvent(1.1)),  # one step: count 1
-                     dpa.GaussianDpEvent(3.0), dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(2.0), 5),
-                     dpa.LaplaceDpEvent(2.0)]
+    events = [
+        dpa.SelfComposedDpEvent(
+            dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(s)), int(rng.integers(1, 300))
+        )
+        for q, s in _cases(seed, int(rng.integers(1, 4)), (-3, -0.3), (-0.2, 0.8))
+    ]
+    return events + [
+        dpa.PoissonSampledDpEvent(0.05, dpa.GaussianDpEvent(1.1)),  # one step: count 1
+        dpa.GaussianDpEvent(3.0),
+        dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(2.0), 5),
+        dpa.LaplaceDpEvent(2.0),
+    ]
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_composed_accountants_equal_dp_accounting(seed):
     events = _ledger_events(seed)
     vdi = (1e-3, 1e-4)[seed % 2]
-    pairs = [(fast.PldAccountant(value_discretization_interval=vdi), dpa.pld.PLDAccountant(value_discretization_interval=vdi)),
-             (fast.RdpAccountant(), dpa.rdp.RdpAccountant())]
+    pairs = [
+        (
+            fast.PldAccountant(value_discretization_interval=vdi),
+            dpa.pld.PLDAccountant(value_discretization_interval=vdi),
+        ),
+        (fast.RdpAccountant(), dpa.rdp.RdpAccountant()),
+    ]
     for ours, ref in pairs:
         for ev in events:
             ours.compose(ev)

@@ -15,7 +15,11 @@ from accountants.filter import conversion_offset
 def test_conversion_is_dp_accountings(order, delta):
     eps, _ = rdp.compute_epsilon([order], [2.5], delta)
     assert 2.5 + conversion_offset(order, delta) == pytest.approx(eps, rel=1e-12)
-    f = acc.RenyiFilter.for_epsilon(3.0, delta, order) if conversion_offset(order, delta) < 3 else None
+    f = (
+        acc.RenyiFilter.for_epsilon(3.0, delta, order)
+        if conversion_offset(order, delta) < 3
+        else None
+    )
     if f is not None:
         assert f.epsilon(delta) == pytest.approx(3.0, rel=1e-12)
 
@@ -39,7 +43,7 @@ def _adaptive_renyi(order, budget, sigma1, rule, n=4001, use_filter=True):
     """
     rho1 = order / (2 * sigma1**2)
     y = np.linspace(-12 * sigma1, 12 * sigma1 + 1, n)
-    q = np.exp(-y**2 / (2 * sigma1**2)) / (sigma1 * math.sqrt(2 * math.pi))
+    q = np.exp(-(y**2) / (2 * sigma1**2)) / (sigma1 * math.sqrt(2 * math.pi))
     ratio = np.exp((y - 0.5) / sigma1**2)
     rho2 = np.array([order / (2 * rule(v) ** 2) for v in y])
     if use_filter:
@@ -54,7 +58,9 @@ def test_adaptive_interaction_obeys_the_filter_theorem(order):
     rule = lambda y1: 1.2 if y1 > 1.0 else 6.0
     renyi, rho2 = _adaptive_renyi(order, budget, sigma1, rule)
     assert renyi <= budget + 1e-9  # Feldman & Zrnic Thm 3.1: the interaction is (order, budget)-RDP
-    assert (rho2 > 0).any() and (rho2 == 0).any()  # the rule mattered and the filter refused some paths
+    assert (rho2 > 0).any() and (
+        rho2 == 0
+    ).any()  # the rule mattered and the filter refused some paths
     # without the filter the same rule overspends: the guarantee is the filter's doing
     assert _adaptive_renyi(order, budget, sigma1, rule, use_filter=False)[0] > budget
 
@@ -65,5 +71,7 @@ def test_plan_order_uses_only_what_it_is_given():
     f = acc.RenyiFilter.for_epsilon(3.0, 1e-5, order)
     assert f.budget == pytest.approx(budget) and f.epsilon(1e-5) == pytest.approx(3.0)
     # the planned order affords at least as many steps as any other order of the grid
-    steps = {a: (3.0 - conversion_offset(a, 1e-5)) / rho([a])[0] for a in rdp.DEFAULT_RDP_ORDERS[20:]}
+    steps = {
+        a: (3.0 - conversion_offset(a, 1e-5)) / rho([a])[0] for a in rdp.DEFAULT_RDP_ORDERS[20:]
+    }
     assert steps[order] == max(steps.values())

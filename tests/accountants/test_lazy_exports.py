@@ -25,7 +25,9 @@ def test_unknown_name_is_an_attribute_error():
 
 
 def test_package_and_light_modules_load_no_heavy_library():
-    code = ("import json, sys, accountants, accountants._validate, accountants.choices; "
-            "print(json.dumps(sorted(m for m in ('dp_accounting', 'scipy', 'torch') if m in sys.modules)))")
+    code = (
+        "import json, sys, accountants, accountants._validate, accountants.choices; "
+        "print(json.dumps(sorted(m for m in ('dp_accounting', 'scipy', 'torch') if m in sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []

@@ -1,5 +1,6 @@
 """Ledger: composition per client and worst client, mixed ledgers, errors, JSON round trip."""
 
+import itertools
 import math
 
 import dp_accounting as dpa
@@ -29,7 +30,9 @@ def test_fedauxfdp_best_is_tighter_than_paper_basic():
     assert exact <= best <= exact + 2e-3
     assert ledger.account(2e-5).accountant == "pld"
     # labels: the scoring part alone is one Gaussian at (0.1, 1e-5) classic => analytic eps < 0.1
-    assert ledger.epsilon(1e-5, labels=["scores"]) == pytest.approx(acc.gaussian_epsilon(s1, 1e-5), abs=2e-4)
+    assert ledger.epsilon(1e-5, labels=["scores"]) == pytest.approx(
+        acc.gaussian_epsilon(s1, 1e-5), abs=2e-4
+    )
 
 
 def test_basic_and_advanced_by_hand():
@@ -38,7 +41,9 @@ def test_basic_and_advanced_by_hand():
         ledger.add("a", acc.EpsilonDeltaEvent(e, d), "m")
     assert ledger.epsilon(1e-5, accountant="basic") == pytest.approx(1.0)
     assert ledger.epsilon(4e-6, accountant="basic") == pytest.approx(1.0)
-    assert ledger.epsilon(3.9e-6, accountant="basic") == math.inf  # fixed deltas alone exceed target
+    assert (
+        ledger.epsilon(3.9e-6, accountant="basic") == math.inf
+    )  # fixed deltas alone exceed target
     adv, tot = advanced_composition([(0.3, 1e-6), (0.2, 2e-6), (0.5, 1e-6)], 6e-6)
     assert ledger.epsilon(1e-5, accountant="advanced") == pytest.approx(adv)
     assert tot <= 1e-5
@@ -58,7 +63,9 @@ def test_mixed_ledger_splits_delta():
     assert res.epsilon == pytest.approx(0.5 + rdp.get_epsilon(7e-6), rel=1e-12)
     summary = ledger.summary(1e-5)
     assert set(summary["clients"]["0"]) == {"basic", "advanced", "rdp", "pld", "best"}
-    assert summary["clients"]["0"]["best"] == min(v for k, v in summary["clients"]["0"].items() if k != "best")
+    assert summary["clients"]["0"]["best"] == min(
+        v for k, v in summary["clients"]["0"].items() if k != "best"
+    )
 
 
 def test_worst_client_and_delta():
@@ -66,7 +73,9 @@ def test_worst_client_and_delta():
     ledger.add("a", dpa.GaussianDpEvent(4.0), "g")
     ledger.add("b", dpa.GaussianDpEvent(2.0), "g")
     assert ledger.clients == ["a", "b"]
-    assert ledger.epsilon(1e-5) == ledger.epsilon(1e-5, client="b") > ledger.epsilon(1e-5, client="a")
+    assert (
+        ledger.epsilon(1e-5) == ledger.epsilon(1e-5, client="b") > ledger.epsilon(1e-5, client="a")
+    )
     summary = ledger.summary(1e-5)
     assert summary["worst_client"]["best"] == "b"
     assert summary["worst"]["best"] == summary["clients"]["b"]["best"]
@@ -90,15 +99,19 @@ def test_unsupported_event_names_event_and_label():
     ledger = acc.Ledger()
     wr = dpa.SampledWithReplacementDpEvent(100, 10, dpa.GaussianDpEvent(1.0))
     ledger.add(0, wr, "with-replacement step")
-    with pytest.raises(ValueError, match="SampledWithReplacementDpEvent.*with-replacement step"):
+    with pytest.raises(ValueError, match=r"SampledWithReplacementDpEvent.*with-replacement step"):
         ledger.epsilon(1e-5)
     with pytest.raises(ValueError, match="with-replacement step"):
         ledger.epsilon(1e-5, accountant="pld")
     wor = acc.Ledger()
-    wor.add(0, acc.dpsgd_event(0.1, 2.0, 10, "without-replacement"), "wor", neighbouring="replace_one")
+    wor.add(
+        0, acc.dpsgd_event(0.1, 2.0, 10, "without-replacement"), "wor", neighbouring="replace_one"
+    )
     with pytest.raises(ValueError, match="'pld' cannot handle"):
         wor.epsilon(1e-5, accountant="pld")
-    assert wor.epsilon(1e-5) == pytest.approx(acc.dpsgd_epsilon(0.1, 2.0, 10, 1e-5, "without-replacement"))
+    assert wor.epsilon(1e-5) == pytest.approx(
+        acc.dpsgd_epsilon(0.1, 2.0, 10, 1e-5, "without-replacement")
+    )
     assert "pld" in wor.summary(1e-5)["not_applicable"]
 
 
@@ -126,10 +139,12 @@ def test_epsilon_over_rounds():
             ledger.add(c, step, f"round {r}", round=r)
     curve = ledger.epsilon_over_rounds(1e-5, accountant="rdp")
     assert [r for r, _ in curve] == list(range(5))
-    assert all(a[1] < b[1] for a, b in zip(curve, curve[1:]))
+    assert all(a[1] < b[1] for a, b in itertools.pairwise(curve))
     assert curve[-1][1] == pytest.approx(ledger.epsilon(1e-5, accountant="rdp"), rel=1e-12)
     pld = ledger.epsilon_over_rounds(1e-5, accountant="pld")
-    ref = acc.dpsgd_epsilon(0.01, 1.0, 150, 1e-5, accountant="pld", value_discretization_interval=1e-3)
+    ref = acc.dpsgd_epsilon(
+        0.01, 1.0, 150, 1e-5, accountant="pld", value_discretization_interval=1e-3
+    )
     assert pld[2][1] == pytest.approx(ref, rel=1e-6)
 
 
@@ -157,8 +172,13 @@ def test_summary_restricted_to_some_accountants_matches_the_full_summary():
     subset only; worst client and relation come out as in the full summary."""
     ledger = acc.Ledger()
     for c, (q, sigma, steps) in enumerate([(0.1, 1.5, 20), (0.2, 1.2, 10), (0.05, 2.0, 50)]):
-        ledger.add(c, dpa.SelfComposedDpEvent(
-            dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps), label="dp-sgd")
+        ledger.add(
+            c,
+            dpa.SelfComposedDpEvent(
+                dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps
+            ),
+            label="dp-sgd",
+        )
         ledger.add(c, dpa.GaussianDpEvent(3.0), label="head")
     ref = ledger.summary(1e-5)
     both = ledger.summary(1e-5, accountants=["rdp", "pld"])
@@ -172,8 +192,13 @@ def test_summary_restricted_to_some_accountants_matches_the_full_summary():
     assert both["worst_client"]["pld"] == ref["worst_client"]["pld"]
     assert both["neighbouring"] == ref["neighbouring"]
     sub = ledger.summary(1e-5, accountants=["rdp"])
-    assert all(r["best"] == r["rdp"] == pytest.approx(ref["clients"][c]["rdp"])
-               for c, r in sub["clients"].items())
-    with pytest.raises(ValueError, match="accountants must be a non-empty subset of basic, advanced, "
-                                         "rdp, pld; found \\['prv'\\]"):
+    assert all(
+        r["best"] == r["rdp"] == pytest.approx(ref["clients"][c]["rdp"])
+        for c, r in sub["clients"].items()
+    )
+    with pytest.raises(
+        ValueError,
+        match="accountants must be a non-empty subset of basic, advanced, "
+        "rdp, pld; found \\['prv'\\]",
+    ):
         ledger.summary(1e-5, accountants=["prv"])

@@ -62,7 +62,9 @@ def test_directions_separately():
     base, add, rem = (_outputs(list(range(m)), k, False) for m in (n, n + 1, n - 1))
     eps = 0.2
     assert _hockey(add, base, eps) == pytest.approx(k / (n + 1))
-    assert _hockey(base, add, eps) == pytest.approx(max(0, 1 - math.exp(eps) * (n + 1 - k) / (n + 1)))
+    assert _hockey(base, add, eps) == pytest.approx(
+        max(0, 1 - math.exp(eps) * (n + 1 - k) / (n + 1))
+    )
     assert _hockey(base, rem, eps) == pytest.approx(k / n)
     assert _hockey(rem, base, eps) == pytest.approx(max(0, 1 - math.exp(eps) * (n - k) / n))
 
@@ -76,7 +78,11 @@ def test_warnings_flag_delta_above_one_over_n():
 
 @pytest.mark.parametrize(
     "args,match",
-    [((10, 11, False), "k must be <= n"), ((0, 1, True), "n must be"), ((5, 0, False), "k must be")],
+    [
+        ((10, 11, False), "k must be <= n"),
+        ((0, 1, True), "n must be"),
+        ((5, 0, False), "k must be"),
+    ],
 )
 def test_errors(args, match):
     with pytest.raises(ValueError, match=match):

@@ -1,5 +1,7 @@
 """Hypothesis properties: monotonicity of epsilon in sigma and delta, composition never below parts."""
 
+import itertools
+
 import dp_accounting as dpa
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,12 +20,18 @@ def test_gaussian_epsilon_non_increasing_in_sigma(s1, s2, delta):
 
 
 @FAST
-@given(q=st.floats(1e-3, 0.2), s1=st.floats(0.6, 5), s2=st.floats(0.6, 5), steps=st.integers(1, 200))
+@given(
+    q=st.floats(1e-3, 0.2), s1=st.floats(0.6, 5), s2=st.floats(0.6, 5), steps=st.integers(1, 200)
+)
 def test_dpsgd_epsilon_non_increasing_in_sigma(q, s1, s2, steps):
     lo, hi = sorted((s1, s2))
     for kind in ("rdp", "pld"):
-        e_hi = acc.dpsgd_epsilon(q, hi, steps, 1e-5, accountant=kind, value_discretization_interval=COARSE)
-        e_lo = acc.dpsgd_epsilon(q, lo, steps, 1e-5, accountant=kind, value_discretization_interval=COARSE)
+        e_hi = acc.dpsgd_epsilon(
+            q, hi, steps, 1e-5, accountant=kind, value_discretization_interval=COARSE
+        )
+        e_lo = acc.dpsgd_epsilon(
+            q, lo, steps, 1e-5, accountant=kind, value_discretization_interval=COARSE
+        )
         assert e_hi <= e_lo + 1e-9
 
 
@@ -41,7 +49,7 @@ def test_composition_never_below_its_parts(sigmas, eds):
     delta = 1e-5
     whole = ledger.epsilon(delta)
     # Every single part, accounted alone at the same total delta, is at most the whole.
-    for i, s in enumerate(sigmas):
+    for s in sigmas:
         assert whole >= acc.gaussian_epsilon(s, delta) - 1e-9
     for e, _ in eds:
         assert whole >= e - 1e-12
@@ -59,10 +67,15 @@ def test_delta_of_epsilon_non_increasing(e1, e2, s):
 
 
 @FAST
-@given(n=st.integers(1, 10**6), k=st.integers(1, 10**6), rep=st.booleans(), eps=st.lists(st.floats(0, 10), min_size=2, max_size=5))
+@given(
+    n=st.integers(1, 10**6),
+    k=st.integers(1, 10**6),
+    rep=st.booleans(),
+    eps=st.lists(st.floats(0, 10), min_size=2, max_size=5),
+)
 def test_nfdp_profile_non_increasing_and_at_most_theorem(n, k, rep, eps):
     if not rep and k > n:
         k = n
     prof = acc.nfdp_profile(n, k, rep, sorted(eps))
-    assert all(a >= b - 1e-15 for a, b in zip(prof, prof[1:]))
+    assert all(a >= b - 1e-15 for a, b in itertools.pairwise(prof))
     assert max(prof) <= acc.nfdp_epsilon_delta(n, k, rep)[1] + 1e-15

@@ -11,7 +11,9 @@ import accountants as acc
 def test_closed_forms():
     assert acc.logreg_binary_sensitivity(500, 0.01) == pytest.approx(2 / (0.01 * 500))
     assert acc.logreg_multinomial_sensitivity(500, 0.01, 10) == pytest.approx(2 * math.sqrt(10) / 5)
-    assert acc.logreg_multinomial_sensitivity_cfree(500, 0.01) == pytest.approx(2 * math.sqrt(2) / 5)
+    assert acc.logreg_multinomial_sensitivity_cfree(500, 0.01) == pytest.approx(
+        2 * math.sqrt(2) / 5
+    )
     # FedAUXfdp remark: C=2 multinomial == sqrt(2) x binary; the C-free bound equals Thm 1 at C=2.
     assert acc.logreg_multinomial_sensitivity_cfree(7, 0.5) == pytest.approx(
         acc.logreg_multinomial_sensitivity(7, 0.5, 2)

@@ -33,8 +33,10 @@ def _generic_ref(a: float, eps: float, delta: float) -> float:
 
 @pytest.fixture(scope="module")
 def pld_gauss():
-    return {s: pld_curve(pld_lib.from_gaussian_mechanism(s, value_discretization_interval=1e-4))
-            for s in (0.5, 1.0, 3.0)}
+    return {
+        s: pld_curve(pld_lib.from_gaussian_mechanism(s, value_discretization_interval=1e-4))
+        for s in (0.5, 1.0, 3.0)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,9 @@ def dpsgd_ledger():
 
 
 # ------------------------------------------------------------------------------ closed forms
-@pytest.mark.parametrize("eps,delta", [(0.0, 0.0), (0.5, 1e-5), (1.0, 0.0), (3.0, 0.01), (8.0, 1e-6)])
+@pytest.mark.parametrize(
+    "eps,delta", [(0.0, 0.0), (0.5, 1e-5), (1.0, 0.0), (3.0, 0.01), (8.0, 1e-6)]
+)
 def test_generic_matches_closed_form(eps, delta):
     got = generic_curve(eps, delta)(FPR)
     ref = np.array([_generic_ref(a, eps, delta) for a in FPR])
@@ -82,6 +86,7 @@ def test_pld_of_gaussian_matches_closed_form(pld_gauss, sigma):
     assert np.max(exact - got) < 1e-6  # within the PLD discretisation (1e-4)
     # its epsilon at delta agrees with the analytic Gaussian mechanism, rounded up by the grid
     from accountants import gaussian_epsilon
+
     exact_eps = gaussian_epsilon(sigma, 1e-5)
     assert exact_eps <= pld_gauss[sigma].epsilon(1e-5) <= exact_eps + 1e-3
 
@@ -98,8 +103,12 @@ def test_pld_of_randomized_response_is_the_pure_dp_curve():
 # ------------------------------------------------------------------------------ shape
 @pytest.fixture(scope="module")
 def curves(pld_gauss, dpsgd_ledger):
-    return {"generic": generic_curve(1.0, 1e-5), "gaussian": gaussian_curve(2.0, 1e-5),
-            "pld": pld_gauss[1.0], "ledger": ledger_curve(dpsgd_ledger)}
+    return {
+        "generic": generic_curve(1.0, 1e-5),
+        "gaussian": gaussian_curve(2.0, 1e-5),
+        "pld": pld_gauss[1.0],
+        "ledger": ledger_curve(dpsgd_ledger),
+    }
 
 
 @pytest.mark.parametrize("name", ["generic", "gaussian", "pld", "ledger"])
@@ -181,7 +190,10 @@ def test_profile_family_at_its_own_epsilon_is_the_curve(curves):
     assert ref == curve.epsilon(1e-5)
     np.testing.assert_array_equal(fam.fnr(FPR, ref), curve(FPR))
     assert fam.claim(ref) == "as private as the ledger's PLD"
-    assert fam.claim(ref + 1.5) == "as private as the ledger's PLD with every epsilon of its privacy profile raised by 1.5"
+    assert (
+        fam.claim(ref + 1.5)
+        == "as private as the ledger's PLD with every epsilon of its privacy profile raised by 1.5"
+    )
     # anchored at another epsilon (an accounted epsilon), the member there is the curve itself
     anchored = fam.anchored(ref + 0.1)
     np.testing.assert_array_equal(anchored.fnr(FPR, ref + 0.1), curve(FPR))
@@ -195,20 +207,25 @@ def test_gaussian_family_member_is_the_calibrated_gaussian():
     np.testing.assert_allclose(fam.fnr(FPR, 2.0), gaussian_curve(2.0, 1e-5)(FPR), rtol=1e-8)
     # epsilon 0: total variation delta, mu = 2 Phi^-1((1 + delta) / 2)
     assert fam.member(0.0).mu == pytest.approx(2 * stats.norm.ppf((1 + 1e-5) / 2), rel=1e-9)
-    assert isinstance(fam.member(1.0), GaussianCurve) and isinstance(CurveFamily("generic", 0.0).member(1.0), GenericCurve)
+    assert isinstance(fam.member(1.0), GaussianCurve) and isinstance(
+        CurveFamily("generic", 0.0).member(1.0), GenericCurve
+    )
 
 
 # ------------------------------------------------------------------------------ bad input
-@pytest.mark.parametrize("make,match", [
-    (lambda: GenericCurve(-1.0, 1e-5), "epsilon must be"),
-    (lambda: GenericCurve(1.0, 1.5), "delta must be in"),
-    (lambda: generic_curve(1.0, 1e-5)(np.array([0.2, 1.2])), "fpr must be in"),
-    (lambda: gaussian_mu(1.0, 0.0), "delta must be in"),
-    (lambda: curve_family("gauss", 1e-5), "curve must be one of"),
-    (lambda: curve_family(3, 1e-5), "curve must be"),
-    (lambda: curve_from_callable(lambda a: a), "non-increasing"),
-    (lambda: ledger_curve(Ledger()), "ledger is empty"),
-])
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: GenericCurve(-1.0, 1e-5), "epsilon must be"),
+        (lambda: GenericCurve(1.0, 1.5), "delta must be in"),
+        (lambda: generic_curve(1.0, 1e-5)(np.array([0.2, 1.2])), "fpr must be in"),
+        (lambda: gaussian_mu(1.0, 0.0), "delta must be in"),
+        (lambda: curve_family("gauss", 1e-5), "curve must be one of"),
+        (lambda: curve_family(3, 1e-5), "curve must be"),
+        (lambda: curve_from_callable(lambda a: a), "non-increasing"),
+        (lambda: ledger_curve(Ledger()), "ledger is empty"),
+    ],
+)
 def test_bad_input_names_the_value(make, match):
     with pytest.raises(ValueError, match=match):
         make()

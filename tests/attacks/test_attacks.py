@@ -7,8 +7,8 @@ from sklearn.linear_model import LogisticRegression
 
 from attacks import metrics, signals
 from attacks.attribute import AttributeInferenceAttack, evaluate_predictions
-from attacks.mia import LiRA, ShadowModelAttack, ThresholdAttack, lira_leave_one_out
 from attacks.experiment import membership_mask
+from attacks.mia import LiRA, ShadowModelAttack, ThresholdAttack, lira_leave_one_out
 
 
 def test_signals_closed_forms():
@@ -16,7 +16,9 @@ def test_signals_closed_forms():
     y = np.array([0, 2])
     p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
     np.testing.assert_allclose(signals.loss(z, y), -np.log(p[[0, 1], y]))
-    np.testing.assert_allclose(signals.logit_confidence(z, y), np.log(p[[0, 1], y] / (1 - p[[0, 1], y])))
+    np.testing.assert_allclose(
+        signals.logit_confidence(z, y), np.log(p[[0, 1], y] / (1 - p[[0, 1], y]))
+    )
     # no overflow where p_y rounds to 1 in float64
     big = signals.logit_confidence(np.array([[800.0, 0.0]]), np.array([0]))
     assert big[0] == pytest.approx(800.0)
@@ -124,7 +126,9 @@ def test_attribute_attack_signal_and_null():
     att = AttributeInferenceAttack().fit(x_sig[:200], prop[:200])
     res = att.evaluate(x_sig[200:], prop[200:])
     assert res.above_chance and res.accuracy > 0.8
-    res0 = AttributeInferenceAttack().fit(x_null[:200], prop[:200]).evaluate(x_null[200:], prop[200:])
+    res0 = (
+        AttributeInferenceAttack().fit(x_null[:200], prop[:200]).evaluate(x_null[200:], prop[200:])
+    )
     assert res0.ci_low <= 0.5 + 0.1 and not res0.accuracy > 0.65
     assert res0.ci_low <= res0.accuracy <= res0.ci_high
 

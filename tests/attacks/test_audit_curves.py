@@ -9,7 +9,13 @@ import pytest
 from scipy import stats
 
 from accountants import Ledger, analytic_gaussian_sigma
-from accountants.tradeoff import CurveFamily, curve_from_callable, gaussian_mu, gdp_curve, ledger_curve
+from accountants.tradeoff import (
+    CurveFamily,
+    curve_from_callable,
+    gaussian_mu,
+    gdp_curve,
+    ledger_curve,
+)
 from attacks.audit_scores import audit_scores, decide
 from attacks.one_run_fdp import fdp_detectable_epsilon, fdp_epsilon_lower_bound
 from attacks.validity import simulate
@@ -21,7 +27,9 @@ DELTA = 1e-5
 
 def perfect(n, seed=0):
     """n audit points, half members, scored by their membership: every guess right."""
-    member = np.random.default_rng(seed).permutation(np.r_[np.ones(n // 2, bool), np.zeros(n // 2, bool)])
+    member = np.random.default_rng(seed).permutation(
+        np.r_[np.ones(n // 2, bool), np.zeros(n // 2, bool)]
+    )
     return member.astype(float), member
 
 
@@ -40,7 +48,9 @@ def ledger2():
 @pytest.mark.parametrize("n,gauss_min,generic_max", [(2000, 7.5, 6.5), (1000, 12.3, 5.79)])
 def test_all_guesses_right(n, gauss_min, generic_max):
     scores, member = perfect(n)
-    g = audit_scores(scores, member, delta=DELTA, guesses=0.5, curve="gaussian", accounted_epsilon=1.0)
+    g = audit_scores(
+        scores, member, delta=DELTA, guesses=0.5, curve="gaussian", accounted_epsilon=1.0
+    )
     s = audit_scores(scores, member, delta=DELTA, guesses=0.5, accounted_epsilon=1.0)
     assert g.epsilon_lower_bound > gauss_min and s.epsilon_lower_bound < generic_max
     assert g.verdict == s.verdict == "violation"
@@ -49,7 +59,10 @@ def test_all_guesses_right(n, gauss_min, generic_max):
     assert "testing the claim 'as private as the Gaussian mechanism" in g.message
     d = g.to_dict()
     assert d["curve"] == "gaussian" and d["claim_tested"] == g.claim_tested
-    assert "Mahloujifar" in d["attacks"]["scores"]["bound"] and "Steinke" in s.to_dict()["attacks"]["scores"]["bound"]
+    assert (
+        "Mahloujifar" in d["attacks"]["scores"]["bound"]
+        and "Steinke" in s.to_dict()["attacks"]["scores"]["bound"]
+    )
     assert d["attacks"]["scores"]["tests"] == g.claim_tested
 
 
@@ -57,21 +70,33 @@ def test_bound_ceiling_and_detectable_use_the_same_curve():
     rng = np.random.default_rng(1)
     member = rng.random(1000) < 0.5
     scores = member + 1.5 * rng.standard_normal(1000)
-    res = audit_scores({"a": scores, "b": -np.abs(scores)}, member, delta=DELTA, accounted_epsilon=2.0,
-                       curve="gaussian", guesses=0.1)
+    res = audit_scores(
+        {"a": scores, "b": -np.abs(scores)},
+        member,
+        delta=DELTA,
+        accounted_epsilon=2.0,
+        curve="gaussian",
+        guesses=0.1,
+    )
     fam, beta = CurveFamily("gaussian", DELTA), 0.05 / 2
-    assert res.epsilon_ceiling == pytest.approx(fdp_epsilon_lower_bound(1000, 200, 200, delta=DELTA, curve=fam, beta=beta))
+    assert res.epsilon_ceiling == pytest.approx(
+        fdp_epsilon_lower_bound(1000, 200, 200, delta=DELTA, curve=fam, beta=beta)
+    )
     assert res.detectable_epsilon == pytest.approx(
-        fdp_detectable_epsilon(1000, 100, 100, delta=DELTA, curve=fam, beta=beta, target=2.0))
+        fdp_detectable_epsilon(1000, 100, 100, delta=DELTA, curve=fam, beta=beta, target=2.0)
+    )
     assert res.verdict == decide(res.epsilon_lower_bound, res.epsilon_ceiling, 2.0)
     a = res.attacks[res.attack]
     assert res.epsilon_lower_bound == pytest.approx(
-        fdp_epsilon_lower_bound(1000, a.guesses, a.correct, delta=DELTA, curve=fam, beta=beta))
+        fdp_epsilon_lower_bound(1000, a.guesses, a.correct, delta=DELTA, curve=fam, beta=beta)
+    )
 
 
 def test_ledger_curve_is_anchored_at_the_accounted_epsilon(ledger2):
     scores, member = perfect(400)
-    res = audit_scores(scores, member, delta=DELTA, accounted_epsilon=2.0, curve=ledger_curve(ledger2))
+    res = audit_scores(
+        scores, member, delta=DELTA, accounted_epsilon=2.0, curve=ledger_curve(ledger2)
+    )
     assert res.curve == "profile" and res.claim_tested == "as private as the ledger's PLD"
     assert res.verdict == "violation" and res.epsilon_lower_bound > 2.0
     # the ledger's own curve is what "violation" refutes: it is rejected by this outcome
@@ -107,8 +132,12 @@ def test_gaussian_curve_on_randomized_response_over_rejects():
 def test_detectable_epsilon_of_the_gaussian_curve_is_about_where_half_are_caught():
     d = simulate("gaussian", epsilon=2.0, delta=DELTA, seeds=1, curve="gaussian").detectable_epsilon
     assert 2.0 < d < 8.0
-    below = simulate("gaussian", epsilon=0.8 * d, claim=2.0, delta=DELTA, seeds=SEEDS, curve="gaussian")
-    above = simulate("gaussian", epsilon=1.25 * d, claim=2.0, delta=DELTA, seeds=SEEDS, curve="gaussian")
+    below = simulate(
+        "gaussian", epsilon=0.8 * d, claim=2.0, delta=DELTA, seeds=SEEDS, curve="gaussian"
+    )
+    above = simulate(
+        "gaussian", epsilon=1.25 * d, claim=2.0, delta=DELTA, seeds=SEEDS, curve="gaussian"
+    )
     assert below.rate < 0.35 and above.rate > 0.65
 
 
@@ -118,7 +147,9 @@ def test_any_callable_curve_is_tested_as_given():
     scores = member + 0.8 * rng.standard_normal(1000)
     mu = gaussian_mu(2.0, DELTA)
     obj = audit_scores(scores, member, delta=DELTA, accounted_epsilon=2.0, curve=gdp_curve(mu))
-    fn = audit_scores(scores, member, delta=DELTA, accounted_epsilon=2.0, curve=lambda a: gdp_curve(mu)(a))
+    fn = audit_scores(
+        scores, member, delta=DELTA, accounted_epsilon=2.0, curve=lambda a: gdp_curve(mu)(a)
+    )
     assert obj.curve == "gaussian" and fn.curve == "profile"
     assert fn.claim_tested == "as private as a user-supplied trade-off curve"
     # the same claim at the accounted epsilon: the same verdict; a tabulated callable is never stronger

@@ -18,8 +18,10 @@ M = 1000
 
 
 def _valid(res):
-    assert res.p_value > 0.01, (f"{res.scenario} eps={res.epsilon} x{res.n_attacks} ({res.order}): "
-                                f"{res.violations}/{res.seeds} false violations, upper CI {res.rate_upper:.3f}")
+    assert res.p_value > 0.01, (
+        f"{res.scenario} eps={res.epsilon} x{res.n_attacks} ({res.order}): "
+        f"{res.violations}/{res.seeds} false violations, upper CI {res.rate_upper:.3f}"
+    )
 
 
 @pytest.mark.parametrize("scenario", ["constant", "independent"])

@@ -43,7 +43,9 @@ def test_coins_do_not_depend_on_the_canaries(pool):
     x, y = pool
     a = insert_canaries(x, y, 50, kind="mislabel", seed=7)
     b = insert_canaries(x, y, 50, kind="ood", seed=7)
-    np.testing.assert_array_equal(a.included, b.included)  # own stream, drawn apart from the canaries
+    np.testing.assert_array_equal(
+        a.included, b.included
+    )  # own stream, drawn apart from the canaries
     assert not np.array_equal(a.included, insert_canaries(x, y, 50, seed=8).included)
 
 
@@ -65,8 +67,12 @@ def test_mislabel_canaries_replace_their_sources(pool):
 
 def test_mislabel_labels_are_uniform_over_the_other_classes(pool):
     x, y = pool
-    shifts = np.concatenate([(make_canaries(x, y, 100, seed=s)[1] - y[make_canaries(x, y, 100, seed=s)[2]]) % 4
-                             for s in range(40)])
+    shifts = np.concatenate(
+        [
+            (make_canaries(x, y, 100, seed=s)[1] - y[make_canaries(x, y, 100, seed=s)[2]]) % 4
+            for s in range(40)
+        ]
+    )
     counts = np.bincount(shifts, minlength=4)
     assert counts[0] == 0
     assert stats.chisquare(counts[1:]).pvalue > 1e-3
@@ -88,19 +94,28 @@ def test_scores_match_log_softmax_and_the_hinge():
     rng = np.random.default_rng(2)
     z = rng.normal(size=(50, 5)) * 3
     lab = rng.integers(0, 5, 50)
-    np.testing.assert_allclose(canary_scores(z, lab, "loss"), log_softmax(z, axis=1)[np.arange(50), lab],
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        canary_scores(z, lab, "loss"), log_softmax(z, axis=1)[np.arange(50), lab], rtol=1e-12
+    )
     gap = canary_scores(z, lab, "logit-gap")
     for i in range(50):
         assert gap[i] == pytest.approx(z[i, lab[i]] - np.delete(z[i], lab[i]).max())
     # log-probabilities (a scikit-learn model's output) give the same loss score as the logits
-    np.testing.assert_allclose(canary_scores(log_softmax(z, axis=1), lab, "loss"),
-                               canary_scores(z, lab, "loss"), rtol=1e-12)
+    np.testing.assert_allclose(
+        canary_scores(log_softmax(z, axis=1), lab, "loss"),
+        canary_scores(z, lab, "loss"),
+        rtol=1e-12,
+    )
 
 
-@pytest.mark.parametrize("bad, match", [
-    ({"n": 1}, "n .number of canaries."), ({"kind": "poison"}, "kind must be one of"),
-    ({"n": 10_000}, "n must be <= the pool size")])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"n": 1}, "n .number of canaries."),
+        ({"kind": "poison"}, "kind must be one of"),
+        ({"n": 10_000}, "n must be <= the pool size"),
+    ],
+)
 def test_bad_input_names_the_parameter(pool, bad, match):
     x, y = pool
     args = {"n": 10, "kind": "mislabel", **bad}
@@ -136,8 +151,17 @@ def _blind(x, y, seed):
 def test_positive_control_memorising_recipe_is_a_violation(pool, kind):
     x, y = pool
     for seed in range(3):
-        res = audit_canaries(_memorise, x, y, 200, kind=kind, accounted_epsilon=1.0, delta=1e-5,
-                             seed=seed, num_classes=4)
+        res = audit_canaries(
+            _memorise,
+            x,
+            y,
+            200,
+            kind=kind,
+            accounted_epsilon=1.0,
+            delta=1e-5,
+            seed=seed,
+            num_classes=4,
+        )
         assert res.verdict == "violation", res.message
         assert res.epsilon_lower_bound == pytest.approx(res.epsilon_ceiling)  # every guess right
         assert res.guess_grid == ONE_SIDED_GUESSES
@@ -147,8 +171,17 @@ def test_negative_control_blind_recipe_is_never_a_violation(pool):
     x, y = pool
     bounds = []
     for seed in range(20):
-        res = audit_canaries(_blind, x, y, 100, kind="mislabel", accounted_epsilon=0.5, delta=1e-5,
-                             seed=seed, num_classes=4)
+        res = audit_canaries(
+            _blind,
+            x,
+            y,
+            100,
+            kind="mislabel",
+            accounted_epsilon=0.5,
+            delta=1e-5,
+            seed=seed,
+            num_classes=4,
+        )
         assert res.verdict != "violation"
         bounds.append(res.epsilon_lower_bound)
     # constant scores: every guess is a coin toss (random tie-break); the bound is 0 in most runs

@@ -26,9 +26,12 @@ def test_ceiling_numbers_of_notes(n, expected):
 
 
 def test_bonferroni_costs_and_heldout_halves():
-    assert E.epsilon_ceiling(1000, 1000, 0, 0.05, "bonferroni") < E.epsilon_ceiling(1000, 1000, 0, 0.05, "single")
+    assert E.epsilon_ceiling(1000, 1000, 0, 0.05, "bonferroni") < E.epsilon_ceiling(
+        1000, 1000, 0, 0.05, "single"
+    )
     assert E.epsilon_ceiling(1000, 1000, 0, 0.05, "heldout") == pytest.approx(
-        E.epsilon_ceiling(500, 500, 0, 0.05, "single"))
+        E.epsilon_ceiling(500, 500, 0, 0.05, "single")
+    )
 
 
 def test_perfect_attack_reaches_ceiling_and_delta_lowers_it():
@@ -42,7 +45,9 @@ def test_perfect_attack_reaches_ceiling_and_delta_lowers_it():
 def test_gdp_estimate_example_of_notes():
     # FPR+ = 1 %, FNR+ = 50 %, delta = 1e-5: GDP says ~12.1, the rigorous bound is ln 50 = 3.9
     assert E.gdp_epsilon_estimate(0.01, 0.5, 1e-5) == pytest.approx(12.1, abs=0.05)
-    assert float(E.epsilon_from_rates(0.01, 0.5, 0.0, two_sided=False)) == pytest.approx(math.log(50))
+    assert float(E.epsilon_from_rates(0.01, 0.5, 0.0, two_sided=False)) == pytest.approx(
+        math.log(50)
+    )
 
 
 def _rr(eps, n, rng):
@@ -52,8 +57,10 @@ def _rr(eps, n, rng):
     return np.r_[s_in, s_out], np.r_[np.ones(n, bool), np.zeros(n, bool)]
 
 
-@pytest.mark.parametrize("eps,method", [(1.0, "bonferroni"), (4.0, "bonferroni"), (1.0, "single"),
-                                        (4.0, "single"), (1.0, "heldout")])
+@pytest.mark.parametrize(
+    "eps,method",
+    [(1.0, "bonferroni"), (4.0, "bonferroni"), (1.0, "single"), (4.0, "single"), (1.0, "heldout")],
+)
 def test_randomised_response_bound_is_valid(eps, method):
     """Lower bound <= true epsilon in repeated trials: violations at most the alpha rate."""
     rng = np.random.default_rng(7)
@@ -72,8 +79,12 @@ def test_randomised_response_single_threshold_matches_notes_self_test():
     # notes §4: n = 1000 per class, true eps = 1 / 4 give about 0.83 / 3.74 with a fixed rule
     rng = np.random.default_rng(0)
     for eps, ref in [(1.0, 0.83), (4.0, 3.74)]:
-        vals = [E.empirical_epsilon(*_rr(eps, 1000, rng), delta=0.0, method="single", threshold=0.5).epsilon
-                for _ in range(30)]
+        vals = [
+            E.empirical_epsilon(
+                *_rr(eps, 1000, rng), delta=0.0, method="single", threshold=0.5
+            ).epsilon
+            for _ in range(30)
+        ]
         assert np.median(vals) == pytest.approx(ref, abs=0.25)
         assert max(vals) <= eps + 0.2
 
@@ -99,10 +110,19 @@ def _reference_p_value(m, r, v, eps, delta):
     return min(beta + alpha * delta * 2 * m, 1)
 
 
-@pytest.mark.parametrize("m,r,v,eps,delta", [(1000, 100, 90, 1.0, 1e-5), (1000, 1000, 980, 3.0, 1e-5),
-                                             (50, 50, 40, 0.5, 0.0), (2000, 200, 150, 2.0, 1e-4)])
+@pytest.mark.parametrize(
+    "m,r,v,eps,delta",
+    [
+        (1000, 100, 90, 1.0, 1e-5),
+        (1000, 1000, 980, 3.0, 1e-5),
+        (50, 50, 40, 0.5, 0.0),
+        (2000, 200, 150, 2.0, 1e-4),
+    ],
+)
 def test_one_run_p_value_matches_reference_code(m, r, v, eps, delta):
-    assert O.p_value(m, r, v, eps, delta) == pytest.approx(_reference_p_value(m, r, v, eps, delta), rel=1e-9)
+    assert O.p_value(m, r, v, eps, delta) == pytest.approx(
+        _reference_p_value(m, r, v, eps, delta), rel=1e-9
+    )
 
 
 def test_one_run_ceilings_of_notes():
@@ -111,7 +131,9 @@ def test_one_run_ceilings_of_notes():
     # the notes' self-test: 988 of 1000 RR(eps=4) guesses correct -> 3.92
     assert O.epsilon_lower_bound(1000, 1000, 988, delta=0) == pytest.approx(3.92, abs=0.01)
     # the delta term can only lower the bound
-    assert O.epsilon_lower_bound(1000, 1000, 988, delta=1e-4) < O.epsilon_lower_bound(1000, 1000, 988, delta=0)
+    assert O.epsilon_lower_bound(1000, 1000, 988, delta=1e-4) < O.epsilon_lower_bound(
+        1000, 1000, 988, delta=0
+    )
 
 
 def test_one_run_randomised_response_valid():
@@ -160,8 +182,9 @@ def test_one_run_p_value_matches_reference_code_on_a_grid():
     """Tails included (tiny pmf values, q near 1): relative error below 1e-9 wherever p > 0."""
     import itertools
 
-    for m, r, v, eps, delta in itertools.product([1000], [20, 200, 1000], [1, 10, 190, 1000],
-                                                 [0.0, 0.3, 3, 20], [1e-5, 1e-3]):
+    for m, r, v, eps, delta in itertools.product(
+        [1000], [20, 200, 1000], [1, 10, 190, 1000], [0.0, 0.3, 3, 20], [1e-5, 1e-3]
+    ):
         if v <= r:
             ref = _reference_p_value(m, r, v, eps, delta)
             assert O.p_value(m, r, v, eps, delta) == pytest.approx(ref, rel=1e-9, abs=1e-300)
@@ -192,14 +215,20 @@ def test_one_run_constant_scores_members_first_median_zero():
         inc = np.sort(np.random.default_rng(seed).random(m) < 0.5)[::-1]  # members listed first
         bounds.append(O.one_run_audit(np.zeros(m), inc, delta=1e-5, seed=seed).epsilon)
     assert np.median(bounds) == 0.0
-    assert stats.binomtest(int(np.sum(np.array(bounds) > 0)), 100, 0.05, alternative="greater").pvalue > 0.01
+    assert (
+        stats.binomtest(int(np.sum(np.array(bounds) > 0)), 100, 0.05, alternative="greater").pvalue
+        > 0.01
+    )
 
 
 def test_threshold_bound_credits_no_tie_and_ignores_order():
     """A threshold admits a whole tie group, so constant scores give 0 and order changes nothing."""
     mem = np.r_[np.ones(300, bool), np.zeros(300, bool)]
     for method in ("bonferroni", "heldout", "single"):
-        assert E.empirical_epsilon(np.zeros(600), mem, delta=0.0, method=method, threshold=0.0).epsilon == 0.0
+        assert (
+            E.empirical_epsilon(np.zeros(600), mem, delta=0.0, method=method, threshold=0.0).epsilon
+            == 0.0
+        )
     rng = np.random.default_rng(0)
     s, m = _rr(1.0, 300, rng)  # one-bit scores: ties everywhere
     perm = rng.permutation(s.size)

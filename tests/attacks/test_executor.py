@@ -24,7 +24,9 @@ def test_executors_give_identical_results(name):
 def test_a_callers_futures_pool_keeps_task_order():
     tasks = list(zip(stream_seeds(1, 6, "t"), range(6)))
     with ThreadPoolExecutor(3) as pool:
-        assert run_tasks(_square_plus_noise, tasks, executor=pool) == [_square_plus_noise(t) for t in tasks]
+        assert run_tasks(_square_plus_noise, tasks, executor=pool) == [
+            _square_plus_noise(t) for t in tasks
+        ]
 
 
 def test_an_executor_object_is_used_as_is():
@@ -33,9 +35,13 @@ def test_an_executor_object_is_used_as_is():
 
 
 def test_unknown_executor():
-    with pytest.raises(ValueError, match="executor must be one of serial, process, ray; found 'gpu'"):
+    with pytest.raises(
+        ValueError, match="executor must be one of serial, process, ray; found 'gpu'"
+    ):
         get_executor("gpu")
-    with pytest.raises(ValueError, match="executor must be one of serial, process, ray, a concurrent"):
+    with pytest.raises(
+        ValueError, match="executor must be one of serial, process, ray, a concurrent"
+    ):
         get_executor(3)
     with pytest.raises(ValueError, match="workers must be >= 1; found 0"):
         get_executor("process", 0)

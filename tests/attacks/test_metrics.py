@@ -17,7 +17,7 @@ def _data(seed=0, n=500):
 
 def test_roc_and_auc_match_sklearn():
     s, m = _data()
-    fpr, tpr, thr = metrics.roc_points(s, m)
+    fpr, tpr, _ = metrics.roc_points(s, m)
     f2, t2, _ = roc_curve(m, s, drop_intermediate=False)
     np.testing.assert_allclose(fpr, f2)
     np.testing.assert_allclose(tpr, t2)
@@ -36,12 +36,18 @@ def test_balanced_accuracy_advantage_bruteforce():
     s, m = _data(1)
     pts = _brute(s, m)
     assert metrics.advantage(s, m) == pytest.approx(np.max(pts[:, 1] - pts[:, 0]))
-    assert metrics.balanced_accuracy(s, m) == pytest.approx(np.max(1 - (pts[:, 0] + 1 - pts[:, 1]) / 2))
+    assert metrics.balanced_accuracy(s, m) == pytest.approx(
+        np.max(1 - (pts[:, 0] + 1 - pts[:, 1]) / 2)
+    )
 
 
 def test_tpr_at_fpr_uses_less_or_equal():
     # 100 non-members, 10 members; the top score is a non-member: FPR exactly 0.01 at t=10.
-    s = np.r_[10.0, np.zeros(99), np.full(10, 5.0), ]
+    s = np.r_[
+        10.0,
+        np.zeros(99),
+        np.full(10, 5.0),
+    ]
     m = np.r_[np.zeros(100, bool), np.ones(10, bool)]
     s[100:105] = 11.0  # five members above the non-member
     assert metrics.tpr_at_fpr(s, m, 0.0) == pytest.approx(0.5)  # zero-FPR TPR is defined, not N/A

@@ -39,7 +39,9 @@ def at_most_nominal(count, n, level=0.05):
 # ------------------------------------------------------------------------------ published figures
 def test_gaussian_curve_1000_of_1000_reaches_12_3():
     # jax_privacy 2.2 epsilon_one_run_fdp / the issue: 12.3 (Gaussian) against 5.78 (Steinke et al.)
-    assert fdp_epsilon_lower_bound(1000, 1000, 1000, delta=DELTA, curve="gaussian") == pytest.approx(12.335, abs=2e-3)
+    assert fdp_epsilon_lower_bound(
+        1000, 1000, 1000, delta=DELTA, curve="gaussian"
+    ) == pytest.approx(12.335, abs=2e-3)
     assert steinke(1000, 1000, 1000, delta=DELTA) == pytest.approx(5.782, abs=1e-3)
 
 
@@ -48,7 +50,9 @@ def test_2000_all_correct_gaussian_above_7_5_steinke_below_6_5():
     assert steinke(2000, 2000, 2000, delta=DELTA) < 6.5
 
 
-@pytest.mark.parametrize("m,r,v", [(1000, 1000, 1000), (1000, 100, 90), (1000, 1000, 700), (500, 200, 150)])
+@pytest.mark.parametrize(
+    "m,r,v", [(1000, 1000, 1000), (1000, 100, 90), (1000, 1000, 700), (500, 200, 150)]
+)
 def test_generic_curve_never_beats_the_exact_pure_dp_test(m, r, v):
     # at delta = 0, V of randomized response is exactly Bin(r, q): Steinke et al.'s binomial tail is
     # the most powerful valid test, so the f-DP analysis may match it but never exceed it
@@ -59,7 +63,9 @@ def test_generic_curve_never_beats_the_exact_pure_dp_test(m, r, v):
 
 def test_generic_curve_close_to_steinke_at_positive_delta():
     for m, r, v in [(1000, 1000, 1000), (1000, 200, 180), (10000, 5000, 4000)]:
-        assert fdp_epsilon_lower_bound(m, r, v, delta=DELTA) == pytest.approx(steinke(m, r, v, delta=DELTA), rel=0.02)
+        assert fdp_epsilon_lower_bound(m, r, v, delta=DELTA) == pytest.approx(
+            steinke(m, r, v, delta=DELTA), rel=0.02
+        )
 
 
 # ------------------------------------------------------------------------------ validity, exactly
@@ -70,7 +76,9 @@ def test_generic_curve_false_violation_on_randomized_response_is_at_most_5pct(ep
     assert exact_rejection_rate(m, r, eps, eps, "generic") <= 0.05
 
 
-@pytest.mark.parametrize("eps,m,r,floor", [(1.0, 1000, 100, 0.3), (2.0, 1000, 100, 0.6), (1.0, 1000, 1000, 0.6)])
+@pytest.mark.parametrize(
+    "eps,m,r,floor", [(1.0, 1000, 100, 0.3), (2.0, 1000, 100, 0.6), (1.0, 1000, 1000, 0.6)]
+)
 def test_gaussian_curve_over_rejects_randomized_response(eps, m, r, floor):
     # the documented reason the default stays generic: RR is (eps, delta)-DP but not Gaussian-like,
     # and the Gaussian curve at the same (eps, delta) calls it a violation in most runs
@@ -94,31 +102,45 @@ def _gaussian_outcome(rng, eps, m, k):
     b = rng.random(m) < 0.5
     y = b + sigma * rng.standard_normal(m)
     order = np.argsort(-y)
-    return int(b[order[:k]].sum() + (~b[order[m - k:]]).sum())
+    return int(b[order[:k]].sum() + (~b[order[m - k :]]).sum())
 
 
 @pytest.mark.parametrize("eps", [1.0, 2.0])
 def test_seeded_randomized_response_generic_curve(eps):
     fam = CurveFamily("generic", DELTA)
     m = r = 500
-    hits = sum(bool(fdp_rejects(m, r, int(np.random.default_rng(s).binomial(r, expit(eps))), fam, [eps])[0])
-               for s in range(SEEDS))
+    hits = sum(
+        bool(
+            fdp_rejects(m, r, int(np.random.default_rng(s).binomial(r, expit(eps))), fam, [eps])[0]
+        )
+        for s in range(SEEDS)
+    )
     assert at_most_nominal(hits, SEEDS)
 
 
 @pytest.mark.parametrize("eps,k", [(1.0, 20), (4.0, 50)])
 def test_seeded_gaussian_mechanism_gaussian_curve(eps, k):
     fam = CurveFamily("gaussian", DELTA)
-    hits = sum(bool(fdp_rejects(1000, 2 * k, _gaussian_outcome(np.random.default_rng(s), eps, 1000, k), fam, [eps])[0])
-               for s in range(SEEDS))
+    hits = sum(
+        bool(
+            fdp_rejects(
+                1000, 2 * k, _gaussian_outcome(np.random.default_rng(s), eps, 1000, k), fam, [eps]
+            )[0]
+        )
+        for s in range(SEEDS)
+    )
     assert at_most_nominal(hits, SEEDS)
 
 
 def test_gaussian_curve_has_power_where_generic_has_less():
     # a Gaussian mechanism at eps 8 claimed at eps 3: the Gaussian curve catches it in most runs
     outcomes = [_gaussian_outcome(np.random.default_rng(s), 8.0, 1000, 50) for s in range(40)]
-    gauss = np.mean([fdp_rejects(1000, 100, v, CurveFamily("gaussian", DELTA), [3.0])[0] for v in outcomes])
-    generic = np.mean([fdp_rejects(1000, 100, v, CurveFamily("generic", DELTA), [3.0])[0] for v in outcomes])
+    gauss = np.mean(
+        [fdp_rejects(1000, 100, v, CurveFamily("gaussian", DELTA), [3.0])[0] for v in outcomes]
+    )
+    generic = np.mean(
+        [fdp_rejects(1000, 100, v, CurveFamily("generic", DELTA), [3.0])[0] for v in outcomes]
+    )
     assert gauss >= 0.9 and generic < gauss
 
 
@@ -135,15 +157,20 @@ def test_ledger_curve_of_a_gaussian_tests_the_gaussian_claim(gaussian_ledger):
     ref = curve.family(DELTA).reference_epsilon
     assert ref == pytest.approx(2.0, abs=2e-3)
     for v in range(150, 201, 5):  # the same verdict as the Gaussian curve at the ledger's epsilon
-        assert (fdp_rejects(1000, 200, v, curve.family(DELTA), [ref])[0]
-                == fdp_rejects(1000, 200, v, CurveFamily("gaussian", DELTA), [2.0])[0])
+        assert (
+            fdp_rejects(1000, 200, v, curve.family(DELTA), [ref])[0]
+            == fdp_rejects(1000, 200, v, CurveFamily("gaussian", DELTA), [2.0])[0]
+        )
 
 
 def test_result_says_which_claim_it_tests(gaussian_ledger):
     g = one_run_fdp(1000, 200, 190, delta=DELTA)
     assert g.tests == "(eps, delta)-DP" and g.ceiling >= g.epsilon > 0
     ga = one_run_fdp(1000, 200, 190, delta=DELTA, curve="gaussian")
-    assert ga.tests == "as private as the Gaussian mechanism at (eps, delta)" and ga.epsilon > g.epsilon
+    assert (
+        ga.tests == "as private as the Gaussian mechanism at (eps, delta)"
+        and ga.epsilon > g.epsilon
+    )
     led = one_run_fdp(1000, 200, 190, delta=DELTA, curve=ledger_curve(gaussian_ledger))
     assert led.tests == "as private as the ledger's PLD"
     assert led.epsilon > led.reference_epsilon  # 190 of 200 refutes "as private as the ledger says"
@@ -153,13 +180,22 @@ def test_result_says_which_claim_it_tests(gaussian_ledger):
 
 
 # ------------------------------------------------------------------------------ bad input
-@pytest.mark.parametrize("call,match", [
-    (lambda: fdp_epsilon_lower_bound(10, 5, 6, delta=DELTA), "0 <= v <= r <= m"),
-    (lambda: fdp_epsilon_lower_bound(10, 5, 5, delta=DELTA, beta=1.5), "beta must be in"),
-    (lambda: fdp_epsilon_lower_bound(10, 5, 5, delta=DELTA, curve="laplace"), "curve must be one of"),
-    (lambda: fdp_epsilon_lower_bound(10, 5, 5, delta=0.0, curve="gaussian"), "delta must be in"),
-    (lambda: fdp_epsilon_lower_bound(10.5, 5, 5, delta=DELTA), "m must be an integer"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: fdp_epsilon_lower_bound(10, 5, 6, delta=DELTA), "0 <= v <= r <= m"),
+        (lambda: fdp_epsilon_lower_bound(10, 5, 5, delta=DELTA, beta=1.5), "beta must be in"),
+        (
+            lambda: fdp_epsilon_lower_bound(10, 5, 5, delta=DELTA, curve="laplace"),
+            "curve must be one of",
+        ),
+        (
+            lambda: fdp_epsilon_lower_bound(10, 5, 5, delta=0.0, curve="gaussian"),
+            "delta must be in",
+        ),
+        (lambda: fdp_epsilon_lower_bound(10.5, 5, 5, delta=DELTA), "m must be an integer"),
+    ],
+)
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()

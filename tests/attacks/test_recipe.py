@@ -33,7 +33,9 @@ def test_sklearn_columns_follow_classes(blobs):
 def test_torch_module_gives_its_logits_and_keeps_its_mode(blobs):
     x, _ = blobs
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 3)).train()
+    net = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 3)
+    ).train()
     z = predict_logits(net, x, n_classes=3)
     net.eval()
     with torch.no_grad():
@@ -47,9 +49,11 @@ def test_torch_module_gives_its_logits_and_keeps_its_mode(blobs):
 def test_probability_callable(blobs):
     x, _ = blobs
     x = x.astype(np.float64)
-    fn = lambda v: softmax(v[:, :3], axis=1)  # noqa: E731
+    fn = lambda v: softmax(v[:, :3], axis=1)
     np.testing.assert_allclose(softmax(predict_logits(fn, x, 3), axis=1), fn(x), rtol=1e-12)
-    with pytest.raises(ValueError, match=r"model\(x\) probabilities must have shape \(90, 4\); found \(90, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"model\(x\) probabilities must have shape \(90, 4\); found \(90, 3\)"
+    ):
         predict_logits(fn, x, 4)
     with pytest.raises(ValueError, match="must be finite and non-negative"):
         predict_logits(lambda v: -np.ones((len(v), 3)), x, 3)
@@ -70,7 +74,9 @@ def test_batched_form_and_loop_agree(blobs):
     rng = np.random.default_rng(1)
     sets = [rng.choice(90, 45, replace=False) for _ in range(3)]
     loop, _ = train_models(_logreg, x, y, sets, [1, 2, 3], n_classes=3)
-    batched, _ = train_models(Recipe(_logreg, train_many=_logreg_many), x, y, sets, [1, 2, 3], n_classes=3)
+    batched, _ = train_models(
+        Recipe(_logreg, train_many=_logreg_many), x, y, sets, [1, 2, 3], n_classes=3
+    )
     np.testing.assert_array_equal(loop, batched)
     assert loop.shape == (3, 90, 3)
     # the models differ because their data differ

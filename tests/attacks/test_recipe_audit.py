@@ -2,9 +2,17 @@
 
 import json
 
-import numpy as np
 import pytest
-from recipes_for_tests import DP_DELTA, DP_EPSILON, digits, forest, logreg, opacus_dpsgd, prior_only, torch_loop
+from recipes_for_tests import (
+    DP_DELTA,
+    DP_EPSILON,
+    digits,
+    forest,
+    logreg,
+    opacus_dpsgd,
+    prior_only,
+    torch_loop,
+)
 
 from attacks import AuditResult, audit_recipe
 
@@ -18,7 +26,14 @@ def test_scikit_learn_recipe_memorising_is_caught(data):
     x, y = data
     res = audit_recipe(forest, x, y, accounted_epsilon=0.5, delta=1e-5, shadows=4)
     assert isinstance(res, AuditResult)
-    assert set(res.attacks) == {"threshold", "shadow", "lira", "lira-offline", "rmia", "rmia-offline"}
+    assert set(res.attacks) == {
+        "threshold",
+        "shadow",
+        "lira",
+        "lira-offline",
+        "rmia",
+        "rmia-offline",
+    }
     assert res.inclusion == "random" and not any("not verified" in n for n in res.notes)
     # fully grown trees memorise: no 0.5-DP mechanism gives these guesses
     assert res.verdict == "violation" and res.epsilon_lower_bound > 0.5
@@ -49,7 +64,14 @@ def test_plain_pytorch_loop(data):
 def test_opacus_dpsgd_recipe(data):
     x, y = data
     res = audit_recipe(opacus_dpsgd, x, y, accounted_epsilon=DP_EPSILON, delta=DP_DELTA, shadows=4)
-    assert set(res.attacks) == {"threshold", "shadow", "lira", "lira-offline", "rmia", "rmia-offline"}
+    assert set(res.attacks) == {
+        "threshold",
+        "shadow",
+        "lira",
+        "lira-offline",
+        "rmia",
+        "rmia-offline",
+    }
     # correctly implemented DP-SGD at epsilon 2: the family-wise bound stays below the claim, and the
     # audit could have shown more (its ceiling is above 2), so the verdict is "consistent"
     assert res.epsilon_lower_bound <= DP_EPSILON and res.epsilon_ceiling > DP_EPSILON
@@ -61,13 +83,16 @@ def _recording(calls):
     def train_fn(x, y, seed):
         calls.append((len(y), seed))
         return logreg(x, y, seed)
+
     return train_fn
 
 
 def test_the_auditor_chooses_records_and_seeds(data):
     x, y = data
     calls: list = []
-    res = audit_recipe(_recording(calls), x, y, delta=1e-5, shadows=2, attacks=["threshold", "lira"])
+    res = audit_recipe(
+        _recording(calls), x, y, delta=1e-5, shadows=2, attacks=["threshold", "lira"]
+    )
     d = res.design
     # the recipe was called once per model, on the design's sets, with the design's seeds
     assert calls == [(len(ix), s) for ix, s in zip(d.index_sets(), d.seeds())]
@@ -93,8 +118,12 @@ def test_ray_gives_the_same_audit(data):
     x, y = data
     kw = dict(accounted_epsilon=1.0, delta=1e-5, shadows=2, seed=3, attacks=["threshold", "lira"])
     serial = audit_recipe(logreg, x, y, **kw).to_dict()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": _pythonpath()}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": _pythonpath()}},
+    )
     try:
         on_ray = audit_recipe(logreg, x, y, executor="ray", **kw).to_dict()
     finally:
@@ -120,7 +149,9 @@ def test_bad_input(data):
         audit_recipe(logreg, x, y.astype(float), delta=1e-5)
     with pytest.raises(ValueError, match=r"delta must be in \[0, 1\); found 2"):
         audit_recipe(logreg, x, y, delta=2)
-    with pytest.raises(ValueError, match="attacks lira need >= 2 reference models; found shadows=0"):
+    with pytest.raises(
+        ValueError, match="attacks lira need >= 2 reference models; found shadows=0"
+    ):
         audit_recipe(logreg, x, y, delta=1e-5, shadows=0, attacks=["lira"])
     with pytest.raises(ValueError, match="recipe must be a callable train_fn"):
         audit_recipe("logreg", x, y, delta=1e-5)
@@ -136,5 +167,5 @@ def test_docs_recipe_examples_are_short():
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "auditing-a-recipe.md").read_text()
     section = text.split("## A model trained elsewhere")[0]
-    setup, *examples = [b.split("```")[0] for b in section.split("```python\n")[1:]]
+    _setup, *examples = [b.split("```")[0] for b in section.split("```python\n")[1:]]
     assert len(examples) == 3 and all(len(b.strip().splitlines()) <= 15 for b in examples)

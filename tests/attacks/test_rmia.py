@@ -18,7 +18,9 @@ def _logits(rng, difficulty, included, labels, signal):
     """Logits whose true-label logit is difficulty + signal * included + model noise."""
     conf = difficulty + signal * included + 0.5 * rng.standard_normal(included.shape)
     out = 0.3 * rng.standard_normal(included.shape + (C,))
-    np.put_along_axis(out, np.broadcast_to(labels, included.shape)[..., None], conf[..., None], axis=-1)
+    np.put_along_axis(
+        out, np.broadcast_to(labels, included.shape)[..., None], conf[..., None], axis=-1
+    )
     return out
 
 
@@ -33,15 +35,26 @@ def world(seed, refs, n=2000, z=1000, signal=1.0, all_out=False):
     y, yz = rng.integers(0, C, n), rng.integers(0, C, z)
     keep = np.zeros((refs, n), bool) if all_out else rng.random((refs, n)) < 0.5
     member = rng.random(n) < 0.5
-    return {"ref": _logits(rng, dx, keep, y, signal), "labels": y, "keep": keep,
-            "ref_z": _logits(rng, dz, np.zeros((refs, z), bool), yz, signal), "labels_z": yz,
-            "target": _logits(rng, dx, member, y, signal),
-            "target_z": _logits(rng, dz, np.zeros(z, bool), yz, signal), "member": member}
+    return {
+        "ref": _logits(rng, dx, keep, y, signal),
+        "labels": y,
+        "keep": keep,
+        "ref_z": _logits(rng, dz, np.zeros((refs, z), bool), yz, signal),
+        "labels_z": yz,
+        "target": _logits(rng, dx, member, y, signal),
+        "target_z": _logits(rng, dz, np.zeros(z, bool), yz, signal),
+        "member": member,
+    }
 
 
 def run(w, **params):
-    att = RMIA(**params).fit(w["ref"], w["labels"], w["keep"], population_logits=w["ref_z"],
-                             population_labels=w["labels_z"])
+    att = RMIA(**params).fit(
+        w["ref"],
+        w["labels"],
+        w["keep"],
+        population_logits=w["ref_z"],
+        population_labels=w["labels_z"],
+    )
     return att.score_samples(w["target"], w["labels"], population_logits=w["target_z"])
 
 
@@ -55,8 +68,13 @@ def test_matches_the_pairwise_definition(online, gamma):
     w = world(0, refs=3, n=300, z=200)
     got = run(w, online=online, gamma=gamma)
     # brute force: P(x|theta)/P(x) over P(z|theta)/P(z), for every pair, with P(.) from fit
-    att = RMIA(online=online, gamma=gamma).fit(w["ref"], w["labels"], w["keep"], population_logits=w["ref_z"],
-                                               population_labels=w["labels_z"])
+    att = RMIA(online=online, gamma=gamma).fit(
+        w["ref"],
+        w["labels"],
+        w["keep"],
+        population_logits=w["ref_z"],
+        population_labels=w["labels_z"],
+    )
 
     def prob(lg, lb):
         e = np.exp(lg - lg.max(-1, keepdims=True))
@@ -74,16 +92,20 @@ def test_marginals_follow_the_paper():
     p = np.take_along_axis(p, np.broadcast_to(w["labels"], p.shape[:2])[..., None], -1)[..., 0]
     keep = w["keep"]
     both = keep.any(0) & (~keep).any(0)
-    online = RMIA(online=True).fit(w["ref"], w["labels"], keep, population_logits=w["ref_z"],
-                                   population_labels=w["labels_z"])
+    online = RMIA(online=True).fit(
+        w["ref"], w["labels"], keep, population_logits=w["ref_z"], population_labels=w["labels_z"]
+    )
     p_in = (p * keep).sum(0) / np.maximum(keep.sum(0), 1)
     p_out = (p * ~keep).sum(0) / np.maximum((~keep).sum(0), 1)
     np.testing.assert_allclose(online.marginal_x_[both], ((p_in + p_out) / 2)[both], rtol=1e-12)
     assert online.n_approximated_ == int((~both).sum())
-    offline = RMIA(online=False, offline_a=0.3).fit(w["ref"], w["labels"], keep, population_logits=w["ref_z"],
-                                                    population_labels=w["labels_z"])
+    offline = RMIA(online=False, offline_a=0.3).fit(
+        w["ref"], w["labels"], keep, population_logits=w["ref_z"], population_labels=w["labels_z"]
+    )
     has_out = (~keep).any(0)
-    np.testing.assert_allclose(offline.marginal_x_[has_out], (1.3 * p_out[has_out] + 0.7) / 2, rtol=1e-12)
+    np.testing.assert_allclose(
+        offline.marginal_x_[has_out], (1.3 * p_out[has_out] + 0.7) / 2, rtol=1e-12
+    )
 
 
 # ------------------------------------------------------------------------------ power and chance
@@ -103,8 +125,15 @@ def test_offline_with_one_or_two_reference_models(refs, all_out):
 
 @pytest.mark.parametrize("online", [True, False])
 def test_null_data_gives_chance(online):
-    aucs = np.array([auc(run(world(s, refs=4, n=1000, z=500, signal=0.0), online=online),
-                         world(s, refs=4, n=1000, z=500, signal=0.0)["member"]) for s in range(20)])
+    aucs = np.array(
+        [
+            auc(
+                run(world(s, refs=4, n=1000, z=500, signal=0.0), online=online),
+                world(s, refs=4, n=1000, z=500, signal=0.0)["member"],
+            )
+            for s in range(20)
+        ]
+    )
     se = np.sqrt((1000 / 2 + 1000 / 2 + 1) / (12 * 500 * 500))  # Mann-Whitney SE at AUC 0.5
     assert abs(aucs.mean() - 0.5) < 4 * se / np.sqrt(20)
     assert np.all(np.abs(aucs - 0.5) < 4.5 * se)
@@ -118,8 +147,9 @@ def test_large_population_without_an_n_by_z_matrix():
     labels = rng.integers(0, 2, n)
     ref_z = rng.standard_normal((1, z, 2)).astype(np.float32)
     labels_z = rng.integers(0, 2, z)
-    att = RMIA(online=False).fit(ref, labels, np.zeros((1, n), bool), population_logits=ref_z,
-                                 population_labels=labels_z)
+    att = RMIA(online=False).fit(
+        ref, labels, np.zeros((1, n), bool), population_logits=ref_z, population_labels=labels_z
+    )
     target, target_z = rng.standard_normal((n, 2)), rng.standard_normal((z, 2))
     tracemalloc.start()
     scores = att.score_samples(target, labels, population_logits=target_z)
@@ -133,23 +163,45 @@ def test_large_population_without_an_n_by_z_matrix():
 def test_estimator_contract():
     w = world(4, refs=2, n=100, z=50)
     att = RMIA(online=False, offline_a=0.5, gamma=1.0)
-    assert clone(att).get_params() == {"online": False, "offline_a": 0.5, "gamma": 1.0, "temperature": 1.0}
+    assert clone(att).get_params() == {
+        "online": False,
+        "offline_a": 0.5,
+        "gamma": 1.0,
+        "temperature": 1.0,
+    }
     with pytest.raises(NotFittedError):
         att.score_samples(w["target"], w["labels"], population_logits=w["target_z"])
-    assert att.fit(w["ref"], w["labels"], w["keep"], population_logits=w["ref_z"],
-                   population_labels=w["labels_z"]) is att
+    assert (
+        att.fit(
+            w["ref"],
+            w["labels"],
+            w["keep"],
+            population_logits=w["ref_z"],
+            population_labels=w["labels_z"],
+        )
+        is att
+    )
 
 
-@pytest.mark.parametrize("params,kwargs,match", [
-    ({"offline_a": 0.0}, {}, "offline_a must be in"),
-    ({"gamma": 0.5}, {}, "gamma must be >= 1"),
-    ({"temperature": 0.0}, {}, "temperature must be > 0"),
-    ({}, {"keep": np.zeros((2, 99), bool)}, "keep must have shape"),
-    ({}, {"population_keep": np.zeros((2, 3), bool)}, "population_keep must have shape"),
-])
+@pytest.mark.parametrize(
+    "params,kwargs,match",
+    [
+        ({"offline_a": 0.0}, {}, "offline_a must be in"),
+        ({"gamma": 0.5}, {}, "gamma must be >= 1"),
+        ({"temperature": 0.0}, {}, "temperature must be > 0"),
+        ({}, {"keep": np.zeros((2, 99), bool)}, "keep must have shape"),
+        ({}, {"population_keep": np.zeros((2, 3), bool)}, "population_keep must have shape"),
+    ],
+)
 def test_bad_input(params, kwargs, match):
     w = world(5, refs=2, n=100, z=50)
     args = {"keep": w["keep"], **kwargs}
     with pytest.raises(ValueError, match=match):
-        RMIA(**params).fit(w["ref"], w["labels"], args.pop("keep"), population_logits=w["ref_z"],
-                           population_labels=w["labels_z"], **args)
+        RMIA(**params).fit(
+            w["ref"],
+            w["labels"],
+            args.pop("keep"),
+            population_logits=w["ref_z"],
+            population_labels=w["labels_z"],
+            **args,
+        )

@@ -23,9 +23,23 @@ def overfit_digits():
 
 def test_overfit_user_model_leaks_and_lira_runs(overfit_digits):
     d, mem, non, spec, recipe, model = overfit_digits
-    out = audit_model(model, d.x[mem], d.y[mem], d.x[non], d.y[non], recipe=batched_recipe(spec, recipe),
-                      n_reference=4)
-    assert set(out["attacks"]) == {"threshold", "shadow", "lira", "lira-offline", "rmia", "rmia-offline"}
+    out = audit_model(
+        model,
+        d.x[mem],
+        d.y[mem],
+        d.x[non],
+        d.y[non],
+        recipe=batched_recipe(spec, recipe),
+        n_reference=4,
+    )
+    assert set(out["attacks"]) == {
+        "threshold",
+        "shadow",
+        "lira",
+        "lira-offline",
+        "rmia",
+        "rmia-offline",
+    }
     assert out["attacks"]["threshold"]["auc"] > 0.6  # memorised members have lower loss
     assert out["attacks"]["lira"]["auc"] > 0.6
     assert out["verdict"]["status"] == "no-claim"  # no accounted epsilon given

@@ -28,22 +28,32 @@ def _data(n=256, d=12, k=3, seed=0):
 
 def _model(seed=0, d=12, k=3, hidden=32):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(d, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, k))
+    return torch.nn.Sequential(
+        torch.nn.Linear(d, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, k)
+    )
 
 
 def _loss(logits, target, aux):
     return F.cross_entropy(logits, target)
 
 
-def _dpsgd(sigma, claimed_sigma, *, seed, steps=60, q=0.05, m=400, kind="dirac", know_batch=True,
-           hidden=32):
+def _dpsgd(
+    sigma, claimed_sigma, *, seed, steps=60, q=0.05, m=400, kind="dirac", know_batch=True, hidden=32
+):
     """privkit's DP-SGD step with gradient canaries; returns the canaries after ``steps`` steps."""
     x, y = _data(seed=seed)
     model = _model(seed, hidden=hidden)
     step = DpSgdStep(clip_norm=1.0, noise_multiplier=sigma, sample_rate=q, dataset_size=len(y))
-    can = GradientCanaries.for_parameters(list(model.parameters()), m, clip_norm=1.0, sample_rate=q,
-                                          noise_multiplier=claimed_sigma, kind=kind, seed=seed,
-                                          know_batch=know_batch)
+    can = GradientCanaries.for_parameters(
+        list(model.parameters()),
+        m,
+        clip_norm=1.0,
+        sample_rate=q,
+        noise_multiplier=claimed_sigma,
+        kind=kind,
+        seed=seed,
+        know_batch=know_batch,
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.2)
     gen, noise = torch.Generator().manual_seed(seed + 1), torch.Generator().manual_seed(seed + 2)
     for _ in range(steps):
@@ -53,8 +63,12 @@ def _dpsgd(sigma, claimed_sigma, *, seed, steps=60, q=0.05, m=400, kind="dirac",
 
 
 def test_coins_are_fair_over_seeds():
-    coins = np.array([GradientCanaries(1000, 50, clip_norm=1.0, sample_rate=0.1, seed=s).included
-                      for s in range(300)])
+    coins = np.array(
+        [
+            GradientCanaries(1000, 50, clip_norm=1.0, sample_rate=0.1, seed=s).included
+            for s in range(300)
+        ]
+    )
     assert stats.binomtest(int(coins.sum()), coins.size, 0.5).pvalue > 1e-3
     per_pos = coins.sum(0)
     assert stats.chi2.sf(float((((per_pos - 150) ** 2) / 75).sum()), 50) > 1e-3
@@ -121,10 +135,13 @@ def test_the_step_samples_and_clips_canaries_like_records():
     step = DpSgdStep(1.0, 0.0, 0.3, len(y))
     b = torch.arange(30)
     plain = step.noisy_gradient(model, x[b], y[b], _loss, torch.Generator().manual_seed(5))
-    can = GradientCanaries.for_parameters(list(model.parameters()), 400, clip_norm=1.0, sample_rate=0.3,
-                                          noise_multiplier=1.0, seed=3)
+    can = GradientCanaries.for_parameters(
+        list(model.parameters()), 400, clip_norm=1.0, sample_rate=0.3, noise_multiplier=1.0, seed=3
+    )
     assert can.raw_norm == 4.0
-    with_c = step.noisy_gradient(model, x[b], y[b], _loss, torch.Generator().manual_seed(5), canaries=can)
+    with_c = step.noisy_gradient(
+        model, x[b], y[b], _loss, torch.Generator().manual_seed(5), canaries=can
+    )
     names = [k for k, _ in model.named_parameters()]  # the canaries' flattening order
     diff = torch.cat([(with_c[k] - plain[k]).reshape(-1) for k in names]) * step.expected_batch_size
     expected = torch.zeros_like(diff)
@@ -141,8 +158,9 @@ def test_positive_control_noise_removed_is_a_violation(kind):
     eps = dpsgd_epsilon(0.05, claimed, 60, DELTA, accountant="pld")
     for seed in range(3):
         # random directions overlap by ~1/sqrt(dim): they need dim >> canaries (4099 vs 400 here)
-        res = _dpsgd(0.0, claimed, seed=seed, kind=kind, hidden=256 if kind == "random" else 32).audit(
-            accounted_epsilon=eps, delta=DELTA)
+        res = _dpsgd(
+            0.0, claimed, seed=seed, kind=kind, hidden=256 if kind == "random" else 32
+        ).audit(accounted_epsilon=eps, delta=DELTA)
         assert res.verdict == "violation", res.message
 
 
@@ -176,18 +194,28 @@ def _opacus_run(sigma, *, seed, m=400, epochs=3):
 
     x, y = _data(seed=seed)
     model = _model(seed)
-    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True,
-                        generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        TensorDataset(x, y),
+        batch_size=16,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         engine = PrivacyEngine(accountant="rdp")
         model, opt, dl = engine.make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader,
-            noise_multiplier=sigma, max_grad_norm=1.0, poisson_sampling=True,
-            noise_generator=torch.Generator().manual_seed(seed + 9))
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=loader,
+            noise_multiplier=sigma,
+            max_grad_norm=1.0,
+            poisson_sampling=True,
+            noise_generator=torch.Generator().manual_seed(seed + 9),
+        )
     q = dl.sample_rate
-    can = GradientCanaries.for_parameters(opt.params, m, clip_norm=1.0, sample_rate=q,
-                                          noise_multiplier=CLAIMED, seed=seed)
+    can = GradientCanaries.for_parameters(
+        opt.params, m, clip_norm=1.0, sample_rate=q, noise_multiplier=CLAIMED, seed=seed
+    )
     attach_to_opacus(opt, can)
     steps = 0
     with warnings.catch_warnings():

@@ -9,7 +9,6 @@ import json
 import os
 from pathlib import Path
 
-import pytest
 import torch
 
 SMALL = os.environ.get("PRIVKIT_SLOW") == "small"
@@ -18,13 +17,23 @@ SMALL = os.environ.get("PRIVKIT_SLOW") == "small"
 def tiny_federation_config(**kw):
     from privkit.data import FederationConfig
 
-    base = dict(dataset="digits", public_dataset=None, public_size=0.1, clients=2, partition="iid",
-                test_size=0.25, shadow_size=0.25, seed=0)
+    base = dict(
+        dataset="digits",
+        public_dataset=None,
+        public_size=0.1,
+        clients=2,
+        partition="iid",
+        test_size=0.25,
+        shadow_size=0.25,
+        seed=0,
+    )
     base.update(kw)
     return FederationConfig(**base)
 
 
-def make_run(root: Path, method: str, fed_cfg, overrides: dict | None = None, seed: int = 0) -> Path:
+def make_run(
+    root: Path, method: str, fed_cfg, overrides: dict | None = None, seed: int = 0
+) -> Path:
     """Train ``method`` (quick config + overrides) and write a run directory."""
     from privkit.data import build_federation
     from privkit.trainers import get_trainer, train
@@ -35,9 +44,17 @@ def make_run(root: Path, method: str, fed_cfg, overrides: dict | None = None, se
     res = train(method, fed, cfg, seed=seed)
     out = root / method
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({"schema_version": 1, "method": method, "seed": seed,
-                                                 "federation": fed_cfg.model_dump(mode="json"),
-                                                 "trainer": res.config}))
+    (out / "config.json").write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "method": method,
+                "seed": seed,
+                "federation": fed_cfg.model_dump(mode="json"),
+                "trainer": res.config,
+            }
+        )
+    )
     fed.save(out / "federation.json")
     res.save(out)
     return out

@@ -23,14 +23,41 @@ from privkit.trainers.base import make_config
 from privkit.trainers.many import has_batched, train_many
 
 TOL = 1e-5
-DPFED = {"arch": "mlp", "feature_dim": 16, "rounds": 3, "local_steps": 3, "batch_size": 16,
-         "client_fraction": 0.25, "noise_multiplier": 1.0, "target_epsilon": 1e6, "lr": 0.3,
-         "device": "cpu", "reproducible_noise": True}
-FEDAVG = {"arch": "mlp", "feature_dim": 16, "rounds": 3, "participation": 0.25, "local_epochs": 2,
-          "batch_size": 32, "device": "cpu", "reproducible_noise": True}
-FEDMD = {"arch": "mlp", "feature_dim": 16, "rounds": 2, "init_epochs": 2, "pretrain_epochs": 1,
-         "public_subset": 100, "digest_epochs": 1, "revisit_batch_size": 8, "device": "cpu",
-         "reproducible_noise": True}
+DPFED = {
+    "arch": "mlp",
+    "feature_dim": 16,
+    "rounds": 3,
+    "local_steps": 3,
+    "batch_size": 16,
+    "client_fraction": 0.25,
+    "noise_multiplier": 1.0,
+    "target_epsilon": 1e6,
+    "lr": 0.3,
+    "device": "cpu",
+    "reproducible_noise": True,
+}
+FEDAVG = {
+    "arch": "mlp",
+    "feature_dim": 16,
+    "rounds": 3,
+    "participation": 0.25,
+    "local_epochs": 2,
+    "batch_size": 32,
+    "device": "cpu",
+    "reproducible_noise": True,
+}
+FEDMD = {
+    "arch": "mlp",
+    "feature_dim": 16,
+    "rounds": 2,
+    "init_epochs": 2,
+    "pretrain_epochs": 1,
+    "public_subset": 100,
+    "digest_epochs": 1,
+    "revisit_batch_size": 8,
+    "device": "cpu",
+    "reproducible_noise": True,
+}
 CASES = {
     "dp-fedavg": DPFED,
     # a budget that stops runs at different rounds (their clients hold different amounts of data)
@@ -39,26 +66,68 @@ CASES = {
     "fedkadp adam": {**DPFED, "optimizer": "adam", "lr": 0.01, "feedback": False},
     # the single run forms each record's joint mentor+mentee+W_h gradient with torch.func
     "fedkd-dp": {**DPFED, "mentor_feature_dim": 24},
-    "fedkd-dp deep-mentor": {**DPFED, "mentor_feature_dim": 24, "mentor_depth": 2, "hidden_loss": False,
-                             "compress": False},
+    "fedkd-dp deep-mentor": {
+        **DPFED,
+        "mentor_feature_dim": 24,
+        "mentor_depth": 2,
+        "hidden_loss": False,
+        "compress": False,
+    },
     # Adam (these methods' optimiser) amplifies float rounding: the batched path is bit for bit
     "fedavg": FEDAVG,
     "fedavg sgd": {**FEDAVG, "optimizer": "sgd", "lr": 0.1},
-    "fedavg frozen": {**FEDAVG, "pretrain": True, "freeze": True, "pretrain_epochs": 1, "pretrain_seed": 0},
+    "fedavg frozen": {
+        **FEDAVG,
+        "pretrain": True,
+        "freeze": True,
+        "pretrain_epochs": 1,
+        "pretrain_seed": 0,
+    },
     "fedprox": {**FEDAVG, "mu": 0.1},
     "feddf": {**FEDAVG, "distill_epochs": 1, "distill_lr": 1e-3},
-    "fedaux": {**FEDAVG, "distill_epochs": 1, "distill_lr": 1e-3, "pretrain_epochs": 1, "pretrain_seed": 0},
+    "fedaux": {
+        **FEDAVG,
+        "distill_epochs": 1,
+        "distill_lr": 1e-3,
+        "pretrain_epochs": 1,
+        "pretrain_seed": 0,
+    },
     "fedmd-nfdp": {**FEDMD, "k": 8},
     "fedmd-np": FEDMD,
     "fedmd-np logits": {**FEDMD, "knowledge": "logits"},  # an L1 digest: those jobs one at a time
     "fedmd-ldp": FEDMD,
     # opacus' streams and clipping rule, per-example norms from the layers (opacus forms them)
-    "dpsgd": {"arch": "mlp", "feature_dim": 16, "epochs": 2, "batch_size": 64, "lr": 0.5, "device": "cpu",
-              "calibration_accountant": "rdp", "reproducible_noise": True},
-    "dpsgd given-sigma": {"arch": "mlp", "feature_dim": 16, "epochs": 1, "batch_size": 200, "lr": 0.5,
-                          "noise_multiplier": 0.8, "clip_norm": 0.5, "device": "cpu", "reproducible_noise": True},
+    "dpsgd": {
+        "arch": "mlp",
+        "feature_dim": 16,
+        "epochs": 2,
+        "batch_size": 64,
+        "lr": 0.5,
+        "device": "cpu",
+        "calibration_accountant": "rdp",
+        "reproducible_noise": True,
+    },
+    "dpsgd given-sigma": {
+        "arch": "mlp",
+        "feature_dim": 16,
+        "epochs": 1,
+        "batch_size": 200,
+        "lr": 0.5,
+        "noise_multiplier": 0.8,
+        "clip_norm": 0.5,
+        "device": "cpu",
+        "reproducible_noise": True,
+    },
 }
-EXACT = ("fedavg", "fedprox", "feddf", "fedaux", "fedmd-nfdp", "fedmd-np", "fedmd-ldp")  # methods whose batched runs equal the single runs bit for bit
+EXACT = (
+    "fedavg",
+    "fedprox",
+    "feddf",
+    "fedaux",
+    "fedmd-nfdp",
+    "fedmd-np",
+    "fedmd-ldp",
+)  # methods whose batched runs equal the single runs bit for bit
 
 
 @pytest.fixture(scope="module")
@@ -136,9 +205,19 @@ def test_audit_trains_its_runs_batched_with_the_loops_outputs(fed):
     rng = np.random.default_rng(1)
     sets = [np.sort(rng.choice(len(y), int(0.7 * len(y)), replace=False)) for _ in range(3)]
     query = np.arange(50)
-    batched, d1 = train_models(recipe, x, y, sets, [1, 2, 3], query=query, n_classes=fed.num_classes)
-    loop, d2 = train_models(recipe, x, y, sets, [1, 2, 3], query=query, n_classes=fed.num_classes,
-                            executor=SerialExecutor())
+    batched, d1 = train_models(
+        recipe, x, y, sets, [1, 2, 3], query=query, n_classes=fed.num_classes
+    )
+    loop, d2 = train_models(
+        recipe,
+        x,
+        y,
+        sets,
+        [1, 2, 3],
+        query=query,
+        n_classes=fed.num_classes,
+        executor=SerialExecutor(),
+    )
     assert batched.shape == loop.shape == (3, 50, fed.num_classes)
     assert np.abs(batched - loop).max() <= 1e-4
     assert [d["ledger"].to_dict() for d in d1] == [d["ledger"].to_dict() for d in d2]

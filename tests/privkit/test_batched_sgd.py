@@ -17,8 +17,11 @@ from privkit.trainers.batched_sgd import BLOCK, SGDRecipe, _StackedOptimizer, tr
 from privkit.trainers.dp_sgd_step import clip_per_sample, per_sample_gradients
 from privkit.trainers.stacked import StackedModels, clipped_sum_one, layer_sequence
 
-ARCHS = {"mlp": {"feature_dim": 16}, "cnn": {"width": 4, "feature_dim": 16},
-         "mlp-normalized": {"feature_dim": 12, "depth": 2, "normalize": True}}
+ARCHS = {
+    "mlp": {"feature_dim": 16},
+    "cnn": {"width": 4, "feature_dim": 16},
+    "mlp-normalized": {"feature_dim": 12, "depth": 2, "normalize": True},
+}
 
 
 def _spec(name: str, shape=(1, 8, 8), classes: int = 4) -> dict:
@@ -38,14 +41,28 @@ def test_stacked_clipped_sums_equal_torch_func_per_example_gradients(name):
     torch.manual_seed(0)
     spec = _spec(name, (1, 12, 12), 5)
     models = [build_model(spec["arch"], (1, 12, 12), 5, **ARCHS[name]) for _ in range(3)]
-    params = {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models]).requires_grad_(True)
-              for k, _ in models[0].named_parameters()}
-    buffers = {k: torch.stack([dict(m.named_buffers())[k] for m in models]) for k, _ in models[0].named_buffers()}
+    params = {
+        k: torch.stack([dict(m.named_parameters())[k].detach() for m in models]).requires_grad_(
+            True
+        )
+        for k, _ in models[0].named_parameters()
+    }
+    buffers = {
+        k: torch.stack([dict(m.named_buffers())[k] for m in models])
+        for k, _ in models[0].named_buffers()
+    }
     x, y = torch.randn(3, 7, 1, 12, 12), torch.randint(0, 5, (3, 7))
     stacked = StackedModels(models[0], 3)
     logits, _ = stacked.forward(params, buffers, x)
-    sums, norms = stacked.clipped_sums(params, buffers, x, lambda lo, mo, s: F.cross_entropy(
-        lo.reshape(-1, 5), y[mo, s].reshape(-1), reduction="none").view(len(mo), -1), 0.3)
+    sums, norms = stacked.clipped_sums(
+        params,
+        buffers,
+        x,
+        lambda lo, mo, s: F.cross_entropy(
+            lo.reshape(-1, 5), y[mo, s].reshape(-1), reduction="none"
+        ).view(len(mo), -1),
+        0.3,
+    )
     for j, model in enumerate(models):
         torch.testing.assert_close(logits[j], model(x[j]), rtol=1e-5, atol=1e-5)
         per = per_sample_gradients(model, x[j], y[j], lambda lo, t, _a: F.cross_entropy(lo, t))
@@ -65,9 +82,14 @@ def test_chunked_clipped_sums_with_pads_equal_torch_func_per_example_gradients(n
     torch.manual_seed(1)
     spec = _spec(name, (1, 12, 12), 5)
     models = [build_model(spec["arch"], (1, 12, 12), 5, **ARCHS[name]) for _ in range(3)]
-    params = {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
-              for k, _ in models[0].named_parameters()}
-    buffers = {k: torch.stack([dict(m.named_buffers())[k] for m in models]) for k, _ in models[0].named_buffers()}
+    params = {
+        k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
+        for k, _ in models[0].named_parameters()
+    }
+    buffers = {
+        k: torch.stack([dict(m.named_buffers())[k] for m in models])
+        for k, _ in models[0].named_buffers()
+    }
     counts = [7, 2, 5]
     x, y = torch.randn(3, 7, 1, 12, 12), torch.randint(0, 5, (3, 7))
     for j, c in enumerate(counts):
@@ -76,12 +98,18 @@ def test_chunked_clipped_sums_with_pads_equal_torch_func_per_example_gradients(n
     if name == "cnn":  # the largest activation: 4 channels x 12 x 12 floats per model and example
         monkeypatch.setattr(stacked_module, "CHUNK_BYTES", 3 * (4 * 12 * 12) * 4 * 3)
         assert stacked.chunk_size(x) == 3
-    per = [per_sample_gradients(m, x[j, :counts[j]], y[j, :counts[j]], lambda lo, t, _a: F.cross_entropy(lo, t))
-           for j, m in enumerate(models)]
+    per = [
+        per_sample_gradients(
+            m, x[j, : counts[j]], y[j, : counts[j]], lambda lo, t, _a: F.cross_entropy(lo, t)
+        )
+        for j, m in enumerate(models)
+    ]
     clip = clip_per_sample(per[0], 1.0)[1].median().item()
 
     def losses(lo, mo, s):
-        return F.cross_entropy(lo.reshape(-1, 5), y[mo, s].reshape(-1), reduction="none").view(len(mo), -1)
+        return F.cross_entropy(lo.reshape(-1, 5), y[mo, s].reshape(-1), reduction="none").view(
+            len(mo), -1
+        )
 
     sums, norms = stacked.clipped_sums(params, buffers, x, losses, clip, counts=counts)
     for j, c in enumerate(counts):
@@ -113,8 +141,10 @@ def test_single_model_clipped_sum_in_chunks_equals_torch_func(frozen, monkeypatc
         torch.testing.assert_close(got[k], g.sum(0), rtol=1e-4, atol=1e-6)
 
 
-CASES = [{"sampling": s, "clip": c, "drop_last": d} for s, c, d in
-         itertools.product(["shuffle", "poisson"], [None, 1.0], [True, False])]
+CASES = [
+    {"sampling": s, "clip": c, "drop_last": d}
+    for s, c, d in itertools.product(["shuffle", "poisson"], [None, 1.0], [True, False])
+]
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
@@ -122,9 +152,13 @@ CASES = [{"sampling": s, "clip": c, "drop_last": d} for s, c, d in
 def test_many_equals_loop_including_noise(data, name, case):
     """Same seeds -> the same batches, the same noise and the same weights as the loop."""
     x, y = data
-    recipe = SGDRecipe(epochs=2, batch_size=16, lr=0.2, noise_multiplier=0.8 if case["clip"] else 0.0, **case)
+    recipe = SGDRecipe(
+        epochs=2, batch_size=16, lr=0.2, noise_multiplier=0.8 if case["clip"] else 0.0, **case
+    )
     rng = np.random.default_rng(1)
-    idx = [rng.choice(200, n, replace=False) for n in (100, 90, 120)]  # unequal: models idle at the end
+    idx = [
+        rng.choice(200, n, replace=False) for n in (100, 90, 120)
+    ]  # unequal: models idle at the end
     spec = _spec(name)
     many = train_many(spec, x, y, idx, recipe, [5, 6, 7])
     chunked = train_many(spec, x, y, idx, recipe, [5, 6, 7], chunk_size=2)
@@ -142,9 +176,17 @@ def test_many_equals_loop_in_chunks_of_three_examples(data, monkeypatch, clip):
     """Each step's gradients (clipped sums, or mean gradients) formed three examples at a time,
     models dropping out of the last chunks as their Poisson batches run out: the loop's weights."""
     x, y = data
-    monkeypatch.setattr(stacked_module, "CHUNK_BYTES", 3 * (4 * 8 * 8) * 4 * 3)  # cnn conv1: 4 x 8 x 8
-    recipe = SGDRecipe(epochs=1, batch_size=16, lr=0.2, clip=clip, noise_multiplier=0.8 if clip else 0.0,
-                       sampling="poisson")
+    monkeypatch.setattr(
+        stacked_module, "CHUNK_BYTES", 3 * (4 * 8 * 8) * 4 * 3
+    )  # cnn conv1: 4 x 8 x 8
+    recipe = SGDRecipe(
+        epochs=1,
+        batch_size=16,
+        lr=0.2,
+        clip=clip,
+        noise_multiplier=0.8 if clip else 0.0,
+        sampling="poisson",
+    )
     idx = [np.arange(0, 100), np.arange(40, 130), np.arange(80, 200)]
     many = train_many(_spec("cnn"), x, y, idx, recipe, [5, 6, 7])
     for j, s in enumerate([5, 6, 7]):
@@ -155,16 +197,26 @@ def test_many_equals_loop_in_chunks_of_three_examples(data, monkeypatch, clip):
 
 def _init_head(spec, seed):
     torch.manual_seed(seed)
-    return build_model(spec["arch"], tuple(spec["input_shape"]), spec["num_classes"],
-                       **{k: v for k, v in spec.items() if k not in ("arch", "input_shape", "num_classes")}
-                       ).head.weight.detach()
+    return build_model(
+        spec["arch"],
+        tuple(spec["input_shape"]),
+        spec["num_classes"],
+        **{k: v for k, v in spec.items() if k not in ("arch", "input_shape", "num_classes")},
+    ).head.weight.detach()
 
 
 @pytest.mark.parametrize("clip", [None, 1.0])
 def test_many_equals_loop_with_adam(data, clip):
     x, y = data
-    recipe = SGDRecipe(epochs=1, batch_size=16, lr=0.01, clip=clip, noise_multiplier=0.5 if clip else 0.0,
-                       sampling="poisson", optimizer="adam")
+    recipe = SGDRecipe(
+        epochs=1,
+        batch_size=16,
+        lr=0.01,
+        clip=clip,
+        noise_multiplier=0.5 if clip else 0.0,
+        sampling="poisson",
+        optimizer="adam",
+    )
     idx = [np.arange(0, 80), np.arange(50, 150)]
     many = train_many(_spec("mlp"), x, y, idx, recipe, [1, 2])
     for j in range(2):
@@ -206,8 +258,16 @@ def test_noise_is_sigma_c_gaussian_independent_across_models(data):
     noisy = train_many(spec, x, y, idx, SGDRecipe(**one_step, noise_multiplier=sigma), seeds)
     clean = train_many(spec, x, y, idx, SGDRecipe(**one_step, noise_multiplier=0.0), seeds)
     scale = sigma * clip / 200 * lr  # std of the noise's effect on the weights after one step
-    z = torch.stack([torch.cat([((noisy[j][k] - clean[j][k]) / -scale).flatten() for k in noisy[j]])
-                     for j in range(8)]).double().numpy()
+    z = (
+        torch.stack(
+            [
+                torch.cat([((noisy[j][k] - clean[j][k]) / -scale).flatten() for k in noisy[j]])
+                for j in range(8)
+            ]
+        )
+        .double()
+        .numpy()
+    )
     p = z.shape[1]
     assert p > 4000
     # per model: variance 1 (chi-square) and mean 0 (z-test), two-sided, family-wise level 1e-3
@@ -215,10 +275,10 @@ def test_noise_is_sigma_c_gaussian_independent_across_models(data):
     a = 1e-3 / 8
     lo, hi = stats.chi2.ppf([a / 2, 1 - a / 2], p) / p
     for row in z:
-        assert lo < (row ** 2).mean() < hi
+        assert lo < (row**2).mean() < hi
         assert abs(row.mean()) < stats.norm.ppf(1 - a / 2) / np.sqrt(p)
     # all models together: variance within 1 +- 3%
-    assert (z ** 2).mean() == pytest.approx(1.0, abs=0.03)
+    assert (z**2).mean() == pytest.approx(1.0, abs=0.03)
     # across models: the 28 pairwise correlations in the band of independent samples (level 1e-3)
     corr = np.corrcoef(z)[np.triu_indices(8, 1)]
     assert np.abs(corr).max() < stats.norm.ppf(1 - 1e-3 / 28 / 2) / np.sqrt(p)
@@ -229,7 +289,9 @@ def test_noise_is_sigma_c_gaussian_independent_across_models(data):
 def test_noise_streams_are_the_loops_own(data):
     """Model j's noise is its own generator's stream: changing model 0's seed leaves model 1 alone."""
     x, y = data
-    recipe = SGDRecipe(epochs=1, batch_size=16, lr=0.1, clip=1.0, noise_multiplier=1.0, sampling="poisson")
+    recipe = SGDRecipe(
+        epochs=1, batch_size=16, lr=0.1, clip=1.0, noise_multiplier=1.0, sampling="poisson"
+    )
     a = train_many(_spec("mlp"), x, y, [np.arange(100)] * 2, recipe, [3, 4])
     b = train_many(_spec("mlp"), x, y, [np.arange(100)] * 2, recipe, [9, 4])
     torch.testing.assert_close(a[1]["head.weight"], b[1]["head.weight"], rtol=0, atol=0)
@@ -245,7 +307,11 @@ def test_poisson_sampling_rate_and_steps(data):
     assert recipe.sample_rate(n) == pytest.approx(1 / 7) and recipe.steps(n) == 21 > BLOCK
     sizes = [len(b) for b in _one_batches(n, recipe, DpRandom(torch.Generator().manual_seed(0)))]
     assert len(sizes) == 21
-    many = [len(b) for _ in range(20) for b in _one_batches(n, recipe, DpRandom(torch.Generator().manual_seed(_)))]
+    many = [
+        len(b)
+        for _ in range(20)
+        for b in _one_batches(n, recipe, DpRandom(torch.Generator().manual_seed(_)))
+    ]
     # Binomial(100, 1/7): mean 14.29, variance 12.24; 420 draws
     assert np.mean(many) == pytest.approx(100 / 7, abs=4 * np.sqrt(12.24 / 420))
     assert len(set(many)) > 5
@@ -261,7 +327,9 @@ def test_matches_opacus_without_noise():
     x = rng.random((40, 1, 8, 8)).astype(np.float32)
     y = rng.integers(0, 3, 40)
     spec = model_spec("cnn", (1, 8, 8), 3, width=2, feature_dim=8)
-    recipe = SGDRecipe(epochs=3, batch_size=40, lr=0.5, clip=0.05, noise_multiplier=0.0, sampling="poisson")
+    recipe = SGDRecipe(
+        epochs=3, batch_size=40, lr=0.5, clip=0.05, noise_multiplier=0.0, sampling="poisson"
+    )
     ours = train_many(spec, x, y, [np.arange(40)], recipe, [11])[0]
     torch.manual_seed(11)
     model = build_model("cnn", (1, 8, 8), 3, width=2, feature_dim=8)
@@ -272,8 +340,13 @@ def test_matches_opacus_without_noise():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         private, dp_opt, dp_loader = PrivacyEngine().make_private(
-            module=model, optimizer=opt, data_loader=loader, noise_multiplier=0.0, max_grad_norm=0.05,
-            poisson_sampling=True)
+            module=model,
+            optimizer=opt,
+            data_loader=loader,
+            noise_multiplier=0.0,
+            max_grad_norm=0.05,
+            poisson_sampling=True,
+        )
         for _ in range(3):
             for xb, yb in dp_loader:
                 assert len(yb) == 40
@@ -295,11 +368,17 @@ def test_bad_input_is_named():
         layer_sequence(torch.nn.Linear(2, 2))
     model = build_model("mlp", (1, 4, 4), 2, feature_dim=4)
     model.features.append(torch.nn.Tanh())
-    with pytest.raises(ValueError, match="layer features.3 \\(Tanh\\) is not supported"):
+    with pytest.raises(ValueError, match=r"layer features\.3 \(Tanh\) is not supported"):
         layer_sequence(model)
     with pytest.raises(ValueError, match="every model needs at least one record"):
-        train_many(_spec("mlp"), np.zeros((4, 1, 8, 8), np.float32), np.zeros(4, int), [np.arange(0)],
-                   SGDRecipe(), [0])
+        train_many(
+            _spec("mlp"),
+            np.zeros((4, 1, 8, 8), np.float32),
+            np.zeros(4, int),
+            [np.arange(0)],
+            SGDRecipe(),
+            [0],
+        )
 
 
 def test_dpsgd_batched_form_runs_the_trainers_mechanism():
@@ -310,8 +389,15 @@ def test_dpsgd_batched_form_runs_the_trainers_mechanism():
     from privkit.trainers.dpsgd import DpsgdConfig, dpsgd_recipe, train_dpsgd_many
 
     fed = build_federation(FederationConfig(partition="shards", clients=20, seed=0))
-    cfg = {"arch": "mlp", "feature_dim": 16, "epochs": 2, "batch_size": 160, "lr": 0.2, "device": "cpu",
-           "target_epsilon": 2.0}
+    cfg = {
+        "arch": "mlp",
+        "feature_dim": 16,
+        "epochs": 2,
+        "batch_size": 160,
+        "lr": 0.2,
+        "device": "cpu",
+        "target_epsilon": 2.0,
+    }
     target = train("dpsgd", fed, cfg, seed=3)
     n = len(fed.members)
     recipe = dpsgd_recipe(DpsgdConfig(**cfg), n)
@@ -320,19 +406,29 @@ def test_dpsgd_batched_form_runs_the_trainers_mechanism():
     assert recipe.steps(n) == target.claims["steps"]
     assert dpsgd_recipe(DpsgdConfig(**cfg), n // 2).noise_multiplier != recipe.noise_multiplier
     rng = np.random.default_rng(0)
-    idx = [rng.choice(fed.members, n // 2, replace=False), fed.members, rng.choice(fed.members, n // 2, replace=False)]
+    idx = [
+        rng.choice(fed.members, n // 2, replace=False),
+        fed.members,
+        rng.choice(fed.members, n // 2, replace=False),
+    ]
     models = train_dpsgd_many(fed, cfg, idx, [4, 3, 5])
     x_test, y_test = fed.test_arrays()
     with torch.no_grad():
-        acc = [float((m(torch.as_tensor(x_test)).argmax(1).numpy() == y_test).mean()) for m in models]
+        acc = [
+            float((m(torch.as_tensor(x_test)).argmax(1).numpy() == y_test).mean()) for m in models
+        ]
     assert abs(acc[1] - target.test_accuracy) < 0.1 and min(acc) > 0.2  # chance: 0.1
 
 
 def test_release_mode_noise_is_not_derived_from_the_seed(data):
     x, y = data
-    recipe = SGDRecipe(epochs=1, batch_size=16, lr=0.1, clip=1.0, noise_multiplier=1.0, sampling="poisson")
+    recipe = SGDRecipe(
+        epochs=1, batch_size=16, lr=0.1, clip=1.0, noise_multiplier=1.0, sampling="poisson"
+    )
     idx = [np.arange(100)]
-    a, b = (train_many(_spec("mlp"), x, y, idx, recipe, [3], reproducible=False)[0] for _ in range(2))
+    a, b = (
+        train_many(_spec("mlp"), x, y, idx, recipe, [3], reproducible=False)[0] for _ in range(2)
+    )
     assert not torch.allclose(a["head.weight"], b["head.weight"])  # fresh OS entropy per run
     c, d = (train_many(_spec("mlp"), x, y, idx, recipe, [3])[0] for _ in range(2))
     torch.testing.assert_close(c["head.weight"], d["head.weight"], rtol=0, atol=0)
@@ -350,9 +446,13 @@ def test_unsupported_model_falls_back_but_a_bug_propagates(monkeypatch):
 
     torch.manual_seed(0)
     x, y = torch.randn(6, 5), torch.randint(0, 3, (6,))
-    plain = nn.Sequential(nn.Linear(5, 3))  # not a FeatureClassifier: torch.func per-example gradients
+    plain = nn.Sequential(
+        nn.Linear(5, 3)
+    )  # not a FeatureClassifier: torch.func per-example gradients
     got = dp_sgd_step.clipped_gradient_sum(plain, x, y, loss, 0.5)
-    clipped, _ = dp_sgd_step.clip_per_sample(dp_sgd_step.per_sample_gradients(plain, x, y, loss), 0.5)
+    clipped, _ = dp_sgd_step.clip_per_sample(
+        dp_sgd_step.per_sample_gradients(plain, x, y, loss), 0.5
+    )
     for k, g in clipped.items():
         torch.testing.assert_close(got[k], g.sum(0))
 

@@ -44,7 +44,9 @@ def test_a_run_that_learns_nothing_warns_and_metrics_say_so(fed, tmp_path):
     assert res.near_chance and res.warnings[0].startswith("near-chance accuracy: fedavg ends at")
     res.save(tmp_path)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["near_chance"] is True and metrics["chance_accuracy"] == pytest.approx(chance_level(fed))
+    assert metrics["near_chance"] is True and metrics["chance_accuracy"] == pytest.approx(
+        chance_level(fed)
+    )
     assert metrics["warnings"] == [res.warnings[0]]
     # train.json carries it too (the report lists a run's warnings from there)
     assert TrainResult.load(tmp_path).warnings[0] == res.warnings[0]
@@ -63,7 +65,11 @@ def test_cli_names_the_method_and_its_accuracy(tmp_path):
     fed_sets = ["--federation-set", "clients=3", "--federation-set", "partition=iid"]
     res = runner.invoke(app, ["train", "fedavg", *sets, *fed_sets, "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
-    assert "warning: near-chance accuracy: fedavg ends at test accuracy" in " ".join(res.stdout.split())
-    res = runner.invoke(app, ["train", "fedavg", *sets, *fed_sets, "--out", str(tmp_path / "j"), "--json"])
+    assert "warning: near-chance accuracy: fedavg ends at test accuracy" in " ".join(
+        res.stdout.split()
+    )
+    res = runner.invoke(
+        app, ["train", "fedavg", *sets, *fed_sets, "--out", str(tmp_path / "j"), "--json"]
+    )
     summary = json.loads(res.stdout)
     assert summary["near_chance"] is True and summary["chance_accuracy"] > 0

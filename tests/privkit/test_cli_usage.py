@@ -25,15 +25,20 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.executable).with_name("privkit")
-TYPER_PATHS = [None] + ([os.environ["PRIVKIT_TEST_TYPER_PATH"]]
-                        if os.environ.get("PRIVKIT_TEST_TYPER_PATH") else [])
+TYPER_PATHS = [None] + (
+    [os.environ["PRIVKIT_TEST_TYPER_PATH"]] if os.environ.get("PRIVKIT_TEST_TYPER_PATH") else []
+)
 HEAVY = ("torch", "opacus", "catboost", "ray", "dp_accounting", "matplotlib", "sklearn", "scipy")
 
 
 def _env(typer_path: str | None = None) -> dict:
     paths = [p for p in (typer_path, str(REPO), os.environ.get("PYTHONPATH")) if p]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1",
-            "COLUMNS": "200"}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(paths),
+        "OMP_NUM_THREADS": "1",
+        "COLUMNS": "200",
+    }
 
 
 def _command() -> list[str]:
@@ -43,8 +48,14 @@ def _command() -> list[str]:
 
 
 def privkit(*args: str, typer_path: str | None = None, timeout: int = 300):
-    return subprocess.run([*_command(), *args], capture_output=True, text=True, timeout=timeout,
-                          env=_env(typer_path), cwd=REPO)
+    return subprocess.run(
+        [*_command(), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(typer_path),
+        cwd=REPO,
+    )
 
 
 def assert_one_line_error(proc, *needles: str) -> str:
@@ -58,9 +69,22 @@ def assert_one_line_error(proc, *needles: str) -> str:
 
 
 # ------------------------------------------------------------------------------- fixtures
-TINY_TRAIN = ["centralized", "--quick", "--set", "arch=mlp", "--set", "epochs=1",
-              "--federation-set", "dataset=digits", "--federation-set", "public_dataset=none",
-              "--federation-set", "clients=2", "--federation-set", "partition=iid"]
+TINY_TRAIN = [
+    "centralized",
+    "--quick",
+    "--set",
+    "arch=mlp",
+    "--set",
+    "epochs=1",
+    "--federation-set",
+    "dataset=digits",
+    "--federation-set",
+    "public_dataset=none",
+    "--federation-set",
+    "clients=2",
+    "--federation-set",
+    "partition=iid",
+]
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +103,10 @@ def files(tmp_path_factory, trained) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("damaged")
     out: dict[str, Path] = {}
-    for name, damage in (("truncated", lambda p: p.write_bytes(p.read_bytes()[:100])),
-                         ("garbage", lambda p: p.write_bytes(b"not a checkpoint"))):
+    for name, damage in (
+        ("truncated", lambda p: p.write_bytes(p.read_bytes()[:100])),
+        ("garbage", lambda p: p.write_bytes(b"not a checkpoint")),
+    ):
         run = root / name
         shutil.copytree(trained, run)
         damage(run / "checkpoints" / "model.pt")
@@ -123,7 +149,9 @@ USAGE_CASES = [
 
 
 @pytest.mark.parametrize("typer_path", TYPER_PATHS)
-@pytest.mark.parametrize("argv, needles", USAGE_CASES, ids=[" ".join(c[0][:3]) for c in USAGE_CASES])
+@pytest.mark.parametrize(
+    "argv, needles", USAGE_CASES, ids=[" ".join(c[0][:3]) for c in USAGE_CASES]
+)
 def test_usage_error_is_one_line_exit_2(argv, needles, typer_path, tmp_path):
     argv = [str(tmp_path) if a == "RUN" else a for a in argv]
     assert_one_line_error(privkit(*argv, typer_path=typer_path), *needles)
@@ -135,21 +163,50 @@ def _input_cases():
     return [
         (["audit", "{trained}", "--executor", "banana"], ["--executor", "banana"]),
         (["audit", "{trained}", "--delta", "1.5"], ["--delta", "1.5"]),
-        (["audit", "{trained}", "--n-audit", "100000", "--attacks", "threshold", "--shadows", "2"],
-         ["n_audit must be between 10 and the pool size", "found 100000"]),
+        (
+            [
+                "audit",
+                "{trained}",
+                "--n-audit",
+                "100000",
+                "--attacks",
+                "threshold",
+                "--shadows",
+                "2",
+            ],
+            ["n_audit must be between 10 and the pool size", "found 100000"],
+        ),
         (["audit", "{missing}"], ["run_dir", "missing"]),
         (["audit", "{not_a_run}"], ["config.json", "not-a-run"]),
-        (["audit", "{truncated_checkpoint}", "--attacks", "threshold", "--shadows", "2"],
-         ["checkpoint", "truncated/checkpoints/model.pt"]),
-        (["audit", "{garbage_checkpoint}", "--attacks", "threshold", "--shadows", "2"],
-         ["checkpoint", "garbage/checkpoints/model.pt"]),
+        (
+            ["audit", "{truncated_checkpoint}", "--attacks", "threshold", "--shadows", "2"],
+            ["checkpoint", "truncated/checkpoints/model.pt"],
+        ),
+        (
+            ["audit", "{garbage_checkpoint}", "--attacks", "threshold", "--shadows", "2"],
+            ["checkpoint", "garbage/checkpoints/model.pt"],
+        ),
         (["budget", "ledger", "{ledger}", "--delta", "1e-5"], ["ledger file", "ledger.json"]),
-        (["budget", "ledger", "{binary_ledger}", "--delta", "1e-5"], ["ledger file", "binary.json"]),
+        (
+            ["budget", "ledger", "{binary_ledger}", "--delta", "1e-5"],
+            ["ledger file", "binary.json"],
+        ),
         (["run", "{toml}"], ["broken.toml"]),
         (["run", "{missing}.toml"], ["config file not found", "missing.toml"]),
         (["report", "{report_dir}"], ["report file", "report.json"]),
-        (["data", "split", "--dataset", "{nan_npz}", "--public-dataset", "none", "--clients", "2"],
-         ["array x", "2 NaN and 1 infinite", "nan.npz"]),
+        (
+            [
+                "data",
+                "split",
+                "--dataset",
+                "{nan_npz}",
+                "--public-dataset",
+                "none",
+                "--clients",
+                "2",
+            ],
+            ["array x", "2 NaN and 1 infinite", "nan.npz"],
+        ),
         (["train", *TINY_TRAIN, "--seed", "5", "--out", "{trained}"], ["--out", "--force"]),
         (["train", *TINY_TRAIN, "--out", "{not_a_run}"], ["--out", "not-a-run"]),
     ]
@@ -166,8 +223,17 @@ def test_bad_input_is_one_line_exit_2(argv, needles, trained, files, tmp_path):
 
 def test_public_dataset_none_means_the_same_everywhere(tmp_path):
     """`none` carves public data from the private dataset in `data split` and in `train`."""
-    split = privkit("data", "split", "--dataset", "digits", "--clients", "2", "--public-dataset",
-                    "none", "--json")
+    split = privkit(
+        "data",
+        "split",
+        "--dataset",
+        "digits",
+        "--clients",
+        "2",
+        "--public-dataset",
+        "none",
+        "--json",
+    )
     assert split.returncode == 0, split.stderr
     from privkit.data import FederationConfig
 
@@ -192,8 +258,16 @@ def test_force_replaces_a_finished_run(trained, tmp_path):
 def test_train_headline_follows_the_formal_dp_rule(tmp_path):
     """FedMD-NFDP's (0, delta) guarantee has delta >= 1/n: `privkit train` says so (as a report
     would), instead of printing epsilon 0 at the paper's delta."""
-    argv = ["train", "fedmd-nfdp", "--quick", *TINY_TRAIN[6:], "--federation-set", "clients=3",
-            "--out", str(tmp_path / "nfdp")]
+    argv = [
+        "train",
+        "fedmd-nfdp",
+        "--quick",
+        *TINY_TRAIN[6:],
+        "--federation-set",
+        "clients=3",
+        "--out",
+        str(tmp_path / "nfdp"),
+    ]
     proc = privkit(*argv, "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -212,10 +286,21 @@ def test_ctrl_c_exits_130_and_leaves_no_half_run(trained, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained, run)
     before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    argv = [*_command(), "train", *TINY_TRAIN[:4], "--set", "epochs=100000", *TINY_TRAIN[6:],
-            "--out", str(run), "--force", "--json"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(), cwd=REPO)
+    argv = [
+        *_command(),
+        "train",
+        *TINY_TRAIN[:4],
+        "--set",
+        "epochs=100000",
+        *TINY_TRAIN[6:],
+        "--out",
+        str(run),
+        "--force",
+        "--json",
+    ]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO
+    )
     staging = tmp_path / ".staging-run"
     deadline = time.monotonic() + 240
     while not (staging / "federation.json").exists():  # training has started
@@ -267,8 +352,15 @@ def test_ctrl_c_during_run_keeps_finished_stages_and_resumes(tmp_path, workers):
     out = tmp_path / "runs"
     root = out / "c"
     argv = [*_command(), "run", str(cfg), "--out", str(out), "--quiet"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(), cwd=REPO, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
 
     def short_done() -> bool:
@@ -318,8 +410,14 @@ def test_help_renders_every_word():
         "        pass\n"
     )
     env = {**_env(), "COLUMNS": "2000", "TERMINAL_WIDTH": "2000"}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     pages = {}
     for chunk in proc.stdout.split("===== ")[1:]:
@@ -349,15 +447,22 @@ def test_help_renders_every_word():
 
 
 # ------------------------------------------------------------------------------- start-up
-@pytest.mark.parametrize("argv", [["--help"], ["train", "--bogus"],
-                                  [*DPSGD, "--steps", "1.5"], ["budget", "gaussian", "--help"],
-                                  ["audit", "nowhere", "--executor", "banana"],
-                                  [*DPSGD[:-2], "--delta", "1.5", "--steps", "10"],
-                                  [*DPSGD[:-2], "--delta", "1e-5", "--steps", "10", "--sampler", "x"],
-                                  ["train", "dpsgd", "--set", "epochs=-1", "--out", "unused"],
-                                  ["train", "dpsgd", "--set", "bogus=1", "--out", "unused"],
-                                  ["train", "fedavg", "--quick", "--set", "freeze=true", "--out", "unused"],
-                                  ["train", "--list", "--json"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["train", "--bogus"],
+        [*DPSGD, "--steps", "1.5"],
+        ["budget", "gaussian", "--help"],
+        ["audit", "nowhere", "--executor", "banana"],
+        [*DPSGD[:-2], "--delta", "1.5", "--steps", "10"],
+        [*DPSGD[:-2], "--delta", "1e-5", "--steps", "10", "--sampler", "x"],
+        ["train", "dpsgd", "--set", "epochs=-1", "--out", "unused"],
+        ["train", "dpsgd", "--set", "bogus=1", "--out", "unused"],
+        ["train", "fedavg", "--quick", "--set", "freeze=true", "--out", "unused"],
+        ["train", "--list", "--json"],
+    ],
+)
 def test_start_up_imports_no_heavy_library(argv):
     """Help and refused input never import torch, dp-accounting & co. (timed in
     benchmarks/startup.py; here the mechanism is checked, not the clock)."""
@@ -389,13 +494,21 @@ def test_run_refusing_an_attack_name_imports_no_heavy_library(tmp_path):
 
 def _heavy_imports(argv: list[str], expect: int | None = None) -> list[str]:
     """The heavy libraries ``privkit ARGV`` imported (``-X importtime``); exit code 0 or 2."""
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-c",
-                           "from privkit.cli import main; main()", *argv],
-                          capture_output=True, text=True, env=_env(), cwd=REPO, timeout=120,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "from privkit.cli import main; main()", *argv],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode in ((0, 2) if expect is None else (expect,)), proc.stderr[-2000:]
-    imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines()
-                if ln.startswith("import time:")}
+    imported = {
+        ln.split("|")[-1].strip()
+        for ln in proc.stderr.splitlines()
+        if ln.startswith("import time:")
+    }
     assert imported, "no -X importtime output"
     return sorted(imported & set(HEAVY))
 
@@ -428,6 +541,9 @@ def test_ray_executor_without_ray_is_refused_up_front(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=r'--executor ray needs Ray.*pip install "privkit\[ray\]"'):
         check_executor("ray", "--executor")
-    with pytest.raises(ValueError, match="audit.executor must be one of serial, process, ray; "
-                                         "found 'banana'"):
+    with pytest.raises(
+        ValueError,
+        match=r"audit\.executor must be one of serial, process, ray; "
+        "found 'banana'",
+    ):
         check_executor("banana", "audit.executor")

@@ -13,9 +13,16 @@ from privkit.seeding import child_seeds, derive_seed, make_rng
 
 
 def test_overrides_parse_as_toml_values():
-    out = apply_overrides({"federation": {"alpha": 1.0}}, ["federation.alpha=0.01", "methods=[\"a\", \"b\"]",
-                                                         "flag=true", "name=demo"])
-    assert out == {"federation": {"alpha": 0.01}, "methods": ["a", "b"], "flag": True, "name": "demo"}
+    out = apply_overrides(
+        {"federation": {"alpha": 1.0}},
+        ["federation.alpha=0.01", 'methods=["a", "b"]', "flag=true", "name=demo"],
+    )
+    assert out == {
+        "federation": {"alpha": 0.01},
+        "methods": ["a", "b"],
+        "flag": True,
+        "name": "demo",
+    }
     assert parse_value("3") == 3 and parse_value("1e-5") == 1e-5
 
 
@@ -54,7 +61,9 @@ def test_child_seeds_are_stable_and_independent():
     assert make_rng(3, "p").random() == make_rng(3, "p").random()
 
 
-@pytest.mark.parametrize("arch, shape", [("cnn", (1, 28, 28)), ("cnn", (3, 32, 32)), ("mlp", (1, 8, 8))])
+@pytest.mark.parametrize(
+    "arch, shape", [("cnn", (1, 28, 28)), ("cnn", (3, 32, 32)), ("mlp", (1, 8, 8))]
+)
 def test_models_are_features_plus_linear_head(arch, shape):
     m = build_model(arch, shape, 10, width=4, feature_dim=16)
     x = torch.zeros(2, *shape)

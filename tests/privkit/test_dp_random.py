@@ -28,14 +28,19 @@ def test_stream_is_aes128_counter_mode():
 
 
 def test_release_streams_are_aes_and_fresh():
-    a, b = noise_generator(7, "noise", reproducible=False), noise_generator(7, "noise", reproducible=False)
+    a, b = (
+        noise_generator(7, "noise", reproducible=False),
+        noise_generator(7, "noise", reproducible=False),
+    )
     assert isinstance(a.source.bit_generator, AESCounter) and not a.seeded_torch
     assert not torch.equal(a.randn(16), b.randn(16))
     assert not torch.equal(a.mask(64, rate=0.5), b.mask(64, rate=0.5))
     assert not torch.equal(a.randperm(64), b.randperm(64))
     r1, r2 = noise_rng(7, "x", reproducible=False), noise_rng(7, "x", reproducible=False)
     assert isinstance(r1.bit_generator, AESCounter)
-    assert r1.bit_generator.state["s"]["seed"].tolist() != r2.bit_generator.state["s"]["seed"].tolist()
+    assert (
+        r1.bit_generator.state["s"]["seed"].tolist() != r2.bit_generator.state["s"]["seed"].tolist()
+    )
     with pytest.raises(ValueError, match="key"):
         aes_generator(key=2**128)
 
@@ -45,7 +50,9 @@ def test_reproducible_mode_draws_exactly_as_torch():
     ref = torch_generator(derive_seed(5, "noise"))
     assert src.seeded_torch
     assert torch.equal(src.randn(3, 7), torch.randn(3, 7, generator=ref))
-    assert torch.equal(src.randn((4,), dtype=torch.float64), torch.randn(4, generator=ref, dtype=torch.float64))
+    assert torch.equal(
+        src.randn((4,), dtype=torch.float64), torch.randn(4, generator=ref, dtype=torch.float64)
+    )
     assert torch.equal(src.mask(2, 50, rate=0.3), torch.rand(2, 50, generator=ref) < 0.3)
     assert torch.equal(src.randperm(20), torch.randperm(20, generator=ref))
     out, ref_out = torch.empty(2, 5), torch.empty(2, 5)
@@ -54,14 +61,20 @@ def test_reproducible_mode_draws_exactly_as_torch():
     assert torch.equal(out, ref_out)
     # a plain torch generator passed to the DP-SGD step is drawn from as before
     g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
-    assert torch.equal(poisson_batch(100, 0.2, g1), torch.nonzero(torch.rand(100, generator=g2) < 0.2).flatten())
+    assert torch.equal(
+        poisson_batch(100, 0.2, g1), torch.nonzero(torch.rand(100, generator=g2) < 0.2).flatten()
+    )
 
 
 def test_release_noise_is_gaussian_with_the_requested_std():
     sigma = 1.7
     src = DpRandom(aes_generator(key=12345))
     total = {"w": torch.zeros(300, 400), "b": torch.zeros(400)}
-    z = torch.cat([v.flatten() for v in add_gaussian_noise(total, sigma, src).values()]).double().numpy()
+    z = (
+        torch.cat([v.flatten() for v in add_gaussian_noise(total, sigma, src).values()])
+        .double()
+        .numpy()
+    )
     assert stats.kstest(z, "norm", args=(0.0, sigma)).pvalue > 1e-3
     n = len(z)  # mean within 5 standard errors; variance within 5 (its sd is sigma^2 sqrt(2 / n))
     assert abs(z.mean()) < 5 * sigma / np.sqrt(n)

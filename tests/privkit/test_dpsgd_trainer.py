@@ -40,9 +40,14 @@ def _linear_case():
     return model, x, y
 
 
-def _hand_grads(model: nn.Linear, x: torch.Tensor, y: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+def _hand_grads(
+    model: nn.Linear, x: torch.Tensor, y: torch.Tensor
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-sample CE gradients of a linear model by the closed form (softmax - onehot) x^T."""
-    w, b = model.weight.detach().numpy().astype(np.float64), model.bias.detach().numpy().astype(np.float64)
+    w, b = (
+        model.weight.detach().numpy().astype(np.float64),
+        model.bias.detach().numpy().astype(np.float64),
+    )
     xs = x.numpy().astype(np.float64)
     logits = xs @ w.T + b
     p = np.exp(logits - logits.max(1, keepdims=True))
@@ -63,7 +68,7 @@ def test_noise_free_step_is_mean_of_hand_clipped_gradients():
     model, x, y = _linear_case()
     c, q, n = 0.5, 0.5, 6  # expected batch size q*n = 3
     gw, gb = _hand_grads(model, x, y)
-    norms = np.sqrt((gw ** 2).sum((1, 2)) + (gb ** 2).sum(1))
+    norms = np.sqrt((gw**2).sum((1, 2)) + (gb**2).sum(1))
     scale = np.minimum(1.0, c / norms)
     assert (norms > c).any() and (norms < c).any()  # the case exercises both branches
     want_w = (gw * scale[:, None, None]).sum(0) / (q * n)
@@ -112,11 +117,13 @@ def test_per_sample_gradients_match_opacus_and_single_sample_loop():
     # loop of single-sample backward passes
     for i in range(5):
         model.zero_grad()
-        F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
+        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
         for k, p in model.named_parameters():
             torch.testing.assert_close(ours[k][i], p.grad, rtol=1e-4, atol=1e-6)
     # opacus' hooks (loss summed so grad_sample is each record's own gradient)
-    gsm = GradSampleModule(build_model("cnn", (1, 28, 28), 10, width=4, feature_dim=8), loss_reduction="sum")
+    gsm = GradSampleModule(
+        build_model("cnn", (1, 28, 28), 10, width=4, feature_dim=8), loss_reduction="sum"
+    )
     gsm._module.load_state_dict(model.state_dict())
     F.cross_entropy(gsm(x), y, reduction="sum").backward()
     for k, p in gsm._module.named_parameters():
@@ -136,7 +143,14 @@ def test_poisson_batch_rate_and_validation():
         DpSgdStep(1.0, -1.0, 0.1, 10)
 
 
-SMALL = {"arch": "mlp", "feature_dim": 16, "epochs": 2, "batch_size": 160, "lr": 0.2, "device": "cpu"}
+SMALL = {
+    "arch": "mlp",
+    "feature_dim": 16,
+    "epochs": 2,
+    "batch_size": 160,
+    "lr": 0.2,
+    "device": "cpu",
+}
 
 
 def test_dpsgd_ledger_matches_dpsgd_epsilon(fed):
@@ -149,7 +163,8 @@ def test_dpsgd_ledger_matches_dpsgd_epsilon(fed):
     for k in (0, 7, 19):
         assert res.ledger.epsilon(1e-5, client=k, accountant="rdp") == pytest.approx(want, rel=1e-9)
     assert res.ledger.epsilon(1e-5, accountant="pld") == pytest.approx(
-        dpsgd_epsilon(q, 1.3, steps, 1e-5, accountant="pld"), rel=1e-6)
+        dpsgd_epsilon(q, 1.3, steps, 1e-5, accountant="pld"), rel=1e-6
+    )
     assert [r["round"] for r in res.rounds] == [1, 2] and res.rounds[-1]["steps"] == steps
 
 
@@ -169,7 +184,7 @@ def test_dpsgd_calibrates_to_target_and_is_deterministic(fed):
 
 
 def test_centralized_is_non_private_and_deterministic(fed):
-    cfg = {k: v for k, v in SMALL.items()}
+    cfg = dict(SMALL)
     a = train("centralized", fed, cfg, seed=1)
     b = train("centralized", fed, cfg, seed=1)
     assert math.isinf(a.ledger.epsilon(1e-5))

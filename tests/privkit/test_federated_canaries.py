@@ -14,8 +14,16 @@ DELTA = 1e-5
 
 @pytest.fixture(scope="module")
 def fed():
-    return build_federation(FederationConfig(dataset="digits", public_dataset=None, public_size=0.1,
-                                             clients=4, partition="iid", shadow_size=0.25))
+    return build_federation(
+        FederationConfig(
+            dataset="digits",
+            public_dataset=None,
+            public_size=0.1,
+            clients=4,
+            partition="iid",
+            shadow_size=0.25,
+        )
+    )
 
 
 def test_canaries_go_into_one_client_only(fed):
@@ -36,8 +44,9 @@ def test_canaries_go_into_one_client_only(fed):
 
 def test_non_private_method_is_caught_through_one_client(fed):
     cfg = {**get_trainer("centralized").quick_config(), "epochs": 30, "lr": 0.1, "batch_size": 64}
-    out = audit_client_canaries(fed, "centralized", cfg, delta=DELTA, n=400, kind="ood", seed=0,
-                                accounted_epsilon=0.5)
+    out = audit_client_canaries(
+        fed, "centralized", cfg, delta=DELTA, n=400, kind="ood", seed=0, accounted_epsilon=0.5
+    )
     assert out["status"] == "violation", out["message"]
     assert out["inclusion"] == "random" and out["canaries"]["n"] == 400
 

@@ -25,9 +25,18 @@ from privkit.trainers.fedkadp import (
 )
 
 # Small runs: 5 of 20 clients per round, 3 DP-SGD steps per round, MLP with 16 hidden units.
-TINY = {"arch": "mlp", "feature_dim": 16, "rounds": 4, "local_steps": 3, "batch_size": 32,
-        "client_fraction": 0.25, "noise_multiplier": 3.0, "target_epsilon": 1e6, "lr": 0.1,
-        "device": "cpu"}
+TINY = {
+    "arch": "mlp",
+    "feature_dim": 16,
+    "rounds": 4,
+    "local_steps": 3,
+    "batch_size": 32,
+    "client_fraction": 0.25,
+    "noise_multiplier": 3.0,
+    "target_epsilon": 1e6,
+    "lr": 0.1,
+    "device": "cpu",
+}
 DELTA = 1e-5
 
 
@@ -76,7 +85,7 @@ def test_kd_loss_matches_hand_formula():
     rho = 2.5
     p = torch.softmax(teacher / rho, 1)
     q = torch.softmax(logits / rho, 1)
-    want = F.cross_entropy(logits, y) + rho ** 2 * (p * (p.log() - q.log())).sum()
+    want = F.cross_entropy(logits, y) + rho**2 * (p * (p.log() - q.log())).sum()
     torch.testing.assert_close(kd_loss(rho)(logits, y, teacher), want)
 
 
@@ -92,8 +101,8 @@ def test_paper_formula_reproduces_its_arithmetic(sigma, expected):
 
 def test_paper_round_rdp_at_order_two_is_closed_form():
     s, sigma, e = 0.1, 2.0, 20
-    v = 1 / sigma ** 2
-    want = e * math.log1p(s ** 2 * min(4 * math.expm1(v), 2 * math.exp(v)))
+    v = 1 / sigma**2
+    want = e * math.log1p(s**2 * min(4 * math.expm1(v), 2 * math.exp(v)))
     assert paper_round_rdp(2, s, sigma, e) == pytest.approx(want, rel=1e-12)
 
 
@@ -115,22 +124,32 @@ def test_dp_fedavg_ledger_matches_dpsgd_epsilon(fed):
     for k, m in counts.items():
         entries = res.ledger.entries(k)
         assert len(entries) == m
-        assert [e.label for e in entries] == [f"round {r['round']}: dp-sgd" for r in res.rounds if k in r["clients"]]
+        assert [e.label for e in entries] == [
+            f"round {r['round']}: dp-sgd" for r in res.rounds if k in r["clients"]
+        ]
         if k not in sorted(counts)[:3]:
             continue  # epsilon checked on three clients (each ledger query recomputes RDP)
         want = dpsgd_epsilon(q, 3.0, m * 3, DELTA, accountant="rdp")
-        assert res.ledger.epsilon(DELTA, client=k, accountant="rdp") == pytest.approx(want, rel=1e-9)
-    assert res.rounds[-1]["epsilon"] == pytest.approx(res.ledger.epsilon(DELTA, accountant="rdp"), rel=1e-9)
+        assert res.ledger.epsilon(DELTA, client=k, accountant="rdp") == pytest.approx(
+            want, rel=1e-9
+        )
+    assert res.rounds[-1]["epsilon"] == pytest.approx(
+        res.ledger.epsilon(DELTA, accountant="rdp"), rel=1e-9
+    )
     assert all(r["rho"] is None and r["sigma"] == 3.0 for r in res.rounds)
 
 
 def test_fedkadp_heterogeneous_sigma_ledger_matches_opacus(fed):
     from opacus.accountants import RDPAccountant
 
-    cfg = {**TINY, "rounds": 6, "metric_dp": -1e9}  # Metric always >= threshold: sigma decays each round
+    cfg = {
+        **TINY,
+        "rounds": 6,
+        "metric_dp": -1e9,
+    }  # Metric always >= threshold: sigma decays each round
     res = train("fedkadp", fed, cfg, seed=1)
     sigmas = [r["sigma"] for r in res.rounds]
-    assert sigmas == pytest.approx([3.0 * 0.95 ** i for i in range(6)])
+    assert sigmas == pytest.approx([3.0 * 0.95**i for i in range(6)])
     assert len({r["rho"] for r in res.rounds}) > 1  # temperature adapts too
     counts = _participation(res)
     worst = max(counts, key=counts.get)  # a client with the most rounds
@@ -138,7 +157,9 @@ def test_fedkadp_heterogeneous_sigma_ledger_matches_opacus(fed):
     acc.history = [(r["sigma"], 32 / 160, 3) for r in res.rounds if worst in r["clients"]]
     ours = res.ledger.epsilon(DELTA, client=worst, accountant="rdp")
     assert ours == pytest.approx(acc.get_epsilon(DELTA), rel=0.02)  # different RDP order grids
-    assert res.rounds[-1]["epsilon"] == pytest.approx(res.ledger.epsilon(DELTA, accountant="rdp"), rel=1e-9)
+    assert res.rounds[-1]["epsilon"] == pytest.approx(
+        res.ledger.epsilon(DELTA, accountant="rdp"), rel=1e-9
+    )
     assert res.claims["privkit_epsilon"] == pytest.approx(res.rounds[-1]["epsilon"])
     assert res.claims["epsilon"] == pytest.approx(paper_epsilon(sigmas, 0.25, 3, DELTA, n=5)[0])
     assert any("adaptive" in w for w in res.warnings)
@@ -152,8 +173,12 @@ def test_fedkadp_never_releases_a_round_past_the_budget(fed):
     # first round (after round 1) that raises the worst-client epsilon: the budget ends just before it
     i = next(j for j in range(1, len(eps)) if eps[j] > eps[j - 1] * 1.001)
     target = (eps[i - 1] + eps[i]) / 2
-    capped = train("fedkadp", fed, {**TINY, "rounds": 6, "target_epsilon": target, "reproducible_noise": True},
-                   seed=2)
+    capped = train(
+        "fedkadp",
+        fed,
+        {**TINY, "rounds": 6, "target_epsilon": target, "reproducible_noise": True},
+        seed=2,
+    )
     assert len(capped.rounds) == i  # rounds 1..i ran, round i+1 was refused
     assert capped.rounds == free.rounds[:i]  # identical up to the stop
     assert f"stopped before round {i + 1}" in capped.claims["stop"]
@@ -165,8 +190,9 @@ def test_fedkadp_never_releases_a_round_past_the_budget(fed):
     assert none.rounds == [] and len(none.ledger) == 0
 
 
-@pytest.mark.parametrize("method, extra", [("fedkadp", {}), ("fedkadp", {"feedback": False}),
-                                           ("fedkd-dp", {})])
+@pytest.mark.parametrize(
+    "method, extra", [("fedkadp", {}), ("fedkadp", {"feedback": False}), ("fedkd-dp", {})]
+)
 def test_same_seed_same_result(fed, method, extra):
     # same seed, same result in reproducible-noise mode (release mode draws the noise from the OS)
     cfg = {**TINY, **extra, "rounds": 2, "reproducible_noise": True}
@@ -180,7 +206,9 @@ def test_same_seed_same_result(fed, method, extra):
 
 
 def test_fedkadp_without_feedback_uses_its_fixed_temperature(fed):
-    res = train("fedkadp", fed, {**TINY, "rounds": 2, "temperature": 3.5, "feedback": False}, seed=0)
+    res = train(
+        "fedkadp", fed, {**TINY, "rounds": 2, "temperature": 3.5, "feedback": False}, seed=0
+    )
     assert [r["rho"] for r in res.rounds] == [3.5, 3.5]
     assert [r["sigma"] for r in res.rounds] == [3.0, 3.0]
 
@@ -200,17 +228,30 @@ def test_fedkadp_runs_under_a_renyi_filter_fixed_before_training(fed):
     from accountants import RenyiFilter
     from accountants.fast import poisson_gaussian_rdp
 
-    cfg = {**TINY, "rounds": 8, "noise_multiplier": 2.0, "target_epsilon": 6.0, "reproducible_noise": True}
+    cfg = {
+        **TINY,
+        "rounds": 8,
+        "noise_multiplier": 2.0,
+        "target_epsilon": 6.0,
+        "reproducible_noise": True,
+    }
     res = train("fedkadp", fed, cfg, seed=2)
     filt = res.claims["adaptive_filter"]
     assert filt["epsilon"] == pytest.approx(6.0) and res.ledger.adaptive == filt
-    assert RenyiFilter.for_epsilon(6.0, DELTA, filt["order"]).budget == pytest.approx(filt["rdp_budget"])
+    assert RenyiFilter.for_epsilon(6.0, DELTA, filt["order"]).budget == pytest.approx(
+        filt["rdp_budget"]
+    )
     # recompute each client's spend from its ledger (the sigma_t it actually ran with)
     for k in res.ledger.clients:
-        spent = sum(TINY["local_steps"] * poisson_gaussian_rdp(e.event.event.sampling_probability,
-                                                               e.event.event.event.noise_multiplier,
-                                                               [filt["order"]])[0]
-                    for e in res.ledger.entries(k))
+        spent = sum(
+            TINY["local_steps"]
+            * poisson_gaussian_rdp(
+                e.event.event.sampling_probability,
+                e.event.event.event.noise_multiplier,
+                [filt["order"]],
+            )[0]
+            for e in res.ledger.entries(k)
+        )
         assert spent == pytest.approx(filt["spent"][k]) and spent <= filt["rdp_budget"]
     other = train("fedkadp", fed, {**cfg, "reproducible_noise": False}, seed=9)
     assert other.claims["adaptive_filter"]["order"] == filt["order"]  # fixed before any output
@@ -225,9 +266,22 @@ def test_report_shows_the_renyi_filter_beside_the_paper_claim(fed, tmp_path):
 
     from privkit.pipeline.report import _read_privacy
     from privkit.pipeline.stages import account_method
-    from reports import MethodReport, PrivacyReport, RunMetadata, ThreatModel, fmt_eps, render_markdown
+    from reports import (
+        MethodReport,
+        PrivacyReport,
+        RunMetadata,
+        ThreatModel,
+        fmt_eps,
+        render_markdown,
+    )
 
-    cfg = {**TINY, "rounds": 2, "noise_multiplier": 2.0, "target_epsilon": 6.0, "reproducible_noise": True}
+    cfg = {
+        **TINY,
+        "rounds": 2,
+        "noise_multiplier": 2.0,
+        "target_epsilon": 6.0,
+        "reproducible_noise": True,
+    }
     res = train("fedkadp", fed, cfg, seed=2)
     res.save(tmp_path)
     privacy = account_method(tmp_path, DELTA, accountants=["rdp", "pld"])
@@ -235,14 +289,22 @@ def test_report_shows_the_renyi_filter_beside_the_paper_claim(fed, tmp_path):
     assert privacy["noise"] == "reproducible noise: not for release"
     (tmp_path / "privacy.json").write_text(json.dumps(privacy))
     acc = _read_privacy(tmp_path, {}, [])
-    assert acc.reproducible_noise and acc.adaptive_composition["order"] == res.claims["adaptive_filter"]["order"]
+    assert (
+        acc.reproducible_noise
+        and acc.adaptive_composition["order"] == res.claims["adaptive_filter"]["order"]
+    )
     report = PrivacyReport(
-        metadata=RunMetadata(name="k", created="2026-01-01T00:00:00", privkit_version="0", config={}),
+        metadata=RunMetadata(
+            name="k", created="2026-01-01T00:00:00", privkit_version="0", config={}
+        ),
         threat_model=ThreatModel(neighbouring="add/remove", delta=DELTA),
-        methods=[MethodReport(name="fedkadp", method="fedkadp", privacy=acc)])
+        methods=[MethodReport(name="fedkadp", method="fedkadp", privacy=acc)],
+    )
     md = render_markdown(report)
     order = res.claims["adaptive_filter"]["order"]
     assert acc.claim is not None and acc.claim.epsilon is not None
-    assert (f"Rényi filter at order {order}): ε = 6 whatever the adaptive choices, beside the paper's "
-            f"claim ε = {fmt_eps(acc.claim.epsilon)}.") in md
+    assert (
+        f"Rényi filter at order {order}): ε = 6 whatever the adaptive choices, beside the paper's "
+        f"claim ε = {fmt_eps(acc.claim.epsilon)}."
+    ) in md
     assert md.count("**WARNING — reproducible noise: not for release.**") == 1

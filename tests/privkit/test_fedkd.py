@@ -15,9 +15,20 @@ from privkit.models import build_model
 from privkit.trainers import train
 from privkit.trainers.fedkd import MentorMentee, compress, energy_threshold, mutual_loss
 
-TINY = {"arch": "mlp", "feature_dim": 16, "mentor_feature_dim": 24, "mentor_depth": 1, "rounds": 3,
-        "local_steps": 2, "batch_size": 32, "client_fraction": 0.25, "noise_multiplier": 2.0,
-        "target_epsilon": 1e6, "lr": 0.1, "device": "cpu"}
+TINY = {
+    "arch": "mlp",
+    "feature_dim": 16,
+    "mentor_feature_dim": 24,
+    "mentor_depth": 1,
+    "rounds": 3,
+    "local_steps": 2,
+    "batch_size": 32,
+    "client_fraction": 0.25,
+    "noise_multiplier": 2.0,
+    "target_epsilon": 1e6,
+    "lr": 0.1,
+    "device": "cpu",
+}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +68,7 @@ def test_mutual_loss_gradients_are_each_models_own_loss():
     pair = MentorMentee(mentor, mentee)
     x, y = torch.rand(7, 1, 8, 8), torch.randint(0, 5, (7,))
     loss_fn = mutual_loss(5, hidden=True)
-    total = sum(loss_fn(pair(x[i:i + 1]), y[i:i + 1], None) for i in range(7))
+    total = sum(loss_fn(pair(x[i : i + 1]), y[i : i + 1], None) for i in range(7))
     got = torch.autograd.grad(total, list(pair.parameters()))
 
     # by hand: L_t = CE_t + w (KL(s||t) + MSE(h_t, W h_s)), gradient to the mentor only, and
@@ -67,14 +78,18 @@ def test_mutual_loss_gradients_are_each_models_own_loss():
     t_params = list(mentor.parameters())
     s_params = list(mentee.parameters()) + list(pair.w_h.parameters())
     for i in range(7):
-        xi, yi = x[i:i + 1], y[i:i + 1]
+        xi, yi = x[i : i + 1], y[i : i + 1]
         h_t, h_s = mentor.features(xi), mentee.features(xi)
         t, s, proj = mentor.head(h_t), mentee.head(h_s), pair.w_h(h_s)
         ce_t, ce_s = F.cross_entropy(t, yi), F.cross_entropy(s, yi)
         w = 1.0 / float((ce_t + ce_s).detach())
         p_s, p_t = F.softmax(s, 1).detach(), F.softmax(t, 1).detach()
-        l_t = ce_t + w * ((p_s * (p_s.log() - F.log_softmax(t, 1))).sum() + F.mse_loss(h_t, proj.detach()))
-        l_s = ce_s + w * ((p_t * (p_t.log() - F.log_softmax(s, 1))).sum() + F.mse_loss(proj, h_t.detach()))
+        l_t = ce_t + w * (
+            (p_s * (p_s.log() - F.log_softmax(t, 1))).sum() + F.mse_loss(h_t, proj.detach())
+        )
+        l_s = ce_s + w * (
+            (p_t * (p_t.log() - F.log_softmax(s, 1))).sum() + F.mse_loss(proj, h_t.detach())
+        )
         for part, group in ((l_t, t_params), (l_s, s_params)):
             grads = torch.autograd.grad(part, group)
             for p, g in zip(group, grads):
@@ -94,14 +109,19 @@ def test_ledger_is_one_poisson_gaussian_per_round_taken_part_in(fed):
         assert len(entries) == count
         q = min(1.0, TINY["batch_size"] / len(fed.clients[k]))
         want = dpa.SelfComposedDpEvent(
-            dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(TINY["noise_multiplier"])), TINY["local_steps"])
+            dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(TINY["noise_multiplier"])),
+            TINY["local_steps"],
+        )
         assert all(e.event == want for e in entries)
         # peer accountant on the composition of the rounds this client took part in
         acc = dpa.rdp.RdpAccountant()
         acc.compose(want, count)
-        assert res.ledger.epsilon(1e-5, client=k, accountant="rdp") == pytest.approx(acc.get_epsilon(1e-5))
-    assert res.claims["epsilon"] == pytest.approx(max(res.ledger.epsilon(1e-5, client=k, accountant="rdp")
-                                                      for k in taken))
+        assert res.ledger.epsilon(1e-5, client=k, accountant="rdp") == pytest.approx(
+            acc.get_epsilon(1e-5)
+        )
+    assert res.claims["epsilon"] == pytest.approx(
+        max(res.ledger.epsilon(1e-5, client=k, accountant="rdp") for k in taken)
+    )
     assert len(res.client_models) == fed.num_clients  # one mentor per client
     assert all(0 < r["upload_fraction"] <= 1 for r in res.rounds)
 
@@ -129,5 +149,5 @@ def test_same_seed_same_result(fed):
 
 
 def test_bad_energy_order_names_the_fields(fed):
-    with pytest.raises(ValueError, match="energy_start must be <= energy_end; found 0.99 > 0.9"):
+    with pytest.raises(ValueError, match=r"energy_start must be <= energy_end; found 0\.99 > 0\.9"):
         train("fedkd-dp", fed, {**TINY, "energy_start": 0.99, "energy_end": 0.9})

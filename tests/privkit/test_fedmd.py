@@ -164,7 +164,9 @@ def test_subset_drawn_once_revisit_uses_it_digest_uses_public(fed, monkeypatch):
     monkeypatch.setattr(fedmd, "digest", spy_digest)
     k = 11
     # reproducible mode: only then does the run keep the (otherwise secret) subset indices
-    res = _run("fedmd-nfdp", fed, k=k, replacement=False, knowledge="argmax", reproducible_noise=True)
+    res = _run(
+        "fedmd-nfdp", fed, k=k, replacement=False, knowledge="argmax", reproducible_noise=True
+    )
     N, R = fed.num_clients, TINY["rounds"]
     # initialisation + R revisits per party, always on the same k records of that party
     assert len(calls["revisit"]) == N * (R + 1)
@@ -210,9 +212,9 @@ def test_knowledge_modes_and_aggregation():
     assert np.array_equal(votes.argmax(1), logits[0].argmax(1)) and np.array_equal(
         votes.sum(1), np.ones(6)
     )
-    agg = fedmd.aggregate_knowledge([fedmd.share_knowledge(l, "argmax") for l in logits])
+    agg = fedmd.aggregate_knowledge([fedmd.share_knowledge(z, "argmax") for z in logits])
     np.testing.assert_allclose(
-        agg, np.mean([fedmd.share_knowledge(l, "argmax") for l in logits], 0)
+        agg, np.mean([fedmd.share_knowledge(z, "argmax") for z in logits], 0)
     )
     noisy = np.array([[0.5, -0.2, 0.7], [-1.0, -2.0, -0.1]], np.float32)
     proj = fedmd.project_to_simplex_rows(noisy)
@@ -253,7 +255,7 @@ def test_digest_moves_predictions_towards_consensus(mode):
 
 
 def test_bad_inputs_name_the_value(fed):
-    with pytest.raises(PrivkitError, match="k must be <= n .* found k=100, n=60"):
+    with pytest.raises(PrivkitError, match=r"k must be <= n .* found k=100, n=60"):
         _run("fedmd-nfdp", fed, k=100, replacement=False)
     with pytest.raises(PrivkitError, match="released_party must be < 3"):
         _run("fedmd-np", fed, released_party=5)
@@ -281,8 +283,10 @@ def mixed():
     # random subset of each client holds all classes.
     full = build_federation(FederationConfig(clients=3, partition="iid", seed=1))
     rng = np.random.default_rng(0)
-    return full.with_clients([np.sort(rng.choice(c, s, replace=False))
-                              for c, s in zip(full.clients, (80, 60, 50))], "mixed")
+    return full.with_clients(
+        [np.sort(rng.choice(c, s, replace=False)) for c, s in zip(full.clients, (80, 60, 50))],
+        "mixed",
+    )
 
 
 def test_disjoint_labels_pretraining_alone_knows_no_private_class(mixed):
@@ -305,18 +309,34 @@ def test_disjoint_labels_each_side_sees_only_its_classes(mixed, monkeypatch):
     fed = mixed
     seen = {"pretrain": [], "revisit": []}
     real_pre, real_rev = fedmd.pretrain_parties, fedmd.revisit
-    monkeypatch.setattr(fedmd, "pretrain_parties",
-                        lambda *a, public, **kw: seen["pretrain"].append(np.unique(public[1]))
-                        or real_pre(*a, public=public, **kw))
-    monkeypatch.setattr(fedmd, "revisit",
-                        lambda m, x, y, **kw: seen["revisit"].append(y.copy()) or real_rev(m, x, y, **kw))
-    res = _run("fedmd-nfdp", fed, k=7, labels="disjoint", public_classes=[0, 1, 2],
-               private_classes=[6, 7, 8, 9], reproducible_noise=True)  # keeps the subset indices
+    monkeypatch.setattr(
+        fedmd,
+        "pretrain_parties",
+        lambda *a, public, **kw: (
+            seen["pretrain"].append(np.unique(public[1])) or real_pre(*a, public=public, **kw)
+        ),
+    )
+    monkeypatch.setattr(
+        fedmd,
+        "revisit",
+        lambda m, x, y, **kw: seen["revisit"].append(y.copy()) or real_rev(m, x, y, **kw),
+    )
+    res = _run(
+        "fedmd-nfdp",
+        fed,
+        k=7,
+        labels="disjoint",
+        public_classes=[0, 1, 2],
+        private_classes=[6, 7, 8, 9],
+        reproducible_noise=True,
+    )  # keeps the subset indices
     assert all(set(u) <= {0, 1, 2} for u in seen["pretrain"]) and seen["pretrain"]
     assert all(set(np.unique(y)) <= {6, 7, 8, 9} for y in seen["revisit"])
     for i in range(fed.num_clients):
         _, y = fed.client_arrays(i)
-        n = int(np.isin(y, [6, 7, 8, 9]).sum())  # the theorems' n: the party's private-class records
+        n = int(
+            np.isin(y, [6, 7, 8, 9]).sum()
+        )  # the theorems' n: the party's private-class records
         (entry,) = res.ledger.entries(i)
         assert entry.event == NfdpSubsampleEvent(n=n, k=7, replacement=True)
         assert set(fed.private.y[res.artifacts[f"subset_indices/client_{i}"]]) <= {6, 7, 8, 9}
@@ -331,7 +351,9 @@ def test_disjoint_label_choices_are_validated(mixed):
     fed = mixed
     with pytest.raises(PrivkitError, match=r"must be disjoint .* found both holding \[2\]"):
         _run("fedmd-np", fed, labels="disjoint", public_classes=[0, 1, 2], private_classes=[2, 3])
-    with pytest.raises(PrivkitError, match=r"private_classes must be distinct classes in \[0, 10\); found \[12\]"):
+    with pytest.raises(
+        PrivkitError, match=r"private_classes must be distinct classes in \[0, 10\); found \[12\]"
+    ):
         _run("fedmd-np", fed, labels="disjoint", private_classes=[12])
     with pytest.raises(PrivkitError, match="need labels='disjoint'"):
         _run("fedmd-np", fed, public_classes=[0])

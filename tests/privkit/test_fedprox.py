@@ -28,15 +28,19 @@ def test_proximal_term_value_and_gradient_match_the_closed_form():
     diffs = {k: p.detach() - anchor[k] for k, p in moved.named_parameters()}
     expected = 0.5 * mu * sum(float(d.pow(2).sum()) for d in diffs.values())
     assert float(value.detach()) == pytest.approx(expected, rel=1e-6)
-    for k, p in moved.named_parameters():  # d/dtheta (mu/2)||theta - theta_t||^2 = mu (theta - theta_t)
+    for (
+        k,
+        p,
+    ) in moved.named_parameters():  # d/dtheta (mu/2)||theta - theta_t||^2 = mu (theta - theta_t)
         torch.testing.assert_close(p.grad, mu * diffs[k])
 
 
 def test_default_fedprox_differs_from_fedavg():
     """Same seed, same federation: only the proximal term (default mu) separates the two."""
     torch.set_num_threads(1)
-    fed = build_federation(FederationConfig(dataset="digits", public_dataset=None, clients=4,
-                                            partition="iid"))
+    fed = build_federation(
+        FederationConfig(dataset="digits", public_dataset=None, clients=4, partition="iid")
+    )
     base = {"arch": "mlp", "rounds": 2}
     prox_cfg = {**get_trainer("fedprox").quick_config(), **base}
     assert prox_cfg["mu"] == get_trainer("fedprox").defaults()["mu"] == 0.01

@@ -122,7 +122,7 @@ def test_final_model_is_one_sgd_pass_over_the_samples():
         flip.soft_cross_entropy(ref(s[j : j + 1]), F.softmax(lab[j : j + 1], 1)).backward()
         opt.step()
     out = flip.final_model(_linear(5, 3, seed=2), init, s, lab, eta)
-    for (n, p), (_, r) in zip(out.named_parameters(), ref.named_parameters()):
+    for (_, p), (_, r) in zip(out.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(p, r, rtol=1e-12, atol=1e-12)
 
 
@@ -208,10 +208,15 @@ def test_attack_config_defaults_are_the_papers_and_reductions_are_listed(fed):
     assert a.mia_rounds == [1, 25, 50, 75, 100] and a.table2_rounds == "all"
     assert a.reductions() == []
     small = flip.FlipAttackConfig(shadows=8, catboost_iterations=200, table2_rounds="last")
-    assert small.reductions() == ["shadows 8 (paper 128)", "catboost_iterations 200 (paper 10000)",
-                                  "table2_rounds last (paper: every round's release)"]
+    assert small.reductions() == [
+        "shadows 8 (paper 128)",
+        "catboost_iterations 200 (paper 10000)",
+        "table2_rounds last (paper: every round's release)",
+    ]
     res = train("flip", fed, {**TINY, "attack": {"shadows": 8}}, seed=0)
-    assert any("scaled down from the paper's" in w and "shadows 8 (paper 128)" in w for w in res.warnings)
+    assert any(
+        "scaled down from the paper's" in w and "shadows 8 (paper 128)" in w for w in res.warnings
+    )
     assert not any("scaled down" in w for w in train("flip", fed, TINY, seed=0).warnings)
 
 
@@ -221,8 +226,12 @@ def test_table2_attack_uses_every_rounds_release(rounds):
 
     full = build_federation(FederationConfig(clients=2, partition="iid", seed=0))
     fed = full.with_clients([c[::8] for c in full.clients], "tiny")
-    cfg = {**TINY, "rounds": 3, "local_epochs": 1,
-           "attack": {"table2_rounds": rounds, "table2_classifier": "logreg"}}
+    cfg = {
+        **TINY,
+        "rounds": 3,
+        "local_epochs": 1,
+        "attack": {"table2_rounds": rounds, "table2_classifier": "logreg"},
+    }
     res = flip_table2_attack(fed, cfg, p1=0, p2=1, s1=3, s2=8)
     K = TINY["k"] * 2  # binary tasks: k samples per class
     per_run = fed.num_clients * K * (3 if rounds == "all" else 1)
@@ -234,7 +243,8 @@ def test_mia_rounds_keep_the_aggregate_that_rebuilds_that_rounds_model(fed):
     cfg = {**TINY, "rounds": 3, "attack": {"mia_rounds": [1, 3]}}
     res = train("flip", fed, cfg, seed=4)
     assert {k for k in res.artifacts if k.endswith(("_round_1", "_round_3"))} == {
-        f"aggregated_{n}_round_{t}" for n in ("x", "label_logits", "lr") for t in (1, 3)}
+        f"aggregated_{n}_round_{t}" for n in ("x", "label_logits", "lr") for t in (1, 3)
+    }
     assert not any(k.endswith("_round_2") for k in res.artifacts)
     # the last kept round is the released model itself
     last = flip.model_at_round(fed, flip.FlipConfig(**cfg), 4, res.artifacts, 3)

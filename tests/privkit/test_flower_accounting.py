@@ -240,3 +240,56 @@ def test_flowers_own_accountant_is_privkits_zero_out_without_amplification():
     assert ledger.epsilon(DELTA, accountant="rdp") == pytest.approx(
         flower.get_epsilon(DELTA), rel=1e-12
     )
+
+
+def test_adaptive_noise_is_charged_to_a_renyi_filter(tmp_path):
+    """Noise the server lowers round by round (sigma_t in the train config, each client one Gaussian
+    release of its update): rounds run while the filter admits them, the ledger carries the filter's
+    (budget, delta) guarantee. Expected counts from the closed form RDP alpha / (2 sigma^2) and the
+    RDP conversion of Canonne, Kamath & Steinke (2020, Prop. 12)."""
+    from privkit.flower import record
+
+    sigmas = {t: 4.0 - 0.5 * t for t in range(1, 7)}
+
+    class Lowering(FedAvg):
+        def configure_train(self, server_round, arrays, config, grid):
+            config["sigma"] = sigmas[server_round]
+            return super().configure_train(server_round, arrays, config, grid)
+
+    def on_train(pid):  # the client reads sigma_t from the config the mod saw
+        record(dpa.GaussianDpEvent(_seen["sigma"]), "gaussian update")
+
+    _seen: dict = {}
+
+    def remember(msg, ctxt, call_next):
+        _seen["sigma"] = float(next(iter(msg.content.config_records.values()))["sigma"])
+        return call_next(msg, ctxt)
+
+    budget, sink = 6.0, {}
+    strategy = lambda: Accounted(
+        Lowering(fraction_train=1.0, fraction_evaluate=0.0),
+        delta=DELTA,
+        budget=budget,
+        adaptive=True,
+        neighbouring="add_remove",
+        client_sampling="none",
+        client_mechanism=lambda rnd, cfg: [
+            (dpa.GaussianDpEvent(float(cfg["sigma"])), "gaussian update", "add_remove")
+        ],
+    )
+    run_inprocess(
+        apps.server_app(strategy, 6, sink), apps.client_app([ledger_mod, remember], on_train), 3
+    )
+    acc = sink["strategy"]
+    order = acc.filter.filter.order
+    rdp_budget = budget - (math.log1p(-1 / order) - math.log(DELTA * order) / (order - 1))
+    spent, expected = 0.0, 0
+    for t in range(1, 7):
+        step = order / (2 * sigmas[t] ** 2)
+        if spent + step > rdp_budget:
+            break
+        spent, expected = spent + step, t
+    assert expected == 5 and len(acc.rounds) == expected  # sigma 3.5 .. 1.5 admitted, 1.0 refused
+    assert acc.stopped.startswith(f"stopped before round {expected + 1}: the Renyi filter")
+    assert acc.ledger.adaptive["epsilon"] == pytest.approx(budget, rel=1e-12)
+    assert max(acc.ledger.adaptive["spent"].values()) == pytest.approx(spent, rel=1e-12)

@@ -12,15 +12,30 @@ import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
 
-from accountants import (analytic_gaussian_sigma, classic_gaussian_sigma, gaussian_epsilon,
-                         logreg_binary_sensitivity, logreg_multinomial_sensitivity,
-                         logreg_multinomial_sensitivity_cfree)
+from accountants import (
+    analytic_gaussian_sigma,
+    classic_gaussian_sigma,
+    gaussian_epsilon,
+    logreg_binary_sensitivity,
+    logreg_multinomial_sensitivity,
+    logreg_multinomial_sensitivity_cfree,
+)
 from privkit.errors import PrivkitError
 from privkit.models import build_model
-from privkit.trainers.heads import (MINIMISER_SLACK, HeadFit, binary_objective, check_minimiser,
-                                    fit_binary_head, fit_multinomial_head, head_features,
-                                    head_probabilities, head_sensitivity, head_to_linear,
-                                    multinomial_objective, release_head)
+from privkit.trainers.heads import (
+    MINIMISER_SLACK,
+    HeadFit,
+    binary_objective,
+    check_minimiser,
+    fit_binary_head,
+    fit_multinomial_head,
+    head_features,
+    head_probabilities,
+    head_sensitivity,
+    head_to_linear,
+    multinomial_objective,
+    release_head,
+)
 
 
 def unit_rows(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
@@ -138,18 +153,33 @@ def test_release_noise_and_event_match_accountants():
     X = unit_rows(rng, 200, 30)
     y = rng.integers(0, 10, 200)
     fit = fit_multinomial_head(X, y, 10, 0.01)
-    for method, formula in (("classic", classic_gaussian_sigma), ("analytic", analytic_gaussian_sigma)):
-        for bound, sens in (("paper", 2 * math.sqrt(10) / (0.01 * 200)), ("cfree", 2 * math.sqrt(2) / (0.01 * 200))):
-            rel = release_head(fit, kind="multinomial", lam=0.01, epsilon=0.5, delta=1e-5,
-                               calibration=method, rng=np.random.default_rng(0), num_classes=10,
-                               bound=bound)
+    for method, formula in (
+        ("classic", classic_gaussian_sigma),
+        ("analytic", analytic_gaussian_sigma),
+    ):
+        for bound, sens in (
+            ("paper", 2 * math.sqrt(10) / (0.01 * 200)),
+            ("cfree", 2 * math.sqrt(2) / (0.01 * 200)),
+        ):
+            rel = release_head(
+                fit,
+                kind="multinomial",
+                lam=0.01,
+                epsilon=0.5,
+                delta=1e-5,
+                calibration=method,
+                rng=np.random.default_rng(0),
+                num_classes=10,
+                bound=bound,
+            )
             sens = sens * (1 + MINIMISER_SLACK)  # room for the solver's (checked) inexactness
             assert rel.sensitivity == pytest.approx(sens, rel=1e-12)
             assert rel.sigma == pytest.approx(formula(0.5, 1e-5, sens))
-            if method == "classic":  # FedAUXfdp Alg. 1: sigma^2 = 8 C ln(1.25/delta) / (eps lam n)^2
-                if bound == "paper":
-                    assert rel.sigma ** 2 == pytest.approx(8 * 10 * math.log(1.25e5) / (0.5 * 0.01 * 200) ** 2,
-                                                           rel=3e-5)
+            # FedAUXfdp Alg. 1: sigma^2 = 8 C ln(1.25/delta) / (eps lam n)^2
+            if method == "classic" and bound == "paper":
+                assert rel.sigma**2 == pytest.approx(
+                    8 * 10 * math.log(1.25e5) / (0.5 * 0.01 * 200) ** 2, rel=3e-5
+                )
             assert isinstance(rel.event, dpa.GaussianDpEvent)
             assert rel.event.noise_multiplier == pytest.approx(rel.sigma / sens)
             noise = (rel.weights - fit.weights).ravel()
@@ -179,16 +209,34 @@ def test_classic_request_at_large_epsilon_uses_the_analytic_gaussian():
     privkit calibrates analytically there, so the ledger's exact epsilon is the claimed one."""
     rng = np.random.default_rng(8)
     fit = fit_multinomial_head(unit_rows(rng, 160, 20), rng.integers(0, 10, 160), 10, 0.1)
-    rel = release_head(fit, kind="multinomial", lam=0.1, epsilon=12.0, delta=2e-5, calibration="classic",
-                       rng=np.random.default_rng(0), num_classes=10)
+    rel = release_head(
+        fit,
+        kind="multinomial",
+        lam=0.1,
+        epsilon=12.0,
+        delta=2e-5,
+        calibration="classic",
+        rng=np.random.default_rng(0),
+        num_classes=10,
+    )
     assert rel.calibration == "analytic" and rel.info["calibration_used"] == "analytic"
     assert any("outside its proof" in w for w in rel.info["warnings"])
-    exact = gaussian_epsilon(rel.event.noise_multiplier, 2e-5)  # dp-accounting's exact Gaussian epsilon
+    exact = gaussian_epsilon(
+        rel.event.noise_multiplier, 2e-5
+    )  # dp-accounting's exact Gaussian epsilon
     assert 11.99 < exact <= 12.0
     classic_z = classic_gaussian_sigma(12.0, 2e-5)  # what the classic formula would have used
     assert gaussian_epsilon(classic_z, 2e-5) > 13.0
-    small = release_head(fit, kind="multinomial", lam=0.1, epsilon=0.5, delta=2e-5, calibration="classic",
-                         rng=np.random.default_rng(0), num_classes=10)
+    small = release_head(
+        fit,
+        kind="multinomial",
+        lam=0.1,
+        epsilon=0.5,
+        delta=2e-5,
+        calibration="classic",
+        rng=np.random.default_rng(0),
+        num_classes=10,
+    )
     assert small.calibration == "classic"  # inside the classic theorem's range: as the paper
 
 
@@ -197,13 +245,25 @@ def test_inexact_minimiser_is_refused():
     fit = fit_multinomial_head(unit_rows(rng, 100, 10), rng.integers(0, 3, 100), 3, 0.1)
     sens = head_sensitivity("multinomial", 100, 0.1, 3)
     assert check_minimiser(fit, 0.1, sens) == MINIMISER_SLACK  # L-BFGS: far below the threshold
-    sloppy = HeadFit(fit.weights, fit.objective, MINIMISER_SLACK * 0.1 * sens, fit.iterations, fit.n)
+    sloppy = HeadFit(
+        fit.weights, fit.objective, MINIMISER_SLACK * 0.1 * sens, fit.iterations, fit.n
+    )
     with pytest.raises(PrivkitError, match="not exact enough"):
-        release_head(sloppy, kind="multinomial", lam=0.1, epsilon=1.0, delta=1e-5, calibration="analytic",
-                     rng=np.random.default_rng(0), num_classes=3)
+        release_head(
+            sloppy,
+            kind="multinomial",
+            lam=0.1,
+            epsilon=1.0,
+            delta=1e-5,
+            calibration="analytic",
+            rng=np.random.default_rng(0),
+            num_classes=3,
+        )
     # the bound it protects: replace one record, re-solve, the exact minimisers move <= sens
     X, y = unit_rows(rng, 100, 10), rng.integers(0, 3, 100)
     X2, y2 = X.copy(), y.copy()
     X2[0], y2[0] = unit_rows(rng, 1, 10)[0], (y[0] + 1) % 3
-    move = np.linalg.norm(fit_multinomial_head(X, y, 3, 0.1).weights - fit_multinomial_head(X2, y2, 3, 0.1).weights)
+    move = np.linalg.norm(
+        fit_multinomial_head(X, y, 3, 0.1).weights - fit_multinomial_head(X2, y2, 3, 0.1).weights
+    )
     assert move <= sens

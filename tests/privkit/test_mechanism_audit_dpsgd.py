@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from audit_helpers import tiny_federation_config
 
 from attacks.conformance import MechanismClaim, claim_from_events
-from audit_helpers import tiny_federation_config
 from privkit import mutations
 from privkit.audit.mechanism_audit import audit_mechanisms
 from privkit.data import build_federation
@@ -48,8 +48,15 @@ REASONS = {
     "ledger rate x1/2": ["influence"],
 }
 # a small dpsgd run on a few hundred records (batch size 1: a third of its Poisson batches are empty)
-EMPTY_BATCHES = {"arch": "mlp", "width": 8, "feature_dim": 16, "epochs": 1, "batch_size": 1,
-                 "noise_multiplier": 1.0, "device": "cpu"}
+EMPTY_BATCHES = {
+    "arch": "mlp",
+    "width": 8,
+    "feature_dim": 16,
+    "epochs": 1,
+    "batch_size": 1,
+    "noise_multiplier": 1.0,
+    "device": "cpu",
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -75,7 +82,9 @@ def _config(method: str, **over) -> dict:
 
 
 def _audit(method: str, fed, mutation: str, seed: int, **kw) -> dict:
-    return audit_mechanisms(method, fed, _config(method), delta=DELTA, seed=seed, mutation=mutation, **kw)
+    return audit_mechanisms(
+        method, fed, _config(method), delta=DELTA, seed=seed, mutation=mutation, **kw
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -92,7 +101,9 @@ def test_correct_conforms_and_each_mutation_is_caught_for_its_reason(fed, method
 
 def _ledger_steps(ledger, client: int, clip_norm: float) -> int:
     """The number of releases ``client``'s dp-sgd entries account for."""
-    return claim_from_events([e.event for e in ledger.entries(client) if "dp-sgd" in e.label], clip_norm).steps
+    return claim_from_events(
+        [e.event for e in ledger.entries(client) if "dp-sgd" in e.label], clip_norm
+    ).steps
 
 
 @pytest.mark.parametrize("reproducible", [True, False])
@@ -100,7 +111,9 @@ def test_dpsgd_probes_see_every_release_the_ledger_counts(small_fed, reproducibl
     """Every opacus step is one release, an empty Poisson batch's (noise only) too, observed by the
     probe set of every probed client."""
     with probing(ProbePlan(canaries=50, clients=None)) as session:
-        res = train("dpsgd", small_fed, {**EMPTY_BATCHES, "reproducible_noise": reproducible}, seed=0)
+        res = train(
+            "dpsgd", small_fed, {**EMPTY_BATCHES, "reproducible_noise": reproducible}, seed=0
+        )
     n = len(small_fed.pooled_arrays()[1])
     assert res.claims["steps"] == n  # batch size 1: one batch per record, (1 - 1/n)^n of them empty
     assert sorted(session.probes) == [(k, "dp-sgd") for k in range(small_fed.num_clients)]
@@ -116,16 +129,28 @@ def test_dpsgd_canaries_are_sampled_and_clipped_by_the_mechanism(small_fed, clip
     at the loader's rate; excluded canaries and untouched coordinates see nothing, the other probe
     set's canaries included (they are subtracted as other records)."""
     # noise std 1e-4 clip norms; the per-epoch epsilon of so little noise is the RDP accountant's
-    cfg = {**EMPTY_BATCHES, "batch_size": 8, "epochs": 3, "noise_multiplier": 1e-4,
-           "calibration_accountant": "rdp", "reproducible_noise": True}
-    mut = mutations.CORRECT if clipping else mutations.for_federation("clipping off", small_fed.num_clients)
+    cfg = {
+        **EMPTY_BATCHES,
+        "batch_size": 8,
+        "epochs": 3,
+        "noise_multiplier": 1e-4,
+        "calibration_accountant": "rdp",
+        "reproducible_noise": True,
+    }
+    mut = (
+        mutations.CORRECT
+        if clipping
+        else mutations.for_federation("clipping off", small_fed.num_clients)
+    )
     with probing(ProbePlan(canaries=100, clients=None)) as session, mutations.mutated(mut):
         res = train("dpsgd", small_fed, cfg, seed=0)
     q = res.claims["sample_rate"]
     for can in session.probes.values():
         ev = can.evidence()
         c = can.clip_norm
-        size = min(1.0, c / (can.raw_norm + 1e-6)) * can.raw_norm / c if clipping else can.raw_norm / c
+        size = (
+            min(1.0, c / (can.raw_norm + 1e-6)) * can.raw_norm / c if clipping else can.raw_norm / c
+        )
         inc = ev.projections[:, ev.included]
         hit = np.abs(inc - size) < 1e-3
         assert np.all(hit | (np.abs(inc) < 1e-3))
@@ -179,10 +204,14 @@ def test_fedkadp_adaptive_noise_is_claimed_round_by_round(fed):
     sigmas = [row["sigma"] for row in res.rounds]
     assert len(res.rounds) == cfg["rounds"] and len(set(sigmas)) == cfg["rounds"]
     can = session.probes[(0, "dp-sgd")]
-    claim = claim_from_events([e.event for e in res.ledger.entries(0) if "dp-sgd" in e.label], can.clip_norm)
+    claim = claim_from_events(
+        [e.event for e in res.ledger.entries(0) if "dp-sgd" in e.label], can.clip_norm
+    )
     np.testing.assert_allclose(claim.noise_multipliers, np.repeat(sigmas, cfg["local_steps"]))
     assert can.audit(delta=DELTA, claim=claim).verdict == "consistent"
-    fixed = MechanismClaim.repeated(float(claim.sample_rates[0]), sigmas[0], claim.steps, can.clip_norm)
+    fixed = MechanismClaim.repeated(
+        float(claim.sample_rates[0]), sigmas[0], claim.steps, can.clip_norm
+    )
     assert can.audit(delta=DELTA, claim=fixed).conformance.rejected == ["noise"]
     # and through audit_mechanisms (the same run: same seed, canaries and reproducible noise)
     rec = audit_mechanisms("fedkadp", fed, cfg, delta=DELTA, seed=0, mutation="correct")

@@ -14,8 +14,15 @@ from privkit import mutations
 from privkit.audit.mechanism_audit import audit_mechanisms
 from privkit.dp_random import aes_generator
 from privkit.probes import ProbePlan, probing
-from privkit.trainers.heads import (HeadData, fit_binary_head, fit_multinomial_head, head_features,
-                                    head_sensitivity, probe_record_influence, release_head)
+from privkit.trainers.heads import (
+    HeadData,
+    fit_binary_head,
+    fit_multinomial_head,
+    head_features,
+    head_sensitivity,
+    probe_record_influence,
+    release_head,
+)
 from privkit.trainers.output_perturbation import gaussian_output_perturbation
 
 DELTA = 1e-5
@@ -41,9 +48,17 @@ def _config(method: str) -> dict:
 # ----------------------------------------------------------------------------- the primitive
 def test_primitive_outside_an_audit_is_todays_release():
     clean = np.random.default_rng(0).normal(size=(3, 5))
-    released = gaussian_output_perturbation(clean, sigma=0.3, sensitivity=0.1, rng=np.random.default_rng(7),
-                                            client=0, label="class-head")
-    np.testing.assert_array_equal(released, clean + np.random.default_rng(7).normal(0.0, 0.3, size=clean.shape))
+    released = gaussian_output_perturbation(
+        clean,
+        sigma=0.3,
+        sensitivity=0.1,
+        rng=np.random.default_rng(7),
+        client=0,
+        label="class-head",
+    )
+    np.testing.assert_array_equal(
+        released, clean + np.random.default_rng(7).normal(0.0, 0.3, size=clean.shape)
+    )
 
 
 def test_primitive_on_the_release_stream_is_the_grid_release():
@@ -54,8 +69,9 @@ def test_primitive_on_the_release_stream_is_the_grid_release():
     from privkit.grid_noise import Grid, NumpyBits, grid_release
 
     clean = np.random.default_rng(0).normal(size=(3, 5))
-    released = gaussian_output_perturbation(clean, sigma=0.3, sensitivity=0.1, rng=aes_generator(key=123),
-                                            client=0, label="class-head")
+    released = gaussian_output_perturbation(
+        clean, sigma=0.3, sensitivity=0.1, rng=aes_generator(key=123), client=0, label="class-head"
+    )
     grid = Grid.for_release(0.3, 0.1, 15)
     want = grid_release(torch.from_numpy(clean), grid, NumpyBits(aes_generator(key=123))).numpy()
     np.testing.assert_array_equal(released, want)
@@ -66,25 +82,47 @@ def test_release_head_noise_is_todays_for_a_fixed_rng():
     rng = np.random.default_rng(1)
     X, y = head_features(rng.normal(size=(80, 6))), rng.integers(0, 3, 80)
     fit = fit_multinomial_head(X, y, 3, 0.1)
-    rel = release_head(fit, kind="multinomial", lam=0.1, epsilon=1.0, delta=DELTA, calibration="analytic",
-                       rng=np.random.default_rng(5), num_classes=3, client=0, label="class-head",
-                       data=HeadData(X, X[:, :-1], None, labels=y))
-    np.testing.assert_array_equal(rel.weights, fit.weights + np.random.default_rng(5).normal(0.0, rel.sigma,
-                                                                                              fit.weights.shape))
+    rel = release_head(
+        fit,
+        kind="multinomial",
+        lam=0.1,
+        epsilon=1.0,
+        delta=DELTA,
+        calibration="analytic",
+        rng=np.random.default_rng(5),
+        num_classes=3,
+        client=0,
+        label="class-head",
+        data=HeadData(X, X[:, :-1], None, labels=y),
+    )
+    np.testing.assert_array_equal(
+        rel.weights,
+        fit.weights + np.random.default_rng(5).normal(0.0, rel.sigma, fit.weights.shape),
+    )
 
 
 def test_primitive_under_probes_adds_bounded_canaries_and_scaled_noise():
     clean = np.zeros(40)
-    with probing(ProbePlan(canaries=10, seed=3)) as session, \
-            mutations.mutated(mutations.MUTATIONS["noise x1/2"]):
-        released = gaussian_output_perturbation(clean, sigma=2.0, sensitivity=0.5, rng=np.random.default_rng(2),
-                                                client=0, label="scores")
+    with (
+        probing(ProbePlan(canaries=10, seed=3)) as session,
+        mutations.mutated(mutations.MUTATIONS["noise x1/2"]),
+    ):
+        released = gaussian_output_perturbation(
+            clean,
+            sigma=2.0,
+            sensitivity=0.5,
+            rng=np.random.default_rng(2),
+            client=0,
+            label="scores",
+        )
     can = session.probes[(0, "scores")]
     assert can.steps == 1 and can.sample_rate == 1.0 and can.noise_multiplier == pytest.approx(4.0)
     noise = np.random.default_rng(2).normal(0.0, 1.0, size=40)  # half of the claimed sigma
     bump = released - noise
     # each included canary adds exactly the sensitivity (its raw influence, 4x, bounded to it)
-    np.testing.assert_allclose(np.sort(bump[np.abs(bump) > 1e-6]), np.full(can.included_ids.size, 0.5), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.sort(bump[np.abs(bump) > 1e-6]), np.full(can.included_ids.size, 0.5), rtol=1e-6
+    )
 
 
 # ----------------------------------------------------------------------------- the sensitivity test
@@ -107,7 +145,9 @@ def test_probe_records_respect_the_bound_unless_the_normalisation_is_off(kind):
             else:
                 fit, data = fit_multinomial_head(X, y, C, lam), HeadData(X, h, labels=y)
                 sens = head_sensitivity("multinomial", fit.n, lam, C, "cfree")
-            norms, tol = probe_record_influence(fit, data, kind=kind, lam=lam, sensitivity=sens, num_classes=C)
+            norms, tol = probe_record_influence(
+                fit, data, kind=kind, lam=lam, sensitivity=sens, num_classes=C
+            )
         assert norms.shape == (8,) and 0 <= tol < 1e-4  # the solver's guarantee: tight
         results[name] = norms.max() / sens
     assert results["correct"] <= 1 + tol  # the theorem, up to the solver's precision
@@ -115,8 +155,12 @@ def test_probe_records_respect_the_bound_unless_the_normalisation_is_off(kind):
 
 
 # ----------------------------------------------------------------------------- audits of the methods
-METHODS = {"fedauxfdp": {"class-head", "scores"}, "fedavg-dphead": {"class-head"},
-           "fedd-dphead": {"class-head"}, "fedaux": {"scores"}}
+METHODS = {
+    "fedauxfdp": {"class-head", "scores"},
+    "fedavg-dphead": {"class-head"},
+    "fedd-dphead": {"class-head"},
+    "fedaux": {"scores"},
+}
 
 
 @pytest.mark.parametrize("method", list(METHODS))
@@ -130,14 +174,23 @@ def test_correct_heads_conform_and_ledger_bugs_do_not_apply(fed, method):
         assert tests["sensitivity"]["measured"] <= 1.0  # exact influence of the probe records
     if method == "fedaux":  # DP scores audited although the pipeline has no formal guarantee
         assert rec["formal_dp"] is False and "scores" in rec["scope"]
-    for name in ("ledger steps x1/2", "ledger rate x1/2"):  # one Gaussian release each: nothing to halve
-        assert audit_mechanisms(method, fed, _config(method), delta=DELTA, seed=0,
-                                mutation=name)["status"] == "not-applicable"
+    for name in (
+        "ledger steps x1/2",
+        "ledger rate x1/2",
+    ):  # one Gaussian release each: nothing to halve
+        assert (
+            audit_mechanisms(method, fed, _config(method), delta=DELTA, seed=0, mutation=name)[
+                "status"
+            ]
+            == "not-applicable"
+        )
 
 
 @pytest.mark.parametrize("method", list(METHODS))
-@pytest.mark.parametrize("mutation, reason", [("noise x1/2", "noise"), ("noise x1/N", "noise"),
-                                              ("clipping off", "sensitivity")])
+@pytest.mark.parametrize(
+    "mutation, reason",
+    [("noise x1/2", "noise"), ("noise x1/N", "noise"), ("clipping off", "sensitivity")],
+)
 def test_mechanism_bugs_are_violations_for_the_right_reason(fed, method, mutation, reason):
     rec = audit_mechanisms(method, fed, _config(method), delta=DELTA, seed=0, mutation=mutation)
     assert rec["status"] == "violation", rec["message"]
@@ -150,20 +203,38 @@ def test_mechanism_bugs_are_violations_for_the_right_reason(fed, method, mutatio
 # ----------------------------------------------------------------------------- FedMD-LDP's rows
 def test_row_releases_in_float32_are_todays_and_each_row_is_observed():
     clean = np.random.default_rng(2).normal(size=(6, 4)).astype(np.float32)
-    out = gaussian_output_perturbation(clean, sigma=0.5, sensitivity=1.0, rng=np.random.default_rng(3), client=0,
-                                       label="ldp predictions", rows=True, dtype=np.float32)
+    out = gaussian_output_perturbation(
+        clean,
+        sigma=0.5,
+        sensitivity=1.0,
+        rng=np.random.default_rng(3),
+        client=0,
+        label="ldp predictions",
+        rows=True,
+        dtype=np.float32,
+    )
     want = clean + np.random.default_rng(3).normal(0.0, 0.5, size=clean.shape).astype(np.float32)
     assert out.dtype == np.float32
     np.testing.assert_array_equal(out, want)
     with probing(ProbePlan(canaries=4)) as session:
-        gaussian_output_perturbation(clean, sigma=0.5, sensitivity=1.0, rng=np.random.default_rng(3), client=0,
-                                     label="ldp predictions", rows=True, dtype=np.float32)
+        gaussian_output_perturbation(
+            clean,
+            sigma=0.5,
+            sensitivity=1.0,
+            rng=np.random.default_rng(3),
+            client=0,
+            label="ldp predictions",
+            rows=True,
+            dtype=np.float32,
+        )
     (can,) = session.probes.values()
     assert can.dim == 4 and can.steps == 6  # one release per shared vector, as the ledger counts
 
 
-@pytest.mark.parametrize("mutation, reason", [("correct", None), ("noise x1/2", "noise"),
-                                              ("ledger steps x1/2", "releases")])
+@pytest.mark.parametrize(
+    "mutation, reason",
+    [("correct", None), ("noise x1/2", "noise"), ("ledger steps x1/2", "releases")],
+)
 def test_fedmd_ldp_predictions_are_audited_at_the_mechanism(fed, mutation, reason):
     from privkit.methods import get_trainer
 

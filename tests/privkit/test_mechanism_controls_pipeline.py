@@ -17,10 +17,10 @@ import pytest
 
 import privkit.audit.mechanism_audit as mechanism_audit
 import privkit.pipeline as pipeline
-from privkit.pipeline.files import write_json
 from accountants import Ledger, NfdpSubsampleEvent
 from privkit.data import build_federation
 from privkit.errors import PrivkitError
+from privkit.pipeline.files import write_json
 from privkit.pipeline.mechanism_controls import mechanism_controls_stage
 from privkit.pipeline.mechanism_report import read_mechanism_controls
 from privkit.trainers import REGISTRY, TrainerConfig, TrainResult, register_trainer
@@ -57,10 +57,22 @@ def fake_audit(run_dir, *, attacks, shadows, executor, seed, progress, **options
     """An audit.json whose verdict is inconclusive: ceiling 0.5 below the accounted epsilon."""
     run_dir = Path(run_dir)
     method = json.loads((run_dir / "config.json").read_text())["method"]
-    out = {"schema_version": 1, "method": method, "attacks": {}, "attribute": {}, "accounted_epsilon": 2.0,
-           "delta": 1e-5, "shadows": shadows,
-           "verdict": {"status": "inconclusive", "message": "ceiling 0.5 <= accounted 2",
-                       "epsilon_lower_bound": 0.0, "epsilon_ceiling": 0.5, "accounted_epsilon": 2.0}}
+    out = {
+        "schema_version": 1,
+        "method": method,
+        "attacks": {},
+        "attribute": {},
+        "accounted_epsilon": 2.0,
+        "delta": 1e-5,
+        "shadows": shadows,
+        "verdict": {
+            "status": "inconclusive",
+            "message": "ceiling 0.5 <= accounted 2",
+            "epsilon_lower_bound": 0.0,
+            "epsilon_ceiling": 0.5,
+            "accounted_epsilon": 2.0,
+        },
+    }
     write_json(run_dir / "audit.json", out)  # a stage stores through privkit.pipeline.files
     return out
 
@@ -101,7 +113,11 @@ def test_formal_dp_method_gets_two_twins_and_its_row_rests_on_the_correct_one(tm
     rec = json.loads((root / "mechanism-controls" / "dp-fedavg.json").read_text())
     assert rec["schema_version"] == 1 and rec["state"] == "done" and rec["delta"] == 1e-5
     correct, half = rec["twins"]
-    assert (correct["twin"], correct["status"], correct["as_expected"]) == ("correct", "consistent", True)
+    assert (correct["twin"], correct["status"], correct["as_expected"]) == (
+        "correct",
+        "consistent",
+        True,
+    )
     assert (half["twin"], half["status"], half["as_expected"]) == ("noise x1/2", "violation", True)
     assert half["probes"][0]["rejected"] == ["noise"]  # the bug is named, nothing else
     report = load_report(root)
@@ -111,15 +127,24 @@ def test_formal_dp_method_gets_two_twins_and_its_row_rests_on_the_correct_one(tm
     assert abs(m.mechanism_controls.noise_halved.noise_ratio - 0.5) < 0.01
     # the row's verdict is the correct twin's, the black-box one is kept beside it
     assert (m.verdict.status, m.verdict_basis) == ("consistent", "mechanism")
-    assert m.audit.verdict.status == "inconclusive" and "black-box audit's verdict: inconclusive" in m.verdict.message
+    assert (
+        m.audit.verdict.status == "inconclusive"
+        and "black-box audit's verdict: inconclusive" in m.verdict.message
+    )
     assert not m.mechanism_controls.lacks_power
     assert report.method("centralized").mechanism_controls is None
     assert report.method("centralized").verdict.status == "no-claim"
-    assert "the adversary differential privacy is defined against" in report.threat_model.mechanism_audit
+    assert (
+        "the adversary differential privacy is defined against"
+        in report.threat_model.mechanism_audit
+    )
     md = (root / "report.md").read_text()
     row = next(ln for ln in md.splitlines() if ln.startswith("| dp-fedavg | yes"))
     assert row.endswith("| consistent | mechanism audit | ok |")
-    assert "## Mechanism controls" in md and "| dp-fedavg | noise x1/2 | violation | yes | noise | 0.5" in md
+    assert (
+        "## Mechanism controls" in md
+        and "| dp-fedavg | noise x1/2 | violation | yes | noise | 0.5" in md
+    )
     assert rec["catchable"].startswith("dp-fedavg: the mechanism audit catches noise below 0.9")
     assert rec["catchable"] in md and "Mechanism audits: white-box" in md
     assert "Black-box audit verdict: inconclusive" in md
@@ -145,14 +170,19 @@ def test_failing_step_is_reported_and_the_method_goes_on(tmp_path):
     FAIL.add("dp-fedavg")
     outcome = run(tmp_path)
     root = outcome.root
-    assert outcome.failures == ["dp-fedavg/mechanism-controls: RuntimeError: probes exploded on purpose"]
+    assert outcome.failures == [
+        "dp-fedavg/mechanism-controls: RuntimeError: probes exploded on purpose"
+    ]
     status = json.loads((root / "status.json").read_text())
     assert status["mechanism_controls"]["dp-fedavg"]["state"] == "failed"
     assert {s["state"] for s in status["methods"]["dp-fedavg"]["stages"].values()} == {"done"}
     assert "probes exploded" in (root / "mechanism-controls" / "dp-fedavg.errors.log").read_text()
     m = load_report(root).method("dp-fedavg")
     assert m.mechanism_controls.state == "failed"
-    assert (m.verdict.status, m.verdict_basis) == ("inconclusive", "black-box")  # no mechanism verdict
+    assert (m.verdict.status, m.verdict_basis) == (
+        "inconclusive",
+        "black-box",
+    )  # no mechanism verdict
     assert any("mechanism controls failed" in w.message for w in m.warnings)
     assert "| dp-fedavg | — | failed |" in (root / "report.md").read_text()
     FAIL.clear()  # fixed: the re-run runs the failed step only
@@ -167,14 +197,21 @@ def test_disabled_mechanism_controls_are_skipped(tmp_path):
     status = json.loads((outcome.root / "status.json").read_text())
     assert status["mechanism_controls"]["dp-fedavg"]["state"] == "skipped"
     m = load_report(outcome.root).method("dp-fedavg")
-    assert (m.verdict.status, m.verdict_basis, m.mechanism_controls.state) == ("inconclusive", "black-box", "skipped")
+    assert (m.verdict.status, m.verdict_basis, m.mechanism_controls.state) == (
+        "inconclusive",
+        "black-box",
+        "skipped",
+    )
 
 
 def test_probed_clients_must_be_clients_of_the_federation(tmp_path):
     path = tmp_path / "mech.toml"
     path.write_text(TOML)
-    with pytest.raises(PrivkitError, match=r"audit.mechanism_controls.clients must be client ids below "
-                                           r"federation.clients = 2; found \[2\]"):
+    with pytest.raises(
+        PrivkitError,
+        match=r"audit.mechanism_controls.clients must be client ids below "
+        r"federation.clients = 2; found \[2\]",
+    ):
         pipeline.load_run_config(path, ["audit.mechanism_controls.clients=[0, 2]"])
 
 
@@ -184,14 +221,23 @@ class GaussConfig(TrainerConfig):
 
 
 if "tiny-gauss" not in REGISTRY:
-    @register_trainer("tiny-gauss", GaussConfig, "tiny-gauss: a Gaussian release without probes",
-                      formal_dp=True)
+
+    @register_trainer(
+        "tiny-gauss", GaussConfig, "tiny-gauss: a Gaussian release without probes", formal_dp=True
+    )
     def _tiny_gauss(federation, config, seed, progress=False):
         ledger = Ledger()
         for i in range(federation.num_clients):
             ledger.add(i, dpa.GaussianDpEvent(2.0), label="release")
-        return TrainResult(method="tiny-gauss", seed=seed, config=config.model_dump(), model=None,
-                           model_spec={}, ledger=ledger, test_accuracy=0.5)
+        return TrainResult(
+            method="tiny-gauss",
+            seed=seed,
+            config=config.model_dump(),
+            model=None,
+            model_spec={},
+            ledger=ledger,
+            test_accuracy=0.5,
+        )
 
 
 def test_a_method_without_probes_says_why(tmp_path):
@@ -202,7 +248,9 @@ def test_a_method_without_probes_says_why(tmp_path):
     resolved = pipeline.resolve_config(data)
     root = tmp_path / "run"
     root.mkdir()
-    pipeline.stages.FEDERATIONS[str(root / "federation.json")] = build_federation(resolved.config.federation)
+    pipeline.stages.FEDERATIONS[str(root / "federation.json")] = build_federation(
+        resolved.config.federation
+    )
     mechanism_controls_stage(resolved, resolved.methods[0], root, progress=False)
     assert CALLS == [("tiny-gauss", "correct")]  # the noise-halved twin would say the same
     rec = json.loads((root / "mechanism-controls" / "tiny-gauss.json").read_text())
@@ -213,7 +261,9 @@ def test_a_method_without_probes_says_why(tmp_path):
     gauss.add(0, dpa.GaussianDpEvent(2.0), "release")
     gauss.save(mdir / "ledger.json")
     mc = read_mechanism_controls(root, "tiny-gauss", {}, mdir)
-    assert mc.state == "unprobed" and mc.reason.startswith("its Gaussian mechanism(s) (release) do not take")
+    assert mc.state == "unprobed" and mc.reason.startswith(
+        "its Gaussian mechanism(s) (release) do not take"
+    )
     nfdp = Ledger()  # FedMD-NFDP: noise-free subsampling, no Gaussian mechanism to probe
     nfdp.add(0, NfdpSubsampleEvent(n=160, k=16, replacement=True), "subsample")
     nfdp.save(mdir / "ledger.json")
@@ -226,23 +276,50 @@ def _method(black_box: str, correct: str, half: str, formal: bool = True):
     from reports import AuditSummary, MechanismControls, MechanismTwin, MethodReport, Verdict
 
     def twin(name, status, expected):
-        return MechanismTwin(twin=name, expected=expected, status=status, as_expected=status == expected,
-                             message=f"{name}: {status}", description=name)
+        return MechanismTwin(
+            twin=name,
+            expected=expected,
+            status=status,
+            as_expected=status == expected,
+            message=f"{name}: {status}",
+            description=name,
+        )
 
     bb = Verdict(status=black_box, message="black-box")
-    return MethodReport(name="m", method="m", formal_dp=formal, audit=AuditSummary(verdict=bb),
-                        verdict=bb if formal else Verdict(status="no-claim"),
-                        mechanism_controls=MechanismControls(
-                            confidence=0.95, twins=[twin("correct", correct, "consistent"),
-                                                    twin("noise x1/2", half, "violation")]))
+    return MethodReport(
+        name="m",
+        method="m",
+        formal_dp=formal,
+        audit=AuditSummary(verdict=bb),
+        verdict=bb if formal else Verdict(status="no-claim"),
+        mechanism_controls=MechanismControls(
+            confidence=0.95,
+            twins=[twin("correct", correct, "consistent"), twin("noise x1/2", half, "violation")],
+        ),
+    )
 
 
-@pytest.mark.parametrize("black_box, correct, half, status, basis", [
-    ("inconclusive", "consistent", "violation", "consistent", "mechanism"),
-    ("inconclusive", "violation", "violation", "violation", "mechanism"),  # a bug of the method itself
-    ("consistent", "consistent", "violation", "consistent", "mechanism"),
-    ("violation", "consistent", "violation", "violation", "black-box"),  # a valid violation stands
-])
+@pytest.mark.parametrize(
+    "black_box, correct, half, status, basis",
+    [
+        ("inconclusive", "consistent", "violation", "consistent", "mechanism"),
+        (
+            "inconclusive",
+            "violation",
+            "violation",
+            "violation",
+            "mechanism",
+        ),  # a bug of the method itself
+        ("consistent", "consistent", "violation", "consistent", "mechanism"),
+        (
+            "violation",
+            "consistent",
+            "violation",
+            "violation",
+            "black-box",
+        ),  # a valid violation stands
+    ],
+)
 def test_row_verdict_rests_on_the_strongest_valid_audit(black_box, correct, half, status, basis):
     from privkit.pipeline.mechanism_report import rest_verdict
 

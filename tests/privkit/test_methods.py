@@ -18,8 +18,11 @@ from privkit.methods import REGISTRY, TrainerConfig, declare, get_trainer, make_
 
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "opacus", "catboost", "ray", "dp_accounting", "sklearn", "scipy", "matplotlib")
-METHOD_MODULES = sorted(p.stem for p in (REPO / "privkit" / "methods").glob("*.py")
-                        if p.stem not in ("__init__", "base", "registry"))
+METHOD_MODULES = sorted(
+    p.stem
+    for p in (REPO / "privkit" / "methods").glob("*.py")
+    if p.stem not in ("__init__", "base", "registry")
+)
 
 # Every shipped method, its defaults and quick settings validated, plus refused values, in a
 # fresh interpreter: which heavy libraries did that import?
@@ -42,20 +45,36 @@ print(json.dumps({"methods": len(REGISTRY), "refused": refused,
 
 
 def test_validating_every_method_imports_no_heavy_library():
-    proc = subprocess.run([sys.executable, "-c", VALIDATE_EVERYTHING, *HEAVY], capture_output=True,
-                          text=True, cwd=REPO, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", VALIDATE_EVERYTHING, *HEAVY],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     # other tests may register toy trainers in this process: count the shipped methods only
-    shipped = [n for n, spec in REGISTRY.items() if spec.config_cls.__module__.startswith("privkit.methods.")]
+    shipped = [
+        n
+        for n, spec in REGISTRY.items()
+        if spec.config_cls.__module__.startswith("privkit.methods.")
+    ]
     assert out["methods"] == len(shipped) >= 16
     assert out["refused"] == out["methods"]  # eval_batch_size >= 1 holds for every method
     assert out["heavy"] == []
 
 
 # shipped methods only: test modules collected earlier may have registered toy trainers
-@pytest.mark.parametrize("name", sorted(n for n, spec in REGISTRY.items()
-                                        if spec.config_cls.__module__.startswith("privkit.methods.")))
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        n
+        for n, spec in REGISTRY.items()
+        if spec.config_cls.__module__.startswith("privkit.methods.")
+    ),
+)
 def test_each_registration_names_its_training_function(name):
     """``target`` is ``privkit.trainers.<m>:<fn>`` for the methods module ``<m>`` declaring it, and
     resolves to a function taking (federation, config, seed, progress)."""
@@ -65,7 +84,12 @@ def test_each_registration_names_its_training_function(name):
     assert module.startswith("privkit.trainers.")
     fn = spec.fn
     assert (fn.__module__, fn.__name__) == (module, fn_name)
-    assert list(inspect.signature(fn).parameters)[:4] == ["federation", "config", "seed", "progress"]
+    assert list(inspect.signature(fn).parameters)[:4] == [
+        "federation",
+        "config",
+        "seed",
+        "progress",
+    ]
     # the methods module of the same name holds the config (centralized reuses dpsgd's)
     assert declared_in in (module.rsplit(".", 1)[-1], "dpsgd")
 
@@ -76,8 +100,13 @@ def test_config_classes_keep_their_trainer_module_import_path(module):
     ``privkit.methods.<m>`` (the same object, so isinstance checks agree)."""
     methods_mod = importlib.import_module(f"privkit.methods.{module}")
     trainers_mod = importlib.import_module(f"privkit.trainers.{module}")
-    classes = [obj for _, obj in vars(methods_mod).items()
-               if inspect.isclass(obj) and issubclass(obj, BaseModel) and obj.__module__ == methods_mod.__name__]
+    classes = [
+        obj
+        for _, obj in vars(methods_mod).items()
+        if inspect.isclass(obj)
+        and issubclass(obj, BaseModel)
+        and obj.__module__ == methods_mod.__name__
+    ]
     if module != "centralized":
         assert classes, f"privkit.methods.{module} defines no config class"
     for cls in classes:
@@ -98,7 +127,7 @@ def test_make_config_refuses_bad_values_and_unknown_methods():
         make_config("dpsgd", {"epochs": -1})
     with pytest.raises(ValidationError, match="bogus"):
         make_config("dpsgd", {"bogus": 1})
-    with pytest.raises(PrivkitError, match="method must be one of .*found 'nosuch'"):
+    with pytest.raises(PrivkitError, match=r"method must be one of .*found 'nosuch'"):
         get_trainer("nosuch")
 
 

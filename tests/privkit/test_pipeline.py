@@ -19,9 +19,9 @@ import pytest
 from typer.testing import CliRunner
 
 import privkit.pipeline as pipeline
-from privkit.pipeline.files import write_json
 from accountants import gaussian_epsilon
 from privkit.cli import app
+from privkit.pipeline.files import write_json
 from privkit.trainers import REGISTRY, TrainerConfig, TrainResult, register_trainer
 from reports import PrivacyReport, load_report
 
@@ -46,8 +46,9 @@ def _tiny(name: str):
             raise RuntimeError(f"{name} exploded on purpose")
         model, spec = new_model(federation, config, seed, arch="mlp", width=8, feature_dim=16)
         x, y = federation.pooled_arrays()
-        train_supervised(model, x, y, epochs=config.epochs, batch_size=256, lr=config.lr,
-                         device="cpu", seed=seed)
+        train_supervised(
+            model, x, y, epochs=config.epochs, batch_size=256, lr=config.lr, device="cpu", seed=seed
+        )
         ledger = Ledger()
         for i in range(federation.num_clients):
             if config.private:
@@ -57,18 +58,27 @@ def _tiny(name: str):
                 ledger.add(i, NonPrivateEvent("no noise"), label="release")
         xt, yt = federation.test_arrays()
         acc = accuracy(model, xt, yt, "cpu")
-        return TrainResult(method=name, seed=seed, config=config.model_dump(), model=model,
-                           model_spec=spec, ledger=ledger,
-                           rounds=[{"round": 1, "test_accuracy": acc}], test_accuracy=acc,
-                           warnings=["features are normalised by a data-dependent maximum"],
-                           claims={"epsilon": 0.5, "delta": 1e-4, "source": "tiny paper"})
+        return TrainResult(
+            method=name,
+            seed=seed,
+            config=config.model_dump(),
+            model=model,
+            model_spec=spec,
+            ledger=ledger,
+            rounds=[{"round": 1, "test_accuracy": acc}],
+            test_accuracy=acc,
+            warnings=["features are normalised by a data-dependent maximum"],
+            claims={"epsilon": 0.5, "delta": 1e-4, "source": "tiny paper"},
+        )
+
     return fn
 
 
 for _name in ("tiny-dp", "tiny-other"):
     if _name not in REGISTRY:
-        register_trainer(_name, TinyConfig, f"{_name}: test trainer", formal_dp=True,
-                         quick={"epochs": 1})(_tiny(_name))
+        register_trainer(
+            _name, TinyConfig, f"{_name}: test trainer", formal_dp=True, quick={"epochs": 1}
+        )(_tiny(_name))
 
 
 def fake_audit(run_dir, *, attacks, shadows, executor, seed, progress, **options):
@@ -79,37 +89,82 @@ def fake_audit(run_dir, *, attacks, shadows, executor, seed, progress, **options
         raise RuntimeError("audit exploded on purpose")
     if "interrupt" in FAIL:
         raise KeyboardInterrupt
-    out = {"schema_version": 1, "method": json.loads((run_dir / "config.json").read_text())["method"],
-           "attacks": {"loss": {"auc": 0.51, "balanced_accuracy": 0.505, "advantage": 0.01,
-                                "tpr_at_fpr": {"0.001": 0.001, "0.01": 0.011},
-                                "epsilon_lower_bound": 0.0, "ceiling": 3.3, "confidence": 0.95,
-                                "delta": 1e-5, "n_trials": 200,
-                                "roc": {"fpr": [0, 0.01, 0.5, 1], "tpr": [0, 0.012, 0.51, 1]},
-                                "notes": "", "error": None}},
-           "attribute": {}, "accounted_epsilon": 1.0, "delta": 1e-5, "shadows": shadows,
-           "verdict": {"status": "consistent", "message": "0 <= 1"}}
+    out = {
+        "schema_version": 1,
+        "method": json.loads((run_dir / "config.json").read_text())["method"],
+        "attacks": {
+            "loss": {
+                "auc": 0.51,
+                "balanced_accuracy": 0.505,
+                "advantage": 0.01,
+                "tpr_at_fpr": {"0.001": 0.001, "0.01": 0.011},
+                "epsilon_lower_bound": 0.0,
+                "ceiling": 3.3,
+                "confidence": 0.95,
+                "delta": 1e-5,
+                "n_trials": 200,
+                "roc": {"fpr": [0, 0.01, 0.5, 1], "tpr": [0, 0.012, 0.51, 1]},
+                "notes": "",
+                "error": None,
+            }
+        },
+        "attribute": {},
+        "accounted_epsilon": 1.0,
+        "delta": 1e-5,
+        "shadows": shadows,
+        "verdict": {"status": "consistent", "message": "0 <= 1"},
+    }
     write_json(run_dir / "audit.json", out)  # a stage stores through privkit.pipeline.files
     return out
 
 
 def control_record(power: bool = True) -> dict:
     """A controls.json in the contract's format (the real controls are tested in test_controls)."""
+
     def entry(name, mode, status):
         expected = "no violation" if name == "correct" else "violation"
         caught = status == "violation"
-        return {"name": name, "expected": expected, "audit_mode": mode, "mechanism": "m",
-                "verdict": {"status": status, "message": "x", "epsilon_lower_bound": 3.6 if caught else 0.3,
-                            "epsilon_ceiling": 3.6, "detectable_epsilon": 2.0, "accounted_epsilon": 3.0,
-                            "attack": "a", "attacks": {"a": {"correct": 200, "guesses": 200}}},
-                "caught": caught, "passed": caught == (expected == "violation"), "test_accuracy": 0.7}
+        return {
+            "name": name,
+            "expected": expected,
+            "audit_mode": mode,
+            "mechanism": "m",
+            "verdict": {
+                "status": status,
+                "message": "x",
+                "epsilon_lower_bound": 3.6 if caught else 0.3,
+                "epsilon_ceiling": 3.6,
+                "detectable_epsilon": 2.0,
+                "accounted_epsilon": 3.0,
+                "attack": "a",
+                "attacks": {"a": {"correct": 200, "guesses": 200}},
+            },
+            "caught": caught,
+            "passed": caught == (expected == "violation"),
+            "test_accuracy": 0.7,
+        }
+
     bb = "violation" if power else "consistent"
-    return {"schema_version": 1, "method": "dpsgd", "claimed_epsilon": 3.0, "delta": 1e-5, "seed": 0,
-            "controls": [entry("correct", "white-box", "consistent"), entry("correct", "black-box", "consistent"),
-                         entry("noise removed", "white-box", "violation"),
-                         entry("clipping and noise removed", "black-box", bb)],
-            "power": power, "false_alarm": False,
-            "message": ("Every positive control was caught (twins)." if power else
-                        "This audit lacked the power to see a violation: clipping and noise removed.")}
+    return {
+        "schema_version": 1,
+        "method": "dpsgd",
+        "claimed_epsilon": 3.0,
+        "delta": 1e-5,
+        "seed": 0,
+        "controls": [
+            entry("correct", "white-box", "consistent"),
+            entry("correct", "black-box", "consistent"),
+            entry("noise removed", "white-box", "violation"),
+            entry("clipping and noise removed", "black-box", bb),
+        ],
+        "power": power,
+        "false_alarm": False,
+        "message": (
+            "Every positive control was caught (twins)."
+            if power
+            else "This audit lacked the power to see a violation: clipping and noise removed."
+        ),
+    }
 
 
 CONTROL_POWER = {"power": True}
@@ -126,8 +181,15 @@ def fake_mechanism_controls(run, m, root, progress):
     """Writes an 'unprobed' mechanism-controls record (the real step is tested in
     test_mechanism_controls_pipeline)."""
     CALLS["mechanism-controls"] = CALLS.get("mechanism-controls", 0) + 1
-    rec = {"schema_version": 1, "method": m.key, "trainer": m.method, "state": "unprobed", "twins": [],
-           "message": f"method {m.method!r} ran no probed DP mechanism", "catchable": None}
+    rec = {
+        "schema_version": 1,
+        "method": m.key,
+        "trainer": m.method,
+        "state": "unprobed",
+        "twins": [],
+        "message": f"method {m.method!r} ran no probed DP mechanism",
+        "catchable": None,
+    }
     write_json(root / "mechanism-controls" / f"{m.key}.json", rec)
 
 
@@ -138,7 +200,9 @@ def _reset(monkeypatch):
     CONTROL_POWER["power"] = True
     monkeypatch.setattr(pipeline.stages, "run_audit", fake_audit)
     monkeypatch.setattr(pipeline.controls, "controls_stage", fake_controls)
-    monkeypatch.setattr(pipeline.mechanism_controls, "mechanism_controls_stage", fake_mechanism_controls)
+    monkeypatch.setattr(
+        pipeline.mechanism_controls, "mechanism_controls_stage", fake_mechanism_controls
+    )
     yield
 
 
@@ -178,26 +242,48 @@ def test_tiny_end_to_end(tmp_path):
     outcome = run(config(tmp_path), tmp_path / "runs")
     root = tmp_path / "runs" / "t"
     assert outcome.failures == []
-    for f in ("config.resolved.json", "status.json", "report.json", "report.html", "report.md",
-              "federation.json", "dataset.json"):
+    for f in (
+        "config.resolved.json",
+        "status.json",
+        "report.json",
+        "report.html",
+        "report.md",
+        "federation.json",
+        "dataset.json",
+    ):
         assert (root / f).is_file(), f
     for key in ("tiny-dp", "tiny-other"):
-        for f in ("config.json", "federation.json", "ledger.json", "metrics.json", "train.json",
-                  "privacy.json", "audit.json", "checkpoints/model.pt"):
+        for f in (
+            "config.json",
+            "federation.json",
+            "ledger.json",
+            "metrics.json",
+            "train.json",
+            "privacy.json",
+            "audit.json",
+            "checkpoints/model.pt",
+        ):
             assert (root / key / f).is_file(), f"{key}/{f}"
     report = load_report(root)
     dp = report.method("tiny-dp")
     # accounted epsilon pinned to dp-accounting's PLD on the same composition (2 Gaussian releases)
-    acc = dpa.pld.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
-                                value_discretization_interval=1e-4)
+    acc = dpa.pld.PLDAccountant(
+        dpa.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4
+    )
     acc.compose(dpa.GaussianDpEvent(NOISE), 2)
     assert dp.privacy.worst["pld"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-3)
     assert dp.privacy.epsilon <= dp.privacy.worst["pld"] + 1e-12  # 'best' is the minimum
     # the certified bracket holds the exact value: 2 Gaussians = one with NOISE / sqrt(2) (analytic)
     bracket = dp.privacy.epsilon_bracket["pld"].model_dump()
     exact = gaussian_epsilon(NOISE / math.sqrt(2), 1e-5, method="analytic")
-    assert bracket["lower"] <= exact <= bracket["upper"] * (1 + 1e-9) and bracket["upper"] == dp.privacy.worst["pld"]
-    assert dp.privacy.epsilon_bracket["rdp"] is None and dp.privacy.bracket_reason["rdp"] == "not-tight"
+    assert (
+        bracket["lower"] <= exact <= bracket["upper"] * (1 + 1e-9)
+        and bracket["upper"] == dp.privacy.worst["pld"]
+    )
+    assert (
+        dp.privacy.epsilon_bracket["rdp"] is None
+        and dp.privacy.bracket_reason["rdp"] == "not-tight"
+    )
     assert f"[{bracket['lower']:.6g}, {bracket['upper']:.6g}]" in (root / "report.md").read_text()
     assert "certified bracket" in (root / "report.html").read_text()
     assert [r for r, _ in dp.privacy.epsilon_over_rounds] == [1.0, 2.0]
@@ -217,7 +303,9 @@ def test_tiny_end_to_end(tmp_path):
     assert report.threat_model.shadows == 2 and report.threat_model.confidence == 0.95
     assert report.metadata.seeds["method:tiny-dp"] == 3
     status = json.loads((root / "status.json").read_text())
-    assert {s["state"] for m in status["methods"].values() for s in m["stages"].values()} == {"done"}
+    assert {s["state"] for m in status["methods"].values() for s in m["stages"].values()} == {
+        "done"
+    }
 
 
 # ---------------------------------------------------------------------------------- resume
@@ -231,8 +319,11 @@ def test_rerun_skips_completed_stages(tmp_path):
     assert CALLS == {}  # nothing trained, audited or controlled again
     assert model.stat().st_mtime_ns == mtime
     # a changed trainer config re-runs that method only (all its stages)
-    path.write_text(path.read_text().replace("overrides = { private = false }",
-                                             "overrides = { private = false, lr = 0.002 }"))
+    path.write_text(
+        path.read_text().replace(
+            "overrides = { private = false }", "overrides = { private = false, lr = 0.002 }"
+        )
+    )
     run(path, tmp_path / "runs")
     # ... and its mechanism controls (their twins use the method's trainer config)
     assert CALLS == {"tiny-other": 1, "audit": 1, "mechanism-controls": 1}
@@ -291,8 +382,12 @@ def test_interrupted_training_keeps_previous_results(tmp_path):
     root = tmp_path / "runs" / "t"
     before = (root / "tiny-dp" / "metrics.json").read_text()
     FAIL.add("tiny-dp")  # a re-train (new config) that fails leaves the old folder intact
-    path.write_text(path.read_text().replace('name = "tiny-dp"\nquick = true',
-                                             'name = "tiny-dp"\nquick = true\noverrides = { lr = 0.01 }'))
+    path.write_text(
+        path.read_text().replace(
+            'name = "tiny-dp"\nquick = true',
+            'name = "tiny-dp"\nquick = true\noverrides = { lr = 0.01 }',
+        )
+    )
     outcome = run(path, tmp_path / "runs")
     assert outcome.failures and (root / "tiny-dp" / "metrics.json").read_text() == before
     assert not list(root.glob(".staging-*"))
@@ -301,35 +396,57 @@ def test_interrupted_training_keeps_previous_results(tmp_path):
 
 
 # ---------------------------------------------------------------------------------- validation
-@pytest.mark.parametrize("tail, needle", [
-    ('\n[[methods]]\nname = "no-such-method"\n', "method must be one of"),
-    ('\n[[methods]]\nname = "tiny-dp"\n', "unique"),
-    ('\n[[methods]]\nname = "tiny-dp"\nlabel = "x"\noverrides = { epochs = "many" }\n',
-     "methods[2] (x) trainer config: epochs"),
-    ('\n[[methods]]\nname = "tiny-dp"\nlabel = "y"\noverrides = { nope = 1 }\n', "nope"),
-])
+@pytest.mark.parametrize(
+    "tail, needle",
+    [
+        ('\n[[methods]]\nname = "no-such-method"\n', "method must be one of"),
+        ('\n[[methods]]\nname = "tiny-dp"\n', "unique"),
+        (
+            '\n[[methods]]\nname = "tiny-dp"\nlabel = "x"\noverrides = { epochs = "many" }\n',
+            "methods[2] (x) trainer config: epochs",
+        ),
+        ('\n[[methods]]\nname = "tiny-dp"\nlabel = "y"\noverrides = { nope = 1 }\n', "nope"),
+    ],
+)
 def test_bad_config_fails_before_any_work(tmp_path, tail, needle):
     path = config(tmp_path, tail=tail)
-    with pytest.raises(ValueError, match=needle.replace("[", r"\[").replace("(", r"\(")
-                       .replace(")", r"\)")):
+    with pytest.raises(
+        ValueError, match=needle.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")
+    ):
         pipeline.load_run_config(path)
     result = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "runs")])
     assert result.exit_code != 0
     assert not (tmp_path / "runs").exists() and CALLS == {}
 
 
-@pytest.mark.parametrize("override, needle", [
-    ("delta=1.5", "delta"),
-    ("federation.dataset=nope", "federation.dataset must be one of"),
-    ("audit.shadows=3", "shadows must be an even number"),
-    ("name=../evil", "name must be"),
-    ("federation.partition=zipf", "federation.partition"),
-])
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("delta=1.5", "delta"),
+        ("federation.dataset=nope", "federation.dataset must be one of"),
+        ("audit.shadows=3", "shadows must be an even number"),
+        ("name=../evil", "name must be"),
+        ("federation.partition=zipf", "federation.partition"),
+    ],
+)
 def test_bad_override_is_one_line_exit_2(tmp_path, override, needle):
     path = config(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", "from privkit.cli import main; main()", "run",
-                           str(path), "--set", override, "--out", str(tmp_path / "runs")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from privkit.cli import main; main()",
+            "run",
+            str(path),
+            "--set",
+            override,
+            "--out",
+            str(tmp_path / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], proc.stderr
@@ -369,8 +486,18 @@ def test_report_command_rerenders_and_rebuilds(tmp_path):
 
 
 def test_report_command_on_missing_dir(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", "from privkit.cli import main; main()", "report",
-                           str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from privkit.cli import main; main()",
+            "report",
+            str(tmp_path / "nope"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "run directory not found" in proc.stderr
 
 
@@ -394,15 +521,17 @@ def test_full_config_validates():
 def test_warning_classifier():
     c = pipeline.classify_warning
     assert c("3 of 20 parties have delta >= 1/n") == "delta_ge_1_over_n"
-    assert c("classic Gaussian mechanism used at epsilon = 1 (valid for epsilon < 1)") == \
-        "classic_gaussian_eps_ge_1"
+    assert (
+        c("classic Gaussian mechanism used at epsilon = 1 (valid for epsilon < 1)")
+        == "classic_gaussian_eps_ge_1"
+    )
     assert c("noise multiplier adapted on the validation loss") == "adaptive_noise"
     assert c("accounted with Poisson sampling, but batches are shuffled") == "sampling_mismatch"
     assert c("something else") == "other"
     # the trainers' own stamps, verbatim, keep their codes (both mention sampling or accuracy)
-    from privkit.trainers.chance import chance_warning
-    from privkit.trainers.base import TrainResult, stamp_noise
     from accountants import Ledger
+    from privkit.trainers.base import TrainResult, stamp_noise
+    from privkit.trainers.chance import chance_warning
 
     assert c(chance_warning("fedavg", 0.1, 0.1)) == "near_chance"
     result = TrainResult("dpsgd", 0, {}, None, {}, Ledger())
@@ -439,8 +568,9 @@ overrides = {{ epochs = 1, reproducible_noise = true }}
         outcome = run(path, tmp_path / f"runs{workers}")
         assert outcome.failures == []
         report = load_report(outcome.root)
-        results[workers] = {m.name: (m.utility.test_accuracy, m.privacy.epsilon)
-                            for m in report.methods}
+        results[workers] = {
+            m.name: (m.utility.test_accuracy, m.privacy.epsilon) for m in report.methods
+        }
         status = json.loads((outcome.root / "status.json").read_text())["methods"]
         assert status["dpsgd"]["stages"]["audit"]["state"] == "skipped"
         assert status["dpsgd"]["stages"]["train"]["state"] == "done"
@@ -455,7 +585,10 @@ def test_controls_are_a_resumable_step_with_their_own_report_section(tmp_path):
     root = tmp_path / "runs" / "t"
     assert CALLS["controls"] == 1
     status = json.loads((root / "status.json").read_text())
-    assert status["controls"]["state"] == "done" and set(status["methods"]) == {"tiny-dp", "tiny-other"}
+    assert status["controls"]["state"] == "done" and set(status["methods"]) == {
+        "tiny-dp",
+        "tiny-other",
+    }
     report = load_report(root)
     assert [m.name for m in report.methods] == ["tiny-dp", "tiny-other"]  # controls are not methods
     assert report.controls.power and len(report.controls.controls) == 4
@@ -480,7 +613,9 @@ def test_uncaught_positive_control_is_the_reports_first_line(tmp_path):
     assert html.index("controls-banner") < html.index("<h1>")
     report = load_report(root)
     assert report.controls.lacks_power
-    assert any(w.code == "reduced_audit" and "lacked the power" in w.message for w in report.warnings)
+    assert any(
+        w.code == "reduced_audit" and "lacked the power" in w.message for w in report.warnings
+    )
 
 
 def test_failed_or_disabled_controls(tmp_path):
@@ -502,7 +637,9 @@ def test_failed_or_disabled_controls(tmp_path):
 def test_controls_method_must_be_a_dpsgd_method_of_the_run(tmp_path):
     from privkit.errors import PrivkitError
 
-    with pytest.raises(PrivkitError, match="audit.controls.method must be the label of a dpsgd method"):
+    with pytest.raises(
+        PrivkitError, match=r"audit\.controls\.method must be the label of a dpsgd method"
+    ):
         pipeline.load_run_config(config(tmp_path), ["audit.controls.method=tiny-dp"])
 
 
@@ -521,14 +658,27 @@ def test_reproducible_noise_flag_stamps_report_not_for_release(tmp_path):
     path = config(tmp_path, tail=tail)
     stamp = "reproducible noise: not for release"
     for flag, out in ((["--reproducible-noise"], "seeded"), ([], "release")):
-        res = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / out), "--quiet",
-                                       "--set", "audit.enabled=false", *flag])
+        res = CliRunner().invoke(
+            app,
+            [
+                "run",
+                str(path),
+                "--out",
+                str(tmp_path / out),
+                "--quiet",
+                "--set",
+                "audit.enabled=false",
+                *flag,
+            ],
+        )
         assert res.exit_code == 0, res.output
         root = tmp_path / out / "t"
         seeded = bool(flag)
         resolved = json.loads((root / "config.resolved.json").read_text())
         assert resolved["reproducible_noise"] is seeded
-        assert all(m["trainer"]["reproducible_noise"] is seeded for m in resolved["resolved_methods"])
+        assert all(
+            m["trainer"]["reproducible_noise"] is seeded for m in resolved["resolved_methods"]
+        )
         ledger = json.loads((root / "tiny-dp" / "ledger.json").read_text())
         assert ledger.get("reproducible_noise", False) is seeded
         privacy = json.loads((root / "tiny-dp" / "privacy.json").read_text())

@@ -21,8 +21,18 @@ from privkit.data import FederationConfig, build_federation
 from privkit.seeding import noise_generator, noise_rng
 from privkit.trainers import dp_sgd_step, fedkadp, train
 
-TINY = {"arch": "mlp", "feature_dim": 16, "rounds": 2, "local_steps": 2, "batch_size": 32,
-        "client_fraction": 0.25, "noise_multiplier": 2.0, "target_epsilon": 1e6, "lr": 0.1, "device": "cpu"}
+TINY = {
+    "arch": "mlp",
+    "feature_dim": 16,
+    "rounds": 2,
+    "local_steps": 2,
+    "batch_size": 32,
+    "client_fraction": 0.25,
+    "noise_multiplier": 2.0,
+    "target_epsilon": 1e6,
+    "lr": 0.1,
+    "device": "cpu",
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +41,24 @@ def fed():
 
 
 def test_generators_secret_in_release_mode_and_seeded_otherwise():
-    a, b = noise_generator(7, "noise", reproducible=False), noise_generator(7, "noise", reproducible=False)
+    a, b = (
+        noise_generator(7, "noise", reproducible=False),
+        noise_generator(7, "noise", reproducible=False),
+    )
     assert not torch.equal(a.randn(8), b.randn(8))
-    a, b = noise_generator(7, "noise", reproducible=True), noise_generator(7, "noise", reproducible=True)
+    a, b = (
+        noise_generator(7, "noise", reproducible=True),
+        noise_generator(7, "noise", reproducible=True),
+    )
     assert torch.equal(a.randn(8), b.randn(8))
-    assert not np.array_equal(noise_rng(7, "x", reproducible=False).normal(size=8),
-                              noise_rng(7, "x", reproducible=False).normal(size=8))
-    assert np.array_equal(noise_rng(7, "x", reproducible=True).normal(size=8),
-                          noise_rng(7, "x", reproducible=True).normal(size=8))
+    assert not np.array_equal(
+        noise_rng(7, "x", reproducible=False).normal(size=8),
+        noise_rng(7, "x", reproducible=False).normal(size=8),
+    )
+    assert np.array_equal(
+        noise_rng(7, "x", reproducible=True).normal(size=8),
+        noise_rng(7, "x", reproducible=True).normal(size=8),
+    )
 
 
 REAL = (fedkadp._local_update, dp_sgd_step.poisson_batch, dp_sgd_step.add_gaussian_noise)
@@ -74,7 +94,9 @@ def _recorded_run(monkeypatch, fed, **over):
 def _same_everything_but_secret_randomness(r1, s1, r2, s2):
     for k, v in s1["init"][0].items():  # initialisation follows the seed
         assert torch.equal(v, s2["init"][0][k])
-    assert [r["clients"] for r in r1.rounds] == [r["clients"] for r in r2.rounds]  # client sampling too
+    assert [r["clients"] for r in r1.rounds] == [
+        r["clients"] for r in r2.rounds
+    ]  # client sampling too
     assert r1.ledger.to_dict() == r2.ledger.to_dict()  # so does what is accounted
     assert len(s1["noise"]) == len(s2["noise"]) > 0
 
@@ -106,8 +128,15 @@ def test_reproducible_mode_repeats_and_is_stamped(monkeypatch, fed, tmp_path):
 
 
 def test_opacus_dpsgd_noise_is_secret_in_release_mode(fed):
-    cfg = {"epochs": 1, "arch": "mlp", "width": 4, "feature_dim": 8, "batch_size": 256,
-           "noise_multiplier": 1.0, "device": "cpu"}
+    cfg = {
+        "epochs": 1,
+        "arch": "mlp",
+        "width": 4,
+        "feature_dim": 8,
+        "batch_size": 256,
+        "noise_multiplier": 1.0,
+        "device": "cpu",
+    }
     a, b = train("dpsgd", fed, cfg, seed=1), train("dpsgd", fed, cfg, seed=1)
     assert not torch.equal(next(a.model.parameters()), next(b.model.parameters()))
     c, d = (train("dpsgd", fed, {**cfg, "reproducible_noise": True}, seed=1) for _ in range(2))
@@ -117,9 +146,25 @@ def test_opacus_dpsgd_noise_is_secret_in_release_mode(fed):
 
 def test_train_cli_stamps_reproducible_runs(tmp_path):
     runner = CliRunner()
-    args = ["train", "dp-fedavg", "--quick", "--set", "rounds=1", "--set", "local_steps=1",
-            "--set", "arch=mlp", "--set", "feature_dim=8", "--federation-set", "clients=4",
-            "--out", str(tmp_path / "run"), "--json", "--reproducible-noise"]
+    args = [
+        "train",
+        "dp-fedavg",
+        "--quick",
+        "--set",
+        "rounds=1",
+        "--set",
+        "local_steps=1",
+        "--set",
+        "arch=mlp",
+        "--set",
+        "feature_dim=8",
+        "--federation-set",
+        "clients=4",
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+        "--reproducible-noise",
+    ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)

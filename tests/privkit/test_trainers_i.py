@@ -55,7 +55,9 @@ def test_parameter_sharing_methods_record_non_private_updates(fed, method):
     for c in res.ledger.clients:
         entries = res.ledger.entries(c)
         assert len(entries) == 2  # full participation, 2 rounds
-        assert all(isinstance(e.event, NonPrivateEvent) and e.label == "model-update" for e in entries)
+        assert all(
+            isinstance(e.event, NonPrivateEvent) and e.label == "model-update" for e in entries
+        )
     assert math.isinf(res.ledger.epsilon(1e-5))
     assert math.isinf(res.claims["epsilon"])
     if method == "feddf":
@@ -81,9 +83,12 @@ def test_fedprox_term_is_half_mu_squared_distance_with_gradient_mu_times_drift()
             p.add_(torch.randn_like(p))
     term = _prox_term(0.3, anchor)(model, None, torch.zeros(1))
     drift = {k: p.detach() - anchor[k] for k, p in model.named_parameters()}
-    assert float(term) == pytest.approx(0.15 * sum(float((d ** 2).sum()) for d in drift.values()))
+    assert float(term) == pytest.approx(0.15 * sum(float((d**2).sum()) for d in drift.values()))
     term.backward()
-    for k, p in model.named_parameters():  # d/dtheta (mu/2)||theta - theta_t||^2 = mu (theta - theta_t)
+    for (
+        k,
+        p,
+    ) in model.named_parameters():  # d/dtheta (mu/2)||theta - theta_t||^2 = mu (theta - theta_t)
         torch.testing.assert_close(p.grad, 0.3 * drift[k])
 
 
@@ -100,14 +105,22 @@ def test_fedprox_larger_mu_keeps_the_model_closer_to_where_it_started(fed):
         return float((torch.cat([p.detach().flatten() for p in model.parameters()]) - init).norm())
 
     avg = train("fedavg", fed, quick("fedavg", **cfg), seed=0).model
-    prox = [train("fedprox", fed, quick("fedprox", **cfg, mu=mu), seed=0).model for mu in (0.01, 1.0, 10.0)]
+    prox = [
+        train("fedprox", fed, quick("fedprox", **cfg, mu=mu), seed=0).model
+        for mu in (0.01, 1.0, 10.0)
+    ]
     d = [dist(avg)] + [dist(m) for m in prox]
     assert d[0] > d[1] > d[2] > d[3]
     assert not torch.equal(avg.head.weight, prox[0].head.weight)
 
 
 def test_fedaux_scores_are_dp_and_models_are_not(fed):
-    res = train("fedaux", fed, quick("fedaux", score_epsilon=0.1, score_delta=1e-5, calibration="classic"), seed=0)
+    res = train(
+        "fedaux",
+        fed,
+        quick("fedaux", score_epsilon=0.1, score_delta=1e-5, calibration="classic"),
+        seed=0,
+    )
     K = fed.num_clients
     assert res.artifacts["scores"].shape == (K, len(fed.distill))
     assert res.artifacts["score_heads"].shape[0] == K
@@ -128,8 +141,15 @@ def test_fedaux_scores_are_dp_and_models_are_not(fed):
 
 
 def test_fedauxfdp_ledger_and_claim(fed):
-    cfg = quick("fedauxfdp", class_epsilon=0.5, score_epsilon=0.1, class_delta=1e-5, score_delta=1e-5,
-                class_lambda=0.01, calibration="classic")  # the paper's mechanism
+    cfg = quick(
+        "fedauxfdp",
+        class_epsilon=0.5,
+        score_epsilon=0.1,
+        class_delta=1e-5,
+        score_delta=1e-5,
+        class_lambda=0.01,
+        calibration="classic",
+    )  # the paper's mechanism
     res = train("fedauxfdp", fed, cfg, seed=0)
     K, C = fed.num_clients, fed.num_classes
     assert res.artifacts["heads"].shape == (K, C, 32 + 1)
@@ -138,14 +158,24 @@ def test_fedauxfdp_ledger_and_claim(fed):
     for c in res.ledger.clients:
         by_label = {e.label: e for e in res.ledger.entries(c)}
         assert set(by_label) == {"class-head", "scores"}
-        assert by_label["class-head"].event.noise_multiplier == pytest.approx(classic_multiplier(0.5, 1e-5))
-        assert by_label["scores"].event.noise_multiplier == pytest.approx(classic_multiplier(0.1, 1e-5))
-    assert res.claims["epsilon"] == pytest.approx(0.6) and res.claims["delta"] == pytest.approx(2e-5)
+        assert by_label["class-head"].event.noise_multiplier == pytest.approx(
+            classic_multiplier(0.5, 1e-5)
+        )
+        assert by_label["scores"].event.noise_multiplier == pytest.approx(
+            classic_multiplier(0.1, 1e-5)
+        )
+    assert res.claims["epsilon"] == pytest.approx(0.6) and res.claims["delta"] == pytest.approx(
+        2e-5
+    )
     # the accountant's figure for the same two releases is below the paper's basic-composition sum
     assert res.ledger.epsilon(2e-5) < 0.6
     mech = res.claims["mechanisms"]["class-head"]["clients"]
-    assert all(m["sensitivity_paper"] == pytest.approx(2 * math.sqrt(C) / (0.01 * m["n"])) for m in mech)
-    assert all(m["sensitivity_cfree"] == pytest.approx(2 * math.sqrt(2) / (0.01 * m["n"])) for m in mech)
+    assert all(
+        m["sensitivity_paper"] == pytest.approx(2 * math.sqrt(C) / (0.01 * m["n"])) for m in mech
+    )
+    assert all(
+        m["sensitivity_cfree"] == pytest.approx(2 * math.sqrt(2) / (0.01 * m["n"])) for m in mech
+    )
 
 
 def test_cfree_bound_needs_less_noise(fed):
@@ -158,7 +188,12 @@ def test_cfree_bound_needs_less_noise(fed):
 
 @pytest.mark.parametrize("method", ["fedavg-dphead", "fedd-dphead"])
 def test_dp_head_baselines_spend_the_whole_budget_on_one_release(fed, method):
-    res = train(method, fed, quick(method, class_epsilon=0.5, score_epsilon=0.1, calibration="classic"), seed=0)
+    res = train(
+        method,
+        fed,
+        quick(method, class_epsilon=0.5, score_epsilon=0.1, calibration="classic"),
+        seed=0,
+    )
     for c in res.ledger.clients:
         (entry,) = res.ledger.entries(c)
         assert entry.label == "class-head"
@@ -173,7 +208,10 @@ def test_dp_head_baselines_spend_the_whole_budget_on_one_release(fed, method):
 @pytest.mark.parametrize("method", ["fedauxfdp", "fedaux"])
 def test_same_seed_same_models(fed, method):
     clear_cache()  # pretraining itself must be reproducible, not just cached
-    cfg = {**quick(method), "reproducible_noise": True}  # release mode draws the DP noise from the OS
+    cfg = {
+        **quick(method),
+        "reproducible_noise": True,
+    }  # release mode draws the DP noise from the OS
     a = train(method, fed, cfg, seed=5)
     clear_cache()
     b = train(method, fed, cfg, seed=5)
@@ -192,7 +230,9 @@ def test_save_load_round_trip(fed, tmp_path):
     with torch.no_grad():
         xa = torch.as_tensor(x[:50])
         torch.testing.assert_close(res.model.eval()(xa), back.model.eval()(xa))
-        torch.testing.assert_close(res.client_models[0].eval()(xa), back.client_models[0].eval()(xa))
+        torch.testing.assert_close(
+            res.client_models[0].eval()(xa), back.client_models[0].eval()(xa)
+        )
     assert back.ledger.epsilon(2e-5) == pytest.approx(res.ledger.epsilon(2e-5))
     np.testing.assert_array_equal(back.artifacts["heads"], res.artifacts["heads"])
 
@@ -215,7 +255,9 @@ def test_fedd_baseline_distils_the_mean_logit_ensemble(fed):
 
     # reproducible noise: both baselines then release the very same DP heads
     fedd = train("fedd-dphead", fed, {**quick("fedd-dphead"), "reproducible_noise": True}, seed=4)
-    favg = train("fedavg-dphead", fed, {**quick("fedavg-dphead"), "reproducible_noise": True}, seed=4)
+    favg = train(
+        "fedavg-dphead", fed, {**quick("fedavg-dphead"), "reproducible_noise": True}, seed=4
+    )
     assert np.array_equal(fedd.artifacts["heads"], favg.artifacts["heads"])  # same DP releases
     # the baseline's claimed budget is what it spends: its epsilon >= 1 release is calibrated with the
     # analytic Gaussian, whose exact epsilon (dp-accounting RDP/PLD of the ledger) meets the claim
@@ -224,7 +266,9 @@ def test_fedd_baseline_distils_the_mean_logit_ensemble(fed):
     assert favg.ledger.epsilon(claim["delta"], accountant="pld") <= claim["epsilon"] * (1 + 1e-3)
     assert not any("classes_held" in c for c in claim["mechanisms"]["class-head"]["clients"])
     x_distill, _ = fed.public_arrays("distill")
-    expected = torch.softmax(torch.from_numpy(predict_logits(favg.model, x_distill, torch.device("cpu"))), 1)
+    expected = torch.softmax(
+        torch.from_numpy(predict_logits(favg.model, x_distill, torch.device("cpu"))), 1
+    )
     assert np.allclose(fedd.artifacts["soft_labels"], expected.numpy(), atol=1e-5)
     prob = train("fedd-dphead", fed, quick("fedd-dphead", ensemble="probabilities"), seed=4)
     assert not np.allclose(prob.artifacts["soft_labels"], fedd.artifacts["soft_labels"], atol=1e-3)

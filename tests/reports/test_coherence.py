@@ -9,29 +9,63 @@ import math
 
 import pytest
 
-from reports import (AttackResult, AttributeResult, MethodReport, PaperClaim, PrivacyAccounting,
-                     StageStatus, Utility, Verdict, formal_dp_status, render_html,
-                     render_markdown, summary_rows)
+from reports import (
+    AttackResult,
+    AttributeResult,
+    MethodReport,
+    PaperClaim,
+    PrivacyAccounting,
+    StageStatus,
+    Utility,
+    Verdict,
+    formal_dp_status,
+    render_html,
+    render_markdown,
+    summary_rows,
+)
 
 DONE = {s: StageStatus(state="done") for s in ("train", "account", "audit", "report")}
 
 
 # ------------------------------------------------------------------------------- the rule
-@pytest.mark.parametrize("kwargs, formal, label, words", [
-    (dict(claims_dp=True, epsilon=1.2), True, "yes", ""),
-    (dict(claims_dp=False, epsilon=1.2), False, "no", "no formal DP claim"),
-    (dict(claims_dp=True, epsilon=math.inf, non_private=["model-update", "model-update"]), False,
-     "no", "without noise is recorded (model-update)"),
-    (dict(claims_dp=True, epsilon=math.inf, fixed_delta=0.08, n_min=100), False, "δ ≥ 1/n",
-     "permits publishing records"),
-    (dict(claims_dp=True, epsilon=math.inf, fixed_delta=1e-3, n_min=100), False, "not at this δ",
-     "only at delta >= 0.001"),
-    (dict(claims_dp=True, epsilon=math.inf), False, "no", "no finite epsilon at delta 1e-05"),
-    (dict(claims_dp=True, epsilon=0.0, n_min=8, delta=0.2), False, "δ ≥ 1/n",
-     "finite only because delta = 0.2 >= 1/n"),
-    (dict(claims_dp=True, epsilon=None, error="event X unsupported"), False, "not accounted",
-     "event X unsupported"),
-])
+@pytest.mark.parametrize(
+    "kwargs, formal, label, words",
+    [
+        (dict(claims_dp=True, epsilon=1.2), True, "yes", ""),
+        (dict(claims_dp=False, epsilon=1.2), False, "no", "no formal DP claim"),
+        (
+            dict(claims_dp=True, epsilon=math.inf, non_private=["model-update", "model-update"]),
+            False,
+            "no",
+            "without noise is recorded (model-update)",
+        ),
+        (
+            dict(claims_dp=True, epsilon=math.inf, fixed_delta=0.08, n_min=100),
+            False,
+            "δ ≥ 1/n",
+            "permits publishing records",
+        ),
+        (
+            dict(claims_dp=True, epsilon=math.inf, fixed_delta=1e-3, n_min=100),
+            False,
+            "not at this δ",
+            "only at delta >= 0.001",
+        ),
+        (dict(claims_dp=True, epsilon=math.inf), False, "no", "no finite epsilon at delta 1e-05"),
+        (
+            dict(claims_dp=True, epsilon=0.0, n_min=8, delta=0.2),
+            False,
+            "δ ≥ 1/n",
+            "finite only because delta = 0.2 >= 1/n",
+        ),
+        (
+            dict(claims_dp=True, epsilon=None, error="event X unsupported"),
+            False,
+            "not accounted",
+            "event X unsupported",
+        ),
+    ],
+)
 def test_formal_dp_rule(kwargs, formal, label, words):
     out = formal_dp_status(**{"delta": 1e-5, **kwargs})
     assert (out.formal, out.label) == (formal, label)
@@ -49,8 +83,9 @@ def test_nfdp_ledger_is_delta_only_with_delta_at_least_one_over_n():
     summary = ledger.summary(1e-5, accountants=["rdp", "pld"])
     fixed = summary["delta_split"]["0"]["fixed_delta"]
     assert fixed == pytest.approx(1 - (1 - 1 / n) ** k, rel=1e-12)  # closed form
-    out = formal_dp_status(claims_dp=True, epsilon=summary["worst"]["best"], delta=1e-5,
-                           fixed_delta=fixed, n_min=n)
+    out = formal_dp_status(
+        claims_dp=True, epsilon=summary["worst"]["best"], delta=1e-5, fixed_delta=fixed, n_min=n
+    )
     assert math.isinf(summary["worst"]["best"])
     assert (out.formal, out.label) == (False, "δ ≥ 1/n")
 
@@ -60,14 +95,25 @@ def _nfdp_row() -> MethodReport:
     # the sample report's smallest client holds 6 records: 1/n = 0.167 <= 0.2
     rule = formal_dp_status(claims_dp=True, epsilon=math.inf, delta=1e-5, fixed_delta=0.2, n_min=6)
     return MethodReport(
-        name="fedmd-nfdp", method="fedmd-nfdp", formal_dp=rule.formal,
-        formal_dp_label=rule.label, formal_dp_reason=rule.reason, claims_dp=True,
+        name="fedmd-nfdp",
+        method="fedmd-nfdp",
+        formal_dp=rule.formal,
+        formal_dp_label=rule.label,
+        formal_dp_reason=rule.reason,
+        claims_dp=True,
         utility=Utility(test_accuracy=0.38),
-        privacy=PrivacyAccounting(delta=1e-5, accountants=["pld"], primary_accountant="pld",
-                                  worst={"pld": math.inf}, fixed_delta=0.2,
-                                  claim=PaperClaim(epsilon=0.0, delta=0.2, source="Thm 2"),
-                                  epsilon_at_claim_delta=0.0),
-        verdict=Verdict(status="no-claim", message=rule.reason), stages=dict(DONE))
+        privacy=PrivacyAccounting(
+            delta=1e-5,
+            accountants=["pld"],
+            primary_accountant="pld",
+            worst={"pld": math.inf},
+            fixed_delta=0.2,
+            claim=PaperClaim(epsilon=0.0, delta=0.2, source="Thm 2"),
+            epsilon_at_claim_delta=0.0,
+        ),
+        verdict=Verdict(status="no-claim", message=rule.reason),
+        stages=dict(DONE),
+    )
 
 
 def test_delta_only_guarantee_is_never_shown_as_epsilon_zero(sample_report):
@@ -84,7 +130,9 @@ def test_delta_only_guarantee_is_never_shown_as_epsilon_zero(sample_report):
     assert cells[1] == "δ ≥ 1/n" and cells[4] == "none: δ ≥ 1/n" and cells[2] == "inf"
     assert "privkit at that δ: ε = 0" not in md
     html = render_html(report, figures=False)
-    assert "not a meaningful guarantee" in html and "privkit at the same δ: <b>ε = 0</b>" not in html
+    assert (
+        "not a meaningful guarantee" in html and "privkit at the same δ: <b>ε = 0</b>" not in html
+    )
 
 
 def test_headline_bound_and_attack_come_from_the_verdict(sample_report):
@@ -121,9 +169,9 @@ def test_coinciding_curves_stay_visible(sample_report):
 
     report = sample_report
     same = [(1, 0.3), (2, 0.6), (3, 0.9), (4, 1.2)]
-    report.methods[1].privacy = PrivacyAccounting(delta=1e-5, worst={"pld": 1.2},
-                                                  primary_accountant="pld",
-                                                  epsilon_over_rounds=same)
+    report.methods[1].privacy = PrivacyAccounting(
+        delta=1e-5, worst={"pld": 1.2}, primary_accountant="pld", epsilon_over_rounds=same
+    )
     fig = epsilon_over_rounds_figure(report)
     lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
     assert set(lines) == {"fedauxfdp", "fedavg (= fedauxfdp)", "flip-eps8"}
@@ -146,4 +194,4 @@ def test_privacy_utility_places_rows_by_the_rule(sample_report):
     band = sorted(float(p[1]) for c in ax_inf.collections for p in c.get_offsets())
     assert finite == [(1.2, 0.71)]
     assert band == [0.38, 0.6, 0.85]
-    assert any("fedmd-nfdp (δ ≥ 1/n)" == t.get_text() for t in ax_inf.texts)
+    assert any(t.get_text() == "fedmd-nfdp (δ ≥ 1/n)" for t in ax_inf.texts)

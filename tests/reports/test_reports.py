@@ -8,14 +8,22 @@ import math
 import shutil
 import subprocess
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from reports import (MethodReport, PrivacyReport, ReportWarning, fmt_eps, load_report,
-                     render_html, render_markdown, summary_rows, write_report)
-from reports import plots
+from reports import (
+    MethodReport,
+    PrivacyReport,
+    ReportWarning,
+    fmt_eps,
+    load_report,
+    plots,
+    render_html,
+    render_markdown,
+    summary_rows,
+    write_report,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -42,7 +50,9 @@ def test_open_records_keep_unknown_keys(sample_report):
     data["methods"][0]["audit"]["attacks"]["loss"]["new_metric"] = 0.25
     back = PrivacyReport.model_validate(data)
     assert back.methods[0].audit.attacks["loss"].model_extra == {"new_metric": 0.25}
-    assert json.loads(back.to_json())["methods"][0]["audit"]["attacks"]["loss"]["new_metric"] == 0.25
+    assert (
+        json.loads(back.to_json())["methods"][0]["audit"]["attacks"]["loss"]["new_metric"] == 0.25
+    )
 
 
 def test_wrong_schema_version_is_one_line_error(sample_report):
@@ -58,8 +68,11 @@ def test_schema_rejects_bad_values(sample_report):
     with pytest.raises(ValidationError, match="warning code"):
         ReportWarning(code="made_up", message="x")
     with pytest.raises(ValidationError, match="unique"):
-        PrivacyReport(metadata=sample_report.metadata, threat_model=sample_report.threat_model,
-                      methods=[MethodReport(name="a", method="a"), MethodReport(name="a", method="b")])
+        PrivacyReport(
+            metadata=sample_report.metadata,
+            threat_model=sample_report.threat_model,
+            methods=[MethodReport(name="a", method="a"), MethodReport(name="a", method="b")],
+        )
     data = json.loads(sample_report.to_json())
     data["threat_model"]["delta"] = 1.5
     with pytest.raises(ValidationError, match="delta"):
@@ -80,7 +93,7 @@ def test_best_attack_and_headline_epsilon(sample_report):
 
 def test_summary_rows_cost_is_relative_to_best_non_private(sample_report):
     rows = {r["name"]: r for r in summary_rows(sample_report)}
-    assert rows["fedauxfdp"]["cost"]["text"] == "-14.0 pt"   # 0.71 - 0.85
+    assert rows["fedauxfdp"]["cost"]["text"] == "-14.0 pt"  # 0.71 - 0.85
     assert rows["fedavg"]["cost"]["text"] == "reference"
     assert rows["fedavg"]["epsilon"]["text"] == "inf"
     assert rows["fedmd-nfdp"]["stages"] == "train failed"
@@ -90,10 +103,15 @@ def test_summary_rows_cost_is_relative_to_best_non_private(sample_report):
 def test_summary_shows_the_verdicts_family_wise_numbers(sample_report):
     rows = {r["name"]: r for r in summary_rows(sample_report)}
     # the verdict's family-wise bound, ceiling and detectable epsilon, not the best attack's own
-    assert (rows["fedauxfdp"]["emp_eps"]["text"], rows["fedauxfdp"]["ceiling"],
-            rows["fedauxfdp"]["detectable"]["text"]) == ("0.05", "3.81", "1.62")
+    assert (
+        rows["fedauxfdp"]["emp_eps"]["text"],
+        rows["fedauxfdp"]["ceiling"],
+        rows["fedauxfdp"]["detectable"]["text"],
+    ) == ("0.05", "3.81", "1.62")
     # no verdict numbers (older report): the best attack's own bound and ceiling, no detectable
-    assert rows["fedavg"]["emp_eps"]["text"] == "0.8" and rows["fedavg"]["detectable"]["text"] == "—"
+    assert (
+        rows["fedavg"]["emp_eps"]["text"] == "0.8" and rows["fedavg"]["detectable"]["text"] == "—"
+    )
 
 
 def test_verdict_rederived_from_report_json(sample_report):
@@ -110,7 +128,10 @@ def test_legacy_verdict_names_are_read_as_new_ones(sample_report):
     data["methods"][0]["verdict"]["status"] = "VIOLATION"
     data["methods"][1]["verdict"]["status"] = "no-formal-guarantee"
     back = PrivacyReport.model_validate(data)
-    assert [back.methods[0].verdict.status, back.methods[1].verdict.status] == ["violation", "no-claim"]
+    assert [back.methods[0].verdict.status, back.methods[1].verdict.status] == [
+        "violation",
+        "no-claim",
+    ]
     data["methods"][0]["verdict"]["detectable_epsilon"] = "Infinity"  # strict JSON for inf
     assert PrivacyReport.model_validate(data).methods[0].verdict.detectable_epsilon == math.inf
 
@@ -129,8 +150,14 @@ def test_fmt_eps():
 def test_every_figure_is_a_png(sample_report):
     figs = plots.report_figures(sample_report)
     # ROC only for methods with attack curves; others are left out, not drawn empty
-    assert set(figs) == {"privacy_utility", "epsilon_comparison", "epsilon_over_rounds",
-                         "client_class", "roc/fedauxfdp", "roc/fedavg"}
+    assert set(figs) == {
+        "privacy_utility",
+        "epsilon_comparison",
+        "epsilon_over_rounds",
+        "client_class",
+        "roc/fedauxfdp",
+        "roc/fedavg",
+    }
     for fig in figs.values():
         assert plots.figure_to_png(fig).startswith(PNG_MAGIC)
 
@@ -251,17 +278,30 @@ def _chromium() -> str | None:
     return None
 
 
-@pytest.mark.skipif(_chromium() is None,
-                    reason="headless Chromium not installed (Debian package `chromium`; .ci/run "
-                           "installs it)")
+@pytest.mark.skipif(
+    _chromium() is None,
+    reason="headless Chromium not installed (Debian package `chromium`; .ci/run installs it)",
+)
 def test_chromium_renders_without_console_errors(sample_report, tmp_path):
     paths = write_report(sample_report, tmp_path / "report", formats=["html"])
     shot = tmp_path / "report.png"
-    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-           "--no-first-run", "--disable-background-networking", "--disable-component-update",
-           "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr",
-           "--v=0", "--window-size=1280,2400", f"--screenshot={shot}",
-           paths["html"].resolve().as_uri()]
+    cmd = [
+        _chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--window-size=1280,2400",
+        f"--screenshot={shot}",
+        paths["html"].resolve().as_uri(),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert shot.is_file() and shot.read_bytes().startswith(PNG_MAGIC), proc.stderr[-2000:]
     console = [ln for ln in proc.stderr.splitlines() if "CONSOLE" in ln]

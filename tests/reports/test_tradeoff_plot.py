@@ -26,7 +26,9 @@ def test_forbidden_points_are_those_above_one_minus_f():
     # a tolerance forgives what lies within it
     np.testing.assert_array_equal(plots.forbidden_roc_points(fpr, tpr, eps1, tol=0.06), [3, 5])
     # the accountant's own curve object gives the same answer
-    np.testing.assert_array_equal(plots.forbidden_roc_points(fpr, tpr, generic_curve(1.0, 0.0)), [3, 4, 5])
+    np.testing.assert_array_equal(
+        plots.forbidden_roc_points(fpr, tpr, generic_curve(1.0, 0.0)), [3, 4, 5]
+    )
 
 
 def test_chance_and_a_dp_consistent_roc_are_never_forbidden():
@@ -45,8 +47,10 @@ def test_forbidden_points_bad_input(fpr, tpr):
 
 def test_tradeoff_roc_figure_is_a_png_and_marks_violations():
     fpr = np.r_[0.0, np.geomspace(1e-3, 1.0, 60)]
-    rocs = {"loss threshold": (fpr, 1 - generic_curve(0.5, 0.0)(fpr)),  # a 0.5-DP attack
-            "broken": (fpr, np.minimum(1.0, 10 * fpr))}  # far above e * FPR at low FPR
+    rocs = {
+        "loss threshold": (fpr, 1 - generic_curve(0.5, 0.0)(fpr)),  # a 0.5-DP attack
+        "broken": (fpr, np.minimum(1.0, 10 * fpr)),
+    }  # far above e * FPR at low FPR
     curve = generic_curve(1.0, 1e-5)
     fig = plots.tradeoff_roc_figure(rocs, curve, title="demo")
     png = plots.figure_to_png(fig)
