@@ -27,7 +27,8 @@ past it is not sent (the remaining rounds send nothing); :meth:`Accounted.start`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ try:
 except ImportError as exc:  # one line naming the extra to install
     raise ImportError(INSTALL_HINT) from exc
 
+from privkit.flower.adaptive import RoundFilter
 from privkit.flower.checks import check_flower_dp
 from privkit.flower.client import entries_of, ledger_mod, record, record_dpsgd, recorded
 from privkit.flower.mechanisms import CentralDp, central_dp, central_event, local_dp_event
@@ -62,7 +64,7 @@ class _Round:
     sampled: list[int]
     sent: list | None  # the global arrays sent (numpy), for the clip-norm check
     clip_norm: float | None
-    predicted: dict[str, list[tuple[Any, str, str]]] = field(default_factory=dict)
+    config: Any = None  # the ConfigRecord the round sends
 
 
 def _local_dp_parameters(entry: dict) -> Any:
@@ -136,6 +138,16 @@ class Accounted(Strategy):
     client_sampling : {"without_replacement", "none"}
         ``without_replacement``: amplification by Flower's uniform draw of ``m`` of ``n`` nodes
         (replace-one only; dp-accounting's RDP); ``none``: only the sampled clients are charged.
+    client_mechanism : callable, optional
+        ``client_mechanism(server_round, config) -> [(event, label, neighbouring), ...]``: what each
+        sampled client will apply in the round, from the config the round sends; used to check the
+        budget (and the filter) before the round is sent.  Without it a client's mechanisms are
+        predicted from its previous round.
+    adaptive : bool
+        The app picks a round's noise from earlier releases: charge each round to a Rényi filter
+        (:mod:`privkit.flower.adaptive`) whose guarantee is ``(budget, delta)``; needs ``budget``.
+    order : float, optional
+        The filter's RDP order (by default planned from the first round's mechanisms).
     accountant : {"rdp", "pld"}
         Accountant of the per-round epsilon and the budget check (``privacy.json`` has all).
     out : path, optional
@@ -152,6 +164,9 @@ class Accounted(Strategy):
         budget: float | None = None,
         neighbouring: str = "replace_one",
         client_sampling: str = "without_replacement",
+        client_mechanism: Callable[[int, Any], list[tuple[Any, str, str]]] | None = None,
+        adaptive: bool = False,
+        order: float | None = None,
         accountant: str = "rdp",
         out: str | Path | None = None,
         name: str = "flower-app",
@@ -177,6 +192,12 @@ class Accounted(Strategy):
                 "accountant must be 'rdp' with client_sampling 'without_replacement' "
                 "(dp-accounting's PLD has no sampling without replacement); found 'pld'"
             )
+        if adaptive and self.budget is None:
+            raise ValueError(
+                "budget must be set with adaptive=True (the Renyi filter's guarantee); found None"
+            )
+        self.filter = RoundFilter(self.budget, self.delta, order) if adaptive else None
+        self.client_mechanism = client_mechanism
         self.central: CentralDp | None = central_dp(strategy)
         self.notes: list[str] = []  # what check_flower_dp warns about the app's DP configuration
         self._checked: set[str] = set()
@@ -236,13 +257,19 @@ class Accounted(Strategy):
 
     def _predict(self, rnd: _Round) -> dict[str, list]:
         """The round's events as known before sending: central DP at equal weights; a client's own
-        mechanisms as in its last round (unknown for a client that never reported)."""
+        mechanisms from ``client_mechanism``, else as in its last round (unknown for a client that
+        never reported)."""
         pending: dict[str, list] = {}
         if self.central is not None:
             pending = self._central_pending(rnd, {n: 1.0 / len(rnd.sampled) for n in rnd.sampled})
         for n in rnd.sampled:
             key = str(n)
-            if key in self.ledger.clients:
+            if self.client_mechanism is not None:
+                declared = self.client_mechanism(rnd.number, rnd.config)
+                pending[key] = [
+                    (ev, f"round {rnd.number}: {label}", rel) for ev, label, rel in declared
+                ]
+            elif key in self.ledger.clients:
                 last = max((e.round or 0) for e in self.ledger.entries(key))
                 own = [
                     (e.event, e.label, e.neighbouring)
@@ -272,9 +299,15 @@ class Accounted(Strategy):
             else None
         )
         rnd = _Round(
-            server_round, nodes, [int(m.metadata.dst_node_id) for m in messages], sent, clip
+            server_round, nodes, [int(m.metadata.dst_node_id) for m in messages], sent, clip, config
         )
-        if self.budget is not None and rnd.sampled:
+        if self.filter is not None and rnd.sampled:
+            refused = self._refused_by_filter(rnd)
+            if refused:
+                self.stopped = f"stopped before round {server_round}: {refused}"
+                log(WARNING, "privkit: %s", self.stopped)
+                return []
+        elif self.budget is not None and rnd.sampled:
             would = self._epsilon_with(self._predict(rnd))
             if would > self.budget:
                 self.stopped = (
@@ -285,6 +318,20 @@ class Accounted(Strategy):
                 return []
         self._round = rnd
         return messages
+
+    def _refused_by_filter(self, rnd: _Round) -> str | None:
+        """Why the Rényi filter refuses the round (None when it admits it)."""
+        assert self.filter is not None
+        pending = self._predict(rnd)
+        self.filter.plan(pending)
+        client = self.filter.refused(pending)
+        if client is None:
+            return None
+        f = self.filter.filter
+        return (
+            f"the Renyi filter (order {f.order:g}, budget {f.budget:.4g}, epsilon {self.budget:g} at delta "
+            f"{self.delta:g}) would be passed by client {client}"
+        )
 
     def aggregate_train(self, server_round: int, replies: Any) -> tuple[Any, Any]:
         """Aggregate with the inner strategy, then record the round's events and its epsilon."""
@@ -340,6 +387,12 @@ class Accounted(Strategy):
                 self.ledger.add(client, event, label, round=rnd.number, neighbouring=relation)
         if pending:
             self._worst = self.ledger.account(self.delta, accountant=self.accountant).epsilon
+        if self.filter is not None and self.filter.filter is not None:
+            self.filter.spend(pending, rnd.number)
+            self.ledger.adaptive = self.filter.to_dict()
+            if self.filter.passed and self.filter.passed not in self.notes:
+                self.notes.append(self.filter.passed)
+                log(WARNING, "privkit: %s", self.filter.passed)
         self.rounds.append(
             {
                 "round": rnd.number,
