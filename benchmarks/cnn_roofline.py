@@ -106,8 +106,19 @@ def ceilings(model: torch.nn.Module, shape: tuple[int, ...], batch: int = 256) -
             def run(h=h, w=w, g=g, layer=layer, mask=mask):
                 for _ in range(4):
                     F.conv2d(h, w, None, layer.stride, layer.padding)
-                    torch.ops.aten.convolution_backward(g, h, w, None, layer.stride, layer.padding,
-                                                        layer.dilation, False, [0, 0], 1, mask)
+                    torch.ops.aten.convolution_backward(
+                        g,
+                        h,
+                        w,
+                        None,
+                        layer.stride,
+                        layer.padding,
+                        layer.dilation,
+                        False,
+                        [0, 0],
+                        1,
+                        mask,
+                    )
 
             secs += min(_cpu_time(run) for _ in range(3))
             flops += 4 * 2 * macs * (3 if not first else 2)
@@ -141,14 +152,18 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.models < 1 or args.repeats < 1:
-        raise SystemExit(f"--models and --repeats must be >= 1; found {args.models} and {args.repeats}")
+        raise SystemExit(
+            f"--models and --repeats must be >= 1; found {args.models} and {args.repeats}"
+        )
     torch.set_num_threads(1)
     ds = load_dataset("mnist5k")
     spec = model_spec("cnn", ds.input_shape, ds.num_classes, width=8, feature_dim=32)
     rng = np.random.default_rng(0)
     idx = [rng.choice(len(ds.y), 1024, replace=False) for _ in range(args.models)]
     seeds = list(range(args.models))
-    recipe = SGDRecipe(epochs=1, batch_size=128, lr=0.5, clip=1.0, noise_multiplier=1.0, sampling="poisson")
+    recipe = SGDRecipe(
+        epochs=1, batch_size=128, lr=0.5, clip=1.0, noise_multiplier=1.0, sampling="poisson"
+    )
 
     def batched():
         train_many(spec, ds.x, ds.y, idx, recipe, seeds)
@@ -188,37 +203,56 @@ def main() -> None:
     # at the measured bandwidth would be their own speed; the floor counts each activation written
     # once and read once per pass: forward, backward), estimated from the activations' sizes
     act_bytes = _activation_bytes(model, tuple(ds.input_shape)) * examples[0]
-    floor = {"conv_s": conv_flops / (ceil["plain_conv_gflops"] * 1e9),
-             "dense_s": flops["dense"] / (ceil["matmul_gflops"] * 1e9),
-             "memory_s": 4 * act_bytes / (ceil["copy_gbs"] * 1e9)}
+    floor = {
+        "conv_s": conv_flops / (ceil["plain_conv_gflops"] * 1e9),
+        "dense_s": flops["dense"] / (ceil["matmul_gflops"] * 1e9),
+        "memory_s": 4 * act_bytes / (ceil["copy_gbs"] * 1e9),
+    }
     floor_s = sum(floor.values())
     loop_s, batched_s = statistics.median(loops), statistics.median(batches)
     conv_time = by_kind["conv_forward"] + by_kind["conv_backward"]
     res = {
-        "models": args.models, "examples_processed": examples[0],
-        "loop_cpu_s": loop_s, "batched_cpu_s": batched_s, "speedup": statistics.median(
-            a / b for a, b in zip(loops, batches)),
-        "profile_s": by_kind, "profile_total_s": sum(by_kind.values()), "operator_calls": calls,
+        "models": args.models,
+        "examples_processed": examples[0],
+        "loop_cpu_s": loop_s,
+        "batched_cpu_s": batched_s,
+        "speedup": statistics.median(a / b for a, b in zip(loops, batches)),
+        "profile_s": by_kind,
+        "profile_total_s": sum(by_kind.values()),
+        "operator_calls": calls,
         "gflop": {k: v / 1e9 for k, v in flops.items()},
         "achieved_conv_gflops": conv_flops / conv_time / 1e9,
         "achieved_dense_gflops": flops["dense"] / max(by_kind["dense_matmul"], 1e-9) / 1e9,
-        "ceilings": ceil, "activation_mb_per_example": act_bytes / examples[0] / 1e6,
-        "floor": floor, "floor_s": floor_s, "ceiling_speedup": loop_s / floor_s,
-        "setup": {"model": "privkit cnn width 8, feature_dim 32 (quickstart dpsgd), mnist5k 1x28x28",
-                  "recipe": "batch 128 (Poisson), 1024 records per model, 1 epoch, clip 1, noise 1",
-                  "torch": torch.__version__, "threads": 1, "load_average": list(os.getloadavg())},
+        "ceilings": ceil,
+        "activation_mb_per_example": act_bytes / examples[0] / 1e6,
+        "floor": floor,
+        "floor_s": floor_s,
+        "ceiling_speedup": loop_s / floor_s,
+        "setup": {
+            "model": "privkit cnn width 8, feature_dim 32 (quickstart dpsgd), mnist5k 1x28x28",
+            "recipe": "batch 128 (Poisson), 1024 records per model, 1 epoch, clip 1, noise 1",
+            "torch": torch.__version__,
+            "threads": 1,
+            "load_average": list(os.getloadavg()),
+        },
     }
     if args.json:
         print(json.dumps(res, indent=2))
         return
-    print(f"{args.models} CNNs, {examples[0]} examples: loop {loop_s:.2f} s, batched {batched_s:.2f} s "
-          f"(CPU), speed-up {res['speedup']:.2f}x")
+    print(
+        f"{args.models} CNNs, {examples[0]} examples: loop {loop_s:.2f} s, batched {batched_s:.2f} s "
+        f"(CPU), speed-up {res['speedup']:.2f}x"
+    )
     print("batched profile: " + ", ".join(f"{k} {v:.3f} s" for k, v in by_kind.items()))
-    print(f"convolutions: {conv_flops / 1e9:.1f} GFLOP at {res['achieved_conv_gflops']:.1f} GFLOP/s (plain "
-          f"training's convolutions on this core: {ceil['plain_conv_gflops']:.1f}; matrix product "
-          f"{ceil['matmul_gflops']:.1f}); copy bandwidth {ceil['copy_gbs']:.1f} GB/s")
-    print(f"floor {floor_s:.3f} s ({', '.join(f'{k} {v:.3f}' for k, v in floor.items())}): "
-          f"at best {res['ceiling_speedup']:.2f}x the loop")
+    print(
+        f"convolutions: {conv_flops / 1e9:.1f} GFLOP at {res['achieved_conv_gflops']:.1f} GFLOP/s (plain "
+        f"training's convolutions on this core: {ceil['plain_conv_gflops']:.1f}; matrix product "
+        f"{ceil['matmul_gflops']:.1f}); copy bandwidth {ceil['copy_gbs']:.1f} GB/s"
+    )
+    print(
+        f"floor {floor_s:.3f} s ({', '.join(f'{k} {v:.3f}' for k, v in floor.items())}): "
+        f"at best {res['ceiling_speedup']:.2f}x the loop"
+    )
 
 
 def _activation_bytes(model: torch.nn.Module, shape: tuple[int, ...]) -> float:

@@ -49,14 +49,23 @@ def _compiled(args, dev, sync) -> dict:
     try:
         device_random.chacha20_blocks = torch.compile(eager, dynamic=True)
         start = time.perf_counter()
-        same = torch.equal(device_random.ChaChaStream(dev, key=7).words(1000),
-                           eager(device_random.ChaChaStream(dev, key=7)._key,
-                                 torch.stack([torch.arange(1000, device=dev)] + [torch.zeros(1000, dtype=torch.int64,
-                                             device=dev)] * 3)))
+        same = torch.equal(
+            device_random.ChaChaStream(dev, key=7).words(1000),
+            eager(
+                device_random.ChaChaStream(dev, key=7)._key,
+                torch.stack(
+                    [torch.arange(1000, device=dev)]
+                    + [torch.zeros(1000, dtype=torch.int64, device=dev)] * 3
+                ),
+            ),
+        )
         compile_s = time.perf_counter() - start
         stream = device_random.ChaChaStream(dev)
-        return {"chacha_compiled_s": best_of(lambda: stream.normal(args.n), args.repeats, sync),
-                "chacha_compiled_equal": bool(same), "compile_s": compile_s}
+        return {
+            "chacha_compiled_s": best_of(lambda: stream.normal(args.n), args.repeats, sync),
+            "chacha_compiled_equal": bool(same),
+            "compile_s": compile_s,
+        }
     except Exception as err:  # the compiler is optional: say why it did not run
         return {"chacha_compiled_error": f"{type(err).__name__}: {err}"[:300]}
     finally:
@@ -69,8 +78,11 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=10_000_000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--compile", action="store_true",
-                    help="also time the block function compiled by torch.compile (one fused kernel)")
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time the block function compiled by torch.compile (one fused kernel)",
+    )
     args = ap.parse_args()
     if args.device != "cpu" and not (args.device.startswith("cuda") and torch.cuda.is_available()):
         raise SystemExit(f"--device must be cpu or an available cuda device; found {args.device!r}")
@@ -83,7 +95,9 @@ def main() -> None:
     chacha = ChaChaStream(dev)
     aes = DpRandom.secret(dev, on_device=False)
     res = {
-        "torch_s": best_of(lambda: torch.randn(args.n, generator=seeded, device=dev), args.repeats, sync),
+        "torch_s": best_of(
+            lambda: torch.randn(args.n, generator=seeded, device=dev), args.repeats, sync
+        ),
         "chacha_s": best_of(lambda: chacha.normal(args.n), args.repeats, sync),
         "aes_copy_s": best_of(lambda: aes.randn(args.n), args.repeats, sync),
     }
@@ -91,14 +105,21 @@ def main() -> None:
         res.update(_compiled(args, dev, sync))
     res["chacha_ratio"] = res["chacha_s"] / res["torch_s"]
     res["aes_copy_ratio"] = res["aes_copy_s"] / res["torch_s"]
-    res.update(n=args.n, device=str(dev), repeats=args.repeats, torch=torch.__version__,
-               device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu")
+    res.update(
+        n=args.n,
+        device=str(dev),
+        repeats=args.repeats,
+        torch=torch.__version__,
+        device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+    )
     if args.json:
         print(json.dumps(res, indent=1))
         return
-    print(f"{args.n:,} float32 normals on {res['device_name']}: torch {res['torch_s']:.4f} s, "
-          f"ChaCha20 on the device {res['chacha_s']:.4f} s ({res['chacha_ratio']:.1f}x), "
-          f"AES on the CPU + copy {res['aes_copy_s']:.4f} s ({res['aes_copy_ratio']:.1f}x)")
+    print(
+        f"{args.n:,} float32 normals on {res['device_name']}: torch {res['torch_s']:.4f} s, "
+        f"ChaCha20 on the device {res['chacha_s']:.4f} s ({res['chacha_ratio']:.1f}x), "
+        f"AES on the CPU + copy {res['aes_copy_s']:.4f} s ({res['aes_copy_ratio']:.1f}x)"
+    )
 
 
 if __name__ == "__main__":

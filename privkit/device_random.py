@@ -105,8 +105,13 @@ class ChaChaStream:
             raise ValueError(f"n_blocks must be >= 0; found {n_blocks}")
         if self.counter + n_blocks >= 2**64:
             raise OverflowError("ChaCha20 stream exhausted (2**64 blocks); start a new stream")
-        ctr = torch.arange(self.counter, self.counter + n_blocks, dtype=torch.int64, device=self.device) \
-            if self.counter + n_blocks < 2**63 else None
+        ctr = (
+            torch.arange(
+                self.counter, self.counter + n_blocks, dtype=torch.int64, device=self.device
+            )
+            if self.counter + n_blocks < 2**63
+            else None
+        )
         if ctr is None:  # beyond int64: practically never (2**63 blocks is 5e20 bytes)
             raise OverflowError("ChaCha20 stream beyond 2**63 blocks; start a new stream")
         self.counter += n_blocks

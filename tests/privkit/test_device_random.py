@@ -28,18 +28,37 @@ def _key_words(key: int) -> torch.Tensor:
 
 
 def test_block_function_matches_rfc8439_section_2_3_2():
-    words = torch.tensor([[0x00000001], [0x09000000], [0x4A000000], [0x00000000]], dtype=torch.int64)
+    words = torch.tensor(
+        [[0x00000001], [0x09000000], [0x4A000000], [0x00000000]], dtype=torch.int64
+    )
     out = chacha20_blocks(_key_words(RFC_KEY), words.to(DEVICE))[:, 0].tolist()
     assert [f"{w:08x}" for w in out] == [
-        "e4e7f110", "15593bd1", "1fdd0f50", "c47120a3", "c7f4d1c7", "0368c033", "9aaa2204", "4e6cd4c3",
-        "466482d2", "09aa9f07", "05d7c214", "a2028bd9", "d19c12b5", "b94e16de", "e883d0cb", "4e3c50a2"]
+        "e4e7f110",
+        "15593bd1",
+        "1fdd0f50",
+        "c47120a3",
+        "c7f4d1c7",
+        "0368c033",
+        "9aaa2204",
+        "4e6cd4c3",
+        "466482d2",
+        "09aa9f07",
+        "05d7c214",
+        "a2028bd9",
+        "d19c12b5",
+        "b94e16de",
+        "e883d0cb",
+        "4e3c50a2",
+    ]
 
 
 def test_zero_key_keystream_matches_rfc8439_appendix_a1():
     stream = ChaChaStream(DEVICE, key=0)
     raw = b"".join(int(w).to_bytes(4, "little") for w in stream.words(1)[:, 0].tolist())
-    assert raw.hex() == ("76b8e0ada0f13d90405d6ae55386bd28bdd219b8a08ded1aa836efcc8b770dc7"
-                         "da41597c5157488d7724e03fb8d84a376a43b8f41518a11cc387b669b2ee6586")
+    assert raw.hex() == (
+        "76b8e0ada0f13d90405d6ae55386bd28bdd219b8a08ded1aa836efcc8b770dc7"
+        "da41597c5157488d7724e03fb8d84a376a43b8f41518a11cc387b669b2ee6586"
+    )
     assert stream.counter == 1
 
 
@@ -53,7 +72,9 @@ def test_keystream_matches_cryptography_for_random_keys_and_counters():
         start = int(rng.integers(0, 2**40))
         stream = ChaChaStream(DEVICE, key=key)
         stream.counter = start
-        ours = b"".join(int(w).to_bytes(4, "little") for w in stream.words(3).t().flatten().tolist())
+        ours = b"".join(
+            int(w).to_bytes(4, "little") for w in stream.words(3).t().flatten().tolist()
+        )
         # cryptography's 16-byte nonce is state words 12..15: our 64-bit counter, then nonce 0
         nonce = start.to_bytes(8, "little") + bytes(8)
         enc = Cipher(algorithms.ChaCha20(key.to_bytes(32, "little"), nonce), mode=None).encryptor()

@@ -25,12 +25,17 @@ def data():
     return rng.random((200, 1, 8, 8)).astype(np.float32), rng.integers(0, 4, 200)
 
 
-@pytest.mark.parametrize("arch", [{"arch": "mlp", "feature_dim": 16},
-                                  {"arch": "cnn", "width": 4, "feature_dim": 16}], ids=["mlp", "cnn"])
+@pytest.mark.parametrize(
+    "arch",
+    [{"arch": "mlp", "feature_dim": 16}, {"arch": "cnn", "width": 4, "feature_dim": 16}],
+    ids=["mlp", "cnn"],
+)
 def test_batched_equals_loop_on_the_device(data, arch):
     x, y = data
     spec = model_spec(arch["arch"], (1, 8, 8), 4, **{k: v for k, v in arch.items() if k != "arch"})
-    recipe = SGDRecipe(epochs=2, batch_size=16, lr=0.2, clip=1.0, noise_multiplier=0.8, sampling="poisson")
+    recipe = SGDRecipe(
+        epochs=2, batch_size=16, lr=0.2, clip=1.0, noise_multiplier=0.8, sampling="poisson"
+    )
     idx = [np.arange(0, 100), np.arange(50, 170)]
     many = train_many(spec, x, y, idx, recipe, [1, 2], device=DEVICE)
     for j, seed in enumerate([1, 2]):
