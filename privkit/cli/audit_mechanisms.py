@@ -86,7 +86,8 @@ def audit_run_mechanisms(run_dir: Path, *, seed: int, delta: float | None, mutat
         raise PrivkitError(f"--clients must be below the federation's {fed.num_clients} clients; found {max(wanted)}")
     delta = resolve_delta(delta, cfg["trainer"], {}, len(fed.members))
     record = audit_mechanisms(cfg["method"], fed, cfg["trainer"], delta=delta, seed=seed, mutation=mutation,
-                              canaries=canaries, clients=wanted, progress=not as_json)
+                              canaries=canaries, clients=wanted, progress=not as_json,
+                              engine=cfg.get("engine", "inprocess"))
     slug = re.sub(r"[^a-z0-9]+", "-", mutation.lower()).strip("-")
     path = run_dir / ("mechanism-audit.json" if mutation == "correct" else f"mechanism-audit-{slug}.json")
     write_json(path, record)

@@ -21,6 +21,13 @@ _LAZY: dict[str, str] = {
     "recorded": "privkit.flower.client",
     "check_flower_dp": "privkit.flower.checks",
     "run_inprocess": "privkit.flower.inprocess",
+    "train_on_flower": "privkit.flower.engine",
+    "method_app": "privkit.flower.engine",
+    "FlowerApp": "privkit.flower.apps",
+    "audit_app": "privkit.flower.audit",
+    "audit_app_mechanisms": "privkit.flower.audit",
+    "FlowerAppRecipe": "privkit.flower.audit",
+    "audit_mod": "privkit.flower.audit_transport",
 }
 
 

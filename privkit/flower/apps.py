@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import pickle
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -36,6 +37,28 @@ EXTRA = "privkit.extra"  # ArrayRecord: public arrays the round needs (fedauxfdp
 UPDATE = "privkit.update"  # ArrayRecord: what the client sends back
 REPORT = "privkit.report"  # ConfigRecord: the client's scalar report (loss, released events, info)
 NODE_WAIT_S = 120.0  # how long the ServerApp waits for the simulation's nodes to register
+
+
+@dataclass
+class FlowerApp:
+    """A Flower app set up on given records, as :func:`audit_app` runs it.
+
+    Attributes
+    ----------
+    server_app, client_app : the app (a ClientApp running privkit DP mechanisms takes
+        :func:`audit_mod` among its mods so that its mechanisms can be probed).
+    num_supernodes : the simulation's nodes (one per client).
+    model : called once the simulation has run: the released model (a torch module returning
+        logits, a scikit-learn classifier or a callable returning probabilities).
+    ledger : called once the simulation has run: the run's :class:`accountants.Ledger` (``None``:
+        the app keeps none; a mechanism audit needs one).
+    """
+
+    server_app: Any
+    client_app: Any
+    num_supernodes: int
+    model: Callable[[], Any]
+    ledger: Callable[[], Any] | None = None
 
 
 # ----------------------------------------------------------------------------- encoding
@@ -383,11 +406,11 @@ def _as_released(rel) -> ReleasedHead:
 def privkit_client_app():
     """The ClientApp of privkit's methods: ``query`` answers the node's partition id, ``train``
     runs the method's client step (:func:`client_step`). Audit probes and mutations reach the
-    mechanisms through :func:`privkit.flower.audit.audit_mod`."""
+    mechanisms through :func:`privkit.flower.audit_transport.audit_mod`."""
     from flwr.app import Message, RecordDict
     from flwr.clientapp import ClientApp
 
-    from privkit.flower.audit import audit_mod
+    from privkit.flower.audit_transport import audit_mod
 
     app = ClientApp(mods=[audit_mod])
 
@@ -487,6 +510,7 @@ def privkit_server_app(ports: list[Port], results: list):
 
 __all__ = [
     "PORTS",
+    "FlowerApp",
     "Port",
     "ReleasedHead",
     "client_step",

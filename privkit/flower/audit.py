@@ -13,21 +13,15 @@ trained with ``--engine flower`` (:class:`privkit.audit.recipes.FederationRecipe
 **Mechanism canaries.** Where a ClientApp runs a privkit DP mechanism (privkit's DP-SGD step,
 :class:`privkit.trainers.dp_sgd_step.DpSgdStep`, or its Gaussian head releases), the white-box audit
 puts canaries into that mechanism (:mod:`privkit.probes`) and tests what they observe against the
-ledger (:func:`privkit.audit.mechanism_audit.audit_mechanisms`, :func:`audit_app_mechanisms`). The
-ClientApps run in Ray actors, other processes: the ServerApp's grid is wrapped
-(:class:`AuditedGrid`) so that every message carries the audit's probe session and mutation, and
-the client mod :func:`audit_mod` runs the ClientApp inside them and sends back the canaries that
-observed a release. The mod unpickles what the message carries: it is for simulations the auditor
-runs, never for a node that takes messages from a server it does not trust.
+ledger (:func:`privkit.audit.mechanism_audit.audit_mechanisms` with ``engine="flower"``,
+:func:`audit_app_mechanisms`). The canaries and the mutation reach the ClientApps, which run in Ray
+actors, through :mod:`privkit.flower.audit_transport` (the ClientApp takes its mod, :func:`audit_mod`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import pickle
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -35,8 +29,8 @@ import numpy as np
 from attacks.recipe import Recipe, predict_logits
 from privkit import mutations, probes
 from privkit.errors import PrivkitError
-
-AUDIT = "privkit.audit"  # ConfigRecord: the audit's mutation and probe session (and the probes sent back)
+from privkit.flower.apps import FlowerApp
+from privkit.flower.audit_transport import AUDIT, AuditedGrid, audit_mod, audited_grid
 
 __all__ = [
     "AUDIT",
@@ -51,125 +45,7 @@ __all__ = [
 ]
 
 
-# ----------------------------------------------------------------------------- the client mod
-def audit_mod(msg, context, call_next):
-    """Flower client mod: run the ClientApp inside the audit's mutation and probe session carried by
-    ``msg`` (nothing changes for a message without them) and attach the canaries that observed a
-    release to the reply. Add it to a ClientApp that runs privkit DP mechanisms to audit them:
-    ``ClientApp(mods=[audit_mod])``."""
-    if not msg.has_content() or AUDIT not in msg.content:
-        return call_next(msg, context)
-    from flwr.app import ConfigRecord
-
-    record = msg.content[AUDIT]
-    mutation = pickle.loads(record["mutation"])
-    session = pickle.loads(record["probes"]) if "probes" in record else None
-    before = {k: c.steps for k, c in session.probes.items()} if session is not None else {}
-    probing = (
-        probes.probing(session.plan, session) if session is not None else contextlib.nullcontext()
-    )
-    with mutations.mutated(mutation), probing:
-        reply = call_next(msg, context)
-    if session is not None and reply.has_content():
-        seen = {k: c for k, c in session.probes.items() if before.get(k) != c.steps}
-        if seen:
-            reply.content[AUDIT] = ConfigRecord({"probes": pickle.dumps(seen)})
-    return reply
-
-
-# ----------------------------------------------------------------------------- the server's grid
-@lru_cache(maxsize=1)
-def _audited_class():
-    """:class:`AuditedGrid` as a subclass of Flower's ``Grid`` (Flower imported on first use)."""
-    from flwr.serverapp import Grid
-
-    return type("AuditedFlowerGrid", (AuditedGrid, Grid), {})
-
-
-def audited_grid(grid):
-    """``grid`` itself outside an audit; inside one (a :func:`privkit.probes.probing` block or a
-    :func:`privkit.mutations.mutated` one), an :class:`AuditedGrid` around it."""
-    mutation, session = mutations.active(), probes.current()
-    if mutation == mutations.CORRECT and session is None:
-        return grid
-    return AuditedGrid.around(grid, mutation, session)
-
-
-class AuditedGrid:
-    """A Flower Grid that adds the audit's mutation and probe session to every message it sends
-    and takes back the canaries that the replies carry (:func:`audit_mod`). Built by :meth:`around`
-    (a subclass of Flower's ``Grid``, made when Flower is imported)."""
-
-    @classmethod
-    def around(cls, grid, mutation, session):
-        out = _audited_class()()
-        out.inner, out.mutation, out.session = grid, mutation, session
-        return out
-
-    # Grid's interface, delegated
-    def set_run(self, run) -> None:
-        self.inner.set_run(run)
-
-    @property
-    def run(self):
-        return self.inner.run
-
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
-        return self.inner.create_message(content, message_type, dst_node_id, group_id, ttl)
-
-    def get_node_ids(self):
-        return self.inner.get_node_ids()
-
-    def push_messages(self, messages: Iterable):
-        return self.inner.push_messages([self._attach(m) for m in messages])
-
-    def pull_messages(self, message_ids: Iterable[str]):
-        return [self._collect(r) for r in self.inner.pull_messages(message_ids)]
-
-    def send_and_receive(self, messages: Iterable, *, timeout: float | None = None):
-        replies = self.inner.send_and_receive([self._attach(m) for m in messages], timeout=timeout)
-        return [self._collect(r) for r in replies]
-
-    def _attach(self, msg):
-        from flwr.app import ConfigRecord
-
-        rec = {"mutation": pickle.dumps(self.mutation)}
-        if self.session is not None:
-            rec["probes"] = pickle.dumps(self.session)
-        msg.content[AUDIT] = ConfigRecord(rec)
-        return msg
-
-    def _collect(self, reply):
-        if reply.has_content() and AUDIT in reply.content:
-            if self.session is not None:
-                self.session.probes.update(pickle.loads(reply.content[AUDIT]["probes"]))
-            del reply.content[AUDIT]
-        return reply
-
-
 # ----------------------------------------------------------------------------- a user's app as a recipe
-@dataclass
-class FlowerApp:
-    """A Flower app set up on given records, as :func:`audit_app` runs it.
-
-    Attributes
-    ----------
-    server_app, client_app : the app (a ClientApp running privkit DP mechanisms takes
-        :func:`audit_mod` among its mods so that its mechanisms can be probed).
-    num_supernodes : the simulation's nodes (one per client).
-    model : called once the simulation has run: the released model (a torch module returning
-        logits, a scikit-learn classifier or a callable returning probabilities).
-    ledger : called once the simulation has run: the run's :class:`accountants.Ledger` (``None``:
-        the app keeps none; a mechanism audit needs one).
-    """
-
-    server_app: Any
-    client_app: Any
-    num_supernodes: int
-    model: Callable[[], Any]
-    ledger: Callable[[], Any] | None = None
-
-
 @dataclass
 class AppRun:
     """One simulation of a :class:`FlowerApp`: its released model and ledger."""

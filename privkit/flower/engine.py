@@ -34,7 +34,9 @@ __all__ = [
     "ENGINES",
     "FLOWER_METHODS",
     "check_engine",
+    "engine_entry",
     "federation_file",
+    "method_app",
     "simulate",
     "train",
     "train_jobs_on_flower",
@@ -61,6 +63,12 @@ def check_engine(engine: str, method: str | None = None) -> None:
             f"engine flower needs {' and '.join(missing)}, not installed; found none "
             '(pip install "privkit[flower]")'
         )
+
+
+def engine_entry(engine: str) -> dict[str, str]:
+    """A run directory's ``config.json`` entry for ``engine``: ``{"engine": "flower"}`` for a run on
+    Flower (its audits then train on Flower too), nothing for the default in-process engine."""
+    return {} if engine == "inprocess" else {"engine": engine}
 
 
 @contextlib.contextmanager
@@ -109,7 +117,7 @@ def simulate(server_app, client_app, num_supernodes: int, *, backend: dict | Non
     """Run a ServerApp/ClientApp pair on Flower's simulation engine (Ray), ``num_supernodes`` nodes.
 
     The ServerApp runs in a thread of this process and sees this thread's context (an audit's probe
-    session and mutation: :mod:`privkit.flower.audit`); the ClientApps run in Ray actors.
+    session and mutation: :mod:`privkit.flower.audit_transport`); the ClientApps run in Ray actors.
     """
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
@@ -119,7 +127,7 @@ def simulate(server_app, client_app, num_supernodes: int, *, backend: dict | Non
 
     @wrapped.main()
     def main(grid, context):
-        from privkit.flower.audit import audited_grid
+        from privkit.flower.audit_transport import audited_grid
 
         ctx.run(lambda: server_app(audited_grid(grid), context))
 
@@ -188,6 +196,30 @@ def train_many_on_flower(
         )
     return train_jobs_on_flower(
         [(method, fed, config, int(s)) for fed, s in zip(federations, seeds)], progress
+    )
+
+
+def method_app(method: str, federation, config: Any, seed: int, *, workdir: str | Path):
+    """privkit's ``method`` on ``federation`` as a :class:`privkit.flower.apps.FlowerApp` (the
+    ServerApp, the ClientApp, one node per client, the result's model and ledger once run): what
+    :func:`privkit.flower.audit.audit_app` and :func:`~privkit.flower.audit.audit_app_mechanisms`
+    take. The federation file the ClientApps read is written under ``workdir``."""
+    from privkit.flower.apps import FlowerApp, make_port, privkit_client_app, privkit_server_app
+    from privkit.methods import make_config
+
+    check_engine("flower", method)
+    port = make_port(method, federation, make_config(method, config), int(seed))
+    path = Path(workdir) / f"federation-{method}-{int(seed)}-{id(port):x}.pkl"
+    with open(path, "wb") as f:
+        pickle.dump(federation, f, protocol=pickle.HIGHEST_PROTOCOL)
+    port.path = str(path)
+    results: list = []
+    return FlowerApp(
+        privkit_server_app([port], results),
+        privkit_client_app(),
+        federation.num_clients,
+        model=lambda: results[0].model,
+        ledger=lambda: results[0].ledger,
     )
 
 

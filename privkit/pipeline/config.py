@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from typing_extensions import Annotated
 
-from privkit.config import StrictModel, apply_overrides, load_toml
+from privkit.config import Engine, StrictModel, apply_overrides, load_toml
 from privkit.data import DATASETS, FederationConfig
 from privkit.errors import PrivkitError
 from privkit.pipeline.files import one_line as _one_line
@@ -51,6 +51,8 @@ class MethodEntry(StrictModel):
     quick: bool = False
     seed: int | None = None
     overrides: dict[str, Any] = Field(default_factory=dict)
+    engine: Engine | None = Field(default=None, description="where this method's federation runs "
+                                  "(default: the run's engine)")
 
     @property
     def key(self) -> str:
@@ -136,6 +138,8 @@ class RunConfig(StrictModel):
         default=1, description="methods run in parallel in this many local processes")
     reproducible_noise: bool = Field(
         default=False, description="derive every method's DP noise from its seed (stamped 'not for release')")
+    engine: Engine = Field(default="inprocess", description="where the federated methods run: privkit's "
+                           "in-process federation or Flower's simulation engine (privkit.flower.engine)")
     federation: FederationConfig = Field(default_factory=FederationConfig)
     methods: Annotated[list[MethodEntry], Field(min_length=1)]
     audit: AuditSettings = Field(default_factory=AuditSettings)
@@ -174,11 +178,12 @@ class ResolvedMethod:
     summary: str = ""
     paper: str | None = None
     formal_dp: bool = True
+    engine: str = "inprocess"
 
     def to_dict(self) -> dict:
         return {"key": self.key, "method": self.method, "seed": self.seed, "quick": self.quick,
                 "overrides": self.overrides, "trainer": self.trainer, "summary": self.summary,
-                "paper": self.paper, "formal_dp": self.formal_dp}
+                "paper": self.paper, "formal_dp": self.formal_dp, "engine": self.engine}
 
 
 @dataclass
@@ -203,6 +208,7 @@ def resolve_config(data: dict, *, source: str | None = None,
     PrivkitError
         One line naming the bad field and the value found; nothing has been written yet.
     """
+    from privkit.flower.engine import check_engine  # Flower-free: the name and the extra only
     from privkit.methods import get_trainer, make_config  # torch-free: refusing a value stays fast
 
     overrides = list(overrides or [])
@@ -215,6 +221,8 @@ def resolve_config(data: dict, *, source: str | None = None,
     methods = []
     for i, entry in enumerate(cfg.methods):
         spec = get_trainer(entry.name)  # unknown method: error listing the registered ones
+        engine = entry.engine or cfg.engine
+        check_engine(engine, entry.name)
         base = spec.quick_config() if entry.quick else spec.defaults()
         try:
             noise = {"reproducible_noise": True} if cfg.reproducible_noise else {}  # default: release mode
@@ -226,7 +234,7 @@ def resolve_config(data: dict, *, source: str | None = None,
                                       seed=cfg.seed if entry.seed is None else entry.seed,
                                       quick=entry.quick, overrides=dict(entry.overrides),
                                       trainer=trainer, summary=spec.summary, paper=spec.paper,
-                                      formal_dp=spec.formal_dp))
+                                      formal_dp=spec.formal_dp, engine=engine))
     _check_attacks(cfg.audit)
     if cfg.audit.enabled:
         check_executor(cfg.audit.executor, "audit.executor")

@@ -91,7 +91,8 @@ def _audit_twin(run: ResolvedRun, m: ResolvedMethod, federation, mutation: str, 
     settings = run.config.audit.mechanism_controls
     return audit_mechanisms(m.method, federation, m.trainer, delta=run.config.delta, seed=audit_seed(run),
                             mutation=mutation, canaries=settings.canaries, clients=tuple(settings.clients),
-                            confidence=settings.confidence, reproducible_noise=True, progress=progress)
+                            confidence=settings.confidence, reproducible_noise=True, progress=progress,
+                            engine=m.engine)
 
 
 def _summary(twins: list[dict]) -> str:

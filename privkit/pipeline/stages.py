@@ -18,13 +18,14 @@ from privkit.pipeline.files import read_json as _read_json
 
 def _train_stage(run: ResolvedRun, m: ResolvedMethod, federation, mdir: Path, progress: bool) -> None:
     """Train into a staging folder, then rename it into place (old results kept until then)."""
-    from privkit.trainers import train
+    from privkit.flower.engine import engine_entry, train
 
     with staged_dir(mdir) as staging:
-        result = train(m.method, federation, m.trainer, seed=m.seed, progress=progress)
+        result = train(m.method, federation, m.trainer, seed=m.seed, progress=progress, engine=m.engine)
         atomic_write_json(staging / "config.json", {
             "schema_version": SCHEMA_VERSION, "method": m.method, "seed": m.seed,
-            "federation": run.config.federation.model_dump(mode="json"), "trainer": m.trainer})
+            "federation": run.config.federation.model_dump(mode="json"), "trainer": m.trainer,
+            **engine_entry(m.engine)})
         federation.save(staging / "federation.json")
         result.save(staging)
 
