@@ -293,3 +293,33 @@ def test_adaptive_noise_is_charged_to_a_renyi_filter(tmp_path):
     assert acc.stopped.startswith(f"stopped before round {expected + 1}: the Renyi filter")
     assert acc.ledger.adaptive["epsilon"] == pytest.approx(budget, rel=1e-12)
     assert max(acc.ledger.adaptive["spent"].values()) == pytest.approx(spent, rel=1e-12)
+
+
+@pytest.mark.parametrize("wrapper", ["server-fixed", "client-adaptive", "server-adaptive"])
+def test_other_central_wrappers_equal_direct_accounting(tmp_path, wrapper):
+    """Server-side fixed clipping with z = 1, and adaptive clipping asked for z = 1 (count noise 1,
+    Flower's update noise (1 - 1/4)^-1/2): under replace-one each round is a Gaussian of multiplier
+    1/2 for 3 of 5 clients, as in the client-side fixed-clipping run."""
+    from flwr.clientapp.mod import adaptiveclipping_mod
+    from flwr.serverapp.strategy import DifferentialPrivacyServerSideAdaptiveClipping
+
+    inner = FedAvg(
+        fraction_train=0.6, fraction_evaluate=0.0, min_available_nodes=5, min_train_nodes=3
+    )
+    make = {
+        "server-fixed": lambda: DifferentialPrivacyServerSideFixedClipping(inner, 1.0, 0.5, 3),
+        "client-adaptive": lambda: DifferentialPrivacyClientSideAdaptiveClipping(
+            inner, 1.0, 3, initial_clipping_norm=0.5, clipped_count_stddev=1.0
+        ),
+        "server-adaptive": lambda: DifferentialPrivacyServerSideAdaptiveClipping(
+            inner, 1.0, 3, initial_clipping_norm=0.5, clipped_count_stddev=1.0
+        ),
+    }[wrapper]
+    mods = [adaptiveclipping_mod] if wrapper == "client-adaptive" else []
+    sink: dict = {}
+    strategy = lambda: Accounted(make(), delta=DELTA)
+    run_inprocess(apps.server_app(strategy, 2, sink), apps.client_app(mods), 5)
+    per_round = dpa.SampledWithoutReplacementDpEvent(5, 3, dpa.GaussianDpEvent(0.5))
+    assert sink["strategy"].epsilon == pytest.approx(
+        rdp_epsilon(dpa.SelfComposedDpEvent(per_round, 2)), rel=1e-9
+    )
