@@ -2,16 +2,23 @@
 
 Measures, in one run on the CPU (best of ``--repeats``): 10M float32 standard normals from a seeded
 torch Generator (the old release stream) and from ``DpRandom.secret()`` (AES-128-CTR + numpy's
-ziggurat, then a torch tensor); 10M Bernoulli inclusions (Poisson masks) likewise; and one batched
-DP-SGD training (privkit.trainers.batched_sgd.train_many, 8 MLPs) in reproducible vs release mode.
+ziggurat, then a torch tensor); 10M Bernoulli inclusions (Poisson masks) likewise; 10M released
+coordinates, ``x + sigma * z`` with torch's generator (naive float noise) against privkit's release
+(the grid of privkit.grid_noise: the exact rounded-Gaussian draws alone, and the whole release with
+its snapping); and one batched DP-SGD training (privkit.trainers.batched_sgd.train_many, 8 MLPs) in
+reproducible vs release mode.
 
-    OMP_NUM_THREADS=1 python benchmarks/dp_random_throughput.py
+    OMP_NUM_THREADS=1 python benchmarks/dp_random_throughput.py [--json]
+
+With ``--json`` one JSON object is printed (recorded in benchmarks/results/dp_random_throughput_cpu.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import time
 
 import numpy as np
@@ -40,10 +47,26 @@ def training(reproducible: bool) -> None:
     train_many(spec, x, y, [np.arange(1000)] * 8, recipe, list(range(8)), reproducible=reproducible)
 
 
+def release_timings(n: int, repeats: int, old: torch.Generator, new: DpRandom) -> dict[str, float]:
+    """10M coordinates released with Gaussian noise: naive float noise against the grid release."""
+    from privkit.grid_noise import Grid, rounded_gaussian
+    from privkit.trainers.dp_sgd_step import add_gaussian_noise
+
+    clean = {"w": torch.randn(n, generator=torch.Generator().manual_seed(0))}
+    grid = Grid.for_release(1.0, 1.0, n)
+    bits = new.bits()
+    return {
+        "release_torch_s": best_of(lambda: add_gaussian_noise(clean, 1.0, old), repeats),
+        "release_grid_s": best_of(lambda: add_gaussian_noise(clean, 1.0, new, sensitivity=1.0), repeats),
+        "grid_draws_s": best_of(lambda: rounded_gaussian(grid.scale, n, bits), repeats),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=10_000_000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     torch.set_num_threads(1)
     old = torch.Generator().manual_seed(1)
@@ -53,13 +76,22 @@ def main() -> None:
         "normals_aes_s": best_of(lambda: new.randn(args.n), args.repeats),
         "mask_torch_s": best_of(lambda: torch.rand(args.n, generator=old) < 0.01, args.repeats),
         "mask_aes_s": best_of(lambda: new.mask(args.n, rate=0.01), args.repeats),
+        **release_timings(args.n, args.repeats, old, new),
         "train_reproducible_s": best_of(lambda: training(True), 2),
         "train_release_s": best_of(lambda: training(False), 2),
     }
     res["normals_ratio"] = res["normals_aes_s"] / res["normals_torch_s"]
     res["mask_ratio"] = res["mask_aes_s"] / res["mask_torch_s"]
+    res["release_ratio"] = res["release_grid_s"] / res["release_torch_s"]
+    res["grid_draws_ratio"] = res["grid_draws_s"] / res["normals_torch_s"]
     res["train_ratio"] = res["train_release_s"] / res["train_reproducible_s"]
-    print(json.dumps({k: round(v, 4) for k, v in res.items()}, indent=1))
+    out = {"n": args.n, "repeats": args.repeats, "cpu": platform.processor() or platform.machine(),
+           "load_average": [round(v, 2) for v in os.getloadavg()], **{k: round(v, 4) for k, v in res.items()}}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return
+    for k, v in out.items():
+        print(f"{k}: {v}")
 
 
 if __name__ == "__main__":
