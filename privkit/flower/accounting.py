@@ -91,6 +91,13 @@ def _entry_event(entry: dict, neighbouring: str) -> tuple[Any, str, str]:
     )
 
 
+def _weight(reply: Any, key: str) -> float | None:
+    """The reply's FedAvg weight (its single MetricRecord's ``key``), or None without one."""
+    records = list(reply.content.metric_records.values())
+    value = records[0].get(key) if len(records) == 1 else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def _update_norm(reply_arrays: list, sent: list) -> float:
     import numpy as np
 
@@ -425,12 +432,14 @@ class Accounted(Strategy):
             return {}, {}
         ok = [r for r in replies if not r.has_error()]
         key = dp.aggregator.weighted_by_key
-        weights = {
-            int(r.metadata.src_node_id): float(next(iter(r.content.metric_records.values()))[key])
-            for r in ok
-        }
-        total = math.fsum(weights.values())
-        shares = {n: w / total for n, w in weights.items()} if total > 0 else {}
+        weights = {int(r.metadata.src_node_id): _weight(r, key) for r in ok}
+        total = math.fsum(w for w in weights.values() if w is not None)
+        # a reply without its weight: FedAvg does not aggregate the round, so nothing is released
+        shares = (
+            {n: w / total for n, w in weights.items() if w is not None}
+            if total > 0 and None not in weights.values()
+            else {}
+        )
         unclipped: dict[int, float] = {}
         if rnd.sent is not None and rnd.clip_norm is not None:
             for r in ok:
