@@ -17,9 +17,10 @@ stays a function of the run seed.  With ``reproducible=True`` the streams are de
 seed like everything else (torch's and numpy's ordinary generators, bit-identical to earlier
 privkit versions), and the ledger and report say "reproducible noise: not for release".
 
-Limits: floating-point attacks on Gaussian sampling (Mironov 2012; Jin et al. 2022: the set of
-floats a sampler can return, and their spacing, depends on the value and leaks the unnoised sum)
-are not addressed: the normals are numpy's ziggurat in float32/float64, added in floating point.
+Floating-point attacks on Gaussian sampling (Mironov 2012; Jin et al. 2022: the set of floats
+``clean + sigma * z`` can take depends on ``clean``) are answered in release mode by releasing every
+noisy value on a data-independent grid with exactly drawn offsets (:mod:`privkit.grid_noise`);
+reproducible mode draws ``clean + sigma * z`` as before.
 The AES key sits in process memory while the run lasts; an attacker who can read that memory is
 outside this threat model.
 """
