@@ -145,12 +145,12 @@ def _audit_run_dir(run_dir: Path, *, attacks, shadows, executor, workers, seed, 
     from privkit.audit import audit_run
     from privkit.audit.run import finished_audit
     from privkit.cli.train import say_warning
-    from privkit.pipeline.files import remove_temporaries, run_lock
+    from privkit.pipeline.files import run_lock, tidy_after_crash
 
     asked = {"attacks": attacks, "shadows": shadows, "seed": seed, "n_audit": n_audit,
              "delta": delta, "shadow_iterations": iterations}
     with run_lock(run_dir, say_warning):  # one writer per run directory; released if this one dies
-        remove_temporaries(run_dir)
+        tidy_after_crash(run_dir)
         out = finished_audit(run_dir, **asked, say=say_warning)  # a finished audit is not redone
         if out is None:
             out = audit_run(run_dir, executor=executor, workers=workers, progress=not as_json,

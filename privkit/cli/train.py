@@ -236,14 +236,14 @@ def train_command(
         return
     if out is None:
         raise PrivkitError("--out must name the run directory to write; found none")
-    from privkit.pipeline.files import recover_dir, remove_temporaries, run_lock
+    from privkit.pipeline.files import recover_dir, run_lock, tidy_after_crash
 
     check_out_dir(out, force)  # a bad --out is named before the config is even read (structure only)
     resolved = resolve_run(method, config, sets, federation_sets, seed, quick, reproducible_noise, engine)
     with run_lock(out, say_warning):  # one `privkit train` per directory; released if this one dies
         recover_dir(out)  # a swap a crash interrupted
         if out.is_dir():
-            remove_temporaries(out)
+            tidy_after_crash(out)
         done = check_out_dir(out, force, _config_json(resolved))
         summary = stored_summary(out) if done else run_training(resolved, out, progress=not as_json)
     if as_json:

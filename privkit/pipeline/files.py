@@ -225,6 +225,7 @@ def write_json(path: Path | str, obj: Any) -> Path:
 
 
 atomic_write_json = write_json  # the name earlier modules use
+"""Alias of :func:`write_json` (atomic, with its checksum sidecar)."""
 
 
 def write_with(path: Path | str, save: Callable[[io.BytesIO], Any]) -> Path:
@@ -337,8 +338,13 @@ def staged_dir(target: Path):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def remove_temporaries(root: Path) -> None:
-    """Delete the temporary files a killed writer left under ``root`` (never read by anyone)."""
+def tidy_after_crash(root: Path) -> None:
+    """Undo what a killed writer left under ``root``: folder swaps it interrupted (one level down),
+    staging folders and temporary files (never read by anyone)."""
+    for old in root.glob(".old-*"):
+        recover_dir(root / old.name.removeprefix(".old-"))
+    for staging in root.glob(".staging-*"):
+        shutil.rmtree(staging, ignore_errors=True)
     for tmp in root.rglob(".*.tmp"):
         tmp.unlink(missing_ok=True)
 

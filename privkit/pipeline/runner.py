@@ -12,7 +12,7 @@ from privkit.errors import PrivkitError
 from privkit.pipeline.config import STAGES, ResolvedMethod, ResolvedRun
 from privkit.pipeline.controls import ControlsPlan
 from privkit.pipeline.federation import FEDERATIONS as _FEDERATIONS
-from privkit.pipeline.files import (append_log, intact, remove_temporaries, run_lock,
+from privkit.pipeline.files import (append_log, intact, run_lock, tidy_after_crash,
                                     storage_errors, write_json, write_text)
 from privkit.pipeline.files import now as _now
 from privkit.pipeline.files import one_line as _one_line
@@ -68,7 +68,7 @@ def _run_locked(run: ResolvedRun, federation, root: Path, *, progress: bool, say
     from reports import write_report
 
     cfg = run.config
-    remove_temporaries(root)  # left by a writer killed mid-file; never read
+    tidy_after_crash(root)  # left by a writer killed mid-file; never read
     write_json(root / "config.resolved.json", run.to_dict())
     write_text(root / "federation.json", json.dumps(federation.to_dict()))
     write_json(root / "dataset.json", federation.summary())
