@@ -153,10 +153,17 @@ def fsync_dir(folder: Path | str) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
 def _replace(path: Path, data: bytes, *, hooked: bool) -> None:
     """``data`` into ``path`` through a temporary file in the same folder, fsync and a rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide the run from its group
         with os.fdopen(fd, "wb") as fh:
             if hooked and len(data) > 1:
                 half = len(data) // 2

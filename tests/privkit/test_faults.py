@@ -57,6 +57,9 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 def test_a_damaged_artefact_is_treated_as_absent(tmp_path):
     path = write_json(tmp_path / "privacy.json", {"epsilon": 1.5})
     assert verify(path, required=True) is None and checksum_path(path).is_file()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as open() would make it, not 0600
     # sha256sum's own format: `sha256sum -c` checks the file in its folder
     check = subprocess.run(
         ["sha256sum", "-c", checksum_path(path).name],
