@@ -52,10 +52,15 @@ def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
 def check_run_dir(root: Path, resolved: dict, force: bool) -> None:
     """An existing run directory is resumed when its config is the same, refused otherwise
     (without ``--force``): re-running a changed config replaces the results it changes."""
-    from privkit.pipeline.files import read_json
+    from privkit.cli.train import say_warning
+    from privkit.pipeline.files import read_json, verify
 
     path = root / "config.resolved.json"
     if force or not path.is_file():
+        return
+    problem = verify(path)
+    if problem is not None:  # damaged: as if absent (the run writes it again)
+        say_warning(f"{path}: {problem}; treated as absent and recomputed")
         return
     ignore = ("source", "overrides")  # where the config came from, not what it says
     old = {k: v for k, v in read_json(path, "run config").items() if k not in ignore}
