@@ -47,10 +47,10 @@ def check_int(value: object, name: str, *, minimum: int = 1, maximum: int | None
     value are accepted)."""
     if isinstance(value, bool):
         raise ValueError(f"{name} must be an integer >= {minimum}; found {value!r}")
-    if isinstance(value, numbers.Integral) or (
-        isinstance(value, numbers.Real) and float(value).is_integer()
-    ):
+    if isinstance(value, numbers.Integral):
         ivalue = int(value)
+    elif isinstance(value, numbers.Real) and float(value).is_integer():
+        ivalue = int(float(value))
     else:
         raise ValueError(f"{name} must be an integer >= {minimum}; found {value!r}")
     if ivalue < minimum:

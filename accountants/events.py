@@ -200,13 +200,14 @@ def _check_field(event: str, name: str, value: Any) -> None:
             continue
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise ValueError(f"{where} must be a number; found {v!r}")
-        if math.isnan(v):
+        x = float(v)
+        if math.isnan(x):
             raise ValueError(f"{where} must be a number; found nan")
-        if name in _PROBABILITIES and not 0.0 <= v <= 1.0:
+        if name in _PROBABILITIES and not 0.0 <= x <= 1.0:
             raise ValueError(f"{where} must be in [0, 1]; found {v!r}")
-        if name in _NONNEGATIVE and v < 0:
+        if name in _NONNEGATIVE and x < 0:
             raise ValueError(f"{where} must be >= 0; found {v!r}")
-        if name in _COUNTS and (not float(v).is_integer() or v < _COUNTS[name]):
+        if name in _COUNTS and (not x.is_integer() or x < _COUNTS[name]):
             raise ValueError(f"{where} must be an integer >= {_COUNTS[name]}; found {v!r}")
 
 

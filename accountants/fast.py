@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import dp_accounting as dpa
 import numpy as np
@@ -89,7 +90,7 @@ def _grid_bounds(loss: _plm.AdditiveNoisePrivacyLoss, vdi: float) -> tuple[int, 
 
 
 # ----------------------------------------------------------------------------- RDP
-def _log_comb(n: float, k: np.ndarray) -> np.ndarray:
+def _log_comb(n: float | np.ndarray, k: np.ndarray) -> np.ndarray:
     return special.gammaln(n + 1) - special.gammaln(k + 1) - special.gammaln(n - k + 1)
 
 
@@ -531,7 +532,7 @@ class PldAccountant(dpa.pld.PLDAccountant):
         value_discretization_interval: float = 1e-4,
     ) -> None:
         super().__init__(neighboring_relation, value_discretization_interval)
-        self._pld = _fast_pld(self._pld)
+        self._pld: Any = _fast_pld(self._pld)
 
     def _maybe_compose(self, event: dpa.DpEvent, count: int, do_compose: bool):
         relation_ok = self.neighboring_relation in (_NR.ADD_OR_REMOVE_ONE, _NR.REPLACE_SPECIAL)
@@ -544,7 +545,7 @@ class PldAccountant(dpa.pld.PLDAccountant):
         sigma = (
             (event.event if sampled else event).noise_multiplier if (sampled or gaussian) else None
         )
-        if relation_ok and gaussian and sigma > 0:
+        if relation_ok and gaussian and sigma is not None and sigma > 0:
             if do_compose and math.isfinite(sigma):
                 # count Gaussians (sampled with probability 1 or not) are one Gaussian with multiplier
                 # sigma / sqrt(count): one discretisation, exact in float, instead of an FFT power whose
@@ -554,7 +555,13 @@ class PldAccountant(dpa.pld.PLDAccountant):
                 )
                 self._pld = self._pld.compose(pld)
             return None  # infinite noise releases nothing: the identity
-        if relation_ok and sampled and event.sampling_probability > 0 and sigma > 0:
+        if (
+            relation_ok
+            and sampled
+            and event.sampling_probability > 0
+            and sigma is not None
+            and sigma > 0
+        ):
             if do_compose and math.isfinite(sigma):
                 pld = poisson_gaussian_pld(
                     event.sampling_probability, sigma, self._value_discretization_interval, count

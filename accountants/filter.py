@@ -47,9 +47,9 @@ def plan_order(
     ``rdp_of_step(orders)`` must use only parameters fixed before the run (e.g. the initial noise
     multiplier): the order is part of the filter and may not depend on the run's outputs.
     """
-    orders = np.asarray(orders, dtype=float)
-    budgets = np.array([epsilon - conversion_offset(a, delta) for a in orders])
-    per_step = np.asarray(rdp_of_step(orders), dtype=float)
+    grid = np.asarray(orders, dtype=float)
+    budgets = np.array([epsilon - conversion_offset(a, delta) for a in grid])
+    per_step = np.asarray(rdp_of_step(grid), dtype=float)
     steps = np.where(budgets > 0, budgets / np.maximum(per_step, 1e-300), -np.inf)
     best = int(np.argmax(steps))
     if not budgets[best] > 0:
@@ -57,7 +57,7 @@ def plan_order(
             f"target epsilon {epsilon:g} is below the RDP conversion cost at every order; found none "
             f"with a positive budget at delta={delta:g}"
         )
-    return float(orders[best]), float(budgets[best])
+    return float(grid[best]), float(budgets[best])
 
 
 @dataclass

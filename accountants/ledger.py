@@ -367,8 +367,7 @@ def _eps_for(split: _Split, delta: float, kind: str, vdi: float) -> tuple[float,
     if kind == "basic":
         share = free / m
         eps = fixed_eps + math.fsum(
-            _unit_query(u, rel, vdi, lambda a, s=share: float(a.get_epsilon(s)))
-            for u in split.units
+            _unit_query(u, rel, vdi, lambda a: float(a.get_epsilon(share))) for u in split.units
         )
         return eps, free, f"basic composition; each of {m} DpEvent entries at delta={share:.6g}"
     # advanced
@@ -378,7 +377,7 @@ def _eps_for(split: _Split, delta: float, kind: str, vdi: float) -> tuple[float,
     slack = free / 2 if m else free
     share = free / (2 * m) if m else 0.0
     for u in split.units:
-        params.append((_unit_query(u, rel, vdi, lambda a, s=share: float(a.get_epsilon(s))), share))
+        params.append((_unit_query(u, rel, vdi, lambda a: float(a.get_epsilon(share))), share))
     eps, _ = advanced_composition(params, slack)
     return (
         eps,
@@ -412,7 +411,7 @@ def _delta_for(split: _Split, epsilon: float, kind: str, vdi: float) -> float:
     if kind == "basic":
         share = free_eps / m
         tight = math.fsum(
-            _unit_query(u, rel, vdi, lambda a, s=share: float(a.get_delta(s))) for u in split.units
+            _unit_query(u, rel, vdi, lambda a: float(a.get_delta(share))) for u in split.units
         )
         return min(1.0, split.fixed_delta + tight)
     return _delta_by_search(lambda d: _eps_for(split, d, "advanced", vdi)[0], epsilon)

@@ -55,6 +55,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import dp_accounting as dpa
 import numpy as np
@@ -216,7 +217,7 @@ def sampler_accounting(
                 _random_allocation_rdp_epsilon(t_up, sigma, started, delta)
             ),
         }
-        upper_method = min(bounds, key=bounds.get)
+        upper_method = min(bounds, key=lambda method: bounds[method])
         upper = bounds[upper_method]
         lower = random_allocation_lower_epsilon(t_low, sigma, complete, delta) if complete else None
         notes.append(
@@ -357,7 +358,7 @@ def random_allocation_lower_epsilon(
 
 
 # ----------------------------------------------------------------------------- a user's DataLoader
-def describe_loader(loader: object) -> dict:
+def describe_loader(loader: Any) -> dict:
     """Which sampler a PyTorch / opacus ``DataLoader`` runs, and its rate and batch count.
 
     Read from the loader's attributes (no torch import): opacus's ``DPDataLoader`` /
@@ -387,7 +388,7 @@ def describe_loader(loader: object) -> dict:
             "batch_size": q * n,
             "notes": ["opacus Poisson sampling (DPDataLoader)"],
         }
-    sampler = getattr(batch_sampler, "sampler", None) or getattr(loader, "sampler", None)
+    sampler: Any = getattr(batch_sampler, "sampler", None) or getattr(loader, "sampler", None)
     kind = type(sampler).__name__
     notes: list[str] = []
     if kind in ("WeightedRandomSampler",) or (

@@ -124,7 +124,7 @@ class TradeoffCurve:
 # ------------------------------------------------------------------------------------ generic
 
 
-def _generic(a: np.ndarray, eps: np.ndarray, delta: float) -> np.ndarray:
+def _generic(a: np.ndarray, eps: np.ndarray | np.float64, delta: float) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         e = np.exp(eps)
         val = np.maximum(1.0 - delta - e * a, (1.0 - delta - a) / e)
@@ -211,7 +211,7 @@ def gaussian_mu(epsilon: float, delta: float) -> float:
     return _mu(epsilon, delta)
 
 
-def _gaussian(a: np.ndarray, mu: np.ndarray) -> np.ndarray:
+def _gaussian(a: np.ndarray, mu: np.ndarray | np.float64) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         val = ndtr(-ndtri(a) - mu)  # Phi^-1(1 - a) as -Phi^-1(a): exact for tiny a
     # a = 0 with mu = inf gives inf - inf; no privacy at all means f = 0 there too
@@ -610,7 +610,17 @@ class CurveFamily:
         """The epsilon at which the member is the base curve itself (profile families only)."""
         if self.kind != "profile":
             return None
-        return self.anchor if self.anchor is not None else self.base.epsilon(self.delta)
+        return self._reference()
+
+    @property
+    def _profile(self) -> ProfileCurve:
+        """The base curve of a profile family (its presence is checked when the family is made)."""
+        if self.base is None:
+            raise ValueError(f"a {self.kind} family has no base ProfileCurve")
+        return self.base
+
+    def _reference(self) -> float:
+        return self.anchor if self.anchor is not None else self._profile.epsilon(self.delta)
 
     def anchored(self, epsilon: float | None) -> CurveFamily:
         """This family with a profile base anchored at ``epsilon`` (other kinds: unchanged)."""
@@ -636,11 +646,12 @@ class CurveFamily:
         if self.kind == "gaussian":
             mu = _mu_lanes(eps, self.delta)
             return lambda fpr: _gaussian(_fpr(fpr), mu)
-        ref = self.reference_epsilon
+        ref = self._reference()
         if math.isinf(ref):
             return lambda fpr: np.zeros(np.broadcast_shapes(np.shape(fpr), eps.shape))
         shift = eps - ref
-        return lambda fpr: self.base.shifted(fpr, shift)
+        profile = self._profile
+        return lambda fpr: profile.shifted(fpr, shift)
 
     def member(self, epsilon: float) -> TradeoffCurve:
         """The member at ``epsilon`` as a curve object."""
@@ -655,11 +666,11 @@ class CurveFamily:
         """The claim the member at ``epsilon`` states, in words."""
         if self.kind != "profile":
             return self.member(epsilon).claim
-        shift = epsilon - self.reference_epsilon
+        shift = epsilon - self._reference()
         if math.isclose(shift, 0.0, abs_tol=1e-12):
-            return self.base.claim
+            return self._profile.claim
         return (
-            f"as private as {self.base.source} with every epsilon of its privacy profile "
+            f"as private as {self._profile.source} with every epsilon of its privacy profile "
             f"{'raised' if shift > 0 else 'lowered'} by {abs(shift):.4g}"
         )
 
@@ -670,7 +681,7 @@ class CurveFamily:
             return "(eps, delta)-DP"
         if self.kind == "gaussian":
             return "as private as the Gaussian mechanism at (eps, delta)"
-        return self.base.claim
+        return self._profile.claim
 
 
 @dataclass(frozen=True)

@@ -467,6 +467,17 @@ def _tests(curve) -> str:
 
 
 # ---------------------------------------------------------------------------------- entry point
+
+
+def _family_bound(attack: AttackAudit) -> float:
+    """An attack's bound at the family-wise confidence (set for every attack of the family)."""
+    if attack.family_epsilon_lower_bound is None:
+        raise ValueError(
+            f"attack {attack.name!r} has no family-wise bound: it is not in the family"
+        )
+    return attack.family_epsilon_lower_bound
+
+
 def audit_scores(
     scores,
     is_member,
@@ -537,8 +548,9 @@ def audit_scores(
             beta_family=beta_family if name in family else None,
         )
         attacks[name].notes = (notes or {}).get(name, "")
-    best = max(family, key=lambda n: attacks[n].family_epsilon_lower_bound)
-    bound = attacks[best].family_epsilon_lower_bound
+    family_bounds = {n: _family_bound(attacks[n]) for n in family}
+    best = max(family, key=lambda n: family_bounds[n])
+    bound = family_bounds[best]
     shapes = {(attacks[n].m, p.k_pos, p.k_neg) for n in family for p in pairs[n]}
     ceiling = max(
         epsilon_bound(m, kp + kn, kp + kn, delta=delta, beta=beta_family, curve=curve)
@@ -582,7 +594,7 @@ def audit_scores(
         guess_grid=grid,
         curve=curve if curve == "generic" else curve.kind,
         claim_tested=_tests(curve),
-        inclusion=inclusion,
+        inclusion=inclusion if isinstance(inclusion, str) else dict(inclusion),
         seed=int(seed),
         attacks=attacks,
         notes=_notes(how_included, family_data, primary),

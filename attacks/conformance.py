@@ -462,7 +462,10 @@ def _influence_test(
 
 
 def _sensitivity_test(ev: ProbeEvidence) -> ConformanceTest:
-    worst = float(np.max(ev.record_influence))
+    if ev.record_influence is None:
+        raise ValueError("the sensitivity test needs the probe records' influence; found None")
+    influence = np.asarray(ev.record_influence)
+    worst = float(np.max(influence))
     over = worst > 1 + ev.influence_tolerance
     return ConformanceTest(
         "sensitivity",
@@ -472,7 +475,7 @@ def _sensitivity_test(ev: ProbeEvidence) -> ConformanceTest:
         worst,
         worst,
         1.0,
-        f"largest exact influence of {np.size(ev.record_influence)} probe record(s) "
+        f"largest exact influence of {influence.size} probe record(s) "
         f"{worst:.4g} x the claimed sensitivity"
         + (": the sensitivity bound does not hold" if over else ""),
     )

@@ -221,7 +221,7 @@ def train_models(
         with progress_bar(progress) as bar:
             tid = bar.add_task(f"{description} (batched)", total=len(seeds))
             models = rec.fit_many(x, y, index_sets, seeds)
-            outs = [
+            outs: list[dict[str, Any]] = [
                 {"logits": rec.logits(mdl, x[q], c), "details": rec.details(mdl)} for mdl in models
             ]
             bar.advance(tid, len(seeds))

@@ -231,8 +231,8 @@ def fdp_detectable_epsilon(
     if flagged_half(0.0):
         return 0.0
     while hi_e - lo_e > 1e-4:
-        mid = 0.5 * (lo_e + hi_e)
-        lo_e, hi_e = (mid, hi_e) if not flagged_half(mid) else (lo_e, mid)
+        mid_e = 0.5 * (lo_e + hi_e)
+        lo_e, hi_e = (mid_e, hi_e) if not flagged_half(mid_e) else (lo_e, mid_e)
     return hi_e
 
 

@@ -30,6 +30,6 @@ def progress_bar(enabled: bool) -> Iterator[Any]:
         kwargs.setdefault("info", "")
         return orig_add(description, **kwargs)
 
-    bar.add_task = add_task  # type: ignore[method-assign]
+    bar.add_task = add_task  # type: ignore[method-assign,assignment]  # same call, info defaulted
     with bar:
         yield bar

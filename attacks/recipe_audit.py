@@ -80,11 +80,11 @@ def experiment_record(design: Design, logits: np.ndarray, labels: np.ndarray) ->
     target. ``logits``: (1 + M, m, C), the target's first, on the audited records."""
     rec = design.summary()
     refs = [unseen_accuracy(z, labels, k) for z, k in zip(logits[1:], design.reference_keep)]
-    refs = [a for a in refs if a is not None]
+    seen = [a for a in refs if a is not None]
     rec.update(
         target_accuracy_unseen=unseen_accuracy(logits[0], labels, design.is_member),
         reference_accuracy_unseen=(
-            {"mean": float(np.mean(refs)), "min": min(refs), "max": max(refs)} if refs else None
+            {"mean": float(np.mean(seen)), "min": min(seen), "max": max(seen)} if seen else None
         ),
     )
     return rec

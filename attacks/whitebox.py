@@ -62,6 +62,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from attacks.audit_scores import AuditResult
 from attacks.canaries import ONE_SIDED_GUESSES
 from attacks.conformance import ConformanceResult, MechanismClaim, ProbeEvidence, conformance_test
 from attacks.experiment import stream
@@ -115,7 +116,7 @@ GUESS_FRACTIONS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
 
 def claim_optimised_guesses(
     claim: MechanismClaim, m: int, *, delta: float, beta: float = 0.05, sims: int = 3, seed: int = 0
-) -> list[tuple[int, int]]:
+) -> list[tuple[float, float]]:
     """Guesses declared before looking, optimised for the claimed mechanism: "in" on the ``k``
     highest likelihood-ratio scores, for two sizes ``k`` (Bonferroni over the two): the one whose
     median one-run bound is largest when the mechanism is exactly as claimed (how close the audit
@@ -151,7 +152,7 @@ def _optimised_guesses(
     sims: int,
     seed: int,
     claimed: float,
-) -> tuple[tuple[int, int], ...]:
+) -> tuple[tuple[float, float], ...]:
     from accountants.tradeoff import CurveFamily
     from attacks.one_run_fdp import fdp_epsilon_lower_bound
 
@@ -609,7 +610,7 @@ class MechanismAudit:
     message: str
     confidence: float
     conformance: ConformanceResult
-    one_run: object  # attacks.AuditResult
+    one_run: AuditResult
 
     @classmethod
     def of(cls, conformance: ConformanceResult, one_run, confidence: float) -> MechanismAudit:

@@ -33,7 +33,7 @@ class FormalDP:
 
 def delta_ge_one_over_n(delta: float | None, n: int | None) -> bool:
     """True when ``delta >= 1/n``: a mechanism may then publish a record outright."""
-    return delta is not None and bool(n) and delta >= 1.0 / n
+    return delta is not None and n is not None and n != 0 and delta >= 1.0 / n
 
 
 def formal_dp_status(
@@ -74,7 +74,7 @@ def formal_dp_status(
         )
     if math.isinf(epsilon):
         if fixed_delta is not None and fixed_delta >= delta:
-            if delta_ge_one_over_n(fixed_delta, n_min):
+            if n_min and delta_ge_one_over_n(fixed_delta, n_min):
                 return FormalDP(
                     False,
                     "δ ≥ 1/n",
@@ -93,7 +93,7 @@ def formal_dp_status(
                 ),
             )
         return FormalDP(False, "no", f"no finite epsilon at delta {delta:g}")
-    if delta_ge_one_over_n(delta, n_min):
+    if n_min and delta_ge_one_over_n(delta, n_min):
         return FormalDP(
             False,
             "δ ≥ 1/n",

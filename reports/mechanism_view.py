@@ -129,7 +129,7 @@ def method_mechanism_view(m: MethodReport) -> dict[str, Any] | None:
     lacks = (
         f"WARNING: the mechanism audit lacked power: the {half.twin} twin came out {half.status}, "
         "not violation."
-        if mc.lacks_power
+        if half is not None and mc.lacks_power
         else ""
     )
     return {

@@ -14,6 +14,7 @@ import base64
 import io
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeGuard
 
 import matplotlib
 import numpy as np
@@ -33,7 +34,7 @@ LINESTYLES = ("-", "--", "-.", ":")
 _DPI = 110
 
 
-def _finite(x: float | None) -> bool:
+def _finite(x: float | None) -> TypeGuard[float]:
     return x is not None and not math.isnan(x) and not math.isinf(x)
 
 
@@ -146,9 +147,9 @@ def privacy_utility_figure(report: PrivacyReport) -> Figure | None:
     Methods with no formal guarantee (epsilon = inf) sit in a separate right-hand band.
     """
     points = [
-        (m, m.privacy.epsilon if m.privacy else None, m.utility.test_accuracy)
+        (m, m.privacy.epsilon if m.privacy else None, acc)
         for m in report.methods
-        if m.utility and _finite(m.utility.test_accuracy)
+        if _finite(acc := m.utility.test_accuracy if m.utility else None)
     ]
     if not points:
         return None
@@ -297,7 +298,7 @@ def roc_figure(method: MethodReport) -> Figure | None:
     if method.audit is None:
         return None
     curves = [
-        (n, a)
+        (n, a, a.roc)
         for n, a in method.audit.attacks.items()
         if not a.error
         and a.roc is not None
@@ -309,14 +310,14 @@ def roc_figure(method: MethodReport) -> Figure | None:
     fig = _new_figure(4.6, 4.0)
     ax = fig.add_subplot()
     floor = 1.0
-    for _, a in curves:
-        pos = [v for v in a.roc.fpr + a.roc.tpr if v and v > 0]
+    for _, _, roc in curves:
+        pos = [v for v in roc.fpr + roc.tpr if v and v > 0]
         floor = min(floor, min(pos) if pos else 1.0)
     floor = max(floor / 2.0, 1e-5)
-    same = _duplicates([(name, (tuple(a.roc.fpr), tuple(a.roc.tpr))) for name, a in curves])
-    for i, (name, a) in enumerate(curves):
-        fpr = [max(v, floor) for v in a.roc.fpr]
-        tpr = [max(v, floor) for v in a.roc.tpr]
+    same = _duplicates([(name, (tuple(roc.fpr), tuple(roc.tpr))) for name, _, roc in curves])
+    for i, (name, a, roc) in enumerate(curves):
+        fpr = [max(v, floor) for v in roc.fpr]
+        tpr = [max(v, floor) for v in roc.tpr]
         auc = f"AUC {a.auc:.3f}" if _finite(a.auc) else "AUC n/a"
         ax.plot(
             fpr, tpr, lw=1.5, label=f"{name} ({auc}){same.get(name, '')}", **_style(i, len(fpr))
@@ -368,8 +369,8 @@ def tradeoff_roc_figure(
     )
     ax.plot(grid, boundary, color="tab:red", lw=1.5, label=f"claim: {label}")
     n_bad = 0
-    for name, (f, t) in rocs.items():
-        f, t = np.asarray(f, dtype=np.float64), np.asarray(t, dtype=np.float64)
+    for name, (fpr_seq, tpr_seq) in rocs.items():
+        f, t = np.asarray(fpr_seq, dtype=np.float64), np.asarray(tpr_seq, dtype=np.float64)
         ax.plot(np.maximum(f, floor), np.maximum(t, floor), lw=1.3, label=name)
         bad = forbidden_roc_points(f, t, curve)
         n_bad += bad.size

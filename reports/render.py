@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from pydantic import ValidationError
 
 from reports.formatting import fmt_bracket, fmt_eps, fmt_num, fmt_pct, sort_value
 from reports.guarantee import delta_ge_one_over_n
@@ -75,17 +76,18 @@ def _cell(text: str, value: float | None = None) -> dict:
 
 
 # ---------------------------------------------------------------------------------- view model
+def _accuracy(m: MethodReport) -> float | None:
+    """A method's test accuracy; None when it has none (or NaN)."""
+    acc = m.utility.test_accuracy if m.utility else None
+    return None if acc is None or math.isnan(acc) else acc
+
+
 def non_private_reference(report: PrivacyReport) -> MethodReport | None:
     """The most accurate method without a formal guarantee (the 'cost' reference), if any."""
     cands = [
-        m
-        for m in report.methods
-        if m.utility
-        and m.utility.test_accuracy is not None
-        and not math.isnan(m.utility.test_accuracy)
-        and not m.formal_dp
+        (acc, m) for m in report.methods if not m.formal_dp and (acc := _accuracy(m)) is not None
     ]
-    return max(cands, key=lambda m: m.utility.test_accuracy) if cands else None
+    return max(cands, key=lambda c: c[0])[1] if cands else None
 
 
 def formal_dp_label(m: MethodReport) -> str:
@@ -150,8 +152,9 @@ def summary_rows(report: PrivacyReport) -> list[dict[str, Any]]:
         best = m.audit.best_attack() if m.audit else None
         lb, ceiling, detectable = m.audit_numbers()
         cost = None
-        if ref is not None and acc is not None and not math.isnan(acc):
-            cost = acc - ref.utility.test_accuracy
+        ref_acc = _accuracy(ref) if ref is not None else None
+        if ref_acc is not None and acc is not None and not math.isnan(acc):
+            cost = acc - ref_acc
         status, message = _verdict(m)
         rows.append(
             {
@@ -290,7 +293,7 @@ def _method_view(m: MethodReport, ref: MethodReport | None, n_min: int | None) -
         else None,
         "accuracy": fmt_pct(acc),
         "ref_name": ref.name if ref is not None and ref.name != m.name else None,
-        "ref_accuracy": fmt_pct(ref.utility.test_accuracy) if ref is not None else "—",
+        "ref_accuracy": fmt_pct(_accuracy(ref)) if ref is not None else "—",
         "eps": fmt_eps(p.epsilon) if p else "—",
         "claim": claim_view(m, n_min),
         "formal_dp_label": formal_dp_label(m),
@@ -494,7 +497,7 @@ def load_report(path: str | Path) -> PrivacyReport:
         return PrivacyReport.from_json(p.read_text(encoding="utf-8"))
     except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError
         detail = " ".join(str(exc).split())
-        if hasattr(exc, "error_count"):  # pydantic: the first bad field, not the whole dump
+        if isinstance(exc, ValidationError):  # pydantic: the first bad field, not the whole dump
             err = exc.errors()[0]
             detail = f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}"
         raise ValueError(f"report file {p} is unreadable or corrupted: {detail}") from None

@@ -20,7 +20,10 @@ from reports.schema import MethodReport, TradeoffPoints
 
 
 def forbidden_roc_points(
-    fpr: Sequence[float], tpr: Sequence[float], curve: Callable, tol: float = 0.0
+    fpr: Sequence[float] | np.ndarray,
+    tpr: Sequence[float] | np.ndarray,
+    curve: Callable,
+    tol: float = 0.0,
 ) -> np.ndarray:
     """Indices of the ROC points a privacy claim forbids: ``TPR > 1 - f(FPR) + tol``.
 
@@ -80,7 +83,7 @@ def forbidden_counts(m: MethodReport) -> dict[str, int] | None:
 def roc_claim_sentence(m: MethodReport) -> str | None:
     """Whether any ROC point lies in the region the ledger forbids, in words (None: no curve)."""
     counts = forbidden_counts(m)
-    if counts is None or not counts:
+    if not counts or m.audit is None or m.audit.tradeoff_curve is None:
         return None
     tc = m.audit.tradeoff_curve
     eps = (

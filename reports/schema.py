@@ -20,11 +20,11 @@ stays strict JSON.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 """Version of the :class:`PrivacyReport` JSON schema."""
 
 StageName = Literal["train", "account", "audit", "report"]

@@ -20,8 +20,11 @@ from privkit.errors import PrivkitError
 from privkit.pipeline.files import one_line as _one_line
 
 SCHEMA_VERSION = 1
+"""Version of the run directory's ``config.resolved.json`` and ``status.json``."""
 STAGES = ("train", "account", "audit")
+"""The stages run per method, in order (the report is assembled after all methods)."""
 ACCOUNTANTS = ("basic", "advanced", "rdp", "pld")
+"""The accountants a run config may name (those of :class:`accountants.Ledger`)."""
 Accountant = Literal["basic", "advanced", "rdp", "pld"]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -116,6 +119,8 @@ class AuditSettings(StrictModel):
 
 
 class ReportSettings(StrictModel):
+    """``[report]`` of a run config: the title, what was scaled down, the formats written."""
+
     title: str = "privkit privacy report"
     reduced: list[str] = Field(default_factory=list,
                                description="what this config scales down from the papers")
@@ -188,6 +193,8 @@ class ResolvedMethod:
 
 @dataclass
 class ResolvedRun:
+    """A validated run config with every method's full trainer config resolved."""
+
     config: RunConfig
     methods: list[ResolvedMethod]
     source: str | None = None

@@ -47,6 +47,8 @@ from privkit.models import build_from_spec
 from privkit.seeding import noise_generator, seed_torch
 from privkit.trainers.stacked import StackedModels
 
+__all__ = ["SGDRecipe", "batched_recipe", "load_states", "reference_models", "train_many", "train_one"]
+
 BLOCK = 16  # steps whose Poisson masks and noise are drawn at once (part of the stream definition)
 
 

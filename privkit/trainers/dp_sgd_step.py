@@ -38,6 +38,7 @@ from privkit.errors import PrivkitError
 
 # loss_fn(logits (1, C), target (1,), aux (1, ...) or None) -> scalar loss of ONE record
 PerSampleLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+"""``loss_fn(logits (1, C), target (1,), aux (1, ...) or None)``: the scalar loss of one record."""
 
 __all__ = [
     "DpSgdStep",
