@@ -8,7 +8,11 @@ standard normals from:
 * ``chacha_s``: privkit's release stream on the device (:class:`privkit.device_random.ChaChaStream`,
   what ``DpRandom.secret("cuda")`` draws from);
 * ``aes_copy_s``: privkit's CPU release stream (AES-CTR + numpy's ziggurat) and the copy to the
-  device: what release mode cost on a GPU before the device stream.
+  device: what release mode cost on a GPU before the device stream;
+* ``grid_s``: what release mode draws for its noise (:mod:`privkit.grid_noise`: the exact
+  rounded-Gaussian integers of the release grid, from the ChaCha stream on the device), and
+  ``grid_release_s`` the whole release of ``--n`` coordinates (draws and snapping) beside
+  ``torch_release_s``, ``x + z`` with torch's generator.
 
 Ratios are against ``torch_s``. Without a GPU, ``--device cpu`` measures the same code on the CPU
 (the ChaCha stream is then slower than the AES stream, which is why the CPU keeps AES).
@@ -72,6 +76,25 @@ def _compiled(args, dev, sync) -> dict:
         device_random.chacha20_blocks = eager
 
 
+def _grid(args, dev, sync, seeded) -> dict:
+    """Release mode's noise on the grid (privkit.grid_noise), beside torch's ``x + z``."""
+    from privkit.grid_noise import Grid, WordBits, rounded_gaussian
+    from privkit.trainers.dp_sgd_step import add_gaussian_noise
+
+    grid, bits = Grid.for_release(1.0, 1.0, args.n), WordBits(ChaChaStream(dev))
+    secret = DpRandom.secret(dev, on_device=True)
+    clean = {"w": torch.randn(args.n, device=dev)}
+    return {
+        "grid_s": best_of(lambda: rounded_gaussian(grid.scale, args.n, bits), args.repeats, sync),
+        "grid_release_s": best_of(
+            lambda: add_gaussian_noise(clean, 1.0, secret, sensitivity=1.0), args.repeats, sync
+        ),
+        "torch_release_s": best_of(
+            lambda: add_gaussian_noise(clean, 1.0, seeded), args.repeats, sync
+        ),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
@@ -100,10 +123,13 @@ def main() -> None:
         ),
         "chacha_s": best_of(lambda: chacha.normal(args.n), args.repeats, sync),
         "aes_copy_s": best_of(lambda: aes.randn(args.n), args.repeats, sync),
+        **_grid(args, dev, sync, seeded),
     }
     if args.compile:
         res.update(_compiled(args, dev, sync))
     res["chacha_ratio"] = res["chacha_s"] / res["torch_s"]
+    res["grid_ratio"] = res["grid_s"] / res["torch_s"]
+    res["grid_release_ratio"] = res["grid_release_s"] / res["torch_release_s"]
     res["aes_copy_ratio"] = res["aes_copy_s"] / res["torch_s"]
     res.update(
         n=args.n,
