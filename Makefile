@@ -38,6 +38,8 @@ docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
 clean:
