@@ -11,6 +11,7 @@ import importlib
 from typing import Any
 
 INSTALL_HINT = 'privkit.flower needs Flower: pip install "privkit[flower]"'
+"""The one-line error raised when Flower is missing (it names the extra to install)."""
 
 # public name -> submodule of privkit.flower that defines it (loaded on first access)
 _LAZY: dict[str, str] = {
