@@ -5,7 +5,7 @@ sampler, does not have the distribution the Gaussian mechanism's analysis assume
 floats it can return depends on ``clean`` (Mironov 2012, "On significance of the least significant
 bits for differential privacy"; Jin et al. 2022, "Are we there yet? Timing and floating-point
 attacks on differential privacy systems").  For ``clean = 1024`` and ``sigma = 1024`` every float32
-release is a multiple of ``2**-14``, while for ``clean = 0`` a third of them are not: one release
+release is a multiple of ``2**-14``, while for ``clean = 0`` a quarter of them are not: one release
 can tell the two inputs apart with certainty, whatever the noise multiplier.
 
 **The defence** (the snapping idea of Mironov 2012 and of Google's secure noise generation:
@@ -30,20 +30,23 @@ noise multiplier ``gamma * s / (Delta + gamma * sqrt(d))`` is at least ``sigma /
 ledger's ``GaussianDpEvent(sigma / Delta)`` (and every subsampled, composed event built on it)
 stays a sound description of what ran, for every accountant (PLD, RDP, PRV).  The price is noise
 larger by the factor ``1 + gamma * sqrt(d) / Delta <= 1 + 2**-24 * (sigma / Delta) * sqrt(d)``
-(``1 + 6e-5`` for a million coordinates at noise multiplier 1).  The Discrete Gaussian of Canonne,
-Kamath & Steinke (2020) would serve the same purpose, but its privacy is that of the continuous
-Gaussian only in zCDP and single-release (epsilon, delta) terms, not in the subsampled PLD privkit's
-accountants compose; the rounded Gaussian needs no new accounting.
+(``1 + 6e-5`` for a million coordinates at noise multiplier 1).  The discrete Gaussian of Canonne,
+Kamath & Steinke (2020) would be exact too, but its privacy equals the continuous Gaussian's in
+zCDP, not in the hockey-stick divergence privkit's PLD accountant composes (at ``s = 2`` its delta
+exceeds the Gaussian's closed form: tests/privkit/test_grid_noise.py); the rounded Gaussian needs
+no new accounting.
 
 **Exactness of the sampler.**  ``k = round(s * Phi^-1(U))`` with ``U`` uniform on (0, 1), read as
 an infinite-precision number whose first 53 bits come from the secret stream.  The 53 bits fix
 ``U`` to a cell of width ``2**-53``; when the whole cell maps inside one integer's interval (with
-a margin of ``2**-44`` relative, far above the ``~2**-52`` error of float64 ``ndtri``) ``k`` is
-decided.  Otherwise (about 2 draws in a million at ``s = 2**24``) it is settled exactly by
-:func:`_settle`: mpmath compares the cell with ``Phi((k +- 1/2) / s)`` at 80 bits beyond the cell's
-width, drawing 64 more bits of ``U`` from the stream until no boundary falls inside.  The law of
-``k`` is the rounded Gaussian up to mpmath's rounding at that precision (below ``2**-70`` per
-settled draw); no float approximation of the Gaussian enters it.
+a margin of ``2**-44`` relative, far above the error of float64 ``ndtri``, measured below
+``2**-50`` against mpmath on the CPU and on a GPU) ``k`` is decided.  Otherwise (about 3 draws in a
+million at ``s = 2**24``) it is settled by :func:`_settle`: mpmath compares the cell with
+``Phi((k +- 1/2) / s)`` at ``w + 80`` bits (``w`` the bits of ``U`` read), requiring a relative
+separation of ``2**-(w + 64)``, and draws 64 more bits of ``U`` from the stream while a boundary
+lies closer.  The law of ``k`` is the rounded Gaussian exactly, as long as mpmath's ``ncdf`` is accurate
+to that separation (it is accurate to its working precision); no float approximation of the
+Gaussian enters it.
 
 Reproducible mode (a seeded torch generator) keeps drawing ``clean + sigma * z`` as before, bit for
 bit: the defence is for release mode, where the noise is secret.
@@ -79,7 +82,7 @@ GRID_BITS = 24
 _CHUNK = 1 << 16  # draws per pass on the CPU
 _MARGIN = 2.0**-44  # relative margin of the float64 decision (ndtri's error is ~2**-52)
 _Z_BULK = 3.0  # |z| beyond it (0.3% of the draws): the cell's width is computed for each
-_BULK_WIDTH = 2.0**-53 * math.sqrt(2.0 * math.pi) * math.exp(0.5 * _Z_BULK**2)  # 2**-53 / phi(3)
+_BULK_WIDTH = 2.0**-52 * math.sqrt(2.0 * math.pi) * math.exp(0.5 * _Z_BULK**2)  # 2**-52 / phi(3)
 
 
 class BitSource(Protocol):
@@ -212,17 +215,18 @@ def _draws(scale: float, n: int, bits: BitSource, margin: float) -> torch.Tensor
     # the cell [u, u + 1) * 2**-53 around its midpoint; z = Phi^-1(midpoint), a = scale * z
     a = torch.special.ndtri(u.mul(2.0**-53).add_(2.0**-54)).mul_(scale)
     k = torch.round(a)
-    # The cell maps into a +- scale * w with w <= 2**-53 / phi(z) (half the cell over phi, times 2
-    # for the midpoint's rounding and for phi's variation over the cell, e**(|z| w) < 2 while
-    # scale * w < 2**-10); w <= _BULK_WIDTH where |z| <= _Z_BULK. The margin covers float64 ndtri
-    # (~2**-52 relative) 256 times over.
+    # The cell lies within 2**-53 of the computed midpoint (half its width, plus the midpoint's
+    # rounding, 2**-54 when u >= 2**52), so it maps into z +- w, w = 2**-53 * max(1 / phi) over it,
+    # and that max is below 2 / phi(z) while w < 2**-10 (phi varies by e**(|z| w + w**2 / 2) < 2):
+    # w <= 2**-52 / phi(z), at most _BULK_WIDTH where |z| <= _Z_BULK. The margin covers float64
+    # ndtri (measured within 2**-50 relative) 64 times over.
     size = a.abs()
     off = (a - k).abs_()
     open_ = ~(off < (0.5 - _BULK_WIDTH * scale) - margin * (size + 1.0))
     tail = torch.nonzero(~(size <= _Z_BULK * scale)).flatten()  # 0.3% of the draws, and NaN/inf
     if len(tail):
         z = a[tail] / scale
-        width = scale * 2.0**-53 * math.sqrt(2.0 * math.pi) * torch.exp(0.5 * z * z)
+        width = scale * 2.0**-52 * math.sqrt(2.0 * math.pi) * torch.exp(0.5 * z * z)
         open_[tail] = ~(off[tail] < 0.5 - width - margin * (size[tail] + 1.0)) | ~(width < 2.0**-10)
     if bool(open_.any()):
         idx = torch.nonzero(open_).flatten()
