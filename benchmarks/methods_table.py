@@ -1,6 +1,6 @@
 """Every registered method on the quickstart federation: wall time, test accuracy, accounted epsilon.
 
-The README's methods table comes from this script. Each method trains once in this process, one
+The methods table of docs/methods.md comes from this script. Each method trains once in this process, one
 torch thread (``OMP_NUM_THREADS=1``), on the quickstart federation (mnist5k clients, Dirichlet
 alpha=1, 20 clients, digits28 public data), with its ``quick`` configuration (what ``privkit demo``
 runs) or its default configuration (``--defaults``), with an empty h0 cache (no method profits

@@ -25,7 +25,7 @@ the streams the single run draws them from, in the same order, so the weights ag
 bit for the Adam methods). In release mode every stream is a fresh secret one, as in the single run.
 
 Methods with a batched form: :data:`BATCHED`. The others (FLiP, centralized, FedAUXfdp and the
-DP-head baselines: README, Performance, says why), configurations a batched form does not cover,
+DP-head baselines: docs/performance.md says why), configurations a batched form does not cover,
 and any run inside an audit's probing block (whose canaries are per client and step) train one
 after the other.
 """
