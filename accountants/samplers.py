@@ -34,7 +34,8 @@ shuffling can leak far more.  privkit therefore reports, per sampler:
     ``t`` i.i.d. lognormals; each lognormal is replaced by a mean-preserving spread onto a grid
     (which can only raise them), the ``t``-fold sum is computed exactly up to float rounding, and
     the epochs compose by dp-accounting with losses rounded up.  Second-order tight: at the
-    configuration of docs/budgets.md it gives 0.882 where the attack certifies 0.451 and Poisson gives 0.918.
+    configuration of docs/budgets.md it gives 0.882 where the attack certifies 0.451 and Poisson
+    gives 0.918.
     (c) An RDP bound taking the worse of the two directions: remove direction ``D_a(P||Q)``
     *exactly* at integer orders (the multinomial expansion of ``E_Q[(P/Q)^a]`` over the partitions
     of ``a``; Feldman & Shenfeld 2025, Cor. 6.2, re-derived in :func:`random_allocation_rdp_remove`),
