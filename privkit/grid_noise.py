@@ -40,7 +40,7 @@ no new accounting.
 an infinite-precision number whose first 53 bits come from the secret stream.  The 53 bits fix
 ``U`` to a cell of width ``2**-53``; when the whole cell maps inside one integer's interval (with
 a margin of ``2**-44`` relative, far above the error of float64 ``ndtri``, measured below
-``2**-50`` against mpmath on the CPU and on a GPU) ``k`` is decided.  Otherwise (about 3 draws in a
+``2**-50`` against mpmath on the CPU and on a GPU) ``k`` is decided.  Otherwise (about 4 draws in a
 million at ``s = 2**24``) it is settled by :func:`_settle`: mpmath compares the cell with
 ``Phi((k +- 1/2) / s)`` at ``w + 80`` bits (``w`` the bits of ``U`` read), requiring a relative
 separation of ``2**-(w + 64)``, and draws 64 more bits of ``U`` from the stream while a boundary
