@@ -6,7 +6,8 @@ line each; text after the first ``": "`` explains the output and is not compared
 examples take long is marked ``<!-- examples: slow -->`` (a ``slow`` test). A page whose examples
 another test runs says ``<!-- examples: tests/<path>.py -->``; that file must exist and read the
 page. The ```` ```bash ```` blocks' ``privkit`` commands must parse: every command, option and
-value is one ``privkit`` accepts (they are not run: they train, audit, or read files of a run).
+value is one ``privkit`` accepts (they are not run: they train, audit, or read files of a run),
+and their ``make`` targets and ``python`` scripts exist.
 """
 
 from __future__ import annotations
@@ -109,3 +110,24 @@ def test_page_commands_parse(command):
             pytest.fail(f"{command!r}: {exc.format_message()}")
     except click.UsageError as exc:
         pytest.fail(f"{command!r}: {exc.format_message()}")
+
+
+def _other_commands():
+    for page in PAGES:
+        for block in code_blocks(page.read_text(), "bash"):
+            for line in block.replace("\\\n", " ").splitlines():
+                if line.strip() and not line.startswith(("privkit ", "#")):
+                    yield pytest.param(line.split("  #")[0].strip(), id=f"{page.stem}: {line[:60]}")
+
+
+@pytest.mark.parametrize("command", list(_other_commands()))
+def test_page_make_targets_and_scripts_exist(command):
+    """A `make` target the Makefile declares, or a `python` script of the repository."""
+    words = shlex.split(command)
+    if words[0] == "make":
+        phony = re.search(r"^\.PHONY:(.*)$", (ROOT / "Makefile").read_text(), flags=re.M)
+        assert phony and words[1] in phony.group(1).split(), f"no make target {words[1]!r}"
+    else:
+        assert words[0] == "python" and (ROOT / words[1]).is_file(), (
+            f"{command!r} runs nothing here"
+        )
