@@ -1,8 +1,8 @@
 """Every code example of the documentation runs and prints what its page shows.
 
-The ```` ```python ```` blocks of one page under ``docs/`` (and of README.md) run one after the other in one namespace.
-The comment lines that start in the first column right after a statement are what it prints, one
-line each; text after the first ``": "`` explains the output and is not compared. A page whose
+The ```` ```python ```` blocks of one page under ``docs/`` (and of README.md) run one after the
+other in one namespace. The comment lines that start in the first column right after a statement
+are what it prints, one line each; text after the first ``": "`` explains the output and is not compared. A page whose
 examples take long is marked ``<!-- examples: slow -->`` (a ``slow`` test). A page whose examples
 another test runs says ``<!-- examples: tests/<path>.py -->``; that file must exist and read the
 page. The ```` ```bash ```` blocks' ``privkit`` commands must parse: every command, option and
