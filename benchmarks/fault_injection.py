@@ -252,19 +252,19 @@ def quick_point(ref: Reference, name: str) -> list[tuple[int, str]]:
 
 def kill_points(ref: Reference, limit: int | None) -> list[tuple[int, str]]:
     """The first write of every file midway (every stage writes a file of its own), then other
-    writes at every phase, spread over the run; ``limit`` keeps that many, spread evenly."""
+    writes at every phase, spread evenly over the run up to ``limit`` points in all (the first
+    writes are always kept)."""
     first: dict[str, int] = {}
     for n, path in enumerate(ref.writes, 1):
         first.setdefault(path, n)
     points = [(n, "mid") for n in sorted(first.values())]
     others = [n for n in range(1, len(ref.writes) + 1) if n not in first.values()]
-    for i, n in enumerate(others):
-        points.append((n, FAULT_PHASES[i % len(FAULT_PHASES)]))
-    points = sorted(set(points))
-    if limit is not None and len(points) > limit:
-        step = len(points) / limit
-        points = [points[int((i + 0.5) * step)] for i in range(limit)]
-    return points
+    room = len(others) if limit is None else max(0, limit - len(points))
+    if room < len(others):
+        step = len(others) / max(room, 1)
+        others = [others[int((i + 0.5) * step)] for i in range(room)]
+    points += [(n, FAULT_PHASES[i % len(FAULT_PHASES)]) for i, n in enumerate(others)]
+    return sorted(points)
 
 
 def trial(
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict:
                 rows.append(trial(sc, ref, base / f"{sc.name}-w{i}", point=point))
                 _progress(rows[-1], args.json)
             for i in range(n_random):
-                at = rng.uniform(0.3, ref.seconds)
+                at = rng.uniform(0.3, 0.8 * ref.seconds)  # the re-runs start faster than a cold one
                 rows.append(trial(sc, ref, base / f"{sc.name}-r{i}", at=at))
                 _progress(rows[-1], args.json)
     finally:
