@@ -57,7 +57,9 @@ def release_timings(n: int, repeats: int, old: torch.Generator, new: DpRandom) -
     bits = new.bits()
     return {
         "release_torch_s": best_of(lambda: add_gaussian_noise(clean, 1.0, old), repeats),
-        "release_grid_s": best_of(lambda: add_gaussian_noise(clean, 1.0, new, sensitivity=1.0), repeats),
+        "release_grid_s": best_of(
+            lambda: add_gaussian_noise(clean, 1.0, new, sensitivity=1.0), repeats
+        ),
         "grid_draws_s": best_of(lambda: rounded_gaussian(grid.scale, n, bits), repeats),
     }
 
@@ -85,8 +87,13 @@ def main() -> None:
     res["release_ratio"] = res["release_grid_s"] / res["release_torch_s"]
     res["grid_draws_ratio"] = res["grid_draws_s"] / res["normals_torch_s"]
     res["train_ratio"] = res["train_release_s"] / res["train_reproducible_s"]
-    out = {"n": args.n, "repeats": args.repeats, "cpu": platform.processor() or platform.machine(),
-           "load_average": [round(v, 2) for v in os.getloadavg()], **{k: round(v, 4) for k, v in res.items()}}
+    out = {
+        "n": args.n,
+        "repeats": args.repeats,
+        "cpu": platform.processor() or platform.machine(),
+        "load_average": [round(v, 2) for v in os.getloadavg()],
+        **{k: round(v, 4) for k, v in res.items()},
+    }
     if args.json:
         print(json.dumps(out, indent=1))
         return
