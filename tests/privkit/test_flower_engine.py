@@ -1,5 +1,6 @@
 """privkit's methods on Flower's simulation engine (privkit.flower.engine): with reproducible noise
-and the same seed, each method's released model equals the in-process run's (max abs difference at
+and the same seed, each ported method's (fedavg, fedprox, dp-fedavg, fedkadp, fedauxfdp) released model
+equals the in-process run's (max abs difference at
 most 1e-5) and the ledgers are identical; in release mode only the noise differs.
 
 All Flower runs of this module share ONE simulation (one Ray start-up, the slow part): the runs go
@@ -16,10 +17,12 @@ import torch
 pytest.importorskip("flwr")
 pytest.importorskip("ray")
 
-from privkit.data import FederationConfig, build_federation  # noqa: E402
-from privkit.errors import PrivkitError  # noqa: E402
-from privkit.flower.engine import check_engine, train_jobs_on_flower  # noqa: E402
-from privkit.trainers import get_trainer, train  # noqa: E402
+from audit_helpers import tiny_federation_config
+
+from privkit.data import build_federation
+from privkit.errors import PrivkitError
+from privkit.flower.engine import check_engine, train_jobs_on_flower
+from privkit.trainers import get_trainer, train
 
 SEED = 3
 # small configurations of the quick settings: a few rounds, every method's own client step
@@ -27,20 +30,23 @@ SMALL = {
     "dp-fedavg": {"rounds": 3, "local_steps": 3},
     "fedkadp": {"rounds": 3, "local_steps": 3},
     "fedavg": {"rounds": 2, "local_epochs": 1},
+    "fedprox": {"rounds": 2, "local_epochs": 1},
     "fedauxfdp": {},
 }
 
 
 def _config(method: str, reproducible: bool = True) -> dict:
-    return {**get_trainer(method).quick_config(), **SMALL[method], "reproducible_noise": reproducible}
+    return {
+        **get_trainer(method).quick_config(),
+        **SMALL[method],
+        "reproducible_noise": reproducible,
+    }
 
 
 @pytest.fixture(scope="module")
 def fed():
     # five clients, as the issue's dp-fedavg check asks
-    return build_federation(FederationConfig(dataset="digits", public_dataset=None, public_size=0.2,
-                                             clients=5, partition="iid", test_size=0.25,
-                                             shadow_size=0.1, seed=0))
+    return build_federation(tiny_federation_config(clients=5, public_size=0.2, shadow_size=0.1))
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +75,12 @@ def test_flower_reproduces_the_inprocess_run(runs, method):
     assert _ledger(inproc) == _ledger(flower)
     assert inproc.ledger.clients == flower.ledger.clients and inproc.ledger.clients
     assert [r["test_accuracy"] for r in inproc.rounds] == pytest.approx(
-        [r["test_accuracy"] for r in flower.rounds], abs=1e-6)
+        [r["test_accuracy"] for r in flower.rounds], abs=1e-6
+    )
     assert flower.reproducible_noise and flower.warnings == inproc.warnings
-    assert json.dumps(flower.claims, sort_keys=True, default=str) == \
-        json.dumps(inproc.claims, sort_keys=True, default=str)
+    assert json.dumps(flower.claims, sort_keys=True, default=str) == json.dumps(
+        inproc.claims, sort_keys=True, default=str
+    )
 
 
 def test_dp_fedavg_on_five_clients_every_client_accounted(runs, fed):
@@ -88,7 +96,9 @@ def test_release_mode_only_the_noise_differs(runs):
     seeded, _ = runs[("dp-fedavg", True)]
     # same mechanisms, same accounting: the ledgers agree (stamped as release, not reproducible)
     assert _ledger(inproc) == _ledger(flower) and not flower.reproducible_noise
-    assert json.loads(_ledger(flower)) != json.loads(_ledger(seeded))  # the reproducible stamp differs
+    assert json.loads(_ledger(flower)) != json.loads(
+        _ledger(seeded)
+    )  # the reproducible stamp differs
     # the noise is fresh from the OS in each run: the models differ from each other and from the seeded run
     assert _max_diff(inproc.model, flower.model) > 1e-4
     assert _max_diff(seeded.model, flower.model) > 1e-4
@@ -105,12 +115,23 @@ def test_engine_refuses_methods_it_does_not_run():
 def test_run_config_engine_is_validated_before_any_work():
     from privkit.pipeline.config import resolve_config
 
-    data = {"name": "fl", "engine": "flower", "federation": {"dataset": "digits", "public_dataset": None},
-            "methods": [{"name": "dp-fedavg", "quick": True},
-                        {"name": "fedmd-nfdp", "quick": True, "engine": "inprocess"}]}
+    data = {
+        "name": "fl",
+        "engine": "flower",
+        "federation": {"dataset": "digits", "public_dataset": None},
+        "methods": [
+            {"name": "dp-fedavg", "quick": True},
+            {"name": "fedmd-nfdp", "quick": True, "engine": "inprocess"},
+        ],
+    }
     resolved = resolve_config(data)
-    assert [(m.method, m.engine) for m in resolved.methods] == [("dp-fedavg", "flower"), ("fedmd-nfdp", "inprocess")]
-    data["methods"][1]["engine"] = None  # the run's engine: flower, which fedmd-nfdp does not run on
+    assert [(m.method, m.engine) for m in resolved.methods] == [
+        ("dp-fedavg", "flower"),
+        ("fedmd-nfdp", "inprocess"),
+    ]
+    data["methods"][1]["engine"] = (
+        None  # the run's engine: flower, which fedmd-nfdp does not run on
+    )
     with pytest.raises(PrivkitError, match=r"^method fedmd-nfdp does not run on the Flower engine"):
         resolve_config(data)
     with pytest.raises(PrivkitError, match=r"engine"):
