@@ -1,7 +1,7 @@
 """privkit's methods on Flower's simulation engine (privkit.flower.engine): with reproducible noise
-and the same seed, each ported method's (fedavg, fedprox, dp-fedavg, fedkadp, fedauxfdp) released model
-equals the in-process run's (max abs difference at
-most 1e-5) and the ledgers are identical; in release mode only the noise differs.
+and the same seed, each ported method's released model (fedavg, fedprox, dp-fedavg, fedkadp,
+fedauxfdp) equals the in-process run's (max abs difference at most 1e-5) and the ledgers are
+identical; in release mode only the noise differs.
 
 All Flower runs of this module share ONE simulation (one Ray start-up, the slow part): the runs go
 one after the other through the same five nodes.
