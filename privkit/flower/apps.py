@@ -134,6 +134,11 @@ class Port:
     def result(self):
         raise NotImplementedError
 
+    @property
+    def rounds_total(self) -> int:
+        """The rounds the run has at most (it may stop earlier: a budget)."""
+        return int(getattr(self.cfg, "rounds", 1))
+
     def common(self, model, round_: int) -> dict:
         return {
             "method": self.method,
@@ -467,8 +472,11 @@ def partition_nodes(grid, num_clients: int) -> dict[int, int]:
     return found
 
 
-def drive_port(port: Port, grid, nodes: dict[int, int]) -> Any:
-    """Run one privkit run to its end through ``grid``; returns its TrainResult."""
+def drive_port(
+    port: Port, grid, nodes: dict[int, int], on_round: Callable[[], None] | None = None
+) -> Any:
+    """Run one privkit run to its end through ``grid``; returns its TrainResult (``on_round`` is
+    called after each round)."""
     from flwr.app import Message, RecordDict
 
     while (selected := port.next_round()) is not None:
@@ -490,20 +498,28 @@ def drive_port(port: Port, grid, nodes: dict[int, int]) -> Any:
                 for k in selected
             }
         )
+        if on_round is not None:
+            on_round()
     return port.result()
 
 
-def privkit_server_app(ports: list[Port], results: list):
+def privkit_server_app(ports: list[Port], results: list, progress: bool = False):
     """The ServerApp that drives ``ports`` one after the other (appending each result to ``results``)."""
     from flwr.serverapp import ServerApp
+
+    from privkit.progress import progress_bar
 
     app = ServerApp()
 
     @app.main()
     def main(grid, context):
-        nodes = partition_nodes(grid, max(p.federation.num_clients for p in ports))
-        for port in ports:
-            results.append(drive_port(port, grid, nodes))
+        with progress_bar(progress) as bar:
+            start = bar.add_task("Flower: starting Ray and the ClientApps", total=1)
+            nodes = partition_nodes(grid, max(p.federation.num_clients for p in ports))
+            bar.advance(start)
+            for port in ports:
+                task = bar.add_task(f"{port.method} rounds on Flower", total=port.rounds_total)
+                results.append(drive_port(port, grid, nodes, lambda task=task: bar.advance(task)))
 
     return app
 

@@ -166,7 +166,7 @@ def train_jobs_on_flower(jobs: Sequence[tuple[str, Any, Any, int]], progress: bo
             port.path = path
         results: list = []
         simulate(
-            privkit_server_app(ports, results),
+            privkit_server_app(ports, results, progress),
             privkit_client_app(),
             max(f.num_clients for f in feds),
         )

@@ -148,3 +148,20 @@ def test_train_config_file_engine(tmp_path):
     path.write_text('method = "flip"\nengine = "flower"\n')
     with pytest.raises(PrivkitError, match=r"^method flip does not run on the Flower engine"):
         resolve_run(None, path, [], [], None, True)
+
+
+def test_cli_refuses_an_unported_method_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    cmd = ["train", "fedmd-nfdp", "--quick", "--engine", "flower", "--out", str(tmp_path / "r")]
+    proc = subprocess.run(
+        [sys.executable, "-c", "from privkit.cli import main; main()", *cmd],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1 and "method fedmd-nfdp does not run on the Flower engine" in lines[0]
+    assert not (tmp_path / "r").exists()  # refused before anything was written
