@@ -57,9 +57,13 @@ class AppRun:
 class FlowerAppRecipe(Recipe):
     """``app_fn(x, y, seed) -> FlowerApp`` as an audit recipe: each training is one Flower simulation.
 
-    Runs on the serial executor (Ray is Flower's; the audit's executor stays in this process)."""
+    Runs on the serial executor (Ray is Flower's; the audit's executor stays in this process).
+    ``driver``: ``ray`` (Flower's simulation engine) or ``inprocess`` (:func:`privkit.flower.run_inprocess`).
+    """
 
-    def __init__(self, app_fn: Callable[..., FlowerApp], *, name: str | None = None):
+    def __init__(
+        self, app_fn: Callable[..., FlowerApp], *, name: str | None = None, driver: str = "ray"
+    ):
         if not callable(app_fn):
             raise TypeError(
                 f"app_fn must be callable app_fn(x, y, seed) -> FlowerApp; found {app_fn!r}"
@@ -69,6 +73,7 @@ class FlowerAppRecipe(Recipe):
             name=name or f"Flower app {getattr(app_fn, '__qualname__', type(app_fn).__name__)}",
         )
         self.app_fn = app_fn
+        self.driver = driver
 
     def __call__(self, x: np.ndarray, y: np.ndarray, seed: int) -> AppRun:
         from privkit.flower.engine import simulate
@@ -78,7 +83,7 @@ class FlowerAppRecipe(Recipe):
             raise TypeError(
                 f"app_fn must return a privkit.flower.FlowerApp; found {type(app).__name__}"
             )
-        simulate(app.server_app, app.client_app, app.num_supernodes)
+        simulate(app.server_app, app.client_app, app.num_supernodes, driver=self.driver)
         return AppRun(app.model(), app.ledger() if app.ledger is not None else None)
 
     def logits(self, model: AppRun, x: np.ndarray, n_classes: int | None = None) -> np.ndarray:
@@ -99,15 +104,17 @@ def audit_app(
     seed: int = 0,
     confidence: float = 0.95,
     progress: bool = False,
+    driver: str = "ray",
     **options,
 ):
     """Membership audit of a Flower app (:func:`attacks.audit_recipe` over :class:`FlowerAppRecipe`):
     the target run on the records its fair coins include, ``shadows`` reference runs of the same app.
-    ``accounted_epsilon``: the app's claim at ``delta`` when trained on about half of the pool."""
+    ``accounted_epsilon``: the app's claim at ``delta`` when trained on about half of the pool.
+    ``driver``: ``ray`` (Flower's simulation engine, one simulation per run) or ``inprocess``."""
     from attacks import audit_recipe
 
     return audit_recipe(
-        FlowerAppRecipe(app_fn),
+        FlowerAppRecipe(app_fn, driver=driver),
         x,
         y,
         accounted_epsilon=accounted_epsilon,
@@ -131,6 +138,7 @@ def audit_app_mechanisms(
     canaries: int = 1000,
     clients: tuple[int, ...] | None = (0,),
     confidence: float = 0.95,
+    driver: str = "ray",
 ) -> dict:
     """White-box audit of the privkit DP mechanisms a Flower app's ClientApps run: one simulation on
     ``(x, y)`` with canaries in the probed clients' mechanisms, each probe set tested against the
@@ -149,7 +157,7 @@ def audit_app_mechanisms(
     mut = mutations.for_federation(mutation, app.num_supernodes)
     plan = probes.ProbePlan(canaries=canaries, clients=clients, seed=seed)
     with probes.probing(plan) as session, mutations.mutated(mut):
-        simulate(app.server_app, app.client_app, app.num_supernodes)
+        simulate(app.server_app, app.client_app, app.num_supernodes, driver=driver)
     if not session.probes:
         raise PrivkitError(
             f"the app ran no probed privkit DP mechanism (clients {clients}): its ClientApp "

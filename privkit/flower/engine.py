@@ -31,6 +31,7 @@ from privkit.errors import PrivkitError
 FLOWER_METHODS = ("dp-fedavg", "fedauxfdp", "fedavg", "fedkadp", "fedprox")
 
 __all__ = [
+    "DRIVERS",
     "ENGINES",
     "FLOWER_METHODS",
     "check_engine",
@@ -113,15 +114,25 @@ def _quiet_flower() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def simulate(server_app, client_app, num_supernodes: int, *, backend: dict | None = None) -> None:
-    """Run a ServerApp/ClientApp pair on Flower's simulation engine (Ray), ``num_supernodes`` nodes.
+#: how :func:`simulate` runs an app: Flower's simulation engine on Ray, or privkit's in-process
+#: driver (:func:`privkit.flower.run_inprocess`: same apps, no Ray, nodes called one after another)
+DRIVERS = ("ray", "inprocess")
 
-    The ServerApp runs in a thread of this process and sees this thread's context (an audit's probe
-    session and mutation: :mod:`privkit.flower.audit_transport`); the ClientApps run in Ray actors.
+
+def simulate(
+    server_app, client_app, num_supernodes: int, *, backend: dict | None = None, driver: str = "ray"
+) -> None:
+    """Run a ServerApp/ClientApp pair, ``num_supernodes`` nodes, on Flower's simulation engine
+    (``driver="ray"``: ``flwr.simulation.run_simulation``) or in this process (``"inprocess"``).
+
+    On Ray the ServerApp runs in a thread of this process and sees this thread's context (an
+    audit's probe session and mutation: :mod:`privkit.flower.audit_transport`); the ClientApps run
+    in Ray actors.
     """
     from flwr.serverapp import ServerApp
-    from flwr.simulation import run_simulation
 
+    if driver not in DRIVERS:
+        raise PrivkitError(f"driver must be one of {', '.join(DRIVERS)}; found {driver!r}")
     ctx = contextvars.copy_context()
     wrapped = ServerApp()
 
@@ -130,6 +141,13 @@ def simulate(server_app, client_app, num_supernodes: int, *, backend: dict | Non
         from privkit.flower.audit_transport import audited_grid
 
         ctx.run(lambda: server_app(audited_grid(grid), context))
+
+    if driver == "inprocess":
+        from privkit.flower.inprocess import run_inprocess
+
+        run_inprocess(wrapped, client_app, num_supernodes)
+        return
+    from flwr.simulation import run_simulation
 
     with _quiet_flower():
         run_simulation(

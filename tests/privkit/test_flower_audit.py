@@ -4,7 +4,7 @@ half the noise its ledger accounts for, the audit says violation for the noise. 
 ``privkit train --engine flower`` writes the same run as in-process, ``privkit audit`` audits it
 on Flower (mechanism canaries; fair-coin target and reference runs in one simulation).
 
-Each Flower simulation starts Ray (seconds): the module runs three, so its tests are marked slow;
+Each Flower simulation on Ray starts Ray (seconds): the module runs three, so its tests are marked slow;
 the configuration is small (two clients, four rounds of five DP-SGD steps) in every mode.
 """
 
@@ -24,9 +24,9 @@ from audit_helpers import tiny_federation_config
 from privkit.audit.recipes import federation_over
 from privkit.cli import app
 from privkit.data import build_federation
-from privkit.flower.audit import audit_app_mechanisms
+from privkit.flower.audit import audit_app, audit_app_mechanisms
 from privkit.flower.engine import method_app
-from privkit.trainers import get_trainer
+from privkit.trainers import get_trainer, train
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
@@ -59,6 +59,38 @@ def test_flower_app_mechanism_audit_correct_is_consistent(base, tmp_path):
     assert probe["client"] == 0 and probe["mechanism"] == "dp-sgd"
     # the canaries saw every release of client 0: rounds x local steps
     assert probe["canaries"]["steps"] == SMALL["rounds"] * SMALL["local_steps"]
+
+
+def test_audit_app_membership_fair_coins_and_reference_runs(base, tmp_path):
+    """audit_app: the app's target run on the coin-included records, two reference runs of the same
+    app on random halves (privkit's in-process Flower driver here: the same apps without Ray)."""
+    cfg = {**get_trainer("dp-fedavg").quick_config(), **SMALL, "reproducible_noise": True}
+    seen = []
+
+    def app_fn(x, y, seed):
+        seen.append(len(y))
+        return method_app(
+            "dp-fedavg", federation_over(base, x, y, seed), cfg, seed, workdir=tmp_path
+        )
+
+    x, y = base.pooled_arrays()
+    half = len(y) // 2  # the claim: the same method's ledger on half the pool, the runs' data size
+    claim = train(
+        "dp-fedavg", federation_over(base, x[:half], y[:half], 0), cfg, seed=0
+    ).ledger.epsilon(DELTA)
+    res = audit_app(
+        app_fn,
+        x,
+        y,
+        delta=DELTA,
+        accounted_epsilon=claim,
+        shadows=2,
+        driver="inprocess",
+        attacks=["threshold", "lira"],
+    )
+    assert len(seen) == 3 and all(abs(n - half) <= 0.15 * len(y) for n in seen)
+    assert res.experiment["recipe"].startswith("Flower app")
+    assert res.verdict != "violation" and res.epsilon_lower_bound <= claim
 
 
 def test_cli_flower_run_equals_inprocess_and_privkit_audit_audits_it_on_flower(tmp_path):
