@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -444,8 +445,17 @@ def _raise_errors(replies) -> None:
     for r in replies:
         if r.has_error():
             raise PrivkitError(
-                f"a Flower ClientApp failed (node {r.metadata.src_node_id}): {r.error.reason}"
+                f"a Flower ClientApp failed on node {r.metadata.src_node_id}: "
+                f"{_error_text(r.error.reason)}"
             )
+
+
+def _error_text(reason: str) -> str:
+    """The ClientApp's own message out of Ray's and Flower's wrapping (colour codes dropped)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(reason))
+    found = re.findall(r"Message: (.+)", text)
+    last = found[-1] if found else (text.strip().splitlines() or ["no reason given"])[-1]
+    return last.strip().rstrip("'>").strip()[:300]  # Ray's repr of the error ends with '>
 
 
 def partition_nodes(grid, num_clients: int) -> dict[int, int]:

@@ -165,3 +165,16 @@ def test_cli_refuses_an_unported_method_in_one_line(tmp_path):
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
     assert len(lines) == 1 and "method fedmd-nfdp does not run on the Flower engine" in lines[0]
     assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+def test_a_failing_clientapp_is_named_in_one_line():
+    from privkit.flower.apps import _error_text
+
+    # what Flower's Ray backend puts in the error reply of a ClientApp that raised ValueError("boom")
+    reason = (
+        "<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'\x1b[36mray::ClientAppActor.run()"
+        '\x1b[39m (pid=1, ip=1.2.3.4)\n  File "x.py", line 65, in run\nflwr.clientapp.client_app.'
+        "ClientAppException: \nException ClientAppException occurred. Message: boom in client'>"
+    )
+    assert _error_text(reason) == "boom in client"
+    assert _error_text("plain failure\nlast line") == "last line"
