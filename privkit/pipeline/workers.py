@@ -6,8 +6,8 @@ import shutil
 import signal
 import traceback
 
-from privkit.pipeline.files import one_line as _one_line
 from privkit.pipeline.files import StorageError, staging_dir
+from privkit.pipeline.files import one_line as _one_line
 from privkit.pipeline.stages import execute as _execute
 
 
@@ -51,18 +51,37 @@ def _stop(pool) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
+RETRIES = 2  # a stage whose worker process dies is run again up to this many times
+
+
+def _new_pool(workers: int):
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    return ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init)
+
+
+def _submit(pool, running: dict, plan, stage: str) -> None:
+    args = (plan.run, plan.m, stage, str(plan.mdir.parent))
+    running[pool.submit(_execute_in_worker, args)] = (plan, stage)
+
+
 def run_parallel(plans: list, workers: int) -> None:
     """Run stages of different methods in ``workers`` processes; a method's stages stay in order.
 
+    A worker process that dies (killed, out of memory) breaks the pool: the stages that finished
+    keep their results, the stages lost with it (the dead worker's and those in flight beside it)
+    run again in a fresh pool, up to :data:`RETRIES` times each, then fail with the reason.
     On Ctrl-C (or any error of this loop) the workers are stopped at once and the half-written
     training folders of the stages in flight are removed; finished stages are already recorded.
     """
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-    from multiprocessing import get_context
+    from concurrent.futures import FIRST_COMPLETED, wait
+    from concurrent.futures.process import BrokenProcessPool
 
     waiting = list(plans)
     running: dict = {}
-    pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init)
+    losses: dict = {}
+    pool = _new_pool(workers)
     try:
         while waiting or running:
             while waiting and len(running) < workers:
@@ -70,21 +89,39 @@ def run_parallel(plans: list, workers: int) -> None:
                 waiting.remove(plan)
                 stage = plan.next_stage()
                 if stage is not None:
-                    args = (plan.run, plan.m, stage, str(plan.mdir.parent))
-                    running[pool.submit(_execute_in_worker, args)] = (plan, stage)
+                    _submit(pool, running, plan, stage)
             if not running:
                 continue
             done, _ = wait(running, return_when=FIRST_COMPLETED)
+            if any(isinstance(f.exception(), BrokenProcessPool) for f in done):
+                wait(running)  # the broken pool settles every future: a result or the breakage
+                done = set(running)
+            lost = []
             for fut in done:
                 plan, stage = running.pop(fut)
                 try:
                     outcome = fut.result()
                 except StorageError:  # a full or read-only disk stops the run (see stages.execute)
                     raise
-                except Exception as exc:  # a crashed worker process fails that stage only
+                except BrokenProcessPool:
+                    lost.append((plan, stage))
+                    continue
+                except Exception as exc:  # the stage's own error fails that stage only
                     outcome = (f"{type(exc).__name__}: {_one_line(exc)}", traceback.format_exc(), 0.0)
                 plan.record(stage, outcome)
                 waiting.insert(0, plan)
+            if lost:
+                pool.shutdown(wait=True)
+                pool = _new_pool(workers)
+                for plan, stage in lost:
+                    key = (plan.m.key, stage)
+                    losses[key] = losses.get(key, 0) + 1
+                    if losses[key] <= RETRIES:
+                        _submit(pool, running, plan, stage)
+                        continue
+                    plan.record(stage, (f"worker process lost {losses[key]} times (killed or "
+                                        "out of memory)", "", 0.0))
+                    waiting.insert(0, plan)
     except BaseException:
         _stop(pool)
         for plan, stage in running.values():

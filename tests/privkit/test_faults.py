@@ -254,3 +254,61 @@ def test_read_only_output_is_one_line_and_resumes_once_writable(small_fs):
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["seed"] == 1
     assert shutil.disk_usage(small_fs).free > 0
+
+
+# ---------------------------------------------------------------------------- lost pipeline workers
+def _spawned_workers(parent: int) -> list[int]:
+    """The multiprocessing workers among ``parent``'s children (not its resource tracker)."""
+    out = []
+    for task in Path(f"/proc/{parent}/task").glob("*/children"):
+        for pid in task.read_text().split():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if "spawn_main" in cmd:
+                out.append(int(pid))
+    return out
+
+
+def _but_workers(results: dict) -> dict:
+    """Every number but the ``workers`` setting itself (serial 1, parallel 2)."""
+    return {
+        f: {k: v for k, v in nums.items() if not k.endswith("/workers")}
+        for f, nums in results.items()
+    }
+
+
+@pytest.mark.slow
+def test_run_with_workers_survives_a_killed_worker(tmp_path):
+    """`privkit run` with two worker processes: its workers SIGKILLed while one trains, the run
+    trains that method again in a fresh pool and ends as the serial run does."""
+    text = faults.RUN_TOML.format(controls="false").replace("epochs = 1", "epochs = 15")
+    serial, parallel = tmp_path / "serial.toml", tmp_path / "parallel.toml"
+    serial.write_text(text)
+    parallel.write_text(text.replace("workers = 1", "workers = 2"))
+    ref = privkit("run", str(serial), "--out", str(tmp_path / "a"), "--quiet")
+    assert ref.returncode == 0, ref.stderr
+    proc = subprocess.Popen(
+        faults.command(["run", str(parallel), "--out", str(tmp_path / "b"), "--quiet"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=faults.child_env(),
+        cwd=REPO,
+    )
+    staging = tmp_path / "b" / "fi" / ".staging-dpsgd"
+    killed: list[int] = []
+    while proc.poll() is None and not killed:
+        if staging.is_dir():  # the method trains in a worker now
+            for pid in _spawned_workers(proc.pid):
+                os.kill(pid, 9)
+                killed.append(pid)
+    _, err = proc.communicate(timeout=600)
+    assert killed, "the run ended before a worker could be killed"
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert _but_workers(faults.results(tmp_path / "b" / "fi")) == _but_workers(
+        faults.results(tmp_path / "a" / "fi")
+    )
+    status = read_json(tmp_path / "b" / "fi" / "status.json")
+    assert {s["state"] for s in status["methods"]["dpsgd"]["stages"].values()} == {"done"}
