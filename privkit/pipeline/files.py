@@ -81,11 +81,12 @@ def now() -> str:
 # ---------------------------------------------------------------------------- storage errors
 def storage_error(exc: OSError, path: Path | str) -> StorageError | None:
     """The :class:`StorageError` for an ``OSError`` of a full or read-only file system (else None)."""
-    what = _STORAGE_ERRNOS.get(exc.errno or 0)
+    code = exc.errno or 0
+    what = _STORAGE_ERRNOS.get(code)
     if what is None:
         return None
     return StorageError(
-        f"cannot write {path}: {what} (errno {errno.errorcode[exc.errno]}); files "
+        f"cannot write {path}: {what} (errno {errno.errorcode[code]}); files "
         "finished earlier are intact; re-run the same command once it is writable "
         "to resume"
     )
