@@ -65,6 +65,7 @@ class DirectoryInUse(PrivkitError):
 
 
 def one_line(exc: BaseException) -> str:
+    """An exception as one line (pydantic errors as ``field: message (found value)``)."""
     if isinstance(exc, ValidationError):
         parts = []
         for err in exc.errors():
@@ -75,6 +76,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def now() -> str:
+    """The current UTC time, ISO 8601 to the second (status records)."""
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
@@ -94,6 +96,7 @@ def storage_error(exc: OSError, path: Path | str) -> StorageError | None:
 
 @contextmanager
 def storage_errors(path: Path | str) -> Iterator[None]:
+    """Turn a full or read-only file system's ``OSError`` in the block into a :class:`StorageError`."""
     try:
         yield
     except OSError as exc:
@@ -137,6 +140,7 @@ def checksum_path(path: Path | str) -> Path:
 
 
 def sha256(data: bytes) -> str:
+    """The hex sha256 digest of ``data`` (what a sidecar holds)."""
     return hashlib.sha256(data).hexdigest()
 
 
@@ -224,6 +228,7 @@ def write_bytes(path: Path | str, data: bytes) -> Path:
 
 
 def write_text(path: Path | str, text: str) -> Path:
+    """Store ``text`` (UTF-8) at ``path`` through :func:`write_bytes`."""
     return write_bytes(path, text.encode("utf-8"))
 
 
