@@ -690,3 +690,26 @@ def test_reproducible_noise_flag_stamps_report_not_for_release(tmp_path):
         # words appear nowhere (neither the stamp nor the trainers' warning)
         assert md.count(f"**WARNING — {stamp}.**") == (2 if seeded else 0)
         assert (stamp in md) is seeded
+
+
+def test_a_damaged_file_reruns_its_stage_and_the_stages_after_it(tmp_path):
+    """A file whose checksum fails is treated as absent (with a warning naming it): its stage
+    runs again, and so do the stages that read its output; nothing else does."""
+    path = config(tmp_path)
+    run(path, tmp_path / "runs")
+    root = tmp_path / "runs" / "t"
+    privacy = root / "tiny-dp" / "privacy.json"
+    privacy.write_text(privacy.read_text().replace("{", "{ ", 1))  # still JSON, not what was stored
+    CALLS.clear()
+    logs: list[str] = []
+    pipeline.run_pipeline(pipeline.load_run_config(path, []), tmp_path / "runs", log=logs.append)
+    assert CALLS == {"audit": 1}  # account again (no call to count), then the audit it feeds
+    assert any("privacy.json: checksum mismatch; treated as absent" in line for line in logs)
+    model = root / "tiny-other" / "checkpoints" / "model.pt"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte changed
+    model.write_bytes(bytes(data))
+    CALLS.clear()
+    pipeline.run_pipeline(pipeline.load_run_config(path, []), tmp_path / "runs", log=logs.append)
+    assert CALLS == {"tiny-other": 1, "audit": 1}
+    assert any("model.pt: checksum mismatch" in line for line in logs)
