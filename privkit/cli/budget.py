@@ -486,7 +486,9 @@ def ledger_cmd(
     """Epsilon per client and for the worst client under every applicable accountant."""
     delta, pld_grid = _num(delta_, "--delta"), _num(pld_grid_, "--pld-grid")
     acc._validate.check_positive(pld_grid, "pld_grid")
-    ledger = acc.Ledger.load(file)
+    from privkit.pipeline.files import checked
+
+    ledger = acc.Ledger.load(checked(file, "ledger file"))  # a run's ledger: its checksum first
     ledger.value_discretization_interval = pld_grid
     summary = ledger.summary(delta, labels=labels or None)
     summary["pld_grid"] = pld_grid
