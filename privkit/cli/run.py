@@ -138,9 +138,14 @@ def report_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (paths)."),
 ) -> None:
     """Re-render report.html and report.md from report.json (or rebuild it from the run)."""
+    from privkit.cli.train import say_warning
     from privkit.pipeline import rerender
+    from privkit.pipeline.files import run_lock
 
-    report, paths = rerender(run_dir, rebuild=rebuild)
+    if not run_dir.is_dir():  # named before a lock file is made beside it
+        raise PrivkitError(f"run directory not found: {run_dir}")
+    with run_lock(run_dir, say_warning):  # not while `privkit run` writes the same report
+        report, paths = rerender(run_dir, rebuild=rebuild)
     if as_json:
         print_json({"run_dir": str(run_dir), "report": {k: str(p) for k, p in paths.items()},
                     "methods": [m.name for m in report.methods]})
