@@ -12,8 +12,15 @@ from privkit.errors import PrivkitError
 from privkit.pipeline.config import STAGES, ResolvedMethod, ResolvedRun
 from privkit.pipeline.controls import ControlsPlan
 from privkit.pipeline.federation import FEDERATIONS as _FEDERATIONS
-from privkit.pipeline.files import (append_log, intact, run_lock, tidy_after_crash,
-                                    storage_errors, write_json, write_text)
+from privkit.pipeline.files import (
+    append_log,
+    intact,
+    run_lock,
+    storage_errors,
+    tidy_after_crash,
+    write_json,
+    write_text,
+)
 from privkit.pipeline.files import now as _now
 from privkit.pipeline.files import one_line as _one_line
 from privkit.pipeline.mechanism_controls import MechanismControlsPlan
@@ -107,6 +114,9 @@ def _prefixed(say: Log, i: int, n: int) -> Log:
     return lambda msg: say(f"[{i}/{n}] {msg}")
 
 
+_TRAIN_FILES = ("config.json", "federation.json", "ledger.json", "metrics.json")
+
+
 class _MethodPlan:
     """Which stage of one method runs next (skipping completed ones) and what came of it."""
 
@@ -125,14 +135,16 @@ class _MethodPlan:
         """Every file the stage wrote is present with a matching checksum (a failing one is
         treated as absent, with a warning, and the stage re-runs)."""
         files = [self.required[stage]]
-        if stage == "train":  # the whole training folder (checkpoints, ledger, artifacts...)
-            later = {p.name for p in self.required.values()} - {"train.json"} | {"shadows.npz"}
-            files += [p for p in self.mdir.rglob("*") if p.is_file() and p.name not in later
-                      and not p.name.startswith(".") and p.name != "errors.log"]
-        elif stage == "audit" and (self.mdir / "shadows.npz").is_file():
+        if stage == "train":  # what TrainResult.save and the train stage write
+            files += [self.mdir / name for name in _TRAIN_FILES]
+            files += sorted((self.mdir / "checkpoints").glob("*.pt"))
+            if (self.mdir / "artifacts.npz").exists():
+                files.append(self.mdir / "artifacts.npz")
+        elif stage == "audit" and (self.mdir / "shadows.npz").exists():
             files.append(self.mdir / "shadows.npz")
         failing = [p for p in files if not intact(p, self.say)]  # each one named in a warning
         return not failing
+
     def next_stage(self) -> str | None:
         m = self.m
         while self.todo:
