@@ -62,6 +62,13 @@ def initial_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+def _call(model: torch.nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``model(x)`` with ``params`` in place of its parameters. privkit's models tie no weights, so
+    the search for tied ones (``tie_weights=True``, a walk over the module tree per call) is skipped:
+    the unroll calls this 21 times per batch, and the walk cost 8% of a quick run (same weights)."""
+    return functional_call(model, params, (x,), tie_weights=False)
+
+
 def unroll(
     model: torch.nn.Module,
     params: dict[str, torch.Tensor],
@@ -84,7 +91,7 @@ def unroll(
     ]
     with torch.enable_grad():
         for j in range(samples.shape[0]):
-            out = functional_call(model, dict(zip(names, theta)), (samples[j : j + 1],))
+            out = _call(model, dict(zip(names, theta)), samples[j : j + 1])
             loss = soft_cross_entropy(out, F.softmax(label_logits[j : j + 1], dim=1))
             grads = torch.autograd.grad(loss, theta, create_graph=create_graph)
             if create_graph:
@@ -100,7 +107,7 @@ def raw_loss(
     model: torch.nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
 ) -> torch.Tensor:
     """``L_raw`` of Algorithm 1 line 12: cross-entropy of the unrolled model on a raw batch."""
-    return F.cross_entropy(functional_call(model, params, (x,)), y)
+    return F.cross_entropy(_call(model, params, x), y)
 
 
 # ----------------------------------------------------------------------------- client / server
