@@ -260,14 +260,14 @@ def test_read_only_output_is_one_line_and_resumes_once_writable(small_fs):
 def _spawned_workers(parent: int) -> list[int]:
     """The multiprocessing workers among ``parent``'s children (not its resource tracker)."""
     out = []
-    for task in Path(f"/proc/{parent}/task").glob("*/children"):
-        for pid in task.read_text().split():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if "spawn_main" in cmd:
-                out.append(int(pid))
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if ppid == parent and "spawn_main" in cmd:
+            out.append(int(proc.name))
     return out
 
 
