@@ -24,8 +24,14 @@ EXECUTORS = ("serial", "process", "ray")
 
 
 class Executor(Protocol):
-    def map(self, fn: Callable[[Any], Any], tasks: Sequence[Any], *, progress: bool = False,
-            description: str = "tasks") -> list[Any]: ...
+    def map(
+        self,
+        fn: Callable[[Any], Any],
+        tasks: Sequence[Any],
+        *,
+        progress: bool = False,
+        description: str = "tasks",
+    ) -> list[Any]: ...
 
 
 class SerialExecutor:
@@ -85,15 +91,18 @@ class ProcessExecutor:
                     return out
                 if attempt < self.retries:
                     self.resubmitted += todo
-        raise RuntimeError(f"{len(todo)} task(s) lost their worker process {self.retries + 1} times "
-                           f"(first: task {todo[0]}); a task that kills its process each time, e.g. "
-                           "out of memory, cannot finish")
+        raise RuntimeError(
+            f"{len(todo)} task(s) lost their worker process {self.retries + 1} times "
+            f"(first: task {todo[0]}); a task that kills its process each time, e.g. "
+            "out of memory, cannot finish"
+        )
 
     def _round(self, fn, tasks, todo, out, advance) -> list[int]:
         """Run the tasks ``todo`` in a fresh pool; the indices lost to a broken pool."""
         lost: list[int] = []
-        with ProcessPoolExecutor(min(self.workers, len(todo)), mp_context=get_context("spawn"),
-                                 initializer=_one_thread) as pool:
+        with ProcessPoolExecutor(
+            min(self.workers, len(todo)), mp_context=get_context("spawn"), initializer=_one_thread
+        ) as pool:
             futures = {pool.submit(_limited, (fn, tasks[i])): i for i in todo}
             for fut in as_completed(futures):
                 try:
@@ -125,8 +134,9 @@ class RayExecutor:
 
     def map(self, fn, tasks, *, progress=False, description="tasks"):
         ray = self._ray
-        remote = ray.remote(num_cpus=1, max_retries=self.max_retries,
-                            retry_exceptions=False)(_limited)
+        remote = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False)(
+            _limited
+        )
         refs = [remote.remote((fn, t)) for t in tasks]
         with progress_bar(progress) as bar:
             tid = bar.add_task(description, total=len(tasks))
@@ -168,11 +178,21 @@ def get_executor(name: Any = "serial", workers: int | None = None) -> Executor:
         return FuturesAdapter(name)
     if callable(getattr(name, "map", None)):
         return name
-    raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, a concurrent.futures.Executor or "
-                     f"an object with map(fn, tasks, progress=, description=); found {name!r}")
+    raise ValueError(
+        f"executor must be one of {', '.join(EXECUTORS)}, a concurrent.futures.Executor or "
+        f"an object with map(fn, tasks, progress=, description=); found {name!r}"
+    )
 
 
-def run_tasks(fn: Callable[[Any], Any], tasks: Iterable[Any], executor: Any = "serial",
-              workers: int | None = None, progress: bool = False, description: str = "tasks") -> list:
+def run_tasks(
+    fn: Callable[[Any], Any],
+    tasks: Iterable[Any],
+    executor: Any = "serial",
+    workers: int | None = None,
+    progress: bool = False,
+    description: str = "tasks",
+) -> list:
     """``fn`` over ``tasks`` on the named executor, results in task order."""
-    return get_executor(executor, workers).map(fn, list(tasks), progress=progress, description=description)
+    return get_executor(executor, workers).map(
+        fn, list(tasks), progress=progress, description=description
+    )

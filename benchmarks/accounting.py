@@ -52,8 +52,16 @@ def fedkadp_ledger(path: str | None) -> Path:
     from privkit.trainers import get_trainer, train
 
     out = Path(tempfile.mkdtemp(prefix="privkit-bench-")) / "ledger.json"
-    fed = build_federation(FederationConfig(dataset="mnist5k", public_dataset="digits28", clients=20,
-                                            partition="dirichlet", alpha=1.0, seed=0))
+    fed = build_federation(
+        FederationConfig(
+            dataset="mnist5k",
+            public_dataset="digits28",
+            clients=20,
+            partition="dirichlet",
+            alpha=1.0,
+            seed=0,
+        )
+    )
     print("training FedKADP (quick) for its ledger ...", file=sys.stderr)
     result = train("fedkadp", fed, get_trainer("fedkadp").quick_config(), seed=0)
     result.ledger.save(out)
@@ -71,7 +79,12 @@ def _account(path: Path) -> tuple[dict, list]:
 
 def _clear_caches() -> None:
     ledger_module._CACHE.clear()
-    for cached in (fast._base_pld, fast.poisson_gaussian_pld, fast._rdp_curve, fast._log_comb_table):
+    for cached in (
+        fast._base_pld,
+        fast.poisson_gaussian_pld,
+        fast._rdp_curve,
+        fast._log_comb_table,
+    ):
         cached.cache_clear()
 
 
@@ -99,12 +112,21 @@ def time_ledger(path: Path) -> dict:
     fast_s, fast_cpu, worst = run(False)
     plain_s, plain_cpu, worst_plain = run(True)
     if worst != worst_plain:
-        raise AssertionError(f"vectorised and dp-accounting accountants disagree: {worst} vs {worst_plain}")
+        raise AssertionError(
+            f"vectorised and dp-accounting accountants disagree: {worst} vs {worst_plain}"
+        )
     ledger = acc.Ledger.load(path)
-    return {"fedkadp_ledger": str(path), "fedkadp_ledger_entries": len(ledger), "fedkadp_ledger_clients": len(ledger.clients),
-            "fedkadp_ledger_s": fast_s, "fedkadp_ledger_cpu_s": fast_cpu,
-            "fedkadp_ledger_dp_accounting_s": plain_s, "fedkadp_ledger_dp_accounting_cpu_s": plain_cpu,
-            "fedkadp_ledger_speedup": plain_s / fast_s, "fedkadp_worst_epsilon": worst}
+    return {
+        "fedkadp_ledger": str(path),
+        "fedkadp_ledger_entries": len(ledger),
+        "fedkadp_ledger_clients": len(ledger.clients),
+        "fedkadp_ledger_s": fast_s,
+        "fedkadp_ledger_cpu_s": fast_cpu,
+        "fedkadp_ledger_dp_accounting_s": plain_s,
+        "fedkadp_ledger_dp_accounting_cpu_s": plain_cpu,
+        "fedkadp_ledger_speedup": plain_s / fast_s,
+        "fedkadp_worst_epsilon": worst,
+    }
 
 
 # ----------------------------------------------------------------------------- 2. calibration
@@ -115,24 +137,52 @@ def _wall(cmd: list[str], env: dict) -> tuple[float, str]:
 
 
 def time_calibration(repeats: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
     script = shutil.which("privkit", path=str(Path(sys.executable).parent)) or "privkit"
-    ours = [script, "budget", "calibrate", "--epsilon", str(CAL["epsilon"]), "--delta", str(CAL["delta"]),
-            "--sample-rate", str(CAL["sample_rate"]), "--steps", str(CAL["steps"]), "--json"]
-    theirs = [sys.executable, "-c", (
-        "from opacus.accountants.utils import get_noise_multiplier; "
-        f"print(get_noise_multiplier(target_epsilon={CAL['epsilon']}, target_delta={CAL['delta']}, "
-        f"sample_rate={CAL['sample_rate']}, steps={CAL['steps']}, accountant='prv'))")]
+    ours = [
+        script,
+        "budget",
+        "calibrate",
+        "--epsilon",
+        str(CAL["epsilon"]),
+        "--delta",
+        str(CAL["delta"]),
+        "--sample-rate",
+        str(CAL["sample_rate"]),
+        "--steps",
+        str(CAL["steps"]),
+        "--json",
+    ]
+    theirs = [
+        sys.executable,
+        "-c",
+        (
+            "from opacus.accountants.utils import get_noise_multiplier; "
+            f"print(get_noise_multiplier(target_epsilon={CAL['epsilon']}, target_delta={CAL['delta']}, "
+            f"sample_rate={CAL['sample_rate']}, steps={CAL['steps']}, accountant='prv'))"
+        ),
+    ]
     our_runs = [_wall(ours, env) for _ in range(repeats)]
     their_runs = [_wall(theirs, env) for _ in range(repeats)]
     sigma_ours = json.loads(our_runs[0][1])["noise_multiplier"]
     sigma_opacus = float(their_runs[0][1].strip().splitlines()[-1])
     ours_s = statistics.median(t for t, _ in our_runs)
     theirs_s = statistics.median(t for t, _ in their_runs)
-    return {"calibrate_cli_s": ours_s, "opacus_prv_calibrate_s": theirs_s, "calibrate_speedup": theirs_s / ours_s,
-            "calibrate_repeats": repeats, "sigma_privkit": sigma_ours, "sigma_opacus_prv": sigma_opacus,
-            "sigma_ratio": sigma_ours / sigma_opacus,
-            "epsilon_pld_1e-4_privkit": _recheck(sigma_ours), "epsilon_pld_1e-4_opacus": _recheck(sigma_opacus)}
+    return {
+        "calibrate_cli_s": ours_s,
+        "opacus_prv_calibrate_s": theirs_s,
+        "calibrate_speedup": theirs_s / ours_s,
+        "calibrate_repeats": repeats,
+        "sigma_privkit": sigma_ours,
+        "sigma_opacus_prv": sigma_opacus,
+        "sigma_ratio": sigma_ours / sigma_opacus,
+        "epsilon_pld_1e-4_privkit": _recheck(sigma_ours),
+        "epsilon_pld_1e-4_opacus": _recheck(sigma_opacus),
+    }
 
 
 def _recheck(sigma: float) -> float:
@@ -155,7 +205,9 @@ def timed(fn: Callable[[], float], repeats: int) -> tuple[float, float]:
 
 def dpa_eps(kind: str, q: float, sigma: float, steps: int) -> float:
     a = _plain_accountant(kind)
-    a.compose(dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps))
+    a.compose(
+        dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
+    )
     return a.get_epsilon(DELTA)
 
 
@@ -169,13 +221,21 @@ def opacus_eps(kind: str, q: float, sigma: float, steps: int) -> float:
 
 def side_by_side() -> None:
     q, sigma = 0.01, 1.0
-    print(f"\nepsilon at delta={DELTA:g}, Poisson q={q}, sigma={sigma} (median of 3 after a warm-up)")
+    print(
+        f"\nepsilon at delta={DELTA:g}, Poisson q={q}, sigma={sigma} (median of 3 after a warm-up)"
+    )
     print(f"{'T':>7} | {'method':<26} | {'epsilon':>10} | {'time [s]':>9}")
     for steps in (1_000, 10_000, 100_000):
         _clear_caches()
         rows = [
-            ("privkit rdp", lambda t=steps: acc.dpsgd_epsilon(q, sigma, t, DELTA, accountant="rdp")),
-            ("privkit pld (1e-4)", lambda t=steps: acc.dpsgd_epsilon(q, sigma, t, DELTA, accountant="pld")),
+            (
+                "privkit rdp",
+                lambda t=steps: acc.dpsgd_epsilon(q, sigma, t, DELTA, accountant="rdp"),
+            ),
+            (
+                "privkit pld (1e-4)",
+                lambda t=steps: acc.dpsgd_epsilon(q, sigma, t, DELTA, accountant="pld"),
+            ),
             ("dp-accounting RDP", lambda t=steps: dpa_eps("rdp", q, sigma, t)),
             ("dp-accounting PLD 1e-4", lambda t=steps: dpa_eps("pld", q, sigma, t)),
             ("opacus rdp", lambda t=steps: opacus_eps("rdp", q, sigma, t)),
@@ -189,7 +249,9 @@ def side_by_side() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--fedkadp-ledger", help="ledger.json of a FedKADP demo run (default: train one)")
+    parser.add_argument(
+        "--fedkadp-ledger", help="ledger.json of a FedKADP demo run (default: train one)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="calibration runs per side (median)")
     args = parser.parse_args()
     out = {"schema_version": 1, "load_average": os.getloadavg(), "cpus": os.cpu_count()}
@@ -198,12 +260,16 @@ def main() -> None:
     if args.json:
         print(json.dumps(out, indent=2))
         return
-    print(f"FedKADP ledger ({out['fedkadp_ledger_entries']} entries, {out['fedkadp_ledger_clients']} clients): "
-          f"{out['fedkadp_ledger_s']:.2f} s (CPU {out['fedkadp_ledger_cpu_s']:.2f} s) vs dp-accounting's accountants "
-          f"{out['fedkadp_ledger_dp_accounting_s']:.2f} s: {out['fedkadp_ledger_speedup']:.1f}x")
-    print(f"calibration as run: privkit budget calibrate {out['calibrate_cli_s']:.2f} s (sigma {out['sigma_privkit']:.6f}) "
-          f"vs opacus prv {out['opacus_prv_calibrate_s']:.2f} s (sigma {out['sigma_opacus_prv']:.6f}): "
-          f"{out['calibrate_speedup']:.1f}x; load average {out['load_average'][0]:.1f}")
+    print(
+        f"FedKADP ledger ({out['fedkadp_ledger_entries']} entries, {out['fedkadp_ledger_clients']} clients): "
+        f"{out['fedkadp_ledger_s']:.2f} s (CPU {out['fedkadp_ledger_cpu_s']:.2f} s) vs dp-accounting's accountants "
+        f"{out['fedkadp_ledger_dp_accounting_s']:.2f} s: {out['fedkadp_ledger_speedup']:.1f}x"
+    )
+    print(
+        f"calibration as run: privkit budget calibrate {out['calibrate_cli_s']:.2f} s (sigma {out['sigma_privkit']:.6f}) "
+        f"vs opacus prv {out['opacus_prv_calibrate_s']:.2f} s (sigma {out['sigma_opacus_prv']:.6f}): "
+        f"{out['calibrate_speedup']:.1f}x; load average {out['load_average'][0]:.1f}"
+    )
     side_by_side()
 
 

@@ -62,8 +62,11 @@ def _demo_settings() -> tuple[list[str], dict, int]:
     cfg = tomllib.loads(QUICKSTART.read_text())
     methods = [m["name"] for m in cfg["methods"]]
     audit = cfg.get("audit", {})
-    return methods, {"shadows": int(audit.get("shadows", 16)), "delta": float(cfg.get("delta", 1e-5))}, \
-        int(cfg.get("seed", 0))
+    return (
+        methods,
+        {"shadows": int(audit.get("shadows", 16)), "delta": float(cfg.get("delta", 1e-5))},
+        int(cfg.get("seed", 0)),
+    )
 
 
 _FEDERATION = {}
@@ -97,18 +100,32 @@ def measure(task: dict) -> dict:
     cfg = REGISTRY[method].quick_config()
     clear_cache()
     result, train_s, train_cpu = _timed(lambda: train(method, fed, cfg, seed=seed))
-    out = {"method": method, "repeat": task["repeat"], "train_s": train_s, "train_cpu_s": train_cpu,
-           "test_accuracy": float(result.test_accuracy)}
+    out = {
+        "method": method,
+        "repeat": task["repeat"],
+        "train_s": train_s,
+        "train_cpu_s": train_cpu,
+        "test_accuracy": float(result.test_accuracy),
+    }
     with tempfile.TemporaryDirectory(prefix="audit-cost-") as tmp:
         run = Path(tmp)
-        (run / "config.json").write_text(json.dumps({"method": method, "seed": seed, "trainer": cfg}))
+        (run / "config.json").write_text(
+            json.dumps({"method": method, "seed": seed, "trainer": cfg})
+        )
         fed.save(run / "federation.json")
         result.save(run)
         for path in task["paths"]:  # "batched" (the serial executor: batched form if any) or "loop"
             executor = "serial" if path == "batched" else SerialExecutor()
-            audit, secs, cpu = _timed(lambda ex=executor: audit_run(run, shadows=shadows, executor=ex,
-                                                                    seed=task["audit_seed"], delta=delta,
-                                                                    write=False))
+            audit, secs, cpu = _timed(
+                lambda ex=executor: audit_run(
+                    run,
+                    shadows=shadows,
+                    executor=ex,
+                    seed=task["audit_seed"],
+                    delta=delta,
+                    write=False,
+                )
+            )
             key = "audit" if path == "batched" else "loop_audit"
             out[f"{key}_s"], out[f"{key}_cpu_s"] = secs, cpu
             out[f"{key}_error"] = audit.get("shadow_error")
@@ -126,22 +143,36 @@ def summarise(rows: list[dict]) -> dict:
     for method in dict.fromkeys(r["method"] for r in rows):
         rs = [r for r in rows if r["method"] == method]
         entry = {"repeats": len(rs)}
-        for key in ("train_s", "train_cpu_s", "audit_s", "audit_cpu_s", "loop_audit_s", "loop_audit_cpu_s"):
+        for key in (
+            "train_s",
+            "train_cpu_s",
+            "audit_s",
+            "audit_cpu_s",
+            "loop_audit_s",
+            "loop_audit_cpu_s",
+        ):
             v = _median(rs, key)
             if v is not None:
                 entry[key] = round(v, 2)
         # the audit of the default path: batched where the recipe allows, else the loop
-        audit, audit_cpu = entry.get("audit_s", entry.get("loop_audit_s")), \
-            entry.get("audit_cpu_s", entry.get("loop_audit_cpu_s"))
+        audit, audit_cpu = (
+            entry.get("audit_s", entry.get("loop_audit_s")),
+            entry.get("audit_cpu_s", entry.get("loop_audit_cpu_s")),
+        )
         entry["audit_s"], entry["audit_cpu_s"] = audit, audit_cpu
         entry["ratio"] = round(audit / entry["train_s"], 2)
         entry["ratio_cpu"] = round(audit_cpu / entry["train_cpu_s"], 2)
         if all("loop_audit_s" in r and "audit_s" in r for r in rs):
             entry["loop_ratio"] = round(entry["loop_audit_s"] / entry["train_s"], 2)
-            entry["speedup"] = round(statistics.median(r["loop_audit_s"] / r["audit_s"] for r in rs), 2)
-            entry["speedup_cpu"] = round(statistics.median(r["loop_audit_cpu_s"] / r["audit_cpu_s"]
-                                                           for r in rs), 2)
-        errors = sorted({e for r in rs for k in ("audit_error", "loop_audit_error") if (e := r.get(k))})
+            entry["speedup"] = round(
+                statistics.median(r["loop_audit_s"] / r["audit_s"] for r in rs), 2
+            )
+            entry["speedup_cpu"] = round(
+                statistics.median(r["loop_audit_cpu_s"] / r["audit_cpu_s"] for r in rs), 2
+            )
+        errors = sorted(
+            {e for r in rs for k in ("audit_error", "loop_audit_error") if (e := r.get(k))}
+        )
         if errors:
             entry["errors"] = errors
         entry["test_accuracy"] = round(statistics.median(r["test_accuracy"] for r in rs), 4)
@@ -153,11 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--methods", default="", help="comma-separated subset (default: the demo's 16)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--shadows", type=int, default=None, help="reference runs (default: the demo's 16)")
-    ap.add_argument("--workers", type=int, default=2, help="parallel worker processes (one thread each)")
+    ap.add_argument(
+        "--shadows", type=int, default=None, help="reference runs (default: the demo's 16)"
+    )
+    ap.add_argument(
+        "--workers", type=int, default=2, help="parallel worker processes (one thread each)"
+    )
     ap.add_argument("--seed", type=int, default=None, help="training seed (default: the demo's)")
     path = ap.add_mutually_exclusive_group()
-    path.add_argument("--loop", action="store_true", help="audit one run after the other (no batched form)")
+    path.add_argument(
+        "--loop", action="store_true", help="audit one run after the other (no batched form)"
+    )
     path.add_argument("--compare", action="store_true", help="audit both ways, back to back")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -168,39 +205,72 @@ def main(argv: list[str] | None = None) -> int:
     shadows = args.shadows or audit["shadows"]
     seed = demo_seed if args.seed is None else args.seed
     paths = ["loop"] if args.loop else ["batched", "loop"] if args.compare else ["batched"]
-    tasks = [{"method": m, "repeat": r, "seed": seed, "audit_seed": seed + r, "shadows": shadows,
-              "delta": audit["delta"], "paths": paths}
-             for r in range(args.repeats) for m in methods]  # repeats spread over the run
+    tasks = [
+        {
+            "method": m,
+            "repeat": r,
+            "seed": seed,
+            "audit_seed": seed + r,
+            "shadows": shadows,
+            "delta": audit["delta"],
+            "paths": paths,
+        }
+        for r in range(args.repeats)
+        for m in methods
+    ]  # repeats spread over the run
     load_start = os.getloadavg()
     t0 = time.perf_counter()
     rows = []
-    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=_one_thread) as pool:
+    with ProcessPoolExecutor(
+        args.workers, mp_context=get_context("spawn"), initializer=_one_thread
+    ) as pool:
         futures = [pool.submit(measure, t) for t in tasks]
         for fut in as_completed(futures):
             row = fut.result()
             rows.append(row)
-            print(json.dumps(row), file=sys.stderr, flush=True)  # each repeat as it ends (a long run's log)
+            print(
+                json.dumps(row), file=sys.stderr, flush=True
+            )  # each repeat as it ends (a long run's log)
     summary = summarise(sorted(rows, key=lambda r: (methods.index(r["method"]), r["repeat"])))
-    out = {"schema_version": 1, "benchmark": "audit_cost", "methods": summary,
-           "conditions": {"workers": args.workers, "torch_threads": 1, "cpus": os.cpu_count(),
-                          "platform": platform.platform(), "config": "quick",
-                          "federation": "quickstart (mnist5k, 20 clients, dirichlet alpha=1, digits28 public)",
-                          "shadows": shadows, "repeats": args.repeats, "paths": paths, "seed": seed,
-                          "load_average_start": load_start, "load_average_end": os.getloadavg()},
-           "total_seconds": round(time.perf_counter() - t0, 1),
-           "totals": {k: round(sum(e.get(k) or 0.0 for e in summary.values()), 1)
-                      for k in ("train_s", "audit_s", "loop_audit_s")}}
+    out = {
+        "schema_version": 1,
+        "benchmark": "audit_cost",
+        "methods": summary,
+        "conditions": {
+            "workers": args.workers,
+            "torch_threads": 1,
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "config": "quick",
+            "federation": "quickstart (mnist5k, 20 clients, dirichlet alpha=1, digits28 public)",
+            "shadows": shadows,
+            "repeats": args.repeats,
+            "paths": paths,
+            "seed": seed,
+            "load_average_start": load_start,
+            "load_average_end": os.getloadavg(),
+        },
+        "total_seconds": round(time.perf_counter() - t0, 1),
+        "totals": {
+            k: round(sum(e.get(k) or 0.0 for e in summary.values()), 1)
+            for k in ("train_s", "audit_s", "loop_audit_s")
+        },
+    }
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"{'method':<14} {'train s':>8} {'audit s':>8} {'ratio':>6} {'cpu ratio':>9}"
-              + ("  loop audit s  speed-up" if args.compare else ""))
+        print(
+            f"{'method':<14} {'train s':>8} {'audit s':>8} {'ratio':>6} {'cpu ratio':>9}"
+            + ("  loop audit s  speed-up" if args.compare else "")
+        )
         for m, e in summary.items():
             line = f"{m:<14} {e['train_s']:>8.1f} {e['audit_s']:>8.1f} {e['ratio']:>6.1f} {e['ratio_cpu']:>9.1f}"
             if "speedup" in e:
                 line += f"  {e['loop_audit_s']:>12.1f}  {e['speedup']:>7.2f}x"
             print(line)
-        print(f"load average {out['conditions']['load_average_start']} -> {out['conditions']['load_average_end']}")
+        print(
+            f"load average {out['conditions']['load_average_start']} -> {out['conditions']['load_average_end']}"
+        )
     return 0
 
 

@@ -35,8 +35,24 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 DELTA = 1e-5
-METHODS = ("dpsgd", "dp-fedavg", "fedkd-dp", "fedkadp", "fedauxfdp", "fedavg-dphead", "fedd-dphead", "fedaux")
-MUTATIONS = ("correct", "noise x1/2", "noise x1/N", "clipping off", "ledger steps x1/2", "ledger rate x1/2")
+METHODS = (
+    "dpsgd",
+    "dp-fedavg",
+    "fedkd-dp",
+    "fedkadp",
+    "fedauxfdp",
+    "fedavg-dphead",
+    "fedd-dphead",
+    "fedaux",
+)
+MUTATIONS = (
+    "correct",
+    "noise x1/2",
+    "noise x1/N",
+    "clipping off",
+    "ledger steps x1/2",
+    "ledger rate x1/2",
+)
 FACTORS = (0.95, 0.9, 0.8, 0.7)
 RESULTS = Path(__file__).resolve().parent / "results" / "audit_mutations.json"
 
@@ -62,21 +78,45 @@ def one(task: tuple[str, str | float, int, int]) -> dict:
 
     torch.set_num_threads(1)
     method, mutation, seed, canaries = task
-    mut = Mutation(f"noise x{mutation:g}", noise_factor=float(mutation)) if isinstance(mutation, float) else mutation
+    mut = (
+        Mutation(f"noise x{mutation:g}", noise_factor=float(mutation))
+        if isinstance(mutation, float)
+        else mutation
+    )
     t0 = time.perf_counter()
     try:
-        r = __import__("privkit.audit.mechanism_audit", fromlist=["audit_mechanisms"]).audit_mechanisms(
-            method, _federation(), get_trainer(method).quick_config(), delta=DELTA, seed=seed, mutation=mut,
-            canaries=canaries)
-    except Exception as exc:  # noqa: BLE001  (a failure is a row of the table, with its reason)
-        return {"method": method, "mutation": str(mutation), "seed": seed, "status": "error",
-                "error": f"{type(exc).__name__}: {exc}", "seconds": time.perf_counter() - t0}
-    return {"method": method, "mutation": str(mutation) if not isinstance(mutation, float) else mutation,
-            "seed": seed, "status": r["status"], "epsilon_lower_bound": r.get("epsilon_lower_bound"),
-            "measured_epsilon": r.get("measured_epsilon"), "accounted_epsilon": r.get("accounted_epsilon"),
-            "rejected": sorted({t for p in r["probes"] for t in p["rejected"]}),
-            "probe_sets": [f"client {p['client']} {p['mechanism']}" for p in r["probes"]],
-            "seconds": time.perf_counter() - t0}
+        r = __import__(
+            "privkit.audit.mechanism_audit", fromlist=["audit_mechanisms"]
+        ).audit_mechanisms(
+            method,
+            _federation(),
+            get_trainer(method).quick_config(),
+            delta=DELTA,
+            seed=seed,
+            mutation=mut,
+            canaries=canaries,
+        )
+    except Exception as exc:
+        return {
+            "method": method,
+            "mutation": str(mutation),
+            "seed": seed,
+            "status": "error",
+            "error": f"{type(exc).__name__}: {exc}",
+            "seconds": time.perf_counter() - t0,
+        }
+    return {
+        "method": method,
+        "mutation": str(mutation) if not isinstance(mutation, float) else mutation,
+        "seed": seed,
+        "status": r["status"],
+        "epsilon_lower_bound": r.get("epsilon_lower_bound"),
+        "measured_epsilon": r.get("measured_epsilon"),
+        "accounted_epsilon": r.get("accounted_epsilon"),
+        "rejected": sorted({t for p in r["probes"] for t in p["rejected"]}),
+        "probe_sets": [f"client {p['client']} {p['mechanism']}" for p in r["probes"]],
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def _median(xs):
@@ -96,22 +136,37 @@ def summarise(rows: list[dict]) -> dict:
         for mutation, rs in cells.items():
             applicable = [r for r in rs if r["status"] in ("violation", "consistent")]
             out[method][mutation] = {
-                "seeds": len(rs), "applicable": len(applicable),
+                "seeds": len(rs),
+                "applicable": len(applicable),
                 "caught": sum(r["status"] == "violation" for r in applicable),
-                "catch_rate": (sum(r["status"] == "violation" for r in applicable) / len(applicable)
-                               if applicable else None),
-                "status": ("n/a" if not applicable and all(r["status"] == "not-applicable" for r in rs)
-                           else "error" if not applicable else "ok"),
+                "catch_rate": (
+                    sum(r["status"] == "violation" for r in applicable) / len(applicable)
+                    if applicable
+                    else None
+                ),
+                "status": (
+                    "n/a"
+                    if not applicable and all(r["status"] == "not-applicable" for r in rs)
+                    else "error"
+                    if not applicable
+                    else "ok"
+                ),
                 "errors": sorted({r["error"] for r in rs if r["status"] == "error"}),
                 "median_bound": _median([r.get("epsilon_lower_bound") for r in applicable]),
                 "median_measured": _median([r.get("measured_epsilon") for r in applicable]),
                 "median_accounted": _median([r.get("accounted_epsilon") for r in applicable]),
                 "rejected": sorted({t for r in applicable for t in r["rejected"]}),
-                "median_seconds": _median([r["seconds"] for r in rs])}
-        caught = [float(m) for m, c in out[method].items() if _is_factor(m) and (c["catch_rate"] or 0) >= 0.5]
+                "median_seconds": _median([r["seconds"] for r in rs]),
+            }
+        caught = [
+            float(m)
+            for m, c in out[method].items()
+            if _is_factor(m) and (c["catch_rate"] or 0) >= 0.5
+        ]
         halved = out[method].get("noise x1/2", {}).get("catch_rate") or 0
-        out[method]["smallest_noise_reduction_caught"] = max(caught + ([0.5] if halved >= 0.5 else []),
-                                                             default=None)
+        out[method]["smallest_noise_reduction_caught"] = max(
+            caught + ([0.5] if halved >= 0.5 else []), default=None
+        )
     return out
 
 
@@ -132,8 +187,13 @@ def _fmt(x, digits=2) -> str:
 
 
 def markdown(summary: dict, seeds: int) -> str:
-    head = ("| method | " + " | ".join(MUTATIONS) + " | largest noise factor caught >= 1/2 |\n|---|"
-            + "---|" * (len(MUTATIONS) + 1) + "\n")
+    head = (
+        "| method | "
+        + " | ".join(MUTATIONS)
+        + " | largest noise factor caught >= 1/2 |\n|---|"
+        + "---|" * (len(MUTATIONS) + 1)
+        + "\n"
+    )
     lines = []
     for method, cells in summary.items():
         row = []
@@ -146,11 +206,21 @@ def markdown(summary: dict, seeds: int) -> str:
             elif c["status"] == "error":
                 row.append("error")
             else:
-                row.append(f"{c['caught']}/{c['applicable']} (bound {_fmt(c['median_bound'])}, "
-                           f"measured {_fmt(c['median_measured'])})")
-        lines.append(f"| {method} | " + " | ".join(row) + f" | {_fmt(cells.get('smallest_noise_reduction_caught'))} |")
-    return (f"Caught / seeds ({seeds} seeds each; median one-run bound and median measured epsilon)\n\n"
-            + head + "\n".join(lines) + "\n")
+                row.append(
+                    f"{c['caught']}/{c['applicable']} (bound {_fmt(c['median_bound'])}, "
+                    f"measured {_fmt(c['median_measured'])})"
+                )
+        lines.append(
+            f"| {method} | "
+            + " | ".join(row)
+            + f" | {_fmt(cells.get('smallest_noise_reduction_caught'))} |"
+        )
+    return (
+        f"Caught / seeds ({seeds} seeds each; median one-run bound and median measured epsilon)\n\n"
+        + head
+        + "\n".join(lines)
+        + "\n"
+    )
 
 
 def main(argv=None) -> int:
@@ -171,11 +241,23 @@ def main(argv=None) -> int:
     if args.quick:
         args.seeds, args.methods, args.factors = 2, ["dp-fedavg", "fedavg-dphead"], []
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    tasks = [(m, mut, s, args.canaries) for m in args.methods for mut in args.mutations for s in range(args.seeds)]
-    tasks += [(m, f, s, args.canaries) for m in args.methods for f in args.factors for s in range(args.seeds)]
+    tasks = [
+        (m, mut, s, args.canaries)
+        for m in args.methods
+        for mut in args.mutations
+        for s in range(args.seeds)
+    ]
+    tasks += [
+        (m, f, s, args.canaries)
+        for m in args.methods
+        for f in args.factors
+        for s in range(args.seeds)
+    ]
     t0 = time.perf_counter()
     rows = []
-    partial = args.out.with_suffix(".partial.jsonl")  # every finished row, kept if the run is cut short
+    partial = args.out.with_suffix(
+        ".partial.jsonl"
+    )  # every finished row, kept if the run is cut short
     partial.parent.mkdir(parents=True, exist_ok=True)
     partial.write_text("")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
@@ -183,16 +265,32 @@ def main(argv=None) -> int:
             rows.append(row)
             with partial.open("a") as fh:
                 fh.write(json.dumps(row, default=float) + "\n")
-            print(f"[{i}/{len(tasks)}] {row['method']} {row['mutation']} seed {row['seed']}: {row['status']} "
-                  f"({row['seconds']:.1f} s)", file=sys.stderr, flush=True)
+            print(
+                f"[{i}/{len(tasks)}] {row['method']} {row['mutation']} seed {row['seed']}: {row['status']} "
+                f"({row['seconds']:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
     summary = summarise(rows)
-    result = {"schema_version": 1, "benchmark": "audit_mutations", "delta": DELTA, "seeds": args.seeds,
-              "canaries": args.canaries, "confidence": 0.95, "federation": "quickstart (mnist5k, 20 clients)",
-              "wall_seconds": time.perf_counter() - t0, "summary": summary, "rows": rows}
+    result = {
+        "schema_version": 1,
+        "benchmark": "audit_mutations",
+        "delta": DELTA,
+        "seeds": args.seeds,
+        "canaries": args.canaries,
+        "confidence": 0.95,
+        "federation": "quickstart (mnist5k, 20 clients)",
+        "wall_seconds": time.perf_counter() - t0,
+        "summary": summary,
+        "rows": rows,
+    }
     args.out.write_text(json.dumps(result, indent=1, default=float))
     partial.unlink()
-    print(json.dumps(result if args.json else {"summary": summary}, default=float) if args.json else
-          markdown(summary, args.seeds))
+    print(
+        json.dumps(result if args.json else {"summary": summary}, default=float)
+        if args.json
+        else markdown(summary, args.seeds)
+    )
     return 0
 
 

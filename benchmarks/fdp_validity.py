@@ -39,12 +39,16 @@ ANALYSES = ("steinke", "fdp-generic", "fdp-gaussian")
 def _rejects(analysis: str, m: int, r: int, v: int, eps: float) -> bool:
     if analysis == "steinke":
         return p_value(m, r, v, eps, DELTA) < BETA
-    return bool(fdp_rejects(m, r, v, CurveFamily(analysis.split("-")[1], DELTA), [eps], beta=BETA)[0])
+    return bool(
+        fdp_rejects(m, r, v, CurveFamily(analysis.split("-")[1], DELTA), [eps], beta=BETA)[0]
+    )
 
 
 def _threshold(analysis: str, m: int, r: int, eps: float) -> int:
     if analysis != "steinke":
-        return fdp_rejection_threshold(m, r, eps, delta=DELTA, curve=analysis.split("-")[1], beta=BETA)
+        return fdp_rejection_threshold(
+            m, r, eps, delta=DELTA, curve=analysis.split("-")[1], beta=BETA
+        )
     lo, hi = 0, r + 1
     while lo < hi:
         mid = (lo + hi) // 2
@@ -66,9 +70,18 @@ def randomized_response(seeds: int) -> list[dict]:
             for a in ANALYSES:
                 v_star = _threshold(a, m, r, eps)
                 hits = sum(v >= v_star for v in outcomes)  # rejection is monotone in v
-                rows.append({"mechanism": "randomized response", "epsilon": eps, "m": m, "guesses": r,
-                             "analysis": a, "exact_rate": float(stats.binom.sf(v_star - 1, r, q)),
-                             "seeded_rate": hits / seeds, "seeded_upper95": _upper(hits, seeds)})
+                rows.append(
+                    {
+                        "mechanism": "randomized response",
+                        "epsilon": eps,
+                        "m": m,
+                        "guesses": r,
+                        "analysis": a,
+                        "exact_rate": float(stats.binom.sf(v_star - 1, r, q)),
+                        "seeded_rate": hits / seeds,
+                        "seeded_upper95": _upper(hits, seeds),
+                    }
+                )
     return rows
 
 
@@ -82,52 +95,85 @@ def gaussian_mechanism(seeds: int) -> list[dict]:
                 rng = np.random.default_rng(s)
                 b = rng.random(m) < 0.5
                 order = np.argsort(-(b + sigma * rng.standard_normal(m)))
-                outcomes.append(int(b[order[:k]].sum() + (~b[order[m - k:]]).sum()))
+                outcomes.append(int(b[order[:k]].sum() + (~b[order[m - k :]]).sum()))
             for a in ANALYSES:
                 v_star = _threshold(a, m, 2 * k, eps)
                 hits = sum(v >= v_star for v in outcomes)
-                rows.append({"mechanism": "gaussian", "epsilon": eps, "m": m, "guesses": 2 * k,
-                             "analysis": a, "exact_rate": None, "seeded_rate": hits / seeds,
-                             "seeded_upper95": _upper(hits, seeds)})
+                rows.append(
+                    {
+                        "mechanism": "gaussian",
+                        "epsilon": eps,
+                        "m": m,
+                        "guesses": 2 * k,
+                        "analysis": a,
+                        "exact_rate": None,
+                        "seeded_rate": hits / seeds,
+                        "seeded_upper95": _upper(hits, seeds),
+                    }
+                )
     return rows
 
 
 def figures() -> list[dict]:
     out = []
     for n in (1000, 2000):
-        out.append({"m": n, "guesses": n, "correct": n, "delta": DELTA,
-                    "steinke": steinke_bound(n, n, n, delta=DELTA, beta=BETA),
-                    "fdp_generic": fdp_epsilon_lower_bound(n, n, n, delta=DELTA, beta=BETA),
-                    "fdp_gaussian": fdp_epsilon_lower_bound(n, n, n, delta=DELTA, curve="gaussian", beta=BETA)})
+        out.append(
+            {
+                "m": n,
+                "guesses": n,
+                "correct": n,
+                "delta": DELTA,
+                "steinke": steinke_bound(n, n, n, delta=DELTA, beta=BETA),
+                "fdp_generic": fdp_epsilon_lower_bound(n, n, n, delta=DELTA, beta=BETA),
+                "fdp_gaussian": fdp_epsilon_lower_bound(
+                    n, n, n, delta=DELTA, curve="gaussian", beta=BETA
+                ),
+            }
+        )
     return out
 
 
 def table(result: dict) -> str:
-    lines = [f"False-violation rates (true claim called a violation), beta={BETA}, delta={DELTA:g}, "
-             f"{result['seeds']} seeds",
-             "| mechanism | eps | m | guesses | analysis | exact | seeded | seeded 95% upper |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"False-violation rates (true claim called a violation), beta={BETA}, delta={DELTA:g}, "
+        f"{result['seeds']} seeds",
+        "| mechanism | eps | m | guesses | analysis | exact | seeded | seeded 95% upper |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for row in result["rows"]:
         exact = "-" if row["exact_rate"] is None else f"{row['exact_rate']:.3f}"
-        lines.append(f"| {row['mechanism']} | {row['epsilon']:g} | {row['m']} | {row['guesses']} | "
-                     f"{row['analysis']} | {exact} | {row['seeded_rate']:.3f} | {row['seeded_upper95']:.3f} |")
-    lines += ["", "Bounds when every guess is right:", "| m = guesses | Steinke et al. | f-DP generic | f-DP Gaussian |",
-              "|---|---|---|---|"]
+        lines.append(
+            f"| {row['mechanism']} | {row['epsilon']:g} | {row['m']} | {row['guesses']} | "
+            f"{row['analysis']} | {exact} | {row['seeded_rate']:.3f} | {row['seeded_upper95']:.3f} |"
+        )
+    lines += [
+        "",
+        "Bounds when every guess is right:",
+        "| m = guesses | Steinke et al. | f-DP generic | f-DP Gaussian |",
+        "|---|---|---|---|",
+    ]
     for f in result["figures"]:
-        lines.append(f"| {f['m']} | {f['steinke']:.3f} | {f['fdp_generic']:.3f} | {f['fdp_gaussian']:.3f} |")
+        lines.append(
+            f"| {f['m']} | {f['steinke']:.3f} | {f['fdp_generic']:.3f} | {f['fdp_gaussian']:.3f} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=1000)
-    ap.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    ap.add_argument(
+        "--json", action="store_true", help="print the result as JSON instead of a table"
+    )
     args = ap.parse_args()
     if args.seeds < 1:
         ap.error(f"--seeds must be >= 1; found {args.seeds}")
-    result = {"schema_version": 1, "seeds": args.seeds,
-              "rows": randomized_response(args.seeds) + gaussian_mechanism(args.seeds),
-              "figures": figures()}
+    result = {
+        "schema_version": 1,
+        "seeds": args.seeds,
+        "rows": randomized_response(args.seeds) + gaussian_mechanism(args.seeds),
+        "figures": figures(),
+    }
     print(json.dumps(result, indent=2) if args.json else table(result))
 
 

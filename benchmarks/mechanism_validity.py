@@ -32,14 +32,26 @@ from scipy import stats
 
 DELTA = 1e-5
 RESULTS = Path(__file__).resolve().parent / "results" / "mechanism_validity.json"
-SETTINGS = [{"q": 0.1, "sigma": 1.2, "steps": 40}, {"q": 0.02, "sigma": 0.8, "steps": 200},
-            {"q": 1.0, "sigma": 3.0, "steps": 5}]
-VALID = [("exact claim", {}), ("exact claim, batch unknown", {"clean_known": False}),
-         ("more noise (1.5x)", {"noise": 1.5}), ("less influence (0.5x)", {"influence": 0.5}),
-         ("fewer releases than claimed", {"extra_claimed": 10})]
-BUGS = [("noise x0.5", {"noise": 0.5}), ("noise x0.8", {"noise": 0.8}), ("noise x0.9", {"noise": 0.9}),
-        ("clipping off (influence x4)", {"influence": 4.0}), ("sampling rate x2", {"rate": 2.0}),
-        ("ledger counts half the releases", {"claimed_fraction": 0.5})]
+SETTINGS = [
+    {"q": 0.1, "sigma": 1.2, "steps": 40},
+    {"q": 0.02, "sigma": 0.8, "steps": 200},
+    {"q": 1.0, "sigma": 3.0, "steps": 5},
+]
+VALID = [
+    ("exact claim", {}),
+    ("exact claim, batch unknown", {"clean_known": False}),
+    ("more noise (1.5x)", {"noise": 1.5}),
+    ("less influence (0.5x)", {"influence": 0.5}),
+    ("fewer releases than claimed", {"extra_claimed": 10}),
+]
+BUGS = [
+    ("noise x0.5", {"noise": 0.5}),
+    ("noise x0.8", {"noise": 0.8}),
+    ("noise x0.9", {"noise": 0.9}),
+    ("clipping off (influence x4)", {"influence": 4.0}),
+    ("sampling rate x2", {"rate": 2.0}),
+    ("ledger counts half the releases", {"claimed_fraction": 0.5}),
+]
 
 
 def simulated_row(name: str, setting: dict, change: dict, seeds: int, valid: bool) -> dict:
@@ -57,8 +69,15 @@ def simulated_row(name: str, setting: dict, change: dict, seeds: int, valid: boo
     for _ in range(seeds):
         ev = probe_evidence(rng, steps=steps, q=q, sigma=sigma, q_real=q_real, **kw)
         flagged += conformance_test(ev, claim).verdict == "violation"
-    row = {"kind": "simulated", "row": name, **setting, "seeds": seeds, "flagged": flagged, "rate": flagged / seeds,
-           "valid_row": valid}
+    row = {
+        "kind": "simulated",
+        "row": name,
+        **setting,
+        "seeds": seeds,
+        "flagged": flagged,
+        "rate": flagged / seeds,
+        "valid_row": valid,
+    }
     if valid:
         row["binom_p"] = float(stats.binomtest(flagged, seeds, 0.05, alternative="greater").pvalue)
         row["pass"] = row["binom_p"] > 0.01
@@ -79,22 +98,40 @@ def dpsgd_row(sigma_real: float, seeds: int) -> dict:
         x = torch.randn(400, 12, generator=g)
         y = (x[:, 0] > 0).long()
         torch.manual_seed(seed)
-        model = torch.nn.Sequential(torch.nn.Linear(12, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
+        model = torch.nn.Sequential(
+            torch.nn.Linear(12, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2)
+        )
         step = DpSgdStep(1.0, sigma_real, 0.05, 400)
-        can = GradientCanaries.for_parameters(list(model.parameters()), 500, clip_norm=1.0, sample_rate=0.05,
-                                              noise_multiplier=1.0, steps=60, seed=seed)
+        can = GradientCanaries.for_parameters(
+            list(model.parameters()),
+            500,
+            clip_norm=1.0,
+            sample_rate=0.05,
+            noise_multiplier=1.0,
+            steps=60,
+            seed=seed,
+        )
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(60):
             b = step.sample(g)
-            step.apply(model, opt, x[b], y[b], lambda z, t, _: F.cross_entropy(z, t), g, canaries=can)
+            step.apply(
+                model, opt, x[b], y[b], lambda z, t, _: F.cross_entropy(z, t), g, canaries=can
+            )
         res = can.audit(delta=DELTA)
         flagged += res.verdict == "violation"
         conf_flagged += res.conformance.verdict == "violation"
         bounds.append(res.epsilon_lower_bound)
     valid = sigma_real >= 1.0
-    row = {"kind": "dp-sgd", "row": f"DpSgdStep, noise {sigma_real:g} claiming 1 (q 0.05, 60 steps, 500 canaries)",
-           "seeds": seeds, "flagged": flagged, "rate": flagged / seeds, "conformance_flagged": conf_flagged,
-           "median_one_run_bound": float(np.median(bounds)), "valid_row": valid}
+    row = {
+        "kind": "dp-sgd",
+        "row": f"DpSgdStep, noise {sigma_real:g} claiming 1 (q 0.05, 60 steps, 500 canaries)",
+        "seeds": seeds,
+        "flagged": flagged,
+        "rate": flagged / seeds,
+        "conformance_flagged": conf_flagged,
+        "median_one_run_bound": float(np.median(bounds)),
+        "valid_row": valid,
+    }
     if valid:
         row["binom_p"] = float(stats.binomtest(flagged, seeds, 0.05, alternative="greater").pvalue)
         row["pass"] = row["binom_p"] > 0.01
@@ -111,22 +148,36 @@ def permutation_row(seeds: int) -> dict:
     for _ in range(seeds):
         ev = probe_evidence(rng, noise=0.95)
         perm = rng.permutation(ev.m)
-        sh = ProbeEvidence(ev.projections[:, perm], ev.included[perm], ev.noise_squares, ev.noise_coordinates, True)
+        sh = ProbeEvidence(
+            ev.projections[:, perm], ev.included[perm], ev.noise_squares, ev.noise_coordinates, True
+        )
         a, b = conformance_test(ev, claim), conformance_test(sh, claim)
         worst = max(worst, max(abs(a.tests[n].p_value - b.tests[n].p_value) for n in a.tests))
-    return {"kind": "permutation", "row": "probes permuted", "seeds": seeds, "max_p_difference": worst,
-            "valid_row": True, "pass": worst < 1e-9}
+    return {
+        "kind": "permutation",
+        "row": "probes permuted",
+        "seeds": seeds,
+        "max_p_difference": worst,
+        "valid_row": True,
+        "pass": worst < 1e-9,
+    }
 
 
 def markdown(rows: list[dict]) -> str:
-    out = ["| kind | row | setting | seeds | flagged | rate | binom p (rate <= 5%) | pass |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| kind | row | setting | seeds | flagged | rate | binom p (rate <= 5%) | pass |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         setting = f"q {r['q']}, sigma {r['sigma']}, {r['steps']} steps" if "q" in r else ""
         p = f"{r['binom_p']:.3g}" if "binom_p" in r else "-"
-        rate = f"{r['rate']:.3f}" if "rate" in r else f"max p difference {r['max_p_difference']:.1e}"
-        out.append(f"| {r['kind']} | {r['row']} | {setting} | {r['seeds']} | {r.get('flagged', '-')} | {rate} | "
-                   f"{p} | {'yes' if r.get('pass', True) else 'NO'} |")
+        rate = (
+            f"{r['rate']:.3f}" if "rate" in r else f"max p difference {r['max_p_difference']:.1e}"
+        )
+        out.append(
+            f"| {r['kind']} | {r['row']} | {setting} | {r['seeds']} | {r.get('flagged', '-')} | {rate} | "
+            f"{p} | {'yes' if r.get('pass', True) else 'NO'} |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -138,16 +189,33 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     if args.seeds < 10 or args.dpsgd_seeds < 1:
-        print(f"--seeds must be >= 10 and --dpsgd-seeds >= 1; found {args.seeds}, {args.dpsgd_seeds}", file=sys.stderr)
+        print(
+            f"--seeds must be >= 10 and --dpsgd-seeds >= 1; found {args.seeds}, {args.dpsgd_seeds}",
+            file=sys.stderr,
+        )
         return 2
     t0 = time.perf_counter()
     rows = [simulated_row(n, s, c, args.seeds, True) for s in SETTINGS for n, c in VALID]
     # doubling the sampling rate is no bug where the claimed rate is already 1
-    rows += [simulated_row(n, s, c, args.seeds // 10, False) for s in SETTINGS for n, c in BUGS
-             if not ("rate" in c and s["q"] * c["rate"] > 1)]
-    rows += [dpsgd_row(1.0, args.dpsgd_seeds), dpsgd_row(0.5, max(10, args.dpsgd_seeds // 10)), permutation_row(100)]
-    result = {"schema_version": 1, "benchmark": "mechanism_validity", "confidence": 0.95, "delta": DELTA,
-              "wall_seconds": time.perf_counter() - t0, "rows": rows}
+    rows += [
+        simulated_row(n, s, c, args.seeds // 10, False)
+        for s in SETTINGS
+        for n, c in BUGS
+        if not ("rate" in c and s["q"] * c["rate"] > 1)
+    ]
+    rows += [
+        dpsgd_row(1.0, args.dpsgd_seeds),
+        dpsgd_row(0.5, max(10, args.dpsgd_seeds // 10)),
+        permutation_row(100),
+    ]
+    result = {
+        "schema_version": 1,
+        "benchmark": "mechanism_validity",
+        "confidence": 0.95,
+        "delta": DELTA,
+        "wall_seconds": time.perf_counter() - t0,
+        "rows": rows,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result) if args.json else markdown(rows))

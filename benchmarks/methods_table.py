@@ -48,10 +48,17 @@ def measure(method: str, fed, quick: bool, seed: int) -> dict:
     res = train(method, fed, cfg, seed=seed)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     claim_delta = res.claims.get("delta")
-    row = {"method": method, "config": "quick" if quick else "default", "seconds": round(seconds, 1),
-           "cpu_seconds": round(cpu, 1), "test_accuracy": round(float(res.test_accuracy), 4),
-           "chance": round(res.chance_accuracy, 4), "near_chance": res.near_chance,
-           "epsilon": _epsilon(res, DELTA), "formal_dp": spec.formal_dp}
+    row = {
+        "method": method,
+        "config": "quick" if quick else "default",
+        "seconds": round(seconds, 1),
+        "cpu_seconds": round(cpu, 1),
+        "test_accuracy": round(float(res.test_accuracy), 4),
+        "chance": round(res.chance_accuracy, 4),
+        "near_chance": res.near_chance,
+        "epsilon": _epsilon(res, DELTA),
+        "formal_dp": spec.formal_dp,
+    }
     if claim_delta and 0 < claim_delta < 1 and claim_delta != DELTA:
         row["claim_delta"] = claim_delta
         row["epsilon_at_claim_delta"] = _epsilon(res, claim_delta)
@@ -74,21 +81,35 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         if not args.json:
             eps = row["epsilon"]
-            print(f"{m:<14} {row['config']:<8} {row['seconds']:>7.1f} s wall {row['cpu_seconds']:>7.1f} s cpu  "
-                  f"acc {row['test_accuracy']:.3f} (chance {row['chance']:.2f})  "
-                  f"eps {eps if isinstance(eps, str) else f'{eps:.3g}'}", flush=True)
-    out = {"schema_version": 1, "benchmark": "methods_table", "delta": DELTA,
-           "conditions": {"threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-                          "platform": platform.platform(), "federation": "quickstart (mnist5k, "
-                          "20 clients, dirichlet alpha=1, digits28 public)", "seed": args.seed},
-           "load_average": os.getloadavg(),
-           "total_seconds": round(sum(r["seconds"] for r in rows), 1),
-           "total_cpu_seconds": round(sum(r["cpu_seconds"] for r in rows), 1), "rows": rows}
+            print(
+                f"{m:<14} {row['config']:<8} {row['seconds']:>7.1f} s wall {row['cpu_seconds']:>7.1f} s cpu  "
+                f"acc {row['test_accuracy']:.3f} (chance {row['chance']:.2f})  "
+                f"eps {eps if isinstance(eps, str) else f'{eps:.3g}'}",
+                flush=True,
+            )
+    out = {
+        "schema_version": 1,
+        "benchmark": "methods_table",
+        "delta": DELTA,
+        "conditions": {
+            "threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "federation": "quickstart (mnist5k, 20 clients, dirichlet alpha=1, digits28 public)",
+            "seed": args.seed,
+        },
+        "load_average": os.getloadavg(),
+        "total_seconds": round(sum(r["seconds"] for r in rows), 1),
+        "total_cpu_seconds": round(sum(r["cpu_seconds"] for r in rows), 1),
+        "rows": rows,
+    }
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"total {out['total_seconds']} s wall, {out['total_cpu_seconds']} s cpu; load average "
-              f"{out['load_average']}")
+        print(
+            f"total {out['total_seconds']} s wall, {out['total_cpu_seconds']} s cpu; load average "
+            f"{out['load_average']}"
+        )
     return 0
 
 

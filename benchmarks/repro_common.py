@@ -46,8 +46,14 @@ class Report:
     def row(self, name: str, values: list[float], paper: float | None = None, **extra: Any) -> dict:
         """Add a row: privkit's per-seed values (fractions are turned into %) beside the paper's."""
         pct = [100.0 * v for v in values]
-        r = {"name": name, "paper": paper, "privkit_mean": statistics.fmean(pct) if pct else None,
-             "privkit_std": statistics.pstdev(pct) if len(pct) > 1 else 0.0, "per_seed": pct, **extra}
+        r = {
+            "name": name,
+            "paper": paper,
+            "privkit_mean": statistics.fmean(pct) if pct else None,
+            "privkit_std": statistics.pstdev(pct) if len(pct) > 1 else 0.0,
+            "per_seed": pct,
+            **extra,
+        }
         self.rows.append(r)
         return r
 
@@ -57,36 +63,78 @@ class Report:
     def std(self, name: str) -> float:
         return next(r["privkit_std"] for r in self.rows if r["name"] == name)
 
-    def claim(self, claim: str, paper: str, privkit: str, reproduced: bool, note: str = "",
-              resolved: bool = True) -> None:
+    def claim(
+        self,
+        claim: str,
+        paper: str,
+        privkit: str,
+        reproduced: bool,
+        note: str = "",
+        resolved: bool = True,
+    ) -> None:
         """``resolved`` False: the difference is within the spread over seeds (not decided)."""
-        self.claims.append({"claim": claim, "paper": paper, "privkit": privkit,
-                            "reproduced": bool(reproduced), "resolved": bool(resolved), "note": note})
+        self.claims.append(
+            {
+                "claim": claim,
+                "paper": paper,
+                "privkit": privkit,
+                "reproduced": bool(reproduced),
+                "resolved": bool(resolved),
+                "note": note,
+            }
+        )
 
-    def order_claim(self, better: str, worse: str, paper_better: float, paper_worse: float,
-                    note: str = "", claim: str | None = None) -> bool:
+    def order_claim(
+        self,
+        better: str,
+        worse: str,
+        paper_better: float,
+        paper_worse: float,
+        note: str = "",
+        claim: str | None = None,
+    ) -> bool:
         """``better`` beats ``worse`` (row means): reproduced when privkit's order matches."""
         a, b = self.mean(better), self.mean(worse)
         spread = max(self.std(better), self.std(worse))
         ok, resolved = a > b, abs(a - b) > spread
         if not resolved:
-            note = (note + "; " if note else "") + f"difference within the spread over seeds ({spread:.1f})"
-        self.claim(claim or f"{better} > {worse}", f"{paper_better:.1f} > {paper_worse:.1f}",
-                   f"{a:.1f} {'>' if ok else '<='} {b:.1f}", ok, note, resolved)
+            note = (
+                note + "; " if note else ""
+            ) + f"difference within the spread over seeds ({spread:.1f})"
+        self.claim(
+            claim or f"{better} > {worse}",
+            f"{paper_better:.1f} > {paper_worse:.1f}",
+            f"{a:.1f} {'>' if ok else '<='} {b:.1f}",
+            ok,
+            note,
+            resolved,
+        )
         return ok
 
     def arithmetic(self, item: str, paper: Any, corrected: Any, note: str = "") -> None:
-        self.privacy_arithmetic.append({"item": item, "paper": paper, "corrected": corrected, "note": note})
+        self.privacy_arithmetic.append(
+            {"item": item, "paper": paper, "corrected": corrected, "note": note}
+        )
 
     def to_dict(self) -> dict:
-        return {"schema_version": SCHEMA_VERSION, "benchmark": self.benchmark, "paper": self.paper,
-                "setting": self.setting, "rows": self.rows, "claims": self.claims,
-                "privacy_arithmetic": self.privacy_arithmetic,
-                "conditions": {"torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-                               "platform": platform.platform(), "load_average": os.getloadavg()},
-                "seconds": round(time.time() - self.started, 1),
-                # one torch thread: CPU seconds are what the run takes on an idle core
-                "cpu_seconds": round(time.process_time() - self.cpu_started, 1)}
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "benchmark": self.benchmark,
+            "paper": self.paper,
+            "setting": self.setting,
+            "rows": self.rows,
+            "claims": self.claims,
+            "privacy_arithmetic": self.privacy_arithmetic,
+            "conditions": {
+                "torch_threads": torch.get_num_threads(),
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "load_average": os.getloadavg(),
+            },
+            "seconds": round(time.time() - self.started, 1),
+            # one torch thread: CPU seconds are what the run takes on an idle core
+            "cpu_seconds": round(time.process_time() - self.cpu_started, 1),
+        }
 
     def markdown(self) -> str:
         def cell(v: Any) -> str:
@@ -95,23 +143,34 @@ class Report:
 
         core = {"name", "paper", "privkit_mean", "privkit_std", "per_seed"}
         extras = sorted({k for r in self.rows for k in r if k not in core})
-        lines = [f"## {self.benchmark}: {self.paper}", "",
-                 "| row | paper | privkit (mean +- std) |" + "".join(f" {e} |" for e in extras),
-                 "|---|---|---|" + "---|" * len(extras)]
+        lines = [
+            f"## {self.benchmark}: {self.paper}",
+            "",
+            "| row | paper | privkit (mean +- std) |" + "".join(f" {e} |" for e in extras),
+            "|---|---|---|" + "---|" * len(extras),
+        ]
         for r in self.rows:
             paper = "-" if r["paper"] is None else f"{r['paper']:.1f}"
-            lines.append(f"| {cell(r['name'])} | {paper} | {r['privkit_mean']:.1f} +- {r['privkit_std']:.1f} |"
-                         + "".join(f" {cell(r[e]) if e in r else '-'} |" for e in extras))
+            lines.append(
+                f"| {cell(r['name'])} | {paper} | {r['privkit_mean']:.1f} +- {r['privkit_std']:.1f} |"
+                + "".join(f" {cell(r[e]) if e in r else '-'} |" for e in extras)
+            )
         lines += ["", "| claim | paper | privkit | reproduced |", "|---|---|---|---|"]
         for c in self.claims:
-            verdict = ("yes" if c["reproduced"] else "NO") + ("" if c["resolved"] else " (unresolved)")
-            lines.append(f"| {cell(c['claim'])} | {cell(c['paper'])} | {cell(c['privkit'])} | "
-                         f"{verdict}{': ' + cell(c['note']) if c['note'] else ''} |")
+            verdict = ("yes" if c["reproduced"] else "NO") + (
+                "" if c["resolved"] else " (unresolved)"
+            )
+            lines.append(
+                f"| {cell(c['claim'])} | {cell(c['paper'])} | {cell(c['privkit'])} | "
+                f"{verdict}{': ' + cell(c['note']) if c['note'] else ''} |"
+            )
         if self.privacy_arithmetic:
             lines += ["", "| privacy arithmetic | paper | corrected | note |", "|---|---|---|---|"]
             for a in self.privacy_arithmetic:
-                lines.append(f"| {cell(a['item'])} | {cell(a['paper'])} | {cell(a['corrected'])} | "
-                             f"{cell(a['note'])} |")
+                lines.append(
+                    f"| {cell(a['item'])} | {cell(a['paper'])} | {cell(a['corrected'])} | "
+                    f"{cell(a['note'])} |"
+                )
         d = self.to_dict()
         lines.append(f"\n{d['seconds']} s wall, {d['cpu_seconds']} s CPU")
         return "\n".join(lines)

@@ -65,23 +65,40 @@ from privkit.data import FederationConfig, build_federation
 from privkit.trainers import fedaux as fedaux_module
 from privkit.trainers import train
 
-PAPER = {0.01: {"FedAvg": 23.6, "FedAvg+P": 32.1, "FedDF+P": 39.3, "FedAUX": 71.2},
-         100.0: {"FedAvg+P": 89.5, "FedDF+P": 88.9, "FedAUX": 89.0}}
+PAPER = {
+    0.01: {"FedAvg": 23.6, "FedAvg+P": 32.1, "FedDF+P": 39.3, "FedAUX": 71.2},
+    100.0: {"FedAvg+P": 89.5, "FedDF+P": 88.9, "FedAUX": 89.0},
+}
 DISTILL = {"distill_epochs": 5, "distill_lr": 1e-4, "distill_batch_size": 128}
 SHARP = {"score_lambda": 1e-3, "score_epsilon": 40.0}
 
 
 def common(args) -> dict:
-    return {"arch": args.arch, "width": 16, "feature_dim": 64 if args.arch == "mlp" else 128,
-            "pretrain": True, "pretrain_data": "all", "pretrain_epochs": 20, "pretrain_seed": 0,
-            "participation": 0.4, "local_epochs": 10, "batch_size": 32, "lr": 1e-3, "rounds": args.rounds,
-            "keep_client_models": False}
+    return {
+        "arch": args.arch,
+        "width": 16,
+        "feature_dim": 64 if args.arch == "mlp" else 128,
+        "pretrain": True,
+        "pretrain_data": "all",
+        "pretrain_epochs": 20,
+        "pretrain_seed": 0,
+        "participation": 0.4,
+        "local_epochs": 10,
+        "batch_size": 32,
+        "lr": 1e-3,
+        "rounds": args.rounds,
+        "keep_client_models": False,
+    }
 
 
 def holders(fed) -> np.ndarray:
     """(clients, distill points): does the client hold the point's class?"""
-    held = np.stack([np.bincount(fed.client_arrays(i)[1], minlength=fed.num_classes) > 0
-                     for i in range(fed.num_clients)])
+    held = np.stack(
+        [
+            np.bincount(fed.client_arrays(i)[1], minlength=fed.num_classes) > 0
+            for i in range(fed.num_clients)
+        ]
+    )
     return held[:, fed.public.y[fed.distill]]
 
 
@@ -109,18 +126,24 @@ def diagnostics(res, fed, held: np.ndarray) -> dict:
         s = res.artifacts["scores"].astype(np.float64)
         out["routing"] = float(((s / s.sum(0, keepdims=True)) * held).sum(0).mean())
     if "soft_labels" in res.artifacts:
-        out["labeller"] = float((res.artifacts["soft_labels"].argmax(1) == fed.public.y[fed.distill]).mean())
+        out["labeller"] = float(
+            (res.artifacts["soft_labels"].argmax(1) == fed.public.y[fed.distill]).mean()
+        )
     return out
 
 
 def runs(alpha: float) -> list[tuple[str, str, dict]]:
     if alpha != 0.01:
         return [("FedAvg+P", "fedavg", {}), ("FedAUX", "fedaux", DISTILL)]
-    return [("FedAvg", "fedavg", {"pretrain": False}), ("FedAvg+P", "fedavg", {}),
-            ("FedDF+P", "feddf", DISTILL), ("FedAUX", "fedaux", DISTILL),
-            ("FedAUX (sharp scores, eps 40)", "fedaux", {**DISTILL, **SHARP}),
-            ("FedAUX (sharp scores, no DP)", "fedaux", {**DISTILL, **SHARP, "score_dp": False}),
-            ("FedAUX (oracle weights)", "fedaux", {**DISTILL, "score_dp": False})]
+    return [
+        ("FedAvg", "fedavg", {"pretrain": False}),
+        ("FedAvg+P", "fedavg", {}),
+        ("FedDF+P", "feddf", DISTILL),
+        ("FedAUX", "fedaux", DISTILL),
+        ("FedAUX (sharp scores, eps 40)", "fedaux", {**DISTILL, **SHARP}),
+        ("FedAUX (sharp scores, no DP)", "fedaux", {**DISTILL, **SHARP, "score_dp": False}),
+        ("FedAUX (oracle weights)", "fedaux", {**DISTILL, "score_dp": False}),
+    ]
 
 
 def main(argv=None) -> None:
@@ -129,9 +152,19 @@ def main(argv=None) -> None:
     ap.add_argument("--arch", choices=["mlp", "cnn"], default="mlp")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    report = rc.Report("repro_fedaux", "Sattler et al., FedAUX, Table 1 (20 clients, C=0.4)",
-                       {**common(args), **DISTILL, "clients": 20, "dataset": "mnist5k",
-                        "auxiliary": "digits28", "seeds": args.seeds, "sharp": SHARP})
+    report = rc.Report(
+        "repro_fedaux",
+        "Sattler et al., FedAUX, Table 1 (20 clients, C=0.4)",
+        {
+            **common(args),
+            **DISTILL,
+            "clients": 20,
+            "dataset": "mnist5k",
+            "auxiliary": "digits28",
+            "seeds": args.seeds,
+            "sharp": SHARP,
+        },
+    )
     values: dict[tuple[float, str], list[float]] = {}
     diag: dict[tuple[float, str], list[dict]] = {}
     for alpha in (0.01, 100.0):
@@ -149,29 +182,57 @@ def main(argv=None) -> None:
                 values.setdefault((alpha, label), []).append(best)
                 if method == "fedaux" or method == "feddf":
                     diag.setdefault((alpha, label), []).append(diagnostics(res, fed, held))
-                rc.log(args, f"alpha {alpha} seed {seed} {label}: max {best:.3f} final {res.test_accuracy:.3f}")
+                rc.log(
+                    args,
+                    f"alpha {alpha} seed {seed} {label}: max {best:.3f} final {res.test_accuracy:.3f}",
+                )
     for (alpha, label), v in values.items():
         d = diag.get((alpha, label), [])
         extra = {k: float(np.mean([x[k] for x in d])) for k in (d[0] if d else {})}
         report.row(f"{label}, alpha={alpha:g}", v, PAPER[alpha].get(label), **extra)
 
     a = "alpha=0.01"
-    report.order_claim(f"FedAvg+P, {a}", f"FedAvg, {a}", 32.1, 23.6, claim="pretrained h0 helps (+P)")
-    report.order_claim(f"FedAUX, {a}", f"FedDF+P, {a}", 71.2, 39.3,
-                       note="privkit defaults (lambda 0.1, scaled epsilon)")
-    report.order_claim(f"FedAUX, {a}", f"FedAvg+P, {a}", 71.2, 32.1,
-                       note="privkit defaults (lambda 0.1, scaled epsilon)")
-    report.order_claim(f"FedAUX (sharp scores, eps 40), {a}", f"FedAvg+P, {a}", 71.2, 32.1,
-                       claim="FedAUX > FedAvg+P with sharp scores",
-                       note="lambda 1e-3 at epsilon 40: what the official code's regularisation amounts to")
+    report.order_claim(
+        f"FedAvg+P, {a}", f"FedAvg, {a}", 32.1, 23.6, claim="pretrained h0 helps (+P)"
+    )
+    report.order_claim(
+        f"FedAUX, {a}",
+        f"FedDF+P, {a}",
+        71.2,
+        39.3,
+        note="privkit defaults (lambda 0.1, scaled epsilon)",
+    )
+    report.order_claim(
+        f"FedAUX, {a}",
+        f"FedAvg+P, {a}",
+        71.2,
+        32.1,
+        note="privkit defaults (lambda 0.1, scaled epsilon)",
+    )
+    report.order_claim(
+        f"FedAUX (sharp scores, eps 40), {a}",
+        f"FedAvg+P, {a}",
+        71.2,
+        32.1,
+        claim="FedAUX > FedAvg+P with sharp scores",
+        note="lambda 1e-3 at epsilon 40: what the official code's regularisation amounts to",
+    )
     report.order_claim(f"FedDF+P, {a}", f"FedAvg+P, {a}", 39.3, 32.1)
     gain = report.mean(f"FedAUX (sharp scores, eps 40), {a}") - report.mean(f"FedAvg+P, {a}")
-    report.claim("margin FedAUX - FedAvg+P >= 20 points at alpha=0.01", "71.2 - 32.1 = 39.1",
-                 f"{gain:.1f} (sharp scores)", gain >= 20.0,
-                 "bounded here by distillation on 1.4k digits28 images: see the oracle row")
+    report.claim(
+        "margin FedAUX - FedAvg+P >= 20 points at alpha=0.01",
+        "71.2 - 32.1 = 39.1",
+        f"{gain:.1f} (sharp scores)",
+        gain >= 20.0,
+        "bounded here by distillation on 1.4k digits28 images: see the oracle row",
+    )
     gap = report.mean("FedAUX, alpha=100") - report.mean("FedAvg+P, alpha=100")
-    report.claim("alpha=100: FedAUX within 1 point of FedAvg+P", "89.0 vs 89.5", f"{gap:+.1f} points",
-                 abs(gap) <= 1.0)
+    report.claim(
+        "alpha=100: FedAUX within 1 point of FedAvg+P",
+        "89.0 vs 89.5",
+        f"{gap:+.1f} points",
+        abs(gap) <= 1.0,
+    )
     privacy_arithmetic(report)
     rc.emit(report, args)
 
@@ -186,22 +247,26 @@ def privacy_arithmetic(report: rc.Report) -> None:
     thm = 2.0 / (lam * (n_i + n_neg))
     s_eq10 = calibrate_gaussian(eps, delta, 2.0 / (lam * (n_i + n_aux)), method="classic").sigma
     s_thm = calibrate_gaussian(eps, delta, thm, method="classic").sigma
-    report.arithmetic("Eq. 10 calibrates sigma with |D_i|+|D_aux| where Thm 1 needs |D_i|+|D^-| "
-                      f"(|D_i|={n_i}, |D_aux|={n_aux}, |D^-|={n_neg})",
-                      f"epsilon {eps} (sigma {s_eq10:.4g})",
-                      f"epsilon {gaussian_epsilon(s_eq10, delta, thm, method='analytic'):.3g} at that sigma; "
-                      f"sigma must be {s_thm / s_eq10:.2f}x larger for {eps}",
-                      "privkit uses |D_i|+|D^-| (Alg. 1, Thm 1)")
+    report.arithmetic(
+        "Eq. 10 calibrates sigma with |D_i|+|D_aux| where Thm 1 needs |D_i|+|D^-| "
+        f"(|D_i|={n_i}, |D_aux|={n_aux}, |D^-|={n_neg})",
+        f"epsilon {eps} (sigma {s_eq10:.4g})",
+        f"epsilon {gaussian_epsilon(s_eq10, delta, thm, method='analytic'):.3g} at that sigma; "
+        f"sigma must be {s_thm / s_eq10:.2f}x larger for {eps}",
+        "privkit uses |D_i|+|D^-| (Alg. 1, Thm 1)",
+    )
     lam_code, n = 0.01, n_i + n_neg
-    sens_code = 2.0 / (n * lam_code)        # what fl_devices.py calibrates to
-    sens_true = 2.0 / lam_code              # LogisticRegression(C=1/lam) minimises J at lambda/N
+    sens_code = 2.0 / (n * lam_code)  # what fl_devices.py calibrates to
+    sens_true = 2.0 / lam_code  # LogisticRegression(C=1/lam) minimises J at lambda/N
     s_code = calibrate_gaussian(eps, delta, sens_code, method="classic").sigma
-    report.arithmetic("official code: LogisticRegression(C=1/lambda) solves the paper's objective at "
-                      f"lambda/N (N={n}), whose sensitivity is 2/lambda, but adds noise for 2/(N lambda)",
-                      f"epsilon {eps} (sigma {s_code:.4g}, lambda {lam_code})",
-                      f"epsilon {gaussian_epsilon(s_code, delta, sens_true, method='analytic'):.4g} at that "
-                      f"sigma (noise {n}x too small)",
-                      "privkit solves J with lambda exactly (L-BFGS) and calibrates to 2/(lambda n)")
+    report.arithmetic(
+        "official code: LogisticRegression(C=1/lambda) solves the paper's objective at "
+        f"lambda/N (N={n}), whose sensitivity is 2/lambda, but adds noise for 2/(N lambda)",
+        f"epsilon {eps} (sigma {s_code:.4g}, lambda {lam_code})",
+        f"epsilon {gaussian_epsilon(s_code, delta, sens_true, method='analytic'):.4g} at that "
+        f"sigma (noise {n}x too small)",
+        "privkit solves J with lambda exactly (L-BFGS) and calibrates to 2/(lambda n)",
+    )
 
 
 if __name__ == "__main__":

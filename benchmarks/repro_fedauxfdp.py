@@ -78,17 +78,34 @@ from privkit.trainers import train
 # (trainer, label, config overrides). The last row is a diagnostic, not a paper baseline: FedD+P
 # with the heads' probabilities averaged instead of their logits (FedAUXfdp's Eq. 1 averages
 # probabilities), so the table separates what the scores add from what probability averaging adds.
-METHODS = [("fedavg-dphead", "FedAvg+P", {}), ("fedd-dphead", "FedD+P", {}), ("fedauxfdp", "FedAUXfdp", {}),
-           ("fedd-dphead", "FedD+P[prob]", {"ensemble": "probabilities"})]
+METHODS = [
+    ("fedavg-dphead", "FedAvg+P", {}),
+    ("fedd-dphead", "FedD+P", {}),
+    ("fedauxfdp", "FedAUXfdp", {}),
+    ("fedd-dphead", "FedD+P[prob]", {"ensemble": "probabilities"}),
+]
 BASELINES = ("FedAvg+P", "FedD+P")
 ALPHAS = (0.01, 10.24)
-PAPER_N_CLASS, PAPER_EPS_CLASS = 2500, 0.5          # CIFAR-10 / 20 clients, Table 2
+PAPER_N_CLASS, PAPER_EPS_CLASS = 2500, 0.5  # CIFAR-10 / 20 clients, Table 2
 PAPER_N_SCORE, PAPER_EPS_SCORE = 2500 + 20000, 0.1  # |D_i| + |D^-| (STL-10 100k, 20 %)
 
-BASE = {"arch": "cnn", "width": 16, "feature_dim": 128, "pretrain_data": "all", "pretrain_epochs": 60,
-        "class_lambda": 0.1, "score_lambda": 0.01, "class_delta": 1e-5, "score_delta": 1e-5,
-        "calibration": "classic", "sensitivity_bound": "paper", "student_epochs": 10,
-        "student_lr": 1e-2, "student_freeze": True, "keep_client_models": False}
+BASE = {
+    "arch": "cnn",
+    "width": 16,
+    "feature_dim": 128,
+    "pretrain_data": "all",
+    "pretrain_epochs": 60,
+    "class_lambda": 0.1,
+    "score_lambda": 0.01,
+    "class_delta": 1e-5,
+    "score_delta": 1e-5,
+    "calibration": "classic",
+    "sensitivity_bound": "paper",
+    "student_epochs": 10,
+    "student_lr": 1e-2,
+    "student_freeze": True,
+    "keep_client_models": False,
+}
 
 
 def scaled_epsilons(fed) -> tuple[float, float, dict]:
@@ -107,29 +124,37 @@ def score_weight_on_holders(fed, scores: np.ndarray) -> tuple[float, float]:
     held = np.zeros((fed.num_clients, fed.num_classes), bool)
     for i in range(fed.num_clients):
         held[i, np.unique(fed.private.y[fed.clients[i]])] = True
-    holders = held[:, y]                              # (clients, n_distill)
+    holders = held[:, y]  # (clients, n_distill)
     w = scores / scores.sum(0, keepdims=True)
     return float((w * holders).sum(0).mean()), float(holders.mean(0).mean())
 
 
-PAPER = {0.01: {"FedAvg+P": 46.0, "FedD+P": 41.8, "FedAUXfdp": 75.2},   # Table 2, ShuffleNet
-         10.24: {"FedAvg+P": 74.1, "FedD+P": 72.3, "FedAUXfdp": 71.7}}
+PAPER = {
+    0.01: {"FedAvg+P": 46.0, "FedD+P": 41.8, "FedAUXfdp": 75.2},  # Table 2, ShuffleNet
+    10.24: {"FedAvg+P": 74.1, "FedD+P": 72.3, "FedAUXfdp": 71.7},
+}
 
 
 def main(argv=None) -> None:
     ap = rc.parser(__doc__, seeds=3)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    report = rc.Report("repro_fedauxfdp", "Hoech et al., FedAUXfdp, Table 2 (one-shot, 20 clients)",
-                       {**BASE, "alphas": list(ALPHAS), "seeds": args.seeds})
+    report = rc.Report(
+        "repro_fedauxfdp",
+        "Hoech et al., FedAUXfdp, Table 2 (one-shot, 20 clients)",
+        {**BASE, "alphas": list(ALPHAS), "seeds": args.seeds},
+    )
     results: dict[tuple[float, str], list[float]] = {}
     conc: dict[float, list[tuple[float, float]]] = {}
     eps_ledger: dict[str, list[float]] = {}
     scaling = None
     for seed in range(args.seeds):
         for alpha in ALPHAS:
-            fed = build_federation(FederationConfig(dataset="mnist5k", public_dataset="digits28",
-                                                    clients=20, alpha=alpha, seed=seed))
+            fed = build_federation(
+                FederationConfig(
+                    dataset="mnist5k", public_dataset="digits28", clients=20, alpha=alpha, seed=seed
+                )
+            )
             eps_c, eps_s, info = scaled_epsilons(fed)
             scaling = scaling or {**info, "eps_class": eps_c, "eps_score": eps_s}
             cfg = {**BASE, "class_epsilon": eps_c, "score_epsilon": eps_s}
@@ -138,7 +163,9 @@ def main(argv=None) -> None:
                 results.setdefault((alpha, label), []).append(res.test_accuracy)
                 eps_ledger.setdefault(label, []).append(res.ledger.epsilon(2e-5))
                 if "scores" in res.artifacts:
-                    conc.setdefault(alpha, []).append(score_weight_on_holders(fed, res.artifacts["scores"]))
+                    conc.setdefault(alpha, []).append(
+                        score_weight_on_holders(fed, res.artifacts["scores"])
+                    )
                 rc.log(args, f"seed {seed} alpha {alpha} {label}: {res.test_accuracy:.3f}")
     report.setting["epsilon_scaling"] = scaling
     for (alpha, label), v in results.items():
@@ -150,22 +177,44 @@ def main(argv=None) -> None:
     for alpha in ALPHAS:
         for base in BASELINES:
             if alpha == 0.01:
-                report.order_claim(f"FedAUXfdp, alpha={alpha:g}", f"{base}, alpha={alpha:g}",
-                                   PAPER[alpha]["FedAUXfdp"], PAPER[alpha][base])
+                report.order_claim(
+                    f"FedAUXfdp, alpha={alpha:g}",
+                    f"{base}, alpha={alpha:g}",
+                    PAPER[alpha]["FedAUXfdp"],
+                    PAPER[alpha][base],
+                )
             else:
-                report.order_claim(f"{base}, alpha={alpha:g}", f"FedAUXfdp, alpha={alpha:g}",
-                                   PAPER[alpha][base], PAPER[alpha]["FedAUXfdp"],
-                                   note="the baselines catch up and overtake FedAUXfdp at low heterogeneity")
-    gap = report.mean("FedAUXfdp, alpha=0.01") - max(report.mean(f"{b}, alpha=0.01") for b in BASELINES)
-    report.claim("FedAUXfdp's margin at alpha=0.01 >= 20 points", "75.2 - 46.0 = 29.2", f"{gap:.1f}", gap >= 20)
+                report.order_claim(
+                    f"{base}, alpha={alpha:g}",
+                    f"FedAUXfdp, alpha={alpha:g}",
+                    PAPER[alpha][base],
+                    PAPER[alpha]["FedAUXfdp"],
+                    note="the baselines catch up and overtake FedAUXfdp at low heterogeneity",
+                )
+    gap = report.mean("FedAUXfdp, alpha=0.01") - max(
+        report.mean(f"{b}, alpha=0.01") for b in BASELINES
+    )
+    report.claim(
+        "FedAUXfdp's margin at alpha=0.01 >= 20 points",
+        "75.2 - 46.0 = 29.2",
+        f"{gap:.1f}",
+        gap >= 20,
+    )
     d = report.mean("FedD+P, alpha=0.01") - report.mean("FedAvg+P, alpha=0.01")
-    report.claim("FedD+P within a few points of FedAvg+P (distilled mean head)", "41.8 vs 46.0",
-                 f"{d:+.1f} points", abs(d) <= 5.0)
+    report.claim(
+        "FedD+P within a few points of FedAvg+P (distilled mean head)",
+        "41.8 vs 46.0",
+        f"{d:+.1f} points",
+        abs(d) <= 5.0,
+    )
     worst = max(eps_ledger["FedAUXfdp"])
-    report.arithmetic("the embedded run's budget", f"eps_c + eps_s = {scaling['eps_class'] + scaling['eps_score']:.2f} "
-                      "(basic composition, classic calibration at the scaled epsilons)",
-                      f"ledger epsilon (best accountant, delta 2e-5): {worst:.3f} (worst client, FedAUXfdp)",
-                      "the classic formula is outside its stated range at epsilon >= 1")
+    report.arithmetic(
+        "the embedded run's budget",
+        f"eps_c + eps_s = {scaling['eps_class'] + scaling['eps_score']:.2f} "
+        "(basic composition, classic calibration at the scaled epsilons)",
+        f"ledger epsilon (best accountant, delta 2e-5): {worst:.3f} (worst client, FedAUXfdp)",
+        "the classic formula is outside its stated range at epsilon >= 1",
+    )
     privacy_arithmetic(report)
     rc.emit(report, args)
 
@@ -177,25 +226,33 @@ def privacy_arithmetic(report: rc.Report) -> None:
 
     from accountants import analytic_gaussian_delta, calibrate_gaussian, gaussian_epsilon
 
-    z_c = calibrate_gaussian(0.5, 1e-5, 1.0, method="classic").sigma   # noise multipliers (sigma / sensitivity)
+    z_c = calibrate_gaussian(
+        0.5, 1e-5, 1.0, method="classic"
+    ).sigma  # noise multipliers (sigma / sensitivity)
     z_s = calibrate_gaussian(0.1, 1e-5, 1.0, method="classic").sigma
-    z = 1.0 / math.sqrt(1.0 / z_c ** 2 + 1.0 / z_s ** 2)  # two Gaussians compose into one (exactly)
-    report.arithmetic("cumulative loss of the class head (0.5, 1e-5) and the scores (0.1, 1e-5), classic",
-                      "(0.6, 2e-5) by basic composition (Sec. 4.3)",
-                      f"({gaussian_epsilon(z, 2e-5, 1.0, method='analytic'):.3f}, 2e-5) exact: the two Gaussian "
-                      f"releases (noise multipliers {z_c:.3g}, {z_s:.3g}) are one Gaussian of multiplier {z:.3g}",
-                      "basic composition is sound but loose; privkit's ledger composes exactly (PLD/RDP)")
+    z = 1.0 / math.sqrt(1.0 / z_c**2 + 1.0 / z_s**2)  # two Gaussians compose into one (exactly)
+    report.arithmetic(
+        "cumulative loss of the class head (0.5, 1e-5) and the scores (0.1, 1e-5), classic",
+        "(0.6, 2e-5) by basic composition (Sec. 4.3)",
+        f"({gaussian_epsilon(z, 2e-5, 1.0, method='analytic'):.3f}, 2e-5) exact: the two Gaussian "
+        f"releases (noise multipliers {z_c:.3g}, {z_s:.3g}) are one Gaussian of multiplier {z:.3g}",
+        "basic composition is sound but loose; privkit's ledger composes exactly (PLD/RDP)",
+    )
     z1 = calibrate_gaussian(1.0, 1e-5, 1.0, method="classic").sigma
-    report.arithmetic("class epsilon 1.0 (Table 3 / Fig. 2) with the classic formula",
-                      "(1.0, 1e-5): classic Gaussian, stated for epsilon < 1",
-                      f"exact delta at epsilon 1 for multiplier {z1:.3g}: {analytic_gaussian_delta(z1, 1.0, 1.0):.2g} "
-                      "<= 1e-5: the claim holds, its justification does not",
-                      "privkit's default calibration is analytic (Balle & Wang 2018)")
-    report.arithmetic("Theorem 1's class-head sensitivity 2 sqrt(C)/(lambda n)",
-                      "2 sqrt(10)/(lambda n) for C = 10",
-                      f"2 sqrt(2)/(lambda n) for every C (proof in privkit.trainers.heads): "
-                      f"{math.sqrt(10 / 2):.2f}x less noise at C = 10",
-                      "choosing C from a client's own labels ('fewer classes, less noise') is data-dependent")
+    report.arithmetic(
+        "class epsilon 1.0 (Table 3 / Fig. 2) with the classic formula",
+        "(1.0, 1e-5): classic Gaussian, stated for epsilon < 1",
+        f"exact delta at epsilon 1 for multiplier {z1:.3g}: {analytic_gaussian_delta(z1, 1.0, 1.0):.2g} "
+        "<= 1e-5: the claim holds, its justification does not",
+        "privkit's default calibration is analytic (Balle & Wang 2018)",
+    )
+    report.arithmetic(
+        "Theorem 1's class-head sensitivity 2 sqrt(C)/(lambda n)",
+        "2 sqrt(10)/(lambda n) for C = 10",
+        f"2 sqrt(2)/(lambda n) for every C (proof in privkit.trainers.heads): "
+        f"{math.sqrt(10 / 2):.2f}x less noise at C = 10",
+        "choosing C from a client's own labels ('fewer classes, less noise') is data-dependent",
+    )
 
 
 if __name__ == "__main__":

@@ -49,13 +49,26 @@ from privkit.trainers import train
 from privkit.trainers.common import accuracy, train_supervised
 from privkit.trainers.fedmd import nfdp_claim
 
-BASE = {"arch": "mlp", "feature_dim": 128, "knowledge": "argmax", "device": "cpu", "labels": "disjoint",
-        "init_epochs": 20, "digest_epochs": 2, "revisit_epochs": 1, "revisit_batch_size": 5,
-        "pretrain_epochs": 20}
+BASE = {
+    "arch": "mlp",
+    "feature_dim": 128,
+    "knowledge": "argmax",
+    "device": "cpu",
+    "labels": "disjoint",
+    "init_epochs": 20,
+    "digest_epochs": 2,
+    "revisit_epochs": 1,
+    "revisit_batch_size": 5,
+    "pretrain_epochs": 20,
+}
 PRIVATE = [5, 6, 7, 8, 9]
 # Table 2, FEMNIST (n = 2880): k -> (epsilon as printed, delta, accuracy %)
-PAPER = {16: (0.0027, 0.0062, 80.64), 60: (0.0090, 0.0206, 88.06), 300: (0.0452, 0.0989, 93.56),
-         2880: (0.4342, 0.6321, 96.63)}
+PAPER = {
+    16: (0.0027, 0.0062, 80.64),
+    60: (0.0090, 0.0206, 88.06),
+    300: (0.0452, 0.0989, 93.56),
+    2880: (0.4342, 0.6321, 96.63),
+}
 PAPER_NP, PAPER_CENTRAL = 96.15, 98.00
 
 
@@ -67,8 +80,16 @@ def centralized(fed, seed: int) -> float:
     kt = np.isin(yt, PRIVATE)
     torch.manual_seed(seed)
     model = build_model("mlp", fed.input_shape, fed.num_classes, feature_dim=128)
-    train_supervised(model, x[keep], y[keep], epochs=20, batch_size=32, lr=1e-3,
-                     device=torch.device("cpu"), seed=seed)
+    train_supervised(
+        model,
+        x[keep],
+        y[keep],
+        epochs=20,
+        batch_size=32,
+        lr=1e-3,
+        device=torch.device("cpu"),
+        seed=seed,
+    )
     return accuracy(model, xt[kt], yt[kt], torch.device("cpu"))
 
 
@@ -78,16 +99,29 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=10)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    fed = build_federation(FederationConfig(dataset="mnist5k", public_dataset="digits28", clients=10,
-                                            partition="iid", seed=0))
+    fed = build_federation(
+        FederationConfig(
+            dataset="mnist5k", public_dataset="digits28", clients=10, partition="iid", seed=0
+        )
+    )
     sizes = [int(np.isin(fed.client_arrays(i)[1], PRIVATE).sum()) for i in range(fed.num_clients)]
     n = min(sizes)
     ks = [int(k) or n for k in args.ks.split(",")]
     base = {**BASE, "rounds": args.rounds}
-    report = rc.Report("repro_fedmd_nfdp", "Sun & Lyu, FedMD-NFDP, Table 2 (FEMNIST row; 10 IID parties)",
-                       {**base, "parties": fed.num_clients, "n_min": n, "n_per_party": sizes,
-                        "public_classes": [0, 1, 2, 3, 4], "private_classes": PRIVATE, "ks": ks,
-                        "seeds": args.seeds})
+    report = rc.Report(
+        "repro_fedmd_nfdp",
+        "Sun & Lyu, FedMD-NFDP, Table 2 (FEMNIST row; 10 IID parties)",
+        {
+            **base,
+            "parties": fed.num_clients,
+            "n_min": n,
+            "n_per_party": sizes,
+            "public_classes": [0, 1, 2, 3, 4],
+            "private_classes": PRIVATE,
+            "ks": ks,
+            "seeds": args.seeds,
+        },
+    )
     acc: dict[str, list[float]] = {}
     chance = None
     for seed in range(args.seeds):
@@ -104,7 +138,10 @@ def main(argv=None) -> None:
         acc.setdefault("central", []).append(centralized(fed, seed))
         res = train("fedmd-np", fed, {**base, "rounds": 0}, seed=seed)
         acc.setdefault("local", []).append(float(np.mean(res.client_accuracy)))
-        rc.log(args, f"seed {seed} NP {acc['np'][-1]:.3f} LDP {acc['ldp'][-1]:.3f} central {acc['central'][-1]:.3f}")
+        rc.log(
+            args,
+            f"seed {seed} NP {acc['np'][-1]:.3f} LDP {acc['ldp'][-1]:.3f} central {acc['central'][-1]:.3f}",
+        )
 
     report.row("Centralized (pooled private-class records)", acc["central"], PAPER_CENTRAL)
     report.row("FedMD-NP", acc["np"], PAPER_NP)
@@ -112,50 +149,88 @@ def main(argv=None) -> None:
     for k in ks:
         c = nfdp_claim(n, k, True)
         paper_k = {3: None, 16: 16}.get(k) if k != n else 2880
-        report.row(f"FedMD-NFDP k={k}", acc[f"k={k}"], PAPER[paper_k][2] if paper_k else None, k=k,
-                   epsilon_ln=c["epsilon"], epsilon_table2_log10=c["epsilon_table2_log10"], delta=c["delta"],
-                   one_over_n=1.0 / n)
+        report.row(
+            f"FedMD-NFDP k={k}",
+            acc[f"k={k}"],
+            PAPER[paper_k][2] if paper_k else None,
+            k=k,
+            epsilon_ln=c["epsilon"],
+            epsilon_table2_log10=c["epsilon_table2_log10"],
+            delta=c["delta"],
+            one_over_n=1.0 / n,
+        )
     report.row("FedMD-LDP at NFDP k=16's budget", acc["ldp"], None, noise_std=ldp_sigma)
     nfdp = [report.mean(f"FedMD-NFDP k={k}") for k in ks]
-    report.claim("accuracy rises with k", "80.6 < 88.1 < 93.6 < 96.6 (k = 16, 60, 300, 2880)",
-                 " < ".join(f"{a:.1f}" for a in nfdp) + f" (k = {', '.join(map(str, ks))})",
-                 all(b > a for a, b in pairwise(nfdp)))
+    report.claim(
+        "accuracy rises with k",
+        "80.6 < 88.1 < 93.6 < 96.6 (k = 16, 60, 300, 2880)",
+        " < ".join(f"{a:.1f}" for a in nfdp) + f" (k = {', '.join(map(str, ks))})",
+        all(b > a for a, b in pairwise(nfdp)),
+    )
     gap = report.mean(f"FedMD-NFDP k={n}") - report.mean("FedMD-NP")
-    report.claim("NFDP at k = n matches FedMD-NP", "96.63 vs 96.15", f"{gap:+.1f} points", abs(gap) <= 3.0)
+    report.claim(
+        "NFDP at k = n matches FedMD-NP", "96.63 vs 96.15", f"{gap:+.1f} points", abs(gap) <= 3.0
+    )
     k16 = report.mean("FedMD-NFDP k=16") if 16 in ks else float("nan")
-    report.claim("k = 16 already well above chance", "80.64 (chance 16.7)",
-                 f"{k16:.1f} (chance {100 * chance:.1f})", k16 >= 2 * 100 * chance)
+    report.claim(
+        "k = 16 already well above chance",
+        "80.64 (chance 16.7)",
+        f"{k16:.1f} (chance {100 * chance:.1f})",
+        k16 >= 2 * 100 * chance,
+    )
     ldp = report.mean("FedMD-LDP at NFDP k=16's budget")
-    report.claim("FedMD-LDP at the same budget is near chance", "'close to random guess' (no number)",
-                 f"{ldp:.1f} (chance {100 * chance:.1f}; noise std {ldp_sigma:.3g} per coordinate)",
-                 ldp <= 100 * chance + 0.1 * (100 - 100 * chance),
-                 "the party models train on their own records without noise; only the shared "
-                 f"predictions are noised, so a party keeps its local accuracy "
-                 f"({report.mean('local training only (FedMD-NP, 0 rounds)'):.1f} with no collaboration)")
+    report.claim(
+        "FedMD-LDP at the same budget is near chance",
+        "'close to random guess' (no number)",
+        f"{ldp:.1f} (chance {100 * chance:.1f}; noise std {ldp_sigma:.3g} per coordinate)",
+        ldp <= 100 * chance + 0.1 * (100 - 100 * chance),
+        "the party models train on their own records without noise; only the shared "
+        f"predictions are noised, so a party keeps its local accuracy "
+        f"({report.mean('local training only (FedMD-NP, 0 rounds)'):.1f} with no collaboration)",
+    )
     privacy_arithmetic(report, n)
     rc.emit(report, args)
 
 
 def privacy_arithmetic(report: rc.Report, n_here: int) -> None:
     """Table 2's log10 for ln, the k = 16 rows, and delta >= 1/n."""
-    for name, n, rows in (("FEMNIST", 2880, PAPER), ("CIFAR", 300, {16: (0.0260, 0.0583), 60: (0.0867, 0.1815),
-                                                                     120: (0.1734, 0.3301), 300: (0.4336, 0.6327)})):
+    for name, n, rows in (
+        ("FEMNIST", 2880, PAPER),
+        (
+            "CIFAR",
+            300,
+            {
+                16: (0.0260, 0.0583),
+                60: (0.0867, 0.1815),
+                120: (0.1734, 0.3301),
+                300: (0.4336, 0.6327),
+            },
+        ),
+    ):
         for k, vals in rows.items():
             c = nfdp_claim(n, k, True)
             report.arithmetic(
-                f"Table 2 {name} k={k} (n={n})", f"epsilon {vals[0]}, delta {vals[1]}",
+                f"Table 2 {name} k={k} (n={n})",
+                f"epsilon {vals[0]}, delta {vals[1]}",
                 f"epsilon {c['epsilon']:.4g} (ln; log10 gives {c['epsilon_table2_log10']:.4g}), "
                 f"delta {c['delta']:.4g} >= 1/n = {1 / n:.3g}",
                 "Theorem 2 uses ln: Table 2's epsilons are ln 10 = 2.303x too small"
-                + ("; the printed k=16 row fits n ~ 2560 (or k = 18), not n = 2880"
-                   if name == "FEMNIST" and k == 16 else
-                   "; the printed k=16 row fits n = 267 (or k = 18), not n = 300" if k == 16 else ""))
+                + (
+                    "; the printed k=16 row fits n ~ 2560 (or k = 18), not n = 2880"
+                    if name == "FEMNIST" and k == 16
+                    else "; the printed k=16 row fits n = 267 (or k = 18), not n = 300"
+                    if k == 16
+                    else ""
+                ),
+            )
     c = nfdp_claim(n_here, 16, True)
-    report.arithmetic("NFDP's guarantee is (0, delta) with delta ~ k/n (exact profile, accountants.nfdp)",
-                      "small epsilon reported as the privacy cost",
-                      f"here k=16, n={n_here}: epsilon buys nothing; delta {c['delta']:.3g} "
-                      f"(>= 1/n = {1 / n_here:.3g}): each sampled record may be released in the clear",
-                      "privkit accounts the subset release as (0, delta) and warns on delta >= 1/n")
+    report.arithmetic(
+        "NFDP's guarantee is (0, delta) with delta ~ k/n (exact profile, accountants.nfdp)",
+        "small epsilon reported as the privacy cost",
+        f"here k=16, n={n_here}: epsilon buys nothing; delta {c['delta']:.3g} "
+        f"(>= 1/n = {1 / n_here:.3g}): each sampled record may be released in the clear",
+        "privkit accounts the subset release as (0, delta) and warns on delta >= 1/n",
+    )
 
 
 if __name__ == "__main__":

@@ -51,9 +51,17 @@ CASES = {
 
 
 def _recipes(batch_size: int) -> dict[str, SGDRecipe]:
-    return {"dpsgd": SGDRecipe(epochs=1, batch_size=batch_size, lr=0.5, clip=1.0, noise_multiplier=1.0,
-                               sampling="poisson"),
-            "sgd": SGDRecipe(epochs=1, batch_size=batch_size, lr=0.1)}
+    return {
+        "dpsgd": SGDRecipe(
+            epochs=1,
+            batch_size=batch_size,
+            lr=0.5,
+            clip=1.0,
+            noise_multiplier=1.0,
+            sampling="poisson",
+        ),
+        "sgd": SGDRecipe(epochs=1, batch_size=batch_size, lr=0.1),
+    }
 
 
 def _time(fn) -> tuple[float, float]:
@@ -69,12 +77,19 @@ def _opacus_one(spec: dict, x: np.ndarray, y: np.ndarray, recipe: SGDRecipe, see
     from torch.utils.data import DataLoader, TensorDataset
 
     model = _init(spec, seed)
-    loader = DataLoader(TensorDataset(torch.as_tensor(x), torch.as_tensor(y)), batch_size=recipe.batch_size)
+    loader = DataLoader(
+        TensorDataset(torch.as_tensor(x), torch.as_tensor(y)), batch_size=recipe.batch_size
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         private, opt, dp_loader = PrivacyEngine().make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=recipe.lr), data_loader=loader,
-            noise_multiplier=recipe.noise_multiplier, max_grad_norm=recipe.clip, poisson_sampling=True)
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=recipe.lr),
+            data_loader=loader,
+            noise_multiplier=recipe.noise_multiplier,
+            max_grad_norm=recipe.clip,
+            poisson_sampling=True,
+        )
         for _ in range(recipe.epochs):
             for xb, yb in dp_loader:
                 opt.zero_grad()
@@ -100,11 +115,23 @@ def _median_ratio(a: list, b: list, i: int) -> float:
     return statistics.median(u[i] / v[i] for u, v in zip(a, b))
 
 
-def bench(case: str, recipe: SGDRecipe, m: int, repeats: int, device: str, loop_device: str,
-          peers: bool = True) -> dict:
+def bench(
+    case: str,
+    recipe: SGDRecipe,
+    m: int,
+    repeats: int,
+    device: str,
+    loop_device: str,
+    peers: bool = True,
+) -> dict:
     arch, _, n_train = CASES[case]
     ds = load_dataset("mnist5k")
-    spec = model_spec(arch["arch"], ds.input_shape, ds.num_classes, **{k: v for k, v in arch.items() if k != "arch"})
+    spec = model_spec(
+        arch["arch"],
+        ds.input_shape,
+        ds.num_classes,
+        **{k: v for k, v in arch.items() if k != "arch"},
+    )
     rng = np.random.default_rng(0)
     indices = [rng.choice(len(ds.y), n_train, replace=False) for _ in range(m)]
     seeds = list(range(m))
@@ -118,8 +145,10 @@ def bench(case: str, recipe: SGDRecipe, m: int, repeats: int, device: str, loop_
     loop_sync = torch.cuda.synchronize if loop_device.startswith("cuda") else (lambda: None)
 
     def loop() -> None:
-        out["one"] = [train_one(spec, ds.x, ds.y, indices[j], recipe, seeds[j], device=loop_device)
-                      for j in range(m)]
+        out["one"] = [
+            train_one(spec, ds.x, ds.y, indices[j], recipe, seeds[j], device=loop_device)
+            for j in range(m)
+        ]
         loop_sync()
 
     def opacus() -> None:
@@ -140,27 +169,51 @@ def bench(case: str, recipe: SGDRecipe, m: int, repeats: int, device: str, loop_
         if dp:
             peers.append(_time(opacus))
             steps.append(_time(step_loop))
-    err = max((out["many"][j][k] - out["one"][j][k]).abs().max().item() for j in range(m) for k in out["one"][j])
+    err = max(
+        (out["many"][j][k] - out["one"][j][k]).abs().max().item()
+        for j in range(m)
+        for k in out["one"][j]
+    )
     wall = [a[0] / b[0] for a, b in zip(loops, vecs)]
-    res = {"models": m, "loop_s": statistics.median(a[0] for a in loops),
-           "vectorised_s": statistics.median(b[0] for b in vecs),
-           "speedup": statistics.median(wall), "speedup_min": min(wall), "speedup_max": max(wall),
-           "loop_cpu_s": statistics.median(a[1] for a in loops),
-           "vectorised_cpu_s": statistics.median(b[1] for b in vecs),
-           "speedup_cpu": _median_ratio(loops, vecs, 1),
-           "steps_per_model": recipe.steps(n_train), "records_per_model": n_train,
-           "recipe": {k: getattr(recipe, k) for k in ("epochs", "batch_size", "lr", "clip",
-                                                      "noise_multiplier", "sampling", "optimizer")},
-           "max_abs_weight_diff": err}
+    res = {
+        "models": m,
+        "loop_s": statistics.median(a[0] for a in loops),
+        "vectorised_s": statistics.median(b[0] for b in vecs),
+        "speedup": statistics.median(wall),
+        "speedup_min": min(wall),
+        "speedup_max": max(wall),
+        "loop_cpu_s": statistics.median(a[1] for a in loops),
+        "vectorised_cpu_s": statistics.median(b[1] for b in vecs),
+        "speedup_cpu": _median_ratio(loops, vecs, 1),
+        "steps_per_model": recipe.steps(n_train),
+        "records_per_model": n_train,
+        "recipe": {
+            k: getattr(recipe, k)
+            for k in (
+                "epochs",
+                "batch_size",
+                "lr",
+                "clip",
+                "noise_multiplier",
+                "sampling",
+                "optimizer",
+            )
+        },
+        "max_abs_weight_diff": err,
+    }
     if dp:
-        res.update({"opacus_loop_s": statistics.median(p[0] for p in peers),
-                    "opacus_loop_cpu_s": statistics.median(p[1] for p in peers),
-                    "speedup_vs_opacus": _median_ratio(peers, vecs, 0),
-                    "speedup_vs_opacus_cpu": _median_ratio(peers, vecs, 1),
-                    "dpsgd_step_loop_s": statistics.median(p[0] for p in steps),
-                    "dpsgd_step_loop_cpu_s": statistics.median(p[1] for p in steps),
-                    "speedup_vs_dpsgd_step": _median_ratio(steps, vecs, 0),
-                    "speedup_vs_dpsgd_step_cpu": _median_ratio(steps, vecs, 1)})
+        res.update(
+            {
+                "opacus_loop_s": statistics.median(p[0] for p in peers),
+                "opacus_loop_cpu_s": statistics.median(p[1] for p in peers),
+                "speedup_vs_opacus": _median_ratio(peers, vecs, 0),
+                "speedup_vs_opacus_cpu": _median_ratio(peers, vecs, 1),
+                "dpsgd_step_loop_s": statistics.median(p[0] for p in steps),
+                "dpsgd_step_loop_cpu_s": statistics.median(p[1] for p in steps),
+                "speedup_vs_dpsgd_step": _median_ratio(steps, vecs, 0),
+                "speedup_vs_dpsgd_step_cpu": _median_ratio(steps, vecs, 1),
+            }
+        )
     return res
 
 
@@ -170,9 +223,15 @@ def main() -> None:
     ap.add_argument("--models", type=int, default=16, help="M, models trained at once (default 16)")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default 3)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    ap.add_argument("--device", default="cpu", help="device of the batched path: cpu (default) or cuda")
-    ap.add_argument("--loop-device", default=None, help="device of the reference loop (default: --device); "
-                    "opacus' and DpSgdStep's loops run on the CPU")
+    ap.add_argument(
+        "--device", default="cpu", help="device of the batched path: cpu (default) or cuda"
+    )
+    ap.add_argument(
+        "--loop-device",
+        default=None,
+        help="device of the reference loop (default: --device); "
+        "opacus' and DpSgdStep's loops run on the CPU",
+    )
     ap.add_argument("--no-peers", action="store_true", help="skip the opacus and DpSgdStep loops")
     args = ap.parse_args()
     for name in ("models", "repeats", "threads"):
@@ -182,43 +241,69 @@ def main() -> None:
     for name in ("device", "loop_device"):
         value = getattr(args, name)
         if value != "cpu" and not (value.startswith("cuda") and torch.cuda.is_available()):
-            raise SystemExit(f"--{name.replace('_', '-')} must be cpu or an available cuda device; "
-                             f"found {value!r}")
+            raise SystemExit(
+                f"--{name.replace('_', '-')} must be cpu or an available cuda device; "
+                f"found {value!r}"
+            )
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()
-    by_case = {case: {name: bench(case, r, args.models, args.repeats, args.device, args.loop_device,
-                                  not args.no_peers)
-                      for name, r in _recipes(CASES[case][1]).items()} for case in CASES}
-    result = {**by_case["mlp"], "cnn": by_case["cnn"], "setup": {
-        "mlp": "privkit mlp 784-128-10, batch 32, 256 records per model, 1 epoch",
-        "cnn": "privkit cnn width 8, feature_dim 32 (the quickstart's dpsgd model), batch 128, "
-               "1024 records per model, 1 epoch",
-        "data": "mnist5k (1x28x28)", "device": args.device, "loop_device": args.loop_device,
-        "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
-        "torch_threads": args.threads,
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "cpu_count": os.cpu_count(),
-        "load_average_start": list(load_start), "load_average_end": list(os.getloadavg()),
-        "torch": torch.__version__, "repeats": args.repeats,
-        "loop": "train_one per model on loop_device (torch.func vmap per-example gradients)",
-        "vectorised": "train_many (stacked layers, per-layer clipping in chunks of examples)",
-        "opacus_loop": "opacus PrivacyEngine per model (DP-SGD only)",
-        "dpsgd_step_loop": "privkit DpSgdStep per model (DP-SGD only): Poisson batches, per-layer clipping "
-                           "by the batched path's code with M = 1"}}
+    by_case = {
+        case: {
+            name: bench(
+                case, r, args.models, args.repeats, args.device, args.loop_device, not args.no_peers
+            )
+            for name, r in _recipes(CASES[case][1]).items()
+        }
+        for case in CASES
+    }
+    result = {
+        **by_case["mlp"],
+        "cnn": by_case["cnn"],
+        "setup": {
+            "mlp": "privkit mlp 784-128-10, batch 32, 256 records per model, 1 epoch",
+            "cnn": "privkit cnn width 8, feature_dim 32 (the quickstart's dpsgd model), batch 128, "
+            "1024 records per model, 1 epoch",
+            "data": "mnist5k (1x28x28)",
+            "device": args.device,
+            "loop_device": args.loop_device,
+            "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+            "torch_threads": args.threads,
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "cpu_count": os.cpu_count(),
+            "load_average_start": list(load_start),
+            "load_average_end": list(os.getloadavg()),
+            "torch": torch.__version__,
+            "repeats": args.repeats,
+            "loop": "train_one per model on loop_device (torch.func vmap per-example gradients)",
+            "vectorised": "train_many (stacked layers, per-layer clipping in chunks of examples)",
+            "opacus_loop": "opacus PrivacyEngine per model (DP-SGD only)",
+            "dpsgd_step_loop": "privkit DpSgdStep per model (DP-SGD only): Poisson batches, per-layer clipping "
+            "by the batched path's code with M = 1",
+        },
+    }
     if args.json:
         print(json.dumps(result, indent=2))
         return
     s = result["setup"]
-    print(f"{args.models} models, torch threads {args.threads}, load average {s['load_average_start'][0]:.1f}"
-          f" -> {s['load_average_end'][0]:.1f}")
+    print(
+        f"{args.models} models, torch threads {args.threads}, load average {s['load_average_start'][0]:.1f}"
+        f" -> {s['load_average_end'][0]:.1f}"
+    )
     for case in CASES:
         print(s[case])
         for name, r in by_case[case].items():
-            peer = (f"  vs opacus loop {r['speedup_vs_opacus']:5.2f}x (CPU {r['speedup_vs_opacus_cpu']:.2f}x)"
-                    f"  vs DpSgdStep loop {r['speedup_vs_dpsgd_step']:5.2f}x (CPU "
-                    f"{r['speedup_vs_dpsgd_step_cpu']:.2f}x)" if "opacus_loop_s" in r else "")
-            print(f"  {name:6} loop {r['loop_s']:7.2f} s  batched {r['vectorised_s']:7.2f} s  speed-up "
-                  f"{r['speedup']:5.2f}x (CPU time {r['speedup_cpu']:5.2f}x){peer}  max |dw| "
-                  f"{r['max_abs_weight_diff']:.1e}")
+            peer = (
+                f"  vs opacus loop {r['speedup_vs_opacus']:5.2f}x (CPU {r['speedup_vs_opacus_cpu']:.2f}x)"
+                f"  vs DpSgdStep loop {r['speedup_vs_dpsgd_step']:5.2f}x (CPU "
+                f"{r['speedup_vs_dpsgd_step_cpu']:.2f}x)"
+                if "opacus_loop_s" in r
+                else ""
+            )
+            print(
+                f"  {name:6} loop {r['loop_s']:7.2f} s  batched {r['vectorised_s']:7.2f} s  speed-up "
+                f"{r['speedup']:5.2f}x (CPU time {r['speedup_cpu']:5.2f}x){peer}  max |dw| "
+                f"{r['max_abs_weight_diff']:.1e}"
+            )
 
 
 if __name__ == "__main__":

@@ -46,10 +46,38 @@ CASES: list[tuple[str, list[str], int]] = [
     ("help", ["--help"], 0),
     ("train --help", ["train", "--help"], 0),
     ("unknown option", ["train", "--bogus"], 2),
-    ("non-integer --steps", ["budget", "dpsgd", "--steps", "1.5", "--sample-rate", "0.01",
-                             "--noise-multiplier", "1", "--delta", "1e-5"], 2),
-    ("--delta out of range", ["budget", "dpsgd", "--steps", "10", "--sample-rate", "0.01",
-                              "--noise-multiplier", "1", "--delta", "1.5"], 2),
+    (
+        "non-integer --steps",
+        [
+            "budget",
+            "dpsgd",
+            "--steps",
+            "1.5",
+            "--sample-rate",
+            "0.01",
+            "--noise-multiplier",
+            "1",
+            "--delta",
+            "1e-5",
+        ],
+        2,
+    ),
+    (
+        "--delta out of range",
+        [
+            "budget",
+            "dpsgd",
+            "--steps",
+            "10",
+            "--sample-rate",
+            "0.01",
+            "--noise-multiplier",
+            "1",
+            "--delta",
+            "1.5",
+        ],
+        2,
+    ),
     ("bad trainer value", ["train", "dpsgd", "--set", "epochs=-1", "--out", "unused-run-dir"], 2),
     ("unknown trainer key", ["train", "dpsgd", "--set", "bogus=1", "--out", "unused-run-dir"], 2),
     ("train --list", ["train", "--list"], 0),
@@ -82,12 +110,20 @@ def _time(cmd: list[str], repeats: int, env: dict) -> tuple[float, int]:
 def _heavy_imports(cmd: list[str], env: dict) -> list[str]:
     """Top-level heavy packages imported by ``cmd`` (``-X importtime`` on the same interpreter)."""
     if Path(cmd[0]).name == "privkit":  # run the script's entry point under -X importtime
-        cmd = [sys.executable, "-X", "importtime", "-c",
-               "import sys; from privkit.cli import main; sys.argv[0] = 'privkit'; main()", *cmd[1:]]
+        cmd = [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-c",
+            "import sys; from privkit.cli import main; sys.argv[0] = 'privkit'; main()",
+            *cmd[1:],
+        ]
     else:
         cmd = [cmd[0], "-X", "importtime", *cmd[1:]]
     err = subprocess.run(cmd, capture_output=True, env=env, text=True).stderr
-    names = {line.split("|")[-1].strip() for line in err.splitlines() if line.startswith("import time:")}
+    names = {
+        line.split("|")[-1].strip() for line in err.splitlines() if line.startswith("import time:")
+    }
     return sorted(h for h in HEAVY if h in names)
 
 
@@ -108,22 +144,39 @@ def main() -> None:
         for name, argv, expected in CASES:
             argv = [str(bad_run) if a == BAD_RUN_CONFIG else a for a in argv]
             seconds, code = _time([*script, *argv], args.repeats, env)
-            rows.append({"case": name, "argv": argv, "seconds": round(seconds, 3), "exit_code": code,
-                         "expected_exit_code": expected,
-                         "ratio_to_import_everything": round(seconds / everything, 3),
-                         "heavy_imports": _heavy_imports([*script, *argv], env)})
-    out = {"repeats": args.repeats, "python_bare_seconds": round(bare, 3),
-           "import_everything_seconds": round(everything, 3), "import_everything": heavy_stmt,
-           "cases": rows}
+            rows.append(
+                {
+                    "case": name,
+                    "argv": argv,
+                    "seconds": round(seconds, 3),
+                    "exit_code": code,
+                    "expected_exit_code": expected,
+                    "ratio_to_import_everything": round(seconds / everything, 3),
+                    "heavy_imports": _heavy_imports([*script, *argv], env),
+                }
+            )
+    out = {
+        "repeats": args.repeats,
+        "python_bare_seconds": round(bare, 3),
+        "import_everything_seconds": round(everything, 3),
+        "import_everything": heavy_stmt,
+        "cases": rows,
+    }
     if args.json:
         print(json.dumps(out, indent=2))
         return
     print(f"median of {args.repeats}; bare python {bare:.2f} s; `{heavy_stmt}` {everything:.2f} s")
     print(f"{'case':22} {'seconds':>8} {'ratio':>6} {'exit':>5}  heavy imports")
     for r in rows:
-        flag = "" if r["exit_code"] == r["expected_exit_code"] else f" (expected {r['expected_exit_code']})"
-        print(f"{r['case']:22} {r['seconds']:8.2f} {r['ratio_to_import_everything']:6.2f} "
-              f"{r['exit_code']:>5}{flag}  {', '.join(r['heavy_imports']) or '-'}")
+        flag = (
+            ""
+            if r["exit_code"] == r["expected_exit_code"]
+            else f" (expected {r['expected_exit_code']})"
+        )
+        print(
+            f"{r['case']:22} {r['seconds']:8.2f} {r['ratio_to_import_everything']:6.2f} "
+            f"{r['exit_code']:>5}{flag}  {', '.join(r['heavy_imports']) or '-'}"
+        )
 
 
 if __name__ == "__main__":

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from privkit.errors import PrivkitError
-
 
 #: where a federated method runs: privkit's own in-process federation (default) or Flower's
 #: simulation engine (:mod:`privkit.flower.engine`)

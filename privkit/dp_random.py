@@ -70,16 +70,24 @@ class DpRandom:
         :attr:`device` (no host copy); ``mask`` and ``randperm`` still read ``source``.
     """
 
-    def __init__(self, source: torch.Generator | np.random.Generator,
-                 device: str | torch.device | None = None, normals=None):
+    def __init__(
+        self,
+        source: torch.Generator | np.random.Generator,
+        device: str | torch.device | None = None,
+        normals=None,
+    ):
         if not isinstance(source, (torch.Generator, np.random.Generator)):
-            raise TypeError(f"source must be a torch.Generator or numpy Generator; found {type(source).__name__}")
+            raise TypeError(
+                f"source must be a torch.Generator or numpy Generator; found {type(source).__name__}"
+            )
         self.source = source
         default = source.device if isinstance(source, torch.Generator) else "cpu"
         self.device = torch.device(default if device is None else device)
         if normals is not None and (self.seeded_torch or normals.device != self.device):
-            raise ValueError(f"normals must be a stream on {self.device} beside a secret source; found "
-                             f"{type(normals).__name__} on {getattr(normals, 'device', None)}")
+            raise ValueError(
+                f"normals must be a stream on {self.device} beside a secret source; found "
+                f"{type(normals).__name__} on {getattr(normals, 'device', None)}"
+            )
         self.normals = normals
 
     @classmethod
@@ -106,7 +114,9 @@ class DpRandom:
         """Whether draws are torch's own (a torch Generator behind this stream)."""
         return isinstance(self.source, torch.Generator)
 
-    def randn(self, *size: int, dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
+    def randn(
+        self, *size: int, dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Standard normals of shape ``size`` on :attr:`device` (into ``out`` when given)."""
         shape = tuple(size[0]) if len(size) == 1 and not isinstance(size[0], int) else size
         if self.seeded_torch:
@@ -118,7 +128,9 @@ class DpRandom:
             z = self.normals.normal(math.prod(shape), want).view(shape)
             return out.copy_(z) if out is not None else z
         # float64 where asked, else float32 normals cast to the narrower type (half, bfloat16)
-        z = torch.from_numpy(self.source.standard_normal(shape, dtype=_DTYPES.get(want, np.float32)))
+        z = torch.from_numpy(
+            self.source.standard_normal(shape, dtype=_DTYPES.get(want, np.float32))
+        )
         if out is not None:
             return out.copy_(z)
         return z.to(device=self.device, dtype=want)
@@ -130,10 +142,15 @@ class DpRandom:
 
         if self.seeded_torch:
             raise ValueError("bits() is for release mode; found a seeded torch Generator")
-        return WordBits(self.normals) if self.normals is not None else NumpyBits(self.source, self.device)
+        return (
+            WordBits(self.normals)
+            if self.normals is not None
+            else NumpyBits(self.source, self.device)
+        )
 
-    def gaussian_release(self, clean: torch.Tensor, std: float, *, sensitivity: float | None,
-                         dim: int | None = None) -> torch.Tensor:
+    def gaussian_release(
+        self, clean: torch.Tensor, std: float, *, sensitivity: float | None, dim: int | None = None
+    ) -> torch.Tensor:
         """``clean`` plus ``N(0, std^2)`` noise in each coordinate, ``clean``'s dtype and device.
 
         Seeded: ``clean + std * randn(...)``, as torch draws it.  Release mode: the grid release of

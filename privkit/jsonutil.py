@@ -43,4 +43,6 @@ def read_json(path: str | Path, what: str = "file") -> Any:
     try:
         return json.loads(p.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PrivkitError(f"{what} {p} is unreadable or corrupted: {' '.join(str(exc).split())}") from None
+        raise PrivkitError(
+            f"{what} {p} is unreadable or corrupted: {' '.join(str(exc).split())}"
+        ) from None

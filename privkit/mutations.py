@@ -31,7 +31,15 @@ from typing import Any
 
 from privkit.errors import PrivkitError
 
-__all__ = ["CORRECT", "MUTATIONS", "Mutation", "active", "for_federation", "mutate_ledger", "mutated"]
+__all__ = [
+    "CORRECT",
+    "MUTATIONS",
+    "Mutation",
+    "active",
+    "for_federation",
+    "mutate_ledger",
+    "mutated",
+]
 
 
 @dataclass(frozen=True)
@@ -54,29 +62,39 @@ class Mutation:
         return self.ledger_steps_factor != 1.0 or self.ledger_rate_factor != 1.0
 
     def describe(self) -> str:
-        return {"correct": "the correct mechanism",
-                "noise x1/2": "half the noise the ledger accounts for",
-                "noise x1/N": "the noise divided by the number of clients",
-                "clipping off": "per-record clipping / the sensitivity bound switched off (noise unchanged)",
-                "ledger steps x1/2": "the ledger records half of the steps or rounds",
-                "ledger rate x1/2": "the ledger's sampling rate is half of the real one"}.get(self.name, self.name)
+        return {
+            "correct": "the correct mechanism",
+            "noise x1/2": "half the noise the ledger accounts for",
+            "noise x1/N": "the noise divided by the number of clients",
+            "clipping off": "per-record clipping / the sensitivity bound switched off (noise unchanged)",
+            "ledger steps x1/2": "the ledger records half of the steps or rounds",
+            "ledger rate x1/2": "the ledger's sampling rate is half of the real one",
+        }.get(self.name, self.name)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "noise_factor": self.noise_factor, "clipping": self.clipping,
-                "ledger_steps_factor": self.ledger_steps_factor, "ledger_rate_factor": self.ledger_rate_factor,
-                "description": self.describe()}
+        return {
+            "name": self.name,
+            "noise_factor": self.noise_factor,
+            "clipping": self.clipping,
+            "ledger_steps_factor": self.ledger_steps_factor,
+            "ledger_rate_factor": self.ledger_rate_factor,
+            "description": self.describe(),
+        }
 
 
 CORRECT = Mutation()
 """No bug: the mechanisms as implemented."""
-MUTATIONS: dict[str, Mutation] = {m.name: m for m in (
-    CORRECT,
-    Mutation("noise x1/2", noise_factor=0.5),
-    Mutation("noise x1/N", per_client_noise=True),
-    Mutation("clipping off", clipping=False),
-    Mutation("ledger steps x1/2", ledger_steps_factor=0.5),
-    Mutation("ledger rate x1/2", ledger_rate_factor=0.5),
-)}
+MUTATIONS: dict[str, Mutation] = {
+    m.name: m
+    for m in (
+        CORRECT,
+        Mutation("noise x1/2", noise_factor=0.5),
+        Mutation("noise x1/N", per_client_noise=True),
+        Mutation("clipping off", clipping=False),
+        Mutation("ledger steps x1/2", ledger_steps_factor=0.5),
+        Mutation("ledger rate x1/2", ledger_rate_factor=0.5),
+    )
+}
 """The bugs privkit audits itself with, by name (``privkit audit --mutation NAME``)."""
 
 _ACTIVE: ContextVar[Mutation] = ContextVar("privkit_mutation", default=CORRECT)
@@ -124,8 +142,13 @@ def mutate_ledger(ledger, mutation: Mutation):
     out.adaptive = ledger.adaptive
     for client in ledger.clients:
         for entry in ledger.entries(client):
-            out.add(client, _rewrite(entry.event, mutation), entry.label, round=entry.round,
-                    neighbouring=entry.neighbouring)
+            out.add(
+                client,
+                _rewrite(entry.event, mutation),
+                entry.label,
+                round=entry.round,
+                neighbouring=entry.neighbouring,
+            )
     return out
 
 
@@ -133,10 +156,13 @@ def _rewrite(event, m: Mutation):
     import dp_accounting as dpa
 
     if isinstance(event, dpa.SelfComposedDpEvent):
-        return dpa.SelfComposedDpEvent(_rewrite(event.event, m), max(1, round(event.count * m.ledger_steps_factor)))
+        return dpa.SelfComposedDpEvent(
+            _rewrite(event.event, m), max(1, round(event.count * m.ledger_steps_factor))
+        )
     if isinstance(event, dpa.ComposedDpEvent):
         return dpa.ComposedDpEvent([_rewrite(e, m) for e in event.events])
     if isinstance(event, dpa.PoissonSampledDpEvent):
-        return dpa.PoissonSampledDpEvent(event.sampling_probability * m.ledger_rate_factor,
-                                         _rewrite(event.event, m))
+        return dpa.PoissonSampledDpEvent(
+            event.sampling_probability * m.ledger_rate_factor, _rewrite(event.event, m)
+        )
     return event

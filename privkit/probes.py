@@ -55,8 +55,16 @@ class ProbeSession:
     plan: ProbePlan
     probes: dict[tuple[int, str], Any] = field(default_factory=dict)
 
-    def canaries(self, client: int, label: str, *, dim: int, clip_norm: float, sample_rate: float,
-                 noise_multiplier: float):
+    def canaries(
+        self,
+        client: int,
+        label: str,
+        *,
+        dim: int,
+        clip_norm: float,
+        sample_rate: float,
+        noise_multiplier: float,
+    ):
         """The canaries of ``client``'s mechanism ``label`` (created on first call with these
         claimed parameters), or ``None`` when the plan does not probe this client."""
         from attacks.experiment import stream_seeds
@@ -70,9 +78,15 @@ class ProbeSession:
             if n < 2:
                 return None
             seed = int(stream_seeds(self.plan.seed, 1, f"probes/{key[0]}/{key[1]}")[0])
-            self.probes[key] = GradientCanaries(dim, n, clip_norm=clip_norm, sample_rate=sample_rate,
-                                                noise_multiplier=noise_multiplier, kind=self.plan.kind,
-                                                seed=seed)
+            self.probes[key] = GradientCanaries(
+                dim,
+                n,
+                clip_norm=clip_norm,
+                sample_rate=sample_rate,
+                noise_multiplier=noise_multiplier,
+                kind=self.plan.kind,
+                seed=seed,
+            )
         return self.probes[key]
 
 
@@ -91,15 +105,28 @@ def current() -> ProbeSession | None:
     return _SESSION.get()
 
 
-def canaries_for(client: int, label: str, *, dim: int, clip_norm: float, sample_rate: float,
-                 noise_multiplier: float):
+def canaries_for(
+    client: int,
+    label: str,
+    *,
+    dim: int,
+    clip_norm: float,
+    sample_rate: float,
+    noise_multiplier: float,
+):
     """The canaries a DP mechanism of ``client`` labelled ``label`` must take now (``None``
     outside :func:`probing`, or for a client the plan does not probe)."""
     session = _SESSION.get()
     if session is None:
         return None
-    return session.canaries(client, label, dim=dim, clip_norm=clip_norm, sample_rate=sample_rate,
-                            noise_multiplier=noise_multiplier)
+    return session.canaries(
+        client,
+        label,
+        dim=dim,
+        clip_norm=clip_norm,
+        sample_rate=sample_rate,
+        noise_multiplier=noise_multiplier,
+    )
 
 
 @contextmanager

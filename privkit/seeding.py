@@ -74,8 +74,9 @@ def seed_torch(seed: int) -> None:
     torch.manual_seed(int(seed) % (2**63))
 
 
-def noise_generator(seed: int, purpose: str, *, reproducible: bool,
-                    device: str | torch.device = "cpu") -> DpRandom:
+def noise_generator(
+    seed: int, purpose: str, *, reproducible: bool, device: str | torch.device = "cpu"
+) -> DpRandom:
     """Source of DP noise or privacy-amplifying sampling (see the module docstring).
 
     Release mode (``reproducible=False``): a fresh AES-CTR stream keyed from the OS, ignoring

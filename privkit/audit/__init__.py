@@ -9,7 +9,6 @@ audits one client's record-level guarantee with canary records. The attacks and 
 from the ``attacks`` library, which never imports privkit.
 """
 
-
 from __future__ import annotations
 
 from typing import Any

@@ -40,12 +40,26 @@ def ledger_tradeoff(ledger):
 def curve_points(curve, accounted_epsilon: float | None, delta: float) -> dict:
     """The curve's points for audit.json / report.json: FPR and the smallest FNR allowed."""
     fnr = np.clip(np.asarray(curve(CURVE_FPR), dtype=np.float64), 0.0, 1.0)
-    return {"claim": curve.claim, "accounted_epsilon": accounted_epsilon, "delta": delta,
-            "fpr": [float(x) for x in CURVE_FPR], "fnr": [float(x) for x in fnr]}
+    return {
+        "claim": curve.claim,
+        "accounted_epsilon": accounted_epsilon,
+        "delta": delta,
+        "fpr": [float(x) for x in CURVE_FPR],
+        "fnr": [float(x) for x in fnr],
+    }
 
 
-def ledger_claim_bound(scores: dict, membership: dict, curve, *, accounted: float | None, delta: float,
-                       alpha: float, seed: int, guess_fraction: float) -> dict:
+def ledger_claim_bound(
+    scores: dict,
+    membership: dict,
+    curve,
+    *,
+    accounted: float | None,
+    delta: float,
+    alpha: float,
+    seed: int,
+    guess_fraction: float,
+) -> dict:
     """The family-wise bound of the same guesses against the ledger's curve, with the claim it tests.
 
     Same attacks, guesses, confidence and tie-break as the verdict's generic bound; its status
@@ -53,11 +67,28 @@ def ledger_claim_bound(scores: dict, membership: dict, curve, *, accounted: floa
     """
     from attacks.audit_scores import _strict, audit_scores
 
-    res = audit_scores(scores, membership, accounted_epsilon=accounted, delta=delta, confidence=1 - alpha,
-                       seed=seed, guesses=guess_fraction, curve=curve)
+    res = audit_scores(
+        scores,
+        membership,
+        accounted_epsilon=accounted,
+        delta=delta,
+        confidence=1 - alpha,
+        seed=seed,
+        guesses=guess_fraction,
+        curve=curve,
+    )
     d = res.to_dict(with_attacks=False)
-    keep = ("status", "message", "epsilon_lower_bound", "epsilon_ceiling", "detectable_epsilon",
-            "confidence", "attack", "claim_tested", "curve")
+    keep = (
+        "status",
+        "message",
+        "epsilon_lower_bound",
+        "epsilon_ceiling",
+        "detectable_epsilon",
+        "confidence",
+        "attack",
+        "claim_tested",
+        "curve",
+    )
     out = {k: d[k] for k in keep if k in d}
     out["per_attack"] = _strict({n: res.attacks[n].epsilon_lower_bound for n in res.attacks})
     return out

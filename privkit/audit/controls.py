@@ -63,12 +63,29 @@ class ControlRecipe:
     epochs: int
 
     @classmethod
-    def of(cls, spec: dict, n: int, *, clip_norm: float, lr: float, optimizer: str, batch_size: int,
-           epochs: int) -> ControlRecipe:
+    def of(
+        cls,
+        spec: dict,
+        n: int,
+        *,
+        clip_norm: float,
+        lr: float,
+        optimizer: str,
+        batch_size: int,
+        epochs: int,
+    ) -> ControlRecipe:
         """As the dpsgd trainer (opacus' DPDataLoader) sets it: rate 1 / batches per epoch."""
         batches = math.ceil(n / batch_size)
-        return cls(spec=spec, n=n, clip_norm=clip_norm, lr=lr, optimizer=optimizer,
-                   sample_rate=1.0 / batches, steps=epochs * batches, epochs=epochs)
+        return cls(
+            spec=spec,
+            n=n,
+            clip_norm=clip_norm,
+            lr=lr,
+            optimizer=optimizer,
+            sample_rate=1.0 / batches,
+            steps=epochs * batches,
+            epochs=epochs,
+        )
 
     @property
     def expected_batch_size(self) -> float:
@@ -88,15 +105,34 @@ def method_recipe(federation, trainer_config: dict) -> tuple[ControlRecipe, floa
     cfg = DpsgdConfig.model_validate(trainer_config)
     n = len(federation.pooled_arrays()[1])
     if n < cfg.batch_size:
-        raise PrivkitError(f"batch_size must be <= the pooled data size {n}; found {cfg.batch_size}")
-    spec = model_spec(cfg.arch, federation.input_shape, federation.num_classes, width=cfg.width,
-                      feature_dim=cfg.feature_dim)
-    recipe = ControlRecipe.of(spec, n, clip_norm=cfg.clip_norm, lr=cfg.lr, optimizer=cfg.optimizer,
-                              batch_size=cfg.batch_size, epochs=cfg.epochs)
+        raise PrivkitError(
+            f"batch_size must be <= the pooled data size {n}; found {cfg.batch_size}"
+        )
+    spec = model_spec(
+        cfg.arch,
+        federation.input_shape,
+        federation.num_classes,
+        width=cfg.width,
+        feature_dim=cfg.feature_dim,
+    )
+    recipe = ControlRecipe.of(
+        spec,
+        n,
+        clip_norm=cfg.clip_norm,
+        lr=cfg.lr,
+        optimizer=cfg.optimizer,
+        batch_size=cfg.batch_size,
+        epochs=cfg.epochs,
+    )
     sigma = cfg.noise_multiplier
     if sigma is None:  # exactly what the trainer calibrates
-        sigma = calibrate_noise_multiplier(cfg.target_epsilon, cfg.delta, recipe.sample_rate, recipe.steps,
-                                           accountant=cfg.calibration_accountant).noise_multiplier
+        sigma = calibrate_noise_multiplier(
+            cfg.target_epsilon,
+            cfg.delta,
+            recipe.sample_rate,
+            recipe.steps,
+            accountant=cfg.calibration_accountant,
+        ).noise_multiplier
     return recipe, float(sigma), cfg.delta
 
 
@@ -113,8 +149,15 @@ def _loss(logits, target, aux):
     return F.cross_entropy(logits, target)
 
 
-def train_twin(recipe: ControlRecipe, x: np.ndarray, y: np.ndarray, *, noise_multiplier: float | None,
-               seed: int, gradient_canaries=None) -> torch.nn.Module:
+def train_twin(
+    recipe: ControlRecipe,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    noise_multiplier: float | None,
+    seed: int,
+    gradient_canaries=None,
+) -> torch.nn.Module:
     """One twin: DP-SGD (``noise_multiplier`` given; 0 = noise removed) or, with ``None``, SGD
     without clipping or noise on Poisson batches (gradient sum / expected batch size, as DP-SGD)."""
     from privkit.models import build_from_spec
@@ -129,7 +172,10 @@ def train_twin(recipe: ControlRecipe, x: np.ndarray, y: np.ndarray, *, noise_mul
     opt = make_optimizer(model.parameters(), recipe.optimizer, recipe.lr)
     xt = torch.as_tensor(np.asarray(x), dtype=torch.float32)
     yt = torch.as_tensor(np.asarray(y), dtype=torch.long)
-    batches, noise = torch_generator(derive_seed(seed, "poisson")), torch_generator(derive_seed(seed, "noise"))
+    batches, noise = (
+        torch_generator(derive_seed(seed, "poisson")),
+        torch_generator(derive_seed(seed, "noise")),
+    )
     q, n = recipe.sample_rate, recipe.n
     step = None if noise_multiplier is None else DpSgdStep(recipe.clip_norm, noise_multiplier, q, n)
     for _ in range(recipe.steps):
@@ -160,10 +206,19 @@ class _Setting:
     y_test: np.ndarray
 
 
-def run_controls(federation, trainer_config: dict, *, delta: float, seed: int = 0,
-                 method: str = "dpsgd", black_box_epochs: int = 20, white_box_canaries: int = 1000,
-                 black_box_canaries: int = 1000, canary_options: dict | None = None,
-                 progress: bool = False) -> dict:
+def run_controls(
+    federation,
+    trainer_config: dict,
+    *,
+    delta: float,
+    seed: int = 0,
+    method: str = "dpsgd",
+    black_box_epochs: int = 20,
+    white_box_canaries: int = 1000,
+    black_box_canaries: int = 1000,
+    canary_options: dict | None = None,
+    progress: bool = False,
+) -> dict:
     """Train and audit the three twins (see the module docstring); returns the ``controls.json`` record.
 
     Parameters
@@ -188,19 +243,39 @@ def run_controls(federation, trainer_config: dict, *, delta: float, seed: int = 
     claimed = claimed_epsilon(recipe, sigma, delta)
     x, y = federation.pooled_arrays()
     x_test, y_test = federation.test_arrays()
-    options = {"ood_fraction": _ood_fraction(int(np.prod(x.shape[1:])), black_box_canaries),
-               "ood_amplitude": 5.0, **(canary_options or {})}
-    data = insert_canaries(x, y, black_box_canaries, kind="ood", seed=seed,
-                           num_classes=federation.num_classes, **options)
+    options = {
+        "ood_fraction": _ood_fraction(int(np.prod(x.shape[1:])), black_box_canaries),
+        "ood_amplitude": 5.0,
+        **(canary_options or {}),
+    }
+    data = insert_canaries(
+        x,
+        y,
+        black_box_canaries,
+        kind="ood",
+        seed=seed,
+        num_classes=federation.num_classes,
+        **options,
+    )
     # every twin trains on all pooled records (ood canaries have no source) + the included canaries;
     # the DP twins keep the method's sampling rate and steps, so their ledger is the method's
     n = len(data.y_train)
-    non_private = ControlRecipe.of(recipe.spec, n, clip_norm=recipe.clip_norm, epochs=black_box_epochs,
-                                   **NON_PRIVATE)
-    st = _Setting(method=replace(recipe, n=n), claimed=claimed, sigma=sigma, delta=delta, seed=seed,
-                  data=data, non_private=non_private,
-                  num_classes=federation.num_classes, white_box_canaries=white_box_canaries,
-                  x_test=x_test, y_test=y_test)
+    non_private = ControlRecipe.of(
+        recipe.spec, n, clip_norm=recipe.clip_norm, epochs=black_box_epochs, **NON_PRIVATE
+    )
+    st = _Setting(
+        method=replace(recipe, n=n),
+        claimed=claimed,
+        sigma=sigma,
+        delta=delta,
+        seed=seed,
+        data=data,
+        non_private=non_private,
+        num_classes=federation.num_classes,
+        white_box_canaries=white_box_canaries,
+        x_test=x_test,
+        y_test=y_test,
+    )
     out: list[dict] = []
     with progress_bar(progress) as bar:
         task = bar.add_task("audit controls", total=len(TWINS))
@@ -211,11 +286,19 @@ def run_controls(federation, trainer_config: dict, *, delta: float, seed: int = 
     positives = [c for c in out if c["expected"] == "violation"]
     lacks_power = [c for c in positives if not c["caught"]]
     false_alarms = [c for c in out if c["expected"] != "violation" and c["caught"]]
-    return {"schema_version": SCHEMA_VERSION, "method": method, "claimed_epsilon": claimed,
-            "delta": delta, "seed": seed, "noise_multiplier": sigma,
-            "recipes": {"dp-sgd": st.method.to_dict(), "non-private": st.non_private.to_dict()},
-            "controls": out, "power": not lacks_power, "false_alarm": bool(false_alarms),
-            "message": _message(claimed, delta, method, lacks_power, false_alarms)}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "method": method,
+        "claimed_epsilon": claimed,
+        "delta": delta,
+        "seed": seed,
+        "noise_multiplier": sigma,
+        "recipes": {"dp-sgd": st.method.to_dict(), "non-private": st.non_private.to_dict()},
+        "controls": out,
+        "power": not lacks_power,
+        "false_alarm": bool(false_alarms),
+        "message": _message(claimed, delta, method, lacks_power, false_alarms),
+    }
 
 
 def _ood_fraction(d: int, n: int) -> float:
@@ -242,32 +325,62 @@ def _run_twin(st: _Setting, name: str, index: int) -> list[dict]:
     wb = None
     if sig is not None:
         params = [p for p in build_from_spec(recipe.spec).parameters() if p.requires_grad]
-        wb = GradientCanaries.for_parameters(params, st.white_box_canaries, clip_norm=recipe.clip_norm,
-                                             sample_rate=recipe.sample_rate, noise_multiplier=st.sigma,
-                                             seed=st.seed)
-    model = train_twin(recipe, data.x_train, data.y_train, noise_multiplier=sig,
-                       seed=derive_seed(st.seed, f"control/{index}"), gradient_canaries=wb)
+        wb = GradientCanaries.for_parameters(
+            params,
+            st.white_box_canaries,
+            clip_norm=recipe.clip_norm,
+            sample_rate=recipe.sample_rate,
+            noise_multiplier=st.sigma,
+            seed=st.seed,
+        )
+    model = train_twin(
+        recipe,
+        data.x_train,
+        data.y_train,
+        noise_multiplier=sig,
+        seed=derive_seed(st.seed, f"control/{index}"),
+        gradient_canaries=wb,
+    )
     acc = float((predict_logits(model, st.x_test).argmax(1) == st.y_test).mean())
-    mech = {"correct": f"DP-SGD as accounted: clip {recipe.clip_norm:g}, noise multiplier {st.sigma:.4g}, "
-                       f"{recipe.epochs} epochs",
-            "noise removed": f"DP-SGD with noise multiplier 0 (claims {st.sigma:.4g}), clip "
-                             f"{recipe.clip_norm:g}, {recipe.epochs} epochs"}.get(
-        name, f"SGD without clipping or noise (lr {recipe.lr:g}, expected batch "
-              f"{recipe.expected_batch_size:.0f}), {recipe.epochs} epochs")
-    base = {"name": name, "expected": "no violation" if name == "correct" else "violation",
-            "mechanism": mech, "recipe": recipe.to_dict(), "test_accuracy": acc}
+    mech = {
+        "correct": f"DP-SGD as accounted: clip {recipe.clip_norm:g}, noise multiplier {st.sigma:.4g}, "
+        f"{recipe.epochs} epochs",
+        "noise removed": f"DP-SGD with noise multiplier 0 (claims {st.sigma:.4g}), clip "
+        f"{recipe.clip_norm:g}, {recipe.epochs} epochs",
+    }.get(
+        name,
+        f"SGD without clipping or noise (lr {recipe.lr:g}, expected batch "
+        f"{recipe.expected_batch_size:.0f}), {recipe.epochs} epochs",
+    )
+    base = {
+        "name": name,
+        "expected": "no violation" if name == "correct" else "violation",
+        "mechanism": mech,
+        "recipe": recipe.to_dict(),
+        "test_accuracy": acc,
+    }
     out = []
     if wb is not None:
         s = wb.summary()
-        note = (f"{s['canaries']} Dirac gradient canaries ({s['included']} included by fair coins, "
-                f"sampled at q = {s['sample_rate']:.4g} over {s['steps']} steps); score = "
-                "log-likelihood ratio of each step's component along the canary under the claim")
-        out.append(_entry(base, WHITE_BOX, _audit(wb.scores(), wb.included, st, "gradient-canaries", note), s))
+        note = (
+            f"{s['canaries']} Dirac gradient canaries ({s['included']} included by fair coins, "
+            f"sampled at q = {s['sample_rate']:.4g} over {s['steps']} steps); score = "
+            "log-likelihood ratio of each step's component along the canary under the claim"
+        )
+        out.append(
+            _entry(
+                base, WHITE_BOX, _audit(wb.scores(), wb.included, st, "gradient-canaries", note), s
+            )
+        )
     if name != "noise removed":
         z = predict_logits(model, data.canary_x, st.num_classes)
-        note = (f"{data.m} out-of-distribution canary records ({int(data.included.sum())} included by "
-                "fair coins); score = -loss on the final model")
-        audit = _audit(canary_scores(z, data.canary_y, "loss"), data.included, st, "canary-records", note)
+        note = (
+            f"{data.m} out-of-distribution canary records ({int(data.included.sum())} included by "
+            "fair coins); score = -loss on the final model"
+        )
+        audit = _audit(
+            canary_scores(z, data.canary_y, "loss"), data.included, st, "canary-records", note
+        )
         out.append(_entry(base, BLACK_BOX, audit, data.summary()))
     return out
 
@@ -277,27 +390,44 @@ def _audit(scores: np.ndarray, included: np.ndarray, st: _Setting, name: str, no
     from attacks import audit_scores
     from attacks.canaries import ONE_SIDED_GUESSES
 
-    return audit_scores({name: scores}, included, accounted_epsilon=st.claimed, delta=st.delta,
-                        seed=st.seed, guesses=ONE_SIDED_GUESSES, inclusion="random",
-                        notes={name: note}).to_dict()
+    return audit_scores(
+        {name: scores},
+        included,
+        accounted_epsilon=st.claimed,
+        delta=st.delta,
+        seed=st.seed,
+        guesses=ONE_SIDED_GUESSES,
+        inclusion="random",
+        notes={name: note},
+    ).to_dict()
 
 
 def _entry(base: dict, mode: str, audit: dict, canaries: dict) -> dict:
     caught = audit["status"] == "violation"
     passed = caught if base["expected"] == "violation" else not caught
-    return {**base, "audit_mode": mode, "verdict": audit, "caught": caught, "passed": passed,
-            "canaries": canaries}
+    return {
+        **base,
+        "audit_mode": mode,
+        "verdict": audit,
+        "caught": caught,
+        "passed": passed,
+        "canaries": canaries,
+    }
 
 
 def _message(claimed: float, delta: float, method: str, lacks: list, alarms: list) -> str:
     base = f"twins of {method} claiming epsilon {claimed:.3f} at delta={delta:g}"
     if lacks:
         which = "; ".join(f"{c['name']} ({c['audit_mode']})" for c in lacks)
-        return (f"This audit lacked the power to see a violation: its positive control(s) {which} "
-                f"were not caught ({base}); a 'consistent' verdict here says little.")
+        return (
+            f"This audit lacked the power to see a violation: its positive control(s) {which} "
+            f"were not caught ({base}); a 'consistent' verdict here says little."
+        )
     text = f"Every positive control was caught ({base})."
     if alarms:
         which = "; ".join(f"{c['name']} ({c['audit_mode']})" for c in alarms)
-        text += (f" The correct twin was flagged ({which}): a false alarm, which a 95% audit gives "
-                 "in about 1 run in 20 per audit.")
+        text += (
+            f" The correct twin was flagged ({which}): a false alarm, which a 95% audit gives "
+            "in about 1 run in 20 per audit."
+        )
     return text

@@ -21,8 +21,9 @@ import numpy as np
 from privkit.errors import PrivkitError
 
 
-def federation_with_canaries(federation, client: int, canary_x: np.ndarray, canary_y: np.ndarray,
-                             included: np.ndarray):
+def federation_with_canaries(
+    federation, client: int, canary_x: np.ndarray, canary_y: np.ndarray, included: np.ndarray
+):
     """``federation`` with every canary appended to its private dataset and the included ones added
     to ``client``'s records (no other client, test set or pool changes)."""
     from dataclasses import replace
@@ -31,19 +32,35 @@ def federation_with_canaries(federation, client: int, canary_x: np.ndarray, cana
 
     base = federation.private
     n0 = len(base.y)
-    private = ArrayDataset(name=f"{base.name}+canaries", num_classes=base.num_classes,
-                           x=np.ascontiguousarray(np.concatenate([base.x, canary_x.astype(base.x.dtype)])),
-                           y=np.concatenate([base.y, np.asarray(canary_y, dtype=base.y.dtype)]),
-                           description=base.description, test_indices=base.test_indices)
+    private = ArrayDataset(
+        name=f"{base.name}+canaries",
+        num_classes=base.num_classes,
+        x=np.ascontiguousarray(np.concatenate([base.x, canary_x.astype(base.x.dtype)])),
+        y=np.concatenate([base.y, np.asarray(canary_y, dtype=base.y.dtype)]),
+        description=base.description,
+        test_indices=base.test_indices,
+    )
     clients = [np.asarray(c, dtype=np.int64) for c in federation.clients]
-    clients[client] = np.concatenate([clients[client], n0 + np.flatnonzero(included)]).astype(np.int64)
+    clients[client] = np.concatenate([clients[client], n0 + np.flatnonzero(included)]).astype(
+        np.int64
+    )
     return replace(federation, private=private, clients=clients, name=f"{federation.name}+canaries")
 
 
-def audit_client_canaries(federation, method: str, trainer_config: dict, *, delta: float,
-                          client: int | None = None, n: int = 500, kind: str = "mislabel",
-                          score: str = "loss", seed: int = 0, confidence: float = 0.95,
-                          accounted_epsilon: float | None = None) -> dict:
+def audit_client_canaries(
+    federation,
+    method: str,
+    trainer_config: dict,
+    *,
+    delta: float,
+    client: int | None = None,
+    n: int = 500,
+    kind: str = "mislabel",
+    score: str = "loss",
+    seed: int = 0,
+    confidence: float = 0.95,
+    accounted_epsilon: float | None = None,
+) -> dict:
     """One-run canary audit of ``client``'s record-level guarantee (see the module docstring).
 
     Parameters
@@ -75,28 +92,49 @@ def audit_client_canaries(federation, method: str, trainer_config: dict, *, delt
     if kind == "mislabel":
         pool = federation.shadow_pool
         if pool.size < n:
-            raise PrivkitError(f"n must be <= the shadow pool size {pool.size} for mislabelled canaries "
-                               f"(their sources must be in no client's data); found {n}")
+            raise PrivkitError(
+                f"n must be <= the shadow pool size {pool.size} for mislabelled canaries "
+                f"(their sources must be in no client's data); found {n}"
+            )
         px, py = federation.private.x[pool], federation.private.y[pool]
     else:
         px, py = federation.pooled_arrays()
     cx, cy, _ = make_canaries(px, py, n, kind=kind, num_classes=federation.num_classes, seed=seed)
     included = stream(seed, "canaries/coins").random(n) < 0.5
     fed = federation_with_canaries(federation, client, cx, cy, included)
-    result = train(method, fed, trainer_config, seed=stream_seeds(seed, 1, "client-canaries/run")[0])
+    result = train(
+        method, fed, trainer_config, seed=stream_seeds(seed, 1, "client-canaries/run")[0]
+    )
     claim = accounted_epsilon
     if claim is None:
         claim = float(result.ledger.epsilon(delta, client=client))
     scores = canary_scores(torch_logits(result.model, cx), cy, score)
     name = f"client-{client}-canaries"
-    res = audit_scores({name: scores}, included, accounted_epsilon=claim, delta=delta,
-                       confidence=confidence, seed=seed, guesses=ONE_SIDED_GUESSES, inclusion="random",
-                       notes={name: f"{n} {kind} canary records in client {client}'s data, "
-                                    f"{int(included.sum())} included by fair coins; score = {score} on "
-                                    "the released model"})
+    res = audit_scores(
+        {name: scores},
+        included,
+        accounted_epsilon=claim,
+        delta=delta,
+        confidence=confidence,
+        seed=seed,
+        guesses=ONE_SIDED_GUESSES,
+        inclusion="random",
+        notes={
+            name: f"{n} {kind} canary records in client {client}'s data, "
+            f"{int(included.sum())} included by fair coins; score = {score} on "
+            "the released model"
+        },
+    )
     out = res.to_dict()
-    out.update({"client": client, "canaries": {"kind": kind, "n": n, "included": int(included.sum())},
-                "method": method, "test_accuracy": float(result.test_accuracy),
-                "claim": "the client's record-level epsilon in the canary run's ledger"
-                if accounted_epsilon is None else "given by the caller"})
+    out.update(
+        {
+            "client": client,
+            "canaries": {"kind": kind, "n": n, "included": int(included.sum())},
+            "method": method,
+            "test_accuracy": float(result.test_accuracy),
+            "claim": "the client's record-level epsilon in the canary run's ledger"
+            if accounted_epsilon is None
+            else "given by the caller",
+        }
+    )
     return out

@@ -83,8 +83,14 @@ def client_artifact_features(artifacts: dict, fed) -> np.ndarray | None:
     for k in keys:
         ref = next(per[i][k] for i in per if k in per[i])
         width = _summarise(ref, fed).size
-        cols.append(np.stack([_summarise(per[i][k], fed) if k in per[i] else np.zeros(width)
-                              for i in range(fed.num_clients)]))
+        cols.append(
+            np.stack(
+                [
+                    _summarise(per[i][k], fed) if k in per[i] else np.zeros(width)
+                    for i in range(fed.num_clients)
+                ]
+            )
+        )
     return np.concatenate(cols, axis=1)
 
 
@@ -98,8 +104,10 @@ def soft_label_artifacts(client_models: list, fed, max_points: int = 512) -> dic
         return {}
     x, _ = fed.public_arrays("distill")
     x = x[:max_points]
-    return {f"party_predictions/client_{i}": probabilities(torch_logits(m, x)).astype(np.float32)
-            for i, m in enumerate(client_models)}
+    return {
+        f"party_predictions/client_{i}": probabilities(torch_logits(m, x)).astype(np.float32)
+        for i, m in enumerate(client_models)
+    }
 
 
 # ------------------------------------------------------------------------------ FLiP Table II
@@ -115,12 +123,24 @@ def binary_federation(fed, positive: int, negative: int, name: str):
     keep = np.nonzero((y == positive) | (y == negative))[0]
     new_index = -np.ones(len(y), dtype=np.int64)
     new_index[keep] = np.arange(keep.size)
-    ds = ArrayDataset(name=f"{fed.private.name}[{positive}v{negative}]", x=fed.private.x[keep],
-                      y=(y[keep] == positive).astype(np.int64), num_classes=2)
+    ds = ArrayDataset(
+        name=f"{fed.private.name}[{positive}v{negative}]",
+        x=fed.private.x[keep],
+        y=(y[keep] == positive).astype(np.int64),
+        num_classes=2,
+    )
     sub = lambda idx: new_index[idx[np.isin(idx, keep)]]
-    return Federation(config=fed.config, private=ds, public=fed.public, clients=[sub(c) for c in fed.clients],
-                      test=sub(fed.test), shadow_pool=sub(fed.shadow_pool), distill=fed.distill,
-                      negative=fed.negative, name=name)
+    return Federation(
+        config=fed.config,
+        private=ds,
+        public=fed.public,
+        clients=[sub(c) for c in fed.clients],
+        test=sub(fed.test),
+        shadow_pool=sub(fed.shadow_pool),
+        distill=fed.distill,
+        negative=fed.negative,
+        name=name,
+    )
 
 
 def _train_flip(args) -> dict:
@@ -138,12 +158,27 @@ def table2_classifier(attack: dict, random_state: int):
         return "logreg"
     from attacks.mia import _catboost
 
-    return _catboost(int(attack.get("catboost_iterations", 10_000)), int(attack.get("catboost_depth", 1)),
-                     None, random_state, 1)
+    return _catboost(
+        int(attack.get("catboost_iterations", 10_000)),
+        int(attack.get("catboost_depth", 1)),
+        None,
+        random_state,
+        1,
+    )
 
 
-def flip_table2_attack(fed, trainer_config: dict, *, p1: int, p2: int, s1: int, s2: int, seed: int = 0,
-                       executor: str = "serial", alpha: float = 0.05) -> AttributeResult:
+def flip_table2_attack(
+    fed,
+    trainer_config: dict,
+    *,
+    p1: int,
+    p2: int,
+    s1: int,
+    s2: int,
+    seed: int = 0,
+    executor: str = "serial",
+    alpha: float = 0.05,
+) -> AttributeResult:
     """FLiP's task-irrelevant attribute attack (Sec. V-A, Table II) on the shared distilled samples.
 
     Runs the binary FLiP tasks (p1,s1), (p1,s2), (p2,s1), (p2,s2); trains an s1-vs-s2 classifier
@@ -164,13 +199,17 @@ def flip_table2_attack(fed, trainer_config: dict, *, p1: int, p2: int, s1: int, 
         cfg["record_every"] = 1  # keep every round's upload, not only the last
     pairs = [(p1, s1), (p1, s2), (p2, s1), (p2, s2)]
     seeds = child_seeds(seed, 4, "flip-table2")
-    tasks = [(binary_federation(fed, p, s, f"flip-{p}v{s}"), dict(cfg), sd)
-             for (p, s), sd in zip(pairs, seeds)]
+    tasks = [
+        (binary_federation(fed, p, s, f"flip-{p}v{s}"), dict(cfg), sd)
+        for (p, s), sd in zip(pairs, seeds)
+    ]
     arts = get_executor(executor).map(_train_flip, tasks, description="FLiP binary runs")
 
     def samples(a: dict) -> np.ndarray:
         if not a:
-            raise ValueError("FLiP run shared no distilled samples (artifacts distilled_x*/client_i)")
+            raise ValueError(
+                "FLiP run shared no distilled samples (artifacts distilled_x*/client_i)"
+            )
         return np.concatenate([v.reshape(len(v), -1) for _, v in sorted(a.items())])
 
     xs = [samples(a) for a in arts]
@@ -179,9 +218,16 @@ def flip_table2_attack(fed, trainer_config: dict, *, p1: int, p2: int, s1: int, 
     att = AttributeInferenceAttack(classifier=table2_classifier(attack, seed), random_state=seed)
     att.fit(x_tr, y_tr)
     which = "every round's" if cfg.get("record_every") == 1 else "the last round's"
-    res = att.evaluate(x_te, y_te, alpha=alpha, chance=0.5,
-                       notes=(f"FLiP Table II protocol: psi_s1-s2 ({attack.get('table2_classifier', 'catboost')}) "
-                              f"trained on {which} distilled samples of runs ({p1},{s1}),({p1},{s2}); tested "
-                              f"on ({p2},{s1}),({p2},{s2}); {len(y_te)} test samples from 2 runs "
-                              "(not independent)"))
+    res = att.evaluate(
+        x_te,
+        y_te,
+        alpha=alpha,
+        chance=0.5,
+        notes=(
+            f"FLiP Table II protocol: psi_s1-s2 ({attack.get('table2_classifier', 'catboost')}) "
+            f"trained on {which} distilled samples of runs ({p1},{s1}),({p1},{s2}); tested "
+            f"on ({p2},{s1}),({p2},{s2}); {len(y_te)} test samples from 2 runs "
+            "(not independent)"
+        ),
+    )
     return replace(res)

@@ -35,16 +35,28 @@ def _claim_for(ledger, client: int, label: str, sensitivity: float):
 
     entries = [e for e in ledger.entries(client) if label in e.label]
     if not entries:
-        raise PrivkitError(f"the ledger has no entry labelled {label!r} for client {client}: the "
-                           "mechanism's releases are not accounted for")
+        raise PrivkitError(
+            f"the ledger has no entry labelled {label!r} for client {client}: the "
+            "mechanism's releases are not accounted for"
+        )
     return claim_from_events([e.event for e in entries], sensitivity)
 
 
-def audit_mechanisms(method: str, federation, trainer_config: dict | None = None, *, delta: float,
-                     seed: int = 0, mutation: Any = "correct", canaries: int = 1000,
-                     clients: tuple[int, ...] | None = (0,), confidence: float = 0.95,
-                     reproducible_noise: bool = True, progress: bool = False,
-                     engine: str = "inprocess") -> dict:
+def audit_mechanisms(
+    method: str,
+    federation,
+    trainer_config: dict | None = None,
+    *,
+    delta: float,
+    seed: int = 0,
+    mutation: Any = "correct",
+    canaries: int = 1000,
+    clients: tuple[int, ...] | None = (0,),
+    confidence: float = 0.95,
+    reproducible_noise: bool = True,
+    progress: bool = False,
+    engine: str = "inprocess",
+) -> dict:
     """Train ``method`` once with probes at its DP mechanisms and audit each against its ledger.
 
     Parameters
@@ -80,7 +92,9 @@ def audit_mechanisms(method: str, federation, trainer_config: dict | None = None
     # mechanisms are audited against their own ledger entries all the same. A method with no DP
     # mechanism at all takes no probes and is refused below, once it has run.
     mut = mutations.for_federation(mutation, federation.num_clients)
-    cfg = spec.config_cls.model_validate({**(trainer_config or {}), "reproducible_noise": reproducible_noise})
+    cfg = spec.config_cls.model_validate(
+        {**(trainer_config or {}), "reproducible_noise": reproducible_noise}
+    )
     plan = ProbePlan(canaries=canaries, clients=clients, seed=seed)
     with probing(plan) as session, mutations.mutated(mut):
         if engine == "inprocess":
@@ -90,21 +104,40 @@ def audit_mechanisms(method: str, federation, trainer_config: dict | None = None
 
             result = train(method, federation, cfg, seed, progress=progress, engine=engine)
     ledger = mutations.mutate_ledger(result.ledger, mut)
-    base = {"schema_version": SCHEMA_VERSION, "method": method, "mutation": mut.to_dict(), "seed": seed,
-            "delta": delta, "confidence": confidence, "test_accuracy": float(result.test_accuracy),
-            "accounted_epsilon": _worst_epsilon(ledger, delta), "formal_dp": spec.formal_dp}
+    base = {
+        "schema_version": SCHEMA_VERSION,
+        "method": method,
+        "mutation": mut.to_dict(),
+        "seed": seed,
+        "delta": delta,
+        "confidence": confidence,
+        "test_accuracy": float(result.test_accuracy),
+        "accounted_epsilon": _worst_epsilon(ledger, delta),
+        "formal_dp": spec.formal_dp,
+    }
     if not session.probes:
-        raise PrivkitError(f"method {method!r} ran no probed DP mechanism (clients {clients}): "
-                           + ("its mechanisms do not take audit probes" if spec.formal_dp else
-                              "it claims no formal guarantee and released nothing through a DP mechanism"))
+        raise PrivkitError(
+            f"method {method!r} ran no probed DP mechanism (clients {clients}): "
+            + (
+                "its mechanisms do not take audit probes"
+                if spec.formal_dp
+                else "it claims no formal guarantee and released nothing through a DP mechanism"
+            )
+        )
     if not spec.formal_dp:
-        base["scope"] = (f"{method} claims no formal guarantee for the whole pipeline (accounted epsilon "
-                         f"{base['accounted_epsilon']:g}); the audit covers its DP mechanisms only: "
-                         + ", ".join(sorted({label for _, label in session.probes})))
+        base["scope"] = (
+            f"{method} claims no formal guarantee for the whole pipeline (accounted epsilon "
+            f"{base['accounted_epsilon']:g}); the audit covers its DP mechanisms only: "
+            + ", ".join(sorted({label for _, label in session.probes}))
+        )
     if mut.touches_ledger and _same_ledger(ledger, result.ledger):
-        return {**base, "status": "not-applicable", "probes": [],
-                "message": f"{mut.name}: the method's ledger has nothing this bug changes (no Poisson "
-                           "sampling or repeated steps)"}
+        return {
+            **base,
+            "status": "not-applicable",
+            "probes": [],
+            "message": f"{mut.name}: the method's ledger has nothing this bug changes (no Poisson "
+            "sampling or repeated steps)",
+        }
     return {**base, **probe_verdict(session, ledger, delta=delta, confidence=confidence)}
 
 
@@ -117,38 +150,62 @@ def probe_verdict(session, ledger, *, delta: float, confidence: float) -> dict:
     for (client, label), can in sorted(session.probes.items()):
         claim = _claim_for(ledger, client, label, can.clip_norm)
         res = can.audit(delta=delta, confidence=share, claim=claim)
-        probes.append({"client": client, "mechanism": label, "canaries": can.summary(), "audit": res.to_dict(),
-                       "status": res.verdict, "epsilon_lower_bound": res.epsilon_lower_bound,
-                       "measured_epsilon": res.measured_epsilon, "claimed_epsilon": res.accounted_epsilon,
-                       "rejected": res.conformance.rejected})
+        probes.append(
+            {
+                "client": client,
+                "mechanism": label,
+                "canaries": can.summary(),
+                "audit": res.to_dict(),
+                "status": res.verdict,
+                "epsilon_lower_bound": res.epsilon_lower_bound,
+                "measured_epsilon": res.measured_epsilon,
+                "claimed_epsilon": res.accounted_epsilon,
+                "rejected": res.conformance.rejected,
+            }
+        )
     bad = [p for p in probes if p["status"] == "violation"]
     status = "violation" if bad else "consistent"
-    where = "; ".join(f"client {p['client']} {p['mechanism']}: {', '.join(p['rejected']) or 'one-run bound'}"
-                      for p in bad)
-    msg = (f"VIOLATION at the mechanism ({where})" if bad else
-           f"every probed mechanism conforms to its ledger ({len(probes)} probe set(s))") + (
-        f" at {100 * confidence:.4g}% confidence, Bonferroni over {len(probes)} probe set(s)")
-    return {"status": status, "message": msg, "probes": probes,
-            "epsilon_lower_bound": max(p["epsilon_lower_bound"] for p in probes),
-            "measured_epsilon": max((p["measured_epsilon"] for p in probes if p["measured_epsilon"] is not None),
-                                    default=None)}
+    where = "; ".join(
+        f"client {p['client']} {p['mechanism']}: {', '.join(p['rejected']) or 'one-run bound'}"
+        for p in bad
+    )
+    msg = (
+        f"VIOLATION at the mechanism ({where})"
+        if bad
+        else f"every probed mechanism conforms to its ledger ({len(probes)} probe set(s))"
+    ) + (f" at {100 * confidence:.4g}% confidence, Bonferroni over {len(probes)} probe set(s)")
+    return {
+        "status": status,
+        "message": msg,
+        "probes": probes,
+        "epsilon_lower_bound": max(p["epsilon_lower_bound"] for p in probes),
+        "measured_epsilon": max(
+            (p["measured_epsilon"] for p in probes if p["measured_epsilon"] is not None),
+            default=None,
+        ),
+    }
 
 
 def _worst_epsilon(ledger, delta: float) -> float:
     try:
         return float(ledger.epsilon(delta))
-    except Exception:  # noqa: BLE001  (an unaccountable ledger is reported by the run's accounting stage)
+    except Exception:
         return math.inf
 
 
 def _same_ledger(a, b) -> bool:
     from accountants import event_to_dict
 
-    return all([event_to_dict(e.event) for e in a.entries(c)] == [event_to_dict(e.event) for e in b.entries(c)]
-               for c in b.clients)
+    return all(
+        [event_to_dict(e.event) for e in a.entries(c)]
+        == [event_to_dict(e.event) for e in b.entries(c)]
+        for c in b.clients
+    )
 
 
-def catchable_sentence(method: str, noise_ratio_limit: float | None, influence_ratio_limit: float | None) -> str:
+def catchable_sentence(
+    method: str, noise_ratio_limit: float | None, influence_ratio_limit: float | None
+) -> str:
     """One sentence saying which bug sizes the method's mechanism audit catches, from the
     conformance test's confidence limits on its correct twin: noise below ``noise_ratio_limit``
     of the claim, an influence above ``influence_ratio_limit`` times the claim (sampling rate x
@@ -157,7 +214,9 @@ def catchable_sentence(method: str, noise_ratio_limit: float | None, influence_r
     if noise_ratio_limit is not None and math.isfinite(noise_ratio_limit):
         parts.append(f"noise below {noise_ratio_limit:.3g} of the claimed scale")
     if influence_ratio_limit is not None and math.isfinite(influence_ratio_limit):
-        parts.append(f"a record influence (sampling rate x clip or sensitivity) above "
-                     f"{influence_ratio_limit:.3g} x the claim")
+        parts.append(
+            f"a record influence (sampling rate x clip or sensitivity) above "
+            f"{influence_ratio_limit:.3g} x the claim"
+        )
     parts.append("any release the ledger does not count")
     return f"{method}: the mechanism audit catches " + ", ".join(parts) + "."

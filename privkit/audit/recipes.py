@@ -40,8 +40,9 @@ def partition_like(federation: Federation, y: np.ndarray, seed: int) -> list[np.
     return shard_partition(y, n, cfg.shards_per_client, rng)
 
 
-def federation_over(base: Federation, x: np.ndarray, y: np.ndarray, seed: int,
-                    name: str = "audit-run") -> Federation:
+def federation_over(
+    base: Federation, x: np.ndarray, y: np.ndarray, seed: int, name: str = "audit-run"
+) -> Federation:
     """``base`` with the given records as its clients' private data (partitioned like ``base``).
 
     The private dataset of the new federation is the given records followed by ``base``'s test
@@ -49,14 +50,27 @@ def federation_over(base: Federation, x: np.ndarray, y: np.ndarray, seed: int,
     """
     x_test, y_test = base.test_arrays()
     n = len(y)
-    private = ArrayDataset(name=f"{base.private.name}[{name}]",
-                           x=np.ascontiguousarray(np.concatenate([x, x_test]), dtype=np.float32),
-                           y=np.concatenate([np.asarray(y, dtype=np.int64), y_test]),
-                           num_classes=base.num_classes)
-    clients = [np.asarray(c, dtype=np.int64) for c in partition_like(base, np.asarray(y, dtype=np.int64), seed)]
-    return Federation(config=base.config, private=private, public=base.public, clients=clients,
-                      test=np.arange(n, n + len(y_test), dtype=np.int64), shadow_pool=np.zeros(0, np.int64),
-                      distill=base.distill, negative=base.negative, name=name)
+    private = ArrayDataset(
+        name=f"{base.private.name}[{name}]",
+        x=np.ascontiguousarray(np.concatenate([x, x_test]), dtype=np.float32),
+        y=np.concatenate([np.asarray(y, dtype=np.int64), y_test]),
+        num_classes=base.num_classes,
+    )
+    clients = [
+        np.asarray(c, dtype=np.int64)
+        for c in partition_like(base, np.asarray(y, dtype=np.int64), seed)
+    ]
+    return Federation(
+        config=base.config,
+        private=private,
+        public=base.public,
+        clients=clients,
+        test=np.arange(n, n + len(y_test), dtype=np.int64),
+        shadow_pool=np.zeros(0, np.int64),
+        distill=base.distill,
+        negative=base.negative,
+        name=name,
+    )
 
 
 @lru_cache(maxsize=4)
@@ -96,10 +110,19 @@ class FederationRecipe(Recipe):
         method's Flower apps; :meth:`fit_many` then runs every audited run in one simulation).
     """
 
-    def __init__(self, federation: Federation, method: str, trainer_config: dict, *,
-                 keep_artifacts: bool = False, engine: str = "inprocess"):
+    def __init__(
+        self,
+        federation: Federation,
+        method: str,
+        trainer_config: dict,
+        *,
+        keep_artifacts: bool = False,
+        engine: str = "inprocess",
+    ):
         on = "" if engine == "inprocess" else f", on {engine}"
-        super().__init__(self, name=f"{method} (whole federation, {federation.num_clients} clients{on})")
+        super().__init__(
+            self, name=f"{method} (whole federation, {federation.num_clients} clients{on})"
+        )
         self.federation_json = federation_json(federation)
         self.method = method
         self.trainer_config = dict(trainer_config)
@@ -110,8 +133,16 @@ class FederationRecipe(Recipe):
         from privkit.flower.engine import train
 
         fed = federation_over(_base_federation(self.federation_json), x, y, seed)
-        return AuditRun(train(self.method, fed, self.trainer_config, seed=derive_seed(seed, "audit-run-train"),
-                              engine=self.engine), fed)
+        return AuditRun(
+            train(
+                self.method,
+                fed,
+                self.trainer_config,
+                seed=derive_seed(seed, "audit-run-train"),
+                engine=self.engine,
+            ),
+            fed,
+        )
 
     @property
     def batched(self) -> bool:
@@ -129,8 +160,12 @@ class FederationRecipe(Recipe):
         base = _base_federation(self.federation_json)
         feds = [federation_over(base, x[ix], y[ix], s) for ix, s in zip(index_sets, seeds)]
         many = train_many_on_flower if self.engine == "flower" else train_many
-        results = many(self.method, feds, self.trainer_config,
-                       [derive_seed(s, "audit-run-train") for s in seeds])
+        results = many(
+            self.method,
+            feds,
+            self.trainer_config,
+            [derive_seed(s, "audit-run-train") for s in seeds],
+        )
         return [AuditRun(r, f) for r, f in zip(results, feds)]
 
     def logits(self, model: AuditRun, x: np.ndarray, n_classes: int | None = None) -> np.ndarray:
@@ -139,8 +174,11 @@ class FederationRecipe(Recipe):
     def details(self, model: AuditRun) -> dict:
         res, fed = model.result, model.federation
         # the run's own ledger: its accounted epsilon is what an audit of this run is checked against
-        out: dict = {"test_accuracy": float(res.test_accuracy), "train_size": int(fed.members.size),
-                     "ledger": res.ledger}
+        out: dict = {
+            "test_accuracy": float(res.test_accuracy),
+            "train_size": int(fed.members.size),
+            "ledger": res.ledger,
+        }
         if self.keep_artifacts:
             from privkit.audit.instantiations import soft_label_artifacts
 

@@ -65,7 +65,9 @@ def _load_run(run_dir: Path):
 
     cfg_path = run_dir / "config.json"
     if not cfg_path.is_file():
-        raise FileNotFoundError(f"run directory {run_dir} has no config.json (run `privkit train` first)")
+        raise FileNotFoundError(
+            f"run directory {run_dir} has no config.json (run `privkit train` first)"
+        )
     cfg = read_json(cfg_path, "run config")
     fed = Federation.load(run_dir / "federation.json")
     result = TrainResult.load(run_dir)
@@ -93,20 +95,39 @@ def resolve_delta(delta: float | None, trainer_cfg: dict, claims: dict, n_privat
 def _parse_attacks(attacks) -> list[str]:
     if attacks is None:
         return list(ATTACKS)
-    names = [a.strip() for a in (attacks.split(",") if isinstance(attacks, str) else attacks) if a.strip()]
+    names = [
+        a.strip()
+        for a in (attacks.split(",") if isinstance(attacks, str) else attacks)
+        if a.strip()
+    ]
     bad = [a for a in names if a not in ATTACKS]
     if bad or not names:
-        raise ValueError(f"attacks must be a subset of {', '.join(ATTACKS)}; found {', '.join(bad) or 'none'}")
+        raise ValueError(
+            f"attacks must be a subset of {', '.join(ATTACKS)}; found {', '.join(bad) or 'none'}"
+        )
     return names
 
 
 def _error_entry(exc: BaseException) -> dict:
-    return {"auc": None, "balanced_accuracy": None, "advantage": None, "tpr_at_fpr": None,
-            "epsilon_lower_bound": None, "ceiling": None, "confidence": None, "delta": None,
-            "n_trials": None, "roc": None, "notes": "", "error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "auc": None,
+        "balanced_accuracy": None,
+        "advantage": None,
+        "tpr_at_fpr": None,
+        "epsilon_lower_bound": None,
+        "ceiling": None,
+        "confidence": None,
+        "delta": None,
+        "n_trials": None,
+        "roc": None,
+        "notes": "",
+        "error": f"{type(exc).__name__}: {exc}",
+    }
 
 
-def _safe(results: dict, name: str, fn: Callable[[], object], on_error: Callable[[BaseException], dict]):
+def _safe(
+    results: dict, name: str, fn: Callable[[], object], on_error: Callable[[BaseException], dict]
+):
     try:
         results[name] = fn()
     except NotApplicable as exc:
@@ -131,16 +152,27 @@ def audit_pool(fed, n_audit: int | None, seed: int) -> tuple[np.ndarray, np.ndar
     m = matched if n_audit is None else int(n_audit)
     s = min(shadow.size, (m + 1) // 2)
     if m < 10 or m > members.size + s:
-        raise ValueError(f"n_audit must be between 10 and the pool size {members.size + shadow.size} "
-                         f"(client records {members.size} + shadow pool {shadow.size}); found {m}"
-                         + (" (the default is 2 x min(shadow pool, client records); set n_audit)" if n_audit is None else ""))
+        raise ValueError(
+            f"n_audit must be between 10 and the pool size {members.size + shadow.size} "
+            f"(client records {members.size} + shadow pool {shadow.size}); found {m}"
+            + (
+                " (the default is 2 x min(shadow pool, client records); set n_audit)"
+                if n_audit is None
+                else ""
+            )
+        )
     rng = stream(seed, "audit-records")
     pool = np.sort(np.concatenate([members, rng.choice(shadow, s, replace=False)]))
     audited = np.zeros(pool.size, bool)
     audited[rng.choice(pool.size, m, replace=False)] = True
-    sizes = {"pool": int(pool.size), "pool_from_clients": int(members.size), "pool_from_shadow_pool": int(s),
-             "release_train_size": int(members.size), "audit_train_size_expected": float(pool.size - m / 2),
-             "n_audit_matched": int(matched)}
+    sizes = {
+        "pool": int(pool.size),
+        "pool_from_clients": int(members.size),
+        "pool_from_shadow_pool": int(s),
+        "release_train_size": int(members.size),
+        "audit_train_size_expected": float(pool.size - m / 2),
+        "n_audit_matched": int(matched),
+    }
     return pool, audited, sizes
 
 
@@ -150,43 +182,67 @@ def size_warnings(sizes: dict, design: Design) -> list[dict]:
     release, expected = sizes["release_train_size"], sizes["audit_train_size_expected"]
     if expected >= (1 - SIZE_TOLERANCE) * release:
         return []
-    return [{"code": "audit_size_mismatch", "message": (
-        f"the audited runs train on about {expected:.0f} records (target: {int(design.included.sum())}; "
-        f"pool {sizes['pool']} = {sizes['pool_from_clients']} client records + "
-        f"{sizes['pool_from_shadow_pool']} shadow-pool records, {int(design.audited.sum())} audited "
-        f"by fair coin), the released model on {release} ({expected / release:.0%}): the pool is too "
-        f"small to match at this n_audit (matching needs n_audit <= {sizes['n_audit_matched']}); "
-        "bounds and accuracy refer to runs on less data than the release")}]
+    return [
+        {
+            "code": "audit_size_mismatch",
+            "message": (
+                f"the audited runs train on about {expected:.0f} records (target: {int(design.included.sum())}; "
+                f"pool {sizes['pool']} = {sizes['pool_from_clients']} client records + "
+                f"{sizes['pool_from_shadow_pool']} shadow-pool records, {int(design.audited.sum())} audited "
+                f"by fair coin), the released model on {release} ({expected / release:.0%}): the pool is too "
+                f"small to match at this n_audit (matching needs n_audit <= {sizes['n_audit_matched']}); "
+                "bounds and accuracy refer to runs on less data than the release"
+            ),
+        }
+    ]
 
 
 # ---------------------------------------------------------------------------- the attacks
-def _membership(names: list[str], design: Design, logits: np.ndarray | None, labels: np.ndarray,
-                train_error: BaseException | None, *, seed: int, shadow_iterations: int) -> dict:
+def _membership(
+    names: list[str],
+    design: Design,
+    logits: np.ndarray | None,
+    labels: np.ndarray,
+    train_error: BaseException | None,
+    *,
+    seed: int,
+    shadow_iterations: int,
+) -> dict:
     """Each membership attack's :class:`AttackScores` (or its error entry)."""
     family = [n for n in FAMILY if n in names or n.removesuffix("-offline") in names]
     results: dict = {}
     for name in family:
+
         def run(name=name) -> AttackScores:
             if logits is None:
                 raise RuntimeError(f"training the audited runs failed: {train_error}")
-            out = Outputs(target=logits[0], references=logits[1:], labels=labels, keep=design.reference_keep)
+            out = Outputs(
+                target=logits[0], references=logits[1:], labels=labels, keep=design.reference_keep
+            )
             s, note = score(name, out, Options(seed=seed, shadow_iterations=shadow_iterations))
             return AttackScores(s, design.is_member, note, inclusion="random")
+
         _safe(results, name, run, _error_entry)
     return results
 
 
-def _accounting(details: list[dict] | None, release_ledger, delta: float) -> tuple[dict, str | None]:
+def _accounting(
+    details: list[dict] | None, release_ledger, delta: float
+) -> tuple[dict, str | None]:
     """The audited target run's accounted epsilon (what the verdict checks) beside the release's."""
     out: dict = {"release_accounted_epsilon": None, "audit_target_accounted_epsilon": None}
     errors = []
-    for key, ledger in (("release_accounted_epsilon", release_ledger),
-                        ("audit_target_accounted_epsilon", details[0]["ledger"] if details else None)):
+    for key, ledger in (
+        ("release_accounted_epsilon", release_ledger),
+        ("audit_target_accounted_epsilon", details[0]["ledger"] if details else None),
+    ):
         if ledger is None:
             continue
         try:
             out[key] = float(ledger.epsilon(delta))
-        except Exception as exc:  # an accountant that cannot handle an event is reported, not hidden
+        except (
+            Exception
+        ) as exc:  # an accountant that cannot handle an event is reported, not hidden
             errors.append(f"{key}: {type(exc).__name__}: {exc}")
     return out, "; ".join(errors) or None
 
@@ -197,16 +253,34 @@ def _epsilon_warning(acc: dict) -> list[dict]:
         return []
     if abs(tgt - rel) <= 0.05 * max(rel, 1e-12):
         return []
-    return [{"code": "audit_size_mismatch", "message": (
-        f"the audited target run's accounted epsilon is {tgt:.4g}, the release's {rel:.4g}: the verdict "
-        "checks the audited run's own claim (its clients hold other amounts of data)")}]
+    return [
+        {
+            "code": "audit_size_mismatch",
+            "message": (
+                f"the audited target run's accounted epsilon is {tgt:.4g}, the release's {rel:.4g}: the verdict "
+                "checks the audited run's own claim (its clients hold other amounts of data)"
+            ),
+        }
+    ]
 
 
 # ---------------------------------------------------------------------------- entry point
-def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: str = "serial",
-              seed: int = 0, progress: bool = False, workers: int | None = None,
-              n_audit: int | None = None, delta: float | None = None, alpha: float = 0.05,
-              guess_fraction: float = 0.1, shadow_iterations: int = 200, write: bool = True) -> dict:
+def audit_run(
+    run_dir: str | Path,
+    *,
+    attacks=None,
+    shadows: int = 8,
+    executor: str = "serial",
+    seed: int = 0,
+    progress: bool = False,
+    workers: int | None = None,
+    n_audit: int | None = None,
+    delta: float | None = None,
+    alpha: float = 0.05,
+    guess_fraction: float = 0.1,
+    shadow_iterations: int = 200,
+    write: bool = True,
+) -> dict:
     """Audit a run directory written by ``privkit train`` and write ``audit.json`` into it.
 
     Parameters
@@ -241,89 +315,181 @@ def audit_run(run_dir: str | Path, *, attacks=None, shadows: int = 8, executor: 
     delta = resolve_delta(delta, trainer_cfg, result.claims, len(fed.members))
     pool, audited, sizes = audit_pool(fed, n_audit, seed)
     design = design_experiment(pool.size, shadows=shadows, seed=seed, audited=audited)
-    recipe = FederationRecipe(fed, method, trainer_cfg, keep_artifacts="attribute" in names,
-                              engine=cfg.get("engine", "inprocess"))
-    query, labels = pool[audited], fed.private.y[pool[audited]]
+    recipe = FederationRecipe(
+        fed,
+        method,
+        trainer_cfg,
+        keep_artifacts="attribute" in names,
+        engine=cfg.get("engine", "inprocess"),
+    )
+    labels = fed.private.y[pool[audited]]
     logits, details, train_error = None, None, None
     try:
-        logits, details = train_models(recipe, fed.private.x[pool], fed.private.y[pool], design.index_sets(),
-                                       design.seeds(), query=np.flatnonzero(audited),
-                                       n_classes=fed.num_classes, executor=executor, workers=workers,
-                                       progress=progress, description=f"audited runs ({method})")
+        logits, details = train_models(
+            recipe,
+            fed.private.x[pool],
+            fed.private.y[pool],
+            design.index_sets(),
+            design.seeds(),
+            query=np.flatnonzero(audited),
+            n_classes=fed.num_classes,
+            executor=executor,
+            workers=workers,
+            progress=progress,
+            description=f"audited runs ({method})",
+        )
     except Exception as exc:  # recorded in audit.json; the attribute attack may still fail alone
         train_error = exc
 
-    results = _membership(names, design, logits, labels, train_error, seed=seed,
-                          shadow_iterations=shadow_iterations)
+    results = _membership(
+        names, design, logits, labels, train_error, seed=seed, shadow_iterations=shadow_iterations
+    )
     acc, acc_error = _accounting(details, result.ledger, delta)
     claim = acc["audit_target_accounted_epsilon"] if spec.formal_dp else None
     scored = {n: r for n, r in results.items() if isinstance(r, AttackScores)}
-    ver = analyse(results, accounted=claim, delta=delta, alpha=alpha, seed=seed, guess_fraction=guess_fraction)
-    claims, curve_pts = _claims(ver, scored, details, claim, delta=delta, alpha=alpha, seed=seed,
-                                guess_fraction=guess_fraction)
+    ver = analyse(
+        results, accounted=claim, delta=delta, alpha=alpha, seed=seed, guess_fraction=guess_fraction
+    )
+    claims, curve_pts = _claims(
+        ver,
+        scored,
+        details,
+        claim,
+        delta=delta,
+        alpha=alpha,
+        seed=seed,
+        guess_fraction=guess_fraction,
+    )
     if not spec.formal_dp:
         ver["message"] = "this method makes no formal DP claim; " + ver["message"]
     if acc_error:
-        ver = {**ver, "status": "inconclusive" if spec.formal_dp else ver["status"],
-               "message": ver["message"] + f"; accounting failed: {acc_error}"}
+        ver = {
+            **ver,
+            "status": "inconclusive" if spec.formal_dp else ver["status"],
+            "message": ver["message"] + f"; accounting failed: {acc_error}",
+        }
 
     attribute: dict = {}
     if "attribute" in names:
+
         def _attr() -> dict:
             if details is None:
                 raise RuntimeError(f"training the audited runs failed: {train_error}")
             return dominant_class_entry(fed, result, details[1:], seed=seed, alpha=alpha)
-        _safe(attribute, "dominant-class", _attr,
-              lambda e: {"accuracy": None, "ci_low": None, "ci_high": None, "chance": None,
-                         "n_test": None, "error": f"{type(e).__name__}: {e}"})
 
-    experiment = {**sizes, **(experiment_record(design, logits, labels) if logits is not None
-                              else design.summary()), **acc,
-                  "recipe": recipe.name, "executor": executor}
+        _safe(
+            attribute,
+            "dominant-class",
+            _attr,
+            lambda e: {
+                "accuracy": None,
+                "ci_low": None,
+                "ci_high": None,
+                "chance": None,
+                "n_test": None,
+                "error": f"{type(e).__name__}: {e}",
+            },
+        )
+
+    experiment = {
+        **sizes,
+        **(experiment_record(design, logits, labels) if logits is not None else design.summary()),
+        **acc,
+        "recipe": recipe.name,
+        "executor": executor,
+    }
     warnings = size_warnings(sizes, design) + _epsilon_warning(acc)
     out = {
-        "schema_version": SCHEMA_VERSION, "method": method, "attacks": results, "attribute": attribute,
+        "schema_version": SCHEMA_VERSION,
+        "method": method,
+        "attacks": results,
+        "attribute": attribute,
         "accounted_epsilon": claim if claim is not None else acc["release_accounted_epsilon"],
-        "delta": delta, "shadows": shadows, "seed": seed, "formal_dp": spec.formal_dp,
-        "n_audit": {"members": int(design.is_member.sum()), "nonmembers": int((~design.is_member).sum())},
+        "delta": delta,
+        "shadows": shadows,
+        "seed": seed,
+        "formal_dp": spec.formal_dp,
+        "n_audit": {
+            "members": int(design.is_member.sum()),
+            "nonmembers": int((~design.is_member).sum()),
+        },
         "shadow_test_accuracy": [d["test_accuracy"] for d in details[1:]] if details else None,
         "audit_target_test_accuracy": details[0]["test_accuracy"] if details else None,
         "target_test_accuracy": float(result.test_accuracy),
-        "verdict": ver, "claims": claims, "tradeoff_curve": curve_pts,
-        "experiment": experiment, "warnings": warnings,
+        "verdict": ver,
+        "claims": claims,
+        "tradeoff_curve": curve_pts,
+        "experiment": experiment,
+        "warnings": warnings,
         "assumptions": _assumptions(alpha, guess_fraction),
     }
     if train_error is not None:
         out["shadow_error"] = f"{type(train_error).__name__}: {train_error}"
-    out["request"] = audit_request(attacks=names, shadows=shadows, seed=seed, n_audit=n_audit,
-                                   delta=delta, alpha=alpha, guess_fraction=guess_fraction,
-                                   shadow_iterations=shadow_iterations)
+    out["request"] = audit_request(
+        attacks=names,
+        shadows=shadows,
+        seed=seed,
+        n_audit=n_audit,
+        delta=delta,
+        alpha=alpha,
+        guess_fraction=guess_fraction,
+        shadow_iterations=shadow_iterations,
+    )
     if write:
         from privkit.pipeline.files import write_json, write_with
 
         if logits is not None:  # before audit.json, whose presence means a finished audit
-            arrays = {"pool": pool, "audited": audited, "included": design.included,
-                      "keep": design.keep, "seeds": np.asarray(design.seeds(), dtype=np.int64),
-                      "logits": logits.astype(np.float32)}
+            arrays = {
+                "pool": pool,
+                "audited": audited,
+                "included": design.included,
+                "keep": design.keep,
+                "seeds": np.asarray(design.seeds(), dtype=np.int64),
+                "logits": logits.astype(np.float32),
+            }
             write_with(run / "shadows.npz", lambda buf: np.savez_compressed(buf, **arrays))
         write_json(run / "audit.json", out)
     return json.loads(json.dumps(out, default=json_default))
 
 
-def audit_request(*, attacks, shadows: int, seed: int, n_audit: int | None, delta: float,
-                  alpha: float, guess_fraction: float, shadow_iterations: int) -> dict:
+def audit_request(
+    *,
+    attacks,
+    shadows: int,
+    seed: int,
+    n_audit: int | None,
+    delta: float,
+    alpha: float,
+    guess_fraction: float,
+    shadow_iterations: int,
+) -> dict:
     """What an audit's result depends on besides the run directory (``audit.json``'s ``request``):
     a re-run asking the same finds its result already there."""
-    return {"attacks": sorted(_parse_attacks(attacks)), "shadows": int(shadows), "seed": int(seed),
-            "n_audit": None if n_audit is None else int(n_audit), "delta": float(delta),
-            "alpha": float(alpha), "guess_fraction": float(guess_fraction),
-            "shadow_iterations": int(shadow_iterations)}
+    return {
+        "attacks": sorted(_parse_attacks(attacks)),
+        "shadows": int(shadows),
+        "seed": int(seed),
+        "n_audit": None if n_audit is None else int(n_audit),
+        "delta": float(delta),
+        "alpha": float(alpha),
+        "guess_fraction": float(guess_fraction),
+        "shadow_iterations": int(shadow_iterations),
+    }
 
 
-def finished_audit(run_dir: str | Path, *, attacks=None, shadows: int = 8, seed: int = 0,
-                   n_audit: int | None = None, delta: float | None = None, alpha: float = 0.05,
-                   guess_fraction: float = 0.1, shadow_iterations: int = 200,
-                   say=None) -> dict | None:
+def finished_audit(
+    run_dir: str | Path,
+    *,
+    attacks=None,
+    shadows: int = 8,
+    seed: int = 0,
+    n_audit: int | None = None,
+    delta: float | None = None,
+    alpha: float = 0.05,
+    guess_fraction: float = 0.1,
+    shadow_iterations: int = 200,
+    say=None,
+) -> dict | None:
     """The ``audit.json`` of ``run_dir`` when it answers this very request with intact files
     (checksums verified), else None (a file failing its checksum is named in a warning)."""
     from privkit.pipeline.files import intact, read_json
@@ -333,11 +499,22 @@ def finished_audit(run_dir: str | Path, *, attacks=None, shadows: int = 8, seed:
         return None
     stored = read_json(run / "audit.json", "audit file")
     _, fed, result, _ = _load_run(run)
-    delta = resolve_delta(delta, read_json(run / "config.json", "run config")["trainer"],
-                          result.claims, len(fed.members))
-    asked = audit_request(attacks=attacks, shadows=shadows, seed=seed, n_audit=n_audit,
-                          delta=delta, alpha=alpha, guess_fraction=guess_fraction,
-                          shadow_iterations=shadow_iterations)
+    delta = resolve_delta(
+        delta,
+        read_json(run / "config.json", "run config")["trainer"],
+        result.claims,
+        len(fed.members),
+    )
+    asked = audit_request(
+        attacks=attacks,
+        shadows=shadows,
+        seed=seed,
+        n_audit=n_audit,
+        delta=delta,
+        alpha=alpha,
+        guess_fraction=guess_fraction,
+        shadow_iterations=shadow_iterations,
+    )
     if stored.get("request") != asked:
         return None
     if (run / "shadows.npz").is_file() and not intact(run / "shadows.npz", say):
@@ -345,25 +522,60 @@ def finished_audit(run_dir: str | Path, *, attacks=None, shadows: int = 8, seed:
     return stored
 
 
-def _claims(ver: dict, scored: dict, details: list[dict] | None, accounted: float | None, *,
-            delta: float, alpha: float, seed: int, guess_fraction: float) -> tuple[dict, dict | None]:
+def _claims(
+    ver: dict,
+    scored: dict,
+    details: list[dict] | None,
+    accounted: float | None,
+    *,
+    delta: float,
+    alpha: float,
+    seed: int,
+    guess_fraction: float,
+) -> tuple[dict, dict | None]:
     """Each claim tested, with its bound (``generic``: the verdict's; ``ledger``: the audited target
     run's own trade-off curve, where its ledger is known and its epsilon finite) and the curve's points."""
-    keys = ("status", "epsilon_lower_bound", "epsilon_ceiling", "detectable_epsilon", "confidence", "attack")
-    claims = {"generic": {"claim_tested": "(eps, delta)-DP at the accounted epsilon", "in_verdict": True,
-                          **{k: ver.get(k) for k in keys}}}
-    if accounted is None or not math.isfinite(accounted) or not details or details[0].get("ledger") is None:
+    keys = (
+        "status",
+        "epsilon_lower_bound",
+        "epsilon_ceiling",
+        "detectable_epsilon",
+        "confidence",
+        "attack",
+    )
+    claims = {
+        "generic": {
+            "claim_tested": "(eps, delta)-DP at the accounted epsilon",
+            "in_verdict": True,
+            **{k: ver.get(k) for k in keys},
+        }
+    }
+    if (
+        accounted is None
+        or not math.isfinite(accounted)
+        or not details
+        or details[0].get("ledger") is None
+    ):
         return claims, None
     try:
         curve = ledger_tradeoff(details[0]["ledger"])
         pts = curve_points(curve, accounted, delta)
         if scored:
-            bound = ledger_claim_bound({n: s.scores for n, s in scored.items()},
-                                       {n: s.membership for n, s in scored.items()}, curve,
-                                       accounted=accounted, delta=delta, alpha=alpha, seed=seed,
-                                       guess_fraction=guess_fraction)
-            claims["ledger"] = {**bound, "claim_tested": "as private as its ledger says: " + curve.claim,
-                                "in_verdict": False}
+            bound = ledger_claim_bound(
+                {n: s.scores for n, s in scored.items()},
+                {n: s.membership for n, s in scored.items()},
+                curve,
+                accounted=accounted,
+                delta=delta,
+                alpha=alpha,
+                seed=seed,
+                guess_fraction=guess_fraction,
+            )
+            claims["ledger"] = {
+                **bound,
+                "claim_tested": "as private as its ledger says: " + curve.claim,
+                "in_verdict": False,
+            }
     except Exception as exc:  # the generic verdict stands; say why the stronger claim is missing
         claims["ledger"] = {"error": f"{type(exc).__name__}: {exc}", "in_verdict": False}
         return claims, None
@@ -375,19 +587,27 @@ def _assumptions(alpha: float, guess_fraction: float) -> dict:
         "neighbouring": "add/remove one record (the ledger's relation)",
         "accountant": "ledger 'best' accountant, worst client, of the audited target run",
         "confidence": 1 - alpha,
-        "audit_points": ("drawn from one pool (the clients' records and the shadow pool); each included "
-                         "in a fresh run of the method's recipe by an independent fair coin from the "
-                         "audit's own stream, every other pool record always included"),
-        "shadows": ("the same recipe (whole federation, same client count and partition scheme) re-run "
-                    "with every non-audited pool record and half of the audited ones (each in exactly "
-                    "half of the reference runs): the target's data size"),
-        "bound": ("one-run theorem (Steinke et al. 2023) with k+ = k- = "
-                  f"{guess_fraction:g} x audited records fixed in advance, ties broken at random; "
-                  f"the verdict's bound holds at {1 - alpha:g} for the family of attacks "
-                  "(Bonferroni); each attack's own bound at its own confidence"),
-        "claims": ("the verdict tests the generic (eps, delta) claim at the audited run's accounted "
-                   "epsilon; claims.ledger tests, with the same guesses and the f-DP one-run analysis "
-                   "(Mahloujifar et al. 2024), the stronger claim that the run is as private as its "
-                   "ledger's own trade-off curve, valid exactly when the ledger describes what ran; "
-                   "its status is shown beside the verdict, not folded into it"),
+        "audit_points": (
+            "drawn from one pool (the clients' records and the shadow pool); each included "
+            "in a fresh run of the method's recipe by an independent fair coin from the "
+            "audit's own stream, every other pool record always included"
+        ),
+        "shadows": (
+            "the same recipe (whole federation, same client count and partition scheme) re-run "
+            "with every non-audited pool record and half of the audited ones (each in exactly "
+            "half of the reference runs): the target's data size"
+        ),
+        "bound": (
+            "one-run theorem (Steinke et al. 2023) with k+ = k- = "
+            f"{guess_fraction:g} x audited records fixed in advance, ties broken at random; "
+            f"the verdict's bound holds at {1 - alpha:g} for the family of attacks "
+            "(Bonferroni); each attack's own bound at its own confidence"
+        ),
+        "claims": (
+            "the verdict tests the generic (eps, delta) claim at the audited run's accounted "
+            "epsilon; claims.ledger tests, with the same guesses and the f-DP one-run analysis "
+            "(Mahloujifar et al. 2024), the stronger claim that the run is as private as its "
+            "ledger's own trade-off curve, valid exactly when the ledger describes what ran; "
+            "its status is shown beside the verdict, not folded into it"
+        ),
     }

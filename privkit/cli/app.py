@@ -45,7 +45,11 @@ def _version_callback(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(
-        False, "--version", help="Show the version and exit.", callback=_version_callback, is_eager=True
+        False,
+        "--version",
+        help="Show the version and exit.",
+        callback=_version_callback,
+        is_eager=True,
     ),
 ) -> None:
     """privkit: what a pipeline promises (accountants), what it leaks (audits), what it costs."""
@@ -55,7 +59,9 @@ def print_json(obj: Any) -> None:
     """Write one strict JSON object to stdout (no rich markup, no bare Infinity: it can be piped to jq)."""
     from privkit.jsonutil import json_default, strict
 
-    sys.stdout.write(json.dumps(strict(obj), indent=2, allow_nan=False, default=json_default) + "\n")
+    sys.stdout.write(
+        json.dumps(strict(obj), indent=2, allow_nan=False, default=json_default) + "\n"
+    )
 
 
 def one_line(exc: BaseException) -> str:
@@ -100,14 +106,16 @@ def _found_value(exc: BaseException, args: Sequence[str]) -> str | None:
             if arg == opt and i + 1 < len(args):
                 return args[i + 1]
             if arg.startswith(opt + "="):
-                return arg[len(opt) + 1:]
+                return arg[len(opt) + 1 :]
     return None
 
 
 def usage_message(exc: BaseException, args: Sequence[str]) -> str:
     """One line for a click usage error: the command, the option and the value found."""
     ctx = getattr(exc, "ctx", None)
-    where = f"{ctx.command_path}: " if ctx is not None and getattr(ctx, "command_path", None) else ""
+    where = (
+        f"{ctx.command_path}: " if ctx is not None and getattr(ctx, "command_path", None) else ""
+    )
     text = " ".join(exc.format_message().split())
     if isinstance(exc, _click_class("BadParameter")) and type(exc).__name__ != "MissingParameter":
         value = _found_value(exc, args)

@@ -29,9 +29,13 @@ def parse_clients(text: str | None) -> tuple[int, ...] | None:
     try:
         out = tuple(int(c) for c in text.split(",") if c.strip())
     except ValueError:
-        raise PrivkitError(f"--clients must be comma-separated client ids or 'all'; found {text!r}") from None
+        raise PrivkitError(
+            f"--clients must be comma-separated client ids or 'all'; found {text!r}"
+        ) from None
     if not out or min(out) < 0:
-        raise PrivkitError(f"--clients must be comma-separated client ids >= 0 or 'all'; found {text!r}")
+        raise PrivkitError(
+            f"--clients must be comma-separated client ids >= 0 or 'all'; found {text!r}"
+        )
     return out
 
 
@@ -46,19 +50,35 @@ def check_mechanism_options(mutation: str, canaries: int) -> None:
 
 
 def _probe_table(record: dict) -> Table:
-    table = Table(title=escape(f"mechanism audit of {record['method']} ({record['mutation']['name']}), "
-                               f"delta={record['delta']:g}"))
+    table = Table(
+        title=escape(
+            f"mechanism audit of {record['method']} ({record['mutation']['name']}), "
+            f"delta={record['delta']:g}"
+        )
+    )
     for col in ("client", "mechanism", "test", "measured", "limit", "flags at", "rejected"):
         table.add_column(col)
     for p in record["probes"]:
         for name, t in p["audit"]["conformance"]["tests"].items():
-            table.add_row(str(p["client"]), escape(p["mechanism"]), name, _f(t["measured"]),
-                          _f(t["confidence_limit"]), _f(t.get("detectable")),
-                          "[bold red]yes[/bold red]" if t["rejected"] else "no")
+            table.add_row(
+                str(p["client"]),
+                escape(p["mechanism"]),
+                name,
+                _f(t["measured"]),
+                _f(t["confidence_limit"]),
+                _f(t.get("detectable")),
+                "[bold red]yes[/bold red]" if t["rejected"] else "no",
+            )
         one = p["audit"]
-        table.add_row(str(p["client"]), escape(p["mechanism"]), "one-run bound", _f(one["epsilon_lower_bound"]),
-                      _f(one["epsilon_ceiling"]), _f(one["detectable_epsilon"]),
-                      "[bold red]yes[/bold red]" if one["one_run"]["status"] == "violation" else "no")
+        table.add_row(
+            str(p["client"]),
+            escape(p["mechanism"]),
+            "one-run bound",
+            _f(one["epsilon_lower_bound"]),
+            _f(one["epsilon_ceiling"]),
+            _f(one["detectable_epsilon"]),
+            "[bold red]yes[/bold red]" if one["one_run"]["status"] == "violation" else "no",
+        )
     return table
 
 
@@ -70,8 +90,16 @@ def _f(x) -> str:
     return f"{x:.4g}"
 
 
-def audit_run_mechanisms(run_dir: Path, *, seed: int, delta: float | None, mutation: str, canaries: int,
-                         clients: str | None, as_json: bool) -> None:
+def audit_run_mechanisms(
+    run_dir: Path,
+    *,
+    seed: int,
+    delta: float | None,
+    mutation: str,
+    canaries: int,
+    clients: str | None,
+    as_json: bool,
+) -> None:
     """Run the mechanism audit of ``run_dir``'s method, write its JSON, print a summary."""
     check_mechanism_options(mutation, canaries)
     wanted = parse_clients(clients)
@@ -83,13 +111,26 @@ def audit_run_mechanisms(run_dir: Path, *, seed: int, delta: float | None, mutat
     cfg = read_json(run_dir / "config.json", "run config")
     fed = Federation.load(run_dir / "federation.json")
     if wanted is not None and max(wanted) >= fed.num_clients:
-        raise PrivkitError(f"--clients must be below the federation's {fed.num_clients} clients; found {max(wanted)}")
+        raise PrivkitError(
+            f"--clients must be below the federation's {fed.num_clients} clients; found {max(wanted)}"
+        )
     delta = resolve_delta(delta, cfg["trainer"], {}, len(fed.members))
-    record = audit_mechanisms(cfg["method"], fed, cfg["trainer"], delta=delta, seed=seed, mutation=mutation,
-                              canaries=canaries, clients=wanted, progress=not as_json,
-                              engine=cfg.get("engine", "inprocess"))
+    record = audit_mechanisms(
+        cfg["method"],
+        fed,
+        cfg["trainer"],
+        delta=delta,
+        seed=seed,
+        mutation=mutation,
+        canaries=canaries,
+        clients=wanted,
+        progress=not as_json,
+        engine=cfg.get("engine", "inprocess"),
+    )
     slug = re.sub(r"[^a-z0-9]+", "-", mutation.lower()).strip("-")
-    path = run_dir / ("mechanism-audit.json" if mutation == "correct" else f"mechanism-audit-{slug}.json")
+    path = run_dir / (
+        "mechanism-audit.json" if mutation == "correct" else f"mechanism-audit-{slug}.json"
+    )
     write_json(path, record)
     if as_json:
         print_json(record)
@@ -97,6 +138,8 @@ def audit_run_mechanisms(run_dir: Path, *, seed: int, delta: float | None, mutat
     if record["probes"]:
         out_console.print(_probe_table(record))
     color = {"violation": "bold red", "consistent": "green"}.get(record["status"], "yellow")
-    out_console.print(f"verdict: [{color}]{escape(record['status'])}[/{color}] - {escape(record['message'])}",
-                      highlight=False)
+    out_console.print(
+        f"verdict: [{color}]{escape(record['status'])}[/{color}] - {escape(record['message'])}",
+        highlight=False,
+    )
     out_console.print(f"wrote {path}", highlight=False)

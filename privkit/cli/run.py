@@ -6,7 +6,6 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -18,19 +17,29 @@ def _log(enabled: bool):
     def say(msg: str) -> None:
         if enabled:
             err_console.print(f"[cyan]privkit[/cyan] {msg}", highlight=False)
+
     return say
 
 
 def _finish(outcome, as_json: bool) -> None:
     html = outcome.paths.get("html") or next(iter(outcome.paths.values()))
     if as_json:
-        print_json({"run_dir": str(outcome.root), "report": {k: str(p) for k, p in outcome.paths.items()},
-                    "failures": outcome.failures, "seconds": round(outcome.seconds, 1)})
+        print_json(
+            {
+                "run_dir": str(outcome.root),
+                "report": {k: str(p) for k, p in outcome.paths.items()},
+                "failures": outcome.failures,
+                "seconds": round(outcome.seconds, 1),
+            }
+        )
     else:
         for f in outcome.failures:
             err_console.print(f"[red]failed:[/red] {f}", highlight=False, soft_wrap=True)
-        out_console.print(f"report: [bold]{html}[/bold]  ({outcome.seconds:.0f} s; run directory "
-                          f"{outcome.root})", highlight=False, soft_wrap=True)
+        out_console.print(
+            f"report: [bold]{html}[/bold]  ({outcome.seconds:.0f} s; run directory {outcome.root})",
+            highlight=False,
+            soft_wrap=True,
+        )
     if outcome.failures:
         raise typer.Exit(1)
 
@@ -64,41 +73,57 @@ def check_run_dir(root: Path, resolved: dict, force: bool) -> None:
         return
     ignore = ("source", "overrides")  # where the config came from, not what it says
     old = {k: v for k, v in read_json(path, "run config").items() if k not in ignore}
-    new = {k: v for k, v in json.loads(json.dumps(resolved, default=str)).items() if k not in ignore}
+    new = {
+        k: v for k, v in json.loads(json.dumps(resolved, default=str)).items() if k not in ignore
+    }
     changed = _changed_keys(old, new)
     if changed:
-        shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
-        raise PrivkitError(f"--out: {root} holds a run of a different config ({shown} changed); pass "
-                           "--force to update it (stages whose inputs did not change are kept) or "
-                           "give the run another name (--set name=...)")
+        shown = ", ".join(changed[:4]) + (
+            f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+        )
+        raise PrivkitError(
+            f"--out: {root} holds a run of a different config ({shown} changed); pass "
+            "--force to update it (stages whose inputs did not change are kept) or "
+            "give the run another name (--set name=...)"
+        )
 
 
-def _run(config: Path, overrides: list[str], out: str, quiet: bool, as_json: bool,
-         force: bool = False) -> None:
+def _run(
+    config: Path, overrides: list[str], out: str, quiet: bool, as_json: bool, force: bool = False
+) -> None:
     from privkit.pipeline import load_run_config, run_pipeline
 
     resolved = load_run_config(config, overrides)  # every error here comes before any work
     check_run_dir(Path(out) / resolved.config.name, resolved.to_dict(), force)
     command = "privkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
-    outcome = run_pipeline(resolved, out, progress=not (quiet or as_json),
-                           log=_log(not as_json), command=command)
+    outcome = run_pipeline(
+        resolved, out, progress=not (quiet or as_json), log=_log(not as_json), command=command
+    )
     _finish(outcome, as_json)
 
 
 @app.command("run")
 def run_cmd(
-    config: Path = typer.Argument(..., help="Run config (TOML): name, seed, delta, federation, "
-                                            "methods, audit, report."),
-    set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a config key, e.g. "
-                                             "--set audit.shadows=2 (repeatable)."),
+    config: Path = typer.Argument(
+        ..., help="Run config (TOML): name, seed, delta, federation, methods, audit, report."
+    ),
+    set_: list[str] | None = typer.Option(
+        None, "--set", help="Override a config key, e.g. --set audit.shadows=2 (repeatable)."
+    ),
     out: str = typer.Option("runs", "--out", help="Parent folder of the run directory."),
-    force: bool = typer.Option(False, "--force", help="Update a run directory written by a "
-                               "different config (unchanged stages are kept)."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Update a run directory written by a different config (unchanged stages are kept).",
+    ),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars (stage lines only)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (paths, failures)."),
     reproducible_noise: bool = typer.Option(
-        False, "--reproducible-noise", help="Derive every method's DP noise from its seed (bit-reproducible; "
-        "ledgers and the report say 'reproducible noise: not for release'). Default: AES-CTR keyed from OS entropy, never stored."),
+        False,
+        "--reproducible-noise",
+        help="Derive every method's DP noise from its seed (bit-reproducible; "
+        "ledgers and the report say 'reproducible noise: not for release'). Default: AES-CTR keyed from OS entropy, never stored.",
+    ),
 ) -> None:
     """Train, account, audit and report every method of CONFIG into OUT/<name>/.
 
@@ -112,11 +137,15 @@ def run_cmd(
 
 @app.command("demo")
 def demo_cmd(
-    set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a config key of the "
-                                             "bundled quickstart config (repeatable)."),
+    set_: list[str] | None = typer.Option(
+        None, "--set", help="Override a config key of the bundled quickstart config (repeatable)."
+    ),
     out: str = typer.Option("runs", "--out", help="Parent folder of the run directory."),
-    force: bool = typer.Option(False, "--force", help="Update a run directory written by a "
-                               "different config (unchanged stages are kept)."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Update a run directory written by a different config (unchanged stages are kept).",
+    ),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars (stage lines only)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (paths, failures)."),
 ) -> None:
@@ -131,10 +160,14 @@ def demo_cmd(
 
 @app.command("report")
 def report_cmd(
-    run_dir: Path = typer.Argument(..., help="A pipeline run directory (holding report.json or "
-                                             "config.resolved.json)."),
-    rebuild: bool = typer.Option(False, "--rebuild", help="Rebuild report.json from the method "
-                                 "run directories instead of re-rendering it."),
+    run_dir: Path = typer.Argument(
+        ..., help="A pipeline run directory (holding report.json or config.resolved.json)."
+    ),
+    rebuild: bool = typer.Option(
+        False,
+        "--rebuild",
+        help="Rebuild report.json from the method run directories instead of re-rendering it.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (paths)."),
 ) -> None:
     """Re-render report.html and report.md from report.json (or rebuild it from the run)."""
@@ -147,8 +180,13 @@ def report_cmd(
     with run_lock(run_dir, say_warning):  # not while `privkit run` writes the same report
         report, paths = rerender(run_dir, rebuild=rebuild)
     if as_json:
-        print_json({"run_dir": str(run_dir), "report": {k: str(p) for k, p in paths.items()},
-                    "methods": [m.name for m in report.methods]})
+        print_json(
+            {
+                "run_dir": str(run_dir),
+                "report": {k: str(p) for k, p in paths.items()},
+                "methods": [m.name for m in report.methods],
+            }
+        )
         return
     for kind, p in paths.items():
         out_console.print(f"{kind}: {p}", highlight=False, soft_wrap=True)

@@ -15,7 +15,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -32,17 +32,35 @@ def list_methods() -> list[dict[str, Any]]:
     """Every registered method with its summary, paper, formal_dp flag, defaults and quick overrides."""
     from privkit.methods import REGISTRY  # torch-free: configs and metadata only
 
-    return [{"name": s.name, "summary": s.summary, "paper": s.paper, "formal_dp": s.formal_dp,
-             "defaults": s.defaults(), "quick": dict(s.quick)} for s in sorted(REGISTRY.values(), key=lambda s: s.name)]
+    return [
+        {
+            "name": s.name,
+            "summary": s.summary,
+            "paper": s.paper,
+            "formal_dp": s.formal_dp,
+            "defaults": s.defaults(),
+            "quick": dict(s.quick),
+        }
+        for s in sorted(REGISTRY.values(), key=lambda s: s.name)
+    ]
 
 
-def resolve_run(method: str | None, config_file: Path | None, sets: list[str], federation_sets: list[str],
-                seed: int | None, quick: bool, reproducible_noise: bool = False,
-                engine: str | None = None) -> dict[str, Any]:
+def resolve_run(
+    method: str | None,
+    config_file: Path | None,
+    sets: list[str],
+    federation_sets: list[str],
+    seed: int | None,
+    quick: bool,
+    reproducible_noise: bool = False,
+    engine: str | None = None,
+) -> dict[str, Any]:
     """Validated {method, seed, engine, federation (FederationConfig), trainer (config model)}; no training."""
-    from privkit.flower.engine import check_engine  # Flower-free: only the name and the extra are checked
     from privkit.config import apply_overrides, load_toml
     from privkit.data import FederationConfig
+    from privkit.flower.engine import (
+        check_engine,  # Flower-free: only the name and the extra are checked
+    )
     from privkit.methods import get_trainer, make_config  # torch-free: refusing a value stays fast
 
     data: dict[str, Any] = {}
@@ -50,10 +68,14 @@ def resolve_run(method: str | None, config_file: Path | None, sets: list[str], f
         data = load_toml(config_file)
         unknown = set(data) - _FILE_KEYS
         if unknown:
-            raise PrivkitError(f"config file keys must be among {sorted(_FILE_KEYS)}; found {sorted(unknown)}")
+            raise PrivkitError(
+                f"config file keys must be among {sorted(_FILE_KEYS)}; found {sorted(unknown)}"
+            )
     method = method or data.get("method")
     if not method:
-        raise PrivkitError("method must be given (argument or 'method' in the config file); found none")
+        raise PrivkitError(
+            "method must be given (argument or 'method' in the config file); found none"
+        )
     spec = get_trainer(method)
     engine = engine or data.get("engine", "inprocess")
     check_engine(engine, method)
@@ -64,16 +86,25 @@ def resolve_run(method: str | None, config_file: Path | None, sets: list[str], f
         trainer["reproducible_noise"] = True
     for key in trainer:
         if key not in spec.config_cls.model_fields:
-            raise PrivkitError(f"--set key must be a field of {method}'s config "
-                               f"({', '.join(sorted(spec.config_cls.model_fields))}); found {key!r}")
+            raise PrivkitError(
+                f"--set key must be a field of {method}'s config "
+                f"({', '.join(sorted(spec.config_cls.model_fields))}); found {key!r}"
+            )
     fed = apply_overrides(data.get("federation", {}), federation_sets)
     for key in fed:
         if key not in FederationConfig.model_fields:
-            raise PrivkitError(f"--federation-set key must be one of {', '.join(sorted(FederationConfig.model_fields))}; "
-                               f"found {key!r}")
+            raise PrivkitError(
+                f"--federation-set key must be one of {', '.join(sorted(FederationConfig.model_fields))}; "
+                f"found {key!r}"
+            )
     run_seed = seed if seed is not None else int(data.get("seed", 0))
-    return {"method": method, "seed": run_seed, "federation": FederationConfig.model_validate(fed),
-            "trainer": make_config(method, trainer), "engine": engine}
+    return {
+        "method": method,
+        "seed": run_seed,
+        "federation": FederationConfig.model_validate(fed),
+        "trainer": make_config(method, trainer),
+        "engine": engine,
+    }
 
 
 def _finite(x: float) -> float | None:
@@ -87,10 +118,19 @@ def _config_json(resolved: dict[str, Any]) -> dict[str, Any]:
     """``config.json`` of a run (JSON values only, so that it compares with a stored one)."""
     from privkit.flower.engine import engine_entry
 
-    return json.loads(json.dumps({
-        "schema_version": SCHEMA_VERSION, "method": resolved["method"], "seed": resolved["seed"],
-        "federation": resolved["federation"].model_dump(), "trainer": resolved["trainer"].model_dump(),
-        **engine_entry(resolved.get("engine", "inprocess"))}, default=str))
+    return json.loads(
+        json.dumps(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "method": resolved["method"],
+                "seed": resolved["seed"],
+                "federation": resolved["federation"].model_dump(),
+                "trainer": resolved["trainer"].model_dump(),
+                **engine_entry(resolved.get("engine", "inprocess")),
+            },
+            default=str,
+        )
+    )
 
 
 def check_out_dir(out: Path, force: bool, config_json: dict[str, Any] | None = None) -> bool:
@@ -104,18 +144,25 @@ def check_out_dir(out: Path, force: bool, config_json: dict[str, Any] | None = N
     if not out.is_dir() or not any(out.iterdir()):
         return False
     if not (out / "config.json").is_file():
-        raise PrivkitError(f"--out must be a new or empty directory or an earlier run; found "
-                           f"{sum(1 for _ in out.iterdir())} other entries in {out}")
+        raise PrivkitError(
+            f"--out must be a new or empty directory or an earlier run; found "
+            f"{sum(1 for _ in out.iterdir())} other entries in {out}"
+        )
     if not (out / RUN_MARKER).is_file() or config_json is None:
         return False
-    if not force and intact(out / "config.json", say_warning) \
-            and read_json(out / "config.json", "run config") == config_json:
+    if (
+        not force
+        and intact(out / "config.json", say_warning)
+        and read_json(out / "config.json", "run config") == config_json
+    ):
         files = [p for p in out.rglob("*") if p.is_file() and not p.name.startswith(".")]
         failing = [p for p in files if not intact(p, say_warning)]  # each one named in a warning
         return not failing
     if not force:
-        raise PrivkitError(f"--out {out} already holds a finished run of another config; pass "
-                           "--force to replace it (or choose another directory)")
+        raise PrivkitError(
+            f"--out {out} already holds a finished run of another config; pass "
+            "--force to replace it (or choose another directory)"
+        )
     return False
 
 
@@ -134,8 +181,12 @@ def _headline(result, federation, claims_dp: bool) -> dict[str, Any]:
 
     n_min = min((len(c) for c in federation.clients), default=0) or None
     claimed = result.claims.get("delta")
-    meaningful = (isinstance(claimed, (int, float)) and not isinstance(claimed, bool)
-                  and 0 < claimed < 1 and not delta_ge_one_over_n(claimed, n_min))
+    meaningful = (
+        isinstance(claimed, (int, float))
+        and not isinstance(claimed, bool)
+        and 0 < claimed < 1
+        and not delta_ge_one_over_n(claimed, n_min)
+    )
     delta = float(claimed) if meaningful else 1e-5
     eps, note, facts = math.inf, None, {"fixed_delta": None, "non_private": []}
     if result.ledger.clients:
@@ -144,13 +195,31 @@ def _headline(result, federation, claims_dp: bool) -> dict[str, Any]:
             eps, facts = summary["worst"].get("best", math.inf), guarantee_facts(summary)
         except ValueError as exc:  # an event no accountant handles: say so, do not hide it
             eps, note = math.nan, str(exc)
-    rule = formal_dp_status(claims_dp=claims_dp, epsilon=None if math.isnan(eps) else eps,
-                            delta=delta, n_min=n_min, error=note, **facts)
-    void = (isinstance(claimed, (int, float)) and not isinstance(claimed, bool) and 0 < claimed < 1
-            and not meaningful)
-    return {"epsilon": _finite(eps), "epsilon_infinite": math.isinf(eps), "delta": delta,
-            "accountant": "best", "accounting_error": note, "formal_dp": rule.formal,
-            "formal_dp_label": rule.label, "formal_dp_reason": rule.reason, "claim_void": void}
+    rule = formal_dp_status(
+        claims_dp=claims_dp,
+        epsilon=None if math.isnan(eps) else eps,
+        delta=delta,
+        n_min=n_min,
+        error=note,
+        **facts,
+    )
+    void = (
+        isinstance(claimed, (int, float))
+        and not isinstance(claimed, bool)
+        and 0 < claimed < 1
+        and not meaningful
+    )
+    return {
+        "epsilon": _finite(eps),
+        "epsilon_infinite": math.isinf(eps),
+        "delta": delta,
+        "accountant": "best",
+        "accounting_error": note,
+        "formal_dp": rule.formal,
+        "formal_dp_label": rule.label,
+        "formal_dp_reason": rule.reason,
+        "claim_void": void,
+    }
 
 
 def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> dict[str, Any]:
@@ -165,8 +234,14 @@ def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> 
     with staged_dir(out) as staging:  # an interrupted or failed run leaves `out` as it was
         write_json(staging / "config.json", _config_json(resolved))
         federation.save(staging / "federation.json")
-        result = train(resolved["method"], federation, cfg, seed=resolved["seed"], progress=progress,
-                       engine=resolved.get("engine", "inprocess"))
+        result = train(
+            resolved["method"],
+            federation,
+            cfg,
+            seed=resolved["seed"],
+            progress=progress,
+            engine=resolved.get("engine", "inprocess"),
+        )
         result.save(staging)
     return training_summary(result, federation, out, time.perf_counter() - start)
 
@@ -176,8 +251,9 @@ def stored_summary(out: Path) -> dict[str, Any]:
     from privkit.data import Federation
     from privkit.trainers import TrainResult
 
-    summary = training_summary(TrainResult.load(out), Federation.load(out / "federation.json"),
-                               out, 0.0)
+    summary = training_summary(
+        TrainResult.load(out), Federation.load(out / "federation.json"), out, 0.0
+    )
     return {**summary, "already_trained": True}
 
 
@@ -185,18 +261,28 @@ def training_summary(result, federation, out: Path, seconds: float) -> dict[str,
     from privkit.trainers import get_trainer
 
     head = _headline(result, federation, get_trainer(result.method).formal_dp)
-    return {"method": result.method, "seed": result.seed, "run_dir": str(out),
-            "test_accuracy": float(result.test_accuracy), "rounds": len(result.rounds),
-            "chance_accuracy": _finite(result.chance_accuracy), "near_chance": result.near_chance,
-            "seconds": round(seconds, 2), **head,
-            "claims": {k: v for k, v in result.claims.items() if k != "mechanisms"},
-            "warnings": result.warnings, "artifacts": sorted(result.artifacts),
-            **result.ledger.noise_stamp(),
-            "files": sorted(p.name for p in out.iterdir() if not p.name.startswith("."))}
+    return {
+        "method": result.method,
+        "seed": result.seed,
+        "run_dir": str(out),
+        "test_accuracy": float(result.test_accuracy),
+        "rounds": len(result.rounds),
+        "chance_accuracy": _finite(result.chance_accuracy),
+        "near_chance": result.near_chance,
+        "seconds": round(seconds, 2),
+        **head,
+        "claims": {k: v for k, v in result.claims.items() if k != "mechanisms"},
+        "warnings": result.warnings,
+        "artifacts": sorted(result.artifacts),
+        **result.ledger.noise_stamp(),
+        "files": sorted(p.name for p in out.iterdir() if not p.name.startswith(".")),
+    }
 
 
 def _print_list(rows: list[dict[str, Any]]) -> None:
-    table = Table(title="registered methods (privkit train METHOD; defaults: privkit train --list --json)")
+    table = Table(
+        title="registered methods (privkit train METHOD; defaults: privkit train --list --json)"
+    )
     for col in ("method", "claims DP", "summary", "paper"):
         table.add_column(col, overflow="fold")
     for r in rows:
@@ -206,25 +292,43 @@ def _print_list(rows: list[dict[str, Any]]) -> None:
 
 @app.command("train")
 def train_command(
-    method: Optional[str] = typer.Argument(None, help="Method name (see --list)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="TOML file: method, seed, \\[federation], \\[trainer]."),
+    method: str | None = typer.Argument(None, help="Method name (see --list)."),
+    config: Path | None = typer.Option(
+        None, "--config", help="TOML file: method, seed, \\[federation], \\[trainer]."
+    ),
     sets: list[str] = typer.Option([], "--set", help="Trainer override key=value (repeatable)."),
-    federation_sets: list[str] = typer.Option([], "--federation-set", help="Federation override key=value (repeatable)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Trainer seed (default: file's or 0)."),
-    quick: bool = typer.Option(False, "--quick", help="Start from the method's CPU-sized quick settings."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory to write (new or empty; "
-                                       "an earlier run only with --force)."),
-    force: bool = typer.Option(False, "--force", help="Replace the finished run in --out (it is "
-                               "kept until the new one is complete)."),
+    federation_sets: list[str] = typer.Option(
+        [], "--federation-set", help="Federation override key=value (repeatable)."
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="Trainer seed (default: file's or 0)."),
+    quick: bool = typer.Option(
+        False, "--quick", help="Start from the method's CPU-sized quick settings."
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Run directory to write (new or empty; an earlier run only with --force).",
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Replace the finished run in --out (it is kept until the new one is complete).",
+    ),
     list_: bool = typer.Option(False, "--list", help="List the registered methods and exit."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     reproducible_noise: bool = typer.Option(
-        False, "--reproducible-noise", help="Derive DP noise and sampling from the seed (bit-reproducible; "
-        "the ledger and outputs say 'reproducible noise: not for release'). Default: AES-CTR keyed from OS entropy, never stored."),
-    engine: Optional[str] = typer.Option(
-        None, "--engine", help="Where the federation runs: inprocess (default: privkit's own, no start-up) or "
+        False,
+        "--reproducible-noise",
+        help="Derive DP noise and sampling from the seed (bit-reproducible; "
+        "the ledger and outputs say 'reproducible noise: not for release'). Default: AES-CTR keyed from OS entropy, never stored.",
+    ),
+    engine: str | None = typer.Option(
+        None,
+        "--engine",
+        help="Where the federation runs: inprocess (default: privkit's own, no start-up) or "
         "flower (the method's Flower ServerApp/ClientApp on Flower's simulation engine; fedavg, fedprox, "
-        "dp-fedavg, fedkadp, fedauxfdp). Default: the config file's engine, else inprocess."),
+        "dp-fedavg, fedkadp, fedauxfdp). Default: the config file's engine, else inprocess.",
+    ),
 ) -> None:
     """Train METHOD on a federation and write RUN_DIR (config, federation, checkpoints, ledger, metrics)."""
     if list_:
@@ -238,8 +342,12 @@ def train_command(
         raise PrivkitError("--out must name the run directory to write; found none")
     from privkit.pipeline.files import recover_dir, run_lock, tidy_after_crash
 
-    check_out_dir(out, force)  # a bad --out is named before the config is even read (structure only)
-    resolved = resolve_run(method, config, sets, federation_sets, seed, quick, reproducible_noise, engine)
+    check_out_dir(
+        out, force
+    )  # a bad --out is named before the config is even read (structure only)
+    resolved = resolve_run(
+        method, config, sets, federation_sets, seed, quick, reproducible_noise, engine
+    )
     with run_lock(out, say_warning):  # one `privkit train` per directory; released if this one dies
         recover_dir(out)  # a swap a crash interrupted
         if out.is_dir():
@@ -251,20 +359,37 @@ def train_command(
         return
     eps = "inf" if summary["epsilon_infinite"] else f"{summary['epsilon']:.4g}"
     if summary.get("already_trained"):
-        out_console.print(f"{out} already holds this run (same config, checksums verified): "
-                          "nothing trained", highlight=False)
-    out_console.print(f"[bold]{summary['method']}[/bold] seed {summary['seed']}: test accuracy "
-                      f"{summary['test_accuracy']:.4f} after {summary['rounds']} round(s), {summary['seconds']} s")
-    out_console.print(escape(f"worst-client epsilon at delta={summary['delta']:g} (best accountant): "
-                             f"{eps}; formal DP: {summary['formal_dp_label']}"
-                             + (f" ({summary['formal_dp_reason']})" if summary["formal_dp_reason"] else "")),
-                      highlight=False)
+        out_console.print(
+            f"{out} already holds this run (same config, checksums verified): nothing trained",
+            highlight=False,
+        )
+    out_console.print(
+        f"[bold]{summary['method']}[/bold] seed {summary['seed']}: test accuracy "
+        f"{summary['test_accuracy']:.4f} after {summary['rounds']} round(s), {summary['seconds']} s"
+    )
+    out_console.print(
+        escape(
+            f"worst-client epsilon at delta={summary['delta']:g} (best accountant): "
+            f"{eps}; formal DP: {summary['formal_dp_label']}"
+            + (f" ({summary['formal_dp_reason']})" if summary["formal_dp_reason"] else "")
+        ),
+        highlight=False,
+    )
     if summary["claims"]:
         c = summary["claims"]
         void = " (delta >= 1/n: not a meaningful guarantee)" if summary["claim_void"] else ""
-        out_console.print(escape(f"paper's claim: epsilon={c.get('epsilon')}, delta={c.get('delta')}{void} "
-                                 f"({c.get('composition')}; {c.get('source')})"), highlight=False)
+        out_console.print(
+            escape(
+                f"paper's claim: epsilon={c.get('epsilon')}, delta={c.get('delta')}{void} "
+                f"({c.get('composition')}; {c.get('source')})"
+            ),
+            highlight=False,
+        )
     for w in summary["warnings"]:
-        tag = "[bold red]warning:[/bold red]" if w.startswith("near-chance") else "[yellow]note:[/yellow]"
+        tag = (
+            "[bold red]warning:[/bold red]"
+            if w.startswith("near-chance")
+            else "[yellow]note:[/yellow]"
+        )
         out_console.print(f"{tag} {escape(w)}", highlight=False)
     out_console.print(f"wrote {summary['run_dir']}: {', '.join(summary['files'])}")

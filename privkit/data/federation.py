@@ -28,8 +28,12 @@ from pydantic import Field, field_validator, model_validator
 
 from privkit.config import StrictModel
 from privkit.data.datasets import ArrayDataset, load_dataset
-from privkit.data.partition import (dirichlet_partition, iid_partition, shard_partition,
-                                    top_class_shares)
+from privkit.data.partition import (
+    dirichlet_partition,
+    iid_partition,
+    shard_partition,
+    top_class_shares,
+)
 from privkit.errors import PrivkitError
 from privkit.seeding import make_rng
 
@@ -67,21 +71,26 @@ class FederationConfig(StrictModel):
     def _carved_public_size(cls, data: object) -> object:
         # without a public dataset, public data is carved from `dataset`: 10 % unless public_size
         # says otherwise (the same default in `privkit data split`, `train` and `run`)
-        if isinstance(data, dict) and "public_size" not in data and "public_dataset" in data \
-                and cls._none_word(data["public_dataset"]) is None:
+        if (
+            isinstance(data, dict)
+            and "public_size" not in data
+            and "public_dataset" in data
+            and cls._none_word(data["public_dataset"]) is None
+        ):
             data = {**data, "public_size": CARVED_PUBLIC_SIZE}
         return data
 
     @model_validator(mode="after")
-    def _public_source(self) -> "FederationConfig":
+    def _public_source(self) -> FederationConfig:
         if self.public_dataset is None and self.public_size <= 0:
-            raise ValueError("public_size must be > 0 when public_dataset is None; found "
-                             f"{self.public_size}")
+            raise ValueError(
+                f"public_size must be > 0 when public_dataset is None; found {self.public_size}"
+            )
         return self
 
 
 def _size(spec: float, total: int, name: str) -> int:
-    n = int(round(spec * total)) if spec < 1 else int(spec)
+    n = round(spec * total) if spec < 1 else int(spec)
     if n < 0 or n > total:
         raise PrivkitError(f"{name} must be between 0 and {total}; found {spec}")
     return n
@@ -137,7 +146,9 @@ class Federation:
         idx = self.members
         return self.private.x[idx], self.private.y[idx]
 
-    def public_arrays(self, part: Literal["all", "distill", "negative"] = "all") -> tuple[np.ndarray, np.ndarray]:
+    def public_arrays(
+        self, part: Literal["all", "distill", "negative"] = "all"
+    ) -> tuple[np.ndarray, np.ndarray]:
         idx = {"all": self.public_indices, "distill": self.distill, "negative": self.negative}[part]
         return self.public.x[idx], self.public.y[idx]
 
@@ -145,7 +156,7 @@ class Federation:
         return np.stack([self.private.class_counts(c) for c in self.clients])
 
     # ------------------------------------------------------------------ derived federations
-    def with_clients(self, clients: list[np.ndarray], name: str) -> "Federation":
+    def with_clients(self, clients: list[np.ndarray], name: str) -> Federation:
         """The same federation with other client index sets (e.g. a shadow federation).
 
         Public data, test set and shadow pool stay as they are, so a shadow model is trained exactly
@@ -154,10 +165,18 @@ class Federation:
         for i, c in enumerate(clients):
             if len(c) and (c.min() < 0 or c.max() >= len(self.private)):
                 raise PrivkitError(f"client {i} indices out of range for {self.private.name}")
-        return Federation(config=self.config, private=self.private, public=self.public,
-                          clients=[np.asarray(c, dtype=np.int64) for c in clients], test=self.test,
-                          shadow_pool=self.shadow_pool, distill=self.distill, negative=self.negative,
-                          name=name, extra=dict(self.extra))
+        return Federation(
+            config=self.config,
+            private=self.private,
+            public=self.public,
+            clients=[np.asarray(c, dtype=np.int64) for c in clients],
+            test=self.test,
+            shadow_pool=self.shadow_pool,
+            distill=self.distill,
+            negative=self.negative,
+            name=name,
+            extra=dict(self.extra),
+        )
 
     # ------------------------------------------------------------------ summary / IO
     def summary(self) -> dict:
@@ -169,9 +188,13 @@ class Federation:
             "partition": self.config.partition,
             "alpha": self.config.alpha if self.config.partition == "dirichlet" else None,
             "seed": self.config.seed,
-            "sizes": {"clients_total": int(counts.sum()), "test": len(self.test),
-                      "shadow_pool": len(self.shadow_pool), "distill": len(self.distill),
-                      "negative": len(self.negative)},
+            "sizes": {
+                "clients_total": int(counts.sum()),
+                "test": len(self.test),
+                "shadow_pool": len(self.shadow_pool),
+                "distill": len(self.distill),
+                "negative": len(self.negative),
+            },
             "clients": [{"size": int(c.sum()), "class_counts": c.tolist()} for c in counts],
             "top_class_shares": top_class_shares(counts).tolist(),
         }
@@ -196,21 +219,30 @@ class Federation:
         write_text(path, json.dumps(self.to_dict()))
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Federation":
+    def from_dict(cls, data: dict) -> Federation:
         if data.get("schema_version") != SCHEMA_VERSION:
-            raise PrivkitError(f"federation schema_version must be {SCHEMA_VERSION}; "
-                               f"found {data.get('schema_version')!r}")
+            raise PrivkitError(
+                f"federation schema_version must be {SCHEMA_VERSION}; "
+                f"found {data.get('schema_version')!r}"
+            )
         cfg = FederationConfig.model_validate(data["config"])
         private = load_dataset(cfg.dataset, cfg.data_root)
         public = load_dataset(cfg.public_dataset, cfg.data_root) if cfg.public_dataset else private
-        arr = lambda k: np.asarray(data[k], dtype=np.int64)  # noqa: E731
-        return cls(config=cfg, private=private, public=public,
-                   clients=[np.asarray(c, dtype=np.int64) for c in data["clients"]],
-                   test=arr("test"), shadow_pool=arr("shadow_pool"), distill=arr("distill"),
-                   negative=arr("negative"), name=data.get("name", "target"))
+        arr = lambda k: np.asarray(data[k], dtype=np.int64)
+        return cls(
+            config=cfg,
+            private=private,
+            public=public,
+            clients=[np.asarray(c, dtype=np.int64) for c in data["clients"]],
+            test=arr("test"),
+            shadow_pool=arr("shadow_pool"),
+            distill=arr("distill"),
+            negative=arr("negative"),
+            name=data.get("name", "target"),
+        )
 
     @classmethod
-    def load(cls, path: str | Path) -> "Federation":
+    def load(cls, path: str | Path) -> Federation:
         from privkit.pipeline.files import read_json
 
         p = Path(path)
@@ -218,12 +250,16 @@ class Federation:
         try:
             return cls.from_dict(data)
         except (KeyError, TypeError, AttributeError) as exc:
-            raise PrivkitError(f"federation file {p} is malformed ({type(exc).__name__}: {exc})") from None
+            raise PrivkitError(
+                f"federation file {p} is malformed ({type(exc).__name__}: {exc})"
+            ) from None
 
 
 def build_federation(config: FederationConfig | dict) -> Federation:
     """Split the configured dataset(s) into a federation (deterministic in ``config.seed``)."""
-    cfg = config if isinstance(config, FederationConfig) else FederationConfig.model_validate(config)
+    cfg = (
+        config if isinstance(config, FederationConfig) else FederationConfig.model_validate(config)
+    )
     private = load_dataset(cfg.dataset, cfg.data_root)
     rng = make_rng(cfg.seed, "federation")
     n = len(private)
@@ -245,21 +281,33 @@ def build_federation(config: FederationConfig | dict) -> Federation:
     else:
         public = load_dataset(cfg.public_dataset, cfg.data_root)
         if public.input_shape != private.input_shape:
-            raise PrivkitError(f"public_dataset {public.name} has input shape {public.input_shape}, "
-                               f"but {private.name} has {private.input_shape}")
+            raise PrivkitError(
+                f"public_dataset {public.name} has input shape {public.input_shape}, "
+                f"but {private.name} has {private.input_shape}"
+            )
         public_idx = rng.permutation(len(public))
     if cfg.max_public:
         public_idx = public_idx[: cfg.max_public]
-    n_neg = int(round(cfg.negative_fraction * len(public_idx)))
+    n_neg = round(cfg.negative_fraction * len(public_idx))
     negative, distill = np.sort(public_idx[:n_neg]), np.sort(public_idx[n_neg:])
 
     pool = np.sort(rest)
     if cfg.partition == "dirichlet":
-        local = dirichlet_partition(private.y[pool], cfg.clients, cfg.alpha, rng, private.num_classes)
+        local = dirichlet_partition(
+            private.y[pool], cfg.clients, cfg.alpha, rng, private.num_classes
+        )
     elif cfg.partition == "iid":
         local = iid_partition(len(pool), cfg.clients, rng)
     else:
         local = shard_partition(private.y[pool], cfg.clients, cfg.shards_per_client, rng)
     clients = [pool[ix] for ix in local]
-    return Federation(config=cfg, private=private, public=public, clients=clients, test=test,
-                      shadow_pool=shadow_pool, distill=distill, negative=negative)
+    return Federation(
+        config=cfg,
+        private=private,
+        public=public,
+        clients=clients,
+        test=test,
+        shadow_pool=shadow_pool,
+        distill=distill,
+        negative=negative,
+    )

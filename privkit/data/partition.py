@@ -13,7 +13,9 @@ def _check_clients(n_items: int, n_clients: int) -> None:
     if n_clients < 1:
         raise PrivkitError(f"clients must be >= 1; found {n_clients}")
     if n_clients > n_items:
-        raise PrivkitError(f"clients must be <= the number of samples to split ({n_items}); found {n_clients}")
+        raise PrivkitError(
+            f"clients must be <= the number of samples to split ({n_items}); found {n_clients}"
+        )
 
 
 def sinkhorn_normalise(matrix: np.ndarray, iterations: int = 1000) -> np.ndarray:
@@ -31,8 +33,13 @@ def sinkhorn_normalise(matrix: np.ndarray, iterations: int = 1000) -> np.ndarray
     return m
 
 
-def dirichlet_partition(labels: np.ndarray, n_clients: int, alpha: float,
-                        rng: np.random.Generator, num_classes: int | None = None) -> list[np.ndarray]:
+def dirichlet_partition(
+    labels: np.ndarray,
+    n_clients: int,
+    alpha: float,
+    rng: np.random.Generator,
+    num_classes: int | None = None,
+) -> list[np.ndarray]:
     """Split ``labels``' indices among ``n_clients`` with Dirichlet(alpha) class mixtures.
 
     FedAUX Appendix B: for each class j draw p_j ~ Dir_n(alpha) (n = clients), stack into a
@@ -61,11 +68,14 @@ def dirichlet_partition(labels: np.ndarray, n_clients: int, alpha: float,
 def iid_partition(n_items: int, n_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Shuffle and cut into ``n_clients`` near-equal parts."""
     _check_clients(n_items, n_clients)
-    return [np.sort(p).astype(np.int64) for p in np.array_split(rng.permutation(n_items), n_clients)]
+    return [
+        np.sort(p).astype(np.int64) for p in np.array_split(rng.permutation(n_items), n_clients)
+    ]
 
 
-def shard_partition(labels: np.ndarray, n_clients: int, shards_per_client: int,
-                    rng: np.random.Generator) -> list[np.ndarray]:
+def shard_partition(
+    labels: np.ndarray, n_clients: int, shards_per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
     """Sort by label, cut into ``n_clients * shards_per_client`` equal shards, deal them out.
 
     The non-IID set-up of McMahan et al. used by FedKADP: with 2 shards per client most clients
@@ -77,7 +87,9 @@ def shard_partition(labels: np.ndarray, n_clients: int, shards_per_client: int,
     n_shards = n_clients * shards_per_client
     _check_clients(len(labels), n_clients)
     if n_shards > len(labels):
-        raise PrivkitError(f"clients * shards_per_client must be <= {len(labels)}; found {n_shards}")
+        raise PrivkitError(
+            f"clients * shards_per_client must be <= {len(labels)}; found {n_shards}"
+        )
     # random tie-break inside each label so shards are not ordered by acquisition
     order = np.lexsort((rng.random(len(labels)), labels))
     shards = np.array_split(order, n_shards)

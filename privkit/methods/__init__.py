@@ -22,8 +22,15 @@ from privkit.errors import PrivkitError
 from privkit.methods.base import TrainerConfig
 from privkit.methods.registry import REGISTRY, TrainerSpec, declare, register_trainer
 
-__all__ = ["REGISTRY", "TrainerConfig", "TrainerSpec", "declare", "get_trainer", "make_config",
-           "register_trainer"]
+__all__ = [
+    "REGISTRY",
+    "TrainerConfig",
+    "TrainerSpec",
+    "declare",
+    "get_trainer",
+    "make_config",
+    "register_trainer",
+]
 
 from privkit.methods import centralized as _centralized  # noqa: F401
 from privkit.methods import dpsgd as _dpsgd  # noqa: F401

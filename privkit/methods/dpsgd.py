@@ -39,8 +39,20 @@ class DpsgdConfig(CentralConfig):
     calibration_accountant: Literal["pld", "rdp"] = "pld"  # also the per-epoch epsilon in rounds
 
 
-declare("dpsgd", DpsgdConfig, "privkit.trainers.dpsgd:train_dpsgd",
-        "Centralised DP-SGD on the pooled client data (opacus, Poisson sampling), noise given or "
-        "calibrated to a target (epsilon, delta)", paper=PAPER, formal_dp=True,
-        quick={"arch": "mlp", "feature_dim": 64, "epochs": 10, "lr": 0.5, "batch_size": 128,
-               "calibration_accountant": "rdp"})
+declare(
+    "dpsgd",
+    DpsgdConfig,
+    "privkit.trainers.dpsgd:train_dpsgd",
+    "Centralised DP-SGD on the pooled client data (opacus, Poisson sampling), noise given or "
+    "calibrated to a target (epsilon, delta)",
+    paper=PAPER,
+    formal_dp=True,
+    quick={
+        "arch": "mlp",
+        "feature_dim": 64,
+        "epochs": 10,
+        "lr": 0.5,
+        "batch_size": 128,
+        "calibration_accountant": "rdp",
+    },
+)

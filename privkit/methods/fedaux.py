@@ -31,8 +31,14 @@ class FedAUXConfig(FedDFConfig):
 
 
 # CPU-sized: FedDF's quick setting; h0 is the same as FedAUXfdp's quick h0 (cached per process).
-declare("fedaux", FedAUXConfig, "privkit.trainers.fedaux:train_fedaux",
-        "FedAUX: pretrained h0, DP certainty scores (binary logistic heads vs public negatives), "
-        "certainty-weighted ensemble distillation; client models sent in the clear (epsilon inf for "
-        "the pipeline, scores DP)",
-        paper="Sattler et al., FedAUX (IEEE TNNLS 2021)", formal_dp=False, quick=FEDDF_QUICK)
+declare(
+    "fedaux",
+    FedAUXConfig,
+    "privkit.trainers.fedaux:train_fedaux",
+    "FedAUX: pretrained h0, DP certainty scores (binary logistic heads vs public negatives), "
+    "certainty-weighted ensemble distillation; client models sent in the clear (epsilon inf for "
+    "the pipeline, scores DP)",
+    paper="Sattler et al., FedAUX (IEEE TNNLS 2021)",
+    formal_dp=False,
+    quick=FEDDF_QUICK,
+)

@@ -52,8 +52,10 @@ class DpHeadConfig(PretrainConfig):
     def _needs_frozen_h0(self) -> DpHeadConfig:
         # The DP argument needs a feature extractor that never saw private data: heads on frozen h0.
         if not (self.pretrain and self.freeze):
-            raise ValueError("the DP heads sit on the frozen pretrained h0: pretrain and freeze must be "
-                             f"true; found pretrain={self.pretrain}, freeze={self.freeze}")
+            raise ValueError(
+                "the DP heads sit on the frozen pretrained h0: pretrain and freeze must be "
+                f"true; found pretrain={self.pretrain}, freeze={self.freeze}"
+            )
         return self
 
     def budget(self) -> tuple[float, float]:
@@ -79,19 +81,45 @@ class DpHeadBaselineConfig(DpHeadConfig):
 
 # CPU-sized: an MLP h0 pretrained on all the public data (the 20 % negative part alone, ~360
 # digits28 images, gives a weaker h0: linear probe 81 % against 85 %), student head-only.
-QUICK = {"arch": "mlp", "feature_dim": 64, "pretrain_epochs": 20, "pretrain_data": "all", "pretrain_seed": 0,
-         "student_epochs": 30, "student_lr": 1e-2, "student_freeze": True}
+QUICK = {
+    "arch": "mlp",
+    "feature_dim": 64,
+    "pretrain_epochs": 20,
+    "pretrain_data": "all",
+    "pretrain_seed": 0,
+    "student_epochs": 30,
+    "student_lr": 1e-2,
+    "student_freeze": True,
+}
 _TRAINERS = "privkit.trainers.fedauxfdp"
 
-declare("fedauxfdp", FedAuxFdpConfig, f"{_TRAINERS}:train_fedauxfdp",
-        "FedAUXfdp: one-shot, frozen h0, DP multinomial class heads + DP scoring heads, score-weighted "
-        "soft labels, student from h0",
-        paper="Hoech et al., FedAUXfdp (FL-IJCAI'22)", formal_dp=True, quick=QUICK)
-declare("fedavg-dphead", DpHeadBaselineConfig, f"{_TRAINERS}:train_fedavg_dphead",
-        "FedAvg+P with DP heads (FedAUXfdp Table 2 baseline): mean of the clients' DP class heads on "
-        "frozen h0, one round",
-        paper="Hoech et al., FedAUXfdp (FL-IJCAI'22), Table 2", formal_dp=True, quick=QUICK)
-declare("fedd-dphead", DpHeadBaselineConfig, f"{_TRAINERS}:train_fedd_dphead",
-        "FedD+P with DP heads (FedAUXfdp Table 2 baseline): student distilled from the mean-logit "
-        "DP-head ensemble (FedD), one round",
-        paper="Hoech et al., FedAUXfdp (FL-IJCAI'22), Table 2", formal_dp=True, quick=QUICK)
+declare(
+    "fedauxfdp",
+    FedAuxFdpConfig,
+    f"{_TRAINERS}:train_fedauxfdp",
+    "FedAUXfdp: one-shot, frozen h0, DP multinomial class heads + DP scoring heads, score-weighted "
+    "soft labels, student from h0",
+    paper="Hoech et al., FedAUXfdp (FL-IJCAI'22)",
+    formal_dp=True,
+    quick=QUICK,
+)
+declare(
+    "fedavg-dphead",
+    DpHeadBaselineConfig,
+    f"{_TRAINERS}:train_fedavg_dphead",
+    "FedAvg+P with DP heads (FedAUXfdp Table 2 baseline): mean of the clients' DP class heads on "
+    "frozen h0, one round",
+    paper="Hoech et al., FedAUXfdp (FL-IJCAI'22), Table 2",
+    formal_dp=True,
+    quick=QUICK,
+)
+declare(
+    "fedd-dphead",
+    DpHeadBaselineConfig,
+    f"{_TRAINERS}:train_fedd_dphead",
+    "FedD+P with DP heads (FedAUXfdp Table 2 baseline): student distilled from the mean-logit "
+    "DP-head ensemble (FedD), one round",
+    paper="Hoech et al., FedAUXfdp (FL-IJCAI'22), Table 2",
+    formal_dp=True,
+    quick=QUICK,
+)

@@ -45,14 +45,34 @@ class FedProxConfig(FedAvgConfig):
 
 # CPU-sized (the demo): a 784-64-10 MLP, 10 rounds of 5 local epochs (measured on the quickstart
 # federation: 88 % in ~3 s on one core, against 53 % for 3 rounds of 1 epoch).
-QUICK = {"arch": "mlp", "feature_dim": 64, "rounds": 10, "participation": 0.5, "local_epochs": 5,
-         "pretrain_epochs": 20, "pretrain_data": "all", "pretrain_seed": 0}
+QUICK = {
+    "arch": "mlp",
+    "feature_dim": 64,
+    "rounds": 10,
+    "participation": 0.5,
+    "local_epochs": 5,
+    "pretrain_epochs": 20,
+    "pretrain_data": "all",
+    "pretrain_seed": 0,
+}
 
-declare("fedavg", FedAvgConfig, "privkit.trainers.fedavg:train_fedavg",
-        "FedAvg: local training + size-weighted parameter averaging (pretrain/freeze switch h0 "
-        "'+P'/'+F'); models sent in the clear",
-        paper="McMahan et al. 2017; FedAUX (Sattler et al.) baselines", formal_dp=False, quick=QUICK)
-declare("fedprox", FedProxConfig, "privkit.trainers.fedavg:train_fedprox",
-        "FedProx: FedAvg with a proximal term (mu/2)||theta - theta_t||^2 in local training; models "
-        "sent in the clear",
-        paper="Li et al. 2020; FedAUX (Sattler et al.) baselines", formal_dp=False, quick=QUICK)
+declare(
+    "fedavg",
+    FedAvgConfig,
+    "privkit.trainers.fedavg:train_fedavg",
+    "FedAvg: local training + size-weighted parameter averaging (pretrain/freeze switch h0 "
+    "'+P'/'+F'); models sent in the clear",
+    paper="McMahan et al. 2017; FedAUX (Sattler et al.) baselines",
+    formal_dp=False,
+    quick=QUICK,
+)
+declare(
+    "fedprox",
+    FedProxConfig,
+    "privkit.trainers.fedavg:train_fedprox",
+    "FedProx: FedAvg with a proximal term (mu/2)||theta - theta_t||^2 in local training; models "
+    "sent in the clear",
+    paper="Li et al. 2020; FedAUX (Sattler et al.) baselines",
+    formal_dp=False,
+    quick=QUICK,
+)

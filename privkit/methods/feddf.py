@@ -23,7 +23,13 @@ class FedDFConfig(FedAvgConfig):
 # best distillation step size at alpha=0.01; the paper's 5e-5 makes ~12 steps on 1.4k images).
 QUICK = {**FEDAVG_QUICK, "distill_epochs": 1, "distill_lr": 1e-4}
 
-declare("feddf", FedDFConfig, "privkit.trainers.feddf:train_feddf",
-        "FedDF/FedD: FedAvg + server distillation of the mean-logit client ensemble on public data "
-        "(pretrain/freeze: '+P'/'+F'); models sent in the clear",
-        paper="Lin et al. 2020; FedAUX (Sattler et al.) baselines", formal_dp=False, quick=QUICK)
+declare(
+    "feddf",
+    FedDFConfig,
+    "privkit.trainers.feddf:train_feddf",
+    "FedDF/FedD: FedAvg + server distillation of the mean-logit client ensemble on public data "
+    "(pretrain/freeze: '+P'/'+F'); models sent in the clear",
+    paper="Lin et al. 2020; FedAUX (Sattler et al.) baselines",
+    formal_dp=False,
+    quick=QUICK,
+)

@@ -9,8 +9,10 @@ from pydantic import Field
 from privkit.methods.base import TrainerConfig
 from privkit.methods.registry import declare
 
-PAPER = "Jiang et al., A Personalized Federated Learning Method Based on Knowledge Distillation and " \
-        "Differential Privacy (FedKADP), Electronics 13(17) 3538, 2024"
+PAPER = (
+    "Jiang et al., A Personalized Federated Learning Method Based on Knowledge Distillation and "
+    "Differential Privacy (FedKADP), Electronics 13(17) 3538, 2024"
+)
 
 Positive = Annotated[float, Field(gt=0)]
 Unit = Annotated[float, Field(gt=0, le=1)]
@@ -65,12 +67,32 @@ class FedKADPConfig(DpFedConfig):
     accuracy_clip: Positive = 100.0  # |M_a| cap: the paper's ratio is unbounded (privkit choice)
 
 
-QUICK = {"rounds": 12, "local_steps": 10, "noise_multiplier": 1.0, "target_epsilon": 16.0, "lr": 0.5,
-         "client_fraction": 0.25}
+QUICK = {
+    "rounds": 12,
+    "local_steps": 10,
+    "noise_multiplier": 1.0,
+    "target_epsilon": 16.0,
+    "lr": 0.5,
+    "client_fraction": 0.25,
+}
 
-declare("fedkadp", FedKADPConfig, "privkit.trainers.fedkadp:train_fedkadp",
-        "FedKADP: KD from the global model + DP-SGD with adaptive temperature and noise "
-        "(bidirectional feedback), stopped at the privacy budget", paper=PAPER, formal_dp=True, quick=QUICK)
-declare("dp-fedavg", DpFedConfig, "privkit.trainers.fedkadp:train_dp_fedavg",
-        "DP-FedAvg: FedAvg whose clients run record-level DP-SGD (Poisson sampling, fixed noise), "
-        "stopped at the privacy budget", paper=PAPER, formal_dp=True, quick=QUICK)
+declare(
+    "fedkadp",
+    FedKADPConfig,
+    "privkit.trainers.fedkadp:train_fedkadp",
+    "FedKADP: KD from the global model + DP-SGD with adaptive temperature and noise "
+    "(bidirectional feedback), stopped at the privacy budget",
+    paper=PAPER,
+    formal_dp=True,
+    quick=QUICK,
+)
+declare(
+    "dp-fedavg",
+    DpFedConfig,
+    "privkit.trainers.fedkadp:train_dp_fedavg",
+    "DP-FedAvg: FedAvg whose clients run record-level DP-SGD (Poisson sampling, fixed noise), "
+    "stopped at the privacy budget",
+    paper=PAPER,
+    formal_dp=True,
+    quick=QUICK,
+)

@@ -10,8 +10,10 @@ from privkit.methods.fedkadp import QUICK as FEDKADP_QUICK
 from privkit.methods.fedkadp import DpFedConfig
 from privkit.methods.registry import declare
 
-PAPER = ("Wu et al., Communication-efficient federated learning via knowledge distillation, "
-         "Nature Communications 13:2032 (2022); with DP as FedKADP's baseline 'FedKD (with DP)'")
+PAPER = (
+    "Wu et al., Communication-efficient federated learning via knowledge distillation, "
+    "Nature Communications 13:2032 (2022); with DP as FedKADP's baseline 'FedKD (with DP)'"
+)
 
 
 class FedKDConfig(DpFedConfig):
@@ -25,7 +27,9 @@ class FedKDConfig(DpFedConfig):
     mentor_arch: Literal["cnn", "mlp"] | None = None  # None: the mentee's arch
     mentor_width: Annotated[int, Field(ge=1)] = 32
     mentor_feature_dim: Annotated[int, Field(ge=2)] = 128
-    mentor_depth: Annotated[int, Field(ge=1)] = 1  # hidden layers (mlp); a deeper mentor shares the clip norm with more weights
+    mentor_depth: Annotated[int, Field(ge=1)] = (
+        1  # hidden layers (mlp); a deeper mentor shares the clip norm with more weights
+    )
     hidden_loss: bool = True  # the MSE(h_t, W_h h_s) term
     compress: bool = True  # truncated-SVD compression of the up- and downloads
     energy_start: Annotated[float, Field(gt=0, le=1)] = 0.95  # T_start (paper)
@@ -34,12 +38,19 @@ class FedKDConfig(DpFedConfig):
     @model_validator(mode="after")
     def _energy_order(self) -> FedKDConfig:
         if self.energy_start > self.energy_end:
-            raise ValueError(f"energy_start must be <= energy_end; found {self.energy_start} > "
-                             f"{self.energy_end}")
+            raise ValueError(
+                f"energy_start must be <= energy_end; found {self.energy_start} > {self.energy_end}"
+            )
         return self
 
 
-declare("fedkd-dp", FedKDConfig, "privkit.trainers.fedkd:train_fedkd_dp",
-        "FedKD+DP (Wu et al. 2022): local mentor + shared mentee, adaptive mutual distillation, "
-        "SVD-compressed mentee updates, joint DP-SGD", paper=PAPER, formal_dp=True,
-        quick={**FEDKADP_QUICK, "mentor_feature_dim": 96})
+declare(
+    "fedkd-dp",
+    FedKDConfig,
+    "privkit.trainers.fedkd:train_fedkd_dp",
+    "FedKD+DP (Wu et al. 2022): local mentor + shared mentee, adaptive mutual distillation, "
+    "SVD-compressed mentee updates, joint DP-SGD",
+    paper=PAPER,
+    formal_dp=True,
+    quick={**FEDKADP_QUICK, "mentor_feature_dim": 96},
+)

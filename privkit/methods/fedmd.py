@@ -80,21 +80,48 @@ class FedMDLdpConfig(FedMDConfig):
     epsilon: Annotated[float, Field(gt=0)] | None = None
     delta: Annotated[float, Field(gt=0, lt=1)] | None = None
     logit_clip: Annotated[float, Field(gt=0)] = (
-    10.0  # L2 clip of shared logit vectors (logits mode)
+        10.0  # L2 clip of shared logit vectors (logits mode)
     )
 
 
 # CPU-sized: 5 rounds, 500 public records per round; NFDP's k=16 subsets train with the paper's
 # revisit batch 5 (T1=20 epochs), the all-data variants with batch 16 (T1=10) at a similar cost.
-QUICK = {"arch": "mlp", "feature_dim": 64, "rounds": 5, "init_epochs": 10, "pretrain_epochs": 2,
-         "public_subset": 500, "digest_epochs": 1, "revisit_batch_size": 16, "heterogeneous": True}
+QUICK = {
+    "arch": "mlp",
+    "feature_dim": 64,
+    "rounds": 5,
+    "init_epochs": 10,
+    "pretrain_epochs": 2,
+    "public_subset": 500,
+    "digest_epochs": 1,
+    "revisit_batch_size": 16,
+    "heterogeneous": True,
+}
 
-declare("fedmd-nfdp", FedMDNfdpConfig, "privkit.trainers.fedmd:train_fedmd_nfdp",
-        "FedMD with noise-free DP: parties train on one random k-subset, share predictions",
-        paper=PAPER, formal_dp=True, quick={**QUICK, "k": 16, "init_epochs": 20, "revisit_batch_size": 5})
-declare("fedmd-np", FedMDNpConfig, "privkit.trainers.fedmd:train_fedmd_np",
-        "FedMD without privacy: parties train on all private data, share predictions",
-        paper=PAPER, formal_dp=False, quick=QUICK)
-declare("fedmd-ldp", FedMDLdpConfig, "privkit.trainers.fedmd:train_fedmd_ldp",
-        "FedMD with Gaussian noise on shared predictions, at NFDP's (epsilon, delta)",
-        paper=PAPER, formal_dp=False, quick={**QUICK, "knowledge": "softmax"})
+declare(
+    "fedmd-nfdp",
+    FedMDNfdpConfig,
+    "privkit.trainers.fedmd:train_fedmd_nfdp",
+    "FedMD with noise-free DP: parties train on one random k-subset, share predictions",
+    paper=PAPER,
+    formal_dp=True,
+    quick={**QUICK, "k": 16, "init_epochs": 20, "revisit_batch_size": 5},
+)
+declare(
+    "fedmd-np",
+    FedMDNpConfig,
+    "privkit.trainers.fedmd:train_fedmd_np",
+    "FedMD without privacy: parties train on all private data, share predictions",
+    paper=PAPER,
+    formal_dp=False,
+    quick=QUICK,
+)
+declare(
+    "fedmd-ldp",
+    FedMDLdpConfig,
+    "privkit.trainers.fedmd:train_fedmd_ldp",
+    "FedMD with Gaussian noise on shared predictions, at NFDP's (epsilon, delta)",
+    paper=PAPER,
+    formal_dp=False,
+    quick={**QUICK, "knowledge": "softmax"},
+)

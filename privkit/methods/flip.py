@@ -30,15 +30,20 @@ class FlipAttackConfig(StrictModel):
     shadows: Annotated[int, Field(ge=2)] = 128
     catboost_iterations: Annotated[int, Field(ge=1)] = 10_000
     catboost_depth: Annotated[int, Field(ge=1)] = 1
-    mia_rounds: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 25, 50, 75, 100])
+    mia_rounds: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [1, 25, 50, 75, 100]
+    )
     table2_rounds: Literal["all", "last"] = "all"
     table2_classifier: Literal["catboost", "logreg"] = "catboost"
 
     def reductions(self) -> list[str]:
         """Each setting below the paper's, as ``"<field> <value> (paper <value>)"``."""
         paper = FlipAttackConfig()
-        out = [f"{name} {getattr(self, name)} (paper {getattr(paper, name)})"
-               for name in ("shadows", "catboost_iterations") if getattr(self, name) < getattr(paper, name)]
+        out = [
+            f"{name} {getattr(self, name)} (paper {getattr(paper, name)})"
+            for name in ("shadows", "catboost_iterations")
+            if getattr(self, name) < getattr(paper, name)
+        ]
         if self.table2_rounds != paper.table2_rounds:
             out.append("table2_rounds last (paper: every round's release)")
         if self.table2_classifier != paper.table2_classifier:
@@ -79,8 +84,18 @@ class FlipConfig(TrainerConfig):
     attack: FlipAttackConfig = Field(default_factory=FlipAttackConfig)
 
 
-declare("flip", FlipConfig, "privkit.trainers.flip:train_flip",
-        "FLiP: clients share distilled samples (local-global dataset distillation)",
-        paper=PAPER, formal_dp=False,
-        quick={"k": 2, "rounds": 4, "local_epochs": 8, "feature_dim": 32,
-               "attack": {"shadows": 2, "catboost_iterations": 200}})
+declare(
+    "flip",
+    FlipConfig,
+    "privkit.trainers.flip:train_flip",
+    "FLiP: clients share distilled samples (local-global dataset distillation)",
+    paper=PAPER,
+    formal_dp=False,
+    quick={
+        "k": 2,
+        "rounds": 4,
+        "local_epochs": 8,
+        "feature_dim": 32,
+        "attack": {"shadows": 2, "catboost_iterations": 200},
+    },
+)

@@ -28,6 +28,8 @@ class PretrainConfig(TrainerConfig):
     @model_validator(mode="after")
     def _freeze_needs_pretrain(self) -> PretrainConfig:
         if self.freeze and not self.pretrain:
-            raise ValueError("freeze=true freezes the pretrained h0, so it needs pretrain=true; "
-                             f"found pretrain={self.pretrain}")
+            raise ValueError(
+                "freeze=true freezes the pretrained h0, so it needs pretrain=true; "
+                f"found pretrain={self.pretrain}"
+            )
         return self

@@ -59,18 +59,34 @@ REGISTRY: dict[str, TrainerSpec] = {}
 """Every registered method by name (``privkit train --list`` prints it)."""
 
 
-def declare(name: str, config_cls: type[TrainerConfig], target: str | TrainerFn, summary: str, *,
-            paper: str | None = None, formal_dp: bool = True, quick: dict | None = None) -> TrainerSpec:
+def declare(
+    name: str,
+    config_cls: type[TrainerConfig],
+    target: str | TrainerFn,
+    summary: str,
+    *,
+    paper: str | None = None,
+    formal_dp: bool = True,
+    quick: dict | None = None,
+) -> TrainerSpec:
     """Register method ``name``; ``target`` is its trainer or the trainer's ``"module:function"``."""
     if name in REGISTRY:
         raise PrivkitError(f"trainer {name!r} registered twice")
-    REGISTRY[name] = TrainerSpec(name, config_cls, target, summary, paper, formal_dp, dict(quick or {}))
+    REGISTRY[name] = TrainerSpec(
+        name, config_cls, target, summary, paper, formal_dp, dict(quick or {})
+    )
     return REGISTRY[name]
 
 
-def register_trainer(name: str, config_cls: type[TrainerConfig], summary: str, *,
-                     paper: str | None = None, formal_dp: bool = True,
-                     quick: dict | None = None) -> Callable[[TrainerFn], TrainerFn]:
+def register_trainer(
+    name: str,
+    config_cls: type[TrainerConfig],
+    summary: str,
+    *,
+    paper: str | None = None,
+    formal_dp: bool = True,
+    quick: dict | None = None,
+) -> Callable[[TrainerFn], TrainerFn]:
     """Decorator registering ``fn(federation, config, seed, progress=False) -> TrainResult`` as is."""
 
     def deco(fn: TrainerFn) -> TrainerFn:

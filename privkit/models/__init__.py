@@ -55,10 +55,15 @@ def _cnn_features(in_shape: tuple[int, int, int], width: int, feature_dim: int) 
     if h < 8 or w < 8:
         raise PrivkitError(f"cnn needs inputs of at least 8x8; found {h}x{w}")
     return nn.Sequential(
-        nn.Conv2d(c, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c, width, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(width, 2 * width, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Linear(2 * width * (h // 4) * (w // 4), feature_dim), nn.ReLU(),
+        nn.Linear(2 * width * (h // 4) * (w // 4), feature_dim),
+        nn.ReLU(),
     )
 
 
@@ -71,8 +76,16 @@ def _mlp_features(in_shape: tuple[int, int, int], hidden: int, depth: int) -> nn
     return nn.Sequential(*layers)
 
 
-def build_model(arch: str, input_shape: tuple[int, ...], num_classes: int, *, width: int = 16,
-                feature_dim: int = 128, depth: int = 1, normalize: bool = False) -> FeatureClassifier:
+def build_model(
+    arch: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    width: int = 16,
+    feature_dim: int = 128,
+    depth: int = 1,
+    normalize: bool = False,
+) -> FeatureClassifier:
     """Build a model from a spec.
 
     Parameters
@@ -92,7 +105,11 @@ def build_model(arch: str, input_shape: tuple[int, ...], num_classes: int, *, wi
     if num_classes < 2:
         raise PrivkitError(f"num_classes must be >= 2; found {num_classes}")
     if arch in ARCHITECTURES:
-        feats = _cnn_features(shape, width, feature_dim) if arch == "cnn" else _mlp_features(shape, feature_dim, depth)
+        feats = (
+            _cnn_features(shape, width, feature_dim)
+            if arch == "cnn"
+            else _mlp_features(shape, feature_dim, depth)
+        )
         if normalize:
             feats.append(UnitNormalize(feature_dim))
         return FeatureClassifier(feats, feature_dim, num_classes)
@@ -101,7 +118,12 @@ def build_model(arch: str, input_shape: tuple[int, ...], num_classes: int, *, wi
 
 def model_spec(arch: str, input_shape: tuple[int, ...], num_classes: int, **kwargs: Any) -> dict:
     """A JSON-able spec that :func:`build_from_spec` turns back into the same architecture."""
-    return {"arch": arch, "input_shape": list(input_shape), "num_classes": int(num_classes), **kwargs}
+    return {
+        "arch": arch,
+        "input_shape": list(input_shape),
+        "num_classes": int(num_classes),
+        **kwargs,
+    }
 
 
 def build_from_spec(spec: dict) -> FeatureClassifier:
@@ -118,11 +140,20 @@ def select_device(spec: str = "auto") -> torch.device:
         return torch.device("cpu")
     if spec.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise PrivkitError(f"device must be auto, cpu or an available cuda device; found {spec!r} "
-                               "but torch sees no GPU")
+            raise PrivkitError(
+                f"device must be auto, cpu or an available cuda device; found {spec!r} "
+                "but torch sees no GPU"
+            )
         return torch.device(spec)
     raise PrivkitError(f"device must be auto, cpu or cuda; found {spec!r}")
 
 
-__all__ = ["ARCHITECTURES", "FeatureClassifier", "UnitNormalize", "build_from_spec", "build_model", "model_spec",
-           "select_device"]
+__all__ = [
+    "ARCHITECTURES",
+    "FeatureClassifier",
+    "UnitNormalize",
+    "build_from_spec",
+    "build_model",
+    "model_spec",
+    "select_device",
+]

@@ -9,10 +9,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
-from typing_extensions import Annotated
 
 from privkit.config import Engine, StrictModel, apply_overrides, load_toml
 from privkit.data import DATASETS, FederationConfig
@@ -29,7 +28,6 @@ Accountant = Literal["basic", "advanced", "rdp", "pld"]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-
 # the audit layer's executors (attacks.executor.EXECUTORS, a test keeps them equal), named here so
 # that options are checked without importing the audit layer
 EXECUTORS = ("serial", "process", "ray")
@@ -42,8 +40,10 @@ def check_executor(name: str, option: str = "executor") -> None:
     if name not in EXECUTORS:
         raise PrivkitError(f"{option} must be one of {', '.join(EXECUTORS)}; found {name!r}")
     if name == "ray" and find_spec("ray") is None:
-        raise PrivkitError(f'{option} ray needs Ray, which is not installed; found none '
-                           '(pip install "privkit[ray]")')
+        raise PrivkitError(
+            f"{option} ray needs Ray, which is not installed; found none "
+            '(pip install "privkit[ray]")'
+        )
 
 
 class MethodEntry(StrictModel):
@@ -54,8 +54,9 @@ class MethodEntry(StrictModel):
     quick: bool = False
     seed: int | None = None
     overrides: dict[str, Any] = Field(default_factory=dict)
-    engine: Engine | None = Field(default=None, description="where this method's federation runs "
-                                  "(default: the run's engine)")
+    engine: Engine | None = Field(
+        default=None, description="where this method's federation runs (default: the run's engine)"
+    )
 
     @property
     def key(self) -> str:
@@ -66,8 +67,11 @@ class ControlSettings(StrictModel):
     """Audit controls (:mod:`privkit.audit.controls`): broken twins of a DP-SGD method of the run."""
 
     enabled: bool = True
-    method: str | None = Field(default=None, description="label of the dpsgd method to twin (default: "
-                               "the run's first dpsgd method, else dpsgd's own config)")
+    method: str | None = Field(
+        default=None,
+        description="label of the dpsgd method to twin (default: "
+        "the run's first dpsgd method, else dpsgd's own config)",
+    )
     black_box_epochs: Annotated[int, Field(ge=1)] = 20
     canaries: Annotated[int, Field(ge=10)] = 1000
 
@@ -78,12 +82,17 @@ class MechanismControlSettings(StrictModel):
     as it is accounted (the correct twin) and with half its noise (the noise-halved twin)."""
 
     enabled: bool = True
-    canaries: Annotated[int, Field(ge=10)] = Field(default=1000, description="canaries per probe set")
+    canaries: Annotated[int, Field(ge=10)] = Field(
+        default=1000, description="canaries per probe set"
+    )
     clients: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = Field(
-        default_factory=lambda: [0], description="the clients whose mechanisms take probes")
+        default_factory=lambda: [0], description="the clients whose mechanisms take probes"
+    )
     confidence: Annotated[float, Field(gt=0, lt=1)] = Field(
-        default=0.95, description="family-wise confidence of each method's verdict (Bonferroni over "
-                                  "its probe sets)")
+        default=0.95,
+        description="family-wise confidence of each method's verdict (Bonferroni over "
+        "its probe sets)",
+    )
 
 
 class AuditSettings(StrictModel):
@@ -122,9 +131,12 @@ class ReportSettings(StrictModel):
     """``[report]`` of a run config: the title, what was scaled down, the formats written."""
 
     title: str = "privkit privacy report"
-    reduced: list[str] = Field(default_factory=list,
-                               description="what this config scales down from the papers")
-    formats: list[Literal["json", "html", "md"]] = Field(default_factory=lambda: ["json", "html", "md"])
+    reduced: list[str] = Field(
+        default_factory=list, description="what this config scales down from the papers"
+    )
+    formats: list[Literal["json", "html", "md"]] = Field(
+        default_factory=lambda: ["json", "html", "md"]
+    )
 
 
 class RunConfig(StrictModel):
@@ -135,16 +147,24 @@ class RunConfig(StrictModel):
     delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
     accountant: Literal["best", "basic", "advanced", "rdp", "pld"] = "best"
     accountants: Annotated[list[Accountant], Field(min_length=1)] = Field(
-        default_factory=lambda: list(ACCOUNTANTS), description="computed per client")
+        default_factory=lambda: list(ACCOUNTANTS), description="computed per client"
+    )
     pld_grid: Annotated[float, Field(gt=0, le=0.1)] | None = Field(
-        default=None, description="PLD value discretisation (default: the accountant's 1e-4)")
+        default=None, description="PLD value discretisation (default: the accountant's 1e-4)"
+    )
     curve_accountant: Accountant = "rdp"
     workers: Annotated[int, Field(ge=1)] = Field(
-        default=1, description="methods run in parallel in this many local processes")
+        default=1, description="methods run in parallel in this many local processes"
+    )
     reproducible_noise: bool = Field(
-        default=False, description="derive every method's DP noise from its seed (stamped 'not for release')")
-    engine: Engine = Field(default="inprocess", description="where the federated methods run: privkit's "
-                           "in-process federation or Flower's simulation engine (privkit.flower.engine)")
+        default=False,
+        description="derive every method's DP noise from its seed (stamped 'not for release')",
+    )
+    engine: Engine = Field(
+        default="inprocess",
+        description="where the federated methods run: privkit's "
+        "in-process federation or Flower's simulation engine (privkit.flower.engine)",
+    )
     federation: FederationConfig = Field(default_factory=FederationConfig)
     methods: Annotated[list[MethodEntry], Field(min_length=1)]
     audit: AuditSettings = Field(default_factory=AuditSettings)
@@ -158,15 +178,19 @@ class RunConfig(StrictModel):
         return v
 
     @model_validator(mode="after")
-    def _unique_keys(self) -> "RunConfig":
+    def _unique_keys(self) -> RunConfig:
         keys = [m.key for m in self.methods]
         dup = sorted({k for k in keys if keys.count(k) > 1})
         if dup:
-            raise ValueError(f"methods must have unique names (set `label` to run one method twice); "
-                             f"found duplicates {dup}")
+            raise ValueError(
+                f"methods must have unique names (set `label` to run one method twice); "
+                f"found duplicates {dup}"
+            )
         for k in keys:
             if not _NAME.match(k):
-                raise ValueError(f"method label must be letters, digits, '.', '_' or '-'; found {k!r}")
+                raise ValueError(
+                    f"method label must be letters, digits, '.', '_' or '-'; found {k!r}"
+                )
         return self
 
 
@@ -186,9 +210,18 @@ class ResolvedMethod:
     engine: str = "inprocess"
 
     def to_dict(self) -> dict:
-        return {"key": self.key, "method": self.method, "seed": self.seed, "quick": self.quick,
-                "overrides": self.overrides, "trainer": self.trainer, "summary": self.summary,
-                "paper": self.paper, "formal_dp": self.formal_dp, "engine": self.engine}
+        return {
+            "key": self.key,
+            "method": self.method,
+            "seed": self.seed,
+            "quick": self.quick,
+            "overrides": self.overrides,
+            "trainer": self.trainer,
+            "summary": self.summary,
+            "paper": self.paper,
+            "formal_dp": self.formal_dp,
+            "engine": self.engine,
+        }
 
 
 @dataclass
@@ -201,13 +234,18 @@ class ResolvedRun:
     overrides: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"schema_version": SCHEMA_VERSION, "source": self.source, "overrides": self.overrides,
-                **self.config.model_dump(mode="json"),
-                "resolved_methods": [m.to_dict() for m in self.methods]}
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "source": self.source,
+            "overrides": self.overrides,
+            **self.config.model_dump(mode="json"),
+            "resolved_methods": [m.to_dict() for m in self.methods],
+        }
 
 
-def resolve_config(data: dict, *, source: str | None = None,
-                   overrides: list[str] | None = None) -> ResolvedRun:
+def resolve_config(
+    data: dict, *, source: str | None = None, overrides: list[str] | None = None
+) -> ResolvedRun:
     """Validate a run config completely (every method's trainer config included).
 
     Raises
@@ -232,23 +270,38 @@ def resolve_config(data: dict, *, source: str | None = None,
         check_engine(engine, entry.name)
         base = spec.quick_config() if entry.quick else spec.defaults()
         try:
-            noise = {"reproducible_noise": True} if cfg.reproducible_noise else {}  # default: release mode
-            trainer = make_config(entry.name, {**base, **entry.overrides, **noise}).model_dump(mode="json")
+            noise = (
+                {"reproducible_noise": True} if cfg.reproducible_noise else {}
+            )  # default: release mode
+            trainer = make_config(entry.name, {**base, **entry.overrides, **noise}).model_dump(
+                mode="json"
+            )
         except ValidationError as exc:
-            raise PrivkitError(f"invalid run config: methods[{i}] ({entry.key}) trainer config: "
-                               f"{_one_line(exc)}") from None
-        methods.append(ResolvedMethod(key=entry.key, method=entry.name,
-                                      seed=cfg.seed if entry.seed is None else entry.seed,
-                                      quick=entry.quick, overrides=dict(entry.overrides),
-                                      trainer=trainer, summary=spec.summary, paper=spec.paper,
-                                      formal_dp=spec.formal_dp, engine=engine))
+            raise PrivkitError(
+                f"invalid run config: methods[{i}] ({entry.key}) trainer config: {_one_line(exc)}"
+            ) from None
+        methods.append(
+            ResolvedMethod(
+                key=entry.key,
+                method=entry.name,
+                seed=cfg.seed if entry.seed is None else entry.seed,
+                quick=entry.quick,
+                overrides=dict(entry.overrides),
+                trainer=trainer,
+                summary=spec.summary,
+                paper=spec.paper,
+                formal_dp=spec.formal_dp,
+                engine=engine,
+            )
+        )
     _check_attacks(cfg.audit)
     if cfg.audit.enabled:
         check_executor(cfg.audit.executor, "audit.executor")
     want = cfg.audit.controls.method
     if want is not None and want not in {m.key for m in methods if m.method == "dpsgd"}:
-        raise PrivkitError(f"audit.controls.method must be the label of a dpsgd method of the run; "
-                           f"found {want!r}")
+        raise PrivkitError(
+            f"audit.controls.method must be the label of a dpsgd method of the run; found {want!r}"
+        )
     _check_probed_clients(cfg)
     return ResolvedRun(config=cfg, methods=methods, source=source, overrides=overrides)
 
@@ -262,8 +315,10 @@ def _check_dataset(fed: FederationConfig) -> None:
             if not Path(name).expanduser().is_file():
                 raise PrivkitError(f"federation.{field_name}: file not found; found {name!r}")
             continue
-        raise PrivkitError(f"federation.{field_name} must be one of {', '.join(sorted(DATASETS))} "
-                           f"or a path to a .npz file; found {name!r}")
+        raise PrivkitError(
+            f"federation.{field_name} must be one of {', '.join(sorted(DATASETS))} "
+            f"or a path to a .npz file; found {name!r}"
+        )
 
 
 def _check_probed_clients(cfg: RunConfig) -> None:
@@ -271,8 +326,10 @@ def _check_probed_clients(cfg: RunConfig) -> None:
     clients = cfg.audit.mechanism_controls.clients
     bad = [c for c in clients if c >= cfg.federation.clients]
     if bad and cfg.audit.enabled and cfg.audit.mechanism_controls.enabled:
-        raise PrivkitError(f"audit.mechanism_controls.clients must be client ids below "
-                           f"federation.clients = {cfg.federation.clients}; found {bad}")
+        raise PrivkitError(
+            f"audit.mechanism_controls.clients must be client ids below "
+            f"federation.clients = {cfg.federation.clients}; found {bad}"
+        )
 
 
 def _check_attacks(audit: AuditSettings) -> None:
@@ -298,4 +355,3 @@ def bundled_config(name: str) -> Path:
     if not path.is_file():
         raise PrivkitError(f"bundled config must be quickstart or full; found {name!r}")
     return path
-

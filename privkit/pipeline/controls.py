@@ -39,27 +39,49 @@ def control_target(run: ResolvedRun) -> ResolvedMethod:
     if want is not None:
         match = [m for m in dpsgd if m.key == want]
         if not match:
-            raise PrivkitError(f"audit.controls.method must be the label of a dpsgd method of the run "
-                               f"({', '.join(m.key for m in dpsgd) or 'none'}); found {want!r}")
+            raise PrivkitError(
+                f"audit.controls.method must be the label of a dpsgd method of the run "
+                f"({', '.join(m.key for m in dpsgd) or 'none'}); found {want!r}"
+            )
         base = match[0]
     elif dpsgd:
         base = dpsgd[0]
     else:
         spec = get_trainer("dpsgd")
         quick = all(m.quick for m in run.methods)
-        return ResolvedMethod(key=CONTROLS_DIR, method="dpsgd", seed=run.config.seed, quick=quick,
-                              overrides={}, trainer=spec.quick_config() if quick else spec.defaults(),
-                              summary="dpsgd (not in the run: its own config)", formal_dp=True)
-    return ResolvedMethod(key=CONTROLS_DIR, method="dpsgd", seed=base.seed, quick=base.quick,
-                          overrides=dict(base.overrides), trainer=dict(base.trainer),
-                          summary=f"twins of {base.key}", formal_dp=True)
+        return ResolvedMethod(
+            key=CONTROLS_DIR,
+            method="dpsgd",
+            seed=run.config.seed,
+            quick=quick,
+            overrides={},
+            trainer=spec.quick_config() if quick else spec.defaults(),
+            summary="dpsgd (not in the run: its own config)",
+            formal_dp=True,
+        )
+    return ResolvedMethod(
+        key=CONTROLS_DIR,
+        method="dpsgd",
+        seed=base.seed,
+        quick=base.quick,
+        overrides=dict(base.overrides),
+        trainer=dict(base.trainer),
+        summary=f"twins of {base.key}",
+        formal_dp=True,
+    )
 
 
 def controls_hash(run: ResolvedRun, target: ResolvedMethod) -> str:
     cfg = run.config
-    return _hash({"trainer": target.trainer, "federation": cfg.federation.model_dump(mode="json"),
-                  "delta": cfg.delta, "seed": audit_seed(run),
-                  "controls": cfg.audit.controls.model_dump(mode="json")})
+    return _hash(
+        {
+            "trainer": target.trainer,
+            "federation": cfg.federation.model_dump(mode="json"),
+            "delta": cfg.delta,
+            "seed": audit_seed(run),
+            "controls": cfg.audit.controls.model_dump(mode="json"),
+        }
+    )
 
 
 def audit_seed(run: ResolvedRun) -> int:
@@ -74,11 +96,17 @@ def controls_stage(run: ResolvedRun, target: ResolvedMethod, root: Path, progres
 
     settings = run.config.audit.controls
     dp_label = settings.method or next((m.key for m in run.methods if m.method == "dpsgd"), "dpsgd")
-    record = run_controls(run_federation(root), target.trainer, delta=run.config.delta,
-                          seed=audit_seed(run), method=dp_label,
-                          black_box_epochs=settings.black_box_epochs,
-                          white_box_canaries=settings.canaries, black_box_canaries=settings.canaries,
-                          progress=progress)
+    record = run_controls(
+        run_federation(root),
+        target.trainer,
+        delta=run.config.delta,
+        seed=audit_seed(run),
+        method=dp_label,
+        black_box_epochs=settings.black_box_epochs,
+        white_box_canaries=settings.canaries,
+        black_box_canaries=settings.canaries,
+        progress=progress,
+    )
     record["twinned_method_in_run"] = any(m.key == dp_label for m in run.methods)
     (root / CONTROLS_DIR).mkdir(parents=True, exist_ok=True)
     atomic_write_json(root / CONTROLS_DIR / "controls.json", record)
@@ -90,7 +118,18 @@ class ControlsPlan(StepPlan):
     def __init__(self, run: ResolvedRun, root: Path, status: Status, say: Callable[[str], None]):
         target = control_target(run)  # validated before any training starts
         mdir = root / CONTROLS_DIR
-        super().__init__(run, target, mdir=mdir, status=status, slot=("controls",),
-                         digest=controls_hash(run, target), stage=STAGE, output=mdir / "controls.json",
-                         title="audit controls", name=CONTROLS_DIR, log=mdir / "errors.log", say=say,
-                         disabled=None if controls_enabled(run) else "audit controls disabled in config")
+        super().__init__(
+            run,
+            target,
+            mdir=mdir,
+            status=status,
+            slot=("controls",),
+            digest=controls_hash(run, target),
+            stage=STAGE,
+            output=mdir / "controls.json",
+            title="audit controls",
+            name=CONTROLS_DIR,
+            log=mdir / "errors.log",
+            say=say,
+            disabled=None if controls_enabled(run) else "audit controls disabled in config",
+        )

@@ -54,19 +54,35 @@ def record_path(root: Path, key: str) -> Path:
 
 def mechanism_hash(run: ResolvedRun, m: ResolvedMethod) -> str:
     cfg = run.config
-    return _hash({"method": m.method, "trainer": m.trainer, "federation": cfg.federation.model_dump(mode="json"),
-                  "delta": cfg.delta, "seed": audit_seed(run),
-                  "settings": cfg.audit.mechanism_controls.model_dump(mode="json"),
-                  "twins": TWINS})
+    return _hash(
+        {
+            "method": m.method,
+            "trainer": m.trainer,
+            "federation": cfg.federation.model_dump(mode="json"),
+            "delta": cfg.delta,
+            "seed": audit_seed(run),
+            "settings": cfg.audit.mechanism_controls.model_dump(mode="json"),
+            "twins": TWINS,
+        }
+    )
 
 
-def mechanism_controls_stage(run: ResolvedRun, m: ResolvedMethod, root: Path, progress: bool) -> None:
+def mechanism_controls_stage(
+    run: ResolvedRun, m: ResolvedMethod, root: Path, progress: bool
+) -> None:
     """Train and audit method ``m``'s two twins; write ``mechanism-controls/<m.key>.json``."""
 
     settings = run.config.audit.mechanism_controls
-    base = {"schema_version": SCHEMA_VERSION, "method": m.key, "trainer": m.method,
-            "delta": run.config.delta, "seed": audit_seed(run), "canaries": settings.canaries,
-            "clients": list(settings.clients), "confidence": settings.confidence}
+    base = {
+        "schema_version": SCHEMA_VERSION,
+        "method": m.key,
+        "trainer": m.method,
+        "delta": run.config.delta,
+        "seed": audit_seed(run),
+        "canaries": settings.canaries,
+        "clients": list(settings.clients),
+        "confidence": settings.confidence,
+    }
     twins = []
     for mutation, expected in TWINS:
         try:
@@ -75,32 +91,62 @@ def mechanism_controls_stage(run: ResolvedRun, m: ResolvedMethod, root: Path, pr
             if UNPROBED not in str(exc):
                 raise
             # the same holds for every twin: one training says it, the other is not run
-            atomic_write_json(record_path(root, m.key), {**base, "state": "unprobed", "twins": [],
-                                                         "message": str(exc), "catchable": None})
+            atomic_write_json(
+                record_path(root, m.key),
+                {**base, "state": "unprobed", "twins": [], "message": str(exc), "catchable": None},
+            )
             return
-        twins.append({**rec, "twin": mutation, "expected": expected,
-                      "as_expected": rec["status"] == expected})
-    atomic_write_json(record_path(root, m.key), {
-        **base, "state": "done", "twins": twins, "message": _summary(twins),
-        "catchable": catchable(m.key, twins[0])})
+        twins.append(
+            {
+                **rec,
+                "twin": mutation,
+                "expected": expected,
+                "as_expected": rec["status"] == expected,
+            }
+        )
+    atomic_write_json(
+        record_path(root, m.key),
+        {
+            **base,
+            "state": "done",
+            "twins": twins,
+            "message": _summary(twins),
+            "catchable": catchable(m.key, twins[0]),
+        },
+    )
 
 
-def _audit_twin(run: ResolvedRun, m: ResolvedMethod, federation, mutation: str, progress: bool) -> dict:
+def _audit_twin(
+    run: ResolvedRun, m: ResolvedMethod, federation, mutation: str, progress: bool
+) -> dict:
     from privkit.audit.mechanism_audit import audit_mechanisms
 
     settings = run.config.audit.mechanism_controls
-    return audit_mechanisms(m.method, federation, m.trainer, delta=run.config.delta, seed=audit_seed(run),
-                            mutation=mutation, canaries=settings.canaries, clients=tuple(settings.clients),
-                            confidence=settings.confidence, reproducible_noise=True, progress=progress,
-                            engine=m.engine)
+    return audit_mechanisms(
+        m.method,
+        federation,
+        m.trainer,
+        delta=run.config.delta,
+        seed=audit_seed(run),
+        mutation=mutation,
+        canaries=settings.canaries,
+        clients=tuple(settings.clients),
+        confidence=settings.confidence,
+        reproducible_noise=True,
+        progress=progress,
+        engine=m.engine,
+    )
 
 
 def _summary(twins: list[dict]) -> str:
     missed = [t["twin"] for t in twins if not t["as_expected"]]
     if not missed:
         return "every twin came out as expected (the correct twin consistent, the noise-halved twin a violation)"
-    return "not as expected: " + "; ".join(f"the {t['twin']} twin came out {t['status']} (expected "
-                                           f"{t['expected']})" for t in twins if t["twin"] in missed)
+    return "not as expected: " + "; ".join(
+        f"the {t['twin']} twin came out {t['status']} (expected {t['expected']})"
+        for t in twins
+        if t["twin"] in missed
+    )
 
 
 def catchable(key: str, correct: dict) -> str:
@@ -118,19 +164,37 @@ def catchable(key: str, correct: dict) -> str:
         return out
 
     noise, influence = detectable("noise"), detectable("influence")
-    return catchable_sentence(key, min(noise) if noise else None, max(influence) if influence else None)
+    return catchable_sentence(
+        key, min(noise) if noise else None, max(influence) if influence else None
+    )
 
 
 class MechanismControlsPlan(StepPlan):
     """Method ``m``'s mechanism-controls step (``status.json``: ``mechanism_controls.<m.key>``)."""
 
-    def __init__(self, run: ResolvedRun, m: ResolvedMethod, root: Path, status: Status,
-                 say: Callable[[str], None]):
+    def __init__(
+        self,
+        run: ResolvedRun,
+        m: ResolvedMethod,
+        root: Path,
+        status: Status,
+        say: Callable[[str], None],
+    ):
         mdir = root / MECH_DIR
-        super().__init__(run, m, mdir=mdir, status=status, slot=("mechanism_controls", m.key),
-                         digest=mechanism_hash(run, m), stage=STAGE, output=record_path(root, m.key),
-                         title=f"{m.key}: mechanism controls", name=f"{m.key}/{STAGE}",
-                         log=mdir / f"{m.key}.errors.log", say=say,
-                         disabled=None if mechanism_controls_enabled(run) else
-                         "mechanism controls disabled in config")
-
+        super().__init__(
+            run,
+            m,
+            mdir=mdir,
+            status=status,
+            slot=("mechanism_controls", m.key),
+            digest=mechanism_hash(run, m),
+            stage=STAGE,
+            output=record_path(root, m.key),
+            title=f"{m.key}: mechanism controls",
+            name=f"{m.key}/{STAGE}",
+            log=mdir / f"{m.key}.errors.log",
+            say=say,
+            disabled=None
+            if mechanism_controls_enabled(run)
+            else "mechanism controls disabled in config",
+        )

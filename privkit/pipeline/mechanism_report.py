@@ -27,10 +27,17 @@ def read_mechanism_controls(root: Path, key: str, status: dict, mdir: Path):
 
     st = (status.get("mechanism_controls") or {}).get(key) or {}
     if st.get("state") == "skipped":
-        return MechanismControls(state="skipped", message=st.get("error") or "mechanism controls disabled")
+        return MechanismControls(
+            state="skipped", message=st.get("error") or "mechanism controls disabled"
+        )
     if st.get("state") == "failed":
-        return MechanismControls(state="failed", error=st.get("error"), message=(
-            f"The mechanism controls failed ({st.get('error')}): the verdict rests on the black-box audit."))
+        return MechanismControls(
+            state="failed",
+            error=st.get("error"),
+            message=(
+                f"The mechanism controls failed ({st.get('error')}): the verdict rests on the black-box audit."
+            ),
+        )
     path = record_path(root, key)
     # with a status entry, only a completed step's record; without one, whatever exists
     if not path.is_file() or (st and st.get("state") != "done"):
@@ -39,10 +46,19 @@ def read_mechanism_controls(root: Path, key: str, status: dict, mdir: Path):
     settings = {k: rec.get(k) for k in ("delta", "confidence", "canaries")}
     settings["clients"] = list(rec.get("clients") or [])
     if rec.get("state") == "unprobed":
-        return MechanismControls(state="unprobed", message=rec.get("message", ""),
-                                 reason=unprobed_reason(mdir), **settings)
-    return MechanismControls(state="done", message=rec.get("message", ""), catchable=rec.get("catchable"),
-                             twins=[_twin(t) for t in rec.get("twins", [])], **settings)
+        return MechanismControls(
+            state="unprobed",
+            message=rec.get("message", ""),
+            reason=unprobed_reason(mdir),
+            **settings,
+        )
+    return MechanismControls(
+        state="done",
+        message=rec.get("message", ""),
+        catchable=rec.get("catchable"),
+        twins=[_twin(t) for t in rec.get("twins", [])],
+        **settings,
+    )
 
 
 def _twin(rec: dict):
@@ -51,11 +67,18 @@ def _twin(rec: dict):
 
     mutation = rec.get("mutation") or {}
     return MechanismTwin(
-        twin=rec["twin"], description=mutation.get("description", ""), expected=rec["expected"],
-        status=rec["status"], message=rec.get("message", ""), as_expected=rec["as_expected"],
-        accounted_epsilon=rec.get("accounted_epsilon"), measured_epsilon=rec.get("measured_epsilon"),
-        epsilon_lower_bound=rec.get("epsilon_lower_bound"), test_accuracy=rec.get("test_accuracy"),
-        probes=[_probe(p) for p in rec.get("probes", [])])
+        twin=rec["twin"],
+        description=mutation.get("description", ""),
+        expected=rec["expected"],
+        status=rec["status"],
+        message=rec.get("message", ""),
+        as_expected=rec["as_expected"],
+        accounted_epsilon=rec.get("accounted_epsilon"),
+        measured_epsilon=rec.get("measured_epsilon"),
+        epsilon_lower_bound=rec.get("epsilon_lower_bound"),
+        test_accuracy=rec.get("test_accuracy"),
+        probes=[_probe(p) for p in rec.get("probes", [])],
+    )
 
 
 def _probe(p: dict):
@@ -65,11 +88,18 @@ def _probe(p: dict):
     conf = audit.get("conformance") or {}
     keep = ("name", "rejected", "measured", "confidence_limit", "claimed", "detectable", "detail")
     return MechanismProbe(
-        client=p["client"], mechanism=p["mechanism"], status=p["status"], rejected=list(p.get("rejected", [])),
+        client=p["client"],
+        mechanism=p["mechanism"],
+        status=p["status"],
+        rejected=list(p.get("rejected", [])),
         tests={n: {k: t.get(k) for k in keep} for n, t in (conf.get("tests") or {}).items()},
-        epsilon_lower_bound=p.get("epsilon_lower_bound"), epsilon_ceiling=audit.get("epsilon_ceiling"),
-        measured_epsilon=p.get("measured_epsilon"), claimed_epsilon=p.get("claimed_epsilon"),
-        canaries=(p.get("canaries") or {}).get("canaries"), releases=conf.get("steps_observed"))
+        epsilon_lower_bound=p.get("epsilon_lower_bound"),
+        epsilon_ceiling=audit.get("epsilon_ceiling"),
+        measured_epsilon=p.get("measured_epsilon"),
+        claimed_epsilon=p.get("claimed_epsilon"),
+        canaries=(p.get("canaries") or {}).get("canaries"),
+        releases=conf.get("steps_observed"),
+    )
 
 
 def unprobed_reason(mdir: Path) -> str:
@@ -86,9 +116,11 @@ def unprobed_reason(mdir: Path) -> str:
     if gaussian:
         return f"its Gaussian mechanism(s) ({', '.join(gaussian)}) do not take audit probes yet (privkit.probes)"
     kinds = sorted({t for e in entries for t in _event_types(e.get("event")).split()})
-    return (f"its ledger records no Gaussian mechanism ({', '.join(kinds) or 'no events'}): its guarantee "
-            "does not rest on calibrated noise, so there is no noise scale, sampling rate or clip for "
-            "the mechanism audit to test")
+    return (
+        f"its ledger records no Gaussian mechanism ({', '.join(kinds) or 'no events'}): its guarantee "
+        "does not rest on calibrated noise, so there is no noise scale, sampling rate or clip for "
+        "the mechanism audit to test"
+    )
 
 
 def _event_types(event: Any) -> str:
@@ -109,16 +141,25 @@ def rest_verdict(m) -> None:
     mc = m.mechanism_controls
     black_box = m.audit.verdict if m.audit else None
     if m.formal_dp and black_box is not None and m.verdict is not None:
-        m.verdict_basis = "black-box"  # without a claim to check the verdict is the rule's (no-claim)
+        m.verdict_basis = (
+            "black-box"  # without a claim to check the verdict is the rule's (no-claim)
+        )
     if mc is None:
         return
     if mc.state == "failed":
         m.warnings.append(ReportWarning(code="other", source="audit", message=mc.message))
     if mc.lacks_power:
         half = mc.noise_halved
-        m.warnings.append(ReportWarning(code="reduced_audit", source="audit", message=(
-            f"the mechanism audit lacked power: the {half.twin} twin ({half.description}) came out "
-            f"{half.status}, not violation ({half.message})")))
+        m.warnings.append(
+            ReportWarning(
+                code="reduced_audit",
+                source="audit",
+                message=(
+                    f"the mechanism audit lacked power: the {half.twin} twin ({half.description}) came out "
+                    f"{half.status}, not violation ({half.message})"
+                ),
+            )
+        )
     correct = mc.correct
     if not m.formal_dp or correct is None or correct.status not in ("violation", "consistent"):
         return  # no claim to check, or no definite mechanism verdict: the verdict stays
@@ -132,17 +173,25 @@ def _mechanism_verdict(mc, correct, black_box):
     from reports import Verdict
 
     beside = f" The black-box audit's verdict: {black_box.status}." if black_box is not None else ""
-    return Verdict(status=correct.status,
-                   message=f"mechanism audit of the correct twin (white-box): {correct.message}.{beside}",
-                   epsilon_lower_bound=correct.epsilon_lower_bound, accounted_epsilon=correct.accounted_epsilon,
-                   confidence=mc.confidence, correction="Bonferroni over the probe sets",
-                   attack="mechanism audit", measured_epsilon=correct.measured_epsilon)
+    return Verdict(
+        status=correct.status,
+        message=f"mechanism audit of the correct twin (white-box): {correct.message}.{beside}",
+        epsilon_lower_bound=correct.epsilon_lower_bound,
+        accounted_epsilon=correct.accounted_epsilon,
+        confidence=mc.confidence,
+        correction="Bonferroni over the probe sets",
+        attack="mechanism audit",
+        measured_epsilon=correct.measured_epsilon,
+    )
 
 
 def mechanism_threat_text(methods: list) -> str | None:
     """The mechanism audits' assumptions for the threat-model box (``None`` without any)."""
-    done = [m.mechanism_controls for m in methods
-            if m.mechanism_controls is not None and m.mechanism_controls.state == "done"]
+    done = [
+        m.mechanism_controls
+        for m in methods
+        if m.mechanism_controls is not None and m.mechanism_controls.state == "done"
+    ]
     if not done:
         return None
     mc = done[0]  # one run, one [audit.mechanism_controls] section: the same settings for all
@@ -157,4 +206,5 @@ def mechanism_threat_text(methods: list) -> str | None:
         "clipped and noised like them; each probe set is tested against its ledger entries "
         "(number of releases, noise scale, influence = sampling rate x clip or sensitivity) and gives "
         "a model-free one-run lower bound (the f-DP analysis of the one-run experiment against the bare (epsilon, delta) claim, Mahloujifar, Melis & Chaudhuri 2024; guesses fixed in advance from the claim), the two at half the error rate each. "
-        f"A method's verdict holds at {conf} confidence, Bonferroni over its probe sets.")
+        f"A method's verdict holds at {conf} confidence, Bonferroni over its probe sets."
+    )

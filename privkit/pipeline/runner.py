@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from privkit.errors import PrivkitError
 from privkit.pipeline.config import STAGES, ResolvedMethod, ResolvedRun
@@ -43,8 +44,14 @@ class RunOutcome:
     seconds: float
 
 
-def run_pipeline(run: ResolvedRun, out: str | Path = "runs", *, progress: bool = False,
-                 log: Log | None = None, command: str | None = None) -> RunOutcome:
+def run_pipeline(
+    run: ResolvedRun,
+    out: str | Path = "runs",
+    *,
+    progress: bool = False,
+    log: Log | None = None,
+    command: str | None = None,
+) -> RunOutcome:
     """Run every method of ``run`` (train -> account -> audit), the audit controls and every
     formal-DP method's mechanism controls, and write the report.
 
@@ -66,12 +73,21 @@ def run_pipeline(run: ResolvedRun, out: str | Path = "runs", *, progress: bool =
     with storage_errors(root):
         root.mkdir(parents=True, exist_ok=True)
     with run_lock(root, say):  # one run per directory; released by the kernel if this one dies
-        return _run_locked(run, federation, root, progress=progress, say=say, command=command,
-                           t_start=t_start)
+        return _run_locked(
+            run, federation, root, progress=progress, say=say, command=command, t_start=t_start
+        )
 
 
-def _run_locked(run: ResolvedRun, federation, root: Path, *, progress: bool, say: Log,
-                command: str | None, t_start: float) -> RunOutcome:
+def _run_locked(
+    run: ResolvedRun,
+    federation,
+    root: Path,
+    *,
+    progress: bool,
+    say: Log,
+    command: str | None,
+    t_start: float,
+) -> RunOutcome:
     from reports import write_report
 
     cfg = run.config
@@ -83,16 +99,22 @@ def _run_locked(run: ResolvedRun, federation, root: Path, *, progress: bool, say
     if status.unreadable:
         say(status.unreadable)
     # forget methods no longer in the config (their folders stay on disk)
-    status.data["methods"] = {k: v for k, v in status.data["methods"].items()
-                              if k in {m.key for m in run.methods}}
+    status.data["methods"] = {
+        k: v for k, v in status.data["methods"].items() if k in {m.key for m in run.methods}
+    }
     status.save()
-    plans = [_MethodPlan(run, m, root, status, say=_prefixed(say, i, len(run.methods)))
-             for i, m in enumerate(run.methods, 1)]
+    plans = [
+        _MethodPlan(run, m, root, status, say=_prefixed(say, i, len(run.methods)))
+        for i, m in enumerate(run.methods, 1)
+    ]
     # the audit controls first: the longest single task, it then runs beside the methods
     plans.insert(0, ControlsPlan(run, root, status, say=say))  # its lines say "audit controls ..."
     # every formal-DP method's mechanism controls (two twins each), after the methods' plans
-    plans += [MechanismControlsPlan(run, m, root, status, say=_prefixed(say, i, len(run.methods)))
-              for i, m in enumerate(run.methods, 1) if m.formal_dp]
+    plans += [
+        MechanismControlsPlan(run, m, root, status, say=_prefixed(say, i, len(run.methods)))
+        for i, m in enumerate(run.methods, 1)
+        if m.formal_dp
+    ]
     if cfg.workers > 1 and len(plans) > 1:
         _run_parallel(plans, cfg.workers)
     else:
@@ -103,11 +125,19 @@ def _run_locked(run: ResolvedRun, federation, root: Path, *, progress: bool, say
     failures = [f for plan in plans for f in plan.failures]
     report = build_report(root, command=command, wall_seconds=time.perf_counter() - t_start)
     paths = write_report(report, root, formats=cfg.report.formats, write=write_text)
-    status.data["report"] = {"state": "done", "updated": _now(),
-                             "files": {k: str(p.name) for k, p in paths.items()}}
+    status.data["report"] = {
+        "state": "done",
+        "updated": _now(),
+        "files": {k: str(p.name) for k, p in paths.items()},
+    }
     status.save()
-    return RunOutcome(root=root, report=report, paths=paths, failures=failures,
-                      seconds=time.perf_counter() - t_start)
+    return RunOutcome(
+        root=root,
+        report=report,
+        paths=paths,
+        failures=failures,
+        seconds=time.perf_counter() - t_start,
+    )
 
 
 def _prefixed(say: Log, i: int, n: int) -> Log:
@@ -128,8 +158,11 @@ class _MethodPlan:
         self.blocked: str | None = None
         self.failures: list[str] = []
         self.rerun = False
-        self.required = {"train": self.mdir / "train.json", "account": self.mdir / "privacy.json",
-                         "audit": self.mdir / "audit.json"}
+        self.required = {
+            "train": self.mdir / "train.json",
+            "account": self.mdir / "privacy.json",
+            "audit": self.mdir / "audit.json",
+        }
 
     def _intact(self, stage: str) -> bool:
         """Every file the stage wrote is present with a matching checksum (a failing one is
@@ -151,13 +184,16 @@ class _MethodPlan:
             stage = self.todo.pop(0)
             digest = self.hashes[stage]
             if self.blocked is not None:
-                self.status.set(m.key, m.method, stage, "skipped", digest,
-                                error=f"{self.blocked} failed")
+                self.status.set(
+                    m.key, m.method, stage, "skipped", digest, error=f"{self.blocked} failed"
+                )
             elif stage == "audit" and not self.run.config.audit.enabled:
-                self.status.set(m.key, m.method, stage, "skipped", digest,
-                                error="audits disabled in config")
-            elif not self.rerun and self.status.is_done(m.key, stage, digest) \
-                    and self._intact(stage):
+                self.status.set(
+                    m.key, m.method, stage, "skipped", digest, error="audits disabled in config"
+                )
+            elif (
+                not self.rerun and self.status.is_done(m.key, stage, digest) and self._intact(stage)
+            ):
                 self.say(f"{m.key}: {stage} already done, skipped")
             else:
                 self.say(f"{m.key}: {stage} ...")
@@ -172,11 +208,10 @@ class _MethodPlan:
             self.status.set(m.key, m.method, stage, "done", self.hashes[stage], seconds=seconds)
             self.say(f"{m.key}: {stage} done in {seconds:.1f} s")
             return
-        self.status.set(m.key, m.method, stage, "failed", self.hashes[stage], error=error,
-                        seconds=seconds)
+        self.status.set(
+            m.key, m.method, stage, "failed", self.hashes[stage], error=error, seconds=seconds
+        )
         append_log(self.mdir / "errors.log", f"--- {_now()} {stage}\n{trace}\n")
         self.say(f"{m.key}: {stage} FAILED: {error}")
         self.failures.append(f"{m.key}/{stage}: {error}")
         self.blocked = stage
-
-

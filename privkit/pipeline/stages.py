@@ -16,16 +16,27 @@ from privkit.pipeline.files import one_line as _one_line
 from privkit.pipeline.files import read_json as _read_json
 
 
-def _train_stage(run: ResolvedRun, m: ResolvedMethod, federation, mdir: Path, progress: bool) -> None:
+def _train_stage(
+    run: ResolvedRun, m: ResolvedMethod, federation, mdir: Path, progress: bool
+) -> None:
     """Train into a staging folder, then rename it into place (old results kept until then)."""
     from privkit.flower.engine import engine_entry, train
 
     with staged_dir(mdir) as staging:
-        result = train(m.method, federation, m.trainer, seed=m.seed, progress=progress, engine=m.engine)
-        atomic_write_json(staging / "config.json", {
-            "schema_version": SCHEMA_VERSION, "method": m.method, "seed": m.seed,
-            "federation": run.config.federation.model_dump(mode="json"), "trainer": m.trainer,
-            **engine_entry(m.engine)})
+        result = train(
+            m.method, federation, m.trainer, seed=m.seed, progress=progress, engine=m.engine
+        )
+        atomic_write_json(
+            staging / "config.json",
+            {
+                "schema_version": SCHEMA_VERSION,
+                "method": m.method,
+                "seed": m.seed,
+                "federation": run.config.federation.model_dump(mode="json"),
+                "trainer": m.trainer,
+                **engine_entry(m.engine),
+            },
+        )
         federation.save(staging / "federation.json")
         result.save(staging)
 
@@ -34,8 +45,7 @@ def _claim_from(claims: dict) -> dict | None:
     """The paper's claim, keeping scalar entries only (the full record stays in train.json)."""
     if not claims:
         return None
-    out = {k: v for k, v in claims.items()
-           if v is None or isinstance(v, (int, float, str, bool))}
+    out = {k: v for k, v in claims.items() if v is None or isinstance(v, (int, float, str, bool))}
     if "epsilon" not in out and out.get("target_epsilon") is not None:
         out["epsilon"] = out["target_epsilon"]
     for k in ("epsilon", "delta"):  # only numbers are comparable with privkit's values
@@ -50,14 +60,22 @@ def guarantee_facts(summary: dict) -> dict:
     ``fixed_delta``, the delta already spent by (epsilon, delta)-only mechanisms (worst client; no
     finite epsilon below it), and ``non_private``, the labels of releases without noise."""
     split = summary.get("delta_split", {}).values()
-    return {"fixed_delta": max((float(c.get("fixed_delta") or 0.0) for c in split), default=0.0),
-            "non_private": sorted({str(x).split(":", 1)[0] for c in split
-                                   for x in c.get("non_private", [])})}
+    return {
+        "fixed_delta": max((float(c.get("fixed_delta") or 0.0) for c in split), default=0.0),
+        "non_private": sorted(
+            {str(x).split(":", 1)[0] for c in split for x in c.get("non_private", [])}
+        ),
+    }
 
 
-def account_method(mdir: Path, delta: float, accountant: str = "best",
-                   accountants: list[str] | None = None, pld_grid: float | None = None,
-                   curve_accountant: str = "rdp") -> dict:
+def account_method(
+    mdir: Path,
+    delta: float,
+    accountant: str = "best",
+    accountants: list[str] | None = None,
+    pld_grid: float | None = None,
+    curve_accountant: str = "rdp",
+) -> dict:
     """Ledger summary of a trained run directory at ``delta`` (what ``privacy.json`` holds).
 
     Parameters
@@ -81,8 +99,10 @@ def account_method(mdir: Path, delta: float, accountant: str = "best",
     over_rounds: list[tuple[float, float]] = []
     curve_kind = curve_accountant if curve_accountant in worst else head
     try:
-        over_rounds = [(float(r), float(e)) for r, e in ledger.epsilon_over_rounds(
-            delta, curve_kind, client=who.get(head))]
+        over_rounds = [
+            (float(r), float(e))
+            for r, e in ledger.epsilon_over_rounds(delta, curve_kind, client=who.get(head))
+        ]
     except ValueError as exc:
         errors["epsilon_over_rounds"] = str(exc)
     claim = _claim_from(meta.get("claims") or {})
@@ -90,7 +110,9 @@ def account_method(mdir: Path, delta: float, accountant: str = "best",
     cd = claim.get("delta") if claim else None
     if isinstance(cd, (int, float)) and 0 < cd < 1:
         try:
-            at_claim = (summary if cd == delta else ledger.summary(cd, accountants=accountants))["worst"].get(head)
+            at_claim = (summary if cd == delta else ledger.summary(cd, accountants=accountants))[
+                "worst"
+            ].get(head)
         except ValueError as exc:
             errors["claim_delta"] = str(exc)
     neighbouring = sorted({r for r in summary["neighbouring"].values() if r})
@@ -99,21 +121,36 @@ def account_method(mdir: Path, delta: float, accountant: str = "best",
     except ValueError as exc:
         brackets = {}
         errors["epsilon_bracket"] = str(exc)
-    return {"schema_version": SCHEMA_VERSION, "delta": delta, "accountant": head, **brackets,
-            **guarantee_facts(summary),
-            "accountants": accountants + ["best"], "pld_grid": ledger.value_discretization_interval,
-            "curve_accountant": curve_kind,
-            "summary": {"clients": clients, "worst": worst, "worst_client": who},
-            "neighbouring": neighbouring, "labels": ledger.labels(),
-            "epsilon_over_rounds": over_rounds, "claim": claim,
-            "epsilon_at_claim_delta": at_claim, "errors": errors,
-            **ledger.noise_stamp()}  # "reproducible noise: not for release"; the Renyi filter's guarantee
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "delta": delta,
+        "accountant": head,
+        **brackets,
+        **guarantee_facts(summary),
+        "accountants": accountants + ["best"],
+        "pld_grid": ledger.value_discretization_interval,
+        "curve_accountant": curve_kind,
+        "summary": {"clients": clients, "worst": worst, "worst_client": who},
+        "neighbouring": neighbouring,
+        "labels": ledger.labels(),
+        "epsilon_over_rounds": over_rounds,
+        "claim": claim,
+        "epsilon_at_claim_delta": at_claim,
+        "errors": errors,
+        **ledger.noise_stamp(),
+    }  # "reproducible noise: not for release"; the Renyi filter's guarantee
 
 
 def _account_stage(run: ResolvedRun, m: ResolvedMethod, mdir: Path) -> None:
     cfg = run.config
-    privacy = account_method(mdir, cfg.delta, cfg.accountant, accountants=cfg.accountants,
-                             pld_grid=cfg.pld_grid, curve_accountant=cfg.curve_accountant)
+    privacy = account_method(
+        mdir,
+        cfg.delta,
+        cfg.accountant,
+        accountants=cfg.accountants,
+        pld_grid=cfg.pld_grid,
+        curve_accountant=cfg.curve_accountant,
+    )
     atomic_write_json(mdir / "privacy.json", privacy)
 
 
@@ -121,22 +158,45 @@ def _audit_stage(run: ResolvedRun, m: ResolvedMethod, mdir: Path, progress: bool
     cfg = run.config
     seed = cfg.seed if cfg.audit.seed is None else cfg.audit.seed
     # bounds and verdict at the report's delta, so they compare with the headline epsilon
-    run_audit(mdir, attacks=cfg.audit.attacks, shadows=cfg.audit.shadows,
-              executor=cfg.audit.executor, seed=seed, progress=progress, delta=cfg.delta,
-              **cfg.audit.options())
+    run_audit(
+        mdir,
+        attacks=cfg.audit.attacks,
+        shadows=cfg.audit.shadows,
+        executor=cfg.audit.executor,
+        seed=seed,
+        progress=progress,
+        delta=cfg.delta,
+        **cfg.audit.options(),
+    )
 
 
-def run_audit(run_dir: Path, *, attacks: list[str] | None, shadows: int, executor: str, seed: int,
-              progress: bool, **options: Any) -> dict:
+def run_audit(
+    run_dir: Path,
+    *,
+    attacks: list[str] | None,
+    shadows: int,
+    executor: str,
+    seed: int,
+    progress: bool,
+    **options: Any,
+) -> dict:
     """Audit one method's run directory (:func:`privkit.audit.audit_run`), which writes ``audit.json``."""
     from privkit.audit import audit_run
 
-    return audit_run(run_dir, attacks=attacks, shadows=shadows, executor=executor, seed=seed,
-                     progress=progress, **options)
+    return audit_run(
+        run_dir,
+        attacks=attacks,
+        shadows=shadows,
+        executor=executor,
+        seed=seed,
+        progress=progress,
+        **options,
+    )
 
 
-def execute(run: ResolvedRun, m: ResolvedMethod, stage: str, root: str,
-             progress: bool) -> tuple[str | None, str, float]:
+def execute(
+    run: ResolvedRun, m: ResolvedMethod, stage: str, root: str, progress: bool
+) -> tuple[str | None, str, float]:
     """Run one stage; returns (error or None, traceback, seconds). KeyboardInterrupt propagates."""
     t0 = time.perf_counter()
     mdir = Path(root) / m.key
@@ -158,8 +218,9 @@ def execute(run: ResolvedRun, m: ResolvedMethod, stage: str, root: str,
     except StorageError:  # a full or read-only disk stops the run: no later stage could write
         raise
     except Exception as exc:  # recorded; the other methods go on
-        return f"{type(exc).__name__}: {_one_line(exc)}", traceback.format_exc(), \
-            time.perf_counter() - t0
+        return (
+            f"{type(exc).__name__}: {_one_line(exc)}",
+            traceback.format_exc(),
+            time.perf_counter() - t0,
+        )
     return None, "", time.perf_counter() - t0
-
-

@@ -25,18 +25,36 @@ def _hash(obj: Any) -> str:
 def stage_hashes(run: ResolvedRun, m: ResolvedMethod) -> dict[str, str]:
     """What each stage of ``m`` depends on; a changed hash re-runs that stage (and later ones)."""
     cfg = run.config
-    train = _hash({"method": m.method, "trainer": m.trainer, "seed": m.seed,
-                   "federation": cfg.federation.model_dump(mode="json")})
-    account = _hash({"train": train, "delta": cfg.delta, "accountant": cfg.accountant,
-                     "accountants": cfg.accountants, "pld_grid": cfg.pld_grid,
-                     "curve": cfg.curve_accountant})
-    audit = _hash({"train": train, "delta": cfg.delta, "attacks": cfg.audit.attacks,
-                   "shadows": cfg.audit.shadows, "options": {
-                       k: v for k, v in cfg.audit.options().items() if k != "workers"},
-                   "seed": cfg.seed if cfg.audit.seed is None else cfg.audit.seed,
-                   "enabled": cfg.audit.enabled})
+    train = _hash(
+        {
+            "method": m.method,
+            "trainer": m.trainer,
+            "seed": m.seed,
+            "federation": cfg.federation.model_dump(mode="json"),
+        }
+    )
+    account = _hash(
+        {
+            "train": train,
+            "delta": cfg.delta,
+            "accountant": cfg.accountant,
+            "accountants": cfg.accountants,
+            "pld_grid": cfg.pld_grid,
+            "curve": cfg.curve_accountant,
+        }
+    )
+    audit = _hash(
+        {
+            "train": train,
+            "delta": cfg.delta,
+            "attacks": cfg.audit.attacks,
+            "shadows": cfg.audit.shadows,
+            "options": {k: v for k, v in cfg.audit.options().items() if k != "workers"},
+            "seed": cfg.seed if cfg.audit.seed is None else cfg.audit.seed,
+            "enabled": cfg.audit.enabled,
+        }
+    )
     return {"train": train, "account": account, "audit": audit}
-
 
 
 class Status:
@@ -57,7 +75,9 @@ class Status:
                             self.data[step] = old[step]
             except (ValueError, OSError) as exc:  # corrupted JSON (a ValueError) or unreadable
                 # unreadable: every stage is re-run (earlier files stay on disk); the run says so
-                self.unreadable = f"{path} unreadable ({type(exc).__name__}); re-running every stage"
+                self.unreadable = (
+                    f"{path} unreadable ({type(exc).__name__}); re-running every stage"
+                )
 
     def stage(self, key: str, stage: str) -> dict:
         return self.data["methods"].get(key, {}).get("stages", {}).get(stage, {})
@@ -66,17 +86,27 @@ class Status:
         s = self.stage(key, stage)
         return s.get("state") == "done" and s.get("hash") == digest
 
-    def set(self, key: str, method: str, stage: str, state: str, digest: str | None,
-            error: str | None = None, seconds: float | None = None) -> None:
+    def set(
+        self,
+        key: str,
+        method: str,
+        stage: str,
+        state: str,
+        digest: str | None,
+        error: str | None = None,
+        seconds: float | None = None,
+    ) -> None:
         entry = self.data["methods"].setdefault(key, {"method": method, "stages": {}})
         entry["method"] = method
-        entry["stages"][stage] = {"state": state, "hash": digest, "error": error,
-                                  "seconds": None if seconds is None else round(seconds, 3),
-                                  "updated": _now()}
+        entry["stages"][stage] = {
+            "state": state,
+            "hash": digest,
+            "error": error,
+            "seconds": None if seconds is None else round(seconds, 3),
+            "updated": _now(),
+        }
         self.save()
 
     def save(self) -> None:
         self.data["updated"] = _now()
         atomic_write_json(self.path, self.data)
-
-

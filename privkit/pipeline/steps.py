@@ -39,9 +39,23 @@ class StepPlan:
     disabled : why the step does not run (``None``: it runs); recorded as ``skipped``.
     """
 
-    def __init__(self, run: ResolvedRun, m: ResolvedMethod, *, mdir: Path, status: Status,
-                 slot: tuple[str, ...], digest: str, stage: str, output: Path, title: str, name: str,
-                 log: Path, say: Callable[[str], None], disabled: str | None = None):
+    def __init__(
+        self,
+        run: ResolvedRun,
+        m: ResolvedMethod,
+        *,
+        mdir: Path,
+        status: Status,
+        slot: tuple[str, ...],
+        digest: str,
+        stage: str,
+        output: Path,
+        title: str,
+        name: str,
+        log: Path,
+        say: Callable[[str], None],
+        disabled: str | None = None,
+    ):
         self.run, self.m, self.mdir, self.status, self.say = run, m, mdir, status, say
         self.slot, self.digest, self.stage, self.output = slot, digest, stage, output
         self.title, self.name, self.log = title, name, log
@@ -69,8 +83,11 @@ class StepPlan:
             return None
         self.pending = False
         done = self.entry()
-        if done.get("state") == "done" and done.get("hash") == self.digest \
-                and intact(self.output, self.say):
+        if (
+            done.get("state") == "done"
+            and done.get("hash") == self.digest
+            and intact(self.output, self.say)
+        ):
             self.say(f"{self.title} already done, skipped")
             return None
         self.say(f"{self.title} ...")
@@ -78,8 +95,15 @@ class StepPlan:
 
     def record(self, stage: str, outcome: tuple[str | None, str, float]) -> None:
         error, trace, seconds = outcome
-        self._set({"state": "failed" if error else "done", "hash": self.digest, "error": error,
-                   "seconds": round(seconds, 3), "updated": _now()})
+        self._set(
+            {
+                "state": "failed" if error else "done",
+                "hash": self.digest,
+                "error": error,
+                "seconds": round(seconds, 3),
+                "updated": _now(),
+            }
+        )
         if error is None:
             self.say(f"{self.title} done in {seconds:.1f} s")
             return

@@ -107,7 +107,11 @@ def run_parallel(plans: list, workers: int) -> None:
                     lost.append((plan, stage))
                     continue
                 except Exception as exc:  # the stage's own error fails that stage only
-                    outcome = (f"{type(exc).__name__}: {_one_line(exc)}", traceback.format_exc(), 0.0)
+                    outcome = (
+                        f"{type(exc).__name__}: {_one_line(exc)}",
+                        traceback.format_exc(),
+                        0.0,
+                    )
                 plan.record(stage, outcome)
                 waiting.insert(0, plan)
             if lost:
@@ -119,8 +123,14 @@ def run_parallel(plans: list, workers: int) -> None:
                     if losses[key] <= RETRIES:
                         _submit(pool, running, plan, stage)
                         continue
-                    plan.record(stage, (f"worker process lost {losses[key]} times (killed or "
-                                        "out of memory)", "", 0.0))
+                    plan.record(
+                        stage,
+                        (
+                            f"worker process lost {losses[key]} times (killed or out of memory)",
+                            "",
+                            0.0,
+                        ),
+                    )
                     waiting.insert(0, plan)
     except BaseException:
         _stop(pool)

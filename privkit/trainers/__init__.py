@@ -17,5 +17,13 @@ from privkit.trainers.base import (
     train,
 )
 
-__all__ = ["REGISTRY", "TrainResult", "TrainerConfig", "TrainerSpec", "get_trainer", "make_config",
-           "register_trainer", "train"]
+__all__ = [
+    "REGISTRY",
+    "TrainResult",
+    "TrainerConfig",
+    "TrainerSpec",
+    "get_trainer",
+    "make_config",
+    "register_trainer",
+    "train",
+]

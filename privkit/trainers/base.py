@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from privkit.errors import PrivkitError
+from privkit.methods import get_trainer, make_config
 from privkit.methods.base import TrainerConfig
-from privkit.methods import get_trainer, make_config  # noqa: F401  (re-exported from their former home)
 from privkit.methods.registry import (  # noqa: F401  (re-exported from their former home)
     REGISTRY,
     TrainerFn,
@@ -61,7 +61,7 @@ class TrainResult:
     config: dict
     model: torch.nn.Module
     model_spec: dict
-    ledger: "Ledger"
+    ledger: Ledger
     rounds: list[dict] = field(default_factory=list)
     test_accuracy: float = float("nan")
     artifacts: dict[str, np.ndarray] = field(default_factory=dict)
@@ -70,7 +70,9 @@ class TrainResult:
     client_accuracy: list[float] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     claims: dict = field(default_factory=dict)
-    reproducible_noise: bool = False  # True: DP noise derived from the stored seed ("not for release")
+    reproducible_noise: bool = (
+        False  # True: DP noise derived from the stored seed ("not for release")
+    )
     chance_accuracy: float = float("nan")
 
     @property
@@ -78,7 +80,9 @@ class TrainResult:
         """True when the final test accuracy is at or near chance (:mod:`privkit.trainers.chance`)."""
         from privkit.trainers.chance import chance_warning
 
-        return chance_warning(self.method, float(self.test_accuracy), self.chance_accuracy) is not None
+        return (
+            chance_warning(self.method, float(self.test_accuracy), self.chance_accuracy) is not None
+        )
 
     def check_chance(self, federation) -> None:
         """Record the federation's chance accuracy (unless the trainer set its own, e.g. a test set
@@ -99,12 +103,18 @@ class TrainResult:
         from privkit.trainers.chance import near_chance_threshold
 
         chance = float(self.chance_accuracy)
-        return {"schema_version": SCHEMA_VERSION, "method": self.method, "seed": self.seed,
-                "test_accuracy": float(self.test_accuracy), "rounds": self.rounds,
-                "client_accuracy": [float(a) for a in self.client_accuracy],
-                "chance_accuracy": chance, "near_chance_threshold": near_chance_threshold(chance),
-                "near_chance": self.near_chance,
-                "warnings": [w for w in self.warnings if w.startswith("near-chance accuracy")]}
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "method": self.method,
+            "seed": self.seed,
+            "test_accuracy": float(self.test_accuracy),
+            "rounds": self.rounds,
+            "client_accuracy": [float(a) for a in self.client_accuracy],
+            "chance_accuracy": chance,
+            "near_chance_threshold": near_chance_threshold(chance),
+            "near_chance": self.near_chance,
+            "warnings": [w for w in self.warnings if w.startswith("near-chance accuracy")],
+        }
 
     def save(self, run_dir: str | Path) -> Path:
         """Write checkpoints, ``ledger.json``, ``metrics.json``, ``train.json``, ``artifacts.npz``."""
@@ -114,23 +124,33 @@ class TrainResult:
 
         out = Path(run_dir)
         ckpt = out / "checkpoints"
-        for name, m in [("model.pt", self.model)] + [(f"client_{i}.pt", m) for i, m in
-                                                     enumerate(self.client_models)]:
+        for name, m in [("model.pt", self.model)] + [
+            (f"client_{i}.pt", m) for i, m in enumerate(self.client_models)
+        ]:
             state = {k: v.detach().cpu() for k, v in m.state_dict().items()}
             write_with(ckpt / name, lambda buf, state=state: torch.save(state, buf))
         write_text(out / "ledger.json", json.dumps(self.ledger.to_dict(), indent=2) + "\n")
         write_json(out / "metrics.json", self.metrics())
         if self.artifacts:
-            write_with(out / "artifacts.npz", lambda buf: np.savez_compressed(buf, **self.artifacts))
-        meta = {"schema_version": SCHEMA_VERSION, "method": self.method, "seed": self.seed,
-                "config": self.config, "model_spec": self.model_spec,
-                "client_model_specs": self.client_model_specs, "warnings": self.warnings,
-                "claims": self.claims, "reproducible_noise": self.reproducible_noise}
+            write_with(
+                out / "artifacts.npz", lambda buf: np.savez_compressed(buf, **self.artifacts)
+            )
+        meta = {
+            "schema_version": SCHEMA_VERSION,
+            "method": self.method,
+            "seed": self.seed,
+            "config": self.config,
+            "model_spec": self.model_spec,
+            "client_model_specs": self.client_model_specs,
+            "warnings": self.warnings,
+            "claims": self.claims,
+            "reproducible_noise": self.reproducible_noise,
+        }
         write_json(out / "train.json", meta)  # last: its presence means a finished run
         return out
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "TrainResult":
+    def load(cls, run_dir: str | Path) -> TrainResult:
         from accountants import Ledger
         from privkit.models import build_from_spec
         from privkit.pipeline.files import checked, read_json
@@ -138,30 +158,46 @@ class TrainResult:
         out = Path(run_dir)
         meta_path = out / "train.json"
         if not meta_path.is_file():
-            raise PrivkitError(f"no trained model in {out}: {meta_path.name} not found "
-                               "(run `privkit train` first)")
+            raise PrivkitError(
+                f"no trained model in {out}: {meta_path.name} not found (run `privkit train` first)"
+            )
         meta = read_json(meta_path, "training record")
         metrics = read_json(out / "metrics.json", "metrics file")
-        model = _load_checkpoint(build_from_spec(meta["model_spec"]), out / "checkpoints" / "model.pt")
-        clients = [_load_checkpoint(build_from_spec(spec), out / "checkpoints" / f"client_{i}.pt")
-                   for i, spec in enumerate(meta.get("client_model_specs", []))]
+        model = _load_checkpoint(
+            build_from_spec(meta["model_spec"]), out / "checkpoints" / "model.pt"
+        )
+        clients = [
+            _load_checkpoint(build_from_spec(spec), out / "checkpoints" / f"client_{i}.pt")
+            for i, spec in enumerate(meta.get("client_model_specs", []))
+        ]
         artifacts = {}
         if (out / "artifacts.npz").is_file():
             try:
                 with np.load(checked(out / "artifacts.npz", "artifacts file")) as data:
                     artifacts = {k: data[k] for k in data.files}
             except (OSError, ValueError, EOFError) as exc:
-                raise PrivkitError(f"artifacts file {out / 'artifacts.npz'} is unreadable or "
-                                   f"corrupted ({type(exc).__name__}); re-run `privkit train`") from None
-        return cls(method=meta["method"], seed=meta["seed"], config=meta["config"], model=model,
-                   model_spec=meta["model_spec"], ledger=Ledger.load(checked(out / "ledger.json", "ledger file")),
-                   rounds=metrics["rounds"], test_accuracy=metrics["test_accuracy"],
-                   artifacts=artifacts, client_models=clients,
-                   client_model_specs=meta.get("client_model_specs", []),
-                   client_accuracy=metrics.get("client_accuracy", []),
-                   warnings=meta.get("warnings", []), claims=meta.get("claims", {}),
-                   chance_accuracy=float(metrics.get("chance_accuracy", float("nan"))),
-                   reproducible_noise=bool(meta.get("reproducible_noise", False)))
+                raise PrivkitError(
+                    f"artifacts file {out / 'artifacts.npz'} is unreadable or "
+                    f"corrupted ({type(exc).__name__}); re-run `privkit train`"
+                ) from None
+        return cls(
+            method=meta["method"],
+            seed=meta["seed"],
+            config=meta["config"],
+            model=model,
+            model_spec=meta["model_spec"],
+            ledger=Ledger.load(checked(out / "ledger.json", "ledger file")),
+            rounds=metrics["rounds"],
+            test_accuracy=metrics["test_accuracy"],
+            artifacts=artifacts,
+            client_models=clients,
+            client_model_specs=meta.get("client_model_specs", []),
+            client_accuracy=metrics.get("client_accuracy", []),
+            warnings=meta.get("warnings", []),
+            claims=meta.get("claims", {}),
+            chance_accuracy=float(metrics.get("chance_accuracy", float("nan"))),
+            reproducible_noise=bool(meta.get("reproducible_noise", False)),
+        )
 
 
 def _load_checkpoint(model: torch.nn.Module, path: Path) -> torch.nn.Module:
@@ -178,23 +214,38 @@ def _load_checkpoint(model: torch.nn.Module, path: Path) -> torch.nn.Module:
     checked(path, "checkpoint")
     try:
         state = torch.load(path, weights_only=True)
-    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError,
-            zipfile.BadZipFile) as exc:
+    except (
+        RuntimeError,
+        OSError,
+        EOFError,
+        ValueError,
+        pickle.UnpicklingError,
+        zipfile.BadZipFile,
+    ) as exc:
         # torch reports truncation and garbage as RuntimeError/UnpicklingError with paragraphs of
         # advice about weights_only that do not apply here: the file itself is damaged
-        raise PrivkitError(f"checkpoint {path} is unreadable or corrupted ({type(exc).__name__}); "
-                           "re-run `privkit train`") from None
+        raise PrivkitError(
+            f"checkpoint {path} is unreadable or corrupted ({type(exc).__name__}); "
+            "re-run `privkit train`"
+        ) from None
     try:
         model.load_state_dict(state)
     except (RuntimeError, TypeError, AttributeError, KeyError) as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:120]
-        raise PrivkitError(f"checkpoint {path} does not match the model in train.json "
-                           f"({type(exc).__name__}: {first}); re-run `privkit train`") from None
+        raise PrivkitError(
+            f"checkpoint {path} does not match the model in train.json "
+            f"({type(exc).__name__}: {first}); re-run `privkit train`"
+        ) from None
     return model
 
 
-def train(method: str, federation: "Federation", config: dict | TrainerConfig | None = None,
-          seed: int = 0, progress: bool = False) -> TrainResult:
+def train(
+    method: str,
+    federation: Federation,
+    config: dict | TrainerConfig | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> TrainResult:
     """Run ``method`` on ``federation``; same (federation, config, seed) -> same result."""
     spec = get_trainer(method)
     cfg = make_config(method, config)
@@ -213,5 +264,8 @@ def stamp_noise(result: TrainResult, reproducible: bool) -> None:
     result.reproducible_noise = bool(reproducible)
     result.ledger.reproducible_noise = bool(reproducible)
     if reproducible and NOT_FOR_RELEASE not in result.warnings:
-        result.warnings.insert(0, f"{NOT_FOR_RELEASE}: the DP noise and sampling were derived from the run "
-                                  "seed stored in this run directory, so they can be regenerated")
+        result.warnings.insert(
+            0,
+            f"{NOT_FOR_RELEASE}: the DP noise and sampling were derived from the run "
+            "seed stored in this run directory, so they can be regenerated",
+        )

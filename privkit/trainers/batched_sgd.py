@@ -47,7 +47,14 @@ from privkit.models import build_from_spec
 from privkit.seeding import noise_generator, seed_torch
 from privkit.trainers.stacked import StackedModels
 
-__all__ = ["SGDRecipe", "batched_recipe", "load_states", "reference_models", "train_many", "train_one"]
+__all__ = [
+    "SGDRecipe",
+    "batched_recipe",
+    "load_states",
+    "reference_models",
+    "train_many",
+    "train_one",
+]
 
 BLOCK = 16  # steps whose Poisson masks and noise are drawn at once (part of the stream definition)
 
@@ -67,15 +74,19 @@ class SGDRecipe:
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
-            raise ValueError(f"epochs, batch_size must be >= 1 and lr > 0; found {self.epochs}, "
-                             f"{self.batch_size}, {self.lr}")
+            raise ValueError(
+                f"epochs, batch_size must be >= 1 and lr > 0; found {self.epochs}, "
+                f"{self.batch_size}, {self.lr}"
+            )
         if self.clip is not None and self.clip <= 0:
             raise ValueError(f"clip must be > 0; found {self.clip}")
         if self.noise_multiplier < 0:
             raise ValueError(f"noise_multiplier must be >= 0; found {self.noise_multiplier}")
         if self.noise_multiplier > 0 and self.clip is None:
-            raise ValueError(f"noise_multiplier needs clip (the noise std is noise_multiplier * clip); "
-                             f"found noise_multiplier={self.noise_multiplier}, clip=None")
+            raise ValueError(
+                f"noise_multiplier needs clip (the noise std is noise_multiplier * clip); "
+                f"found noise_multiplier={self.noise_multiplier}, clip=None"
+            )
         if self.sampling not in ("shuffle", "poisson"):
             raise ValueError(f"sampling must be shuffle or poisson; found {self.sampling!r}")
         if self.optimizer not in ("sgd", "adam"):
@@ -103,11 +114,14 @@ def _init(spec: dict, seed: int) -> torch.nn.Module:
 def _generators(seed: int, device: torch.device, reproducible: bool) -> tuple[DpRandom, DpRandom]:
     """(batch generator on the CPU, noise generator on ``device``) of one model: the sampling the
     accountant amplifies on and the noise, both secret in release mode."""
-    return (noise_generator(seed, "batches", reproducible=reproducible),
-            noise_generator(seed, "noise", reproducible=reproducible, device=device))
+    return (
+        noise_generator(seed, "batches", reproducible=reproducible),
+        noise_generator(seed, "noise", reproducible=reproducible, device=device),
+    )
 
 
 # -- the reference loop ---------------------------------------------------------------------------
+
 
 def _one_batches(n: int, recipe: SGDRecipe, gen: DpRandom):
     """One model's batches (local indices), step by step, as the stream definition says."""
@@ -116,7 +130,7 @@ def _one_batches(n: int, recipe: SGDRecipe, gen: DpRandom):
         for _ in range(recipe.epochs):
             perm = gen.randperm(n)
             for s in range(per):
-                yield perm[s * recipe.batch_size:(s + 1) * recipe.batch_size]
+                yield perm[s * recipe.batch_size : (s + 1) * recipe.batch_size]
         return
     q, steps = recipe.sample_rate(n), recipe.steps(n)
     for start in range(0, steps, BLOCK):
@@ -124,9 +138,17 @@ def _one_batches(n: int, recipe: SGDRecipe, gen: DpRandom):
             yield torch.nonzero(row).flatten()
 
 
-def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recipe: SGDRecipe,
-              seed: int, *, reproducible: bool = True,
-              device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+def train_one(
+    spec: dict,
+    x: np.ndarray,
+    y: np.ndarray,
+    index: np.ndarray,
+    recipe: SGDRecipe,
+    seed: int,
+    *,
+    reproducible: bool = True,
+    device: str | torch.device = "cpu",
+) -> dict[str, torch.Tensor]:
     """Reference loop: train one model on ``x[index]`` on ``device``; returns its parameters (on
     the CPU).
 
@@ -143,7 +165,9 @@ def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recip
     dev = torch.device(device)
     model = _init(spec, seed).to(dev)
     names = [k for k, _ in model.named_parameters()]
-    opt = (torch.optim.SGD if recipe.optimizer == "sgd" else torch.optim.Adam)(model.parameters(), lr=recipe.lr)
+    opt = (torch.optim.SGD if recipe.optimizer == "sgd" else torch.optim.Adam)(
+        model.parameters(), lr=recipe.lr
+    )
     xt = torch.as_tensor(x[index], dtype=torch.float32, device=dev)
     yt = torch.as_tensor(y[index], dtype=torch.long, device=dev)
     n = len(index)
@@ -157,17 +181,27 @@ def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recip
         norm = recipe.sample_rate(n) * n if recipe.sampling == "poisson" else max(len(b), 1)
         if recipe.clip is None:
             loss = F.cross_entropy(model(xt[b]), yt[b], reduction="sum") / norm if len(b) else None
-            grads = torch.autograd.grad(loss, list(model.parameters())) if loss is not None else \
-                [torch.zeros_like(p) for p in model.parameters()]
+            grads = (
+                torch.autograd.grad(loss, list(model.parameters()))
+                if loss is not None
+                else [torch.zeros_like(p) for p in model.parameters()]
+            )
             g = dict(zip(names, grads))
         else:
             if len(b):
-                per = per_sample_gradients(model, xt[b], yt[b], lambda lo, ta, _a: F.cross_entropy(lo, ta))
+                per = per_sample_gradients(
+                    model, xt[b], yt[b], lambda lo, ta, _a: F.cross_entropy(lo, ta)
+                )
                 g = {k: v.sum(0) for k, v in clip_per_sample(per, recipe.clip)[0].items()}
             else:  # an empty Poisson batch releases noise only
                 g = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
             if not noise_gen.seeded_torch:  # release mode: the noisy sum on the grid (grid_noise)
-                g = {k: v / norm for k, v in add_gaussian_noise(g, std, noise_gen, sensitivity=recipe.clip).items()}
+                g = {
+                    k: v / norm
+                    for k, v in add_gaussian_noise(
+                        g, std, noise_gen, sensitivity=recipe.clip
+                    ).items()
+                }
             else:
                 if t % BLOCK == 0:
                     noise = noise_gen.randn(min(BLOCK, steps - t), n_params)
@@ -181,18 +215,24 @@ def train_one(spec: dict, x: np.ndarray, y: np.ndarray, index: np.ndarray, recip
 
 # -- the batched path -----------------------------------------------------------------------------
 
+
 class _Schedule:
     """The M models' batches for a block of steps, as padded index tensors (no per-step loops)."""
 
-    def __init__(self, indices: list[np.ndarray], recipe: SGDRecipe, gens: list[DpRandom],
-                 device: torch.device):
+    def __init__(
+        self,
+        indices: list[np.ndarray],
+        recipe: SGDRecipe,
+        gens: list[DpRandom],
+        device: torch.device,
+    ):
         self.recipe, self.gens, self.device = recipe, gens, device
         self.sizes = [len(ix) for ix in indices]
         self.steps = torch.tensor([recipe.steps(n) for n in self.sizes])
         n_max = max(self.sizes)
         self.table = torch.zeros(len(indices), max(n_max, 1), dtype=torch.long)
         for j, ix in enumerate(indices):
-            self.table[j, :len(ix)] = torch.as_tensor(np.asarray(ix), dtype=torch.long)
+            self.table[j, : len(ix)] = torch.as_tensor(np.asarray(ix), dtype=torch.long)
         self._epoch: list[tuple[int, torch.Tensor, torch.Tensor] | None] = [None] * len(indices)
 
     def _epoch_batches(self, j: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,10 +242,10 @@ class _Schedule:
         if cached is None or cached[0] != e:
             r, n = self.recipe, self.sizes[j]
             per = r.batches_per_epoch(n)
-            perm = self.gens[j].randperm(n)[:per * r.batch_size]
+            perm = self.gens[j].randperm(n)[: per * r.batch_size]
             pos = torch.zeros(per * r.batch_size, dtype=torch.long)
             w = torch.zeros(per * r.batch_size)
-            pos[:len(perm)], w[:len(perm)] = perm, 1.0
+            pos[: len(perm)], w[: len(perm)] = perm, 1.0
             cached = (e, pos.view(per, r.batch_size), w.view(per, r.batch_size))
             self._epoch[j] = cached
         return cached[1], cached[2]
@@ -221,7 +261,10 @@ class _Schedule:
                 e, s = divmod(t, per)
                 stop = min(end, (e + 1) * per)
                 ep, ew = self._epoch_batches(j, e)
-                pos[j, t - start:stop - start], w[j, t - start:stop - start] = ep[s:s + stop - t], ew[s:s + stop - t]
+                pos[j, t - start : stop - start], w[j, t - start : stop - start] = (
+                    ep[s : s + stop - t],
+                    ew[s : s + stop - t],
+                )
                 t = stop
         return pos, w
 
@@ -247,7 +290,9 @@ class _Schedule:
     def _poisson_block(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         m, n_max = len(self.sizes), self.table.shape[1]
         masks = torch.zeros(m, BLOCK, n_max, dtype=torch.bool)
-        for j, (n, rows) in enumerate(zip(self.sizes, self.rows(start))):  # once per model and block
+        for j, (n, rows) in enumerate(
+            zip(self.sizes, self.rows(start))
+        ):  # once per model and block
             if rows > 0:
                 masks[j, :rows, :n] = self.gens[j].mask(rows, n, rate=self.recipe.sample_rate(n))
         counts = masks.sum(-1)
@@ -271,7 +316,9 @@ class _StackedOptimizer:
             # step counts and bias corrections in float64, as torch.optim.Adam computes them
             self.count = torch.zeros(first.shape[0], dtype=torch.float64, device=first.device)
 
-    def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], active: torch.Tensor) -> None:
+    def step(
+        self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], active: torch.Tensor
+    ) -> None:
         lr = self.recipe.lr
         with torch.no_grad():
             if self.recipe.optimizer == "sgd":
@@ -281,8 +328,8 @@ class _StackedOptimizer:
             b1, b2, eps = 0.9, 0.999, 1e-8
             self.count += active
             step = self.count.clamp(min=1)
-            size = (lr / (1 - b1 ** step)).float()           # (M,)
-            bc2 = (1 - b2 ** step).sqrt().float()
+            size = (lr / (1 - b1**step)).float()  # (M,)
+            bc2 = (1 - b2**step).sqrt().float()
             for k, p in params.items():
                 a = _expand(active, p).bool()
                 g = grads[k]
@@ -296,9 +343,18 @@ def _expand(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return v.reshape((-1,) + (1,) * (like.dim() - 1))
 
 
-def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarray], recipe: SGDRecipe,
-               seeds: list[int], device: str | torch.device = "cpu",
-               chunk_size: int | None = None, *, reproducible: bool = True) -> list[dict[str, torch.Tensor]]:
+def train_many(
+    spec: dict,
+    x: np.ndarray,
+    y: np.ndarray,
+    indices: list[np.ndarray],
+    recipe: SGDRecipe,
+    seeds: list[int],
+    device: str | torch.device = "cpu",
+    chunk_size: int | None = None,
+    *,
+    reproducible: bool = True,
+) -> list[dict[str, torch.Tensor]]:
     """Train ``len(indices)`` models at once, model j on ``x[indices[j]]`` with seed ``seeds[j]``.
 
     Models with fewer steps than others sit idle (no update) once their stream ends, so each
@@ -306,7 +362,9 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
     (same result; bounds memory). Returns each model's parameters (on the CPU).
     """
     if len(indices) != len(seeds) or not indices:
-        raise ValueError(f"indices and seeds must be non-empty and equally long; found {len(indices)} and {len(seeds)}")
+        raise ValueError(
+            f"indices and seeds must be non-empty and equally long; found {len(indices)} and {len(seeds)}"
+        )
     if any(len(ix) == 0 for ix in indices):
         raise ValueError("every model needs at least one record; found an empty index set")
     if chunk_size is not None:
@@ -314,16 +372,29 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
             raise ValueError(f"chunk_size must be >= 1; found {chunk_size}")
         out: list[dict[str, torch.Tensor]] = []
         for s in range(0, len(seeds), chunk_size):
-            out += train_many(spec, x, y, indices[s:s + chunk_size], recipe, seeds[s:s + chunk_size], device,
-                              reproducible=reproducible)
+            out += train_many(
+                spec,
+                x,
+                y,
+                indices[s : s + chunk_size],
+                recipe,
+                seeds[s : s + chunk_size],
+                device,
+                reproducible=reproducible,
+            )
         return out
     dev = torch.device(device)
     m = len(seeds)
     models = [_init(spec, s) for s in seeds]
     names = [k for k, _ in models[0].named_parameters()]
-    params = {k: torch.stack([dict(mod.named_parameters())[k].detach() for mod in models]).to(dev) for k in names}
-    buffers = {k: torch.stack([dict(mod.named_buffers())[k] for mod in models]).to(dev)
-               for k, _ in models[0].named_buffers()}
+    params = {
+        k: torch.stack([dict(mod.named_parameters())[k].detach() for mod in models]).to(dev)
+        for k in names
+    }
+    buffers = {
+        k: torch.stack([dict(mod.named_buffers())[k] for mod in models]).to(dev)
+        for k, _ in models[0].named_buffers()
+    }
     stacked = StackedModels(copy.deepcopy(models[0]), m)
     gens = [_generators(s, dev, reproducible) for s in seeds]
     schedule = _Schedule(indices, recipe, [g[0] for g in gens], dev)
@@ -338,10 +409,22 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
     t_max = int(schedule.steps.max())
     # one noise buffer for the run (models whose steps have run out get zeros: no NaN to mask); in
     # release mode the grid's integer draws (privkit.grid_noise, exact in float64), added by snap_add
-    grid = None if reproducible or recipe.clip is None or std == 0 else \
-        Grid.for_release(std, recipe.clip, sum(numels))
-    noise = torch.empty(m, min(BLOCK, t_max), sum(numels), device=dev,
-                        dtype=torch.float32 if grid is None else torch.float64) if recipe.clip is not None else None
+    grid = (
+        None
+        if reproducible or recipe.clip is None or std == 0
+        else Grid.for_release(std, recipe.clip, sum(numels))
+    )
+    noise = (
+        torch.empty(
+            m,
+            min(BLOCK, t_max),
+            sum(numels),
+            device=dev,
+            dtype=torch.float32 if grid is None else torch.float64,
+        )
+        if recipe.clip is not None
+        else None
+    )
     for start in range(0, t_max, BLOCK):
         glob, w, active, counts = schedule.block(start)
         if noise is not None:  # one draw per model and block of steps
@@ -349,7 +432,9 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
                 if grid is None:
                     gens[j][1].randn(rows, sum(numels), out=noise[j, :rows])
                 else:
-                    noise[j, :rows] = rounded_gaussian(grid.scale, rows * sum(numels), gens[j][1].bits()).view(rows, -1)
+                    noise[j, :rows] = rounded_gaussian(
+                        grid.scale, rows * sum(numels), gens[j][1].bits()
+                    ).view(rows, -1)
                 noise[j, rows:].zero_()
         for t in range(glob.shape[1]):
             norm = expected if poisson else w[:, t].sum(1).clamp(min=1)
@@ -360,14 +445,20 @@ def train_many(spec: dict, x: np.ndarray, y: np.ndarray, indices: list[np.ndarra
             if recipe.clip is None:
                 g = _mean_gradient(stacked, params, buffers, xb, yb, wb, norm)
             else:
-                g = _private_gradient(stacked, params, buffers, xb, yb, wb, recipe.clip, counts[:, t].tolist())
+                g = _private_gradient(
+                    stacked, params, buffers, xb, yb, wb, recipe.clip, counts[:, t].tolist()
+                )
                 parts = noise[:, t].split(numels, dim=1)
                 if grid is None:
-                    g = {k: g[k].add_(z.view_as(g[k]), alpha=std).div_(_expand(norm, g[k]))
-                         for k, z in zip(names, parts)}
+                    g = {
+                        k: g[k].add_(z.view_as(g[k]), alpha=std).div_(_expand(norm, g[k]))
+                        for k, z in zip(names, parts)
+                    }
                 else:
-                    g = {k: snap_add(g[k], z.view_as(g[k]), grid.gamma).div_(_expand(norm, g[k]))
-                         for k, z in zip(names, parts)}
+                    g = {
+                        k: snap_add(g[k], z.view_as(g[k]), grid.gamma).div_(_expand(norm, g[k]))
+                        for k, z in zip(names, parts)
+                    }
             opt.step(params, g, active[:, t])
     return [{k: v[j].detach().cpu().clone() for k, v in params.items()} for j in range(m)]
 
@@ -383,19 +474,31 @@ def _mean_gradient(stacked, params, buffers, xb, yb, wb, norm) -> dict[str, torc
         s = slice(start, start + step)
         logits, _ = stacked.forward(p, buffers, xb[:, s])
         y, w = yb[:, s], wb[:, s]
-        losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view_as(w) * w
+        losses = (
+            F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none"
+            ).view_as(w)
+            * w
+        )
         grads = torch.autograd.grad((losses.sum(1) / norm).sum(), list(p.values()))
         total = list(grads) if not total else [t.add_(g) for t, g in zip(total, grads)]
     return dict(zip(p, total))
 
 
-def _private_gradient(stacked, params, buffers, xb, yb, wb, clip: float, counts: list[int]) -> dict[str, torch.Tensor]:
+def _private_gradient(
+    stacked, params, buffers, xb, yb, wb, clip: float, counts: list[int]
+) -> dict[str, torch.Tensor]:
     """Per model the sum of its examples' clipped gradients (no noise yet); model m's examples
     are its first ``counts[m]``."""
 
     def losses(logits: torch.Tensor, models: torch.Tensor, s: slice) -> torch.Tensor:
         y, w = yb[models, s], wb[models, s]
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view_as(w) * w
+        return (
+            F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none"
+            ).view_as(w)
+            * w
+        )
 
     return stacked.clipped_sums(params, buffers, xb, losses, clip, counts=counts)[0]
 
@@ -410,8 +513,17 @@ def load_states(spec: dict, states: list[dict[str, torch.Tensor]]) -> list[torch
     return out
 
 
-def reference_models(spec: dict, x: np.ndarray, y: np.ndarray, *, n_models: int, recipe: SGDRecipe,
-                     seed: int = 0, device: str = "cpu", query: np.ndarray | None = None):
+def reference_models(
+    spec: dict,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    n_models: int,
+    recipe: SGDRecipe,
+    seed: int = 0,
+    device: str = "cpu",
+    query: np.ndarray | None = None,
+):
     """LiRA reference models for a user's own model: M models on halves of ``(x, y)`` (mask with
     each example in exactly half), trained at once; returns ``(logits (M, N, C), keep (M, N))``."""
     from attacks.experiment import membership_mask
@@ -419,19 +531,35 @@ def reference_models(spec: dict, x: np.ndarray, y: np.ndarray, *, n_models: int,
     from privkit.seeding import child_seeds
 
     keep = membership_mask(n_models, len(y), seed)
-    states = train_many(spec, x, y, [np.nonzero(k)[0] for k in keep], recipe,
-                        child_seeds(seed, n_models, "reference-models"), device=device)
+    states = train_many(
+        spec,
+        x,
+        y,
+        [np.nonzero(k)[0] for k in keep],
+        recipe,
+        child_seeds(seed, n_models, "reference-models"),
+        device=device,
+    )
     q = x if query is None else query
     logits = np.stack([torch_logits(m, q, device=device) for m in load_states(spec, states)])
     return logits, keep
 
 
-def _fit_one(spec: dict, recipe: SGDRecipe, x: np.ndarray, y: np.ndarray, seed: int) -> torch.nn.Module:
+def _fit_one(
+    spec: dict, recipe: SGDRecipe, x: np.ndarray, y: np.ndarray, seed: int
+) -> torch.nn.Module:
     return load_states(spec, [train_one(spec, x, y, np.arange(len(y)), recipe, seed)])[0]
 
 
-def _fit_many(spec: dict, recipe: SGDRecipe, x: np.ndarray, y: np.ndarray, index_sets: list,
-              seeds: list, device: str = "cpu") -> list[torch.nn.Module]:
+def _fit_many(
+    spec: dict,
+    recipe: SGDRecipe,
+    x: np.ndarray,
+    y: np.ndarray,
+    index_sets: list,
+    seeds: list,
+    device: str = "cpu",
+) -> list[torch.nn.Module]:
     return load_states(spec, train_many(spec, x, y, index_sets, recipe, seeds, device=device))
 
 
@@ -442,5 +570,8 @@ def batched_recipe(spec: dict, recipe: SGDRecipe, device: str = "cpu"):
 
     from attacks.recipe import Recipe
 
-    return Recipe(partial(_fit_one, spec, recipe), train_many=partial(_fit_many, spec, recipe, device=device),
-                  name=f"{'dp-' if recipe.clip is not None else ''}sgd {spec.get('arch', 'model')}")
+    return Recipe(
+        partial(_fit_one, spec, recipe),
+        train_many=partial(_fit_many, spec, recipe, device=device),
+        name=f"{'dp-' if recipe.clip is not None else ''}sgd {spec.get('arch', 'model')}",
+    )

@@ -20,7 +20,9 @@ from privkit.trainers.common import (
 
 
 # method "centralized": registration in privkit.methods.centralized (config: privkit.methods.dpsgd)
-def train_centralized(federation, config: CentralConfig, seed: int, progress: bool = False) -> TrainResult:
+def train_centralized(
+    federation, config: CentralConfig, seed: int, progress: bool = False
+) -> TrainResult:
     """Train one model on all clients' records pooled; per-epoch test accuracy in ``rounds``."""
     from accountants import Ledger, NonPrivateEvent
 
@@ -30,7 +32,7 @@ def train_centralized(federation, config: CentralConfig, seed: int, progress: bo
     model, spec = new_model(federation, config, derive_seed(seed, "init"))
     opt_seed = derive_seed(seed, "batches")
 
-    opt = make_optimizer([p for p in model.to(device).parameters()], config.optimizer, config.lr)
+    opt = make_optimizer(list(model.to(device).parameters()), config.optimizer, config.lr)
     rounds = []
     epochs = range(1, config.epochs + 1)
     if progress:
@@ -39,16 +41,38 @@ def train_centralized(federation, config: CentralConfig, seed: int, progress: bo
         epochs = track(epochs, description="centralized epochs")
     for epoch in epochs:
         # one epoch per call, the optimiser (and its state) persists across epochs
-        loss = train_supervised(model, x, y, epochs=1, batch_size=config.batch_size, lr=config.lr,
-                                device=device, seed=derive_seed(opt_seed, f"epoch{epoch}"), opt=opt)
-        rounds.append({"round": epoch, "test_accuracy": accuracy(model, x_test, y_test, device), "loss": loss})
+        loss = train_supervised(
+            model,
+            x,
+            y,
+            epochs=1,
+            batch_size=config.batch_size,
+            lr=config.lr,
+            device=device,
+            seed=derive_seed(opt_seed, f"epoch{epoch}"),
+            opt=opt,
+        )
+        rounds.append(
+            {"round": epoch, "test_accuracy": accuracy(model, x_test, y_test, device), "loss": loss}
+        )
     ledger = Ledger()
     event = NonPrivateEvent("centralised training on the pooled records without clipping or noise")
     for k in range(federation.num_clients):
         ledger.add(k, event, "non-private training (pooled data)")
-    return TrainResult(method="centralized", seed=seed, config=config.model_dump(), model=model.cpu(),
-                       model_spec=spec, ledger=ledger, rounds=rounds,
-                       test_accuracy=accuracy(model, x_test, y_test, device),
-                       warnings=[("No formal privacy guarantee: the model is trained on the pooled records "
-                                 "in the clear; its protection is only what the audits measure.")],
-                       claims={"epsilon": float("inf"), "source": "non-private baseline"})
+    return TrainResult(
+        method="centralized",
+        seed=seed,
+        config=config.model_dump(),
+        model=model.cpu(),
+        model_spec=spec,
+        ledger=ledger,
+        rounds=rounds,
+        test_accuracy=accuracy(model, x_test, y_test, device),
+        warnings=[
+            (
+                "No formal privacy guarantee: the model is trained on the pooled records "
+                "in the clear; its protection is only what the audits measure."
+            )
+        ],
+        claims={"epsilon": float("inf"), "source": "non-private baseline"},
+    )

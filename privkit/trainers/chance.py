@@ -38,9 +38,11 @@ def chance_warning(method: str, accuracy: float, chance: float) -> str | None:
     limit = near_chance_threshold(chance)
     if accuracy > limit:
         return None
-    return (f"near-chance accuracy: {method} ends at test accuracy {accuracy:.4f}, chance is {chance:.4f} "
-            f"(most frequent test class); at or below {limit:.4f} the model has learnt almost nothing, "
-            "so its privacy and audit numbers describe an unusable model")
+    return (
+        f"near-chance accuracy: {method} ends at test accuracy {accuracy:.4f}, chance is {chance:.4f} "
+        f"(most frequent test class); at or below {limit:.4f} the model has learnt almost nothing, "
+        "so its privacy and audit numbers describe an unusable model"
+    )
 
 
 __all__ = ["NEAR_CHANCE_MARGIN", "chance_level", "chance_warning", "near_chance_threshold"]

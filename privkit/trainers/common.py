@@ -4,7 +4,7 @@ parameter averaging. Methods compose these; they do not write their own loops fo
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -21,7 +21,9 @@ def as_tensor(x: np.ndarray | torch.Tensor, device: torch.device, dtype=None) ->
     return t.to(device=device, dtype=dtype) if dtype is not None else t.to(device)
 
 
-def new_model(federation, config, seed: int, *, arch: str | None = None, **overrides) -> tuple[FeatureClassifier, dict]:
+def new_model(
+    federation, config, seed: int, *, arch: str | None = None, **overrides
+) -> tuple[FeatureClassifier, dict]:
     """A freshly initialised model (init seeded by ``seed``) for the federation's data, and its spec."""
     kwargs = {"width": config.width, "feature_dim": config.feature_dim, **overrides}
     arch = arch or config.arch
@@ -37,10 +39,12 @@ def minibatches(n: int, batch_size: int, generator: torch.Generator, drop_last: 
     perm = torch.randperm(n, generator=generator)
     stop = n - (n % batch_size) if drop_last and n >= batch_size else n
     for start in range(0, stop, batch_size):
-        yield perm[start:start + batch_size]
+        yield perm[start : start + batch_size]
 
 
-def make_optimizer(params, name: str, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def make_optimizer(
+    params, name: str, lr: float, weight_decay: float = 0.0
+) -> torch.optim.Optimizer:
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if name == "sgd":
@@ -48,11 +52,21 @@ def make_optimizer(params, name: str, lr: float, weight_decay: float = 0.0) -> t
     raise PrivkitError(f"optimizer must be adam or sgd; found {name!r}")
 
 
-def train_supervised(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int, batch_size: int,
-                     lr: float, device: torch.device, seed: int, optimizer: str = "adam",
-                     opt: torch.optim.Optimizer | None = None,
-                     extra_loss: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                     params: Sequence[torch.nn.Parameter] | None = None) -> float:
+def train_supervised(
+    model: nn.Module,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    device: torch.device,
+    seed: int,
+    optimizer: str = "adam",
+    opt: torch.optim.Optimizer | None = None,
+    extra_loss: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    params: Sequence[torch.nn.Parameter] | None = None,
+) -> float:
     """Cross-entropy training for ``epochs`` epochs; returns the mean loss of the last epoch.
 
     ``extra_loss(model, xb, logits)`` adds a term (FedProx's proximal term, KD). ``params`` restricts
@@ -62,7 +76,9 @@ def train_supervised(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: 
     if len(y) == 0:
         return float("nan")
     model.to(device).train()
-    trainable = list(params) if params is not None else [p for p in model.parameters() if p.requires_grad]
+    trainable = (
+        list(params) if params is not None else [p for p in model.parameters() if p.requires_grad]
+    )
     opt = opt or make_optimizer(trainable, optimizer, lr)
     xt, yt = as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long)
     gen = torch_generator(seed)
@@ -85,9 +101,19 @@ def train_supervised(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: 
     return last
 
 
-def distill(model: nn.Module, x: np.ndarray, soft_targets: np.ndarray, *, epochs: int, batch_size: int,
-            lr: float, device: torch.device, seed: int, optimizer: str = "adam",
-            params: Sequence[torch.nn.Parameter] | None = None) -> float:
+def distill(
+    model: nn.Module,
+    x: np.ndarray,
+    soft_targets: np.ndarray,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    device: torch.device,
+    seed: int,
+    optimizer: str = "adam",
+    params: Sequence[torch.nn.Parameter] | None = None,
+) -> float:
     """Train ``model`` to match soft labels (probabilities) by KL(targets || softmax(model(x))).
 
     Used for ensemble distillation (FedDF, FedAUX, FedAUXfdp) and FedMD's digest step.
@@ -96,7 +122,9 @@ def distill(model: nn.Module, x: np.ndarray, soft_targets: np.ndarray, *, epochs
     if len(x) == 0:
         return float("nan")
     model.to(device).train()
-    trainable = list(params) if params is not None else [p for p in model.parameters() if p.requires_grad]
+    trainable = (
+        list(params) if params is not None else [p for p in model.parameters() if p.requires_grad]
+    )
     opt = make_optimizer(trainable, optimizer, lr)
     xt = as_tensor(x, device, torch.float32)
     tt = as_tensor(soft_targets, device, torch.float32)
@@ -118,35 +146,45 @@ def distill(model: nn.Module, x: np.ndarray, soft_targets: np.ndarray, *, epochs
 
 
 @torch.no_grad()
-def predict_logits(model: nn.Module, x: np.ndarray, device: torch.device, batch_size: int = 1024) -> np.ndarray:
+def predict_logits(
+    model: nn.Module, x: np.ndarray, device: torch.device, batch_size: int = 1024
+) -> np.ndarray:
     """Logits for ``x`` (eval mode, batched), as a float32 numpy array."""
     model.to(device).eval()
     out = []
     for start in range(0, len(x), batch_size):
-        xb = as_tensor(x[start:start + batch_size], device, torch.float32)
+        xb = as_tensor(x[start : start + batch_size], device, torch.float32)
         out.append(model(xb).float().cpu())
     model.train()
     return torch.cat(out).numpy() if out else np.zeros((0, 0), np.float32)
 
 
 @torch.no_grad()
-def embed(model: FeatureClassifier, x: np.ndarray, device: torch.device, batch_size: int = 1024) -> np.ndarray:
+def embed(
+    model: FeatureClassifier, x: np.ndarray, device: torch.device, batch_size: int = 1024
+) -> np.ndarray:
     """Feature vectors h(x) (eval mode, batched)."""
     model.to(device).eval()
-    out = [model.embed(as_tensor(x[s:s + batch_size], device, torch.float32)).cpu()
-           for s in range(0, len(x), batch_size)]
+    out = [
+        model.embed(as_tensor(x[s : s + batch_size], device, torch.float32)).cpu()
+        for s in range(0, len(x), batch_size)
+    ]
     model.train()
     return torch.cat(out).numpy()
 
 
-def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device, batch_size: int = 1024) -> float:
+def accuracy(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device, batch_size: int = 1024
+) -> float:
     """Fraction of ``x`` classified as ``y``."""
     if len(y) == 0:
         return float("nan")
     return float((predict_logits(model, x, device, batch_size).argmax(1) == y).mean())
 
 
-def average_states(states: Sequence[dict[str, torch.Tensor]], weights: Sequence[float] | None = None) -> dict[str, torch.Tensor]:
+def average_states(
+    states: Sequence[dict[str, torch.Tensor]], weights: Sequence[float] | None = None
+) -> dict[str, torch.Tensor]:
     """Weighted average of state dicts (FedAvg aggregation); weights default to equal."""
     if not states:
         raise PrivkitError("average_states needs at least one state; found 0")
@@ -154,8 +192,10 @@ def average_states(states: Sequence[dict[str, torch.Tensor]], weights: Sequence[
     if (w < 0).any() or w.sum() <= 0:
         raise PrivkitError(f"weights must be non-negative with a positive sum; found {w.tolist()}")
     w = w / w.sum()
-    return {k: sum(wi * s[k].double() for wi, s in zip(w, states)).to(states[0][k].dtype)
-            for k in states[0]}
+    return {
+        k: sum(wi * s[k].double() for wi, s in zip(w, states)).to(states[0][k].dtype)
+        for k in states[0]
+    }
 
 
 def resolve_device(config) -> torch.device:

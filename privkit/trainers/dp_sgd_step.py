@@ -51,7 +51,9 @@ __all__ = [
 ]
 
 
-def poisson_batch(n: int, sample_rate: float, generator: DpRandom | torch.Generator) -> torch.Tensor:
+def poisson_batch(
+    n: int, sample_rate: float, generator: DpRandom | torch.Generator
+) -> torch.Tensor:
     """Indices of a Poisson-sampled batch: each of ``n`` records joins with probability ``sample_rate``.
 
     A torch ``generator`` must live on the CPU (sampling is cheap; keeping it there keeps results
@@ -65,8 +67,13 @@ def poisson_batch(n: int, sample_rate: float, generator: DpRandom | torch.Genera
     return torch.nonzero(mask, as_tuple=False).flatten()
 
 
-def per_sample_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: PerSampleLoss,
-                         aux: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def per_sample_gradients(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: PerSampleLoss,
+    aux: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
     """Gradient of ``loss_fn`` for each record separately: ``{name: (B, *param.shape)}``.
 
     Only parameters with ``requires_grad`` are differentiated. ``aux`` is a per-record tensor passed
@@ -83,7 +90,9 @@ def per_sample_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, los
     return vmap(grad(one), in_dims=in_dims, randomness="error")(params, x, y, aux)
 
 
-def clip_per_sample(grads: dict[str, torch.Tensor], clip_norm: float) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def clip_per_sample(
+    grads: dict[str, torch.Tensor], clip_norm: float
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Scale each record's gradient (all parameters together) to L2 norm at most ``clip_norm``.
 
     Returns the clipped per-sample gradients and the per-sample norms *before* clipping.
@@ -102,8 +111,14 @@ def clip_per_sample(grads: dict[str, torch.Tensor], clip_norm: float) -> tuple[d
     return clipped, norms
 
 
-def clipped_gradient_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: PerSampleLoss,
-                         clip_norm: float, aux: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def clipped_gradient_sum(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: PerSampleLoss,
+    clip_norm: float,
+    aux: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
     """``sum_i min(1, c / ||g_i||) g_i`` over the trainable parameters (``g_i``: record i's gradient)."""
     from privkit.trainers.stacked import UnsupportedModelError, clipped_sum_one
 
@@ -114,18 +129,26 @@ def clipped_gradient_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, los
         return loss_fn(lo.unsqueeze(0), t.unsqueeze(0), None if a is None else a.unsqueeze(0))
 
     def example_losses(logits: torch.Tensor, s: slice) -> torch.Tensor:
-        return vmap(one, in_dims=(0, 0, 0 if aux is not None else None))(logits, y[s], None if aux is None else aux[s])
+        return vmap(one, in_dims=(0, 0, 0 if aux is not None else None))(
+            logits, y[s], None if aux is None else aux[s]
+        )
 
     try:
         return clipped_sum_one(model, x, example_losses, clip_norm)
-    except UnsupportedModelError:  # a model the stacked layers do not cover: torch.func per-example gradients
+    except (
+        UnsupportedModelError
+    ):  # a model the stacked layers do not cover: torch.func per-example gradients
         clipped, _ = clip_per_sample(per_sample_gradients(model, x, y, loss_fn, aux), clip_norm)
         return {k: g.sum(0) for k, g in clipped.items()}
 
 
-def add_gaussian_noise(total: dict[str, torch.Tensor], std: float,
-                       generator: DpRandom | torch.Generator, *,
-                       sensitivity: float | None = None) -> dict[str, torch.Tensor]:
+def add_gaussian_noise(
+    total: dict[str, torch.Tensor],
+    std: float,
+    generator: DpRandom | torch.Generator,
+    *,
+    sensitivity: float | None = None,
+) -> dict[str, torch.Tensor]:
     """``total + N(0, std^2 I)`` per parameter; noise drawn on the generator's device, in name order.
 
     In release mode the whole release (all parameters, L2 sensitivity ``sensitivity``) lies on the
@@ -143,8 +166,9 @@ def add_gaussian_noise(total: dict[str, torch.Tensor], std: float,
     return out
 
 
-def _grid_noise(total: dict[str, torch.Tensor], std: float, source: DpRandom,
-                sensitivity: float | None) -> dict[str, torch.Tensor]:
+def _grid_noise(
+    total: dict[str, torch.Tensor], std: float, source: DpRandom, sensitivity: float | None
+) -> dict[str, torch.Tensor]:
     """Release mode: every parameter of one release on one grid (its dimension is all of them)."""
     from privkit.grid_noise import Grid, grid_release
 
@@ -195,9 +219,16 @@ class DpSgdStep:
             return torch.ones_like(norms)
         return (self.clip_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
 
-    def noisy_gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: PerSampleLoss,
-                       noise_generator: DpRandom | torch.Generator, aux: torch.Tensor | None = None,
-                       canaries=None) -> dict[str, torch.Tensor]:
+    def noisy_gradient(
+        self,
+        model: nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss_fn: PerSampleLoss,
+        noise_generator: DpRandom | torch.Generator,
+        aux: torch.Tensor | None = None,
+        canaries=None,
+    ) -> dict[str, torch.Tensor]:
         """The privatised mean gradient of the batch ``(x, y)`` (may be empty).
 
         ``canaries`` (an :class:`attacks.whitebox.GradientCanaries` over the trainable parameters,
@@ -224,8 +255,9 @@ class DpSgdStep:
             canaries.observe([noisy[k] for k in params], clean=clean)
         return {k: v / self.expected_batch_size for k, v in noisy.items()}
 
-    def _with_canaries(self, total: dict[str, torch.Tensor], names: list[str], canaries,
-                       source: DpRandom) -> dict[str, torch.Tensor]:
+    def _with_canaries(
+        self, total: dict[str, torch.Tensor], names: list[str], canaries, source: DpRandom
+    ) -> dict[str, torch.Tensor]:
         """``total`` plus the included canaries this step samples, each clipped like a record."""
         ids = canaries.included_ids
         sampled = source.mask(len(ids), rate=self.sample_rate).to(torch.float32)
@@ -235,7 +267,9 @@ class DpSgdStep:
         out, at = dict(total), 0
         for k in names:
             t = total[k]
-            out[k] = t + add[at:at + t.numel()].reshape(t.shape).to(device=t.device, dtype=t.dtype)
+            out[k] = t + add[at : at + t.numel()].reshape(t.shape).to(
+                device=t.device, dtype=t.dtype
+            )
             at += t.numel()
         return out
 
@@ -246,12 +280,26 @@ class DpSgdStep:
         from privkit.probes import canaries_for
 
         dim = sum(int(p.numel()) for p in model.parameters() if p.requires_grad)
-        return canaries_for(client, label, dim=dim, clip_norm=self.clip_norm, sample_rate=self.sample_rate,
-                            noise_multiplier=self.noise_multiplier)
+        return canaries_for(
+            client,
+            label,
+            dim=dim,
+            clip_norm=self.clip_norm,
+            sample_rate=self.sample_rate,
+            noise_multiplier=self.noise_multiplier,
+        )
 
-    def apply(self, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-              loss_fn: PerSampleLoss, noise_generator: DpRandom | torch.Generator,
-              aux: torch.Tensor | None = None, canaries=None) -> None:
+    def apply(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss_fn: PerSampleLoss,
+        noise_generator: DpRandom | torch.Generator,
+        aux: torch.Tensor | None = None,
+        canaries=None,
+    ) -> None:
         """Write the noisy gradient into ``.grad`` and take one optimiser step (post-processing)."""
         g = self.noisy_gradient(model, x, y, loss_fn, noise_generator, aux, canaries)
         for k, p in model.named_parameters():

@@ -47,11 +47,15 @@ from privkit.trainers.opacus_streams import secret_poisson_loader, use_noise_sou
 
 def _loader(x, y, batch_size: int, generator: torch.Generator | None) -> DataLoader:
     # opacus's DPDataLoader replaces the batches by Poisson sampling drawn from this generator
-    ds = TensorDataset(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.long))
+    ds = TensorDataset(
+        torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.long)
+    )
     return DataLoader(ds, batch_size=batch_size, shuffle=True, generator=generator)
 
 
-def _run_epochs(private, dp_opt, dp_loader, loss_fn, epochs, model, federation, device) -> tuple[int, list[dict]]:
+def _run_epochs(
+    private, dp_opt, dp_loader, loss_fn, epochs, model, federation, device
+) -> tuple[int, list[dict]]:
     """opacus' training loop; returns (steps taken, per-epoch metrics)."""
     x_test, y_test = federation.test_arrays()
     rounds, done = [], 0
@@ -71,8 +75,14 @@ def _run_epochs(private, dp_opt, dp_loader, loss_fn, epochs, model, federation, 
                 private(xb).sum().backward()
             dp_opt.step()
             done += 1
-        rounds.append({"round": epoch, "test_accuracy": accuracy(model, x_test, y_test, device),
-                       "loss": total / max(count, 1), "steps": done})
+        rounds.append(
+            {
+                "round": epoch,
+                "test_accuracy": accuracy(model, x_test, y_test, device),
+                "loss": total / max(count, 1),
+                "steps": done,
+            }
+        )
     return done, rounds
 
 
@@ -81,19 +91,34 @@ def _plan(federation, config: DpsgdConfig) -> tuple[float, int, float, list[str]
     the steps, the noise multiplier (given or calibrated for exactly them) and the notes."""
     n = len(federation.pooled_arrays()[1])
     if n < config.batch_size:
-        raise PrivkitError(f"batch_size must be <= the pooled data size {n}; found {config.batch_size}")
+        raise PrivkitError(
+            f"batch_size must be <= the pooled data size {n}; found {config.batch_size}"
+        )
     batches = math.ceil(n / config.batch_size)  # len() of the DataLoader opacus replaces
-    sample_rate = 1.0 / batches  # opacus's DPDataLoader samples each record with rate 1 / (batches per epoch)
+    sample_rate = (
+        1.0 / batches
+    )  # opacus's DPDataLoader samples each record with rate 1 / (batches per epoch)
     steps = config.epochs * batches
     if config.noise_multiplier is None:
         from accountants import calibrate_noise_multiplier
 
-        cal = calibrate_noise_multiplier(config.target_epsilon, config.delta, sample_rate, steps,
-                                         accountant=config.calibration_accountant)
-        return sample_rate, steps, cal.noise_multiplier, [
-            f"noise multiplier {cal.noise_multiplier:.5g} calibrated for epsilon <= {config.target_epsilon:g} at "
-            f"delta={config.delta:g} ({config.calibration_accountant}; re-checked epsilon "
-            f"{cal.epsilon:.5g}) for q={sample_rate:.5g}, {steps} steps"]
+        cal = calibrate_noise_multiplier(
+            config.target_epsilon,
+            config.delta,
+            sample_rate,
+            steps,
+            accountant=config.calibration_accountant,
+        )
+        return (
+            sample_rate,
+            steps,
+            cal.noise_multiplier,
+            [
+                f"noise multiplier {cal.noise_multiplier:.5g} calibrated for epsilon <= {config.target_epsilon:g} at "
+                f"delta={config.delta:g} ({config.calibration_accountant}; re-checked epsilon "
+                f"{cal.epsilon:.5g}) for q={sample_rate:.5g}, {steps} steps"
+            ],
+        )
     sigma = float(config.noise_multiplier)
     return sample_rate, steps, sigma, [f"noise multiplier {sigma:g} given; target_epsilon not used"]
 
@@ -114,7 +139,9 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
     # streams are privkit's AES stream, swapped in after make_private (privkit.trainers.opacus_streams)
     loader = _loader(x, y, config.batch_size, batches.source if batches.seeded_torch else None)
     if abs(1.0 / len(loader) - sample_rate) > 1e-15:
-        raise PrivkitError(f"loader has {len(loader)} batches per epoch; the plan assumed {1 / sample_rate:g}")
+        raise PrivkitError(
+            f"loader has {len(loader)} batches per epoch; the plan assumed {1 / sample_rate:g}"
+        )
 
     optimizer = make_optimizer(model.parameters(), config.optimizer, config.lr)
     with _warnings.catch_warnings():
@@ -123,12 +150,21 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
         _warnings.filterwarnings("ignore", message=".*[Ss]ecure.*")
         engine = PrivacyEngine(accountant="rdp")
         private, dp_opt, dp_loader = engine.make_private(
-            module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=sigma,
-            max_grad_norm=config.clip_norm, poisson_sampling=True,
-            noise_generator=noise.source if noise.seeded_torch else None)
+            module=model,
+            optimizer=optimizer,
+            data_loader=loader,
+            noise_multiplier=sigma,
+            max_grad_norm=config.clip_norm,
+            poisson_sampling=True,
+            noise_generator=noise.source if noise.seeded_torch else None,
+        )
     if abs(dp_loader.sample_rate - sample_rate) > 1e-12:
-        raise PrivkitError(f"opacus sample rate {dp_loader.sample_rate} differs from the accounted {sample_rate}")
-    real_rate = dp_loader.sample_rate  # the rate its batches are drawn with (opacus' or privkit's loader)
+        raise PrivkitError(
+            f"opacus sample rate {dp_loader.sample_rate} differs from the accounted {sample_rate}"
+        )
+    real_rate = (
+        dp_loader.sample_rate
+    )  # the rate its batches are drawn with (opacus' or privkit's loader)
     if not noise.seeded_torch:
         dp_loader = secret_poisson_loader(dp_loader, batches)
         use_noise_source(dp_opt, noise)
@@ -144,17 +180,28 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
     with _warnings.catch_warnings():
         # opacus' hooks on the first layer: inputs need no grad; harmless, one line per step
         _warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        done, rounds = _run_epochs(private, dp_opt, dp_loader, loss_fn, epochs, model, federation, device)
+        done, rounds = _run_epochs(
+            private, dp_opt, dp_loader, loss_fn, epochs, model, federation, device
+        )
     if done != steps:
         raise PrivkitError(f"ran {done} DP-SGD steps but accounted {steps}")
     released, _ = new_model(federation, config, 0)
     released.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
-    return dpsgd_result(federation, config, seed, released, spec, rounds, (sample_rate, steps, sigma, notes),
-                        device)
+    return dpsgd_result(
+        federation, config, seed, released, spec, rounds, (sample_rate, steps, sigma, notes), device
+    )
 
 
-def dpsgd_result(federation, config: DpsgdConfig, seed: int, released, spec: dict, rounds: list[dict],
-                 plan: tuple[float, int, float, list[str]], device) -> TrainResult:
+def dpsgd_result(
+    federation,
+    config: DpsgdConfig,
+    seed: int,
+    released,
+    spec: dict,
+    rounds: list[dict],
+    plan: tuple[float, int, float, list[str]],
+    device,
+) -> TrainResult:
     """``train_dpsgd``'s :class:`TrainResult` for the released model, the per-epoch rows (round,
     test accuracy, loss, steps) and the :func:`_plan` that ran."""
     from accountants import Ledger, dpsgd_epsilon, dpsgd_event
@@ -165,31 +212,60 @@ def dpsgd_result(federation, config: DpsgdConfig, seed: int, released, spec: dic
     for k in range(federation.num_clients):
         ledger.add(k, event, "dp-sgd (pooled data)")
     warns = notes + [
-        ("Record-level DP over the pooled data (add/remove-one neighbours, Poisson sampling as run by "
-        "opacus' DPDataLoader); every client's ledger holds the same event, as every record is "
-        "protected alike. Centralised training assumes a trusted curator who sees all records.")]
-    claims = {"noise_multiplier": sigma, "sample_rate": sample_rate, "steps": steps, "delta": config.delta,
-              "target_epsilon": config.target_epsilon if config.noise_multiplier is None else None,
-              "source": "DP-SGD (Abadi et al. 2016), accounted by privkit"}
+        (
+            "Record-level DP over the pooled data (add/remove-one neighbours, Poisson sampling as run by "
+            "opacus' DPDataLoader); every client's ledger holds the same event, as every record is "
+            "protected alike. Centralised training assumes a trusted curator who sees all records."
+        )
+    ]
+    claims = {
+        "noise_multiplier": sigma,
+        "sample_rate": sample_rate,
+        "steps": steps,
+        "delta": config.delta,
+        "target_epsilon": config.target_epsilon if config.noise_multiplier is None else None,
+        "source": "DP-SGD (Abadi et al. 2016), accounted by privkit",
+    }
     for row in rounds:  # epsilon after each epoch, by the accountant the calibration uses
         row["sigma"] = sigma
-        row["epsilon"] = dpsgd_epsilon(sample_rate, sigma, row["steps"], config.delta,
-                                       accountant=config.calibration_accountant)
+        row["epsilon"] = dpsgd_epsilon(
+            sample_rate, sigma, row["steps"], config.delta, accountant=config.calibration_accountant
+        )
     x_test, y_test = federation.test_arrays()
-    return TrainResult(method="dpsgd", seed=seed, config=config.model_dump(), model=released, model_spec=spec,
-                       ledger=ledger, rounds=rounds, test_accuracy=accuracy(released, x_test, y_test, device),
-                       warnings=warns, claims=claims)
+    return TrainResult(
+        method="dpsgd",
+        seed=seed,
+        config=config.model_dump(),
+        model=released,
+        model_spec=spec,
+        ledger=ledger,
+        rounds=rounds,
+        test_accuracy=accuracy(released, x_test, y_test, device),
+        warnings=warns,
+        claims=claims,
+    )
 
 
-def _probe_sets(dp_opt, num_clients: int, clip_norm: float, sample_rate: float, sigma: float) -> list:
+def _probe_sets(
+    dp_opt, num_clients: int, clip_norm: float, sample_rate: float, sigma: float
+) -> list:
     """The audit canaries the pooled mechanism must take (:func:`privkit.probes.canaries_for`, label
     ``dp-sgd``): one probe set per probed client, as every client's ledger holds the mechanism's
     entry; none outside an audit. Over the optimizer's parameters, in its order."""
     from privkit.probes import canaries_for
 
     dim = sum(int(p.numel()) for p in dp_opt.params)
-    sets = [canaries_for(k, "dp-sgd", dim=dim, clip_norm=clip_norm, sample_rate=sample_rate,
-                         noise_multiplier=sigma) for k in range(num_clients)]
+    sets = [
+        canaries_for(
+            k,
+            "dp-sgd",
+            dim=dim,
+            clip_norm=clip_norm,
+            sample_rate=sample_rate,
+            noise_multiplier=sigma,
+        )
+        for k in range(num_clients)
+    ]
     return [c for c in sets if c is not None]
 
 
@@ -207,7 +283,9 @@ def _mask(source: DpRandom, n: int, rate: float) -> torch.Tensor:
     return source.mask(n, rate=rate)
 
 
-def _take_probes_and_mutation(dp_opt, probes: list, mutation, noise: DpRandom, sample_rate: float) -> None:
+def _take_probes_and_mutation(
+    dp_opt, probes: list, mutation, noise: DpRandom, sample_rate: float
+) -> None:
     """Make the opacus ``DPOptimizer`` ``dp_opt`` take an audit's canaries and run its mutation.
 
     Per step, in ``add_noise`` (after opacus clipped and summed the batch into ``summed_grad``):
@@ -243,14 +321,19 @@ def _take_probes_and_mutation(dp_opt, probes: list, mutation, noise: DpRandom, s
         added = []
         for can in probes:
             raw = torch.full((len(can.included_ids),), can.raw_norm)
-            weights = _mask(noise, len(can.included_ids), sample_rate).to(torch.float32) * \
-                _opacus_clip_factor(raw, clip) * raw
+            weights = (
+                _mask(noise, len(can.included_ids), sample_rate).to(torch.float32)
+                * _opacus_clip_factor(raw, clip)
+                * raw
+            )
             added.append(can.vector(weights))
         if probes:
             extra, at = sum(added), 0
             for p in params:  # in place: opacus has marked summed_grad as processed
                 k = p.summed_grad.numel()
-                p.summed_grad.add_(extra[at:at + k].reshape(p.summed_grad.shape).to(p.summed_grad))
+                p.summed_grad.add_(
+                    extra[at : at + k].reshape(p.summed_grad.shape).to(p.summed_grad)
+                )
                 at += k
         claimed = dp_opt.noise_multiplier
         dp_opt.noise_multiplier = claimed * mutation.noise_factor
@@ -272,8 +355,13 @@ def _sigma(config: DpsgdConfig, sample_rate: float, steps: int) -> float:
 
     if config.noise_multiplier is not None:
         return float(config.noise_multiplier)
-    return calibrate_noise_multiplier(config.target_epsilon, config.delta, sample_rate, steps,
-                                      accountant=config.calibration_accountant).noise_multiplier
+    return calibrate_noise_multiplier(
+        config.target_epsilon,
+        config.delta,
+        sample_rate,
+        steps,
+        accountant=config.calibration_accountant,
+    ).noise_multiplier
 
 
 def dpsgd_recipe(config: DpsgdConfig, n: int):
@@ -285,15 +373,24 @@ def dpsgd_recipe(config: DpsgdConfig, n: int):
     from privkit.trainers.batched_sgd import SGDRecipe
 
     if n < config.batch_size:
-        raise PrivkitError(f"batch_size must be <= the pooled data size {n}; found {config.batch_size}")
-    recipe = SGDRecipe(epochs=config.epochs, batch_size=config.batch_size, lr=config.lr, clip=config.clip_norm,
-                       sampling="poisson", optimizer=config.optimizer)
+        raise PrivkitError(
+            f"batch_size must be <= the pooled data size {n}; found {config.batch_size}"
+        )
+    recipe = SGDRecipe(
+        epochs=config.epochs,
+        batch_size=config.batch_size,
+        lr=config.lr,
+        clip=config.clip_norm,
+        sampling="poisson",
+        optimizer=config.optimizer,
+    )
     sigma = _sigma(config, recipe.sample_rate(n), recipe.steps(n))
     return replace(recipe, noise_multiplier=sigma)
 
 
-def train_dpsgd_many(federation, config: DpsgdConfig | dict, indices: list, seeds: list[int],
-                     device: str = "cpu") -> list[torch.nn.Module]:
+def train_dpsgd_many(
+    federation, config: DpsgdConfig | dict, indices: list, seeds: list[int], device: str = "cpu"
+) -> list[torch.nn.Module]:
     """M dpsgd models at once: model j is DP-SGD on ``federation.private[indices[j]]`` with seed
     ``seeds[j]`` (its initialisation is ``train_dpsgd``'s for that seed; sampling and noise secret
     unless ``reproducible_noise``). Returns CPU models.
@@ -313,10 +410,16 @@ def train_dpsgd_many(federation, config: DpsgdConfig | dict, indices: list, seed
     out: list = [None] * len(indices)
     for n, members in groups.items():  # one recipe (noise multiplier) per data size
         recipe = dpsgd_recipe(cfg, n)
-        states = train_many(spec, federation.private.x, federation.private.y,
-                            [np.asarray(indices[j]) for j in members], recipe,
-                            [derive_seed(seeds[j], "init") for j in members], device=device,
-                            reproducible=cfg.reproducible_noise)
+        states = train_many(
+            spec,
+            federation.private.x,
+            federation.private.y,
+            [np.asarray(indices[j]) for j in members],
+            recipe,
+            [derive_seed(seeds[j], "init") for j in members],
+            device=device,
+            reproducible=cfg.reproducible_noise,
+        )
         for j, model in zip(members, load_states(spec, states)):
             out[j] = model
     return out

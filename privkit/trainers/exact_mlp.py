@@ -20,6 +20,7 @@ or frozen features, an optional proximal term (FedProx). Anything else is an
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,23 +38,36 @@ def mlp_layers(model: nn.Module) -> list[str]:
     """Names of ``model``'s linear layers in order (``features.<i>`` ..., ``head``) when it is a
     privkit MLP (Flatten, then Linear + ReLU pairs, then the head); else UnsupportedModelError."""
     if not isinstance(model, FeatureClassifier) or not isinstance(model.features, nn.Sequential):
-        raise UnsupportedModelError(f"exact batched training needs a privkit MLP; found {type(model).__name__}")
+        raise UnsupportedModelError(
+            f"exact batched training needs a privkit MLP; found {type(model).__name__}"
+        )
     kids = list(model.features.named_children())
     if not kids or not isinstance(kids[0][1], nn.Flatten) or len(kids) % 2 != 1:
-        raise UnsupportedModelError("exact batched training needs Flatten, then Linear + ReLU pairs")
+        raise UnsupportedModelError(
+            "exact batched training needs Flatten, then Linear + ReLU pairs"
+        )
     names = []
     for (n1, lin), (_, act) in zip(kids[1::2], kids[2::2]):
         if not isinstance(lin, nn.Linear) or not isinstance(act, nn.ReLU) or lin.bias is None:
-            raise UnsupportedModelError(f"exact batched training needs Linear (with bias) + ReLU; found "
-                                        f"{type(lin).__name__}, {type(act).__name__}")
+            raise UnsupportedModelError(
+                f"exact batched training needs Linear (with bias) + ReLU; found "
+                f"{type(lin).__name__}, {type(act).__name__}"
+            )
         names.append(f"features.{n1}")
     if model.head.bias is None:
         raise UnsupportedModelError("exact batched training needs a head with a bias")
     trainable = {name: p.requires_grad for name, p in model.named_parameters()}
-    if len({trainable[f"{n}.weight"] == trainable[f"{n}.bias"] for n in names + ["head"]}) > 1 or \
-            not trainable["head.weight"] or any(trainable[f"{a}.weight"] < trainable[f"{b}.weight"]
-                                                 for a, b in zip(names, names[1:])):
-        raise UnsupportedModelError("exact batched training needs whole layers trainable from some layer on")
+    if (
+        len({trainable[f"{n}.weight"] == trainable[f"{n}.bias"] for n in names + ["head"]}) > 1
+        or not trainable["head.weight"]
+        or any(
+            trainable[f"{a}.weight"] < trainable[f"{b}.weight"]
+            for a, b in itertools.pairwise(names)
+        )
+    ):
+        raise UnsupportedModelError(
+            "exact batched training needs whole layers trainable from some layer on"
+        )
     return names + ["head"]
 
 
@@ -71,8 +85,17 @@ class Model:
     soft: bool = False
 
 
-def model_for(module: nn.Module, x, y, *, epochs: int, batch_size: int, seed: int, device: torch.device,
-              soft: bool = False) -> Model:
+def model_for(
+    module: nn.Module,
+    x,
+    y,
+    *,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    device: torch.device,
+    soft: bool = False,
+) -> Model:
     """``module`` (trained in place) on ``(x, y)`` with the batches ``train_supervised`` /
     ``distill`` draw for ``seed``: per epoch one permutation from ``torch_generator(seed)``, cut
     into batches of ``batch_size`` (the last one partial)."""
@@ -83,7 +106,9 @@ def model_for(module: nn.Module, x, y, *, epochs: int, batch_size: int, seed: in
     xt = as_tensor(x, device, torch.float32)
     yt = as_tensor(y, device, torch.float32 if soft else torch.long)
     gen = torch_generator(seed)
-    batches = [idx.to(device) for _ in range(epochs) for idx in minibatches(len(xt), batch_size, gen)]
+    batches = [
+        idx.to(device) for _ in range(epochs) for idx in minibatches(len(xt), batch_size, gen)
+    ]
     return Model({k: q.detach() for k, q in module.named_parameters()}, xt, yt, batches, soft)
 
 
@@ -92,9 +117,16 @@ def architecture(module: nn.Module) -> tuple:
     return tuple((k, tuple(q.shape), q.requires_grad) for k, q in module.named_parameters())
 
 
-def _gradients(layers: list[tuple[str, str, bool]], trainable: set[str], p: dict[str, torch.Tensor], x: torch.Tensor,
-               y: torch.Tensor, soft: bool, scale: torch.Tensor,
-               rows: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def _gradients(
+    layers: list[tuple[str, str, bool]],
+    trainable: set[str],
+    p: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    soft: bool,
+    scale: torch.Tensor,
+    rows: torch.Tensor,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The batch loss's gradients with autograd's kernels, and the log-probabilities (for the
     loss). ``scale`` is ``-1 / len(y)`` in float32: nll_loss's gradient at each label, and the
     factor of the targets in ``kl_div(..., reduction="batchmean")``'s; ``rows`` is ``arange(len(y))``."""
@@ -122,9 +154,16 @@ def _gradients(layers: list[tuple[str, str, bool]], trainable: set[str], p: dict
     return grads, logp
 
 
-def train_exact(template: nn.Module, models: Sequence[Model], *, optimizer: str, lr: float,
-                mu: Sequence[float] | None = None, anchors: Sequence[dict[str, torch.Tensor]] | None = None,
-                loss_from: Sequence[int] | None = None) -> list[float]:
+def train_exact(
+    template: nn.Module,
+    models: Sequence[Model],
+    *,
+    optimizer: str,
+    lr: float,
+    mu: Sequence[float] | None = None,
+    anchors: Sequence[dict[str, torch.Tensor]] | None = None,
+    loss_from: Sequence[int] | None = None,
+) -> list[float]:
     """Train every model over its batches (in place on its parameters), as
     :func:`~privkit.trainers.common.train_supervised` trains one with a fresh ``optimizer``
     (``"sgd"`` or ``"adam"``) at ``lr``: mean cross-entropy per batch plus, where ``mu[j] > 0``,
@@ -139,12 +178,20 @@ def train_exact(template: nn.Module, models: Sequence[Model], *, optimizer: str,
     trainable = set(names)
     ls = mlp_layers(template)
     # per layer: weight and bias names, and whether the gradient goes on to a trainable layer below
-    layers = [(f"{n}.weight", f"{n}.bias", i > 0 and f"{ls[i - 1]}.weight" in trainable) for i, n in enumerate(ls)]
+    layers = [
+        (f"{n}.weight", f"{n}.bias", i > 0 and f"{ls[i - 1]}.weight" in trainable)
+        for i, n in enumerate(ls)
+    ]
     n = len(models)
     mu = list(mu) if mu is not None else [0.0] * n
     first = list(loss_from) if loss_from is not None else [math.inf] * n
-    moments = [([torch.zeros_like(m.params[k]) for k in names], [torch.zeros_like(m.params[k]) for k in names])
-               for m in models]
+    moments = [
+        (
+            [torch.zeros_like(m.params[k]) for k in names],
+            [torch.zeros_like(m.params[k]) for k in names],
+        )
+        for m in models
+    ]
     totals = [0.0] * n
     consts: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
     for t in range(max((len(m.batches) for m in models), default=0)):
@@ -155,7 +202,10 @@ def train_exact(template: nn.Module, models: Sequence[Model], *, optimizer: str,
             yb = m.y[b]
             key = (len(b), yb.device)
             if key not in consts:  # nll_loss's gradient -1 / total weight, in float32
-                consts[key] = (-(torch.ones((), device=yb.device) / len(b)), torch.arange(len(b), device=yb.device))
+                consts[key] = (
+                    -(torch.ones((), device=yb.device) / len(b)),
+                    torch.arange(len(b), device=yb.device),
+                )
             g, logp = _gradients(layers, trainable, m.params, m.x[b], yb, m.soft, *consts[key])
             extra = None
             if mu[j] > 0:  # autograd's gradient of (mu/2) sum ||p - a||^2: (mu/2) (2 (p - a))
@@ -167,12 +217,26 @@ def train_exact(template: nn.Module, models: Sequence[Model], *, optimizer: str,
             if t >= first[j]:
                 loss = torch.nn.functional.nll_loss(logp, yb)
                 totals[j] += float(loss + extra if extra is not None else loss) * len(b)
-            _update(optimizer, lr, t + 1, [m.params[k] for k in names], [g[k] for k in names], *moments[j])
+            _update(
+                optimizer,
+                lr,
+                t + 1,
+                [m.params[k] for k in names],
+                [g[k] for k in names],
+                *moments[j],
+            )
     return totals
 
 
-def _update(optimizer: str, lr: float, step: int, p: list[torch.Tensor], g: list[torch.Tensor],
-            m1: list[torch.Tensor], m2: list[torch.Tensor]) -> None:
+def _update(
+    optimizer: str,
+    lr: float,
+    step: int,
+    p: list[torch.Tensor],
+    g: list[torch.Tensor],
+    m1: list[torch.Tensor],
+    m2: list[torch.Tensor],
+) -> None:
     """torch's single-tensor SGD or Adam update (at step ``step``) of one model's parameters."""
     if optimizer == "sgd":
         torch._foreach_add_(p, g, alpha=-lr)
@@ -181,9 +245,9 @@ def _update(optimizer: str, lr: float, step: int, p: list[torch.Tensor], g: list
     torch._foreach_mul_(m2, BETA2)
     torch._foreach_addcmul_(m2, g, g, value=1 - BETA2)
     denom = torch._foreach_sqrt(m2)
-    torch._foreach_div_(denom, (1 - BETA2 ** step) ** 0.5)
+    torch._foreach_div_(denom, (1 - BETA2**step) ** 0.5)
     torch._foreach_add_(denom, EPS)
-    torch._foreach_addcdiv_(p, m1, denom, value=-lr / (1 - BETA1 ** step))
+    torch._foreach_addcdiv_(p, m1, denom, value=-lr / (1 - BETA1**step))
 
 
 __all__ = ["Model", "architecture", "mlp_layers", "model_for", "train_exact"]

@@ -35,25 +35,33 @@ from privkit.methods.fedaux import FedAUXConfig
 from privkit.seeding import noise_rng
 from privkit.trainers.base import TrainResult
 from privkit.trainers.common import embed, resolve_device
-from privkit.trainers.feddf import distillation_hook
 from privkit.trainers.fedavg import FederatedRun, drive, result_from_outcome
-from privkit.trainers.heads import HeadData, certainty_scores, fit_binary_head, head_features, release_head
+from privkit.trainers.feddf import distillation_hook
+from privkit.trainers.heads import (
+    HeadData,
+    certainty_scores,
+    fit_binary_head,
+    head_features,
+    release_head,
+)
 from privkit.trainers.pretrain import init_model
 
-EQ4_NOTE = ("features enter the logistic heads through the per-example map [v/||v||, 1]/sqrt(2), "
-            "v = h0(x) - (mean of h0 over the public data) "
-            "(unit ball, bias inside the norm bound); the paper's Eq. 4 divides by max ||h0(x)|| over "
-            "the client's private data, a data-dependent scale outside the sensitivity proof (and "
-            "sent to the server), so privkit does not use it")
+EQ4_NOTE = (
+    "features enter the logistic heads through the per-example map [v/||v||, 1]/sqrt(2), "
+    "v = h0(x) - (mean of h0 over the public data) "
+    "(unit ball, bias inside the norm bound); the paper's Eq. 4 divides by max ||h0(x)|| over "
+    "the client's private data, a data-dependent scale outside the sensitivity proof (and "
+    "sent to the server), so privkit does not use it"
+)
 
 
 @dataclass
 class ScoreRelease:
     """Per-client DP scoring heads and the certainty scores they give on the distillation data."""
 
-    heads: np.ndarray           # (clients, d) noisy heads (zeros for an empty client)
-    scores: np.ndarray          # (clients, n_distill)
-    info: list[dict] = field(default_factory=list)   # per client: n, sensitivity, sigma, ...
+    heads: np.ndarray  # (clients, d) noisy heads (zeros for an empty client)
+    scores: np.ndarray  # (clients, n_distill)
+    info: list[dict] = field(default_factory=list)  # per client: n, sensitivity, sigma, ...
     warnings: list[str] = field(default_factory=list)
 
 
@@ -64,15 +72,27 @@ class FrozenFeatures:
     fixed before any private record is seen.
     """
 
-    def __init__(self, h0_model, federation, device: torch.device, batch_size: int = 1024,
-                 center: bool = True):
+    def __init__(
+        self,
+        h0_model,
+        federation,
+        device: torch.device,
+        batch_size: int = 1024,
+        center: bool = True,
+    ):
         self.model, self.device, self.batch_size = h0_model, device, batch_size
-        self.center = (embed(h0_model, federation.public_arrays("all")[0], device, batch_size)
-                       .astype(np.float64).mean(0) if center else None)
+        self.center = (
+            embed(h0_model, federation.public_arrays("all")[0], device, batch_size)
+            .astype(np.float64)
+            .mean(0)
+            if center
+            else None
+        )
 
     @classmethod
-    def with_center(cls, h0_model, center: np.ndarray | None, device: torch.device,
-                    batch_size: int = 1024) -> FrozenFeatures:
+    def with_center(
+        cls, h0_model, center: np.ndarray | None, device: torch.device, batch_size: int = 1024
+    ) -> FrozenFeatures:
         """The map with a centre computed elsewhere (the server's, sent to a client)."""
         out = cls.__new__(cls)
         out.model, out.device, out.batch_size, out.center = h0_model, device, batch_size, center
@@ -89,19 +109,31 @@ class FrozenFeatures:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.map(self.embed(x))
 
-    def head_data(self, x: np.ndarray, labels: np.ndarray | None = None,
-                  negatives: np.ndarray | None = None) -> HeadData:
+    def head_data(
+        self, x: np.ndarray, labels: np.ndarray | None = None, negatives: np.ndarray | None = None
+    ) -> HeadData:
         """The private records ``x`` as a head is fitted on them (mapped features in ``.X``), kept
         with their raw features so that an audit can refit the head with probe records."""
         h = self.embed(x)
         return HeadData(self.map(h), h, self.center, labels, negatives)
 
 
-def release_scoring_heads(federation, phi: FrozenFeatures, *, lam: float, epsilon: float, delta: float,
-                          dp: bool, calibration: str, xi: float, seed: int, ledger,
-                          phi_neg: np.ndarray | None = None,
-                          phi_distill: np.ndarray | None = None,
-                          reproducible_noise: bool = False) -> ScoreRelease:
+def release_scoring_heads(
+    federation,
+    phi: FrozenFeatures,
+    *,
+    lam: float,
+    epsilon: float,
+    delta: float,
+    dp: bool,
+    calibration: str,
+    xi: float,
+    seed: int,
+    ledger,
+    phi_neg: np.ndarray | None = None,
+    phi_distill: np.ndarray | None = None,
+    reproducible_noise: bool = False,
+) -> ScoreRelease:
     """Fit, privatise and record every client's scoring head; return heads and scores.
 
     Each client's ledger gets ``GaussianDpEvent(sigma / (2/(lam n)))`` labelled ``scores``
@@ -121,8 +153,19 @@ def release_scoring_heads(federation, phi: FrozenFeatures, *, lam: float, epsilo
         if len(x_i) == 0:
             info.append({"n": 0})
             continue
-        rel = release_scoring_head(i, x_i, phi, phi_neg, lam=lam, epsilon=epsilon, delta=delta, dp=dp,
-                                   calibration=calibration, seed=seed, reproducible_noise=reproducible_noise)
+        rel = release_scoring_head(
+            i,
+            x_i,
+            phi,
+            phi_neg,
+            lam=lam,
+            epsilon=epsilon,
+            delta=delta,
+            dp=dp,
+            calibration=calibration,
+            seed=seed,
+            reproducible_noise=reproducible_noise,
+        )
         ledger.add(i, rel.event, "scores", neighbouring="replace_one")
         heads[i] = rel.weights
         scores[i] = certainty_scores(rel.weights, phi_distill, xi)
@@ -131,24 +174,48 @@ def release_scoring_heads(federation, phi: FrozenFeatures, *, lam: float, epsilo
     return ScoreRelease(heads, scores, info, sorted(warns))
 
 
-def release_scoring_head(i: int, x_i: np.ndarray, phi: FrozenFeatures, phi_neg: np.ndarray, *, lam: float,
-                         epsilon: float, delta: float, dp: bool, calibration: str, seed: int,
-                         reproducible_noise: bool):
+def release_scoring_head(
+    i: int,
+    x_i: np.ndarray,
+    phi: FrozenFeatures,
+    phi_neg: np.ndarray,
+    *,
+    lam: float,
+    epsilon: float,
+    delta: float,
+    dp: bool,
+    calibration: str,
+    seed: int,
+    reproducible_noise: bool,
+):
     """Client ``i``'s scoring head on its records ``x_i`` against the public negatives, released
     through the Gaussian mechanism (a :class:`~privkit.trainers.heads.HeadRelease`, whose ``clean``
     head never leaves the client). Every engine runs a client's release through this function."""
     data = phi.head_data(x_i, negatives=phi_neg)
     fit = fit_binary_head(data.X, phi_neg, lam)
-    return release_head(fit, kind="binary", lam=lam, epsilon=epsilon if dp else None, delta=delta,
-                        calibration=calibration,
-                        rng=noise_rng(seed, f"score-noise-{i}", reproducible=reproducible_noise),
-                        client=i, label="scores", data=data)
+    return release_head(
+        fit,
+        kind="binary",
+        lam=lam,
+        epsilon=epsilon if dp else None,
+        delta=delta,
+        calibration=calibration,
+        rng=noise_rng(seed, f"score-noise-{i}", reproducible=reproducible_noise),
+        client=i,
+        label="scores",
+        data=data,
+    )
 
 
 def score_info(rel, n_private: int, n_negative: int) -> dict:
     """What a scoring head's release reports about itself (no private value; its warnings apart)."""
-    return {**{k: v for k, v in rel.info.items() if k != "warnings"}, "sensitivity": rel.sensitivity,
-            "sigma": rel.sigma, "n_private": n_private, "n_negative": n_negative}
+    return {
+        **{k: v for k, v in rel.info.items() if k != "warnings"},
+        "sensitivity": rel.sensitivity,
+        "sigma": rel.sigma,
+        "n_private": n_private,
+        "n_negative": n_negative,
+    }
 
 
 def eq10_warning(federation, lam: float, epsilon: float, delta: float, calibration: str) -> str:
@@ -160,12 +227,16 @@ def eq10_warning(federation, lam: float, epsilon: float, delta: float, calibrati
     n_i = min(sizes)  # the ratio (n_i + n_neg)/(n_i + n_aux) is smallest for the smallest client
     sens = 2.0 / (lam * (n_i + n_neg))
     sigma_thm = calibrate_gaussian(epsilon, delta, sens, method=calibration).sigma
-    sigma_eq10 = calibrate_gaussian(epsilon, delta, 2.0 / (lam * (n_i + n_aux)), method=calibration).sigma
+    sigma_eq10 = calibrate_gaussian(
+        epsilon, delta, 2.0 / (lam * (n_i + n_aux)), method=calibration
+    ).sigma
     true_eps = gaussian_epsilon(sigma_eq10, delta, sens, method="analytic")
-    return (f"FedAUX Eq. 10 calibrates sigma with |D_i|+|D_aux| ({n_i}+{n_aux}) but Thm 1 / Alg. 1 bound "
-            f"the sensitivity with |D_i|+|D^-| ({n_i}+{n_neg}); privkit uses |D_i|+|D^-|. Eq. 10's "
-            f"sigma would be {sigma_thm / sigma_eq10:.2f}x too small for the smallest client, giving "
-            f"epsilon={true_eps:.3g} (analytic, at delta={delta:g}) instead of the claimed {epsilon:g}")
+    return (
+        f"FedAUX Eq. 10 calibrates sigma with |D_i|+|D_aux| ({n_i}+{n_aux}) but Thm 1 / Alg. 1 bound "
+        f"the sensitivity with |D_i|+|D^-| ({n_i}+{n_neg}); privkit uses |D_i|+|D^-|. Eq. 10's "
+        f"sigma would be {sigma_thm / sigma_eq10:.2f}x too small for the smallest client, giving "
+        f"epsilon={true_eps:.3g} (analytic, at delta={delta:g}) instead of the claimed {epsilon:g}"
+    )
 
 
 def fedaux_run(federation, config: FedAUXConfig, seed: int, progress: bool = False):
@@ -179,51 +250,115 @@ def fedaux_run(federation, config: FedAUXConfig, seed: int, progress: bool = Fal
     if config.pretrain:
         h0_model = model
     else:  # scores need h0 even when the classifier starts from scratch
-        h0_model, _, pinfo = init_model(federation, config.model_copy(update={"pretrain": True}), seed,
-                                        progress=progress)
-    phi = FrozenFeatures(h0_model, federation, device, config.eval_batch_size, config.center_features)
+        h0_model, _, pinfo = init_model(
+            federation, config.model_copy(update={"pretrain": True}), seed, progress=progress
+        )
+    phi = FrozenFeatures(
+        h0_model, federation, device, config.eval_batch_size, config.center_features
+    )
     release = release_scoring_heads(
-        federation, phi, lam=config.score_lambda, epsilon=config.score_epsilon,
-        delta=config.score_delta, dp=config.score_dp, calibration=config.calibration, xi=config.xi,
-        seed=seed, ledger=ledger, reproducible_noise=config.reproducible_noise)
+        federation,
+        phi,
+        lam=config.score_lambda,
+        epsilon=config.score_epsilon,
+        delta=config.score_delta,
+        dp=config.score_dp,
+        calibration=config.calibration,
+        xi=config.xi,
+        seed=seed,
+        ledger=ledger,
+        reproducible_noise=config.reproducible_noise,
+    )
     store: dict = {}
     hook = distillation_hook(federation, config, seed, scores=release.scores, store=store)
-    run = FederatedRun(federation, config, seed, progress=progress, server_hook=hook, ledger=ledger,
-                       model=model, spec=spec, pretrain_info=pinfo, neighbouring="replace_one")
+    run = FederatedRun(
+        federation,
+        config,
+        seed,
+        progress=progress,
+        server_hook=hook,
+        ledger=ledger,
+        model=model,
+        spec=spec,
+        pretrain_info=pinfo,
+        neighbouring="replace_one",
+    )
 
     def finish(out) -> TrainResult:
-        warnings = [EQ4_NOTE,
-                    "client models f_i are sent to the server in the clear (as in the paper): the pipeline "
-                    "has no finite epsilon; the DP claim covers the certainty scores only (ledger label "
-                    "'scores')", *release.warnings]
+        warnings = [
+            EQ4_NOTE,
+            "client models f_i are sent to the server in the clear (as in the paper): the pipeline "
+            "has no finite epsilon; the DP claim covers the certainty scores only (ledger label "
+            "'scores')",
+            *release.warnings,
+        ]
         if config.score_dp:
-            warnings.insert(0, eq10_warning(federation, config.score_lambda, config.score_epsilon,
-                                            config.score_delta, config.calibration))
-        claims = {"epsilon": config.score_epsilon if config.score_dp else float("inf"),
-                  "delta": config.score_delta if config.score_dp else None,
-                  "composition": "basic", "labels": ["scores"],
-                  "scope": "certainty scores only; client models f_i are not protected",
-                  "pipeline_epsilon": float("inf"),
-                  "source": "FedAUX Sec. 3.5 (Thm 1, Eq. 10) and App. J",
-                  "mechanisms": {"scores": {"epsilon": config.score_epsilon, "delta": config.score_delta,
-                                            "lambda": config.score_lambda, "calibration": config.calibration,
-                                            "dp": config.score_dp, "clients": release.info}}}
-        artifacts = {"scores": release.scores.astype(np.float32),
-                     "score_heads": release.heads.astype(np.float32)}
+            warnings.insert(
+                0,
+                eq10_warning(
+                    federation,
+                    config.score_lambda,
+                    config.score_epsilon,
+                    config.score_delta,
+                    config.calibration,
+                ),
+            )
+        claims = {
+            "epsilon": config.score_epsilon if config.score_dp else float("inf"),
+            "delta": config.score_delta if config.score_dp else None,
+            "composition": "basic",
+            "labels": ["scores"],
+            "scope": "certainty scores only; client models f_i are not protected",
+            "pipeline_epsilon": float("inf"),
+            "source": "FedAUX Sec. 3.5 (Thm 1, Eq. 10) and App. J",
+            "mechanisms": {
+                "scores": {
+                    "epsilon": config.score_epsilon,
+                    "delta": config.score_delta,
+                    "lambda": config.score_lambda,
+                    "calibration": config.calibration,
+                    "dp": config.score_dp,
+                    "clients": release.info,
+                }
+            },
+        }
+        artifacts = {
+            "scores": release.scores.astype(np.float32),
+            "score_heads": release.heads.astype(np.float32),
+        }
         if "soft_labels" in store:
             artifacts["soft_labels"] = store["soft_labels"]
-        return result_from_outcome("fedaux", seed, config, out, artifacts=artifacts, warnings=warnings,
-                                   claims=claims, federation=federation)
+        return result_from_outcome(
+            "fedaux",
+            seed,
+            config,
+            out,
+            artifacts=artifacts,
+            warnings=warnings,
+            claims=claims,
+            federation=federation,
+        )
 
     return run, finish
 
 
 # method "fedaux": config and registration in privkit.methods.fedaux
-def train_fedaux(federation, config: FedAUXConfig, seed: int, progress: bool = False) -> TrainResult:
+def train_fedaux(
+    federation, config: FedAUXConfig, seed: int, progress: bool = False
+) -> TrainResult:
     """FedAUX (``pretrain=false`` drops h0 for the client models; scores always use h0)."""
     run, finish = fedaux_run(federation, config, seed, progress)
     return finish(drive(run, progress, "fedaux rounds"))
 
 
-__all__ = ["FedAUXConfig", "FrozenFeatures", "ScoreRelease", "eq10_warning", "fedaux_run",
-           "release_scoring_head", "release_scoring_heads", "score_info", "train_fedaux"]
+__all__ = [
+    "FedAUXConfig",
+    "FrozenFeatures",
+    "ScoreRelease",
+    "eq10_warning",
+    "fedaux_run",
+    "release_scoring_head",
+    "release_scoring_heads",
+    "score_info",
+    "train_fedaux",
+]

@@ -50,17 +50,33 @@ from privkit.progress import progress_bar
 from privkit.seeding import derive_seed, noise_rng
 from privkit.trainers.base import TrainResult
 from privkit.trainers.common import accuracy, distill, new_model, resolve_device
-from privkit.trainers.fedaux import (EQ4_NOTE, FrozenFeatures, ScoreRelease, release_scoring_head,
-                                    score_info)
-from privkit.trainers.heads import (certainty_scores, fit_multinomial_head, head_probabilities,
-                                    head_to_linear, release_head)
+from privkit.trainers.fedaux import (
+    EQ4_NOTE,
+    FrozenFeatures,
+    ScoreRelease,
+    release_scoring_head,
+    score_info,
+)
+from privkit.trainers.heads import (
+    certainty_scores,
+    fit_multinomial_head,
+    head_probabilities,
+    head_to_linear,
+    release_head,
+)
 from privkit.trainers.pretrain import pretrain_h0
 
 Aggregation = Literal["scores", "mean-head", "mean-ensemble"]
 
 
-def _released_model(federation, cfg: DpHeadConfig, h0_state: dict, center: np.ndarray | None,
-                    W: np.ndarray | None, seed: int):
+def _released_model(
+    federation,
+    cfg: DpHeadConfig,
+    h0_state: dict,
+    center: np.ndarray | None,
+    W: np.ndarray | None,
+    seed: int,
+):
     """h0 + the feature map's centring/normalisation, with head ``W`` as an ``nn.Linear`` (random if None)."""
     model, spec = new_model(federation, cfg, derive_seed(seed, "student-init"), normalize=True)
     missing, unexpected = model.features.load_state_dict(h0_state, strict=False)
@@ -108,13 +124,19 @@ class ClientHeads:
     heads stay with the client; what leaves it is ``weights`` and the ledger events."""
 
     client: int
-    class_release: object   # HeadRelease
+    class_release: object  # HeadRelease
     score_release: object | None
     n_private: int
 
 
-def dp_heads_setup(method: str, aggregation: Aggregation, federation, cfg: DpHeadConfig, seed: int,
-                   progress: bool = False) -> DpHeadsSetup:
+def dp_heads_setup(
+    method: str,
+    aggregation: Aggregation,
+    federation,
+    cfg: DpHeadConfig,
+    seed: int,
+    progress: bool = False,
+) -> DpHeadsSetup:
     """The server's side before the round: h0 (public data only), the feature map and public features."""
     device = resolve_device(cfg)
     h0_state, pinfo = pretrain_h0(federation, cfg, seed, progress=progress)
@@ -128,33 +150,80 @@ def dp_heads_setup(method: str, aggregation: Aggregation, federation, cfg: DpHea
     eps_c, delta_c = (eps_total, delta_total) if baseline else (cfg.class_epsilon, cfg.class_delta)
     phi_neg = None if baseline else phi(federation.public_arrays("negative")[0])
     active = [i for i in range(federation.num_clients) if len(federation.clients[i])]
-    return DpHeadsSetup(method, aggregation, h0_state, h0_spec, pinfo, phi, phi_neg, phi(x_distill), phi(x_test),
-                        eps_c, delta_c, baseline, active)
+    return DpHeadsSetup(
+        method,
+        aggregation,
+        h0_state,
+        h0_spec,
+        pinfo,
+        phi,
+        phi_neg,
+        phi(x_distill),
+        phi(x_test),
+        eps_c,
+        delta_c,
+        baseline,
+        active,
+    )
 
 
-def release_client_heads(i: int, x_i: np.ndarray, y_i: np.ndarray, phi: FrozenFeatures,
-                         phi_neg: np.ndarray | None, cfg: DpHeadConfig, seed: int, *, num_classes: int,
-                         class_epsilon: float, class_delta: float) -> ClientHeads:
+def release_client_heads(
+    i: int,
+    x_i: np.ndarray,
+    y_i: np.ndarray,
+    phi: FrozenFeatures,
+    phi_neg: np.ndarray | None,
+    cfg: DpHeadConfig,
+    seed: int,
+    *,
+    num_classes: int,
+    class_epsilon: float,
+    class_delta: float,
+) -> ClientHeads:
     """Client ``i``'s round: its class head (and, with ``phi_neg``, its scoring head) fitted on its
     records and released through the Gaussian mechanism. Every engine runs a client through this."""
     data = phi.head_data(x_i, labels=y_i)
     fit = fit_multinomial_head(data.X, y_i, num_classes, cfg.class_lambda)
-    rel = release_head(fit, kind="multinomial", lam=cfg.class_lambda,
-                       epsilon=class_epsilon if cfg.class_dp else None, delta=class_delta,
-                       calibration=cfg.calibration,
-                       rng=noise_rng(seed, f"class-noise-{i}", reproducible=cfg.reproducible_noise),
-                       num_classes=num_classes, bound=cfg.sensitivity_bound, client=i, label="class-head",
-                       data=data)
+    rel = release_head(
+        fit,
+        kind="multinomial",
+        lam=cfg.class_lambda,
+        epsilon=class_epsilon if cfg.class_dp else None,
+        delta=class_delta,
+        calibration=cfg.calibration,
+        rng=noise_rng(seed, f"class-noise-{i}", reproducible=cfg.reproducible_noise),
+        num_classes=num_classes,
+        bound=cfg.sensitivity_bound,
+        client=i,
+        label="class-head",
+        data=data,
+    )
     score = None
     if phi_neg is not None:
-        score = release_scoring_head(i, x_i, phi, phi_neg, lam=cfg.score_lambda, epsilon=cfg.score_epsilon,
-                                     delta=cfg.score_delta, dp=cfg.score_dp, calibration=cfg.calibration,
-                                     seed=seed, reproducible_noise=cfg.reproducible_noise)
+        score = release_scoring_head(
+            i,
+            x_i,
+            phi,
+            phi_neg,
+            lam=cfg.score_lambda,
+            epsilon=cfg.score_epsilon,
+            delta=cfg.score_delta,
+            dp=cfg.score_dp,
+            calibration=cfg.calibration,
+            seed=seed,
+            reproducible_noise=cfg.reproducible_noise,
+        )
     return ClientHeads(i, rel, score, len(y_i))
 
 
-def run_dp_heads(method: str, aggregation: Aggregation, federation, cfg: DpHeadConfig, seed: int,
-                 progress: bool = False) -> TrainResult:
+def run_dp_heads(
+    method: str,
+    aggregation: Aggregation,
+    federation,
+    cfg: DpHeadConfig,
+    seed: int,
+    progress: bool = False,
+) -> TrainResult:
     """The one-round DP-head pipeline behind ``fedauxfdp``, ``fedavg-dphead`` and ``fedd-dphead``."""
     setup = dp_heads_setup(method, aggregation, federation, cfg, seed, progress)
     releases = []
@@ -162,16 +231,27 @@ def run_dp_heads(method: str, aggregation: Aggregation, federation, cfg: DpHeadC
         task = bar.add_task(f"{method}: DP class heads", total=len(setup.active))
         for i in setup.active:
             x_i, y_i = federation.client_arrays(i)
-            releases.append(release_client_heads(i, x_i, y_i, setup.phi, setup.phi_neg, cfg, seed,
-                                                 num_classes=federation.num_classes,
-                                                 class_epsilon=setup.class_epsilon,
-                                                 class_delta=setup.class_delta))
+            releases.append(
+                release_client_heads(
+                    i,
+                    x_i,
+                    y_i,
+                    setup.phi,
+                    setup.phi_neg,
+                    cfg,
+                    seed,
+                    num_classes=federation.num_classes,
+                    class_epsilon=setup.class_epsilon,
+                    class_delta=setup.class_delta,
+                )
+            )
             bar.advance(task)
     return dp_heads_result(setup, federation, cfg, seed, releases)
 
 
-def dp_heads_result(setup: DpHeadsSetup, federation, cfg: DpHeadConfig, seed: int,
-                    releases: list[ClientHeads]) -> TrainResult:
+def dp_heads_result(
+    setup: DpHeadsSetup, federation, cfg: DpHeadConfig, seed: int, releases: list[ClientHeads]
+) -> TrainResult:
     """The server's side after the round: the ledger, the labeller and the released model(s), from
     the clients' releases (in client order)."""
     from accountants import Ledger
@@ -195,7 +275,9 @@ def dp_heads_result(setup: DpHeadsSetup, federation, cfg: DpHeadConfig, seed: in
         info = {k: v for k, v in rel.info.items() if k != "warnings"}
         warns.update(rel.info.get("warnings", []))
         # which classes a client holds is private: it is neither released nor used
-        class_info.append({"client": r.client, **info, "sensitivity": rel.sensitivity, "sigma": rel.sigma})
+        class_info.append(
+            {"client": r.client, **info, "sensitivity": rel.sensitivity, "sigma": rel.sigma}
+        )
 
     scores = None
     score_rel = None
@@ -207,7 +289,9 @@ def dp_heads_result(setup: DpHeadsSetup, federation, cfg: DpHeadConfig, seed: in
     rounds_entry: dict = {"round": 1}
     artifacts: dict[str, np.ndarray] = {"heads": heads.astype(np.float32)}
     if aggregation == "mean-head":
-        model, spec = _released_model(federation, cfg, h0_state, phi.center, heads[active].mean(0), seed)
+        model, spec = _released_model(
+            federation, cfg, h0_state, phi.center, heads[active].mean(0), seed
+        )
     else:
         if aggregation == "mean-ensemble" and getattr(cfg, "ensemble", "logits") == "logits":
             # FedD (FedAUX Eq. 2): softmax of the mean logit = the mean head's probabilities
@@ -222,14 +306,25 @@ def dp_heads_result(setup: DpHeadsSetup, federation, cfg: DpHeadConfig, seed: in
         # the labeller itself on the test set (post-processing of released heads/scores): a diagnostic
         test_w = None
         if score_rel is not None:
-            test_w = np.stack([certainty_scores(score_rel.heads[i], phi_test, cfg.xi) for i in active])
+            test_w = np.stack(
+                [certainty_scores(score_rel.heads[i], phi_test, cfg.xi) for i in active]
+            )
         rounds_entry["labeller_test_accuracy"] = float(
-            (_weighted_labels(test_probs, test_w).argmax(1) == y_test).mean())
+            (_weighted_labels(test_probs, test_w).argmax(1) == y_test).mean()
+        )
         model, spec = _released_model(federation, cfg, h0_state, phi.center, None, seed)
         params = list(model.head.parameters()) if cfg.student_freeze else None
-        rounds_entry["distill_kl"] = distill(model, x_distill, labels, epochs=cfg.student_epochs,
-                                             batch_size=cfg.student_batch_size, lr=cfg.student_lr,
-                                             device=device, seed=derive_seed(seed, "student"), params=params)
+        rounds_entry["distill_kl"] = distill(
+            model,
+            x_distill,
+            labels,
+            epochs=cfg.student_epochs,
+            batch_size=cfg.student_batch_size,
+            lr=cfg.student_lr,
+            device=device,
+            seed=derive_seed(seed, "student"),
+            params=params,
+        )
     if score_rel is not None:
         artifacts["scores"] = score_rel.scores.astype(np.float32)
         artifacts["score_heads"] = score_rel.heads.astype(np.float32)
@@ -245,16 +340,30 @@ def dp_heads_result(setup: DpHeadsSetup, federation, cfg: DpHeadConfig, seed: in
         artifacts["client_model_ids"] = np.asarray(active, dtype=np.int64)
 
     warnings = _warnings(federation, cfg, baseline, class_info, setup.pretrain_info) + sorted(warns)
-    claims = _claims(method, cfg, baseline, setup.class_epsilon, setup.class_delta, class_info, score_rel)
-    return TrainResult(method=method, seed=seed, config=cfg.model_dump(), model=model.cpu(),
-                       model_spec=spec, ledger=ledger, rounds=[rounds_entry],
-                       test_accuracy=rounds_entry["test_accuracy"], artifacts=artifacts,
-                       client_models=[m.cpu() for m in client_models], client_model_specs=client_specs,
-                       client_accuracy=client_acc, warnings=warnings, claims=claims)
+    claims = _claims(
+        method, cfg, baseline, setup.class_epsilon, setup.class_delta, class_info, score_rel
+    )
+    return TrainResult(
+        method=method,
+        seed=seed,
+        config=cfg.model_dump(),
+        model=model.cpu(),
+        model_spec=spec,
+        ledger=ledger,
+        rounds=[rounds_entry],
+        test_accuracy=rounds_entry["test_accuracy"],
+        artifacts=artifacts,
+        client_models=[m.cpu() for m in client_models],
+        client_model_specs=client_specs,
+        client_accuracy=client_acc,
+        warnings=warnings,
+        claims=claims,
+    )
 
 
-def _score_release(releases: list[ClientHeads], K: int, phi_distill: np.ndarray, n_negative: int, xi: float,
-                   ledger) -> ScoreRelease:
+def _score_release(
+    releases: list[ClientHeads], K: int, phi_distill: np.ndarray, n_negative: int, xi: float, ledger
+) -> ScoreRelease:
     """The clients' scoring heads as FedAUX's :class:`ScoreRelease` (ledger entries ``scores``)."""
     heads = np.zeros((K, phi_distill.shape[1]))
     scores = np.full((K, len(phi_distill)), xi)
@@ -270,61 +379,114 @@ def _score_release(releases: list[ClientHeads], K: int, phi_distill: np.ndarray,
     return ScoreRelease(heads, scores, info, sorted(warns))
 
 
-def _warnings(federation, cfg: DpHeadConfig, baseline: bool, class_info: list[dict], pinfo: dict) -> list[str]:
-    out = [EQ4_NOTE,
-           f"class heads cover all C={federation.num_classes} global classes; choosing C from a client's own "
-           "labels (the paper's 'fewer classes, less noise') would depend on the private data, and so would "
-           "reporting how many classes each client holds (privkit does neither)",
-           f"h0 pretrained (SimCLR) on {pinfo.get('size')} public examples ({pinfo.get('data')} part), "
-           f"{pinfo.get('epochs')} epochs: no privacy cost"]
+def _warnings(
+    federation, cfg: DpHeadConfig, baseline: bool, class_info: list[dict], pinfo: dict
+) -> list[str]:
+    out = [
+        EQ4_NOTE,
+        f"class heads cover all C={federation.num_classes} global classes; choosing C from a client's own "
+        "labels (the paper's 'fewer classes, less noise') would depend on the private data, and so would "
+        "reporting how many classes each client holds (privkit does neither)",
+        f"h0 pretrained (SimCLR) on {pinfo.get('size')} public examples ({pinfo.get('data')} part), "
+        f"{pinfo.get('epochs')} epochs: no privacy cost",
+    ]
     if cfg.class_dp and class_info:
         paper = np.mean([c["sensitivity_paper"] for c in class_info])
         cfree = np.mean([c["sensitivity_cfree"] for c in class_info])
-        out.append(f"class-head sensitivity bound used: {cfg.sensitivity_bound} (mean over clients: paper "
-                   f"2 sqrt(C)/(lam n) = {paper:.4g}, C-free 2 sqrt(2)/(lam n) = {cfree:.4g}; the C-free "
-                   f"bound needs {paper / cfree:.2f}x less noise for the same guarantee)")
+        out.append(
+            f"class-head sensitivity bound used: {cfg.sensitivity_bound} (mean over clients: paper "
+            f"2 sqrt(C)/(lam n) = {paper:.4g}, C-free 2 sqrt(2)/(lam n) = {cfree:.4g}; the C-free "
+            f"bound needs {paper / cfree:.2f}x less noise for the same guarantee)"
+        )
     if baseline:
-        out.append("baseline privatisation (the paper does not state it): each class head is released once "
-                   f"at the whole budget ({cfg.budget()[0]:g}, {cfg.budget()[1]:g}); no scores")
+        out.append(
+            "baseline privatisation (the paper does not state it): each class head is released once "
+            f"at the whole budget ({cfg.budget()[0]:g}, {cfg.budget()[1]:g}); no scores"
+        )
     return out
 
 
-def _claims(method: str, cfg: DpHeadConfig, baseline: bool, eps_c: float, delta_c: float,
-            class_info: list[dict], score_rel) -> dict:
+def _claims(
+    method: str,
+    cfg: DpHeadConfig,
+    baseline: bool,
+    eps_c: float,
+    delta_c: float,
+    class_info: list[dict],
+    score_rel,
+) -> dict:
     eps, delta = cfg.budget()
     dp = cfg.class_dp and (baseline or cfg.score_dp)
-    mech = {"class-head": {"epsilon": eps_c, "delta": delta_c, "lambda": cfg.class_lambda,
-                           "calibration": cfg.calibration, "sensitivity_bound": cfg.sensitivity_bound,
-                           "dp": cfg.class_dp, "clients": class_info}}
+    mech = {
+        "class-head": {
+            "epsilon": eps_c,
+            "delta": delta_c,
+            "lambda": cfg.class_lambda,
+            "calibration": cfg.calibration,
+            "sensitivity_bound": cfg.sensitivity_bound,
+            "dp": cfg.class_dp,
+            "clients": class_info,
+        }
+    }
     if score_rel is not None:
-        mech["scores"] = {"epsilon": cfg.score_epsilon, "delta": cfg.score_delta, "lambda": cfg.score_lambda,
-                          "calibration": cfg.calibration, "dp": cfg.score_dp, "clients": score_rel.info}
-    return {"epsilon": eps if dp else float("inf"), "delta": delta if dp else None,
-            "composition": "basic", "labels": ["class-head"] + ([] if baseline else ["scores"]),
-            "scope": "server model and every client release (heads, scores)",
-            "source": ("FedAUXfdp Table 2 (baseline privatisation assumed: one release at the total budget)"
-                       if baseline else "FedAUXfdp Sec. 4.3 (basic composition), Table 2"),
-            "mechanisms": mech}
+        mech["scores"] = {
+            "epsilon": cfg.score_epsilon,
+            "delta": cfg.score_delta,
+            "lambda": cfg.score_lambda,
+            "calibration": cfg.calibration,
+            "dp": cfg.score_dp,
+            "clients": score_rel.info,
+        }
+    return {
+        "epsilon": eps if dp else float("inf"),
+        "delta": delta if dp else None,
+        "composition": "basic",
+        "labels": ["class-head"] + ([] if baseline else ["scores"]),
+        "scope": "server model and every client release (heads, scores)",
+        "source": (
+            "FedAUXfdp Table 2 (baseline privatisation assumed: one release at the total budget)"
+            if baseline
+            else "FedAUXfdp Sec. 4.3 (basic composition), Table 2"
+        ),
+        "mechanisms": mech,
+    }
 
 
 # method "fedauxfdp": config and registration in privkit.methods.fedauxfdp
-def train_fedauxfdp(federation, config: FedAuxFdpConfig, seed: int, progress: bool = False) -> TrainResult:
+def train_fedauxfdp(
+    federation, config: FedAuxFdpConfig, seed: int, progress: bool = False
+) -> TrainResult:
     """FedAUXfdp. See the module docstring."""
     return run_dp_heads("fedauxfdp", "scores", federation, config, seed, progress)
 
 
 # method "fedavg-dphead": config and registration in privkit.methods.fedauxfdp
-def train_fedavg_dphead(federation, config: DpHeadBaselineConfig, seed: int, progress: bool = False) -> TrainResult:
+def train_fedavg_dphead(
+    federation, config: DpHeadBaselineConfig, seed: int, progress: bool = False
+) -> TrainResult:
     """FedAvg+P baseline of FedAUXfdp's Table 2."""
     return run_dp_heads("fedavg-dphead", "mean-head", federation, config, seed, progress)
 
 
 # method "fedd-dphead": config and registration in privkit.methods.fedauxfdp
-def train_fedd_dphead(federation, config: DpHeadBaselineConfig, seed: int, progress: bool = False) -> TrainResult:
+def train_fedd_dphead(
+    federation, config: DpHeadBaselineConfig, seed: int, progress: bool = False
+) -> TrainResult:
     """FedD+P baseline of FedAUXfdp's Table 2."""
     return run_dp_heads("fedd-dphead", "mean-ensemble", federation, config, seed, progress)
 
 
-__all__ = ["ClientHeads", "DpHeadBaselineConfig", "DpHeadConfig", "DpHeadsSetup", "FedAuxFdpConfig",
-           "dp_heads_result", "dp_heads_setup", "release_client_heads", "run_dp_heads",
-           "train_fedauxfdp", "train_fedavg_dphead", "train_fedd_dphead"]
+__all__ = [
+    "ClientHeads",
+    "DpHeadBaselineConfig",
+    "DpHeadConfig",
+    "DpHeadsSetup",
+    "FedAuxFdpConfig",
+    "dp_heads_result",
+    "dp_heads_setup",
+    "release_client_heads",
+    "run_dp_heads",
+    "train_fedauxfdp",
+    "train_fedavg_dphead",
+    "train_fedd_dphead",
+]

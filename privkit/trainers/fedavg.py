@@ -20,8 +20,9 @@ these methods make no formal DP claim. The loop here is shared with FedDF and Fe
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,23 +72,40 @@ def local_seed(seed: int, t: int, i: int) -> int:
     return derive_seed(seed, f"local-{t}-{i}")
 
 
-def local_update(model: nn.Module, x: np.ndarray, y: np.ndarray, cfg: FedAvgConfig, *, mu: float,
-                 seed: int, device) -> tuple[nn.Module, float]:
+def local_update(
+    model: nn.Module,
+    x: np.ndarray,
+    y: np.ndarray,
+    cfg: FedAvgConfig,
+    *,
+    mu: float,
+    seed: int,
+    device,
+) -> tuple[nn.Module, float]:
     """One client's local training from the global ``model`` (left untouched): the trained copy and
     its last epoch's mean loss. FedProx's anchor (``mu > 0``) is ``model`` itself. Every engine
     runs a client's round through this function (:class:`FederatedRun`, :mod:`privkit.flower`)."""
     local = copy.deepcopy(model)
     anchor = {k: v.detach().clone() for k, v in model.named_parameters()}
     extra = _prox_term(mu, anchor) if mu > 0 else None
-    loss = train_supervised(local, x, y, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-                            lr=cfg.lr, device=device, seed=seed, optimizer=cfg.optimizer,
-                            extra_loss=extra)
+    loss = train_supervised(
+        local,
+        x,
+        y,
+        epochs=cfg.local_epochs,
+        batch_size=cfg.batch_size,
+        lr=cfg.lr,
+        device=device,
+        seed=seed,
+        optimizer=cfg.optimizer,
+        extra_loss=extra,
+    )
     return local, loss
 
 
 def select_clients(rng: np.random.Generator, n: int, participation: float) -> list[int]:
     """``max(1, round(participation * n))`` distinct clients, uniformly (sorted)."""
-    m = max(1, int(round(participation * n)))
+    m = max(1, round(participation * n))
     return sorted(int(i) for i in rng.choice(n, size=m, replace=False))
 
 
@@ -101,10 +119,21 @@ class FederatedRun:
     selected clients of many runs at once and hands each run its copies the same way.
     """
 
-    def __init__(self, federation, cfg: FedAvgConfig, seed: int, *, progress: bool = False,
-                 mu: float = 0.0, server_hook: ServerHook | None = None, ledger=None,
-                 model: nn.Module | None = None, spec: dict | None = None,
-                 pretrain_info: dict | None = None, neighbouring: str = "add_remove"):
+    def __init__(
+        self,
+        federation,
+        cfg: FedAvgConfig,
+        seed: int,
+        *,
+        progress: bool = False,
+        mu: float = 0.0,
+        server_hook: ServerHook | None = None,
+        ledger=None,
+        model: nn.Module | None = None,
+        spec: dict | None = None,
+        pretrain_info: dict | None = None,
+        neighbouring: str = "add_remove",
+    ):
         from accountants import Ledger
 
         self.federation, self.cfg, self.seed, self.mu = federation, cfg, seed, mu
@@ -129,8 +158,11 @@ class FederatedRun:
         if self.t >= self.cfg.rounds:
             return None
         self.t += 1
-        self.selected = [i for i in select_clients(self.rng, self.federation.num_clients, self.cfg.participation)
-                         if self.sizes[i] > 0]
+        self.selected = [
+            i
+            for i in select_clients(self.rng, self.federation.num_clients, self.cfg.participation)
+            if self.sizes[i] > 0
+        ]
         self.anchor = {k: v.detach().clone() for k, v in self.model.named_parameters()}
         return list(self.selected)
 
@@ -142,8 +174,9 @@ class FederatedRun:
         """Client ``i``'s local training from the global model: the trained copy and its last
         epoch's mean loss."""
         x, y = self.federation.client_arrays(i)
-        return local_update(self.model, x, y, self.cfg, mu=self.mu, seed=self.local_seed(i),
-                            device=self.device)
+        return local_update(
+            self.model, x, y, self.cfg, mu=self.mu, seed=self.local_seed(i), device=self.device
+        )
 
     def finish_round(self, trained: list[tuple[nn.Module, float]]) -> None:
         """Record, average and evaluate the round from the selected clients' trained copies."""
@@ -156,30 +189,60 @@ class FederatedRun:
             weights.append(float(self.sizes[i]) if cfg.weighting == "size" else 1.0)
             losses.append(loss)
             locals_.append(local)
-            self.ledger.add(i, NonPrivateEvent(MODEL_UPDATE_REASON), "model-update", round=t,
-                            neighbouring=self.neighbouring)
+            self.ledger.add(
+                i,
+                NonPrivateEvent(MODEL_UPDATE_REASON),
+                "model-update",
+                round=t,
+                neighbouring=self.neighbouring,
+            )
         if states:
             self.model.load_state_dict(average_states(states, weights))
         hook = self.server_hook
-        extra_metrics = hook(self.model, locals_, list(self.selected), t) if hook and locals_ else {}
+        extra_metrics = (
+            hook(self.model, locals_, list(self.selected), t) if hook and locals_ else {}
+        )
         acc = accuracy(self.model, self.x_test, self.y_test, self.device, cfg.eval_batch_size)
-        self.rounds.append({"round": t, "test_accuracy": acc, "clients": len(self.selected),
-                            "train_loss": float(np.nanmean(losses)) if losses else float("nan"),
-                            **extra_metrics})
+        self.rounds.append(
+            {
+                "round": t,
+                "test_accuracy": acc,
+                "clients": len(self.selected),
+                "train_loss": float(np.nanmean(losses)) if losses else float("nan"),
+                **extra_metrics,
+            }
+        )
         self.last_models, self.last_ids = locals_, list(self.selected)
 
     def outcome(self) -> FederatedOutcome:
         if not self.cfg.keep_client_models:
             self.last_models, self.last_ids = [], []
-        return FederatedOutcome(self.model, self.spec, self.ledger, self.rounds, self.last_models,
-                                self.last_ids, self.pretrain_info or {})
+        return FederatedOutcome(
+            self.model,
+            self.spec,
+            self.ledger,
+            self.rounds,
+            self.last_models,
+            self.last_ids,
+            self.pretrain_info or {},
+        )
 
 
-def run_federated(federation, cfg: FedAvgConfig, seed: int, *, progress: bool = False,
-                  mu: float = 0.0, server_hook: ServerHook | None = None, ledger=None,
-                  model: nn.Module | None = None, spec: dict | None = None,
-                  pretrain_info: dict | None = None, description: str = "rounds",
-                  neighbouring: str = "add_remove") -> FederatedOutcome:
+def run_federated(
+    federation,
+    cfg: FedAvgConfig,
+    seed: int,
+    *,
+    progress: bool = False,
+    mu: float = 0.0,
+    server_hook: ServerHook | None = None,
+    ledger=None,
+    model: nn.Module | None = None,
+    spec: dict | None = None,
+    pretrain_info: dict | None = None,
+    description: str = "rounds",
+    neighbouring: str = "add_remove",
+) -> FederatedOutcome:
     """T rounds of local training + weighted parameter averaging (+ an optional server step).
 
     Parameters
@@ -193,13 +256,25 @@ def run_federated(federation, cfg: FedAvgConfig, seed: int, *, progress: bool = 
     neighbouring : relation recorded with the (non-private) model-update entries; it must match
         the other entries of the same client (FedAUX's scores are replace-one).
     """
-    run = FederatedRun(federation, cfg, seed, progress=progress, mu=mu, server_hook=server_hook,
-                       ledger=ledger, model=model, spec=spec, pretrain_info=pretrain_info,
-                       neighbouring=neighbouring)
+    run = FederatedRun(
+        federation,
+        cfg,
+        seed,
+        progress=progress,
+        mu=mu,
+        server_hook=server_hook,
+        ledger=ledger,
+        model=model,
+        spec=spec,
+        pretrain_info=pretrain_info,
+        neighbouring=neighbouring,
+    )
     return drive(run, progress, description)
 
 
-def drive(run: FederatedRun, progress: bool = False, description: str = "rounds") -> FederatedOutcome:
+def drive(
+    run: FederatedRun, progress: bool = False, description: str = "rounds"
+) -> FederatedOutcome:
     """Run ``run`` to its end, one client after the other."""
     with progress_bar(progress) as bar:
         task = bar.add_task(description, total=run.cfg.rounds)
@@ -209,9 +284,17 @@ def drive(run: FederatedRun, progress: bool = False, description: str = "rounds"
     return run.outcome()
 
 
-def result_from_outcome(method: str, seed: int, cfg: FedAvgConfig, out: FederatedOutcome, *,
-                        artifacts: dict[str, np.ndarray] | None = None, warnings: list[str] | None = None,
-                        claims: dict | None = None, federation=None) -> TrainResult:
+def result_from_outcome(
+    method: str,
+    seed: int,
+    cfg: FedAvgConfig,
+    out: FederatedOutcome,
+    *,
+    artifacts: dict[str, np.ndarray] | None = None,
+    warnings: list[str] | None = None,
+    claims: dict | None = None,
+    federation=None,
+) -> TrainResult:
     """Package a :class:`FederatedOutcome` as the method's :class:`TrainResult`."""
     arts = dict(artifacts or {})
     if out.client_models:
@@ -220,26 +303,46 @@ def result_from_outcome(method: str, seed: int, cfg: FedAvgConfig, out: Federate
     if federation is not None and out.client_models:
         device = resolve_device(cfg)
         x_test, y_test = federation.test_arrays()
-        client_acc = [accuracy(m, x_test, y_test, device, cfg.eval_batch_size) for m in out.client_models]
+        client_acc = [
+            accuracy(m, x_test, y_test, device, cfg.eval_batch_size) for m in out.client_models
+        ]
     warns = list(warnings or [])
     if out.pretrain_info:
-        warns.append(f"h0 pretrained (SimCLR, NT-Xent) on {out.pretrain_info['size']} public "
-                     f"examples ({out.pretrain_info['data']} part), {out.pretrain_info['epochs']} epochs; "
-                     "public data only, no privacy cost")
-    return TrainResult(method=method, seed=seed, config=cfg.model_dump(), model=out.model.cpu(),
-                       model_spec=out.spec, ledger=out.ledger, rounds=out.rounds,
-                       test_accuracy=out.rounds[-1]["test_accuracy"] if out.rounds else float("nan"),
-                       artifacts=arts, client_models=[m.cpu() for m in out.client_models],
-                       client_model_specs=[out.spec] * len(out.client_models),
-                       client_accuracy=client_acc, warnings=warns, claims=claims or {})
+        warns.append(
+            f"h0 pretrained (SimCLR, NT-Xent) on {out.pretrain_info['size']} public "
+            f"examples ({out.pretrain_info['data']} part), {out.pretrain_info['epochs']} epochs; "
+            "public data only, no privacy cost"
+        )
+    return TrainResult(
+        method=method,
+        seed=seed,
+        config=cfg.model_dump(),
+        model=out.model.cpu(),
+        model_spec=out.spec,
+        ledger=out.ledger,
+        rounds=out.rounds,
+        test_accuracy=out.rounds[-1]["test_accuracy"] if out.rounds else float("nan"),
+        artifacts=arts,
+        client_models=[m.cpu() for m in out.client_models],
+        client_model_specs=[out.spec] * len(out.client_models),
+        client_accuracy=client_acc,
+        warnings=warns,
+        claims=claims or {},
+    )
 
 
-NO_DP_CLAIM = {"epsilon": float("inf"), "delta": None, "composition": None,
-               "scope": "none: client models are sent to the server in the clear",
-               "source": "no formal DP claim"}
+NO_DP_CLAIM = {
+    "epsilon": float("inf"),
+    "delta": None,
+    "composition": None,
+    "scope": "none: client models are sent to the server in the clear",
+    "source": "no formal DP claim",
+}
 
-def fedavg_run(federation, config: FedAvgConfig, seed: int, progress: bool = False,
-               method: str = "fedavg") -> tuple[FederatedRun, Callable[[FederatedOutcome], TrainResult]]:
+
+def fedavg_run(
+    federation, config: FedAvgConfig, seed: int, progress: bool = False, method: str = "fedavg"
+) -> tuple[FederatedRun, Callable[[FederatedOutcome], TrainResult]]:
     """FedAvg's (or FedProx's) run and what turns its outcome into the method's result."""
     mu = 0.0
     if method == "fedprox":
@@ -247,12 +350,15 @@ def fedavg_run(federation, config: FedAvgConfig, seed: int, progress: bool = Fal
         if mu <= 0:
             raise PrivkitError(f"mu must be > 0 for fedprox; found {mu}")
     run = FederatedRun(federation, config, seed, progress=progress, mu=mu)
-    return run, lambda out: result_from_outcome(method, seed, config, out, claims=dict(NO_DP_CLAIM),
-                                                federation=federation)
+    return run, lambda out: result_from_outcome(
+        method, seed, config, out, claims=dict(NO_DP_CLAIM), federation=federation
+    )
 
 
 # method "fedavg": config and registration in privkit.methods.fedavg
-def train_fedavg(federation, config: FedAvgConfig, seed: int, progress: bool = False) -> TrainResult:
+def train_fedavg(
+    federation, config: FedAvgConfig, seed: int, progress: bool = False
+) -> TrainResult:
     """FedAvg (+P / +F). See the module docstring."""
     run, finish = fedavg_run(federation, config, seed, progress)
     return finish(drive(run, progress, "fedavg rounds"))
@@ -264,12 +370,27 @@ def fedprox_run(federation, config: FedProxConfig, seed: int, progress: bool = F
 
 
 # method "fedprox": config and registration in privkit.methods.fedavg
-def train_fedprox(federation, config: FedProxConfig, seed: int, progress: bool = False) -> TrainResult:
+def train_fedprox(
+    federation, config: FedProxConfig, seed: int, progress: bool = False
+) -> TrainResult:
     """FedProx (+P / +F). See the module docstring."""
     run, finish = fedprox_run(federation, config, seed, progress)
     return finish(drive(run, progress, "fedprox rounds"))
 
 
-__all__ = ["FedAvgConfig", "FedProxConfig", "FederatedOutcome", "FederatedRun", "drive", "fedavg_run",
-           "fedprox_run", "local_seed", "local_update", "result_from_outcome", "run_federated",
-           "select_clients", "train_fedavg", "train_fedprox"]
+__all__ = [
+    "FedAvgConfig",
+    "FedProxConfig",
+    "FederatedOutcome",
+    "FederatedRun",
+    "drive",
+    "fedavg_run",
+    "fedprox_run",
+    "local_seed",
+    "local_update",
+    "result_from_outcome",
+    "run_federated",
+    "select_clients",
+    "train_fedavg",
+    "train_fedprox",
+]

@@ -39,8 +39,13 @@ def ensemble_targets(client_logits: np.ndarray, weights: np.ndarray | None = Non
     return (p / p.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
-def distillation_hook(federation, cfg: FedDFConfig, seed: int, scores: np.ndarray | None = None,
-                      store: dict | None = None):
+def distillation_hook(
+    federation,
+    cfg: FedDFConfig,
+    seed: int,
+    scores: np.ndarray | None = None,
+    store: dict | None = None,
+):
     """Server step of FedDF (``scores=None``) or FedAUX (``scores``: clients x distill points).
 
     ``store`` (optional dict) receives the last round's soft labels under ``"soft_labels"``.
@@ -49,12 +54,21 @@ def distillation_hook(federation, cfg: FedDFConfig, seed: int, scores: np.ndarra
     device = resolve_device(cfg)
 
     def hook(model: nn.Module, client_models: list[nn.Module], ids: list[int], t: int) -> dict:
-        logits = np.stack([predict_logits(m, x_distill, device, cfg.eval_batch_size) for m in client_models])
+        logits = np.stack(
+            [predict_logits(m, x_distill, device, cfg.eval_batch_size) for m in client_models]
+        )
         weights = None if scores is None else scores[ids]
         targets = ensemble_targets(logits, weights)
-        kl = distill(model, x_distill, targets, epochs=cfg.distill_epochs,
-                     batch_size=cfg.distill_batch_size, lr=cfg.distill_lr, device=device,
-                     seed=derive_seed(seed, f"distill-{t}"))
+        kl = distill(
+            model,
+            x_distill,
+            targets,
+            epochs=cfg.distill_epochs,
+            batch_size=cfg.distill_batch_size,
+            lr=cfg.distill_lr,
+            device=device,
+            seed=derive_seed(seed, f"distill-{t}"),
+        )
         if store is not None:
             store["soft_labels"] = targets
         return {"distill_kl": kl}
@@ -70,8 +84,15 @@ def feddf_run(federation, config: FedDFConfig, seed: int, progress: bool = False
 
     def finish(out) -> TrainResult:
         artifacts = {"soft_labels": store["soft_labels"]} if "soft_labels" in store else {}
-        return result_from_outcome("feddf", seed, config, out, artifacts=artifacts,
-                                   claims=dict(NO_DP_CLAIM), federation=federation)
+        return result_from_outcome(
+            "feddf",
+            seed,
+            config,
+            out,
+            artifacts=artifacts,
+            claims=dict(NO_DP_CLAIM),
+            federation=federation,
+        )
 
     return run, finish
 

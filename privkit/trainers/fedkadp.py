@@ -101,7 +101,9 @@ def feedback_metric(components: dict[str, float], weights: dict[str, float]) -> 
     return float(sum(weights[k] * components[k] for k in ("g", "l", "a", "t")))
 
 
-def adapt_temperature(metric: float, rho_min: float, rho_max: float, steepness: float, metric_kd: float) -> float:
+def adapt_temperature(
+    metric: float, rho_min: float, rho_max: float, steepness: float, metric_kd: float
+) -> float:
     """Eq. 17: ``rho_t = rho_min + (rho_max - rho_min) / (1 + exp(-k (Metric - Metric_KD)))``."""
     z = -steepness * (metric - metric_kd)
     sig = 1.0 / (1.0 + math.exp(z)) if z < 700 else 0.0
@@ -114,22 +116,29 @@ def adapt_noise(sigma: float, metric: float, decay: float, metric_dp: float) -> 
 
 
 # ============================================================================ the paper's privacy formula (Sec. 4.1)
-def _paper_round_rdp_orders(alphas: np.ndarray, sample_rate: float, sigma: float, local_steps: int,
-                            n: int = 1) -> np.ndarray:
+def _paper_round_rdp_orders(
+    alphas: np.ndarray, sample_rate: float, sigma: float, local_steps: int, n: int = 1
+) -> np.ndarray:
     """:func:`paper_round_rdp` at every integer order in ``alphas`` (>= 2) at once."""
     alphas = np.asarray(alphas, dtype=np.int64)
     a = alphas.astype(float)
-    v = 1.0 / (n * sigma ** 2)
-    second = sample_rate ** 2 * (a * (a - 1) / 2.0) * min(4.0 * math.expm1(v), 2.0 * math.exp(v))
+    v = 1.0 / (n * sigma**2)
+    second = sample_rate**2 * (a * (a - 1) / 2.0) * min(4.0 * math.expm1(v), 2.0 * math.exp(v))
     j = np.arange(3, max(int(alphas.max()), 3) + 1, dtype=float)
-    terms = (math.log(2.0) + j * math.log(sample_rate) + j * (j - 1) * v / 2.0)[None, :] + \
-        gammaln(a + 1)[:, None] - gammaln(j + 1)[None, :] - gammaln(np.maximum(a[:, None] - j[None, :], 0) + 1)
+    terms = (
+        (math.log(2.0) + j * math.log(sample_rate) + j * (j - 1) * v / 2.0)[None, :]
+        + gammaln(a + 1)[:, None]
+        - gammaln(j + 1)[None, :]
+        - gammaln(np.maximum(a[:, None] - j[None, :], 0) + 1)
+    )
     terms = np.where(j[None, :] <= a[:, None], terms, -np.inf)  # the sum runs to j = alpha
     higher = logsumexp(terms, axis=1) if j.size else np.full(a.shape, -np.inf)
     return local_steps * np.logaddexp(np.log1p(second), higher) / (a - 1)
 
 
-def paper_round_rdp(alpha: int, sample_rate: float, sigma: float, local_steps: int, n: int = 1) -> float:
+def paper_round_rdp(
+    alpha: int, sample_rate: float, sigma: float, local_steps: int, n: int = 1
+) -> float:
     """One round of the paper's RDP bound at integer order ``alpha >= 2`` (Sec. 4.1), as stated.
 
     ``E/(alpha-1) log(1 + s^2 C(alpha,2) min(4(e^{1/(n sigma^2)} - 1), 2 e^{1/(n sigma^2)})
@@ -141,8 +150,14 @@ def paper_round_rdp(alpha: int, sample_rate: float, sigma: float, local_steps: i
     return float(_paper_round_rdp_orders(np.array([alpha]), sample_rate, sigma, local_steps, n)[0])
 
 
-def paper_epsilon(sigmas: list[float], sample_rate: float, local_steps: int, delta: float, n: int = 1,
-                  max_order: int = 256) -> tuple[float, int]:
+def paper_epsilon(
+    sigmas: list[float],
+    sample_rate: float,
+    local_steps: int,
+    delta: float,
+    n: int = 1,
+    max_order: int = 256,
+) -> tuple[float, int]:
     """The paper's ``min_alpha sum_t eps_t(alpha, sigma_t) + log(1/delta)/(alpha-1)`` (Sec. 4.2).
 
     ``sample_rate`` is the paper's ``s`` (the *client* sampling rate), summed over all rounds that
@@ -153,7 +168,10 @@ def paper_epsilon(sigmas: list[float], sample_rate: float, local_steps: int, del
         return 0.0, 2
     counts = collections.Counter(float(s) for s in sigmas)  # rounds with equal sigma cost the same
     alphas = np.arange(2, max_order + 1)
-    eps = sum(c * _paper_round_rdp_orders(alphas, sample_rate, s, local_steps, n) for s, c in counts.items())
+    eps = sum(
+        c * _paper_round_rdp_orders(alphas, sample_rate, s, local_steps, n)
+        for s, c in counts.items()
+    )
     eps = eps + math.log(1.0 / delta) / (alphas - 1)
     best = int(np.argmin(eps))  # the first of equal minima: the smallest order, as before
     return float(eps[best]), int(alphas[best])
@@ -176,14 +194,22 @@ def kd_loss(rho: float):
         log_q = F.log_softmax(logits / rho, dim=1)
         log_p = F.log_softmax(teacher / rho, dim=1)
         kl = (log_p.exp() * (log_p - log_q)).sum(1).mean()
-        return ce + rho ** 2 * kl
+        return ce + rho**2 * kl
 
     return loss
 
 
-def _local_update(global_model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: DpFedConfig,
-                  sigma: float, rho: float | None, seed: int, device: torch.device,
-                  client: int = 0) -> dict[str, torch.Tensor]:
+def _local_update(
+    global_model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    cfg: DpFedConfig,
+    sigma: float,
+    rho: float | None,
+    seed: int,
+    device: torch.device,
+    client: int = 0,
+) -> dict[str, torch.Tensor]:
     """Algorithm 1 on one client: ``E`` Poisson-sampled DP-SGD steps from the global model (taking
     an audit's probes when ``client``'s mechanism is probed: :mod:`privkit.probes`)."""
     n = len(y)
@@ -191,8 +217,11 @@ def _local_update(global_model: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
     student = copy.deepcopy(global_model).to(device).train()
     teacher = copy.deepcopy(global_model).to(device).eval() if rho is not None else None
     params = [p for p in student.parameters() if p.requires_grad]
-    opt = (torch.optim.SGD(params, lr=cfg.lr) if cfg.optimizer == "sgd"
-           else torch.optim.Adam(params, lr=cfg.lr))
+    opt = (
+        torch.optim.SGD(params, lr=cfg.lr)
+        if cfg.optimizer == "sgd"
+        else torch.optim.Adam(params, lr=cfg.lr)
+    )
     # Poisson batches and noise are the mechanism's secret randomness (release mode: AES-CTR keyed from OS entropy)
     sample_gen = noise_generator(seed, "poisson", reproducible=cfg.reproducible_noise)
     noise_gen = noise_generator(seed, "noise", reproducible=cfg.reproducible_noise, device=device)
@@ -215,9 +244,17 @@ def client_seed(seed: int, t: int, k: int) -> int:
     return derive_seed(seed, f"round{t}/client{k}")
 
 
-def local_update(global_model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: DpFedConfig,
-                 sigma: float, rho: float | None, seed: int, device: torch.device,
-                 client: int = 0) -> dict[str, torch.Tensor]:
+def local_update(
+    global_model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    cfg: DpFedConfig,
+    sigma: float,
+    rho: float | None,
+    seed: int,
+    device: torch.device,
+    client: int = 0,
+) -> dict[str, torch.Tensor]:
     """Algorithm 1 on one client (public name of the step every engine runs: :mod:`privkit.flower`)."""
     return _local_update(global_model, x, y, cfg, sigma, rho, seed, device, client)
 
@@ -231,14 +268,18 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _public_eval(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device) -> tuple[float, float]:
+def _public_eval(
+    model: torch.nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device
+) -> tuple[float, float]:
     """(cross-entropy loss, accuracy) of ``model`` on public validation data."""
     logits = torch.as_tensor(predict_logits(model, x, device))
     yt = torch.as_tensor(y, dtype=torch.long)
     return float(F.cross_entropy(logits, yt)), float((logits.argmax(1) == yt).float().mean())
 
 
-def _rdp_curve(sample_rate: float, noise_multiplier: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
+def _rdp_curve(
+    sample_rate: float, noise_multiplier: float, steps: int
+) -> tuple[np.ndarray, np.ndarray]:
     """dp-accounting's RDP curve (orders, values) of ``steps`` Poisson-subsampled Gaussian steps.
 
     :mod:`accountants.fast` caches the one-step curve per (q, sigma), which recurs every round for
@@ -264,7 +305,9 @@ class _Budget:
         self.state: dict[int, object] = {}
         self.eps: dict[int, float] = {}
 
-    def would_be(self, client: int, sample_rate: float, noise_multiplier: float, steps: int) -> tuple[object, float]:
+    def would_be(
+        self, client: int, sample_rate: float, noise_multiplier: float, steps: int
+    ) -> tuple[object, float]:
         """(state, epsilon) of ``client`` if it took part in one more round with these parameters."""
         import dp_accounting as dpa
 
@@ -275,7 +318,11 @@ class _Budget:
             return total, float(eps)
         from accountants import PLD_VDI, dpsgd_event, new_accountant
 
-        acc = copy.deepcopy(self.state[client]) if client in self.state else new_accountant("pld", vdi=PLD_VDI)
+        acc = (
+            copy.deepcopy(self.state[client])
+            if client in self.state
+            else new_accountant("pld", vdi=PLD_VDI)
+        )
         acc.compose(dpsgd_event(sample_rate, noise_multiplier, steps))
         return acc, float(acc.get_epsilon(self.delta))
 
@@ -293,13 +340,18 @@ def _plan_filter(cfg: DpFedConfig, q_max: float):
     The order is the one that affords the most rounds at the initial noise multiplier for the client
     with the largest sampling rate; its budget converts to exactly ``target_epsilon`` at ``delta``.
     """
-    from accountants import RenyiFilter, plan_order
-    from accountants.fast import poisson_gaussian_rdp
     from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
 
+    from accountants import RenyiFilter, plan_order
+    from accountants.fast import poisson_gaussian_rdp
+
     orders = [a for a in DEFAULT_RDP_ORDERS if a >= 1.1]
-    order, _ = plan_order(cfg.target_epsilon, cfg.delta,
-                          lambda a: cfg.local_steps * poisson_gaussian_rdp(q_max, cfg.noise_multiplier, a), orders)
+    order, _ = plan_order(
+        cfg.target_epsilon,
+        cfg.delta,
+        lambda a: cfg.local_steps * poisson_gaussian_rdp(q_max, cfg.noise_multiplier, a),
+        orders,
+    )
     return RenyiFilter.for_epsilon(cfg.target_epsilon, cfg.delta, order)
 
 
@@ -311,19 +363,25 @@ def _round_rdp(order: float, sample_rate: float, sigma: float, steps: int) -> fl
 
 def _warnings(cfg: DpFedConfig, adaptive: bool, q_min: float, q_max: float) -> list[str]:
     out = [
-        (f"Accounting is record-level, per client, add/remove-one neighbours: each round a client takes "
-        f"part in is {cfg.local_steps} Poisson-subsampled Gaussian steps with q = B/n_k "
-        f"(here {q_min:.4g}..{q_max:.4g}) and that round's noise multiplier; client sampling is not "
-        "used for amplification and no trusted aggregator is assumed (each upload is a release)."),
-        ("privkit draws each local batch by Poisson sampling (rate B/n_k) where the paper partitions "
-        "D_k into batches, so that the accountant's sampling model is the one that ran."),
-        ("The paper's formula (claims) is not a sound bound: it applies Wang-Balle-Kasiviswanathan "
-        "Thm 9 (sampling without replacement, replace-one neighbours) with the add/remove Gaussian "
-        "RDP j/(2 sigma^2) (replace-one needs 2j/sigma^2: 4x in RDP); it uses the client sampling "
-        "rate s for record-level amplification (the record-level rate is B/n_k); it divides the "
-        "noise variance by the number of clients per round (n sigma^2), which holds only if the "
-        "adversary sees nothing but the aggregate (trusted server or secure aggregation); and its "
-        "min{2, .} terms leave a floor that more noise does not lower."),
+        (
+            f"Accounting is record-level, per client, add/remove-one neighbours: each round a client takes "
+            f"part in is {cfg.local_steps} Poisson-subsampled Gaussian steps with q = B/n_k "
+            f"(here {q_min:.4g}..{q_max:.4g}) and that round's noise multiplier; client sampling is not "
+            "used for amplification and no trusted aggregator is assumed (each upload is a release)."
+        ),
+        (
+            "privkit draws each local batch by Poisson sampling (rate B/n_k) where the paper partitions "
+            "D_k into batches, so that the accountant's sampling model is the one that ran."
+        ),
+        (
+            "The paper's formula (claims) is not a sound bound: it applies Wang-Balle-Kasiviswanathan "
+            "Thm 9 (sampling without replacement, replace-one neighbours) with the add/remove Gaussian "
+            "RDP j/(2 sigma^2) (replace-one needs 2j/sigma^2: 4x in RDP); it uses the client sampling "
+            "rate s for record-level amplification (the record-level rate is B/n_k); it divides the "
+            "noise variance by the number of clients per round (n sigma^2), which holds only if the "
+            "adversary sees nothing but the aggregate (trusted server or secure aggregation); and its "
+            "min{2, .} terms leave a floor that more noise does not lower."
+        ),
     ]
     if adaptive:
         out.append(
@@ -333,7 +391,8 @@ def _warnings(cfg: DpFedConfig, adaptive: bool, q_min: float, q_max: float) -> l
             "privkit runs FedKADP under a Renyi filter (Feldman & Zrnic 2021, Thm. 3.1): the order is "
             "fixed before training from the initial noise multiplier, each client's RDP at that order is "
             "summed round by round, and no round is released that would pass the budget, so every client "
-            "is (target_epsilon, delta)-DP whatever the adaptive choices (claims['adaptive_filter']).")
+            "is (target_epsilon, delta)-DP whatever the adaptive choices (claims['adaptive_filter'])."
+        )
     return out
 
 
@@ -349,8 +408,9 @@ class DpFedRun:
     and hands each run its states the same way.
     """
 
-    def __init__(self, federation, cfg: DpFedConfig, seed: int, *, method: str, distill: bool,
-                 adaptive: bool):
+    def __init__(
+        self, federation, cfg: DpFedConfig, seed: int, *, method: str, distill: bool, adaptive: bool
+    ):
         self.federation, self.cfg, self.seed, self.method = federation, cfg, seed, method
         self.distill, self.adaptive = distill, adaptive
         self.device = device = resolve_device(cfg)
@@ -360,12 +420,19 @@ class DpFedRun:
         self.per_round = max(round(K * cfg.client_fraction), 1)
         clients = [federation.client_arrays(k) for k in range(K)]
         if any(len(y) == 0 for _, y in clients):
-            raise PrivkitError("every client needs at least one record for DP-SGD; found an empty client")
-        self.data = [(as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long)) for x, y in clients]
+            raise PrivkitError(
+                "every client needs at least one record for DP-SGD; found an empty client"
+            )
+        self.data = [
+            (as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long))
+            for x, y in clients
+        ]
         self.rates = [min(1.0, cfg.batch_size / len(y)) for _, y in clients]
         self.x_val, self.y_val = federation.public_arrays("distill")
         if len(self.y_val) == 0:
-            raise PrivkitError("the federation has no public distill data for the feedback Metric; found 0 records")
+            raise PrivkitError(
+                "the federation has no public distill data for the feedback Metric; found 0 records"
+            )
         self.x_test, self.y_test = federation.test_arrays()
 
         from accountants import Ledger
@@ -382,8 +449,16 @@ class DpFedRun:
         self.sigmas_used: list[float] = []
         self.rounds: list[dict] = []
         self.stop = f"completed all {cfg.rounds} rounds"
-        self.weights = ({"g": cfg.weight_gradient, "l": cfg.weight_loss, "a": cfg.weight_accuracy,
-                         "t": cfg.weight_time} if adaptive else None)
+        self.weights = (
+            {
+                "g": cfg.weight_gradient,
+                "l": cfg.weight_loss,
+                "a": cfg.weight_accuracy,
+                "t": cfg.weight_time,
+            }
+            if adaptive
+            else None
+        )
         self.t, self.ended = 0, False
         self.sampled: list[int] = []
 
@@ -402,21 +477,34 @@ class DpFedRun:
         pending = {}
         for k in sampled:
             ev = dpsgd_event(self.rates[k], self.sigma, cfg.local_steps)
-            pending[int(k)] = (ev, *self.budget.would_be(int(k), self.rates[k], self.sigma, cfg.local_steps))
+            pending[int(k)] = (
+                ev,
+                *self.budget.would_be(int(k), self.rates[k], self.sigma, cfg.local_steps),
+            )
         would = max(e for _, _, e in pending.values())
         if would > cfg.target_epsilon:
-            self.stop = (f"stopped before round {t}: it would bring a client to epsilon {would:.4g} > "
-                         f"target {cfg.target_epsilon:g} ({cfg.accountant}, delta={cfg.delta:g})")
+            self.stop = (
+                f"stopped before round {t}: it would bring a client to epsilon {would:.4g} > "
+                f"target {cfg.target_epsilon:g} ({cfg.accountant}, delta={cfg.delta:g})"
+            )
             self.ended = True
             return None
         spend = {}
-        if self.rdp_filter is not None:  # the guarantee under adaptivity: the filter must admit the round
-            spend = {int(k): _round_rdp(self.rdp_filter.order, self.rates[k], self.sigma, cfg.local_steps)
-                     for k in sampled}
+        if (
+            self.rdp_filter is not None
+        ):  # the guarantee under adaptivity: the filter must admit the round
+            spend = {
+                int(k): _round_rdp(
+                    self.rdp_filter.order, self.rates[k], self.sigma, cfg.local_steps
+                )
+                for k in sampled
+            }
             refused = [k for k, r in spend.items() if not self.rdp_filter.admits(k, r)]
             if refused:
-                self.stop = (f"stopped before round {t}: the Renyi filter (order {self.rdp_filter.order:g}, "
-                             f"budget {self.rdp_filter.budget:.4g}) would be passed by client {refused[0]}")
+                self.stop = (
+                    f"stopped before round {t}: the Renyi filter (order {self.rdp_filter.order:g}, "
+                    f"budget {self.rdp_filter.budget:.4g}) would be passed by client {refused[0]}"
+                )
                 self.ended = True
                 return None
         self.t, self.pending, self.spend = t, pending, spend
@@ -442,18 +530,35 @@ class DpFedRun:
         self.sigmas_used.append(self.sigma)
         val_loss, val_acc = _public_eval(self.model, self.x_val, self.y_val, device)
         test_acc = accuracy(self.model, self.x_test, self.y_test, device)
-        row = {"round": t, "test_accuracy": test_acc, "loss": val_loss, "val_accuracy": val_acc,
-               "sigma": self.sigma, "rho": self.rho, "epsilon": self.budget.worst, "clients": list(self.sampled)}
+        row = {
+            "round": t,
+            "test_accuracy": test_acc,
+            "loss": val_loss,
+            "val_accuracy": val_acc,
+            "sigma": self.sigma,
+            "rho": self.rho,
+            "epsilon": self.budget.worst,
+            "clients": list(self.sampled),
+        }
         g_t = float((_flat(self.model) - self.prev).norm())
         if self.adaptive:
             acc_hist = self.acc_hist
-            comp = {"g": metric_gradient(g_t, self.grad_norms), "l": metric_loss(val_loss, self.loss_hist[-1]),
-                    "a": metric_accuracy(val_acc, acc_hist[-1], acc_hist[-2] if len(acc_hist) > 1 else None,
-                                         cfg.accuracy_clip),
-                    "t": metric_time(t, cfg.rounds)}
+            comp = {
+                "g": metric_gradient(g_t, self.grad_norms),
+                "l": metric_loss(val_loss, self.loss_hist[-1]),
+                "a": metric_accuracy(
+                    val_acc,
+                    acc_hist[-1],
+                    acc_hist[-2] if len(acc_hist) > 1 else None,
+                    cfg.accuracy_clip,
+                ),
+                "t": metric_time(t, cfg.rounds),
+            }
             metric = feedback_metric(comp, self.weights)
             row.update({"metric": metric, "metric_components": comp})
-            self.rho = adapt_temperature(metric, cfg.rho_min, cfg.rho_max, cfg.steepness, cfg.metric_kd)
+            self.rho = adapt_temperature(
+                metric, cfg.rho_min, cfg.rho_max, cfg.steepness, cfg.metric_kd
+            )
             self.sigma = adapt_noise(self.sigma, metric, cfg.decay, cfg.metric_dp)
         self.grad_norms.append(g_t)
         self.loss_hist.append(val_loss)
@@ -464,25 +569,45 @@ class DpFedRun:
         """The run's :class:`TrainResult` (after :meth:`next_round` returned ``None``)."""
         cfg, sigmas_used, per_round = self.cfg, self.sigmas_used, self.per_round
         test_acc = accuracy(self.model, self.x_test, self.y_test, self.device)
-        paper_server = paper_epsilon(sigmas_used, cfg.client_fraction, cfg.local_steps, cfg.delta, n=per_round)
-        paper_client = paper_epsilon(sigmas_used, cfg.client_fraction, cfg.local_steps, cfg.delta, n=1)
+        paper_server = paper_epsilon(
+            sigmas_used, cfg.client_fraction, cfg.local_steps, cfg.delta, n=per_round
+        )
+        paper_client = paper_epsilon(
+            sigmas_used, cfg.client_fraction, cfg.local_steps, cfg.delta, n=1
+        )
         claims = {
-            "epsilon": paper_server[0], "delta": cfg.delta, "order": paper_server[1],
-            "epsilon_per_client_form": paper_client[0], "order_per_client_form": paper_client[1],
-            "sample_rate_used": cfg.client_fraction, "clients_per_round": per_round,
-            "rounds": len(sigmas_used), "composition": "RDP, WBK19 Thm 9 as stated in the paper",
+            "epsilon": paper_server[0],
+            "delta": cfg.delta,
+            "order": paper_server[1],
+            "epsilon_per_client_form": paper_client[0],
+            "order_per_client_form": paper_client[1],
+            "sample_rate_used": cfg.client_fraction,
+            "clients_per_round": per_round,
+            "rounds": len(sigmas_used),
+            "composition": "RDP, WBK19 Thm 9 as stated in the paper",
             "source": "FedKADP Sec. 4.1-4.2 (server form with n sigma^2; per-client form with n=1)",
-            "privkit_epsilon": self.budget.worst, "privkit_accountant": cfg.accountant,
-            "target_epsilon": cfg.target_epsilon, "stop": self.stop,
+            "privkit_epsilon": self.budget.worst,
+            "privkit_accountant": cfg.accountant,
+            "target_epsilon": cfg.target_epsilon,
+            "stop": self.stop,
         }
         if self.rdp_filter is not None:
             claims["adaptive_filter"] = self.rdp_filter.to_dict(cfg.delta)
             self.ledger.adaptive = claims["adaptive_filter"]
         warns = _warnings(cfg, self.adaptive, min(self.rates), max(self.rates))
         warns.append(f"Training {self.stop}.")
-        return TrainResult(method=self.method, seed=self.seed, config=cfg.model_dump(), model=self.model.cpu(),
-                           model_spec=self.spec, ledger=self.ledger, rounds=self.rounds, test_accuracy=test_acc,
-                           warnings=warns, claims=claims)
+        return TrainResult(
+            method=self.method,
+            seed=self.seed,
+            config=cfg.model_dump(),
+            model=self.model.cpu(),
+            model_spec=self.spec,
+            ledger=self.ledger,
+            rounds=self.rounds,
+            test_accuracy=test_acc,
+            warnings=warns,
+            claims=claims,
+        )
 
 
 def _drive(run: DpFedRun, progress: bool = False) -> TrainResult:
@@ -497,8 +622,21 @@ def _drive(run: DpFedRun, progress: bool = False) -> TrainResult:
         sampled = run.next_round()
         if sampled is None:
             break
-        run.finish_round([_local_update(run.model, *run.data[k], cfg, run.sigma, run.rho, run.client_seed(k),
-                                        run.device, client=k) for k in sampled])
+        run.finish_round(
+            [
+                _local_update(
+                    run.model,
+                    *run.data[k],
+                    cfg,
+                    run.sigma,
+                    run.rho,
+                    run.client_seed(k),
+                    run.device,
+                    client=k,
+                )
+                for k in sampled
+            ]
+        )
     return run.result()
 
 
@@ -512,12 +650,16 @@ def run_for(method: str, federation, cfg: DpFedConfig, seed: int) -> DpFedRun:
 
 
 # method "fedkadp": config and registration in privkit.methods.fedkadp
-def train_fedkadp(federation, config: FedKADPConfig, seed: int, progress: bool = False) -> TrainResult:
+def train_fedkadp(
+    federation, config: FedKADPConfig, seed: int, progress: bool = False
+) -> TrainResult:
     """FedKADP (Algorithms 1-2) with per-client record-level accounting (``feedback=false``: ablation)."""
     return _drive(run_for("fedkadp", federation, config, seed), progress)
 
 
 # method "dp-fedavg": config and registration in privkit.methods.fedkadp
-def train_dp_fedavg(federation, config: DpFedConfig, seed: int, progress: bool = False) -> TrainResult:
+def train_dp_fedavg(
+    federation, config: DpFedConfig, seed: int, progress: bool = False
+) -> TrainResult:
     """DP-FedAvg baseline (DP-FL of FedKADP Sec. 5.4): same DP-SGD, no distillation, fixed sigma."""
     return _drive(run_for("dp-fedavg", federation, config, seed), progress)

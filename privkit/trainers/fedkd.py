@@ -73,7 +73,7 @@ def mutual_loss(num_classes: int, hidden: bool):
     C = num_classes
 
     def loss(out: torch.Tensor, target: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
-        t, s = out[:, :C], out[:, C:2 * C]
+        t, s = out[:, :C], out[:, C : 2 * C]
         ce_t, ce_s = F.cross_entropy(t, target), F.cross_entropy(s, target)
         weight = 1.0 / (ce_t + ce_s).detach().clamp_min(1e-6)
         log_t, log_s = F.log_softmax(t, 1), F.log_softmax(s, 1)
@@ -83,9 +83,11 @@ def mutual_loss(num_classes: int, hidden: bool):
         total = ce_t + ce_s + weight * (kl_t + kl_s)
         if hidden:
             d = (out.shape[1] - 2 * C) // 2
-            h_t, proj = out[:, 2 * C:2 * C + d], out[:, 2 * C + d:]
+            h_t, proj = out[:, 2 * C : 2 * C + d], out[:, 2 * C + d :]
             # mentor side: h_t towards the (fixed) projection; mentee side: W_h h_s towards h_t
-            total = total + weight * (F.mse_loss(h_t, proj.detach()) + F.mse_loss(proj, h_t.detach()))
+            total = total + weight * (
+                F.mse_loss(h_t, proj.detach()) + F.mse_loss(proj, h_t.detach())
+            )
         return total
 
     return loss
@@ -97,7 +99,9 @@ def energy_threshold(t: int, rounds: int, start: float, end: float) -> float:
     return start + (end - start) * min(t, rounds) / max(rounds, 1)
 
 
-def compress(update: dict[str, torch.Tensor], energy: float) -> tuple[dict[str, torch.Tensor], int, int]:
+def compress(
+    update: dict[str, torch.Tensor], energy: float
+) -> tuple[dict[str, torch.Tensor], int, int]:
     """Truncated-SVD reconstruction of each matrix-shaped tensor (conv kernels as out x rest).
 
     Keeps the fewest singular values whose squared sum reaches ``energy`` of the total; a matrix
@@ -114,7 +118,7 @@ def compress(update: dict[str, torch.Tensor], energy: float) -> tuple[dict[str, 
             out[name], sent = g.clone(), sent + g.numel()
             continue
         u, sig, vh = torch.linalg.svd(g.reshape(rows, cols).double(), full_matrices=False)
-        power = sig ** 2
+        power = sig**2
         if float(power.sum()) == 0.0:
             out[name], sent = torch.zeros_like(g), sent + 1
             continue
@@ -133,15 +137,26 @@ def _mentee_params(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-def _client_round(pair: MentorMentee, x: torch.Tensor, y: torch.Tensor, cfg: FedKDConfig, loss_fn,
-                  seed: int, device: torch.device, client: int = 0) -> None:
+def _client_round(
+    pair: MentorMentee,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    cfg: FedKDConfig,
+    loss_fn,
+    seed: int,
+    device: torch.device,
+    client: int = 0,
+) -> None:
     """``E`` joint DP-SGD steps of mentor, mentee and W_h on the client's data (in place; taking an
     audit's probes when ``client``'s mechanism is probed: :mod:`privkit.probes`)."""
     n = len(y)
     step = DpSgdStep(cfg.clip_norm, cfg.noise_multiplier, min(1.0, cfg.batch_size / n), n)
     params = [p for p in pair.parameters() if p.requires_grad]
-    opt = (torch.optim.SGD(params, lr=cfg.lr) if cfg.optimizer == "sgd"
-           else torch.optim.Adam(params, lr=cfg.lr))
+    opt = (
+        torch.optim.SGD(params, lr=cfg.lr)
+        if cfg.optimizer == "sgd"
+        else torch.optim.Adam(params, lr=cfg.lr)
+    )
     # Poisson sampling and noise: AES-CTR keyed from OS entropy in release mode (never stored), seeded only in
     # reproducible mode (privkit.seeding.noise_generator)
     sample_gen = noise_generator(seed, "poisson", reproducible=cfg.reproducible_noise)
@@ -169,8 +184,13 @@ class FedKdRun:
         K, C = self.num_clients, self.num_classes = federation.num_clients, federation.num_classes
         clients = [federation.client_arrays(k) for k in range(K)]
         if any(len(y) == 0 for _, y in clients):
-            raise PrivkitError("every client needs at least one record for DP-SGD; found an empty client")
-        self.data = [(as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long)) for x, y in clients]
+            raise PrivkitError(
+                "every client needs at least one record for DP-SGD; found an empty client"
+            )
+        self.data = [
+            (as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long))
+            for x, y in clients
+        ]
         self.rates = [min(1.0, cfg.batch_size / len(y)) for _, y in clients]
         self.mentee, self.spec = new_model(federation, cfg, derive_seed(seed, "init"))
         self.mentee.to(device)
@@ -180,8 +200,13 @@ class FedKdRun:
         self.pairs: list[MentorMentee] = []
         self.mentor_specs: list[dict] = []
         for k in range(K):  # each client's own mentor (and W_h), initialised independently
-            mentor, mspec = new_model(federation, cfg, derive_seed(seed, f"mentor-{k}"),
-                                      arch=cfg.mentor_arch or cfg.arch, **mentor_kw)
+            mentor, mspec = new_model(
+                federation,
+                cfg,
+                derive_seed(seed, f"mentor-{k}"),
+                arch=cfg.mentor_arch or cfg.arch,
+                **mentor_kw,
+            )
             torch.manual_seed(derive_seed(seed, f"w_h-{k}"))
             self.pairs.append(MentorMentee(mentor, copy.deepcopy(self.mentee)).to(device))
             self.mentor_specs.append(mspec)
@@ -203,12 +228,20 @@ class FedKdRun:
             self.ended = True
             return None
         t = self.t + 1
-        sampled = [int(k) for k in np.sort(self.rng.choice(self.num_clients, size=self.per_round, replace=False))]
-        pending = {k: self.budget.would_be(k, self.rates[k], cfg.noise_multiplier, cfg.local_steps) for k in sampled}
+        sampled = [
+            int(k)
+            for k in np.sort(self.rng.choice(self.num_clients, size=self.per_round, replace=False))
+        ]
+        pending = {
+            k: self.budget.would_be(k, self.rates[k], cfg.noise_multiplier, cfg.local_steps)
+            for k in sampled
+        }
         would = max(e for _, e in pending.values())
         if would > cfg.target_epsilon:  # never release a round past the budget
-            self.stop = (f"stopped before round {t}: it would bring a client to epsilon {would:.4g} > "
-                         f"target {cfg.target_epsilon:g} ({cfg.accountant}, delta={cfg.delta:g})")
+            self.stop = (
+                f"stopped before round {t}: it would bring a client to epsilon {would:.4g} > "
+                f"target {cfg.target_epsilon:g} ({cfg.accountant}, delta={cfg.delta:g})"
+            )
             self.ended = True
             return None
         self.t, self.sampled, self.pending = t, sampled, pending
@@ -236,15 +269,24 @@ class FedKdRun:
                 sent, full = sent + s_k, full + f_k
             updates.append(upd)
             self.budget.commit(k, *self.pending[k])
-            self.ledger.add(k, dpsgd_event(self.rates[k], cfg.noise_multiplier, cfg.local_steps),
-                            f"round {t}: dp-sgd (mentor+mentee)", round=t)
+            self.ledger.add(
+                k,
+                dpsgd_event(self.rates[k], cfg.noise_multiplier, cfg.local_steps),
+                f"round {t}: dp-sgd (mentor+mentee)",
+                round=t,
+            )
         mean = {n: torch.stack([u[n] for u in updates]).mean(0) for n in start}
         down = compress(mean, energy)[0] if cfg.compress else mean
         with torch.no_grad():
             for n, p in self.mentee.named_parameters():
                 p.copy_(start[n] + down[n])
-        row = {"round": t, "test_accuracy": accuracy(self.mentee, self.x_test, self.y_test, self.device),
-               "epsilon": self.budget.worst, "clients": list(self.sampled), "energy": energy}
+        row = {
+            "round": t,
+            "test_accuracy": accuracy(self.mentee, self.x_test, self.y_test, self.device),
+            "epsilon": self.budget.worst,
+            "clients": list(self.sampled),
+            "energy": energy,
+        }
         if cfg.compress:
             row["upload_fraction"] = sent / full
         self.rounds.append(row)
@@ -256,26 +298,47 @@ class FedKdRun:
         mentors = [p.mentor.cpu() for p in self.pairs]
         mentor_acc = [accuracy(m, x_test, y_test, torch.device("cpu")) for m in mentors]
         warnings = [
-            (f"Accounting is record-level, per client, add/remove-one neighbours: each round a client takes "
-             f"part in is {cfg.local_steps} Poisson-subsampled Gaussian steps (q = B/n_k) on the joint "
-             "mentor+mentee+W_h gradient; the mentor never leaves the client and needs no separate budget."),
-            ("FedKD has no DP in its paper and FedKADP does not say how it privatised it: privkit runs each "
-             "local step as one DP-SGD step on the joint gradient of the per-record mutual-distillation loss."),
+            (
+                f"Accounting is record-level, per client, add/remove-one neighbours: each round a client takes "
+                f"part in is {cfg.local_steps} Poisson-subsampled Gaussian steps (q = B/n_k) on the joint "
+                "mentor+mentee+W_h gradient; the mentor never leaves the client and needs no separate budget."
+            ),
+            (
+                "FedKD has no DP in its paper and FedKADP does not say how it privatised it: privkit runs each "
+                "local step as one DP-SGD step on the joint gradient of the per-record mutual-distillation loss."
+            ),
             f"Training {stop}.",
         ]
-        claims = {"epsilon": self.budget.worst, "delta": cfg.delta, "accountant": cfg.accountant,
-                  "target_epsilon": cfg.target_epsilon, "stop": stop,
-                  "source": "privkit's accounting (FedKD itself makes no DP claim)"}
+        claims = {
+            "epsilon": self.budget.worst,
+            "delta": cfg.delta,
+            "accountant": cfg.accountant,
+            "target_epsilon": cfg.target_epsilon,
+            "stop": stop,
+            "source": "privkit's accounting (FedKD itself makes no DP claim)",
+        }
         mentee = self.mentee.cpu()
-        return TrainResult(method="fedkd-dp", seed=self.seed, config=cfg.model_dump(), model=mentee,
-                           model_spec=self.spec, ledger=self.ledger, rounds=self.rounds,
-                           test_accuracy=accuracy(mentee, x_test, y_test, torch.device("cpu")),
-                           client_models=mentors, client_model_specs=self.mentor_specs, client_accuracy=mentor_acc,
-                           warnings=warnings, claims=claims)
+        return TrainResult(
+            method="fedkd-dp",
+            seed=self.seed,
+            config=cfg.model_dump(),
+            model=mentee,
+            model_spec=self.spec,
+            ledger=self.ledger,
+            rounds=self.rounds,
+            test_accuracy=accuracy(mentee, x_test, y_test, torch.device("cpu")),
+            client_models=mentors,
+            client_model_specs=self.mentor_specs,
+            client_accuracy=mentor_acc,
+            warnings=warnings,
+            claims=claims,
+        )
 
 
 # method "fedkd-dp": config and registration in privkit.methods.fedkd
-def train_fedkd_dp(federation, config: FedKDConfig, seed: int, progress: bool = False) -> TrainResult:
+def train_fedkd_dp(
+    federation, config: FedKDConfig, seed: int, progress: bool = False
+) -> TrainResult:
     """FedKD with record-level DP; see the module docstring."""
     run = FedKdRun(federation, config, seed)
     iterator = range(1, config.rounds + 1)
@@ -288,10 +351,25 @@ def train_fedkd_dp(federation, config: FedKDConfig, seed: int, progress: bool = 
         if sampled is None:
             break
         for k in sampled:
-            _client_round(run.pairs[k], *run.data[k], config, run.loss_fn, run.client_seed(k), run.device,
-                          client=k)
+            _client_round(
+                run.pairs[k],
+                *run.data[k],
+                config,
+                run.loss_fn,
+                run.client_seed(k),
+                run.device,
+                client=k,
+            )
         run.finish_round()
     return run.result()
 
 
-__all__ = ["FedKDConfig", "FedKdRun", "MentorMentee", "compress", "energy_threshold", "mutual_loss", "train_fedkd_dp"]
+__all__ = [
+    "FedKDConfig",
+    "FedKdRun",
+    "MentorMentee",
+    "compress",
+    "energy_threshold",
+    "mutual_loss",
+    "train_fedkd_dp",
+]

@@ -121,30 +121,44 @@ def label_split(federation, config: FedMDConfig) -> tuple[list[int], list[int]]:
     C = federation.num_classes
     if config.labels == "shared":
         if config.public_classes is not None or config.private_classes is not None:
-            raise PrivkitError("public_classes/private_classes need labels='disjoint'; found "
-                               f"labels='shared' with public_classes={config.public_classes}, "
-                               f"private_classes={config.private_classes}")
+            raise PrivkitError(
+                "public_classes/private_classes need labels='disjoint'; found "
+                f"labels='shared' with public_classes={config.public_classes}, "
+                f"private_classes={config.private_classes}"
+            )
         return list(range(C)), list(range(C))
-    pub = sorted(config.public_classes) if config.public_classes is not None else list(range(C // 2))
-    priv = (sorted(config.private_classes) if config.private_classes is not None
-            else [c for c in range(C) if c not in pub])
+    pub = (
+        sorted(config.public_classes) if config.public_classes is not None else list(range(C // 2))
+    )
+    priv = (
+        sorted(config.private_classes)
+        if config.private_classes is not None
+        else [c for c in range(C) if c not in pub]
+    )
     for name, cls in (("public_classes", pub), ("private_classes", priv)):
         if not cls or max(cls) >= C or len(set(cls)) != len(cls):
             raise PrivkitError(f"{name} must be distinct classes in [0, {C}); found {cls}")
     if set(pub) & set(priv):
-        raise PrivkitError("public_classes and private_classes must be disjoint with labels='disjoint'; "
-                           f"found both holding {sorted(set(pub) & set(priv))}")
+        raise PrivkitError(
+            "public_classes and private_classes must be disjoint with labels='disjoint'; "
+            f"found both holding {sorted(set(pub) & set(priv))}"
+        )
     return pub, priv
 
 
-def restrict(x: np.ndarray, y: np.ndarray, classes: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def restrict(
+    x: np.ndarray, y: np.ndarray, classes: list[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The records whose label is in ``classes``: (x, y, positions kept)."""
     keep = np.flatnonzero(np.isin(y, classes))
     return x[keep], y[keep], keep
 
 
 def pretrain_parties(
-    federation, config: FedMDConfig, seed: int, device: torch.device,
+    federation,
+    config: FedMDConfig,
+    seed: int,
+    device: torch.device,
     public: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[list[FeatureClassifier], list[dict]]:
     """One model per distinct architecture, pretrained on the labelled public data, copied to parties.
@@ -165,7 +179,7 @@ def pretrain_parties(
             "pretraining on labelled public data"
         )
     pretrained: dict[str, dict] = {}
-    for j, spec in enumerate(specs):
+    for spec in specs:
         key = repr(sorted(spec.items()))
         if key in pretrained:
             continue
@@ -403,11 +417,28 @@ class PartyJob:
     def run(self, config: FedMDConfig, device: torch.device) -> None:
         """Train the party's model as the single run does (:func:`digest` / :func:`revisit`)."""
         if self.digest:
-            digest(self.model, self.x, self.targets, config.knowledge, epochs=self.epochs,
-                   batch_size=self.batch_size, lr=config.lr, device=device, seed=self.seed)
+            digest(
+                self.model,
+                self.x,
+                self.targets,
+                config.knowledge,
+                epochs=self.epochs,
+                batch_size=self.batch_size,
+                lr=config.lr,
+                device=device,
+                seed=self.seed,
+            )
         else:
-            revisit(self.model, self.x, self.targets, epochs=self.epochs, batch_size=self.batch_size,
-                    lr=config.lr, device=device, seed=self.seed)
+            revisit(
+                self.model,
+                self.x,
+                self.targets,
+                epochs=self.epochs,
+                batch_size=self.batch_size,
+                lr=config.lr,
+                device=device,
+                seed=self.seed,
+            )
 
 
 class FedMDRun:
@@ -435,7 +466,9 @@ class FedMDRun:
         self.device = device = resolve_device(config)
         pub_classes, priv_classes = label_split(federation, config)
         self.xpub, ypub, _ = restrict(*federation.public_arrays("all"), pub_classes)
-        self.models, self.specs = pretrain_parties(federation, config, seed, device, public=(self.xpub, ypub))
+        self.models, self.specs = pretrain_parties(
+            federation, config, seed, device, public=(self.xpub, ypub)
+        )
         self.xt, self.yt, _ = restrict(*federation.test_arrays(), priv_classes)
         self.m_pub = m_pub = min(config.public_subset, len(self.xpub))
         self.ledger = ledger = Ledger()
@@ -469,7 +502,9 @@ class FedMDRun:
                 # The subsample is NFDP's only randomness: secret in release mode (AES-CTR keyed from OS entropy) and
                 # stored only in reproducible mode, where the run is not for release anyway.
                 pos = draw_subset(
-                    len(idx), config.k, config.replacement,
+                    len(idx),
+                    config.k,
+                    config.replacement,
                     noise_rng(seed, f"fedmd-subset-{i}", reproducible=config.reproducible_noise),
                 )
                 if config.reproducible_noise:
@@ -490,7 +525,9 @@ class FedMDRun:
         )
         self.plan = plan = _ldp_plan(federation, config, m_pub, sizes) if variant == "ldp" else None
         if plan is not None:
-            _record_ldp(federation, config, plan, ledger, warnings, self.claims, dpa, NonPrivateEvent, sizes)
+            _record_ldp(
+                federation, config, plan, ledger, warnings, self.claims, dpa, NonPrivateEvent, sizes
+            )
         if m_pub < config.public_subset:
             warnings.append(
                 f"public_subset={config.public_subset} capped at the public data size {m_pub}"
@@ -502,8 +539,17 @@ class FedMDRun:
     def init_jobs(self) -> list[PartyJob]:
         """Initialisation phase (no collaboration): T1 epochs on the private (sub)set."""
         cfg = self.config
-        return [PartyJob(m, *self.private[i], False, cfg.init_epochs, cfg.revisit_batch_size,
-                         derive_seed(self.seed, f"fedmd-init-train-{i}")) for i, m in enumerate(self.models)]
+        return [
+            PartyJob(
+                m,
+                *self.private[i],
+                False,
+                cfg.init_epochs,
+                cfg.revisit_batch_size,
+                derive_seed(self.seed, f"fedmd-init-train-{i}"),
+            )
+            for i, m in enumerate(self.models)
+        ]
 
     def record(self) -> None:
         """Evaluate every party after the current round (round 0: after the initialisation)."""
@@ -527,24 +573,51 @@ class FedMDRun:
             if plan is not None:
                 if cfg.knowledge == "logits":
                     share = clip_rows(share, cfg.logit_clip)
-                rng = noise_rng(self.seed, f"fedmd-ldp-{i}-{t}", reproducible=cfg.reproducible_noise)
+                rng = noise_rng(
+                    self.seed, f"fedmd-ldp-{i}-{t}", reproducible=cfg.reproducible_noise
+                )
                 # each shared vector is one Gaussian release (the ledger's "ldp predictions" events)
                 share = gaussian_output_perturbation(
-                    share, sigma=plan["sigma"][i], sensitivity=plan["sensitivity"], rng=rng, client=i,
-                    label="ldp predictions", rows=True, dtype=np.float32,
+                    share,
+                    sigma=plan["sigma"][i],
+                    sensitivity=plan["sensitivity"],
+                    rng=rng,
+                    client=i,
+                    label="ldp predictions",
+                    rows=True,
+                    dtype=np.float32,
                 )
             shares.append(share)
         consensus = aggregate_knowledge(shares)
         if plan is not None and cfg.knowledge != "logits":
             consensus = project_to_simplex_rows(consensus)  # post-processing of the noisy mean
-        return [PartyJob(m, x_p, consensus, True, cfg.digest_epochs, cfg.digest_batch_size,
-                         derive_seed(self.seed, f"fedmd-digest-{i}-{t}")) for i, m in enumerate(self.models)]
+        return [
+            PartyJob(
+                m,
+                x_p,
+                consensus,
+                True,
+                cfg.digest_epochs,
+                cfg.digest_batch_size,
+                derive_seed(self.seed, f"fedmd-digest-{i}-{t}"),
+            )
+            for i, m in enumerate(self.models)
+        ]
 
     def revisit_jobs(self) -> list[PartyJob]:
         """The current round's revisits: T3 epochs on each party's private (sub)set."""
         cfg = self.config
-        return [PartyJob(m, *self.private[i], False, cfg.revisit_epochs, cfg.revisit_batch_size,
-                         derive_seed(self.seed, f"fedmd-revisit-{i}-{self.t}")) for i, m in enumerate(self.models)]
+        return [
+            PartyJob(
+                m,
+                *self.private[i],
+                False,
+                cfg.revisit_epochs,
+                cfg.revisit_batch_size,
+                derive_seed(self.seed, f"fedmd-revisit-{i}-{self.t}"),
+            )
+            for i, m in enumerate(self.models)
+        ]
 
     def result(self) -> TrainResult:
         cfg, yt = self.config, self.yt
@@ -659,10 +732,16 @@ def _record_privacy(
     exposed = 0
     for i, n in enumerate(sizes):
         if n == 0:  # nothing to subsample: the party trains on public data only
-            ledger.add(i, EpsilonDeltaEvent(0.0, 0.0), label="no private-class records",
-                       neighbouring="add_remove")
-            warnings.append(f"party {i} holds no records of the private classes: it releases "
-                            "predictions of its pretrained model only (epsilon 0)")
+            ledger.add(
+                i,
+                EpsilonDeltaEvent(0.0, 0.0),
+                label="no private-class records",
+                neighbouring="add_remove",
+            )
+            warnings.append(
+                f"party {i} holds no records of the private classes: it releases "
+                "predictions of its pretrained model only (epsilon 0)"
+            )
             continue
         ledger.add(
             i,
@@ -675,7 +754,9 @@ def _record_privacy(
         if record_exposure_warning(claim["delta"], n) is not None:
             exposed += 1
     if not per_client:
-        raise PrivkitError("no party holds records of the private classes; found 0 records in every party")
+        raise PrivkitError(
+            "no party holds records of the private classes; found 0 records in every party"
+        )
     worst = max(per_client, key=lambda c: (c["delta"], c["epsilon"]))
     theorem = (
         "Theorem 2 (with replacement)" if config.replacement else "Theorem 1 (without replacement)"
@@ -713,7 +794,9 @@ def _record_privacy(
     )
 
 
-def _record_ldp(federation, config, plan, ledger, warnings, claims, dpa, NonPrivateEvent, sizes) -> None:
+def _record_ldp(
+    federation, config, plan, ledger, warnings, claims, dpa, NonPrivateEvent, sizes
+) -> None:
     sens, queries = plan["sensitivity"], plan["queries"]
     per_round = queries // config.rounds if config.rounds else 0
     per_client = []

@@ -222,8 +222,10 @@ def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False
     ]
     reduced = config.attack.reductions()
     if reduced:
-        warnings.append("FLiP's attacker configuration (attack.*, used by the Table II attack) is scaled "
-                        "down from the paper's: " + "; ".join(reduced))
+        warnings.append(
+            "FLiP's attacker configuration (attack.*, used by the Table II attack) is scaled "
+            "down from the paper's: " + "; ".join(reduced)
+        )
     if len(active) < federation.num_clients:
         warnings.append(
             f"{federation.num_clients - len(active)} clients hold no data and share nothing"
@@ -297,19 +299,25 @@ def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False
     )
 
 
-def _store_aggregate(artifacts: dict, S: torch.Tensor, L: torch.Tensor, eta: torch.Tensor, suffix: str) -> None:
+def _store_aggregate(
+    artifacts: dict, S: torch.Tensor, L: torch.Tensor, eta: torch.Tensor, suffix: str
+) -> None:
     artifacts[f"aggregated_x{suffix}"] = S.cpu().numpy().astype(np.float32)
     artifacts[f"aggregated_label_logits{suffix}"] = L.cpu().numpy().astype(np.float32)
     artifacts[f"aggregated_lr{suffix}"] = eta.cpu().numpy().astype(np.float32)
 
 
-def model_at_round(federation, config: FlipConfig, seed: int, artifacts: dict, t: int) -> torch.nn.Module:
+def model_at_round(
+    federation, config: FlipConfig, seed: int, artifacts: dict, t: int
+) -> torch.nn.Module:
     """The model FLiP released at round ``t`` (Eq. 5 on that round's aggregate), rebuilt from the
     run's artifacts: the paper's membership attack targets rounds 1, 25, 50, 75 and 100
     (``attack.mia_rounds``; the trainer keeps those rounds' aggregates)."""
     keys = [f"aggregated_{n}_round_{t}" for n in ("x", "label_logits", "lr")]
     if any(k not in artifacts for k in keys):
-        raise PrivkitError(f"round must be one of the kept rounds (attack.mia_rounds that ran); found {t}")
+        raise PrivkitError(
+            f"round must be one of the kept rounds (attack.mia_rounds that ran); found {t}"
+        )
     model, _ = new_model(federation, config, derive_seed(seed, "flip-init-model"))
     init = initial_params(model)
     S, L, eta = (torch.as_tensor(np.asarray(artifacts[k])) for k in keys)

@@ -35,6 +35,7 @@ from typing import Literal
 
 import numpy as np
 import scipy.optimize
+
 from privkit import mutations
 from privkit.errors import PrivkitError
 
@@ -94,7 +95,9 @@ def head_to_linear(W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ----------------------------------------------------------------------------- objectives
-def binary_objective(w: np.ndarray, X: np.ndarray, t: np.ndarray, lam: float) -> tuple[float, np.ndarray]:
+def binary_objective(
+    w: np.ndarray, X: np.ndarray, t: np.ndarray, lam: float
+) -> tuple[float, np.ndarray]:
     """``J(w) = (1/n) sum log(1 + exp(-t_j <w, x_j>)) + lam/2 ||w||^2`` and its gradient.
 
     ``t`` holds the labels in {-1, +1} (FedAUX Eq. 5 with the loss sign corrected, as in App. J).
@@ -108,8 +111,9 @@ def binary_objective(w: np.ndarray, X: np.ndarray, t: np.ndarray, lam: float) ->
     return float(loss + 0.5 * lam * w @ w), grad
 
 
-def multinomial_objective(w_flat: np.ndarray, X: np.ndarray, y: np.ndarray, num_classes: int,
-                          lam: float) -> tuple[float, np.ndarray]:
+def multinomial_objective(
+    w_flat: np.ndarray, X: np.ndarray, y: np.ndarray, num_classes: int, lam: float
+) -> tuple[float, np.ndarray]:
     """``J(W) = (1/n) sum -log softmax(W x_j)_{y_j} + lam/2 ||W||_F^2`` and its gradient (flat).
 
     ``W`` has shape ``(C, d)`` (FedAUXfdp Eq. 2, beta stacked by class).
@@ -164,8 +168,10 @@ def _check_inputs(X: np.ndarray, lam: float) -> np.ndarray:
     norms = np.linalg.norm(X, axis=1)
     # the unit-ball check enforces the bound's assumption: off with it under ``clipping off``
     if mutations.active().clipping and norms.max() > 1.0 + 1e-12:
-        raise PrivkitError("features must lie in the unit ball (use head_features); found a row of "
-                           f"norm {norms.max():.6g}")
+        raise PrivkitError(
+            "features must lie in the unit ball (use head_features); found a row of "
+            f"norm {norms.max():.6g}"
+        )
     return X
 
 
@@ -177,14 +183,19 @@ def _lbfgs(fun, x0: np.ndarray, tol: float, max_iter: int) -> tuple[np.ndarray, 
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1):
-        res = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B",
-                                      options={"maxiter": max_iter, "gtol": tol, "ftol": 0.0,
-                                               "maxcor": 30, "maxls": 50})
+        res = scipy.optimize.minimize(
+            fun,
+            x0,
+            jac=True,
+            method="L-BFGS-B",
+            options={"maxiter": max_iter, "gtol": tol, "ftol": 0.0, "maxcor": 30, "maxls": 50},
+        )
     return res.x, int(res.nit)
 
 
-def fit_binary_head(X_pos: np.ndarray, X_neg: np.ndarray, lam: float, *, tol: float = 1e-12,
-                    max_iter: int = 5000) -> HeadFit:
+def fit_binary_head(
+    X_pos: np.ndarray, X_neg: np.ndarray, lam: float, *, tol: float = 1e-12, max_iter: int = 5000
+) -> HeadFit:
     """Exact L2-regularised binary logistic regression separating ``X_pos`` (t=+1) from ``X_neg``.
 
     FedAUX's scoring head (Eq. 4-5): positives are the client's data ``D_i``, negatives the public
@@ -201,8 +212,10 @@ def fit_binary_head(X_pos: np.ndarray, X_neg: np.ndarray, lam: float, *, tol: fl
     """
     parts = [np.asarray(a, dtype=np.float64) for a in (X_pos, X_neg)]
     if any(p.ndim != 2 for p in parts) or parts[0].shape[1] != parts[1].shape[1]:
-        raise PrivkitError("X_pos and X_neg must be 2-D with the same number of columns; found "
-                           f"shapes {parts[0].shape} and {parts[1].shape}")
+        raise PrivkitError(
+            "X_pos and X_neg must be 2-D with the same number of columns; found "
+            f"shapes {parts[0].shape} and {parts[1].shape}"
+        )
     X = _check_inputs(np.concatenate(parts), lam)
     t = np.concatenate([np.ones(len(parts[0])), -np.ones(len(parts[1]))])
     w, nit = _lbfgs(lambda v: binary_objective(v, X, t, lam), np.zeros(X.shape[1]), tol, max_iter)
@@ -210,8 +223,15 @@ def fit_binary_head(X_pos: np.ndarray, X_neg: np.ndarray, lam: float, *, tol: fl
     return HeadFit(w, J, float(np.linalg.norm(g)), nit, len(t))
 
 
-def fit_multinomial_head(X: np.ndarray, y: np.ndarray, num_classes: int, lam: float, *,
-                         tol: float = 1e-12, max_iter: int = 5000) -> HeadFit:
+def fit_multinomial_head(
+    X: np.ndarray,
+    y: np.ndarray,
+    num_classes: int,
+    lam: float,
+    *,
+    tol: float = 1e-12,
+    max_iter: int = 5000,
+) -> HeadFit:
     """Exact L2-regularised multinomial logistic regression over all ``num_classes`` classes.
 
     FedAUXfdp's class head (Eq. 2, Algorithm 1). Works for a client holding a single class (the
@@ -246,24 +266,38 @@ def fit_multinomial_head(X: np.ndarray, y: np.ndarray, num_classes: int, lam: fl
     if len(y) != len(X):
         raise PrivkitError(f"labels must match features; found {len(y)} labels for {len(X)} rows")
     if num_classes < 2 or y.min() < 0 or y.max() >= num_classes:
-        raise PrivkitError(f"labels must lie in [0, {num_classes}); found range [{y.min()}, {y.max()}]")
+        raise PrivkitError(
+            f"labels must lie in [0, {num_classes}); found range [{y.min()}, {y.max()}]"
+        )
     d = X.shape[1]
-    w, nit = _lbfgs(lambda v: multinomial_objective(v, X, y, num_classes, lam),
-                    np.zeros(num_classes * d), tol, max_iter)
+    w, nit = _lbfgs(
+        lambda v: multinomial_objective(v, X, y, num_classes, lam),
+        np.zeros(num_classes * d),
+        tol,
+        max_iter,
+    )
     J, g = multinomial_objective(w, X, y, num_classes, lam)
     return HeadFit(w.reshape(num_classes, d), J, float(np.linalg.norm(g)), nit, len(y))
 
 
 # ----------------------------------------------------------------------------- DP release
-def head_sensitivity(kind: Literal["binary", "multinomial"], n: int, lam: float,
-                     num_classes: int = 2, bound: SensitivityBound = "paper") -> float:
+def head_sensitivity(
+    kind: Literal["binary", "multinomial"],
+    n: int,
+    lam: float,
+    num_classes: int = 2,
+    bound: SensitivityBound = "paper",
+) -> float:
     """L2 sensitivity (replace one record) of the exact head, from :mod:`accountants`.
 
     ``binary``: ``2/(lam n)`` (FedAUX Thm 1); ``multinomial``: ``2 sqrt(C)/(lam n)`` (``paper``,
     FedAUXfdp Thm 1) or ``2 sqrt(2)/(lam n)`` (``cfree``, see :func:`fit_multinomial_head`).
     """
-    from accountants import (logreg_binary_sensitivity, logreg_multinomial_sensitivity,
-                             logreg_multinomial_sensitivity_cfree)
+    from accountants import (
+        logreg_binary_sensitivity,
+        logreg_multinomial_sensitivity,
+        logreg_multinomial_sensitivity_cfree,
+    )
 
     if kind == "binary":
         return logreg_binary_sensitivity(n, lam)
@@ -294,11 +328,21 @@ class HeadRelease:
     info: dict = field(default_factory=dict)
 
 
-def release_head(fit: HeadFit, *, kind: Literal["binary", "multinomial"], lam: float,
-                 epsilon: float | None, delta: float, calibration: Calibration,
-                 rng: np.random.Generator, num_classes: int = 2,
-                 bound: SensitivityBound = "paper", client: int | None = None, label: str | None = None,
-                 data: HeadData | None = None) -> HeadRelease:
+def release_head(
+    fit: HeadFit,
+    *,
+    kind: Literal["binary", "multinomial"],
+    lam: float,
+    epsilon: float | None,
+    delta: float,
+    calibration: Calibration,
+    rng: np.random.Generator,
+    num_classes: int = 2,
+    bound: SensitivityBound = "paper",
+    client: int | None = None,
+    label: str | None = None,
+    data: HeadData | None = None,
+) -> HeadRelease:
     """Add Gaussian noise calibrated to (epsilon, delta) and the head's sensitivity.
 
     ``sigma`` comes from :func:`accountants.calibrate_gaussian` (``classic`` as the papers, or
@@ -312,8 +356,8 @@ def release_head(fit: HeadFit, *, kind: Literal["binary", "multinomial"], lam: f
     exact influence on ``fit`` (:func:`probe_record_influence`); it is read only under probes.
     """
     import dp_accounting as dpa
-    from accountants import NonPrivateEvent, calibrate_gaussian
 
+    from accountants import NonPrivateEvent, calibrate_gaussian
     from privkit.trainers.output_perturbation import gaussian_output_perturbation
 
     sens = head_sensitivity(kind, fit.n, lam, num_classes, bound)
@@ -323,7 +367,9 @@ def release_head(fit: HeadFit, *, kind: Literal["binary", "multinomial"], lam: f
         info["sensitivity_cfree"] = head_sensitivity(kind, fit.n, lam, num_classes, "cfree")
     if epsilon is None:
         event = NonPrivateEvent(f"{kind} logistic head released without noise")
-        return HeadRelease(fit.weights.copy(), fit.weights, sens, 0.0, None, None, "none", event, info)
+        return HeadRelease(
+            fit.weights.copy(), fit.weights, sens, 0.0, None, None, "none", event, info
+        )
     sens = sens * (1.0 + check_minimiser(fit, lam, sens))
     # The classic formula is a theorem only for epsilon < 1: at epsilon >= 1 the analytic Gaussian
     # (Balle & Wang 2018) is used, so the (epsilon, delta) the method claims is the one it has.
@@ -333,21 +379,43 @@ def release_head(fit: HeadFit, *, kind: Literal["binary", "multinomial"], lam: f
     if data is not None:  # called by the primitive under an audit's probes only
 
         def influence(canaries) -> tuple[np.ndarray, float]:
-            return probe_record_influence(fit, data, kind=kind, lam=lam, sensitivity=sens,
-                                          num_classes=num_classes, seed=canaries.seed)
+            return probe_record_influence(
+                fit,
+                data,
+                kind=kind,
+                lam=lam,
+                sensitivity=sens,
+                num_classes=num_classes,
+                seed=canaries.seed,
+            )
 
-    noisy = gaussian_output_perturbation(fit.weights, sigma=cal.sigma, sensitivity=sens, rng=rng, client=client,
-                                         label=label, record_influence=influence)
+    noisy = gaussian_output_perturbation(
+        fit.weights,
+        sigma=cal.sigma,
+        sensitivity=sens,
+        rng=rng,
+        client=client,
+        label=label,
+        record_influence=influence,
+    )
     warns = list(cal.warnings)
     if method != calibration:
-        warns.append(f"classic Gaussian calibration requested at epsilon={epsilon:g} >= 1, outside its proof: "
-                     "the analytic Gaussian mechanism was used instead")
-    info.update(classic_sigma=cal.classic_sigma, analytic_sigma=cal.analytic_sigma, warnings=warns,
-                calibration_used=method, minimiser_slack=MINIMISER_SLACK)
+        warns.append(
+            f"classic Gaussian calibration requested at epsilon={epsilon:g} >= 1, outside its proof: "
+            "the analytic Gaussian mechanism was used instead"
+        )
+    info.update(
+        classic_sigma=cal.classic_sigma,
+        analytic_sigma=cal.analytic_sigma,
+        warnings=warns,
+        calibration_used=method,
+        minimiser_slack=MINIMISER_SLACK,
+    )
     if kind == "multinomial":
         for b in ("paper", "cfree"):
-            info[f"sigma_{b}"] = calibrate_gaussian(epsilon, delta, info[f"sensitivity_{b}"] * (1.0 + MINIMISER_SLACK),
-                                                    method=method).sigma
+            info[f"sigma_{b}"] = calibrate_gaussian(
+                epsilon, delta, info[f"sensitivity_{b}"] * (1.0 + MINIMISER_SLACK), method=method
+            ).sigma
     event = dpa.GaussianDpEvent(noise_multiplier=cal.sigma / sens)
     return HeadRelease(noisy, fit.weights, sens, cal.sigma, epsilon, delta, method, event, info)
 
@@ -369,7 +437,8 @@ def check_minimiser(fit: HeadFit, lam: float, sensitivity: float) -> float:
         raise PrivkitError(
             f"head minimiser not exact enough for output perturbation: ||grad J|| = {fit.grad_norm:.3g} > "
             f"{g_max:.3g} (= {MINIMISER_SLACK:g} lam sens / 2) after {fit.iterations} L-BFGS iterations; "
-            "raise max_iter or the regularisation lambda")
+            "raise max_iter or the regularisation lambda"
+        )
     return MINIMISER_SLACK
 
 
@@ -415,9 +484,17 @@ def _record_gradients(kind: str, W: np.ndarray, X: np.ndarray, y: np.ndarray) ->
     return np.einsum("nc,nd->ncd", P, X).reshape(len(X), -1)
 
 
-def probe_record_influence(fit: HeadFit, data: HeadData, *, kind: Literal["binary", "multinomial"], lam: float,
-                           sensitivity: float, num_classes: int = 2, seed: int = 0,
-                           count: int = PROBE_RECORDS) -> tuple[np.ndarray, float]:
+def probe_record_influence(
+    fit: HeadFit,
+    data: HeadData,
+    *,
+    kind: Literal["binary", "multinomial"],
+    lam: float,
+    sensitivity: float,
+    num_classes: int = 2,
+    seed: int = 0,
+    count: int = PROBE_RECORDS,
+) -> tuple[np.ndarray, float]:
     """Exact influence of ``count`` probe records on the head ``fit``, for the sensitivity test.
 
     Each probe is an auditor-made record far outside the data: raw features ``center + R u``,
@@ -468,7 +545,9 @@ def probe_record_influence(fit: HeadFit, data: HeadData, *, kind: Literal["binar
     rng = make_rng(seed, "probe-records")
     binary = kind == "binary"
     y = np.ones(len(data.X), dtype=np.int64) if binary else np.asarray(data.labels, dtype=np.int64)
-    probe_labels = np.ones(count, dtype=np.int64) if binary else np.resize(rng.permutation(num_classes), count)
+    probe_labels = (
+        np.ones(count, dtype=np.int64) if binary else np.resize(rng.permutation(num_classes), count)
+    )
     grads = _record_gradients(kind, W, data.X, y)
     norms, tolerance = np.zeros(count), 0.0
     for k, c in enumerate(probe_labels):
@@ -478,8 +557,9 @@ def probe_record_influence(fit: HeadFit, data: HeadData, *, kind: Literal["binar
             g = rng.standard_normal(p)
             a = a / np.linalg.norm(a) + 0.5 * g / np.linalg.norm(g)
         u = a / np.linalg.norm(a)
-        x_p = head_features((R * u)[None, :] + (0.0 if data.center is None else data.center[None, :]),
-                            data.center)[0]
+        x_p = head_features(
+            (R * u)[None, :] + (0.0 if data.center is None else data.center[None, :]), data.center
+        )[0]
         g_p = _record_gradients(kind, W, x_p[None, :], np.array([c]))[0]
         j = int(np.argmax(np.linalg.norm(grads - g_p[None, :], axis=1)))
         X2, y2 = data.X.copy(), y.copy()
@@ -504,7 +584,23 @@ def head_probabilities(W: np.ndarray, X: np.ndarray) -> np.ndarray:
     return np.exp(logits - _logsumexp(logits)[:, None])
 
 
-__all__ = ["MINIMISER_SLACK", "PROBE_RECORDS", "PROBE_RECORD_SCALE", "HeadData", "HeadFit", "HeadRelease",
-           "binary_objective", "certainty_scores", "check_minimiser", "fit_binary_head", "fit_multinomial_head",
-           "head_features", "head_probabilities", "head_sensitivity", "head_to_linear", "multinomial_objective",
-           "probe_record_influence", "release_head"]
+__all__ = [
+    "MINIMISER_SLACK",
+    "PROBE_RECORDS",
+    "PROBE_RECORD_SCALE",
+    "HeadData",
+    "HeadFit",
+    "HeadRelease",
+    "binary_objective",
+    "certainty_scores",
+    "check_minimiser",
+    "fit_binary_head",
+    "fit_multinomial_head",
+    "head_features",
+    "head_probabilities",
+    "head_sensitivity",
+    "head_to_linear",
+    "multinomial_objective",
+    "probe_record_influence",
+    "release_head",
+]

@@ -72,44 +72,59 @@ def _probing() -> bool:
     return probes.active()
 
 
-def train_many(method: str, federations: Sequence, config: dict | None, seeds: Sequence[int]) -> list:
+def train_many(
+    method: str, federations: Sequence, config: dict | None, seeds: Sequence[int]
+) -> list:
     """Run ``method`` on each federation with its seed: ``train(method, federations[j], config,
     seeds[j])`` for every j, as one batched computation where the method has one (:data:`BATCHED`),
     else one after the other. Returns the :class:`~privkit.trainers.TrainResult` list."""
     from privkit.trainers.base import get_trainer, make_config, stamp_noise, train
 
     if len(federations) != len(seeds) or not federations:
-        raise ValueError(f"federations and seeds must be non-empty and equally long; found "
-                         f"{len(federations)} and {len(seeds)}")
+        raise ValueError(
+            f"federations and seeds must be non-empty and equally long; found "
+            f"{len(federations)} and {len(seeds)}"
+        )
     get_trainer(method)
     if not has_batched(method) or _probing():
         return [train(method, f, config, seed=s) for f, s in zip(federations, seeds)]
     cfg = make_config(method, config)
     module, _, name = BATCHED[method].partition(":")
-    results = getattr(importlib.import_module(module), name)(method, list(federations), cfg,
-                                                             [int(s) for s in seeds])
+    results = getattr(importlib.import_module(module), name)(
+        method, list(federations), cfg, [int(s) for s in seeds]
+    )
     for res, fed in zip(results, federations):  # what train() adds to every result
         if res.method != method:
-            raise PrivkitError(f"batched trainer of {method} returned a result labelled {res.method!r}")
+            raise PrivkitError(
+                f"batched trainer of {method} returned a result labelled {res.method!r}"
+            )
         res.check_chance(fed)
         stamp_noise(res, cfg.reproducible_noise)
     return results
 
 
 # ---------------------------------------------------------------------------- stacked parameters
-def stack_states(models: Sequence[torch.nn.Module]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def stack_states(
+    models: Sequence[torch.nn.Module],
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The models' parameters and buffers stacked on a leading model axis (detached copies)."""
-    params = {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
-              for k, _ in models[0].named_parameters()}
-    buffers = {k: torch.stack([dict(m.named_buffers())[k].detach() for m in models])
-               for k, _ in models[0].named_buffers()}
+    params = {
+        k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
+        for k, _ in models[0].named_parameters()
+    }
+    buffers = {
+        k: torch.stack([dict(m.named_buffers())[k].detach() for m in models])
+        for k, _ in models[0].named_buffers()
+    }
     return params, buffers
 
 
 def stacked_on(models: Sequence[torch.nn.Module], device: torch.device) -> tuple[dict, dict]:
     """:func:`stack_states` on ``device``."""
     params, buffers = stack_states(models)
-    return {k: v.to(device) for k, v in params.items()}, {k: v.to(device) for k, v in buffers.items()}
+    return {k: v.to(device) for k, v in params.items()}, {
+        k: v.to(device) for k, v in buffers.items()
+    }
 
 
 def unstack(stacked: dict[str, torch.Tensor], j: int) -> dict[str, torch.Tensor]:
@@ -148,12 +163,23 @@ class LocalDp:
 
 
 #: losses(out, models, s, y, aux) -> (len(models), b) per-example losses of the examples s
-ExampleLosses = Callable[[torch.Tensor, torch.Tensor, slice, torch.Tensor, torch.Tensor | None], torch.Tensor]
+ExampleLosses = Callable[
+    [torch.Tensor, torch.Tensor, slice, torch.Tensor, torch.Tensor | None], torch.Tensor
+]
 
 
-def local_dp_sgd(net, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], jobs: Sequence[LocalDp],
-                 steps: int, *, lr: float, optimizer: str, losses: ExampleLosses,
-                 aux: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+def local_dp_sgd(
+    net,
+    params: dict[str, torch.Tensor],
+    buffers: dict[str, torch.Tensor],
+    jobs: Sequence[LocalDp],
+    steps: int,
+    *,
+    lr: float,
+    optimizer: str,
+    losses: ExampleLosses,
+    aux: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> None:
     """``steps`` DP-SGD steps of every job at once, in place on the stacked ``params``.
 
     Model j runs exactly :meth:`DpSgdStep.apply <privkit.trainers.dp_sgd_step.DpSgdStep.apply>`
@@ -177,8 +203,10 @@ def local_dp_sgd(net, params: dict[str, torch.Tensor], buffers: dict[str, torch.
     device = next(iter(params.values())).device
     m = len(jobs)
     names = sorted(params)  # the order add_gaussian_noise draws in
-    std = torch.tensor([j.step.noise_multiplier * j.step.clip_norm * mutation.noise_factor for j in jobs],
-                       device=device)
+    std = torch.tensor(
+        [j.step.noise_multiplier * j.step.clip_norm * mutation.noise_factor for j in jobs],
+        device=device,
+    )
     expected = torch.tensor([j.step.expected_batch_size for j in jobs], device=device)
     offsets = torch.tensor([0] + [len(j.y) for j in jobs]).cumsum(0)
     x_all = torch.cat([j.x for j in jobs])
@@ -192,38 +220,58 @@ def local_dp_sgd(net, params: dict[str, torch.Tensor], buffers: dict[str, torch.
         width = max(1, max(counts))
         glob = torch.zeros(m, width, dtype=torch.long)
         for i, b in enumerate(batches):
-            glob[i, :len(b)] = b + offsets[i]
+            glob[i, : len(b)] = b + offsets[i]
         glob = glob.to(device)
         # gathered example-major: a chunk of it is already the (B, M*C, H, W) layout of convolutions
         xb, yb = x_all[glob.T].transpose(0, 1), y_all[glob]
         extra = aux(xb) if aux is not None else None
 
-        def example_losses(out: torch.Tensor, models: torch.Tensor, s: slice) -> torch.Tensor:
-            return losses(out, models, s, yb[models, s], None if extra is None else extra[models, s])
+        # called within this step only; the defaults bind this step's batch all the same
+        def example_losses(
+            out: torch.Tensor, models: torch.Tensor, s: slice, yb=yb, extra=extra
+        ) -> torch.Tensor:
+            return losses(
+                out, models, s, yb[models, s], None if extra is None else extra[models, s]
+            )
 
         sums, _ = net.clipped_sums(params, buffers, xb, example_losses, clip, counts=counts)
         if not jobs[0].noise_gen.seeded_torch:  # release mode: each model's sum on its grid
             grads = _grid_noisy(sums, jobs, std, expected)
         else:
-            for i, j in enumerate(jobs):  # each model's noise from its own stream, as the single step draws it
+            for i, j in enumerate(
+                jobs
+            ):  # each model's noise from its own stream, as the single step draws it
                 for k in names:
                     j.noise_gen.randn(params[k].shape[1:], out=noise[k][i])
             # (sum + std * noise) / expected batch size, in the single step's order of operations
-            grads = {k: noise[k].mul_(_expand(std, sums[k])).add_(sums[k]).div_(_expand(expected, sums[k]))
-                     for k in names}
+            grads = {
+                k: noise[k]
+                .mul_(_expand(std, sums[k]))
+                .add_(sums[k])
+                .div_(_expand(expected, sums[k]))
+                for k in names
+            }
         opt.step(params, grads, active)
 
 
-def _grid_noisy(sums: dict[str, torch.Tensor], jobs: Sequence[LocalDp], std: torch.Tensor,
-                expected: torch.Tensor) -> dict[str, torch.Tensor]:
+def _grid_noisy(
+    sums: dict[str, torch.Tensor],
+    jobs: Sequence[LocalDp],
+    std: torch.Tensor,
+    expected: torch.Tensor,
+) -> dict[str, torch.Tensor]:
     """Release mode: model i's noisy sum as the single step releases it (its parameters on one
     grid, :func:`~privkit.trainers.dp_sgd_step.add_gaussian_noise`), divided by its expected batch size."""
     from privkit.trainers.dp_sgd_step import add_gaussian_noise
 
     grads = {k: torch.empty_like(v) for k, v in sums.items()}
     for i, j in enumerate(jobs):
-        noisy = add_gaussian_noise({k: v[i] for k, v in sums.items()}, float(std[i]), j.noise_gen,
-                                   sensitivity=j.step.clip_norm)
+        noisy = add_gaussian_noise(
+            {k: v[i] for k, v in sums.items()},
+            float(std[i]),
+            j.noise_gen,
+            sensitivity=j.step.clip_norm,
+        )
         for k, v in noisy.items():
             grads[k][i] = v / expected[i]
     return grads
@@ -233,12 +281,26 @@ def _expand(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return v.reshape((-1,) + (1,) * (like.dim() - 1))
 
 
-def ce_losses(out: torch.Tensor, models: torch.Tensor, s: slice, y: torch.Tensor, aux) -> torch.Tensor:
+def ce_losses(
+    out: torch.Tensor, models: torch.Tensor, s: slice, y: torch.Tensor, aux
+) -> torch.Tensor:
     """Per-example cross-entropy (:func:`ExampleLosses`)."""
     import torch.nn.functional as F
 
-    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="none").view(y.shape)
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="none").view(
+        y.shape
+    )
 
 
-__all__ = ["BATCHED", "LocalDp", "ce_losses", "has_batched", "local_dp_sgd", "lockstep", "stack_states",
-           "stacked_on", "train_many", "unstack"]
+__all__ = [
+    "BATCHED",
+    "LocalDp",
+    "ce_losses",
+    "has_batched",
+    "local_dp_sgd",
+    "lockstep",
+    "stack_states",
+    "stacked_on",
+    "train_many",
+    "unstack",
+]

@@ -32,7 +32,9 @@ from privkit.trainers.stacked import StackedModels
 def kd_losses(rho: torch.Tensor):
     """Per-example :func:`~privkit.trainers.fedkadp.kd_loss` with model j's temperature ``rho[j]``."""
 
-    def losses(out: torch.Tensor, models: torch.Tensor, s: slice, y: torch.Tensor, teacher: torch.Tensor):
+    def losses(
+        out: torch.Tensor, models: torch.Tensor, s: slice, y: torch.Tensor, teacher: torch.Tensor
+    ):
         r = rho[models].view(-1, 1, 1)
         ce = ce_losses(out, models, s, y, None)
         log_q = F.log_softmax(out / r, dim=-1)
@@ -51,9 +53,15 @@ def _jobs(pairs: list[tuple], device: torch.device) -> list[LocalDp]:
         cfg, (x, y) = r.cfg, r.data[k]
         n, seed = len(y), r.client_seed(k)
         sigma = getattr(r, "sigma", cfg.noise_multiplier)
-        jobs.append(LocalDp(x, y, DpSgdStep(cfg.clip_norm, sigma, min(1.0, cfg.batch_size / n), n),
-                            noise_generator(seed, "poisson", reproducible=cfg.reproducible_noise),
-                            noise_generator(seed, "noise", reproducible=cfg.reproducible_noise, device=device)))
+        jobs.append(
+            LocalDp(
+                x,
+                y,
+                DpSgdStep(cfg.clip_norm, sigma, min(1.0, cfg.batch_size / n), n),
+                noise_generator(seed, "poisson", reproducible=cfg.reproducible_noise),
+                noise_generator(seed, "noise", reproducible=cfg.reproducible_noise, device=device),
+            )
+        )
     return jobs
 
 
@@ -75,8 +83,17 @@ def _round(runs: list[DpFedRun], sampled: list[list[int]]) -> list[list[dict[str
                 return net.forward(teacher, buffers, xb)[0]
 
         losses = kd_losses(rho)
-    local_dp_sgd(net, params, buffers, jobs, cfg.local_steps, lr=cfg.lr, optimizer=cfg.optimizer,
-                 losses=losses, aux=aux)
+    local_dp_sgd(
+        net,
+        params,
+        buffers,
+        jobs,
+        cfg.local_steps,
+        lr=cfg.lr,
+        optimizer=cfg.optimizer,
+        losses=losses,
+        aux=aux,
+    )
     keys = list(models[0].state_dict())
     out: list[list[dict[str, torch.Tensor]]] = [[] for _ in runs]
     at = 0
@@ -97,17 +114,23 @@ class StackedPairs(StackedModels):
     and ``W_h h_s`` join the backward passes of the two towers at their heads' inputs."""
 
     def __init__(self, pair: torch.nn.Module, n_models: int):
-        self.mentor, self.mentee = StackedModels(pair.mentor, n_models), StackedModels(pair.mentee, n_models)
+        self.mentor, self.mentee = (
+            StackedModels(pair.mentor, n_models),
+            StackedModels(pair.mentee, n_models),
+        )
         self.m, self.norm_offset = n_models, 0.0
-        self.parametrised = ([f"mentor.{n}" for n in self.mentor.parametrised]
-                             + [f"mentee.{n}" for n in self.mentee.parametrised] + ["w_h"])
+        self.parametrised = (
+            [f"mentor.{n}" for n in self.mentor.parametrised]
+            + [f"mentee.{n}" for n in self.mentee.parametrised]
+            + ["w_h"]
+        )
 
     def chunk_size(self, x: torch.Tensor) -> int:
         return min(self.mentor.chunk_size(x), self.mentee.chunk_size(x))
 
     def _clipped_chunk(self, params, buffers, x, losses_of, clip, record, keep):
         def part(d: dict, prefix: str) -> dict:
-            return {k[len(prefix):]: v for k, v in d.items() if k.startswith(prefix)}
+            return {k[len(prefix) :]: v for k, v in d.items() if k.startswith(prefix)}
 
         pt, ps = part(params, "mentor."), part(params, "mentee.")
         w_h = params["w_h.weight"]
@@ -121,12 +144,30 @@ class StackedPairs(StackedModels):
         with torch.enable_grad():
             (dout,) = torch.autograd.grad(losses_of(out).sum(), [out])
         c, d = t.shape[-1], h_t.shape[-1]
-        dt, ds, dh_t, dproj = dout[..., :c], dout[..., c:2 * c], dout[..., 2 * c:2 * c + d], dout[..., 2 * c + d:]
-        per = {f"mentor.{n}": v for n, v in self.mentor._backward(
-            tape_t, dt, pt, [n[7:] for n in record if n.startswith("mentor.")], {"head": dh_t}).items()}
-        per.update({f"mentee.{n}": v for n, v in self.mentee._backward(
-            tape_s, ds, ps, [n[7:] for n in record if n.startswith("mentee.")],
-            {"head": torch.bmm(dproj, w_h)}).items()})
+        dt, ds, dh_t, dproj = (
+            dout[..., :c],
+            dout[..., c : 2 * c],
+            dout[..., 2 * c : 2 * c + d],
+            dout[..., 2 * c + d :],
+        )
+        per = {
+            f"mentor.{n}": v
+            for n, v in self.mentor._backward(
+                tape_t, dt, pt, [n[7:] for n in record if n.startswith("mentor.")], {"head": dh_t}
+            ).items()
+        }
+        per.update(
+            {
+                f"mentee.{n}": v
+                for n, v in self.mentee._backward(
+                    tape_s,
+                    ds,
+                    ps,
+                    [n[7:] for n in record if n.startswith("mentee.")],
+                    {"head": torch.bmm(dproj, w_h)},
+                ).items()
+            }
+        )
         if "w_h" in record:
             per["w_h"] = ("linear_nobias", h_s, dproj)
         return self.clipped_layers(per, clip, keep, params)
@@ -136,8 +177,10 @@ def mutual_losses(num_classes: int, hidden: bool):
     """Per-example :func:`~privkit.trainers.fedkd.mutual_loss` on :class:`StackedPairs`' output."""
     C = num_classes
 
-    def losses(out: torch.Tensor, models: torch.Tensor, s: slice, y: torch.Tensor, aux) -> torch.Tensor:
-        t, st = out[..., :C], out[..., C:2 * C]
+    def losses(
+        out: torch.Tensor, models: torch.Tensor, s: slice, y: torch.Tensor, aux
+    ) -> torch.Tensor:
+        t, st = out[..., :C], out[..., C : 2 * C]
         ce_t, ce_s = ce_losses(t, models, s, y, None), ce_losses(st, models, s, y, None)
         weight = 1.0 / (ce_t + ce_s).detach().clamp_min(1e-6)
         log_t, log_s = F.log_softmax(t, -1), F.log_softmax(st, -1)
@@ -146,8 +189,10 @@ def mutual_losses(num_classes: int, hidden: bool):
         total = ce_t + ce_s + weight * (kl_t + kl_s)
         if hidden:
             d = (out.shape[-1] - 2 * C) // 2
-            h_t, proj = out[..., 2 * C:2 * C + d], out[..., 2 * C + d:]
-            total = total + weight * ((h_t - proj.detach()).pow(2).mean(-1) + (proj - h_t.detach()).pow(2).mean(-1))
+            h_t, proj = out[..., 2 * C : 2 * C + d], out[..., 2 * C + d :]
+            total = total + weight * (
+                (h_t - proj.detach()).pow(2).mean(-1) + (proj - h_t.detach()).pow(2).mean(-1)
+            )
         return total
 
     return losses
@@ -159,8 +204,16 @@ def _kd_round(runs: list[FedKdRun], sampled: list[list[int]]) -> None:
     cfg, device = runs[0].cfg, runs[0].device
     modules = [r.pairs[k] for r, k in pairs]
     params, buffers = stacked_on(modules, device)
-    local_dp_sgd(StackedPairs(modules[0], len(pairs)), params, buffers, _jobs(pairs, device), cfg.local_steps,
-                 lr=cfg.lr, optimizer=cfg.optimizer, losses=mutual_losses(runs[0].num_classes, cfg.hidden_loss))
+    local_dp_sgd(
+        StackedPairs(modules[0], len(pairs)),
+        params,
+        buffers,
+        _jobs(pairs, device),
+        cfg.local_steps,
+        lr=cfg.lr,
+        optimizer=cfg.optimizer,
+        losses=mutual_losses(runs[0].num_classes, cfg.hidden_loss),
+    )
     with torch.no_grad():
         for j, mod in enumerate(modules):
             for name, p in mod.named_parameters():

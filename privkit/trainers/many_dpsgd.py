@@ -23,9 +23,6 @@ do runs inside an audit's probing block or with a mutation (opacus' hooks take t
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -54,7 +51,9 @@ class _Run:
         self.expected = int(self.n * self.rate)  # opacus: int(len(dataset) * sample_rate)
         self.model, self.spec = new_model(federation, config, derive_seed(seed, "init"))
         self.batches = noise_generator(seed, "poisson", reproducible=config.reproducible_noise)
-        self.noise = noise_generator(seed, "noise", reproducible=config.reproducible_noise, device=device)
+        self.noise = noise_generator(
+            seed, "noise", reproducible=config.reproducible_noise, device=device
+        )
         self.x = torch.as_tensor(x, dtype=torch.float32, device=device)
         self.y = torch.as_tensor(y, dtype=torch.long, device=device)
         self.rounds: list[dict] = []
@@ -62,18 +61,31 @@ class _Run:
 
     def batch(self, t: int) -> torch.Tensor:
         """Step ``t``'s Poisson batch (record indices), drawn as opacus' loader draws it."""
-        if t % self.per_epoch == 0 and self.batches.seeded_torch:  # a new DataLoader iterator's base seed
+        if (
+            t % self.per_epoch == 0 and self.batches.seeded_torch
+        ):  # a new DataLoader iterator's base seed
             torch.empty((), dtype=torch.int64).random_(generator=self.batches.source)
         return torch.nonzero(self.batches.mask(self.n, rate=self.rate)).flatten()
 
-    def noisy(self, sums: dict[str, torch.Tensor], std: float, clip: float) -> dict[str, torch.Tensor]:
+    def noisy(
+        self, sums: dict[str, torch.Tensor], std: float, clip: float
+    ) -> dict[str, torch.Tensor]:
         """The step's summed gradients plus noise: per parameter, in order, as opacus'
         ``_generate_noise`` draws it (reproducible mode), or on the grid of privkit's release
         stream (:func:`~privkit.trainers.dp_sgd_step.add_gaussian_noise`, sensitivity ``clip``)."""
         if not self.noise.seeded_torch:
             return add_gaussian_noise(sums, std, self.noise, sensitivity=clip)
-        return {k: v + torch.normal(mean=0, std=std, size=tuple(v.shape), generator=self.noise.source,
-                                    device=self.noise.source.device) for k, v in sums.items()}
+        return {
+            k: v
+            + torch.normal(
+                mean=0,
+                std=std,
+                size=tuple(v.shape),
+                generator=self.noise.source,
+                device=self.noise.source.device,
+            )
+            for k, v in sums.items()
+        }
 
 
 def batchable(config) -> bool:
@@ -107,18 +119,26 @@ def train_dpsgd_runs(method: str, federations: list, config, seeds: list[int]) -
         xb = torch.zeros((m, width, *runs[0].x.shape[1:]), device=device)
         yb = torch.zeros((m, width), dtype=torch.long, device=device)
         for j, b in batches.items():
-            xb[j, :len(b)], yb[j, :len(b)] = runs[j].x[b], runs[j].y[b]
+            xb[j, : len(b)], yb[j, : len(b)] = runs[j].x[b], runs[j].y[b]
         losses = torch.zeros(m, device=device)
 
-        def example_losses(out: torch.Tensor, models: torch.Tensor, s: slice) -> torch.Tensor:
-            ce = F.cross_entropy(out.reshape(-1, out.shape[-1]), yb[models, s].reshape(-1),
-                                 reduction="none").view(len(models), -1)
-            keep = torch.arange(s.start, s.start + ce.shape[1], device=device)[None, :] < \
-                torch.tensor(counts, device=device)[models, None]
+        # called within this step only; the defaults bind this step's batch all the same
+        def example_losses(
+            out: torch.Tensor, models: torch.Tensor, s: slice, yb=yb, counts=counts, losses=losses
+        ) -> torch.Tensor:
+            ce = F.cross_entropy(
+                out.reshape(-1, out.shape[-1]), yb[models, s].reshape(-1), reduction="none"
+            ).view(len(models), -1)
+            keep = (
+                torch.arange(s.start, s.start + ce.shape[1], device=device)[None, :]
+                < torch.tensor(counts, device=device)[models, None]
+            )
             losses.index_add_(0, models, torch.where(keep, ce, 0.0).detach().sum(1))
             return ce
 
-        sums, _ = net.clipped_sums(params, buffers, xb, example_losses, config.clip_norm, counts=counts)
+        sums, _ = net.clipped_sums(
+            params, buffers, xb, example_losses, config.clip_norm, counts=counts
+        )
         with torch.no_grad():
             for j in live:
                 noisy = runs[j].noisy({k: sums[k][j] for k in names}, std[j], config.clip_norm)
@@ -129,16 +149,38 @@ def train_dpsgd_runs(method: str, federations: list, config, seeds: list[int]) -
             r.loss[0] += float(losses[j])
             r.loss[1] += counts[j]
             if (t + 1) % r.per_epoch == 0:  # the end of an epoch: opacus' per-epoch row
-                r.model.load_state_dict({k: params[k][j].detach().clone() for k in names}, strict=False)
-                r.rounds.append({"round": (t + 1) // r.per_epoch, "steps": t + 1, "loss": r.loss[0] / max(r.loss[1], 1),
-                                 "test_accuracy": accuracy(r.model, *r.federation.test_arrays(), device)})
+                r.model.load_state_dict(
+                    {k: params[k][j].detach().clone() for k in names}, strict=False
+                )
+                r.rounds.append(
+                    {
+                        "round": (t + 1) // r.per_epoch,
+                        "steps": t + 1,
+                        "loss": r.loss[0] / max(r.loss[1], 1),
+                        "test_accuracy": accuracy(r.model, *r.federation.test_arrays(), device),
+                    }
+                )
                 r.loss = [0.0, 0]
     out = []
-    for j, (r, released) in enumerate(zip(runs, load_states(runs[0].spec, [
-            {k: v[j].detach().cpu().clone() for k, v in params.items()} for j in range(m)]))):
-        rows = [{"round": row["round"], "test_accuracy": row["test_accuracy"], "loss": row["loss"],
-                 "steps": row["steps"]} for row in r.rounds]
-        out.append(dpsgd_result(r.federation, config, r.seed, released, r.spec, rows, r.plan, device))
+    for r, released in zip(
+        runs,
+        load_states(
+            runs[0].spec,
+            [{k: v[j].detach().cpu().clone() for k, v in params.items()} for j in range(m)],
+        ),
+    ):
+        rows = [
+            {
+                "round": row["round"],
+                "test_accuracy": row["test_accuracy"],
+                "loss": row["loss"],
+                "steps": row["steps"],
+            }
+            for row in r.rounds
+        ]
+        out.append(
+            dpsgd_result(r.federation, config, r.seed, released, r.spec, rows, r.plan, device)
+        )
     return out
 
 

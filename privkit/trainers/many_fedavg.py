@@ -25,7 +25,9 @@ from privkit.trainers.many import lockstep
 from privkit.trainers.stacked import UnsupportedModelError
 
 
-def local_epochs(runs: list[FederatedRun], selected: list[list[int]]) -> list[list[tuple[torch.nn.Module, float]]]:
+def local_epochs(
+    runs: list[FederatedRun], selected: list[list[int]]
+) -> list[list[tuple[torch.nn.Module, float]]]:
     """The selected clients of every run trained at once; per run, ``(trained copy, last epoch's
     mean loss)`` per client in the selected order, as :meth:`FederatedRun.train_local` gives them
     (bit for bit: :mod:`privkit.trainers.exact_mlp`; a model it does not cover trains one client
@@ -42,14 +44,29 @@ def local_epochs(runs: list[FederatedRun], selected: list[list[int]]) -> list[li
     for r, i in jobs:
         x, y = r.federation.client_arrays(i)
         local = copy.deepcopy(r.model)
-        models.append(model_for(local, x, y, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-                                seed=r.local_seed(i), device=device))
+        models.append(
+            model_for(
+                local,
+                x,
+                y,
+                epochs=cfg.local_epochs,
+                batch_size=cfg.batch_size,
+                seed=r.local_seed(i),
+                device=device,
+            )
+        )
         locals_.append(local)
         sizes.append(len(y))
     per_epoch = [len(m.batches) // cfg.local_epochs for m in models]
-    totals = train_exact(runs[0].model, models, optimizer=cfg.optimizer, lr=cfg.lr, mu=[r.mu for r, _ in jobs],
-                         anchors=[r.anchor for r, _ in jobs],
-                         loss_from=[(cfg.local_epochs - 1) * k for k in per_epoch])
+    totals = train_exact(
+        runs[0].model,
+        models,
+        optimizer=cfg.optimizer,
+        lr=cfg.lr,
+        mu=[r.mu for r, _ in jobs],
+        anchors=[r.anchor for r, _ in jobs],
+        loss_from=[(cfg.local_epochs - 1) * k for k in per_epoch],
+    )
     out: list[list[tuple[torch.nn.Module, float]]] = [[] for _ in runs]
     owner = {id(r): n for n, r in enumerate(runs)}
     for (r, _), local, total, n in zip(jobs, locals_, totals, sizes):
@@ -58,8 +75,12 @@ def local_epochs(runs: list[FederatedRun], selected: list[list[int]]) -> list[li
 
 
 #: method -> "module:function" returning ``(FederatedRun, finish)`` for (federation, config, seed)
-RUNS = {"fedavg": "privkit.trainers.fedavg:fedavg_run", "fedprox": "privkit.trainers.fedavg:fedprox_run",
-        "feddf": "privkit.trainers.feddf:feddf_run", "fedaux": "privkit.trainers.fedaux:fedaux_run"}
+RUNS = {
+    "fedavg": "privkit.trainers.fedavg:fedavg_run",
+    "fedprox": "privkit.trainers.fedavg:fedprox_run",
+    "feddf": "privkit.trainers.feddf:feddf_run",
+    "fedaux": "privkit.trainers.fedaux:fedaux_run",
+}
 
 
 def train_federated_many(method: str, federations: list, config, seeds: list[int]) -> list:

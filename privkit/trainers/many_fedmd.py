@@ -19,7 +19,9 @@ def run_jobs(jobs: list[PartyJob], config, device) -> None:
     """Train every job (in place on its party's model) as :meth:`PartyJob.run` would."""
     groups: dict[tuple, list[PartyJob]] = {}
     for job in jobs:
-        if job.epochs == 0 or len(job.x) == 0:  # revisit / digest / train_supervised leave these alone
+        if (
+            job.epochs == 0 or len(job.x) == 0
+        ):  # revisit / digest / train_supervised leave these alone
             continue
         try:
             mlp_layers(job.model)
@@ -31,15 +33,28 @@ def run_jobs(jobs: list[PartyJob], config, device) -> None:
             continue
         groups.setdefault((architecture(job.model), job.digest), []).append(job)
     for group in groups.values():
-        models = [model_for(j.model, j.x, j.targets, epochs=j.epochs, batch_size=j.batch_size, seed=j.seed,
-                            device=device, soft=j.digest) for j in group]
+        models = [
+            model_for(
+                j.model,
+                j.x,
+                j.targets,
+                epochs=j.epochs,
+                batch_size=j.batch_size,
+                seed=j.seed,
+                device=device,
+                soft=j.digest,
+            )
+            for j in group
+        ]
         train_exact(group[0].model, models, optimizer="adam", lr=config.lr)
 
 
 def train_fedmd_many(method: str, federations: list, config, seeds: list[int]) -> list:
     """``train(method, federations[j], config, seeds[j])`` for every j (``fedmd-nfdp``,
     ``fedmd-np``, ``fedmd-ldp``), each phase's party jobs of all runs trained together."""
-    runs = [FedMDRun(f, config, s, method.removeprefix("fedmd-")) for f, s in zip(federations, seeds)]
+    runs = [
+        FedMDRun(f, config, s, method.removeprefix("fedmd-")) for f, s in zip(federations, seeds)
+    ]
     device = runs[0].device
     run_jobs([j for r in runs for j in r.init_jobs()], config, device)
     for r in runs:

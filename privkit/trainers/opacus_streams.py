@@ -56,7 +56,9 @@ def use_noise_source(dp_opt, source: DpRandom) -> None:
             return
         for p in dp_opt.params:
             _check_processed_flag(p.summed_grad)
-            noise = source.randn(p.summed_grad.shape, dtype=p.summed_grad.dtype).to(p.summed_grad.device)
+            noise = source.randn(p.summed_grad.shape, dtype=p.summed_grad.dtype).to(
+                p.summed_grad.device
+            )
             p.grad = (p.summed_grad + std * noise).view_as(p)
             _mark_as_processed(p.summed_grad)
 
@@ -64,7 +66,9 @@ def use_noise_source(dp_opt, source: DpRandom) -> None:
         from privkit.grid_noise import Grid, grid_release
 
         # one release: every parameter's summed gradient, L2 sensitivity max_grad_norm
-        grid = Grid.for_release(std, dp_opt.max_grad_norm, sum(p.summed_grad.numel() for p in dp_opt.params))
+        grid = Grid.for_release(
+            std, dp_opt.max_grad_norm, sum(p.summed_grad.numel() for p in dp_opt.params)
+        )
         bits = source.bits()
         for p in dp_opt.params:
             _check_processed_flag(p.summed_grad)

@@ -50,7 +50,9 @@ RecordInfluence = Callable[[Any], tuple[np.ndarray, float]]
 __all__ = ["RecordInfluence", "gaussian_output_perturbation"]
 
 
-def _grid_noise(std: float, sensitivity: float, dim: int, rng: np.random.Generator) -> Callable[[np.ndarray], np.ndarray]:
+def _grid_noise(
+    std: float, sensitivity: float, dim: int, rng: np.random.Generator
+) -> Callable[[np.ndarray], np.ndarray]:
     """Release mode's noise: ``value -> `` the grid release of ``value`` (:mod:`privkit.grid_noise`;
     each release of ``dim`` numbers has L2 sensitivity ``sensitivity``), in ``value``'s dtype."""
     import torch
@@ -58,14 +60,23 @@ def _grid_noise(std: float, sensitivity: float, dim: int, rng: np.random.Generat
     from privkit.grid_noise import Grid, NumpyBits, grid_release
 
     grid, bits = Grid.for_release(std, sensitivity, dim), NumpyBits(rng)
-    return lambda value: grid_release(torch.from_numpy(np.ascontiguousarray(value)), grid, bits).numpy()
+    return lambda value: grid_release(
+        torch.from_numpy(np.ascontiguousarray(value)), grid, bits
+    ).numpy()
 
 
-def gaussian_output_perturbation(clean: np.ndarray, *, sigma: float, sensitivity: float,
-                                 rng: np.random.Generator, client: int | None = None,
-                                 label: str | None = None,
-                                 record_influence: RecordInfluence | None = None,
-                                 rows: bool = False, dtype: type | None = None) -> np.ndarray:
+def gaussian_output_perturbation(
+    clean: np.ndarray,
+    *,
+    sigma: float,
+    sensitivity: float,
+    rng: np.random.Generator,
+    client: int | None = None,
+    label: str | None = None,
+    record_influence: RecordInfluence | None = None,
+    rows: bool = False,
+    dtype: type | None = None,
+) -> np.ndarray:
     """Release ``clean + N(0, sigma^2 I)`` (see the module docstring).
 
     Parameters
@@ -98,12 +109,16 @@ def gaussian_output_perturbation(clean: np.ndarray, *, sigma: float, sensitivity
         The released value, ``clean``'s shape, float64.
     """
     if not sigma > 0 or not sensitivity > 0:
-        raise PrivkitError(f"sigma and sensitivity must be > 0; found sigma={sigma}, sensitivity={sensitivity}")
+        raise PrivkitError(
+            f"sigma and sensitivity must be > 0; found sigma={sigma}, sensitivity={sensitivity}"
+        )
     mutation = mutations.active()
     kind = np.float64 if dtype is None else dtype
     clean = np.asarray(clean, dtype=kind)
     if rows and clean.ndim != 2:
-        raise PrivkitError(f"rows=True needs a 2-D value (one release per row); found shape {clean.shape}")
+        raise PrivkitError(
+            f"rows=True needs a 2-D value (one release per row); found shape {clean.shape}"
+        )
     std = sigma * mutation.noise_factor
     if is_secret(rng):  # release mode: on the grid of privkit.grid_noise
         add_noise = _grid_noise(std, sensitivity, clean.shape[-1] if rows else clean.size, rng)
@@ -113,13 +128,19 @@ def gaussian_output_perturbation(clean: np.ndarray, *, sigma: float, sensitivity
 
         def add_noise(value: np.ndarray) -> np.ndarray:
             return value + noise
+
     canaries = None
     if client is not None:
         from privkit.probes import canaries_for
 
-        canaries = canaries_for(client, label or "output-perturbation", dim=clean.shape[-1] if rows else clean.size,
-                                clip_norm=sensitivity, sample_rate=1.0,
-                                noise_multiplier=sigma / sensitivity)
+        canaries = canaries_for(
+            client,
+            label or "output-perturbation",
+            dim=clean.shape[-1] if rows else clean.size,
+            clip_norm=sensitivity,
+            sample_rate=1.0,
+            noise_multiplier=sigma / sensitivity,
+        )
     if canaries is None:
         return add_noise(clean)
     import torch
@@ -129,7 +150,7 @@ def gaussian_output_perturbation(clean: np.ndarray, *, sigma: float, sensitivity
     weight = min(raw, sensitivity) if mutation.clipping else raw
     add = canaries.vector(np.full(canaries.included_ids.size, weight)).numpy().astype(kind)
     released = add_noise(clean + (add if rows else add.reshape(clean.shape)))
-    for got, base in (zip(released, clean) if rows else [(released, clean)]):
+    for got, base in zip(released, clean) if rows else [(released, clean)]:
         canaries.observe(torch.as_tensor(got.ravel()), clean=torch.as_tensor(base.ravel()))
     if record_influence is not None:
         norms, tolerance = record_influence(canaries)

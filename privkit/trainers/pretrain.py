@@ -86,15 +86,37 @@ _CACHE: dict[str, tuple[dict[str, torch.Tensor], dict]] = {}
 
 
 def _cache_key(federation, config: PretrainConfig, seed: int, x_idx: np.ndarray) -> str:
-    fields = {k: getattr(config, k) for k in ("arch", "width", "feature_dim", "pretrain_data",
-                                              "pretrain_epochs", "pretrain_batch_size", "pretrain_lr",
-                                              "pretrain_temperature", "pretrain_proj_dim")}
+    fields = {
+        k: getattr(config, k)
+        for k in (
+            "arch",
+            "width",
+            "feature_dim",
+            "pretrain_data",
+            "pretrain_epochs",
+            "pretrain_batch_size",
+            "pretrain_lr",
+            "pretrain_temperature",
+            "pretrain_proj_dim",
+        )
+    }
     digest = hashlib.sha256(np.ascontiguousarray(x_idx).tobytes()).hexdigest()[:16]
-    return json.dumps({"public": federation.public.name, "idx": digest, "shape": federation.input_shape,
-                       "classes": federation.num_classes, "seed": int(seed), **fields}, sort_keys=True)
+    return json.dumps(
+        {
+            "public": federation.public.name,
+            "idx": digest,
+            "shape": federation.input_shape,
+            "classes": federation.num_classes,
+            "seed": int(seed),
+            **fields,
+        },
+        sort_keys=True,
+    )
 
 
-def pretrain_h0(federation, config: PretrainConfig, seed: int, *, progress: bool = False) -> tuple[dict[str, torch.Tensor], dict]:
+def pretrain_h0(
+    federation, config: PretrainConfig, seed: int, *, progress: bool = False
+) -> tuple[dict[str, torch.Tensor], dict]:
     """SimCLR-pretrained feature extractor weights (``model.features`` state dict) and run info.
 
     Parameters
@@ -111,10 +133,15 @@ def pretrain_h0(federation, config: PretrainConfig, seed: int, *, progress: bool
         the final NT-Xent loss and whether the result came from the cache.
     """
     part = config.pretrain_data
-    idx = {"all": federation.public_indices, "negative": federation.negative,
-           "distill": federation.distill}[part]
+    idx = {
+        "all": federation.public_indices,
+        "negative": federation.negative,
+        "distill": federation.distill,
+    }[part]
     if len(idx) < 2:
-        raise PrivkitError(f"pretraining needs at least 2 public examples in {part!r}; found {len(idx)}")
+        raise PrivkitError(
+            f"pretraining needs at least 2 public examples in {part!r}; found {len(idx)}"
+        )
     if config.pretrain_seed is not None:
         seed = config.pretrain_seed
     key = _cache_key(federation, config, seed, idx)
@@ -127,9 +154,15 @@ def pretrain_h0(federation, config: PretrainConfig, seed: int, *, progress: bool
     features = model.features.to(device)
     d = config.feature_dim
     seed_torch(derive_seed(seed, "pretrain-projection"))
-    proj = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, config.pretrain_proj_dim)).to(device)
-    opt = make_optimizer(list(features.parameters()) + list(proj.parameters()), "adam",
-                         config.pretrain_lr, weight_decay=1e-6)
+    proj = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, config.pretrain_proj_dim)).to(
+        device
+    )
+    opt = make_optimizer(
+        list(features.parameters()) + list(proj.parameters()),
+        "adam",
+        config.pretrain_lr,
+        weight_decay=1e-6,
+    )
     x = as_tensor(federation.public.x[idx], device, torch.float32)
     gen = torch_generator(derive_seed(seed, "pretrain-batches"))
     aug_gen = torch_generator(derive_seed(seed, "pretrain-augment"))
@@ -142,8 +175,11 @@ def pretrain_h0(federation, config: PretrainConfig, seed: int, *, progress: bool
             total, count = 0.0, 0
             for b in minibatches(len(x), bs, gen, drop_last=True):
                 xb = x[b.to(device)]
-                loss = nt_xent(proj(features(augment(xb, aug_gen))), proj(features(augment(xb, aug_gen))),
-                               config.pretrain_temperature)
+                loss = nt_xent(
+                    proj(features(augment(xb, aug_gen))),
+                    proj(features(augment(xb, aug_gen))),
+                    config.pretrain_temperature,
+                )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -152,8 +188,13 @@ def pretrain_h0(federation, config: PretrainConfig, seed: int, *, progress: bool
             last = total / max(count, 1)
             bar.advance(task)
     state = {k: v.detach().cpu().clone() for k, v in features.state_dict().items()}
-    info = {"data": part, "size": int(len(idx)), "epochs": config.pretrain_epochs,
-            "final_loss": last, "cached": False}
+    info = {
+        "data": part,
+        "size": len(idx),
+        "epochs": config.pretrain_epochs,
+        "final_loss": last,
+        "cached": False,
+    }
     _CACHE[key] = (state, info)
     return {k: v.clone() for k, v in state.items()}, info
 
@@ -163,8 +204,9 @@ def clear_cache() -> None:
     _CACHE.clear()
 
 
-def init_model(federation, config: PretrainConfig, seed: int, *, progress: bool = False,
-               **overrides) -> tuple[nn.Module, dict, dict]:
+def init_model(
+    federation, config: PretrainConfig, seed: int, *, progress: bool = False, **overrides
+) -> tuple[nn.Module, dict, dict]:
     """The method's initial model: random (seeded), or with h0 when ``config.pretrain``.
 
     With ``config.freeze`` the feature extractor's parameters are frozen (``requires_grad=False``).

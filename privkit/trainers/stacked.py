@@ -50,20 +50,35 @@ def layer_sequence(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Leaf layers of a privkit :class:`~privkit.models.FeatureClassifier` in execution order, with
     the prefixes of their parameter names; any other model or layer is a ``ValueError``."""
     if not isinstance(model, FeatureClassifier) or not isinstance(model.features, nn.Sequential):
-        raise UnsupportedModelError(f"model must be a privkit FeatureClassifier with sequential features; found "
-                         f"{type(model).__name__}")
-    seq = [(f"features.{n}", m) for n, m in model.features.named_children()] + [("head", model.head)]
+        raise UnsupportedModelError(
+            f"model must be a privkit FeatureClassifier with sequential features; found "
+            f"{type(model).__name__}"
+        )
+    seq = [(f"features.{n}", m) for n, m in model.features.named_children()] + [
+        ("head", model.head)
+    ]
     for name, m in seq:
         if not isinstance(m, _SUPPORTED):
-            raise UnsupportedModelError(f"layer {name} ({type(m).__name__}) is not supported by stacked training; "
-                             f"supported: {', '.join(t.__name__ for t in _SUPPORTED)}")
-        if isinstance(m, nn.Conv2d) and (m.groups != 1 or m.padding_mode != "zeros" or m.bias is None
-                                         or m.stride != (1, 1) or m.dilation != (1, 1)):
-            raise UnsupportedModelError(f"layer {name}: stacked training needs Conv2d with groups=1, stride 1, no "
-                             f"dilation, zero padding and a bias; found groups={m.groups}, stride="
-                             f"{m.stride}, dilation={m.dilation}, padding_mode={m.padding_mode!r}")
+            raise UnsupportedModelError(
+                f"layer {name} ({type(m).__name__}) is not supported by stacked training; "
+                f"supported: {', '.join(t.__name__ for t in _SUPPORTED)}"
+            )
+        if isinstance(m, nn.Conv2d) and (
+            m.groups != 1
+            or m.padding_mode != "zeros"
+            or m.bias is None
+            or m.stride != (1, 1)
+            or m.dilation != (1, 1)
+        ):
+            raise UnsupportedModelError(
+                f"layer {name}: stacked training needs Conv2d with groups=1, stride 1, no "
+                f"dilation, zero padding and a bias; found groups={m.groups}, stride="
+                f"{m.stride}, dilation={m.dilation}, padding_mode={m.padding_mode!r}"
+            )
         if isinstance(m, nn.Linear) and m.bias is None:
-            raise UnsupportedModelError(f"layer {name}: stacked training needs Linear layers with a bias")
+            raise UnsupportedModelError(
+                f"layer {name}: stacked training needs Linear layers with a bias"
+            )
     return seq
 
 
@@ -83,9 +98,11 @@ class _Saved:
 
     name: str
     module: nn.Module
-    tensor: torch.Tensor | None   # linear, conv: input; relu, unit-normalise: output; pool: indices
-    shape: torch.Size             # the layer's output shape (grid layers: the layout to go back to)
-    extra: torch.Size | torch.Tensor | None = None  # pool: its input's shape; unit-normalise: the norms;
+    tensor: torch.Tensor | None  # linear, conv: input; relu, unit-normalise: output; pool: indices
+    shape: torch.Size  # the layer's output shape (grid layers: the layout to go back to)
+    extra: torch.Size | torch.Tensor | None = (
+        None  # pool: its input's shape; unit-normalise: the norms;
+    )
     #                                                 the first conv: its input, contiguous
 
 
@@ -138,13 +155,25 @@ class StackedModels:
         return h.reshape(h.shape[0], m, -1).transpose(0, 1)  # (B, M*C, H, W) -> (M, B, C*H*W)
 
     # -- forward ----------------------------------------------------------------------------
-    def forward(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor,
-                record: Collection[str] = ()) -> tuple[torch.Tensor, list[_Record]]:
+    def forward(
+        self,
+        params: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        record: Collection[str] = (),
+    ) -> tuple[torch.Tensor, list[_Record]]:
         """Logits ``(M, B, classes)`` of model m on ``x[m]`` (``x``: ``(M, B, C, H, W)``), and the
         inputs and outputs of the parametrised layers named in ``record``."""
         recs: list[_Record] = []
-        h = self._run(params, buffers, x, None, lambda name, layer, inp, out: recs.append(
-            _Record(name, layer, inp, out)) if name in record else None)
+        h = self._run(
+            params,
+            buffers,
+            x,
+            None,
+            lambda name, layer, inp, out: (
+                recs.append(_Record(name, layer, inp, out)) if name in record else None
+            ),
+        )
         return h, recs
 
     def _run(self, params, buffers, x, tape: list[_Saved] | None, seen=None) -> torch.Tensor:
@@ -156,17 +185,27 @@ class StackedModels:
             if isinstance(layer, nn.Linear):
                 h = saved = self._dense(h, kind, m)
                 inp = h
-                h = torch.baddbmm(params[f"{name}.bias"].unsqueeze(1), h,
-                                  params[f"{name}.weight"].transpose(1, 2))
+                h = torch.baddbmm(
+                    params[f"{name}.bias"].unsqueeze(1), h, params[f"{name}.weight"].transpose(1, 2)
+                )
                 kind = "dense"
             elif isinstance(layer, nn.Conv2d):
-                if kind == "dense":  # the input, (B, M*C, H, W); its contiguous copy kept for the backward
+                if (
+                    kind == "dense"
+                ):  # the input, (B, M*C, H, W); its contiguous copy kept for the backward
                     extra = self._grid(h, kind, torch.contiguous_format)
                     h = extra.contiguous(memory_format=torch.channels_last)
                 saved = inp = h
                 w = params[f"{name}.weight"]
-                h = F.conv2d(h, w.reshape(-1, *w.shape[2:]), params[f"{name}.bias"].reshape(-1),
-                             layer.stride, layer.padding, layer.dilation, groups=m)
+                h = F.conv2d(
+                    h,
+                    w.reshape(-1, *w.shape[2:]),
+                    params[f"{name}.bias"].reshape(-1),
+                    layer.stride,
+                    layer.padding,
+                    layer.dilation,
+                    groups=m,
+                )
                 kind = "grid"
             elif isinstance(layer, nn.ReLU):
                 inp = h
@@ -174,8 +213,15 @@ class StackedModels:
             elif isinstance(layer, nn.MaxPool2d):
                 h = inp = self._grid(h, kind)
                 extra = h.shape
-                h, saved = F.max_pool2d(h, layer.kernel_size, layer.stride, layer.padding, layer.dilation,
-                                        ceil_mode=layer.ceil_mode, return_indices=True)
+                h, saved = F.max_pool2d(
+                    h,
+                    layer.kernel_size,
+                    layer.stride,
+                    layer.padding,
+                    layer.dilation,
+                    ceil_mode=layer.ceil_mode,
+                    return_indices=True,
+                )
                 kind = "grid"
             elif isinstance(layer, nn.Flatten):
                 inp = h
@@ -193,10 +239,16 @@ class StackedModels:
         return self._dense(h, kind, m)
 
     # -- per-example clipping -----------------------------------------------------------------
-    def clipped_sums(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor,
-                     example_losses: Callable[[torch.Tensor, torch.Tensor, slice], torch.Tensor], clip: float,
-                     record: Collection[str] | None = None,
-                     counts: list[int] | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def clipped_sums(
+        self,
+        params: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        example_losses: Callable[[torch.Tensor, torch.Tensor, slice], torch.Tensor],
+        clip: float,
+        record: Collection[str] | None = None,
+        counts: list[int] | None = None,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """``sum_i min(1, clip / ||grad_i||) grad_i`` per model over the layers in ``record`` (all
         parametrised layers by default), and the norms ``(M, B)``.
 
@@ -211,7 +263,9 @@ class StackedModels:
         activations stay in cache. A chunk leaves out the models whose examples have run out.
         """
         m, width = x.shape[:2]
-        record = self.parametrised if record is None else [n for n in self.parametrised if n in record]
+        record = (
+            self.parametrised if record is None else [n for n in self.parametrised if n in record]
+        )
         counts = [width] * m if counts is None else counts
         if len(counts) != m or min(counts) < 0 or max(counts) > width:
             raise ValueError(f"counts must be {m} numbers in [0, {width}]; found {counts}")
@@ -230,10 +284,20 @@ class StackedModels:
                 p = {k: v[models] for k, v in params.items()}
                 bf = {k: v[models] for k, v in buffers.items()}
             # pads among the chunk's examples (of a model whose examples run out within it)
-            keep = (torch.arange(sl.start, sl.stop, device=x.device) < size[models, None]
-                    if min(counts[j] for j in rows) < sl.stop else None)
-            part, n = self._clipped_chunk(p, bf, sub, lambda lo, mo=models, s=sl: example_losses(lo, mo, s),
-                                          clip, record, keep)
+            keep = (
+                torch.arange(sl.start, sl.stop, device=x.device) < size[models, None]
+                if min(counts[j] for j in rows) < sl.stop
+                else None
+            )
+            part, n = self._clipped_chunk(
+                p,
+                bf,
+                sub,
+                lambda lo, mo=models, s=sl: example_losses(lo, mo, s),
+                clip,
+                record,
+                keep,
+            )
             for k, v in part.items():
                 if len(rows) == m:
                     sums[k] = sums[k].add_(v) if k in sums else v
@@ -254,12 +318,24 @@ class StackedModels:
         largest = 0
         for _, layer in self.layers:
             if isinstance(layer, nn.Conv2d):
-                h = F.conv2d(h, torch.empty(layer.weight.shape, device="meta"), None, layer.stride,
-                             layer.padding, layer.dilation)
+                h = F.conv2d(
+                    h,
+                    torch.empty(layer.weight.shape, device="meta"),
+                    None,
+                    layer.stride,
+                    layer.padding,
+                    layer.dilation,
+                )
                 largest = max(largest, h.numel())
             elif isinstance(layer, nn.MaxPool2d):
-                h = F.max_pool2d(h, layer.kernel_size, layer.stride, layer.padding, layer.dilation,
-                                 ceil_mode=layer.ceil_mode)
+                h = F.max_pool2d(
+                    h,
+                    layer.kernel_size,
+                    layer.stride,
+                    layer.padding,
+                    layer.dilation,
+                    ceil_mode=layer.ceil_mode,
+                )
         if not largest:
             return max(1, x.shape[1])
         return max(1, CHUNK_BYTES // (largest * x.element_size() * x.shape[0]))
@@ -277,8 +353,13 @@ class StackedModels:
         per = self._backward(tape, dlogits, params, record)
         return self.clipped_layers(per, clip, keep, params)
 
-    def clipped_layers(self, per: dict[str, tuple], clip: float, keep: torch.Tensor | None,
-                       params: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def clipped_layers(
+        self,
+        per: dict[str, tuple],
+        clip: float,
+        keep: torch.Tensor | None,
+        params: dict[str, torch.Tensor],
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """From each layer's per-example pieces (:meth:`_backward`; also ``("linear_nobias", input,
         output gradient)`` for a linear layer without bias), every example's norm over all the
         layers ``(M, b)`` and the clipped sums ``{parameter name: (M, ...)}``."""
@@ -293,7 +374,9 @@ class StackedModels:
             else:
                 sq += (a.pow(2).sum(-1) + g.pow(2).sum(-1)).transpose(0, 1)
         norms = sq.sqrt()
-        factor = (clip / (norms + self.norm_offset if self.norm_offset else norms.clamp_min(1e-12))).clamp(max=1.0)
+        factor = (
+            clip / (norms + self.norm_offset if self.norm_offset else norms.clamp_min(1e-12))
+        ).clamp(max=1.0)
         if keep is not None:
             norms, factor = torch.where(keep, norms, 0.0), torch.where(keep, factor, 0.0)
         ft = factor.transpose(0, 1)  # (b, M)
@@ -305,12 +388,20 @@ class StackedModels:
                 if kind == "linear":
                     out[f"{name}.bias"] = gc.sum(1)
             else:
-                out[f"{name}.weight"] = torch.einsum("bm,bmx->mx", ft, a).reshape(params[f"{name}.weight"].shape)
+                out[f"{name}.weight"] = torch.einsum("bm,bmx->mx", ft, a).reshape(
+                    params[f"{name}.weight"].shape
+                )
                 out[f"{name}.bias"] = torch.einsum("bm,bmo->mo", ft, g)
         return out, norms
 
-    def _backward(self, tape: list[_Saved], g: torch.Tensor, params, record: list[str],
-                  inject: dict[str, torch.Tensor] | None = None) -> dict[str, tuple]:
+    def _backward(
+        self,
+        tape: list[_Saved],
+        g: torch.Tensor,
+        params,
+        record: list[str],
+        inject: dict[str, torch.Tensor] | None = None,
+    ) -> dict[str, tuple]:
         """From the logits' gradient ``g`` (``(M, B, classes)``), per recorded layer: for a linear
         layer ``("linear", input (M, B, in), output gradient (M, B, out))``, whose per-example
         weight gradients are never formed; for a convolution ``("conv", weight gradients
@@ -326,7 +417,9 @@ class StackedModels:
         """
         aten = torch.ops.aten
         m = g.shape[0]
-        contiguous: dict[int, torch.Tensor] = {}  # a saved tensor in the contiguous layout, made once
+        contiguous: dict[
+            int, torch.Tensor
+        ] = {}  # a saved tensor in the contiguous layout, made once
 
         def plain(t: torch.Tensor) -> torch.Tensor:
             if id(t) not in contiguous:
@@ -337,7 +430,9 @@ class StackedModels:
         out: dict[str, tuple] = {}
         for i in range(len(tape) - 1, first - 1, -1):
             s, layer = tape[i], tape[i].module
-            if len(s.shape) == 4 and g.dim() == 3:  # leaving the dense part: (M, B, F) -> (B, M*C, H, W)
+            if (
+                len(s.shape) == 4 and g.dim() == 3
+            ):  # leaving the dense part: (M, B, F) -> (B, M*C, H, W)
                 g = g.transpose(0, 1).reshape(s.shape)
             if isinstance(layer, nn.Linear):
                 if s.name in record:
@@ -350,32 +445,66 @@ class StackedModels:
                 g = aten.threshold_backward(g, plain(s.tensor), 0)
             elif isinstance(layer, nn.MaxPool2d):
                 g = aten.max_pool2d_with_indices_backward(
-                    g, g.new_empty(s.extra), _pair(layer.kernel_size), _pair(layer.stride),
-                    _pair(layer.padding), _pair(layer.dilation), layer.ceil_mode, plain(s.tensor))
+                    g,
+                    g.new_empty(s.extra),
+                    _pair(layer.kernel_size),
+                    _pair(layer.stride),
+                    _pair(layer.padding),
+                    _pair(layer.dilation),
+                    layer.ceil_mode,
+                    plain(s.tensor),
+                )
             elif isinstance(layer, nn.Conv2d):
                 inp, b = (plain(s.tensor) if s.extra is None else s.extra), s.shape[0]
                 o, c = layer.out_channels, layer.in_channels
                 if s.name in record:  # weight gradients of B * M one-example convolutions
                     per = aten.convolution_backward(
-                        g.view(1, b * m * o, *g.shape[2:]), inp.view(1, b * m * c, *inp.shape[2:]),
-                        inp.new_empty(b * m * o, c, *layer.kernel_size), None, layer.stride, layer.padding,
-                        layer.dilation, False, [0, 0], b * m, [False, True, False])[1]
+                        g.view(1, b * m * o, *g.shape[2:]),
+                        inp.view(1, b * m * c, *inp.shape[2:]),
+                        inp.new_empty(b * m * o, c, *layer.kernel_size),
+                        None,
+                        layer.stride,
+                        layer.padding,
+                        layer.dilation,
+                        False,
+                        [0, 0],
+                        b * m,
+                        [False, True, False],
+                    )[1]
                     out[s.name] = ("conv", per.view(b, m, -1), g.sum((2, 3)).view(b, m, o))
                 if i > first:
                     g = aten.convolution_backward(
-                        g, inp, params[f"{s.name}.weight"].reshape(m * o, c, *layer.kernel_size), None,
-                        layer.stride, layer.padding, layer.dilation, False, [0, 0], m, [True, False, False])[0]
-            elif isinstance(layer, UnitNormalize):  # y = u / |u|: du = (g - y (y . g)) / |u|, 0 where u = 0
+                        g,
+                        inp,
+                        params[f"{s.name}.weight"].reshape(m * o, c, *layer.kernel_size),
+                        None,
+                        layer.stride,
+                        layer.padding,
+                        layer.dilation,
+                        False,
+                        [0, 0],
+                        m,
+                        [True, False, False],
+                    )[0]
+            elif isinstance(
+                layer, UnitNormalize
+            ):  # y = u / |u|: du = (g - y (y . g)) / |u|, 0 where u = 0
                 y, norm = s.tensor, s.extra
-                g = torch.where(norm > 0, (g - y * (y * g).sum(-1, keepdim=True)) / norm.clamp_min(1e-30),
-                                torch.zeros_like(g))
+                g = torch.where(
+                    norm > 0,
+                    (g - y * (y * g).sum(-1, keepdim=True)) / norm.clamp_min(1e-30),
+                    torch.zeros_like(g),
+                )
             # Flatten: the gradient stays (M, B, F) until a grid layer reshapes it
         return out
 
 
-def clipped_sum_one(model: nn.Module, x: torch.Tensor,
-                    example_losses: Callable[[torch.Tensor, slice], torch.Tensor],
-                    clip: float) -> dict[str, torch.Tensor]:
+def clipped_sum_one(
+    model: nn.Module,
+    x: torch.Tensor,
+    example_losses: Callable[[torch.Tensor, slice], torch.Tensor],
+    clip: float,
+) -> dict[str, torch.Tensor]:
     """One model's ``sum_i min(1, clip / ||g_i||) g_i`` over its trainable parameters, ``g_i`` the
     gradient of ``example_losses(logits, s)[i]`` (``logits``: ``(b, classes)`` for the examples
     ``x[s]``, one loss per example).
@@ -390,13 +519,21 @@ def clipped_sum_one(model: nn.Module, x: torch.Tensor,
     for name in stacked.parametrised:
         flags = {named[f"{name}.weight"].requires_grad, named[f"{name}.bias"].requires_grad}
         if len(flags) > 1:
-            raise UnsupportedModelError(f"layer {name}: weight and bias must be both trainable or both frozen")
+            raise UnsupportedModelError(
+                f"layer {name}: weight and bias must be both trainable or both frozen"
+            )
         if flags.pop():
             trainable.append(name)
     if not trainable:
         raise UnsupportedModelError("the model has no trainable parameters")
     params = {k: p.detach().unsqueeze(0).requires_grad_(p.requires_grad) for k, p in named.items()}
     buffers = {k: b.unsqueeze(0) for k, b in model.named_buffers()}
-    sums, _ = stacked.clipped_sums(params, buffers, x.unsqueeze(0),
-                                   lambda lo, _models, s: example_losses(lo[0], s)[None], clip, trainable)
+    sums, _ = stacked.clipped_sums(
+        params,
+        buffers,
+        x.unsqueeze(0),
+        lambda lo, _models, s: example_losses(lo[0], s)[None],
+        clip,
+        trainable,
+    )
     return {k: v[0] for k, v in sums.items()}

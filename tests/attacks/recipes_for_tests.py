@@ -58,12 +58,21 @@ def opacus_dpsgd(x, y, seed):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     loader = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(torch.as_tensor(x), torch.as_tensor(y)), batch_size=64)
-    with warnings.catch_warnings():  # opacus warns about secure RNG being off: a test, not a release
+        torch.utils.data.TensorDataset(torch.as_tensor(x), torch.as_tensor(y)), batch_size=64
+    )
+    with (
+        warnings.catch_warnings()
+    ):  # opacus warns about secure RNG being off: a test, not a release
         warnings.simplefilter("ignore")
         model, opt, loader = PrivacyEngine(accountant="rdp").make_private_with_epsilon(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), data_loader=loader,
-            target_epsilon=DP_EPSILON, target_delta=DP_DELTA, epochs=DP_EPOCHS, max_grad_norm=1.0)
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+            data_loader=loader,
+            target_epsilon=DP_EPSILON,
+            target_delta=DP_DELTA,
+            epochs=DP_EPOCHS,
+            max_grad_norm=1.0,
+        )
         for _ in range(DP_EPOCHS):
             for xb, yb in loader:
                 opt.zero_grad()
@@ -83,7 +92,10 @@ def logreg_losing_its_worker(x, y, seed):
 
     calls = Path(os.environ["PRIVKIT_TEST_KILL_DIR"])
     (calls / f"call-{seed}-{os.getpid()}-{time.time_ns()}").touch()
-    if os.getpid() != int(os.environ["PRIVKIT_TEST_MAIN_PID"]) and len(list(calls.glob("call-*"))) >= 3:
+    if (
+        os.getpid() != int(os.environ["PRIVKIT_TEST_MAIN_PID"])
+        and len(list(calls.glob("call-*"))) >= 3
+    ):
         try:
             os.close(os.open(calls / "killed", os.O_CREAT | os.O_EXCL))
         except FileExistsError:

@@ -60,10 +60,11 @@ def test_process_pool_resubmits_only_the_unfinished_models(calls):
     assert (calls / "killed").exists()  # a worker died mid-audit
     assert pooled == serial  # same scores, bounds and verdict as the serial executor
     # the pool broke once: the killed model and those in flight or queued were resubmitted, the
-    # (at least two) models finished before the kill were kept, and nothing else ran twice
+    # models finished before the kill were kept (at least the first: the third call is the one
+    # that dies, and the second may still be running on the other worker), nothing else ran twice
     seeds = res.design.seeds()
     ran = _calls(calls)
-    assert sorted(ran) == sorted(seeds) and 1 <= len(ex.resubmitted) <= SHADOWS + 1 - 2
+    assert sorted(ran) == sorted(seeds) and 1 <= len(ex.resubmitted) <= SHADOWS + 1 - 1
     resubmitted = {seeds[i] for i in ex.resubmitted}
     assert {s for s, n in ran.items() if n == 2} <= resubmitted and max(ran.values()) == 2
     assert all(ran[s] == 1 for s in seeds if s not in resubmitted)
