@@ -76,9 +76,9 @@ __all__ = [
     "snap_add",
 ]
 
-#: the grid step is ``2**(floor(log2 sigma) - GRID_BITS)``: ``s = sigma / gamma`` lies in
-#: ``[2**24, 2**25)`` (a fixed part of the mechanism's definition)
 GRID_BITS = 24
+"""The grid step is ``2**(floor(log2 sigma) - GRID_BITS)``: ``s = sigma / gamma`` lies in
+``[2**24, 2**25)`` (a fixed part of the mechanism's definition)."""
 _CHUNK = 1 << 16  # draws per pass on the CPU
 _MARGIN = 2.0**-44  # relative margin of the float64 decision (ndtri's error is ~2**-52)
 _Z_BULK = 3.0  # |z| beyond it (0.3% of the draws): the cell's width is computed for each

@@ -30,6 +30,7 @@ PAGES: dict[str, tuple[str, ...]] = {
         "privkit.trainers.batched_sgd",
         "privkit.trainers.dp_sgd_step",
         "privkit.dp_random",
+        "privkit.grid_noise",
         "privkit.pipeline",
         "privkit.audit",
         "privkit.mutations",
