@@ -431,8 +431,26 @@ def build_report(
             note = f"{label}: {v}."
             if k in ("audit_points", "shadows", "bound") and note not in audit_notes:
                 audit_notes.append(note)
+    # a Flower app accounted by privkit.flower.Accounted records client-level events (one client's
+    # whole update, Flower's central DP); privkit's own methods record record-level ones
+    client_level = sorted(m.name for m in methods if m.method == "flower")
+    unit_text = (
+        {"unit": "one client's whole data (client-level DP: Flower's central DP, per client)"}
+        if client_level and len(client_level) == len(methods)
+        else {}
+    )
+    level_text = (
+        f"Client-level (user-level) epsilons for {', '.join(client_level)} (Flower's central DP: a "
+        "client's whole update is the unit); every other epsilon is per client and record-level."
+        if client_level
+        else "Every epsilon is per client and record-level: the worst client's guarantee is the "
+        "headline; client-level (user-level) privacy is not claimed."
+    )
     threat = ThreatModel(
-        neighbouring=_neighbouring_text(relations),
+        **unit_text,
+        neighbouring=_neighbouring_text(relations).replace(
+            "one record", "one client's data" if unit_text else "one record"
+        ),
         delta=delta,
         mechanism_audit=mechanism_threat_text(methods),
         accountants=[*resolved.get("accountants", ACCOUNTANTS), "best"],
@@ -440,8 +458,7 @@ def build_report(
         shadows=audit_cfg.get("shadows") if audit_cfg.get("enabled", True) else None,
         confidence=confidences.pop() if len(confidences) == 1 else None,
         assumptions=[
-            "Every epsilon is per client and record-level: the worst client's guarantee is the "
-            "headline; client-level (user-level) privacy is not claimed.",
+            level_text,
             "The server, the public/auxiliary data and the test set are not private; only the "
             "clients' records are protected.",
             "Accounted epsilons are upper bounds from the mechanisms recorded in each method's "

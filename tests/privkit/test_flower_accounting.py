@@ -146,7 +146,11 @@ def test_client_side_fixed_clipping_equals_direct_accounting(tmp_path):
     assert json.loads(res.output)["worst"]["rdp"] == pytest.approx(direct[1], rel=1e-9)
     res = CliRunner().invoke(cli, ["report", str(tmp_path), "--rebuild"])
     assert res.exit_code == 0, res.output
-    assert "app" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "app" in report
+    # the report states the unit the ledger accounts: a client's whole data, not one record
+    assert "Guarantee unit: one client's whole data (client-level DP" in report
+    assert "replace one client's data (replace_one)" in report and "record-level: the" not in report
 
 
 def test_unclipped_updates_are_recorded_non_private(tmp_path):
