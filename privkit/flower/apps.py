@@ -23,6 +23,7 @@ import json
 import pickle
 import re
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -114,7 +115,7 @@ def _model_from(task, record):
 
 
 # ----------------------------------------------------------------------------- server side: ports
-class Port:
+class Port(ABC):
     """One privkit run seen from the ServerApp: which clients take part next, what each is sent,
     and what the server does with their replies. The in-process trainer's run object does the work."""
 
@@ -122,18 +123,21 @@ class Port:
     federation: Any
     path: str = ""
 
+    @abstractmethod
     def next_round(self) -> list[int] | None:
-        raise NotImplementedError
+        """The clients of the next round, or None when the run has ended."""
 
+    @abstractmethod
     def task(self, k: int) -> tuple[dict, dict, dict]:
         """(config, model arrays, extra arrays) for client ``k`` this round."""
-        raise NotImplementedError
 
+    @abstractmethod
     def finish_round(self, replies: dict[int, tuple[dict, dict]]) -> None:
-        raise NotImplementedError
+        """The server's side of the round, from each client's (metrics, arrays) reply."""
 
+    @abstractmethod
     def result(self):
-        raise NotImplementedError
+        """The run's :class:`~privkit.trainers.TrainResult` once it has ended."""
 
     @property
     def rounds_total(self) -> int:
