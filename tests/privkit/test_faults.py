@@ -178,6 +178,31 @@ def test_second_run_and_train_on_a_directory_in_use_fail_at_once(tmp_path):
 
 
 # ---------------------------------------------------------------------------- full / read-only disk
+def test_a_write_that_runs_out_of_space_is_one_line_and_keeps_the_old_file(tmp_path, monkeypatch):
+    """Without a mount: the file system fails the new version's write with ENOSPC (EROFS alike);
+    the error names the file and the cause, the old version stays in place and verifies."""
+    import errno
+
+    from privkit.pipeline import files
+
+    target = tmp_path / "ledger.json"
+    files.write_json(target, {"v": 1})
+    before = target.read_bytes()
+    for code, words in ((errno.ENOSPC, "no space left on device"), (errno.EROFS, "read-only")):
+
+        def refuse(fd, *_a, code=code):
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(files.os, "fsync", refuse)
+        with pytest.raises(files.StorageError) as err:
+            files.write_json(target, {"v": 2})
+        monkeypatch.undo()
+        message = str(err.value)
+        assert "\n" not in message and str(target) in message and words in message
+        assert target.read_bytes() == before and files.read_json(target) == {"v": 1}
+        assert not list(tmp_path.glob(".ledger.json.*.tmp"))  # no half-written file left behind
+
+
 @pytest.fixture()
 def small_fs(tmp_path):
     """A 4 MiB tmpfs (root only; skipped with the reason elsewhere)."""
