@@ -103,28 +103,27 @@ class ChaChaStream:
         """The next ``n_blocks`` blocks' output words, ``(16, n_blocks)`` int64 in [0, 2**32)."""
         if n_blocks < 0:
             raise ValueError(f"n_blocks must be >= 0; found {n_blocks}")
-        if self.counter + n_blocks >= 2**64:
-            raise OverflowError("ChaCha20 stream exhausted (2**64 blocks); start a new stream")
-        ctr = (
-            torch.arange(
-                self.counter, self.counter + n_blocks, dtype=torch.int64, device=self.device
-            )
-            if self.counter + n_blocks < 2**63
-            else None
+        # counters are int64 on the device: 2**63 blocks (5e20 bytes) is the stream's end
+        if self.counter + n_blocks >= 2**63:
+            raise OverflowError("ChaCha20 stream exhausted (2**63 blocks); start a new stream")
+        ctr = torch.arange(
+            self.counter, self.counter + n_blocks, dtype=torch.int64, device=self.device
         )
-        if ctr is None:  # beyond int64: practically never (2**63 blocks is 5e20 bytes)
-            raise OverflowError("ChaCha20 stream beyond 2**63 blocks; start a new stream")
         self.counter += n_blocks
         state = torch.zeros(4, n_blocks, dtype=torch.int64, device=self.device)
         state[0] = ctr & _MASK
         state[1] = ctr >> 32
         return chacha20_blocks(self._key, state)
 
+    def bits53(self, n: int) -> torch.Tensor:
+        """``n`` independent uniform integers in ``[0, 2**53)`` (int64; two 32-bit words each)."""
+        w = self.words(-(-n // 8)).t().reshape(-1, 2)[:n]  # 8 draws per 16-word block
+        return (w[:, 0] << 21) | (w[:, 1] >> 11)  # 32 + 21 = 53 bits
+
     def uniform53(self, n: int) -> torch.Tensor:
         """``n`` uniforms on (0, 1) in float64: 53 random bits each, centred in their cells so that
-        neither 0 nor 1 occurs (two 32-bit words per uniform)."""
-        w = self.words(-(-n // 8)).t().reshape(-1, 2)[:n]  # 8 uniforms per 16-word block
-        bits = (w[:, 0] << 21) | (w[:, 1] >> 11)  # 32 + 21 = 53 bits
+        neither 0 nor 1 occurs."""
+        bits = self.bits53(n)
         return (bits.to(torch.float64) + 0.5) / _TWO_POW_53
 
     def normal(self, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -122,8 +122,7 @@ class WordBits:
         self.stream = stream
 
     def bits53(self, n: int) -> torch.Tensor:
-        w = self.stream.words(-(-n // 8)).t().reshape(-1, 2)[:n]  # 8 draws per 16-word block
-        return ((w[:, 0] << 21) | (w[:, 1] >> 11)).to(torch.float64)  # 32 + 21 bits
+        return self.stream.bits53(n).to(torch.float64)
 
     def bits64(self) -> int:
         w = self.stream.words(1)[:2, 0].tolist()
