@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from privkit.data import load_dataset
-from privkit.models import model_spec
+from privkit.models import build_from_spec, model_spec
 from privkit.trainers import stacked
 from privkit.trainers.batched_sgd import SGDRecipe, train_many, train_one
 
@@ -194,7 +194,7 @@ def main() -> None:
     # the profiler slows every operator down; its shares, scaled to the unprofiled run's time
     scale = statistics.median(batches) / sum(by_kind.values())
     by_kind = {k: v * scale for k, v in by_kind.items()}
-    model = __import__("privkit.models", fromlist=["build_from_spec"]).build_from_spec(spec)
+    model = build_from_spec(spec)
     per_example = conv_flops_per_example(model, tuple(ds.input_shape))
     flops = {k: v * examples[0] for k, v in per_example.items()}
     ceil = ceilings(model, tuple(ds.input_shape))
