@@ -144,6 +144,34 @@ def client_update(
     return s.detach(), lab.detach(), eta.detach(), last
 
 
+def round_updates(
+    model: torch.nn.Module,
+    init: dict[str, torch.Tensor],
+    samples: torch.Tensor,
+    label_logits: torch.Tensor,
+    rates: torch.Tensor,
+    clients: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    config: FlipConfig,
+    lr: float,
+    seeds: Sequence[int],
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]:
+    """:func:`client_update` of every client of a round (``(x, y)`` and seed each), in order.
+
+    privkit's MLP takes the rank-one form, all clients at once
+    (:mod:`privkit.trainers.flip_rank_one`: the same updates up to rounding, an order of magnitude
+    faster); other models run :func:`client_update` one client after the other."""
+    from privkit.trainers import flip_rank_one
+
+    if flip_rank_one.mlp_linear_names(model) is not None:
+        return flip_rank_one.client_updates(
+            model, init, samples, label_logits, rates, clients, config, lr, seeds
+        )
+    return [
+        client_update(model, init, samples, label_logits, rates, x, y, config, lr, s)
+        for (x, y), s in zip(clients, seeds)
+    ]
+
+
 def aggregate(
     uploads: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -245,15 +273,12 @@ def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False
         iterator = track(iterator, description="flip")
     for t in iterator:
         lr = config.distill_lr * config.lr_decay ** ((t - 1) // config.lr_decay_every)
-        uploads = {}
-        losses = []
-        for i in active:
-            x, y = data[i]
-            s_i, l_i, e_i, loss = client_update(
-                model, init, S, L, eta, x, y, config, lr, derive_seed(seed, f"flip-client-{i}-{t}")
-            )
-            uploads[i] = (s_i, l_i, e_i)
-            losses.append(loss)
+        seeds = [derive_seed(seed, f"flip-client-{i}-{t}") for i in active]
+        updates = round_updates(
+            model, init, S, L, eta, [data[i] for i in active], config, lr, seeds
+        )
+        uploads = {i: u[:3] for i, u in zip(active, updates)}
+        losses = [u[3] for u in updates]
         S, L, eta = aggregate(list(uploads.values()))
         final_model(eval_model, init, S, L, eta)
         acc = accuracy(eval_model, xt, yt, device, config.eval_batch_size)

@@ -155,6 +155,98 @@ def test_client_update_lowers_raw_loss():
     assert after < before - 0.1
 
 
+# ----------------------------------------------------------------------------- the rank-one form
+def _mlp(d: int, c: int, depth: int, seed: int) -> nn.Module:
+    from privkit.models import build_model
+
+    torch.manual_seed(seed)
+    return build_model("mlp", (1, 1, d), c, feature_dim=6, depth=depth).double()
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_rank_one_unroll_equals_the_autograd_unroll_weights_and_gradients(depth):
+    """Three clients' unrolls at once (float64): the unrolled weights, the raw loss and its
+    gradients with respect to samples, label logits and rates equal the generic unroll's."""
+    from privkit.trainers import flip_rank_one
+
+    d, c, K, C = 7, 4, 5, 3
+    model = _mlp(d, c, depth, seed=depth)
+    init = flip.initial_params(model)
+    names = flip_rank_one.mlp_linear_names(model)
+    assert names is not None and len(names) == depth + 1
+    layers = [(init[w], init[b]) for w, b in names]
+    probs = [_problem(d, c, K=K, B=9, seed=10 + i) for i in range(C)]
+    leaves = [
+        torch.stack([p[k].reshape(K, 1, 1, d) if k == 0 else p[k] for p in probs]).requires_grad_(
+            True
+        )
+        for k in range(3)
+    ]
+    x = torch.stack([p[3] for p in probs])
+    y = torch.stack([p[4] for p in probs])
+    eta = flip.rates_from_raw(leaves[2], 0.0, 10.0)
+    hist = flip_rank_one.unroll(layers, leaves[0].reshape(C, K, d), F.softmax(leaves[1], -1), eta)
+    out = flip_rank_one.logits(layers, hist, x)
+    losses = F.cross_entropy(out.flatten(0, 1), y.flatten(), reduction="none").view(C, -1).mean(1)
+    losses.sum().backward()
+    unrolled = flip_rank_one.weights(layers, hist)
+    for i in range(C):
+        ref = [
+            t.detach().clone().requires_grad_(True)
+            for t in (leaves[0][i], leaves[1][i], leaves[2][i])
+        ]
+        theta = flip.unroll(model, init, ref[0], ref[1], flip.rates_from_raw(ref[2], 0.0, 10.0))
+        for (w, b), (W, B) in zip(names, unrolled):
+            torch.testing.assert_close(W[i], theta[w], rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(B[i], theta[b], rtol=1e-12, atol=1e-12)
+        loss = flip.raw_loss(model, theta, x[i].view(-1, 1, 1, d), y[i])
+        torch.testing.assert_close(losses[i], loss, rtol=1e-12, atol=1e-12)
+        loss.backward()
+        for leaf, r in zip(leaves, ref):
+            torch.testing.assert_close(leaf.grad[i], r.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_rank_one_client_updates_equal_one_client_at_a_time():
+    """Clients of unequal size (two lockstep groups: one and two batches per epoch, padded last
+    batches) get, in float64, the uploads and losses of client_update run one by one."""
+    from privkit.trainers import flip_rank_one
+
+    d, c = 6, 3
+    model = _mlp(d, c, 1, seed=0)
+    init = flip.initial_params(model)
+    cfg = flip.FlipConfig(k=2, local_epochs=3, batch_size=16, distill_lr=0.05)
+    S, L, E = (
+        t.double() for t in flip.initial_distilled(2, c, (1, 1, d), cfg, 0, torch.device("cpu"))
+    )
+    g = torch.Generator().manual_seed(1)
+    clients = []
+    for n in (16, 9, 25, 30):
+        x = torch.randn(n, 1, 1, d, generator=g, dtype=torch.float64)
+        clients.append((x, torch.randint(0, c, (n,), generator=g)))
+    seeds = [11, 12, 13, 14]
+    got = flip_rank_one.client_updates(model, init, S, L, E, clients, cfg, 0.05, seeds)
+    for (x, y), seed, (s2, l2, e2, loss2) in zip(clients, seeds, got):
+        s1, l1, e1, loss1 = flip.client_update(model, init, S, L, E, x, y, cfg, 0.05, seed)
+        torch.testing.assert_close(s2, s1, rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(l2, l1, rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(e2, e1, rtol=1e-9, atol=1e-11)
+        assert loss2 == pytest.approx(loss1, rel=1e-9)
+        assert not torch.equal(s2, S)  # the samples moved
+
+
+def test_rank_one_form_applies_to_the_mlp_only():
+    from privkit.models import build_model
+    from privkit.trainers import flip_rank_one
+
+    assert flip_rank_one.mlp_linear_names(build_model("cnn", (1, 28, 28), 10)) is None
+    normalized = build_model("mlp", (1, 28, 28), 10, normalize=True)
+    assert flip_rank_one.mlp_linear_names(normalized) is None
+    assert flip_rank_one.mlp_linear_names(build_model("mlp", (1, 28, 28), 10)) == [
+        ("features.1.weight", "features.1.bias"),
+        ("head.weight", "head.bias"),
+    ]
+
+
 # ----------------------------------------------------------------------------- the trainer
 def test_flip_run_ledger_artifacts_and_determinism(fed):
     a = train("flip", fed, TINY, seed=5)

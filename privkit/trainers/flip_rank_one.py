@@ -1,0 +1,216 @@
+"""FLiP's client updates for MLPs: every client of a round at once, the unroll in rank-one form.
+
+**Why.**  FLiP's unroll (:func:`privkit.trainers.flip.unroll`) takes K single-sample SGD steps and
+differentiates through them. Written with ``autograd.grad(create_graph=True)`` on one client at a
+time, each step forms a new copy of every weight matrix (784 x 32 for the first layer of an MNIST
+MLP) and the outer backward differentiates twice through each copy: a quick FLiP run spent 90% of
+its time in autograd on tiny tensors, and its audit (17 runs one after the other) was the demo's
+longest stage.
+
+**The form.**  One SGD step on one sample changes a linear layer by a rank-one matrix. With
+``a_{l-1}`` the layer's input and ``delta_l`` the error back-propagated to its output,
+``W_l <- W_l - eta * delta_l a_{l-1}^T`` and ``b_l <- b_l - eta * delta_l``. After ``j`` steps::
+
+    W_l^(j) v   = W_l^(0) v   - D_l^T (A_{l-1} v + 1)        (bias included)
+    W_l^(j)^T u = W_l^(0)^T u - A_{l-1}^T (D_l u)
+
+with ``A_{l-1}`` (j x in) the inputs the layer saw and ``D_l`` (j x out) the scaled errors
+``eta_i * delta_{l,i}``. The unroll keeps ``A`` and ``D`` (K rows per layer) and never forms an
+updated weight matrix. The errors are written out (softmax cross-entropy's ``softmax(z) * sum(q) -
+q``, ReLU's indicator), so the gradient of the raw-data loss with respect to the samples, label
+logits and rates is one first-order backward through explicit tensor operations; autograd's double
+backward in the generic unroll computes the same derivatives.
+
+**Clients together.**  Every tensor carries a leading client axis: the clients of a round start
+from the same distilled data and update it independently, so they step in lockstep, each on its own
+raw batch (padded and masked to the longest), each with its own Adam state (Adam is elementwise).
+Clients with a different number of batches per epoch form separate lockstep groups.
+
+The result equals the per-client generic path up to floating-point rounding (checked in float64 by
+``tests/privkit/test_flip.py``: weights, gradients and client updates). It applies to privkit's
+``mlp`` architecture (Flatten, then Linear and ReLU layers, then the Linear head); other models
+keep the generic path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privkit.seeding import torch_generator
+from privkit.trainers.common import minibatches
+from privkit.trainers.flip import rates_from_raw, raw_from_rates
+
+History = list[tuple[torch.Tensor, torch.Tensor]]
+"""Per layer ``(A, D)``: the inputs ``(C, K, in)`` and scaled errors ``(C, K, out)`` of the steps."""
+
+
+def mlp_linear_names(model: nn.Module) -> list[tuple[str, str]] | None:
+    """``[(weight name, bias name), ...]`` of the linear layers in order when ``model`` is privkit's
+    MLP (``features`` = Flatten, then Linear/ReLU pairs; ``head`` = Linear), else ``None``."""
+    features, head = getattr(model, "features", None), getattr(model, "head", None)
+    if not isinstance(features, nn.Sequential) or type(head) is not nn.Linear:
+        return None
+    layers = list(features)
+    if not layers or type(layers[0]) is not nn.Flatten or len(layers) % 2 != 1:
+        return None
+    names = []
+    for i in range(1, len(layers), 2):
+        if type(layers[i]) is not nn.Linear or type(layers[i + 1]) is not nn.ReLU:
+            return None
+        names.append((f"features.{i}.weight", f"features.{i}.bias"))
+    if any(layer.bias is None for layer in (*layers[1::2], head)):
+        return None
+    return [*names, ("head.weight", "head.bias")]
+
+
+def _apply(W, b, A, D, a):
+    """``W^(j) a + b^(j)`` for inputs ``a`` (C, N, in), histories ``A`` (C, j, in), ``D`` (C, j, out)."""
+    z = a @ W.T + b
+    if A is None:
+        return z
+    return z - (a @ A.transpose(1, 2) + 1.0) @ D
+
+
+def _apply_transposed(W, A, D, u):
+    """``W^(j)^T u`` for errors ``u`` (C, out)."""
+    back = u @ W
+    if A is None:
+        return back
+    return back - ((D @ u.unsqueeze(-1)).transpose(1, 2) @ A).squeeze(1)
+
+
+def unroll(
+    layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    samples: torch.Tensor,
+    targets: torch.Tensor,
+    rates: torch.Tensor,
+) -> History:
+    """K single-sample SGD steps from ``layers`` (``(W, b)`` of each linear layer, shared by the
+    clients) through ``samples`` (C, K, d) with soft labels ``targets`` (C, K, classes, summing to 1)
+    and rates (C, K); differentiable in all three."""
+    count = len(layers)
+    hist: list[tuple[torch.Tensor | None, torch.Tensor | None]] = [(None, None)] * count
+    for j in range(samples.shape[1]):
+        a, inputs, pre = samples[:, j : j + 1], [], []
+        for idx, (W, b) in enumerate(layers):  # the forward pass at theta_(j-1)
+            inputs.append(a)
+            z = _apply(W, b, *hist[idx], a)
+            pre.append(z)
+            a = torch.relu(z) if idx < count - 1 else z
+        q = targets[:, j]
+        # d/dz of -sum_c q_c log softmax(z)_c, as autograd's log_softmax backward computes it
+        delta = torch.softmax(pre[-1][:, 0], -1) * q.sum(-1, keepdim=True) - q
+        eta = rates[:, j : j + 1]
+        steps = [None] * count
+        for idx in range(count - 1, -1, -1):  # the backward pass, also at theta_(j-1)
+            steps[idx] = eta * delta
+            if idx:
+                W = layers[idx][0]
+                delta = _apply_transposed(W, *hist[idx], delta) * (pre[idx - 1][:, 0] > 0)
+        hist = [
+            (
+                inputs[i] if A is None else torch.cat([A, inputs[i]], 1),
+                steps[i].unsqueeze(1) if D is None else torch.cat([D, steps[i].unsqueeze(1)], 1),
+            )
+            for i, (A, D) in enumerate(hist)
+        ]
+    return hist  # type: ignore[return-value]
+
+
+def logits(
+    layers: Sequence[tuple[torch.Tensor, torch.Tensor]], hist: History, x: torch.Tensor
+) -> torch.Tensor:
+    """The unrolled models' logits on ``x`` (C, N, d): client c's model on its own rows."""
+    a = x
+    for idx, ((W, b), (A, D)) in enumerate(zip(layers, hist)):
+        a = _apply(W, b, A, D, a)
+        if idx < len(layers) - 1:
+            a = torch.relu(a)
+    return a
+
+
+def weights(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], hist: History) -> list:
+    """The unrolled models' ``(W, b)`` per layer, with a client axis (for tests and inspection)."""
+    return [
+        (W - D.transpose(1, 2) @ A, b - D.sum(1))
+        for (W, b), (A, D) in zip(layers, hist, strict=True)
+    ]
+
+
+def client_updates(
+    model: nn.Module,
+    init: dict[str, torch.Tensor],
+    samples: torch.Tensor,
+    label_logits: torch.Tensor,
+    rates: torch.Tensor,
+    clients: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    config,
+    lr: float,
+    seeds: Sequence[int],
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]:
+    """Algorithm 1's local procedure for every client in ``clients`` (``(x, y)`` each, at least one
+    record), as :func:`privkit.trainers.flip.client_update` runs it for one: the same batches (the
+    client's seed), the same Adam, the same returns, in the same order."""
+    names = mlp_linear_names(model)
+    if names is None:
+        raise ValueError("client_updates needs privkit's mlp architecture")
+    layers = [(init[w], init[b]) for w, b in names]
+    batches = [-(-len(y) // config.batch_size) for _, y in clients]
+    out: list = [None] * len(clients)
+    for count in sorted(set(batches)):
+        group = [i for i, n in enumerate(batches) if n == count]
+        members = [clients[i] for i in group]
+        results = _lockstep(
+            layers, samples, label_logits, rates, members, config, lr, [seeds[i] for i in group]
+        )
+        for i, r in zip(group, results):
+            out[i] = r
+    return out
+
+
+def _lockstep(layers, samples, label_logits, rates, clients, config, lr, seeds):
+    """Clients with the same number of batches per epoch, stacked along a client axis."""
+    C = len(clients)
+    s = samples.detach().unsqueeze(0).repeat(C, *[1] * samples.dim()).requires_grad_(True)
+    lab = label_logits.detach().unsqueeze(0).repeat(C, 1, 1).requires_grad_(True)
+    rho = raw_from_rates(rates.detach()).unsqueeze(0).repeat(C, 1).requires_grad_(True)
+    opt = torch.optim.Adam([s, lab, rho], lr=lr, betas=(config.adam_beta1, config.adam_beta2))
+    gens = [torch_generator(seed) for seed in seeds]
+    flat = [x.reshape(len(x), -1) for x, _ in clients]
+    last = torch.full((C,), float("nan"))
+    for _ in range(config.local_epochs):
+        epoch = [
+            list(minibatches(len(y), config.batch_size, g)) for (_, y), g in zip(clients, gens)
+        ]
+        for b in range(len(epoch[0])):
+            x, y, mask = _padded([(flat[c], clients[c][1], epoch[c][b]) for c in range(C)])
+            eta = rates_from_raw(rho, config.min_rate, config.max_rate)
+            hist = unroll(layers, s.reshape(C, s.shape[1], -1), F.softmax(lab, dim=-1), eta)
+            out = logits(layers, hist, x)
+            rows = F.cross_entropy(out.flatten(0, 1), y.flatten(), reduction="none")
+            per_client = (rows.view(C, -1) * mask).sum(1) / mask.sum(1)
+            opt.zero_grad(set_to_none=True)
+            per_client.sum().backward()  # clients' parameters are disjoint: each gets its own
+            opt.step()
+            last = per_client.detach()
+    eta = rates_from_raw(rho, config.min_rate, config.max_rate).detach()
+    return [(s[c].detach(), lab[c].detach(), eta[c], float(last[c])) for c in range(C)]
+
+
+def _padded(parts):
+    """Each client's batch ``x[idx]``, ``y[idx]`` padded to the longest, with a 0/1 row mask."""
+    n = max(len(idx) for _, _, idx in parts)
+    x0, y0 = parts[0][0], parts[0][1]
+    x = x0.new_zeros((len(parts), n, x0.shape[1]))
+    y = y0.new_zeros((len(parts), n))
+    mask = x0.new_zeros((len(parts), n))
+    for c, (xc, yc, idx) in enumerate(parts):
+        idx = idx.to(xc.device)
+        x[c, : len(idx)] = xc[idx]
+        y[c, : len(idx)] = yc[idx]
+        mask[c, : len(idx)] = 1.0
+    return x, y, mask
