@@ -63,6 +63,14 @@ class MentorMentee(nn.Module):
         self.mentor, self.mentee = mentor, mentee
         self.w_h = nn.Linear(mentee.feature_dim, mentor.feature_dim, bias=False)
 
+    def stacked_form(self, n_models: int):
+        """``n_models`` pairs of this architecture as stacked tensors, with per-example joint
+        clipping (:class:`privkit.trainers.many_dpfed.StackedPairs`): what a DP-SGD step of one
+        pair (``n_models=1``) or of many uses instead of ``torch.func`` per-example gradients."""
+        from privkit.trainers.many_dpfed import StackedPairs
+
+        return StackedPairs(self, n_models)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h_t, h_s = self.mentor.features(x), self.mentee.features(x)
         return torch.cat([self.mentor.head(h_t), self.mentee.head(h_s), h_t, self.w_h(h_s)], dim=1)

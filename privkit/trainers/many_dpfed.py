@@ -11,9 +11,9 @@ temperature. The states go back to each run in its sampled order.
 
 FedKD+DP (:class:`~privkit.trainers.fedkd.FedKdRun`) runs the same way on each sampled client's
 mentor-mentee pair: :class:`StackedPairs` gives the joint per-example norms of mentor, mentee and
-``W_h`` from each layer's inputs and output gradients (the single run forms each record's joint
-gradient with ``torch.func``), the loss reading the mentor's and the projected mentee's features
-as well as both models' logits.
+``W_h`` from each layer's inputs and output gradients (the single run uses the same class with one
+model, through ``MentorMentee.stacked_form``), the loss reading the mentor's and the projected
+mentee's features as well as both models' logits.
 """
 
 from __future__ import annotations

@@ -510,14 +510,19 @@ def clipped_sum_one(
     ``x[s]``, one loss per example).
 
     Frozen layers (``requires_grad`` off) take no part in the norms, as with ``torch.func``
-    per-example gradients of the trainable parameters. A model :class:`StackedModels` does not
-    support, or a layer with only some parameters trainable, is a ``ValueError``.
+    per-example gradients of the trainable parameters. A model with a ``stacked_form(n_models)``
+    method (FedKD's mentor-mentee pair) is computed by the stacked form it returns. A model
+    :class:`StackedModels` does not support, or a layer with only some parameters trainable, is a
+    ``ValueError``.
     """
-    stacked = StackedModels(model, 1)
+    form = getattr(model, "stacked_form", None)  # a composite model's own stacked form
+    stacked = form(1) if callable(form) else StackedModels(model, 1)
     named = dict(model.named_parameters())
     trainable = []
     for name in stacked.parametrised:
-        flags = {named[f"{name}.weight"].requires_grad, named[f"{name}.bias"].requires_grad}
+        flags = {
+            named[f"{name}.{p}"].requires_grad for p in ("weight", "bias") if f"{name}.{p}" in named
+        }
         if len(flags) > 1:
             raise UnsupportedModelError(
                 f"layer {name}: weight and bias must be both trainable or both frozen"

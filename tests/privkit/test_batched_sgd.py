@@ -462,3 +462,28 @@ def test_unsupported_model_falls_back_but_a_bug_propagates(monkeypatch):
     monkeypatch.setattr(stacked, "clipped_sum_one", broken)
     with pytest.raises(ValueError, match="a bug in the fast path"):
         dp_sgd_step.clipped_gradient_sum(plain, x, y, loss, 0.5)
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_mentor_mentee_pair_clipped_sum_equals_torch_func(hidden, monkeypatch):
+    """FedKD's pair (mentor, mentee and W_h clipped jointly) takes its stacked form with one model
+    in a DP-SGD step: torch.func's clipped per-example gradients of the whole pair."""
+    from privkit.trainers import dp_sgd_step
+    from privkit.trainers.fedkd import MentorMentee, mutual_loss
+
+    torch.manual_seed(3)
+    pair = MentorMentee(
+        build_model("mlp", (1, 8, 8), 4, feature_dim=12, depth=2),
+        build_model("cnn", (1, 8, 8), 4, width=3, feature_dim=6),
+    )
+    loss = mutual_loss(4, hidden)
+    x, y = torch.randn(11, 1, 8, 8), torch.randint(0, 4, (11,))
+    per = dp_sgd_step.per_sample_gradients(pair, x, y, loss)
+    clip = dp_sgd_step.clip_per_sample(per, 1.0)[1].median().item()
+    clipped, norms = dp_sgd_step.clip_per_sample(per, clip)
+    assert (norms > clip).any() and (norms < clip).any()
+    monkeypatch.setattr(dp_sgd_step, "per_sample_gradients", None)  # no torch.func fallback
+    got = dp_sgd_step.clipped_gradient_sum(pair, x, y, loss, clip)
+    assert set(got) == set(clipped) and "w_h.weight" in got
+    for k, g in clipped.items():
+        torch.testing.assert_close(got[k], g.sum(0), rtol=1e-4, atol=1e-6)
