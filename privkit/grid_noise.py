@@ -234,7 +234,10 @@ def _draws(scale: float, n: int, bits: BitSource, margin: float) -> torch.Tensor
         near = ~(off < 0.5 - width - margin * (size[rest] + 1.0)) | ~(width < 2.0**-10)
         idx = rest[near]
         if len(idx):
-            settled = [_settle(int(c), scale, bits) for c in u[idx].tolist()]  # exact integers
+            settled = [  # exact integers; the float k, when finite, is a guess within one of it
+                _settle(int(c), scale, bits, guess)
+                for c, guess in zip(u[idx].tolist(), k[idx].tolist())
+            ]
             k[idx] = torch.tensor(settled, dtype=torch.float64, device=k.device)
     return k
 
@@ -246,14 +249,16 @@ def _false_at(mask: torch.Tensor) -> torch.Tensor:
     return torch.nonzero(~mask).flatten()
 
 
-def _settle(cell: int, scale: float, bits: BitSource) -> int:
+def _settle(cell: int, scale: float, bits: BitSource, guess: float = math.nan) -> int:
     """The integer ``k`` whose interval ``(Phi((k - 1/2) / s), Phi((k + 1/2) / s)]`` holds ``U``,
     where ``U`` lies in ``[cell, cell + 1) * 2**-53``, exactly: more bits of ``U`` are drawn while a
-    boundary lies inside its cell."""
+    boundary lies inside its cell. ``guess`` (the float64 estimate) only sets where the search
+    starts: the comparisons below move ``k`` to the right integer from any start; without a finite
+    guess it starts from mpmath's ``erfinv`` (slower: a root search)."""
     import mpmath as mp
 
     width = 53
-    k = None
+    k = int(guess) if math.isfinite(guess) else None
     while True:
         with mp.workprec(width + 80):
             lo = mp.mpf(cell) / mp.mpf(2) ** width
@@ -274,6 +279,7 @@ def _settle(cell: int, scale: float, bits: BitSource) -> int:
             else:  # a boundary inside the cell: read 64 more bits of U
                 cell = (cell << 64) | bits.bits64()
                 width += 64
+                k = None  # the narrower cell's own estimate (a wide tail cell spans many integers)
 
 
 def snap_add(clean: torch.Tensor, k: torch.Tensor, gamma: float) -> torch.Tensor:

@@ -172,9 +172,15 @@ def _grid_noise(
     """Release mode: every parameter of one release on one grid (its dimension is all of them)."""
     from privkit.grid_noise import Grid, grid_release
 
-    grid = Grid.for_release(std, sensitivity, sum(t.numel() for t in total.values()))
-    bits = source.bits()
-    return {k: grid_release(total[k], grid, bits) for k in sorted(total)}
+    names = sorted(total)
+    # one release, one vector: a few long draws instead of one short draw per parameter tensor
+    flat = torch.cat([total[k].reshape(-1) for k in names])
+    released = grid_release(flat, Grid.for_release(std, sensitivity, flat.numel()), source.bits())
+    out, at = {}, 0
+    for k in names:
+        out[k] = released[at : at + total[k].numel()].view_as(total[k])
+        at += total[k].numel()
+    return out
 
 
 @dataclass(frozen=True)

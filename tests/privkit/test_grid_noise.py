@@ -291,3 +291,17 @@ def test_release_mode_ledgers_equal_reproducible_ones():
     for d in (ra, rb):
         d.pop("reproducible_noise"), d.pop("noise", None)
     assert ra == rb
+
+
+@pytest.mark.parametrize("scale", [3.0, 2.0**24 + 0.5])
+def test_settle_ends_on_the_same_integer_from_any_start(scale):
+    """The float64 estimate only sets where the exact search starts: from mpmath's erfinv (no
+    guess), from the estimate, or from integers several steps away, the same k comes out."""
+    from privkit.grid_noise import _settle
+
+    rng = np.random.default_rng(7)
+    for cell in rng.integers(0, 2**53, size=6, dtype=np.int64).tolist():
+        src = _bits(8)
+        k = _settle(int(cell), scale, src)
+        for guess in (float(k), float(k + 4), float(k - 3), math.inf):
+            assert _settle(int(cell), scale, src, guess) == k
