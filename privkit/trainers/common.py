@@ -4,6 +4,7 @@ parameter averaging. Methods compose these; they do not write their own loops fo
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -81,6 +82,28 @@ def train_supervised(
     )
     opt = opt or make_optimizer(trainable, optimizer, lr)
     xt, yt = as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long)
+    with _channels_last(model, xt) as xt:
+        return _epochs(model, xt, yt, opt, epochs, batch_size, device, seed, extra_loss)
+
+
+@contextlib.contextmanager
+def _channels_last(model: nn.Module, x: torch.Tensor):
+    """A convolutional model and its images in channels-last layout while it trains, back to the
+    default layout after: on the CPU, max-pooling in the default layout is slower than the
+    convolution before it (10x: 4.4 ms against 0.47 ms a batch of 64 16-channel 28x28 maps), and a
+    quickstart CNN step takes 1.5x less time. Other models are left alone."""
+    if x.dim() != 4 or not any(isinstance(m, nn.Conv2d) for m in model.modules()):
+        yield x
+        return
+    model.to(memory_format=torch.channels_last)
+    try:
+        yield x.contiguous(memory_format=torch.channels_last)
+    finally:
+        model.to(memory_format=torch.contiguous_format)
+
+
+def _epochs(model, xt, yt, opt, epochs, batch_size, device, seed, extra_loss) -> float:
+    """:func:`train_supervised`'s loop."""
     gen = torch_generator(seed)
     last = float("nan")
     for _ in range(epochs):

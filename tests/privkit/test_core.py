@@ -107,3 +107,37 @@ def test_cli_json_is_strict_for_infinite_epsilons(capsys):
     out = json.loads(text, parse_constant=reject)  # strict: no bare Infinity/NaN tokens
     assert out == {"best": "Infinity", "rows": [1.5, "-Infinity", "NaN"], "n": 3}
     assert float(out["best"]) == math.inf
+
+
+def test_cnn_trains_channels_last_and_ends_in_the_default_layout():
+    """train_supervised runs a convolutional model in channels-last layout (faster pooling on the
+    CPU) and hands it back in the default layout; the weights are those of the same SGD steps taken
+    in the default layout, up to the convolutions' summation order."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from privkit.seeding import torch_generator
+    from privkit.trainers.common import minibatches, train_supervised
+
+    torch.manual_seed(0)
+    model = build_model("cnn", (1, 12, 12), 4, width=4, feature_dim=8)
+    ref, init = copy.deepcopy(model), copy.deepcopy(model)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 1, 12, 12)).astype(np.float32)
+    y = rng.integers(0, 4, size=40)
+    train_supervised(
+        model, x, y, epochs=2, batch_size=16, lr=0.1, device=torch.device("cpu"), seed=3,
+        optimizer="sgd",
+    )  # fmt: skip
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    gen, xt, yt = torch_generator(3), torch.from_numpy(x), torch.from_numpy(y)
+    for _ in range(2):
+        for idx in minibatches(40, 16, gen):
+            opt.zero_grad()
+            F.cross_entropy(ref(xt[idx]), yt[idx]).backward()
+            opt.step()
+    for (name, p), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
+        assert p.is_contiguous(), name
+        torch.testing.assert_close(p, r, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(model.features[0].weight, init.features[0].weight)  # it trained
