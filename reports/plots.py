@@ -11,6 +11,7 @@ identical to another's says so in the legend.
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -64,7 +65,12 @@ def figure_to_png(fig: Figure) -> bytes:
 
 def figure_to_data_uri(fig: Figure) -> str:
     """``data:image/png;base64,...`` of ``fig`` (for self-contained HTML)."""
-    return "data:image/png;base64," + base64.b64encode(figure_to_png(fig)).decode("ascii")
+    return png_data_uri(figure_to_png(fig))
+
+
+def png_data_uri(png: bytes) -> str:
+    """``data:image/png;base64,...`` of PNG bytes."""
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
 # ---------------------------------------------------------------------------------- shared styling
@@ -479,16 +485,51 @@ def client_class_figure(dataset: DatasetSummary | None) -> Figure | None:
     return fig
 
 
+def _builders(report: PrivacyReport) -> dict[str, Callable[[], Figure | None]]:
+    """Each figure's key and the call that draws it (``None``: nothing to draw)."""
+    out: dict[str, Callable[[], Figure | None]] = {
+        "privacy_utility": lambda: privacy_utility_figure(report),
+        "epsilon_comparison": lambda: epsilon_comparison_figure(report),
+        "epsilon_over_rounds": lambda: epsilon_over_rounds_figure(report),
+        "client_class": lambda: client_class_figure(report.dataset),
+    }
+    for m in report.methods:
+        out[f"roc/{m.name}"] = functools.partial(roc_figure, m)
+        out[f"tradeoff_roc/{m.name}"] = functools.partial(ledger_roc_figure, m)
+    return out
+
+
 def report_figures(report: PrivacyReport) -> dict[str, Figure]:
     """Every figure of a report, keyed ``privacy_utility``, ``epsilon_comparison``,
     ``epsilon_over_rounds``, ``client_class`` and ``roc/<method>`` (missing ones left out)."""
-    figs: dict[str, Figure | None] = {
-        "privacy_utility": privacy_utility_figure(report),
-        "epsilon_comparison": epsilon_comparison_figure(report),
-        "epsilon_over_rounds": epsilon_over_rounds_figure(report),
-        "client_class": client_class_figure(report.dataset),
-    }
-    for m in report.methods:
-        figs[f"roc/{m.name}"] = roc_figure(m)
-        figs[f"tradeoff_roc/{m.name}"] = ledger_roc_figure(m)
+    figs = {key: draw() for key, draw in _builders(report).items()}
     return {k: v for k, v in figs.items() if v is not None}
+
+
+def _pngs(report: PrivacyReport, keys: Sequence[str]) -> dict[str, bytes]:
+    builders = _builders(report)
+    figs = {key: builders[key]() for key in keys}
+    return {k: figure_to_png(f) for k, f in figs.items() if f is not None}
+
+
+def report_pngs(report: PrivacyReport, workers: int = 1) -> dict[str, bytes]:
+    """PNG bytes of :func:`report_figures`' figures, in its order.
+
+    With ``workers > 1`` the figures are shared out (every ``workers``-th one) between this process
+    and ``workers - 1`` spawned processes: a report of 16 methods has 30-odd figures, about 0.3 s
+    each to lay out and rasterise on one core.
+    """
+    keys = list(_builders(report))
+    workers = max(1, min(workers, len(keys)))
+    if workers == 1:
+        return _pngs(report, keys)
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    shares = [keys[i::workers] for i in range(workers)]
+    with ProcessPoolExecutor(workers - 1, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(_pngs, report, share) for share in shares[1:]]
+        out = _pngs(report, shares[0])  # this process draws its share meanwhile
+        for future in futures:
+            out.update(future.result())
+    return {k: out[k] for k in keys if k in out}

@@ -429,13 +429,16 @@ def _md_escape(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def render_html(report: PrivacyReport, *, figures: bool = True) -> str:
-    """One self-contained HTML page (figures embedded as PNG data URIs, inline CSS/JS)."""
+def render_html(report: PrivacyReport, *, figures: bool = True, workers: int = 1) -> str:
+    """One self-contained HTML page (figures embedded as PNG data URIs, inline CSS/JS).
+
+    ``workers > 1`` draws the figures in that many processes (:func:`reports.plots.report_pngs`).
+    """
     uris: dict[str, str] = {}
     if figures:
-        from reports.plots import figure_to_data_uri, report_figures
+        from reports.plots import png_data_uri, report_pngs
 
-        uris = {k: figure_to_data_uri(f) for k, f in report_figures(report).items()}
+        uris = {k: png_data_uri(png) for k, png in report_pngs(report, workers).items()}
     return _env(True).get_template("report.html.j2").render(**_view(report, uris))
 
 
@@ -471,17 +474,23 @@ def write_report(
     out_dir: str | Path,
     formats: Iterable[str] = FORMATS,
     write: Callable[[Path, str], Path] = atomic_write_text,
+    figure_workers: int = 1,
 ) -> dict[str, Path]:
     """Write ``report.json`` / ``report.html`` / ``report.md`` into ``out_dir`` (atomically).
 
-    ``write(path, text)`` stores one file (an application may add its checksums). Returns the
-    written paths keyed by format.
+    ``write(path, text)`` stores one file (an application may add its checksums);
+    ``figure_workers`` processes draw the HTML page's figures. Returns the written paths keyed by
+    format.
     """
     formats = list(formats)
     bad = [f for f in formats if f not in FORMATS]
     if bad:
         raise ValueError(f"formats must be among {', '.join(FORMATS)}; found {bad}")
-    render = {"json": render_json, "html": render_html, "md": render_markdown}
+    render = {
+        "json": render_json,
+        "html": lambda r: render_html(r, workers=figure_workers),
+        "md": render_markdown,
+    }
     out = Path(out_dir)
     return {f: write(out / _FILES[f], render[f](report)) for f in formats}
 

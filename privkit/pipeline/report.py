@@ -527,4 +527,8 @@ def rerender(root: str | Path, *, rebuild: bool = False, formats: list[str] | No
     else:
         report = load_report(checked(root / "report.json", "report"))
         formats = [f for f in (formats or FORMATS) if f != "json"]
-    return report, write_report(report, root, formats=formats, write=write_text)
+    cfg_path = root / "config.resolved.json"
+    workers = int(_read_json(cfg_path).get("workers", 1)) if cfg_path.is_file() else 1
+    return report, write_report(
+        report, root, formats=formats, write=write_text, figure_workers=workers
+    )

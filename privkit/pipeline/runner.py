@@ -124,7 +124,9 @@ def _run_locked(
                 plan.record(stage, _execute(run, plan.m, stage, str(root), progress))
     failures = [f for plan in plans for f in plan.failures]
     report = build_report(root, command=command, wall_seconds=time.perf_counter() - t_start)
-    paths = write_report(report, root, formats=cfg.report.formats, write=write_text)
+    paths = write_report(
+        report, root, formats=cfg.report.formats, write=write_text, figure_workers=cfg.workers
+    )
     status.data["report"] = {
         "state": "done",
         "updated": _now(),

@@ -306,3 +306,14 @@ def test_chromium_renders_without_console_errors(sample_report, tmp_path):
     assert shot.is_file() and shot.read_bytes().startswith(PNG_MAGIC), proc.stderr[-2000:]
     console = [ln for ln in proc.stderr.splitlines() if "CONSOLE" in ln]
     assert console == []
+
+
+def test_figures_drawn_in_two_processes_are_the_figures_drawn_in_one(sample_report):
+    """report_pngs shares the figures out between processes: the same PNG bytes, in the same
+    order, as drawing them all here."""
+    from reports.plots import report_figures, report_pngs
+
+    one, two = report_pngs(sample_report, 1), report_pngs(sample_report, workers=2)
+    assert list(one) == list(report_figures(sample_report)) and len(one) >= 4
+    assert list(two) == list(one)
+    assert all(two[k] == one[k] and one[k].startswith(b"\x89PNG") for k in one)
