@@ -65,9 +65,9 @@ class MentorMentee(nn.Module):
 
     def stacked_form(self, n_models: int):
         """``n_models`` pairs of this architecture as stacked tensors, with per-example joint
-        clipping (:class:`privkit.trainers.many_dpfed.StackedPairs`): what a DP-SGD step of one
+        clipping (:class:`privkit.trainers.stacked_pairs.StackedPairs`): what a DP-SGD step of one
         pair (``n_models=1``) or of many uses instead of ``torch.func`` per-example gradients."""
-        from privkit.trainers.many_dpfed import StackedPairs
+        from privkit.trainers.stacked_pairs import StackedPairs
 
         return StackedPairs(self, n_models)
 

@@ -33,6 +33,7 @@ from torch.func import functional_call
 from privkit.errors import PrivkitError
 from privkit.methods.flip import PAPER, FlipAttackConfig, FlipConfig  # noqa: F401  (re-exported)
 from privkit.seeding import derive_seed, torch_generator
+from privkit.trainers import flip_rank_one
 from privkit.trainers.base import TrainResult
 from privkit.trainers.common import accuracy, as_tensor, minibatches, new_model, resolve_device
 
@@ -157,19 +158,76 @@ def round_updates(
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]:
     """:func:`client_update` of every client of a round (``(x, y)`` and seed each), in order.
 
-    privkit's MLP takes the rank-one form, all clients at once
-    (:mod:`privkit.trainers.flip_rank_one`: the same updates up to rounding, an order of magnitude
-    faster); other models run :func:`client_update` one client after the other."""
-    from privkit.trainers import flip_rank_one
-
-    if flip_rank_one.mlp_linear_names(model) is not None:
-        return flip_rank_one.client_updates(
-            model, init, samples, label_logits, rates, clients, config, lr, seeds
+    privkit's MLP takes the rank-one form (:mod:`privkit.trainers.flip_rank_one`), its clients
+    stepping together, each with its own batches (its seed) and Adam state: the same updates as
+    :func:`client_update` up to rounding, an order of magnitude faster. Other models run
+    :func:`client_update` one client after the other."""
+    names = flip_rank_one.mlp_linear_names(model)
+    if names is None:
+        return [
+            client_update(model, init, samples, label_logits, rates, x, y, config, lr, s)
+            for (x, y), s in zip(clients, seeds)
+        ]
+    layers = [(init[w], init[b]) for w, b in names]
+    batches = [-(-len(y) // config.batch_size) for _, y in clients]
+    out: list = [None] * len(clients)
+    for count in sorted(set(batches)):  # clients stepping in lockstep: as many batches per epoch
+        group = [i for i, n in enumerate(batches) if n == count]
+        members = [clients[i] for i in group]
+        results = _lockstep(
+            layers, samples, label_logits, rates, members, config, lr, [seeds[i] for i in group]
         )
-    return [
-        client_update(model, init, samples, label_logits, rates, x, y, config, lr, s)
-        for (x, y), s in zip(clients, seeds)
-    ]
+        for i, r in zip(group, results):
+            out[i] = r
+    return out
+
+
+def _lockstep(layers, samples, label_logits, rates, clients, config: FlipConfig, lr, seeds):
+    """:func:`round_updates` of clients with the same number of batches per epoch, stacked along a
+    client axis: each one's batch padded to the longest and masked, the loss a sum of the clients'
+    means (their parameters are disjoint: each gets its own gradient)."""
+    C = len(clients)
+    s = samples.detach().unsqueeze(0).repeat(C, *[1] * samples.dim()).requires_grad_(True)
+    lab = label_logits.detach().unsqueeze(0).repeat(C, 1, 1).requires_grad_(True)
+    rho = raw_from_rates(rates.detach()).unsqueeze(0).repeat(C, 1).requires_grad_(True)
+    opt = torch.optim.Adam([s, lab, rho], lr=lr, betas=(config.adam_beta1, config.adam_beta2))
+    gens = [torch_generator(seed) for seed in seeds]
+    flat = [x.reshape(len(x), -1) for x, _ in clients]
+    last = torch.full((C,), float("nan"))
+    for _ in range(config.local_epochs):
+        epoch = [
+            list(minibatches(len(y), config.batch_size, g)) for (_, y), g in zip(clients, gens)
+        ]
+        for b in range(len(epoch[0])):
+            x, y, mask = _padded([(flat[c], clients[c][1], epoch[c][b]) for c in range(C)])
+            eta = rates_from_raw(rho, config.min_rate, config.max_rate)
+            hist = flip_rank_one.unroll(
+                layers, s.reshape(C, s.shape[1], -1), F.softmax(lab, dim=-1), eta
+            )
+            out = flip_rank_one.logits(layers, hist, x)
+            rows = F.cross_entropy(out.flatten(0, 1), y.flatten(), reduction="none")
+            per_client = (rows.view(C, -1) * mask).sum(1) / mask.sum(1)
+            opt.zero_grad(set_to_none=True)
+            per_client.sum().backward()
+            opt.step()
+            last = per_client.detach()
+    eta = rates_from_raw(rho, config.min_rate, config.max_rate).detach()
+    return [(s[c].detach(), lab[c].detach(), eta[c], float(last[c])) for c in range(C)]
+
+
+def _padded(parts):
+    """Each client's batch ``x[idx]``, ``y[idx]`` padded to the longest, with a 0/1 row mask."""
+    n = max(len(idx) for _, _, idx in parts)
+    x0, y0 = parts[0][0], parts[0][1]
+    x = x0.new_zeros((len(parts), n, x0.shape[1]))
+    y = y0.new_zeros((len(parts), n))
+    mask = x0.new_zeros((len(parts), n))
+    for c, (xc, yc, idx) in enumerate(parts):
+        idx = idx.to(xc.device)
+        x[c, : len(idx)] = xc[idx]
+        y[c, : len(idx)] = yc[idx]
+        mask[c, : len(idx)] = 1.0
+    return x, y, mask
 
 
 def aggregate(

@@ -29,7 +29,8 @@ Clients with a different number of batches per epoch form separate lockstep grou
 The result equals the per-client generic path up to floating-point rounding (checked in float64 by
 ``tests/privkit/test_flip.py``: weights, gradients and client updates). It applies to privkit's
 ``mlp`` architecture (Flatten, then Linear and ReLU layers, then the Linear head); other models
-keep the generic path.
+keep the generic path. This module holds the unroll's algebra; the lockstep client updates that use
+it are :func:`privkit.trainers.flip.round_updates`'s.
 """
 
 from __future__ import annotations
@@ -37,12 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-
-from privkit.seeding import torch_generator
-from privkit.trainers.common import minibatches
-from privkit.trainers.flip import rates_from_raw, raw_from_rates
 
 History = list[tuple[torch.Tensor, torch.Tensor]]
 """Per layer ``(A, D)``: the inputs ``(C, K, in)`` and scaled errors ``(C, K, out)`` of the steps."""
@@ -141,76 +137,4 @@ def weights(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], hist: History) 
     ]
 
 
-def client_updates(
-    model: nn.Module,
-    init: dict[str, torch.Tensor],
-    samples: torch.Tensor,
-    label_logits: torch.Tensor,
-    rates: torch.Tensor,
-    clients: Sequence[tuple[torch.Tensor, torch.Tensor]],
-    config,
-    lr: float,
-    seeds: Sequence[int],
-) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]:
-    """Algorithm 1's local procedure for every client in ``clients`` (``(x, y)`` each, at least one
-    record), as :func:`privkit.trainers.flip.client_update` runs it for one: the same batches (the
-    client's seed), the same Adam, the same returns, in the same order."""
-    names = mlp_linear_names(model)
-    if names is None:
-        raise ValueError("client_updates needs privkit's mlp architecture")
-    layers = [(init[w], init[b]) for w, b in names]
-    batches = [-(-len(y) // config.batch_size) for _, y in clients]
-    out: list = [None] * len(clients)
-    for count in sorted(set(batches)):
-        group = [i for i, n in enumerate(batches) if n == count]
-        members = [clients[i] for i in group]
-        results = _lockstep(
-            layers, samples, label_logits, rates, members, config, lr, [seeds[i] for i in group]
-        )
-        for i, r in zip(group, results):
-            out[i] = r
-    return out
-
-
-def _lockstep(layers, samples, label_logits, rates, clients, config, lr, seeds):
-    """Clients with the same number of batches per epoch, stacked along a client axis."""
-    C = len(clients)
-    s = samples.detach().unsqueeze(0).repeat(C, *[1] * samples.dim()).requires_grad_(True)
-    lab = label_logits.detach().unsqueeze(0).repeat(C, 1, 1).requires_grad_(True)
-    rho = raw_from_rates(rates.detach()).unsqueeze(0).repeat(C, 1).requires_grad_(True)
-    opt = torch.optim.Adam([s, lab, rho], lr=lr, betas=(config.adam_beta1, config.adam_beta2))
-    gens = [torch_generator(seed) for seed in seeds]
-    flat = [x.reshape(len(x), -1) for x, _ in clients]
-    last = torch.full((C,), float("nan"))
-    for _ in range(config.local_epochs):
-        epoch = [
-            list(minibatches(len(y), config.batch_size, g)) for (_, y), g in zip(clients, gens)
-        ]
-        for b in range(len(epoch[0])):
-            x, y, mask = _padded([(flat[c], clients[c][1], epoch[c][b]) for c in range(C)])
-            eta = rates_from_raw(rho, config.min_rate, config.max_rate)
-            hist = unroll(layers, s.reshape(C, s.shape[1], -1), F.softmax(lab, dim=-1), eta)
-            out = logits(layers, hist, x)
-            rows = F.cross_entropy(out.flatten(0, 1), y.flatten(), reduction="none")
-            per_client = (rows.view(C, -1) * mask).sum(1) / mask.sum(1)
-            opt.zero_grad(set_to_none=True)
-            per_client.sum().backward()  # clients' parameters are disjoint: each gets its own
-            opt.step()
-            last = per_client.detach()
-    eta = rates_from_raw(rho, config.min_rate, config.max_rate).detach()
-    return [(s[c].detach(), lab[c].detach(), eta[c], float(last[c])) for c in range(C)]
-
-
-def _padded(parts):
-    """Each client's batch ``x[idx]``, ``y[idx]`` padded to the longest, with a 0/1 row mask."""
-    n = max(len(idx) for _, _, idx in parts)
-    x0, y0 = parts[0][0], parts[0][1]
-    x = x0.new_zeros((len(parts), n, x0.shape[1]))
-    y = y0.new_zeros((len(parts), n))
-    mask = x0.new_zeros((len(parts), n))
-    for c, (xc, yc, idx) in enumerate(parts):
-        idx = idx.to(xc.device)
-        x[c, : len(idx)] = xc[idx]
-        y[c, : len(idx)] = yc[idx]
-        mask[c, : len(idx)] = 1.0
-    return x, y, mask
+__all__ = ["History", "logits", "mlp_linear_names", "unroll", "weights"]

@@ -27,6 +27,7 @@ from privkit.trainers.fedkadp import DpFedRun, run_for
 from privkit.trainers.fedkd import FedKdRun
 from privkit.trainers.many import LocalDp, ce_losses, local_dp_sgd, lockstep, stacked_on, unstack
 from privkit.trainers.stacked import StackedModels
+from privkit.trainers.stacked_pairs import StackedPairs
 
 
 def kd_losses(rho: torch.Tensor):
@@ -106,73 +107,6 @@ def _round(runs: list[DpFedRun], sampled: list[list[int]]) -> list[list[dict[str
 
 
 # ---------------------------------------------------------------------------- FedKD+DP
-class StackedPairs(StackedModels):
-    """M :class:`~privkit.trainers.fedkd.MentorMentee` pairs as stacked tensors (parameter names
-    ``mentor.*``, ``mentee.*``, ``w_h.weight``); output ``[t logits | s logits | h_t | W_h h_s]``
-    per example, as the module's. Per-example joint clipping from each layer's inputs and output
-    gradients (:meth:`StackedModels.clipped_layers`): the loss's gradients with respect to ``h_t``
-    and ``W_h h_s`` join the backward passes of the two towers at their heads' inputs."""
-
-    def __init__(self, pair: torch.nn.Module, n_models: int):
-        self.mentor, self.mentee = (
-            StackedModels(pair.mentor, n_models),
-            StackedModels(pair.mentee, n_models),
-        )
-        self.m, self.norm_offset = n_models, 0.0
-        self.parametrised = (
-            [f"mentor.{n}" for n in self.mentor.parametrised]
-            + [f"mentee.{n}" for n in self.mentee.parametrised]
-            + ["w_h"]
-        )
-
-    def chunk_size(self, x: torch.Tensor) -> int:
-        return min(self.mentor.chunk_size(x), self.mentee.chunk_size(x))
-
-    def _clipped_chunk(self, params, buffers, x, losses_of, clip, record, keep):
-        def part(d: dict, prefix: str) -> dict:
-            return {k[len(prefix) :]: v for k, v in d.items() if k.startswith(prefix)}
-
-        pt, ps = part(params, "mentor."), part(params, "mentee.")
-        w_h = params["w_h.weight"]
-        tape_t, tape_s = [], []
-        with torch.no_grad():
-            t = self.mentor._run(pt, part(buffers, "mentor."), x, tape_t)
-            s = self.mentee._run(ps, part(buffers, "mentee."), x, tape_s)
-            h_t, h_s = tape_t[-1].tensor, tape_s[-1].tensor  # the heads' inputs
-            out = torch.cat([t, s, h_t, torch.bmm(h_s, w_h.transpose(1, 2))], dim=-1)
-        out.requires_grad_(True)
-        with torch.enable_grad():
-            (dout,) = torch.autograd.grad(losses_of(out).sum(), [out])
-        c, d = t.shape[-1], h_t.shape[-1]
-        dt, ds, dh_t, dproj = (
-            dout[..., :c],
-            dout[..., c : 2 * c],
-            dout[..., 2 * c : 2 * c + d],
-            dout[..., 2 * c + d :],
-        )
-        per = {
-            f"mentor.{n}": v
-            for n, v in self.mentor._backward(
-                tape_t, dt, pt, [n[7:] for n in record if n.startswith("mentor.")], {"head": dh_t}
-            ).items()
-        }
-        per.update(
-            {
-                f"mentee.{n}": v
-                for n, v in self.mentee._backward(
-                    tape_s,
-                    ds,
-                    ps,
-                    [n[7:] for n in record if n.startswith("mentee.")],
-                    {"head": torch.bmm(dproj, w_h)},
-                ).items()
-            }
-        )
-        if "w_h" in record:
-            per["w_h"] = ("linear_nobias", h_s, dproj)
-        return self.clipped_layers(per, clip, keep, params)
-
-
 def mutual_losses(num_classes: int, hidden: bool):
     """Per-example :func:`~privkit.trainers.fedkd.mutual_loss` on :class:`StackedPairs`' output."""
     C = num_classes

@@ -209,7 +209,6 @@ def test_rank_one_unroll_equals_the_autograd_unroll_weights_and_gradients(depth)
 def test_rank_one_client_updates_equal_one_client_at_a_time():
     """Clients of unequal size (two lockstep groups: one and two batches per epoch, padded last
     batches) get, in float64, the uploads and losses of client_update run one by one."""
-    from privkit.trainers import flip_rank_one
 
     d, c = 6, 3
     model = _mlp(d, c, 1, seed=0)
@@ -224,7 +223,7 @@ def test_rank_one_client_updates_equal_one_client_at_a_time():
         x = torch.randn(n, 1, 1, d, generator=g, dtype=torch.float64)
         clients.append((x, torch.randint(0, c, (n,), generator=g)))
     seeds = [11, 12, 13, 14]
-    got = flip_rank_one.client_updates(model, init, S, L, E, clients, cfg, 0.05, seeds)
+    got = flip.round_updates(model, init, S, L, E, clients, cfg, 0.05, seeds)
     for (x, y), seed, (s2, l2, e2, loss2) in zip(clients, seeds, got):
         s1, l1, e1, loss1 = flip.client_update(model, init, S, L, E, x, y, cfg, 0.05, seed)
         torch.testing.assert_close(s2, s1, rtol=1e-9, atol=1e-11)
