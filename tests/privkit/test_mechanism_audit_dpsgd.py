@@ -216,3 +216,28 @@ def test_fedkadp_adaptive_noise_is_claimed_round_by_round(fed):
     # and through audit_mechanisms (the same run: same seed, canaries and reproducible noise)
     rec = audit_mechanisms("fedkadp", fed, cfg, delta=DELTA, seed=0, mutation="correct")
     assert rec["status"] == "consistent", rec["message"]
+
+
+def test_twins_with_the_same_ledger_are_accounted_once(monkeypatch):
+    """The noise-halved twin usually holds the correct twin's ledger: its accounted epsilon is the
+    first one's, reused, and a ledger that differs in any event is accounted afresh."""
+    import dp_accounting as dpa
+
+    from accountants import Ledger
+    from privkit.audit import mechanism_audit
+
+    calls = []
+    real = Ledger.epsilon
+    monkeypatch.setattr(
+        Ledger, "epsilon", lambda self, d, *a, **k: calls.append(d) or real(self, d)
+    )
+
+    def ledger(sigma):
+        out = Ledger()
+        out.add(0, dpa.GaussianDpEvent(sigma), "release")
+        return out
+
+    first = mechanism_audit._worst_epsilon(ledger(1.0), 1e-5)
+    assert mechanism_audit._worst_epsilon(ledger(1.0), 1e-5) == first and len(calls) == 1
+    assert mechanism_audit._worst_epsilon(ledger(2.0), 1e-5) < first and len(calls) == 2
+    assert mechanism_audit._worst_epsilon(ledger(2.0), 1e-6) > 0 and len(calls) == 3
