@@ -178,3 +178,35 @@ def test_a_failing_clientapp_is_named_in_one_line():
     )
     assert _error_text(reason) == "boom in client"
     assert _error_text("plain failure\nlast line") == "last line"
+
+
+def test_privkit_run_on_the_flower_engine_writes_the_inprocess_run(tmp_path):
+    """`privkit run` with `engine = "flower"` (the pipeline, not only `privkit train`): with
+    reproducible noise the method's run directory holds the in-process pipeline's ledger and model
+    (at most 1e-5 apart), and its config and the report's metadata say which engine ran it."""
+    from privkit.pipeline import load_run_config, run_pipeline
+
+    def run(engine: str):
+        path = tmp_path / f"{engine}.toml"
+        path.write_text(
+            f'name = "{engine}"\nseed = 3\ndelta = 1e-5\nengine = "{engine}"\nworkers = 1\n'
+            "reproducible_noise = true\n"
+            '[federation]\ndataset = "digits"\npublic_dataset = "none"\nclients = 5\npartition = "iid"\n'
+            "public_size = 0.2\nshadow_size = 0.1\ntest_size = 0.25\n"
+            "[audit]\nenabled = false\n"
+            '[[methods]]\nname = "dp-fedavg"\nquick = true\n'
+            "overrides = { rounds = 2, local_steps = 2 }\n"
+        )
+        out = run_pipeline(load_run_config(path, []), tmp_path / "runs")
+        assert not out.failures
+        return out.root / "dp-fedavg"
+
+    flower, inprocess = run("flower"), run("inprocess")
+    assert (flower / "ledger.json").read_text() == (inprocess / "ledger.json").read_text()
+    a = torch.load(flower / "checkpoints" / "model.pt", weights_only=True)
+    b = torch.load(inprocess / "checkpoints" / "model.pt", weights_only=True)
+    a, b = (x.get("state_dict", x) for x in (a, b))
+    assert list(a) == list(b) and max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-5
+    assert json.loads((flower / "config.json").read_text())["engine"] == "flower"
+    report = json.loads((flower.parent / "report.json").read_text())
+    assert [m["engine"] for m in report["metadata"]["config"]["resolved_methods"]] == ["flower"]
