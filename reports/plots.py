@@ -63,13 +63,8 @@ def figure_to_png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def figure_to_data_uri(fig: Figure) -> str:
-    """``data:image/png;base64,...`` of ``fig`` (for self-contained HTML)."""
-    return png_data_uri(figure_to_png(fig))
-
-
 def png_data_uri(png: bytes) -> str:
-    """``data:image/png;base64,...`` of PNG bytes."""
+    """``data:image/png;base64,...`` of PNG bytes (for self-contained HTML)."""
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
