@@ -12,7 +12,8 @@ models on halves of one pool, training on an executor): :mod:`attacks.experiment
 for scores already computed: :func:`audit_scores` (scores and membership -> family-wise bound,
 ceiling, detectable epsilon and verdict); for white-box probes at a DP mechanism:
 :func:`conformance_test` (the mechanism against its ledger's claim, :mod:`attacks.conformance`;
-the probes themselves, which need torch, are :class:`attacks.whitebox.GradientCanaries`).
+the probes themselves, which need torch, are :class:`attacks.whitebox.GradientCanaries`; as
+records in the user's own data loader and clipping, :mod:`attacks.canary_records`).
 Canary records for black-box audits: :mod:`attacks.canaries`.
 
 Everything public is importable from here. The white-box probes (:mod:`attacks.whitebox`) import
@@ -74,6 +75,7 @@ from attacks.one_run_fdp import FdpBound, fdp_epsilon_lower_bound, one_run_fdp
 from attacks.recipe import Recipe, as_recipe, predict_logits
 from attacks.recipe_audit import RecipeAudit, audit_recipe
 from attacks.rmia import RMIA
+from attacks.sampling_law import SamplingRecord
 from attacks.user_model import audit_model
 
 # names whose module imports torch, loaded on first access (PEP 562)
@@ -115,6 +117,7 @@ __all__ = [
     "ProbeEvidence",
     "Recipe",
     "RecipeAudit",
+    "SamplingRecord",
     "ShadowModelAttack",
     "ThresholdAttack",
     "advantage",

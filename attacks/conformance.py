@@ -53,7 +53,21 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-TESTS = ("releases", "noise", "influence", "sensitivity")
+from attacks.claim_parts import ConformanceTest, finite, not_measured, pct
+from attacks.holds_instead import holds_instead
+from attacks.noise_law import distribution_test, independence_test, normalisation_test
+from attacks.sampling_law import SamplingRecord, sampling_test
+
+TESTS = (
+    "releases",
+    "noise",
+    "influence",
+    "sensitivity",
+    "sampling",
+    "independence",
+    "distribution",
+    "normalisation",
+)
 
 __all__ = [
     "TESTS",
@@ -271,6 +285,12 @@ class ProbeEvidence:
         deterministic minimiser, refitted with and without a probe record), each probe record's
         influence on the pre-noise release, in units of ``C``; the ``sensitivity`` test rejects
         when one exceeds ``1 + influence_tolerance`` (the solver's guaranteed precision).
+    witness : (T, w) the noise on ``w`` fixed coordinates that no probe touches and where the other
+        records' contribution is zero or subtracted (units of ``C``): the independence,
+        distribution and normalisation parts (:mod:`attacks.noise_law`). ``None``: not observed.
+    sampling : what the sampler drew (:class:`attacks.sampling_law.SamplingRecord`): the sampling
+        part, and with its batch sizes the normalisation part. ``None``: not observed (the auditor
+        sampled the probes itself, so the user's sampler was not exercised).
     """
 
     projections: np.ndarray
@@ -280,6 +300,8 @@ class ProbeEvidence:
     clean_known: bool = False
     record_influence: np.ndarray | None = None
     influence_tolerance: float = 1e-6
+    witness: np.ndarray | None = None
+    sampling: SamplingRecord | None = None
 
     @property
     def steps(self) -> int:
@@ -288,32 +310,6 @@ class ProbeEvidence:
     @property
     def m(self) -> int:
         return int(self.included.size)
-
-
-@dataclass
-class ConformanceTest:
-    """One part of the conformance test (see the module docstring)."""
-
-    name: str
-    rejected: bool
-    p_value: float
-    level: float
-    measured: float
-    confidence_limit: float
-    claimed: float
-    detail: str
-    # the smallest departure from the claim this test flags at least half the time (a noise
-    # factor at or below it, an influence factor at or above it); ``None`` for exact tests
-    detectable: float | None = None
-
-    def to_dict(self) -> dict:
-        return {k: _finite(v) for k, v in self.__dict__.items()}
-
-
-def _finite(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
-    return v
 
 
 @dataclass
@@ -330,10 +326,21 @@ class ConformanceResult:
     claimed_epsilon: float | None = None
     delta: float | None = None
     notes: list[str] = field(default_factory=list)
+    holds_epsilon: float | None = None
+    holds_note: str = ""
 
     @property
     def rejected(self) -> list[str]:
         return [n for n, t in self.tests.items() if t.rejected]
+
+    @property
+    def failed(self) -> list[str]:
+        """The rejected parts, with the subtests that rejected (``"sampling: regularity"``)."""
+        return [
+            f"{n}: {', '.join(t.failed)}" if t.failed else n
+            for n, t in self.tests.items()
+            if t.rejected
+        ]
 
     def to_dict(self) -> dict:
         return {
@@ -347,13 +354,16 @@ class ConformanceResult:
             "claim": self.claim.to_dict(),
             "claimed_epsilon": _finite_or_none(self.claimed_epsilon),
             "measured_epsilon": _finite_or_none(self.measured_epsilon),
+            "failed": self.failed,
+            "holds_epsilon": _finite_or_none(self.holds_epsilon),
+            "holds_note": self.holds_note,
             "delta": self.delta,
             "notes": list(self.notes),
         }
 
 
 def _finite_or_none(v):
-    return None if v is None else _finite(float(v))
+    return None if v is None else finite(float(v))
 
 
 def _releases_test(steps: int, claim: MechanismClaim) -> ConformanceTest:
@@ -401,7 +411,7 @@ def _noise_test(
         ratio,
         upper,
         1.0,
-        f"noise std {ratio:.4f} x the claimed (upper {_pct(1 - level)} limit {upper:.4f}) "
+        f"noise std {ratio:.4f} x the claimed (upper {pct(1 - level)} limit {upper:.4f}) "
         f"over {int(dof)} coordinate-releases free of probes",
         detectable,
     )
@@ -455,7 +465,7 @@ def _influence_test(
         lower_ratio,
         1.0,
         f"an included probe moved the releases by {ratio:.3f} x the claimed "
-        f"sampling rate x sensitivity (lower {_pct(1 - level)} limit {lower_ratio:.3f}); "
+        f"sampling rate x sensitivity (lower {pct(1 - level)} limit {lower_ratio:.3f}); "
         f"{inc.size} included probes against {against}",
         1.0 + margin / expected,
     )
@@ -481,10 +491,6 @@ def _sensitivity_test(ev: ProbeEvidence) -> ConformanceTest:
     )
 
 
-def _pct(p: float) -> str:
-    return f"{100 * p:.4g}%"
-
-
 def conformance_test(
     evidence: ProbeEvidence,
     claim: MechanismClaim,
@@ -506,8 +512,9 @@ def conformance_test(
         raise ValueError(f"confidence must be in (0, 1); found {confidence}")
     if evidence.steps < 1:
         raise ValueError("no release was observed; run the mechanism with the probes first")
-    level = (1.0 - confidence) / 2
+    level = (1.0 - confidence) / _statistical_parts(evidence)
     upto = min(evidence.steps, claim.steps)
+    observed = claim.over(evidence.steps)
     tests = {
         "releases": _releases_test(evidence.steps, claim),
         "noise": _noise_test(evidence, claim, level, upto),
@@ -515,6 +522,21 @@ def conformance_test(
     }
     if evidence.record_influence is not None and np.size(evidence.record_influence):
         tests["sensitivity"] = _sensitivity_test(evidence)
+    if evidence.sampling is not None:
+        tests["sampling"] = sampling_test(evidence.sampling, observed.sample_rates, level)
+    if evidence.witness is not None:
+        sig = observed.noise_multipliers
+        tests["independence"] = independence_test(evidence.witness, sig, level)
+        tests["distribution"] = (
+            distribution_test(evidence.witness, sig, level)
+            if not tests["independence"].rejected
+            # dependent values are no sample of one law; not testing can only lower the error rate
+            else not_measured("distribution", "the noise is not independent across releases")
+        )
+        if evidence.sampling is not None and evidence.sampling.batch_sizes is not None:
+            tests["normalisation"] = normalisation_test(
+                evidence.witness, sig, evidence.sampling.batch_sizes, level
+            )
     rejected = [n for n, t in tests.items() if t.rejected]
     verdict = "violation" if rejected else "consistent"
     res = ConformanceResult(
@@ -522,29 +544,49 @@ def conformance_test(
     )
     if delta is not None:
         res.claimed_epsilon = claim.epsilon(delta)
-        res.measured_epsilon = _measured_epsilon(evidence, claim, tests["noise"], delta)
+        res.measured_epsilon = _measured_epsilon(evidence, claim, tests, delta)
+        res.holds_epsilon, res.holds_note = holds_instead(res, evidence, delta)
     res.message = _message(res)
     return res
 
 
+def _statistical_parts(evidence: ProbeEvidence) -> int:
+    """How many statistical parts share the error rate: fixed by what the evidence holds (never by
+    what it shows), so that the family-wise level is exact (Bonferroni)."""
+    k = 2  # noise scale and influence
+    if evidence.sampling is not None:
+        k += 1
+    if evidence.witness is not None:
+        k += 2  # independence and distribution
+        if evidence.sampling is not None and evidence.sampling.batch_sizes is not None:
+            k += 1  # normalisation
+    return k
+
+
 def _measured_epsilon(
-    evidence: ProbeEvidence, claim: MechanismClaim, noise: ConformanceTest, delta: float
+    evidence: ProbeEvidence, claim: MechanismClaim, tests: dict[str, ConformanceTest], delta: float
 ) -> float:
     """Epsilon of the claim over the observed releases (each extra release as the claim's last),
-    with the noise at its upper confidence limit: a lower confidence bound of the epsilon that ran
-    (when sampling and clipping are as claimed), just below the claim for a correct mechanism and
-    closer to it the more noise was observed."""
+    with the noise at its upper confidence limit (and, where the sampler was observed drawing more
+    often than claimed, the rates at the rate's lower confidence limit): a lower confidence bound
+    of the epsilon that ran (when sampling is Poisson and clipping as claimed), just below the
+    claim for a correct mechanism and closer to it the more noise was observed."""
+    noise = tests["noise"]
     scale = noise.confidence_limit if math.isfinite(noise.confidence_limit) else 1.0
     if scale <= 0:
         return math.inf
     observed = claim.over(evidence.steps)
+    sampling = tests.get("sampling")
+    if sampling is not None and "rate" in sampling.failed and sampling.confidence_limit > 1:
+        rates = np.minimum(observed.sample_rates * sampling.confidence_limit, 1.0)
+        observed = MechanismClaim(rates, observed.noise_multipliers, observed.sensitivity)
     # PLD only (tight to its grid): RDP's looser upper bound would overstate a measurement; a 1e-3
     # grid (10x faster, pessimistic by about 0.1-0.4%) is ample for a measurement
     return observed.epsilon(delta, noise_scale=scale, fallback=False, grid=1e-3)
 
 
 def _message(res: ConformanceResult) -> str:
-    conf = _pct(res.confidence)
+    conf = pct(res.confidence)
     parts = "; ".join(t.detail for t in res.tests.values())
     eps = ""
     if res.measured_epsilon is not None:
@@ -554,8 +596,9 @@ def _message(res: ConformanceResult) -> str:
             "sampling and sensitivity are as claimed)."
         )
     if res.verdict == "violation":
+        holds = f" {res.holds_note[0].upper()}{res.holds_note[1:]}." if res.holds_note else ""
         return (
-            f"VIOLATION of the claimed mechanism ({', '.join(res.rejected)}) at {conf} confidence: "
-            f"{parts}.{eps}"
+            f"VIOLATION of the claimed mechanism ({'; '.join(res.failed)}) at {conf} confidence: "
+            f"{parts}.{eps}{holds}"
         )
     return f"the mechanism conforms to its claim at {conf} confidence: {parts}.{eps}"

@@ -233,6 +233,7 @@ class GradientCanaries:
         know_batch: bool = True,
         raw_norm: float | None = None,
         seed: int = 0,
+        witness: int = 256,
     ):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}; found {kind!r}")
@@ -250,6 +251,8 @@ class GradientCanaries:
             raise ValueError(f"noise_multiplier must be >= 0; found {noise_multiplier}")
         if steps is not None and (not isinstance(steps, (int, np.integer)) or steps < 1):
             raise ValueError(f"steps must be an integer >= 1 or None; found {steps!r}")
+        if not isinstance(witness, (int, np.integer)) or witness < 0:
+            raise ValueError(f"witness must be an integer >= 0; found {witness!r}")
         raw = 4.0 * clip_norm if raw_norm is None else float(raw_norm)
         if not raw > 0 or not math.isfinite(raw):
             raise ValueError(f"raw_norm must be a finite number > 0; found {raw_norm}")
@@ -283,6 +286,9 @@ class GradientCanaries:
         self._record_influence: list[float] = []
         self.influence_tolerance = 1e-6
         self.appearances = np.zeros(self.n, dtype=np.int64)  # diagnostics only; never in a score
+        self._witness = self._witness_coordinates(int(witness))
+        self._witness_rows: list[np.ndarray] = []
+        self.records_state = None  # set by records(): canary records in the user's loader
 
     @classmethod
     def for_parameters(cls, params: Sequence[torch.Tensor], n: int, **kwargs) -> GradientCanaries:
@@ -293,6 +299,72 @@ class GradientCanaries:
     def steps(self) -> int:
         """Number of releases observed so far."""
         return len(self._proj)
+
+    def _witness_coordinates(self, count: int) -> np.ndarray:
+        """``count`` coordinates no canary uses (Dirac canaries only): the noise's own witnesses."""
+        if self._u is not None or count == 0:
+            return np.zeros(0, dtype=np.int64)
+        free = self.dim - self.n
+        count = min(count, free)
+        if count < 3:
+            return np.zeros(0, dtype=np.int64)
+        rng = stream(self.seed, "gradient-canaries/witness")
+        used = self._coords.numpy()
+        pick = rng.choice(self.dim, min(self.dim, count + self.n), replace=False)
+        pick = pick[~np.isin(pick, used)][:count]
+        if pick.size < count:  # few free coordinates: take them all
+            pick = np.setdiff1d(np.arange(self.dim), used)[:count]
+        return np.sort(pick).astype(np.int64)
+
+    @property
+    def reserved_coordinates(self) -> np.ndarray:
+        """The flat coordinates canary records keep for themselves: every canary's (included or
+        not) and the witnesses'; other records' gradients are zeroed there (:meth:`through`)."""
+        return np.union1d(self._coords.numpy(), self._witness)
+
+    def coordinates_of(self, ids: np.ndarray) -> np.ndarray:
+        """The Dirac coordinate of each canary in ``ids``."""
+        return self._coords.numpy()[np.asarray(ids, dtype=np.int64)]
+
+    def record_sources(self, n: int) -> np.ndarray:
+        """For each included canary, the record of an ``n``-record data set whose input it copies
+        (drawn from the audit's own stream; the input does not matter, its gradient is set)."""
+        rng = stream(self.seed, "gradient-canaries/records")
+        return rng.integers(0, int(n), self.included_ids.size)
+
+    # ------------------------------------------------------------------ canary records
+    def records(self, loader):
+        """Put the included canaries, as records, into what ``loader`` samples: returns the loader
+        to iterate instead (same sampler kind and parameters, over the data plus the canaries).
+
+        In the loop, pass each batch's per-example gradients through :meth:`through` before
+        clipping them, and let every release be observed (:meth:`watch` on the optimizer, or
+        :meth:`observe`). See :mod:`attacks.canary_records`.
+        """
+        from attacks.canary_records import records_loader
+
+        if self.steps:
+            raise RuntimeError("records() must be called before the first observed release")
+        return records_loader(loader, self)
+
+    def through(self, per_example):
+        """This batch's per-example gradients with the canary rows set to their Dirac gradients
+        (norm :attr:`raw_norm`) and every other row zeroed on the reserved coordinates (in place;
+        the same object is returned). Call once per batch of the loader :meth:`records` returned,
+        before the loop clips."""
+        from attacks.canary_records import replace_rows
+
+        return replace_rows(per_example, self)
+
+    def watch(self, optimizer, *, params=None, batch_size: float = 1.0):
+        """Observe each release from ``optimizer``'s gradients just before every step, multiplied
+        by ``batch_size`` (the fixed normaliser the loop divides the noisy sum by, e.g. the expected
+        batch size; 1 for a loop that steps on the sum). Returns the hook's handle."""
+        from attacks.canary_records import watch_optimizer
+
+        if not batch_size > 0:
+            raise ValueError(f"batch_size must be > 0; found {batch_size}")
+        return watch_optimizer(optimizer, self, params, float(batch_size))
 
     # ------------------------------------------------------------------ auditor-side injection
     def inject(self, summed: TensorLike) -> TensorLike:
@@ -356,10 +428,16 @@ class GradientCanaries:
         canaries itself (:meth:`vector`) passes ``clean``, the other records' sum before the
         canaries and the noise (ignored with ``know_batch=False``).
         """
+        records = self.records_state is not None
+        # the noise's witnesses: where the auditor injects the canaries itself, or canary records
+        # reserve them (privkit's own mechanisms, :meth:`vector`, are tested on scale alone)
+        witness = self._pending or records
         if self._pending:
             base = self._clean
+        elif clean is None or not (self.know_batch or records):
+            base = None
         else:
-            base = None if clean is None or not self.know_batch else _flat(clean).detach()
+            base = _flat(clean).detach()
         r = _flat(released).detach().to(device="cpu", dtype=torch.float64)
         if r.numel() != self.dim:
             raise ValueError(
@@ -367,14 +445,16 @@ class GradientCanaries:
             )
         if base is not None:
             r = r - base.to(device="cpu", dtype=torch.float64)
-        else:
+        elif not records:  # canary records keep their coordinates clean: always known there
             self._clean_known = False
         r = r / self.clip_norm
         x = self._project(r)
         self._proj.append(x)
-        ss, dof = self._noise_part(r, x)
+        ss, dof = self._records_noise_part(r, x) if records else self._noise_part(r, x)
         self._noise_ss.append(ss)
         self._noise_dof.append(dof)
+        if witness and self._witness.size and (records or base is not None):
+            self._witness_rows.append(r[torch.as_tensor(self._witness)].numpy().copy())
         self._clean, self._pending = None, False
 
     # ------------------------------------------------------------------ scores and the audit
@@ -392,6 +472,9 @@ class GradientCanaries:
     def evidence(self) -> ProbeEvidence:
         """What the canaries observed (:class:`attacks.conformance.ProbeEvidence`)."""
         proj = np.stack(self._proj) if self._proj else np.zeros((0, self.n))
+        witness = None
+        if self._witness_rows and len(self._witness_rows) == len(self._proj):
+            witness = np.stack(self._witness_rows)
         return ProbeEvidence(
             proj,
             self.included.copy(),
@@ -400,6 +483,19 @@ class GradientCanaries:
             clean_known=self._clean_known,
             record_influence=np.array(self._record_influence) if self._record_influence else None,
             influence_tolerance=self.influence_tolerance,
+            witness=witness,
+            sampling=self._sampling_record(),
+        )
+
+    def _sampling_record(self):
+        """What the user's sampler drew (canary records only; None where the auditor sampled)."""
+        from attacks.sampling_law import SamplingRecord
+
+        st = self.records_state
+        if st is None or not st.batch_sizes:
+            return None
+        return SamplingRecord(
+            st.counts.copy(), np.array(st.batch_sizes, dtype=np.int64), st.repeats, "loader"
         )
 
     def record_influence(self, norms, tolerance: float = 1e-6) -> None:
@@ -581,6 +677,13 @@ class GradientCanaries:
             return r[self._coords].numpy().copy()
         return (self._u.to(torch.float64) @ r).numpy()
 
+    def _records_noise_part(self, r: torch.Tensor, x: np.ndarray) -> tuple[float, int]:
+        """Canary records: only the reserved coordinates are clean (the other records' gradients
+        are zeroed there), so the noise is measured on the excluded canaries' and the witnesses'."""
+        exc = x[~self.included]
+        wit = r[torch.as_tensor(self._witness)].numpy() if self._witness.size else np.zeros(0)
+        return float(np.square(exc).sum() + np.square(wit).sum()), int(exc.size + wit.size)
+
     def _noise_part(self, r: torch.Tensor, x: np.ndarray) -> tuple[float, int]:
         """Sum of squares and count of the components no included canary touches: every
         coordinate but the included Dirac canaries'; for random directions, the excluded
@@ -668,16 +771,25 @@ class MechanismAudit:
         }
 
 
-def attach_to_opacus(optimizer, canaries: GradientCanaries):
-    """Insert ``canaries`` into every step of an opacus ``DPOptimizer`` (returns the optimizer).
+def attach_to_opacus(optimizer, canaries: GradientCanaries, data_loader=None, *, module=None):
+    """Insert ``canaries`` into every step of an opacus ``DPOptimizer``.
 
-    opacus computes ``p.summed_grad`` (clipped sum) in ``clip_and_accumulate`` and
-    ``p.grad = p.summed_grad + noise`` in ``add_noise``, before ``scale_grad`` divides by the
-    expected batch size. The wrapper adds the canaries to ``summed_grad`` just before the noise
-    and observes ``p.grad`` just after it, so the accountant hook opacus attaches to ``step`` is
-    untouched. A step opacus skips (no per-sample gradients) inserts and observes nothing.
+    With ``data_loader`` (the loader opacus trains from, as ``make_private`` returned it), the
+    canaries are *records*: they join what that loader samples (its Poisson or shuffled batches,
+    any sampler the user passed) and go through opacus' per-sample clipping (hooks; ghost
+    clipping with ``module=``, the module ``make_private`` returned), and each release is observed
+    after opacus' noise and normalisation (:mod:`attacks.canary_records`). The call returns the
+    loader to iterate instead of ``data_loader``.
+
+    Without ``data_loader`` (returns the optimizer): opacus computes ``p.summed_grad`` (clipped
+    sum) in ``clip_and_accumulate`` and ``p.grad = p.summed_grad + noise`` in ``add_noise``,
+    before ``scale_grad`` divides by the expected batch size. The wrapper adds the auditor's
+    canaries (:meth:`GradientCanaries.inject`, sampled by the auditor at the claimed rate) to
+    ``summed_grad`` just before the noise and observes ``p.grad`` just after it, so the accountant
+    hook opacus attaches to ``step`` is untouched. A step opacus skips (no per-sample gradients)
+    inserts and observes nothing. This tests the noise only: opacus' sampler and clipping are
+    not exercised.
     """
-    original = optimizer.add_noise
     params = list(optimizer.params)
     if sum(p.numel() for p in params) != canaries.dim:
         raise ValueError(
@@ -689,6 +801,11 @@ def attach_to_opacus(optimizer, canaries: GradientCanaries):
             f"canaries' clip_norm {canaries.clip_norm} differs from the optimizer's "
             f"max_grad_norm {optimizer.max_grad_norm}"
         )
+    if data_loader is not None:
+        from attacks.canary_records import attach_records_to_opacus
+
+        return attach_records_to_opacus(optimizer, canaries, data_loader, module)
+    original = optimizer.add_noise
 
     def add_noise() -> None:
         summed = [p.summed_grad for p in params]
