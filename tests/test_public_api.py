@@ -36,6 +36,7 @@ PAGES: dict[str, tuple[str, ...]] = {
         "privkit.mutations",
         "privkit.probes",
         "privkit.flower",
+        "privkit.check",
     ),
 }
 PUBLIC_MODULES = [module for modules in PAGES.values() for module in modules]
