@@ -122,7 +122,7 @@ def check_training(
         noise_multiplier=noise_multiplier if noise_multiplier is not None else run,
         noise_run=run,
         sample_rate=sample_rate if sample_rate is not None else setup.sample_rate,
-        rate_source="sample_rate=" if sample_rate is not None else setup.rate_source,
+        rate_source="the sample_rate given" if sample_rate is not None else setup.rate_source,
         steps=steps,
         epochs=epochs,
     )
@@ -130,8 +130,10 @@ def check_training(
     if noise_multiplier is not None:
         first = by_kind["loader"][0][1] if by_kind["loader"] else None
         rate = acc.sample_rate
-        if rate is None and first is not None:
-            rate = first.batch_size / len(first.dataset) if first.batch_size else None
+        if rate is None and first is not None:  # the loader's own: Poisson q, else batch / N
+            rate = getattr(first.batch_sampler, "sample_rate", None)
+            if rate is None and first.batch_size:
+                rate = first.batch_size / len(first.dataset)
         n_steps = steps if first is None else loader_steps(first, acc)
         findings.append(noise_finding(noise_multiplier, setup, rate, n_steps, delta))
     for name, loader in by_kind["loader"]:

@@ -287,8 +287,7 @@ def _with_replacement(
     sampler = _sampler(loader)
     weights = getattr(sampler, "weights", None)
     if weights is not None:
-        w = [float(x) for x in weights]
-        share = max(w) / math.fsum(w)
+        share = float(weights.max()) / float(weights.double().sum())
     else:
         share = 1.0 / len(sampler.data_source)
     batch = read.batch_size or 1
