@@ -93,6 +93,24 @@ def _max_release_cosine(u: np.ndarray) -> tuple[float, int, tuple[int, int]]:
     return best, pairs, where
 
 
+def _coordinate_cosine(
+    w: np.ndarray, noise_multipliers: np.ndarray, t: int, d: int
+) -> tuple[float, float]:
+    """Largest |cosine| between two witness coordinates' columns (each release divided by its
+    claimed sigma, centred over releases) and its Bonferroni p-value over the pairs."""
+    scaled = w / np.asarray(noise_multipliers, dtype=np.float64)[:t, None]
+    # centred over releases: noise reused across releases (constant columns) is the first
+    # statistic's; a centred column of independent normals is isotropic in R^(T-1)
+    centred = scaled - scaled.mean(0)
+    # a column constant up to rounding carries no coordinate signal (float sums leave ~1e-16)
+    flat = np.linalg.norm(centred, axis=0) <= 1e-9 * np.linalg.norm(scaled, axis=0)
+    cols = _unit_rows(np.where(flat, 0.0, centred).T)
+    g = np.abs(cols @ cols.T)
+    np.fill_diagonal(g, 0.0)
+    c = float(g.max())
+    return min(1.0, d * (d - 1) / 2 * _cosine_tail(c, t - 1)), c
+
+
 def independence_test(
     witness: np.ndarray, noise_multipliers: np.ndarray, level: float
 ) -> ConformanceTest:
@@ -107,23 +125,15 @@ def independence_test(
     rows = _unit_rows(w)
     c_rel, pairs, (a, b) = _max_release_cosine(rows)
     p_rel = min(1.0, pairs * _cosine_tail(c_rel, d))
-    scaled = w / np.asarray(noise_multipliers, dtype=np.float64)[:t, None]
-    # centred over releases: noise reused across releases (constant columns) is the first
-    # statistic's; a centred column of independent normals is isotropic in R^(T-1)
-    centred = scaled - scaled.mean(0)
-    # a column constant up to rounding carries no coordinate signal (float sums leave ~1e-16)
-    flat = np.linalg.norm(centred, axis=0) <= 1e-9 * np.linalg.norm(scaled, axis=0)
-    cols = _unit_rows(np.where(flat, 0.0, centred).T)
-    g = np.abs(cols @ cols.T)
-    np.fill_diagonal(g, 0.0)
-    c_coord = float(g.max())
-    p_coord = min(1.0, d * (d - 1) / 2 * _cosine_tail(c_coord, t - 1))
     p_lag = 1.0
     lag_sum = math.nan
     if t >= 30:
         lag_sum = float(np.sum(np.einsum("ij,ij->i", rows[:-1], rows[1:])))
         z = lag_sum / math.sqrt((t - 1) / d)
         p_lag = float(2 * stats.norm.sf(abs(z)))
+    p_coord, c_coord = 1.0, math.nan
+    if min(p_rel, p_lag) >= sub:  # releases dependent: columns are no sample of T releases
+        p_coord, c_coord = _coordinate_cosine(w, noise_multipliers, t, d)
     failed = tuple(
         name
         for name, p in (("releases", p_rel), ("coordinates", p_coord), ("consecutive", p_lag))
@@ -136,7 +146,9 @@ def independence_test(
     }
     detail = (
         f"largest noise cosine between releases {c_rel:.3f} over {pairs} pairs, between "
-        f"coordinates {c_coord:.3f}; sum of consecutive cosines "
+        "coordinates "
+        + ("n/a (releases dependent)" if math.isnan(c_coord) else f"{c_coord:.3f}")
+        + "; sum of consecutive cosines "
         + ("n/a (fewer than 30 releases)" if math.isnan(lag_sum) else f"{lag_sum:.3f}")
         + f", over {t} releases x {d} witness coordinates"
         + (": " + "; ".join(why[f] for f in failed) if failed else "")

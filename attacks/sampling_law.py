@@ -45,8 +45,8 @@ from attacks.claim_parts import ConformanceTest, not_measured, pct
 
 __all__ = ["SamplingRecord", "sampling_test"]
 
-#: Monte Carlo simulations of the batch-size dispersion's null law (p-values down to 1/2000)
-SIMULATIONS = 1999
+#: Monte Carlo simulations of the batch-size dispersion's null law (p-values down to 1/1000)
+SIMULATIONS = 999
 #: releases used for the batch-size dispersion (the first ones; its power saturates long before)
 MAX_STEPS = 4000
 

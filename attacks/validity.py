@@ -235,3 +235,92 @@ def probe_evidence(
     return ProbeEvidence(
         proj, included, (free_noise**2).sum(1), np.full(steps, free), clean_known=clean_known
     )
+
+
+SAMPLERS = ("poisson", "shuffle", "weighted")
+
+
+def release_evidence(
+    rng: np.random.Generator,
+    *,
+    steps: int = 60,
+    m: int = 100,
+    records: int = 400,
+    witness: int = 64,
+    q: float = 0.05,
+    sigma: float = 1.2,
+    sampler: str = "poisson",
+    q_real: float | None = None,
+    noise: float = 1.0,
+    noise_law: str = "gaussian",
+    reuse_every: int = 0,
+    by_batch: bool = False,
+):
+    """What canary records in a user's loader observe of a DP-SGD run, in clip norms
+    (:class:`attacks.conformance.ProbeEvidence` with witnesses and the sampler's record): ``records``
+    records of which the first ``m`` are probes (each included by a fair coin; an excluded probe is
+    not in the data), drawn per release by ``sampler`` (``poisson`` at ``q_real``, default ``q``;
+    ``shuffle``: a random permutation cut into batches of ``q`` x records; ``weighted``: one record
+    in 20 drawn ten times as often, Poisson otherwise), each included probe adding 1 when drawn;
+    noise ``noise * sigma`` of law ``noise_law`` (``gaussian``, ``uniform`` or ``laplace``, each of
+    that standard deviation) on every probe and on ``witness`` probe-free coordinates, the same
+    noise again every ``reuse_every`` releases (0: never), and with ``by_batch`` each release
+    divided by its realised batch size over the expected one. With the defaults it is exactly the
+    claim ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)``: the null hypothesis."""
+    from attacks.conformance import ProbeEvidence
+    from attacks.sampling_law import SamplingRecord
+
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}; found {sampler!r}")
+    included = rng.random(m) < 0.5
+    present = np.ones(records, dtype=bool)
+    present[:m] = included
+    drawn = np.zeros((steps, records), dtype=bool)  # an excluded probe is not in the data
+    drawn[:, present] = _draws(
+        rng, sampler, steps, int(present.sum()), q if q_real is None else q_real
+    )
+    std = noise * sigma
+
+    def draw_noise(shape):
+        if noise_law == "uniform":
+            return rng.uniform(-math.sqrt(3) * std, math.sqrt(3) * std, shape)
+        if noise_law == "laplace":
+            return rng.laplace(0.0, std / math.sqrt(2), shape)
+        return rng.normal(0.0, std, shape)
+
+    z = draw_noise((steps, m + witness))
+    if reuse_every:
+        z = z[np.arange(steps) // reuse_every * reuse_every]
+    batch = drawn.sum(1)
+    scale = (q * present.sum() / np.maximum(batch, 1))[:, None] if by_batch else 1.0
+    obs = (drawn[:, :m] + z[:, :m]) * scale
+    wit = z[:, m:] * scale
+    free = np.c_[obs[:, ~included], wit]
+    return ProbeEvidence(
+        obs,
+        included,
+        (free**2).sum(1),
+        np.full(steps, free.shape[1]),
+        clean_known=True,
+        witness=wit,
+        sampling=SamplingRecord(drawn[:, present].sum(0), batch, 0, "loader"),
+    )
+
+
+def _draws(rng: np.random.Generator, sampler: str, steps: int, n: int, q: float) -> np.ndarray:
+    """(steps, n) which records each release draws."""
+    if sampler == "poisson":
+        return rng.random((steps, n)) < q
+    if sampler == "weighted":
+        rate = np.full(n, q)
+        rate[::20] = min(1.0, 10 * q)
+        return rng.random((steps, n)) < rate
+    size = max(1, round(q * n))
+    per_epoch = math.ceil(n / size)
+    out = np.zeros((steps, n), dtype=bool)
+    for t in range(steps):
+        if t % per_epoch == 0:
+            order = rng.permutation(n)
+        k = t % per_epoch
+        out[t, order[k * size : (k + 1) * size]] = True
+    return out
