@@ -481,6 +481,16 @@ class MechanismProbe(_Open):
     mechanism: str = Field(description="the mechanism's label in the ledger (e.g. 'dp-sgd')")
     status: str
     rejected: list[str] = Field(default_factory=list, description="conformance tests that rejected")
+    failed: list[str] = Field(
+        default_factory=list,
+        description="the rejected parts with their failed subtests (e.g. 'sampling: regularity')",
+    )
+    holds_epsilon: float | None = Field(
+        default=None,
+        description="the epsilon that holds instead of the claim's where the failed part has a "
+        "measured size (inf: none can be vouched for)",
+    )
+    holds_note: str = ""
     tests: dict[str, ConformanceCheck] = Field(default_factory=dict)
     epsilon_lower_bound: float | None = Field(default=None, description="model-free one-run bound")
     epsilon_ceiling: float | None = None
@@ -511,7 +521,7 @@ class MechanismTwin(_Open):
     @property
     def rejected(self) -> list[str]:
         """Every conformance test any probe set rejected (one-run bound: ``one-run bound``)."""
-        out = sorted({t for p in self.probes for t in p.rejected})
+        out = sorted({t for p in self.probes for t in (p.failed or p.rejected)})
         if self.status == "violation" and not out:
             out = ["one-run bound"]
         return out

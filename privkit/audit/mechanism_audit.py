@@ -162,12 +162,16 @@ def probe_verdict(session, ledger, *, delta: float, confidence: float) -> dict:
                 "measured_epsilon": res.measured_epsilon,
                 "claimed_epsilon": res.accounted_epsilon,
                 "rejected": res.conformance.rejected,
+                "failed": res.conformance.failed,
+                "holds_epsilon": res.conformance.holds_epsilon,
+                "holds_note": res.conformance.holds_note,
             }
         )
     bad = [p for p in probes if p["status"] == "violation"]
     status = "violation" if bad else "consistent"
     where = "; ".join(
-        f"client {p['client']} {p['mechanism']}: {', '.join(p['rejected']) or 'one-run bound'}"
+        f"client {p['client']} {p['mechanism']}: {'; '.join(p['failed']) or 'one-run bound'}"
+        + (f" ({p['holds_note']})" if p["holds_note"] else "")
         for p in bad
     )
     msg = (
