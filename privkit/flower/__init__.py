@@ -29,6 +29,7 @@ _LAZY: dict[str, str] = {
     "audit_app_mechanisms": "privkit.flower.audit",
     "FlowerAppRecipe": "privkit.flower.audit",
     "audit_mod": "privkit.flower.audit_transport",
+    "CanaryClients": "privkit.flower.canary_clients",
 }
 
 
