@@ -255,6 +255,9 @@ def release_evidence(
     noise_law: str = "gaussian",
     reuse_every: int = 0,
     by_batch: bool = False,
+    correlation: float = 0.0,
+    heavy: float = 10.0,
+    df: float = 5.0,
 ):
     """What canary records in a user's loader observe of a DP-SGD run, in clip norms
     (:class:`attacks.conformance.ProbeEvidence` with witnesses and the sampler's record): ``records``
@@ -262,10 +265,12 @@ def release_evidence(
     not in the data), drawn per release by ``sampler`` (``poisson`` at ``q_real``, default ``q``;
     ``shuffle``: a random permutation cut into batches of ``q`` x records; ``weighted``: one record
     in 20 drawn ten times as often, Poisson otherwise), each included probe adding 1 when drawn;
-    noise ``noise * sigma`` of law ``noise_law`` (``gaussian``, ``uniform`` or ``laplace``, each of
-    that standard deviation) on every probe and on ``witness`` probe-free coordinates, the same
-    noise again every ``reuse_every`` releases (0: never), and with ``by_batch`` each release
-    divided by its realised batch size over the expected one. With the defaults it is exactly the
+    noise ``noise * sigma`` of law ``noise_law`` (``gaussian``, ``uniform``, ``laplace`` or
+    ``student`` with ``df`` degrees of freedom, each of that standard deviation) on every probe and
+    on ``witness`` probe-free coordinates, the same noise again every ``reuse_every`` releases
+    (0: never) or each release's noise correlated with the previous one's by ``correlation``, and
+    with ``by_batch`` each release divided by its realised batch size over the expected one. The
+    ``weighted`` sampler draws one record in 20 ``heavy`` times as often. With the defaults it is exactly the
     claim ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)``: the null hypothesis."""
     from attacks.conformance import ProbeEvidence
     from attacks.sampling_law import SamplingRecord
@@ -276,9 +281,8 @@ def release_evidence(
     present = np.ones(records, dtype=bool)
     present[:m] = included
     drawn = np.zeros((steps, records), dtype=bool)  # an excluded probe is not in the data
-    drawn[:, present] = _draws(
-        rng, sampler, steps, int(present.sum()), q if q_real is None else q_real
-    )
+    rate = q if q_real is None else q_real
+    drawn[:, present] = _draws(rng, sampler, steps, int(present.sum()), rate, heavy)
     std = noise * sigma
 
     def draw_noise(shape):
@@ -286,11 +290,15 @@ def release_evidence(
             return rng.uniform(-math.sqrt(3) * std, math.sqrt(3) * std, shape)
         if noise_law == "laplace":
             return rng.laplace(0.0, std / math.sqrt(2), shape)
+        if noise_law == "student":
+            return rng.standard_t(df, shape) * std / math.sqrt(df / (df - 2))
         return rng.normal(0.0, std, shape)
 
     z = draw_noise((steps, m + witness))
     if reuse_every:
         z = z[np.arange(steps) // reuse_every * reuse_every]
+    for t in range(1, steps) if correlation else ():
+        z[t] = correlation * z[t - 1] + math.sqrt(1 - correlation**2) * z[t]
     batch = drawn.sum(1)
     scale = (q * present.sum() / np.maximum(batch, 1))[:, None] if by_batch else 1.0
     obs = (drawn[:, :m] + z[:, :m]) * scale
@@ -307,13 +315,15 @@ def release_evidence(
     )
 
 
-def _draws(rng: np.random.Generator, sampler: str, steps: int, n: int, q: float) -> np.ndarray:
+def _draws(
+    rng: np.random.Generator, sampler: str, steps: int, n: int, q: float, heavy: float
+) -> np.ndarray:
     """(steps, n) which records each release draws."""
     if sampler == "poisson":
         return rng.random((steps, n)) < q
     if sampler == "weighted":
         rate = np.full(n, q)
-        rate[::20] = min(1.0, 10 * q)
+        rate[::20] = min(1.0, heavy * q)
         return rng.random((steps, n)) < rate
     size = max(1, round(q * n))
     per_epoch = math.ceil(n / size)
