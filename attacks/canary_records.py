@@ -274,7 +274,7 @@ def replace_rows(per_example: Any, canaries: GradientCanaries) -> Any:
         if not t.is_contiguous():
             t.detach().copy_(flat.view_as(t))
         start += size
-    canaries.appearances += np.bincount(ids, minlength=canaries.n) if ids.size else 0
+    canaries.count_appearances(ids)
     return per_example
 
 
@@ -300,7 +300,7 @@ def _opacus_ghost(optimizer: Any, canaries: GradientCanaries, module: Any, param
     def get_norm_sample() -> torch.Tensor:
         norms = norm_sample().clone()
         pos, ids = state.next_batch()
-        canaries.appearances += np.bincount(ids, minlength=canaries.n) if ids.size else 0
+        canaries.count_appearances(ids)
         norms[torch.as_tensor(pos, dtype=torch.long)] = canaries.raw_norm
         pending["rows"] = (pos, ids)
         module.per_sample_gradient_norms = norms

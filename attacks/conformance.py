@@ -291,6 +291,12 @@ class ProbeEvidence:
     sampling : what the sampler drew (:class:`attacks.sampling_law.SamplingRecord`): the sampling
         part, and with its batch sizes the normalisation part. ``None``: not observed (the auditor
         sampled the probes itself, so the user's sampler was not exercised).
+    appearances : (T, m) how many times the sampler put each probe record in each release (canary
+        records: the auditor sees the loader's draws). With it the influence part measures what
+        one appearance adds (the clipping alone; the rate is the sampling part's), on the
+        releases each included probe joined, against the noise of the releases it did not join.
+    raw_norm : a probe record's gradient norm before clipping, in units of ``C`` (to tell clipping
+        at a larger norm from no clipping at all).
     """
 
     projections: np.ndarray
@@ -302,6 +308,8 @@ class ProbeEvidence:
     influence_tolerance: float = 1e-6
     witness: np.ndarray | None = None
     sampling: SamplingRecord | None = None
+    appearances: np.ndarray | None = None
+    raw_norm: float | None = None
 
     @property
     def steps(self) -> int:
@@ -417,9 +425,49 @@ def _noise_test(
     )
 
 
+def _influence_per_appearance(ev: ProbeEvidence, level: float, upto: int) -> ConformanceTest:
+    """Influence part where the sampler's draws are known: each release an included probe joined
+    ``a`` times carries ``a`` clipped probes plus noise; the releases it did not join carry noise
+    only. Under the claim ``S = sum (x - a)`` over the joined cells is ``N(0, s^2 n)`` with ``s^2``
+    the noise's variance, estimated from the unjoined cells (independent of ``S``): ``S / (s_hat
+    sqrt(n))`` is Student-t with as many degrees of freedom as unjoined cells (exact for Gaussian
+    noise). One-sided: a probe that moves a release by more than ``C`` per appearance."""
+    a = ev.appearances[:upto][:, ev.included].astype(np.float64)
+    x = ev.projections[:upto][:, ev.included]
+    joined, free = a > 0, a == 0
+    n, dof = int(joined.sum()), int(free.sum())
+    if n < 2 or dof < 2:
+        return not_measured("influence", "fewer than two appearances or unjoined releases")
+    s = math.sqrt(float(np.mean(np.square(x[free]))))
+    total = float(a.sum())
+    ratio = float(x[joined].sum()) / total
+    if s == 0:
+        p = 0.0 if ratio > 1 else 1.0
+        margin = 0.0
+    else:
+        z = float((x[joined] - a[joined]).sum()) / (s * math.sqrt(n))
+        p = float(stats.t.sf(z, dof))
+        margin = float(stats.t.ppf(1 - level, dof)) * s * math.sqrt(n) / total
+    return ConformanceTest(
+        "influence",
+        p < level,
+        p,
+        level,
+        ratio,
+        ratio - margin,
+        1.0,
+        f"one appearance of a probe record moved its release by {ratio:.3f} x the claimed "
+        f"sensitivity (lower {pct(1 - level)} limit {ratio - margin:.3f}; {int(total)} "
+        f"appearances, noise from {dof} releases the probes did not join)",
+        1.0 + margin,
+    )
+
+
 def _influence_test(
     ev: ProbeEvidence, claim: MechanismClaim, level: float, upto: int
 ) -> ConformanceTest:
+    if ev.appearances is not None and ev.clean_known:
+        return _influence_per_appearance(ev, level, upto)
     totals = ev.projections[:upto].sum(0)
     inc, exc = totals[ev.included], totals[~ev.included]
     expected = float(claim.sample_rates[:upto].sum())  # each appearance adds exactly C (clipped)

@@ -6,6 +6,8 @@ that failed has a measured size, the claim is re-stated with that size and accou
 * ``releases``: more releases than claimed; the claim over the releases observed.
 * ``noise``: the noise's scale at its *lower* confidence limit (the side of less privacy).
 * ``sampling`` (rate): the claimed Poisson rates times the rate's *upper* confidence limit.
+* ``influence`` measured per appearance and clearly below the canaries' raw norm: records are
+  clipped at a larger norm than claimed; the noise divided by that norm's upper confidence limit.
 * ``sampling`` (regularity, with constant batch sizes): the run shuffles or fixes its batches;
   privkit's shuffle accounting (:func:`accountants.samplers.sampler_accounting`): a sound upper
   bound without amplification and a certified lower bound (Chua et al. 2024's attack).
@@ -80,6 +82,18 @@ def _explained_by_rate(res: ConformanceResult, ev: ProbeEvidence, ratio: float) 
     return out
 
 
+def _clipped_at(res: ConformanceResult, ev: ProbeEvidence) -> float | None:
+    """Where the influence per appearance was rejected but stayed clearly below the canaries' raw
+    norm, the records are clipped, at a larger norm than claimed: its upper confidence limit (in
+    units of ``C``). ``None`` otherwise (not rejected, not measured per appearance, or as large as
+    the raw norm: no clipping to speak of)."""
+    t = res.tests["influence"]
+    if not t.rejected or ev.appearances is None or ev.raw_norm is None:
+        return None
+    upper = t.measured + (t.measured - t.confidence_limit)
+    return upper if upper < 0.95 * ev.raw_norm else None
+
+
 def _shuffle(claim, delta: float, noise: float) -> tuple[float, float | None, str]:
     from accountants.samplers import sampler_accounting
 
@@ -102,6 +116,9 @@ def holds_instead(
     failed_sampling = set(sampling.failed) if sampling is not None and sampling.rejected else set()
     ratio = _rate_upper(res, ev) if "rate" in failed_sampling else 1.0
     explained = _explained_by_rate(res, ev, ratio) if ratio > 1 else set()
+    clip = _clipped_at(res, ev)
+    if clip is not None:
+        explained.add("influence")
     hard = [UNBOUNDED[n] for n in rejected if n in UNBOUNDED and n not in explained]
     if "heaviest" in failed_sampling and "heaviest" not in explained:
         hard.append("some record is drawn more often than a Poisson sampler allows")
@@ -116,6 +133,9 @@ def holds_instead(
         notes.append(f"{ev.steps} releases observed")
     if noise < 1:
         notes.append(f"noise at its lower confidence limit {noise:.3f} x the claimed")
+    if clip is not None:  # clipping at clip x C: the noise is 1/clip of what that sensitivity needs
+        noise /= clip
+        notes.append(f"records clipped at up to {clip:.3f} x the claimed norm")
     if ratio > 1:
         claim = type(claim)(
             np.minimum(claim.sample_rates * ratio, 1.0), claim.noise_multipliers, claim.sensitivity

@@ -258,6 +258,7 @@ def release_evidence(
     correlation: float = 0.0,
     heavy: float = 10.0,
     df: float = 5.0,
+    influence: float = 1.0,
 ):
     """What canary records in a user's loader observe of a DP-SGD run, in clip norms
     (:class:`attacks.conformance.ProbeEvidence` with witnesses and the sampler's record): ``records``
@@ -270,7 +271,8 @@ def release_evidence(
     on ``witness`` probe-free coordinates, the same noise again every ``reuse_every`` releases
     (0: never) or each release's noise correlated with the previous one's by ``correlation``, and
     with ``by_batch`` each release divided by its realised batch size over the expected one. The
-    ``weighted`` sampler draws one record in 20 ``heavy`` times as often. With the defaults it is exactly the
+    ``weighted`` sampler draws one record in 20 ``heavy`` times as often; each appearance of an
+    included probe adds ``influence`` (1: clipped to ``C`` as claimed; probes' raw norm is 4). With the defaults it is exactly the
     claim ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)``: the null hypothesis."""
     from attacks.conformance import ProbeEvidence
     from attacks.sampling_law import SamplingRecord
@@ -301,7 +303,7 @@ def release_evidence(
         z[t] = correlation * z[t - 1] + math.sqrt(1 - correlation**2) * z[t]
     batch = drawn.sum(1)
     scale = (q * present.sum() / np.maximum(batch, 1))[:, None] if by_batch else 1.0
-    obs = (drawn[:, :m] + z[:, :m]) * scale
+    obs = (influence * drawn[:, :m] + z[:, :m]) * scale
     wit = z[:, m:] * scale
     free = np.c_[obs[:, ~included], wit]
     return ProbeEvidence(
@@ -312,6 +314,8 @@ def release_evidence(
         clean_known=True,
         witness=wit,
         sampling=SamplingRecord(drawn[:, present].sum(0), batch, 0, "loader"),
+        appearances=drawn[:, :m].astype(np.int64),
+        raw_norm=4.0,
     )
 
 

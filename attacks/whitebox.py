@@ -289,6 +289,10 @@ class GradientCanaries:
         self._witness = self._witness_coordinates(int(witness))
         self._witness_rows: list[np.ndarray] = []
         self.records_state = None  # set by records(): canary records in the user's loader
+        # canary records: which canaries the user's sampler put in each release (the auditor
+        # sees the loader's draws), for the influence per appearance
+        self._step_counts = np.zeros(self.n, dtype=np.int64)
+        self._appear_rows: list[np.ndarray] = []
 
     @classmethod
     def for_parameters(cls, params: Sequence[torch.Tensor], n: int, **kwargs) -> GradientCanaries:
@@ -325,6 +329,13 @@ class GradientCanaries:
     def coordinates_of(self, ids: np.ndarray) -> np.ndarray:
         """The Dirac coordinate of each canary in ``ids``."""
         return self._coords.numpy()[np.asarray(ids, dtype=np.int64)]
+
+    def count_appearances(self, ids: np.ndarray) -> None:
+        """Canary records ``ids`` (repeats allowed) joined the batch of the current release."""
+        if np.size(ids):
+            counts = np.bincount(np.asarray(ids, dtype=np.int64), minlength=self.n)
+            self.appearances += counts
+            self._step_counts += counts
 
     def record_sources(self, n: int) -> np.ndarray:
         """For each included canary, the record of an ``n``-record data set whose input it copies
@@ -453,6 +464,9 @@ class GradientCanaries:
         ss, dof = self._records_noise_part(r, x) if records else self._noise_part(r, x)
         self._noise_ss.append(ss)
         self._noise_dof.append(dof)
+        if records:
+            self._appear_rows.append(self._step_counts.copy())
+            self._step_counts[:] = 0
         if witness and self._witness.size and (records or base is not None):
             self._witness_rows.append(r[torch.as_tensor(self._witness)].numpy().copy())
         self._clean, self._pending = None, False
@@ -485,6 +499,8 @@ class GradientCanaries:
             influence_tolerance=self.influence_tolerance,
             witness=witness,
             sampling=self._sampling_record(),
+            appearances=np.stack(self._appear_rows) if self._appear_rows else None,
+            raw_norm=self.raw_norm / self.clip_norm,
         )
 
     def _sampling_record(self):

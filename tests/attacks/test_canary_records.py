@@ -88,7 +88,8 @@ def user_loop(seed=0, steps=80, sampler="poisson", sigma=SIGMA, clip=True, by_ba
                 break
             g = canaries.through(per_example(params, xb, yb))  # the one call in the loop
             norms = torch.sqrt(sum(v.reshape(len(xb), -1).pow(2).sum(1) for v in g.values()))
-            factor = (C / (norms + 1e-6)).clamp(max=1.0) if clip else torch.ones_like(norms)
+            bound = C * (clip if clip is not True else 1.0)  # clip: True, False or a factor
+            factor = (bound / (norms + 1e-6)).clamp(max=1.0) if clip else torch.ones_like(norms)
             for k, p in params.items():
                 summed = torch.einsum("b,b...->...", factor, g[k])
                 noisy = summed + sigma * C * torch.randn(summed.shape, generator=noise)
@@ -185,6 +186,10 @@ def test_a_user_loop_is_flagged_at_the_nominal_rate_and_its_bugs_every_time():
     assert all(r.conformance.holds_epsilon > r.conformance.claimed_epsilon for r in shuffled)
     by_batch = [user_loop(s, by_batch=True).audit(delta=1e-5) for s in seeds[:5]]
     assert all("normalisation" in r.conformance.rejected for r in by_batch)
+    # clipping at twice the claimed norm: caught per appearance, the epsilon that holds computed
+    wide = [user_loop(s, clip=2.0).audit(delta=1e-5).conformance for s in seeds]
+    assert all(r.failed == ["influence"] for r in wide), [r.failed for r in wide]
+    assert all(r.claimed_epsilon < r.holds_epsilon < float("inf") for r in wide)
 
 
 def _opacus_run(seed, *, poisson=True, ghost=False, steps=60):
