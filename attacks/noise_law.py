@@ -9,16 +9,18 @@ error rate:
 
 ``independence``
     Noise reused across releases (a generator re-seeded inside the step) or across coordinates
-    (one draw broadcast to many). Three statistics at a third of the level each: the largest
-    absolute cosine between two releases' witness vectors (every pair of releases up to a lag
-    that keeps the count of pairs near two million) and between two coordinates' columns (rows
-    divided by the claimed ``sigma_t``), each against its exact law (the cosine of two
-    independent isotropic vectors in ``R^d``: ``(1 + c) / 2 ~ Beta((d - 1)/2, (d - 1)/2)``),
-    Bonferroni over the pairs; and the sum of consecutive releases' cosines (independent terms of
-    variance ``1/w`` under the claim, normal by the central limit theorem; needs 30 releases),
-    which sees a weak dependence that lasts. Dependence in either direction makes the releases
-    together less private (reused noise cancels in differences, antithetic noise in sums), so
-    these are two-sided.
+    (one draw broadcast to many). The statistics read the *signs* of the witness values: under
+    the claim (indeed under any noise law symmetric about zero, independent across releases and
+    coordinates) they are independent fair coins, so every law below is exact whatever the
+    noise's shape, which is the distribution part's to test. Three statistics at a third of the
+    level each: the largest absolute cosine between two releases' sign vectors (every pair of
+    releases up to a lag that keeps the count of pairs near two million) and, where the releases
+    look independent, between two coordinates' sign columns, each against its exact law (``d``
+    fair coins agree ``Binomial(d, 1/2)`` times), Bonferroni over the pairs; and the sum of
+    consecutive releases' cosines (independent terms of variance ``1/w`` under the claim, normal
+    by the central limit theorem; needs 30 releases), which sees a weak dependence that lasts.
+    Dependence in either direction makes the releases together less private (reused noise
+    cancels in differences, antithetic noise in sums), so these are two-sided.
 ``distribution``
     The shape of the noise: the Anderson-Darling statistic of the witness values (each divided by
     its release's claimed ``sigma_t``) against a centred normal whose scale is estimated from them
@@ -39,7 +41,7 @@ import functools
 import math
 
 import numpy as np
-from scipy import special, stats
+from scipy import stats
 
 from attacks.claim_parts import ConformanceTest, not_measured
 
@@ -53,17 +55,18 @@ DISTRIBUTION_SIMULATIONS = 999
 
 
 def _cosine_tail(c: float, d: int) -> float:
-    """P[|cos| >= c] for the cosine of two independent isotropic vectors in R^d."""
-    if d < 2:
+    """P[|cos| >= c] for the cosine of two independent vectors of ``d`` fair signs: they agree
+    ``d (1 + cos) / 2 ~ Binomial(d, 1/2)`` times."""
+    if d < 1:
         return 1.0
-    c = min(abs(c), 1.0)
-    # cos^2 ~ Beta(1/2, (d - 1)/2): P[cos^2 >= c^2] = I_{1 - c^2}((d - 1)/2, 1/2)
-    return float(special.betainc((d - 1) / 2, 0.5, 1.0 - c * c))
+    agree = math.ceil(d * (1 + min(abs(c), 1.0)) / 2 - 1e-9)
+    if agree <= d / 2:
+        return 1.0
+    return min(1.0, float(2 * stats.binom.sf(agree - 1, d, 0.5)))
 
 
-def _unit_rows(a: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(a, axis=1, keepdims=True)
-    return a / np.where(norms > 0, norms, 1.0)
+def _signs(a: np.ndarray) -> np.ndarray:
+    return np.where(a >= 0, 1.0, -1.0)
 
 
 def _max_release_cosine(u: np.ndarray) -> tuple[float, int, tuple[int, int]]:
@@ -93,28 +96,21 @@ def _max_release_cosine(u: np.ndarray) -> tuple[float, int, tuple[int, int]]:
     return best, pairs, where
 
 
-def _coordinate_cosine(
-    w: np.ndarray, noise_multipliers: np.ndarray, t: int, d: int
-) -> tuple[float, float]:
-    """Largest |cosine| between two witness coordinates' columns (each release divided by its
-    claimed sigma, centred over releases) and its Bonferroni p-value over the pairs."""
-    scaled = w / np.asarray(noise_multipliers, dtype=np.float64)[:t, None]
-    # centred over releases: noise reused across releases (constant columns) is the first
-    # statistic's; a centred column of independent normals is isotropic in R^(T-1)
-    centred = scaled - scaled.mean(0)
-    # a column constant up to rounding carries no coordinate signal (float sums leave ~1e-16)
-    flat = np.linalg.norm(centred, axis=0) <= 1e-9 * np.linalg.norm(scaled, axis=0)
-    cols = _unit_rows(np.where(flat, 0.0, centred).T)
+def _coordinate_cosine(w: np.ndarray, t: int, d: int) -> tuple[float, float]:
+    """Largest |cosine| between two witness coordinates' sign columns and its Bonferroni p-value
+    over the pairs."""
+    cols = _signs(w).T / math.sqrt(t)
     g = np.abs(cols @ cols.T)
     np.fill_diagonal(g, 0.0)
     c = float(g.max())
-    return min(1.0, d * (d - 1) / 2 * _cosine_tail(c, t - 1)), c
+    return min(1.0, d * (d - 1) / 2 * _cosine_tail(c, t)), c
 
 
 def independence_test(
     witness: np.ndarray, noise_multipliers: np.ndarray, level: float
 ) -> ConformanceTest:
-    """The independence part (see the module docstring) at ``level``."""
+    """The independence part (see the module docstring) at ``level`` (``noise_multipliers`` are
+    not needed: signs do not depend on the scale)."""
     w = np.asarray(witness, dtype=np.float64)
     if w.ndim != 2 or w.shape[0] < 3 or w.shape[1] < 3:
         return not_measured("independence", "fewer than three releases or witness coordinates")
@@ -122,7 +118,7 @@ def independence_test(
         return not_measured("independence", "the witness coordinates carried no noise at all")
     t, d = w.shape
     sub = level / 3
-    rows = _unit_rows(w)
+    rows = _signs(w) / math.sqrt(d)
     c_rel, pairs, (a, b) = _max_release_cosine(rows)
     p_rel = min(1.0, pairs * _cosine_tail(c_rel, d))
     p_lag = 1.0
@@ -133,7 +129,7 @@ def independence_test(
         p_lag = float(2 * stats.norm.sf(abs(z)))
     p_coord, c_coord = 1.0, math.nan
     if min(p_rel, p_lag) >= sub:  # releases dependent: columns are no sample of T releases
-        p_coord, c_coord = _coordinate_cosine(w, noise_multipliers, t, d)
+        p_coord, c_coord = _coordinate_cosine(w, t, d)
     failed = tuple(
         name
         for name, p in (("releases", p_rel), ("coordinates", p_coord), ("consecutive", p_lag))
@@ -145,7 +141,7 @@ def independence_test(
         "consecutive": "consecutive releases' noises are correlated",
     }
     detail = (
-        f"largest noise cosine between releases {c_rel:.3f} over {pairs} pairs, between "
+        f"largest cosine of the noise's signs between releases {c_rel:.3f} over {pairs} pairs, between "
         "coordinates "
         + ("n/a (releases dependent)" if math.isnan(c_coord) else f"{c_coord:.3f}")
         + "; sum of consecutive cosines "

@@ -122,6 +122,24 @@ def test_independence_and_distribution_parts_are_valid_over_300_seeds(steps):
     assert _at_most(ind, n, LEVEL) and _at_most(dist, n, LEVEL), (ind, dist)
 
 
+def test_independence_part_is_exact_for_any_symmetric_noise_law():
+    # it reads signs: heavy tails or bounded noise are the distribution part's, never its
+    rng = np.random.default_rng(17)
+    n = 300
+    for law in (lambda: rng.standard_t(3, (STEPS, 64)), lambda: rng.uniform(-1, 1, (STEPS, 64))):
+        k = sum(independence_test(law(), np.full(STEPS, SIGMA), LEVEL).rejected for _ in range(n))
+        assert _at_most(k, n, LEVEL), k
+
+
+def test_heavy_tailed_noise_is_named_by_the_distribution_part():
+    rng = np.random.default_rng(18)
+    res = [
+        conformance_test(release_evidence(rng, noise_law="student", df=3.0), _claim())
+        for _ in range(10)
+    ]
+    assert sum("distribution" in r.rejected for r in res) >= 9, [r.failed for r in res]
+
+
 def test_distribution_part_is_calibrated_not_degenerate():
     rng = np.random.default_rng(6)
     n = 200
