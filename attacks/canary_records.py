@@ -194,8 +194,15 @@ def records_loader(loader: DataLoader, canaries: GradientCanaries) -> DataLoader
     if n < 1:
         raise ValueError(f"data_loader's data set must hold records; found {n}")
     ids = canaries.included_ids
-    sources = canaries.record_sources(n)
-    state = CanaryRecords(n, ids, sources)
+    state = canaries.records_state
+    if state is None or state.base_size != n:  # a loader rebuilt per round keeps its record
+        if canaries.steps:
+            raise RuntimeError(
+                "canary records must join the loader before the first observed release "
+                f"(or a rebuilt loader over the same {state.base_size if state else '?'} records); "
+                f"found {n} records after {canaries.steps} releases"
+            )
+        state = CanaryRecords(n, ids, canaries.record_sources(n))
     data = _WithCanaries(loader.dataset, state)
     batches = _Recording(_batch_sampler_over(loader, data, n, ids.size), state)
     kwargs: dict[str, Any] = {

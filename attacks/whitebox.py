@@ -350,12 +350,12 @@ class GradientCanaries:
 
         In the loop, pass each batch's per-example gradients through :meth:`through` before
         clipping them, and let every release be observed (:meth:`watch` on the optimizer, or
-        :meth:`observe`). See :mod:`attacks.canary_records`.
+        :meth:`observe`). A loop that rebuilds its loader (a Flower client, each round) calls this
+        again on each new loader over the same records: the canaries and their record carry
+        over. See :mod:`attacks.canary_records`.
         """
         from attacks.canary_records import records_loader
 
-        if self.steps:
-            raise RuntimeError("records() must be called before the first observed release")
         return records_loader(loader, self)
 
     def through(self, per_example):
