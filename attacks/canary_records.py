@@ -153,7 +153,9 @@ def _sampler_over(sampler: Any, data: _WithCanaries, n: int, extra: int) -> Any:
         # a canary is a typical record: the mean weight
         weights = torch.cat([w, torch.full((extra,), float(w.mean()), dtype=torch.double)])
         num = sampler.num_samples + round(sampler.num_samples * extra / n)
-        return WeightedRandomSampler(weights, num, sampler.replacement, generator=sampler.generator)
+        return WeightedRandomSampler(
+            weights.tolist(), num, sampler.replacement, generator=sampler.generator
+        )
     raise ValueError(
         "data_loader's sampler must be opacus' Poisson sampler or a torch RandomSampler, "
         "SequentialSampler, SubsetRandomSampler or WeightedRandomSampler for canary records; "
@@ -162,7 +164,7 @@ def _sampler_over(sampler: Any, data: _WithCanaries, n: int, extra: int) -> Any:
 
 
 def _batch_sampler_over(loader: DataLoader, data: _WithCanaries, n: int, extra: int) -> Any:
-    bs = loader.batch_sampler
+    bs: Any = loader.batch_sampler
     name = type(bs).__name__
     if name == "UniformWithReplacementSampler":  # opacus' Poisson sampling
         return type(bs)(num_samples=n + extra, sample_rate=bs.sample_rate, generator=bs.generator)
@@ -186,7 +188,7 @@ def records_loader(loader: DataLoader, canaries: GradientCanaries) -> DataLoader
             f"{canaries.kind!r}"
         )
     try:
-        n = len(loader.dataset)
+        n = len(loader.dataset)  # type: ignore[arg-type]  # map-style: TypeError otherwise
     except TypeError:
         raise ValueError(
             "data_loader must iterate a map-style data set (with len); found an iterable one"
@@ -240,7 +242,7 @@ def replace_rows(per_example: Any, canaries: GradientCanaries) -> Any:
     """Set this batch's canary rows to their Dirac gradients and zero every other row on the
     reserved coordinates (in place; returns ``per_example``). ``per_example``: a tensor, a
     list/tuple or a dict of tensors, each ``(B, *parameter shape)``, in the parameters' order."""
-    state = canaries.records_state
+    state: CanaryRecords | None = canaries.records_state
     if state is None:
         raise RuntimeError("call GradientCanaries.records(loader) before replacing rows")
     tensors = _tensors(per_example)
@@ -301,6 +303,7 @@ def _opacus_hooks(optimizer: Any, canaries: GradientCanaries, params: list) -> N
 
 def _opacus_ghost(optimizer: Any, canaries: GradientCanaries, module: Any, params: list) -> dict:
     state = canaries.records_state
+    assert state is not None  # records_loader set it
     pending: dict = {"rows": None, "added": []}
     norm_sample, clipping_coef = module.get_norm_sample, module.get_clipping_coef
 
@@ -396,9 +399,10 @@ def watch_optimizer(
     )
 
     def hook(opt, args, kwargs) -> None:
-        missing = [i for i, p in enumerate(ps) if p.grad is None]
+        grads = [p.grad for p in ps]
+        missing = [i for i, g in enumerate(grads) if g is None]
         if missing:
             raise RuntimeError(f"parameter {missing[0]} has no gradient at the optimizer step")
-        canaries.observe([p.grad * scale for p in ps])
+        canaries.observe([g * scale for g in grads if g is not None])
 
     return optimizer.register_step_pre_hook(hook)

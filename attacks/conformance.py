@@ -432,6 +432,7 @@ def _influence_per_appearance(ev: ProbeEvidence, level: float, upto: int) -> Con
     the noise's variance, estimated from the unjoined cells (independent of ``S``): ``S / (s_hat
     sqrt(n))`` is Student-t with as many degrees of freedom as unjoined cells (exact for Gaussian
     noise). One-sided: a probe that moves a release by more than ``C`` per appearance."""
+    assert ev.appearances is not None  # only called with appearances
     a = ev.appearances[:upto][:, ev.included].astype(np.float64)
     x = ev.projections[:upto][:, ev.included]
     joined, free = a > 0, a == 0

@@ -54,6 +54,7 @@ def _noise_lower(res: ConformanceResult, ev: ProbeEvidence) -> float:
 def _rate_upper(res: ConformanceResult, ev: ProbeEvidence) -> float:
     """Upper confidence limit of the rate, as a multiple of the claimed mean rate."""
     rec, t = ev.sampling, res.tests["sampling"]
+    assert rec is not None  # the sampling part ran
     q = res.claim.over(ev.steps).sample_rates
     total = int(np.asarray(rec.counts).sum())
     trials = rec.population * q.size
@@ -74,6 +75,7 @@ def _explained_by_rate(res: ConformanceResult, ev: ProbeEvidence, ratio: float) 
     if influence.rejected and influence.confidence_limit <= ratio:
         out.add("influence")
     rec = ev.sampling
+    assert rec is not None  # the sampling part ran
     q = np.minimum(res.claim.over(ev.steps).sample_rates * ratio, 1.0)
     top = int(np.asarray(rec.counts).max())
     tail = float(stats.binom.sf(top - 1, q.size, float(q.mean())))
@@ -142,7 +144,7 @@ def holds_instead(
         )
         notes.append(f"rate at its upper confidence limit {ratio:.3f} x the claimed")
     if "regularity" in failed_sampling:
-        batches = ev.sampling.batch_sizes
+        batches = ev.sampling.batch_sizes if ev.sampling is not None else None
         if batches is None or np.unique(np.asarray(batches)).size > 2:  # last partial batches
             return (
                 math.inf,

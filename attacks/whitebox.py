@@ -58,6 +58,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -65,6 +66,9 @@ import torch
 from attacks.audit_scores import AuditResult
 from attacks.canaries import ONE_SIDED_GUESSES
 from attacks.conformance import ConformanceResult, MechanismClaim, ProbeEvidence, conformance_test
+
+if TYPE_CHECKING:  # pragma: no cover
+    from attacks.canary_records import CanaryRecords
 from attacks.experiment import stream
 
 KINDS = ("dirac", "random")
@@ -288,7 +292,8 @@ class GradientCanaries:
         self.appearances = np.zeros(self.n, dtype=np.int64)  # diagnostics only; never in a score
         self._witness = self._witness_coordinates(int(witness))
         self._witness_rows: list[np.ndarray] = []
-        self.records_state = None  # set by records(): canary records in the user's loader
+        # set by records(): canary records in the user's loader
+        self.records_state: CanaryRecords | None = None
         # canary records: which canaries the user's sampler put in each release (the auditor
         # sees the loader's draws), for the influence per appearance
         self._step_counts = np.zeros(self.n, dtype=np.int64)

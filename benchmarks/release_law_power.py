@@ -53,7 +53,13 @@ BUGS = [
         lambda v: {"sampler": "shuffle", "steps": int(v)},
         (10, 20, 60),
     ),
-    ("noise correlation", "independence", None, lambda v: {"correlation": v}, (0.02, 0.05, 0.1, 0.2)),
+    (
+        "noise correlation",
+        "independence",
+        None,
+        lambda v: {"correlation": v},
+        (0.02, 0.05, 0.1, 0.2),
+    ),
     (
         "Student-t df",
         "distribution",

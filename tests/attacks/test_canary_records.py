@@ -169,7 +169,7 @@ def test_unsupported_loaders_and_canaries_are_refused_with_the_value_found():
     with pytest.raises(ValueError, match="found MySampler"):
         can.records(DataLoader(ds, sampler=MySampler(ds), batch_size=10))
     rand = GradientCanaries(can.dim, 10, clip_norm=C, sample_rate=Q, kind="random")
-    with pytest.raises(ValueError, match="kind='dirac'.*found 'random'"):
+    with pytest.raises(ValueError, match=r"kind='dirac'.*found 'random'"):
         rand.records(DataLoader(ds, batch_size=10))
     with pytest.raises(RuntimeError, match="iterate the loader"):
         can.records(DataLoader(ds, batch_size=10))

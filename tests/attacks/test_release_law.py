@@ -259,8 +259,8 @@ def test_evidence_without_witnesses_or_sampler_keeps_the_two_part_split():
 
 
 def test_the_verdict_names_the_failed_part_and_the_epsilon_that_holds_instead():
-    from accountants.samplers import sampler_accounting
     from accountants import dpsgd_epsilon
+    from accountants.samplers import sampler_accounting
 
     rng = np.random.default_rng(2)
     shuffled = conformance_test(release_evidence(rng, sampler="shuffle"), _claim(), delta=1e-5)
