@@ -31,7 +31,13 @@ def _largest_plausible(n: int, p: float = NOMINAL, alpha: float = 1e-3) -> int:
 
 @pytest.fixture(scope="module")
 def results():
-    names = ["shuffle-as-poisson", "opacus-shuffle", "noise-reseeded", "ledger-steps-per-epoch"]
+    names = [
+        "shuffle-as-poisson",
+        "opacus-shuffle",
+        "noise-reseeded",
+        "ledger-steps-per-epoch",
+        "clip-norm-mismatch",
+    ]
     return zoo.run_zoo(names, seeds=SEEDS, steps=STEPS)
 
 
@@ -42,6 +48,7 @@ def results():
         ("opacus-shuffle", "white-box sampling: regularity"),
         ("noise-reseeded", "white-box independence"),
         ("ledger-steps-per-epoch", "white-box releases"),
+        ("clip-norm-mismatch", "white-box influence"),  # per appearance: the clipping alone
     ],
 )
 def test_bugs_beyond_one_and_a_half_times_their_claim_are_caught(results, name, part):
