@@ -1,7 +1,7 @@
 """Auditing privkit's own runs: the application side of the audit layer.
 
 :func:`audit_run` audits a run directory (``privkit audit RUN_DIR``, the pipeline's audit stage)
-and writes ``audit.json``; :mod:`~privkit.audit.shadows` re-runs a method's federation as shadow
+and writes ``audit.json``; :mod:`~privkit.audit.recipes` re-runs a method's federation as shadow
 runs; :mod:`~privkit.audit.instantiations` holds the attribute attacks on what the seed methods
 share (FLiP's Table II protocol among them). :mod:`~privkit.audit.controls` trains and audits the
 broken twins of a DP-SGD method that every report carries; :mod:`~privkit.audit.federated_canaries`

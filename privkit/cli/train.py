@@ -3,7 +3,7 @@
 ``privkit train METHOD [--config FILE.toml] [--set k=v ...] [--federation-set k=v ...] [--seed S]
 [--quick] --out RUN_DIR [--json]`` and ``privkit train --list [--json]``.
 
-The config file may hold ``method``, ``seed``, a ``[federation]`` table (:class:`FederationConfig`)
+The config file may hold ``method``, ``seed``, a ``[federation]`` table (:class:`~privkit.data.FederationConfig`)
 and a ``[trainer]`` table (the method's config); ``--set`` overrides trainer keys,
 ``--federation-set`` federation keys, ``--quick`` starts from the method's CPU-sized settings.
 Everything is validated before any data is loaded or any training starts.

@@ -1,8 +1,8 @@
 """privkit's federated methods as a Flower ServerApp and ClientApp.
 
 The server side of a method (client sampling, accounting, aggregation, evaluation, the budget
-check) is the in-process trainer's own run object, stepped round by round: :class:`FederatedRun`
-(fedavg, fedprox), :class:`DpFedRun` (dp-fedavg, fedkadp) and the DP-head setup and result of
+check) is the in-process trainer's own run object, stepped round by round: :class:`~privkit.trainers.fedavg.FederatedRun`
+(fedavg, fedprox), :class:`~privkit.trainers.fedkadp.DpFedRun` (dp-fedavg, fedkadp) and the DP-head setup and result of
 fedauxfdp. Each round the ServerApp sends every sampled client a ``train`` message with the global
 model and the round's parameters, and the ClientApp on the node holding that client's records runs
 the trainer's own client step on them (:func:`privkit.trainers.fedavg.local_update`,

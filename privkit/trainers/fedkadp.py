@@ -399,7 +399,7 @@ def _warnings(cfg: DpFedConfig, adaptive: bool, q_min: float, q_max: float) -> l
 class DpFedRun:
     """One run of the shared loop, held between rounds, so that many runs can be stepped together.
 
-    :func:`_run` drives one: :meth:`next_round` samples the round's clients (or says training has
+    :func:`_drive` drives one: :meth:`next_round` samples the round's clients (or says training has
     ended: all rounds run, or the budget / Renyi filter refuses the round), each sampled client
     runs :func:`_local_update` from :attr:`model` with :attr:`sigma`, :attr:`rho` and
     :meth:`client_seed`, and :meth:`finish_round` takes their states (in the sampled order):
