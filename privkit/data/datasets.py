@@ -26,6 +26,21 @@ class ArrayDataset:
 
     ``test_indices`` marks the dataset's official test split where it has one (local datasets);
     federations use it as the test set instead of drawing one.
+
+    Parameters
+    ----------
+    name : str
+        The dataset's name (as in :data:`privkit.data.DATASETS`); error messages name it.
+    x : numpy.ndarray
+        Images, shape (N, C, H, W), float32 in [0, 1], all finite.
+    y : numpy.ndarray
+        Integer labels, shape (N,), in ``range(num_classes)``.
+    num_classes : int
+        Number of classes.
+    description : str
+        One line saying where the data comes from.
+    test_indices : numpy.ndarray or None
+        Indices of the official test split, where the dataset has one.
     """
 
     name: str

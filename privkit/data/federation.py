@@ -98,7 +98,31 @@ def _size(spec: float, total: int, name: str) -> int:
 
 @dataclass
 class Federation:
-    """Index sets into ``private`` (clients, test, shadow pool) and ``public`` (distill, negative)."""
+    """Index sets into ``private`` (clients, test, shadow pool) and ``public`` (distill, negative).
+
+    Parameters
+    ----------
+    config : FederationConfig
+        The configuration the federation was built from.
+    private : ArrayDataset
+        The private dataset: clients' records, test set and shadow pool index into it.
+    public : ArrayDataset
+        The public/auxiliary dataset (the private one where no ``public_dataset`` is configured).
+    clients : list of numpy.ndarray
+        Each client's private records, as sorted int64 indices into ``private``.
+    test : numpy.ndarray
+        Held-out test records (indices into ``private``).
+    shadow_pool : numpy.ndarray
+        Records reserved for shadow models (indices into ``private``), seen by no client.
+    distill : numpy.ndarray
+        Public records used for distillation (indices into ``public``).
+    negative : numpy.ndarray
+        Public records used as negatives (indices into ``public``), e.g. by FedAUX's scores.
+    name : str
+        ``"target"`` for the released federation, another name for a derived (shadow) one.
+    extra : dict
+        Free-form data a method attaches to the federation; copied to derived federations.
+    """
 
     config: FederationConfig
     private: ArrayDataset

@@ -46,6 +46,24 @@ def dirichlet_partition(
     classes x clients matrix, alternately normalise columns and rows (1000 iterations), and give
     client i ``round(P_ji * M_j)`` non-overlapping points of class j (M_j = class size). Small
     alpha gives clients dominated by one class; large alpha approaches IID.
+
+    Parameters
+    ----------
+    labels : numpy.ndarray
+        Label of each item to split, shape (N,).
+    n_clients : int
+        Number of clients, at least 1 and at most N.
+    alpha : float
+        Dirichlet concentration, > 0.
+    rng : numpy.random.Generator
+        The stream that draws the mixtures and the order within each class.
+    num_classes : int, optional
+        Number of classes; by default ``labels.max() + 1``.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Each client's indices into ``labels`` (sorted int64), disjoint.
     """
     if not alpha > 0 or not np.isfinite(alpha):
         raise PrivkitError(f"alpha must be > 0; found {alpha}")
@@ -66,7 +84,22 @@ def dirichlet_partition(
 
 
 def iid_partition(n_items: int, n_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Shuffle and cut into ``n_clients`` near-equal parts."""
+    """Shuffle and cut into ``n_clients`` near-equal parts.
+
+    Parameters
+    ----------
+    n_items : int
+        Number of items to split (indices ``0 .. n_items - 1``).
+    n_clients : int
+        Number of clients, at least 1 and at most ``n_items``.
+    rng : numpy.random.Generator
+        The stream that draws the shuffle.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Each client's indices (sorted int64); sizes differ by at most one.
+    """
     _check_clients(n_items, n_clients)
     return [
         np.sort(p).astype(np.int64) for p in np.array_split(rng.permutation(n_items), n_clients)
@@ -80,6 +113,22 @@ def shard_partition(
 
     The non-IID set-up of McMahan et al. used by FedKADP: with 2 shards per client most clients
     hold two classes.
+
+    Parameters
+    ----------
+    labels : numpy.ndarray
+        Label of each item to split, shape (N,).
+    n_clients : int
+        Number of clients.
+    shards_per_client : int
+        Shards each client receives, >= 1; ``n_clients * shards_per_client`` must be <= N.
+    rng : numpy.random.Generator
+        The stream that breaks ties within a label and deals the shards.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Each client's indices into ``labels`` (sorted int64), disjoint.
     """
     if shards_per_client < 1:
         raise PrivkitError(f"shards_per_client must be >= 1; found {shards_per_client}")

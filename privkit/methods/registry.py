@@ -29,6 +29,25 @@ class TrainerSpec:
     ``target`` is the trainer ``fn(federation, config, seed, progress=False) -> TrainResult`` itself
     or its dotted path ``"package.module:function"``; ``quick`` holds config overrides for a
     CPU-sized run on the embedded data (the demo and CI use it).
+
+    Parameters
+    ----------
+    name : str
+        The method's registry name (``"dp-fedavg"``).
+    config_cls : type[TrainerConfig]
+        The method's config model.
+    target : str or callable
+        The trainer ``fn(federation, config, seed, progress=False) -> TrainResult``, or its dotted
+        path ``"package.module:function"`` (imported on first use).
+
+    summary : str
+        One line saying what the method does (``privkit train --list`` prints it).
+    paper : str or None
+        The paper the method comes from, where there is one.
+    formal_dp : bool
+        Whether the method has a formal (epsilon, delta) guarantee, i.e. its ledger bounds its epsilon.
+    quick : dict
+        Config overrides for a CPU-sized run on the embedded data (the demo and CI use them).
     """
 
     name: str
@@ -69,7 +88,31 @@ def declare(
     formal_dp: bool = True,
     quick: dict | None = None,
 ) -> TrainerSpec:
-    """Register method ``name``; ``target`` is its trainer or the trainer's ``"module:function"``."""
+    """Register method ``name``; ``target`` is its trainer or the trainer's ``"module:function"``.
+
+    Parameters
+    ----------
+    name : str
+        The method's registry name; registering a name twice is an error.
+    config_cls : type[TrainerConfig]
+        The method's config model.
+    target : str or callable
+        The trainer itself or its ``"package.module:function"`` path.
+
+    summary : str
+        One line saying what the method does (``privkit train --list`` prints it).
+    paper : str or None
+        The paper the method comes from, where there is one.
+    formal_dp : bool
+        Whether the method has a formal (epsilon, delta) guarantee, i.e. its ledger bounds its epsilon.
+    quick : dict, optional
+        Config overrides for a CPU-sized run on the embedded data (the demo and CI use them).
+
+    Returns
+    -------
+    TrainerSpec
+        The registered entry.
+    """
     if name in REGISTRY:
         raise PrivkitError(f"trainer {name!r} registered twice")
     REGISTRY[name] = TrainerSpec(
@@ -87,7 +130,29 @@ def register_trainer(
     formal_dp: bool = True,
     quick: dict | None = None,
 ) -> Callable[[TrainerFn], TrainerFn]:
-    """Decorator registering ``fn(federation, config, seed, progress=False) -> TrainResult`` as is."""
+    """Decorator registering ``fn(federation, config, seed, progress=False) -> TrainResult`` as is.
+
+    Parameters
+    ----------
+    name : str
+        The method's registry name; registering a name twice is an error.
+    config_cls : type[TrainerConfig]
+        The method's config model.
+
+    summary : str
+        One line saying what the method does (``privkit train --list`` prints it).
+    paper : str or None
+        The paper the method comes from, where there is one.
+    formal_dp : bool
+        Whether the method has a formal (epsilon, delta) guarantee, i.e. its ledger bounds its epsilon.
+    quick : dict, optional
+        Config overrides for a CPU-sized run on the embedded data (the demo and CI use them).
+
+    Returns
+    -------
+    callable
+        The decorator; it returns the decorated function unchanged.
+    """
 
     def deco(fn: TrainerFn) -> TrainerFn:
         declare(name, config_cls, fn, summary, paper=paper, formal_dp=formal_dp, quick=quick)

@@ -19,7 +19,17 @@ ARCHITECTURES = ("cnn", "mlp")
 
 
 class FeatureClassifier(nn.Module):
-    """``head(features(x))``; ``feature_dim`` is the width of ``features``' output."""
+    """``head(features(x))``; ``feature_dim`` is the width of ``features``' output.
+
+    Parameters
+    ----------
+    features : torch.nn.Module
+        Maps a batch of inputs to feature vectors of width ``feature_dim``.
+    feature_dim : int
+        Width of the feature vector.
+    num_classes : int
+        Number of classes: the linear head maps features to this many logits.
+    """
 
     def __init__(self, features: nn.Module, feature_dim: int, num_classes: int):
         super().__init__()
@@ -90,13 +100,21 @@ def build_model(
 
     Parameters
     ----------
-    arch : ``"cnn"`` (two conv blocks + dense layer; 1x28x28 and 3x32x32 inputs, any size >= 8x8)
+    arch : str
+        ``"cnn"`` (two conv blocks + dense layer; 1x28x28 and 3x32x32 inputs, any size >= 8x8)
         or ``"mlp"``.
-    input_shape : (C, H, W).
-    width : conv channels of the first block (cnn).
-    feature_dim : width of the feature vector h(x) (cnn: dense layer; mlp: hidden width).
-    depth : hidden layers (mlp).
-    normalize : append ``(h - c) / ||h - c||`` to the features (heads fitted on unit-norm
+    input_shape : tuple of int
+        (C, H, W) of one input.
+    num_classes : int
+        Number of classes (width of the linear head), >= 2.
+    width : int
+        Conv channels of the first block (cnn).
+    feature_dim : int
+        Width of the feature vector h(x) (cnn: dense layer; mlp: hidden width).
+    depth : int
+        Hidden layers (mlp).
+    normalize : bool
+        Append ``(h - c) / ||h - c||`` to the features (heads fitted on unit-norm
         features, FedAUXfdp); adds one buffer ``c``, no parameters.
     """
     shape = tuple(int(s) for s in input_shape)
@@ -117,7 +135,20 @@ def build_model(
 
 
 def model_spec(arch: str, input_shape: tuple[int, ...], num_classes: int, **kwargs: Any) -> dict:
-    """A JSON-able spec that :func:`build_from_spec` turns back into the same architecture."""
+    """A JSON-able spec that :func:`build_from_spec` turns back into the same architecture.
+
+    Parameters
+    ----------
+    arch : str
+        ``"cnn"`` or ``"mlp"`` (see :func:`build_model`).
+    input_shape : tuple of int
+        (C, H, W) of one input.
+    num_classes : int
+        Number of classes.
+    **kwargs : Any
+        The keyword arguments of :func:`build_model` (``width``, ``feature_dim``, ``depth``,
+        ``normalize``), stored as given.
+    """
     return {
         "arch": arch,
         "input_shape": list(input_shape),

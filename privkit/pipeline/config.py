@@ -196,7 +196,31 @@ class RunConfig(StrictModel):
 
 @dataclass
 class ResolvedMethod:
-    """A method entry with its full, validated trainer config."""
+    """A method entry with its full, validated trainer config.
+
+    Parameters
+    ----------
+    key : str
+        The entry's name in the run (its label, else its method name); its subdirectory of the run.
+    method : str
+        The registered method that trains it.
+    seed : int
+        The entry's seed (its own, else the run's).
+    quick : bool
+        Whether the trainer config starts from the method's CPU-sized ``quick`` settings.
+    overrides : dict
+        The trainer config keys the run config sets, as given.
+    trainer : dict
+        The full, validated trainer config (JSON-able).
+    summary : str
+        The method's one-line summary (from the registry).
+    paper : str or None
+        The method's paper, where it has one.
+    formal_dp : bool
+        Whether the method has a formal (epsilon, delta) guarantee.
+    engine : str
+        Where its federation runs: ``"inprocess"`` or ``"flower"``.
+    """
 
     key: str
     method: str
@@ -226,7 +250,19 @@ class ResolvedMethod:
 
 @dataclass
 class ResolvedRun:
-    """A validated run config with every method's full trainer config resolved."""
+    """A validated run config with every method's full trainer config resolved.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The validated run config.
+    methods : list of ResolvedMethod
+        Each method entry, resolved, in the config's order.
+    source : str or None
+        Where the config was read from (a file path), if anywhere.
+    overrides : list of str
+        The ``key=value`` overrides applied to the config, in order.
+    """
 
     config: RunConfig
     methods: list[ResolvedMethod]
@@ -252,6 +288,19 @@ def resolve_config(
     ------
     PrivkitError
         One line naming the bad field and the value found; nothing has been written yet.
+
+    Parameters
+    ----------
+    data : dict
+        The run config as read from its TOML file.
+    source : str, optional
+        Where ``data`` was read from; recorded in the result.
+    overrides : list of str, optional
+        ``dotted.key=value`` overrides applied to ``data`` before validation.
+
+    Returns
+    -------
+    ResolvedRun
     """
     from privkit.flower.engine import check_engine  # Flower-free: the name and the extra only
     from privkit.methods import get_trainer, make_config  # torch-free: refusing a value stays fast

@@ -360,7 +360,21 @@ def _add_mechanism_controls(method, root: Path, status: dict) -> None:
 def build_report(
     root: str | Path, *, command: str | None = None, wall_seconds: float | None = None
 ):
-    """Assemble a :class:`reports.PrivacyReport` from a pipeline run directory (files only)."""
+    """Assemble a :class:`reports.PrivacyReport` from a pipeline run directory (files only).
+
+    Parameters
+    ----------
+    root : str or pathlib.Path
+        The run directory (``config.resolved.json``, ``status.json`` and one subdirectory per method).
+    command : str, optional
+        The command line that made the run, recorded in the report's metadata.
+    wall_seconds : float, optional
+        The run's wall-clock time, recorded in the report's metadata.
+
+    Returns
+    -------
+    reports.PrivacyReport
+    """
     import privkit
     from reports import (
         DatasetSummary,
@@ -513,7 +527,24 @@ def build_report(
 
 
 def rerender(root: str | Path, *, rebuild: bool = False, formats: list[str] | None = None):
-    """``privkit report``: re-render ``report.json`` (or rebuild it from the run directories)."""
+    """``privkit report``: re-render ``report.json`` (or rebuild it from the run directories).
+
+    Parameters
+    ----------
+    root : str or pathlib.Path
+        The run directory.
+    rebuild : bool
+        Rebuild ``report.json`` from the run's files even where it exists (it is rebuilt anyway when
+        missing).
+    formats : list of str, optional
+        The formats to write (default: every one of ``reports.FORMATS``); ``json`` is written only
+        when the report is rebuilt.
+
+    Returns
+    -------
+    tuple
+        The report and what ``reports.write_report`` returns (the paths written).
+    """
     from reports import FORMATS, load_report, write_report
 
     root = Path(root)

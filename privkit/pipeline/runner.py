@@ -35,7 +35,21 @@ Log = Callable[[str], None]
 
 @dataclass
 class RunOutcome:
-    """What :func:`run_pipeline` wrote: the run directory, the report and the paths of its files."""
+    """What :func:`run_pipeline` wrote: the run directory, the report and the paths of its files.
+
+    Parameters
+    ----------
+    root : pathlib.Path
+        The run directory.
+    report : reports.PrivacyReport
+        The report written.
+    paths : dict of str to pathlib.Path
+        Each written report file by format.
+    failures : list of str
+        One ``"method/stage: error"`` line per failed stage (empty when every stage succeeded).
+    seconds : float
+        The run's wall-clock time.
+    """
 
     root: Path
     report: Any
@@ -59,6 +73,23 @@ def run_pipeline(
     ``status.json`` and the report; later stages of that method are skipped, other methods go on.
     With ``workers > 1`` methods run in parallel local processes (one torch thread each);
     ``status.json`` is written by this process only.
+
+    Parameters
+    ----------
+    run : ResolvedRun
+        The validated run config (:func:`privkit.pipeline.resolve_config`).
+    out : str or pathlib.Path
+        Parent directory of the run directory, which is ``out / run.config.name``.
+    progress : bool
+        Show training progress.
+    log : callable, optional
+        Receives one line per step taken (``print`` for the CLI); silent by default.
+    command : str, optional
+        The command line that started the run, recorded in the report.
+
+    Returns
+    -------
+    RunOutcome
     """
     from privkit.data import build_federation
 

@@ -80,10 +80,18 @@ def account_method(
 
     Parameters
     ----------
-    accountant : headline accountant (``best`` = the minimum over ``accountants``).
-    accountants : accountants computed per client (default: basic, advanced, rdp, pld).
-    pld_grid : PLD value discretisation interval (coarser is faster and still an upper bound).
-    curve_accountant : accountant of the epsilon-over-rounds curve (worst client at the end).
+    mdir : pathlib.Path
+        The method's run directory (its ``ledger.json``).
+    delta : float
+        Delta of every epsilon.
+    accountant : str
+        Headline accountant (``best`` = the minimum over ``accountants``).
+    accountants : list of str, optional
+        Accountants computed per client (default: basic, advanced, rdp, pld).
+    pld_grid : float, optional
+        PLD value discretisation interval (coarser is faster and still an upper bound).
+    curve_accountant : str
+        Accountant of the epsilon-over-rounds curve (worst client at the end).
     """
     from accountants import Ledger
 
@@ -180,7 +188,30 @@ def run_audit(
     progress: bool,
     **options: Any,
 ) -> dict:
-    """Audit one method's run directory (:func:`privkit.audit.audit_run`), which writes ``audit.json``."""
+    """Audit one method's run directory (:func:`privkit.audit.audit_run`), which writes ``audit.json``.
+
+    Parameters
+    ----------
+    run_dir : pathlib.Path
+        The method's run directory.
+    attacks : list of str or None
+        The attacks to run (None: the default set of :func:`privkit.audit.audit_run`).
+    shadows : int
+        Reference runs of the method's recipe (even, >= 2).
+    executor : str
+        Where the audited runs execute: ``serial``, ``process`` or ``ray``.
+    seed : int
+        The audit seed.
+    progress : bool
+        Show progress bars.
+    **options : Any
+        Further keyword arguments of :func:`privkit.audit.audit_run`.
+
+    Returns
+    -------
+    dict
+        The audit record (what ``audit.json`` holds).
+    """
     from privkit.audit import audit_run
 
     return audit_run(

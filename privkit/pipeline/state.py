@@ -83,6 +83,18 @@ class Status:
         return self.data["methods"].get(key, {}).get("stages", {}).get(stage, {})
 
     def is_done(self, key: str, stage: str, digest: str) -> bool:
+        """Whether ``stage`` of method ``key`` is done for the same inputs.
+
+        Parameters
+        ----------
+        key : str
+            The method's key in the run.
+        stage : str
+            ``train``, ``account`` or ``audit``.
+        digest : str
+            Hash of the stage's inputs (config and upstream files) now; a stage done with other
+            inputs is not done.
+        """
         s = self.stage(key, stage)
         return s.get("state") == "done" and s.get("hash") == digest
 
@@ -96,6 +108,25 @@ class Status:
         error: str | None = None,
         seconds: float | None = None,
     ) -> None:
+        """Record the state of one stage of one method and save ``status.json``.
+
+        Parameters
+        ----------
+        key : str
+            The method's key in the run.
+        method : str
+            The registered method it runs.
+        stage : str
+            ``train``, ``account`` or ``audit``.
+        state : str
+            ``done``, ``failed`` or ``skipped``.
+        digest : str or None
+            Hash of the stage's inputs.
+        error : str, optional
+            Why the stage failed or was skipped.
+        seconds : float, optional
+            How long the stage ran.
+        """
         entry = self.data["methods"].setdefault(key, {"method": method, "stages": {}})
         entry["method"] = method
         entry["stages"][stage] = {

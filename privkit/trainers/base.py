@@ -43,17 +43,39 @@ class TrainResult:
 
     Attributes
     ----------
-    model : the released global model (the default audit target).
-    model_spec : JSON spec rebuilding ``model``'s architecture (:func:`privkit.models.build_from_spec`).
-    ledger : every privacy event, per client, with labels.
-    rounds : per-round metrics, each a dict with at least ``round`` and ``test_accuracy``.
-    test_accuracy : the released model's final test accuracy, as a fraction.
-    artifacts : arrays a client shared with the server, keyed ``"<name>"`` or ``"<name>/client_<i>"``.
-    client_models / client_model_specs : personalised or per-party models that are released too.
-    warnings : caveats a reviewer must see (data-dependent choices, sampling mismatches, ...).
-    claims : the paper's own privacy claim for this method, e.g.
+    method : str
+        The registered method that trained it.
+    seed : int
+        The run seed.
+    config : dict
+        The method's full trainer config (JSON-able).
+    model : torch.nn.Module
+        The released global model (the default audit target).
+    model_spec : dict
+        JSON spec rebuilding ``model``'s architecture (:func:`privkit.models.build_from_spec`).
+    ledger : accountants.Ledger
+        Every privacy event, per client, with labels.
+    rounds : list of dict
+        Per-round metrics, each a dict with at least ``round`` and ``test_accuracy``.
+    test_accuracy : float
+        The released model's final test accuracy, as a fraction.
+    artifacts : dict of str to numpy.ndarray
+        Arrays a client shared with the server, keyed ``"<name>"`` or ``"<name>/client_<i>"``.
+    client_models : list of torch.nn.Module
+        Personalised or per-party models that are released too.
+    client_model_specs : list of dict
+        The spec of each of ``client_models``.
+    client_accuracy : list of float
+        The test accuracy of each of ``client_models``.
+    warnings : list of str
+        Caveats a reviewer must see (data-dependent choices, sampling mismatches, ...).
+    claims : dict
+        The paper's own privacy claim for this method, e.g.
         ``{"epsilon": 0.6, "delta": 2e-5, "composition": "basic", "source": "FedAUXfdp Table 2"}``.
-    reproducible_noise : True when the DP noise was derived from the run seed (not for release).
+    reproducible_noise : bool
+        True when the DP noise was derived from the run seed (not for release).
+    chance_accuracy : float
+        The test accuracy of a constant guess (NaN until :meth:`check_chance` sets it).
     """
 
     method: str
@@ -246,7 +268,25 @@ def train(
     seed: int = 0,
     progress: bool = False,
 ) -> TrainResult:
-    """Run ``method`` on ``federation``; same (federation, config, seed) -> same result."""
+    """Run ``method`` on ``federation``; same (federation, config, seed) -> same result.
+
+    Parameters
+    ----------
+    method : str
+        A registered method (:data:`privkit.methods.REGISTRY`).
+    federation : Federation
+        The clients' data, public data and test set (:func:`privkit.data.build_federation`).
+    config : dict or TrainerConfig, optional
+        The method's config or overrides of its defaults (None: the defaults).
+    seed : int
+        The run seed.
+    progress : bool
+        Show a progress bar.
+
+    Returns
+    -------
+    TrainResult
+    """
     spec = get_trainer(method)
     cfg = make_config(method, config)
     result = spec.fn(federation, cfg, seed, progress=progress)
