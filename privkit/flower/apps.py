@@ -47,12 +47,18 @@ class FlowerApp:
 
     Attributes
     ----------
-    server_app, client_app : the app (a ClientApp running privkit DP mechanisms takes
-        :func:`audit_mod` among its mods so that its mechanisms can be probed).
-    num_supernodes : the simulation's nodes (one per client).
-    model : called once the simulation has run: the released model (a torch module returning
+    server_app : flwr.server.ServerApp
+        The app's server side.
+    client_app : flwr.client.ClientApp
+        The app's client side (a ClientApp running privkit DP mechanisms takes
+        :func:`~privkit.flower.audit_mod` among its mods so that its mechanisms can be probed).
+    num_supernodes : int
+        The simulation's nodes (one per client).
+    model : callable
+        Called once the simulation has run: the released model (a torch module returning
         logits, a scikit-learn classifier or a callable returning probabilities).
-    ledger : called once the simulation has run: the run's :class:`accountants.Ledger` (``None``:
+    ledger : callable or None
+        Called once the simulation has run: the run's :class:`accountants.Ledger` (``None``:
         the app keeps none; a mechanism audit needs one).
     """
 

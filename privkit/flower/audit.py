@@ -59,6 +59,15 @@ class FlowerAppRecipe(Recipe):
 
     Runs on the serial executor (Ray is Flower's; the audit's executor stays in this process).
     ``driver``: ``ray`` (Flower's simulation engine) or ``inprocess`` (:func:`privkit.flower.run_inprocess`).
+
+    Parameters
+    ----------
+    app_fn : callable
+        ``app_fn(x, y, seed) -> FlowerApp``: the app set up on the given records.
+    name : str, optional
+        The recipe's name in reports (default: from ``app_fn``'s name).
+    driver : str
+        ``ray`` (Flower's simulation engine) or ``inprocess``.
     """
 
     def __init__(
@@ -87,6 +96,18 @@ class FlowerAppRecipe(Recipe):
         return AppRun(app.model(), app.ledger() if app.ledger is not None else None)
 
     def logits(self, model: AppRun, x: np.ndarray, n_classes: int | None = None) -> np.ndarray:
+        """(N, C) logits of the model a run released.
+
+        Parameters
+        ----------
+        model : AppRun
+            What one simulation returned (its released model and ledger).
+        x : numpy.ndarray
+            The inputs, N of them.
+        n_classes : int, optional
+            Number of classes, where the model's output does not say (e.g. a classifier that saw
+            some classes only).
+        """
         return predict_logits(model.model, x, n_classes)
 
     def details(self, model: AppRun) -> dict:
@@ -110,7 +131,37 @@ def audit_app(
     """Membership audit of a Flower app (:func:`attacks.audit_recipe` over :class:`FlowerAppRecipe`):
     the target run on the records its fair coins include, ``shadows`` reference runs of the same app.
     ``accounted_epsilon``: the app's claim at ``delta`` when trained on about half of the pool.
-    ``driver``: ``ray`` (Flower's simulation engine, one simulation per run) or ``inprocess``."""
+    ``driver``: ``ray`` (Flower's simulation engine, one simulation per run) or ``inprocess``.
+
+    Parameters
+    ----------
+    app_fn : callable
+        ``app_fn(x, y, seed) -> FlowerApp``: the app set up on the records the auditor chooses.
+    x : array-like
+        The pool's inputs (indexable by an integer array).
+    y : array-like
+        The pool's integer labels.
+    delta : float
+        Delta of the claim.
+    accounted_epsilon : float, optional
+        The epsilon the app claims at ``delta`` (None: no claim; the verdict is ``no-claim``).
+    shadows : int
+        Reference runs of the app (even, >= 2, or 0: the threshold attack alone).
+    seed : int
+        The audit seed (coins, reference halves, the seeds handed to ``app_fn``).
+    confidence : float
+        Confidence of the verdict's bound for the whole family of attacks.
+    progress : bool
+        Show progress bars.
+    driver : str
+        ``ray`` or ``inprocess``.
+    **options : Any
+        Further keyword arguments of :func:`attacks.audit_recipe` (``attacks``, ``guesses``, ...).
+
+    Returns
+    -------
+    attacks.RecipeAudit
+    """
     from attacks import audit_recipe
 
     return audit_recipe(
@@ -143,7 +194,37 @@ def audit_app_mechanisms(
     """White-box audit of the privkit DP mechanisms a Flower app's ClientApps run: one simulation on
     ``(x, y)`` with canaries in the probed clients' mechanisms, each probe set tested against the
     app's ledger (:func:`privkit.audit.mechanism_audit.probe_verdict`). ``mutation`` runs the app
-    with one of :mod:`privkit.mutations`' bugs (how the audit's power is checked)."""
+    with one of :mod:`privkit.mutations`' bugs (how the audit's power is checked).
+
+    Parameters
+    ----------
+    app_fn : callable
+        ``app_fn(x, y, seed) -> FlowerApp`` returning an app with a ledger.
+    x : array-like
+        The records the app trains on (inputs).
+    y : array-like
+        Their integer labels.
+    delta : float
+        Delta of the epsilons the ledger accounts.
+    seed : int
+        The audit seed (the canaries) and the seed handed to ``app_fn``.
+    mutation : str or privkit.mutations.Mutation
+        ``"correct"`` or one of :mod:`privkit.mutations`' bugs to run the app with.
+    canaries : int
+        Canaries per (client, mechanism) probe set (capped at the mechanism's dimension).
+    clients : tuple of int or None
+        The clients whose mechanisms are probed (``None``: every client).
+    confidence : float
+        Confidence of each probe set's bound.
+    driver : str
+        ``ray`` or ``inprocess``.
+
+    Returns
+    -------
+    dict
+        The mutation, seed, delta, confidence and :func:`~privkit.audit.mechanism_audit.probe_verdict`'s
+        record.
+    """
     from privkit.audit.mechanism_audit import probe_verdict
     from privkit.flower.engine import simulate
 

@@ -30,7 +30,22 @@ def audit_mod(msg, context, call_next):
     """Flower client mod: run the ClientApp inside the audit's mutation and probe session carried by
     ``msg`` (nothing changes for a message without them) and attach the canaries that observed a
     release to the reply. Add it to a ClientApp that runs privkit DP mechanisms to audit them:
-    ``ClientApp(mods=[audit_mod])``."""
+    ``ClientApp(mods=[audit_mod])``.
+
+    Parameters
+    ----------
+    msg : flwr.app.Message
+        The message the node received.
+    context : flwr.app.Context
+        The node's context.
+    call_next : callable
+        The rest of the ClientApp (the next mod, or the app itself): ``call_next(msg, context)``.
+
+    Returns
+    -------
+    flwr.app.Message
+        The reply, with the probes that observed a release attached.
+    """
     if not msg.has_content() or AUDIT not in msg.content:
         return call_next(msg, context)
     from flwr.app import ConfigRecord

@@ -303,7 +303,23 @@ class CanaryClients(Strategy):
 
     # -- Strategy --------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: Any, config: Any, grid: Any) -> list:
-        """The inner strategy's messages; those to sampled canary nodes carry the canary's update."""
+        """The inner strategy's messages; those to sampled canary nodes carry the canary's update.
+
+        Parameters
+        ----------
+        server_round : int
+            The round being configured.
+        arrays : flwr.app.ArrayRecord
+            The global model sent to the clients.
+        config : flwr.app.ConfigRecord
+            The round's configuration.
+        grid : flwr.serverapp.Grid
+            The grid the inner strategy samples nodes from.
+
+        Returns
+        -------
+        list of flwr.app.Message
+        """
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         if not messages:
             self._pending = None

@@ -34,6 +34,16 @@ def record(event: Any, label: str, neighbouring: str = "add_remove") -> None:
 
     ``neighbouring`` is the relation the event's parameters assume: ``add_remove`` for record-level
     DP-SGD with Poisson sampling (one record added or removed).
+
+    Parameters
+    ----------
+    event : DpEvent
+        A dp-accounting or privkit DpEvent: the mechanism that touched the data.
+    label : str
+        Which step of the method it is (non-empty), e.g. ``"dp-sgd round 7"``.
+    neighbouring : str
+        The neighbouring relation the event's parameters assume (``add_remove`` or
+        ``replace_one``).
     """
     entries = _recording.get()
     if entries is None:
@@ -56,7 +66,17 @@ def record(event: Any, label: str, neighbouring: str = "add_remove") -> None:
 def record_dpsgd(step: Any, steps: int, label: str = "dp-sgd") -> None:
     """Record ``steps`` steps of privkit's :class:`~privkit.trainers.dp_sgd_step.DpSgdStep` (Poisson
     sampling at ``step.sample_rate``, noise multiplier ``step.noise_multiplier``; record-level,
-    add/remove-one), as privkit's own DP-SGD trainers account them."""
+    add/remove-one), as privkit's own DP-SGD trainers account them.
+
+    Parameters
+    ----------
+    step : privkit.trainers.dp_sgd_step.DpSgdStep
+        The DP-SGD step that ran (its sample rate and noise multiplier).
+    steps : int
+        How many times it ran this round.
+    label : str
+        The ledger label.
+    """
     from accountants import dpsgd_event
 
     record(dpsgd_event(step.sample_rate, step.noise_multiplier, steps), label, "add_remove")
@@ -82,7 +102,22 @@ def _is_train(msg: Any) -> bool:
 def ledger_mod(msg: Any, ctxt: Any, call_next: Any) -> Any:
     """Flower mod: collect what the app records with :func:`record` during a train call and send it
     with the reply.  Put it first in ``mods`` (a mod that rebuilds the reply, as LocalDpMod does,
-    drops records it does not know)."""
+    drops records it does not know).
+
+    Parameters
+    ----------
+    msg : flwr.app.Message
+        The message the node received.
+    ctxt : flwr.app.Context
+        The node's context.
+    call_next : callable
+        The rest of the ClientApp (the next mod, or the app itself): ``call_next(msg, ctxt)``.
+
+    Returns
+    -------
+    flwr.app.Message
+        The reply, with the recorded entries attached (a train call's).
+    """
     if not _is_train(msg):
         return call_next(msg, ctxt)
     token = _recording.set([])

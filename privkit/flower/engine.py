@@ -221,7 +221,25 @@ def method_app(method: str, federation, config: Any, seed: int, *, workdir: str 
     """privkit's ``method`` on ``federation`` as a :class:`privkit.flower.apps.FlowerApp` (the
     ServerApp, the ClientApp, one node per client, the result's model and ledger once run): what
     :func:`privkit.flower.audit.audit_app` and :func:`~privkit.flower.audit.audit_app_mechanisms`
-    take. The federation file the ClientApps read is written under ``workdir``."""
+    take. The federation file the ClientApps read is written under ``workdir``.
+
+    Parameters
+    ----------
+    method : str
+        A registered method that has a Flower form.
+    federation : privkit.data.Federation
+        The clients' data, public data and test set.
+    config : dict or TrainerConfig
+        The method's config or overrides of its defaults.
+    seed : int
+        The run seed.
+    workdir : str or pathlib.Path
+        Directory the federation file the ClientApps read is written to.
+
+    Returns
+    -------
+    FlowerApp
+    """
     from privkit.flower.apps import FlowerApp, make_port, privkit_client_app, privkit_server_app
     from privkit.methods import make_config
 
@@ -244,7 +262,25 @@ def method_app(method: str, federation, config: Any, seed: int, *, workdir: str 
 def train_on_flower(
     method: str, federation, config: Any = None, seed: int = 0, progress: bool = False
 ):
-    """``method`` on ``federation`` as a Flower simulation: :func:`privkit.trainers.train` on Flower."""
+    """``method`` on ``federation`` as a Flower simulation: :func:`privkit.trainers.train` on Flower.
+
+    Parameters
+    ----------
+    method : str
+        A registered method that has a Flower form.
+    federation : privkit.data.Federation
+        The clients' data, public data and test set.
+    config : dict or TrainerConfig, optional
+        The method's config or overrides of its defaults.
+    seed : int
+        The run seed.
+    progress : bool
+        Show a progress bar.
+
+    Returns
+    -------
+    privkit.trainers.TrainResult
+    """
     return train_many_on_flower(method, [federation], config, [seed], progress)[0]
 
 
