@@ -21,10 +21,9 @@ import sys
 from pathlib import Path
 
 import griffe
-import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_public_api import PAGES, _defining_path, _loader  # noqa: E402
+from test_public_api import PAGES, _defining_path, _loader
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("accountants", "attacks", "privkit", "reports")
