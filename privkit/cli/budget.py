@@ -714,3 +714,50 @@ def ledger_cmd(
         )
     for kind, reason in summary["not_applicable"].items():
         out_console.print(f"[yellow]{kind} not applicable:[/yellow] {reason}", highlight=False)
+
+
+@budget_app.command("lifetime")
+def lifetime_cmd(
+    store: Path = typer.Argument(
+        ..., help="A federation's lifetime ledger (Accounted(..., store=...))."
+    ),
+    delta_: str = _num_opt(..., "--delta", "Target delta in (0, 1)."),
+    budget_: str = _num_opt(None, "--budget", "Lifetime epsilon budget: also print what is left."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Epsilon a federation has spent over all its accounted Flower runs (each run's worst client)."""
+    delta = _num(delta_, "--delta")
+    check_open_unit(delta, "delta")
+    budget = _num(budget_, "--budget")
+    if budget is not None:
+        check_positive(budget, "budget")
+    if not (store / "runs").is_dir():
+        raise ValueError(f"store must be a lifetime ledger folder (with runs/); found {store}")
+    from privkit.flower.lifetime import store_ledger
+
+    ledger, runs = store_ledger(store)
+    worst = ledger.summary(delta)["worst"] if len(ledger) else {}
+    data = {
+        "store": str(store),
+        "delta": delta,
+        "runs": [{"run": r["run"], "rounds": r["rounds"], "epsilon": r["epsilon"]} for r in runs],
+        "lifetime": worst,
+        "budget": budget,
+        "left": None if budget is None else budget - worst.get("best", 0.0),
+    }
+    if as_json:
+        print_json(data)
+        return
+    table = Table(title=f"{store}: lifetime epsilon at delta={delta:g}")
+    for col in ("run", "rounds", "its own epsilon"):
+        table.add_column(col, justify="right" if col != "run" else "left")
+    for r in data["runs"]:
+        table.add_row(r["run"], str(r["rounds"]), f"{r['epsilon']:.4g}")
+    out_console.print(table)
+    for kind, eps in worst.items():
+        out_console.print(f"lifetime epsilon ({kind}): {eps:.6g}", highlight=False)
+    if budget is not None:
+        out_console.print(
+            f"lifetime budget {budget:g}: {data['left']:.6g} left (best accountant)",
+            highlight=False,
+        )

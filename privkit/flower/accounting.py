@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from accountants import Ledger, NonPrivateEvent, event_from_dict
+from privkit.errors import PrivkitError
 from privkit.flower import INSTALL_HINT
 
 try:
@@ -45,9 +46,34 @@ except ImportError as exc:  # one line naming the extra to install
 from privkit.flower.adaptive import RoundFilter
 from privkit.flower.checks import check_flower_dp
 from privkit.flower.client import entries_of, ledger_mod, record, record_dpsgd, recorded
-from privkit.flower.mechanisms import CentralDp, central_dp, central_event, local_dp_event
+from privkit.flower.mechanisms import (
+    CentralDp,
+    central_dp,
+    central_event,
+    central_multiplier,
+    local_dp_event,
+)
 
-__all__ = ["Accounted", "ledger_mod", "record", "record_dpsgd", "recorded"]
+__all__ = [
+    "Accounted",
+    "RunFailed",
+    "RunRefused",
+    "ledger_mod",
+    "record",
+    "record_dpsgd",
+    "recorded",
+]
+
+
+class RunRefused(PrivkitError):
+    """The federation's first release was refused before anything was sent (budget, lifetime
+    budget, or no recognised DP mechanism): the ServerApp ends with this one-line error."""
+
+
+class RunFailed(PrivkitError):
+    """Every round of the federation failed: no model was released (the error names the first
+    failure), so the ServerApp does not end as a successful private run."""
+
 
 EPSILON_METRIC = "privkit-epsilon"
 SAMPLINGS = ("without_replacement", "none")
@@ -159,8 +185,20 @@ class Accounted(Strategy):
         Accountant of the per-round epsilon and the budget check (``privacy.json`` has all).
     out : path, optional
         Where :meth:`start` writes the run (``<out>/<name>/ledger.json``, ``privacy.json``, ...).
+        A relative path is taken from the directory where the user ran the federation: the run
+        config's ``privkit-dir`` (``flwr run . --run-config "privkit-dir='$PWD'"``, the key declared
+        in the app's ``[tool.flwr.app.config]``), else the ServerApp's working directory; a path
+        inside a Flower app folder (which the next ``flwr run`` packs) moves next to that folder.
     name : str
-        The run's name in ``out``.
+        The run's name in ``out``; a name already taken there gets ``-2``, ``-3``, ...
+    store : path, optional
+        The federation's lifetime ledger (a folder, resolved as ``out``): each run appends its
+        worst client's events there, and the lifetime budget is checked against all of them.
+    lifetime_budget : float, optional
+        Epsilon budget over every run in ``store``: a round that would pass it is not sent (the
+        first round: the run is refused, :class:`RunRefused`).
+    context : flwr.app.Context, optional
+        The ServerApp's context, where the run config (``privkit-dir``) is read.
     """
 
     def __init__(
@@ -177,6 +215,9 @@ class Accounted(Strategy):
         accountant: str = "rdp",
         out: str | Path | None = None,
         name: str = "flower-app",
+        store: str | Path | None = None,
+        lifetime_budget: float | None = None,
+        context: Any = None,
     ) -> None:
         super().__init__()
         from accountants._validate import check_choice, check_open_unit, check_positive
@@ -211,11 +252,26 @@ class Accounted(Strategy):
         if self.central is not None:
             self._note(check_flower_dp(strategy, delta=self.delta, neighbouring=self.neighbouring))
         self.out, self.name = (None if out is None else Path(out)), name
+        self.lifetime_budget = (
+            None if lifetime_budget is None else check_positive(lifetime_budget, "lifetime_budget")
+        )
+        if self.lifetime_budget is not None and store is None:
+            raise ValueError(
+                "store must be set with lifetime_budget (where the earlier runs are); found None"
+            )
+        self.context = context
+        self.store: Path | None = None if store is None else Path(store)
+        self._prior_runs: list[dict] = []
+        self._prior: list[tuple[Any, str, str]] = []
         self.ledger = Ledger()
         self.rounds: list[dict] = []
+        self.failures: list[str] = []  # one line per round with failed replies
         self.stopped: str | None = None
+        self.written: Path | None = None  # where start() wrote the run
         self._round: _Round | None = None
         self._worst = 0.0
+        self._flower: list[float] = []  # Flower's accountant's reading: one multiplier per round
+        log(INFO, "privkit: %s", self.relation_line())
 
     def _note(self, check: Any) -> None:
         """Log the check's statement and keep its warnings for the run's ``train.json``."""
@@ -225,10 +281,82 @@ class Accounted(Strategy):
                 self.notes.append(w)
                 log(WARNING, "privkit: %s", w)
 
+    def relation_line(self) -> str:
+        """The start-up line: the neighbouring relation, and how it relates to Flower's number."""
+        if self.neighbouring == "replace_one":
+            unit = (
+                "client-level DP under replace-one (one client's whole data replaced by another's: "
+                "a clipped update moves by 2C)"
+            )
+            flower = (
+                "Flower's own accountant counts zero-out add/remove (C) without client-sampling "
+                "amplification, a smaller epsilon for the same noise; "
+                "Accounted(..., neighbouring='add_remove', client_sampling='none') reproduces it"
+            )
+        else:
+            unit = (
+                "client-level DP under zero-out add/remove (one client's update replaced by zero: "
+                "a clipped update moves by C)"
+            )
+            flower = "the relation of Flower's own accountant" + (
+                ", whose number this is" if self.client_sampling == "none" else ""
+            )
+        sampling = (
+            "with amplification by Flower's draw of m of n nodes"
+            if self.client_sampling == "without_replacement"
+            else "without sampling amplification"
+        )
+        return f"accounting {unit}, {sampling}, {self.accountant} at delta {self.delta:g}; {flower}"
+
+    def _flower_epsilon(self) -> float | None:
+        """What Flower's own accountant would print after the rounds so far (fixed clipping,
+        zero-out add/remove, no amplification), or None where it accounts nothing."""
+        if not self._flower or self.central is None or self.central.clipping != "fixed":
+            return None
+        import dp_accounting as dpa
+
+        acc = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+        for mult in self._flower:
+            acc.compose(dpa.GaussianDpEvent(mult))
+        return float(acc.get_epsilon(self.delta))
+
+    # -- lifetime ledger -------------------------------------------------------------------
+    def _load_store(self) -> None:
+        """The earlier runs in ``store``: each counts as its worst client's events."""
+        from privkit.flower.lifetime import read_store
+
+        assert self.store is not None
+        self._prior_runs = read_store(self.store)
+        self._prior = [
+            (event_from_dict(e["event"]), f"{r['run']}: {e['label']}", e["neighbouring"])
+            for r in self._prior_runs
+            for e in r["entries"]
+        ]
+
+    def _lifetime_epsilon(self, pending: dict[str, list[tuple[Any, str, str]]]) -> float:
+        """The federation's lifetime epsilon if ``pending`` were recorded: the earlier runs' worst
+        clients composed with this run's worst client."""
+        clients = set(self.ledger.clients) | {c for c, evs in pending.items() if evs}
+        if not clients:
+            return self._client_epsilon(None, [])
+        return max(self._client_epsilon(c, pending.get(c, []), prior=True) for c in clients)
+
     # -- accounting ------------------------------------------------------------------------
-    def _client_epsilon(self, client: str, extra: list[tuple[Any, str, str]]) -> float:
-        """``client``'s epsilon at delta with ``extra`` (event, label, relation) added."""
+    def _client_epsilon(
+        self, client: str | None, extra: list[tuple[Any, str, str]], prior: bool = False
+    ) -> float:
+        """``client``'s epsilon at delta with ``extra`` (event, label, relation) added (and the
+        earlier runs' events of the lifetime ledger with ``prior``)."""
         scratch = Ledger()
+        if prior:
+            for event, label, relation in self._prior:
+                scratch.add(client or "prior", event, label, neighbouring=relation)
+        if client is None:
+            return (
+                scratch.account(self.delta, accountant=self.accountant).epsilon
+                if len(scratch)
+                else 0.0
+            )
         for e in self.ledger.entries(client) if client in self.ledger.clients else []:
             scratch.add(client, e.event, e.label, round=e.round, neighbouring=e.neighbouring)
         for event, label, relation in extra:
@@ -308,23 +436,45 @@ class Accounted(Strategy):
         rnd = _Round(
             server_round, nodes, [int(m.metadata.dst_node_id) for m in messages], sent, clip, config
         )
-        if self.filter is not None and rnd.sampled:
-            refused = self._refused_by_filter(rnd)
-            if refused:
-                self.stopped = f"stopped before round {server_round}: {refused}"
-                log(WARNING, "privkit: %s", self.stopped)
-                return []
-        elif self.budget is not None and rnd.sampled:
-            would = self._epsilon_with(self._predict(rnd))
-            if would > self.budget:
-                self.stopped = (
-                    f"stopped before round {server_round}: it would take a client to epsilon {would:.4g} "
-                    f"> budget {self.budget:g} ({self.accountant}, delta={self.delta:g})"
-                )
-                log(WARNING, "privkit: %s", self.stopped)
-                return []
+        why = self._refusal(rnd) if rnd.sampled else None
+        if why is not None:
+            self.stopped = f"stopped before round {server_round}: {why}"
+            log(WARNING, "privkit: %s", self.stopped)
+            if not self.rounds:  # nothing released yet: the run ends here, with an error
+                raise RunRefused(f"privkit refused round {server_round} before sending it: {why}")
+            return []
         self._round = rnd
         return messages
+
+    def _refusal(self, rnd: _Round) -> str | None:
+        """Why the round may not be sent (None when it may): a release no recognised DP mechanism
+        covers (with a budget), the Renyi filter, the run's budget or the lifetime budget."""
+        pending = self._predict(rnd)
+        uncovered = sorted(n for n in rnd.sampled if not pending.get(str(n)))
+        if uncovered and (self.budget is not None or self.lifetime_budget is not None):
+            return (
+                f"no recognised DP mechanism covers the release of client {uncovered[0]} (the "
+                "strategy holds no Flower DP wrapper and no client_mechanism declares what the "
+                "clients apply): its epsilon would be infinite"
+            )
+        if self.filter is not None:
+            return self._refused_by_filter(rnd)
+        if self.budget is not None:
+            would = self._epsilon_with(pending)
+            if would > self.budget:
+                return (
+                    f"it would take a client to epsilon {would:.4g} > budget {self.budget:g} "
+                    f"({self.accountant}, delta={self.delta:g})"
+                )
+        if self.lifetime_budget is not None:
+            would = self._lifetime_epsilon(pending)
+            if would > self.lifetime_budget:
+                return (
+                    f"it would take the federation to lifetime epsilon {would:.4g} > lifetime "
+                    f"budget {self.lifetime_budget:g} ({self.accountant}, delta={self.delta:g}, "
+                    f"{len(self._prior_runs)} earlier run(s) in {self.store})"
+                )
+        return None
 
     def _refused_by_filter(self, rnd: _Round) -> str | None:
         """Why the Rényi filter refuses the round (None when it admits it)."""
@@ -346,9 +496,22 @@ class Accounted(Strategy):
         if rnd is None or rnd.number != server_round:
             return None, None
         replies = list(replies)
+        errors = [r for r in replies if r.has_error()]
+        if errors or len(replies) < len(rnd.sampled):
+            first = errors[0].error.reason if errors else "no reply"
+            self.failures.append(
+                f"round {rnd.number}: {len(rnd.sampled) - len(replies) + len(errors)} of "
+                f"{len(rnd.sampled)} clients failed or did not reply (first: {first})"
+            )
+            log(WARNING, "privkit: %s", self.failures[-1])
         reported = {int(r.metadata.src_node_id): entries_of(r) for r in replies}
         shares, unclipped = self._weights_and_norms(rnd, replies)
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
+        if arrays is None:  # nothing released this round: nothing to record
+            log(WARNING, "privkit: round %s released no model (no reply aggregated)", rnd.number)
+            return arrays, metrics
+        if self.central is not None and shares:
+            self._flower.append(central_multiplier(self.central, 1.0 / len(shares), "add_remove"))
         pending: dict[str, list] = {}
         if arrays is not None:
             if self.central is not None and shares:
@@ -408,13 +571,19 @@ class Accounted(Strategy):
                 "nodes": len(rnd.nodes),
             }
         )
+        flower = self._flower_epsilon()
         log(
             INFO,
-            "privkit: round %s, worst client's epsilon %.6g at delta %g (%s)",
+            "privkit: round %s, worst client's epsilon %.6g at delta %g (%s, client-level %s%s)%s",
             rnd.number,
             self._worst,
             self.delta,
             self.accountant,
+            self.neighbouring,
+            ", sampling amplified" if self.client_sampling == "without_replacement" else "",
+            ""
+            if flower is None
+            else f"; Flower's accountant (zero-out add/remove, no amplification): {flower:.6g}",
         )
         from flwr.app import MetricRecord
 
@@ -468,11 +637,70 @@ class Accounted(Strategy):
         self.strategy.summary()
 
     def start(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the inner loop (``Strategy.start``), then write the run to ``out`` if given."""
-        result = super().start(*args, **kwargs)
-        if self.out is not None and len(self.ledger):
-            self.save(self.out)
+        """Run the inner loop (``Strategy.start``), then write the run to ``out`` if given and
+        append it to ``store``.
+
+        Raises :class:`RunRefused` when the first round was refused before it was sent, and
+        :class:`RunFailed` when no round released a model (every client failed): the ServerApp
+        then ends with an error, not as a private run.
+        """
+        grid = kwargs.get("grid", args[0] if args else None)
+        if self.store is not None:
+            self.store = self._resolve(self.store, grid)
+            self._load_store()
+        refused: RunRefused | None = None
+        try:
+            result = super().start(*args, **kwargs)
+        except RunRefused as exc:
+            refused, result = exc, None
+        if self.out is not None and (len(self.ledger) or self.stopped or self.failures):
+            self.save(self._resolve(self.out, grid))
+            log(INFO, "privkit: run written to %s", self.written)
+        if self.store is not None and len(self.ledger):
+            from privkit.flower.lifetime import append_run
+
+            append_run(self.store, self._run_record())
+        if refused is not None:
+            raise refused
+        if not self.rounds:
+            why = self.failures[0] if self.failures else "no round ran"
+            raise RunFailed(f"privkit: no round of the federation released a model ({why})")
         return result
+
+    def _resolve(self, path: Path, grid: Any) -> Path:
+        """``path`` taken from the user's directory (see ``out``), outside any Flower app folder."""
+        from privkit.flower.lifetime import user_path
+
+        config = dict(getattr(self.context, "run_config", None) or {})
+        run = getattr(grid, "run", None) if grid is not None else None
+        config.update(dict(getattr(run, "override_config", None) or {}))
+        deployed = type(grid).__name__ not in ("InProcessGrid", "InMemoryGrid", "_RecordingGrid")
+        return user_path(path, config.get("privkit-dir") or None, deployed=deployed)
+
+    def _run_record(self) -> dict:
+        """This run for the lifetime ledger: its worst client's entries."""
+        from accountants import event_to_dict
+
+        worst = max(
+            self.ledger.clients,
+            key=lambda c: self._client_epsilon(c, []),
+        )
+        return {
+            "run": self.written.name if self.written is not None else self.name,
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "epsilon": self._worst,
+            "rounds": len(self.rounds),
+            "worst_client": worst,
+            "entries": [
+                {
+                    "label": e.label,
+                    "neighbouring": e.neighbouring,
+                    "event": event_to_dict(e.event),
+                }
+                for e in self.ledger.entries(worst)
+            ],
+        }
 
     # -- results ---------------------------------------------------------------------------
     @property
@@ -485,7 +713,7 @@ class Accounted(Strategy):
         and ``<out>/config.resolved.json``: what ``privkit budget ledger`` and ``privkit report`` read."""
         from privkit.flower.rundir import write_run
 
-        return write_run(
+        self.written = write_run(
             Path(out),
             self.name,
             self.ledger,
@@ -493,7 +721,15 @@ class Accounted(Strategy):
             rounds=self.rounds,
             description=self.describe(),
             stop=self.stopped,
+            convention=self.convention(),
         )
+        return self.written
+
+    def convention(self) -> dict:
+        """What ``ledger.json``'s events mean, and how to replay them in dp-accounting."""
+        from privkit.flower.rundir import convention
+
+        return convention(self.neighbouring, self.client_sampling)
 
     def describe(self) -> list[str]:
         """The accounting assumptions, as the run's warnings."""
@@ -508,4 +744,4 @@ class Accounted(Strategy):
                 f"central DP: {self.central.name} (noise multiplier {self.central.update_multiplier:g} on the "
                 f"mean of {self.central.num_sampled_clients} clients), client sampling: {self.client_sampling}"
             )
-        return out + self.notes
+        return out + self.notes + self.failures

@@ -7,7 +7,7 @@ a plain call, one node after the other.  What it does not do: run nodes in paral
 processes, time out, lose messages, or isolate the apps' global state.  A ClientApp that raises
 answers with an error reply, as in Flower's simulation.  Each node keeps one
 ``Context`` (``node_config["partition-id"]`` and ``["num-partitions"]`` as Flower's simulation sets
-them) for the whole run, and each message is copied before delivery, as a transport would.
+them, ``run_config`` the run's) for the whole run, and each message is copied before delivery, as a transport would.
 """
 
 from __future__ import annotations
@@ -38,7 +38,12 @@ class InProcessGrid(Grid):
     """A Grid whose nodes are ``num_nodes`` copies of ``client_app`` called in this process."""
 
     def __init__(
-        self, client_app: Any, num_nodes: int, run_id: int = 1, first_node_id: int = 1
+        self,
+        client_app: Any,
+        num_nodes: int,
+        run_id: int = 1,
+        first_node_id: int = 1,
+        run_config: dict | None = None,
     ) -> None:
         if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
             raise ValueError(f"num_nodes must be an int >= 1; found {num_nodes!r}")
@@ -49,7 +54,7 @@ class InProcessGrid(Grid):
                 run_id=run_id,
                 node_id=node,
                 state=RecordDict(),
-                run_config={},
+                run_config=dict(run_config or {}),
                 node_config={"partition-id": i, "num-partitions": num_nodes},
             )
             for i, node in enumerate(self._nodes)
@@ -121,9 +126,13 @@ class InProcessGrid(Grid):
 def run_inprocess(
     server_app: Any, client_app: Any, num_nodes: int, *, run_config: dict | None = None
 ) -> None:
-    """Run ``server_app`` against ``num_nodes`` in-process copies of ``client_app``."""
+    """Run ``server_app`` against ``num_nodes`` in-process copies of ``client_app``.
+
+    ``run_config`` reaches the ServerApp's and every ClientApp's ``Context.run_config``, as in
+    Flower's simulation and deployment engines.
+    """
     previous = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    grid = InProcessGrid(client_app, num_nodes)
+    grid = InProcessGrid(client_app, num_nodes, run_config=run_config)
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = grid.run_id, SERVER_NODE, 1
     try:
         server_app(

@@ -26,17 +26,26 @@ def write_run(
     rounds: list[dict],
     description: list[str],
     stop: str | None,
+    convention: dict | None = None,
 ) -> Path:
-    """Write the run; returns ``<out>/<name>``."""
+    """Write the run; returns ``<out>/<name>`` (``<name>-2``, ... when a run already has the name:
+    several runs in one folder never overwrite each other)."""
     import json
 
     from privkit.pipeline.stages import account_method
 
     if not name or "/" in name or name.startswith("."):
         raise ValueError(f"name must be a plain folder name; found {name!r}")
+    base, i = name, 1
+    while (out / name / "ledger.json").exists():
+        i += 1
+        name = f"{base}-{i}"
     mdir = out / name
     mdir.mkdir(parents=True, exist_ok=True)
-    write_text(mdir / "ledger.json", json.dumps(ledger.to_dict(), indent=2) + "\n")
+    data = ledger.to_dict()
+    if convention is not None:
+        data["convention"] = convention
+    write_text(mdir / "ledger.json", json.dumps(data, indent=2) + "\n")
     notes = [*description, *([stop] if stop else [])]
     write_json(
         mdir / "train.json",
@@ -51,28 +60,74 @@ def write_run(
         },
     )
     write_json(mdir / "metrics.json", {"rounds": rounds})
-    write_json(mdir / "privacy.json", account_method(mdir, delta))
+    if len(ledger):  # a run refused or failed before any release has nothing to account
+        write_json(mdir / "privacy.json", account_method(mdir, delta))
+    entry = {
+        "key": name,
+        "method": "flower",
+        "seed": 0,
+        "trainer": {},
+        "summary": "a Flower app accounted by privkit.flower.Accounted",
+        "formal_dp": True,
+    }
+    config = out / "config.resolved.json"
+    earlier: list[dict] = []
+    if config.is_file():  # the runs already in this folder stay listed
+        try:
+            earlier = [
+                m
+                for m in json.loads(config.read_text()).get("resolved_methods", [])
+                if m.get("method") == "flower" and m.get("key") != name
+            ]
+        except (OSError, ValueError, AttributeError):
+            earlier = []
     write_json(
-        out / "config.resolved.json",
+        config,
         {
             "schema_version": SCHEMA_VERSION,
-            "name": name,
+            "name": out.name or name,
             "delta": delta,
             "seed": 0,
             "accountant": "best",
             "accountants": list(ACCOUNTANTS),
             "audit": {"enabled": False},
-            "report": {"title": f"privkit privacy report: Flower app {name}"},
-            "resolved_methods": [
-                {
-                    "key": name,
-                    "method": "flower",
-                    "seed": 0,
-                    "trainer": {},
-                    "summary": "a Flower app accounted by privkit.flower.Accounted",
-                    "formal_dp": True,
-                }
-            ],
+            "report": {"title": f"privkit privacy report: Flower app {out.name or name}"},
+            "resolved_methods": [*earlier, entry],
         },
     )
+    status_file = out / "status.json"
+    try:
+        status = json.loads(status_file.read_text()) if status_file.is_file() else {}
+    except (OSError, ValueError):
+        status = {}
+    done = {"state": "done", "error": None, "seconds": None}
+    stages = {"train": done, "account": done if len(ledger) else {"state": "failed", "error": stop}}
+    stages["audit"] = {"state": "skipped", "error": None, "seconds": None}
+    status.setdefault("methods", {})[name] = {"stages": stages}
+    write_json(status_file, status)
     return mdir
+
+
+def convention(neighbouring: str, client_sampling: str) -> dict:
+    """``ledger.json``'s convention: what its events mean and how dp-accounting replays them to
+    privkit's number (tested: ``tests/privkit/test_flower_deployed.py``)."""
+    return {
+        "unit": "client-level: one client's whole data (a Flower node id)",
+        "neighbouring": neighbouring,
+        "noise_multiplier": (
+            "a GaussianDpEvent's noise_multiplier is the noise std over the sensitivity under the "
+            "entry's relation (a clipped update: 2 C under replace_one, C under add_remove)"
+        ),
+        "client_sampling": client_sampling,
+        "replay_rdp": (
+            "per client, compose every event in dp_accounting.rdp.RdpAccountant("
+            "neighboring_relation=REPLACE_ONE for replace_one entries, ADD_OR_REMOVE_ONE for "
+            "add_remove) and take get_epsilon(delta): privacy.json's rdp"
+        ),
+        "replay_pld": (
+            "per client, compose every event in dp_accounting.pld.PLDAccountant("
+            "ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4) whatever the entry's relation: "
+            "dp-accounting's REPLACE_ONE doubles a Gaussian's sensitivity, already inside the "
+            "multiplier here; SampledWithoutReplacementDpEvent has no PLD (client_sampling 'none')"
+        ),
+    }
