@@ -115,7 +115,7 @@ class ProcessExecutor:
 
 
 class RayExecutor:
-    """Run tasks as Ray remote functions (optional extra: ``pip install "privkit[ray]"``).
+    """Run tasks as Ray remote functions (optional extra: ``pip install "privkit-ml[ray]"``).
 
     A task whose worker process dies is re-run by Ray itself (``max_retries``, Ray's retry of
     tasks on system failures: worker or node death); an exception raised by the task is not
@@ -126,7 +126,7 @@ class RayExecutor:
         try:
             import ray
         except ImportError as exc:
-            raise ValueError('executor "ray" needs Ray: pip install "privkit[ray]"') from exc
+            raise ValueError('executor "ray" needs Ray: pip install "privkit-ml[ray]"') from exc
         self._ray = ray
         self.max_retries = max_retries
         if not ray.is_initialized():

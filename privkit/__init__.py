@@ -12,9 +12,12 @@ from importlib.metadata import PackageNotFoundError, version
 
 from privkit.errors import PrivkitError
 
-try:
-    __version__ = version("privkit")
-except PackageNotFoundError:  # running from a source tree without installation
-    __version__ = "0.0.0+local"
+try:  # the distribution is privkit-ml ("privkit" on the package index is another project)
+    __version__ = version("privkit-ml")
+except PackageNotFoundError:
+    try:  # an install made before the rename
+        __version__ = version("privkit")
+    except PackageNotFoundError:  # running from a source tree without installation
+        __version__ = "0.0.0+local"
 
 __all__ = ["PrivkitError", "__version__"]

@@ -1,4 +1,4 @@
-"""privkit on Flower (optional extra: ``pip install "privkit[flower]"``).
+"""privkit on Flower (optional extra: ``pip install "privkit-ml[flower]"``).
 
 Accounting of a Flower app's DP mechanisms as privkit ledger events, privkit's methods as Flower apps,
 and audits of Flower simulations. ``import privkit`` never imports Flower: the names below are loaded
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-INSTALL_HINT = 'privkit.flower needs Flower: pip install "privkit[flower]"'
+INSTALL_HINT = 'privkit.flower needs Flower: pip install "privkit-ml[flower]"'
 """The one-line error raised when Flower is missing (it names the extra to install)."""
 
 # public name -> submodule of privkit.flower that defines it (loaded on first access)

@@ -62,7 +62,7 @@ def check_engine(engine: str, method: str | None = None) -> None:
     if missing:
         raise PrivkitError(
             f"engine flower needs {' and '.join(missing)}, not installed; found none "
-            '(pip install "privkit[flower]")'
+            '(pip install "privkit-ml[flower]")'
         )
 
 

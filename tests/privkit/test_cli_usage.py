@@ -539,7 +539,7 @@ def test_ray_executor_without_ray_is_refused_up_front(monkeypatch):
     assert CHECKED == EXECUTORS  # the CLI checks the names the audit layer runs
     check_executor("serial")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ValueError, match=r'--executor ray needs Ray.*pip install "privkit\[ray\]"'):
+    with pytest.raises(ValueError, match=r'--executor ray needs Ray.*pip install "privkit-ml\[ray\]"'):
         check_executor("ray", "--executor")
     with pytest.raises(
         ValueError,

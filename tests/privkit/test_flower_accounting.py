@@ -69,7 +69,7 @@ def test_import_privkit_never_needs_flwr():
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
-    assert out.strip() == 'privkit.flower needs Flower: pip install "privkit[flower]"'
+    assert out.strip() == 'privkit.flower needs Flower: pip install "privkit-ml[flower]"'
 
 
 def test_central_multipliers_from_flowers_parameters():
