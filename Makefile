@@ -1,7 +1,7 @@
 # make demo : run the privkit demo pipeline on the embedded data (sets up .venv on first use)
 # make test : run the test suite (sets up .venv on first use)
 # make docs : build the documentation site into site/ (warnings are errors)
-# make lint : ruff (rules and formatting) on the whole tree, mypy on the libraries
+# make lint : ruff (rules and formatting) on the whole tree, mypy on the libraries and privkit
 PYTHON ?= python3
 VENV   ?= .venv
 # torch from the configured package index. PyPI's Linux wheel bundles CUDA (several GB to download);

@@ -45,7 +45,7 @@ SCHEMA_VERSION = 1
 WHITE_BOX, BLACK_BOX = "white-box", "black-box"
 TWINS = ("correct", "noise removed", "clipping and noise removed")
 #: The non-private twin's optimiser: privkit's non-private baseline (``centralized``, quick config).
-NON_PRIVATE = {"optimizer": "sgd", "lr": 0.1, "batch_size": 64}
+NON_PRIVATE: dict[str, Any] = {"optimizer": "sgd", "lr": 0.1, "batch_size": 64}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from attacks.recipe import Recipe, torch_logits
 from privkit.data import ArrayDataset, Federation
 from privkit.data.partition import dirichlet_partition, iid_partition, shard_partition
 from privkit.seeding import derive_seed, make_rng
+
+if TYPE_CHECKING:  # pragma: no cover
+    from privkit.trainers.base import TrainResult
 
 
 def partition_like(federation: Federation, y: np.ndarray, seed: int) -> list[np.ndarray]:
@@ -89,7 +93,7 @@ def federation_json(federation: Federation) -> str:
 class AuditRun:
     """One run of a federation recipe: the trainer's result and the federation it ran on."""
 
-    result: object  # privkit.trainers.TrainResult
+    result: TrainResult
     federation: Federation
 
 

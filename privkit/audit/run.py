@@ -39,6 +39,7 @@ import math
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -439,7 +440,7 @@ def audit_run(
         from privkit.pipeline.files import write_json, write_with
 
         if logits is not None:  # before audit.json, whose presence means a finished audit
-            arrays = {
+            arrays: dict[str, Any] = {
                 "pool": pool,
                 "audited": audited,
                 "included": design.included,

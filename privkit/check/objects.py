@@ -71,12 +71,12 @@ def classify(obj: Any) -> str | None:
         from flwr.clientapp.mod import LocalDpMod
         from flwr.serverapp.strategy import Strategy
 
-        for kind, cls in (
+        for kind, flwr_cls in (
             ("local_dp", LocalDpMod),
             ("client_app", ClientApp),
             ("strategy", Strategy),
         ):
-            if isinstance(obj, cls):
+            if isinstance(obj, flwr_cls):
                 return kind
     return None
 

@@ -81,7 +81,9 @@ def one_line(exc: BaseException) -> str:
 # typer <= 0.2x raises the exceptions of the external `click` package; later releases vendor
 # click as `typer._click`. Both hierarchies are found from typer's own re-export (BadParameter),
 # so neither package is imported by name.
-def _click_class(name: str) -> type[BaseException]:
+def _click_class(
+    name: str,
+) -> Any:  # a click exception class (click's own API: format_message, show)
     for cls in typer.BadParameter.__mro__:
         if cls.__name__ == name:
             return cls
@@ -110,9 +112,9 @@ def _found_value(exc: BaseException, args: Sequence[str]) -> str | None:
     return None
 
 
-def usage_message(exc: BaseException, args: Sequence[str]) -> str:
+def usage_message(exc: Any, args: Sequence[str]) -> str:
     """One line for a click usage error: the command, the option and the value found."""
-    ctx = getattr(exc, "ctx", None)
+    ctx: Any = getattr(exc, "ctx", None)
     where = (
         f"{ctx.command_path}: " if ctx is not None and getattr(ctx, "command_path", None) else ""
     )

@@ -357,6 +357,7 @@ def audit(
             as_json=as_json,
         )
         return
+    assert run_dir is not None  # exactly one of run_dir and recipe, checked above
     if mechanisms:
         from privkit.cli.audit_mechanisms import audit_run_mechanisms
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import cast
 
 import typer
 
@@ -22,7 +23,7 @@ def check(
         help="Zero-argument function of SCRIPT returning the objects (else its module globals).",
         metavar="FUNCTION",
     ),
-    delta_: str = _num_opt(..., "--delta", "Delta in (0, 1) of every epsilon."),
+    delta_: str = _num_opt(..., "--delta", "Delta in (0, 1) of every epsilon."),  # type: ignore[arg-type]  # ...: typer's required option
     steps_: str | None = _num_opt(None, "--steps", "DP-SGD steps the training runs.", "INT"),
     epochs_: str | None = _num_opt(
         None, "--epochs", "Or epochs (epochs x len(loader) steps).", "INT"
@@ -48,7 +49,7 @@ def check(
     from accountants._validate import check_choice, check_open_unit, check_positive
 
     # every option is checked before SCRIPT runs
-    delta = check_open_unit(_num(delta_, "--delta"), "--delta")
+    delta = check_open_unit(cast(float, _num(delta_, "--delta")), "--delta")  # required: not None
     steps, epochs = _int(steps_, "--steps"), _int(epochs_, "--epochs")
     if steps is not None and epochs is not None:
         raise ValueError(

@@ -31,7 +31,7 @@ def list_datasets(
     for col in ("name", "embedded", "description / expected layout"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["name"], "yes" if r["embedded"] else "no", r["description"])
+        table.add_row(str(r["name"]), "yes" if r["embedded"] else "no", str(r["description"]))
     out_console.print(table)
 
 
@@ -56,7 +56,7 @@ def split(
     cfg = FederationConfig(
         dataset=dataset,
         clients=clients,
-        partition=partition,
+        partition=partition,  # type: ignore[arg-type]  # pydantic checks the name
         alpha=alpha,
         shards_per_client=shards_per_client,
         public_dataset=public_dataset,

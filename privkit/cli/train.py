@@ -188,6 +188,7 @@ def _headline(result, federation, claims_dp: bool) -> dict[str, Any]:
         and not delta_ge_one_over_n(claimed, n_min)
     )
     delta = float(claimed) if meaningful else 1e-5
+    facts: dict[str, Any]
     eps, note, facts = math.inf, None, {"fixed_delta": None, "non_private": []}
     if result.ledger.clients:
         try:

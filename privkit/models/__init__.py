@@ -50,6 +50,8 @@ class UnitNormalize(nn.Module):
     ``center`` is a buffer (zeros unless set, e.g. to a mean over public data); no parameters.
     """
 
+    center: torch.Tensor  # the buffer
+
     def __init__(self, dim: int):
         super().__init__()
         self.register_buffer("center", torch.zeros(dim))
@@ -60,7 +62,7 @@ class UnitNormalize(nn.Module):
         return torch.where(norm > 0, h / norm.clamp_min(1e-30), torch.zeros_like(h))
 
 
-def _cnn_features(in_shape: tuple[int, int, int], width: int, feature_dim: int) -> nn.Module:
+def _cnn_features(in_shape: tuple[int, int, int], width: int, feature_dim: int) -> nn.Sequential:
     c, h, w = in_shape
     if h < 8 or w < 8:
         raise PrivkitError(f"cnn needs inputs of at least 8x8; found {h}x{w}")
@@ -77,7 +79,7 @@ def _cnn_features(in_shape: tuple[int, int, int], width: int, feature_dim: int) 
     )
 
 
-def _mlp_features(in_shape: tuple[int, int, int], hidden: int, depth: int) -> nn.Module:
+def _mlp_features(in_shape: tuple[int, int, int], hidden: int, depth: int) -> nn.Sequential:
     layers: list[nn.Module] = [nn.Flatten()]
     width = int(torch.tensor(in_shape).prod())
     for _ in range(depth):

@@ -106,7 +106,7 @@ class AuditSettings(StrictModel):
     mechanism_controls: MechanismControlSettings = Field(default_factory=MechanismControlSettings)
     attacks: list[str] | None = None
     shadows: Annotated[int, Field(ge=2)] = 8
-    executor: Literal[EXECUTORS] = "serial"
+    executor: Literal[EXECUTORS] = "serial"  # type: ignore[valid-type]  # the names in the tuple
     workers: Annotated[int, Field(ge=1)] | None = None
     seed: int | None = None
     n_audit: Annotated[int, Field(ge=10)] | None = None
@@ -135,7 +135,7 @@ class ReportSettings(StrictModel):
         default_factory=list, description="what this config scales down from the papers"
     )
     formats: list[Literal["json", "html", "md"]] = Field(
-        default_factory=lambda: ["json", "html", "md"]
+        default_factory=lambda: ["json", "html", "md"]  # type: ignore[arg-type]  # the Literals
     )
 
 
@@ -147,7 +147,8 @@ class RunConfig(StrictModel):
     delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
     accountant: Literal["best", "basic", "advanced", "rdp", "pld"] = "best"
     accountants: Annotated[list[Accountant], Field(min_length=1)] = Field(
-        default_factory=lambda: list(ACCOUNTANTS), description="computed per client"
+        default_factory=lambda: list(ACCOUNTANTS),  # type: ignore[arg-type]  # the Literals
+        description="computed per client",
     )
     pld_grid: Annotated[float, Field(gt=0, le=0.1)] | None = Field(
         default=None, description="PLD value discretisation (default: the accountant's 1e-4)"

@@ -12,7 +12,7 @@ from typing import Any
 FEDERATIONS: dict[str, Any] = {}  # per process: the run's federation, loaded once
 
 
-def run_federation(root: Path):
+def run_federation(root: str | Path):
     """The run's federation (``<root>/federation.json``), loaded once per process."""
     from privkit.data import Federation
 

@@ -95,7 +95,7 @@ def _probe(p: dict):
         failed=list(p.get("failed", [])),
         holds_epsilon=p.get("holds_epsilon"),
         holds_note=p.get("holds_note", ""),
-        tests={n: {k: t.get(k) for k in keep} for n, t in (conf.get("tests") or {}).items()},
+        tests={n: {k: t.get(k) for k in keep} for n, t in (conf.get("tests") or {}).items()},  # type: ignore[misc]  # pydantic validates the dicts
         epsilon_lower_bound=p.get("epsilon_lower_bound"),
         epsilon_ceiling=audit.get("epsilon_ceiling"),
         measured_epsilon=p.get("measured_epsilon"),

@@ -182,7 +182,7 @@ def _read_utility(mdir: Path, info: dict, warnings: list):
     ]
     return Utility(
         test_accuracy=_num(met.get("test_accuracy")),
-        client_accuracy=[_num(a) for a in met.get("client_accuracy", [])],
+        client_accuracy=[_num(a) for a in met.get("client_accuracy", [])],  # type: ignore[misc]
         rounds=[r for r in met.get("rounds", []) if "round" in r],
     )
 
@@ -205,7 +205,7 @@ def _read_privacy(mdir: Path, info: dict, warnings: list):
             ReportWarning(
                 code="delta_ge_1_over_n",
                 source="pipeline",
-                message=f"the paper's delta = {cd:.3g} >= 1/n = {1.0 / n_min:.3g} (smallest client, "
+                message=f"the paper's delta = {cd:.3g} >= 1/n = {1.0 / n_min:.3g} (smallest client, "  # type: ignore[operator]  # n is known here
                 f"n = {n_min}): such a guarantee allows publishing a record in the clear",
             )
         )
@@ -225,7 +225,7 @@ def _read_privacy(mdir: Path, info: dict, warnings: list):
         non_private=p.get("non_private", []),
         reproducible_noise=bool(p.get("reproducible_noise", False)),
         adaptive_composition=p.get("adaptive_composition"),
-        epsilon_bracket={k: _worst_bracket(v) for k, v in (p.get("epsilon_bracket") or {}).items()},
+        epsilon_bracket={k: _worst_bracket(v) for k, v in (p.get("epsilon_bracket") or {}).items()},  # type: ignore[misc]  # pydantic validates the dicts
         bracket_reason=p.get("bracket_reason") or {},
     )
 
@@ -420,7 +420,7 @@ def build_report(
             ReportWarning(
                 code="delta_ge_1_over_n",
                 source="pipeline",
-                message=f"delta = {delta:g} >= 1/n = {1.0 / n_min:.3g} for the smallest client "
+                message=f"delta = {delta:g} >= 1/n = {1.0 / n_min:.3g} for the smallest client "  # type: ignore[operator]  # n is known here
                 f"(n = {n_min}): the guarantee would allow publishing a record in the clear",
             )
         )

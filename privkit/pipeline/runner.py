@@ -28,6 +28,7 @@ from privkit.pipeline.mechanism_controls import MechanismControlsPlan
 from privkit.pipeline.report import build_report
 from privkit.pipeline.stages import execute as _execute
 from privkit.pipeline.state import Status, stage_hashes
+from privkit.pipeline.steps import StepPlan
 from privkit.pipeline.workers import run_parallel as _run_parallel
 
 Log = Callable[[str], None]
@@ -134,7 +135,7 @@ def _run_locked(
         k: v for k, v in status.data["methods"].items() if k in {m.key for m in run.methods}
     }
     status.save()
-    plans = [
+    plans: list[_MethodPlan | StepPlan] = [
         _MethodPlan(run, m, root, status, say=_prefixed(say, i, len(run.methods)))
         for i, m in enumerate(run.methods, 1)
     ]

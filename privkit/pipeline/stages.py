@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,7 @@ def account_method(
     mdir: Path,
     delta: float,
     accountant: str = "best",
-    accountants: list[str] | None = None,
+    accountants: Sequence[str] | None = None,
     pld_grid: float | None = None,
     curve_accountant: str = "rdp",
 ) -> dict:
@@ -86,7 +87,7 @@ def account_method(
         Delta of every epsilon.
     accountant : str
         Headline accountant (``best`` = the minimum over ``accountants``).
-    accountants : list of str, optional
+    accountants : sequence of str, optional
         Accountants computed per client (default: basic, advanced, rdp, pld).
     pld_grid : float, optional
         PLD value discretisation interval (coarser is faster and still an upper bound).

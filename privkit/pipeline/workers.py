@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import signal
 import traceback
+from typing import Any
 
 from privkit.pipeline.files import StorageError, staging_dir
 from privkit.pipeline.files import one_line as _one_line
@@ -17,7 +18,7 @@ def _worker_init() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _execute_in_worker(args: tuple) -> tuple[str | None, str, float]:
+def _execute_in_worker(args: tuple[Any, Any, str, str]) -> tuple[str | None, str, float]:
     import torch
 
     torch.set_num_threads(1)  # the workers share the cores between them

@@ -150,12 +150,13 @@ class TrainResult:
             (f"client_{i}.pt", m) for i, m in enumerate(self.client_models)
         ]:
             state = {k: v.detach().cpu() for k, v in m.state_dict().items()}
-            write_with(ckpt / name, lambda buf, state=state: torch.save(state, buf))
+            write_with(ckpt / name, lambda buf, state=state: torch.save(state, buf))  # type: ignore[misc]
         write_text(out / "ledger.json", json.dumps(self.ledger.to_dict(), indent=2) + "\n")
         write_json(out / "metrics.json", self.metrics())
         if self.artifacts:
             write_with(
-                out / "artifacts.npz", lambda buf: np.savez_compressed(buf, **self.artifacts)
+                out / "artifacts.npz",
+                lambda buf: np.savez_compressed(buf, **self.artifacts),  # type: ignore[arg-type]  # numpy's stub
             )
         meta = {
             "schema_version": SCHEMA_VERSION,

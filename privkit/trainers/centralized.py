@@ -7,6 +7,8 @@ every client: there is no formal guarantee, only what the audits measure.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from privkit.methods.dpsgd import CentralConfig
 from privkit.seeding import derive_seed
 from privkit.trainers.base import TrainResult
@@ -34,7 +36,7 @@ def train_centralized(
 
     opt = make_optimizer(list(model.to(device).parameters()), config.optimizer, config.lr)
     rounds = []
-    epochs = range(1, config.epochs + 1)
+    epochs: Iterable[int] = range(1, config.epochs + 1)
     if progress:
         from rich.progress import track
 

@@ -95,11 +95,11 @@ def _channels_last(model: nn.Module, x: torch.Tensor):
     if x.dim() != 4 or not any(isinstance(m, nn.Conv2d) for m in model.modules()):
         yield x
         return
-    model.to(memory_format=torch.channels_last)
+    model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stub lacks it
     try:
         yield x.contiguous(memory_format=torch.channels_last)
     finally:
-        model.to(memory_format=torch.contiguous_format)
+        model.to(memory_format=torch.contiguous_format)  # type: ignore[call-overload]
 
 
 def _epochs(model, xt, yt, opt, epochs, batch_size, device, seed, extra_loss) -> float:

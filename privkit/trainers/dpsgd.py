@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import math
 import warnings as _warnings
+from collections.abc import Iterable
+from typing import Any, cast
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -137,7 +139,7 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
     noise = noise_generator(seed, "noise", reproducible=config.reproducible_noise, device=device)
     # reproducible mode: opacus draws from the seeded torch generators itself; release mode: both
     # streams are privkit's AES stream, swapped in after make_private (privkit.trainers.opacus_streams)
-    loader = _loader(x, y, config.batch_size, batches.source if batches.seeded_torch else None)
+    loader = _loader(x, y, config.batch_size, batches.source if batches.seeded_torch else None)  # type: ignore[arg-type]  # seeded_torch: a torch generator
     if abs(1.0 / len(loader) - sample_rate) > 1e-15:
         raise PrivkitError(
             f"loader has {len(loader)} batches per epoch; the plan assumed {1 / sample_rate:g}"
@@ -171,7 +173,7 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
     probes = _probe_sets(dp_opt, federation.num_clients, config.clip_norm, sample_rate, sigma)
     _take_probes_and_mutation(dp_opt, probes, mutations.active(), noise, real_rate)
 
-    epochs = range(1, config.epochs + 1)
+    epochs: Iterable[int] = range(1, config.epochs + 1)
     if progress:
         from rich.progress import track
 
@@ -277,7 +279,7 @@ def _opacus_clip_factor(norms: torch.Tensor, max_grad_norm: float) -> torch.Tens
 def _mask(source: DpRandom, n: int, rate: float) -> torch.Tensor:
     """``n`` Bernoulli(``rate``) draws from ``source`` as a CPU bool tensor (a seeded torch
     generator on an accelerator draws there: torch cannot draw on the CPU from it)."""
-    gen = source.source
+    gen: Any = source.source  # a torch generator when seeded_torch
     if source.seeded_torch and gen.device.type != "cpu":
         return (torch.rand(n, generator=gen, device=gen.device) < rate).cpu()
     return source.mask(n, rate=rate)
@@ -403,7 +405,7 @@ def train_dpsgd_many(
     from privkit.trainers.base import make_config
     from privkit.trainers.batched_sgd import load_states, train_many
 
-    cfg = make_config("dpsgd", config)
+    cfg = cast(DpsgdConfig, make_config("dpsgd", config))
     sizes = sorted({len(ix) for ix in indices})
     groups = {n: [j for j, ix in enumerate(indices) if len(ix) == n] for n in sizes}
     _, spec = new_model(federation, cfg, 0)

@@ -210,7 +210,7 @@ def train_exact(
             extra = None
             if mu[j] > 0:  # autograd's gradient of (mu/2) sum ||p - a||^2: (mu/2) (2 (p - a))
                 half = 0.5 * mu[j]
-                diffs = {k: m.params[k] - anchors[j][k] for k in names}
+                diffs = {k: m.params[k] - anchors[j][k] for k in names}  # type: ignore[index]  # mu > 0: anchors
                 g = {k: g[k] + half * (2 * diffs[k]) for k in names}
                 if t >= first[j]:
                     extra = sum((d.pow(2).sum() for d in diffs.values()), torch.zeros(())) * half

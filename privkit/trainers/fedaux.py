@@ -199,7 +199,7 @@ def release_scoring_head(
         lam=lam,
         epsilon=epsilon if dp else None,
         delta=delta,
-        calibration=calibration,
+        calibration=calibration,  # type: ignore[arg-type]  # the config's literal
         rng=noise_rng(seed, f"score-noise-{i}", reproducible=reproducible_noise),
         client=i,
         label="scores",

@@ -39,7 +39,7 @@ The released models carry the feature map inside them (``normalize=True`` featur
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -58,6 +58,7 @@ from privkit.trainers.fedaux import (
     score_info,
 )
 from privkit.trainers.heads import (
+    HeadRelease,
     certainty_scores,
     fit_multinomial_head,
     head_probabilities,
@@ -83,7 +84,7 @@ def _released_model(
     if unexpected or any(not k.endswith("center") for k in missing):
         raise PrivkitError(f"h0 does not fit the model: missing {missing}, unexpected {unexpected}")
     if center is not None:
-        model.features[-1].center.copy_(torch.as_tensor(center, dtype=torch.float32))
+        model.features[-1].center.copy_(torch.as_tensor(center, dtype=torch.float32))  # type: ignore[index]  # a Sequential
     if W is not None:
         weight, bias = head_to_linear(W)
         with torch.no_grad():
@@ -124,8 +125,8 @@ class ClientHeads:
     heads stay with the client; what leaves it is ``weights`` and the ledger events."""
 
     client: int
-    class_release: object  # HeadRelease
-    score_release: object | None
+    class_release: HeadRelease
+    score_release: Any  # a HeadRelease (FedAUXfdp) or None
     n_private: int
 
 
@@ -282,7 +283,7 @@ def dp_heads_result(
     scores = None
     score_rel = None
     if not baseline:
-        score_rel = _score_release(releases, K, phi_distill, len(setup.phi_neg), cfg.xi, ledger)
+        score_rel = _score_release(releases, K, phi_distill, len(setup.phi_neg), cfg.xi, ledger)  # type: ignore[arg-type]  # not baseline: set
         scores = score_rel.scores[active]
         warns.update(score_rel.warnings)
 

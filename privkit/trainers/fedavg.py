@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -219,7 +219,7 @@ class FederatedRun:
             self.last_models, self.last_ids = [], []
         return FederatedOutcome(
             self.model,
-            self.spec,
+            self.spec,  # type: ignore[arg-type]  # set in __init__
             self.ledger,
             self.rounds,
             self.last_models,
@@ -346,7 +346,7 @@ def fedavg_run(
     """FedAvg's (or FedProx's) run and what turns its outcome into the method's result."""
     mu = 0.0
     if method == "fedprox":
-        mu = config.mu
+        mu = cast(FedProxConfig, config).mu  # fedprox's config
         if mu <= 0:
             raise PrivkitError(f"mu must be > 0 for fedprox; found {mu}")
     run = FederatedRun(federation, config, seed, progress=progress, mu=mu)

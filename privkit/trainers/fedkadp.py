@@ -41,6 +41,8 @@ from __future__ import annotations
 import collections
 import copy
 import math
+from collections.abc import Iterable
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -209,9 +211,11 @@ def _local_update(
     seed: int,
     device: torch.device,
     client: int = 0,
+    receipts: list | None = None,
 ) -> dict[str, torch.Tensor]:
     """Algorithm 1 on one client: ``E`` Poisson-sampled DP-SGD steps from the global model (taking
-    an audit's probes when ``client``'s mechanism is probed: :mod:`privkit.probes`)."""
+    an audit's probes when ``client``'s mechanism is probed: :mod:`privkit.probes`); each step's
+    release receipt goes to ``receipts`` where given."""
     n = len(y)
     step = DpSgdStep(cfg.clip_norm, sigma, min(1.0, cfg.batch_size / n), n)
     student = copy.deepcopy(global_model).to(device).train()
@@ -234,7 +238,7 @@ def _local_update(
         if teacher is not None:
             with torch.no_grad():
                 aux = teacher(xb)
-        step.apply(student, opt, xb, yb, loss_fn, noise_gen, aux, canaries=canaries)
+        step.apply(student, opt, xb, yb, loss_fn, noise_gen, aux, canaries, receipts)
     return {k: v.detach() for k, v in student.state_dict().items()}
 
 
@@ -302,7 +306,7 @@ class _Budget:
 
     def __init__(self, accountant: str, delta: float) -> None:
         self.accountant, self.delta = accountant, delta
-        self.state: dict[int, object] = {}
+        self.state: dict[int, Any] = {}  # per client: an RDP curve or a PLD accountant
         self.eps: dict[int, float] = {}
 
     def would_be(
@@ -409,7 +413,14 @@ class DpFedRun:
     """
 
     def __init__(
-        self, federation, cfg: DpFedConfig, seed: int, *, method: str, distill: bool, adaptive: bool
+        self,
+        federation,
+        cfg: Any,  # a DpFedConfig; a FedKADPConfig where distill or adaptive
+        seed: int,
+        *,
+        method: str,
+        distill: bool,
+        adaptive: bool,
     ):
         self.federation, self.cfg, self.seed, self.method = federation, cfg, seed, method
         self.distill, self.adaptive = distill, adaptive
@@ -516,12 +527,28 @@ class DpFedRun:
         """The seed of client ``k``'s local update in the current round."""
         return client_seed(self.seed, self.t, k)
 
-    def finish_round(self, states: list[dict[str, torch.Tensor]]) -> None:
+    def finish_round(
+        self, states: list[dict[str, torch.Tensor]], receipts: list[list] | None = None
+    ) -> None:
         """Account the round's clients (in the sampled order), average their states, evaluate,
-        and (FedKADP) set the next round's temperature and noise multiplier."""
+        and (FedKADP) set the next round's temperature and noise multiplier.
+
+        ``receipts`` (one list per sampled client, where the engine ran the local updates in this
+        process): the releases each client made; the ledger records their composition, and a
+        client whose releases differ from what the budget check admitted is an error (never a
+        plan accounted in place of what ran)."""
+        from privkit.mechanisms.gaussian import compose_receipts
+
         cfg, t, device = self.cfg, self.t, self.device
-        for k in self.sampled:
+        for i, k in enumerate(self.sampled):
             ev, acc, eps = self.pending[k]
+            if receipts is not None:
+                ran = compose_receipts(receipts[i])
+                if ran != ev:
+                    raise PrivkitError(
+                        f"client {k} released {ran} in round {t}; the budget admitted {ev}"
+                    )
+                ev = ran
             self.budget.commit(k, acc, eps)
             if self.rdp_filter is not None:
                 self.rdp_filter.spend(k, self.spend[k])
@@ -554,7 +581,7 @@ class DpFedRun:
                 ),
                 "t": metric_time(t, cfg.rounds),
             }
-            metric = feedback_metric(comp, self.weights)
+            metric = feedback_metric(comp, self.weights)  # type: ignore[arg-type]  # set when adaptive
             row.update({"metric": metric, "metric_components": comp})
             self.rho = adapt_temperature(
                 metric, cfg.rho_min, cfg.rho_max, cfg.steepness, cfg.metric_kd
@@ -613,7 +640,7 @@ class DpFedRun:
 def _drive(run: DpFedRun, progress: bool = False) -> TrainResult:
     """Run ``run`` to its end, one client after the other."""
     cfg, method = run.cfg, run.method
-    iterator = range(1, cfg.rounds + 1)
+    iterator: Iterable[int] = range(1, cfg.rounds + 1)
     if progress:
         from rich.progress import track
 
@@ -622,28 +649,30 @@ def _drive(run: DpFedRun, progress: bool = False) -> TrainResult:
         sampled = run.next_round()
         if sampled is None:
             break
-        run.finish_round(
-            [
-                _local_update(
-                    run.model,
-                    *run.data[k],
-                    cfg,
-                    run.sigma,
-                    run.rho,
-                    run.client_seed(k),
-                    run.device,
-                    client=k,
-                )
-                for k in sampled
-            ]
-        )
+        receipts: list[list] = [[] for _ in sampled]  # each client's releases, for the ledger
+        states = [
+            _local_update(
+                run.model,
+                *run.data[k],
+                cfg,
+                run.sigma,
+                run.rho,
+                run.client_seed(k),
+                run.device,
+                client=k,
+                receipts=receipts[i],
+            )
+            for i, k in enumerate(sampled)
+        ]
+        run.finish_round(states, receipts)
     return run.result()
 
 
 def run_for(method: str, federation, cfg: DpFedConfig, seed: int) -> DpFedRun:
     """The :class:`DpFedRun` that ``train(method, ...)`` drives, for ``dp-fedavg`` or ``fedkadp``."""
     if method == "fedkadp":
-        return DpFedRun(federation, cfg, seed, method=method, distill=True, adaptive=cfg.feedback)
+        adaptive = cast(FedKADPConfig, cfg).feedback  # fedkadp's config
+        return DpFedRun(federation, cfg, seed, method=method, distill=True, adaptive=adaptive)
     if method == "dp-fedavg":
         return DpFedRun(federation, cfg, seed, method=method, distill=False, adaptive=False)
     raise PrivkitError(f"method must be dp-fedavg or fedkadp; found {method!r}")

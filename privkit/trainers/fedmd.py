@@ -38,7 +38,9 @@ Privacy (record level, per party):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -56,6 +58,9 @@ from privkit.methods.fedmd import (  # noqa: F401  (re-exported)
 from privkit.models import FeatureClassifier, build_from_spec, model_spec
 from privkit.seeding import derive_seed, make_rng, noise_rng, seed_torch, torch_generator
 from privkit.trainers.base import TrainResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from privkit.data import Federation
 from privkit.trainers.common import (
     accuracy,
     as_tensor,
@@ -360,7 +365,7 @@ def _ldp_plan(federation, config: FedMDLdpConfig, m_pub: int, sizes: list[int]) 
 
     sens = knowledge_sensitivity(config.knowledge, config.logit_clip)
     queries = config.rounds * m_pub
-    plan = {"sensitivity": sens, "queries": queries, "sigma": [], "target": []}
+    plan: dict[str, Any] = {"sensitivity": sens, "queries": queries, "sigma": [], "target": []}
     if queries == 0:
         return plan
     for i, n in enumerate(sizes):
@@ -451,7 +456,13 @@ class FedMDRun:
     the batched path (:mod:`privkit.trainers.many_fedmd`) all at once.
     """
 
-    def __init__(self, federation, config: FedMDConfig, seed: int, variant: str):
+    def __init__(
+        self,
+        federation: Federation,
+        config: Any,  # a FedMDConfig; FedMDNfdpConfig or FedMDLdpConfig by variant
+        seed: int,
+        variant: str,
+    ):
         import dp_accounting as dpa
 
         from accountants import Ledger, NfdpSubsampleEvent, NonPrivateEvent
@@ -633,7 +644,7 @@ class FedMDRun:
             rounds=self.rounds,
             test_accuracy=client_acc[r],
             artifacts=self.artifacts,
-            client_models=self.models,
+            client_models=self.models,  # type: ignore[arg-type]  # a list of modules
             client_model_specs=self.specs,
             client_accuracy=client_acc,
             warnings=self.warnings,
@@ -654,14 +665,14 @@ def run_fedmd(
     for job in run.init_jobs():
         job.run(config, run.device)
     run.record()
-    iterator = range(1, config.rounds + 1)
+    iterator: Iterable[int] = range(1, config.rounds + 1)
     if progress:
         from rich.progress import track
 
         iterator = track(iterator, description=f"fedmd-{variant}")
     for _ in iterator:
         digests = run.next_round()
-        for d, r in zip(digests, run.revisit_jobs()):  # per party: digest, then revisit
+        for d, r in zip(digests, run.revisit_jobs()):  # type: ignore[arg-type]  # per party: digest, then revisit
             d.run(config, run.device)
             r.run(config, run.device)
         run.record()

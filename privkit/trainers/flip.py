@@ -23,7 +23,7 @@ carry each client's last upload (``distilled_x/client_<i>``, ``distilled_y/clien
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -324,7 +324,7 @@ def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False
     eval_model.to(device)
     rounds = []
     uploads: dict[int, tuple] = {}
-    iterator = range(1, config.rounds + 1)
+    iterator: Iterable[int] = range(1, config.rounds + 1)
     if progress:
         from rich.progress import track
 

@@ -36,6 +36,7 @@ it are :func:`privkit.trainers.flip.round_updates`'s.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -101,7 +102,7 @@ def unroll(
         # d/dz of -sum_c q_c log softmax(z)_c, as autograd's log_softmax backward computes it
         delta = torch.softmax(pre[-1][:, 0], -1) * q.sum(-1, keepdim=True) - q
         eta = rates[:, j : j + 1]
-        steps = [None] * count
+        steps: list[Any] = [None] * count  # tensors, filled from the last layer
         for idx in range(count - 1, -1, -1):  # the backward pass, also at theta_(j-1)
             steps[idx] = eta * delta
             if idx:

@@ -558,14 +558,15 @@ def probe_record_influence(
             a = a / np.linalg.norm(a) + 0.5 * g / np.linalg.norm(g)
         u = a / np.linalg.norm(a)
         x_p = head_features(
-            (R * u)[None, :] + (0.0 if data.center is None else data.center[None, :]), data.center
+            (R * u)[None, :] + (0.0 if data.center is None else data.center[None, :]),  # type: ignore[index]
+            data.center,
         )[0]
         g_p = _record_gradients(kind, W, x_p[None, :], np.array([c]))[0]
         j = int(np.argmax(np.linalg.norm(grads - g_p[None, :], axis=1)))
         X2, y2 = data.X.copy(), y.copy()
         X2[j], y2[j] = x_p, c
         if binary:
-            refit = fit_binary_head(X2, data.negatives, lam)
+            refit = fit_binary_head(X2, data.negatives, lam)  # type: ignore[arg-type]  # binary: negatives
         else:
             refit = fit_multinomial_head(X2, y2, num_classes, lam)
         norms[k] = float(np.linalg.norm(refit.weights - fit.weights))

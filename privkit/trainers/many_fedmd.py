@@ -64,7 +64,7 @@ def train_fedmd_many(method: str, federations: list, config, seeds: list[int]) -
         going = [i for i, d in enumerate(digests) if d is not None]
         if not going:
             break
-        run_jobs([j for i in going for j in digests[i]], config, device)
+        run_jobs([j for i in going for j in digests[i]], config, device)  # type: ignore[union-attr]  # going: not None
         run_jobs([j for i in going for j in runs[i].revisit_jobs()], config, device)
         for i in going:
             runs[i].record()

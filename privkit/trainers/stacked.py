@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -98,9 +99,11 @@ class _Saved:
 
     name: str
     module: nn.Module
-    tensor: torch.Tensor | None  # linear, conv: input; relu, unit-normalise: output; pool: indices
+    tensor: (
+        Any  # a tensor (linear, conv: input; relu, unit-normalise: output; pool: indices) or None
+    )
     shape: torch.Size  # the layer's output shape (grid layers: the layout to go back to)
-    extra: torch.Size | torch.Tensor | None = (
+    extra: Any = (  # a torch.Size, a tensor or None
         None  # pool: its input's shape; unit-normalise: the norms;
     )
     #                                                 the first conv: its input, contiguous
@@ -180,6 +183,8 @@ class StackedModels:
         """Logits ``(M, B, classes)``; with a ``tape``, save what :meth:`_backward` needs. ``M`` is
         ``x``'s first dimension (all models, or some of them with their parameters)."""
         h, kind, m = x, "dense", x.shape[0]
+        saved: Any
+        extra: Any
         for name, layer in self.layers:
             saved, extra = None, None
             if isinstance(layer, nn.Linear):

@@ -7,9 +7,14 @@ the batched audit path (:mod:`privkit.trainers.many_dpfed`) with one model per (
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from privkit.trainers.stacked import StackedModels
+
+if TYPE_CHECKING:  # pragma: no cover
+    from privkit.trainers.fedkd import MentorMentee
 
 
 class StackedPairs(StackedModels):
@@ -19,7 +24,7 @@ class StackedPairs(StackedModels):
     gradients (:meth:`StackedModels.clipped_layers`): the loss's gradients with respect to ``h_t``
     and ``W_h h_s`` join the backward passes of the two towers at their heads' inputs."""
 
-    def __init__(self, pair: torch.nn.Module, n_models: int):
+    def __init__(self, pair: MentorMentee, n_models: int):
         self.mentor, self.mentee = (
             StackedModels(pair.mentor, n_models),
             StackedModels(pair.mentee, n_models),
