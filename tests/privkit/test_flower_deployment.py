@@ -1,0 +1,272 @@
+"""privkit.flower in a Flower deployment: a SuperLink and two SuperNodes started here on 127.0.0.1
+(killed when the module ends or fails), an app run with ``flwr run``: the DP app accounted (its
+ledger where the user ran the federation, epsilon dp-accounting's), a no-DP app refused before round
+1, a lifetime budget refused on the second run.  Each ``flwr run`` takes about 15 s (Flower's start
+of the ServerApp and ClientApp processes), so the module is marked slow."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dp_accounting as dpa
+import pytest
+
+pytest.importorskip("flwr")
+
+pytestmark = pytest.mark.slow
+SMALL = os.environ.get("PRIVKIT_SLOW", "") == "small"
+SMALL_SKIP = (
+    "PRIVKIT_SLOW=small: CI runs the no-DP refusal only (one accounted flwr run takes 40-80 s on "
+    "a loaded 2-core machine); run without PRIVKIT_SLOW for the whole deployment suite"
+)
+
+BIN = Path(sys.executable).parent
+DELTA = 1e-5
+
+PYPROJECT = """\
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "pkdeployapp"
+version = "1.0.0"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "privkit"
+
+[tool.flwr.app.components]
+serverapp = "pkdeployapp.server:app"
+clientapp = "pkdeployapp.client:app"
+
+[tool.flwr.app.config]
+num-server-rounds = 2
+dp = true
+budget = 0.0
+lifetime-budget = 0.0
+store = ""
+privkit-dir = ""
+"""
+
+SERVER = """\
+import numpy as np
+from flwr.app import ArrayRecord
+from flwr.serverapp import ServerApp
+from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg
+
+from privkit.flower import Accounted
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid, context):
+    c = context.run_config
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=2)
+    if c["dp"]:
+        strategy = DifferentialPrivacyClientSideFixedClipping(
+            strategy, noise_multiplier=1.0, clipping_norm=0.5, num_sampled_clients=2
+        )
+    accounted = Accounted(
+        strategy, delta=1e-5, budget=c["budget"] or None, out="runs", name="app",
+        store=c["store"] or None, lifetime_budget=c["lifetime-budget"] or None, context=context,
+    )
+    accounted.start(grid=grid, initial_arrays=ArrayRecord([np.zeros(4)]),
+                    num_rounds=c["num-server-rounds"])
+"""
+
+CLIENT = """\
+from pathlib import Path
+
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import fixedclipping_mod
+
+app = ClientApp(mods=[fixedclipping_mod])
+
+
+@app.train()
+def train(msg, context):
+    pid = int(context.node_config["partition-id"])
+    Path(context.run_config["privkit-dir"], f"client-{pid}-trained").touch()
+    arrays = [a + pid + 1.0 for a in msg.content["arrays"].to_numpy_ndarrays()]
+    metrics = MetricRecord({"num-examples": 10})
+    return Message(RecordDict({"arrays": ArrayRecord(arrays), "metrics": metrics}), reply_to=msg)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Federation:
+    """A SuperLink and two SuperNodes on 127.0.0.1, with a Flower home naming the SuperLink."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.procs = root, []
+        self.port = _free_port()
+        self.home = root / "flwr-home"
+        self.home.mkdir()
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "local"\n[superlink.local]\n'
+            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
+        )
+        self.env = {
+            **os.environ,
+            "FLWR_HOME": str(self.home),
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        self.link_dir = root / "superlink-cwd"
+        self.link_dir.mkdir()
+        self.app = root / "app"
+        (self.app / "pkdeployapp").mkdir(parents=True)
+        (self.app / "pyproject.toml").write_text(PYPROJECT)
+        (self.app / "pkdeployapp" / "__init__.py").write_text("")
+        (self.app / "pkdeployapp" / "server.py").write_text(SERVER)
+        (self.app / "pkdeployapp" / "client.py").write_text(CLIENT)
+
+    def _spawn(self, name: str, args: list[str], cwd: Path) -> None:
+        log = open(self.root / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
+        self.procs.append(
+            (subprocess.Popen(args, cwd=cwd, env=self.env, stdout=log, stderr=log), log)
+        )
+
+    def start(self, timeout: float = 90.0) -> None:
+        self._spawn(
+            "superlink",
+            [str(BIN / "flower-superlink"), "--insecure", "--port", str(self.port)],
+            self.link_dir,
+        )
+        for pid in (0, 1):
+            self._spawn(
+                f"supernode-{pid}",
+                [
+                    str(BIN / "flower-supernode"),
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{self.port}",
+                    "--port",
+                    str(_free_port()),
+                    "--node-config",
+                    f"partition-id={pid} num-partitions=2",
+                ],
+                self.root,
+            )
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if any(p.poll() is not None for p, _ in self.procs):
+                break
+            if self.log("superlink").count("Activated node_id") >= 2:
+                return
+            time.sleep(0.5)
+        raise RuntimeError(
+            "the local SuperLink and two SuperNodes did not start within "
+            f"{timeout:g} s; SuperLink log tail: {self.log('superlink')[-600:]!r}"
+        )
+
+    def log(self, name: str) -> str:
+        return (self.root / f"{name}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        for p, _ in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+        for p, log in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            log.close()
+
+    def run(self, user: Path, **config: object) -> subprocess.CompletedProcess:
+        """``flwr run`` typed in ``user`` (the app folder given by path), its log streamed."""
+        user.mkdir(parents=True, exist_ok=True)
+        values = {"privkit-dir": str(user), **config}
+        overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
+        return subprocess.run(
+            [str(BIN / "flwr"), "run", str(self.app), "local", "--stream", "-c", overrides],
+            cwd=user,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    fed = Federation(tmp_path_factory.mktemp("deployment"))
+    try:
+        fed.start()
+    except Exception:
+        fed.stop()
+        raise
+    yield fed
+    fed.stop()
+
+
+def _gaussian_rdp(multiplier: float, rounds: int) -> float:
+    acc = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dpa.GaussianDpEvent(multiplier), rounds)
+    return float(acc.get_epsilon(DELTA))
+
+
+@pytest.mark.skipif(SMALL, reason=SMALL_SKIP)
+def test_dp_app_is_accounted_where_the_user_ran_it(federation, tmp_path):
+    user = tmp_path / "user"
+    res = federation.run(user)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    ledger = user / "runs" / "app" / "ledger.json"
+    assert ledger.is_file(), res.stdout[-3000:]
+    assert not (federation.link_dir / "runs").exists()  # not in the SuperLink's directory
+    privacy = json.loads((user / "runs" / "app" / "privacy.json").read_text())
+    # both nodes sampled: each round is the Gaussian of multiplier z/2 under replace-one
+    assert privacy["summary"]["worst"]["rdp"] == pytest.approx(_gaussian_rdp(0.5, 2), rel=1e-9)
+    assert json.loads(ledger.read_text())["convention"]["neighbouring"] == "replace_one"
+    assert "client-level DP under replace-one" in res.stdout + res.stderr
+
+
+def test_no_dp_app_is_refused_before_round_one(federation, tmp_path):
+    user = tmp_path / "user"
+    res = federation.run(user, dp=False, budget=10.0)
+    out = res.stdout + res.stderr
+    assert "privkit refused round 1 before sending it: no recognised DP mechanism" in out, out[
+        -3000:
+    ]
+    assert not list(user.glob("client-*-trained"))  # no ClientApp ran
+    train = json.loads((user / "runs" / "app" / "train.json").read_text())
+    assert train["rounds_run"] == 0 and train["stop"].startswith("stopped before round 1")
+
+
+@pytest.mark.skipif(SMALL, reason=SMALL_SKIP)
+def test_lifetime_budget_is_refused_on_the_second_run(federation, tmp_path):
+    user = tmp_path / "user"
+    store = str(user / "lifetime")
+    two, three = _gaussian_rdp(0.5, 2), _gaussian_rdp(0.5, 3)
+    res = federation.run(user, store=store, **{"lifetime-budget": 100.0})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    res = federation.run(user, store=store, **{"lifetime-budget": (two + three) / 2})
+    out = res.stdout + res.stderr
+    assert f"lifetime epsilon {three:.4g} > lifetime budget" in out, out[-3000:]
+    from typer.testing import CliRunner
+
+    from privkit.cli import app as cli
+
+    cmd = ["budget", "lifetime", store, "--delta", "1e-5", "--json"]
+    res = CliRunner().invoke(cli, cmd)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["lifetime"]["rdp"] == pytest.approx(two, rel=1e-9)
+    assert len(json.loads(res.output)["runs"]) == 1
