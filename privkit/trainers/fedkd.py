@@ -156,11 +156,9 @@ def _client_round(
     seed: int,
     device: torch.device,
     client: int = 0,
-    receipts: list | None = None,
 ) -> None:
     """``E`` joint DP-SGD steps of mentor, mentee and W_h on the client's data (in place; taking an
-    audit's probes when ``client``'s mechanism is probed: :mod:`privkit.probes`); each step's
-    release receipt goes to ``receipts`` where given."""
+    audit's probes when ``client``'s mechanism is probed: :mod:`privkit.probes`)."""
     n = len(y)
     step = DpSgdStep(cfg.clip_norm, cfg.noise_multiplier, min(1.0, cfg.batch_size / n), n)
     params = [p for p in pair.parameters() if p.requires_grad]
@@ -177,7 +175,7 @@ def _client_round(
     canaries = step.probes(pair, client)
     for _ in range(cfg.local_steps):
         idx = step.sample(sample_gen).to(device)
-        step.apply(pair, opt, x[idx], y[idx], loss_fn, noise_gen, None, canaries, receipts)
+        step.apply(pair, opt, x[idx], y[idx], loss_fn, noise_gen, canaries=canaries)
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -266,31 +264,27 @@ class FedKdRun:
         """The seed of client ``k``'s local round."""
         return derive_seed(self.seed, f"round{self.t}/client{k}")
 
-    def finish_round(self, receipts: list[list] | None = None) -> None:
+    def finish_round(self) -> None:
         """After every sampled pair ran its local round: compress and account each client's mentee
-        update (in the sampled order), average them, compress the download, update the mentee.
-        ``receipts`` (one list per sampled client): the releases each made, which the ledger
-        records; releases other than the budget check admitted are an error."""
+        update (in the sampled order), average them, compress the download, update the mentee."""
         from accountants import dpsgd_event
-        from privkit.mechanisms.gaussian import compose_receipts
 
         cfg, t, start = self.cfg, self.t, self.start
         energy = energy_threshold(t, cfg.rounds, cfg.energy_start, cfg.energy_end)
         updates, sent, full = [], 0, 0
-        for i, k in enumerate(self.sampled):
+        for k in self.sampled:
             upd = {n: p.detach() - start[n] for n, p in self.pairs[k].mentee.named_parameters()}
             if cfg.compress:
                 upd, s_k, f_k = compress(upd, energy)
                 sent, full = sent + s_k, full + f_k
             updates.append(upd)
             self.budget.commit(k, *self.pending[k])
-            planned = dpsgd_event(self.rates[k], cfg.noise_multiplier, cfg.local_steps)
-            event = compose_receipts(receipts[i]) if receipts is not None else planned
-            if event != planned:
-                raise PrivkitError(
-                    f"client {k} released {event} in round {t}; the budget admitted {planned}"
-                )
-            self.ledger.add(k, event, f"round {t}: dp-sgd (mentor+mentee)", round=t)
+            self.ledger.add(
+                k,
+                dpsgd_event(self.rates[k], cfg.noise_multiplier, cfg.local_steps),
+                f"round {t}: dp-sgd (mentor+mentee)",
+                round=t,
+            )
         mean = {n: torch.stack([u[n] for u in updates]).mean(0) for n in start}
         down = compress(mean, energy)[0] if cfg.compress else mean
         with torch.no_grad():
@@ -366,8 +360,7 @@ def train_fedkd_dp(
         sampled = run.next_round()
         if sampled is None:
             break
-        receipts: list[list] = [[] for _ in sampled]  # each client's releases, for the ledger
-        for i, k in enumerate(sampled):
+        for k in sampled:
             _client_round(
                 run.pairs[k],
                 *run.data[k],
@@ -376,9 +369,8 @@ def train_fedkd_dp(
                 run.client_seed(k),
                 run.device,
                 client=k,
-                receipts=receipts[i],
             )
-        run.finish_round(receipts)
+        run.finish_round()
     return run.result()
 
 
