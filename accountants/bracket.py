@@ -51,6 +51,7 @@ from dp_accounting.pld import privacy_loss_distribution as _pld
 from dp_accounting.pld import privacy_loss_mechanism as _plm
 from scipy import special
 
+from accountants.certified import certified_epsilon
 from accountants.fast import (
     PldGridError,
     _check_grid,
@@ -311,6 +312,9 @@ class OptimisticPldAccountant(dpa.pld.PLDAccountant):
         self._pld = _fast_pld(
             _pld.identity(value_discretization_interval, pessimistic_estimate=False)
         )
+        # the composed steps as (one step's optimistic PLD, count): the lower end is recomposed
+        # from them with an allowance for the FFT's rounding (accountants.certified)
+        self._parts: list[tuple[_pld.PrivacyLossDistribution, int]] = []
 
     def _maybe_compose(self, event: dpa.DpEvent, count: int, do_compose: bool):
         wrappers = (
@@ -338,14 +342,17 @@ class OptimisticPldAccountant(dpa.pld.PLDAccountant):
             if sigma == 0:
                 self._contains_non_dp_event = True
             elif q == 1.0:  # count Gaussians are one Gaussian with multiplier sigma / sqrt(count)
-                self._pld = self._pld.compose(
-                    _optimistic_gaussian(
-                        sigma / math.sqrt(count), 1.0, self._value_discretization_interval, 1
-                    )
+                one = _optimistic_gaussian(
+                    sigma / math.sqrt(count), 1.0, self._value_discretization_interval, 1
                 )
+                self._pld = self._pld.compose(one)
+                self._parts.append((one, 1))
             else:
                 self._pld = self._pld.compose(
                     _optimistic_gaussian(sigma, q, self._value_discretization_interval, count)
+                )
+                self._parts.append(
+                    (_optimistic_gaussian(sigma, q, self._value_discretization_interval, 1), count)
                 )
         return None
 
@@ -385,7 +392,23 @@ class OptimisticPldAccountant(dpa.pld.PLDAccountant):
             for (eps, delta), count in counts.items():
                 pmf = _with_randomised_response(pmf, eps, delta, count)
             out.append(pmf.get_epsilon_for_delta(budget))
-        return max(out)
+        guess = max(out)
+        if not self._parts:
+            return guess
+        # the plain FFT's value can sit above the exact epsilon (its rounding adds tail mass):
+        # the certified composition of the same steps, with randomised response as steps of its own
+        vdi = self._value_discretization_interval
+        rr = [(_randomised_response_pmf(vdi, e, d), c) for (e, d), c in counts.items()]
+        directions = [[(_finite_part(p._pmf_remove), c) for p, c in self._parts] + rr]
+        if not all(p._symmetric for p, _ in self._parts):
+            directions.append(
+                [
+                    (_finite_part(p._pmf_remove if p._symmetric else p._pmf_add), c)
+                    for p, c in self._parts
+                ]
+                + rr
+            )
+        return certified_epsilon(directions, budget, guess, lower=True)
 
     def get_delta(self, target_epsilon: float) -> float:
         if self._contains_non_dp_event:
@@ -437,6 +460,16 @@ def _with_randomised_response(pmf: _FastPmf, eps: float, delta: float, count: in
 
 
 _DIRECT_COPIES = 4
+
+
+def _randomised_response_pmf(vdi: float, eps: float, delta: float) -> _FastPmf:
+    """The finite part of randomised response at ``eps`` (losses rounded down to the grid)."""
+    hi, lo = math.floor(eps / vdi + 1e-9), math.floor(-eps / vdi + 1e-9)
+    p_hi = (1 - delta) / (1 + math.exp(-eps))
+    probs = np.zeros(hi - lo + 1)
+    probs[0] += (1 - delta) - p_hi
+    probs[-1] += p_hi
+    return _FastPmf(vdi, lo, probs, 0.0, False)
 
 
 def _finite_part(pmf) -> _FastPmf:

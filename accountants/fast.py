@@ -533,6 +533,10 @@ class PldAccountant(dpa.pld.PLDAccountant):
     ) -> None:
         super().__init__(neighboring_relation, value_discretization_interval)
         self._pld: Any = _fast_pld(self._pld)
+        # what was composed, as (one step's PLD, count): recomposed with an error bound by
+        # get_epsilon (accountants.certified); events without a base PLD here are named instead
+        self._parts: list[tuple[_pld.PrivacyLossDistribution, int]] = []
+        self._uncertified: list[str] = []
 
     def _maybe_compose(self, event: dpa.DpEvent, count: int, do_compose: bool):
         relation_ok = self.neighboring_relation in (_NR.ADD_OR_REMOVE_ONE, _NR.REPLACE_SPECIAL)
@@ -554,6 +558,7 @@ class PldAccountant(dpa.pld.PLDAccountant):
                     float(sigma / math.sqrt(count)), 1.0, float(self._value_discretization_interval)
                 )
                 self._pld = self._pld.compose(pld)
+                self._parts.append((pld, 1))
             return None  # infinite noise releases nothing: the identity
         if (
             relation_ok
@@ -567,8 +572,59 @@ class PldAccountant(dpa.pld.PLDAccountant):
                     event.sampling_probability, sigma, self._value_discretization_interval, count
                 )
                 self._pld = self._pld.compose(pld)
+                base = _base_pld(
+                    float(sigma),
+                    float(event.sampling_probability),
+                    float(self._value_discretization_interval),
+                )
+                self._parts.append((base, int(count)))
             return None
+        wrappers = (
+            dpa.NoOpDpEvent,
+            dpa.NonPrivateDpEvent,
+            dpa.SelfComposedDpEvent,
+            dpa.ComposedDpEvent,
+        )
+        if do_compose and not isinstance(event, wrappers):
+            self._uncertified.append(type(event).__name__)
         return super()._maybe_compose(event, count, do_compose)
+
+    def raw_epsilon(self, target_delta: float) -> float:
+        """dp-accounting's epsilon of the composed PLD (plain FFT composition, no error allowance:
+        it can fall below the exact epsilon at small delta; :meth:`get_epsilon` cannot)."""
+        return float(super().get_epsilon(target_delta))
+
+    def get_epsilon(self, target_delta: float) -> float:
+        """A certified upper bound on the exact epsilon at ``target_delta``: the composed steps'
+        pessimistic PLDs recomposed with an allowance for the FFT's rounding
+        (:func:`accountants.certified.certified_epsilon`).  Raises
+        :class:`~accountants.certified.PldPrecisionError` (a :class:`PldGridError`) where privkit
+        cannot certify one; callers then give RDP's epsilon with that reason."""
+        from accountants.certified import PldPrecisionError, certified_epsilon
+
+        if self._contains_non_dp_event:
+            return math.inf
+        if self._uncertified:
+            raise PldPrecisionError(
+                f"no certified PLD epsilon for {', '.join(sorted(set(self._uncertified)))} "
+                "(composed by dp-accounting's own FFT, without an error bound)"
+            )
+        if not self._parts:
+            return 0.0
+        raw = self.raw_epsilon(target_delta)
+        key = (float(target_delta), len(self._parts))
+        cache = self.__dict__.setdefault("_certified_cache", {})
+        if key not in cache:
+            directions = [[(pld._pmf_remove, c) for pld, c in self._parts]]
+            if not all(pld._symmetric for pld, _ in self._parts):
+                directions.append(
+                    [
+                        (pld._pmf_remove if pld._symmetric else pld._pmf_add, c)
+                        for pld, c in self._parts
+                    ]
+                )
+            cache[key] = certified_epsilon(directions, float(target_delta), raw)
+        return cache[key]
 
     @property
     def pld(self) -> _pld.PrivacyLossDistribution:

@@ -318,7 +318,10 @@ def _unit_query(
             acc = _composed(kind, [unit], relation, vdi)
         except UnsupportedEventError:
             continue
-        values.append(query(acc))
+        try:
+            values.append(query(acc))
+        except PldGridError:  # no certified PLD value here: RDP's stands
+            continue
     if not values:
         ev, label = unit
         raise UnsupportedEventError(
@@ -362,7 +365,11 @@ def _eps_for(split: _Split, delta: float, kind: str, vdi: float) -> tuple[float,
         return fixed_eps, None, "basic composition of (epsilon, delta)-only events"
     if kind in ("rdp", "pld"):
         acc = _composed(kind, split.units, rel, vdi)
-        eps, tight_delta = _eps_with(split, delta, lambda d: float(acc.get_epsilon(d)))
+        try:
+            eps, tight_delta = _eps_with(split, delta, lambda d: float(acc.get_epsilon(d)))
+        except PldGridError as exc:  # no certified PLD epsilon: the accountant does not apply
+            labels = sorted({label for _, label in split.units})
+            raise _GridTooLarge(f"accountant {kind!r} (labels {labels}): {exc}") from None
         return eps, tight_delta, f"{kind} on DpEvents + basic on the rest"
     if kind == "basic":
         share = free / m

@@ -98,7 +98,11 @@ def test_calibration_never_overshoots_in_either_direction(eps, delta, q, steps, 
     ref.compose(acc.dpsgd_event(q, cal.noise_multiplier, steps))
     assert ref.get_epsilon(delta) <= eps
     assert ref.get_delta(eps) <= delta
-    assert cal.epsilon == ref.get_epsilon(delta)
+    if kind == "rdp":
+        assert cal.epsilon == ref.get_epsilon(delta)
+    else:  # privkit's certified PLD value: dp-accounting's plus its FFT error allowance
+        assert cal.epsilon <= eps
+        assert cal.epsilon == pytest.approx(ref.get_epsilon(delta), rel=1e-6)
 
 
 def test_analytic_gaussian_rounds_toward_more_noise_on_random_cases():

@@ -41,8 +41,9 @@ def test_event_structure_and_poisson_pld_vs_dp_accounting():
     )
     ref = dpa.pld.PLDAccountant(value_discretization_interval=1e-4)
     ref.compose(ev)
+    # privkit's certified value: dp-accounting's plus the allowance for its FFT's rounding
     assert acc.dpsgd_epsilon(0.01, 1.0, 100, DELTA, accountant="pld") == pytest.approx(
-        ref.get_epsilon(DELTA), rel=1e-12
+        ref.get_epsilon(DELTA), rel=1e-6
     )
 
 
@@ -115,7 +116,11 @@ def test_random_cases_agree_with_dp_accounting_and_opacus(q, sigma, steps, delta
     ref = dpa.pld.PLDAccountant(value_discretization_interval=1e-4)
     ref.compose(event)
     pld = acc.dpsgd_epsilon(q, sigma, steps, delta, accountant="pld")
-    assert pld == ref.get_epsilon(delta)
+    # certified: the same pmfs recomposed with an FFT error allowance (dp-accounting's plain value
+    # moves by its rounding, up to about 1e-7 here, either way)
+    assert pld == pytest.approx(ref.get_epsilon(delta), rel=1e-6)
+    bracket = acc.pld_bracket(event, delta)
+    assert bracket.lower <= pld == bracket.upper
     low, _, up = acc.prv_bracket(q, sigma, steps, delta)
     assert low <= pld <= up + 1e-9
     ours = acc.dpsgd_epsilon(q, sigma, steps, delta, accountant="rdp")

@@ -80,7 +80,9 @@ def test_composed_accountants_equal_dp_accounting(seed):
             ours.compose(ev)
             ref.compose(ev)
         for delta in (1e-3, 1e-6, 1e-9):
-            assert ours.get_epsilon(delta) == ref.get_epsilon(delta)
+            # the PLD's plain FFT value (get_epsilon adds the certified allowance)
+            raw = ours.raw_epsilon if isinstance(ours, fast.PldAccountant) else ours.get_epsilon
+            assert raw(delta) == ref.get_epsilon(delta)
         for eps in (0.5, 3.0):
             assert ours.get_delta(eps) == ref.get_delta(eps)
 

@@ -1,0 +1,57 @@
+"""The full form of tests/accountants/test_certified.py: no epsilon privkit prints (PLD, or RDP
+where the PLD cannot certify) falls below the exact one (mpmath), nor below the printed bracket's
+lower end, over random (q, sigma, steps, delta) with delta down to 1e-300.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/certified_pld.py --cases 60 --json
+
+Results: benchmarks/results/certified_pld.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "accountants"))
+
+from certified_cases import check, draw_cases  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=60)
+    parser.add_argument("--seed", type=int, default=2033)
+    parser.add_argument(
+        "--json", action="store_true", help="write benchmarks/results/certified_pld.json"
+    )
+    args = parser.parse_args()
+    rows = []
+    start = time.perf_counter()
+    for case in draw_cases(args.cases, args.seed):
+        t0 = time.perf_counter()
+        row = check(case)
+        row["seconds"] = round(time.perf_counter() - t0, 2)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    summary = {
+        "cases": len(rows),
+        "violations": sum(not r["ok"] for r in rows),
+        "printed_by_pld": sum(r["accountant"] == "pld" for r in rows),
+        "printed_by_rdp": sum(r["accountant"] == "rdp" for r in rows),
+        "smallest_delta": min(r["delta"] for r in rows),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    print(json.dumps(summary))
+    if args.json:
+        out = REPO / "benchmarks" / "results" / "certified_pld.json"
+        out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
+    return 1 if summary["violations"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

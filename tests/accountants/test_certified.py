@@ -1,0 +1,76 @@
+"""No PLD epsilon privkit prints falls below the exact one, at any delta down to 1e-300.
+
+Exact values come from mpmath (closed forms: the Gaussian, and one subsampled Gaussian step);
+the full form (more cases, larger epsilons) is benchmarks/certified_pld.py."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from certified_cases import check, draw_cases, exact_epsilon
+
+import accountants as acc
+from accountants.bracket import _optimistic_gaussian
+from accountants.certified import PldPrecisionError, certified_epsilon
+from accountants.fast import PldAccountant, _base_pld
+
+CASES = draw_cases(10, seed=33, max_steps=200, sigma_range=(4.0, 20.0))
+
+
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"q{c.q:.3g}-s{c.sigma:.3g}-T{c.steps}-d{c.delta:.1e}"
+)
+def test_printed_epsilon_is_never_below_the_exact_one(case):
+    out = check(case)
+    _SEEN[case] = out["accountant"]
+    assert out["ok"], out
+
+
+_SEEN: dict = {}
+
+
+def test_the_cases_reach_delta_1e_300_and_both_accountants():
+    assert min(c.delta for c in CASES) < 1e-200
+    seen = {_SEEN.get(c) or check(c)["accountant"] for c in CASES}
+    assert seen == {"pld", "rdp"}
+
+
+def test_plain_fft_falls_below_a_certified_lower_bound_and_certified_does_not():
+    # the issue's case: the plain FFT composition loses tail mass to rounding
+    q, sigma, steps, delta = 0.3, 1.5, 3000, 1e-12
+    pld = PldAccountant(value_discretization_interval=1e-4)
+    pld.compose(acc.dpsgd_event(q, sigma, steps))
+    raw, certified = pld.raw_epsilon(delta), pld.get_epsilon(delta)
+    opt = _optimistic_gaussian(sigma, q, 1e-4, 1)
+    directions = [[(opt._pmf_remove, steps)], [(opt._pmf_add, steps)]]
+    lower = certified_epsilon(directions, delta, certified, lower=True)
+    assert raw < lower <= certified  # the plain value is unsound; the bracket is ordered
+    assert certified - lower < 1e-3 * certified  # and tight
+
+
+def test_gaussian_upper_end_against_mpmath_at_small_delta():
+    sigma, delta = 2.0 / math.sqrt(10), 1e-10
+    exact = exact_epsilon(1.0, sigma, 1, delta)
+    pld = _base_pld(sigma, 1.0, 1e-4)
+    up = certified_epsilon([[(pld._pmf_remove, 1)]], delta, exact)
+    low_pld = _optimistic_gaussian(sigma, 1.0, 1e-4, 1)
+    low = certified_epsilon([[(low_pld._pmf_remove, 1)]], delta, exact, lower=True)
+    assert low <= exact <= up
+    assert up - low < 1e-6
+
+
+def test_uncertified_delta_falls_back_to_rdp_and_says_why():
+    res = acc.dpsgd_accounting(1.0, 0.5, 1, 1e-300, accountant="pld")
+    assert res.accountant == "rdp"
+    assert any("infinity" in w for w in res.warnings)
+    assert res.epsilon >= exact_epsilon(1.0, 0.5, 1, 1e-300)
+    pld = PldAccountant()
+    pld.compose(acc.dpsgd_event(1.0, 0.5, 1))
+    with pytest.raises(PldPrecisionError, match="delta=1e-300"):
+        pld.get_epsilon(1e-300)
