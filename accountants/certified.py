@@ -51,7 +51,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import fft, signal, special
 
-from accountants.fast import MAX_PLD_POINTS, PldGridError
+from accountants.pld_grid import MAX_PLD_POINTS, PldGridError
 
 __all__ = ["PldPrecisionError", "certified_epsilon"]
 

@@ -42,6 +42,8 @@ from dp_accounting.pld import privacy_loss_distribution as _pld
 from dp_accounting.pld import privacy_loss_mechanism as _plm
 from scipy import fft, signal, special
 
+from accountants.pld_grid import MAX_PLD_POINTS, PldGridError
+
 __all__ = [
     "MAX_PLD_POINTS",
     "PldAccountant",
@@ -53,17 +55,6 @@ __all__ = [
 
 _NR = dpa.NeighboringRelation
 _FRAC_TERMS = 1000  # dp-accounting's _MAX_STEPS_LOG_A_FRAC
-
-# Largest PLD grid built (points of one pmf, before or after a composition): about 1 GB at the peak of
-# a self-composition and a few seconds.  dp-accounting's PLD of a Gaussian spans mu**2 + 20 mu nats
-# (mu = 1/sigma of the composed Gaussian), so on the default 1e-4 grid this admits mu up to about 20
-# (epsilon near 300 at delta 1e-5), on a 1e-2 grid about 280; past it the callers fall back to RDP or
-# leave the bracket out, saying why.
-MAX_PLD_POINTS = 2**23
-
-
-class PldGridError(ValueError):
-    """A PLD would need more than :data:`MAX_PLD_POINTS` grid points (message names the count)."""
 
 
 def _check_grid(points: int, vdi: float) -> None:
