@@ -79,7 +79,7 @@ def _compiled(args, dev, sync) -> dict:
 def _grid(args, dev, sync, seeded) -> dict:
     """Release mode's noise on the grid (privkit.grid_noise), beside torch's ``x + z``."""
     from privkit.grid_noise import Grid, WordBits, rounded_gaussian
-    from privkit.trainers.dp_sgd_step import add_gaussian_noise
+    from privkit.mechanisms import gaussian_release
 
     grid, bits = Grid.for_release(1.0, 1.0, args.n), WordBits(ChaChaStream(dev))
     secret = DpRandom.secret(dev, on_device=True)
@@ -87,10 +87,14 @@ def _grid(args, dev, sync, seeded) -> dict:
     return {
         "grid_s": best_of(lambda: rounded_gaussian(grid.scale, args.n, bits), args.repeats, sync),
         "grid_release_s": best_of(
-            lambda: add_gaussian_noise(clean, 1.0, secret, sensitivity=1.0), args.repeats, sync
+            lambda: gaussian_release(clean, std=1.0, sensitivity=1.0, source=secret)[0],
+            args.repeats,
+            sync,
         ),
         "torch_release_s": best_of(
-            lambda: add_gaussian_noise(clean, 1.0, seeded), args.repeats, sync
+            lambda: gaussian_release(clean, std=1.0, sensitivity=1.0, source=seeded)[0],
+            args.repeats,
+            sync,
         ),
     }
 

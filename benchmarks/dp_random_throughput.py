@@ -50,15 +50,17 @@ def training(reproducible: bool) -> None:
 def release_timings(n: int, repeats: int, old: torch.Generator, new: DpRandom) -> dict[str, float]:
     """10M coordinates released with Gaussian noise: naive float noise against the grid release."""
     from privkit.grid_noise import Grid, rounded_gaussian
-    from privkit.trainers.dp_sgd_step import add_gaussian_noise
+    from privkit.mechanisms import gaussian_release
 
     clean = {"w": torch.randn(n, generator=torch.Generator().manual_seed(0))}
     grid = Grid.for_release(1.0, 1.0, n)
     bits = new.bits()
     return {
-        "release_torch_s": best_of(lambda: add_gaussian_noise(clean, 1.0, old), repeats),
+        "release_torch_s": best_of(
+            lambda: gaussian_release(clean, std=1.0, sensitivity=1.0, source=old)[0], repeats
+        ),
         "release_grid_s": best_of(
-            lambda: add_gaussian_noise(clean, 1.0, new, sensitivity=1.0), repeats
+            lambda: gaussian_release(clean, std=1.0, sensitivity=1.0, source=new)[0], repeats
         ),
         "grid_draws_s": best_of(lambda: rounded_gaussian(grid.scale, n, bits), repeats),
     }

@@ -15,22 +15,25 @@ float64 uniforms (53 bits) with the rate.  Backed by a seeded ``torch.Generator`
 mode, or a caller's own generator) every method is exactly the torch call the trainers made before
 this type existed, so seeded results are bit-identical to theirs.
 
-Gaussian noise a release carries goes through :meth:`DpRandom.gaussian_release`: in release mode the
-released floats lie on a grid fixed by the noise scale alone and the grid offset is drawn exactly
-(:mod:`privkit.grid_noise`), so the floating-point attack on ``clean + sigma * z`` does not apply.
+Gaussian noise a release carries is drawn through :func:`privkit.mechanisms.gaussian_release`
+(one function for every single-model mechanism): in release mode the released floats lie on a grid
+fixed by the noise scale alone and the grid offset is drawn exactly (:mod:`privkit.grid_noise`), so
+the floating-point attack on ``clean + sigma * z`` does not apply.
 """
 
 from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 __all__ = ["DpRandom", "aes_generator", "is_secret"]
 
-_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+_DTYPES: dict[torch.dtype, Any] = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def aes_generator(key: int | None = None) -> np.random.Generator:
@@ -115,22 +118,27 @@ class DpRandom:
         return isinstance(self.source, torch.Generator)
 
     def randn(
-        self, *size: int, dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None
+        self,
+        *size: int | Sequence[int],
+        dtype: torch.dtype = torch.float32,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Standard normals of shape ``size`` on :attr:`device` (into ``out`` when given)."""
-        shape = tuple(size[0]) if len(size) == 1 and not isinstance(size[0], int) else size
-        if self.seeded_torch:
+        """Standard normals of shape ``size`` (sizes, or one shape) on :attr:`device` (into
+        ``out`` when given)."""
+        shape: tuple[int, ...] = (
+            tuple(size[0]) if len(size) == 1 and not isinstance(size[0], int) else size  # type: ignore[assignment]  # sizes are ints here
+        )
+        src = self.source
+        if isinstance(src, torch.Generator):
             if out is not None:
-                return torch.randn(shape, generator=self.source, device=self.device, out=out)
-            return torch.randn(shape, generator=self.source, device=self.device, dtype=dtype)
+                return torch.randn(shape, generator=src, device=self.device, out=out)
+            return torch.randn(shape, generator=src, device=self.device, dtype=dtype)
         want = out.dtype if out is not None else dtype
         if self.normals is not None:  # drawn on the device
             z = self.normals.normal(math.prod(shape), want).view(shape)
             return out.copy_(z) if out is not None else z
         # float64 where asked, else float32 normals cast to the narrower type (half, bfloat16)
-        z = torch.from_numpy(
-            self.source.standard_normal(shape, dtype=_DTYPES.get(want, np.float32))
-        )
+        z = torch.from_numpy(src.standard_normal(shape, dtype=_DTYPES.get(want, np.float32)))
         if out is not None:
             return out.copy_(z)
         return z.to(device=self.device, dtype=want)
@@ -148,32 +156,16 @@ class DpRandom:
             else NumpyBits(self.source, self.device)
         )
 
-    def gaussian_release(
-        self, clean: torch.Tensor, std: float, *, sensitivity: float | None, dim: int | None = None
-    ) -> torch.Tensor:
-        """``clean`` plus ``N(0, std^2)`` noise in each coordinate, ``clean``'s dtype and device.
-
-        Seeded: ``clean + std * randn(...)``, as torch draws it.  Release mode: the grid release of
-        :mod:`privkit.grid_noise` (no float of the result depends on ``clean`` beyond the grid
-        point), whose noise covers the rounding of a ``dim``-coordinate release (default
-        ``clean.numel()``) of L2 sensitivity ``sensitivity``, so the multiplier ``std /
-        sensitivity`` accounts for it.
-        """
-        if self.seeded_torch:
-            return clean + std * self.randn(clean.shape, dtype=clean.dtype).to(clean.device)
-        from privkit.grid_noise import Grid, grid_release
-
-        grid = Grid.for_release(std, sensitivity, clean.numel() if dim is None else dim)
-        return grid_release(clean, grid, self.bits())
-
     def mask(self, *size: int, rate: float) -> torch.Tensor:
         """Independent Bernoulli(``rate``) inclusions of shape ``size`` (a bool CPU tensor)."""
-        if self.seeded_torch:  # torch.rand(float32) < rate, as poisson_batch and opacus draw it
-            return torch.rand(size, generator=self.source) < rate
-        return torch.from_numpy(self.source.random(size) < rate)
+        src = self.source
+        if isinstance(src, torch.Generator):  # torch.rand(float32) < rate, as opacus draws it
+            return torch.rand(size, generator=src) < rate
+        return torch.from_numpy(src.random(size) < rate)
 
     def randperm(self, n: int) -> torch.Tensor:
         """A uniformly random permutation of ``range(n)`` (int64, CPU)."""
-        if self.seeded_torch:
-            return torch.randperm(n, generator=self.source)
-        return torch.from_numpy(self.source.permutation(n).astype(np.int64))
+        src = self.source
+        if isinstance(src, torch.Generator):
+            return torch.randperm(n, generator=src)
+        return torch.from_numpy(src.permutation(n).astype(np.int64))

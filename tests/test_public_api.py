@@ -29,6 +29,7 @@ PAGES: dict[str, tuple[str, ...]] = {
         "privkit.trainers",
         "privkit.trainers.batched_sgd",
         "privkit.trainers.dp_sgd_step",
+        "privkit.mechanisms",
         "privkit.dp_random",
         "privkit.grid_noise",
         "privkit.pipeline",

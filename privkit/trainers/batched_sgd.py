@@ -156,11 +156,8 @@ def train_one(
     per_sample_gradients`), formed one by one as opacus also forms them: an implementation
     independent of :func:`train_many`'s stacked layers.
     """
-    from privkit.trainers.dp_sgd_step import (
-        add_gaussian_noise,
-        clip_per_sample,
-        per_sample_gradients,
-    )
+    from privkit.mechanisms.gaussian import gaussian_release
+    from privkit.trainers.dp_sgd_step import clip_per_sample, per_sample_gradients
 
     dev = torch.device(device)
     model = _init(spec, seed).to(dev)
@@ -196,12 +193,10 @@ def train_one(
             else:  # an empty Poisson batch releases noise only
                 g = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
             if not noise_gen.seeded_torch:  # release mode: the noisy sum on the grid (grid_noise)
-                g = {
-                    k: v / norm
-                    for k, v in add_gaussian_noise(
-                        g, std, noise_gen, sensitivity=recipe.clip
-                    ).items()
-                }
+                released, _ = gaussian_release(
+                    g, std=std, sensitivity=recipe.clip, source=noise_gen, mutate=False
+                )
+                g = {k: v / norm for k, v in released.items()}
             else:
                 if t % BLOCK == 0:
                     noise = noise_gen.randn(min(BLOCK, steps - t), n_params)

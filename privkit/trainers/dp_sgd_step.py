@@ -35,6 +35,7 @@ from torch.func import functional_call, grad, vmap
 from privkit import mutations
 from privkit.dp_random import DpRandom
 from privkit.errors import PrivkitError
+from privkit.mechanisms.gaussian import Receipt, gaussian_release
 
 # loss_fn(logits (1, C), target (1,), aux (1, ...) or None) -> scalar loss of ONE record
 PerSampleLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
@@ -43,7 +44,6 @@ PerSampleLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torc
 __all__ = [
     "DpSgdStep",
     "PerSampleLoss",
-    "add_gaussian_noise",
     "clip_per_sample",
     "clipped_gradient_sum",
     "per_sample_gradients",
@@ -142,47 +142,6 @@ def clipped_gradient_sum(
         return {k: g.sum(0) for k, g in clipped.items()}
 
 
-def add_gaussian_noise(
-    total: dict[str, torch.Tensor],
-    std: float,
-    generator: DpRandom | torch.Generator,
-    *,
-    sensitivity: float | None = None,
-) -> dict[str, torch.Tensor]:
-    """``total + N(0, std^2 I)`` per parameter; noise drawn on the generator's device, in name order.
-
-    In release mode the whole release (all parameters, L2 sensitivity ``sensitivity``) lies on the
-    grid of :mod:`privkit.grid_noise`, its noise covering the rounding so that the multiplier
-    ``std / sensitivity`` accounts for it; a seeded generator draws ``t + std * z`` as before.
-    """
-    source = DpRandom.of(generator)
-    if not source.seeded_torch and std > 0:
-        return _grid_noise(total, std, source, sensitivity)
-    out = {}
-    for k in sorted(total):
-        t = total[k]
-        noise = source.randn(t.shape, dtype=t.dtype)
-        out[k] = t + std * noise.to(t.device)
-    return out
-
-
-def _grid_noise(
-    total: dict[str, torch.Tensor], std: float, source: DpRandom, sensitivity: float | None
-) -> dict[str, torch.Tensor]:
-    """Release mode: every parameter of one release on one grid (its dimension is all of them)."""
-    from privkit.grid_noise import Grid, grid_release
-
-    names = sorted(total)
-    # one release, one vector: a few long draws instead of one short draw per parameter tensor
-    flat = torch.cat([total[k].reshape(-1) for k in names])
-    released = grid_release(flat, Grid.for_release(std, sensitivity, flat.numel()), source.bits())
-    out, at = {}, 0
-    for k in names:
-        out[k] = released[at : at + total[k].numel()].view_as(total[k])
-        at += total[k].numel()
-    return out
-
-
 @dataclass(frozen=True)
 class DpSgdStep:
     """DP-SGD with Poisson sampling: ``noisy_gradient`` returns ``(sum_i clip(g_i) + N(0, s^2 c^2 I)) / (q n)``.
@@ -234,8 +193,13 @@ class DpSgdStep:
         noise_generator: DpRandom | torch.Generator,
         aux: torch.Tensor | None = None,
         canaries=None,
+        receipts: list[Receipt] | None = None,
     ) -> dict[str, torch.Tensor]:
         """The privatised mean gradient of the batch ``(x, y)`` (may be empty).
+
+        The noise is drawn by :func:`privkit.mechanisms.gaussian_release`; its receipt (the
+        subsampled Gaussian event of this step) is appended to ``receipts`` where given, for the
+        trainer's ledger.
 
         ``canaries`` (an :class:`attacks.whitebox.GradientCanaries` over the trainable parameters,
         in ``named_parameters`` order) are records of this step: each included canary joins the
@@ -255,8 +219,15 @@ class DpSgdStep:
         if canaries is not None:
             clean = [total[k] for k in params]
             total = self._with_canaries(total, list(params), canaries, DpRandom.of(noise_generator))
-        std = self.noise_multiplier * self.clip_norm * mutation.noise_factor
-        noisy = add_gaussian_noise(total, std, noise_generator, sensitivity=self.clip_norm)
+        noisy, receipt = gaussian_release(
+            total,
+            std=self.noise_multiplier * self.clip_norm,
+            sensitivity=self.clip_norm,
+            source=noise_generator,
+            sample_rate=self.sample_rate,
+        )
+        if receipts is not None:
+            receipts.append(receipt)
         if canaries is not None:
             canaries.observe([noisy[k] for k in params], clean=clean)
         return {k: v / self.expected_batch_size for k, v in noisy.items()}
@@ -305,9 +276,11 @@ class DpSgdStep:
         noise_generator: DpRandom | torch.Generator,
         aux: torch.Tensor | None = None,
         canaries=None,
+        receipts: list[Receipt] | None = None,
     ) -> None:
-        """Write the noisy gradient into ``.grad`` and take one optimiser step (post-processing)."""
-        g = self.noisy_gradient(model, x, y, loss_fn, noise_generator, aux, canaries)
+        """Write the noisy gradient into ``.grad`` and take one optimiser step (post-processing);
+        the step's receipt goes to ``receipts`` where given."""
+        g = self.noisy_gradient(model, x, y, loss_fn, noise_generator, aux, canaries, receipts)
         for k, p in model.named_parameters():
             if p.requires_grad:
                 p.grad = g[k].detach()

@@ -169,7 +169,8 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
     )  # the rate its batches are drawn with (opacus' or privkit's loader)
     if not noise.seeded_torch:
         dp_loader = secret_poisson_loader(dp_loader, batches)
-        use_noise_source(dp_opt, noise)
+    dp_opt.privkit_sample_rate = sample_rate  # the rate each step's receipt states
+    receipts = use_noise_source(dp_opt, noise)
     probes = _probe_sets(dp_opt, federation.num_clients, config.clip_norm, sample_rate, sigma)
     _take_probes_and_mutation(dp_opt, probes, mutations.active(), noise, real_rate)
 
@@ -190,7 +191,15 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
     released, _ = new_model(federation, config, 0)
     released.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
     return dpsgd_result(
-        federation, config, seed, released, spec, rounds, (sample_rate, steps, sigma, notes), device
+        federation,
+        config,
+        seed,
+        released,
+        spec,
+        rounds,
+        (sample_rate, steps, sigma, notes),
+        device,
+        receipts=receipts,
     )
 
 
@@ -203,13 +212,17 @@ def dpsgd_result(
     rounds: list[dict],
     plan: tuple[float, int, float, list[str]],
     device,
+    receipts: list | None = None,
 ) -> TrainResult:
     """``train_dpsgd``'s :class:`TrainResult` for the released model, the per-epoch rows (round,
     test accuracy, loss, steps) and the :func:`_plan` that ran."""
     from accountants import Ledger, dpsgd_epsilon, dpsgd_event
+    from privkit.mechanisms.gaussian import compose_receipts
 
     sample_rate, steps, sigma, notes = plan
-    event = dpsgd_event(sample_rate, sigma, steps)
+    # the receipts of the releases that ran (the batched form, which releases nothing of its own
+    # here, states the plan it ran: the same event, tested)
+    event = compose_receipts(receipts) if receipts else dpsgd_event(sample_rate, sigma, steps)
     ledger = Ledger()
     for k in range(federation.num_clients):
         ledger.add(k, event, "dp-sgd (pooled data)")
@@ -293,13 +306,14 @@ def _take_probes_and_mutation(
     Per step, in ``add_noise`` (after opacus clipped and summed the batch into ``summed_grad``):
     each probe set's included canaries are sampled at ``sample_rate`` from the noise stream, their
     raw gradients (norm ``raw_norm``) clipped by opacus' rule and added to ``summed_grad``; then the
-    noise (``noise_factor`` times the claimed std) is added, and each probe set observes the
+    noise is added (by privkit's release primitive, :func:`use_noise_source`, which draws
+    ``noise_factor`` times the claimed std), and each probe set observes the
     released sum, its clean sum being the records' clipped sum plus the *other* sets' canaries
     (records of other clients, to it). With clipping off, opacus clips neither records nor
     canaries (``max_grad_norm`` is infinite while it clips, the claimed one when it draws noise).
     Installs nothing when there is nothing to do, so a run outside audits is opacus' own.
     """
-    if not probes and mutation.noise_factor == 1.0 and mutation.clipping:
+    if not probes and mutation.clipping:  # the noise factor acts in the release primitive
         return
     params = list(dp_opt.params)
     clip = dp_opt.max_grad_norm if mutation.clipping else math.inf
@@ -337,12 +351,7 @@ def _take_probes_and_mutation(
                     extra[at : at + k].reshape(p.summed_grad.shape).to(p.summed_grad)
                 )
                 at += k
-        claimed = dp_opt.noise_multiplier
-        dp_opt.noise_multiplier = claimed * mutation.noise_factor
-        try:
-            add_noise()
-        finally:
-            dp_opt.noise_multiplier = claimed  # opacus' accountant hook reads it after the noise
+        add_noise()  # privkit's release primitive: it scales the noise by the mutation's factor
         released = [p.grad for p in params]
         for i, can in enumerate(probes):
             others = sum((a for j, a in enumerate(added) if j != i), torch.zeros_like(clean))

@@ -211,9 +211,11 @@ def _local_update(
     seed: int,
     device: torch.device,
     client: int = 0,
+    receipts: list | None = None,
 ) -> dict[str, torch.Tensor]:
     """Algorithm 1 on one client: ``E`` Poisson-sampled DP-SGD steps from the global model (taking
-    an audit's probes when ``client``'s mechanism is probed: :mod:`privkit.probes`)."""
+    an audit's probes when ``client``'s mechanism is probed: :mod:`privkit.probes`); each step's
+    release receipt goes to ``receipts`` where given."""
     n = len(y)
     step = DpSgdStep(cfg.clip_norm, sigma, min(1.0, cfg.batch_size / n), n)
     student = copy.deepcopy(global_model).to(device).train()
@@ -236,7 +238,7 @@ def _local_update(
         if teacher is not None:
             with torch.no_grad():
                 aux = teacher(xb)
-        step.apply(student, opt, xb, yb, loss_fn, noise_gen, aux, canaries=canaries)
+        step.apply(student, opt, xb, yb, loss_fn, noise_gen, aux, canaries, receipts)
     return {k: v.detach() for k, v in student.state_dict().items()}
 
 
@@ -525,12 +527,28 @@ class DpFedRun:
         """The seed of client ``k``'s local update in the current round."""
         return client_seed(self.seed, self.t, k)
 
-    def finish_round(self, states: list[dict[str, torch.Tensor]]) -> None:
+    def finish_round(
+        self, states: list[dict[str, torch.Tensor]], receipts: list[list] | None = None
+    ) -> None:
         """Account the round's clients (in the sampled order), average their states, evaluate,
-        and (FedKADP) set the next round's temperature and noise multiplier."""
+        and (FedKADP) set the next round's temperature and noise multiplier.
+
+        ``receipts`` (one list per sampled client, where the engine ran the local updates in this
+        process): the releases each client made; the ledger records their composition, and a
+        client whose releases differ from what the budget check admitted is an error (never a
+        plan accounted in place of what ran)."""
+        from privkit.mechanisms.gaussian import compose_receipts
+
         cfg, t, device = self.cfg, self.t, self.device
-        for k in self.sampled:
+        for i, k in enumerate(self.sampled):
             ev, acc, eps = self.pending[k]
+            if receipts is not None:
+                ran = compose_receipts(receipts[i])
+                if ran != ev:
+                    raise PrivkitError(
+                        f"client {k} released {ran} in round {t}; the budget admitted {ev}"
+                    )
+                ev = ran
             self.budget.commit(k, acc, eps)
             if self.rdp_filter is not None:
                 self.rdp_filter.spend(k, self.spend[k])
@@ -631,21 +649,22 @@ def _drive(run: DpFedRun, progress: bool = False) -> TrainResult:
         sampled = run.next_round()
         if sampled is None:
             break
-        run.finish_round(
-            [
-                _local_update(
-                    run.model,
-                    *run.data[k],
-                    cfg,
-                    run.sigma,
-                    run.rho,
-                    run.client_seed(k),
-                    run.device,
-                    client=k,
-                )
-                for k in sampled
-            ]
-        )
+        receipts: list[list] = [[] for _ in sampled]  # each client's releases, for the ledger
+        states = [
+            _local_update(
+                run.model,
+                *run.data[k],
+                cfg,
+                run.sigma,
+                run.rho,
+                run.client_seed(k),
+                run.device,
+                client=k,
+                receipts=receipts[i],
+            )
+            for i, k in enumerate(sampled)
+        ]
+        run.finish_round(states, receipts)
     return run.result()
 
 

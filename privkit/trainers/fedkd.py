@@ -156,9 +156,11 @@ def _client_round(
     seed: int,
     device: torch.device,
     client: int = 0,
+    receipts: list | None = None,
 ) -> None:
     """``E`` joint DP-SGD steps of mentor, mentee and W_h on the client's data (in place; taking an
-    audit's probes when ``client``'s mechanism is probed: :mod:`privkit.probes`)."""
+    audit's probes when ``client``'s mechanism is probed: :mod:`privkit.probes`); each step's
+    release receipt goes to ``receipts`` where given."""
     n = len(y)
     step = DpSgdStep(cfg.clip_norm, cfg.noise_multiplier, min(1.0, cfg.batch_size / n), n)
     params = [p for p in pair.parameters() if p.requires_grad]
@@ -175,7 +177,7 @@ def _client_round(
     canaries = step.probes(pair, client)
     for _ in range(cfg.local_steps):
         idx = step.sample(sample_gen).to(device)
-        step.apply(pair, opt, x[idx], y[idx], loss_fn, noise_gen, canaries=canaries)
+        step.apply(pair, opt, x[idx], y[idx], loss_fn, noise_gen, None, canaries, receipts)
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -264,27 +266,31 @@ class FedKdRun:
         """The seed of client ``k``'s local round."""
         return derive_seed(self.seed, f"round{self.t}/client{k}")
 
-    def finish_round(self) -> None:
+    def finish_round(self, receipts: list[list] | None = None) -> None:
         """After every sampled pair ran its local round: compress and account each client's mentee
-        update (in the sampled order), average them, compress the download, update the mentee."""
+        update (in the sampled order), average them, compress the download, update the mentee.
+        ``receipts`` (one list per sampled client): the releases each made, which the ledger
+        records; releases other than the budget check admitted are an error."""
         from accountants import dpsgd_event
+        from privkit.mechanisms.gaussian import compose_receipts
 
         cfg, t, start = self.cfg, self.t, self.start
         energy = energy_threshold(t, cfg.rounds, cfg.energy_start, cfg.energy_end)
         updates, sent, full = [], 0, 0
-        for k in self.sampled:
+        for i, k in enumerate(self.sampled):
             upd = {n: p.detach() - start[n] for n, p in self.pairs[k].mentee.named_parameters()}
             if cfg.compress:
                 upd, s_k, f_k = compress(upd, energy)
                 sent, full = sent + s_k, full + f_k
             updates.append(upd)
             self.budget.commit(k, *self.pending[k])
-            self.ledger.add(
-                k,
-                dpsgd_event(self.rates[k], cfg.noise_multiplier, cfg.local_steps),
-                f"round {t}: dp-sgd (mentor+mentee)",
-                round=t,
-            )
+            planned = dpsgd_event(self.rates[k], cfg.noise_multiplier, cfg.local_steps)
+            event = compose_receipts(receipts[i]) if receipts is not None else planned
+            if event != planned:
+                raise PrivkitError(
+                    f"client {k} released {event} in round {t}; the budget admitted {planned}"
+                )
+            self.ledger.add(k, event, f"round {t}: dp-sgd (mentor+mentee)", round=t)
         mean = {n: torch.stack([u[n] for u in updates]).mean(0) for n in start}
         down = compress(mean, energy)[0] if cfg.compress else mean
         with torch.no_grad():
@@ -360,7 +366,8 @@ def train_fedkd_dp(
         sampled = run.next_round()
         if sampled is None:
             break
-        for k in sampled:
+        receipts: list[list] = [[] for _ in sampled]  # each client's releases, for the ledger
+        for i, k in enumerate(sampled):
             _client_round(
                 run.pairs[k],
                 *run.data[k],
@@ -369,8 +376,9 @@ def train_fedkd_dp(
                 run.client_seed(k),
                 run.device,
                 client=k,
+                receipts=receipts[i],
             )
-        run.finish_round()
+        run.finish_round(receipts)
     return run.result()
 
 

@@ -355,7 +355,6 @@ def release_head(
     probes act. ``data`` (the records ``fit`` was solved on) lets an audit measure probe records'
     exact influence on ``fit`` (:func:`probe_record_influence`); it is read only under probes.
     """
-    import dp_accounting as dpa
 
     from accountants import NonPrivateEvent, calibrate_gaussian
     from privkit.trainers.output_perturbation import gaussian_output_perturbation
@@ -389,6 +388,7 @@ def release_head(
                 seed=canaries.seed,
             )
 
+    receipts: list = []
     noisy = gaussian_output_perturbation(
         fit.weights,
         sigma=cal.sigma,
@@ -397,6 +397,7 @@ def release_head(
         client=client,
         label=label,
         record_influence=influence,
+        receipts=receipts,
     )
     warns = list(cal.warnings)
     if method != calibration:
@@ -416,7 +417,8 @@ def release_head(
             info[f"sigma_{b}"] = calibrate_gaussian(
                 epsilon, delta, info[f"sensitivity_{b}"] * (1.0 + MINIMISER_SLACK), method=method
             ).sigma
-    event = dpa.GaussianDpEvent(noise_multiplier=cal.sigma / sens)
+    (receipt,) = receipts  # the release that ran: the ledger's event
+    event = receipt.event
     return HeadRelease(noisy, fit.weights, sens, cal.sigma, epsilon, delta, method, event, info)
 
 

@@ -202,7 +202,7 @@ def local_dp_sgd(
         raise ValueError("every job of a batched step must have the same clip norm")
     device = next(iter(params.values())).device
     m = len(jobs)
-    names = sorted(params)  # the order add_gaussian_noise draws in
+    names = sorted(params)  # the order gaussian_release draws a dict in
     std = torch.tensor(
         [j.step.noise_multiplier * j.step.clip_norm * mutation.noise_factor for j in jobs],
         device=device,
@@ -261,16 +261,18 @@ def _grid_noisy(
     expected: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
     """Release mode: model i's noisy sum as the single step releases it (its parameters on one
-    grid, :func:`~privkit.trainers.dp_sgd_step.add_gaussian_noise`), divided by its expected batch size."""
-    from privkit.trainers.dp_sgd_step import add_gaussian_noise
+    grid, :func:`privkit.mechanisms.gaussian_release`), divided by its expected batch size. ``std``
+    already carries an audit's mutation."""
+    from privkit.mechanisms.gaussian import gaussian_release
 
     grads = {k: torch.empty_like(v) for k, v in sums.items()}
     for i, j in enumerate(jobs):
-        noisy = add_gaussian_noise(
+        noisy, _ = gaussian_release(
             {k: v[i] for k, v in sums.items()},
-            float(std[i]),
-            j.noise_gen,
+            std=float(std[i]),
             sensitivity=j.step.clip_norm,
+            source=j.noise_gen,
+            mutate=False,
         )
         for k, v in noisy.items():
             grads[k][i] = v / expected[i]

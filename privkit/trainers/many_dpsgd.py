@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from privkit import mutations
+from privkit.mechanisms.gaussian import gaussian_release
 from privkit.seeding import derive_seed, noise_generator
 from privkit.trainers.batched_sgd import load_states
 from privkit.trainers.common import accuracy, new_model, resolve_device
-from privkit.trainers.dp_sgd_step import add_gaussian_noise
 from privkit.trainers.dpsgd import _plan, dpsgd_result
 from privkit.trainers.many import stacked_on
 from privkit.trainers.stacked import StackedModels
@@ -64,28 +64,20 @@ class _Run:
         if (
             t % self.per_epoch == 0 and self.batches.seeded_torch
         ):  # a new DataLoader iterator's base seed
-            torch.empty((), dtype=torch.int64).random_(generator=self.batches.source)
+            torch.empty((), dtype=torch.int64).random_(generator=self.batches.source)  # type: ignore[arg-type]  # seeded_torch: a torch Generator
         return torch.nonzero(self.batches.mask(self.n, rate=self.rate)).flatten()
 
     def noisy(
         self, sums: dict[str, torch.Tensor], std: float, clip: float
     ) -> dict[str, torch.Tensor]:
-        """The step's summed gradients plus noise: per parameter, in order, as opacus'
-        ``_generate_noise`` draws it (reproducible mode), or on the grid of privkit's release
-        stream (:func:`~privkit.trainers.dp_sgd_step.add_gaussian_noise`, sensitivity ``clip``)."""
-        if not self.noise.seeded_torch:
-            return add_gaussian_noise(sums, std, self.noise, sensitivity=clip)
-        return {
-            k: v
-            + torch.normal(
-                mean=0,
-                std=std,
-                size=tuple(v.shape),
-                generator=self.noise.source,
-                device=self.noise.source.device,
-            )
-            for k, v in sums.items()
-        }
+        """The step's summed gradients plus noise, drawn as the single run's optimizer draws it:
+        privkit's release primitive over the parameters in opacus' order
+        (:func:`privkit.mechanisms.gaussian_release`, sensitivity ``clip``)."""
+        names = list(sums)  # opacus' parameter order, as its add_noise draws
+        noisy, _ = gaussian_release(
+            [sums[k] for k in names], std=std, sensitivity=clip, source=self.noise, mutate=False
+        )
+        return dict(zip(names, noisy))
 
 
 def batchable(config) -> bool:
@@ -157,7 +149,7 @@ def train_dpsgd_runs(method: str, federations: list, config, seeds: list[int]) -
                         "round": (t + 1) // r.per_epoch,
                         "steps": t + 1,
                         "loss": r.loss[0] / max(r.loss[1], 1),
-                        "test_accuracy": accuracy(r.model, *r.federation.test_arrays(), device),
+                        "test_accuracy": accuracy(r.model, *r.federation.test_arrays(), device),  # type: ignore[call-arg]  # test_arrays is (x, y)
                     }
                 )
                 r.loss = [0.0, 0]

@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 
 from privkit import mutations
-from privkit.dp_random import is_secret
 from privkit.errors import PrivkitError
+from privkit.mechanisms.gaussian import gaussian_release
 
 #: ``record_influence(canaries) -> (norms, tolerance)``: probe records' exact influence on the
 #: pre-noise release (L2 norms, same units as the sensitivity) and the relative precision of the
@@ -48,21 +48,6 @@ from privkit.errors import PrivkitError
 RecordInfluence = Callable[[Any], tuple[np.ndarray, float]]
 
 __all__ = ["RecordInfluence", "gaussian_output_perturbation"]
-
-
-def _grid_noise(
-    std: float, sensitivity: float, dim: int, rng: np.random.Generator
-) -> Callable[[np.ndarray], np.ndarray]:
-    """Release mode's noise: ``value -> `` the grid release of ``value`` (:mod:`privkit.grid_noise`;
-    each release of ``dim`` numbers has L2 sensitivity ``sensitivity``), in ``value``'s dtype."""
-    import torch
-
-    from privkit.grid_noise import Grid, NumpyBits, grid_release
-
-    grid, bits = Grid.for_release(std, sensitivity, dim), NumpyBits(rng)
-    return lambda value: grid_release(
-        torch.from_numpy(np.ascontiguousarray(value)), grid, bits
-    ).numpy()
 
 
 def gaussian_output_perturbation(
@@ -76,6 +61,7 @@ def gaussian_output_perturbation(
     record_influence: RecordInfluence | None = None,
     rows: bool = False,
     dtype: type | None = None,
+    receipts: list | None = None,
 ) -> np.ndarray:
     """Release ``clean + N(0, sigma^2 I)`` (see the module docstring).
 
@@ -102,6 +88,9 @@ def gaussian_output_perturbation(
     dtype : numpy dtype, optional
         Add noise and value in this type (the noise is cast first), e.g. float32 for a release
         made in float32; default float64.
+    receipts : list, optional
+        Where the release's receipt (:class:`privkit.mechanisms.Receipt`, the Gaussian event of
+        each row or of the whole value) is appended, for the caller's ledger.
 
     Returns
     -------
@@ -119,15 +108,19 @@ def gaussian_output_perturbation(
         raise PrivkitError(
             f"rows=True needs a 2-D value (one release per row); found shape {clean.shape}"
         )
-    std = sigma * mutation.noise_factor
-    if is_secret(rng):  # release mode: on the grid of privkit.grid_noise
-        add_noise = _grid_noise(std, sensitivity, clean.shape[-1] if rows else clean.size, rng)
-    else:  # one draw of the whole shape, the noise std scaled by the mutation's factor (1.0 outside
-        # an audit: sigma * 1.0 == sigma, so the draw is today's bit for bit)
-        noise = rng.normal(0.0, std, size=clean.shape).astype(kind, copy=False)
 
-        def add_noise(value: np.ndarray) -> np.ndarray:
-            return value + noise
+    def add_noise(value: np.ndarray) -> np.ndarray:  # the release primitive, one draw of it all
+        released, receipt = gaussian_release(
+            value,
+            std=sigma,
+            sensitivity=sensitivity,
+            source=rng,
+            dim=clean.shape[-1] if rows else clean.size,
+            releases=clean.shape[0] if rows else 1,
+        )
+        if receipts is not None:
+            receipts.append(receipt)
+        return released
 
     canaries = None
     if client is not None:

@@ -17,8 +17,9 @@ from randomgen import AESCounter
 from scipy import stats
 
 from privkit.dp_random import DpRandom, aes_generator
+from privkit.mechanisms import gaussian_release
 from privkit.seeding import derive_seed, noise_generator, noise_rng, torch_generator
-from privkit.trainers.dp_sgd_step import add_gaussian_noise, poisson_batch
+from privkit.trainers.dp_sgd_step import poisson_batch
 from privkit.trainers.opacus_streams import _PoissonBatches, use_noise_source
 
 
@@ -71,7 +72,12 @@ def test_release_noise_is_gaussian_with_the_requested_std():
     src = DpRandom(aes_generator(key=12345))
     total = {"w": torch.zeros(300, 400), "b": torch.zeros(400)}
     z = (
-        torch.cat([v.flatten() for v in add_gaussian_noise(total, sigma, src).values()])
+        torch.cat(
+            [
+                v.flatten()
+                for v in gaussian_release(total, std=sigma, sensitivity=1.0, source=src)[0].values()
+            ]
+        )
         .double()
         .numpy()
     )

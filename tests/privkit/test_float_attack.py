@@ -23,8 +23,8 @@ import torch
 from scipy import optimize, stats
 
 from privkit.dp_random import DpRandom
+from privkit.mechanisms import gaussian_release
 from privkit.seeding import noise_rng
-from privkit.trainers.dp_sgd_step import add_gaussian_noise
 from privkit.trainers.output_perturbation import gaussian_output_perturbation
 
 SIGMA = SENSITIVITY = 1024.0
@@ -71,8 +71,8 @@ def _naive_torch(x: float, trial: int) -> np.ndarray:
 
 
 def _privkit_torch(x: float, trial: int) -> np.ndarray:
-    out = add_gaussian_noise(
-        {"w": torch.full((N,), x)}, SIGMA, DpRandom.secret(), sensitivity=SENSITIVITY
+    out, _ = gaussian_release(
+        {"w": torch.full((N,), x)}, std=SIGMA, sensitivity=SENSITIVITY, source=DpRandom.secret()
     )
     return out["w"].numpy()
 

@@ -207,10 +207,13 @@ def test_the_released_float_is_a_function_of_the_grid_integer_alone(dtype):
         assert o == want
 
 
-def test_dp_random_release_puts_every_parameter_on_one_grid():
+def test_the_release_primitive_puts_every_parameter_on_one_grid():
+    from privkit.mechanisms import gaussian_release
+
     src = DpRandom(aes_generator(key=8))
     clean = torch.randn(50, 40, generator=torch.Generator().manual_seed(0))
-    out = src.gaussian_release(clean, 0.7, sensitivity=1.0, dim=10**6)
+    out, receipt = gaussian_release(clean, std=0.7, sensitivity=1.0, source=src, dim=10**6)
+    assert receipt.noise_multiplier == 0.7 and receipt.event.noise_multiplier == 0.7
     grid = Grid.for_release(0.7, 1.0, 10**6)
     assert out.dtype == clean.dtype and out.shape == clean.shape
     assert torch.equal(out.double() / grid.gamma, torch.round(out.double() / grid.gamma))
@@ -218,7 +221,7 @@ def test_dp_random_release_puts_every_parameter_on_one_grid():
     assert stats.kstest(z, "norm").pvalue > 1e-3
     seeded = DpRandom(torch.Generator().manual_seed(4))
     assert torch.equal(
-        seeded.gaussian_release(clean, 0.7, sensitivity=1.0),
+        gaussian_release(clean, std=0.7, sensitivity=1.0, source=seeded)[0],
         clean + 0.7 * torch.randn(50, 40, generator=torch.Generator().manual_seed(4)),
     )
 

@@ -61,7 +61,7 @@ def test_generators_secret_in_release_mode_and_seeded_otherwise():
     )
 
 
-REAL = (fedkadp._local_update, dp_sgd_step.poisson_batch, dp_sgd_step.add_gaussian_noise)
+REAL = (fedkadp._local_update, dp_sgd_step.poisson_batch, dp_sgd_step.gaussian_release)
 
 
 def _recorded_run(monkeypatch, fed, **over):
@@ -79,14 +79,14 @@ def _recorded_run(monkeypatch, fed, **over):
         seen["batches"].append(idx.clone())
         return idx
 
-    def noise(total, std, generator, **kw):
-        out = real_noise(total, std, generator, **kw)
+    def noise(total, **kw):
+        out, receipt = real_noise(total, **kw)
         seen["noise"].append(torch.cat([(out[k] - total[k]).flatten() for k in sorted(total)]))
-        return out
+        return out, receipt
 
     monkeypatch.setattr(fedkadp, "_local_update", update)
     monkeypatch.setattr(dp_sgd_step, "poisson_batch", sample)
-    monkeypatch.setattr(dp_sgd_step, "add_gaussian_noise", noise)
+    monkeypatch.setattr(dp_sgd_step, "gaussian_release", noise)
     result = train("dp-fedavg", fed, {**TINY, **over}, seed=3)
     return result, seen
 

@@ -1,0 +1,202 @@
+"""The Gaussian release: the one function of privkit's single-model mechanisms that adds DP noise
+to a value, and the receipt it hands back.
+
+``gaussian_release(clean, std=..., sensitivity=..., source=...)`` returns ``(released, receipt)``:
+
+* **the noise**: ``N(0, std^2)`` on every coordinate of ``clean`` (a tensor, a list or dict of
+  tensors making one release, or a numpy array), drawn from ``source``. A seeded stream
+  (reproducible mode: a ``torch.Generator`` or a seeded ``numpy.random.Generator``) draws exactly
+  as torch and numpy draw, tensor by tensor (a dict in the order of its sorted names), so seeded
+  results are bit-identical to the code that drew its own noise before this module existed. The
+  release stream (:class:`privkit.dp_random.DpRandom` over AES-CTR, or ChaCha20 on an
+  accelerator) puts every released float on the data-independent grid of
+  :mod:`privkit.grid_noise`, whose noise covers its own rounding (the floating-point attack does
+  not apply);
+* **the audit's mutation**: under :func:`privkit.mutations.mutated` the noise drawn is ``std``
+  times the mutation's factor, the planted bug an audit must catch; the receipt does not see it
+  (it states what the mechanism claims to run, as a buggy mechanism's ledger would);
+* **the receipt**: :class:`Receipt`, the dp-accounting event of the release, from the same
+  ``std`` and ``sensitivity`` that drew the noise (``GaussianDpEvent(std / sensitivity)``, Poisson
+  subsampled at ``sample_rate`` where the mechanism sampled its records). Trainers compose
+  receipts into their ledgers (:func:`compose_receipts`) instead of rebuilding events from their
+  configuration.
+
+The batched engines (many models at once) still draw their noise in blocks of their own
+(:mod:`privkit.trainers.batched_sgd`, :mod:`privkit.trainers.many`,
+:mod:`privkit.trainers.many_dpsgd`); ``tests/privkit/test_release_primitive.py`` lists them and
+fails on any other module that draws release noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from privkit import mutations
+from privkit.dp_random import DpRandom, is_secret
+from privkit.errors import PrivkitError
+
+__all__ = ["Receipt", "compose_receipts", "gaussian_release"]
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What one Gaussian release ran, as the accountant reads it.
+
+    Attributes
+    ----------
+    noise_multiplier : ``std / sensitivity`` of the noise the release claims.
+    sensitivity : the L2 sensitivity the noise was calibrated to.
+    sample_rate : the Poisson rate at which the mechanism sampled its records (``None``: every
+        record, no sampling).
+    releases : how many releases of this kind the receipt stands for (rows of a matrix released
+        row by row; 1 otherwise).
+    """
+
+    noise_multiplier: float
+    sensitivity: float
+    sample_rate: float | None = None
+    releases: int = 1
+
+    @property
+    def event(self):
+        """The dp-accounting event of this receipt."""
+        import dp_accounting as dpa
+
+        inner: Any = dpa.GaussianDpEvent(self.noise_multiplier)
+        if self.sample_rate is not None:
+            inner = dpa.PoissonSampledDpEvent(self.sample_rate, inner)
+        return dpa.SelfComposedDpEvent(inner, self.releases) if self.releases > 1 else inner
+
+
+def compose_receipts(receipts: Sequence[Receipt]):
+    """The dp-accounting event of a sequence of releases: consecutive equal receipts as one
+    ``SelfComposedDpEvent`` (the shape ``accountants.dpsgd_event`` builds for repeated steps), a
+    ``ComposedDpEvent`` of the runs otherwise."""
+    import dp_accounting as dpa
+
+    if not receipts:
+        raise PrivkitError("compose_receipts needs at least one receipt; found none")
+    runs: list[tuple[Receipt, int]] = []
+    for r in receipts:
+        one = Receipt(r.noise_multiplier, r.sensitivity, r.sample_rate, 1)
+        if runs and runs[-1][0] == one:
+            runs[-1] = (one, runs[-1][1] + r.releases)
+        else:
+            runs.append((one, r.releases))
+    events = [dpa.SelfComposedDpEvent(one.event, n) if n > 1 else one.event for one, n in runs]
+    return events[0] if len(events) == 1 else dpa.ComposedDpEvent(events)
+
+
+def _tensors(clean: Any) -> tuple[list[torch.Tensor], Any]:
+    """The release's tensors in draw order and a function rebuilding ``clean``'s structure."""
+    if isinstance(clean, torch.Tensor):
+        return [clean], lambda out: out[0]
+    if isinstance(clean, dict):
+        names = sorted(clean)
+        return [clean[k] for k in names], lambda out: dict(zip(names, out))
+    if isinstance(clean, (list, tuple)):
+        return list(clean), list
+    raise PrivkitError(
+        f"clean must be a tensor, a list or dict of tensors, or a numpy array; found "
+        f"{type(clean).__name__}"
+    )
+
+
+def _torch_release(tensors: list[torch.Tensor], std: float, source: DpRandom, sens: float, dim):
+    if source.seeded_torch or std == 0:
+        return [t + std * source.randn(t.shape, dtype=t.dtype).to(t.device) for t in tensors]
+    from privkit.grid_noise import Grid, grid_release
+
+    # one release, one vector: a few long draws instead of one short draw per tensor
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    grid = Grid.for_release(std, sens, flat.numel() if dim is None else dim)
+    released = grid_release(flat, grid, source.bits())
+    out, at = [], 0
+    for t in tensors:
+        out.append(released[at : at + t.numel()].view_as(t))
+        at += t.numel()
+    return out
+
+
+def _numpy_release(
+    clean: np.ndarray, std: float, rng: np.random.Generator, sens: float, dim: int | None
+) -> np.ndarray:
+    if not is_secret(rng):  # one draw of the whole shape, as numpy draws it
+        return clean + rng.normal(0.0, std, size=clean.shape).astype(clean.dtype, copy=False)
+    from privkit.grid_noise import Grid, NumpyBits, grid_release
+
+    grid = Grid.for_release(std, sens, clean.size if dim is None else dim)
+    value = torch.from_numpy(np.ascontiguousarray(clean))
+    return grid_release(value, grid, NumpyBits(rng)).numpy()
+
+
+def gaussian_release(
+    clean: Any,
+    *,
+    std: float,
+    sensitivity: float,
+    source: DpRandom | torch.Generator | np.random.Generator,
+    sample_rate: float | None = None,
+    dim: int | None = None,
+    releases: int = 1,
+    mutate: bool = True,
+) -> tuple[Any, Receipt]:
+    """Release ``clean`` with ``N(0, std^2)`` noise on every coordinate; return it and its receipt.
+
+    Parameters
+    ----------
+    clean : torch.Tensor, list or dict of torch.Tensor, or numpy.ndarray
+        The pre-noise value of one release (a dict: one release over all its tensors, drawn in the
+        order of its sorted names; a list: in its order), or ``releases`` releases stacked (rows).
+    std : float
+        The noise standard deviation the mechanism claims (``>= 0``; an audit's mutation scales
+        what is drawn, not the receipt).
+    sensitivity : float
+        The L2 sensitivity of one release (``> 0``): the receipt's multiplier is
+        ``std / sensitivity``, and in release mode the grid's noise covers its rounding at it.
+    source : DpRandom, torch.Generator or numpy.random.Generator
+        The noise stream: seeded (reproducible mode) or the release stream.
+    sample_rate : float, optional
+        The Poisson rate at which the mechanism sampled the records in ``clean`` (the receipt's
+        subsampling); ``None`` for an unsampled release.
+    dim : int, optional
+        The number of coordinates of one release, where ``clean`` holds several (rows); default
+        all of ``clean``.
+    releases : int
+        How many releases ``clean`` holds (rows released row by row; 1 otherwise).
+    mutate : bool
+        Whether an active audit mutation scales the noise drawn here; ``False`` where the caller
+        has already drawn its ``std`` through the mutation (the batched engines and opacus' noise
+        multiplier scale it once, for every model or step).
+
+    Returns
+    -------
+    (released, Receipt)
+        The released value in ``clean``'s structure, dtype and device, and its receipt.
+    """
+    if not (std >= 0 and np.isfinite(std)):
+        raise PrivkitError(f"std must be a finite number >= 0; found {std}")
+    if not (sensitivity > 0 and np.isfinite(sensitivity)):
+        raise PrivkitError(f"sensitivity must be a finite number > 0; found {sensitivity}")
+    if sample_rate is not None and not 0 < sample_rate <= 1:
+        raise PrivkitError(f"sample_rate must be in (0, 1]; found {sample_rate}")
+    if not isinstance(releases, int) or releases < 1:
+        raise PrivkitError(f"releases must be an integer >= 1; found {releases!r}")
+    # the audit's planted bug (a factor of 1.0 outside audits)
+    drawn = std * mutations.active().noise_factor if mutate else std
+    receipt = Receipt(std / sensitivity, float(sensitivity), sample_rate, releases)
+    if isinstance(clean, np.ndarray):
+        if not isinstance(source, np.random.Generator):
+            raise PrivkitError(
+                f"a numpy release needs a numpy Generator source; found {type(source).__name__}"
+            )
+        return _numpy_release(clean, drawn, source, sensitivity, dim), receipt
+    if isinstance(source, np.random.Generator):
+        source = DpRandom(source)
+    tensors, rebuild = _tensors(clean)
+    return rebuild(_torch_release(tensors, drawn, DpRandom.of(source), sensitivity, dim)), receipt

@@ -1,0 +1,192 @@
+"""privkit's release primitive (privkit.mechanisms.gaussian_release): the one place single-model
+mechanisms draw Gaussian release noise, and the receipts the ledgers are built from.
+
+* No module but the primitive (and the random sources it draws from) calls a Gaussian draw, apart
+  from the listed draws that are not DP releases and the batched engines' block draws (the
+  issue-31 work left: they still pre-draw noise for many steps and models at once).
+* Seeded, the primitive draws exactly what torch and numpy draw (bit for bit); its receipt is
+  the event the accountants expect, and an audit's mutation changes the noise, never the receipt.
+* DP-SGD through opacus records the receipts of the steps that ran: the ledger is their
+  composition, equal to the planned event, one receipt per release.
+"""
+
+import ast
+from pathlib import Path
+
+import dp_accounting as dpa
+import numpy as np
+import pytest
+import torch
+
+from accountants import dpsgd_event
+from privkit import mutations
+from privkit.mechanisms import Receipt, compose_receipts, gaussian_release
+
+ROOT = Path(__file__).resolve().parents[2] / "privkit"
+DRAWS = {"randn", "randn_like", "normal", "normal_", "standard_normal", "grid_release"}
+#: modules allowed to call a Gaussian draw, and why
+ALLOWED = {
+    "mechanisms/gaussian.py": "the release primitive",
+    "dp_random.py": "the random source the primitive draws from (DpRandom.randn)",
+    "trainers/flip.py": "FLiP's synthetic samples' initialisation (no DP release)",
+    "trainers/pretrain.py": "data augmentation of public pre-training (no DP release)",
+    "trainers/heads.py": "a random unit direction for a degenerate head (no DP release)",
+    "trainers/batched_sgd.py": "batched engine: block draws over steps (to move to the primitive)",
+    "trainers/many.py": "batched engine: per-model block draws (to move to the primitive)",
+}
+
+
+def _draw_sites() -> dict[str, list[int]]:
+    sites: dict[str, list[int]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+                if name in DRAWS:
+                    sites.setdefault(path.relative_to(ROOT).as_posix(), []).append(node.lineno)
+    return sites
+
+
+def test_no_module_but_the_primitive_draws_release_noise():
+    sites = _draw_sites()
+    stray = {m: lines for m, lines in sites.items() if m not in ALLOWED}
+    assert not stray, f"Gaussian draws outside privkit.mechanisms.gaussian_release: {stray}"
+    assert "mechanisms/gaussian.py" in sites  # the scan sees draws at all
+
+
+def test_seeded_draws_are_torch_s_and_numpy_s_own():
+    clean = {"b": torch.zeros(3), "a": torch.ones(40, 2)}
+    out, receipt = gaussian_release(
+        clean, std=0.7, sensitivity=2.0, source=torch.Generator().manual_seed(5)
+    )
+    g = torch.Generator().manual_seed(5)
+    assert torch.equal(out["a"], clean["a"] + 0.7 * torch.randn((40, 2), generator=g))
+    assert torch.equal(out["b"], clean["b"] + 0.7 * torch.randn(3, generator=g))  # sorted names
+    assert receipt == Receipt(0.35, 2.0, None, 1)
+    x = np.arange(6.0).reshape(2, 3)
+    out_np, r2 = gaussian_release(
+        x, std=1.5, sensitivity=1.0, source=np.random.default_rng(3), releases=2, dim=3
+    )
+    np.testing.assert_array_equal(out_np, x + np.random.default_rng(3).normal(0.0, 1.5, (2, 3)))
+    assert r2.event == dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(1.5), 2)
+
+
+def test_a_mutation_changes_the_noise_never_the_receipt():
+    clean = torch.zeros(1000)
+    plain, r1 = gaussian_release(
+        clean, std=1.0, sensitivity=1.0, source=torch.Generator().manual_seed(1), sample_rate=0.1
+    )
+    with mutations.mutated(mutations.MUTATIONS["noise x1/2"]):
+        half, r2 = gaussian_release(
+            clean,
+            std=1.0,
+            sensitivity=1.0,
+            source=torch.Generator().manual_seed(1),
+            sample_rate=0.1,
+        )
+    assert r1 == r2 and r1.event == dpa.PoissonSampledDpEvent(0.1, dpa.GaussianDpEvent(1.0))
+    assert torch.allclose(half, 0.5 * plain)
+
+
+def test_receipts_compose_to_the_accountants_events():
+    step = Receipt(1.1, 1.0, 0.01)
+    assert compose_receipts([step] * 50) == dpsgd_event(0.01, 1.1, 50)
+    assert compose_receipts([step]) == dpsgd_event(0.01, 1.1, 1)
+    other = Receipt(2.0, 1.0, None)
+    assert compose_receipts([step, step, other]) == dpa.ComposedDpEvent(
+        [dpsgd_event(0.01, 1.1, 2), dpa.GaussianDpEvent(2.0)]
+    )
+    with pytest.raises(Exception, match="at least one receipt"):
+        compose_receipts([])
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"std": -1.0}, "std must be"),
+        ({"sensitivity": 0.0}, "sensitivity must be"),
+        ({"sample_rate": 1.5}, "sample_rate must be"),
+    ],
+)
+def test_bad_parameters_are_named(bad, match):
+    kw = {"std": 1.0, "sensitivity": 1.0, "source": torch.Generator(), **bad}
+    with pytest.raises(Exception, match=match):
+        gaussian_release(torch.zeros(2), **kw)
+
+
+def test_dpsgd_ledger_is_the_composition_of_the_receipts_of_every_step(monkeypatch):
+    """Every opacus step's noise goes through the primitive, one receipt per release, and the
+    ledger's event is their composition (equal to the planned event)."""
+    from privkit.data import FederationConfig, build_federation
+    from privkit.trainers import opacus_streams, train
+
+    drawn = []
+    real = opacus_streams.use_noise_source
+
+    def counting(dp_opt, source):
+        receipts = real(dp_opt, source)
+        drawn.append(receipts)
+        return receipts
+
+    monkeypatch.setattr("privkit.trainers.dpsgd.use_noise_source", counting)
+    fed = build_federation(FederationConfig(partition="shards", clients=4, seed=0))
+    cfg = {"epochs": 1, "batch_size": 256, "noise_multiplier": 1.3, "reproducible_noise": True}
+    result = train("dpsgd", fed, cfg, seed=0)
+    (receipts,) = drawn
+    steps = result.claims["steps"]
+    assert len(receipts) == steps > 0
+    assert all(r == receipts[0] for r in receipts)
+    assert receipts[0].noise_multiplier == pytest.approx(1.3)
+    event = result.ledger.to_dict()
+    assert compose_receipts(receipts) == dpsgd_event(result.claims["sample_rate"], 1.3, steps)
+    assert event  # the ledger holds it for every client (its JSON form is the planned event's)
+
+
+def _releases_in(event) -> list[tuple[float, float]]:
+    """(sample rate, noise multiplier) of each release a ledger event stands for."""
+    if isinstance(event, dpa.SelfComposedDpEvent):
+        return _releases_in(event.event) * int(event.count)
+    if isinstance(event, dpa.ComposedDpEvent):
+        return [r for e in event.events for r in _releases_in(e)]
+    if isinstance(event, dpa.PoissonSampledDpEvent):
+        return [(float(event.sampling_probability), float(event.event.noise_multiplier))]
+    return [(1.0, float(event.noise_multiplier))]
+
+
+def test_dp_fedavg_ledger_holds_every_release_and_nothing_else(monkeypatch):
+    """Every DP-SGD release a dp-fedavg run makes is in its ledger (count and parameters), and
+    every ledger release was made: the ledger is composed from the receipts."""
+    from privkit.data import FederationConfig, build_federation
+    from privkit.trainers import dp_sgd_step, train
+
+    made = []
+    real = dp_sgd_step.gaussian_release
+
+    def recording(clean, **kw):
+        out, receipt = real(clean, **kw)
+        made.append((receipt.sample_rate, receipt.noise_multiplier))
+        return out, receipt
+
+    monkeypatch.setattr(dp_sgd_step, "gaussian_release", recording)
+    fed = build_federation(FederationConfig(partition="shards", clients=8, seed=0))
+    cfg = {
+        "arch": "mlp",
+        "feature_dim": 16,
+        "rounds": 3,
+        "local_steps": 2,
+        "batch_size": 32,
+        "client_fraction": 0.5,
+        "noise_multiplier": 1.7,
+        "target_epsilon": 1e6,
+        "reproducible_noise": True,
+    }
+    result = train("dp-fedavg", fed, cfg, seed=1)
+    ledger = [
+        r
+        for c in result.ledger.clients
+        for e in result.ledger.entries(c)
+        for r in _releases_in(e.event)
+    ]
+    assert len(made) == 3 * 4 * 2 == len(ledger)
+    assert sorted(made) == sorted(ledger)
