@@ -34,7 +34,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,16 +208,48 @@ def command(argv: list[str]) -> list[str]:
     return [sys.executable, "-c", "from privkit.cli import main; main()", *argv]
 
 
+def start(argv: list[str], **popen: object) -> subprocess.Popen:
+    """Start ``argv`` in a session (and process group) of its own, from the repository root, so
+    that :func:`kill_group` reaches it and every worker it started."""
+    popen.setdefault("env", child_env())
+    return subprocess.Popen(argv, cwd=REPO, start_new_session=True, **popen)
+
+
+def kill_group(proc: subprocess.Popen) -> tuple[object, object]:
+    """SIGKILL ``proc``'s process group (it and its workers, alive or orphaned), reap ``proc`` and
+    return what it printed (``communicate``'s pair; None where nothing was left to read).
+
+    The group id outlives its leader while a member lives, so workers that a killed or finished
+    command left behind are reached too; a group already gone is fine."""
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        return proc.communicate(timeout=30)
+    except (subprocess.TimeoutExpired, ValueError, OSError):
+        proc.wait()
+        return None, None
+
+
+@contextmanager
+def owned(argv: list[str], **popen: object) -> Iterator[subprocess.Popen]:
+    """:func:`start` ``argv`` for the block; whatever ends the block (its end, a failed assertion,
+    a timeout, Ctrl-C), the process and its workers are killed on the way out: a failing test
+    never leaves a privkit process running."""
+    proc = start(argv, **popen)
+    try:
+        yield proc
+    finally:
+        kill_group(proc)
+
+
 def invoke(argv: list[str], timeout: float = 900, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        command(argv),
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=child_env(**env),
-        cwd=REPO,
-    )
+    """Run a privkit command to its end (or ``timeout``), its process group killed after it."""
+    args = command(argv)
+    with owned(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(**env)
+    ) as proc:
+        out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 @dataclass
@@ -284,18 +317,11 @@ def trial(
         killed = first.returncode == -signal.SIGKILL
         where = f"write {point[0]} ({Path(ref.writes[point[0] - 1]).name}) {point[1]}"
     else:
-        proc = subprocess.Popen(
-            command(argv),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=child_env(),
-            cwd=REPO,
-        )
-        try:
+        with (
+            owned(command(argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc,
+            suppress(subprocess.TimeoutExpired),  # still running at `at`: killed on the way out
+        ):
             proc.wait(timeout=at)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
         killed = proc.returncode == -signal.SIGKILL
         where = f"random time {at:.1f} s"
     out = sc.out(work)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fault_harness import kill_group, need_sigint, owned
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.executable).with_name("privkit")
@@ -298,17 +299,16 @@ def test_ctrl_c_exits_130_and_leaves_no_half_run(trained, tmp_path):
         "--force",
         "--json",
     ]
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO
-    )
-    staging = tmp_path / ".staging-run"
-    deadline = time.monotonic() + 240
-    while not (staging / "federation.json").exists():  # training has started
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.2)
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    need_sigint()
+    with owned(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()) as proc:
+        staging = tmp_path / ".staging-run"
+        deadline = time.monotonic() + 240
+        while not (staging / "federation.json").exists():  # training has started
+            assert proc.poll() is None and time.monotonic() < deadline, kill_group(proc)
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "interrupted; re-run the same command to resume" in err and "Traceback" not in err
     after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
@@ -352,16 +352,6 @@ def test_ctrl_c_during_run_keeps_finished_stages_and_resumes(tmp_path, workers):
     out = tmp_path / "runs"
     root = out / "c"
     argv = [*_command(), "run", str(cfg), "--out", str(out), "--quiet"]
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
-        cwd=REPO,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 300
 
     def short_done() -> bool:
         try:
@@ -370,12 +360,15 @@ def test_ctrl_c_during_run_keeps_finished_stages_and_resumes(tmp_path, workers):
             return False
         return stages.get("account", {}).get("state") == "done"
 
-    while not short_done():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.3)
-    time.sleep(1.0)  # `long` is training now
-    os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    need_sigint()
+    with owned(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()) as proc:
+        deadline = time.monotonic() + 300
+        while not short_done():
+            assert proc.poll() is None and time.monotonic() < deadline, kill_group(proc)
+            time.sleep(0.3)
+        time.sleep(1.0)  # `long` is training now
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C from a terminal: the whole process group
+        _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "interrupted; re-run the same command to resume" in err and "Traceback" not in err
     kept = {p.relative_to(root): p.stat().st_mtime_ns for p in (root / "short").rglob("*")}
@@ -539,7 +532,9 @@ def test_ray_executor_without_ray_is_refused_up_front(monkeypatch):
     assert CHECKED == EXECUTORS  # the CLI checks the names the audit layer runs
     check_executor("serial")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ValueError, match=r'--executor ray needs Ray.*pip install "privkit-ml\[ray\]"'):
+    with pytest.raises(
+        ValueError, match=r'--executor ray needs Ray.*pip install "privkit-ml\[ray\]"'
+    ):
         check_executor("ray", "--executor")
     with pytest.raises(
         ValueError,

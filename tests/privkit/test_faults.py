@@ -7,7 +7,6 @@ down); the run is one DP-SGD method on scikit-learn's 8x8 digits, in reproducibl
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -16,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fault_harness import faults, owned
 
 from privkit.errors import PrivkitError
 from privkit.pipeline.files import (
@@ -30,12 +30,6 @@ from privkit.pipeline.files import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "fault_injection", REPO / "benchmarks" / "fault_injection.py"
-)
-faults = importlib.util.module_from_spec(_spec)
-sys.modules["fault_injection"] = faults  # its dataclasses look their module up
-_spec.loader.exec_module(faults)
 
 
 def privkit(*argv: str, **env: str) -> subprocess.CompletedProcess:
@@ -144,7 +138,7 @@ def test_a_directory_in_use_is_refused_and_a_stale_lock_taken_over(tmp_path):
 def test_second_run_and_train_on_a_directory_in_use_fail_at_once(tmp_path):
     toml = tmp_path / "fi.toml"
     toml.write_text(faults.RUN_TOML.format(controls="false"))
-    holder = subprocess.Popen(  # holds both locks, as a running `privkit run` / `train` would
+    with owned(  # holds both locks, as a running `privkit run` / `train` would
         [
             sys.executable,
             "-c",
@@ -156,10 +150,7 @@ def test_second_run_and_train_on_a_directory_in_use_fail_at_once(tmp_path):
         ],
         stdout=subprocess.PIPE,
         text=True,
-        env=faults.child_env(),
-        cwd=REPO,
-    )
-    try:
+    ) as holder:
         assert holder.stdout.readline().strip() == "held"
         run = privkit("run", str(toml), "--out", str(tmp_path / "runs"), "--quiet")
         assert run.returncode == 2
@@ -168,9 +159,6 @@ def test_second_run_and_train_on_a_directory_in_use_fail_at_once(tmp_path):
         assert train.returncode == 2
         one_line_error(train, "train is in use by pid", str(holder.pid))
         assert not (tmp_path / "train").exists()
-    finally:
-        holder.kill()
-        holder.wait()
     # the holder died without releasing: its lock is taken over, the run goes on
     again = privkit(*faults.TRAIN, "--out", str(tmp_path / "train"))
     assert again.returncode == 0, again.stderr
@@ -314,22 +302,20 @@ def test_run_with_workers_survives_a_killed_worker(tmp_path):
     parallel.write_text(text.replace("workers = 1", "workers = 2"))
     ref = privkit("run", str(serial), "--out", str(tmp_path / "a"), "--quiet")
     assert ref.returncode == 0, ref.stderr
-    proc = subprocess.Popen(
+    with owned(
         faults.command(["run", str(parallel), "--out", str(tmp_path / "b"), "--quiet"]),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=faults.child_env(),
-        cwd=REPO,
-    )
-    staging = tmp_path / "b" / "fi" / ".staging-dpsgd"
-    killed: list[int] = []
-    while proc.poll() is None and not killed:
-        if staging.is_dir():  # the method trains in a worker now
-            for pid in _spawned_workers(proc.pid):
-                os.kill(pid, 9)
-                killed.append(pid)
-    _, err = proc.communicate(timeout=600)
+    ) as proc:
+        staging = tmp_path / "b" / "fi" / ".staging-dpsgd"
+        killed: list[int] = []
+        while proc.poll() is None and not killed:
+            if staging.is_dir():  # the method trains in a worker now
+                for pid in _spawned_workers(proc.pid):
+                    os.kill(pid, 9)
+                    killed.append(pid)
+        _, err = proc.communicate(timeout=600)
     assert killed, "the run ended before a worker could be killed"
     assert proc.returncode == 0 and "Traceback" not in err, err
     assert _but_workers(faults.results(tmp_path / "b" / "fi")) == _but_workers(
