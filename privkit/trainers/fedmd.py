@@ -61,6 +61,7 @@ from privkit.trainers.base import TrainResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from privkit.data import Federation
+from privkit.mechanisms.gaussian import compose_receipts
 from privkit.trainers.common import (
     accuracy,
     as_tensor,
@@ -587,7 +588,8 @@ class FedMDRun:
                 rng = noise_rng(
                     self.seed, f"fedmd-ldp-{i}-{t}", reproducible=cfg.reproducible_noise
                 )
-                # each shared vector is one Gaussian release (the ledger's "ldp predictions" events)
+                # each shared vector is one Gaussian release; the ledger records their receipts
+                receipts: list = []
                 share = gaussian_output_perturbation(
                     share,
                     sigma=plan["sigma"][i],
@@ -597,6 +599,14 @@ class FedMDRun:
                     label="ldp predictions",
                     rows=True,
                     dtype=np.float32,
+                    receipts=receipts,
+                )
+                self.ledger.add(
+                    i,
+                    compose_receipts(receipts),
+                    label="ldp predictions",
+                    round=t,
+                    neighbouring="add_remove",
                 )
             shares.append(share)
         consensus = aggregate_knowledge(shares)
@@ -809,21 +819,14 @@ def _record_ldp(
     federation, config, plan, ledger, warnings, claims, dpa, NonPrivateEvent, sizes
 ) -> None:
     sens, queries = plan["sensitivity"], plan["queries"]
-    per_round = queries // config.rounds if config.rounds else 0
     per_client = []
     for i in range(federation.num_clients):
         ledger.add(i, NonPrivateEvent(LDP_MODEL_REASON), label="party model")
         if not queries:
             continue
+        # the rounds' "ldp predictions" entries come from the releases' receipts as they run
+        # (FedMdRun.next_round): per round SelfComposed(Gaussian(z), vectors shared)
         z = plan["sigma"][i] / sens
-        for t in range(1, config.rounds + 1):
-            ledger.add(
-                i,
-                dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(noise_multiplier=z), per_round),
-                label="ldp predictions",
-                round=t,
-                neighbouring="add_remove",
-            )
         eps, delta = plan["target"][i]
         per_client.append(
             {
