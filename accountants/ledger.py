@@ -44,6 +44,7 @@ from typing import Any
 
 import dp_accounting as dpa
 
+import atomicfiles
 from accountants._validate import check_choice, check_nonnegative, check_open_unit, check_positive
 from accountants.bracket import LOWER_VDI, METHOD, OptimisticPldAccountant, check_ordered
 from accountants.composition import advanced_composition, basic_composition
@@ -972,19 +973,19 @@ class Ledger:
         return ledger
 
     def save(self, path: str | Path) -> Path:
-        """Write the ledger as JSON."""
-        path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return path
+        """Write the ledger as JSON, atomically with its checksum sidecar (:mod:`atomicfiles`)."""
+        return atomicfiles.write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> Ledger:
-        """Read a ledger written by :meth:`save`."""
+        """Read a ledger written by :meth:`save`; one whose checksum sidecar disagrees with it is
+        refused (:class:`atomicfiles.CorruptFileError`, a ``ValueError`` naming the file)."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"ledger file not found: {path}")
+        raw = atomicfiles.read_verified(path, "ledger file")
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(raw.decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"ledger file {path} is not valid JSON: {exc}") from exc
         try:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 import jinja2
 from pydantic import ValidationError
 
+import atomicfiles
 from reports.formatting import fmt_bracket, fmt_eps, fmt_num, fmt_pct, sort_value
 from reports.guarantee import delta_ge_one_over_n
 from reports.mechanism_view import BASIS, TESTS, mechanism_controls_view, method_mechanism_view
@@ -453,20 +452,9 @@ def render_json(report: PrivacyReport) -> str:
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write ``text`` to ``path`` atomically with its checksum sidecar (:mod:`atomicfiles`: a
+    temporary file in the same folder, fsync, a rename; ``.<name>.sha256`` beside it)."""
+    return atomicfiles.write_text(path, text)
 
 
 def write_report(
@@ -502,8 +490,10 @@ def load_report(path: str | Path) -> PrivacyReport:
         p = p / _FILES["json"]
     if not p.is_file():
         raise FileNotFoundError(f"report not found: {p}")
-    try:
-        return PrivacyReport.from_json(p.read_text(encoding="utf-8"))
+    try:  # a file whose checksum sidecar disagrees is refused before it is parsed
+        return PrivacyReport.from_json(atomicfiles.read_verified(p, "report file").decode("utf-8"))
+    except atomicfiles.CorruptFileError:
+        raise
     except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError
         detail = " ".join(str(exc).split())
         if isinstance(exc, ValidationError):  # pydantic: the first bad field, not the whole dump

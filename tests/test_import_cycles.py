@@ -18,7 +18,7 @@ from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("privkit", "accountants", "attacks", "reports")
+PACKAGES = ("privkit", "accountants", "attacks", "reports", "atomicfiles")
 
 
 def _modules(root: Path) -> dict[str, Path]:

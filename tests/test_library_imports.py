@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LIBRARIES = ("accountants", "attacks", "reports")
+LIBRARIES = ("atomicfiles", "accountants", "attacks", "reports")
 
 
 def _privkit_imports(path: Path, root: Path = ROOT) -> list[str]:

@@ -1,16 +1,16 @@
 """Files of a run directory, written so that a crash never leaves a file that reads as valid.
 
 Every stored artefact (JSON, checkpoints, ``.npz`` arrays, report pages) goes through
-:func:`write_bytes`: a temporary file in the same folder, flushed and fsynced, renamed over the
-target with :func:`os.replace`, then the folder fsynced, so a reader sees the old file or the new
-one, never a part. Beside each artefact a sidecar ``.<name>.sha256`` (``sha256sum`` format, so
+:func:`write_bytes`, built on :mod:`atomicfiles` (the writer the libraries use too): a temporary
+file in the same folder, flushed and fsynced, renamed over the target with :func:`os.replace`,
+then the folder fsynced, so a reader sees the old file or the new one, never a part. Beside each artefact a sidecar ``.<name>.sha256`` (``sha256sum`` format, so
 ``sha256sum -c`` checks it in that folder) holds its checksum; :func:`verify` compares them, and a
 file whose checksum fails is treated as absent (the pipeline re-runs the stage that writes it, with
 a warning), never read as valid. :func:`run_lock` keeps a second process out of a directory in
 use. A full or read-only file system is one :class:`StorageError` naming the file.
 
 For fault-injection tests, ``PRIVKIT_FAULT_KILL=N:PHASE`` makes this process kill itself with
-SIGKILL at its N-th artefact write: ``start`` (before any byte), ``sidecar`` (the new checksum
+SIGKILL at its N-th file write (privkit's and the libraries' alike): ``start`` (before any byte), ``sidecar`` (the new checksum
 listed beside the old one, the old file in place), ``mid`` (half the bytes in the temporary file),
 ``renamed`` (the new file in place, the old checksum not yet dropped). ``PRIVKIT_FAULT_TRACE=FILE``
 appends one line per artefact write (pid, count, path), so a test can choose its kill points.
@@ -19,14 +19,12 @@ appends one line per artefact write (pid, count, path), so a test can choose its
 from __future__ import annotations
 
 import errno
-import hashlib
 import io
 import json
 import os
 import shutil
 import signal
 import socket
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,11 +34,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+import atomicfiles
 from privkit.errors import PrivkitError
 from privkit.jsonutil import json_default
 
 FAULT_ENV = "PRIVKIT_FAULT_KILL"
-FAULT_PHASES = ("start", "sidecar", "mid", "renamed")
+FAULT_PHASES = atomicfiles.PHASES
 # file-system states that no retry fixes while they last: said in one line, never a traceback
 _STORAGE_ERRNOS = {
     errno.ENOSPC: "no space left on device",
@@ -56,7 +55,7 @@ class StorageError(PrivkitError):
     """The output directory cannot be written (full, read-only, no permission)."""
 
 
-class CorruptFileError(PrivkitError):
+class CorruptFileError(PrivkitError, atomicfiles.CorruptFileError):
     """A stored artefact whose checksum does not match its content."""
 
 
@@ -126,105 +125,32 @@ def _trace(path: Path) -> None:
             fh.write(f"{os.getpid()} {_writes} {path}\n")
 
 
-def _maybe_die(phase: str) -> None:
+def _fault_hook(phase: str, path: Path) -> None:
+    """Called by :mod:`atomicfiles` at each phase of every write of this process (privkit's own
+    and the libraries'): counts the writes, lists them, and dies at the chosen point."""
+    global _writes
+    if phase == "start":
+        _writes += 1
+        _trace(path)
     point = _fault_point()
     if point is not None and point == (_writes, phase):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+atomicfiles.fault_hook = _fault_hook
+
 # ---------------------------------------------------------------------------- atomic writes
-def checksum_path(path: Path | str) -> Path:
-    """The sidecar holding ``path``'s sha256 (hidden, beside it)."""
-    p = Path(path)
-    return p.with_name(f".{p.name}.sha256")
-
-
-def sha256(data: bytes) -> str:
-    """The hex sha256 digest of ``data`` (what a sidecar holds)."""
-    return hashlib.sha256(data).hexdigest()
-
-
-def fsync_dir(folder: Path | str) -> None:
-    """Make renames in ``folder`` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _umask() -> int:
-    mask = os.umask(0)  # reading the umask means setting it: put it straight back
-    os.umask(mask)
-    return mask
-
-
-def _replace(path: Path, data: bytes, *, hooked: bool) -> None:
-    """``data`` into ``path`` through a temporary file in the same folder, fsync and a rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide the run from its group
-        with os.fdopen(fd, "wb") as fh:
-            if hooked and len(data) > 1:
-                half = len(data) // 2
-                fh.write(data[:half])
-                fh.flush()
-                _maybe_die("mid")
-                fh.write(data[half:])
-            else:
-                fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _sidecar(path: Path, hashes: list[str]) -> None:
-    lines = "".join(f"{h}  {path.name}\n" for h in hashes)
-    _replace(checksum_path(path), lines.encode(), hooked=False)
-
-
-def _stored_hashes(path: Path) -> list[str]:
-    side = checksum_path(path)
-    try:
-        return [ln.split()[0] for ln in side.read_text().splitlines() if ln.strip()]
-    except (OSError, UnicodeDecodeError, IndexError):
-        return []
+checksum_path = atomicfiles.checksum_path
+sha256 = atomicfiles.sha256
+fsync_dir = atomicfiles.fsync_dir
 
 
 def write_bytes(path: Path | str, data: bytes) -> Path:
-    """Store ``data`` at ``path`` atomically, with its checksum sidecar (see the module doc).
-
-    The sidecar first lists the new checksum beside the current file's, then the file is
-    replaced, then the sidecar keeps the new checksum only: at every instant the file on disk is
-    one complete version whose checksum the sidecar lists, so a crash anywhere leaves a valid file
-    (old or new), and a torn or damaged one never passes."""
-    global _writes
-    path = Path(path)
-    _writes += 1
-    _trace(path)
-    _maybe_die("start")
-    new = sha256(data)
+    """Store ``data`` at ``path`` atomically, with its checksum sidecar
+    (:func:`atomicfiles.write_bytes`); a full or read-only file system is one
+    :class:`StorageError` naming the file."""
     with storage_errors(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # the current file stays valid through the swap only if it is valid now
-        current = sha256(path.read_bytes()) if path.is_file() else None
-        old = [current] if current in _stored_hashes(path) else []
-        _sidecar(path, [new] + [h for h in old if h != new])
-        _maybe_die("sidecar")
-        _replace(path, data, hooked=True)
-        _maybe_die("renamed")
-        if old and old != [new]:
-            _sidecar(path, [new])
-        fsync_dir(path.parent)
-    return path
+        return atomicfiles.write_bytes(path, data)
 
 
 def write_text(path: Path | str, text: str) -> Path:
@@ -258,23 +184,7 @@ def append_log(path: Path | str, text: str) -> None:
 
 
 # ---------------------------------------------------------------------------- verified reads
-def verify(path: Path | str, *, required: bool = False) -> str | None:
-    """Why ``path`` is not a valid stored artefact, or None when its checksum is one its sidecar
-    lists.
-
-    A missing sidecar is accepted unless ``required`` (files made by hand or by an older privkit);
-    the pipeline requires it before it skips a stage."""
-    path = Path(path)
-    if not path.is_file():
-        return "missing"
-    if not checksum_path(path).is_file():
-        return "no checksum" if required else None
-    expected = _stored_hashes(path)
-    try:
-        actual = sha256(path.read_bytes())
-    except OSError as exc:
-        return f"unreadable ({type(exc).__name__})"
-    return None if actual in expected else "checksum mismatch"
+verify = atomicfiles.verify
 
 
 def intact(path: Path | str, say: Callable[[str], None] | None = None) -> bool:

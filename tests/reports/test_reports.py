@@ -12,10 +12,12 @@ from html.parser import HTMLParser
 import pytest
 from pydantic import ValidationError
 
+import atomicfiles
 from reports import (
     MethodReport,
     PrivacyReport,
     ReportWarning,
+    atomic_write_text,
     fmt_eps,
     load_report,
     plots,
@@ -317,3 +319,25 @@ def test_figures_drawn_in_two_processes_are_the_figures_drawn_in_one(sample_repo
     assert list(one) == list(report_figures(sample_report)) and len(one) >= 4
     assert list(two) == list(one)
     assert all(two[k] == one[k] and one[k].startswith(b"\x89PNG") for k in one)
+
+
+# ---------------------------------------------------------------------------------- files
+def test_report_files_are_checksummed_and_a_corrupted_one_refused(tmp_path, sample_report):
+    paths = write_report(sample_report, tmp_path, formats=["json", "md"])
+    for p in paths.values():
+        assert atomicfiles.verify(p, required=True) is None
+    assert load_report(tmp_path) == sample_report
+    _damage_one_byte(paths["json"])
+    with pytest.raises(ValueError, match=r"report file .*report.json is corrupted") as err:
+        load_report(tmp_path)
+    assert "\n" not in str(err.value)
+    again = atomic_write_text(paths["json"], sample_report.to_json())  # rewritten: trusted again
+    assert load_report(again) == sample_report
+
+
+def _damage_one_byte(path):
+    """Change one digit, keeping the file parseable (a silent corruption)."""
+    data = bytearray(path.read_bytes())
+    i = data.index(b"1")
+    data[i : i + 1] = b"2"
+    path.write_bytes(bytes(data))
