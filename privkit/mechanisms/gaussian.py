@@ -21,10 +21,11 @@ to a value, and the receipt it hands back.
   receipts into their ledgers (:func:`compose_receipts`) instead of rebuilding events from their
   configuration.
 
-The batched engines (many models at once) still draw their noise in blocks of their own
-(:mod:`privkit.trainers.batched_sgd`, :mod:`privkit.trainers.many`,
-:mod:`privkit.trainers.many_dpsgd`); ``tests/privkit/test_release_primitive.py`` lists them and
-fails on any other module that draws release noise.
+A batched engine that draws its seeded noise a block of steps at a time hands the primitive a
+:class:`NormalRows` (the same numbers, one row per release). The stacked engine
+:func:`privkit.trainers.batched_sgd.train_many` still draws its block noise itself (seeded and on
+the grid, for all models at once); ``tests/privkit/test_release_primitive.py`` lists it and fails
+on any other module that draws release noise.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from privkit import mutations
 from privkit.dp_random import DpRandom, is_secret
 from privkit.errors import PrivkitError
 
-__all__ = ["Receipt", "compose_receipts", "gaussian_release"]
+__all__ = ["NormalRows", "Receipt", "compose_receipts", "gaussian_release"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,47 @@ def _tensors(clean: Any) -> tuple[list[torch.Tensor], Any]:
     )
 
 
+class NormalRows:
+    """A seeded stream's standard normals for a run of releases of ``width`` numbers each, drawn
+    ``block`` releases at a time (one ``(rows, width)`` draw) and handed out one row per release.
+
+    A batched engine draws its noise this way for speed; passing a ``NormalRows`` as the
+    ``source`` of :func:`gaussian_release` keeps those bits exactly while every release still goes
+    through the primitive (its mutation and its receipt). Reproducible mode only.
+    """
+
+    def __init__(self, source: DpRandom | torch.Generator, width: int, total: int, block: int):
+        self.source = DpRandom.of(source)
+        if not self.source.seeded_torch:
+            raise PrivkitError("NormalRows is for a seeded stream; found the release stream")
+        self.width, self.left, self.block = int(width), int(total), int(block)
+        self._rows: torch.Tensor | None = None
+        self._at = 0
+
+    def next_row(self) -> torch.Tensor:
+        """The next release's ``width`` standard normals."""
+        if self._rows is None or self._at == self._rows.shape[0]:
+            if self.left <= 0:
+                raise PrivkitError("NormalRows has handed out every release it was sized for")
+            self._rows = self.source.randn(min(self.block, self.left), self.width)
+            self.left -= self._rows.shape[0]
+            self._at = 0
+        row = self._rows[self._at]
+        self._at += 1
+        return row
+
+
+def _row_release(tensors: list[torch.Tensor], std: float, rows: NormalRows):
+    z = rows.next_row()
+    if z.numel() != sum(t.numel() for t in tensors):
+        raise PrivkitError(
+            f"the release has {sum(t.numel() for t in tensors)} numbers but its NormalRows are "
+            f"{z.numel()} wide"
+        )
+    parts = z.split([t.numel() for t in tensors])
+    return [t + std * p.view_as(t) for t, p in zip(tensors, parts)]
+
+
 def _torch_release(tensors: list[torch.Tensor], std: float, source: DpRandom, sens: float, dim):
     if source.seeded_torch or std == 0:
         return [t + std * source.randn(t.shape, dtype=t.dtype).to(t.device) for t in tensors]
@@ -140,7 +182,7 @@ def gaussian_release(
     *,
     std: float,
     sensitivity: float,
-    source: DpRandom | torch.Generator | np.random.Generator,
+    source: DpRandom | torch.Generator | np.random.Generator | NormalRows,
     sample_rate: float | None = None,
     dim: int | None = None,
     releases: int = 1,
@@ -159,8 +201,9 @@ def gaussian_release(
     sensitivity : float
         The L2 sensitivity of one release (``> 0``): the receipt's multiplier is
         ``std / sensitivity``, and in release mode the grid's noise covers its rounding at it.
-    source : DpRandom, torch.Generator or numpy.random.Generator
-        The noise stream: seeded (reproducible mode) or the release stream.
+    source : DpRandom, torch.Generator, numpy.random.Generator or NormalRows
+        The noise stream: seeded (reproducible mode) or the release stream; a :class:`NormalRows`
+        (a seeded stream drawn a block of releases at a time) hands this release one row.
     sample_rate : float, optional
         The Poisson rate at which the mechanism sampled the records in ``clean`` (the receipt's
         subsampling); ``None`` for an unsampled release.
@@ -196,7 +239,9 @@ def gaussian_release(
                 f"a numpy release needs a numpy Generator source; found {type(source).__name__}"
             )
         return _numpy_release(clean, drawn, source, sensitivity, dim), receipt
+    tensors, rebuild = _tensors(clean)
+    if isinstance(source, NormalRows):
+        return rebuild(_row_release(tensors, drawn, source)), receipt
     if isinstance(source, np.random.Generator):
         source = DpRandom(source)
-    tensors, rebuild = _tensors(clean)
     return rebuild(_torch_release(tensors, drawn, DpRandom.of(source), sensitivity, dim)), receipt

@@ -156,7 +156,7 @@ def train_one(
     per_sample_gradients`), formed one by one as opacus also forms them: an implementation
     independent of :func:`train_many`'s stacked layers.
     """
-    from privkit.mechanisms.gaussian import gaussian_release
+    from privkit.mechanisms.gaussian import NormalRows, gaussian_release
     from privkit.trainers.dp_sgd_step import clip_per_sample, per_sample_gradients
 
     dev = torch.device(device)
@@ -172,8 +172,8 @@ def train_one(
     batch_gen, noise_gen = _generators(seed, dev, reproducible)
     n_params = sum(p.numel() for p in model.parameters())
     std = (recipe.noise_multiplier * recipe.clip) if recipe.clip is not None else 0.0
-    noise = None
-    for t, b in enumerate(_one_batches(n, recipe, batch_gen)):
+    rows = NormalRows(noise_gen, n_params, steps, BLOCK) if noise_gen.seeded_torch else None
+    for b in _one_batches(n, recipe, batch_gen):
         b = b.to(dev)
         norm = recipe.sample_rate(n) * n if recipe.sampling == "poisson" else max(len(b), 1)
         if recipe.clip is None:
@@ -192,16 +192,16 @@ def train_one(
                 g = {k: v.sum(0) for k, v in clip_per_sample(per, recipe.clip)[0].items()}
             else:  # an empty Poisson batch releases noise only
                 g = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
-            if not noise_gen.seeded_torch:  # release mode: the noisy sum on the grid (grid_noise)
-                released, _ = gaussian_release(
-                    g, std=std, sensitivity=recipe.clip, source=noise_gen, mutate=False
-                )
-                g = {k: v / norm for k, v in released.items()}
-            else:
-                if t % BLOCK == 0:
-                    noise = noise_gen.randn(min(BLOCK, steps - t), n_params)
-                parts = noise[t % BLOCK].split([g[k].numel() for k in names])
-                g = {k: (g[k] + std * z.view_as(g[k])) / norm for k, z in zip(names, parts)}
+            # seeded: a block of steps' noise drawn at once (NormalRows), one row per release;
+            # release mode: the noisy sum on the grid (grid_noise)
+            released, _ = gaussian_release(
+                [g[k] for k in names],
+                std=std,
+                sensitivity=recipe.clip,
+                source=rows if rows is not None else noise_gen,
+                mutate=False,
+            )
+            g = {k: v / norm for k, v in zip(names, released)}
         for k, p in model.named_parameters():
             p.grad = g[k].detach()
         opt.step()

@@ -202,7 +202,6 @@ def local_dp_sgd(
         raise ValueError("every job of a batched step must have the same clip norm")
     device = next(iter(params.values())).device
     m = len(jobs)
-    names = sorted(params)  # the order gaussian_release draws a dict in
     std = torch.tensor(
         [j.step.noise_multiplier * j.step.clip_norm * mutation.noise_factor for j in jobs],
         device=device,
@@ -213,7 +212,6 @@ def local_dp_sgd(
     y_all = torch.cat([j.y for j in jobs])
     opt = _StackedOptimizer(params, SGDRecipe(lr=lr, optimizer=optimizer))
     active = torch.ones(m, device=device)
-    noise = {k: torch.empty_like(params[k]) for k in names}
     for _ in range(steps):
         batches = [j.step.sample(j.sample_gen) for j in jobs]
         counts = [len(b) for b in batches]
@@ -235,34 +233,19 @@ def local_dp_sgd(
             )
 
         sums, _ = net.clipped_sums(params, buffers, xb, example_losses, clip, counts=counts)
-        if not jobs[0].noise_gen.seeded_torch:  # release mode: each model's sum on its grid
-            grads = _grid_noisy(sums, jobs, std, expected)
-        else:
-            for i, j in enumerate(
-                jobs
-            ):  # each model's noise from its own stream, as the single step draws it
-                for k in names:
-                    j.noise_gen.randn(params[k].shape[1:], out=noise[k][i])
-            # (sum + std * noise) / expected batch size, in the single step's order of operations
-            grads = {
-                k: noise[k]
-                .mul_(_expand(std, sums[k]))
-                .add_(sums[k])
-                .div_(_expand(expected, sums[k]))
-                for k in names
-            }
+        grads = _noisy(sums, jobs, std, expected)
         opt.step(params, grads, active)
 
 
-def _grid_noisy(
+def _noisy(
     sums: dict[str, torch.Tensor],
     jobs: Sequence[LocalDp],
     std: torch.Tensor,
     expected: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
-    """Release mode: model i's noisy sum as the single step releases it (its parameters on one
-    grid, :func:`privkit.mechanisms.gaussian_release`), divided by its expected batch size. ``std``
-    already carries an audit's mutation."""
+    """Model i's noisy sum as the single step releases it (:func:`privkit.mechanisms.gaussian_release`
+    from the model's own stream: seeded, its tensors in name order; in release mode on one grid),
+    divided by its expected batch size. ``std`` already carries an audit's mutation."""
     from privkit.mechanisms.gaussian import gaussian_release
 
     grads = {k: torch.empty_like(v) for k, v in sums.items()}
@@ -277,10 +260,6 @@ def _grid_noisy(
         for k, v in noisy.items():
             grads[k][i] = v / expected[i]
     return grads
-
-
-def _expand(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return v.reshape((-1,) + (1,) * (like.dim() - 1))
 
 
 def ce_losses(

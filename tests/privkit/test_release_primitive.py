@@ -23,16 +23,25 @@ from privkit import mutations
 from privkit.mechanisms import Receipt, compose_receipts, gaussian_release
 
 ROOT = Path(__file__).resolve().parents[2] / "privkit"
-DRAWS = {"randn", "randn_like", "normal", "normal_", "standard_normal", "grid_release"}
+DRAWS = {
+    "randn",
+    "randn_like",
+    "normal",
+    "normal_",
+    "standard_normal",
+    "grid_release",
+    "rounded_gaussian",
+}
 #: modules allowed to call a Gaussian draw, and why
 ALLOWED = {
     "mechanisms/gaussian.py": "the release primitive",
     "dp_random.py": "the random source the primitive draws from (DpRandom.randn)",
+    "grid_noise.py": "the grid release the primitive calls in release mode",
     "trainers/flip.py": "FLiP's synthetic samples' initialisation (no DP release)",
     "trainers/pretrain.py": "data augmentation of public pre-training (no DP release)",
     "trainers/heads.py": "a random unit direction for a degenerate head (no DP release)",
-    "trainers/batched_sgd.py": "batched engine: block draws over steps (to move to the primitive)",
-    "trainers/many.py": "batched engine: per-model block draws (to move to the primitive)",
+    "trainers/batched_sgd.py": "batched engine: block draws over steps and models, seeded and on "
+    "the grid (to move to the primitive)",
 }
 
 
@@ -190,3 +199,20 @@ def test_dp_fedavg_ledger_holds_every_release_and_nothing_else(monkeypatch):
     ]
     assert len(made) == 3 * 4 * 2 == len(ledger)
     assert sorted(made) == sorted(ledger)
+
+
+def test_normal_rows_keep_a_block_draw_s_bits():
+    """A batched engine's block of steps' noise, handed out one row per release: the numbers of
+    the block draw, each release through the primitive (and sized: one row too many is refused)."""
+    from privkit.mechanisms import NormalRows
+
+    g = torch.Generator().manual_seed(2)
+    first, second = torch.randn(3, 5, generator=g), torch.randn(1, 5, generator=g)
+    rows = NormalRows(torch.Generator().manual_seed(2), width=5, total=4, block=3)
+    clean = [torch.zeros(2), torch.ones(3)]
+    for z in [first[0], first[1], first[2], second[0]]:
+        out, receipt = gaussian_release(clean, std=0.5, sensitivity=1.0, source=rows)
+        assert torch.equal(torch.cat(out), torch.cat(clean) + 0.5 * z)
+    assert receipt.noise_multiplier == 0.5
+    with pytest.raises(Exception, match="every release it was sized for"):
+        gaussian_release(clean, std=0.5, sensitivity=1.0, source=rows)
