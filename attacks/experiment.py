@@ -16,12 +16,13 @@ outcome does not depend on the executor that trains the models.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from attacks.checkpoints import ModelCheckpoints, fingerprint
 from attacks.executor import get_executor
 from attacks.recipe import Recipe, as_recipe
 
@@ -179,6 +180,23 @@ def run_train_task(task: TrainTask) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class CheckpointedTask:
+    """A :class:`TrainTask` whose output is stored as model ``j``'s checkpoint once trained."""
+
+    task: TrainTask
+    store: ModelCheckpoints
+    j: int
+    fingerprint: str
+
+
+def run_checkpointed_task(ct: CheckpointedTask) -> dict:
+    """Train one model, store its checkpoint (in the process that trained it), return its output."""
+    out = run_train_task(ct.task)
+    ct.store.save(ct.j, ct.fingerprint, out)
+    return out
+
+
 def _serial(executor: Any) -> bool:
     return executor is None or executor == "serial"
 
@@ -196,12 +214,19 @@ def train_models(
     workers: int | None = None,
     progress: bool = False,
     description: str = "training models",
+    checkpoints: ModelCheckpoints | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[np.ndarray, list[dict]]:
     """Train model j on ``x[index_sets[j]]`` with ``seeds[j]``; logits on ``x[query]``.
 
     A recipe with a batched form trains all models at once when ``executor`` is serial; otherwise
     every model is one task on ``executor`` (``serial``, ``process``, ``ray`` or an executor
     object, :func:`attacks.executor.get_executor`), with identical results on each.
+
+    With ``checkpoints`` (:class:`attacks.checkpoints.ModelCheckpoints`) each model's output is
+    stored as soon as it is trained, and a model whose checkpoint is there, intact and made for
+    the same task is loaded instead of trained: an audit killed midway, re-run, trains only the
+    models it had not finished (``say`` names a corrupted checkpoint, which is retrained).
 
     Returns
     -------
@@ -215,32 +240,48 @@ def train_models(
         )
     q = np.arange(len(y)) if query is None else np.asarray(query, dtype=np.int64)
     c = int(y.max()) + 1 if n_classes is None else int(n_classes)
-    if rec.batched and _serial(executor):
+    index = [np.asarray(ix, dtype=np.int64) for ix in index_sets]
+    outs: list[dict[str, Any] | None] = [None] * len(seeds)
+    prints: list[str] = []
+    if checkpoints is not None:
+        prints = [
+            fingerprint(checkpoints.key, str(rec.name), s, ix, q, c) for ix, s in zip(index, seeds)
+        ]
+        outs = [checkpoints.load(j, fp, say) for j, fp in enumerate(prints)]
+    todo = [j for j, o in enumerate(outs) if o is None]
+    if todo and rec.batched and _serial(executor):
         from attacks.progress import progress_bar
 
         with progress_bar(progress) as bar:
-            tid = bar.add_task(f"{description} (batched)", total=len(seeds))
-            models = rec.fit_many(x, y, index_sets, seeds)
-            outs: list[dict[str, Any]] = [
-                {"logits": rec.logits(mdl, x[q], c), "details": rec.details(mdl)} for mdl in models
-            ]
-            bar.advance(tid, len(seeds))
-    else:
+            tid = bar.add_task(f"{description} (batched)", total=len(todo))
+            models = rec.fit_many(x, y, [index[j] for j in todo], [seeds[j] for j in todo])
+            for j, mdl in zip(todo, models):
+                out = {"logits": rec.logits(mdl, x[q], c), "details": rec.details(mdl)}
+                if checkpoints is not None:
+                    checkpoints.save(j, prints[j], out)
+                outs[j] = out
+            bar.advance(tid, len(todo))
+    elif todo:
         tasks = [
             TrainTask(
-                recipe=rec,
-                x=x,
-                y=y,
-                index=np.asarray(ix, dtype=np.int64),
-                seed=int(s),
-                query=q,
-                n_classes=c,
+                recipe=rec, x=x, y=y, index=index[j], seed=int(seeds[j]), query=q, n_classes=c
             )
-            for ix, s in zip(index_sets, seeds)
+            for j in todo
         ]
-        outs = get_executor(executor, workers).map(
-            run_train_task, tasks, progress=progress, description=description
-        )
-    return np.stack([np.asarray(o["logits"], dtype=np.float64) for o in outs]), [
-        o["details"] for o in outs
+        if checkpoints is None:
+            fresh = get_executor(executor, workers).map(
+                run_train_task, tasks, progress=progress, description=description
+            )
+        else:
+            fresh = get_executor(executor, workers).map(
+                run_checkpointed_task,
+                [CheckpointedTask(t, checkpoints, j, prints[j]) for t, j in zip(tasks, todo)],
+                progress=progress,
+                description=description,
+            )
+        for j, o in zip(todo, fresh):
+            outs[j] = o
+    done = [o for o in outs if o is not None]
+    return np.stack([np.asarray(o["logits"], dtype=np.float64) for o in done]), [
+        o["details"] for o in done
     ]

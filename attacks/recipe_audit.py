@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from attacks.audit_scores import AuditResult, audit_scores
+from attacks.checkpoints import ModelCheckpoints
 from attacks.experiment import Design, design_experiment, train_models
 from attacks.family import Options, Outputs, applicable, score
 from attacks.progress import progress_bar
@@ -106,6 +108,7 @@ def audit_recipe(
     attacks: list[str] | None = None,
     guesses: float = 0.1,
     shadow_iterations: int = 200,
+    checkpoints: str | Path | ModelCheckpoints | None = None,
 ) -> RecipeAudit:
     """Audit a training recipe: fair-coin target, reference models, every applicable attack, verdict.
 
@@ -128,6 +131,9 @@ def audit_recipe(
     attacks : a subset of :data:`attacks.family.ATTACKS` (default: every applicable one).
     guesses : the one-run guesses: k+ = k- = ``floor(guesses * m)``, fixed in advance.
     shadow_iterations : CatBoost iterations of the shadow-model attack.
+    checkpoints : a folder (or :class:`attacks.checkpoints.ModelCheckpoints`) where each trained
+        model is stored as soon as it finishes: the same audit, killed and re-run, trains only the
+        models it had not finished, and ends with the same result.
 
     Returns
     -------
@@ -150,6 +156,11 @@ def audit_recipe(
         workers=workers,
         progress=progress,
         description=f"training target + {shadows} reference models",
+        checkpoints=(
+            checkpoints
+            if checkpoints is None or isinstance(checkpoints, ModelCheckpoints)
+            else ModelCheckpoints(Path(checkpoints))
+        ),
     )
     out = Outputs(
         target=logits[0], references=logits[1:], labels=labels[audited], keep=design.reference_keep

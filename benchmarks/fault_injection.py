@@ -11,7 +11,9 @@ and checks
 * resumed: the re-run exits 0;
 * identical: every number of every JSON file it leaves (report, privacy, audit, metrics, ledger,
   controls...; timings and timestamps aside) equals the reference's, in reproducible-noise mode;
-* recomputed: finished stages whose record or files changed (must be none).
+* recomputed: finished stages whose record or files changed (must be none); for ``privkit
+  audit`` every audited run whose model checkpoint (``audit-models/model-NNN.pkl``) was stored
+  before the kill counts as a finished stage: a re-run that trained it again would rewrite it.
 
 Run (the long form: every file write, four phases, random-time kills; about 30-40 min on a
 loaded 2-core machine):
@@ -156,6 +158,19 @@ def file_stage(path: Path, name: str) -> Callable[[Path], dict[str, str]]:
     return stages
 
 
+def audit_stages(out: Path) -> dict[str, str]:
+    """A ``privkit audit``'s finished parts: each audited run whose model checkpoint verifies
+    (``audit-models/model-NNN.pkl``) and ``audit.json``, each with its file's mtime."""
+    from atomicfiles import verify
+
+    done = {
+        f"audit/{p.stem}": str(_mtime(p))
+        for p in sorted((out / "audit-models").glob("model-*.pkl"))
+        if verify(p, required=True) is None
+    }
+    return {**done, **file_stage(Path("audit.json"), "audit")(out)}
+
+
 @dataclass
 class Scenario:
     name: str
@@ -189,7 +204,7 @@ def scenarios(trained: Path | None, controls: bool) -> list[Scenario]:
                 "audit",
                 lambda w: ["audit", str(w / "trained"), *AUDIT],
                 lambda w: w / "trained",
-                file_stage(Path("audit.json"), "audit"),
+                audit_stages,
                 copy_trained,
             )
         )
@@ -274,8 +289,10 @@ def reference(sc: Scenario, work: Path) -> Reference:
 
 
 # --quick: one kill per command, midway through the first write of this file (stages finished
-# before it: train and account for `run`, the shadow outputs for `audit`, checkpoints for `train`)
-QUICK = {"run": "audit.json", "train": "ledger.json", "audit": "audit.json"}
+# before it: train and account for `run`; for `audit`, the target and the first reference run,
+# whose model checkpoints are stored, the second reference run's being written; checkpoints for
+# `train`)
+QUICK = {"run": "audit.json", "train": "ledger.json", "audit": "model-002.pkl"}
 
 
 def quick_point(ref: Reference, name: str) -> list[tuple[int, str]]:
@@ -326,8 +343,10 @@ def trial(
         where = f"random time {at:.1f} s"
     out = sc.out(work)
     finished = sc.stages(out)
-    again = invoke(argv)
+    trace = work / "rerun-trace.txt"
+    again = invoke(argv, PRIVKIT_FAULT_TRACE=str(trace))
     after = sc.stages(out)
+    written = trace.read_text().splitlines() if trace.is_file() else []
     recomputed = sorted(s for s, fp in finished.items() if after.get(s) != fp)
     same = again.returncode == 0 and results(out) == ref.results
     return {
@@ -338,6 +357,8 @@ def trial(
         "resumed": again.returncode == 0,
         "identical": same,
         "stages_recomputed": recomputed,
+        # the files the re-run wrote (a model checkpoint among them: that model was trained)
+        "rerun_writes": sorted({Path(ln.split(" ", 2)[2]).name for ln in written}),
         "error": None if again.returncode == 0 else again.stderr.strip()[-300:],
     }
 

@@ -34,6 +34,7 @@ Design (stated in every audit.json under ``experiment`` and ``assumptions``):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import traceback
@@ -43,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from attacks.checkpoints import ModelCheckpoints
 from attacks.entry import AttackScores, analyse
 from attacks.experiment import Design, design_experiment, stream, train_models
 from attacks.family import ATTACKS as FAMILY
@@ -281,6 +283,7 @@ def audit_run(
     guess_fraction: float = 0.1,
     shadow_iterations: int = 200,
     write: bool = True,
+    say: Callable[[str], None] | None = None,
 ) -> dict:
     """Audit a run directory written by ``privkit train`` and write ``audit.json`` into it.
 
@@ -299,7 +302,10 @@ def audit_run(
     alpha : 1 - confidence of the verdict's family-wise bound.
     guess_fraction : k+ = k- = this fraction of the audited records (fixed in advance).
     shadow_iterations : CatBoost iterations of the shadow-model attack (FLiP used 10 000).
-    write : write ``audit.json`` (and ``shadows.npz``: design and outputs) into ``run_dir``.
+    write : write ``audit.json`` (and ``shadows.npz``: design and outputs) into ``run_dir``,
+        and each audited run's output, as soon as it is trained, into ``run_dir/audit-models/``
+        (:data:`MODELS_DIR`): a killed audit, re-run, trains only the runs it had not finished.
+    say : where a corrupted model checkpoint is named (default: :mod:`warnings`).
 
     Returns
     -------
@@ -338,6 +344,8 @@ def audit_run(
             workers=workers,
             progress=progress,
             description=f"audited runs ({method})",
+            checkpoints=model_checkpoints(run, recipe) if write else None,
+            say=say,
         )
     except Exception as exc:  # recorded in audit.json; the attribute attack may still fail alone
         train_error = exc
@@ -451,6 +459,28 @@ def audit_run(
             write_with(run / "shadows.npz", lambda buf: np.savez_compressed(buf, **arrays))
         write_json(run / "audit.json", out)
     return json.loads(json.dumps(out, default=json_default))
+
+
+MODELS_DIR = "audit-models"
+"""The folder of a run directory holding its audit's model checkpoints (one per audited run)."""
+
+
+def model_checkpoints(run: Path, recipe: FederationRecipe) -> ModelCheckpoints:
+    """The audit's model checkpoints in ``run``, keyed by what every audited run depends on
+    besides its own task: the method, its trainer config, the engine, the federation's layout
+    and data, and whether the runs keep their clients' artifacts."""
+    key = json.dumps(
+        {
+            "method": recipe.method,
+            "trainer": recipe.trainer_config,
+            "engine": recipe.engine,
+            "artifacts": recipe.keep_artifacts,
+            "federation": hashlib.sha256(recipe.federation_json.encode()).hexdigest(),
+        },
+        sort_keys=True,
+        default=json_default,
+    )
+    return ModelCheckpoints(run / MODELS_DIR, key)
 
 
 def audit_request(

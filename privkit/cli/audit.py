@@ -218,7 +218,12 @@ def _audit_run_dir(
         out = finished_audit(run_dir, **asked, say=say_warning)  # a finished audit is not redone
         if out is None:
             out = audit_run(
-                run_dir, executor=executor, workers=workers, progress=not as_json, **asked
+                run_dir,
+                executor=executor,
+                workers=workers,
+                progress=not as_json,
+                say=say_warning,
+                **asked,
             )
         elif not as_json:
             out_console.print(

@@ -107,6 +107,11 @@ def test_killed_run_train_and_audit_resume_identically(tmp_path):
         assert r["stages_recomputed"] == [], r
     run = next(r for r in rows if r["command"] == "run")
     assert run["finished_at_kill"] >= 2  # train and account had finished: they were not redone
+    # the audit killed while storing its second reference run: the target and the first
+    # reference run were stored, and the re-run trained (and stored) the second one alone
+    audit = next(r for r in rows if r["command"] == "audit")
+    assert audit["kill"] == "write 3 (model-002.pkl) mid" and audit["finished_at_kill"] == 2
+    assert [w for w in audit["rerun_writes"] if w.startswith("model-")] == ["model-002.pkl"]
 
 
 # ---------------------------------------------------------------------------- two runs, one dir
