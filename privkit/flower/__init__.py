@@ -30,6 +30,7 @@ _LAZY: dict[str, str] = {
     "FlowerAppRecipe": "privkit.flower.audit",
     "audit_mod": "privkit.flower.audit_transport",
     "CanaryClients": "privkit.flower.canary_clients",
+    "write_audit": "privkit.flower.rundir",
 }
 
 

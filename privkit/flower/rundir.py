@@ -108,6 +108,50 @@ def write_run(
     return mdir
 
 
+def write_audit(run: Path, audit: Any, delta: float, what: str) -> Path:
+    """Write an audit of a run written by :func:`write_run` (an ``attacks`` ``MechanismAudit``: canary
+    records' or canary clients' ``audit()``) as ``<run>/audit.json``, and mark the run's audit
+    stage done, so that ``privkit report <out> --rebuild`` shows its verdict.
+
+    Parameters
+    ----------
+    run : path
+        The run's folder (``<out>/<name>``, where ``ledger.json`` is).
+    audit : attacks.whitebox.MechanismAudit
+        The audit's result.
+    delta : float
+        The delta of the audit's epsilons.
+    what : str
+        What was audited (the claim tested), one line for the report.
+    """
+    import json
+
+    run = Path(run)
+    if not (run / "ledger.json").is_file():
+        raise ValueError(
+            f"run must be a folder written by privkit.flower (with ledger.json); found {run}"
+        )
+    verdict = audit.to_dict()
+    write_json(
+        run / "audit.json",
+        {
+            "schema_version": SCHEMA_VERSION,
+            "method": "flower",
+            "verdict": verdict,
+            "accounted_epsilon": verdict.get("accounted_epsilon"),
+            "delta": float(delta),
+            "claims": {},
+            "audited": what,
+        },
+    )
+    status_file = run.parent / "status.json"
+    status = json.loads(status_file.read_text()) if status_file.is_file() else {}
+    stages = status.setdefault("methods", {}).setdefault(run.name, {"stages": {}})["stages"]
+    stages["audit"] = {"state": "done", "error": None, "seconds": None}
+    write_json(status_file, status)
+    return run / "audit.json"
+
+
 def convention(neighbouring: str, client_sampling: str) -> dict:
     """``ledger.json``'s convention: what its events mean and how dp-accounting replays them to
     privkit's number (tested: ``tests/privkit/test_flower_deployed.py``)."""

@@ -1,13 +1,19 @@
 """privkit.flower in a Flower deployment: a SuperLink and two SuperNodes started here on 127.0.0.1
 (killed when the module ends or fails), an app run with ``flwr run``: the DP app accounted (its
 ledger where the user ran the federation, epsilon dp-accounting's), a no-DP app refused before round
-1, a lifetime budget refused on the second run.  Each ``flwr run`` takes about 15 s (Flower's start
-of the ServerApp and ClientApp processes), so the module is marked slow."""
+1, a lifetime budget refused on the second run; rounds accounted as they ran (adaptive clipping
+calibrated for more clients than reply, a failed round; LocalDpMod), each against dp-accounting;
+canary records audit a deployed app's record-level DP-SGD (tests/privkit/flower_apps/canary: the
+correct app consistent, half its noise caught).  Each ``flwr run`` takes about 15 s (Flower's start
+of the ServerApp and ClientApp processes; about 2 min for the canary app, whose ClientApp processes
+import torch), so the module is marked slow."""
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -27,6 +33,8 @@ SMALL_SKIP = (
 )
 
 BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[2]
+CANARY_APP = Path(__file__).parent / "flower_apps" / "canary"
 DELTA = 1e-5
 
 PYPROJECT = """\
@@ -52,6 +60,9 @@ clientapp = "pkdeployapp.client:app"
 [tool.flwr.app.config]
 num-server-rounds = 2
 dp = true
+mechanism = "fixed"
+sampled = 2
+fail-round = 0
 budget = 0.0
 lifetime-budget = 0.0
 store = ""
@@ -62,7 +73,11 @@ SERVER = """\
 import numpy as np
 from flwr.app import ArrayRecord
 from flwr.serverapp import ServerApp
-from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg
+from flwr.serverapp.strategy import (
+    DifferentialPrivacyClientSideAdaptiveClipping,
+    DifferentialPrivacyClientSideFixedClipping,
+    FedAvg,
+)
 
 from privkit.flower import Accounted
 
@@ -73,9 +88,14 @@ app = ServerApp()
 def main(grid, context):
     c = context.run_config
     strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=2)
-    if c["dp"]:
+    if c["dp"] and c["mechanism"] == "fixed":
         strategy = DifferentialPrivacyClientSideFixedClipping(
-            strategy, noise_multiplier=1.0, clipping_norm=0.5, num_sampled_clients=2
+            strategy, noise_multiplier=1.0, clipping_norm=0.5, num_sampled_clients=c["sampled"]
+        )
+    if c["dp"] and c["mechanism"] == "adaptive":
+        strategy = DifferentialPrivacyClientSideAdaptiveClipping(
+            strategy, noise_multiplier=1.0, num_sampled_clients=c["sampled"],
+            initial_clipping_norm=0.5, clipped_count_stddev=1.0,
         )
     accounted = Accounted(
         strategy, delta=1e-5, budget=c["budget"] or None, out="runs", name="app",
@@ -90,15 +110,27 @@ from pathlib import Path
 
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.clientapp.mod import fixedclipping_mod
+from flwr.clientapp.mod import LocalDpMod, adaptiveclipping_mod, fixedclipping_mod
 
-app = ClientApp(mods=[fixedclipping_mod])
+from privkit.flower import recorded
+
+LOCAL = recorded(LocalDpMod(clipping_norm=0.5, sensitivity=1.0, epsilon=2.0, delta=1e-5))
+MODS = {"fixed": fixedclipping_mod, "adaptive": adaptiveclipping_mod, "local": LOCAL}
+
+
+def chosen(msg, context, call_next):  # the run config's mechanism, client side
+    return MODS[context.run_config["mechanism"]](msg, context, call_next)
+
+
+app = ClientApp(mods=[chosen])
 
 
 @app.train()
 def train(msg, context):
     pid = int(context.node_config["partition-id"])
     Path(context.run_config["privkit-dir"], f"client-{pid}-trained").touch()
+    if pid == 1 and msg.content["config"]["server-round"] == context.run_config["fail-round"]:
+        raise RuntimeError("node 1 fails this round")
     arrays = [a + pid + 1.0 for a in msg.content["arrays"].to_numpy_ndarrays()]
     metrics = MetricRecord({"num-examples": 10})
     return Message(RecordDict({"arrays": ArrayRecord(arrays), "metrics": metrics}), reply_to=msg)
@@ -127,6 +159,9 @@ class Federation:
             **os.environ,
             "FLWR_HOME": str(self.home),
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
+            ),
         }
         self.link_dir = root / "superlink-cwd"
         self.link_dir.mkdir()
@@ -136,6 +171,8 @@ class Federation:
         (self.app / "pkdeployapp" / "__init__.py").write_text("")
         (self.app / "pkdeployapp" / "server.py").write_text(SERVER)
         (self.app / "pkdeployapp" / "client.py").write_text(CLIENT)
+        self.canary_app = root / "canary-app"
+        shutil.copytree(CANARY_APP, self.canary_app, ignore=shutil.ignore_patterns("__pycache__"))
 
     def _spawn(self, name: str, args: list[str], cwd: Path) -> None:
         log = open(self.root / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
@@ -191,13 +228,16 @@ class Federation:
                 p.wait()
             log.close()
 
-    def run(self, user: Path, **config: object) -> subprocess.CompletedProcess:
-        """``flwr run`` typed in ``user`` (the app folder given by path), its log streamed."""
+    def run(
+        self, user: Path, app: Path | None = None, **config: object
+    ) -> subprocess.CompletedProcess:
+        """``flwr run`` typed in ``user`` (the app folder given by path, ``app`` or the DP test app),
+        its log streamed."""
         user.mkdir(parents=True, exist_ok=True)
         values = {"privkit-dir": str(user), **config}
         overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
         return subprocess.run(
-            [str(BIN / "flwr"), "run", str(self.app), "local", "--stream", "-c", overrides],
+            [str(BIN / "flwr"), "run", str(app or self.app), "local", "--stream", "-c", overrides],
             cwd=user,
             env=self.env,
             capture_output=True,
@@ -270,3 +310,84 @@ def test_lifetime_budget_is_refused_on_the_second_run(federation, tmp_path):
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["lifetime"]["rdp"] == pytest.approx(two, rel=1e-9)
     assert len(json.loads(res.output)["runs"]) == 1
+
+
+def _worst(user: Path, name: str = "app") -> dict:
+    return json.loads((user / "runs" / name / "privacy.json").read_text())["summary"]["worst"]
+
+
+@pytest.mark.skipif(SMALL, reason=SMALL_SKIP)
+def test_adaptive_clipping_with_a_dropout_and_a_failed_round_accounted_as_they_ran(
+    federation, tmp_path
+):
+    """Adaptive clipping asked for z = 1 (sigma_b = 1) calibrated for m = 3 clients, 2 replying
+    (noise for 3 averaged over 2); node 1 fails in round 2, which Flower then skips (no release).
+    Each released round is the Gaussian with mult^-2 = (z_u 2 / (2 3))^-2 + sigma_b^-2 (see
+    test_flower_dropouts)."""
+    user = tmp_path / "user"
+    config = {"mechanism": "adaptive", "sampled": 3, "fail-round": 2, "num-server-rounds": 3}
+    res = federation.run(user, **config)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    z_u = (1.0 - 0.25) ** -0.5
+    mult = ((z_u * 2 / (2 * 3)) ** -2 + 1.0) ** -0.5
+    assert _worst(user)["rdp"] == pytest.approx(_gaussian_rdp(mult, 2), rel=1e-9)
+    metrics = json.loads((user / "runs" / "app" / "metrics.json").read_text())
+    assert [r["round"] for r in metrics["rounds"]] == [1, 3], metrics
+    train = json.loads((user / "runs" / "app" / "train.json").read_text())
+    assert "round 2: 1 of 2 clients failed" in json.dumps(train), train
+
+
+@pytest.mark.skipif(SMALL, reason=SMALL_SKIP)
+def test_local_dp_mod_accounted_in_deployment(federation, tmp_path):
+    """LocalDpMod(clipping_norm 0.5, sensitivity 1, epsilon 2, delta 1e-5) on both nodes, no central
+    wrapper: each round costs a client the Gaussian of std sqrt(2 ln(1.25/delta)) / 2 over the
+    replace-one sensitivity 2 x 0.5."""
+    import math
+
+    user = tmp_path / "user"
+    res = federation.run(user, mechanism="local")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    std = 1.0 * math.sqrt(2 * math.log(1.25 / DELTA)) / 2.0
+    assert _worst(user)["rdp"] == pytest.approx(_gaussian_rdp(std / 1.0, 2), rel=1e-9)
+
+
+@pytest.mark.skipif(SMALL, reason=SMALL_SKIP)
+def test_canary_records_audit_a_deployed_app(federation, tmp_path):
+    """Canary records in node 0's own data (tests/privkit/flower_apps/canary): the claim tested is
+    the client's record-level DP-SGD as its ledger entries state it (Poisson q = 0.05, sigma 1.5,
+    100 steps: the audit's claim is the ledger's epsilon).  The correct app is consistent; the app
+    whose ClientApp adds half that noise is caught by the noise conformance test."""
+    event = dpa.SelfComposedDpEvent(
+        dpa.PoissonSampledDpEvent(0.05, dpa.GaussianDpEvent(1.5)), 5 * 20
+    )
+    acc = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    acc.compose(event)
+    from typer.testing import CliRunner
+
+    from privkit.cli import app as cli
+    from privkit.flower import write_audit
+
+    results = {}
+    for scale in (1.0, 0.5):
+        user = tmp_path / f"user-{scale}"
+        res = federation.run(user, app=federation.canary_app, **{"noise-scale": scale})
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        worst = _worst(user, "canary-app")
+        assert worst["rdp"] == pytest.approx(float(acc.get_epsilon(DELTA)), rel=1e-9)
+        canaries = pickle.loads((user / "canaries.pkl").read_bytes())
+        assert canaries.steps == 100
+        results[scale] = audit = canaries.audit(delta=DELTA)
+        assert audit.accounted_epsilon == pytest.approx(worst["best"], rel=1e-6)
+        # the result lands next to the run's ledger, where privkit report reads it
+        write_audit(user / "runs" / "canary-app", audit, DELTA, "node 0's record-level DP-SGD")
+        res = CliRunner().invoke(cli, ["report", str(user / "runs"), "--rebuild"])
+        assert res.exit_code == 0, res.output
+        row = next(
+            line
+            for line in (user / "runs" / "report.md").read_text().splitlines()
+            if line.startswith("| canary-app |")
+        )
+        assert f"| {audit.verdict} |" in row, row
+    assert results[1.0].verdict == "consistent", results[1.0].conformance.failed
+    assert results[0.5].verdict == "violation"
+    assert "noise" in results[0.5].conformance.failed
