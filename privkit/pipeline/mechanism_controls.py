@@ -14,7 +14,10 @@ subsampling, or one not wired to :mod:`privkit.probes` yet) gets an ``unprobed``
 so; its verdict stays the black-box audit's.
 
 The step is keyed by a hash (method, trainer config, federation, delta, audit seed, settings) and
-recorded under ``mechanism_controls.<method>`` in ``status.json``. Records live in the run
+recorded under ``mechanism_controls.<method>`` in ``status.json``. Each twin's audit (one training
+with its probe sets) is a checkpoint of its own, ``mechanism-controls/<method>.twins/<twin>.json``
+(atomic, checksummed, under the same hash): a step killed after the correct twin, re-run, trains
+the noise-halved twin alone. Records live in the run
 directory's ``mechanism-controls/`` folder, not in the method's own: a method's training replaces
 its folder whole, and this step runs beside it (in the worker pool when ``workers > 1``).
 """
@@ -22,6 +25,7 @@ its folder whole, and this step runs beside it (in the worker pool when ``worker
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,7 +33,7 @@ from privkit.errors import PrivkitError
 from privkit.pipeline.config import ResolvedMethod, ResolvedRun
 from privkit.pipeline.controls import audit_seed
 from privkit.pipeline.federation import run_federation
-from privkit.pipeline.files import atomic_write_json
+from privkit.pipeline.files import atomic_write_json, intact, read_json
 from privkit.pipeline.state import Status, _hash
 from privkit.pipeline.steps import StepPlan
 
@@ -84,9 +88,15 @@ def mechanism_controls_stage(
         "confidence": settings.confidence,
     }
     twins = []
+    key_hash = mechanism_hash(run, m)
     for mutation, expected in TWINS:
         try:
-            rec = _audit_twin(run, m, run_federation(root), mutation, progress)
+            rec = stored_twin(root, m.key, mutation, key_hash)
+            if rec is None:
+                rec = _audit_twin(run, m, run_federation(root), mutation, progress)
+                atomic_write_json(
+                    twin_path(root, m.key, mutation), {"hash": key_hash, "record": rec}
+                )
         except PrivkitError as exc:
             if UNPROBED not in str(exc):
                 raise
@@ -114,6 +124,25 @@ def mechanism_controls_stage(
             "catchable": catchable(m.key, twins[0]),
         },
     )
+
+
+def twin_path(root: Path, key: str, mutation: str) -> Path:
+    """Where one twin's audit (its training's probe sets, audited) is kept until the step ends:
+    a step killed after the first twin, re-run, trains the second one alone."""
+    slug = re.sub(r"[^a-z0-9]+", "-", mutation.lower()).strip("-")
+    return Path(root) / MECH_DIR / f"{key}.twins" / f"{slug}.json"
+
+
+def stored_twin(root: Path, key: str, mutation: str, key_hash: str) -> dict | None:
+    """The twin's stored audit when it verifies and was made for the same step (``key_hash``:
+    :func:`mechanism_hash`), else None (a corrupted one is named in a warning)."""
+    path = twin_path(root, key, mutation)
+    if not intact(path):
+        return None
+    stored = read_json(path, "mechanism-control twin")
+    if not isinstance(stored, dict) or stored.get("hash") != key_hash:
+        return None
+    return stored.get("record")
 
 
 def _audit_twin(

@@ -341,3 +341,51 @@ def test_uncaught_noise_halved_twin_warns_and_no_claim_stays():
     m = _method("consistent", "consistent", "violation", formal=False)
     rest_verdict(m)
     assert (m.verdict.status, m.verdict_basis) == ("no-claim", None)
+
+
+class Killed(BaseException):
+    """The process dies here (as a SIGKILL would: nothing after it runs)."""
+
+
+def test_a_step_killed_after_its_first_twin_trains_the_second_alone(tmp_path, monkeypatch):
+    """Each twin (one training with its probe sets) is a checkpoint: killed while the noise-halved
+    twin trains, the step re-run trains that twin alone and writes the record an uninterrupted
+    step writes; a corrupted twin checkpoint is named and that twin trained again."""
+    data = tomllib.loads(TOML)
+    data["methods"][0]["overrides"]["rounds"] = 2  # the records' numbers, not their power, matter
+    resolved = pipeline.resolve_config(data)
+    m = resolved.methods[0]
+    fed = build_federation(resolved.config.federation)
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    for root in (whole, killed):
+        root.mkdir()
+        pipeline.stages.FEDERATIONS[str(root / "federation.json")] = fed
+    mechanism_controls_stage(resolved, m, whole, progress=False)
+    spy = mechanism_audit.audit_mechanisms
+
+    def dying(method, federation, trainer_config=None, **kw):
+        if kw["mutation"] != "correct":
+            raise Killed
+        return spy(method, federation, trainer_config, **kw)
+
+    monkeypatch.setattr(mechanism_audit, "audit_mechanisms", dying)
+    CALLS.clear()
+    with pytest.raises(Killed):
+        mechanism_controls_stage(resolved, m, killed, progress=False)
+    assert CALLS == [("dp-fedavg", "correct")]
+    assert not (killed / "mechanism-controls" / "dp-fedavg.json").exists()
+    monkeypatch.setattr(mechanism_audit, "audit_mechanisms", spy)
+    CALLS.clear()
+    mechanism_controls_stage(resolved, m, killed, progress=False)
+    assert CALLS == [("dp-fedavg", "noise x1/2")]  # the finished twin was not trained again
+    record = "mechanism-controls/dp-fedavg.json"
+    assert json.loads((killed / record).read_text()) == json.loads((whole / record).read_text())
+    CALLS.clear()
+    mechanism_controls_stage(resolved, m, killed, progress=False)
+    assert CALLS == []  # both twins stored: nothing trained
+    twin = killed / "mechanism-controls" / "dp-fedavg.twins" / "correct.json"
+    twin.write_text(twin.read_text().replace('"consistent"', '"violation!"'))
+    with pytest.warns(UserWarning, match=r"correct.json: checksum mismatch; treated as absent"):
+        mechanism_controls_stage(resolved, m, killed, progress=False)
+    assert CALLS == [("dp-fedavg", "correct")]
+    assert json.loads((killed / record).read_text()) == json.loads((whole / record).read_text())
