@@ -20,7 +20,8 @@ loaded 2-core machine):
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/fault_injection.py --json
 
-``--quick`` runs a handful of points (the test tests/privkit/test_fault_injection.py does).
+``--commands audit`` kills one command alone (results of the audit's own kill points:
+benchmarks/results/fault_injection_audit_cpu.json). ``--quick`` runs a handful of points (the test tests/privkit/test_fault_injection.py does).
 Results: benchmarks/results/fault_injection_cpu.json.
 """
 
@@ -383,15 +384,23 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--random", type=int, default=4, help="random-time kills per command")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="write the JSON here too")
+    ap.add_argument(
+        "--commands",
+        default="run,train,audit",
+        help="the commands to kill, comma-separated (default: run,train,audit)",
+    )
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     n_random = 0 if args.quick else args.random
     base = Path(tempfile.mkdtemp(prefix="privkit-faults-"))
     rows, refs = [], {}
+    wanted = {c.strip() for c in args.commands.split(",") if c.strip()}
     try:
         train_sc = scenarios(None, controls=not args.quick)[1]
         refs["train"] = reference(train_sc, base / "ref-train")
         for sc in scenarios(base / "ref-train" / "train", controls=not args.quick):
+            if sc.name not in wanted:
+                continue
             if sc.name not in refs:
                 refs[sc.name] = reference(sc, base / f"ref-{sc.name}")
             ref = refs[sc.name]
@@ -417,6 +426,7 @@ def main(argv: list[str] | None = None) -> dict:
             "reference_seconds": round(refs[name].seconds, 1),
         }
         for name in refs
+        if name in wanted
     }
     record = {
         "machine": "cpu",
