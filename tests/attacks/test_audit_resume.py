@@ -107,3 +107,32 @@ def test_a_checkpoint_of_another_task_is_not_used(tmp_path):
         fingerprint("a", "r", 7, np.arange(1, 6), np.arange(3), 2),  # other records
     ):
         assert other != fp and store.load(0, other) is None
+
+
+def test_worker_processes_store_their_own_models_and_any_executor_reuses_them(tmp_path):
+    """On the process pool each worker stores the model it trained; a serial re-run with one
+    checkpoint missing trains that model alone (the others' files untouched) and returns the
+    same logits."""
+    import numpy as np
+    from recipes_for_tests import digits, logreg
+
+    from attacks.checkpoints import ModelCheckpoints
+    from attacks.experiment import train_models
+
+    x, y = digits()
+    x, y = x[:300], y[:300]
+    rng = np.random.default_rng(0)
+    index_sets = [np.sort(rng.choice(300, 150, replace=False)) for _ in range(3)]
+    store = ModelCheckpoints(tmp_path / "models", key="logreg on 300 digits")
+    kw = dict(query=np.arange(40), n_classes=10, checkpoints=store)
+    first, _ = train_models(
+        logreg, x, y, index_sets, [1, 2, 3], executor="process", workers=2, **kw
+    )
+    files = [store.path(j) for j in range(3)]
+    assert all(p.is_file() for p in files)
+    stamps = [p.stat().st_mtime_ns for p in files]
+    files[1].unlink()
+    again, _ = train_models(logreg, x, y, index_sets, [1, 2, 3], **kw)
+    assert np.array_equal(again, first)
+    assert [files[0].stat().st_mtime_ns, files[2].stat().st_mtime_ns] == [stamps[0], stamps[2]]
+    assert files[1].is_file()
