@@ -60,7 +60,6 @@ import math
 from typing import Any
 
 import numpy as np
-import torch
 
 from privkit.flower import INSTALL_HINT
 
@@ -352,6 +351,8 @@ class CanaryClients(Strategy):
             return arrays, metrics
         m = len(weights)
         released = (_flat(arrays) - pending["sent"]) * m
+        import torch  # server side only: the ClientApp's canary_mod needs no torch
+
         self.canaries.observe(torch.from_numpy(released))
         self.rounds.append(
             {
@@ -378,8 +379,8 @@ class CanaryClients(Strategy):
         """Run the rounds (``Strategy.start``), then write the ledger as ``Accounted.start`` does."""
         result = super().start(*args, **kwargs)
         acc = self.accounted
-        if acc.out is not None and len(acc.ledger):
-            acc.save(acc.out)
+        if acc.out is not None and len(acc.ledger):  # where Accounted.start would write it
+            acc.save(acc._resolve(acc.out, kwargs.get("grid", args[0] if args else None)))
         return result
 
     # -- the claim and the audit -----------------------------------------------------------

@@ -35,6 +35,7 @@ SMALL_SKIP = (
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
 CANARY_APP = Path(__file__).parent / "flower_apps" / "canary"
+CANARY_CLIENTS_APP = Path(__file__).parent / "flower_apps" / "canary_clients"
 DELTA = 1e-5
 
 PYPROJECT = """\
@@ -144,10 +145,11 @@ def _free_port() -> int:
 
 
 class Federation:
-    """A SuperLink and two SuperNodes on 127.0.0.1, with a Flower home naming the SuperLink."""
+    """A SuperLink and ``nodes`` SuperNodes (two by default) on 127.0.0.1, with a Flower home naming
+    the SuperLink."""
 
-    def __init__(self, root: Path) -> None:
-        self.root, self.procs = root, []
+    def __init__(self, root: Path, nodes: int = 2) -> None:
+        self.root, self.procs, self.nodes = root, [], nodes
         self.port = _free_port()
         self.home = root / "flwr-home"
         self.home.mkdir()
@@ -172,7 +174,12 @@ class Federation:
         (self.app / "pkdeployapp" / "server.py").write_text(SERVER)
         (self.app / "pkdeployapp" / "client.py").write_text(CLIENT)
         self.canary_app = root / "canary-app"
-        shutil.copytree(CANARY_APP, self.canary_app, ignore=shutil.ignore_patterns("__pycache__"))
+        self.canary_clients_app = root / "canary-clients-app"
+        for src, dst in (
+            (CANARY_APP, self.canary_app),
+            (CANARY_CLIENTS_APP, self.canary_clients_app),
+        ):
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
 
     def _spawn(self, name: str, args: list[str], cwd: Path) -> None:
         log = open(self.root / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
@@ -186,7 +193,7 @@ class Federation:
             [str(BIN / "flower-superlink"), "--insecure", "--port", str(self.port)],
             self.link_dir,
         )
-        for pid in (0, 1):
+        for pid in range(self.nodes):
             self._spawn(
                 f"supernode-{pid}",
                 [
@@ -197,7 +204,7 @@ class Federation:
                     "--port",
                     str(_free_port()),
                     "--node-config",
-                    f"partition-id={pid} num-partitions=2",
+                    f"partition-id={pid} num-partitions={self.nodes}",
                 ],
                 self.root,
             )
@@ -205,11 +212,11 @@ class Federation:
         while time.monotonic() < end:
             if any(p.poll() is not None for p, _ in self.procs):
                 break
-            if self.log("superlink").count("Activated node_id") >= 2:
+            if self.log("superlink").count("Activated node_id") >= self.nodes:
                 return
             time.sleep(0.5)
         raise RuntimeError(
-            "the local SuperLink and two SuperNodes did not start within "
+            f"the local SuperLink and {self.nodes} SuperNodes did not start within "
             f"{timeout:g} s; SuperLink log tail: {self.log('superlink')[-600:]!r}"
         )
 
@@ -391,3 +398,47 @@ def test_canary_records_audit_a_deployed_app(federation, tmp_path):
     assert results[1.0].verdict == "consistent", results[1.0].conformance.failed
     assert results[0.5].verdict == "violation"
     assert "noise" in results[0.5].conformance.failed
+
+
+@pytest.fixture(scope="module")
+def ten_nodes(tmp_path_factory):
+    fed = Federation(tmp_path_factory.mktemp("deployment-10"), nodes=10)
+    try:
+        fed.start(timeout=180.0)
+    except Exception:
+        fed.stop()
+        raise
+    yield fed
+    fed.stop()
+
+
+@pytest.mark.skipif(SMALL, reason=SMALL_SKIP)
+def test_canary_clients_audit_the_servers_noise_in_deployment(ten_nodes, tmp_path):
+    """Canary clients (tests/privkit/flower_apps/canary_clients) on ten SuperNodes, 8 of them canary
+    clients, 4 of 10 sampled per round for 6 rounds, Flower's client-side fixed clipping (z = 1,
+    C = 1): the claim tested is the server's client-level Gaussian as the ledger states it.  The
+    correct app is consistent; the app whose wrapper adds half the noise privkit read from it is
+    caught by the noise test.  (In-process, this configuration gave 10 of 10 seeds each way.)"""
+    from typer.testing import CliRunner
+
+    from privkit.cli import app as cli
+
+    # the ledger's claim, replayed: every node, each round, 4 of 10 drawn, Gaussian z / 2
+    per_round = dpa.SampledWithoutReplacementDpEvent(10, 4, dpa.GaussianDpEvent(0.5))
+    acc = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+    acc.compose(per_round, 6)
+    for scale, verdict in ((1.0, "consistent"), (0.5, "violation")):
+        user = tmp_path / f"user-{scale}"
+        res = ten_nodes.run(user, app=ten_nodes.canary_clients_app, **{"noise-scale": scale})
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        run = user / "runs" / "canary-clients"
+        assert _worst(user, "canary-clients")["rdp"] == pytest.approx(
+            float(acc.get_epsilon(DELTA)), rel=1e-9
+        )
+        audit = json.loads((run / "audit.json").read_text())
+        assert audit["verdict"]["status"] == verdict, audit["verdict"]
+        if scale == 0.5:
+            assert "noise" in audit["verdict"]["conformance"]["failed"]
+        res = CliRunner().invoke(cli, ["report", str(user / "runs"), "--rebuild"])
+        assert res.exit_code == 0, res.output
+        assert f"| {verdict} |" in (user / "runs" / "report.md").read_text()
