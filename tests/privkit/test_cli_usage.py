@@ -49,14 +49,14 @@ def _command() -> list[str]:
 
 
 def privkit(*args: str, typer_path: str | None = None, timeout: int = 300):
-    return subprocess.run(
-        [*_command(), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=_env(typer_path),
-        cwd=REPO,
-    )
+    """Run the console script to its end; its process group (workers too) is killed after it,
+    also when it times out."""
+    argv = [*_command(), *args]
+    with owned(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(typer_path)
+    ) as proc:
+        out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def assert_one_line_error(proc, *needles: str) -> str:
