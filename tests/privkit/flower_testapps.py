@@ -56,3 +56,17 @@ def server_app(make_strategy: Callable[[], Any], rounds: int, sink: dict):
         )
 
     return app
+
+
+def report_row(runs: Any, name: str) -> str:
+    """``privkit report <runs> --rebuild``, then the summary row of the run ``name`` in report.md."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from privkit.cli import app as cli
+
+    res = CliRunner().invoke(cli, ["report", str(runs), "--rebuild"])
+    assert res.exit_code == 0, res.output
+    lines = (Path(runs) / "report.md").read_text().splitlines()
+    return next(line for line in lines if line.startswith(f"| {name} |"))

@@ -15,6 +15,8 @@ import pytest
 
 pytest.importorskip("flwr")
 
+from flower_testapps import report_row
+
 APP = Path(__file__).parent / "flower_apps" / "canary_clients"
 
 
@@ -33,9 +35,6 @@ def canary_clients_app(monkeypatch):
 def test_the_servers_audit_is_in_the_run_and_in_the_report(
     canary_clients_app, tmp_path, scale, verdict
 ):
-    from typer.testing import CliRunner
-
-    from privkit.cli import app as cli
     from privkit.flower import run_inprocess
 
     server, client = canary_clients_app
@@ -52,13 +51,7 @@ def test_the_servers_audit_is_in_the_run_and_in_the_report(
     assert audit["audited"] == "the server's client-level Gaussian"
     privacy = json.loads((tmp_path / "runs" / "canary-clients" / "privacy.json").read_text())
     assert audit["accounted_epsilon"] == pytest.approx(privacy["summary"]["worst"]["rdp"], rel=1e-9)
-    res = CliRunner().invoke(cli, ["report", str(tmp_path / "runs"), "--rebuild"])
-    assert res.exit_code == 0, res.output
-    row = next(
-        line
-        for line in (tmp_path / "runs" / "report.md").read_text().splitlines()
-        if line.startswith("| canary-clients |")
-    )
+    row = report_row(tmp_path / "runs", "canary-clients")
     assert f"| {verdict} |" in row, row
 
 
