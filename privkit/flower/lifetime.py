@@ -25,6 +25,8 @@ from logging import WARNING
 from pathlib import Path
 from typing import Any
 
+import atomicfiles
+
 __all__ = ["append_run", "flower_app_folder", "read_store", "store_ledger", "user_path"]
 
 STORE_SCHEMA = 1
@@ -87,8 +89,8 @@ def read_store(store: Path) -> list[dict]:
         return []
     runs = []
     for file in sorted(folder.glob("*.json")):
-        try:
-            data = json.loads(file.read_text())
+        try:  # a corrupted run is refused in one line naming it, never trusted
+            data = json.loads(atomicfiles.read_verified(file, "lifetime ledger file"))
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"lifetime ledger file {file} must be JSON; found {exc}") from exc
         if not isinstance(data, dict) or data.get("schema_version") != STORE_SCHEMA:
@@ -111,10 +113,8 @@ def append_run(store: Path, record: dict[str, Any]) -> Path:
         i += 1
         file = folder / f"{base}-{i}.json"
     data = {"schema_version": STORE_SCHEMA, "finished": stamp, **record}
-    tmp = file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(file)
-    return file
+    # atomic, checksummed (atomicfiles): a lifetime budget must never read a torn run
+    return atomicfiles.write_text(file, json.dumps(data, indent=2) + "\n")
 
 
 def store_ledger(store: Path) -> tuple[Any, list[dict]]:

@@ -213,3 +213,18 @@ def test_lifetime_budget_is_refused_up_front_on_the_next_run(tmp_path):
     assert isinstance(res.exception, ValueError)
     assert "store must be a lifetime ledger folder" in str(res.exception)
     assert math.isfinite(two)
+
+
+def test_a_corrupted_lifetime_store_run_is_refused_in_one_line(tmp_path):
+    """The store's runs are written atomically with a checksum; a run damaged on disk is named
+    and refused, never counted as a smaller budget."""
+    import atomicfiles
+    from privkit.flower.lifetime import append_run, read_store
+
+    path = append_run(tmp_path, {"run": "app", "events": []})
+    assert atomicfiles.checksum_path(path).is_file()
+    assert [r["run"] for r in read_store(tmp_path)] == ["app"]
+    path.write_text(path.read_text().replace('"app"', '"ap2"'))
+    with pytest.raises(ValueError, match=str(path.name)) as err:
+        read_store(tmp_path)
+    assert "\n" not in str(err.value)
