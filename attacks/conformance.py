@@ -143,7 +143,12 @@ class MechanismClaim:
         )
 
     def epsilon(
-        self, delta: float, noise_scale: float = 1.0, fallback: bool = True, grid: float = 1e-4
+        self,
+        delta: float,
+        noise_scale: float = 1.0,
+        fallback: bool = True,
+        grid: float = 1e-4,
+        accountant: str = "best",
     ) -> float:
         """Epsilon at ``delta`` of this claim (privkit's accountants, ``best``) with every noise
         multiplier multiplied by ``noise_scale``. Where the PLD grid cannot hold the loss (noise far
@@ -152,9 +157,13 @@ class MechanismClaim:
 
         The PLD grid is ``grid`` (the accountants' default 1e-4) up to epsilon 20; above, where a
         fine grid costs minutes and adds nothing a reader needs, it is 1/2000 of the RDP epsilon
-        (still a pessimistic upper bound of the PLD epsilon). Results are cached per claim."""
+        (still a pessimistic upper bound of the PLD epsilon). ``accountant="rdp"``: RDP's upper
+        bound alone (milliseconds; looser), for bounds computed per audit. Results are cached per
+        claim."""
         if noise_scale <= 0:
             return math.inf
+        if accountant not in ("best", "rdp"):
+            raise ValueError(f"accountant must be 'best' or 'rdp'; found {accountant!r}")
         return _claim_epsilon(
             self.sample_rates.tobytes(),
             self.noise_multipliers.tobytes(),
@@ -162,6 +171,7 @@ class MechanismClaim:
             float(noise_scale),
             bool(fallback),
             float(grid),
+            accountant == "rdp",
         )
 
     def to_dict(self) -> dict:
@@ -186,7 +196,13 @@ def _runs(q: np.ndarray, s: np.ndarray) -> list[tuple[tuple[float, float], int]]
 
 @functools.lru_cache(maxsize=256)
 def _claim_epsilon(
-    rates: bytes, noises: bytes, delta: float, scale: float, fallback: bool, grid: float
+    rates: bytes,
+    noises: bytes,
+    delta: float,
+    scale: float,
+    fallback: bool,
+    grid: float,
+    rdp_only: bool = False,
 ) -> float:
     from accountants import Ledger, dpsgd_event
 
@@ -205,14 +221,29 @@ def _claim_epsilon(
         rough = float(ledger_at(grid).epsilon(delta, accountant="rdp"))
     except (ValueError, MemoryError, IndexError, OverflowError, FloatingPointError):
         rough = math.inf
-    if not math.isfinite(rough):
-        return math.inf
+    if not math.isfinite(rough) or rdp_only:
+        return rough
     vdi = grid if rough <= 20 else max(grid, rough / 2000)
     try:
         with np.errstate(all="ignore"):  # far outside the grid the PLD overflows, then raises
+            if not fallback:  # a measurement (no upper bound is claimed): the plain PLD
+                return _plain_pld_epsilon(events, vdi, delta)
             return float(ledger_at(vdi).epsilon(delta, accountant="best"))
     except (ValueError, MemoryError, IndexError, OverflowError, FloatingPointError):
         return rough if fallback else math.inf
+
+
+def _plain_pld_epsilon(events: list, vdi: float, delta: float) -> float:
+    """dp-accounting's PLD epsilon of ``events`` (pessimistic discretisation, no allowance for the
+    FFT's rounding): what a *measured* epsilon needs, a lower confidence bound of the epsilon that
+    ran, where the certified allowance (seconds per value) would buy nothing. Upper bounds a
+    report states go through the ledger's certified accountant."""
+    from accountants.fast import PldAccountant
+
+    acc = PldAccountant(value_discretization_interval=vdi)
+    for ev in events:
+        acc.compose(ev)
+    return float(acc.raw_epsilon(delta))
 
 
 def _compress(a: np.ndarray) -> list[list[float]]:
