@@ -44,6 +44,10 @@ from scipy import fft, signal, special
 
 from accountants.pld_grid import MAX_PLD_POINTS, PldGridError
 
+#: distinct step PLDs the certified epsilon recomposes (seconds each); past it RDP answers, saying
+#: why (an adaptive method's ledger of many different noise multipliers)
+MAX_CERTIFIED_PARTS = 4
+
 __all__ = [
     "MAX_PLD_POINTS",
     "PldAccountant",
@@ -602,20 +606,34 @@ class PldAccountant(dpa.pld.PLDAccountant):
             )
         if not self._parts:
             return 0.0
+        parts = self._distinct_parts()
+        if len(parts) > MAX_CERTIFIED_PARTS:
+            raise PldPrecisionError(
+                f"no certified PLD epsilon for {len(parts)} distinct mechanisms (privkit "
+                f"recomposes at most {MAX_CERTIFIED_PARTS} with its error bound: seconds each)"
+            )
         raw = self.raw_epsilon(target_delta)
         key = (float(target_delta), len(self._parts))
         cache = self.__dict__.setdefault("_certified_cache", {})
         if key not in cache:
-            directions = [[(pld._pmf_remove, c) for pld, c in self._parts]]
-            if not all(pld._symmetric for pld, _ in self._parts):
+            directions = [[(pld._pmf_remove, c) for pld, c in parts]]
+            if not all(pld._symmetric for pld, _ in parts):
                 directions.append(
-                    [
-                        (pld._pmf_remove if pld._symmetric else pld._pmf_add, c)
-                        for pld, c in self._parts
-                    ]
+                    [(pld._pmf_remove if pld._symmetric else pld._pmf_add, c) for pld, c in parts]
                 )
             cache[key] = certified_epsilon(directions, float(target_delta), raw)
         return cache[key]
+
+    def _distinct_parts(self) -> list[tuple[_pld.PrivacyLossDistribution, int]]:
+        """The composed steps with equal ones merged (their counts added; composition commutes):
+        a step's PLD is built once per (sigma, q, grid), so equal steps are the same object."""
+        merged: dict[int, list] = {}
+        for pld, count in self._parts:
+            if id(pld) in merged:
+                merged[id(pld)][1] += count
+            else:
+                merged[id(pld)] = [pld, count]
+        return [(pld, int(c)) for pld, c in merged.values()]
 
     @property
     def pld(self) -> _pld.PrivacyLossDistribution:
