@@ -122,9 +122,17 @@ def _other_commands():
 
 @pytest.mark.parametrize("command", list(_other_commands()))
 def test_page_make_targets_and_scripts_exist(command):
-    """A `make` target the Makefile declares, or a `python` script of the repository."""
+    """A `make` target the Makefile declares, a `python` script of the repository, or Flower's
+    own `flwr` command (installed with the flower extra, run against an app the page shows)."""
     words = shlex.split(command)
-    if words[0] == "make":
+    if words[0] == "flwr":
+        import shutil
+
+        assert words[1] in ("run", "ls", "log", "stop", "build", "new"), (
+            f"no flwr verb {words[1]!r}"
+        )
+        assert shutil.which("flwr") or (ROOT / ".venv/bin/flwr").is_file(), "flwr not installed"
+    elif words[0] == "make":
         phony = re.search(r"^\.PHONY:(.*)$", (ROOT / "Makefile").read_text(), flags=re.M)
         assert phony and words[1] in phony.group(1).split(), f"no make target {words[1]!r}"
     else:
