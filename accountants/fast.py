@@ -47,6 +47,8 @@ from accountants.pld_grid import MAX_PLD_POINTS, PldGridError
 #: distinct step PLDs the certified epsilon recomposes (seconds each); past it RDP answers, saying
 #: why (an adaptive method's ledger of many different noise multipliers)
 MAX_CERTIFIED_PARTS = 4
+#: certified epsilons by (delta, composed steps): shared by every accountant of the process
+_CERTIFIED_CACHE: dict[tuple, float] = {}
 
 __all__ = [
     "MAX_PLD_POINTS",
@@ -531,6 +533,7 @@ class PldAccountant(dpa.pld.PLDAccountant):
         # what was composed, as (one step's PLD, count): recomposed with an error bound by
         # get_epsilon (accountants.certified); events without a base PLD here are named instead
         self._parts: list[tuple[_pld.PrivacyLossDistribution, int]] = []
+        self._part_keys: list[tuple[float, float, float]] = []  # (sigma, q, grid) of each part
         self._uncertified: list[str] = []
 
     def _maybe_compose(self, event: dpa.DpEvent, count: int, do_compose: bool):
@@ -554,6 +557,13 @@ class PldAccountant(dpa.pld.PLDAccountant):
                 )
                 self._pld = self._pld.compose(pld)
                 self._parts.append((pld, 1))
+                self._part_keys.append(
+                    (
+                        float(sigma / math.sqrt(count)),
+                        1.0,
+                        float(self._value_discretization_interval),
+                    )
+                )
             return None  # infinite noise releases nothing: the identity
         if (
             relation_ok
@@ -573,6 +583,13 @@ class PldAccountant(dpa.pld.PLDAccountant):
                     float(self._value_discretization_interval),
                 )
                 self._parts.append((base, int(count)))
+                self._part_keys.append(
+                    (
+                        float(sigma),
+                        float(event.sampling_probability),
+                        float(self._value_discretization_interval),
+                    )
+                )
             return None
         wrappers = (
             dpa.NoOpDpEvent,
@@ -613,8 +630,12 @@ class PldAccountant(dpa.pld.PLDAccountant):
                 f"recomposes at most {MAX_CERTIFIED_PARTS} with its error bound: seconds each)"
             )
         raw = self.raw_epsilon(target_delta)
-        key = (float(target_delta), len(self._parts))
-        cache = self.__dict__.setdefault("_certified_cache", {})
+        # every accountant composing the same steps at the same delta gets the same certified
+        # value (an epsilon curve over rounds, clients with equal rates): computed once
+        key = (float(target_delta), self._signature())
+        cache = _CERTIFIED_CACHE
+        if len(cache) > 4096:
+            cache.clear()
         if key not in cache:
             directions = [[(pld._pmf_remove, c) for pld, c in parts]]
             if not all(pld._symmetric for pld, _ in parts):
@@ -623,6 +644,13 @@ class PldAccountant(dpa.pld.PLDAccountant):
                 )
             cache[key] = certified_epsilon(directions, float(target_delta), raw)
         return cache[key]
+
+    def _signature(self) -> tuple:
+        """The composed steps as ((sigma, q, grid), count) pairs, equal steps merged, sorted."""
+        counts: dict[tuple[float, float, float], int] = {}
+        for k, (_, c) in zip(self._part_keys, self._parts):
+            counts[k] = counts.get(k, 0) + int(c)
+        return tuple(sorted(counts.items()))
 
     def _distinct_parts(self) -> list[tuple[_pld.PrivacyLossDistribution, int]]:
         """The composed steps with equal ones merged (their counts added; composition commutes):
