@@ -49,7 +49,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import fft, signal, special
+from scipy import fft, signal
 
 from accountants.pld_grid import MAX_PLD_POINTS, PldGridError
 
