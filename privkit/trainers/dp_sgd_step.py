@@ -9,8 +9,10 @@ The step is exactly what the subsampled-Gaussian accountant assumes
 2. **Per-sample gradients**, so no record's gradient depends on another's (the models have no
    BatchNorm): for privkit's models the per-record norms and the clipped sum come from each
    layer's inputs and output gradients (:func:`privkit.trainers.stacked.clipped_sum_one`; no
-   per-record weight gradients of linear layers are formed), for any other model from
-   ``torch.func`` (``vmap(grad(loss))``); the two agree up to float rounding (tested).
+   per-record weight gradients of linear layers are formed), for other models of linear,
+   convolution, GroupNorm/LayerNorm and embedding layers by book-keeping ghost clipping
+   (:mod:`privkit.mechanisms.ghost_clipping`: one forward and one backward pass), for any other
+   model from ``torch.func`` (``vmap(grad(loss))``); they agree up to float rounding (tested).
 3. **Clipping** of each record's whole gradient to L2 norm ``clip_norm`` (flat clipping).
 4. **Noise**: ``N(0, (noise_multiplier * clip_norm)^2 I)`` added to the *sum* of clipped gradients,
    then divided by the *expected* batch size ``q * n`` (as opacus does for Poisson sampling):
@@ -119,7 +121,14 @@ def clipped_gradient_sum(
     clip_norm: float,
     aux: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """``sum_i min(1, c / ||g_i||) g_i`` over the trainable parameters (``g_i``: record i's gradient)."""
+    """``sum_i min(1, c / ||g_i||) g_i`` over the trainable parameters (``g_i``: record i's gradient).
+
+    privkit's own models take the stacked layers (:func:`privkit.trainers.stacked.clipped_sum_one`),
+    any other model of linear, convolution, GroupNorm/LayerNorm and embedding layers book-keeping
+    ghost clipping (:mod:`privkit.mechanisms.ghost_clipping`), anything else ``torch.func``
+    per-example gradients; all three agree up to float rounding (tested).
+    """
+    from privkit.mechanisms import ghost_clipping
     from privkit.trainers.stacked import UnsupportedModelError, clipped_sum_one
 
     if clip_norm <= 0:
@@ -135,9 +144,11 @@ def clipped_gradient_sum(
 
     try:
         return clipped_sum_one(model, x, example_losses, clip_norm)
-    except (
-        UnsupportedModelError
-    ):  # a model the stacked layers do not cover: torch.func per-example gradients
+    except UnsupportedModelError:  # not privkit's own layers: any model of common layers
+        pass
+    try:
+        return ghost_clipping.clipped_sum(model, x, example_losses, clip_norm)
+    except UnsupportedModelError:  # a layer ghost clipping does not cover: torch.func
         clipped, _ = clip_per_sample(per_sample_gradients(model, x, y, loss_fn, aux), clip_norm)
         return {k: g.sum(0) for k, g in clipped.items()}
 

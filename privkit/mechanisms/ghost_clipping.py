@@ -1,0 +1,368 @@
+"""Flat-clipped per-example gradient sums of any model made of common layers, in one forward and one
+backward pass (book-keeping ghost clipping, Bu, Wang, Zha & Karypis, ICML 2023).
+
+DP-SGD needs ``sum_i min(1, C / ||g_i||) g_i``, ``g_i`` the gradient of record ``i``'s loss over
+*all* trainable parameters. Per-example gradients (``torch.func``'s ``vmap(grad)``, opacus' hooks)
+form every ``g_i``: ``B`` copies of the model's parameters, and for a convolution or a sequence
+layer ``B`` weight gradients where plain training forms one. For the layers people use, both the
+norms and the clipped sum come from two things plain back-propagation already has: each layer's
+input ``a`` and the gradient ``g`` of the summed per-example losses w.r.t. its output (row ``i`` of
+``g`` depends on record ``i`` only, the losses being per-example and the model mixing no examples).
+
+One forward pass with hooks stores every parametrised layer's input and the autograd edge of its
+output; one backward pass (``torch.autograd.grad`` w.r.t. those edges only) gives the output
+gradients and computes no parameter gradient at all. Then, per layer (``T``: positions of a
+sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
+
+* **Linear** ``y = a W^T + b`` (any leading shape): ``G_i = sum_t g_t a_t^T``. Its squared norm is
+  ``sum_{t,s} (a_t . a_s)(g_t . g_s)`` (the ghost norm: two ``T x T`` Gram matrices, cost
+  ``T^2 (in + out)``), or ``||G_i||^2`` of the materialised ``G_i`` (cost ``T in out``), whichever is
+  cheaper for the shapes (a single position is ``|a|^2 |g|^2``). Bias: ``sum_t g_t``.
+* **Conv2d** is a linear map of the unfolded input patches (``F.unfold``: ``in k^2`` values at each
+  of ``T`` output positions), so the same two choices apply: the ghost norm over ``T x T`` Gram
+  matrices for small feature maps with many channels, the per-example weight gradient ``g_i
+  U_i^T`` for large maps with few channels.
+* **GroupNorm**, **LayerNorm**: the affine weight's gradient is ``sum`` over every non-batch
+  position of ``g * x_hat`` per channel (``x_hat`` the normalised input, recomputed from the stored
+  input), the bias' ``sum g``: small per-example vectors, formed directly.
+* **Embedding**: ``G_i`` adds ``g_t`` into row ``idx_t``; the rows an example touches are summed
+  (tokens repeated within an example add up before the norm) by one ``index_add`` over
+  ``(example, token)`` keys: exact and linear in the tokens.
+
+Squared norms add over layers (flat clipping over every trainable parameter), the clip factors are
+``min(1, C / ||g_i||)`` exactly as :func:`privkit.trainers.dp_sgd_step.clip_per_sample` (``C =
+inf``, an audit's clipping-off mutation, gives 1 and skips the norms), and the clipped sum is
+book-kept: each layer's summed gradient with the output gradients weighted by the factors,
+``sum_i c_i G_i = (c g)^T a`` (one weight gradient as plain training forms it, or ``sum_i c_i G_i``
+where ``G_i`` was materialised anyway); no second backward pass.
+
+Anything else is refused with :class:`~privkit.trainers.stacked.UnsupportedModelError` (the caller
+falls back to ``torch.func`` per-example gradients) rather than computed wrong: a trainable
+parameter outside the layers above (``nn.MultiheadAttention``'s packed projection, a bare
+``nn.Parameter``, an LSTM), BatchNorm in training mode or with trainable parameters (it mixes the
+batch's examples), a layer run twice in one forward or a parameter shared by two layers (their
+cross terms), a layer applied to a tensor whose first dimension is not the batch's (a positional
+embedding of ``arange(T)`` broadcast over the batch: expand the positions to ``(B, T)``), grouped or
+non-2-d convolutions, an embedding with ``max_norm`` or
+``scale_grad_by_freq``, a layer input modified in place after the layer read it. A model that mixes
+examples by its own code (a batch mean in ``forward``) is outside what any per-example clipping can
+handle and is not detected here; so is a layer run on a sequence-first tensor whose length equals
+the batch size (privkit's checks assume batch-first layers).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.graph import get_gradient_edge
+
+from privkit.trainers.stacked import UnsupportedModelError
+
+__all__ = ["SUPPORTED", "clipped_sum", "per_example_norms"]
+
+#: the layer types whose per-example gradient norms and clipped sums this module forms
+SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm, nn.Embedding)
+
+
+@dataclass
+class _Layer:
+    """One parametrised layer's trainable parameters and what the pass stored for it."""
+
+    module: nn.Module
+    names: dict[str, str]  # "weight"/"bias" -> the model's parameter name (trainable only)
+    inputs: list[torch.Tensor] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    edges: list = field(default_factory=list)
+    grad: torch.Tensor | None = None
+    materialised: torch.Tensor | None = None  # (B, out, in) per-example weight gradients
+
+
+def _layers(model: nn.Module) -> list[_Layer]:
+    """The model's parametrised layers with trainable parameters; UnsupportedModelError for any
+    trainable parameter this module cannot clip or a layer that mixes examples."""
+    owners: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if p.requires_grad and owners.setdefault(id(p), name) != name:
+            raise UnsupportedModelError(f"parameter {name} is shared with {owners[id(p)]}")
+    layers = []
+    for prefix, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.training:
+            raise UnsupportedModelError(
+                f"{prefix}: {type(module).__name__} in training mode mixes the examples"
+            )
+        own = {k: p for k, p in module.named_parameters(recurse=False) if p.requires_grad}
+        if not own:
+            continue
+        full = {k: f"{prefix}.{k}" if prefix else k for k in own}
+        if not isinstance(module, SUPPORTED) or set(own) - {"weight", "bias"}:
+            raise UnsupportedModelError(
+                f"{prefix or 'the model'}: trainable parameters of {type(module).__name__} "
+                "are not covered by ghost clipping"
+            )
+        if isinstance(module, nn.Conv2d) and module.groups != 1:
+            raise UnsupportedModelError(f"{prefix}: grouped convolution")
+        if isinstance(module, nn.Embedding) and (
+            module.max_norm is not None or module.scale_grad_by_freq
+        ):
+            raise UnsupportedModelError(
+                f"{prefix}: an embedding with max_norm or scale_grad_by_freq"
+            )
+        layers.append(_Layer(module, full))
+    if not layers:
+        raise UnsupportedModelError("the model has no trainable parameters")
+    return layers
+
+
+def _forward_backward(
+    model: nn.Module,
+    x: torch.Tensor,
+    example_losses: Callable[[torch.Tensor, slice], torch.Tensor],
+    layers: list[_Layer],
+) -> None:
+    """One forward pass storing each layer's input and output edge, one backward pass to those
+    edges: ``layer.grad`` = gradient of the summed per-example losses w.r.t. the layer's output."""
+
+    def hook(layer: _Layer):
+        def store(_module, args, out):
+            if len(layer.inputs) == 1:
+                raise UnsupportedModelError(
+                    f"{type(_module).__name__} runs twice in one forward pass"
+                )
+            a = args[0]
+            if a.shape[:1] != x.shape[:1] or out.shape[:1] != x.shape[:1]:
+                raise UnsupportedModelError(
+                    f"{type(_module).__name__} runs on a tensor whose first dimension is not "
+                    "the batch's"
+                )
+            layer.inputs.append(a.detach())
+            layer.versions.append(a._version)
+            layer.edges.append(get_gradient_edge(out))
+
+        return store
+
+    handles = [layer.module.register_forward_hook(hook(layer)) for layer in layers]
+    try:
+        logits = model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    ran = [layer for layer in layers if layer.edges]
+    losses = example_losses(logits, slice(None))
+    if losses.shape != (x.shape[0],):
+        raise UnsupportedModelError(
+            f"example_losses gave shape {tuple(losses.shape)}, not one loss per example"
+        )
+    if not ran:
+        return
+    grads = torch.autograd.grad(losses.sum(), [layer.edges[0] for layer in ran], allow_unused=True)
+    for layer, g in zip(ran, grads, strict=True):
+        if layer.inputs[0]._version != layer.versions[0]:
+            raise UnsupportedModelError(
+                f"the input of {type(layer.module).__name__} was modified in place after it ran"
+            )
+        layer.grad = g
+
+
+def _padded(m: nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """A convolution's input and the zero padding left to apply, as the convolution pads it."""
+    if m.padding_mode != "zeros":
+        return F.pad(a, m._reversed_padding_repeated_twice, mode=m.padding_mode), (0, 0)
+    if isinstance(m.padding, str):  # "same" (extra padding on the right and bottom) or "valid"
+        pads = []
+        for k, d in zip(reversed(m.kernel_size), reversed(m.dilation), strict=True):
+            total = 0 if m.padding == "valid" else d * (k - 1)
+            pads += [total // 2, total - total // 2]
+        return F.pad(a, pads), (0, 0)
+    return a, tuple(m.padding)
+
+
+def _flat(layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(a, g)`` as ``(B, T, in)`` and ``(B, T, out)``: a linear layer's rows, a convolution's
+    unfolded patches at each output position."""
+    m, a, g = layer.module, layer.inputs[0], layer.grad
+    b = a.shape[0]
+    if isinstance(m, nn.Linear):
+        return a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
+    a, padding = _padded(m, a)
+    u = F.unfold(a, m.kernel_size, dilation=m.dilation, padding=padding, stride=m.stride)
+    return u.transpose(1, 2), g.reshape(b, g.shape[1], -1).transpose(1, 2)
+
+
+def _weight_sq(layer: _Layer, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Squared norms of the per-example weight gradients ``sum_t g_t a_t^T`` (``a``: ``(B, T, in)``,
+    ``g``: ``(B, T, out)``), by the Gram matrices or by materialising, whichever costs less."""
+    t, n_in, n_out = a.shape[1], a.shape[2], g.shape[2]
+    if t == 1:
+        return a[:, 0].pow(2).sum(1) * g[:, 0].pow(2).sum(1)
+    if t * (n_in + n_out) < n_in * n_out:  # ghost norm: T^2 (in + out) < T in out
+        return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+    layer.materialised = torch.bmm(g.transpose(1, 2), a)  # (B, out, in)
+    return layer.materialised.pow(2).sum((1, 2))
+
+
+def _norm_affine(layer: _Layer) -> dict[str, torch.Tensor]:
+    """Per-example gradients of a GroupNorm's or LayerNorm's affine weight and bias, ``(B, C...)``."""
+    m, a, g = layer.module, layer.inputs[0], layer.grad
+    out: dict[str, torch.Tensor] = {}
+    b = a.shape[0]
+    if isinstance(m, nn.GroupNorm):
+        x_hat = F.group_norm(a, m.num_groups, None, None, m.eps)
+        dims = tuple(range(2, a.dim()))
+        if "weight" in layer.names:
+            out["weight"] = (g * x_hat).sum(dims) if dims else g * x_hat
+        if "bias" in layer.names:
+            out["bias"] = g.sum(dims) if dims else g
+        return out
+    shape = tuple(m.normalized_shape)
+    if "weight" in layer.names:
+        x_hat = F.layer_norm(a, shape, None, None, m.eps)
+        out["weight"] = (g * x_hat).reshape(b, -1, *shape).sum(1)
+    if "bias" in layer.names:
+        out["bias"] = g.reshape(b, -1, *shape).sum(1)
+    return out
+
+
+def _embedding_rows(layer: _Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An embedding's per-example gradient rows: ``(example of each row, token of each row, the
+    row: the sum of that example's output gradients at that token)``."""
+    m, idx, g = layer.module, layer.inputs[0], layer.grad
+    b, n = idx.shape[0], m.num_embeddings
+    idx = idx.reshape(b, -1)
+    g = g.reshape(b, idx.shape[1], -1)
+    keys = (torch.arange(b, device=idx.device)[:, None] * n + idx).flatten()
+    rows = g.reshape(-1, g.shape[-1])
+    if m.padding_idx is not None:  # the padding row receives no gradient
+        keep = idx.flatten() != m.padding_idx
+        keys, rows = keys[keep], rows[keep]
+    unique, inverse = torch.unique(keys, return_inverse=True)
+    summed = torch.zeros(len(unique), rows.shape[1], dtype=rows.dtype, device=rows.device)
+    summed.index_add_(0, inverse, rows)
+    return unique // n, unique % n, summed
+
+
+def _sq_norms(layer: _Layer, b: int) -> torch.Tensor:
+    """Squared norm of each example's gradient of this layer's trainable parameters."""
+    m, names = layer.module, layer.names
+    if isinstance(m, nn.Embedding):
+        example, _, summed = _embedding_rows(layer)
+        sq = torch.zeros(b, dtype=summed.dtype, device=summed.device)
+        return sq.index_add_(0, example, summed.pow(2).sum(1))
+    if isinstance(m, (nn.GroupNorm, nn.LayerNorm)):
+        return sum(v.reshape(b, -1).pow(2).sum(1) for v in _norm_affine(layer).values())
+    a, g = _flat(layer)
+    sq = _weight_sq(layer, a, g) if "weight" in names else 0
+    if "bias" in names:
+        sq = sq + g.sum(1).pow(2).sum(1)
+    return sq
+
+
+def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``sum_i c_i G_i`` of the layer's trainable parameters (book-kept from the stored tensors)."""
+    m, names = layer.module, layer.names
+    if layer.grad is None:
+        return {k: torch.zeros_like(getattr(m, k)) for k in names}
+    g = layer.grad
+    cg = g * c.to(g.dtype).view(-1, *([1] * (g.dim() - 1)))
+    out: dict[str, torch.Tensor] = {}
+    if isinstance(m, nn.Embedding):
+        flat = layer.inputs[0].flatten()
+        rows = cg.reshape(flat.shape[0], -1)
+        if m.padding_idx is not None:
+            keep = flat != m.padding_idx
+            flat, rows = flat[keep], rows[keep]
+        out["weight"] = torch.zeros_like(m.weight).index_add_(0, flat, rows)
+        return out
+    if isinstance(m, (nn.GroupNorm, nn.LayerNorm)):
+        layer.grad = cg
+        return {k: v.sum(0) for k, v in _norm_affine(layer).items()}
+    if "weight" in names:
+        if layer.materialised is not None:
+            w = torch.einsum("b,boi->oi", c.to(g.dtype), layer.materialised)
+        elif isinstance(m, nn.Linear):
+            w = cg.reshape(-1, cg.shape[-1]).T @ layer.inputs[0].reshape(-1, m.in_features)
+        else:
+            w = _conv_weight_grad(layer, cg)
+        out["weight"] = w.reshape(m.weight.shape)
+    if "bias" in names:
+        out["bias"] = (
+            cg.reshape(cg.shape[0], cg.shape[1], -1).sum((0, 2))
+            if isinstance(m, nn.Conv2d)
+            else cg.reshape(-1, cg.shape[-1]).sum(0)
+        )
+    return out
+
+
+def _conv_weight_grad(layer: _Layer, cg: torch.Tensor) -> torch.Tensor:
+    """A convolution's weight gradient for output gradients ``cg``, as plain training forms it."""
+    m = layer.module
+    a, padding = _padded(m, layer.inputs[0])
+    return torch.ops.aten.convolution_backward(
+        cg,
+        a,
+        m.weight.detach(),
+        None,
+        m.stride,
+        padding,
+        m.dilation,
+        False,
+        [0, 0],
+        1,
+        [False, True, False],
+    )[1]
+
+
+def _run(
+    model: nn.Module,
+    x: torch.Tensor,
+    example_losses: Callable[[torch.Tensor, slice], torch.Tensor],
+    norms: bool,
+) -> tuple[list[_Layer], torch.Tensor | None]:
+    """The pass, and each example's gradient norm where ``norms`` (unused layers add zero)."""
+    layers = _layers(model)
+    _forward_backward(model, x, example_losses, layers)
+    ran = [layer for layer in layers if layer.grad is not None]
+    if not norms:
+        return layers, None
+    b = x.shape[0]
+    if not ran:
+        return layers, torch.zeros(b, device=x.device)
+    return layers, sum(_sq_norms(layer, b) for layer in ran).sqrt()
+
+
+def per_example_norms(
+    model: nn.Module,
+    x: torch.Tensor,
+    example_losses: Callable[[torch.Tensor, slice], torch.Tensor],
+) -> torch.Tensor:
+    """``||g_i||`` over the trainable parameters for each example of ``x`` (``g_i``: the gradient
+    of ``example_losses(model(x), slice(None))[i]``), without forming the ``g_i``."""
+    return _run(model, x, example_losses, norms=True)[1]
+
+
+def clipped_sum(
+    model: nn.Module,
+    x: torch.Tensor,
+    example_losses: Callable[[torch.Tensor, slice], torch.Tensor],
+    clip: float,
+) -> dict[str, torch.Tensor]:
+    """``sum_i min(1, clip / ||g_i||) g_i`` over the trainable parameters, by name (``clip = inf``:
+    the plain sum). :class:`~privkit.trainers.stacked.UnsupportedModelError` for a model this
+    module does not cover (see the module's docstring)."""
+    if not clip > 0:
+        raise ValueError(f"clip must be > 0; found {clip}")
+    layers, norms = _run(model, x, example_losses, norms=not math.isinf(clip))
+    if norms is None:
+        factor = torch.ones(x.shape[0], device=x.device)
+    else:
+        factor = torch.clamp(clip / torch.clamp(norms, min=1e-12), max=1.0)
+    sums: dict[str, torch.Tensor] = {}
+    for layer in layers:
+        for k, v in _clipped(layer, factor).items():
+            sums[layer.names[k]] = v
+    order = [k for k, p in model.named_parameters() if p.requires_grad]
+    return {k: sums[k] for k in order}

@@ -1,0 +1,328 @@
+"""Book-keeping ghost clipping (privkit.mechanisms.ghost_clipping) against torch.func.
+
+For every layer it covers (linear on rows and on sequences, by the Gram matrices and by the
+materialised per-example gradient; convolutions of both kinds and their paddings; GroupNorm,
+LayerNorm, embeddings with repeated and padding tokens) and for whole models (a GroupNorm ResNet,
+a transformer block), the per-example norms and the flat-clipped sum equal ``torch.func``'s
+per-example gradients clipped by ``clip_per_sample`` (float64, clip norm between the examples'
+norms). A layer it does not cover raises ``UnsupportedModelError`` and ``clipped_gradient_sum``
+falls back to ``torch.func``.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privkit import mutations
+from privkit.mechanisms import ghost_clipping
+from privkit.trainers import dp_sgd_step
+from privkit.trainers.stacked import UnsupportedModelError
+
+
+def _loss(logits, y, _aux):
+    return F.cross_entropy(logits, y)
+
+
+def _example_losses(y):
+    return lambda logits, s: F.cross_entropy(logits, y[s], reduction="none")
+
+
+def _reference(model, x, y):
+    per = dp_sgd_step.per_sample_gradients(model, x, y, _loss)
+    norms = dp_sgd_step.clip_per_sample(per, 1.0)[1]
+    clip = norms.median().item()
+    clipped, _ = dp_sgd_step.clip_per_sample(per, clip)
+    assert (norms > clip * 1.01).any() and (norms < clip * 0.99).any()
+    return norms, clip, {k: g.sum(0) for k, g in clipped.items()}
+
+
+def _check(model, x, y):
+    model = model.double()
+    x = x.double() if x.is_floating_point() else x
+    norms, clip, want = _reference(model, x, y)
+    got_norms = ghost_clipping.per_example_norms(model, x, _example_losses(y))
+    torch.testing.assert_close(got_norms, norms, rtol=1e-10, atol=1e-12)
+    got = ghost_clipping.clipped_sum(model, x, _example_losses(y), clip)
+    assert list(got) == list(want)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-10, atol=1e-12, msg=k)
+    return got
+
+
+class Seq(nn.Module):
+    """A linear layer over a sequence, mean-pooled to logits."""
+
+    def __init__(self, d_in, d_out, classes=3):
+        super().__init__()
+        self.lin = nn.Linear(d_in, d_out)
+        self.head = nn.Linear(d_out, classes)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.lin(x)).mean(1))
+
+
+@pytest.mark.parametrize(
+    "t, d_in, d_out",
+    [(1, 5, 4), (3, 16, 16), (12, 3, 4)],  # one position, materialised, Gram matrices
+)
+def test_linear_rows_and_sequences(t, d_in, d_out):
+    torch.manual_seed(0)
+    _check(Seq(d_in, d_out), torch.randn(7, t, d_in), torch.randint(0, 3, (7,)))
+
+
+def test_linear_with_frozen_weight_and_no_bias():
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(6, 5, bias=False), nn.ReLU(), nn.Linear(5, 3))
+    model[2].weight.requires_grad_(False)
+    got = _check(model, torch.randn(8, 6), torch.randint(0, 3, (8,)))
+    assert set(got) == {"0.weight", "2.bias"}
+
+
+class Conv(nn.Module):
+    def __init__(self, conv, size):
+        super().__init__()
+        self.conv = conv
+        with torch.no_grad():
+            n = conv(torch.zeros(1, conv.in_channels, size, size)).numel()
+        self.head = nn.Linear(n, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.conv(x)).flatten(1))
+
+
+@pytest.mark.parametrize(
+    "conv, size",
+    [
+        (nn.Conv2d(2, 3, 3, padding=1), 6),  # few channels, large map: materialised
+        (nn.Conv2d(8, 8, 3, padding=1, bias=False), 2),  # many channels, small map: ghost
+        (nn.Conv2d(2, 4, (3, 2), stride=2, dilation=(1, 2), padding=(1, 0)), 7),
+        (nn.Conv2d(2, 3, 4, padding="same"), 5),  # asymmetric "same" padding
+        (nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect"), 5),
+    ],
+)
+def test_conv2d(conv, size):
+    torch.manual_seed(2)
+    _check(
+        Conv(conv, size), torch.randn(6, conv.in_channels, size, size), torch.randint(0, 3, (6,))
+    )
+
+
+def test_group_norm_and_layer_norm():
+    torch.manual_seed(3)
+    model = nn.Sequential(
+        nn.Conv2d(2, 4, 3),
+        nn.GroupNorm(2, 4),
+        nn.Flatten(),
+        nn.LayerNorm(36),
+        nn.Linear(36, 4),
+        nn.LayerNorm(4, bias=False),
+        nn.Linear(4, 3),
+    )
+    for m in model:  # non-trivial affine parameters
+        if isinstance(m, (nn.GroupNorm, nn.LayerNorm)):
+            nn.init.normal_(m.weight, 1.0, 0.3)
+            if m.bias is not None:
+                nn.init.normal_(m.bias, 0.0, 0.3)
+    _check(model, torch.randn(7, 2, 5, 5), torch.randint(0, 3, (7,)))
+
+
+class Bag(nn.Module):
+    def __init__(self, padding_idx=None):
+        super().__init__()
+        self.emb = nn.Embedding(6, 4, padding_idx=padding_idx)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, idx):
+        return self.head(torch.tanh(self.emb(idx)).sum(1))
+
+
+@pytest.mark.parametrize("padding_idx", [None, 0])
+def test_embedding_with_repeated_and_padding_tokens(padding_idx):
+    torch.manual_seed(4)
+    idx = torch.randint(0, 6, (9, 7))
+    idx[0] = 2  # one token repeated throughout
+    idx[1, :3] = 0
+    _check(Bag(padding_idx), idx, torch.randint(0, 3, (9,)))
+
+
+class Block(nn.Module):
+    """GroupNorm residual block (ResNet-18's basic block, GroupNorm for BatchNorm)."""
+
+    def __init__(self, c_in, c_out, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.gn1 = nn.GroupNorm(2, c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.gn2 = nn.GroupNorm(2, c_out)
+        self.relu = nn.ReLU(inplace=True)
+        self.short = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.short = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.GroupNorm(2, c_out)
+            )
+
+    def forward(self, x):
+        out = self.relu(self.gn1(self.conv1(x)))
+        out = self.gn2(self.conv2(out))
+        out += self.short(x)
+        return self.relu(out)
+
+
+def small_resnet(width=4, classes=3):
+    return nn.Sequential(
+        nn.Conv2d(3, width, 3, 1, 1, bias=False),
+        nn.GroupNorm(2, width),
+        nn.ReLU(inplace=True),
+        Block(width, width, 1),
+        Block(width, 2 * width, 2),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(2 * width, classes),
+    )
+
+
+def test_group_norm_resnet_with_inplace_activations():
+    torch.manual_seed(5)
+    _check(small_resnet(), torch.randn(6, 3, 8, 8), torch.randint(0, 3, (6,)))
+
+
+class TinyTransformer(nn.Module):
+    """Token and position embeddings, one pre-norm block (attention by nn.Linear q/k/v/out, MLP)."""
+
+    def __init__(self, vocab=11, d=8, heads=2, length=5, classes=3):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(length, d)
+        self.ln1, self.ln2, self.ln3 = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.head = nn.Linear(d, classes)
+        self.heads = heads
+
+    def forward(self, idx):
+        b, t = idx.shape
+        h = self.tok(idx) + self.pos(torch.arange(t).expand(b, t))
+        z = self.ln1(h)
+
+        def split(u):
+            return u.view(b, t, self.heads, -1).transpose(1, 2)
+
+        att = F.scaled_dot_product_attention(split(self.q(z)), split(self.k(z)), split(self.v(z)))
+        h = h + self.o(att.transpose(1, 2).reshape(b, t, -1))
+        h = h + self.mlp(self.ln2(h))
+        return self.head(self.ln3(h).mean(1))
+
+
+def test_transformer_block():
+    torch.manual_seed(6)
+    _check(TinyTransformer(), torch.randint(0, 11, (7, 5)), torch.randint(0, 3, (7,)))
+
+
+def test_clipping_off_is_the_plain_sum_and_dp_sgd_takes_this_path(monkeypatch):
+    """``clip = inf`` (an audit's clipping-off mutation) sums the raw gradients; a DP-SGD step of a
+    model outside privkit's own layers runs here, not through torch.func."""
+    torch.manual_seed(7)
+    model = small_resnet().double()
+    x, y = torch.randn(5, 3, 8, 8, dtype=torch.float64), torch.randint(0, 3, (5,))
+    per = dp_sgd_step.per_sample_gradients(model, x, y, _loss)
+    got = ghost_clipping.clipped_sum(model, x, _example_losses(y), math.inf)
+    for k, g in per.items():
+        torch.testing.assert_close(got[k], g.sum(0), rtol=1e-10, atol=1e-12)
+    monkeypatch.setattr(dp_sgd_step, "per_sample_gradients", None)  # no torch.func fallback
+    step = dp_sgd_step.DpSgdStep(0.1, 0.0, 0.5, 10)
+    with mutations.mutated(mutations.Mutation(clipping=False)):
+        noisy = step.noisy_gradient(model, x, y, _loss, torch.Generator().manual_seed(0))
+    for k, g in per.items():
+        torch.testing.assert_close(noisy[k], g.sum(0) / 5, rtol=1e-10, atol=1e-12)
+
+
+class Twice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.lin(torch.tanh(self.lin(x)))
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(5, 3)
+        self.out = nn.Linear(3, 5, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, idx):
+        return self.out(self.emb(idx).mean(1))
+
+
+class Broadcast(nn.Module):
+    """A positional embedding of arange(T) added to every example: not batch-first."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(5, 3), nn.Embedding(4, 3)
+
+    def forward(self, idx):
+        return (self.tok(idx) + self.pos(torch.arange(idx.shape[1]))).mean(1)
+
+
+@pytest.mark.parametrize(
+    "model, x",
+    [
+        (
+            nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.Flatten()),
+            torch.randn(6, 2, 3, 3),
+        ),
+        (nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.BatchNorm1d(3)), torch.randn(6, 4)),
+        (Twice(), torch.randn(6, 3)),
+        (Tied(), torch.randint(0, 5, (6, 4))),
+        (Broadcast(), torch.randint(0, 5, (6, 4))),
+        (nn.Sequential(nn.Conv2d(2, 2, 1, groups=2), nn.Flatten()), torch.randn(6, 2, 1, 1)),
+    ],
+    ids=["batchnorm2d", "batchnorm1d", "twice", "tied", "broadcast", "grouped"],
+)
+def test_unsupported_layers_are_refused(model, x):
+    y = torch.randint(0, 3, (6,))
+    with pytest.raises(UnsupportedModelError):
+        ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
+
+
+class Recurrent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(3, 4, batch_first=True)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.lstm(x)[0][:, -1])
+
+
+class Scaled(nn.Module):
+    """A Conv1d and a bare trainable parameter: outside ghost clipping, inside torch.func."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(2, 3, 2)
+        self.scale = nn.Parameter(torch.tensor([1.5, 0.5, 1.0]))
+        self.head = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.conv(x)).mean(2) * self.scale)
+
+
+def test_layers_outside_fall_back_to_torch_func():
+    torch.manual_seed(8)
+    y = torch.randint(0, 3, (6,))
+    with pytest.raises(UnsupportedModelError, match="LSTM"):
+        ghost_clipping.clipped_sum(Recurrent(), torch.randn(6, 4, 3), _example_losses(y), 1.0)
+    model = Scaled().double()
+    x = torch.randn(6, 2, 5, dtype=torch.float64)
+    with pytest.raises(UnsupportedModelError, match="Scaled are not covered"):
+        ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
+    _, clip, want = _reference(model, x, y)
+    got = dp_sgd_step.clipped_gradient_sum(model, x, y, _loss, clip)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k])
