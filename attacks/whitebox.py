@@ -299,6 +299,11 @@ class GradientCanaries:
         self._step_counts = np.zeros(self.n, dtype=np.int64)
         self._appear_rows: list[np.ndarray] = []
 
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_layouts", None)  # index tensors cached per device (:class:`_Layout`)
+        return state
+
     @classmethod
     def for_parameters(cls, params: Sequence[torch.Tensor], n: int, **kwargs) -> GradientCanaries:
         """Canaries over the trainable tensors ``params`` (their total number of entries)."""
@@ -421,11 +426,9 @@ class GradientCanaries:
         return out
 
     # ------------------------------------------------------------------ canaries at the mechanism
-    def vector(self, weights: torch.Tensor | np.ndarray) -> torch.Tensor:
-        """``sum_k weights_k u_k`` over the included canaries (``weights`` in :attr:`included_ids`
-        order): what the included canaries add to a mechanism's sum once the mechanism has sampled
-        them (weight 0) and clipped their raw gradients of norm :attr:`raw_norm`. A flat float32
-        tensor of ``dim`` entries on the CPU."""
+    def _weights(self, weights: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """``weights`` (one per included canary) spread over all ``n`` canaries (0 elsewhere);
+        counts each canary with a positive weight as appearing in this step."""
         w = torch.as_tensor(np.asarray(weights, dtype=np.float32)).reshape(-1)
         if w.numel() != self.included_ids.size:
             raise ValueError(
@@ -435,14 +438,68 @@ class GradientCanaries:
         full = torch.zeros(self.n)
         full[torch.as_tensor(self.included_ids, dtype=torch.long)] = w
         self.appearances += full.numpy() > 0
-        return self._direction_sum(full)
+        return full
 
-    def observe(self, released: TensorLike, clean: TensorLike | None = None) -> None:
+    def vector(self, weights: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """``sum_k weights_k u_k`` over the included canaries (``weights`` in :attr:`included_ids`
+        order): what the included canaries add to a mechanism's sum once the mechanism has sampled
+        them (weight 0) and clipped their raw gradients of norm :attr:`raw_norm`. A flat float32
+        tensor of ``dim`` entries on the CPU. A loop's step should use :meth:`add_to` (Dirac
+        canaries touch only their own coordinates there); this dense form is kept for callers
+        that want the whole vector."""
+        return self._direction_sum(self._weights(weights))
+
+    def sparse_addition(
+        self, weights: torch.Tensor | np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What :meth:`vector` adds, as ``(flat coordinates, values)``: int64 and float32 CPU
+        tensors, one entry per canary with a nonzero weight (Dirac canaries; distinct
+        coordinates, in canary order). Random directions touch every coordinate: all ``dim``
+        coordinates and :meth:`vector`'s values."""
+        full = self._weights(weights)
+        if self._u is not None:
+            return torch.arange(self.dim), self._direction_sum(full)
+        nz = full != 0
+        return self._coords[nz], full[nz].to(torch.float32)
+
+    def add_to(
+        self, tensors: Sequence[torch.Tensor], weights: torch.Tensor | np.ndarray
+    ) -> list[torch.Tensor]:
+        """``tensors`` (the flattened parameters' order, ``dim`` entries in all, any device) plus
+        what :meth:`vector` gives for ``weights``, computed only where the canaries add: a tensor
+        no sampled canary touches comes back as itself, a touched one as a new tensor (the given
+        ones are never modified) with :meth:`sparse_addition`'s values added at its own offsets,
+        on its device (equal to ``t + vector(weights)[slice].to(t)``)."""
+        tensors = list(tensors)
+        idx, val = self.sparse_addition(weights)
+        layout = _Layout.of(self, tuple(int(t.numel()) for t in tensors))
+        if not idx.numel():
+            return tensors
+        idx_np = idx.numpy()
+        which = np.searchsorted(layout.ends, idx_np, side="right")
+        for j in np.unique(which):
+            sel = which == j
+            t = tensors[int(j)]
+            local = torch.as_tensor(idx_np[sel] - layout.starts[j]).to(t.device)
+            flat = (t.clone() if t.is_contiguous() else t.contiguous()).view(-1)
+            v = val[torch.as_tensor(sel)].to(device=t.device, dtype=t.dtype)
+            tensors[int(j)] = flat.index_add_(0, local, v).view(t.shape)
+        return tensors
+
+    def observe(
+        self, released: TensorLike, clean: TensorLike | None = None, *, scale: float = 1.0
+    ) -> None:
         """Score this step from the released sum (clean sum + canaries + noise).
 
         After :meth:`inject` the clean sum is the one it was given. A mechanism that adds the
-        canaries itself (:meth:`vector`) passes ``clean``, the other records' sum before the
-        canaries and the noise (ignored with ``know_batch=False``).
+        canaries itself (:meth:`vector`, :meth:`add_to`) passes ``clean``, the other records' sum
+        before the canaries and the noise (ignored with ``know_batch=False``). ``scale``
+        multiplies the released tensors first (as ``[t * scale for t in released]`` would).
+
+        Dirac canaries read the release where it lies: only their own and the witnesses'
+        coordinates are gathered (on the tensors' device) and copied to the host; the noise scale
+        along the other coordinates (without canary records) is one sum of squares reduced on
+        the device. Random directions project the whole release (on the host).
         """
         records = self.records_state is not None
         # the noise's witnesses: where the auditor injects the canaries itself, or canary records
@@ -453,28 +510,80 @@ class GradientCanaries:
         elif clean is None or not (self.know_batch or records):
             base = None
         else:
-            base = _flat(clean).detach()
-        r = _flat(released).detach().to(device="cpu", dtype=torch.float64)
-        if r.numel() != self.dim:
-            raise ValueError(
-                f"the released sum must have dim = {self.dim} entries; found {r.numel()}"
-            )
-        if base is not None:
-            r = r - base.to(device="cpu", dtype=torch.float64)
-        elif not records:  # canary records keep their coordinates clean: always known there
+            base = clean
+        if base is None and not records:  # canary records keep their coordinates clean
             self._clean_known = False
-        r = r / self.clip_norm
-        x = self._project(r)
+        if self._u is None:
+            x, wit, ss_all = self._observe_sparse(released, base, scale, dense=not records)
+        else:
+            x, wit, ss_all = self._observe_dense(released, base, scale)
         self._proj.append(x)
-        ss, dof = self._records_noise_part(r, x) if records else self._noise_part(r, x)
+        if records:
+            exc = x[~self.included]
+            ss, dof = float(np.square(exc).sum() + np.square(wit).sum()), int(exc.size + wit.size)
+        else:
+            ss, dof = self._noise_part(ss_all, x)
         self._noise_ss.append(ss)
         self._noise_dof.append(dof)
         if records:
             self._appear_rows.append(self._step_counts.copy())
             self._step_counts[:] = 0
         if witness and self._witness.size and (records or base is not None):
-            self._witness_rows.append(r[torch.as_tensor(self._witness)].numpy().copy())
+            self._witness_rows.append(wit.copy())
         self._clean, self._pending = None, False
+
+    def _observe_dense(
+        self, released: TensorLike, base: TensorLike | None, scale: float
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """Projections, witnesses and sum of squares of the whole release, on the host."""
+        r = _flat(released).detach()
+        if scale != 1.0:
+            r = r * scale
+        r = r.to(device="cpu", dtype=torch.float64)
+        if r.numel() != self.dim:
+            raise ValueError(
+                f"the released sum must have dim = {self.dim} entries; found {r.numel()}"
+            )
+        if base is not None:
+            r = r - _flat(base).detach().to(device="cpu", dtype=torch.float64)
+        r = r / self.clip_norm
+        wit = r[torch.as_tensor(self._witness)].numpy() if self._witness.size else np.zeros(0)
+        return self._project(r), wit, float(r.pow(2).sum())
+
+    def _observe_sparse(
+        self, released: TensorLike, base: TensorLike | None, scale: float, dense: bool
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """As :meth:`_observe_dense` for Dirac canaries, reading only the reserved coordinates
+        (and, with ``dense``, one sum of squares reduced on the device)."""
+        rel = [t.detach().reshape(-1) for t in _pieces(released)]
+        sizes = tuple(int(t.numel()) for t in rel)
+        if sum(sizes) != self.dim:
+            raise ValueError(
+                f"the released sum must have dim = {self.dim} entries; found {sum(sizes)}"
+            )
+        ref = None
+        if base is not None:
+            ref = [t.detach().reshape(-1) for t in _pieces(base)]
+            if tuple(int(t.numel()) for t in ref) != sizes:
+                ref = list(_flat(base).detach().split(sizes))
+        layout = _Layout.of(self, sizes)
+        r = layout.gather(rel, scale).to(device="cpu", dtype=torch.float64)
+        if ref is not None:
+            r = r - layout.gather(ref).to(device="cpu", dtype=torch.float64)
+        r = r / self.clip_norm
+        x = r[torch.as_tensor(layout.at_coords)].numpy().copy()
+        wit = r[torch.as_tensor(layout.at_witness)].numpy().copy()
+        ss = 0.0
+        if dense:
+            total = None
+            for j, t in enumerate(rel):
+                v = (t * scale if scale != 1.0 else t).to(torch.float64)
+                if ref is not None:
+                    v = v - ref[j].to(device=v.device, dtype=torch.float64)
+                part = (v / self.clip_norm).pow(2).sum()
+                total = part if total is None else total + part.to(total.device)
+            ss = float(total) if total is not None else 0.0
+        return x, wit, ss
 
     # ------------------------------------------------------------------ scores and the audit
     def claim(self, steps: int | None = None) -> MechanismClaim:
@@ -698,25 +807,62 @@ class GradientCanaries:
             return r[self._coords].numpy().copy()
         return (self._u.to(torch.float64) @ r).numpy()
 
-    def _records_noise_part(self, r: torch.Tensor, x: np.ndarray) -> tuple[float, int]:
-        """Canary records: only the reserved coordinates are clean (the other records' gradients
-        are zeroed there), so the noise is measured on the excluded canaries' and the witnesses'."""
-        exc = x[~self.included]
-        wit = r[torch.as_tensor(self._witness)].numpy() if self._witness.size else np.zeros(0)
-        return float(np.square(exc).sum() + np.square(wit).sum()), int(exc.size + wit.size)
-
-    def _noise_part(self, r: torch.Tensor, x: np.ndarray) -> tuple[float, int]:
-        """Sum of squares and count of the components no included canary touches: every
-        coordinate but the included Dirac canaries'; for random directions, the excluded
-        canaries' components (cross-talk from included ones only inflates them: conservative)."""
+    def _noise_part(self, ss: float, x: np.ndarray) -> tuple[float, int]:
+        """Sum of squares and count of the components no included canary touches (``ss``: the
+        whole release's sum of squares): every coordinate but the included Dirac canaries'; for
+        random directions, the excluded canaries' components (cross-talk from included ones only
+        inflates them: conservative)."""
         if self._u is None:
             inc = x[self.included]
             # float rounding can leave a tiny negative difference when there is no noise at all
-            return max(0.0, float(r.pow(2).sum()) - float(np.square(inc).sum())), self.dim - int(
-                self.included.sum()
-            )
+            return max(0.0, ss - float(np.square(inc).sum())), self.dim - int(self.included.sum())
         exc = x[~self.included]
         return float(np.square(exc).sum()), int(exc.size)
+
+
+def _pieces(tensors: TensorLike) -> list[torch.Tensor]:
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+
+class _Layout:
+    """Where the reserved coordinates (every canary's and the witnesses', sorted) lie in a list
+    of tensors of the given sizes: which tensors hold any, at which offsets (index tensors cached
+    per device), and where each canary's and each witness's value lands in the gathered vector."""
+
+    def __init__(self, canaries: GradientCanaries, sizes: tuple[int, ...]):
+        dirac = canaries._u is None
+        needed = canaries.reserved_coordinates if dirac else np.zeros(0, dtype=np.int64)
+        self.ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
+        self.starts = self.ends - np.asarray(sizes, dtype=np.int64)
+        which = np.searchsorted(self.ends, needed, side="right")
+        self.parts = [(int(j), needed[which == j] - self.starts[j]) for j in np.unique(which)]
+        self.at_coords = np.searchsorted(needed, canaries._coords.numpy()) if dirac else needed
+        self.at_witness = np.searchsorted(needed, canaries._witness)
+        self._index: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    @classmethod
+    def of(cls, canaries: GradientCanaries, sizes: tuple[int, ...]) -> _Layout:
+        cache = canaries.__dict__.setdefault("_layouts", {})
+        if sizes not in cache:
+            if sum(sizes) != canaries.dim:
+                raise ValueError(
+                    f"the tensors must have dim = {canaries.dim} entries; found {sum(sizes)}"
+                )
+            cache[sizes] = cls(canaries, sizes)
+        return cache[sizes]
+
+    def gather(self, flats: list[torch.Tensor], scale: float = 1.0) -> torch.Tensor:
+        """The values at the reserved coordinates (sorted), on the first touched tensor's device."""
+        out = []
+        for j, local in self.parts:
+            t = flats[j]
+            key = (j, t.device)
+            if key not in self._index:
+                self._index[key] = torch.as_tensor(local, dtype=torch.long).to(t.device)
+            v = t.index_select(0, self._index[key])
+            out.append(v * scale if scale != 1.0 else v)
+        dev = out[0].device
+        return torch.cat([v.to(dev) for v in out])
 
 
 @dataclass

@@ -251,15 +251,8 @@ class DpSgdStep:
         sampled = source.mask(len(ids), rate=self.sample_rate).to(torch.float32)
         raw = torch.full((len(ids),), canaries.raw_norm)
         weights = sampled * self.clip_factor(raw) * raw
-        add = canaries.vector(weights)
-        out, at = dict(total), 0
-        for k in names:
-            t = total[k]
-            out[k] = t + add[at : at + t.numel()].reshape(t.shape).to(
-                device=t.device, dtype=t.dtype
-            )
-            at += t.numel()
-        return out
+        # only the sampled canaries' coordinates, on the tensors' device (no dense vector)
+        return {**total, **dict(zip(names, canaries.add_to([total[k] for k in names], weights)))}
 
     def probes(self, model: nn.Module, client: int, label: str = "dp-sgd"):
         """The audit canaries this step must take for ``client``'s mechanism ``label`` (``None``

@@ -1,0 +1,214 @@
+"""Gradient canaries touch only their own coordinates (issue 32, item 2): what a step adds for them
+(:meth:`GradientCanaries.add_to`) and what they observe (``observe``'s gather of the reserved
+coordinates) equal the dense path's (``vector`` added everywhere, the whole release on the host),
+and DP-SGD released gradients, evidence and audit verdicts on seeds are the same either way."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from accountants import dpsgd_epsilon
+from attacks.whitebox import GradientCanaries
+from privkit.dp_random import DpRandom
+from privkit.trainers.dp_sgd_step import DpSgdStep
+
+SHAPES = [(7, 5), (5,), (3, 4, 2), (1,), (40,)]
+DIM = sum(int(np.prod(s)) for s in SHAPES)
+
+
+def _tensors(seed: int, dtype=torch.float32) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g, dtype=dtype) for s in SHAPES]
+
+
+def _canaries(kind="dirac", n=30, **kw) -> GradientCanaries:
+    kw = {"clip_norm": 1.5, "sample_rate": 0.5, "noise_multiplier": 1.0, "seed": 4, **kw}
+    return GradientCanaries(DIM, n, kind=kind, witness=kw.pop("witness", 25), **kw)
+
+
+def _dense(can: GradientCanaries) -> GradientCanaries:
+    """``can`` observing through the dense path (the whole release on the host), as before."""
+
+    def dense(released, base, scale, dense):
+        return can._observe_dense(released, base, scale)
+
+    can._observe_sparse = dense
+    return can
+
+
+@pytest.mark.parametrize("kind", ["dirac", "random"])
+def test_add_to_equals_the_dense_vector_added_everywhere(kind):
+    a, b = _canaries(kind), _canaries(kind)
+    tensors = _tensors(0)
+    tensors[2] = tensors[2].transpose(0, 2)  # a non-contiguous parameter
+    before = [t.clone() for t in tensors]
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        w = rng.uniform(0, 2, a.included_ids.size) * (rng.random(a.included_ids.size) < 0.3)
+        got = a.add_to(tensors, w)
+        vec, at, want = b.vector(w), 0, []
+        for t in tensors:
+            want.append(t + vec[at : at + t.numel()].reshape(t.shape).to(t))
+            at += t.numel()
+        for g, x, t in zip(got, want, tensors):
+            assert torch.equal(g, x)
+            if kind == "dirac" and torch.equal(x, t):  # untouched: the tensor itself
+                assert g is t
+        np.testing.assert_array_equal(a.appearances, b.appearances)
+    for t, t0 in zip(tensors, before):
+        assert torch.equal(t, t0)  # the given tensors are never modified
+
+
+def test_sparse_addition_is_the_vector_s_support():
+    a, b = _canaries(), _canaries()
+    w = np.zeros(a.included_ids.size)
+    w[::3] = 0.75
+    idx, val = a.sparse_addition(w)
+    dense = torch.zeros(DIM)
+    dense[idx] = val
+    assert torch.equal(dense, b.vector(w))
+    assert idx.numel() == int((w != 0).sum()) and idx.dtype == torch.long
+    with pytest.raises(ValueError, match="one entry per included canary"):
+        a.sparse_addition(np.ones(3))
+
+
+@pytest.mark.parametrize("know_batch", [True, False])
+@pytest.mark.parametrize("clean", ["list", "flat", "none"])
+@pytest.mark.parametrize("scale", [1.0, 2.5])
+@pytest.mark.parametrize("records", [False, True])
+def test_sparse_observation_equals_the_dense_one(know_batch, clean, scale, records):
+    sparse, dense = _canaries(know_batch=know_batch), _dense(_canaries(know_batch=know_batch))
+    for c in (sparse, dense):
+        if records:  # canary records: only the reserved coordinates are scored
+            c.records_state = object()
+    for step in range(4):
+        released = _tensors(10 + step)
+        base = _tensors(20 + step)
+        given = {"list": base, "flat": torch.cat([t.reshape(-1) for t in base]), "none": None}
+        for c in (sparse, dense):
+            c.observe(released, clean=given[clean], scale=scale)
+    for key in ("_proj", "_witness_rows"):
+        got, want = getattr(sparse, key), getattr(dense, key)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)  # the same floats: gathered, then the same ops
+    np.testing.assert_allclose(sparse._noise_ss, dense._noise_ss, rtol=1e-12)
+    assert sparse._noise_dof == dense._noise_dof
+    assert sparse._clean_known == dense._clean_known
+
+
+def test_inject_then_sparse_observe_equals_the_dense_one():
+    sparse, dense = _canaries(), _dense(_canaries())
+    for step in range(4):
+        summed = _tensors(30 + step)
+        noise = _tensors(40 + step)
+        for c in (sparse, dense):
+            out = c.inject(summed)
+            c.observe([o + z for o, z in zip(out, noise)])
+    for g, w in zip(sparse._proj + sparse._witness_rows, dense._proj + dense._witness_rows):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_allclose(sparse._noise_ss, dense._noise_ss, rtol=1e-12)
+
+
+def test_observe_checks_the_release_s_size():
+    with pytest.raises(ValueError, match="dim = "):
+        _canaries().observe(_tensors(0)[:-1])
+
+
+def test_cached_layouts_are_not_pickled():
+    import pickle
+
+    c = _canaries()
+    c.observe(_tensors(0), clean=_tensors(1))
+    assert c._layouts
+    back = pickle.loads(pickle.dumps(c))
+    assert "_layouts" not in back.__dict__
+    back.observe(_tensors(2), clean=_tensors(3))
+    c.observe(_tensors(2), clean=_tensors(3))
+    np.testing.assert_array_equal(back._proj[-1], c._proj[-1])
+
+
+# ------------------------------------------------------------------ DP-SGD: the step as before
+def _dense_with_canaries(self, total, names, canaries, source):
+    """``DpSgdStep._with_canaries`` before sparse canaries: the dense vector added everywhere."""
+    ids = canaries.included_ids
+    sampled = source.mask(len(ids), rate=self.sample_rate).to(torch.float32)
+    raw = torch.full((len(ids),), canaries.raw_norm)
+    add = canaries.vector(sampled * self.clip_factor(raw) * raw)
+    out, at = dict(total), 0
+    for k in names:
+        t = total[k]
+        out[k] = t + add[at : at + t.numel()].reshape(t.shape).to(device=t.device, dtype=t.dtype)
+        at += t.numel()
+    return out
+
+
+def _loss(logits, target, aux):
+    return F.cross_entropy(logits, target)
+
+
+def _train(sigma, claimed, seed, *, dense, release=False, steps=40, q=0.05):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 3, (256,), generator=g)
+    x = torch.randn(256, 12, generator=g) + y[:, None].float()
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    step = DpSgdStep(clip_norm=1.0, noise_multiplier=sigma, sample_rate=q, dataset_size=len(y))
+    can = GradientCanaries.for_parameters(
+        list(model.parameters()),
+        300,
+        clip_norm=1.0,
+        sample_rate=q,
+        noise_multiplier=claimed,
+        seed=seed,
+    )
+    if dense:
+        _dense(can)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    gen = torch.Generator().manual_seed(seed + 1)
+    if release:  # the release stream: the grid's noise from a fixed AES key
+        from privkit.dp_random import aes_generator
+
+        noise = DpRandom(aes_generator(key=seed + 2))
+    else:
+        noise = torch.Generator().manual_seed(seed + 2)
+    grads = []
+    for _ in range(steps):
+        b = step.sample(gen)
+        got = step.noisy_gradient(model, x[b], y[b], _loss, noise, canaries=can)
+        grads.append({k: v.clone() for k, v in got.items()})
+        for k, p in model.named_parameters():
+            p.grad = got[k]
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return can, grads
+
+
+@pytest.mark.parametrize("release", [False, True])
+def test_dp_sgd_step_releases_and_audits_exactly_as_the_dense_path(monkeypatch, release):
+    claimed = 1.5
+    eps = dpsgd_epsilon(0.05, claimed, 40, 1e-5, accountant="pld")
+    verdicts = []
+    for sigma in (0.0, claimed):
+        for seed in range(2):
+            can, grads = _train(sigma, claimed, seed, dense=False, release=release)
+            with monkeypatch.context() as m:
+                m.setattr(DpSgdStep, "_with_canaries", _dense_with_canaries)
+                old, old_grads = _train(sigma, claimed, seed, dense=True, release=release)
+            for g, o in zip(grads, old_grads):
+                assert all(torch.equal(g[k], o[k]) for k in g)
+            new_ev, old_ev = can.evidence(), old.evidence()
+            np.testing.assert_array_equal(new_ev.projections, old_ev.projections)
+            np.testing.assert_allclose(
+                new_ev.noise_squares, old_ev.noise_squares, rtol=1e-12, atol=1e-10
+            )
+            np.testing.assert_array_equal(can.appearances, old.appearances)
+            a = can.audit(accounted_epsilon=eps, delta=1e-5)
+            b = old.audit(accounted_epsilon=eps, delta=1e-5)
+            assert a.verdict == b.verdict
+            assert a.conformance.verdict == b.conformance.verdict
+            assert a.epsilon_lower_bound == b.epsilon_lower_bound
+            verdicts.append(a.verdict)
+    if not release:  # the positive control is caught, the correct step is not
+        assert verdicts == ["violation", "violation", "consistent", "consistent"]
