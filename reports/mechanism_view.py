@@ -14,7 +14,13 @@ TESTS = (
     "releases, the noise scale and the influence of one record (sampling rate x clip or "
     "sensitivity) against the ledger, plus a model-free one-run lower bound on epsilon"
 )
-BASIS = {"mechanism": "mechanism audit", "black-box": "black-box audit"}
+BASIS = {
+    "mechanism": "mechanism audit",
+    "black-box": "black-box audit",
+    "canary-clients": "canary-client audit (client-level)",
+    "canary-records": "canary-record audit (record-level)",
+    "canaries": "white-box canary audit",
+}
 
 
 def _fmt(x: float | None) -> str:

@@ -392,10 +392,14 @@ class MethodReport(_Strict):
     privacy: PrivacyAccounting | None = None
     audit: AuditSummary | None = None
     verdict: Verdict | None = None
-    verdict_basis: Literal["mechanism", "black-box"] | None = Field(
+    verdict_basis: (
+        Literal["mechanism", "black-box", "canary-clients", "canary-records", "canaries"] | None
+    ) = Field(
         default=None,
         description="the audit the verdict rests on: the white-box mechanism audit "
-        "of the correct twin, or the black-box membership audit",
+        "of the correct twin, the black-box membership audit, or a Flower run's white-box audit "
+        "by canary clients (client-level), canary records (record-level) or canaries of an "
+        "unstated level",
     )
     mechanism_controls: MechanismControls | None = Field(
         default=None,

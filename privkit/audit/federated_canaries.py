@@ -9,9 +9,13 @@ canaries are scored from the released (global) model and the one-run bound over 
 is checked against that client's record-level epsilon in the canary run's own ledger (adding
 records to a client can change what its mechanisms account, e.g. a sampling rate).
 
-Client-level claims: privkit's ledgers are record-level (each entry protects one record of one
-client; DP-FedAvg here runs record-level DP-SGD on every client), so no method makes a claim that
-canary *clients* could test. This module offers record canaries only.
+Client-level claims: the ledgers of privkit's methods are record-level (each entry protects one
+record of one client; ``dp-fedavg`` runs record-level DP-SGD on every client) except those
+registered with ``level="client"`` (``dp-fedavg-client``, McMahan et al.'s client-level DP-FedAvg),
+whose per-client epsilon protects a client's whole data. A record canary does not test that claim
+(a record's guarantee there is the client's replace-one one, not the ledger's add/remove epsilon),
+so :func:`audit_client_canaries` refuses such a method; canary *clients* test client-level claims
+(:class:`privkit.flower.CanaryClients` on a Flower federation).
 """
 
 from __future__ import annotations
@@ -83,8 +87,14 @@ def audit_client_canaries(
     from attacks.canaries import ONE_SIDED_GUESSES, canary_scores, make_canaries
     from attacks.experiment import stream, stream_seeds
     from attacks.recipe import torch_logits
+    from privkit.methods import get_trainer
     from privkit.trainers import train
 
+    if get_trainer(method).level != "record":
+        raise PrivkitError(
+            f"method must make a record-level claim for canary records; found {method!r}, whose "
+            "ledger is client-level (audit it with canary clients)"
+        )
     if client is None:
         client = int(np.argmax([len(c) for c in federation.clients]))
     if not 0 <= client < federation.num_clients:

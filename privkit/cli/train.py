@@ -29,7 +29,8 @@ _FILE_KEYS = {"method", "seed", "engine", "federation", "trainer"}
 
 
 def list_methods() -> list[dict[str, Any]]:
-    """Every registered method with its summary, paper, formal_dp flag, defaults and quick overrides."""
+    """Every registered method with its summary, paper, formal_dp flag, claim level (``record``:
+    per record of a client, ``client``: a client's whole data), defaults and quick overrides."""
     from privkit.methods import REGISTRY  # torch-free: configs and metadata only
 
     return [
@@ -38,6 +39,7 @@ def list_methods() -> list[dict[str, Any]]:
             "summary": s.summary,
             "paper": s.paper,
             "formal_dp": s.formal_dp,
+            "level": s.level,
             "defaults": s.defaults(),
             "quick": dict(s.quick),
         }
@@ -287,7 +289,8 @@ def _print_list(rows: list[dict[str, Any]]) -> None:
     for col in ("method", "claims DP", "summary", "paper"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(r["name"], "yes" if r["formal_dp"] else "no", r["summary"], r["paper"] or "")
+        claims = f"yes ({r['level']}-level)" if r["formal_dp"] else "no"
+        table.add_row(r["name"], claims, r["summary"], r["paper"] or "")
     out_console.print(table)
 
 

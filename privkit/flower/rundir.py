@@ -108,7 +108,13 @@ def write_run(
     return mdir
 
 
-def write_audit(run: Path, audit: Any, delta: float, what: str) -> Path:
+AUDIT_KINDS = {"client": "canary-clients", "record": "canary-records"}
+"""``audit.json``'s ``audit_kind`` for each claim level a Flower run's white-box audit tests."""
+
+
+def write_audit(
+    run: Path, audit: Any, delta: float, what: str, *, level: str | None = None
+) -> Path:
     """Write an audit of a run written by :func:`write_run` (an ``attacks`` ``MechanismAudit``: canary
     records' or canary clients' ``audit()``) as ``<run>/audit.json``, and mark the run's audit
     stage done, so that ``privkit report <out> --rebuild`` shows its verdict.
@@ -123,6 +129,11 @@ def write_audit(run: Path, audit: Any, delta: float, what: str) -> Path:
         The delta of the audit's epsilons.
     what : str
         What was audited (the claim tested), one line for the report.
+    level : {"client", "record"}, optional
+        The claim's level: ``"client"`` for canary clients (:class:`privkit.flower.CanaryClients`:
+        one client's whole data), ``"record"`` for canary records in a client's data. Default: read
+        from ``what`` where it says "client-level" or "record-level". ``audit.json`` records it as
+        ``audit_kind`` (``canary-clients`` or ``canary-records``), the label of the report's row.
     """
     import json
 
@@ -131,6 +142,11 @@ def write_audit(run: Path, audit: Any, delta: float, what: str) -> Path:
         raise ValueError(
             f"run must be a folder written by privkit.flower (with ledger.json); found {run}"
         )
+    if level is None:
+        said = [lv for lv in AUDIT_KINDS if f"{lv}-level" in what.lower()]
+        level = said[0] if len(said) == 1 else None
+    if level is not None and level not in AUDIT_KINDS:
+        raise ValueError(f"level must be one of {', '.join(AUDIT_KINDS)}; found {level!r}")
     verdict = audit.to_dict()
     write_json(
         run / "audit.json",
@@ -142,6 +158,8 @@ def write_audit(run: Path, audit: Any, delta: float, what: str) -> Path:
             "delta": float(delta),
             "claims": {},
             "audited": what,
+            # white-box canaries (no black-box membership attack): the report labels the row so
+            "audit_kind": AUDIT_KINDS[level] if level is not None else "canaries",
         },
     )
     status_file = run.parent / "status.json"

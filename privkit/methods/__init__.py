@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 from privkit.methods import centralized as _centralized  # noqa: F401
+from privkit.methods import dp_fedavg_client as _dp_fedavg_client  # noqa: F401
 from privkit.methods import dpsgd as _dpsgd  # noqa: F401
 from privkit.methods import fedaux as _fedaux  # noqa: F401
 from privkit.methods import fedauxfdp as _fedauxfdp  # noqa: F401

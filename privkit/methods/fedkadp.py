@@ -1,4 +1,6 @@
-"""FedKADP and DP-FedAvg (:mod:`privkit.trainers.fedkadp`): their settings and registrations."""
+"""FedKADP and record-level DP-FedAvg (:mod:`privkit.trainers.fedkadp`): their settings and
+registrations. Client-level DP-FedAvg (McMahan et al. 2018) is :mod:`privkit.methods.dp_fedavg_client`.
+"""
 
 from __future__ import annotations
 
@@ -90,8 +92,9 @@ declare(
     "dp-fedavg",
     DpFedConfig,
     "privkit.trainers.fedkadp:train_dp_fedavg",
-    "DP-FedAvg: FedAvg whose clients run record-level DP-SGD (Poisson sampling, fixed noise), "
-    "stopped at the privacy budget",
+    "Record-level DP-FedAvg (FedKADP's baseline): FedAvg whose clients run record-level DP-SGD "
+    "(Poisson sampling, fixed noise), stopped at the privacy budget; McMahan et al.'s "
+    "client-level DP-FedAvg is dp-fedavg-client",
     paper=PAPER,
     formal_dp=True,
     quick=QUICK,

@@ -48,6 +48,10 @@ class TrainerSpec:
         Whether the method has a formal (epsilon, delta) guarantee, i.e. its ledger bounds its epsilon.
     quick : dict
         Config overrides for a CPU-sized run on the embedded data (the demo and CI use them).
+    level : {"record", "client"}
+        What one unit of the ledger's per-client epsilon protects: ``"record"`` (one record of
+        that client: record-level DP, every method but ``dp-fedavg-client``) or ``"client"`` (that
+        client's whole data: client-level, user-level DP).
     """
 
     name: str
@@ -57,6 +61,11 @@ class TrainerSpec:
     paper: str | None = None
     formal_dp: bool = True
     quick: dict = field(default_factory=dict)
+    level: str = "record"
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise PrivkitError(f"level must be one of {', '.join(LEVELS)}; found {self.level!r}")
 
     @property
     def fn(self) -> TrainerFn:
@@ -74,6 +83,9 @@ class TrainerSpec:
         return self.config_cls.model_validate({**self.defaults(), **self.quick}).model_dump()
 
 
+LEVELS = ("record", "client")
+"""The units a method's per-client epsilon can protect (:attr:`TrainerSpec.level`)."""
+
 REGISTRY: dict[str, TrainerSpec] = {}
 """Every registered method by name (``privkit train --list`` prints it)."""
 
@@ -87,6 +99,7 @@ def declare(
     paper: str | None = None,
     formal_dp: bool = True,
     quick: dict | None = None,
+    level: str = "record",
 ) -> TrainerSpec:
     """Register method ``name``; ``target`` is its trainer or the trainer's ``"module:function"``.
 
@@ -107,6 +120,8 @@ def declare(
         Whether the method has a formal (epsilon, delta) guarantee, i.e. its ledger bounds its epsilon.
     quick : dict, optional
         Config overrides for a CPU-sized run on the embedded data (the demo and CI use them).
+    level : {"record", "client"}
+        What the ledger's per-client epsilon protects: one record or the client's whole data.
 
     Returns
     -------
@@ -115,9 +130,10 @@ def declare(
     """
     if name in REGISTRY:
         raise PrivkitError(f"trainer {name!r} registered twice")
-    REGISTRY[name] = TrainerSpec(
-        name, config_cls, target, summary, paper, formal_dp, dict(quick or {})
+    spec = TrainerSpec(
+        name, config_cls, target, summary, paper, formal_dp, dict(quick or {}), level
     )
+    REGISTRY[name] = spec
     return REGISTRY[name]
 
 
@@ -129,6 +145,7 @@ def register_trainer(
     paper: str | None = None,
     formal_dp: bool = True,
     quick: dict | None = None,
+    level: str = "record",
 ) -> Callable[[TrainerFn], TrainerFn]:
     """Decorator registering ``fn(federation, config, seed, progress=False) -> TrainResult`` as is.
 
@@ -147,6 +164,8 @@ def register_trainer(
         Whether the method has a formal (epsilon, delta) guarantee, i.e. its ledger bounds its epsilon.
     quick : dict, optional
         Config overrides for a CPU-sized run on the embedded data (the demo and CI use them).
+    level : {"record", "client"}
+        What the ledger's per-client epsilon protects: one record or the client's whole data.
 
     Returns
     -------
@@ -155,7 +174,16 @@ def register_trainer(
     """
 
     def deco(fn: TrainerFn) -> TrainerFn:
-        declare(name, config_cls, fn, summary, paper=paper, formal_dp=formal_dp, quick=quick)
+        declare(
+            name,
+            config_cls,
+            fn,
+            summary,
+            paper=paper,
+            formal_dp=formal_dp,
+            quick=quick,
+            level=level,
+        )
         return fn
 
     return deco

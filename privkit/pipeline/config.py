@@ -219,6 +219,9 @@ class ResolvedMethod:
         The method's paper, where it has one.
     formal_dp : bool
         Whether the method has a formal (epsilon, delta) guarantee.
+    level : str
+        What its per-client epsilon protects: ``"record"`` (one record) or ``"client"`` (the
+        client's whole data), from the registry.
     engine : str
         Where its federation runs: ``"inprocess"`` or ``"flower"``.
     """
@@ -232,6 +235,7 @@ class ResolvedMethod:
     summary: str = ""
     paper: str | None = None
     formal_dp: bool = True
+    level: str = "record"
     engine: str = "inprocess"
 
     def to_dict(self) -> dict:
@@ -245,6 +249,7 @@ class ResolvedMethod:
             "summary": self.summary,
             "paper": self.paper,
             "formal_dp": self.formal_dp,
+            "level": self.level,
             "engine": self.engine,
         }
 
@@ -341,6 +346,7 @@ def resolve_config(
                 summary=spec.summary,
                 paper=spec.paper,
                 formal_dp=spec.formal_dp,
+                level=spec.level,
                 engine=engine,
             )
         )

@@ -10,6 +10,10 @@ definite answer. So the row's verdict is the mechanism audit's (``consistent`` o
 when there is one, except that a black-box ``violation`` stands (it is valid evidence whatever the
 mechanism audit says: e.g. a release no ledger entry accounts for). The black-box verdict is kept
 in the method's audit section either way.
+
+A Flower run's audit (:func:`privkit.flower.write_audit`) is no black-box membership audit: canary
+clients (a client-level claim) or canary records (a record-level one) are injected white-box, and
+its ``audit.json`` names which (``audit_kind``); the row's verdict rests on it under that name.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from typing import Any
 
 from privkit.pipeline.files import read_json as _read_json
 from privkit.pipeline.mechanism_controls import record_path
+
+CANARY_BASES = ("canary-clients", "canary-records", "canaries")
+"""The ``audit_kind`` of a Flower run's white-box canary audit (:func:`privkit.flower.write_audit`)."""
 
 
 def read_mechanism_controls(root: Path, key: str, status: dict, mdir: Path):
@@ -144,9 +151,12 @@ def rest_verdict(m) -> None:
     mc = m.mechanism_controls
     black_box = m.audit.verdict if m.audit else None
     if m.formal_dp and black_box is not None and m.verdict is not None:
-        m.verdict_basis = (
-            "black-box"  # without a claim to check the verdict is the rule's (no-claim)
-        )
+        # a Flower run's audit (privkit.flower.write_audit) is white-box, by canary clients or
+        # canary records: its audit.json says which (one written before it did: "canaries");
+        # every other audit is the black-box one. Without a claim to check the verdict is the
+        # rule's (no-claim)
+        kind = m.audit.extra.get("audit_kind") or ("canaries" if m.method == "flower" else None)
+        m.verdict_basis = kind if kind in CANARY_BASES else "black-box"
     if mc is None:
         return
     if mc.state == "failed":

@@ -446,15 +446,23 @@ def build_report(
             if k in ("audit_points", "shadows", "bound") and note not in audit_notes:
                 audit_notes.append(note)
     # a Flower app accounted by privkit.flower.Accounted records client-level events (one client's
-    # whole update, Flower's central DP); privkit's own methods record record-level ones
-    client_level = sorted(m.name for m in methods if m.method == "flower")
+    # whole update, Flower's central DP), and so does a method registered with level "client"
+    # (dp-fedavg-client); privkit's other methods record record-level ones
+    client_keys = {
+        rm["key"]
+        for rm in resolved.get("resolved_methods", [])
+        if rm.get("method") == "flower" or rm.get("level") == "client"
+    }
+    client_level = sorted(m.name for m in methods if m.name in client_keys)
+    flower = any(m.method == "flower" for m in methods if m.name in client_keys)
+    central = "Flower's central DP" if flower else "central DP at a trusted server"
     unit_text = (
-        {"unit": "one client's whole data (client-level DP: Flower's central DP, per client)"}
+        {"unit": f"one client's whole data (client-level DP: {central}, per client)"}
         if client_level and len(client_level) == len(methods)
         else {}
     )
     level_text = (
-        f"Client-level (user-level) epsilons for {', '.join(client_level)} (Flower's central DP: a "
+        f"Client-level (user-level) epsilons for {', '.join(client_level)} ({central}: a "
         "client's whole update is the unit); every other epsilon is per client and record-level."
         if client_level
         else "Every epsilon is per client and record-level: the worst client's guarantee is the "
