@@ -11,11 +11,19 @@ A method with a batched form (:data:`privkit.trainers.many.BATCHED`) trains all 
 at once (:meth:`FederationRecipe.fit_many`, taken by :func:`attacks.experiment.train_models` on
 the serial executor): every client of every run steps together, each with the streams and the
 result it has when run alone.
+
+Reference noise. With ``release_seeds`` (what :func:`privkit.audit.audit_run` passes: the audited
+target run's seed) only the runs of those seeds draw the release mechanism's randomness (as the
+trainer config says); every other run, a reference run the auditor trains for itself and never
+releases, trains with ``reproducible_noise=True``: the same Gaussian noise, Poisson sampling and
+subsets drawn from fast seeded generators (derived from the run's seed) instead of the AES stream
+and the exact grid (docs/auditing-methods.md says why the audit's validity does not depend on it).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -112,6 +120,9 @@ class FederationRecipe(Recipe):
         inference trains on them).
     engine : where each run trains, as the released run did: ``inprocess`` or ``flower`` (the
         method's Flower apps; :meth:`fit_many` then runs every audited run in one simulation).
+    release_seeds : the seeds of the runs that draw the release mechanism's randomness as
+        ``trainer_config`` says (an audit's target run); every other run trains with seeded noise
+        (``reproducible_noise=True``). ``None`` (default): every run as ``trainer_config`` says.
     """
 
     def __init__(
@@ -122,6 +133,7 @@ class FederationRecipe(Recipe):
         *,
         keep_artifacts: bool = False,
         engine: str = "inprocess",
+        release_seeds: Collection[int] | None = None,
     ):
         on = "" if engine == "inprocess" else f", on {engine}"
         super().__init__(
@@ -132,6 +144,23 @@ class FederationRecipe(Recipe):
         self.trainer_config = dict(trainer_config)
         self.keep_artifacts = keep_artifacts
         self.engine = engine
+        self.release_seeds = None if release_seeds is None else frozenset(map(int, release_seeds))
+
+    @property
+    def reference_noise(self) -> str:
+        """How the runs not in ``release_seeds`` draw their noise: ``seeded`` or ``as configured``."""
+        return "as configured" if self.release_seeds is None else "seeded"
+
+    def reproducible(self, seed: int) -> bool:
+        """Whether the run of ``seed`` trains with ``reproducible_noise`` (a reference run, or a
+        trainer config asking for it)."""
+        if self.trainer_config.get("reproducible_noise"):
+            return True
+        return self.release_seeds is not None and int(seed) not in self.release_seeds
+
+    def config_for(self, seed: int) -> dict:
+        """The trainer config of the run of ``seed`` (:meth:`reproducible`)."""
+        return {**self.trainer_config, "reproducible_noise": self.reproducible(seed)}
 
     def __call__(self, x: np.ndarray, y: np.ndarray, seed: int) -> AuditRun:
         from privkit.flower.engine import train
@@ -141,7 +170,7 @@ class FederationRecipe(Recipe):
             train(
                 self.method,
                 fed,
-                self.trainer_config,
+                self.config_for(seed),
                 seed=derive_seed(seed, "audit-run-train"),
                 engine=self.engine,
             ),
@@ -158,18 +187,27 @@ class FederationRecipe(Recipe):
 
     def fit_many(self, x: np.ndarray, y: np.ndarray, index_sets, seeds) -> list[AuditRun]:
         """Run j on ``x[index_sets[j]]`` with ``seeds[j]``, as :meth:`__call__` would, all at once."""
-        from privkit.flower.engine import train_many_on_flower
+        from privkit.flower.engine import train_jobs_on_flower
         from privkit.trainers.many import train_many
 
         base = _base_federation(self.federation_json)
         feds = [federation_over(base, x[ix], y[ix], s) for ix, s in zip(index_sets, seeds)]
-        many = train_many_on_flower if self.engine == "flower" else train_many
-        results = many(
-            self.method,
-            feds,
-            self.trainer_config,
-            [derive_seed(s, "audit-run-train") for s in seeds],
-        )
+        run_seeds = [derive_seed(s, "audit-run-train") for s in seeds]
+        if self.engine == "flower":
+            results = train_jobs_on_flower(
+                [
+                    (self.method, f, self.config_for(s), int(rs))
+                    for f, s, rs in zip(feds, seeds, run_seeds)
+                ]
+            )
+        else:
+            results = train_many(
+                self.method,
+                feds,
+                self.trainer_config,
+                run_seeds,
+                reproducible=[self.reproducible(s) for s in seeds],
+            )
         return [AuditRun(r, f) for r, f in zip(results, feds)]
 
     def logits(self, model: AuditRun, x: np.ndarray, n_classes: int | None = None) -> np.ndarray:

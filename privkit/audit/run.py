@@ -11,7 +11,10 @@ Design (stated in every audit.json under ``experiment`` and ``assumptions``):
   non-audited records plus each audited record included by an independent fair coin from the
   audit's own stream (:mod:`attacks.experiment`). ``shadows`` reference runs of the same recipe
   include every non-audited record and half of the audited ones (each audited record in exactly
-  half of them), so they train on as many records as the target.
+  half of them), so they train on as many records as the target. The target run draws the release
+  mechanism's randomness as the run's config says; the reference runs, the auditor's own models,
+  never released, draw the same noise laws from seeded generators (``reference_noise``: the
+  attacks only estimate score distributions from them; docs/auditing-methods.md).
 * The pool holds n_audit/2 shadow-pool records, so the audited runs train on as many records as
   the released run did (pool - n_audit/2 = the clients' records); the default ``n_audit`` is the
   largest that allows it. When the shadow pool is too small for the ``n_audit`` asked, audit.json
@@ -322,12 +325,18 @@ def audit_run(
     delta = resolve_delta(delta, trainer_cfg, result.claims, len(fed.members))
     pool, audited, sizes = audit_pool(fed, n_audit, seed)
     design = design_experiment(pool.size, shadows=shadows, seed=seed, audited=audited)
+    if design.target_seed in design.reference_seeds:
+        raise ValueError(
+            f"the audit seed {seed} gives the target run and a reference run the same seed "
+            f"{design.target_seed}; use another audit seed"
+        )
     recipe = FederationRecipe(
         fed,
         method,
         trainer_cfg,
         keep_artifacts="attribute" in names,
         engine=cfg.get("engine", "inprocess"),
+        release_seeds=[design.target_seed],  # the reference runs draw seeded noise
     )
     labels = fed.private.y[pool[audited]]
     logits, details, train_error = None, None, None
@@ -406,6 +415,7 @@ def audit_run(
         **acc,
         "recipe": recipe.name,
         "executor": executor,
+        "reference_noise": recipe.reference_noise,
     }
     warnings = size_warnings(sizes, design) + _epsilon_warning(acc)
     out = {
@@ -467,13 +477,14 @@ MODELS_DIR = "audit-models"
 
 def model_checkpoints(run: Path, recipe: FederationRecipe) -> ModelCheckpoints:
     """The audit's model checkpoints in ``run``, keyed by what every audited run depends on
-    besides its own task: the method, its trainer config, the engine, the federation's layout
-    and data, and whether the runs keep their clients' artifacts."""
+    besides its own task: the method, its trainer config, the engine, the reference runs' noise,
+    the federation's layout and data, and whether the runs keep their clients' artifacts."""
     key = json.dumps(
         {
             "method": recipe.method,
             "trainer": recipe.trainer_config,
             "engine": recipe.engine,
+            "reference_noise": recipe.reference_noise,
             "artifacts": recipe.keep_artifacts,
             "federation": hashlib.sha256(recipe.federation_json.encode()).hexdigest(),
         },
@@ -626,7 +637,9 @@ def _assumptions(alpha: float, guess_fraction: float) -> dict:
         "shadows": (
             "the same recipe (whole federation, same client count and partition scheme) re-run "
             "with every non-audited pool record and half of the audited ones (each in exactly "
-            "half of the reference runs): the target's data size"
+            "half of the reference runs): the target's data size; the target run draws the "
+            "release mechanism's randomness, the reference runs (the auditor's own, never "
+            "released) the same laws from seeded generators"
         ),
         "bound": (
             "one-run theorem (Steinke et al. 2023) with k+ = k- = "

@@ -43,7 +43,8 @@ from privkit import mutations
 from privkit.dp_random import DpRandom
 from privkit.errors import PrivkitError
 
-#: method -> "module:function" of its batched trainer ``fn(method, federations, config, seeds) -> results``
+#: method -> "module:function" of its batched trainer ``fn(method, federations, configs, seeds) ->
+#: results`` (``configs``: one trainer config per run, equal but for ``reproducible_noise``)
 BATCHED: dict[str, str] = {
     "dp-fedavg": "privkit.trainers.many_dpfed:train_dpfed_many",
     "fedkadp": "privkit.trainers.many_dpfed:train_dpfed_many",
@@ -73,11 +74,20 @@ def _probing() -> bool:
 
 
 def train_many(
-    method: str, federations: Sequence, config: dict | None, seeds: Sequence[int]
+    method: str,
+    federations: Sequence,
+    config: dict | None,
+    seeds: Sequence[int],
+    *,
+    reproducible: Sequence[bool] | None = None,
 ) -> list:
     """Run ``method`` on each federation with its seed: ``train(method, federations[j], config,
     seeds[j])`` for every j, as one batched computation where the method has one (:data:`BATCHED`),
-    else one after the other. Returns the :class:`~privkit.trainers.TrainResult` list."""
+    else one after the other. Returns the :class:`~privkit.trainers.TrainResult` list.
+
+    ``reproducible[j]`` (default: the config's ``reproducible_noise`` for every run) sets run j's
+    ``reproducible_noise``: an audit's reference runs draw seeded noise while its target run, in
+    the same batch, draws the release mechanism's (:mod:`privkit.audit.run`)."""
     from privkit.trainers.base import get_trainer, make_config, stamp_noise, train
 
     if len(federations) != len(seeds) or not federations:
@@ -85,21 +95,30 @@ def train_many(
             f"federations and seeds must be non-empty and equally long; found "
             f"{len(federations)} and {len(seeds)}"
         )
+    if reproducible is not None and len(reproducible) != len(seeds):
+        raise ValueError(
+            f"reproducible must have one entry per run; found {len(reproducible)} for "
+            f"{len(seeds)} runs"
+        )
     get_trainer(method)
-    if not has_batched(method) or _probing():
-        return [train(method, f, config, seed=s) for f, s in zip(federations, seeds)]
     cfg = make_config(method, config)
+    configs = [
+        cfg if reproducible is None else cfg.model_copy(update={"reproducible_noise": bool(r)})
+        for r in (reproducible if reproducible is not None else seeds)
+    ]
+    if not has_batched(method) or _probing():
+        return [train(method, f, c, seed=s) for f, c, s in zip(federations, configs, seeds)]
     module, _, name = BATCHED[method].partition(":")
     results = getattr(importlib.import_module(module), name)(
-        method, list(federations), cfg, [int(s) for s in seeds]
+        method, list(federations), configs, [int(s) for s in seeds]
     )
-    for res, fed in zip(results, federations):  # what train() adds to every result
+    for res, fed, c in zip(results, federations, configs):  # what train() adds to every result
         if res.method != method:
             raise PrivkitError(
                 f"batched trainer of {method} returned a result labelled {res.method!r}"
             )
         res.check_chance(fed)
-        stamp_noise(res, cfg.reproducible_noise)
+        stamp_noise(res, c.reproducible_noise)
     return results
 
 

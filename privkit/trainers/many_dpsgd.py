@@ -42,7 +42,7 @@ class _Run:
     """One run's data, plan, streams and bookkeeping."""
 
     def __init__(self, federation, config, seed: int, device: torch.device):
-        self.federation, self.seed = federation, seed
+        self.federation, self.seed, self.config = federation, seed, config
         x, y = federation.pooled_arrays()
         self.n = len(y)
         self.plan = _plan(federation, config)
@@ -85,15 +85,17 @@ def batchable(config) -> bool:
     return config.optimizer == "sgd" and mutations.active() == mutations.CORRECT
 
 
-def train_dpsgd_runs(method: str, federations: list, config, seeds: list[int]) -> list:
-    """``train("dpsgd", federations[j], config, seeds[j])`` for every j, batched (see the module
-    docstring; configurations it does not cover train one after the other)."""
+def train_dpsgd_runs(method: str, federations: list, configs: list, seeds: list[int]) -> list:
+    """``train("dpsgd", federations[j], configs[j], seeds[j])`` for every j, batched (see the
+    module docstring; configurations it does not cover train one after the other). The configs
+    are equal but for ``reproducible_noise`` (each run's streams)."""
     from privkit.trainers.base import train
 
+    config = configs[0]
     if not batchable(config):
-        return [train(method, f, config, seed=s) for f, s in zip(federations, seeds)]
+        return [train(method, f, c, seed=s) for f, c, s in zip(federations, configs, seeds)]
     device = resolve_device(config)
-    runs = [_Run(f, config, s, device) for f, s in zip(federations, seeds)]
+    runs = [_Run(f, c, s, device) for f, c, s in zip(federations, configs, seeds)]
     if len({str(r.spec) for r in runs}) != 1:
         raise ValueError("batched runs need one model architecture; found several")
     m = len(runs)
@@ -171,7 +173,7 @@ def train_dpsgd_runs(method: str, federations: list, config, seeds: list[int]) -
             for row in r.rounds
         ]
         out.append(
-            dpsgd_result(r.federation, config, r.seed, released, r.spec, rows, r.plan, device)
+            dpsgd_result(r.federation, r.config, r.seed, released, r.spec, rows, r.plan, device)
         )
     return out
 

@@ -83,15 +83,15 @@ RUNS = {
 }
 
 
-def train_federated_many(method: str, federations: list, config, seeds: list[int]) -> list:
-    """``train(method, federations[j], config, seeds[j])`` for every j (a method of :data:`RUNS`):
+def train_federated_many(method: str, federations: list, configs: list, seeds: list[int]) -> list:
+    """``train(method, federations[j], configs[j], seeds[j])`` for every j (a method of :data:`RUNS`):
     each run set up as the single run sets it up, the selected clients of all runs' rounds trained
     together, each run's server step (FedDF's and FedAUX's distillation) its own."""
     import importlib
 
     module, _, name = RUNS[method].partition(":")
     setup = getattr(importlib.import_module(module), name)
-    pairs = [setup(f, config, s) for f, s in zip(federations, seeds)]
+    pairs = [setup(f, c, s) for f, c, s in zip(federations, configs, seeds)]
     lockstep([run for run, _ in pairs], local_epochs)
     return [finish(run.outcome()) for run, finish in pairs]
 

@@ -49,12 +49,15 @@ def run_jobs(jobs: list[PartyJob], config, device) -> None:
         train_exact(group[0].model, models, optimizer="adam", lr=config.lr)
 
 
-def train_fedmd_many(method: str, federations: list, config, seeds: list[int]) -> list:
-    """``train(method, federations[j], config, seeds[j])`` for every j (``fedmd-nfdp``,
-    ``fedmd-np``, ``fedmd-ldp``), each phase's party jobs of all runs trained together."""
+def train_fedmd_many(method: str, federations: list, configs: list, seeds: list[int]) -> list:
+    """``train(method, federations[j], configs[j], seeds[j])`` for every j (``fedmd-nfdp``,
+    ``fedmd-np``, ``fedmd-ldp``), each phase's party jobs of all runs trained together (the
+    configs are equal but for ``reproducible_noise``, which only the runs' own draws read)."""
     runs = [
-        FedMDRun(f, config, s, method.removeprefix("fedmd-")) for f, s in zip(federations, seeds)
+        FedMDRun(f, c, s, method.removeprefix("fedmd-"))
+        for f, c, s in zip(federations, configs, seeds)
     ]
+    config = configs[0]
     device = runs[0].device
     run_jobs([j for r in runs for j in r.init_jobs()], config, device)
     for r in runs:

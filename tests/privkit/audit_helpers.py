@@ -12,6 +12,19 @@ from pathlib import Path
 import torch
 
 SMALL = os.environ.get("PRIVKIT_SLOW") == "small"
+#: a DP-FedAvg config that trains in a fraction of a second (release-mode noise)
+TINY_DPFED = {
+    "arch": "mlp",
+    "feature_dim": 16,
+    "rounds": 3,
+    "local_steps": 3,
+    "batch_size": 16,
+    "client_fraction": 0.25,
+    "noise_multiplier": 1.0,
+    "target_epsilon": 1e6,
+    "lr": 0.3,
+    "device": "cpu",
+}
 
 
 def tiny_federation_config(**kw):

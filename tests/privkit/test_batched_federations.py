@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from audit_helpers import TINY_DPFED
 
 from attacks.executor import SerialExecutor
 from attacks.experiment import train_models
@@ -23,19 +24,7 @@ from privkit.trainers.base import make_config
 from privkit.trainers.many import has_batched, train_many
 
 TOL = 1e-5
-DPFED = {
-    "arch": "mlp",
-    "feature_dim": 16,
-    "rounds": 3,
-    "local_steps": 3,
-    "batch_size": 16,
-    "client_fraction": 0.25,
-    "noise_multiplier": 1.0,
-    "target_epsilon": 1e6,
-    "lr": 0.3,
-    "device": "cpu",
-    "reproducible_noise": True,
-}
+DPFED = {**TINY_DPFED, "reproducible_noise": True}
 FEDAVG = {
     "arch": "mlp",
     "feature_dim": 16,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from audit_helpers import TINY_DPFED
 
 from privkit import grid_noise
 from privkit.data import FederationConfig, build_federation
@@ -21,19 +22,7 @@ from privkit.trainers import batched_sgd, train
 from privkit.trainers.many import train_many
 from privkit.trainers.output_perturbation import gaussian_output_perturbation
 
-DPFED = {
-    "arch": "mlp",
-    "feature_dim": 16,
-    "rounds": 2,
-    "local_steps": 2,
-    "batch_size": 16,
-    "client_fraction": 0.25,
-    "noise_multiplier": 1.0,
-    "target_epsilon": 1e6,
-    "lr": 0.3,
-    "device": "cpu",
-    "reproducible_noise": False,
-}
+DPFED = {**TINY_DPFED, "rounds": 2, "local_steps": 2, "reproducible_noise": False}
 DPSGD = {
     "arch": "mlp",
     "feature_dim": 16,

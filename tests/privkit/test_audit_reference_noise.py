@@ -1,0 +1,108 @@
+"""An audit's reference runs draw seeded noise, its target run the release mechanism's.
+
+The reference runs are the auditor's own models, never released: they train with
+``reproducible_noise=True`` (fast seeded generators) while the audited target run keeps the release
+stream (AES-CTR and the exact grid). The attacks read the reference runs only as samples of the
+IN/OUT score distributions, so what must hold is that seeded noise gives reference models with
+the same statistics as release noise: two-sample tests over many runs of each, with a control
+(seeded noise 10% too small) that the same tests must tell apart, so that they have the power to
+see a wrong noise scale.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from audit_helpers import TINY_DPFED
+from scipy import stats
+
+from privkit.audit.recipes import FederationRecipe
+from privkit.audit.run import model_checkpoints
+from privkit.data import FederationConfig, build_federation
+from privkit.trainers.many import train_many
+
+DPFED = TINY_DPFED
+#: runs per arm of the two-sample tests
+RUNS = 24
+#: a false alarm of each agreement test at most this often (the release runs' noise is secret)
+ALPHA = 1e-3
+
+
+@pytest.fixture(scope="module")
+def fed():
+    return build_federation(FederationConfig(partition="dirichlet", clients=20, seed=0))
+
+
+def _max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    sa, sb = a.state_dict(), b.state_dict()
+    return max(float((sa[k] - sb[k]).abs().max()) for k in sa)
+
+
+def test_only_the_target_run_draws_release_noise(fed):
+    recipe = FederationRecipe(fed, "dp-fedavg", DPFED, release_seeds=[7])
+    assert recipe.reference_noise == "seeded"
+    assert [recipe.reproducible(s) for s in (7, 8)] == [False, True]
+    x, y = fed.private.x[fed.members], fed.private.y[fed.members]
+    sets = [np.arange(len(y))] * 3
+    first = recipe.fit_many(x, y, sets, [7, 8, 9])
+    again = recipe.fit_many(x, y, sets, [7, 8, 9])
+    assert [r.result.reproducible_noise for r in first] == [False, True, True]
+    # the target's noise is secret (fresh every time), the references' seeded (the same)
+    assert _max_diff(first[0].result.model, again[0].result.model) > 1e-3
+    assert all(_max_diff(a.result.model, b.result.model) == 0 for a, b in zip(first[1:], again[1:]))
+    # the loop path (other executors) draws as the batched path does
+    alone = recipe(x, y, 8)
+    assert alone.result.reproducible_noise
+    assert _max_diff(alone.result.model, first[1].result.model) <= 1e-5
+    assert not recipe(x, y, 7).result.reproducible_noise
+    # release and seeded runs record the same ledger (the noise laws are the same)
+    assert first[0].result.ledger.to_dict() == recipe(x, y, 7).result.ledger.to_dict()
+
+
+def test_a_config_asking_for_reproducible_noise_seeds_the_target_too(fed):
+    config = {**DPFED, "reproducible_noise": True}
+    recipe = FederationRecipe(fed, "dp-fedavg", config, release_seeds=[7])
+    assert recipe.reproducible(7) and recipe.reproducible(8)
+    plain = FederationRecipe(fed, "dp-fedavg", DPFED)  # no release seeds: as configured
+    assert plain.reference_noise == "as configured" and not plain.reproducible(8)
+
+
+def test_checkpoints_of_release_noise_references_are_not_reused(fed, tmp_path):
+    seeded = FederationRecipe(fed, "dp-fedavg", DPFED, release_seeds=[7])
+    plain = FederationRecipe(fed, "dp-fedavg", DPFED)
+    assert model_checkpoints(tmp_path, seeded).key != model_checkpoints(tmp_path, plain).key
+
+
+def _statistics(fed, config: dict, seeds: list[int], reproducible: bool) -> np.ndarray:
+    """Per run: the released model's parameter norm (what the noise scale moves) and its mean
+    loss on 200 test records (what the membership attacks score)."""
+    x, y = fed.test_arrays()
+    xq, yq = torch.as_tensor(x[:200]), torch.as_tensor(y[:200])
+    runs = train_many(
+        "dp-fedavg", [fed] * len(seeds), config, seeds, reproducible=[reproducible] * len(seeds)
+    )
+    assert all(r.reproducible_noise == reproducible for r in runs)
+    out = []
+    with torch.no_grad():
+        for r in runs:
+            model = r.model.eval()
+            norm = torch.sqrt(sum((p.double() ** 2).sum() for p in model.parameters()))
+            out.append((float(norm), float(F.cross_entropy(model(xq), yq))))
+    return np.array(out)
+
+
+def test_seeded_reference_models_have_the_release_models_statistics(fed):
+    torch.set_num_threads(1)
+    release = _statistics(fed, DPFED, list(range(100, 100 + RUNS)), reproducible=False)
+    seeded = _statistics(fed, DPFED, list(range(200, 200 + RUNS)), reproducible=True)
+    for i, name in enumerate(("parameter norm", "query loss")):
+        p = stats.ks_2samp(release[:, i], seeded[:, i]).pvalue
+        assert p > ALPHA, f"{name}: seeded and release noise differ (KS p={p:.2g})"
+    # the control: seeded noise 10% too small must be told apart from the release noise
+    wrong = _statistics(
+        fed, {**DPFED, "noise_multiplier": 0.9}, list(range(300, 300 + RUNS)), reproducible=True
+    )
+    p_wrong = stats.ks_2samp(release[:, 0], wrong[:, 0]).pvalue
+    assert p_wrong < 1e-6, f"the test cannot see a 10% wrong noise scale (KS p={p_wrong:.2g})"
