@@ -53,7 +53,7 @@ the batch size (privkit's checks assume batch-first layers).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -79,7 +79,8 @@ class _Layer:
     versions: list[int] = field(default_factory=list)
     edges: list = field(default_factory=list)
     grad: torch.Tensor | None = None
-    materialised: torch.Tensor | None = None  # (B, out, in) per-example weight gradients
+    per_example: dict[str, torch.Tensor] = field(default_factory=dict)  # formed for the norms
+    rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # an embedding's
 
 
 def _layers(model: nn.Module) -> list[_Layer]:
@@ -181,48 +182,93 @@ def _padded(m: nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...
     return a, tuple(m.padding)
 
 
-def _flat(layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(a, g)`` as ``(B, T, in)`` and ``(B, T, out)``: a linear layer's rows, a convolution's
-    unfolded patches at each output position."""
+def _patches(layer: _Layer, flat: bool) -> tuple[torch.Tensor, Iterator[torch.Tensor]]:
+    """A convolution's output gradient as ``(B, out, L)`` and its input at each kernel offset
+    ``(kh, kw)`` in turn (row-major) as ``(B, in, L)``: the values each output position multiplies
+    by ``weight[:, :, kh, kw]``, ``L`` positions. One offset at a time: ``F.unfold``'s ``k^2``-fold
+    copy of the input is never held (and on the CPU its slow ``im2col`` is avoided).
+
+    ``flat`` with stride 1: the offsets are views of the flattened padded input, no copies, and
+    ``L`` runs over the padded width (the output gradient padded with zero columns, so the
+    positions that wrap around a row add nothing). Otherwise each offset is a strided slice,
+    copied, and ``L = T``."""
+    m, a, g = layer.module, layer.inputs[0], layer.grad
+    a, padding = _padded(m, a)
+    (sh, sw), (dh, dw), (kh_n, kw_n) = m.stride, m.dilation, m.kernel_size
+    b, c_in, (ho, wo) = a.shape[0], a.shape[1], g.shape[2:]
+    if flat and (sh, sw) == (1, 1):
+        ph, pw = padding
+        a = F.pad(a, [pw, pw, ph, ph + (1 if kw_n > 1 else 0)])
+        wp = a.shape[3]
+        a = a.reshape(b, c_in, -1)
+        g = F.pad(g, [0, wp - wo]).reshape(b, g.shape[1], ho * wp)
+        offsets = (
+            a[:, :, kh * dh * wp + kw * dw :][:, :, : ho * wp]
+            for kh in range(kh_n)
+            for kw in range(kw_n)
+        )
+        return g, offsets
+    if any(padding):
+        a = F.pad(a, [p for p in reversed(padding) for _ in range(2)])
+    slices = (
+        a[:, :, kh * dh : kh * dh + sh * (ho - 1) + 1 : sh, kw * dw :: sw][..., :wo].reshape(
+            b, c_in, ho * wo
+        )
+        for kh in range(kh_n)
+        for kw in range(kw_n)
+    )
+    return g.reshape(b, g.shape[1], ho * wo), slices
+
+
+def _weight_sq(layer: _Layer) -> torch.Tensor:
+    """Squared norms of the per-example weight gradients ``sum_t g_t a_t^T`` (``T`` positions of a
+    sequence or of a convolution's output), by the ``T x T`` Gram matrices or by materialising the
+    gradients (kept for the clipped sum), whichever costs less for the shapes."""
     m, a, g = layer.module, layer.inputs[0], layer.grad
     b = a.shape[0]
     if isinstance(m, nn.Linear):
-        return a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
-    a, padding = _padded(m, a)
-    u = F.unfold(a, m.kernel_size, dilation=m.dilation, padding=padding, stride=m.stride)
-    return u.transpose(1, 2), g.reshape(b, g.shape[1], -1).transpose(1, 2)
+        a, g = a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
+        t, n_in, n_out = a.shape[1], a.shape[2], g.shape[2]
+        if t == 1:
+            return a[:, 0].pow(2).sum(1) * g[:, 0].pow(2).sum(1)
+        if t * (n_in + n_out) < n_in * n_out:  # ghost norm: T^2 (in + out) < T in out
+            gram = torch.bmm(a, a.transpose(1, 2))
+            return (gram * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+        w = torch.bmm(g.transpose(1, 2), a)  # (B, out, in)
+        layer.per_example["weight"] = w
+        return torch.linalg.vector_norm(w, dim=(1, 2)).square()
+    t, n_out = g.shape[2] * g.shape[3], g.shape[1]
+    n_in = m.in_channels * m.kernel_size[0] * m.kernel_size[1]
+    if t * (n_in + n_out) < n_in * n_out:
+        g, patches = _patches(layer, flat=False)
+        gram = sum(torch.bmm(u.transpose(1, 2), u) for u in patches)
+        return (gram * torch.bmm(g.transpose(1, 2), g)).sum((1, 2))
+    k = m.kernel_size[0] * m.kernel_size[1]
+    w = torch.empty(k, b, n_out, m.in_channels, dtype=g.dtype, device=g.device)
+    g, patches = _patches(layer, flat=True)
+    for i, u in enumerate(patches):
+        torch.bmm(g, u.transpose(1, 2), out=w[i])
+    layer.per_example["weight"] = w  # (k^2, B, out, in): offset-major
+    return torch.linalg.vector_norm(w, dim=(0, 2, 3)).square()
 
 
-def _weight_sq(layer: _Layer, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Squared norms of the per-example weight gradients ``sum_t g_t a_t^T`` (``a``: ``(B, T, in)``,
-    ``g``: ``(B, T, out)``), by the Gram matrices or by materialising, whichever costs less."""
-    t, n_in, n_out = a.shape[1], a.shape[2], g.shape[2]
-    if t == 1:
-        return a[:, 0].pow(2).sum(1) * g[:, 0].pow(2).sum(1)
-    if t * (n_in + n_out) < n_in * n_out:  # ghost norm: T^2 (in + out) < T in out
-        return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
-    layer.materialised = torch.bmm(g.transpose(1, 2), a)  # (B, out, in)
-    return layer.materialised.pow(2).sum((1, 2))
-
-
-def _norm_affine(layer: _Layer) -> dict[str, torch.Tensor]:
+def _norm_affine(m: nn.Module, a: torch.Tensor, g: torch.Tensor, names) -> dict[str, torch.Tensor]:
     """Per-example gradients of a GroupNorm's or LayerNorm's affine weight and bias, ``(B, C...)``."""
-    m, a, g = layer.module, layer.inputs[0], layer.grad
     out: dict[str, torch.Tensor] = {}
     b = a.shape[0]
     if isinstance(m, nn.GroupNorm):
-        x_hat = F.group_norm(a, m.num_groups, None, None, m.eps)
         dims = tuple(range(2, a.dim()))
-        if "weight" in layer.names:
+        if "weight" in names:
+            x_hat = F.group_norm(a, m.num_groups, None, None, m.eps)
             out["weight"] = (g * x_hat).sum(dims) if dims else g * x_hat
-        if "bias" in layer.names:
+        if "bias" in names:
             out["bias"] = g.sum(dims) if dims else g
         return out
     shape = tuple(m.normalized_shape)
-    if "weight" in layer.names:
+    if "weight" in names:
         x_hat = F.layer_norm(a, shape, None, None, m.eps)
         out["weight"] = (g * x_hat).reshape(b, -1, *shape).sum(1)
-    if "bias" in layer.names:
+    if "bias" in names:
         out["bias"] = g.reshape(b, -1, *shape).sum(1)
     return out
 
@@ -233,9 +279,8 @@ def _embedding_rows(layer: _Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     m, idx, g = layer.module, layer.inputs[0], layer.grad
     b, n = idx.shape[0], m.num_embeddings
     idx = idx.reshape(b, -1)
-    g = g.reshape(b, idx.shape[1], -1)
     keys = (torch.arange(b, device=idx.device)[:, None] * n + idx).flatten()
-    rows = g.reshape(-1, g.shape[-1])
+    rows = g.reshape(keys.shape[0], -1)
     if m.padding_idx is not None:  # the padding row receives no gradient
         keep = idx.flatten() != m.padding_idx
         keys, rows = keys[keep], rows[keep]
@@ -246,30 +291,54 @@ def _embedding_rows(layer: _Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 
 def _sq_norms(layer: _Layer, b: int) -> torch.Tensor:
-    """Squared norm of each example's gradient of this layer's trainable parameters."""
-    m, names = layer.module, layer.names
+    """Squared norm of each example's gradient of this layer's trainable parameters (what is
+    formed on the way is kept in ``layer`` for the clipped sum)."""
+    m, names, g = layer.module, layer.names, layer.grad
     if isinstance(m, nn.Embedding):
-        example, _, summed = _embedding_rows(layer)
+        layer.rows = _embedding_rows(layer)
+        example, _, summed = layer.rows
         sq = torch.zeros(b, dtype=summed.dtype, device=summed.device)
         return sq.index_add_(0, example, summed.pow(2).sum(1))
     if isinstance(m, (nn.GroupNorm, nn.LayerNorm)):
-        return sum(v.reshape(b, -1).pow(2).sum(1) for v in _norm_affine(layer).values())
-    a, g = _flat(layer)
-    sq = _weight_sq(layer, a, g) if "weight" in names else 0
+        layer.per_example = _norm_affine(m, layer.inputs[0], g, names)
+        return sum(v.reshape(b, -1).pow(2).sum(1) for v in layer.per_example.values())
+    sq = _weight_sq(layer) if "weight" in names else 0
     if "bias" in names:
-        sq = sq + g.sum(1).pow(2).sum(1)
+        if isinstance(m, nn.Linear):
+            bias = g.reshape(b, -1, g.shape[-1]).sum(1)
+        else:
+            bias = g.reshape(b, g.shape[1], -1).sum(2)
+        layer.per_example["bias"] = bias
+        sq = sq + bias.pow(2).sum(1)
     return sq
 
 
 def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``sum_i c_i G_i`` of the layer's trainable parameters (book-kept from the stored tensors)."""
+    """``sum_i c_i G_i`` of the layer's trainable parameters: from the per-example gradients the
+    norms formed where they did, else book-kept from the stored input and the factor-weighted
+    output gradients (one weight gradient as plain training forms it)."""
     m, names = layer.module, layer.names
-    if layer.grad is None:
+    if layer.grad is None:  # an unused layer: zero gradients
         return {k: torch.zeros_like(getattr(m, k)) for k in names}
     g = layer.grad
-    cg = g * c.to(g.dtype).view(-1, *([1] * (g.dim() - 1)))
+    c = c.to(g.dtype)
     out: dict[str, torch.Tensor] = {}
-    if isinstance(m, nn.Embedding):
+    for k, v in layer.per_example.items():
+        if v.dim() == 4 and isinstance(m, nn.Conv2d):  # (k^2, B, out, in)
+            w = torch.einsum("b,kboi->oik", c, v)
+        else:
+            w = torch.tensordot(c, v, dims=1)
+        out[k] = w.reshape(getattr(m, k).shape)
+    if isinstance(m, nn.Embedding) and layer.rows is not None:
+        example, token, summed = layer.rows
+        weighted = summed * c[example, None]
+        out["weight"] = torch.zeros_like(m.weight).index_add_(0, token, weighted)
+        return out
+    missing = [k for k in names if k not in out]
+    if not missing:
+        return out
+    cg = g * c.view(-1, *([1] * (g.dim() - 1)))
+    if isinstance(m, nn.Embedding):  # clipping off: no norms were formed
         flat = layer.inputs[0].flatten()
         rows = cg.reshape(flat.shape[0], -1)
         if m.padding_idx is not None:
@@ -278,17 +347,15 @@ def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
         out["weight"] = torch.zeros_like(m.weight).index_add_(0, flat, rows)
         return out
     if isinstance(m, (nn.GroupNorm, nn.LayerNorm)):
-        layer.grad = cg
-        return {k: v.sum(0) for k, v in _norm_affine(layer).items()}
-    if "weight" in names:
-        if layer.materialised is not None:
-            w = torch.einsum("b,boi->oi", c.to(g.dtype), layer.materialised)
-        elif isinstance(m, nn.Linear):
+        per = _norm_affine(m, layer.inputs[0], cg, missing)
+        return out | {k: v.sum(0) for k, v in per.items()}
+    if "weight" in missing:
+        if isinstance(m, nn.Linear):
             w = cg.reshape(-1, cg.shape[-1]).T @ layer.inputs[0].reshape(-1, m.in_features)
         else:
             w = _conv_weight_grad(layer, cg)
         out["weight"] = w.reshape(m.weight.shape)
-    if "bias" in names:
+    if "bias" in missing:
         out["bias"] = (
             cg.reshape(cg.shape[0], cg.shape[1], -1).sum((0, 2))
             if isinstance(m, nn.Conv2d)

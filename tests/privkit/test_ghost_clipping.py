@@ -99,6 +99,8 @@ class Conv(nn.Module):
         (nn.Conv2d(2, 3, 3, padding=1), 6),  # few channels, large map: materialised
         (nn.Conv2d(8, 8, 3, padding=1, bias=False), 2),  # many channels, small map: ghost
         (nn.Conv2d(2, 4, (3, 2), stride=2, dilation=(1, 2), padding=(1, 0)), 7),
+        (nn.Conv2d(8, 8, 3, stride=2, dilation=2, padding=(2, 1)), 6),  # the same by ghost
+        (nn.Conv2d(2, 3, (3, 2), dilation=2, padding=(1, 2)), 7),
         (nn.Conv2d(2, 3, 4, padding="same"), 5),  # asymmetric "same" padding
         (nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect"), 5),
     ],

@@ -1,0 +1,329 @@
+"""One DP-SGD step of models people train: privkit against opacus and non-private SGD.
+
+Per step, on one fixed batch (the expected size of a Poisson batch; every variant takes the same
+examples), measured in one run with interleaved repeats (each repeat runs every variant once, in
+turn, so drifts of the machine hit all of them alike), medians:
+
+* ``sgd``: non-private SGD (mean cross-entropy, one backward pass, ``optimizer.step``);
+* ``opacus_hooks``: opacus ``make_private(grad_sample_mode="hooks")``: per-example gradients by
+  module hooks, flat clipping, noise, ``optimizer.step``;
+* ``opacus_ghost``: opacus ``make_private(grad_sample_mode="ghost")``: ghost norms, then a second
+  backward pass with the clipped losses;
+* ``privkit``: :meth:`privkit.trainers.dp_sgd_step.DpSgdStep.apply` with release noise
+  (:meth:`privkit.dp_random.DpRandom.secret`: on the CPU the AES stream on the floating-point
+  grid, on a GPU the ChaCha20 stream on the device), the per-example norms and the clipped sum by
+  book-keeping ghost clipping (:mod:`privkit.mechanisms.ghost_clipping`: one forward, one backward
+  pass);
+* ``privkit_seeded``: the same with a seeded ``torch.Generator`` (reproducible mode).
+
+Ratios: each variant's median over non-private SGD's and over opacus ghost's (the per-repeat ratio
+of the interleaved pairs, median). ``privkit_path`` says which clipped-sum path privkit took for the
+model (``ghost_clipping``, else the ``torch.func`` fallback).
+
+Models: ``resnet_small`` (a GroupNorm ResNet of 78k parameters, 32x32x3 inputs, batch 64);
+``transformer`` (a transformer-block classifier: token and position embeddings, LayerNorm,
+4-head attention by ``nn.Linear`` q/k/v/out maps, MLP; 64 tokens, batch 64); with ``--big``
+``resnet18`` (ResNet-18 with GroupNorm, 11.2M parameters, 32x32x3 inputs, batch 256: about a
+minute per repeat on one CPU thread, the model of issue 32's GPU figures).
+
+    python benchmarks/dpsgd_step.py --json [--device cuda] [--repeats 7] [--big]
+
+On the CPU torch runs one thread. ``benchmarks/results/dpsgd_step_cpu.json`` is this repository's
+CPU run. GPU figures: unmeasured in this repository (no GPU was at hand when the benchmark was
+written): ``--device cuda --big --json`` on a machine with one produces them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privkit.dp_random import DpRandom
+from privkit.mechanisms import ghost_clipping
+from privkit.trainers.dp_sgd_step import DpSgdStep
+from privkit.trainers.stacked import UnsupportedModelError
+
+SCHEMA_VERSION = 1
+CLIP, SIGMA, LR, DATASET = 1.0, 1.0, 0.05, 50_000
+VARIANTS = ("sgd", "opacus_hooks", "opacus_ghost", "privkit", "privkit_seeded")
+
+
+class Block(nn.Module):
+    """ResNet's basic block with GroupNorm for BatchNorm (ReLUs not in place: opacus' hooks refuse
+    an in-place operation on a hooked layer's output)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int, groups: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.gn1 = nn.GroupNorm(min(groups, c_out), c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.gn2 = nn.GroupNorm(min(groups, c_out), c_out)
+        self.relu = nn.ReLU()
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride, bias=False),
+                nn.GroupNorm(min(groups, c_out), c_out),
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.gn1(self.conv1(x)))
+        out = self.gn2(self.conv2(out))
+        out = out + self.shortcut(x)
+        return self.relu(out)
+
+
+class ResNet(nn.Module):
+    """CIFAR-style ResNet (3x3 stem, no max-pool) with GroupNorm: ``blocks`` per stage."""
+
+    def __init__(self, widths: tuple[int, ...], blocks: int, groups: int, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, widths[0], 3, 1, 1, bias=False),
+            nn.GroupNorm(min(groups, widths[0]), widths[0]),
+            nn.ReLU(),
+        )
+        layers, c = [], widths[0]
+        for i, w in enumerate(widths):
+            for j in range(blocks):
+                layers.append(Block(c, w, 2 if i > 0 and j == 0 else 1, groups))
+                c = w
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(c, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.layers(self.stem(x))
+        return self.fc(F.adaptive_avg_pool2d(h, 1).flatten(1))
+
+
+class TransformerClassifier(nn.Module):
+    """Token and position embeddings, one pre-norm transformer block (attention by ``nn.Linear``
+    q/k/v/out maps, GELU MLP), mean pooling, a linear head."""
+
+    def __init__(self, vocab=1000, d=128, heads=4, length=64, classes=10):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(length, d)
+        self.ln1, self.ln2, self.ln_f = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.head = nn.Linear(d, classes)
+        self.heads = heads
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        b, t = idx.shape
+        pos = torch.arange(t, device=idx.device).repeat(b, 1)  # contiguous: opacus ghost views it
+        h = self.tok(idx) + self.pos(pos)
+        z = self.ln1(h)
+
+        def split(u):
+            return u.view(b, t, self.heads, -1).transpose(1, 2)
+
+        att = F.scaled_dot_product_attention(split(self.q(z)), split(self.k(z)), split(self.v(z)))
+        h = h + self.o(att.transpose(1, 2).reshape(b, t, -1))
+        h = h + self.fc2(F.gelu(self.fc1(self.ln2(h))))
+        return self.head(self.ln_f(h).mean(1))
+
+
+def build(name: str) -> tuple[nn.Module, str, int]:
+    """The model, a description, and its batch size."""
+    if name == "resnet18":
+        return ResNet((64, 128, 256, 512), 2, 32), "ResNet-18, GroupNorm(32), 32x32x3", 256
+    if name == "resnet_small":
+        return ResNet((16, 32, 64), 1, 4), "ResNet 16-32-64, 1 block/stage, GroupNorm(4)", 64
+    if name == "transformer":
+        return (
+            TransformerClassifier(),
+            "transformer block: vocab 1000, d 128, 4 heads, MLP 512, 64 tokens",
+            64,
+        )
+    raise ValueError(name)
+
+
+def batch(name: str, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    if name == "transformer":
+        x = torch.randint(0, 1000, (size, 64), generator=g)
+    else:
+        x = torch.randn(size, 3, 32, 32, generator=g)
+    return x.to(device), torch.randint(0, 10, (size,), generator=g).to(device)
+
+
+def _per_example_loss(logits, y, _aux):
+    return F.cross_entropy(logits, y)
+
+
+def steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict:
+    """One step function per variant, each on its own copy of ``model``."""
+    from opacus import PrivacyEngine
+
+    n = x.shape[0]
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x.cpu(), y.cpu()), batch_size=n
+    )
+    out = {}
+
+    plain = copy.deepcopy(model)
+    opt = torch.optim.SGD(plain.parameters(), lr=LR)
+
+    def sgd():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(plain(x), y).backward()
+        opt.step()
+
+    out["sgd"] = sgd
+    for mode in ("hooks", "ghost"):
+        m = copy.deepcopy(model)
+        o = torch.optim.SGD(m.parameters(), lr=LR)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            made = PrivacyEngine(accountant="rdp").make_private(
+                module=m,
+                optimizer=o,
+                criterion=nn.CrossEntropyLoss(),
+                data_loader=loader,
+                noise_multiplier=SIGMA,
+                max_grad_norm=CLIP,
+                poisson_sampling=False,
+                grad_sample_mode=mode,
+            )
+        if mode == "ghost":
+            gm, go, crit, _ = made
+        else:
+            (gm, go, _), crit = made, nn.CrossEntropyLoss()
+
+        def dp(gm=gm, go=go, crit=crit):
+            go.zero_grad(set_to_none=True)
+            crit(gm(x), y).backward()
+            go.step()
+
+        out[f"opacus_{mode}"] = dp
+    step = DpSgdStep(CLIP, SIGMA, n / DATASET, DATASET)
+    for variant, source in (
+        ("privkit", DpRandom.secret(device)),
+        ("privkit_seeded", torch.Generator(device=device).manual_seed(0)),
+    ):
+        m = copy.deepcopy(model)
+        o = torch.optim.SGD(m.parameters(), lr=LR)
+
+        def pk(m=m, o=o, source=source):
+            step.apply(m, o, x, y, _per_example_loss, source)
+
+        out[variant] = pk
+    return out
+
+
+def privkit_path(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> str:
+    try:
+        ghost_clipping.per_example_norms(
+            model, x[:2], lambda lo, s: F.cross_entropy(lo, y[:2][s], reduction="none")
+        )
+    except UnsupportedModelError as e:
+        return f"torch.func ({e})"
+    return "ghost_clipping"
+
+
+def measure(name: str, device: torch.device, repeats: int) -> dict:
+    torch.manual_seed(0)
+    model, description, size = build(name)
+    model = model.to(device)
+    x, y = batch(name, size, device)
+    fns = steps(model, x, y, device)
+
+    def timed(fn) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    for fn in fns.values():  # warm-up: allocations, kernel selection, opacus' first hooks
+        fn()
+        fn()
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for _ in range(repeats):
+        for v in VARIANTS:
+            times[v].append(timed(fns[v]))
+    med = {v: statistics.median(t) for v, t in times.items()}
+
+    def ratio(v: str, ref: str) -> float:
+        return statistics.median(a / b for a, b in zip(times[v], times[ref], strict=True))
+
+    return {
+        "model": description,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "batch": size,
+        "privkit_path": privkit_path(model, x, y),
+        "median_ms": {v: 1e3 * t for v, t in med.items()},
+        "vs_sgd": {v: ratio(v, "sgd") for v in VARIANTS},
+        "vs_opacus_ghost": {v: ratio(v, "opacus_ghost") for v in VARIANTS},
+        "times_ms": {v: [1e3 * t for t in ts] for v, ts in times.items()},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--big", action="store_true", help="add ResNet-18 (slow on a CPU)")
+    ap.add_argument("--models", default=None, help="comma-separated subset of the models")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1; found {args.repeats}")
+    device = torch.device(args.device)
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")  # opacus' hooks
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    else:
+        torch.backends.cudnn.benchmark = False  # Poisson batch sizes vary in training
+    names = ["resnet_small", "transformer"] + (["resnet18"] if args.big else [])
+    if args.models:
+        names = args.models.split(",")
+    start = time.perf_counter()
+    results = {name: measure(name, device, args.repeats) for name in names}
+    import opacus
+
+    res = {
+        "schema_version": SCHEMA_VERSION,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "opacus": opacus.__version__,
+        "threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+        "setup": {
+            "clip_norm": CLIP,
+            "noise_multiplier": SIGMA,
+            "batch": "fixed, the expected Poisson batch size; the same examples for every variant",
+            "order": "interleaved: each repeat runs every variant once, in turn; 2 warm-up steps",
+            "load_average": list(os.getloadavg()),
+        },
+        "models": results,
+        "wall_s": time.perf_counter() - start,
+    }
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return
+    for name, r in results.items():
+        print(f"{name} ({r['parameters']} parameters, batch {r['batch']}, {r['privkit_path']}):")
+        for v in VARIANTS:
+            print(
+                f"  {v:15s} {r['median_ms'][v]:9.1f} ms  {r['vs_sgd'][v]:5.2f}x sgd  "
+                f"{r['vs_opacus_ghost'][v]:5.2f}x opacus ghost"
+            )
+
+
+if __name__ == "__main__":
+    main()
