@@ -51,8 +51,10 @@ def test_the_servers_audit_is_in_the_run_and_in_the_report(
     assert audit["audited"] == "the server's client-level Gaussian"
     privacy = json.loads((tmp_path / "runs" / "canary-clients" / "privacy.json").read_text())
     assert audit["accounted_epsilon"] == pytest.approx(privacy["summary"]["worst"]["rdp"], rel=1e-9)
+    assert audit["audit_kind"] == "canary-clients"
     row = report_row(tmp_path / "runs", "canary-clients")
     assert f"| {verdict} |" in row, row
+    assert "| canary-client audit (client-level) |" in row, row  # white-box, not black-box
 
 
 def test_write_audit_names_a_folder_that_holds_no_run(tmp_path):
