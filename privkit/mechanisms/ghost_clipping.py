@@ -18,10 +18,12 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   ``sum_{t,s} (a_t . a_s)(g_t . g_s)`` (the ghost norm: two ``T x T`` Gram matrices, cost
   ``T^2 (in + out)``), or ``||G_i||^2`` of the materialised ``G_i`` (cost ``T in out``), whichever is
   cheaper for the shapes (a single position is ``|a|^2 |g|^2``). Bias: ``sum_t g_t``.
-* **Conv2d** is a linear map of the unfolded input patches (``F.unfold``: ``in k^2`` values at each
-  of ``T`` output positions), so the same two choices apply: the ghost norm over ``T x T`` Gram
-  matrices for small feature maps with many channels, the per-example weight gradient ``g_i
-  U_i^T`` for large maps with few channels.
+* **Conv2d** is a linear map of the input patches (``in k^2`` values at each of ``T`` output
+  positions), so the same two choices apply: the ghost norm over ``T x T`` Gram matrices for
+  small feature maps with many channels (the patch Gram summed over the ``k^2`` kernel offsets,
+  one strided slice of the input at a time: no ``F.unfold`` copy), and for large maps with few
+  channels the per-example weight gradients themselves, as one grouped convolution's weight
+  gradient with the batch as the groups (the kernel plain training's weight gradient runs).
 * **GroupNorm**, **LayerNorm**: the affine weight's gradient is ``sum`` over every non-batch
   position of ``g * x_hat`` per channel (``x_hat`` the normalised input, recomputed from the stored
   input), the bias' ``sum g``: small per-example vectors, formed directly.
@@ -182,42 +184,20 @@ def _padded(m: nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...
     return a, tuple(m.padding)
 
 
-def _patches(layer: _Layer, flat: bool) -> tuple[torch.Tensor, Iterator[torch.Tensor]]:
-    """A convolution's output gradient as ``(B, out, L)`` and its input at each kernel offset
-    ``(kh, kw)`` in turn (row-major) as ``(B, in, L)``: the values each output position multiplies
-    by ``weight[:, :, kh, kw]``, ``L`` positions. One offset at a time: ``F.unfold``'s ``k^2``-fold
-    copy of the input is never held (and on the CPU its slow ``im2col`` is avoided).
-
-    ``flat`` with stride 1: the offsets are views of the flattened padded input, no copies, and
-    ``L`` runs over the padded width (the output gradient padded with zero columns, so the
-    positions that wrap around a row add nothing). Otherwise each offset is a strided slice,
-    copied, and ``L = T``."""
+def _patches(layer: _Layer) -> Iterator[torch.Tensor]:
+    """A convolution's input at each kernel offset ``(kh, kw)`` in turn (row-major) as ``(B, in,
+    T)``: the values each output position multiplies by ``weight[:, :, kh, kw]``. One offset at
+    a time (a strided slice, copied): ``F.unfold``'s ``k^2``-fold copy of the input is never held,
+    and on the CPU its slow ``im2col`` is avoided."""
     m, a, g = layer.module, layer.inputs[0], layer.grad
     a, padding = _padded(m, a)
-    (sh, sw), (dh, dw), (kh_n, kw_n) = m.stride, m.dilation, m.kernel_size
-    b, c_in, (ho, wo) = a.shape[0], a.shape[1], g.shape[2:]
-    if flat and (sh, sw) == (1, 1):
-        ph, pw = padding
-        a = F.pad(a, [pw, pw, ph, ph + (1 if kw_n > 1 else 0)])
-        wp = a.shape[3]
-        a = a.reshape(b, c_in, -1)
-        g = F.pad(g, [0, wp - wo]).reshape(b, g.shape[1], ho * wp)
-        offsets = (
-            a[:, :, kh * dh * wp + kw * dw :][:, :, : ho * wp]
-            for kh in range(kh_n)
-            for kw in range(kw_n)
-        )
-        return g, offsets
     if any(padding):
         a = F.pad(a, [p for p in reversed(padding) for _ in range(2)])
-    slices = (
-        a[:, :, kh * dh : kh * dh + sh * (ho - 1) + 1 : sh, kw * dw :: sw][..., :wo].reshape(
-            b, c_in, ho * wo
-        )
-        for kh in range(kh_n)
-        for kw in range(kw_n)
-    )
-    return g.reshape(b, g.shape[1], ho * wo), slices
+    (sh, sw), (dh, dw), (ho, wo) = m.stride, m.dilation, g.shape[2:]
+    for kh in range(m.kernel_size[0]):
+        for kw in range(m.kernel_size[1]):
+            view = a[:, :, kh * dh : kh * dh + sh * (ho - 1) + 1 : sh, kw * dw :: sw][..., :wo]
+            yield view.reshape(a.shape[0], a.shape[1], ho * wo)
 
 
 def _weight_sq(layer: _Layer) -> torch.Tensor:
@@ -240,16 +220,28 @@ def _weight_sq(layer: _Layer) -> torch.Tensor:
     t, n_out = g.shape[2] * g.shape[3], g.shape[1]
     n_in = m.in_channels * m.kernel_size[0] * m.kernel_size[1]
     if t * (n_in + n_out) < n_in * n_out:
-        g, patches = _patches(layer, flat=False)
-        gram = sum(torch.bmm(u.transpose(1, 2), u) for u in patches)
+        gram = sum(torch.bmm(u.transpose(1, 2), u) for u in _patches(layer))
+        g = g.reshape(b, n_out, t)
         return (gram * torch.bmm(g.transpose(1, 2), g)).sum((1, 2))
-    k = m.kernel_size[0] * m.kernel_size[1]
-    w = torch.empty(k, b, n_out, m.in_channels, dtype=g.dtype, device=g.device)
-    g, patches = _patches(layer, flat=True)
-    for i, u in enumerate(patches):
-        torch.bmm(g, u.transpose(1, 2), out=w[i])
-    layer.per_example["weight"] = w  # (k^2, B, out, in): offset-major
-    return torch.linalg.vector_norm(w, dim=(0, 2, 3)).square()
+    # per-example weight gradients: the batch as the groups of one grouped convolution's weight
+    # gradient (the kernel plain training's weight gradient runs)
+    a, padding = _padded(m, layer.inputs[0])
+    shape = (b * n_out, m.in_channels, *m.kernel_size)
+    w = torch.ops.aten.convolution_backward(
+        layer.grad.reshape(1, b * n_out, *layer.grad.shape[2:]),
+        a.reshape(1, b * m.in_channels, *a.shape[2:]),
+        a.new_empty(1).expand(shape),
+        None,
+        m.stride,
+        padding,
+        m.dilation,
+        False,
+        [0, 0],
+        b,
+        [False, True, False],
+    )[1].reshape(b, *m.weight.shape)
+    layer.per_example["weight"] = w
+    return torch.linalg.vector_norm(w.reshape(b, -1), dim=1).square()
 
 
 def _norm_affine(m: nn.Module, a: torch.Tensor, g: torch.Tensor, names) -> dict[str, torch.Tensor]:
@@ -324,11 +316,7 @@ def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
     c = c.to(g.dtype)
     out: dict[str, torch.Tensor] = {}
     for k, v in layer.per_example.items():
-        if v.dim() == 4 and isinstance(m, nn.Conv2d):  # (k^2, B, out, in)
-            w = torch.einsum("b,kboi->oik", c, v)
-        else:
-            w = torch.tensordot(c, v, dims=1)
-        out[k] = w.reshape(getattr(m, k).shape)
+        out[k] = torch.tensordot(c, v, dims=1)
     if isinstance(m, nn.Embedding) and layer.rows is not None:
         example, token, summed = layer.rows
         weighted = summed * c[example, None]
