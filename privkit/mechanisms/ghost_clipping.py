@@ -70,6 +70,18 @@ __all__ = ["SUPPORTED", "clipped_sum", "per_example_norms"]
 #: the layer types whose per-example gradient norms and clipped sums this module forms
 SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm, nn.Embedding)
 
+#: per-example weight gradients of one layer are materialised up to this many elements (``B in
+#: out``: 64 MiB in float32), beyond it the ghost norm is taken where its Gram matrices are smaller
+MATERIALISE_LIMIT = 1 << 24
+
+
+def _ghost(b: int, t: int, n_in: int, n_out: int) -> bool:
+    """Whether a weight's norms take the Gram matrices: materialising costs ``T in out`` per
+    example and serves the clipped sum too, the ghost norm ``T^2 (in + out)`` and the clipped sum
+    then costs a weight gradient (``T in out``) besides; so the ghost norm is for memory: where the
+    ``B`` per-example gradients would be large and the ``T x T`` Gram matrices are smaller."""
+    return b * n_in * n_out > MATERIALISE_LIMIT and t * (n_in + n_out) < n_in * n_out
+
 
 @dataclass
 class _Layer:
@@ -211,7 +223,7 @@ def _weight_sq(layer: _Layer) -> torch.Tensor:
         t, n_in, n_out = a.shape[1], a.shape[2], g.shape[2]
         if t == 1:
             return a[:, 0].pow(2).sum(1) * g[:, 0].pow(2).sum(1)
-        if t * (n_in + n_out) < n_in * n_out:  # ghost norm: T^2 (in + out) < T in out
+        if _ghost(b, t, n_in, n_out):
             gram = torch.bmm(a, a.transpose(1, 2))
             return (gram * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
         w = torch.bmm(g.transpose(1, 2), a)  # (B, out, in)
@@ -219,7 +231,7 @@ def _weight_sq(layer: _Layer) -> torch.Tensor:
         return torch.linalg.vector_norm(w, dim=(1, 2)).square()
     t, n_out = g.shape[2] * g.shape[3], g.shape[1]
     n_in = m.in_channels * m.kernel_size[0] * m.kernel_size[1]
-    if t * (n_in + n_out) < n_in * n_out:
+    if _ghost(b, t, n_in, n_out):
         gram = sum(torch.bmm(u.transpose(1, 2), u) for u in _patches(layer))
         g = g.reshape(b, n_out, t)
         return (gram * torch.bmm(g.transpose(1, 2), g)).sum((1, 2))

@@ -39,16 +39,20 @@ def _reference(model, x, y):
     return norms, clip, {k: g.sum(0) for k, g in clipped.items()}
 
 
-def _check(model, x, y):
+def _check(model, x, y, monkeypatch):
+    """Both ways of every weight's norms: materialised per-example gradients (the default for
+    these small layers) and the ghost norm (wherever its Gram matrices are the smaller)."""
     model = model.double()
     x = x.double() if x.is_floating_point() else x
     norms, clip, want = _reference(model, x, y)
-    got_norms = ghost_clipping.per_example_norms(model, x, _example_losses(y))
-    torch.testing.assert_close(got_norms, norms, rtol=1e-10, atol=1e-12)
-    got = ghost_clipping.clipped_sum(model, x, _example_losses(y), clip)
-    assert list(got) == list(want)
-    for k in want:
-        torch.testing.assert_close(got[k], want[k], rtol=1e-10, atol=1e-12, msg=k)
+    for limit in (ghost_clipping.MATERIALISE_LIMIT, 0):
+        monkeypatch.setattr(ghost_clipping, "MATERIALISE_LIMIT", limit)
+        got_norms = ghost_clipping.per_example_norms(model, x, _example_losses(y))
+        torch.testing.assert_close(got_norms, norms, rtol=1e-10, atol=1e-12)
+        got = ghost_clipping.clipped_sum(model, x, _example_losses(y), clip)
+        assert list(got) == list(want)
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-10, atol=1e-12, msg=k)
     return got
 
 
@@ -66,18 +70,18 @@ class Seq(nn.Module):
 
 @pytest.mark.parametrize(
     "t, d_in, d_out",
-    [(1, 5, 4), (3, 16, 16), (12, 3, 4)],  # one position, materialised, Gram matrices
+    [(1, 5, 4), (3, 16, 16), (12, 3, 4)],  # one position; Gram matrices (limit 0); materialised
 )
-def test_linear_rows_and_sequences(t, d_in, d_out):
+def test_linear_rows_and_sequences(t, d_in, d_out, monkeypatch):
     torch.manual_seed(0)
-    _check(Seq(d_in, d_out), torch.randn(7, t, d_in), torch.randint(0, 3, (7,)))
+    _check(Seq(d_in, d_out), torch.randn(7, t, d_in), torch.randint(0, 3, (7,)), monkeypatch)
 
 
-def test_linear_with_frozen_weight_and_no_bias():
+def test_linear_with_frozen_weight_and_no_bias(monkeypatch):
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(6, 5, bias=False), nn.ReLU(), nn.Linear(5, 3))
     model[2].weight.requires_grad_(False)
-    got = _check(model, torch.randn(8, 6), torch.randint(0, 3, (8,)))
+    got = _check(model, torch.randn(8, 6), torch.randint(0, 3, (8,)), monkeypatch)
     assert set(got) == {"0.weight", "2.bias"}
 
 
@@ -96,23 +100,26 @@ class Conv(nn.Module):
 @pytest.mark.parametrize(
     "conv, size",
     [
-        (nn.Conv2d(2, 3, 3, padding=1), 6),  # few channels, large map: materialised
-        (nn.Conv2d(8, 8, 3, padding=1, bias=False), 2),  # many channels, small map: ghost
+        (nn.Conv2d(2, 3, 3, padding=1), 6),  # few channels, large map: always materialised
+        (nn.Conv2d(8, 8, 3, padding=1, bias=False), 2),  # many channels, small map: ghost at 0
         (nn.Conv2d(2, 4, (3, 2), stride=2, dilation=(1, 2), padding=(1, 0)), 7),
-        (nn.Conv2d(8, 8, 3, stride=2, dilation=2, padding=(2, 1)), 6),  # the same by ghost
+        (nn.Conv2d(8, 8, 3, stride=2, dilation=2, padding=(2, 1)), 6),  # strided ghost at 0
         (nn.Conv2d(2, 3, (3, 2), dilation=2, padding=(1, 2)), 7),
         (nn.Conv2d(2, 3, 4, padding="same"), 5),  # asymmetric "same" padding
         (nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect"), 5),
     ],
 )
-def test_conv2d(conv, size):
+def test_conv2d(conv, size, monkeypatch):
     torch.manual_seed(2)
     _check(
-        Conv(conv, size), torch.randn(6, conv.in_channels, size, size), torch.randint(0, 3, (6,))
+        Conv(conv, size),
+        torch.randn(6, conv.in_channels, size, size),
+        torch.randint(0, 3, (6,)),
+        monkeypatch,
     )
 
 
-def test_group_norm_and_layer_norm():
+def test_group_norm_and_layer_norm(monkeypatch):
     torch.manual_seed(3)
     model = nn.Sequential(
         nn.Conv2d(2, 4, 3),
@@ -128,7 +135,7 @@ def test_group_norm_and_layer_norm():
             nn.init.normal_(m.weight, 1.0, 0.3)
             if m.bias is not None:
                 nn.init.normal_(m.bias, 0.0, 0.3)
-    _check(model, torch.randn(7, 2, 5, 5), torch.randint(0, 3, (7,)))
+    _check(model, torch.randn(7, 2, 5, 5), torch.randint(0, 3, (7,)), monkeypatch)
 
 
 class Bag(nn.Module):
@@ -142,12 +149,12 @@ class Bag(nn.Module):
 
 
 @pytest.mark.parametrize("padding_idx", [None, 0])
-def test_embedding_with_repeated_and_padding_tokens(padding_idx):
+def test_embedding_with_repeated_and_padding_tokens(padding_idx, monkeypatch):
     torch.manual_seed(4)
     idx = torch.randint(0, 6, (9, 7))
     idx[0] = 2  # one token repeated throughout
     idx[1, :3] = 0
-    _check(Bag(padding_idx), idx, torch.randint(0, 3, (9,)))
+    _check(Bag(padding_idx), idx, torch.randint(0, 3, (9,)), monkeypatch)
 
 
 class Block(nn.Module):
@@ -186,9 +193,9 @@ def small_resnet(width=4, classes=3):
     )
 
 
-def test_group_norm_resnet_with_inplace_activations():
+def test_group_norm_resnet_with_inplace_activations(monkeypatch):
     torch.manual_seed(5)
-    _check(small_resnet(), torch.randn(6, 3, 8, 8), torch.randint(0, 3, (6,)))
+    _check(small_resnet(), torch.randn(6, 3, 8, 8), torch.randint(0, 3, (6,)), monkeypatch)
 
 
 class TinyTransformer(nn.Module):
@@ -217,9 +224,9 @@ class TinyTransformer(nn.Module):
         return self.head(self.ln3(h).mean(1))
 
 
-def test_transformer_block():
+def test_transformer_block(monkeypatch):
     torch.manual_seed(6)
-    _check(TinyTransformer(), torch.randint(0, 11, (7, 5)), torch.randint(0, 3, (7,)))
+    _check(TinyTransformer(), torch.randint(0, 11, (7, 5)), torch.randint(0, 3, (7,)), monkeypatch)
 
 
 def test_clipping_off_is_the_plain_sum_and_dp_sgd_takes_this_path(monkeypatch):
