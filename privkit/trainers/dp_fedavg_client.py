@@ -137,9 +137,10 @@ def _warnings(cfg: DpFedAvgClientConfig, n: int) -> list[str]:
     out = [
         (
             f"Accounting is client-level (user-level), add/remove one client: each round is one "
-            f"Poisson-subsampled Gaussian release (q = {cfg.client_rate:g}, z = "
-            f"{cfg.noise_multiplier:g}) of the sum of updates clipped to S = {cfg.clip_norm:g}, "
-            f"divided by the expected number of clients q N = {cfg.client_rate * n:g}. Every "
+            f"Gaussian release (z = {cfg.noise_multiplier:g}) of the sum of updates clipped to "
+            f"S = {cfg.clip_norm:g}, in which every client takes part by an independent coin of "
+            f"probability q = {cfg.client_rate:g}, divided by the expected number of clients "
+            f"q N = {cfg.client_rate * n:g}. Every "
             "client's epsilon protects its whole data; a single record is covered as part of its "
             "client (changing it replaces the client's update: at most twice the add/remove cost "
             "by group privacy)."
@@ -150,7 +151,7 @@ def _warnings(cfg: DpFedAvgClientConfig, n: int) -> list[str]:
         ),
     ]
     if cfg.noise_multiplier == 0:
-        out.append(f"{NO_NOISE}: no DP guarantee (the noise-free twin).")
+        out.append(f"{NO_NOISE}: no formal DP guarantee (the noise-free twin).")
     return out
 
 

@@ -12,7 +12,6 @@ import json
 import math
 
 import dp_accounting as dpa
-import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
@@ -196,7 +195,12 @@ def test_the_noise_free_twin_is_clipped_fedavg_by_hand(fed):
         torch.testing.assert_close(result.model.state_dict()[n], v, rtol=1e-5, atol=1e-6)
     assert [r["clients"] for r in result.rounds] == [list(range(fed.num_clients))] * 2
     assert math.isinf(result.ledger.epsilon(DELTA, client=0, accountant="rdp"))
-    assert any("no DP guarantee" in w for w in result.warnings)
+    assert any("no formal DP guarantee" in w for w in result.warnings)
+    from privkit.pipeline.report import classify_warning
+
+    heads = ("Accounting is client-level", "The server is trusted", "noise_multiplier = 0")
+    codes = [classify_warning(next(w for w in result.warnings if w.startswith(h))) for h in heads]
+    assert codes == ["other", "other", "no_formal_dp"]
 
 
 @pytest.mark.parametrize(
@@ -310,10 +314,18 @@ def test_the_report_names_a_client_level_method(tmp_path):
     (tmp_path / "config.resolved.json").write_text(
         json.dumps({"name": "r", "delta": DELTA, "resolved_methods": [entry]})
     )
+    mdir = tmp_path / "dpfc"
+    mdir.mkdir()
+    summary = {"worst": {"best": 5.0, "rdp": 5.0}, "clients": {"0": {"best": 5.0, "rdp": 5.0}}}
+    (mdir / "privacy.json").write_text(json.dumps({"delta": DELTA, "summary": summary}))
+    verdict = {"status": "consistent", "message": "no violation"}
+    (mdir / "audit.json").write_text(json.dumps({"verdict": verdict, "accounted_epsilon": 5.0}))
     report = build_report(tmp_path)
+    (m,) = report.methods
+    assert m.verdict_basis == "black-box"  # a record-level membership audit of a client claim
+    assert any("tests records against a client-level epsilon" in w.message for w in m.warnings)
     assert report.threat_model.unit and "client-level" in report.threat_model.unit
     assert "central DP at a trusted server" in report.threat_model.unit
     assert any(
         "Client-level (user-level) epsilons for dpfc" in a for a in report.threat_model.assumptions
     )
-    np.testing.assert_equal(len(report.methods), 1)
