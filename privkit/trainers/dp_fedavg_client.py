@@ -29,6 +29,11 @@ clients per round; this one draws Poisson coins because the add/remove-one-clien
 too, but only as part of its client: changing one record changes that client's update (a
 replacement at the client level), which by group privacy costs at most two add/remove steps.
 
+The per-round metrics hold the round, the test accuracy and the epsilon so far; which clients the
+round drew, how many updates were clipped and the updates' median norm are added only with
+``reproducible_noise`` (a run not for release): the draw must stay hidden for the amplification
+the ledger counts, and the raw updates' norms are not private.
+
 ``noise_multiplier = 0`` is the noise-free twin (clipped FedAvg with the fixed denominator): its
 releases are recorded as ``NonPrivateEvent`` (epsilon infinite).
 """
@@ -218,16 +223,18 @@ def train_dp_fedavg_client(
         event = _round_event(receipt)
         for k in range(n):
             ledger.add(k, event, f"round {t}: {LABEL}", round=t)
-        rows.append(
-            {
-                "round": t,
-                "test_accuracy": accuracy(model, x_test, y_test, device),
-                "clients": sampled,
-                "clipped": int(sum(v > cfg.clip_norm for v in norms)),
-                "update_norm_median": float(np.median(norms)) if norms else None,
-                "epsilon": eps if eps is not None else _epsilon(cfg, t),
-            }
-        )
+        row = {
+            "round": t,
+            "test_accuracy": accuracy(model, x_test, y_test, device),
+            "epsilon": eps if eps is not None else _epsilon(cfg, t),
+        }
+        if cfg.reproducible_noise:
+            # diagnostics of the clients' raw updates and of the round's draw: not released by a
+            # run for release (the accounting's amplification assumes the draw stays hidden)
+            row["clients"] = sampled
+            row["clipped"] = int(sum(v > cfg.clip_norm for v in norms))
+            row["update_norm_median"] = float(np.median(norms)) if norms else None
+        rows.append(row)
     if not rows:
         raise PrivkitError(
             f"target_epsilon must allow at least one round; found {cfg.target_epsilon:g} < the "

@@ -329,3 +329,12 @@ def test_the_report_names_a_client_level_method(tmp_path):
     assert any(
         "Client-level (user-level) epsilons for dpfc" in a for a in report.threat_model.assumptions
     )
+
+
+def test_a_run_for_release_keeps_the_draw_and_the_raw_norms_to_itself(fed):
+    """Release mode: the rounds' metrics say nothing of which clients were drawn (the amplification
+    assumes the draw hidden) nor of the unclipped updates' norms."""
+    cfg = {**SMALL, "reproducible_noise": False, "rounds": 2}
+    result = train("dp-fedavg-client", fed, cfg, seed=0)
+    assert [sorted(r) for r in result.rounds] == [["epsilon", "round", "test_accuracy"]] * 2
+    assert not result.ledger.reproducible_noise
