@@ -12,12 +12,14 @@ at once (:meth:`FederationRecipe.fit_many`, taken by :func:`attacks.experiment.t
 the serial executor): every client of every run steps together, each with the streams and the
 result it has when run alone.
 
-Reference noise. With ``release_seeds`` (what :func:`privkit.audit.audit_run` passes: the audited
-target run's seed) only the runs of those seeds draw the release mechanism's randomness (as the
-trainer config says); every other run, a reference run the auditor trains for itself and never
-releases, trains with ``reproducible_noise=True``: the same Gaussian noise, Poisson sampling and
-subsets drawn from fast seeded generators (derived from the run's seed) instead of the AES stream
-and the exact grid (docs/auditing-methods.md says why the audit's validity does not depend on it).
+Reference runs. With ``release_seeds`` (what :func:`privkit.audit.audit_run` passes: the audited
+target run's seed) only the runs of those seeds train as the trainer config says, drawing the
+release mechanism's randomness; every other run, a reference run the auditor trains for itself and
+never releases, trains with ``reproducible_noise=True`` (the same Gaussian noise, Poisson sampling
+and subsets drawn from fast seeded generators derived from the run's seed instead of the AES
+stream and the exact grid) and, batched, with the stacked kernels where the method's batched form
+would run Adam's exact per-model ones (:func:`privkit.trainers.many.train_many`'s
+``references``). docs/auditing-methods.md says why the audit's validity does not depend on either.
 """
 
 from __future__ import annotations
@@ -120,9 +122,9 @@ class FederationRecipe(Recipe):
         inference trains on them).
     engine : where each run trains, as the released run did: ``inprocess`` or ``flower`` (the
         method's Flower apps; :meth:`fit_many` then runs every audited run in one simulation).
-    release_seeds : the seeds of the runs that draw the release mechanism's randomness as
-        ``trainer_config`` says (an audit's target run); every other run trains with seeded noise
-        (``reproducible_noise=True``). ``None`` (default): every run as ``trainer_config`` says.
+    release_seeds : the seeds of the runs that train as ``trainer_config`` says (an audit's target
+        run); every other run is a reference run (:meth:`reference`: seeded noise, stacked
+        kernels). ``None`` (default): every run as ``trainer_config`` says.
     """
 
     def __init__(
@@ -151,16 +153,17 @@ class FederationRecipe(Recipe):
         """How the runs not in ``release_seeds`` draw their noise: ``seeded`` or ``as configured``."""
         return "as configured" if self.release_seeds is None else "seeded"
 
-    def reproducible(self, seed: int) -> bool:
-        """Whether the run of ``seed`` trains with ``reproducible_noise`` (a reference run, or a
-        trainer config asking for it)."""
-        if self.trainer_config.get("reproducible_noise"):
-            return True
+    def reference(self, seed: int) -> bool:
+        """Whether the run of ``seed`` is a reference run (seeded noise, stacked kernels): with
+        ``release_seeds``, every run not in them."""
         return self.release_seeds is not None and int(seed) not in self.release_seeds
 
     def config_for(self, seed: int) -> dict:
-        """The trainer config of the run of ``seed`` (:meth:`reproducible`)."""
-        return {**self.trainer_config, "reproducible_noise": self.reproducible(seed)}
+        """The trainer config of the run of ``seed``: a reference run's with
+        ``reproducible_noise``."""
+        if not self.reference(seed):
+            return dict(self.trainer_config)
+        return {**self.trainer_config, "reproducible_noise": True}
 
     def __call__(self, x: np.ndarray, y: np.ndarray, seed: int) -> AuditRun:
         from privkit.flower.engine import train
@@ -206,7 +209,7 @@ class FederationRecipe(Recipe):
                 feds,
                 self.trainer_config,
                 run_seeds,
-                reproducible=[self.reproducible(s) for s in seeds],
+                references=[self.reference(s) for s in seeds],
             )
         return [AuditRun(r, f) for r, f in zip(results, feds)]
 

@@ -13,6 +13,12 @@ equal the single run's bit for bit; what it saves is the Python, autograd and op
 which is most of a small model's step (the optimiser's update runs as ``torch._foreach_*`` over
 all models' parameters, each tensor as the single-tensor optimiser updates it).
 
+``train_exact(..., stacked=True)`` trains the same models with stacked kernels instead (one batched matrix
+product per layer and one optimiser pass per parameter for all models of a step): equal to the
+single run up to float rounding, which Adam then amplifies, so not bit for bit. An audit's
+reference runs take it (the auditor's own models, never released: their statistics, not their
+bits, are what the attacks use; docs/auditing-methods.md).
+
 Covered: privkit's MLP (``Flatten``, ``Linear``/``ReLU`` hidden layers, linear head), trainable
 or frozen features, an optional proximal term (FedProx). Anything else is an
 :class:`~privkit.trainers.stacked.UnsupportedModelError` (callers train one at a time).
@@ -163,6 +169,7 @@ def train_exact(
     mu: Sequence[float] | None = None,
     anchors: Sequence[dict[str, torch.Tensor]] | None = None,
     loss_from: Sequence[int] | None = None,
+    stacked: bool = False,
 ) -> list[float]:
     """Train every model over its batches (in place on its parameters), as
     :func:`~privkit.trainers.common.train_supervised` trains one with a fresh ``optimizer``
@@ -173,6 +180,8 @@ def train_exact(
 
     The models take their steps in turns, each step's gradient and update together (one model's
     tensors stay in cache; an update of all models' parameters at once is bound by memory traffic).
+    With ``stacked``, every model of a step in one computation instead (:func:`_train_stacked`:
+    equal up to float rounding, not bit for bit).
     """
     names = [k for k, q in template.named_parameters() if q.requires_grad]
     trainable = set(names)
@@ -182,6 +191,10 @@ def train_exact(
         (f"{n}.weight", f"{n}.bias", i > 0 and f"{ls[i - 1]}.weight" in trainable)
         for i, n in enumerate(ls)
     ]
+    if stacked:
+        return _train_stacked(
+            names, layers, models, optimizer, lr, mu=mu, anchors=anchors, loss_from=loss_from
+        )
     n = len(models)
     mu = list(mu) if mu is not None else [0.0] * n
     first = list(loss_from) if loss_from is not None else [math.inf] * n
@@ -226,6 +239,133 @@ def train_exact(
                 *moments[j],
             )
     return totals
+
+
+def _train_stacked(
+    names: list[str],
+    layers: list[tuple[str, str, bool]],
+    models: Sequence[Model],
+    optimizer: str,
+    lr: float,
+    *,
+    mu: Sequence[float] | None,
+    anchors: Sequence[dict[str, torch.Tensor]] | None,
+    loss_from: Sequence[int] | None,
+) -> list[float]:
+    """:func:`train_exact`'s training (same batches, same losses and updates) with every model of
+    a step in one stacked computation: each layer one batched matrix product over the models,
+    batches padded to the step's largest (padded rows carry no gradient), one optimiser pass per
+    parameter (Adam: torch's fused kernel). Equal to the exact kernels up to float rounding (Adam
+    amplifies it); returns the same per-model loss totals."""
+    trainable = set(names)
+    n = len(models)
+    if n == 0:
+        return []
+    # longest first: the models still training at step t are a prefix
+    order = sorted(range(n), key=lambda j: -len(models[j].batches))
+    ms = [models[j] for j in order]
+    device, soft = ms[0].x.device, ms[0].soft
+    if any(m.soft != soft for m in ms):
+        raise ValueError("stacked models must all have label or all soft targets")
+    every = list(ms[0].params)
+    p = {k: torch.stack([m.params[k] for m in ms]) for k in every}
+    m1 = {k: torch.zeros_like(p[k]) for k in names}
+    m2 = {k: torch.zeros_like(p[k]) for k in names}
+    mus = torch.tensor([0.0 if mu is None else float(mu[j]) for j in order], device=device)
+    prox = bool((mus > 0).any())
+    anchor = (
+        {
+            k: torch.stack(
+                [anchors[j][k] if mus[i] > 0 else p[k][i] for i, j in enumerate(order)]  # type: ignore[index]  # mu > 0: anchors
+            )
+            for k in names
+        }
+        if prox
+        else {}
+    )
+    first = torch.tensor(
+        [math.inf if loss_from is None else float(loss_from[j]) for j in order], device=device
+    )
+    steps = [len(m.batches) for m in ms]
+    width = max((len(b) for m in ms for b in m.batches), default=1)
+    starts = [0]
+    for m in ms:
+        starts.append(starts[-1] + len(m.x))
+    xs = torch.cat([m.x.reshape(len(m.x), -1) for m in ms])
+    ys = torch.cat([m.y for m in ms])
+    idx = torch.zeros((n, steps[0], width), dtype=torch.long)
+    counts = torch.zeros((n, steps[0]))
+    for i, m in enumerate(ms):
+        for t, b in enumerate(m.batches):
+            idx[i, t, : len(b)] = b.cpu() + starts[i]
+            counts[i, t] = len(b)
+    idx, counts = idx.to(device), counts.to(device)
+    cols = torch.arange(width, device=device)
+    totals = torch.zeros(n, dtype=torch.float64, device=device)
+    for t in range(steps[0]):
+        a = sum(1 for s in steps if s > t)
+        c = counts[:a, t]
+        rows = idx[:a, t]
+        scale = -(cols[None, :] < c[:, None]).float() / c[:, None]  # (a, width): 0 on padding
+        x, y = xs[rows], ys[rows]
+        acts = [x]
+        for w, b, _ in layers[:-1]:
+            acts.append(torch.relu(torch.baddbmm(p[b][:a, None], acts[-1], p[w][:a].mT)))
+        w, b, _ = layers[-1]
+        logp = torch.log_softmax(torch.baddbmm(p[b][:a, None], acts[-1], p[w][:a].mT), -1)
+        if soft:
+            g = y * scale[..., None]
+        else:
+            g = torch.zeros_like(logp).scatter_(2, y[..., None], scale[..., None])
+        g = g - logp.exp() * g.sum(-1, keepdim=True)
+        grads: dict[str, torch.Tensor] = {}
+        for i in range(len(layers) - 1, -1, -1):
+            w, b, below = layers[i]
+            if w not in trainable:
+                break
+            grads[w] = torch.bmm(g.mT, acts[i])
+            grads[b] = g.sum(1)
+            if below:
+                g = torch.bmm(g, p[w][:a]) * (acts[i] > 0)
+        extra = torch.zeros(a, device=device)
+        if prox:  # (mu/2) ||theta - anchor||^2: gradient mu (theta - anchor)
+            for k in names:
+                d = p[k][:a] - anchor[k][:a]
+                view = mus[:a].view(-1, *([1] * (d.dim() - 1)))
+                grads[k] = grads[k] + view * d
+                extra += 0.5 * mus[:a] * d.pow(2).flatten(1).sum(1)
+        counted = t >= first[:a]
+        if not soft and bool(counted.any()):
+            nll = (logp.gather(2, y[..., None])[..., 0] * scale).sum(1)  # the batch's mean loss
+            totals[:a] += torch.where(counted, (nll + extra) * c, 0.0).double()
+        ps, gs = [p[k][:a] for k in names], [grads[k] for k in names]
+        if optimizer == "adam":  # torch's fused Adam: one pass over the weights, not seven
+            step = torch.full((), float(t + 1), device=device)
+            torch._fused_adam_(
+                ps,
+                gs,
+                [m1[k][:a] for k in names],
+                [m2[k][:a] for k in names],
+                [],
+                [step] * len(names),
+                lr=lr,
+                beta1=BETA1,
+                beta2=BETA2,
+                weight_decay=0.0,
+                eps=EPS,
+                amsgrad=False,
+                maximize=False,
+            )
+        else:
+            _update(optimizer, lr, t + 1, ps, gs, [], [])
+    with torch.no_grad():
+        for i, m in enumerate(ms):
+            for k in names:
+                m.params[k].copy_(p[k][i])
+    out = [0.0] * n
+    for i, j in enumerate(order):
+        out[j] = float(totals[i])
+    return out
 
 
 def _update(

@@ -43,8 +43,10 @@ from privkit import mutations
 from privkit.dp_random import DpRandom
 from privkit.errors import PrivkitError
 
-#: method -> "module:function" of its batched trainer ``fn(method, federations, configs, seeds) ->
-#: results`` (``configs``: one trainer config per run, equal but for ``reproducible_noise``)
+#: method -> "module:function" of its batched trainer ``fn(method, federations, configs, seeds,
+#: fast) -> results`` (``configs``: one trainer config per run, equal but for
+#: ``reproducible_noise``; ``fast[j]``: run j may take kernels equal to its single run's up to
+#: float rounding instead of bit for bit, the stacked DP-SGD engine's anyway)
 BATCHED: dict[str, str] = {
     "dp-fedavg": "privkit.trainers.many_dpfed:train_dpfed_many",
     "fedkadp": "privkit.trainers.many_dpfed:train_dpfed_many",
@@ -79,15 +81,17 @@ def train_many(
     config: dict | None,
     seeds: Sequence[int],
     *,
-    reproducible: Sequence[bool] | None = None,
+    references: Sequence[bool] | None = None,
 ) -> list:
     """Run ``method`` on each federation with its seed: ``train(method, federations[j], config,
     seeds[j])`` for every j, as one batched computation where the method has one (:data:`BATCHED`),
     else one after the other. Returns the :class:`~privkit.trainers.TrainResult` list.
 
-    ``reproducible[j]`` (default: the config's ``reproducible_noise`` for every run) sets run j's
-    ``reproducible_noise``: an audit's reference runs draw seeded noise while its target run, in
-    the same batch, draws the release mechanism's (:mod:`privkit.audit.run`)."""
+    ``references[j]`` (default: none) marks run j as an audit's reference run, the auditor's own
+    model, never released: it trains with ``reproducible_noise=True`` (the same noise laws from
+    seeded generators) and, where the batched form runs Adam's exact per-model kernels
+    (:mod:`privkit.trainers.exact_mlp`), with the stacked ones (equal up to float rounding). The
+    other runs (an audit's target) train as ``config`` says, in the same batch."""
     from privkit.trainers.base import get_trainer, make_config, stamp_noise, train
 
     if len(federations) != len(seeds) or not federations:
@@ -95,22 +99,20 @@ def train_many(
             f"federations and seeds must be non-empty and equally long; found "
             f"{len(federations)} and {len(seeds)}"
         )
-    if reproducible is not None and len(reproducible) != len(seeds):
+    fast = [False] * len(seeds) if references is None else [bool(r) for r in references]
+    if len(fast) != len(seeds):
         raise ValueError(
-            f"reproducible must have one entry per run; found {len(reproducible)} for "
-            f"{len(seeds)} runs"
+            f"references must have one entry per run; found {len(fast)} for {len(seeds)} runs"
         )
     get_trainer(method)
     cfg = make_config(method, config)
-    configs = [
-        cfg if reproducible is None else cfg.model_copy(update={"reproducible_noise": bool(r)})
-        for r in (reproducible if reproducible is not None else seeds)
-    ]
+    seeded = cfg.model_copy(update={"reproducible_noise": True})
+    configs = [seeded if r else cfg for r in fast]
     if not has_batched(method) or _probing():
         return [train(method, f, c, seed=s) for f, c, s in zip(federations, configs, seeds)]
     module, _, name = BATCHED[method].partition(":")
     results = getattr(importlib.import_module(module), name)(
-        method, list(federations), configs, [int(s) for s in seeds]
+        method, list(federations), configs, [int(s) for s in seeds], fast
     )
     for res, fed, c in zip(results, federations, configs):  # what train() adds to every result
         if res.method != method:

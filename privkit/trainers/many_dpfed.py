@@ -154,17 +154,22 @@ def _kd_round(runs: list[FedKdRun], sampled: list[list[int]]) -> None:
                 p.copy_(params[name][j])
 
 
-def train_dpfed_many(method: str, federations: list, configs: list, seeds: list[int]) -> list:
+def train_dpfed_many(
+    method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
+) -> list:
     """``train(method, federations[j], configs[j], seeds[j])`` for every j (``dp-fedavg`` or
     ``fedkadp``), the clients of all runs' rounds batched (each client's streams from its run's
-    config)."""
+    config; ``fast`` changes nothing: the stacked engine is the only one)."""
     runs = [run_for(method, f, c, s) for f, c, s in zip(federations, configs, seeds)]
     lockstep(runs, _round)
     return [r.result() for r in runs]
 
 
-def train_fedkd_many(method: str, federations: list, configs: list, seeds: list[int]) -> list:
-    """``train("fedkd-dp", federations[j], configs[j], seeds[j])`` for every j, batched."""
+def train_fedkd_many(
+    method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
+) -> list:
+    """``train("fedkd-dp", federations[j], configs[j], seeds[j])`` for every j, batched (``fast``
+    changes nothing)."""
     runs = [FedKdRun(f, c, s) for f, c, s in zip(federations, configs, seeds)]
     lockstep(runs, _kd_round)
     return [r.result() for r in runs]

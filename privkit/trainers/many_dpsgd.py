@@ -85,10 +85,12 @@ def batchable(config) -> bool:
     return config.optimizer == "sgd" and mutations.active() == mutations.CORRECT
 
 
-def train_dpsgd_runs(method: str, federations: list, configs: list, seeds: list[int]) -> list:
+def train_dpsgd_runs(
+    method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
+) -> list:
     """``train("dpsgd", federations[j], configs[j], seeds[j])`` for every j, batched (see the
     module docstring; configurations it does not cover train one after the other). The configs
-    are equal but for ``reproducible_noise`` (each run's streams)."""
+    are equal but for ``reproducible_noise`` (each run's streams); ``fast`` changes nothing."""
     from privkit.trainers.base import train
 
     config = configs[0]

@@ -8,14 +8,16 @@ epoch a permutation from the client's seeded generator cut into batches, the las
 mean cross-entropy, plus FedProx's proximal term towards its run's global model; a fresh SGD or
 Adam per round), models with fewer batches idling once theirs have run out. These methods train
 with Adam, which amplifies float rounding (:mod:`privkit.trainers.exact_mlp`), so each model runs
-exactly the single run's kernels: the batch saves the per-step overhead, not the arithmetic.
-FedDF's and FedAUX's distillation (the server hook) and FedAUX's score release run per run, as in
+exactly the single run's kernels: the batch saves the per-step overhead, not the arithmetic. An
+audit's reference runs (``fast``) train with the stacked kernels instead
+(``train_exact(..., stacked=True)``: equal up to float rounding). FedDF's and FedAUX's distillation (the server hook) and FedAUX's score release run per run, as in
 the single run.
 """
 
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 import torch
 
@@ -26,12 +28,13 @@ from privkit.trainers.stacked import UnsupportedModelError
 
 
 def local_epochs(
-    runs: list[FederatedRun], selected: list[list[int]]
+    runs: list[FederatedRun], selected: list[list[int]], fast: frozenset[int] = frozenset()
 ) -> list[list[tuple[torch.nn.Module, float]]]:
     """The selected clients of every run trained at once; per run, ``(trained copy, last epoch's
     mean loss)`` per client in the selected order, as :meth:`FederatedRun.train_local` gives them
     (bit for bit: :mod:`privkit.trainers.exact_mlp`; a model it does not cover trains one client
-    after the other)."""
+    after the other). The clients of the runs whose ``id`` is in ``fast`` train with the stacked
+    kernels instead (equal up to float rounding)."""
     jobs = [(r, i) for r, ids in zip(runs, selected) for i in ids]
     if not jobs:
         return [[] for _ in runs]
@@ -58,15 +61,23 @@ def local_epochs(
         locals_.append(local)
         sizes.append(len(y))
     per_epoch = [len(m.batches) // cfg.local_epochs for m in models]
-    totals = train_exact(
-        runs[0].model,
-        models,
-        optimizer=cfg.optimizer,
-        lr=cfg.lr,
-        mu=[r.mu for r, _ in jobs],
-        anchors=[r.anchor for r, _ in jobs],
-        loss_from=[(cfg.local_epochs - 1) * k for k in per_epoch],
-    )
+    totals = [0.0] * len(jobs)
+    for stacked in (False, True):
+        group = [at for at, (r, _) in enumerate(jobs) if (id(r) in fast) == stacked]
+        if not group:
+            continue
+        got = train_exact(
+            runs[0].model,
+            [models[at] for at in group],
+            optimizer=cfg.optimizer,
+            lr=cfg.lr,
+            mu=[jobs[at][0].mu for at in group],
+            anchors=[jobs[at][0].anchor for at in group],
+            loss_from=[(cfg.local_epochs - 1) * per_epoch[at] for at in group],
+            stacked=stacked,
+        )
+        for at, total in zip(group, got):
+            totals[at] = total
     out: list[list[tuple[torch.nn.Module, float]]] = [[] for _ in runs]
     owner = {id(r): n for n, r in enumerate(runs)}
     for (r, _), local, total, n in zip(jobs, locals_, totals, sizes):
@@ -83,7 +94,9 @@ RUNS = {
 }
 
 
-def train_federated_many(method: str, federations: list, configs: list, seeds: list[int]) -> list:
+def train_federated_many(
+    method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
+) -> list:
     """``train(method, federations[j], configs[j], seeds[j])`` for every j (a method of :data:`RUNS`):
     each run set up as the single run sets it up, the selected clients of all runs' rounds trained
     together, each run's server step (FedDF's and FedAUX's distillation) its own."""
@@ -92,7 +105,8 @@ def train_federated_many(method: str, federations: list, configs: list, seeds: l
     module, _, name = RUNS[method].partition(":")
     setup = getattr(importlib.import_module(module), name)
     pairs = [setup(f, c, s) for f, c, s in zip(federations, configs, seeds)]
-    lockstep([run for run, _ in pairs], local_epochs)
+    stacked = frozenset(id(run) for (run, _), f in zip(pairs, fast or []) if f)
+    lockstep([run for run, _ in pairs], partial(local_epochs, fast=stacked))
     return [finish(run.outcome()) for run, finish in pairs]
 
 

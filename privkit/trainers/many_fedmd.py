@@ -6,6 +6,8 @@ initialisation, then per round the digests and the revisits) are lists of indepe
 jobs; the jobs of all runs' current phase train together, grouped by party architecture, each
 exactly as the single run trains it (:mod:`privkit.trainers.exact_mlp`: FedMD trains with Adam).
 A digest towards shared logits (``knowledge="logits"``, an L1 regression) trains one job at a time.
+The jobs of an audit's reference runs (``fast``) train with the stacked kernels
+(``train_exact(..., stacked=True)``: equal up to float rounding).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from privkit.trainers.fedmd import FedMDRun, PartyJob
 from privkit.trainers.stacked import UnsupportedModelError
 
 
-def run_jobs(jobs: list[PartyJob], config, device) -> None:
-    """Train every job (in place on its party's model) as :meth:`PartyJob.run` would."""
+def run_jobs(jobs: list[PartyJob], config, device, fast: frozenset[int] = frozenset()) -> None:
+    """Train every job (in place on its party's model) as :meth:`PartyJob.run` would; the jobs
+    whose ``id`` is in ``fast`` with the stacked kernels."""
     groups: dict[tuple, list[PartyJob]] = {}
     for job in jobs:
         if (
@@ -31,8 +34,9 @@ def run_jobs(jobs: list[PartyJob], config, device) -> None:
         if job.digest and config.knowledge == "logits":
             job.run(config, device)
             continue
-        groups.setdefault((architecture(job.model), job.digest), []).append(job)
-    for group in groups.values():
+        key = (architecture(job.model), job.digest, id(job) in fast)
+        groups.setdefault(key, []).append(job)
+    for (_, _, stacked), group in groups.items():
         models = [
             model_for(
                 j.model,
@@ -46,20 +50,29 @@ def run_jobs(jobs: list[PartyJob], config, device) -> None:
             )
             for j in group
         ]
-        train_exact(group[0].model, models, optimizer="adam", lr=config.lr)
+        train_exact(group[0].model, models, optimizer="adam", lr=config.lr, stacked=stacked)
 
 
-def train_fedmd_many(method: str, federations: list, configs: list, seeds: list[int]) -> list:
+def train_fedmd_many(
+    method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
+) -> list:
     """``train(method, federations[j], configs[j], seeds[j])`` for every j (``fedmd-nfdp``,
     ``fedmd-np``, ``fedmd-ldp``), each phase's party jobs of all runs trained together (the
-    configs are equal but for ``reproducible_noise``, which only the runs' own draws read)."""
+    configs are equal but for ``reproducible_noise``, which only the runs' own draws read; the
+    jobs of the runs ``fast`` marks with the stacked kernels)."""
     runs = [
         FedMDRun(f, c, s, method.removeprefix("fedmd-"))
         for f, c, s in zip(federations, configs, seeds)
     ]
-    config = configs[0]
-    device = runs[0].device
-    run_jobs([j for r in runs for j in r.init_jobs()], config, device)
+    config, device = configs[0], runs[0].device
+    quick = [bool(f) for f in fast] if fast is not None else [False] * len(runs)
+
+    def phase(per_run: dict[int, list[PartyJob]]) -> None:
+        jobs = [j for i in per_run for j in per_run[i]]
+        stacked = frozenset(id(j) for i in per_run if quick[i] for j in per_run[i])
+        run_jobs(jobs, config, device, stacked)
+
+    phase({i: r.init_jobs() for i, r in enumerate(runs)})
     for r in runs:
         r.record()
     while True:
@@ -67,8 +80,8 @@ def train_fedmd_many(method: str, federations: list, configs: list, seeds: list[
         going = [i for i, d in enumerate(digests) if d is not None]
         if not going:
             break
-        run_jobs([j for i in going for j in digests[i]], config, device)  # type: ignore[union-attr]  # going: not None
-        run_jobs([j for i in going for j in runs[i].revisit_jobs()], config, device)
+        phase({i: digests[i] for i in going})  # type: ignore[misc]  # going: not None
+        phase({i: runs[i].revisit_jobs() for i in going})
         for i in going:
             runs[i].record()
     return [r.result() for r in runs]

@@ -25,6 +25,16 @@ TINY_DPFED = {
     "lr": 0.3,
     "device": "cpu",
 }
+#: a FedAvg config (Adam) that trains in a fraction of a second
+TINY_FEDAVG = {
+    "arch": "mlp",
+    "feature_dim": 16,
+    "rounds": 3,
+    "participation": 0.25,
+    "local_epochs": 2,
+    "batch_size": 32,
+    "device": "cpu",
+}
 
 
 def tiny_federation_config(**kw):

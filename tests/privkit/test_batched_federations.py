@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from audit_helpers import TINY_DPFED
+from audit_helpers import TINY_DPFED, TINY_FEDAVG
 
 from attacks.executor import SerialExecutor
 from attacks.experiment import train_models
@@ -25,16 +25,7 @@ from privkit.trainers.many import has_batched, train_many
 
 TOL = 1e-5
 DPFED = {**TINY_DPFED, "reproducible_noise": True}
-FEDAVG = {
-    "arch": "mlp",
-    "feature_dim": 16,
-    "rounds": 3,
-    "participation": 0.25,
-    "local_epochs": 2,
-    "batch_size": 32,
-    "device": "cpu",
-    "reproducible_noise": True,
-}
+FEDAVG = {**TINY_FEDAVG, "reproducible_noise": True}
 FEDMD = {
     "arch": "mlp",
     "feature_dim": 16,
