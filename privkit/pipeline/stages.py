@@ -126,7 +126,11 @@ def account_method(
             errors["claim_delta"] = str(exc)
     neighbouring = sorted({r for r in summary["neighbouring"].values() if r})
     try:  # certified [lower, upper] around the tight (PLD) epsilon; the others have none
-        brackets = ledger.brackets(delta, accountants=[a for a in accountants if a in worst])
+        # the report shows the worst client's bracket: the other clients' lower ends (seconds
+        # each) are not computed
+        brackets = ledger.brackets(
+            delta, accountants=[a for a in accountants if a in worst], worst_only=True
+        )
     except ValueError as exc:
         brackets = {}
         errors["epsilon_bracket"] = str(exc)

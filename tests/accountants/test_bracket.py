@@ -147,3 +147,24 @@ def test_ledger_brackets_per_client_and_worst():
     laplace = acc.Ledger()
     laplace.add(0, dpa.LaplaceDpEvent(1.0), "laplace")
     assert "LaplaceDpEvent" in laplace.brackets(1e-5, accountants=["pld"])["bracket_reason"]["pld"]
+
+
+def test_worst_only_bracket_is_the_top_clients_and_the_best_skips_no_winner():
+    """``worst_only`` brackets the client with the largest upper end alone: the same worst bracket
+    as bracketing every client (here that client also has the largest lower end); and ``best``,
+    which skips basic/advanced compositions whose plain estimate already loses, equals the minimum
+    over the accountants computed one by one."""
+    ledger = acc.Ledger()
+    for c in range(3):
+        ledger.add(c, acc.dpsgd_event(0.02 * (c + 1), 1.2, 100), "dp-sgd")
+        ledger.add(c, dpa.GaussianDpEvent(4.0), "head")
+    full = ledger.pld_bracket(1e-5)
+    top = ledger.pld_bracket(1e-5, worst_only=True)
+    assert list(top["clients"]) == ["2"]
+    assert top["worst"] == full["worst"] == full["clients"]["2"]
+    kinds = {k: ledger.epsilon(1e-5, client=0, accountant=k) for k in acc.ledger.ACCOUNTANTS}
+    assert ledger.epsilon(1e-5, client=0) == min(kinds.values())
+    single = acc.Ledger()  # one entry: basic composition equals the tight accountants and may win
+    single.add(0, dpa.GaussianDpEvent(2.0), "g")
+    one = {k: single.epsilon(1e-5, accountant=k) for k in acc.ledger.ACCOUNTANTS}
+    assert single.epsilon(1e-5) == min(one.values())
