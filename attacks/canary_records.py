@@ -328,23 +328,20 @@ def _opacus_ghost(optimizer: Any, canaries: GradientCanaries, module: Any, param
     add_noise = optimizer.add_noise
 
     def add_noise_with_canaries() -> None:
-        flat_clean = torch.cat([p.summed_grad.reshape(-1) for p in params]).detach().clone()
+        from attacks.whitebox import add_in_place
+
         weights = np.zeros(canaries.n)
         for ids, w in pending["added"]:
             np.add.at(weights, ids, w)
         pending["added"] = []
-        coords = canaries.coordinates_of(np.arange(canaries.n))
-        add = torch.zeros(canaries.dim, dtype=flat_clean.dtype)
-        add[torch.as_tensor(coords)] = torch.as_tensor(weights, dtype=flat_clean.dtype)
-        start = 0
-        for p in params:
-            k = p.summed_grad.numel()
-            p.summed_grad.add_(
-                add[start : start + k].to(p.summed_grad.device).view_as(p.summed_grad)
-            )
-            start += k
-        pending["clean"] = flat_clean
+        hit = np.flatnonzero(weights)  # the sampled canaries' coordinates only
+        summed = [p.summed_grad for p in params]
+        restore = add_in_place(
+            summed, torch.as_tensor(canaries.coordinates_of(hit)), torch.as_tensor(weights[hit])
+        )
         add_noise()
+        restore()  # summed_grad is the clean sum again, observed against after the scaling
+        pending["clean"] = [s.detach() for s in summed]
 
     optimizer.add_noise = add_noise_with_canaries
     return pending
@@ -377,7 +374,9 @@ def attach_records_to_opacus(
         mean = optimizer.loss_reduction == "mean"
         factor = optimizer.expected_batch_size * optimizer.accumulated_iterations if mean else 1
         scale_grad()
-        canaries.observe([p.grad * factor for p in params], clean=pending.pop("clean", None))
+        canaries.observe(
+            [p.grad for p in params], clean=pending.pop("clean", None), scale=float(factor)
+        )
 
     optimizer.scale_grad = scale_and_observe
     return loader
@@ -403,6 +402,6 @@ def watch_optimizer(
         missing = [i for i, g in enumerate(grads) if g is None]
         if missing:
             raise RuntimeError(f"parameter {missing[0]} has no gradient at the optimizer step")
-        canaries.observe([g * scale for g in grads if g is not None])
+        canaries.observe([g for g in grads if g is not None], scale=scale)
 
     return optimizer.register_step_pre_hook(hook)

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -82,6 +82,8 @@ __all__ = [
     "GUESS_FRACTIONS",
     "GradientCanaries",
     "MechanismAudit",
+    "add_at",
+    "add_in_place",
     "attach_to_opacus",
     "claim_optimised_guesses",
     "lr_scores",
@@ -466,25 +468,15 @@ class GradientCanaries:
         self, tensors: Sequence[torch.Tensor], weights: torch.Tensor | np.ndarray
     ) -> list[torch.Tensor]:
         """``tensors`` (the flattened parameters' order, ``dim`` entries in all, any device) plus
-        what :meth:`vector` gives for ``weights``, computed only where the canaries add: a tensor
-        no sampled canary touches comes back as itself, a touched one as a new tensor (the given
-        ones are never modified) with :meth:`sparse_addition`'s values added at its own offsets,
-        on its device (equal to ``t + vector(weights)[slice].to(t)``)."""
-        tensors = list(tensors)
-        idx, val = self.sparse_addition(weights)
-        layout = _Layout.of(self, tuple(int(t.numel()) for t in tensors))
-        if not idx.numel():
-            return tensors
-        idx_np = idx.numpy()
-        which = np.searchsorted(layout.ends, idx_np, side="right")
-        for j in np.unique(which):
-            sel = which == j
-            t = tensors[int(j)]
-            local = torch.as_tensor(idx_np[sel] - layout.starts[j]).to(t.device)
-            flat = (t.clone() if t.is_contiguous() else t.contiguous()).view(-1)
-            v = val[torch.as_tensor(sel)].to(device=t.device, dtype=t.dtype)
-            tensors[int(j)] = flat.index_add_(0, local, v).view(t.shape)
-        return tensors
+        what :meth:`vector` gives for ``weights``, computed only where the canaries add
+        (:func:`add_at` of :meth:`sparse_addition`): equal to ``t + vector(weights)[slice].to(t)``
+        for every tensor ``t``; untouched tensors come back as themselves, none is modified."""
+        if sum(int(t.numel()) for t in tensors) != self.dim:
+            raise ValueError(
+                f"the tensors must have dim = {self.dim} entries; found "
+                f"{sum(int(t.numel()) for t in tensors)}"
+            )
+        return add_at(tensors, *self.sparse_addition(weights))
 
     def observe(
         self, released: TensorLike, clean: TensorLike | None = None, *, scale: float = 1.0
@@ -830,6 +822,61 @@ class GradientCanaries:
             return rest, self.dim - int(self.included.sum())
         exc = x[~self.included]
         return float(np.square(exc).sum()), int(exc.size)
+
+
+def _shares(
+    tensors: Sequence[torch.Tensor], coords: torch.Tensor, values: torch.Tensor
+) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """``(tensor index, offsets in it, values)`` for each tensor the flat ``coords`` (CPU) fall
+    in, the offsets and values on that tensor's device and in its dtype."""
+    if not coords.numel():
+        return []
+    ends = np.cumsum([int(t.numel()) for t in tensors])
+    at = np.asarray(coords, dtype=np.int64)
+    which = np.searchsorted(ends, at, side="right")
+    out = []
+    for j in np.unique(which):
+        sel = which == j
+        t = tensors[int(j)]
+        local = torch.as_tensor(at[sel] - (ends[j] - t.numel())).to(t.device)
+        out.append((int(j), local, values[torch.as_tensor(sel)].to(device=t.device, dtype=t.dtype)))
+    return out
+
+
+def add_at(
+    tensors: Sequence[torch.Tensor], coords: torch.Tensor, values: torch.Tensor
+) -> list[torch.Tensor]:
+    """``tensors`` (flattened one after another) plus ``values`` at the distinct flat
+    ``coords``, each tensor's share added on its own device (``index_add_``): a tensor no
+    coordinate falls in comes back as itself, a touched one as a new tensor (the given ones are
+    never modified)."""
+    out = list(tensors)
+    for j, local, v in _shares(out, coords, values):
+        t = out[j]
+        flat = (t.clone() if t.is_contiguous() else t.contiguous()).view(-1)
+        out[j] = flat.index_add_(0, local, v).view(t.shape)
+    return out
+
+
+def add_in_place(
+    tensors: Sequence[torch.Tensor], coords: torch.Tensor, values: torch.Tensor
+) -> Callable[[], None]:
+    """Add ``values`` at the distinct flat ``coords`` to ``tensors`` in place, touching those
+    coordinates only (as :func:`add_at` adds them); returns a function that puts back, bit for
+    bit, what the tensors held there (for a loop whose clean sum is needed after its release,
+    e.g. opacus' ``summed_grad`` or a step's clipped sum)."""
+    saved = []
+    for j, local, v in _shares(tensors, coords, values):
+        t = tensors[j].detach()
+        where = torch.unravel_index(local, t.shape)
+        saved.append((t, where, t[where].clone()))
+        t.index_put_(where, v, accumulate=True)
+
+    def restore() -> None:
+        for t, where, old in saved:
+            t.index_put_(where, old)
+
+    return restore
 
 
 def _pieces(tensors: TensorLike) -> list[torch.Tensor]:

@@ -227,9 +227,11 @@ class DpSgdStep:
         else:  # an empty Poisson batch releases noise only
             total = {k: torch.zeros_like(p) for k, p in params.items()}
         clean = None
-        if canaries is not None:
+        if canaries is not None:  # in place, at the sampled canaries' coordinates only
             clean = [total[k] for k in params]
-            total = self._with_canaries(total, list(params), canaries, DpRandom.of(noise_generator))
+            restore = self._with_canaries(
+                total, list(params), canaries, DpRandom.of(noise_generator)
+            )
         noisy, receipt = gaussian_release(
             total,
             std=self.noise_multiplier * self.clip_norm,
@@ -240,19 +242,23 @@ class DpSgdStep:
         if receipts is not None:
             receipts.append(receipt)
         if canaries is not None:
+            restore()  # the clipped sum again, bit for bit: what the canaries observe against
             canaries.observe([noisy[k] for k in params], clean=clean)
         return {k: v / self.expected_batch_size for k, v in noisy.items()}
 
     def _with_canaries(
         self, total: dict[str, torch.Tensor], names: list[str], canaries, source: DpRandom
-    ) -> dict[str, torch.Tensor]:
-        """``total`` plus the included canaries this step samples, each clipped like a record."""
+    ) -> Callable[[], None]:
+        """Add to ``total`` (in place) the included canaries this step samples, each clipped like a
+        record; returns the function that takes them out again (:func:`attacks.whitebox.add_in_place`)."""
+        from attacks.whitebox import add_in_place
+
         ids = canaries.included_ids
         sampled = source.mask(len(ids), rate=self.sample_rate).to(torch.float32)
         raw = torch.full((len(ids),), canaries.raw_norm)
         weights = sampled * self.clip_factor(raw) * raw
         # only the sampled canaries' coordinates, on the tensors' device (no dense vector)
-        return {**total, **dict(zip(names, canaries.add_to([total[k] for k in names], weights)))}
+        return add_in_place([total[k] for k in names], *canaries.sparse_addition(weights))
 
     def probes(self, model: nn.Module, client: int, label: str = "dp-sgd"):
         """The audit canaries this step must take for ``client``'s mechanism ``label`` (``None``

@@ -298,6 +298,18 @@ def _mask(source: DpRandom, n: int, rate: float) -> torch.Tensor:
     return source.mask(n, rate=rate)
 
 
+def _summed_additions(
+    added: list[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probe sets' sparse additions summed coordinate by coordinate, in the sets' order (as their
+    dense vectors add: ``0 + a_1 + a_2 + ...``); empty when there are none."""
+    if not added:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0)
+    coords = torch.cat([c for c, _ in added])
+    at, where = torch.unique(coords, return_inverse=True)
+    return at, torch.zeros(at.numel()).index_add_(0, where, torch.cat([v for _, v in added]))
+
+
 def _take_probes_and_mutation(
     dp_opt, probes: list, mutation, noise: DpRandom, sample_rate: float
 ) -> None:
@@ -333,8 +345,9 @@ def _take_probes_and_mutation(
     add_noise = dp_opt.add_noise  # opacus' own, or privkit's stream (use_noise_source)
 
     def probed_add_noise() -> None:
-        clean = torch.cat([p.summed_grad.detach().reshape(-1) for p in params]).cpu()
-        added = []
+        from attacks.whitebox import add_at, add_in_place
+
+        added = []  # each probe set's (flat coordinates, values): its sampled canaries only
         for can in probes:
             raw = torch.full((len(can.included_ids),), can.raw_norm)
             weights = (
@@ -342,20 +355,15 @@ def _take_probes_and_mutation(
                 * _opacus_clip_factor(raw, clip)
                 * raw
             )
-            added.append(can.vector(weights))
-        if probes:
-            extra, at = sum(added), 0
-            for p in params:  # in place: opacus has marked summed_grad as processed
-                k = p.summed_grad.numel()
-                p.summed_grad.add_(
-                    extra[at : at + k].reshape(p.summed_grad.shape).to(p.summed_grad)
-                )
-                at += k
+            added.append(can.sparse_addition(weights))
+        # in place (opacus has marked summed_grad as processed), taken out after the release
+        restore = add_in_place([p.summed_grad for p in params], *_summed_additions(added))
         add_noise()  # privkit's release primitive: it scales the noise by the mutation's factor
-        released = [p.grad for p in params]
+        restore()
+        released, clean = [p.grad for p in params], [p.summed_grad for p in params]
         for i, can in enumerate(probes):
-            others = sum((a for j, a in enumerate(added) if j != i), torch.zeros_like(clean))
-            can.observe(released, clean=clean + others)
+            others = _summed_additions([a for j, a in enumerate(added) if j != i])
+            can.observe(released, clean=add_at(clean, *others))
 
     dp_opt.add_noise = probed_add_noise
 

@@ -3,15 +3,27 @@
 coordinates) equal the dense path's (``vector`` added everywhere, the whole release on the host),
 and DP-SGD released gradients, evidence and audit verdicts on seeds are the same either way."""
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from accountants import dpsgd_epsilon
-from attacks.whitebox import GradientCanaries
+from attacks.whitebox import GradientCanaries, add_at, add_in_place
 from privkit.dp_random import DpRandom
 from privkit.trainers.dp_sgd_step import DpSgdStep
+
+# the dense path as it was (the benchmark's "before"): the vector added everywhere, the whole
+# release and clean sum observed on the host
+_spec = importlib.util.spec_from_file_location(
+    "canary_overhead", Path(__file__).resolve().parents[2] / "benchmarks" / "canary_overhead.py"
+)
+_bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_bench)
+_dense, DenseCanaryStep = _bench.dense_observer, _bench.DenseCanaryStep
 
 SHAPES = [(7, 5), (5,), (3, 4, 2), (1,), (40,)]
 DIM = sum(int(np.prod(s)) for s in SHAPES)
@@ -25,16 +37,6 @@ def _tensors(seed: int, dtype=torch.float32) -> list[torch.Tensor]:
 def _canaries(kind="dirac", n=30, **kw) -> GradientCanaries:
     kw = {"clip_norm": 1.5, "sample_rate": 0.5, "noise_multiplier": 1.0, "seed": 4, **kw}
     return GradientCanaries(DIM, n, kind=kind, witness=kw.pop("witness", 25), **kw)
-
-
-def _dense(can: GradientCanaries) -> GradientCanaries:
-    """``can`` observing through the dense path (the whole release on the host), as before."""
-
-    def dense(released, base, scale, dense):
-        return can._observe_dense(released, base, scale)
-
-    can._observe_sparse = dense
-    return can
 
 
 @pytest.mark.parametrize("kind", ["dirac", "random"])
@@ -58,6 +60,40 @@ def test_add_to_equals_the_dense_vector_added_everywhere(kind):
         np.testing.assert_array_equal(a.appearances, b.appearances)
     for t, t0 in zip(tensors, before):
         assert torch.equal(t, t0)  # the given tensors are never modified
+
+
+def test_add_in_place_touches_its_coordinates_and_restores_them_bit_for_bit():
+    a, b = _canaries(), _canaries()
+    tensors = _tensors(2)
+    tensors[0] = tensors[0].t()  # a non-contiguous one
+    tensors[3] = torch.tensor([-0.0])
+    before = [t.clone() for t in tensors]
+    w = np.full(a.included_ids.size, 1.25)
+    restore = add_in_place(tensors, *a.sparse_addition(w))
+    for got, want in zip(tensors, b.add_to(before, w)):
+        assert torch.equal(got, want)
+    restore()
+    for t, t0 in zip(tensors, before):  # the same bits, the sign of zero included
+        assert torch.equal(t.reshape(-1).view(torch.int32), t0.reshape(-1).view(torch.int32))
+
+
+def test_probe_sets_sparse_additions_sum_as_their_vectors():
+    """privkit's opacus DP-SGD adds several probe sets' canaries at once: summed coordinate by
+    coordinate in the sets' order, they equal the dense vectors' sum (shared coordinates too)."""
+    from privkit.trainers.dpsgd import _summed_additions
+
+    sets = [_canaries(seed=s, n=60) for s in range(3)]
+    dense = [_canaries(seed=s, n=60) for s in range(3)]
+    rng = np.random.default_rng(0)
+    ws = [rng.uniform(0.1, 3, c.included_ids.size) for c in sets]
+    clean = _tensors(5)
+    got = add_at(clean, *_summed_additions([c.sparse_addition(w) for c, w in zip(sets, ws)]))
+    extra, at = sum(c.vector(w) for c, w in zip(dense, ws)), 0
+    for g, t in zip(got, clean):
+        assert torch.equal(g, t + extra[at : at + t.numel()].reshape(t.shape))
+        at += t.numel()
+    idx, val = _summed_additions([])
+    assert idx.numel() == 0 and add_at(clean, idx, val)[0] is clean[0]
 
 
 def test_sparse_addition_is_the_vector_s_support():
@@ -130,31 +166,18 @@ def test_cached_layouts_are_not_pickled():
 
 
 # ------------------------------------------------------------------ DP-SGD: the step as before
-def _dense_with_canaries(self, total, names, canaries, source):
-    """``DpSgdStep._with_canaries`` before sparse canaries: the dense vector added everywhere."""
-    ids = canaries.included_ids
-    sampled = source.mask(len(ids), rate=self.sample_rate).to(torch.float32)
-    raw = torch.full((len(ids),), canaries.raw_norm)
-    add = canaries.vector(sampled * self.clip_factor(raw) * raw)
-    out, at = dict(total), 0
-    for k in names:
-        t = total[k]
-        out[k] = t + add[at : at + t.numel()].reshape(t.shape).to(device=t.device, dtype=t.dtype)
-        at += t.numel()
-    return out
-
-
 def _loss(logits, target, aux):
     return F.cross_entropy(logits, target)
 
 
 def _train(sigma, claimed, seed, *, dense, release=False, steps=40, q=0.05):
+    """``steps`` DP-SGD steps with 300 canaries; the canaries and each step's released gradient."""
     g = torch.Generator().manual_seed(seed)
     y = torch.randint(0, 3, (256,), generator=g)
     x = torch.randn(256, 12, generator=g) + y[:, None].float()
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
-    step = DpSgdStep(clip_norm=1.0, noise_multiplier=sigma, sample_rate=q, dataset_size=len(y))
+    step = (DenseCanaryStep if dense else DpSgdStep)(1.0, sigma, q, len(y))
     can = GradientCanaries.for_parameters(
         list(model.parameters()),
         300,
@@ -186,16 +209,14 @@ def _train(sigma, claimed, seed, *, dense, release=False, steps=40, q=0.05):
 
 
 @pytest.mark.parametrize("release", [False, True])
-def test_dp_sgd_step_releases_and_audits_exactly_as_the_dense_path(monkeypatch, release):
+def test_dp_sgd_step_releases_and_audits_exactly_as_the_dense_path(release):
     claimed = 1.5
     eps = dpsgd_epsilon(0.05, claimed, 40, 1e-5, accountant="pld")
     verdicts = []
     for sigma in (0.0, claimed):
         for seed in range(2):
             can, grads = _train(sigma, claimed, seed, dense=False, release=release)
-            with monkeypatch.context() as m:
-                m.setattr(DpSgdStep, "_with_canaries", _dense_with_canaries)
-                old, old_grads = _train(sigma, claimed, seed, dense=True, release=release)
+            old, old_grads = _train(sigma, claimed, seed, dense=True, release=release)
             for g, o in zip(grads, old_grads):
                 assert all(torch.equal(g[k], o[k]) for k in g)
             new_ev, old_ev = can.evidence(), old.evidence()

@@ -1,0 +1,300 @@
+"""What white-box gradient canaries add to a DP-SGD step (issue 32, item 2: at most 10% over the
+step without them).
+
+One privkit DP-SGD step (:meth:`privkit.trainers.dp_sgd_step.DpSgdStep.noisy_gradient`: clipped
+sum, canaries, release noise) on two models, batch 64 of 32x32x3 inputs, 10 classes:
+
+* ``resnet_gn``: a small ResNet with GroupNorm (three stages, 78k parameters);
+* ``mlp``: 3072-512-512-10 (1.84M parameters: a dimension where a dense per-step vector shows).
+
+For each model, with 0, 500 and 1000 Dirac canaries (:class:`attacks.whitebox.GradientCanaries`,
+256 witnesses), through the canaries' ``sparse`` path (what privkit runs: the sampled canaries added
+at their own coordinates on the tensors' device, the release read at the reserved coordinates
+only, one device reduction for the noise scale) and the ``dense`` path it replaced (the
+``vector`` of every coordinate built and added to every parameter each step, the whole release
+and clean sum copied to the host in float64), in release mode (``DpRandom.secret``: the grid's
+exact noise) and with a seeded torch generator (``seeded``: cheaper noise, so the canaries' share
+of the step is larger). Every configuration runs once per round, rounds interleaved (order
+shuffled each round), after warm-up; the figures are medians over ``--repeats`` rounds, and each
+configuration's ``overhead`` is its median over the median of the same model and noise without
+canaries, minus 1. ``canary_ops_ms`` times the canaries' own work alone (``add_to`` or the dense
+add, then ``observe``) on the model's gradient tensors, median of 50, for each path.
+
+    OMP_NUM_THREADS=1 python benchmarks/canary_overhead.py --json [--device cpu|cuda] [--repeats 15]
+
+With ``--json`` one JSON object is printed (recorded in benchmarks/results/canary_overhead_cpu.json,
+one torch thread). GPU figures are unmeasured here: run with ``--device cuda`` on a machine with
+one (every tensor, the model and the release noise then live on the device and each timing
+synchronises it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attacks.whitebox import GradientCanaries
+from privkit.dp_random import DpRandom
+from privkit.trainers.dp_sgd_step import DpSgdStep
+
+SCHEMA_VERSION = 1
+BATCH = 64
+DATASET = 6400  # expected batch q n = 64
+
+
+class Block(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.c1, self.n1 = nn.Conv2d(c, c, 3, padding=1), nn.GroupNorm(4, c)
+        self.c2, self.n2 = nn.Conv2d(c, c, 3, padding=1), nn.GroupNorm(4, c)
+
+    def forward(self, x):
+        return F.relu(x + self.n2(self.c2(F.relu(self.n1(self.c1(x))))))
+
+
+def resnet_gn() -> nn.Module:
+    """Stem 3->16, a residual block at 16, 32 and 48 channels (stride-2 convolutions between),
+    global average pooling, linear head: 78k parameters."""
+
+    def down(i: int, o: int) -> list[nn.Module]:
+        return [nn.Conv2d(i, o, 3, stride=2, padding=1), nn.GroupNorm(4, o), nn.ReLU()]
+
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.GroupNorm(4, 16),
+        nn.ReLU(),
+        Block(16),
+        *down(16, 32),
+        Block(32),
+        *down(32, 48),
+        Block(48),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(48, 10),
+    )
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(3072, 512),
+        nn.ReLU(),
+        nn.Linear(512, 512),
+        nn.ReLU(),
+        nn.Linear(512, 10),
+    )
+
+
+MODELS = {"resnet_gn": resnet_gn, "mlp": mlp}
+
+
+def _loss(logits, target, aux):
+    return F.cross_entropy(logits, target)
+
+
+class DenseCanaryStep(DpSgdStep):
+    """The step as it was before sparse canaries: the dense ``vector`` added to every slice
+    (new tensors in ``total``; nothing to take out after the release)."""
+
+    def _with_canaries(self, total, names, canaries, source):
+        ids = canaries.included_ids
+        sampled = source.mask(len(ids), rate=self.sample_rate).to(torch.float32)
+        raw = torch.full((len(ids),), canaries.raw_norm)
+        add = canaries.vector(sampled * self.clip_factor(raw) * raw)
+        at = 0
+        for k in names:
+            t = total[k]
+            total[k] = t + add[at : at + t.numel()].reshape(t.shape).to(
+                device=t.device, dtype=t.dtype
+            )
+            at += t.numel()
+        return lambda: None
+
+
+def dense_observer(can: GradientCanaries) -> GradientCanaries:
+    """``can`` observing as before: the whole release and clean sum on the host, in float64."""
+    can._observe_sparse = lambda released, base, scale, dense: can._observe_dense(
+        released, base, scale
+    )
+    return can
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _canaries(model: nn.Module, n: int, path: str) -> GradientCanaries | None:
+    if n == 0:
+        return None
+    can = GradientCanaries.for_parameters(
+        list(model.parameters()),
+        n,
+        clip_norm=1.0,
+        sample_rate=BATCH / DATASET,
+        noise_multiplier=1.0,
+    )
+    return dense_observer(can) if path == "dense" else can
+
+
+def canary_ops_ms(model: nn.Module, n: int, device: torch.device, reps: int = 50) -> dict:
+    """The canaries' own work per step on the model's gradient shapes (median ms), per path."""
+    grads = [torch.randn_like(p) for p in model.parameters()]
+    names = [str(i) for i in range(len(grads))]
+    total = dict(zip(names, grads))
+    out = {}
+    for path, step_cls in (("sparse", DpSgdStep), ("dense", DenseCanaryStep)):
+        step = step_cls(1.0, 1.0, 0.5, DATASET)  # rate 0.5: about a quarter of the canaries added
+        can = _canaries(model, n, path)
+        src = DpRandom(torch.Generator().manual_seed(0))
+        times = []
+        for i in range(reps + 3):
+            tot = dict(total)
+            _sync(device)
+            start = time.perf_counter()
+            restore = step._with_canaries(tot, names, can, src)
+            _sync(device)
+            mid = time.perf_counter() - start
+            released = [tot[k].clone() for k in names]  # stands for the release (not timed)
+            _sync(device)
+            start = time.perf_counter()
+            restore()
+            can.observe(released, clean=grads)
+            _sync(device)
+            if i >= 3:
+                times.append(mid + time.perf_counter() - start)
+        out[path] = 1e3 * statistics.median(times)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    ap.add_argument("--repeats", type=int, default=15, help="interleaved rounds (default 15)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--canaries", default="0,500,1000")
+    ap.add_argument("--models", default="resnet_gn,mlp")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    counts = [int(c) for c in args.canaries.split(",")]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(BATCH, 3, 32, 32, generator=g).to(device)
+    y = torch.randint(0, 10, (BATCH,), generator=g).to(device)
+
+    configs = []  # (model, noise, canaries, path)
+    state = {}
+    for name in args.models.split(","):
+        torch.manual_seed(0)
+        model = MODELS[name]().to(device)
+        state[name] = model
+        for noise in ("release", "seeded"):
+            for n in counts:
+                for path in ("sparse", "dense") if n else ("none",):
+                    configs.append((name, noise, n, path))
+    runners = {}
+    for cfg in configs:
+        name, noise, n, path = cfg
+        model = state[name]
+        step = (DenseCanaryStep if path == "dense" else DpSgdStep)(
+            1.0, 1.0, BATCH / DATASET, DATASET
+        )
+        src = (
+            DpRandom.secret(device)
+            if noise == "release"
+            else DpRandom(torch.Generator(device=device).manual_seed(1), device)
+        )
+        can = _canaries(model, n, path)
+
+        def run(model=model, step=step, src=src, can=can):
+            step.noisy_gradient(model, x, y, _loss, src, canaries=can)
+
+        runners[cfg] = run
+    for run in runners.values():  # warm-up
+        run()
+        run()
+    times: dict = {cfg: [] for cfg in configs}
+    order = list(configs)
+    rng = random.Random(0)
+    for _ in range(args.repeats):
+        rng.shuffle(order)
+        for cfg in order:
+            _sync(device)
+            start = time.perf_counter()
+            runners[cfg]()
+            _sync(device)
+            times[cfg].append(time.perf_counter() - start)
+
+    rows = []
+    for name, noise, n, path in configs:
+        med = statistics.median(times[(name, noise, n, path)])
+        base = statistics.median(times[(name, noise, 0, "none")]) if 0 in counts else None
+        rows.append(
+            {
+                "model": name,
+                "noise": noise,
+                "canaries": n,
+                "path": path,
+                "median_ms": round(1e3 * med, 3),
+                "overhead": None if base is None else round(med / base - 1, 4),
+                "times_ms": [round(1e3 * t, 3) for t in times[(name, noise, n, path)]],
+            }
+        )
+    ops = {
+        name: {str(n): canary_ops_ms(state[name], n, device) for n in counts if n} for name in state
+    }
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        commit = None
+    out = {
+        "schema_version": SCHEMA_VERSION,
+        "benchmark": "canary_overhead",
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "cpu_count": os.cpu_count(),
+        "commit": commit,
+        "batch": BATCH,
+        "parameters": {name: sum(p.numel() for p in m.parameters()) for name, m in state.items()},
+        "repeats": args.repeats,
+        "witness": 256,
+        "rows": rows,
+        "canary_ops_ms": ops,
+        "goal": "overhead <= 0.10 (sparse path)",
+        "max_sparse_overhead": max(
+            (r["overhead"] for r in rows if r["path"] == "sparse" and r["overhead"] is not None),
+            default=None,
+        ),
+    }
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        for r in rows:
+            ov = "" if r["overhead"] is None else f"{100 * r['overhead']:+6.1f}%"
+            print(
+                f"{r['model']:10s} {r['noise']:8s} {r['canaries']:5d} {r['path']:6s} "
+                f"{r['median_ms']:9.2f} ms {ov}"
+            )
+        print("canary ops (ms):", json.dumps(ops))
+
+
+if __name__ == "__main__":
+    main()
