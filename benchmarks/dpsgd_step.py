@@ -28,7 +28,9 @@ minute per repeat on one CPU thread, the model of issue 32's GPU figures).
 
     python benchmarks/dpsgd_step.py --json [--device cuda] [--repeats 7] [--big]
 
-On the CPU torch runs one thread. ``benchmarks/results/dpsgd_step_cpu.json`` is this repository's
+On the CPU torch runs one thread and a step's time is the process's CPU time (the machines this
+was written on are shared: wall time there measures the neighbours); on a GPU, wall time between
+synchronisations. ``benchmarks/results/dpsgd_step_cpu.json`` is this repository's
 CPU run. GPU figures: unmeasured in this repository (no GPU was at hand when the benchmark was
 written): ``--device cuda --big --json`` on a machine with one produces them.
 """
@@ -240,12 +242,14 @@ def measure(name: str, device: torch.device, repeats: int) -> dict:
     fns = steps(model, x, y, device)
 
     def timed(fn) -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        if device.type != "cuda":  # one thread: this process's CPU time, robust to other load
+            start = time.process_time()
+            fn()
+            return time.process_time() - start
+        torch.cuda.synchronize()
         start = time.perf_counter()
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        torch.cuda.synchronize()
         return time.perf_counter() - start
 
     for fn in fns.values():  # warm-up: allocations, kernel selection, opacus' first hooks
@@ -308,6 +312,8 @@ def main() -> None:
             "noise_multiplier": SIGMA,
             "batch": "fixed, the expected Poisson batch size; the same examples for every variant",
             "order": "interleaved: each repeat runs every variant once, in turn; 2 warm-up steps",
+            "clock": "CPU: this process's CPU time (one torch thread; robust to other processes' "
+            "load on a shared machine); CUDA: wall time between synchronisations",
             "load_average": list(os.getloadavg()),
         },
         "models": results,
