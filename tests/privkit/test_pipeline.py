@@ -506,7 +506,10 @@ def test_quickstart_covers_every_registered_method():
     resolved = pipeline.load_run_config(pipeline.bundled_config("quickstart"))
     listed = {m.method for m in resolved.methods}
     shipped = {n for n in REGISTRY if not n.startswith("tiny-")}
-    assert shipped - listed == set(), "add new methods to privkit/configs/quickstart.toml"
+    # left out of the demo on purpose (its time is tight): client-level DP-FedAvg, whose quick
+    # run is `privkit train dp-fedavg-client --quick`
+    not_in_demo = {"dp-fedavg-client"}
+    assert shipped - listed == not_in_demo, "add new methods to privkit/configs/quickstart.toml"
     assert all(m.quick for m in resolved.methods)
     assert resolved.config.federation.dataset == "mnist5k"
     assert resolved.config.report.reduced  # the report says what was scaled down
