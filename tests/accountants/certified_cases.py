@@ -74,6 +74,81 @@ def exact_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
     return out
 
 
+def _loss_remove(q: mp.mpf, sigma: mp.mpf, x: mp.mpf) -> mp.mpf:
+    return mp.log(1 - q + q * mp.e ** ((2 * x - 1) / (2 * sigma**2)))
+
+
+def _density_remove(q: mp.mpf, sigma: mp.mpf, x: mp.mpf) -> mp.mpf:
+    return ((1 - q) * mp.npdf(x, 0, sigma)) + q * mp.npdf(x, 1, sigma)
+
+
+def two_step_delta(
+    q: float, sigma: float, eps: float, direction: str = "remove", digits: int = 30
+) -> mp.mpf:
+    """Exact delta at ``eps`` of TWO Poisson-subsampled Gaussian steps (q < 1): with ``L`` the
+    one-step privacy loss and ``delta_1`` the one-step closed form above,
+    ``delta_2(eps) = E_P[(1 - e^(eps - L1 - L2))_+] = E_{x ~ P}[delta_1(eps - L(x))]`` (the inner
+    expectation over the second step is ``delta_1`` at ``eps - L1``, which holds for a negative
+    argument too: ``E_P[e^(-L)] = 1``).  One mpmath quadrature; the integrand is split where the
+    density and the loss change regime (0, 1/2, 1 and the noise's tails)."""
+    with mp.workdps(digits):
+        return _two_step_delta(mp.mpf(q), mp.mpf(sigma), mp.mpf(eps), direction)
+
+
+def _two_step_delta(qq: mp.mpf, s: mp.mpf, e: mp.mpf, direction: str) -> mp.mpf:
+    if direction == "remove":
+        density = lambda x: _density_remove(qq, s, x)
+        loss = lambda x: _loss_remove(qq, s, x)
+        inner = _delta_remove
+    else:  # P = N(0, s), loss -L_remove
+        density = lambda x: mp.npdf(x, 0, s)
+        loss = lambda x: -_loss_remove(qq, s, x)
+        inner = _delta_add
+    cuts = {mp.mpf(c) * s + o for c in (-40, -20, *range(-12, 13, 2), 20, 40) for o in (0, 1)}
+    # delta_1 has a kink where its argument crosses -log(1 - q) (add) or log(1 - q) (remove):
+    # the x where the first step's loss puts it there
+    level = e - mp.log(1 - qq) if direction == "remove" else -mp.log(1 - qq) - e
+    if level > mp.log(1 - qq):
+        cuts.add(s**2 * mp.log((mp.e**level - (1 - qq)) / qq) + mp.mpf(1) / 2)
+    points = [-mp.inf, *sorted(cuts), mp.inf]
+    value, error = mp.quad(lambda x: density(x) * inner(qq, s, e - loss(x)), points, error=True)
+    if error > value * mp.mpf(1e-11):
+        raise ArithmeticError(f"quadrature error {float(error):.3g} on delta {float(value):.3g}")
+    return value
+
+
+def two_step_check(q: float, sigma: float, delta: float) -> dict:
+    """privkit's printed epsilon for two steps of (q, sigma) at ``delta`` and its bracket's lower
+    end against the exact two-step delta: ``ok`` where the exact delta at the printed epsilon is at
+    most ``delta`` and at the lower end at least ``delta`` (both directions of add/remove)."""
+    res = acc.dpsgd_accounting(q, sigma, 2, delta, accountant="pld")
+    try:
+        lower = optimistic_epsilon(acc.dpsgd_event(q, sigma, 2), delta)
+    except (PldGridError, ValueError):
+        lower = None
+    # delta_1 is a difference of tails that cancel down to about delta: 25 digits beyond it
+    digits = 25 + int(-math.log10(delta))
+    at_printed = max(two_step_delta(q, sigma, res.epsilon, d, digits) for d in ("remove", "add"))
+    tol = mp.mpf(1e-10)  # the quadrature's error estimate is below 1e-11 (else it raises)
+    ok = at_printed <= mp.mpf(delta) * (1 + tol)
+    at_lower = None
+    if lower is not None:
+        at_lower = max(two_step_delta(q, sigma, lower, d, digits) for d in ("remove", "add"))
+        ok = ok and at_lower >= mp.mpf(delta) * (1 - tol)
+    return {
+        "q": q,
+        "sigma": sigma,
+        "steps": 2,
+        "delta": delta,
+        "printed": res.epsilon,
+        "accountant": res.accountant,
+        "lower": lower,
+        "exact_delta_at_printed": float(at_printed),
+        "exact_delta_at_lower": None if at_lower is None else float(at_lower),
+        "ok": bool(ok),
+    }
+
+
 @dataclass(frozen=True)
 class Case:
     q: float

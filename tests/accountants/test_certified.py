@@ -1,6 +1,7 @@
 """No PLD epsilon privkit prints falls below the exact one, at any delta down to 1e-300.
 
-Exact values come from mpmath (closed forms: the Gaussian, and one subsampled Gaussian step);
+Exact values come from mpmath (closed forms: the Gaussian, and one subsampled Gaussian step; two
+subsampled steps by a quadrature of the one-step closed form);
 the full form (more cases, larger epsilons) is benchmarks/certified_pld.py."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from certified_cases import check, draw_cases, exact_epsilon
+from certified_cases import check, draw_cases, exact_epsilon, two_step_check
 
 import accountants as acc
 from accountants.bracket import _optimistic_gaussian
@@ -74,3 +75,13 @@ def test_uncertified_delta_falls_back_to_rdp_and_says_why():
     pld.compose(acc.dpsgd_event(1.0, 0.5, 1))
     with pytest.raises(PldPrecisionError, match="delta=1e-300"):
         pld.get_epsilon(1e-300)
+
+
+@pytest.mark.parametrize("q,sigma,delta", [(0.05, 0.8, 1e-12)])  # more: benchmarks/certified_pld.py
+def test_two_subsampled_steps_against_an_mpmath_composition(q, sigma, delta):
+    """Two composed steps with q < 1, where no closed form exists: the exact delta (mpmath
+    quadrature) at the printed epsilon is at most delta, at the bracket's lower end at least it."""
+    out = two_step_check(q, sigma, delta)
+    assert out["accountant"] == "pld" and out["lower"] is not None
+    assert out["ok"], out
+    assert out["printed"] - out["lower"] < 1e-6 * out["printed"]  # and the bracket is tight
