@@ -14,16 +14,21 @@ output; one backward pass (``torch.autograd.grad`` w.r.t. those edges only) give
 gradients and computes no parameter gradient at all. Then, per layer (``T``: positions of a
 sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
 
-* **Linear** ``y = a W^T + b`` (any leading shape): ``G_i = sum_t g_t a_t^T``. Its squared norm is
-  ``sum_{t,s} (a_t . a_s)(g_t . g_s)`` (the ghost norm: two ``T x T`` Gram matrices, cost
-  ``T^2 (in + out)``), or ``||G_i||^2`` of the materialised ``G_i`` (cost ``T in out``), whichever is
-  cheaper for the shapes (a single position is ``|a|^2 |g|^2``). Bias: ``sum_t g_t``.
+* **Linear** ``y = a W^T + b`` (any leading shape): ``G_i = sum_t g_t a_t^T`` (a single position:
+  ``||G_i||^2 = |a|^2 |g|^2``). Either ``G_i`` is materialised (cost ``T in out`` per example,
+  and the clipped sum is then ``sum_i c_i G_i``, almost free), or its squared norm is the ghost
+  norm ``sum_{t,s} (a_t . a_s)(g_t . g_s)`` from two ``T x T`` Gram matrices (cost ``T^2 (in +
+  out)``, and the clipped sum then costs one weight gradient, ``T in out``, besides). So
+  materialising is never more arithmetic; the ghost norm is for memory: it is taken where the
+  ``B`` per-example gradients of a layer would exceed :data:`MATERIALISE_LIMIT` elements and the
+  Gram matrices are the smaller (ResNet-18's 256- and 512-channel convolutions at batch 256, long
+  sequences through wide layers). Bias: ``sum_t g_t``.
 * **Conv2d** is a linear map of the input patches (``in k^2`` values at each of ``T`` output
-  positions), so the same two choices apply: the ghost norm over ``T x T`` Gram matrices for
-  small feature maps with many channels (the patch Gram summed over the ``k^2`` kernel offsets,
-  one strided slice of the input at a time: no ``F.unfold`` copy), and for large maps with few
-  channels the per-example weight gradients themselves, as one grouped convolution's weight
-  gradient with the batch as the groups (the kernel plain training's weight gradient runs).
+  positions), so the same two choices apply: materialised, the per-example weight gradients come
+  from one grouped convolution's weight gradient with the batch as the groups (the kernel plain
+  training's weight gradient runs; ``F.unfold``'s ``im2col`` is several times slower on a CPU);
+  the ghost norm sums the patch Gram over the ``k^2`` kernel offsets, one strided slice of the
+  input at a time (no ``k^2``-fold unfolded copy).
 * **GroupNorm**, **LayerNorm**: the affine weight's gradient is ``sum`` over every non-batch
   position of ``g * x_hat`` per channel (``x_hat`` the normalised input, recomputed from the stored
   input), the bias' ``sum g``: small per-example vectors, formed directly.
@@ -45,11 +50,12 @@ parameter outside the layers above (``nn.MultiheadAttention``'s packed projectio
 batch's examples), a layer run twice in one forward or a parameter shared by two layers (their
 cross terms), a layer applied to a tensor whose first dimension is not the batch's (a positional
 embedding of ``arange(T)`` broadcast over the batch: expand the positions to ``(B, T)``), grouped or
-non-2-d convolutions, an embedding with ``max_norm`` or
-``scale_grad_by_freq``, a layer input modified in place after the layer read it. A model that mixes
-examples by its own code (a batch mean in ``forward``) is outside what any per-example clipping can
-handle and is not detected here; so is a layer run on a sequence-first tensor whose length equals
-the batch size (privkit's checks assume batch-first layers).
+non-2-d convolutions, an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input
+modified in place after the layer read it (in-place operations on a layer's *output*, such as
+``ReLU(inplace=True)``, are fine: the output's gradient edge is taken before them). Not detected,
+and outside what any per-example clipping can handle: a model that mixes examples by its own code
+(a batch mean in ``forward``), or a layer run on a sequence-first tensor whose length happens to
+equal the batch size (the first dimension is taken for the batch's).
 """
 
 from __future__ import annotations
@@ -65,7 +71,7 @@ from torch.autograd.graph import get_gradient_edge
 
 from privkit.trainers.stacked import UnsupportedModelError
 
-__all__ = ["SUPPORTED", "clipped_sum", "per_example_norms"]
+__all__ = ["MATERIALISE_LIMIT", "SUPPORTED", "clipped_sum", "per_example_norms"]
 
 #: the layer types whose per-example gradient norms and clipped sums this module forms
 SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm, nn.Embedding)
