@@ -408,7 +408,7 @@ class OptimisticPldAccountant(dpa.pld.PLDAccountant):
                 ]
                 + rr
             )
-        return certified_epsilon(directions, budget, guess, lower=True)
+        return certified_epsilon(directions, budget, out[: len(directions)], lower=True)
 
     def get_delta(self, target_epsilon: float) -> float:
         if self._contains_non_dp_event:

@@ -108,20 +108,26 @@ def _lambda(parts: Sequence[_Part], orders: np.ndarray) -> np.ndarray:
 def certified_epsilon(
     directions: Sequence[Sequence[tuple[object, int]]],
     delta: float,
-    guess: float | None = None,
+    guess: float | Sequence[float] | None = None,
     *,
     lower: bool = False,
 ) -> float:
     """A certified upper bound on the exact epsilon at ``delta`` of the composition of pessimistic
     pmfs: ``directions`` holds, per direction of the neighbouring relation, the ``(pmf, count)``
     pairs of its steps (dp-accounting pmfs on one grid); the epsilon is the larger direction's.
-    ``guess`` (an epsilon near the answer, e.g. the plain FFT's) picks the tilt; without it a
-    Chernoff bound does.  :class:`PldPrecisionError` where no certified value exists.
+    ``guess`` (an epsilon near the answer, e.g. the plain FFT's; one for all directions or one
+    per direction) picks the tilt; without it a Chernoff bound does.  :class:`PldPrecisionError` where no certified value exists.
 
     ``lower=True`` takes optimistic pmfs instead and returns a certified *lower* bound: the largest
     epsilon whose delta, less the allowance (and the mass the cyclic FFT may have wrapped onto it),
     still exceeds ``delta``."""
-    return max(_direction(list(d), delta, guess, lower) for d in directions)
+    guesses = list(guess) if isinstance(guess, Sequence) else [guess] * len(directions)
+    if lower and len(directions) > 1 and all(g is not None for g in guesses):
+        # any direction's lower end bounds the larger direction's exact epsilon from below: the
+        # direction whose plain value is the larger one alone (the other costs as much again)
+        top = max(range(len(directions)), key=lambda i: guesses[i])  # type: ignore[arg-type,return-value]
+        return _direction(list(directions[top]), delta, guesses[top], lower)
+    return max(_direction(list(d), delta, g, lower) for d, g in zip(directions, guesses))
 
 
 def _direction(
@@ -173,7 +179,8 @@ def _direction(
                 targets.append(start)
             continue
         best = max(best, eps) if lower and math.isfinite(best) else min(best, eps)
-        targets.insert(0, eps)
+        if eps > 0:  # a zero leaves no tilt to refine (the untilted window is the widest)
+            targets.insert(0, eps)
     if not math.isfinite(best):
         raise PldPrecisionError(reason or "no certified PLD epsilon")
     return best
