@@ -18,11 +18,11 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   ``||G_i||^2 = |a|^2 |g|^2``). Either ``G_i`` is materialised (cost ``T in out`` per example,
   and the clipped sum is then ``sum_i c_i G_i``, almost free), or its squared norm is the ghost
   norm ``sum_{t,s} (a_t . a_s)(g_t . g_s)`` from two ``T x T`` Gram matrices (cost ``T^2 (in +
-  out)``, and the clipped sum then costs one weight gradient, ``T in out``, besides). So
-  materialising is never more arithmetic; the ghost norm is for memory: it is taken where the
-  ``B`` per-example gradients of a layer would exceed :data:`MATERIALISE_LIMIT` elements and the
-  Gram matrices are the smaller (ResNet-18's 256- and 512-channel convolutions at batch 256, long
-  sequences through wide layers). Bias: ``sum_t g_t``.
+  out)``, and the clipped sum then costs one weight gradient, ``T in out``, besides). The ghost
+  norm wins where ``T`` is small against the layer's width (the deep, wide layers of a CNN) or the
+  per-example gradients would not fit (beyond :data:`MATERIALISE_LIMIT` elements: ResNet-18's
+  256- and 512-channel convolutions at batch 256); the choice weighs both (``_ghost``). Bias:
+  ``sum_t g_t``.
 * **Conv2d** is a linear map of the input patches (``in k^2`` values at each of ``T`` output
   positions), so the same two choices apply: materialised, the per-example weight gradients come
   from one grouped convolution's weight gradient with the batch as the groups (the kernel plain
@@ -77,16 +77,28 @@ __all__ = ["MATERIALISE_LIMIT", "SUPPORTED", "clipped_sum", "per_example_norms"]
 SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm, nn.Embedding)
 
 #: per-example weight gradients of one layer are materialised up to this many elements (``B in
-#: out``: 64 MiB in float32), beyond it the ghost norm is taken where its Gram matrices are smaller
+#: out``: 64 MiB in float32); beyond it the ghost norm is taken wherever its Gram matrices are smaller
 MATERIALISE_LIMIT = 1 << 24
 
 
-def _ghost(b: int, t: int, n_in: int, n_out: int) -> bool:
-    """Whether a weight's norms take the Gram matrices: materialising costs ``T in out`` per
-    example and serves the clipped sum too, the ghost norm ``T^2 (in + out)`` and the clipped sum
-    then costs a weight gradient (``T in out``) besides; so the ghost norm is for memory: where the
-    ``B`` per-example gradients would be large and the ``T x T`` Gram matrices are smaller."""
-    return b * n_in * n_out > MATERIALISE_LIMIT and t * (n_in + n_out) < n_in * n_out
+def _ghost(conv: bool, b: int, t: int, n_in: int, n_out: int) -> bool:
+    """Whether a weight's norms take the ghost norm rather than the materialised per-example
+    gradients (``T`` positions, ``n_in`` inputs: a convolution's ``in k^2``).
+
+    Materialising costs ``T in out`` multiply-adds per example plus writing and reading ``in out``
+    values, and serves the clipped sum (``sum_i c_i G_i``); the ghost norm costs ``T^2 (in + out)``
+    and then the clipped sum costs one batched weight gradient, ``T in out`` at a plain GEMM's
+    speed. The weights of the two were fitted on one CPU core (torch 2.13, oneDNN): a grouped
+    convolution's weight gradient slows down with many channels per group (an element written
+    there costs about 500 multiply-adds' time), small-``K`` Gram products run at about a quarter of
+    a GEMM's speed. Unmeasured on a GPU. Above :data:`MATERIALISE_LIMIT` memory decides.
+    """
+    weights = n_in * n_out
+    if b * weights > MATERIALISE_LIMIT:
+        return t * (n_in + n_out) < weights
+    if conv:
+        return 4 * t * t * (n_in + n_out) + t * weights // 3 < 2 * t * weights + 500 * weights
+    return 2 * t * t * (n_in + n_out) + t * weights // 2 < t * weights + 8 * weights
 
 
 @dataclass
@@ -229,7 +241,7 @@ def _weight_sq(layer: _Layer) -> torch.Tensor:
         t, n_in, n_out = a.shape[1], a.shape[2], g.shape[2]
         if t == 1:
             return a[:, 0].pow(2).sum(1) * g[:, 0].pow(2).sum(1)
-        if _ghost(b, t, n_in, n_out):
+        if _ghost(False, b, t, n_in, n_out):
             gram = torch.bmm(a, a.transpose(1, 2))
             return (gram * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
         w = torch.bmm(g.transpose(1, 2), a)  # (B, out, in)
@@ -237,7 +249,7 @@ def _weight_sq(layer: _Layer) -> torch.Tensor:
         return w.pow(2).sum((1, 2))  # cascade sums: vector_norm loses 1e-4 at 1e6 terms
     t, n_out = g.shape[2] * g.shape[3], g.shape[1]
     n_in = m.in_channels * m.kernel_size[0] * m.kernel_size[1]
-    if _ghost(b, t, n_in, n_out):
+    if _ghost(True, b, t, n_in, n_out):
         gram = sum(torch.bmm(u.transpose(1, 2), u) for u in _patches(layer))
         g = g.reshape(b, n_out, t)
         return (gram * torch.bmm(g.transpose(1, 2), g)).sum((1, 2))
