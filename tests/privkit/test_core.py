@@ -92,6 +92,18 @@ def test_device_selection():
             select_device("cuda")
 
 
+def test_a_cuda_device_turns_cudnn_autotuning_off(monkeypatch):
+    """Poisson batches change size every step: cudnn's autotuner would re-tune every convolution
+    each step, so selecting a GPU switches it off (and the CPU leaves the setting alone)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    assert select_device("cpu").type == "cpu" and torch.backends.cudnn.benchmark
+    assert select_device("cuda:0") == torch.device("cuda:0")
+    assert torch.backends.cudnn.benchmark is False
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    assert select_device("auto").type == "cuda" and torch.backends.cudnn.benchmark is False
+
+
 def test_cli_json_is_strict_for_infinite_epsilons(capsys):
     import json
     import math
