@@ -287,23 +287,32 @@ def _train_stacked(
         [math.inf if loss_from is None else float(loss_from[j]) for j in order], device=device
     )
     steps = [len(m.batches) for m in ms]
-    width = max((len(b) for m in ms for b in m.batches), default=1)
-    starts = [0]
-    for m in ms:
-        starts.append(starts[-1] + len(m.x))
+    sizes = [len(b) for m in ms for b in m.batches]
+    width = max(sizes, default=1)
+    starts = torch.tensor([0] + [len(m.x) for m in ms]).cumsum(0)
     xs = torch.cat([m.x.reshape(len(m.x), -1) for m in ms])
     ys = torch.cat([m.y for m in ms])
+    # (model, step, column) of every batch entry, padded to ``width``: one scatter, no loop
+    size = torch.tensor(sizes, dtype=torch.long)
+    batch_model = torch.repeat_interleave(torch.arange(n), torch.tensor(steps))
+    batch_step = torch.arange(len(sizes)) - torch.repeat_interleave(
+        torch.tensor(steps).cumsum(0) - torch.tensor(steps), torch.tensor(steps)
+    )
+    entry_col = torch.arange(int(size.sum())) - torch.repeat_interleave(size.cumsum(0) - size, size)
+    entry_model = torch.repeat_interleave(batch_model, size)
     idx = torch.zeros((n, steps[0], width), dtype=torch.long)
+    idx[entry_model, torch.repeat_interleave(batch_step, size), entry_col] = (
+        torch.cat([b.cpu() for m in ms for b in m.batches]) + starts[entry_model]
+    )
     counts = torch.zeros((n, steps[0]))
-    for i, m in enumerate(ms):
-        for t, b in enumerate(m.batches):
-            idx[i, t, : len(b)] = b.cpu() + starts[i]
-            counts[i, t] = len(b)
+    counts[batch_model, batch_step] = size.float()
     idx, counts = idx.to(device), counts.to(device)
+    # the models still training at step t: the first active[t] (longest first)
+    active = [sum(1 for s in steps if s > t) for t in range(steps[0])]
     cols = torch.arange(width, device=device)
     totals = torch.zeros(n, dtype=torch.float64, device=device)
     for t in range(steps[0]):
-        a = sum(1 for s in steps if s > t)
+        a = active[t]
         c = counts[:a, t]
         rows = idx[:a, t]
         scale = -(cols[None, :] < c[:, None]).float() / c[:, None]  # (a, width): 0 on padding

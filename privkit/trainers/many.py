@@ -89,9 +89,12 @@ def train_many(
 
     ``references[j]`` (default: none) marks run j as an audit's reference run, the auditor's own
     model, never released: it trains with ``reproducible_noise=True`` (the same noise laws from
-    seeded generators) and, where the batched form runs Adam's exact per-model kernels
-    (:mod:`privkit.trainers.exact_mlp`), with the stacked ones (equal up to float rounding). The
-    other runs (an audit's target) train as ``config`` says, in the same batch."""
+    seeded generators) and, unless ``config`` itself asks for reproducible noise (whose runs equal
+    their single runs on every executor), batched for speed rather than for equality with its
+    single run: the Adam methods' stacked kernels instead of the exact per-model ones
+    (:mod:`privkit.trainers.exact_mlp`), the DP-SGD methods' noise of all reference clients of a
+    step in one draw (:class:`LocalDp`). The other runs (an audit's target) train as ``config``
+    says, in the same batch."""
     from privkit.trainers.base import get_trainer, make_config, stamp_noise, train
 
     if len(federations) != len(seeds) or not federations:
@@ -99,15 +102,17 @@ def train_many(
             f"federations and seeds must be non-empty and equally long; found "
             f"{len(federations)} and {len(seeds)}"
         )
-    fast = [False] * len(seeds) if references is None else [bool(r) for r in references]
-    if len(fast) != len(seeds):
+    refs = [False] * len(seeds) if references is None else [bool(r) for r in references]
+    if len(refs) != len(seeds):
         raise ValueError(
-            f"references must have one entry per run; found {len(fast)} for {len(seeds)} runs"
+            f"references must have one entry per run; found {len(refs)} for {len(seeds)} runs"
         )
     get_trainer(method)
     cfg = make_config(method, config)
     seeded = cfg.model_copy(update={"reproducible_noise": True})
-    configs = [seeded if r else cfg for r in fast]
+    configs = [seeded if r else cfg for r in refs]
+    # a reproducible config promises every run its single run's result (on every executor)
+    fast = [r and not cfg.reproducible_noise for r in refs]
     if not has_batched(method) or _probing():
         return [train(method, f, c, seed=s) for f, c, s in zip(federations, configs, seeds)]
     module, _, name = BATCHED[method].partition(":")
@@ -181,6 +186,9 @@ class LocalDp:
     step: object  # DpSgdStep
     sample_gen: DpRandom
     noise_gen: DpRandom
+    #: an audit's reference model (seeded streams): its noise is drawn with the other reference
+    #: models' of the step in one draw (the same law, not its single run's numbers)
+    fast: bool = False
 
 
 #: losses(out, models, s, y, aux) -> (len(models), b) per-example losses of the examples s
@@ -266,11 +274,17 @@ def _noisy(
 ) -> dict[str, torch.Tensor]:
     """Model i's noisy sum as the single step releases it (:func:`privkit.mechanisms.gaussian_release`
     from the model's own stream: seeded, its tensors in name order; in release mode on one grid),
-    divided by its expected batch size. ``std`` already carries an audit's mutation."""
+    divided by its expected batch size. ``std`` already carries an audit's mutation. The fast
+    jobs (reference models, seeded) with equal noise and clip norm are released together, one row
+    each, from the first one's stream: one draw for all of them."""
     from privkit.mechanisms.gaussian import gaussian_release
 
     grads = {k: torch.empty_like(v) for k, v in sums.items()}
+    groups: dict[tuple[float, float], list[int]] = {}
     for i, j in enumerate(jobs):
+        if j.fast and j.noise_gen.seeded_torch:
+            groups.setdefault((float(std[i]), float(j.step.clip_norm)), []).append(i)
+            continue
         noisy, _ = gaussian_release(
             {k: v[i] for k, v in sums.items()},
             std=float(std[i]),
@@ -280,6 +294,25 @@ def _noisy(
         )
         for k, v in noisy.items():
             grads[k][i] = v / expected[i]
+    names = sorted(sums)
+    for (s, clip), rows in groups.items():
+        at = torch.tensor(rows, device=expected.device)
+        clean = torch.cat([sums[k][at].flatten(1) for k in names], 1)
+        noisy, _ = gaussian_release(
+            clean,
+            std=s,
+            sensitivity=clip,
+            source=jobs[rows[0]].noise_gen,
+            dim=clean.shape[1],
+            releases=len(rows),
+            mutate=False,
+        )
+        noisy = noisy / expected[at, None]
+        offset = 0
+        for k in names:
+            width = sums[k][0].numel()
+            grads[k][at] = noisy[:, offset : offset + width].view(len(rows), *sums[k].shape[1:])
+            offset += width
     return grads
 
 

@@ -14,9 +14,14 @@ mentor-mentee pair: :class:`StackedPairs` gives the joint per-example norms of m
 ``W_h`` from each layer's inputs and output gradients (the single run uses the same class with one
 model, through ``MentorMentee.stacked_form``), the loss reading the mentor's and the projected
 mentee's features as well as both models' logits.
+
+An audit's reference runs (``fast``) draw the noise of all their clients of a step in one draw
+(:class:`~privkit.trainers.many.LocalDp`: seeded, the same law, not their single runs' numbers).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -46,9 +51,12 @@ def kd_losses(rho: torch.Tensor):
     return losses
 
 
-def _jobs(pairs: list[tuple], device: torch.device) -> list[LocalDp]:
+def _jobs(
+    pairs: list[tuple], device: torch.device, fast: frozenset[int] = frozenset()
+) -> list[LocalDp]:
     """Each (run, client) pair's local DP-SGD: the client's records, the step with the run's noise
-    multiplier, and the client's batch and noise streams of this round."""
+    multiplier, and the client's batch and noise streams of this round (``fast``: the ids of the
+    runs whose jobs draw their noise together, :class:`LocalDp`)."""
     jobs = []
     for r, k in pairs:
         cfg, (x, y) = r.cfg, r.data[k]
@@ -61,18 +69,22 @@ def _jobs(pairs: list[tuple], device: torch.device) -> list[LocalDp]:
                 DpSgdStep(cfg.clip_norm, sigma, min(1.0, cfg.batch_size / n), n),
                 noise_generator(seed, "poisson", reproducible=cfg.reproducible_noise),
                 noise_generator(seed, "noise", reproducible=cfg.reproducible_noise, device=device),
+                fast=id(r) in fast,
             )
         )
     return jobs
 
 
-def _round(runs: list[DpFedRun], sampled: list[list[int]]) -> list[list[dict[str, torch.Tensor]]]:
-    """One round's local updates of every (run, client) pair; per run, its states in sampled order."""
+def _round(
+    runs: list[DpFedRun], sampled: list[list[int]], fast: frozenset[int] = frozenset()
+) -> list[list[dict[str, torch.Tensor]]]:
+    """One round's local updates of every (run, client) pair; per run, its states in sampled order
+    (``fast``: :func:`_jobs`)."""
     pairs = [(r, k) for r, ks in zip(runs, sampled) for k in ks]
     cfg, device = runs[0].cfg, runs[0].device
     models = [r.model for r, _ in pairs]
     params, buffers = stacked_on(models, device)
-    jobs = _jobs(pairs, device)
+    jobs = _jobs(pairs, device, fast)
     net = StackedModels(models[0], len(pairs))
     aux, losses = None, ce_losses
     if runs[0].distill:
@@ -132,8 +144,11 @@ def mutual_losses(num_classes: int, hidden: bool):
     return losses
 
 
-def _kd_round(runs: list[FedKdRun], sampled: list[list[int]]) -> None:
-    """One round's local rounds of every (run, client) pair, written back into the pairs."""
+def _kd_round(
+    runs: list[FedKdRun], sampled: list[list[int]], fast: frozenset[int] = frozenset()
+) -> None:
+    """One round's local rounds of every (run, client) pair, written back into the pairs
+    (``fast``: :func:`_jobs`)."""
     pairs = [(r, k) for r, ks in zip(runs, sampled) for k in ks]
     cfg, device = runs[0].cfg, runs[0].device
     modules = [r.pairs[k] for r, k in pairs]
@@ -142,7 +157,7 @@ def _kd_round(runs: list[FedKdRun], sampled: list[list[int]]) -> None:
         StackedPairs(modules[0], len(pairs)),
         params,
         buffers,
-        _jobs(pairs, device),
+        _jobs(pairs, device, fast),
         cfg.local_steps,
         lr=cfg.lr,
         optimizer=cfg.optimizer,
@@ -154,24 +169,28 @@ def _kd_round(runs: list[FedKdRun], sampled: list[list[int]]) -> None:
                 p.copy_(params[name][j])
 
 
+def _fast_ids(runs: list, fast: list[bool] | None) -> frozenset[int]:
+    return frozenset(id(r) for r, f in zip(runs, fast or []) if f)
+
+
 def train_dpfed_many(
     method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
 ) -> list:
     """``train(method, federations[j], configs[j], seeds[j])`` for every j (``dp-fedavg`` or
     ``fedkadp``), the clients of all runs' rounds batched (each client's streams from its run's
-    config; ``fast`` changes nothing: the stacked engine is the only one)."""
+    config; the clients of the runs ``fast`` marks draw their noise together, :class:`LocalDp`)."""
     runs = [run_for(method, f, c, s) for f, c, s in zip(federations, configs, seeds)]
-    lockstep(runs, _round)
+    lockstep(runs, partial(_round, fast=_fast_ids(runs, fast)))
     return [r.result() for r in runs]
 
 
 def train_fedkd_many(
     method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
 ) -> list:
-    """``train("fedkd-dp", federations[j], configs[j], seeds[j])`` for every j, batched (``fast``
-    changes nothing)."""
+    """``train("fedkd-dp", federations[j], configs[j], seeds[j])`` for every j, batched (``fast``:
+    :func:`train_dpfed_many`)."""
     runs = [FedKdRun(f, c, s) for f, c, s in zip(federations, configs, seeds)]
-    lockstep(runs, _kd_round)
+    lockstep(runs, partial(_kd_round, fast=_fast_ids(runs, fast)))
     return [r.result() for r in runs]
 
 
