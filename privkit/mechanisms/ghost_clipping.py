@@ -48,7 +48,9 @@ falls back to ``torch.func`` per-example gradients) rather than computed wrong: 
 parameter outside the layers above (``nn.MultiheadAttention``'s packed projection, a bare
 ``nn.Parameter``, an LSTM), BatchNorm in training mode or with trainable parameters (it mixes the
 batch's examples), a layer run twice in one forward or a parameter shared by two layers (their
-cross terms), a layer applied to a tensor whose first dimension is not the batch's (a positional
+cross terms), a layer's parameter used outside the layer's call (``nn.MultiheadAttention`` uses its
+``out_proj`` through ``F.linear``; an output tied by ``h @ emb.weight.T``: the autograd graph is
+checked for one edge into each parameter), a layer applied to a tensor whose first dimension is not the batch's (a positional
 embedding of ``arange(T)`` broadcast over the batch: expand the positions to ``(B, T)``), grouped or
 non-2-d convolutions, an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input
 modified in place after the layer read it (in-place operations on a layer's *output*, such as
@@ -190,15 +192,46 @@ def _forward_backward(
         raise UnsupportedModelError(
             f"example_losses gave shape {tuple(losses.shape)}, not one loss per example"
         )
+    total = losses.sum()
+    _check_parameter_uses(total, layers)
     if not ran:
         return
-    grads = torch.autograd.grad(losses.sum(), [layer.edges[0] for layer in ran], allow_unused=True)
+    grads = torch.autograd.grad(total, [layer.edges[0] for layer in ran], allow_unused=True)
     for layer, g in zip(ran, grads, strict=True):
         if layer.inputs[0]._version != layer.versions[0]:
             raise UnsupportedModelError(
                 f"the input of {type(layer.module).__name__} was modified in place after it ran"
             )
         layer.grad = g
+
+
+def _check_parameter_uses(total: torch.Tensor, layers: list[_Layer]) -> None:
+    """UnsupportedModelError unless every trainable parameter reaches the loss only through its
+    own layer's one call: the autograd graph has one edge into each parameter of a layer that ran
+    and none into a layer's that did not (a weight used by a functional call elsewhere, as
+    ``nn.MultiheadAttention`` uses its ``out_proj``, or an output layer tied by ``h @ emb.weight.T``,
+    would add its gradient where the hooks do not see it)."""
+    if total.grad_fn is None:
+        return
+    edges: dict[int, int] = {}
+    seen, stack = {total.grad_fn}, [total.grad_fn]
+    while stack:
+        for node, _ in stack.pop().next_functions:
+            if node is None:
+                continue
+            leaf = getattr(node, "variable", None)
+            if leaf is not None:
+                edges[id(leaf)] = edges.get(id(leaf), 0) + 1
+            if node not in seen:
+                seen.add(node)
+                stack.append(node)
+    for layer in layers:
+        for k, name in layer.names.items():
+            n = edges.get(id(getattr(layer.module, k)), 0)
+            if n > (1 if layer.edges else 0):
+                raise UnsupportedModelError(
+                    f"parameter {name} reaches the loss other than through its layer's one call"
+                )
 
 
 def _padded(m: nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:

@@ -267,6 +267,31 @@ class Tied(nn.Module):
         return self.out(self.emb(idx).mean(1))
 
 
+class TiedByFunction(nn.Module):
+    """An output layer tied to the embedding by a functional call: no shared module parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(5, 3)
+
+    def forward(self, idx):
+        return self.emb(idx).mean(1) @ self.emb.weight.T
+
+
+class Attention(nn.Module):
+    """nn.MultiheadAttention with its packed projection frozen: its out_proj (an nn.Linear) is
+    trainable but used through F.linear, never called."""
+
+    def __init__(self):
+        super().__init__()
+        self.att = nn.MultiheadAttention(4, 2, batch_first=True)
+        self.att.in_proj_weight.requires_grad_(False)
+        self.att.in_proj_bias.requires_grad_(False)
+
+    def forward(self, x):
+        return self.att(x, x, x, need_weights=False)[0].mean(1)[:, :3]
+
+
 class Broadcast(nn.Module):
     """A positional embedding of arange(T) added to every example: not batch-first."""
 
@@ -288,10 +313,21 @@ class Broadcast(nn.Module):
         (nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.BatchNorm1d(3)), torch.randn(6, 4)),
         (Twice(), torch.randn(6, 3)),
         (Tied(), torch.randint(0, 5, (6, 4))),
+        (TiedByFunction(), torch.randint(0, 5, (6, 4))),
+        (Attention(), torch.randn(6, 5, 4)),
         (Broadcast(), torch.randint(0, 5, (6, 4))),
         (nn.Sequential(nn.Conv2d(2, 2, 1, groups=2), nn.Flatten()), torch.randn(6, 2, 1, 1)),
     ],
-    ids=["batchnorm2d", "batchnorm1d", "twice", "tied", "broadcast", "grouped"],
+    ids=[
+        "batchnorm2d",
+        "batchnorm1d",
+        "twice",
+        "tied",
+        "tied-functional",
+        "mha",
+        "broadcast",
+        "grouped",
+    ],
 )
 def test_unsupported_layers_are_refused(model, x):
     y = torch.randint(0, 3, (6,))
