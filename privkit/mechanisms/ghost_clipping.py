@@ -50,7 +50,7 @@ parameter outside the layers above (``nn.MultiheadAttention``'s packed projectio
 batch's examples), a layer run twice in one forward or a parameter shared by two layers (their
 cross terms), a layer's parameter used outside the layer's call (``nn.MultiheadAttention`` uses its
 ``out_proj`` through ``F.linear``; an output tied by ``h @ emb.weight.T``: the autograd graph is
-checked for one edge into each parameter), a layer applied to a tensor whose first dimension is not the batch's (a positional
+checked for one edge into each parameter), a subclass of a layer above with its own ``forward``, a layer applied to a tensor whose first dimension is not the batch's (a positional
 embedding of ``arange(T)`` broadcast over the batch: expand the positions to ``(B, T)``), grouped or
 non-2-d convolutions, an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input
 modified in place after the layer read it (in-place operations on a layer's *output*, such as
@@ -139,6 +139,13 @@ def _layers(model: nn.Module) -> list[_Layer]:
                 f"{prefix or 'the model'}: trainable parameters of {type(module).__name__} "
                 "are not covered by ghost clipping"
             )
+        base = next(t for t in SUPPORTED if isinstance(module, t))
+        if type(module).forward is not base.forward or (
+            base is nn.Conv2d and type(module)._conv_forward is not nn.Conv2d._conv_forward
+        ):
+            raise UnsupportedModelError(
+                f"{prefix}: {type(module).__name__} overrides {base.__name__}'s forward"
+            )
         if isinstance(module, nn.Conv2d) and module.groups != 1:
             raise UnsupportedModelError(f"{prefix}: grouped convolution")
         if isinstance(module, nn.Embedding) and (
@@ -180,7 +187,9 @@ def _forward_backward(
 
         return store
 
-    handles = [layer.module.register_forward_hook(hook(layer)) for layer in layers]
+    # first among the module's forward hooks: the edge of the layer's own output, whatever a
+    # user's hook makes of it afterwards
+    handles = [layer.module.register_forward_hook(hook(layer), prepend=True) for layer in layers]
     try:
         logits = model(x)
     finally:

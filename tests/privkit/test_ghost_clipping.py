@@ -229,6 +229,15 @@ def test_transformer_block(monkeypatch):
     _check(TinyTransformer(), torch.randint(0, 11, (7, 5)), torch.randint(0, 3, (7,)), monkeypatch)
 
 
+def test_a_hook_changing_a_layer_output_is_differentiated_through(monkeypatch):
+    """A user's forward hook that rescales a layer's output: the layer's output gradient is taken
+    before the hook (ours runs first), so the per-example gradients stay right."""
+    torch.manual_seed(10)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3))
+    model[0].register_forward_hook(lambda _m, _a, out: 3 * out)
+    _check(model, torch.randn(7, 4), torch.randint(0, 3, (7,)), monkeypatch)
+
+
 def test_clipping_off_is_the_plain_sum_and_dp_sgd_takes_this_path(monkeypatch):
     """``clip = inf`` (an audit's clipping-off mutation) sums the raw gradients; a DP-SGD step of a
     model outside privkit's own layers runs here, not through torch.func."""
@@ -292,6 +301,13 @@ class Attention(nn.Module):
         return self.att(x, x, x, need_weights=False)[0].mean(1)[:, :3]
 
 
+class ScaledLinear(nn.Linear):
+    """A Linear subclass with its own forward: not the map the layer's maths assumes."""
+
+    def forward(self, x):
+        return super().forward(2 * x)
+
+
 class Broadcast(nn.Module):
     """A positional embedding of arange(T) added to every example: not batch-first."""
 
@@ -316,6 +332,7 @@ class Broadcast(nn.Module):
         (TiedByFunction(), torch.randint(0, 5, (6, 4))),
         (Attention(), torch.randn(6, 5, 4)),
         (Broadcast(), torch.randint(0, 5, (6, 4))),
+        (nn.Sequential(ScaledLinear(4, 3)), torch.randn(6, 4)),
         (nn.Sequential(nn.Conv2d(2, 2, 1, groups=2), nn.Flatten()), torch.randn(6, 2, 1, 1)),
     ],
     ids=[
@@ -326,6 +343,7 @@ class Broadcast(nn.Module):
         "tied-functional",
         "mha",
         "broadcast",
+        "subclass",
         "grouped",
     ],
 )
