@@ -175,6 +175,10 @@ def _forward_backward(
                 raise UnsupportedModelError(
                     f"{type(_module).__name__} runs twice in one forward pass"
                 )
+            if len(args) != 1:  # an input passed by keyword
+                raise UnsupportedModelError(
+                    f"{type(_module).__name__} called without its one positional input"
+                )
             a = args[0]
             if a.shape[:1] != x.shape[:1] or out.shape[:1] != x.shape[:1]:
                 raise UnsupportedModelError(
