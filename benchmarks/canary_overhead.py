@@ -9,16 +9,20 @@ sum, canaries, release noise) on two models, batch 64 of 32x32x3 inputs, 10 clas
 
 For each model, with 0, 500 and 1000 Dirac canaries (:class:`attacks.whitebox.GradientCanaries`,
 256 witnesses), through the canaries' ``sparse`` path (what privkit runs: the sampled canaries added
-at their own coordinates on the tensors' device, the release read at the reserved coordinates
-only, one device reduction for the noise scale) and the ``dense`` path it replaced (the
-``vector`` of every coordinate built and added to every parameter each step, the whole release
-and clean sum copied to the host in float64), in release mode (``DpRandom.secret``: the grid's
-exact noise) and with a seeded torch generator (``seeded``: cheaper noise, so the canaries' share
-of the step is larger). Every configuration runs once per round, rounds interleaved (order
-shuffled each round), after warm-up; the figures are medians over ``--repeats`` rounds, and each
-configuration's ``overhead`` is its median over the median of the same model and noise without
-canaries, minus 1. ``canary_ops_ms`` times the canaries' own work alone (``add_to`` or the dense
-add, then ``observe``) on the model's gradient tensors, median of 50, for each path.
+in place at their own coordinates on the tensors' device and put back after the release, the
+release read at the reserved coordinates only, one fused pass per tensor for the noise scale) and
+the ``dense`` path it replaced (the ``vector`` of every coordinate built and added to every
+parameter each step, the whole release and clean sum copied to the host in float64), in release
+mode (``DpRandom.secret``: the grid's exact noise) and with a seeded torch generator (``seeded``:
+cheaper noise, so the canaries' share of the step is larger). Every configuration runs once per
+round, rounds interleaved (order shuffled each round), after warm-up. On the CPU each call is timed
+by this thread's CPU time (one torch thread does all the work; other processes on a shared machine
+stretch the wall clock, not it), on a GPU by the synchronised wall clock; ``median_ms`` (wall) and
+``median_cpu_ms`` are medians over ``--repeats`` rounds, and ``overhead`` is the median over rounds
+of the configuration's time over the same round's time of the same model and noise without
+canaries, minus 1 (``overhead_wall``: the same on the wall clock). ``canary_ops_ms`` times the
+canaries' own work alone (adding them, putting them back, ``observe``) on the model's gradient
+tensors, median of 50, for each path.
 
     OMP_NUM_THREADS=1 python benchmarks/canary_overhead.py --json [--device cpu|cuda] [--repeats 15]
 
@@ -158,21 +162,22 @@ def canary_ops_ms(model: nn.Module, n: int, device: torch.device, reps: int = 50
         can = _canaries(model, n, path)
         src = DpRandom(torch.Generator().manual_seed(0))
         times = []
+        clock = time.thread_time if device.type == "cpu" else time.perf_counter
         for i in range(reps + 3):
             tot = dict(total)
             _sync(device)
-            start = time.perf_counter()
+            start = clock()
             restore = step._with_canaries(tot, names, can, src)
             _sync(device)
-            mid = time.perf_counter() - start
+            mid = clock() - start
             released = [tot[k].clone() for k in names]  # stands for the release (not timed)
             _sync(device)
-            start = time.perf_counter()
+            start = clock()
             restore()
             can.observe(released, clean=grads)
             _sync(device)
             if i >= 3:
-                times.append(mid + time.perf_counter() - start)
+                times.append(mid + clock() - start)
         out[path] = 1e3 * statistics.median(times)
     return out
 
@@ -224,31 +229,43 @@ def main() -> None:
     for run in runners.values():  # warm-up
         run()
         run()
-    times: dict = {cfg: [] for cfg in configs}
+    times: dict = {cfg: [] for cfg in configs}  # (wall s, this thread's CPU s) per round
     order = list(configs)
     rng = random.Random(0)
+    load_before = os.getloadavg()
     for _ in range(args.repeats):
         rng.shuffle(order)
         for cfg in order:
             _sync(device)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             runners[cfg]()
             _sync(device)
-            times[cfg].append(time.perf_counter() - start)
+            times[cfg].append((time.perf_counter() - start, time.thread_time() - cpu))
+    # on the CPU the clock is this thread's CPU time (other processes on the machine stretch the
+    # wall clock, not it); on a GPU the wall clock, synchronised
+    clock = 1 if device.type == "cpu" else 0
+
+    def overhead(cfg, base, c: int) -> float:
+        """Median over rounds of the configuration's time over the same round's base, minus 1."""
+        return statistics.median(a[c] / b[c] for a, b in zip(times[cfg], times[base])) - 1
 
     rows = []
-    for name, noise, n, path in configs:
-        med = statistics.median(times[(name, noise, n, path)])
-        base = statistics.median(times[(name, noise, 0, "none")]) if 0 in counts else None
+    for cfg in configs:
+        name, noise, n, path = cfg
+        base = (name, noise, 0, "none") if 0 in counts else None
+        walls, cpus = [t[0] for t in times[cfg]], [t[1] for t in times[cfg]]
         rows.append(
             {
                 "model": name,
                 "noise": noise,
                 "canaries": n,
                 "path": path,
-                "median_ms": round(1e3 * med, 3),
-                "overhead": None if base is None else round(med / base - 1, 4),
-                "times_ms": [round(1e3 * t, 3) for t in times[(name, noise, n, path)]],
+                "median_ms": round(1e3 * statistics.median(walls), 3),
+                "median_cpu_ms": round(1e3 * statistics.median(cpus), 3),
+                "overhead": None if base is None else round(overhead(cfg, base, clock), 4),
+                "overhead_wall": None if base is None else round(overhead(cfg, base, 0), 4),
+                "times_ms": [round(1e3 * t, 3) for t in walls],
+                "cpu_times_ms": [round(1e3 * t, 3) for t in cpus],
             }
         )
     ops = {
@@ -275,6 +292,8 @@ def main() -> None:
         "batch": BATCH,
         "parameters": {name: sum(p.numel() for p in m.parameters()) for name, m in state.items()},
         "repeats": args.repeats,
+        "clock": "thread CPU time" if clock else "wall (synchronised)",
+        "loadavg_before_after": [load_before[0], os.getloadavg()[0]],
         "witness": 256,
         "rows": rows,
         "canary_ops_ms": ops,
@@ -291,7 +310,7 @@ def main() -> None:
             ov = "" if r["overhead"] is None else f"{100 * r['overhead']:+6.1f}%"
             print(
                 f"{r['model']:10s} {r['noise']:8s} {r['canaries']:5d} {r['path']:6s} "
-                f"{r['median_ms']:9.2f} ms {ov}"
+                f"{r['median_ms']:9.2f} ms (cpu {r['median_cpu_ms']:9.2f} ms) {ov}"
             )
         print("canary ops (ms):", json.dumps(ops))
 
