@@ -294,26 +294,41 @@ def _noisy(
         )
         for k, v in noisy.items():
             grads[k][i] = v / expected[i]
-    names = sorted(sums)
     for (s, clip), rows in groups.items():
         at = torch.tensor(rows, device=expected.device)
-        clean = torch.cat([sums[k][at].flatten(1) for k in names], 1)
-        noisy, _ = gaussian_release(
-            clean,
-            std=s,
-            sensitivity=clip,
-            source=jobs[rows[0]].noise_gen,
-            dim=clean.shape[1],
-            releases=len(rows),
-            mutate=False,
-        )
-        noisy = noisy / expected[at, None]
-        offset = 0
-        for k in names:
-            width = sums[k][0].numel()
-            grads[k][at] = noisy[:, offset : offset + width].view(len(rows), *sums[k].shape[1:])
-            offset += width
+        noisy = joint_release(sums, rows, std=s, clip=clip, source=jobs[rows[0]].noise_gen)
+        for k, v in noisy.items():
+            grads[k][at] = v / expected[at].view(-1, *([1] * (v.dim() - 1)))
     return grads
+
+
+def joint_release(
+    sums: dict[str, torch.Tensor], rows: Sequence[int], *, std: float, clip: float, source: DpRandom
+) -> dict[str, torch.Tensor]:
+    """The noisy sums of the models ``rows`` of stacked ``sums`` (each ``(models, ...)``), one
+    release each through :func:`privkit.mechanisms.gaussian_release`, all rows in one draw from
+    the seeded ``source``: an audit's reference models (the same law as each model's own stream,
+    not its numbers). Returns each tensor's ``(len(rows), ...)`` noisy rows."""
+    from privkit.mechanisms.gaussian import gaussian_release
+
+    names = sorted(sums)
+    at = torch.tensor(list(rows), device=next(iter(sums.values())).device)
+    clean = torch.cat([sums[k][at].flatten(1) for k in names], 1)
+    noisy, _ = gaussian_release(
+        clean,
+        std=std,
+        sensitivity=clip,
+        source=source,
+        dim=clean.shape[1],
+        releases=len(rows),
+        mutate=False,
+    )
+    out, offset = {}, 0
+    for k in names:
+        width = sums[k][0].numel()
+        out[k] = noisy[:, offset : offset + width].view(len(rows), *sums[k].shape[1:])
+        offset += width
+    return out
 
 
 def ce_losses(
@@ -332,6 +347,7 @@ __all__ = [
     "LocalDp",
     "ce_losses",
     "has_batched",
+    "joint_release",
     "local_dp_sgd",
     "lockstep",
     "stack_states",

@@ -32,7 +32,7 @@ from privkit.seeding import derive_seed, noise_generator
 from privkit.trainers.batched_sgd import load_states
 from privkit.trainers.common import accuracy, new_model, resolve_device
 from privkit.trainers.dpsgd import _plan, dpsgd_result
-from privkit.trainers.many import stacked_on
+from privkit.trainers.many import joint_release, stacked_on
 from privkit.trainers.stacked import StackedModels
 
 OPACUS_NORM_OFFSET = 1e-6  # opacus' DPOptimizer.clip_and_accumulate: C / (norm + 1e-6)
@@ -90,7 +90,8 @@ def train_dpsgd_runs(
 ) -> list:
     """``train("dpsgd", federations[j], configs[j], seeds[j])`` for every j, batched (see the
     module docstring; configurations it does not cover train one after the other). The configs
-    are equal but for ``reproducible_noise`` (each run's streams); ``fast`` changes nothing."""
+    are equal but for ``reproducible_noise`` (each run's streams); the runs ``fast`` marks (seeded
+    reference runs) draw a step's noise together (:func:`~privkit.trainers.many.joint_release`)."""
     from privkit.trainers.base import train
 
     config = configs[0]
@@ -106,6 +107,7 @@ def train_dpsgd_runs(
     net = StackedModels(runs[0].model, m)
     net.norm_offset = OPACUS_NORM_OFFSET
     std = [r.sigma * config.clip_norm for r in runs]
+    quick = [bool(f) and r.noise.seeded_torch for f, r in zip(fast or [False] * m, runs)]
     expected = torch.tensor([float(r.expected) for r in runs], device=device)
     for t in range(max(r.steps for r in runs)):
         live = [j for j, r in enumerate(runs) if t < r.steps]
@@ -136,10 +138,22 @@ def train_dpsgd_runs(
             params, buffers, xb, example_losses, config.clip_norm, counts=counts
         )
         with torch.no_grad():
+            groups: dict[float, list[int]] = {}
             for j in live:
+                if quick[j]:  # reference runs: their noise in one draw per noise scale
+                    groups.setdefault(std[j], []).append(j)
+                    continue
                 noisy = runs[j].noisy({k: sums[k][j] for k in names}, std[j], config.clip_norm)
                 for k in names:
                     params[k][j].add_(noisy[k] / expected[j], alpha=-config.lr)
+            for s, rows in groups.items():
+                noisy = joint_release(
+                    sums, rows, std=s, clip=config.clip_norm, source=runs[rows[0]].noise
+                )
+                at = torch.tensor(rows, device=device)
+                for k in names:
+                    scale = expected[at].view(-1, *([1] * (noisy[k].dim() - 1)))
+                    params[k][at] -= config.lr * (noisy[k] / scale)
         for j in live:
             r = runs[j]
             r.loss[0] += float(losses[j])
