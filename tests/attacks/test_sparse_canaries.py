@@ -233,3 +233,53 @@ def test_dp_sgd_step_releases_and_audits_exactly_as_the_dense_path(release):
             verdicts.append(a.verdict)
     if not release:  # the positive control is caught, the correct step is not
         assert verdicts == ["violation", "violation", "consistent", "consistent"]
+
+
+class _Sizes(torch.utils._python_dispatch.TorchDispatchMode):
+    """Every aten op's output sizes and dtypes while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.outputs: list[tuple[str, int, torch.dtype]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.outputs.append((str(func), t.numel(), t.dtype))
+        return out
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_a_step_s_canaries_form_no_vector_of_the_whole_release(dense):
+    """Adding the canaries, putting them back and observing form no tensor as large as the
+    release (no dense vector, no flat copy for the host) and nothing in float64 beyond the
+    reserved coordinates; the dense path it replaced does both."""
+    shapes = [(300, 400), (400,), (10, 400), (10,)]
+    dim = sum(int(np.prod(s)) for s in shapes)
+    can = GradientCanaries(dim, 500, clip_norm=1.0, sample_rate=0.5, noise_multiplier=1.0)
+    if dense:
+        _dense(can)
+    step = (DenseCanaryStep if dense else DpSgdStep)(1.0, 1.0, 0.5, 1000)
+    g = torch.Generator().manual_seed(0)
+    total = {str(i): torch.randn(s, generator=g) for i, s in enumerate(shapes)}
+    clean = list(total.values())
+    released = [t + 1.0 for t in clean]
+    src = DpRandom(torch.Generator().manual_seed(1))
+    with _Sizes() as mode:
+        restore = step._with_canaries(total, list(total), can, src)
+        restore()
+        can.observe(released, clean=clean)
+    largest = max(int(np.prod(s)) for s in shapes)
+    big = [(f, n) for f, n, _ in mode.outputs if n > largest]
+    wide = [
+        (f, n)
+        for f, n, d in mode.outputs
+        if d == torch.float64 and n > len(can.reserved_coordinates)
+    ]
+    if dense:
+        assert big and wide
+    else:
+        assert not big, big
+        assert not wide, wide
+    assert can.steps == 1
