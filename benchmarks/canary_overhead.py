@@ -4,7 +4,7 @@ step without them).
 One privkit DP-SGD step (:meth:`privkit.trainers.dp_sgd_step.DpSgdStep.noisy_gradient`: clipped
 sum, canaries, release noise) on two models, batch 64 of 32x32x3 inputs, 10 classes:
 
-* ``resnet_gn``: a small ResNet with GroupNorm (three stages, 78k parameters);
+* ``resnet_gn``: a small ResNet with GroupNorm (three stages, 85k parameters);
 * ``mlp``: 3072-512-512-10 (1.84M parameters: a dimension where a dense per-step vector shows).
 
 For each model, with 0, 500 and 1000 Dirac canaries (:class:`attacks.whitebox.GradientCanaries`,
@@ -68,7 +68,7 @@ class Block(nn.Module):
 
 def resnet_gn() -> nn.Module:
     """Stem 3->16, a residual block at 16, 32 and 48 channels (stride-2 convolutions between),
-    global average pooling, linear head: 78k parameters."""
+    global average pooling, linear head: 85k parameters."""
 
     def down(i: int, o: int) -> list[nn.Module]:
         return [nn.Conv2d(i, o, 3, stride=2, padding=1), nn.GroupNorm(4, o), nn.ReLU()]
