@@ -19,6 +19,7 @@ run's federation file, which the ClientApp loads once per process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import re
@@ -38,6 +39,9 @@ MODEL = "privkit.model"  # ArrayRecord: the global model (or h0) the client star
 EXTRA = "privkit.extra"  # ArrayRecord: public arrays the round needs (fedauxfdp: center, negatives)
 UPDATE = "privkit.update"  # ArrayRecord: what the client sends back
 REPORT = "privkit.report"  # ConfigRecord: the client's scalar report (loss, released events, info)
+RECEIPTS = (
+    "receipts"  # in REPORT: the client's release receipts (privkit.mechanisms.gaussian), JSON
+)
 NODE_WAIT_S = 120.0  # how long the ServerApp waits for the simulation's nodes to register
 
 
@@ -224,11 +228,27 @@ class DpFedPort(Port):
 
     def finish_round(self, replies):
         self.run.finish_round(
-            [{n: v.to(self.run.device) for n, v in replies[k][0].items()} for k in self.run.sampled]
+            [
+                {n: v.to(self.run.device) for n, v in replies[k][0].items()}
+                for k in self.run.sampled
+            ],
+            [_receipts(replies[k][1], k) for k in self.run.sampled],
         )
 
     def result(self):
         return self.run.result()
+
+
+def _receipts(report, k: int) -> list:
+    """The release receipts client ``k`` sent back with its reply (a reply without them is an
+    error: the ledger records what ran, never the plan)."""
+    from privkit.mechanisms.gaussian import Receipt
+
+    if RECEIPTS not in report:
+        raise PrivkitError(
+            f"client {k}'s reply carries no release receipts; found {sorted(report)}"
+        )
+    return [Receipt(**r) for r in json.loads(report[RECEIPTS])]
 
 
 @dataclass
@@ -371,6 +391,7 @@ def client_step(task, model_record, extra_record, partition: int) -> tuple[dict,
         from privkit.trainers.fedkadp import client_seed, local_update
 
         rho = float(task["rho"]) if "rho" in task else None
+        receipts: list = []
         state = local_update(
             model,
             as_tensor(x, device, torch.float32),
@@ -381,8 +402,11 @@ def client_step(task, model_record, extra_record, partition: int) -> tuple[dict,
             client_seed(seed, t, k),
             device,
             client=k,
+            receipts=receipts,
         )
-        return state, {}
+        # the releases this client made travel back with its update: the server's ledger records
+        # them (never the round's plan in their place)
+        return state, {RECEIPTS: json.dumps([dataclasses.asdict(r) for r in receipts])}
     if PORTS.get(method) is DpHeadsPort:
         return _heads_step(task, model, _tensors(extra_record), cfg, fed, x, y, k, seed, device)
     raise PrivkitError(f"method {method!r} has no Flower client step; found it in a train message")

@@ -258,9 +258,11 @@ def local_update(
     seed: int,
     device: torch.device,
     client: int = 0,
+    receipts: list | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Algorithm 1 on one client (public name of the step every engine runs: :mod:`privkit.flower`)."""
-    return _local_update(global_model, x, y, cfg, sigma, rho, seed, device, client)
+    """Algorithm 1 on one client (public name of the step every engine runs: :mod:`privkit.flower`);
+    each release's receipt goes to ``receipts`` where given (the server's ledger records them)."""
+    return _local_update(global_model, x, y, cfg, sigma, rho, seed, device, client, receipts)
 
 
 def _mean_state(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -210,3 +210,40 @@ def test_privkit_run_on_the_flower_engine_writes_the_inprocess_run(tmp_path):
     assert json.loads((flower / "config.json").read_text())["engine"] == "flower"
     report = json.loads((flower.parent / "report.json").read_text())
     assert [m["engine"] for m in report["metadata"]["config"]["resolved_methods"]] == ["flower"]
+
+
+def test_the_server_ledger_records_the_receipts_clients_send_back(fed):
+    """The Flower port's ledger is built from the release receipts each client sends with its
+    update: a reply without them, or with releases other than those the round admitted, is refused
+    (the round's plan never stands in for what ran)."""
+    from accountants import dpsgd_event
+    from privkit.flower.apps import RECEIPTS, DpFedPort
+    from privkit.mechanisms.gaussian import Receipt
+    from privkit.methods import make_config
+
+    cfg = make_config("dp-fedavg", _config("dp-fedavg"))
+
+    def rate(k):
+        return min(1.0, cfg.batch_size / len(fed.client_arrays(k)[1]))
+
+    def round_with(receipt_of):
+        """A fresh run's first round, finished with the replies ``receipt_of(port, k)`` gives."""
+        port = DpFedPort("dp-fedavg", fed, cfg, SEED)
+        selected = port.next_round()
+        state = port.run.model.state_dict()
+        replies = {}
+        for k in selected:
+            receipt = receipt_of(port, k)
+            body = json.dumps([receipt.__dict__] * cfg.local_steps) if receipt else None
+            replies[k] = (state, {RECEIPTS: body} if body else {})
+        port.finish_round(replies)
+        return port, selected
+
+    with pytest.raises(PrivkitError, match="carries no release receipts"):
+        round_with(lambda port, k: None)
+    with pytest.raises(PrivkitError, match="the budget admitted"):  # half the admitted noise
+        round_with(lambda port, k: Receipt(port.run.sigma / 2, cfg.clip_norm, rate(k)))
+    port, selected = round_with(lambda port, k: Receipt(port.run.sigma, cfg.clip_norm, rate(k)))
+    for k in selected:
+        (entry,) = port.run.ledger.entries(k)
+        assert entry.event == dpsgd_event(rate(k), port.run.sigma, cfg.local_steps)
