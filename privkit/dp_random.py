@@ -123,8 +123,19 @@ class DpRandom:
         dtype: torch.dtype = torch.float32,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Standard normals of shape ``size`` (sizes, or one shape) on :attr:`device` (into
-        ``out`` when given)."""
+        """Standard normals of shape ``size`` on :attr:`device` (into ``out`` when given).
+
+        Parameters
+        ----------
+        *size : int or sequence of int
+            The shape: several sizes (``randn(2, 3)``) or one sequence (``randn((2, 3))``).
+        dtype : torch.dtype
+            The result's dtype when ``out`` is not given. A torch source draws in it; the AES
+            stream draws float64 for float64 and float32 cast to it otherwise; the device stream
+            draws float64 and casts.
+        out : torch.Tensor, optional
+            Written in place and returned; its dtype replaces ``dtype``.
+        """
         shape: tuple[int, ...] = (
             tuple(size[0]) if len(size) == 1 and not isinstance(size[0], int) else size  # type: ignore[assignment]  # sizes are ints here
         )

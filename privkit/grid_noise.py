@@ -153,6 +153,16 @@ class Grid:
         (see the module docstring), so the accounted multiplier ``std / sensitivity`` holds.
         ``sensitivity=None`` leaves the noise at ``std`` (``gamma * s >= std``): for draws no
         privacy claim rests on.
+
+        Parameters
+        ----------
+        std : float
+            The noise standard deviation the mechanism claims (finite, ``>= 2**-900``); sets
+            ``gamma``.
+        sensitivity : float or None
+            The release's L2 sensitivity (``> 0``), or ``None`` for no widening.
+        dim : int
+            The number of coordinates of one release (``>= 1``): each adds its rounding error.
         """
         if not (math.isfinite(std) and std >= 2.0**-900):
             raise PrivkitError(f"std must be a finite number >= 2**-900; found {std}")
@@ -184,7 +194,17 @@ def rounded_sensitivity(sensitivity: float, gamma: float, dim: int) -> float:
     """L2 sensitivity of ``gamma * round(x / gamma)`` when ``x`` has L2 sensitivity ``sensitivity``:
     ``sensitivity + gamma * sqrt(dim)`` (each coordinate's rounding error lies in
     ``[-gamma/2, gamma/2]``, so two inputs' errors differ by at most ``gamma`` per coordinate).
-    Rounded up to the next float."""
+    Rounded up to the next float.
+
+    Parameters
+    ----------
+    sensitivity : float
+        The L2 sensitivity of the unrounded value ``x``.
+    gamma : float
+        The grid step.
+    dim : int
+        The number of coordinates of ``x``.
+    """
     return float(np.nextafter(sensitivity + gamma * math.sqrt(dim), np.inf))
 
 
@@ -193,8 +213,22 @@ def rounded_gaussian(
 ) -> torch.Tensor:
     """``n`` independent draws of ``round(N(0, scale^2))``, exactly (see the module docstring).
 
-    Returns float64 integers on the bit source's device. ``margin`` (relative) widens the band of
-    cells settled by mpmath; tests raise it to exercise that path.
+    Parameters
+    ----------
+    scale : float
+        The standard deviation ``s`` of ``N`` in grid units (finite, ``> 0``).
+    n : int
+        The number of draws.
+    bits : BitSource
+        The secret stream the uniforms (53 bits each, more for a draw near a boundary) come from.
+    margin : float
+        The relative margin a float64 decision must clear; draws closer to a boundary are
+        settled by mpmath (tests raise it to exercise that path).
+
+    Returns
+    -------
+    torch.Tensor
+        ``n`` float64 integers on the bit source's device.
     """
     if not (math.isfinite(scale) and scale > 0):
         raise PrivkitError(f"scale must be a finite number > 0; found {scale}")
@@ -287,6 +321,16 @@ def snap_add(clean: torch.Tensor, k: torch.Tensor, gamma: float) -> torch.Tensor
 
     ``clean / gamma`` and the product by ``gamma`` are exact (power of two), the sum of two integers
     is correctly rounded: the result is a fixed function of the integer ``round(clean / gamma) + k``.
+
+    Parameters
+    ----------
+    clean : torch.Tensor
+        The pre-noise value; the result has its shape, dtype and device.
+    k : torch.Tensor
+        Integer noise in grid units (float64 integers from :func:`rounded_gaussian`), of
+        ``clean``'s shape.
+    gamma : float
+        The grid step, a power of two.
     """
     c = clean.to(torch.float64)
     out = (
@@ -297,7 +341,17 @@ def snap_add(clean: torch.Tensor, k: torch.Tensor, gamma: float) -> torch.Tensor
 
 def grid_release(clean: torch.Tensor, grid: Grid, bits: BitSource) -> torch.Tensor:
     """``clean`` released with the grid's Gaussian noise: ``gamma * (round(clean / gamma) + k)``,
-    ``k`` drawn by :func:`rounded_gaussian` from ``bits`` (see the module docstring)."""
+    ``k`` drawn by :func:`rounded_gaussian` from ``bits`` (see the module docstring).
+
+    Parameters
+    ----------
+    clean : torch.Tensor
+        The pre-noise value, any shape; the release has its shape, dtype and device.
+    grid : Grid
+        The grid step ``gamma`` and noise scale ``s`` (:meth:`Grid.for_release`).
+    bits : BitSource
+        The secret stream the noise is drawn from.
+    """
     flat = clean.reshape(-1)
     if flat.device.type != "cpu" or flat.numel() <= _CHUNK:
         return snap_add(flat, rounded_gaussian(grid.scale, flat.numel(), bits), grid.gamma).view(

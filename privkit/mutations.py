@@ -44,14 +44,33 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Mutation:
-    """One bug (see the module docstring). The defaults are the correct mechanism."""
+    """One bug (see the module docstring). The defaults are the correct mechanism.
+
+    Parameters
+    ----------
+    name : str
+        The bug's name, a key of :data:`MUTATIONS` (``privkit audit --mutation NAME``).
+    noise_factor : float
+        The factor on every Gaussian release's noise standard deviation (the receipt keeps the
+        claimed one).
+    clipping : bool
+        Whether per-record clipping (DP-SGD) or the sensitivity bound (output perturbation) is
+        applied.
+    ledger_steps_factor : float
+        The factor on every self-composition count of the ledger (:func:`mutate_ledger`).
+    ledger_rate_factor : float
+        The factor on every Poisson sampling rate of the ledger (:func:`mutate_ledger`).
+    per_client_noise : bool
+        ``noise x1/N``: the noise factor is ``1 / num_clients``, set by :func:`for_federation`
+        (:func:`mutated` refuses the unresolved mutation).
+    """
 
     name: str = "correct"
     noise_factor: float = 1.0
     clipping: bool = True
     ledger_steps_factor: float = 1.0
     ledger_rate_factor: float = 1.0
-    per_client_noise: bool = False  # noise x 1/N: the factor is 1 / (number of clients)
+    per_client_noise: bool = False
 
     @property
     def is_correct(self) -> bool:

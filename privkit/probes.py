@@ -66,7 +66,24 @@ class ProbeSession:
         noise_multiplier: float,
     ):
         """The canaries of ``client``'s mechanism ``label`` (created on first call with these
-        claimed parameters), or ``None`` when the plan does not probe this client."""
+        claimed parameters), or ``None`` when the plan does not probe this client.
+
+        Parameters
+        ----------
+        client : int
+            The client whose mechanism runs.
+        label : str
+            The mechanism's label, the word its ledger entries carry (``dp-sgd``, ``scores``, ...).
+        dim : int
+            The number of coordinates the mechanism releases (its trainable parameters for
+            DP-SGD); ``dirac`` canaries are capped at it, and fewer than 2 means no probes.
+        clip_norm : float
+            The claimed clipping norm (or sensitivity): the L2 norm of an injected canary.
+        sample_rate : float
+            The claimed Poisson rate at which the mechanism samples its records (1 if none).
+        noise_multiplier : float
+            The claimed noise multiplier the audit tests against.
+        """
         from attacks.experiment import stream_seeds
         from attacks.whitebox import GradientCanaries
 
@@ -115,7 +132,24 @@ def canaries_for(
     noise_multiplier: float,
 ):
     """The canaries a DP mechanism of ``client`` labelled ``label`` must take now (``None``
-    outside :func:`probing`, or for a client the plan does not probe)."""
+    outside :func:`probing`, or for a client the plan does not probe).
+
+    Parameters
+    ----------
+    client : int
+        The client whose mechanism runs.
+    label : str
+        The mechanism's label, the word its ledger entries carry (``dp-sgd``, ``scores``, ...).
+    dim : int
+        The number of coordinates the mechanism releases (its trainable parameters for
+        DP-SGD); ``dirac`` canaries are capped at it, and fewer than 2 means no probes.
+    clip_norm : float
+        The claimed clipping norm (or sensitivity): the L2 norm of an injected canary.
+    sample_rate : float
+        The claimed Poisson rate at which the mechanism samples its records (1 if none).
+    noise_multiplier : float
+        The claimed noise multiplier the audit tests against.
+    """
     session = _SESSION.get()
     if session is None:
         return None

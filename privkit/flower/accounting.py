@@ -417,7 +417,26 @@ class Accounted(Strategy):
 
     # -- Strategy --------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: Any, config: Any, grid: Any) -> list:
-        """The inner strategy's messages, unless the round would take a client past the budget."""
+        """The inner strategy's messages, unless the round would take a client past the budget.
+
+        Parameters
+        ----------
+        server_round : int
+            The round about to be sent (Flower counts from 1).
+        arrays : flwr.app.ArrayRecord
+            The global model the round sends; with client-side central DP, kept to check the
+            norms of the clients' updates.
+        config : flwr.app.ConfigRecord
+            The round's configuration, passed to the inner strategy and to ``client_mechanism``.
+        grid : flwr.serverapp.Grid
+            The Grid the inner strategy samples its nodes from.
+
+        Returns
+        -------
+        list of flwr.app.Message
+            The inner strategy's messages; empty once the run has stopped or when this round is
+            refused (:class:`RunRefused` instead when no round has run yet).
+        """
         if self.stopped:
             return []
         clip = self.central.clip_norm if self.central is not None else None
@@ -620,6 +639,20 @@ class Accounted(Strategy):
         return shares, unclipped
 
     def configure_evaluate(self, server_round: int, arrays: Any, config: Any, grid: Any) -> Any:
+        """The inner strategy's evaluation messages, passed through unchanged (the ledger records
+        nothing for them).
+
+        Parameters
+        ----------
+        server_round : int
+            The current round (Flower counts from 1).
+        arrays : flwr.app.ArrayRecord
+            The global model to evaluate.
+        config : flwr.app.ConfigRecord
+            The evaluation round's configuration.
+        grid : flwr.serverapp.Grid
+            The Grid the inner strategy samples its nodes from.
+        """
         return self.strategy.configure_evaluate(server_round, arrays, config, grid)
 
     def aggregate_evaluate(self, server_round: int, replies: Any) -> Any:

@@ -128,8 +128,20 @@ def run_inprocess(
 ) -> None:
     """Run ``server_app`` against ``num_nodes`` in-process copies of ``client_app``.
 
-    ``run_config`` reaches the ServerApp's and every ClientApp's ``Context.run_config``, as in
-    Flower's simulation and deployment engines.
+    Parameters
+    ----------
+    server_app : flwr.serverapp.ServerApp
+        Called once with an :class:`InProcessGrid` and the server's ``Context``; returns when the
+        run ends.
+    client_app : flwr.clientapp.ClientApp
+        Called in this process for each message to a node, with that node's own ``Context``
+        (``node_config``: ``partition-id`` and ``num-partitions``); an exception becomes an
+        error reply, as in Flower's simulation.
+    num_nodes : int
+        The number of client nodes (``>= 1``; node ids 1 to ``num_nodes``).
+    run_config : dict, optional
+        Reaches the ServerApp's and every ClientApp's ``Context.run_config``, as in Flower's
+        simulation and deployment engines.
     """
     previous = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
     grid = InProcessGrid(client_app, num_nodes, run_config=run_config)

@@ -50,12 +50,16 @@ class Receipt:
 
     Attributes
     ----------
-    noise_multiplier : ``std / sensitivity`` of the noise the release claims.
-    sensitivity : the L2 sensitivity the noise was calibrated to.
-    sample_rate : the Poisson rate at which the mechanism sampled its records (``None``: every
-        record, no sampling).
-    releases : how many releases of this kind the receipt stands for (rows of a matrix released
-        row by row; 1 otherwise).
+    noise_multiplier : float
+        ``std / sensitivity`` of the noise the release claims.
+    sensitivity : float
+        The L2 sensitivity the noise was calibrated to.
+    sample_rate : float or None
+        The Poisson rate at which the mechanism sampled its records (``None``: every record, no
+        sampling).
+    releases : int
+        How many releases of this kind the receipt stands for (rows of a matrix released row by
+        row; 1 otherwise).
     """
 
     noise_multiplier: float
@@ -115,6 +119,18 @@ class NormalRows:
     A batched engine draws its noise this way for speed; passing a ``NormalRows`` as the
     ``source`` of :func:`gaussian_release` keeps those bits exactly while every release still goes
     through the primitive (its mutation and its receipt). Reproducible mode only.
+
+    Parameters
+    ----------
+    source : DpRandom or torch.Generator
+        The seeded stream (a :class:`~privkit.dp_random.DpRandom` over the release stream is
+        refused).
+    width : int
+        How many numbers one release takes: each row's length.
+    total : int
+        The number of releases (rows) the run makes; asking for more raises.
+    block : int
+        Rows per draw (the last draw takes what is left of ``total``).
     """
 
     def __init__(self, source: DpRandom | torch.Generator, width: int, total: int, block: int):

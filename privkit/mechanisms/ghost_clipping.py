@@ -65,6 +65,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -141,7 +142,9 @@ def _layers(model: nn.Module) -> list[_Layer]:
             )
         base = next(t for t in SUPPORTED if isinstance(module, t))
         if type(module).forward is not base.forward or (
-            base is nn.Conv2d and type(module)._conv_forward is not nn.Conv2d._conv_forward
+            base is nn.Conv2d
+            and isinstance(module, nn.Conv2d)
+            and type(module)._conv_forward is not nn.Conv2d._conv_forward
         ):
             raise UnsupportedModelError(
                 f"{prefix}: {type(module).__name__} overrides {base.__name__}'s forward"
@@ -265,7 +268,8 @@ def _patches(layer: _Layer) -> Iterator[torch.Tensor]:
     T)``: the values each output position multiplies by ``weight[:, :, kh, kw]``. One offset at
     a time (a strided slice, copied): ``F.unfold``'s ``k^2``-fold copy of the input is never held,
     and on the CPU its slow ``im2col`` is avoided."""
-    m, a, g = layer.module, layer.inputs[0], layer.grad
+    m, a = cast(nn.Conv2d, layer.module), layer.inputs[0]
+    g = cast(torch.Tensor, layer.grad)
     a, padding = _padded(m, a)
     if any(padding):
         a = F.pad(a, [p for p in reversed(padding) for _ in range(2)])
@@ -280,7 +284,7 @@ def _weight_sq(layer: _Layer) -> torch.Tensor:
     """Squared norms of the per-example weight gradients ``sum_t g_t a_t^T`` (``T`` positions of a
     sequence or of a convolution's output), by the ``T x T`` Gram matrices or by materialising the
     gradients (kept for the clipped sum), whichever costs less for the shapes."""
-    m, a, g = layer.module, layer.inputs[0], layer.grad
+    m, a, g = layer.module, layer.inputs[0], cast(torch.Tensor, layer.grad)
     b = a.shape[0]
     if isinstance(m, nn.Linear):
         a, g = a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
@@ -293,34 +297,37 @@ def _weight_sq(layer: _Layer) -> torch.Tensor:
         w = torch.bmm(g.transpose(1, 2), a)  # (B, out, in)
         layer.per_example["weight"] = w
         return w.pow(2).sum((1, 2))  # cascade sums: vector_norm loses 1e-4 at 1e6 terms
+    conv = cast(nn.Conv2d, m)
     t, n_out = g.shape[2] * g.shape[3], g.shape[1]
-    n_in = m.in_channels * m.kernel_size[0] * m.kernel_size[1]
+    n_in = conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1]
     if _ghost(True, b, t, n_in, n_out):
-        gram = sum(torch.bmm(u.transpose(1, 2), u) for u in _patches(layer))
+        gram = cast(torch.Tensor, sum(torch.bmm(u.transpose(1, 2), u) for u in _patches(layer)))
         g = g.reshape(b, n_out, t)
         return (gram * torch.bmm(g.transpose(1, 2), g)).sum((1, 2))
     # per-example weight gradients: the batch as the groups of one grouped convolution's weight
     # gradient (the kernel plain training's weight gradient runs)
-    a, padding = _padded(m, layer.inputs[0])
-    shape = (b * n_out, m.in_channels, *m.kernel_size)
+    a, padding = _padded(conv, layer.inputs[0])
+    shape = (b * n_out, conv.in_channels, *conv.kernel_size)
     w = torch.ops.aten.convolution_backward(
-        layer.grad.reshape(1, b * n_out, *layer.grad.shape[2:]),
-        a.reshape(1, b * m.in_channels, *a.shape[2:]),
+        g.reshape(1, b * n_out, *g.shape[2:]),
+        a.reshape(1, b * conv.in_channels, *a.shape[2:]),
         a.new_empty(1).expand(shape),
         None,
-        m.stride,
+        conv.stride,
         padding,
-        m.dilation,
+        conv.dilation,
         False,
         [0, 0],
         b,
         [False, True, False],
-    )[1].reshape(b, *m.weight.shape)
+    )[1].reshape(b, *conv.weight.shape)
     layer.per_example["weight"] = w
     return w.reshape(b, -1).pow(2).sum(1)
 
 
-def _norm_affine(m: nn.Module, a: torch.Tensor, g: torch.Tensor, names) -> dict[str, torch.Tensor]:
+def _norm_affine(
+    m: nn.GroupNorm | nn.LayerNorm, a: torch.Tensor, g: torch.Tensor, names
+) -> dict[str, torch.Tensor]:
     """Per-example gradients of a GroupNorm's or LayerNorm's affine weight and bias, ``(B, C...)``."""
     out: dict[str, torch.Tensor] = {}
     b = a.shape[0]
@@ -344,7 +351,8 @@ def _norm_affine(m: nn.Module, a: torch.Tensor, g: torch.Tensor, names) -> dict[
 def _embedding_rows(layer: _Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """An embedding's per-example gradient rows: ``(example of each row, token of each row, the
     row: the sum of that example's output gradients at that token)``."""
-    m, idx, g = layer.module, layer.inputs[0], layer.grad
+    m, idx = cast(nn.Embedding, layer.module), layer.inputs[0]
+    g = cast(torch.Tensor, layer.grad)
     b, n = idx.shape[0], m.num_embeddings
     idx = idx.reshape(b, -1)
     keys = (torch.arange(b, device=idx.device)[:, None] * n + idx).flatten()
@@ -361,16 +369,17 @@ def _embedding_rows(layer: _Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 def _sq_norms(layer: _Layer, b: int) -> torch.Tensor:
     """Squared norm of each example's gradient of this layer's trainable parameters (what is
     formed on the way is kept in ``layer`` for the clipped sum)."""
-    m, names, g = layer.module, layer.names, layer.grad
+    m, names, g = layer.module, layer.names, cast(torch.Tensor, layer.grad)
     if isinstance(m, nn.Embedding):
         layer.rows = _embedding_rows(layer)
         example, _, summed = layer.rows
-        sq = torch.zeros(b, dtype=summed.dtype, device=summed.device)
-        return sq.index_add_(0, example, summed.pow(2).sum(1))
+        zero = torch.zeros(b, dtype=summed.dtype, device=summed.device)
+        return zero.index_add_(0, example, summed.pow(2).sum(1))
     if isinstance(m, (nn.GroupNorm, nn.LayerNorm)):
         layer.per_example = _norm_affine(m, layer.inputs[0], g, names)
-        return sum(v.reshape(b, -1).pow(2).sum(1) for v in layer.per_example.values())
-    sq = _weight_sq(layer) if "weight" in names else 0
+        parts = (v.reshape(b, -1).pow(2).sum(1) for v in layer.per_example.values())
+        return cast(torch.Tensor, sum(parts))
+    sq: torch.Tensor | int = _weight_sq(layer) if "weight" in names else 0
     if "bias" in names:
         if isinstance(m, nn.Linear):
             bias = g.reshape(b, -1, g.shape[-1]).sum(1)
@@ -378,7 +387,7 @@ def _sq_norms(layer: _Layer, b: int) -> torch.Tensor:
             bias = g.reshape(b, g.shape[1], -1).sum(2)
         layer.per_example["bias"] = bias
         sq = sq + bias.pow(2).sum(1)
-    return sq
+    return cast(torch.Tensor, sq)  # a tensor: the layer has a trainable weight or bias
 
 
 def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -418,7 +427,7 @@ def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
             w = cg.reshape(-1, cg.shape[-1]).T @ layer.inputs[0].reshape(-1, m.in_features)
         else:
             w = _conv_weight_grad(layer, cg)
-        out["weight"] = w.reshape(m.weight.shape)
+        out["weight"] = w.reshape(cast(torch.Tensor, m.weight).shape)
     if "bias" in missing:
         out["bias"] = (
             cg.reshape(cg.shape[0], cg.shape[1], -1).sum((0, 2))
@@ -430,7 +439,7 @@ def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def _conv_weight_grad(layer: _Layer, cg: torch.Tensor) -> torch.Tensor:
     """A convolution's weight gradient for output gradients ``cg``, as plain training forms it."""
-    m = layer.module
+    m = cast(nn.Conv2d, layer.module)
     a, padding = _padded(m, layer.inputs[0])
     return torch.ops.aten.convolution_backward(
         cg,
@@ -462,7 +471,7 @@ def _run(
     b = x.shape[0]
     if not ran:
         return layers, torch.zeros(b, device=x.device)
-    return layers, sum(_sq_norms(layer, b) for layer in ran).sqrt()
+    return layers, cast(torch.Tensor, sum(_sq_norms(layer, b) for layer in ran)).sqrt()
 
 
 def per_example_norms(
@@ -471,8 +480,24 @@ def per_example_norms(
     example_losses: Callable[[torch.Tensor, slice], torch.Tensor],
 ) -> torch.Tensor:
     """``||g_i||`` over the trainable parameters for each example of ``x`` (``g_i``: the gradient
-    of ``example_losses(model(x), slice(None))[i]``), without forming the ``g_i``."""
-    return _run(model, x, example_losses, norms=True)[1]
+    of ``example_losses(model(x), slice(None))[i]``), without forming the ``g_i``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A model of the :data:`SUPPORTED` layers (see the module docstring for what is refused).
+    x : torch.Tensor
+        The batch's inputs, the batch on the first dimension.
+    example_losses : callable
+        ``example_losses(logits, s)``: the losses of the records ``s`` (a slice of the batch,
+        here ``slice(None)``) from their logits, one per record, shape ``(B,)``.
+
+    Returns
+    -------
+    torch.Tensor
+        The ``B`` gradient norms.
+    """
+    return cast(torch.Tensor, _run(model, x, example_losses, norms=True)[1])
 
 
 def clipped_sum(
@@ -483,7 +508,26 @@ def clipped_sum(
 ) -> dict[str, torch.Tensor]:
     """``sum_i min(1, clip / ||g_i||) g_i`` over the trainable parameters, by name (``clip = inf``:
     the plain sum). :class:`~privkit.trainers.stacked.UnsupportedModelError` for a model this
-    module does not cover (see the module's docstring)."""
+    module does not cover (see the module's docstring).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A model of the :data:`SUPPORTED` layers (see the module docstring for what is refused).
+    x : torch.Tensor
+        The batch's inputs, the batch on the first dimension.
+    example_losses : callable
+        ``example_losses(logits, s)``: the losses of the records ``s`` (a slice of the batch,
+        here ``slice(None)``) from their logits, one per record, shape ``(B,)``.
+    clip : float
+        The L2 clipping norm ``C`` (``> 0``; ``inf``: no clipping, no norms computed).
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        The clipped sum of each trainable parameter, by its name in ``model.named_parameters()``
+        and in that order.
+    """
     if not clip > 0:
         raise ValueError(f"clip must be > 0; found {clip}")
     layers, norms = _run(model, x, example_losses, norms=not math.isinf(clip))

@@ -60,6 +60,20 @@ def poisson_batch(
 
     A torch ``generator`` must live on the CPU (sampling is cheap; keeping it there keeps results
     identical across devices).
+
+    Parameters
+    ----------
+    n : int
+        The number of records (``>= 0``).
+    sample_rate : float
+        Each record's inclusion probability ``q``, in ``(0, 1]``.
+    generator : DpRandom or torch.Generator
+        The stream the ``n`` Bernoulli draws come from.
+
+    Returns
+    -------
+    torch.Tensor
+        The sampled indices in increasing order (int64, CPU).
     """
     if not 0.0 < sample_rate <= 1.0:
         raise PrivkitError(f"sample_rate must be in (0, 1]; found {sample_rate}")
@@ -78,8 +92,18 @@ def per_sample_gradients(
 ) -> dict[str, torch.Tensor]:
     """Gradient of ``loss_fn`` for each record separately: ``{name: (B, *param.shape)}``.
 
-    Only parameters with ``requires_grad`` are differentiated. ``aux`` is a per-record tensor passed
-    to ``loss_fn`` (e.g. the teacher's logits for knowledge distillation).
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model; only parameters with ``requires_grad`` are differentiated.
+    x : torch.Tensor
+        The batch's inputs, one record per row (``B`` rows, possibly 0).
+    y : torch.Tensor
+        The batch's targets, ``(B,)``.
+    loss_fn : PerSampleLoss
+        ``loss_fn(logits (1, C), target (1,), aux (1, ...) or None)``: one record's scalar loss.
+    aux : torch.Tensor, optional
+        A per-record tensor passed to ``loss_fn`` (e.g. a teacher's logits for distillation).
     """
     params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
     buffers = {k: v.detach() for k, v in model.named_buffers()}
@@ -127,6 +151,27 @@ def clipped_gradient_sum(
     any other model of linear, convolution, GroupNorm/LayerNorm and embedding layers book-keeping
     ghost clipping (:mod:`privkit.mechanisms.ghost_clipping`), anything else ``torch.func``
     per-example gradients; all three agree up to float rounding (tested).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model; only parameters with ``requires_grad`` are differentiated.
+    x : torch.Tensor
+        The batch's inputs, one record per row (``B`` rows, possibly 0).
+    y : torch.Tensor
+        The batch's targets, ``(B,)``.
+    loss_fn : PerSampleLoss
+        ``loss_fn(logits (1, C), target (1,), aux (1, ...) or None)``: one record's scalar loss.
+    clip_norm : float
+        The L2 clipping norm ``c`` of each record's whole gradient (``> 0``; ``inf``: no
+        clipping).
+    aux : torch.Tensor, optional
+        A per-record tensor passed to ``loss_fn`` (e.g. a teacher's logits for distillation).
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        The clipped sum of each trainable parameter, by name.
     """
     from privkit.mechanisms import ghost_clipping
     from privkit.trainers.stacked import UnsupportedModelError, clipped_sum_one
@@ -159,10 +204,14 @@ class DpSgdStep:
 
     Parameters
     ----------
-    clip_norm : per-sample L2 clipping norm ``c``.
-    noise_multiplier : ``sigma``; the noise std is ``sigma * c``.
-    sample_rate : Poisson rate ``q`` (the accountant's ``q``).
-    dataset_size : ``n``, the number of records the batch is drawn from.
+    clip_norm : float
+        The per-record L2 clipping norm ``c`` (``> 0``).
+    noise_multiplier : float
+        ``sigma`` (``>= 0``); the noise std is ``sigma * c``.
+    sample_rate : float
+        The Poisson rate ``q`` (the accountant's ``q``), in ``(0, 1]``.
+    dataset_size : int
+        ``n``, the number of records the batch is drawn from.
     """
 
     clip_norm: float
@@ -218,6 +267,30 @@ class DpSgdStep:
         (norm ``canaries.raw_norm``) is clipped as every record's is, before the noise; the
         canaries then observe the noisy sum. That is the white-box audit of this step, tested
         against what the ledger claims (:mod:`attacks.conformance`).
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The model; the gradient is over its trainable parameters (``requires_grad``).
+        x : torch.Tensor
+            The sampled batch's inputs (:meth:`sample`'s records; may be empty).
+        y : torch.Tensor
+            The sampled batch's targets, ``(B,)``.
+        loss_fn : PerSampleLoss
+            ``loss_fn(logits (1, C), target (1,), aux (1, ...) or None)``: one record's scalar loss.
+        noise_generator : DpRandom or torch.Generator
+            The stream of the Gaussian noise and of the canaries' sampling.
+        aux : torch.Tensor, optional
+            A per-record tensor passed to ``loss_fn`` (e.g. a teacher's logits for distillation).
+        canaries : attacks.whitebox.GradientCanaries, optional
+            The audit's canaries for this step (:meth:`probes`); ``None`` outside an audit.
+        receipts : list of Receipt, optional
+            Where this step's receipt is appended, for the trainer's ledger.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            The noisy sum divided by the expected batch size ``q n``, by parameter name.
         """
         mutation = mutations.active()
         clip = self.clip_norm if mutation.clipping else math.inf
@@ -263,7 +336,17 @@ class DpSgdStep:
     def probes(self, model: nn.Module, client: int, label: str = "dp-sgd"):
         """The audit canaries this step must take for ``client``'s mechanism ``label`` (``None``
         unless an audit is probing: :func:`privkit.probes.canaries_for`), over ``model``'s
-        trainable parameters, with this step's claimed parameters."""
+        trainable parameters, with this step's claimed parameters.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The trained model: the canaries' dimension is its trainable parameter count.
+        client : int
+            The client training it.
+        label : str
+            The mechanism's ledger label.
+        """
         from privkit.probes import canaries_for
 
         dim = sum(int(p.numel()) for p in model.parameters() if p.requires_grad)
@@ -289,7 +372,31 @@ class DpSgdStep:
         receipts: list[Receipt] | None = None,
     ) -> None:
         """Write the noisy gradient into ``.grad`` and take one optimiser step (post-processing);
-        the step's receipt goes to ``receipts`` where given."""
+        the step's receipt goes to ``receipts`` where given.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The model; its trainable parameters (``requires_grad``) get the gradient and the
+            step.
+        optimizer : torch.optim.Optimizer
+            The optimiser over ``model``'s parameters: stepped once, then its gradients set to
+            ``None``.
+        x : torch.Tensor
+            The sampled batch's inputs (:meth:`sample`'s records; may be empty).
+        y : torch.Tensor
+            The sampled batch's targets, ``(B,)``.
+        loss_fn : PerSampleLoss
+            ``loss_fn(logits (1, C), target (1,), aux (1, ...) or None)``: one record's scalar loss.
+        noise_generator : DpRandom or torch.Generator
+            The stream of the Gaussian noise and of the canaries' sampling.
+        aux : torch.Tensor, optional
+            A per-record tensor passed to ``loss_fn`` (e.g. a teacher's logits for distillation).
+        canaries : attacks.whitebox.GradientCanaries, optional
+            The audit's canaries for this step (:meth:`probes`); ``None`` outside an audit.
+        receipts : list of Receipt, optional
+            Where this step's receipt is appended, for the trainer's ledger.
+        """
         g = self.noisy_gradient(model, x, y, loss_fn, noise_generator, aux, canaries, receipts)
         for k, p in model.named_parameters():
             if p.requires_grad:
