@@ -629,7 +629,7 @@ class Ledger:
         self, key: str, entries: list[LedgerEntry], delta: float, accountant: str
     ) -> Accounting:
         split = _split(entries, key)
-        kinds = ACCOUNTANTS if accountant == "best" else (accountant,)
+        kinds: tuple[str, ...] = ACCOUNTANTS if accountant == "best" else (accountant,)
         if accountant == "best":  # the tight accountants first: they usually give the minimum
             kinds = tuple(sorted(kinds, key=lambda k: k not in ("rdp", "pld")))
         vdi = self.value_discretization_interval

@@ -505,6 +505,7 @@ class GradientCanaries:
         # the noise's witnesses: where the auditor injects the canaries itself, or canary records
         # reserve them (privkit's own mechanisms, :meth:`vector`, are tested on scale alone)
         witness = self._pending or records
+        base: TensorLike | None
         if self._pending:
             base = self._clean
         elif clean is None or not (self.know_batch or records):
@@ -893,6 +894,7 @@ def add_in_place(
     saved = []
     for j, local, v in _shares(tensors, coords, values):
         t = tensors[j].detach()
+        where: tuple[torch.Tensor, ...]
         if t.is_contiguous():
             t, where = t.view(-1), (local,)
         else:

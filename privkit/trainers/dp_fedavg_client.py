@@ -223,7 +223,7 @@ def train_dp_fedavg_client(
         event = _round_event(receipt)
         for k in range(n):
             ledger.add(k, event, f"round {t}: {LABEL}", round=t)
-        row = {
+        row: dict[str, Any] = {
             "round": t,
             "test_accuracy": accuracy(model, x_test, y_test, device),
             "epsilon": eps if eps is not None else _epsilon(cfg, t),

@@ -179,7 +179,7 @@ def train_dpsgd_runs(
             [{k: v[j].detach().cpu().clone() for k, v in params.items()} for j in range(m)],
         ),
     ):
-        rows = [
+        kept: list[dict] = [
             {
                 "round": row["round"],
                 "test_accuracy": row["test_accuracy"],
@@ -189,7 +189,7 @@ def train_dpsgd_runs(
             for row in r.rounds
         ]
         out.append(
-            dpsgd_result(r.federation, r.config, r.seed, released, r.spec, rows, r.plan, device)
+            dpsgd_result(r.federation, r.config, r.seed, released, r.spec, kept, r.plan, device)
         )
     return out
 
