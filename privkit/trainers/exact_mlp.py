@@ -336,15 +336,16 @@ def _train_stacked(
             grads[b] = g.sum(1)
             if below:
                 g = torch.bmm(g, p[w][:a]) * (acts[i] > 0)
+        counted = t >= first[:a]
+        count = not soft and bool(counted.any())
         extra = torch.zeros(a, device=device)
         if prox:  # (mu/2) ||theta - anchor||^2: gradient mu (theta - anchor)
             for k in names:
                 d = p[k][:a] - anchor[k][:a]
-                view = mus[:a].view(-1, *([1] * (d.dim() - 1)))
-                grads[k] = grads[k] + view * d
-                extra += 0.5 * mus[:a] * d.pow(2).flatten(1).sum(1)
-        counted = t >= first[:a]
-        if not soft and bool(counted.any()):
+                grads[k] = torch.addcmul(grads[k], mus[:a].view(-1, *([1] * (d.dim() - 1))), d)
+                if count:  # the term's value only where the loss is counted
+                    extra += 0.5 * mus[:a] * d.flatten(1).square().sum(1)
+        if count:
             nll = (logp.gather(2, y[..., None])[..., 0] * scale).sum(1)  # the batch's mean loss
             totals[:a] += torch.where(counted, (nll + extra) * c, 0.0).double()
         ps, gs = [p[k][:a] for k in names], [grads[k] for k in names]
