@@ -63,6 +63,7 @@ _REL_STEP = 2e-13  # per step: the rounding of a step's pmf (tail-function diffe
 _LOW_TAIL = 1e-30  # tilted mass left below the window (wraps upwards: never unsound)
 _HIGH_TAIL = 1e-10  # untilted mass above the window, relative to delta (booked at infinity)
 _ORDERS = np.concatenate([[0.0], np.geomspace(1e-3, 2e3, 64)])  # tilts tried, per nat
+_BLOCKS = 4096  # blocks of a step's pmf for the upper bounds on its MGF
 
 
 class PldPrecisionError(PldGridError):
@@ -83,6 +84,14 @@ class _Part:
         with np.errstate(divide="ignore"):
             self.log_probs = np.log(self.probs)
         self.index = np.arange(self.lower, self.lower + len(self.probs), dtype=float)
+        # blocks of bins for upper bounds on the MGF (the window's Chernoff ends need only that):
+        # about _BLOCKS blocks, each's mass at its upper (orders > 0) or lower (< 0) end
+        size = max(1, -(-len(self.probs) // _BLOCKS))
+        starts = np.arange(0, len(self.probs), size)
+        with np.errstate(divide="ignore"):
+            self.block_log_mass = np.log(np.add.reduceat(self.probs, starts))
+        self.block_lo = self.index[starts]
+        self.block_hi = self.index[np.minimum(starts + size - 1, len(self.probs) - 1)]
 
     def log_mgf(self, orders_per_bin: np.ndarray) -> np.ndarray:
         """``log sum_j p_j e^(s j)`` for every order ``s`` (per grid step).  Plain numpy in blocks
@@ -100,8 +109,19 @@ class _Part:
             out[i : i + 16] = top + np.log(x.sum(axis=1))
         return out
 
+    def log_mgf_upper(self, orders_per_bin: np.ndarray) -> np.ndarray:
+        """An upper bound on :meth:`log_mgf` from the blocks (each block's mass at its end that
+        maximises ``e^(s j)``): what Chernoff bounds need, at ``len(probs) / _BLOCKS`` the cost."""
+        s = np.asarray(orders_per_bin, dtype=float)[:, None]
+        x = self.block_log_mass[None, :] + s * np.where(s >= 0, self.block_hi, self.block_lo)
+        top = x.max(axis=1)
+        return top + np.log(np.exp(x - top[:, None]).sum(axis=1))
 
-def _lambda(parts: Sequence[_Part], orders: np.ndarray) -> np.ndarray:
+
+def _lambda(parts: Sequence[_Part], orders: np.ndarray, upper: bool = False) -> np.ndarray:
+    """The composition's log MGF at ``orders`` (``upper``: an upper bound, for Chernoff bounds)."""
+    if upper:
+        return np.sum([p.count * p.log_mgf_upper(orders) for p in parts], axis=0)
     return np.sum([p.count * p.log_mgf(orders) for p in parts], axis=0)
 
 
@@ -151,7 +171,7 @@ def _direction(
             f"tails over {steps} steps), more than delta={delta:g}: no certified PLD epsilon"
         )
     orders = _ORDERS * vdi  # per grid step
-    lam = _lambda(parts, orders)
+    lam = _lambda(parts, orders, upper=True)  # tilts and Chernoff bounds: an upper bound suffices
     log_delta = math.log(delta)
     # Chernoff: P(L >= x) <= exp(Lambda(s) - s x); the x where that reaches delta
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -209,7 +229,7 @@ def _tilted(
     s = coarse[(coarse > 0) & (coarse < theta)] if theta > 0 else coarse[:0]
     a = lo_all
     if s.size:
-        lam_minus = _lambda(parts, theta - s)
+        lam_minus = _lambda(parts, theta - s, upper=True)
         a = max(a, math.floor(float(np.max((math.log(_LOW_TAIL) + lam_theta - lam_minus) / s))))
     # untilted mass above `b` at most _HIGH_TAIL * delta: booked at infinity
     pos = orders > 0
@@ -218,7 +238,7 @@ def _tilted(
     # and tilted mass above `b` at most _LOW_TAIL: what the cyclic FFT wraps around is then
     # negligible (harmless for the upper end, bounded in the allowance of the lower end)
     cpos = coarse[coarse > 0]
-    lam_plus = _lambda(parts, theta + cpos)
+    lam_plus = _lambda(parts, theta + cpos, upper=True)
     b_tilted = np.min((lam_plus - lam_theta - math.log(_LOW_TAIL)) / cpos)
     b = min(hi_all, max(b, math.ceil(float(b_tilted))))
     wrapped = 2 * _LOW_TAIL if lower else 0.0
