@@ -472,3 +472,23 @@ def test_cli_recipe_bad_input_one_line_exit_2(recipe_dir, args, needle, monkeypa
     err = capsys.readouterr().err
     assert exit_.value.code == 2, err
     assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_audit_accounts_on_the_headline_grid_and_distrusts_a_corrupted_record(tmp_path):
+    """The audit's claim is the headline's accountant: on the PLD grid the account stage recorded
+    in privacy.json (a corrupted privacy.json is not trusted: the ledger's own grid answers)."""
+    import atomicfiles
+    from accountants import Ledger, dpsgd_event
+    from privkit.audit.run import _accounting, _headline_grid
+
+    assert _headline_grid(tmp_path) is None  # no privacy.json
+    atomicfiles.write_text(tmp_path / "privacy.json", json.dumps({"pld_grid": 1e-3}))
+    assert _headline_grid(tmp_path) == 1e-3
+    ledger = Ledger()
+    ledger.add(0, dpsgd_event(0.05, 1.1, 200), "dp-sgd")
+    coarse = Ledger.from_dict(ledger.to_dict())
+    coarse.value_discretization_interval = 1e-3
+    acc, error = _accounting(None, ledger, 1e-5, _headline_grid(tmp_path))
+    assert error is None and acc["release_accounted_epsilon"] == coarse.epsilon(1e-5)
+    (tmp_path / "privacy.json").write_text(json.dumps({"pld_grid": 0.5}))  # checksum now wrong
+    assert _headline_grid(tmp_path) is None
