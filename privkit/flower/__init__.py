@@ -31,6 +31,8 @@ _LAZY: dict[str, str] = {
     "audit_mod": "privkit.flower.audit_transport",
     "CanaryClients": "privkit.flower.canary_clients",
     "write_audit": "privkit.flower.rundir",
+    "distributed_noise": "privkit.flower.secagg",
+    "SecAggPlusAccounted": "privkit.flower.secagg",
 }
 
 

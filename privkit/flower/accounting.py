@@ -5,7 +5,10 @@ the round applied to that client's data.
 What a round records for a client (the release it covers in brackets):
 
 * the entries the client sent with its reply (:mod:`privkit.flower.client`: privkit's DP-SGD step,
-  Flower's LocalDpMod) [the update the client uploaded; the aggregate is post-processing of it];
+  Flower's LocalDpMod, a :func:`~privkit.flower.distributed_noise` share, which here, without
+  secure aggregation, covers the update with its own share only) [the update the client uploaded;
+  the aggregate is post-processing of it]; secure aggregation with distributed noise runs on
+  Flower's legacy workflow and is accounted by :class:`privkit.flower.SecAggPlusAccounted`;
 * otherwise, with one of Flower's central-DP wrappers in the strategy chain, the wrapper's Gaussian
   (:mod:`privkit.flower.mechanisms`) [the noised global model]; with ``client_sampling=
   "without_replacement"`` every connected node gets the subsampled event, since the server draws
@@ -51,8 +54,10 @@ from privkit.flower.mechanisms import (
     central_dp,
     central_event,
     central_multiplier,
+    distributed_share_event,
     local_dp_event,
 )
+from privkit.flower.rundir import RunWriter
 
 __all__ = [
     "Accounted",
@@ -106,6 +111,11 @@ def _entry_event(entry: dict, neighbouring: str) -> tuple[Any, str, str]:
     if entry.get("kind") == "local_dp":
         mod = _local_dp_parameters(entry)
         return local_dp_event(mod, neighbouring), "local dp (LocalDpMod)", neighbouring
+    if entry.get("kind") == "distributed_noise":  # no secure aggregation: the share alone
+        event = distributed_share_event(
+            float(entry["clip_norm"]), float(entry["std"]), neighbouring
+        )
+        return event, "distributed noise share (aggregated in the clear)", neighbouring
     if entry.get("kind") == "event":
         return (
             event_from_dict(entry["event"]),
@@ -113,7 +123,8 @@ def _entry_event(entry: dict, neighbouring: str) -> tuple[Any, str, str]:
             str(entry.get("neighbouring", "add_remove")),
         )
     raise ValueError(
-        f"privkit ledger entry kind must be 'event' or 'local_dp'; found {entry.get('kind')!r}"
+        "privkit ledger entry kind must be 'event', 'local_dp' or 'distributed_noise'; found "
+        f"{entry.get('kind')!r}"
     )
 
 
@@ -153,7 +164,7 @@ class _RecordingGrid:
         return getattr(self._grid, name)
 
 
-class Accounted(Strategy):
+class Accounted(RunWriter, Strategy):
     """A Flower strategy whose rounds are recorded in a privkit :class:`~accountants.Ledger`.
 
     Parameters
@@ -357,10 +368,7 @@ class Accounted(Strategy):
                 if len(scratch)
                 else 0.0
             )
-        for e in self.ledger.entries(client) if client in self.ledger.clients else []:
-            scratch.add(client, e.event, e.label, round=e.round, neighbouring=e.neighbouring)
-        for event, label, relation in extra:
-            scratch.add(client, event, label, neighbouring=relation)
+        scratch = self._with(client, extra, scratch)
         return scratch.account(self.delta, accountant=self.accountant).epsilon
 
     def _epsilon_with(self, pending: dict[str, list[tuple[Any, str, str]]]) -> float:
@@ -735,29 +743,7 @@ class Accounted(Strategy):
             ],
         }
 
-    # -- results ---------------------------------------------------------------------------
-    @property
-    def epsilon(self) -> float:
-        """The worst client's epsilon at ``delta`` after the rounds so far (``accountant``)."""
-        return self._worst
-
-    def save(self, out: str | Path) -> Path:
-        """Write ``<out>/<name>/`` (``ledger.json``, ``privacy.json``, ``metrics.json``, ``train.json``)
-        and ``<out>/config.resolved.json``: what ``privkit budget ledger`` and ``privkit report`` read."""
-        from privkit.flower.rundir import write_run
-
-        self.written = write_run(
-            Path(out),
-            self.name,
-            self.ledger,
-            self.delta,
-            rounds=self.rounds,
-            description=self.describe(),
-            stop=self.stopped,
-            convention=self.convention(),
-        )
-        return self.written
-
+    # -- results (epsilon and save: RunWriter) ----------------------------------------------
     def convention(self) -> dict:
         """What ``ledger.json``'s events mean, and how to replay them in dp-accounting."""
         from privkit.flower.rundir import convention

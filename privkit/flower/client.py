@@ -45,15 +45,9 @@ def record(event: Any, label: str, neighbouring: str = "add_remove") -> None:
         The neighbouring relation the event's parameters assume (``add_remove`` or
         ``replace_one``).
     """
-    entries = _recording.get()
-    if entries is None:
-        raise ValueError(
-            "record() must run inside a ClientApp whose mods start with privkit.flower.ledger_mod; "
-            "found no active ledger_mod"
-        )
     if not isinstance(label, str) or not label:
         raise ValueError(f"label must be a non-empty string; found {label!r}")
-    entries.append(
+    _active("record()").append(
         {
             "kind": "event",
             "event": event_to_dict(event),
@@ -61,6 +55,17 @@ def record(event: Any, label: str, neighbouring: str = "add_remove") -> None:
             "neighbouring": neighbouring,
         }
     )
+
+
+def _active(caller: str) -> list[dict]:
+    """The entries of the train call in progress (raises outside a ClientApp with ledger_mod)."""
+    entries = _recording.get()
+    if entries is None:
+        raise ValueError(
+            f"{caller} must run inside a ClientApp whose mods start with privkit.flower.ledger_mod; "
+            "found no active ledger_mod"
+        )
+    return entries
 
 
 def record_dpsgd(step: Any, steps: int, label: str = "dp-sgd") -> None:

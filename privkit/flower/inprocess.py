@@ -16,6 +16,7 @@ import copy
 import itertools
 from collections.abc import Iterable
 from logging import ERROR
+from types import SimpleNamespace
 from typing import Any
 
 from privkit.flower import INSTALL_HINT
@@ -67,7 +68,10 @@ class InProcessGrid(Grid):
 
     @property
     def run(self) -> Any:
-        return getattr(self, "_run", None)
+        """The run set with :meth:`set_run`, else one that names the run id (what Flower's legacy
+        compat layer reads: ``DefaultWorkflow`` registers the nodes under ``grid.run.run_id``)."""
+        run = getattr(self, "_run", None)
+        return run if run is not None else SimpleNamespace(run_id=self.run_id, override_config={})
 
     def create_message(
         self,

@@ -17,6 +17,13 @@ What each of Flower's DP building blocks does to one client's data in one round,
   ``sum_i b_i + N(0, sigma_b^2)``, ``b_i`` in {0, 1}.  Both are Gaussian, so one round is one Gaussian
   with ``mult^-2 = mult_update^-2 + mult_count^-2``.  ``C_t`` depends on earlier releases but each
   round's noise *multiplier* is fixed in advance, so ordinary composition holds (no filter needed).
+* **Distributed noise under SecAgg+** (privkit's :func:`privkit.flower.distributed_noise` with
+  Flower's ``secaggplus_mod`` and ``SecAggPlusWorkflow``): each client clips its update to ``S`` and
+  adds ``N(0, (z S)^2 / m_target)``; the server reconstructs only the weighted sum over the ``r``
+  clients whose masked inputs entered the aggregate, so the noise that survives has std
+  ``z S sqrt(r / m_target)`` (equal weights) and each survivor's multiplier is
+  ``z sqrt(r / m_target) / s``.  Without secure aggregation the server sees each update with its own
+  share only: multiplier ``z / (sqrt(m_target) s)``.
 * **LocalDpMod**: the update is clipped to ``clipping_norm`` and ``N(0, s^2)`` with the classic
   formula ``s = sensitivity sqrt(2 ln(1.25/delta)) / epsilon`` is added per coordinate, on the
   client.  The noise covers the clipped update's true sensitivity only if ``sensitivity`` is at
@@ -47,6 +54,8 @@ __all__ = [
     "central_dp",
     "central_event",
     "central_multiplier",
+    "distributed_event",
+    "distributed_share_event",
     "local_dp_event",
     "local_dp_std",
     "update_sensitivity",
@@ -214,3 +223,29 @@ def local_dp_event(mod: Any, neighbouring: str) -> dpa.DpEvent:
     if std == 0.0:
         return NonPrivateEvent("LocalDpMod with sensitivity 0 adds no noise")
     return dpa.GaussianDpEvent(std / update_sensitivity(mod.clipping_norm, neighbouring))
+
+
+def distributed_event(
+    clip_norm: float, weight: float, noise: list[tuple[float, float]], neighbouring: str
+) -> dpa.DpEvent:
+    """One survivor's event of a secure aggregation with distributed noise.
+
+    The server sees ``sum_j w_j (u_j + n_j) / sum_j w_j`` over the survivors ``j`` (SecAgg+ scales
+    each client's input by its weight ``w_j`` before masking); ``noise`` lists each survivor's
+    ``(w_j, std_j)``.  The noise on the weighted sum has std ``sqrt(sum_j w_j^2 std_j^2)``; this
+    client (weight ``weight``, clip norm ``clip_norm``) moves it by ``weight`` times its update's
+    sensitivity.  Equal weights and equal shares ``z S / sqrt(m)`` over ``r`` survivors give
+    ``z sqrt(r / m) / s`` (``s`` = 2 replace-one, 1 zero-out add/remove).
+    """
+    total = math.sqrt(math.fsum((w * std) ** 2 for w, std in noise))
+    if total == 0.0:
+        return NonPrivateEvent("distributed noise of std 0 on the secure aggregate")
+    return dpa.GaussianDpEvent(total / (weight * update_sensitivity(clip_norm, neighbouring)))
+
+
+def distributed_share_event(clip_norm: float, std: float, neighbouring: str) -> dpa.DpEvent:
+    """A distributed-noise share seen on its own (no secure aggregation: the server reads the
+    client's update with only its share ``std`` of the noise)."""
+    if std == 0.0:
+        return NonPrivateEvent("distributed noise share of std 0, aggregated in the clear")
+    return dpa.GaussianDpEvent(std / update_sensitivity(clip_norm, neighbouring))

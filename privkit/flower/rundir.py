@@ -8,13 +8,68 @@ the run so that ``privkit report <out> --rebuild`` renders it like any privkit r
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
 from privkit.pipeline.config import ACCOUNTANTS, SCHEMA_VERSION
 from privkit.pipeline.files import write_json, write_text
 
-__all__ = ["write_run"]
+__all__ = ["RunWriter", "write_run"]
+
+
+class RunWriter(ABC):
+    """What :class:`~privkit.flower.Accounted` and :class:`~privkit.flower.SecAggPlusAccounted`
+    share: the worst client's epsilon so far and the run directory they write."""
+
+    name: str
+    ledger: Any
+    delta: float
+    rounds: list[dict]
+    stopped: str | None
+    written: Path | None
+    _worst: float
+
+    @abstractmethod
+    def describe(self) -> list[str]:
+        """The accounting assumptions, as the run's warnings."""
+
+    @abstractmethod
+    def convention(self) -> dict:
+        """What ``ledger.json``'s events mean, and how to replay them in dp-accounting."""
+
+    def _with(self, client: str, extra: list[tuple[Any, str, str]], scratch: Any = None) -> Any:
+        """A ledger (``scratch``, else a new one) holding ``client``'s entries so far and ``extra``
+        ((event, label, relation) each): what the budget checks account."""
+        from accountants import Ledger
+
+        scratch = Ledger() if scratch is None else scratch
+        for e in self.ledger.entries(client) if client in self.ledger.clients else []:
+            scratch.add(client, e.event, e.label, round=e.round, neighbouring=e.neighbouring)
+        for event, label, relation in extra:
+            scratch.add(client, event, label, neighbouring=relation)
+        return scratch
+
+    @property
+    def epsilon(self) -> float:
+        """The worst client's epsilon at ``delta`` after the rounds released so far."""
+        return self._worst
+
+    def save(self, out: str | Path) -> Path:
+        """Write ``<out>/<name>/`` (``ledger.json``, ``privacy.json``, ``metrics.json``,
+        ``train.json``) and ``<out>/config.resolved.json``: what ``privkit budget ledger`` and
+        ``privkit report`` read."""
+        self.written = write_run(
+            Path(out),
+            self.name,
+            self.ledger,
+            self.delta,
+            rounds=self.rounds,
+            description=self.describe(),
+            stop=self.stopped,
+            convention=self.convention(),
+        )
+        return self.written
 
 
 def write_run(

@@ -12,3 +12,14 @@ def central_run(tmp_path_factory):
         tiny_federation_config(),
         {"arch": "mlp", "epochs": 5},
     )
+
+
+@pytest.fixture
+def task():
+    """A Flower task identity, so that messages can be made outside a run (as run_inprocess does)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    previous = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = previous
