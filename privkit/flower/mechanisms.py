@@ -236,6 +236,17 @@ def distributed_event(
     client (weight ``weight``, clip norm ``clip_norm``) moves it by ``weight`` times its update's
     sensitivity.  Equal weights and equal shares ``z S / sqrt(m)`` over ``r`` survivors give
     ``z sqrt(r / m) / s`` (``s`` = 2 replace-one, 1 zero-out add/remove).
+
+    Parameters
+    ----------
+    clip_norm : float
+        The clip norm ``S`` of this client's update.
+    weight : float
+        This client's weight ``w_i`` in the aggregate.
+    noise : list of (float, float)
+        ``(w_j, std_j)`` of every survivor that added a share.
+    neighbouring : {"replace_one", "add_remove"}
+        The client-level relation.
     """
     total = math.sqrt(math.fsum((w * std) ** 2 for w, std in noise))
     if total == 0.0:

@@ -28,12 +28,13 @@ Client sampling: no amplification.  privkit's central-DP accounting amplifies by
 guards against the server, and the server knows which nodes it sampled, so only the survivors are
 charged, each with the unamplified Gaussian.
 
-Not accounted: SecAgg+'s quantization (``clipping_range`` and ``quantization_range`` of the
-workflow: each coordinate of ``w x`` is clipped to ``[-clipping_range, clipping_range]`` and
-stochastically rounded to a grid of ``2 clipping_range / quantization_range``) happens after the
-noise, client by client; the continuous Gaussian is the accounting of the idealised sum (the
-discrete Gaussian of Kairouz et al. accounts the quantized one).  Keep ``clipping_range`` above the
-model's coordinates plus a few noise stds.  The threat model is SecAgg+'s: an honest-but-curious
+Not accounted: SecAgg+'s quantization.  After the noise, client by client, ``secaggplus_mod``
+scales the parameters by ``num_examples / max_weight``, clips each coordinate to
+``[-clipping_range, clipping_range]`` and stochastically rounds it to ``quantization_range`` levels
+(a step of ``2 clipping_range max_weight / (quantization_range num_examples)`` in parameter units);
+the continuous Gaussian accounts the idealised sum (the discrete Gaussian of Kairouz et al. accounts
+the quantized one).  Keep that step far below the noise share's std and the scaled parameters,
+noise included, inside the clipping range.  The threat model is SecAgg+'s: an honest-but-curious
 server and fewer than ``reconstruction_threshold`` colluding clients; the survivor count and the
 clients' weights are visible to the server and are taken as public.
 """
@@ -268,14 +269,45 @@ class SecAggPlusAccounted(RunWriter, SecAggPlusWorkflow):
 
     # -- SecAgg+ stages ------------------------------------------------------------------------
     def setup_stage(self, grid: Any, context: Any, state: Any) -> bool:
-        """SecAgg+'s setup, unless the run has stopped (then the round sends nothing)."""
+        """SecAgg+'s setup, unless the run has stopped (then the round sends nothing).
+
+        Parameters
+        ----------
+        grid : flwr.serverapp.Grid
+            The Grid the setup's configuration goes through.
+        context : flwr.server.LegacyContext
+            The ServerApp's legacy context (strategy, round, model).
+        state : flwr.server.workflow.secure_aggregation.secaggplus_workflow.WorkflowState
+            The round's SecAgg+ state, where the setup records the sampled nodes.
+
+        Returns
+        -------
+        bool
+            False once the run has stopped (nothing is sent) or when too few nodes answered.
+        """
         if self.stopped:
             return False
         return bool(super().setup_stage(grid, context, state))
 
     def collect_masked_vectors_stage(self, grid: Any, context: Any, state: Any) -> bool:
         """Send the model and collect the masked inputs; then account the round from the replies
-        that arrived (``r``) and halt it before unmasking when it would pass the budget."""
+        that arrived (``r``) and halt it before unmasking when it would pass the budget.
+
+        Parameters
+        ----------
+        grid : flwr.serverapp.Grid
+            The Grid the model and the key shares go through (privkit reads the replies'
+            records on the way back).
+        context : flwr.server.LegacyContext
+            The ServerApp's legacy context (strategy, round, model).
+        state : flwr.server.workflow.secure_aggregation.secaggplus_workflow.WorkflowState
+            The round's SecAgg+ state: its active nodes after this stage are the survivors.
+
+        Returns
+        -------
+        bool
+            False when too few masked inputs arrived or the budget halts the round.
+        """
         number = int(context.state.config_records[MAIN_CONFIGS_RECORD][WorkflowKey.CURRENT_ROUND])
         why = self._refused_before(number, len(state.active_node_ids))
         if why is not None:
@@ -300,7 +332,22 @@ class SecAggPlusAccounted(RunWriter, SecAggPlusWorkflow):
         return True
 
     def unmask_stage(self, grid: Any, context: Any, state: Any) -> bool:
-        """Unmask the aggregate; once it is released, record the round's events."""
+        """Unmask the aggregate; once it is released, record the round's events.
+
+        Parameters
+        ----------
+        grid : flwr.serverapp.Grid
+            The Grid the unmask requests go through.
+        context : flwr.server.LegacyContext
+            The ServerApp's legacy context (strategy, round, model).
+        state : flwr.server.workflow.secure_aggregation.secaggplus_workflow.WorkflowState
+            The round's SecAgg+ state, holding the masked sum to unmask.
+
+        Returns
+        -------
+        bool
+            Whether the aggregate was reconstructed and handed to the strategy.
+        """
         pending, self._pending = self._pending, None
         ok = bool(super().unmask_stage(grid, context, state))
         if pending is None:
