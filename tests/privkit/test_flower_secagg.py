@@ -79,7 +79,7 @@ class Noisy(NumPyClient):
             num_clients=M,
             source=np.random.default_rng(1000 + self.pid * 101 + int(config["round"])),
         )
-        return noised, 1, {}
+        return noised, (self.pid + 1 if config.get("weighted") else 1), {}
 
 
 def client_app() -> ClientApp:
@@ -129,7 +129,7 @@ class Recording(FedAvg):
 
 
 def run(
-    drop: dict[tuple[int, str], set[int]], rounds: int, **accounted: Any
+    drop: dict[tuple[int, str], set[int]], rounds: int, weighted: bool = False, **accounted: Any
 ) -> tuple[SecAggPlusAccounted, list[np.ndarray]]:
     models: list[np.ndarray] = [np.zeros(DIM)]
     sink: dict[str, Any] = {}
@@ -143,7 +143,7 @@ def run(
             min_fit_clients=M,
             min_available_clients=M,
             fraction_evaluate=0.0,
-            on_fit_config_fn=lambda rnd: {"round": rnd},
+            on_fit_config_fn=lambda rnd: {"round": rnd, "weighted": weighted},
             initial_parameters=ndarrays_to_parameters([np.zeros(DIM)]),
         )
         legacy = LegacyContext(
@@ -214,6 +214,20 @@ def test_replace_one_doubles_the_sensitivity():
     assert workflow.epsilon == pytest.approx(by_hand(mults, "replace_one"), rel=1e-9)
     saved = workflow.ledger.entries("1")
     assert [e.neighbouring for e in saved] == ["replace_one"] * 2
+
+
+def test_unequal_weights_are_accounted_with_the_weighted_noise(tmp_path):
+    """SecAgg+ scales each input by its ``num_examples`` ``w`` (here ``pid + 1``): the noise on the
+    weighted sum has std ``sqrt(sum_j w_j^2) z S / sqrt(m)`` and client ``i`` moves it by ``w_i S``."""
+    workflow, _ = run({(1, Stage.COLLECT_MASKED_VECTORS): {5}}, 1, weighted=True)
+    survivors = [1, 2, 3, 4]  # node n has weight n
+    noise = math.sqrt(sum(w * w for w in survivors)) * Z * CLIP / math.sqrt(M)
+    for node in survivors:
+        mult = noise / (node * 2 * CLIP)  # replace-one: 2 S
+        assert multipliers(workflow.ledger.entries(str(node))) == pytest.approx([mult], rel=1e-9)
+    assert workflow.epsilon == pytest.approx(by_hand([noise / (4 * 2 * CLIP)], "replace_one"))
+    written = workflow.save(tmp_path)
+    assert (written / "ledger.json").is_file() and (written / "privacy.json").is_file()
 
 
 def test_a_round_whose_survivors_would_pass_the_budget_is_not_unmasked():
