@@ -171,7 +171,9 @@ def _direction(
             f"tails over {steps} steps), more than delta={delta:g}: no certified PLD epsilon"
         )
     orders = _ORDERS * vdi  # per grid step
-    lam = _lambda(parts, orders, upper=True)  # tilts and Chernoff bounds: an upper bound suffices
+    # the tilt's choice needs the exact MGF (an upper bound's error grows with steps x order x
+    # block width and picks a poorer tilt); the window's Chernoff ends take upper bounds
+    lam = _lambda(parts, orders)
     log_delta = math.log(delta)
     # Chernoff: P(L >= x) <= exp(Lambda(s) - s x); the x where that reaches delta
     with np.errstate(divide="ignore", invalid="ignore"):

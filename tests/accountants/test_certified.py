@@ -85,3 +85,13 @@ def test_two_subsampled_steps_against_an_mpmath_composition(q, sigma, delta):
     assert out["accountant"] == "pld" and out["lower"] is not None
     assert out["ok"], out
     assert out["printed"] - out["lower"] < 1e-6 * out["printed"]  # and the bracket is tight
+
+
+def test_prv_is_refused_where_its_fft_rounding_reaches_delta():
+    """The issue's case: opacus' PRV put a "certified" lower end (153.186) above the certified PLD's
+    upper one (152.864), its FFT's float rounding being far above delta: privkit refuses PRV there
+    (one line saying why), so no bracket rests on it; at a usual delta PRV still answers."""
+    with pytest.raises(ValueError, match=r"prv is not certified at delta=1e-12 with steps=3000"):
+        acc.prv_bracket(0.3, 1.5, 3000, 1e-12)
+    low, _, up = acc.prv_bracket(0.01, 1.0, 1000, 1e-5)
+    assert low <= acc.dpsgd_epsilon(0.01, 1.0, 1000, 1e-5, accountant="pld") <= up
