@@ -328,7 +328,7 @@ def _opacus_ghost(optimizer: Any, canaries: GradientCanaries, module: Any, param
     add_noise = optimizer.add_noise
 
     def add_noise_with_canaries() -> None:
-        from attacks.whitebox import add_in_place
+        from attacks.sparse_add import add_in_place
 
         weights = np.zeros(canaries.n)
         for ids, w in pending["added"]:
