@@ -111,7 +111,6 @@ def declare(
         The method's config model.
     target : str or callable
         The trainer itself or its ``"package.module:function"`` path.
-
     summary : str
         One line saying what the method does (``privkit train --list`` prints it).
     paper : str or None
@@ -155,7 +154,6 @@ def register_trainer(
         The method's registry name; registering a name twice is an error.
     config_cls : type[TrainerConfig]
         The method's config model.
-
     summary : str
         One line saying what the method does (``privkit train --list`` prints it).
     paper : str or None
