@@ -2,7 +2,8 @@
 where the PLD cannot certify) falls below the exact one (mpmath), nor below the printed bracket's
 lower end, over random (q, sigma, steps, delta) with delta down to 1e-300, and over random
 two-step compositions of a subsampled Gaussian (q < 1; an mpmath quadrature of the one-step closed
-form, delta down to 1e-40).
+form, delta down to 1e-30; a case whose quadrature cannot reach 1e-11 relative error is listed
+as skipped, not counted).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/certified_pld.py --cases 60 --json
 
@@ -49,17 +50,23 @@ def main() -> int:
             float(rng.uniform(0.01, 0.99)),
             float(np.exp(rng.uniform(np.log(0.5), np.log(8)))),
         )
-        delta = float(10.0 ** -rng.uniform(3, 40))
+        delta = float(10.0 ** -rng.uniform(3, 30))
         t0 = time.perf_counter()
-        row = two_step_check(q, sigma, delta)
+        try:
+            row = two_step_check(q, sigma, delta)
+        except ArithmeticError as exc:  # the quadrature's own error estimate is too large
+            row = {"q": q, "sigma": sigma, "steps": 2, "delta": delta, "skipped": str(exc)}
         row["seconds"] = round(time.perf_counter() - t0, 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
+    checked = [r for r in rows if "skipped" not in r]
     summary = {
-        "cases": len(rows),
-        "violations": sum(not r["ok"] for r in rows),
-        "printed_by_pld": sum(r["accountant"] == "pld" for r in rows),
-        "printed_by_rdp": sum(r["accountant"] == "rdp" for r in rows),
+        "cases": len(checked),
+        "two_step_cases": sum(r["steps"] == 2 and r["q"] < 1 for r in checked),
+        "skipped_quadrature": len(rows) - len(checked),
+        "violations": sum(not r["ok"] for r in checked),
+        "printed_by_pld": sum(r["accountant"] == "pld" for r in checked),
+        "printed_by_rdp": sum(r["accountant"] == "rdp" for r in checked),
         "smallest_delta": min(r["delta"] for r in rows),
         "seconds": round(time.perf_counter() - start, 1),
     }
