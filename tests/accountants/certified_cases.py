@@ -83,19 +83,26 @@ def _density_remove(q: mp.mpf, sigma: mp.mpf, x: mp.mpf) -> mp.mpf:
 
 
 def two_step_delta(
-    q: float, sigma: float, eps: float, direction: str = "remove", digits: int = 30
+    q: float,
+    sigma: float,
+    eps: float,
+    direction: str = "remove",
+    digits: int = 30,
+    scale: float = 0.0,
 ) -> mp.mpf:
     """Exact delta at ``eps`` of TWO Poisson-subsampled Gaussian steps (q < 1): with ``L`` the
     one-step privacy loss and ``delta_1`` the one-step closed form above,
     ``delta_2(eps) = E_P[(1 - e^(eps - L1 - L2))_+] = E_{x ~ P}[delta_1(eps - L(x))]`` (the inner
     expectation over the second step is ``delta_1`` at ``eps - L1``, which holds for a negative
     argument too: ``E_P[e^(-L)] = 1``).  One mpmath quadrature; the integrand is split where the
-    density and the loss change regime (0, 1/2, 1 and the noise's tails)."""
+    density and the loss change regime (0, 1/2, 1 and the noise's tails).  The quadrature's error
+    estimate must be below 1e-11 of the larger of the result and ``scale`` (the delta it is
+    compared with), else :class:`ArithmeticError`."""
     with mp.workdps(digits):
-        return _two_step_delta(mp.mpf(q), mp.mpf(sigma), mp.mpf(eps), direction)
+        return _two_step_delta(mp.mpf(q), mp.mpf(sigma), mp.mpf(eps), direction, mp.mpf(scale))
 
 
-def _two_step_delta(qq: mp.mpf, s: mp.mpf, e: mp.mpf, direction: str) -> mp.mpf:
+def _two_step_delta(qq: mp.mpf, s: mp.mpf, e: mp.mpf, direction: str, scale: mp.mpf) -> mp.mpf:
     if direction == "remove":
         density = lambda x: _density_remove(qq, s, x)
         loss = lambda x: _loss_remove(qq, s, x)
@@ -112,7 +119,7 @@ def _two_step_delta(qq: mp.mpf, s: mp.mpf, e: mp.mpf, direction: str) -> mp.mpf:
         cuts.add(s**2 * mp.log((mp.e**level - (1 - qq)) / qq) + mp.mpf(1) / 2)
     points = [-mp.inf, *sorted(cuts), mp.inf]
     value, error = mp.quad(lambda x: density(x) * inner(qq, s, e - loss(x)), points, error=True)
-    if error > value * mp.mpf(1e-11):
+    if error > max(value, scale) * mp.mpf(1e-11):  # relative to the delta compared with
         raise ArithmeticError(f"quadrature error {float(error):.3g} on delta {float(value):.3g}")
     return value
 
@@ -128,12 +135,14 @@ def two_step_check(q: float, sigma: float, delta: float) -> dict:
         lower = None
     # delta_1 is a difference of tails that cancel down to about delta: 25 digits beyond it
     digits = 25 + int(-math.log10(delta))
-    at_printed = max(two_step_delta(q, sigma, res.epsilon, d, digits) for d in ("remove", "add"))
+    at_printed = max(
+        two_step_delta(q, sigma, res.epsilon, d, digits, delta) for d in ("remove", "add")
+    )
     tol = mp.mpf(1e-10)  # the quadrature's error estimate is below 1e-11 (else it raises)
     ok = at_printed <= mp.mpf(delta) * (1 + tol)
     at_lower = None
     if lower is not None:
-        at_lower = max(two_step_delta(q, sigma, lower, d, digits) for d in ("remove", "add"))
+        at_lower = max(two_step_delta(q, sigma, lower, d, digits, delta) for d in ("remove", "add"))
         ok = ok and at_lower >= mp.mpf(delta) * (1 - tol)
     return {
         "q": q,
