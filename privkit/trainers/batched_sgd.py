@@ -61,7 +61,33 @@ BLOCK = 16  # steps whose Poisson masks and noise are drawn at once (part of the
 
 @dataclass(frozen=True)
 class SGDRecipe:
-    """Hyper-parameters of the batched recipe (see the module docstring for the algorithm)."""
+    """Hyper-parameters of the batched recipe (see the module docstring for the algorithm).
+
+    Parameters
+    ----------
+    epochs : int
+        Passes over each model's records (``>= 1``, default 5); with Poisson sampling the model
+        takes ``epochs * ceil(n / batch_size)`` steps.
+    batch_size : int
+        Records per batch (``>= 1``, default 64); with Poisson sampling it sets the sampling rate
+        ``q = 1 / ceil(n / batch_size)`` (expected batch size ``q n``).
+    lr : float
+        The optimiser's step size (``> 0``, default 0.1).
+    clip : float or None
+        Per-example L2 clip norm (``> 0``), which makes the recipe DP-SGD; ``None`` (default):
+        no clipping and no noise, the gradient of the mean cross-entropy.
+    noise_multiplier : float
+        Noise std in units of ``clip`` (``>= 0``, default 0.0): Gaussian noise of std
+        ``noise_multiplier * clip`` on each step's sum of clipped gradients; needs ``clip``.
+    sampling : {"shuffle", "poisson"}
+        ``"shuffle"`` (default): a permutation per epoch cut into batches; ``"poisson"``: each
+        record joins each batch independently with probability ``q`` (what the accountant assumes).
+    optimizer : {"sgd", "adam"}
+        The update rule, with torch's defaults (default ``"sgd"``).
+    drop_last : bool
+        Shuffle sampling only: drop each epoch's last partial batch (default ``True``); Poisson
+        sampling ignores it.
+    """
 
     epochs: int = 5
     batch_size: int = 64
@@ -155,6 +181,28 @@ def train_one(
     Per-example gradients come from ``torch.func`` (:func:`~privkit.trainers.dp_sgd_step.
     per_sample_gradients`), formed one by one as opacus also forms them: an implementation
     independent of :func:`train_many`'s stacked layers.
+
+    Parameters
+    ----------
+    spec : dict
+        The model's architecture spec (:func:`privkit.models.build_from_spec`).
+    x : numpy.ndarray
+        All records' features, ``(N, ...)``, converted to float32.
+    y : numpy.ndarray
+        All records' integer class labels, ``(N,)``.
+    index : numpy.ndarray
+        The positions in ``x``/``y`` of the records the model trains on (``n`` of them).
+    recipe : SGDRecipe
+        The hyper-parameters (epochs, batching, clipping, noise, optimiser).
+    seed : int
+        The model's seed: its initialisation, and its batch (``"batches"``) and noise
+        (``"noise"``) streams derived from it in reproducible mode.
+    reproducible : bool
+        ``True`` (default): batches and noise from seeded generators, equal to :func:`train_many`'s
+        up to float rounding; ``False``: release mode, secret AES-CTR streams that ignore ``seed``
+        (noisy sums on the grid of :mod:`privkit.grid_noise`).
+    device : str or torch.device
+        Where the model trains (default ``"cpu"``); the returned parameters are on the CPU.
     """
     from privkit.mechanisms.gaussian import NormalRows, gaussian_release
     from privkit.trainers.dp_sgd_step import clip_per_sample, per_sample_gradients
@@ -355,6 +403,32 @@ def train_many(
     Models with fewer steps than others sit idle (no update) once their stream ends, so each
     follows exactly the loop's schedule. ``chunk_size`` trains the models in groups of that size
     (same result; bounds memory). Returns each model's parameters (on the CPU).
+
+    Parameters
+    ----------
+    spec : dict
+        The models' common architecture spec (:func:`privkit.models.build_from_spec`).
+    x : numpy.ndarray
+        All records' features, ``(N, ...)``, shared by the models, converted to float32.
+    y : numpy.ndarray
+        All records' integer class labels, ``(N,)``.
+    indices : list of numpy.ndarray
+        Model j's record positions in ``x``/``y``, one non-empty index set per model (``M`` in
+        all); their sizes may differ.
+    recipe : SGDRecipe
+        The hyper-parameters, the same for every model.
+    seeds : list of int
+        One seed per model (``len(indices)`` of them): its initialisation, and in reproducible
+        mode its batch and noise streams, as :func:`train_one` uses ``seed``.
+    device : str or torch.device
+        Where the stacked models train (default ``"cpu"``); the returned parameters are on the CPU.
+    chunk_size : int or None
+        Train the models in groups of at most this many (``>= 1``): the same weights, less memory;
+        ``None`` (default): all ``M`` at once.
+    reproducible : bool
+        ``True`` (default): each model's batches and noise from its seeded generators, equal to
+        :func:`train_one`'s up to float rounding; ``False``: release mode, secret AES-CTR streams
+        that ignore the seeds (the noisy sums on the grid of :mod:`privkit.grid_noise`).
     """
     if len(indices) != len(seeds) or not indices:
         raise ValueError(
@@ -520,7 +594,30 @@ def reference_models(
     query: np.ndarray | None = None,
 ):
     """LiRA reference models for a user's own model: M models on halves of ``(x, y)`` (mask with
-    each example in exactly half), trained at once; returns ``(logits (M, N, C), keep (M, N))``."""
+    each example in exactly half), trained at once; returns ``(logits (M, N, C), keep (M, N))``.
+
+    Parameters
+    ----------
+    spec : dict
+        The architecture spec of the user's model (:func:`privkit.models.build_from_spec`).
+    x : numpy.ndarray
+        The candidate records' features, ``(N, ...)``.
+    y : numpy.ndarray
+        Their integer class labels, ``(N,)``.
+    n_models : int
+        ``M``, the number of reference models: an even number ``>= 2``, so that each record is
+        in exactly ``M / 2`` training sets.
+    recipe : SGDRecipe
+        How each reference model trains (it should match how the user's model was trained).
+    seed : int
+        Seeds the membership mask ``keep`` and the models' own seeds (default 0); the models train
+        in reproducible mode.
+    device : str
+        Where the models train and are queried (default ``"cpu"``).
+    query : numpy.ndarray or None
+        The examples whose logits are returned, ``(Q, ...)``, giving ``logits`` of shape
+        ``(M, Q, C)``; ``None`` (default): ``x`` itself (``Q = N``).
+    """
     from attacks.experiment import membership_mask
     from attacks.recipe import torch_logits
     from privkit.seeding import child_seeds
@@ -560,7 +657,19 @@ def _fit_many(
 
 def batched_recipe(spec: dict, recipe: SGDRecipe, device: str = "cpu"):
     """The (DP-)SGD recipe as an audit-layer :class:`attacks.Recipe`: ``train_fn`` is
-    :func:`train_one`, the batched form :func:`train_many` (same models up to float rounding)."""
+    :func:`train_one`, the batched form :func:`train_many` (same models up to float rounding).
+
+    Parameters
+    ----------
+    spec : dict
+        The architecture spec of every model the recipe trains
+        (:func:`privkit.models.build_from_spec`); its ``arch`` names the recipe.
+    recipe : SGDRecipe
+        The hyper-parameters; with ``clip`` set the recipe is named ``dp-sgd``.
+    device : str
+        Where the batched form (:func:`train_many`) trains (default ``"cpu"``); ``train_fn``
+        (:func:`train_one`) trains on the CPU. Both train in reproducible mode.
+    """
     from functools import partial
 
     from attacks.recipe import Recipe

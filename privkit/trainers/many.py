@@ -94,7 +94,25 @@ def train_many(
     single run: the Adam methods' stacked kernels instead of the exact per-model ones
     (:mod:`privkit.trainers.exact_mlp`), the DP-SGD methods' noise of all reference clients of a
     step in one draw (:class:`LocalDp`). The other runs (an audit's target) train as ``config``
-    says, in the same batch."""
+    says, in the same batch.
+
+    Parameters
+    ----------
+    method : str
+        A registered training method (:func:`privkit.trainers.get_trainer`); the methods of
+        :data:`BATCHED` train batched, the others one run after the other.
+    federations : Sequence
+        One federation per run (non-empty), in the same layout, each on its own records.
+    config : dict or None
+        The trainer config shared by every run (:func:`privkit.trainers.make_config`; ``None``:
+        the method's defaults). Its ``reproducible_noise`` governs the runs not marked in
+        ``references``: seeded noise, or release-mode secret streams.
+    seeds : Sequence[int]
+        One seed per run, ``len(federations)`` of them: run j is ``train(..., seed=seeds[j])``.
+    references : Sequence[bool] or None
+        One flag per run: ``True`` marks an audit's reference run (seeded noise, batched for
+        speed, see above); ``None`` (default): no reference runs.
+    """
     from privkit.trainers.base import get_trainer, make_config, stamp_noise, train
 
     if len(federations) != len(seeds) or not federations:
@@ -179,7 +197,26 @@ def lockstep(runs: Sequence, local_round: Callable[[list, list[list[int]]], list
 @dataclass
 class LocalDp:
     """One model's local DP-SGD (:class:`~privkit.trainers.dp_sgd_step.DpSgdStep`) in a batched
-    step: its records, its mechanism and its two random streams (batches, noise)."""
+    step: its records, its mechanism and its two random streams (batches, noise).
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        The model's (client's) records, ``(n, ...)``, on the stacked parameters' device.
+    y : torch.Tensor
+        Their labels (or other per-example targets of the loss), ``(n,)``.
+    step : DpSgdStep
+        Its mechanism: clip norm, noise multiplier, sampling rate and ``dataset_size == n``; every
+        job of a batched step has the same clip norm.
+    sample_gen : DpRandom
+        The stream its Poisson batches are drawn from (``step.sample``).
+    noise_gen : DpRandom
+        The stream its Gaussian noise is drawn from: seeded in reproducible-noise mode, a secret
+        one in release mode.
+    fast : bool
+        An audit's reference model with a seeded ``noise_gen`` (default ``False``): its noise is
+        drawn together with the other such models' (:func:`joint_release`).
+    """
 
     x: torch.Tensor
     y: torch.Tensor
@@ -219,6 +256,33 @@ def local_dp_sgd(
     of a fresh SGD or Adam optimiser. ``aux(xb)`` gives per-example auxiliary inputs of the loss
     (a teacher's logits) for the padded batch ``xb`` ``(M, B, ...)``. An audit's mutation
     (:mod:`privkit.mutations`) acts as in the single step.
+
+    Parameters
+    ----------
+    net : StackedModels
+        The stacked forward and clipped backward passes (``net.clipped_sums``):
+        :class:`~privkit.trainers.stacked.StackedModels` of ``len(jobs)`` models, or an object of
+        the same interface.
+    params : dict[str, torch.Tensor]
+        The models' parameters stacked on a leading model axis, each ``(len(jobs), ...)``
+        (:func:`stacked_on`); updated in place.
+    buffers : dict[str, torch.Tensor]
+        The models' buffers, stacked the same way; left unchanged.
+    jobs : Sequence[LocalDp]
+        Model j's records, mechanism and streams, in the order of the model axis; none: nothing
+        is done.
+    steps : int
+        DP-SGD steps every model takes.
+    lr : float
+        The optimiser's step size.
+    optimizer : str
+        ``"sgd"`` or ``"adam"`` (torch's defaults), a fresh optimiser per call.
+    losses : ExampleLosses
+        ``losses(out, models, s, y, aux)``: the per-example losses ``(len(models), b)`` of the
+        examples ``s`` of the models ``models`` (:func:`ce_losses`: cross-entropy).
+    aux : Callable or None
+        ``aux(xb)``: per-example auxiliary inputs of the loss, ``(M, B, ...)``, for the padded
+        batch ``xb``; ``None`` (default): the loss takes none.
     """
     from privkit.trainers.batched_sgd import SGDRecipe, _StackedOptimizer
 
@@ -308,7 +372,22 @@ def joint_release(
     """The noisy sums of the models ``rows`` of stacked ``sums`` (each ``(models, ...)``), one
     release each through :func:`privkit.mechanisms.gaussian_release`, all rows in one draw from
     the seeded ``source``: an audit's reference models (the same law as each model's own stream,
-    not its numbers). Returns each tensor's ``(len(rows), ...)`` noisy rows."""
+    not its numbers). Returns each tensor's ``(len(rows), ...)`` noisy rows.
+
+    Parameters
+    ----------
+    sums : dict[str, torch.Tensor]
+        Stacked sums of clipped gradients, each ``(models, ...)``; released in name order.
+    rows : Sequence[int]
+        The positions on the model axis of the models released.
+    std : float
+        The noise's standard deviation (``noise_multiplier * clip``, with an audit's mutation
+        already applied), the same for every row.
+    clip : float
+        The clip norm: each row's L2 sensitivity.
+    source : DpRandom
+        The seeded stream all rows' noise is drawn from (the first reference model's).
+    """
     from privkit.mechanisms.gaussian import gaussian_release
 
     names = sorted(sums)
@@ -334,7 +413,21 @@ def joint_release(
 def ce_losses(
     out: torch.Tensor, models: torch.Tensor, s: slice, y: torch.Tensor, aux
 ) -> torch.Tensor:
-    """Per-example cross-entropy (:func:`ExampleLosses`)."""
+    """Per-example cross-entropy (:data:`ExampleLosses`).
+
+    Parameters
+    ----------
+    out : torch.Tensor
+        The logits, ``(len(models), b, classes)``.
+    models : torch.Tensor
+        The positions on the model axis of the models in ``out``.
+    s : slice
+        The examples' positions in the padded batch.
+    y : torch.Tensor
+        Their class labels, ``(len(models), b)``.
+    aux : torch.Tensor or None
+        Auxiliary inputs; ignored.
+    """
     import torch.nn.functional as F
 
     return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="none").view(

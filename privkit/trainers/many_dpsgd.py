@@ -91,7 +91,25 @@ def train_dpsgd_runs(
     """``train("dpsgd", federations[j], configs[j], seeds[j])`` for every j, batched (see the
     module docstring; configurations it does not cover train one after the other). The configs
     are equal but for ``reproducible_noise`` (each run's streams); the runs ``fast`` marks (seeded
-    reference runs) draw a step's noise together (:func:`~privkit.trainers.many.joint_release`)."""
+    reference runs) draw a step's noise together (:func:`~privkit.trainers.many.joint_release`).
+
+    Parameters
+    ----------
+    method : str
+        The method, ``"dpsgd"``; passed on to ``train`` for runs trained one after the other.
+    federations : list
+        One federation per run; each run trains on its pooled records.
+    configs : list
+        One dpsgd trainer config per run, equal but for ``reproducible_noise`` (seeded streams, or
+        release mode's secret ones); the first decides whether the batched form covers them
+        (:func:`batchable`).
+    seeds : list[int]
+        One seed per run: its initialisation, and its ``poisson`` and ``noise`` streams in
+        reproducible-noise mode (release mode's streams ignore it).
+    fast : list[bool] or None
+        One flag per run: ``True`` marks a seeded reference run, whose noise is drawn with the
+        other such runs' of the same noise scale in one draw; ``None`` (default): none.
+    """
     from privkit.trainers.base import train
 
     config = configs[0]
