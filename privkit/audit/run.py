@@ -251,7 +251,9 @@ def _accounting(
 ) -> tuple[dict, str | None]:
     """The audited target run's accounted epsilon (what the verdict checks) beside the release's,
     on the PLD ``grid`` of the run's headline epsilon where known (a coarser grid is still a
-    pessimistic upper bound, and ten times cheaper than the default)."""
+    pessimistic upper bound, and ten times cheaper than the default). The grid is set on the
+    ledgers themselves, so the ledger claim computed later from the target's ledger
+    (:func:`_claims`) is on the same grid."""
     out: dict = {"release_accounted_epsilon": None, "audit_target_accounted_epsilon": None}
     errors = []
     for key, ledger in (

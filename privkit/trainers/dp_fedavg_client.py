@@ -185,8 +185,8 @@ def train_dp_fedavg_client(
 
         iterator = track(iterator, description="dp-fedavg-client rounds")
     for t in iterator:
-        eps = _epsilon(cfg, t) if cfg.target_epsilon is not None else None
-        if eps is not None and eps > cfg.target_epsilon:  # type: ignore[operator]
+        eps = _epsilon(cfg, t)  # every client's epsilon once this round is released
+        if cfg.target_epsilon is not None and eps > cfg.target_epsilon:
             stop = (
                 f"stopped before round {t}: it would bring every client to epsilon {eps:.4g} > "
                 f"target {cfg.target_epsilon:g} ({cfg.accountant}, delta={cfg.delta:g})"
@@ -226,7 +226,7 @@ def train_dp_fedavg_client(
         row: dict[str, Any] = {
             "round": t,
             "test_accuracy": accuracy(model, x_test, y_test, device),
-            "epsilon": eps if eps is not None else _epsilon(cfg, t),
+            "epsilon": eps,
         }
         if cfg.reproducible_noise:
             # diagnostics of the clients' raw updates and of the round's draw: not released by a
