@@ -1,7 +1,7 @@
 """Atomic, checksummed file writes: the one writer every file of privkit and its libraries uses.
 
 A small standard-library-only module at the bottom of the project, so that the libraries
-(``accountants``, ``reports``) and the application (``privkit.pipeline.files`` builds on it)
+(``accountants``, ``reports``) and the application (``privkit.files`` builds on it)
 share one writer without importing each other.
 
 :func:`write_bytes` stores a file atomically: the bytes go to a temporary file in the same

@@ -14,7 +14,7 @@ gradients before the noise. The DP-SGD loop calls two methods per step::
     canaries.observe(released)            # what the auditor sees of this step
 
 :func:`attach_to_opacus` does this inside an opacus ``DPOptimizer`` (wrapping its
-``add_noise``); :class:`privkit.trainers.dp_sgd_step.DpSgdStep` takes ``canaries=``.
+``add_noise``); :class:`privkit.mechanisms.dp_sgd_step.DpSgdStep` takes ``canaries=``.
 
 What the auditor observes. With ``know_batch=True`` (default) the auditor also knows the clipped
 sum of the other records in each step (it knows every other record and each intermediate model:

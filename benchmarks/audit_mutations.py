@@ -3,8 +3,8 @@ run is audited; how often each is caught, and the correct twins' false-violation
 
 Setting: the demo's federation (``privkit demo``: mnist5k over 20 clients, digits28 public data)
 and every method's quick config. Each (method, mutation, seed) trains the method once with the
-bug (:mod:`privkit.mutations`) and white-box probes at its DP mechanisms for client 0
-(:mod:`privkit.probes`, 1000 Dirac canaries per mechanism, capped at its dimension), then audits
+bug (:mod:`privkit.mechanisms.mutations`) and white-box probes at its DP mechanisms for client 0
+(:mod:`privkit.mechanisms.probes`, 1000 Dirac canaries per mechanism, capped at its dimension), then audits
 each probe set against the run's (possibly mutated) ledger
 (:func:`privkit.audit.mechanism_audit.audit_mechanisms`: conformance test + one-run bound at 95%).
 
@@ -73,8 +73,8 @@ def one(task: tuple[str, str | float, int, int]) -> dict:
     """Train and audit one (method, mutation or noise factor, seed)."""
     import torch
 
+    from privkit.mechanisms.mutations import Mutation
     from privkit.methods import get_trainer
-    from privkit.mutations import Mutation
 
     torch.set_num_threads(1)
     method, mutation, seed, canaries = task

@@ -1,6 +1,6 @@
 """How close a one-run white-box audit of DP-SGD comes to the accounted epsilon, beside published figures.
 
-Setting: privkit's DP-SGD step (:class:`privkit.trainers.dp_sgd_step.DpSgdStep`, Poisson rate
+Setting: privkit's DP-SGD step (:class:`privkit.mechanisms.dp_sgd_step.DpSgdStep`, Poisson rate
 q = 0.1, 100 steps, clip norm 1) training an MLP (784-64-10, 50,890 parameters) on the 5000
 embedded MNIST digits, noise calibrated (PLD) to epsilon 1, 4 and 8 at delta 1e-5.
 ``--canaries`` (default 30,000) Dirac gradient canaries at the mechanism, each included by a fair
@@ -58,7 +58,7 @@ def run_one(epsilon: float, seed: int, canaries: int) -> dict:
     from accountants import calibrate_noise_multiplier
     from attacks.whitebox import GradientCanaries
     from privkit.data.datasets import load_dataset
-    from privkit.trainers.dp_sgd_step import DpSgdStep
+    from privkit.mechanisms.dp_sgd_step import DpSgdStep
 
     torch.set_num_threads(1)
     data = load_dataset("mnist5k")

@@ -1,7 +1,7 @@
 """What white-box gradient canaries add to a DP-SGD step (issue 32, item 2: at most 10% over the
 step without them).
 
-One privkit DP-SGD step (:meth:`privkit.trainers.dp_sgd_step.DpSgdStep.noisy_gradient`: clipped
+One privkit DP-SGD step (:meth:`privkit.mechanisms.dp_sgd_step.DpSgdStep.noisy_gradient`: clipped
 sum, canaries, release noise) on two models, batch 64 of 32x32x3 inputs, 10 classes:
 
 * ``resnet_gn``: a small ResNet with GroupNorm (three stages, 85k parameters);
@@ -48,8 +48,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from attacks.whitebox import GradientCanaries
-from privkit.dp_random import DpRandom
-from privkit.trainers.dp_sgd_step import DpSgdStep
+from privkit.mechanisms.dp_random import DpRandom
+from privkit.mechanisms.dp_sgd_step import DpSgdStep
 
 SCHEMA_VERSION = 1
 BATCH = 64

@@ -1,6 +1,6 @@
 """Why batched DP-SGD of the quickstart CNN gains about 2x over a loop on one CPU core: a roofline.
 
-The batched path (:func:`privkit.trainers.batched_sgd.train_many`) removes the loop's per-model
+The batched path (:func:`privkit.batched.batched_sgd.train_many`) removes the loop's per-model
 overheads; what is left is arithmetic and memory traffic that batching cannot remove. This script
 measures, in one run with one torch thread:
 
@@ -33,10 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
+from privkit.batched.batched_sgd import SGDRecipe, train_many, train_one
 from privkit.data import load_dataset
+from privkit.mechanisms import stacked
 from privkit.models import build_from_spec, model_spec
-from privkit.trainers import stacked
-from privkit.trainers.batched_sgd import SGDRecipe, train_many, train_one
 
 KINDS = {
     "conv_forward": ("aten::mkldnn_convolution", "aten::_convolution", "aten::conv2d"),

@@ -5,11 +5,11 @@ standard normals from:
 
 * ``torch_s``: torch's own generator on the device (Philox on CUDA; seeded, not secret: the
   reproducible-mode stream, the speed to beat);
-* ``chacha_s``: privkit's release stream on the device (:class:`privkit.device_random.ChaChaStream`,
+* ``chacha_s``: privkit's release stream on the device (:class:`privkit.mechanisms.device_random.ChaChaStream`,
   what ``DpRandom.secret("cuda")`` draws from);
 * ``aes_copy_s``: privkit's CPU release stream (AES-CTR + numpy's ziggurat) and the copy to the
   device: what release mode cost on a GPU before the device stream;
-* ``grid_s``: what release mode draws for its noise (:mod:`privkit.grid_noise`: the exact
+* ``grid_s``: what release mode draws for its noise (:mod:`privkit.mechanisms.grid_noise`: the exact
   rounded-Gaussian integers of the release grid, from the ChaCha stream on the device), and
   ``grid_release_s`` the whole release of ``--n`` coordinates (draws and snapping) beside
   ``torch_release_s``, ``x + z`` with torch's generator.
@@ -28,8 +28,8 @@ import time
 
 import torch
 
-from privkit.device_random import ChaChaStream
-from privkit.dp_random import DpRandom
+from privkit.mechanisms.device_random import ChaChaStream
+from privkit.mechanisms.dp_random import DpRandom
 
 
 def best_of(fn, repeats: int, sync) -> float:
@@ -47,7 +47,7 @@ def best_of(fn, repeats: int, sync) -> float:
 def _compiled(args, dev, sync) -> dict:
     """The stream with its block function compiled (``torch.compile``): time, and equality of the
     words with the eager function's at the same key."""
-    from privkit import device_random
+    from privkit.mechanisms import device_random
 
     eager = device_random.chacha20_blocks
     try:
@@ -77,9 +77,9 @@ def _compiled(args, dev, sync) -> dict:
 
 
 def _grid(args, dev, sync, seeded) -> dict:
-    """Release mode's noise on the grid (privkit.grid_noise), beside torch's ``x + z``."""
-    from privkit.grid_noise import Grid, WordBits, rounded_gaussian
+    """Release mode's noise on the grid (privkit.mechanisms.grid_noise), beside torch's ``x + z``."""
     from privkit.mechanisms import gaussian_release
+    from privkit.mechanisms.grid_noise import Grid, WordBits, rounded_gaussian
 
     grid, bits = Grid.for_release(1.0, 1.0, args.n), WordBits(ChaChaStream(dev))
     secret = DpRandom.secret(dev, on_device=True)

@@ -1,11 +1,11 @@
-"""Release-mode DP noise (AES-CTR, privkit.dp_random) against the torch generator it replaced.
+"""Release-mode DP noise (AES-CTR, privkit.mechanisms.dp_random) against the torch generator it replaced.
 
 Measures, in one run on the CPU (best of ``--repeats``): 10M float32 standard normals from a seeded
 torch Generator (the old release stream) and from ``DpRandom.secret()`` (AES-128-CTR + numpy's
 ziggurat, then a torch tensor); 10M Bernoulli inclusions (Poisson masks) likewise; 10M released
 coordinates, ``x + sigma * z`` with torch's generator (naive float noise) against privkit's release
-(the grid of privkit.grid_noise: the exact rounded-Gaussian draws alone, and the whole release with
-its snapping); and one batched DP-SGD training (privkit.trainers.batched_sgd.train_many, 8 MLPs) in
+(the grid of privkit.mechanisms.grid_noise: the exact rounded-Gaussian draws alone, and the whole release with
+its snapping); and one batched DP-SGD training (privkit.batched.batched_sgd.train_many, 8 MLPs) in
 reproducible vs release mode.
 
     OMP_NUM_THREADS=1 python benchmarks/dp_random_throughput.py [--json]
@@ -24,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from privkit.dp_random import DpRandom
+from privkit.mechanisms.dp_random import DpRandom
 
 
 def best_of(fn, repeats: int) -> float:
@@ -38,7 +38,7 @@ def best_of(fn, repeats: int) -> float:
 
 
 def training(reproducible: bool) -> None:
-    from privkit.trainers.batched_sgd import SGDRecipe, train_many
+    from privkit.batched.batched_sgd import SGDRecipe, train_many
 
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((2000, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, 2000)
@@ -49,8 +49,8 @@ def training(reproducible: bool) -> None:
 
 def release_timings(n: int, repeats: int, old: torch.Generator, new: DpRandom) -> dict[str, float]:
     """10M coordinates released with Gaussian noise: naive float noise against the grid release."""
-    from privkit.grid_noise import Grid, rounded_gaussian
     from privkit.mechanisms import gaussian_release
+    from privkit.mechanisms.grid_noise import Grid, rounded_gaussian
 
     clean = {"w": torch.randn(n, generator=torch.Generator().manual_seed(0))}
     grid = Grid.for_release(1.0, 1.0, n)

@@ -9,8 +9,8 @@ turn, so drifts of the machine hit all of them alike), medians:
   module hooks, flat clipping, noise, ``optimizer.step``;
 * ``opacus_ghost``: opacus ``make_private(grad_sample_mode="ghost")``: ghost norms, then a second
   backward pass with the clipped losses;
-* ``privkit``: :meth:`privkit.trainers.dp_sgd_step.DpSgdStep.apply` with release noise
-  (:meth:`privkit.dp_random.DpRandom.secret`: on the CPU the AES stream on the floating-point
+* ``privkit``: :meth:`privkit.mechanisms.dp_sgd_step.DpSgdStep.apply` with release noise
+  (:meth:`privkit.mechanisms.dp_random.DpRandom.secret`: on the CPU the AES stream on the floating-point
   grid, on a GPU the ChaCha20 stream on the device), the per-example norms and the clipped sum by
   book-keeping ghost clipping (:mod:`privkit.mechanisms.ghost_clipping`: one forward, one backward
   pass);
@@ -50,10 +50,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privkit.dp_random import DpRandom
 from privkit.mechanisms import ghost_clipping
-from privkit.trainers.dp_sgd_step import DpSgdStep
-from privkit.trainers.stacked import UnsupportedModelError
+from privkit.mechanisms.dp_random import DpRandom
+from privkit.mechanisms.dp_sgd_step import DpSgdStep
+from privkit.mechanisms.stacked import UnsupportedModelError
 
 SCHEMA_VERSION = 1
 CLIP, SIGMA, LR, DATASET = 1.0, 1.0, 0.05, 50_000

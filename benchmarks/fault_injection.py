@@ -4,7 +4,7 @@ Each command first runs uninterrupted (the reference) with ``PRIVKIT_FAULT_TRACE
 every artefact write. Each kill point then runs the same command in a fresh directory with
 ``PRIVKIT_FAULT_KILL=N:PHASE`` (the process SIGKILLs itself at its N-th artefact write: before
 it, with the new checksum listed, midway through the bytes, or just after the rename; see
-:mod:`privkit.pipeline.files`) or kills it from outside at a random time, records which stages
+:mod:`privkit.files`) or kills it from outside at a random time, records which stages
 had finished (``status.json`` entries, the mtimes of their files), re-runs the same command once
 and checks
 
@@ -45,7 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from privkit.pipeline.files import FAULT_ENV, FAULT_PHASES, read_json  # noqa: E402
+from privkit.files import FAULT_ENV, FAULT_PHASES, read_json  # noqa: E402
 
 RUN_TOML = """
 name = "fi"

@@ -1,12 +1,12 @@
 """What the Flower engine adds to privkit's methods: in-process and Flower runs side by side.
 
-For each method ported to Flower (:data:`privkit.flower.engine.FLOWER_METHODS`, fedprox aside: it
+For each method ported to Flower (:func:`privkit.flower_engine.engine.flower_methods`, fedprox aside: it
 is fedavg's loop) this trains the method's ``quick`` configuration (what ``privkit train METHOD
 --quick`` runs) on the quickstart federation (mnist5k, 20 clients, Dirichlet alpha=1, digits28
 public data) twice in one process, seeded alike:
 
 1. ``inprocess_s``: :func:`privkit.trainers.train`, privkit's in-process federation (the default);
-2. ``flower_s``: :func:`privkit.flower.engine.train_on_flower`, the method's ServerApp/ClientApp on
+2. ``flower_s``: :func:`privkit.flower_engine.engine.train_on_flower`, the method's ServerApp/ClientApp on
    Flower's simulation engine (``flwr.simulation.run_simulation``, Ray backend, one CPU per
    ClientApp actor, one node per client): what ``privkit train METHOD --quick --engine flower``
    runs. ``flower_startup_s`` is the time from the call until the ServerApp knows every node's
@@ -51,8 +51,8 @@ def _max_abs_diff(a, b) -> float:
 
 def measure(method: str, federation, reproducible: bool) -> dict:
     """One method: an untimed warm-up, the timed in-process run, the timed Flower run."""
-    import privkit.flower.apps as apps
-    from privkit.flower.engine import train_on_flower
+    import privkit.flower_engine.apps as apps
+    from privkit.flower_engine.engine import train_on_flower
     from privkit.trainers import get_trainer, train
 
     cfg = {**get_trainer(method).quick_config(), "reproducible_noise": reproducible}
@@ -125,7 +125,7 @@ def main() -> None:
     import torch
 
     from privkit.data import FederationConfig, build_federation
-    from privkit.flower.engine import check_engine
+    from privkit.flower_engine.engine import check_engine
 
     torch.set_num_threads(1)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]

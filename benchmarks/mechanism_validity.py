@@ -9,7 +9,7 @@ Rows, each over ``--seeds`` independent audits:
   bugs (noise x0.5, x0.8, x0.9, clipping off = influence x4, the sampling rate doubled, twice the
   releases). Valid rows must flag at most 5% (one-sided binomial test at 1% must not reject);
   bug rows report their catch rate.
-* ``dp-sgd``: privkit's :class:`~privkit.trainers.dp_sgd_step.DpSgdStep` training a small MLP with
+* ``dp-sgd``: privkit's :class:`~privkit.mechanisms.dp_sgd_step.DpSgdStep` training a small MLP with
   Dirac gradient canaries at the mechanism, audited with :meth:`attacks.whitebox.GradientCanaries.audit`
   (conformance + one-run bound with claim-optimised guesses, 95% together): correct, noise halved.
 * ``permutation``: the probes listed in another order give identical p-values.
@@ -89,7 +89,7 @@ def dpsgd_row(sigma_real: float, seeds: int) -> dict:
     import torch.nn.functional as F
 
     from attacks.whitebox import GradientCanaries
-    from privkit.trainers.dp_sgd_step import DpSgdStep
+    from privkit.mechanisms.dp_sgd_step import DpSgdStep
 
     torch.set_num_threads(1)
     flagged, conf_flagged, bounds = 0, 0, []

@@ -1,12 +1,12 @@
-"""Batched training of M models (privkit.trainers.batched_sgd.train_many) vs a loop of single models.
+"""Batched training of M models (privkit.batched.batched_sgd.train_many) vs a loop of single models.
 
-The loop is :func:`privkit.trainers.batched_sgd.train_one` run M times: one model at a time, DP-SGD
+The loop is :func:`privkit.batched.batched_sgd.train_one` run M times: one model at a time, DP-SGD
 per-example gradients from ``torch.func.vmap(grad)`` as in privkit's DP-SGD step. The batched path
 trains the M models in lock-step on stacked layers with per-layer clipping (no per-example weight
 gradients of linear layers). Same recipe, same seeds, same batches and the same noise: both give
 the same weights, which the benchmark checks (``max_abs_weight_diff``), so the ratio is pure
 speed. For DP-SGD two more loops run the same mechanism with their own random streams: privkit's
-single-model step (:class:`~privkit.trainers.dp_sgd_step.DpSgdStep`, what privkit's federated
+single-model step (:class:`~privkit.mechanisms.dp_sgd_step.DpSgdStep`, what privkit's federated
 DP-SGD methods run per model: per-layer clipping by the batched path's own code with M = 1) and
 opacus (``PrivacyEngine``, the peer).
 
@@ -39,10 +39,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from privkit.batched.batched_sgd import SGDRecipe, _init, train_many, train_one
 from privkit.data import load_dataset
+from privkit.mechanisms.dp_sgd_step import DpSgdStep
 from privkit.models import model_spec
-from privkit.trainers.batched_sgd import SGDRecipe, _init, train_many, train_one
-from privkit.trainers.dp_sgd_step import DpSgdStep
 
 CASES = {
     "mlp": ({"arch": "mlp", "feature_dim": 128}, 32, 256),

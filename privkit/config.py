@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from privkit.errors import PrivkitError
 
 #: where a federated method runs: privkit's own in-process federation (default) or Flower's
-#: simulation engine (:mod:`privkit.flower.engine`)
+#: simulation engine (:mod:`privkit.flower_engine.engine`)
 ENGINES = ("inprocess", "flower")
 Engine = Literal["inprocess", "flower"]
 

@@ -10,7 +10,7 @@ the accountant amplifies on (Poisson batches, the NFDP subsample), as opacus's s
 them.  The run seed is written into every run directory, so noise derived from it could be
 regenerated and subtracted by anyone holding the directory.  In release mode (the default) these
 streams are AES-128 in counter mode keyed with 128 bits from the operating system's CSPRNG
-(``secrets``), fresh for every stream and never stored or logged (:mod:`privkit.dp_random`): a
+(``secrets``), fresh for every stream and never stored or logged (:mod:`privkit.mechanisms.dp_random`): a
 cryptographic generator, so neither the seed nor any amount of released output gives the rest of
 the stream away.  Everything else (data split, model initialisation, client sampling, audits)
 stays a function of the run seed.  With ``reproducible=True`` the streams are derived from the run
@@ -19,7 +19,7 @@ privkit versions), and the ledger and report say "reproducible noise: not for re
 
 Floating-point attacks on Gaussian sampling (Mironov 2012; Jin et al. 2022: the set of floats
 ``clean + sigma * z`` can take depends on ``clean``) are answered in release mode by releasing every
-noisy value on a data-independent grid with exactly drawn offsets (:mod:`privkit.grid_noise`);
+noisy value on a data-independent grid with exactly drawn offsets (:mod:`privkit.mechanisms.grid_noise`);
 reproducible mode draws ``clean + sigma * z`` as before.
 The AES key sits in process memory while the run lasts; an attacker who can read that memory is
 outside this threat model.
@@ -35,7 +35,7 @@ import numpy as np
 if TYPE_CHECKING:  # torch is imported where a generator is made, not when seeds are derived
     import torch
 
-    from privkit.dp_random import DpRandom
+    from privkit.mechanisms.dp_random import DpRandom
 
 
 def _purpose_key(purpose: str) -> int:
@@ -82,7 +82,7 @@ def noise_generator(
     Release mode (``reproducible=False``): a fresh AES-CTR stream keyed from the OS, ignoring
     ``seed``. Reproducible mode: draws exactly as ``torch_generator(derive_seed(seed, purpose))``.
     """
-    from privkit.dp_random import DpRandom
+    from privkit.mechanisms.dp_random import DpRandom
 
     if reproducible:
         return DpRandom(torch_generator(derive_seed(seed, purpose), device=device))
@@ -93,6 +93,6 @@ def noise_rng(seed: int, purpose: str, *, reproducible: bool) -> np.random.Gener
     """numpy counterpart of :func:`noise_generator`: the AES-CTR Generator in release mode."""
     if reproducible:
         return make_rng(seed, purpose)
-    from privkit.dp_random import aes_generator
+    from privkit.mechanisms.dp_random import aes_generator
 
     return aes_generator()

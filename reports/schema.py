@@ -508,7 +508,7 @@ class MechanismProbe(_Open):
 
 
 class MechanismTwin(_Open):
-    """One twin of a method (``correct`` or a bug of ``privkit.mutations``) audited at its mechanisms."""
+    """One twin of a method (``correct`` or a bug of ``privkit.mechanisms.mutations``) audited at its mechanisms."""
 
     twin: str = Field(description="the mutation: 'correct' or e.g. 'noise x1/2'")
     description: str = ""

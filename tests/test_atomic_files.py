@@ -1,6 +1,6 @@
 """One atomic, checksummed writer for every file privkit and its libraries write (issue 33,
 item 3): ``atomicfiles`` at the bottom, ``reports.atomic_write_text`` (report pages),
-``accountants.Ledger.save`` and ``privkit.pipeline.files`` on it; a corrupted file is never
+``accountants.Ledger.save`` and ``privkit.files`` on it; a corrupted file is never
 trusted: refused with one line naming it (the libraries) or recomputed (the pipeline)."""
 
 from __future__ import annotations

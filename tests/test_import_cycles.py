@@ -218,3 +218,89 @@ def test_a_package_reexporting_its_submodules_is_no_cycle_unless_one_imports_it_
             "accountants/sub/__init__.py"
         )
     ]
+
+
+# ----------------------------------------------------------------------------- packages and layers
+#: The project's packages from the bottom up (issue 31, item 4). A package imports only packages of
+#: lower layers (and itself); packages of one layer never import each other. ``privkit``'s own
+#: subpackages and top-level modules are packages here; docs/architecture.md draws the same stack.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("atomicfiles",),
+    ("accountants",),
+    ("attacks", "reports"),
+    ("privkit.errors",),
+    ("privkit", "privkit.config", "privkit.jsonutil", "privkit.progress", "privkit.models"),
+    ("privkit.files",),
+    ("privkit.mechanisms",),
+    ("privkit.seeding",),
+    ("privkit.data", "privkit.methods"),
+    ("privkit.trainers",),
+    ("privkit.batched", "privkit.flower_engine", "privkit.precompile"),
+    ("privkit.audit",),
+    ("privkit.pipeline",),
+    ("privkit.flower",),
+    ("privkit.check",),
+    ("privkit.cli",),
+)
+
+
+def package_of(module: str) -> str:
+    """The package a module belongs to: a library, ``privkit`` itself, or ``privkit.<first part>``."""
+    parts = module.split(".")
+    return parts[0] if parts[0] != "privkit" or len(parts) == 1 else f"privkit.{parts[1]}"
+
+
+def layer_violations(root: Path = ROOT, layers=LAYERS) -> list[str]:
+    """One line per import that runs up or sideways between packages, or per unlisted package."""
+    files, edges = import_graph(root)
+    rank = {pkg: i for i, layer in enumerate(layers) for pkg in layer}
+    lines = [
+        f"package {pkg} is in no layer (add it to LAYERS)"
+        for pkg in sorted({package_of(m) for m in files} - set(rank))
+    ]
+    for a in sorted(edges):
+        for b, line in sorted(edges[a].items()):
+            pa, pb = package_of(a), package_of(b)
+            if pa != pb and pa in rank and pb in rank and rank[pb] >= rank[pa]:
+                lines.append(f"{files[a].relative_to(root)}:{line} ({pa}) imports {b} ({pb})")
+    return lines
+
+
+def package_cycles(root: Path = ROOT) -> list[list[str]]:
+    """Package-level import cycles: strongly connected components of the package graph."""
+    files, edges = import_graph(root)
+    graph: dict[str, dict[str, int]] = {}
+    for a, targets in edges.items():
+        for b in targets:
+            if package_of(a) != package_of(b):
+                graph.setdefault(package_of(a), {})[package_of(b)] = 0
+    return _components(sorted({package_of(m) for m in files}), graph)
+
+
+def test_no_package_level_import_cycle():
+    assert package_cycles() == []
+
+
+def test_every_import_runs_down_the_layers():
+    lines = layer_violations()
+    assert not lines, "imports up or across the layers of LAYERS:\n" + "\n".join(lines)
+
+
+def test_the_layer_check_sees_an_import_up_and_a_package_cycle(tmp_path):
+    root = _project(
+        tmp_path,
+        {
+            "privkit/mechanisms/__init__.py": "",
+            "privkit/mechanisms/noise.py": "def f():\n    from privkit.audit import report\n",
+            "privkit/audit/__init__.py": "",
+            "privkit/audit/report.py": "x = 1\n",
+            "privkit/audit/run.py": "from privkit.mechanisms.noise import f\n",
+            "privkit/newpkg/__init__.py": "",
+        },
+    )
+    assert package_cycles(root) == [["privkit.audit", "privkit.mechanisms"]]
+    assert import_cycles(root) == []  # no file-level cycle: only the packages import each other
+    assert layer_violations(root) == [
+        "package privkit.newpkg is in no layer (add it to LAYERS)",
+        "privkit/mechanisms/noise.py:2 (privkit.mechanisms) imports privkit.audit.report (privkit.audit)",
+    ]

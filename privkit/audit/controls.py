@@ -2,7 +2,7 @@
 
 An audit that does not flag a mechanism known to be broken says nothing about the ones it passes.
 Every ``privkit run`` report therefore carries controls: twins of one DP method of the run
-(privkit's DP-SGD, :class:`~privkit.trainers.dp_sgd_step.DpSgdStep`, with Poisson sampling, on the
+(privkit's DP-SGD, :class:`~privkit.mechanisms.dp_sgd_step.DpSgdStep`, with Poisson sampling, on the
 pooled client data), each *claiming the method's accounted epsilon* at the report's delta:
 
 * ``correct``: DP-SGD exactly as the method is accounted (its model, clip norm, optimiser,
@@ -160,10 +160,10 @@ def train_twin(
 ) -> torch.nn.Module:
     """One twin: DP-SGD (``noise_multiplier`` given; 0 = noise removed) or, with ``None``, SGD
     without clipping or noise on Poisson batches (gradient sum / expected batch size, as DP-SGD)."""
+    from privkit.mechanisms.dp_sgd_step import DpSgdStep, poisson_batch
     from privkit.models import build_from_spec
     from privkit.seeding import derive_seed, seed_torch, torch_generator
     from privkit.trainers.common import make_optimizer
-    from privkit.trainers.dp_sgd_step import DpSgdStep, poisson_batch
 
     if len(y) != recipe.n:
         raise PrivkitError(f"the recipe expects n = {recipe.n} records; found {len(y)}")

@@ -1,6 +1,6 @@
 """White-box audit of a privkit method at its DP mechanisms: ``audit_mechanisms``.
 
-The method trains once, as a user's run does, inside :func:`privkit.probes.probing`: every DP
+The method trains once, as a user's run does, inside :func:`privkit.mechanisms.probes.probing`: every DP
 mechanism of the probed clients takes canaries (:class:`attacks.whitebox.GradientCanaries`) that it
 samples, clips and noises like its own records. After training, each probe set's claim is read
 from the run's ledger, from the entries of its client whose label contains the mechanism's label
@@ -9,7 +9,7 @@ from the run's ledger, from the entries of its client whose label contains the m
 sets each is audited at ``1 - beta / k`` (Bonferroni), so the method's verdict (``violation`` when
 any probe set's is) holds at ``confidence``.
 
-With ``mutation`` the same run is made with one of the bugs of :mod:`privkit.mutations`: that is how
+With ``mutation`` the same run is made with one of the bugs of :mod:`privkit.mechanisms.mutations`: that is how
 the audit's power is measured (``benchmarks/audit_mutations.py``) and how every report's
 noise-halved control is made. A ledger mutation that leaves a method's ledger unchanged (no
 Poisson sampling to halve, single releases) is ``not-applicable`` for that method.
@@ -66,7 +66,7 @@ def audit_mechanisms(
         method's defaults).
     delta : delta of the claims tested (the one-run bound's).
     seed : training seed; the canaries derive from it too.
-    mutation : a :class:`privkit.mutations.Mutation` or its name (``noise x1/N`` resolved to the
+    mutation : a :class:`privkit.mechanisms.mutations.Mutation` or its name (``noise x1/N`` resolved to the
         federation's client count).
     canaries : canaries per probe set (capped at the mechanism's dimension).
     clients : the clients whose mechanisms take probes (``None``: all).
@@ -81,9 +81,9 @@ def audit_mechanisms(
     ``not-applicable``), ``message``, ``probes`` (one audit per probe set), the mutation, the
     method's accounted epsilon (worst client, mutated ledger) and the training's test accuracy.
     """
-    from privkit import mutations
+    from privkit.mechanisms import mutations
+    from privkit.mechanisms.probes import ProbePlan, probing
     from privkit.methods import get_trainer
-    from privkit.probes import ProbePlan, probing
 
     if not 0 < confidence < 1:
         raise PrivkitError(f"confidence must be in (0, 1); found {confidence}")
@@ -101,7 +101,7 @@ def audit_mechanisms(
         if engine == "inprocess":
             result = spec.fn(federation, cfg, seed, progress=progress)
         else:
-            from privkit.flower.engine import train
+            from privkit.flower_engine.engine import train
 
             result = train(method, federation, cfg, seed, progress=progress, engine=engine)
     ledger = mutations.mutate_ledger(result.ledger, mut)

@@ -7,7 +7,7 @@ one except for its private data: the same number of clients, the target's partit
 test set, the same trainer config. Its "model" is the whole :class:`~privkit.trainers.TrainResult`,
 so the auditor also gets each run's own ledger (its accounted epsilon) and shared artifacts.
 
-A method with a batched form (:data:`privkit.trainers.many.BATCHED`) trains all the audited runs
+A method with a batched form (its registry entry's ``batched``) trains all the audited runs
 at once (:meth:`FederationRecipe.fit_many`, taken by :func:`attacks.experiment.train_models` on
 the serial executor): every client of every run steps together, each with the streams and the
 result it has when run alone.
@@ -18,7 +18,7 @@ release mechanism's randomness; every other run, a reference run the auditor tra
 never releases, trains with ``reproducible_noise=True`` (the same Gaussian noise, Poisson sampling
 and subsets drawn from fast seeded generators derived from the run's seed instead of the AES
 stream and the exact grid) and, batched, with the stacked kernels where the method's batched form
-would run Adam's exact per-model ones (:func:`privkit.trainers.many.train_many`'s
+would run Adam's exact per-model ones (:func:`privkit.batched.many.train_many`'s
 ``references``). docs/auditing-methods.md says why the audit's validity does not depend on either.
 """
 
@@ -38,7 +38,7 @@ from privkit.data.partition import dirichlet_partition, iid_partition, shard_par
 from privkit.seeding import derive_seed, make_rng
 
 if TYPE_CHECKING:  # pragma: no cover
-    from privkit.trainers.base import TrainResult
+    from privkit.methods.contract import TrainResult
 
 
 def partition_like(federation: Federation, y: np.ndarray, seed: int) -> list[np.ndarray]:
@@ -166,7 +166,7 @@ class FederationRecipe(Recipe):
         return {**self.trainer_config, "reproducible_noise": True}
 
     def __call__(self, x: np.ndarray, y: np.ndarray, seed: int) -> AuditRun:
-        from privkit.flower.engine import train
+        from privkit.flower_engine.engine import train
 
         fed = federation_over(_base_federation(self.federation_json), x, y, seed)
         return AuditRun(
@@ -182,16 +182,16 @@ class FederationRecipe(Recipe):
 
     @property
     def batched(self) -> bool:
-        """Whether the method's runs train as one computation: batched (:mod:`privkit.trainers.many`)
+        """Whether the method's runs train as one computation: batched (:mod:`privkit.batched.many`)
         or, on Flower, one simulation."""
-        from privkit.trainers.many import has_batched
+        from privkit.batched.many import has_batched
 
         return self.engine == "flower" or has_batched(self.method)
 
     def fit_many(self, x: np.ndarray, y: np.ndarray, index_sets, seeds) -> list[AuditRun]:
         """Run j on ``x[index_sets[j]]`` with ``seeds[j]``, as :meth:`__call__` would, all at once."""
-        from privkit.flower.engine import train_jobs_on_flower
-        from privkit.trainers.many import train_many
+        from privkit.batched.many import train_many
+        from privkit.flower_engine.engine import train_jobs_on_flower
 
         base = _base_federation(self.federation_json)
         feds = [federation_over(base, x[ix], y[ix], s) for ix, s in zip(index_sets, seeds)]

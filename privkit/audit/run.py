@@ -66,7 +66,7 @@ SIZE_TOLERANCE = 0.05
 
 def _load_run(run_dir: Path):
     from privkit.data import Federation
-    from privkit.pipeline.files import read_json
+    from privkit.files import read_json
     from privkit.trainers import TrainResult, get_trainer
 
     cfg_path = run_dir / "config.json"
@@ -475,7 +475,7 @@ def audit_run(
         shadow_iterations=shadow_iterations,
     )
     if write:
-        from privkit.pipeline.files import write_json, write_with
+        from privkit.files import write_json, write_with
 
         if logits is not None:  # before audit.json, whose presence means a finished audit
             arrays: dict[str, Any] = {
@@ -554,7 +554,7 @@ def finished_audit(
 ) -> dict | None:
     """The ``audit.json`` of ``run_dir`` when it answers this very request with intact files
     (checksums verified), else None (a file failing its checksum is named in a warning)."""
-    from privkit.pipeline.files import intact, read_json
+    from privkit.files import intact, read_json
 
     run = Path(run_dir)
     if not intact(run / "audit.json", say):

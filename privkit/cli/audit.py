@@ -62,8 +62,8 @@ def load_pool(path: Path):
 
 def _check_options(executor: str, delta: float | None, run_dir: Path | None = None) -> None:
     """Everything checkable before the audit layer (and torch) is imported."""
+    from privkit.files import read_json
     from privkit.pipeline.config import check_executor
-    from privkit.pipeline.files import read_json
 
     if run_dir is not None:
         if not run_dir.is_dir():
@@ -169,7 +169,7 @@ def _audit_recipe(
         shadow_iterations=iterations,
     )
     record = {"schema_version": 1, "recipe": recipe, "data": str(data), **res.to_dict()}
-    from privkit.pipeline.files import write_json
+    from privkit.files import write_json
 
     write_json(out, record)  # to_dict() is strict JSON already
     if as_json:
@@ -203,7 +203,7 @@ def _audit_run_dir(
     from privkit.audit import audit_run
     from privkit.audit.run import finished_audit
     from privkit.cli.train import say_warning
-    from privkit.pipeline.files import run_lock, tidy_after_crash
+    from privkit.files import run_lock, tidy_after_crash
 
     asked = {
         "attacks": attacks,

@@ -41,7 +41,7 @@ def parse_clients(text: str | None) -> tuple[int, ...] | None:
 
 def check_mechanism_options(mutation: str, canaries: int) -> None:
     """What can be refused before anything heavy loads."""
-    from privkit.mutations import MUTATIONS
+    from privkit.mechanisms.mutations import MUTATIONS
 
     if mutation not in MUTATIONS:
         raise PrivkitError(f"--mutation must be one of {', '.join(MUTATIONS)}; found {mutation!r}")
@@ -106,7 +106,7 @@ def audit_run_mechanisms(
     from privkit.audit.mechanism_audit import audit_mechanisms
     from privkit.audit.run import resolve_delta
     from privkit.data import Federation
-    from privkit.pipeline.files import read_json, write_json
+    from privkit.files import read_json, write_json
 
     cfg = read_json(run_dir / "config.json", "run config")
     fed = Federation.load(run_dir / "federation.json")

@@ -650,7 +650,7 @@ def ledger_cmd(
     """Epsilon per client and for the worst client under every applicable accountant."""
     delta, pld_grid = _num(delta_, "--delta"), _num(pld_grid_, "--pld-grid")
     acc._validate.check_positive(pld_grid, "pld_grid")
-    from privkit.pipeline.files import checked
+    from privkit.files import checked
 
     ledger = acc.Ledger.load(checked(file, "ledger file"))  # a run's ledger: its checksum first
     ledger.value_discretization_interval = pld_grid

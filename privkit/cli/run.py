@@ -62,7 +62,7 @@ def check_run_dir(root: Path, resolved: dict, force: bool) -> None:
     """An existing run directory is resumed when its config is the same, refused otherwise
     (without ``--force``): re-running a changed config replaces the results it changes."""
     from privkit.cli.train import say_warning
-    from privkit.pipeline.files import read_json, verify
+    from privkit.files import read_json, verify
 
     path = root / "config.resolved.json"
     if force or not path.is_file():
@@ -172,8 +172,8 @@ def report_cmd(
 ) -> None:
     """Re-render report.html and report.md from report.json (or rebuild it from the run)."""
     from privkit.cli.train import say_warning
+    from privkit.files import run_lock
     from privkit.pipeline import rerender
-    from privkit.pipeline.files import run_lock
 
     if not run_dir.is_dir():  # named before a lock file is made beside it
         raise PrivkitError(f"run directory not found: {run_dir}")

@@ -60,7 +60,7 @@ def resolve_run(
     """Validated {method, seed, engine, federation (FederationConfig), trainer (config model)}; no training."""
     from privkit.config import apply_overrides, load_toml
     from privkit.data import FederationConfig
-    from privkit.flower.engine import (
+    from privkit.flower_engine.engine import (
         check_engine,  # Flower-free: only the name and the extra are checked
     )
     from privkit.methods import get_trainer, make_config  # torch-free: refusing a value stays fast
@@ -118,7 +118,7 @@ RUN_MARKER = "train.json"  # written last by TrainResult.save: its presence mean
 
 def _config_json(resolved: dict[str, Any]) -> dict[str, Any]:
     """``config.json`` of a run (JSON values only, so that it compares with a stored one)."""
-    from privkit.flower.engine import engine_entry
+    from privkit.flower_engine.engine import engine_entry
 
     return json.loads(
         json.dumps(
@@ -139,7 +139,7 @@ def check_out_dir(out: Path, force: bool, config_json: dict[str, Any] | None = N
     """``--out`` is new, empty, a finished run of the same config (True: nothing to train), or
     a finished run of another config, replaced only with ``--force``. A finished run whose files
     fail their checksums is trained again (with a warning)."""
-    from privkit.pipeline.files import intact, read_json
+    from privkit.files import intact, read_json
 
     if out.exists() and not out.is_dir():
         raise PrivkitError(f"--out must be a directory; found a file {out}")
@@ -228,8 +228,8 @@ def _headline(result, federation, claims_dp: bool) -> dict[str, Any]:
 def run_training(resolved: dict[str, Any], out: Path, progress: bool = True) -> dict[str, Any]:
     """Build the federation, train, and write the run directory; return a summary dict."""
     from privkit.data import build_federation
-    from privkit.flower.engine import train
-    from privkit.pipeline.files import staged_dir, write_json
+    from privkit.files import staged_dir, write_json
+    from privkit.flower_engine.engine import train
 
     fed_cfg, cfg = resolved["federation"], resolved["trainer"]
     federation = build_federation(fed_cfg)
@@ -344,7 +344,7 @@ def train_command(
         return
     if out is None:
         raise PrivkitError("--out must name the run directory to write; found none")
-    from privkit.pipeline.files import recover_dir, run_lock, tidy_after_crash
+    from privkit.files import recover_dir, run_lock, tidy_after_crash
 
     check_out_dir(
         out, force

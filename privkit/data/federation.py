@@ -238,7 +238,7 @@ class Federation:
         }
 
     def save(self, path: str | Path) -> None:
-        from privkit.pipeline.files import write_text
+        from privkit.files import write_text
 
         write_text(path, json.dumps(self.to_dict()))
 
@@ -267,7 +267,7 @@ class Federation:
 
     @classmethod
     def load(cls, path: str | Path) -> Federation:
-        from privkit.pipeline.files import read_json
+        from privkit.files import read_json
 
         p = Path(path)
         data = read_json(p, "federation file")

@@ -10,8 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-INSTALL_HINT = 'privkit.flower needs Flower: pip install "privkit-ml[flower]"'
-"""The one-line error raised when Flower is missing (it names the extra to install)."""
+from privkit.flower_engine import INSTALL_HINT, require_flwr
 
 # public name -> submodule of privkit.flower that defines it (loaded on first access)
 _LAZY: dict[str, str] = {
@@ -21,27 +20,19 @@ _LAZY: dict[str, str] = {
     "record_dpsgd": "privkit.flower.client",
     "recorded": "privkit.flower.client",
     "check_flower_dp": "privkit.flower.checks",
-    "run_inprocess": "privkit.flower.inprocess",
-    "train_on_flower": "privkit.flower.engine",
-    "method_app": "privkit.flower.engine",
-    "FlowerApp": "privkit.flower.apps",
+    "run_inprocess": "privkit.flower_engine.inprocess",
+    "train_on_flower": "privkit.flower_engine.engine",
+    "method_app": "privkit.flower_engine.engine",
+    "FlowerApp": "privkit.flower_engine.apps",
     "audit_app": "privkit.flower.audit",
     "audit_app_mechanisms": "privkit.flower.audit",
     "FlowerAppRecipe": "privkit.flower.audit",
-    "audit_mod": "privkit.flower.audit_transport",
+    "audit_mod": "privkit.flower_engine.audit_transport",
     "CanaryClients": "privkit.flower.canary_clients",
     "write_audit": "privkit.flower.rundir",
     "distributed_noise": "privkit.flower.secagg",
     "SecAggPlusAccounted": "privkit.flower.secagg",
 }
-
-
-def require_flwr() -> Any:
-    """Import and return the ``flwr`` package, or raise one line naming the extra to install."""
-    try:
-        return importlib.import_module("flwr")
-    except ImportError as exc:
-        raise ImportError(INSTALL_HINT) from exc
 
 
 def __getattr__(name: str) -> Any:

@@ -11,11 +11,11 @@ trained with ``--engine flower`` (:class:`privkit.audit.recipes.FederationRecipe
 ``engine="flower"``: the target and all reference runs in one simulation).
 
 **Mechanism canaries.** Where a ClientApp runs a privkit DP mechanism (privkit's DP-SGD step,
-:class:`privkit.trainers.dp_sgd_step.DpSgdStep`, or its Gaussian head releases), the white-box audit
-puts canaries into that mechanism (:mod:`privkit.probes`) and tests what they observe against the
+:class:`privkit.mechanisms.dp_sgd_step.DpSgdStep`, or its Gaussian head releases), the white-box audit
+puts canaries into that mechanism (:mod:`privkit.mechanisms.probes`) and tests what they observe against the
 ledger (:func:`privkit.audit.mechanism_audit.audit_mechanisms` with ``engine="flower"``,
 :func:`audit_app_mechanisms`). The canaries and the mutation reach the ClientApps, which run in Ray
-actors, through :mod:`privkit.flower.audit_transport` (the ClientApp takes its mod, :func:`audit_mod`).
+actors, through :mod:`privkit.flower_engine.audit_transport` (the ClientApp takes its mod, :func:`audit_mod`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 
 from attacks.recipe import Recipe, predict_logits
-from privkit import mutations, probes
 from privkit.errors import PrivkitError
-from privkit.flower.apps import FlowerApp
-from privkit.flower.audit_transport import AUDIT, AuditedGrid, audit_mod, audited_grid
+from privkit.flower_engine.apps import FlowerApp
+from privkit.flower_engine.audit_transport import AUDIT, AuditedGrid, audit_mod, audited_grid
+from privkit.mechanisms import mutations, probes
 
 __all__ = [
     "AUDIT",
@@ -85,7 +85,7 @@ class FlowerAppRecipe(Recipe):
         self.driver = driver
 
     def __call__(self, x: np.ndarray, y: np.ndarray, seed: int) -> AppRun:
-        from privkit.flower.engine import simulate
+        from privkit.flower_engine.engine import simulate
 
         app = self.app_fn(x, y, int(seed))
         if not isinstance(app, FlowerApp):
@@ -194,7 +194,7 @@ def audit_app_mechanisms(
     """White-box audit of the privkit DP mechanisms a Flower app's ClientApps run: one simulation on
     ``(x, y)`` with canaries in the probed clients' mechanisms, each probe set tested against the
     app's ledger (:func:`privkit.audit.mechanism_audit.probe_verdict`). ``mutation`` runs the app
-    with one of :mod:`privkit.mutations`' bugs (how the audit's power is checked).
+    with one of :mod:`privkit.mechanisms.mutations`' bugs (how the audit's power is checked).
 
     Parameters
     ----------
@@ -208,8 +208,8 @@ def audit_app_mechanisms(
         Delta of the epsilons the ledger accounts.
     seed : int
         The audit seed (the canaries) and the seed handed to ``app_fn``.
-    mutation : str or privkit.mutations.Mutation
-        ``"correct"`` or one of :mod:`privkit.mutations`' bugs to run the app with.
+    mutation : str or privkit.mechanisms.mutations.Mutation
+        ``"correct"`` or one of :mod:`privkit.mechanisms.mutations`' bugs to run the app with.
     canaries : int
         Canaries per (client, mechanism) probe set (capped at the mechanism's dimension).
     clients : tuple of int or None
@@ -226,7 +226,7 @@ def audit_app_mechanisms(
         record.
     """
     from privkit.audit.mechanism_audit import probe_verdict
-    from privkit.flower.engine import simulate
+    from privkit.flower_engine.engine import simulate
 
     app = app_fn(x, y, int(seed))
     if not isinstance(app, FlowerApp) or app.ledger is None:

@@ -69,13 +69,13 @@ def _active(caller: str) -> list[dict]:
 
 
 def record_dpsgd(step: Any, steps: int, label: str = "dp-sgd") -> None:
-    """Record ``steps`` steps of privkit's :class:`~privkit.trainers.dp_sgd_step.DpSgdStep` (Poisson
+    """Record ``steps`` steps of privkit's :class:`~privkit.mechanisms.dp_sgd_step.DpSgdStep` (Poisson
     sampling at ``step.sample_rate``, noise multiplier ``step.noise_multiplier``; record-level,
     add/remove-one), as privkit's own DP-SGD trainers account them.
 
     Parameters
     ----------
-    step : privkit.trainers.dp_sgd_step.DpSgdStep
+    step : privkit.mechanisms.dp_sgd_step.DpSgdStep
         The DP-SGD step that ran (its sample rate and noise multiplier).
     steps : int
         How many times it ran this round.

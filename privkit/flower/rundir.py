@@ -12,8 +12,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
+from privkit.files import write_json, write_text
 from privkit.pipeline.config import ACCOUNTANTS, SCHEMA_VERSION
-from privkit.pipeline.files import write_json, write_text
 
 __all__ = ["RunWriter", "write_run"]
 

@@ -101,7 +101,7 @@ def distributed_noise(
     num_clients : int
         ``m_target``: the number of clients whose shares make up the noise of std ``z S``.
     source : numpy.random.Generator, optional
-        The noise stream; default the release stream (:func:`privkit.dp_random.aes_generator`).
+        The noise stream; default the release stream (:func:`privkit.mechanisms.dp_random.aes_generator`).
         A seeded generator is for tests.
     label : str
         The ledger label.
@@ -161,7 +161,7 @@ def distributed_noise(
 
 
 def _release_stream() -> np.random.Generator:
-    from privkit.dp_random import aes_generator
+    from privkit.mechanisms.dp_random import aes_generator
 
     return aes_generator()
 

@@ -8,11 +8,11 @@ to a value, and the receipt it hands back.
   (reproducible mode: a ``torch.Generator`` or a seeded ``numpy.random.Generator``) draws exactly
   as torch and numpy draw, tensor by tensor (a dict in the order of its sorted names), so seeded
   results are bit-identical to the code that drew its own noise before this module existed. The
-  release stream (:class:`privkit.dp_random.DpRandom` over AES-CTR, or ChaCha20 on an
+  release stream (:class:`privkit.mechanisms.dp_random.DpRandom` over AES-CTR, or ChaCha20 on an
   accelerator) puts every released float on the data-independent grid of
-  :mod:`privkit.grid_noise`, whose noise covers its own rounding (the floating-point attack does
+  :mod:`privkit.mechanisms.grid_noise`, whose noise covers its own rounding (the floating-point attack does
   not apply);
-* **the audit's mutation**: under :func:`privkit.mutations.mutated` the noise drawn is ``std``
+* **the audit's mutation**: under :func:`privkit.mechanisms.mutations.mutated` the noise drawn is ``std``
   times the mutation's factor, the planted bug an audit must catch; the receipt does not see it
   (it states what the mechanism claims to run, as a buggy mechanism's ledger would);
 * **the receipt**: :class:`Receipt`, the dp-accounting event of the release, from the same
@@ -23,7 +23,7 @@ to a value, and the receipt it hands back.
 
 A batched engine that draws its seeded noise a block of steps at a time hands the primitive a
 :class:`NormalRows` (the same numbers, one row per release). The stacked engine
-:func:`privkit.trainers.batched_sgd.train_many` still draws its block noise itself (seeded and on
+:func:`privkit.batched.batched_sgd.train_many` still draws its block noise itself (seeded and on
 the grid, for all models at once); ``tests/privkit/test_release_primitive.py`` lists it and fails
 on any other module that draws release noise.
 """
@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from privkit import mutations
-from privkit.dp_random import DpRandom, is_secret
 from privkit.errors import PrivkitError
+from privkit.mechanisms import mutations
+from privkit.mechanisms.dp_random import DpRandom, is_secret
 
 __all__ = ["NormalRows", "Receipt", "compose_receipts", "gaussian_release"]
 
@@ -123,7 +123,7 @@ class NormalRows:
     Parameters
     ----------
     source : DpRandom or torch.Generator
-        The seeded stream (a :class:`~privkit.dp_random.DpRandom` over the release stream is
+        The seeded stream (a :class:`~privkit.mechanisms.dp_random.DpRandom` over the release stream is
         refused).
     width : int
         How many numbers one release takes: each row's length.
@@ -172,7 +172,7 @@ def _torch_release(tensors: list[torch.Tensor], std: float, source: DpRandom, se
         return [
             source.randn(t.shape, dtype=t.dtype).to(t.device).mul_(std).add_(t) for t in tensors
         ]
-    from privkit.grid_noise import Grid, grid_release
+    from privkit.mechanisms.grid_noise import Grid, grid_release
 
     # one release, one vector: a few long draws instead of one short draw per tensor
     flat = torch.cat([t.reshape(-1) for t in tensors])
@@ -190,7 +190,7 @@ def _numpy_release(
 ) -> np.ndarray:
     if not is_secret(rng):  # one draw of the whole shape, as numpy draws it
         return clean + rng.normal(0.0, std, size=clean.shape).astype(clean.dtype, copy=False)
-    from privkit.grid_noise import Grid, NumpyBits, grid_release
+    from privkit.mechanisms.grid_noise import Grid, NumpyBits, grid_release
 
     grid = Grid.for_release(std, sens, clean.size if dim is None else dim)
     value = torch.from_numpy(np.ascontiguousarray(clean))

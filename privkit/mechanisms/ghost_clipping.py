@@ -37,13 +37,13 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   ``(example, token)`` keys: exact and linear in the tokens.
 
 Squared norms add over layers (flat clipping over every trainable parameter), the clip factors are
-``min(1, C / ||g_i||)`` exactly as :func:`privkit.trainers.dp_sgd_step.clip_per_sample` (``C =
+``min(1, C / ||g_i||)`` exactly as :func:`privkit.mechanisms.dp_sgd_step.clip_per_sample` (``C =
 inf``, an audit's clipping-off mutation, gives 1 and skips the norms), and the clipped sum is
 book-kept: each layer's summed gradient with the output gradients weighted by the factors,
 ``sum_i c_i G_i = (c g)^T a`` (one weight gradient as plain training forms it, or ``sum_i c_i G_i``
 where ``G_i`` was materialised anyway); no second backward pass.
 
-Anything else is refused with :class:`~privkit.trainers.stacked.UnsupportedModelError` (the caller
+Anything else is refused with :class:`~privkit.mechanisms.stacked.UnsupportedModelError` (the caller
 falls back to ``torch.func`` per-example gradients) rather than computed wrong: a trainable
 parameter outside the layers above (``nn.MultiheadAttention``'s packed projection, a bare
 ``nn.Parameter``, an LSTM), BatchNorm in training mode or with trainable parameters (it mixes the
@@ -72,7 +72,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
-from privkit.trainers.stacked import UnsupportedModelError
+from privkit.mechanisms.stacked import UnsupportedModelError
 
 __all__ = ["MATERIALISE_LIMIT", "SUPPORTED", "clipped_sum", "per_example_norms"]
 
@@ -507,7 +507,7 @@ def clipped_sum(
     clip: float,
 ) -> dict[str, torch.Tensor]:
     """``sum_i min(1, clip / ||g_i||) g_i`` over the trainable parameters, by name (``clip = inf``:
-    the plain sum). :class:`~privkit.trainers.stacked.UnsupportedModelError` for a model this
+    the plain sum). :class:`~privkit.mechanisms.stacked.UnsupportedModelError` for a model this
     module does not cover (see the module's docstring).
 
     Parameters

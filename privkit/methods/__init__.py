@@ -27,6 +27,7 @@ __all__ = [
     "TrainerConfig",
     "TrainerSpec",
     "declare",
+    "flower_methods",
     "get_trainer",
     "make_config",
     "register_trainer",
@@ -58,3 +59,9 @@ def make_config(method: str, data: dict | TrainerConfig | None = None) -> Traine
     if isinstance(data, TrainerConfig):
         return data
     return spec.config_cls.model_validate(data or {})
+
+
+def flower_methods() -> tuple[str, ...]:
+    """The methods whose server and client steps run on Flower: those whose registry entry names a
+    port (:attr:`TrainerSpec.flower`), sorted by name."""
+    return tuple(sorted(name for name, spec in REGISTRY.items() if spec.flower is not None))

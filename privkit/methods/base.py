@@ -14,7 +14,7 @@ class TrainerConfig(StrictModel):
 
     device: str = "auto"
     # False (release mode): DP noise and privacy-amplifying sampling come from AES-CTR keyed from
-    # OS entropy, never stored (privkit.dp_random). True: derived from the run seed, bit-reproducible, stamped "not for release".
+    # OS entropy, never stored (privkit.mechanisms.dp_random). True: derived from the run seed, bit-reproducible, stamped "not for release".
     reproducible_noise: bool = False
     arch: Literal["cnn", "mlp"] = "cnn"
     width: Annotated[int, Field(ge=1)] = 16

@@ -55,4 +55,5 @@ declare(
         "batch_size": 128,
         "calibration_accountant": "rdp",
     },
+    batched="privkit.batched.many_dpsgd:train_dpsgd_runs",
 )

@@ -102,6 +102,7 @@ declare(
     paper="Hoech et al., FedAUXfdp (FL-IJCAI'22)",
     formal_dp=True,
     quick=QUICK,
+    flower="privkit.flower_engine.apps:DpHeadsPort",
 )
 declare(
     "fedavg-dphead",

@@ -65,6 +65,8 @@ declare(
     paper="McMahan et al. 2017; FedAUX (Sattler et al.) baselines",
     formal_dp=False,
     quick=QUICK,
+    batched="privkit.batched.many_fedavg:train_federated_many",
+    flower="privkit.flower_engine.apps:FedAvgPort",
 )
 declare(
     "fedprox",
@@ -75,4 +77,6 @@ declare(
     paper="Li et al. 2020; FedAUX (Sattler et al.) baselines",
     formal_dp=False,
     quick=QUICK,
+    batched="privkit.batched.many_fedavg:train_federated_many",
+    flower="privkit.flower_engine.apps:FedAvgPort",
 )

@@ -87,6 +87,8 @@ declare(
     paper=PAPER,
     formal_dp=True,
     quick=QUICK,
+    batched="privkit.batched.many_dpfed:train_dpfed_many",
+    flower="privkit.flower_engine.apps:DpFedPort",
 )
 declare(
     "dp-fedavg",
@@ -98,4 +100,6 @@ declare(
     paper=PAPER,
     formal_dp=True,
     quick=QUICK,
+    batched="privkit.batched.many_dpfed:train_dpfed_many",
+    flower="privkit.flower_engine.apps:DpFedPort",
 )

@@ -53,4 +53,5 @@ declare(
     paper=PAPER,
     formal_dp=True,
     quick={**FEDKADP_QUICK, "mentor_feature_dim": 96},
+    batched="privkit.batched.many_dpfed:train_fedkd_many",
 )

@@ -106,6 +106,7 @@ declare(
     paper=PAPER,
     formal_dp=True,
     quick={**QUICK, "k": 16, "init_epochs": 20, "revisit_batch_size": 5},
+    batched="privkit.batched.many_fedmd:train_fedmd_many",
 )
 declare(
     "fedmd-np",
@@ -115,6 +116,7 @@ declare(
     paper=PAPER,
     formal_dp=False,
     quick=QUICK,
+    batched="privkit.batched.many_fedmd:train_fedmd_many",
 )
 declare(
     "fedmd-ldp",
@@ -124,4 +126,5 @@ declare(
     paper=PAPER,
     formal_dp=False,
     quick={**QUICK, "knowledge": "softmax"},
+    batched="privkit.batched.many_fedmd:train_fedmd_many",
 )

@@ -1,9 +1,12 @@
-"""The method registry: each name maps to its config model, its metadata and where its trainer lives.
+"""The method registry: one entry per method, holding its config model, its metadata and its forms.
 
-A :class:`TrainerSpec` names its training function by a dotted path
-(``"privkit.trainers.dpsgd:train_dpsgd"``) and imports it only when :attr:`TrainerSpec.fn` is read,
-so that listing methods and validating configs never load torch or opacus. A function defined
-elsewhere (a test's toy trainer, a plug-in) is registered directly with :func:`register_trainer`.
+A :class:`TrainerSpec` names each form of the method by a dotted path: the single run
+(``"privkit.trainers.dpsgd:train_dpsgd"``), the batched form that trains many runs at once
+(``"privkit.batched.many_dpsgd:train_dpsgd_runs"``) and the Flower port
+(``"privkit.flower_engine.apps:DpFedPort"``). Each is imported only when it is read, so that
+listing methods and validating configs never load torch, opacus or Flower; no other table is keyed
+by a method's name. A function defined elsewhere (a test's toy trainer, a plug-in) is registered
+directly with :func:`register_trainer`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from privkit.errors import PrivkitError
 from privkit.methods.base import TrainerConfig
 
 if TYPE_CHECKING:  # pragma: no cover
-    from privkit.trainers.base import TrainResult
+    from privkit.methods.contract import TrainResult
 
 TrainerFn = Callable[..., "TrainResult"]
 
@@ -52,6 +55,13 @@ class TrainerSpec:
         What one unit of the ledger's per-client epsilon protects: ``"record"`` (one record of
         that client: record-level DP, every method but ``dp-fedavg-client``) or ``"client"`` (that
         client's whole data: client-level, user-level DP).
+    batched : str or None
+        ``"module:function"`` of the method's batched form ``fn(method, federations, configs,
+        seeds, fast) -> results`` (:func:`privkit.batched.many.train_many` calls it), or None where
+        its runs train one after the other.
+    flower : str or None
+        ``"module:Class"`` of the method's Flower port (:class:`privkit.flower_engine.apps.Port`),
+        or None where the method does not run on the Flower engine.
     """
 
     name: str
@@ -62,6 +72,8 @@ class TrainerSpec:
     formal_dp: bool = True
     quick: dict = field(default_factory=dict)
     level: str = "record"
+    batched: str | None = None
+    flower: str | None = None
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -72,8 +84,21 @@ class TrainerSpec:
         """The training function (importing its module, and torch with it, on first use)."""
         if callable(self.target):
             return self.target
-        module, _, name = self.target.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return _load(self.target)
+
+    @property
+    def batched_fn(self) -> Callable:
+        """The batched form (its module imported on first use); :attr:`batched` must be set."""
+        if self.batched is None:
+            raise PrivkitError(f"method {self.name} has no batched form; found batched=None")
+        return _load(self.batched)
+
+    @property
+    def flower_port(self) -> type:
+        """The Flower port class (its module imported on first use); :attr:`flower` must be set."""
+        if self.flower is None:
+            raise PrivkitError(f"method {self.name} does not run on Flower; found flower=None")
+        return _load(self.flower)
 
     def defaults(self) -> dict:
         return self.config_cls().model_dump()
@@ -81,6 +106,12 @@ class TrainerSpec:
     def quick_config(self) -> dict:
         """Defaults with the ``quick`` overrides: a CPU-sized run (seconds) used by the demo and CI."""
         return self.config_cls.model_validate({**self.defaults(), **self.quick}).model_dump()
+
+
+def _load(path: str):
+    """The object named by ``"package.module:name"`` (importing the module)."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 LEVELS = ("record", "client")
@@ -100,6 +131,8 @@ def declare(
     formal_dp: bool = True,
     quick: dict | None = None,
     level: str = "record",
+    batched: str | None = None,
+    flower: str | None = None,
 ) -> TrainerSpec:
     """Register method ``name``; ``target`` is its trainer or the trainer's ``"module:function"``.
 
@@ -121,6 +154,10 @@ def declare(
         Config overrides for a CPU-sized run on the embedded data (the demo and CI use them).
     level : {"record", "client"}
         What the ledger's per-client epsilon protects: one record or the client's whole data.
+    batched : str, optional
+        ``"module:function"`` of the method's batched form (:attr:`TrainerSpec.batched`).
+    flower : str, optional
+        ``"module:Class"`` of the method's Flower port (:attr:`TrainerSpec.flower`).
 
     Returns
     -------
@@ -130,7 +167,16 @@ def declare(
     if name in REGISTRY:
         raise PrivkitError(f"trainer {name!r} registered twice")
     spec = TrainerSpec(
-        name, config_cls, target, summary, paper, formal_dp, dict(quick or {}), level
+        name,
+        config_cls,
+        target,
+        summary,
+        paper=paper,
+        formal_dp=formal_dp,
+        quick=dict(quick or {}),
+        level=level,
+        batched=batched,
+        flower=flower,
     )
     REGISTRY[name] = spec
     return REGISTRY[name]

@@ -21,8 +21,8 @@ that are complete for the same hash, so an interrupted run resumes where it stop
 stage is recorded with its error and the other methods go on. Files are written atomically (a
 method's training output goes to a staging folder renamed into place), each with a sha256
 sidecar verified on load, so nothing completed earlier is lost, left half-written, or read back
-damaged; a second run on a directory in use is refused (:func:`~privkit.pipeline.files.run_lock`).
-See :mod:`~privkit.pipeline.files` and docs/faults.md.
+damaged; a second run on a directory in use is refused (:func:`~privkit.files.run_lock`).
+See :mod:`~privkit.files` and docs/faults.md.
 
 The package holds one job per module: :mod:`~privkit.pipeline.config` (run config and its
 validation), :mod:`~privkit.pipeline.state` (stage hashes and ``status.json``),
@@ -34,6 +34,7 @@ validation), :mod:`~privkit.pipeline.state` (stage hashes and ``status.json``),
 (``run_pipeline``) and :mod:`~privkit.pipeline.report` (report assembly and re-rendering).
 """
 
+from privkit.files import atomic_write_json
 from privkit.pipeline.config import (
     ACCOUNTANTS,
     SCHEMA_VERSION,
@@ -48,7 +49,6 @@ from privkit.pipeline.config import (
     load_run_config,
     resolve_config,
 )
-from privkit.pipeline.files import atomic_write_json
 from privkit.pipeline.report import build_report, classify_warning, rerender
 from privkit.pipeline.runner import RunOutcome, run_pipeline
 from privkit.pipeline.stages import account_method, run_audit

@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from privkit.config import Engine, StrictModel, apply_overrides, load_toml
 from privkit.data import DATASETS, FederationConfig
 from privkit.errors import PrivkitError
-from privkit.pipeline.files import one_line as _one_line
+from privkit.files import one_line as _one_line
 
 SCHEMA_VERSION = 1
 """Version of the run directory's ``config.resolved.json`` and ``status.json``."""
@@ -164,7 +164,7 @@ class RunConfig(StrictModel):
     engine: Engine = Field(
         default="inprocess",
         description="where the federated methods run: privkit's "
-        "in-process federation or Flower's simulation engine (privkit.flower.engine)",
+        "in-process federation or Flower's simulation engine (privkit.flower_engine.engine)",
     )
     federation: FederationConfig = Field(default_factory=FederationConfig)
     methods: Annotated[list[MethodEntry], Field(min_length=1)]
@@ -308,7 +308,9 @@ def resolve_config(
     -------
     ResolvedRun
     """
-    from privkit.flower.engine import check_engine  # Flower-free: the name and the extra only
+    from privkit.flower_engine.engine import (
+        check_engine,  # Flower-free: the name and the extra only
+    )
     from privkit.methods import get_trainer, make_config  # torch-free: refusing a value stays fast
 
     overrides = list(overrides or [])

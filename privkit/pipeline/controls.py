@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from privkit.errors import PrivkitError
+from privkit.files import atomic_write_json
 from privkit.pipeline.config import ResolvedMethod, ResolvedRun
 from privkit.pipeline.federation import run_federation
-from privkit.pipeline.files import atomic_write_json
 from privkit.pipeline.state import Status, _hash
 from privkit.pipeline.steps import StepPlan
 

@@ -10,7 +10,7 @@ its audit seed. The correct twin's verdict is the one the report's summary row r
 the audit lacked the power to see a bug of that size.
 
 A method whose mechanisms take no probes (no Gaussian mechanism, as FedMD-NFDP's noise-free
-subsampling, or one not wired to :mod:`privkit.probes` yet) gets an ``unprobed`` record that says
+subsampling, or one not wired to :mod:`privkit.mechanisms.probes` yet) gets an ``unprobed`` record that says
 so; its verdict stays the black-box audit's.
 
 The step is keyed by a hash (method, trainer config, federation, delta, audit seed, settings) and
@@ -30,17 +30,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from privkit.errors import PrivkitError
+from privkit.files import atomic_write_json, intact, read_json
 from privkit.pipeline.config import ResolvedMethod, ResolvedRun
 from privkit.pipeline.controls import audit_seed
 from privkit.pipeline.federation import run_federation
-from privkit.pipeline.files import atomic_write_json, intact, read_json
 from privkit.pipeline.state import Status, _hash
 from privkit.pipeline.steps import StepPlan
 
 SCHEMA_VERSION = 1
 MECH_DIR = "mechanism-controls"
 STAGE = "mechanism-controls"
-#: the twins: (mutation of :mod:`privkit.mutations`, the verdict its audit must give)
+#: the twins: (mutation of :mod:`privkit.mechanisms.mutations`, the verdict its audit must give)
 TWINS = (("correct", "consistent"), ("noise x1/2", "violation"))
 #: the words of audit_mechanisms' error for a method none of whose mechanisms took probes
 UNPROBED = "ran no probed DP mechanism"

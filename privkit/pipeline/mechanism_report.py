@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from privkit.pipeline.files import read_json as _read_json
+from privkit.files import read_json as _read_json
 from privkit.pipeline.mechanism_controls import record_path
 
 CANARY_BASES = ("canary-clients", "canary-records", "canaries")
@@ -124,7 +124,7 @@ def unprobed_reason(mdir: Path) -> str:
     entries = [e for es in (ledger.get("clients") or {}).values() for e in es]
     gaussian = sorted({e["label"] for e in entries if "Gaussian" in _event_types(e.get("event"))})
     if gaussian:
-        return f"its Gaussian mechanism(s) ({', '.join(gaussian)}) do not take audit probes yet (privkit.probes)"
+        return f"its Gaussian mechanism(s) ({', '.join(gaussian)}) do not take audit probes yet (privkit.mechanisms.probes)"
     kinds = sorted({t for e in entries for t in _event_types(e.get("event")).split()})
     return (
         f"its ledger records no Gaussian mechanism ({', '.join(kinds) or 'no events'}): its guarantee "

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from privkit.errors import PrivkitError
+from privkit.files import checked, write_text
+from privkit.files import now as _now
+from privkit.files import one_line as _one_line
+from privkit.files import read_json as _read_json
 from privkit.pipeline.config import ACCOUNTANTS, STAGES
-from privkit.pipeline.files import checked, write_text
-from privkit.pipeline.files import now as _now
-from privkit.pipeline.files import one_line as _one_line
-from privkit.pipeline.files import read_json as _read_json
 from privkit.pipeline.mechanism_report import (
     mechanism_threat_text,
     read_mechanism_controls,

@@ -10,10 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from privkit.errors import PrivkitError
-from privkit.pipeline.config import STAGES, ResolvedMethod, ResolvedRun
-from privkit.pipeline.controls import ControlsPlan
-from privkit.pipeline.federation import FEDERATIONS as _FEDERATIONS
-from privkit.pipeline.files import (
+from privkit.files import (
     append_log,
     intact,
     run_lock,
@@ -22,8 +19,11 @@ from privkit.pipeline.files import (
     write_json,
     write_text,
 )
-from privkit.pipeline.files import now as _now
-from privkit.pipeline.files import one_line as _one_line
+from privkit.files import now as _now
+from privkit.files import one_line as _one_line
+from privkit.pipeline.config import STAGES, ResolvedMethod, ResolvedRun
+from privkit.pipeline.controls import ControlsPlan
+from privkit.pipeline.federation import FEDERATIONS as _FEDERATIONS
 from privkit.pipeline.mechanism_controls import MechanismControlsPlan
 from privkit.pipeline.report import build_report
 from privkit.pipeline.stages import execute as _execute

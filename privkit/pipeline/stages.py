@@ -10,18 +10,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from privkit.files import StorageError, atomic_write_json, staged_dir
+from privkit.files import one_line as _one_line
+from privkit.files import read_json as _read_json
 from privkit.pipeline.config import ACCOUNTANTS, SCHEMA_VERSION, ResolvedMethod, ResolvedRun
 from privkit.pipeline.federation import FEDERATIONS, run_federation  # noqa: F401  (FEDERATIONS re-exported)
-from privkit.pipeline.files import StorageError, atomic_write_json, staged_dir
-from privkit.pipeline.files import one_line as _one_line
-from privkit.pipeline.files import read_json as _read_json
 
 
 def _train_stage(
     run: ResolvedRun, m: ResolvedMethod, federation, mdir: Path, progress: bool
 ) -> None:
     """Train into a staging folder, then rename it into place (old results kept until then)."""
-    from privkit.flower.engine import engine_entry, train
+    from privkit.flower_engine.engine import engine_entry, train
 
     with staged_dir(mdir) as staging:
         result = train(

@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from privkit.files import atomic_write_json
+from privkit.files import now as _now
+from privkit.files import read_json as _read_json
 from privkit.pipeline.config import SCHEMA_VERSION, ResolvedMethod, ResolvedRun
-from privkit.pipeline.files import atomic_write_json
-from privkit.pipeline.files import now as _now
-from privkit.pipeline.files import read_json as _read_json
 
 
 def _hash(obj: Any) -> str:

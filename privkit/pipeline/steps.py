@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from privkit.files import append_log, intact
+from privkit.files import now as _now
 from privkit.pipeline.config import ResolvedMethod, ResolvedRun
-from privkit.pipeline.files import append_log, intact
-from privkit.pipeline.files import now as _now
 from privkit.pipeline.state import Status
 
 

@@ -7,8 +7,8 @@ import signal
 import traceback
 from typing import Any
 
-from privkit.pipeline.files import StorageError, staging_dir
-from privkit.pipeline.files import one_line as _one_line
+from privkit.files import StorageError, staging_dir
+from privkit.files import one_line as _one_line
 from privkit.pipeline.stages import execute as _execute
 
 

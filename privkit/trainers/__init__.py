@@ -6,7 +6,7 @@ Use :func:`train` (``privkit.trainers.train("fedavg", federation, {...}, seed=0)
 torch) is imported when it trains (``get_trainer(name).fn``).
 """
 
-from privkit.trainers.base import (
+from privkit.methods.contract import (
     REGISTRY,
     TrainerConfig,
     TrainerSpec,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from privkit.methods.contract import TrainResult
 from privkit.methods.dpsgd import CentralConfig
 from privkit.seeding import derive_seed
-from privkit.trainers.base import TrainResult
 from privkit.trainers.common import (
     accuracy,
     make_optimizer,

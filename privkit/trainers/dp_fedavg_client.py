@@ -49,9 +49,9 @@ import numpy as np
 import torch
 
 from privkit.errors import PrivkitError
+from privkit.methods.contract import TrainResult
 from privkit.methods.dp_fedavg_client import PAPER, QUICK, DpFedAvgClientConfig  # noqa: F401  (re-exported)
 from privkit.seeding import derive_seed, noise_generator, noise_rng
-from privkit.trainers.base import TrainResult
 from privkit.trainers.common import accuracy, new_model, resolve_device, train_supervised
 
 __all__ = [

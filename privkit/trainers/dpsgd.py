@@ -11,20 +11,18 @@ Ledger: record-level DP over the pooled dataset holds for every record, so each 
 same entry ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)`` (labelled
 "dp-sgd (pooled data)"); per-client entries keep the reports comparable with the federated methods.
 
-Audits at the mechanism: inside an audit's :func:`privkit.probes.probing` block the opacus
+Audits at the mechanism: inside an audit's :func:`privkit.mechanisms.probes.probing` block the opacus
 optimizer takes the audit's canaries (mechanism label ``dp-sgd``, one probe set per probed client:
 each client's records are records of the pooled data) as records of the pooled dataset: each
 included canary joins each step with the loader's real sampling rate (drawn from the noise
 stream), its raw gradient is clipped by opacus' own per-sample rule (``max_grad_norm``), then the
 noise is added and every probe set observes the noisy sum (:func:`_take_probes_and_mutation`). An
-audit's mutation (:mod:`privkit.mutations`) is run there too: noise std
+audit's mutation (:mod:`privkit.mechanisms.mutations`) is run there too: noise std
 ``noise_multiplier * max_grad_norm * noise_factor``, per-sample clipping off for records and
 canaries alike (the noise stays at the claimed clip norm). Outside audits nothing is installed.
 
-Batched form: :func:`train_dpsgd_many` trains M models with the same mechanism (Poisson rate, steps,
-noise multiplier, clipping, optimiser, initialisation) at once on privkit's batched path
-(:mod:`privkit.trainers.batched_sgd`), e.g. the shadow or reference models of an audit; only the
-random streams differ from opacus'.
+Batched form: :func:`privkit.batched.many_dpsgd.train_dpsgd_runs` (the reference runs of an
+audit: the same mechanism and opacus' streams, the models stacked on one axis).
 """
 
 from __future__ import annotations
@@ -32,19 +30,19 @@ from __future__ import annotations
 import math
 import warnings as _warnings
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from privkit import mutations
-from privkit.dp_random import DpRandom
 from privkit.errors import PrivkitError
+from privkit.mechanisms import mutations
+from privkit.mechanisms.dp_random import DpRandom
+from privkit.mechanisms.opacus_streams import secret_poisson_loader, use_noise_source
+from privkit.methods.contract import TrainResult
 from privkit.methods.dpsgd import PAPER, CentralConfig, DpsgdConfig  # noqa: F401  (re-exported)
 from privkit.seeding import derive_seed, noise_generator
-from privkit.trainers.base import TrainResult
 from privkit.trainers.common import accuracy, make_optimizer, new_model, resolve_device
-from privkit.trainers.opacus_streams import secret_poisson_loader, use_noise_source
 
 
 def _loader(x, y, batch_size: int, generator: torch.Generator | None) -> DataLoader:
@@ -138,7 +136,7 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
     batches = noise_generator(seed, "poisson", reproducible=config.reproducible_noise)
     noise = noise_generator(seed, "noise", reproducible=config.reproducible_noise, device=device)
     # reproducible mode: opacus draws from the seeded torch generators itself; release mode: both
-    # streams are privkit's AES stream, swapped in after make_private (privkit.trainers.opacus_streams)
+    # streams are privkit's AES stream, swapped in after make_private (privkit.mechanisms.opacus_streams)
     loader = _loader(x, y, config.batch_size, batches.source if batches.seeded_torch else None)  # type: ignore[arg-type]  # seeded_torch: a torch generator
     if abs(1.0 / len(loader) - sample_rate) > 1e-15:
         raise PrivkitError(
@@ -264,10 +262,10 @@ def dpsgd_result(
 def _probe_sets(
     dp_opt, num_clients: int, clip_norm: float, sample_rate: float, sigma: float
 ) -> list:
-    """The audit canaries the pooled mechanism must take (:func:`privkit.probes.canaries_for`, label
+    """The audit canaries the pooled mechanism must take (:func:`privkit.mechanisms.probes.canaries_for`, label
     ``dp-sgd``): one probe set per probed client, as every client's ledger holds the mechanism's
     entry; none outside an audit. Over the optimizer's parameters, in its order."""
-    from privkit.probes import canaries_for
+    from privkit.mechanisms.probes import canaries_for
 
     dim = sum(int(p.numel()) for p in dp_opt.params)
     sets = [
@@ -381,64 +379,3 @@ def _sigma(config: DpsgdConfig, sample_rate: float, steps: int) -> float:
         steps,
         accountant=config.calibration_accountant,
     ).noise_multiplier
-
-
-def dpsgd_recipe(config: DpsgdConfig, n: int):
-    """The :class:`~privkit.trainers.batched_sgd.SGDRecipe` running ``train_dpsgd``'s mechanism on
-    ``n`` records: Poisson rate ``1 / ceil(n / batch_size)`` (opacus' ``DPDataLoader``),
-    ``epochs * ceil(n / batch_size)`` steps, the same noise multiplier, clip norm, optimiser and lr."""
-    from dataclasses import replace
-
-    from privkit.trainers.batched_sgd import SGDRecipe
-
-    if n < config.batch_size:
-        raise PrivkitError(
-            f"batch_size must be <= the pooled data size {n}; found {config.batch_size}"
-        )
-    recipe = SGDRecipe(
-        epochs=config.epochs,
-        batch_size=config.batch_size,
-        lr=config.lr,
-        clip=config.clip_norm,
-        sampling="poisson",
-        optimizer=config.optimizer,
-    )
-    sigma = _sigma(config, recipe.sample_rate(n), recipe.steps(n))
-    return replace(recipe, noise_multiplier=sigma)
-
-
-def train_dpsgd_many(
-    federation, config: DpsgdConfig | dict, indices: list, seeds: list[int], device: str = "cpu"
-) -> list[torch.nn.Module]:
-    """M dpsgd models at once: model j is DP-SGD on ``federation.private[indices[j]]`` with seed
-    ``seeds[j]`` (its initialisation is ``train_dpsgd``'s for that seed; sampling and noise secret
-    unless ``reproducible_noise``). Returns CPU models.
-
-    Reference and shadow models of audits: it takes no audit probes and runs no mutation
-    (:mod:`privkit.mutations`); :func:`privkit.audit.mechanism_audit.audit_mechanisms` audits
-    ``train_dpsgd``, which takes both."""
-    import numpy as np
-
-    from privkit.trainers.base import make_config
-    from privkit.trainers.batched_sgd import load_states, train_many
-
-    cfg = cast(DpsgdConfig, make_config("dpsgd", config))
-    sizes = sorted({len(ix) for ix in indices})
-    groups = {n: [j for j, ix in enumerate(indices) if len(ix) == n] for n in sizes}
-    _, spec = new_model(federation, cfg, 0)
-    out: list = [None] * len(indices)
-    for n, members in groups.items():  # one recipe (noise multiplier) per data size
-        recipe = dpsgd_recipe(cfg, n)
-        states = train_many(
-            spec,
-            federation.private.x,
-            federation.private.y,
-            [np.asarray(indices[j]) for j in members],
-            recipe,
-            [derive_seed(seeds[j], "init") for j in members],
-            device=device,
-            reproducible=cfg.reproducible_noise,
-        )
-        for j, model in zip(members, load_states(spec, states)):
-            out[j] = model
-    return out

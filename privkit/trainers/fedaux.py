@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from privkit.methods.contract import TrainResult
 from privkit.methods.fedaux import FedAUXConfig
 from privkit.seeding import noise_rng
-from privkit.trainers.base import TrainResult
 from privkit.trainers.common import embed, resolve_device
 from privkit.trainers.fedavg import FederatedRun, drive, result_from_outcome
 from privkit.trainers.feddf import distillation_hook

@@ -45,10 +45,10 @@ import numpy as np
 import torch
 
 from privkit.errors import PrivkitError
+from privkit.methods.contract import TrainResult
 from privkit.methods.fedauxfdp import DpHeadBaselineConfig, DpHeadConfig, FedAuxFdpConfig
 from privkit.progress import progress_bar
 from privkit.seeding import derive_seed, noise_rng
-from privkit.trainers.base import TrainResult
 from privkit.trainers.common import accuracy, distill, new_model, resolve_device
 from privkit.trainers.fedaux import (
     EQ4_NOTE,

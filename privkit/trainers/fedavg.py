@@ -29,10 +29,10 @@ import torch
 from torch import nn
 
 from privkit.errors import PrivkitError
+from privkit.methods.contract import TrainResult
 from privkit.methods.fedavg import FedAvgConfig, FedProxConfig
 from privkit.progress import progress_bar
 from privkit.seeding import derive_seed, make_rng
-from privkit.trainers.base import TrainResult
 from privkit.trainers.common import accuracy, average_states, resolve_device, train_supervised
 from privkit.trainers.pretrain import init_model
 
@@ -115,7 +115,7 @@ class FederatedRun:
     :meth:`next_round` selects the round's clients (``None`` after the last round), each selected
     client trains a copy of :attr:`model` (:meth:`train_local`), and :meth:`finish_round` takes
     the trained copies and their losses in the selected order: ledger, weighted averaging, the
-    server hook, evaluation. The batched path (:mod:`privkit.trainers.many_fedavg`) trains the
+    server hook, evaluation. The batched path (:mod:`privkit.batched.many_fedavg`) trains the
     selected clients of many runs at once and hands each run its copies the same way.
     """
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
+from privkit.methods.contract import TrainResult
 from privkit.methods.feddf import FedDFConfig
 from privkit.seeding import derive_seed
-from privkit.trainers.base import TrainResult
 from privkit.trainers.common import distill, predict_logits, resolve_device
 from privkit.trainers.fedavg import NO_DP_CLAIM, FederatedRun, drive, result_from_outcome
 

@@ -50,11 +50,11 @@ import torch.nn.functional as F
 from scipy.special import gammaln, logsumexp
 
 from privkit.errors import PrivkitError
+from privkit.mechanisms.dp_sgd_step import DpSgdStep
+from privkit.methods.contract import TrainResult
 from privkit.methods.fedkadp import PAPER, QUICK, DpFedConfig, FedKADPConfig  # noqa: F401  (re-exported)
 from privkit.seeding import derive_seed, make_rng, noise_generator
-from privkit.trainers.base import TrainResult
 from privkit.trainers.common import accuracy, as_tensor, new_model, predict_logits, resolve_device
-from privkit.trainers.dp_sgd_step import DpSgdStep
 
 
 # ============================================================================ feedback Metric (Sec. 3.2)
@@ -214,7 +214,7 @@ def _local_update(
     receipts: list | None = None,
 ) -> dict[str, torch.Tensor]:
     """Algorithm 1 on one client: ``E`` Poisson-sampled DP-SGD steps from the global model (taking
-    an audit's probes when ``client``'s mechanism is probed: :mod:`privkit.probes`); each step's
+    an audit's probes when ``client``'s mechanism is probed: :mod:`privkit.mechanisms.probes`); each step's
     release receipt goes to ``receipts`` where given."""
     n = len(y)
     step = DpSgdStep(cfg.clip_norm, sigma, min(1.0, cfg.batch_size / n), n)
@@ -410,7 +410,7 @@ class DpFedRun:
     runs :func:`_local_update` from :attr:`model` with :attr:`sigma`, :attr:`rho` and
     :meth:`client_seed`, and :meth:`finish_round` takes their states (in the sampled order):
     accounting, averaging, evaluation and the feedback. The batched path
-    (:mod:`privkit.trainers.many_dpfed`) runs the clients of many runs' rounds as one computation
+    (:mod:`privkit.batched.many_dpfed`) runs the clients of many runs' rounds as one computation
     and hands each run its states the same way.
     """
 

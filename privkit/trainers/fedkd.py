@@ -18,7 +18,7 @@ averages the decompressed updates, compresses the average the same way (the down
 it to the global mentee.
 
 DP (privkit's; the paper has none, and FedKADP does not say how it privatised FedKD): every local
-step is one DP-SGD step (:mod:`privkit.trainers.dp_sgd_step`) on the *joint* parameters (mentor,
+step is one DP-SGD step (:mod:`privkit.mechanisms.dp_sgd_step`) on the *joint* parameters (mentor,
 mentee, W_h) with per-record loss ``L_t + L_s``: one Poisson batch (rate B/n_k), each record's
 whole joint gradient clipped to ``c``, Gaussian noise ``sigma c`` on the sum. The per-record loss
 depends only on that record and the current parameters (which are outputs of earlier DP steps), so
@@ -43,12 +43,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from privkit.errors import PrivkitError
+from privkit.mechanisms.dp_sgd_step import DpSgdStep
+from privkit.methods.contract import TrainResult
 from privkit.methods.fedkd import PAPER, FedKDConfig  # noqa: F401  (re-exported)
 from privkit.models import FeatureClassifier
 from privkit.seeding import derive_seed, make_rng, noise_generator
-from privkit.trainers.base import TrainResult
 from privkit.trainers.common import accuracy, as_tensor, new_model, resolve_device
-from privkit.trainers.dp_sgd_step import DpSgdStep
 from privkit.trainers.fedkadp import _Budget
 
 
@@ -67,9 +67,9 @@ class MentorMentee(nn.Module):
 
     def stacked_form(self, n_models: int):
         """``n_models`` pairs of this architecture as stacked tensors, with per-example joint
-        clipping (:class:`privkit.trainers.stacked_pairs.StackedPairs`): what a DP-SGD step of one
+        clipping (:class:`privkit.mechanisms.stacked_pairs.StackedPairs`): what a DP-SGD step of one
         pair (``n_models=1``) or of many uses instead of ``torch.func`` per-example gradients."""
-        from privkit.trainers.stacked_pairs import StackedPairs
+        from privkit.mechanisms.stacked_pairs import StackedPairs
 
         return StackedPairs(self, n_models)
 
@@ -159,7 +159,7 @@ def _client_round(
     receipts: list | None = None,
 ) -> None:
     """``E`` joint DP-SGD steps of mentor, mentee and W_h on the client's data (in place; taking an
-    audit's probes when ``client``'s mechanism is probed: :mod:`privkit.probes`); each step's
+    audit's probes when ``client``'s mechanism is probed: :mod:`privkit.mechanisms.probes`); each step's
     release receipt goes to ``receipts`` where given."""
     n = len(y)
     step = DpSgdStep(cfg.clip_norm, cfg.noise_multiplier, min(1.0, cfg.batch_size / n), n)
@@ -186,7 +186,7 @@ class FedKdRun:
     :meth:`next_round` samples the round's clients (budget checked before it) and loads the global
     mentee into their pairs, each sampled client runs :func:`_client_round` on its pair with
     :meth:`client_seed`, and :meth:`finish_round` compresses, accounts and averages the updates.
-    The batched path (:mod:`privkit.trainers.many_dpfed`) steps many runs' pairs together."""
+    The batched path (:mod:`privkit.batched.many_dpfed`) steps many runs' pairs together."""
 
     def __init__(self, federation, cfg: FedKDConfig, seed: int):
         from accountants import Ledger

@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from privkit.errors import PrivkitError
+from privkit.methods.contract import TrainResult
 from privkit.methods.fedmd import (  # noqa: F401  (re-exported)
     PAPER,
     FedMDConfig,
@@ -57,11 +58,11 @@ from privkit.methods.fedmd import (  # noqa: F401  (re-exported)
 )
 from privkit.models import FeatureClassifier, build_from_spec, model_spec
 from privkit.seeding import derive_seed, make_rng, noise_rng, seed_torch, torch_generator
-from privkit.trainers.base import TrainResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from privkit.data import Federation
 from privkit.mechanisms.gaussian import compose_receipts
+from privkit.mechanisms.output_perturbation import gaussian_output_perturbation
 from privkit.trainers.common import (
     accuracy,
     as_tensor,
@@ -72,7 +73,6 @@ from privkit.trainers.common import (
     resolve_device,
     train_supervised,
 )
-from privkit.trainers.output_perturbation import gaussian_output_perturbation
 
 LN10 = math.log(10.0)
 KNOWLEDGE_MODES = ("logits", "softmax", "argmax")
@@ -454,7 +454,7 @@ class FedMDRun:
     parties' knowledge on the round's public subset and returns the digests, then
     :meth:`revisit_jobs` the revisits; :meth:`record` evaluates after each phase pair. The jobs of
     a phase are independent (each its own party's model), so the single run runs them in turn and
-    the batched path (:mod:`privkit.trainers.many_fedmd`) all at once.
+    the batched path (:mod:`privkit.batched.many_fedmd`) all at once.
     """
 
     def __init__(

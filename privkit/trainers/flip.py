@@ -31,10 +31,10 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from privkit.errors import PrivkitError
+from privkit.methods.contract import TrainResult
 from privkit.methods.flip import PAPER, FlipAttackConfig, FlipConfig  # noqa: F401  (re-exported)
 from privkit.seeding import derive_seed, torch_generator
 from privkit.trainers import flip_rank_one
-from privkit.trainers.base import TrainResult
 from privkit.trainers.common import accuracy, as_tensor, minibatches, new_model, resolve_device
 
 NO_DP_REASON = "FLiP claims no formal DP; protection is only what the audits measure"

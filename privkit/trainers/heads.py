@@ -20,7 +20,7 @@ record changes only that record's row, which is what the replace-one sensitivity
 papers' Eq. 4 (divide by the maximum norm over the private data) does not have this property.
 
 Audits. Every DP release goes through the Gaussian output-perturbation primitive
-(:func:`privkit.trainers.output_perturbation.gaussian_output_perturbation`), where a mechanism
+(:func:`privkit.mechanisms.output_perturbation.gaussian_output_perturbation`), where a mechanism
 audit's mutations and canaries act; under the audit's probes, :func:`probe_record_influence`
 measures the sensitivity bound where it is assumed, by refitting the head with auditor-made
 records. The mutation ``clipping off`` skips the normalisation in :func:`head_features` (and the
@@ -36,8 +36,8 @@ from typing import Literal
 import numpy as np
 import scipy.optimize
 
-from privkit import mutations
 from privkit.errors import PrivkitError
+from privkit.mechanisms import mutations
 
 SensitivityBound = Literal["paper", "cfree"]
 Calibration = Literal["classic", "analytic"]
@@ -64,7 +64,7 @@ def head_features(h: np.ndarray, center: np.ndarray | None = None) -> np.ndarray
     numpy.ndarray
         ``(n, p + 1)`` float64, every row of norm <= 1; the last coordinate is the bias feature.
         A zero vector ``v`` maps to ``[0, 1] / sqrt(2)``. Under the audit mutation ``clipping off``
-        (:mod:`privkit.mutations`) the normalisation is skipped: ``[v, 1] / sqrt(2)``, rows keep
+        (:mod:`privkit.mechanisms.mutations`) the normalisation is skipped: ``[v, 1] / sqrt(2)``, rows keep
         their norm, and the sensitivity bound's assumption no longer holds.
     """
     from accountants import project_to_unit_ball
@@ -350,14 +350,14 @@ def release_head(
     ``epsilon=None`` the head is released without noise and the event is a ``NonPrivateEvent``.
     ``info`` holds both multinomial bounds (paper and C-free) and both sigmas for reports.
 
-    The noise is added by :func:`privkit.trainers.output_perturbation.gaussian_output_perturbation`
+    The noise is added by :func:`privkit.mechanisms.output_perturbation.gaussian_output_perturbation`
     for ``client``'s release labelled ``label`` (its ledger label), where an audit's mutations and
     probes act. ``data`` (the records ``fit`` was solved on) lets an audit measure probe records'
     exact influence on ``fit`` (:func:`probe_record_influence`); it is read only under probes.
     """
 
     from accountants import NonPrivateEvent, calibrate_gaussian
-    from privkit.trainers.output_perturbation import gaussian_output_perturbation
+    from privkit.mechanisms.output_perturbation import gaussian_output_perturbation
 
     sens = head_sensitivity(kind, fit.n, lam, num_classes, bound)
     info: dict = {"n": fit.n, "lambda": lam, "grad_norm": fit.grad_norm}

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from accountants import dpsgd_epsilon
 from attacks.whitebox import GradientCanaries, add_at, add_in_place
-from privkit.dp_random import DpRandom
-from privkit.trainers.dp_sgd_step import DpSgdStep
+from privkit.mechanisms.dp_random import DpRandom
+from privkit.mechanisms.dp_sgd_step import DpSgdStep
 
 # the dense path as it was (the benchmark's "before"): the vector added everywhere, the whole
 # release and clean sum observed on the host
@@ -191,7 +191,7 @@ def _train(sigma, claimed, seed, *, dense, release=False, steps=40, q=0.05):
     opt = torch.optim.SGD(model.parameters(), lr=0.2)
     gen = torch.Generator().manual_seed(seed + 1)
     if release:  # the release stream: the grid's noise from a fixed AES key
-        from privkit.dp_random import aes_generator
+        from privkit.mechanisms.dp_random import aes_generator
 
         noise = DpRandom(aes_generator(key=seed + 2))
     else:

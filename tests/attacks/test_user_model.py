@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from attacks import audit_model
+from privkit.batched.batched_sgd import SGDRecipe, batched_recipe, load_states, train_one
 from privkit.data import load_dataset
 from privkit.models import model_spec
-from privkit.trainers.batched_sgd import SGDRecipe, batched_recipe, load_states, train_one
 
 
 @pytest.fixture(scope="module")

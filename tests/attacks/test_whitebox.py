@@ -13,7 +13,7 @@ from scipy import stats
 
 from accountants import dpsgd_epsilon
 from attacks.whitebox import GradientCanaries, attach_to_opacus
-from privkit.trainers.dp_sgd_step import DpSgdStep
+from privkit.mechanisms.dp_sgd_step import DpSgdStep
 
 DELTA = 1e-5
 SEEDS = 2 if os.environ.get("PRIVKIT_SLOW") == "small" else 4  # negative-control seeds per epsilon

@@ -20,8 +20,8 @@ from scipy import stats
 
 from privkit.audit.recipes import FederationRecipe
 from privkit.audit.run import model_checkpoints
+from privkit.batched.many import train_many
 from privkit.data import FederationConfig, build_federation
-from privkit.trainers.many import train_many
 
 DPFED = TINY_DPFED
 #: runs per arm of the two-sample tests
@@ -154,7 +154,7 @@ def _random_models(n: int, soft: bool):
 def test_stacked_kernels_train_what_the_exact_kernels_train(optimizer, prox, soft):
     import copy
 
-    from privkit.trainers.exact_mlp import model_for, train_exact
+    from privkit.batched.exact_mlp import model_for, train_exact
 
     torch.set_num_threads(1)
     base = _random_models(6, soft)

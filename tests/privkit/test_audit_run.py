@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 
 from attacks.audit_scores import decide
 from privkit.audit import audit_run
+from privkit.batched.batched_sgd import SGDRecipe, reference_models
 from privkit.models import model_spec
-from privkit.trainers.batched_sgd import SGDRecipe, reference_models
 
 ENTRY_KEYS = {
     "auc",

@@ -1,4 +1,4 @@
-"""Batched federations (privkit.trainers.many): many runs of a method as one computation give each
+"""Batched federations (privkit.batched.many): many runs of a method as one computation give each
 run what it gives alone.
 
 In reproducible-noise mode every model of the batch draws its Poisson batches and noise from the
@@ -18,10 +18,10 @@ from audit_helpers import TINY_DPFED, TINY_FEDAVG
 from attacks.executor import SerialExecutor
 from attacks.experiment import train_models
 from privkit.audit.recipes import FederationRecipe, federation_over
+from privkit.batched.many import has_batched, train_many
 from privkit.data import FederationConfig, build_federation
+from privkit.methods.contract import make_config
 from privkit.trainers import train
-from privkit.trainers.base import make_config
-from privkit.trainers.many import has_batched, train_many
 
 TOL = 1e-5
 DPFED = {**TINY_DPFED, "reproducible_noise": True}
@@ -157,7 +157,7 @@ def test_batched_runs_equal_single_runs(fed, case):
 
 
 def test_dpsgd_with_adam_trains_one_run_after_the_other(fed, monkeypatch):
-    from privkit.trainers import many_dpsgd
+    from privkit.batched import many_dpsgd
 
     cfg = {**CASES["dpsgd"], "optimizer": "adam", "lr": 0.01}
     assert not many_dpsgd.batchable(make_config("dpsgd", cfg))

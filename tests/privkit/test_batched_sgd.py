@@ -1,4 +1,4 @@
-"""Many models at once (privkit.trainers.batched_sgd, privkit.trainers.stacked) against independent
+"""Many models at once (privkit.batched.batched_sgd, privkit.mechanisms.stacked) against independent
 references: torch.func per-example gradients, the single-model loop, torch.optim, opacus."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
+from privkit.batched.batched_sgd import BLOCK, SGDRecipe, _StackedOptimizer, train_many, train_one
+from privkit.mechanisms import stacked as stacked_module
+from privkit.mechanisms.dp_sgd_step import clip_per_sample, per_sample_gradients
+from privkit.mechanisms.stacked import StackedModels, clipped_sum_one, layer_sequence
 from privkit.models import build_model, model_spec
-from privkit.trainers import stacked as stacked_module
-from privkit.trainers.batched_sgd import BLOCK, SGDRecipe, _StackedOptimizer, train_many, train_one
-from privkit.trainers.dp_sgd_step import clip_per_sample, per_sample_gradients
-from privkit.trainers.stacked import StackedModels, clipped_sum_one, layer_sequence
 
 ARCHS = {
     "mlp": {"feature_dim": 16},
@@ -299,8 +299,8 @@ def test_noise_streams_are_the_loops_own(data):
 
 
 def test_poisson_sampling_rate_and_steps(data):
-    from privkit.dp_random import DpRandom
-    from privkit.trainers.batched_sgd import _one_batches
+    from privkit.batched.batched_sgd import _one_batches
+    from privkit.mechanisms.dp_random import DpRandom
 
     recipe = SGDRecipe(epochs=3, batch_size=16, sampling="poisson")
     n = 100
@@ -381,45 +381,6 @@ def test_bad_input_is_named():
         )
 
 
-def test_dpsgd_batched_form_runs_the_trainers_mechanism():
-    """train_dpsgd_many: the trainer's sampling rate, steps and calibrated noise multiplier, one per
-    data size; models as useful as the opacus-trained target."""
-    from privkit.data import FederationConfig, build_federation
-    from privkit.trainers import train
-    from privkit.trainers.dpsgd import DpsgdConfig, dpsgd_recipe, train_dpsgd_many
-
-    fed = build_federation(FederationConfig(partition="shards", clients=20, seed=0))
-    cfg = {
-        "arch": "mlp",
-        "feature_dim": 16,
-        "epochs": 2,
-        "batch_size": 160,
-        "lr": 0.2,
-        "device": "cpu",
-        "target_epsilon": 2.0,
-    }
-    target = train("dpsgd", fed, cfg, seed=3)
-    n = len(fed.members)
-    recipe = dpsgd_recipe(DpsgdConfig(**cfg), n)
-    assert recipe.noise_multiplier == pytest.approx(target.claims["noise_multiplier"], rel=1e-12)
-    assert recipe.sample_rate(n) == pytest.approx(target.claims["sample_rate"], rel=1e-12)
-    assert recipe.steps(n) == target.claims["steps"]
-    assert dpsgd_recipe(DpsgdConfig(**cfg), n // 2).noise_multiplier != recipe.noise_multiplier
-    rng = np.random.default_rng(0)
-    idx = [
-        rng.choice(fed.members, n // 2, replace=False),
-        fed.members,
-        rng.choice(fed.members, n // 2, replace=False),
-    ]
-    models = train_dpsgd_many(fed, cfg, idx, [4, 3, 5])
-    x_test, y_test = fed.test_arrays()
-    with torch.no_grad():
-        acc = [
-            float((m(torch.as_tensor(x_test)).argmax(1).numpy() == y_test).mean()) for m in models
-        ]
-    assert abs(acc[1] - target.test_accuracy) < 0.1 and min(acc) > 0.2  # chance: 0.1
-
-
 def test_release_mode_noise_is_not_derived_from_the_seed(data):
     x, y = data
     recipe = SGDRecipe(
@@ -439,7 +400,7 @@ def test_unsupported_model_falls_back_but_a_bug_propagates(monkeypatch):
     other error inside the fast path is raised, not hidden behind the slower fallback."""
     from torch import nn
 
-    from privkit.trainers import dp_sgd_step, stacked
+    from privkit.mechanisms import dp_sgd_step, stacked
 
     def loss(logits, y, _aux):
         return F.cross_entropy(logits, y)
@@ -468,7 +429,7 @@ def test_unsupported_model_falls_back_but_a_bug_propagates(monkeypatch):
 def test_mentor_mentee_pair_clipped_sum_equals_torch_func(hidden, monkeypatch):
     """FedKD's pair (mentor, mentee and W_h clipped jointly) takes its stacked form with one model
     in a DP-SGD step: torch.func's clipped per-example gradients of the whole pair."""
-    from privkit.trainers import dp_sgd_step
+    from privkit.mechanisms import dp_sgd_step
     from privkit.trainers.fedkd import MentorMentee, mutual_loss
 
     torch.manual_seed(3)

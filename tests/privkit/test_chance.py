@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from privkit.cli import app
 from privkit.data import FederationConfig, build_federation
+from privkit.methods.chance import chance_level, chance_warning, near_chance_threshold
 from privkit.trainers import TrainResult, train
-from privkit.trainers.chance import chance_level, chance_warning, near_chance_threshold
 
 runner = CliRunner()
 NO_LEARNING = {"arch": "mlp", "feature_dim": 8, "rounds": 1, "lr": 1e-12, "participation": 1.0}

@@ -1,4 +1,4 @@
-"""Release-mode noise on the device: ChaCha20 computed by torch (privkit.device_random).
+"""Release-mode noise on the device: ChaCha20 computed by torch (privkit.mechanisms.device_random).
 
 References: RFC 8439's block-function test vector (section 2.3.2) and the all-zero keystream of
 its appendix A.1 (test vector #1); the `cryptography` package's ChaCha20 for random keys and
@@ -16,8 +16,8 @@ import pytest
 import torch
 from scipy import stats
 
-from privkit.device_random import ChaChaStream, chacha20_blocks
-from privkit.dp_random import DpRandom
+from privkit.mechanisms.device_random import ChaChaStream, chacha20_blocks
+from privkit.mechanisms.dp_random import DpRandom
 
 DEVICE = os.environ.get("PRIVKIT_TEST_DEVICE", "cpu")
 RFC_KEY = int.from_bytes(bytes(range(32)), "little")

@@ -16,11 +16,11 @@ import torch
 from randomgen import AESCounter
 from scipy import stats
 
-from privkit.dp_random import DpRandom, aes_generator
 from privkit.mechanisms import gaussian_release
+from privkit.mechanisms.dp_random import DpRandom, aes_generator
+from privkit.mechanisms.dp_sgd_step import poisson_batch
+from privkit.mechanisms.opacus_streams import _PoissonBatches, use_noise_source
 from privkit.seeding import derive_seed, noise_generator, noise_rng, torch_generator
-from privkit.trainers.dp_sgd_step import poisson_batch
-from privkit.trainers.opacus_streams import _PoissonBatches, use_noise_source
 
 
 def test_stream_is_aes128_counter_mode():

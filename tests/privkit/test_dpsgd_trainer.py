@@ -13,14 +13,14 @@ from torch import nn
 from accountants import dpsgd_epsilon
 from privkit.data import FederationConfig, build_federation
 from privkit.errors import PrivkitError
-from privkit.models import build_model
-from privkit.trainers import train
-from privkit.trainers.dp_sgd_step import (
+from privkit.mechanisms.dp_sgd_step import (
     DpSgdStep,
     clip_per_sample,
     per_sample_gradients,
     poisson_batch,
 )
+from privkit.models import build_model
+from privkit.trainers import train
 
 
 def _ce(logits, target, aux):

@@ -18,7 +18,7 @@ import pytest
 from fault_harness import faults, owned
 
 from privkit.errors import PrivkitError
-from privkit.pipeline.files import (
+from privkit.files import (
     DirectoryInUse,
     checksum_path,
     intact,
@@ -79,7 +79,7 @@ def test_every_instant_of_a_rewrite_leaves_a_valid_file(tmp_path, monkeypatch):
         folder = tmp_path / phase
         folder.mkdir()
         code = (
-            f"import json, sys; from privkit.pipeline.files import write_json; "
+            f"import json, sys; from privkit.files import write_json; "
             f"write_json(sys.argv[1], {old!r}); write_json(sys.argv[1], {new!r})"
         )
         proc = subprocess.run(
@@ -147,7 +147,7 @@ def test_second_run_and_train_on_a_directory_in_use_fail_at_once(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, time; from privkit.pipeline.files import run_lock\n"
+            "import sys, time; from privkit.files import run_lock\n"
             "with run_lock(sys.argv[1]), run_lock(sys.argv[2]):\n print('held', flush=True); "
             "time.sleep(600)",
             str(tmp_path / "runs" / "fi"),
@@ -176,7 +176,7 @@ def test_a_write_that_runs_out_of_space_is_one_line_and_keeps_the_old_file(tmp_p
     the error names the file and the cause, the old version stays in place and verifies."""
     import errno
 
-    from privkit.pipeline import files
+    from privkit import files
 
     target = tmp_path / "ledger.json"
     files.write_json(target, {"v": 1})

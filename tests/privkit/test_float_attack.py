@@ -1,5 +1,5 @@
 """The floating-point attack on the Gaussian mechanism (Mironov 2012; Jin et al. 2022), run against
-naive float noise and against privkit's release-mode noise (privkit.grid_noise).
+naive float noise and against privkit's release-mode noise (privkit.mechanisms.grid_noise).
 
 Neighbouring inputs ``x0 = 0`` and ``x1 = 1024`` (sensitivity 1024), noise ``sigma = 1024`` (noise
 multiplier 1): the Gaussian mechanism is (eps, 1e-5)-DP with ``eps`` from its closed form
@@ -22,10 +22,10 @@ import pytest
 import torch
 from scipy import optimize, stats
 
-from privkit.dp_random import DpRandom
 from privkit.mechanisms import gaussian_release
+from privkit.mechanisms.dp_random import DpRandom
+from privkit.mechanisms.output_perturbation import gaussian_output_perturbation
 from privkit.seeding import noise_rng
-from privkit.trainers.output_perturbation import gaussian_output_perturbation
 
 SIGMA = SENSITIVITY = 1024.0
 DELTA = 1e-5

@@ -162,7 +162,7 @@ def test_unclipped_updates_are_recorded_non_private(tmp_path):
 
 
 def test_local_dp_and_dpsgd_recorded_by_clients(tmp_path):
-    from privkit.trainers.dp_sgd_step import DpSgdStep
+    from privkit.mechanisms.dp_sgd_step import DpSgdStep
 
     step = DpSgdStep(clip_norm=1.0, noise_multiplier=1.1, sample_rate=0.1, dataset_size=100)
     local = LocalDpMod(clipping_norm=1.0, sensitivity=1.0, epsilon=0.8, delta=DELTA)

@@ -25,7 +25,7 @@ from privkit.audit.recipes import federation_over
 from privkit.cli import app
 from privkit.data import build_federation
 from privkit.flower.audit import audit_app, audit_app_mechanisms
-from privkit.flower.engine import method_app
+from privkit.flower_engine.engine import method_app
 from privkit.trainers import get_trainer, train
 
 pytestmark = pytest.mark.slow

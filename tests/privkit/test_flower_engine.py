@@ -1,4 +1,4 @@
-"""privkit's methods on Flower's simulation engine (privkit.flower.engine): with reproducible noise
+"""privkit's methods on Flower's simulation engine (privkit.flower_engine.engine): with reproducible noise
 and the same seed, each ported method's released model (fedavg, fedprox, dp-fedavg, fedkadp,
 fedauxfdp) equals the in-process run's (max abs difference at most 1e-5) and the ledgers are
 identical; in release mode only the noise differs.
@@ -21,7 +21,7 @@ from audit_helpers import tiny_federation_config
 
 from privkit.data import build_federation
 from privkit.errors import PrivkitError
-from privkit.flower.engine import check_engine, train_jobs_on_flower
+from privkit.flower_engine.engine import check_engine, train_jobs_on_flower
 from privkit.trainers import get_trainer, train
 
 SEED = 3
@@ -168,7 +168,7 @@ def test_cli_refuses_an_unported_method_in_one_line(tmp_path):
 
 
 def test_a_failing_clientapp_is_named_in_one_line():
-    from privkit.flower.apps import _error_text
+    from privkit.flower_engine.apps import _error_text
 
     # what Flower's Ray backend puts in the error reply of a ClientApp that raised ValueError("boom")
     reason = (
@@ -217,7 +217,7 @@ def test_the_server_ledger_records_the_receipts_clients_send_back(fed):
     update: a reply without them, or with releases other than those the round admitted, is refused
     (the round's plan never stands in for what ran)."""
     from accountants import dpsgd_event
-    from privkit.flower.apps import RECEIPTS, DpFedPort
+    from privkit.flower_engine.apps import RECEIPTS, DpFedPort
     from privkit.mechanisms.gaussian import Receipt
     from privkit.methods import make_config
 

@@ -16,10 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privkit import mutations
-from privkit.mechanisms import ghost_clipping
-from privkit.trainers import dp_sgd_step
-from privkit.trainers.stacked import UnsupportedModelError
+from privkit.mechanisms import dp_sgd_step, ghost_clipping, mutations
+from privkit.mechanisms.stacked import UnsupportedModelError
 
 
 def _loss(logits, y, _aux):

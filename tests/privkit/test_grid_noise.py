@@ -1,4 +1,4 @@
-"""Release-mode noise on a data-independent grid (privkit.grid_noise).
+"""Release-mode noise on a data-independent grid (privkit.mechanisms.grid_noise).
 
 References: the rounded Gaussian's pmf ``Phi((k + 1/2) / s) - Phi((k - 1/2) / s)`` (scipy) for the
 sampler (chi-square at fixed keys, so the tests cannot flake; the same test rejects the discrete
@@ -19,9 +19,9 @@ import pytest
 import torch
 from scipy import stats
 
-from privkit.dp_random import DpRandom, aes_generator
 from privkit.errors import PrivkitError
-from privkit.grid_noise import (
+from privkit.mechanisms.dp_random import DpRandom, aes_generator
+from privkit.mechanisms.grid_noise import (
     GRID_BITS,
     Grid,
     NumpyBits,
@@ -94,7 +94,7 @@ def test_fast_path_decides_every_cell_as_the_exact_comparison_does(scale):
 
 
 def test_cells_straddling_a_boundary_read_more_bits():
-    from privkit.grid_noise import _settle
+    from privkit.mechanisms.grid_noise import _settle
 
     class Counting:
         def __init__(self):
@@ -228,8 +228,8 @@ def test_the_release_primitive_puts_every_parameter_on_one_grid():
 
 def test_grid_release_on_a_word_stream_matches_its_bits():
     """The device stream's adapter: 53-bit draws from word pairs, as ChaChaStream.uniform53 forms them."""
-    from privkit.device_random import ChaChaStream
-    from privkit.grid_noise import WordBits
+    from privkit.mechanisms.device_random import ChaChaStream
+    from privkit.mechanisms.grid_noise import WordBits
 
     bits = WordBits(ChaChaStream("cpu", key=9)).bits53(1000)
     uni = ChaChaStream("cpu", key=9).uniform53(1000)
@@ -300,7 +300,7 @@ def test_release_mode_ledgers_equal_reproducible_ones():
 def test_settle_ends_on_the_same_integer_from_any_start(scale):
     """The float64 estimate only sets where the exact search starts: from mpmath's erfinv (no
     guess), from the estimate, or from integers several steps away, the same k comes out."""
-    from privkit.grid_noise import _settle
+    from privkit.mechanisms.grid_noise import _settle
 
     rng = np.random.default_rng(7)
     for cell in rng.integers(0, 2**53, size=6, dtype=np.int64).tolist():

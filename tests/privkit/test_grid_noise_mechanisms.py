@@ -1,4 +1,4 @@
-"""Every Gaussian mechanism privkit runs releases on the grid in release mode (privkit.grid_noise).
+"""Every Gaussian mechanism privkit runs releases on the grid in release mode (privkit.mechanisms.grid_noise).
 
 Each release-mode path is run with float normals from the secret stream forbidden
 (``DpRandom.randn`` raises unless it is the seeded torch generator) and every snapping to the grid
@@ -14,13 +14,14 @@ import pytest
 import torch
 from audit_helpers import TINY_DPFED
 
-from privkit import grid_noise
+from privkit.batched import batched_sgd
+from privkit.batched.many import train_many
 from privkit.data import FederationConfig, build_federation
-from privkit.dp_random import DpRandom
+from privkit.mechanisms import grid_noise
+from privkit.mechanisms.dp_random import DpRandom
+from privkit.mechanisms.output_perturbation import gaussian_output_perturbation
 from privkit.seeding import noise_rng
-from privkit.trainers import batched_sgd, train
-from privkit.trainers.many import train_many
-from privkit.trainers.output_perturbation import gaussian_output_perturbation
+from privkit.trainers import train
 
 DPFED = {**TINY_DPFED, "rounds": 2, "local_steps": 2, "reproducible_noise": False}
 DPSGD = {

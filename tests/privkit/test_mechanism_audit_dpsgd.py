@@ -2,7 +2,7 @@
 (opacus, canaries at its optimizer) and the federated ``dp-fedavg``, ``fedkadp``, ``fedkd-dp``
 (privkit's DpSgdStep).
 
-Each method's correct twin conforms to its ledger, and each mutation of privkit.mutations is a
+Each method's correct twin conforms to its ledger, and each mutation of privkit.mechanisms.mutations is a
 violation for its own reason (the conformance test's ``rejected``): less noise -> ``noise``;
 clipping off or a halved ledger rate -> ``influence``; half the steps in the ledger ->
 ``releases``. The runs are seeded (reproducible noise), so each case is deterministic. Also: the
@@ -19,11 +19,11 @@ import torch
 from audit_helpers import tiny_federation_config
 
 from attacks.conformance import MechanismClaim, claim_from_events
-from privkit import mutations
 from privkit.audit.mechanism_audit import audit_mechanisms
 from privkit.data import build_federation
+from privkit.mechanisms import mutations
+from privkit.mechanisms.probes import ProbePlan, probing
 from privkit.methods import get_trainer
-from privkit.probes import ProbePlan, probing
 from privkit.trainers import train
 
 DELTA = 1e-5

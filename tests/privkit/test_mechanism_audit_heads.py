@@ -10,10 +10,11 @@ import pytest
 import torch
 from audit_helpers import tiny_federation_config
 
-from privkit import mutations
 from privkit.audit.mechanism_audit import audit_mechanisms
-from privkit.dp_random import aes_generator
-from privkit.probes import ProbePlan, probing
+from privkit.mechanisms import mutations
+from privkit.mechanisms.dp_random import aes_generator
+from privkit.mechanisms.output_perturbation import gaussian_output_perturbation
+from privkit.mechanisms.probes import ProbePlan, probing
 from privkit.trainers.heads import (
     HeadData,
     fit_binary_head,
@@ -23,7 +24,6 @@ from privkit.trainers.heads import (
     probe_record_influence,
     release_head,
 )
-from privkit.trainers.output_perturbation import gaussian_output_perturbation
 
 DELTA = 1e-5
 # CPU-sized: a 2-epoch h0 (cached per process) and a 1-epoch student; the heads are what is audited
@@ -62,11 +62,11 @@ def test_primitive_outside_an_audit_is_todays_release():
 
 
 def test_primitive_on_the_release_stream_is_the_grid_release():
-    """Release mode (the AES stream): the grid release of privkit.grid_noise, its noise covering the
+    """Release mode (the AES stream): the grid release of privkit.mechanisms.grid_noise, its noise covering the
     rounding of a 15-number release of sensitivity 0.1."""
     import torch
 
-    from privkit.grid_noise import Grid, NumpyBits, grid_release
+    from privkit.mechanisms.grid_noise import Grid, NumpyBits, grid_release
 
     clean = np.random.default_rng(0).normal(size=(3, 5))
     released = gaussian_output_perturbation(

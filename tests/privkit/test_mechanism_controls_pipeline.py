@@ -20,7 +20,7 @@ import privkit.pipeline as pipeline
 from accountants import Ledger, NfdpSubsampleEvent
 from privkit.data import build_federation
 from privkit.errors import PrivkitError
-from privkit.pipeline.files import write_json
+from privkit.files import write_json
 from privkit.pipeline.mechanism_controls import mechanism_controls_stage
 from privkit.pipeline.mechanism_report import read_mechanism_controls
 from privkit.trainers import REGISTRY, TrainerConfig, TrainResult, register_trainer
@@ -73,7 +73,7 @@ def fake_audit(run_dir, *, attacks, shadows, executor, seed, progress, **options
             "accounted_epsilon": 2.0,
         },
     }
-    write_json(run_dir / "audit.json", out)  # a stage stores through privkit.pipeline.files
+    write_json(run_dir / "audit.json", out)  # a stage stores through privkit.files
     return out
 
 

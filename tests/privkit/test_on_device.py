@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from privkit.batched.batched_sgd import SGDRecipe, train_many, train_one
 from privkit.models import model_spec
-from privkit.trainers.batched_sgd import SGDRecipe, train_many, train_one
 
 DEVICE = os.environ.get("PRIVKIT_TEST_DEVICE", "cpu")
 

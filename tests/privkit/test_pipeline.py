@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 import privkit.pipeline as pipeline
 from accountants import gaussian_epsilon
 from privkit.cli import app
-from privkit.pipeline.files import write_json
+from privkit.files import write_json
 from privkit.trainers import REGISTRY, TrainerConfig, TrainResult, register_trainer
 from reports import PrivacyReport, load_report
 
@@ -114,7 +114,7 @@ def fake_audit(run_dir, *, attacks, shadows, executor, seed, progress, **options
         "shadows": shadows,
         "verdict": {"status": "consistent", "message": "0 <= 1"},
     }
-    write_json(run_dir / "audit.json", out)  # a stage stores through privkit.pipeline.files
+    write_json(run_dir / "audit.json", out)  # a stage stores through privkit.files
     return out
 
 
@@ -533,8 +533,8 @@ def test_warning_classifier():
     assert c("something else") == "other"
     # the trainers' own stamps, verbatim, keep their codes (both mention sampling or accuracy)
     from accountants import Ledger
-    from privkit.trainers.base import TrainResult, stamp_noise
-    from privkit.trainers.chance import chance_warning
+    from privkit.methods.chance import chance_warning
+    from privkit.methods.contract import TrainResult, stamp_noise
 
     assert c(chance_warning("fedavg", 0.1, 0.1)) == "near_chance"
     result = TrainResult("dpsgd", 0, {}, None, {}, Ledger())

@@ -18,8 +18,9 @@ from typer.testing import CliRunner
 from accountants import NOT_FOR_RELEASE, Ledger
 from privkit.cli import app
 from privkit.data import FederationConfig, build_federation
+from privkit.mechanisms import dp_sgd_step
 from privkit.seeding import noise_generator, noise_rng
-from privkit.trainers import dp_sgd_step, fedkadp, train
+from privkit.trainers import fedkadp, train
 
 TINY = {
     "arch": "mlp",

@@ -19,8 +19,7 @@ import pytest
 import torch
 
 from accountants import dpsgd_event
-from privkit import mutations
-from privkit.mechanisms import Receipt, compose_receipts, gaussian_release
+from privkit.mechanisms import Receipt, compose_receipts, gaussian_release, mutations
 
 ROOT = Path(__file__).resolve().parents[2] / "privkit"
 DRAWS = {
@@ -128,7 +127,8 @@ def test_dpsgd_ledger_is_the_composition_of_the_receipts_of_every_step(monkeypat
     """Every opacus step's noise goes through the primitive, one receipt per release, and the
     ledger's event is their composition (equal to the planned event)."""
     from privkit.data import FederationConfig, build_federation
-    from privkit.trainers import opacus_streams, train
+    from privkit.mechanisms import opacus_streams
+    from privkit.trainers import train
 
     drawn = []
     real = opacus_streams.use_noise_source
@@ -167,7 +167,8 @@ def test_dp_fedavg_ledger_holds_every_release_and_nothing_else(monkeypatch):
     """Every DP-SGD release a dp-fedavg run makes is in its ledger (count and parameters), and
     every ledger release was made: the ledger is composed from the receipts."""
     from privkit.data import FederationConfig, build_federation
-    from privkit.trainers import dp_sgd_step, train
+    from privkit.mechanisms import dp_sgd_step
+    from privkit.trainers import train
 
     made = []
     real = dp_sgd_step.gaussian_release

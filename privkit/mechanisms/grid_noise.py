@@ -116,7 +116,7 @@ class NumpyBits:
 
 class WordBits:
     """:class:`BitSource` over a counter-based stream of 32-bit words computed on a device
-    (:class:`privkit.device_random.ChaChaStream`: ``words(blocks) -> (16, blocks)`` int64)."""
+    (:class:`privkit.mechanisms.device_random.ChaChaStream`: ``words(blocks) -> (16, blocks)`` int64)."""
 
     def __init__(self, stream):
         self.stream = stream

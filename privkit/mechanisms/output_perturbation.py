@@ -9,17 +9,17 @@ the caller's generator (the AES stream in release mode, the seeded one in reprod
 :func:`privkit.seeding.noise_rng`), drawn as one ``rng.normal`` call, so a release outside an
 audit is bit-identical to the plain ``clean + rng.normal(0, sigma, clean.shape)``.  In release mode
 (``rng`` the AES stream) the release lies on the data-independent grid of
-:mod:`privkit.grid_noise`, its noise covering the grid's rounding, so the floating-point attack on
+:mod:`privkit.mechanisms.grid_noise`, its noise covering the grid's rounding, so the floating-point attack on
 ``clean + sigma * z`` does not apply and the ledger's ``GaussianDpEvent(sigma / sensitivity)``
 still accounts for it.
 
 Audits act here, where the mechanism runs:
 
-* **mutations** (:mod:`privkit.mutations`): the noise's standard deviation is multiplied by
+* **mutations** (:mod:`privkit.mechanisms.mutations`): the noise's standard deviation is multiplied by
   ``active().noise_factor`` (``noise x1/2``, ``noise x1/N``); ``clipping off`` switches the
   sensitivity bound off, which for output perturbation is the feature normalisation the bound
   assumes (:func:`privkit.trainers.heads.head_features`) and, here, the canaries' bounded weight;
-* **probes** (:func:`privkit.probes.canaries_for`, label = the release's ledger label): each
+* **probes** (:func:`privkit.mechanisms.probes.canaries_for`, label = the release's ledger label): each
   included canary is a record whose influence on ``clean`` the mechanism bounds by
   ``sensitivity``. Its raw influence is ``canaries.raw_norm`` (four sensitivities); the bound
   brings it down to ``sensitivity`` (up to ``raw_norm`` with the bound switched off, as DP-SGD's
@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from privkit import mutations
 from privkit.errors import PrivkitError
+from privkit.mechanisms import mutations
 from privkit.mechanisms.gaussian import gaussian_release
 
 #: ``record_influence(canaries) -> (norms, tolerance)``: probe records' exact influence on the
@@ -124,7 +124,7 @@ def gaussian_output_perturbation(
 
     canaries = None
     if client is not None:
-        from privkit.probes import canaries_for
+        from privkit.mechanisms.probes import canaries_for
 
         canaries = canaries_for(
             client,

@@ -2,7 +2,7 @@
 
 A pair (:class:`privkit.trainers.fedkd.MentorMentee`) is clipped as one model: mentor, mentee and
 ``W_h`` together. The single run uses this class with one model (``MentorMentee.stacked_form``),
-the batched audit path (:mod:`privkit.trainers.many_dpfed`) with one model per (run, client).
+the batched audit path (:mod:`privkit.batched.many_dpfed`) with one model per (run, client).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from privkit.trainers.stacked import StackedModels
+from privkit.mechanisms.stacked import StackedModels
 
 if TYPE_CHECKING:  # pragma: no cover
     from privkit.trainers.fedkd import MentorMentee

@@ -8,7 +8,7 @@ The step is exactly what the subsampled-Gaussian accountant assumes
    accounting (see the sampling-mismatch notes: Chua et al. 2024).
 2. **Per-sample gradients**, so no record's gradient depends on another's (the models have no
    BatchNorm): for privkit's models the per-record norms and the clipped sum come from each
-   layer's inputs and output gradients (:func:`privkit.trainers.stacked.clipped_sum_one`; no
+   layer's inputs and output gradients (:func:`privkit.mechanisms.stacked.clipped_sum_one`; no
    per-record weight gradients of linear layers are formed), for other models of linear,
    convolution, GroupNorm/LayerNorm and embedding layers by book-keeping ghost clipping
    (:mod:`privkit.mechanisms.ghost_clipping`: one forward and one backward pass), for any other
@@ -19,8 +19,8 @@ The step is exactly what the subsampled-Gaussian accountant assumes
    dividing by the realised batch size would make the scale data-dependent.
 
 An empty Poisson batch still releases a pure-noise gradient, as the analysis assumes. Batches and
-noise are drawn from a :class:`privkit.dp_random.DpRandom` (the AES stream in release mode, where
-the noisy sum lies on the data-independent grid of :mod:`privkit.grid_noise`); a plain
+noise are drawn from a :class:`privkit.mechanisms.dp_random.DpRandom` (the AES stream in release mode, where
+the noisy sum lies on the data-independent grid of :mod:`privkit.mechanisms.grid_noise`); a plain
 ``torch.Generator`` is accepted too and drawn from as torch draws.
 """
 
@@ -34,9 +34,9 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from privkit import mutations
-from privkit.dp_random import DpRandom
 from privkit.errors import PrivkitError
+from privkit.mechanisms import mutations
+from privkit.mechanisms.dp_random import DpRandom
 from privkit.mechanisms.gaussian import Receipt, gaussian_release
 
 # loss_fn(logits (1, C), target (1,), aux (1, ...) or None) -> scalar loss of ONE record
@@ -147,7 +147,7 @@ def clipped_gradient_sum(
 ) -> dict[str, torch.Tensor]:
     """``sum_i min(1, c / ||g_i||) g_i`` over the trainable parameters (``g_i``: record i's gradient).
 
-    privkit's own models take the stacked layers (:func:`privkit.trainers.stacked.clipped_sum_one`),
+    privkit's own models take the stacked layers (:func:`privkit.mechanisms.stacked.clipped_sum_one`),
     any other model of linear, convolution, GroupNorm/LayerNorm and embedding layers book-keeping
     ghost clipping (:mod:`privkit.mechanisms.ghost_clipping`), anything else ``torch.func``
     per-example gradients; all three agree up to float rounding (tested).
@@ -174,7 +174,7 @@ def clipped_gradient_sum(
         The clipped sum of each trainable parameter, by name.
     """
     from privkit.mechanisms import ghost_clipping
-    from privkit.trainers.stacked import UnsupportedModelError, clipped_sum_one
+    from privkit.mechanisms.stacked import UnsupportedModelError, clipped_sum_one
 
     if clip_norm <= 0:
         raise PrivkitError(f"clip_norm must be > 0; found {clip_norm}")
@@ -239,7 +239,7 @@ class DpSgdStep:
 
     def clip_factor(self, norms: torch.Tensor) -> torch.Tensor:
         """Each record's clipping factor ``min(1, c / ||g||)`` (1 when an audit's mutation switched
-        clipping off: :mod:`privkit.mutations`)."""
+        clipping off: :mod:`privkit.mechanisms.mutations`)."""
         if not mutations.active().clipping:
             return torch.ones_like(norms)
         return (self.clip_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
@@ -335,7 +335,7 @@ class DpSgdStep:
 
     def probes(self, model: nn.Module, client: int, label: str = "dp-sgd"):
         """The audit canaries this step must take for ``client``'s mechanism ``label`` (``None``
-        unless an audit is probing: :func:`privkit.probes.canaries_for`), over ``model``'s
+        unless an audit is probing: :func:`privkit.mechanisms.probes.canaries_for`), over ``model``'s
         trainable parameters, with this step's claimed parameters.
 
         Parameters
@@ -347,7 +347,7 @@ class DpSgdStep:
         label : str
             The mechanism's ledger label.
         """
-        from privkit.probes import canaries_for
+        from privkit.mechanisms.probes import canaries_for
 
         dim = sum(int(p.numel()) for p in model.parameters() if p.requires_grad)
         return canaries_for(

@@ -2,7 +2,7 @@
 
 The recipe "train one small model with (DP-)SGD" (the centralised and DP-SGD methods, reference
 models for a user's own model, audit shadows) runs for M models in lock-step: parameters stacked
-on a model axis (:class:`privkit.trainers.stacked.StackedModels`), one forward and one backward
+on a model axis (:class:`privkit.mechanisms.stacked.StackedModels`), one forward and one backward
 pass per step for all M, per-example clipping from each layer's inputs and output gradients (no
 per-example weight gradients of linear layers are formed), noise for all M added at once. No
 Python loop over models runs inside a step.
@@ -14,7 +14,7 @@ same weights up to float rounding, tested):
   generator, cut into batches of ``batch_size`` (last partial batch dropped unless
   ``drop_last=False``); ``sampling="poisson"``: each record joins each batch independently with
   probability ``q = 1 / ceil(n / batch_size)``, for ``epochs * ceil(n / batch_size)`` steps (what
-  opacus' ``DPDataLoader`` and :class:`~privkit.trainers.dp_sgd_step.DpSgdStep` do, and what the
+  opacus' ``DPDataLoader`` and :class:`~privkit.mechanisms.dp_sgd_step.DpSgdStep` do, and what the
   subsampled-Gaussian accountant assumes).
 * gradient: mean cross-entropy; with ``clip`` set (DP-SGD): per-example gradients clipped to L2
   norm ``clip``, summed, Gaussian noise of std ``noise_multiplier * clip`` added, divided by the
@@ -27,7 +27,7 @@ Randomness per model from its seed: initialisation (``seed``), batches (``derive
 blocks of :data:`BLOCK` steps (``mask(K, n)``, ``randn(K, parameters)`` from the model's stream,
 ``K = min(BLOCK, steps left)``), so that the M models' draws happen once per block rather than once
 per step, and the loop draws exactly the same numbers. In release mode the noisy sums lie on the
-data-independent grid of :mod:`privkit.grid_noise` (the block holds the grid's integer draws).
+data-independent grid of :mod:`privkit.mechanisms.grid_noise` (the block holds the grid's integer draws).
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from privkit.dp_random import DpRandom
-from privkit.grid_noise import Grid, rounded_gaussian, snap_add
+from privkit.mechanisms.dp_random import DpRandom
+from privkit.mechanisms.grid_noise import Grid, rounded_gaussian, snap_add
+from privkit.mechanisms.stacked import StackedModels
 from privkit.models import build_from_spec
 from privkit.seeding import noise_generator, seed_torch
-from privkit.trainers.stacked import StackedModels
 
 __all__ = [
     "SGDRecipe",
@@ -178,7 +178,7 @@ def train_one(
     """Reference loop: train one model on ``x[index]`` on ``device``; returns its parameters (on
     the CPU).
 
-    Per-example gradients come from ``torch.func`` (:func:`~privkit.trainers.dp_sgd_step.
+    Per-example gradients come from ``torch.func`` (:func:`~privkit.mechanisms.dp_sgd_step.
     per_sample_gradients`), formed one by one as opacus also forms them: an implementation
     independent of :func:`train_many`'s stacked layers.
 
@@ -200,12 +200,12 @@ def train_one(
     reproducible : bool
         ``True`` (default): batches and noise from seeded generators, equal to :func:`train_many`'s
         up to float rounding; ``False``: release mode, secret AES-CTR streams that ignore ``seed``
-        (noisy sums on the grid of :mod:`privkit.grid_noise`).
+        (noisy sums on the grid of :mod:`privkit.mechanisms.grid_noise`).
     device : str or torch.device
         Where the model trains (default ``"cpu"``); the returned parameters are on the CPU.
     """
+    from privkit.mechanisms.dp_sgd_step import clip_per_sample, per_sample_gradients
     from privkit.mechanisms.gaussian import NormalRows, gaussian_release
-    from privkit.trainers.dp_sgd_step import clip_per_sample, per_sample_gradients
 
     dev = torch.device(device)
     model = _init(spec, seed).to(dev)
@@ -428,7 +428,7 @@ def train_many(
     reproducible : bool
         ``True`` (default): each model's batches and noise from its seeded generators, equal to
         :func:`train_one`'s up to float rounding; ``False``: release mode, secret AES-CTR streams
-        that ignore the seeds (the noisy sums on the grid of :mod:`privkit.grid_noise`).
+        that ignore the seeds (the noisy sums on the grid of :mod:`privkit.mechanisms.grid_noise`).
     """
     if len(indices) != len(seeds) or not indices:
         raise ValueError(
@@ -477,7 +477,7 @@ def train_many(
     opt = _StackedOptimizer(params, recipe)
     t_max = int(schedule.steps.max())
     # one noise buffer for the run (models whose steps have run out get zeros: no NaN to mask); in
-    # release mode the grid's integer draws (privkit.grid_noise, exact in float64), added by snap_add
+    # release mode the grid's integer draws (privkit.mechanisms.grid_noise, exact in float64), added by snap_add
     grid = (
         None
         if reproducible or recipe.clip is None or std == 0

@@ -1,4 +1,4 @@
-"""opacus drawing its DP randomness from a :class:`~privkit.dp_random.DpRandom`.
+"""opacus drawing its DP randomness from a :class:`~privkit.mechanisms.dp_random.DpRandom`.
 
 opacus spends secret randomness in two places and takes a ``torch.Generator`` for both (its own
 secure mode needs torchcsprng, which no longer builds for current torch): the Poisson batches of
@@ -12,7 +12,7 @@ privkit draws both from its AES stream instead:
 * :func:`use_noise_source` (both modes): the optimizer's ``add_noise`` replaced on the instance
   by the same update, ``p.grad = p.summed_grad + N(0, (noise_multiplier * max_grad_norm)^2)``,
   drawn by privkit's release primitive (in release mode the noisy sums on the data-independent
-  grid of :mod:`privkit.grid_noise`), which hands back each step's receipt.  A wrapper installed
+  grid of :mod:`privkit.mechanisms.grid_noise`), which hands back each step's receipt.  A wrapper installed
   afterwards (``attacks.whitebox.attach_to_opacus``) wraps this one, as it wraps opacus's.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader
 
-from privkit.dp_random import DpRandom
+from privkit.mechanisms.dp_random import DpRandom
 
 __all__ = ["secret_poisson_loader", "use_noise_source"]
 

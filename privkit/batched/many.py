@@ -12,11 +12,11 @@ trainers.fedkadp.DpFedRun`, :class:`~privkit.trainers.fedkd.FedKdRun`, :class:`~
 fedavg.FederatedRun`, :class:`~privkit.trainers.fedmd.FedMDRun`), so both paths share every line
 except the local training. Two engines do the local training:
 
-* the DP-SGD methods (:func:`local_dp_sgd`; dpsgd: :mod:`privkit.trainers.many_dpsgd`) stack the
-  models' parameters on one axis (clients x runs, :class:`~privkit.trainers.stacked.StackedModels`)
+* the DP-SGD methods (:func:`local_dp_sgd`; dpsgd: :mod:`privkit.batched.many_dpsgd`) stack the
+  models' parameters on one axis (clients x runs, :class:`~privkit.mechanisms.stacked.StackedModels`)
   and take one forward and backward pass per step for all of them;
 * the methods trained with Adam (FedAvg, FedProx, FedDF, FedAUX, FedMD) run, per model, exactly
-  the single run's kernels (:mod:`privkit.trainers.exact_mlp`): Adam amplifies float rounding, so
+  the single run's kernels (:mod:`privkit.batched.exact_mlp`): Adam amplifies float rounding, so
   only bit-for-bit equal arithmetic keeps a batched run on its single run.
 
 Same seeds, same result: in reproducible-noise mode each model draws its batches and noise from
@@ -24,7 +24,8 @@ the streams the single run draws them from, in the same order, so the weights ag
 :func:`privkit.trainers.train`'s up to float rounding (tested per method: at most 1e-5, and bit for
 bit for the Adam methods). In release mode every stream is a fresh secret one, as in the single run.
 
-Methods with a batched form: :data:`BATCHED`. The others (FLiP, centralized, FedAUXfdp and the
+Methods with a batched form: those whose registry entry names one
+(:attr:`privkit.methods.registry.TrainerSpec.batched`). The others (FLiP, centralized, FedAUXfdp and the
 DP-head baselines: docs/performance.md says why), configurations a batched form does not cover,
 and any run inside an audit's probing block (whose canaries are per client and step) train one
 after the other.
@@ -32,45 +33,29 @@ after the other.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from privkit import mutations
-from privkit.dp_random import DpRandom
 from privkit.errors import PrivkitError
-
-#: method -> "module:function" of its batched trainer ``fn(method, federations, configs, seeds,
-#: fast) -> results`` (``configs``: one trainer config per run, equal but for
-#: ``reproducible_noise``; ``fast[j]``: run j may take kernels equal to its single run's up to
-#: float rounding instead of bit for bit, the stacked DP-SGD engine's anyway)
-BATCHED: dict[str, str] = {
-    "dp-fedavg": "privkit.trainers.many_dpfed:train_dpfed_many",
-    "fedkadp": "privkit.trainers.many_dpfed:train_dpfed_many",
-    "fedkd-dp": "privkit.trainers.many_dpfed:train_fedkd_many",
-    "fedavg": "privkit.trainers.many_fedavg:train_federated_many",
-    "fedprox": "privkit.trainers.many_fedavg:train_federated_many",
-    "feddf": "privkit.trainers.many_fedavg:train_federated_many",
-    "fedaux": "privkit.trainers.many_fedavg:train_federated_many",
-    "dpsgd": "privkit.trainers.many_dpsgd:train_dpsgd_runs",
-    "fedmd-nfdp": "privkit.trainers.many_fedmd:train_fedmd_many",
-    "fedmd-np": "privkit.trainers.many_fedmd:train_fedmd_many",
-    "fedmd-ldp": "privkit.trainers.many_fedmd:train_fedmd_many",
-}
+from privkit.mechanisms import mutations
+from privkit.mechanisms.dp_random import DpRandom
 
 
 def has_batched(method: str) -> bool:
-    """Whether ``method``'s runs can train as one batched computation."""
-    return method in BATCHED
+    """Whether ``method``'s runs can train as one batched computation (its registry entry names
+    a batched form, :attr:`privkit.methods.registry.TrainerSpec.batched`)."""
+    from privkit.methods import get_trainer
+
+    return get_trainer(method).batched is not None
 
 
 def _probing() -> bool:
-    """Whether an audit's probing block is active (:func:`privkit.probes.probing`): its canaries
+    """Whether an audit's probing block is active (:func:`privkit.mechanisms.probes.probing`): its canaries
     are taken per client and step by the single run's mechanism, so such runs use the loop."""
-    from privkit import probes
+    from privkit.mechanisms import probes
 
     return probes.active()
 
@@ -84,7 +69,7 @@ def train_many(
     references: Sequence[bool] | None = None,
 ) -> list:
     """Run ``method`` on each federation with its seed: ``train(method, federations[j], config,
-    seeds[j])`` for every j, as one batched computation where the method has one (:data:`BATCHED`),
+    seeds[j])`` for every j, as one batched computation where the method has one (its registry entry's ``batched``),
     else one after the other. Returns the :class:`~privkit.trainers.TrainResult` list.
 
     ``references[j]`` (default: none) marks run j as an audit's reference run, the auditor's own
@@ -92,7 +77,7 @@ def train_many(
     seeded generators) and, unless ``config`` itself asks for reproducible noise (whose runs equal
     their single runs on every executor), batched for speed rather than for equality with its
     single run: the Adam methods' stacked kernels instead of the exact per-model ones
-    (:mod:`privkit.trainers.exact_mlp`), the DP-SGD methods' noise of all reference clients of a
+    (:mod:`privkit.batched.exact_mlp`), the DP-SGD methods' noise of all reference clients of a
     step in one draw (:class:`LocalDp`). The other runs (an audit's target) train as ``config``
     says, in the same batch.
 
@@ -100,7 +85,7 @@ def train_many(
     ----------
     method : str
         A registered training method (:func:`privkit.trainers.get_trainer`); the methods of
-        :data:`BATCHED` train batched, the others one run after the other.
+        a batched form train batched, the others one run after the other.
     federations : Sequence
         One federation per run (non-empty), in the same layout, each on its own records.
     config : dict or None
@@ -113,7 +98,7 @@ def train_many(
         One flag per run: ``True`` marks an audit's reference run (seeded noise, batched for
         speed, see above); ``None`` (default): no reference runs.
     """
-    from privkit.trainers.base import get_trainer, make_config, stamp_noise, train
+    from privkit.methods.contract import get_trainer, make_config, stamp_noise, train
 
     if len(federations) != len(seeds) or not federations:
         raise ValueError(
@@ -133,8 +118,7 @@ def train_many(
     fast = [r and not cfg.reproducible_noise for r in refs]
     if not has_batched(method) or _probing():
         return [train(method, f, c, seed=s) for f, c, s in zip(federations, configs, seeds)]
-    module, _, name = BATCHED[method].partition(":")
-    results = getattr(importlib.import_module(module), name)(
+    results = get_trainer(method).batched_fn(
         method, list(federations), configs, [int(s) for s in seeds], fast
     )
     for res, fed, c in zip(results, federations, configs):  # what train() adds to every result
@@ -196,7 +180,7 @@ def lockstep(runs: Sequence, local_round: Callable[[list, list[list[int]]], list
 # ---------------------------------------------------------------------------- local DP-SGD
 @dataclass
 class LocalDp:
-    """One model's local DP-SGD (:class:`~privkit.trainers.dp_sgd_step.DpSgdStep`) in a batched
+    """One model's local DP-SGD (:class:`~privkit.mechanisms.dp_sgd_step.DpSgdStep`) in a batched
     step: its records, its mechanism and its two random streams (batches, noise).
 
     Parameters
@@ -248,20 +232,20 @@ def local_dp_sgd(
 ) -> None:
     """``steps`` DP-SGD steps of every job at once, in place on the stacked ``params``.
 
-    Model j runs exactly :meth:`DpSgdStep.apply <privkit.trainers.dp_sgd_step.DpSgdStep.apply>`
+    Model j runs exactly :meth:`DpSgdStep.apply <privkit.mechanisms.dp_sgd_step.DpSgdStep.apply>`
     with its job's mechanism: a Poisson batch from its sample stream, each example's gradient
-    clipped to the clip norm (by ``net.clipped_sums``: :class:`~privkit.trainers.stacked.
+    clipped to the clip norm (by ``net.clipped_sums``: :class:`~privkit.mechanisms.stacked.
     StackedModels` or a model of the same interface), Gaussian noise from its noise stream (one
     draw per parameter, in name order), the sum divided by the expected batch size, and one step
     of a fresh SGD or Adam optimiser. ``aux(xb)`` gives per-example auxiliary inputs of the loss
     (a teacher's logits) for the padded batch ``xb`` ``(M, B, ...)``. An audit's mutation
-    (:mod:`privkit.mutations`) acts as in the single step.
+    (:mod:`privkit.mechanisms.mutations`) acts as in the single step.
 
     Parameters
     ----------
     net : StackedModels
         The stacked forward and clipped backward passes (``net.clipped_sums``):
-        :class:`~privkit.trainers.stacked.StackedModels` of ``len(jobs)`` models, or an object of
+        :class:`~privkit.mechanisms.stacked.StackedModels` of ``len(jobs)`` models, or an object of
         the same interface.
     params : dict[str, torch.Tensor]
         The models' parameters stacked on a leading model axis, each ``(len(jobs), ...)``
@@ -284,7 +268,7 @@ def local_dp_sgd(
         ``aux(xb)``: per-example auxiliary inputs of the loss, ``(M, B, ...)``, for the padded
         batch ``xb``; ``None`` (default): the loss takes none.
     """
-    from privkit.trainers.batched_sgd import SGDRecipe, _StackedOptimizer
+    from privkit.batched.batched_sgd import SGDRecipe, _StackedOptimizer
 
     if not jobs:
         return
@@ -436,7 +420,6 @@ def ce_losses(
 
 
 __all__ = [
-    "BATCHED",
     "LocalDp",
     "ce_losses",
     "has_batched",

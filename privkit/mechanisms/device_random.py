@@ -1,6 +1,6 @@
 """Release-mode DP noise drawn where the model lives: a ChaCha20 stream computed by torch on the device.
 
-On a GPU, drawing noise on the CPU (:mod:`privkit.dp_random`'s AES stream) and copying it over
+On a GPU, drawing noise on the CPU (:mod:`privkit.mechanisms.dp_random`'s AES stream) and copying it over
 costs a host round trip per block of steps and ties the GPU to one CPU thread's generator. This
 module computes the ChaCha20 keystream (Bernstein 2008; the block function of RFC 8439) with torch
 integer operations on whatever device its tensors live on: a counter-based generator, each 64-byte

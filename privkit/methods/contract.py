@@ -99,8 +99,8 @@ class TrainResult:
 
     @property
     def near_chance(self) -> bool:
-        """True when the final test accuracy is at or near chance (:mod:`privkit.trainers.chance`)."""
-        from privkit.trainers.chance import chance_warning
+        """True when the final test accuracy is at or near chance (:mod:`privkit.methods.chance`)."""
+        from privkit.methods.chance import chance_warning
 
         return (
             chance_warning(self.method, float(self.test_accuracy), self.chance_accuracy) is not None
@@ -111,7 +111,7 @@ class TrainResult:
         restricted to some classes) and add the near-chance warning if it applies."""
         import math
 
-        from privkit.trainers.chance import chance_level, chance_warning
+        from privkit.methods.chance import chance_level, chance_warning
 
         if math.isnan(self.chance_accuracy):
             self.chance_accuracy = chance_level(federation)
@@ -122,7 +122,7 @@ class TrainResult:
     # ------------------------------------------------------------------ persistence
     def metrics(self) -> dict:
         """``metrics.json``: accuracies, rounds, and the utility warnings (near chance)."""
-        from privkit.trainers.chance import near_chance_threshold
+        from privkit.methods.chance import near_chance_threshold
 
         chance = float(self.chance_accuracy)
         return {
@@ -142,7 +142,7 @@ class TrainResult:
         """Write checkpoints, ``ledger.json``, ``metrics.json``, ``train.json``, ``artifacts.npz``."""
         import torch
 
-        from privkit.pipeline.files import write_json, write_text, write_with
+        from privkit.files import write_json, write_text, write_with
 
         out = Path(run_dir)
         ckpt = out / "checkpoints"
@@ -175,8 +175,8 @@ class TrainResult:
     @classmethod
     def load(cls, run_dir: str | Path) -> TrainResult:
         from accountants import Ledger
+        from privkit.files import checked, read_json
         from privkit.models import build_from_spec
-        from privkit.pipeline.files import checked, read_json
 
         out = Path(run_dir)
         meta_path = out / "train.json"
@@ -230,7 +230,7 @@ def _load_checkpoint(model: torch.nn.Module, path: Path) -> torch.nn.Module:
 
     import torch
 
-    from privkit.pipeline.files import checked
+    from privkit.files import checked
 
     if not path.is_file():
         raise PrivkitError(f"checkpoint not found: {path} (run `privkit train` first)")

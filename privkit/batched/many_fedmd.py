@@ -1,10 +1,10 @@
-"""FedMD-NFDP, FedMD-NP and FedMD-LDP runs batched (:mod:`privkit.trainers.many`).
+"""FedMD-NFDP, FedMD-NP and FedMD-LDP runs batched (:mod:`privkit.batched.many`).
 
 Each run is a :class:`~privkit.trainers.fedmd.FedMDRun` (the single run's own object: pretraining,
 private subsets, the ledger, knowledge sharing with its noise, evaluation). Its phases (the
 initialisation, then per round the digests and the revisits) are lists of independent party
 jobs; the jobs of all runs' current phase train together, grouped by party architecture, each
-exactly as the single run trains it (:mod:`privkit.trainers.exact_mlp`: FedMD trains with Adam).
+exactly as the single run trains it (:mod:`privkit.batched.exact_mlp`: FedMD trains with Adam).
 A digest towards shared logits (``knowledge="logits"``, an L1 regression) trains one job at a time.
 The jobs of an audit's reference runs (``fast``) train with the stacked kernels
 (``train_exact(..., stacked=True)``: equal up to float rounding).
@@ -12,9 +12,9 @@ The jobs of an audit's reference runs (``fast``) train with the stacked kernels
 
 from __future__ import annotations
 
-from privkit.trainers.exact_mlp import architecture, mlp_layers, model_for, train_exact
+from privkit.batched.exact_mlp import architecture, mlp_layers, model_for, train_exact
+from privkit.mechanisms.stacked import UnsupportedModelError
 from privkit.trainers.fedmd import FedMDRun, PartyJob
-from privkit.trainers.stacked import UnsupportedModelError
 
 
 def run_jobs(jobs: list[PartyJob], config, device, fast: frozenset[int] = frozenset()) -> None:

@@ -23,7 +23,7 @@ with a forward pass without autograd and a hand-written backward pass (autograd 
 loss): the backward pass runs in the layout where the per-example convolution needs no copies.
 
 The result equals the per-example gradients of ``vmap(grad)`` up to float rounding (tested against
-:func:`privkit.trainers.dp_sgd_step.per_sample_gradients`).
+:func:`privkit.mechanisms.dp_sgd_step.per_sample_gradients`).
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def _config(d: dict[str, Any]):
 @lru_cache(maxsize=32)
 def load_federation(path: str):
     """The federation a run's messages name, loaded once per process (written by the driver:
-    :func:`privkit.flower.engine.federation_file`)."""
+    :func:`privkit.flower_engine.engine.federation_file`)."""
     with open(path, "rb") as f:
         return pickle.load(f)
 
@@ -344,23 +344,25 @@ class DpHeadsPort(Port):
         return dp_heads_result(self.setup, self.federation, self.cfg, self.seed, self.releases)
 
 
-PORTS: dict[str, type[Port]] = {
-    "fedavg": FedAvgPort,
-    "fedprox": FedAvgPort,
-    "dp-fedavg": DpFedPort,
-    "fedkadp": DpFedPort,
-    "fedauxfdp": DpHeadsPort,
-}
+def port_of(method: str) -> type[Port] | None:
+    """``method``'s Flower port class (its registry entry's ``flower``), or None if it has none."""
+    from privkit.methods import get_trainer
+
+    spec = get_trainer(method)
+    return spec.flower_port if spec.flower is not None else None
 
 
 def make_port(method: str, federation, cfg, seed: int, progress: bool = False) -> Port:
     """The server side of ``method``'s run (``cfg`` validated by the method's config model)."""
-    if method not in PORTS:
+    from privkit.methods import flower_methods
+
+    port = port_of(method)
+    if port is None:
         raise PrivkitError(
             f"method {method!r} does not run on the Flower engine; found engine 'flower' "
-            f"(ported: {', '.join(PORTS)})"
+            f"(ported: {', '.join(flower_methods())})"
         )
-    return PORTS[method](method, federation, cfg, seed, progress)
+    return port(method, federation, cfg, seed, progress)
 
 
 # ----------------------------------------------------------------------------- client side
@@ -377,14 +379,15 @@ def client_step(task, model_record, extra_record, partition: int) -> tuple[dict,
     seed, t, k = int(task["seed"]), int(task["round"]), int(partition)
     x, y = fed.client_arrays(k)
     model = _model_from(task, model_record).to(device)
-    if PORTS.get(method) is FedAvgPort:
+    port = port_of(method)
+    if port is FedAvgPort:
         from privkit.trainers.fedavg import local_seed, local_update
 
         local, loss = local_update(
             model, x, y, cfg, mu=float(task["mu"]), seed=local_seed(seed, t, k), device=device
         )
         return local.state_dict(), {"loss": float(loss)}
-    if PORTS.get(method) is DpFedPort:
+    if port is DpFedPort:
         import torch
 
         from privkit.trainers.common import as_tensor
@@ -407,7 +410,7 @@ def client_step(task, model_record, extra_record, partition: int) -> tuple[dict,
         # the releases this client made travel back with its update: the server's ledger records
         # them (never the round's plan in their place)
         return state, {RECEIPTS: json.dumps([dataclasses.asdict(r) for r in receipts])}
-    if PORTS.get(method) is DpHeadsPort:
+    if port is DpHeadsPort:
         return _heads_step(task, model, _tensors(extra_record), cfg, fed, x, y, k, seed, device)
     raise PrivkitError(f"method {method!r} has no Flower client step; found it in a train message")
 
@@ -446,11 +449,11 @@ def _as_released(rel) -> ReleasedHead:
 def privkit_client_app():
     """The ClientApp of privkit's methods: ``query`` answers the node's partition id, ``train``
     runs the method's client step (:func:`client_step`). Audit probes and mutations reach the
-    mechanisms through :func:`privkit.flower.audit_transport.audit_mod`."""
+    mechanisms through :func:`privkit.flower_engine.audit_transport.audit_mod`."""
     from flwr.app import Message, RecordDict
     from flwr.clientapp import ClientApp
 
-    from privkit.flower.audit_transport import audit_mod
+    from privkit.flower_engine.audit_transport import audit_mod
 
     app = ClientApp(mods=[audit_mod])
 
@@ -569,7 +572,6 @@ def privkit_server_app(ports: list[Port], results: list, progress: bool = False)
 
 
 __all__ = [
-    "PORTS",
     "FlowerApp",
     "Port",
     "ReleasedHead",
@@ -578,6 +580,7 @@ __all__ = [
     "load_federation",
     "make_port",
     "partition_nodes",
+    "port_of",
     "privkit_client_app",
     "privkit_server_app",
 ]

@@ -19,7 +19,7 @@ from logging import ERROR
 from types import SimpleNamespace
 from typing import Any
 
-from privkit.flower import INSTALL_HINT
+from privkit.flower_engine import INSTALL_HINT
 
 try:
     from flwr.app import Context, Error, Message, RecordDict

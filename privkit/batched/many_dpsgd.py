@@ -1,4 +1,4 @@
-"""Centralised DP-SGD runs batched (:mod:`privkit.trainers.many`): opacus' mechanism, opacus' streams.
+"""Centralised DP-SGD runs batched (:mod:`privkit.batched.many`): opacus' mechanism, opacus' streams.
 
 ``train("dpsgd", ...)`` runs opacus (:func:`privkit.trainers.dpsgd.train_dpsgd`). Its batched form
 runs the same mechanism for many runs in lock-step on stacked models, and draws from each run's
@@ -9,15 +9,15 @@ each run's weights are opacus' up to float rounding:
   from the loader's generator), then per step one ``rand(n) < q`` mask
   (``UniformWithReplacementSampler``), ``ceil(n / batch_size)`` steps, ``q`` their inverse;
 * per-example gradients clipped by opacus' rule ``min(1, C / (norm + 1e-6))`` (norms and the clipped
-  sum from each layer's inputs and output gradients, :class:`~privkit.trainers.stacked.
+  sum from each layer's inputs and output gradients, :class:`~privkit.mechanisms.stacked.
   StackedModels`, where opacus forms every per-example gradient);
 * noise (the ``noise`` stream): per parameter in the optimiser's order, ``normal(0, sigma C)`` of its
   shape; the sum of the clipped gradients and the noise divided by opacus' expected batch size
   ``int(n q)``; one step of SGD.
 
-In release mode the streams are fresh secret ones drawn as :mod:`privkit.trainers.opacus_streams`
+In release mode the streams are fresh secret ones drawn as :mod:`privkit.mechanisms.opacus_streams`
 draws them. Adam is not batched (it amplifies the float rounding by which the batched gradients
-differ from opacus', :mod:`privkit.trainers.exact_mlp`): those runs train one after the other, as
+differ from opacus', :mod:`privkit.batched.exact_mlp`): those runs train one after the other, as
 do runs inside an audit's probing block or with a mutation (opacus' hooks take those).
 """
 
@@ -26,14 +26,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from privkit import mutations
+from privkit.batched.batched_sgd import load_states
+from privkit.batched.many import joint_release, stacked_on
+from privkit.mechanisms import mutations
 from privkit.mechanisms.gaussian import gaussian_release
+from privkit.mechanisms.stacked import StackedModels
 from privkit.seeding import derive_seed, noise_generator
-from privkit.trainers.batched_sgd import load_states
 from privkit.trainers.common import accuracy, new_model, resolve_device
 from privkit.trainers.dpsgd import _plan, dpsgd_result
-from privkit.trainers.many import joint_release, stacked_on
-from privkit.trainers.stacked import StackedModels
 
 OPACUS_NORM_OFFSET = 1e-6  # opacus' DPOptimizer.clip_and_accumulate: C / (norm + 1e-6)
 
@@ -91,7 +91,7 @@ def train_dpsgd_runs(
     """``train("dpsgd", federations[j], configs[j], seeds[j])`` for every j, batched (see the
     module docstring; configurations it does not cover train one after the other). The configs
     are equal but for ``reproducible_noise`` (each run's streams); the runs ``fast`` marks (seeded
-    reference runs) draw a step's noise together (:func:`~privkit.trainers.many.joint_release`).
+    reference runs) draw a step's noise together (:func:`~privkit.batched.many.joint_release`).
 
     Parameters
     ----------
@@ -110,7 +110,7 @@ def train_dpsgd_runs(
         One flag per run: ``True`` marks a seeded reference run, whose noise is drawn with the
         other such runs' of the same noise scale in one draw; ``None`` (default): none.
     """
-    from privkit.trainers.base import train
+    from privkit.methods.contract import train
 
     config = configs[0]
     if not batchable(config):

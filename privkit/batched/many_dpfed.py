@@ -1,9 +1,9 @@
-"""DP-FedAvg, FedKADP and FedKD+DP runs batched (:mod:`privkit.trainers.many`).
+"""DP-FedAvg, FedKADP and FedKD+DP runs batched (:mod:`privkit.batched.many`).
 
 Each run is a :class:`~privkit.trainers.fedkadp.DpFedRun` (the single run's own object: client
 sampling, budget check, Renyi filter, accounting, averaging, evaluation, feedback). Per round every
 run that goes on samples its clients, and all (run, client) pairs run their ``local_steps``
-DP-SGD steps as one stacked computation (:func:`~privkit.trainers.many.local_dp_sgd`): the
+DP-SGD steps as one stacked computation (:func:`~privkit.batched.many.local_dp_sgd`): the
 pair's model starts from its run's global model, draws its batches and noise from the streams of
 :func:`~privkit.trainers.fedkadp._local_update` for that client and round, and FedKADP's
 distillation loss reads the logits of its run's global model (the teacher) at that round's
@@ -16,7 +16,7 @@ model, through ``MentorMentee.stacked_form``), the loss reading the mentor's and
 mentee's features as well as both models' logits.
 
 An audit's reference runs (``fast``) draw the noise of all their clients of a step in one draw
-(:class:`~privkit.trainers.many.LocalDp`: seeded, the same law, not their single runs' numbers).
+(:class:`~privkit.batched.many.LocalDp`: seeded, the same law, not their single runs' numbers).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from privkit.batched.many import LocalDp, ce_losses, local_dp_sgd, lockstep, stacked_on, unstack
+from privkit.mechanisms.dp_sgd_step import DpSgdStep
+from privkit.mechanisms.stacked import StackedModels
+from privkit.mechanisms.stacked_pairs import StackedPairs
 from privkit.seeding import noise_generator
-from privkit.trainers.dp_sgd_step import DpSgdStep
 from privkit.trainers.fedkadp import DpFedRun, run_for
 from privkit.trainers.fedkd import FedKdRun
-from privkit.trainers.many import LocalDp, ce_losses, local_dp_sgd, lockstep, stacked_on, unstack
-from privkit.trainers.stacked import StackedModels
-from privkit.trainers.stacked_pairs import StackedPairs
 
 
 def kd_losses(rho: torch.Tensor):

@@ -21,7 +21,7 @@ bits, are what the attacks use; docs/auditing-methods.md).
 
 Covered: privkit's MLP (``Flatten``, ``Linear``/``ReLU`` hidden layers, linear head), trainable
 or frozen features, an optional proximal term (FedProx). Anything else is an
-:class:`~privkit.trainers.stacked.UnsupportedModelError` (callers train one at a time).
+:class:`~privkit.mechanisms.stacked.UnsupportedModelError` (callers train one at a time).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from privkit.mechanisms.stacked import UnsupportedModelError
 from privkit.models import FeatureClassifier
-from privkit.trainers.stacked import UnsupportedModelError
 
 BETA1, BETA2, EPS = 0.9, 0.999, 1e-8  # torch.optim.Adam's defaults (privkit's make_optimizer)
 

@@ -1,7 +1,7 @@
 """The Flower engine: privkit's methods run as Flower apps on Flower's simulation engine (Ray).
 
 ``privkit train METHOD --engine flower`` (or ``engine = "flower"`` in a run config) runs the method's
-ServerApp and ClientApp (:mod:`privkit.flower.apps`) with ``flwr.simulation.run_simulation``, one
+ServerApp and ClientApp (:mod:`privkit.flower_engine.apps`) with ``flwr.simulation.run_simulation``, one
 Flower node per client. The server and client steps are the in-process trainer's own, so with
 reproducible noise and the same seed the released model and the ledger are those of the in-process
 run; in release mode only the noise differs. The in-process federation stays the default: it
@@ -26,14 +26,11 @@ from typing import Any
 
 from privkit.config import ENGINES
 from privkit.errors import PrivkitError
-
-#: methods whose server and client steps run on Flower (:data:`privkit.flower.apps.PORTS`)
-FLOWER_METHODS = ("dp-fedavg", "fedauxfdp", "fedavg", "fedkadp", "fedprox")
+from privkit.methods import flower_methods
 
 __all__ = [
     "DRIVERS",
     "ENGINES",
-    "FLOWER_METHODS",
     "check_engine",
     "engine_entry",
     "federation_file",
@@ -53,10 +50,10 @@ def check_engine(engine: str, method: str | None = None) -> None:
         raise PrivkitError(f"engine must be one of {', '.join(ENGINES)}; found {engine!r}")
     if engine != "flower":
         return
-    if method is not None and method not in FLOWER_METHODS:
+    if method is not None and method not in flower_methods():
         raise PrivkitError(
             f"method {method} does not run on the Flower engine (it runs on: "
-            f"{', '.join(FLOWER_METHODS)}); found engine 'flower'"
+            f"{', '.join(flower_methods())}); found engine 'flower'"
         )
     missing = [m for m in ("flwr", "ray") if find_spec(m) is None]
     if missing:
@@ -126,7 +123,7 @@ def simulate(
     (``driver="ray"``: ``flwr.simulation.run_simulation``) or in this process (``"inprocess"``).
 
     On Ray the ServerApp runs in a thread of this process and sees this thread's context (an
-    audit's probe session and mutation: :mod:`privkit.flower.audit_transport`); the ClientApps run
+    audit's probe session and mutation: :mod:`privkit.flower_engine.audit_transport`); the ClientApps run
     in Ray actors.
     """
     from flwr.serverapp import ServerApp
@@ -138,12 +135,12 @@ def simulate(
 
     @wrapped.main()
     def main(grid, context):
-        from privkit.flower.audit_transport import audited_grid
+        from privkit.flower_engine.audit_transport import audited_grid
 
         ctx.run(lambda: server_app(audited_grid(grid), context))
 
     if driver == "inprocess":
-        from privkit.flower.inprocess import run_inprocess
+        from privkit.flower_engine.inprocess import run_inprocess
 
         run_inprocess(wrapped, client_app, num_supernodes)
         return
@@ -163,9 +160,9 @@ def train_jobs_on_flower(jobs: Sequence[tuple[str, Any, Any, int]], progress: bo
     the runs go one after the other through the same nodes, one node per client. Each result is
     what :func:`privkit.trainers.train` returns for the same inputs in-process (up to float
     rounding), with the same chance check and noise stamp."""
-    from privkit.flower.apps import make_port, privkit_client_app, privkit_server_app
+    from privkit.flower_engine.apps import make_port, privkit_client_app, privkit_server_app
     from privkit.methods import make_config
-    from privkit.trainers.base import stamp_noise
+    from privkit.methods.contract import stamp_noise
 
     if not jobs:
         raise PrivkitError(
@@ -218,7 +215,7 @@ def train_many_on_flower(
 
 
 def method_app(method: str, federation, config: Any, seed: int, *, workdir: str | Path):
-    """privkit's ``method`` on ``federation`` as a :class:`privkit.flower.apps.FlowerApp` (the
+    """privkit's ``method`` on ``federation`` as a :class:`privkit.flower_engine.apps.FlowerApp` (the
     ServerApp, the ClientApp, one node per client, the result's model and ledger once run): what
     :func:`privkit.flower.audit.audit_app` and :func:`~privkit.flower.audit.audit_app_mechanisms`
     take. The federation file the ClientApps read is written under ``workdir``.
@@ -240,7 +237,12 @@ def method_app(method: str, federation, config: Any, seed: int, *, workdir: str 
     -------
     FlowerApp
     """
-    from privkit.flower.apps import FlowerApp, make_port, privkit_client_app, privkit_server_app
+    from privkit.flower_engine.apps import (
+        FlowerApp,
+        make_port,
+        privkit_client_app,
+        privkit_server_app,
+    )
     from privkit.methods import make_config
 
     check_engine("flower", method)

@@ -17,7 +17,7 @@ this type existed, so seeded results are bit-identical to theirs.
 
 Gaussian noise a release carries is drawn through :func:`privkit.mechanisms.gaussian_release`
 (one function for every single-model mechanism): in release mode the released floats lie on a grid
-fixed by the noise scale alone and the grid offset is drawn exactly (:mod:`privkit.grid_noise`), so
+fixed by the noise scale alone and the grid offset is drawn exactly (:mod:`privkit.mechanisms.grid_noise`), so
 the floating-point attack on ``clean + sigma * z`` does not apply.
 """
 
@@ -68,7 +68,7 @@ class DpRandom:
         reproducible; drawn from exactly as torch's own functions draw).
     device : torch.device or str, optional
         Where :meth:`randn` puts its tensors; defaults to the torch generator's device, else CPU.
-    normals : privkit.device_random.ChaChaStream, optional
+    normals : privkit.mechanisms.device_random.ChaChaStream, optional
         Release mode on an accelerator: :meth:`randn` draws from this counter-based stream on
         :attr:`device` (no host copy); ``mask`` and ``randperm`` still read ``source``.
     """
@@ -97,13 +97,13 @@ class DpRandom:
     def secret(cls, device: str | torch.device = "cpu", on_device: bool | None = None) -> DpRandom:
         """Release mode: a fresh AES-CTR stream keyed from the OS CSPRNG; normals on an
         accelerator (``on_device`` defaults to whether ``device`` is not the CPU) come from a fresh
-        ChaCha20 stream computed there (:mod:`privkit.device_random`)."""
+        ChaCha20 stream computed there (:mod:`privkit.mechanisms.device_random`)."""
         device = torch.device(device)
         if on_device is None:
             on_device = device.type != "cpu"
         if not on_device:
             return cls(aes_generator(), device)
-        from privkit.device_random import ChaChaStream
+        from privkit.mechanisms.device_random import ChaChaStream
 
         return cls(aes_generator(), device, normals=ChaChaStream(device))
 
@@ -155,9 +155,9 @@ class DpRandom:
         return z.to(device=self.device, dtype=want)
 
     def bits(self):
-        """The release stream as raw bits (a :class:`privkit.grid_noise.BitSource`): the device
+        """The release stream as raw bits (a :class:`privkit.mechanisms.grid_noise.BitSource`): the device
         stream when there is one, else the AES stream.  Release mode only."""
-        from privkit.grid_noise import NumpyBits, WordBits
+        from privkit.mechanisms.grid_noise import NumpyBits, WordBits
 
         if self.seeded_torch:
             raise ValueError("bits() is for release mode; found a seeded torch Generator")

@@ -1,7 +1,7 @@
 """The audit's transport to a Flower app's ClientApps: probe sessions and mutations in messages.
 
-A white-box audit (:mod:`privkit.probes`) puts canaries into the DP mechanisms a run executes, and
-a mutation (:mod:`privkit.mutations`) breaks them on purpose; both are context variables of the
+A white-box audit (:mod:`privkit.mechanisms.probes`) puts canaries into the DP mechanisms a run executes, and
+a mutation (:mod:`privkit.mechanisms.mutations`) breaks them on purpose; both are context variables of the
 process that trains. On Flower's simulation engine the ClientApps run in Ray actors, other
 processes: :class:`AuditedGrid` wraps the ServerApp's grid so that every message carries the
 audit's mutation and probe session, and the client mod :func:`audit_mod` runs the ClientApp inside
@@ -18,7 +18,7 @@ import pickle
 from collections.abc import Iterable
 from functools import lru_cache
 
-from privkit import mutations, probes
+from privkit.mechanisms import mutations, probes
 
 AUDIT = "privkit.audit"  # ConfigRecord: the audit's mutation and probe session (and the probes sent back)
 
@@ -76,8 +76,8 @@ def _audited_class():
 
 
 def audited_grid(grid):
-    """``grid`` itself outside an audit; inside one (a :func:`privkit.probes.probing` block or a
-    :func:`privkit.mutations.mutated` one), an :class:`AuditedGrid` around it."""
+    """``grid`` itself outside an audit; inside one (a :func:`privkit.mechanisms.probes.probing` block or a
+    :func:`privkit.mechanisms.mutations.mutated` one), an :class:`AuditedGrid` around it."""
     mutation, session = mutations.active(), probes.current()
     if mutation == mutations.CORRECT and session is None:
         return grid

@@ -1,4 +1,4 @@
-"""FedAvg, FedProx, FedDF and FedAUX runs batched (:mod:`privkit.trainers.many`).
+"""FedAvg, FedProx, FedDF and FedAUX runs batched (:mod:`privkit.batched.many`).
 
 Each run is a :class:`~privkit.trainers.fedavg.FederatedRun` (the single run's own object: client
 selection, ledger, size-weighted averaging, the server hook, evaluation). Per round the selected
@@ -7,7 +7,7 @@ its run's global model and runs :func:`~privkit.trainers.common.train_supervised
 epoch a permutation from the client's seeded generator cut into batches, the last one partial; the
 mean cross-entropy, plus FedProx's proximal term towards its run's global model; a fresh SGD or
 Adam per round), models with fewer batches idling once theirs have run out. These methods train
-with Adam, which amplifies float rounding (:mod:`privkit.trainers.exact_mlp`), so each model runs
+with Adam, which amplifies float rounding (:mod:`privkit.batched.exact_mlp`), so each model runs
 exactly the single run's kernels: the batch saves the per-step overhead, not the arithmetic. An
 audit's reference runs (``fast``) train with the stacked kernels instead
 (``train_exact(..., stacked=True)``: equal up to float rounding). FedDF's and FedAUX's distillation (the server hook) and FedAUX's score release run per run, as in
@@ -21,10 +21,10 @@ from functools import partial
 
 import torch
 
-from privkit.trainers.exact_mlp import mlp_layers, model_for, train_exact
+from privkit.batched.exact_mlp import mlp_layers, model_for, train_exact
+from privkit.batched.many import lockstep
+from privkit.mechanisms.stacked import UnsupportedModelError
 from privkit.trainers.fedavg import FederatedRun
-from privkit.trainers.many import lockstep
-from privkit.trainers.stacked import UnsupportedModelError
 
 
 def local_epochs(
@@ -32,7 +32,7 @@ def local_epochs(
 ) -> list[list[tuple[torch.nn.Module, float]]]:
     """The selected clients of every run trained at once; per run, ``(trained copy, last epoch's
     mean loss)`` per client in the selected order, as :meth:`FederatedRun.train_local` gives them
-    (bit for bit: :mod:`privkit.trainers.exact_mlp`; a model it does not cover trains one client
+    (bit for bit: :mod:`privkit.batched.exact_mlp`; a model it does not cover trains one client
     after the other). The clients of the runs whose ``id`` is in ``fast`` train with the stacked
     kernels instead (equal up to float rounding)."""
     jobs = [(r, i) for r, ids in zip(runs, selected) for i in ids]
