@@ -34,12 +34,12 @@ DRAWS = {
 #: modules allowed to call a Gaussian draw, and why
 ALLOWED = {
     "mechanisms/gaussian.py": "the release primitive",
-    "dp_random.py": "the random source the primitive draws from (DpRandom.randn)",
-    "grid_noise.py": "the grid release the primitive calls in release mode",
+    "mechanisms/dp_random.py": "the random source the primitive draws from (DpRandom.randn)",
+    "mechanisms/grid_noise.py": "the grid release the primitive calls in release mode",
     "trainers/flip.py": "FLiP's synthetic samples' initialisation (no DP release)",
     "trainers/pretrain.py": "data augmentation of public pre-training (no DP release)",
     "trainers/heads.py": "a random unit direction for a degenerate head (no DP release)",
-    "trainers/batched_sgd.py": "batched engine: block draws over steps and models, seeded and on "
+    "batched/batched_sgd.py": "batched engine: block draws over steps and models, seeded and on "
     "the grid (to move to the primitive)",
 }
 
