@@ -73,10 +73,6 @@ class Mutation:
     per_client_noise: bool = False
 
     @property
-    def is_correct(self) -> bool:
-        return self == replace(CORRECT, name=self.name)
-
-    @property
     def touches_ledger(self) -> bool:
         return self.ledger_steps_factor != 1.0 or self.ledger_rate_factor != 1.0
 

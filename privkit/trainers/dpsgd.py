@@ -364,18 +364,3 @@ def _take_probes_and_mutation(
             can.observe(released, clean=add_at(clean, *others))
 
     dp_opt.add_noise = probed_add_noise
-
-
-def _sigma(config: DpsgdConfig, sample_rate: float, steps: int) -> float:
-    """The noise multiplier ``train_dpsgd`` uses: given, or calibrated for exactly (q, steps)."""
-    from accountants import calibrate_noise_multiplier
-
-    if config.noise_multiplier is not None:
-        return float(config.noise_multiplier)
-    return calibrate_noise_multiplier(
-        config.target_epsilon,
-        config.delta,
-        sample_rate,
-        steps,
-        accountant=config.calibration_accountant,
-    ).noise_multiplier
