@@ -32,7 +32,7 @@ import torch
 
 from privkit.data import FederationConfig, build_federation
 from privkit.trainers import train
-from privkit.trainers.fedkadp import paper_epsilon
+from privkit.trainers.dp_fedavg import paper_epsilon
 
 SETTING = {
     "arch": "mlp",

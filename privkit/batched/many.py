@@ -8,7 +8,7 @@ together, each with its own Poisson sampling, per-example clipping, noise and op
 as the single run does. What happens between rounds (client sampling, the budget check,
 accounting, averaging, evaluation) is the single run's own code, run per run: each method's
 trainer is written as a run object whose rounds are driven from outside (:class:`~privkit.
-trainers.fedkadp.DpFedRun`, :class:`~privkit.trainers.fedkd.FedKdRun`, :class:`~privkit.trainers.
+trainers.dp_fedavg.DpFedRun`, :class:`~privkit.trainers.fedkd.FedKdRun`, :class:`~privkit.trainers.
 fedavg.FederatedRun`, :class:`~privkit.trainers.fedmd.FedMDRun`), so both paths share every line
 except the local training. Two engines do the local training:
 

@@ -1,11 +1,11 @@
 """DP-FedAvg, FedKADP and FedKD+DP runs batched (:mod:`privkit.batched.many`).
 
-Each run is a :class:`~privkit.trainers.fedkadp.DpFedRun` (the single run's own object: client
+Each run is a :class:`~privkit.trainers.dp_fedavg.DpFedRun` (the single run's own object: client
 sampling, budget check, Renyi filter, accounting, averaging, evaluation, feedback). Per round every
 run that goes on samples its clients, and all (run, client) pairs run their ``local_steps``
 DP-SGD steps as one stacked computation (:func:`~privkit.batched.many.local_dp_sgd`): the
 pair's model starts from its run's global model, draws its batches and noise from the streams of
-:func:`~privkit.trainers.fedkadp._local_update` for that client and round, and FedKADP's
+:func:`~privkit.trainers.dp_fedavg._local_update` for that client and round, and FedKADP's
 distillation loss reads the logits of its run's global model (the teacher) at that round's
 temperature. The states go back to each run in its sampled order.
 
@@ -31,12 +31,13 @@ from privkit.mechanisms.dp_sgd_step import DpSgdStep
 from privkit.mechanisms.stacked import StackedModels
 from privkit.mechanisms.stacked_pairs import StackedPairs
 from privkit.seeding import noise_generator
-from privkit.trainers.fedkadp import DpFedRun, run_for
+from privkit.trainers.dp_fedavg import DpFedRun
+from privkit.trainers.fedkadp import run_for
 from privkit.trainers.fedkd import FedKdRun
 
 
 def kd_losses(rho: torch.Tensor):
-    """Per-example :func:`~privkit.trainers.fedkadp.kd_loss` with model j's temperature ``rho[j]``."""
+    """Per-example :func:`~privkit.trainers.dp_fedavg.kd_loss` with model j's temperature ``rho[j]``."""
 
     def losses(
         out: torch.Tensor, models: torch.Tensor, s: slice, y: torch.Tensor, teacher: torch.Tensor

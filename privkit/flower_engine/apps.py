@@ -2,11 +2,11 @@
 
 The server side of a method (client sampling, accounting, aggregation, evaluation, the budget
 check) is the in-process trainer's own run object, stepped round by round: :class:`~privkit.trainers.fedavg.FederatedRun`
-(fedavg, fedprox), :class:`~privkit.trainers.fedkadp.DpFedRun` (dp-fedavg, fedkadp) and the DP-head setup and result of
+(fedavg, fedprox), :class:`~privkit.trainers.dp_fedavg.DpFedRun` (dp-fedavg, fedkadp) and the DP-head setup and result of
 fedauxfdp. Each round the ServerApp sends every sampled client a ``train`` message with the global
 model and the round's parameters, and the ClientApp on the node holding that client's records runs
 the trainer's own client step on them (:func:`privkit.trainers.fedavg.local_update`,
-:func:`privkit.trainers.fedkadp.local_update`, :func:`privkit.trainers.fedauxfdp.release_client_heads`),
+:func:`privkit.trainers.dp_fedavg.local_update`, :func:`privkit.trainers.fedauxfdp.release_client_heads`),
 seeded by the same derivation from the run seed as in-process. The records never leave the
 ClientApp; the server reads the clients' sizes from the federation layout, as the in-process run
 does (the accountant's sampling rate ``B / n_k`` needs them).
@@ -202,7 +202,7 @@ class FedAvgPort(Port):
 
 
 class DpFedPort(Port):
-    """dp-fedavg / fedkadp: :class:`privkit.trainers.fedkadp.DpFedRun` between rounds."""
+    """dp-fedavg / fedkadp: :class:`privkit.trainers.dp_fedavg.DpFedRun` between rounds."""
 
     def __init__(self, method: str, federation, cfg, seed: int, progress: bool = False):
         from privkit.trainers.fedkadp import run_for
@@ -391,7 +391,7 @@ def client_step(task, model_record, extra_record, partition: int) -> tuple[dict,
         import torch
 
         from privkit.trainers.common import as_tensor
-        from privkit.trainers.fedkadp import client_seed, local_update
+        from privkit.trainers.dp_fedavg import client_seed, local_update
 
         rho = float(task["rho"]) if "rho" in task else None
         receipts: list = []

@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 from privkit.methods import centralized as _centralized  # noqa: F401
+from privkit.methods import dp_fedavg as _dp_fedavg  # noqa: F401
 from privkit.methods import dp_fedavg_client as _dp_fedavg_client  # noqa: F401
 from privkit.methods import dpsgd as _dpsgd  # noqa: F401
 from privkit.methods import fedaux as _fedaux  # noqa: F401

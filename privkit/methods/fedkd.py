@@ -6,8 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from privkit.methods.fedkadp import QUICK as FEDKADP_QUICK
-from privkit.methods.fedkadp import DpFedConfig
+from privkit.methods.dp_fedavg import QUICK as FEDKADP_QUICK
+from privkit.methods.dp_fedavg import DpFedConfig
 from privkit.methods.registry import declare
 
 PAPER = (
@@ -19,7 +19,7 @@ PAPER = (
 class FedKDConfig(DpFedConfig):
     """FedKD+DP: mentee = the shared model (``arch``/``feature_dim``), mentor = a larger local model.
 
-    Defaults follow DP-FedAvg's (:class:`~privkit.methods.fedkadp.DpFedConfig`) so the three DP
+    Defaults follow DP-FedAvg's (:class:`~privkit.methods.dp_fedavg.DpFedConfig`) so the three DP
     baselines of FedKADP's comparison share one setting; ``energy_start``/``energy_end`` are the
     paper's SVD energy thresholds.
     """

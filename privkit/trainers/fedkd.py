@@ -49,7 +49,7 @@ from privkit.methods.fedkd import PAPER, FedKDConfig  # noqa: F401  (re-exported
 from privkit.models import FeatureClassifier
 from privkit.seeding import derive_seed, make_rng, noise_generator
 from privkit.trainers.common import accuracy, as_tensor, new_model, resolve_device
-from privkit.trainers.fedkadp import _Budget
+from privkit.trainers.dp_fedavg import _Budget
 
 
 # ----------------------------------------------------------------------------- mutual distillation
@@ -182,7 +182,7 @@ def _client_round(
 
 # ----------------------------------------------------------------------------- trainer
 class FedKdRun:
-    """One FedKD+DP run held between rounds (as :class:`~privkit.trainers.fedkadp.DpFedRun`):
+    """One FedKD+DP run held between rounds (as :class:`~privkit.trainers.dp_fedavg.DpFedRun`):
     :meth:`next_round` samples the round's clients (budget checked before it) and loads the global
     mentee into their pairs, each sampled client runs :func:`_client_round` on its pair with
     :meth:`client_seed`, and :meth:`finish_round` compresses, accounts and averages the updates.

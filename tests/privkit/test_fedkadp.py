@@ -11,17 +11,15 @@ import torch.nn.functional as F
 from accountants import dpsgd_epsilon
 from privkit.data import FederationConfig, build_federation
 from privkit.trainers import train
+from privkit.trainers.dp_fedavg import kd_loss, paper_epsilon, paper_round_rdp
 from privkit.trainers.fedkadp import (
     adapt_noise,
     adapt_temperature,
     feedback_metric,
-    kd_loss,
     metric_accuracy,
     metric_gradient,
     metric_loss,
     metric_time,
-    paper_epsilon,
-    paper_round_rdp,
 )
 
 # Small runs: 5 of 20 clients per round, 3 DP-SGD steps per round, MLP with 16 hidden units.

@@ -20,7 +20,7 @@ from privkit.cli import app
 from privkit.data import FederationConfig, build_federation
 from privkit.mechanisms import dp_sgd_step
 from privkit.seeding import noise_generator, noise_rng
-from privkit.trainers import fedkadp, train
+from privkit.trainers import dp_fedavg, train
 
 TINY = {
     "arch": "mlp",
@@ -62,7 +62,7 @@ def test_generators_secret_in_release_mode_and_seeded_otherwise():
     )
 
 
-REAL = (fedkadp._local_update, dp_sgd_step.poisson_batch, dp_sgd_step.gaussian_release)
+REAL = (dp_fedavg._local_update, dp_sgd_step.poisson_batch, dp_sgd_step.gaussian_release)
 
 
 def _recorded_run(monkeypatch, fed, **over):
@@ -85,7 +85,7 @@ def _recorded_run(monkeypatch, fed, **over):
         seen["noise"].append(torch.cat([(out[k] - total[k]).flatten() for k in sorted(total)]))
         return out, receipt
 
-    monkeypatch.setattr(fedkadp, "_local_update", update)
+    monkeypatch.setattr(dp_fedavg, "_local_update", update)
     monkeypatch.setattr(dp_sgd_step, "poisson_batch", sample)
     monkeypatch.setattr(dp_sgd_step, "gaussian_release", noise)
     result = train("dp-fedavg", fed, {**TINY, **over}, seed=3)
