@@ -47,7 +47,7 @@ NODE_WAIT_S = 120.0  # how long the ServerApp waits for the simulation's nodes t
 
 @dataclass
 class FlowerApp:
-    """A Flower app set up on given records, as :func:`audit_app` runs it.
+    """A Flower app set up on given records, as :func:`privkit.flower.audit.audit_app` runs it.
 
     Attributes
     ----------

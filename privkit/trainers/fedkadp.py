@@ -7,7 +7,7 @@ All three share one loop (Algorithms 1-2):
 
 * server: each round samples ``N = max(round(K s), 1)`` clients uniformly without replacement,
   sends them the global model ``w_{t-1}``, averages what they return (equal weights, Alg. 2 line 8);
-* client (Alg. 1): ``student = teacher = w_{t-1}``; ``E`` DP-SGD steps (:mod:`dp_sgd_step`):
+* client (Alg. 1): ``student = teacher = w_{t-1}``; ``E`` DP-SGD steps (:mod:`privkit.mechanisms.dp_sgd_step`):
   per-sample clipping to ``c``, Gaussian noise ``sigma_t c`` on the sum, divided by ``B``; the
   loss is ``CE(y, student) + rho^2 KL(softmax(teacher/rho) || softmax(student/rho))`` (FedKADP)
   or ``CE`` alone (DP-FedAvg);
