@@ -6,7 +6,7 @@ as the single run.
 * Seeded, a probed batched run is its single run: the same probe sets, the same canary
   appearances (sampled from the same noise stream before the noise), the same observations and
   final weights up to float rounding (the batched engines' tolerance, 1e-5), with or without a
-  mutation.
+  mutation; several runs on the model axis each reach the probes at their own row.
 * An audit's reference run trained batched with a planted bug is caught by the mechanism audit's
   verdict (:func:`privkit.audit.mechanism_audit.probe_verdict`), for the bug's own reason, while
   the correct run conforms: on every one of several seeds.
@@ -98,6 +98,30 @@ def test_a_probed_batched_run_is_its_single_run(fed, monkeypatch, method, mutati
         np.testing.assert_allclose(b._noise_ss, a._noise_ss, rtol=1e-4)
     assert _max_diff(single.model, batched.model) <= TOL
     assert single.ledger.to_dict() == batched.ledger.to_dict()
+
+
+@pytest.mark.parametrize("method", ["dp-fedavg", "dpsgd"])
+def test_a_batch_of_runs_observes_what_its_runs_observe_one_after_the_other(
+    fed, monkeypatch, method
+):
+    """Two runs on the model axis: each one's releases reach the probe set at its own row. The
+    runs share the probe set of client 0 (one probing block), the loop observing run 0's steps and
+    then run 1's, the batch both runs' step by step (lock-step): every other observation of the
+    batch is the loop's run 0, the others its run 1."""
+    cfg, seeds = _config(method), [7, 8]
+    plan = ProbePlan(canaries=64, clients=(0,), seed=1)
+    with probing(plan) as alone, mutations.mutated(mutations.MUTATIONS["clipping off"]):
+        singles = [train(method, fed, cfg, seed=s) for s in seeds]
+    with probing(plan) as together, mutations.mutated(mutations.MUTATIONS["clipping off"]):
+        batched = _batched(monkeypatch, method, [fed, fed], cfg, seeds)
+    a, b = alone.probes[(0, "dp-sgd")], together.probes[(0, "dp-sgd")]
+    assert a.steps == b.steps > 0 and a.steps % 2 == 0
+    loop, batch = np.stack(a._proj), np.stack(b._proj)
+    half = a.steps // 2
+    for run, rows in enumerate((batch[0::2], batch[1::2])):
+        np.testing.assert_allclose(rows, loop[run * half : (run + 1) * half], rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(a.appearances, b.appearances)
+    assert all(_max_diff(x.model, y.model) <= TOL for x, y in zip(singles, batched))
 
 
 def test_probes_see_the_mutation_the_batched_run_draws(fed, monkeypatch):
