@@ -6,7 +6,9 @@ as the single run.
 * Seeded, a probed batched run is its single run: the same probe sets, the same canary
   appearances (sampled from the same noise stream before the noise), the same observations and
   final weights up to float rounding (the batched engines' tolerance, 1e-5), with or without a
-  mutation; several runs on the model axis each reach the probes at their own row.
+  mutation; several runs on the model axis each reach the probes at their own row. The batched
+  forms releasing by output perturbation (FedMD-LDP, FedAUX) take the probes in the single run's
+  own code, bit for bit. None of these falls back to training one run after the other.
 * An audit's reference run trained batched with a planted bug is caught by the mechanism audit's
   verdict (:func:`privkit.audit.mechanism_audit.probe_verdict`), for the bug's own reason, while
   the correct run conforms: on every one of several seeds.
@@ -164,3 +166,25 @@ def test_a_mutation_in_a_batched_reference_run_is_caught(fed, monkeypatch, metho
     assert verdicts["correct"] == [("consistent", [])] * 3, verdicts
     for name in ("noise x1/2", "clipping off"):
         assert verdicts[name] == [("violation", REASONS[name])] * 3, (name, verdicts)
+
+
+@pytest.mark.parametrize("method", ["fedmd-ldp", "fedaux"])
+def test_output_perturbation_in_batched_runs_takes_the_probes(monkeypatch, method):
+    """The batched forms whose DP mechanism is output perturbation (FedMD-LDP's shared
+    predictions, FedAUX's scores) run the single run's own release code per run: the same probe
+    sets, observing the same releases bit for bit."""
+    from test_batched_federations import CASES
+
+    from privkit.data import FederationConfig
+
+    fed = build_federation(FederationConfig(partition="dirichlet", clients=20, seed=0))
+    plan = ProbePlan(canaries=16, clients=(0,), seed=1)
+    with probing(plan) as alone:
+        train(method, fed, CASES[method], seed=3)
+    with probing(plan) as together:
+        _batched(monkeypatch, method, [fed], CASES[method], [3])
+    assert sorted(alone.probes) == sorted(together.probes) != []
+    for key, a in alone.probes.items():
+        b = together.probes[key]
+        assert a.steps == b.steps > 0
+        np.testing.assert_array_equal(np.stack(b._proj), np.stack(a._proj))
