@@ -26,8 +26,11 @@ Randomness per model from its seed: initialisation (``seed``), batches (``derive
 :func:`privkit.seeding.noise_generator`) batches and noise come from a secret AES-CTR stream instead. Poisson masks and noise are drawn in
 blocks of :data:`BLOCK` steps (``mask(K, n)``, ``randn(K, parameters)`` from the model's stream,
 ``K = min(BLOCK, steps left)``), so that the M models' draws happen once per block rather than once
-per step, and the loop draws exactly the same numbers. In release mode the noisy sums lie on the
-data-independent grid of :mod:`privkit.mechanisms.grid_noise` (the block holds the grid's integer draws).
+per step, and the loop draws exactly the same numbers. Every release goes through privkit's
+release primitive (:func:`privkit.mechanisms.gaussian_release`: :class:`~privkit.mechanisms.
+gaussian.NormalRows` in the loop, :class:`~privkit.mechanisms.gaussian.ModelRows` for the stacked
+models). In release mode the noisy sums lie on the data-independent grid of
+:mod:`privkit.mechanisms.grid_noise` (the block holds the grid's integer draws).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from privkit.mechanisms.dp_random import DpRandom
-from privkit.mechanisms.grid_noise import Grid, rounded_gaussian, snap_add
+from privkit.mechanisms.gaussian import ModelRows, gaussian_release
 from privkit.mechanisms.stacked import StackedModels
 from privkit.models import build_from_spec
 from privkit.seeding import noise_generator, seed_torch
@@ -476,58 +479,38 @@ def train_many(
     std = recipe.noise_multiplier * recipe.clip if recipe.clip is not None else 0.0
     opt = _StackedOptimizer(params, recipe)
     t_max = int(schedule.steps.max())
-    # one noise buffer for the run (models whose steps have run out get zeros: no NaN to mask); in
-    # release mode the grid's integer draws (privkit.mechanisms.grid_noise, exact in float64), added by snap_add
-    grid = (
-        None
-        if reproducible or recipe.clip is None or std == 0
-        else Grid.for_release(std, recipe.clip, sum(numels))
-    )
+    # each model's noise drawn a block of steps at a time from its own stream, every step's
+    # release through the primitive (seeded normals; in release mode the grid's integers, the
+    # noisy sums on the grid of privkit.mechanisms.grid_noise)
     noise = (
-        torch.empty(
-            m,
-            min(BLOCK, t_max),
-            sum(numels),
-            device=dev,
-            dtype=torch.float32 if grid is None else torch.float64,
-        )
+        ModelRows([g[1] for g in gens], sum(numels), schedule.steps.tolist(), BLOCK, dev)
         if recipe.clip is not None
         else None
     )
     for start in range(0, t_max, BLOCK):
         glob, w, active, counts = schedule.block(start)
-        if noise is not None:  # one draw per model and block of steps
-            for j, rows in enumerate(schedule.rows(start)):
-                if grid is None:
-                    gens[j][1].randn(rows, sum(numels), out=noise[j, :rows])
-                else:
-                    noise[j, :rows] = rounded_gaussian(
-                        grid.scale, rows * sum(numels), gens[j][1].bits()
-                    ).view(rows, -1)
-                noise[j, rows:].zero_()
         for t in range(glob.shape[1]):
             norm = expected if poisson else w[:, t].sum(1).clamp(min=1)
             width = max(1, int(counts[:, t].max()))  # columns beyond it are pads in every model
             b = glob[:, t, :width]
             # gathered example-major: a chunk of it is already the (B, M*C, H, W) layout of convolutions
             xb, yb, wb = xt[b.T].transpose(0, 1), yt[b], w[:, t, :width]
-            if recipe.clip is None:
+            if recipe.clip is None or noise is None:
                 g = _mean_gradient(stacked, params, buffers, xb, yb, wb, norm)
             else:
                 g = _private_gradient(
                     stacked, params, buffers, xb, yb, wb, recipe.clip, counts[:, t].tolist()
                 )
-                parts = noise[:, t].split(numels, dim=1)
-                if grid is None:
-                    g = {
-                        k: g[k].add_(z.view_as(g[k]), alpha=std).div_(_expand(norm, g[k]))
-                        for k, z in zip(names, parts)
-                    }
-                else:
-                    g = {
-                        k: snap_add(g[k], z.view_as(g[k]), grid.gamma).div_(_expand(norm, g[k]))
-                        for k, z in zip(names, parts)
-                    }
+                # one release per model: its clipped sum and its stream's noise of this step
+                released, _ = gaussian_release(
+                    [g[k] for k in names],
+                    std=std,
+                    sensitivity=recipe.clip,
+                    source=noise,
+                    dim=sum(numels),
+                    mutate=False,
+                )
+                g = {k: v.div_(_expand(norm, v)) for k, v in zip(names, released)}
             opt.step(params, g, active[:, t])
     return [{k: v[j].detach().cpu().clone() for k, v in params.items()} for j in range(m)]
 

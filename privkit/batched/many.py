@@ -24,11 +24,18 @@ the streams the single run draws them from, in the same order, so the weights ag
 :func:`privkit.trainers.train`'s up to float rounding (tested per method: at most 1e-5, and bit for
 bit for the Adam methods). In release mode every stream is a fresh secret one, as in the single run.
 
+Audits reach the batched runs as they reach the single run: inside an audit's probing block
+(:func:`privkit.mechanisms.probes.probing`) each probed client's model takes its canaries
+(:attr:`LocalDp.canaries`: sampled from its noise stream before the noise, clipped like a record,
+added before the release and observing it, as :meth:`DpSgdStep.noisy_gradient
+<privkit.mechanisms.dp_sgd_step.DpSgdStep.noisy_gradient>` does), and an audit's mutation acts in
+the release primitive and the clipping as in the single step. The other mechanisms (FedAUX's
+scores, FedMD-LDP's shared knowledge) run the single run's own code per run.
+
 Methods with a batched form: those whose registry entry names one
 (:attr:`privkit.methods.registry.TrainerSpec.batched`). The others (FLiP, centralized, FedAUXfdp and the
-DP-head baselines: docs/performance.md says why), configurations a batched form does not cover,
-and any run inside an audit's probing block (whose canaries are per client and step) train one
-after the other.
+DP-head baselines: docs/performance.md says why) and configurations a batched form does not cover
+train one after the other.
 """
 
 from __future__ import annotations
@@ -36,12 +43,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from privkit.errors import PrivkitError
 from privkit.mechanisms import mutations
 from privkit.mechanisms.dp_random import DpRandom
+
+if TYPE_CHECKING:
+    from privkit.mechanisms.dp_sgd_step import DpSgdStep
 
 
 def has_batched(method: str) -> bool:
@@ -50,14 +61,6 @@ def has_batched(method: str) -> bool:
     from privkit.methods import get_trainer
 
     return get_trainer(method).batched is not None
-
-
-def _probing() -> bool:
-    """Whether an audit's probing block is active (:func:`privkit.mechanisms.probes.probing`): its canaries
-    are taken per client and step by the single run's mechanism, so such runs use the loop."""
-    from privkit.mechanisms import probes
-
-    return probes.active()
 
 
 def train_many(
@@ -79,7 +82,8 @@ def train_many(
     single run: the Adam methods' stacked kernels instead of the exact per-model ones
     (:mod:`privkit.batched.exact_mlp`), the DP-SGD methods' noise of all reference clients of a
     step in one draw (:class:`LocalDp`). The other runs (an audit's target) train as ``config``
-    says, in the same batch.
+    says, in the same batch. Inside an audit's probing block or mutation every run takes the
+    audit's probes and bug as its single run would (the module docstring).
 
     Parameters
     ----------
@@ -116,7 +120,7 @@ def train_many(
     configs = [seeded if r else cfg for r in refs]
     # a reproducible config promises every run its single run's result (on every executor)
     fast = [r and not cfg.reproducible_noise for r in refs]
-    if not has_batched(method) or _probing():
+    if not has_batched(method):
         return [train(method, f, c, seed=s) for f, c, s in zip(federations, configs, seeds)]
     results = get_trainer(method).batched_fn(
         method, list(federations), configs, [int(s) for s in seeds], fast
@@ -200,16 +204,22 @@ class LocalDp:
     fast : bool
         An audit's reference model with a seeded ``noise_gen`` (default ``False``): its noise is
         drawn together with the other such models' (:func:`joint_release`).
+    canaries : attacks.whitebox.GradientCanaries or None
+        The audit's canaries of this model's mechanism (:meth:`DpSgdStep.probes
+        <privkit.mechanisms.dp_sgd_step.DpSgdStep.probes>` for its client; over its trainable
+        parameters in ``named_parameters`` order); ``None`` (default) outside an audit.
     """
 
     x: torch.Tensor
     y: torch.Tensor
-    step: object  # DpSgdStep
+    step: DpSgdStep
     sample_gen: DpRandom
     noise_gen: DpRandom
     #: an audit's reference model (seeded streams): its noise is drawn with the other reference
     #: models' of the step in one draw (the same law, not its single run's numbers)
     fast: bool = False
+    #: the audit's probes of this model's mechanism (None outside an audit's probing block)
+    canaries: Any = None
 
 
 #: losses(out, models, s, y, aux) -> (len(models), b) per-example losses of the examples s
@@ -239,7 +249,10 @@ def local_dp_sgd(
     draw per parameter, in name order), the sum divided by the expected batch size, and one step
     of a fresh SGD or Adam optimiser. ``aux(xb)`` gives per-example auxiliary inputs of the loss
     (a teacher's logits) for the padded batch ``xb`` ``(M, B, ...)``. An audit's mutation
-    (:mod:`privkit.mechanisms.mutations`) acts as in the single step.
+    (:mod:`privkit.mechanisms.mutations`) acts as in the single step (clipping here, the noise
+    factor in the release primitive), and a job's canaries (:attr:`LocalDp.canaries`) are taken
+    as the single step takes them: sampled from its noise stream before its noise, added to its
+    clipped sum before the release, observing the release.
 
     Parameters
     ----------
@@ -278,11 +291,8 @@ def local_dp_sgd(
     if any(j.step.clip_norm != first.clip_norm for j in jobs):
         raise ValueError("every job of a batched step must have the same clip norm")
     device = next(iter(params.values())).device
+    names = list(params)  # the models' parameter order: the canaries' coordinates
     m = len(jobs)
-    std = torch.tensor(
-        [j.step.noise_multiplier * j.step.clip_norm * mutation.noise_factor for j in jobs],
-        device=device,
-    )
     expected = torch.tensor([j.step.expected_batch_size for j in jobs], device=device)
     offsets = torch.tensor([0] + [len(j.y) for j in jobs]).cumsum(0)
     x_all = torch.cat([j.x for j in jobs])
@@ -310,43 +320,64 @@ def local_dp_sgd(
             )
 
         sums, _ = net.clipped_sums(params, buffers, xb, example_losses, clip, counts=counts)
-        grads = _noisy(sums, jobs, std, expected)
+        grads = _noisy(sums, jobs, names, expected)
         opt.step(params, grads, active)
 
 
 def _noisy(
     sums: dict[str, torch.Tensor],
     jobs: Sequence[LocalDp],
-    std: torch.Tensor,
+    names: list[str],
     expected: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
     """Model i's noisy sum as the single step releases it (:func:`privkit.mechanisms.gaussian_release`
-    from the model's own stream: seeded, its tensors in name order; in release mode on one grid),
-    divided by its expected batch size. ``std`` already carries an audit's mutation. The fast
-    jobs (reference models, seeded) with equal noise and clip norm are released together, one row
-    each, from the first one's stream: one draw for all of them."""
+    from the model's own stream: seeded, its tensors in name order; in release mode on one grid;
+    an audit's noise factor applied there), divided by its expected batch size. The fast jobs
+    (reference models, seeded) with equal noise and clip norm are released together, one row
+    each, from the first one's stream: one draw for all of them.
+
+    A job's canaries are taken as :meth:`DpSgdStep.noisy_gradient
+    <privkit.mechanisms.dp_sgd_step.DpSgdStep.noisy_gradient>` takes them: every probed job's
+    canaries are sampled from its own noise stream (before any noise is drawn from it) and added
+    in place to its row of ``sums`` (``names``: the parameters' order, the canaries' layout); after
+    the releases the rows are restored bit for bit and each job's canaries observe its release
+    against its clean sum."""
     from privkit.mechanisms.gaussian import gaussian_release
 
+    restores = {
+        i: j.step._with_canaries({k: sums[k][i] for k in names}, names, j.canaries, j.noise_gen)
+        for i, j in enumerate(jobs)
+        if j.canaries is not None
+    }
+    released: dict[int, list[torch.Tensor]] = {}
     grads = {k: torch.empty_like(v) for k, v in sums.items()}
     groups: dict[tuple[float, float], list[int]] = {}
     for i, j in enumerate(jobs):
+        std = j.step.noise_multiplier * j.step.clip_norm
         if j.fast and j.noise_gen.seeded_torch:
-            groups.setdefault((float(std[i]), float(j.step.clip_norm)), []).append(i)
+            groups.setdefault((std, float(j.step.clip_norm)), []).append(i)
             continue
         noisy, _ = gaussian_release(
             {k: v[i] for k, v in sums.items()},
-            std=float(std[i]),
+            std=std,
             sensitivity=j.step.clip_norm,
             source=j.noise_gen,
-            mutate=False,
         )
+        if i in restores:
+            released[i] = [noisy[k] for k in names]
         for k, v in noisy.items():
             grads[k][i] = v / expected[i]
     for (s, clip), rows in groups.items():
         at = torch.tensor(rows, device=expected.device)
         noisy = joint_release(sums, rows, std=s, clip=clip, source=jobs[rows[0]].noise_gen)
+        for r, i in enumerate(rows):
+            if i in restores:
+                released[i] = [noisy[k][r] for k in names]
         for k, v in noisy.items():
             grads[k][at] = v / expected[at].view(-1, *([1] * (v.dim() - 1)))
+    for i, restore in restores.items():
+        restore()  # the clipped sum again, bit for bit: what the canaries observe against
+        jobs[i].canaries.observe(released[i], clean=[sums[k][i] for k in names])
     return grads
 
 
@@ -365,8 +396,8 @@ def joint_release(
     rows : Sequence[int]
         The positions on the model axis of the models released.
     std : float
-        The noise's standard deviation (``noise_multiplier * clip``, with an audit's mutation
-        already applied), the same for every row.
+        The noise's standard deviation the mechanism claims (``noise_multiplier * clip``), the
+        same for every row; an audit's mutation scales what is drawn (in the primitive).
     clip : float
         The clip norm: each row's L2 sensitivity.
     source : DpRandom
@@ -384,7 +415,6 @@ def joint_release(
         source=source,
         dim=clean.shape[1],
         releases=len(rows),
-        mutate=False,
     )
     out, offset = {}, 0
     for k in names:

@@ -17,10 +17,13 @@ mentee's features as well as both models' logits.
 
 An audit's reference runs (``fast``) draw the noise of all their clients of a step in one draw
 (:class:`~privkit.batched.many.LocalDp`: seeded, the same law, not their single runs' numbers).
+Inside an audit's probing block each probed client's model takes the canaries its single run's
+step takes (:meth:`~privkit.mechanisms.dp_sgd_step.DpSgdStep.probes`, label ``dp-sgd``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 
 import torch
@@ -53,24 +56,31 @@ def kd_losses(rho: torch.Tensor):
 
 
 def _jobs(
-    pairs: list[tuple], device: torch.device, fast: frozenset[int] = frozenset()
+    pairs: list[tuple],
+    modules: Sequence[torch.nn.Module],
+    device: torch.device,
+    fast: frozenset[int] = frozenset(),
 ) -> list[LocalDp]:
     """Each (run, client) pair's local DP-SGD: the client's records, the step with the run's noise
-    multiplier, and the client's batch and noise streams of this round (``fast``: the ids of the
-    runs whose jobs draw their noise together, :class:`LocalDp`)."""
+    multiplier, the client's batch and noise streams of this round, and an audit's canaries of
+    the client's mechanism over its trained module (``modules``, one per pair: the probes the
+    single run's step takes, :meth:`DpSgdStep.probes`; ``fast``: the ids of the runs whose jobs
+    draw their noise together, :class:`LocalDp`)."""
     jobs = []
-    for r, k in pairs:
+    for (r, k), module in zip(pairs, modules):
         cfg, (x, y) = r.cfg, r.data[k]
         n, seed = len(y), r.client_seed(k)
         sigma = getattr(r, "sigma", cfg.noise_multiplier)
+        step = DpSgdStep(cfg.clip_norm, sigma, min(1.0, cfg.batch_size / n), n)
         jobs.append(
             LocalDp(
                 x,
                 y,
-                DpSgdStep(cfg.clip_norm, sigma, min(1.0, cfg.batch_size / n), n),
+                step,
                 noise_generator(seed, "poisson", reproducible=cfg.reproducible_noise),
                 noise_generator(seed, "noise", reproducible=cfg.reproducible_noise, device=device),
                 fast=id(r) in fast,
+                canaries=step.probes(module, k),
             )
         )
     return jobs
@@ -85,7 +95,7 @@ def _round(
     cfg, device = runs[0].cfg, runs[0].device
     models = [r.model for r, _ in pairs]
     params, buffers = stacked_on(models, device)
-    jobs = _jobs(pairs, device, fast)
+    jobs = _jobs(pairs, models, device, fast)
     net = StackedModels(models[0], len(pairs))
     aux, losses = None, ce_losses
     if runs[0].distill:
@@ -158,7 +168,7 @@ def _kd_round(
         StackedPairs(modules[0], len(pairs)),
         params,
         buffers,
-        _jobs(pairs, device, fast),
+        _jobs(pairs, modules, device, fast),
         cfg.local_steps,
         lr=cfg.lr,
         optimizer=cfg.optimizer,

@@ -17,11 +17,20 @@ each run's weights are opacus' up to float rounding:
 
 In release mode the streams are fresh secret ones drawn as :mod:`privkit.mechanisms.opacus_streams`
 draws them. Adam is not batched (it amplifies the float rounding by which the batched gradients
-differ from opacus', :mod:`privkit.batched.exact_mlp`): those runs train one after the other, as
-do runs inside an audit's probing block or with a mutation (opacus' hooks take those).
+differ from opacus', :mod:`privkit.batched.exact_mlp`): those runs train one after the other.
+
+Audits reach the batched runs as they reach opacus' (:func:`privkit.trainers.dpsgd.
+_take_probes_and_mutation`): inside an audit's probing block each run's pooled mechanism takes
+one probe set per probed client (:func:`~privkit.trainers.dpsgd.probe_sets`), sampled from the
+run's noise stream before its noise, clipped by opacus' rule, added before the release and
+observing it (:class:`~privkit.trainers.dpsgd.ProbedStep`, the single run's own code); an audit's
+mutation switches the clipping off here (records and canaries alike) and scales the noise in the
+release primitive.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +42,7 @@ from privkit.mechanisms.gaussian import gaussian_release
 from privkit.mechanisms.stacked import StackedModels
 from privkit.seeding import derive_seed, noise_generator
 from privkit.trainers.common import accuracy, new_model, resolve_device
-from privkit.trainers.dpsgd import _plan, dpsgd_result
+from privkit.trainers.dpsgd import ProbedStep, _plan, dpsgd_result, probe_sets
 
 OPACUS_NORM_OFFSET = 1e-6  # opacus' DPOptimizer.clip_and_accumulate: C / (norm + 1e-6)
 
@@ -53,6 +62,10 @@ class _Run:
         self.batches = noise_generator(seed, "poisson", reproducible=config.reproducible_noise)
         self.noise = noise_generator(
             seed, "noise", reproducible=config.reproducible_noise, device=device
+        )
+        dim = sum(int(p.numel()) for p in self.model.parameters() if p.requires_grad)
+        self.probes = probe_sets(
+            dim, federation.num_clients, config.clip_norm, self.rate, self.sigma
         )
         self.x = torch.as_tensor(x, dtype=torch.float32, device=device)
         self.y = torch.as_tensor(y, dtype=torch.long, device=device)
@@ -75,14 +88,15 @@ class _Run:
         (:func:`privkit.mechanisms.gaussian_release`, sensitivity ``clip``)."""
         names = list(sums)  # opacus' parameter order, as its add_noise draws
         noisy, _ = gaussian_release(
-            [sums[k] for k in names], std=std, sensitivity=clip, source=self.noise, mutate=False
+            [sums[k] for k in names], std=std, sensitivity=clip, source=self.noise
         )
         return dict(zip(names, noisy))
 
 
 def batchable(config) -> bool:
-    """Whether the batched form covers ``config`` (SGD, and no audit mutation active)."""
-    return config.optimizer == "sgd" and mutations.active() == mutations.CORRECT
+    """Whether the batched form covers ``config`` (SGD; an audit's probes and mutation are
+    taken, see the module docstring)."""
+    return config.optimizer == "sgd"
 
 
 def train_dpsgd_runs(
@@ -125,6 +139,9 @@ def train_dpsgd_runs(
     net = StackedModels(runs[0].model, m)
     net.norm_offset = OPACUS_NORM_OFFSET
     std = [r.sigma * config.clip_norm for r in runs]
+    # an audit's mutation: clipping off for records and canaries (the noise stays calibrated to
+    # the claimed clip norm, as opacus' hooks run it); its noise factor acts in the primitive
+    clip = config.clip_norm if mutations.active().clipping else math.inf
     quick = [bool(f) and r.noise.seeded_torch for f, r in zip(fast or [False] * m, runs)]
     expected = torch.tensor([float(r.expected) for r in runs], device=device)
     for t in range(max(r.steps for r in runs)):
@@ -152,26 +169,41 @@ def train_dpsgd_runs(
             losses.index_add_(0, models, torch.where(keep, ce, 0.0).detach().sum(1))
             return ce
 
-        sums, _ = net.clipped_sums(
-            params, buffers, xb, example_losses, config.clip_norm, counts=counts
-        )
+        sums, _ = net.clipped_sums(params, buffers, xb, example_losses, clip, counts=counts)
         with torch.no_grad():
+            # an audit's canaries of each probed run, sampled from its noise stream before its
+            # noise and added to its clipped sum (the single run's ProbedStep)
+            probed = {
+                j: ProbedStep(
+                    runs[j].probes, runs[j].noise, runs[j].rate, clip, [sums[k][j] for k in names]
+                )
+                for j in live
+                if runs[j].probes
+            }
+            observed: dict[int, list[torch.Tensor]] = {}
             groups: dict[float, list[int]] = {}
             for j in live:
                 if quick[j]:  # reference runs: their noise in one draw per noise scale
                     groups.setdefault(std[j], []).append(j)
                     continue
                 noisy = runs[j].noisy({k: sums[k][j] for k in names}, std[j], config.clip_norm)
+                if j in probed:
+                    observed[j] = [noisy[k] for k in names]
                 for k in names:
                     params[k][j].add_(noisy[k] / expected[j], alpha=-config.lr)
             for s, rows in groups.items():
                 noisy = joint_release(
                     sums, rows, std=s, clip=config.clip_norm, source=runs[rows[0]].noise
                 )
+                for row, j in enumerate(rows):
+                    if j in probed:
+                        observed[j] = [noisy[k][row] for k in names]
                 at = torch.tensor(rows, device=device)
                 for k in names:
                     scale = expected[at].view(-1, *([1] * (noisy[k].dim() - 1)))
                     params[k][at] -= config.lr * (noisy[k] / scale)
+            for j, step in probed.items():
+                step.observe(observed[j])
         for j in live:
             r = runs[j]
             r.loss[0] += float(losses[j])

@@ -21,6 +21,7 @@ from typing import Any
 
 # public name -> the submodule defining it (loaded on first access)
 _LAZY: dict[str, str] = {
+    "ModelRows": "privkit.mechanisms.gaussian",
     "NormalRows": "privkit.mechanisms.gaussian",
     "Receipt": "privkit.mechanisms.gaussian",
     "compose_receipts": "privkit.mechanisms.gaussian",

@@ -22,10 +22,10 @@ to a value, and the receipt it hands back.
   configuration.
 
 A batched engine that draws its seeded noise a block of steps at a time hands the primitive a
-:class:`NormalRows` (the same numbers, one row per release). The stacked engine
-:func:`privkit.batched.batched_sgd.train_many` still draws its block noise itself (seeded and on
-the grid, for all models at once); ``tests/privkit/test_release_primitive.py`` lists it and fails
-on any other module that draws release noise.
+:class:`NormalRows` (the same numbers, one row per release); one that trains many models at once
+on a leading model axis hands it a :class:`ModelRows` (each model's stream drawn a block of steps
+at a time, seeded or on the grid, one release per model and step). No other module of privkit
+draws release noise (``tests/privkit/test_release_primitive.py``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from privkit.errors import PrivkitError
 from privkit.mechanisms import mutations
 from privkit.mechanisms.dp_random import DpRandom, is_secret
 
-__all__ = ["NormalRows", "Receipt", "compose_receipts", "gaussian_release"]
+__all__ = ["ModelRows", "NormalRows", "Receipt", "compose_receipts", "gaussian_release"]
 
 
 @dataclass(frozen=True)
@@ -154,6 +154,113 @@ class NormalRows:
         return row
 
 
+class ModelRows:
+    """The noise of ``M`` models trained at once, one stream per model: each model's releases of
+    ``width`` numbers drawn ``block`` releases at a time (one draw per model and block, into one
+    ``(M, block, width)`` buffer) and handed out one step at a time, a row per model.
+
+    The stacked engine (:func:`privkit.batched.batched_sgd.train_many`) passes it as the
+    ``source`` of :func:`gaussian_release` with a value stacked on a leading model axis (each
+    tensor ``(M, ...)``): model j's row is one release of model j. Seeded streams (reproducible
+    mode) draw standard normals, ``randn(rows, width)`` per model and block (a
+    :class:`NormalRows`' numbers); release streams (with noise) draw the integers of the data-independent grid
+    (:mod:`privkit.mechanisms.grid_noise`, for the grid of the release's noise and sensitivity),
+    and the noisy sums lie on it. A model whose releases have run out gets zeros (its row is
+    never used: no NaN to mask).
+
+    Parameters
+    ----------
+    sources : sequence of DpRandom or torch.Generator
+        Model j's stream, on the device of the values released; all seeded or all release
+        streams.
+    width : int
+        How many numbers one model's release takes.
+    totals : sequence of int
+        Model j's number of releases; the steps run until the largest.
+    block : int
+        Releases (steps) per draw.
+    device : torch.device
+        Where the buffer lives (the released values' device).
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[DpRandom | torch.Generator],
+        width: int,
+        totals: Sequence[int],
+        block: int,
+        device: torch.device | str = "cpu",
+    ):
+        self.sources = [DpRandom.of(s) for s in sources]
+        kinds = {s.seeded_torch for s in self.sources}
+        if len(kinds) != 1 or len(totals) != len(self.sources):
+            raise PrivkitError(
+                "ModelRows needs one stream per model, all seeded or all release streams; found "
+                f"{len(self.sources)} streams ({len(kinds)} kinds) for {len(totals)} models"
+            )
+        self.seeded = kinds.pop()
+        self.width, self.block = int(width), int(block)
+        self.totals = [int(t) for t in totals]
+        self.device = torch.device(device)
+        self._buffer: torch.Tensor | None = None
+        self._grid: Any = None
+        self._step, self._at, self._rows = 0, 0, 0  # next step; its row in the block; block rows
+
+    def next_rows(self, grid: Any = None) -> torch.Tensor:
+        """The next step's ``(M, width)`` noise: standard normals (``grid`` ``None``), or the
+        integers of ``grid`` (a :class:`~privkit.mechanisms.grid_noise.Grid`; release streams)."""
+        if self._at == self._rows:
+            self._draw(grid)
+        elif grid != self._grid:
+            raise PrivkitError("ModelRows: every release of a block draws on the same grid")
+        assert self._buffer is not None
+        row = self._buffer[:, self._at]
+        self._at += 1
+        self._step += 1
+        return row
+
+    def _draw(self, grid: Any) -> None:
+        from privkit.mechanisms.grid_noise import rounded_gaussian
+
+        start, last = self._step, max(self.totals)
+        if start >= last:
+            raise PrivkitError("ModelRows has handed out every step it was sized for")
+        if self._buffer is None or grid != self._grid:
+            dtype = torch.float32 if grid is None else torch.float64  # grid integers: exact
+            size = (len(self.sources), min(self.block, last), self.width)
+            self._buffer = torch.empty(size, device=self.device, dtype=dtype)
+        buffer = self._buffer
+        for j, source in enumerate(self.sources):  # one draw per model and block of steps
+            rows = max(0, min(self.block, self.totals[j] - start))
+            if grid is None:
+                source.randn(rows, self.width, out=buffer[j, :rows])
+            else:
+                buffer[j, :rows] = rounded_gaussian(
+                    grid.scale, rows * self.width, source.bits()
+                ).view(rows, -1)
+            buffer[j, rows:].zero_()
+        self._grid, self._at, self._rows = grid, 0, min(self.block, last - start)
+
+
+def _model_rows_release(
+    tensors: list[torch.Tensor], std: float, sens: float, rows: ModelRows, dim: int | None
+) -> list[torch.Tensor]:
+    """Each model's row of the stacked ``tensors`` released with its own stream's next noise."""
+    from privkit.mechanisms.grid_noise import Grid, snap_add
+
+    width = sum(t[0].numel() for t in tensors)
+    if width != rows.width:
+        raise PrivkitError(
+            f"a model's release has {width} numbers but ModelRows are {rows.width} wide"
+        )
+    # seeded, or no noise at all (the stream's normals times 0): standard normals
+    grid = None if rows.seeded or std == 0 else Grid.for_release(std, sens, dim or width)
+    parts = rows.next_rows(grid).split([t[0].numel() for t in tensors], dim=1)
+    if grid is None:
+        return [torch.add(t, z.view_as(t), alpha=std) for t, z in zip(tensors, parts)]
+    return [snap_add(t, z.view_as(t), grid.gamma) for t, z in zip(tensors, parts)]
+
+
 def _row_release(tensors: list[torch.Tensor], std: float, rows: NormalRows):
     z = rows.next_row()
     if z.numel() != sum(t.numel() for t in tensors):
@@ -202,7 +309,7 @@ def gaussian_release(
     *,
     std: float,
     sensitivity: float,
-    source: DpRandom | torch.Generator | np.random.Generator | NormalRows,
+    source: DpRandom | torch.Generator | np.random.Generator | NormalRows | ModelRows,
     sample_rate: float | None = None,
     dim: int | None = None,
     releases: int = 1,
@@ -221,9 +328,12 @@ def gaussian_release(
     sensitivity : float
         The L2 sensitivity of one release (``> 0``): the receipt's multiplier is
         ``std / sensitivity``, and in release mode the grid's noise covers its rounding at it.
-    source : DpRandom, torch.Generator, numpy.random.Generator or NormalRows
+    source : DpRandom, torch.Generator, numpy.random.Generator, NormalRows or ModelRows
         The noise stream: seeded (reproducible mode) or the release stream; a :class:`NormalRows`
-        (a seeded stream drawn a block of releases at a time) hands this release one row.
+        (a seeded stream drawn a block of releases at a time) hands this release one row; a
+        :class:`ModelRows` (one stream per model) makes ``clean``, stacked on a leading model
+        axis, one release per model, each with its model's next row (the receipt is each
+        model's).
     sample_rate : float, optional
         The Poisson rate at which the mechanism sampled the records in ``clean`` (the receipt's
         subsampling); ``None`` for an unsampled release.
@@ -262,6 +372,8 @@ def gaussian_release(
     tensors, rebuild = _tensors(clean)
     if isinstance(source, NormalRows):
         return rebuild(_row_release(tensors, drawn, source)), receipt
+    if isinstance(source, ModelRows):
+        return rebuild(_model_rows_release(tensors, drawn, sensitivity, source, dim)), receipt
     if isinstance(source, np.random.Generator):
         source = DpRandom(source)
     return rebuild(_torch_release(tensors, drawn, DpRandom.of(source), sensitivity, dim)), receipt

@@ -111,8 +111,7 @@ _SESSION: ContextVar[ProbeSession | None] = ContextVar("privkit_probes", default
 
 
 def active() -> bool:
-    """Whether an audit is probing now (inside :func:`probing`): batched training paths, which
-    take no probes, leave such runs to the single-run code."""
+    """Whether an audit is probing now (inside :func:`probing`)."""
     return _SESSION.get() is not None
 
 

@@ -169,7 +169,8 @@ def train_dpsgd(federation, config: DpsgdConfig, seed: int, progress: bool = Fal
         dp_loader = secret_poisson_loader(dp_loader, batches)
     dp_opt.privkit_sample_rate = sample_rate  # the rate each step's receipt states
     receipts = use_noise_source(dp_opt, noise)
-    probes = _probe_sets(dp_opt, federation.num_clients, config.clip_norm, sample_rate, sigma)
+    dim = sum(int(p.numel()) for p in dp_opt.params)
+    probes = probe_sets(dim, federation.num_clients, config.clip_norm, sample_rate, sigma)
     _take_probes_and_mutation(dp_opt, probes, mutations.active(), noise, real_rate)
 
     epochs: Iterable[int] = range(1, config.epochs + 1)
@@ -259,15 +260,28 @@ def dpsgd_result(
     )
 
 
-def _probe_sets(
-    dp_opt, num_clients: int, clip_norm: float, sample_rate: float, sigma: float
+def probe_sets(
+    dim: int, num_clients: int, clip_norm: float, sample_rate: float, sigma: float
 ) -> list:
-    """The audit canaries the pooled mechanism must take (:func:`privkit.mechanisms.probes.canaries_for`, label
-    ``dp-sgd``): one probe set per probed client, as every client's ledger holds the mechanism's
-    entry; none outside an audit. Over the optimizer's parameters, in its order."""
+    """The audit canaries the pooled mechanism must take (:func:`privkit.mechanisms.probes.canaries_for`,
+    label ``dp-sgd``): one probe set per probed client, as every client's ledger holds the
+    mechanism's entry; none outside an audit.
+
+    Parameters
+    ----------
+    dim : int
+        The number of trainable parameters (the optimizer's, in its order).
+    num_clients : int
+        The federation's clients (each one's records are records of the pooled data).
+    clip_norm : float
+        The claimed clip norm (opacus' ``max_grad_norm``).
+    sample_rate : float
+        The claimed Poisson rate of the pooled mechanism.
+    sigma : float
+        The claimed noise multiplier.
+    """
     from privkit.mechanisms.probes import canaries_for
 
-    dim = sum(int(p.numel()) for p in dp_opt.params)
     sets = [
         canaries_for(
             k,
@@ -343,9 +357,52 @@ def _take_probes_and_mutation(
     add_noise = dp_opt.add_noise  # opacus' own, or privkit's stream (use_noise_source)
 
     def probed_add_noise() -> None:
-        from attacks.whitebox import add_at, add_in_place
+        # in place (opacus has marked summed_grad as processed), taken out after the release
+        step = ProbedStep(probes, noise, sample_rate, clip, [p.summed_grad for p in params])
+        add_noise()  # privkit's release primitive: it scales the noise by the mutation's factor
+        step.observe([p.grad for p in params])
 
-        added = []  # each probe set's (flat coordinates, values): its sampled canaries only
+    dp_opt.add_noise = probed_add_noise
+
+
+class ProbedStep:
+    """One step of the pooled mechanism taking an audit's probe sets (opacus' rule): built before
+    the release, it samples each set's included canaries at ``sample_rate`` from the noise stream,
+    clips their raw gradients by opacus' rule at ``clip`` and adds them in place to ``summed``
+    (the step's clipped sum, in the parameters' order); :meth:`observe` takes them out again and
+    lets each set observe the release, its clean sum being the records' clipped sum plus the
+    *other* sets' canaries (records of other clients, to it). Shared by the single run and its
+    batched form (:mod:`privkit.batched.many_dpsgd`).
+
+    Parameters
+    ----------
+    probes : list of attacks.whitebox.GradientCanaries
+        The probe sets (:func:`probe_sets`), in order; none: nothing is drawn or added.
+    noise : DpRandom
+        The step's noise stream: the canaries' sampling is drawn from it, before the noise.
+    sample_rate : float
+        The rate the mechanism's batches are drawn with.
+    clip : float
+        The clip norm opacus clips with (``inf``: clipping switched off by an audit's mutation).
+    summed : list of torch.Tensor
+        The step's clipped sum, one tensor per parameter; modified in place until
+        :meth:`observe`.
+    """
+
+    def __init__(
+        self,
+        probes: list,
+        noise: DpRandom,
+        sample_rate: float,
+        clip: float,
+        summed: list[torch.Tensor],
+    ):
+        from attacks.whitebox import add_in_place
+
+        self.probes, self.summed = probes, summed
+        self.added: list[
+            tuple[torch.Tensor, torch.Tensor]
+        ] = []  # each probe set's (flat coordinates, values): its sampled canaries only
         for can in probes:
             raw = torch.full((len(can.included_ids),), can.raw_norm)
             weights = (
@@ -353,14 +410,15 @@ def _take_probes_and_mutation(
                 * _opacus_clip_factor(raw, clip)
                 * raw
             )
-            added.append(can.sparse_addition(weights))
-        # in place (opacus has marked summed_grad as processed), taken out after the release
-        restore = add_in_place([p.summed_grad for p in params], *_summed_additions(added))
-        add_noise()  # privkit's release primitive: it scales the noise by the mutation's factor
-        restore()
-        released, clean = [p.grad for p in params], [p.summed_grad for p in params]
-        for i, can in enumerate(probes):
-            others = _summed_additions([a for j, a in enumerate(added) if j != i])
-            can.observe(released, clean=add_at(clean, *others))
+            self.added.append(can.sparse_addition(weights))
+        self._restore = add_in_place(summed, *_summed_additions(self.added))
 
-    dp_opt.add_noise = probed_add_noise
+    def observe(self, released: list[torch.Tensor]) -> None:
+        """Take the canaries out of the clipped sum (bit for bit) and let each probe set observe
+        ``released``, the step's noisy sum (the parameters' order)."""
+        from attacks.whitebox import add_at
+
+        self._restore()
+        for i, can in enumerate(self.probes):
+            others = _summed_additions([a for j, a in enumerate(self.added) if j != i])
+            can.observe(released, clean=add_at(self.summed, *others))

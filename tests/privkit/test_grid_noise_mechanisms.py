@@ -61,7 +61,6 @@ def grid(monkeypatch):
 
     monkeypatch.setattr(DpRandom, "randn", no_float_normals)
     monkeypatch.setattr(grid_noise, "snap_add", checked)
-    monkeypatch.setattr(batched_sgd, "snap_add", checked)
     return seen
 
 

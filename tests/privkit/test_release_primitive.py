@@ -2,8 +2,8 @@
 mechanisms draw Gaussian release noise, and the receipts the ledgers are built from.
 
 * No module but the primitive (and the random sources it draws from) calls a Gaussian draw, apart
-  from the listed draws that are not DP releases and the batched engines' block draws (the
-  issue-31 work left: they still pre-draw noise for many steps and models at once).
+  from the listed draws that are not DP releases: the batched engines' block draws too go through
+  it (:class:`~privkit.mechanisms.NormalRows`, :class:`~privkit.mechanisms.ModelRows`).
 * Seeded, the primitive draws exactly what torch and numpy draw (bit for bit); its receipt is
   the event the accountants expect, and an audit's mutation changes the noise, never the receipt.
 * DP-SGD through opacus records the receipts of the steps that ran: the ledger is their
@@ -39,8 +39,6 @@ ALLOWED = {
     "trainers/flip.py": "FLiP's synthetic samples' initialisation (no DP release)",
     "trainers/pretrain.py": "data augmentation of public pre-training (no DP release)",
     "trainers/heads.py": "a random unit direction for a degenerate head (no DP release)",
-    "batched/batched_sgd.py": "batched engine: block draws over steps and models, seeded and on "
-    "the grid (to move to the primitive)",
 }
 
 
@@ -217,3 +215,30 @@ def test_normal_rows_keep_a_block_draw_s_bits():
     assert receipt.noise_multiplier == 0.5
     with pytest.raises(Exception, match="every release it was sized for"):
         gaussian_release(clean, std=0.5, sensitivity=1.0, source=rows)
+
+
+def test_model_rows_keep_the_stacked_engine_s_block_draws():
+    """Models trained at once (a leading model axis), each with its own stream drawn a block of
+    steps at a time: model j's row of each step is its stream's block draw, row by row, one
+    release per model through the primitive; a model whose releases have run out gets zeros,
+    and a step past the last is refused."""
+    from privkit.mechanisms import ModelRows
+
+    width, std = 5, 0.5
+    gens = [torch.Generator().manual_seed(s) for s in (3, 4)]
+    rows = ModelRows(gens, width=width, totals=[3, 1], block=2)
+    g3, g4 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(4)
+    own = [
+        torch.cat([torch.randn(2, width, generator=g3), torch.randn(1, width, generator=g3)]),
+        torch.cat([torch.randn(1, width, generator=g4), torch.zeros(2, width)]),
+    ]
+    clean = [torch.ones(2, 2), torch.zeros(2, 3)]  # two models' releases of 2 + 3 numbers
+    for t in range(3):
+        out, receipt = gaussian_release(clean, std=std, sensitivity=1.0, source=rows)
+        for j in range(2):
+            want = torch.cat([clean[0][j], clean[1][j]]) + std * own[j][t]
+            assert torch.allclose(torch.cat([out[0][j], out[1][j]]), want, rtol=0, atol=1e-7)
+        assert torch.equal(out[0][1], clean[0][1]) == (t > 0)  # model 1's noise has run out
+    assert receipt.noise_multiplier == std and receipt.releases == 1
+    with pytest.raises(Exception, match="every step it was sized for"):
+        gaussian_release(clean, std=std, sensitivity=1.0, source=rows)
