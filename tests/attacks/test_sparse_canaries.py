@@ -245,7 +245,10 @@ def _train(sigma, claimed, seed, *, dense, release=False, steps=40, q=0.05):
 
 
 @pytest.mark.parametrize("release", [False, True])
-def test_dp_sgd_step_releases_and_audits_exactly_as_the_dense_path(release):
+@pytest.mark.parametrize("chunk", [None, 64])
+def test_dp_sgd_step_releases_and_audits_exactly_as_the_dense_path(release, chunk, monkeypatch):
+    if chunk is not None:  # the noise scale read in chunks (the model's weights have 384 entries)
+        monkeypatch.setattr(whitebox, "SQUARES_CHUNK", chunk)
     claimed = 1.5
     eps = dpsgd_epsilon(0.05, claimed, 40, 1e-5, accountant="pld")
     verdicts = []
