@@ -888,8 +888,9 @@ class _Layout:
         chunk through a scratch buffer kept in the core's cache (the same elementwise
         operations, then each chunk's squares summed by cascade summation and the chunks' sums
         added in float64): the tensors are read once, no buffer as large as the tensor is
-        written and read back, nothing is allocated per step, and the sum is at least as precise
-        (it differs from the one-pass float32 sum by float rounding, about 1e-8 relative)."""
+        written and read back, no large buffer is allocated per step, and the sum is at least as
+        precise (it differs from the one-pass float32 sum by float rounding, about 1e-8
+        relative)."""
         n = int(t.numel())
         if (
             n <= SQUARES_CHUNK
