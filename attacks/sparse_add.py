@@ -9,6 +9,7 @@ release is formed per step.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -24,18 +25,18 @@ def _shares(
     in, the offsets and values on that tensor's device (one transfer for all) and in its dtype."""
     if not coords.numel():
         return []
-    sizes = np.array([int(t.numel()) for t in tensors], dtype=np.int64)
+    sizes = np.fromiter((t.numel() for t in tensors), dtype=np.int64, count=len(tensors))
     ends = np.cumsum(sizes)
     at = np.asarray(coords, dtype=np.int64)
     which = np.searchsorted(ends, at, side="right")
     order = np.argsort(which, kind="stable")
     which = which[order]
-    cut = np.flatnonzero(np.diff(which)) + 1
+    bounds = [0, *(np.flatnonzero(np.diff(which)) + 1).tolist(), int(which.size)]
     dev = tensors[int(which[0])].device
-    local = torch.as_tensor(at[order] - (ends - sizes)[which]).to(dev)
-    vals = values[torch.as_tensor(order)].to(dev)
+    local = torch.from_numpy(at[order] - (ends - sizes)[which]).to(dev)
+    vals = values[torch.from_numpy(order)].to(dev)
     out = []
-    for lo, hi in zip(np.r_[0, cut], np.r_[cut, which.size]):
+    for lo, hi in itertools.pairwise(bounds):
         t = tensors[int(which[lo])]
         out.append(
             (

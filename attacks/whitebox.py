@@ -37,8 +37,10 @@ the sampled Dirac canaries' flat coordinates and values, :meth:`GradientCanaries
 tensors) and :func:`add_in_place` (in place, put back bit for bit after the release) add them to
 the parameters' tensors at their own offsets, on their device; ``observe`` gathers the canaries'
 and witnesses' coordinates where the release lies and copies only those to the host (plus, for
-the noise scale, one sum of squares per tensor reduced there). Per step the canaries cost a few
-small transfers and one pass over the release, never a dense vector or a host copy of it.
+the noise scale, one sum of squares per tensor reduced there: on the CPU a long tensor is read in
+chunks through a buffer that stays in the core's cache). Per step the canaries cost a few small
+transfers and one read of the release and the clean sum, never a dense vector, a buffer as large
+as a parameter tensor or a host copy of the release.
 
 Each included canary then has a gradient of norm ``raw_norm`` (default four clip norms) *before* the
 mechanism clips it, and joins each step with the mechanism's real sampling rate: a mechanism whose
@@ -85,6 +87,9 @@ STATISTICS = ("auto", "sum", "lr")
 ANALYSES = ("mechanism", "one-run")
 #: an included canary's gradient norm before the mechanism clips it, in clip norms (default)
 RAW_NORM = 4.0
+#: the noise scale's sum of squares reads a longer CPU tensor in chunks of this many entries
+#: (256 KiB of float32: the chunk's differences stay in the core's cache)
+SQUARES_CHUNK = 1 << 16
 
 __all__ = [
     "ANALYSES",
@@ -467,11 +472,19 @@ class GradientCanaries:
         tensors, one entry per canary with a nonzero weight (Dirac canaries; distinct
         coordinates, in canary order). Random directions touch every coordinate: all ``dim``
         coordinates and :meth:`vector`'s values."""
-        full = self._weights(weights)
         if self._u is not None:
-            return torch.arange(self.dim), self._direction_sum(full)
-        nz = full != 0
-        return self._coords[nz], full[nz].to(torch.float32)
+            return torch.arange(self.dim), self._direction_sum(self._weights(weights))
+        # as :meth:`_weights` then the nonzero entries, on the included canaries alone
+        w = np.asarray(weights, dtype=np.float32).reshape(-1)
+        if w.size != self.included_ids.size:
+            raise ValueError(
+                f"weights must have one entry per included canary ({self.included_ids.size}); "
+                f"found {w.size}"
+            )
+        nz = np.flatnonzero(w)
+        ids = self.included_ids[nz]
+        self.appearances[ids[w[nz] > 0]] += 1
+        return torch.from_numpy(self._coords.numpy()[ids]), torch.from_numpy(w[nz])
 
     def add_to(
         self, tensors: Sequence[torch.Tensor], weights: torch.Tensor | np.ndarray
@@ -564,9 +577,11 @@ class GradientCanaries:
         (the same floats: gathered, then the same operations) and, with ``dense``, the noise's
         sum of squares reduced on the device, less the included canaries' coordinates: the
         release minus the clean sum squared and summed in the release's dtype by cascade
-        summation, one pass per tensor (the dense path computes it in float64 on the host: the
-        two agree to about 1e-7, relative, far inside the statistic's own spread of
-        ``sqrt(2 / dim)``)."""
+        summation, one read of each tensor (:meth:`_Layout.squared_difference`; the dense path
+        computes it in float64 on the host: the two agree to about 1e-7, relative, far inside
+        the statistic's own spread of ``sqrt(2 / dim)``). The statistic needs every coordinate
+        of the release and of the clean sum: that read (8 bytes a coordinate in float32) is the
+        canaries' one cost that grows with the model."""
         rel = [t.detach().reshape(-1) for t in _pieces(released)]
         sizes = tuple(int(t.numel()) for t in rel)
         if sum(sizes) != self.dim:
@@ -579,31 +594,26 @@ class GradientCanaries:
             if tuple(int(t.numel()) for t in ref) != sizes:
                 ref = list(_flat(base).detach().split(sizes))
         layout = _Layout.of(self, sizes)
+        if dense:  # the noise scale first: the gathers below then find the release in the cache
+            sums = [
+                layout.squared_difference(t, None if ref is None else ref[j], scale)
+                for j, t in enumerate(rel)
+            ]
         got = layout.gather(rel, scale)
         r = got.to(device="cpu", dtype=torch.float64)
         ref_got = None
         if ref is not None:
             ref_got = layout.gather(ref).to(got.device)
             r = r - ref_got.to(device="cpu", dtype=torch.float64)
-        r = r / self.clip_norm
-        x = r[torch.as_tensor(layout.at_coords)].numpy().copy()
-        wit = r[torch.as_tensor(layout.at_witness)].numpy().copy()
+        units = (r / self.clip_norm).numpy()
+        x, wit = units[layout.at_coords], units[layout.at_witness]
         if not dense:
             return x, wit, 0.0
-        # the noise scale: one fused pass per tensor (the release minus the clean sum, squared
-        # and summed in its dtype, cascade summation), the tensors' sums added in float64
-        sums = []
-        for j, t in enumerate(rel):
-            v = t * scale if scale != 1.0 else t
-            if ref is None:
-                sq = v.square().sum()
-            elif ref[j].dtype == v.dtype and ref[j].device == v.device:
-                sq = torch.nn.functional.mse_loss(v, ref[j], reduction="sum")
-            else:
-                sq = (v - ref[j].to(v.device)).square().sum()
-            sums.append(sq.to(device=got.device, dtype=torch.float64))
+        # the noise scale: one pass per tensor (:meth:`_Layout.squared_difference`), the tensors'
+        # sums added in float64
+        sums = [sq.to(device=got.device, dtype=torch.float64) for sq in sums]
         d = got if ref_got is None else got - ref_got  # as v, at the reserved coordinates
-        inc = torch.as_tensor(layout.at_coords[self.included]).to(got.device)
+        inc = layout.index_on(d.device, self)
         ss = torch.stack(sums).sum() - d[inc].to(torch.float64).square().sum()
         return x, wit, max(0.0, float(ss)) / self.clip_norm**2
 
@@ -859,6 +869,68 @@ class _Layout:
         self.at_coords = np.searchsorted(needed, canaries._coords.numpy()) if dirac else needed
         self.at_witness = np.searchsorted(needed, canaries._witness)
         self._index: dict[tuple[int, torch.device], torch.Tensor] = {}
+        self._largest = int(max(sizes, default=0))
+        # per (device, dtype): a chunk's scratch buffer and the chunks' partial sums (CPU)
+        self._scratch: dict[
+            tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]
+        ] = {}
+
+    def squared_difference(
+        self, t: torch.Tensor, ref: torch.Tensor | None, scale: float = 1.0
+    ) -> torch.Tensor:
+        """``sum((t * scale - ref) ** 2)`` (``ref`` None: ``sum((t * scale) ** 2)``) of a flat
+        tensor ``t`` and a flat ``ref``, in ``t``'s dtype and on its device.
+
+        A tensor of at most :data:`SQUARES_CHUNK` entries, any tensor off the CPU, and a ``ref``
+        of another dtype or device take one fused operation over the whole tensor
+        (``mse_loss(t * scale, ref, reduction="sum")``: the release minus the clean sum, squared
+        and summed in its dtype by cascade summation). A longer CPU tensor is read chunk by
+        chunk through a scratch buffer kept in the core's cache (the same elementwise
+        operations, then each chunk's squares summed by cascade summation and the chunks' sums
+        added in float64): the tensors are read once, no buffer as large as the tensor is
+        written and read back, no large buffer is allocated per step, and the sum is at least as
+        precise (it differs from the one-pass float32 sum by float rounding, about 1e-8
+        relative)."""
+        n = int(t.numel())
+        if (
+            n <= SQUARES_CHUNK
+            or t.device.type != "cpu"
+            or (ref is not None and (ref.dtype != t.dtype or ref.device != t.device))
+        ):
+            v = t * scale if scale != 1.0 else t
+            if ref is None:
+                return v.square().sum()
+            if ref.dtype == v.dtype and ref.device == v.device:
+                return torch.nn.functional.mse_loss(v, ref, reduction="sum")
+            return (v - ref.to(v.device)).square().sum()
+        key = (t.device, t.dtype)
+        if key not in self._scratch:
+            self._scratch[key] = (
+                torch.empty(SQUARES_CHUNK, dtype=t.dtype),
+                torch.empty(-(-self._largest // SQUARES_CHUNK), dtype=t.dtype),
+            )
+        buf, parts = self._scratch[key]
+        for i, a in enumerate(range(0, n, SQUARES_CHUNK)):
+            b = min(n, a + SQUARES_CHUNK)
+            d = buf[: b - a]
+            if scale != 1.0:
+                torch.mul(t[a:b], scale, out=d)
+                if ref is not None:
+                    d.sub_(ref[a:b])
+            elif ref is not None:
+                torch.sub(t[a:b], ref[a:b], out=d)
+            else:
+                d.copy_(t[a:b])
+            torch.sum(d.mul_(d), 0, out=parts[i])
+        return parts[: -(-n // SQUARES_CHUNK)].to(torch.float64).sum()
+
+    def index_on(self, device: torch.device, canaries: GradientCanaries) -> torch.Tensor:
+        """Where the included canaries' values lie in the gathered vector, on ``device``."""
+        key = (-1, device)
+        if key not in self._index:
+            at = self.at_coords[canaries.included]
+            self._index[key] = torch.as_tensor(at, dtype=torch.long).to(device)
+        return self._index[key]
 
     @classmethod
     def of(cls, canaries: GradientCanaries, sizes: tuple[int, ...]) -> _Layout:

@@ -10,7 +10,8 @@ sum, canaries, release noise) on two models, batch 64 of 32x32x3 inputs, 10 clas
 For each model, with 0, 500 and 1000 Dirac canaries (:class:`attacks.whitebox.GradientCanaries`,
 256 witnesses), through the canaries' ``sparse`` path (what privkit runs: the sampled canaries added
 in place at their own coordinates on the tensors' device and put back after the release, the
-release read at the reserved coordinates only, one fused pass per tensor for the noise scale) and
+release read at the reserved coordinates only, one read of each tensor for the noise scale: on
+the CPU in chunks through a cached buffer, no tensor-sized temporary) and
 the ``dense`` path it replaced (the ``vector`` of every coordinate built and added to every
 parameter each step, the whole release and clean sum copied to the host in float64), in release
 mode (``DpRandom.secret``: the grid's exact noise) and with a seeded torch generator (``seeded``:

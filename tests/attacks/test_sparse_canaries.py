@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from accountants import dpsgd_epsilon
+from attacks import whitebox
 from attacks.whitebox import GradientCanaries, add_at, add_in_place
 from privkit.mechanisms.dp_random import DpRandom
 from privkit.mechanisms.dp_sgd_step import DpSgdStep
@@ -113,7 +114,12 @@ def test_sparse_addition_is_the_vector_s_support():
 @pytest.mark.parametrize("clean", ["list", "flat", "none"])
 @pytest.mark.parametrize("scale", [1.0, 2.5])
 @pytest.mark.parametrize("records", [False, True])
-def test_sparse_observation_equals_the_dense_one(know_batch, clean, scale, records):
+@pytest.mark.parametrize("chunk", [None, 16])
+def test_sparse_observation_equals_the_dense_one(
+    know_batch, clean, scale, records, chunk, monkeypatch
+):
+    if chunk is not None:  # the noise scale's pass read in chunks (longer tensors than 16 here)
+        monkeypatch.setattr(whitebox, "SQUARES_CHUNK", chunk)
     sparse, dense = _canaries(know_batch=know_batch), _dense(_canaries(know_batch=know_batch))
     for c in (sparse, dense):
         if records:  # canary records: only the reserved coordinates are scored
@@ -145,6 +151,36 @@ def test_inject_then_sparse_observe_equals_the_dense_one():
     for g, w in zip(sparse._proj + sparse._witness_rows, dense._proj + dense._witness_rows):
         np.testing.assert_array_equal(g, w)
     np.testing.assert_allclose(sparse._noise_ss, dense._noise_ss, rtol=2.5e-7)
+
+
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 64 * 5, 64 * 5 + 17])
+@pytest.mark.parametrize("scale", [1.0, 2.5])
+@pytest.mark.parametrize("with_ref", [True, False])
+def test_chunked_sum_of_squares_is_the_one_pass_sum(n, scale, with_ref, monkeypatch):
+    """The noise scale's sum of squares of a CPU tensor: up to a chunk, the very float of
+    ``mse_loss(t * scale, ref, reduction="sum")``; longer, chunk by chunk (float32 within a
+    chunk, float64 across) as close to the exact float64 sum as the one-pass float32 sum's
+    bound (2.5e-7 relative); the chunk's scratch buffer reused, not grown."""
+    monkeypatch.setattr(whitebox, "SQUARES_CHUNK", 64)
+    g = torch.Generator().manual_seed(n)
+    sizes = (n, 1000)
+    c = GradientCanaries(sum(sizes), 10, clip_norm=1.0, sample_rate=0.5, witness=0)
+    layout = whitebox._Layout.of(c, sizes)
+    for _ in range(2):
+        t = torch.randn(n, generator=g) * 3 + 1
+        ref = torch.randn(n, generator=g) if with_ref else None
+        got = layout.squared_difference(t, ref, scale)
+        v = t * scale
+        one_pass = F.mse_loss(v, ref, reduction="sum") if with_ref else v.square().sum()
+        exact = float(((v.double() - (ref.double() if with_ref else 0)) ** 2).sum())
+        if n <= 64:
+            assert got.dtype == torch.float32 and float(got) == float(one_pass)
+        else:
+            assert got.dtype == torch.float64
+            assert abs(float(got) - exact) <= 2.5e-7 * exact
+    if n > 64:
+        buf, parts = layout._scratch[(torch.device("cpu"), torch.float32)]
+        assert buf.numel() == 64 and parts.numel() == -(-1000 // 64)
 
 
 def test_observe_checks_the_release_s_size():
@@ -209,7 +245,10 @@ def _train(sigma, claimed, seed, *, dense, release=False, steps=40, q=0.05):
 
 
 @pytest.mark.parametrize("release", [False, True])
-def test_dp_sgd_step_releases_and_audits_exactly_as_the_dense_path(release):
+@pytest.mark.parametrize("chunk", [None, 64])
+def test_dp_sgd_step_releases_and_audits_exactly_as_the_dense_path(release, chunk, monkeypatch):
+    if chunk is not None:  # the noise scale read in chunks (the model's weights have 384 entries)
+        monkeypatch.setattr(whitebox, "SQUARES_CHUNK", chunk)
     claimed = 1.5
     eps = dpsgd_epsilon(0.05, claimed, 40, 1e-5, accountant="pld")
     verdicts = []
@@ -236,17 +275,26 @@ def test_dp_sgd_step_releases_and_audits_exactly_as_the_dense_path(release):
 
 
 class _Sizes(torch.utils._python_dispatch.TorchDispatchMode):
-    """Every aten op's output sizes and dtypes while active."""
+    """Every aten op's output sizes and dtypes while active (``written``: the outputs that are
+    not views of, or written into, a tensor the op was given)."""
 
     def __init__(self):
         super().__init__()
         self.outputs: list[tuple[str, int, torch.dtype]] = []
+        self.written: list[tuple[str, int]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        given = {
+            a.untyped_storage().data_ptr()
+            for a in torch.utils._pytree.tree_leaves((args, kwargs or {}))
+            if isinstance(a, torch.Tensor)
+        }
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
                 self.outputs.append((str(func), t.numel(), t.dtype))
+                if t.untyped_storage().data_ptr() not in given:
+                    self.written.append((str(func), t.numel()))
         return out
 
 
@@ -282,4 +330,9 @@ def test_a_step_s_canaries_form_no_vector_of_the_whole_release(dense):
     else:
         assert not big, big
         assert not wide, wide
+        # the noise scale's pass forms no tensor longer than a chunk (no squared difference as
+        # large as the parameter tensor: it is read through the chunk's buffer)
+        assert largest > whitebox.SQUARES_CHUNK
+        long = [(f, n) for f, n in mode.written if n > whitebox.SQUARES_CHUNK]
+        assert not long, long
     assert can.steps == 1
