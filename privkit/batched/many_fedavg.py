@@ -17,6 +17,7 @@ the single run.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -24,7 +25,9 @@ import torch
 from privkit.batched.exact_mlp import mlp_layers, model_for, train_exact
 from privkit.batched.many import lockstep
 from privkit.mechanisms.stacked import UnsupportedModelError
-from privkit.trainers.fedavg import FederatedRun
+from privkit.trainers.fedaux import fedaux_run
+from privkit.trainers.fedavg import FederatedRun, fedavg_run, fedprox_run
+from privkit.trainers.feddf import feddf_run
 
 
 def local_epochs(
@@ -85,29 +88,66 @@ def local_epochs(
     return out
 
 
-#: method -> "module:function" returning ``(FederatedRun, finish)`` for (federation, config, seed)
-RUNS = {
-    "fedavg": "privkit.trainers.fedavg:fedavg_run",
-    "fedprox": "privkit.trainers.fedavg:fedprox_run",
-    "feddf": "privkit.trainers.feddf:feddf_run",
-    "fedaux": "privkit.trainers.fedaux:fedaux_run",
-}
-
-
-def train_federated_many(
-    method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
+def _train_runs(
+    setup: Callable, federations: list, configs: list, seeds: list[int], fast: list[bool] | None
 ) -> list:
-    """``train(method, federations[j], configs[j], seeds[j])`` for every j (a method of :data:`RUNS`):
-    each run set up as the single run sets it up, the selected clients of all runs' rounds trained
-    together, each run's server step (FedDF's and FedAUX's distillation) its own."""
-    import importlib
-
-    module, _, name = RUNS[method].partition(":")
-    setup = getattr(importlib.import_module(module), name)
+    """The runs ``setup(federation, config, seed) -> (FederatedRun, finish)`` sets up, the selected
+    clients of all runs' rounds trained together, each run's server step its own."""
     pairs = [setup(f, c, s) for f, c, s in zip(federations, configs, seeds)]
     stacked = frozenset(id(run) for (run, _), f in zip(pairs, fast or []) if f)
     lockstep([run for run, _ in pairs], partial(local_epochs, fast=stacked))
     return [finish(run.outcome()) for run, finish in pairs]
 
 
-__all__ = ["RUNS", "local_epochs", "train_federated_many"]
+def train_fedavg_many(
+    method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
+) -> list:
+    """``train("fedavg", federations[j], configs[j], seeds[j])`` for every j, batched (the registry
+    entry's ``batched`` form: :attr:`privkit.methods.registry.TrainerSpec.batched`).
+
+    Parameters
+    ----------
+    method : str
+        ``"fedavg"`` (the registry passes the method's name to every batched form).
+    federations : list
+        One federation per run.
+    configs : list
+        One trainer config per run.
+    seeds : list of int
+        One seed per run.
+    fast : list of bool, optional
+        Per run: it may train with the stacked kernels (an audit's reference run).
+    """
+    return _train_runs(fedavg_run, federations, configs, seeds, fast)
+
+
+def train_fedprox_many(
+    method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
+) -> list:
+    """FedProx's runs batched (:func:`train_fedavg_many`'s parameters)."""
+    return _train_runs(fedprox_run, federations, configs, seeds, fast)
+
+
+def train_feddf_many(
+    method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
+) -> list:
+    """FedDF's runs batched (:func:`train_fedavg_many`'s parameters); each run's distillation is its
+    own server step."""
+    return _train_runs(feddf_run, federations, configs, seeds, fast)
+
+
+def train_fedaux_many(
+    method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
+) -> list:
+    """FedAUX's runs batched (:func:`train_fedavg_many`'s parameters); each run's score release and
+    distillation are its own."""
+    return _train_runs(fedaux_run, federations, configs, seeds, fast)
+
+
+__all__ = [
+    "local_epochs",
+    "train_fedaux_many",
+    "train_fedavg_many",
+    "train_feddf_many",
+    "train_fedprox_many",
+]

@@ -41,5 +41,5 @@ declare(
     paper="Sattler et al., FedAUX (IEEE TNNLS 2021)",
     formal_dp=False,
     quick=FEDDF_QUICK,
-    batched="privkit.batched.many_fedavg:train_federated_many",
+    batched="privkit.batched.many_fedavg:train_fedaux_many",
 )

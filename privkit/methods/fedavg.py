@@ -65,7 +65,7 @@ declare(
     paper="McMahan et al. 2017; FedAUX (Sattler et al.) baselines",
     formal_dp=False,
     quick=QUICK,
-    batched="privkit.batched.many_fedavg:train_federated_many",
+    batched="privkit.batched.many_fedavg:train_fedavg_many",
     flower="privkit.flower_engine.apps:FedAvgPort",
 )
 declare(
@@ -77,6 +77,6 @@ declare(
     paper="Li et al. 2020; FedAUX (Sattler et al.) baselines",
     formal_dp=False,
     quick=QUICK,
-    batched="privkit.batched.many_fedavg:train_federated_many",
+    batched="privkit.batched.many_fedavg:train_fedprox_many",
     flower="privkit.flower_engine.apps:FedAvgPort",
 )

@@ -32,5 +32,5 @@ declare(
     paper="Lin et al. 2020; FedAUX (Sattler et al.) baselines",
     formal_dp=False,
     quick=QUICK,
-    batched="privkit.batched.many_fedavg:train_federated_many",
+    batched="privkit.batched.many_fedavg:train_feddf_many",
 )
