@@ -244,7 +244,8 @@ def train_one(
             else:  # an empty Poisson batch releases noise only
                 g = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
             # seeded: a block of steps' noise drawn at once (NormalRows), one row per release;
-            # release mode: the noisy sum on the grid (grid_noise)
+            # release mode: the noisy sum on the grid (grid_noise). The receipt is not kept: the
+            # models trained here (reference models, shadows) carry no ledger
             released, _ = gaussian_release(
                 [g[k] for k in names],
                 std=std,
@@ -501,7 +502,8 @@ def train_many(
                 g = _private_gradient(
                     stacked, params, buffers, xb, yb, wb, recipe.clip, counts[:, t].tolist()
                 )
-                # one release per model: its clipped sum and its stream's noise of this step
+                # one release per model: its clipped sum and its stream's noise of this step (its
+                # receipt not kept: the models trained here carry no ledger)
                 released, _ = gaussian_release(
                     [g[k] for k in names],
                     std=std,

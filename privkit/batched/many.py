@@ -14,7 +14,9 @@ except the local training. Two engines do the local training:
 
 * the DP-SGD methods (:func:`local_dp_sgd`; dpsgd: :mod:`privkit.batched.many_dpsgd`) stack the
   models' parameters on one axis (clients x runs, :class:`~privkit.mechanisms.stacked.StackedModels`)
-  and take one forward and backward pass per step for all of them;
+  and take one forward and backward pass per step for all of them; each model keeps the receipts
+  of its releases (:attr:`LocalDp.receipts`), which its run's ledger records as the single run's
+  does (``finish_round(states, receipts)``);
 * the methods trained with Adam (FedAvg, FedProx, FedDF, FedAUX, FedMD) run, per model, exactly
   the single run's kernels (:mod:`privkit.batched.exact_mlp`): Adam amplifies float rounding, so
   only bit-for-bit equal arithmetic keeps a batched run on its single run.
@@ -42,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -53,6 +55,7 @@ from privkit.mechanisms.dp_random import DpRandom
 
 if TYPE_CHECKING:
     from privkit.mechanisms.dp_sgd_step import DpSgdStep
+    from privkit.mechanisms.gaussian import Receipt
 
 
 def has_batched(method: str) -> bool:
@@ -167,8 +170,9 @@ def unstack(stacked: dict[str, torch.Tensor], j: int) -> dict[str, torch.Tensor]
 def lockstep(runs: Sequence, local_round: Callable[[list, list[list[int]]], list | None]) -> None:
     """Drive run objects round by round: each run that goes on picks its clients (``next_round``;
     ``None`` once it has ended), ``local_round(runs, clients)`` trains the clients of all of them
-    at once (returning per run what its ``finish_round`` takes, or ``None`` when it takes nothing),
-    then each run finishes its round."""
+    at once (returning per run what its ``finish_round`` takes: one argument, or a tuple of its
+    arguments, e.g. the states and the clients' release receipts; or ``None`` when it takes
+    nothing), then each run finishes its round."""
     if len({str(r.spec) for r in runs}) != 1:
         raise ValueError("batched runs need one model architecture; found several")
     while True:
@@ -178,7 +182,8 @@ def lockstep(runs: Sequence, local_round: Callable[[list, list[list[int]]], list
             return
         out = local_round([runs[i] for i in going], [picked[i] for i in going])
         for at, i in enumerate(going):
-            runs[i].finish_round(*([out[at]] if out is not None else []))
+            args = () if out is None else out[at] if isinstance(out[at], tuple) else (out[at],)
+            runs[i].finish_round(*args)
 
 
 # ---------------------------------------------------------------------------- local DP-SGD
@@ -208,6 +213,11 @@ class LocalDp:
         The audit's canaries of this model's mechanism (:meth:`DpSgdStep.probes
         <privkit.mechanisms.dp_sgd_step.DpSgdStep.probes>` for its client; over its trainable
         parameters in ``named_parameters`` order); ``None`` (default) outside an audit.
+    receipts : list of Receipt
+        The receipts of this model's releases, one per step in the order they ran, appended by
+        :func:`local_dp_sgd` (empty at first): what its run's ledger records, as the single
+        step's ``receipts`` (:meth:`DpSgdStep.noisy_gradient
+        <privkit.mechanisms.dp_sgd_step.DpSgdStep.noisy_gradient>`).
     """
 
     x: torch.Tensor
@@ -220,6 +230,8 @@ class LocalDp:
     fast: bool = False
     #: the audit's probes of this model's mechanism (None outside an audit's probing block)
     canaries: Any = None
+    #: the receipts of this model's releases, one per step (local_dp_sgd appends them)
+    receipts: list[Receipt] = field(default_factory=list)
 
 
 #: losses(out, models, s, y, aux) -> (len(models), b) per-example losses of the examples s
@@ -252,7 +264,9 @@ def local_dp_sgd(
     (:mod:`privkit.mechanisms.mutations`) acts as in the single step (clipping here, the noise
     factor in the release primitive), and a job's canaries (:attr:`LocalDp.canaries`) are taken
     as the single step takes them: sampled from its noise stream before its noise, added to its
-    clipped sum before the release, observing the release.
+    clipped sum before the release, observing the release. Each release's receipt (Poisson
+    subsampled at the job's rate, as the single step's) goes to its job's
+    :attr:`LocalDp.receipts`, for its run's ledger.
 
     Parameters
     ----------
@@ -341,7 +355,8 @@ def _noisy(
     canaries are sampled from its own noise stream (before any noise is drawn from it) and added
     in place to its row of ``sums`` (``names``: the parameters' order, the canaries' layout); after
     the releases the rows are restored bit for bit and each job's canaries observe its release
-    against its clean sum."""
+    against its clean sum. Each job's receipt of the release (its own row's, for the fast jobs)
+    goes to :attr:`LocalDp.receipts`."""
     from privkit.mechanisms.gaussian import gaussian_release
 
     restores = {
@@ -357,20 +372,30 @@ def _noisy(
         if j.fast and j.noise_gen.seeded_torch:
             groups.setdefault((std, float(j.step.clip_norm)), []).append(i)
             continue
-        noisy, _ = gaussian_release(
+        noisy, receipt = gaussian_release(
             {k: v[i] for k, v in sums.items()},
             std=std,
             sensitivity=j.step.clip_norm,
             source=j.noise_gen,
+            sample_rate=j.step.sample_rate,
         )
+        j.receipts.append(receipt)
         if i in restores:
             released[i] = [noisy[k] for k in names]
         for k, v in noisy.items():
             grads[k][i] = v / expected[i]
     for (s, clip), rows in groups.items():
         at = torch.tensor(rows, device=expected.device)
-        noisy = joint_release(sums, rows, std=s, clip=clip, source=jobs[rows[0]].noise_gen)
+        noisy, receipts = joint_release(
+            sums,
+            rows,
+            std=s,
+            clip=clip,
+            source=jobs[rows[0]].noise_gen,
+            sample_rates=[jobs[i].step.sample_rate for i in rows],
+        )
         for r, i in enumerate(rows):
+            jobs[i].receipts.append(receipts[r])
             if i in restores:
                 released[i] = [noisy[k][r] for k in names]
         for k, v in noisy.items():
@@ -382,12 +407,22 @@ def _noisy(
 
 
 def joint_release(
-    sums: dict[str, torch.Tensor], rows: Sequence[int], *, std: float, clip: float, source: DpRandom
-) -> dict[str, torch.Tensor]:
+    sums: dict[str, torch.Tensor],
+    rows: Sequence[int],
+    *,
+    std: float,
+    clip: float,
+    source: DpRandom,
+    sample_rates: Sequence[float | None],
+) -> tuple[dict[str, torch.Tensor], list[Receipt]]:
     """The noisy sums of the models ``rows`` of stacked ``sums`` (each ``(models, ...)``), one
-    release each through :func:`privkit.mechanisms.gaussian_release`, all rows in one draw from
-    the seeded ``source``: an audit's reference models (the same law as each model's own stream,
-    not its numbers). Returns each tensor's ``(len(rows), ...)`` noisy rows.
+    release each through :func:`privkit.mechanisms.gaussian_release`, all rows' noise in one
+    ``(len(rows), width)`` draw from the seeded ``source`` (rows of unequal sampling rates through
+    :class:`~privkit.mechanisms.gaussian.NormalRows`, one release per row: the numbers one release
+    of the whole block takes, bit for bit): an audit's reference models (the same law as each
+    model's own stream, not its numbers). Returns each
+    tensor's ``(len(rows), ...)`` noisy rows and each row's receipt (Poisson subsampled at its
+    rate in ``sample_rates``), in the order of ``rows``.
 
     Parameters
     ----------
@@ -402,26 +437,46 @@ def joint_release(
         The clip norm: each row's L2 sensitivity.
     source : DpRandom
         The seeded stream all rows' noise is drawn from (the first reference model's).
+    sample_rates : Sequence[float or None]
+        Each row's Poisson rate (its model's mechanism's), stated in its receipt.
     """
-    from privkit.mechanisms.gaussian import gaussian_release
+    from privkit.mechanisms.gaussian import NormalRows, gaussian_release
 
+    if len(sample_rates) != len(rows):
+        raise ValueError(
+            f"joint_release needs one sample rate per row; found {len(sample_rates)} for "
+            f"{len(rows)} rows"
+        )
     names = sorted(sums)
     at = torch.tensor(list(rows), device=next(iter(sums.values())).device)
     clean = torch.cat([sums[k][at].flatten(1) for k in names], 1)
-    noisy, _ = gaussian_release(
-        clean,
-        std=std,
-        sensitivity=clip,
-        source=source,
-        dim=clean.shape[1],
-        releases=len(rows),
-    )
+    if len(set(sample_rates)) == 1:  # the rows' releases alike: one call, its receipt per row
+        noisy, receipt = gaussian_release(
+            clean,
+            std=std,
+            sensitivity=clip,
+            source=source,
+            sample_rate=sample_rates[0],
+            dim=clean.shape[1],
+            releases=len(rows),
+        )
+        receipts = [replace(receipt, releases=1)] * len(rows)
+    else:  # each row its own release and receipt, the noise of all in one draw
+        block = NormalRows(source, clean.shape[1], len(rows), len(rows))
+        released, receipts = [], []
+        for r, rate in enumerate(sample_rates):
+            row, one = gaussian_release(
+                clean[r], std=std, sensitivity=clip, source=block, sample_rate=rate
+            )
+            released.append(row)
+            receipts.append(one)
+        noisy = torch.stack(released)
     out, offset = {}, 0
     for k in names:
         width = sums[k][0].numel()
         out[k] = noisy[:, offset : offset + width].view(len(rows), *sums[k].shape[1:])
         offset += width
-    return out
+    return out, receipts
 
 
 def ce_losses(

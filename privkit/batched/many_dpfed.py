@@ -7,13 +7,17 @@ DP-SGD steps as one stacked computation (:func:`~privkit.batched.many.local_dp_s
 pair's model starts from its run's global model, draws its batches and noise from the streams of
 :func:`~privkit.trainers.dp_fedavg._local_update` for that client and round, and FedKADP's
 distillation loss reads the logits of its run's global model (the teacher) at that round's
-temperature. The states go back to each run in its sampled order.
+temperature. The states go back to each run in its sampled order, with each client's release
+receipts (one per local step, :attr:`LocalDp.receipts <privkit.batched.many.LocalDp.receipts>`),
+which :meth:`DpFedRun.finish_round <privkit.trainers.dp_fedavg.DpFedRun.finish_round>` composes
+into the ledger as the single run does (refusing releases other than the budget check admitted).
 
 FedKD+DP (:class:`~privkit.trainers.fedkd.FedKdRun`) runs the same way on each sampled client's
 mentor-mentee pair: :class:`StackedPairs` gives the joint per-example norms of mentor, mentee and
 ``W_h`` from each layer's inputs and output gradients (the single run uses the same class with one
 model, through ``MentorMentee.stacked_form``), the loss reading the mentor's and the projected
-mentee's features as well as both models' logits.
+mentee's features as well as both models' logits; each client's receipts go to
+:meth:`FedKdRun.finish_round <privkit.trainers.fedkd.FedKdRun.finish_round>`.
 
 An audit's reference runs (``fast``) draw the noise of all their clients of a step in one draw
 (:class:`~privkit.batched.many.LocalDp`: seeded, the same law, not their single runs' numbers).
@@ -86,11 +90,23 @@ def _jobs(
     return jobs
 
 
+def _per_run(sampled: list[list[int]], jobs: list[LocalDp]) -> list[list[list]]:
+    """Each run's clients' release receipts, in its sampled order (``jobs``: one per (run, client)
+    pair, runs in order)."""
+    out: list[list[list]] = []
+    at = 0
+    for ks in sampled:
+        out.append([jobs[at + i].receipts for i in range(len(ks))])
+        at += len(ks)
+    return out
+
+
 def _round(
     runs: list[DpFedRun], sampled: list[list[int]], fast: frozenset[int] = frozenset()
-) -> list[list[dict[str, torch.Tensor]]]:
+) -> list[tuple[list[dict[str, torch.Tensor]], list[list]]]:
     """One round's local updates of every (run, client) pair; per run, its states in sampled order
-    (``fast``: :func:`_jobs`)."""
+    and its clients' release receipts (what :meth:`DpFedRun.finish_round` takes; ``fast``:
+    :func:`_jobs`)."""
     pairs = [(r, k) for r, ks in zip(runs, sampled) for k in ks]
     cfg, device = runs[0].cfg, runs[0].device
     models = [r.model for r, _ in pairs]
@@ -111,7 +127,7 @@ def _round(
         net,
         params,
         buffers,
-        jobs,
+        jobs,  # each job's receipts appended as its releases run
         cfg.local_steps,
         lr=cfg.lr,
         optimizer=cfg.optimizer,
@@ -126,7 +142,7 @@ def _round(
             state = {**unstack(params, at), **unstack(buffers, at)}
             out[i].append({k: state[k] for k in keys})
             at += 1
-    return out
+    return list(zip(out, _per_run(sampled, jobs)))
 
 
 # ---------------------------------------------------------------------------- FedKD+DP
@@ -157,18 +173,20 @@ def mutual_losses(num_classes: int, hidden: bool):
 
 def _kd_round(
     runs: list[FedKdRun], sampled: list[list[int]], fast: frozenset[int] = frozenset()
-) -> None:
-    """One round's local rounds of every (run, client) pair, written back into the pairs
-    (``fast``: :func:`_jobs`)."""
+) -> list[tuple[list[list]]]:
+    """One round's local rounds of every (run, client) pair, written back into the pairs; per
+    run, its clients' release receipts in sampled order (what :meth:`FedKdRun.finish_round`
+    takes; ``fast``: :func:`_jobs`)."""
     pairs = [(r, k) for r, ks in zip(runs, sampled) for k in ks]
     cfg, device = runs[0].cfg, runs[0].device
     modules = [r.pairs[k] for r, k in pairs]
     params, buffers = stacked_on(modules, device)
+    jobs = _jobs(pairs, modules, device, fast)
     local_dp_sgd(
         StackedPairs(modules[0], len(pairs)),
         params,
         buffers,
-        _jobs(pairs, modules, device, fast),
+        jobs,
         cfg.local_steps,
         lr=cfg.lr,
         optimizer=cfg.optimizer,
@@ -178,6 +196,7 @@ def _kd_round(
         for j, mod in enumerate(modules):
             for name, p in mod.named_parameters():
                 p.copy_(params[name][j])
+    return [(receipts,) for receipts in _per_run(sampled, jobs)]
 
 
 def _fast_ids(runs: list, fast: list[bool] | None) -> frozenset[int]:

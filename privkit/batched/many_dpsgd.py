@@ -13,7 +13,10 @@ each run's weights are opacus' up to float rounding:
   StackedModels`, where opacus forms every per-example gradient);
 * noise (the ``noise`` stream): per parameter in the optimiser's order, ``normal(0, sigma C)`` of its
   shape; the sum of the clipped gradients and the noise divided by opacus' expected batch size
-  ``int(n q)``; one step of SGD.
+  ``int(n q)``; one step of SGD;
+* the ledger: each release's receipt (the primitive's, Poisson subsampled at ``q`` as opacus'
+  steps state it) kept per run and composed by the single run's :func:`~privkit.trainers.dpsgd.
+  dpsgd_result`, as the single run composes opacus' steps' receipts.
 
 In release mode the streams are fresh secret ones drawn as :mod:`privkit.mechanisms.opacus_streams`
 draws them. Adam is not batched (it amplifies the float rounding by which the batched gradients
@@ -38,7 +41,7 @@ import torch.nn.functional as F
 from privkit.batched.batched_sgd import load_states
 from privkit.batched.many import joint_release, stacked_on
 from privkit.mechanisms import mutations
-from privkit.mechanisms.gaussian import gaussian_release
+from privkit.mechanisms.gaussian import Receipt, gaussian_release
 from privkit.mechanisms.stacked import StackedModels
 from privkit.seeding import derive_seed, noise_generator
 from privkit.trainers.common import accuracy, new_model, resolve_device
@@ -71,6 +74,7 @@ class _Run:
         self.y = torch.as_tensor(y, dtype=torch.long, device=device)
         self.rounds: list[dict] = []
         self.loss = [0.0, 0]
+        self.receipts: list[Receipt] = []  # each release's, for the ledger (dpsgd_result)
 
     def batch(self, t: int) -> torch.Tensor:
         """Step ``t``'s Poisson batch (record indices), drawn as opacus' loader draws it."""
@@ -85,11 +89,17 @@ class _Run:
     ) -> dict[str, torch.Tensor]:
         """The step's summed gradients plus noise, drawn as the single run's optimizer draws it:
         privkit's release primitive over the parameters in opacus' order
-        (:func:`privkit.mechanisms.gaussian_release`, sensitivity ``clip``)."""
+        (:func:`privkit.mechanisms.gaussian_release`, sensitivity ``clip``, Poisson rate the
+        plan's); its receipt goes to :attr:`receipts`."""
         names = list(sums)  # opacus' parameter order, as its add_noise draws
-        noisy, _ = gaussian_release(
-            [sums[k] for k in names], std=std, sensitivity=clip, source=self.noise
+        noisy, receipt = gaussian_release(
+            [sums[k] for k in names],
+            std=std,
+            sensitivity=clip,
+            source=self.noise,
+            sample_rate=self.rate,
         )
+        self.receipts.append(receipt)
         return dict(zip(names, noisy))
 
 
@@ -192,10 +202,16 @@ def train_dpsgd_runs(
                 for k in names:
                     params[k][j].add_(noisy[k] / expected[j], alpha=-config.lr)
             for s, rows in groups.items():
-                noisy = joint_release(
-                    sums, rows, std=s, clip=config.clip_norm, source=runs[rows[0]].noise
+                noisy, receipts = joint_release(
+                    sums,
+                    rows,
+                    std=s,
+                    clip=config.clip_norm,
+                    source=runs[rows[0]].noise,
+                    sample_rates=[runs[j].rate for j in rows],
                 )
                 for row, j in enumerate(rows):
+                    runs[j].receipts.append(receipts[row])
                     if j in probed:
                         observed[j] = [noisy[k][row] for k in names]
                 at = torch.tensor(rows, device=device)
@@ -239,7 +255,17 @@ def train_dpsgd_runs(
             for row in r.rounds
         ]
         out.append(
-            dpsgd_result(r.federation, r.config, r.seed, released, r.spec, kept, r.plan, device)
+            dpsgd_result(
+                r.federation,
+                r.config,
+                r.seed,
+                released,
+                r.spec,
+                kept,
+                r.plan,
+                device,
+                receipts=r.receipts,
+            )
         )
     return out
 

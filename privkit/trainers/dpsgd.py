@@ -211,17 +211,40 @@ def dpsgd_result(
     rounds: list[dict],
     plan: tuple[float, int, float, list[str]],
     device,
-    receipts: list | None = None,
+    *,
+    receipts: list,
 ) -> TrainResult:
     """``train_dpsgd``'s :class:`TrainResult` for the released model, the per-epoch rows (round,
-    test accuracy, loss, steps) and the :func:`_plan` that ran."""
-    from accountants import Ledger, dpsgd_epsilon, dpsgd_event
+    test accuracy, loss, steps) and the :func:`_plan` that ran; its ledger records the composition
+    of ``receipts``, the receipts of the releases that ran (opacus' steps', or the batched
+    form's, :mod:`privkit.batched.many_dpsgd`), never an event rebuilt from the plan.
+
+    Parameters
+    ----------
+    federation : Federation
+        The federation the run trained on (pooled); every client's ledger holds the event.
+    config : DpsgdConfig
+        The run's config.
+    seed : int
+        The run's seed.
+    released : torch.nn.Module
+        The released model (on the CPU).
+    spec : dict
+        Its model spec.
+    rounds : list[dict]
+        The per-epoch rows (round, test accuracy, loss, steps); each gains its sigma and epsilon.
+    plan : tuple
+        ``(sample_rate, steps, sigma, notes)`` of :func:`_plan`.
+    device : torch.device
+        Where the test accuracy is computed.
+    receipts : list of Receipt
+        One per release that ran, in order (at least one).
+    """
+    from accountants import Ledger, dpsgd_epsilon
     from privkit.mechanisms.gaussian import compose_receipts
 
     sample_rate, steps, sigma, notes = plan
-    # the receipts of the releases that ran (the batched form, which releases nothing of its own
-    # here, states the plan it ran: the same event, tested)
-    event = compose_receipts(receipts) if receipts else dpsgd_event(sample_rate, sigma, steps)
+    event = compose_receipts(receipts)  # what ran, never the plan in its place
     ledger = Ledger()
     for k in range(federation.num_clients):
         ledger.add(k, event, "dp-sgd (pooled data)")

@@ -55,14 +55,19 @@ def _releases_in(event) -> list[tuple[float, float]]:
     return []  # not a Gaussian release (e.g. FedMD-NFDP's subsampling guarantee)
 
 
-def _spy_on_the_primitive(monkeypatch) -> list:
-    """Replace every loaded binding of ``gaussian_release``; returns the list receipts go to."""
+def _spy_on_the_primitive(monkeypatch, tamper=None) -> list:
+    """Replace every loaded binding of ``gaussian_release``; returns the list receipts go to.
+
+    ``tamper(receipt)`` (optional): the receipt the spy hands back (and keeps) in place of the
+    primitive's, a mechanism whose receipt misstates what it ran."""
     import privkit.mechanisms.gaussian as gaussian
 
     real, made = gaussian.gaussian_release, []
 
     def recording(*args, **kwargs):
         out, receipt = real(*args, **kwargs)
+        if tamper is not None:
+            receipt = tamper(receipt)
         made.append(receipt)
         return out, receipt
 
