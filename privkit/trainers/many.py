@@ -24,10 +24,13 @@ the streams the single run draws them from, in the same order, so the weights ag
 :func:`privkit.trainers.train`'s up to float rounding (tested per method: at most 1e-5, and bit for
 bit for the Adam methods). In release mode every stream is a fresh secret one, as in the single run.
 
-Methods with a batched form: :data:`BATCHED`. The others (FLiP, centralized, FedAUXfdp and the
-DP-head baselines: docs/performance.md says why), configurations a batched form does not cover,
-and any run inside an audit's probing block (whose canaries are per client and step) train one
-after the other.
+Methods with a batched form: :data:`BATCHED`. FLiP's and centralised training's batch only an
+audit's reference runs (:mod:`~privkit.trainers.many_flip`, :mod:`~privkit.trainers.many_central`:
+their batched kernels drift from the single run by more than rounding, which their training
+amplifies); their other runs train alone, each its single run bit for bit. The others (FedAUXfdp
+and the DP-head baselines: docs/performance.md says why), configurations a batched form does not
+cover, and any run inside an audit's probing block (whose canaries are per client and step) train
+one after the other.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ BATCHED: dict[str, str] = {
     "fedmd-nfdp": "privkit.trainers.many_fedmd:train_fedmd_many",
     "fedmd-np": "privkit.trainers.many_fedmd:train_fedmd_many",
     "fedmd-ldp": "privkit.trainers.many_fedmd:train_fedmd_many",
+    "centralized": "privkit.trainers.many_central:train_centralized_many",
+    "flip": "privkit.trainers.many_flip:train_flip_many",
 }
 
 
