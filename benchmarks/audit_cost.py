@@ -44,6 +44,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "privkit" / "configs" / "quickstart.toml"
 
@@ -97,7 +98,7 @@ def _account(run: Path, task: dict) -> None:
     )
 
 
-_FEDERATION = {}
+_FEDERATION: dict[str, Any] = {}
 
 
 def _federation():
@@ -171,7 +172,7 @@ def summarise(rows: list[dict]) -> dict:
     out: dict = {}
     for method in dict.fromkeys(r["method"] for r in rows):
         rs = [r for r in rows if r["method"] == method]
-        entry = {"repeats": len(rs)}
+        entry: dict[str, Any] = {"repeats": len(rs)}
         for key in (
             "train_s",
             "train_cpu_s",
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                 json.dumps(row), file=sys.stderr, flush=True
             )  # each repeat as it ends (a long run's log)
     summary = summarise(sorted(rows, key=lambda r: (methods.index(r["method"]), r["repeat"])))
-    out = {
+    out: dict[str, Any] = {
         "schema_version": 1,
         "benchmark": "audit_cost",
         "methods": summary,
