@@ -68,6 +68,7 @@ def centralized_result(
     spec: dict,
     rounds: list[dict],
     device: torch.device,
+    test_accuracy: float | None = None,
 ) -> TrainResult:
     """The :class:`TrainResult` of a centralised run (its single and batched forms share it): the
     trained ``model`` (on the CPU), its per-epoch ``rounds``, a non-private ledger entry for every
@@ -89,6 +90,9 @@ def centralized_result(
         Per epoch ``{"round", "test_accuracy", "loss"}``.
     device : torch.device
         Where the final test accuracy is computed.
+    test_accuracy : float or None
+        The trained model's test accuracy where the caller has it (the batched form: its last
+        epoch's, from the stacked forward pass); ``None`` (default): computed here.
     """
     from accountants import Ledger, NonPrivateEvent
 
@@ -105,7 +109,9 @@ def centralized_result(
         model_spec=spec,
         ledger=ledger,
         rounds=rounds,
-        test_accuracy=accuracy(model, x_test, y_test, device),
+        test_accuracy=(
+            accuracy(model, x_test, y_test, device) if test_accuracy is None else test_accuracy
+        ),
         warnings=[
             (
                 "No formal privacy guarantee: the model is trained on the pooled records "

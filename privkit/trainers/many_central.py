@@ -15,9 +15,9 @@ pass. The weights equal the single run's up to float rounding, which SGD on a CN
 moves the single run by up to 2e-3; an MLP stays within 1e-5, tested). So only an audit's
 reference runs (``fast``: the auditor's own models, whose statistics, not bits, the attacks use,
 as the Adam methods' stacked kernels, :mod:`privkit.trainers.many_fedavg`) train batched; every
-other run trains alone and is its single run bit for bit. The result (ledger, warnings, claims,
-final test accuracy) is the single run's own code (:func:`~privkit.trainers.centralized.
-centralized_result`).
+other run trains alone and is its single run bit for bit. The result (ledger, warnings, claims)
+is the single run's own code (:func:`~privkit.trainers.centralized.centralized_result`); its test
+accuracy is the last epoch's, as the single run's is.
 
 Adam is not batched: it amplifies float rounding (:mod:`privkit.trainers.exact_mlp`), so those
 runs train one after the other.
@@ -206,7 +206,17 @@ def _train_batched(federations: list, configs: list, seeds: list[int]) -> list |
     for j, r in enumerate(runs):
         r.model.load_state_dict({k: params[k][j].detach().clone() for k in names}, strict=False)
     return [
-        centralized_result(r.federation, r.config, r.seed, r.model.cpu(), r.spec, r.rounds, device)
+        centralized_result(
+            r.federation,
+            r.config,
+            r.seed,
+            r.model.cpu(),
+            r.spec,
+            r.rounds,
+            device,
+            # the last epoch's accuracy is the trained model's (the single run computes it twice)
+            r.rounds[-1]["test_accuracy"] if stacked_test else None,
+        )
         for r in runs
     ]
 

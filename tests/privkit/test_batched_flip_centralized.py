@@ -91,6 +91,9 @@ def test_reference_runs_batched_target_runs_bit_for_bit(fed, method, config, tol
         assert a.ledger.to_dict() == b.ledger.to_dict()
         assert a.artifacts.keys() == b.artifacts.keys()
         assert a.test_accuracy == pytest.approx(b.test_accuracy, abs=2e-3)
+        # the released model is the last round's (epoch's), as in the single run
+        assert b.test_accuracy == b.rounds[-1]["test_accuracy"]
+        assert a.test_accuracy == a.rounds[-1]["test_accuracy"]
     # without references every run is its single run
     for a, b in zip(alone, train_many(method, feds, config, seeds)):
         _same(a, b)
