@@ -244,7 +244,7 @@ def runs_round_updates(
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]:
     """:func:`round_updates` of the clients of several runs' rounds at once: client c starts from
     its run's ``starts[c] = (init, samples, label_logits, rates)``. privkit's MLP steps every
-    client of every run together (:func:`_lockstep`, the layers stacked along the client axis):
+    client of every run together (:func:`_lockstep_from`, the layers stacked along the client axis):
     each client's update equals its run's :func:`round_updates` up to float rounding, not bit for
     bit (other kernels on other shapes; an audit's reference runs take it). Other models run
     :func:`client_update` one client after the other.

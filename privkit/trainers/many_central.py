@@ -148,12 +148,15 @@ def train_centralized_many(
 
 
 def _train_batched(federations: list, configs: list, seeds: list[int]) -> list | None:
-    """The runs batched (module docstring); ``None`` where the model is not stackable."""
+    """The runs batched (module docstring); ``None`` where the model is not stackable or a run
+    has no records (the single run's epochs then report a NaN loss)."""
     config = configs[0]
     device = resolve_device(config)
     runs = [_Run(f, c, s, device) for f, c, s in zip(federations, configs, seeds)]
     if len({str(r.spec) for r in runs}) != 1:
         raise ValueError("batched runs need one model architecture; found several")
+    if any(len(r.y) == 0 for r in runs):
+        return None
     try:
         net = StackedModels(runs[0].model, len(runs))
     except UnsupportedModelError:
