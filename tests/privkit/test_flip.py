@@ -148,7 +148,7 @@ def test_client_update_lowers_raw_loss():
     x = torch.randn(60, 4, generator=g)
     y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
     cfg = flip.FlipConfig(k=1, local_epochs=40, batch_size=60, distill_lr=0.05)
-    S, L, E = flip.initial_distilled(1, 3, (4,), cfg, 0, torch.device("cpu"))  # type: ignore[arg-type]
+    S, L, E = flip.initial_distilled(1, 3, (4,), cfg, 0, torch.device("cpu"))
     before = float(flip.raw_loss(model, flip.unroll(model, init, S, L, E), x, y).detach())
     S2, L2, E2, _ = flip.client_update(model, init, S, L, E, x, y, cfg, cfg.distill_lr, seed=0)
     after = float(flip.raw_loss(model, flip.unroll(model, init, S2, L2, E2), x, y).detach())
