@@ -2,8 +2,9 @@
 
 Each method trains once with its ``quick`` configuration (what ``privkit demo`` runs) on the
 quickstart federation (mnist5k, 20 clients, Dirichlet alpha=1, digits28 public data), with an empty
-h0 cache, and its run directory is then audited as the demo audits it
-(:func:`privkit.audit.audit_run`: 16 reference runs, every attack, the demo's delta and seed). The
+h0 cache, its run directory gets the demo's account stage (``privacy.json``, not timed: the audit
+accounts the audited runs on its PLD grid, 1e-3 in the demo) and is then audited as the demo audits
+it (:func:`privkit.audit.audit_run`: 16 reference runs, every attack, the demo's delta and seed). The
 audit trains the target's fair-coin run and the reference runs: on the batched path where the
 method's recipe has one (serial executor), else one run after the other. ``--loop`` forces the
 one-at-a-time path (an executor object, so the batched form is not taken): the "before" of a
@@ -43,6 +44,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "privkit" / "configs" / "quickstart.toml"
 
@@ -56,7 +58,7 @@ def _one_thread() -> None:
 
 
 def _demo_settings() -> tuple[list[str], dict, int]:
-    """The demo's methods, audit settings and seed (privkit/configs/quickstart.toml)."""
+    """The demo's methods, audit and accounting settings and seed (privkit/configs/quickstart.toml)."""
     import tomllib
 
     cfg = tomllib.loads(QUICKSTART.read_text())
@@ -64,12 +66,39 @@ def _demo_settings() -> tuple[list[str], dict, int]:
     audit = cfg.get("audit", {})
     return (
         methods,
-        {"shadows": int(audit.get("shadows", 16)), "delta": float(cfg.get("delta", 1e-5))},
+        {
+            "shadows": int(audit.get("shadows", 16)),
+            "delta": float(cfg.get("delta", 1e-5)),
+            # the account stage's settings: privacy.json's PLD grid is the audit's
+            "accountant": cfg.get("accountant", "best"),
+            "accountants": cfg.get("accountants"),
+            "pld_grid": cfg.get("pld_grid"),
+            "curve_accountant": cfg.get("curve_accountant", "rdp"),
+        },
         int(cfg.get("seed", 0)),
     )
 
 
-_FEDERATION = {}
+def _account(run: Path, task: dict) -> None:
+    """The demo's account stage on the run directory (``privacy.json``; not timed): the audit
+    accounts the audited runs on its PLD grid (:func:`privkit.audit.run._headline_grid`)."""
+    from privkit.files import atomic_write_json
+    from privkit.pipeline.stages import account_method
+
+    atomic_write_json(
+        run / "privacy.json",
+        account_method(
+            run,
+            task["delta"],
+            task["accountant"],
+            accountants=task["accountants"],
+            pld_grid=task["pld_grid"],
+            curve_accountant=task["curve_accountant"],
+        ),
+    )
+
+
+_FEDERATION: dict[str, Any] = {}
 
 
 def _federation():
@@ -114,6 +143,7 @@ def measure(task: dict) -> dict:
         )
         fed.save(run / "federation.json")
         result.save(run)
+        _account(run, task)
         for path in task["paths"]:  # "batched" (the serial executor: batched form if any) or "loop"
             executor = "serial" if path == "batched" else SerialExecutor()
             audit, secs, cpu = _timed(
@@ -142,7 +172,7 @@ def summarise(rows: list[dict]) -> dict:
     out: dict = {}
     for method in dict.fromkeys(r["method"] for r in rows):
         rs = [r for r in rows if r["method"] == method]
-        entry = {"repeats": len(rs)}
+        entry: dict[str, Any] = {"repeats": len(rs)}
         for key in (
             "train_s",
             "train_cpu_s",
@@ -213,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             "audit_seed": seed + r,
             "shadows": shadows,
             "delta": audit["delta"],
+            **{k: audit[k] for k in ("accountant", "accountants", "pld_grid", "curve_accountant")},
             "paths": paths,
         }
         for r in range(args.repeats)
@@ -232,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                 json.dumps(row), file=sys.stderr, flush=True
             )  # each repeat as it ends (a long run's log)
     summary = summarise(sorted(rows, key=lambda r: (methods.index(r["method"]), r["repeat"])))
-    out = {
+    out: dict[str, Any] = {
         "schema_version": 1,
         "benchmark": "audit_cost",
         "methods": summary,
@@ -244,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             "config": "quick",
             "federation": "quickstart (mnist5k, 20 clients, dirichlet alpha=1, digits28 public)",
             "shadows": shadows,
+            "pld_grid": audit["pld_grid"],
             "repeats": args.repeats,
             "paths": paths,
             "seed": seed,

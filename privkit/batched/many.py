@@ -35,9 +35,12 @@ the release primitive and the clipping as in the single step. The other mechanis
 scores, FedMD-LDP's shared knowledge) run the single run's own code per run.
 
 Methods with a batched form: those whose registry entry names one
-(:attr:`privkit.methods.registry.TrainerSpec.batched`). The others (FLiP, centralized, FedAUXfdp and the
-DP-head baselines: docs/performance.md says why) and configurations a batched form does not cover
-train one after the other.
+(:attr:`privkit.methods.registry.TrainerSpec.batched`). FLiP's and centralised training's batch
+only an audit's reference runs (:mod:`~privkit.batched.many_flip`, :mod:`~privkit.batched.
+many_central`: their batched kernels drift from the single run by more than rounding, which their
+training amplifies); their other runs train alone, each its single run bit for bit. The others
+(FedAUXfdp and the DP-head baselines: docs/performance.md says why) and configurations a batched
+form does not cover train one after the other.
 """
 
 from __future__ import annotations

@@ -98,4 +98,5 @@ declare(
         "feature_dim": 32,
         "attack": {"shadows": 2, "catboost_iterations": 200},
     },
+    batched="privkit.batched.many_flip:train_flip_many",
 )

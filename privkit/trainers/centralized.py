@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
+
 from privkit.methods.contract import TrainResult
 from privkit.methods.dpsgd import CentralConfig
 from privkit.seeding import derive_seed
@@ -26,8 +28,6 @@ def train_centralized(
     federation, config: CentralConfig, seed: int, progress: bool = False
 ) -> TrainResult:
     """Train one model on all clients' records pooled; per-epoch test accuracy in ``rounds``."""
-    from accountants import Ledger, NonPrivateEvent
-
     device = resolve_device(config)
     x, y = federation.pooled_arrays()
     x_test, y_test = federation.test_arrays()
@@ -57,6 +57,46 @@ def train_centralized(
         rounds.append(
             {"round": epoch, "test_accuracy": accuracy(model, x_test, y_test, device), "loss": loss}
         )
+    return centralized_result(federation, config, seed, model.cpu(), spec, rounds, device)
+
+
+def centralized_result(
+    federation,
+    config: CentralConfig,
+    seed: int,
+    model: torch.nn.Module,
+    spec: dict,
+    rounds: list[dict],
+    device: torch.device,
+    test_accuracy: float | None = None,
+) -> TrainResult:
+    """The :class:`TrainResult` of a centralised run (its single and batched forms share it): the
+    trained ``model`` (on the CPU), its per-epoch ``rounds``, a non-private ledger entry for every
+    client and the final test accuracy on ``device``.
+
+    Parameters
+    ----------
+    federation : Federation
+        The run's federation: its clients (the ledger's keys) and test set.
+    config : CentralConfig
+        The run's trainer config, stored in the result.
+    seed : int
+        The run's seed, stored in the result.
+    model : torch.nn.Module
+        The trained model, on the CPU.
+    spec : dict
+        Its architecture spec (:func:`privkit.models.model_spec`).
+    rounds : list[dict]
+        Per epoch ``{"round", "test_accuracy", "loss"}``.
+    device : torch.device
+        Where the final test accuracy is computed.
+    test_accuracy : float or None
+        The trained model's test accuracy where the caller has it (the batched form: its last
+        epoch's, from the stacked forward pass); ``None`` (default): computed here.
+    """
+    from accountants import Ledger, NonPrivateEvent
+
+    x_test, y_test = federation.test_arrays()
     ledger = Ledger()
     event = NonPrivateEvent("centralised training on the pooled records without clipping or noise")
     for k in range(federation.num_clients):
@@ -65,11 +105,13 @@ def train_centralized(
         method="centralized",
         seed=seed,
         config=config.model_dump(),
-        model=model.cpu(),
+        model=model,
         model_spec=spec,
         ledger=ledger,
         rounds=rounds,
-        test_accuracy=accuracy(model, x_test, y_test, device),
+        test_accuracy=(
+            accuracy(model, x_test, y_test, device) if test_accuracy is None else test_accuracy
+        ),
         warnings=[
             (
                 "No formal privacy guarantee: the model is trained on the pooled records "

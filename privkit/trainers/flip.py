@@ -187,9 +187,28 @@ def _lockstep(layers, samples, label_logits, rates, clients, config: FlipConfig,
     client axis: each one's batch padded to the longest and masked, the loss a sum of the clients'
     means (their parameters are disjoint: each gets its own gradient)."""
     C = len(clients)
-    s = samples.detach().unsqueeze(0).repeat(C, *[1] * samples.dim()).requires_grad_(True)
-    lab = label_logits.detach().unsqueeze(0).repeat(C, 1, 1).requires_grad_(True)
-    rho = raw_from_rates(rates.detach()).unsqueeze(0).repeat(C, 1).requires_grad_(True)
+    return _lockstep_from(
+        layers,
+        samples.detach().unsqueeze(0).repeat(C, *[1] * samples.dim()),
+        label_logits.detach().unsqueeze(0).repeat(C, 1, 1),
+        raw_from_rates(rates.detach()).unsqueeze(0).repeat(C, 1),
+        clients,
+        config,
+        lr,
+        seeds,
+    )
+
+
+def _lockstep_from(
+    layers, samples, label_logits, raw_rates, clients, config: FlipConfig, lr, seeds
+):
+    """:func:`_lockstep` from each client's own starting point: ``samples`` (C, K, ...),
+    ``label_logits`` (C, K, classes), raw rates ``rho`` (C, K), and ``layers`` shared or with a
+    client axis (:func:`~privkit.trainers.flip_rank_one.unroll`)."""
+    C = len(clients)
+    s = samples.requires_grad_(True)
+    lab = label_logits.requires_grad_(True)
+    rho = raw_rates.requires_grad_(True)
     opt = torch.optim.Adam([s, lab, rho], lr=lr, betas=(config.adam_beta1, config.adam_beta2))
     gens = [torch_generator(seed) for seed in seeds]
     flat = [x.reshape(len(x), -1) for x, _ in clients]
@@ -213,6 +232,70 @@ def _lockstep(layers, samples, label_logits, rates, clients, config: FlipConfig,
             last = per_client.detach()
     eta = rates_from_raw(rho, config.min_rate, config.max_rate).detach()
     return [(s[c].detach(), lab[c].detach(), eta[c], float(last[c])) for c in range(C)]
+
+
+def runs_round_updates(
+    model: torch.nn.Module,
+    starts: Sequence[tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]],
+    clients: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    config: FlipConfig,
+    lr: float,
+    seeds: Sequence[int],
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]:
+    """:func:`round_updates` of the clients of several runs' rounds at once: client c starts from
+    its run's ``starts[c] = (init, samples, label_logits, rates)``. privkit's MLP steps every
+    client of every run together (:func:`_lockstep_from`, the layers stacked along the client axis):
+    each client's update equals its run's :func:`round_updates` up to float rounding, not bit for
+    bit (other kernels on other shapes; an audit's reference runs take it). Other models run
+    :func:`client_update` one client after the other.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The runs' model (their common architecture); its parameters are not read.
+    starts : Sequence[tuple]
+        Per client its run's ``theta_init`` (a parameter dict), distilled samples, label logits
+        and rates, the round's starting point.
+    clients : Sequence[tuple[torch.Tensor, torch.Tensor]]
+        Per client its ``(x, y)``.
+    config : FlipConfig
+        The runs' common config (local epochs, batch size, rate bounds, Adam's betas).
+    lr : float
+        The round's distillation step size, the same for every run (runs in lockstep share the
+        round number).
+    seeds : Sequence[int]
+        Per client the seed of its batches.
+    """
+    names = flip_rank_one.mlp_linear_names(model)
+    if names is None:
+        return [
+            client_update(model, init, S, L, E, x, y, config, lr, seed)
+            for (init, S, L, E), (x, y), seed in zip(starts, clients, seeds)
+        ]
+    batches = [-(-len(y) // config.batch_size) for _, y in clients]
+    out: list = [None] * len(clients)
+    for count in sorted(set(batches)):  # clients stepping in lockstep: as many batches per epoch
+        group = [i for i, n in enumerate(batches) if n == count]
+        layers = [
+            (
+                torch.stack([starts[i][0][w] for i in group]),
+                torch.stack([starts[i][0][b] for i in group]),
+            )
+            for w, b in names
+        ]
+        results = _lockstep_from(
+            layers,
+            torch.stack([starts[i][1].detach() for i in group]),
+            torch.stack([starts[i][2].detach() for i in group]),
+            torch.stack([raw_from_rates(starts[i][3].detach()) for i in group]),
+            [clients[i] for i in group],
+            config,
+            lr,
+            [seeds[i] for i in group],
+        )
+        for i, r in zip(group, results):
+            out[i] = r
+    return out
 
 
 def _padded(parts):
@@ -273,113 +356,170 @@ def final_model(
 
 
 # ----------------------------------------------------------------------------- trainer
-# method "flip": config and registration in privkit.methods.flip
-def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False) -> TrainResult:
-    """Run FLiP on ``federation``; the released model is Eq. 5's on the last aggregate."""
-    from accountants import Ledger, NonPrivateEvent
+class FlipRun:
+    """One FLiP run whose rounds are driven from outside (:func:`train_flip` drives one;
+    :mod:`privkit.batched.many_flip` many at once): the server's state, each round's clients and
+    seeds, the aggregation, evaluation and artifacts of every round, and the result.
 
-    if config.min_rate > config.max_rate:
-        raise PrivkitError(
-            f"min_rate must be <= max_rate; found {config.min_rate} > {config.max_rate}"
-        )
-    device = resolve_device(config)
-    model, spec = new_model(federation, config, derive_seed(seed, "flip-init-model"))
-    model.to(device)
-    init = {n: t.to(device) for n, t in initial_params(model).items()}
-    C = federation.num_classes
-    S, L, eta = initial_distilled(
-        config.k, C, federation.input_shape, config, derive_seed(seed, "flip-init-data"), device
-    )
-    data = [
-        (as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long))
-        for x, y in (federation.client_arrays(i) for i in range(federation.num_clients))
-    ]
-    active = [i for i, (_, y) in enumerate(data) if len(y)]
-    if not active:
-        raise PrivkitError("FLiP needs at least one client with data; found none")
-    xt, yt = federation.test_arrays()
+    A round is :meth:`next_round` (the clients that train, ``None`` once the run has ended), their
+    updates (:func:`round_updates` on :meth:`round_clients`, from ``S``, ``L``, ``eta`` with
+    step ``lr`` and :attr:`seeds`), then :meth:`finish_round` with those updates.
+    """
 
-    ledger = Ledger()
-    for i in range(federation.num_clients):
-        ledger.add(i, NonPrivateEvent(NO_DP_REASON), label="distilled data (every round)")
-    warnings = [
-        NO_DP_REASON + " (the ledger records the shared distilled data as a non-private "
-        "release; the server sees every client's upload before averaging)"
-    ]
-    reduced = config.attack.reductions()
-    if reduced:
-        warnings.append(
-            "FLiP's attacker configuration (attack.*, used by the Table II attack) is scaled "
-            "down from the paper's: " + "; ".join(reduced)
-        )
-    if len(active) < federation.num_clients:
-        warnings.append(
-            f"{federation.num_clients - len(active)} clients hold no data and share nothing"
-        )
+    def __init__(self, federation, config: FlipConfig, seed: int, progress: bool = False):
+        if config.min_rate > config.max_rate:
+            raise PrivkitError(
+                f"min_rate must be <= max_rate; found {config.min_rate} > {config.max_rate}"
+            )
+        from accountants import Ledger, NonPrivateEvent
 
-    artifacts: dict[str, np.ndarray] = {
-        "distilled_slot_class": (np.arange(config.k * C) % C).astype(np.int64)
-    }
-    eval_model, _ = new_model(federation, config, derive_seed(seed, "flip-init-model"))
-    eval_model.to(device)
-    rounds = []
-    uploads: dict[int, tuple] = {}
-    iterator: Iterable[int] = range(1, config.rounds + 1)
-    if progress:
-        from rich.progress import track
-
-        iterator = track(iterator, description="flip")
-    for t in iterator:
-        lr = config.distill_lr * config.lr_decay ** ((t - 1) // config.lr_decay_every)
-        seeds = [derive_seed(seed, f"flip-client-{i}-{t}") for i in active]
-        updates = round_updates(
-            model, init, S, L, eta, [data[i] for i in active], config, lr, seeds
+        self.federation, self.config, self.seed = federation, config, seed
+        device = self.device = resolve_device(config)
+        model, self.spec = new_model(federation, config, derive_seed(seed, "flip-init-model"))
+        self.model = model.to(device)
+        self.init = {n: t.to(device) for n, t in initial_params(model).items()}
+        C = federation.num_classes
+        self.S, self.L, self.eta = initial_distilled(
+            config.k, C, federation.input_shape, config, derive_seed(seed, "flip-init-data"), device
         )
-        uploads = {i: u[:3] for i, u in zip(active, updates)}
+        self.data = [
+            (as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long))
+            for x, y in (federation.client_arrays(i) for i in range(federation.num_clients))
+        ]
+        self.active = [i for i, (_, y) in enumerate(self.data) if len(y)]
+        if not self.active:
+            raise PrivkitError("FLiP needs at least one client with data; found none")
+        self.x_test, self.y_test = federation.test_arrays()
+
+        self.ledger = Ledger()
+        for i in range(federation.num_clients):
+            self.ledger.add(i, NonPrivateEvent(NO_DP_REASON), label="distilled data (every round)")
+        self.warnings = [
+            NO_DP_REASON + " (the ledger records the shared distilled data as a non-private "
+            "release; the server sees every client's upload before averaging)"
+        ]
+        reduced = config.attack.reductions()
+        if reduced:
+            self.warnings.append(
+                "FLiP's attacker configuration (attack.*, used by the Table II attack) is scaled "
+                "down from the paper's: " + "; ".join(reduced)
+            )
+        if len(self.active) < federation.num_clients:
+            self.warnings.append(
+                f"{federation.num_clients - len(self.active)} clients hold no data and share nothing"
+            )
+        self.artifacts: dict[str, np.ndarray] = {
+            "distilled_slot_class": (np.arange(config.k * C) % C).astype(np.int64)
+        }
+        self.eval_model, _ = new_model(federation, config, derive_seed(seed, "flip-init-model"))
+        self.eval_model.to(device)
+        self.rounds: list[dict] = []
+        self.uploads: dict[int, tuple] = {}
+        self.t = 0
+        self.lr = config.distill_lr
+        self.seeds: list[int] = []
+        self._iterator: Iterable[int] = range(1, config.rounds + 1)
+        if progress:
+            from rich.progress import track
+
+            self._iterator = track(self._iterator, description="flip")
+        self._rounds = iter(self._iterator)
+
+    def next_round(self) -> list[int] | None:
+        """Start the next round: its step size and client seeds; returns its clients (every
+        client with data), ``None`` once the last round has run."""
+        t = next(self._rounds, None)
+        if t is None:
+            return None
+        config = self.config
+        self.t = t
+        self.lr = config.distill_lr * config.lr_decay ** ((t - 1) // config.lr_decay_every)
+        self.seeds = [derive_seed(self.seed, f"flip-client-{i}-{t}") for i in self.active]
+        return list(self.active)
+
+    def round_clients(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The ``(x, y)`` of the round's clients, in :meth:`next_round`'s order."""
+        return [self.data[i] for i in self.active]
+
+    def finish_round(self, updates: Sequence[tuple]) -> None:
+        """Aggregate the round's client ``updates`` (:func:`round_updates`' tuples, in the
+        clients' order), evaluate the round's model and keep the round's artifacts."""
+        config, t = self.config, self.t
+        self.uploads = {i: u[:3] for i, u in zip(self.active, updates)}
         losses = [u[3] for u in updates]
-        S, L, eta = aggregate(list(uploads.values()))
-        final_model(eval_model, init, S, L, eta)
-        acc = accuracy(eval_model, xt, yt, device, config.eval_batch_size)
-        rounds.append(
+        S, L, eta = self.S, self.L, self.eta = aggregate(list(self.uploads.values()))
+        final_model(self.eval_model, self.init, S, L, eta)
+        acc = accuracy(
+            self.eval_model, self.x_test, self.y_test, self.device, config.eval_batch_size
+        )
+        self.rounds.append(
             {
                 "round": t,
                 "test_accuracy": acc,
-                "distill_lr": lr,
+                "distill_lr": self.lr,
                 "mean_client_loss": float(np.mean(losses)),
                 "mean_rate": float(eta.mean()),
             }
         )
         if config.record_every and t % config.record_every == 0 and t != config.rounds:
-            _store_uploads(artifacts, uploads, suffix=f"_round_{t}")
+            _store_uploads(self.artifacts, self.uploads, suffix=f"_round_{t}")
         if t in config.attack.mia_rounds:  # the aggregate that defines round t's released model
-            _store_aggregate(artifacts, S, L, eta, suffix=f"_round_{t}")
-    if uploads:
-        _store_uploads(artifacts, uploads, suffix="")
-    final_model(eval_model, init, S, L, eta)
-    artifacts["aggregated_x"] = S.cpu().numpy().astype(np.float32)
-    artifacts["aggregated_y"] = F.softmax(L, dim=1).cpu().numpy().astype(np.float32)
-    artifacts["aggregated_lr"] = eta.cpu().numpy().astype(np.float32)
-    test_acc = accuracy(eval_model, xt, yt, device, config.eval_batch_size)
-    claims = {
-        "epsilon": float("inf"),
-        "delta": 1.0,
-        "formal_dp": False,
-        "source": "FLiP (no formal DP claim; empirical attacks only, Sec. V-VI)",
-        "note": NO_DP_REASON,
-    }
-    return TrainResult(
-        method="flip",
-        seed=seed,
-        config=config.model_dump(),
-        model=eval_model,
-        model_spec=spec,
-        ledger=ledger,
-        rounds=rounds,
-        test_accuracy=test_acc,
-        artifacts=artifacts,
-        warnings=warnings,
-        claims=claims,
-    )
+            _store_aggregate(self.artifacts, S, L, eta, suffix=f"_round_{t}")
+
+    def outcome(self) -> TrainResult:
+        """The run's result: the released model is Eq. 5's on the last aggregate."""
+        config, artifacts = self.config, self.artifacts
+        S, L, eta = self.S, self.L, self.eta
+        if self.uploads:
+            _store_uploads(artifacts, self.uploads, suffix="")
+        final_model(self.eval_model, self.init, S, L, eta)
+        artifacts["aggregated_x"] = S.cpu().numpy().astype(np.float32)
+        artifacts["aggregated_y"] = F.softmax(L, dim=1).cpu().numpy().astype(np.float32)
+        artifacts["aggregated_lr"] = eta.cpu().numpy().astype(np.float32)
+        test_acc = accuracy(
+            self.eval_model, self.x_test, self.y_test, self.device, config.eval_batch_size
+        )
+        claims = {
+            "epsilon": float("inf"),
+            "delta": 1.0,
+            "formal_dp": False,
+            "source": "FLiP (no formal DP claim; empirical attacks only, Sec. V-VI)",
+            "note": NO_DP_REASON,
+        }
+        return TrainResult(
+            method="flip",
+            seed=self.seed,
+            config=config.model_dump(),
+            model=self.eval_model,
+            model_spec=self.spec,
+            ledger=self.ledger,
+            rounds=self.rounds,
+            test_accuracy=test_acc,
+            artifacts=artifacts,
+            warnings=self.warnings,
+            claims=claims,
+        )
+
+
+# method "flip": config and registration in privkit.methods.flip
+def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False) -> TrainResult:
+    """Run FLiP on ``federation``; the released model is Eq. 5's on the last aggregate."""
+    run = FlipRun(federation, config, seed, progress)
+    while run.next_round() is not None:
+        run.finish_round(
+            round_updates(
+                run.model,
+                run.init,
+                run.S,
+                run.L,
+                run.eta,
+                run.round_clients(),
+                config,
+                run.lr,
+                run.seeds,
+            )
+        )
+    return run.outcome()
 
 
 def _store_aggregate(

@@ -65,16 +65,18 @@ def mlp_linear_names(model: nn.Module) -> list[tuple[str, str]] | None:
 
 
 def _apply(W, b, A, D, a):
-    """``W^(j) a + b^(j)`` for inputs ``a`` (C, N, in), histories ``A`` (C, j, in), ``D`` (C, j, out)."""
-    z = a @ W.T + b
+    """``W^(j) a + b^(j)`` for inputs ``a`` (C, N, in), histories ``A`` (C, j, in), ``D`` (C, j, out).
+    ``W`` (out, in) and ``b`` (out,) are shared by the clients, or one per client: (C, out, in)
+    and (C, out)."""
+    z = a @ W.T + b if W.dim() == 2 else torch.baddbmm(b.unsqueeze(1), a, W.transpose(1, 2))
     if A is None:
         return z
     return z - (a @ A.transpose(1, 2) + 1.0) @ D
 
 
 def _apply_transposed(W, A, D, u):
-    """``W^(j)^T u`` for errors ``u`` (C, out)."""
-    back = u @ W
+    """``W^(j)^T u`` for errors ``u`` (C, out); ``W`` shared (out, in) or per client (C, out, in)."""
+    back = u @ W if W.dim() == 2 else torch.bmm(u.unsqueeze(1), W).squeeze(1)
     if A is None:
         return back
     return back - ((D @ u.unsqueeze(-1)).transpose(1, 2) @ A).squeeze(1)
@@ -87,7 +89,7 @@ def unroll(
     rates: torch.Tensor,
 ) -> History:
     """K single-sample SGD steps from ``layers`` (``(W, b)`` of each linear layer, shared by the
-    clients) through ``samples`` (C, K, d) with soft labels ``targets`` (C, K, classes, summing to 1)
+    clients, or one per client with a leading client axis: clients of several runs) through ``samples`` (C, K, d) with soft labels ``targets`` (C, K, classes, summing to 1)
     and rates (C, K); differentiable in all three."""
     count = len(layers)
     hist: list[tuple[torch.Tensor | None, torch.Tensor | None]] = [(None, None)] * count

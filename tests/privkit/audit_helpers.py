@@ -81,3 +81,26 @@ def make_run(
     fed.save(out / "federation.json")
     res.save(out)
     return out
+
+
+def subset_federations(fed, n: int, fraction: float = 0.8, seed: int = 0) -> list:
+    """``n`` federations like ``fed`` over random subsets (``fraction`` of them) of its client
+    records, as an audit's runs train on."""
+    import numpy as np
+
+    from privkit.audit.recipes import federation_over
+
+    rng = np.random.default_rng(seed)
+    x, y = fed.private.x[fed.members], fed.private.y[fed.members]
+    out = []
+    for j in range(n):
+        ix = np.sort(rng.choice(len(y), int(fraction * len(y)), replace=False))
+        out.append(federation_over(fed, x[ix], y[ix], seed=j))
+    return out
+
+
+def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    """The largest absolute difference between two models' weights (same architecture)."""
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    return max(float((sa[k] - sb[k]).abs().max()) for k in sa)

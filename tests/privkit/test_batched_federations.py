@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from audit_helpers import TINY_DPFED, TINY_FEDAVG
+from audit_helpers import TINY_DPFED, TINY_FEDAVG, max_diff, subset_federations
 
 from attacks.executor import SerialExecutor
 from attacks.experiment import train_models
-from privkit.audit.recipes import FederationRecipe, federation_over
+from privkit.audit.recipes import FederationRecipe
 from privkit.batched.many import has_batched, train_many
 from privkit.data import FederationConfig, build_federation
 from privkit.methods.contract import make_config
@@ -117,19 +117,10 @@ def fed():
 
 def _federations(fed, n: int, seed: int = 0):
     """``n`` federations like ``fed`` over random 80% subsets of its client records."""
-    rng = np.random.default_rng(seed)
-    x, y = fed.private.x[fed.members], fed.private.y[fed.members]
-    out = []
-    for j in range(n):
-        ix = np.sort(rng.choice(len(y), int(0.8 * len(y)), replace=False))
-        out.append(federation_over(fed, x[ix], y[ix], seed=j))
-    return out
+    return subset_federations(fed, n, 0.8, seed)
 
 
-def _max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa.keys() == sb.keys()
-    return max(float((sa[k] - sb[k]).abs().max()) for k in sa)
+_max_diff = max_diff
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -148,7 +148,7 @@ def test_client_update_lowers_raw_loss():
     x = torch.randn(60, 4, generator=g)
     y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
     cfg = flip.FlipConfig(k=1, local_epochs=40, batch_size=60, distill_lr=0.05)
-    S, L, E = flip.initial_distilled(1, 3, (4,), cfg, 0, torch.device("cpu"))  # type: ignore[arg-type]
+    S, L, E = flip.initial_distilled(1, 3, (4,), cfg, 0, torch.device("cpu"))
     before = float(flip.raw_loss(model, flip.unroll(model, init, S, L, E), x, y).detach())
     S2, L2, E2, _ = flip.client_update(model, init, S, L, E, x, y, cfg, cfg.distill_lr, seed=0)
     after = float(flip.raw_loss(model, flip.unroll(model, init, S2, L2, E2), x, y).detach())
@@ -231,6 +231,57 @@ def test_rank_one_client_updates_equal_one_client_at_a_time():
         torch.testing.assert_close(e2, e1, rtol=1e-9, atol=1e-11)
         assert loss2 == pytest.approx(loss1, rel=1e-9)
         assert not torch.equal(s2, S)  # the samples moved
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_clients_of_several_runs_get_their_own_runs_updates(depth):
+    """runs_round_updates (an audit's reference runs, batched): the clients of two runs, each run
+    with its own initial model and distilled data, in one call get, in float64, the uploads and
+    losses of their own run's round_updates (clients of unequal size: several lockstep groups)."""
+    d, c = 6, 3
+    cfg = flip.FlipConfig(k=2, local_epochs=2, batch_size=16, distill_lr=0.05)
+    g = torch.Generator().manual_seed(2)
+    runs = []
+    for r in range(2):
+        model = _mlp(d, c, depth, seed=r)
+        S, L, E = (
+            t.double() for t in flip.initial_distilled(2, c, (1, 1, d), cfg, r, torch.device("cpu"))
+        )
+        E = E + 0.05 * r  # the runs' rates differ too
+        clients = []
+        for n in (16, 9, 30) if r == 0 else (25, 16):
+            x = torch.randn(n, 1, 1, d, generator=g, dtype=torch.float64)
+            clients.append((x, torch.randint(0, c, (n,), generator=g)))
+        runs.append(
+            (
+                model,
+                flip.initial_params(model),
+                S,
+                L,
+                E,
+                clients,
+                [10 * r + i for i in range(len(clients))],
+            )
+        )
+    got = flip.runs_round_updates(
+        runs[0][0],
+        [(init, S, L, E) for _, init, S, L, E, clients, _ in runs for _ in clients],
+        [cl for run in runs for cl in run[5]],
+        cfg,
+        0.05,
+        [s for run in runs for s in run[6]],
+    )
+    alone = [
+        u
+        for m, init, S, L, E, cl, seeds in runs
+        for u in flip.round_updates(m, init, S, L, E, cl, cfg, 0.05, seeds)
+    ]
+    assert len(got) == len(alone) == 5
+    for (s2, l2, e2, loss2), (s1, l1, e1, loss1) in zip(got, alone):
+        torch.testing.assert_close(s2, s1, rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(l2, l1, rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(e2, e1, rtol=1e-9, atol=1e-11)
+        assert loss2 == pytest.approx(loss1, rel=1e-9)
 
 
 def test_rank_one_form_applies_to_the_mlp_only():

@@ -1,0 +1,227 @@
+"""Centralised (non-private) runs batched (:mod:`privkit.batched.many`): many models, one pass a step.
+
+``train("centralized", ...)`` trains one model on the pooled client records
+(:func:`privkit.trainers.centralized.train_centralized`): per epoch a permutation from the epoch's
+seeded generator cut into batches (the last one partial), the mean cross-entropy of each batch,
+one step of SGD whose optimiser lives across epochs, the test accuracy after each epoch. Its
+batched form trains many such runs in lock-step on stacked models
+(:class:`~privkit.mechanisms.stacked.StackedModels`: linear layers as one batched matrix product,
+convolutions as one grouped convolution): each model takes its own batches from its own
+generators, in the same order, its gradient that of its own batch's mean loss (padded rows weigh
+nothing), and SGD's update ``p - lr g``; a run with fewer batches per epoch idles once its epoch's
+batches have run out; after each epoch every model's test accuracy comes from one stacked forward
+pass. The weights equal the single run's up to float rounding, which SGD on a CNN amplifies
+(quick configuration, 6 epochs: up to 4e-2, where a 1e-7 relative change of the initial weights
+moves the single run by up to 2e-3; an MLP stays within 1e-5, tested). So only an audit's
+reference runs (``fast``: the auditor's own models, whose statistics, not bits, the attacks use,
+as the Adam methods' stacked kernels, :mod:`privkit.batched.many_fedavg`) train batched; every
+other run trains alone and is its single run bit for bit. The result (ledger, warnings, claims)
+is the single run's own code (:func:`~privkit.trainers.centralized.centralized_result`); its test
+accuracy is the last epoch's, as the single run's is.
+
+Adam is not batched: it amplifies float rounding (:mod:`privkit.batched.exact_mlp`), so those
+runs train one after the other.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from privkit.batched.many import stacked_on
+from privkit.mechanisms.stacked import StackedModels, UnsupportedModelError
+from privkit.seeding import derive_seed, torch_generator
+from privkit.trainers.centralized import centralized_result
+from privkit.trainers.common import accuracy, minibatches, new_model, resolve_device
+
+#: test examples per model in one stacked forward pass of the per-epoch evaluation
+EVAL_CHUNK = 128
+
+
+def batchable(config) -> bool:
+    """Whether the batched form covers ``config`` (SGD: Adam's runs train one after the other)."""
+    return config.optimizer == "sgd"
+
+
+class _Run:
+    """One run's pooled records, model, batches and per-epoch rows."""
+
+    def __init__(self, federation, config, seed: int, device: torch.device):
+        x, y = federation.pooled_arrays()
+        self.federation, self.config, self.seed = federation, config, seed
+        self.x = torch.as_tensor(x, dtype=torch.float32, device=device)
+        self.y = torch.as_tensor(y, dtype=torch.long, device=device)
+        self.model, self.spec = new_model(federation, config, derive_seed(seed, "init"))
+        self.model.to(device)
+        self.batch_seed = derive_seed(seed, "batches")
+        self.rounds: list[dict] = []
+
+    def epoch_batches(self, epoch: int) -> list[torch.Tensor]:
+        """Epoch ``epoch``'s batches (record indices), drawn as the single run draws them."""
+        gen = torch_generator(derive_seed(self.batch_seed, f"epoch{epoch}"))
+        return list(minibatches(len(self.y), self.config.batch_size, gen))
+
+
+def _step_gradients(
+    net: StackedModels,
+    params: dict[str, torch.Tensor],
+    buffers: dict[str, torch.Tensor],
+    xb: torch.Tensor,
+    yb: torch.Tensor,
+    counts: torch.Tensor,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Per model the gradient of its batch's mean cross-entropy (its first ``counts[m]`` rows of
+    the padded batch ``xb`` ``(M, B, ...)``; 0 where it has none) and that mean loss."""
+    p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+    width = xb.shape[1]
+    weight = (torch.arange(width, device=xb.device)[None, :] < counts[:, None]).float()
+    logits, _ = net.forward(p, buffers, xb)
+    ce = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="none"
+    ).view_as(weight)
+    mean = (ce * weight).sum(1) / counts.clamp(min=1)
+    grads = torch.autograd.grad(mean.sum(), list(p.values()))
+    return dict(zip(p, grads)), mean.detach()
+
+
+def _stacked_accuracy(
+    net: StackedModels,
+    params: dict[str, torch.Tensor],
+    buffers: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    chunk: int,
+) -> list[float]:
+    """Per model m the fraction of ``x[m]`` (``(M, N, ...)``) its logits classify as ``y[m]``,
+    ``chunk`` examples per model at a time."""
+    right = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+    with torch.no_grad():
+        for start in range(0, x.shape[1], chunk):
+            logits, _ = net.forward(params, buffers, x[:, start : start + chunk])
+            right += (logits.argmax(-1) == y[:, start : start + chunk]).sum(1)
+    return [float(r) / max(x.shape[1], 1) for r in right.tolist()]
+
+
+def train_centralized_many(
+    method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
+) -> list:
+    """``train("centralized", federations[j], configs[j], seeds[j])`` for every j: the runs
+    ``fast`` marks (an audit's reference runs) batched (see the module docstring), the others one
+    after the other (each is its single run bit for bit). Configurations the batched form does not
+    cover (:func:`batchable`), or models :class:`~privkit.mechanisms.stacked.StackedModels` does not,
+    train one after the other.
+
+    Parameters
+    ----------
+    method : str
+        The method, ``"centralized"``; passed on to ``train`` for runs trained one after the other.
+    federations : list
+        One federation per run; each run trains on its pooled records.
+    configs : list
+        One centralized trainer config per run, equal but for ``reproducible_noise`` (which this
+        method, drawing no noise, does not read); the first decides whether the batched form
+        covers them (:func:`batchable`).
+    seeds : list[int]
+        One seed per run: its initialisation and its epochs' batches.
+    fast : list[bool] or None
+        One flag per run: ``True`` marks a reference run, trained batched (its single run up to
+        float rounding, which SGD on a CNN amplifies: the runs' statistics, not their bits,
+        are what an audit uses); ``None`` (default): none, every run its single run.
+    """
+    from privkit.methods.contract import train
+
+    m = len(seeds)
+    flags = list(fast) if fast is not None else [False] * m
+    batch = [j for j in range(m) if flags[j]] if batchable(configs[0]) else []
+    out: list = [None] * m
+    if batch:
+        got = _train_batched(
+            [federations[j] for j in batch], [configs[j] for j in batch], [seeds[j] for j in batch]
+        )
+        if got is not None:
+            for j, res in zip(batch, got):
+                out[j] = res
+    for j in range(m):
+        if out[j] is None:
+            out[j] = train(method, federations[j], configs[j], seed=seeds[j])
+    return out
+
+
+def _train_batched(federations: list, configs: list, seeds: list[int]) -> list | None:
+    """The runs batched (module docstring); ``None`` where the model is not stackable or a run
+    has no records (the single run's epochs then report a NaN loss)."""
+    config = configs[0]
+    device = resolve_device(config)
+    runs = [_Run(f, c, s, device) for f, c, s in zip(federations, configs, seeds)]
+    if len({str(r.spec) for r in runs}) != 1:
+        raise ValueError("batched runs need one model architecture; found several")
+    if any(len(r.y) == 0 for r in runs):
+        return None
+    try:
+        net = StackedModels(runs[0].model, len(runs))
+    except UnsupportedModelError:
+        return None
+    m = len(runs)
+    params, buffers = stacked_on([r.model for r in runs], device)
+    names = list(params)
+    tests = [r.federation.test_arrays() for r in runs]
+    stacked_test = len({len(ty) for _, ty in tests}) == 1
+    if stacked_test:  # every model's test set at once (the runs of an audit share one)
+        x_test = torch.stack([torch.as_tensor(tx, dtype=torch.float32) for tx, _ in tests])
+        y_test = torch.stack([torch.as_tensor(ty, dtype=torch.long) for _, ty in tests])
+        x_test, y_test = x_test.to(device), y_test.to(device)
+    for epoch in range(1, config.epochs + 1):
+        batches = [r.epoch_batches(epoch) for r in runs]
+        totals, seen = [0.0] * m, [0] * m
+        for t in range(max(len(b) for b in batches)):
+            live = [j for j in range(m) if t < len(batches[j])]
+            counts = [len(batches[j][t]) if t < len(batches[j]) else 0 for j in range(m)]
+            width = max(counts)
+            xb = torch.zeros((m, width, *runs[0].x.shape[1:]), device=device)
+            yb = torch.zeros((m, width), dtype=torch.long, device=device)
+            for j in live:
+                idx = batches[j][t].to(device)
+                xb[j, : len(idx)], yb[j, : len(idx)] = runs[j].x[idx], runs[j].y[idx]
+            count = torch.tensor(counts, device=device)
+            grads, losses = _step_gradients(net, params, buffers, xb, yb, count)
+            with torch.no_grad():  # a model without a batch this step has a zero gradient
+                for k in names:
+                    params[k].add_(grads[k], alpha=-config.lr)
+            for j in live:
+                totals[j] += float(losses[j]) * counts[j]
+                seen[j] += counts[j]
+        if stacked_test:
+            accs = _stacked_accuracy(net, params, buffers, x_test, y_test, EVAL_CHUNK)
+        for j, r in enumerate(runs):
+            if not stacked_test:
+                r.model.load_state_dict(
+                    {k: params[k][j].detach().clone() for k in names}, strict=False
+                )
+            r.rounds.append(
+                {
+                    "round": epoch,
+                    "test_accuracy": accs[j]
+                    if stacked_test
+                    else accuracy(r.model, *tests[j], device),  # type: ignore[call-arg]  # test_arrays is (x, y)
+                    "loss": totals[j] / max(seen[j], 1),
+                }
+            )
+    for j, r in enumerate(runs):
+        r.model.load_state_dict({k: params[k][j].detach().clone() for k in names}, strict=False)
+    return [
+        centralized_result(
+            r.federation,
+            r.config,
+            r.seed,
+            r.model.cpu(),
+            r.spec,
+            r.rounds,
+            device,
+            # the last epoch's accuracy is the trained model's (the single run computes it twice)
+            r.rounds[-1]["test_accuracy"] if stacked_test else None,
+        )
+        for r in runs
+    ]
+
+
+__all__ = ["batchable", "train_centralized_many"]
