@@ -21,7 +21,7 @@ HEAVY = ("torch", "opacus", "catboost", "ray", "dp_accounting", "sklearn", "scip
 METHOD_MODULES = sorted(
     p.stem
     for p in (REPO / "privkit" / "methods").glob("*.py")
-    if p.stem not in ("__init__", "base", "registry")
+    if p.stem not in ("__init__", "base", "registry", "contract", "chance")
 )
 
 # Every shipped method, its defaults and quick settings validated, plus refused values, in a
