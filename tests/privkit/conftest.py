@@ -14,6 +14,17 @@ def central_run(tmp_path_factory):
     )
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's tests (their timing and float order match the audits')."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def task():
     """A Flower task identity, so that messages can be made outside a run (as run_inprocess does)."""

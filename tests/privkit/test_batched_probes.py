@@ -41,11 +41,8 @@ CONFIGS = {
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_torch_thread):
+    """Every test of this module runs on one torch thread (conftest's ``one_torch_thread``)."""
 
 
 @pytest.fixture(scope="module")
