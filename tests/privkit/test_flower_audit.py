@@ -44,8 +44,12 @@ def base():
 
 
 def test_flower_app_mechanism_audit_correct_is_consistent(base, tmp_path):
-    """privkit's dp-fedavg as a user-level Flower app (method_app) on the records the audit gives it."""
-    cfg = {**get_trainer("dp-fedavg").quick_config(), **SMALL}
+    """privkit's dp-fedavg as a user-level Flower app (method_app) on the records the audit gives it.
+
+    The app's noise is seeded: a correct mechanism passes a 95% test 95% of the time, so with
+    release noise this test failed about one run in twenty by design (the test's error rate is
+    measured on known mechanisms over many seeds in tests/attacks/test_release_law.py)."""
+    cfg = {**get_trainer("dp-fedavg").quick_config(), **SMALL, "reproducible_noise": True}
 
     def app_fn(x, y, seed):
         return method_app(
