@@ -120,17 +120,15 @@ def train_many(
         raise ValueError(
             f"references must have one entry per run; found {len(refs)} for {len(seeds)} runs"
         )
-    get_trainer(method)
+    spec = get_trainer(method)
     cfg = make_config(method, config)
     seeded = cfg.model_copy(update={"reproducible_noise": True})
     configs = [seeded if r else cfg for r in refs]
     # a reproducible config promises every run its single run's result (on every executor)
     fast = [r and not cfg.reproducible_noise for r in refs]
-    if not has_batched(method):
+    if spec.batched is None:
         return [train(method, f, c, seed=s) for f, c, s in zip(federations, configs, seeds)]
-    results = get_trainer(method).batched_fn(
-        method, list(federations), configs, [int(s) for s in seeds], fast
-    )
+    results = spec.batched_fn(method, list(federations), configs, [int(s) for s in seeds], fast)
     for res, fed, c in zip(results, federations, configs):  # what train() adds to every result
         if res.method != method:
             raise PrivkitError(

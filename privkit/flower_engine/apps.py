@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from privkit.errors import PrivkitError
+from privkit.methods import flower_methods, get_trainer, make_config
 
 TASK = "privkit.task"  # ConfigRecord: what the client is asked to do
 MODEL = "privkit.model"  # ArrayRecord: the global model (or h0) the client starts from
@@ -346,16 +347,12 @@ class DpHeadsPort(Port):
 
 def port_of(method: str) -> type[Port] | None:
     """``method``'s Flower port class (its registry entry's ``flower``), or None if it has none."""
-    from privkit.methods import get_trainer
-
     spec = get_trainer(method)
     return spec.flower_port if spec.flower is not None else None
 
 
 def make_port(method: str, federation, cfg, seed: int, progress: bool = False) -> Port:
     """The server side of ``method``'s run (``cfg`` validated by the method's config model)."""
-    from privkit.methods import flower_methods
-
     port = port_of(method)
     if port is None:
         raise PrivkitError(
@@ -369,7 +366,6 @@ def make_port(method: str, federation, cfg, seed: int, progress: bool = False) -
 def client_step(task, model_record, extra_record, partition: int) -> tuple[dict, dict]:
     """Run the method's own client step for client ``partition`` on its records; returns the arrays
     and the scalar report the client sends back."""
-    from privkit.methods import make_config
     from privkit.trainers.common import resolve_device
 
     method = task["method"]
