@@ -5,7 +5,8 @@ One privkit DP-SGD step (:meth:`privkit.mechanisms.dp_sgd_step.DpSgdStep.noisy_g
 sum, canaries, release noise) on two models, batch 64 of 32x32x3 inputs, 10 classes:
 
 * ``resnet_gn``: a small ResNet with GroupNorm (three stages, 85k parameters);
-* ``mlp``: 3072-512-512-10 (1.84M parameters: a dimension where a dense per-step vector shows).
+* ``mlp``: 3072-512-512-10 (1.84M parameters: a dimension where a dense per-step vector shows);
+* ``resnet18`` (with ``--models``): ResNet-18 with GroupNorm, 11.2M parameters (for a GPU).
 
 For each model, with 0, 500 and 1000 Dirac canaries (:class:`attacks.whitebox.GradientCanaries`,
 256 witnesses), through the canaries' ``sparse`` path (what privkit runs: the sampled canaries added
@@ -100,7 +101,14 @@ def mlp() -> nn.Module:
     )
 
 
-MODELS = {"resnet_gn": resnet_gn, "mlp": mlp}
+def resnet18() -> nn.Module:
+    """ResNet-18 with GroupNorm (11.2M parameters): ``dpsgd_step.py --big``'s model, for a GPU."""
+    from dpsgd_step import build  # this folder is on sys.path when a benchmark runs as a script
+
+    return build("resnet18")[0]
+
+
+MODELS = {"resnet_gn": resnet_gn, "mlp": mlp, "resnet18": resnet18}
 
 
 def _loss(logits, target, aux):
