@@ -6,7 +6,9 @@ standard normals from:
 * ``torch_s``: torch's own generator on the device (Philox on CUDA; seeded, not secret: the
   reproducible-mode stream, the speed to beat);
 * ``chacha_s``: privkit's release stream on the device (:class:`privkit.mechanisms.device_random.ChaChaStream`,
-  what ``DpRandom.secret("cuda")`` draws from);
+  what ``DpRandom.secret("cuda")`` draws from: on a GPU the fused Triton kernel of
+  :mod:`privkit.mechanisms.chacha_triton` where it is available, ``chacha_fused``), and
+  ``chacha_torch_path_s`` the same stream by torch's elementwise operations;
 * ``aes_copy_s``: privkit's CPU release stream (AES-CTR + numpy's ziggurat) and the copy to the
   device: what release mode cost on a GPU before the device stream;
 * ``grid_s``: what release mode draws for its noise (:mod:`privkit.mechanisms.grid_noise`: the exact
@@ -120,12 +122,16 @@ def main() -> None:
     torch.set_num_threads(1)
     seeded = torch.Generator(device=dev).manual_seed(1)
     chacha = ChaChaStream(dev)
+    torch_path = ChaChaStream(dev)
+    torch_path._fused = lambda: False  # the elementwise torch path the fused kernel replaced
     aes = DpRandom.secret(dev, on_device=False)
     res = {
         "torch_s": best_of(
             lambda: torch.randn(args.n, generator=seeded, device=dev), args.repeats, sync
         ),
         "chacha_s": best_of(lambda: chacha.normal(args.n), args.repeats, sync),
+        "chacha_fused": chacha._fused(),
+        "chacha_torch_path_s": best_of(lambda: torch_path.normal(args.n), args.repeats, sync),
         "aes_copy_s": best_of(lambda: aes.randn(args.n), args.repeats, sync),
         **_grid(args, dev, sync, seeded),
     }

@@ -71,13 +71,15 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.threads < 1 or args.shadows < 0:
-        raise SystemExit(f"--threads and --shadows must be >= 1 and >= 0; found {args.threads}, "
-                         f"{args.shadows}")
+        raise SystemExit(
+            f"--threads and --shadows must be >= 1 and >= 0; found {args.threads}, {args.shadows}"
+        )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for method in args.methods.split(","):
-            rows.append(measure(method, args.device, args.threads, args.shadows, Path(tmp),
-                                args.timeout))
+            rows.append(
+                measure(method, args.device, args.threads, args.shadows, Path(tmp), args.timeout)
+            )
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     out = {
         "schema_version": SCHEMA_VERSION,

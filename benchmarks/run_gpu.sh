@@ -74,12 +74,16 @@ print(prof.key_averages(group_by_input_shape=True).table(sort_by=key, row_limit=
 PY
 head -45 "$OUT/profile_step.txt"
 
+echo "== release noise throughput on the device (10M normals)"
+timeout 90 python3 benchmarks/device_noise_throughput.py --device $DEV --json > "$OUT/device_noise_$DEV.json"
+cat "$OUT/device_noise_$DEV.json"
+
 echo "== privkit train/audit on $DEV"
 timeout 330 python3 benchmarks/pipeline_device.py --device $DEV --methods "$METHODS" --json \
   > "$OUT/pipeline_cuda.json" 2>> "$OUT/pipeline.log"
 
 echo "== where a quick dp-fedavg training on cuda spends its time (cProfile)"
-timeout 90 python3 - $DEV > "$OUT/profile_train.txt" 2>&1 <<'PY'
+timeout 90 python3 - $DEV > /tmp/profile_train.txt 2>&1 <<'PY'
 import cProfile, pstats, sys
 from privkit.cli import main
 dev = sys.argv[1]
@@ -95,7 +99,8 @@ st = pstats.Stats(pr, stream=sys.stdout)
 st.sort_stats("tottime").print_stats(40)
 st.sort_stats("cumulative").print_stats(45)
 PY
-grep -A 30 "Ordered by: internal" "$OUT/profile_train.txt" | head -40
+grep -m1 "function calls" /tmp/profile_train.txt
+grep -A 30 "Ordered by: internal" /tmp/profile_train.txt | head -34
 
 echo "== waiting for the CPU side"
 wait $CPU_SIDE
@@ -107,7 +112,7 @@ PRIVKIT_TEST_DEVICE=$DEV timeout 100 python3 -m pytest -q -x -p no:cacheprovider
 
 if [ "${ALL:-0}" = 1 ]; then
   echo "== noise throughput"
-  timeout 200 python3 benchmarks/device_noise_throughput.py --device cuda --compile --json > "$OUT/device_noise_cuda.json"
+  timeout 200 python3 benchmarks/device_noise_throughput.py --device cuda --compile --json > "$OUT/device_noise_cuda_compiled.json"
   for m in 64 16; do
     echo "== shadow training, $m models, loop and batched on cuda"
     timeout 400 python3 benchmarks/shadow_training.py --device cuda --models $m --repeats 3 --no-peers --json \

@@ -26,7 +26,9 @@ import secrets
 
 import torch
 
-__all__ = ["ChaChaStream", "chacha20_blocks"]
+from privkit.mechanisms import chacha_triton
+
+__all__ = ["ChaChaStream", "chacha20_blocks", "torch_bits53"]
 
 _MASK = 0xFFFFFFFF
 # "expand 32-byte k", the ChaCha constants (RFC 8439, section 2.3)
@@ -77,6 +79,18 @@ def chacha20_blocks(key_words: torch.Tensor, words12_15: torch.Tensor) -> torch.
     return (s + init) & _MASK
 
 
+def torch_bits53(key_words: torch.Tensor, counter: int, n: int) -> torch.Tensor:
+    """``n`` uniform 53-bit integers (int64) from the blocks at ``counter``, ``counter + 1``, ...:
+    draw ``j`` of a block is ``(w[2j] << 21) | (w[2j + 1] >> 11)`` (32 + 21 bits)."""
+    blocks = -(-n // 8)  # 8 draws per 16-word block
+    ctr = torch.arange(counter, counter + blocks, dtype=torch.int64, device=key_words.device)
+    state = torch.zeros(4, blocks, dtype=torch.int64, device=key_words.device)
+    state[0] = ctr & _MASK
+    state[1] = ctr >> 32
+    w = chacha20_blocks(key_words, state).t().reshape(-1, 2)[:n]
+    return (w[:, 0] << 21) | (w[:, 1] >> 11)
+
+
 class ChaChaStream:
     """A ChaCha20 keystream on ``device``, read block by block (64-bit counter, 64-bit nonce 0).
 
@@ -99,26 +113,37 @@ class ChaChaStream:
         self._key = torch.tensor(words, dtype=torch.int64, device=self.device)
         self.counter = 0  # blocks used so far
 
-    def words(self, n_blocks: int) -> torch.Tensor:
-        """The next ``n_blocks`` blocks' output words, ``(16, n_blocks)`` int64 in [0, 2**32)."""
+    def _advance(self, n_blocks: int) -> int:
+        """Reserve the next ``n_blocks`` blocks; returns the first one's counter."""
         if n_blocks < 0:
             raise ValueError(f"n_blocks must be >= 0; found {n_blocks}")
         # counters are int64 on the device: 2**63 blocks (5e20 bytes) is the stream's end
         if self.counter + n_blocks >= 2**63:
             raise OverflowError("ChaCha20 stream exhausted (2**63 blocks); start a new stream")
-        ctr = torch.arange(
-            self.counter, self.counter + n_blocks, dtype=torch.int64, device=self.device
-        )
         self.counter += n_blocks
+        return self.counter - n_blocks
+
+    def _fused(self) -> bool:
+        return self.device.type == "cuda" and chacha_triton.available(self.device, torch_bits53)
+
+    def words(self, n_blocks: int) -> torch.Tensor:
+        """The next ``n_blocks`` blocks' output words, ``(16, n_blocks)`` int64 in [0, 2**32)."""
+        start = self._advance(n_blocks)
+        ctr = torch.arange(start, start + n_blocks, dtype=torch.int64, device=self.device)
         state = torch.zeros(4, n_blocks, dtype=torch.int64, device=self.device)
-        state[0] = ctr & _MASK
-        state[1] = ctr >> 32
+        state[0], state[1] = ctr & _MASK, ctr >> 32
         return chacha20_blocks(self._key, state)
 
     def bits53(self, n: int) -> torch.Tensor:
-        """``n`` independent uniform integers in ``[0, 2**53)`` (int64; two 32-bit words each)."""
-        w = self.words(-(-n // 8)).t().reshape(-1, 2)[:n]  # 8 draws per 16-word block
-        return (w[:, 0] << 21) | (w[:, 1] >> 11)  # 32 + 21 = 53 bits
+        """``n`` independent uniform integers in ``[0, 2**53)`` (int64; two 32-bit words each).
+
+        On a GPU where :mod:`privkit.mechanisms.chacha_triton` proved its fused kernel equal to
+        this class's torch path, the kernel computes them (the same integers, one launch)."""
+        blocks = -(-n // 8)  # 8 draws per 16-word block
+        start = self._advance(blocks)
+        if self._fused():
+            return chacha_triton.bits53(self._key, start, n)
+        return torch_bits53(self._key, start, n)
 
     def uniform53(self, n: int) -> torch.Tensor:
         """``n`` uniforms on (0, 1) in float64: 53 random bits each, centred in their cells so that

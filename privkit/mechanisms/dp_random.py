@@ -171,12 +171,13 @@ class DpRandom:
         """Independent Bernoulli(``rate``) inclusions of shape ``size`` (a bool CPU tensor)."""
         src = self.source
         if isinstance(src, torch.Generator):  # torch.rand(float32) < rate, as opacus draws it
-            return torch.rand(size, generator=src) < rate
+            # drawn where the generator lives (a GPU generator draws only on its device)
+            return (torch.rand(size, generator=src, device=src.device) < rate).cpu()
         return torch.from_numpy(src.random(size) < rate)
 
     def randperm(self, n: int) -> torch.Tensor:
         """A uniformly random permutation of ``range(n)`` (int64, CPU)."""
         src = self.source
         if isinstance(src, torch.Generator):
-            return torch.randperm(n, generator=src)
+            return torch.randperm(n, generator=src, device=src.device).cpu()
         return torch.from_numpy(src.permutation(n).astype(np.int64))

@@ -133,3 +133,64 @@ def test_stream_advances_and_rejects_bad_keys():
         ChaChaStream("cpu", key=2**256)
     with pytest.raises(ValueError, match="n_blocks"):
         s.words(-1)
+
+
+_FUSED_CHECK = """
+import secrets, torch
+from privkit.mechanisms import chacha_triton
+from privkit.mechanisms.device_random import torch_bits53
+dev = torch.device({device!r})
+assert chacha_triton.available(dev, torch_bits53)
+for counter, n in ((0, 1), (7, 9), (2**32 - 5, 8 * 40 + 3), (secrets.randbits(62), 5000)):
+    key = torch.tensor([secrets.randbits(32) for _ in range(8)], dtype=torch.int64, device=dev)
+    fused = chacha_triton.bits53(key, counter, n)
+    assert torch.equal(fused, torch_bits53(key, counter, n)), (counter, n)
+print("equal")
+"""
+
+
+def test_the_fused_kernel_gives_the_torch_paths_integers():
+    """The Triton kernel against the torch block function (itself pinned to RFC 8439 and the
+    cryptography package above): random keys, counters that carry into the high word, lengths
+    that end inside a block. On a GPU it runs compiled; on a CPU with Triton installed, in
+    Triton's interpreter (a fresh process: the interpreter is chosen at import)."""
+    if DEVICE.startswith("cuda"):
+        exec(_FUSED_CHECK.format(device=DEVICE), {})
+        s = ChaChaStream(DEVICE, key=RFC_KEY)
+        assert s._fused()  # the stream on a GPU takes the kernel, and equals the CPU's stream
+        cpu = ChaChaStream("cpu", key=RFC_KEY)
+        assert torch.equal(s.bits53(1001).cpu(), cpu.bits53(1001)) and s.counter == cpu.counter
+        return
+    pytest.importorskip("triton")
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run(
+        [sys.executable, "-c", _FUSED_CHECK.format(device="cpu")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert r.returncode == 0 and "equal" in r.stdout, r.stderr[-2000:]
+
+
+def test_a_kernel_that_disagrees_or_fails_is_not_used(monkeypatch):
+    """The torch path stays the stream's definition: a fused kernel that gives other integers (or
+    cannot run) is refused, with a warning on a GPU, and the stream draws by torch."""
+    from privkit.mechanisms import chacha_triton
+    from privkit.mechanisms.device_random import torch_bits53
+
+    def wrong(key, counter, n):
+        return torch_bits53(key, counter, n) ^ 1
+
+    monkeypatch.setattr(chacha_triton, "_launch", wrong)
+    monkeypatch.setattr(chacha_triton, "_checked", {})
+    assert not chacha_triton.available(torch.device("cpu"), torch_bits53)
+    monkeypatch.setattr(chacha_triton, "_checked", {})
+    with pytest.warns(RuntimeWarning, match="disagreed|Error"):  # this machine may lack a GPU
+        assert not chacha_triton.available(torch.device("cuda:0"), torch_bits53)
+    stream = ChaChaStream("cpu", key=RFC_KEY)
+    assert not stream._fused()
+    assert torch.equal(stream.bits53(16), ChaChaStream("cpu", key=RFC_KEY).bits53(16))

@@ -39,12 +39,15 @@ def _reference(model, x, y):
 
 def _check(model, x, y, monkeypatch):
     """Both ways of every weight's norms: materialised per-example gradients (the default for
-    these small layers) and the ghost norm (wherever its Gram matrices are the smaller)."""
+    these small layers; a convolution's both by one grouped convolution, the CPU's form, and
+    offset by offset, a GPU's) and the ghost norm (wherever its Gram matrices are the smaller)."""
     model = model.double()
     x = x.double() if x.is_floating_point() else x
     norms, clip, want = _reference(model, x, y)
-    for limit in (ghost_clipping.MATERIALISE_LIMIT, 0):
+    ways = [(ghost_clipping.MATERIALISE_LIMIT, False), (ghost_clipping.MATERIALISE_LIMIT, True)]
+    for limit, offsets in [*ways, (0, False)]:  # offsets: a convolution's GPU form, on this CPU
         monkeypatch.setattr(ghost_clipping, "MATERIALISE_LIMIT", limit)
+        monkeypatch.setattr(ghost_clipping, "_offsets_on", lambda device, on=offsets: on)
         got_norms = ghost_clipping.per_example_norms(model, x, _example_losses(y))
         torch.testing.assert_close(got_norms, norms, rtol=1e-10, atol=1e-12)
         got = ghost_clipping.clipped_sum(model, x, _example_losses(y), clip)

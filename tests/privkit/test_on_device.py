@@ -42,3 +42,21 @@ def test_batched_equals_loop_on_the_device(data, arch):
         one = train_one(spec, x, y, idx[j], recipe, seed, device=DEVICE)
         for k in one:
             torch.testing.assert_close(many[j][k], one[k], rtol=1e-5, atol=1e-5)
+
+
+def test_a_seeded_generator_on_the_device_draws_masks_and_permutations():
+    """Reproducible mode on a GPU: the seeded generator lives there and torch draws from it only
+    on its own device (a CPU draw from it raised); results come back as CPU tensors, the same for
+    the same seed."""
+    from privkit.mechanisms.dp_random import DpRandom
+
+    def draws(seed):
+        src = DpRandom(torch.Generator(device=DEVICE).manual_seed(seed))
+        return src.mask(4000, rate=0.25), src.randperm(50)
+
+    mask, perm = draws(3)
+    assert mask.device.type == "cpu" and mask.dtype == torch.bool
+    assert abs(mask.float().mean().item() - 0.25) < 0.03  # 4000 draws: 4.5 standard errors
+    assert sorted(perm.tolist()) == list(range(50)) and perm.device.type == "cpu"
+    again = draws(3)
+    assert torch.equal(mask, again[0]) and torch.equal(perm, again[1])
