@@ -29,9 +29,9 @@ tensors, median of 50, for each path.
     OMP_NUM_THREADS=1 python benchmarks/canary_overhead.py --json [--device cpu|cuda] [--repeats 15]
 
 With ``--json`` one JSON object is printed (recorded in benchmarks/results/canary_overhead_cpu.json,
-one torch thread). GPU figures are unmeasured here: run with ``--device cuda`` on a machine with
-one (every tensor, the model and the release noise then live on the device and each timing
-synchronises it).
+one torch thread; ``canary_overhead_cuda.json``: ``--device cuda --models resnet_gn,mlp,resnet18``
+on an NVIDIA H200, where every tensor, the model and the release noise live on the device and
+each timing synchronises it).
 """
 
 from __future__ import annotations

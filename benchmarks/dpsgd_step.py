@@ -31,8 +31,8 @@ minute per repeat on one CPU thread, the model of issue 32's GPU figures).
 On the CPU torch runs one thread and a step's time is the process's CPU time (the machines this
 was written on are shared: wall time there measures the neighbours); on a GPU, wall time between
 synchronisations. ``benchmarks/results/dpsgd_step_cpu.json`` is this repository's
-CPU run. GPU figures: unmeasured in this repository (no GPU was at hand when the benchmark was
-written): ``--device cuda --big --json`` on a machine with one produces them.
+CPU run, ``dpsgd_step_cuda.json`` its GPU run (``--device cuda --big --json --repeats 15`` on an
+NVIDIA H200, by ``benchmarks/run_gpu.sh``).
 """
 
 from __future__ import annotations

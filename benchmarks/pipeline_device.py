@@ -2,7 +2,9 @@
 
 For each method, one quick training (``privkit train METHOD --quick --set device=DEVICE``) and its
 black-box audit with 16 reference runs (``privkit audit RUN --attacks threshold,lira --shadows
-16``), each a fresh process timed on the wall clock (start-up included, as a user meets it). On the
+16``), each a fresh process timed on the wall clock (start-up included, as a user meets it);
+``training_s`` is what ``privkit train`` reports for the training alone (the rest of its wall
+time: start-up, loading the data, the headline's accounting, writing the run). On the
 CPU torch runs ``--threads`` threads (default 2: the demo's machine). Run it once per device on the
 same machine and compare; ``benchmarks/run_gpu.sh`` runs the CPU side alongside the GPU side.
 
@@ -12,6 +14,7 @@ same machine and compare; ``benchmarks/run_gpu.sh`` runs the CPU side alongside 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -34,10 +37,13 @@ def _privkit(args: list[str], env: dict, timeout: float) -> dict:
             env=env,
             timeout=timeout,
         )
-        rc, err = r.returncode, r.stderr
+        rc, err, out = r.returncode, r.stderr, r.stdout
     except subprocess.TimeoutExpired:
-        rc, err = 124, f"timed out after {timeout} s"
+        rc, err, out = 124, f"timed out after {timeout} s", ""
     row = {"wall_s": round(time.perf_counter() - start, 2), "rc": rc}
+    # `privkit train --json` says how long the training itself took (its "seconds")
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        row["training_s"] = json.loads(out)["seconds"]
     if rc:
         row["stderr_tail"] = err[-400:]
     return row

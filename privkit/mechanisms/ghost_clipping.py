@@ -94,7 +94,9 @@ def _ghost(conv: bool, b: int, t: int, n_in: int, n_out: int) -> bool:
     speed. The weights of the two were fitted on one CPU core (torch 2.13, oneDNN): a grouped
     convolution's weight gradient slows down with many channels per group (an element written
     there costs about 500 multiply-adds' time), small-``K`` Gram products run at about a quarter of
-    a GEMM's speed. Unmeasured on a GPU. Above :data:`MATERIALISE_LIMIT` memory decides.
+    a GEMM's speed. On a GPU the same weights choose (per-example convolution gradients are formed
+    there by batched products, :func:`_offsets_on`); they were not refitted for it. Above
+    :data:`MATERIALISE_LIMIT` memory decides.
     """
     weights = n_in * n_out
     if b * weights > MATERIALISE_LIMIT:
