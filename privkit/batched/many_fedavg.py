@@ -16,7 +16,6 @@ the single run.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from functools import partial
 
@@ -49,7 +48,7 @@ def local_epochs(
     models, locals_, sizes = [], [], []
     for r, i in jobs:
         x, y = r.federation.client_arrays(i)
-        local = copy.deepcopy(r.model)
+        local = r.local_copy()
         models.append(
             model_for(
                 local,

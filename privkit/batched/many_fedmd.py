@@ -1,13 +1,13 @@
 """FedMD-NFDP, FedMD-NP and FedMD-LDP runs batched (:mod:`privkit.batched.many`).
 
-Each run is a :class:`~privkit.trainers.fedmd.FedMDRun` (the single run's own object: pretraining,
-private subsets, the ledger, knowledge sharing with its noise, evaluation). Its phases (the
-initialisation, then per round the digests and the revisits) are lists of independent party
+Each run is a :class:`~privkit.trainers.fedmd.FedMDRun` (the single run's own object: private
+subsets, the ledger, knowledge sharing with its noise, evaluation). Its phases (the pretraining,
+the initialisation, then per round the digests and the revisits) are lists of independent party
 jobs; the jobs of all runs' current phase train together, grouped by party architecture, each
 exactly as the single run trains it (:mod:`privkit.batched.exact_mlp`: FedMD trains with Adam).
 A digest towards shared logits (``knowledge="logits"``, an L1 regression) trains one job at a time.
-The jobs of an audit's reference runs (``fast``) train with the stacked kernels
-(``train_exact(..., stacked=True)``: equal up to float rounding).
+The jobs of an audit's reference runs (``fast``), their pretraining excepted, train with the
+stacked kernels (``train_exact(..., stacked=True)``: equal up to float rounding).
 """
 
 from __future__ import annotations
@@ -61,10 +61,15 @@ def train_fedmd_many(
     configs are equal but for ``reproducible_noise``, which only the runs' own draws read; the
     jobs of the runs ``fast`` marks with the stacked kernels)."""
     runs = [
-        FedMDRun(f, c, s, method.removeprefix("fedmd-"))
+        FedMDRun(f, c, s, method.removeprefix("fedmd-"), pretrain=False)
         for f, c, s in zip(federations, configs, seeds)
     ]
     config, device = configs[0], runs[0].device
+    # every run's pretraining together, with the single run's kernels (the reference runs' too:
+    # it is each run's own pretraining, bit for bit), then each run's parties copy it
+    run_jobs([j for r in runs for j in r.pretrain_jobs()], config, device)
+    for r in runs:
+        r.start()
     quick = [bool(f) for f in fast] if fast is not None else [False] * len(runs)
 
     def phase(per_run: dict[int, list[PartyJob]]) -> None:

@@ -72,6 +72,28 @@ def test_fedprox_proximal_term_changes_the_model(fed):
     assert any(not torch.equal(a[k], b[k]) for k in a)
 
 
+def test_reused_client_copies_train_as_fresh_deep_copies(fed):
+    """A run's clients train spare modules overwritten in place round after round (copy_into);
+    each trained copy must equal a fresh deepcopy trained alone, after the round's later clients
+    have trained (they must not touch it)."""
+    from privkit.methods import make_config
+    from privkit.trainers.fedavg import FederatedRun, local_update
+
+    cfg = make_config("fedprox", quick("fedprox", rounds=3))
+    run = FederatedRun(fed, cfg, 0, mu=cfg.mu)
+    while (selected := run.next_round()) is not None:
+        trained = [run.train_local(i) for i in selected]
+        for i, (local, loss) in zip(selected, trained):
+            x, y = fed.client_arrays(i)
+            ref, ref_loss = local_update(
+                run.model, x, y, cfg, mu=run.mu, seed=run.local_seed(i), device=run.device
+            )
+            got, want = local.state_dict(), ref.state_dict()
+            assert loss == ref_loss and all(torch.equal(got[k], want[k]) for k in want)
+        run.finish_round(trained)
+    assert len(run.spares) == fed.num_clients  # full participation: 3 rounds, 4 modules
+
+
 def test_fedprox_term_is_half_mu_squared_distance_with_gradient_mu_times_drift():
     from privkit.trainers.fedavg import _prox_term
 
