@@ -275,10 +275,14 @@ def _row_release(tensors: list[torch.Tensor], std: float, rows: NormalRows):
 def _torch_release(tensors: list[torch.Tensor], std: float, source: DpRandom, sens: float, dim):
     if source.seeded_torch or std == 0:
         # (std * z) + t, bit for bit as t + std * z (float addition commutes), in place on the
-        # fresh draw: one pass and one buffer less per tensor
-        return [
-            source.randn(t.shape, dtype=t.dtype).to(t.device).mul_(std).add_(t) for t in tensors
-        ]
+        # fresh draws: one pass and one buffer less per tensor; each draw per tensor, in order,
+        # then the scaling and the addition as multi-tensor operations (on a GPU one launch for
+        # every tensor, not one each: the same elementwise arithmetic)
+        noise = [source.randn(t.shape, dtype=t.dtype).to(t.device) for t in tensors]
+        if noise:  # the multi-tensor operations refuse an empty list
+            torch._foreach_mul_(noise, std)
+            torch._foreach_add_(noise, tensors)
+        return noise
     from privkit.mechanisms.grid_noise import Grid, grid_release
 
     # one release, one vector: a few long draws instead of one short draw per tensor

@@ -303,7 +303,11 @@ def _weight_sq(layer: _Layer) -> torch.Tensor:
     t, n_out = g.shape[2] * g.shape[3], g.shape[1]
     n_in = conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1]
     if _ghost(True, b, t, n_in, n_out):
-        gram = cast(torch.Tensor, sum(torch.bmm(u.transpose(1, 2), u) for u in _patches(layer)))
+        u = _unfolded(layer)
+        if u is not None:  # a GPU: one product, not one per kernel offset
+            gram = torch.bmm(u.transpose(1, 2), u)
+        else:
+            gram = cast(torch.Tensor, sum(torch.bmm(p.transpose(1, 2), p) for p in _patches(layer)))
         g = g.reshape(b, n_out, t)
         return (gram * torch.bmm(g.transpose(1, 2), g)).sum((1, 2))
     w = _conv_per_example(layer, b, n_out)
@@ -320,9 +324,29 @@ def _offsets_on(device: torch.device) -> bool:
     return device.type != "cpu"
 
 
+#: a convolution's unfolded input ``(B, in k^2, T)`` is formed (on a GPU) up to this many elements
+#: (512 MiB in float32); beyond it the kernel offsets are taken one at a time
+UNFOLD_LIMIT = 1 << 27
+
+
+def _unfolded(layer: _Layer) -> torch.Tensor | None:
+    """A convolution's input unfolded, ``(B, in k^2, T)`` (``F.unfold``: one kernel where the
+    offset-by-offset form launches a copy and a product per offset), where :func:`_offsets_on`
+    and :data:`UNFOLD_LIMIT` allow; else ``None``. On the CPU ``im2col`` is slow and stays unused."""
+    m, a, g = cast(nn.Conv2d, layer.module), layer.inputs[0], cast(torch.Tensor, layer.grad)
+    k = m.kernel_size[0] * m.kernel_size[1]
+    if not _offsets_on(g.device) or a.shape[0] * m.in_channels * k * g[0, 0].numel() > UNFOLD_LIMIT:
+        return None
+    a, padding = _padded(m, a)
+    return F.unfold(a, m.kernel_size, m.dilation, padding, m.stride)
+
+
 def _conv_per_example(layer: _Layer, b: int, n_out: int) -> torch.Tensor:
     """A convolution's per-example weight gradients, ``(B, *weight.shape)`` (a view)."""
     conv, g = cast(nn.Conv2d, layer.module), cast(torch.Tensor, layer.grad)
+    u = _unfolded(layer)
+    if u is not None:  # every offset at once: (B, out, T) x (B, T, in k^2), in the weight's order
+        return torch.bmm(g.reshape(b, n_out, -1), u.transpose(1, 2)).view(b, *conv.weight.shape)
     if _offsets_on(g.device):
         kh, kw = conv.kernel_size
         rows = g.reshape(b, n_out, -1)

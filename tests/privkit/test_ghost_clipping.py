@@ -39,15 +39,21 @@ def _reference(model, x, y):
 
 def _check(model, x, y, monkeypatch):
     """Both ways of every weight's norms: materialised per-example gradients (the default for
-    these small layers; a convolution's both by one grouped convolution, the CPU's form, and
-    offset by offset, a GPU's) and the ghost norm (wherever its Gram matrices are the smaller)."""
+    these small layers; a convolution's by one grouped convolution, the CPU's form, and by a GPU's
+    forms: its input unfolded, or offset by offset past the unfold limit) and the ghost norm
+    (wherever its Gram matrices are the smaller), on the CPU's form and a GPU's."""
     model = model.double()
     x = x.double() if x.is_floating_point() else x
     norms, clip, want = _reference(model, x, y)
-    ways = [(ghost_clipping.MATERIALISE_LIMIT, False), (ghost_clipping.MATERIALISE_LIMIT, True)]
-    for limit, offsets in [*ways, (0, False)]:  # offsets: a convolution's GPU form, on this CPU
+    materialise, unfold = ghost_clipping.MATERIALISE_LIMIT, ghost_clipping.UNFOLD_LIMIT
+    # (materialise limit, GPU forms, unfold limit): the CPU's forms; a GPU's with the input
+    # unfolded and offset by offset; the ghost norm, on the CPU's and on both GPU forms
+    ways = [(materialise, False, unfold), (materialise, True, unfold), (materialise, True, 0)]
+    ways += [(0, False, unfold), (0, True, unfold), (0, True, 0)]
+    for limit, gpu_forms, unfold_limit in ways:
         monkeypatch.setattr(ghost_clipping, "MATERIALISE_LIMIT", limit)
-        monkeypatch.setattr(ghost_clipping, "_offsets_on", lambda device, on=offsets: on)
+        monkeypatch.setattr(ghost_clipping, "UNFOLD_LIMIT", unfold_limit)
+        monkeypatch.setattr(ghost_clipping, "_offsets_on", lambda device, on=gpu_forms: on)
         got_norms = ghost_clipping.per_example_norms(model, x, _example_losses(y))
         torch.testing.assert_close(got_norms, norms, rtol=1e-10, atol=1e-12)
         got = ghost_clipping.clipped_sum(model, x, _example_losses(y), clip)
