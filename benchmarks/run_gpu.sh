@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU measurements of privkit (issue 32), in one command on a machine with an NVIDIA GPU (the
 # device machine of the development workplace, or your own). Writes JSON and logs into $OUT
-# (default benchmarks/results/gpu); at most 8 files, so that a lent machine sends them all back.
+# (default benchmarks/results/gpu); at most 8 files, so that a lent machine sends them all back
+# (with `| tee $OUT/log.txt`: the log, and dpsgd_step, step_kernels, canary_overhead, profile_step,
+# device_noise, pipeline_cpu and pipeline_cuda).
 # Packages missing on that machine travel as wheels in .whl/: installed into /tmp/site when present.
 #   DPSGD_REPEATS (15), CANARY_REPEATS (15), PIPELINE_METHODS (dp-fedavg,dpsgd),
 #   ALL=1 also runs the earlier measurements (noise throughput, many models at once).
@@ -23,7 +25,7 @@ DEV=${DEV:-cuda}  # DEV=cpu BIG= CANARY_MODELS=mlp: a dry run of this script on 
 echo "== the CPU side of privkit train/audit, two threads, in the background (cores 12-15)"
 PIN=""; [ "$(nproc)" -ge 16 ] && PIN="taskset -c 12-15"
 $PIN python3 benchmarks/pipeline_device.py --device cpu --threads 2 --methods "$METHODS" \
-  --json > "$OUT/pipeline_cpu.json" 2>> "$OUT/pipeline.log" &
+  --json > "$OUT/pipeline_cpu.json" 2>> /tmp/pipeline.log &
 CPU_SIDE=$!
 
 echo "== one DP-SGD step: privkit against opacus and SGD"
@@ -37,10 +39,14 @@ for name, r in d["models"].items():
           "vs sgd", {v: round(t, 2) for v, t in r["vs_sgd"].items()})
 PY
 
+echo "== operations one step dispatches on the device (the launch-bound regime's measure)"
+timeout 120 python3 benchmarks/step_kernels.py --device $DEV ${BIG---big} --json > "$OUT/step_kernels_$DEV.json"
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({n: r['operations'] for n, r in d['models'].items()})" "$OUT/step_kernels_$DEV.json"
+
 echo "== canaries on the device"
 timeout 120 python3 benchmarks/canary_overhead.py --device $DEV --models ${CANARY_MODELS:-resnet_gn,mlp,resnet18} \
   --repeats "${CANARY_REPEATS:-15}" --json > "$OUT/canary_overhead_cuda.json"
-python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d.get('summary', d.get('overhead', '')))[:1500])" "$OUT/canary_overhead_cuda.json"
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(r['model'], r['noise'], r['canaries'], r['path'], round(r['median_ms'], 2), round(r['overhead'], 3)) for r in d['rows']]" "$OUT/canary_overhead_cuda.json"
 
 echo "== where a ResNet-18 DP-SGD step spends its time (torch profiler)"
 timeout 90 python3 - $DEV ${PROFILE_MODEL:-resnet18} > "$OUT/profile_step.txt" 2>&1 <<'PY'
@@ -80,7 +86,7 @@ cat "$OUT/device_noise_$DEV.json"
 
 echo "== privkit train/audit on $DEV"
 timeout 330 python3 benchmarks/pipeline_device.py --device $DEV --methods "$METHODS" --json \
-  > "$OUT/pipeline_cuda.json" 2>> "$OUT/pipeline.log"
+  > "$OUT/pipeline_cuda.json" 2>> /tmp/pipeline.log
 
 echo "== where a quick dp-fedavg training on cuda spends its time (cProfile)"
 timeout 90 python3 - $DEV > /tmp/profile_train.txt 2>&1 <<'PY'
@@ -104,7 +110,7 @@ grep -A 30 "Ordered by: internal" /tmp/profile_train.txt | head -34
 
 echo "== waiting for the CPU side"
 wait $CPU_SIDE
-cat "$OUT/pipeline.log"
+cat /tmp/pipeline.log
 
 echo "== tests on cuda"
 PRIVKIT_TEST_DEVICE=$DEV timeout 100 python3 -m pytest -q -x -p no:cacheprovider -o addopts="" \

@@ -79,12 +79,12 @@ def copy_into(local: nn.Module, model: nn.Module) -> nn.Module:
     training sets them before its first step (``zero_grad(set_to_none=True)``) or never reads them
     (:mod:`privkit.batched.exact_mlp`)."""
     with torch.no_grad():
-        for dst, src in zip(local.parameters(), model.parameters()):
-            dst.copy_(src)
-            dst.requires_grad_(src.requires_grad)
-            dst.grad = None
-        for dst, src in zip(local.buffers(), model.buffers()):
-            dst.copy_(src)
+        for param, src in zip(local.parameters(), model.parameters()):
+            param.copy_(src)
+            param.requires_grad_(src.requires_grad)
+            param.grad = None
+        for buffer, value in zip(local.buffers(), model.buffers()):
+            buffer.copy_(value)
     return local
 
 
