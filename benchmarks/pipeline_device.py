@@ -77,9 +77,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.threads < 1 or args.shadows < 0:
-        raise SystemExit(
-            f"--threads and --shadows must be >= 1 and >= 0; found {args.threads}, {args.shadows}"
-        )
+        ap.error(f"--threads must be >= 1 and --shadows >= 0; found {args.threads}, {args.shadows}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for method in args.methods.split(","):
