@@ -41,8 +41,10 @@ def _build():
     return chacha20_bits53
 
 
-def _launch(key_words: torch.Tensor, counter: int, n: int) -> torch.Tensor:
-    """``n`` 53-bit integers from the blocks at ``counter``, ``counter + 1``, ... (int64)."""
+def bits53(key_words: torch.Tensor, counter: int, n: int) -> torch.Tensor:
+    """``n`` uniform 53-bit integers (int64) from the ChaCha20 blocks at ``counter``, ``counter +
+    1``, ... (key words on the device), by the fused kernel; callers check :func:`available`
+    first."""
     global _kernel
     if _kernel is None:
         _kernel = _build()
@@ -66,7 +68,7 @@ def _agrees(device: torch.device, reference: Reference) -> bool:
         device=device,
     )
     for counter, n in ((1, 16), (2**32 - 300, 8 * 700 - 3)):
-        if not torch.equal(_launch(key, counter, n), reference(key, counter, n)):
+        if not torch.equal(bits53(key, counter, n), reference(key, counter, n)):
             return False
     return True
 
@@ -89,9 +91,3 @@ def available(device: torch.device, reference: Reference) -> bool:
                 stacklevel=3,
             )
     return _checked[name]
-
-
-def bits53(key_words: torch.Tensor, counter: int, n: int) -> torch.Tensor:
-    """``n`` uniform 53-bit integers from the ChaCha20 blocks starting at ``counter`` (key words on
-    the device), by the fused kernel; the caller checks :func:`available` first."""
-    return _launch(key_words, counter, n)

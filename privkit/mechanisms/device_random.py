@@ -82,13 +82,16 @@ def chacha20_blocks(key_words: torch.Tensor, words12_15: torch.Tensor) -> torch.
 def torch_bits53(key_words: torch.Tensor, counter: int, n: int) -> torch.Tensor:
     """``n`` uniform 53-bit integers (int64) from the blocks at ``counter``, ``counter + 1``, ...:
     draw ``j`` of a block is ``(w[2j] << 21) | (w[2j + 1] >> 11)`` (32 + 21 bits)."""
-    blocks = -(-n // 8)  # 8 draws per 16-word block
-    ctr = torch.arange(counter, counter + blocks, dtype=torch.int64, device=key_words.device)
-    state = torch.zeros(4, blocks, dtype=torch.int64, device=key_words.device)
-    state[0] = ctr & _MASK
-    state[1] = ctr >> 32
-    w = chacha20_blocks(key_words, state).t().reshape(-1, 2)[:n]
+    w = _keystream(key_words, counter, -(-n // 8)).t().reshape(-1, 2)[:n]  # 8 draws a block
     return (w[:, 0] << 21) | (w[:, 1] >> 11)
+
+
+def _keystream(key_words: torch.Tensor, counter: int, n_blocks: int) -> torch.Tensor:
+    """The blocks at ``counter``, ``counter + 1``, ... (nonce 0): ``(16, n_blocks)`` words."""
+    ctr = torch.arange(counter, counter + n_blocks, dtype=torch.int64, device=key_words.device)
+    state = torch.zeros(4, n_blocks, dtype=torch.int64, device=key_words.device)
+    state[0], state[1] = ctr & _MASK, ctr >> 32
+    return chacha20_blocks(key_words, state)
 
 
 class ChaChaStream:
@@ -128,11 +131,7 @@ class ChaChaStream:
 
     def words(self, n_blocks: int) -> torch.Tensor:
         """The next ``n_blocks`` blocks' output words, ``(16, n_blocks)`` int64 in [0, 2**32)."""
-        start = self._advance(n_blocks)
-        ctr = torch.arange(start, start + n_blocks, dtype=torch.int64, device=self.device)
-        state = torch.zeros(4, n_blocks, dtype=torch.int64, device=self.device)
-        state[0], state[1] = ctr & _MASK, ctr >> 32
-        return chacha20_blocks(self._key, state)
+        return _keystream(self._key, self._advance(n_blocks), n_blocks)
 
     def bits53(self, n: int) -> torch.Tensor:
         """``n`` independent uniform integers in ``[0, 2**53)`` (int64; two 32-bit words each).

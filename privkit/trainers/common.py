@@ -22,6 +22,23 @@ def as_tensor(x: np.ndarray | torch.Tensor, device: torch.device, dtype=None) ->
     return t.to(device=device, dtype=dtype) if dtype is not None else t.to(device)
 
 
+def dp_sgd_clients(
+    federation, device: torch.device, batch_size: int
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[float]]:
+    """Every client's records on ``device`` (float32 inputs, long targets) and its Poisson rate
+    ``min(1, B / n_k)``, for the federated DP-SGD methods; an empty client is refused (DP-SGD
+    samples from its records)."""
+    clients = [federation.client_arrays(k) for k in range(federation.num_clients)]
+    if any(len(y) == 0 for _, y in clients):
+        raise PrivkitError(
+            "every client needs at least one record for DP-SGD; found an empty client"
+        )
+    data = [
+        (as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long)) for x, y in clients
+    ]
+    return data, [min(1.0, batch_size / len(y)) for _, y in clients]
+
+
 def new_model(
     federation, config, seed: int, *, arch: str | None = None, **overrides
 ) -> tuple[FeatureClassifier, dict]:

@@ -53,7 +53,13 @@ from privkit.mechanisms.dp_sgd_step import DpSgdStep
 from privkit.methods.contract import TrainResult
 from privkit.methods.dp_fedavg import PAPER, QUICK, DpFedConfig  # noqa: F401  (re-exported)
 from privkit.seeding import derive_seed, make_rng, noise_generator
-from privkit.trainers.common import accuracy, as_tensor, new_model, predict_logits, resolve_device
+from privkit.trainers.common import (
+    accuracy,
+    dp_sgd_clients,
+    new_model,
+    predict_logits,
+    resolve_device,
+)
 
 
 # ============================================================================ the paper's privacy formula (Sec. 4.1)
@@ -333,16 +339,7 @@ class DpFedRun:
         self.model.to(device)
         K = self.num_clients = federation.num_clients
         self.per_round = max(round(K * cfg.client_fraction), 1)
-        clients = [federation.client_arrays(k) for k in range(K)]
-        if any(len(y) == 0 for _, y in clients):
-            raise PrivkitError(
-                "every client needs at least one record for DP-SGD; found an empty client"
-            )
-        self.data = [
-            (as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long))
-            for x, y in clients
-        ]
-        self.rates = [min(1.0, cfg.batch_size / len(y)) for _, y in clients]
+        self.data, self.rates = dp_sgd_clients(federation, device, cfg.batch_size)
         self.x_val, self.y_val = federation.public_arrays("distill")
         if len(self.y_val) == 0:
             raise PrivkitError(

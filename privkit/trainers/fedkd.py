@@ -48,7 +48,7 @@ from privkit.methods.contract import TrainResult
 from privkit.methods.fedkd import PAPER, FedKDConfig  # noqa: F401  (re-exported)
 from privkit.models import FeatureClassifier
 from privkit.seeding import derive_seed, make_rng, noise_generator
-from privkit.trainers.common import accuracy, as_tensor, new_model, resolve_device
+from privkit.trainers.common import accuracy, dp_sgd_clients, new_model, resolve_device
 from privkit.trainers.dp_fedavg import _Budget
 
 
@@ -194,16 +194,7 @@ class FedKdRun:
         self.federation, self.cfg, self.seed = federation, cfg, seed
         self.device = device = resolve_device(cfg)
         K, C = self.num_clients, self.num_classes = federation.num_clients, federation.num_classes
-        clients = [federation.client_arrays(k) for k in range(K)]
-        if any(len(y) == 0 for _, y in clients):
-            raise PrivkitError(
-                "every client needs at least one record for DP-SGD; found an empty client"
-            )
-        self.data = [
-            (as_tensor(x, device, torch.float32), as_tensor(y, device, torch.long))
-            for x, y in clients
-        ]
-        self.rates = [min(1.0, cfg.batch_size / len(y)) for _, y in clients]
+        self.data, self.rates = dp_sgd_clients(federation, device, cfg.batch_size)
         self.mentee, self.spec = new_model(federation, cfg, derive_seed(seed, "init"))
         self.mentee.to(device)
         mentor_kw = {"width": cfg.mentor_width, "feature_dim": cfg.mentor_feature_dim}

@@ -185,7 +185,7 @@ def test_a_kernel_that_disagrees_or_fails_is_not_used(monkeypatch):
     def wrong(key, counter, n):
         return torch_bits53(key, counter, n) ^ 1
 
-    monkeypatch.setattr(chacha_triton, "_launch", wrong)
+    monkeypatch.setattr(chacha_triton, "bits53", wrong)
     monkeypatch.setattr(chacha_triton, "_checked", {})
     assert not chacha_triton.available(torch.device("cpu"), torch_bits53)
     monkeypatch.setattr(chacha_triton, "_checked", {})
