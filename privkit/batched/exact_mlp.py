@@ -311,15 +311,25 @@ def _train_stacked(
     active = [sum(1 for s in steps if s > t) for t in range(steps[0])]
     cols = torch.arange(width, device=device)
     totals = torch.zeros(n, dtype=torch.float64, device=device)
+    # Each step's large tensors (the gathered batch, the hidden activations, the gradients, the
+    # proximal differences: tens of MB for an audit's 160 models) go to buffers made once, their
+    # first ``a`` rows a step's: a fresh tensor of that size is fresh pages from the system on
+    # every step, which cost more than the arithmetic that fills them (measured in
+    # docs/performance.md). The values are the same operations' bit for bit.
+    xbuf = torch.empty((n * width, xs.shape[1]), device=device)
+    hbuf = [torch.empty((n, width, p[w].shape[1]), device=device) for w, _, _ in layers[:-1]]
+    gbuf = {k: torch.empty_like(p[k]) for k in names}
+    dbuf = {k: torch.empty_like(p[k]) for k in names} if prox else {}
     for t in range(steps[0]):
         a = active[t]
         c = counts[:a, t]
         rows = idx[:a, t]
         scale = -(cols[None, :] < c[:, None]).float() / c[:, None]  # (a, width): 0 on padding
-        x, y = xs[rows], ys[rows]
+        x = torch.index_select(xs, 0, rows.reshape(-1), out=xbuf[: a * width]).view(a, width, -1)
+        y = ys[rows]
         acts = [x]
-        for w, b, _ in layers[:-1]:
-            acts.append(torch.relu(torch.baddbmm(p[b][:a, None], acts[-1], p[w][:a].mT)))
+        for (w, b, _), h in zip(layers[:-1], hbuf):
+            acts.append(torch.baddbmm(p[b][:a, None], acts[-1], p[w][:a].mT, out=h[:a]).relu_())
         w, b, _ = layers[-1]
         logp = torch.log_softmax(torch.baddbmm(p[b][:a, None], acts[-1], p[w][:a].mT), -1)
         if soft:
@@ -332,19 +342,19 @@ def _train_stacked(
             w, b, below = layers[i]
             if w not in trainable:
                 break
-            grads[w] = torch.bmm(g.mT, acts[i])
-            grads[b] = g.sum(1)
+            grads[w] = torch.bmm(g.mT, acts[i], out=gbuf[w][:a])
+            grads[b] = torch.sum(g, 1, out=gbuf[b][:a])
             if below:
                 g = torch.bmm(g, p[w][:a]) * (acts[i] > 0)
         counted = t >= first[:a]
         count = not soft and bool(counted.any())
         extra = torch.zeros(a, device=device)
-        if prox:  # (mu/2) ||theta - anchor||^2: gradient mu (theta - anchor)
+        if prox:  # (mu/2) ||theta - anchor||^2: gradient mu (theta - anchor), added in place
             for k in names:
-                d = p[k][:a] - anchor[k][:a]
-                grads[k] = torch.addcmul(grads[k], mus[:a].view(-1, *([1] * (d.dim() - 1))), d)
+                d = torch.sub(p[k][:a], anchor[k][:a], out=dbuf[k][:a])
+                grads[k].addcmul_(mus[:a].view(-1, *([1] * (d.dim() - 1))), d)
                 if count:  # the term's value only where the loss is counted
-                    extra += 0.5 * mus[:a] * d.flatten(1).square().sum(1)
+                    extra += 0.5 * mus[:a] * d.square_().flatten(1).sum(1)
         if count:
             nll = (logp.gather(2, y[..., None])[..., 0] * scale).sum(1)  # the batch's mean loss
             totals[:a] += torch.where(counted, (nll + extra) * c, 0.0).double()
