@@ -386,7 +386,7 @@ def _noisy(
         for k, v in noisy.items():
             grads[k][i] = v / expected[i]
     for (s, clip), rows in groups.items():
-        at = torch.tensor(rows, device=expected.device)
+        at = _rows_of(rows, expected.device)
         noisy, receipts = joint_release(
             sums,
             rows,
@@ -400,11 +400,24 @@ def _noisy(
             if i in restores:
                 released[i] = [noisy[k][r] for k in names]
         for k, v in noisy.items():
-            grads[k][at] = v / expected[at].view(-1, *([1] * (v.dim() - 1)))
+            scale = expected[at].view(-1, *([1] * (v.dim() - 1)))
+            if isinstance(at, slice):  # written in place: no copy of the step's noisy sums
+                torch.div(v, scale, out=grads[k][at])
+            else:
+                grads[k][at] = v / scale
     for i, restore in restores.items():
         restore()  # the clipped sum again, bit for bit: what the canaries observe against
         jobs[i].canaries.observe(released[i], clean=[sums[k][i] for k in names])
     return grads
+
+
+def _rows_of(rows: Sequence[int], device: torch.device) -> slice | torch.Tensor:
+    """The positions ``rows`` on a model axis as a slice where they are a range (indexing by
+    it gives views, not copies), else as an index tensor."""
+    lo = rows[0] if rows else 0
+    if list(rows) == list(range(lo, lo + len(rows))):
+        return slice(lo, lo + len(rows))
+    return torch.tensor(list(rows), device=device)
 
 
 def joint_release(
@@ -449,20 +462,29 @@ def joint_release(
             f"{len(rows)} rows"
         )
     names = sorted(sums)
-    at = torch.tensor(list(rows), device=next(iter(sums.values())).device)
-    clean = torch.cat([sums[k][at].flatten(1) for k in names], 1)
+    pick = _rows_of(rows, next(iter(sums.values())).device)
+    blocks = [sums[k][pick].flatten(1) for k in names]  # views where the rows are a range
+    widths = [b.shape[1] for b in blocks]
     if len(set(sample_rates)) == 1:  # the rows' releases alike: one call, its receipt per row
-        noisy, receipt = gaussian_release(
-            clean,
+        # several rows: the blocks as they lie, drawn as their concatenation; one row: that
+        # concatenation itself (one release of one vector)
+        parts, receipt = gaussian_release(
+            blocks if len(rows) > 1 else [torch.cat(blocks, 1)],
             std=std,
             sensitivity=clip,
             source=source,
             sample_rate=sample_rates[0],
-            dim=clean.shape[1],
+            dim=sum(widths),
             releases=len(rows),
         )
+        if len(rows) == 1:
+            parts = parts[0].split(widths, 1)
         receipts = [replace(receipt, releases=1)] * len(rows)
+        return {
+            k: part.view(len(rows), *sums[k].shape[1:]) for k, part in zip(names, parts)
+        }, receipts
     else:  # each row its own release and receipt, the noise of all in one draw
+        clean = torch.cat(blocks, 1)
         block = NormalRows(source, clean.shape[1], len(rows), len(rows))
         released, receipts = [], []
         for r, rate in enumerate(sample_rates):

@@ -272,7 +272,29 @@ def _row_release(tensors: list[torch.Tensor], std: float, rows: NormalRows):
     return [t + std * p.view_as(t) for t, p in zip(tensors, parts)]
 
 
-def _torch_release(tensors: list[torch.Tensor], std: float, source: DpRandom, sens: float, dim):
+def _seeded_rows(tensors: list[torch.Tensor], std: float, source: DpRandom, rows: int):
+    """Seeded noise for ``rows`` releases laid out as column blocks of ``tensors`` (each
+    ``(rows, width_k)``): one ``(rows, sum width_k)`` draw, the numbers a draw of the
+    concatenated rows takes, scaled and added block by block (no copy of the clean values);
+    returns each tensor's released block, a view of the draw."""
+    t0 = tensors[0]
+    widths = [t.shape[1] for t in tensors]
+    noise = source.randn((rows, sum(widths)), dtype=t0.dtype).to(t0.device).mul_(std)
+    out = list(noise.split(widths, dim=1))
+    torch._foreach_add_(out, tensors)
+    return out
+
+
+def _torch_release(
+    tensors: list[torch.Tensor], std: float, source: DpRandom, sens: float, dim, rows: int = 1
+):
+    if source.seeded_torch and rows > 1 and len(tensors) > 1:
+        if any(t.dim() != 2 or t.shape[0] != rows or t.dtype != tensors[0].dtype for t in tensors):
+            raise PrivkitError(
+                f"releases={rows} over several tensors needs each of them (releases, width) of one "
+                f"dtype; found {[tuple(t.shape) for t in tensors]}"
+            )
+        return _seeded_rows(tensors, std, source, rows)
     if source.seeded_torch or std == 0:
         # (std * z) + t, bit for bit as t + std * z (float addition commutes), in place on the
         # fresh draws: one pass and one buffer less per tensor; each draw per tensor, in order,
@@ -325,7 +347,9 @@ def gaussian_release(
     ----------
     clean : torch.Tensor, list or dict of torch.Tensor, or numpy.ndarray
         The pre-noise value of one release (a dict: one release over all its tensors, drawn in the
-        order of its sorted names; a list: in its order), or ``releases`` releases stacked (rows).
+        order of its sorted names; a list: in its order), or ``releases`` releases stacked (rows;
+        a list or dict of ``(releases, width)`` tensors: each release is a row of their
+        concatenation, seeded noise drawn as for that concatenation).
     std : float
         The noise standard deviation the mechanism claims (``>= 0``; an audit's mutation scales
         what is drawn, not the receipt).
@@ -380,4 +404,7 @@ def gaussian_release(
         return rebuild(_model_rows_release(tensors, drawn, sensitivity, source, dim)), receipt
     if isinstance(source, np.random.Generator):
         source = DpRandom(source)
-    return rebuild(_torch_release(tensors, drawn, DpRandom.of(source), sensitivity, dim)), receipt
+    return (
+        rebuild(_torch_release(tensors, drawn, DpRandom.of(source), sensitivity, dim, releases)),
+        receipt,
+    )

@@ -150,14 +150,18 @@ def test_reference_runs_drawing_their_noise_together_record_each_models_receipts
     ]
 
 
+@pytest.mark.parametrize("rows", [[0, 2, 3], [1, 2, 3], [2]])
 @pytest.mark.parametrize("rates", [[0.1, 0.25, 0.1], [0.2, 0.2, 0.2]])
-def test_a_joint_release_is_one_draw_of_the_block_with_a_receipt_per_row(rates):
+def test_a_joint_release_is_one_draw_of_the_block_with_a_receipt_per_row(rates, rows):
     """:func:`joint_release` draws the rows' noise as one release of the whole block would, bit for
     bit, and hands each row its receipt at its own sampling rate (rows of unequal rates, each its
-    own release; of one rate, one release of all)."""
+    own release; of one rate, one release of all). Rows that are a range are released from
+    views of the stacked sums, scattered rows from their copy, one row as one vector: the same
+    numbers."""
     gen = torch.Generator().manual_seed(0)
     sums = {"w": torch.randn(5, 3, 7, generator=gen), "b": torch.randn(5, 3, generator=gen)}
-    rows = [0, 2, 3]
+    before = {k: v.clone() for k, v in sums.items()}
+    rates = rates[: len(rows)]
     noisy, receipts = joint_release(
         sums,
         rows,
@@ -171,9 +175,12 @@ def test_a_joint_release_is_one_draw_of_the_block_with_a_receipt_per_row(rates):
         block, std=0.8, sensitivity=0.5, source=DpRandom(torch.Generator().manual_seed(1))
     )
     assert torch.equal(torch.cat([noisy[k].flatten(1) for k in sorted(sums)], 1), whole)
+    assert all(torch.equal(sums[k], before[k]) for k in sums)  # the clean sums are left alone
     assert [r.sample_rate for r in receipts] == rates
     assert {(r.noise_multiplier, r.sensitivity, r.releases) for r in receipts} == {
         (receipt.noise_multiplier, receipt.sensitivity, 1)
     }
     with pytest.raises(ValueError, match="one sample rate per row"):
-        joint_release(sums, rows, std=0.8, clip=0.5, source=DpRandom(gen), sample_rates=rates[:2])
+        joint_release(
+            sums, rows, std=0.8, clip=0.5, source=DpRandom(gen), sample_rates=rates + [0.1]
+        )

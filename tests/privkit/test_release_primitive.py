@@ -78,6 +78,32 @@ def test_seeded_draws_are_torch_s_and_numpy_s_own():
     assert r2.event == dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(1.5), 2)
 
 
+def test_row_blocks_are_drawn_as_their_concatenation():
+    """Several releases given as column blocks (a list of ``(releases, width)`` tensors, views of
+    stacked sums): each row is one release of the blocks' concatenated row, and seeded noise takes
+    the numbers one draw of that concatenation takes; the blocks themselves are left alone; a block
+    of another row count is refused by name."""
+    gen = torch.Generator().manual_seed(0)
+    stacked = torch.randn(4, 6, generator=gen)
+    blocks = [stacked[1:4, :2], stacked[1:4, 2:]]  # non-contiguous views, three releases
+    before = stacked.clone()
+    out, receipt = gaussian_release(
+        blocks, std=0.3, sensitivity=1.0, source=torch.Generator().manual_seed(4), releases=3, dim=6
+    )
+    z = torch.randn((3, 6), generator=torch.Generator().manual_seed(4))
+    assert torch.equal(torch.cat(out, 1), before[1:4] + 0.3 * z)
+    assert torch.equal(stacked, before)
+    assert receipt == Receipt(0.3, 1.0, None, 3)
+    with pytest.raises(Exception, match=r"releases=3 over several tensors"):
+        gaussian_release(
+            [stacked[1:4], stacked[:2]],
+            std=0.3,
+            sensitivity=1.0,
+            source=torch.Generator(),
+            releases=3,
+        )
+
+
 def test_a_mutation_changes_the_noise_never_the_receipt():
     clean = torch.zeros(1000)
     plain, r1 = gaussian_release(
