@@ -17,13 +17,24 @@ thread, per method:
 Once per run: this core's peak for such work, the float32 GFLOP/s of a large square matrix product
 (``--size``, default 2048, best of ``--repeats``), one thread, process CPU time.
 
+The reference runs' noise: an audit's reference runs draw their Gaussian noise from seeded torch
+generators (docs/auditing-methods.md), so the same reference training is run once more with
+``reproducible_noise`` under a dispatch mode that counts the standard normals it draws (the
+elements of every ``normal_``/``randn`` output: ``reference_normals``), and the generator's own
+rate is measured once per run (``ns_per_normal``: float32 ``randn`` of ``--normals`` numbers, one
+thread, best of ``--repeats``). ``reference_noise_floor_s`` = reference_normals x ns_per_normal is
+what drawing a reference run's noise costs at that rate, whatever else the run does; methods without
+Gaussian noise draw none.
+
 From these: ``floor_s`` = flops / peak, the time one training's products would take if they all
 ran at the peak and nothing else cost anything; ``floor_share`` = floor_s / train_cpu_s; and
-``audit_ratio_floor`` = 1 + shadows * reference_floor_s / train_cpu_s: an audit trains the target's
-run (a full training) plus ``shadows`` reference runs, so on one core audit / training is at least
-that even if the reference runs had no overhead and ran every product at peak (attacks and
-accounting are left out: they only raise the real ratio). ``excluded`` says whether that floor
-alone is above the goal. Beside it: the observed ratios of ``benchmarks/results/audit_cost_cpu.json``
+``audit_ratio_floor`` = 1 + shadows * (reference_floor_s + reference_noise_floor_s) / train_cpu_s:
+an audit trains the target's run (a full training) plus ``shadows`` reference runs, so on one core
+audit / training is at least that even if the reference runs had no overhead, ran every product at
+peak and drew their normals at the generator's rate (attacks and accounting are left out: they only
+raise the real ratio). ``excluded`` says whether that floor alone is above the goal; ``headroom``
+is what the goal leaves, in trainings, for everything else 16 reference runs and the audit do
+(goal - audit_ratio_floor). Beside it: the observed ratios of ``benchmarks/results/audit_cost_cpu.json``
 (``observed_ratio`` wall, ``observed_ratio_cpu`` CPU; the floor is in CPU seconds, so compare
 with the latter) and ``audit_ratio_floor_observed_train``, the floor against that file's training
 CPU seconds (the trainings' time moves with the machine's load; the flops do not).
@@ -38,12 +49,13 @@ is invisible to it. Uncounted work only makes the true floor higher: the floor s
 bound, and ``excluded`` stays sound.
 
     OMP_NUM_THREADS=1 python benchmarks/audit_roofline.py [--json] [--methods a,b] [--size 2048]
-        [--repeats 5] [--shadows 16]
+        [--normals 4000000] [--repeats 5] [--shadows 16]
 
 Output (``--json``)::
 
-    {"schema_version": 1, "peak_gflops": ..., "methods": {"dpsgd": {"flops": ..., "floor_s": ...,
-     "train_cpu_s": ..., "floor_share": ..., "audit_ratio_floor": ..., "observed_ratio_cpu": ...,
+    {"schema_version": 2, "peak_gflops": ..., "ns_per_normal": ..., "methods": {"dpsgd": {"flops":
+     ..., "floor_s": ..., "reference_normals": ..., "reference_noise_floor_s": ..., "train_cpu_s":
+     ..., "floor_share": ..., "audit_ratio_floor": ..., "headroom": ..., "observed_ratio_cpu": ...,
      "goal": 3.0, "excluded": false, ...}, ...}, "conditions": {...}}
 """
 
@@ -71,6 +83,7 @@ GOAL_3X, GOAL_ALL = 3.0, 6.0
 # for are reported, not guessed)
 MATRIX_LIKE = re.compile(r"mm|conv|matmul|einsum|dot|mv|linalg|cdist|linear|addr|outer|tensordot")
 NOT_MATRIX = re.compile(r"norm")  # linalg_vector_norm and the like: reductions, not products
+NORMAL_OPS = ("aten.normal", "aten.normal_", "aten.randn")  # Gaussian draws
 
 
 def audit_goal(method: str) -> float:
@@ -80,8 +93,25 @@ def audit_goal(method: str) -> float:
 
 def audit_ratio_floor(reference_floor_s: float, train_s: float, shadows: int) -> float:
     """Audit / training at least: the target run (one full training) plus ``shadows`` reference
-    runs at their arithmetic floor, on one core."""
+    runs at their floor (products at peak, plus their normals at the generator's rate), on one
+    core."""
     return 1.0 + shadows * reference_floor_s / train_s
+
+
+def normal_ns(count: int = 4_000_000, repeats: int = 5) -> float:
+    """Nanoseconds per float32 standard normal of torch's seeded CPU generator (the reference
+    runs' noise source), ``count`` at a time into one buffer, best of ``repeats`` (process CPU
+    time)."""
+    import torch
+
+    gen, out = torch.Generator().manual_seed(0), torch.empty(count)
+    torch.randn(count, generator=gen, out=out)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.process_time()
+        torch.randn(count, generator=gen, out=out)
+        best = min(best, time.process_time() - start)
+    return best / count * 1e9
 
 
 def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
@@ -105,24 +135,42 @@ def _matrix_like(op: str) -> bool:
 
 def _op_recorder():
     """A dispatch mode that counts every aten op (overload packet) called under it."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class OpRecorder(TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
             self.calls: Counter[str] = Counter()
+            self.normals = 0  # standard normals drawn (elements of normal_/randn outputs)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.calls[str(func.overloadpacket)] += 1
-            return func(*args, **(kwargs or {}))
+            name = str(func.overloadpacket)
+            self.calls[name] += 1
+            out = func(*args, **(kwargs or {}))
+            if name in NORMAL_OPS and isinstance(out, torch.Tensor):
+                self.normals += out.numel()
+            return out
 
     return OpRecorder()
 
 
-def _train(method: str, seed: int):
+def _train(method: str, seed: int, seeded_noise: bool = False):
     from privkit.trainers import REGISTRY, train
 
-    return train(method, _federation(), REGISTRY[method].quick_config(), seed=seed)
+    cfg = REGISTRY[method].quick_config()
+    if seeded_noise:  # as an audit's reference runs draw it
+        cfg = {**cfg, "reproducible_noise": True}
+    return train(method, _federation(), cfg, seed=seed)
+
+
+def reference_normals(method: str, seed: int) -> int:
+    """The standard normals a reference run of ``method`` draws (seeded noise, as an audit's
+    reference runs draw it)."""
+    recorder = _op_recorder()
+    with recorder:
+        _train(method, seed, seeded_noise=True)
+    return recorder.normals
 
 
 def counted_training(method: str, seed: int) -> dict[str, Any]:
@@ -145,8 +193,11 @@ def counted_training(method: str, seed: int) -> dict[str, Any]:
     }
 
 
-def measure(method: str, seed: int, peak_gflops: float, shadows: int) -> dict[str, Any]:
-    """Time one training, count its flops and a reference run's, and derive the floors."""
+def measure(
+    method: str, seed: int, peak_gflops: float, ns_per_normal: float, shadows: int
+) -> dict[str, Any]:
+    """Time one training, count its flops and a reference run's (and that run's normals), and
+    derive the floors."""
     from privkit.trainers.pretrain import clear_cache
 
     clear_cache()
@@ -156,18 +207,23 @@ def measure(method: str, seed: int, peak_gflops: float, shadows: int) -> dict[st
     clear_cache()
     target = counted_training(method, seed)  # the timed training, counted (cold h0 cache)
     reference = counted_training(method, seed + 1)  # h0 cache warm, as in the audit's process
+    normals = reference_normals(method, seed + 1)
     peak = peak_gflops * 1e9
     floor_s, reference_floor_s = target["flops"] / peak, reference["flops"] / peak
-    ratio_floor = audit_ratio_floor(reference_floor_s, train_cpu_s, shadows)
+    noise_floor_s = normals * ns_per_normal / 1e9
+    ratio_floor = audit_ratio_floor(reference_floor_s + noise_floor_s, train_cpu_s, shadows)
     goal = audit_goal(method)
     return {
         "flops": target["flops"],
         "reference_flops": reference["flops"],
         "floor_s": round(floor_s, 4),
         "reference_floor_s": round(reference_floor_s, 4),
+        "reference_normals": normals,
+        "reference_noise_floor_s": round(noise_floor_s, 4),
         "train_cpu_s": round(train_cpu_s, 2),
         "floor_share": round(floor_s / train_cpu_s, 4),
         "audit_ratio_floor": round(ratio_floor, 3),
+        "headroom": round(goal - ratio_floor, 3),
         "goal": goal,
         "excluded": ratio_floor > goal,
         "flops_by_op": target["flops_by_op"],
@@ -201,7 +257,9 @@ def with_observed(entry: dict, observed: dict, shadows: int) -> dict:
     if "observed_train_cpu_s" in observed:
         out["audit_ratio_floor_observed_train"] = round(
             audit_ratio_floor(
-                entry["reference_floor_s"], observed["observed_train_cpu_s"], shadows
+                entry["reference_floor_s"] + entry.get("reference_noise_floor_s", 0.0),
+                observed["observed_train_cpu_s"],
+                shadows,
             ),
             3,
         )
@@ -209,14 +267,18 @@ def with_observed(entry: dict, observed: dict, shadows: int) -> dict:
 
 
 def _print_table(out: dict) -> None:
-    print(f"peak {out['peak_gflops']:.1f} GFLOP/s (float32 matrix product, one thread)")
     print(
-        f"{'method':<14} {'GFLOP':>7} {'floor s':>8} {'train s':>8} {'share':>7} "
+        f"peak {out['peak_gflops']:.1f} GFLOP/s (float32 matrix product, one thread); "
+        f"{out['ns_per_normal']:.2f} ns per seeded normal"
+    )
+    print(
+        f"{'method':<14} {'GFLOP':>7} {'floor s':>8} {'noise s':>8} {'train s':>8} {'share':>7} "
         f"{'ratio floor':>11} {'observed':>8} {'goal':>5}"
     )
     for m, e in out["methods"].items():
         print(
-            f"{m:<14} {e['flops'] / 1e9:>7.2f} {e['floor_s']:>8.3f} {e['train_cpu_s']:>8.2f} "
+            f"{m:<14} {e['flops'] / 1e9:>7.2f} {e['floor_s']:>8.3f} "
+            f"{e['reference_noise_floor_s']:>8.3f} {e['train_cpu_s']:>8.2f} "
             f"{e['floor_share']:>7.2%} {e['audit_ratio_floor']:>11.2f} "
             f"{e.get('observed_ratio_cpu', float('nan')):>8.2f} {e['goal']:>5.0f}"
             + ("  excluded" if e["excluded"] else "")
@@ -229,7 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--methods", default="", help="comma-separated subset (default: the demo's 16)")
     ap.add_argument("--size", type=int, default=2048, help="side of the peak's square matmul")
-    ap.add_argument("--repeats", type=int, default=5, help="peak: best of this many products")
+    ap.add_argument(
+        "--normals", type=int, default=4_000_000, help="normals per timed draw of the generator"
+    )
+    ap.add_argument(
+        "--repeats", type=int, default=5, help="peak and generator: best of this many timings"
+    )
     ap.add_argument(
         "--shadows", type=int, default=None, help="reference runs (default: the demo's 16)"
     )
@@ -244,17 +311,24 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()
     t0 = time.perf_counter()
     _federation()  # built once, not timed
+    if min(args.size, args.normals, args.repeats) < 1:
+        ap.error(
+            f"size, normals and repeats must be >= 1; found {args.size}, {args.normals}, "
+            f"{args.repeats}"
+        )
     peak = matmul_gflops(args.size, args.repeats)
+    ns = normal_ns(args.normals, args.repeats)
     observed = observed_ratios()
     results = {}
     for method in methods:
-        entry = measure(method, seed, peak, shadows)
+        entry = measure(method, seed, peak, ns, shadows)
         results[method] = with_observed(entry, observed.get(method, {}), shadows)
         print(json.dumps({"method": method, **results[method]}), file=sys.stderr, flush=True)
     out: dict[str, Any] = {
-        "schema_version": 1,
+        "schema_version": 2,
         "benchmark": "audit_roofline",
         "peak_gflops": round(peak, 2),
+        "ns_per_normal": round(ns, 3),
         "methods": results,
         "conditions": {
             "torch_threads": 1,

@@ -50,3 +50,26 @@ def test_observed_floor_uses_the_observed_training_time():
     out = roofline.with_observed(entry, {"observed_train_cpu_s": 4.0, "ratio": 1}, 16)
     assert out["audit_ratio_floor_observed_train"] == 3.0
     assert "audit_ratio_floor_observed_train" not in roofline.with_observed(entry, {}, 16)
+
+
+def test_observed_floor_counts_the_reference_noise():
+    entry = {"reference_floor_s": 0.25, "reference_noise_floor_s": 0.25}
+    out = roofline.with_observed(entry, {"observed_train_cpu_s": 4.0}, 16)
+    assert out["audit_ratio_floor_observed_train"] == 3.0
+
+
+def test_the_recorder_counts_every_standard_normal_drawn():
+    """The reference runs' noise floor counts the elements of every Gaussian draw (randn, normal_
+    in place, normal with tensor moments) and nothing else."""
+    import torch
+
+    recorder = roofline._op_recorder()
+    gen = torch.Generator().manual_seed(0)
+    with recorder:
+        torch.randn(3, 4, generator=gen)
+        torch.empty(5).normal_(generator=gen)
+        torch.normal(torch.zeros(7), torch.ones(7), generator=gen)
+        torch.rand(11, generator=gen)  # uniforms are not normals
+        torch.zeros(13).add_(1.0)
+    assert recorder.normals == 12 + 5 + 7
+    assert recorder.calls["aten.add_"] == 1
