@@ -483,23 +483,20 @@ def joint_release(
         return {
             k: part.view(len(rows), *sums[k].shape[1:]) for k, part in zip(names, parts)
         }, receipts
-    else:  # each row its own release and receipt, the noise of all in one draw
-        clean = torch.cat(blocks, 1)
-        block = NormalRows(source, clean.shape[1], len(rows), len(rows))
-        released, receipts = [], []
-        for r, rate in enumerate(sample_rates):
-            row, one = gaussian_release(
-                clean[r], std=std, sensitivity=clip, source=block, sample_rate=rate
-            )
-            released.append(row)
-            receipts.append(one)
-        noisy = torch.stack(released)
-    out, offset = {}, 0
-    for k in names:
-        width = sums[k][0].numel()
-        out[k] = noisy[:, offset : offset + width].view(len(rows), *sums[k].shape[1:])
-        offset += width
-    return out, receipts
+    # each row its own release and receipt (of its blocks' row views), the noise of all in one
+    # draw; each name's released rows stacked once
+    block = NormalRows(source, sum(widths), len(rows), len(rows))
+    released, receipts = [], []
+    for r, rate in enumerate(sample_rates):
+        row, one = gaussian_release(
+            [b[r] for b in blocks], std=std, sensitivity=clip, source=block, sample_rate=rate
+        )
+        released.append(row)
+        receipts.append(one)
+    return {
+        k: torch.stack([row[at] for row in released]).view(len(rows), *sums[k].shape[1:])
+        for at, k in enumerate(names)
+    }, receipts
 
 
 def ce_losses(

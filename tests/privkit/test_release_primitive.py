@@ -243,6 +243,23 @@ def test_normal_rows_keep_a_block_draw_s_bits():
         gaussian_release(clean, std=0.5, sensitivity=1.0, source=rows)
 
 
+def test_normal_rows_release_in_the_clean_values_dtype():
+    """A row is released in place on the drawn row where the clean values share its dtype (the
+    row is the release's: the next release takes the next row), and in the clean values' dtype
+    otherwise."""
+    from privkit.mechanisms import NormalRows
+
+    z = torch.randn(2, 3, generator=torch.Generator().manual_seed(7))
+    rows = NormalRows(torch.Generator().manual_seed(7), width=3, total=2, block=2)
+    single, _ = gaussian_release(torch.ones(3), std=2.0, sensitivity=1.0, source=rows)
+    double, _ = gaussian_release(
+        torch.ones(3, dtype=torch.float64), std=2.0, sensitivity=1.0, source=rows
+    )
+    assert single.dtype == torch.float32 and torch.equal(single, torch.ones(3) + 2.0 * z[0])
+    assert double.dtype == torch.float64
+    assert torch.equal(double, torch.ones(3, dtype=torch.float64) + 2.0 * z[1])
+
+
 def test_model_rows_keep_the_stacked_engine_s_block_draws():
     """Models trained at once (a leading model axis), each with its own stream drawn a block of
     steps at a time: model j's row of each step is its stream's block draw, row by row, one
