@@ -314,6 +314,9 @@ def local_dp_sgd(
     y_all = torch.cat([j.y for j in jobs])
     opt = _StackedOptimizer(params, SGDRecipe(lr=lr, optimizer=optimizer))
     active = torch.ones(m, device=device)
+    # the steps' gathered batches, one buffer grown to the largest (a fresh batch of tens of MB
+    # every step is fresh pages every step); a step's batch is read within that step only
+    gathered = x_all.new_empty((0, *x_all.shape[1:]))
     for _ in range(steps):
         batches = [j.step.sample(j.sample_gen) for j in jobs]
         counts = [len(b) for b in batches]
@@ -322,8 +325,11 @@ def local_dp_sgd(
         for i, b in enumerate(batches):
             glob[i, : len(b)] = b + offsets[i]
         glob = glob.to(device)
+        if len(gathered) < width * m:
+            gathered = x_all.new_empty((width * m, *x_all.shape[1:]))
         # gathered example-major: a chunk of it is already the (B, M*C, H, W) layout of convolutions
-        xb, yb = x_all[glob.T].transpose(0, 1), y_all[glob]
+        flat = torch.index_select(x_all, 0, glob.T.reshape(-1), out=gathered[: width * m])
+        xb, yb = flat.view(width, m, *x_all.shape[1:]).transpose(0, 1), y_all[glob]
         extra = aux(xb) if aux is not None else None
 
         # called within this step only; the defaults bind this step's batch all the same
