@@ -45,6 +45,7 @@ form does not cover train one after the other.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -490,7 +491,7 @@ def joint_release(
             k: part.view(len(rows), *sums[k].shape[1:]) for k, part in zip(names, parts)
         }, receipts
     # each row its own release and receipt (of its blocks' row views), the noise of all in one
-    # draw; each name's released rows stacked once
+    # draw, each row released in place there (clean values of the draw's dtype and device)
     block = NormalRows(source, sum(widths), len(rows), len(rows))
     released, receipts = [], []
     for r, rate in enumerate(sample_rates):
@@ -499,10 +500,16 @@ def joint_release(
         )
         released.append(row)
         receipts.append(one)
-    return {
-        k: torch.stack([row[at] for row in released]).view(len(rows), *sums[k].shape[1:])
-        for at, k in enumerate(names)
-    }, receipts
+    drawn = block.block_drawn
+    if drawn is not None and all(
+        v.data_ptr() == drawn[r, off:].data_ptr()
+        for r, row in enumerate(released)
+        for v, off in zip(row, itertools.accumulate([0, *widths]))
+    ):  # every row where it was drawn: the block is the release, no copy
+        parts = drawn.split(widths, 1)
+    else:
+        parts = [torch.stack([row[at] for row in released]) for at in range(len(names))]
+    return {k: part.view(len(rows), *sums[k].shape[1:]) for k, part in zip(names, parts)}, receipts
 
 
 def ce_losses(
