@@ -67,3 +67,21 @@ def test_calibrate_reports_both_and_warns_at_large_epsilon():
 def test_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_calibration_roots_are_computed_once_per_value():
+    """The two Brent roots are pure in their floats: asked again for the same value they return
+    the first answer (the same float) without another search, and a new value is searched."""
+    from accountants.gaussian import safe_gaussian_epsilon, safe_noise_multiplier
+
+    for root, args in (
+        (safe_noise_multiplier, (7.25, 3e-6)),
+        (safe_gaussian_epsilon, (1.37, 3e-6)),
+    ):
+        root.cache_clear()
+        first = root(*args)
+        assert first == root.__wrapped__(*args)  # the uncached search's answer
+        again = root(*args)
+        assert again == first and root.cache_info().hits == 1
+        root(args[0] * 1.5, args[1])
+        assert root.cache_info().misses == 2
