@@ -267,3 +267,25 @@ def test_inexact_minimiser_is_refused():
         fit_multinomial_head(X, y, 3, 0.1).weights - fit_multinomial_head(X2, y2, 3, 0.1).weights
     )
     assert move <= sens
+
+
+def test_lbfgs_runs_on_one_blas_thread_and_restores_the_pools():
+    """The head fits' L-BFGS runs with one BLAS/OpenMP thread (tiny problems: a threaded BLAS
+    under contention was ~100x slower) through the process's pools found once, and leaves their
+    sizes as they were."""
+    import threadpoolctl
+
+    from privkit.trainers import heads
+
+    before = [p["num_threads"] for p in threadpoolctl.threadpool_info()]
+    seen: list[int] = []
+
+    def fun(w):
+        seen.append(max(p["num_threads"] for p in threadpoolctl.threadpool_info()))
+        return float(w @ w), 2 * w
+
+    x, _ = heads._lbfgs(fun, np.ones(3), 1e-10, 50)
+    assert seen and max(seen) == 1
+    assert np.allclose(x, 0.0)
+    assert [p["num_threads"] for p in threadpoolctl.threadpool_info()] == before
+    assert heads._threadpools() is heads._threadpools()  # found once
