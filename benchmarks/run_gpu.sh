@@ -7,6 +7,8 @@
 # Packages missing on that machine travel as wheels in .whl/: installed into /tmp/site when present.
 #   DPSGD_REPEATS (15), CANARY_REPEATS (15), PIPELINE_METHODS (dp-fedavg,dpsgd),
 #   ALL=1 also runs the earlier measurements (noise throughput, many models at once).
+#   STAGES (step,kernels,canary,profile,noise,pipeline,tests): the stages to run, so that a
+#   lease too short for all of them can take them in two calls.
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/gpu}
 mkdir -p "$OUT"
@@ -20,14 +22,19 @@ export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 nvidia-smi -L || true
 python3 -c "import torch, opacus; print('torch', torch.__version__, torch.cuda.is_available() and torch.cuda.get_device_name(), 'opacus', opacus.__version__)"
 METHODS=${PIPELINE_METHODS:-dp-fedavg,dpsgd}
+STAGES=,${STAGES:-step,kernels,canary,profile,noise,pipeline,tests},
+stage() { [[ $STAGES == *,$1,* ]]; }
 DEV=${DEV:-cuda}  # DEV=cpu BIG= CANARY_MODELS=mlp: a dry run of this script on a machine without a GPU
 
+if stage pipeline; then
 echo "== the CPU side of privkit train/audit, two threads, in the background (cores 12-15)"
 PIN=""; [ "$(nproc)" -ge 16 ] && PIN="taskset -c 12-15"
 $PIN python3 benchmarks/pipeline_device.py --device cpu --threads 2 --methods "$METHODS" \
   --json > "$OUT/pipeline_cpu.json" 2>> /tmp/pipeline.log &
 CPU_SIDE=$!
 
+fi
+if stage step; then
 echo "== one DP-SGD step: privkit against opacus and SGD"
 timeout 150 python3 benchmarks/dpsgd_step.py --device $DEV ${BIG---big} --repeats "${DPSGD_REPEATS:-15}" --json \
   > "$OUT/dpsgd_step_cuda.json"
@@ -39,15 +46,21 @@ for name, r in d["models"].items():
           "vs sgd", {v: round(t, 2) for v, t in r["vs_sgd"].items()})
 PY
 
+fi
+if stage kernels; then
 echo "== operations one step dispatches on the device (the launch-bound regime's measure)"
 timeout 120 python3 benchmarks/step_kernels.py --device $DEV ${BIG---big} --json > "$OUT/step_kernels_$DEV.json"
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({n: r['operations'] for n, r in d['models'].items()})" "$OUT/step_kernels_$DEV.json"
 
+fi
+if stage canary; then
 echo "== canaries on the device"
 timeout 120 python3 benchmarks/canary_overhead.py --device $DEV --models ${CANARY_MODELS:-resnet_gn,mlp,resnet18} \
   --repeats "${CANARY_REPEATS:-15}" --json > "$OUT/canary_overhead_cuda.json"
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(r['model'], r['noise'], r['canaries'], r['path'], round(r['median_ms'], 2), round(r['overhead'], 3)) for r in d['rows']]" "$OUT/canary_overhead_cuda.json"
 
+fi
+if stage profile; then
 echo "== where a ResNet-18 DP-SGD step spends its time (torch profiler)"
 timeout 90 python3 - $DEV ${PROFILE_MODEL:-resnet18} > "$OUT/profile_step.txt" 2>&1 <<'PY'
 import sys, torch, torch.nn.functional as F
@@ -80,10 +93,14 @@ print(prof.key_averages(group_by_input_shape=True).table(sort_by=key, row_limit=
 PY
 head -45 "$OUT/profile_step.txt"
 
+fi
+if stage noise; then
 echo "== release noise throughput on the device (10M normals)"
 timeout 90 python3 benchmarks/device_noise_throughput.py --device $DEV --json > "$OUT/device_noise_$DEV.json"
 cat "$OUT/device_noise_$DEV.json"
 
+fi
+if stage pipeline; then
 echo "== privkit train/audit on $DEV"
 timeout 330 python3 benchmarks/pipeline_device.py --device $DEV --methods "$METHODS" --json \
   > "$OUT/pipeline_cuda.json" 2>> /tmp/pipeline.log
@@ -112,10 +129,13 @@ echo "== waiting for the CPU side"
 wait $CPU_SIDE
 cat /tmp/pipeline.log
 
+fi
+if stage tests; then
 echo "== tests on cuda"
 PRIVKIT_TEST_DEVICE=$DEV timeout 100 python3 -m pytest -q -x -p no:cacheprovider -o addopts="" \
   tests/privkit/test_device_random.py tests/privkit/test_on_device.py 2>&1 | tail -6
 
+fi
 if [ "${ALL:-0}" = 1 ]; then
   echo "== noise throughput"
   timeout 200 python3 benchmarks/device_noise_throughput.py --device cuda --compile --json > "$OUT/device_noise_cuda_compiled.json"
