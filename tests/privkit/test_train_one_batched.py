@@ -1,0 +1,81 @@
+"""A single run through the batched engine (privkit.batched.many.train_one): what ``privkit train``
+and ``privkit run`` take on an accelerator (issue 32, item 5).
+
+On a machine without a GPU the choice is tested by making the device look like one; the batched
+engine itself then runs on the CPU, where its result must be the single run's (up to float
+rounding, bit for bit for the Adam methods, as ``test_batched_federations.py`` pins for many runs).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from audit_helpers import TINY_DPFED, TINY_FEDAVG, max_diff
+
+from privkit.batched import many
+from privkit.data import FederationConfig, build_federation
+from privkit.flower_engine import engine
+from privkit.trainers import train
+
+DPFED = {**TINY_DPFED, "reproducible_noise": True}
+FEDAVG = {**TINY_FEDAVG, "reproducible_noise": True}
+
+
+@pytest.fixture(scope="module")
+def fed():
+    return build_federation(FederationConfig(partition="dirichlet", clients=20, seed=0))
+
+
+def _as_if_on_gpu(monkeypatch) -> None:
+    """select_device answers ``cuda`` for every spec (only the choice asks it: the trainers
+    resolve their device through their own import, which stays on the CPU)."""
+    import privkit.models
+
+    monkeypatch.setattr(privkit.models, "select_device", lambda spec="auto": torch.device("cuda"))
+
+
+def test_the_cpu_keeps_the_loop_an_accelerator_takes_the_batched_engine(monkeypatch):
+    assert not many.trains_batched_alone("dp-fedavg", DPFED)
+    _as_if_on_gpu(monkeypatch)
+    assert many.trains_batched_alone("dp-fedavg", DPFED)
+    assert many.trains_batched_alone("fedavg", FEDAVG)
+    # no batched form: the loop, whatever the device
+    assert not many.trains_batched_alone("fedauxfdp", None)
+
+
+@pytest.mark.parametrize(
+    ("method", "cfg", "tol"), [("dp-fedavg", DPFED, 1e-5), ("fedavg", FEDAVG, 0.0)]
+)
+def test_engine_trains_one_run_batched_with_the_single_runs_result(
+    fed, monkeypatch, method, cfg, tol
+):
+    torch.set_num_threads(1)
+    alone = train(method, fed, cfg, seed=3)
+    called = []
+    real = many.train_many
+    monkeypatch.setattr(many, "train_many", lambda *a, **k: called.append(a) or real(*a, **k))
+    monkeypatch.setattr(many, "trains_batched_alone", lambda m, c: True)
+    one = engine.train(method, fed, cfg, seed=3)
+    assert len(called) == 1 and len(called[0][1]) == 1  # the batched engine, one run
+    assert max_diff(alone.model, one.model) <= tol
+    assert all(max_diff(p, q) <= tol for p, q in zip(alone.client_models, one.client_models))
+    assert alone.ledger.to_dict() == one.ledger.to_dict()
+    assert [r.get("clients") for r in alone.rounds] == [r.get("clients") for r in one.rounds]
+    assert one.reproducible_noise and one.warnings == alone.warnings
+
+
+def test_progress_advances_once_a_round(fed, monkeypatch):
+    advanced = []
+    import rich.progress
+
+    class Bar(rich.progress.Progress):
+        def advance(self, task, advance=1.0):
+            advanced.append(advance)
+            super().advance(task, advance)
+
+    monkeypatch.setattr(rich.progress, "Progress", Bar)
+    result = many.train_one("dp-fedavg", fed, DPFED, 0, progress=True)
+    assert len(advanced) == len(result.rounds) == DPFED["rounds"]
+    # outside train_one no bar is advanced
+    many.train_many("dp-fedavg", [fed], DPFED, [0])
+    assert len(advanced) == DPFED["rounds"]
