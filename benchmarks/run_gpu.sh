@@ -7,7 +7,7 @@
 # Packages missing on that machine travel as wheels in .whl/: installed into /tmp/site when present.
 #   DPSGD_REPEATS (15), CANARY_REPEATS (15), PIPELINE_METHODS (dp-fedavg,dpsgd),
 #   ALL=1 also runs the earlier measurements (noise throughput, many models at once).
-#   STAGES (step,kernels,canary,profile,noise,pipeline,tests): the stages to run, so that a
+#   STAGES (step,kernels,canary,profile,noise,pipeline,trainprofile,tests): the stages to run, so that a
 #   lease too short for all of them can take them in two calls.
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/gpu}
@@ -22,7 +22,7 @@ export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 nvidia-smi -L || true
 python3 -c "import torch, opacus; print('torch', torch.__version__, torch.cuda.is_available() and torch.cuda.get_device_name(), 'opacus', opacus.__version__)"
 METHODS=${PIPELINE_METHODS:-dp-fedavg,dpsgd}
-STAGES=,${STAGES:-step,kernels,canary,profile,noise,pipeline,tests},
+STAGES=,${STAGES:-step,kernels,canary,profile,noise,pipeline,trainprofile,tests},
 stage() { [[ $STAGES == *,$1,* ]]; }
 DEV=${DEV:-cuda}  # DEV=cpu BIG= CANARY_MODELS=mlp: a dry run of this script on a machine without a GPU
 
@@ -105,6 +105,8 @@ echo "== privkit train/audit on $DEV"
 timeout 330 python3 benchmarks/pipeline_device.py --device $DEV --methods "$METHODS" --json \
   > "$OUT/pipeline_cuda.json" 2>> /tmp/pipeline.log
 
+fi
+if stage trainprofile; then
 echo "== where a quick dp-fedavg training on cuda spends its time (cProfile)"
 timeout 90 python3 - $DEV > /tmp/profile_train.txt 2>&1 <<'PY'
 import cProfile, pstats, sys
@@ -125,6 +127,8 @@ PY
 grep -m1 "function calls" /tmp/profile_train.txt
 grep -A 30 "Ordered by: internal" /tmp/profile_train.txt | head -34
 
+fi
+if stage pipeline; then
 echo "== waiting for the CPU side"
 wait $CPU_SIDE
 cat /tmp/pipeline.log

@@ -114,11 +114,13 @@ def test_sparse_addition_is_the_vector_s_support():
 @pytest.mark.parametrize("clean", ["list", "flat", "none"])
 @pytest.mark.parametrize("scale", [1.0, 2.5])
 @pytest.mark.parametrize("records", [False, True])
-@pytest.mark.parametrize("chunk", [None, 16])
+@pytest.mark.parametrize("chunk", [None, 16, "joined"])
 def test_sparse_observation_equals_the_dense_one(
     know_batch, clean, scale, records, chunk, monkeypatch
 ):
-    if chunk is not None:  # the noise scale's pass read in chunks (longer tensors than 16 here)
+    if chunk == "joined":  # a GPU's form: the tensors joined, one gather, one transfer
+        monkeypatch.setattr(whitebox, "_joined_on", lambda device: True)
+    elif chunk is not None:  # the noise scale's pass read in chunks (longer tensors than 16 here)
         monkeypatch.setattr(whitebox, "SQUARES_CHUNK", chunk)
     sparse, dense = _canaries(know_batch=know_batch), _dense(_canaries(know_batch=know_batch))
     for c in (sparse, dense):

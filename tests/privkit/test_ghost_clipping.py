@@ -126,6 +126,32 @@ def test_conv2d(conv, size, monkeypatch):
     )
 
 
+@pytest.mark.parametrize(
+    "conv, size",
+    [
+        (nn.Conv2d(3, 4, 3, padding=1), 6),
+        (nn.Conv2d(2, 4, (3, 2), stride=2, dilation=(1, 2), padding=(1, 0)), 7),
+        (nn.Conv2d(2, 3, 4, padding="same"), 5),
+        (nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect"), 5),
+        (nn.Conv2d(2, 3, 1, stride=2), 5),
+    ],
+)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_unfolded_input_is_f_unfold(conv, size, channels_last, monkeypatch):
+    """The GPU form's unfolded input (one strided view copied) is ``F.unfold`` of the padded
+    input, bit for bit, whatever the input's memory layout."""
+    torch.manual_seed(4)
+    a = torch.randn(5, conv.in_channels, size, size)
+    if channels_last:
+        a = a.contiguous(memory_format=torch.channels_last)
+    layer = ghost_clipping._Layer(conv, {"weight": "weight"}, inputs=[a], grad=conv(a))
+    monkeypatch.setattr(ghost_clipping, "_offsets_on", lambda device: True)
+    got = ghost_clipping._unfolded(layer)
+    padded, padding = ghost_clipping._padded(conv, a)
+    want = F.unfold(padded, conv.kernel_size, conv.dilation, padding, conv.stride)
+    assert got is not None and torch.equal(got, want)
+
+
 def test_group_norm_and_layer_norm(monkeypatch):
     torch.manual_seed(3)
     model = nn.Sequential(

@@ -60,3 +60,74 @@ def test_a_seeded_generator_on_the_device_draws_masks_and_permutations():
     assert sorted(perm.tolist()) == list(range(50)) and perm.device.type == "cpu"
     again = draws(3)
     assert torch.equal(mask, again[0]) and torch.equal(perm, again[1])
+
+
+def test_unfolded_convolution_input_on_the_device_is_f_unfold():
+    """The GPU form's unfolded input (a strided view copied once; ``F.unfold`` launches one
+    kernel per example there) on the device equals ``F.unfold`` on the CPU."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from privkit.mechanisms import ghost_clipping
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+    a = torch.randn(6, 3, 9, 9)
+    layer = ghost_clipping._Layer(conv, {"weight": "weight"}, inputs=[a.to(DEVICE)])
+    layer.grad = conv.to(DEVICE)(a.to(DEVICE)).detach()
+    got = ghost_clipping._unfolded(layer)
+    if DEVICE == "cpu":  # the CPU keeps the offset-by-offset form
+        assert got is None
+        return
+    assert got is not None
+    assert torch.equal(got.cpu(), F.unfold(a, 3, 1, 1, 2))
+
+
+def test_canaries_read_a_release_on_the_device_as_on_the_cpu():
+    """The canaries' joined read of a release on the device (one gather, one transfer) gives the
+    CPU's projections bit for bit and its noise scale up to float rounding."""
+    from attacks.whitebox import GradientCanaries
+
+    sizes = [(40, 30), (30,), (10, 30), (10,)]
+    g = torch.Generator().manual_seed(1)
+    released = [torch.randn(s, generator=g) for s in sizes]
+    clean = [torch.randn(s, generator=g) for s in sizes]
+    dim = sum(t.numel() for t in released)
+    cpu, dev = (
+        GradientCanaries(dim, 40, clip_norm=1.0, sample_rate=0.5, witness=64, seed=3)
+        for _ in range(2)
+    )
+    cpu.observe(released, clean=clean)
+    dev.observe([t.to(DEVICE) for t in released], clean=[t.to(DEVICE) for t in clean])
+    np.testing.assert_array_equal(dev._proj[0], cpu._proj[0])
+    np.testing.assert_allclose(dev._noise_ss, cpu._noise_ss, rtol=2.5e-7)
+
+
+def test_privkit_train_on_the_device_trains_through_the_batched_engine():
+    """``privkit train``'s engine on an accelerator trains a batched method's single run through
+    the batched engine: the single run's result, up to float rounding (seeded noise)."""
+    from privkit.batched.many import trains_batched_alone
+    from privkit.data import FederationConfig, build_federation
+    from privkit.flower_engine import engine
+    from privkit.trainers import train
+
+    cfg = {
+        "arch": "mlp",
+        "feature_dim": 16,
+        "rounds": 2,
+        "local_steps": 3,
+        "batch_size": 16,
+        "client_fraction": 0.25,
+        "noise_multiplier": 1.0,
+        "target_epsilon": 1e6,
+        "lr": 0.3,
+        "device": DEVICE,
+        "reproducible_noise": True,
+    }
+    assert trains_batched_alone("dp-fedavg", cfg) == (DEVICE != "cpu")
+    fed = build_federation(FederationConfig(partition="dirichlet", clients=20, seed=0))
+    one = engine.train("dp-fedavg", fed, cfg, seed=5)
+    alone = train("dp-fedavg", fed, cfg, seed=5)
+    for p, q in zip(one.model.state_dict().values(), alone.model.state_dict().values()):
+        torch.testing.assert_close(p.cpu(), q.cpu(), rtol=1e-4, atol=1e-5)
+    assert one.ledger.to_dict() == alone.ledger.to_dict()
