@@ -663,8 +663,8 @@ class GradientCanaries:
         if ref is not None:
             d = d - host[n : 2 * n].to(flat.dtype)
         inc = torch.as_tensor(layout.at_coords[self.included], dtype=torch.long)
-        ss = float(host[-1]) - float(d[inc].to(torch.float64).square().sum())
-        return x, wit, max(0.0, ss) / self.clip_norm**2
+        noise_ss = float(host[-1]) - float(d[inc].to(torch.float64).square().sum())
+        return x, wit, max(0.0, noise_ss) / self.clip_norm**2
 
     # ------------------------------------------------------------------ scores and the audit
     def claim(self, steps: int | None = None) -> MechanismClaim:
