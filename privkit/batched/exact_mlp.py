@@ -30,6 +30,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -121,6 +122,37 @@ def model_for(
 def architecture(module: nn.Module) -> tuple:
     """What models trained together by :func:`train_exact` must share."""
     return tuple((k, tuple(q.shape), q.requires_grad) for k, q in module.named_parameters())
+
+
+@torch.no_grad()
+def stacked_logits(
+    modules: Sequence[nn.Module], x, device: torch.device, chunk: int = 64
+) -> torch.Tensor:
+    """The logits of privkit MLPs of one architecture (:func:`mlp_layers`, :func:`architecture`)
+    for the same records ``x``, ``(len(modules), len(x), classes)`` float32 on the CPU: one
+    batched product per layer for ``chunk`` models at a time, where ``predict_logits`` runs each
+    module on its own (moving it to the device and setting its mode each call). Equal to each
+    module's own forward up to float rounding (another product kernel), so an argmax can differ
+    only where two logits tie to rounding: for an audit's reference runs' per-round accuracy
+    (:mod:`privkit.batched.many_fedmd`), which no attack reads."""
+    names = mlp_layers(modules[0])
+    shape = architecture(modules[0])
+    if any(architecture(m) != shape for m in modules):
+        raise UnsupportedModelError("stacked logits need one architecture; found several")
+    h0 = torch.as_tensor(x).to(device=device, dtype=torch.float32).flatten(1)
+    out = []
+    for lo in range(0, len(modules), chunk):
+        group = modules[lo : lo + chunk]
+        h = h0.expand(len(group), *h0.shape)
+        for k, name in enumerate(names):
+            layers = [m.get_submodule(name) for m in group]
+            w = torch.stack([cast(nn.Linear, q).weight.detach() for q in layers]).to(device)
+            b = torch.stack([cast(nn.Linear, q).bias.detach() for q in layers]).to(device)
+            h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
+            if k < len(names) - 1:
+                h = h.relu_()
+        out.append(h.cpu())
+    return torch.cat(out)
 
 
 def _gradients(
@@ -427,4 +459,4 @@ def _update(
     torch._foreach_addcdiv_(p, m1, denom, value=-lr / (1 - BETA1**step))
 
 
-__all__ = ["Model", "architecture", "mlp_layers", "model_for", "train_exact"]
+__all__ = ["Model", "architecture", "mlp_layers", "model_for", "stacked_logits", "train_exact"]

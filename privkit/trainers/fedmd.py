@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -445,6 +445,10 @@ def _ldp_plan(federation, config: FedMDLdpConfig, m_pub: int, sizes: list[int]) 
     return plan
 
 
+#: ``(party models, records) -> each party's logits`` (float32 arrays, in the models' order)
+PartyLogits = Callable[[Sequence[torch.nn.Module], np.ndarray], list[np.ndarray]]
+
+
 def _evaluate(models, xt, yt, device, batch_size) -> list[float]:
     return [accuracy(m, xt, yt, device, batch_size) for m in models]
 
@@ -623,25 +627,34 @@ class FedMDRun:
             for i, m in enumerate(self.models)
         ]
 
-    def record(self) -> None:
-        """Evaluate every party after the current round (round 0: after the initialisation)."""
-        accs = _evaluate(self.models, self.xt, self.yt, self.device, self.config.eval_batch_size)
+    def record(self, accs: list[float] | None = None) -> None:
+        """Evaluate every party after the current round (round 0: after the initialisation);
+        ``accs``: the parties' test accuracies computed by the caller (the batched engine's
+        stacked evaluation of an audit's reference runs)."""
+        if accs is None:
+            accs = _evaluate(
+                self.models, self.xt, self.yt, self.device, self.config.eval_batch_size
+            )
         self.rounds.append(_round_record(self.t, accs, self.config))
 
-    def next_round(self) -> list[PartyJob] | None:
+    def next_round(self, party_logits: PartyLogits | None = None) -> list[PartyJob] | None:
         """Start the next round: the parties share their knowledge on its public subset, the server
-        averages it; returns the digests (``None`` after the last round)."""
+        averages it; returns the digests (``None`` after the last round). ``party_logits(models,
+        x)`` gives every party's logits on the subset (default: each model's own forward pass;
+        the batched engine passes a stacked one for an audit's reference runs)."""
         cfg, plan, t = self.config, self.plan, self.t + 1
         if t > cfg.rounds:
             return None
         self.t = t
         sel = np.sort(self.pub_rng.choice(len(self.xpub), size=self.m_pub, replace=False))
         x_p = self.xpub[sel]
+        if party_logits is None:
+            logits = [predict_logits(m, x_p, self.device, cfg.eval_batch_size) for m in self.models]
+        else:
+            logits = party_logits(self.models, x_p)
         shares = []
-        for i, m in enumerate(self.models):
-            share = share_knowledge(
-                predict_logits(m, x_p, self.device, cfg.eval_batch_size), cfg.knowledge
-            )
+        for i in range(len(self.models)):
+            share = share_knowledge(logits[i], cfg.knowledge)
             if plan is not None:
                 if cfg.knowledge == "logits":
                     share = clip_rows(share, cfg.logit_clip)

@@ -132,6 +132,35 @@ def test_reference_runs_of_an_adam_method_take_the_stacked_kernels(fed):
     assert [r.reproducible_noise for r in mixed] == [False, True]
 
 
+FEDMD = {
+    "arch": "mlp",
+    "feature_dim": 16,
+    "rounds": 2,
+    "init_epochs": 2,
+    "pretrain_epochs": 1,
+    "public_subset": 100,
+    "digest_epochs": 1,
+    "revisit_batch_size": 8,
+    "device": "cpu",
+}
+
+
+def test_fedmd_reference_runs_are_stacked_and_recorded_after_their_last_round(fed):
+    """FedMD-NP, release mode: the target run is its single run bit for bit (every round
+    recorded); a reference run takes the stacked kernels and stacked shared logits (within float
+    rounding that Adam amplifies) and records its parties' accuracies after its last round only,
+    about the exact run's."""
+    torch.set_num_threads(1)
+    feds = [fed, fed]
+    exact = train_many("fedmd-np", feds, FEDMD, [3, 4])
+    mixed = train_many("fedmd-np", feds, FEDMD, [3, 4], references=[False, True])
+    assert _max_diff(exact[0].model, mixed[0].model) == 0
+    assert exact[0].rounds == mixed[0].rounds and len(mixed[0].rounds) == FEDMD["rounds"] + 1
+    assert 0 < _max_diff(exact[1].model, mixed[1].model) <= 1e-2
+    assert [r["round"] for r in mixed[1].rounds] == [FEDMD["rounds"]]
+    assert mixed[1].test_accuracy == pytest.approx(exact[1].test_accuracy, abs=0.05)
+
+
 def _random_models(n: int, soft: bool):
     from privkit.models import build_from_spec, model_spec
 

@@ -79,3 +79,98 @@ def test_stacked_training_follows_the_exact_kernels_up_to_rounding():
     for a, b in zip(stacked, exact):
         for k in a.params:
             torch.testing.assert_close(a.params[k], b.params[k], rtol=1e-4, atol=1e-5)
+
+
+def test_stacked_logits_are_each_modules_own_forward():
+    """One batched product per layer gives each MLP's own logits up to float rounding (a deep
+    and a shallow architecture; more models than one chunk); another architecture is refused."""
+    from privkit.batched.exact_mlp import stacked_logits
+    from privkit.mechanisms.stacked import UnsupportedModelError
+    from privkit.trainers.common import predict_logits
+
+    x = np.random.default_rng(2).normal(size=(31, 1, 6, 6)).astype(np.float32)
+    for depth in (1, 2):
+        torch.manual_seed(depth)
+        models = [build_model("mlp", (1, 6, 6), 4, feature_dim=8, depth=depth) for _ in range(7)]
+        got = stacked_logits(models, x, torch.device("cpu"), chunk=3)
+        assert got.shape == (7, 31, 4)
+        for m, g in zip(models, got):
+            want = predict_logits(m, x, torch.device("cpu"))
+            np.testing.assert_allclose(g.numpy(), want, rtol=1e-5, atol=1e-6)
+    other = build_model("mlp", (1, 6, 6), 4, feature_dim=5)
+    with pytest.raises(UnsupportedModelError, match="one architecture"):
+        stacked_logits([models[0], other], x, torch.device("cpu"))
+
+
+def test_reference_runs_parties_are_evaluated_stacked_as_one_by_one(monkeypatch):
+    """FedMD's record of an audit's reference runs after their last round (stacked evaluation,
+    runs with equal test sets together) gives every party's accuracy as its own evaluation does;
+    an exact run evaluates its own parties; a reference run records nothing before its last
+    round."""
+    from privkit.batched import many_fedmd
+    from privkit.data import FederationConfig, build_federation
+    from privkit.trainers.fedmd import FedMDRun
+
+    fed = build_federation(FederationConfig(partition="dirichlet", clients=4, seed=0))
+    cfg_dict = {
+        "arch": "mlp",
+        "feature_dim": 16,
+        "rounds": 0,  # round 0 (after the initialisation) is the last
+        "public_subset": 50,
+        "device": "cpu",
+        "reproducible_noise": True,
+    }
+    from privkit.methods.contract import make_config
+
+    cfg = make_config("fedmd-np", cfg_dict)
+
+    def runs():
+        out = [FedMDRun(fed, cfg, s, "np", pretrain=False) for s in (1, 2, 3)]
+        for r in out:
+            r.start()
+        return out
+
+    one_by_one, stacked = runs(), runs()
+    for r in one_by_one:
+        r.record()
+    calls = []
+    real = many_fedmd.stacked_logits
+    monkeypatch.setattr(
+        many_fedmd,
+        "stacked_logits",
+        lambda models, *a: calls.append(len(models)) or real(models, *a),
+    )
+    many_fedmd.record(stacked, [True, True, False])
+    # the two reference runs' parties, an architecture at a time for both runs at once
+    archs = {many_fedmd.architecture(m) for m in stacked[0].models}
+    assert sum(calls) == 2 * len(stacked[0].models) and len(calls) == len(archs)
+    assert all(c >= 2 for c in calls)
+    for a, b in zip(one_by_one, stacked):
+        assert len(b.rounds) == 1
+        np.testing.assert_allclose(
+            b.rounds[0]["client_accuracy"], a.rounds[0]["client_accuracy"], atol=1e-9
+        )
+        assert b.rounds[0]["test_accuracy"] == pytest.approx(a.rounds[0]["test_accuracy"])
+    early = FedMDRun(
+        fed, make_config("fedmd-np", {**cfg_dict, "rounds": 1}), 1, "np", pretrain=False
+    )
+    early.start()
+    many_fedmd.record([early], [True])
+    assert early.rounds == []
+
+
+def test_stacked_party_logits_are_each_partys_own():
+    """The shared logits of an audit's reference runs' parties (one stacked pass per
+    architecture) are each party's own forward pass up to float rounding."""
+    from privkit.batched.many_fedmd import stacked_party_logits
+    from privkit.trainers.common import predict_logits
+
+    torch.manual_seed(5)
+    models = [build_model("mlp", (1, 6, 6), 4, feature_dim=f) for f in (8, 5, 8, 5, 8)]
+    x = np.random.default_rng(3).normal(size=(13, 1, 6, 6)).astype(np.float32)
+    got = stacked_party_logits(models, x)
+    for m, g in zip(models, got):
+        assert g.dtype == np.float32 and g.shape == (13, 4)
+        np.testing.assert_allclose(
+            g, predict_logits(m, x, torch.device("cpu")), rtol=1e-5, atol=1e-6
+        )
