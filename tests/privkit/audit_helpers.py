@@ -37,6 +37,20 @@ TINY_FEDAVG = {
 }
 
 
+#: a FedMD config (parties trained with Adam) that trains in a second or two
+TINY_FEDMD = {
+    "arch": "mlp",
+    "feature_dim": 16,
+    "rounds": 2,
+    "init_epochs": 2,
+    "pretrain_epochs": 1,
+    "public_subset": 100,
+    "digest_epochs": 1,
+    "revisit_batch_size": 8,
+    "device": "cpu",
+}
+
+
 def tiny_federation_config(**kw):
     from privkit.data import FederationConfig
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from audit_helpers import TINY_DPFED, TINY_FEDAVG
+from audit_helpers import TINY_DPFED, TINY_FEDAVG, TINY_FEDMD
 from scipy import stats
 
 from privkit.audit.recipes import FederationRecipe
@@ -132,17 +132,7 @@ def test_reference_runs_of_an_adam_method_take_the_stacked_kernels(fed):
     assert [r.reproducible_noise for r in mixed] == [False, True]
 
 
-FEDMD = {
-    "arch": "mlp",
-    "feature_dim": 16,
-    "rounds": 2,
-    "init_epochs": 2,
-    "pretrain_epochs": 1,
-    "public_subset": 100,
-    "digest_epochs": 1,
-    "revisit_batch_size": 8,
-    "device": "cpu",
-}
+FEDMD = TINY_FEDMD
 
 
 def test_fedmd_reference_runs_are_stacked_and_recorded_after_their_last_round(fed):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from audit_helpers import TINY_DPFED, TINY_FEDAVG, max_diff, subset_federations
+from audit_helpers import TINY_DPFED, TINY_FEDAVG, TINY_FEDMD, max_diff, subset_federations
 
 from attacks.executor import SerialExecutor
 from attacks.experiment import train_models
@@ -26,18 +26,7 @@ from privkit.trainers import train
 TOL = 1e-5
 DPFED = {**TINY_DPFED, "reproducible_noise": True}
 FEDAVG = {**TINY_FEDAVG, "reproducible_noise": True}
-FEDMD = {
-    "arch": "mlp",
-    "feature_dim": 16,
-    "rounds": 2,
-    "init_epochs": 2,
-    "pretrain_epochs": 1,
-    "public_subset": 100,
-    "digest_epochs": 1,
-    "revisit_batch_size": 8,
-    "device": "cpu",
-    "reproducible_noise": True,
-}
+FEDMD = {**TINY_FEDMD, "reproducible_noise": True}
 CASES = {
     "dp-fedavg": DPFED,
     # a budget that stops runs at different rounds (their clients hold different amounts of data)
