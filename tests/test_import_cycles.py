@@ -235,7 +235,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("privkit.seeding",),
     ("privkit.data", "privkit.methods"),
     ("privkit.trainers",),
-    ("privkit.batched", "privkit.flower_engine", "privkit.precompile"),
+    ("privkit.batched", "privkit.precompile"),
+    ("privkit.flower_engine",),  # its in-process engine trains through privkit.batched on a GPU
     ("privkit.audit",),
     ("privkit.pipeline",),
     ("privkit.flower",),
