@@ -247,9 +247,13 @@ def _train(sigma, claimed, seed, *, dense, release=False, steps=40, q=0.05):
 
 
 @pytest.mark.parametrize("release", [False, True])
-@pytest.mark.parametrize("chunk", [None, 64])
+@pytest.mark.parametrize("chunk", [None, 64, "joined"])
 def test_dp_sgd_step_releases_and_audits_exactly_as_the_dense_path(release, chunk, monkeypatch):
-    if chunk is not None:  # the noise scale read in chunks (the model's weights have 384 entries)
+    if (
+        chunk == "joined"
+    ):  # a GPU's forms: canaries added to the joined sum, the release read joined
+        monkeypatch.setattr(whitebox, "_joined_on", lambda device: True)
+    elif chunk is not None:  # the noise scale read in chunks (the model's weights have 384 entries)
         monkeypatch.setattr(whitebox, "SQUARES_CHUNK", chunk)
     claimed = 1.5
     eps = dpsgd_epsilon(0.05, claimed, 40, 1e-5, accountant="pld")

@@ -131,3 +131,39 @@ def test_privkit_train_on_the_device_trains_through_the_batched_engine():
     for p, q in zip(one.model.state_dict().values(), alone.model.state_dict().values()):
         torch.testing.assert_close(p.cpu(), q.cpu(), rtol=1e-4, atol=1e-5)
     assert one.ledger.to_dict() == alone.ledger.to_dict()
+
+
+def test_a_dp_sgd_step_with_canaries_on_the_device_releases_as_on_the_cpu():
+    """Canaries added to the joined clipped sum on the device (no restore) release what the
+    CPU's in-place addition releases (no noise, so the two devices' releases compare), and the
+    clipped sum given to the canaries is left as it was."""
+    from torch import nn
+    from torch.nn import functional as F
+
+    from attacks.whitebox import GradientCanaries
+    from privkit.mechanisms.dp_random import DpRandom
+    from privkit.mechanisms.dp_sgd_step import DpSgdStep
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 6, generator=g), torch.randint(0, 3, (40,), generator=g)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    released = []
+    for device in ("cpu", DEVICE):
+        m = model.to(device)
+        can = GradientCanaries.for_parameters(
+            list(m.parameters()), 40, clip_norm=1.0, sample_rate=1.0, noise_multiplier=1.0, seed=2
+        )
+        step = DpSgdStep(1.0, 0.0, 1.0, 40)
+        out = step.noisy_gradient(
+            m,
+            x.to(device),
+            y.to(device),
+            lambda lo, t, aux: F.cross_entropy(lo, t),
+            DpRandom(torch.Generator().manual_seed(3)),
+            canaries=can,
+        )
+        released.append({k: v.cpu() for k, v in out.items()})
+        assert can.steps == 1
+    for k in released[0]:
+        torch.testing.assert_close(released[1][k], released[0][k], rtol=1e-5, atol=1e-6)
