@@ -100,6 +100,7 @@ __all__ = [
     "add_in_place",
     "attach_to_opacus",
     "claim_optimised_guesses",
+    "joined_on",
     "lr_scores",
 ]
 
@@ -594,7 +595,7 @@ class GradientCanaries:
             if tuple(int(t.numel()) for t in ref) != sizes:
                 ref = list(_flat(base).detach().split(sizes))
         layout = _Layout.of(self, sizes)
-        if _joined_on(rel[0].device) and len({t.device for t in rel + (ref or [])}) == 1:
+        if joined_on(rel[0].device) and len({t.device for t in rel + (ref or [])}) == 1:
             return self._observe_joined(rel, ref, layout, scale, dense)
         if dense:  # the noise scale first: the gathers below then find the release in the cache
             sums = [
@@ -899,7 +900,7 @@ class GradientCanaries:
         return float(np.square(exc).sum()), int(exc.size)
 
 
-def _joined_on(device: torch.device) -> bool:
+def joined_on(device: torch.device) -> bool:
     """Whether the canaries read a release on ``device`` joined into one vector
     (:meth:`GradientCanaries._observe_joined`): off the CPU, where a step is bound by launches and
     a copy of the release is cheap; on the CPU tensor by tensor, with no copy of the release."""

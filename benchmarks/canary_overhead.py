@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attacks.whitebox import GradientCanaries
+from attacks.whitebox import GradientCanaries, joined_on
 from privkit.mechanisms.dp_random import DpRandom
 from privkit.mechanisms.dp_sgd_step import DpSgdStep
 
@@ -133,6 +133,11 @@ class DenseCanaryStep(DpSgdStep):
             at += t.numel()
         return lambda: None
 
+    def _joined_with_canaries(self, total, names, canaries, source):
+        # off the CPU too, the dense vector added to every slice (the path being compared)
+        total = dict(total)
+        return total, self._with_canaries(total, names, canaries, source)
+
 
 def dense_observer(can: GradientCanaries) -> GradientCanaries:
     """``can`` observing as before: the whole release and clean sum on the host, in float64."""
@@ -176,7 +181,10 @@ def canary_ops_ms(model: nn.Module, n: int, device: torch.device, reps: int = 50
             tot = dict(total)
             _sync(device)
             start = clock()
-            restore = step._with_canaries(tot, names, can, src)
+            if joined_on(device):  # as the step adds them there (DpSgdStep.noisy_gradient)
+                tot, restore = step._joined_with_canaries(tot, names, can, src)
+            else:
+                restore = step._with_canaries(tot, names, can, src)
             _sync(device)
             mid = clock() - start
             released = [tot[k].clone() for k in names]  # stands for the release (not timed)

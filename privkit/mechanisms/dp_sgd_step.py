@@ -301,11 +301,11 @@ class DpSgdStep:
             total = {k: torch.zeros_like(p) for k, p in params.items()}
         clean = None
         if canaries is not None:  # at the sampled canaries' coordinates only
-            from attacks.whitebox import _joined_on
+            from attacks.whitebox import joined_on
 
             clean = [total[k] for k in params]
             source = DpRandom.of(noise_generator)
-            if clean and _joined_on(clean[0].device):
+            if clean and joined_on(clean[0].device):
                 total, restore = self._joined_with_canaries(total, list(params), canaries, source)
             else:
                 restore = self._with_canaries(total, list(params), canaries, source)

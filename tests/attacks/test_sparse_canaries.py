@@ -119,7 +119,7 @@ def test_sparse_observation_equals_the_dense_one(
     know_batch, clean, scale, records, chunk, monkeypatch
 ):
     if chunk == "joined":  # a GPU's form: the tensors joined, one gather, one transfer
-        monkeypatch.setattr(whitebox, "_joined_on", lambda device: True)
+        monkeypatch.setattr(whitebox, "joined_on", lambda device: True)
     elif chunk is not None:  # the noise scale's pass read in chunks (longer tensors than 16 here)
         monkeypatch.setattr(whitebox, "SQUARES_CHUNK", chunk)
     sparse, dense = _canaries(know_batch=know_batch), _dense(_canaries(know_batch=know_batch))
@@ -252,7 +252,7 @@ def test_dp_sgd_step_releases_and_audits_exactly_as_the_dense_path(release, chun
     if (
         chunk == "joined"
     ):  # a GPU's forms: canaries added to the joined sum, the release read joined
-        monkeypatch.setattr(whitebox, "_joined_on", lambda device: True)
+        monkeypatch.setattr(whitebox, "joined_on", lambda device: True)
     elif chunk is not None:  # the noise scale read in chunks (the model's weights have 384 entries)
         monkeypatch.setattr(whitebox, "SQUARES_CHUNK", chunk)
     claimed = 1.5
