@@ -305,7 +305,8 @@ class DpSgdStep:
 
             clean = [total[k] for k in params]
             source = DpRandom.of(noise_generator)
-            if clean and joined_on(clean[0].device):
+            one_kind = len({(t.dtype, t.device) for t in clean}) == 1  # one vector can hold them
+            if clean and one_kind and joined_on(clean[0].device):
                 total, restore = self._joined_with_canaries(total, list(params), canaries, source)
             else:
                 restore = self._with_canaries(total, list(params), canaries, source)
