@@ -211,14 +211,14 @@ def _lockstep_from(
     rho = raw_rates.requires_grad_(True)
     opt = torch.optim.Adam([s, lab, rho], lr=lr, betas=(config.adam_beta1, config.adam_beta2))
     gens = [torch_generator(seed) for seed in seeds]
-    flat = [x.reshape(len(x), -1) for x, _ in clients]
+    padded = _PaddedBatches([x.reshape(len(x), -1) for x, _ in clients], [y for _, y in clients])
     last = torch.full((C,), float("nan"))
     for _ in range(config.local_epochs):
         epoch = [
             list(minibatches(len(y), config.batch_size, g)) for (_, y), g in zip(clients, gens)
         ]
         for b in range(len(epoch[0])):
-            x, y, mask = _padded([(flat[c], clients[c][1], epoch[c][b]) for c in range(C)])
+            x, y, mask = padded([epoch[c][b] for c in range(C)])
             eta = rates_from_raw(rho, config.min_rate, config.max_rate)
             hist = flip_rank_one.unroll(
                 layers, s.reshape(C, s.shape[1], -1), F.softmax(lab, dim=-1), eta
@@ -298,19 +298,37 @@ def runs_round_updates(
     return out
 
 
-def _padded(parts):
-    """Each client's batch ``x[idx]``, ``y[idx]`` padded to the longest, with a 0/1 row mask."""
-    n = max(len(idx) for _, _, idx in parts)
-    x0, y0 = parts[0][0], parts[0][1]
-    x = x0.new_zeros((len(parts), n, x0.shape[1]))
-    y = y0.new_zeros((len(parts), n))
-    mask = x0.new_zeros((len(parts), n))
-    for c, (xc, yc, idx) in enumerate(parts):
-        idx = idx.to(xc.device)
-        x[c, : len(idx)] = xc[idx]
-        y[c, : len(idx)] = yc[idx]
-        mask[c, : len(idx)] = 1.0
-    return x, y, mask
+class _PaddedBatches:
+    """Each client's batch ``x[idx]``, ``y[idx]`` padded to the longest, with a 0/1 row mask, in
+    buffers kept across the steps of a round (one per batch length): each step gathers every
+    client's rows into place and zeroes only the padding. A fresh zeroed buffer per step was 64 MB
+    for an audit's 320 clients, 21 ms of zero-filling a step; the values are the same."""
+
+    def __init__(self, xs: list[torch.Tensor], ys: list[torch.Tensor]):
+        self.xs, self.ys = xs, ys
+        self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, idxs: list[torch.Tensor]):
+        n, c_all = max(len(idx) for idx in idxs), len(idxs)
+        if n not in self.buffers:
+            x0, y0 = self.xs[0], self.ys[0]
+            self.buffers[n] = (
+                x0.new_zeros((c_all, n, x0.shape[1])),
+                y0.new_zeros((c_all, n)),
+                x0.new_zeros((c_all, n)),
+            )
+        x, y, mask = self.buffers[n]
+        for c, idx in enumerate(idxs):
+            k = len(idx)
+            idx = idx.to(self.xs[c].device)
+            torch.index_select(self.xs[c], 0, idx, out=x[c, :k])
+            torch.index_select(self.ys[c], 0, idx, out=y[c, :k])
+            if k < n:
+                x[c, k:].zero_()
+                y[c, k:].zero_()
+        lengths = torch.tensor([len(idx) for idx in idxs], device=mask.device)
+        mask.copy_(torch.arange(n, device=mask.device)[None, :] < lengths[:, None])
+        return x, y, mask
 
 
 def aggregate(
