@@ -41,9 +41,7 @@ def run_jobs(jobs: list[PartyJob], config, device, fast: frozenset[int] = frozen
             job.epochs == 0 or len(job.x) == 0
         ):  # revisit / digest / train_supervised leave these alone
             continue
-        try:
-            mlp_layers(job.model)
-        except UnsupportedModelError:
+        if not _all_mlps([job.model]):
             job.run(config, device)
             continue
         if job.digest and config.knowledge == "logits":

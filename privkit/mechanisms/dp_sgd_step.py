@@ -305,8 +305,11 @@ class DpSgdStep:
 
             clean = [total[k] for k in params]
             source = DpRandom.of(noise_generator)
-            one_kind = len({(t.dtype, t.device) for t in clean}) == 1  # one vector can hold them
-            if clean and one_kind and joined_on(clean[0].device):
+            if (
+                clean
+                and joined_on(clean[0].device)
+                and len({(t.dtype, t.device) for t in clean}) == 1  # one vector holds them all
+            ):
                 total, restore = self._joined_with_canaries(total, list(params), canaries, source)
             else:
                 restore = self._with_canaries(total, list(params), canaries, source)

@@ -12,6 +12,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from audit_helpers import TINY_DPFED
 
 from privkit.batched.batched_sgd import SGDRecipe, train_many, train_one
 from privkit.models import model_spec
@@ -111,19 +112,7 @@ def test_privkit_train_on_the_device_trains_through_the_batched_engine():
     from privkit.flower_engine import engine
     from privkit.trainers import train
 
-    cfg = {
-        "arch": "mlp",
-        "feature_dim": 16,
-        "rounds": 2,
-        "local_steps": 3,
-        "batch_size": 16,
-        "client_fraction": 0.25,
-        "noise_multiplier": 1.0,
-        "target_epsilon": 1e6,
-        "lr": 0.3,
-        "device": DEVICE,
-        "reproducible_noise": True,
-    }
+    cfg = {**TINY_DPFED, "rounds": 2, "device": DEVICE, "reproducible_noise": True}
     assert trains_batched_alone("dp-fedavg", cfg) == (DEVICE != "cpu")
     fed = build_federation(FederationConfig(partition="dirichlet", clients=20, seed=0))
     one = engine.train("dp-fedavg", fed, cfg, seed=5)
