@@ -37,8 +37,11 @@ venv: $(STAMP)
 demo: $(BASE)
 	$(VENV)/bin/privkit demo
 
+# the test files spread over TEST_WORKERS processes (one torch thread each; most of the suite's
+# slow tests wait on a privkit subprocess): make test TEST_WORKERS=0 runs them in this process
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
