@@ -46,10 +46,9 @@ form does not cover train one after the other.
 from __future__ import annotations
 
 import contextvars
-import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -484,13 +483,12 @@ def joint_release(
     sample_rates: Sequence[float | None],
 ) -> tuple[dict[str, torch.Tensor], list[Receipt]]:
     """The noisy sums of the models ``rows`` of stacked ``sums`` (each ``(models, ...)``), one
-    release each through :func:`privkit.mechanisms.gaussian_release`, all rows' noise in one
-    ``(len(rows), width)`` draw from the seeded ``source`` (rows of unequal sampling rates through
-    :class:`~privkit.mechanisms.gaussian.NormalRows`, one release per row: the numbers one release
-    of the whole block takes, bit for bit): an audit's reference models (the same law as each
-    model's own stream, not its numbers). Returns each
-    tensor's ``(len(rows), ...)`` noisy rows and each row's receipt (Poisson subsampled at its
-    rate in ``sample_rates``), in the order of ``rows``.
+    release each, all rows' noise in one ``(len(rows), width)`` draw from the seeded ``source``
+    (:func:`privkit.mechanisms.gaussian_release_rows`: the numbers one release of the whole block
+    takes, bit for bit, and a receipt per row at its own rate): an audit's reference models (the
+    same law as each model's own stream, not its numbers). Returns each tensor's
+    ``(len(rows), ...)`` noisy rows and each row's receipt (Poisson subsampled at its rate in
+    ``sample_rates``), in the order of ``rows``.
 
     Parameters
     ----------
@@ -508,7 +506,7 @@ def joint_release(
     sample_rates : Sequence[float or None]
         Each row's Poisson rate (its model's mechanism's), stated in its receipt.
     """
-    from privkit.mechanisms.gaussian import NormalRows, gaussian_release
+    from privkit.mechanisms.gaussian import gaussian_release_rows
 
     if len(sample_rates) != len(rows):
         raise ValueError(
@@ -519,43 +517,18 @@ def joint_release(
     pick = _rows_of(rows, next(iter(sums.values())).device)
     blocks = [sums[k][pick].flatten(1) for k in names]  # views where the rows are a range
     widths = [b.shape[1] for b in blocks]
-    if len(set(sample_rates)) == 1:  # the rows' releases alike: one call, its receipt per row
-        # several rows: the blocks as they lie, drawn as their concatenation; one row: that
-        # concatenation itself (one release of one vector)
-        parts, receipt = gaussian_release(
-            blocks if len(rows) > 1 else [torch.cat(blocks, 1)],
-            std=std,
-            sensitivity=clip,
-            source=source,
-            sample_rate=sample_rates[0],
-            dim=sum(widths),
-            releases=len(rows),
-        )
-        if len(rows) == 1:
-            parts = parts[0].split(widths, 1)
-        receipts = [replace(receipt, releases=1)] * len(rows)
-        return {
-            k: part.view(len(rows), *sums[k].shape[1:]) for k, part in zip(names, parts)
-        }, receipts
-    # each row its own release and receipt (of its blocks' row views), the noise of all in one
-    # draw, each row released in place there (clean values of the draw's dtype and device)
-    block = NormalRows(source, sum(widths), len(rows), len(rows))
-    released, receipts = [], []
-    for r, rate in enumerate(sample_rates):
-        row, one = gaussian_release(
-            [b[r] for b in blocks], std=std, sensitivity=clip, source=block, sample_rate=rate
-        )
-        released.append(row)
-        receipts.append(one)
-    drawn = block.block_drawn
-    if drawn is not None and all(
-        v.data_ptr() == drawn[r, off:].data_ptr()
-        for r, row in enumerate(released)
-        for v, off in zip(row, itertools.accumulate([0, *widths]))
-    ):  # every row where it was drawn: the block is the release, no copy
-        parts = drawn.split(widths, 1)
-    else:
-        parts = [torch.stack([row[at] for row in released]) for at in range(len(names))]
+    # several rows: the blocks as they lie, drawn as their concatenation (scaled and added block
+    # by block, no copy of the clean rows); one row: that concatenation itself (one vector)
+    parts, receipts = gaussian_release_rows(
+        blocks if len(rows) > 1 else [torch.cat(blocks, 1)],
+        std=std,
+        sensitivity=clip,
+        source=source,
+        sample_rates=sample_rates,
+        dim=sum(widths),
+    )
+    if len(rows) == 1:
+        parts = parts[0].split(widths, 1)
     return {k: part.view(len(rows), *sums[k].shape[1:]) for k, part in zip(names, parts)}, receipts
 
 

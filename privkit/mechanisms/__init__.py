@@ -26,6 +26,7 @@ _LAZY: dict[str, str] = {
     "Receipt": "privkit.mechanisms.gaussian",
     "compose_receipts": "privkit.mechanisms.gaussian",
     "gaussian_release": "privkit.mechanisms.gaussian",
+    "gaussian_release_rows": "privkit.mechanisms.gaussian",
 }
 
 

@@ -151,8 +151,8 @@ def test_reference_runs_drawing_their_noise_together_record_each_models_receipts
 
 
 def test_a_joint_release_of_other_dtype_rows_keeps_their_dtype():
-    """Rows of unequal rates whose clean sums are float64 are released in float64 (the draw is
-    float32: each row its own new tensor, stacked), with the block draw's numbers."""
+    """Rows of unequal rates whose clean sums are float64 are released in float64, from a float64
+    draw of the block (as one release of float64 values draws its noise)."""
     gen = torch.Generator().manual_seed(0)
     sums = {"w": torch.randn(4, 2, 3, generator=gen, dtype=torch.float64)}
     noisy, _ = joint_release(
@@ -163,7 +163,7 @@ def test_a_joint_release_of_other_dtype_rows_keeps_their_dtype():
         source=DpRandom(torch.Generator().manual_seed(3)),
         sample_rates=[0.1, 0.2],
     )
-    z = torch.randn((2, 6), generator=torch.Generator().manual_seed(3))
+    z = torch.randn((2, 6), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     assert noisy["w"].dtype == torch.float64
     assert torch.equal(noisy["w"].flatten(1), sums["w"][1:3].flatten(1) + 0.5 * z)
 

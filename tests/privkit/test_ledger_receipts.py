@@ -56,29 +56,37 @@ def _releases_in(event) -> list[tuple[float, float]]:
 
 
 def _spy_on_the_primitive(monkeypatch, tamper=None) -> list:
-    """Replace every loaded binding of ``gaussian_release``; returns the list receipts go to.
+    """Replace every loaded binding of ``gaussian_release`` and ``gaussian_release_rows``;
+    returns the list receipts go to (the rows' form: each row's).
 
     ``tamper(receipt)`` (optional): the receipt the spy hands back (and keeps) in place of the
     primitive's, a mechanism whose receipt misstates what it ran."""
     import privkit.mechanisms.gaussian as gaussian
 
-    real, made = gaussian.gaussian_release, []
+    made: list = []
 
-    def recording(*args, **kwargs):
-        out, receipt = real(*args, **kwargs)
-        if tamper is not None:
-            receipt = tamper(receipt)
-        made.append(receipt)
-        return out, receipt
+    def recording(real, rows: bool):
+        def spy(*args, **kwargs):
+            out, receipts = real(*args, **kwargs)
+            kept = [
+                tamper(r) if tamper is not None else r for r in (receipts if rows else [receipts])
+            ]
+            made.extend(kept)
+            return out, (kept if rows else kept[0])
 
-    recording.__wrapped__ = real  # type: ignore[attr-defined]
-    for name, module in list(sys.modules.items()):
-        bound = getattr(module, "gaussian_release", None)
-        # a module first imported while an earlier test's spy was in place holds that spy
-        if name.startswith("privkit") and (
-            bound is real or getattr(bound, "__wrapped__", 0) is real
-        ):
-            monkeypatch.setattr(module, "gaussian_release", recording)
+        spy.__wrapped__ = real  # type: ignore[attr-defined]
+        return spy
+
+    for attr, rows in (("gaussian_release", False), ("gaussian_release_rows", True)):
+        real = getattr(gaussian, attr)
+        spy = recording(real, rows)
+        for name, module in list(sys.modules.items()):
+            bound = getattr(module, attr, None)
+            # a module first imported while an earlier test's spy was in place holds that spy
+            if name.startswith("privkit") and (
+                bound is real or getattr(bound, "__wrapped__", 0) is real
+            ):
+                monkeypatch.setattr(module, attr, spy)
     return made
 
 

@@ -19,7 +19,14 @@ import pytest
 import torch
 
 from accountants import dpsgd_event
-from privkit.mechanisms import Receipt, compose_receipts, gaussian_release, mutations
+from privkit.errors import PrivkitError
+from privkit.mechanisms import (
+    Receipt,
+    compose_receipts,
+    gaussian_release,
+    gaussian_release_rows,
+    mutations,
+)
 
 ROOT = Path(__file__).resolve().parents[2] / "privkit"
 DRAWS = {
@@ -119,6 +126,28 @@ def test_a_mutation_changes_the_noise_never_the_receipt():
         )
     assert r1 == r2 and r1.event == dpa.PoissonSampledDpEvent(0.1, dpa.GaussianDpEvent(1.0))
     assert torch.allclose(half, 0.5 * plain)
+
+
+def test_rows_of_unequal_rates_are_one_draw_with_a_receipt_per_row():
+    """gaussian_release_rows: the numbers and mutation of one ``releases=n`` release of the rows,
+    each row's receipt at its own rate (what n releases of one row each would state), and a rate
+    outside (0, 1] named."""
+    clean = [torch.randn(3, 4), torch.randn(3, 2)]
+    rates = [0.1, None, 0.3]
+    kw = {"std": 2.0, "sensitivity": 0.5}
+    with mutations.mutated(mutations.MUTATIONS["noise x1/2"]):
+        rows, receipts = gaussian_release_rows(
+            clean, **kw, source=torch.Generator().manual_seed(4), sample_rates=rates
+        )
+        block, _ = gaussian_release(
+            clean, **kw, source=torch.Generator().manual_seed(4), releases=3
+        )
+    assert all(torch.equal(a, b) for a, b in zip(rows, block))
+    z = torch.randn((3, 6), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(torch.cat(rows, 1), torch.cat(clean, 1) + 1.0 * z)  # noise x1/2
+    assert receipts == [Receipt(4.0, 0.5, rate) for rate in rates]
+    with pytest.raises(PrivkitError, match=r"sample_rate must be in \(0, 1\]; found 0.0"):
+        gaussian_release_rows(clean, **kw, source=torch.Generator(), sample_rates=[0.1, 0.0, 0.2])
 
 
 def test_receipts_compose_to_the_accountants_events():
