@@ -364,6 +364,7 @@ def local_dp_sgd(
     # the steps' gathered batches, one buffer grown to the largest (a fresh batch of tens of MB
     # every step is fresh pages every step); a step's batch is read within that step only
     gathered = x_all.new_empty((0, *x_all.shape[1:]))
+    scratch: dict = {}  # the releases' buffers, kept across the steps likewise (_noisy)
     for _ in range(steps):
         batches = [j.step.sample(j.sample_gen) for j in jobs]
         counts = [len(b) for b in batches]
@@ -388,7 +389,7 @@ def local_dp_sgd(
             )
 
         sums, _ = net.clipped_sums(params, buffers, xb, example_losses, clip, counts=counts)
-        grads = _noisy(sums, jobs, names, expected)
+        grads = _noisy(sums, jobs, names, expected, scratch)
         opt.step(params, grads, active)
 
 
@@ -397,6 +398,7 @@ def _noisy(
     jobs: Sequence[LocalDp],
     names: list[str],
     expected: torch.Tensor,
+    scratch: dict | None = None,
 ) -> dict[str, torch.Tensor]:
     """Model i's noisy sum as the single step releases it (:func:`privkit.mechanisms.gaussian_release`
     from the model's own stream: seeded, its tensors in name order; in release mode on one grid;
@@ -410,8 +412,12 @@ def _noisy(
     in place to its row of ``sums`` (``names``: the parameters' order, the canaries' layout); after
     the releases the rows are restored bit for bit and each job's canaries observe its release
     against its clean sum. Each job's receipt of the release (its own row's, for the fast jobs)
-    goes to :attr:`LocalDp.receipts`."""
+    goes to :attr:`LocalDp.receipts`. ``scratch``: buffers kept across the steps of a call of
+    :func:`local_dp_sgd` (the gradients returned, every row written each step, and the fast
+    rows' noise), each step's read within that step."""
     from privkit.mechanisms.gaussian import gaussian_release
+
+    scratch = {} if scratch is None else scratch
 
     restores = {
         i: j.step._with_canaries({k: sums[k][i] for k in names}, names, j.canaries, j.noise_gen)
@@ -419,7 +425,7 @@ def _noisy(
         if j.canaries is not None
     }
     released: dict[int, list[torch.Tensor]] = {}
-    grads = {k: torch.empty_like(v) for k, v in sums.items()}
+    grads = {k: _kept(scratch, ("grad", k), tuple(v.shape), v) for k, v in sums.items()}
     groups: dict[tuple[float, float], list[int]] = {}
     for i, j in enumerate(jobs):
         std = j.step.noise_multiplier * j.step.clip_norm
@@ -447,6 +453,7 @@ def _noisy(
             clip=clip,
             source=jobs[rows[0]].noise_gen,
             sample_rates=[jobs[i].step.sample_rate for i in rows],
+            scratch=scratch.setdefault(("rows", s, clip), {}),
         )
         for r, i in enumerate(rows):
             jobs[i].receipts.append(receipts[r])
@@ -462,6 +469,20 @@ def _noisy(
         restore()  # the clipped sum again, bit for bit: what the canaries observe against
         jobs[i].canaries.observe(released[i], clean=[sums[k][i] for k in names])
     return grads
+
+
+def _kept(scratch: dict, key, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """The buffer ``scratch[key]`` of ``shape`` and ``like``'s dtype and device, made anew where
+    it has another shape (a buffer per call site: its contents are the caller's until its next
+    use)."""
+    buf = scratch.get(key)
+    if buf is None or (tuple(buf.shape), buf.dtype, buf.device) != (
+        tuple(shape),
+        like.dtype,
+        like.device,
+    ):
+        buf = scratch[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
+    return buf
 
 
 def _rows_of(rows: Sequence[int], device: torch.device) -> slice | torch.Tensor:
@@ -481,6 +502,7 @@ def joint_release(
     clip: float,
     source: DpRandom,
     sample_rates: Sequence[float | None],
+    scratch: dict | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[Receipt]]:
     """The noisy sums of the models ``rows`` of stacked ``sums`` (each ``(models, ...)``), one
     release each, all rows' noise in one ``(len(rows), width)`` draw from the seeded ``source``
@@ -505,6 +527,10 @@ def joint_release(
         The seeded stream all rows' noise is drawn from (the first reference model's).
     sample_rates : Sequence[float or None]
         Each row's Poisson rate (its model's mechanism's), stated in its receipt.
+    scratch : dict, optional
+        Buffers kept by a caller that releases every step (:func:`local_dp_sgd`): several rows'
+        noise is drawn into one kept there for their shape (the same numbers), and the noisy
+        rows returned are views of it until the next release through the same ``scratch``.
     """
     from privkit.mechanisms.gaussian import gaussian_release_rows
 
@@ -519,6 +545,9 @@ def joint_release(
     widths = [b.shape[1] for b in blocks]
     # several rows: the blocks as they lie, drawn as their concatenation (scaled and added block
     # by block, no copy of the clean rows); one row: that concatenation itself (one vector)
+    out = None
+    if scratch is not None and len(rows) > 1 and len(blocks) > 1:
+        out = _kept(scratch, "noise", (len(rows), sum(widths)), blocks[0])
     parts, receipts = gaussian_release_rows(
         blocks if len(rows) > 1 else [torch.cat(blocks, 1)],
         std=std,
@@ -526,6 +555,7 @@ def joint_release(
         source=source,
         sample_rates=sample_rates,
         dim=sum(widths),
+        out=out,
     )
     if len(rows) == 1:
         parts = parts[0].split(widths, 1)

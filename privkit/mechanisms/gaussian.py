@@ -297,29 +297,52 @@ def _row_release(tensors: list[torch.Tensor], std: float, rows: NormalRows):
     ]
 
 
-def _seeded_rows(tensors: list[torch.Tensor], std: float, source: DpRandom, rows: int):
+def _seeded_rows(
+    tensors: list[torch.Tensor], std: float, source: DpRandom, rows: int, out: torch.Tensor | None
+):
     """Seeded noise for ``rows`` releases laid out as column blocks of ``tensors`` (each
-    ``(rows, width_k)``): one ``(rows, sum width_k)`` draw, the numbers a draw of the
-    concatenated rows takes, scaled and added block by block (no copy of the clean values);
-    returns each tensor's released block, a view of the draw."""
+    ``(rows, width_k)``): one ``(rows, sum width_k)`` draw (into ``out`` when given), the numbers
+    a draw of the concatenated rows takes, scaled and added block by block (no copy of the clean
+    values); returns each tensor's released block, a view of the draw."""
     t0 = tensors[0]
     widths = [t.shape[1] for t in tensors]
-    noise = source.randn((rows, sum(widths)), dtype=t0.dtype).to(t0.device).mul_(std)
-    out = list(noise.split(widths, dim=1))
-    torch._foreach_add_(out, tensors)
-    return out
+    shape = (rows, sum(widths))
+    if out is None:
+        noise = source.randn(shape, dtype=t0.dtype).to(t0.device)
+    elif (tuple(out.shape), out.dtype, out.device) != (shape, t0.dtype, t0.device):
+        raise PrivkitError(
+            f"out must be a {shape} tensor of {t0.dtype} on {t0.device}; found "
+            f"{tuple(out.shape)} of {out.dtype} on {out.device}"
+        )
+    else:
+        noise = source.randn(shape, out=out)
+    noise.mul_(std)
+    blocks = list(noise.split(widths, dim=1))
+    torch._foreach_add_(blocks, tensors)
+    return blocks
 
 
 def _torch_release(
-    tensors: list[torch.Tensor], std: float, source: DpRandom, sens: float, dim, rows: int = 1
+    tensors: list[torch.Tensor],
+    std: float,
+    source: DpRandom,
+    sens: float,
+    dim,
+    rows: int = 1,
+    out: torch.Tensor | None = None,
 ):
+    if out is not None and not (source.seeded_torch and rows > 1 and len(tensors) > 1):
+        raise PrivkitError(
+            "out takes the draw of several rows over several tensors from a seeded stream; "
+            f"found {rows} row(s) over {len(tensors)} tensor(s), seeded={source.seeded_torch}"
+        )
     if source.seeded_torch and rows > 1 and len(tensors) > 1:
         if any(t.dim() != 2 or t.shape[0] != rows or t.dtype != tensors[0].dtype for t in tensors):
             raise PrivkitError(
                 f"releases={rows} over several tensors needs each of them (releases, width) of one "
                 f"dtype; found {[tuple(t.shape) for t in tensors]}"
             )
-        return _seeded_rows(tensors, std, source, rows)
+        return _seeded_rows(tensors, std, source, rows, out)
     if source.seeded_torch or std == 0:
         # (std * z) + t, bit for bit as t + std * z (float addition commutes), in place on the
         # fresh draws: one pass and one buffer less per tensor; each draw per tensor, in order,
@@ -336,11 +359,11 @@ def _torch_release(
     flat = torch.cat([t.reshape(-1) for t in tensors])
     grid = Grid.for_release(std, sens, flat.numel() if dim is None else dim)
     released = grid_release(flat, grid, source.bits())
-    out, at = [], 0
+    parts, at = [], 0
     for t in tensors:
-        out.append(released[at : at + t.numel()].view_as(t))
+        parts.append(released[at : at + t.numel()].view_as(t))
         at += t.numel()
-    return out
+    return parts
 
 
 def _numpy_release(
@@ -422,7 +445,16 @@ def _check(std: float, sensitivity: float, rates: Sequence[float | None], releas
         raise PrivkitError(f"releases must be an integer >= 1; found {releases!r}")
 
 
-def _noisy(clean: Any, std: float, sensitivity: float, source, dim, releases: int, mutate: bool):
+def _noisy(
+    clean: Any,
+    std: float,
+    sensitivity: float,
+    source,
+    dim,
+    releases: int,
+    mutate: bool,
+    out: torch.Tensor | None = None,
+):
     """``clean`` with its noise, drawn from ``source`` (the releases' validated arguments)."""
     # the audit's planted bug (a factor of 1.0 outside audits)
     drawn = std * mutations.active().noise_factor if mutate else std
@@ -439,7 +471,9 @@ def _noisy(clean: Any, std: float, sensitivity: float, source, dim, releases: in
         return rebuild(_model_rows_release(tensors, drawn, sensitivity, source, dim))
     if isinstance(source, np.random.Generator):
         source = DpRandom(source)
-    return rebuild(_torch_release(tensors, drawn, DpRandom.of(source), sensitivity, dim, releases))
+    return rebuild(
+        _torch_release(tensors, drawn, DpRandom.of(source), sensitivity, dim, releases, out)
+    )
 
 
 def gaussian_release_rows(
@@ -451,6 +485,7 @@ def gaussian_release_rows(
     sample_rates: Sequence[float | None],
     dim: int | None = None,
     mutate: bool = True,
+    out: torch.Tensor | None = None,
 ) -> tuple[Any, list[Receipt]]:
     """``len(sample_rates)`` releases stacked as rows, release ``r`` of records Poisson-sampled at
     ``sample_rates[r]``: their noise as :func:`gaussian_release` draws ``releases=len(sample_rates)``
@@ -472,6 +507,11 @@ def gaussian_release_rows(
         stream, the coordinates of one row, and whether an audit's mutation scales the noise.
     sample_rates : Sequence[float or None]
         Each row's Poisson rate (each in ``(0, 1]``; ``None``: that row's records unsampled).
+    out : torch.Tensor, optional
+        A ``(rows, width)`` tensor of the rows' dtype and device the noise is drawn into (the
+        same numbers), for a list or dict of several tensors and a seeded stream: the released
+        rows are views of it, valid until it is written again. A caller releasing every step
+        keeps one: a fresh draw of tens of MB is fresh pages from the system each time.
 
     Returns
     -------
@@ -483,5 +523,5 @@ def gaussian_release_rows(
         raise PrivkitError("sample_rates must name one rate per row; found none")
     _check(std, sensitivity, rates, len(rates))
     receipt = Receipt(std / sensitivity, float(sensitivity))
-    released = _noisy(clean, std, sensitivity, source, dim, len(rates), mutate)
+    released = _noisy(clean, std, sensitivity, source, dim, len(rates), mutate, out)
     return released, [replace(receipt, sample_rate=rate) for rate in rates]

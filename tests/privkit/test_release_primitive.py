@@ -27,6 +27,7 @@ from privkit.mechanisms import (
     gaussian_release_rows,
     mutations,
 )
+from privkit.mechanisms.dp_random import DpRandom
 
 ROOT = Path(__file__).resolve().parents[2] / "privkit"
 DRAWS = {
@@ -148,6 +149,22 @@ def test_rows_of_unequal_rates_are_one_draw_with_a_receipt_per_row():
     assert receipts == [Receipt(4.0, 0.5, rate) for rate in rates]
     with pytest.raises(PrivkitError, match=r"sample_rate must be in \(0, 1\]; found 0.0"):
         gaussian_release_rows(clean, **kw, source=torch.Generator(), sample_rates=[0.1, 0.0, 0.2])
+    # drawn into a caller's buffer: the same numbers, the rows views of it; a buffer of another
+    # shape, or for the release stream, named
+    out = torch.full((3, 6), float("nan"))
+    again, _ = gaussian_release_rows(
+        clean, **kw, source=torch.Generator().manual_seed(4), sample_rates=rates, out=out
+    )
+    assert torch.equal(torch.cat(again, 1), 2.0 * z + torch.cat(clean, 1))
+    assert all(r.data_ptr() == out[0, at:].data_ptr() for r, at in zip(again, (0, 4)))
+    with pytest.raises(PrivkitError, match=r"out must be a \(3, 6\) tensor .* found \(3, 5\)"):
+        gaussian_release_rows(
+            clean, **kw, source=torch.Generator(), sample_rates=rates, out=torch.empty(3, 5)
+        )
+    with pytest.raises(PrivkitError, match="seeded=False"):
+        gaussian_release_rows(
+            clean, **kw, source=DpRandom.secret(), sample_rates=rates, out=torch.empty(3, 6)
+        )
 
 
 def test_receipts_compose_to_the_accountants_events():
