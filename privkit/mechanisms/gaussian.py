@@ -164,14 +164,6 @@ class NormalRows:
         self._at += 1
         return row
 
-    @property
-    def block_drawn(self) -> torch.Tensor | None:
-        """The ``(rows, width)`` block the rows handed out last come from (None before the
-        first): a release through :func:`gaussian_release` of clean values of the block's dtype
-        and device leaves its row there, so a caller that released every row of a block reads
-        all of them at once."""
-        return self._rows
-
 
 class ModelRows:
     """The noise of ``M`` models trained at once, one stream per model: each model's releases of
