@@ -398,7 +398,7 @@ def _noisy(
     jobs: Sequence[LocalDp],
     names: list[str],
     expected: torch.Tensor,
-    scratch: dict | None = None,
+    scratch: dict,
 ) -> dict[str, torch.Tensor]:
     """Model i's noisy sum as the single step releases it (:func:`privkit.mechanisms.gaussian_release`
     from the model's own stream: seeded, its tensors in name order; in release mode on one grid;
@@ -416,8 +416,6 @@ def _noisy(
     :func:`local_dp_sgd` (the gradients returned, every row written each step, and the fast
     rows' noise), each step's read within that step."""
     from privkit.mechanisms.gaussian import gaussian_release
-
-    scratch = {} if scratch is None else scratch
 
     restores = {
         i: j.step._with_canaries({k: sums[k][i] for k in names}, names, j.canaries, j.noise_gen)

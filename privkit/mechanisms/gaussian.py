@@ -422,7 +422,7 @@ def gaussian_release(
     """
     _check(std, sensitivity, [sample_rate], releases)
     receipt = Receipt(std / sensitivity, float(sensitivity), sample_rate, releases)
-    return _noisy(clean, std, sensitivity, source, dim, releases, mutate), receipt
+    return _with_noise(clean, std, sensitivity, source, dim, releases, mutate), receipt
 
 
 def _check(std: float, sensitivity: float, rates: Sequence[float | None], releases: int) -> None:
@@ -437,7 +437,7 @@ def _check(std: float, sensitivity: float, rates: Sequence[float | None], releas
         raise PrivkitError(f"releases must be an integer >= 1; found {releases!r}")
 
 
-def _noisy(
+def _with_noise(
     clean: Any,
     std: float,
     sensitivity: float,
@@ -515,5 +515,5 @@ def gaussian_release_rows(
         raise PrivkitError("sample_rates must name one rate per row; found none")
     _check(std, sensitivity, rates, len(rates))
     receipt = Receipt(std / sensitivity, float(sensitivity))
-    released = _noisy(clean, std, sensitivity, source, dim, len(rates), mutate, out)
+    released = _with_noise(clean, std, sensitivity, source, dim, len(rates), mutate, out)
     return released, [replace(receipt, sample_rate=rate) for rate in rates]
