@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -243,6 +244,21 @@ def _rdp_curve(
     return acc.rdp_curve()
 
 
+@functools.lru_cache(maxsize=4096)
+def _rdp_epsilon(orders: bytes, curve: bytes, delta: float) -> float:
+    """dp-accounting's epsilon at ``delta`` of an RDP curve, given by its float64 bytes.
+
+    Cached because the runs of an audit's batch (and runs of one configuration) meet the same
+    per-client curves round by round: a dp-fedavg audit of the quickstart converts about 1,400
+    curves, 125 of them distinct. The value is dp-accounting's own, bit for bit."""
+    import dp_accounting as dpa
+
+    eps, _ = dpa.rdp.rdp_privacy_accountant.compute_epsilon(
+        np.frombuffer(orders), np.frombuffer(curve), delta
+    )
+    return float(eps)
+
+
 class _Budget:
     """Per-client epsilon of the events released so far, for the check before each round.
 
@@ -260,13 +276,15 @@ class _Budget:
         self, client: int, sample_rate: float, noise_multiplier: float, steps: int
     ) -> tuple[object, float]:
         """(state, epsilon) of ``client`` if it took part in one more round with these parameters."""
-        import dp_accounting as dpa
-
         if self.accountant == "rdp":
             orders, curve = _rdp_curve(float(sample_rate), float(noise_multiplier), int(steps))
             total = curve + self.state[client] if client in self.state else curve
-            eps, _ = dpa.rdp.rdp_privacy_accountant.compute_epsilon(orders, total, self.delta)
-            return total, float(eps)
+            eps = _rdp_epsilon(
+                np.asarray(orders, dtype=np.float64).tobytes(),
+                np.asarray(total, dtype=np.float64).tobytes(),
+                float(self.delta),
+            )
+            return total, eps
         from accountants import PLD_VDI, dpsgd_event, new_accountant
 
         acc = (
