@@ -112,6 +112,17 @@ def raw_loss(
 
 
 # ----------------------------------------------------------------------------- client / server
+def _adam(leaves: list[torch.Tensor], lr: float, config: FlipConfig) -> torch.optim.Adam:
+    """The clients' Adam over their samples, label logits and rates. torch's fused kernel where
+    it has one (CPU and CUDA): one pass over each tensor where the default takes six, with
+    temporaries as large as the samples (3.5x faster for an audit's 320 clients on the CPU;
+    the same update up to float rounding)."""
+    fused = leaves[0].device.type in ("cpu", "cuda") or None
+    return torch.optim.Adam(
+        leaves, lr=lr, betas=(config.adam_beta1, config.adam_beta2), fused=fused
+    )
+
+
 def client_update(
     model: torch.nn.Module,
     init: dict[str, torch.Tensor],
@@ -128,7 +139,7 @@ def client_update(
     s = samples.detach().clone().requires_grad_(True)
     lab = label_logits.detach().clone().requires_grad_(True)
     rho = raw_from_rates(rates.detach().clone()).requires_grad_(True)
-    opt = torch.optim.Adam([s, lab, rho], lr=lr, betas=(config.adam_beta1, config.adam_beta2))
+    opt = _adam([s, lab, rho], lr, config)
     gen = torch_generator(seed)
     last = float("nan")
     for _ in range(config.local_epochs):
@@ -204,26 +215,39 @@ def _lockstep_from(
 ):
     """:func:`_lockstep` from each client's own starting point: ``samples`` (C, K, ...),
     ``label_logits`` (C, K, classes), raw rates ``rho`` (C, K), and ``layers`` shared or with a
-    client axis (:func:`~privkit.trainers.flip_rank_one.unroll`)."""
+    client axis (:func:`~privkit.trainers.flip_rank_one.unroll`).
+
+    Where an epoch is one batch (the batch size at least every client's data), each batch is
+    its client's whole data in the order drawn; the batch's mean loss does not depend on that
+    order (it changes float rounding only), so the rows stay in place and the padded batches
+    are gathered once for the round, not at every step (for an audit's 320 clients, 160 MB a
+    step)."""
     C = len(clients)
     s = samples.requires_grad_(True)
     lab = label_logits.requires_grad_(True)
     rho = raw_rates.requires_grad_(True)
-    opt = torch.optim.Adam([s, lab, rho], lr=lr, betas=(config.adam_beta1, config.adam_beta2))
+    opt = _adam([s, lab, rho], lr, config)
     gens = [torch_generator(seed) for seed in seeds]
-    padded = _PaddedBatches([x.reshape(len(x), -1) for x, _ in clients], [y for _, y in clients])
+    flat = [x.reshape(len(x), -1) for x, _ in clients]
+    padded = _PaddedBatches(flat, [y for _, y in clients], _first_layer(layers, flat))
     last = torch.full((C,), float("nan"))
+    whole = None
     for _ in range(config.local_epochs):
         epoch = [
             list(minibatches(len(y), config.batch_size, g)) for (_, y), g in zip(clients, gens)
         ]
         for b in range(len(epoch[0])):
-            x, y, mask = padded([epoch[c][b] for c in range(C)])
+            if len(epoch[0]) > 1:
+                x, y, first, mask = padded([epoch[c][b] for c in range(C)])
+            else:  # each batch is its client's whole data, whose rows stay in place
+                if whole is None:
+                    whole = padded([torch.arange(len(y)) for _, y in clients])
+                x, y, first, mask = whole
             eta = rates_from_raw(rho, config.min_rate, config.max_rate)
             hist = flip_rank_one.unroll(
                 layers, s.reshape(C, s.shape[1], -1), F.softmax(lab, dim=-1), eta
             )
-            out = flip_rank_one.logits(layers, hist, x)
+            out = flip_rank_one.logits(layers, hist, x, first)
             rows = F.cross_entropy(out.flatten(0, 1), y.flatten(), reduction="none")
             per_client = (rows.view(C, -1) * mask).sum(1) / mask.sum(1)
             opt.zero_grad(set_to_none=True)
@@ -232,6 +256,17 @@ def _lockstep_from(
             last = per_client.detach()
     eta = rates_from_raw(rho, config.min_rate, config.max_rate).detach()
     return [(s[c].detach(), lab[c].detach(), eta[c], float(last[c])) for c in range(C)]
+
+
+@torch.no_grad()
+def _first_layer(layers, flat: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each client's ``W x + b`` of the first layer on all its raw rows ``flat[c]``, at the
+    round's starting weights (``layers`` shared, or with a client axis): the same at every step
+    of the round, so taken once (:func:`~privkit.trainers.flip_rank_one.logits`)."""
+    W, b = layers[0]
+    if W.dim() == 2:
+        return [F.linear(x, W, b) for x in flat]
+    return [F.linear(x, W[c], b[c]) for c, x in enumerate(flat)]
 
 
 def runs_round_updates(
@@ -299,36 +334,41 @@ def runs_round_updates(
 
 
 class _PaddedBatches:
-    """Each client's batch ``x[idx]``, ``y[idx]`` padded to the longest, with a 0/1 row mask, in
-    buffers kept across the steps of a round (one per batch length): each step gathers every
-    client's rows into place and zeroes only the padding. A fresh zeroed buffer per step was 64 MB
-    for an audit's 320 clients, 21 ms of zero-filling a step; the values are the same."""
+    """Each client's batch of rows of ``sources`` (per client, tensors of as many rows as its
+    data: its inputs, its labels, ...) padded to the longest with zeros, and a 0/1 row mask, in
+    buffers kept across the steps of a round (one per batch length).
 
-    def __init__(self, xs: list[torch.Tensor], ys: list[torch.Tensor]):
-        self.xs, self.ys = xs, ys
-        self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    Every client's rows are joined once, a zero row last for the padding, so each step's batches
+    are one gather per tensor into the kept buffers, whatever the number of clients: one gather
+    per client and tensor was 20,000 calls in a FLiP audit (320 clients), and a fresh zeroed
+    buffer per step 64 MB of zero-filling. The values are the same."""
 
-    def __call__(self, idxs: list[torch.Tensor]):
+    def __init__(self, *sources: list[torch.Tensor]):
+        rows = [len(t) for t in sources[0]]
+        self.starts = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64).tolist()
+        self.pad = int(sum(rows))  # the zero row
+        self.joined = [torch.cat([*ts, ts[0].new_zeros((1, *ts[0].shape[1:]))]) for ts in sources]
+        self.buffers: dict[int, list[torch.Tensor]] = {}
+
+    def __call__(self, idxs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The batches ``(C, n, ...)`` of every source, then the mask ``(C, n)``."""
         n, c_all = max(len(idx) for idx in idxs), len(idxs)
+        device = self.joined[0].device
+        index = torch.nn.utils.rnn.pad_sequence(
+            [idx + start for idx, start in zip(idxs, self.starts)],
+            batch_first=True,
+            padding_value=self.pad,
+        ).to(device)
         if n not in self.buffers:
-            x0, y0 = self.xs[0], self.ys[0]
-            self.buffers[n] = (
-                x0.new_zeros((c_all, n, x0.shape[1])),
-                y0.new_zeros((c_all, n)),
-                x0.new_zeros((c_all, n)),
-            )
-        x, y, mask = self.buffers[n]
-        for c, idx in enumerate(idxs):
-            k = len(idx)
-            idx = idx.to(self.xs[c].device)
-            torch.index_select(self.xs[c], 0, idx, out=x[c, :k])
-            torch.index_select(self.ys[c], 0, idx, out=y[c, :k])
-            if k < n:
-                x[c, k:].zero_()
-                y[c, k:].zero_()
-        lengths = torch.tensor([len(idx) for idx in idxs], device=mask.device)
-        mask.copy_(torch.arange(n, device=mask.device)[None, :] < lengths[:, None])
-        return x, y, mask
+            self.buffers[n] = [t.new_empty((c_all, n, *t.shape[1:])) for t in self.joined] + [
+                self.joined[0].new_empty((c_all, n))
+            ]
+        *out, mask = self.buffers[n]
+        for t, o in zip(self.joined, out):
+            torch.index_select(t, 0, index.view(-1), out=o.view(c_all * n, *t.shape[1:]))
+        lengths = torch.tensor([len(idx) for idx in idxs], device=device)
+        mask.copy_(torch.arange(n, device=device)[None, :] < lengths[:, None])
+        return [*out, mask]
 
 
 def aggregate(
