@@ -90,6 +90,22 @@ def _apply_transposed(W, A, D, u):
     return back - ((D @ u.unsqueeze(-1)).transpose(1, 2) @ A).squeeze(1)
 
 
+class _Gram(torch.autograd.Function):
+    """``S S^T`` (C, K, K) of the samples ``S`` (C, K, d), with its gradient ``(G + G^T) S`` in
+    one product: autograd's backward of ``bmm(S, S^T)`` takes one per operand, each as large as
+    the samples, and adds them."""
+
+    @staticmethod
+    def forward(ctx, S: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(S)
+        return torch.bmm(S, S.transpose(1, 2))
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> torch.Tensor:
+        (S,) = ctx.saved_tensors
+        return torch.bmm(g + g.transpose(1, 2), S)
+
+
 def unroll(
     layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
     samples: torch.Tensor,
@@ -110,7 +126,7 @@ def unroll(
     count = len(layers)
     (W0, b0), k = layers[0], samples.shape[1]
     first = _apply(W0, b0, None, None, samples).split(1, dim=1)  # (C, 1, out) per step
-    gram = (samples @ samples.transpose(1, 2)).split(1, dim=1)  # (C, 1, K) per step
+    gram = _Gram.apply(samples).split(1, dim=1)  # (C, 1, K) per step
     hist: list[tuple[torch.Tensor | None, torch.Tensor | None]] = [(None, None)] * count
     for j, a in enumerate(samples.split(1, dim=1)):
         inputs, pre = [a], []
