@@ -128,15 +128,16 @@ def unroll(
     first = _apply(W0, b0, None, None, samples).split(1, dim=1)  # (C, 1, out) per step
     gram = _Gram.apply(samples).split(1, dim=1)  # (C, 1, K) per step
     hist: list[tuple[torch.Tensor | None, torch.Tensor | None]] = [(None, None)] * count
-    for j, a in enumerate(samples.split(1, dim=1)):
-        inputs, pre = [a], []
-        for idx, (W, b) in enumerate(layers):  # the forward pass at theta_(j-1)
-            if idx == 0:
-                D = hist[0][1]
-                z = first[j] if D is None else first[j] - (gram[j][..., :j] + 1.0) @ D
-            else:
-                inputs.append(a)
-                z = _apply(W, b, *hist[idx], a)
+    for j in range(k):  # the forward pass at theta_(j-1)
+        D0 = hist[0][1]
+        z = first[j] if D0 is None else first[j] - (gram[j][..., :j] + 1.0) @ D0
+        inputs: list[Any] = [None]  # the first layer's input, s_j: its history is the samples
+        pre = [z]
+        a = torch.relu(z) if count > 1 else z
+        for idx in range(1, count):
+            W, b = layers[idx]
+            inputs.append(a)
+            z = _apply(W, b, *hist[idx], a)
             pre.append(z)
             a = torch.relu(z) if idx < count - 1 else z
         q = targets[:, j]
