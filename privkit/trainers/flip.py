@@ -23,6 +23,7 @@ carry each client's last upload (``distilled_x/client_<i>``, ``distilled_y/clien
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -117,7 +118,7 @@ def _adam(leaves: list[torch.Tensor], lr: float, config: FlipConfig) -> torch.op
     it has one (CPU and CUDA): one pass over each tensor where the default takes six, with
     temporaries as large as the samples (3.5x faster for an audit's 320 clients on the CPU;
     the same update up to float rounding)."""
-    fused = leaves[0].device.type in ("cpu", "cuda") or None
+    fused = True if leaves[0].device.type in ("cpu", "cuda") else None
     return torch.optim.Adam(
         leaves, lr=lr, betas=(config.adam_beta1, config.adam_beta2), fused=fused
     )
@@ -241,7 +242,7 @@ def _lockstep_from(
                 x, y, first, mask = padded([epoch[c][b] for c in range(C)])
             else:  # each batch is its client's whole data, whose rows stay in place
                 if whole is None:
-                    whole = padded([torch.arange(len(y)) for _, y in clients])
+                    whole = padded.whole()
                 x, y, first, mask = whole
             eta = rates_from_raw(rho, config.min_rate, config.max_rate)
             hist = flip_rank_one.unroll(
@@ -338,17 +339,23 @@ class _PaddedBatches:
     data: its inputs, its labels, ...) padded to the longest with zeros, and a 0/1 row mask, in
     buffers kept across the steps of a round (one per batch length).
 
-    Every client's rows are joined once, a zero row last for the padding, so each step's batches
-    are one gather per tensor into the kept buffers, whatever the number of clients: one gather
-    per client and tensor was 20,000 calls in a FLiP audit (320 clients), and a fresh zeroed
-    buffer per step 64 MB of zero-filling. The values are the same."""
+    Every client's rows are joined once (on the first gather), a zero row last for the padding,
+    so each step's batches are one gather per tensor into the kept buffers, whatever the number
+    of clients: one gather per client and tensor was 20,000 calls in a FLiP audit (320
+    clients), and a fresh zeroed buffer per step 64 MB of zero-filling. The values are the
+    same. :meth:`whole` pads every client's whole data in place, with no join and no gather."""
 
     def __init__(self, *sources: list[torch.Tensor]):
+        self.sources = sources
         rows = [len(t) for t in sources[0]]
+        self.lengths = torch.tensor(rows, device=sources[0][0].device)
         self.starts = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64).tolist()
         self.pad = int(sum(rows))  # the zero row
-        self.joined = [torch.cat([*ts, ts[0].new_zeros((1, *ts[0].shape[1:]))]) for ts in sources]
         self.buffers: dict[int, list[torch.Tensor]] = {}
+
+    @functools.cached_property
+    def joined(self) -> list[torch.Tensor]:
+        return [torch.cat([*ts, ts[0].new_zeros((1, *ts[0].shape[1:]))]) for ts in self.sources]
 
     def __call__(self, idxs: list[torch.Tensor]) -> list[torch.Tensor]:
         """The batches ``(C, n, ...)`` of every source, then the mask ``(C, n)``."""
@@ -367,8 +374,19 @@ class _PaddedBatches:
         for t, o in zip(self.joined, out):
             torch.index_select(t, 0, index.view(-1), out=o.view(c_all * n, *t.shape[1:]))
         lengths = torch.tensor([len(idx) for idx in idxs], device=device)
-        mask.copy_(torch.arange(n, device=device)[None, :] < lengths[:, None])
+        mask.copy_(_row_mask(lengths, n))
         return [*out, mask]
+
+    def whole(self) -> list[torch.Tensor]:
+        """Every client's whole data, its rows in place, as :meth:`__call__` returns batches."""
+        out = [torch.nn.utils.rnn.pad_sequence(ts, batch_first=True) for ts in self.sources]
+        n = out[0].shape[1]
+        return [*out, _row_mask(self.lengths, n).to(out[0].dtype)]
+
+
+def _row_mask(lengths: torch.Tensor, n: int) -> torch.Tensor:
+    """``(C, n)``: row ``i`` of client ``c`` is one of its ``lengths[c]`` rows."""
+    return torch.arange(n, device=lengths.device)[None, :] < lengths[:, None]
 
 
 def aggregate(
