@@ -324,7 +324,12 @@ def _train_stacked(
     if any(m.soft != soft for m in ms):
         raise ValueError("stacked models must all have label or all soft targets")
     every = list(ms[0].params)
-    p = {k: torch.stack([m.params[k] for m in ms]) for k in every}
+    # Weights are held transposed, (models, in, out): the weight gradient is then the product
+    # acts^T g written in the order its kernel fills fastest (the first layer's, 160 models'
+    # (784 x 32) @ (32 x 64): 1.6x faster than g^T acts into (out, in)); the forward pass reads
+    # them as it did. Adam's passes do not see the layout.
+    flip = {w for w, _, _ in layers}
+    p = {k: _stacked([m.params[k] for m in ms], k in flip) for k in every}
     m1 = {k: torch.zeros_like(p[k]) for k in names}
     m2 = {k: torch.zeros_like(p[k]) for k in names}
     mus = torch.tensor([0.0 if mu is None else float(mu[j]) for j in order], device=device)
@@ -332,7 +337,10 @@ def _train_stacked(
     anchor = (
         {
             k: torch.stack(
-                [anchors[j][k] if mus[i] > 0 else p[k][i] for i, j in enumerate(order)]  # type: ignore[index]  # mu > 0: anchors
+                [
+                    (anchors[j][k].mT if k in flip else anchors[j][k]) if mus[i] > 0 else p[k][i]  # type: ignore[index]  # mu > 0: anchors
+                    for i, j in enumerate(order)
+                ]
             )
             for k in names
         }
@@ -371,7 +379,7 @@ def _train_stacked(
     # every step, which cost more than the arithmetic that fills them (measured in
     # docs/performance.md). The values are the same operations' bit for bit.
     xbuf = torch.empty((n * width, xs.shape[1]), device=device)
-    hbuf = [torch.empty((n, width, p[w].shape[1]), device=device) for w, _, _ in layers[:-1]]
+    hbuf = [torch.empty((n, width, p[w].shape[2]), device=device) for w, _, _ in layers[:-1]]
     gbuf = {k: torch.empty_like(p[k]) for k in names}
     dbuf = {k: torch.empty_like(p[k]) for k in names} if prox else {}
     for t in range(steps[0]):
@@ -383,9 +391,9 @@ def _train_stacked(
         y = ys[rows]
         acts = [x]
         for (w, b, _), h in zip(layers[:-1], hbuf):
-            acts.append(torch.baddbmm(p[b][:a, None], acts[-1], p[w][:a].mT, out=h[:a]).relu_())
+            acts.append(torch.baddbmm(p[b][:a, None], acts[-1], p[w][:a], out=h[:a]).relu_())
         w, b, _ = layers[-1]
-        logp = torch.log_softmax(torch.baddbmm(p[b][:a, None], acts[-1], p[w][:a].mT), -1)
+        logp = torch.log_softmax(torch.baddbmm(p[b][:a, None], acts[-1], p[w][:a]), -1)
         if soft:
             g = y * scale[..., None]
         else:
@@ -396,10 +404,10 @@ def _train_stacked(
             w, b, below = layers[i]
             if w not in trainable:
                 break
-            grads[w] = torch.bmm(g.mT, acts[i], out=gbuf[w][:a])
+            grads[w] = torch.bmm(acts[i].mT, g, out=gbuf[w][:a])
             grads[b] = torch.sum(g, 1, out=gbuf[b][:a])
             if below:
-                g = torch.bmm(g, p[w][:a]) * (acts[i] > 0)
+                g = torch.bmm(g, p[w][:a].mT) * (acts[i] > 0)
         counted = t >= first[:a]
         count = not soft and bool(counted.any())
         extra = torch.zeros(a, device=device)
@@ -435,11 +443,16 @@ def _train_stacked(
     with torch.no_grad():
         for i, m in enumerate(ms):
             for k in names:
-                m.params[k].copy_(p[k][i])
+                m.params[k].copy_(p[k][i].mT if k in flip else p[k][i])
     out = [0.0] * n
     for i, j in enumerate(order):
         out[j] = float(totals[i])
     return out
+
+
+def _stacked(tensors: list[torch.Tensor], transposed: bool) -> torch.Tensor:
+    """``tensors`` stacked on a leading axis, each transposed (contiguous) when ``transposed``."""
+    return torch.stack([t.mT for t in tensors] if transposed else tensors)
 
 
 def _update(

@@ -188,12 +188,15 @@ def stack_states(
     models: Sequence[torch.nn.Module],
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The models' parameters and buffers stacked on a leading model axis (detached copies)."""
+    # each model's tensors listed once: a lookup per (name, model) walks the module every time
+    # (FedKD+DP's pairs have 18 parameters: 92k walks in an audit)
+    per_model = [(dict(m.named_parameters()), dict(m.named_buffers())) for m in models]
     params = {
-        k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
+        k: torch.stack([ps[k].detach() for ps, _ in per_model])
         for k, _ in models[0].named_parameters()
     }
     buffers = {
-        k: torch.stack([dict(m.named_buffers())[k].detach() for m in models])
+        k: torch.stack([bs[k].detach() for _, bs in per_model])
         for k, _ in models[0].named_buffers()
     }
     return params, buffers

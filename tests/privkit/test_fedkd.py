@@ -55,6 +55,36 @@ def test_compress_keeps_the_fewest_singular_values_reaching_the_energy():
     assert sent_dense == 12 and torch.equal(dense["w"], g[:, :3])
 
 
+def _svd_reference(g: torch.Tensor, energy: float) -> tuple[torch.Tensor, int]:
+    """The truncated reconstruction by torch.linalg.svd, and the number of factors kept."""
+    a = g.reshape(g.shape[0], -1).double()
+    u, sig, vh = torch.linalg.svd(a, full_matrices=False)
+    cum = torch.cumsum(sig**2, 0) / (sig**2).sum()
+    k = min(int((cum < energy - 1e-12).sum()) + 1, len(sig))
+    return ((u[:, :k] * sig[:k]) @ vh[:k]).reshape(g.shape), k
+
+
+@pytest.mark.parametrize("shape", [(64, 784), (784, 64), (10, 64), (16, 3, 5, 5)])
+@pytest.mark.parametrize("energy", [0.5, 0.95, 0.98])
+def test_compress_equals_the_svd_truncation(shape, energy):
+    # updates like a client's: a low-rank signal under DP-like noise, wide, tall and conv-shaped
+    gen = torch.Generator().manual_seed(hash((shape, energy)) % 2**31)
+    rows, cols = shape[0], math.prod(shape[1:])
+    r = min(rows, cols)
+    signal = torch.randn(rows, 3, generator=gen) @ torch.randn(3, cols, generator=gen)
+    g = (signal + 0.3 * torch.randn(rows, cols, generator=gen)).reshape(shape)
+    want, k = _svd_reference(g, energy)
+    out, sent, full = compress({"w": g}, energy)
+    assert full == g.numel()
+    if k * (rows + cols + 1) >= g.numel():  # dense: exact
+        assert sent == g.numel() and torch.equal(out["w"], g)
+    else:
+        assert sent == k * (rows + cols + 1) and k < r
+        assert out["w"].dtype == g.dtype
+        err = float((out["w"].double() - want).abs().max())
+        assert err <= 4 * torch.finfo(torch.float32).eps * float(want.abs().max())
+
+
 def test_energy_threshold_rises_linearly_from_start_to_end():
     assert energy_threshold(0, 10, 0.95, 0.98) == pytest.approx(0.95)
     assert energy_threshold(5, 10, 0.95, 0.98) == pytest.approx(0.965)
