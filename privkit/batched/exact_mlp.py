@@ -278,23 +278,59 @@ def train_exact(
     return totals
 
 
-def _records(ms: Sequence[Model]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every model's records and targets in one tensor each, and each model's first row in them.
+def _records(
+    ms: Sequence[Model], used: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every model's records and targets in one tensor each, and each model's first row in them;
+    with ``used`` (:func:`_used_inputs`), model i's records at the inputs ``used[i]`` only.
     Models that hold the same records (the same tensors: FedMD's parties all train on the public
     data) share one copy: an audit's 160 such models would otherwise copy it 160 times a round."""
     at: dict[tuple, int] = {}
     xs, ys, starts, total = [], [], [], 0
-    for m in ms:
+    for i, m in enumerate(ms):
         key = tuple(
             (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device) for t in (m.x, m.y)
         )
+        if used is not None:
+            key += (tuple(used[i].tolist()),)
         if key not in at:
             at[key] = total
-            xs.append(m.x.reshape(len(m.x), -1))
+            flat = m.x.reshape(len(m.x), -1)
+            xs.append(flat if used is None else flat[:, used[i]])
             ys.append(m.y)
             total += len(m.x)
         starts.append(at[key])
     return torch.cat(xs), torch.cat(ys), torch.tensor(starts)
+
+
+def _used_inputs(
+    ms: Sequence[Model], w: torch.Tensor, anchor: torch.Tensor | None, mus: torch.Tensor
+) -> torch.Tensor | None:
+    """Per model, the inputs its first layer must see, ``(models, k)``: those nonzero in any of
+    its records (and, for a model with a proximal term, those whose weights differ from the
+    anchor's), then as many of its other inputs as pad every row to the longest; None where
+    some model needs them all. ``w`` and ``anchor``: the first layer's weights, ``(models, in,
+    out)``."""
+    seen: dict[tuple, torch.Tensor] = {}
+    needed = []
+    for i, m in enumerate(ms):
+        key = (m.x.data_ptr(), tuple(m.x.shape), m.x.stride())
+        if key not in seen:
+            seen[key] = (m.x.reshape(len(m.x), -1) != 0).any(0)
+        need = seen[key]
+        if anchor is not None and mus[i] > 0:
+            need = need | (w[i] != anchor[i]).any(1)
+        needed.append(need)
+    k = max(int(u.sum()) for u in needed)
+    if k == w.shape[1]:
+        return None
+    # a stable sort puts the needed inputs first, then the unneeded ones, each in input order
+    return torch.stack([torch.argsort((~u).to(torch.uint8), stable=True)[:k] for u in needed])
+
+
+def _pick_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``t[i, rows[i]]`` for every model i: ``(models, k, out)`` of ``t`` ``(models, in, out)``."""
+    return torch.gather(t, 1, rows[..., None].expand(-1, -1, t.shape[2]))
 
 
 def _train_stacked(
@@ -311,8 +347,9 @@ def _train_stacked(
     """:func:`train_exact`'s training (same batches, same losses and updates) with every model of
     a step in one stacked computation: each layer one batched matrix product over the models,
     batches padded to the step's largest (padded rows carry no gradient), one optimiser pass per
-    parameter (Adam: torch's fused kernel). Equal to the exact kernels up to float rounding (Adam
-    amplifies it); returns the same per-model loss totals."""
+    parameter (Adam: torch's fused kernel), each model's first layer over the inputs its records
+    use (:func:`_used_inputs`; the others' weights cannot move). Equal to the exact kernels up to
+    float rounding (Adam amplifies it); returns the same per-model loss totals."""
     trainable = set(names)
     n = len(models)
     if n == 0:
@@ -350,10 +387,25 @@ def _train_stacked(
     first = torch.tensor(
         [math.inf if loss_from is None else float(loss_from[j]) for j in order], device=device
     )
+    # Each model's first layer only over the inputs its records use (MNIST's clients leave about
+    # a third of the 784 pixels at 0 in every record): an input that is 0 in every record gets a
+    # zero weight gradient at every step, so Adam or SGD leaves its weights as they are (and the
+    # proximal term's gradient, zero where the weights equal the anchor, keeps them there). The
+    # first layer's products and its optimiser passes shrink with the unused inputs; the weights
+    # are put back in place after the last step.
+    w0 = layers[0][0]
+    used = _used_inputs(ms, p[w0], anchor.get(w0), mus)
+    full = p[w0]
+    if used is not None:
+        p[w0] = _pick_rows(full, used)
+        for d in (m1, m2) if w0 in m1 else ():
+            d[w0] = torch.zeros_like(p[w0])
+        if w0 in anchor:
+            anchor[w0] = _pick_rows(anchor[w0], used)
     steps = [len(m.batches) for m in ms]
     sizes = [len(b) for m in ms for b in m.batches]
     width = max(sizes, default=1)
-    xs, ys, starts = _records(ms)
+    xs, ys, starts = _records(ms, used)
     # (model, step, column) of every batch entry, padded to ``width``: one scatter, no loop
     size = torch.tensor(sizes, dtype=torch.long)
     batch_model = torch.repeat_interleave(torch.arange(n), torch.tensor(steps))
@@ -440,6 +492,9 @@ def _train_stacked(
             )
         else:
             _update(optimizer, lr, t + 1, ps, gs, [], [])
+    if used is not None:
+        full.scatter_(1, used[..., None].expand(-1, -1, full.shape[2]), p[w0])
+        p[w0] = full
     with torch.no_grad():
         for i, m in enumerate(ms):
             for k in names:

@@ -81,6 +81,48 @@ def test_stacked_training_follows_the_exact_kernels_up_to_rounding():
             torch.testing.assert_close(a.params[k], b.params[k], rtol=1e-4, atol=1e-5)
 
 
+def _sparse_models(seed: int):
+    """Five models on records whose inputs are 0 in every record of a model (a different set per
+    model, 10-20 of 36, as MNIST's clients leave a third of the pixels blank)."""
+    template, models = _models(shared=False)
+    gen = torch.Generator().manual_seed(seed)
+    for m in models:
+        blank = torch.randperm(36, generator=gen)[
+            : 10 + int(torch.randint(0, 11, (), generator=gen))
+        ]
+        m.x[:, blank] = 0.0
+    return template, models
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+@pytest.mark.parametrize("mu", [0.0, 0.1])
+def test_inputs_no_record_uses_keep_their_weights_and_the_rest_train_as_exactly(optimizer, mu):
+    """The stacked form trains each model's first layer over the inputs its records use: the
+    weights of the others stay bit for bit where they were, and every weight follows the exact
+    kernels (which train all inputs) up to rounding; a proximal anchor that differs from the start
+    at an unused input makes that input train (its term's gradient is not zero there)."""
+    template, stacked = _sparse_models(3)
+    _, exact = _sparse_models(3)
+    anchors = [{k: v.clone() for k, v in m.params.items()} for m in stacked]
+    anchors[4]["features.1.weight"][:, :] += 0.05  # model 4's anchor differs everywhere
+    start = [{k: v.clone() for k, v in m.params.items()} for m in stacked]
+    kw = dict(optimizer=optimizer, lr=0.01, mu=[mu] * 5, anchors=anchors, loss_from=[0] * 5)
+    got = train_exact(template, stacked, stacked=True, **kw)
+    want = train_exact(template, exact, stacked=False, **kw)
+    assert got == pytest.approx(want, rel=1e-4)
+    for j, (a, b) in enumerate(zip(stacked, exact)):
+        for k in a.params:
+            torch.testing.assert_close(a.params[k], b.params[k], rtol=1e-4, atol=1e-5)
+        unused = (a.x != 0).sum(0) == 0
+        w, w0 = a.params["features.1.weight"], start[j]["features.1.weight"]
+        assert 10 <= int(unused.sum()) <= 20
+        if mu > 0 and j == 4:  # pulled towards its anchor at every input
+            assert not torch.equal(w[:, unused], w0[:, unused])
+        else:
+            assert torch.equal(w[:, unused], w0[:, unused])
+        assert not torch.equal(w[:, ~unused], w0[:, ~unused])
+
+
 def test_stacked_logits_are_each_modules_own_forward():
     """One batched product per layer gives each MLP's own logits up to float rounding (a deep
     and a shallow architecture; more models than one chunk); another architecture is refused."""
