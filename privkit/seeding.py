@@ -71,14 +71,6 @@ def seed_torch(seed: int) -> None:
     """Seed torch's global generators (for layer initialisation inside model constructors)."""
     import torch
 
-    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
-    if accelerator is not None and not accelerator.is_available():
-        # No accelerator in this process: the CPU generator is the only one to seed.
-        # torch.manual_seed would also queue a lazy seed per absent backend (CUDA, XPU, MTIA),
-        # each formatting the caller's stack: about 1 ms a call deep in an audit, which builds
-        # hundreds of models.
-        torch.default_generator.manual_seed(int(seed) % (2**63))
-        return
     torch.manual_seed(int(seed) % (2**63))
 
 
