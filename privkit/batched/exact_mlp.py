@@ -287,16 +287,17 @@ def _records(
     data) share one copy: an audit's 160 such models would otherwise copy it 160 times a round."""
     at: dict[tuple, int] = {}
     xs, ys, starts, total = [], [], [], 0
+    inputs = used.cpu().numpy() if used is not None else None
     for i, m in enumerate(ms):
         key = tuple(
             (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device) for t in (m.x, m.y)
         )
-        if used is not None:
-            key += (tuple(used[i].tolist()),)
+        if inputs is not None:
+            key += (inputs[i].tobytes(),)
         if key not in at:
             at[key] = total
             flat = m.x.reshape(len(m.x), -1)
-            xs.append(flat if used is None else flat[:, used[i]])
+            xs.append(flat if used is None else flat.index_select(1, used[i]))
             ys.append(m.y)
             total += len(m.x)
         starts.append(at[key])
@@ -367,8 +368,6 @@ def _train_stacked(
     # them as it did. Adam's passes do not see the layout.
     flip = {w for w, _, _ in layers}
     p = {k: _stacked([m.params[k] for m in ms], k in flip) for k in every}
-    m1 = {k: torch.zeros_like(p[k]) for k in names}
-    m2 = {k: torch.zeros_like(p[k]) for k in names}
     mus = torch.tensor([0.0 if mu is None else float(mu[j]) for j in order], device=device)
     prox = bool((mus > 0).any())
     anchor = (
@@ -398,10 +397,10 @@ def _train_stacked(
     full = p[w0]
     if used is not None:
         p[w0] = _pick_rows(full, used)
-        for d in (m1, m2) if w0 in m1 else ():
-            d[w0] = torch.zeros_like(p[w0])
         if w0 in anchor:
             anchor[w0] = _pick_rows(anchor[w0], used)
+    m1 = {k: torch.zeros_like(p[k]) for k in names}
+    m2 = {k: torch.zeros_like(p[k]) for k in names}
     steps = [len(m.batches) for m in ms]
     sizes = [len(b) for m in ms for b in m.batches]
     width = max(sizes, default=1)
