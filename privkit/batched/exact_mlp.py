@@ -314,19 +314,20 @@ def _used_inputs(
     out)``."""
     seen: dict[tuple, torch.Tensor] = {}
     needed = []
-    for i, m in enumerate(ms):
+    for m in ms:
         key = (m.x.data_ptr(), tuple(m.x.shape), m.x.stride())
-        if key not in seen:
-            seen[key] = (m.x.reshape(len(m.x), -1) != 0).any(0)
-        need = seen[key]
-        if anchor is not None and mus[i] > 0:
-            need = need | (w[i] != anchor[i]).any(1)
-        needed.append(need)
-    k = max(int(u.sum()) for u in needed)
+        if key not in seen:  # a sum of magnitudes is 0 only where every record is 0 (NaN: used)
+            seen[key] = m.x.reshape(len(m.x), -1).abs().sum(0) != 0
+        needed.append(seen[key])
+    need = torch.stack(needed)
+    if anchor is not None:
+        pulled = (mus > 0)[:, None] & (w != anchor).any(2)
+        need |= pulled
+    k = int(need.sum(1).max())
     if k == w.shape[1]:
         return None
     # a stable sort puts the needed inputs first, then the unneeded ones, each in input order
-    return torch.stack([torch.argsort((~u).to(torch.uint8), stable=True)[:k] for u in needed])
+    return torch.argsort((~need).to(torch.uint8), dim=1, stable=True)[:, :k]
 
 
 def _pick_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
