@@ -139,12 +139,19 @@ def stacked_logits(
     module on its own (moving it to the device and setting its mode each call). Equal to each
     module's own forward up to float rounding (another product kernel), so an argmax can differ
     only where two logits tie to rounding: for an audit's reference runs' per-round accuracy
-    (:mod:`privkit.batched.many_fedmd`), which no attack reads."""
+    (:mod:`privkit.batched.many_fedmd`), which no attack reads, and their teachers' logits
+    (:func:`privkit.trainers.feddf.distillation_hook`). Inputs that are 0 in every record add
+    nothing to the first layer's products and are left out of them (half of the public
+    digits' 784 pixels)."""
     names = mlp_layers(modules[0])
     shape = architecture(modules[0])
     if any(architecture(m) != shape for m in modules):
         raise UnsupportedModelError("stacked logits need one architecture; found several")
     h0 = torch.as_tensor(x).to(device=device, dtype=torch.float32).flatten(1)
+    used = None
+    if (h0.abs().sum(0) == 0).any():  # a sum of magnitudes is 0 only where every record is 0
+        used = (h0.abs().sum(0) != 0).nonzero().flatten()
+        h0 = h0.index_select(1, used)
     out = []
     for lo in range(0, len(modules), chunk):
         group = modules[lo : lo + chunk]
@@ -152,6 +159,8 @@ def stacked_logits(
         for k, name in enumerate(names):
             layers = [m.get_submodule(name) for m in group]
             w = torch.stack([cast(nn.Linear, q).weight.detach() for q in layers]).to(device)
+            if k == 0 and used is not None:
+                w = w.index_select(2, used)
             b = torch.stack([cast(nn.Linear, q).bias.detach() for q in layers]).to(device)
             h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
             if k < len(names) - 1:

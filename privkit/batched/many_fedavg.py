@@ -88,11 +88,21 @@ def local_epochs(
 
 
 def _train_runs(
-    setup: Callable, federations: list, configs: list, seeds: list[int], fast: list[bool] | None
+    setup: Callable,
+    federations: list,
+    configs: list,
+    seeds: list[int],
+    fast: list[bool] | None,
+    reference_setup: Callable | None = None,
 ) -> list:
     """The runs ``setup(federation, config, seed) -> (FederatedRun, finish)`` sets up, the selected
-    clients of all runs' rounds trained together, each run's server step its own."""
-    pairs = [setup(f, c, s) for f, c, s in zip(federations, configs, seeds)]
+    clients of all runs' rounds trained together, each run's server step its own; the runs
+    ``fast`` marks set up by ``reference_setup`` where given (an audit's reference runs)."""
+    marks = fast or [False] * len(seeds)
+    pairs = [
+        (reference_setup if reference_setup is not None and ref else setup)(f, c, s)
+        for f, c, s, ref in zip(federations, configs, seeds, marks)
+    ]
     stacked = frozenset(id(run) for (run, _), f in zip(pairs, fast or []) if f)
     lockstep([run for run, _ in pairs], partial(local_epochs, fast=stacked))
     return [finish(run.outcome()) for run, finish in pairs]
@@ -131,16 +141,20 @@ def train_feddf_many(
     method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
 ) -> list:
     """FedDF's runs batched (:func:`train_fedavg_many`'s parameters); each run's distillation is its
-    own server step."""
-    return _train_runs(feddf_run, federations, configs, seeds, fast)
+    own server step (a reference run's teachers' logits stacked: :func:`distillation_hook`)."""
+    return _train_runs(
+        feddf_run, federations, configs, seeds, fast, partial(feddf_run, reference=True)
+    )
 
 
 def train_fedaux_many(
     method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
 ) -> list:
     """FedAUX's runs batched (:func:`train_fedavg_many`'s parameters); each run's score release and
-    distillation are its own."""
-    return _train_runs(fedaux_run, federations, configs, seeds, fast)
+    distillation are its own (a reference run's teachers' logits stacked, as FedDF's)."""
+    return _train_runs(
+        fedaux_run, federations, configs, seeds, fast, partial(fedaux_run, reference=True)
+    )
 
 
 __all__ = [

@@ -239,9 +239,12 @@ def eq10_warning(federation, lam: float, epsilon: float, delta: float, calibrati
     )
 
 
-def fedaux_run(federation, config: FedAUXConfig, seed: int, progress: bool = False):
+def fedaux_run(
+    federation, config: FedAUXConfig, seed: int, progress: bool = False, reference: bool = False
+):
     """FedAUX's run (after the scores' release; the score-weighted distillation as its server hook)
-    and what turns its outcome into the result."""
+    and what turns its outcome into the result (``reference``: an audit's reference run,
+    :func:`~privkit.trainers.feddf.distillation_hook`)."""
     from accountants import Ledger
 
     device = resolve_device(config)
@@ -270,7 +273,9 @@ def fedaux_run(federation, config: FedAUXConfig, seed: int, progress: bool = Fal
         reproducible_noise=config.reproducible_noise,
     )
     store: dict = {}
-    hook = distillation_hook(federation, config, seed, scores=release.scores, store=store)
+    hook = distillation_hook(
+        federation, config, seed, scores=release.scores, store=store, reference=reference
+    )
     run = FederatedRun(
         federation,
         config,

@@ -45,18 +45,33 @@ def distillation_hook(
     seed: int,
     scores: np.ndarray | None = None,
     store: dict | None = None,
+    reference: bool = False,
 ):
     """Server step of FedDF (``scores=None``) or FedAUX (``scores``: clients x distill points).
 
     ``store`` (optional dict) receives the last round's soft labels under ``"soft_labels"``.
+    ``reference``: an audit's reference run (never released), whose clients' logits are taken
+    together by :func:`~privkit.batched.exact_mlp.stacked_logits` (equal to each model's own up
+    to float rounding) where the models are privkit MLPs.
     """
     x_distill, _ = federation.public_arrays("distill")
     device = resolve_device(cfg)
 
-    def hook(model: nn.Module, client_models: list[nn.Module], ids: list[int], t: int) -> dict:
-        logits = np.stack(
+    def teachers(client_models: list[nn.Module]) -> np.ndarray:
+        if reference:
+            from privkit.batched.exact_mlp import stacked_logits
+            from privkit.mechanisms.stacked import UnsupportedModelError
+
+            try:
+                return stacked_logits(client_models, x_distill, device).numpy()
+            except UnsupportedModelError:
+                pass
+        return np.stack(
             [predict_logits(m, x_distill, device, cfg.eval_batch_size) for m in client_models]
         )
+
+    def hook(model: nn.Module, client_models: list[nn.Module], ids: list[int], t: int) -> dict:
+        logits = teachers(client_models)
         weights = None if scores is None else scores[ids]
         targets = ensemble_targets(logits, weights)
         kl = distill(
@@ -76,10 +91,13 @@ def distillation_hook(
     return hook
 
 
-def feddf_run(federation, config: FedDFConfig, seed: int, progress: bool = False):
-    """FedDF's run (the distillation as its server hook) and what turns its outcome into the result."""
+def feddf_run(
+    federation, config: FedDFConfig, seed: int, progress: bool = False, reference: bool = False
+):
+    """FedDF's run (the distillation as its server hook) and what turns its outcome into the result
+    (``reference``: an audit's reference run, :func:`distillation_hook`)."""
     store: dict = {}
-    hook = distillation_hook(federation, config, seed, store=store)
+    hook = distillation_hook(federation, config, seed, store=store, reference=reference)
     run = FederatedRun(federation, config, seed, progress=progress, server_hook=hook)
 
     def finish(out) -> TrainResult:

@@ -130,8 +130,10 @@ def test_stacked_logits_are_each_modules_own_forward():
     from privkit.mechanisms.stacked import UnsupportedModelError
     from privkit.trainers.common import predict_logits
 
-    x = np.random.default_rng(2).normal(size=(31, 1, 6, 6)).astype(np.float32)
-    for depth in (1, 2):
+    dense = np.random.default_rng(2).normal(size=(31, 1, 6, 6)).astype(np.float32)
+    blank = dense.copy()
+    blank[:, :, 0, :] = 0.0  # inputs 0 in every record: left out of the first layer's products
+    for depth, x in ((1, dense), (2, dense), (1, blank), (2, blank)):
         torch.manual_seed(depth)
         models = [build_model("mlp", (1, 6, 6), 4, feature_dim=8, depth=depth) for _ in range(7)]
         got = stacked_logits(models, x, torch.device("cpu"), chunk=3)
