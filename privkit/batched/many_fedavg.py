@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+import numpy as np
 import torch
 
-from privkit.batched.exact_mlp import mlp_layers, model_for, train_exact
+from privkit.batched.exact_mlp import mlp_layers, model_for, stacked_logits, train_exact
 from privkit.batched.many import lockstep
 from privkit.mechanisms.stacked import UnsupportedModelError
 from privkit.trainers.fedaux import fedaux_run
@@ -87,6 +88,20 @@ def local_epochs(
     return out
 
 
+def stacked_teachers(
+    client_models: list[torch.nn.Module], x, device: torch.device
+) -> np.ndarray | None:
+    """The clients' logits on ``x`` in one batched product per layer (:func:`~privkit.batched.
+    exact_mlp.stacked_logits`: equal to each client's own forward up to float rounding, the inputs
+    0 in every record left out of the first layer), or None where the models are not privkit MLPs
+    of one architecture: the server step of FedDF's and FedAUX's reference runs
+    (:func:`~privkit.trainers.feddf.distillation_hook`'s ``teachers``)."""
+    try:
+        return stacked_logits(client_models, x, device).numpy()
+    except UnsupportedModelError:
+        return None
+
+
 def _train_runs(
     setup: Callable,
     federations: list,
@@ -141,9 +156,9 @@ def train_feddf_many(
     method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
 ) -> list:
     """FedDF's runs batched (:func:`train_fedavg_many`'s parameters); each run's distillation is its
-    own server step (a reference run's teachers' logits stacked: :func:`distillation_hook`)."""
+    own server step (a reference run's teachers' logits stacked: :func:`stacked_teachers`)."""
     return _train_runs(
-        feddf_run, federations, configs, seeds, fast, partial(feddf_run, reference=True)
+        feddf_run, federations, configs, seeds, fast, partial(feddf_run, teachers=stacked_teachers)
     )
 
 
@@ -153,12 +168,18 @@ def train_fedaux_many(
     """FedAUX's runs batched (:func:`train_fedavg_many`'s parameters); each run's score release and
     distillation are its own (a reference run's teachers' logits stacked, as FedDF's)."""
     return _train_runs(
-        fedaux_run, federations, configs, seeds, fast, partial(fedaux_run, reference=True)
+        fedaux_run,
+        federations,
+        configs,
+        seeds,
+        fast,
+        partial(fedaux_run, teachers=stacked_teachers),
     )
 
 
 __all__ = [
     "local_epochs",
+    "stacked_teachers",
     "train_fedaux_many",
     "train_fedavg_many",
     "train_feddf_many",

@@ -26,6 +26,7 @@ norm over ``D_i u D^-``, which depends on the private data and is sent to the se
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -240,10 +241,14 @@ def eq10_warning(federation, lam: float, epsilon: float, delta: float, calibrati
 
 
 def fedaux_run(
-    federation, config: FedAUXConfig, seed: int, progress: bool = False, reference: bool = False
+    federation,
+    config: FedAUXConfig,
+    seed: int,
+    progress: bool = False,
+    teachers: Callable | None = None,
 ):
     """FedAUX's run (after the scores' release; the score-weighted distillation as its server hook)
-    and what turns its outcome into the result (``reference``: an audit's reference run,
+    and what turns its outcome into the result (``teachers``:
     :func:`~privkit.trainers.feddf.distillation_hook`)."""
     from accountants import Ledger
 
@@ -274,7 +279,7 @@ def fedaux_run(
     )
     store: dict = {}
     hook = distillation_hook(
-        federation, config, seed, scores=release.scores, store=store, reference=reference
+        federation, config, seed, scores=release.scores, store=store, teachers=teachers
     )
     run = FederatedRun(
         federation,

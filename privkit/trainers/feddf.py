@@ -15,6 +15,8 @@ participating client); the logits on public data are post-processing of those mo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from torch import nn
 
@@ -45,33 +47,29 @@ def distillation_hook(
     seed: int,
     scores: np.ndarray | None = None,
     store: dict | None = None,
-    reference: bool = False,
+    teachers: Callable | None = None,
 ):
     """Server step of FedDF (``scores=None``) or FedAUX (``scores``: clients x distill points).
 
     ``store`` (optional dict) receives the last round's soft labels under ``"soft_labels"``.
-    ``reference``: an audit's reference run (never released), whose clients' logits are taken
-    together by :func:`~privkit.batched.exact_mlp.stacked_logits` (equal to each model's own up
-    to float rounding) where the models are privkit MLPs.
+    ``teachers(client_models, x, device)``: the clients' logits on the distillation points,
+    ``(clients, points, classes)``, or None where it cannot take them (then each client's own
+    forward): an audit's reference runs take them together
+    (:mod:`privkit.batched.many_fedavg`).
     """
     x_distill, _ = federation.public_arrays("distill")
     device = resolve_device(cfg)
 
-    def teachers(client_models: list[nn.Module]) -> np.ndarray:
-        if reference:
-            from privkit.batched.exact_mlp import stacked_logits
-            from privkit.mechanisms.stacked import UnsupportedModelError
-
-            try:
-                return stacked_logits(client_models, x_distill, device).numpy()
-            except UnsupportedModelError:
-                pass
+    def teacher_logits(client_models: list[nn.Module]) -> np.ndarray:
+        logits = teachers(client_models, x_distill, device) if teachers is not None else None
+        if logits is not None:
+            return logits
         return np.stack(
             [predict_logits(m, x_distill, device, cfg.eval_batch_size) for m in client_models]
         )
 
     def hook(model: nn.Module, client_models: list[nn.Module], ids: list[int], t: int) -> dict:
-        logits = teachers(client_models)
+        logits = teacher_logits(client_models)
         weights = None if scores is None else scores[ids]
         targets = ensemble_targets(logits, weights)
         kl = distill(
@@ -92,12 +90,16 @@ def distillation_hook(
 
 
 def feddf_run(
-    federation, config: FedDFConfig, seed: int, progress: bool = False, reference: bool = False
+    federation,
+    config: FedDFConfig,
+    seed: int,
+    progress: bool = False,
+    teachers: Callable | None = None,
 ):
     """FedDF's run (the distillation as its server hook) and what turns its outcome into the result
-    (``reference``: an audit's reference run, :func:`distillation_hook`)."""
+    (``teachers``: :func:`distillation_hook`)."""
     store: dict = {}
-    hook = distillation_hook(federation, config, seed, store=store, reference=reference)
+    hook = distillation_hook(federation, config, seed, store=store, teachers=teachers)
     run = FederatedRun(federation, config, seed, progress=progress, server_hook=hook)
 
     def finish(out) -> TrainResult:

@@ -1,5 +1,5 @@
 """FedDF's server step for an audit's reference runs: the clients' (teachers') logits taken
-together by ``stacked_logits`` give the soft labels and the distillation of the single run's hook,
+together by ``stacked_teachers`` give the soft labels and the distillation of the single run's hook,
 up to float rounding; a run that is not a reference takes each client's own forward."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from privkit.batched.many_fedavg import stacked_teachers
 from privkit.data import FederationConfig, build_federation
 from privkit.methods.contract import make_config
 from privkit.models import build_model
@@ -37,7 +38,8 @@ def test_reference_hook_distils_as_the_single_runs_hook(scores, monkeypatch):
     )
     for reference in (False, True):
         store: dict = {}
-        hook = distillation_hook(fed, cfg, 7, weights, store=store, reference=reference)
+        teachers = stacked_teachers if reference else None
+        hook = distillation_hook(fed, cfg, 7, weights, store=store, teachers=teachers)
         models[reference] = copy.deepcopy(global_model)
         out[reference] = (hook(models[reference], clients, [0, 1, 3], 2), store["soft_labels"])
     assert len(calls) == len(clients)  # the single run's hook only: one forward per client
@@ -46,3 +48,12 @@ def test_reference_hook_distils_as_the_single_runs_hook(scores, monkeypatch):
     assert m_ref["distill_kl"] == pytest.approx(m_single["distill_kl"], rel=1e-4)
     for (name, a), (_, b) in zip(models[True].named_parameters(), models[False].named_parameters()):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, msg=name)
+
+
+def test_stacked_teachers_decline_models_that_are_not_privkit_mlps():
+    """A CNN (or MLPs of several architectures) is declined: the hook then runs each client."""
+    import torch
+
+    torch.manual_seed(0)
+    cnns = [build_model("cnn", (1, 28, 28), 10) for _ in range(2)]
+    assert stacked_teachers(cnns, np.zeros((3, 1, 28, 28), np.float32), torch.device("cpu")) is None
