@@ -148,9 +148,9 @@ def stacked_logits(
     if any(architecture(m) != shape for m in modules):
         raise UnsupportedModelError("stacked logits need one architecture; found several")
     h0 = torch.as_tensor(x).to(device=device, dtype=torch.float32).flatten(1)
-    used = None
-    if (h0.abs().sum(0) == 0).any():  # a sum of magnitudes is 0 only where every record is 0
-        used = (h0.abs().sum(0) != 0).nonzero().flatten()
+    in_use = _inputs_in_use(h0)
+    used = None if bool(in_use.all()) else in_use.nonzero().flatten()
+    if used is not None:
         h0 = h0.index_select(1, used)
     out = []
     for lo in range(0, len(modules), chunk):
@@ -313,6 +313,12 @@ def _records(
     return torch.cat(xs), torch.cat(ys), torch.tensor(starts)
 
 
+def _inputs_in_use(records: torch.Tensor) -> torch.Tensor:
+    """Which inputs (columns of ``records``, ``(n, inputs)``) are nonzero in some record: a sum
+    of magnitudes is 0 only where every record is 0 (a NaN counts as used)."""
+    return records.abs().sum(0) != 0
+
+
 def _used_inputs(
     ms: Sequence[Model], w: torch.Tensor, anchor: torch.Tensor | None, mus: torch.Tensor
 ) -> torch.Tensor | None:
@@ -325,8 +331,8 @@ def _used_inputs(
     needed = []
     for m in ms:
         key = (m.x.data_ptr(), tuple(m.x.shape), m.x.stride())
-        if key not in seen:  # a sum of magnitudes is 0 only where every record is 0 (NaN: used)
-            seen[key] = m.x.reshape(len(m.x), -1).abs().sum(0) != 0
+        if key not in seen:
+            seen[key] = _inputs_in_use(m.x.reshape(len(m.x), -1))
         needed.append(seen[key])
     need = torch.stack(needed)
     if anchor is not None:

@@ -118,7 +118,7 @@ def _train_runs(
         (reference_setup if reference_setup is not None and ref else setup)(f, c, s)
         for f, c, s, ref in zip(federations, configs, seeds, marks)
     ]
-    stacked = frozenset(id(run) for (run, _), f in zip(pairs, fast or []) if f)
+    stacked = frozenset(id(run) for (run, _), f in zip(pairs, marks) if f)
     lockstep([run for run, _ in pairs], partial(local_epochs, fast=stacked))
     return [finish(run.outcome()) for run, finish in pairs]
 
