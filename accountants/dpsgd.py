@@ -178,13 +178,29 @@ def _opacus_arithmetic(q: float, sigma: float, steps: int):
         ) from None
 
 
-def _prv_limit() -> int:
-    """Grid points allowed: PRV_MAX_POINTS, or less when the machine has less free memory."""
+def _available_bytes() -> int | None:
+    """Memory the kernel can give without swapping: MemAvailable (free pages plus reclaimable
+    cache), not the free pages alone, which a machine whose page cache holds a test suite's
+    files reports as a fraction of what it can hand out. None where neither can be read."""
     try:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not POSIX: the fixed cap alone
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX
+        return None
+
+
+def _prv_limit() -> int:
+    """Grid points allowed: PRV_MAX_POINTS, or less when the machine has less available memory."""
+    available = _available_bytes()
+    if available is None:
         return PRV_MAX_POINTS
-    return int(min(PRV_MAX_POINTS, free / (2 * PRV_BYTES_PER_POINT)))
+    return int(min(PRV_MAX_POINTS, available / (2 * PRV_BYTES_PER_POINT)))
 
 
 def prv_bracket(
@@ -198,14 +214,8 @@ def prv_bracket(
     # opacus pulls in torch; import lazily so `accountants` itself stays torch-free.
     from opacus.accountants import PRVAccountant
 
-    points, limit = prv_grid_points(q, sigma, steps, delta, eps_error), _prv_limit()
-    if points > limit:
-        raise ValueError(
-            f"accountant prv needs a grid of {points:,} points (about {points * PRV_BYTES_PER_POINT / 2**30:.1f} "
-            f"GiB) at steps={steps}, sample_rate={q:g}; privkit allows {limit:,} on this machine: use "
-            "accountant pld (same tightness, memory nearly flat in steps)"
-        )
-    delta_error = delta / 1000  # opacus's default
+    points = prv_grid_points(q, sigma, steps, delta, eps_error)
+    # the certificate's own limit first: it holds on every machine, the memory cap on this one
     rounding = steps * 20 * math.ceil(math.log2(max(points, 2))) * 2.0**-52
     if rounding > delta / 10:
         # PRV composes by FFT in float64: about 20 log2(points) x 2^-52 of the mass lands on the
@@ -218,6 +228,14 @@ def prv_bracket(
             f"float rounding (of order {rounding:.2g}) passes a tenth of delta; use accountant "
             "pld (certified against its own rounding)"
         )
+    limit = _prv_limit()
+    if points > limit:
+        raise ValueError(
+            f"accountant prv needs a grid of {points:,} points (about {points * PRV_BYTES_PER_POINT / 2**30:.1f} "
+            f"GiB) at steps={steps}, sample_rate={q:g}; privkit allows {limit:,} on this machine: use "
+            "accountant pld (same tightness, memory nearly flat in steps)"
+        )
+    delta_error = delta / 1000  # opacus's default
     acc = PRVAccountant()
     acc.history = [(sigma, q, steps)]
     with warnings.catch_warnings(), _opacus_arithmetic(q, sigma, steps):

@@ -95,3 +95,18 @@ def test_prv_is_refused_where_its_fft_rounding_reaches_delta():
         acc.prv_bracket(0.3, 1.5, 3000, 1e-12)
     low, _, up = acc.prv_bracket(0.01, 1.0, 1000, 1e-5)
     assert low <= acc.dpsgd_epsilon(0.01, 1.0, 1000, 1e-5, accountant="pld") <= up
+
+
+def test_prv_refusals_name_their_reason_whatever_the_machines_memory(monkeypatch):
+    """The rounding refusal is a property of the request and comes first on every machine (CI's
+    had so little *free* memory that the grid cap answered instead); the memory cap reads the
+    memory the kernel can hand out (MemAvailable, page cache included), and refuses by name."""
+    from accountants import dpsgd
+
+    monkeypatch.setattr(dpsgd, "_prv_limit", lambda: 1_000)
+    with pytest.raises(ValueError, match=r"prv is not certified at delta=1e-12 with steps=3000"):
+        acc.prv_bracket(0.3, 1.5, 3000, 1e-12)
+    with pytest.raises(ValueError, match=r"needs a grid of [\d,]+ points .* privkit allows 1,000"):
+        acc.prv_bracket(0.01, 1.0, 1000, 1e-5)
+    available = dpsgd._available_bytes()
+    assert available is None or available > 0
