@@ -141,8 +141,8 @@ class DenseCanaryStep(DpSgdStep):
 
 def dense_observer(can: GradientCanaries) -> GradientCanaries:
     """``can`` observing as before: the whole release and clean sum on the host, in float64."""
-    can._observe_sparse = lambda released, base, scale, dense: can._observe_dense(
-        released, base, scale
+    can._observe_sparse = lambda released, base, scale, share, dense: can._observe_dense(
+        released, base, scale, share
     )
     return can
 

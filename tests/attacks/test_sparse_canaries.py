@@ -114,13 +114,17 @@ def test_sparse_addition_is_the_vector_s_support():
 @pytest.mark.parametrize("clean", ["list", "flat", "none"])
 @pytest.mark.parametrize("scale", [1.0, 2.5])
 @pytest.mark.parametrize("records", [False, True])
-@pytest.mark.parametrize("chunk", [None, 16, "joined"])
+@pytest.mark.parametrize("chunk", [None, 16, "joined", "share", "share-joined"])
 def test_sparse_observation_equals_the_dense_one(
     know_batch, clean, scale, records, chunk, monkeypatch
 ):
-    if chunk == "joined":  # a GPU's form: the tensors joined, one gather, one transfer
+    if chunk in ("share", "share-joined"):
+        # a release past the read limit: a rotating share of 8-coordinate blocks (stride 3)
+        monkeypatch.setattr(whitebox, "NOISE_READ", 40)
+        monkeypatch.setattr(whitebox, "NOISE_BLOCK", 8)
+    if chunk in ("joined", "share-joined"):  # a GPU's form: joined, one gather, one transfer
         monkeypatch.setattr(whitebox, "joined_on", lambda device: True)
-    elif chunk is not None:  # the noise scale's pass read in chunks (longer tensors than 16 here)
+    elif chunk == 16:  # the noise scale's pass read in chunks (longer tensors than 16 here)
         monkeypatch.setattr(whitebox, "SQUARES_CHUNK", chunk)
     sparse, dense = _canaries(know_batch=know_batch), _dense(_canaries(know_batch=know_batch))
     for c in (sparse, dense):
@@ -246,12 +250,15 @@ def _train(sigma, claimed, seed, *, dense, release=False, steps=40, q=0.05):
 
 
 @pytest.mark.parametrize("release", [False, True])
-@pytest.mark.parametrize("chunk", [None, 64, "joined"])
+@pytest.mark.parametrize("chunk", [None, 64, "joined", "share"])
 def test_dp_sgd_step_releases_and_audits_exactly_as_the_dense_path(release, chunk, monkeypatch):
     if (
         chunk == "joined"
     ):  # a GPU's forms: canaries added to the joined sum, the release read joined
         monkeypatch.setattr(whitebox, "joined_on", lambda device: True)
+    elif chunk == "share":  # the release (515 entries) read in a share of 32-entry blocks
+        monkeypatch.setattr(whitebox, "NOISE_READ", 200)
+        monkeypatch.setattr(whitebox, "NOISE_BLOCK", 32)
     elif chunk is not None:  # the noise scale read in chunks (the model's weights have 384 entries)
         monkeypatch.setattr(whitebox, "SQUARES_CHUNK", chunk)
     claimed = 1.5
