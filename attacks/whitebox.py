@@ -250,6 +250,10 @@ class GradientCanaries:
     raw_norm : an included canary's gradient norm before a mechanism clips it (canaries at the
         mechanism, :meth:`vector`); default ``4 * clip_norm``.
     seed : audit seed: coins, directions and the canaries' own sampling use separate streams.
+    witness : number of coordinates no canary uses, watched as the noise's own witnesses.
+    noise_read : the most coordinates of one release the noise scale reads (Dirac canaries);
+        ``None``: :data:`NOISE_READ`. A longer release is read in a rotating share of its blocks
+        (:attr:`noise_stride`); ``dim`` reads every release whole.
     """
 
     def __init__(
@@ -266,6 +270,7 @@ class GradientCanaries:
         raw_norm: float | None = None,
         seed: int = 0,
         witness: int = 256,
+        noise_read: int | None = None,
     ):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}; found {kind!r}")
@@ -285,6 +290,10 @@ class GradientCanaries:
             raise ValueError(f"steps must be an integer >= 1 or None; found {steps!r}")
         if not isinstance(witness, (int, np.integer)) or witness < 0:
             raise ValueError(f"witness must be an integer >= 0; found {witness!r}")
+        if noise_read is not None and (
+            not isinstance(noise_read, (int, np.integer)) or noise_read < 1
+        ):
+            raise ValueError(f"noise_read must be an integer >= 1 or None; found {noise_read!r}")
         raw = 4.0 * clip_norm if raw_norm is None else float(raw_norm)
         if not raw > 0 or not math.isfinite(raw):
             raise ValueError(f"raw_norm must be a finite number > 0; found {raw_norm}")
@@ -293,6 +302,7 @@ class GradientCanaries:
         self.noise_multiplier = None if noise_multiplier is None else float(noise_multiplier)
         self.claimed_steps = None if steps is None else int(steps)
         self.know_batch = know_batch
+        self.noise_read = None if noise_read is None else int(noise_read)
         self.included = stream(seed, "gradient-canaries/coins").random(self.n) < 0.5
         self.included_ids = np.flatnonzero(self.included)
         rng = stream(seed, "gradient-canaries/directions")
@@ -346,8 +356,10 @@ class GradientCanaries:
     @property
     def noise_stride(self) -> int:
         """Releases it takes the noise scale to read every coordinate once: 1 up to
-        :data:`NOISE_READ` coordinates (each release read whole), then one block in ``stride``."""
-        return max(1, -(-self.dim // NOISE_READ))
+        ``noise_read`` (default :data:`NOISE_READ`) coordinates, each release read whole; past
+        it, one block in ``stride``."""
+        limit = getattr(self, "noise_read", None) or NOISE_READ  # None: pickled before the knob
+        return max(1, -(-self.dim // limit))
 
     def _noise_share(self) -> _NoiseShare:
         """The blocks the noise scale reads at the release being observed."""

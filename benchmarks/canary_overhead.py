@@ -11,9 +11,11 @@ sum, canaries, release noise) on two models, batch 64 of 32x32x3 inputs, 10 clas
 For each model, with 0, 500 and 1000 Dirac canaries (:class:`attacks.whitebox.GradientCanaries`,
 256 witnesses), through the canaries' ``sparse`` path (what privkit runs: the sampled canaries added
 in place at their own coordinates on the tensors' device and put back after the release, the
-release read at the reserved coordinates only, one read of each tensor for the noise scale: on
-the CPU in chunks through a cached buffer, no tensor-sized temporary) and
-the ``dense`` path it replaced (the ``vector`` of every coordinate built and added to every
+release read at the reserved coordinates only, and for the noise scale one read of at most
+``attacks.whitebox.NOISE_READ`` coordinates, a rotating share of a longer release's blocks: on
+the CPU in chunks through a cached buffer, no tensor-sized temporary), ``full-read`` (the same
+with the whole release read for the noise scale every step, as before the share: the
+``noise_read=dim`` knob) and the ``dense`` path it replaced (the ``vector`` of every coordinate built and added to every
 parameter each step, the whole release and clean sum copied to the host in float64), in release
 mode (``DpRandom.secret``: the grid's exact noise) and with a seeded torch generator (``seeded``:
 cheaper noise, so the canaries' share of the step is larger). Every configuration runs once per
@@ -27,6 +29,10 @@ canaries' own work alone (adding them, putting them back, ``observe``) on the mo
 tensors, median of 50, for each path.
 
     OMP_NUM_THREADS=1 python benchmarks/canary_overhead.py --json [--device cpu|cuda] [--repeats 15]
+        [--paths sparse,full-read,dense]
+
+(``--paths sparse,full-read`` leaves out the dense path, whose 15-30 MB host copies a step also
+churn the allocator under the configurations timed after them.)
 
 With ``--json`` one JSON object is printed (recorded in benchmarks/results/canary_overhead_cpu.json,
 one torch thread; ``canary_overhead_cuda.json``: ``--device cuda --models resnet_gn,mlp,resnet18``
@@ -155,23 +161,31 @@ def _sync(device: torch.device) -> None:
 def _canaries(model: nn.Module, n: int, path: str) -> GradientCanaries | None:
     if n == 0:
         return None
-    can = GradientCanaries.for_parameters(
-        list(model.parameters()),
+    dim = sum(p.numel() for p in model.parameters())
+    can = GradientCanaries(
+        dim,
         n,
         clip_norm=1.0,
         sample_rate=BATCH / DATASET,
         noise_multiplier=1.0,
+        noise_read=dim if path in ("full-read", "dense") else None,
     )
     return dense_observer(can) if path == "dense" else can
 
 
-def canary_ops_ms(model: nn.Module, n: int, device: torch.device, reps: int = 50) -> dict:
+PATHS = {"sparse": DpSgdStep, "full-read": DpSgdStep}  # and "dense": DenseCanaryStep, below
+
+
+def canary_ops_ms(
+    model: nn.Module, n: int, device: torch.device, reps: int = 50, paths=("sparse", "dense")
+) -> dict:
     """The canaries' own work per step on the model's gradient shapes (median ms), per path."""
     grads = [torch.randn_like(p) for p in model.parameters()]
     names = [str(i) for i in range(len(grads))]
     total = dict(zip(names, grads))
     out = {}
-    for path, step_cls in (("sparse", DpSgdStep), ("dense", DenseCanaryStep)):
+    for path in paths:
+        step_cls = DenseCanaryStep if path == "dense" else PATHS[path]
         step = step_cls(1.0, 1.0, 0.5, DATASET)  # rate 0.5: about a quarter of the canaries added
         can = _canaries(model, n, path)
         src = DpRandom(torch.Generator().manual_seed(0))
@@ -206,11 +220,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--canaries", default="0,500,1000")
     ap.add_argument("--models", default="resnet_gn,mlp")
+    ap.add_argument("--paths", default="sparse,full-read,dense", help="canary paths to time")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     counts = [int(c) for c in args.canaries.split(",")]
+    paths = args.paths.split(",")
+    unknown = [p for p in paths if p not in (*PATHS, "dense")]
+    if unknown:
+        ap.exit(2, f"--paths must name sparse, full-read or dense; found {unknown[0]!r}\n")
     g = torch.Generator().manual_seed(0)
     x = torch.randn(BATCH, 3, 32, 32, generator=g).to(device)
     y = torch.randint(0, 10, (BATCH,), generator=g).to(device)
@@ -223,7 +242,7 @@ def main() -> None:
         state[name] = model
         for noise in ("release", "seeded"):
             for n in counts:
-                for path in ("sparse", "dense") if n else ("none",):
+                for path in paths if n else ("none",):
                     configs.append((name, noise, n, path))
     runners = {}
     for cfg in configs:
@@ -286,7 +305,8 @@ def main() -> None:
             }
         )
     ops = {
-        name: {str(n): canary_ops_ms(state[name], n, device) for n in counts if n} for name in state
+        name: {str(n): canary_ops_ms(state[name], n, device, paths=paths) for n in counts if n}
+        for name in state
     }
     try:
         commit = subprocess.run(

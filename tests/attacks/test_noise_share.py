@@ -120,3 +120,17 @@ def test_the_share_is_the_same_read_on_every_path(shared, monkeypatch):
     _observe(joined, 7)
     assert cpu._noise_dof == joined._noise_dof
     np.testing.assert_allclose(cpu._noise_ss, joined._noise_ss, rtol=1e-6)
+
+
+def test_noise_read_sets_the_limit_per_canary_set(shared):
+    """``noise_read`` overrides the module's limit: the dimension reads every release whole."""
+    whole = GradientCanaries(DIM, 40, clip_norm=CLIP, sample_rate=0.2, noise_read=DIM)
+    assert whole.noise_stride == 1
+    _observe(whole, 3)
+    assert whole._noise_dof == [DIM - int(whole.included.sum())] * STEPS
+    assert (
+        GradientCanaries(DIM, 40, clip_norm=CLIP, sample_rate=0.2, noise_read=100).noise_stride
+        == 10
+    )
+    with pytest.raises(ValueError, match="noise_read must be an integer >= 1 or None; found 0"):
+        GradientCanaries(DIM, 40, clip_norm=CLIP, sample_rate=0.2, noise_read=0)
