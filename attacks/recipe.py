@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from attacks.conv_layout import channels_last_inference
+
 #: probabilities are floored here before the log: only exact zeros are affected (float64 cannot
 #: represent 1 - p below ~1e-16), and the log stays finite for the attacks' statistics.
 PROBABILITY_FLOOR = 1e-30
@@ -62,7 +64,7 @@ def torch_logits(model, x: np.ndarray, *, batch_size: int = 1024, device: Any = 
     model.to(device).eval()
     out = []
     try:
-        with torch.no_grad():
+        with torch.no_grad(), channels_last_inference(model, device):
             for s in range(0, len(x), batch_size):
                 xb = torch.as_tensor(
                     np.asarray(x[s : s + batch_size]), dtype=torch.float32, device=device

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attacks.conv_layout import channels_last_inference
 from privkit.errors import PrivkitError
 from privkit.models import FeatureClassifier, build_model, model_spec, select_device
 from privkit.seeding import seed_torch, torch_generator
@@ -192,9 +193,10 @@ def predict_logits(
     """Logits for ``x`` (eval mode, batched), as a float32 numpy array."""
     model.to(device).eval()
     out = []
-    for start in range(0, len(x), batch_size):
-        xb = as_tensor(x[start : start + batch_size], device, torch.float32)
-        out.append(model(xb).float().cpu())
+    with channels_last_inference(model, device):
+        for start in range(0, len(x), batch_size):
+            xb = as_tensor(x[start : start + batch_size], device, torch.float32)
+            out.append(model(xb).float().cpu())
     model.train()
     return torch.cat(out).numpy() if out else np.zeros((0, 0), np.float32)
 
@@ -205,10 +207,11 @@ def embed(
 ) -> np.ndarray:
     """Feature vectors h(x) (eval mode, batched)."""
     model.to(device).eval()
-    out = [
-        model.embed(as_tensor(x[s : s + batch_size], device, torch.float32)).cpu()
-        for s in range(0, len(x), batch_size)
-    ]
+    with channels_last_inference(model, device):
+        out = [
+            model.embed(as_tensor(x[s : s + batch_size], device, torch.float32)).cpu()
+            for s in range(0, len(x), batch_size)
+        ]
     model.train()
     return torch.cat(out).numpy()
 
