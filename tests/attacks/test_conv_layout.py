@@ -45,12 +45,11 @@ def test_logits_equal_the_default_layout_s_and_the_model_is_given_back(shape):
 def test_inside_the_block_the_weights_are_channels_last_and_an_error_still_gives_them_back():
     model = _cnn()
     before = _tensors(model)
-    with pytest.raises(RuntimeError, match="inside"):
-        with channels_last_inference(model, "cpu"):
-            conv = model.features[0].weight
-            assert conv.is_contiguous(memory_format=torch.channels_last)
-            assert not conv.is_contiguous()
-            raise RuntimeError("inside")
+    with pytest.raises(RuntimeError, match="inside"), channels_last_inference(model, "cpu"):
+        conv = model.features[0].weight
+        assert conv.is_contiguous(memory_format=torch.channels_last)
+        assert not conv.is_contiguous()
+        raise RuntimeError("inside")
     assert _same(model, before)
 
 
