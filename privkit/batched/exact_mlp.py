@@ -221,8 +221,9 @@ def train_exact(
     :func:`~privkit.trainers.common.train_supervised` trains one with a fresh ``optimizer``
     (``"sgd"`` or ``"adam"``) at ``lr``: mean cross-entropy per batch plus, where ``mu[j] > 0``,
     ``mu[j] / 2 ||theta - anchors[j]||^2`` over the trainable parameters. Returns each model's
-    summed ``(batch loss) x (batch size)`` over its batches from ``loss_from[j]`` on (label targets;
-    none without ``loss_from``).
+    summed ``(batch loss) x (batch size)`` over its batches from ``loss_from[j]`` on (none without
+    ``loss_from``): the batch's mean cross-entropy, or with soft targets its
+    ``KL(targets || softmax)`` as :func:`~privkit.trainers.common.distill` takes it.
 
     The models take their steps in turns, each step's gradient and update together (one model's
     tensors stay in cache; an update of all models' parameters at once is bound by memory traffic).
@@ -274,7 +275,11 @@ def train_exact(
                 if t >= first[j]:
                     extra = sum((d.pow(2).sum() for d in diffs.values()), torch.zeros(())) * half
             if t >= first[j]:
-                loss = torch.nn.functional.nll_loss(logp, yb)
+                loss = (
+                    torch.nn.functional.kl_div(logp, yb, reduction="batchmean")
+                    if m.soft
+                    else torch.nn.functional.nll_loss(logp, yb)
+                )
                 totals[j] += float(loss + extra if extra is not None else loss) * len(b)
             _update(
                 optimizer,
@@ -476,7 +481,7 @@ def _train_stacked(
             if below:
                 g = torch.bmm(g, p[w][:a].mT) * (acts[i] > 0)
         counted = t >= first[:a]
-        count = not soft and bool(counted.any())
+        count = bool(counted.any())
         extra = torch.zeros(a, device=device)
         if prox:  # (mu/2) ||theta - anchor||^2: gradient mu (theta - anchor), added in place
             for k in names:
@@ -484,9 +489,13 @@ def _train_stacked(
                 grads[k].addcmul_(mus[:a].view(-1, *([1] * (d.dim() - 1))), d)
                 if count:  # the term's value only where the loss is counted
                     extra += 0.5 * mus[:a] * d.square_().flatten(1).sum(1)
-        if count:
-            nll = (logp.gather(2, y[..., None])[..., 0] * scale).sum(1)  # the batch's mean loss
-            totals[:a] += torch.where(counted, (nll + extra) * c, 0.0).double()
+        if count:  # the batch's mean loss: cross-entropy, or KL(targets || softmax) (batchmean)
+            if soft:
+                per_row = (torch.xlogy(y, y) - y * logp).sum(-1)
+                mean = (per_row * -scale).sum(1)
+            else:
+                mean = (logp.gather(2, y[..., None])[..., 0] * scale).sum(1)
+            totals[:a] += torch.where(counted, (mean + extra) * c, 0.0).double()
         ps, gs = [p[k][:a] for k in names], [grads[k] for k in names]
         if optimizer == "adam":  # torch's fused Adam: one pass over the weights, not seven
             step = torch.full((), float(t + 1), device=device)

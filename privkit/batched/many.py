@@ -215,12 +215,17 @@ def unstack(stacked: dict[str, torch.Tensor], j: int) -> dict[str, torch.Tensor]
     return {k: v[j] for k, v in stacked.items()}
 
 
-def lockstep(runs: Sequence, local_round: Callable[[list, list[list[int]]], list | None]) -> None:
+def lockstep(
+    runs: Sequence,
+    local_round: Callable[[list, list[list[int]]], list | None],
+    finish_together: Callable[[list, list], None] | None = None,
+) -> None:
     """Drive run objects round by round: each run that goes on picks its clients (``next_round``;
     ``None`` once it has ended), ``local_round(runs, clients)`` trains the clients of all of them
     at once (returning per run what its ``finish_round`` takes: one argument, or a tuple of its
     arguments, e.g. the states and the clients' release receipts; or ``None`` when it takes
-    nothing), then each run finishes its round."""
+    nothing), then each run finishes its round, or ``finish_together(runs, outputs)`` finishes
+    all of them (one argument each)."""
     if len({str(r.spec) for r in runs}) != 1:
         raise ValueError("batched runs need one model architecture; found several")
     while True:
@@ -229,9 +234,12 @@ def lockstep(runs: Sequence, local_round: Callable[[list, list[list[int]]], list
         if not going:
             return
         out = local_round([runs[i] for i in going], [picked[i] for i in going])
-        for at, i in enumerate(going):
-            args = () if out is None else out[at] if isinstance(out[at], tuple) else (out[at],)
-            runs[i].finish_round(*args)
+        if finish_together is not None and out is not None:
+            finish_together([runs[i] for i in going], out)
+        else:
+            for at, i in enumerate(going):
+                args = () if out is None else out[at] if isinstance(out[at], tuple) else (out[at],)
+                runs[i].finish_round(*args)
         done = _ROUND_DONE.get()
         if done is not None:  # train_one's progress bar
             done()

@@ -25,9 +25,10 @@ import torch
 from privkit.batched.exact_mlp import mlp_layers, model_for, stacked_logits, train_exact
 from privkit.batched.many import lockstep
 from privkit.mechanisms.stacked import UnsupportedModelError
+from privkit.trainers.common import distill
 from privkit.trainers.fedaux import fedaux_run
 from privkit.trainers.fedavg import FederatedRun, fedavg_run, fedprox_run
-from privkit.trainers.feddf import feddf_run
+from privkit.trainers.feddf import DistillationStep, DistillJob, feddf_run
 
 
 def local_epochs(
@@ -119,8 +120,85 @@ def _train_runs(
         for f, c, s, ref in zip(federations, configs, seeds, marks)
     ]
     stacked = frozenset(id(run) for (run, _), f in zip(pairs, marks) if f)
-    lockstep([run for run, _ in pairs], partial(local_epochs, fast=stacked))
+    lockstep(
+        [run for run, _ in pairs],
+        partial(local_epochs, fast=stacked),
+        partial(finish_rounds, together=stacked),
+    )
     return [finish(run.outcome()) for run, finish in pairs]
+
+
+def finish_rounds(
+    runs: list[FederatedRun], trained: list, together: frozenset[int] = frozenset()
+) -> None:
+    """Each run's :meth:`~FederatedRun.finish_round` on its clients' ``trained`` copies; the runs
+    whose ``id`` is in ``together`` and whose server step is FedDF's or FedAUX's distillation
+    (:class:`~privkit.trainers.feddf.DistillationStep`) distil together
+    (:func:`distil_together`: equal to each run's own distillation up to float rounding)."""
+    jobs: list[tuple[FederatedRun, DistillJob]] = []
+    for run, got in zip(runs, trained):
+        step = run.server_hook
+        if id(run) not in together or not isinstance(step, DistillationStep):
+            run.finish_round(got)
+            continue
+        locals_ = run.average_round(got)
+        if locals_:
+            jobs.append((run, step.job(run.model, locals_, list(run.selected), run.t)))
+        else:  # no client this round: no server step, as finish_round
+            run.end_round({})
+    for (run, _), kl in zip(jobs, distil_together([job for _, job in jobs])):
+        run.end_round({"distill_kl": kl})
+
+
+def distil_together(jobs: list[DistillJob]) -> list[float]:
+    """Every job's distillation (:func:`~privkit.trainers.common.distill`: Adam on
+    ``KL(targets || softmax)``, its batches drawn from its seed), the models trained in place in
+    one stacked computation (``train_exact(..., stacked=True)``, soft targets); each job's last
+    epoch's mean KL, as ``distill`` returns it. Models that are not privkit MLPs, an empty
+    distillation set or jobs of different step sizes are distilled one after the other."""
+    if not jobs:
+        return []
+    try:
+        mlp_layers(jobs[0].model)
+        stackable = len({j.lr for j in jobs}) == 1 and all(len(j.x) for j in jobs)
+    except UnsupportedModelError:
+        stackable = False
+    if not stackable:
+        return [
+            distill(
+                j.model,
+                j.x,
+                j.targets,
+                epochs=j.epochs,
+                batch_size=j.batch_size,
+                lr=j.lr,
+                device=j.device,
+                seed=j.seed,
+            )
+            for j in jobs
+        ]
+    models = [
+        model_for(
+            j.model,
+            j.x,
+            j.targets,
+            epochs=j.epochs,
+            batch_size=j.batch_size,
+            seed=j.seed,
+            device=j.device,
+            soft=True,
+        )
+        for j in jobs
+    ]
+    totals = train_exact(
+        jobs[0].model,
+        models,
+        optimizer="adam",  # distill's
+        lr=jobs[0].lr,
+        loss_from=[(j.epochs - 1) * (len(m.batches) // j.epochs) for j, m in zip(jobs, models)],
+        stacked=True,
+    )
+    return [total / len(j.x) for j, total in zip(jobs, totals)]
 
 
 def train_fedavg_many(

@@ -167,6 +167,7 @@ class FederatedRun:
         self.rounds: list[dict] = []
         self.last_models: list[nn.Module] = []
         self.last_ids: list[int] = []
+        self.round_losses: list[float] = []  # the current round's clients' losses
         self.sizes = np.array([len(c) for c in federation.clients])
         self.t = 0
         self.selected: list[int] = []
@@ -225,6 +226,14 @@ class FederatedRun:
 
     def finish_round(self, trained: list[tuple[nn.Module, float]]) -> None:
         """Record, average and evaluate the round from the selected clients' trained copies."""
+        locals_ = self.average_round(trained)
+        hook = self.server_hook
+        extra = hook(self.model, locals_, list(self.selected), self.t) if hook and locals_ else {}
+        self.end_round(extra)
+
+    def average_round(self, trained: list[tuple[nn.Module, float]]) -> list[nn.Module]:
+        """:meth:`finish_round` up to the server hook: the ledger entries and the weighted
+        average of the selected clients' trained copies (returned, for the hook)."""
         from accountants import NonPrivateEvent
 
         cfg, t = self.cfg, self.t
@@ -243,21 +252,24 @@ class FederatedRun:
             )
         if states:
             self.model.load_state_dict(average_states(states, weights))
-        hook = self.server_hook
-        extra_metrics = (
-            hook(self.model, locals_, list(self.selected), t) if hook and locals_ else {}
-        )
+        self.round_losses, self.last_models = losses, locals_
+        return locals_
+
+    def end_round(self, extra_metrics: dict) -> None:
+        """:meth:`finish_round` after the server hook (whose metrics are ``extra_metrics``): the
+        evaluation and the round's row."""
+        cfg, losses = self.cfg, self.round_losses
         acc = accuracy(self.model, self.x_test, self.y_test, self.device, cfg.eval_batch_size)
         self.rounds.append(
             {
-                "round": t,
+                "round": self.t,
                 "test_accuracy": acc,
                 "clients": len(self.selected),
                 "train_loss": float(np.nanmean(losses)) if losses else float("nan"),
                 **extra_metrics,
             }
         )
-        self.last_models, self.last_ids = locals_, list(self.selected)
+        self.last_ids = list(self.selected)
 
     def outcome(self) -> FederatedOutcome:
         if not self.cfg.keep_client_models:

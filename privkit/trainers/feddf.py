@@ -16,8 +16,10 @@ participating client); the logits on public data are post-processing of those mo
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
+import torch
 from torch import nn
 
 from privkit.methods.contract import TrainResult
@@ -41,6 +43,79 @@ def ensemble_targets(client_logits: np.ndarray, weights: np.ndarray | None = Non
     return (p / p.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
+@dataclass
+class DistillJob:
+    """One server step's distillation: ``model`` trained towards ``targets`` on ``x`` as
+    :func:`~privkit.trainers.common.distill` trains it (Adam)."""
+
+    model: nn.Module
+    x: np.ndarray
+    targets: np.ndarray
+    epochs: int
+    batch_size: int
+    lr: float
+    seed: int
+    device: torch.device
+
+
+class DistillationStep:
+    """Server step of FedDF (``scores=None``) or FedAUX (``scores``: clients x distill points), as
+    :func:`distillation_hook` makes it: called as a server hook it distils at once; :meth:`job`
+    gives the same step's teachers, soft labels and settings without training, for an engine
+    that distils many runs' models together (an audit's reference runs,
+    :mod:`privkit.batched.many_fedavg`)."""
+
+    def __init__(self, federation, cfg: FedDFConfig, seed: int, scores, store, teachers):
+        self.x_distill, _ = federation.public_arrays("distill")
+        self.device = resolve_device(cfg)
+        self.cfg, self.seed, self.scores = cfg, seed, scores
+        self.store, self.teachers = store, teachers
+
+    def _teacher_logits(self, client_models: list[nn.Module]) -> np.ndarray:
+        x, device = self.x_distill, self.device
+        logits = self.teachers(client_models, x, device) if self.teachers is not None else None
+        if logits is not None:
+            return logits
+        return np.stack(
+            [predict_logits(m, x, device, self.cfg.eval_batch_size) for m in client_models]
+        )
+
+    def job(self, model: nn.Module, client_models: list[nn.Module], ids: list[int], t: int):
+        """Round ``t``'s distillation of ``model`` (the soft labels stored as the hook stores
+        them)."""
+        weights = None if self.scores is None else self.scores[ids]
+        targets = ensemble_targets(self._teacher_logits(client_models), weights)
+        if self.store is not None:
+            self.store["soft_labels"] = targets
+        cfg = self.cfg
+        return DistillJob(
+            model,
+            self.x_distill,
+            targets,
+            cfg.distill_epochs,
+            cfg.distill_batch_size,
+            cfg.distill_lr,
+            derive_seed(self.seed, f"distill-{t}"),
+            self.device,
+        )
+
+    def __call__(
+        self, model: nn.Module, client_models: list[nn.Module], ids: list[int], t: int
+    ) -> dict:
+        j = self.job(model, client_models, ids, t)
+        kl = distill(
+            j.model,
+            j.x,
+            j.targets,
+            epochs=j.epochs,
+            batch_size=j.batch_size,
+            lr=j.lr,
+            device=j.device,
+            seed=j.seed,
+        )
+        return {"distill_kl": kl}
+
+
 def distillation_hook(
     federation,
     cfg: FedDFConfig,
@@ -48,7 +123,7 @@ def distillation_hook(
     scores: np.ndarray | None = None,
     store: dict | None = None,
     teachers: Callable | None = None,
-):
+) -> DistillationStep:
     """Server step of FedDF (``scores=None``) or FedAUX (``scores``: clients x distill points).
 
     ``store`` (optional dict) receives the last round's soft labels under ``"soft_labels"``.
@@ -57,36 +132,7 @@ def distillation_hook(
     forward): an audit's reference runs take them together
     (:mod:`privkit.batched.many_fedavg`).
     """
-    x_distill, _ = federation.public_arrays("distill")
-    device = resolve_device(cfg)
-
-    def teacher_logits(client_models: list[nn.Module]) -> np.ndarray:
-        logits = teachers(client_models, x_distill, device) if teachers is not None else None
-        if logits is not None:
-            return logits
-        return np.stack(
-            [predict_logits(m, x_distill, device, cfg.eval_batch_size) for m in client_models]
-        )
-
-    def hook(model: nn.Module, client_models: list[nn.Module], ids: list[int], t: int) -> dict:
-        logits = teacher_logits(client_models)
-        weights = None if scores is None else scores[ids]
-        targets = ensemble_targets(logits, weights)
-        kl = distill(
-            model,
-            x_distill,
-            targets,
-            epochs=cfg.distill_epochs,
-            batch_size=cfg.distill_batch_size,
-            lr=cfg.distill_lr,
-            device=device,
-            seed=derive_seed(seed, f"distill-{t}"),
-        )
-        if store is not None:
-            store["soft_labels"] = targets
-        return {"distill_kl": kl}
-
-    return hook
+    return DistillationStep(federation, cfg, seed, scores, store, teachers)
 
 
 def feddf_run(
@@ -124,4 +170,12 @@ def train_feddf(federation, config: FedDFConfig, seed: int, progress: bool = Fal
     return finish(drive(run, progress, "feddf rounds"))
 
 
-__all__ = ["FedDFConfig", "distillation_hook", "ensemble_targets", "feddf_run", "train_feddf"]
+__all__ = [
+    "DistillJob",
+    "DistillationStep",
+    "FedDFConfig",
+    "distillation_hook",
+    "ensemble_targets",
+    "feddf_run",
+    "train_feddf",
+]

@@ -57,3 +57,107 @@ def test_stacked_teachers_decline_models_that_are_not_privkit_mlps():
     torch.manual_seed(0)
     cnns = [build_model("cnn", (1, 28, 28), 10) for _ in range(2)]
     assert stacked_teachers(cnns, np.zeros((3, 1, 28, 28), np.float32), torch.device("cpu")) is None
+
+
+def _jobs(n_runs: int, arch: str = "mlp"):
+    """``n_runs`` FedDF server steps of one round (their own global models, teachers and seeds)."""
+    from privkit.trainers.feddf import DistillationStep
+
+    fed = build_federation(FederationConfig(partition="dirichlet", clients=4, seed=0))
+    cfg = make_config(
+        "feddf", {"arch": arch, "feature_dim": 16, "device": "cpu", "distill_epochs": 2}
+    )
+    x, _ = fed.public_arrays("distill")
+    shape = tuple(x.shape[1:])
+    jobs = []
+    for r in range(n_runs):
+        torch.manual_seed(10 + r)
+        model = build_model(arch, shape, fed.num_classes, feature_dim=16)
+        clients = [build_model(arch, shape, fed.num_classes, feature_dim=16) for _ in range(3)]
+        step = DistillationStep(fed, cfg, 100 + r, None, {}, None)
+        jobs.append(step.job(model, clients, [0, 1, 2], 3))
+    return jobs
+
+
+def test_reference_runs_distil_together_as_each_alone():
+    """``distil_together`` (one stacked Adam over the runs' models, soft targets) gives each run's
+    weights and last-epoch KL of ``distill`` up to float rounding."""
+    from privkit.batched.many_fedavg import distil_together
+    from privkit.trainers.common import distill
+
+    together, alone, fresh = _jobs(3), _jobs(3), _jobs(3)
+    kls = distil_together(together)
+    for job, kl, solo, start in zip(together, kls, alone, fresh):
+        want = distill(
+            solo.model,
+            solo.x,
+            solo.targets,
+            epochs=solo.epochs,
+            batch_size=solo.batch_size,
+            lr=solo.lr,
+            device=solo.device,
+            seed=solo.seed,
+        )
+        assert kl == pytest.approx(want, rel=1e-4)
+        for (name, a), (_, b) in zip(job.model.named_parameters(), solo.model.named_parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, msg=name)
+        assert not torch.equal(job.model.head.weight, start.model.head.weight)  # it trained
+
+
+def test_exact_kernels_with_soft_targets_return_distill_s_kl_bit_for_bit():
+    """``train_exact`` (one model after the other, the single run's kernels) with soft targets
+    and ``loss_from``: the weights and the KL ``distill`` gives, exactly."""
+    from privkit.batched.exact_mlp import model_for, train_exact
+    from privkit.trainers.common import distill
+
+    (job,), (solo,) = _jobs(1), _jobs(1)
+    m = model_for(
+        job.model,
+        job.x,
+        job.targets,
+        epochs=2,
+        batch_size=job.batch_size,
+        seed=job.seed,
+        device=job.device,
+        soft=True,
+    )
+    (total,) = train_exact(
+        job.model, [m], optimizer="adam", lr=job.lr, loss_from=[len(m.batches) // 2]
+    )
+    want = distill(
+        solo.model,
+        solo.x,
+        solo.targets,
+        epochs=2,
+        batch_size=solo.batch_size,
+        lr=solo.lr,
+        device=solo.device,
+        seed=solo.seed,
+    )
+    assert total / len(job.x) == pytest.approx(want, rel=1e-6)
+    for a, b in zip(job.model.parameters(), solo.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_a_cnn_s_reference_runs_distil_one_after_the_other():
+    """Models ``train_exact`` does not cover distil through ``distill`` itself: the same bits."""
+    from privkit.batched.many_fedavg import distil_together
+    from privkit.trainers.common import distill
+
+    together, alone = _jobs(2, "cnn"), _jobs(2, "cnn")
+    kls = distil_together(together)
+    for job, kl, solo in zip(together, kls, alone):
+        want = distill(
+            solo.model,
+            solo.x,
+            solo.targets,
+            epochs=solo.epochs,
+            batch_size=solo.batch_size,
+            lr=solo.lr,
+            device=solo.device,
+            seed=solo.seed,
+        )
+        assert kl == want
+        assert all(
+            torch.equal(a, b) for a, b in zip(job.model.parameters(), solo.model.parameters())
+        )
