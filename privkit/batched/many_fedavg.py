@@ -10,8 +10,10 @@ Adam per round), models with fewer batches idling once theirs have run out. Thes
 with Adam, which amplifies float rounding (:mod:`privkit.batched.exact_mlp`), so each model runs
 exactly the single run's kernels: the batch saves the per-step overhead, not the arithmetic. An
 audit's reference runs (``fast``) train with the stacked kernels instead
-(``train_exact(..., stacked=True)``: equal up to float rounding). FedDF's and FedAUX's distillation (the server hook) and FedAUX's score release run per run, as in
-the single run.
+(``train_exact(..., stacked=True)``: equal up to float rounding). Their FedDF and FedAUX server
+steps take each run's teachers' logits in one batched product (:func:`stacked_teachers`) and
+distil all of the runs' models together (:func:`distil_together`). Every other run's server step,
+and FedAUX's score release, run per run, as in the single run.
 """
 
 from __future__ import annotations
@@ -256,6 +258,8 @@ def train_fedaux_many(
 
 
 __all__ = [
+    "distil_together",
+    "finish_rounds",
     "local_epochs",
     "stacked_teachers",
     "train_fedaux_many",
