@@ -132,6 +132,32 @@ def test_reference_runs_of_an_adam_method_take_the_stacked_kernels(fed):
     assert [r.reproducible_noise for r in mixed] == [False, True]
 
 
+@pytest.mark.parametrize("method", ["feddf", "fedaux"])
+def test_reference_runs_of_feddf_and_fedaux_distil_together(fed, method):
+    """FedDF and FedAUX: the target run is its single run bit for bit; a reference run's clients
+    and server step (teachers and distillation: ``distil_together``) take the stacked kernels,
+    equal to its single run with seeded noise up to float rounding, every round's row recorded
+    with its KL."""
+    torch.set_num_threads(1)
+    cfg = {**TINY_FEDAVG, "distill_epochs": 1, "distill_lr": 1e-3}
+    if method == "fedaux":
+        cfg["pretrain"] = False
+    feds = [fed, fed]
+    # the runs as single runs with seeded noise (FedAUX's scores draw noise; a reference run's
+    # is seeded), the exact kernels
+    exact = train_many(method, feds, {**cfg, "reproducible_noise": True}, [3, 4])
+    mixed = train_many(method, feds, cfg, [3, 4], references=[False, True])
+    if method == "feddf":  # no noise at all: the release-mode target run is its single run
+        assert _max_diff(exact[0].model, mixed[0].model) == 0
+    # 3e-6 measured; without the reference runs' distillation, 2e-2
+    assert 0 < _max_diff(exact[1].model, mixed[1].model) <= 1e-4
+    got, want = mixed[1].rounds, exact[1].rounds
+    assert [sorted(r) for r in got] == [sorted(r) for r in want]
+    np.testing.assert_allclose(
+        [r["distill_kl"] for r in got], [r["distill_kl"] for r in want], rtol=1e-4
+    )
+
+
 FEDMD = TINY_FEDMD
 
 
