@@ -27,7 +27,6 @@ import torch
 from privkit.batched.exact_mlp import mlp_layers, model_for, stacked_logits, train_exact
 from privkit.batched.many import lockstep
 from privkit.mechanisms.stacked import UnsupportedModelError
-from privkit.trainers.common import distill
 from privkit.trainers.fedaux import fedaux_run
 from privkit.trainers.fedavg import FederatedRun, fedavg_run, fedprox_run
 from privkit.trainers.feddf import DistillationStep, DistillJob, feddf_run
@@ -166,19 +165,7 @@ def distil_together(jobs: list[DistillJob]) -> list[float]:
     except UnsupportedModelError:
         stackable = False
     if not stackable:
-        return [
-            distill(
-                j.model,
-                j.x,
-                j.targets,
-                epochs=j.epochs,
-                batch_size=j.batch_size,
-                lr=j.lr,
-                device=j.device,
-                seed=j.seed,
-            )
-            for j in jobs
-        ]
+        return [j.run() for j in jobs]
     models = [
         model_for(
             j.model,

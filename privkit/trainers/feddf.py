@@ -57,6 +57,20 @@ class DistillJob:
     seed: int
     device: torch.device
 
+    def run(self) -> float:
+        """The distillation itself (:func:`~privkit.trainers.common.distill`): ``model`` trained
+        in place; the last epoch's mean KL."""
+        return distill(
+            self.model,
+            self.x,
+            self.targets,
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            device=self.device,
+            seed=self.seed,
+        )
+
 
 class DistillationStep:
     """Server step of FedDF (``scores=None``) or FedAUX (``scores``: clients x distill points), as
@@ -102,18 +116,7 @@ class DistillationStep:
     def __call__(
         self, model: nn.Module, client_models: list[nn.Module], ids: list[int], t: int
     ) -> dict:
-        j = self.job(model, client_models, ids, t)
-        kl = distill(
-            j.model,
-            j.x,
-            j.targets,
-            epochs=j.epochs,
-            batch_size=j.batch_size,
-            lr=j.lr,
-            device=j.device,
-            seed=j.seed,
-        )
-        return {"distill_kl": kl}
+        return {"distill_kl": self.job(model, client_models, ids, t).run()}
 
 
 def distillation_hook(

@@ -79,25 +79,31 @@ def _jobs(n_runs: int, arch: str = "mlp"):
     return jobs
 
 
+def _distill_alone(job) -> float:
+    """``job`` distilled by :func:`privkit.trainers.common.distill` itself (the reference)."""
+    from privkit.trainers.common import distill
+
+    return distill(
+        job.model,
+        job.x,
+        job.targets,
+        epochs=job.epochs,
+        batch_size=job.batch_size,
+        lr=job.lr,
+        device=job.device,
+        seed=job.seed,
+    )
+
+
 def test_reference_runs_distil_together_as_each_alone():
     """``distil_together`` (one stacked Adam over the runs' models, soft targets) gives each run's
     weights and last-epoch KL of ``distill`` up to float rounding."""
     from privkit.batched.many_fedavg import distil_together
-    from privkit.trainers.common import distill
 
     together, alone, fresh = _jobs(3), _jobs(3), _jobs(3)
     kls = distil_together(together)
     for job, kl, solo, start in zip(together, kls, alone, fresh):
-        want = distill(
-            solo.model,
-            solo.x,
-            solo.targets,
-            epochs=solo.epochs,
-            batch_size=solo.batch_size,
-            lr=solo.lr,
-            device=solo.device,
-            seed=solo.seed,
-        )
+        want = _distill_alone(solo)
         assert kl == pytest.approx(want, rel=1e-4)
         for (name, a), (_, b) in zip(job.model.named_parameters(), solo.model.named_parameters()):
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, msg=name)
@@ -108,7 +114,6 @@ def test_exact_kernels_with_soft_targets_return_distill_s_kl_bit_for_bit():
     """``train_exact`` (one model after the other, the single run's kernels) with soft targets
     and ``loss_from``: the weights and the KL ``distill`` gives, exactly."""
     from privkit.batched.exact_mlp import model_for, train_exact
-    from privkit.trainers.common import distill
 
     (job,), (solo,) = _jobs(1), _jobs(1)
     m = model_for(
@@ -124,16 +129,7 @@ def test_exact_kernels_with_soft_targets_return_distill_s_kl_bit_for_bit():
     (total,) = train_exact(
         job.model, [m], optimizer="adam", lr=job.lr, loss_from=[len(m.batches) // 2]
     )
-    want = distill(
-        solo.model,
-        solo.x,
-        solo.targets,
-        epochs=2,
-        batch_size=solo.batch_size,
-        lr=solo.lr,
-        device=solo.device,
-        seed=solo.seed,
-    )
+    want = _distill_alone(solo)  # 2 epochs, as the model_for above
     assert total / len(job.x) == pytest.approx(want, rel=1e-6)
     for a, b in zip(job.model.parameters(), solo.model.parameters()):
         assert torch.equal(a, b)
@@ -142,21 +138,11 @@ def test_exact_kernels_with_soft_targets_return_distill_s_kl_bit_for_bit():
 def test_a_cnn_s_reference_runs_distil_one_after_the_other():
     """Models ``train_exact`` does not cover distil through ``distill`` itself: the same bits."""
     from privkit.batched.many_fedavg import distil_together
-    from privkit.trainers.common import distill
 
     together, alone = _jobs(2, "cnn"), _jobs(2, "cnn")
     kls = distil_together(together)
     for job, kl, solo in zip(together, kls, alone):
-        want = distill(
-            solo.model,
-            solo.x,
-            solo.targets,
-            epochs=solo.epochs,
-            batch_size=solo.batch_size,
-            lr=solo.lr,
-            device=solo.device,
-            seed=solo.seed,
-        )
+        want = _distill_alone(solo)
         assert kl == want
         assert all(
             torch.equal(a, b) for a, b in zip(job.model.parameters(), solo.model.parameters())
