@@ -724,7 +724,7 @@ class GradientCanaries:
         d = got.to(flat.dtype)
         if ref is not None:
             d = d - host[n : 2 * n].to(flat.dtype)
-        inc = torch.as_tensor(layout.at_coords[share.included], dtype=torch.long)
+        inc = share.included_on(d.device, layout)  # host: d came back with the transfer
         noise_ss = float(host[-1]) - float(d[inc].to(torch.float64).square().sum())
         return x, wit, max(0.0, noise_ss) / self.clip_norm**2
 
