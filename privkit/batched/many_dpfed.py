@@ -20,7 +20,10 @@ mentee's features as well as both models' logits; each client's receipts go to
 :meth:`FedKdRun.finish_round <privkit.trainers.fedkd.FedKdRun.finish_round>`.
 
 An audit's reference runs (``fast``) draw the noise of all their clients of a step in one draw
-(:class:`~privkit.batched.many.LocalDp`: seeded, the same law, not their single runs' numbers).
+(:class:`~privkit.batched.many.LocalDp`: seeded, the same law, not their single runs' numbers),
+and with plain SGD train apart from the other clients, their first layers over the inputs their
+records use (:mod:`privkit.batched.used_inputs`: the other inputs' weights take the round's
+summed noise in one draw, the same law).
 Inside an audit's probing block each probed client's model takes the canaries its single run's
 step takes (:meth:`~privkit.mechanisms.dp_sgd_step.DpSgdStep.probes`, label ``dp-sgd``).
 """
@@ -34,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from privkit.batched.many import LocalDp, ce_losses, local_dp_sgd, lockstep, stacked_on, unstack
+from privkit.batched.used_inputs import Narrowed, first_layers, narrowable
 from privkit.mechanisms.dp_sgd_step import DpSgdStep
 from privkit.mechanisms.stacked import StackedModels
 from privkit.mechanisms.stacked_pairs import StackedPairs
@@ -106,15 +110,50 @@ def _round(
 ) -> list[tuple[list[dict[str, torch.Tensor]], list[list]]]:
     """One round's local updates of every (run, client) pair; per run, its states in sampled order
     and its clients' release receipts (what :meth:`DpFedRun.finish_round` takes; ``fast``:
-    :func:`_jobs`)."""
+    :func:`_jobs`). The pairs whose jobs are :func:`~privkit.batched.used_inputs.narrowable`
+    (an audit's reference clients) train apart, over the inputs their records use
+    (:class:`~privkit.batched.used_inputs.Narrowed`), where the model and optimiser allow it."""
     pairs = [(r, k) for r, ks in zip(runs, sampled) for k in ks]
-    cfg, device = runs[0].cfg, runs[0].device
+    models = [r.model for r, _ in pairs]
+    jobs = _jobs(pairs, models, runs[0].device, fast)
+    states: list[dict[str, torch.Tensor]] = [{} for _ in pairs]
+    for part, weights in _parts(jobs, first_layers(models[0], runs[0].cfg.optimizer)):
+        trained = _local(runs[0], [pairs[i] for i in part], [jobs[i] for i in part], weights)
+        for i, state in zip(part, trained):
+            states[i] = state
+    out: list[list[dict[str, torch.Tensor]]] = []
+    at = 0
+    for ks in sampled:
+        out.append(states[at : at + len(ks)])
+        at += len(ks)
+    return list(zip(out, _per_run(sampled, jobs)))
+
+
+def _parts(jobs: list[LocalDp], weights: list[str]) -> list[tuple[list[int], list[str]]]:
+    """The jobs trained together, as positions, each part with the weights it narrows: the
+    :func:`~privkit.batched.used_inputs.narrowable` jobs apart with ``weights`` (where there are
+    any), the others with none; empty parts left out."""
+    narrow = [i for i, j in enumerate(jobs) if weights and narrowable(j)]
+    whole = [i for i in range(len(jobs)) if i not in set(narrow)]
+    return [(part, w) for part, w in ((whole, []), (narrow, weights)) if part]
+
+
+def _local(
+    run: DpFedRun, pairs: list[tuple], jobs: list[LocalDp], weights: list[str]
+) -> list[dict[str, torch.Tensor]]:
+    """The pairs' local DP-SGD steps as one stacked computation (``run``: any run of the round,
+    for the config and device), each pair's state after them; ``weights``: the first layer's
+    weight where the jobs train it over their used inputs (:class:`Narrowed`), else none."""
+    cfg, device = run.cfg, run.device
     models = [r.model for r, _ in pairs]
     params, buffers = stacked_on(models, device)
-    jobs = _jobs(pairs, models, device, fast)
+    narrowed = Narrowed.of(weights, params, jobs)
+    before = params
+    if narrowed is not None:
+        params, jobs = narrowed.params, narrowed.jobs
     net = StackedModels(models[0], len(pairs))
     aux, losses = None, ce_losses
-    if runs[0].distill:
+    if run.distill:
         teacher = {k: v.clone() for k, v in params.items()}
         rho = torch.tensor([r.rho for r, _ in pairs], device=device)
 
@@ -134,15 +173,14 @@ def _round(
         losses=losses,
         aux=aux,
     )
+    if narrowed is not None:
+        params = narrowed.widen(before, cfg.local_steps, cfg.lr)
     keys = list(models[0].state_dict())
-    out: list[list[dict[str, torch.Tensor]]] = [[] for _ in runs]
-    at = 0
-    for i, ks in enumerate(sampled):
-        for _ in ks:
-            state = {**unstack(params, at), **unstack(buffers, at)}
-            out[i].append({k: state[k] for k in keys})
-            at += 1
-    return list(zip(out, _per_run(sampled, jobs)))
+    states = []
+    for at in range(len(pairs)):
+        state = {**unstack(params, at), **unstack(buffers, at)}
+        states.append({k: state[k] for k in keys})
+    return states
 
 
 # ---------------------------------------------------------------------------- FedKD+DP
@@ -178,25 +216,38 @@ def _kd_round(
     run, its clients' release receipts in sampled order (what :meth:`FedKdRun.finish_round`
     takes; ``fast``: :func:`_jobs`)."""
     pairs = [(r, k) for r, ks in zip(runs, sampled) for k in ks]
-    cfg, device = runs[0].cfg, runs[0].device
     modules = [r.pairs[k] for r, k in pairs]
-    params, buffers = stacked_on(modules, device)
-    jobs = _jobs(pairs, modules, device, fast)
+    jobs = _jobs(pairs, modules, runs[0].device, fast)
+    for part, weights in _parts(jobs, first_layers(modules[0], runs[0].cfg.optimizer)):
+        _kd_local(runs[0], [modules[i] for i in part], [jobs[i] for i in part], weights)
+    return [(receipts,) for receipts in _per_run(sampled, jobs)]
+
+
+def _kd_local(run: FedKdRun, modules: list, jobs: list[LocalDp], weights: list[str]) -> None:
+    """The pairs' (``modules``) local DP-SGD steps as one stacked computation, written back into
+    them (``weights``: :func:`_local`)."""
+    cfg = run.cfg
+    params, buffers = stacked_on(modules, run.device)
+    narrowed = Narrowed.of(weights, params, jobs)
+    before = params
+    if narrowed is not None:
+        params, jobs = narrowed.params, narrowed.jobs
     local_dp_sgd(
-        StackedPairs(modules[0], len(pairs)),
+        StackedPairs(modules[0], len(modules)),
         params,
         buffers,
         jobs,
         cfg.local_steps,
         lr=cfg.lr,
         optimizer=cfg.optimizer,
-        losses=mutual_losses(runs[0].num_classes, cfg.hidden_loss),
+        losses=mutual_losses(run.num_classes, cfg.hidden_loss),
     )
+    if narrowed is not None:
+        params = narrowed.widen(before, cfg.local_steps, cfg.lr)
     with torch.no_grad():
         for j, mod in enumerate(modules):
             for name, p in mod.named_parameters():
                 p.copy_(params[name][j])
-    return [(receipts,) for receipts in _per_run(sampled, jobs)]
 
 
 def _fast_ids(runs: list, fast: list[bool] | None) -> frozenset[int]:
