@@ -267,7 +267,8 @@ class LocalDp:
         one in release mode.
     fast : bool
         An audit's reference model with a seeded ``noise_gen`` (default ``False``): its noise is
-        drawn together with the other such models' (:func:`joint_release`).
+        drawn together with the other such models' (:func:`joint_release`), and so are its
+        Poisson batches where its ``sample_gen`` is seeded too.
     canaries : attacks.whitebox.GradientCanaries or None
         The audit's canaries of this model's mechanism (:meth:`DpSgdStep.probes
         <privkit.mechanisms.dp_sgd_step.DpSgdStep.probes>` for its client; over its trainable
@@ -314,7 +315,8 @@ def local_dp_sgd(
     """``steps`` DP-SGD steps of every job at once, in place on the stacked ``params``.
 
     Model j runs exactly :meth:`DpSgdStep.apply <privkit.mechanisms.dp_sgd_step.DpSgdStep.apply>`
-    with its job's mechanism: a Poisson batch from its sample stream, each example's gradient
+    with its job's mechanism: a Poisson batch from its sample stream (the fast jobs' batches of
+    a step drawn together from the first one's, :class:`_JointSampling`: the same law), each example's gradient
     clipped to the clip norm (by ``net.clipped_sums``: :class:`~privkit.mechanisms.stacked.
     StackedModels` or a model of the same interface), Gaussian noise from its noise stream (one
     draw per parameter, in name order), the sum divided by the expected batch size, and one step
@@ -376,13 +378,10 @@ def local_dp_sgd(
     # every step is fresh pages every step); a step's batch is read within that step only
     gathered = x_all.new_empty((0, *x_all.shape[1:]))
     scratch: dict = {}  # the releases' buffers, kept across the steps likewise (_noisy)
+    joint = _JointSampling.of(jobs, offsets)
     for _ in range(steps):
-        batches = [j.step.sample(j.sample_gen) for j in jobs]
-        counts = [len(b) for b in batches]
-        width = max(1, max(counts))
-        glob = torch.zeros(m, width, dtype=torch.long)
-        for i, b in enumerate(batches):
-            glob[i, : len(b)] = b + offsets[i]
+        counts, glob = _step_batches(jobs, joint, offsets)
+        width = glob.shape[1]
         glob = glob.to(device)
         if len(gathered) < width * m:
             gathered = x_all.new_empty((width * m, *x_all.shape[1:]))
@@ -402,6 +401,69 @@ def local_dp_sgd(
         sums, _ = net.clipped_sums(params, buffers, xb, example_losses, clip, counts=counts)
         grads = _noisy(sums, jobs, names, expected, scratch)
         opt.step(params, grads, active)
+
+
+@dataclass
+class _JointSampling:
+    """The Poisson batches of a step's fast jobs (seeded reference models) drawn together: one
+    ``(jobs, largest client)`` draw of uniforms from the first one's sample stream, each row
+    compared with its job's rate and cut at its job's size (each record of job j included
+    independently at j's rate: the law of its own stream's batch, not its numbers)."""
+
+    rows: torch.Tensor  #: the fast jobs' positions on the model axis
+    sizes: torch.Tensor  #: (rows,) their records
+    rates: torch.Tensor  #: (rows, 1) their sampling rates
+    source: DpRandom  #: the first fast job's sample stream
+    offsets: torch.Tensor  #: (rows,) where each one's records start in the joined records
+
+    @classmethod
+    def of(cls, jobs: Sequence[LocalDp], offsets: torch.Tensor) -> _JointSampling | None:
+        """The joint sampling of ``jobs``' fast ones (None for fewer than two)."""
+        rows = [i for i, j in enumerate(jobs) if j.fast and j.sample_gen.seeded_torch]
+        if len(rows) < 2:
+            return None
+        at = torch.tensor(rows)
+        return cls(
+            at,
+            torch.tensor([jobs[i].step.dataset_size for i in rows]),
+            torch.tensor([[jobs[i].step.sample_rate] for i in rows]),
+            jobs[rows[0]].sample_gen,
+            offsets[at],
+        )
+
+    def draw(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step's batches: per sampled record its job's row (among ``rows``), its rank in
+        that job's batch and its position in the joined records; and each job's batch size."""
+        n = int(self.sizes.max())
+        inside = torch.arange(n) < self.sizes[:, None]
+        mask = self.source.mask(len(self.rows), n, rate=self.rates) & inside
+        row, col = mask.nonzero(as_tuple=True)  # row-major: each row's records in order
+        rank = mask.cumsum(1)[row, col] - 1
+        return row, rank, col + self.offsets[row], mask.sum(1)
+
+
+def _step_batches(
+    jobs: Sequence[LocalDp], joint: _JointSampling | None, offsets: torch.Tensor
+) -> tuple[list[int], torch.Tensor]:
+    """Every job's Poisson batch of a step: their sizes and the ``(jobs, largest)`` positions of
+    their records in the joined records (0 past each batch). The fast jobs' batches are drawn
+    together (``joint``), the others each from its own stream as the single step draws it."""
+    alone = set(range(len(jobs))) - (set(joint.rows.tolist()) if joint is not None else set())
+    batches = {i: jobs[i].step.sample(jobs[i].sample_gen) for i in sorted(alone)}
+    counts = [0] * len(jobs)
+    for i, b in batches.items():
+        counts[i] = len(b)
+    drawn = joint.draw() if joint is not None else None
+    if drawn is not None:
+        for i, c in zip(joint.rows.tolist(), drawn[3].tolist()):
+            counts[i] = c
+    glob = torch.zeros(len(jobs), max(1, max(counts)), dtype=torch.long)
+    for i, b in batches.items():
+        glob[i, : len(b)] = b + offsets[i]
+    if drawn is not None:
+        row, rank, at, _ = drawn
+        glob[joint.rows[row], rank] = at
+    return counts, glob
 
 
 def _noisy(

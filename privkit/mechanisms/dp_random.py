@@ -167,13 +167,17 @@ class DpRandom:
             else NumpyBits(self.source, self.device)
         )
 
-    def mask(self, *size: int, rate: float) -> torch.Tensor:
-        """Independent Bernoulli(``rate``) inclusions of shape ``size`` (a bool CPU tensor)."""
+    def mask(self, *size: int, rate: float | torch.Tensor) -> torch.Tensor:
+        """Independent Bernoulli(``rate``) inclusions of shape ``size`` (a bool CPU tensor);
+        ``rate`` a number or a CPU tensor of rates broadcast against ``size`` (a rate per row:
+        ``(rows, 1)``)."""
         src = self.source
         if isinstance(src, torch.Generator):  # torch.rand(float32) < rate, as opacus draws it
             # drawn where the generator lives (a GPU generator draws only on its device)
-            return (torch.rand(size, generator=src, device=src.device) < rate).cpu()
-        return torch.from_numpy(src.random(size) < rate)
+            r = rate.to(src.device) if isinstance(rate, torch.Tensor) else rate
+            return (torch.rand(size, generator=src, device=src.device) < r).cpu()
+        rates = rate.numpy() if isinstance(rate, torch.Tensor) else rate
+        return torch.from_numpy(src.random(size) < rates)
 
     def randperm(self, n: int) -> torch.Tensor:
         """A uniformly random permutation of ``range(n)`` (int64, CPU)."""
