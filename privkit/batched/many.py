@@ -215,6 +215,14 @@ def unstack(stacked: dict[str, torch.Tensor], j: int) -> dict[str, torch.Tensor]
     return {k: v[j] for k, v in stacked.items()}
 
 
+def unreported(runs: Sequence, references: Sequence[bool] | None) -> None:
+    """Mark an audit's reference runs (``references``) as never reported: their run objects skip
+    the metrics only a report reads (``report_metrics``: every round's test accuracy, the
+    client models' accuracies; what their training reads stays, and so do their models)."""
+    for run, ref in zip(runs, references or []):
+        run.report_metrics = not ref
+
+
 def lockstep(
     runs: Sequence,
     local_round: Callable[[list, list[list[int]]], list | None],

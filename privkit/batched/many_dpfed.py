@@ -36,7 +36,15 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from privkit.batched.many import LocalDp, ce_losses, local_dp_sgd, lockstep, stacked_on, unstack
+from privkit.batched.many import (
+    LocalDp,
+    ce_losses,
+    local_dp_sgd,
+    lockstep,
+    stacked_on,
+    unreported,
+    unstack,
+)
 from privkit.batched.used_inputs import Narrowed, first_layers, narrowable
 from privkit.mechanisms.dp_sgd_step import DpSgdStep
 from privkit.mechanisms.stacked import StackedModels
@@ -261,6 +269,7 @@ def train_dpfed_many(
     ``fedkadp``), the clients of all runs' rounds batched (each client's streams from its run's
     config; the clients of the runs ``fast`` marks draw their noise together, :class:`LocalDp`)."""
     runs = [run_for(method, f, c, s) for f, c, s in zip(federations, configs, seeds)]
+    unreported(runs, fast)
     lockstep(runs, partial(_round, fast=_fast_ids(runs, fast)))
     return [r.result() for r in runs]
 
@@ -271,6 +280,7 @@ def train_fedkd_many(
     """``train("fedkd-dp", federations[j], configs[j], seeds[j])`` for every j, batched (``fast``:
     :func:`train_dpfed_many`)."""
     runs = [FedKdRun(f, c, s) for f, c, s in zip(federations, configs, seeds)]
+    unreported(runs, fast)
     lockstep(runs, partial(_kd_round, fast=_fast_ids(runs, fast)))
     return [r.result() for r in runs]
 

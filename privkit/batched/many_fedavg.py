@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from privkit.batched.exact_mlp import mlp_layers, model_for, stacked_logits, train_exact
-from privkit.batched.many import lockstep
+from privkit.batched.many import lockstep, unreported
 from privkit.mechanisms.stacked import UnsupportedModelError
 from privkit.trainers.fedaux import fedaux_run
 from privkit.trainers.fedavg import FederatedRun, fedavg_run, fedprox_run
@@ -121,6 +121,7 @@ def _train_runs(
         for f, c, s, ref in zip(federations, configs, seeds, marks)
     ]
     stacked = frozenset(id(run) for (run, _), f in zip(pairs, marks) if f)
+    unreported([run for run, _ in pairs], marks)
     lockstep(
         [run for run, _ in pairs],
         partial(local_epochs, fast=stacked),

@@ -17,7 +17,7 @@ The steps' releases and receipts are unchanged but for their width: each step st
 the client's whole clipped gradient over the inputs it trains, with noise of the claimed
 scale (an audit's mutation included), and the receipts, which record the noise multiplier, the
 sensitivity and the sampling rate, are the ones of the full release. The audited target run and
-any client with canaries take every step's full release (:func:`narrowed_jobs` leaves them out).
+any client with canaries take every step's full release (:func:`narrowable` leaves them out).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from torch import nn
 
 from privkit.batched.exact_mlp import _inputs_in_use, mlp_layers
 from privkit.batched.many import LocalDp
-from privkit.mechanisms import mutations
 from privkit.mechanisms.stacked import UnsupportedModelError
 
 
@@ -103,37 +102,45 @@ class Narrowed:
         self, full: dict[str, torch.Tensor], steps: int, lr: float
     ) -> dict[str, torch.Tensor]:
         """``full`` (the stacked parameters before the round) with the trained narrowed
-        parameters in place, and each model's other weights of the inputs moved by one draw of
-        the sum of ``steps`` steps' noise (scaled as the steps' releases scale theirs, divided by
-        the expected batch size and times ``lr``), drawn from the first job's noise stream."""
+        parameters in place, and each model's other weights of the inputs moved by the sum of
+        ``steps`` steps' noise there, divided by the expected batch size and times ``lr``."""
         out = {k: v for k, v in self.params.items() if k not in self.weights}
         cols, rest = self.order[:, : self.kept], self.order[:, self.kept :]
-        first = full[self.weights[0]]
         outs = [full[name].shape[1] for name in self.weights]
-        factor = mutations.active().noise_factor  # the release primitive's (1.0 outside audits)
+        noise = self._summed_noise(sum(outs), rest.shape[1], steps, full[self.weights[0]])
         scale = torch.tensor(
-            [
-                lr
-                * math.sqrt(steps)
-                * j.step.noise_multiplier
-                * j.step.clip_norm
-                * factor
-                / j.step.expected_batch_size
-                for j in self.jobs
-            ],
-            dtype=first.dtype,
-            device=first.device,
+            [lr / j.step.expected_batch_size for j in self.jobs], device=noise.device
         )
-        # one draw for every weight: (models, sum of their outputs, unused inputs)
-        noise = self.jobs[0].noise_gen.randn(
-            (len(first), sum(outs), rest.shape[1]), dtype=first.dtype
-        )
-        noise = noise.to(first.device).mul_(scale.view(-1, 1, 1))
+        noise.mul_(scale.to(noise.dtype).view(-1, 1, 1))
         for name, part in zip(self.weights, noise.split(outs, dim=1)):
             n = full[name].shape[1]
             w = full[name].scatter(2, cols[:, None, :].expand(-1, n, -1), self.params[name])
             out[name] = w.scatter_add_(2, rest[:, None, :].expand(-1, n, -1), -part)
         return out
+
+    def _summed_noise(self, outs: int, unused: int, steps: int, like: torch.Tensor) -> torch.Tensor:
+        """Per model ``(outs, unused)`` normals, the sum of ``steps`` releases' noise at its step's
+        scale: each group of models with one noise scale and clip norm drawn as rows of one release
+        of ``steps`` times the variance (:func:`~privkit.mechanisms.gaussian_release_rows`, from the
+        group's first noise stream, an audit's mutation applied there). The receipts of those
+        coordinates are the steps' own, already in the jobs' lists; this draw's are not kept."""
+        from privkit.mechanisms.gaussian import gaussian_release_rows
+
+        noise = like.new_empty((len(self.jobs), outs, unused))
+        groups: dict[tuple[float, float], list[int]] = {}
+        for i, j in enumerate(self.jobs):
+            key = (j.step.noise_multiplier * j.step.clip_norm, float(j.step.clip_norm))
+            groups.setdefault(key, []).append(i)
+        for (std, clip), rows in groups.items():
+            drawn, _ = gaussian_release_rows(
+                like.new_zeros((len(rows), outs * unused)),
+                std=std * math.sqrt(steps),
+                sensitivity=clip,
+                source=self.jobs[rows[0]].noise_gen,
+                sample_rates=[None] * len(rows),
+            )
+            noise[torch.tensor(rows, device=like.device)] = drawn.view(len(rows), outs, unused)
+        return noise
 
 
 __all__ = ["Narrowed", "first_layers", "narrowable"]

@@ -342,6 +342,12 @@ class DpFedRun:
 
     #: whether clients distill from the global model (FedKADP's loss, temperature :attr:`rho`)
     distill = False
+    #: whether every round's row carries its metrics (test accuracy, public validation loss and
+    #: accuracy); an audit's reference runs, never reported, skip those their training does not
+    #: read (NaN in their rows; the final test accuracy stays)
+    report_metrics = True
+    #: whether the training reads the public validation metrics (FedKADP's feedback)
+    needs_validation = False
 
     def __init__(
         self,
@@ -452,8 +458,15 @@ class DpFedRun:
             self.ledger.add(k, ev, f"round {t}: dp-sgd", round=t)
         self.model.load_state_dict(_mean_state(states))
         self.sigmas_used.append(self.sigma)
-        val_loss, val_acc = _public_eval(self.model, self.x_val, self.y_val, device)
-        test_acc = accuracy(self.model, self.x_test, self.y_test, device)
+        nan = float("nan")
+        val_loss, val_acc = (
+            _public_eval(self.model, self.x_val, self.y_val, device)
+            if self.report_metrics or self.needs_validation
+            else (nan, nan)
+        )
+        test_acc = (
+            accuracy(self.model, self.x_test, self.y_test, device) if self.report_metrics else nan
+        )
         row = {
             "round": t,
             "test_accuracy": test_acc,

@@ -54,6 +54,8 @@ class FederatedOutcome:
     client_models: list[nn.Module]
     client_ids: list[int]
     pretrain_info: dict = field(default_factory=dict)
+    #: :attr:`FederatedRun.report_metrics` (False: the client models' accuracies are not taken)
+    report_metrics: bool = True
 
 
 def _prox_term(mu: float, anchor: dict[str, torch.Tensor]):
@@ -137,6 +139,11 @@ class FederatedRun:
     server hook, evaluation. The batched path (:mod:`privkit.batched.many_fedavg`) trains the
     selected clients of many runs at once and hands each run its copies the same way.
     """
+
+    #: whether every round's row carries the test accuracy and the result the client models'
+    #: accuracies; an audit's reference runs, never reported, skip them (NaN in their rows but
+    #: the last, whose accuracy is the result's)
+    report_metrics = True
 
     def __init__(
         self,
@@ -259,7 +266,11 @@ class FederatedRun:
         """:meth:`finish_round` after the server hook (whose metrics are ``extra_metrics``): the
         evaluation and the round's row."""
         cfg, losses = self.cfg, self.round_losses
-        acc = accuracy(self.model, self.x_test, self.y_test, self.device, cfg.eval_batch_size)
+        acc = (
+            accuracy(self.model, self.x_test, self.y_test, self.device, cfg.eval_batch_size)
+            if self.report_metrics or self.t >= cfg.rounds  # the last round's is the result's
+            else float("nan")
+        )
         self.rounds.append(
             {
                 "round": self.t,
@@ -282,6 +293,7 @@ class FederatedRun:
             self.last_models,
             self.last_ids,
             self.pretrain_info or {},
+            self.report_metrics,
         )
 
 
@@ -357,7 +369,7 @@ def result_from_outcome(
     if out.client_models:
         arts["client_model_ids"] = np.asarray(out.client_ids, dtype=np.int64)
     client_acc: list[float] = []
-    if federation is not None and out.client_models:
+    if federation is not None and out.client_models and out.report_metrics:
         device = resolve_device(cfg)
         x_test, y_test = federation.test_arrays()
         client_acc = [

@@ -132,6 +132,7 @@ class FedKadpRun(DpFedRun):
     def __init__(self, federation, cfg: FedKADPConfig, seed: int):
         super().__init__(federation, cfg, seed, method="fedkadp")
         self.adaptive = adaptive = cfg.feedback
+        self.needs_validation = adaptive  # the feedback reads the validation metrics
         self.rdp_filter = _plan_filter(cfg, max(self.rates)) if adaptive else None
         self.rho = cfg.rho_min if adaptive else cfg.temperature
         self.weights = (

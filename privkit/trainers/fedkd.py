@@ -206,6 +206,11 @@ class FedKdRun:
     :meth:`client_seed`, and :meth:`finish_round` compresses, accounts and averages the updates.
     The batched path (:mod:`privkit.batched.many_dpfed`) steps many runs' pairs together."""
 
+    #: whether the rounds' rows and the result carry the test accuracies (every round's mentee,
+    #: the mentors); an audit's reference runs, never reported, skip them (NaN in their rows, no
+    #: mentor accuracies; the final test accuracy stays)
+    report_metrics = True
+
     def __init__(self, federation, cfg: FedKDConfig, seed: int):
         from accountants import Ledger
 
@@ -307,7 +312,11 @@ class FedKdRun:
                 p.copy_(start[n] + down[n])
         row = {
             "round": t,
-            "test_accuracy": accuracy(self.mentee, self.x_test, self.y_test, self.device),
+            "test_accuracy": (
+                accuracy(self.mentee, self.x_test, self.y_test, self.device)
+                if self.report_metrics
+                else float("nan")
+            ),
             "epsilon": self.budget.worst,
             "clients": list(self.sampled),
             "energy": energy,
@@ -321,7 +330,11 @@ class FedKdRun:
         cfg, stop = self.cfg, self.stop
         x_test, y_test = self.x_test, self.y_test
         mentors = [p.mentor.cpu() for p in self.pairs]
-        mentor_acc = [accuracy(m, x_test, y_test, torch.device("cpu")) for m in mentors]
+        mentor_acc = (
+            [accuracy(m, x_test, y_test, torch.device("cpu")) for m in mentors]
+            if self.report_metrics
+            else []
+        )
         warnings = [
             (
                 f"Accounting is record-level, per client, add/remove-one neighbours: each round a client takes "

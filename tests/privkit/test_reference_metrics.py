@@ -1,0 +1,51 @@
+"""An audit's reference runs skip the metrics only a report reads (``privkit.batched.many.unreported``).
+
+A reference run is the auditor's own model, never reported: its run object leaves out every
+round's test accuracy and its client models' accuracies (what its training reads, FedKADP's
+validation metrics, stays). What must hold: its model and final test accuracy are bit for bit
+those of the same run taking every metric, and the target run keeps them all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from audit_helpers import TINY_DPFED, TINY_FEDAVG
+
+from privkit.batched.many import train_many
+from privkit.data import FederationConfig, build_federation
+
+
+@pytest.mark.parametrize(
+    "method, config",
+    [
+        ("dp-fedavg", TINY_DPFED),
+        ("fedkadp", {**TINY_DPFED, "rounds": 3}),
+        ("fedkd-dp", {**TINY_DPFED, "mentor_feature_dim": 24, "rounds": 2}),
+        ("fedavg", TINY_FEDAVG),
+    ],
+)
+def test_reference_runs_skip_only_the_reported_metrics(monkeypatch, method, config):
+    """Reference runs leave out the metrics only a report reads (every round's test accuracy, the
+    client models' accuracies): their models are bit for bit those of runs that take them, and so
+    is their final test accuracy; the target run keeps every metric."""
+    from privkit.batched import many, many_dpfed, many_fedavg
+
+    fed = build_federation(FederationConfig(partition="dirichlet", clients=20, seed=0))
+    refs = [False, True, True]
+    skipped = train_many(method, [fed] * 3, config, [1, 2, 3], references=refs)
+    for module in (many, many_dpfed, many_fedavg):
+        monkeypatch.setattr(module, "unreported", lambda runs, marks: None)
+    taken = train_many(method, [fed] * 3, config, [1, 2, 3], references=refs)
+    for s, t in zip(skipped[1:], taken[1:]):
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(s.model.state_dict().values(), t.model.state_dict().values())
+        )
+        assert s.test_accuracy == t.test_accuracy
+        assert np.isnan([r["test_accuracy"] for r in s.rounds[:-1]]).all()
+        assert not np.isnan([r["test_accuracy"] for r in t.rounds]).any()
+        assert not s.client_accuracy and len(t.client_accuracy) == len(t.client_models)
+        assert len(t.client_models) > 0 or method in ("dp-fedavg", "fedkadp")
+    assert not np.isnan([r["test_accuracy"] for r in skipped[0].rounds]).any()
