@@ -343,8 +343,8 @@ class DpFedRun:
     #: whether clients distill from the global model (FedKADP's loss, temperature :attr:`rho`)
     distill = False
     #: whether every round's row carries its metrics (test accuracy, public validation loss and
-    #: accuracy); an audit's reference runs, never reported, skip those their training does not
-    #: read (NaN in their rows; the final test accuracy stays)
+    #: accuracy) and the claims the paper's formula (Sec. 4.2); an audit's reference runs, never
+    #: reported, skip those their training does not read (NaN; the final test accuracy stays)
     report_metrics = True
     #: whether the training reads the public validation metrics (FedKADP's feedback)
     needs_validation = False
@@ -501,11 +501,18 @@ class DpFedRun:
         """The run's :class:`TrainResult` (after :meth:`next_round` returned ``None``)."""
         cfg, sigmas_used, per_round = self.cfg, self.sigmas_used, self.per_round
         test_acc = accuracy(self.model, self.x_test, self.y_test, self.device)
-        paper_server = paper_epsilon(
-            sigmas_used, cfg.client_fraction, cfg.local_steps, cfg.delta, n=per_round
-        )
-        paper_client = paper_epsilon(
-            sigmas_used, cfg.client_fraction, cfg.local_steps, cfg.delta, n=1
+        # the paper's formula, only ever reported (an audit's reference run leaves it out: with
+        # FedKADP's per-round noise multipliers it is a few ms a round)
+        unreported = (math.nan, None)
+        paper_server, paper_client = (
+            (
+                paper_epsilon(
+                    sigmas_used, cfg.client_fraction, cfg.local_steps, cfg.delta, n=per_round
+                ),
+                paper_epsilon(sigmas_used, cfg.client_fraction, cfg.local_steps, cfg.delta, n=1),
+            )
+            if self.report_metrics
+            else (unreported, unreported)
         )
         claims = {
             "epsilon": paper_server[0],

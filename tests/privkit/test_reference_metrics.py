@@ -1,9 +1,10 @@
 """An audit's reference runs skip the metrics only a report reads (``privkit.batched.many.unreported``).
 
 A reference run is the auditor's own model, never reported: its run object leaves out every
-round's test accuracy and its client models' accuracies (what its training reads, FedKADP's
-validation metrics, stays). What must hold: its model and final test accuracy are bit for bit
-those of the same run taking every metric, and the target run keeps them all.
+round's test accuracy, its client models' accuracies and the paper's claimed epsilon (what its
+training reads, FedKADP's validation metrics, stays). What must hold: its model and final test
+accuracy are bit for bit those of the same run taking every metric, and the target run keeps them
+all.
 """
 
 from __future__ import annotations
@@ -48,4 +49,7 @@ def test_reference_runs_skip_only_the_reported_metrics(monkeypatch, method, conf
         assert not np.isnan([r["test_accuracy"] for r in t.rounds]).any()
         assert not s.client_accuracy and len(t.client_accuracy) == len(t.client_models)
         assert len(t.client_models) > 0 or method in ("dp-fedavg", "fedkadp")
+        if method in ("dp-fedavg", "fedkadp"):  # the paper's formula: reported only
+            assert np.isnan(s.claims["epsilon"]) and np.isfinite(t.claims["epsilon"])
+            assert s.claims["privkit_epsilon"] == t.claims["privkit_epsilon"]
     assert not np.isnan([r["test_accuracy"] for r in skipped[0].rounds]).any()
