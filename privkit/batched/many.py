@@ -484,8 +484,8 @@ def _noisy(
     """Model i's noisy sum as the single step releases it (:func:`privkit.mechanisms.gaussian_release`
     from the model's own stream: seeded, its tensors in name order; in release mode on one grid;
     an audit's noise factor applied there), divided by its expected batch size. The fast jobs
-    (reference models, seeded) with equal noise and clip norm are released together, one row
-    each, from the first one's stream: one draw for all of them.
+    (reference models, seeded) with equal clip norm are released together, one row each at its
+    own noise scale, from the first one's stream: one draw for all of them.
 
     A job's canaries are taken as :meth:`DpSgdStep.noisy_gradient
     <privkit.mechanisms.dp_sgd_step.DpSgdStep.noisy_gradient>` takes them: every probed job's
@@ -505,11 +505,11 @@ def _noisy(
     }
     released: dict[int, list[torch.Tensor]] = {}
     grads = {k: _kept(scratch, ("grad", k), tuple(v.shape), v) for k, v in sums.items()}
-    groups: dict[tuple[float, float], list[int]] = {}
+    groups: dict[float, list[int]] = {}
     for i, j in enumerate(jobs):
         std = j.step.noise_multiplier * j.step.clip_norm
         if j.fast and j.noise_gen.seeded_torch:
-            groups.setdefault((std, float(j.step.clip_norm)), []).append(i)
+            groups.setdefault(float(j.step.clip_norm), []).append(i)
             continue
         noisy, receipt = gaussian_release(
             {k: v[i] for k, v in sums.items()},
@@ -523,16 +523,17 @@ def _noisy(
             released[i] = [noisy[k] for k in names]
         for k, v in noisy.items():
             grads[k][i] = v / expected[i]
-    for (s, clip), rows in groups.items():
+    for clip, rows in groups.items():
         at = _rows_of(rows, expected.device)
+        stds = [jobs[i].step.noise_multiplier * jobs[i].step.clip_norm for i in rows]
         noisy, receipts = joint_release(
             sums,
             rows,
-            std=s,
+            std=stds[0] if len(set(stds)) == 1 else stds,
             clip=clip,
             source=jobs[rows[0]].noise_gen,
             sample_rates=[jobs[i].step.sample_rate for i in rows],
-            scratch=scratch.setdefault(("rows", s, clip), {}),
+            scratch=scratch.setdefault(("rows", clip), {}),
         )
         for r, i in enumerate(rows):
             jobs[i].receipts.append(receipts[r])
@@ -577,7 +578,7 @@ def joint_release(
     sums: dict[str, torch.Tensor],
     rows: Sequence[int],
     *,
-    std: float,
+    std: float | Sequence[float],
     clip: float,
     source: DpRandom,
     sample_rates: Sequence[float | None],
@@ -597,9 +598,10 @@ def joint_release(
         Stacked sums of clipped gradients, each ``(models, ...)``; released in name order.
     rows : Sequence[int]
         The positions on the model axis of the models released.
-    std : float
+    std : float or Sequence[float]
         The noise's standard deviation the mechanism claims (``noise_multiplier * clip``), the
-        same for every row; an audit's mutation scales what is drawn (in the primitive).
+        same for every row or one per row (FedKADP's runs adapt theirs); an audit's mutation
+        scales what is drawn (in the primitive).
     clip : float
         The clip norm: each row's L2 sensitivity.
     source : DpRandom

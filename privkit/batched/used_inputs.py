@@ -31,6 +31,7 @@ from torch import nn
 
 from privkit.batched.exact_mlp import _inputs_in_use, mlp_layers
 from privkit.batched.many import LocalDp
+from privkit.mechanisms import mutations
 from privkit.mechanisms.stacked import UnsupportedModelError
 
 
@@ -119,28 +120,20 @@ class Narrowed:
         return out
 
     def _summed_noise(self, outs: int, unused: int, steps: int, like: torch.Tensor) -> torch.Tensor:
-        """Per model ``(outs, unused)`` normals, the sum of ``steps`` releases' noise at its step's
-        scale: each group of models with one noise scale and clip norm drawn as rows of one release
-        of ``steps`` times the variance (:func:`~privkit.mechanisms.gaussian_release_rows`, from the
-        group's first noise stream, an audit's mutation applied there). The receipts of those
-        coordinates are the steps' own, already in the jobs' lists; this draw's are not kept."""
-        from privkit.mechanisms.gaussian import gaussian_release_rows
-
-        noise = like.new_empty((len(self.jobs), outs, unused))
-        groups: dict[tuple[float, float], list[int]] = {}
-        for i, j in enumerate(self.jobs):
-            key = (j.step.noise_multiplier * j.step.clip_norm, float(j.step.clip_norm))
-            groups.setdefault(key, []).append(i)
-        for (std, clip), rows in groups.items():
-            drawn, _ = gaussian_release_rows(
-                like.new_zeros((len(rows), outs * unused)),
-                std=std * math.sqrt(steps),
-                sensitivity=clip,
-                source=self.jobs[rows[0]].noise_gen,
-                sample_rates=[None] * len(rows),
-            )
-            noise[torch.tensor(rows, device=like.device)] = drawn.view(len(rows), outs, unused)
-        return noise
+        """Per model ``(outs, unused)`` normals, the sum of ``steps`` steps' noise at its step's
+        scale (``sqrt(steps)`` times it), an audit's mutation applied as the release primitive
+        applies it, in one draw from the first job's noise stream. Not a release of its own: these
+        are the unused coordinates' share of the steps' releases, whose receipts the jobs hold."""
+        factor = mutations.active().noise_factor  # the primitive's (1.0 outside audits)
+        scale = torch.tensor(
+            [
+                math.sqrt(steps) * j.step.noise_multiplier * j.step.clip_norm * factor
+                for j in self.jobs
+            ],
+            dtype=like.dtype,
+        )
+        noise = self.jobs[0].noise_gen.randn((len(self.jobs), outs, unused), dtype=like.dtype)
+        return noise.mul_(scale.view(-1, 1, 1)).to(like.device)
 
 
 __all__ = ["Narrowed", "first_layers", "narrowable"]

@@ -35,7 +35,7 @@ draws release noise (``tests/privkit/test_release_primitive.py``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -290,7 +290,11 @@ def _row_release(tensors: list[torch.Tensor], std: float, rows: NormalRows):
 
 
 def _seeded_rows(
-    tensors: list[torch.Tensor], std: float, source: DpRandom, rows: int, out: torch.Tensor | None
+    tensors: list[torch.Tensor],
+    std: float | torch.Tensor,
+    source: DpRandom,
+    rows: int,
+    out: torch.Tensor | None,
 ):
     """Seeded noise for ``rows`` releases laid out as column blocks of ``tensors`` (each
     ``(rows, width_k)``): one ``(rows, sum width_k)`` draw (into ``out`` when given), the numbers
@@ -308,7 +312,8 @@ def _seeded_rows(
         )
     else:
         noise = source.randn(shape, out=out)
-    noise.mul_(std)
+    # one scale, or a (rows, 1) column of each row's
+    noise.mul_(std.to(noise.device, noise.dtype) if isinstance(std, torch.Tensor) else std)
     blocks = list(noise.split(widths, dim=1))
     torch._foreach_add_(blocks, tensors)
     return blocks
@@ -316,7 +321,7 @@ def _seeded_rows(
 
 def _torch_release(
     tensors: list[torch.Tensor],
-    std: float,
+    std: Any,  # a float, or a (rows, 1) tensor of each row's for seeded rows
     source: DpRandom,
     sens: float,
     dim,
@@ -439,7 +444,7 @@ def _check(std: float, sensitivity: float, rates: Sequence[float | None], releas
 
 def _with_noise(
     clean: Any,
-    std: float,
+    std: Any,  # a float; a (rows, 1) tensor of each row's for seeded rows (gaussian_release_rows)
     sensitivity: float,
     source,
     dim,
@@ -471,7 +476,7 @@ def _with_noise(
 def gaussian_release_rows(
     clean: Any,
     *,
-    std: float,
+    std: float | Sequence[float],
     sensitivity: float,
     source: DpRandom | torch.Generator,
     sample_rates: Sequence[float | None],
@@ -497,6 +502,9 @@ def gaussian_release_rows(
     std, sensitivity, source, dim, mutate
         As for :func:`gaussian_release`: the noise, the claimed sensitivity of one row, the
         stream, the coordinates of one row, and whether an audit's mutation scales the noise.
+        ``std`` may also give each row its own scale (one per row; each row's receipt at its
+        own): rows of a list or dict of several ``(rows, width_k)`` tensors from a seeded torch
+        stream, the draw the same as for one scale and each row scaled by its own.
     sample_rates : Sequence[float or None]
         Each row's Poisson rate (each in ``(0, 1]``; ``None``: that row's records unsampled).
     out : torch.Tensor, optional
@@ -513,7 +521,28 @@ def gaussian_release_rows(
     rates = list(sample_rates)
     if not rates:
         raise PrivkitError("sample_rates must name one rate per row; found none")
-    _check(std, sensitivity, rates, len(rates))
-    receipt = Receipt(std / sensitivity, float(sensitivity))
-    released = _with_noise(clean, std, sensitivity, source, dim, len(rates), mutate, out)
-    return released, [replace(receipt, sample_rate=rate) for rate in rates]
+    stds = [float(v) for v in std] if isinstance(std, Sequence) else [float(std)] * len(rates)
+    if len(stds) != len(rates):
+        raise PrivkitError(
+            f"std must give one scale per row; found {len(stds)} for {len(rates)} rows"
+        )
+    for v in stds:
+        _check(v, sensitivity, rates, len(rates))
+    receipts = [
+        Receipt(v / sensitivity, float(sensitivity), sample_rate=rate)
+        for v, rate in zip(stds, rates)
+    ]
+    scale: float | torch.Tensor = stds[0]
+    if len(set(stds)) > 1:  # a scale per row: a (rows, 1) column the seeded rows' draw is scaled by
+        seeded = isinstance(source, torch.Generator) or (
+            isinstance(source, DpRandom) and source.seeded_torch
+        )
+        several = isinstance(clean, (dict, list, tuple)) and len(clean) > 1
+        if not (seeded and several):
+            raise PrivkitError(
+                "a noise scale per row needs several (rows, width) tensors and a seeded torch "
+                f"stream; found {type(clean).__name__} from {type(source).__name__}"
+            )
+        scale = torch.tensor(stds)[:, None]
+    released = _with_noise(clean, scale, sensitivity, source, dim, len(rates), mutate, out)
+    return released, receipts

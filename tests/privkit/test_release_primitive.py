@@ -47,6 +47,10 @@ ALLOWED = {
     "trainers/flip.py": "FLiP's synthetic samples' initialisation (no DP release)",
     "trainers/pretrain.py": "data augmentation of public pre-training (no DP release)",
     "trainers/heads.py": "a random unit direction for a degenerate head (no DP release)",
+    "batched/used_inputs.py": (
+        "an audit's reference client's unused inputs' share of its round's releases, summed "
+        "(the steps' releases hold its receipts; never released on its own)"
+    ),
 }
 
 
@@ -164,6 +168,67 @@ def test_rows_of_unequal_rates_are_one_draw_with_a_receipt_per_row():
     with pytest.raises(PrivkitError, match="seeded=False"):
         gaussian_release_rows(
             clean, **kw, source=DpRandom.secret(), sample_rates=rates, out=torch.empty(3, 6)
+        )
+
+
+def test_rows_may_each_take_their_own_noise_scale():
+    """gaussian_release_rows with one std per row (FedKADP's reference runs adapt theirs): the
+    draw of one scale, each row scaled by its own (an audit's mutation on top), each receipt at
+    its row's multiplier; refused where the rows are not seeded torch rows of several tensors."""
+    clean = [torch.zeros(3, 4), torch.zeros(3, 2)]
+    stds, rates = [0.5, 1.0, 3.0], [0.1, 0.2, None]
+    z = torch.randn((3, 6), generator=torch.Generator().manual_seed(9))
+    rows, receipts = gaussian_release_rows(
+        clean,
+        std=stds,
+        sensitivity=0.5,
+        source=torch.Generator().manual_seed(9),
+        sample_rates=rates,
+    )
+    assert torch.equal(torch.cat(rows, 1), z * torch.tensor(stds)[:, None])
+    assert receipts == [Receipt(v / 0.5, 0.5, rate) for v, rate in zip(stds, rates)]
+    with mutations.mutated(mutations.MUTATIONS["noise x1/2"]):
+        halved, again = gaussian_release_rows(
+            clean,
+            std=stds,
+            sensitivity=0.5,
+            source=DpRandom(torch.Generator().manual_seed(9)),
+            sample_rates=rates,
+        )
+    torch.testing.assert_close(torch.cat(halved, 1), 0.5 * z * torch.tensor(stds)[:, None])
+    assert again == receipts  # the mutation changes the noise, never the receipts
+    # equal scales: the one-scale release, bit for bit
+    one, _ = gaussian_release_rows(
+        clean,
+        std=[2.0] * 3,
+        sensitivity=0.5,
+        source=torch.Generator().manual_seed(9),
+        sample_rates=rates,
+    )
+    assert torch.equal(torch.cat(one, 1), 2.0 * z)
+    with pytest.raises(PrivkitError, match=r"std must give one scale per row; found 2 for 3 rows"):
+        gaussian_release_rows(
+            clean, std=[1.0, 2.0], sensitivity=0.5, source=torch.Generator(), sample_rates=rates
+        )
+    with pytest.raises(PrivkitError, match=r"std must be a finite number >= 0; found -1\.0"):
+        gaussian_release_rows(
+            clean,
+            std=[1.0, -1.0, 2.0],
+            sensitivity=0.5,
+            source=torch.Generator(),
+            sample_rates=rates,
+        )
+    with pytest.raises(PrivkitError, match="a noise scale per row needs"):
+        gaussian_release_rows(
+            clean, std=stds, sensitivity=0.5, source=DpRandom.secret(), sample_rates=rates
+        )
+    with pytest.raises(PrivkitError, match="a noise scale per row needs"):
+        gaussian_release_rows(
+            torch.zeros(3, 6),
+            std=stds,
+            sensitivity=0.5,
+            source=torch.Generator(),
+            sample_rates=rates,
         )
 
 
@@ -331,3 +396,41 @@ def test_model_rows_keep_the_stacked_engine_s_block_draws():
     assert receipt.noise_multiplier == std and receipt.releases == 1
     with pytest.raises(Exception, match="every step it was sized for"):
         gaussian_release(clean, std=std, sensitivity=1.0, source=rows)
+
+
+def test_reference_runs_of_different_noise_release_together_at_their_own_scales(monkeypatch):
+    """Reference runs whose clients hold different noise multipliers within a step (FedKADP's runs
+    adapt theirs; here dp-fedavg runs configured apart) are released in one draw a step, each row
+    at its own scale; each run's ledger admits what its clients released (``finish_round``
+    refuses any other receipt) and records its own multiplier."""
+    from audit_helpers import TINY_DPFED
+
+    from privkit.batched import many
+    from privkit.batched.many_dpfed import train_dpfed_many
+    from privkit.data import FederationConfig, build_federation
+    from privkit.methods.contract import make_config
+
+    calls: list = []
+    original = many.joint_release
+
+    def spy(sums, rows, **kw):
+        calls.append((len(rows), kw["std"]))
+        return original(sums, rows, **kw)
+
+    monkeypatch.setattr(many, "joint_release", spy)
+    fed = build_federation(FederationConfig(partition="dirichlet", clients=20, seed=0))
+    sigmas = [1.0, 0.8, 1.3, 2.0]
+    configs = [  # the reference runs seeded, as an audit's (FederationRecipe.config_for)
+        make_config("dp-fedavg", {**TINY_DPFED, "noise_multiplier": s, "reproducible_noise": i > 0})
+        for i, s in enumerate(sigmas)
+    ]
+    runs = train_dpfed_many("dp-fedavg", [fed] * 4, configs, [1, 2, 3, 4], [False] + [True] * 3)
+    per_round = len(runs[1].rounds[0]["clients"])
+    assert len(calls) == TINY_DPFED["rounds"] * TINY_DPFED["local_steps"]  # one draw a step
+    for n, std in calls:
+        assert n == 3 * per_round
+        assert sorted(set(std)) == sorted(sigmas[1:])  # the clip norm is 1: std = multiplier
+    for run, sigma in zip(runs, sigmas):
+        entries = [e for rows in run.ledger.to_dict()["clients"].values() for e in rows]
+        inner = [e["event"]["fields"]["event"]["fields"]["event"]["fields"] for e in entries]
+        assert entries and {f["noise_multiplier"] for f in inner} == {sigma}
