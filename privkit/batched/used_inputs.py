@@ -77,8 +77,8 @@ class Narrowed:
         cls, weights: list[str], params: dict[str, torch.Tensor], jobs: Sequence[LocalDp]
     ) -> Narrowed | None:
         """The narrowing of ``jobs`` (every one :func:`narrowable`) whose stacked parameters are
-        ``params``; None where there is no weight to narrow or some job uses every input."""
-        if not weights:
+        ``params``; None where there is no trained weight to narrow or some job uses every input."""
+        if not weights or any(name not in params for name in weights):  # none, or frozen
             return None
         flat = [j.x.reshape(len(j.x), -1) for j in jobs]
         need = torch.stack([_inputs_in_use(x) for x in flat])
@@ -133,7 +133,7 @@ class Narrowed:
             dtype=like.dtype,
         )
         noise = self.jobs[0].noise_gen.randn((len(self.jobs), outs, unused), dtype=like.dtype)
-        return noise.mul_(scale.view(-1, 1, 1)).to(like.device)
+        return noise.mul_(scale.to(noise.device).view(-1, 1, 1)).to(like.device)
 
 
 __all__ = ["Narrowed", "first_layers", "narrowable"]
