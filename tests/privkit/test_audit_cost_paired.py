@@ -1,0 +1,49 @@
+"""benchmarks/audit_cost_paired.py: the paired before/after summary and its bad input."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import audit_cost_paired
+
+
+def _side(train: float, audit: float) -> dict:
+    return {"methods": {"m": {"train_cpu_s": train, "audit_cpu_s": audit}}, "conditions": {}}
+
+
+def test_the_summary_pools_the_trainings_and_pairs_the_audits():
+    pairs = [
+        {"before": _side(2.0, 10.0), "after": _side(3.0, 8.0)},
+        {"before": _side(4.0, 12.0), "after": _side(2.5, 9.0)},
+        {"before": _side(3.5, 11.0), "after": _side(2.2, 10.0)},
+    ]
+    s = audit_cost_paired.summarise(pairs)["m"]
+    assert s["audit_cpu_s_before"] == [10.0, 12.0, 11.0]
+    assert s["audit_cpu_s_after"] == [8.0, 9.0, 10.0]
+    # the pairs' changes -20%, -25%, -9.1%: their median
+    assert s["audit_change_median_of_pairs"] == pytest.approx(-0.2)
+    assert s["train_cpu_s_all"] == [2.0, 3.0, 4.0, 2.5, 3.5, 2.2]
+    assert s["train_cpu_s_median"] == pytest.approx(2.75)  # of all six trainings
+    assert s["ratio_before_median_audit_over_median_train"] == pytest.approx(11.0 / 2.75)
+    assert s["ratio_after_median_audit_over_median_train"] == pytest.approx(round(9.0 / 2.75, 2))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--before", "no-such-revision"],
+            "--before must name a commit of this repository; found 'no-such-revision'",
+        ),
+        (["--before", "HEAD", "--pairs", "0"], "--pairs must be an integer >= 1; found 0"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        audit_cost_paired.main(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == message
