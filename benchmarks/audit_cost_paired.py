@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
                 pairs.append(pair)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)])
-    result = {
+    result: dict = {
         "schema_version": 1,
         "benchmark": "audit_cost",
         "design": (
