@@ -418,8 +418,9 @@ class _JointSampling:
     compared with its job's rate and cut at its job's size (each record of job j included
     independently at j's rate: the law of its own stream's batch, not its numbers)."""
 
-    rows: torch.Tensor  #: the fast jobs' positions on the model axis
-    sizes: torch.Tensor  #: (rows,) their records
+    positions: list[int]  #: the fast jobs' positions on the model axis
+    rows: torch.Tensor  #: the same, as a tensor
+    inside: torch.Tensor  #: (rows, largest client): True at each job's records
     rates: torch.Tensor  #: (rows, 1) their sampling rates
     source: DpRandom  #: the first fast job's sample stream
     offsets: torch.Tensor  #: (rows,) where each one's records start in the joined records
@@ -431,9 +432,11 @@ class _JointSampling:
         if len(rows) < 2:
             return None
         at = torch.tensor(rows)
+        sizes = torch.tensor([jobs[i].step.dataset_size for i in rows])
         return cls(
+            rows,
             at,
-            torch.tensor([jobs[i].step.dataset_size for i in rows]),
+            torch.arange(int(sizes.max())) < sizes[:, None],
             torch.tensor([[jobs[i].step.sample_rate] for i in rows]),
             jobs[rows[0]].sample_gen,
             offsets[at],
@@ -442,9 +445,7 @@ class _JointSampling:
     def draw(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step's batches: per sampled record its job's row (among ``rows``), its rank in
         that job's batch and its position in the joined records; and each job's batch size."""
-        n = int(self.sizes.max())
-        inside = torch.arange(n) < self.sizes[:, None]
-        mask = self.source.mask(len(self.rows), n, rate=self.rates) & inside
+        mask = self.source.mask(*self.inside.shape, rate=self.rates) & self.inside
         row, col = mask.nonzero(as_tuple=True)  # row-major: each row's records in order
         rank = mask.cumsum(1)[row, col] - 1
         return row, rank, col + self.offsets[row], mask.sum(1)
@@ -456,14 +457,14 @@ def _step_batches(
     """Every job's Poisson batch of a step: their sizes and the ``(jobs, largest)`` positions of
     their records in the joined records (0 past each batch). The fast jobs' batches are drawn
     together (``joint``), the others each from its own stream as the single step draws it."""
-    alone = set(range(len(jobs))) - (set(joint.rows.tolist()) if joint is not None else set())
-    batches = {i: jobs[i].step.sample(jobs[i].sample_gen) for i in sorted(alone)}
+    together = set(joint.positions) if joint is not None else set()
+    batches = {i: j.step.sample(j.sample_gen) for i, j in enumerate(jobs) if i not in together}
     counts = [0] * len(jobs)
     for i, b in batches.items():
         counts[i] = len(b)
     drawn = joint.draw() if joint is not None else None
     if drawn is not None:
-        for i, c in zip(joint.rows.tolist(), drawn[3].tolist()):
+        for i, c in zip(joint.positions, drawn[3].tolist()):
             counts[i] = c
     glob = torch.zeros(len(jobs), max(1, max(counts)), dtype=torch.long)
     for i, b in batches.items():

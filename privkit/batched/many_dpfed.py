@@ -45,7 +45,7 @@ from privkit.batched.many import (
     unreported,
     unstack,
 )
-from privkit.batched.used_inputs import Narrowed, first_layers, narrowable
+from privkit.batched.used_inputs import first_layers, narrowable, train_over_used_inputs
 from privkit.mechanisms.dp_sgd_step import DpSgdStep
 from privkit.mechanisms.stacked import StackedModels
 from privkit.mechanisms.stacked_pairs import StackedPairs
@@ -151,38 +151,37 @@ def _local(
 ) -> list[dict[str, torch.Tensor]]:
     """The pairs' local DP-SGD steps as one stacked computation (``run``: any run of the round,
     for the config and device), each pair's state after them; ``weights``: the first layer's
-    weight where the jobs train it over their used inputs (:class:`Narrowed`), else none."""
+    weight where the jobs train it over their used inputs (:func:`train_over_used_inputs`), else
+    none."""
     cfg, device = run.cfg, run.device
     models = [r.model for r, _ in pairs]
     params, buffers = stacked_on(models, device)
-    narrowed = Narrowed.of(weights, params, jobs)
-    before = params
-    if narrowed is not None:
-        params, jobs = narrowed.params, narrowed.jobs
     net = StackedModels(models[0], len(pairs))
-    aux, losses = None, ce_losses
-    if run.distill:
-        teacher = {k: v.clone() for k, v in params.items()}
-        rho = torch.tensor([r.rho for r, _ in pairs], device=device)
 
-        def aux(xb: torch.Tensor) -> torch.Tensor:
-            with torch.no_grad():
-                return net.forward(teacher, buffers, xb)[0]
+    def train(params: dict[str, torch.Tensor], jobs: list[LocalDp]) -> None:
+        aux, losses = None, ce_losses
+        if run.distill:  # the teacher: the round's global model, over the inputs trained
+            teacher = {k: v.clone() for k, v in params.items()}
+            rho = torch.tensor([r.rho for r, _ in pairs], device=device)
 
-        losses = kd_losses(rho)
-    local_dp_sgd(
-        net,
-        params,
-        buffers,
-        jobs,  # each job's receipts appended as its releases run
-        cfg.local_steps,
-        lr=cfg.lr,
-        optimizer=cfg.optimizer,
-        losses=losses,
-        aux=aux,
-    )
-    if narrowed is not None:
-        params = narrowed.widen(before, cfg.local_steps, cfg.lr)
+            def aux(xb: torch.Tensor) -> torch.Tensor:
+                with torch.no_grad():
+                    return net.forward(teacher, buffers, xb)[0]
+
+            losses = kd_losses(rho)
+        local_dp_sgd(
+            net,
+            params,
+            buffers,
+            jobs,  # each job's receipts appended as its releases run
+            cfg.local_steps,
+            lr=cfg.lr,
+            optimizer=cfg.optimizer,
+            losses=losses,
+            aux=aux,
+        )
+
+    params = train_over_used_inputs(weights, params, jobs, train, steps=cfg.local_steps, lr=cfg.lr)
     keys = list(models[0].state_dict())
     states = []
     for at in range(len(pairs)):
@@ -236,22 +235,22 @@ def _kd_local(run: FedKdRun, modules: list, jobs: list[LocalDp], weights: list[s
     them (``weights``: :func:`_local`)."""
     cfg = run.cfg
     params, buffers = stacked_on(modules, run.device)
-    narrowed = Narrowed.of(weights, params, jobs)
-    before = params
-    if narrowed is not None:
-        params, jobs = narrowed.params, narrowed.jobs
-    local_dp_sgd(
-        StackedPairs(modules[0], len(modules)),
-        params,
-        buffers,
-        jobs,
-        cfg.local_steps,
-        lr=cfg.lr,
-        optimizer=cfg.optimizer,
-        losses=mutual_losses(run.num_classes, cfg.hidden_loss),
-    )
-    if narrowed is not None:
-        params = narrowed.widen(before, cfg.local_steps, cfg.lr)
+    net = StackedPairs(modules[0], len(modules))
+    losses = mutual_losses(run.num_classes, cfg.hidden_loss)
+
+    def train(params: dict[str, torch.Tensor], jobs: list[LocalDp]) -> None:
+        local_dp_sgd(
+            net,
+            params,
+            buffers,
+            jobs,
+            cfg.local_steps,
+            lr=cfg.lr,
+            optimizer=cfg.optimizer,
+            losses=losses,
+        )
+
+    params = train_over_used_inputs(weights, params, jobs, train, steps=cfg.local_steps, lr=cfg.lr)
     with torch.no_grad():
         for j, mod in enumerate(modules):
             for name, p in mod.named_parameters():

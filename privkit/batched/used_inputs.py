@@ -23,7 +23,7 @@ any client with canaries take every step's full release (:func:`narrowable` leav
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -136,4 +136,24 @@ class Narrowed:
         return noise.mul_(scale.to(noise.device).view(-1, 1, 1)).to(like.device)
 
 
-__all__ = ["Narrowed", "first_layers", "narrowable"]
+def train_over_used_inputs(
+    weights: list[str],
+    params: dict[str, torch.Tensor],
+    jobs: list[LocalDp],
+    train: Callable[[dict[str, torch.Tensor], list[LocalDp]], None],
+    *,
+    steps: int,
+    lr: float,
+) -> dict[str, torch.Tensor]:
+    """``train(params, jobs)`` (a round's ``steps`` local SGD steps at ``lr``, in place on the
+    stacked parameters) over the jobs' used inputs where ``weights`` narrow (:class:`Narrowed`),
+    else as given; the stacked parameters after the round."""
+    narrowed = Narrowed.of(weights, params, jobs)
+    if narrowed is None:
+        train(params, jobs)
+        return params
+    train(narrowed.params, narrowed.jobs)
+    return narrowed.widen(params, steps, lr)
+
+
+__all__ = ["Narrowed", "first_layers", "narrowable", "train_over_used_inputs"]
