@@ -42,6 +42,7 @@ def train_flip_many(
     """
     runs = [FlipRun(f, c, s) for f, c, s in zip(federations, configs, seeds)]
     together = {id(r) for r, f in zip(runs, fast or [False] * len(runs)) if f}
+    together_rows: dict = {}  # the reference runs' padded raw rows, kept across rounds
 
     def local_round(going: list[FlipRun], picked: list[list[int]]) -> list:
         out: list = [None] * len(going)
@@ -49,7 +50,16 @@ def train_flip_many(
         for at, r in enumerate(going):
             if id(r) not in together:
                 out[at] = round_updates(
-                    r.model, r.init, r.S, r.L, r.eta, r.round_clients(), r.config, r.lr, r.seeds
+                    r.model,
+                    r.init,
+                    r.S,
+                    r.L,
+                    r.eta,
+                    r.round_clients(),
+                    r.config,
+                    r.lr,
+                    r.seeds,
+                    r.rows_cache,
                 )
         if batched:
             if len({going[at].lr for at in batched}) != 1:
@@ -66,6 +76,7 @@ def train_flip_many(
                 going[batched[0]].config,
                 going[batched[0]].lr,
                 [s for at in batched for s in going[at].seeds],
+                together_rows,
             )
             for at in batched:
                 out[at] = [u for u, o in zip(updates, owners) if o == at]

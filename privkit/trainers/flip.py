@@ -167,13 +167,19 @@ def round_updates(
     config: FlipConfig,
     lr: float,
     seeds: Sequence[int],
+    rows_cache: dict | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]:
     """:func:`client_update` of every client of a round (``(x, y)`` and seed each), in order.
 
     privkit's MLP takes the rank-one form (:mod:`privkit.trainers.flip_rank_one`), its clients
     stepping together, each with its own batches (its seed) and Adam state: the same updates as
     :func:`client_update` up to rounding, an order of magnitude faster. Other models run
-    :func:`client_update` one client after the other."""
+    :func:`client_update` one client after the other.
+
+    ``rows_cache``: a dict the caller keeps across the rounds of one run (the same clients' data
+    tensors and ``init``), in which the clients' padded raw rows are kept from one round to the
+    next (FLiP's unroll always starts from ``theta_init``, so neither they nor their first
+    layer's products change); ``None``: built every round."""
     names = flip_rank_one.mlp_linear_names(model)
     if names is None:
         return [
@@ -181,93 +187,13 @@ def round_updates(
             for (x, y), s in zip(clients, seeds)
         ]
     layers = [(init[w], init[b]) for w, b in names]
-    batches = [-(-len(y) // config.batch_size) for _, y in clients]
-    out: list = [None] * len(clients)
-    for count in sorted(set(batches)):  # clients stepping in lockstep: as many batches per epoch
-        group = [i for i, n in enumerate(batches) if n == count]
-        members = [clients[i] for i in group]
-        results = _lockstep(
-            layers, samples, label_logits, rates, members, config, lr, [seeds[i] for i in group]
-        )
-        for i, r in zip(group, results):
-            out[i] = r
-    return out
-
-
-def _lockstep(layers, samples, label_logits, rates, clients, config: FlipConfig, lr, seeds):
-    """:func:`round_updates` of clients with the same number of batches per epoch, stacked along a
-    client axis: each one's batch padded to the longest and masked, the loss a sum of the clients'
-    means (their parameters are disjoint: each gets its own gradient)."""
     C = len(clients)
-    return _lockstep_from(
-        layers,
+    start = (
         samples.detach().unsqueeze(0).repeat(C, *[1] * samples.dim()),
         label_logits.detach().unsqueeze(0).repeat(C, 1, 1),
         raw_from_rates(rates.detach()).unsqueeze(0).repeat(C, 1),
-        clients,
-        config,
-        lr,
-        seeds,
     )
-
-
-def _lockstep_from(
-    layers, samples, label_logits, raw_rates, clients, config: FlipConfig, lr, seeds
-):
-    """:func:`_lockstep` from each client's own starting point: ``samples`` (C, K, ...),
-    ``label_logits`` (C, K, classes), raw rates ``rho`` (C, K), and ``layers`` shared or with a
-    client axis (:func:`~privkit.trainers.flip_rank_one.unroll`).
-
-    Where an epoch is one batch (the batch size at least every client's data), each batch is
-    its client's whole data in the order drawn; the batch's mean loss does not depend on that
-    order (it changes float rounding only), so the rows stay in place and the padded batches
-    are gathered once for the round, not at every step (for an audit's 320 clients, 160 MB a
-    step)."""
-    C = len(clients)
-    s = samples.requires_grad_(True)
-    lab = label_logits.requires_grad_(True)
-    rho = raw_rates.requires_grad_(True)
-    opt = _adam([s, lab, rho], lr, config)
-    gens = [torch_generator(seed) for seed in seeds]
-    flat = [x.reshape(len(x), -1) for x, _ in clients]
-    padded = _PaddedBatches(flat, [y for _, y in clients], _first_layer(layers, flat))
-    last = torch.full((C,), float("nan"))
-    whole = None
-    for _ in range(config.local_epochs):
-        epoch = [
-            list(minibatches(len(y), config.batch_size, g)) for (_, y), g in zip(clients, gens)
-        ]
-        for b in range(len(epoch[0])):
-            if len(epoch[0]) > 1:
-                x, y, first, mask = padded([epoch[c][b] for c in range(C)])
-            else:  # each batch is its client's whole data, whose rows stay in place
-                if whole is None:
-                    whole = padded.whole()
-                x, y, first, mask = whole
-            eta = rates_from_raw(rho, config.min_rate, config.max_rate)
-            hist = flip_rank_one.unroll(
-                layers, s.reshape(C, s.shape[1], -1), F.softmax(lab, dim=-1), eta
-            )
-            out = flip_rank_one.logits(layers, hist, x, first)
-            rows = F.cross_entropy(out.flatten(0, 1), y.flatten(), reduction="none")
-            per_client = (rows.view(C, -1) * mask).sum(1) / mask.sum(1)
-            opt.zero_grad(set_to_none=True)
-            per_client.sum().backward()
-            opt.step()
-            last = per_client.detach()
-    eta = rates_from_raw(rho, config.min_rate, config.max_rate).detach()
-    return [(s[c].detach(), lab[c].detach(), eta[c], float(last[c])) for c in range(C)]
-
-
-@torch.no_grad()
-def _first_layer(layers, flat: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each client's ``W x + b`` of the first layer on all its raw rows ``flat[c]``, at the
-    round's starting weights (``layers`` shared, or with a client axis): the same at every step
-    of the round, so taken once (:func:`~privkit.trainers.flip_rank_one.logits`)."""
-    W, b = layers[0]
-    if W.dim() == 2:
-        return [F.linear(x, W, b) for x in flat]
-    return [F.linear(x, W[c], b[c]) for c, x in enumerate(flat)]
+    return _in_groups(layers, [init] * C, start, clients, config, lr, seeds, rows_cache)
 
 
 def runs_round_updates(
@@ -277,13 +203,15 @@ def runs_round_updates(
     config: FlipConfig,
     lr: float,
     seeds: Sequence[int],
+    rows_cache: dict | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]:
     """:func:`round_updates` of the clients of several runs' rounds at once: client c starts from
     its run's ``starts[c] = (init, samples, label_logits, rates)``. privkit's MLP steps every
-    client of every run together (:func:`_lockstep_from`, the layers stacked along the client axis):
-    each client's update equals its run's :func:`round_updates` up to float rounding, not bit for
-    bit (other kernels on other shapes; an audit's reference runs take it). Other models run
-    :func:`client_update` one client after the other.
+    client of every run together (the rank-one lockstep, the layers stacked per run where each
+    run's clients are consecutive and as many, else per client): each client's update equals its
+    run's :func:`round_updates` up to float rounding, not bit for bit (other kernels on other
+    shapes; an audit's reference runs take it). Other models run :func:`client_update` one
+    client after the other.
 
     Parameters
     ----------
@@ -301,6 +229,8 @@ def runs_round_updates(
         round number).
     seeds : Sequence[int]
         Per client the seed of its batches.
+    rows_cache : dict or None
+        As :func:`round_updates`': kept by the caller across the rounds of the same runs.
     """
     names = flip_rank_one.mlp_linear_names(model)
     if names is None:
@@ -308,23 +238,36 @@ def runs_round_updates(
             client_update(model, init, S, L, E, x, y, config, lr, seed)
             for (init, S, L, E), (x, y), seed in zip(starts, clients, seeds)
         ]
+    start = (
+        torch.stack([s[1].detach() for s in starts]),
+        torch.stack([s[2].detach() for s in starts]),
+        torch.stack([raw_from_rates(s[3].detach()) for s in starts]),
+    )
+    inits = [s[0] for s in starts]
+    return _in_groups(names, inits, start, clients, config, lr, seeds, rows_cache)
+
+
+def _in_groups(layers_or_names, inits, start, clients, config: FlipConfig, lr, seeds, rows_cache):
+    """The lockstep updates of ``clients`` from ``start`` (samples, label logits, raw rates, each
+    with a client axis), the clients in groups with as many batches per epoch.
+
+    ``layers_or_names``: the shared starting layers (one run), or the layers' parameter names,
+    read per client from ``inits`` (several runs)."""
     batches = [-(-len(y) // config.batch_size) for _, y in clients]
     out: list = [None] * len(clients)
     for count in sorted(set(batches)):  # clients stepping in lockstep: as many batches per epoch
         group = [i for i, n in enumerate(batches) if n == count]
-        layers = [
-            (
-                torch.stack([starts[i][0][w] for i in group]),
-                torch.stack([starts[i][0][b] for i in group]),
-            )
-            for w, b in names
-        ]
+        members = [clients[i] for i in group]
+        if isinstance(layers_or_names[0][0], str):
+            layers = _stacked_layers(layers_or_names, [inits[i] for i in group])
+        else:
+            layers = layers_or_names
+        padded = _rows(rows_cache, count, layers, members, [inits[i] for i in group])
+        index = torch.tensor(group, device=start[0].device)
         results = _lockstep_from(
             layers,
-            torch.stack([starts[i][1].detach() for i in group]),
-            torch.stack([starts[i][2].detach() for i in group]),
-            torch.stack([raw_from_rates(starts[i][3].detach()) for i in group]),
-            [clients[i] for i in group],
+            *(t.index_select(0, index) for t in start),
+            padded,
             config,
             lr,
             [seeds[i] for i in group],
@@ -334,54 +277,120 @@ def runs_round_updates(
     return out
 
 
+def _stacked_layers(names, inits) -> list:
+    """The starting layers of clients with their runs' ``inits``: one per run (``(R, out, in)``)
+    where each run's clients are consecutive and as many, else one per client."""
+    firsts = [0] + [c for c in range(1, len(inits)) if inits[c] is not inits[c - 1]]
+    sizes = {b - a for a, b in zip(firsts, [*firsts[1:], len(inits)])}
+    owners = firsts if len(sizes) == 1 and len({id(i) for i in inits}) == len(firsts) else None
+    chosen = [inits[c] for c in owners] if owners is not None else list(inits)
+    return [
+        (torch.stack([i[w] for i in chosen]), torch.stack([i[b] for i in chosen])) for w, b in names
+    ]
+
+
+def _rows(rows_cache, count, layers, clients, inits) -> _PaddedBatches:
+    """The group's :class:`_PaddedBatches`, from ``rows_cache`` where it holds one for the same
+    clients' tensors and initial models."""
+    if rows_cache is not None:
+        kept = rows_cache.get(count)
+        if (
+            kept is not None
+            and len(kept[0]) == len(clients)
+            and all(a is x for a, (x, _) in zip(kept[0], clients))
+            and all(a is b for a, b in zip(kept[1], inits))
+        ):
+            return kept[2]
+    padded = _PaddedBatches(layers, clients)
+    if rows_cache is not None:
+        rows_cache[count] = ([x for x, _ in clients], list(inits), padded)
+    return padded
+
+
+def _lockstep_from(
+    layers, samples, label_logits, raw_rates, padded: _PaddedBatches, config: FlipConfig, lr, seeds
+):
+    """The updates of clients with as many batches per epoch, stacked along a client axis from
+    each client's own starting point: ``samples`` (C, K, ...), ``label_logits`` (C, K, classes),
+    raw rates ``rho`` (C, K), ``layers`` shared or per model
+    (:data:`~privkit.trainers.flip_rank_one.Layers`), and their raw rows ``padded``. Each batch is
+    padded to the longest and masked, the loss a sum of the clients' means (their parameters are
+    disjoint: each gets its own gradient).
+
+    Where an epoch is one batch (the batch size at least every client's data), each batch is
+    its client's whole data in the order drawn; the batch's mean loss does not depend on that
+    order (it changes float rounding only), so the rows stay in place and the padded batches
+    are gathered once, not at every step (for an audit's 320 clients, 160 MB a step)."""
+    C = len(seeds)
+    s = samples.requires_grad_(True)
+    lab = label_logits.requires_grad_(True)
+    rho = raw_rates.requires_grad_(True)
+    opt = _adam([s, lab, rho], lr, config)
+    gens = [torch_generator(seed) for seed in seeds]
+    last = torch.full((C,), float("nan"))
+    for _ in range(config.local_epochs):
+        epoch = [list(minibatches(len(y), config.batch_size, g)) for y, g in zip(padded.ys, gens)]
+        for b in range(len(epoch[0])):
+            # one batch an epoch: each batch is its client's whole data, its rows in place
+            rows = padded([epoch[c][b] for c in range(C)]) if len(epoch[0]) > 1 else padded.whole
+            eta = rates_from_raw(rho, config.min_rate, config.max_rate)
+            per_client = flip_rank_one.losses(
+                layers, s.reshape(C, s.shape[1], -1), F.softmax(lab, dim=-1), eta, rows
+            )
+            opt.zero_grad(set_to_none=True)
+            per_client.sum().backward()
+            opt.step()
+            last = per_client.detach()
+    eta = rates_from_raw(rho, config.min_rate, config.max_rate).detach()
+    return [(s[c].detach(), lab[c].detach(), eta[c], float(last[c])) for c in range(C)]
+
+
 class _PaddedBatches:
-    """Each client's batch of rows of ``sources`` (per client, tensors of as many rows as its
-    data: its inputs, its labels, ...) padded to the longest with zeros, and a 0/1 row mask, in
-    buffers kept across the steps of a round (one per batch length).
+    """A lockstep group's raw rows as :class:`~privkit.trainers.flip_rank_one.RawRows`: each
+    client's rows narrowed to the input columns it uses (:func:`~privkit.trainers.flip_rank_one.
+    used_columns`), with their first layer's ``W x + b`` at the starting weights, each step's
+    batches padded to the longest with zeros.
 
     Every client's rows are joined once (on the first gather), a zero row last for the padding,
-    so each step's batches are one gather per tensor into the kept buffers, whatever the number
-    of clients: one gather per client and tensor was 20,000 calls in a FLiP audit (320
-    clients), and a fresh zeroed buffer per step 64 MB of zero-filling. The values are the
-    same. :meth:`whole` pads every client's whole data in place, with no join and no gather."""
+    so each step's batches are one gather per tensor, whatever the number of clients: one gather
+    per client and tensor was 20,000 calls in a FLiP audit (320 clients). :attr:`whole` pads every
+    client's whole data in place, with no join and no gather, once."""
 
-    def __init__(self, *sources: list[torch.Tensor]):
-        self.sources = sources
-        rows = [len(t) for t in sources[0]]
-        self.lengths = torch.tensor(rows, device=sources[0][0].device)
+    def __init__(self, layers, clients: Sequence[tuple[torch.Tensor, torch.Tensor]]):
+        flat = [x.reshape(len(x), -1) for x, _ in clients]
+        self.cols = flip_rank_one.used_columns(flat)
+        self.ys = [y for _, y in clients]
+        self.sources = [
+            flip_rank_one.narrowed(flat, self.cols),
+            self.ys,
+            flip_rank_one.first_layer(layers, flat),
+        ]
+        rows = [len(y) for y in self.ys]
+        self.lengths = torch.tensor(rows, device=flat[0].device)
         self.starts = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64).tolist()
         self.pad = int(sum(rows))  # the zero row
-        self.buffers: dict[int, list[torch.Tensor]] = {}
 
     @functools.cached_property
     def joined(self) -> list[torch.Tensor]:
         return [torch.cat([*ts, ts[0].new_zeros((1, *ts[0].shape[1:]))]) for ts in self.sources]
 
-    def __call__(self, idxs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The batches ``(C, n, ...)`` of every source, then the mask ``(C, n)``."""
-        n, c_all = max(len(idx) for idx in idxs), len(idxs)
+    def __call__(self, idxs: list[torch.Tensor]) -> flip_rank_one.RawRows:
+        """The batches of rows ``idxs[c]`` of every client."""
+        n = max(len(idx) for idx in idxs)
         device = self.joined[0].device
         index = torch.nn.utils.rnn.pad_sequence(
             [idx + start for idx, start in zip(idxs, self.starts)],
             batch_first=True,
             padding_value=self.pad,
         ).to(device)
-        if n not in self.buffers:
-            self.buffers[n] = [t.new_empty((c_all, n, *t.shape[1:])) for t in self.joined] + [
-                self.joined[0].new_empty((c_all, n))
-            ]
-        *out, mask = self.buffers[n]
-        for t, o in zip(self.joined, out):
-            torch.index_select(t, 0, index.view(-1), out=o.view(c_all * n, *t.shape[1:]))
+        x, y, first = (t[index] for t in self.joined)
         lengths = torch.tensor([len(idx) for idx in idxs], device=device)
-        mask.copy_(_row_mask(lengths, n))
-        return [*out, mask]
+        return flip_rank_one.raw_rows(x, y, _row_mask(lengths, n).to(x.dtype), first, self.cols)
 
-    def whole(self) -> list[torch.Tensor]:
-        """Every client's whole data, its rows in place, as :meth:`__call__` returns batches."""
-        out = [torch.nn.utils.rnn.pad_sequence(ts, batch_first=True) for ts in self.sources]
-        n = out[0].shape[1]
-        return [*out, _row_mask(self.lengths, n).to(out[0].dtype)]
+    @functools.cached_property
+    def whole(self) -> flip_rank_one.RawRows:
+        """Every client's whole data, its rows in place."""
+        return flip_rank_one.padded_rows(*self.sources, self.cols)
 
 
 def _row_mask(lengths: torch.Tensor, n: int) -> torch.Tensor:
@@ -494,6 +503,7 @@ class FlipRun:
         self.t = 0
         self.lr = config.distill_lr
         self.seeds: list[int] = []
+        self.rows_cache: dict = {}  # round_updates' padded raw rows, kept across rounds
         self._iterator: Iterable[int] = range(1, config.rounds + 1)
         if progress:
             from rich.progress import track
@@ -593,6 +603,7 @@ def train_flip(federation, config: FlipConfig, seed: int, progress: bool = False
                 config,
                 run.lr,
                 run.seeds,
+                run.rows_cache,
             )
         )
     return run.outcome()

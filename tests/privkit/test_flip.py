@@ -284,6 +284,118 @@ def test_clients_of_several_runs_get_their_own_runs_updates(depth):
         assert loss2 == pytest.approx(loss1, rel=1e-9)
 
 
+def _sparse_clients(d, c, sizes, g, zero_share=0.5):
+    """Clients whose rows leave some input columns 0 (as MNIST's border pixels are): each client
+    its own random half of the columns."""
+    clients = []
+    for n in sizes:
+        x = torch.randn(n, 1, 1, d, generator=g, dtype=torch.float64)
+        blank = torch.randperm(d, generator=g)[: int(zero_share * d)]
+        x[..., blank] = 0.0
+        clients.append((x, torch.randint(0, c, (n,), generator=g)))
+    return clients
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_runs_with_narrowed_rows_and_per_run_layers_equal_the_generic_unroll(depth):
+    """Two runs of three clients each (the layers stacked per run, not per client), every client
+    using half of the input columns (its rows narrowed to them): in float64 each client's upload
+    and loss are client_update's (the generic autograd unroll, one client at a time)."""
+    from privkit.trainers import flip_rank_one
+
+    d, c = 16, 3
+    cfg = flip.FlipConfig(k=2, local_epochs=2, batch_size=64, distill_lr=0.05)
+    g = torch.Generator().manual_seed(7)
+    runs = []
+    for r in range(2):
+        model = _mlp(d, c, depth, seed=r)
+        S, L, E = (
+            t.double() for t in flip.initial_distilled(2, c, (1, 1, d), cfg, r, torch.device("cpu"))
+        )
+        runs.append((model, flip.initial_params(model), S, L, E + 0.05 * r))
+    clients = [_sparse_clients(d, c, (12, 9, 14), g) for _ in runs]
+    flat = [x.reshape(len(x), -1) for cl in clients for x, _ in cl]
+    cols = flip_rank_one.used_columns(flat)
+    assert cols is not None and cols.shape == (6, d // 2)
+    names = flip_rank_one.mlp_linear_names(runs[0][0])
+    inits = [run[1] for run in runs for _ in range(3)]
+    assert flip._stacked_layers(names, inits)[0][0].shape[0] == 2  # one per run
+    seeds = list(range(6))
+    got = flip.runs_round_updates(
+        runs[0][0],
+        [(init, S, L, E) for _, init, S, L, E in runs for _ in range(3)],
+        [cl for run_clients in clients for cl in run_clients],
+        cfg,
+        0.05,
+        seeds,
+    )
+    at = 0
+    for (model, init, S, L, E), run_clients in zip(runs, clients):
+        for x, y in run_clients:
+            s1, l1, e1, loss1 = flip.client_update(model, init, S, L, E, x, y, cfg, 0.05, seeds[at])
+            s2, l2, e2, loss2 = got[at]
+            torch.testing.assert_close(s2, s1, rtol=1e-9, atol=1e-11)
+            torch.testing.assert_close(l2, l1, rtol=1e-9, atol=1e-11)
+            torch.testing.assert_close(e2, e1, rtol=1e-9, atol=1e-11)
+            assert loss2 == pytest.approx(loss1, rel=1e-9)
+            at += 1
+
+
+@pytest.mark.parametrize("per_run", [False, True])
+def test_sample_products_gradient_by_finite_differences(per_run):
+    """The samples' three products (first layer, Gram matrix, raw rows at each client's used
+    columns) and their one-buffer gradient, against finite differences (float64)."""
+    from privkit.trainers import flip_rank_one
+
+    g = torch.Generator().manual_seed(3)
+    C, K, d, n, out = 4, 3, 10, 5, 4
+    flat = [x.reshape(n, d) for x, _ in _sparse_clients(d, 2, [n] * C, g)]
+    cols = flip_rank_one.used_columns(flat)
+    assert cols is not None
+    xs = flip_rank_one.narrowed(flat, cols)
+    rows = flip_rank_one.padded_rows(xs, [torch.zeros(n, dtype=torch.long)] * C, xs, cols)
+    W = torch.randn((2, out, d) if per_run else (out, d), generator=g, dtype=torch.float64)
+    b = torch.randn((2, out) if per_run else (out,), generator=g, dtype=torch.float64)
+    S = torch.randn(C, K, d, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def products(S):
+        return flip_rank_one._SampleProducts.apply(S, W, b, rows.cols, rows.xt, rows.x)
+
+    assert torch.autograd.gradcheck(products, (S,))
+    first, gram, on_rows = products(S)
+    for i in range(C):  # and the values, client by client
+        Wi, bi = (W[i // 2], b[i // 2]) if per_run else (W, b)
+        torch.testing.assert_close(first[i], S[i] @ Wi.T + bi)
+        torch.testing.assert_close(gram[i], S[i] @ S[i].T)
+        torch.testing.assert_close(on_rows[i], S[i] @ flat[i].T)
+
+
+def test_rows_cache_is_reused_for_the_same_clients_only():
+    """round_updates' rows_cache: a second round of the same clients and initial model reuses
+    the padded rows (and gives the uncached updates bit for bit); other clients rebuild them."""
+    d, c = 12, 3
+    model = _mlp(d, c, 1, seed=0)
+    init = flip.initial_params(model)
+    cfg = flip.FlipConfig(k=1, local_epochs=2, batch_size=64, distill_lr=0.05)
+    S, L, E = (
+        t.double() for t in flip.initial_distilled(1, c, (1, 1, d), cfg, 0, torch.device("cpu"))
+    )
+    g = torch.Generator().manual_seed(4)
+    clients = _sparse_clients(d, c, (10, 7), g)
+    cache: dict = {}
+    first = flip.round_updates(model, init, S, L, E, clients, cfg, 0.05, [1, 2], cache)
+    kept = cache[1][2]
+    again = flip.round_updates(model, init, S, L, E, clients, cfg, 0.05, [1, 2], cache)
+    uncached = flip.round_updates(model, init, S, L, E, clients, cfg, 0.05, [1, 2])
+    assert cache[1][2] is kept
+    for a, b, u in zip(first, again, uncached):
+        for ta, tb, tu in zip(a[:3], b[:3], u[:3]):
+            assert torch.equal(ta, tb) and torch.equal(ta, tu)
+    other = [clients[0], _sparse_clients(d, c, (7,), g)[0]]
+    flip.round_updates(model, init, S, L, E, other, cfg, 0.05, [1, 2], cache)
+    assert cache[1][2] is not kept
+
+
 def test_rank_one_form_applies_to_the_mlp_only():
     from privkit.models import build_model
     from privkit.trainers import flip_rank_one
