@@ -30,10 +30,16 @@ def dominant_classes(class_counts: np.ndarray) -> np.ndarray:
 
 
 def _chunk_mean(v: np.ndarray, n: int = _CHUNKS) -> np.ndarray:
+    """The means of ``v``'s ``n`` consecutive chunks as ``np.array_split`` cuts them (the first
+    ``size % n`` one longer), in one ``reduceat``: a Python mean per chunk was 24,000 calls and
+    0.4 s of a FLiP audit."""
     v = v.ravel()
     if v.size <= n:
         return v
-    return np.array([c.mean() for c in np.array_split(v, n)])
+    q, r = divmod(v.size, n)
+    at = np.arange(n)
+    sizes = q + (at < r)
+    return np.add.reduceat(v, at * q + np.minimum(at, r)) / sizes
 
 
 def _summarise(a: np.ndarray, fed) -> np.ndarray:

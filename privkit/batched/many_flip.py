@@ -14,7 +14,7 @@ up to float rounding, which the clients' Adam amplifies.
 
 from __future__ import annotations
 
-from privkit.batched.many import lockstep
+from privkit.batched.many import lockstep, unreported
 from privkit.trainers.flip import FlipRun, round_updates, runs_round_updates
 
 
@@ -42,6 +42,7 @@ def train_flip_many(
     """
     runs = [FlipRun(f, c, s) for f, c, s in zip(federations, configs, seeds)]
     together = {id(r) for r, f in zip(runs, fast or [False] * len(runs)) if f}
+    unreported(runs, fast)
     together_rows: dict = {}  # the reference runs' padded raw rows, kept across rounds
 
     def local_round(going: list[FlipRun], picked: list[list[int]]) -> list:

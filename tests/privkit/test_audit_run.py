@@ -492,3 +492,16 @@ def test_audit_accounts_on_the_headline_grid_and_distrusts_a_corrupted_record(tm
     assert error is None and acc["release_accounted_epsilon"] == coarse.epsilon(1e-5)
     (tmp_path / "privacy.json").write_text(json.dumps({"pld_grid": 0.5}))  # checksum now wrong
     assert _headline_grid(tmp_path) is None
+
+
+@pytest.mark.parametrize("size", [5, 64, 65, 640, 1000, 15680])
+def test_artifact_chunk_means_are_the_array_split_chunks_means(size):
+    """The attribute audit's artifact summary: the means of np.array_split's 64 chunks (the first
+    size % 64 one longer), taken in one reduceat; arrays of at most 64 values are kept whole."""
+    from privkit.audit.instantiations import _chunk_mean
+
+    v = np.random.default_rng(size).normal(size=size)
+    want = v if size <= 64 else np.array([c.mean() for c in np.array_split(v, 64)])
+    got = _chunk_mean(v.reshape(-1, 5) if size % 5 == 0 else v)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)

@@ -1,7 +1,8 @@
 """An audit's reference runs skip the metrics only a report reads (``privkit.batched.many.unreported``).
 
 A reference run is the auditor's own model, never reported: its run object leaves out every
-round's test accuracy, its client models' accuracies and the paper's claimed epsilon (what its
+round's test accuracy (FLiP's: Eq. 5's model on each round's aggregate), its client models'
+accuracies and the paper's claimed epsilon (what its
 training reads, FedKADP's validation metrics, stays). What must hold: its model and final test
 accuracy are bit for bit those of the same run taking every metric, and the target run keeps them
 all.
@@ -25,18 +26,19 @@ from privkit.data import FederationConfig, build_federation
         ("fedkadp", {**TINY_DPFED, "rounds": 3}),
         ("fedkd-dp", {**TINY_DPFED, "mentor_feature_dim": 24, "rounds": 2}),
         ("fedavg", TINY_FEDAVG),
+        ("flip", {"k": 1, "rounds": 2, "local_epochs": 2, "feature_dim": 8}),
     ],
 )
 def test_reference_runs_skip_only_the_reported_metrics(monkeypatch, method, config):
     """Reference runs leave out the metrics only a report reads (every round's test accuracy, the
     client models' accuracies): their models are bit for bit those of runs that take them, and so
     is their final test accuracy; the target run keeps every metric."""
-    from privkit.batched import many, many_dpfed, many_fedavg
+    from privkit.batched import many, many_dpfed, many_fedavg, many_flip
 
     fed = build_federation(FederationConfig(partition="dirichlet", clients=20, seed=0))
     refs = [False, True, True]
     skipped = train_many(method, [fed] * 3, config, [1, 2, 3], references=refs)
-    for module in (many, many_dpfed, many_fedavg):
+    for module in (many, many_dpfed, many_fedavg, many_flip):
         monkeypatch.setattr(module, "unreported", lambda runs, marks: None)
     taken = train_many(method, [fed] * 3, config, [1, 2, 3], references=refs)
     for s, t in zip(skipped[1:], taken[1:]):
@@ -48,7 +50,7 @@ def test_reference_runs_skip_only_the_reported_metrics(monkeypatch, method, conf
         assert np.isnan([r["test_accuracy"] for r in s.rounds[:-1]]).all()
         assert not np.isnan([r["test_accuracy"] for r in t.rounds]).any()
         assert not s.client_accuracy and len(t.client_accuracy) == len(t.client_models)
-        assert len(t.client_models) > 0 or method in ("dp-fedavg", "fedkadp")
+        assert len(t.client_models) > 0 or method in ("dp-fedavg", "fedkadp", "flip")
         if method in ("dp-fedavg", "fedkadp"):  # the paper's formula: reported only
             assert np.isnan(s.claims["epsilon"]) and np.isfinite(t.claims["epsilon"])
             assert s.claims["privkit_epsilon"] == t.claims["privkit_epsilon"]
