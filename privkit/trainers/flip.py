@@ -329,11 +329,17 @@ def _lockstep_from(
     opt = _adam([s, lab, rho], lr, config)
     gens = [torch_generator(seed) for seed in seeds]
     last = torch.full((C,), float("nan"))
+    whole = -(-len(padded.ys[0]) // config.batch_size) == 1
     for _ in range(config.local_epochs):
-        epoch = [list(minibatches(len(y), config.batch_size, g)) for y, g in zip(padded.ys, gens)]
+        # one batch an epoch: each batch is its client's whole data, its rows in place, so its
+        # order is not drawn (the clients' generators live for this round only)
+        epoch = (
+            [[None]] * C
+            if whole
+            else [list(minibatches(len(y), config.batch_size, g)) for y, g in zip(padded.ys, gens)]
+        )
         for b in range(len(epoch[0])):
-            # one batch an epoch: each batch is its client's whole data, its rows in place
-            rows = padded([epoch[c][b] for c in range(C)]) if len(epoch[0]) > 1 else padded.whole
+            rows = padded.whole if whole else padded([epoch[c][b] for c in range(C)])
             eta = rates_from_raw(rho, config.min_rate, config.max_rate)
             per_client = flip_rank_one.losses(
                 layers, s.reshape(C, s.shape[1], -1), F.softmax(lab, dim=-1), eta, rows
