@@ -8,8 +8,10 @@ own call (:func:`~privkit.trainers.flip.round_updates`), so it is its single run
 reference runs (``fast``: the auditor's own models, whose statistics, not bits, the attacks use)
 compute theirs together (:func:`~privkit.trainers.flip.runs_round_updates`): for privkit's MLP
 every client of every reference run steps in one rank-one lockstep (:mod:`privkit.trainers.
-flip_rank_one`, the runs' initial models stacked along the client axis), equal to its single run
-up to float rounding, which the clients' Adam amplifies.
+flip_rank_one`, the runs' initial models stacked one per run, their clients' padded raw rows kept
+across the rounds), equal to its single run up to float rounding, which the clients' Adam
+amplifies. The reference runs skip every round's evaluation (:func:`~privkit.batched.many.
+unreported`); their results' models and test accuracies stay.
 """
 
 from __future__ import annotations

@@ -233,6 +233,16 @@ def test_rank_one_client_updates_equal_one_client_at_a_time():
         assert not torch.equal(s2, S)  # the samples moved
 
 
+def _run_start(d, c, depth, r, cfg):
+    """Run ``r``'s model, initial parameters and float64 distilled data, its rates shifted by
+    ``0.05 r`` (the runs' rates differ too)."""
+    model = _mlp(d, c, depth, seed=r)
+    S, L, E = (
+        t.double() for t in flip.initial_distilled(2, c, (1, 1, d), cfg, r, torch.device("cpu"))
+    )
+    return model, flip.initial_params(model), S, L, E + 0.05 * r
+
+
 @pytest.mark.parametrize("depth", [1, 2])
 def test_clients_of_several_runs_get_their_own_runs_updates(depth):
     """runs_round_updates (an audit's reference runs, batched): the clients of two runs, each run
@@ -243,11 +253,7 @@ def test_clients_of_several_runs_get_their_own_runs_updates(depth):
     g = torch.Generator().manual_seed(2)
     runs = []
     for r in range(2):
-        model = _mlp(d, c, depth, seed=r)
-        S, L, E = (
-            t.double() for t in flip.initial_distilled(2, c, (1, 1, d), cfg, r, torch.device("cpu"))
-        )
-        E = E + 0.05 * r  # the runs' rates differ too
+        model, _, S, L, E = _run_start(d, c, depth, r, cfg)
         clients = []
         for n in (16, 9, 30) if r == 0 else (25, 16):
             x = torch.randn(n, 1, 1, d, generator=g, dtype=torch.float64)
@@ -306,13 +312,7 @@ def test_runs_with_narrowed_rows_and_per_run_layers_equal_the_generic_unroll(dep
     d, c = 16, 3
     cfg = flip.FlipConfig(k=2, local_epochs=2, batch_size=64, distill_lr=0.05)
     g = torch.Generator().manual_seed(7)
-    runs = []
-    for r in range(2):
-        model = _mlp(d, c, depth, seed=r)
-        S, L, E = (
-            t.double() for t in flip.initial_distilled(2, c, (1, 1, d), cfg, r, torch.device("cpu"))
-        )
-        runs.append((model, flip.initial_params(model), S, L, E + 0.05 * r))
+    runs = [_run_start(d, c, depth, r, cfg) for r in range(2)]
     clients = [_sparse_clients(d, c, (12, 9, 14), g) for _ in runs]
     flat = [x.reshape(len(x), -1) for cl in clients for x, _ in cl]
     cols = flip_rank_one.used_columns(flat)
