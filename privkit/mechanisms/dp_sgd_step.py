@@ -383,8 +383,10 @@ class DpSgdStep:
         label : str
             The mechanism's ledger label.
         """
-        from privkit.mechanisms.probes import canaries_for
+        from privkit.mechanisms.probes import active, canaries_for
 
+        if not active():  # no audit probing: the parameter count is not needed (a walk of the
+            return None  # module tree per client and round, 1,000 in a dp-fedavg audit)
         dim = sum(int(p.numel()) for p in model.parameters() if p.requires_grad)
         return canaries_for(
             client,
