@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -265,9 +266,12 @@ def _in_groups(layers_or_names, inits, start, clients, config: FlipConfig, lr, s
             layers = layers_or_names
         padded = _rows(rows_cache, count, layers, members, [inits[i] for i in group])
         index = torch.tensor(group, device=start[0].device)
+        samples, label_logits, raw_rates = (t.index_select(0, index) for t in start)
         results = _lockstep_from(
             layers,
-            *(t.index_select(0, index) for t in start),
+            samples,
+            label_logits,
+            raw_rates,
             padded,
             config,
             lr,
@@ -333,7 +337,7 @@ def _lockstep_from(
     for _ in range(config.local_epochs):
         # one batch an epoch: each batch is its client's whole data, its rows in place, so its
         # order is not drawn (the clients' generators live for this round only)
-        epoch = (
+        epoch: list[list[Any]] = (
             [[None]] * C
             if whole
             else [list(minibatches(len(y), config.batch_size, g)) for y, g in zip(padded.ys, gens)]
@@ -367,19 +371,16 @@ class _PaddedBatches:
         flat = [x.reshape(len(x), -1) for x, _ in clients]
         self.cols = flip_rank_one.used_columns(flat)
         self.ys = [y for _, y in clients]
-        self.sources = [
-            flip_rank_one.narrowed(flat, self.cols),
-            self.ys,
-            flip_rank_one.first_layer(layers, flat),
-        ]
-        rows = [len(y) for y in self.ys]
-        self.lengths = torch.tensor(rows, device=flat[0].device)
-        self.starts = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64).tolist()
-        self.pad = int(sum(rows))  # the zero row
+        self.rows = flip_rank_one.narrowed(flat, self.cols)
+        self.firsts = flip_rank_one.first_layer(layers, flat)
+        sizes = [len(y) for y in self.ys]
+        self.starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64).tolist()
+        self.pad = int(sum(sizes))  # the zero row
 
     @functools.cached_property
     def joined(self) -> list[torch.Tensor]:
-        return [torch.cat([*ts, ts[0].new_zeros((1, *ts[0].shape[1:]))]) for ts in self.sources]
+        sources = (self.rows, self.ys, self.firsts)
+        return [torch.cat([*ts, ts[0].new_zeros((1, *ts[0].shape[1:]))]) for ts in sources]
 
     def __call__(self, idxs: list[torch.Tensor]) -> flip_rank_one.RawRows:
         """The batches of rows ``idxs[c]`` of every client."""
@@ -397,7 +398,7 @@ class _PaddedBatches:
     @functools.cached_property
     def whole(self) -> flip_rank_one.RawRows:
         """Every client's whole data, its rows in place."""
-        return flip_rank_one.padded_rows(*self.sources, self.cols)
+        return flip_rank_one.padded_rows(self.rows, self.ys, self.firsts, self.cols)
 
 
 def _row_mask(lengths: torch.Tensor, n: int) -> torch.Tensor:

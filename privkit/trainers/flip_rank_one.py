@@ -295,7 +295,7 @@ def _unrolled(layers, samples, targets, rates, rows: RawRows | None):
             (W, b), (A, D) = layers[idx], hist[idx]
             inputs.append(a)
             z = _linear(W, b, a.unsqueeze(1)).squeeze(1)
-            if A is not None:
+            if A is not None and D is not None:
                 z = z - _combine((A * a.unsqueeze(1)).sum(-1) + 1.0, D)
             pre.append(z)
             a = torch.relu(z) if idx < count - 1 else z
@@ -309,7 +309,7 @@ def _unrolled(layers, samples, targets, rates, rows: RawRows | None):
             if idx:
                 (W, _), (A, D) = layers[idx], hist[idx]
                 back = _linear_transposed(W, delta)
-                if A is not None:
+                if A is not None and D is not None:
                     back = back - _combine((D * delta.unsqueeze(1)).sum(-1), A)
                 delta = back * (pre[idx - 1] > 0)
         hist = [

@@ -302,15 +302,16 @@ def _sparse_clients(d, c, sizes, g, zero_share=0.5):
     return clients
 
 
-@pytest.mark.parametrize("depth", [1, 2])
-def test_runs_with_narrowed_rows_and_per_run_layers_equal_the_generic_unroll(depth):
+@pytest.mark.parametrize("depth, batch_size", [(1, 64), (2, 64), (1, 8)])
+def test_runs_with_narrowed_rows_and_per_run_layers_equal_the_generic_unroll(depth, batch_size):
     """Two runs of three clients each (the layers stacked per run, not per client), every client
-    using half of the input columns (its rows narrowed to them): in float64 each client's upload
-    and loss are client_update's (the generic autograd unroll, one client at a time)."""
+    using half of the input columns (its rows narrowed to them), an epoch one whole batch or two
+    drawn batches: in float64 each client's upload and loss are client_update's (the generic
+    autograd unroll, one client at a time)."""
     from privkit.trainers import flip_rank_one
 
     d, c = 16, 3
-    cfg = flip.FlipConfig(k=2, local_epochs=2, batch_size=64, distill_lr=0.05)
+    cfg = flip.FlipConfig(k=2, local_epochs=2, batch_size=batch_size, distill_lr=0.05)
     g = torch.Generator().manual_seed(7)
     runs = [_run_start(d, c, depth, r, cfg) for r in range(2)]
     clients = [_sparse_clients(d, c, (12, 9, 14), g) for _ in runs]
