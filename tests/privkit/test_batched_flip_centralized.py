@@ -87,18 +87,20 @@ def test_reference_runs_batched_target_runs_bit_for_bit(fed, method, config, tol
         if method == "centralized":  # a reference run records its last epoch only
             assert [r["round"] for r in b.rounds] == [a.rounds[-1]["round"]]
             pairs = [(a.rounds[-1], b.rounds[0])]
-        else:
+        else:  # FLiP's reference runs skip every round's evaluation (never reported)
             assert [r["round"] for r in a.rounds] == [r["round"] for r in b.rounds]
+            assert np.isnan([r["test_accuracy"] for r in b.rounds]).all()
             pairs = list(zip(a.rounds, b.rounds))
         for ra, rb in pairs:
-            assert ra["test_accuracy"] == pytest.approx(rb["test_accuracy"], abs=2e-3)
+            if method == "centralized":
+                assert ra["test_accuracy"] == pytest.approx(rb["test_accuracy"], abs=2e-3)
             loss = "loss" if method == "centralized" else "mean_client_loss"
             assert ra[loss] == pytest.approx(rb[loss], rel=1e-4)
         assert a.ledger.to_dict() == b.ledger.to_dict()
         assert a.artifacts.keys() == b.artifacts.keys()
         assert a.test_accuracy == pytest.approx(b.test_accuracy, abs=2e-3)
         # the released model is the last round's (epoch's), as in the single run
-        assert b.test_accuracy == b.rounds[-1]["test_accuracy"]
+        assert method == "flip" or b.test_accuracy == b.rounds[-1]["test_accuracy"]
         assert a.test_accuracy == a.rounds[-1]["test_accuracy"]
     # without references every run is its single run
     for a, b in zip(alone, train_many(method, feds, config, seeds)):
