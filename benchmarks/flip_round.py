@@ -11,7 +11,15 @@ One round of FLiP's quick configuration on the quickstart federation (20 clients
   ``max_abs_diff``: the largest difference between the two paths' uploads (samples, label logits,
   rates) in float32, which the float64 tests bound at rounding.
 
-    OMP_NUM_THREADS=1 python benchmarks/flip_round.py [--json] [--repeats 3]
+With ``--runs R`` (an audit has 16 reference runs), also the round of R runs (each its own initial
+model and distilled data, the same 20 clients' data), as an audit's reference runs take it:
+``runs.one_after_the_other_s`` (each run's :func:`~privkit.trainers.flip.round_updates`, R calls)
+against ``runs.together_s`` (:func:`~privkit.trainers.flip.runs_round_updates`: every client of
+every run in one lockstep, the weights stacked per run), each with its padded rows kept from an
+untimed first round (as from an audit's second round on), interleaved; ``runs.speedup`` their
+quotient.
+
+    OMP_NUM_THREADS=1 python benchmarks/flip_round.py [--json] [--repeats 3] [--runs 16]
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -45,7 +54,57 @@ def _setup():
         for x, y in (fed.client_arrays(i) for i in range(fed.num_clients))
     ]
     seeds = [derive_seed(0, f"flip-client-{i}-1") for i in range(len(clients))]
-    return model, init, state, clients, cfg, seeds
+    return fed, model, init, state, clients, cfg, seeds
+
+
+def _runs_round(fed, model, clients, cfg, count: int, repeats: int) -> dict:
+    """One round of ``count`` runs' clients: one run after the other against all together."""
+    from privkit.seeding import derive_seed
+    from privkit.trainers import flip
+    from privkit.trainers.common import new_model
+
+    runs = []
+    for r in range(count):
+        init = flip.initial_params(new_model(fed, cfg, derive_seed(r, "flip-init-model"))[0])
+        state = flip.initial_distilled(
+            cfg.k, fed.num_classes, fed.input_shape, cfg, r, torch.device("cpu")
+        )
+        seeds = [derive_seed(r, f"flip-client-{i}-1") for i in range(len(clients))]
+        runs.append((init, *state, seeds, {}))
+    together_cache: dict = {}
+    lr = cfg.distill_lr
+
+    def alone():
+        return [
+            u
+            for init, S, L, eta, seeds, cache in runs
+            for u in flip.round_updates(model, init, S, L, eta, clients, cfg, lr, seeds, cache)
+        ]
+
+    def together():
+        return flip.runs_round_updates(
+            model,
+            [(init, S, L, eta) for init, S, L, eta, _, _ in runs for _ in clients],
+            list(clients) * count,
+            cfg,
+            lr,
+            [seed for *_, seeds, _ in runs for seed in seeds],
+            together_cache,
+        )
+
+    alone(), together()  # the first round builds the padded rows each path keeps
+    alone_s, together_s = [], []
+    for _ in range(repeats):
+        alone_s.append(_cpu(alone)[1])
+        together_s.append(_cpu(together)[1])
+    a, b = statistics.median(alone_s), statistics.median(together_s)
+    return {
+        "count": count,
+        "clients": count * len(clients),
+        "one_after_the_other_s": round(a, 3),
+        "together_s": round(b, 3),
+        "speedup": round(a / b, 2),
+    }
 
 
 def _cpu(fn):
@@ -58,11 +117,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--runs", type=int, default=0, help="also a round of this many runs' clients")
     args = ap.parse_args()
+    if args.repeats < 1 or args.runs < 0:
+        bad = ("--repeats", args.repeats) if args.repeats < 1 else ("--runs", args.runs)
+        floor = 1 if bad[0] == "--repeats" else 0
+        print(f"flip_round: {bad[0]} must be >= {floor}; found {bad[1]}", file=sys.stderr)
+        raise SystemExit(2)
     torch.set_num_threads(1)
     from privkit.trainers import flip
 
-    model, init, (S, L, eta), clients, cfg, seeds = _setup()
+    fed, model, init, (S, L, eta), clients, cfg, seeds = _setup()
     lr = cfg.distill_lr
 
     def loop():
@@ -98,6 +163,8 @@ def main() -> None:
         "speedup": round(statistics.median(loop_s) / statistics.median(rank_s), 2),
         "max_abs_diff": diff,
     }
+    if args.runs:
+        out["runs"] = _runs_round(fed, model, clients, cfg, args.runs, args.repeats)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -105,6 +172,12 @@ def main() -> None:
             f"one FLiP round, {len(clients)} clients: loop {out['loop_s']} s, rank-one "
             f"{out['rank_one_s']} s ({out['speedup']}x); uploads differ by at most {diff:.2g}"
         )
+        if args.runs:
+            r = out["runs"]
+            print(
+                f"one round of {r['count']} runs ({r['clients']} clients): one after the other "
+                f"{r['one_after_the_other_s']} s, together {r['together_s']} s ({r['speedup']}x)"
+            )
 
 
 if __name__ == "__main__":
