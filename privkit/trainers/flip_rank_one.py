@@ -111,7 +111,7 @@ def _linear_columns(W: torch.Tensor, b: torch.Tensor, a: torch.Tensor) -> torch.
 def _combine(coef: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """``coef @ rows`` per client for one row of coefficients ``coef`` (C, j) and ``rows`` (C, j, f):
     a broadcast product and a sum, whose backward is two more (a matrix product of one row has
-    products of inner size 1 in its backward, several times slower here)."""
+    products of inner size 1 in its backward, twice as slow here at an audit's shapes)."""
     return (coef.unsqueeze(-1) * rows).sum(1)
 
 
