@@ -188,14 +188,13 @@ def round_updates(
             client_update(model, init, samples, label_logits, rates, x, y, config, lr, s)
             for (x, y), s in zip(clients, seeds)
         ]
-    layers = [(init[w], init[b]) for w, b in names]
     C = len(clients)
     start = (
         samples.detach().unsqueeze(0).repeat(C, *[1] * samples.dim()),
         label_logits.detach().unsqueeze(0).repeat(C, 1, 1),
         raw_from_rates(rates.detach()).unsqueeze(0).repeat(C, 1),
     )
-    return _in_groups(layers, [init] * C, start, clients, config, lr, seeds, rows_cache)
+    return _in_groups(names, [init] * C, start, clients, config, lr, seeds, rows_cache)
 
 
 def runs_round_updates(
@@ -249,21 +248,16 @@ def runs_round_updates(
     return _in_groups(names, inits, start, clients, config, lr, seeds, rows_cache)
 
 
-def _in_groups(layers_or_names, inits, start, clients, config: FlipConfig, lr, seeds, rows_cache):
+def _in_groups(names, inits, start, clients, config: FlipConfig, lr, seeds, rows_cache):
     """The lockstep updates of ``clients`` from ``start`` (samples, label logits, raw rates, each
-    with a client axis), the clients in groups with as many batches per epoch.
-
-    ``layers_or_names``: the shared starting layers (one run), or the layers' parameter names,
-    read per client from ``inits`` (several runs)."""
+    with a client axis), the clients in groups with as many batches per epoch, each client's
+    starting layers (parameter ``names``) read from its run's ``inits``."""
     batches = [-(-len(y) // config.batch_size) for _, y in clients]
     out: list = [None] * len(clients)
     for count in sorted(set(batches)):  # clients stepping in lockstep: as many batches per epoch
         group = [i for i, n in enumerate(batches) if n == count]
         members = [clients[i] for i in group]
-        if isinstance(layers_or_names[0][0], str):
-            layers = _stacked_layers(layers_or_names, [inits[i] for i in group])
-        else:
-            layers = layers_or_names
+        layers = _stacked_layers(names, [inits[i] for i in group])
         padded = _rows(rows_cache, count, layers, members, [inits[i] for i in group])
         index = torch.tensor(group, device=start[0].device)
         samples, label_logits, raw_rates = (t.index_select(0, index) for t in start)
@@ -283,8 +277,11 @@ def _in_groups(layers_or_names, inits, start, clients, config: FlipConfig, lr, s
 
 
 def _stacked_layers(names, inits) -> list:
-    """The starting layers of clients with their runs' ``inits``: one per run (``(R, out, in)``)
-    where each run's clients are consecutive and as many, else one per client."""
+    """The starting layers of clients with their runs' ``inits``: shared where they are one run's,
+    else one per run (``(R, out, in)``) where each run's clients are consecutive and as many,
+    else one per client."""
+    if all(i is inits[0] for i in inits):
+        return [(inits[0][w], inits[0][b]) for w, b in names]
     firsts = [0] + [c for c in range(1, len(inits)) if inits[c] is not inits[c - 1]]
     sizes = {b - a for a, b in zip(firsts, [*firsts[1:], len(inits)])}
     owners = firsts if len(sizes) == 1 and len({id(i) for i in inits}) == len(firsts) else None
@@ -393,17 +390,13 @@ class _PaddedBatches:
         ).to(device)
         x, y, first = (t[index] for t in self.joined)
         lengths = torch.tensor([len(idx) for idx in idxs], device=device)
-        return flip_rank_one.raw_rows(x, y, _row_mask(lengths, n).to(x.dtype), first, self.cols)
+        mask = flip_rank_one.row_mask(lengths, n).to(x.dtype)
+        return flip_rank_one.raw_rows(x, y, mask, first, self.cols)
 
     @functools.cached_property
     def whole(self) -> flip_rank_one.RawRows:
         """Every client's whole data, its rows in place."""
         return flip_rank_one.padded_rows(self.rows, self.ys, self.firsts, self.cols)
-
-
-def _row_mask(lengths: torch.Tensor, n: int) -> torch.Tensor:
-    """``(C, n)``: row ``i`` of client ``c`` is one of its ``lengths[c]`` rows."""
-    return torch.arange(n, device=lengths.device)[None, :] < lengths[:, None]
 
 
 def aggregate(

@@ -150,7 +150,7 @@ class _SampleProducts(torch.autograd.Function):
             if cols is None:
                 grad += on_rows
             else:
-                grad.scatter_add_(2, cols.unsqueeze(1).expand(-1, S.shape[1], -1), on_rows)
+                grad.scatter_add_(2, _column_index(cols, S.shape[1]), on_rows)
         return grad, None, None, None, None, None
 
 
@@ -158,7 +158,12 @@ def _at_columns(S: torch.Tensor, cols: torch.Tensor | None) -> torch.Tensor:
     """``S`` (C, K, d) at each client's columns ``cols`` (C, u): (C, K, u)."""
     if cols is None:
         return S
-    return S.gather(2, cols.unsqueeze(1).expand(-1, S.shape[1], -1))
+    return S.gather(2, _column_index(cols, S.shape[1]))
+
+
+def _column_index(cols: torch.Tensor, k: int) -> torch.Tensor:
+    """``cols`` (C, u) for each of ``k`` rows: the index of a gather or scatter along (C, k, d)."""
+    return cols.unsqueeze(1).expand(-1, k, -1)
 
 
 # ----------------------------------------------------------------------------- the raw rows
@@ -212,6 +217,11 @@ def first_layer(layers: Layers, flat: Sequence[torch.Tensor]) -> list[torch.Tens
     return [F.linear(x, W[c // per_model], b[c // per_model]) for c, x in enumerate(flat)]
 
 
+def row_mask(lengths: torch.Tensor, n: int) -> torch.Tensor:
+    """``(C, n)``: row ``i`` of client ``c`` is one of its ``lengths[c]`` rows, not padding."""
+    return torch.arange(n, device=lengths.device)[None, :] < lengths[:, None]
+
+
 def raw_rows(
     x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, first: torch.Tensor, cols
 ) -> RawRows:
@@ -239,7 +249,7 @@ def padded_rows(
         xt[c, :, : len(xs[c])] = xs[c].T
         first[c, :, : len(firsts[c])] = firsts[c].T
     lengths = torch.tensor([len(t) for t in xs], device=x.device)
-    mask = (torch.arange(n, device=x.device)[None, :] < lengths[:, None]).to(x.dtype)
+    mask = row_mask(lengths, n).to(x.dtype)
     return RawRows(
         x, xt, cols, first, torch.nn.utils.rnn.pad_sequence(list(ys), batch_first=True), mask
     )
@@ -378,6 +388,7 @@ __all__ = [
     "padded_rows",
     "raw_logits",
     "raw_rows",
+    "row_mask",
     "unroll",
     "used_columns",
     "weights",

@@ -375,12 +375,8 @@ def test_rows_cache_is_reused_for_the_same_clients_only():
     """round_updates' rows_cache: a second round of the same clients and initial model reuses
     the padded rows (and gives the uncached updates bit for bit); other clients rebuild them."""
     d, c = 12, 3
-    model = _mlp(d, c, 1, seed=0)
-    init = flip.initial_params(model)
-    cfg = flip.FlipConfig(k=1, local_epochs=2, batch_size=64, distill_lr=0.05)
-    S, L, E = (
-        t.double() for t in flip.initial_distilled(1, c, (1, 1, d), cfg, 0, torch.device("cpu"))
-    )
+    cfg = flip.FlipConfig(k=2, local_epochs=2, batch_size=64, distill_lr=0.05)
+    model, init, S, L, E = _run_start(d, c, 1, 0, cfg)
     g = torch.Generator().manual_seed(4)
     clients = _sparse_clients(d, c, (10, 7), g)
     cache: dict = {}
