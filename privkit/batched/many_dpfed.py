@@ -45,7 +45,12 @@ from privkit.batched.many import (
     unreported,
     unstack,
 )
-from privkit.batched.used_inputs import first_layers, narrowable, train_over_used_inputs
+from privkit.batched.used_inputs import (
+    SpanCache,
+    first_layers,
+    narrowable,
+    train_over_used_inputs,
+)
 from privkit.mechanisms.dp_sgd_step import DpSgdStep
 from privkit.mechanisms.stacked import StackedModels
 from privkit.mechanisms.stacked_pairs import StackedPairs
@@ -114,19 +119,23 @@ def _per_run(sampled: list[list[int]], jobs: list[LocalDp]) -> list[list[list]]:
 
 
 def _round(
-    runs: list[DpFedRun], sampled: list[list[int]], fast: frozenset[int] = frozenset()
+    runs: list[DpFedRun],
+    sampled: list[list[int]],
+    fast: frozenset[int] = frozenset(),
+    spans: SpanCache | None = None,
 ) -> list[tuple[list[dict[str, torch.Tensor]], list[list]]]:
     """One round's local updates of every (run, client) pair; per run, its states in sampled order
     and its clients' release receipts (what :meth:`DpFedRun.finish_round` takes; ``fast``:
     :func:`_jobs`). The pairs whose jobs are :func:`~privkit.batched.used_inputs.narrowable`
-    (an audit's reference clients) train apart, over the inputs their records use
-    (:class:`~privkit.batched.used_inputs.Narrowed`), where the model and optimiser allow it."""
+    (an audit's reference clients) train apart, over the inputs their records use or in their
+    records' span (:class:`~privkit.batched.used_inputs.Narrowed`; ``spans``: the records' spans
+    kept across the rounds), where the model and optimiser allow it."""
     pairs = [(r, k) for r, ks in zip(runs, sampled) for k in ks]
     models = [r.model for r, _ in pairs]
     jobs = _jobs(pairs, models, runs[0].device, fast)
     states: list[dict[str, torch.Tensor]] = [{} for _ in pairs]
     for part, weights in _parts(jobs, first_layers(models[0], runs[0].cfg.optimizer)):
-        trained = _local(runs[0], [pairs[i] for i in part], [jobs[i] for i in part], weights)
+        trained = _local(runs[0], [pairs[i] for i in part], [jobs[i] for i in part], weights, spans)
         for i, state in zip(part, trained):
             states[i] = state
     out: list[list[dict[str, torch.Tensor]]] = []
@@ -147,12 +156,16 @@ def _parts(jobs: list[LocalDp], weights: list[str]) -> list[tuple[list[int], lis
 
 
 def _local(
-    run: DpFedRun, pairs: list[tuple], jobs: list[LocalDp], weights: list[str]
+    run: DpFedRun,
+    pairs: list[tuple],
+    jobs: list[LocalDp],
+    weights: list[str],
+    spans: SpanCache | None = None,
 ) -> list[dict[str, torch.Tensor]]:
     """The pairs' local DP-SGD steps as one stacked computation (``run``: any run of the round,
     for the config and device), each pair's state after them; ``weights``: the first layer's
-    weight where the jobs train it over their used inputs (:func:`train_over_used_inputs`), else
-    none."""
+    weight where the jobs train it over their used inputs or records' span
+    (:func:`train_over_used_inputs`, with the ``spans`` cache), else none."""
     cfg, device = run.cfg, run.device
     models = [r.model for r, _ in pairs]
     params, buffers = stacked_on(models, device)
@@ -181,7 +194,9 @@ def _local(
             aux=aux,
         )
 
-    params = train_over_used_inputs(weights, params, jobs, train, steps=cfg.local_steps, lr=cfg.lr)
+    params = train_over_used_inputs(
+        weights, params, jobs, train, steps=cfg.local_steps, lr=cfg.lr, spans=spans
+    )
     keys = list(models[0].state_dict())
     states = []
     for at in range(len(pairs)):
@@ -217,22 +232,27 @@ def mutual_losses(num_classes: int, hidden: bool):
 
 
 def _kd_round(
-    runs: list[FedKdRun], sampled: list[list[int]], fast: frozenset[int] = frozenset()
+    runs: list[FedKdRun],
+    sampled: list[list[int]],
+    fast: frozenset[int] = frozenset(),
+    spans: SpanCache | None = None,
 ) -> list[tuple[list[list]]]:
     """One round's local rounds of every (run, client) pair, written back into the pairs; per
     run, its clients' release receipts in sampled order (what :meth:`FedKdRun.finish_round`
-    takes; ``fast``: :func:`_jobs`)."""
+    takes; ``fast``: :func:`_jobs`; ``spans``: :func:`_round`)."""
     pairs = [(r, k) for r, ks in zip(runs, sampled) for k in ks]
     modules = [r.pairs[k] for r, k in pairs]
     jobs = _jobs(pairs, modules, runs[0].device, fast)
     for part, weights in _parts(jobs, first_layers(modules[0], runs[0].cfg.optimizer)):
-        _kd_local(runs[0], [modules[i] for i in part], [jobs[i] for i in part], weights)
+        _kd_local(runs[0], [modules[i] for i in part], [jobs[i] for i in part], weights, spans)
     return [(receipts,) for receipts in _per_run(sampled, jobs)]
 
 
-def _kd_local(run: FedKdRun, modules: list, jobs: list[LocalDp], weights: list[str]) -> None:
+def _kd_local(
+    run: FedKdRun, modules: list, jobs: list[LocalDp], weights: list[str], spans: SpanCache | None
+) -> None:
     """The pairs' (``modules``) local DP-SGD steps as one stacked computation, written back into
-    them (``weights``: :func:`_local`)."""
+    them (``weights``, ``spans``: :func:`_local`)."""
     cfg = run.cfg
     params, buffers = stacked_on(modules, run.device)
     net = StackedPairs(modules[0], len(modules))
@@ -250,7 +270,9 @@ def _kd_local(run: FedKdRun, modules: list, jobs: list[LocalDp], weights: list[s
             losses=losses,
         )
 
-    params = train_over_used_inputs(weights, params, jobs, train, steps=cfg.local_steps, lr=cfg.lr)
+    params = train_over_used_inputs(
+        weights, params, jobs, train, steps=cfg.local_steps, lr=cfg.lr, spans=spans
+    )
     with torch.no_grad():
         for j, mod in enumerate(modules):
             for name, p in mod.named_parameters():
@@ -269,7 +291,7 @@ def train_dpfed_many(
     config; the clients of the runs ``fast`` marks draw their noise together, :class:`LocalDp`)."""
     runs = [run_for(method, f, c, s) for f, c, s in zip(federations, configs, seeds)]
     unreported(runs, fast)
-    lockstep(runs, partial(_round, fast=_fast_ids(runs, fast)))
+    lockstep(runs, partial(_round, fast=_fast_ids(runs, fast), spans=SpanCache()))
     return [r.result() for r in runs]
 
 
@@ -280,7 +302,7 @@ def train_fedkd_many(
     :func:`train_dpfed_many`)."""
     runs = [FedKdRun(f, c, s) for f, c, s in zip(federations, configs, seeds)]
     unreported(runs, fast)
-    lockstep(runs, partial(_kd_round, fast=_fast_ids(runs, fast)))
+    lockstep(runs, partial(_kd_round, fast=_fast_ids(runs, fast), spans=SpanCache()))
     return [r.result() for r in runs]
 
 

@@ -1,20 +1,30 @@
-"""An audit's reference clients train their first layer over the inputs their records use.
+"""An audit's reference clients train their first layer in the span of their records.
 
-A privkit MLP's first layer reads the raw inputs. An input that is 0 in every record of a client
-gets a zero gradient from every example, so in a local round of plain SGD (no momentum, no weight
-decay) the weights it feeds move by the release noise alone: after T steps by
-``-lr / B * (z_1 + ... + z_T)``, with ``z_t`` the step's normals of standard deviation
-``sigma * C``. That sum has the law of one normal of T times the variance, and those weights
-touch nothing else during the round (their input is 0 in every batch). So a reference client (an
-audit's own model, seeded noise, never released: docs/auditing-methods.md) trains its first
-layer over the inputs its records use, and its other first-layer weights take that one normal at
-the end of the round (:class:`Narrowed`): the model it hands back has the law it would have had
-with every step's full draw. The demo's MNIST clients leave 29-37% of the 784 pixels at 0 in
-every record, so their reference clients draw about a third fewer normals a step, and their
-first layer's products shrink as much.
+A privkit MLP's first layer reads the raw inputs. Under plain SGD (no momentum, no weight decay)
+its weights ``W`` (``out x in``) enter a client's round only through ``W x`` for the client's
+records ``x``, and every example's gradient ``d x^T`` lies in their span. Split the inputs' space
+by an orthonormal basis ``Q`` (``in x r``) of that span. The weights across the span, ``W (I -
+QQ^T)``, never meet a record: in a round of T steps they move by ``-lr / B * (z_1 + ... + z_T)
+(I - QQ^T)``, with ``z_t`` the step's normals of standard deviation ``sigma * C``, and that sum
+has the law of one such normal of T times the variance, projected. The weights in the span, ``W
+Q``, train on the records' coordinates ``Q^T x`` exactly as ``W`` trains on ``x``: the same
+forward pass, the same per-example gradient norms (``|d| |Q^T x| = |d| |x|``), and each step's
+noise ``z_t Q`` has the law of ``r`` independent normals a row, because ``Q``'s columns are
+orthonormal. So a reference client (an audit's own model, seeded noise, never released:
+docs/auditing-methods.md) trains ``W Q`` over its records' coordinates and takes the summed noise
+across the span once, at the end of its round (:class:`Narrowed`): the model it hands back has
+the law it would have had with every step's full draw.
+
+Two cases of that split. The inputs that are 0 in every record lie across the span, so a client
+trains over the inputs its records use at least (the demo's MNIST clients leave 29-37% of the 784
+pixels at 0 in every record). Where a client has fewer records than it uses inputs, it trains in
+their span too (``r`` is at most the number of records: the demo's clients hold about 160
+records over about 530 inputs), when the round is long enough to pay for it: the rotation costs
+three products with ``Q`` and one more draw over every input a round, about two steps' work, and
+saves each step's work over the ``kept - r`` inputs it leaves out.
 
 The steps' releases and receipts are unchanged but for their width: each step still releases
-the client's whole clipped gradient over the inputs it trains, with noise of the claimed
+the client's whole clipped gradient over the coordinates it trains, with noise of the claimed
 scale (an audit's mutation included), and the receipts, which record the noise multiplier, the
 sensitivity and the sampling rate, are the ones of the full release. The audited target run and
 any client with canaries take every step's full release (:func:`narrowable` leaves them out).
@@ -24,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -44,7 +54,7 @@ def narrowable(job: LocalDp) -> bool:
 def first_layers(template: nn.Module, optimizer: str) -> list[str]:
     """The weights (parameter names) of the layers that read the raw inputs, when ``template`` is
     a privkit MLP or a FedKD+DP pair of MLPs trained with plain SGD (the only case where the
-    unused inputs' weights move by the noise alone); else none."""
+    weights across the records' span move by the noise alone); else none."""
     from privkit.trainers.fedkd import MentorMentee
 
     if optimizer != "sgd":
@@ -61,69 +71,182 @@ def first_layers(template: nn.Module, optimizer: str) -> list[str]:
 
 
 @dataclass
+class RecordSpan:
+    """A client's records over the inputs they use, and (computed when first asked for) an
+    orthonormal basis of their span there with the records' coordinates in it."""
+
+    x: torch.Tensor  #: the records as the job holds them (a cache entry is for these only)
+    used: torch.Tensor  #: the inputs some record uses, ascending
+    order: torch.Tensor  #: every input: the used ones, then the others, each ascending
+    _qr: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, x: torch.Tensor) -> RecordSpan:
+        flat = x.reshape(len(x), -1)
+        need = _inputs_in_use(flat)
+        order = torch.argsort((~need).to(torch.uint8), stable=True)
+        return cls(x, order[: int(need.sum())], order)
+
+    @property
+    def rank(self) -> int:
+        """The basis' width: at most the number of records and of used inputs."""
+        return min(len(self.x), len(self.used))
+
+    def basis(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(Q, coords)``: ``Q`` (``used x rank``) with orthonormal columns whose span holds every
+        record over the used inputs, and the records' coordinates (``n x rank``), ``x = coords
+        Q^T``. Householder QR: ``Q``'s columns are orthonormal even where records repeat."""
+        if self._qr is None:
+            over_used = self.x.reshape(len(self.x), -1).index_select(1, self.used)
+            q, r = torch.linalg.qr(over_used.T)  # x^T = Q R: the records' coordinates are R^T
+            self._qr = (q, r.T)
+        return self._qr
+
+
+class SpanCache:
+    """The :class:`RecordSpan` of each client a training's rounds have met, kept across its rounds
+    (a client's records are one tensor for its whole run, so each span is computed once), and one
+    buffer the round's stacked bases are written in (a fresh one of tens of megabytes a round
+    costs its page faults, several times its writing)."""
+
+    def __init__(self) -> None:
+        self._spans: dict[int, RecordSpan] = {}
+        self._buffer: torch.Tensor | None = None
+
+    def spans(self, jobs: Sequence[LocalDp]) -> list[RecordSpan]:
+        """Each job's span, computed where this cache does not hold the job's very records."""
+        out = []
+        for job in jobs:
+            span = self._spans.get(id(job.x))
+            if span is None or span.x is not job.x:
+                span = self._spans[id(job.x)] = RecordSpan.of(job.x)
+            out.append(span)
+        return out
+
+    def bases(self, spans: Sequence[RecordSpan], rank: int, like: torch.Tensor) -> torch.Tensor:
+        """The spans' bases over every input, ``(models, inputs, rank)``: each model's rows at
+        the inputs it uses, 0 elsewhere (inputs its records leave at 0) and in the columns past
+        its own rank (coordinates no weight is mapped back from). Valid until the next call."""
+        inputs = len(spans[0].order)
+        size = len(spans) * inputs * rank
+        buf = self._buffer
+        if (
+            buf is None
+            or buf.numel() < size
+            or (buf.dtype, buf.device) != (like.dtype, like.device)
+        ):
+            buf = self._buffer = torch.empty(size, dtype=like.dtype, device=like.device)
+        out = buf[:size].view(len(spans), inputs, rank).zero_()
+        for i, span in enumerate(spans):
+            q, _ = span.basis()
+            out[i, :, : q.shape[1]].index_copy_(0, span.used.to(out.device), q.to(out))
+        return out
+
+
+def _rotates(steps: int, inputs: int, kept: int, rank: int) -> bool:
+    """Whether training in the records' span pays: it costs about two steps' work over every
+    input a round (three products with the bases, one more draw) and saves each of the
+    ``steps`` steps' work over the ``kept - rank`` used inputs it leaves out."""
+    return steps * (kept - rank) > 2 * inputs
+
+
+@dataclass
 class Narrowed:
-    """The jobs' first-layer weights over each job's used inputs (padded to the longest) and the
-    jobs' records over the same inputs; :meth:`widen` puts the trained weights back in place and
-    gives the other weights their noise."""
+    """The jobs' first-layer weights in a narrower space, and the jobs' records in the same
+    coordinates: with a ``basis``, each job's records' span; without one, the inputs its records
+    use (padded to the longest). :meth:`widen` puts the trained weights back in place and gives
+    the others their noise."""
 
     weights: list[str]  #: the names of the weights that read the inputs
-    order: torch.Tensor  #: (models, in): per model its kept inputs first, then the others
-    kept: int  #: inputs kept per model
     params: dict[str, torch.Tensor]  #: the stacked parameters, those weights narrowed
     jobs: list[LocalDp]  #: the jobs, their records narrowed (the same receipts lists)
+    #: (models, inputs, rank): per model an orthonormal basis of its records' span (zero-padded,
+    #: :meth:`SpanCache.bases`); None where the weights train over the kept inputs themselves
+    basis: torch.Tensor | None = None
+    #: without a basis, (models, inputs): per model its kept inputs first, then the others
+    order: torch.Tensor | None = None
+    kept: int = 0  #: without a basis, the inputs kept per model
 
     @classmethod
     def of(
-        cls, weights: list[str], params: dict[str, torch.Tensor], jobs: Sequence[LocalDp]
+        cls,
+        weights: list[str],
+        params: dict[str, torch.Tensor],
+        jobs: Sequence[LocalDp],
+        *,
+        steps: int = 1,
+        spans: SpanCache | None = None,
     ) -> Narrowed | None:
         """The narrowing of ``jobs`` (every one :func:`narrowable`) whose stacked parameters are
-        ``params``; None where there is no trained weight to narrow or some job uses every input."""
+        ``params``, for a round of ``steps`` steps (``spans``: a cache kept across a training's
+        rounds); None where there is no trained weight to narrow or it would train over every
+        input."""
         if not weights or any(name not in params for name in weights):  # none, or frozen
             return None
-        flat = [j.x.reshape(len(j.x), -1) for j in jobs]
-        need = torch.stack([_inputs_in_use(x) for x in flat])
-        kept = int(need.sum(1).max())
-        if kept == need.shape[1]:
-            return None
-        device = params[weights[0]].device
-        # a stable sort: the used inputs first, then the unused ones, each in input order
-        order = torch.argsort((~need).to(torch.uint8), dim=1, stable=True).to(device)
-        cols = order[:, :kept]
+        cache = SpanCache() if spans is None else spans
+        spans_ = cache.spans(jobs)
+        inputs = len(spans_[0].order)
+        kept = max(len(s.used) for s in spans_)
+        rank = max(s.rank for s in spans_)
         narrow = dict(params)
+        if _rotates(steps, inputs, kept, rank):
+            basis = cache.bases(spans_, rank, params[weights[0]])
+            for name in weights:
+                narrow[name] = torch.bmm(params[name], basis)
+            xs = [_padded_coords(s, rank) for s in spans_]
+            return cls(list(weights), narrow, _with_records(jobs, xs), basis=basis)
+        if kept == inputs:
+            return None
+        order = torch.stack([s.order for s in spans_]).to(params[weights[0]].device)
+        cols = order[:, :kept]
         for name in weights:
             w = params[name]  # (models, out, in)
             narrow[name] = torch.gather(w, 2, cols[:, None, :].expand(-1, w.shape[1], -1))
-        narrowed = [
-            replace(j, x=x.index_select(1, c.to(x.device)), receipts=j.receipts)
-            for j, x, c in zip(jobs, flat, cols)
-        ]
-        return cls(list(weights), order, kept, narrow, narrowed)
+        xs = [_over(j.x, c) for j, c in zip(jobs, cols)]
+        return cls(list(weights), narrow, _with_records(jobs, xs), order=order, kept=kept)
 
     def widen(
         self, full: dict[str, torch.Tensor], steps: int, lr: float
     ) -> dict[str, torch.Tensor]:
         """``full`` (the stacked parameters before the round) with the trained narrowed
-        parameters in place, and each model's other weights of the inputs moved by the sum of
-        ``steps`` steps' noise there, divided by the expected batch size and times ``lr``."""
+        parameters in place, and each model's weights outside what it trained moved by the sum
+        of ``steps`` steps' noise there, divided by the expected batch size and times ``lr``."""
         out = {k: v for k, v in self.params.items() if k not in self.weights}
-        cols, rest = self.order[:, : self.kept], self.order[:, self.kept :]
-        outs = [full[name].shape[1] for name in self.weights]
-        noise = self._summed_noise(sum(outs), rest.shape[1], steps, full[self.weights[0]])
-        scale = torch.tensor(
-            [lr / j.step.expected_batch_size for j in self.jobs], device=noise.device
-        )
-        noise.mul_(scale.to(noise.dtype).view(-1, 1, 1))
-        for name, part in zip(self.weights, noise.split(outs, dim=1)):
-            n = full[name].shape[1]
-            w = full[name].scatter(2, cols[:, None, :].expand(-1, n, -1), self.params[name])
-            out[name] = w.scatter_add_(2, rest[:, None, :].expand(-1, n, -1), -part)
+        for name in self.weights:
+            w = full[name]
+            if self.basis is not None:
+                out[name] = self._in_span(w, self.params[name], steps, lr)
+                continue
+            assert self.order is not None
+            at = self.order[:, None, :].expand(-1, w.shape[1], -1)
+            moved = self._moved(w.shape[1], w.shape[2] - self.kept, steps, lr, w)
+            w = w.scatter(2, at[..., : self.kept], self.params[name])
+            out[name] = w.scatter_add_(2, at[..., self.kept :], moved)
         return out
 
-    def _summed_noise(self, outs: int, unused: int, steps: int, like: torch.Tensor) -> torch.Tensor:
-        """Per model ``(outs, unused)`` normals, the sum of ``steps`` steps' noise at its step's
+    def _in_span(self, full: torch.Tensor, trained: torch.Tensor, steps: int, lr: float):
+        """One weight after the round (``full``: before it; ``trained``: its part in each model's
+        records' span after it): every input's weights moved by the summed noise, then their
+        part in the span replaced by the trained one, ``start + (trained - start Q) Q^T``."""
+        assert self.basis is not None
+        start = self._moved(full.shape[1], full.shape[2], steps, lr, full).add_(full)
+        diff = torch.baddbmm(trained, start, self.basis, alpha=-1.0)
+        return start.baddbmm_(diff, self.basis.transpose(1, 2))
+
+    def _moved(self, outs: int, width: int, steps: int, lr: float, like: torch.Tensor):
+        """Per model ``(outs, width)`` weights' displacement by a round's summed noise: SGD
+        subtracts ``lr / B`` times each step's noise (``B`` the expected batch size)."""
+        noise = self._summed_noise(outs, width, steps, like)
+        scale = torch.tensor(
+            [-lr / j.step.expected_batch_size for j in self.jobs], device=noise.device
+        )
+        return noise.mul_(scale.to(noise.dtype).view(-1, 1, 1))
+
+    def _summed_noise(self, outs: int, width: int, steps: int, like: torch.Tensor) -> torch.Tensor:
+        """Per model ``(outs, width)`` normals, the sum of ``steps`` steps' noise at its step's
         scale (``sqrt(steps)`` times it), an audit's mutation applied as the release primitive
         applies it, in one draw from the first job's noise stream. Not a release of its own: these
-        are the unused coordinates' share of the steps' releases, whose receipts the jobs hold."""
+        are the untrained coordinates' share of the steps' releases, whose receipts the jobs hold."""
         factor = mutations.active().noise_factor  # the primitive's (1.0 outside audits)
         scale = torch.tensor(
             [
@@ -132,8 +255,27 @@ class Narrowed:
             ],
             dtype=like.dtype,
         )
-        noise = self.jobs[0].noise_gen.randn((len(self.jobs), outs, unused), dtype=like.dtype)
+        noise = self.jobs[0].noise_gen.randn((len(self.jobs), outs, width), dtype=like.dtype)
         return noise.mul_(scale.to(noise.device).view(-1, 1, 1)).to(like.device)
+
+
+def _over(x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """Records ``x`` at the inputs ``cols``, ``(n, len(cols))``."""
+    return x.reshape(len(x), -1).index_select(1, cols.to(x.device))
+
+
+def _with_records(jobs: Sequence[LocalDp], xs: Sequence[torch.Tensor]) -> list[LocalDp]:
+    """The jobs with their records ``xs`` (the same receipts lists: a narrowed job's receipts are
+    its job's)."""
+    return [replace(j, x=x, receipts=j.receipts) for j, x in zip(jobs, xs)]
+
+
+def _padded_coords(span: RecordSpan, rank: int) -> torch.Tensor:
+    """The span's records in its basis, ``(n, rank)``, zero-padded like its basis."""
+    _, coords = span.basis()
+    if coords.shape[1] == rank:
+        return coords
+    return torch.nn.functional.pad(coords, (0, rank - coords.shape[1]))
 
 
 def train_over_used_inputs(
@@ -144,11 +286,13 @@ def train_over_used_inputs(
     *,
     steps: int,
     lr: float,
+    spans: SpanCache | None = None,
 ) -> dict[str, torch.Tensor]:
     """``train(params, jobs)`` (a round's ``steps`` local SGD steps at ``lr``, in place on the
-    stacked parameters) over the jobs' used inputs where ``weights`` narrow (:class:`Narrowed`),
-    else as given; the stacked parameters after the round."""
-    narrowed = Narrowed.of(weights, params, jobs)
+    stacked parameters) over the jobs' used inputs or their records' span where ``weights``
+    narrow (:class:`Narrowed`; ``spans``: a :class:`SpanCache` kept across the rounds), else as given; the
+    stacked parameters after the round."""
+    narrowed = Narrowed.of(weights, params, jobs, steps=steps, spans=spans)
     if narrowed is None:
         train(params, jobs)
         return params
@@ -156,4 +300,11 @@ def train_over_used_inputs(
     return narrowed.widen(params, steps, lr)
 
 
-__all__ = ["Narrowed", "first_layers", "narrowable", "train_over_used_inputs"]
+__all__ = [
+    "Narrowed",
+    "RecordSpan",
+    "SpanCache",
+    "first_layers",
+    "narrowable",
+    "train_over_used_inputs",
+]
