@@ -232,32 +232,61 @@ def _membership(
     return results
 
 
-def _headline_grid(run_dir: Path) -> float | None:
-    """The PLD grid of the run's headline epsilon (``privacy.json``, where the account stage
-    wrote it): the audit accounts on the same grid, so its claim is the headline's accountant.
-    None without one, or where the file is missing or fails its checksum (never trusted: the
-    ledger's own, finer grid then answers)."""
+def _privacy_record(run_dir: Path) -> dict:
+    """``privacy.json`` as the account stage wrote it; empty where the file is missing or fails
+    its checksum (never trusted)."""
     from atomicfiles import CorruptFileError, read_verified
 
     try:
-        grid = json.loads(read_verified(run_dir / "privacy.json")).get("pld_grid")
-    except (OSError, ValueError, AttributeError, CorruptFileError):
-        return None
+        record = json.loads(read_verified(run_dir / "privacy.json"))
+    except (OSError, ValueError, CorruptFileError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _headline_grid(run_dir: Path, record: dict | None = None) -> float | None:
+    """The PLD grid of the run's headline epsilon (``privacy.json``, where the account stage
+    wrote it; ``record``: that file already read): the audit accounts on the same grid, so its
+    claim is the headline's accountant. None without one, or where the file is missing or fails
+    its checksum (never trusted: the ledger's own, finer grid then answers)."""
+    grid = (_privacy_record(run_dir) if record is None else record).get("pld_grid")
     return float(grid) if isinstance(grid, (int, float)) and grid > 0 else None
 
 
+def _recorded_release_epsilon(record: dict, delta: float, grid: float | None) -> float | None:
+    """The release's epsilon the account stage recorded (``privacy.json``: the worst client under
+    the best of its accountants), where it accounted at ``delta`` on ``grid``; None otherwise.
+    The audit then need not account the release's ledger a second time (a second or more for an
+    adaptive method's ledger of many noise multipliers)."""
+    worst = (record.get("summary") or {}).get("worst") or {}
+    eps = worst.get("best") if isinstance(worst, dict) else None
+    if grid is None or record.get("delta") != delta or record.get("pld_grid") != grid:
+        return None
+    return float(eps) if isinstance(eps, (int, float)) else None
+
+
 def _accounting(
-    details: list[dict] | None, release_ledger, delta: float, grid: float | None = None
+    details: list[dict] | None,
+    release_ledger,
+    delta: float,
+    grid: float | None = None,
+    release_epsilon: float | None = None,
 ) -> tuple[dict, str | None]:
     """The audited target run's accounted epsilon (what the verdict checks) beside the release's,
     on the PLD ``grid`` of the run's headline epsilon where known (a coarser grid is still a
     pessimistic upper bound, and ten times cheaper than the default). The grid is set on the
     ledgers themselves, so the ledger claim computed later from the target's ledger
-    (:func:`_claims`) is on the same grid."""
-    out: dict = {"release_accounted_epsilon": None, "audit_target_accounted_epsilon": None}
+    (:func:`_claims`) is on the same grid. ``release_epsilon``: the release's, as the account
+    stage recorded it (:func:`_recorded_release_epsilon`), taken instead of accounting the
+    release's ledger again."""
+    out: dict = {
+        "release_accounted_epsilon": release_epsilon,
+        "release_epsilon_source": "privacy.json" if release_epsilon is not None else "ledger",
+        "audit_target_accounted_epsilon": None,
+    }
     errors = []
     for key, ledger in (
-        ("release_accounted_epsilon", release_ledger),
+        ("release_accounted_epsilon", release_ledger if release_epsilon is None else None),
         ("audit_target_accounted_epsilon", details[0]["ledger"] if details else None),
     ):
         if ledger is None:
@@ -382,7 +411,11 @@ def audit_run(
     results = _membership(
         names, design, logits, labels, train_error, seed=seed, shadow_iterations=shadow_iterations
     )
-    acc, acc_error = _accounting(details, result.ledger, delta, _headline_grid(Path(run_dir)))
+    record = _privacy_record(run)
+    grid = _headline_grid(run, record)
+    acc, acc_error = _accounting(
+        details, result.ledger, delta, grid, _recorded_release_epsilon(record, delta, grid)
+    )
     claim = acc["audit_target_accounted_epsilon"] if spec.formal_dp else None
     scored = {n: r for n, r in results.items() if isinstance(r, AttackScores)}
     ver = analyse(

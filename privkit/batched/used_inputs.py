@@ -93,13 +93,16 @@ class RecordSpan:
         return min(len(self.x), len(self.used))
 
     def basis(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(Q, coords)``: ``Q`` (``used x rank``) with orthonormal columns whose span holds every
-        record over the used inputs, and the records' coordinates (``n x rank``), ``x = coords
-        Q^T``. Householder QR: ``Q``'s columns are orthonormal even where records repeat."""
+        """``(Q, coords)``: ``Q`` (``inputs x rank``) with orthonormal columns whose span holds
+        every record, 0 at the inputs no record uses, and the records' coordinates (``n x
+        rank``), ``x = coords Q^T``. Householder QR over the used inputs: ``Q``'s columns are
+        orthonormal even where records repeat. Kept over every input (a copy into a round's
+        stacked bases is then one block; a scatter of rows costs several times more)."""
         if self._qr is None:
-            over_used = self.x.reshape(len(self.x), -1).index_select(1, self.used)
-            q, r = torch.linalg.qr(over_used.T)  # x^T = Q R: the records' coordinates are R^T
-            self._qr = (q, r.T)
+            flat = self.x.reshape(len(self.x), -1)
+            q, r = torch.linalg.qr(flat.index_select(1, self.used).T)  # x^T = Q R: coords R^T
+            every = q.new_zeros(flat.shape[1], q.shape[1]).index_copy_(0, self.used, q)
+            self._qr = (every, r.T)
         return self._qr
 
 
@@ -136,10 +139,11 @@ class SpanCache:
             or (buf.dtype, buf.device) != (like.dtype, like.device)
         ):
             buf = self._buffer = torch.empty(size, dtype=like.dtype, device=like.device)
-        out = buf[:size].view(len(spans), inputs, rank).zero_()
+        out = buf[:size].view(len(spans), inputs, rank)
         for i, span in enumerate(spans):
             q, _ = span.basis()
-            out[i, :, : q.shape[1]].index_copy_(0, span.used.to(out.device), q.to(out))
+            out[i, :, : q.shape[1]].copy_(q)
+            out[i, :, q.shape[1] :].zero_()
         return out
 
 

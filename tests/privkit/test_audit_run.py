@@ -494,6 +494,44 @@ def test_audit_accounts_on_the_headline_grid_and_distrusts_a_corrupted_record(tm
     assert _headline_grid(tmp_path) is None
 
 
+def test_audit_takes_the_releases_epsilon_the_account_stage_recorded(tmp_path):
+    """privacy.json's worst client under its best accountant, where it accounted at the audit's
+    delta on the audit's grid, is the release's epsilon (equal to the ledger's own); at another
+    delta, on another grid, or from a corrupted file, the release's ledger is accounted."""
+    import atomicfiles
+    from accountants import Ledger, dpsgd_event
+    from privkit.audit.run import _accounting, _privacy_record, _recorded_release_epsilon
+
+    ledger = Ledger()
+    ledger.add(0, dpsgd_event(0.05, 1.1, 200), "dp-sgd")
+    ledger.add(1, dpsgd_event(0.05, 1.1, 120), "dp-sgd")
+    ledger.value_discretization_interval = 1e-3
+    summary = ledger.summary(1e-5)
+    record = {"delta": 1e-5, "pld_grid": 1e-3, "summary": {"worst": summary["worst"]}}
+    atomicfiles.write_text(tmp_path / "privacy.json", json.dumps(record))
+    read = _privacy_record(tmp_path)
+    assert read == record
+    recorded = _recorded_release_epsilon(read, 1e-5, 1e-3)
+    assert recorded == summary["worst"]["best"] == ledger.epsilon(1e-5)
+
+    class Unused:  # the release's ledger, which must not be accounted again
+        def epsilon(self, delta):
+            raise AssertionError("the release's ledger was accounted again")
+
+    acc, error = _accounting(None, Unused(), 1e-5, 1e-3, recorded)
+    assert error is None and acc["release_accounted_epsilon"] == recorded
+    assert acc["release_epsilon_source"] == "privacy.json"
+    # another delta or grid: not the recorded one
+    assert _recorded_release_epsilon(read, 1e-6, 1e-3) is None
+    assert _recorded_release_epsilon(read, 1e-5, 1e-4) is None
+    assert _recorded_release_epsilon(read, 1e-5, None) is None
+    acc, _ = _accounting(None, ledger, 1e-6, 1e-3, _recorded_release_epsilon(read, 1e-6, 1e-3))
+    assert acc["release_accounted_epsilon"] == ledger.epsilon(1e-6)
+    assert acc["release_epsilon_source"] == "ledger"
+    (tmp_path / "privacy.json").write_text(json.dumps({**record, "delta": 1e-6}))  # checksum wrong
+    assert _privacy_record(tmp_path) == {}
+
+
 @pytest.mark.parametrize("size", [5, 64, 65, 640, 1000, 15680])
 def test_artifact_chunk_means_are_the_array_split_chunks_means(size):
     """The attribute audit's artifact summary: the means of np.array_split's 64 chunks (the first
