@@ -202,3 +202,55 @@ def test_summary_restricted_to_some_accountants_matches_the_full_summary():
         "rdp, pld; found \\['prv'\\]",
     ):
         ledger.summary(1e-5, accountants=["prv"])
+
+
+def _every_clients_worst(ledger, delta):
+    """The worst client under the best accountant, every client's best computed (the definition)."""
+    results = [ledger.account(delta, client=k) for k in ledger.clients]
+    return max(results, key=lambda r: r.epsilon)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_worst_client_pruned_by_rdp_is_every_clients_worst(seed):
+    """``epsilon(delta)`` takes the clients' best in decreasing order of their RDP epsilon and stops
+    where the rest's RDP epsilon is below the worst found; it must give the worst of every
+    client's best: the same epsilon, accountant and client, ties included (the first in client
+    order), with (epsilon, delta)-only entries, a non-private client and adaptive multipliers."""
+    import random
+
+    rng = random.Random(seed)
+    ledger = acc.Ledger()
+    ledger.value_discretization_interval = 1e-3
+    sigmas = [0.9, 1.0, 1.2]
+    for c in range(9):
+        for r in range(rng.randint(1, 5)):
+            ledger.add(c, acc.dpsgd_event(0.05, rng.choice(sigmas), 20), f"round {r}", round=r)
+        if c % 4 == 3:
+            ledger.add(c, acc.EpsilonDeltaEvent(0.3, 1e-7), "extra")
+    for r in range(3):  # two clients with equal entries: a tie between them
+        for c in ("tie-a", "tie-b"):
+            ledger.add(c, acc.dpsgd_event(0.05, 0.9, 20), f"round {r}", round=r)
+    calls = []
+    original = ledger._account_one
+
+    def spy(key, entries, delta, accountant):
+        calls.append((key, accountant))
+        return original(key, entries, delta, accountant)
+
+    ledger._account_one = spy
+    got = ledger.account(1e-5)
+    best_calls = sum(1 for _, a in calls if a == "best")
+    ledger._account_one = original
+    want = _every_clients_worst(ledger, 1e-5)
+    assert (got.epsilon, got.accountant, got.client) == (want.epsilon, want.accountant, want.client)
+    assert best_calls < len(ledger.clients)  # some clients could not be the worst
+    ledger.add("clear", acc.NonPrivateEvent("sent in the clear"), "model")
+    assert ledger.epsilon(1e-5) == math.inf == _every_clients_worst(ledger, 1e-5).epsilon
+
+
+def test_worst_client_of_equal_clients_is_the_first_in_client_order():
+    ledger = acc.Ledger()
+    for c, rounds in (("small", 1), ("z", 4), ("y", 4)):
+        for r in range(rounds):
+            ledger.add(c, acc.dpsgd_event(0.05, 1.0, 20), f"round {r}", round=r)
+    assert ledger.account(1e-5).client == "z" == _every_clients_worst(ledger, 1e-5).client
