@@ -35,6 +35,7 @@ from typing import cast
 import torch
 from torch import nn
 
+from privkit.batched.buffers import kept
 from privkit.mechanisms.stacked import UnsupportedModelError
 from privkit.models import FeatureClassifier
 
@@ -216,6 +217,7 @@ def train_exact(
     anchors: Sequence[dict[str, torch.Tensor]] | None = None,
     loss_from: Sequence[int] | None = None,
     stacked: bool = False,
+    scratch: dict | None = None,
 ) -> list[float]:
     """Train every model over its batches (in place on its parameters), as
     :func:`~privkit.trainers.common.train_supervised` trains one with a fresh ``optimizer``
@@ -228,7 +230,8 @@ def train_exact(
     The models take their steps in turns, each step's gradient and update together (one model's
     tensors stay in cache; an update of all models' parameters at once is bound by memory traffic).
     With ``stacked``, every model of a step in one computation instead (:func:`_train_stacked`:
-    equal up to float rounding, not bit for bit).
+    equal up to float rounding, not bit for bit); ``scratch``: its buffers, kept by a caller that
+    trains every round (:mod:`privkit.batched.buffers`).
     """
     names = [k for k, q in template.named_parameters() if q.requires_grad]
     trainable = set(names)
@@ -240,7 +243,15 @@ def train_exact(
     ]
     if stacked:
         return _train_stacked(
-            names, layers, models, optimizer, lr, mu=mu, anchors=anchors, loss_from=loss_from
+            names,
+            layers,
+            models,
+            optimizer,
+            lr,
+            mu=mu,
+            anchors=anchors,
+            loss_from=loss_from,
+            scratch={} if scratch is None else scratch,
         )
     n = len(models)
     mu = list(mu) if mu is not None else [0.0] * n
@@ -293,14 +304,16 @@ def train_exact(
 
 
 def _records(
-    ms: Sequence[Model], used: torch.Tensor | None = None
+    ms: Sequence[Model], used: torch.Tensor | None = None, scratch: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every model's records and targets in one tensor each, and each model's first row in them;
     with ``used`` (:func:`_used_inputs`), model i's records at the inputs ``used[i]`` only.
     Models that hold the same records (the same tensors: FedMD's parties all train on the public
-    data) share one copy: an audit's 160 such models would otherwise copy it 160 times a round."""
+    data) share one copy: an audit's 160 such models would otherwise copy it 160 times a round.
+    The records are written in place into a buffer of ``scratch`` (each model's gathered there
+    directly: no copy per model, then none of the whole)."""
     at: dict[tuple, int] = {}
-    xs, ys, starts, total = [], [], [], 0
+    flats, ys, starts, total = [], [], [], 0
     inputs = used.cpu().numpy() if used is not None else None
     for i, m in enumerate(ms):
         key = tuple(
@@ -310,12 +323,19 @@ def _records(
             key += (inputs[i].tobytes(),)
         if key not in at:
             at[key] = total
-            flat = m.x.reshape(len(m.x), -1)
-            xs.append(flat if used is None else flat.index_select(1, used[i]))
+            flats.append((i, m.x.reshape(len(m.x), -1), total))
             ys.append(m.y)
             total += len(m.x)
         starts.append(at[key])
-    return torch.cat(xs), torch.cat(ys), torch.tensor(starts)
+    width = used.shape[1] if used is not None else flats[0][1].shape[1]
+    xs = kept({} if scratch is None else scratch, "records", (total, width), flats[0][1])
+    for i, flat, start in flats:
+        rows = xs[start : start + len(flat)]
+        if used is None:
+            rows.copy_(flat)
+        else:
+            torch.index_select(flat, 1, used[i], out=rows)
+    return xs, torch.cat(ys), torch.tensor(starts)
 
 
 def _inputs_in_use(records: torch.Tensor) -> torch.Tensor:
@@ -350,9 +370,13 @@ def _used_inputs(
     return torch.argsort((~need).to(torch.uint8), dim=1, stable=True)[:, :k]
 
 
-def _pick_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``t[i, rows[i]]`` for every model i: ``(models, k, out)`` of ``t`` ``(models, in, out)``."""
-    return torch.gather(t, 1, rows[..., None].expand(-1, -1, t.shape[2]))
+def _pick_rows(
+    t: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``t[i, rows[i]]`` for every model i: ``(models, k, out)`` of ``t`` ``(models, in, out)``
+    (written into ``out`` where given)."""
+    index = rows[..., None].expand(-1, -1, t.shape[2])
+    return torch.gather(t, 1, index) if out is None else torch.gather(t, 1, index, out=out)
 
 
 def _train_stacked(
@@ -365,13 +389,16 @@ def _train_stacked(
     mu: Sequence[float] | None,
     anchors: Sequence[dict[str, torch.Tensor]] | None,
     loss_from: Sequence[int] | None,
+    scratch: dict,
 ) -> list[float]:
     """:func:`train_exact`'s training (same batches, same losses and updates) with every model of
     a step in one stacked computation: each layer one batched matrix product over the models,
     batches padded to the step's largest (padded rows carry no gradient), one optimiser pass per
     parameter (Adam: torch's fused kernel), each model's first layer over the inputs its records
     use (:func:`_used_inputs`; the others' weights cannot move). Equal to the exact kernels up to
-    float rounding (Adam amplifies it); returns the same per-model loss totals."""
+    float rounding (Adam amplifies it); returns the same per-model loss totals. Its large tensors
+    (the stacked weights, Adam's moments, the records, every step's buffers) are ``scratch``'s,
+    reused by the next call of a caller that keeps it (:mod:`privkit.batched.buffers`)."""
     trainable = set(names)
     n = len(models)
     if n == 0:
@@ -388,7 +415,7 @@ def _train_stacked(
     # (784 x 32) @ (32 x 64): 1.6x faster than g^T acts into (out, in)); the forward pass reads
     # them as it did. Adam's passes do not see the layout.
     flip = {w for w, _, _ in layers}
-    p = {k: _stacked([m.params[k] for m in ms], k in flip) for k in every}
+    p = {k: _stacked([m.params[k] for m in ms], k in flip, scratch, ("params", k)) for k in every}
     mus = torch.tensor([0.0 if mu is None else float(mu[j]) for j in order], device=device)
     prox = bool((mus > 0).any())
     anchor = (
@@ -417,15 +444,15 @@ def _train_stacked(
     used = _used_inputs(ms, p[w0], anchor.get(w0), mus)
     full = p[w0]
     if used is not None:
-        p[w0] = _pick_rows(full, used)
+        p[w0] = _pick_rows(full, used, kept(scratch, "first", (*used.shape, full.shape[2]), full))
         if w0 in anchor:
             anchor[w0] = _pick_rows(anchor[w0], used)
-    m1 = {k: torch.zeros_like(p[k]) for k in names}
-    m2 = {k: torch.zeros_like(p[k]) for k in names}
+    m1 = {k: kept(scratch, ("m1", k), tuple(p[k].shape), p[k]).zero_() for k in names}
+    m2 = {k: kept(scratch, ("m2", k), tuple(p[k].shape), p[k]).zero_() for k in names}
     steps = [len(m.batches) for m in ms]
     sizes = [len(b) for m in ms for b in m.batches]
     width = max(sizes, default=1)
-    xs, ys, starts = _records(ms, used)
+    xs, ys, starts = _records(ms, used, scratch)
     # (model, step, column) of every batch entry, padded to ``width``: one scatter, no loop
     size = torch.tensor(sizes, dtype=torch.long)
     batch_model = torch.repeat_interleave(torch.arange(n), torch.tensor(steps))
@@ -450,10 +477,10 @@ def _train_stacked(
     # first ``a`` rows a step's: a fresh tensor of that size is fresh pages from the system on
     # every step, which cost more than the arithmetic that fills them (measured in
     # docs/performance.md). The values are the same operations' bit for bit.
-    xbuf = torch.empty((n * width, xs.shape[1]), device=device)
-    hbuf = [torch.empty((n, width, p[w].shape[2]), device=device) for w, _, _ in layers[:-1]]
-    gbuf = {k: torch.empty_like(p[k]) for k in names}
-    dbuf = {k: torch.empty_like(p[k]) for k in names} if prox else {}
+    xbuf = kept(scratch, "batch", (n * width, xs.shape[1]), xs)
+    hbuf = [kept(scratch, ("hidden", w), (n, width, p[w].shape[2]), xs) for w, _, _ in layers[:-1]]
+    gbuf = {k: kept(scratch, ("grad", k), tuple(p[k].shape), p[k]) for k in names}
+    dbuf = {k: kept(scratch, ("prox", k), tuple(p[k].shape), p[k]) for k in names} if prox else {}
     for t in range(steps[0]):
         a = active[t]
         c = counts[:a, t]
@@ -529,9 +556,16 @@ def _train_stacked(
     return out
 
 
-def _stacked(tensors: list[torch.Tensor], transposed: bool) -> torch.Tensor:
-    """``tensors`` stacked on a leading axis, each transposed (contiguous) when ``transposed``."""
-    return torch.stack([t.mT for t in tensors] if transposed else tensors)
+def _stacked(
+    tensors: list[torch.Tensor], transposed: bool, scratch: dict | None = None, key=None
+) -> torch.Tensor:
+    """``tensors`` stacked on a leading axis, each transposed (contiguous) when ``transposed``;
+    into ``scratch[key]`` where a scratch is given."""
+    parts = [t.mT for t in tensors] if transposed else tensors
+    if scratch is None:
+        return torch.stack(parts)
+    first = parts[0]
+    return torch.stack(parts, out=kept(scratch, key, (len(parts), *first.shape), first))
 
 
 def _update(

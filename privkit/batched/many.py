@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from privkit.batched.buffers import kept
 from privkit.errors import PrivkitError
 from privkit.mechanisms import mutations
 from privkit.mechanisms.dp_random import DpRandom
@@ -505,7 +506,7 @@ def _noisy(
         if j.canaries is not None
     }
     released: dict[int, list[torch.Tensor]] = {}
-    grads = {k: _kept(scratch, ("grad", k), tuple(v.shape), v) for k, v in sums.items()}
+    grads = {k: kept(scratch, ("grad", k), tuple(v.shape), v) for k, v in sums.items()}
     groups: dict[float, list[int]] = {}
     for i, j in enumerate(jobs):
         std = j.step.noise_multiplier * j.step.clip_norm
@@ -550,20 +551,6 @@ def _noisy(
         restore()  # the clipped sum again, bit for bit: what the canaries observe against
         jobs[i].canaries.observe(released[i], clean=[sums[k][i] for k in names])
     return grads
-
-
-def _kept(scratch: dict, key, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-    """The buffer ``scratch[key]`` of ``shape`` and ``like``'s dtype and device, made anew where
-    it has another shape (a buffer per call site: its contents are the caller's until its next
-    use)."""
-    buf = scratch.get(key)
-    if buf is None or (tuple(buf.shape), buf.dtype, buf.device) != (
-        tuple(shape),
-        like.dtype,
-        like.device,
-    ):
-        buf = scratch[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
-    return buf
 
 
 def _rows_of(rows: Sequence[int], device: torch.device) -> slice | torch.Tensor:
@@ -629,7 +616,7 @@ def joint_release(
     # by block, no copy of the clean rows); one row: that concatenation itself (one vector)
     out = None
     if scratch is not None and len(rows) > 1 and len(blocks) > 1:
-        out = _kept(scratch, "noise", (len(rows), sum(widths)), blocks[0])
+        out = kept(scratch, "noise", (len(rows), sum(widths)), blocks[0])
     parts, receipts = gaussian_release_rows(
         blocks if len(rows) > 1 else [torch.cat(blocks, 1)],
         std=std,

@@ -33,13 +33,17 @@ from privkit.trainers.feddf import DistillationStep, DistillJob, feddf_run
 
 
 def local_epochs(
-    runs: list[FederatedRun], selected: list[list[int]], fast: frozenset[int] = frozenset()
+    runs: list[FederatedRun],
+    selected: list[list[int]],
+    fast: frozenset[int] = frozenset(),
+    scratch: dict | None = None,
 ) -> list[list[tuple[torch.nn.Module, float]]]:
     """The selected clients of every run trained at once; per run, ``(trained copy, last epoch's
     mean loss)`` per client in the selected order, as :meth:`FederatedRun.train_local` gives them
     (bit for bit: :mod:`privkit.batched.exact_mlp`; a model it does not cover trains one client
     after the other). The clients of the runs whose ``id`` is in ``fast`` train with the stacked
-    kernels instead (equal up to float rounding)."""
+    kernels instead (equal up to float rounding), in ``scratch``'s buffers (kept across the
+    rounds: :mod:`privkit.batched.buffers`)."""
     jobs = [(r, i) for r, ids in zip(runs, selected) for i in ids]
     if not jobs:
         return [[] for _ in runs]
@@ -80,6 +84,7 @@ def local_epochs(
             anchors=[jobs[at][0].anchor for at in group],
             loss_from=[(cfg.local_epochs - 1) * per_epoch[at] for at in group],
             stacked=stacked,
+            scratch=scratch,
         )
         for at, total in zip(group, got):
             totals[at] = total
@@ -124,7 +129,7 @@ def _train_runs(
     unreported([run for run, _ in pairs], marks)
     lockstep(
         [run for run, _ in pairs],
-        partial(local_epochs, fast=stacked),
+        partial(local_epochs, fast=stacked, scratch={}),
         partial(finish_rounds, together=stacked),
     )
     return [finish(run.outcome()) for run, finish in pairs]

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from privkit.batched.buffers import kept
 from privkit.batched.exact_mlp import _inputs_in_use, mlp_layers
 from privkit.batched.many import LocalDp
 from privkit.mechanisms import mutations
@@ -114,7 +115,7 @@ class SpanCache:
 
     def __init__(self) -> None:
         self._spans: dict[int, RecordSpan] = {}
-        self._buffer: torch.Tensor | None = None
+        self._scratch: dict = {}
 
     def spans(self, jobs: Sequence[LocalDp]) -> list[RecordSpan]:
         """Each job's span, computed where this cache does not hold the job's very records."""
@@ -130,16 +131,7 @@ class SpanCache:
         """The spans' bases over every input, ``(models, inputs, rank)``: each model's rows at
         the inputs it uses, 0 elsewhere (inputs its records leave at 0) and in the columns past
         its own rank (coordinates no weight is mapped back from). Valid until the next call."""
-        inputs = len(spans[0].order)
-        size = len(spans) * inputs * rank
-        buf = self._buffer
-        if (
-            buf is None
-            or buf.numel() < size
-            or (buf.dtype, buf.device) != (like.dtype, like.device)
-        ):
-            buf = self._buffer = torch.empty(size, dtype=like.dtype, device=like.device)
-        out = buf[:size].view(len(spans), inputs, rank)
+        out = kept(self._scratch, "bases", (len(spans), len(spans[0].order), rank), like)
         for i, span in enumerate(spans):
             q, _ = span.basis()
             out[i, :, : q.shape[1]].copy_(q)

@@ -218,3 +218,25 @@ def test_stacked_party_logits_are_each_partys_own():
         np.testing.assert_allclose(
             g, predict_logits(m, x, torch.device("cpu")), rtol=1e-5, atol=1e-6
         )
+
+
+@pytest.mark.parametrize("mu", [0.0, 0.1])
+def test_buffers_kept_across_calls_give_each_call_its_fresh_result(mu):
+    """A caller that trains every round keeps the stacked form's buffers (``scratch``) across its
+    calls: rounds of other sizes (models, records, inputs in use, batch widths) reuse them and
+    each comes out bit for bit as with fresh buffers, the stale contents of a larger round
+    included."""
+    rounds = [_sparse_models(3), _models(shared=True, n=2), _sparse_models(4), _models(False, 4)]
+    fresh = [_sparse_models(3), _models(shared=True, n=2), _sparse_models(4), _models(False, 4)]
+    scratch: dict = {}
+    for (template, kept), (_, new) in zip(rounds, fresh):
+        n = len(kept)
+        anchors = [{k: v.clone() for k, v in m.params.items()} for m in kept]
+        kw = dict(optimizer="adam", lr=0.01, mu=[mu] * n, anchors=anchors, loss_from=[0] * n)
+        got = train_exact(template, kept, stacked=True, scratch=scratch, **kw)
+        want = train_exact(template, new, stacked=True, **kw)
+        assert got == want
+        for a, b in zip(kept, new):
+            for k in a.params:
+                assert torch.equal(a.params[k], b.params[k]), k
+    assert scratch  # the buffers were kept
