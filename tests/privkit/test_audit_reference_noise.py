@@ -116,6 +116,40 @@ def test_seeded_reference_models_have_the_release_models_statistics(fed):
     assert p_wrong < 1e-6, f"the test cannot see a 10% wrong noise scale (KS p={p_wrong:.2g})"
 
 
+def test_reference_models_trained_in_their_records_span_have_the_release_models_statistics(
+    fed, monkeypatch
+):
+    """With 10 local steps the reference clients (about 160 records over about 530 used inputs)
+    train their first layer in their records' span (:mod:`privkit.batched.used_inputs`); their
+    models keep the release runs' statistics, and the same tests tell a 10% wrong noise apart."""
+    from privkit.batched import used_inputs
+
+    torch.set_num_threads(1)
+    config = {**DPFED, "local_steps": 10}
+    rotated: list[bool] = []
+    original = used_inputs.Narrowed.of
+
+    def spy(weights, *args, **kw):
+        out = original(weights, *args, **kw)
+        if weights:  # the jobs that may narrow (the others are passed none)
+            rotated.append(out is not None and out.basis is not None)
+        return out
+
+    monkeypatch.setattr(used_inputs.Narrowed, "of", staticmethod(spy))
+    release = _statistics(fed, config, list(range(100, 100 + RUNS)), reproducible=False)
+    assert not rotated  # no release run's client narrows: every input at every step
+    seeded = _statistics(fed, config, list(range(200, 200 + RUNS)), reproducible=True)
+    assert rotated and all(rotated)
+    for i, name in enumerate(("parameter norm", "query loss")):
+        p = stats.ks_2samp(release[:, i], seeded[:, i]).pvalue
+        assert p > ALPHA, f"{name}: span-trained and release models differ (KS p={p:.2g})"
+    wrong = _statistics(
+        fed, {**config, "noise_multiplier": 0.9}, list(range(300, 300 + RUNS)), reproducible=True
+    )
+    p_wrong = stats.ks_2samp(release[:, 0], wrong[:, 0]).pvalue
+    assert p_wrong < 1e-6, f"the test cannot see a 10% wrong noise scale (KS p={p_wrong:.2g})"
+
+
 FEDAVG = {**TINY_FEDAVG, "mu": 0.1}
 
 
