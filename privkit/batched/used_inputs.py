@@ -220,7 +220,9 @@ class Narrowed:
             out[name] = w.scatter_add_(2, at[..., self.kept :], moved)
         return out
 
-    def _in_span(self, full: torch.Tensor, trained: torch.Tensor, steps: int, lr: float):
+    def _in_span(
+        self, full: torch.Tensor, trained: torch.Tensor, steps: int, lr: float
+    ) -> torch.Tensor:
         """One weight after the round (``full``: before it; ``trained``: its part in each model's
         records' span after it): every input's weights moved by the summed noise, then their
         part in the span replaced by the trained one, ``start + (trained - start Q) Q^T``."""
@@ -229,7 +231,9 @@ class Narrowed:
         diff = torch.baddbmm(trained, start, self.basis, alpha=-1.0)
         return start.baddbmm_(diff, self.basis.transpose(1, 2))
 
-    def _moved(self, outs: int, width: int, steps: int, lr: float, like: torch.Tensor):
+    def _moved(
+        self, outs: int, width: int, steps: int, lr: float, like: torch.Tensor
+    ) -> torch.Tensor:
         """Per model ``(outs, width)`` weights' displacement by a round's summed noise: SGD
         subtracts ``lr / B`` times each step's noise (``B`` the expected batch size)."""
         noise = self._summed_noise(outs, width, steps, like)
@@ -286,8 +290,8 @@ def train_over_used_inputs(
 ) -> dict[str, torch.Tensor]:
     """``train(params, jobs)`` (a round's ``steps`` local SGD steps at ``lr``, in place on the
     stacked parameters) over the jobs' used inputs or their records' span where ``weights``
-    narrow (:class:`Narrowed`; ``spans``: a :class:`SpanCache` kept across the rounds), else as given; the
-    stacked parameters after the round."""
+    narrow (:class:`Narrowed`; ``spans``: a :class:`SpanCache` kept across the rounds), else
+    as given; the stacked parameters after the round."""
     narrowed = Narrowed.of(weights, params, jobs, steps=steps, spans=spans)
     if narrowed is None:
         train(params, jobs)
