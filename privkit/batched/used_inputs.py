@@ -83,7 +83,7 @@ class RecordSpan:
 
     @classmethod
     def of(cls, x: torch.Tensor) -> RecordSpan:
-        flat = x.reshape(len(x), -1)
+        flat = x.flatten(1)
         need = _inputs_in_use(flat)
         order = torch.argsort((~need).to(torch.uint8), stable=True)
         return cls(x, order[: int(need.sum())], order)
@@ -100,7 +100,7 @@ class RecordSpan:
         orthonormal even where records repeat. Kept over every input (a copy into a round's
         stacked bases is then one block; a scatter of rows costs several times more)."""
         if self._qr is None:
-            flat = self.x.reshape(len(self.x), -1)
+            flat = self.x.flatten(1)
             q, r = torch.linalg.qr(flat.index_select(1, self.used).T)  # x^T = Q R: coords R^T
             every = q.new_zeros(flat.shape[1], q.shape[1]).index_copy_(0, self.used, q)
             self._qr = (every, r.T)
@@ -261,7 +261,7 @@ class Narrowed:
 
 def _over(x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """Records ``x`` at the inputs ``cols``, ``(n, len(cols))``."""
-    return x.reshape(len(x), -1).index_select(1, cols.to(x.device))
+    return x.flatten(1).index_select(1, cols.to(x.device))
 
 
 def _with_records(jobs: Sequence[LocalDp], xs: Sequence[torch.Tensor]) -> list[LocalDp]:
