@@ -638,7 +638,7 @@ class Ledger:
         for key, entries in selected.items():
             try:
                 ceiling[key] = self._account_one(key, entries, delta, "rdp").epsilon
-            except Exception:  # no RDP epsilon: no ceiling (the best accountant says why, if any)
+            except ValueError:  # no RDP epsilon: no ceiling (the best accountant says why, if any)
                 ceiling[key] = math.inf
         place = {key: at for at, key in enumerate(selected)}
         worst: Accounting | None = None

@@ -258,10 +258,10 @@ def _recorded_release_epsilon(record: dict, delta: float, grid: float | None) ->
     the best of its accountants), where it accounted at ``delta`` on ``grid``; None otherwise.
     The audit then need not account the release's ledger a second time (a second or more for an
     adaptive method's ledger of many noise multipliers)."""
-    worst = (record.get("summary") or {}).get("worst") or {}
-    eps = worst.get("best") if isinstance(worst, dict) else None
     if grid is None or record.get("delta") != delta or record.get("pld_grid") != grid:
         return None
+    worst = (record.get("summary") or {}).get("worst")
+    eps = worst.get("best") if isinstance(worst, dict) else None
     return float(eps) if isinstance(eps, (int, float)) else None
 
 
