@@ -126,3 +126,42 @@ def test_audit_recipe_takes_the_batched_form(fed, method, config):
     _same(runs[0].result, recipe(x[sets[0]], y[sets[0]], 1).result)  # the target, bit for bit
     for run, ix, seed in zip(runs[1:], sets[1:], [2, 3]):  # the references, up to rounding
         assert _max_diff(run.result.model, recipe(x[ix], y[ix], seed).result.model) <= 1e-4
+
+
+@pytest.mark.parametrize("chunk", [None, 5, 64])
+def test_centralized_step_gradients_in_chunks_are_each_models_own(fed, chunk):
+    """The batched step's gradient of each model's mean cross-entropy, taken ``chunk`` examples
+    per model at a time (None: the CPU's cache-sized default; 5: a partial last chunk), is each
+    model's own autograd gradient on its own rows; a padded model's pads and a model without rows
+    contribute nothing."""
+    import torch.nn.functional as F
+
+    from privkit.batched.many import stacked_on
+    from privkit.batched.many_central import _step_gradients
+    from privkit.mechanisms.stacked import StackedModels
+    from privkit.methods.dpsgd import CentralConfig
+    from privkit.trainers.common import new_model
+
+    cfg = CentralConfig(**CENTRAL_CNN)
+    models = [new_model(fed, cfg, seed)[0] for seed in (1, 2, 3)]
+    net = StackedModels(models[0], 3)
+    params, buffers = stacked_on(models, torch.device("cpu"))
+    x, y = fed.pooled_arrays()
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, len(y), (3, 64), generator=gen)
+    xb = torch.as_tensor(x, dtype=torch.float32)[idx]
+    yb = torch.as_tensor(y, dtype=torch.long)[idx]
+    counts = torch.tensor([64, 37, 0])
+    xb[1, 37:] = 1e3  # pads: large values that would show in any gradient they leaked into
+    grads, losses = _step_gradients(net, params, buffers, xb, yb, counts, chunk=chunk)
+    for m, (model, n) in enumerate(zip(models, counts.tolist())):
+        if n == 0:
+            assert all(float(g[m].abs().max()) == 0 for g in grads.values())
+            assert float(losses[m]) == 0
+            continue
+        model.zero_grad()
+        loss = F.cross_entropy(model(xb[m, :n]), yb[m, :n])
+        loss.backward()
+        assert float(losses[m]) == pytest.approx(float(loss.detach()), rel=1e-5)
+        for k, q in model.named_parameters():
+            assert torch.allclose(grads[k][m], q.grad, rtol=1e-4, atol=1e-6), k
