@@ -6,7 +6,8 @@ it. Where a method misses, this script gives the roofline arithmetic. In one pro
 thread, per method:
 
 * one training exactly as audit_cost.py's "one training" (the method's ``quick`` configuration on the
-  quickstart federation, empty h0 cache), timed in process CPU seconds (``train_cpu_s``);
+  quickstart federation, empty h0 cache, after one untimed training as audit_cost.py's workers
+  warm up), timed in process CPU seconds (``train_cpu_s``);
 * the same training again under ``torch.utils.flop_counter.FlopCounterMode``: the floating-point
   operations of its matrix products and convolutions, forward and backward (``flops``, by aten op
   in ``flops_by_op``);
@@ -39,6 +40,19 @@ is what the goal leaves, in trainings, for everything else 16 reference runs and
 with the latter) and ``audit_ratio_floor_observed_train``, the floor against that file's training
 CPU seconds (the trainings' time moves with the machine's load; the flops do not).
 
+With ``--kernels``, a floor from the kernels the audit's reference runs really run: the reference
+runs of ``audit_run`` at the demo's audit seed (its pool, design and recipe; the target run left
+out) are trained batched, as the audit trains them, under a dispatch mode that records every
+matrix product, convolution, fused optimiser pass and normal draw with its arguments' shapes,
+strides and dtypes; each distinct call is then replayed on fresh tensors of those layouts and
+timed on its own (``kernel_replay.py``). ``reference_kernel_s`` is what those kernels cost at the
+speed torch's kernels reach on those very shapes on this core, with their inputs in cache, and
+``audit_ratio_floor_kernels`` = 1 + reference_kernel_s / train_cpu_s: the audit's ratio if the
+reference runs did nothing but those kernels. Unlike the floor at peak, it binds this
+implementation's shapes and torch's kernels for them, not the hardware: a reformulation with
+other shapes (or better kernels) could go below it; ``excluded_at_kernel_rates`` says whether it
+is above the goal.
+
 What FlopCounterMode sees: the aten matrix and convolution ops it has formulas for (mm, addmm, bmm,
 baddbmm, convolution, convolution_backward, ...), including direct calls such as
 ``torch.ops.aten.convolution_backward`` or ``torch.bmm`` and ops under ``torch.func``/``vmap``
@@ -49,7 +63,7 @@ is invisible to it. Uncounted work only makes the true floor higher: the floor s
 bound, and ``excluded`` stays sound.
 
     OMP_NUM_THREADS=1 python benchmarks/audit_roofline.py [--json] [--methods a,b] [--size 2048]
-        [--normals 4000000] [--repeats 5] [--shadows 16]
+        [--normals 4000000] [--repeats 5] [--shadows 16] [--kernels]
 
 Output (``--json``)::
 
@@ -75,6 +89,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # audit_cost, when imported from elsewhere
 
 from audit_cost import _demo_settings, _federation, _one_thread
+from kernel_replay import KernelRecorder, replayed
 
 AUDIT_COST_RESULTS = Path(__file__).resolve().parent / "results" / "audit_cost_cpu.json"
 GOAL_3X_METHODS = ("dpsgd", "dp-fedavg", "fedkd-dp", "fedkadp", "fedavg", "fedprox")
@@ -84,6 +99,14 @@ GOAL_3X, GOAL_ALL = 3.0, 6.0
 MATRIX_LIKE = re.compile(r"mm|conv|matmul|einsum|dot|mv|linalg|cdist|linear|addr|outer|tensordot")
 NOT_MATRIX = re.compile(r"norm")  # linalg_vector_norm and the like: reductions, not products
 NORMAL_OPS = ("aten.normal", "aten.normal_", "aten.randn")  # Gaussian draws
+# the optimisers' fused passes (Adam's moments and weights in one kernel)
+OPTIMISER_OPS = ("aten._fused_adam_", "aten._fused_adam", "aten._fused_adamw_", "aten._fused_sgd_")
+
+
+def _kernel_op(op: str) -> bool:
+    """The ops whose kernels the reference runs' kernel floor replays: matrix products and
+    convolutions, fused optimiser passes and normal draws."""
+    return _matrix_like(op) or op in OPTIMISER_OPS or op in NORMAL_OPS
 
 
 def audit_goal(method: str) -> float:
@@ -193,13 +216,65 @@ def counted_training(method: str, seed: int) -> dict[str, Any]:
     }
 
 
+def audit_reference_runs(method: str, audit_seed: int, shadows: int):
+    """The reference runs an audit of the method's quick run trains (``privkit.audit.audit_run``
+    at ``audit_seed``: its pool, design and recipe), as a callable that trains them batched, as
+    the audit does (the target run left out)."""
+    from attacks.experiment import design_experiment
+    from privkit.audit.recipes import FederationRecipe
+    from privkit.audit.run import audit_pool
+    from privkit.trainers import REGISTRY
+
+    fed = _federation()
+    pool, audited, _ = audit_pool(fed, None, audit_seed)
+    design = design_experiment(pool.size, shadows=shadows, seed=audit_seed, audited=audited)
+    recipe = FederationRecipe(
+        fed, method, REGISTRY[method].quick_config(), release_seeds=[design.target_seed]
+    )
+    runs = [
+        (ix, s) for ix, s in zip(design.index_sets(), design.seeds()) if s != design.target_seed
+    ]
+    x, y = fed.private.x[pool], fed.private.y[pool]
+    return lambda: recipe.fit_many(x, y, [ix for ix, _ in runs], [s for _, s in runs])
+
+
+def reference_kernels(method: str, audit_seed: int, shadows: int, repeats: int) -> dict[str, Any]:
+    """The audit's reference runs trained batched under a :class:`~kernel_replay.KernelRecorder`
+    (matrix products, convolutions, fused optimiser passes, normal draws), each distinct call then
+    replayed on its own (:func:`~kernel_replay.replayed`): what those kernels cost at the speed
+    torch reaches on their shapes on this core, for all the reference runs together."""
+    train_references = audit_reference_runs(method, audit_seed, shadows)
+    recorder = KernelRecorder(_kernel_op)
+    start = time.process_time()
+    with recorder:
+        train_references()
+    recorded_s = time.process_time() - start
+    out = replayed(recorder.calls, repeats=repeats)
+    by_op = out["by_op"]
+    return {
+        "reference_kernel_s": round(out["seconds"], 3),
+        "reference_kernel_by_op": dict(list(by_op.items())[:8]),
+        "reference_kernel_calls": out["calls"],
+        "reference_kernel_signatures": out["signatures"],
+        "reference_runs_recorded_s": round(recorded_s, 2),
+    }
+
+
 def measure(
-    method: str, seed: int, peak_gflops: float, ns_per_normal: float, shadows: int
+    method: str,
+    seed: int,
+    peak_gflops: float,
+    ns_per_normal: float,
+    shadows: int,
+    audit_seed: int | None = None,
+    repeats: int = 3,
 ) -> dict[str, Any]:
     """Time one training, count its flops and a reference run's (and that run's normals), and
-    derive the floors."""
+    derive the floors; with ``audit_seed``, also the audit's batched reference runs' kernels
+    replayed (:func:`reference_kernels`) and the ratio floor they set."""
     from privkit.trainers.pretrain import clear_cache
 
+    _train(method, seed)  # untimed: the process's first training pays its one-time set-up
     clear_cache()
     start = time.process_time()
     _train(method, seed)
@@ -226,11 +301,29 @@ def measure(
         "headroom": round(goal - ratio_floor, 3),
         "goal": goal,
         "excluded": ratio_floor > goal,
+        **_kernel_floor(method, audit_seed, shadows, repeats, train_cpu_s, goal),
         "flops_by_op": target["flops_by_op"],
         "uncounted_matrix_ops": dict(
             Counter(target["uncounted_matrix_ops"]) + Counter(reference["uncounted_matrix_ops"])
         ),
         "load_average": os.getloadavg(),
+    }
+
+
+def _kernel_floor(
+    method: str, audit_seed: int | None, shadows: int, repeats: int, train_cpu_s: float, goal: float
+) -> dict[str, Any]:
+    """The kernel floor's fields (none without ``audit_seed``): the reference runs' replayed
+    kernels, and ``audit_ratio_floor_kernels`` = 1 + their seconds / one training's (the target
+    run a full training, the reference runs no more than their kernels)."""
+    if audit_seed is None:
+        return {}
+    kernels = reference_kernels(method, audit_seed, shadows, repeats)
+    floor = 1.0 + kernels["reference_kernel_s"] / train_cpu_s
+    return {
+        **kernels,
+        "audit_ratio_floor_kernels": round(floor, 3),
+        "excluded_at_kernel_rates": floor > goal,
     }
 
 
@@ -301,6 +394,11 @@ def main(argv: list[str] | None = None) -> int:
         "--shadows", type=int, default=None, help="reference runs (default: the demo's 16)"
     )
     ap.add_argument("--seed", type=int, default=None, help="training seed (default: the demo's)")
+    ap.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also replay the audit's batched reference runs' kernels (the kernel floor; slower)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     _one_thread()
@@ -321,7 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     observed = observed_ratios()
     results = {}
     for method in methods:
-        entry = measure(method, seed, peak, ns, shadows)
+        entry = measure(
+            method, seed, peak, ns, shadows, seed if args.kernels else None, args.repeats
+        )
         results[method] = with_observed(entry, observed.get(method, {}), shadows)
         print(json.dumps({"method": method, **results[method]}), file=sys.stderr, flush=True)
     out: dict[str, Any] = {

@@ -5,6 +5,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,3 +74,106 @@ def test_the_recorder_counts_every_standard_normal_drawn():
         torch.zeros(13).add_(1.0)
     assert recorder.normals == 12 + 5 + 7
     assert recorder.calls["aten.add_"] == 1
+
+
+# -- the kernel floor: benchmarks/kernel_replay.py and the audit's reference runs ----------------
+replay = sys.modules["kernel_replay"]  # imported by audit_roofline from benchmarks/
+
+
+def test_a_described_call_materialises_with_its_layouts():
+    import torch
+
+    base = torch.randn(6, 4)
+    args = (base.t(), [base[:, :2], torch.arange(3)], 7, "mean")
+    described = replay.describe(args)
+    assert hash(described) is not None  # a key of the recorder's counter
+    t, (part, ints), n, name = replay.materialise(described)
+    assert (t.shape, t.stride(), t.dtype) == ((4, 6), (1, 4), torch.float32)  # a transposed view
+    assert (part.shape, part.stride()) == ((6, 2), (4, 1))
+    assert ints.dtype == torch.int64 and int(ints.abs().sum()) == 0
+    assert (n, name) == (7, "mean")
+    assert float(t.min()) >= 0.5 and float(t.max()) < 1.0  # finite under sqrt and division
+
+
+def test_the_recorder_counts_kept_ops_by_layout():
+    import torch
+
+    recorder = replay.KernelRecorder(lambda op: op == "aten.mm")
+    a, b = torch.randn(8, 5), torch.randn(5, 3)
+    with recorder:
+        for _ in range(3):
+            torch.mm(a, b)
+        torch.mm(a, b.t().contiguous().t())  # same shapes, the other layout: its own signature
+        torch.add(a, 1.0)  # not kept
+    assert sorted(recorder.calls.values()) == [1, 3]
+    assert {str(func.overloadpacket) for func, _, _ in recorder.calls} == {"aten.mm"}
+
+
+def test_replayed_sums_each_signatures_count_times_its_time(monkeypatch):
+    import torch
+
+    recorder = replay.KernelRecorder(lambda op: op in ("aten.mm", "aten.bmm"))
+    with recorder:
+        for _ in range(4):
+            torch.mm(torch.randn(4, 4), torch.randn(4, 4))
+        torch.bmm(torch.randn(2, 4, 4), torch.randn(2, 4, 4))
+    times = {"aten.mm": 0.5, "aten.bmm": 2.0}
+    monkeypatch.setattr(
+        replay, "call_seconds", lambda func, *a, **k: times[str(func.overloadpacket)]
+    )
+    out = replay.replayed(recorder.calls)
+    assert out["seconds"] == pytest.approx(4 * 0.5 + 2.0)
+    assert out["by_op"] == {"aten.mm": 2.0, "aten.bmm": 2.0}
+    assert (out["calls"], out["signatures"]) == (5, 2)
+
+
+def test_call_seconds_runs_the_call_on_fresh_tensors():
+    import torch
+
+    seen = []
+    recorder = replay.KernelRecorder(lambda op: op == "aten.mm")
+    with recorder:
+        torch.mm(torch.randn(3, 2), torch.randn(2, 5))
+    ((func, args, kwargs),) = recorder.calls
+
+    def spy(*a, **k):
+        seen.append(tuple(x.shape for x in a))
+        return func(*a, **k)
+
+    assert replay.call_seconds(spy, args, kwargs, repeats=2, window=0.0) >= 0.0
+    assert seen and set(seen) == {((3, 2), (2, 5))}
+
+
+def test_kernel_floor_is_the_target_plus_the_replayed_reference_kernels(monkeypatch):
+    monkeypatch.setattr(
+        roofline, "reference_kernels", lambda *a: {"reference_kernel_s": 4.0, "by": "x"}
+    )
+    out = roofline._kernel_floor("fedavg", 0, 16, 3, train_cpu_s=2.0, goal=3.0)
+    assert out["audit_ratio_floor_kernels"] == 3.0 and out["excluded_at_kernel_rates"] is False
+    out = roofline._kernel_floor("fedavg", 0, 16, 3, train_cpu_s=1.6, goal=3.0)
+    assert out["audit_ratio_floor_kernels"] == 3.5 and out["excluded_at_kernel_rates"] is True
+    assert roofline._kernel_floor("fedavg", None, 16, 3, 2.0, 3.0) == {}
+
+
+def test_the_kernel_floor_trains_the_audits_reference_runs_only(monkeypatch):
+    """The runs replayed are audit_run's reference runs at the audit seed: its design's reference
+    seeds and index sets, seeded noise, the target run left out."""
+    from attacks.experiment import design_experiment
+    from privkit.audit.recipes import FederationRecipe
+    from privkit.audit.run import audit_pool
+
+    got = {}
+
+    def fit_many(self, x, y, sets, seeds):
+        got.update(recipe=self, sets=sets, seeds=seeds)
+
+    monkeypatch.setattr(FederationRecipe, "fit_many", fit_many)
+    roofline.audit_reference_runs("dp-fedavg", 3, 4)()
+    fed = roofline._federation()
+    pool, audited, _ = audit_pool(fed, None, 3)
+    design = design_experiment(pool.size, shadows=4, seed=3, audited=audited)
+    assert list(got["seeds"]) == list(design.reference_seeds)
+    assert design.target_seed not in got["seeds"]
+    assert all(got["recipe"].reference(s) for s in got["seeds"])
+    wanted = dict(zip(design.seeds(), design.index_sets()))
+    assert all(np.array_equal(ix, wanted[s]) for ix, s in zip(got["sets"], got["seeds"]))
