@@ -68,10 +68,29 @@ def torch_generator(seed: int, device: str | torch.device = "cpu") -> torch.Gene
 
 
 def seed_torch(seed: int) -> None:
-    """Seed torch's global generators (for layer initialisation inside model constructors)."""
+    """Seed torch's global generators (for layer initialisation inside model constructors).
+
+    Where no accelerator is available this seeds the CPU generator alone, as ``torch.manual_seed``
+    would: that also queues a seeding of the CUDA generators for a later CUDA start, with the
+    caller's formatted stack each time (0.1-0.9 ms a call; an audit seeds 700 models)."""
     import torch
 
-    torch.manual_seed(int(seed) % (2**63))
+    seed = int(seed) % (2**63)
+    if _accelerator_available():
+        torch.manual_seed(seed)
+    else:
+        torch.default_generator.manual_seed(seed)
+
+
+def _accelerator_available() -> bool:
+    import torch
+
+    xpu = getattr(torch, "xpu", None)
+    return (
+        torch.cuda.is_available()
+        or torch.backends.mps.is_available()
+        or bool(xpu is not None and xpu.is_available())
+    )
 
 
 def noise_generator(
