@@ -78,8 +78,8 @@ def _step_gradients(
     The batch runs ``chunk`` examples per model at a time (default: :meth:`StackedModels.chunk_size`,
     about 6 MB of the largest convolutional activation on the CPU), each chunk's forward and
     backward pass in one, the gradients summed. The whole batch at once made 25 MB activations per
-    step for 16 quickstart CNNs, fresh memory on every step, and ran 10-25% slower; the sum over
-    chunks is the whole batch's up to float rounding."""
+    step for 16 quickstart CNNs, fresh memory on every step (81-94 ms a step against 50-52 ms in
+    chunks, docs/performance.md); the sum over chunks is the whole batch's up to float rounding."""
     p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
     width = xb.shape[1]
     step = max(1, chunk if chunk is not None else net.chunk_size(xb))
