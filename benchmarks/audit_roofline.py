@@ -376,6 +376,12 @@ def _print_table(out: dict) -> None:
             f"{e.get('observed_ratio_cpu', float('nan')):>8.2f} {e['goal']:>5.0f}"
             + ("  excluded" if e["excluded"] else "")
         )
+        if "audit_ratio_floor_kernels" in e:
+            print(
+                f"{'':<14} reference runs' kernels {e['reference_kernel_s']:.2f} s: kernel floor "
+                f"{e['audit_ratio_floor_kernels']:.2f}x"
+                + ("  excluded at these kernels' rates" if e["excluded_at_kernel_rates"] else "")
+            )
         if e["uncounted_matrix_ops"]:
             print(f"{'':<14} not counted: {e['uncounted_matrix_ops']}")
 

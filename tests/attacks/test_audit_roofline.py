@@ -177,3 +177,27 @@ def test_the_kernel_floor_trains_the_audits_reference_runs_only(monkeypatch):
     assert all(got["recipe"].reference(s) for s in got["seeds"])
     wanted = dict(zip(design.seeds(), design.index_sets()))
     assert all(np.array_equal(ix, wanted[s]) for ix, s in zip(got["sets"], got["seeds"]))
+
+
+def test_the_table_names_the_kernel_floor_where_measured(capsys):
+    entry = {
+        "flops": 2e9,
+        "floor_s": 0.02,
+        "reference_noise_floor_s": 0.0,
+        "train_cpu_s": 1.0,
+        "floor_share": 0.02,
+        "audit_ratio_floor": 1.3,
+        "goal": 3.0,
+        "excluded": False,
+        "uncounted_matrix_ops": {},
+    }
+    kernels = {
+        "reference_kernel_s": 2.5,
+        "audit_ratio_floor_kernels": 3.5,
+        "excluded_at_kernel_rates": True,
+    }
+    out = {"peak_gflops": 90.0, "ns_per_normal": 3.4}
+    roofline._print_table({**out, "methods": {"fedavg": {**entry, **kernels}, "flip": entry}})
+    lines = capsys.readouterr().out.splitlines()
+    assert any("kernel floor 3.50x  excluded at these kernels' rates" in line for line in lines)
+    assert sum("kernel floor" in line for line in lines) == 1  # flip: not measured, not shown
