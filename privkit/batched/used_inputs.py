@@ -127,7 +127,6 @@ class SpanCache:
     def __init__(self) -> None:
         self._spans: dict[int, RecordSpan] = {}
         self._scratch: dict = {}
-        self._last: tuple[tuple, torch.Tensor] | None = None  # the last bases and their key
 
     def spans(self, jobs: Sequence[LocalDp]) -> list[RecordSpan]:
         """Each job's span, computed where this cache does not hold the job's very records."""
@@ -142,18 +141,12 @@ class SpanCache:
     def bases(self, spans: Sequence[RecordSpan], rank: int, like: torch.Tensor) -> torch.Tensor:
         """The spans' bases over every input, ``(models, inputs, rank)``: each model's rows at
         the inputs it uses, 0 elsewhere (inputs its records leave at 0) and in the columns past
-        its own rank (coordinates no weight is mapped back from). Read-only, valid until the
-        next call; a round of the same spans at the same rank gets the last round's bases as they
-        are (the clients of a round that selects every client, tens of MB copied otherwise)."""
-        key = (tuple(id(span) for span in spans), rank, like.dtype, like.device)
-        if self._last is not None and self._last[0] == key:
-            return self._last[1]
+        its own rank (coordinates no weight is mapped back from). Valid until the next call."""
         out = kept(self._scratch, "bases", (len(spans), len(spans[0].order), rank), like)
         for i, span in enumerate(spans):
             q, _ = span.basis()
             out[i, :, : q.shape[1]].copy_(q)
             out[i, :, q.shape[1] :].zero_()
-        self._last = (key, out)
         return out
 
 
