@@ -52,8 +52,16 @@ def materialise(value: Any) -> Any:
     """Fresh arguments for a described call: each :class:`TensorLayout` a new tensor of that
     layout (floating point in [0.5, 1), others 0), each tuple a list."""
     if isinstance(value, TensorLayout):
-        t = torch.empty_strided(value.shape, value.stride, dtype=value.dtype)
-        return t.uniform_(0.5, 1.0) if t.is_floating_point() else t.zero_()
+        # the storage the layout spans, filled, then viewed with the layout's strides: an
+        # expanded tensor (stride 0) cannot be written through itself
+        extent = (
+            0
+            if 0 in value.shape
+            else 1 + sum((n - 1) * st for n, st in zip(value.shape, value.stride))
+        )
+        flat = torch.empty(extent, dtype=value.dtype)
+        flat = flat.uniform_(0.5, 1.0) if flat.is_floating_point() else flat.zero_()
+        return flat.as_strided(value.shape, value.stride)
     if isinstance(value, tuple):
         return [materialise(v) for v in value]
     return value

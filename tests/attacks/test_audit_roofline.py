@@ -93,6 +93,11 @@ def test_a_described_call_materialises_with_its_layouts():
     assert ints.dtype == torch.int64 and int(ints.abs().sum()) == 0
     assert (n, name) == (7, "mean")
     assert float(t.min()) >= 0.5 and float(t.max()) < 1.0  # finite under sqrt and division
+    # an expanded argument (stride 0, as a broadcast bias) keeps its layout
+    (bias,) = replay.materialise(replay.describe((torch.randn(5)[None, :].expand(3, 5),)))
+    assert (bias.shape, bias.stride()) == ((3, 5), (0, 1)) and torch.equal(bias[0], bias[2])
+    (empty,) = replay.materialise(replay.describe((torch.empty(0, 4),)))
+    assert empty.shape == (0, 4)
 
 
 def test_the_recorder_counts_kept_ops_by_layout():
