@@ -16,7 +16,11 @@ thread each, so both cores are busy as in ``privkit demo``; each (method, repeat
 the repeats of a method are spread over the run. ``train_s`` and ``audit_s`` are medians over
 ``--repeats`` (default 3) of wall seconds, ``ratio`` their quotient; ``*_cpu_s`` are the worker's
 CPU seconds (one thread: the work done, less disturbed by other processes on a shared machine), and
-``ratio_cpu`` their quotient. ``load_average`` says how busy the machine was. Each (method,
+``ratio_cpu`` their quotient. ``load_average`` says how busy the machine was, and
+``matmul_gflops_start``/``_end`` its rate for a float32 matrix product on one thread before and
+after: on a shared machine that rate differs between days (88-173 GFLOP/s measured), and the
+reference runs' batched products with it, so the ratios of two files compare only at similar
+rates. Each (method,
 repeat) is also printed to stderr as one JSON line when it ends.
 
 Usage::
@@ -56,6 +60,28 @@ def _one_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
+    """Float32 GFLOP/s of a ``size x size`` matrix product on one thread, best of ``repeats``
+    (process CPU time): this machine's rate for the work the reference runs' batched products
+    do, which differs between days on a shared machine (88-173 GFLOP/s measured), and with it
+    the audit's ratio to a training of small operations."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        torch.mm(a, b)  # warm-up
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.process_time()
+            torch.mm(a, b)
+            best = min(best, time.process_time() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * size**3 / best / 1e9
 
 
 def _demo_settings() -> tuple[list[str], dict, int]:
@@ -256,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in methods
     ]  # repeats spread over the run
     load_start = os.getloadavg()
+    gflops_start = matmul_gflops(repeats=3)
     t0 = time.perf_counter()
     rows = []
     with ProcessPoolExecutor(
@@ -287,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
             "seed": seed,
             "load_average_start": load_start,
             "load_average_end": os.getloadavg(),
+            # the machine's matrix-product rate before and after (one thread): ratios of files
+            # measured on days of different rates are not comparable
+            "matmul_gflops_start": round(gflops_start, 1),
+            "matmul_gflops_end": round(matmul_gflops(repeats=3), 1),
         },
         "total_seconds": round(time.perf_counter() - t0, 1),
         "totals": {
@@ -306,8 +337,10 @@ def main(argv: list[str] | None = None) -> int:
             if "speedup" in e:
                 line += f"  {e['loop_audit_s']:>12.1f}  {e['speedup']:>7.2f}x"
             print(line)
+        c = out["conditions"]
         print(
-            f"load average {out['conditions']['load_average_start']} -> {out['conditions']['load_average_end']}"
+            f"load average {c['load_average_start']} -> {c['load_average_end']}; matrix product "
+            f"{c['matmul_gflops_start']} -> {c['matmul_gflops_end']} GFLOP/s (one thread)"
         )
     return 0
 

@@ -34,7 +34,14 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KEPT = ("load_average_start", "load_average_end", "shadows", "config")
+KEPT = (
+    "load_average_start",
+    "load_average_end",
+    "matmul_gflops_start",
+    "matmul_gflops_end",
+    "shadows",
+    "config",
+)
 
 
 def _fail(message: str) -> None:

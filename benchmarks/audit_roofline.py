@@ -88,7 +88,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # audit_cost, when imported from elsewhere
 
-from audit_cost import _demo_settings, _federation, _one_thread
+from audit_cost import _demo_settings, _federation, _one_thread, matmul_gflops
 from kernel_replay import KernelRecorder, replayed
 
 AUDIT_COST_RESULTS = Path(__file__).resolve().parent / "results" / "audit_cost_cpu.json"
@@ -135,20 +135,6 @@ def normal_ns(count: int = 4_000_000, repeats: int = 5) -> float:
         torch.randn(count, generator=gen, out=out)
         best = min(best, time.process_time() - start)
     return best / count * 1e9
-
-
-def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
-    """Float32 GFLOP/s of a ``size x size`` matrix product, best of ``repeats`` (process CPU time)."""
-    import torch
-
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.process_time()
-        torch.mm(a, b)
-        best = min(best, time.process_time() - start)
-    return 2 * size**3 / best / 1e9
 
 
 def _matrix_like(op: str) -> bool:

@@ -47,3 +47,26 @@ def test_bad_input_is_one_line_and_exit_code_2(argv, message, capsys):
         audit_cost_paired.main(argv)
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip() == message
+
+
+def test_the_matrix_product_rate_is_flops_over_the_best_time(monkeypatch):
+    """audit_cost.py's machine rate: 2 n^3 flops over the fastest of the timed products (the
+    warm-up untimed), on one thread, the caller's thread count restored."""
+    import audit_cost
+    import torch
+
+    ticks = iter([0.0, 0.5, 1.0, 1.25, 2.0, 3.0])  # products of 0.5 s, 0.25 s, 1.0 s
+    monkeypatch.setattr(audit_cost.time, "process_time", lambda: next(ticks))
+    seen = []
+    real_mm = torch.mm
+    monkeypatch.setattr(
+        torch, "mm", lambda a, b: seen.append(torch.get_num_threads()) or real_mm(a, b)
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the caller's: one thread while timing, two again after
+    try:
+        got = audit_cost.matmul_gflops(size=8, repeats=3)
+        assert seen == [1, 1, 1, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert got == pytest.approx(2 * 8**3 / 0.25 / 1e9)
