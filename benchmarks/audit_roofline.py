@@ -203,19 +203,15 @@ def counted_training(method: str, seed: int) -> dict[str, Any]:
 
 
 def audit_reference_runs(method: str, audit_seed: int, shadows: int):
-    """The reference runs an audit of the method's quick run trains (``privkit.audit.audit_run``
-    at ``audit_seed``: its pool, design and recipe), as a callable that trains them batched, as
-    the audit does (the target run left out)."""
-    from attacks.experiment import design_experiment
-    from privkit.audit.recipes import FederationRecipe
-    from privkit.audit.run import audit_pool
+    """The reference runs an audit of the method's quick run trains (the experiment of
+    :func:`privkit.audit.run.audit_run` at ``audit_seed``: its pool, design and recipe), as a
+    callable that trains them batched, as the audit does (the target run left out)."""
+    from privkit.audit.run import audit_experiment
     from privkit.trainers import REGISTRY
 
     fed = _federation()
-    pool, audited, _ = audit_pool(fed, None, audit_seed)
-    design = design_experiment(pool.size, shadows=shadows, seed=audit_seed, audited=audited)
-    recipe = FederationRecipe(
-        fed, method, REGISTRY[method].quick_config(), release_seeds=[design.target_seed]
+    pool, _, _, design, recipe = audit_experiment(
+        fed, method, REGISTRY[method].quick_config(), seed=audit_seed, shadows=shadows
     )
     runs = [
         (ix, s) for ix, s in zip(design.index_sets(), design.seeds()) if s != design.target_seed

@@ -182,6 +182,40 @@ def audit_pool(fed, n_audit: int | None, seed: int) -> tuple[np.ndarray, np.ndar
     return pool, audited, sizes
 
 
+def audit_experiment(
+    fed,
+    method: str,
+    trainer_cfg: dict,
+    *,
+    seed: int,
+    shadows: int,
+    n_audit: int | None = None,
+    keep_artifacts: bool = False,
+    engine: str = "inprocess",
+) -> tuple[np.ndarray, np.ndarray, dict, Design, FederationRecipe]:
+    """An audit's experiment on a run of ``method`` over ``fed``: its pool of records (with which
+    are audited and the pool's sizes, :func:`audit_pool`), its fair-coin design and the recipe
+    that trains the target run with the release mechanism and the reference runs with seeded
+    noise. What :func:`audit_run` trains; ``benchmarks/audit_roofline.py`` trains its reference
+    runs alone."""
+    pool, audited, sizes = audit_pool(fed, n_audit, seed)
+    design = design_experiment(pool.size, shadows=shadows, seed=seed, audited=audited)
+    if design.target_seed in design.reference_seeds:
+        raise ValueError(
+            f"the audit seed {seed} gives the target run and a reference run the same seed "
+            f"{design.target_seed}; use another audit seed"
+        )
+    recipe = FederationRecipe(
+        fed,
+        method,
+        trainer_cfg,
+        keep_artifacts=keep_artifacts,
+        engine=engine,
+        release_seeds=[design.target_seed],  # the reference runs draw seeded noise
+    )
+    return pool, audited, sizes, design, recipe
+
+
 def size_warnings(sizes: dict, design: Design) -> list[dict]:
     """A warning with the numbers when the audited runs train on less data than the release
     (n_audit above 2 x the shadow pool or the client records)."""
@@ -372,20 +406,15 @@ def audit_run(
     cfg, fed, result, spec = _load_run(run)
     method, trainer_cfg = cfg["method"], cfg["trainer"]
     delta = resolve_delta(delta, trainer_cfg, result.claims, len(fed.members))
-    pool, audited, sizes = audit_pool(fed, n_audit, seed)
-    design = design_experiment(pool.size, shadows=shadows, seed=seed, audited=audited)
-    if design.target_seed in design.reference_seeds:
-        raise ValueError(
-            f"the audit seed {seed} gives the target run and a reference run the same seed "
-            f"{design.target_seed}; use another audit seed"
-        )
-    recipe = FederationRecipe(
+    pool, audited, sizes, design, recipe = audit_experiment(
         fed,
         method,
         trainer_cfg,
+        seed=seed,
+        shadows=shadows,
+        n_audit=n_audit,
         keep_artifacts="attribute" in names,
         engine=cfg.get("engine", "inprocess"),
-        release_seeds=[design.target_seed],  # the reference runs draw seeded noise
     )
     labels = fed.private.y[pool[audited]]
     logits, details, train_error = None, None, None
