@@ -240,3 +240,74 @@ def test_buffers_kept_across_calls_give_each_call_its_fresh_result(mu):
             for k in a.params:
                 assert torch.equal(a.params[k], b.params[k]), k
     assert scratch  # the buffers were kept
+
+
+def _uneven_models():
+    """Five models of 9-41 records (4-12 steps of 8 over two epochs), blank inputs per model."""
+    torch.manual_seed(2)
+    template = build_model("mlp", (1, 6, 6), 3, feature_dim=8)
+    rng = np.random.default_rng(4)
+    models = []
+    for j, n in enumerate((9, 17, 23, 30, 41)):
+        x = rng.normal(size=(n, 36)).astype(np.float32)
+        x[:, rng.choice(36, 8 + j, replace=False)] = 0.0
+        models.append(
+            model_for(
+                copy.deepcopy(template),
+                x,
+                rng.integers(0, 3, n),
+                epochs=2,
+                batch_size=8,
+                seed=20 + j,
+                device=torch.device("cpu"),
+            )
+        )
+    return template, models
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+@pytest.mark.parametrize("mu", [0.0, 0.1])
+def test_models_trained_a_chunk_at_a_time_equal_all_at_once(monkeypatch, optimizer, mu):
+    """The stacked form trains its models a cache-sized chunk at a time, each chunk through all
+    of its steps: chunks of one, two and three models (models of 9-41 records, so of 4-12 steps,
+    blank inputs, a proximal term) give each model the weights and loss total of
+    one chunk of all of them up to the last bits (1.5e-8 measured: a kernel's vector and scalar
+    paths can round differently with a tensor's size)."""
+    import privkit.batched.exact_mlp as exact_mlp
+
+    results = {}
+    for chunk in (5, 1, 2, 3):
+        template, models = _uneven_models()
+        anchors = [{k: v.clone() + 0.01 for k, v in m.params.items()} for m in models]
+        monkeypatch.setattr(exact_mlp, "_models_per_chunk", lambda *a, c=chunk: c)
+        totals = train_exact(
+            template,
+            models,
+            optimizer=optimizer,
+            lr=0.01,
+            mu=[mu] * 5,
+            anchors=anchors,
+            loss_from=[1] * 5,
+            stacked=True,
+        )
+        results[chunk] = (totals, [{k: v.clone() for k, v in m.params.items()} for m in models])
+    want_totals, want_params = results[5]
+    assert sorted({len(m.batches) for m in _uneven_models()[1]}) == [4, 6, 8, 12]
+    for chunk, (totals, params) in results.items():
+        assert totals == pytest.approx(want_totals, rel=1e-6), chunk
+        for got, want in zip(params, want_params):
+            for k in want:
+                torch.testing.assert_close(got[k], want[k], rtol=1e-6, atol=1e-7)
+
+
+def test_a_chunk_holds_as_many_models_as_fit_its_bytes(monkeypatch):
+    """Models per chunk: as many as fit the byte budget (weights read, gradients and two
+    moments of the trainable ones, records, one step's activations), at least one, at most all."""
+    import privkit.batched.exact_mlp as exact_mlp
+
+    p = {"w": torch.zeros(10, 36, 8), "b": torch.zeros(10, 8)}  # 296 parameters a model
+    xs = torch.zeros(10 * 20, 36)  # 20 records of 36 inputs a model
+    per_model = 4 * (4 * 296 + 20 * 36 + 8 * (8 + 8))  # float32 bytes
+    for models, budget in ((1, 1), (1, per_model), (3, 3 * per_model + 1), (10, 10**9)):
+        monkeypatch.setattr(exact_mlp, "CHUNK_BYTES", budget)
+        assert exact_mlp._models_per_chunk(p, ["w", "b"], 8, xs, 10) == models
