@@ -156,14 +156,19 @@ def stacked_logits(
     out = []
     for lo in range(0, len(modules), chunk):
         group = modules[lo : lo + chunk]
-        h = h0.expand(len(group), *h0.shape)
+        h = h0
         for k, name in enumerate(names):
             layers = [m.get_submodule(name) for m in group]
             w = torch.stack([cast(nn.Linear, q).weight.detach() for q in layers]).to(device)
             if k == 0 and used is not None:
                 w = w.index_select(2, used)
             b = torch.stack([cast(nn.Linear, q).bias.detach() for q in layers]).to(device)
-            h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
+            if k == 0:  # every model reads the same records: one product against all their weights
+                g, o = w.shape[:2]
+                h = torch.addmm(b.reshape(1, g * o), h0, w.reshape(g * o, -1).t())
+                h = h.view(-1, g, o).transpose(0, 1)
+            else:
+                h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
             if k < len(names) - 1:
                 h = h.relu_()
         out.append(h.cpu())

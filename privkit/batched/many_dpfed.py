@@ -33,9 +33,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from privkit.batched.exact_mlp import stacked_logits
 from privkit.batched.many import (
     LocalDp,
     ce_losses,
@@ -52,7 +54,7 @@ from privkit.batched.used_inputs import (
     train_over_used_inputs,
 )
 from privkit.mechanisms.dp_sgd_step import DpSgdStep
-from privkit.mechanisms.stacked import StackedModels
+from privkit.mechanisms.stacked import StackedModels, UnsupportedModelError
 from privkit.mechanisms.stacked_pairs import StackedPairs
 from privkit.seeding import noise_generator
 from privkit.trainers.dp_fedavg import DpFedRun
@@ -283,15 +285,60 @@ def _fast_ids(runs: list, fast: list[bool] | None) -> frozenset[int]:
     return frozenset(id(r) for r, f in zip(runs, fast or []) if f)
 
 
+def stacked_validation(runs: list[DpFedRun]) -> list[tuple[float, float]]:
+    """Each run's global model's (loss, accuracy) on its public validation data (the same
+    records for all of them, as in every run of an audit), as :func:`~privkit.trainers.dp_fedavg._public_eval`
+    gives them up to float rounding: one stacked pass over every model
+    (:func:`~privkit.batched.exact_mlp.stacked_logits`: a batched product per layer, over the
+    inputs some record uses), where a pass per model is a product over all 784 inputs each
+    (half of them 0 in every public digit). Privkit MLPs only (else
+    :class:`~privkit.mechanisms.stacked.UnsupportedModelError`)."""
+    first = runs[0].federation
+    if any(
+        r.federation.public is not first.public
+        or not np.array_equal(r.federation.distill, first.distill)
+        for r in runs
+    ):
+        raise ValueError("stacked validation needs the same validation records for every run")
+    x, y = runs[0].x_val, torch.as_tensor(runs[0].y_val, dtype=torch.long)
+    logits = stacked_logits([r.model for r in runs], x, runs[0].device)
+    return [
+        (float(F.cross_entropy(z, y)), float((z.argmax(1) == y).float().mean())) for z in logits
+    ]
+
+
+def _finish_rounds(runs: list[DpFedRun], outputs: list[tuple], fast: frozenset[int]) -> None:
+    """Each run's :meth:`~privkit.trainers.dp_fedavg.DpFedRun.finish_round` with its states and
+    receipts (``outputs``), the validation of the reference runs (``fast``) that read it in one
+    :func:`stacked_validation` pass; every other run validates as its single run does."""
+    for run, (states, receipts) in zip(runs, outputs):
+        run.average_round(states, receipts)
+    together = [r for r in runs if id(r) in fast and r.validates]
+    validation: dict[int, tuple[float, float]] = {}
+    if len(together) > 1:
+        try:
+            validation = {id(r): v for r, v in zip(together, stacked_validation(together))}
+        except (UnsupportedModelError, ValueError):  # a CNN, or runs of other validation data
+            validation = {}
+    for run in runs:
+        run.conclude_round(validation.get(id(run)))
+
+
 def train_dpfed_many(
     method: str, federations: list, configs: list, seeds: list[int], fast: list[bool] | None = None
 ) -> list:
     """``train(method, federations[j], configs[j], seeds[j])`` for every j (``dp-fedavg`` or
     ``fedkadp``), the clients of all runs' rounds batched (each client's streams from its run's
-    config; the clients of the runs ``fast`` marks draw their noise together, :class:`LocalDp`)."""
+    config; the clients of the runs ``fast`` marks draw their noise together, :class:`LocalDp`,
+    and their global models are validated together, :func:`stacked_validation`)."""
     runs = [run_for(method, f, c, s) for f, c, s in zip(federations, configs, seeds)]
     unreported(runs, fast)
-    lockstep(runs, partial(_round, fast=_fast_ids(runs, fast), spans=SpanCache()))
+    ids = _fast_ids(runs, fast)
+    lockstep(
+        runs,
+        partial(_round, fast=ids, spans=SpanCache()),
+        partial(_finish_rounds, fast=ids),
+    )
     return [r.result() for r in runs]
 
 
@@ -306,4 +353,11 @@ def train_fedkd_many(
     return [r.result() for r in runs]
 
 
-__all__ = ["StackedPairs", "kd_losses", "mutual_losses", "train_dpfed_many", "train_fedkd_many"]
+__all__ = [
+    "StackedPairs",
+    "kd_losses",
+    "mutual_losses",
+    "stacked_validation",
+    "train_dpfed_many",
+    "train_fedkd_many",
+]

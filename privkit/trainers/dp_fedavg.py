@@ -441,9 +441,17 @@ class DpFedRun:
         process): the releases each client made; the ledger records their composition, and a
         client whose releases differ from what the budget check admitted is an error (never a
         plan accounted in place of what ran)."""
+        self.average_round(states, receipts)
+        self.conclude_round()
+
+    def average_round(
+        self, states: list[dict[str, torch.Tensor]], receipts: list[list] | None = None
+    ) -> None:
+        """:meth:`finish_round` up to the new global model: the round's clients accounted, their
+        states averaged into :attr:`model`."""
         from privkit.mechanisms.gaussian import compose_receipts
 
-        t, device = self.t, self.device
+        t = self.t
         for i, k in enumerate(self.sampled):
             ev, acc, eps = self.pending[k]
             if receipts is not None:
@@ -457,13 +465,29 @@ class DpFedRun:
             self._spend(k)
             self.ledger.add(k, ev, f"round {t}: dp-sgd", round=t)
         self.model.load_state_dict(_mean_state(states))
+
+    @property
+    def validates(self) -> bool:
+        """Whether :meth:`conclude_round` evaluates the global model on the public validation
+        data (a reported run, or one whose training reads it: FedKADP's feedback)."""
+        return self.report_metrics or self.needs_validation
+
+    def conclude_round(self, validation: tuple[float, float] | None = None) -> None:
+        """:meth:`finish_round` after :meth:`average_round`: the new global model evaluated, the
+        round recorded, (FedKADP) the next round's temperature and noise multiplier set.
+        ``validation``: that model's (loss, accuracy) on the public validation data where the
+        caller computed them (the batched path, for an audit's reference runs, in one stacked
+        pass); else, where :attr:`validates`, computed here."""
+        t, device = self.t, self.device
         self.sigmas_used.append(self.sigma)
         nan = float("nan")
-        val_loss, val_acc = (
-            _public_eval(self.model, self.x_val, self.y_val, device)
-            if self.report_metrics or self.needs_validation
-            else (nan, nan)
-        )
+        if validation is None:
+            validation = (
+                _public_eval(self.model, self.x_val, self.y_val, device)
+                if self.validates
+                else (nan, nan)
+            )
+        val_loss, val_acc = validation
         test_acc = (
             accuracy(self.model, self.x_test, self.y_test, device) if self.report_metrics else nan
         )
