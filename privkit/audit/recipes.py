@@ -87,6 +87,50 @@ def federation_over(
     )
 
 
+def federations_over(
+    base: Federation, x: np.ndarray, y: np.ndarray, index_sets, seeds, name: str = "audit-run"
+) -> list[Federation]:
+    """``federation_over(base, x[ix], y[ix], seed)`` for each index set ``ix`` and seed, the
+    federations sharing one private dataset: ``x`` and ``y`` followed by ``base``'s test records,
+    each federation's clients index sets into it (its partition of ``ix``, mapped through ``ix``).
+    Each client holds the same records in the same order as in :func:`federation_over`'s
+    federation, so every run trains as on it; where :func:`federation_over` copies its records
+    and the test set once per run (an audit's 17 runs: 17 fresh copies of the pool), this copies
+    them once. Index sets must be increasing (then the clients' indices are sorted, as a
+    federation's are, and the pooled records keep their order); any other set gets its own
+    :func:`federation_over`."""
+    x_test, y_test = base.test_arrays()
+    n = len(y)
+    private = ArrayDataset(
+        name=f"{base.private.name}[{name}]",
+        x=np.ascontiguousarray(np.concatenate([x, x_test]), dtype=np.float32),
+        y=np.concatenate([np.asarray(y, dtype=np.int64), y_test]),
+        num_classes=base.num_classes,
+    )
+    test = np.arange(n, n + len(y_test), dtype=np.int64)
+    out = []
+    for ix, seed in zip(index_sets, seeds):
+        ix = np.asarray(ix, dtype=np.int64)
+        if ix.size > 1 and not bool(np.all(np.diff(ix) > 0)):
+            out.append(federation_over(base, x[ix], y[ix], seed, name))
+            continue
+        parts = partition_like(base, private.y[ix], seed)
+        out.append(
+            Federation(
+                config=base.config,
+                private=private,
+                public=base.public,
+                clients=[ix[np.asarray(c, dtype=np.int64)] for c in parts],
+                test=test,
+                shadow_pool=np.zeros(0, np.int64),
+                distill=base.distill,
+                negative=base.negative,
+                name=name,
+            )
+        )
+    return out
+
+
 @lru_cache(maxsize=4)
 def _base_federation(fed_json: str) -> Federation:
     return Federation.from_dict(json.loads(fed_json))
@@ -193,8 +237,7 @@ class FederationRecipe(Recipe):
         from privkit.batched.many import train_many
         from privkit.flower_engine.engine import train_jobs_on_flower
 
-        base = _base_federation(self.federation_json)
-        feds = [federation_over(base, x[ix], y[ix], s) for ix, s in zip(index_sets, seeds)]
+        feds = federations_over(_base_federation(self.federation_json), x, y, index_sets, seeds)
         run_seeds = [derive_seed(s, "audit-run-train") for s in seeds]
         if self.engine == "flower":
             results = train_jobs_on_flower(
