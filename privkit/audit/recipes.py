@@ -54,6 +54,34 @@ def partition_like(federation: Federation, y: np.ndarray, seed: int) -> list[np.
     return shard_partition(y, n, cfg.shards_per_client, rng)
 
 
+def _records_then_test(base: Federation, x: np.ndarray, y: np.ndarray, name: str) -> ArrayDataset:
+    """A private dataset of the records ``x``, ``y`` followed by ``base``'s test records."""
+    x_test, y_test = base.test_arrays()
+    return ArrayDataset(
+        name=f"{base.private.name}[{name}]",
+        x=np.ascontiguousarray(np.concatenate([x, x_test]), dtype=np.float32),
+        y=np.concatenate([np.asarray(y, dtype=np.int64), y_test]),
+        num_classes=base.num_classes,
+    )
+
+
+def _on(base: Federation, private: ArrayDataset, clients: list, name: str) -> Federation:
+    """``base``'s layout on ``private`` (:func:`_records_then_test`'s) with these clients: its
+    test set the last records, no shadow pool."""
+    n = len(private.y)
+    return Federation(
+        config=base.config,
+        private=private,
+        public=base.public,
+        clients=[np.asarray(c, dtype=np.int64) for c in clients],
+        test=np.arange(n - len(base.test), n, dtype=np.int64),
+        shadow_pool=np.zeros(0, np.int64),
+        distill=base.distill,
+        negative=base.negative,
+        name=name,
+    )
+
+
 def federation_over(
     base: Federation, x: np.ndarray, y: np.ndarray, seed: int, name: str = "audit-run"
 ) -> Federation:
@@ -62,29 +90,8 @@ def federation_over(
     The private dataset of the new federation is the given records followed by ``base``'s test
     records (so test accuracy is measured on the same test set); it has no shadow pool.
     """
-    x_test, y_test = base.test_arrays()
-    n = len(y)
-    private = ArrayDataset(
-        name=f"{base.private.name}[{name}]",
-        x=np.ascontiguousarray(np.concatenate([x, x_test]), dtype=np.float32),
-        y=np.concatenate([np.asarray(y, dtype=np.int64), y_test]),
-        num_classes=base.num_classes,
-    )
-    clients = [
-        np.asarray(c, dtype=np.int64)
-        for c in partition_like(base, np.asarray(y, dtype=np.int64), seed)
-    ]
-    return Federation(
-        config=base.config,
-        private=private,
-        public=base.public,
-        clients=clients,
-        test=np.arange(n, n + len(y_test), dtype=np.int64),
-        shadow_pool=np.zeros(0, np.int64),
-        distill=base.distill,
-        negative=base.negative,
-        name=name,
-    )
+    private = _records_then_test(base, x, y, name)
+    return _on(base, private, partition_like(base, private.y[: len(y)], seed), name)
 
 
 def federations_over(
@@ -99,35 +106,15 @@ def federations_over(
     them once. Index sets must be increasing (then the clients' indices are sorted, as a
     federation's are, and the pooled records keep their order); any other set gets its own
     :func:`federation_over`."""
-    x_test, y_test = base.test_arrays()
-    n = len(y)
-    private = ArrayDataset(
-        name=f"{base.private.name}[{name}]",
-        x=np.ascontiguousarray(np.concatenate([x, x_test]), dtype=np.float32),
-        y=np.concatenate([np.asarray(y, dtype=np.int64), y_test]),
-        num_classes=base.num_classes,
-    )
-    test = np.arange(n, n + len(y_test), dtype=np.int64)
+    private = _records_then_test(base, x, y, name)
     out = []
     for ix, seed in zip(index_sets, seeds):
         ix = np.asarray(ix, dtype=np.int64)
         if ix.size > 1 and not bool(np.all(np.diff(ix) > 0)):
             out.append(federation_over(base, x[ix], y[ix], seed, name))
-            continue
-        parts = partition_like(base, private.y[ix], seed)
-        out.append(
-            Federation(
-                config=base.config,
-                private=private,
-                public=base.public,
-                clients=[ix[np.asarray(c, dtype=np.int64)] for c in parts],
-                test=test,
-                shadow_pool=np.zeros(0, np.int64),
-                distill=base.distill,
-                negative=base.negative,
-                name=name,
-            )
-        )
+        else:
+            parts = partition_like(base, private.y[ix], seed)
+            out.append(_on(base, private, [ix[np.asarray(c, dtype=np.int64)] for c in parts], name))
     return out
 
 
