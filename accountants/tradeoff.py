@@ -407,12 +407,13 @@ def _grid(delta_fn: Callable[[np.ndarray], np.ndarray], step: float, max_points:
     return np.linspace(0.0, hi, max(n, 2))
 
 
-def _dense_pmf_delta(pmf, eps: np.ndarray) -> np.ndarray:
+def _dense_pmf_delta(pmf) -> Callable[[np.ndarray], np.ndarray]:
     """Hockey-stick divergence of one dp-accounting PLD pmf at many epsilons, vectorised.
 
     delta(eps) = inf_mass + sum_{loss > eps} p (1 - e^(eps - loss)), the formula of
     dp-accounting's own ``get_delta_for_epsilon`` (whose vectorised form loops in Python), with
-    suffix sums; a relative margin of 1e-12 covers the rounding of the sums.
+    suffix sums; a relative margin of 1e-12 covers the rounding of the sums. The dense pmf and
+    its suffix sums are formed once: a curve's grid search asks for delta a dozen times.
     """
     dense = pmf.to_dense_pmf()
     p = np.asarray(dense._probs, dtype=np.float64)
@@ -422,10 +423,14 @@ def _dense_pmf_delta(pmf, eps: np.ndarray) -> np.ndarray:
         q = p * np.exp(-losses)
     tail_p = np.r_[np.cumsum(p[::-1])[::-1], 0.0]
     tail_q = np.r_[np.cumsum(q[::-1])[::-1], 0.0]
-    idx = np.searchsorted(losses, eps, side="right")
-    e = np.exp(eps)
-    raw = tail_p[idx] - e * tail_q[idx]
-    return inf_mass + np.maximum(raw, 0.0) + 1e-12 * (tail_p[idx] + e * tail_q[idx])
+
+    def delta(eps: np.ndarray) -> np.ndarray:
+        idx = np.searchsorted(losses, eps, side="right")
+        e = np.exp(eps)
+        raw = tail_p[idx] - e * tail_q[idx]
+        return inf_mass + np.maximum(raw, 0.0) + 1e-12 * (tail_p[idx] + e * tail_q[idx])
+
+    return delta
 
 
 def _pld_delta_fn(pld) -> Callable[[np.ndarray], np.ndarray]:
@@ -436,9 +441,10 @@ def _pld_delta_fn(pld) -> Callable[[np.ndarray], np.ndarray]:
     """
     try:
         pmfs = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]
+        deltas = [_dense_pmf_delta(p) for p in pmfs]
 
         def fast(eps: np.ndarray) -> np.ndarray:
-            return np.max([_dense_pmf_delta(p, eps) for p in pmfs], axis=0)
+            return np.max([d(eps) for d in deltas], axis=0)
 
         probe = np.array([0.0, 0.5, 2.0])
         ref = np.array([float(pld.get_delta_for_epsilon(float(e))) for e in probe])
