@@ -502,9 +502,9 @@ def _train_stacked(
         for t in range(steps[lo]):
             # the chunk's models still training at step t: its first a (longest first)
             a = sum(1 for s in steps[lo:hi] if s > t)
-            m = slice(lo, lo + a)
-            c = counts[m, t]
-            rows = idx[m, t]
+            live = slice(lo, lo + a)
+            c = counts[live, t]
+            rows = idx[live, t]
             scale = -(cols[None, :] < c[:, None]).float() / c[:, None]  # (a, width): 0 on padding
             x = torch.index_select(xs, 0, rows.reshape(-1), out=xbuf[: a * width]).view(
                 a, width, -1
@@ -512,9 +512,11 @@ def _train_stacked(
             y = ys[rows]
             acts = [x]
             for (w, b, _), h in zip(layers[:-1], hbuf):
-                acts.append(torch.baddbmm(p[b][m, None], acts[-1], p[w][m], out=h[:a]).relu_())
+                acts.append(
+                    torch.baddbmm(p[b][live, None], acts[-1], p[w][live], out=h[:a]).relu_()
+                )
             w, b, _ = layers[-1]
-            logp = torch.log_softmax(torch.baddbmm(p[b][m, None], acts[-1], p[w][m]), -1)
+            logp = torch.log_softmax(torch.baddbmm(p[b][live, None], acts[-1], p[w][live]), -1)
             if soft:
                 g = y * scale[..., None]
             else:
@@ -528,31 +530,31 @@ def _train_stacked(
                 grads[w] = torch.bmm(acts[i].mT, g, out=gbuf[w][:a])
                 grads[b] = torch.sum(g, 1, out=gbuf[b][:a])
                 if below:
-                    g = torch.bmm(g, p[w][m].mT) * (acts[i] > 0)
-            counted = t >= first[m]
+                    g = torch.bmm(g, p[w][live].mT) * (acts[i] > 0)
+            counted = t >= first[live]
             count = bool(counted.any())
             extra = torch.zeros(a, device=device)
             if prox:  # (mu/2) ||theta - anchor||^2: gradient mu (theta - anchor), added in place
                 for k in names:
-                    d = torch.sub(p[k][m], anchor[k][m], out=dbuf[k][:a])
-                    grads[k].addcmul_(mus[m].view(-1, *([1] * (d.dim() - 1))), d)
+                    d = torch.sub(p[k][live], anchor[k][live], out=dbuf[k][:a])
+                    grads[k].addcmul_(mus[live].view(-1, *([1] * (d.dim() - 1))), d)
                     if count:  # the term's value only where the loss is counted
-                        extra += 0.5 * mus[m] * d.square_().flatten(1).sum(1)
+                        extra += 0.5 * mus[live] * d.square_().flatten(1).sum(1)
             if count:  # the batch's mean loss: cross-entropy, or KL(targets || softmax) (batchmean)
                 if soft:
                     per_row = (torch.xlogy(y, y) - y * logp).sum(-1)
                     mean = (per_row * -scale).sum(1)
                 else:
                     mean = (logp.gather(2, y[..., None])[..., 0] * scale).sum(1)
-                totals[m] += torch.where(counted, (mean + extra) * c, 0.0).double()
-            ps, gs = [p[k][m] for k in names], [grads[k] for k in names]
+                totals[live] += torch.where(counted, (mean + extra) * c, 0.0).double()
+            ps, gs = [p[k][live] for k in names], [grads[k] for k in names]
             if optimizer == "adam":  # torch's fused Adam: one pass over the weights, not seven
                 step = torch.full((), float(t + 1), device=device)
                 torch._fused_adam_(
                     ps,
                     gs,
-                    [m1[k][m] for k in names],
-                    [m2[k][m] for k in names],
+                    [m1[k][live] for k in names],
+                    [m2[k][live] for k in names],
                     [],
                     [step] * len(names),
                     lr=lr,
