@@ -475,6 +475,13 @@ def _train_stacked(
     idx, counts = idx.to(device), counts.to(device)
     cols = torch.arange(width, device=device)
     totals = torch.zeros(n, dtype=torch.float64, device=device)
+    # every step's per-model tensors formed once, not a few small operations a chunk and step:
+    # the batches' targets, each row's factor -1 / batch size (0 on padding; models past their
+    # last step get 0 everywhere), the step counts Adam reads, where the loss starts counting
+    targets = ys[idx]
+    scales = -(cols < counts[..., None]).float() / counts.clamp_min(1.0)[..., None]
+    step_counts = [torch.full((), float(t + 1), device=device) for t in range(steps[0])]
+    counted_from = first.tolist()
     # The models train a chunk at a time, each chunk through all of its steps (the models are
     # independent): a chunk's weights, moments, records and step buffers stay in the CPU's cache
     # from step to step, where all models' (tens of MB for an audit's 160) came from memory at
@@ -503,13 +510,11 @@ def _train_stacked(
             # the chunk's models still training at step t: its first a (longest first)
             a = sum(1 for s in steps[lo:hi] if s > t)
             live = slice(lo, lo + a)
-            c = counts[live, t]
-            rows = idx[live, t]
-            scale = -(cols[None, :] < c[:, None]).float() / c[:, None]  # (a, width): 0 on padding
-            x = torch.index_select(xs, 0, rows.reshape(-1), out=xbuf[: a * width]).view(
+            scale = scales[live, t]  # (a, width)
+            x = torch.index_select(xs, 0, idx[live, t].reshape(-1), out=xbuf[: a * width]).view(
                 a, width, -1
             )
-            y = ys[rows]
+            y = targets[live, t]
             acts = [x]
             for (w, b, _), h in zip(layers[:-1], hbuf):
                 acts.append(
@@ -519,9 +524,10 @@ def _train_stacked(
             logp = torch.log_softmax(torch.baddbmm(p[b][live, None], acts[-1], p[w][live]), -1)
             if soft:
                 g = y * scale[..., None]
-            else:
-                g = torch.zeros_like(logp).scatter_(2, y[..., None], scale[..., None])
-            g = g - logp.exp() * g.sum(-1, keepdim=True)
+                g = g - logp.exp() * g.sum(-1, keepdim=True)
+            else:  # scale at the label minus softmax times scale (a one-hot row sums to scale)
+                g = logp.exp().mul_(scale[..., None]).neg_()
+                g.scatter_add_(2, y[..., None], scale[..., None])
             grads: dict[str, torch.Tensor] = {}
             for i in range(len(layers) - 1, -1, -1):
                 w, b, below = layers[i]
@@ -531,14 +537,14 @@ def _train_stacked(
                 grads[b] = torch.sum(g, 1, out=gbuf[b][:a])
                 if below:
                     g = torch.bmm(g, p[w][live].mT) * (acts[i] > 0)
-            counted = t >= first[live]
-            count = bool(counted.any())
-            extra = torch.zeros(a, device=device)
+            count = any(f <= t for f in counted_from[lo : lo + a])
+            # the proximal term's value, where the loss is counted
+            extra = torch.zeros(a, device=device) if count and prox else None
             if prox:  # (mu/2) ||theta - anchor||^2: gradient mu (theta - anchor), added in place
                 for k in names:
                     d = torch.sub(p[k][live], anchor[k][live], out=dbuf[k][:a])
                     grads[k].addcmul_(mus[live].view(-1, *([1] * (d.dim() - 1))), d)
-                    if count:  # the term's value only where the loss is counted
+                    if extra is not None:
                         extra += 0.5 * mus[live] * d.square_().flatten(1).sum(1)
             if count:  # the batch's mean loss: cross-entropy, or KL(targets || softmax) (batchmean)
                 if soft:
@@ -546,10 +552,12 @@ def _train_stacked(
                     mean = (per_row * -scale).sum(1)
                 else:
                     mean = (logp.gather(2, y[..., None])[..., 0] * scale).sum(1)
-                totals[live] += torch.where(counted, (mean + extra) * c, 0.0).double()
+                loss = mean if extra is None else mean + extra
+                counted = t >= first[live]
+                totals[live] += torch.where(counted, loss * counts[live, t], 0.0).double()
             ps, gs = [p[k][live] for k in names], [grads[k] for k in names]
             if optimizer == "adam":  # torch's fused Adam: one pass over the weights, not seven
-                step = torch.full((), float(t + 1), device=device)
+                step = step_counts[t]
                 torch._fused_adam_(
                     ps,
                     gs,
