@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from privkit.batched.buffers import kept
+from privkit.batched.class_axis import log_softmax
 from privkit.mechanisms.stacked import UnsupportedModelError
 from privkit.models import FeatureClassifier
 
@@ -521,7 +522,7 @@ def _train_stacked(
                     torch.baddbmm(p[b][live, None], acts[-1], p[w][live], out=h[:a]).relu_()
                 )
             w, b, _ = layers[-1]
-            logp = torch.log_softmax(torch.baddbmm(p[b][live, None], acts[-1], p[w][live]), -1)
+            logp = log_softmax(torch.baddbmm(p[b][live, None], acts[-1], p[w][live]))
             if soft:
                 g = y * scale[..., None]
                 g = g - logp.exp() * g.sum(-1, keepdim=True)

@@ -27,8 +27,8 @@ runs train one after the other.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from privkit.batched.class_axis import cross_entropy
 from privkit.batched.many import stacked_on
 from privkit.mechanisms.stacked import StackedModels, UnsupportedModelError
 from privkit.seeding import derive_seed, torch_generator
@@ -91,9 +91,7 @@ def _step_gradients(
     for start in range(0, width, step):
         rows = slice(start, start + step)
         logits, _ = net.forward(p, buffers, xb[:, rows])
-        ce = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), yb[:, rows].reshape(-1), reduction="none"
-        ).view_as(share[:, rows])
+        ce = cross_entropy(logits, yb[:, rows])
         part = (ce * share[:, rows]).sum(1)
         grads = torch.autograd.grad(part.sum(), list(p.values()))
         total = list(grads) if total is None else [t.add_(g) for t, g in zip(total, grads)]

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from privkit.batched.class_axis import log_softmax
 from privkit.batched.exact_mlp import stacked_logits
 from privkit.batched.many import (
     LocalDp,
@@ -70,8 +71,8 @@ def kd_losses(rho: torch.Tensor):
     ):
         r = rho[models].view(-1, 1, 1)
         ce = ce_losses(out, models, s, y, None)
-        log_q = F.log_softmax(out / r, dim=-1)
-        log_p = F.log_softmax(teacher / r, dim=-1)
+        log_q = log_softmax(out / r)
+        log_p = log_softmax(teacher / r)
         kl = (log_p.exp() * (log_p - log_q)).sum(-1)
         return ce + r[..., 0] ** 2 * kl
 
@@ -218,7 +219,7 @@ def mutual_losses(num_classes: int, hidden: bool):
         t, st = out[..., :C], out[..., C : 2 * C]
         ce_t, ce_s = ce_losses(t, models, s, y, None), ce_losses(st, models, s, y, None)
         weight = 1.0 / (ce_t + ce_s).detach().clamp_min(1e-6)
-        log_t, log_s = F.log_softmax(t, -1), F.log_softmax(st, -1)
+        log_t, log_s = log_softmax(t), log_softmax(st)
         kl_t = (log_s.detach().exp() * (log_s.detach() - log_t)).sum(-1)
         kl_s = (log_t.detach().exp() * (log_t.detach() - log_s)).sum(-1)
         total = ce_t + ce_s + weight * (kl_t + kl_s)

@@ -36,9 +36,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from privkit.batched.batched_sgd import load_states
+from privkit.batched.class_axis import cross_entropy
 from privkit.batched.many import joint_release, stacked_on
 from privkit.mechanisms import mutations
 from privkit.mechanisms.gaussian import Receipt, gaussian_release
@@ -169,9 +169,7 @@ def train_dpsgd_runs(
         def example_losses(
             out: torch.Tensor, models: torch.Tensor, s: slice, yb=yb, counts=counts, losses=losses
         ) -> torch.Tensor:
-            ce = F.cross_entropy(
-                out.reshape(-1, out.shape[-1]), yb[models, s].reshape(-1), reduction="none"
-            ).view(len(models), -1)
+            ce = cross_entropy(out, yb[models, s])
             keep = (
                 torch.arange(s.start, s.start + ce.shape[1], device=device)[None, :]
                 < torch.tensor(counts, device=device)[models, None]
