@@ -13,11 +13,12 @@ equal the single run's bit for bit; what it saves is the Python, autograd and op
 which is most of a small model's step (the optimiser's update runs as ``torch._foreach_*`` over
 all models' parameters, each tensor as the single-tensor optimiser updates it).
 
-``train_exact(..., stacked=True)`` trains the same models with stacked kernels instead (one batched matrix
-product per layer and one optimiser pass per parameter for all models of a step): equal to the
-single run up to float rounding, which Adam then amplifies, so not bit for bit. An audit's
-reference runs take it (the auditor's own models, never released: their statistics, not their
-bits, are what the attacks use; docs/auditing-methods.md).
+``train_exact(..., stacked=True)`` trains the same models with stacked kernels instead (one
+batched matrix product per layer and one optimiser pass per parameter for the models of a step,
+a cache-sized chunk of them at a time): equal to the single run up to float rounding, which Adam
+then amplifies, so not bit for bit. An audit's reference runs take it (the auditor's own models,
+never released: their statistics, not their bits, are what the attacks use;
+docs/auditing-methods.md).
 
 Covered: privkit's MLP (``Flatten``, ``Linear``/``ReLU`` hidden layers, linear head), trainable
 or frozen features, an optional proximal term (FedProx). Anything else is an
@@ -235,8 +236,9 @@ def train_exact(
 
     The models take their steps in turns, each step's gradient and update together (one model's
     tensors stay in cache; an update of all models' parameters at once is bound by memory traffic).
-    With ``stacked``, every model of a step in one computation instead (:func:`_train_stacked`:
-    equal up to float rounding, not bit for bit); ``scratch``: its buffers, kept by a caller that
+    With ``stacked``, the models of a step in one computation instead, a cache-sized chunk of them
+    through all their steps at a time (:func:`_train_stacked`: equal up to float rounding, not bit
+    for bit); ``scratch``: its buffers, kept by a caller that
     trains every round (:mod:`privkit.batched.buffers`).
     """
     names = [k for k, q in template.named_parameters() if q.requires_grad]
@@ -397,8 +399,9 @@ def _train_stacked(
     loss_from: Sequence[int] | None,
     scratch: dict,
 ) -> list[float]:
-    """:func:`train_exact`'s training (same batches, same losses and updates) with every model of
-    a step in one stacked computation: each layer one batched matrix product over the models,
+    """:func:`train_exact`'s training (same batches, same losses and updates) with the models of
+    a step in one stacked computation, a chunk of them (:func:`_models_per_chunk`) through all
+    their steps at a time: each layer one batched matrix product over the models,
     batches padded to the step's largest (padded rows carry no gradient), one optimiser pass per
     parameter (Adam: torch's fused kernel), each model's first layer over the inputs its records
     use (:func:`_used_inputs`; the others' weights cannot move). Equal to the exact kernels up to
