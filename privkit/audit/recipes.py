@@ -114,7 +114,7 @@ def federations_over(
             out.append(federation_over(base, x[ix], y[ix], seed, name))
         else:
             parts = partition_like(base, private.y[ix], seed)
-            out.append(_on(base, private, [ix[np.asarray(c, dtype=np.int64)] for c in parts], name))
+            out.append(_on(base, private, [ix[c] for c in parts], name))
     return out
 
 

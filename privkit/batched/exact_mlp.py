@@ -158,7 +158,6 @@ def stacked_logits(
     out = []
     for lo in range(0, len(modules), chunk):
         group = modules[lo : lo + chunk]
-        h = h0
         for k, name in enumerate(names):
             layers = [m.get_submodule(name) for m in group]
             w = torch.stack([cast(nn.Linear, q).weight.detach() for q in layers]).to(device)
