@@ -52,10 +52,15 @@ def local_epochs(
     except UnsupportedModelError:
         return [[r.train_local(i) for i in ids] for r, ids in zip(runs, selected)]
     cfg, device = runs[0].cfg, runs[0].device
+    # a stacked run's clients start from its global model itself, not from copies of it
+    starts = {
+        id(r): {k: q.detach() for k, q in r.model.named_parameters()} for r in runs if id(r) in fast
+    }
     models, locals_, sizes = [], [], []
     for r, i in jobs:
         x, y = r.federation.client_arrays(i)
-        local = r.local_copy()
+        start = starts.get(id(r))
+        local = r.local_copy() if start is None else r.local_module()
         models.append(
             model_for(
                 local,
@@ -65,6 +70,7 @@ def local_epochs(
                 batch_size=cfg.batch_size,
                 seed=r.local_seed(i),
                 device=device,
+                start=start,
             )
         )
         locals_.append(local)

@@ -204,13 +204,19 @@ class FederatedRun:
         round needs it. A round's trained copies are read until its :meth:`finish_round` (the
         averaging, the server hook) and after the last round (:meth:`outcome`), never after the
         next round has begun, so the next round may overwrite them."""
+        fresh = self.handed == len(self.spares)
+        local = self.local_module()
+        return local if fresh else copy_into(local, self.model)
+
+    def local_module(self) -> nn.Module:
+        """:meth:`local_copy`'s module without the copy: the round's next spare module as the
+        last round left it (a copy of the global model the first time), for a caller that
+        writes every parameter of it (the stacked training of an audit's reference runs starts
+        its clients from the global model itself: :class:`privkit.batched.exact_mlp.Model`)."""
         if self.handed == len(self.spares):
             self.spares.append(copy.deepcopy(self.model))
-            local = self.spares[-1]
-        else:
-            local = copy_into(self.spares[self.handed], self.model)
         self.handed += 1
-        return local
+        return self.spares[self.handed - 1]
 
     def local_seed(self, i: int) -> int:
         """The seed of client ``i``'s local training (its batches) in the current round."""

@@ -311,3 +311,41 @@ def test_a_chunk_holds_as_many_models_as_fit_its_bytes(monkeypatch):
     for models, budget in ((1, 1), (1, per_model), (3, 3 * per_model + 1), (10, 10**9)):
         monkeypatch.setattr(exact_mlp, "CHUNK_BYTES", budget)
         assert exact_mlp._models_per_chunk(p, ["w", "b"], 8, xs, 10) == models
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+@pytest.mark.parametrize("mu", [0.0, 0.1])
+def test_models_starting_from_one_global_model_train_as_copies_of_it(stacked, mu):
+    """A run's clients start from its global model itself (``Model.start``), not from copies of
+    it in their own modules: each model's trained parameters and loss total equal, bit for bit,
+    those of the same model holding a copy; what its module held before is never read (filled
+    with noise here), and every parameter of it is written."""
+    results = []
+    for shared in (False, True):
+        template, models = _uneven_models()
+        if shared:
+            start = {k: q.detach() for k, q in template.named_parameters()}
+            for m in models:
+                for q in m.params.values():
+                    q.normal_()
+                m.start = start
+        anchors = [
+            {k: q.detach() + 0.01 for k, q in template.named_parameters()} for _ in models
+        ]
+        totals = train_exact(
+            template,
+            models,
+            optimizer="adam",
+            lr=0.01,
+            mu=[mu] * 5,
+            anchors=anchors,
+            loss_from=[1] * 5,
+            stacked=stacked,
+        )
+        results.append((totals, [{k: v.clone() for k, v in m.params.items()} for m in models]))
+    (want_totals, want_params), (totals, params) = results
+    assert totals == want_totals
+    for got, want in zip(params, want_params):
+        assert got.keys() == want.keys()
+        for k in want:
+            assert torch.equal(got[k], want[k]), k
