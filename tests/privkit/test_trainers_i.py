@@ -294,3 +294,54 @@ def test_fedd_baseline_distils_the_mean_logit_ensemble(fed):
     assert np.allclose(fedd.artifacts["soft_labels"], expected.numpy(), atol=1e-5)
     prob = train("fedd-dphead", fed, quick("fedd-dphead", ensemble="probabilities"), seed=4)
     assert not np.allclose(prob.artifacts["soft_labels"], fedd.artifacts["soft_labels"], atol=1e-3)
+
+
+def test_stacked_clients_started_from_the_global_model_train_as_its_copies(fed):
+    """An audit's reference run hands its stacked clients its spare modules as the last round
+    left them (``local_module``) and starts them from its global model itself; round after round
+    each trained client equals, bit for bit, the same client trained stacked from a copy of the
+    global model in its own module (``local_copy``), and so does the averaged model."""
+    from privkit.batched.exact_mlp import model_for, train_exact
+    from privkit.batched.many_fedavg import local_epochs
+    from privkit.methods import make_config
+    from privkit.trainers.fedavg import FederatedRun
+
+    cfg = make_config("fedprox", quick("fedprox", rounds=3, participation=0.5))
+    fast, copies = FederatedRun(fed, cfg, 0, mu=cfg.mu), FederatedRun(fed, cfg, 0, mu=cfg.mu)
+    while (selected := fast.next_round()) is not None:
+        assert copies.next_round() == selected
+        (got,) = local_epochs([fast], [selected], fast=frozenset({id(fast)}))
+        models = []
+        for i in selected:
+            x, y = fed.client_arrays(i)
+            models.append(
+                model_for(
+                    copies.local_copy(),
+                    x,
+                    y,
+                    epochs=cfg.local_epochs,
+                    batch_size=cfg.batch_size,
+                    seed=copies.local_seed(i),
+                    device=copies.device,
+                )
+            )
+        per_epoch = [len(m.batches) // cfg.local_epochs for m in models]
+        totals = train_exact(
+            copies.model,
+            models,
+            optimizer=cfg.optimizer,
+            lr=cfg.lr,
+            mu=[cfg.mu] * len(models),
+            anchors=[copies.anchor] * len(models),
+            loss_from=[(cfg.local_epochs - 1) * k for k in per_epoch],
+            stacked=True,
+        )
+        want = [(s, t / len(m.y)) for s, m, t in zip(copies.spares, models, totals)]
+        for (local, loss), (module, want_loss) in zip(got, want):
+            assert loss == want_loss
+            a, b = local.state_dict(), module.state_dict()
+            assert all(torch.equal(a[k], b[k]) for k in b)
+        fast.finish_round(got)
+        copies.finish_round([(m, loss) for m, loss in want])
+    a, b = fast.model.state_dict(), copies.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in b)
