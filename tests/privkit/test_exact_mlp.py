@@ -329,9 +329,7 @@ def test_models_starting_from_one_global_model_train_as_copies_of_it(stacked, mu
                 for q in m.params.values():
                     q.normal_()
                 m.start = start
-        anchors = [
-            {k: q.detach() + 0.01 for k, q in template.named_parameters()} for _ in models
-        ]
+        anchors = [{k: q.detach() + 0.01 for k, q in template.named_parameters()} for _ in models]
         totals = train_exact(
             template,
             models,
