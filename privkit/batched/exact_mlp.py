@@ -700,7 +700,8 @@ def _stacked(
     into ``scratch[key]`` where a scratch is given. A tensor given several times (the global
     model all of a run's clients start from) is transposed once, then copied to its places."""
     slot: dict[tuple, int] = {}
-    uniq, which = [], []
+    uniq: list[torch.Tensor] = []
+    which: list[int] = []
     for t in tensors:
         same = (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
         if same not in slot:
