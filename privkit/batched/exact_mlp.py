@@ -530,6 +530,13 @@ def _train_stacked(
             else {}
         ),
     )
+    # One proximal factor for every model (an audit's reference runs share their config): each
+    # weight's proximal gradient goes into its gradient's product, mu times the difference as
+    # the product's addend, rather than a pass of its own. The difference is exactly 0 where the
+    # weights equal the anchor, so are both forms' gradients there (the inputs a batch does not
+    # use, before their first use: Adam would turn any rounding residual into a step).
+    pull = float(mus[0]) if prox and bool((mus == mus[0]).all()) else None
+    weights = {w for w, _, _ in layers}
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)
         views: dict[int, _Live] = {}
@@ -537,7 +544,9 @@ def _train_stacked(
             # the chunk's models still training at step t: its first a (longest first)
             a = sum(1 for s in steps[lo:hi] if s > t)
             if a not in views:  # the views change only where a model of the chunk stops
-                views[a] = _Live.of(slice(lo, lo + a), width, p, m1, m2, mus, names, buffers)
+                views[a] = _Live.of(
+                    slice(lo, lo + a), width, p, m1, m2, mus, anchor, names, buffers
+                )
             v = views[a]
             scale = scales[t, lo : lo + a]  # (a, width)
             x = torch.index_select(xs, 0, idx[t, lo : lo + a].reshape(-1), out=v.batch).view(
@@ -559,7 +568,11 @@ def _train_stacked(
                 w, b, below = layers[i]
                 if w not in trainable:
                     break
-                torch.bmm(acts[i].mT, g, out=v.grads[w])
+                if pull is None:
+                    torch.bmm(acts[i].mT, g, out=v.grads[w])
+                else:  # mu (theta - anchor) + acts^T g in one product (the weights' prox term)
+                    d = torch.sub(v.own[w], v.anchor[w], out=v.grads[w])
+                    d.baddbmm_(acts[i].mT, g, beta=pull)
                 torch.sum(g, 1, out=v.grads[b])
                 if below:
                     g = torch.bmm(g, v.own[w].mT) * (acts[i] > 0)
@@ -568,8 +581,11 @@ def _train_stacked(
             extra = torch.zeros(a, device=device) if count and prox else None
             if prox:  # (mu/2) ||theta - anchor||^2: gradient mu (theta - anchor), added in place
                 for k in names:
-                    d = torch.sub(v.own[k], anchor[k][lo : lo + a], out=v.prox[k])
-                    v.grads[k].addcmul_(v.mus[k], d)
+                    if pull is not None and k in weights and extra is None:
+                        continue  # its gradient is in, its value not counted at this step
+                    d = torch.sub(v.own[k], v.anchor[k], out=v.prox[k])
+                    if pull is None or k not in weights:
+                        v.grads[k].addcmul_(v.mus[k], d)
                     if extra is not None:
                         extra += 0.5 * mus[lo : lo + a] * d.square_().flatten(1).sum(1)
             if count:  # the batch's mean loss: cross-entropy, or KL(targets || softmax) (batchmean)
@@ -642,6 +658,7 @@ class _Live:
     hidden: list[torch.Tensor]
     grads: dict[str, torch.Tensor]
     prox: dict[str, torch.Tensor]
+    anchor: dict[str, torch.Tensor]  # the proximal term's anchors of the live models
 
     @classmethod
     def of(
@@ -652,6 +669,7 @@ class _Live:
         m1: dict[str, torch.Tensor],
         m2: dict[str, torch.Tensor],
         mus: torch.Tensor,
+        anchor: dict[str, torch.Tensor],
         names: list[str],
         buffers: _StepBuffers,
     ) -> _Live:
@@ -670,6 +688,7 @@ class _Live:
             hidden=[h[:a] for h in buffers.hidden],
             grads=grads,
             prox={k: d[:a] for k, d in buffers.prox.items()},
+            anchor={k: q[live] for k, q in anchor.items()},
         )
 
 
