@@ -125,6 +125,15 @@ def _account(run: Path, task: dict) -> None:
     )
 
 
+def run_directory(run: Path, method: str, seed: int, cfg, fed, result, task: dict) -> None:
+    """``run`` made the run directory ``privkit train`` writes for ``result`` (the method's
+    config, the federation, the trained run), with the demo's account stage."""
+    (run / "config.json").write_text(json.dumps({"method": method, "seed": seed, "trainer": cfg}))
+    fed.save(run / "federation.json")
+    result.save(run)
+    _account(run, task)
+
+
 _FEDERATION: dict[str, Any] = {}
 _WARM: list[str] = []  # the method this worker process warmed up with (untimed), once
 
@@ -170,12 +179,7 @@ def measure(task: dict) -> dict:
     }
     with tempfile.TemporaryDirectory(prefix="audit-cost-") as tmp:
         run = Path(tmp)
-        (run / "config.json").write_text(
-            json.dumps({"method": method, "seed": seed, "trainer": cfg})
-        )
-        fed.save(run / "federation.json")
-        result.save(run)
-        _account(run, task)
+        run_directory(run, method, seed, cfg, fed, result, task)
         for path in task["paths"]:  # "batched" (the serial executor: batched form if any) or "loop"
             executor = "serial" if path == "batched" else SerialExecutor()
             audit, secs, cpu = _timed(
