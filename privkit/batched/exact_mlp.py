@@ -536,7 +536,6 @@ def _train_stacked(
     # weights equal the anchor, so are both forms' gradients there (the inputs a batch does not
     # use, before their first use: Adam would turn any rounding residual into a step).
     pull = float(mus[0]) if prox and bool((mus == mus[0]).all()) else None
-    weights = {w for w, _, _ in layers}
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)
         views: dict[int, _Live] = {}
@@ -581,10 +580,11 @@ def _train_stacked(
             extra = torch.zeros(a, device=device) if count and prox else None
             if prox:  # (mu/2) ||theta - anchor||^2: gradient mu (theta - anchor), added in place
                 for k in names:
-                    if pull is not None and k in weights and extra is None:
-                        continue  # its gradient is in, its value not counted at this step
+                    in_product = pull is not None and k in flip  # a weight: its gradient is in
+                    if in_product and extra is None:
+                        continue  # and its value is not counted at this step
                     d = torch.sub(v.own[k], v.anchor[k], out=v.prox[k])
-                    if pull is None or k not in weights:
+                    if not in_product:
                         v.grads[k].addcmul_(v.mus[k], d)
                     if extra is not None:
                         extra += 0.5 * mus[lo : lo + a] * d.square_().flatten(1).sum(1)

@@ -52,10 +52,9 @@ def local_epochs(
     except UnsupportedModelError:
         return [[r.train_local(i) for i in ids] for r, ids in zip(runs, selected)]
     cfg, device = runs[0].cfg, runs[0].device
-    # a stacked run's clients start from its global model itself, not from copies of it
-    starts = {
-        id(r): {k: q.detach() for k, q in r.model.named_parameters()} for r in runs if id(r) in fast
-    }
+    # a stacked run's clients start from its global model itself (the round's anchor: its
+    # parameters as the round began), not from copies of it in their modules
+    starts = {id(r): r.anchor for r in runs if id(r) in fast}
     models, locals_, sizes = [], [], []
     for r, i in jobs:
         x, y = r.federation.client_arrays(i)
