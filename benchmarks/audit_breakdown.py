@@ -4,7 +4,9 @@
 reference runs' kernels alone cost. This script says what the rest of an audit is, so that a
 ratio's distance from its floor can be read part by part. In one process, one torch thread, per
 method (its ``quick`` configuration on the quickstart federation, as ``audit_cost.py``): one
-untimed training, two timed trainings (``train_cpu_s``), the demo's account stage, one untimed
+untimed training, two timed trainings as ``privkit train`` trains (``train_cpu_s``: the batched
+engine's single run where the method has a batched form) and two by the loop
+(``train_loop_cpu_s``, :func:`privkit.trainers.train`), the demo's account stage, one untimed
 audit (a process's first audit pays one-time costs), then one audit timed as a whole
 (``audit_cpu_s``) and by part, each part the process CPU seconds spent inside one function:
 
@@ -91,19 +93,26 @@ def _instrument(clock: _Clock) -> None:
 
 def measure(method: str, clock: _Clock) -> dict:
     from privkit.audit import audit_run
-    from privkit.trainers import REGISTRY, train
+    from privkit.flower_engine.engine import train
+    from privkit.trainers import REGISTRY
+    from privkit.trainers import train as train_loop
     from privkit.trainers.pretrain import clear_cache
 
     _, settings, seed = audit_cost._demo_settings()
     fed = audit_cost._federation()
     cfg = REGISTRY[method].quick_config()
     train(method, fed, cfg, seed=seed)  # the process's lazy imports and first calls
-    trains = []
+    train_loop(method, fed, cfg, seed=seed)
+    trains, loops = [], []
     for _ in range(2):
         clear_cache()
         start = time.process_time()
         result = train(method, fed, cfg, seed=seed)
         trains.append(time.process_time() - start)
+        clear_cache()
+        start = time.process_time()
+        train_loop(method, fed, cfg, seed=seed)
+        loops.append(time.process_time() - start)
     task = dict(settings, method=method, seed=seed)
     with tempfile.TemporaryDirectory(prefix="audit-breakdown-") as tmp:
         run = Path(tmp)
@@ -138,6 +147,7 @@ def measure(method: str, clock: _Clock) -> dict:
     return {
         "train_cpu_s": round(train_s, 3),
         "train_cpu_s_all": [round(t, 3) for t in trains],
+        "train_loop_cpu_s": round(statistics.median(loops), 3),
         "audit_cpu_s": round(total, 3),
         "ratio_cpu": round(total / train_s, 2),
         **{k: round(v, 3) for k, v in parts.items()},
@@ -189,14 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             "matmul_gflops_end": round(audit_cost.matmul_gflops(), 1),
         },
     }
-    text = json.dumps(out, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
-    if args.json:
-        print(text)
-    else:
-        for method, row in rows.items():
-            print(method, {k: v for k, v in row.items() if k != "train_cpu_s_all"})
+    audit_cost.emit(out, args.out, args.json, skip=("train_cpu_s_all",))
     return 0
 
 

@@ -3,7 +3,10 @@
 Each method trains once with its ``quick`` configuration (what ``privkit demo`` runs) on the
 quickstart federation (mnist5k, 20 clients, Dirichlet alpha=1, digits28 public data), with an empty
 h0 cache (a worker process's first task trains once untimed before: the process's own start-up
-is not a training's), its run directory gets the demo's account stage (``privacy.json``, not timed: the audit
+is not a training's), as ``privkit train`` trains it (:func:`privkit.flower_engine.engine.train`:
+the batched engine's single run where the method has a batched form, schema 2); it also trains
+once by the loop (:func:`privkit.trainers.train`, ``train_loop_s``), the training schema 1's
+files measured, and ``ratio_to_loop`` is the audit's ratio to that one. Its run directory gets the demo's account stage (``privacy.json``, not timed: the audit
 accounts the audited runs on its PLD grid, 1e-3 in the demo) and is then audited as the demo audits
 it (:func:`privkit.audit.audit_run`: 16 reference runs, every attack, the demo's delta and seed). The
 audit trains the target's fair-coin run and the reference runs: on the batched path where the
@@ -134,6 +137,19 @@ def run_directory(run: Path, method: str, seed: int, cfg, fed, result, task: dic
     _account(run, task)
 
 
+def emit(result: dict, out: Path | None, as_json: bool, skip: tuple[str, ...] = ()) -> None:
+    """Write a one-process benchmark's ``result`` to ``out`` (where given) and print it: the JSON
+    with ``as_json``, else a line per method (without the ``skip`` entries)."""
+    text = json.dumps(result, indent=1)
+    if out:
+        out.write_text(text + "\n")
+    if as_json:
+        print(text)
+        return
+    for method, row in result["methods"].items():
+        print(method, {k: v for k, v in row.items() if k not in skip})
+
+
 _FEDERATION: dict[str, Any] = {}
 _WARM: list[str] = []  # the method this worker process warmed up with (untimed), once
 
@@ -159,7 +175,9 @@ def measure(task: dict) -> dict:
     _one_thread()
     from attacks.executor import SerialExecutor
     from privkit.audit import audit_run
-    from privkit.trainers import REGISTRY, train
+    from privkit.flower_engine.engine import train
+    from privkit.trainers import REGISTRY
+    from privkit.trainers import train as train_loop
     from privkit.trainers.pretrain import clear_cache
 
     method, seed, shadows, delta = task["method"], task["seed"], task["shadows"], task["delta"]
@@ -167,14 +185,19 @@ def measure(task: dict) -> dict:
     cfg = REGISTRY[method].quick_config()
     if not _WARM:  # a worker's first training also pays the process's lazy imports and set-up
         train(method, fed, cfg, seed=seed)
+        train_loop(method, fed, cfg, seed=seed)
         _WARM.append(method)
     clear_cache()
     result, train_s, train_cpu = _timed(lambda: train(method, fed, cfg, seed=seed))
+    clear_cache()
+    _, loop_s, loop_cpu = _timed(lambda: train_loop(method, fed, cfg, seed=seed))
     out = {
         "method": method,
         "repeat": task["repeat"],
         "train_s": train_s,
         "train_cpu_s": train_cpu,
+        "train_loop_s": loop_s,
+        "train_loop_cpu_s": loop_cpu,
         "test_accuracy": float(result.test_accuracy),
     }
     with tempfile.TemporaryDirectory(prefix="audit-cost-") as tmp:
@@ -212,6 +235,8 @@ def summarise(rows: list[dict]) -> dict:
         for key in (
             "train_s",
             "train_cpu_s",
+            "train_loop_s",
+            "train_loop_cpu_s",
             "audit_s",
             "audit_cpu_s",
             "loop_audit_s",
@@ -228,6 +253,9 @@ def summarise(rows: list[dict]) -> dict:
         entry["audit_s"], entry["audit_cpu_s"] = audit, audit_cpu
         entry["ratio"] = round(audit / entry["train_s"], 2)
         entry["ratio_cpu"] = round(audit_cpu / entry["train_cpu_s"], 2)
+        if "train_loop_s" in entry:  # against the loop's training: the earlier files' ratio
+            entry["ratio_to_loop"] = round(audit / entry["train_loop_s"], 2)
+            entry["ratio_cpu_to_loop"] = round(audit_cpu / entry["train_loop_cpu_s"], 2)
         if all("loop_audit_s" in r and "audit_s" in r for r in rs):
             entry["loop_ratio"] = round(entry["loop_audit_s"] / entry["train_s"], 2)
             entry["speedup"] = round(
@@ -301,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             )  # each repeat as it ends (a long run's log)
     summary = summarise(sorted(rows, key=lambda r: (methods.index(r["method"]), r["repeat"])))
     out: dict[str, Any] = {
-        "schema_version": 1,
+        "schema_version": 2,
         "benchmark": "audit_cost",
         "methods": summary,
         "conditions": {
@@ -326,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         "total_seconds": round(time.perf_counter() - t0, 1),
         "totals": {
             k: round(sum(e.get(k) or 0.0 for e in summary.values()), 1)
-            for k in ("train_s", "audit_s", "loop_audit_s")
+            for k in ("train_s", "train_loop_s", "audit_s", "loop_audit_s")
         },
     }
     if args.json:

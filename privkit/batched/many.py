@@ -143,20 +143,22 @@ def train_many(
 
 def trains_batched_alone(method: str, config) -> bool:
     """Whether a single run of ``method`` with ``config`` trains through the batched engine
-    (:func:`train_one`): where its device is an accelerator and the method has a batched form.
+    (:func:`train_one`): wherever the method has a batched form, on every device.
 
-    There a run's loop leaves the device idle between small kernels (issue 32: ``privkit train
-    dp-fedavg --quick`` took 42.3 s on an H200 against 27.9 s on two CPU threads): the batched
-    engine steps the round's clients together, one launch where the loop makes one per client.
-    The result is the single run's up to float rounding in reproducible-noise mode (tested per
-    method, :func:`train_many`). On the CPU a single run stays the loop, :func:`privkit.trainers.
-    train` bit for bit: a seeded run's weights there do not change with this release."""
-    from privkit.methods.contract import get_trainer, make_config
-    from privkit.models import select_device
+    The batched engine steps a round's clients together, with the kernels an audit's target run
+    takes; the loop (:func:`privkit.trainers.train`) trains one client after the other through
+    autograd and ``torch.optim``, whose per-call overhead is most of a small model's step. On an
+    accelerator the loop leaves the device idle between small kernels (issue 32: ``privkit train
+    dp-fedavg --quick`` took 42.3 s on an H200 against 27.9 s on two CPU threads). On the CPU
+    the batched engine trained the quick configurations 1.4-7x faster than the loop, one thread
+    (docs/performance.md: FedAvg 1.15 s against 1.83 s, DP-SGD 0.38 s against 2.6-2.9 s), and
+    no slower with a CNN. The result is the loop's bit for bit for the methods trained with Adam
+    (:mod:`privkit.batched.exact_mlp`) and up to float rounding for the DP-SGD methods in
+    reproducible-noise mode (at most 2.4e-7 on the quick configurations; tested per method,
+    :func:`train_many`); their ledgers, client models and rounds are the loop's."""
+    from privkit.methods.contract import get_trainer
 
-    if get_trainer(method).batched is None:
-        return False
-    return select_device(make_config(method, config).device).type != "cpu"
+    return get_trainer(method).batched is not None
 
 
 _ROUND_DONE: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(

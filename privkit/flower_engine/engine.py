@@ -296,14 +296,14 @@ def train(
 ):
     """:func:`privkit.trainers.train` on the chosen engine (``inprocess``, the default, or ``flower``).
 
-    In process on an accelerator, a method with a batched form trains through it
-    (:func:`privkit.batched.many.trains_batched_alone`)."""
+    In process, a method with a batched form trains through it, the round's clients together
+    (:func:`privkit.batched.many.trains_batched_alone` says why)."""
     check_engine(engine, method)
     if engine == "flower":
         return train_on_flower(method, federation, config, seed, progress)
     from privkit.batched.many import train_one, trains_batched_alone
     from privkit.trainers import train as train_inprocess
 
-    if trains_batched_alone(method, config):  # on an accelerator: the round's clients together
+    if trains_batched_alone(method, config):
         return train_one(method, federation, config, seed, progress)
     return train_inprocess(method, federation, config, seed=seed, progress=progress)

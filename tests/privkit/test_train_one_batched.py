@@ -1,16 +1,16 @@
 """A single run through the batched engine (privkit.batched.many.train_one): what ``privkit train``
-and ``privkit run`` take on an accelerator (issue 32, item 5).
+and ``privkit run`` take for a method with a batched form, on every device (issue 32).
 
-On a machine without a GPU the choice is tested by making the device look like one; the batched
-engine itself then runs on the CPU, where its result must be the single run's (up to float
-rounding, bit for bit for the Adam methods, as ``test_batched_federations.py`` pins for many runs).
+Its result must be the loop's (:func:`privkit.trainers.train`): bit for bit for the Adam methods,
+up to float rounding for the DP-SGD methods in reproducible-noise mode, with the same ledger,
+client models and rounds (``test_batched_federations.py`` pins the same for many runs).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from audit_helpers import TINY_DPFED, TINY_FEDAVG, max_diff
+from audit_helpers import TINY_DPFED, TINY_FEDAVG, TINY_FEDMD, max_diff
 
 from privkit.batched import many
 from privkit.data import FederationConfig, build_federation
@@ -19,6 +19,7 @@ from privkit.trainers import train
 
 DPFED = {**TINY_DPFED, "reproducible_noise": True}
 FEDAVG = {**TINY_FEDAVG, "reproducible_noise": True}
+FEDMD = {**TINY_FEDMD, "reproducible_noise": True}
 
 
 @pytest.fixture(scope="module")
@@ -34,17 +35,25 @@ def _as_if_on_gpu(monkeypatch) -> None:
     monkeypatch.setattr(privkit.models, "select_device", lambda spec="auto": torch.device("cuda"))
 
 
-def test_the_cpu_keeps_the_loop_an_accelerator_takes_the_batched_engine(monkeypatch):
-    assert not many.trains_batched_alone("dp-fedavg", DPFED)
-    _as_if_on_gpu(monkeypatch)
+def test_every_device_takes_the_batched_engine_where_a_method_has_one(monkeypatch):
     assert many.trains_batched_alone("dp-fedavg", DPFED)
     assert many.trains_batched_alone("fedavg", FEDAVG)
+    _as_if_on_gpu(monkeypatch)
+    assert many.trains_batched_alone("dp-fedavg", DPFED)
     # no batched form: the loop, whatever the device
     assert not many.trains_batched_alone("fedauxfdp", None)
+    assert not many.trains_batched_alone("dp-fedavg-client", None)
 
 
 @pytest.mark.parametrize(
-    ("method", "cfg", "tol"), [("dp-fedavg", DPFED, 1e-5), ("fedavg", FEDAVG, 0.0)]
+    ("method", "cfg", "tol"),
+    [
+        ("dp-fedavg", DPFED, 1e-5),
+        ("fedkadp", DPFED, 1e-5),
+        ("fedavg", FEDAVG, 0.0),
+        ("fedprox", {**FEDAVG, "mu": 0.1}, 0.0),
+        ("fedmd-np", FEDMD, 0.0),
+    ],
 )
 def test_engine_trains_one_run_batched_with_the_single_runs_result(
     fed, monkeypatch, method, cfg, tol
@@ -54,14 +63,24 @@ def test_engine_trains_one_run_batched_with_the_single_runs_result(
     called = []
     real = many.train_many
     monkeypatch.setattr(many, "train_many", lambda *a, **k: called.append(a) or real(*a, **k))
-    monkeypatch.setattr(many, "trains_batched_alone", lambda m, c: True)
     one = engine.train(method, fed, cfg, seed=3)
     assert len(called) == 1 and len(called[0][1]) == 1  # the batched engine, one run
     assert max_diff(alone.model, one.model) <= tol
     assert all(max_diff(p, q) <= tol for p, q in zip(alone.client_models, one.client_models))
     assert alone.ledger.to_dict() == one.ledger.to_dict()
     assert [r.get("clients") for r in alone.rounds] == [r.get("clients") for r in one.rounds]
+    if tol == 0.0:  # the Adam methods: every round's losses and accuracies too
+        assert alone.rounds == one.rounds
     assert one.reproducible_noise and one.warnings == alone.warnings
+
+
+def test_engine_trains_a_method_without_a_batched_form_by_the_loop(fed, monkeypatch):
+    called = []
+    monkeypatch.setattr(many, "train_many", lambda *a, **k: called.append(a))
+    cfg = {"feature_dim": 16, "rounds": 2, "device": "cpu", "reproducible_noise": True}
+    one = engine.train("dp-fedavg-client", fed, cfg, seed=3)
+    assert not called
+    assert max_diff(train("dp-fedavg-client", fed, cfg, seed=3).model, one.model) == 0.0
 
 
 def test_progress_advances_once_a_round(fed, monkeypatch):
