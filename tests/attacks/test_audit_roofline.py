@@ -150,14 +150,13 @@ def test_call_seconds_runs_the_call_on_fresh_tensors():
 
 
 def test_kernel_floor_is_the_target_plus_the_replayed_reference_kernels(monkeypatch):
-    monkeypatch.setattr(
-        roofline, "reference_kernels", lambda *a: {"reference_kernel_s": 4.0, "by": "x"}
-    )
-    out = roofline._kernel_floor("fedavg", 0, 16, 3, train_cpu_s=2.0, goal=3.0)
+    counted = {"reference_kernel_s": 4.0, "audit_reference_flops": 0, "audit_reference_normals": 0}
+    monkeypatch.setattr(roofline, "reference_kernels", lambda *a: dict(counted))
+    out = roofline._kernel_floor("fedavg", 0, 16, 3, 2.0, 3.0, 90e9, 5.0)
     assert out["audit_ratio_floor_kernels"] == 3.0 and out["excluded_at_kernel_rates"] is False
-    out = roofline._kernel_floor("fedavg", 0, 16, 3, train_cpu_s=1.6, goal=3.0)
+    out = roofline._kernel_floor("fedavg", 0, 16, 3, 1.6, 3.0, 90e9, 5.0)
     assert out["audit_ratio_floor_kernels"] == 3.5 and out["excluded_at_kernel_rates"] is True
-    assert roofline._kernel_floor("fedavg", None, 16, 3, 2.0, 3.0) == {}
+    assert roofline._kernel_floor("fedavg", None, 16, 3, 2.0, 3.0, 90e9, 5.0) == {}
 
 
 def test_the_kernel_floor_trains_the_audits_reference_runs_only(monkeypatch):
@@ -206,3 +205,21 @@ def test_the_table_names_the_kernel_floor_where_measured(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert any("kernel floor 3.50x  excluded at these kernels' rates" in line for line in lines)
     assert sum("kernel floor" in line for line in lines) == 1  # flip: not measured, not shown
+
+
+def test_the_peak_floor_counts_the_audits_reference_runs_own_arithmetic(monkeypatch):
+    counted = {
+        "audit_reference_flops": 180e9,  # 2 s at 90 GFLOP/s
+        "audit_reference_normals": 100_000_000,  # 0.5 s at 5 ns
+        "reference_kernel_s": 3.0,
+    }
+    monkeypatch.setattr(roofline, "reference_kernels", lambda *a: dict(counted))
+    got = roofline._kernel_floor("fedavg", 0, 16, 3, 1.25, 3.0, 90e9, 5.0)
+    assert got["audit_ratio_floor_at_peak"] == pytest.approx(1 + 2.5 / 1.25)
+    assert got["excluded_at_peak"] is False
+    over = roofline._kernel_floor("fedavg", 0, 16, 3, 1.0, 3.0, 90e9, 5.0)
+    assert over["audit_ratio_floor_at_peak"] == pytest.approx(3.5) and over["excluded_at_peak"]
+    # products that would take longer at peak (4 s) than their kernels took (3 s): no floor
+    counted["audit_reference_flops"] = 360e9
+    wrong = roofline._kernel_floor("fedavg", 0, 16, 3, 1.0, 3.0, 90e9, 5.0)
+    assert not wrong["peak_count_plausible"] and not wrong["excluded_at_peak"]
