@@ -150,9 +150,12 @@ def trains_batched_alone(method: str, config) -> bool:
     autograd and ``torch.optim``, whose per-call overhead is most of a small model's step. On an
     accelerator the loop leaves the device idle between small kernels (issue 32: ``privkit train
     dp-fedavg --quick`` took 42.3 s on an H200 against 27.9 s on two CPU threads). On the CPU
-    the batched engine trained the quick configurations 1.4-7x faster than the loop, one thread
-    (docs/performance.md: FedAvg 1.15 s against 1.83 s, DP-SGD 0.38 s against 2.6-2.9 s), and
-    no slower with a CNN. The result is the loop's bit for bit for the methods trained with Adam
+    the batched engine trained the quick configurations 1.2-4.9x faster than the loop, one
+    thread, release mode (``benchmarks/single_run.py``: FedAvg 1.16 s against 1.78 s, DP-SGD
+    0.63 s against 3.07 s), and no slower with a CNN; centralized training and FLiP batch only
+    an audit's reference runs, so their single runs are the loop on both paths. ``config`` is
+    not read: a configuration a batched form does not cover trains one run at a time inside it
+    (:func:`train_many`). The result is the loop's bit for bit for the methods trained with Adam
     (:mod:`privkit.batched.exact_mlp`) and up to float rounding for the DP-SGD methods in
     reproducible-noise mode (at most 2.4e-7 on the quick configurations; tested per method,
     :func:`train_many`); their ledgers, client models and rounds are the loop's."""
