@@ -38,8 +38,9 @@ import math
 import torch
 
 from privkit.batched.batched_sgd import load_states
+from privkit.batched.buffers import kept
 from privkit.batched.class_axis import cross_entropy
-from privkit.batched.many import joint_release, stacked_on
+from privkit.batched.many import _rows_of, joint_release, stacked_on
 from privkit.mechanisms import mutations
 from privkit.mechanisms.gaussian import Receipt, gaussian_release
 from privkit.mechanisms.stacked import StackedModels
@@ -154,13 +155,16 @@ def train_dpsgd_runs(
     clip = config.clip_norm if mutations.active().clipping else math.inf
     quick = [bool(f) and r.noise.seeded_torch for f, r in zip(fast or [False] * m, runs)]
     expected = torch.tensor([float(r.expected) for r in runs], device=device)
+    # a step's batch and the reference runs' joint noise in buffers kept across the steps: a
+    # fresh tensor of megabytes is fresh pages on every step (privkit.batched.buffers)
+    scratch: dict = {}
     for t in range(max(r.steps for r in runs)):
         live = [j for j, r in enumerate(runs) if t < r.steps]
         batches = {j: runs[j].batch(t) for j in live}
         counts = [len(batches.get(j, ())) for j in range(m)]
         width = max(1, max(counts))
-        xb = torch.zeros((m, width, *runs[0].x.shape[1:]), device=device)
-        yb = torch.zeros((m, width), dtype=torch.long, device=device)
+        xb = kept(scratch, "xb", (m, width, *runs[0].x.shape[1:]), runs[0].x).zero_()
+        yb = kept(scratch, "yb", (m, width), runs[0].y).zero_()
         for j, b in batches.items():
             xb[j, : len(b)], yb[j, : len(b)] = runs[j].x[b], runs[j].y[b]
         losses = torch.zeros(m, device=device)
@@ -207,12 +211,14 @@ def train_dpsgd_runs(
                     clip=config.clip_norm,
                     source=runs[rows[0]].noise,
                     sample_rates=[runs[j].rate for j in rows],
+                    # one buffer per noise scale: a group's noisy rows are read until the step ends
+                    scratch=scratch.setdefault(("release", s), {}),
                 )
                 for row, j in enumerate(rows):
                     runs[j].receipts.append(receipts[row])
                     if j in probed:
                         observed[j] = [noisy[k][row] for k in names]
-                at = torch.tensor(rows, device=device)
+                at = _rows_of(rows, device)  # a slice where the rows are a range: in place
                 for k in names:
                     scale = expected[at].view(-1, *([1] * (noisy[k].dim() - 1)))
                     params[k][at] -= config.lr * (noisy[k] / scale)
@@ -243,7 +249,7 @@ def train_dpsgd_runs(
             [{k: v[j].detach().cpu().clone() for k, v in params.items()} for j in range(m)],
         ),
     ):
-        kept: list[dict] = [
+        history: list[dict] = [
             {
                 "round": row["round"],
                 "test_accuracy": row["test_accuracy"],
@@ -259,7 +265,7 @@ def train_dpsgd_runs(
                 r.seed,
                 released,
                 r.spec,
-                kept,
+                history,
                 r.plan,
                 device,
                 receipts=r.receipts,
