@@ -165,8 +165,9 @@ def train_dpsgd_runs(
         width = max(1, max(counts))
         xb = kept(scratch, "xb", (m, width, *runs[0].x.shape[1:]), runs[0].x).zero_()
         yb = kept(scratch, "yb", (m, width), runs[0].y).zero_()
-        for j, b in batches.items():
-            xb[j, : len(b)], yb[j, : len(b)] = runs[j].x[b], runs[j].y[b]
+        for j, b in batches.items():  # gathered into the buffers themselves
+            torch.index_select(runs[j].x, 0, b, out=xb[j, : len(b)])
+            torch.index_select(runs[j].y, 0, b, out=yb[j, : len(b)])
         losses = torch.zeros(m, device=device)
 
         # called within this step only; the defaults bind this step's batch all the same
