@@ -35,17 +35,15 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
 from privkit.batched.batched_sgd import load_states
 from privkit.batched.buffers import kept
 from privkit.batched.class_axis import cross_entropy
-from privkit.batched.exact_mlp import stacked_logits
 from privkit.batched.many import _rows_of, joint_release, stacked_on
 from privkit.mechanisms import mutations
 from privkit.mechanisms.gaussian import Receipt, gaussian_release
-from privkit.mechanisms.stacked import StackedModels, UnsupportedModelError
+from privkit.mechanisms.stacked import StackedModels
 from privkit.seeding import derive_seed, noise_generator
 from privkit.trainers.common import accuracy, new_model, resolve_device
 from privkit.trainers.dpsgd import ProbedStep, _plan, dpsgd_result, probe_sets
@@ -110,31 +108,6 @@ def batchable(config) -> bool:
     """Whether the batched form covers ``config`` (SGD; an audit's probes and mutation are
     taken, see the module docstring)."""
     return config.optimizer == "sgd"
-
-
-def _stacked_accuracies(runs: list[_Run], device: torch.device) -> dict[int, float]:
-    """The test accuracy of each of ``runs``' models (seeded reference runs: the auditor's own,
-    whose per-epoch accuracy no attack reads), by ``id`` of the run, from one stacked pass over
-    all of them (:func:`~privkit.batched.exact_mlp.stacked_logits`: each model's own forward up to
-    float rounding, so an argmax can differ only where two logits tie to rounding); empty where
-    there are fewer than two, their test records differ, or the models are not privkit MLPs
-    (each then takes its own forward)."""
-    if len(runs) < 2:
-        return {}
-    first = runs[0].federation
-    if any(
-        r.federation.private is not first.private
-        or not np.array_equal(r.federation.test, first.test)
-        for r in runs
-    ):
-        return {}
-    x, y = first.test_arrays()
-    try:
-        logits = stacked_logits([r.model for r in runs], x, device)
-    except UnsupportedModelError:
-        return {}
-    hits = logits.argmax(2).numpy() == np.asarray(y)[None, :]
-    return {id(r): float(h.mean()) for r, h in zip(runs, hits)}
 
 
 def train_dpsgd_runs(
@@ -252,28 +225,20 @@ def train_dpsgd_runs(
                     params[k][at] -= config.lr * (noisy[k] / scale)
             for j, step in probed.items():
                 step.observe(observed[j])
-        ending = [j for j in live if (t + 1) % runs[j].per_epoch == 0]
-        for j in ending:
-            runs[j].model.load_state_dict(
-                {k: params[k][j].detach().clone() for k in names}, strict=False
-            )
-        tested = _stacked_accuracies([runs[j] for j in ending if quick[j]], device)
         for j in live:
             r = runs[j]
             r.loss[0] += float(losses[j])
             r.loss[1] += counts[j]
-            if j in ending:  # the end of an epoch: opacus' per-epoch row
-                acc = tested.get(id(r))
+            if (t + 1) % r.per_epoch == 0:  # the end of an epoch: opacus' per-epoch row
+                r.model.load_state_dict(
+                    {k: params[k][j].detach().clone() for k in names}, strict=False
+                )
                 r.rounds.append(
                     {
                         "round": (t + 1) // r.per_epoch,
                         "steps": t + 1,
                         "loss": r.loss[0] / max(r.loss[1], 1),
-                        "test_accuracy": (
-                            accuracy(r.model, *r.federation.test_arrays(), device)  # type: ignore[call-arg]  # test_arrays is (x, y)
-                            if acc is None
-                            else acc
-                        ),
+                        "test_accuracy": accuracy(r.model, *r.federation.test_arrays(), device),  # type: ignore[call-arg]  # test_arrays is (x, y)
                     }
                 )
                 r.loss = [0.0, 0]

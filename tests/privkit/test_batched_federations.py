@@ -181,31 +181,3 @@ def test_audit_trains_its_runs_batched_with_the_loops_outputs(fed):
     assert batched.shape == loop.shape == (3, 50, fed.num_classes)
     assert np.abs(batched - loop).max() <= 1e-4
     assert [d["ledger"].to_dict() for d in d1] == [d["ledger"].to_dict() for d in d2]
-
-
-def test_dpsgd_reference_runs_test_their_epochs_in_one_stacked_pass(fed, monkeypatch):
-    """Seeded reference runs (release-mode config, ``references``) take their per-epoch test
-    accuracy from one stacked pass over all of them: each run's last epoch's accuracy is its
-    released model's own, up to a tie in the logits; the release-mode run tests its own model."""
-    from privkit.batched import many_dpsgd
-    from privkit.trainers.common import accuracy
-
-    passes = []
-    real = many_dpsgd.stacked_logits
-    monkeypatch.setattr(
-        many_dpsgd, "stacked_logits", lambda ms, *a: passes.append(len(ms)) or real(ms, *a)
-    )
-    from privkit.audit.recipes import federations_over
-
-    cfg = {**CASES["dpsgd"], "reproducible_noise": False}
-    rng = np.random.default_rng(0)
-    x, y = fed.private.x[fed.members], fed.private.y[fed.members]
-    sets = [np.sort(rng.choice(len(y), int(0.8 * len(y)), replace=False)) for _ in range(3)]
-    feds = federations_over(fed, x, y, sets, [0, 1, 2])  # one private dataset, as an audit's
-    runs = train_many("dpsgd", feds, cfg, [1, 2, 3], references=[False, True, True])
-    epochs = len(runs[0].rounds)
-    assert passes == [2] * epochs  # the two reference runs, once an epoch; never the target
-    for r, f in zip(runs, feds):
-        x, y = f.test_arrays()
-        own = accuracy(r.model, x, y, torch.device("cpu"))
-        assert abs(r.rounds[-1]["test_accuracy"] - own) <= 1 / len(y)
