@@ -152,21 +152,30 @@ def trains_batched_alone(method: str, config) -> bool:
     dp-fedavg --quick`` took 42.3 s on an H200 against 27.9 s on two CPU threads). On the CPU
     the batched engine trained the quick configurations 1.2-4.9x faster than the loop, one
     thread, release mode (``benchmarks/single_run.py``: FedAvg 1.16 s against 1.78 s, DP-SGD
-    0.63 s against 3.07 s), and no slower with a CNN; centralized training and FLiP batch only
-    an audit's reference runs, so their single runs are the loop on both paths. ``config`` is
-    not read: a configuration a batched form does not cover trains one run at a time inside it
-    (:func:`train_many`). The result is the loop's bit for bit for the methods trained with Adam
+    0.63 s against 3.07 s), and no slower with a CNN. A method whose batched form batches an
+    audit's reference runs only (:attr:`~privkit.methods.registry.TrainerSpec.
+    batched_references_only`: FLiP, centralised training) keeps the loop, and its progress bar:
+    its single run is the loop on both paths. ``config`` is not read: a configuration a batched
+    form does not cover trains one run at a time inside it (:func:`train_many`). The result is the loop's bit for bit for the methods trained with Adam
     (:mod:`privkit.batched.exact_mlp`) and up to float rounding for the DP-SGD methods in
     reproducible-noise mode (at most 2.4e-7 on the quick configurations; tested per method,
     :func:`train_many`); their ledgers, client models and rounds are the loop's."""
     from privkit.methods.contract import get_trainer
 
-    return get_trainer(method).batched is not None
+    spec = get_trainer(method)
+    return spec.batched is not None and not spec.batched_references_only
 
 
 _ROUND_DONE: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
     "privkit_batched_round_done", default=None
 )
+
+
+def round_done() -> None:
+    """Advance :func:`train_one`'s progress bar by one round (or epoch), where one is shown."""
+    done = _ROUND_DONE.get()
+    if done is not None:
+        done()
 
 
 def train_one(method: str, federation, config, seed: int, progress: bool = False):
@@ -181,7 +190,10 @@ def train_one(method: str, federation, config, seed: int, progress: bool = False
     from rich.progress import Progress
 
     with Progress() as bar:
-        task = bar.add_task(f"{method} rounds (batched)", total=getattr(cfg, "rounds", None))
+        rounds = getattr(cfg, "rounds", None)  # DP-SGD's bar counts its epochs
+        unit = "rounds" if rounds is not None else "epochs"
+        total = rounds if rounds is not None else getattr(cfg, "epochs", None)
+        task = bar.add_task(f"{method} {unit} (batched)", total=total)
         token = _ROUND_DONE.set(lambda: bar.advance(task))
         try:
             return train_many(method, [federation], cfg, [seed])[0]
@@ -254,9 +266,7 @@ def lockstep(
             for at, i in enumerate(going):
                 args = () if out is None else out[at] if isinstance(out[at], tuple) else (out[at],)
                 runs[i].finish_round(*args)
-        done = _ROUND_DONE.get()
-        if done is not None:  # train_one's progress bar
-            done()
+        round_done()
 
 
 # ---------------------------------------------------------------------------- local DP-SGD

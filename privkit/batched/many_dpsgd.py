@@ -40,7 +40,7 @@ import torch
 from privkit.batched.batched_sgd import load_states
 from privkit.batched.buffers import kept
 from privkit.batched.class_axis import cross_entropy
-from privkit.batched.many import _rows_of, joint_release, stacked_on
+from privkit.batched.many import _rows_of, joint_release, round_done, stacked_on
 from privkit.mechanisms import mutations
 from privkit.mechanisms.gaussian import Receipt, gaussian_release
 from privkit.mechanisms.stacked import StackedModels
@@ -242,6 +242,8 @@ def train_dpsgd_runs(
                     }
                 )
                 r.loss = [0.0, 0]
+        if (t + 1) % runs[0].per_epoch == 0:  # train_one's bar counts the (first) run's epochs
+            round_done()
     out = []
     for r, released in zip(
         runs,

@@ -15,4 +15,5 @@ declare(
     formal_dp=False,
     quick={"epochs": 6, "width": 8, "feature_dim": 32, "lr": 0.1, "batch_size": 64},
     batched="privkit.batched.many_central:train_centralized_many",
+    batched_references_only=True,
 )

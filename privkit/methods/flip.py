@@ -99,4 +99,5 @@ declare(
         "attack": {"shadows": 2, "catboost_iterations": 200},
     },
     batched="privkit.batched.many_flip:train_flip_many",
+    batched_references_only=True,
 )

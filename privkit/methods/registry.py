@@ -59,6 +59,11 @@ class TrainerSpec:
         ``"module:function"`` of the method's batched form ``fn(method, federations, configs,
         seeds, fast) -> results`` (:func:`privkit.batched.many.train_many` calls it), or None where
         its runs train one after the other.
+    batched_references_only : bool
+        Whether the batched form batches an audit's reference runs only, every other run being
+        its single run trained alone (FLiP, centralised training): a single run then gains
+        nothing from it, and ``privkit train`` keeps the loop
+        (:func:`privkit.batched.many.trains_batched_alone`).
     flower : str or None
         ``"module:Class"`` of the method's Flower port (:class:`privkit.flower_engine.apps.Port`),
         or None where the method does not run on the Flower engine.
@@ -73,6 +78,7 @@ class TrainerSpec:
     quick: dict = field(default_factory=dict)
     level: str = "record"
     batched: str | None = None
+    batched_references_only: bool = False
     flower: str | None = None
 
     def __post_init__(self) -> None:
@@ -132,6 +138,7 @@ def declare(
     quick: dict | None = None,
     level: str = "record",
     batched: str | None = None,
+    batched_references_only: bool = False,
     flower: str | None = None,
 ) -> TrainerSpec:
     """Register method ``name``; ``target`` is its trainer or the trainer's ``"module:function"``.
@@ -156,6 +163,9 @@ def declare(
         What the ledger's per-client epsilon protects: one record or the client's whole data.
     batched : str, optional
         ``"module:function"`` of the method's batched form (:attr:`TrainerSpec.batched`).
+    batched_references_only : bool
+        Whether that form batches an audit's reference runs only
+        (:attr:`TrainerSpec.batched_references_only`).
     flower : str, optional
         ``"module:Class"`` of the method's Flower port (:attr:`TrainerSpec.flower`).
 
@@ -176,6 +186,7 @@ def declare(
         quick=dict(quick or {}),
         level=level,
         batched=batched,
+        batched_references_only=batched_references_only,
         flower=flower,
     )
     REGISTRY[name] = spec

@@ -40,9 +40,9 @@ def test_every_device_takes_the_batched_engine_where_a_method_has_one(monkeypatc
     assert many.trains_batched_alone("fedavg", FEDAVG)
     _as_if_on_gpu(monkeypatch)
     assert many.trains_batched_alone("dp-fedavg", DPFED)
-    # no batched form: the loop, whatever the device
-    assert not many.trains_batched_alone("fedauxfdp", None)
-    assert not many.trains_batched_alone("dp-fedavg-client", None)
+    # no batched form, or one that batches an audit's reference runs only: the loop
+    for method in ("fedauxfdp", "dp-fedavg-client", "centralized", "flip"):
+        assert not many.trains_batched_alone(method, None)
 
 
 @pytest.mark.parametrize(
@@ -98,3 +98,33 @@ def test_progress_advances_once_a_round(fed, monkeypatch):
     # outside train_one no bar is advanced
     many.train_many("dp-fedavg", [fed], DPFED, [0])
     assert len(advanced) == DPFED["rounds"]
+
+
+def test_progress_of_dpsgd_advances_once_an_epoch(fed, monkeypatch):
+    advanced, totals = [], []
+    import rich.progress
+
+    class Bar(rich.progress.Progress):
+        def add_task(self, description, total=None, **kw):
+            totals.append((description, total))
+            return super().add_task(description, total=total, **kw)
+
+        def advance(self, task, advance=1.0):
+            advanced.append(advance)
+            super().advance(task, advance)
+
+    monkeypatch.setattr(rich.progress, "Progress", Bar)
+    cfg = {
+        "arch": "mlp",
+        "feature_dim": 16,
+        "epochs": 3,
+        "batch_size": 64,
+        "lr": 0.5,
+        "device": "cpu",
+        "noise_multiplier": 1.0,
+        "clip_norm": 1.0,
+        "reproducible_noise": True,
+    }
+    result = many.train_one("dpsgd", fed, cfg, 0, progress=True)
+    assert totals == [("dpsgd epochs (batched)", 3)]
+    assert len(advanced) == len(result.rounds) == 3
