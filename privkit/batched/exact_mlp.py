@@ -447,15 +447,14 @@ def _train_stacked(
     prox = bool((mus > 0).any())
     # Every proximal model that starts from its anchor itself (a reference run's clients start
     # from the round's global model, their anchor too): the stacked anchors are the stacked
-    # starts, copied as they are, and no weight differs from its anchor before the first step.
+    # starts, copied once the first layer is narrowed below, and no weight differs from its
+    # anchor before the first step.
     from_anchor = prox and all(
         mus[i] == 0 or (m.start is not None and m.start is anchors[j])  # type: ignore[index]  # mu > 0: anchors
         for i, (j, m) in enumerate(zip(order, ms))
     )
     anchor = (
-        {k: p[k].clone() for k in names}
-        if from_anchor
-        else {
+        {
             k: torch.stack(
                 [
                     (anchors[j][k].mT if k in flip else anchors[j][k]) if mus[i] > 0 else p[k][i]  # type: ignore[index]  # mu > 0: anchors
@@ -464,7 +463,7 @@ def _train_stacked(
             )
             for k in names
         }
-        if prox
+        if prox and not from_anchor
         else {}
     )
     first = torch.tensor(
@@ -477,12 +476,14 @@ def _train_stacked(
     # first layer's products and its optimiser passes shrink with the unused inputs; the weights
     # are put back in place after the last step.
     w0 = layers[0][0]
-    used = _used_inputs(ms, p[w0], None if from_anchor else anchor.get(w0), mus)
+    used = _used_inputs(ms, p[w0], anchor.get(w0), mus)  # from the anchor: none differs
     full = p[w0]
     if used is not None:
         p[w0] = _pick_rows(full, used, kept(scratch, "first", (*used.shape, full.shape[2]), full))
         if w0 in anchor:
-            anchor[w0] = p[w0].clone() if from_anchor else _pick_rows(anchor[w0], used)
+            anchor[w0] = _pick_rows(anchor[w0], used)
+    if from_anchor:
+        anchor = {k: p[k].clone() for k in names}
     m1 = {k: kept(scratch, ("m1", k), tuple(p[k].shape), p[k]).zero_() for k in names}
     m2 = {k: kept(scratch, ("m2", k), tuple(p[k].shape), p[k]).zero_() for k in names}
     steps = [len(m.batches) for m in ms]
