@@ -22,6 +22,10 @@ In release mode the streams are fresh secret ones drawn as :mod:`privkit.mechani
 draws them. Adam is not batched (it amplifies the float rounding by which the batched gradients
 differ from opacus', :mod:`privkit.batched.exact_mlp`): those runs train one after the other.
 
+An audit's reference runs (``fast``) take every epoch's row but evaluate only the last epoch's
+test accuracy (the others are a report's, which never reads a reference run:
+:func:`~privkit.batched.many.unreported`); their models, losses and ledgers are unchanged.
+
 Audits reach the batched runs as they reach opacus' (:func:`privkit.trainers.dpsgd.
 _take_probes_and_mutation`): inside an audit's probing block each run's pooled mechanism takes
 one probe set per probed client (:func:`~privkit.trainers.dpsgd.probe_sets`), sampled from the
@@ -40,7 +44,7 @@ import torch
 from privkit.batched.batched_sgd import load_states
 from privkit.batched.buffers import kept
 from privkit.batched.class_axis import cross_entropy
-from privkit.batched.many import _rows_of, joint_release, round_done, stacked_on
+from privkit.batched.many import _rows_of, joint_release, round_done, stacked_on, unreported
 from privkit.mechanisms import mutations
 from privkit.mechanisms.gaussian import Receipt, gaussian_release
 from privkit.mechanisms.stacked import StackedModels
@@ -74,7 +78,9 @@ class _Run:
         self.x = torch.as_tensor(x, dtype=torch.float32, device=device)
         self.y = torch.as_tensor(y, dtype=torch.long, device=device)
         self.rounds: list[dict] = []
-        self.loss = [0.0, 0]
+        self.seen = 0  # examples since the last epoch row (their summed loss: loss_sums)
+        # an audit's reference run (many.unreported) evaluates its last epoch only
+        self.report_metrics = True
         self.receipts: list[Receipt] = []  # each release's, for the ledger (dpsgd_result)
 
     def batch(self, t: int) -> torch.Tensor:
@@ -102,6 +108,14 @@ class _Run:
         )
         self.receipts.append(receipt)
         return dict(zip(names, noisy))
+
+
+def _test_accuracy(
+    r: _Run, params: dict[str, torch.Tensor], names: list[str], j: int, device: torch.device
+) -> float:
+    """Run ``r``'s test accuracy with its parameters as they are (row ``j`` of ``params``)."""
+    r.model.load_state_dict({k: params[k][j].detach().clone() for k in names}, strict=False)
+    return accuracy(r.model, *r.federation.test_arrays(), device)  # type: ignore[call-arg]  # test_arrays is (x, y)
 
 
 def batchable(config) -> bool:
@@ -155,6 +169,11 @@ def train_dpsgd_runs(
     clip = config.clip_norm if mutations.active().clipping else math.inf
     quick = [bool(f) and r.noise.seeded_torch for f, r in zip(fast or [False] * m, runs)]
     expected = torch.tensor([float(r.expected) for r in runs], device=device)
+    # an audit's reference runs skip what only a report reads: the test accuracies of all but
+    # their last epoch (as the federated reference runs skip their rounds')
+    unreported(runs, fast)
+    # each run's summed loss since its last epoch row, in float64 as the single run sums it
+    loss_sums = torch.zeros(m, dtype=torch.float64, device=device)
     # a step's batch and the reference runs' joint noise in buffers kept across the steps: a
     # fresh tensor of megabytes is fresh pages on every step (privkit.batched.buffers)
     scratch: dict = {}
@@ -225,23 +244,24 @@ def train_dpsgd_runs(
                     params[k][at] -= config.lr * (noisy[k] / scale)
             for j, step in probed.items():
                 step.observe(observed[j])
+        loss_sums += losses.double()  # run by run, the float64 additions of a Python float's
         for j in live:
             r = runs[j]
-            r.loss[0] += float(losses[j])
-            r.loss[1] += counts[j]
+            r.seen += counts[j]
             if (t + 1) % r.per_epoch == 0:  # the end of an epoch: opacus' per-epoch row
-                r.model.load_state_dict(
-                    {k: params[k][j].detach().clone() for k in names}, strict=False
-                )
                 r.rounds.append(
                     {
                         "round": (t + 1) // r.per_epoch,
                         "steps": t + 1,
-                        "loss": r.loss[0] / max(r.loss[1], 1),
-                        "test_accuracy": accuracy(r.model, *r.federation.test_arrays(), device),  # type: ignore[call-arg]  # test_arrays is (x, y)
+                        "loss": float(loss_sums[j]) / max(r.seen, 1),
+                        "test_accuracy": (
+                            _test_accuracy(r, params, names, j, device)
+                            if r.report_metrics or t + 1 + r.per_epoch > r.steps  # the last epoch's
+                            else math.nan
+                        ),
                     }
                 )
-                r.loss = [0.0, 0]
+                loss_sums[j], r.seen = 0.0, 0
         if (t + 1) % runs[0].per_epoch == 0:  # train_one's bar counts the (first) run's epochs
             round_done()
     out = []
