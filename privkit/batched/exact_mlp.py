@@ -438,8 +438,15 @@ def _train_stacked(
     # Weights are held transposed, (models, in, out): the weight gradient is then the product
     # acts^T g written in the order its kernel fills fastest (the first layer's, 160 models'
     # (784 x 32) @ (32 x 64): 1.6x faster than g^T acts into (out, in)); the forward pass reads
-    # them as it did. Adam's passes do not see the layout.
-    flip = {w for w, _, _ in layers}
+    # them as it did. Adam's passes do not see the layout. The head below a hidden layer is the
+    # exception (``head_t``): it keeps (models, classes, in) and its logits are taken transposed,
+    # (models, classes, batch). A head's products have 10 columns, where the CPU's batched
+    # kernels run a product at a time; transposed, the batch is their long side: a FedAvg
+    # audit's step (16 models, batch 32, 64 hidden units, 10 classes) took 227 us in the head's
+    # forward and backward passes and 105 us so (docs/performance.md).
+    head_t = len(layers) > 1
+    flip = {w for w, _, _ in (layers[:-1] if head_t else layers)}
+    weights = {w for w, _, _ in layers}
     p = {
         k: _stacked([m.initial()[k] for m in ms], k in flip, scratch, ("params", k)) for k in every
     }
@@ -522,7 +529,11 @@ def _train_stacked(
     # 85 GFLOP/s, those of 160 at 52-58, and Adam's pass is 1.4x faster (docs/performance.md).
     # Every model goes through the same operations on the same operands as in one chunk (an
     # elementwise kernel may round a last bit differently with its tensor's size).
-    chunk = _models_per_chunk(p, names, width, xs, n)
+    # each parameter's output width (its last axis, but the transposed head's classes)
+    outputs = sum(
+        q.shape[1] if k in weights and k not in flip else q.shape[-1] for k, q in p.items()
+    )
+    chunk = _models_per_chunk(p, names, width, xs, n, outputs)
     # Each step's large tensors (the gathered batch, the hidden activations, the gradients, the
     # proximal differences) go to buffers made once, their first ``a`` rows a step's: a fresh
     # tensor is fresh pages from the system on every step, which cost more than the arithmetic
@@ -566,31 +577,43 @@ def _train_stacked(
             for (w, b, _), h in zip(layers[:-1], v.hidden):
                 acts.append(torch.baddbmm(v.bias[b], acts[-1], v.own[w], out=h).relu_())
             w, b, _ = layers[-1]
-            logp = log_softmax(torch.baddbmm(v.bias[b], acts[-1], v.own[w]))
-            if soft:
-                g = y * scale[..., None]
-                g = g - logp.exp() * g.sum(-1, keepdim=True)
+            if head_t:  # logits (models, classes, batch): the class axis is 1
+                c, per = 1, (slice(None), None)
+                z = torch.baddbmm(v.column[b], v.own[w], acts[-1].mT)
+            else:
+                c, per = 2, (Ellipsis, None)
+                z = torch.baddbmm(v.bias[b], acts[-1], v.own[w])
+            logp = log_softmax(z, c)
+            rows = scale[per]  # each example's factor, broadcast along the class axis
+            if soft:  # targets (models, batch, classes), read along the logits' axes
+                y = y.mT if head_t else y
+                g = y * rows
+                g = g - logp.exp() * g.sum(c, keepdim=True)
             else:  # scale at the label minus softmax times scale (a one-hot row sums to scale)
-                g = logp.exp().mul_(scale[..., None]).neg_()
-                g.scatter_add_(2, y[..., None], scale[..., None])
+                g = logp.exp().mul_(rows).neg_()
+                g.scatter_add_(c, y[per], rows)
             for i in range(len(layers) - 1, -1, -1):
                 w, b, below = layers[i]
                 if w not in trainable:
                     break
+                # the weight gradient's factors in the weight's layout: g^T acts for the
+                # transposed head (g is (models, classes, batch) there), acts^T g for the others
+                lhs, rhs = (g, acts[i]) if w not in flip else (acts[i].mT, g)
                 if pull is None:
-                    torch.bmm(acts[i].mT, g, out=v.grads[w])
-                else:  # mu (theta - anchor) + acts^T g in one product (the weights' prox term)
+                    torch.bmm(lhs, rhs, out=v.grads[w])
+                else:  # mu (theta - anchor) + the product in one (the weights' prox term)
                     d = torch.sub(v.own[w], v.anchor[w], out=v.grads[w])
-                    d.baddbmm_(acts[i].mT, g, beta=pull)
-                torch.sum(g, 1, out=v.grads[b])
-                if below:
-                    g = torch.bmm(g, v.own[w].mT) * (acts[i] > 0)
+                    d.baddbmm_(lhs, rhs, beta=pull)
+                torch.sum(g, 2 if w not in flip else 1, out=v.grads[b])
+                if below:  # through the layer, then ReLU's gradient (one kernel, not a mask)
+                    back = torch.bmm(g.mT, v.own[w]) if w not in flip else g @ v.own[w].mT
+                    g = torch.ops.aten.threshold_backward(back, acts[i], 0)
             count = any(f <= t for f in counted_from[lo : lo + a])
             # the proximal term's value, where the loss is counted
             extra = torch.zeros(a, device=device) if count and prox else None
             if prox:  # (mu/2) ||theta - anchor||^2: gradient mu (theta - anchor), added in place
                 for k in names:
-                    in_product = pull is not None and k in flip  # a weight: its gradient is in
+                    in_product = pull is not None and k in weights  # its gradient is in
                     if in_product and extra is None:
                         continue  # and its value is not counted at this step
                     d = torch.sub(v.own[k], v.anchor[k], out=v.prox[k])
@@ -601,10 +624,10 @@ def _train_stacked(
             if count:  # the batch's mean loss: cross-entropy, or KL(targets || softmax) (batchmean)
                 live = slice(lo, lo + a)
                 if soft:
-                    per_row = (torch.xlogy(y, y) - y * logp).sum(-1)
+                    per_row = (torch.xlogy(y, y) - y * logp).sum(c)
                     mean = (per_row * -scale).sum(1)
                 else:
-                    mean = (logp.gather(2, y[..., None])[..., 0] * scale).sum(1)
+                    mean = (logp.gather(c, y[per]).squeeze(c) * scale).sum(1)
                 loss = mean if extra is None else mean + extra
                 counted = t >= first[live]
                 totals[live] += torch.where(counted, loss * counts[t, live], 0.0).double()
@@ -659,6 +682,7 @@ class _Live:
 
     own: dict[str, torch.Tensor]  # every stacked parameter of the live models
     bias: dict[str, torch.Tensor]  # the biases as (models, 1, out), for the forward products
+    column: dict[str, torch.Tensor]  # and as (models, out, 1), for the transposed head's
     params: list[torch.Tensor]  # the trainable ones, in ``names`` order (the optimiser's lists)
     grad_list: list[torch.Tensor]
     m1: list[torch.Tensor]
@@ -689,6 +713,7 @@ class _Live:
         return cls(
             own=own,
             bias={k: q.unsqueeze(1) for k, q in own.items() if q.dim() == 2},
+            column={k: q.unsqueeze(2) for k, q in own.items() if q.dim() == 2},
             params=[own[k] for k in names],
             grad_list=[grads[k] for k in names],
             m1=[m1[k][live] for k in names],
@@ -709,16 +734,22 @@ CHUNK_BYTES = 12 * 2**20
 
 
 def _models_per_chunk(
-    p: dict[str, torch.Tensor], names: list[str], width: int, xs: torch.Tensor, n: int
+    p: dict[str, torch.Tensor],
+    names: list[str],
+    width: int,
+    xs: torch.Tensor,
+    n: int,
+    outputs: int,
 ) -> int:
     """How many of the ``n`` stacked models (``p``: their parameters, ``names`` the trainable
-    ones; ``xs``: all models' records) train together through their steps: all of them on a GPU
-    (no cache to fit; fewer, larger kernels), else as many as fit :data:`CHUNK_BYTES`."""
+    ones; ``xs``: all models' records; ``outputs``: the parameters' output widths summed) train
+    together through their steps: all of them on a GPU (no cache to fit; fewer, larger
+    kernels), else as many as fit :data:`CHUNK_BYTES`."""
     if xs.device.type != "cpu":
         return n
     # every parameter read, and the trainable ones' gradients and two moments
     per_model = sum(p[k][0].numel() for k in p) + 3 * sum(p[k][0].numel() for k in names)
-    per_model += xs.shape[0] // n * xs.shape[1] + width * sum(q.shape[-1] for q in p.values())
+    per_model += xs.shape[0] // n * xs.shape[1] + width * outputs
     return max(1, min(n, CHUNK_BYTES // (per_model * xs.element_size())))
 
 

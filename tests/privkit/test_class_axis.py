@@ -44,3 +44,16 @@ def test_extreme_logits_stay_finite():
     assert z.numel() >= class_axis.SMALL
     assert torch.isfinite(class_axis.log_softmax(z)).all()
     torch.testing.assert_close(class_axis.cross_entropy(z, y), torch.zeros(1, 2000))
+
+
+@pytest.mark.parametrize("dim", [0, 1, -2, 2, -1])
+def test_log_softmax_along_any_axis_is_torchs(dim):
+    """Along an axis other than the last (the transposed head's logits, classes on axis 1),
+    ``log_softmax`` is torch's kernel itself; along the last, the two-kernel form as above."""
+    z = torch.randn(16, 10, 32, generator=torch.Generator().manual_seed(dim + 5)) * 4
+    assert z.numel() >= class_axis.SMALL
+    got = class_axis.log_softmax(z, dim)
+    want = F.log_softmax(z, dim=dim)
+    if dim % 3 != 2:
+        assert torch.equal(got, want)
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-6)

@@ -81,6 +81,57 @@ def test_stacked_training_follows_the_exact_kernels_up_to_rounding():
             torch.testing.assert_close(a.params[k], b.params[k], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("depth", [0, 1, 2])
+@pytest.mark.parametrize("soft", [False, True])
+@pytest.mark.parametrize("mu", [[0.0] * 4, [0.1] * 4, [0.0, 0.1, 0.2, 0.1]])
+def test_every_head_form_follows_the_exact_kernels_up_to_rounding(depth, soft, mu):
+    """Below a hidden layer the stacked head holds its weights as (classes, inputs) and takes its
+    logits transposed; a head that is the first layer is held like the others. Either way, with
+    labels or soft targets (distillation's KL), one proximal factor or several, every model
+    trains as the exact kernels train it, loss totals included, up to float rounding."""
+    rng = np.random.default_rng(depth)
+    data = []
+    for j in range(4):
+        x = rng.normal(size=(15 + 3 * j, 36)).astype(np.float32)
+        y = (
+            np.exp(rng.normal(size=(len(x), 3))).astype(np.float32)
+            if soft
+            else rng.integers(0, 3, len(x))
+        )
+        data.append((x, y / y.sum(1, keepdims=True) if soft else y))
+
+    def models():
+        torch.manual_seed(0)
+        # without a hidden layer the head reads the 36 inputs themselves
+        template = build_model("mlp", (1, 6, 6), 3, feature_dim=8 if depth else 36, depth=depth)
+        return template, [
+            model_for(
+                copy.deepcopy(template),
+                x,
+                y,
+                epochs=2,
+                batch_size=8,
+                seed=10 + j,
+                device=torch.device("cpu"),
+                soft=soft,
+            )
+            for j, (x, y) in enumerate(data)
+        ]
+
+    template, stacked = models()
+    _, exact = models()
+    anchors = [{k: v.clone() + 0.01 for k, v in m.params.items()} for m in stacked]
+    kw = dict(optimizer="adam", lr=0.01, mu=mu, anchors=anchors, loss_from=[2] * 4)
+    got = train_exact(template, stacked, stacked=True, **kw)
+    want = train_exact(template, exact, stacked=False, **kw)
+    assert got == pytest.approx(want, rel=1e-5)
+    for a, b in zip(stacked, exact):
+        moved = max(float((a.params[k] - m0).abs().max()) for k, m0 in anchors[0].items())
+        assert moved > 1e-3
+        for k in a.params:
+            torch.testing.assert_close(a.params[k], b.params[k], rtol=1e-5, atol=1e-6)
+
+
 def _sparse_models(seed: int):
     """Five models on records whose inputs are 0 in every record of a model (a different set per
     model, 10-20 of 36, as MNIST's clients leave a third of the pixels blank)."""
@@ -310,7 +361,7 @@ def test_a_chunk_holds_as_many_models_as_fit_its_bytes(monkeypatch):
     per_model = 4 * (4 * 296 + 20 * 36 + 8 * (8 + 8))  # float32 bytes
     for models, budget in ((1, 1), (1, per_model), (3, 3 * per_model + 1), (10, 10**9)):
         monkeypatch.setattr(exact_mlp, "CHUNK_BYTES", budget)
-        assert exact_mlp._models_per_chunk(p, ["w", "b"], 8, xs, 10) == models
+        assert exact_mlp._models_per_chunk(p, ["w", "b"], 8, xs, 10, 8 + 8) == models
 
 
 @pytest.mark.parametrize("stacked", [False, True])
