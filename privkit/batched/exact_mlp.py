@@ -446,6 +446,8 @@ def _train_stacked(
     # forward and backward passes and 105 us so (docs/performance.md).
     head_t = len(layers) > 1
     flip = {w for w, _, _ in (layers[:-1] if head_t else layers)}
+    # the logits' class axis, and the index that puts a per-example factor along it
+    c, per = (1, (slice(None), None)) if head_t else (2, (Ellipsis, None))
     weights = {w for w, _, _ in layers}
     p = {
         k: _stacked([m.initial()[k] for m in ms], k in flip, scratch, ("params", k)) for k in every
@@ -577,11 +579,9 @@ def _train_stacked(
             for (w, b, _), h in zip(layers[:-1], v.hidden):
                 acts.append(torch.baddbmm(v.bias[b], acts[-1], v.own[w], out=h).relu_())
             w, b, _ = layers[-1]
-            if head_t:  # logits (models, classes, batch): the class axis is 1
-                c, per = 1, (slice(None), None)
+            if head_t:  # logits (models, classes, batch)
                 z = torch.baddbmm(v.column[b], v.own[w], acts[-1].mT)
             else:
-                c, per = 2, (Ellipsis, None)
                 z = torch.baddbmm(v.bias[b], acts[-1], v.own[w])
             logp = log_softmax(z, c)
             rows = scale[per]  # each example's factor, broadcast along the class axis

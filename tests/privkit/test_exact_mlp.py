@@ -30,18 +30,22 @@ def _models(shared: bool, n: int = 5):
         x, y = common if j < 3 else own[j]
         if not shared:
             x, y = x.copy(), y.copy()
-        models.append(
-            model_for(
-                copy.deepcopy(template),
-                x,
-                y,
-                epochs=2,
-                batch_size=8,
-                seed=10 + j,
-                device=torch.device("cpu"),
-            )
-        )
+        models.append(_model(template, x, y, 10 + j))
     return template, models
+
+
+def _model(template, x, y, seed: int, soft: bool = False):
+    """A copy of ``template`` on ``(x, y)``: two epochs of batches of 8 drawn for ``seed``."""
+    return model_for(
+        copy.deepcopy(template),
+        x,
+        y,
+        epochs=2,
+        batch_size=8,
+        seed=seed,
+        device=torch.device("cpu"),
+        soft=soft,
+    )
 
 
 @pytest.mark.parametrize("mu", [0.0, 0.1])
@@ -104,19 +108,7 @@ def test_every_head_form_follows_the_exact_kernels_up_to_rounding(depth, soft, m
         torch.manual_seed(0)
         # without a hidden layer the head reads the 36 inputs themselves
         template = build_model("mlp", (1, 6, 6), 3, feature_dim=8 if depth else 36, depth=depth)
-        return template, [
-            model_for(
-                copy.deepcopy(template),
-                x,
-                y,
-                epochs=2,
-                batch_size=8,
-                seed=10 + j,
-                device=torch.device("cpu"),
-                soft=soft,
-            )
-            for j, (x, y) in enumerate(data)
-        ]
+        return template, [_model(template, x, y, 10 + j, soft) for j, (x, y) in enumerate(data)]
 
     template, stacked = models()
     _, exact = models()
