@@ -180,8 +180,6 @@ def stacked_logits(
                 g, o = w.shape[:2]
                 h = torch.addmm(b.reshape(1, g * o), h0, w.reshape(g * o, -1).t())
                 h = h.view(-1, g, o).transpose(0, 1)
-            elif k == len(names) - 1:  # the head transposed: the batch its products' long side
-                h = torch.baddbmm(b.unsqueeze(2), w, h.mT).mT  # (:func:`_train_stacked`)
             else:
                 h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
             if k < len(names) - 1:
