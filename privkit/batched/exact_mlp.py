@@ -368,30 +368,36 @@ def _inputs_in_use(records: torch.Tensor) -> torch.Tensor:
     return records.abs().sum(0) != 0
 
 
-def _used_inputs(
-    ms: Sequence[Model], w: torch.Tensor, anchor: torch.Tensor | None, mus: torch.Tensor
-) -> torch.Tensor | None:
-    """Per model, the inputs its first layer must see, ``(models, k)``: those nonzero in any of
-    its records (and, for a model with a proximal term, those whose weights differ from the
-    anchor's; ``anchor`` None: none do), then as many of its other inputs as pad every row to
-    the longest; None where some model needs them all. ``w`` and ``anchor``: the first layer's
-    weights, ``(models, in, out)``."""
+def _needed(ms: Sequence[Model]) -> torch.Tensor:
+    """Per model, the inputs nonzero in any of its records, ``(models, inputs)`` (records that
+    several models hold are read once)."""
     seen: dict[tuple, torch.Tensor] = {}
-    needed = []
+    rows = []
     for m in ms:
         key = (m.x.data_ptr(), tuple(m.x.shape), m.x.stride())
         if key not in seen:
             seen[key] = _inputs_in_use(m.x.reshape(len(m.x), -1))
-        needed.append(seen[key])
-    need = torch.stack(needed)
+        rows.append(seen[key])
+    return torch.stack(rows)
+
+
+def _used_inputs(
+    need: torch.Tensor, w: torch.Tensor, anchor: torch.Tensor | None, mus: torch.Tensor
+) -> tuple[torch.Tensor | None, list[int]]:
+    """Per model, the inputs its first layer must see, ``(models, k)``: those its records use
+    (``need``, :func:`_needed`; and, for a model with a proximal term, those whose weights differ
+    from the anchor's; ``anchor`` None: none do), then as many of its other inputs as pad every
+    row to the longest; None where some model needs them all. Also each model's count of the
+    inputs it must see (the first that many of its row). ``w`` and ``anchor``: the first
+    layer's weights, ``(models, in, out)``."""
     if anchor is not None:
-        pulled = (mus > 0)[:, None] & (w != anchor).any(2)
-        need |= pulled
-    k = int(need.sum(1).max())
+        need = need | ((mus > 0)[:, None] & (w != anchor).any(2))
+    counts = need.sum(1).tolist()
+    k = max(counts)
     if k == w.shape[1]:
-        return None
+        return None, counts
     # a stable sort puts the needed inputs first, then the unneeded ones, each in input order
-    return torch.argsort((~need).to(torch.uint8), dim=1, stable=True)[:, :k]
+    return torch.argsort((~need).to(torch.uint8), dim=1, stable=True)[:, :k], counts
 
 
 def _pick_rows(
@@ -428,9 +434,14 @@ def _train_stacked(
     n = len(models)
     if n == 0:
         return []
-    # longest first: the models still training at step t are a prefix
-    order = sorted(range(n), key=lambda j: -len(models[j].batches))
+    # longest first: the models still training at step t are a prefix; among equally long
+    # ones, those whose records use the most inputs first (a chunk's first layer is as wide as
+    # its widest model needs, below)
+    need = _needed(models)
+    uses = need.sum(1).tolist()
+    order = sorted(range(n), key=lambda j: (-len(models[j].batches), -uses[j]))
     ms = [models[j] for j in order]
+    need = need[order]
     device, soft = ms[0].x.device, ms[0].soft
     if any(m.soft != soft for m in ms):
         raise ValueError("stacked models must all have label or all soft targets")
@@ -482,19 +493,16 @@ def _train_stacked(
     # a third of the 784 pixels at 0 in every record): an input that is 0 in every record gets a
     # zero weight gradient at every step, so Adam or SGD leaves its weights as they are (and the
     # proximal term's gradient, zero where the weights equal the anchor, keeps them there). The
-    # first layer's products and its optimiser passes shrink with the unused inputs; the weights
-    # are put back in place after the last step.
+    # first layer's products and its optimiser passes shrink with the unused inputs, each chunk
+    # of models (below) to as many as its widest model needs; its weights are put back in place
+    # after its last step.
     w0 = layers[0][0]
-    used = _used_inputs(ms, p[w0], anchor.get(w0), mus)  # from the anchor: none differs
     full = p[w0]
-    if used is not None:
-        p[w0] = _pick_rows(full, used, kept(scratch, "first", (*used.shape, full.shape[2]), full))
-        if w0 in anchor:
-            anchor[w0] = _pick_rows(anchor[w0], used)
-    if from_anchor:
-        anchor = {k: p[k].clone() for k in names}
-    m1 = {k: kept(scratch, ("m1", k), tuple(p[k].shape), p[k]).zero_() for k in names}
-    m2 = {k: kept(scratch, ("m2", k), tuple(p[k].shape), p[k]).zero_() for k in names}
+    used, needs = _used_inputs(need, full, anchor.get(w0), mus)  # from the anchor: none differs
+    if from_anchor:  # the first layer's anchors are each chunk's narrowed starts
+        anchor = {k: p[k].clone() for k in names if k != w0}
+    m1 = {k: kept(scratch, ("m1", k), tuple(p[k].shape), p[k]).zero_() for k in names if k != w0}
+    m2 = {k: kept(scratch, ("m2", k), tuple(p[k].shape), p[k]).zero_() for k in names if k != w0}
     steps = [len(m.batches) for m in ms]
     sizes = [len(b) for m in ms for b in m.batches]
     width = max(sizes, default=1)
@@ -535,24 +543,8 @@ def _train_stacked(
     outputs = sum(
         q.shape[1] if k in weights and k not in flip else q.shape[-1] for k, q in p.items()
     )
-    chunk = _models_per_chunk(p, names, width, xs, n, outputs)
-    # Each step's large tensors (the gathered batch, the hidden activations, the gradients, the
-    # proximal differences) go to buffers made once, their first ``a`` rows a step's: a fresh
-    # tensor is fresh pages from the system on every step, which cost more than the arithmetic
-    # that fills them (measured in docs/performance.md).
-    buffers = _StepBuffers(
-        batch=kept(scratch, "batch", (chunk * width, xs.shape[1]), xs),
-        hidden=[
-            kept(scratch, ("hidden", w), (chunk, width, p[w].shape[2]), xs)
-            for w, _, _ in layers[:-1]
-        ],
-        grads={k: kept(scratch, ("grad", k), (chunk, *p[k].shape[1:]), p[k]) for k in names},
-        prox=(
-            {k: kept(scratch, ("prox", k), (chunk, *p[k].shape[1:]), p[k]) for k in names}
-            if prox
-            else {}
-        ),
-    )
+    narrowed = {**p, w0: torch.empty((n, xs.shape[1], full.shape[2]), device="meta")}
+    chunk = _models_per_chunk(narrowed, names, width, xs, n, outputs)
     # One proximal factor for every model (an audit's reference runs share their config): each
     # weight's proximal gradient goes into its gradient's product, mu times the difference as
     # the product's addend, rather than a pass of its own. The difference is exactly 0 where the
@@ -561,17 +553,66 @@ def _train_stacked(
     pull = float(mus[0]) if prox and bool((mus == mus[0]).all()) else None
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)
+        # the chunk's parameters, moments and anchors, its first layer over its own inputs
+        inputs = full.shape[1] if used is None else max(1, max(needs[lo:hi]))
+        layer0 = (
+            full[lo:hi]
+            if used is None
+            else _pick_rows(
+                full[lo:hi],
+                used[lo:hi, :inputs],
+                kept(scratch, "first", (hi - lo, inputs, full.shape[2]), full),
+            )
+        )
+        own = {key: layer0 if key == w0 else q[lo:hi] for key, q in p.items()}
+        m1c, m2c = ({key: q[lo:hi] for key, q in m.items()} for m in (m1, m2))
+        anc = {key: q[lo:hi] for key, q in anchor.items() if key != w0}
+        if w0 in names:
+            m1c[w0] = kept(scratch, ("m1", w0), tuple(layer0.shape), layer0).zero_()
+            m2c[w0] = kept(scratch, ("m2", w0), tuple(layer0.shape), layer0).zero_()
+            if from_anchor:
+                anc[w0] = kept(scratch, ("anchor", w0), tuple(layer0.shape), layer0).copy_(layer0)
+            elif w0 in anchor:
+                anc[w0] = (
+                    anchor[w0][lo:hi]
+                    if used is None
+                    else _pick_rows(anchor[w0][lo:hi], used[lo:hi, :inputs])
+                )
+        records = xs if used is None else xs[:, :inputs]  # each row's first inputs: its model's
+        # Each step's large tensors (the gathered batch, the hidden activations, the gradients,
+        # the proximal differences) go to buffers made once, their first ``a`` rows a step's: a
+        # fresh tensor is fresh pages from the system on every step, which cost more than the
+        # arithmetic that fills them (measured in docs/performance.md).
+        buffers = _StepBuffers(
+            batch=kept(scratch, "batch", (chunk * width, inputs), xs),
+            hidden=[
+                kept(scratch, ("hidden", w), (chunk, width, p[w].shape[2]), xs)
+                for w, _, _ in layers[:-1]
+            ],
+            grads={
+                key: kept(scratch, ("grad", key), (chunk, *own[key].shape[1:]), own[key])
+                for key in names
+            },
+            prox=(
+                {
+                    key: kept(scratch, ("prox", key), (chunk, *own[key].shape[1:]), own[key])
+                    for key in names
+                }
+                if prox
+                else {}
+            ),
+        )
         views: dict[int, _Live] = {}
         for t in range(steps[lo]):
             # the chunk's models still training at step t: its first a (longest first)
             a = sum(1 for s in steps[lo:hi] if s > t)
             if a not in views:  # the views change only where a model of the chunk stops
                 views[a] = _Live.of(
-                    slice(lo, lo + a), width, p, m1, m2, mus, anchor, names, buffers
+                    slice(0, a), width, own, m1c, m2c, mus[lo:hi], anc, names, buffers
                 )
             v = views[a]
             scale = scales[t, lo : lo + a]  # (a, width)
-            x = torch.index_select(xs, 0, idx[t, lo : lo + a].reshape(-1), out=v.batch).view(
+            x = torch.index_select(records, 0, idx[t, lo : lo + a].reshape(-1), out=v.batch).view(
                 a, width, -1
             )
             y = targets[t, lo : lo + a]
@@ -649,9 +690,10 @@ def _train_stacked(
                 )
             else:
                 _update(optimizer, lr, t + 1, v.params, v.grad_list, [], [])
-    if used is not None:
-        full.scatter_(1, used[..., None].expand(-1, -1, full.shape[2]), p[w0])
-        p[w0] = full
+        if used is not None:  # the chunk's first layer back in place
+            full[lo:hi].scatter_(
+                1, used[lo:hi, :inputs, None].expand(-1, -1, full.shape[2]), layer0
+            )
     with torch.no_grad():  # the trained parameters, and those a model started elsewhere from
         for i, m in enumerate(ms):
             for k in every if m.start is not None else names:
