@@ -137,13 +137,28 @@ def _sparse_models(seed: int):
     return template, models
 
 
+@pytest.mark.parametrize("chunk", [None, 2])
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("mu", [0.0, 0.1])
-def test_inputs_no_record_uses_keep_their_weights_and_the_rest_train_as_exactly(optimizer, mu):
-    """The stacked form trains each model's first layer over the inputs its records use: the
-    weights of the others stay bit for bit where they were, and every weight follows the exact
-    kernels (which train all inputs) up to rounding; a proximal anchor that differs from the start
-    at an unused input makes that input train (its term's gradient is not zero there)."""
+def test_inputs_no_record_uses_keep_their_weights_and_the_rest_train_as_exactly(
+    monkeypatch, optimizer, mu, chunk
+):
+    """The stacked form trains each model's first layer over the inputs its records use (a
+    chunk of models over as many as its widest model needs): the weights of the others stay bit
+    for bit where they were, and every weight follows the exact kernels (which train all inputs)
+    up to rounding; a proximal anchor that differs from the start at an unused input makes that
+    input train (its term's gradient is not zero there)."""
+    import privkit.batched.exact_mlp as exact_mlp
+
+    widths: list[int] = []
+    pick = exact_mlp._pick_rows
+    monkeypatch.setattr(
+        exact_mlp,
+        "_pick_rows",
+        lambda t, rows, out=None: widths.append(rows.shape[1]) or pick(t, rows, out),
+    )
+    if chunk is not None:  # chunks of two models: three chunks, of different widths
+        monkeypatch.setattr(exact_mlp, "_models_per_chunk", lambda *a: chunk)
     template, stacked = _sparse_models(3)
     _, exact = _sparse_models(3)
     anchors = [{k: v.clone() for k, v in m.params.items()} for m in stacked]
@@ -164,6 +179,12 @@ def test_inputs_no_record_uses_keep_their_weights_and_the_rest_train_as_exactly(
         else:
             assert torch.equal(w[:, unused], w0[:, unused])
         assert not torch.equal(w[:, ~unused], w0[:, ~unused])
+    if mu == 0:  # narrowed: per chunk, to its widest model's inputs
+        used = [int(((m.x != 0).sum(0) != 0).sum()) for m in stacked]
+        assert len(widths) == (1 if chunk is None else 3) and max(widths) == max(used)
+        assert chunk is None or len(set(widths)) > 1
+    else:  # model 4 needs every input: no narrowing
+        assert widths == []
 
 
 def test_stacked_logits_are_each_modules_own_forward():
