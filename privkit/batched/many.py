@@ -541,7 +541,7 @@ def _noisy(
         for k, v in noisy.items():
             grads[k][i] = v / expected[i]
     for clip, rows in groups.items():
-        at = _rows_of(rows, expected.device)
+        at = rows_of(rows, expected.device)
         stds = [jobs[i].step.noise_multiplier * jobs[i].step.clip_norm for i in rows]
         noisy, receipts = joint_release(
             sums,
@@ -568,7 +568,7 @@ def _noisy(
     return grads
 
 
-def _rows_of(rows: Sequence[int], device: torch.device) -> slice | torch.Tensor:
+def rows_of(rows: Sequence[int], device: torch.device) -> slice | torch.Tensor:
     """The positions ``rows`` on a model axis as a slice where they are a range (indexing by
     it gives views, not copies), else as an index tensor."""
     lo = rows[0] if rows else 0
@@ -624,7 +624,7 @@ def joint_release(
             f"{len(rows)} rows"
         )
     names = sorted(sums)
-    pick = _rows_of(rows, next(iter(sums.values())).device)
+    pick = rows_of(rows, next(iter(sums.values())).device)
     blocks = [sums[k][pick].flatten(1) for k in names]  # views where the rows are a range
     widths = [b.shape[1] for b in blocks]
     # several rows: the blocks as they lie, drawn as their concatenation (scaled and added block
@@ -676,6 +676,7 @@ __all__ = [
     "joint_release",
     "local_dp_sgd",
     "lockstep",
+    "rows_of",
     "stack_states",
     "stacked_on",
     "train_many",

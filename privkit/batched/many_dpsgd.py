@@ -44,7 +44,7 @@ import torch
 from privkit.batched.batched_sgd import load_states
 from privkit.batched.buffers import kept
 from privkit.batched.class_axis import cross_entropy
-from privkit.batched.many import _rows_of, joint_release, round_done, stacked_on, unreported
+from privkit.batched.many import joint_release, round_done, rows_of, stacked_on, unreported
 from privkit.mechanisms import mutations
 from privkit.mechanisms.gaussian import Receipt, gaussian_release
 from privkit.mechanisms.stacked import StackedModels
@@ -238,7 +238,7 @@ def train_dpsgd_runs(
                     runs[j].receipts.append(receipts[row])
                     if j in probed:
                         observed[j] = [noisy[k][row] for k in names]
-                at = _rows_of(rows, device)  # a slice where the rows are a range: in place
+                at = rows_of(rows, device)  # a slice where the rows are a range: in place
                 for k in names:
                     scale = expected[at].view(-1, *([1] * (noisy[k].dim() - 1)))
                     params[k][at] -= config.lr * (noisy[k] / scale)

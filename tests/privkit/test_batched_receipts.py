@@ -202,3 +202,19 @@ def test_a_joint_release_is_one_draw_of_the_block_with_a_receipt_per_row(rates, 
         joint_release(
             sums, rows, std=0.8, clip=0.5, source=DpRandom(gen), sample_rates=rates + [0.1]
         )
+
+
+def test_rows_that_are_a_range_are_a_slice_and_others_an_index():
+    """``rows_of``: rows that form a range index by a slice (views: the reference rows are
+    updated in place), any other set by an index tensor of those rows."""
+    from privkit.batched.many import rows_of
+
+    cpu = torch.device("cpu")
+    assert rows_of([2, 3, 4], cpu) == slice(2, 5)
+    assert rows_of([], cpu) == slice(0, 0)
+    at = rows_of([1, 3, 4], cpu)
+    assert isinstance(at, torch.Tensor) and at.tolist() == [1, 3, 4]
+    t = torch.arange(6.0)
+    view = t[rows_of([2, 3], cpu)]
+    view += 10
+    assert t.tolist() == [0.0, 1.0, 12.0, 13.0, 4.0, 5.0]
