@@ -553,31 +553,20 @@ def _train_stacked(
     pull = float(mus[0]) if prox and bool((mus == mus[0]).all()) else None
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)
-        # the chunk's parameters, moments and anchors, its first layer over its own inputs
-        inputs = full.shape[1] if used is None else max(1, max(needs[lo:hi]))
-        layer0 = (
-            full[lo:hi]
-            if used is None
-            else _pick_rows(
-                full[lo:hi],
-                used[lo:hi, :inputs],
-                kept(scratch, "first", (hi - lo, inputs, full.shape[2]), full),
-            )
+        state = _Chunk.of(
+            slice(lo, hi),
+            p,
+            m1,
+            m2,
+            anchor,
+            w0=w0,
+            names=names,
+            used=used,
+            inputs=full.shape[1] if used is None else max(1, max(needs[lo:hi])),
+            from_anchor=from_anchor,
+            scratch=scratch,
         )
-        own = {key: layer0 if key == w0 else q[lo:hi] for key, q in p.items()}
-        m1c, m2c = ({key: q[lo:hi] for key, q in m.items()} for m in (m1, m2))
-        anc = {key: q[lo:hi] for key, q in anchor.items() if key != w0}
-        if w0 in names:
-            m1c[w0] = kept(scratch, ("m1", w0), tuple(layer0.shape), layer0).zero_()
-            m2c[w0] = kept(scratch, ("m2", w0), tuple(layer0.shape), layer0).zero_()
-            if from_anchor:
-                anc[w0] = kept(scratch, ("anchor", w0), tuple(layer0.shape), layer0).copy_(layer0)
-            elif w0 in anchor:
-                anc[w0] = (
-                    anchor[w0][lo:hi]
-                    if used is None
-                    else _pick_rows(anchor[w0][lo:hi], used[lo:hi, :inputs])
-                )
+        own, inputs = state.own, state.first.shape[1]
         records = xs if used is None else xs[:, :inputs]  # each row's first inputs: its model's
         # Each step's large tensors (the gathered batch, the hidden activations, the gradients,
         # the proximal differences) go to buffers made once, their first ``a`` rows a step's: a
@@ -608,7 +597,15 @@ def _train_stacked(
             a = sum(1 for s in steps[lo:hi] if s > t)
             if a not in views:  # the views change only where a model of the chunk stops
                 views[a] = _Live.of(
-                    slice(0, a), width, own, m1c, m2c, mus[lo:hi], anc, names, buffers
+                    slice(0, a),
+                    width,
+                    own,
+                    state.m1,
+                    state.m2,
+                    mus[lo:hi],
+                    state.anchor,
+                    names,
+                    buffers,
                 )
             v = views[a]
             scale = scales[t, lo : lo + a]  # (a, width)
@@ -692,7 +689,7 @@ def _train_stacked(
                 _update(optimizer, lr, t + 1, v.params, v.grad_list, [], [])
         if used is not None:  # the chunk's first layer back in place
             full[lo:hi].scatter_(
-                1, used[lo:hi, :inputs, None].expand(-1, -1, full.shape[2]), layer0
+                1, used[lo:hi, :inputs, None].expand(-1, -1, full.shape[2]), state.first
             )
     with torch.no_grad():  # the trained parameters, and those a model started elsewhere from
         for i, m in enumerate(ms):
@@ -702,6 +699,64 @@ def _train_stacked(
     for i, j in enumerate(order):
         out[j] = float(totals[i])
     return out
+
+
+@dataclass
+class _Chunk:
+    """The stacked state one chunk of models (rows ``lo:hi``) trains in: every parameter's, Adam
+    moment's and proximal anchor's rows (views: they train in place), and the first layer's
+    (``w0``) over the chunk's own ``inputs`` (its widest model's), picked from the full weights
+    into a buffer of ``scratch`` (a contiguous block: fused Adam reads its tensors as
+    contiguous), with zeroed moments and its anchors picked (or, for models that start from
+    their anchor, copied from its start)."""
+
+    own: dict[str, torch.Tensor]
+    m1: dict[str, torch.Tensor]
+    m2: dict[str, torch.Tensor]
+    anchor: dict[str, torch.Tensor]
+    first: torch.Tensor  # the first layer's weights, (models, inputs, out)
+
+    @classmethod
+    def of(
+        cls,
+        rows: slice,
+        p: dict[str, torch.Tensor],
+        m1: dict[str, torch.Tensor],
+        m2: dict[str, torch.Tensor],
+        anchor: dict[str, torch.Tensor],
+        *,
+        w0: str,
+        names: list[str],
+        used: torch.Tensor | None,
+        inputs: int,
+        from_anchor: bool,
+        scratch: dict,
+    ) -> _Chunk:
+        full = p[w0]
+        first = (
+            full[rows]
+            if used is None
+            else _pick_rows(
+                full[rows],
+                used[rows, :inputs],
+                kept(scratch, "first", (rows.stop - rows.start, inputs, full.shape[2]), full),
+            )
+        )
+        own = {key: first if key == w0 else q[rows] for key, q in p.items()}
+        m1c, m2c = ({key: q[rows] for key, q in m.items()} for m in (m1, m2))
+        anc = {key: q[rows] for key, q in anchor.items() if key != w0}
+        if w0 in names:
+            m1c[w0] = kept(scratch, ("m1", w0), tuple(first.shape), first).zero_()
+            m2c[w0] = kept(scratch, ("m2", w0), tuple(first.shape), first).zero_()
+            if from_anchor:
+                anc[w0] = kept(scratch, ("anchor", w0), tuple(first.shape), first).copy_(first)
+            elif w0 in anchor:
+                anc[w0] = (
+                    anchor[w0][rows]
+                    if used is None
+                    else _pick_rows(anchor[w0][rows], used[rows, :inputs])
+                )
+        return cls(own, m1c, m2c, anc, first)
 
 
 @dataclass
