@@ -5,8 +5,8 @@ fedkd-dp, fedkadp, fedavg, fedprox) or 6x (every method), as ``benchmarks/audit_
 it. Where a method misses, this script gives the roofline arithmetic. In one process, with one torch
 thread, per method:
 
-* one training exactly as audit_cost.py's "one training" (``privkit train``'s; the method's ``quick`` configuration on the
-  quickstart federation, empty h0 cache, after one untimed training as audit_cost.py's workers
+* one training exactly as audit_cost.py's "one training" (``privkit train``'s; the method's
+  ``quick`` configuration on the quickstart federation, empty h0 cache, after one untimed training as audit_cost.py's workers
   warm up), timed in process CPU seconds (``train_cpu_s``);
 * the same training again under ``torch.utils.flop_counter.FlopCounterMode``: the floating-point
   operations of its matrix products and convolutions, forward and backward (``flops``, by aten op
@@ -57,8 +57,8 @@ is above the goal. The same pass counts those runs' own products and normals
 train_cpu_s is the floor at peak of the arithmetic the audit's reference runs really do, where
 the count is plausible (``peak_count_plausible``: its products at peak take no longer than the
 replayed kernels did; FlopCounterMode over-counts the stacked CNNs' grouped convolutions, and an
-implausible count excludes nothing). It is the sound one where the two differ: a reference client may train its first layer over the inputs its
-records use or over their span only (:mod:`privkit.batched.used_inputs`, the Adam methods'
+implausible count excludes nothing). It is the sound one where the two differ: a reference
+client may train its first layer over the inputs its records use or over their span only (:mod:`privkit.batched.used_inputs`, the Adam methods'
 ``exact_mlp``), so it does less than the run alone that ``reference_flops`` and
 ``reference_normals`` count, and ``audit_ratio_floor`` (hence ``excluded``) can overstate the
 floor for those methods.

@@ -466,9 +466,9 @@ def _train_stacked(
     mus = torch.tensor([0.0 if mu is None else float(mu[j]) for j in order], device=device)
     prox = bool((mus > 0).any())
     # Every proximal model that starts from its anchor itself (a reference run's clients start
-    # from the round's global model, their anchor too): the stacked anchors are the stacked
-    # starts, copied once the first layer is narrowed below, and no weight differs from its
-    # anchor before the first step.
+    # from the round's global model, their anchor too): the stacked anchors are copies of the
+    # stacked starts (the first layer's a chunk at a time, once narrowed: _Chunk), and no
+    # weight differs from its anchor before the first step.
     from_anchor = prox and all(
         mus[i] == 0 or (m.start is not None and m.start is anchors[j])  # type: ignore[index]  # mu > 0: anchors
         for i, (j, m) in enumerate(zip(order, ms))
@@ -703,7 +703,7 @@ def _train_stacked(
 
 @dataclass
 class _Chunk:
-    """The stacked state one chunk of models (rows ``lo:hi``) trains in: every parameter's, Adam
+    """The stacked state one chunk of models (the stacked rows ``rows``) trains in: every parameter's, Adam
     moment's and proximal anchor's rows (views: they train in place), and the first layer's
     (``w0``) over the chunk's own ``inputs`` (its widest model's), picked from the full weights
     into a buffer of ``scratch`` (a contiguous block: fused Adam reads its tensors as

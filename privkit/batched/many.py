@@ -156,10 +156,11 @@ def trains_batched_alone(method: str, config) -> bool:
     audit's reference runs only (:attr:`~privkit.methods.registry.TrainerSpec.
     batched_references_only`: FLiP, centralised training) keeps the loop, and its progress bar:
     its single run is the loop on both paths. ``config`` is not read: a configuration a batched
-    form does not cover trains one run at a time inside it (:func:`train_many`). The result is the loop's bit for bit for the methods trained with Adam
-    (:mod:`privkit.batched.exact_mlp`) and up to float rounding for the DP-SGD methods in
-    reproducible-noise mode (at most 2.4e-7 on the quick configurations; tested per method,
-    :func:`train_many`); their ledgers, client models and rounds are the loop's."""
+    form does not cover trains one run at a time inside it (:func:`train_many`). The result is
+    the loop's bit for bit for the methods trained with Adam (:mod:`privkit.batched.exact_mlp`)
+    and up to float rounding for the DP-SGD methods in reproducible-noise mode (at most 2.4e-7
+    on the quick configurations; tested per method, :func:`train_many`); their ledgers, client
+    models and rounds are the loop's."""
     from privkit.methods.contract import get_trainer
 
     spec = get_trainer(method)
