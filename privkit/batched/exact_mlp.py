@@ -381,32 +381,93 @@ def _needed(ms: Sequence[Model]) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def _used_inputs(
-    need: torch.Tensor, w: torch.Tensor, anchor: torch.Tensor | None, mus: torch.Tensor
-) -> tuple[torch.Tensor | None, list[int]]:
-    """Per model, the inputs its first layer must see, ``(models, k)``: those its records use
-    (``need``, :func:`_needed`; and, for a model with a proximal term, those whose weights differ
-    from the anchor's; ``anchor`` None: none do), then as many of its other inputs as pad every
-    row to the longest; None where some model needs them all. Also each model's count of the
-    inputs it must see (the first that many of its row). ``w`` and ``anchor``: the first
-    layer's weights, ``(models, in, out)``."""
-    if anchor is not None:
-        need = need | ((mus > 0)[:, None] & (w != anchor).any(2))
+def _used_inputs(need: torch.Tensor) -> tuple[torch.Tensor | None, list[int]]:
+    """Per model, the inputs its first layer must see, ``(models, k)``: those ``need`` marks
+    (``(models, inputs)``: :func:`_needed`, and for a model with a proximal term the inputs
+    whose weights differ from the anchor's, :func:`_off_anchor`), then as many of its other
+    inputs as pad every row to the longest; None where some model needs them all. Also each
+    model's count of the inputs it must see (the first that many of its row)."""
     counts = need.sum(1).tolist()
     k = max(counts)
-    if k == w.shape[1]:
+    if k == need.shape[1]:
         return None, counts
     # a stable sort puts the needed inputs first, then the unneeded ones, each in input order
     return torch.argsort((~need).to(torch.uint8), dim=1, stable=True)[:, :k], counts
 
 
-def _pick_rows(
-    t: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None = None
+def _off_anchor(
+    starts: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor | None]
 ) -> torch.Tensor:
-    """``t[i, rows[i]]`` for every model i: ``(models, k, out)`` of ``t`` ``(models, in, out)``
-    (written into ``out`` where given)."""
-    index = rows[..., None].expand(-1, -1, t.shape[2])
-    return torch.gather(t, 1, index) if out is None else torch.gather(t, 1, index, out=out)
+    """Per model, the inputs at which its first layer's weights ``starts[i]`` (``(out, in)``)
+    differ from its proximal anchor's ``anchors[i]`` (None: a model without a proximal term),
+    ``(models, in)``: their proximal gradient is not 0, so they train whatever the records."""
+    return torch.stack(
+        [
+            torch.zeros(s.shape[1], dtype=torch.bool, device=s.device)
+            if a is None
+            else (s != a).any(0)
+            for s, a in zip(starts, anchors)
+        ]
+    )
+
+
+@dataclass
+class _FirstLayer:
+    """Every model's first-layer weights (its start, or its proximal anchor), held transposed
+    ``(in, out)`` and each distinct tensor once, and the one each model reads. A chunk's first
+    layer is picked from these over its inputs (:func:`_pick_rows`) and put back into each
+    model's parameters (:func:`_put_back`). A stack of every model's full weights was written,
+    gathered from and scattered back into at every call, where an audit's reference clients of
+    one run all start from its global model: 16 distinct tensors for 160 models, and 10-14 ms of
+    a FedAvg round's data movement where the stack took 47-49 ms (docs/performance.md)."""
+
+    weights: torch.Tensor  # (distinct, in, out)
+    which: torch.Tensor  # (models,): each model's row of ``weights``
+
+    @classmethod
+    def of(cls, tensors: Sequence[torch.Tensor]) -> _FirstLayer:
+        distinct, which = _distinct(tensors)
+        weights = torch.stack([t.mT for t in distinct])
+        return cls(weights, torch.tensor(which, device=weights.device))
+
+
+def _pick_rows(
+    first: _FirstLayer, rows: slice, used: torch.Tensor | None, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The first-layer weights of the models ``rows`` at their inputs ``used`` (``(models, k)``;
+    None: every input), ``(models, k, out)``, written into ``out`` where given: one row gather
+    from the distinct weights."""
+    w, models = first.weights, first.which[rows]
+    if used is None:
+        return torch.index_select(w, 0, models, out=out) if out is not None else w[models]
+    d, inputs, width = w.shape
+    index = (models[:, None] * inputs + used).reshape(-1)
+    flat = w.view(d * inputs, width)
+    got = (
+        torch.index_select(flat, 0, index)
+        if out is None
+        else torch.index_select(flat, 0, index, out=out.view(-1, width))
+    )
+    return got.view(len(models), used.shape[1], width)
+
+
+def _put_back(
+    ms: Sequence[Model], w0: str, first: torch.Tensor | None, used: torch.Tensor | None
+) -> None:
+    """Each model's first-layer weights after its chunk trained: as it started where it started
+    elsewhere (:attr:`Model.start`), then the trained ``first[i]`` (``(k, out)``; None: the layer
+    is frozen) at its inputs ``used[i]`` (None: every input)."""
+    with torch.no_grad():
+        for i, m in enumerate(ms):
+            dst = m.params[w0]
+            if m.start is not None and (first is None or used is not None):
+                dst.copy_(m.start[w0])
+            if first is None:
+                continue
+            if used is None:
+                dst.copy_(first[i].mT)
+            else:  # the transposed view's rows are the weights' columns, one per input
+                dst.mT.index_copy_(0, used[i], first[i])
 
 
 def _train_stacked(
@@ -460,9 +521,16 @@ def _train_stacked(
     # the logits' class axis, and the index that puts a per-example factor along it
     c, per = (1, (slice(None), None)) if head_t else (2, (Ellipsis, None))
     weights = {w for w, _, _ in layers}
+    # The first layer (the largest) is held per chunk only, picked from each model's start
+    # (_FirstLayer); every other parameter is stacked for all models.
+    w0 = layers[0][0]
     p = {
-        k: _stacked([m.initial()[k] for m in ms], k in flip, scratch, ("params", k)) for k in every
+        k: _stacked([m.initial()[k] for m in ms], k in flip, scratch, ("params", k))
+        for k in every
+        if k != w0
     }
+    starts0 = [m.initial()[w0] for m in ms]
+    first_layer = _FirstLayer.of(starts0)
     mus = torch.tensor([0.0 if mu is None else float(mu[j]) for j in order], device=device)
     prox = bool((mus > 0).any())
     # Every proximal model that starts from its anchor itself (a reference run's clients start
@@ -473,18 +541,30 @@ def _train_stacked(
         mus[i] == 0 or (m.start is not None and m.start is anchors[j])  # type: ignore[index]  # mu > 0: anchors
         for i, (j, m) in enumerate(zip(order, ms))
     )
+    # each model's anchors where mu > 0; None for the others (mu 0 multiplies theirs)
+    anchored = [
+        anchors[j] if mus[i] > 0 else None  # type: ignore[index]  # mu > 0: anchors
+        for i, j in enumerate(order)
+    ]
     anchor = (
         {
             k: torch.stack(
                 [
-                    (anchors[j][k].mT if k in flip else anchors[j][k]) if mus[i] > 0 else p[k][i]  # type: ignore[index]  # mu > 0: anchors
-                    for i, j in enumerate(order)
+                    (a[k].mT if k in flip else a[k]) if a is not None else p[k][i]
+                    for i, a in enumerate(anchored)
                 ]
             )
             for k in names
+            if k != w0
         }
         if prox and not from_anchor
         else {}
+    )
+    # the first layer's anchors, picked per chunk as its weights are (_FirstLayer)
+    anchor0 = (
+        _FirstLayer.of([a[w0] if a is not None else s for a, s in zip(anchored, starts0)])
+        if prox and not from_anchor and w0 in trainable
+        else None
     )
     first = torch.tensor(
         [math.inf if loss_from is None else float(loss_from[j]) for j in order], device=device
@@ -496,9 +576,10 @@ def _train_stacked(
     # first layer's products and its optimiser passes shrink with the unused inputs, each chunk
     # of models (below) to as many as its widest model needs; its weights are put back in place
     # after its last step.
-    w0 = layers[0][0]
-    full = p[w0]
-    used, needs = _used_inputs(need, full, anchor.get(w0), mus)  # from the anchor: none differs
+    if anchor0 is not None:  # from the anchor, none differs
+        need = need | _off_anchor(starts0, [None if a is None else a[w0] for a in anchored])
+    used, needs = _used_inputs(need)
+    inputs_all, out0 = first_layer.weights.shape[1:]
     if from_anchor:  # the first layer's anchors are each chunk's narrowed starts
         anchor = {k: p[k].clone() for k in names if k != w0}
     m1 = {k: kept(scratch, ("m1", k), tuple(p[k].shape), p[k]).zero_() for k in names if k != w0}
@@ -540,10 +621,10 @@ def _train_stacked(
     # Every model goes through the same operations on the same operands as in one chunk (an
     # elementwise kernel may round a last bit differently with its tensor's size).
     # each parameter's output width (its last axis, but the transposed head's classes)
-    outputs = sum(
+    outputs = out0 + sum(
         q.shape[1] if k in weights and k not in flip else q.shape[-1] for k, q in p.items()
     )
-    narrowed = {**p, w0: torch.empty((n, xs.shape[1], full.shape[2]), device="meta")}
+    narrowed = {**p, w0: torch.empty((n, xs.shape[1], out0), device="meta")}
     chunk = _models_per_chunk(narrowed, names, width, xs, n, outputs)
     # One proximal factor for every model (an audit's reference runs share their config): each
     # weight's proximal gradient goes into its gradient's product, mu times the difference as
@@ -560,9 +641,11 @@ def _train_stacked(
             m2,
             anchor,
             w0=w0,
+            first_layer=first_layer,
+            anchor0=anchor0,
             names=names,
             used=used,
-            inputs=full.shape[1] if used is None else max(1, max(needs[lo:hi])),
+            inputs=inputs_all if used is None else max(1, max(needs[lo:hi])),
             from_anchor=from_anchor,
             scratch=scratch,
         )
@@ -575,7 +658,7 @@ def _train_stacked(
         buffers = _StepBuffers(
             batch=kept(scratch, "batch", (chunk * width, inputs), xs),
             hidden=[
-                kept(scratch, ("hidden", w), (chunk, width, p[w].shape[2]), xs)
+                kept(scratch, ("hidden", w), (chunk, width, own[w].shape[2]), xs)
                 for w, _, _ in layers[:-1]
             ],
             grads={
@@ -687,14 +770,17 @@ def _train_stacked(
                 )
             else:
                 _update(optimizer, lr, t + 1, v.params, v.grad_list, [], [])
-        if used is not None:  # the chunk's first layer back in place
-            full[lo:hi].scatter_(
-                1, used[lo:hi, :inputs, None].expand(-1, -1, full.shape[2]), state.first
-            )
+        _put_back(  # the chunk's first layer into its models' parameters
+            ms[lo:hi],
+            w0,
+            state.first if w0 in trainable else None,
+            None if used is None else used[lo:hi, :inputs],
+        )
     with torch.no_grad():  # the trained parameters, and those a model started elsewhere from
         for i, m in enumerate(ms):
             for k in every if m.start is not None else names:
-                m.params[k].copy_(p[k][i].mT if k in flip else p[k][i])
+                if k != w0:
+                    m.params[k].copy_(p[k][i].mT if k in flip else p[k][i])
     out = [0.0] * n
     for i, j in enumerate(order):
         out[j] = float(totals[i])
@@ -703,12 +789,12 @@ def _train_stacked(
 
 @dataclass
 class _Chunk:
-    """The stacked state one chunk of models (the stacked rows ``rows``) trains in: every parameter's, Adam
-    moment's and proximal anchor's rows (views: they train in place), and the first layer's
-    (``w0``) over the chunk's own ``inputs`` (its widest model's), picked from the full weights
-    into a buffer of ``scratch`` (a contiguous block: fused Adam reads its tensors as
-    contiguous), with zeroed moments and its anchors picked (or, for models that start from
-    their anchor, copied from its start)."""
+    """The stacked state one chunk of models (the stacked rows ``rows``) trains in: every other
+    parameter's, Adam moment's and proximal anchor's rows (views: they train in place), and the
+    first layer's (``w0``) over the chunk's own ``inputs`` (its widest model's), picked from the
+    models' starts (:class:`_FirstLayer`) into a buffer of ``scratch`` (a contiguous block:
+    fused Adam reads its tensors as contiguous), with zeroed moments and its anchors picked
+    (``anchor0``; or, for models that start from their anchor, copied from its start)."""
 
     own: dict[str, torch.Tensor]
     m1: dict[str, torch.Tensor]
@@ -726,36 +812,28 @@ class _Chunk:
         anchor: dict[str, torch.Tensor],
         *,
         w0: str,
+        first_layer: _FirstLayer,
+        anchor0: _FirstLayer | None,
         names: list[str],
         used: torch.Tensor | None,
         inputs: int,
         from_anchor: bool,
         scratch: dict,
     ) -> _Chunk:
-        full = p[w0]
-        first = (
-            full[rows]
-            if used is None
-            else _pick_rows(
-                full[rows],
-                used[rows, :inputs],
-                kept(scratch, "first", (rows.stop - rows.start, inputs, full.shape[2]), full),
-            )
-        )
-        own = {key: first if key == w0 else q[rows] for key, q in p.items()}
+        w = first_layer.weights
+        picked = None if used is None else used[rows, :inputs]
+        buffer = kept(scratch, "first", (rows.stop - rows.start, inputs, w.shape[2]), w)
+        first = _pick_rows(first_layer, rows, picked, buffer)
+        own = {w0: first, **{key: q[rows] for key, q in p.items()}}
         m1c, m2c = ({key: q[rows] for key, q in m.items()} for m in (m1, m2))
-        anc = {key: q[rows] for key, q in anchor.items() if key != w0}
+        anc = {key: q[rows] for key, q in anchor.items()}
         if w0 in names:
             m1c[w0] = kept(scratch, ("m1", w0), tuple(first.shape), first).zero_()
             m2c[w0] = kept(scratch, ("m2", w0), tuple(first.shape), first).zero_()
             if from_anchor:
                 anc[w0] = kept(scratch, ("anchor", w0), tuple(first.shape), first).copy_(first)
-            elif w0 in anchor:
-                anc[w0] = (
-                    anchor[w0][rows]
-                    if used is None
-                    else _pick_rows(anchor[w0][rows], used[rows, :inputs])
-                )
+            elif anchor0 is not None:
+                anc[w0] = _pick_rows(anchor0, rows, picked)
         return cls(own, m1c, m2c, anc, first)
 
 
@@ -850,12 +928,9 @@ def _models_per_chunk(
     return max(1, min(n, CHUNK_BYTES // (per_model * xs.element_size())))
 
 
-def _stacked(
-    tensors: list[torch.Tensor], transposed: bool, scratch: dict | None = None, key=None
-) -> torch.Tensor:
-    """``tensors`` stacked on a leading axis, each transposed (contiguous) when ``transposed``;
-    into ``scratch[key]`` where a scratch is given. A tensor given several times (the global
-    model all of a run's clients start from) is transposed once, then copied to its places."""
+def _distinct(tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
+    """The distinct tensors of ``tensors`` (the same storage, shape and strides: a tensor given
+    several times), and the index of each tensor's among them."""
     slot: dict[tuple, int] = {}
     uniq: list[torch.Tensor] = []
     which: list[int] = []
@@ -865,6 +940,16 @@ def _stacked(
             slot[same] = len(uniq)
             uniq.append(t)
         which.append(slot[same])
+    return uniq, which
+
+
+def _stacked(
+    tensors: list[torch.Tensor], transposed: bool, scratch: dict | None = None, key=None
+) -> torch.Tensor:
+    """``tensors`` stacked on a leading axis, each transposed (contiguous) when ``transposed``;
+    into ``scratch[key]`` where a scratch is given. A tensor given several times (the global
+    model all of a run's clients start from) is transposed once, then copied to its places."""
+    uniq, which = _distinct(tensors)
     if len(uniq) < len(tensors):
         once = _stacked(uniq, transposed)
         where = torch.tensor(which, device=once.device)

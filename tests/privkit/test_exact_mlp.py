@@ -155,7 +155,9 @@ def test_inputs_no_record_uses_keep_their_weights_and_the_rest_train_as_exactly(
     monkeypatch.setattr(
         exact_mlp,
         "_pick_rows",
-        lambda t, rows, out=None: widths.append(rows.shape[1]) or pick(t, rows, out),
+        lambda first, rows, used, out=None: (
+            (used is not None and widths.append(used.shape[1])) or pick(first, rows, used, out)
+        ),
     )
     if chunk is not None:  # chunks of two models: three chunks, of different widths
         monkeypatch.setattr(exact_mlp, "_models_per_chunk", lambda *a: chunk)
@@ -411,3 +413,43 @@ def test_models_starting_from_one_global_model_train_as_copies_of_it(stacked, mu
         assert got.keys() == want.keys()
         for k in want:
             assert torch.equal(got[k], want[k]), k
+
+
+@pytest.mark.parametrize("chunk", [None, 2])
+def test_models_starting_from_their_anchor_train_as_with_an_equal_copy_of_it(monkeypatch, chunk):
+    """FedProx's reference clients start from their run's global model, which is also their
+    proximal anchor (``Model.start is anchors[j]``): the stacked form then copies each chunk's
+    narrowed starts as its anchors instead of picking the anchors apart. Bit for bit the
+    training of the same models whose anchor is an equal copy, and up to rounding the exact
+    kernels' (records that leave inputs unused: narrowed first layers; chunks of two)."""
+    import privkit.batched.exact_mlp as exact_mlp
+
+    if chunk is not None:
+        monkeypatch.setattr(exact_mlp, "_models_per_chunk", lambda *a: chunk)
+    results = []
+    for same, stacked in ((True, True), (False, True), (False, False)):
+        template, models = _sparse_models(5)
+        globals_ = [
+            {k: q.detach() + 0.02 * r for k, q in template.named_parameters()} for r in range(2)
+        ]
+        anchors = []
+        for j, m in enumerate(models):
+            m.start = globals_[j % 2]  # two runs' global models
+            anchors.append(m.start if same else {k: q.clone() for k, q in m.start.items()})
+        totals = train_exact(
+            template,
+            models,
+            optimizer="adam",
+            lr=0.01,
+            mu=[0.1] * 5,
+            anchors=anchors,
+            loss_from=[1] * 5,
+            stacked=stacked,
+        )
+        results.append((totals, [{k: v.clone() for k, v in m.params.items()} for m in models]))
+    (from_anchor, p_anchor), (copied, p_copied), (exact, p_exact) = results
+    assert from_anchor == copied and from_anchor == pytest.approx(exact, rel=1e-4)
+    for a, b, c in zip(p_anchor, p_copied, p_exact):
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+            torch.testing.assert_close(a[k], c[k], rtol=1e-4, atol=1e-5)
