@@ -6,7 +6,7 @@ the initialisation, then per round the digests and the revisits) are lists of in
 jobs; the jobs of all runs' current phase train together, grouped by party architecture, each
 exactly as the single run trains it (:mod:`privkit.batched.exact_mlp`: FedMD trains with Adam).
 A digest towards shared logits (``knowledge="logits"``, an L1 regression) trains one job at a time.
-The jobs of an audit's reference runs (``fast``), their pretraining excepted, train with the
+The jobs of an audit's reference runs (``fast``), their pretraining included, train with the
 stacked kernels (``train_exact(..., stacked=True)``: equal up to float rounding); their parties'
 shared logits come from one stacked forward pass per architecture
 (:func:`stacked_party_logits`), and their parties' test accuracies are taken after the last round
@@ -144,11 +144,6 @@ def train_fedmd_many(
         for f, c, s in zip(federations, configs, seeds)
     ]
     config, device = configs[0], runs[0].device
-    # every run's pretraining together, with the single run's kernels (the reference runs' too:
-    # it is each run's own pretraining, bit for bit), then each run's parties copy it
-    run_jobs([j for r in runs for j in r.pretrain_jobs()], config, device)
-    for r in runs:
-        r.start()
     quick = [bool(f) for f in fast] if fast is not None else [False] * len(runs)
 
     def phase(per_run: dict[int, list[PartyJob]]) -> None:
@@ -156,6 +151,11 @@ def train_fedmd_many(
         stacked = frozenset(id(j) for i in per_run if quick[i] for j in per_run[i])
         run_jobs(jobs, config, device, stacked)
 
+    # every run's pretraining together (on the public records only; a reference run's with the
+    # stacked kernels, as its other phases), then each run's parties copy it
+    phase({i: r.pretrain_jobs() for i, r in enumerate(runs)})
+    for r in runs:
+        r.start()
     phase({i: r.init_jobs() for i, r in enumerate(runs)})
     record(runs, quick)
     while True:
