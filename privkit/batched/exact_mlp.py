@@ -27,6 +27,7 @@ or frozen features, an optional proximal term (FedProx). Anything else is an
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -38,6 +39,7 @@ from torch import nn
 
 from privkit.batched.buffers import kept
 from privkit.batched.class_axis import log_softmax
+from privkit.errors import PrivkitError
 from privkit.mechanisms.stacked import UnsupportedModelError
 from privkit.models import FeatureClassifier
 
@@ -84,7 +86,8 @@ def mlp_layers(model: nn.Module) -> list[str]:
 @dataclass
 class Model:
     """One model of the batch: its parameters (trained in place), its records, their targets and
-    its batches (index tensors into them, in step order). Targets are labels (mean cross-entropy,
+    each epoch's order of them (a permutation, cut into batches of ``batch_size``, the last one
+    partial: :attr:`batches`, index tensors in step order). Targets are labels (mean cross-entropy,
     :func:`~privkit.trainers.common.train_supervised`) or, with ``soft``, probability rows
     (``KL(targets || softmax)`` per batch, :func:`~privkit.trainers.common.distill`). ``start``:
     the parameters training starts from where ``params`` does not hold them yet (a run's clients
@@ -95,13 +98,31 @@ class Model:
     params: dict[str, torch.Tensor]
     x: torch.Tensor
     y: torch.Tensor
-    batches: list[torch.Tensor]
+    orders: list[torch.Tensor]
+    batch_size: int
     soft: bool = False
     start: dict[str, torch.Tensor] | None = None
 
     def initial(self) -> dict[str, torch.Tensor]:
         """The parameters training starts from."""
         return self.params if self.start is None else self.start
+
+    @property
+    def steps(self) -> int:
+        """The number of batches (steps) over all epochs."""
+        return len(self.orders) * -(-len(self.x) // self.batch_size)
+
+    def sizes(self) -> list[int]:
+        """Each batch's size, in step order."""
+        n, b = len(self.x), self.batch_size
+        return [min(b, n - start) for _ in self.orders for start in range(0, n, b)]
+
+    @functools.cached_property
+    def batches(self) -> list[torch.Tensor]:
+        """The batches, in step order: each epoch's order cut as ``minibatches`` cuts it. The
+        stacked form reads the orders whole (:func:`_train_stacked`): an audit's 1,700 FedAvg
+        models would otherwise make 42,500 slices."""
+        return [b for order in self.orders if len(order) for b in order.split(self.batch_size)]
 
 
 def model_for(
@@ -121,7 +142,7 @@ def model_for(
     permutation from ``torch_generator(seed)``, cut into batches of ``batch_size`` (the last one
     partial)."""
     from privkit.seeding import torch_generator
-    from privkit.trainers.common import as_tensor, minibatches
+    from privkit.trainers.common import as_tensor
 
     # .to() and .train() walk every submodule and parameter even when there is nothing to change
     # (about 60% of this function's time; an audit's FedMD runs call it 3,800 times)
@@ -131,12 +152,13 @@ def model_for(
         module.train()
     xt = as_tensor(x, device, torch.float32)
     yt = as_tensor(y, device, torch.float32 if soft else torch.long)
+    if batch_size < 1:
+        raise PrivkitError(f"batch_size must be >= 1; found {batch_size}")
     gen = torch_generator(seed)
-    batches = [
-        idx.to(device) for _ in range(epochs) for idx in minibatches(len(xt), batch_size, gen)
-    ]
+    # minibatches' draws: one permutation per epoch from the generator, in turn
+    orders = [torch.randperm(len(xt), generator=gen).to(device) for _ in range(epochs)]
     params = {k: q.detach() for k, q in module.named_parameters()}
-    return Model(params, xt, yt, batches, soft, start)
+    return Model(params, xt, yt, orders, batch_size, soft, start)
 
 
 def architecture(module: nn.Module) -> tuple:
@@ -500,7 +522,7 @@ def _train_stacked(
     # its widest model needs, below)
     need = _needed(models)
     uses = need.sum(1).tolist()
-    order = sorted(range(n), key=lambda j: (-len(models[j].batches), -uses[j]))
+    order = sorted(range(n), key=lambda j: (-models[j].steps, -uses[j]))
     ms = [models[j] for j in order]
     need = need[order]
     device, soft = ms[0].x.device, ms[0].soft
@@ -584,8 +606,8 @@ def _train_stacked(
         anchor = {k: p[k].clone() for k in names if k != w0}
     m1 = {k: kept(scratch, ("m1", k), tuple(p[k].shape), p[k]).zero_() for k in names if k != w0}
     m2 = {k: kept(scratch, ("m2", k), tuple(p[k].shape), p[k]).zero_() for k in names if k != w0}
-    steps = [len(m.batches) for m in ms]
-    sizes = [len(b) for m in ms for b in m.batches]
+    steps = [m.steps for m in ms]
+    sizes = [size for m in ms for size in m.sizes()]
     width = max(sizes, default=1)
     xs, ys, starts = _records(ms, used, scratch)
     # (step, model, column) of every batch entry, padded to ``width``: one scatter, no loop.
@@ -599,7 +621,7 @@ def _train_stacked(
     entry_model = torch.repeat_interleave(batch_model, size)
     idx = torch.zeros((steps[0], n, width), dtype=torch.long)
     idx[torch.repeat_interleave(batch_step, size), entry_model, entry_col] = (
-        torch.cat([b.cpu() for m in ms for b in m.batches]) + starts[entry_model]
+        torch.cat([order.cpu() for m in ms for order in m.orders]) + starts[entry_model]
     )
     counts = torch.zeros((steps[0], n))
     counts[batch_step, batch_model] = size.float()

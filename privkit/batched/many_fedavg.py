@@ -74,7 +74,7 @@ def local_epochs(
         )
         locals_.append(local)
         sizes.append(len(y))
-    per_epoch = [len(m.batches) // cfg.local_epochs for m in models]
+    per_epoch = [m.steps // cfg.local_epochs for m in models]
     totals = [0.0] * len(jobs)
     for stacked in (False, True):
         group = [at for at, (r, _) in enumerate(jobs) if (id(r) in fast) == stacked]
@@ -195,7 +195,7 @@ def distil_together(jobs: list[DistillJob]) -> list[float]:
         models,
         optimizer="adam",  # distill's
         lr=jobs[0].lr,
-        loss_from=[(j.epochs - 1) * (len(m.batches) // j.epochs) for j, m in zip(jobs, models)],
+        loss_from=[(j.epochs - 1) * (m.steps // j.epochs) for j, m in zip(jobs, models)],
         stacked=True,
     )
     return [total / len(j.x) for j, total in zip(jobs, totals)]

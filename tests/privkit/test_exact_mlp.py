@@ -453,3 +453,32 @@ def test_models_starting_from_their_anchor_train_as_with_an_equal_copy_of_it(mon
         for k in a:
             assert torch.equal(a[k], b[k]), k
             torch.testing.assert_close(a[k], c[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("n, batch_size", [(23, 8), (24, 8), (5, 8), (1, 1), (0, 4)])
+def test_a_models_batches_are_the_draws_of_minibatches(n, batch_size):
+    """``model_for`` keeps each epoch's permutation whole (the stacked form reads them so); the
+    batches, step count and sizes it gives are those ``train_supervised`` draws with
+    ``minibatches`` for the seed: one permutation per epoch, cut with the last batch partial."""
+    from privkit.errors import PrivkitError
+    from privkit.seeding import torch_generator
+    from privkit.trainers.common import minibatches
+
+    template = build_model("mlp", (1, 6, 6), 3, feature_dim=8)
+    x = np.zeros((n, 36), dtype=np.float32)
+    m = model_for(
+        template,
+        x,
+        np.zeros(n, dtype=np.int64),
+        epochs=3,
+        batch_size=batch_size,
+        seed=7,
+        device=torch.device("cpu"),
+    )
+    gen = torch_generator(7)
+    want = [b for _ in range(3) for b in minibatches(n, batch_size, gen)]
+    assert len(m.batches) == len(want) == m.steps
+    assert all(torch.equal(a, b) for a, b in zip(m.batches, want))
+    assert m.sizes() == [len(b) for b in want]
+    with pytest.raises(PrivkitError, match="batch_size must be >= 1; found 0"):
+        model_for(template, x, x[:, 0], epochs=1, batch_size=0, seed=7, device=torch.device("cpu"))
