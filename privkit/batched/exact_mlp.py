@@ -93,7 +93,9 @@ class Model:
     the parameters training starts from where ``params`` does not hold them yet (a run's clients
     all start from its global model: the stacked form reads those once for all of them, where a
     copy into each client's module would be read again; ``params`` then receives the trained
-    values of every parameter)."""
+    values of every parameter). ``inputs_used``: which inputs are nonzero in some record
+    (:func:`_needed` fills it where None; a caller that trains the same records again, a
+    client's from round to round, passes it back)."""
 
     params: dict[str, torch.Tensor]
     x: torch.Tensor
@@ -102,6 +104,7 @@ class Model:
     batch_size: int
     soft: bool = False
     start: dict[str, torch.Tensor] | None = None
+    inputs_used: torch.Tensor | None = None
 
     def initial(self) -> dict[str, torch.Tensor]:
         """The parameters training starts from."""
@@ -136,11 +139,12 @@ def model_for(
     device: torch.device,
     soft: bool = False,
     start: dict[str, torch.Tensor] | None = None,
+    inputs_used: torch.Tensor | None = None,
 ) -> Model:
     """``module`` (trained in place, from ``start`` where given: :class:`Model`) on ``(x, y)``
     with the batches ``train_supervised`` / ``distill`` draw for ``seed``: per epoch one
     permutation from ``torch_generator(seed)``, cut into batches of ``batch_size`` (the last one
-    partial)."""
+    partial). ``inputs_used``: :attr:`Model.inputs_used`, where the caller has it."""
     from privkit.seeding import torch_generator
     from privkit.trainers.common import as_tensor
 
@@ -158,7 +162,7 @@ def model_for(
     # minibatches' draws: one permutation per epoch from the generator, in turn
     orders = [torch.randperm(len(xt), generator=gen).to(device) for _ in range(epochs)]
     params = {k: q.detach() for k, q in module.named_parameters()}
-    return Model(params, xt, yt, orders, batch_size, soft, start)
+    return Model(params, xt, yt, orders, batch_size, soft, start, inputs_used)
 
 
 def architecture(module: nn.Module) -> tuple:
@@ -391,16 +395,17 @@ def _inputs_in_use(records: torch.Tensor) -> torch.Tensor:
 
 
 def _needed(ms: Sequence[Model]) -> torch.Tensor:
-    """Per model, the inputs nonzero in any of its records, ``(models, inputs)`` (records that
-    several models hold are read once)."""
+    """Per model, the inputs nonzero in any of its records, ``(models, inputs)``: its
+    :attr:`Model.inputs_used`, computed where None (records that several models hold are read
+    once) and kept there."""
     seen: dict[tuple, torch.Tensor] = {}
-    rows = []
     for m in ms:
-        key = (m.x.data_ptr(), tuple(m.x.shape), m.x.stride())
-        if key not in seen:
-            seen[key] = _inputs_in_use(m.x.reshape(len(m.x), -1))
-        rows.append(seen[key])
-    return torch.stack(rows)
+        if m.inputs_used is None:
+            key = (m.x.data_ptr(), tuple(m.x.shape), m.x.stride())
+            if key not in seen:
+                seen[key] = _inputs_in_use(m.x.reshape(len(m.x), -1))
+            m.inputs_used = seen[key]
+    return torch.stack([cast(torch.Tensor, m.inputs_used) for m in ms])
 
 
 def _used_inputs(need: torch.Tensor) -> tuple[torch.Tensor | None, list[int]]:

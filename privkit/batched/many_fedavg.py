@@ -43,7 +43,7 @@ def local_epochs(
     (bit for bit: :mod:`privkit.batched.exact_mlp`; a model it does not cover trains one client
     after the other). The clients of the runs whose ``id`` is in ``fast`` train with the stacked
     kernels instead (equal up to float rounding), in ``scratch``'s buffers (kept across the
-    rounds: :mod:`privkit.batched.buffers`)."""
+    rounds: :mod:`privkit.batched.buffers`, with the inputs each client's records use)."""
     jobs = [(r, i) for r, ids in zip(runs, selected) for i in ids]
     if not jobs:
         return [[] for _ in runs]
@@ -55,6 +55,8 @@ def local_epochs(
     # a stacked run's clients start from its global model itself (the round's anchor: its
     # parameters as the round began), not from copies of it in their modules
     starts = {id(r): r.anchor for r in runs if id(r) in fast}
+    # which inputs each client's records use, kept from round to round (the records are the same)
+    used = {} if scratch is None else scratch.setdefault("inputs_used", {})
     models, locals_, sizes = [], [], []
     for r, i in jobs:
         x, y = r.federation.client_arrays(i)
@@ -70,6 +72,7 @@ def local_epochs(
                 seed=r.local_seed(i),
                 device=device,
                 start=start,
+                inputs_used=used.get((id(r), i)),
             )
         )
         locals_.append(local)
@@ -93,6 +96,9 @@ def local_epochs(
         )
         for at, total in zip(group, got):
             totals[at] = total
+    for (r, i), m in zip(jobs, models):
+        if m.inputs_used is not None:  # the stacked form computed it (the exact one needs none)
+            used[(id(r), i)] = m.inputs_used
     out: list[list[tuple[torch.nn.Module, float]]] = [[] for _ in runs]
     owner = {id(r): n for n, r in enumerate(runs)}
     for (r, _), local, total, n in zip(jobs, locals_, totals, sizes):

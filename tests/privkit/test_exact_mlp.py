@@ -482,3 +482,30 @@ def test_a_models_batches_are_the_draws_of_minibatches(n, batch_size):
     assert m.sizes() == [len(b) for b in want]
     with pytest.raises(PrivkitError, match="batch_size must be >= 1; found 0"):
         model_for(template, x, x[:, 0], epochs=1, batch_size=0, seed=7, device=torch.device("cpu"))
+
+
+def test_a_models_inputs_used_are_computed_once_and_read_back(monkeypatch):
+    """The stacked form keeps which inputs each model's records use (``Model.inputs_used``); a
+    caller that trains the same records again (a client's, round after round) passes them back,
+    and they are read, not computed again: the training is the same bit for bit."""
+    import privkit.batched.exact_mlp as exact_mlp
+
+    kw = dict(optimizer="adam", lr=0.01, mu=[0.0] * 5, anchors=None, loss_from=[0] * 5)
+    template, first = _sparse_models(3)
+    train_exact(template, first, stacked=True, **kw)
+    for m in first:
+        assert torch.equal(m.inputs_used, (m.x != 0).any(0))
+    scans = []
+    real = exact_mlp._inputs_in_use
+    monkeypatch.setattr(exact_mlp, "_inputs_in_use", lambda x: scans.append(1) or real(x))
+    _, again = _sparse_models(3)
+    for m, f in zip(again, first):
+        m.inputs_used = f.inputs_used
+    _, fresh = _sparse_models(3)
+    got = train_exact(template, again, stacked=True, **kw)
+    assert scans == []
+    want = train_exact(template, fresh, stacked=True, **kw)
+    assert len(scans) == 5 and got == want
+    for a, b in zip(again, fresh):
+        for k in a.params:
+            assert torch.equal(a.params[k], b.params[k]), k
