@@ -601,8 +601,8 @@ def _train_stacked(
     # zero weight gradient at every step, so Adam or SGD leaves its weights as they are (and the
     # proximal term's gradient, zero where the weights equal the anchor, keeps them there). The
     # first layer's products and its optimiser passes shrink with the unused inputs, each chunk
-    # of models (below) to as many as its widest model needs; its weights are put back in place
-    # after its last step.
+    # of models (below) to as many as its widest model needs; its weights are written into its
+    # models' parameters after its last step (_put_back).
     if anchor0 is not None:  # from the anchor, none differs
         need = need | _off_anchor(starts0, [None if a is None else a[w0] for a in anchored])
     used, needs = _used_inputs(need)
