@@ -454,7 +454,7 @@ class _FirstLayer:
     @classmethod
     def of(cls, tensors: Sequence[torch.Tensor]) -> _FirstLayer:
         distinct, which = _distinct(tensors)
-        weights = torch.stack([t.mT for t in distinct])
+        weights = _stacked(distinct, transposed=True)
         return cls(weights, torch.tensor(which, device=weights.device))
 
 
@@ -588,8 +588,9 @@ def _train_stacked(
         else {}
     )
     # the first layer's anchors, picked per chunk as its weights are (_FirstLayer)
+    anchors0 = [None if a is None else a[w0] for a in anchored]
     anchor0 = (
-        _FirstLayer.of([a[w0] if a is not None else s for a, s in zip(anchored, starts0)])
+        _FirstLayer.of([s if a is None else a for a, s in zip(anchors0, starts0)])
         if prox and not from_anchor and w0 in trainable
         else None
     )
@@ -604,7 +605,7 @@ def _train_stacked(
     # of models (below) to as many as its widest model needs; its weights are written into its
     # models' parameters after its last step (_put_back).
     if anchor0 is not None:  # from the anchor, none differs
-        need = need | _off_anchor(starts0, [None if a is None else a[w0] for a in anchored])
+        need = need | _off_anchor(starts0, anchors0)
     used, needs = _used_inputs(need)
     inputs_all, out0 = first_layer.weights.shape[1:]
     if from_anchor:  # the first layer's anchors are each chunk's narrowed starts
