@@ -170,6 +170,28 @@ def architecture(module: nn.Module) -> tuple:
     return tuple((k, tuple(q.shape), q.requires_grad) for k, q in module.named_parameters())
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """Records as :func:`stacked_logits` reads them: flattened, float32 on a device, narrowed to
+    the inputs nonzero in some record (``used``; None: all of them). A caller that reads the same
+    records again keeps them: FedDF's teachers read one distillation set every round, and
+    FedMD's three party architectures one public subset (a scan and a gather of the records
+    each time, about 1 ms for 1,438 digits)."""
+
+    records: torch.Tensor  # (n, len(used))
+    used: torch.Tensor | None
+
+    @classmethod
+    def of(cls, x, device: torch.device) -> Inputs:
+        """``x`` (any shape ``(n, ...)``) flattened and narrowed on ``device``."""
+        h0 = torch.as_tensor(x).to(device=device, dtype=torch.float32).flatten(1)
+        in_use = _inputs_in_use(h0)
+        if bool(in_use.all()):
+            return cls(h0, None)
+        used = in_use.nonzero().flatten()
+        return cls(h0.index_select(1, used), used)
+
+
 @torch.no_grad()
 def stacked_logits(
     modules: Sequence[nn.Module], x, device: torch.device, chunk: int = 64
@@ -183,16 +205,13 @@ def stacked_logits(
     (:mod:`privkit.batched.many_fedmd`), which no attack reads, and their teachers' logits
     (:func:`privkit.trainers.feddf.distillation_hook`). Inputs that are 0 in every record add
     nothing to the first layer's products and are left out of them (half of the public
-    digits' 784 pixels)."""
+    digits' 784 pixels). ``x``: the records, or their :class:`Inputs` on ``device``."""
     names = mlp_layers(modules[0])
     shape = architecture(modules[0])
     if any(architecture(m) != shape for m in modules):
         raise UnsupportedModelError("stacked logits need one architecture; found several")
-    h0 = torch.as_tensor(x).to(device=device, dtype=torch.float32).flatten(1)
-    in_use = _inputs_in_use(h0)
-    used = None if bool(in_use.all()) else in_use.nonzero().flatten()
-    if used is not None:
-        h0 = h0.index_select(1, used)
+    inputs = x if isinstance(x, Inputs) else Inputs.of(x, device)
+    h0, used = inputs.records, inputs.used
     out = []
     for lo in range(0, len(modules), chunk):
         group = modules[lo : lo + chunk]
@@ -1014,4 +1033,12 @@ def _update(
     torch._foreach_addcdiv_(p, m1, denom, value=-lr / (1 - BETA1**step))
 
 
-__all__ = ["Model", "architecture", "mlp_layers", "model_for", "stacked_logits", "train_exact"]
+__all__ = [
+    "Inputs",
+    "Model",
+    "architecture",
+    "mlp_layers",
+    "model_for",
+    "stacked_logits",
+    "train_exact",
+]

@@ -24,7 +24,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from privkit.batched.exact_mlp import mlp_layers, model_for, stacked_logits, train_exact
+from privkit.batched.exact_mlp import Inputs, mlp_layers, model_for, stacked_logits, train_exact
 from privkit.batched.many import lockstep, unreported
 from privkit.mechanisms.stacked import UnsupportedModelError
 from privkit.trainers.fedaux import fedaux_run
@@ -107,15 +107,31 @@ def local_epochs(
 
 
 def stacked_teachers(
-    client_models: list[torch.nn.Module], x, device: torch.device
+    client_models: list[torch.nn.Module],
+    x,
+    device: torch.device,
+    kept: dict[int, tuple[object, Inputs]] | None = None,
 ) -> np.ndarray | None:
     """The clients' logits on ``x`` in one batched product per layer (:func:`~privkit.batched.
     exact_mlp.stacked_logits`: equal to each client's own forward up to float rounding, the inputs
     0 in every record left out of the first layer), or None where the models are not privkit MLPs
     of one architecture: the server step of FedDF's and FedAUX's reference runs
-    (:func:`~privkit.trainers.feddf.distillation_hook`'s ``teachers``)."""
+    (:func:`~privkit.trainers.feddf.distillation_hook`'s ``teachers``). ``kept``: the records'
+    :class:`~privkit.batched.exact_mlp.Inputs` by the array's ``id``, kept across calls (a run
+    distils on the same array every round)."""
     try:
-        return stacked_logits(client_models, x, device).numpy()
+        mlp_layers(client_models[0])
+    except UnsupportedModelError:
+        return None
+    if kept is None:
+        inputs = Inputs.of(x, device)
+    else:
+        entry = kept.get(id(x))
+        if entry is None or entry[0] is not x:  # the array is kept too: its id stays its own
+            entry = kept[id(x)] = (x, Inputs.of(x, device))
+        inputs = entry[1]
+    try:
+        return stacked_logits(client_models, inputs, device).numpy()
     except UnsupportedModelError:
         return None
 
@@ -242,7 +258,12 @@ def train_feddf_many(
     """FedDF's runs batched (:func:`train_fedavg_many`'s parameters); each run's distillation is its
     own server step (a reference run's teachers' logits stacked: :func:`stacked_teachers`)."""
     return _train_runs(
-        feddf_run, federations, configs, seeds, fast, partial(feddf_run, teachers=stacked_teachers)
+        feddf_run,
+        federations,
+        configs,
+        seeds,
+        fast,
+        partial(feddf_run, teachers=partial(stacked_teachers, kept={})),
     )
 
 
@@ -257,7 +278,7 @@ def train_fedaux_many(
         configs,
         seeds,
         fast,
-        partial(fedaux_run, teachers=stacked_teachers),
+        partial(fedaux_run, teachers=partial(stacked_teachers, kept={})),
     )
 
 

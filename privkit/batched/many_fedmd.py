@@ -20,8 +20,10 @@ from collections.abc import Sequence
 from typing import cast
 
 import numpy as np
+import torch
 
 from privkit.batched.exact_mlp import (
+    Inputs,
     architecture,
     mlp_layers,
     model_for,
@@ -32,9 +34,19 @@ from privkit.mechanisms.stacked import UnsupportedModelError
 from privkit.trainers.fedmd import FedMDRun, PartyJob
 
 
-def run_jobs(jobs: list[PartyJob], config, device, fast: frozenset[int] = frozenset()) -> None:
+def run_jobs(
+    jobs: list[PartyJob],
+    config,
+    device,
+    fast: frozenset[int] = frozenset(),
+    kept: dict[int, tuple] | None = None,
+) -> None:
     """Train every job (in place on its party's model) as :meth:`PartyJob.run` would; the jobs
-    whose ``id`` is in ``fast`` with the stacked kernels."""
+    whose ``id`` is in ``fast`` with the stacked kernels. ``kept``: the inputs each party's own
+    records use (:attr:`~privkit.batched.exact_mlp.Model.inputs_used`) by the array's ``id``,
+    kept from phase to phase (a party trains on the same array in its initialisation and every
+    revisit; a digest's public subset is new each round and is not kept)."""
+    kept = {} if kept is None else kept
     groups: dict[tuple, list[PartyJob]] = {}
     for job in jobs:
         if (
@@ -49,7 +61,7 @@ def run_jobs(jobs: list[PartyJob], config, device, fast: frozenset[int] = frozen
             continue
         key = (architecture(job.model), job.digest, id(job) in fast)
         groups.setdefault(key, []).append(job)
-    for (_, _, stacked), group in groups.items():
+    for (_, digest, stacked), group in groups.items():
         models = [
             model_for(
                 j.model,
@@ -60,10 +72,21 @@ def run_jobs(jobs: list[PartyJob], config, device, fast: frozenset[int] = frozen
                 seed=j.seed,
                 device=device,
                 soft=j.digest,
+                inputs_used=_kept_inputs(kept, j.x),
             )
             for j in group
         ]
         train_exact(group[0].model, models, optimizer="adam", lr=config.lr, stacked=stacked)
+        if not digest:  # the array is kept too: its id stays its own while it is here
+            for j, m in zip(group, models):
+                if m.inputs_used is not None:
+                    kept[id(j.x)] = (j.x, m.inputs_used)
+
+
+def _kept_inputs(kept: dict[int, tuple], x) -> torch.Tensor | None:
+    """The inputs ``x``'s records use, where :func:`run_jobs` has kept them for this array."""
+    entry = kept.get(id(x))
+    return entry[1] if entry is not None and entry[0] is x else None
 
 
 def _all_mlps(models) -> bool:
@@ -90,8 +113,9 @@ def stacked_party_logits(models: Sequence, x: np.ndarray) -> list[np.ndarray]:
             groups.setdefault(architecture(m), []).append(p)
         else:
             out[p] = predict_logits(m, x, device)
+    inputs = Inputs.of(x, device) if groups else None  # narrowed once for every architecture
     for members in groups.values():
-        for p, row in zip(members, stacked_logits([models[p] for p in members], x, device)):
+        for p, row in zip(members, stacked_logits([models[p] for p in members], inputs, device)):
             out[p] = row.numpy()
     return [cast(np.ndarray, o) for o in out]
 
@@ -116,10 +140,13 @@ def record(runs: list[FedMDRun], stacked: list[bool]) -> None:
         for p, m in enumerate(run.models):
             groups.setdefault((architecture(m), test), []).append((i, p))
     accs: dict[int, list[float]] = {}
-    for members in groups.values():
+    inputs: dict[int, Inputs] = {}  # each test set narrowed once for every architecture
+    for (_, test), members in groups.items():
         run0 = runs[members[0][0]]
         models = [runs[i].models[p] for i, p in members]
-        hits = stacked_logits(models, run0.xt, run0.device).argmax(-1).numpy() == run0.yt
+        if test not in inputs:
+            inputs[test] = Inputs.of(run0.xt, run0.device)
+        hits = stacked_logits(models, inputs[test], run0.device).argmax(-1).numpy() == run0.yt
         for (i, p), row in zip(members, hits):
             accs.setdefault(i, [0.0] * len(runs[i].models))[p] = (
                 float(row.mean()) if len(run0.yt) else float("nan")
@@ -146,10 +173,12 @@ def train_fedmd_many(
     config, device = configs[0], runs[0].device
     quick = [bool(f) for f in fast] if fast is not None else [False] * len(runs)
 
+    kept: dict[int, tuple] = {}  # the inputs each party's records use, from phase to phase
+
     def phase(per_run: dict[int, list[PartyJob]]) -> None:
         jobs = [j for i in per_run for j in per_run[i]]
         stacked = frozenset(id(j) for i in per_run if quick[i] for j in per_run[i])
-        run_jobs(jobs, config, device, stacked)
+        run_jobs(jobs, config, device, stacked, kept)
 
     # every run's pretraining together (on the public records only; a reference run's with the
     # stacked kernels, as its other phases), then each run's parties copy it

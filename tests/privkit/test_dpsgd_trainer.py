@@ -183,6 +183,21 @@ def test_dpsgd_calibrates_to_target_and_is_deterministic(fed):
     assert not torch.equal(a.model.head.weight, c.model.head.weight)
 
 
+def test_dpsgd_calibration_is_remembered_and_equal_to_the_search():
+    """An audit's runs share one calibration: the remembered result is the search's own, and a
+    second run with the same plan does not search again."""
+    from accountants import calibrate_noise_multiplier
+    from privkit.trainers.dpsgd import _calibrated
+
+    _calibrated.cache_clear()
+    args = (2.0, 1e-5, 160 / 3200, 40, "rdp")
+    first = _calibrated(*args)
+    assert first == calibrate_noise_multiplier(2.0, 1e-5, 160 / 3200, 40, accountant="rdp")
+    assert _calibrated(*args) is first and _calibrated.cache_info().hits == 1
+    other = _calibrated(2.0, 1e-5, 160 / 3200, 80, "rdp")  # more steps: more noise
+    assert other.noise_multiplier > first.noise_multiplier
+
+
 def test_centralized_is_non_private_and_deterministic(fed):
     cfg = dict(SMALL)
     a = train("centralized", fed, cfg, seed=1)

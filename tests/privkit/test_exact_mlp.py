@@ -509,3 +509,57 @@ def test_a_models_inputs_used_are_computed_once_and_read_back(monkeypatch):
     for a, b in zip(again, fresh):
         for k in a.params:
             assert torch.equal(a.params[k], b.params[k]), k
+
+
+def test_fedmd_phases_keep_each_partys_used_inputs(monkeypatch):
+    """FedMD's phases train each party on its own records again (its initialisation, then every
+    revisit): run_jobs keeps the inputs they use and the next phase reads them back, unscanned,
+    training bit for bit as without them; a digest's public subset (new every round) is not
+    kept."""
+    from types import SimpleNamespace
+
+    from privkit.batched import exact_mlp, many_fedmd
+    from privkit.trainers.fedmd import PartyJob
+
+    rng = np.random.default_rng(6)
+    private = []
+    for n in (9, 12, 7):
+        x = rng.normal(size=(n, 1, 6, 6)).astype(np.float32)
+        x[:, :, rng.integers(0, 6)] = 0.0  # inputs this party's records never use
+        private.append((x, rng.integers(0, 4, size=n)))
+    public = rng.normal(size=(10, 1, 6, 6)).astype(np.float32)
+    soft = rng.dirichlet(np.ones(4), size=10).astype(np.float32)
+    config = SimpleNamespace(lr=1e-3, knowledge="softmax")
+    scans = []
+    real = exact_mlp._inputs_in_use
+    monkeypatch.setattr(exact_mlp, "_inputs_in_use", lambda r: scans.append(1) or real(r))
+
+    def parties(kept):
+        torch.manual_seed(0)
+        models = [build_model("mlp", (1, 6, 6), 4, feature_dim=8) for _ in private]
+        counts = []
+        for phase in range(3):
+            digest = phase == 1
+            jobs = [
+                PartyJob(m, public, soft, True, 1, 4, 10 + p)
+                if digest
+                else PartyJob(m, x, y, False, 2, 4, 20 * phase + p)
+                for p, (m, (x, y)) in enumerate(zip(models, private))
+            ]
+            scans.clear()
+            many_fedmd.run_jobs(jobs, config, torch.device("cpu"), frozenset(map(id, jobs)), kept)
+            counts.append(len(scans))
+        return models, counts
+
+    kept: dict = {}
+    with_kept, counts = parties(kept)
+    assert counts == [3, 1, 0]  # the public subset is scanned once for all parties
+    assert {id(x) for x, _ in private} == set(kept) and id(public) not in kept
+    for (x, _), (held, used) in zip(private, kept.values()):
+        assert held is x
+        assert torch.equal(used, torch.from_numpy(x).flatten(1).abs().sum(0) != 0)
+    without, counts = parties(None)
+    assert counts == [3, 1, 3]
+    for a, b in zip(with_kept, without):
+        for (name, p), q in zip(a.named_parameters(), b.parameters()):
+            assert torch.equal(p, q), name

@@ -147,3 +147,29 @@ def test_a_cnn_s_reference_runs_distil_one_after_the_other():
         assert all(
             torch.equal(a, b) for a, b in zip(job.model.parameters(), solo.model.parameters())
         )
+
+
+def test_teachers_read_each_distillation_set_once(monkeypatch):
+    """A reference run distils on the same array every round: ``kept`` narrows each array once
+    and gives the logits of a fresh call bit for bit, for that array and for another one; a CNN
+    is declined before any records are read."""
+    from privkit.batched import exact_mlp
+
+    torch.manual_seed(1)
+    clients = [build_model("mlp", (1, 6, 6), 4, feature_dim=8) for _ in range(3)]
+    rng = np.random.default_rng(4)
+    x1 = rng.normal(size=(11, 1, 6, 6)).astype(np.float32)
+    x1[:, :, 0] = 0.0  # a blank row of inputs: narrowed away
+    x2 = rng.normal(size=(11, 1, 6, 6)).astype(np.float32)
+    cpu = torch.device("cpu")
+    fresh = {id(x): stacked_teachers(clients, x, cpu) for x in (x1, x2)}
+    scans = []
+    real = exact_mlp.Inputs.of
+    monkeypatch.setattr(exact_mlp.Inputs, "of", lambda x, d: scans.append(1) or real(x, d))
+    kept: dict = {}
+    for x in (x1, x1, x2, x1, x2):
+        np.testing.assert_array_equal(stacked_teachers(clients, x, cpu, kept), fresh[id(x)])
+    assert len(scans) == 2 and len(kept) == 2
+    cnns = [build_model("cnn", (1, 28, 28), 10) for _ in range(2)]
+    blank = np.zeros((3, 1, 28, 28), np.float32)
+    assert stacked_teachers(cnns, blank, cpu, kept) is None and len(scans) == 2
