@@ -155,10 +155,24 @@ def train_dpsgd_runs(
     if not batchable(config):
         return [train(method, f, c, seed=s) for f, c, s in zip(federations, configs, seeds)]
     device = resolve_device(config)
-    runs = [_Run(f, c, s, device) for f, c, s in zip(federations, configs, seeds)]
-    if len({str(r.spec) for r in runs}) != 1:
+    given = [_Run(f, c, s, device) for f, c, s in zip(federations, configs, seeds)]
+    if len({str(r.spec) for r in given}) != 1:
         raise ValueError("batched runs need one model architecture; found several")
-    m = len(runs)
+    m = len(given)
+    lead = given[0]  # the progress counts the first run's epochs, as train_one's bar does
+    marks = [bool(f) for f in fast] if fast is not None else [False] * m
+
+    # The runs stacked with each group of reference runs that draw their noise together (one per
+    # noise scale) side by side, the others first, each in the caller's order: a group's rows of
+    # the stacked sums are then a range, which its joint release reads as a view, where
+    # scattered rows were gathered every step (reference runs of other sizes calibrate other
+    # scales). Each model's computation does not depend on its place in the stack.
+    def place(j: int) -> tuple[bool, float, int]:  # drawn together, at which scale, given order
+        together = marks[j] and given[j].noise.seeded_torch
+        return together, given[j].sigma if together else 0.0, j
+
+    order = sorted(range(m), key=place)
+    runs, fast = [given[j] for j in order], [marks[j] for j in order]
     params, buffers = stacked_on([r.model for r in runs], device)
     names = list(params)  # the optimiser's parameter order, opacus' noise order
     net = StackedModels(runs[0].model, m)
@@ -182,11 +196,15 @@ def train_dpsgd_runs(
         batches = {j: runs[j].batch(t) for j in live}
         counts = [len(batches.get(j, ())) for j in range(m)]
         width = max(1, max(counts))
-        xb = kept(scratch, "xb", (m, width, *runs[0].x.shape[1:]), runs[0].x).zero_()
-        yb = kept(scratch, "yb", (m, width), runs[0].y).zero_()
+        xb = kept(scratch, "xb", (m, width, *runs[0].x.shape[1:]), runs[0].x)
+        yb = kept(scratch, "yb", (m, width), runs[0].y)
         for j, b in batches.items():  # gathered into the buffers themselves
             torch.index_select(runs[j].x, 0, b, out=xb[j, : len(b)])
             torch.index_select(runs[j].y, 0, b, out=yb[j, : len(b)])
+        for j, count in enumerate(counts):  # the pads zeroed, not the whole batch
+            if count < width:
+                xb[j, count:].zero_()
+                yb[j, count:].zero_()
         losses = torch.zeros(m, device=device)
 
         # called within this step only; the defaults bind this step's batch all the same
@@ -262,7 +280,7 @@ def train_dpsgd_runs(
                     }
                 )
                 loss_sums[j], r.seen = 0.0, 0
-        if (t + 1) % runs[0].per_epoch == 0:  # train_one's bar counts the (first) run's epochs
+        if (t + 1) % lead.per_epoch == 0:  # train_one's bar counts the (first) run's epochs
             round_done()
     out = []
     for r, released in zip(
@@ -294,7 +312,8 @@ def train_dpsgd_runs(
                 receipts=r.receipts,
             )
         )
-    return out
+    back = {j: at for at, j in enumerate(order)}
+    return [out[back[j]] for j in range(m)]
 
 
 __all__ = ["batchable", "train_dpsgd_runs"]

@@ -10,6 +10,8 @@ the serial executor: its logits must be the loop's.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -145,6 +147,28 @@ def test_dpsgd_with_adam_trains_one_run_after_the_other(fed, monkeypatch):
     alone = [train("dpsgd", f, cfg, seed=s) for f, s in zip(feds, [1, 2])]
     many = train_many("dpsgd", feds, cfg, [1, 2])
     assert all(_max_diff(a.model, b.model) == 0 for a, b in zip(alone, many))
+
+
+def test_dpsgd_reference_runs_of_two_noise_scales_come_back_in_the_callers_order(fed):
+    """An audit's reference runs of two sizes calibrate two noise scales and draw their noise in
+    two groups, stacked group by group: whether the caller interleaves the groups or not, each
+    run comes back in its own place, bit for bit, with its rounds and ledger."""
+    big, small = fed, fed.with_clients([c[: len(c) * 4 // 5] for c in fed.clients], "small")
+    cfg = {**CASES["dpsgd"], "reproducible_noise": False}  # references: seeded, drawn together
+    refs = [True] * 5
+    mixed = train_many(
+        "dpsgd", [big, small, big, small, big], cfg, [1, 2, 3, 4, 5], references=refs
+    )
+    grouped = train_many(
+        "dpsgd", [big, big, big, small, small], cfg, [1, 3, 5, 2, 4], references=refs
+    )
+    assert len({r.claims["noise_multiplier"] for r in mixed}) == 2
+    by_seed = dict(zip([1, 3, 5, 2, 4], grouped))
+    for seed, run in zip([1, 2, 3, 4, 5], mixed):
+        twin = by_seed[seed]
+        assert _max_diff(run.model, twin.model) == 0 and run.rounds == twin.rounds
+        assert run.ledger.to_dict() == twin.ledger.to_dict()
+    assert min(_max_diff(a.model, b.model) for a, b in itertools.pairwise(mixed)) > 0
 
 
 def test_release_mode_batched_runs_draw_secret_noise(fed):
