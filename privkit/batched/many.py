@@ -404,6 +404,9 @@ def local_dp_sgd(
     gathered = x_all.new_empty((0, *x_all.shape[1:]))
     scratch: dict = {}  # the releases' buffers, kept across the steps likewise (_noisy)
     joint = _JointSampling.of(jobs, offsets)
+    # each record's squared norm, the first layer's per-example input norm whenever it is drawn
+    # (the sums each step formed from its batch, bit for bit)
+    norms = x_all.flatten(1).pow(2).sum(-1) if net.linear_on_input else None
     for _ in range(steps):
         counts, glob = _step_batches(jobs, joint, offsets)
         width = glob.shape[1]
@@ -423,7 +426,15 @@ def local_dp_sgd(
                 out, models, s, yb[models, s], None if extra is None else extra[models, s]
             )
 
-        sums, _ = net.clipped_sums(params, buffers, xb, example_losses, clip, counts=counts)
+        sums, _ = net.clipped_sums(
+            params,
+            buffers,
+            xb,
+            example_losses,
+            clip,
+            counts=counts,
+            input_norms=None if norms is None else norms[glob],
+        )
         grads = _noisy(sums, jobs, names, expected, scratch)
         opt.step(params, grads, active)
 

@@ -177,6 +177,9 @@ def train_dpsgd_runs(
     names = list(params)  # the optimiser's parameter order, opacus' noise order
     net = StackedModels(runs[0].model, m)
     net.norm_offset = OPACUS_NORM_OFFSET
+    # each record's squared norm, the first layer's per-example input norm whenever it is drawn
+    # (computed as each step computed it from its batch: the same sums, bit for bit)
+    norms = [r.x.flatten(1).pow(2).sum(-1) for r in runs] if net.linear_on_input else None
     std = [r.sigma * config.clip_norm for r in runs]
     # an audit's mutation: clipping off for records and canaries (the noise stays calibrated to
     # the claimed clip norm, as opacus' hooks run it); its noise factor acts in the primitive
@@ -198,13 +201,18 @@ def train_dpsgd_runs(
         width = max(1, max(counts))
         xb = kept(scratch, "xb", (m, width, *runs[0].x.shape[1:]), runs[0].x)
         yb = kept(scratch, "yb", (m, width), runs[0].y)
+        nb = None if norms is None else kept(scratch, "norms", (m, width), norms[0])
         for j, b in batches.items():  # gathered into the buffers themselves
             torch.index_select(runs[j].x, 0, b, out=xb[j, : len(b)])
             torch.index_select(runs[j].y, 0, b, out=yb[j, : len(b)])
+            if nb is not None and norms is not None:
+                torch.index_select(norms[j], 0, b, out=nb[j, : len(b)])
         for j, count in enumerate(counts):  # the pads zeroed, not the whole batch
             if count < width:
                 xb[j, count:].zero_()
                 yb[j, count:].zero_()
+                if nb is not None:
+                    nb[j, count:].zero_()
         losses = torch.zeros(m, device=device)
 
         # called within this step only; the defaults bind this step's batch all the same
@@ -219,7 +227,9 @@ def train_dpsgd_runs(
             losses.index_add_(0, models, torch.where(keep, ce, 0.0).detach().sum(1))
             return ce
 
-        sums, _ = net.clipped_sums(params, buffers, xb, example_losses, clip, counts=counts)
+        sums, _ = net.clipped_sums(
+            params, buffers, xb, example_losses, clip, counts=counts, input_norms=nb
+        )
         with torch.no_grad():
             # an audit's canaries of each probed run, sampled from its noise stream before its
             # noise and added to its clipped sum (the single run's ProbedStep)

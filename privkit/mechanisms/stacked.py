@@ -253,6 +253,7 @@ class StackedModels:
         clip: float,
         record: Collection[str] | None = None,
         counts: list[int] | None = None,
+        input_norms: torch.Tensor | None = None,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """``sum_i min(1, clip / ||grad_i||) grad_i`` per model over the layers in ``record`` (all
         parametrised layers by default), and the norms ``(M, B)``.
@@ -266,8 +267,14 @@ class StackedModels:
         The examples are processed in chunks (``s``), each with its own forward and backward pass:
         every example's norm is formed within its chunk, so the chunks only add up, and a chunk's
         activations stay in cache. A chunk leaves out the models whose examples have run out.
+
+        ``input_norms`` ``(M, B)``: each example's squared input norm, where the caller keeps its
+        records' (a model whose first layer is linear on the input, :attr:`linear_on_input`):
+        that layer's norms read them, where every step would square and sum its batch again.
         """
         m, width = x.shape[:2]
+        if input_norms is not None and not self.linear_on_input:
+            raise ValueError("input_norms needs a first layer linear on the input; found another")
         record = (
             self.parametrised if record is None else [n for n in self.parametrised if n in record]
         )
@@ -302,6 +309,11 @@ class StackedModels:
                 clip,
                 record,
                 keep,
+                None
+                if input_norms is None
+                else input_norms[:, sl]
+                if len(rows) == m
+                else input_norms[models, sl],
             )
             for k, v in part.items():
                 if len(rows) == m:
@@ -345,7 +357,16 @@ class StackedModels:
             return max(1, x.shape[1])
         return max(1, CHUNK_BYTES // (largest * x.element_size() * x.shape[0]))
 
-    def _clipped_chunk(self, params, buffers, x, losses_of, clip, record, keep):
+    @property
+    def linear_on_input(self) -> bool:
+        """Whether the first parametrised layer is linear on the input itself (flattened): its
+        per-example input norms are the records' own (:meth:`clipped_sums`' ``input_norms``)."""
+        for _, layer in self.layers:
+            if not isinstance(layer, nn.Flatten):
+                return isinstance(layer, nn.Linear)
+        return False
+
+    def _clipped_chunk(self, params, buffers, x, losses_of, clip, record, keep, input_norms=None):
         """:meth:`clipped_sums` for one chunk of examples (``keep``: ``(M, b)``, False at pads, or
         None): forward without autograd, the loss's gradient by autograd, the rest of the backward
         pass by hand (:meth:`_backward`)."""
@@ -356,7 +377,7 @@ class StackedModels:
         with torch.enable_grad():
             (dlogits,) = torch.autograd.grad(losses_of(logits).sum(), [logits])
         per = self._backward(tape, dlogits, params, record)
-        return self.clipped_layers(per, clip, keep, params)
+        return self.clipped_layers(per, clip, keep, params, input_norms)
 
     def clipped_layers(
         self,
@@ -364,16 +385,21 @@ class StackedModels:
         clip: float,
         keep: torch.Tensor | None,
         params: dict[str, torch.Tensor],
+        input_norms: torch.Tensor | None = None,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """From each layer's per-example pieces (:meth:`_backward`; also ``("linear_nobias", input,
         output gradient)`` for a linear layer without bias), every example's norm over all the
-        layers ``(M, b)`` and the clipped sums ``{parameter name: (M, ...)}``."""
+        layers ``(M, b)`` and the clipped sums ``{parameter name: (M, ...)}``; ``input_norms``:
+        the squared norms of the first parametrised layer's inputs, where known
+        (:meth:`clipped_sums`)."""
         first = next(iter(per.values()))
         shape = first[1].shape[:2] if first[0] != "conv" else first[1].shape[:2][::-1]
         sq = torch.zeros(shape, dtype=first[1].dtype, device=first[1].device)
-        for kind, a, g in per.values():
+        known = {self.parametrised[0]: input_norms} if input_norms is not None else {}
+        for name, (kind, a, g) in per.items():
             if kind == "linear":  # ||g_i a_i^T||^2 = ||g_i||^2 ||a_i||^2 ; the bias gradient is g_i
-                sq += g.pow(2).sum(-1) * (a.pow(2).sum(-1) + 1.0)
+                a_sq = known[name] if name in known else a.pow(2).sum(-1)
+                sq += g.pow(2).sum(-1) * (a_sq + 1.0)
             elif kind == "linear_nobias":
                 sq += g.pow(2).sum(-1) * a.pow(2).sum(-1)
             else:

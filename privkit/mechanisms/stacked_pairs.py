@@ -39,7 +39,12 @@ class StackedPairs(StackedModels):
     def chunk_size(self, x: torch.Tensor) -> int:
         return min(self.mentor.chunk_size(x), self.mentee.chunk_size(x))
 
-    def _clipped_chunk(self, params, buffers, x, losses_of, clip, record, keep):
+    @property
+    def linear_on_input(self) -> bool:
+        """Two towers read the input: no input norms are taken from the caller."""
+        return False
+
+    def _clipped_chunk(self, params, buffers, x, losses_of, clip, record, keep, input_norms=None):
         def part(d: dict, prefix: str) -> dict:
             return {k[len(prefix) :]: v for k, v in d.items() if k.startswith(prefix)}
 

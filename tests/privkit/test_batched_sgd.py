@@ -121,6 +121,55 @@ def test_chunked_clipped_sums_with_pads_equal_torch_func_per_example_gradients(n
     assert (norms[0] > clip).any() and (norms[0] < clip).any()
 
 
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_input_norms_kept_by_the_caller_give_the_same_clipped_sums(name, monkeypatch):
+    """A caller that keeps its records' squared norms passes them (``input_norms``): an MLP's
+    clipped sums and norms come out bit for bit, in chunks of three with models whose examples
+    run out (the pads' norms are anything); norms that are not the inputs' move them (the first
+    layer reads them); a model whose first layer is not linear on its input refuses them."""
+    torch.manual_seed(3)
+    spec = _spec(name, (1, 12, 12), 5)
+    models = [build_model(spec["arch"], (1, 12, 12), 5, **ARCHS[name]) for _ in range(3)]
+    params = {
+        k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
+        for k, _ in models[0].named_parameters()
+    }
+    buffers = {
+        k: torch.stack([dict(m.named_buffers())[k] for m in models])
+        for k, _ in models[0].named_buffers()
+    }
+    counts = [7, 2, 5]
+    x, y = torch.randn(3, 7, 1, 12, 12), torch.randint(0, 5, (3, 7))
+    stacked = StackedModels(models[0], 3)
+    monkeypatch.setattr(StackedModels, "chunk_size", lambda self, x: 3)
+
+    def losses(lo, mo, s):
+        return F.cross_entropy(lo.reshape(-1, 5), y[mo, s].reshape(-1), reduction="none").view(
+            len(mo), -1
+        )
+
+    norms = x.flatten(2).pow(2).sum(-1)
+    for j, c in enumerate(counts):
+        norms[j, c:] = 1e6  # pads: read by nothing
+
+    def run(given):
+        return stacked.clipped_sums(
+            params, buffers, x, losses, 0.5, counts=counts, input_norms=given
+        )
+
+    if name == "cnn":
+        assert not stacked.linear_on_input
+        with pytest.raises(ValueError, match="input_norms"):
+            run(norms)
+        return
+    assert stacked.linear_on_input
+    (want, want_norms), (got, got_norms) = run(None), run(norms)
+    assert torch.equal(got_norms, want_norms)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    _, moved = run(norms * 4)
+    assert not torch.equal(moved, want_norms)
+
+
 @pytest.mark.parametrize("frozen", [False, True], ids=["all-trainable", "features-frozen"])
 def test_single_model_clipped_sum_in_chunks_equals_torch_func(frozen, monkeypatch):
     """The single-model form DpSgdStep uses (clipped_sum_one), four examples per chunk, with and
