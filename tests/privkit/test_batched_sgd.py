@@ -28,6 +28,22 @@ def _spec(name: str, shape=(1, 8, 8), classes: int = 4) -> dict:
     return model_spec(name.split("-")[0], shape, classes, **ARCHS[name])
 
 
+def _three_stacked(name: str):
+    """Three models of ``ARCHS[name]`` on 12 x 12 inputs, 5 classes, and their parameters and
+    buffers stacked."""
+    spec = _spec(name, (1, 12, 12), 5)
+    models = [build_model(spec["arch"], (1, 12, 12), 5, **ARCHS[name]) for _ in range(3)]
+    params = {
+        k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
+        for k, _ in models[0].named_parameters()
+    }
+    buffers = {
+        k: torch.stack([dict(m.named_buffers())[k] for m in models])
+        for k, _ in models[0].named_buffers()
+    }
+    return models, params, buffers
+
+
 @pytest.fixture(scope="module")
 def data():
     rng = np.random.default_rng(0)
@@ -80,16 +96,7 @@ def test_chunked_clipped_sums_with_pads_equal_torch_func_per_example_gradients(n
     some examples are clipped and some not: norms and sums are torch.func's per-example gradients,
     clipped and summed over each model's own examples."""
     torch.manual_seed(1)
-    spec = _spec(name, (1, 12, 12), 5)
-    models = [build_model(spec["arch"], (1, 12, 12), 5, **ARCHS[name]) for _ in range(3)]
-    params = {
-        k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
-        for k, _ in models[0].named_parameters()
-    }
-    buffers = {
-        k: torch.stack([dict(m.named_buffers())[k] for m in models])
-        for k, _ in models[0].named_buffers()
-    }
+    models, params, buffers = _three_stacked(name)
     counts = [7, 2, 5]
     x, y = torch.randn(3, 7, 1, 12, 12), torch.randint(0, 5, (3, 7))
     for j, c in enumerate(counts):
@@ -128,16 +135,7 @@ def test_input_norms_kept_by_the_caller_give_the_same_clipped_sums(name, monkeyp
     run out (the pads' norms are anything); norms that are not the inputs' move them (the first
     layer reads them); a model whose first layer is not linear on its input refuses them."""
     torch.manual_seed(3)
-    spec = _spec(name, (1, 12, 12), 5)
-    models = [build_model(spec["arch"], (1, 12, 12), 5, **ARCHS[name]) for _ in range(3)]
-    params = {
-        k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
-        for k, _ in models[0].named_parameters()
-    }
-    buffers = {
-        k: torch.stack([dict(m.named_buffers())[k] for m in models])
-        for k, _ in models[0].named_buffers()
-    }
+    models, params, buffers = _three_stacked(name)
     counts = [7, 2, 5]
     x, y = torch.randn(3, 7, 1, 12, 12), torch.randint(0, 5, (3, 7))
     stacked = StackedModels(models[0], 3)
