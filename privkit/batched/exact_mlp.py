@@ -374,28 +374,33 @@ def train_exact(
 
 def _records(
     ms: Sequence[Model], used: torch.Tensor | None = None, scratch: dict | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every model's records and targets in one tensor each, and each model's first row in them;
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every model's records and targets in one tensor each, and each model's first row in each;
     with ``used`` (:func:`_used_inputs`), model i's records at the inputs ``used[i]`` only.
-    Models that hold the same records (the same tensors: FedMD's parties all train on the public
-    data) share one copy: an audit's 160 such models would otherwise copy it 160 times a round.
-    The records are written in place into a buffer of ``scratch`` (each model's gathered there
-    directly: no copy per model, then none of the whole)."""
-    at: dict[tuple, int] = {}
-    flats, ys, starts, total = [], [], [], 0
+    Models that hold the same records (the same tensor: FedMD's parties all train on the public
+    data, an audit's FedDF runs distil on one copy) share one copy of them, and models that hold
+    the same targets one copy of those: an audit's 160 such models would otherwise copy their
+    records 160 times a round. The records are written in place into a buffer of ``scratch``
+    (each model's gathered there directly: no copy per model, then none of the whole)."""
+    x_at: dict[tuple, int] = {}
+    y_at: dict[tuple, int] = {}
+    flats, ys, x_starts, y_starts, total, y_total = [], [], [], [], 0, 0
     inputs = used.cpu().numpy() if used is not None else None
     for i, m in enumerate(ms):
-        key = tuple(
-            (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device) for t in (m.x, m.y)
-        )
+        key = (m.x.data_ptr(), tuple(m.x.shape), m.x.stride(), m.x.dtype, m.x.device)
         if inputs is not None:
             key += (inputs[i].tobytes(),)
-        if key not in at:
-            at[key] = total
+        if key not in x_at:
+            x_at[key] = total
             flats.append((i, m.x.reshape(len(m.x), -1), total))
-            ys.append(m.y)
             total += len(m.x)
-        starts.append(at[key])
+        x_starts.append(x_at[key])
+        y_key = (m.y.data_ptr(), tuple(m.y.shape), m.y.stride(), m.y.dtype, m.y.device)
+        if y_key not in y_at:
+            y_at[y_key] = y_total
+            ys.append(m.y)
+            y_total += len(m.y)
+        y_starts.append(y_at[y_key])
     width = used.shape[1] if used is not None else flats[0][1].shape[1]
     xs = kept({} if scratch is None else scratch, "records", (total, width), flats[0][1])
     for i, flat, start in flats:
@@ -404,7 +409,7 @@ def _records(
             rows.copy_(flat)
         else:
             torch.index_select(flat, 1, used[i], out=rows)
-    return xs, torch.cat(ys), torch.tensor(starts)
+    return xs, torch.cat(ys), torch.tensor(x_starts), torch.tensor(y_starts)
 
 
 def _inputs_in_use(records: torch.Tensor) -> torch.Tensor:
@@ -634,7 +639,7 @@ def _train_stacked(
     steps = [m.steps for m in ms]
     sizes = [size for m in ms for size in m.sizes()]
     width = max(sizes, default=1)
-    xs, ys, starts = _records(ms, used, scratch)
+    xs, ys, starts, y_starts = _records(ms, used, scratch)
     # (step, model, column) of every batch entry, padded to ``width``: one scatter, no loop.
     # Step-major: a chunk's models at step t are one contiguous slice ``[t, lo : lo + a]``.
     size = torch.tensor(sizes, dtype=torch.long)
@@ -645,9 +650,11 @@ def _train_stacked(
     entry_col = torch.arange(int(size.sum())) - torch.repeat_interleave(size.cumsum(0) - size, size)
     entry_model = torch.repeat_interleave(batch_model, size)
     idx = torch.zeros((steps[0], n, width), dtype=torch.long)
-    idx[torch.repeat_interleave(batch_step, size), entry_model, entry_col] = (
-        torch.cat([order.cpu() for m in ms for order in m.orders]) + starts[entry_model]
-    )
+    y_idx = torch.zeros((steps[0], n, width), dtype=torch.long)  # the targets' rows
+    at = (torch.repeat_interleave(batch_step, size), entry_model, entry_col)
+    local = torch.cat([order.cpu() for m in ms for order in m.orders])
+    idx[at] = local + starts[entry_model]
+    y_idx[at] = local + y_starts[entry_model]
     counts = torch.zeros((steps[0], n))
     counts[batch_step, batch_model] = size.float()
     idx, counts = idx.to(device), counts.to(device)
@@ -656,7 +663,7 @@ def _train_stacked(
     # every step's per-model tensors formed once, not a few small operations a chunk and step:
     # the batches' targets, each row's factor -1 / batch size (0 on padding; models past their
     # last step get 0 everywhere), the step counts Adam reads, where the loss starts counting
-    targets = ys[idx]
+    targets = ys[y_idx.to(device)]
     scales = -(cols < counts[..., None]).float() / counts.clamp_min(1.0)[..., None]
     step_counts = [torch.full((), float(t + 1), device=device) for t in range(steps[0])]
     counted_from = first.tolist()

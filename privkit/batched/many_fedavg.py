@@ -106,30 +106,58 @@ def local_epochs(
     return out
 
 
+class SameRecords:
+    """One array per content among the record arrays met, each array compared once, when first
+    met, and remembered by ``id`` (with the array itself, so that its ``id`` stays its own): an
+    audit's runs each hold their own copy of the public distillation records
+    (``Federation.public_arrays`` gathers them per federation), equal copies, which the stacked
+    distillation would copy and scan once per run every round and the teachers narrow once per
+    run. Kept by the batched runs' server steps from round to round."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._firsts: list[np.ndarray] = []
+        self._inputs: dict[int, Inputs] = {}
+
+    def first(self, x: np.ndarray) -> np.ndarray:
+        """The first array met with ``x``'s shape, dtype and values (``x`` itself if none)."""
+        hit = self._seen.get(id(x))
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        same = (
+            f for f in self._firsts if f.shape == x.shape and f.dtype == x.dtype and (f == x).all()
+        )
+        first = next(same, None)
+        if first is None:
+            self._firsts.append(first := x)
+        self._seen[id(x)] = (x, first)
+        return first
+
+    def inputs(self, x: np.ndarray, device: torch.device) -> Inputs:
+        """``x``'s :class:`~privkit.batched.exact_mlp.Inputs`, narrowed once per content."""
+        first = self.first(x)
+        if id(first) not in self._inputs:
+            self._inputs[id(first)] = Inputs.of(first, device)
+        return self._inputs[id(first)]
+
+
 def stacked_teachers(
     client_models: list[torch.nn.Module],
     x,
     device: torch.device,
-    kept: dict[int, tuple[object, Inputs]] | None = None,
+    same: SameRecords | None = None,
 ) -> np.ndarray | None:
     """The clients' logits on ``x`` in one batched product per layer (:func:`~privkit.batched.
     exact_mlp.stacked_logits`: equal to each client's own forward up to float rounding, the inputs
     0 in every record left out of the first layer), or None where the models are not privkit MLPs
     of one architecture: the server step of FedDF's and FedAUX's reference runs
-    (:func:`~privkit.trainers.feddf.distillation_hook`'s ``teachers``). ``kept``: the records'
-    :class:`~privkit.batched.exact_mlp.Inputs` by the array's ``id``, kept across calls (a run
-    distils on the same array every round)."""
+    (:func:`~privkit.trainers.feddf.distillation_hook`'s ``teachers``). ``same``: the records
+    narrowed once for every round and every run that holds equal ones (:class:`SameRecords`)."""
     try:
         mlp_layers(client_models[0])
     except UnsupportedModelError:
         return None
-    if kept is None:
-        inputs = Inputs.of(x, device)
-    else:
-        entry = kept.get(id(x))
-        if entry is None or entry[0] is not x:  # the array is kept too: its id stays its own
-            entry = kept[id(x)] = (x, Inputs.of(x, device))
-        inputs = entry[1]
+    inputs = same.inputs(x, device) if same is not None else Inputs.of(x, device)
     try:
         return stacked_logits(client_models, inputs, device).numpy()
     except UnsupportedModelError:
@@ -143,10 +171,12 @@ def _train_runs(
     seeds: list[int],
     fast: list[bool] | None,
     reference_setup: Callable | None = None,
+    same: SameRecords | None = None,
 ) -> list:
     """The runs ``setup(federation, config, seed) -> (FederatedRun, finish)`` sets up, the selected
     clients of all runs' rounds trained together, each run's server step its own; the runs
-    ``fast`` marks set up by ``reference_setup`` where given (an audit's reference runs)."""
+    ``fast`` marks set up by ``reference_setup`` where given (an audit's reference runs), their
+    distillations reading equal records once (``same``, the teachers' too)."""
     marks = fast or [False] * len(seeds)
     pairs = [
         (reference_setup if reference_setup is not None and ref else setup)(f, c, s)
@@ -157,13 +187,16 @@ def _train_runs(
     lockstep(
         [run for run, _ in pairs],
         partial(local_epochs, fast=stacked, scratch={}),
-        partial(finish_rounds, together=stacked),
+        partial(finish_rounds, together=stacked, same=same),
     )
     return [finish(run.outcome()) for run, finish in pairs]
 
 
 def finish_rounds(
-    runs: list[FederatedRun], trained: list, together: frozenset[int] = frozenset()
+    runs: list[FederatedRun],
+    trained: list,
+    together: frozenset[int] = frozenset(),
+    same: SameRecords | None = None,
 ) -> None:
     """Each run's :meth:`~FederatedRun.finish_round` on its clients' ``trained`` copies; the runs
     whose ``id`` is in ``together`` and whose server step is FedDF's or FedAUX's distillation
@@ -180,11 +213,11 @@ def finish_rounds(
             jobs.append((run, step.job(run.model, locals_, list(run.selected), run.t)))
         else:  # no client this round: no server step, as finish_round
             run.end_round({})
-    for (run, _), kl in zip(jobs, distil_together([job for _, job in jobs])):
+    for (run, _), kl in zip(jobs, distil_together([job for _, job in jobs], same)):
         run.end_round({"distill_kl": kl})
 
 
-def distil_together(jobs: list[DistillJob]) -> list[float]:
+def distil_together(jobs: list[DistillJob], same: SameRecords | None = None) -> list[float]:
     """Every job's distillation (:func:`~privkit.trainers.common.distill`: Adam on
     ``KL(targets || softmax)``, its batches drawn from its seed), the models trained in place in
     one stacked computation (``train_exact(..., stacked=True)``, soft targets); each job's last
@@ -202,7 +235,7 @@ def distil_together(jobs: list[DistillJob]) -> list[float]:
     models = [
         model_for(
             j.model,
-            j.x,
+            same.first(j.x) if same is not None else j.x,  # equal records: one copy, one scan
             j.targets,
             epochs=j.epochs,
             batch_size=j.batch_size,
@@ -257,13 +290,15 @@ def train_feddf_many(
 ) -> list:
     """FedDF's runs batched (:func:`train_fedavg_many`'s parameters); each run's distillation is its
     own server step (a reference run's teachers' logits stacked: :func:`stacked_teachers`)."""
+    same = SameRecords()
     return _train_runs(
         feddf_run,
         federations,
         configs,
         seeds,
         fast,
-        partial(feddf_run, teachers=partial(stacked_teachers, kept={})),
+        partial(feddf_run, teachers=partial(stacked_teachers, same=same)),
+        same,
     )
 
 
@@ -272,17 +307,20 @@ def train_fedaux_many(
 ) -> list:
     """FedAUX's runs batched (:func:`train_fedavg_many`'s parameters); each run's score release and
     distillation are its own (a reference run's teachers' logits stacked, as FedDF's)."""
+    same = SameRecords()
     return _train_runs(
         fedaux_run,
         federations,
         configs,
         seeds,
         fast,
-        partial(fedaux_run, teachers=partial(stacked_teachers, kept={})),
+        partial(fedaux_run, teachers=partial(stacked_teachers, same=same)),
+        same,
     )
 
 
 __all__ = [
+    "SameRecords",
     "distil_together",
     "finish_rounds",
     "local_epochs",

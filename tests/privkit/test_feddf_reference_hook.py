@@ -150,26 +150,53 @@ def test_a_cnn_s_reference_runs_distil_one_after_the_other():
 
 
 def test_teachers_read_each_distillation_set_once(monkeypatch):
-    """A reference run distils on the same array every round: ``kept`` narrows each array once
-    and gives the logits of a fresh call bit for bit, for that array and for another one; a CNN
-    is declined before any records are read."""
+    """The runs of an audit each hold an equal copy of the distillation records and distil on it
+    every round: ``same`` narrows each content once, equal copies included, and gives the logits
+    of a fresh call bit for bit, for those records and for others; a CNN is declined before any
+    records are read."""
     from privkit.batched import exact_mlp
+    from privkit.batched.many_fedavg import SameRecords
 
     torch.manual_seed(1)
     clients = [build_model("mlp", (1, 6, 6), 4, feature_dim=8) for _ in range(3)]
     rng = np.random.default_rng(4)
     x1 = rng.normal(size=(11, 1, 6, 6)).astype(np.float32)
     x1[:, :, 0] = 0.0  # a blank row of inputs: narrowed away
-    x2 = rng.normal(size=(11, 1, 6, 6)).astype(np.float32)
+    copy1, x2 = x1.copy(), rng.normal(size=(11, 1, 6, 6)).astype(np.float32)
     cpu = torch.device("cpu")
-    fresh = {id(x): stacked_teachers(clients, x, cpu) for x in (x1, x2)}
+    fresh = {id(x): stacked_teachers(clients, x, cpu) for x in (x1, copy1, x2)}
     scans = []
     real = exact_mlp.Inputs.of
     monkeypatch.setattr(exact_mlp.Inputs, "of", lambda x, d: scans.append(1) or real(x, d))
-    kept: dict = {}
-    for x in (x1, x1, x2, x1, x2):
-        np.testing.assert_array_equal(stacked_teachers(clients, x, cpu, kept), fresh[id(x)])
-    assert len(scans) == 2 and len(kept) == 2
+    same = SameRecords()
+    for x in (x1, copy1, x2, x1, copy1, x2):
+        np.testing.assert_array_equal(stacked_teachers(clients, x, cpu, same), fresh[id(x)])
+    assert len(scans) == 2
+    assert same.first(copy1) is x1 and same.first(x2) is x2
     cnns = [build_model("cnn", (1, 28, 28), 10) for _ in range(2)]
     blank = np.zeros((3, 1, 28, 28), np.float32)
-    assert stacked_teachers(cnns, blank, cpu, kept) is None and len(scans) == 2
+    assert stacked_teachers(cnns, blank, cpu, same) is None and len(scans) == 2
+
+
+def test_runs_with_equal_distillation_records_distil_on_one_copy(monkeypatch):
+    """Each run holds its own copy of the distillation records: with ``same`` the stacked
+    distillation gathers and scans one copy for all of them, bit for bit as with each run's own,
+    and a run with other records keeps its own."""
+    from privkit.batched import exact_mlp
+    from privkit.batched.many_fedavg import SameRecords, distil_together
+
+    shared, own = _jobs(3), _jobs(3)
+    assert len({id(j.x) for j in shared}) == 3  # three equal copies
+    other = shared[2].x.copy()
+    other[:5] = 0.0
+    for jobs in (shared, own):
+        jobs[2].x = other
+    scans = []
+    real = exact_mlp._inputs_in_use
+    monkeypatch.setattr(exact_mlp, "_inputs_in_use", lambda r: scans.append(1) or real(r))
+    kls = distil_together(shared, SameRecords())
+    assert len(scans) == 2  # the copies of one content once, the other records once
+    scans.clear()
+    assert distil_together(own) == kls and len(scans) == 3
+    for a, b in zip(shared, own):
+        assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
