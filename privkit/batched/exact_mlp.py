@@ -68,12 +68,19 @@ def mlp_layers(model: nn.Module) -> list[str]:
         names.append(f"features.{n1}")
     if model.head.bias is None:
         raise UnsupportedModelError("exact batched training needs a head with a bias")
-    trainable = {name: p.requires_grad for name, p in model.named_parameters()}
+    # read from the layers found (a walk of every parameter costs more than the rest of the check)
+    layers = {f"features.{n}": lin for n, lin in kids[1::2]} | {"head": model.head}
+    trainable = {
+        f"{name}.{k}": getattr(layer, k).requires_grad
+        for name, layer in layers.items()
+        for k in ("weight", "bias")
+    }
     if (
         len({trainable[f"{n}.weight"] == trainable[f"{n}.bias"] for n in names + ["head"]}) > 1
         or not trainable["head.weight"]
+        # the backward pass stops at the first frozen layer from the top: none trains below it
         or any(
-            trainable[f"{a}.weight"] < trainable[f"{b}.weight"]
+            trainable[f"{a}.weight"] > trainable[f"{b}.weight"]
             for a, b in itertools.pairwise(names)
         )
     ):
@@ -149,9 +156,12 @@ def model_for(
     from privkit.trainers.common import as_tensor
 
     # .to() and .train() walk every submodule and parameter even when there is nothing to change
-    # (about 60% of this function's time; an audit's FedMD runs call it 3,800 times)
-    if any(t.device != device for t in itertools.chain(module.parameters(), module.buffers())):
+    # (about 60% of this function's time; an audit's FedMD runs call it 3,800 times); the
+    # parameters are walked once, for the check and the model's tensors
+    named = dict(module.named_parameters())
+    if any(t.device != device for t in itertools.chain(named.values(), module.buffers())):
         module.to(device)
+        named = dict(module.named_parameters())
     if not all(m.training for m in module.modules()):
         module.train()
     xt = as_tensor(x, device, torch.float32)
@@ -161,7 +171,7 @@ def model_for(
     gen = torch_generator(seed)
     # minibatches' draws: one permutation per epoch from the generator, in turn
     orders = [torch.randperm(len(xt), generator=gen).to(device) for _ in range(epochs)]
-    params = {k: q.detach() for k, q in module.named_parameters()}
+    params = {k: q.detach() for k, q in named.items()}
     return Model(params, xt, yt, orders, batch_size, soft, start, inputs_used)
 
 
@@ -387,7 +397,7 @@ def _records(
     flats, ys, x_starts, y_starts, total, y_total = [], [], [], [], 0, 0
     inputs = used.cpu().numpy() if used is not None else None
     for i, m in enumerate(ms):
-        key = (m.x.data_ptr(), tuple(m.x.shape), m.x.stride(), m.x.dtype, m.x.device)
+        key: tuple = (m.x.data_ptr(), tuple(m.x.shape), m.x.stride(), m.x.dtype, m.x.device)
         if inputs is not None:
             key += (inputs[i].tobytes(),)
         if key not in x_at:

@@ -563,3 +563,43 @@ def test_fedmd_phases_keep_each_partys_used_inputs(monkeypatch):
     for a, b in zip(with_kept, without):
         for (name, p), q in zip(a.named_parameters(), b.parameters()):
             assert torch.equal(p, q), name
+
+
+def test_mlp_layers_covers_models_trained_from_some_layer_on():
+    """The exact and stacked kernels cover privkit MLPs trained from some layer on (every layer,
+    frozen features under a trained head, a frozen first layer under trained ones): those train
+    as ``train_supervised`` trains them, bit for bit. A layer with a frozen weight and a trained
+    bias, a frozen head, a trained layer under a frozen one (whose backward pass would stop above
+    it) and a CNN are refused."""
+    from privkit.batched.exact_mlp import mlp_layers
+    from privkit.mechanisms.stacked import UnsupportedModelError
+    from privkit.trainers.common import train_supervised
+
+    def mlp(frozen=()):
+        torch.manual_seed(4)
+        model = build_model("mlp", (1, 6, 6), 4, feature_dim=8, depth=2)
+        for name in frozen:
+            model.get_parameter(name).requires_grad_(False)
+        return model
+
+    first, second = (
+        ["features.1.weight", "features.1.bias"],
+        ["features.3.weight", "features.3.bias"],
+    )
+    rng = np.random.default_rng(7)
+    x, y = rng.normal(size=(21, 1, 6, 6)).astype(np.float32), rng.integers(0, 4, 21)
+    cpu = torch.device("cpu")
+    for frozen in ((), first, first + second):
+        assert mlp_layers(mlp(frozen)) == ["features.1", "features.3", "head"]
+        ours, want = mlp(frozen), mlp(frozen)
+        m = model_for(ours, x, y, epochs=2, batch_size=8, seed=3, device=cpu)
+        train_exact(ours, [m], optimizer="adam", lr=0.01)
+        train_supervised(want, x, y, epochs=2, batch_size=8, lr=0.01, device=cpu, seed=3)
+        for (name, a), b in zip(ours.named_parameters(), want.parameters()):
+            assert torch.equal(a, b), (frozen, name)
+        assert torch.equal(ours.features[1].weight, mlp(frozen).features[1].weight) == bool(frozen)
+    for frozen in (["features.3.weight"], ["head.weight", "head.bias"], second):
+        with pytest.raises(UnsupportedModelError, match="trainable from some layer on"):
+            mlp_layers(mlp(frozen))
+    with pytest.raises(UnsupportedModelError, match="Flatten, then Linear"):
+        mlp_layers(build_model("cnn", (1, 8, 8), 4, width=4, feature_dim=8))
