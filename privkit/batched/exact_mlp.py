@@ -186,7 +186,7 @@ class Inputs:
     the inputs nonzero in some record (``used``; None: all of them). A caller that reads the same
     records again keeps them: FedDF's teachers read one distillation set every round, and
     FedMD's three party architectures one public subset (a scan and a gather of the records
-    each time, about 1 ms for 1,438 digits)."""
+    each time: 0.4 ms for 1,438 digits alone, about 1 ms within an audit)."""
 
     records: torch.Tensor  # (n, len(used))
     used: torch.Tensor | None
