@@ -161,18 +161,16 @@ def train_dpsgd_runs(
     m = len(given)
     lead = given[0]  # the progress counts the first run's epochs, as train_one's bar does
     marks = [bool(f) for f in fast] if fast is not None else [False] * m
-
+    # the seeded reference runs, whose noise is drawn together with their scale's others
+    together = [f and r.noise.seeded_torch for f, r in zip(marks, given)]
     # The runs stacked with each group of reference runs that draw their noise together (one per
     # noise scale) side by side, the others first, each in the caller's order: a group's rows of
     # the stacked sums are then a range, which its joint release reads as a view, where
     # scattered rows were gathered every step (reference runs of other sizes calibrate other
     # scales). Each model's computation does not depend on its place in the stack.
-    def place(j: int) -> tuple[bool, float, int]:  # drawn together, at which scale, given order
-        together = marks[j] and given[j].noise.seeded_torch
-        return together, given[j].sigma if together else 0.0, j
-
-    order = sorted(range(m), key=place)
+    order = sorted(range(m), key=lambda j: (together[j], given[j].sigma if together[j] else 0.0, j))
     runs, fast = [given[j] for j in order], [marks[j] for j in order]
+    quick = [together[j] for j in order]
     params, buffers = stacked_on([r.model for r in runs], device)
     names = list(params)  # the optimiser's parameter order, opacus' noise order
     net = StackedModels(runs[0].model, m)
@@ -184,7 +182,6 @@ def train_dpsgd_runs(
     # an audit's mutation: clipping off for records and canaries (the noise stays calibrated to
     # the claimed clip norm, as opacus' hooks run it); its noise factor acts in the primitive
     clip = config.clip_norm if mutations.active().clipping else math.inf
-    quick = [bool(f) and r.noise.seeded_torch for f, r in zip(fast or [False] * m, runs)]
     expected = torch.tensor([float(r.expected) for r in runs], device=device)
     # an audit's reference runs skip what only a report reads: the test accuracies of all but
     # their last epoch (as the federated reference runs skip their rounds')
