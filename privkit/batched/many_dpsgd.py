@@ -45,6 +45,7 @@ from privkit.batched.batched_sgd import load_states
 from privkit.batched.buffers import kept
 from privkit.batched.class_axis import cross_entropy
 from privkit.batched.many import joint_release, round_done, rows_of, stacked_on, unreported
+from privkit.batched.used_inputs import UnusedInputs
 from privkit.mechanisms import mutations
 from privkit.mechanisms.gaussian import Receipt, gaussian_release
 from privkit.mechanisms.stacked import StackedModels
@@ -110,11 +111,9 @@ class _Run:
         return dict(zip(names, noisy))
 
 
-def _test_accuracy(
-    r: _Run, params: dict[str, torch.Tensor], names: list[str], j: int, device: torch.device
-) -> float:
-    """Run ``r``'s test accuracy with its parameters as they are (row ``j`` of ``params``)."""
-    r.model.load_state_dict({k: params[k][j].detach().clone() for k in names}, strict=False)
+def _test_accuracy(r: _Run, weights: dict[str, torch.Tensor], device: torch.device) -> float:
+    """Run ``r``'s test accuracy with its parameters as they are (``weights``)."""
+    r.model.load_state_dict({k: v.detach().clone() for k, v in weights.items()}, strict=False)
     return accuracy(r.model, *r.federation.test_arrays(), device)  # type: ignore[call-arg]  # test_arrays is (x, y)
 
 
@@ -175,6 +174,24 @@ def train_dpsgd_runs(
     names = list(params)  # the optimiser's parameter order, opacus' noise order
     net = StackedModels(runs[0].model, m)
     net.norm_offset = OPACUS_NORM_OFFSET
+    # With seeded reference runs in the stack, the steps go over the inputs some record uses
+    # only (the others' weights are never read; a reference run draws their noise after its
+    # last step: privkit.batched.used_inputs.UnusedInputs); not while an audit probes the runs
+    # (its probes observe the whole release of every step).
+    unused = (
+        UnusedInputs.find(
+            net,
+            names,
+            [r.x for r in runs],
+            [torch.as_tensor(r.federation.test_arrays()[0], device=device) for r in runs],
+        )
+        if any(quick) and not any(r.probes for r in runs)
+        else None
+    )
+    if unused is not None:
+        unused.narrow(params)
+        for r in runs:
+            r.x = unused.records(r.x)
     # each record's squared norm, the first layer's per-example input norm whenever it is drawn
     # (computed as each step computed it from its batch: the same sums, bit for bit)
     norms = [r.x.flatten(1).pow(2).sum(-1) for r in runs] if net.linear_on_input else None
@@ -243,9 +260,14 @@ def train_dpsgd_runs(
                 if quick[j]:  # reference runs: their noise in one draw per noise scale
                     groups.setdefault(std[j], []).append(j)
                     continue
-                noisy = runs[j].noisy({k: sums[k][j] for k in names}, std[j], config.clip_norm)
+                own = {k: sums[k][j] for k in names}
+                whole = own if unused is None else unused.whole(own)
+                noisy = runs[j].noisy(whole, std[j], config.clip_norm)
                 if j in probed:
                     observed[j] = [noisy[k] for k in names]
+                if unused is not None:  # its release over every input, stepped in two parts
+                    unused.step(params, j, noisy, expected[j], config.lr)
+                    continue
                 for k in names:
                     params[k][j].add_(noisy[k] / expected[j], alpha=-config.lr)
             for s, rows in groups.items():
@@ -267,6 +289,16 @@ def train_dpsgd_runs(
                 for k in names:
                     scale = expected[at].view(-1, *([1] * (noisy[k].dim() - 1)))
                     params[k][at] -= config.lr * (noisy[k] / scale)
+                ending = [j for j in rows if runs[j].steps == t + 1]
+                if unused is not None and ending:  # the unused inputs' noise of all their steps
+                    unused.lumped_noise(
+                        ending,
+                        t + 1,
+                        std=s,
+                        source=runs[rows[0]].noise,
+                        expected=expected[ending],
+                        lr=config.lr,
+                    )
             for j, step in probed.items():
                 step.observe(observed[j])
         loss_sums += losses.double()  # run by run, the float64 additions of a Python float's
@@ -280,7 +312,13 @@ def train_dpsgd_runs(
                         "steps": t + 1,
                         "loss": float(loss_sums[j]) / max(r.seen, 1),
                         "test_accuracy": (
-                            _test_accuracy(r, params, names, j, device)
+                            _test_accuracy(
+                                r,
+                                {k: params[k][j] for k in names}
+                                if unused is None
+                                else unused.weights(params, j),
+                                device,
+                            )
                             if r.report_metrics or t + 1 + r.per_epoch > r.steps  # the last epoch's
                             else math.nan
                         ),
@@ -289,6 +327,8 @@ def train_dpsgd_runs(
                 loss_sums[j], r.seen = 0.0, 0
         if (t + 1) % lead.per_epoch == 0:  # train_one's bar counts the (first) run's epochs
             round_done()
+    if unused is not None:
+        unused.restore(params)
     out = []
     for r, released in zip(
         runs,

@@ -15,6 +15,11 @@ docs/auditing-methods.md) trains ``W Q`` over its records' coordinates and takes
 across the span once, at the end of its round (:class:`Narrowed`): the model it hands back has
 the law it would have had with every step's full draw.
 
+Centralised DP-SGD's runs (:class:`UnusedInputs`) hold thousands of records, whose span is every
+input they use; an audit's reference runs there train in one stack with the target run, over the
+inputs some record of any run uses (the quickstart's MNIST records leave 129 of the 784 pixels at
+0), and the target run releases its whole gradient at every step.
+
 Two cases of that split. The inputs that are 0 in every record lie across the span, so a client
 trains over the inputs its records use at least (the demo's MNIST clients leave 29-37% of the 784
 pixels at 0 in every record). Where a client has fewer records than it uses inputs, it trains in
@@ -43,7 +48,8 @@ from privkit.batched.buffers import kept
 from privkit.batched.exact_mlp import _inputs_in_use, mlp_layers
 from privkit.batched.many import LocalDp
 from privkit.mechanisms import mutations
-from privkit.mechanisms.stacked import UnsupportedModelError
+from privkit.mechanisms.dp_random import DpRandom
+from privkit.mechanisms.stacked import StackedModels, UnsupportedModelError
 
 
 def narrowable(job: LocalDp) -> bool:
@@ -255,19 +261,148 @@ class Narrowed:
 
     def _summed_noise(self, outs: int, width: int, steps: int, like: torch.Tensor) -> torch.Tensor:
         """Per model ``(outs, width)`` normals, the sum of ``steps`` steps' noise at its step's
-        scale (``sqrt(steps)`` times it), an audit's mutation applied as the release primitive
-        applies it, in one draw from the first job's noise stream. Not a release of its own: these
-        are the untrained coordinates' share of the steps' releases, whose receipts the jobs hold."""
-        factor = mutations.active().noise_factor  # the primitive's (1.0 outside audits)
-        scale = torch.tensor(
-            [
-                math.sqrt(steps) * j.step.noise_multiplier * j.step.clip_norm * factor
-                for j in self.jobs
-            ],
-            dtype=like.dtype,
+        scale (:func:`summed_noise`), in one draw from the first job's noise stream."""
+        stds = [j.step.noise_multiplier * j.step.clip_norm for j in self.jobs]
+        noise = summed_noise(self.jobs[0].noise_gen, (outs, width), stds, steps, like.dtype)
+        return noise.to(like.device)
+
+
+def summed_noise(
+    source: DpRandom, shape: tuple[int, ...], stds: Sequence[float], steps: int, dtype
+) -> torch.Tensor:
+    """Per model ``shape`` normals, the sum of ``steps`` steps' noise of standard deviation
+    ``stds[model]`` (``sqrt(steps)`` times it), an audit's mutation applied as the release
+    primitive applies it, in one ``(len(stds), *shape)`` draw from ``source``. Not a release of
+    its own: these are the untrained coordinates' share of the steps' releases, whose receipts
+    the steps hold."""
+    factor = mutations.active().noise_factor  # the primitive's (1.0 outside audits)
+    scale = torch.tensor([math.sqrt(steps) * s * factor for s in stds], dtype=dtype)
+    noise = source.randn((len(stds), *shape), dtype=dtype)
+    return noise.mul_(scale.to(noise.device).view(-1, *([1] * len(shape))))
+
+
+# Below this share of unused inputs, the copies that a release of a whole gradient takes at every
+# step cost about what the narrower products save.
+MIN_UNUSED_SHARE = 0.1
+
+
+class UnusedInputs:
+    """Centralised DP-SGD's stacked runs (:mod:`privkit.batched.many_dpsgd`) over the inputs some
+    record of any run uses: the first layer's weight ``weight`` narrowed to the used inputs
+    ``used`` in the stacked parameters, its other columns (``unused``) held in :attr:`aside`
+    ``(models, out, len(unused))``.
+
+    The audit's target run trains in the same stack as its reference runs. It releases its whole
+    gradient at every step (:meth:`whole`: the unused columns' sums 0) and its unused columns
+    take their part of that release (:meth:`step`), so its releases are unchanged. A seeded
+    reference run draws the used coordinates' noise at every step and its unused columns' noise
+    of all its steps after its last one (:meth:`lumped_noise`). The columns are left unused by
+    the runs' test records too, so no evaluation reads them in between.
+    """
+
+    def __init__(self, weight: str, used: torch.Tensor, unused: torch.Tensor, width: int):
+        self.weight, self.used, self.unused, self.width = weight, used, unused, width
+        self.aside = torch.empty(0)
+
+    @classmethod
+    def find(
+        cls,
+        net: StackedModels,
+        names: Sequence[str],
+        records: Sequence[torch.Tensor],
+        tests: Sequence[torch.Tensor],
+    ) -> UnusedInputs | None:
+        """The inputs 0 in every one of ``records`` and ``tests`` (each ``(n, ...)``), where the
+        first layer is linear on the input and trained, and at least :data:`MIN_UNUSED_SHARE` of
+        its inputs are unused; else None."""
+        if not net.linear_on_input or not records:
+            return None
+        weight = f"{net.parametrised[0]}.weight"
+        if weight not in names:
+            return None
+        width = math.prod(records[0].shape[1:])
+        in_use = torch.zeros(width, dtype=torch.bool, device=records[0].device)
+        for x in (*records, *tests):
+            in_use |= _inputs_in_use(x.reshape(len(x), width))
+        unused = (~in_use).nonzero().flatten()
+        if len(unused) < MIN_UNUSED_SHARE * width:
+            return None
+        return cls(weight, in_use.nonzero().flatten(), unused, width)
+
+    def narrow(self, params: dict[str, torch.Tensor]) -> None:
+        """``params``' first-layer weight ``(models, out, width)`` narrowed to the used inputs
+        (in place in the dict), its unused columns kept in :attr:`aside`."""
+        w = params[self.weight]
+        self.aside = w.index_select(2, self.unused)
+        params[self.weight] = w.index_select(2, self.used)
+
+    def records(self, x: torch.Tensor) -> torch.Tensor:
+        """Records ``(n, ...)`` flattened, their used inputs only."""
+        return x.reshape(len(x), -1).index_select(1, self.used)
+
+    def whole(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One model's sums with the first layer's over every input, 0 at the unused ones (what
+        its release releases)."""
+        narrow = sums[self.weight]
+        full = narrow.new_zeros(narrow.shape[0], self.width)
+        full.index_copy_(1, self.used, narrow)
+        return {**sums, self.weight: full}
+
+    def step(
+        self,
+        params: dict[str, torch.Tensor],
+        j: int,
+        noisy: dict[str, torch.Tensor],
+        expected: torch.Tensor,
+        lr: float,
+    ) -> None:
+        """Model ``j``'s SGD step from a release of its whole gradient (:meth:`whole`), as the
+        batched runs step (``params += -lr * (noisy / expected)``): the used columns in
+        ``params``, the others aside."""
+        for k, v in noisy.items():
+            if k == self.weight:
+                params[k][j].add_(v.index_select(1, self.used) / expected, alpha=-lr)
+                self.aside[j].add_(v.index_select(1, self.unused) / expected, alpha=-lr)
+            else:
+                params[k][j].add_(v / expected, alpha=-lr)
+
+    def lumped_noise(
+        self,
+        rows: Sequence[int],
+        steps: int,
+        *,
+        std: float,
+        source: DpRandom,
+        expected: torch.Tensor,
+        lr: float,
+    ) -> None:
+        """The unused columns' noise of ``steps`` steps for the seeded reference models ``rows``
+        (one noise scale ``std``, drawn from their group's ``source``): one draw of ``sqrt(steps)``
+        times a step's, each row's step ``-lr * (noise / expected[row])`` as each step's. An
+        audit's mutation of the noise scales it as it scales every step's (in the release
+        primitive). It is no release of its own: the steps' receipts stand for these
+        coordinates too."""
+        noise = summed_noise(
+            source, self.aside.shape[1:], [std] * len(rows), steps, self.aside.dtype
         )
-        noise = self.jobs[0].noise_gen.randn((len(self.jobs), outs, width), dtype=like.dtype)
-        return noise.mul_(scale.to(noise.device).view(-1, 1, 1)).to(like.device)
+        for row, j in enumerate(rows):
+            self.aside[j] -= lr * (noise[row] / expected[row])
+
+    def weights(self, params: dict[str, torch.Tensor], j: int) -> dict[str, torch.Tensor]:
+        """Model ``j``'s parameters, its first layer over every input."""
+        out = {k: v[j] for k, v in params.items()}
+        out[self.weight] = self._joined(params[self.weight][j : j + 1], self.aside[j : j + 1])[0]
+        return out
+
+    def restore(self, params: dict[str, torch.Tensor]) -> None:
+        """``params``' first layer over every input again (in place in the dict)."""
+        params[self.weight] = self._joined(params[self.weight], self.aside)
+
+    def _joined(self, used: torch.Tensor, aside: torch.Tensor) -> torch.Tensor:
+        full = used.new_empty(*used.shape[:2], self.width)
+        full.index_copy_(2, self.used, used)
+        full.index_copy_(2, self.unused, aside)
+        return full
 
 
 def _over(x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -304,10 +439,13 @@ def train_over_used_inputs(
 
 
 __all__ = [
+    "MIN_UNUSED_SHARE",
     "Narrowed",
     "RecordSpan",
     "SpanCache",
+    "UnusedInputs",
     "first_layers",
     "narrowable",
+    "summed_noise",
     "train_over_used_inputs",
 ]

@@ -83,13 +83,15 @@ def test_checkpoints_of_release_noise_references_are_not_reused(fed, tmp_path):
     assert model_checkpoints(tmp_path, seeded).key != model_checkpoints(tmp_path, plain).key
 
 
-def _statistics(fed, config: dict, seeds: list[int], reproducible: bool) -> np.ndarray:
+def _statistics(
+    fed, config: dict, seeds: list[int], reproducible: bool, method: str = "dp-fedavg"
+) -> np.ndarray:
     """Per run: the released model's parameter norm (what the noise scale moves) and its mean
     loss on 200 test records (what the membership attacks score)."""
     x, y = fed.test_arrays()
     xq, yq = torch.as_tensor(x[:200]), torch.as_tensor(y[:200])
     runs = train_many(
-        "dp-fedavg", [fed] * len(seeds), config, seeds, references=[reproducible] * len(seeds)
+        method, [fed] * len(seeds), config, seeds, references=[reproducible] * len(seeds)
     )
     assert all(r.reproducible_noise == reproducible for r in runs)
     out = []
@@ -101,18 +103,20 @@ def _statistics(fed, config: dict, seeds: list[int], reproducible: bool) -> np.n
     return np.array(out)
 
 
-def _agree_with_release_and_see_wrong_noise(fed, config: dict, runs: int = RUNS) -> None:
+def _agree_with_release_and_see_wrong_noise(
+    fed, config: dict, runs: int = RUNS, method: str = "dp-fedavg"
+) -> None:
     """``runs`` seeded reference runs against as many release runs of ``config``: the same
     parameter norms and query losses (KS), and seeded noise 10% too small told apart (the test's
     power)."""
     torch.set_num_threads(1)
-    release = _statistics(fed, config, list(range(100, 100 + runs)), reproducible=False)
-    seeded = _statistics(fed, config, list(range(200, 200 + runs)), reproducible=True)
+    release = _statistics(fed, config, list(range(100, 100 + runs)), False, method)
+    seeded = _statistics(fed, config, list(range(200, 200 + runs)), True, method)
     for i, name in enumerate(("parameter norm", "query loss")):
         p = stats.ks_2samp(release[:, i], seeded[:, i]).pvalue
         assert p > ALPHA, f"{name}: seeded and release noise differ (KS p={p:.2g})"
     wrong = _statistics(
-        fed, {**config, "noise_multiplier": 0.9}, list(range(300, 300 + runs)), reproducible=True
+        fed, {**config, "noise_multiplier": 0.9}, list(range(300, 300 + runs)), True, method
     )
     p_wrong = stats.ks_2samp(release[:, 0], wrong[:, 0]).pvalue
     assert p_wrong < 1e-6, f"the test cannot see a 10% wrong noise scale (KS p={p_wrong:.2g})"
@@ -146,6 +150,25 @@ def test_reference_models_trained_in_their_records_span_have_the_release_models_
     # of 24 seeded runs can sit two standard errors from the release runs' mean)
     _agree_with_release_and_see_wrong_noise(fed, config, runs=2 * RUNS)
     assert rotated and all(rotated)  # every reference round trained in the span
+
+
+def test_dpsgd_reference_runs_over_their_used_inputs_have_the_release_models_statistics(fed):
+    """Centralised DP-SGD: the seeded reference runs train over the inputs some record uses and
+    draw the others' noise after their last step (:class:`~privkit.batched.used_inputs.
+    UnusedInputs`); their models keep the release runs' statistics, and the same tests tell a 10%
+    wrong noise apart (32 steps at a large learning rate: the noise, not the initialisation,
+    sets the parameter norm)."""
+    config = {
+        "arch": "mlp",
+        "feature_dim": 16,
+        "epochs": 1,
+        "batch_size": 100,
+        "lr": 2.0,
+        "noise_multiplier": 1.0,
+        "clip_norm": 0.5,
+        "device": "cpu",
+    }
+    _agree_with_release_and_see_wrong_noise(fed, config, method="dpsgd")
 
 
 FEDAVG = {**TINY_FEDAVG, "mu": 0.1}
