@@ -138,6 +138,29 @@ def test_batched_runs_equal_single_runs(fed, case):
         assert {len(r.rounds) for r in alone} != {6}
 
 
+def test_federated_runs_gather_each_clients_records_once(fed, monkeypatch):
+    """FedAvg's batched runs (a release-mode target and reference runs) keep each client's
+    records from round to round, where ``Federation.client_arrays`` gathers a fresh copy at
+    every call: one call per run and client, however many rounds select it (the runs' results
+    are pinned to their single runs' above)."""
+    from privkit.data import Federation
+
+    calls: list[tuple[int, int]] = []
+    original = Federation.client_arrays
+
+    def counted(self, i):
+        calls.append((id(self), i))
+        return original(self, i)
+
+    monkeypatch.setattr(Federation, "client_arrays", counted)
+    cfg = {**CASES["fedavg"], "rounds": 4, "reproducible_noise": False}
+    runs = train_many(
+        "fedavg", _federations(fed, 3), cfg, [1, 2, 3], references=[False, True, True]
+    )
+    trained = sum(row["clients"] for r in runs for row in r.rounds)  # clients a round, summed
+    assert len(calls) == len(set(calls)) < trained  # some clients trained in several rounds
+
+
 def test_dpsgd_with_adam_trains_one_run_after_the_other(fed, monkeypatch):
     from privkit.batched import many_dpsgd
 
