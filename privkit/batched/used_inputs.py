@@ -281,8 +281,11 @@ def summed_noise(
     return noise.mul_(scale.to(noise.device).view(-1, *([1] * len(shape))))
 
 
-# Below this share of unused inputs, the copies that a release of a whole gradient takes at every
-# step cost about what the narrower products save.
+# The share of unused inputs below which the stack is left whole. A run that releases its whole
+# gradient pays two copies of its first layer's gradient a step (110 us for MNIST's 784 x 64
+# weights, against 16 us for its plain update); a narrower step saves the unused share of each
+# run's step (about 0.5 ms a run: the quickstart audit's 17 runs take 9 ms a step). At 10% that
+# pays off from about three runs per releasing run, which an audit's 16 reference runs exceed.
 MIN_UNUSED_SHARE = 0.1
 
 
