@@ -603,3 +603,68 @@ def test_mlp_layers_covers_models_trained_from_some_layer_on():
             mlp_layers(mlp(frozen))
     with pytest.raises(UnsupportedModelError, match="Flatten, then Linear"):
         mlp_layers(build_model("cnn", (1, 8, 8), 4, width=4, feature_dim=8))
+
+
+def _walked_models():
+    """privkit's MLPs, a CNN and a normalised MLP (a buffer), a FeatureClassifier with a tied
+    parameter (the head's weight is a hidden layer's) and one with a submodule met twice."""
+    from torch import nn
+
+    from privkit.models import FeatureClassifier
+
+    mlps = [build_model("mlp", (1, 6, 6), 4, feature_dim=8, depth=d) for d in (1, 2)]
+    others = [
+        build_model("cnn", (1, 8, 8), 4, width=4, feature_dim=8),
+        build_model("mlp", (1, 6, 6), 4, feature_dim=8, normalize=True),
+    ]
+    tied = build_model("mlp", (1, 6, 6), 8, feature_dim=8, depth=2)
+    tied.head.weight = tied.features[3].weight
+    layer = nn.Linear(8, 8)
+    twice = FeatureClassifier(nn.Sequential(nn.Flatten(), nn.Linear(36, 8), layer, layer), 8, 4)
+    return mlps + others + [tied, twice]
+
+
+def test_the_walk_finds_what_torchs_three_walks_find():
+    """``model_for``'s one walk of a module gives the parameters as ``named_parameters()`` names,
+    orders and de-duplicates them (a tied parameter under its first name, a shared submodule's
+    once), the buffers ``buffers()`` gives, and whether every module ``modules()`` gives is in
+    training mode."""
+    from privkit.batched.exact_mlp import _walk
+
+    for module in _walked_models():
+        for eval_part in (None, module.head, module.features):
+            module.train()
+            if eval_part is not None:
+                eval_part.eval()
+            params, buffers, training = _walk(module)
+            want = list(module.named_parameters())
+            assert [(k, id(q)) for k, q in params.items()] == [(k, id(q)) for k, q in want]
+            assert [id(b) for b in buffers] == [id(b) for b in module.buffers()]
+            assert training == all(m.training for m in module.modules()) == (eval_part is None)
+    tied, twice = _walked_models()[-2:]
+    assert "head.weight" not in _walk(tied)[0] and "features.3.weight" in _walk(tied)[0]
+    assert len(_walk(twice)[0]) == len(list(twice.parameters())) == 6
+
+
+def test_model_for_moves_the_module_and_sets_it_training_only_where_needed():
+    """``model_for`` moves a module with a tensor elsewhere to the device (the model's parameters
+    are then the moved ones) and sets a module with a submodule in eval mode training; a module
+    already there and training is left as it is, its parameters the model's."""
+    x, y = np.zeros((5, 36), dtype=np.float32), np.zeros(5, dtype=np.int64)
+    kw = dict(epochs=1, batch_size=2, seed=7)
+    for module in _walked_models()[:2]:
+        module.features[1].eval()
+        m = model_for(module, x, y, device=torch.device("cpu"), **kw)
+        assert all(q.training for q in module.modules())
+        assert [q.data_ptr() for q in m.params.values()] == [
+            q.data_ptr() for q in module.parameters()
+        ]
+        moved = model_for(module, x, y, device=torch.device("meta"), **kw)
+        assert all(q.device.type == "meta" for q in module.parameters())
+        assert list(moved.params) == [k for k, _ in module.named_parameters()]
+        assert all(q.device.type == "meta" for q in moved.params.values())
+    # a buffer elsewhere is moved too: a normalised MLP on the device but for its center
+    normalised = _walked_models()[3].to("meta")
+    normalised.features[-1].center = torch.zeros(8)
+    model_for(normalised, x, y, device=torch.device("meta"), **kw)
+    assert normalised.features[-1].center.device.type == "meta"
