@@ -101,9 +101,12 @@ def _all_mlps(models) -> bool:
 def stacked_party_logits(models: Sequence, x: np.ndarray) -> list[np.ndarray]:
     """Every party's logits on ``x`` (:data:`~privkit.trainers.fedmd.PartyLogits`), the parties of
     one architecture in one stacked forward pass (:func:`~privkit.batched.exact_mlp.
-    stacked_logits`; equal to their own up to float rounding); an architecture that is not a
-    privkit MLP runs each model's own forward pass."""
-    from privkit.trainers.common import predict_logits
+    stacked_logits`; equal to their own up to float rounding; it reads their parameters only);
+    an architecture that is not a privkit MLP runs each model's own forward pass on its own
+    device, its training mode restored after (``torch_logits``: the models are left as they were,
+    which :func:`~privkit.audit.instantiations.soft_label_artifacts` needs of the released
+    models it is given; the same logits as ``predict_logits``, float32 as it gives them)."""
+    from attacks.recipe import torch_logits
 
     device = next(models[0].parameters()).device
     out: list[np.ndarray | None] = [None] * len(models)
@@ -112,7 +115,7 @@ def stacked_party_logits(models: Sequence, x: np.ndarray) -> list[np.ndarray]:
         if _all_mlps([m]):
             groups.setdefault(architecture(m), []).append(p)
         else:
-            out[p] = predict_logits(m, x, device)
+            out[p] = torch_logits(m, x).astype(np.float32)
     inputs = Inputs.of(x, device) if groups else None  # narrowed once for every architecture
     for members in groups.values():
         for p, row in zip(members, stacked_logits([models[p] for p in members], inputs, device)):

@@ -357,3 +357,54 @@ def test_disjoint_label_choices_are_validated(mixed):
         _run("fedmd-np", fed, labels="disjoint", private_classes=[12])
     with pytest.raises(PrivkitError, match="need labels='disjoint'"):
         _run("fedmd-np", fed, public_classes=[0])
+
+
+# ----------------------------------------------------------------------------- the audit's soft labels
+MIXED_PARTIES = [
+    {"arch": "mlp", "feature_dim": 16},
+    {"arch": "cnn", "width": 4, "feature_dim": 16},
+    {"arch": "mlp", "feature_dim": 8, "depth": 2},
+]
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize(
+    "over",
+    [{}, {"arch": "cnn", "width": 4}, {"party_models": MIXED_PARTIES}],
+    ids=["mlps", "cnns", "mixed"],
+)
+def test_soft_label_artifacts_are_each_partys_own_and_leave_the_models_alone(fed, over, device):
+    """The audit's reconstruction of the soft labels FedMD parties share (the party MLPs of an
+    architecture in one stacked pass, any other model on its own) gives the probabilities of each
+    party's own forward pass up to float rounding, float32, under the same keys; the released
+    models it reads keep their device, training mode and parameters."""
+    import copy
+
+    from attacks.recipe import torch_logits
+    from attacks.signals import probabilities
+    from privkit.audit.instantiations import soft_label_artifacts
+
+    config = fedmd.FedMDNpConfig.model_validate({**TINY, **over})
+    parties = fedmd.party_model_specs(config, fed.num_clients)
+    torch.manual_seed(0)
+    models = [
+        build_from_spec(fedmd._spec_dict(p, fed.input_shape, fed.num_classes)).to(device)
+        for p in parties
+    ]
+    models[0].eval()  # a released model may come in eval mode
+    x = fed.public_arrays("distill")[0][:512]
+    want = {
+        f"party_predictions/client_{i}": probabilities(torch_logits(copy.deepcopy(m), x))
+        for i, m in enumerate(models)
+    }
+    before = [(m.training, {k: q.clone() for k, q in m.state_dict().items()}) for m in models]
+    got = soft_label_artifacts(models, fed)
+    assert list(got) == list(want)
+    for k, p in want.items():
+        assert got[k].dtype == np.float32 and got[k].shape == (len(x), fed.num_classes)
+        np.testing.assert_allclose(got[k], p, rtol=0, atol=1e-6)
+    for m, (training, state) in zip(models, before):
+        assert [q.training for q in m.modules()] == [training] * len(list(m.modules()))
+        assert all(q.device.type == device for q in m.parameters())
+        assert all(torch.equal(q, state[k]) for k, q in m.state_dict().items())
+    assert soft_label_artifacts(models[:2], fed) == {}  # not one model per party
