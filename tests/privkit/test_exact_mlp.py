@@ -620,7 +620,9 @@ def _walked_models():
     tied = build_model("mlp", (1, 6, 6), 8, feature_dim=8, depth=2)
     tied.head.weight = tied.features[3].weight
     layer = nn.Linear(8, 8)
-    twice = FeatureClassifier(nn.Sequential(nn.Flatten(), nn.Linear(36, 8), layer, layer), 8, 4)
+    layer.register_buffer("scale", torch.ones(8))  # a shared module's buffer: listed once
+    inner = nn.Sequential(layer, nn.ReLU())  # met first at features.2.0, again at features.3
+    twice = FeatureClassifier(nn.Sequential(nn.Flatten(), nn.Linear(36, 8), inner, layer), 8, 4)
     return mlps + others + [tied, twice]
 
 
@@ -643,6 +645,7 @@ def test_the_walk_finds_what_torchs_three_walks_find():
             assert training == all(m.training for m in module.modules()) == (eval_part is None)
     tied, twice = _walked_models()[-2:]
     assert "head.weight" not in _walk(tied)[0] and "features.3.weight" in _walk(tied)[0]
+    assert list(_walk(twice)[0])[2:4] == ["features.2.0.weight", "features.2.0.bias"]
     assert len(_walk(twice)[0]) == len(list(twice.parameters())) == 6
 
 
