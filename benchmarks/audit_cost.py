@@ -1,6 +1,7 @@
 """What an audit costs: per method, one training's time, the audit's time, and their ratio.
 
-Each method trains once with its ``quick`` configuration (what ``privkit demo`` runs) on the
+Each method trains once with its ``quick`` configuration (what ``privkit demo`` runs; ``--config
+default``: its default configuration, the paper's setting where privkit has one) on the
 quickstart federation (mnist5k, 20 clients, Dirichlet alpha=1, digits28 public data), with an empty
 h0 cache (a worker process's first task trains once untimed before: the process's own start-up
 is not a training's), as ``privkit train`` trains it (:func:`privkit.flower_engine.engine.train`:
@@ -29,7 +30,7 @@ repeat) is also printed to stderr as one JSON line when it ends.
 Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/audit_cost.py [--json] [--methods a,b] [--repeats 3]
-        [--shadows 16] [--workers 2] [--loop | --compare]
+        [--shadows 16] [--workers 2] [--config quick|default] [--loop | --compare]
 
 Output (``--json``)::
 
@@ -182,7 +183,8 @@ def measure(task: dict) -> dict:
 
     method, seed, shadows, delta = task["method"], task["seed"], task["shadows"], task["delta"]
     fed = _federation()
-    cfg = REGISTRY[method].quick_config()
+    spec = REGISTRY[method]
+    cfg = spec.quick_config() if task["config"] == "quick" else spec.defaults()
     if not _WARM:  # a worker's first training also pays the process's lazy imports and set-up
         train(method, fed, cfg, seed=seed)
         train_loop(method, fed, cfg, seed=seed)
@@ -285,6 +287,12 @@ def main(argv: list[str] | None = None) -> int:
         "--workers", type=int, default=2, help="parallel worker processes (one thread each)"
     )
     ap.add_argument("--seed", type=int, default=None, help="training seed (default: the demo's)")
+    ap.add_argument(
+        "--config",
+        choices=["quick", "default"],
+        default="quick",
+        help="each method's quick configuration (the demo's) or its default one",
+    )
     path = ap.add_mutually_exclusive_group()
     path.add_argument(
         "--loop", action="store_true", help="audit one run after the other (no batched form)"
@@ -309,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             "delta": audit["delta"],
             **{k: audit[k] for k in ("accountant", "accountants", "pld_grid", "curve_accountant")},
             "paths": paths,
+            "config": args.config,
         }
         for r in range(args.repeats)
         for m in methods
@@ -337,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch_threads": 1,
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
-            "config": "quick",
+            "config": args.config,
             "federation": "quickstart (mnist5k, 20 clients, dirichlet alpha=1, digits28 public)",
             "shadows": shadows,
             "pld_grid": audit["pld_grid"],
