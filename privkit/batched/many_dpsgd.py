@@ -117,6 +117,29 @@ def _test_accuracy(r: _Run, weights: dict[str, torch.Tensor], device: torch.devi
     return accuracy(r.model, *r.federation.test_arrays(), device)  # type: ignore[call-arg]  # test_arrays is (x, y)
 
 
+def _narrowed(
+    runs: list[_Run],
+    quick: list[bool],
+    net: StackedModels,
+    params: dict[str, torch.Tensor],
+    device: torch.device,
+) -> UnusedInputs | None:
+    """With seeded reference runs (``quick``) in the stack, the stack over the inputs some
+    record uses (:class:`~privkit.batched.used_inputs.UnusedInputs`: the others' weights are
+    never read, and a reference run draws their noise after its last step), ``params`` and the
+    runs' records narrowed in place; None where nothing is left out, and while an audit probes
+    the runs (its probes observe the whole release of every step)."""
+    if not any(quick) or any(r.probes for r in runs):
+        return None
+    tests = [torch.as_tensor(r.federation.test_arrays()[0], device=device) for r in runs]
+    unused = UnusedInputs.find(net, list(params), [r.x for r in runs], tests)
+    if unused is not None:
+        unused.narrow(params)
+        for r in runs:
+            r.x = unused.records(r.x)
+    return unused
+
+
 def batchable(config) -> bool:
     """Whether the batched form covers ``config`` (SGD; an audit's probes and mutation are
     taken, see the module docstring)."""
@@ -174,24 +197,7 @@ def train_dpsgd_runs(
     names = list(params)  # the optimiser's parameter order, opacus' noise order
     net = StackedModels(runs[0].model, m)
     net.norm_offset = OPACUS_NORM_OFFSET
-    # With seeded reference runs in the stack, the steps go over the inputs some record uses
-    # only (the others' weights are never read; a reference run draws their noise after its
-    # last step: privkit.batched.used_inputs.UnusedInputs); not while an audit probes the runs
-    # (its probes observe the whole release of every step).
-    unused = (
-        UnusedInputs.find(
-            net,
-            names,
-            [r.x for r in runs],
-            [torch.as_tensor(r.federation.test_arrays()[0], device=device) for r in runs],
-        )
-        if any(quick) and not any(r.probes for r in runs)
-        else None
-    )
-    if unused is not None:
-        unused.narrow(params)
-        for r in runs:
-            r.x = unused.records(r.x)
+    unused = _narrowed(runs, quick, net, params, device)
     # each record's squared norm, the first layer's per-example input norm whenever it is drawn
     # (computed as each step computed it from its batch: the same sums, bit for bit)
     norms = [r.x.flatten(1).pow(2).sum(-1) for r in runs] if net.linear_on_input else None

@@ -175,3 +175,20 @@ def test_an_audits_noise_mutation_scales_the_reference_runs_unused_columns(fed, 
     with mutations.mutated(mutations.MUTATIONS["noise x1/2"]):
         halved = _displacement(fed, monkeypatch, list(range(50, 56)), narrowed=True)
     assert np.std(halved) / np.std(right) == pytest.approx(0.5, rel=0.05)
+
+
+def test_a_probed_stack_stays_whole(fed, monkeypatch):
+    """While an audit probes the runs, its canaries observe the whole release of every step:
+    the stack is not narrowed, and the probed reference run's probes observe each of its 16
+    releases."""
+    from privkit.mechanisms.probes import ProbePlan, probing
+
+    looked: list[bool] = []
+    monkeypatch.setattr(
+        UnusedInputs, "find", classmethod(lambda cls, *a, **kw: looked.append(True))
+    )
+    cfg = make_config("dpsgd", CONFIG)
+    with probing(ProbePlan(canaries=64, clients=(0,), seed=3)) as session:
+        train_dpsgd_runs("dpsgd", [fed, fed], [cfg, cfg], [1, 2], [False, True])
+    assert not looked
+    assert session.probes[(0, "dp-sgd")].steps == 2 * 16  # both runs' releases, each observed
