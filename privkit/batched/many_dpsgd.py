@@ -25,6 +25,10 @@ differ from opacus', :mod:`privkit.batched.exact_mlp`): those runs train one aft
 An audit's reference runs (``fast``) take every epoch's row but evaluate only the last epoch's
 test accuracy (the others are a report's, which never reads a reference run:
 :func:`~privkit.batched.many.unreported`); their models, losses and ledgers are unchanged.
+With seeded reference runs in the stack, every run steps over the inputs some record uses
+(:class:`~privkit.batched.used_inputs.UnusedInputs`): the target run still releases its whole
+gradient at every step, and a reference run draws its other inputs' weights' noise of all its
+steps after its last one (the same law; its numbers, not its receipts, change).
 
 Audits reach the batched runs as they reach opacus' (:func:`privkit.trainers.dpsgd.
 _take_probes_and_mutation`): inside an audit's probing block each run's pooled mechanism takes
