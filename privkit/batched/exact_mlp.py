@@ -433,7 +433,7 @@ def _records(
     flats, ys, x_starts, y_starts, total, y_total = [], [], [], [], 0, 0
     inputs = used.cpu().numpy() if used is not None else None
     for i, m in enumerate(ms):
-        key: tuple = (m.x.data_ptr(), tuple(m.x.shape), m.x.stride(), m.x.dtype, m.x.device)
+        key = _layout(m.x)
         if inputs is not None:
             key += (inputs[i].tobytes(),)
         if key not in x_at:
@@ -441,7 +441,7 @@ def _records(
             flats.append((i, m.x.reshape(len(m.x), -1), total))
             total += len(m.x)
         x_starts.append(x_at[key])
-        y_key = (m.y.data_ptr(), tuple(m.y.shape), m.y.stride(), m.y.dtype, m.y.device)
+        y_key = _layout(m.y)
         if y_key not in y_at:
             y_at[y_key] = y_total
             ys.append(m.y)
@@ -456,6 +456,11 @@ def _records(
         else:
             torch.index_select(flat, 1, used[i], out=rows)
     return xs, torch.cat(ys), torch.tensor(x_starts), torch.tensor(y_starts)
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    """What makes two tensors the same records for :func:`_records`: one memory, one view."""
+    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
 def _inputs_in_use(records: torch.Tensor) -> torch.Tensor:

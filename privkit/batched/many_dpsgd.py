@@ -135,7 +135,9 @@ def _narrowed(
     the runs (its probes observe the whole release of every step)."""
     if not any(quick) or any(r.probes for r in runs):
         return None
-    tests = [torch.as_tensor(r.federation.test_arrays()[0], device=device) for r in runs]
+    # an audit's runs share their federation's test set (Federation.with_clients): read once
+    feds = {(id(r.federation.private), id(r.federation.test)): r.federation for r in runs}
+    tests = [torch.as_tensor(f.test_arrays()[0], device=device) for f in feds.values()]
     unused = UnusedInputs.find(net, list(params), [r.x for r in runs], tests)
     if unused is not None:
         unused.narrow(params)
