@@ -13,8 +13,8 @@ in ``pairs``). Each pair's two runs are printed to stderr as they end.
 
 Usage::
 
-    python benchmarks/audit_cost_paired.py --before REV [--methods a,b] [--pairs 3] [--json]
-        [--out FILE]
+    python benchmarks/audit_cost_paired.py --before REV [--methods a,b] [--pairs 3]
+        [--config quick|default] [--json] [--out FILE]
 
 Output (``--json``; ``--out`` writes the same file)::
 
@@ -62,11 +62,13 @@ def _revision(rev: str) -> str:
     return out.stdout.strip()
 
 
-def _run(tree: Path, methods: str) -> dict:
+def _run(tree: Path, methods: str, config: str = "quick") -> dict:
     """One ``audit_cost.py`` process in ``tree`` (its own code first on the path)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tree)}
     cmd = [sys.executable, "benchmarks/audit_cost.py", "--json", "--repeats", "1"]
     cmd += ["--workers", "1", "--methods", methods]
+    if config != "quick":  # revisions before audit_cost.py's --config know the quick ones only
+        cmd += ["--config", config]
     out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
     d = json.loads(out.stdout)
     return {"methods": d["methods"], "conditions": {k: d["conditions"].get(k) for k in KEPT}}
@@ -105,6 +107,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--before", required=True, help="the git revision measured as 'before'")
     ap.add_argument("--methods", default="dp-fedavg,fedkadp,fedkd-dp,fedavg,fedprox")
     ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument(
+        "--config",
+        choices=("quick", "default"),
+        default="quick",
+        help="each method's quick or default configuration (audit_cost.py --config)",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -123,7 +131,10 @@ def main(argv: list[str] | None = None) -> None:
         )
         try:
             for i in range(args.pairs):
-                pair = {"before": _run(tree, args.methods), "after": _run(ROOT, args.methods)}
+                pair = {
+                    "before": _run(tree, args.methods, args.config),
+                    "after": _run(ROOT, args.methods, args.config),
+                }
                 print(json.dumps({"pair": i, **summarise([pair])}), file=sys.stderr, flush=True)
                 pairs.append(pair)
         finally:
@@ -135,7 +146,9 @@ def main(argv: list[str] | None = None) -> None:
             f"paired processes, {before[:7]} (before) and {after[:7]} (after, this checkout "
             "with its uncommitted changes) alternating; each `OMP_NUM_THREADS=1 python "
             "benchmarks/audit_cost.py --json --repeats 1 --workers 1 --methods "
-            f"{args.methods}`; ratios: each version's median audit over the median of all the "
+            f"{args.methods}"
+            + ("" if args.config == "quick" else f" --config {args.config}")
+            + "`; ratios: each version's median audit over the median of all the "
             "method's trainings"
         ),
         "summary": summarise(pairs),

@@ -44,13 +44,14 @@ class StackedPairs(StackedModels):
         """Two towers read the input: no input norms are taken from the caller."""
         return False
 
-    def _clipped_chunk(self, params, buffers, x, losses_of, clip, record, keep, input_norms=None):
+    def _chunk_pieces(self, params, buffers, x, losses_of, record) -> dict[str, tuple]:
         def part(d: dict, prefix: str) -> dict:
             return {k[len(prefix) :]: v for k, v in d.items() if k.startswith(prefix)}
 
         pt, ps = part(params, "mentor."), part(params, "mentee.")
         w_h = params["w_h.weight"]
-        tape_t, tape_s = [], []
+        tape_t: list = []
+        tape_s: list = []
         with torch.no_grad():
             t = self.mentor._run(pt, part(buffers, "mentor."), x, tape_t)
             s = self.mentee._run(ps, part(buffers, "mentee."), x, tape_s)
@@ -86,7 +87,7 @@ class StackedPairs(StackedModels):
         )
         if "w_h" in record:
             per["w_h"] = ("linear_nobias", h_s, dproj)
-        return self.clipped_layers(per, clip, keep, params)
+        return per
 
 
 __all__ = ["StackedPairs"]

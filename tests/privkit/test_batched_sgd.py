@@ -129,6 +129,39 @@ def test_chunked_clipped_sums_with_pads_equal_torch_func_per_example_gradients(n
 
 
 @pytest.mark.parametrize("name", list(ARCHS))
+def test_linear_sums_over_chunks_equal_one_chunk(name, monkeypatch):
+    """Over several chunks the linear layers' clipped sums wait for the whole batch (one product,
+    the chunks' pieces at their examples' places): equal to the batch in one chunk up to float
+    rounding, with models whose examples run out mid-chunk, at a chunk's end and before the
+    first (count 0: sums and norms 0), and pads of large inputs that must count for nothing."""
+    torch.manual_seed(4)
+    models, params, buffers = _three_stacked(name)
+    params = {k: torch.cat([v, v[:1] * 0.5]) for k, v in params.items()}  # a fourth model
+    buffers = {k: torch.cat([v, v[:1]]) for k, v in buffers.items()}
+    counts = [7, 3, 0, 5]
+    x, y = torch.randn(4, 7, 1, 12, 12), torch.randint(0, 5, (4, 7))
+    for j, c in enumerate(counts):
+        x[j, c:] = 100 * torch.rand(7 - c, 1, 12, 12)
+    stacked = StackedModels(models[0], 4)
+
+    def losses(lo, mo, s):
+        return F.cross_entropy(lo.reshape(-1, 5), y[mo, s].reshape(-1), reduction="none").view(
+            len(mo), -1
+        )
+
+    whole, whole_norms = stacked.clipped_sums(params, buffers, x, losses, 0.5, counts=counts)
+    monkeypatch.setattr(StackedModels, "chunk_size", lambda self, x: 3)
+    chunked, norms = stacked.clipped_sums(params, buffers, x, losses, 0.5, counts=counts)
+    torch.testing.assert_close(norms, whole_norms, rtol=1e-5, atol=1e-6)
+    assert (norms[2] == 0).all()
+    assert set(chunked) == set(whole)
+    for k in whole:
+        torch.testing.assert_close(chunked[k], whole[k], rtol=1e-5, atol=1e-6)
+        assert (chunked[k][2] == 0).all()
+        assert chunked[k][0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", list(ARCHS))
 def test_input_norms_kept_by_the_caller_give_the_same_clipped_sums(name, monkeypatch):
     """A caller that keeps its records' squared norms passes them (``input_norms``): an MLP's
     clipped sums and norms come out bit for bit, in chunks of three with models whose examples
