@@ -168,8 +168,11 @@ class _DenseSums:
 # model-examples per chunk of the clipped-sum pass on the CPU, in bytes of the largest convolutional
 # activation: a few MB keep a chunk's activations in cache (measured best at 4-8 MB for the quickstart
 # cnn, 16 models); tens of MB make every step pay for memory traffic and fresh page mappings, which
-# cost more than the arithmetic of small convolutions (batch 128 x 16 models at once: 1.6x slower)
-CHUNK_BYTES = 6 << 20
+# cost more than the arithmetic of small convolutions (batch 128 x 16 models at once: 1.6x slower).
+# With the linear layers' clipped sums taken over the whole batch (_DenseSums), 8 MB beat 6 MB for
+# 17 CNNs of either size at batch 64 and 128 (4-9% a step) and 16 quickstart CNNs' plain gradients;
+# 12 MB was slower for three of the four (docs/performance.md)
+CHUNK_BYTES = 8 << 20
 
 
 class StackedModels:
