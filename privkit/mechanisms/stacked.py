@@ -21,6 +21,8 @@ the gradient ``g`` of the loss with respect to its output (one backward pass):
 The pass runs in chunks of examples (a few MB of activations, so that they stay in cache), each
 with a forward pass without autograd and a hand-written backward pass (autograd only for the
 loss): the backward pass runs in the layout where the per-example convolution needs no copies.
+A convolution's clipped sum is reduced within its chunk; a linear layer's waits for the whole
+batch, one product over all its examples rather than one per chunk over a few.
 
 The result equals the per-example gradients of ``vmap(grad)`` up to float rounding (tested against
 :func:`privkit.mechanisms.dp_sgd_step.per_sample_gradients`).
