@@ -70,3 +70,23 @@ def test_the_matrix_product_rate_is_flops_over_the_best_time(monkeypatch):
     finally:
         torch.set_num_threads(threads)
     assert got == pytest.approx(2 * 8**3 / 0.25 / 1e9)
+
+
+@pytest.mark.parametrize("config, extra", [("quick", []), ("default", ["--config", "default"])])
+def test_each_process_runs_the_configuration_asked_for(config, extra, monkeypatch, tmp_path):
+    """``--config default`` reaches every ``audit_cost.py`` process; the quick configurations add
+    no option, so a revision from before ``audit_cost.py --config`` runs as it did."""
+    seen = []
+
+    class Done:
+        stdout = '{"methods": {}, "conditions": {}}'
+
+    def fake_run(cmd, **kwargs):
+        seen.append((cmd, kwargs["cwd"]))
+        return Done()
+
+    monkeypatch.setattr(audit_cost_paired.subprocess, "run", fake_run)
+    audit_cost_paired._run(tmp_path, "dpsgd", config)
+    cmd, cwd = seen[0]
+    assert cwd == tmp_path
+    assert cmd[-len(extra) - 2 :] == ["--methods", "dpsgd", *extra]
