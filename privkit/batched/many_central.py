@@ -30,7 +30,7 @@ import torch
 
 from privkit.batched.class_axis import cross_entropy
 from privkit.batched.many import stacked_on
-from privkit.mechanisms.stacked import StackedModels, UnsupportedModelError
+from privkit.mechanisms.stacked import LinearSums, StackedModels, UnsupportedModelError
 from privkit.seeding import derive_seed, torch_generator
 from privkit.trainers.centralized import centralized_result
 from privkit.trainers.common import accuracy, minibatches, new_model, resolve_device
@@ -76,28 +76,55 @@ def _step_gradients(
     the padded batch ``xb`` ``(M, B, ...)``; 0 where it has none) and that mean loss.
 
     The batch runs ``chunk`` examples per model at a time (default: :meth:`StackedModels.chunk_size`,
-    about 6 MB of the largest convolutional activation on the CPU), each chunk's forward and
+    about 8 MB of the largest convolutional activation on the CPU), each chunk's forward and
     backward pass in one, the gradients summed. The whole batch at once made 25 MB activations per
     step for 16 quickstart CNNs, fresh memory on every step (81-94 ms a step against 50-52 ms in
-    chunks, docs/performance.md); the sum over chunks is the whole batch's up to float rounding."""
+    chunks, docs/performance.md); the sum over chunks is the whole batch's up to float rounding.
+    Over several chunks a linear layer's weight gradient waits for the whole batch
+    (:class:`~privkit.mechanisms.stacked.LinearSums`: autograd gives each chunk's gradient of the
+    layer's output, and one product over all the examples the sum)."""
     p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
     width = xb.shape[1]
     step = max(1, chunk if chunk is not None else net.chunk_size(xb))
     weight = (torch.arange(width, device=xb.device)[None, :] < counts[:, None]).float()
     # each row's share of its model's mean: 1 / count, 0 on padding
     share = weight / counts.clamp(min=1)[:, None]
+    linear = _linear_layers(net, p) if width > step else []
+    sums = LinearSums(xb.shape[0], width) if linear else None
+    own = [k for k in p if k.rsplit(".", 1)[0] not in linear]  # autograd's per chunk
     total: list[torch.Tensor] | None = None
     mean = torch.zeros(xb.shape[0], device=xb.device)
     for start in range(0, width, step):
         rows = slice(start, start + step)
-        logits, _ = net.forward(p, buffers, xb[:, rows])
+        logits, recs = net.forward(p, buffers, xb[:, rows], record=linear)
         ce = cross_entropy(logits, yb[:, rows])
         part = (ce * share[:, rows]).sum(1)
-        grads = torch.autograd.grad(part.sum(), list(p.values()))
+        grads = torch.autograd.grad(part.sum(), [p[k] for k in own] + [r.out for r in recs])
+        if sums is not None:  # each linear layer's input and output gradient, for the batch's sum
+            outs = grads[len(own) :]
+            sums.put(
+                {r.name: ("linear", r.inp.detach(), g) for r, g in zip(recs, outs)},
+                None,
+                None,
+                rows,
+            )
+        grads = grads[: len(own)]
         total = list(grads) if total is None else [t.add_(g) for t, g in zip(total, grads)]
         mean += part.detach()
     assert total is not None  # width >= 1: a step has at least one live model's batch
-    return dict(zip(p, total)), mean
+    got = dict(zip(own, total)) | ({} if sums is None else sums.sums())
+    return {k: got[k] for k in p}, mean
+
+
+def _linear_layers(net: StackedModels, params: dict[str, torch.Tensor]) -> list[str]:
+    """The linear layers of ``net`` whose weight and bias are both in ``params``."""
+    return [
+        name
+        for name, layer in net.layers
+        if isinstance(layer, torch.nn.Linear)
+        and f"{name}.weight" in params
+        and f"{name}.bias" in params
+    ]
 
 
 def _stacked_accuracy(

@@ -115,11 +115,14 @@ def _pair(v) -> list[int]:
     return list(v) if isinstance(v, tuple | list) else [v, v]
 
 
-class _DenseSums:
-    """The linear layers' clipped sums of a batch taken in several chunks (:meth:`StackedModels.
-    clipped_sums`): each chunk's inputs and clipped output gradients go to ``(M, width, ...)``
-    tensors at its examples' places (0 elsewhere: pads and the models a chunk leaves out add
-    nothing), and each weight's sum is one batched product over the whole batch."""
+class LinearSums:
+    """The linear layers' (clipped) gradient sums of a batch taken in several chunks
+    (:meth:`StackedModels.clipped_sums`; plain gradients in centralized training's reference
+    steps, :mod:`privkit.batched.many_central`): each chunk's inputs and (clipped) output gradients
+    go to ``(M, width, ...)`` tensors at its examples' places (0 elsewhere: pads and the models a
+    chunk leaves out add nothing), and each weight's sum is one batched product over the whole
+    batch, where a chunk's product over its few examples runs at a fraction of the kernel's
+    rate."""
 
     def __init__(self, m: int, width: int):
         self.m, self.width = m, width
@@ -130,12 +133,14 @@ class _DenseSums:
     def put(
         self,
         per: dict[str, tuple],
-        factor: torch.Tensor,
+        factor: torch.Tensor | None,
         models: torch.Tensor | None,
         sl: slice,
     ) -> dict[str, tuple]:
-        """Keep the linear layers' pieces of the chunk of examples ``sl`` (of ``models``; None:
-        all of them); the others (convolutions) come back for the chunk's own sums."""
+        """Keep the linear layers' pieces ``(kind, input, output gradient)`` of the chunk of
+        examples ``sl`` (of ``models``; None: all of them), each example's output gradient
+        scaled by its clipping ``factor`` ``(M, b)`` (None: as it is); the others (convolutions)
+        come back for the chunk's own sums."""
         rest = {}
         for name, (kind, a, g) in per.items():
             if kind == "conv":
@@ -147,7 +152,7 @@ class _DenseSums:
                 # held transposed, (M, out, width): the product's left factor as its kernel reads
                 # it fastest (17 x (128 x 64) @ (64 x 1568): 5.9 ms, 7.2 ms from a transposed view)
                 self.grads[name] = g.new_zeros(self.m, g.shape[-1], self.width)
-            gc = (g * factor.unsqueeze(-1)).mT
+            gc = (g if factor is None else g * factor.unsqueeze(-1)).mT
             if models is None:
                 self.inputs[name][:, sl] = a
                 self.grads[name][:, :, sl] = gc
@@ -171,7 +176,7 @@ class _DenseSums:
 # activation: a few MB keep a chunk's activations in cache (measured best at 4-8 MB for the quickstart
 # cnn, 16 models); tens of MB make every step pay for memory traffic and fresh page mappings, which
 # cost more than the arithmetic of small convolutions (batch 128 x 16 models at once: 1.6x slower).
-# With the linear layers' clipped sums taken over the whole batch (_DenseSums), 8 MB beat 6 MB for
+# With the linear layers' clipped sums taken over the whole batch (LinearSums), 8 MB beat 6 MB for
 # 17 CNNs of either size at batch 64 and 128 (4-9% a step) and 16 quickstart CNNs' plain gradients;
 # 12 MB was slower for three of the four (docs/performance.md)
 CHUNK_BYTES = 8 << 20
@@ -347,7 +352,7 @@ class StackedModels:
         # fraction of the kernel's rate (17 CNNs, chunks of 7 examples: the 1568 x 128 layer's
         # products took 48 ms of a 268 ms step). A convolution's per-example gradients are
         # reduced in their chunk, while they are in cache.
-        dense = _DenseSums(m, width) if max(counts, default=0) > step else None
+        dense = LinearSums(m, width) if max(counts, default=0) > step else None
         for start in range(0, max(counts), step):
             sl = slice(start, min(start + step, width))
             rows = [j for j in range(m) if counts[j] > start]
