@@ -1040,7 +1040,7 @@ def _distinct(tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list
     uniq: list[torch.Tensor] = []
     which: list[int] = []
     for t in tensors:
-        same = (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+        same = _layout(t)
         if same not in slot:
             slot[same] = len(uniq)
             uniq.append(t)

@@ -450,22 +450,6 @@ class StackedModels:
             (dlogits,) = torch.autograd.grad(losses_of(logits).sum(), [logits])
         return self._backward(tape, dlogits, params, record)
 
-    def clipped_layers(
-        self,
-        per: dict[str, tuple],
-        clip: float,
-        keep: torch.Tensor | None,
-        params: dict[str, torch.Tensor],
-        input_norms: torch.Tensor | None = None,
-    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """From each layer's per-example pieces (:meth:`_backward`; also ``("linear_nobias", input,
-        output gradient)`` for a linear layer without bias), every example's norm over all the
-        layers ``(M, b)`` and the clipped sums ``{parameter name: (M, ...)}``; ``input_norms``:
-        the squared norms of the first parametrised layer's inputs, where known
-        (:meth:`clipped_sums`)."""
-        norms, factor = self._clip_factors(per, clip, keep, input_norms)
-        return self._clipped_products(per, factor, params), norms
-
     def _clip_factors(
         self,
         per: dict[str, tuple],

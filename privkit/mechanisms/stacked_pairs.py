@@ -21,7 +21,7 @@ class StackedPairs(StackedModels):
     """M :class:`~privkit.trainers.fedkd.MentorMentee` pairs as stacked tensors (parameter names
     ``mentor.*``, ``mentee.*``, ``w_h.weight``); output ``[t logits | s logits | h_t | W_h h_s]``
     per example, as the module's. Per-example joint clipping from each layer's inputs and output
-    gradients (:meth:`StackedModels.clipped_layers`): the loss's gradients with respect to ``h_t``
+    gradients (:meth:`StackedModels.clipped_sums`): the loss's gradients with respect to ``h_t``
     and ``W_h h_s`` join the backward passes of the two towers at their heads' inputs."""
 
     def __init__(self, pair: MentorMentee, n_models: int):
