@@ -286,6 +286,31 @@ def test_stacked_party_logits_are_each_partys_own():
         )
 
 
+def test_architectures_are_found_once_per_model(monkeypatch):
+    """FedMD's batched phases read each party model's architecture from one walk per model
+    (``Architectures``): an MLP's is ``architecture``'s, a CNN's None (it trains alone), and a
+    model met again is not walked again; the stacked party logits group by it as before."""
+    from privkit.batched import many_fedmd
+
+    torch.manual_seed(2)
+    mlps = [build_model("mlp", (1, 6, 6), 4, feature_dim=f) for f in (8, 5, 8)]
+    cnn = build_model("cnn", (1, 8, 8), 4, width=2, feature_dim=6)
+    walks = []
+    real = many_fedmd.architecture
+    monkeypatch.setattr(many_fedmd, "architecture", lambda m: walks.append(m) or real(m))
+    kinds = many_fedmd.Architectures()
+    for _ in range(3):
+        assert [kinds.of(m) for m in mlps] == [real(m) for m in mlps]
+        assert kinds.of(cnn) is None
+    assert len(walks) == len(mlps)  # once per MLP; the CNN fails mlp_layers before it
+    x = np.random.default_rng(4).normal(size=(7, 1, 6, 6)).astype(np.float32)
+    fresh = many_fedmd.stacked_party_logits(mlps, x)
+    kept = many_fedmd.stacked_party_logits(mlps, x, kinds)
+    assert len(walks) == 2 * len(mlps)  # the fresh call walked each again; the kept one none
+    for a, b in zip(fresh, kept):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("mu", [0.0, 0.1])
 def test_buffers_kept_across_calls_give_each_call_its_fresh_result(mu):
     """A caller that trains every round keeps the stacked form's buffers (``scratch``) across its
