@@ -857,22 +857,8 @@ def _train_stacked(
                 loss = mean if extra is None else mean + extra
                 counted = t >= first[live]
                 totals[live] += torch.where(counted, loss * counts[t, live], 0.0).double()
-            if optimizer == "adam":  # torch's fused Adam: one pass over the weights, not seven
-                torch._fused_adam_(
-                    v.params,
-                    v.grad_list,
-                    v.m1,
-                    v.m2,
-                    [],
-                    [step_counts[t]] * len(names),
-                    lr=lr,
-                    beta1=BETA1,
-                    beta2=BETA2,
-                    weight_decay=0.0,
-                    eps=EPS,
-                    amsgrad=False,
-                    maximize=False,
-                )
+            if optimizer == "adam":
+                adam_step(v.params, v.grad_list, v.m1, v.m2, step_counts[t], lr)
             else:
                 _update(optimizer, lr, t + 1, v.params, v.grad_list, [], [])
         _put_back(  # the chunk's first layer into its models' parameters
@@ -1069,6 +1055,35 @@ def _stacked(
     return torch.stack(parts, out=kept(scratch, key, (len(parts), *first.shape), first))
 
 
+def adam_step(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    m1: list[torch.Tensor],
+    m2: list[torch.Tensor],
+    step: torch.Tensor,
+    lr: float,
+) -> None:
+    """torch's fused Adam (privkit's ``make_optimizer`` settings) on ``params`` in place, at the
+    optimiser's step ``step`` (a 0-d float tensor, counted from 1): one pass over each tensor, not
+    the seven of the single-tensor form; the stacked kernels' update (not bit for bit the
+    single-tensor one)."""
+    torch._fused_adam_(
+        params,
+        grads,
+        m1,
+        m2,
+        [],
+        [step] * len(params),
+        lr=lr,
+        beta1=BETA1,
+        beta2=BETA2,
+        weight_decay=0.0,
+        eps=EPS,
+        amsgrad=False,
+        maximize=False,
+    )
+
+
 def _update(
     optimizer: str,
     lr: float,
@@ -1094,6 +1109,7 @@ def _update(
 __all__ = [
     "Inputs",
     "Model",
+    "adam_step",
     "architecture",
     "mlp_layers",
     "model_for",

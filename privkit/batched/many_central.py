@@ -63,7 +63,7 @@ class _Run:
         return list(minibatches(len(self.y), self.config.batch_size, gen))
 
 
-def _step_gradients(
+def step_gradients(
     net: StackedModels,
     params: dict[str, torch.Tensor],
     buffers: dict[str, torch.Tensor],
@@ -226,7 +226,7 @@ def _train_batched(federations: list, configs: list, seeds: list[int]) -> list |
                 idx = batches[j][t].to(device)
                 xb[j, : len(idx)], yb[j, : len(idx)] = runs[j].x[idx], runs[j].y[idx]
             count = torch.tensor(counts, device=device)
-            grads, losses = _step_gradients(net, params, buffers, xb, yb, count)
+            grads, losses = step_gradients(net, params, buffers, xb, yb, count)
             with torch.no_grad():  # a model without a batch this step has a zero gradient
                 for k in names:
                     params[k].add_(grads[k], alpha=-config.lr)
@@ -272,4 +272,4 @@ def _train_batched(federations: list, configs: list, seeds: list[int]) -> list |
     ]
 
 
-__all__ = ["batchable", "train_centralized_many"]
+__all__ = ["batchable", "step_gradients", "train_centralized_many"]

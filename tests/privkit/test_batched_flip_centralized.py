@@ -129,7 +129,7 @@ def test_audit_recipe_takes_the_batched_form(fed, method, config):
 
 
 @pytest.mark.parametrize("chunk", [None, 5, 64])
-def test_centralized_step_gradients_in_chunks_are_each_models_own(fed, chunk):
+def test_centralizedstep_gradients_in_chunks_are_each_models_own(fed, chunk):
     """The batched step's gradient of each model's mean cross-entropy, taken ``chunk`` examples
     per model at a time (None: the CPU's cache-sized default; 5: a partial last chunk), is each
     model's own autograd gradient on its own rows; a padded model's pads and a model without rows
@@ -137,7 +137,7 @@ def test_centralized_step_gradients_in_chunks_are_each_models_own(fed, chunk):
     import torch.nn.functional as F
 
     from privkit.batched.many import stacked_on
-    from privkit.batched.many_central import _step_gradients
+    from privkit.batched.many_central import step_gradients
     from privkit.mechanisms.stacked import StackedModels
     from privkit.methods.dpsgd import CentralConfig
     from privkit.trainers.common import new_model
@@ -153,7 +153,7 @@ def test_centralized_step_gradients_in_chunks_are_each_models_own(fed, chunk):
     yb = torch.as_tensor(y, dtype=torch.long)[idx]
     counts = torch.tensor([64, 37, 0])
     xb[1, 37:] = 1e3  # pads: large values that would show in any gradient they leaked into
-    grads, losses = _step_gradients(net, params, buffers, xb, yb, counts, chunk=chunk)
+    grads, losses = step_gradients(net, params, buffers, xb, yb, counts, chunk=chunk)
     for m, (model, n) in enumerate(zip(models, counts.tolist())):
         if n == 0:
             assert all(float(g[m].abs().max()) == 0 for g in grads.values())
