@@ -44,6 +44,14 @@ def stacked_form(template: nn.Module, n: int) -> StackedModels:
     return StackedModels(template, n)
 
 
+#: models trained together through all their steps on the CPU (one group after the other): a
+#: step of 16 default-size CNNs (batch 32, Adam) ran at 0.73 of sixteen single models' steps, 8 at
+#: 0.65-0.68, 4 at 0.90, 32 at 0.78 and 64 at 1.14; for quickstart-size CNNs 8 and 16 at 0.56-0.78
+#: (docs/performance.md). Many models at once take their batch in chunks of a few examples
+#: (StackedModels.chunk_size), each reading every model's dense weights again.
+MODELS_PER_GROUP = 8
+
+
 def train_stacked(
     template: nn.Module,
     models: Sequence[Model],
@@ -58,31 +66,60 @@ def train_stacked(
     """Train every model over its batches (in place on its parameters) as
     :func:`~privkit.batched.exact_mlp.train_exact` does (the same arguments and returns: each
     model's summed ``(batch loss) x (batch size)`` from its step ``loss_from[j]`` on), with
-    stacked kernels; ``template``: the models' architecture (:func:`stacked_form`). ``scratch``:
-    the step's gathered batch, kept by a caller that trains every round."""
+    stacked kernels, :data:`MODELS_PER_GROUP` models at a time on the CPU (all of them on a GPU);
+    ``template``: the models' architecture (:func:`stacked_form`). ``scratch``: the step's
+    gathered batch, kept by a caller that trains every round."""
     n = len(models)
     if n == 0:
         return []
     scratch = {} if scratch is None else scratch
     if any(m.soft for m in models):
         raise UnsupportedModelError("stacked local training takes labels, not soft targets")
-    net = stacked_form(template, n)
-    # longest first: the models still training at step t are a prefix, whose rows are views
+    group = MODELS_PER_GROUP if models[0].x.device.type == "cpu" else n
+    net = stacked_form(template, min(n, group))
+    # longest first: within a group the models still training at step t are a prefix
     order = sorted(range(n), key=lambda j: -models[j].steps)
-    ms = [models[j] for j in order]
+    out = [0.0] * n
+    for lo in range(0, n, group):
+        rows = order[lo : lo + group]
+        totals = _train_group(
+            net,
+            [models[j] for j in rows],
+            optimizer=optimizer,
+            lr=lr,
+            mu=[0.0 if mu is None else float(mu[j]) for j in rows],
+            anchors=None if anchors is None else [anchors[j] for j in rows],
+            loss_from=[float("inf") if loss_from is None else loss_from[j] for j in rows],
+            scratch=scratch,
+        )
+        for j, total in zip(rows, totals):
+            out[j] = total
+    return out
+
+
+def _train_group(
+    net: StackedModels,
+    ms: list[Model],
+    *,
+    optimizer: str,
+    lr: float,
+    mu: list[float],
+    anchors: list[dict[str, torch.Tensor]] | None,
+    loss_from: list[float],
+    scratch: dict,
+) -> list[float]:
+    """:func:`train_stacked` for one group ``ms``, longest first."""
     names = list(ms[0].initial())
     params = {k: torch.stack([m.initial()[k].detach() for m in ms]) for k in names}
     m1 = {k: torch.zeros_like(v) for k, v in params.items()}
     m2 = {k: torch.zeros_like(v) for k, v in params.items()}
-    mus = [0.0 if mu is None else float(mu[j]) for j in order]
-    pull = torch.tensor(mus, device=params[names[0]].device)
+    pull = torch.tensor(mu, device=params[names[0]].device)
     anchor = (
-        {k: torch.stack([anchors[j][k].detach() for j in order]) for k in names}  # type: ignore[index]  # mu > 0: anchors
-        if any(mus)
+        {k: torch.stack([a[k].detach() for a in anchors]) for k in names}
+        if anchors is not None and any(mu)
         else {}
     )
-    first = [float("inf") if loss_from is None else loss_from[j] for j in order]
-    totals = [0.0] * n
+    totals = [0.0] * len(ms)
     steps = [m.steps for m in ms]
     x0, y0 = ms[0].x, ms[0].y
     for t in range(steps[0]):
@@ -104,15 +141,14 @@ def train_stacked(
         with torch.no_grad():
             loss = mean.double()
             if anchor:  # mu (theta - anchor): the proximal term's gradient, its value counted
-                shape = (a,)
-                extra = torch.zeros(shape, dtype=torch.float64, device=xb.device)
+                extra = torch.zeros(a, dtype=torch.float64, device=xb.device)
                 for k in names:
                     d = live[k] - anchor[k][:a]
                     factor = pull[:a].view(-1, *([1] * (d.dim() - 1)))
                     grads[k] = grads[k] + factor * d
                     extra += 0.5 * pull[:a].double() * d.double().pow(2).flatten(1).sum(1)
                 loss = loss + extra
-            counted = [i for i in range(a) if t >= first[i]]
+            counted = [i for i in range(a) if t >= loss_from[i]]
             if counted:
                 got = loss.tolist()
                 for i in counted:
@@ -130,10 +166,7 @@ def train_stacked(
         for i, m in enumerate(ms):
             for k in names:
                 m.params[k].copy_(params[k][i])
-    out = [0.0] * n
-    for i, j in enumerate(order):
-        out[j] = totals[i]
-    return out
+    return totals
 
 
-__all__ = ["stacked_form", "train_stacked"]
+__all__ = ["MODELS_PER_GROUP", "stacked_form", "train_stacked"]

@@ -34,11 +34,15 @@ def _records(seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("optimizer,lr", [("adam", 0.01), ("sgd", 0.1)])
 @pytest.mark.parametrize("mu", [0.0, 0.1])
-def test_each_stacked_model_trains_as_its_local_update(optimizer, lr, mu):
-    """Five CNNs of different record counts, each from its own start, two epochs of batch 4:
-    every model's parameters and last-epoch mean loss are its own ``local_update``'s (the single
-    run's client training: ``train_supervised``, FedProx's term where ``mu > 0``) up to float
-    rounding; each model moved from its start."""
+@pytest.mark.parametrize("group", [2, 8])
+def test_each_stacked_model_trains_as_its_local_update(optimizer, lr, mu, group, monkeypatch):
+    """Five CNNs of different record counts, each from its own start, two epochs of batch 4, in
+    groups of 2 or all at once: every model's parameters and last-epoch mean loss are its own
+    ``local_update``'s (the single run's client training: ``train_supervised``, FedProx's term
+    where ``mu > 0``) up to float rounding; each model moved from its start."""
+    from privkit.batched import stacked_local
+
+    monkeypatch.setattr(stacked_local, "MODELS_PER_GROUP", group)
     cfg = SimpleNamespace(local_epochs=2, batch_size=4, lr=lr, optimizer=optimizer)
     device = torch.device("cpu")
     starts = [_cnn(s) for s in range(len(SIZES))]
