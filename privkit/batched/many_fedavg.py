@@ -10,7 +10,9 @@ Adam per round), models with fewer batches idling once theirs have run out. Thes
 with Adam, which amplifies float rounding (:mod:`privkit.batched.exact_mlp`), so each model runs
 exactly the single run's kernels: the batch saves the per-step overhead, not the arithmetic. An
 audit's reference runs (``fast``) train with the stacked kernels instead
-(``train_exact(..., stacked=True)``: equal up to float rounding). Their FedDF and FedAUX server
+(``train_exact(..., stacked=True)``: equal up to float rounding; a CNN's clients, which the exact
+kernels do not cover, on stacked parameters with grouped convolutions,
+:func:`~privkit.batched.stacked_local.train_stacked`). Their FedDF and FedAUX server
 steps take each run's teachers' logits in one batched product (:func:`stacked_teachers`) and
 distil all of the runs' models together (:func:`distil_together`). Every other run's server step,
 and FedAUX's score release, run per run, as in the single run.
@@ -50,9 +52,9 @@ def local_epochs(
     mean loss)`` per client in the selected order, as :meth:`FederatedRun.train_local` gives them
     (bit for bit: :mod:`privkit.batched.exact_mlp`; a model it does not cover trains one client
     after the other). The clients of the runs whose ``id`` is in ``fast`` train with the stacked
-    kernels instead (equal up to float rounding), in ``scratch``'s buffers (kept across the
-    rounds: :mod:`privkit.batched.buffers`, with each client's records and the inputs they
-    use)."""
+    kernels instead (equal up to float rounding; a CNN's with :func:`_other_clients`), in
+    ``scratch``'s buffers (kept across the rounds: :mod:`privkit.batched.buffers`, with each
+    client's records and the inputs they use)."""
     jobs = [(r, i) for r, ids in zip(runs, selected) for i in ids]
     if not jobs:
         return [[] for _ in runs]
