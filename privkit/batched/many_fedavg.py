@@ -35,7 +35,7 @@ from privkit.batched.exact_mlp import (
     train_exact,
 )
 from privkit.batched.many import lockstep, unreported
-from privkit.batched.stacked_local import stacked_form, train_stacked
+from privkit.batched.stacked_local import stacked_form, stacked_logits_on, train_stacked
 from privkit.mechanisms.stacked import UnsupportedModelError
 from privkit.trainers.fedaux import fedaux_run
 from privkit.trainers.fedavg import FederatedRun, fedavg_run, fedprox_run
@@ -216,14 +216,18 @@ def stacked_teachers(
 ) -> np.ndarray | None:
     """The clients' logits on ``x`` in one batched product per layer (:func:`~privkit.batched.
     exact_mlp.stacked_logits`: equal to each client's own forward up to float rounding, the inputs
-    0 in every record left out of the first layer), or None where the models are not privkit MLPs
-    of one architecture: the server step of FedDF's and FedAUX's reference runs
+    0 in every record left out of the first layer; a CNN's in grouped convolutions,
+    :func:`~privkit.batched.stacked_local.stacked_logits_on`), or None where neither covers the
+    models: the server step of FedDF's and FedAUX's reference runs
     (:func:`~privkit.trainers.feddf.distillation_hook`'s ``teachers``). ``same``: the records
     narrowed once for every round and every run that holds equal ones (:class:`SameRecords`)."""
     try:
         mlp_layers(client_models[0])
-    except UnsupportedModelError:
-        return None
+    except UnsupportedModelError:  # a CNN's teachers in grouped convolutions, where covered
+        try:
+            return stacked_logits_on(client_models, x, device)
+        except UnsupportedModelError:
+            return None
     inputs = same.inputs(x, device) if same is not None else Inputs.of(x, device)
     try:
         return stacked_logits(client_models, inputs, device).numpy()

@@ -1,4 +1,4 @@
-"""Many convolutional models' local training at once: an audit's reference clients.
+"""Many convolutional models' local training and logits at once: an audit's reference clients.
 
 :func:`~privkit.batched.exact_mlp.train_exact` trains privkit MLPs together; a CNN's clients
 trained one after the other, so a CNN federation's audit (FedAvg, FedProx, the local rounds of
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -169,4 +170,51 @@ def _train_group(
     return totals
 
 
-__all__ = ["MODELS_PER_GROUP", "stacked_form", "train_stacked"]
+#: records per chunk of :func:`stacked_logits_on`'s forward pass on the CPU: 16 to 128 took
+#: 0.43-0.49 s for eight default CNNs on 1,438 records (one model after the other: 1.22 s)
+LOGITS_CHUNK = 32
+
+
+def stacked_logits_on(models: Sequence[nn.Module], x, device: torch.device) -> np.ndarray:
+    """Every model's logits on the records ``x`` (``(n, ...)``, shared by all), ``(models, n,
+    classes)`` float32: one stacked forward pass (:class:`StackedModels`: grouped convolutions,
+    channels last, pooling before the ReLU) per chunk of records, equal to each model's own
+    forward pass up to float rounding; it reads the models' parameters and buffers only. An
+    architecture :class:`StackedModels` does not cover, or models of different shapes, are an
+    UnsupportedModelError. The server step of FedDF's and FedAUX's reference runs
+    (:func:`~privkit.batched.many_fedavg.stacked_teachers`) for a CNN: the clients' own forward
+    passes, one model after the other on the whole set, ran pooling and ReLU on the convolutions'
+    full outputs in the contiguous layout (eight default CNNs on 1,438 records: 1.22 s, stacked
+    0.43 s)."""
+    shapes = [[(k, tuple(q.shape)) for k, q in m.state_dict().items()] for m in models]
+    if any(s != shapes[0] for s in shapes):
+        raise UnsupportedModelError("stacked logits need models of one architecture")
+    net = StackedModels(models[0], len(models))
+    with torch.no_grad():
+        params = {
+            k: torch.stack([dict(m.named_parameters())[k].detach() for m in models]).to(device)
+            for k, _ in models[0].named_parameters()
+        }
+        buffers = {
+            k: torch.stack([dict(m.named_buffers())[k] for m in models]).to(device)
+            for k, _ in models[0].named_buffers()
+        }
+        xt = torch.as_tensor(x).to(device=device, dtype=torch.float32)
+        step = LOGITS_CHUNK if xt.device.type == "cpu" else max(1, len(xt))
+        out = []
+        for lo in range(0, len(xt), step):
+            part = xt[lo : lo + step]
+            logits, _ = net.forward(
+                params, buffers, part.unsqueeze(0).expand(len(models), *part.shape)
+            )
+            out.append(logits)
+        return torch.cat(out, 1).cpu().numpy().astype(np.float32, copy=False)
+
+
+__all__ = [
+    "LOGITS_CHUNK",
+    "MODELS_PER_GROUP",
+    "stacked_form",
+    "stacked_logits_on",
+    "train_stacked",
+]

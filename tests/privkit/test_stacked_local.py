@@ -140,3 +140,29 @@ def test_cnn_reference_clients_train_stacked_and_others_alone():
             r.finish_round(g)
         for r, w in zip(alone, want):
             r.finish_round(w)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_stacked_logits_are_each_models_own(normalize):
+    """FedDF's and FedAUX's reference runs' teachers for a CNN: every model's logits on shared
+    records in one stacked pass per chunk equal its own forward pass up to float rounding (a
+    unit-normalised CNN's buffers included), across chunk boundaries; models of different shapes
+    are refused."""
+    from privkit.batched import stacked_local
+    from privkit.batched.many_fedavg import stacked_teachers
+    from privkit.trainers.common import predict_logits
+
+    torch.manual_seed(7)
+    models = [
+        build_model("cnn", (1, 8, 8), 4, width=2, feature_dim=6, normalize=normalize)
+        for _ in range(3)
+    ]
+    x = np.random.default_rng(8).normal(size=(2 * stacked_local.LOGITS_CHUNK + 5, 1, 8, 8))
+    device = torch.device("cpu")
+    got = stacked_teachers(models, x.astype(np.float32), device)
+    assert got is not None and got.dtype == np.float32 and got.shape == (3, len(x), 4)
+    for m, g in zip(models, got):
+        np.testing.assert_allclose(g, predict_logits(m, x, device), rtol=1e-5, atol=1e-6)
+    other = build_model("cnn", (1, 8, 8), 4, width=3, feature_dim=6, normalize=normalize)
+    with pytest.raises(UnsupportedModelError, match="one architecture"):
+        stacked_local.stacked_logits_on([models[0], other], x, device)
