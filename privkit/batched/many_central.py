@@ -73,7 +73,8 @@ def step_gradients(
     chunk: int | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Per model the gradient of its batch's mean cross-entropy (its first ``counts[m]`` rows of
-    the padded batch ``xb`` ``(M, B, ...)``; 0 where it has none) and that mean loss.
+    the padded batch ``xb`` ``(M, B, ...)``; 0 where it has none) and that mean loss; with
+    probability rows ``yb`` ``(M, B, classes)``, of its mean ``KL(yb || softmax)`` instead.
 
     The batch runs ``chunk`` examples per model at a time (default: :meth:`StackedModels.chunk_size`,
     about 8 MB of the largest convolutional activation on the CPU), each chunk's forward and
@@ -97,8 +98,7 @@ def step_gradients(
     for start in range(0, width, step):
         rows = slice(start, start + step)
         logits, recs = net.forward(p, buffers, xb[:, rows], record=linear)
-        ce = cross_entropy(logits, yb[:, rows])
-        part = (ce * share[:, rows]).sum(1)
+        part = (_example_losses(logits, yb[:, rows]) * share[:, rows]).sum(1)
         grads = torch.autograd.grad(part.sum(), [p[k] for k in own] + [r.out for r in recs])
         if sums is not None:  # each linear layer's input and output gradient, for the batch's sum
             outs = grads[len(own) :]
@@ -114,6 +114,14 @@ def step_gradients(
     assert total is not None  # width >= 1: a step has at least one live model's batch
     got = dict(zip(own, total)) | ({} if sums is None else sums.sums())
     return {k: got[k] for k in p}, mean
+
+
+def _example_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each example's loss: cross-entropy at integer labels ``(M, b)``, or ``KL(targets ||
+    softmax)`` at probability rows ``(M, b, classes)`` (``distill``'s, per example)."""
+    if targets.is_floating_point():
+        return (torch.xlogy(targets, targets) - targets * logits.log_softmax(-1)).sum(-1)
+    return cross_entropy(logits, targets)
 
 
 def _linear_layers(net: StackedModels, params: dict[str, torch.Tensor]) -> list[str]:

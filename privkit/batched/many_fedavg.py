@@ -292,16 +292,13 @@ def distil_together(jobs: list[DistillJob], same: SameRecords | None = None) -> 
     """Every job's distillation (:func:`~privkit.trainers.common.distill`: Adam on
     ``KL(targets || softmax)``, its batches drawn from its seed), the models trained in place in
     one stacked computation (``train_exact(..., stacked=True)``, soft targets); each job's last
-    epoch's mean KL, as ``distill`` returns it. Models that are not privkit MLPs, an empty
+    epoch's mean KL, as ``distill`` returns it; a CNN's on stacked parameters
+    (:func:`~privkit.batched.stacked_local.train_stacked`). Models neither covers, an empty
     distillation set or jobs of different step sizes are distilled one after the other."""
     if not jobs:
         return []
-    try:
-        mlp_layers(jobs[0].model)
-        stackable = len({j.lr for j in jobs}) == 1 and all(len(j.x) for j in jobs)
-    except UnsupportedModelError:
-        stackable = False
-    if not stackable:
+    trainer = _stacked_trainer(jobs[0].model)
+    if trainer is None or len({j.lr for j in jobs}) != 1 or not all(len(j.x) for j in jobs):
         return [j.run() for j in jobs]
     models = [
         model_for(
@@ -316,15 +313,29 @@ def distil_together(jobs: list[DistillJob], same: SameRecords | None = None) -> 
         )
         for j in jobs
     ]
-    totals = train_exact(
+    totals = trainer(
         jobs[0].model,
         models,
         optimizer="adam",  # distill's
         lr=jobs[0].lr,
         loss_from=[(j.epochs - 1) * (m.steps // j.epochs) for j, m in zip(jobs, models)],
-        stacked=True,
     )
     return [total / len(j.x) for j, total in zip(jobs, totals)]
+
+
+def _stacked_trainer(model: torch.nn.Module) -> Callable | None:
+    """The stacked kernels that train copies of ``model``: the MLPs' (``train_exact(...,
+    stacked=True)``), a CNN's (``train_stacked``), or None where neither covers it."""
+    try:
+        mlp_layers(model)
+        return partial(train_exact, stacked=True)
+    except UnsupportedModelError:
+        pass
+    try:
+        stacked_form(model, 1)
+        return train_stacked
+    except UnsupportedModelError:
+        return None
 
 
 def train_fedavg_many(

@@ -74,8 +74,8 @@ def train_stacked(
     if n == 0:
         return []
     scratch = {} if scratch is None else scratch
-    if any(m.soft for m in models):
-        raise UnsupportedModelError("stacked local training takes labels, not soft targets")
+    if len({m.soft for m in models}) > 1:
+        raise ValueError("stacked models must all have label or all soft targets")
     group = MODELS_PER_GROUP if models[0].x.device.type == "cpu" else n
     net = stacked_form(template, min(n, group))
     # longest first: within a group the models still training at step t are a prefix
@@ -129,7 +129,7 @@ def _train_group(
         counts = [len(b) for b in batches]
         width = max(counts)
         xb = kept(scratch, "x", (a, width, *x0.shape[1:]), x0)
-        yb = kept(scratch, "y", (a, width), y0)
+        yb = kept(scratch, "y", (a, width, *y0.shape[1:]), y0)
         for i, b in enumerate(batches):  # gathered into the buffers, the pads zeroed
             torch.index_select(ms[i].x, 0, b, out=xb[i, : len(b)])
             torch.index_select(ms[i].y, 0, b, out=yb[i, : len(b)])

@@ -90,7 +90,7 @@ def test_models_it_does_not_cover_are_refused():
     assert stacked_form(_cnn(0), 3).m == 3
 
 
-def test_cnn_reference_clients_train_stacked_and_others_alone():
+def test_cnn_reference_clients_train_stacked_and_others_alone(monkeypatch):
     """``local_epochs`` on CNN runs: the run that is not a reference run trains each client
     alone, bit for bit as its twin's ``train_local``; the reference runs' clients train stacked,
     equal to their twins' own training up to float rounding, over two rounds with averaging."""
@@ -119,6 +119,13 @@ def test_cnn_reference_clients_train_stacked_and_others_alone():
     def runs():
         return [FederatedRun(fed, cfg, s, mu=cfg.mu) for s in (1, 2, 3)]
 
+    from privkit.batched import many_fedavg
+
+    stacked_calls = []
+    real = many_fedavg.train_stacked
+    monkeypatch.setattr(
+        many_fedavg, "train_stacked", lambda *a, **k: stacked_calls.append(1) or real(*a, **k)
+    )
     batched, alone = runs(), runs()
     fast = frozenset({id(batched[1]), id(batched[2])})
     for _ in range(cfg.rounds):
@@ -140,6 +147,7 @@ def test_cnn_reference_clients_train_stacked_and_others_alone():
             r.finish_round(g)
         for r, w in zip(alone, want):
             r.finish_round(w)
+    assert len(stacked_calls) == cfg.rounds  # the reference runs' clients, once a round
 
 
 @pytest.mark.parametrize("normalize", [False, True])
@@ -166,3 +174,41 @@ def test_stacked_logits_are_each_models_own(normalize):
     other = build_model("cnn", (1, 8, 8), 4, width=3, feature_dim=6, normalize=normalize)
     with pytest.raises(UnsupportedModelError, match="one architecture"):
         stacked_local.stacked_logits_on([models[0], other], x, device)
+
+
+def test_stacked_distillation_is_each_models_own(monkeypatch):
+    """FedDF's server step for a CNN's reference runs: each model distilled towards its own soft
+    labels (``KL(targets || softmax)``, Adam) on stacked parameters equals ``distill``'s model and
+    last-epoch mean KL up to float rounding, with records shared and of different counts."""
+    from privkit.batched.many_fedavg import distil_together
+    from privkit.trainers.common import distill
+    from privkit.trainers.feddf import DistillJob
+
+    device = torch.device("cpu")
+    rng = np.random.default_rng(9)
+    shared = rng.normal(size=(10, 1, 8, 8)).astype(np.float32)
+    xs = [shared, shared, rng.normal(size=(7, 1, 8, 8)).astype(np.float32)]
+    targets = [rng.dirichlet(np.ones(4), size=len(x)).astype(np.float32) for x in xs]
+    starts = [_cnn(20 + j) for j in range(3)]
+    want = []
+    for j, (g, x, t) in enumerate(zip(starts, xs, targets)):
+        ref = copy.deepcopy(g)
+        kl = distill(ref, x, t, epochs=2, batch_size=4, lr=0.01, device=device, seed=50 + j)
+        want.append((ref, kl))
+    models = [copy.deepcopy(g) for g in starts]
+    jobs = [
+        DistillJob(m, x, t, 2, 4, 0.01, 50 + j, device)
+        for j, (m, x, t) in enumerate(zip(models, xs, targets))
+    ]
+    monkeypatch.setattr(DistillJob, "run", lambda self: pytest.fail("distilled alone"))
+    got = distil_together(jobs)
+    for m, kl, (ref, want_kl), g in zip(models, got, want, starts):
+        assert kl == pytest.approx(want_kl, rel=1e-4)
+        a, b, s = (
+            dict(m.named_parameters()),
+            dict(ref.named_parameters()),
+            dict(g.named_parameters()),
+        )
+        for k in b:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+        assert max(float((a[k] - s[k]).abs().max().detach()) for k in s) > 1e-3
