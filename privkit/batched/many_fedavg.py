@@ -146,16 +146,15 @@ def _other_clients(
     ``fast`` runs' clients train together on stacked parameters where
     :func:`~privkit.batched.stacked_local.train_stacked` covers the model (a CNN: grouped
     convolutions), else alone too."""
-    try:
-        stacked_form(runs[0].model, 1)
-    except UnsupportedModelError:
+    trainer = _stacked_trainer(runs[0].model)
+    if trainer is None:
         fast = frozenset()
     jobs = [(r, i) for r, ids in zip(runs, selected) if id(r) in fast for i in ids]
     trained: dict[tuple[int, int], tuple[torch.nn.Module, float]] = {}
-    if jobs:
+    if jobs and trainer is not None:
         cfg = runs[0].cfg
         models, locals_, sizes = _client_models(jobs, fast, {}, scratch)
-        totals = train_stacked(
+        totals = trainer(
             runs[0].model,
             models,
             optimizer=cfg.optimizer,
