@@ -14,10 +14,12 @@ FedProx's proximal term ``mu / 2 ||theta - anchor||^2``.
 
 The result equals each model's own training up to float rounding, which Adam amplifies, so not bit
 for bit: only an audit's reference runs train this way (the auditor's own models, whose statistics,
-not bits, the attacks use, as the MLPs' stacked kernels; docs/auditing-methods.md). A step of 16
-quickstart-size CNNs (batch 32, Adam) takes about 0.7 of sixteen single models' steps on one CPU
+not bits, the attacks use, as the MLPs' stacked kernels; docs/auditing-methods.md). A step of eight
+default-size CNNs (batch 32, Adam) takes 0.65-0.68 of eight single models' steps on one CPU
 thread: grouped convolutions run at about a single model's rate there, so the saving is the
 per-model overhead and the dense layers' batched products (docs/performance.md).
+:func:`stacked_logits_on` gives many such models' logits on shared records in one pass (FedDF's
+and FedAUX's teachers).
 """
 
 from __future__ import annotations
@@ -189,17 +191,15 @@ def stacked_logits_on(models: Sequence[nn.Module], x, device: torch.device) -> n
     shapes = [[(k, tuple(q.shape)) for k, q in m.state_dict().items()] for m in models]
     if any(s != shapes[0] for s in shapes):
         raise UnsupportedModelError("stacked logits need models of one architecture")
+    xt = torch.as_tensor(x).to(device=device, dtype=torch.float32)
+    if len(xt) == 0:  # no logits to stack; the models' own passes give the empty ones
+        raise UnsupportedModelError("stacked logits need at least one record")
     net = StackedModels(models[0], len(models))
+    named = [dict(m.named_parameters()) for m in models]
+    kept_buffers = [dict(m.named_buffers()) for m in models]
     with torch.no_grad():
-        params = {
-            k: torch.stack([dict(m.named_parameters())[k].detach() for m in models]).to(device)
-            for k, _ in models[0].named_parameters()
-        }
-        buffers = {
-            k: torch.stack([dict(m.named_buffers())[k] for m in models]).to(device)
-            for k, _ in models[0].named_buffers()
-        }
-        xt = torch.as_tensor(x).to(device=device, dtype=torch.float32)
+        params = {k: torch.stack([p[k].detach() for p in named]).to(device) for k in named[0]}
+        buffers = {k: torch.stack([b[k] for b in kept_buffers]).to(device) for k in kept_buffers[0]}
         step = LOGITS_CHUNK if xt.device.type == "cpu" else max(1, len(xt))
         out = []
         for lo in range(0, len(xt), step):
