@@ -171,6 +171,7 @@ def test_stacked_logits_are_each_models_own(normalize):
     assert got is not None and got.dtype == np.float32 and got.shape == (3, len(x), 4)
     for m, g in zip(models, got):
         np.testing.assert_allclose(g, predict_logits(m, x, device), rtol=1e-5, atol=1e-6)
+    assert stacked_teachers(models, x[:0], device) is None  # no records: the models' own passes
     other = build_model("cnn", (1, 8, 8), 4, width=3, feature_dim=6, normalize=normalize)
     with pytest.raises(UnsupportedModelError, match="one architecture"):
         stacked_local.stacked_logits_on([models[0], other], x, device)
