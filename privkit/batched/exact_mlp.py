@@ -1066,10 +1066,12 @@ def adam_step(
     """torch's fused Adam (privkit's ``make_optimizer`` settings) on ``params`` in place, at the
     optimiser's step ``step`` (a 0-d float tensor, counted from 1): one pass over each tensor, not
     the seven of the single-tensor form; the stacked kernels' update (not bit for bit the
-    single-tensor one)."""
+    single-tensor one). The fused kernel reads each gradient in its parameter's memory layout, so
+    a gradient in another (autograd's of a convolution weight: channels last) is made contiguous
+    first; a contiguous one is passed as it is."""
     torch._fused_adam_(
         params,
-        grads,
+        [g.contiguous() for g in grads],
         m1,
         m2,
         [],

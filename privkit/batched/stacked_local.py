@@ -157,9 +157,7 @@ def _train_group(
                 for i in counted:
                     totals[i] += got[i] * counts[i]
             update = [live[k] for k in names]
-            if optimizer == "adam":  # fused Adam reads a gradient in its parameter's layout:
-                # autograd's may be strided otherwise (a convolution's, channels last)
-                grads = {k: g.contiguous() for k, g in grads.items()}
+            if optimizer == "adam":
                 step = torch.full((), float(t + 1), device=xb.device)
                 moments = [m1[k][:a] for k in names], [m2[k][:a] for k in names]
                 adam_step(update, [grads[k] for k in names], *moments, step, lr)
