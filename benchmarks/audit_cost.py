@@ -15,6 +15,9 @@ method's recipe has one (serial executor), else one run after the other. ``--loo
 one-at-a-time path (an executor object, so the batched form is not taken): the "before" of a
 before/after comparison, run in the same invocation with ``--compare``.
 
+``--rounds N`` sets every method's ``rounds`` (a default configuration cut short: FedMD's or
+FedDF's default training takes minutes a run; federated methods only).
+
 Conditions: the demo's. Methods run in ``--workers`` (default 2) spawned processes, one torch
 thread each, so both cores are busy as in ``privkit demo``; each (method, repeat) is one task and
 the repeats of a method are spread over the run. ``train_s`` and ``audit_s`` are medians over
@@ -30,7 +33,7 @@ repeat) is also printed to stderr as one JSON line when it ends.
 Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/audit_cost.py [--json] [--methods a,b] [--repeats 3]
-        [--shadows 16] [--workers 2] [--config quick|default] [--loop | --compare]
+        [--shadows 16] [--workers 2] [--config quick|default] [--rounds N] [--loop | --compare]
 
 Output (``--json``)::
 
@@ -155,6 +158,25 @@ _FEDERATION: dict[str, Any] = {}
 _WARM: list[str] = []  # the method this worker process warmed up with (untimed), once
 
 
+def _check_rounds(rounds: int, methods: list[str]) -> None:
+    """``--rounds`` applies to methods whose configuration has rounds: a bad value or such a
+    method is one line naming it (exit code 2)."""
+    from privkit.trainers import REGISTRY
+
+    if rounds < 0:
+        raise SystemExit(_usage(f"--rounds must be an integer >= 0; found {rounds}"))
+    for m in methods:
+        if m in REGISTRY and "rounds" not in REGISTRY[m].defaults():
+            raise SystemExit(
+                _usage(f"--rounds applies to federated methods; found {m}, which has no rounds")
+            )
+
+
+def _usage(message: str) -> int:
+    print(message, file=sys.stderr)
+    return 2
+
+
 def _federation():
     from privkit.data import FederationConfig, build_federation
 
@@ -185,6 +207,8 @@ def measure(task: dict) -> dict:
     fed = _federation()
     spec = REGISTRY[method]
     cfg = spec.quick_config() if task["config"] == "quick" else spec.defaults()
+    if task.get("rounds") is not None:  # the configuration cut (or grown) to this many rounds
+        cfg = {**cfg, "rounds": task["rounds"]}
     if not _WARM:  # a worker's first training also pays the process's lazy imports and set-up
         train(method, fed, cfg, seed=seed)
         train_loop(method, fed, cfg, seed=seed)
@@ -293,6 +317,12 @@ def main(argv: list[str] | None = None) -> int:
         default="quick",
         help="each method's quick configuration (the demo's) or its default one",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="set the configuration's rounds (federated methods): a default one cut short",
+    )
     path = ap.add_mutually_exclusive_group()
     path.add_argument(
         "--loop", action="store_true", help="audit one run after the other (no batched form)"
@@ -304,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"repeats and workers must be >= 1; found {args.repeats}, {args.workers}")
     demo_methods, audit, demo_seed = _demo_settings()
     methods = [m for m in args.methods.split(",") if m] or demo_methods
+    if args.rounds is not None:
+        _check_rounds(args.rounds, methods)
     shadows = args.shadows or audit["shadows"]
     seed = demo_seed if args.seed is None else args.seed
     paths = ["loop"] if args.loop else ["batched", "loop"] if args.compare else ["batched"]
@@ -318,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             **{k: audit[k] for k in ("accountant", "accountants", "pld_grid", "curve_accountant")},
             "paths": paths,
             "config": args.config,
+            "rounds": args.rounds,
         }
         for r in range(args.repeats)
         for m in methods
@@ -347,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "config": args.config,
+            "rounds": args.rounds,  # None: the configuration's own
             "federation": "quickstart (mnist5k, 20 clients, dirichlet alpha=1, digits28 public)",
             "shadows": shadows,
             "pld_grid": audit["pld_grid"],

@@ -14,7 +14,7 @@ in ``pairs``). Each pair's two runs are printed to stderr as they end.
 Usage::
 
     python benchmarks/audit_cost_paired.py --before REV [--methods a,b] [--pairs 3]
-        [--config quick|default] [--json] [--out FILE]
+        [--config quick|default] [--rounds N] [--json] [--out FILE]
 
 Output (``--json``; ``--out`` writes the same file)::
 
@@ -62,13 +62,20 @@ def _revision(rev: str) -> str:
     return out.stdout.strip()
 
 
-def _run(tree: Path, methods: str, config: str = "quick") -> dict:
-    """One ``audit_cost.py`` process in ``tree`` (its own code first on the path)."""
+def _run(tree: Path, methods: str, config: str = "quick", rounds: int | None = None) -> dict:
+    """One ``audit_cost.py`` process in ``tree`` (its own code first on the path); with
+    ``rounds``, this checkout's ``audit_cost.py`` (earlier ones have no ``--rounds``), the same
+    measurement of either tree's code."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, "benchmarks/audit_cost.py", "--json", "--repeats", "1"]
+    script = (
+        "benchmarks/audit_cost.py" if rounds is None else str(ROOT / "benchmarks/audit_cost.py")
+    )
+    cmd = [sys.executable, script, "--json", "--repeats", "1"]
     cmd += ["--workers", "1", "--methods", methods]
     if config != "quick":  # revisions before audit_cost.py's --config know the quick ones only
         cmd += ["--config", config]
+    if rounds is not None:
+        cmd += ["--rounds", str(rounds)]
     out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
     d = json.loads(out.stdout)
     return {"methods": d["methods"], "conditions": {k: d["conditions"].get(k) for k in KEPT}}
@@ -113,6 +120,12 @@ def main(argv: list[str] | None = None) -> None:
         default="quick",
         help="each method's quick or default configuration (audit_cost.py --config)",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="the configuration's rounds (audit_cost.py --rounds)",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -132,8 +145,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             for i in range(args.pairs):
                 pair = {
-                    "before": _run(tree, args.methods, args.config),
-                    "after": _run(ROOT, args.methods, args.config),
+                    "before": _run(tree, args.methods, args.config, args.rounds),
+                    "after": _run(ROOT, args.methods, args.config, args.rounds),
                 }
                 print(json.dumps({"pair": i, **summarise([pair])}), file=sys.stderr, flush=True)
                 pairs.append(pair)
@@ -148,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
             "benchmarks/audit_cost.py --json --repeats 1 --workers 1 --methods "
             f"{args.methods}"
             + ("" if args.config == "quick" else f" --config {args.config}")
+            + ("" if args.rounds is None else f" --rounds {args.rounds}")
             + "`; ratios: each version's median audit over the median of all the "
             "method's trainings"
         ),

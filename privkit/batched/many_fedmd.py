@@ -31,30 +31,49 @@ from privkit.batched.exact_mlp import (
     stacked_logits,
     train_exact,
 )
+from privkit.batched.stacked_local import stacked_form, stacked_logits_on, train_stacked
 from privkit.mechanisms.stacked import UnsupportedModelError
 from privkit.trainers.fedmd import FedMDRun, PartyJob
 
 
 class Architectures:
-    """Each party model's :func:`~privkit.batched.exact_mlp.architecture`, or None where it is
-    not a privkit MLP, found once per model for a whole batched training. Its parties are the
-    same modules from phase to phase, whose layers and trainable flags FedMD never changes; the
-    checks walked every party's parameters again at every phase (about 0.3 s of a FedMD audit's
-    8.5). Kept by ``id`` with the module held, so that no id is reused while it is here."""
+    """Each party model's kind for the stacked kernels, found once per model for a whole batched
+    training: a privkit MLP's :func:`~privkit.batched.exact_mlp.architecture` (:meth:`of`), or
+    for a model :func:`~privkit.batched.stacked_local.stacked_form` covers (FedMD's default CNN
+    parties) its parameters' names and shapes (:meth:`form`). Its parties are the same modules
+    from phase to phase, whose layers and trainable flags FedMD never changes; the checks walked
+    every party's parameters again at every phase (about 0.3 s of a FedMD audit's 8.5). Kept by
+    ``id`` with the module held, so that no id is reused while it is here."""
 
     def __init__(self) -> None:
         self._seen: dict[int, tuple[torch.nn.Module, tuple | None]] = {}
 
-    def of(self, model: torch.nn.Module) -> tuple | None:
+    def form(self, model: torch.nn.Module) -> tuple | None:
+        """``("mlp", architecture)``, ``("stacked", architecture)`` or None (the model trains
+        and runs on its own): models of one form train and run together."""
         entry = self._seen.get(id(model))
         if entry is None or entry[0] is not model:
-            try:
-                mlp_layers(model)
-                entry = (model, architecture(model))
-            except UnsupportedModelError:
-                entry = (model, None)
+            entry = (model, _form(model))
             self._seen[id(model)] = entry
         return entry[1]
+
+    def of(self, model: torch.nn.Module) -> tuple | None:
+        """The model's architecture where it is a privkit MLP, else None."""
+        form = self.form(model)
+        return form[1] if form is not None and form[0] == "mlp" else None
+
+
+def _form(model: torch.nn.Module) -> tuple | None:
+    try:
+        mlp_layers(model)
+        return ("mlp", architecture(model))
+    except UnsupportedModelError:
+        pass
+    try:
+        stacked_form(model, 1)
+    except UnsupportedModelError:
+        return None
+    return ("stacked", type(model).__qualname__, architecture(model))
 
 
 def run_jobs(
@@ -66,7 +85,9 @@ def run_jobs(
     kinds: Architectures | None = None,
 ) -> None:
     """Train every job (in place on its party's model) as :meth:`PartyJob.run` would; the jobs
-    whose ``id`` is in ``fast`` with the stacked kernels. ``kept``: the inputs each party's own
+    whose ``id`` is in ``fast`` with the stacked kernels: a privkit MLP's (``train_exact(...,
+    stacked=True)``), a CNN's (:func:`~privkit.batched.stacked_local.train_stacked`; outside
+    ``fast`` a CNN party trains on its own). ``kept``: the inputs each party's own
     records use (:attr:`~privkit.batched.exact_mlp.Model.inputs_used`) by the array's ``id``,
     kept from phase to phase (a party trains on the same array in its initialisation and every
     revisit; a digest's public subset is new each round and is not kept). ``kinds``: the party
@@ -79,16 +100,18 @@ def run_jobs(
             job.epochs == 0 or len(job.x) == 0
         ):  # revisit / digest / train_supervised leave these alone
             continue
-        arch = kinds.of(job.model)
-        if arch is None:
+        form = kinds.form(job.model)
+        # a CNN party trains stacked only in an audit's reference runs (float rounding apart
+        # from its own training, as the MLPs' stacked kernels); a digest towards shared logits
+        # (an L1 regression) has no stacked kernel
+        alone = form is None or (form[0] == "stacked" and id(job) not in fast)
+        if alone or (job.digest and config.knowledge == "logits"):
             job.run(config, device)
             continue
-        if job.digest and config.knowledge == "logits":
-            job.run(config, device)
-            continue
-        key = (arch, job.digest, id(job) in fast)
+        key = (form, job.digest, id(job) in fast)
         groups.setdefault(key, []).append(job)
-    for (_, digest, stacked), group in groups.items():
+    for (form, digest, stacked), group in groups.items():
+        mlp = form[0] == "mlp"
         models = [
             model_for(
                 j.model,
@@ -99,10 +122,13 @@ def run_jobs(
                 seed=j.seed,
                 device=device,
                 soft=j.digest,
-                inputs_used=_kept_inputs(kept, j.x),
+                inputs_used=_kept_inputs(kept, j.x) if mlp else None,
             )
             for j in group
         ]
+        if not mlp:
+            train_stacked(group[0].model, models, optimizer="adam", lr=config.lr)
+            continue
         train_exact(group[0].model, models, optimizer="adam", lr=config.lr, stacked=stacked)
         if not digest:  # the array is kept too: its id stays its own while it is here
             for j, m in zip(group, models):
@@ -120,10 +146,10 @@ def stacked_party_logits(
     models: Sequence, x: np.ndarray, kinds: Architectures | None = None
 ) -> list[np.ndarray]:
     """Every party's logits on ``x`` (:data:`~privkit.trainers.fedmd.PartyLogits`), the parties of
-    one architecture in one stacked forward pass (:func:`~privkit.batched.exact_mlp.
-    stacked_logits`; equal to their own up to float rounding; it reads their parameters only);
-    an architecture that is not a privkit MLP runs each model's own forward pass on its own
-    device, its training mode restored after (``torch_logits``: the models are left as they were,
+    one architecture in one stacked forward pass (privkit MLPs: :func:`~privkit.batched.exact_mlp.
+    stacked_logits`, CNNs: :func:`~privkit.batched.stacked_local.stacked_logits_on`; equal to
+    their own up to float rounding; it reads their parameters only); an architecture neither
+    covers runs each model's own forward pass on its own device, its training mode restored after (``torch_logits``: the models are left as they were,
     which :func:`~privkit.audit.instantiations.soft_label_artifacts` needs of the released
     models it is given; the same logits as ``predict_logits``, float32 as it gives them).
     ``kinds``: the models' architectures, where the caller keeps them (:class:`Architectures`)."""
@@ -134,15 +160,22 @@ def stacked_party_logits(
     out: list[np.ndarray | None] = [None] * len(models)
     groups: dict[tuple, list[int]] = {}
     for p, m in enumerate(models):
-        arch = kinds.of(m)
-        if arch is not None:
-            groups.setdefault(arch, []).append(p)
+        form = kinds.form(m)
+        if form is not None and (form[0] == "mlp" or len(x)):  # no stacked CNN pass on no records
+            groups.setdefault(form, []).append(p)
         else:
             out[p] = torch_logits(m, x).astype(np.float32)
-    inputs = Inputs.of(x, device) if groups else None  # narrowed once for every architecture
-    for members in groups.values():
-        for p, row in zip(members, stacked_logits([models[p] for p in members], inputs, device)):
-            out[p] = row.numpy()
+    mlps = any(form[0] == "mlp" for form in groups)
+    inputs = Inputs.of(x, device) if mlps else None  # narrowed once for every architecture
+    for form, members in groups.items():
+        chosen = [models[p] for p in members]
+        rows = (
+            stacked_logits(chosen, inputs, device).numpy()
+            if form[0] == "mlp"
+            else stacked_logits_on(chosen, x, device)
+        )
+        for p, row in zip(members, rows):
+            out[p] = row
     return [cast(np.ndarray, o) for o in out]
 
 
@@ -150,31 +183,37 @@ def record(runs: list[FedMDRun], stacked: list[bool], kinds: Architectures | Non
     """Each run's :meth:`FedMDRun.record`, the runs ``stacked`` marks (an audit's reference runs)
     after their last round only (their per-round accuracies are read by nothing; the audit
     reports each reference run's final one) and with their parties evaluated together, grouped
-    by architecture and test set, where they are privkit MLPs (``kinds``: their architectures,
-    where the caller keeps them)."""
+    by architecture and test set, where the stacked passes cover them (privkit MLPs, CNNs on a
+    test set that is not empty; ``kinds``: their architectures, where the caller keeps them)."""
     kinds = Architectures() if kinds is None else kinds
     groups: dict[tuple, list[tuple[int, int]]] = {}
     tests: list[int] = []  # a run per distinct test set (each run holds its own copy)
     for i, (run, fast) in enumerate(zip(runs, stacked)):
         if fast and run.t < run.config.rounds:
             continue
-        if not (fast and all(kinds.of(m) is not None for m in run.models)):
+        forms = [kinds.form(m) for m in run.models]
+        covered = all(f is not None and (f[0] == "mlp" or len(run.yt)) for f in forms)
+        if not (fast and covered):
             run.record()
             continue
         same = (j for j in tests if _same_test_set(runs[j], run))
         test = next(same, None)
         if test is None:
             tests.append(test := i)
-        for p, m in enumerate(run.models):
-            groups.setdefault((kinds.of(m), test), []).append((i, p))
+        for p, form in enumerate(forms):
+            groups.setdefault((form, test), []).append((i, p))
     accs: dict[int, list[float]] = {}
     inputs: dict[int, Inputs] = {}  # each test set narrowed once for every architecture
-    for (_, test), members in groups.items():
+    for (form, test), members in groups.items():
         run0 = runs[members[0][0]]
         models = [runs[i].models[p] for i, p in members]
-        if test not in inputs:
-            inputs[test] = Inputs.of(run0.xt, run0.device)
-        hits = stacked_logits(models, inputs[test], run0.device).argmax(-1).numpy() == run0.yt
+        if form[0] != "mlp":
+            logits = stacked_logits_on(models, run0.xt, run0.device)
+        else:
+            if test not in inputs:
+                inputs[test] = Inputs.of(run0.xt, run0.device)
+            logits = stacked_logits(models, inputs[test], run0.device).numpy()
+        hits = logits.argmax(-1) == run0.yt
         for (i, p), row in zip(members, hits):
             accs.setdefault(i, [0.0] * len(runs[i].models))[p] = (
                 float(row.mean()) if len(run0.yt) else float("nan")

@@ -90,3 +90,76 @@ def test_each_process_runs_the_configuration_asked_for(config, extra, monkeypatc
     cmd, cwd = seen[0]
     assert cwd == tmp_path
     assert cmd[-len(extra) - 2 :] == ["--methods", "dpsgd", *extra]
+
+
+def test_rounds_run_this_checkouts_measurement_in_both_trees(monkeypatch, tmp_path):
+    """``--rounds N`` reaches each process, which runs this checkout's ``audit_cost.py`` (an
+    earlier one has no ``--rounds``) on the tree's own code (its path first)."""
+    seen = []
+
+    class Done:
+        stdout = '{"methods": {}, "conditions": {}}'
+
+    def fake_run(cmd, **kwargs):
+        seen.append((cmd, kwargs["cwd"], kwargs["env"]["PYTHONPATH"]))
+        return Done()
+
+    monkeypatch.setattr(audit_cost_paired.subprocess, "run", fake_run)
+    audit_cost_paired._run(tmp_path, "fedmd-np", "default", 2)
+    cmd, cwd, path = seen[0]
+    assert cwd == tmp_path and path == str(tmp_path)
+    assert cmd[1] == str(audit_cost_paired.ROOT / "benchmarks" / "audit_cost.py")
+    assert cmd[-4:] == ["--config", "default", "--rounds", "2"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--methods", "fedavg,dpsgd", "--rounds", "2"],
+            "--rounds applies to federated methods; found dpsgd, which has no rounds",
+        ),
+        (["--methods", "fedavg", "--rounds", "-1"], "--rounds must be an integer >= 0; found -1"),
+    ],
+)
+def test_audit_cost_rounds_bad_input_is_one_line_and_exit_code_2(argv, message, capsys):
+    import audit_cost
+
+    with pytest.raises(SystemExit) as exit_:
+        audit_cost.main(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == message
+
+
+def test_audit_cost_rounds_set_each_runs_configuration(monkeypatch):
+    """``--rounds`` replaces the configuration's rounds in the training and in its audit (the run
+    directory's config is the trained one)."""
+    import audit_cost
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_train(method, fed, cfg, seed):
+        seen.append(cfg)
+        raise Stop
+
+    import privkit.flower_engine.engine as engine
+
+    monkeypatch.setattr(engine, "train", fake_train)
+    monkeypatch.setattr(audit_cost, "_WARM", ["fedavg"])
+    monkeypatch.setattr(audit_cost, "_federation", lambda: None)
+    task = {"method": "fedavg", "seed": 0, "shadows": 2, "delta": 1e-5, "config": "default"}
+    with pytest.raises(Stop):
+        audit_cost.measure({**task, "rounds": 3})
+    with pytest.raises(Stop):
+        audit_cost.measure(task)
+    from privkit.trainers import REGISTRY
+
+    assert (
+        seen[0]["rounds"] == 3 and seen[1]["rounds"] == REGISTRY["fedavg"].defaults()["rounds"] != 3
+    )
+    assert {k: v for k, v in seen[0].items() if k != "rounds"} == {
+        k: v for k, v in seen[1].items() if k != "rounds"
+    }

@@ -288,8 +288,9 @@ def test_stacked_party_logits_are_each_partys_own():
 
 def test_architectures_are_found_once_per_model(monkeypatch):
     """FedMD's batched phases read each party model's architecture from one walk per model
-    (``Architectures``): an MLP's is ``architecture``'s, a CNN's None (it trains alone), and a
-    model met again is not walked again; the stacked party logits group by it as before."""
+    (``Architectures``): an MLP's is ``architecture``'s, a CNN's ``of`` None (no MLP kernels)
+    and its ``form`` the stacked CNN kernels', and a model met again is not walked again; the
+    stacked party logits group by it as before."""
     from privkit.batched import many_fedmd
 
     torch.manual_seed(2)
@@ -302,11 +303,12 @@ def test_architectures_are_found_once_per_model(monkeypatch):
     for _ in range(3):
         assert [kinds.of(m) for m in mlps] == [real(m) for m in mlps]
         assert kinds.of(cnn) is None
-    assert len(walks) == len(mlps)  # once per MLP; the CNN fails mlp_layers before it
+        assert kinds.form(cnn) == ("stacked", type(cnn).__qualname__, real(cnn))
+    assert len(walks) == len(mlps) + 1  # once per model
     x = np.random.default_rng(4).normal(size=(7, 1, 6, 6)).astype(np.float32)
     fresh = many_fedmd.stacked_party_logits(mlps, x)
     kept = many_fedmd.stacked_party_logits(mlps, x, kinds)
-    assert len(walks) == 2 * len(mlps)  # the fresh call walked each again; the kept one none
+    assert len(walks) == 2 * len(mlps) + 1  # the fresh call walked each again; the kept one none
     for a, b in zip(fresh, kept):
         np.testing.assert_array_equal(a, b)
 
