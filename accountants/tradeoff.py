@@ -75,14 +75,15 @@ _MAX_POINTS = 20_000
 
 def _fpr(fpr) -> np.ndarray:
     a = np.asarray(fpr, dtype=np.float64)
-    if np.any(np.isnan(a)) or np.any((a < 0) | (a > 1)):
+    # two reductions (NaN fails both comparisons): the one-run searches check FPRs thousands of times
+    if a.size and not (a.min() >= 0.0 and a.max() <= 1.0):
         raise ValueError(f"fpr must be in [0, 1]; found values in [{np.nanmin(a)}, {np.nanmax(a)}]")
     return a
 
 
 def _clip(fnr: np.ndarray, a: np.ndarray) -> np.ndarray:
     """A trade-off value lies in [0, 1 - a] (no test is worse than guessing, none beats zero)."""
-    return np.clip(fnr, 0.0, 1.0 - a)
+    return np.minimum(np.maximum(fnr, 0.0), 1.0 - a)  # np.clip, without its per-call overhead
 
 
 def _check_delta(delta: float) -> float:
@@ -128,7 +129,7 @@ def _generic(a: np.ndarray, eps: np.ndarray | np.float64, delta: float) -> np.nd
     with np.errstate(over="ignore", invalid="ignore"):
         e = np.exp(eps)
         val = np.maximum(1.0 - delta - e * a, (1.0 - delta - a) / e)
-    return _clip(np.nan_to_num(val, nan=0.0, neginf=0.0), a)
+    return _clip(np.fmax(val, 0.0), a)  # fmax maps NaN (e^eps = inf at a = 0) to 0
 
 
 @dataclass(frozen=True)
@@ -335,7 +336,8 @@ class ProfileCurve(TradeoffCurve):
         # h = g^-1: lines ordered by ascending epsilon; breakpoint y = a_{i-1} - gap / expm1(step)
         y = a[:-1] - gap / np.expm1(h)
         self._h_bp = np.maximum.accumulate(y)
-        self._a, self._u_log = a, eps
+        # each line's slope and its mirror's, once: evaluation only gathers them
+        self._a, self._up, self._down = a, np.exp(eps), np.exp(-eps)
 
     def _g(self, x: np.ndarray) -> np.ndarray:
         """First branch: max_i 1 - delta_i - e^eps_i x (line chosen by binary search)."""
@@ -343,13 +345,13 @@ class ProfileCurve(TradeoffCurve):
         k = np.searchsorted(self._g_bp, x, side="left")  # k-th line from the steepest
         i = n - 1 - k
         with np.errstate(over="ignore", invalid="ignore"):
-            val = self._a[i] - np.exp(self._u_log[i]) * x
-        return np.nan_to_num(val, nan=-np.inf)
+            val = self._a[i] - self._up[i] * x
+        return np.fmax(val, -np.inf)  # NaN (inf * 0 for an overflowing shift) -> -inf
 
     def _h(self, y: np.ndarray) -> np.ndarray:
         """Mirror branch: max_i e^-eps_i (1 - delta_i - y)."""
         i = np.searchsorted(self._h_bp, y, side="right")
-        return (self._a[i] - y) * np.exp(-self._u_log[i])
+        return (self._a[i] - y) * self._down[i]
 
     def shifted(self, fpr, shift) -> np.ndarray:
         """The member of this curve's family whose every epsilon is moved by ``shift`` (broadcast).
@@ -357,14 +359,22 @@ class ProfileCurve(TradeoffCurve):
         ``max(g(e^s a), e^-s g^-1(a))`` clipped to ``[0, 1 - a]``: the envelope of the lines
         ``f_{eps_i + s, delta_i}``.  For ``s < 0`` the clip keeps the claim feasible.
         """
-        a = _fpr(fpr)
+        return self._shifted_fn(shift)(fpr)
+
+    def _shifted_fn(self, shift) -> Callable[[np.ndarray], np.ndarray]:
+        """``fpr -> shifted(fpr, shift)`` with ``e^s`` and ``e^-s`` computed once: the one-run
+        searches evaluate one member at thousands of FPRs, a few at a time."""
         s = np.asarray(shift, dtype=np.float64)
         if self._empty:
-            return np.zeros(np.broadcast_shapes(a.shape, s.shape))
+            return lambda fpr: np.zeros(np.broadcast_shapes(_fpr(fpr).shape, s.shape))
         with np.errstate(over="ignore"):
-            first = self._g(np.exp(s) * a)
-            second = np.exp(-s) * self._h(a)
-        return _clip(np.maximum(first, second), a)
+            up, down = np.exp(s), np.exp(-s)
+
+        def member(fpr) -> np.ndarray:
+            a = _fpr(fpr)  # a <= 1: only _g's own products can overflow
+            return _clip(np.maximum(self._g(up * a), down * self._h(a)), a)
+
+        return member
 
     def __call__(self, fpr) -> np.ndarray:
         return self.shifted(fpr, 0.0)
@@ -655,9 +665,7 @@ class CurveFamily:
         ref = self._reference()
         if math.isinf(ref):
             return lambda fpr: np.zeros(np.broadcast_shapes(np.shape(fpr), eps.shape))
-        shift = eps - ref
-        profile = self._profile
-        return lambda fpr: profile.shifted(fpr, shift)
+        return self._profile._shifted_fn(eps - ref)
 
     def member(self, epsilon: float) -> TradeoffCurve:
         """The member at ``epsilon`` as a curve object."""

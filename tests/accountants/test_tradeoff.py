@@ -13,6 +13,7 @@ from accountants.tradeoff import (
     CurveFamily,
     GaussianCurve,
     GenericCurve,
+    ProfileCurve,
     curve_family,
     curve_from_callable,
     gaussian_curve,
@@ -200,6 +201,31 @@ def test_profile_family_at_its_own_epsilon_is_the_curve(curves):
     assert anchored.claim(ref + 0.1) == "as private as the ledger's PLD"
 
 
+def _gaussian_profile(mu: float, eps: np.ndarray) -> np.ndarray:
+    """Dong, Roth & Su's delta(eps) of mu-GDP (a hockey-stick profile)."""
+    return stats.norm.cdf(-eps / mu + mu / 2) - np.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)
+
+
+@pytest.mark.parametrize("shift", [-0.7, 0.0, 0.3, 2.5, np.array([-0.2, 0.0, 1.0, 4.0])])
+def test_shifted_profile_is_the_envelope_of_its_shifted_lines(shift):
+    # brute force: every line f_{eps_i + s, delta_i} at every FPR; the breakpoint search (and the
+    # slopes it gathers, computed once) may only drop a line by rounding, never add one
+    eps = np.linspace(0.0, 8.0, 300)
+    curve = ProfileCurve(eps, _gaussian_profile(1.5, eps))
+    s = np.asarray(shift)[..., None, None]
+    a = FPR[:, None]
+    up = np.exp(eps + s)
+    lines = np.maximum(1 - curve.deltas - up * a, (1 - curve.deltas - a) / up)
+    brute = np.clip(lines.max(axis=-1), 0.0, 1.0 - FPR)
+    got = curve.shifted(FPR[:, None] if np.ndim(shift) else FPR, shift).T.reshape(brute.shape)
+    assert np.all(got <= brute + 1e-15)
+    assert np.max(brute - got) < 1e-12
+    # the family's members are the same function
+    fam = curve.family(1e-5)
+    at = fam.reference_epsilon + np.asarray(shift)
+    np.testing.assert_array_equal(fam.members(at)(a), curve.shifted(a, at - fam.reference_epsilon))
+
+
 def test_gaussian_family_member_is_the_calibrated_gaussian():
     fam = CurveFamily("gaussian", 1e-5)
     # gaussian_curve takes sigma from analytic_gaussian_sigma, which rounds toward more noise (by a
@@ -219,6 +245,9 @@ def test_gaussian_family_member_is_the_calibrated_gaussian():
         (lambda: GenericCurve(-1.0, 1e-5), "epsilon must be"),
         (lambda: GenericCurve(1.0, 1.5), "delta must be in"),
         (lambda: generic_curve(1.0, 1e-5)(np.array([0.2, 1.2])), "fpr must be in"),
+        (lambda: generic_curve(1.0, 1e-5)(np.array([0.2, np.nan])), "fpr must be in"),
+        (lambda: ProfileCurve([0.0, 1.0], [0.5, 0.1])(-1e-9), "fpr must be in"),
+        (lambda: ProfileCurve([0.0], [1.0]).shifted([0.2, np.nan], 1.0), "fpr must be in"),
         (lambda: gaussian_mu(1.0, 0.0), "delta must be in"),
         (lambda: curve_family("gauss", 1e-5), "curve must be one of"),
         (lambda: curve_family(3, 1e-5), "curve must be"),
