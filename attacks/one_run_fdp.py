@@ -34,6 +34,7 @@ this module agrees with it (12.335 for 1000 of 1000 at delta 1e-5).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -52,6 +53,12 @@ __all__ = [
 ]
 
 _LANES = 16
+# ideal_precision's threshold search on log FPR, over [log 1e-300, 0]: each round tries
+# _CANDIDATES points per lane, so _ROUNDS rounds shrink the bracket 64^9-fold, to 3e-14 in log FPR,
+# which bounds the result's relative error (the ROC 1 - f is concave through the origin)
+_LOG_FPR_MIN = math.log(1e-300)
+_CANDIDATES = 63
+_ROUNDS = 9
 
 
 def _check_counts(m: int, r: int, v: int) -> None:
@@ -87,7 +94,7 @@ def fdp_rejects(
     for i in range(v - 1, -1, -1):
         # inverse blow-up of a symmetric curve: B^-1(y) = f(1 - y)
         h_new = np.maximum(h, member(1.0 - rr))
-        if np.array_equal(h_new, h):
+        if (h_new == h).all():
             break
         rr = np.minimum(rr + (i / (r - i)) * (h_new - h), 1.0)
         h = h_new
@@ -148,19 +155,42 @@ def fdp_epsilon_lower_bound(
     family = curve_family(curve, delta)
     beta = _check_beta(beta)
     _check_counts(m, r, v)
-    if not fdp_rejects(m, r, v, family, [0.0], beta=beta)[0]:
-        return 0.0
+    *_, (lo, _) = _bound_brackets(m, r, v, family, beta, tol, eps_max)
+    return lo
+
+
+def _bound_brackets(
+    m: int, r: int, v: int, family: CurveFamily, beta: float, tol: float, eps_max: float
+) -> Iterator[tuple[float, float]]:
+    """The search of :func:`fdp_epsilon_lower_bound`, one bracket ``(lo, hi)`` a round: ``lo``
+    tested and rejected, ``hi`` tested and kept, each inside the one before; the last one's ``lo``
+    is the bound.  ``(0, 0)`` when epsilon 0 is kept, ``(eps_max, inf)`` when eps_max is rejected.
+    """
     # geometric first round (bounds near 0 and near eps_max alike), then linear refinement
     grid = np.r_[0.0, np.geomspace(min(0.01, eps_max / 2), eps_max, _LANES - 1)]
     while True:
         rej = fdp_rejects(m, r, v, family, grid, beta=beta)
+        if not rej[0]:  # lane 0: epsilon 0 in the first round, a rejected lo in later ones
+            yield 0.0, 0.0
+            return
         first_kept = int(np.argmin(rej)) if not rej.all() else grid.size
         if first_kept == grid.size:
-            return float(grid[-1])
+            yield float(grid[-1]), math.inf
+            return
         lo, hi = grid[first_kept - 1], grid[first_kept]
+        yield float(lo), float(hi)
         if hi - lo <= tol:
-            return float(lo)
+            return
         grid = np.linspace(lo, hi, _LANES + 1)
+
+
+def _bound_exceeds(m: int, r: int, v: int, family: CurveFamily, beta: float, target: float) -> bool:
+    """``fdp_epsilon_lower_bound(m, r, v) > target`` at its default tol and eps_max, decided by the
+    first bracket of its search that lies on one side of ``target`` (the bound stays in each)."""
+    for lo, hi in _bound_brackets(m, r, v, family, beta, 1e-4, 100.0):
+        if lo > target or hi <= target:
+            return lo > target
+    return False  # the bound is the last lo, and lo <= target
 
 
 def ideal_precision(family: CurveFamily, epsilon: float, fraction: float) -> float:
@@ -174,15 +204,33 @@ def ideal_precision(family: CurveFamily, epsilon: float, fraction: float) -> flo
     same share holds for "out" guesses.  For the pure eps-DP curve this is e^eps / (1 + e^eps):
     randomized response.
     """
-    f = family.members(np.array([float(epsilon)]))
-    flagged = lambda a: 0.5 * (a + 1.0 - f(np.array([a]))[0])
-    if flagged(0.0) >= fraction:  # the curve's mass at FPR 0 alone fills the guesses: all right
-        return 1.0
-    lo, hi = math.log(1e-300), 0.0  # on log a: the threshold's FPR can be astronomically small
-    for _ in range(80):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if flagged(math.exp(mid)) < fraction else (lo, mid)
-    return float(min(1.0, 0.5 * (1.0 - f(np.array([math.exp(lo)]))[0]) / fraction))
+    return float(_ideal_precisions(family, np.array([float(epsilon)]), float(fraction))[0])
+
+
+def _ideal_precisions(
+    family: CurveFamily, epsilons: np.ndarray, fractions: np.ndarray | float
+) -> np.ndarray:
+    """:func:`ideal_precision` for many lanes at once: ``epsilons`` and ``fractions`` broadcast.
+
+    ``a`` is searched on log a (the threshold's FPR can be astronomically small), with
+    ``_CANDIDATES`` FPRs per lane in one call of the members per round rather than one bisection
+    step per call; the result is the share at the largest FPR found with flagged < fraction.
+    """
+    eps, frac = np.broadcast_arrays(np.asarray(epsilons, dtype=np.float64), fractions)
+    f = family.members(eps)
+    flagged = lambda a: 0.5 * (a + 1.0 - f(a))
+    lo, hi = np.full(eps.shape, _LOG_FPR_MIN), np.zeros(eps.shape)
+    steps = np.arange(1, _CANDIDATES + 1).reshape((-1,) + (1,) * eps.ndim) / (_CANDIDATES + 1)
+    for _ in range(_ROUNDS):
+        # the bracket's ends around its candidates, ascending along axis 0 (lanes behind)
+        points = np.concatenate([lo[None], lo + (hi - lo) * steps, hi[None]])
+        # flagged is non-decreasing in a: the candidates below the fraction are a prefix
+        below = np.sum(flagged(np.exp(points[1:-1])) < frac, axis=0, keepdims=True)
+        lo = np.take_along_axis(points, below, 0)[0]
+        hi = np.take_along_axis(points, below + 1, 0)[0]
+    share = np.minimum(1.0, 0.5 * (1.0 - f(np.exp(lo))) / frac)
+    # the curve's mass at FPR 0 alone fills the guesses: all right
+    return np.where(flagged(np.zeros(eps.shape)) >= frac, 1.0, share)
 
 
 def fdp_detectable_epsilon(
@@ -201,39 +249,53 @@ def fdp_detectable_epsilon(
 
     ``v*`` is the fewest right guesses (of ``k_pos + k_neg``) whose bound exceeds ``target``; the
     right guesses are modelled as ``Bin(k_pos, p) + Bin(k_neg, p)`` with ``p`` the ideal
-    precision of each side, and the answer is where their median reaches ``v*`` (bisection: ``p``
-    grows with epsilon).  Real attacks guess worse, so an audit never detects less than this says.
+    precision of each side, and the answer is where their median reaches ``v*`` (to 1e-4, searched
+    on lanes: ``p`` grows with epsilon).  Real attacks guess worse, so an audit never detects less
+    than this says.
     """
     family = curve_family(curve, delta)
     r = k_pos + k_neg
     _check_counts(m, r, 0)
-    bound = lambda v: fdp_epsilon_lower_bound(m, r, v, delta=delta, curve=family, beta=beta)
-    if r == 0 or bound(r) <= target:
+    beta = _check_beta(beta)
+    exceeds = lambda v: _bound_exceeds(m, r, v, family, beta, target)
+    if r == 0 or not exceeds(r):
         return math.inf
     lo, hi = -1, r  # bound(lo) <= target < bound(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if mid >= 0 and bound(mid) > target else (mid, hi)
+        lo, hi = (lo, mid) if mid >= 0 and exceeds(mid) else (mid, hi)
     v_star = hi
 
-    def flagged_half(eps: float) -> bool:
-        pmf = np.array([1.0])
-        for k in (k_pos, k_neg):
-            if k:
-                pmf = np.convolve(
-                    pmf, stats.binom.pmf(np.arange(k + 1), k, ideal_precision(family, eps, k / m))
-                )
-        return pmf[v_star:].sum() >= 0.5
-
-    if not flagged_half(eps_max):
+    # the median of the right guesses reaches v* from some epsilon on (p grows with epsilon):
+    # 16 intervals a round, whose points over [0, 100] are the very ones a bisection visits
+    grid = np.linspace(0.0, eps_max, _LANES + 1)
+    reached = _median_reaches(family, grid, m, (k_pos, k_neg), v_star)
+    if not reached[-1]:
         return math.inf
-    lo_e, hi_e = 0.0, eps_max
-    if flagged_half(0.0):
+    if reached[0]:
         return 0.0
-    while hi_e - lo_e > 1e-4:
-        mid_e = 0.5 * (lo_e + hi_e)
-        lo_e, hi_e = (mid_e, hi_e) if not flagged_half(mid_e) else (lo_e, mid_e)
-    return hi_e
+    while True:
+        first = int(np.argmax(reached))  # the first lane that reaches v*
+        lo, hi = grid[first - 1], grid[first]
+        if hi - lo <= 1e-4:
+            return float(hi)
+        grid = np.linspace(lo, hi, _LANES + 1)
+        reached = _median_reaches(family, grid, m, (k_pos, k_neg), v_star)
+        reached[0], reached[-1] = False, True  # the bracket's ends, decided the round before
+
+
+def _median_reaches(
+    family: CurveFamily, epsilons: np.ndarray, m: int, ks: tuple[int, ...], v_star: int
+) -> np.ndarray:
+    """Per epsilon: ``P[sum_j Bin(ks[j], p_j) >= v_star] >= 1/2``, with ``p_j`` the ideal precision
+    of guessing ``ks[j]`` of the m points (a side with no guesses adds nothing)."""
+    ks = tuple(k for k in ks if k)
+    p = _ideal_precisions(family, np.asarray(epsilons)[:, None], np.array(ks) / m)
+    pmf = np.ones((len(epsilons), 1))
+    for j, k in enumerate(ks):
+        side = stats.binom.pmf(np.arange(k + 1), k, p[:, j, None])
+        pmf = np.array([np.convolve(a, b) for a, b in zip(pmf, side)])
+    return pmf[:, v_star:].sum(axis=1) >= 0.5
 
 
 @dataclass

@@ -14,9 +14,13 @@ from accountants import Ledger, analytic_gaussian_sigma
 from accountants.tradeoff import CurveFamily, ledger_curve
 from attacks.one_run import epsilon_lower_bound as steinke
 from attacks.one_run_fdp import (
+    _bound_exceeds,
+    _ideal_precisions,
+    fdp_detectable_epsilon,
     fdp_epsilon_lower_bound,
     fdp_rejection_threshold,
     fdp_rejects,
+    ideal_precision,
     one_run_fdp,
 )
 
@@ -177,6 +181,104 @@ def test_result_says_which_claim_it_tests(gaussian_ledger):
     assert "privacy profile raised by" in led.claim_at_bound
     d = led.to_dict()
     assert d["curve"] == "profile" and math.isfinite(d["epsilon"])
+
+
+# ------------------------------------------------------------------------------ the searches, pinned
+@pytest.fixture(scope="module")
+def families(gaussian_ledger):
+    profile = ledger_curve(gaussian_ledger).family(DELTA)
+    return {
+        "generic": CurveFamily("generic", DELTA),
+        "gaussian": CurveFamily("gaussian", DELTA),
+        "ledger": profile,
+        "ledger-anchored": profile.anchored(2.3),  # as audits test an accounted epsilon
+    }
+
+
+def scalar_ideal_precision(family, eps, fraction):
+    """The definition, one FPR per call: plain bisection on log FPR down to float resolution."""
+    member = family.members(np.array([eps]))
+    f = lambda a: float(member(np.array([a]))[0])
+    flagged = lambda a: 0.5 * (a + 1.0 - f(a))
+    if flagged(0.0) >= fraction:
+        return 1.0
+    lo, hi = math.log(1e-300), 0.0
+    while lo < (mid := 0.5 * (lo + hi)) < hi:
+        lo, hi = (mid, hi) if flagged(math.exp(mid)) < fraction else (lo, mid)
+    return min(1.0, 0.5 * (1.0 - f(math.exp(lo))) / fraction)
+
+
+def scalar_detectable(m, k_pos, k_neg, family, target, beta=0.05):
+    """fdp_detectable_epsilon's definition: bisections over v and over epsilon, one at a time."""
+    r = k_pos + k_neg
+    bound = lambda v: fdp_epsilon_lower_bound(m, r, v, delta=DELTA, curve=family, beta=beta)
+    if bound(r) <= target:
+        return math.inf
+    lo, hi = -1, r
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if mid >= 0 and bound(mid) > target else (mid, hi)
+
+    def half(eps):
+        pmf = np.array([1.0])
+        for k in (k_pos, k_neg):
+            p = scalar_ideal_precision(family, eps, k / m)
+            pmf = np.convolve(pmf, stats.binom.pmf(np.arange(k + 1), k, p))
+        return pmf[hi:].sum() >= 0.5
+
+    if not half(100.0):
+        return math.inf
+    if half(0.0):
+        return 0.0
+    lo_e, hi_e = 0.0, 100.0
+    while hi_e - lo_e > 1e-4:
+        mid_e = 0.5 * (lo_e + hi_e)
+        lo_e, hi_e = (lo_e, mid_e) if half(mid_e) else (mid_e, hi_e)
+    return hi_e
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.5, 1.0, 3.0, 8.0])
+def test_ideal_precision_of_pure_dp_is_randomized_response(eps):
+    fam = CurveFamily("generic", 0.0)
+    for fraction in (0.02, 0.2, 0.5):
+        assert ideal_precision(fam, eps, fraction) == pytest.approx(expit(eps), rel=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["generic", "gaussian", "ledger", "ledger-anchored"])
+def test_ideal_precision_matches_a_scalar_bisection(families, kind):
+    fam = families[kind]
+    eps, fractions = np.array([0.0, 0.7, 2.0, 6.0, 30.0]), np.array([0.001, 0.05, 0.3, 0.5])
+    ref = np.array([[scalar_ideal_precision(fam, e, q) for q in fractions] for e in eps])
+    # all lanes at once, and one at a time through the public function
+    np.testing.assert_allclose(_ideal_precisions(fam, eps[:, None], fractions), ref, rtol=1e-12)
+    got = np.array([[ideal_precision(fam, e, q) for q in fractions] for e in eps])
+    np.testing.assert_allclose(got, ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["generic", "gaussian", "ledger-anchored"])
+@pytest.mark.parametrize("k_pos,k_neg,target", [(50, 50, 0.0), (30, 10, 1.5), (25, 0, 2.3)])
+def test_detectable_epsilon_matches_scalar_searches(families, kind, k_pos, k_neg, target):
+    fam = families[kind]
+    got = fdp_detectable_epsilon(1000, k_pos, k_neg, delta=DELTA, curve=fam, target=target)
+    ref = scalar_detectable(1000, k_pos, k_neg, fam, target)
+    assert got == ref or abs(got - ref) <= 1e-4
+
+
+def test_bound_exceeds_is_the_bound_above_target(families):
+    fam = families["ledger-anchored"]
+    for v in range(0, 121, 8):
+        bound = fdp_epsilon_lower_bound(400, 120, v, delta=DELTA, curve=fam)
+        for target in (0.0, bound - 1e-9, bound, bound + 1e-9, 2.3, 7.0):
+            assert _bound_exceeds(400, 120, v, fam, 0.05, target) == (bound > target)
+
+
+@pytest.mark.parametrize("kind", ["generic", "gaussian", "ledger"])
+def test_lower_bound_is_tested_rejected_and_within_tol(families, kind):
+    fam = families[kind]
+    for m, r, v in [(1000, 100, 80), (1000, 1000, 900), (5000, 500, 500), (300, 300, 240)]:
+        bound = fdp_epsilon_lower_bound(m, r, v, delta=DELTA, curve=fam)
+        assert bound > 0 and fdp_rejects(m, r, v, fam, [bound])[0]
+        assert not fdp_rejects(m, r, v, fam, [bound + 1e-4])[0]
 
 
 # ------------------------------------------------------------------------------ bad input
