@@ -20,7 +20,9 @@ audit (a process's first audit pays one-time costs), then one audit timed as a w
   evaluation);
 * ``shadow_fit_s``: :meth:`attacks.mia.ShadowModelAttack.fit` (the shadow-model attack's CatBoost
   fit, a fixed cost of every audit);
-* ``other_s``: the audit less all of these (the attacks' scoring, the claims, the federations).
+* ``claims_s``: :func:`privkit.audit.run._claims` (the ledger's own trade-off curve tested with
+  the same guesses, its f-DP bound and detectable epsilon: a fixed cost of a DP method's audit);
+* ``other_s``: the audit less all of these (the attacks' scoring, the federations).
 
 The first four are zero for methods whose batched form is not FedAvg's (the DP-SGD federations,
 FLiP, centralized training): their audits are then the total and the attack's fit.
@@ -54,7 +56,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import audit_cost
 from audit_roofline import audit_goal
 
-PARTS = ("target_exact", "reference_stacked", "local_epochs", "rounds_finish", "shadow_fit")
+PARTS = (
+    "target_exact",
+    "reference_stacked",
+    "local_epochs",
+    "rounds_finish",
+    "shadow_fit",
+    "claims",
+)
 
 
 class _Clock:
@@ -77,6 +86,7 @@ class _Clock:
 def _instrument(clock: _Clock) -> None:
     """Wrap the functions whose time is reported, where the audit's code looks them up."""
     import attacks.mia as mia
+    import privkit.audit.run as audit_stages
     import privkit.batched.many_fedavg as many_fedavg
 
     exact = many_fedavg.train_exact
@@ -89,6 +99,7 @@ def _instrument(clock: _Clock) -> None:
     many_fedavg.local_epochs = clock.wrap("local_epochs", many_fedavg.local_epochs)
     many_fedavg.finish_rounds = clock.wrap("rounds_finish", many_fedavg.finish_rounds)
     mia.ShadowModelAttack.fit = clock.wrap("shadow_fit", mia.ShadowModelAttack.fit)
+    audit_stages._claims = clock.wrap("claims", audit_stages._claims)
 
 
 def measure(method: str, clock: _Clock) -> dict:
@@ -141,8 +152,11 @@ def measure(method: str, clock: _Clock) -> dict:
         "rounds_setup_s": max(setup, 0.0) if s["local_epochs"] else 0.0,
         "rounds_finish_s": s["rounds_finish"],
         "shadow_fit_s": s["shadow_fit"],
+        "claims_s": s["claims"],
     }
-    parts["other_s"] = total - s["local_epochs"] - s["rounds_finish"] - s["shadow_fit"]
+    parts["other_s"] = (
+        total - s["local_epochs"] - s["rounds_finish"] - s["shadow_fit"] - s["claims"]
+    )
     train_s = statistics.median(trains)
     return {
         "train_cpu_s": round(train_s, 3),
