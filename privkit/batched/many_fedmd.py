@@ -49,8 +49,8 @@ class Architectures:
         self._seen: dict[int, tuple[torch.nn.Module, tuple | None]] = {}
 
     def form(self, model: torch.nn.Module) -> tuple | None:
-        """``("mlp", architecture)``, ``("stacked", architecture)`` or None (the model trains
-        and runs on its own): models of one form train and run together."""
+        """``("mlp", architecture)``, ``("stacked", class name, architecture)`` or None (the
+        model trains and runs on its own): models of one form train and run together."""
         entry = self._seen.get(id(model))
         if entry is None or entry[0] is not model:
             entry = (model, _form(model))
@@ -149,9 +149,10 @@ def stacked_party_logits(
     one architecture in one stacked forward pass (privkit MLPs: :func:`~privkit.batched.exact_mlp.
     stacked_logits`, CNNs: :func:`~privkit.batched.stacked_local.stacked_logits_on`; equal to
     their own up to float rounding; it reads their parameters only); an architecture neither
-    covers runs each model's own forward pass on its own device, its training mode restored after (``torch_logits``: the models are left as they were,
-    which :func:`~privkit.audit.instantiations.soft_label_artifacts` needs of the released
-    models it is given; the same logits as ``predict_logits``, float32 as it gives them).
+    covers runs each model's own forward pass on its own device, its training mode restored
+    after (``torch_logits``: the models are left as they were, which
+    :func:`~privkit.audit.instantiations.soft_label_artifacts` needs of the released models it
+    is given; the same logits as ``predict_logits``, float32 as it gives them).
     ``kinds``: the models' architectures, where the caller keeps them (:class:`Architectures`)."""
     from attacks.recipe import torch_logits
 

@@ -374,9 +374,9 @@ MIXED_PARTIES = [
     ids=["mlps", "cnns", "mixed"],
 )
 def test_soft_label_artifacts_are_each_partys_own_and_leave_the_models_alone(fed, over, device):
-    """The audit's reconstruction of the soft labels FedMD parties share (the party MLPs of an
-    architecture in one stacked pass, any other model on its own) gives the probabilities of each
-    party's own forward pass up to float rounding, float32, under the same keys; the released
+    """The audit's reconstruction of the soft labels FedMD parties share (the party MLPs and CNNs
+    of an architecture in one stacked pass, any other model on its own) gives the probabilities
+    of each party's own forward pass up to float rounding, float32, under the same keys; the released
     models it reads keep their device, training mode and parameters."""
     import copy
 
