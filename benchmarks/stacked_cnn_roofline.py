@@ -35,6 +35,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -118,14 +119,16 @@ def single_step(batch: int, width: int, feature_dim: int, repeats: int) -> float
 
 def stacked_step(models: int, batch: int, width: int, feature_dim: int, repeats: int) -> float:
     """Seconds of a model's share of one stacked step: ``models`` CNNs trained together by
-    ``train_stacked`` (one group) for ``repeats`` steps each, less nothing (set-up included, as
-    an audit's round pays it), divided by models and steps."""
+    ``train_stacked`` (one group) for ``repeats`` steps each, its set-up included (as an audit's
+    round pays it), divided by models and steps; the median of two timed calls after an untimed
+    one."""
     from privkit.batched import stacked_local
     from privkit.batched.exact_mlp import model_for
 
     gen = torch.Generator().manual_seed(1)
     xs = torch.randn(batch * repeats, 1, SIDE, SIDE, generator=gen)
     ys = torch.randint(0, CLASSES, (batch * repeats,), generator=gen)
+    seconds: list[float] = []
 
     def run() -> None:
         nets = [_cnn(width, feature_dim, 10 + j) for j in range(models)]
@@ -137,9 +140,8 @@ def stacked_step(models: int, batch: int, width: int, feature_dim: int, repeats:
         stacked_local.train_stacked(nets[0], ms, optimizer="adam", lr=1e-3)
         seconds.append(time.process_time() - start)
 
-    seconds: list[float] = []
     previous = stacked_local.MODELS_PER_GROUP
-    stacked_local.MODELS_PER_GROUP = models
+    stacked_local.MODELS_PER_GROUP = models  # one group of the models asked for
     try:
         for _ in range(3):
             run()
@@ -164,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"--{name.replace('_', '-')} must be an integer >= 1; found {getattr(args, name)}"
             )
     torch.set_num_threads(1)
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-    from audit_cost import matmul_gflops
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from audit_cost import matmul_gflops  # this machine's float32 product rate, as audits report it
 
     flops = step_flops(args.batch, args.width, args.feature_dim)
     rates = {

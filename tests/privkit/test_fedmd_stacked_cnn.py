@@ -43,6 +43,18 @@ def _jobs(knowledge: str) -> list[PartyJob]:
     return jobs
 
 
+def _stacked_calls(monkeypatch) -> list[int]:
+    """The number of models of each ``train_stacked`` call FedMD's batched phases make."""
+    sizes: list[int] = []
+    real = many_fedmd.train_stacked
+    monkeypatch.setattr(
+        many_fedmd,
+        "train_stacked",
+        lambda template, models, **k: sizes.append(len(models)) or real(template, models, **k),
+    )
+    return sizes
+
+
 @pytest.mark.parametrize("knowledge", ["softmax", "logits"])
 def test_reference_parties_train_stacked_and_others_alone(knowledge, monkeypatch):
     """``run_jobs`` on CNN parties: the jobs of an audit's reference runs (``fast``) train
@@ -53,13 +65,7 @@ def test_reference_parties_train_stacked_and_others_alone(knowledge, monkeypatch
     jobs, twins = _jobs(knowledge), _jobs(knowledge)
     fast = frozenset(id(j) for j in jobs[:6])  # three parties' revisits and digests
     starts = [copy.deepcopy(j.model.state_dict()) for j in jobs]
-    sizes = []
-    real = many_fedmd.train_stacked
-    monkeypatch.setattr(
-        many_fedmd,
-        "train_stacked",
-        lambda template, models, **k: sizes.append(len(models)) or real(template, models, **k),
-    )
+    sizes = _stacked_calls(monkeypatch)
     many_fedmd.run_jobs(jobs, cfg, CPU, fast)
     for j in twins:
         j.run(cfg, CPU)
@@ -141,13 +147,7 @@ def test_cnn_federation_reference_runs_train_close_to_their_own(monkeypatch):
         },
     )
     seeds = [5, 6]
-    trained = []
-    real = many_fedmd.train_stacked
-    monkeypatch.setattr(
-        many_fedmd,
-        "train_stacked",
-        lambda template, models, **k: trained.append(len(models)) or real(template, models, **k),
-    )
+    trained = _stacked_calls(monkeypatch)
     got = many_fedmd.train_fedmd_many("fedmd-np", [fed, fed], [cfg, cfg], seeds, [False, True])
     want = [train("fedmd-np", fed, cfg, seed=s) for s in seeds]
     for n, (g, w) in enumerate(zip(got, want)):
