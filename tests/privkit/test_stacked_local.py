@@ -213,3 +213,19 @@ def test_stacked_distillation_is_each_models_own(monkeypatch):
         for k in b:
             torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
         assert max(float((a[k] - s[k]).abs().max().detach()) for k in s) > 1e-3
+
+
+def test_records_per_chunk_bound_a_gpu_pass_by_model_records():
+    """The stacked logits' records per chunk: LOGITS_CHUNK on the CPU; on a GPU as many as keep
+    models x records within GPU_MODEL_RECORDS, at least one, at most the records there are."""
+    from privkit.batched.stacked_local import (
+        GPU_MODEL_RECORDS,
+        LOGITS_CHUNK,
+        records_per_chunk,
+    )
+
+    assert records_per_chunk(112, 1000, "cpu") == LOGITS_CHUNK
+    assert records_per_chunk(112, 1000, "cuda") == GPU_MODEL_RECORDS // 112
+    assert 112 * records_per_chunk(112, 1000, "cuda") <= GPU_MODEL_RECORDS
+    assert records_per_chunk(8, 100, "cuda") == 100  # the whole set in one pass
+    assert records_per_chunk(GPU_MODEL_RECORDS * 2, 100, "cuda") == 1
