@@ -56,7 +56,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "privkit" / "configs" / "quickstart.toml"
 
@@ -164,17 +164,17 @@ def _check_rounds(rounds: int, methods: list[str]) -> None:
     from privkit.trainers import REGISTRY
 
     if rounds < 0:
-        raise SystemExit(_usage(f"--rounds must be an integer >= 0; found {rounds}"))
+        fail(f"--rounds must be an integer >= 0; found {rounds}")
     for m in methods:
         if m in REGISTRY and "rounds" not in REGISTRY[m].defaults():
-            raise SystemExit(
-                _usage(f"--rounds applies to federated methods; found {m}, which has no rounds")
-            )
+            fail(f"--rounds applies to federated methods; found {m}, which has no rounds")
 
 
-def _usage(message: str) -> int:
+def fail(message: str) -> NoReturn:
+    """Bad input: one line naming the parameter and the value found, exit code 2 (the benchmarks
+    that take their measurement from here say it the same way)."""
     print(message, file=sys.stderr)
-    return 2
+    raise SystemExit(2)
 
 
 def _federation():

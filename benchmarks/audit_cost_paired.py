@@ -34,6 +34,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from audit_cost import fail  # noqa: E402  (the benchmarks' one-line bad input)
+
 KEPT = (
     "load_average_start",
     "load_average_end",
@@ -44,12 +47,6 @@ KEPT = (
 )
 
 
-def _fail(message: str) -> None:
-    """Bad input: one line naming the parameter and the value found, exit code 2."""
-    print(message, file=sys.stderr)
-    raise SystemExit(2)
-
-
 def _revision(rev: str) -> str:
     """``rev``'s full commit hash in this repository; a bad one is a one-line error (exit 2)."""
     out = subprocess.run(
@@ -58,7 +55,7 @@ def _revision(rev: str) -> str:
         text=True,
     )
     if out.returncode != 0:
-        _fail(f"--before must name a commit of this repository; found {rev!r}")
+        fail(f"--before must name a commit of this repository; found {rev!r}")
     return out.stdout.strip()
 
 
@@ -130,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.pairs < 1:
-        _fail(f"--pairs must be an integer >= 1; found {args.pairs}")
+        fail(f"--pairs must be an integer >= 1; found {args.pairs}")
     before = _revision(args.before)
     after = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True

@@ -40,14 +40,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from audit_cost import fail, matmul_gflops  # bad input; this machine's product rate
+
 CLASSES = 10
 SIDE = 28  # MNIST's 28 x 28 records, one channel
-
-
-def _fail(message: str) -> None:
-    """Bad input: one line naming the parameter and the value found, exit code 2."""
-    print(message, file=sys.stderr)
-    raise SystemExit(2)
 
 
 def step_flops(batch: int, width: int, feature_dim: int) -> dict[str, float]:
@@ -162,12 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     for name in ("models", "batch", "width", "feature_dim", "ceiling_batch", "repeats"):
         if getattr(args, name) < 1:
-            _fail(
-                f"--{name.replace('_', '-')} must be an integer >= 1; found {getattr(args, name)}"
-            )
+            fail(f"--{name.replace('_', '-')} must be an integer >= 1; found {getattr(args, name)}")
     torch.set_num_threads(1)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from audit_cost import matmul_gflops  # this machine's float32 product rate, as audits report it
 
     flops = step_flops(args.batch, args.width, args.feature_dim)
     rates = {
