@@ -527,9 +527,14 @@ class _FirstLayer:
     which: torch.Tensor  # (models,): each model's row of ``weights``
 
     @classmethod
-    def of(cls, tensors: Sequence[torch.Tensor]) -> _FirstLayer:
+    def of(
+        cls, tensors: Sequence[torch.Tensor], scratch: dict | None = None, key=None
+    ) -> _FirstLayer:
+        """The distinct ``tensors`` stacked, into ``scratch[key]`` where a scratch is given: a
+        FedMD audit's parties hold distinct weights, 23 MB a group, which as fresh memory at each
+        of its 36 stacked trainings took 9 ms a stack against 5 ms into a kept buffer."""
         distinct, which = _distinct(tensors)
-        weights = _stacked(distinct, transposed=True)
+        weights = _stacked(distinct, True, scratch, key)
         return cls(weights, torch.tensor(which, device=weights.device))
 
 
@@ -632,7 +637,7 @@ def _train_stacked(
         if k != w0
     }
     starts0 = [m.initial()[w0] for m in ms]
-    first_layer = _FirstLayer.of(starts0)
+    first_layer = _FirstLayer.of(starts0, scratch, "starts")
     mus = torch.tensor([0.0 if mu is None else float(mu[j]) for j in order], device=device)
     prox = bool((mus > 0).any())
     # Every proximal model that starts from its anchor itself (a reference run's clients start
@@ -665,7 +670,9 @@ def _train_stacked(
     # the first layer's anchors, picked per chunk as its weights are (_FirstLayer)
     anchors0 = [None if a is None else a[w0] for a in anchored]
     anchor0 = (
-        _FirstLayer.of([s if a is None else a for a, s in zip(anchors0, starts0)])
+        _FirstLayer.of(
+            [s if a is None else a for a, s in zip(anchors0, starts0)], scratch, "anchors"
+        )
         if prox and not from_anchor and w0 in trainable
         else None
     )

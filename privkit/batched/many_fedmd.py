@@ -83,6 +83,7 @@ def run_jobs(
     fast: frozenset[int] = frozenset(),
     kept: dict[int, tuple] | None = None,
     kinds: Architectures | None = None,
+    buffers: dict[tuple, dict] | None = None,
 ) -> None:
     """Train every job (in place on its party's model) as :meth:`PartyJob.run` would; the jobs
     whose ``id`` is in ``fast`` with the stacked kernels: a privkit MLP's (``train_exact(...,
@@ -91,9 +92,12 @@ def run_jobs(
     records use (:attr:`~privkit.batched.exact_mlp.Model.inputs_used`) by the array's ``id``,
     kept from phase to phase (a party trains on the same array in its initialisation and every
     revisit; a digest's public subset is new each round and is not kept). ``kinds``: the party
-    models' architectures, kept from phase to phase (default: found for this call)."""
+    models' architectures, kept from phase to phase (default: found for this call). ``buffers``:
+    each architecture's stacked-kernel buffers (:mod:`privkit.batched.buffers`), kept from phase
+    to phase (default: made for this call)."""
     kept = {} if kept is None else kept
     kinds = Architectures() if kinds is None else kinds
+    buffers = {} if buffers is None else buffers
     groups: dict[tuple, list[PartyJob]] = {}
     for job in jobs:
         if (
@@ -126,10 +130,14 @@ def run_jobs(
             )
             for j in group
         ]
+        # one architecture's digests and revisits take turns: they share its buffers
+        scratch = buffers.setdefault(form, {})
         if not mlp:
-            train_stacked(group[0].model, models, optimizer="adam", lr=config.lr)
+            train_stacked(group[0].model, models, optimizer="adam", lr=config.lr, scratch=scratch)
             continue
-        train_exact(group[0].model, models, optimizer="adam", lr=config.lr, stacked=stacked)
+        train_exact(
+            group[0].model, models, optimizer="adam", lr=config.lr, stacked=stacked, scratch=scratch
+        )
         if not digest:  # the array is kept too: its id stays its own while it is here
             for j, m in zip(group, models):
                 if m.inputs_used is not None:
@@ -243,12 +251,13 @@ def train_fedmd_many(
 
     kept: dict[int, tuple] = {}  # the inputs each party's records use, from phase to phase
     kinds = Architectures()  # the party models' architectures, from phase to phase
+    buffers: dict[tuple, dict] = {}  # the stacked kernels' buffers, from phase to phase
     shared = partial(stacked_party_logits, kinds=kinds)
 
     def phase(per_run: dict[int, list[PartyJob]]) -> None:
         jobs = [j for i in per_run for j in per_run[i]]
         stacked = frozenset(id(j) for i in per_run if quick[i] for j in per_run[i])
-        run_jobs(jobs, config, device, stacked, kept, kinds)
+        run_jobs(jobs, config, device, stacked, kept, kinds, buffers)
 
     # every run's pretraining together (on the public records only; a reference run's with the
     # stacked kernels, as its other phases), then each run's parties copy it

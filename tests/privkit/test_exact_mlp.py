@@ -592,6 +592,48 @@ def test_fedmd_phases_keep_each_partys_used_inputs(monkeypatch):
             assert torch.equal(p, q), name
 
 
+def test_fedmd_phases_share_each_architectures_buffers():
+    """run_jobs keeps each architecture's stacked-kernel buffers from phase to phase (its
+    digests and revisits take turns in them): two MLP widths and a CNN trained through three
+    phases with the buffers kept come out bit for bit as with fresh buffers at every phase, and
+    the kept buffers are one set per architecture."""
+    from types import SimpleNamespace
+
+    from privkit.batched import many_fedmd
+    from privkit.trainers.fedmd import PartyJob
+
+    rng = np.random.default_rng(7)
+    private = [
+        (rng.normal(size=(n, 1, 8, 8)).astype(np.float32), rng.integers(0, 4, size=n))
+        for n in (9, 12, 7, 10, 5)
+    ]
+    public = rng.normal(size=(10, 1, 8, 8)).astype(np.float32)
+    soft = rng.dirichlet(np.ones(4), size=10).astype(np.float32)
+    config = SimpleNamespace(lr=1e-3, knowledge="softmax")
+    shapes = [("mlp", 8), ("mlp", 8), ("mlp", 6), ("cnn", 8), ("cnn", 8)]
+
+    def parties(buffers):
+        torch.manual_seed(0)
+        models = [build_model(a, (1, 8, 8), 4, width=2, feature_dim=f) for a, f in shapes]
+        for phase in range(3):
+            jobs = [
+                PartyJob(m, public, soft, True, 1, 4, 10 + p)
+                if phase == 1
+                else PartyJob(m, x, y, False, 2, 4, 20 * phase + p)
+                for p, (m, (x, y)) in enumerate(zip(models, private))
+            ]
+            fast = frozenset(map(id, jobs))
+            many_fedmd.run_jobs(jobs, config, torch.device("cpu"), fast, buffers=buffers)
+        return models
+
+    buffers: dict = {}
+    kept = parties(buffers)
+    assert len(buffers) == 3 and all(buffers.values())
+    for a, b in zip(kept, parties(None)):
+        for (name, p), q in zip(a.named_parameters(), b.parameters()):
+            assert torch.equal(p, q), name
+
+
 def test_mlp_layers_covers_models_trained_from_some_layer_on():
     """The exact and stacked kernels cover privkit MLPs trained from some layer on (every layer,
     frozen features under a trained head, a frozen first layer under trained ones): those train

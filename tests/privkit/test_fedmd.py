@@ -367,6 +367,38 @@ MIXED_PARTIES = [
 ]
 
 
+@pytest.mark.parametrize(
+    "over",
+    [{}, {"arch": "cnn", "width": 4}, {"party_models": MIXED_PARTIES}],
+    ids=["mlps", "cnns", "mixed"],
+)
+def test_party_models_are_own_copies_of_their_pretrained_model(fed, over):
+    """Every party starts from its architecture's pretrained model: the same values, buffers
+    included, in tensors of its own (training one party moves no other, nor the pretrained
+    model), every parameter trainable and materialised; building them draws from no generator."""
+    config = fedmd.FedMDNpConfig.model_validate({**TINY, **over})
+    specs, jobs = fedmd.pretraining(fed, config, seed=5)
+    for job in jobs.values():  # moved off its initialisation, as pretraining would
+        with torch.no_grad():
+            for q in job.model.parameters():
+                q.add_(torch.randn_like(q))
+    state = torch.get_rng_state()
+    models = fedmd.party_models(specs, jobs, torch.device("cpu"))
+    assert torch.equal(torch.get_rng_state(), state)
+    seen = set()
+    for spec, m in zip(specs, models):
+        source = jobs[repr(sorted(spec.items()))].model
+        want = source.state_dict()
+        got = m.state_dict()
+        assert list(got) == list(want)
+        for k, v in got.items():
+            assert v.device.type == "cpu" and torch.equal(v, want[k])
+            assert v.data_ptr() != want[k].data_ptr() and v.data_ptr() not in seen
+            seen.add(v.data_ptr())
+        assert all(q.requires_grad for q in m.parameters())
+        assert type(m) is type(source) and str(m) == str(source)
+
+
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 @pytest.mark.parametrize(
     "over",
