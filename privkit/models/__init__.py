@@ -7,7 +7,6 @@ whose output for one example does not depend on the others in its batch.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -82,7 +81,7 @@ def _cnn_features(in_shape: tuple[int, int, int], width: int, feature_dim: int) 
 
 def _mlp_features(in_shape: tuple[int, int, int], hidden: int, depth: int) -> nn.Sequential:
     layers: list[nn.Module] = [nn.Flatten()]
-    width = math.prod(in_shape)
+    width = int(torch.tensor(in_shape).prod())
     for _ in range(depth):
         layers += [nn.Linear(width, hidden), nn.ReLU()]
         width = hidden

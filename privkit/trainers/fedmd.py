@@ -232,20 +232,16 @@ def pretraining(
 def party_models(
     specs: list[dict], jobs: dict[str, PartyJob], device: torch.device
 ) -> list[FeatureClassifier]:
-    """Every party's model: a copy of its architecture's model in ``jobs`` (pretrained by then).
-    Each is built on the meta device, without values, and takes a copy of the pretrained ones:
-    a fresh build's own initialisation is overwritten at once (an audit's 340 quick-configuration
-    party MLPs drew 0.4 s of weights for nothing), and draws from no generator privkit reads."""
-    pretrained = {key: job.model.state_dict() for key, job in jobs.items()}
+    """Every party's model: a copy of its architecture's model in ``jobs`` (pretrained by then)."""
+    pretrained = {
+        key: {k: v.detach().clone() for k, v in job.model.state_dict().items()}
+        for key, job in jobs.items()
+    }
     models = []
     for spec in specs:
-        with torch.device("meta"):
-            m = build_from_spec(spec)
-        state = pretrained[repr(sorted(spec.items()))]
-        m.load_state_dict(
-            {k: v.detach().to(device, copy=True) for k, v in state.items()}, assign=True
-        )
-        models.append(m)
+        m = build_from_spec(spec)
+        m.load_state_dict(pretrained[repr(sorted(spec.items()))])
+        models.append(m.to(device))
     return models
 
 

@@ -375,16 +375,14 @@ MIXED_PARTIES = [
 def test_party_models_are_own_copies_of_their_pretrained_model(fed, over):
     """Every party starts from its architecture's pretrained model: the same values, buffers
     included, in tensors of its own (training one party moves no other, nor the pretrained
-    model), every parameter trainable and materialised; building them draws from no generator."""
+    model), every parameter trainable."""
     config = fedmd.FedMDNpConfig.model_validate({**TINY, **over})
     specs, jobs = fedmd.pretraining(fed, config, seed=5)
     for job in jobs.values():  # moved off its initialisation, as pretraining would
         with torch.no_grad():
             for q in job.model.parameters():
                 q.add_(torch.randn_like(q))
-    state = torch.get_rng_state()
     models = fedmd.party_models(specs, jobs, torch.device("cpu"))
-    assert torch.equal(torch.get_rng_state(), state)
     seen = set()
     for spec, m in zip(specs, models):
         source = jobs[repr(sorted(spec.items()))].model
