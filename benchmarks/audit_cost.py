@@ -62,11 +62,18 @@ QUICKSTART = Path(__file__).resolve().parents[1] / "privkit" / "configs" / "quic
 
 
 def _one_thread() -> None:
+    """One torch thread, and the allocator policy ``privkit``'s command line runs under (a tree
+    from before :mod:`privkit.memory`, measured by ``audit_cost_paired.py``, runs without it)."""
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = "1"
     import torch
 
     torch.set_num_threads(1)
+    try:
+        from privkit.memory import keep_freed_memory
+    except ImportError:
+        return
+    keep_freed_memory()
 
 
 def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:

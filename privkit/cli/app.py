@@ -138,7 +138,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     Exit codes: 0 success, 1 a stage failed (the command says which), 2 bad input (one red line
     naming the parameter and the value found), 130 interrupted (finished stages stay on disk).
+    Freed memory stays in the process and its workers for the next step
+    (:func:`privkit.memory.keep_freed_memory`).
     """
+    from privkit.memory import keep_freed_memory
+
+    keep_freed_memory()
     args = list(sys.argv[1:] if argv is None else argv)
     command = typer.main.get_command(app)
     usage_error, click_error = _click_class("UsageError"), _click_class("ClickException")
