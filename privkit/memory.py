@@ -72,4 +72,4 @@ def _with_tunables(current: str) -> str:
     return ":".join(pairs)
 
 
-__all__ = ["ENV_SWITCH", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "TUNABLES", "keep_freed_memory"]
+__all__ = ["keep_freed_memory"]

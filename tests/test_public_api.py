@@ -38,6 +38,7 @@ PAGES: dict[str, tuple[str, ...]] = {
         "privkit.mechanisms.probes",
         "privkit.flower",
         "privkit.check",
+        "privkit.memory",
     ),
 }
 PUBLIC_MODULES = [module for modules in PAGES.values() for module in modules]
