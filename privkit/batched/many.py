@@ -341,7 +341,7 @@ def local_dp_sgd(
 
     Model j runs exactly :meth:`DpSgdStep.apply <privkit.mechanisms.dp_sgd_step.DpSgdStep.apply>`
     with its job's mechanism: a Poisson batch from its sample stream (the fast jobs' batches of
-    a step drawn together from the first one's, :class:`_JointSampling`: the same law), each example's gradient
+    a step drawn together from the first one's, :class:`JointSampling`: the same law), each example's gradient
     clipped to the clip norm (by ``net.clipped_sums``: :class:`~privkit.mechanisms.stacked.
     StackedModels` or a model of the same interface), Gaussian noise from its noise stream (one
     draw per parameter, in name order), the sum divided by the expected batch size, and one step
@@ -403,7 +403,7 @@ def local_dp_sgd(
     # every step is fresh pages every step); a step's batch is read within that step only
     gathered = x_all.new_empty((0, *x_all.shape[1:]))
     scratch: dict = {}  # the releases' buffers, kept across the steps likewise (_noisy)
-    joint = _JointSampling.of(jobs, offsets)
+    joint = JointSampling.of(jobs, offsets)
     # each record's squared norm, the first layer's per-example input norm whenever it is drawn
     # (the sums each step formed from its batch, bit for bit)
     norms = x_all.flatten(1).pow(2).sum(-1) if net.linear_on_input else None
@@ -440,7 +440,7 @@ def local_dp_sgd(
 
 
 @dataclass
-class _JointSampling:
+class JointSampling:
     """The Poisson batches of a step's fast jobs (seeded reference models) drawn together: one
     ``(jobs, largest client)`` draw of uniforms from the first one's sample stream, each row
     compared with its job's rate and cut at its job's size (each record of job j included
@@ -454,48 +454,91 @@ class _JointSampling:
     offsets: torch.Tensor  #: (rows,) where each one's records start in the joined records
 
     @classmethod
-    def of(cls, jobs: Sequence[LocalDp], offsets: torch.Tensor) -> _JointSampling | None:
+    def of(cls, jobs: Sequence[LocalDp], offsets: torch.Tensor) -> JointSampling | None:
         """The joint sampling of ``jobs``' fast ones (None for fewer than two)."""
         rows = [i for i, j in enumerate(jobs) if j.fast and j.sample_gen.seeded_torch]
-        if len(rows) < 2:
+        return cls.over(
+            rows,
+            [jobs[i].step.dataset_size for i in rows],
+            [jobs[i].step.sample_rate for i in rows],
+            jobs[rows[0]].sample_gen if rows else None,
+            offsets,
+        )
+
+    @classmethod
+    def over(
+        cls,
+        rows: list[int],
+        sizes: list[int],
+        rates: list[float],
+        source: DpRandom | None,
+        offsets: torch.Tensor,
+    ) -> JointSampling | None:
+        """The joint sampling of the models at ``rows`` on the model axis, of ``sizes`` records
+        each sampled at ``rates``, drawn from ``source`` (a seeded stream); ``offsets``: where
+        every model's records start in the joined records. None for fewer than two rows."""
+        if len(rows) < 2 or source is None:
             return None
         at = torch.tensor(rows)
-        sizes = torch.tensor([jobs[i].step.dataset_size for i in rows])
+        n = torch.tensor(sizes)
         return cls(
             rows,
             at,
-            torch.arange(int(sizes.max())) < sizes[:, None],
-            torch.tensor([[jobs[i].step.sample_rate] for i in rows]),
-            jobs[rows[0]].sample_gen,
+            torch.arange(int(n.max())) < n[:, None],
+            torch.tensor([[float(q)] for q in rates]),
+            source,
             offsets[at],
         )
 
-    def draw(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def draw(
+        self, alive: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step's batches: per sampled record its job's row (among ``rows``), its rank in
-        that job's batch and its position in the joined records; and each job's batch size."""
+        that job's batch and its position in the joined records; and each job's batch size.
+        ``alive`` (a bool per row; default all): the rows still training, the others' batches
+        empty (their uniforms are drawn all the same)."""
         mask = self.source.mask(*self.inside.shape, rate=self.rates) & self.inside
+        if alive is not None:
+            mask &= alive[:, None]
         row, col = mask.nonzero(as_tuple=True)  # row-major: each row's records in order
-        rank = mask.cumsum(1)[row, col] - 1
-        return row, rank, col + self.offsets[row], mask.sum(1)
+        sizes = mask.sum(1)
+        rank = torch.arange(len(row)) - (sizes.cumsum(0) - sizes)[row]  # less its row's start
+        return row, rank, col + self.offsets[row], sizes
 
 
 def _step_batches(
-    jobs: Sequence[LocalDp], joint: _JointSampling | None, offsets: torch.Tensor
+    jobs: Sequence[LocalDp], joint: JointSampling | None, offsets: torch.Tensor
 ) -> tuple[list[int], torch.Tensor]:
     """Every job's Poisson batch of a step: their sizes and the ``(jobs, largest)`` positions of
     their records in the joined records (0 past each batch). The fast jobs' batches are drawn
     together (``joint``), the others each from its own stream as the single step draws it."""
     together = set(joint.positions) if joint is not None else set()
-    batches = {i: j.step.sample(j.sample_gen) for i, j in enumerate(jobs) if i not in together}
-    counts = [0] * len(jobs)
-    for i, b in batches.items():
+    own = {i: j.step.sample(j.sample_gen) for i, j in enumerate(jobs) if i not in together}
+    return batch_positions(own, joint, offsets, len(jobs))
+
+
+def batch_positions(
+    own: dict[int, torch.Tensor],
+    joint: JointSampling | None,
+    offsets: torch.Tensor,
+    models: int,
+    *,
+    pad: int = 0,
+    alive: torch.Tensor | None = None,
+) -> tuple[list[int], torch.Tensor]:
+    """A step's batches as positions in the joined records: the ``(models, largest batch)``
+    positions (``pad`` past each batch) and every model's batch size. Model i's batch is
+    ``own[i]`` (indices into its own records, drawn from its own stream) or the joint draw's
+    (``joint``, its rows ``alive``); a model in neither has an empty batch."""
+    counts = [0] * models
+    for i, b in own.items():
         counts[i] = len(b)
-    drawn = joint.draw() if joint is not None else None
+    drawn = joint.draw(alive) if joint is not None else None
     if drawn is not None:
         for i, c in zip(joint.positions, drawn[3].tolist()):
             counts[i] = c
-    glob = torch.zeros(len(jobs), max(1, max(counts)), dtype=torch.long)
-    for i, b in batches.items():
+    glob = torch.full((models, max(1, max(counts))), pad, dtype=torch.long)
+    for i, b in own.items():
         glob[i, : len(b)] = b + offsets[i]
     if drawn is not None:
         row, rank, at, _ = drawn
@@ -682,7 +725,9 @@ def ce_losses(
 
 
 __all__ = [
+    "JointSampling",
     "LocalDp",
+    "batch_positions",
     "ce_losses",
     "has_batched",
     "joint_release",

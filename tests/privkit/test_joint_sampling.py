@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from privkit.batched.many import LocalDp, _JointSampling, _step_batches
+from privkit.batched.many import JointSampling, LocalDp, _step_batches
 from privkit.mechanisms.dp_random import DpRandom
 from privkit.mechanisms.dp_sgd_step import DpSgdStep
 from privkit.seeding import noise_generator
@@ -44,7 +44,7 @@ def _offsets(jobs) -> torch.Tensor:
 def test_joint_batches_have_each_models_poisson_law():
     jobs = _jobs([True] * 4)
     offsets = _offsets(jobs)
-    joint = _JointSampling.of(jobs, offsets)
+    joint = JointSampling.of(jobs, offsets)
     assert joint is not None
     sizes = np.zeros((STEPS, 4), int)
     hits = [np.zeros(n) for n in SIZES]
@@ -77,7 +77,7 @@ def test_joint_batches_have_each_models_poisson_law():
 def test_a_wrong_rate_is_told_apart():
     """The power control of the law test: a model drawn at 0.9x its rate fails it."""
     jobs = _jobs([True] * 4)
-    joint = _JointSampling.of(jobs, _offsets(jobs))
+    joint = JointSampling.of(jobs, _offsets(jobs))
     joint.rates = joint.rates * torch.tensor([[0.9], [1.0], [1.0], [1.0]])
     sizes = np.array([_step_batches(jobs, joint, _offsets(jobs))[0][0] for _ in range(STEPS)])
     p = stats.ttest_1samp(sizes, SIZES[0] * RATES[0]).pvalue
@@ -88,7 +88,7 @@ def test_models_drawn_alone_keep_their_own_streams_batches():
     mixed = _jobs([False, True, False, True])
     alone = _jobs([False, False, False, False])
     offsets = _offsets(mixed)
-    joint = _JointSampling.of(mixed, offsets)
+    joint = JointSampling.of(mixed, offsets)
     assert joint.rows.tolist() == [1, 3]
     for _ in range(50):
         counts, glob = _step_batches(mixed, joint, offsets)
@@ -97,7 +97,7 @@ def test_models_drawn_alone_keep_their_own_streams_batches():
             assert counts[j] == len(own)
             assert torch.equal(glob[j, : counts[j]], own + offsets[j])
     # fewer than two fast models: each draws alone
-    assert _JointSampling.of(_jobs([False, True, False, False]), offsets) is None
+    assert JointSampling.of(_jobs([False, True, False, False]), offsets) is None
 
 
 def test_mask_takes_a_rate_per_row():
