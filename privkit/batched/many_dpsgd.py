@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from privkit.batched.batched_sgd import load_states
@@ -157,7 +158,7 @@ def _narrowed(
 
 
 class _Records:
-    """The runs' records, each distinct record set once (an audit's runs share their
+    """The records the runs train on, each once (an audit's runs draw theirs from one
     federation's: :meth:`~privkit.data.federation.Federation.with_clients`) with a zero record
     after them (the pads'), and a step's batches of all runs gathered from them in one pass. The
     runs not sampled together draw their batches from their own streams, as opacus' loader
@@ -168,22 +169,31 @@ class _Records:
 
     def __init__(self, runs: list[_Run], quick: list[bool], device: torch.device):
         self.runs = runs
-        start: dict[int, int] = {}  # each distinct record set's first row
-        xs: list[torch.Tensor] = []
-        ys: list[torch.Tensor] = []
-        index = []
+        # per distinct record set, the rows some run trains on (sorted, each once)
+        chosen: dict[int, tuple] = {}
         for r in runs:
             private = r.federation.private
-            if id(private) not in start:
-                start[id(private)] = sum(len(y) for y in ys)
-                xs.append(torch.as_tensor(private.x, dtype=torch.float32))
-                ys.append(torch.as_tensor(private.y, dtype=torch.long))
-            index.append(torch.as_tensor(r.members, dtype=torch.long) + start[id(private)])
+            rows = chosen.get(id(private), (private, []))
+            rows[1].append(r.members)
+            chosen[id(private)] = rows
+        xs: list[torch.Tensor] = []
+        ys: list[torch.Tensor] = []
+        start: dict[int, tuple[int, np.ndarray]] = {}  # each set's first row and rows
+        for key, (private, members) in chosen.items():
+            rows = np.unique(np.concatenate(members))
+            start[key] = (sum(len(y) for y in ys), rows)
+            xs.append(torch.as_tensor(private.x[rows], dtype=torch.float32))
+            ys.append(torch.as_tensor(private.y[rows], dtype=torch.long))
         pad = sum(len(y) for y in ys)  # the zero record's row
         self.x = torch.cat([*xs, xs[0].new_zeros((1, *xs[0].shape[1:]))]).to(device)
         self.y = torch.cat([*ys, ys[0].new_zeros(1)]).to(device)
-        # a run's batch (indices into its pooled records) maps to rows of x through the runs'
-        # records joined: run j's are lookup[offsets[j]:offsets[j + 1]], the pads' lookup[-1]
+        # a run's batch (indices into its pooled records, Federation.members' order) maps to
+        # rows of x through the runs' records joined: run j's are lookup[offsets[j]:offsets[j +
+        # 1]], the pads' lookup[-1]
+        index = []
+        for r in runs:
+            first, rows = start[id(r.federation.private)]
+            index.append(torch.as_tensor(np.searchsorted(rows, r.members) + first))
         self.lookup = torch.cat([*index, torch.tensor([pad])])
         self.offsets = torch.tensor([0] + [r.n for r in runs]).cumsum(0)
         self.pad = int(self.offsets[-1])
@@ -202,7 +212,7 @@ class _Records:
 
     def in_use(self) -> torch.Tensor:
         """The records some run trains on, each once."""
-        return self.x[torch.unique(self.lookup[:-1]).to(self.x.device)]
+        return self.x[:-1]
 
     def with_norms(self) -> None:
         """Keep each record's squared norm, the first layer's per-example input norm whenever it

@@ -42,6 +42,17 @@ def _runs(feds, order: list[int], **config) -> list[_Run]:
     return [_Run(feds[i], cfg, seed, torch.device("cpu")) for seed, i in enumerate(order)]
 
 
+def test_the_records_some_run_trains_on_are_held_once(feds):
+    runs = _runs(feds, [1, 2, 1])
+    records = _Records(runs, [False, True, True], torch.device("cpu"))
+    union = np.unique(np.concatenate([feds[1].members, feds[2].members]))
+    private = feds[0].private
+    assert len(union) < len(private)  # the test records and others no run trains on
+    assert torch.equal(records.x[:-1], torch.as_tensor(private.x[union]))
+    assert not records.x[-1].any() and records.y[-1] == 0
+    assert torch.equal(records.in_use(), records.x[:-1])
+
+
 def test_a_run_drawn_alone_gets_its_own_streams_batch_of_its_pooled_records(feds):
     runs = _runs(feds, [0, 1, 2])
     records = _Records(runs, [False, False, False], torch.device("cpu"))
