@@ -169,21 +169,19 @@ class _Records:
 
     def __init__(self, runs: list[_Run], quick: list[bool], device: torch.device):
         self.runs = runs
-        # per distinct record set, the rows some run trains on (sorted, each once)
-        chosen: dict[int, tuple] = {}
+        # per distinct record set (by identity), the members of the runs on it
+        sets: dict[int, tuple] = {}
         for r in runs:
             private = r.federation.private
-            rows = chosen.get(id(private), (private, []))
-            rows[1].append(r.members)
-            chosen[id(private)] = rows
+            sets.setdefault(id(private), (private, []))[1].append(r.members)
         xs: list[torch.Tensor] = []
         ys: list[torch.Tensor] = []
-        start: dict[int, tuple[int, np.ndarray]] = {}  # each set's first row and rows
-        for key, (private, members) in chosen.items():
-            rows = np.unique(np.concatenate(members))
-            start[key] = (sum(len(y) for y in ys), rows)
-            xs.append(torch.as_tensor(private.x[rows], dtype=torch.float32))
-            ys.append(torch.as_tensor(private.y[rows], dtype=torch.long))
+        start: dict[int, tuple[int, np.ndarray]] = {}  # each set's first row, its rows held
+        for key, (private, members) in sets.items():
+            held = np.unique(np.concatenate(members))  # sorted, each once
+            start[key] = (sum(len(y) for y in ys), held)
+            xs.append(torch.as_tensor(private.x[held], dtype=torch.float32))
+            ys.append(torch.as_tensor(private.y[held], dtype=torch.long))
         pad = sum(len(y) for y in ys)  # the zero record's row
         self.x = torch.cat([*xs, xs[0].new_zeros((1, *xs[0].shape[1:]))]).to(device)
         self.y = torch.cat([*ys, ys[0].new_zeros(1)]).to(device)
@@ -192,8 +190,8 @@ class _Records:
         # 1]], the pads' lookup[-1]
         index = []
         for r in runs:
-            first, rows = start[id(r.federation.private)]
-            index.append(torch.as_tensor(np.searchsorted(rows, r.members) + first))
+            first, held = start[id(r.federation.private)]
+            index.append(torch.as_tensor(np.searchsorted(held, r.members) + first))
         self.lookup = torch.cat([*index, torch.tensor([pad])])
         self.offsets = torch.tensor([0] + [r.n for r in runs]).cumsum(0)
         self.pad = int(self.offsets[-1])
