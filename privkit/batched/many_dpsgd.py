@@ -174,17 +174,25 @@ class _Records:
         for r in runs:
             private = r.federation.private
             sets.setdefault(id(private), (private, []))[1].append(r.members)
-        xs: list[torch.Tensor] = []
-        ys: list[torch.Tensor] = []
         start: dict[int, tuple[int, np.ndarray]] = {}  # each set's first row, its rows held
-        for key, (private, members) in sets.items():
+        total = 0
+        for key, (_, members) in sets.items():
             held = np.unique(np.concatenate(members))  # sorted, each once
-            start[key] = (sum(len(y) for y in ys), held)
-            xs.append(torch.as_tensor(private.x[held], dtype=torch.float32))
-            ys.append(torch.as_tensor(private.y[held], dtype=torch.long))
-        pad = sum(len(y) for y in ys)  # the zero record's row
-        self.x = torch.cat([*xs, xs[0].new_zeros((1, *xs[0].shape[1:]))]).to(device)
-        self.y = torch.cat([*ys, ys[0].new_zeros(1)]).to(device)
+            start[key], total = (total, held), total + len(held)
+        first_set = next(iter(sets.values()))[0]
+        # gathered straight into one tensor (no second copy of a large record set), a zero
+        # record after them: the pads' row
+        x = torch.empty((total + 1, *first_set.x.shape[1:]), dtype=torch.float32)
+        y = torch.empty(total + 1, dtype=torch.long)
+        for key, (private, _) in sets.items():
+            lo, held = start[key]
+            picked = torch.as_tensor(held)
+            xs = torch.as_tensor(private.x, dtype=torch.float32)  # a view where float32
+            torch.index_select(xs, 0, picked, out=x[lo : lo + len(held)])
+            y[lo : lo + len(held)] = torch.as_tensor(private.y)[picked]
+        x[total], y[total] = 0.0, 0
+        self.x, self.y = x.to(device), y.to(device)
+        pad = total
         # a run's batch (indices into its pooled records, Federation.members' order) maps to
         # rows of x through the runs' records joined: run j's are lookup[offsets[j]:offsets[j +
         # 1]], the pads' lookup[-1]
