@@ -88,8 +88,9 @@ def train_many(
     seeded generators) and, unless ``config`` itself asks for reproducible noise (whose runs equal
     their single runs on every executor), batched for speed rather than for equality with its
     single run: the Adam methods' stacked kernels instead of the exact per-model ones
-    (:mod:`privkit.batched.exact_mlp`), the DP-SGD methods' noise of all reference clients of a
-    step in one draw (:class:`LocalDp`). The other runs (an audit's target) train as ``config``
+    (:mod:`privkit.batched.exact_mlp`), the DP-SGD methods' noise and Poisson batches of all
+    reference clients (or runs) of a step in one draw each (:class:`LocalDp`,
+    :class:`JointSampling`: each one's law, not its stream's numbers). The other runs (an audit's target) train as ``config``
     says, in the same batch. Inside an audit's probing block or mutation every run takes the
     audit's probes and bug as its single run would (the module docstring).
 

@@ -1,9 +1,10 @@
 """Centralised DP-SGD's stacked runs gather every step's batches from their records held once.
 
 ``privkit.batched.many_dpsgd._Records``: the runs' records (each distinct record set once) with a
-zero record after them, a step's batches of all runs gathered in one pass. Checked here: a run
-drawn alone (an audit's target run) gets exactly its own stream's batch of its pooled records
-(opacus' loader's), labels and squared norms with it, zeros past it; the seeded reference runs'
+zero record after them, a step's batches of all runs gathered in one pass. Checked here: the
+records held are the runs' union and nothing else; a run drawn alone (an audit's target run) gets
+exactly its own stream's batch of its pooled records (opacus' loader's; a record its clients
+share, twice), labels and squared norms with it, zeros past it; the seeded reference runs'
 batches, drawn together, are records of their own runs at their own rates (each record's
 inclusion frequency), and a run past its last step gets an empty batch.
 """
@@ -34,7 +35,10 @@ def feds():
         )
         for size in (900, 1500)
     ]
-    return [fed, *others]
+    # clients that share records: a record twice in the pooled records (pooled_arrays keeps both)
+    some = np.sort(rng.choice(members, 700, replace=False))
+    shared = fed.with_clients([some, some[:200], some[500:]], "overlapping")
+    return [fed, *others, shared]
 
 
 def _runs(feds, order: list[int], **config) -> list[_Run]:
@@ -54,14 +58,16 @@ def test_the_records_some_run_trains_on_are_held_once(feds):
 
 
 def test_a_run_drawn_alone_gets_its_own_streams_batch_of_its_pooled_records(feds):
-    runs = _runs(feds, [0, 1, 2])
-    records = _Records(runs, [False, False, False], torch.device("cpu"))
+    members = feds[3].members
+    assert len(members) > len(np.unique(members))  # records twice in its pooled records
+    runs = _runs(feds, [0, 1, 2, 3])
+    records = _Records(runs, [False] * 4, torch.device("cpu"))
     records.with_norms()
-    twins = _runs(feds, [0, 1, 2])  # the same streams, drawn one run at a time
+    twins = _runs(feds, [0, 1, 2, 3])  # the same streams, drawn one run at a time
     pooled = [f.pooled_arrays() for f in feds]
     scratch: dict = {}
     for t in range(5):
-        counts, xb, yb, nb = records.batches(t, [0, 1, 2], scratch)
+        counts, xb, yb, nb = records.batches(t, [0, 1, 2, 3], scratch)
         for j, twin in enumerate(twins):
             own = twin.batch(t).numpy()
             assert counts[j] == len(own)
