@@ -84,7 +84,7 @@ def test_sampler_moments_at_the_release_scale():
     assert abs((np.abs(k) > 3).sum() - n * p) < 5 * math.sqrt(n * p)
 
 
-@pytest.mark.parametrize("scale", [1.5, 2.0**24 + 12345.678])
+@pytest.mark.parametrize("scale", [0.15, 1.5, 2.0**24 + 12345.678])
 def test_fast_path_decides_every_cell_as_the_exact_comparison_does(scale):
     """With every cell settled by mpmath (margin 1) the same stream gives the same integers: the
     float64 decisions agree with the exact ones wherever they decide."""
@@ -130,6 +130,55 @@ def test_float64_ndtri_error_is_far_inside_the_margin():
             true = mp.sqrt(2) * mp.erfinv(2 * mp.mpf(float(m)) - 1)
             worst = max(worst, float(abs(g - true) / (abs(true) + 2.0**-44)))
     assert worst < 2.0**-48  # the decision's margin is 2**-44 relative
+
+
+def test_cpu_erfinv_inverse_error_is_far_inside_the_margin_over_the_bulk():
+    """The bulk's faster inverse on the CPU, ``sqrt(2) * erfinv((2 u + 1) * 2**-53 - 1)``, against
+    mpmath at 200 bits: uniform cells of the bulk (|z| <= 3), and dense runs at erfinv's switch
+    between its two approximations (|y| = 0.7) and at |z| = 3."""
+    from privkit.mechanisms.grid_noise import _bulk_inverse, _erfinv_agrees, _erfinv_argument
+
+    rng = np.random.default_rng(1)
+    lo, hi = (int(stats.norm.cdf(z) * 2**53) for z in (-3.0, 3.0))
+    edges = [int(stats.norm.cdf(z) * 2**53) for z in (-3.0, 3.0, -1.0364334, 1.0364334)]
+    cells = np.concatenate(
+        [rng.integers(lo, hi, 3000, dtype=np.int64)]
+        + [e + rng.integers(-(2**14), 2**14, 200) for e in edges]
+    )
+    u = torch.from_numpy(cells.astype(np.float64))
+    y = _erfinv_argument(u)
+    got = torch.special.erfinv(y).mul_(math.sqrt(2.0)).numpy()
+    assert _erfinv_agrees()
+    np.testing.assert_allclose(_bulk_inverse(u, 2.0**24).numpy(), got * 2.0**24, rtol=2**-52)
+    worst = 0.0
+    with mp.workprec(200):
+        for c, yy, g in zip(cells.tolist(), y.tolist(), got):
+            assert mp.mpf(yy) == (2 * mp.mpf(c) + 1) / mp.mpf(2) ** 53 - 1  # the argument is exact
+            true = mp.sqrt(2) * mp.erfinv(mp.mpf(yy))
+            worst = max(worst, float(abs(g - true) / (abs(true) + 2.0**-44)))
+    assert worst < 2.0**-48  # the decision's margin is 2**-44 relative
+
+
+def test_a_cpu_erfinv_that_disagrees_with_ndtri_is_not_used(monkeypatch):
+    """A build whose erfinv were, say, float32-accurate fails the process's check: the bulk falls
+    back to ndtri and every cell is still decided as the exact comparison decides it (with the
+    float32 erfinv trusted, 623 of these 1500 draws would differ)."""
+    from privkit.mechanisms import grid_noise
+
+    erfinv = torch.special.erfinv
+    monkeypatch.setattr(torch.special, "erfinv", lambda y: erfinv(y.float()).double())
+    monkeypatch.setattr(torch.Tensor, "erfinv_", lambda y: y.copy_(erfinv(y.float())))
+    grid_noise._erfinv_agrees.cache_clear()
+    try:
+        assert not grid_noise._erfinv_agrees()
+        u = torch.tensor([0.3, 0.5, 0.9], dtype=torch.float64) * 2.0**53
+        mids = u * 2.0**-53 + 2.0**-54
+        assert torch.equal(grid_noise._bulk_inverse(u, 3.0), torch.special.ndtri(mids) * 3.0)
+        scale = 2.0**24 + 12345.678
+        fast = rounded_gaussian(scale, 1500, _bits(5))
+        assert torch.equal(fast, rounded_gaussian(scale, 1500, _bits(5), margin=1.0))
+    finally:
+        grid_noise._erfinv_agrees.cache_clear()
 
 
 # ----------------------------------------------------------------------------- the grid
