@@ -261,11 +261,12 @@ def _draws(scale: float, n: int, bits: BitSource, margin: float) -> torch.Tensor
     # boundary) is checked draw by draw with ndtri and its own width, and what stays open goes to
     # _settle.
     bound = math.floor(_Z_BULK * scale - 0.5) + 0.5
-    if bound > 0:
+    limit = 0.5 - _BULK_WIDTH * scale - margin * (bound + 1.0)
+    if bound > 0 and limit > 0:  # then scale < 2**43: bound is a half-integer exactly
         k = torch.round(a.clamp_(-bound, bound))
         off = a.sub_(k).abs_()
-        rest = _false_at(torch.lt(off, 0.5 - _BULK_WIDTH * scale - margin * (bound + 1.0)))
-    else:  # a scale below 1 / 6: no bulk, every draw checked on its own
+        rest = _false_at(torch.lt(off, limit))
+    else:  # a scale below 1 / 6 or above 2**42 (or a test's margin): every draw on its own
         k, rest = torch.empty_like(u), torch.arange(n, device=u.device)
     if len(rest):
         mid = u[rest].mul_(2.0**-53).add_(2.0**-54)

@@ -84,7 +84,7 @@ def test_sampler_moments_at_the_release_scale():
     assert abs((np.abs(k) > 3).sum() - n * p) < 5 * math.sqrt(n * p)
 
 
-@pytest.mark.parametrize("scale", [0.15, 1.5, 2.0**24 + 12345.678])
+@pytest.mark.parametrize("scale", [0.15, 1.5, 2.0**24 + 12345.678, 2.0**50])
 def test_fast_path_decides_every_cell_as_the_exact_comparison_does(scale):
     """With every cell settled by mpmath (margin 1) the same stream gives the same integers: the
     float64 decisions agree with the exact ones wherever they decide."""
