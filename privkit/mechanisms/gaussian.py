@@ -34,6 +34,7 @@ draws release noise (``tests/privkit/test_release_primitive.py``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -425,15 +426,19 @@ def gaussian_release(
     (released, Receipt)
         The released value in ``clean``'s structure, dtype and device, and its receipt.
     """
-    _check(std, sensitivity, [sample_rate], releases)
+    _check([std], sensitivity, [sample_rate], releases)
     receipt = Receipt(std / sensitivity, float(sensitivity), sample_rate, releases)
     return _with_noise(clean, std, sensitivity, source, dim, releases, mutate), receipt
 
 
-def _check(std: float, sensitivity: float, rates: Sequence[float | None], releases: int) -> None:
-    if not (std >= 0 and np.isfinite(std)):
-        raise PrivkitError(f"std must be a finite number >= 0; found {std}")
-    if not (sensitivity > 0 and np.isfinite(sensitivity)):
+def _check(
+    stds: Sequence[float], sensitivity: float, rates: Sequence[float | None], releases: int
+) -> None:
+    # each value once: a batched engine's step releases rows of 16 or more models
+    for std in stds:
+        if not (std >= 0 and math.isfinite(std)):
+            raise PrivkitError(f"std must be a finite number >= 0; found {std}")
+    if not (sensitivity > 0 and math.isfinite(sensitivity)):
         raise PrivkitError(f"sensitivity must be a finite number > 0; found {sensitivity}")
     for rate in rates:
         if rate is not None and not 0 < rate <= 1:
@@ -526,8 +531,7 @@ def gaussian_release_rows(
         raise PrivkitError(
             f"std must give one scale per row; found {len(stds)} for {len(rates)} rows"
         )
-    for v in stds:
-        _check(v, sensitivity, rates, len(rates))
+    _check(stds, sensitivity, rates, len(rates))
     receipts = [
         Receipt(v / sensitivity, float(sensitivity), sample_rate=rate)
         for v, rate in zip(stds, rates)
