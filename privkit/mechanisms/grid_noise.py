@@ -287,15 +287,17 @@ def _draws(scale: float, n: int, bits: BitSource, margin: float) -> torch.Tensor
 
 
 def _bulk_inverse(u: torch.Tensor, scale: float) -> torch.Tensor:
-    """``scale * Phi^-1((u + 1/2) * 2**-53)`` in float64 (a new tensor), accurate to ``2**-50``
-    relative (plus ``2**-50`` absolute in ``z``) where ``|z| <= _Z_BULK``: the bulk decision's input.
+    """``scale * Phi^-1((u + 1/2) * 2**-53)`` in float64 (a new tensor), the bulk decision's input:
+    where ``|z| <= _Z_BULK`` its error must stay below the decision's margin, ``2**-44 * (bound +
+    1)`` grid units (about ``3 * 2**-44`` in ``z``).
 
     On the CPU ``sqrt(2) * erfinv(y)`` with ``y = (2 u + 1) * 2**-53 - 1``, twice the midpoint less
-    one, exact (:func:`_erfinv_argument`): a fifth of ``ndtri``'s time (2.4 ns a draw against 11-13 ns), and measured within ``2**-51.8`` of
-    mpmath over the bulk; in the tails erfinv's Newton steps lose accuracy, and the draws there are
-    recomputed with ``ndtri``. Where this torch's ``erfinv`` does not agree with ``ndtri`` to
-    ``2**-48`` over the bulk (:func:`_erfinv_agrees`), and on accelerators (where only ``ndtri``'s
-    error was measured), ``ndtri``."""
+    one, exact (:func:`_erfinv_argument`): a fifth of ``ndtri``'s time (2.1-2.4 ns a draw against
+    11-13 ns), measured within ``2**-51.8`` relative of mpmath over the bulk; in the tails erfinv's
+    Newton steps lose accuracy, and the draws there are recomputed with ``ndtri``. Where this
+    torch's ``erfinv`` does not agree with ``ndtri`` to ``2**-48`` over the bulk
+    (:func:`_erfinv_agrees`), and on accelerators (where only ``ndtri``'s error was measured),
+    ``ndtri`` (within ``2**-50``)."""
     if u.device.type == "cpu" and _erfinv_agrees():
         return _erfinv_argument(u).erfinv_().mul_(math.sqrt(2.0) * scale)
     return torch.special.ndtri(u.mul(2.0**-53).add_(2.0**-54)).mul_(scale)
