@@ -214,6 +214,18 @@ def test_grid_is_a_power_of_two_and_its_noise_covers_the_rounding():
         Grid.for_release(1.0, 0.0, 3)
 
 
+def test_a_grid_is_kept_per_release_shape_and_bad_values_are_refused_every_time():
+    # a training asks for the same grid at every step: the exact search runs once
+    first = Grid.for_release(np.float64(1.1), 1.0, np.int64(50_890))
+    assert Grid.for_release(1.1, 1.0, 50_890) is first
+    assert Grid.for_release(1.1, 2.0, 50_890) != first  # another sensitivity, another scale
+    unwidened = Grid.for_release(1.1, None, 50_890)
+    assert 1.1 <= unwidened.std < first.std  # no rounding to cover
+    for _ in range(2):
+        with pytest.raises(PrivkitError, match="dim must be >= 1; found 0"):
+            Grid.for_release(1.1, 1.0, 0)
+
+
 def test_rounding_moves_neighbours_apart_by_at_most_gamma_sqrt_d():
     rng = np.random.default_rng(2)
     gamma, d = 2.0**-10, 400
