@@ -275,8 +275,7 @@ def _draws(scale: float, n: int, bits: BitSource, margin: float) -> torch.Tensor
     else:  # a scale below 1 / 6 or above 2**42 (or a test's margin): every draw on its own
         k, rest = torch.empty_like(u), torch.arange(n, device=u.device)
     if len(rest):
-        mid = u[rest].mul_(2.0**-53).add_(2.0**-54)
-        a_rest = torch.special.ndtri(mid).mul_(scale)  # accurate in the tails too
+        a_rest = torch.special.ndtri(_midpoint(u[rest])).mul_(scale)  # accurate in the tails too
         k[rest] = k_rest = torch.round(a_rest)
         z = a_rest / scale
         width = scale * 2.0**-52 * math.sqrt(2.0 * math.pi) * torch.exp(0.5 * z * z)
@@ -306,7 +305,7 @@ def _bulk_inverse(u: torch.Tensor, scale: float) -> torch.Tensor:
     ``ndtri`` (within ``2**-50``)."""
     if u.device.type == "cpu" and _erfinv_agrees():
         return _erfinv_argument(u).erfinv_().mul_(math.sqrt(2.0) * scale)
-    return torch.special.ndtri(u.mul(2.0**-53).add_(2.0**-54)).mul_(scale)
+    return torch.special.ndtri(_midpoint(u)).mul_(scale)
 
 
 @functools.cache
@@ -328,6 +327,12 @@ def _erfinv_agrees() -> bool:
     exact = torch.special.ndtri((1.0 - y.abs()) * 0.5).neg_().mul_(torch.sign(y))
     gap = (fast - exact).abs_().div_(exact.abs().add_(2.0**-25))
     return bool(gap.max() <= 2.0**-48)
+
+
+def _midpoint(u: torch.Tensor) -> torch.Tensor:
+    """``(u + 1/2) * 2**-53``, ``ndtri``'s argument: the cell's midpoint, rounded to ``2**-53``
+    where ``u >= 2**52`` (the comment in :func:`_draws` allows for it)."""
+    return u.mul(2.0**-53).add_(2.0**-54)
 
 
 def _erfinv_argument(u: torch.Tensor) -> torch.Tensor:
