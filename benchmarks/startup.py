@@ -176,6 +176,8 @@ def main() -> None:
                 }
             )
     out = {
+        "schema_version": 1,
+        "benchmark": "startup",
         "repeats": args.repeats,
         "python_bare_seconds": round(bare, 3),
         "import_everything_seconds": round(everything, 3),
