@@ -258,9 +258,9 @@ def test_worst_client_of_equal_clients_is_the_first_in_client_order():
 
 def test_clients_of_the_same_events_ask_their_accountant_once(monkeypatch):
     """Clients whose entries are the same events share one cached composition, and each question
-    to it (an epsilon or a delta at one argument) is computed once: a summary of 6 such clients
-    asks as many as one client's, and answers what each client accounted alone (every cache
-    cleared between them) answers."""
+    to it (an epsilon, a delta, a bracket's lower end, at one argument) is computed once: the
+    summary, delta and worst-client bracket of 6 such clients ask as many as one client's, and
+    answer what one client accounted alone (every cache cleared between them) answers."""
     from accountants import ledger as L
 
     def ledger_of(clients):
@@ -275,9 +275,11 @@ def test_clients_of_the_same_events_ask_their_accountant_once(monkeypatch):
 
     def counting(kind, relation, vdi):
         a = made(kind, relation, vdi)
-        for method in ("get_epsilon", "get_delta"):
-            real = getattr(a, method)
-            setattr(a, method, lambda x, real=real, m=method: asked.append((m, x)) or real(x))
+        for method in ("get_epsilon", "get_delta", "epsilon_with_fixed"):
+            real = getattr(a, method, None)
+            if real is None:
+                continue
+            setattr(a, method, lambda *x, real=real, m=method: asked.append((m, x)) or real(*x))
         return a
 
     monkeypatch.setattr(L, "_new_accountant", counting)
@@ -286,7 +288,11 @@ def test_clients_of_the_same_events_ask_their_accountant_once(monkeypatch):
         L._CACHE.clear()
         asked.clear()
         led = ledger_of(clients)
-        answers[len(clients)] = (led.summary(1e-5), led.delta(2.0))
+        answers[len(clients)] = (
+            led.summary(1e-5),
+            led.delta(2.0),
+            led.pld_bracket(1e-5, worst_only=True)["worst"],
+        )
         if len(clients) == 1:
             alone = len(asked)
         else:
@@ -295,4 +301,5 @@ def test_clients_of_the_same_events_ask_their_accountant_once(monkeypatch):
     assert set(six[0]["clients"]) == {str(c) for c in range(6)}
     for row in six[0]["clients"].values():
         assert row == one[0]["clients"]["0"]
-    assert six[0]["worst"] == one[0]["worst"] and six[1] == one[1]
+    assert six[0]["worst"] == one[0]["worst"] and six[1:] == one[1:]
+    assert ("epsilon_with_fixed", (1e-5, ((0.1, 1e-7),))) in asked  # the bracket's lower end
