@@ -57,6 +57,7 @@ def audit_mechanisms(
     reproducible_noise: bool = True,
     progress: bool = False,
     engine: str = "inprocess",
+    pld_grid: float | None = None,
 ) -> dict:
     """Train ``method`` once with probes at its DP mechanisms and audit each against its ledger.
 
@@ -74,6 +75,9 @@ def audit_mechanisms(
     reproducible_noise : seed the DP noise (audits and controls are never releases).
     engine : where the method trains: ``inprocess`` or ``flower`` (its ClientApps take the probes:
         :mod:`privkit.flower.audit`).
+    pld_grid : the PLD grid of the accounted epsilon (``None``: the ledger's own, 1e-4): a run's
+        headline grid, so that its controls account as its headline does (a coarser grid is
+        still an upper bound, and ten times cheaper).
 
     Returns
     -------
@@ -105,6 +109,8 @@ def audit_mechanisms(
 
             result = train(method, federation, cfg, seed, progress=progress, engine=engine)
     ledger = mutations.mutate_ledger(result.ledger, mut)
+    if pld_grid is not None:
+        ledger.value_discretization_interval = pld_grid
     base = {
         "schema_version": SCHEMA_VERSION,
         "method": method,
@@ -114,6 +120,7 @@ def audit_mechanisms(
         "confidence": confidence,
         "test_accuracy": float(result.test_accuracy),
         "accounted_epsilon": _worst_epsilon(ledger, delta),
+        "pld_grid": ledger.value_discretization_interval,
         "formal_dp": spec.formal_dp,
     }
     if not session.probes:
@@ -191,7 +198,7 @@ def probe_verdict(session, ledger, *, delta: float, confidence: float) -> dict:
     }
 
 
-_LAST_EPSILON: dict[tuple[str, float], float] = {}
+_LAST_EPSILON: dict[tuple[str, float, float], float] = {}
 
 
 def _worst_epsilon(ledger, delta: float) -> float:
@@ -199,7 +206,11 @@ def _worst_epsilon(ledger, delta: float) -> float:
     function of the ledger's content and delta alone, and a mechanism control's second twin
     (noise halved: a bug the ledger does not record) usually holds the first twin's ledger, so the
     last answer is kept and reused for the same content (seconds of PLD per DP-SGD method)."""
-    key = (json.dumps(ledger.to_dict(), sort_keys=True), float(delta))
+    key = (
+        json.dumps(ledger.to_dict(), sort_keys=True),
+        float(delta),
+        ledger.value_discretization_interval,
+    )
     if key not in _LAST_EPSILON:
         try:
             value = float(ledger.epsilon(delta))

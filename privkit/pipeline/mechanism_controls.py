@@ -64,6 +64,7 @@ def mechanism_hash(run: ResolvedRun, m: ResolvedMethod) -> str:
             "trainer": m.trainer,
             "federation": cfg.federation.model_dump(mode="json"),
             "delta": cfg.delta,
+            "pld_grid": cfg.pld_grid,
             "seed": audit_seed(run),
             "settings": cfg.audit.mechanism_controls.model_dump(mode="json"),
             "twins": TWINS,
@@ -164,6 +165,7 @@ def _audit_twin(
         reproducible_noise=True,
         progress=progress,
         engine=m.engine,
+        pld_grid=run.config.pld_grid,
     )
 
 

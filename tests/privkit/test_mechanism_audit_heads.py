@@ -244,3 +244,22 @@ def test_fedmd_ldp_predictions_are_audited_at_the_mechanism(fed, mutation, reaso
     assert r["status"] == ("consistent" if reason is None else "violation"), r["message"]
     if reason:
         assert r["probes"][0]["rejected"] == [reason]
+
+
+def test_accounted_epsilon_on_the_runs_pld_grid(fed):
+    """A pipeline's controls account on its headline grid: the record says which grid, and its
+    epsilon is the method's ledger's worst-client epsilon on that grid (and on the ledger's own
+    grid without one)."""
+    from accountants import PLD_VDI
+    from privkit.methods import get_trainer
+
+    spec = get_trainer("fedavg-dphead")
+    cfg = spec.config_cls.model_validate({**_config("fedavg-dphead"), "reproducible_noise": True})
+    ledger = spec.fn(fed, cfg, 0).ledger
+    for grid in (None, 1e-2):
+        rec = audit_mechanisms(
+            "fedavg-dphead", fed, _config("fedavg-dphead"), delta=DELTA, seed=0, pld_grid=grid
+        )
+        ledger.value_discretization_interval = PLD_VDI if grid is None else grid
+        assert rec["pld_grid"] == ledger.value_discretization_interval
+        assert rec["accounted_epsilon"] == ledger.epsilon(DELTA)
