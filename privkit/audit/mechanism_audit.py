@@ -203,7 +203,7 @@ _LAST_EPSILON: dict[tuple[str, float, float], float] = {}
 
 def _worst_epsilon(ledger, delta: float) -> float:
     """The worst client's epsilon (inf where no accountant handles an event). Accounting is a
-    function of the ledger's content and delta alone, and a mechanism control's second twin
+    function of the ledger's content, delta and grid alone, and a mechanism control's second twin
     (noise halved: a bug the ledger does not record) usually holds the first twin's ledger, so the
     last answer is kept and reused for the same content (seconds of PLD per DP-SGD method)."""
     key = (
