@@ -173,7 +173,7 @@ def load_digits28() -> ArrayDataset:
     """
     from scipy.ndimage import zoom
 
-    digits = load_digits8()
+    digits = load_dataset("digits")  # the process's copy where "digits" was loaded already
     small = digits.x[:, 0]
     glyphs = np.clip(zoom(small, (1, 20 / 8, 20 / 8), order=1), 0.0, 1.0)
     x = np.zeros((len(small), 1, 28, 28), dtype=np.float32)
