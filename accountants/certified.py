@@ -96,10 +96,9 @@ class _Part:
 
     def log_mgf(self, orders_per_bin: np.ndarray) -> np.ndarray:
         """``log sum_j p_j e^(s j)`` for every order ``s`` (per grid step).  Plain numpy, one order
-        at a time in one buffer of the pmf's length, which stays in the core's cache (scipy's
-        ``logsumexp`` costs four times as much here, and this is most of a certified epsilon's
-        time; blocks of 16 orders, 11 MB for a 10-step round's pmf at grid 1e-4, took twice as
-        long). Each order's value is the same float whatever the others (the row's own sum)."""
+        at a time in one buffer of the pmf's length (scipy's ``logsumexp`` costs four times as
+        much here, and this is most of a certified epsilon's time); each order's value is the
+        float the same formula gives on its own."""
         orders_per_bin = np.asarray(orders_per_bin, dtype=float)
         out = np.empty(len(orders_per_bin))
         x = np.empty(len(self.index))
