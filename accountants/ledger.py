@@ -436,6 +436,17 @@ def _eps_for(
     )
 
 
+def _split_info(split: _Split, delta: float) -> dict[str, Any]:
+    """One client's ``delta_split`` row (:meth:`Ledger.summary`)."""
+    return {
+        "fixed_epsilon": split.fixed_epsilon,
+        "fixed_delta": split.fixed_delta,
+        "free_delta": delta - split.fixed_delta,
+        "dp_event_entries": len(split.units),
+        "non_private": list(split.nonprivate),
+    }
+
+
 def _lower_end(split: _Split, delta: float, vdi: float) -> float:
     """Certified lower bound on the exact epsilon of one client's composition at ``delta`` (see
     :meth:`Ledger.pld_bracket`)."""
@@ -820,13 +831,7 @@ class Ledger:
             row["best"] = min(row.values())
             clients[key] = row
             neighbouring[key] = split.neighbouring
-            split_info[key] = {
-                "fixed_epsilon": split.fixed_epsilon,
-                "fixed_delta": split.fixed_delta,
-                "free_delta": delta - split.fixed_delta,
-                "dp_event_entries": len(split.units),
-                "non_private": list(split.nonprivate),
-            }
+            split_info[key] = _split_info(split, delta)
         worst: dict[str, float] = {}
         worst_client: dict[str, str] = {}
         for kind in kinds + ("best",):
@@ -844,6 +849,18 @@ class Ledger:
             "neighbouring": neighbouring,
             "delta_split": split_info,
             "accountants": _ACCOUNTANT_NOTES,
+        }
+
+    def delta_split(
+        self, delta: float, labels: Iterable[str] | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """Per client, how ``delta`` splits between the (epsilon, delta)-only events and the
+        DpEvents, and its non-private releases: :meth:`summary`'s ``delta_split``, without
+        accounting anything (what a headline needs beside :meth:`account`'s epsilon)."""
+        delta = check_open_unit(delta, "delta")
+        return {
+            key: _split_info(_split(entries, key), delta)
+            for key, entries in self._selected(None, labels).items()
         }
 
     def pld_bracket(

@@ -210,12 +210,9 @@ def _every_clients_worst(ledger, delta):
     return max(results, key=lambda r: r.epsilon)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_worst_client_pruned_by_rdp_is_every_clients_worst(seed):
-    """``epsilon(delta)`` takes the clients' best in decreasing order of their RDP epsilon and stops
-    where the rest's RDP epsilon is below the worst found; it must give the worst of every
-    client's best: the same epsilon, accountant and client, ties included (the first in client
-    order), with (epsilon, delta)-only entries, a non-private client and adaptive multipliers."""
+def _mixed_ledger(seed: int) -> acc.Ledger:
+    """Nine clients of 1-5 DP-SGD rounds with adaptive multipliers, some with an (epsilon,
+    delta)-only entry, and two equal clients (a tie)."""
     import random
 
     rng = random.Random(seed)
@@ -230,6 +227,33 @@ def test_worst_client_pruned_by_rdp_is_every_clients_worst(seed):
     for r in range(3):  # two clients with equal entries: a tie between them
         for c in ("tie-a", "tie-b"):
             ledger.add(c, acc.dpsgd_event(0.05, 0.9, 20), f"round {r}", round=r)
+    return ledger
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_account_and_delta_split_give_the_summarys_worst_best_and_split(seed):
+    """What `privkit train`'s headline takes instead of a whole summary (seconds per client of
+    basic and advanced composition): the worst client's best epsilon, and each client's delta
+    split, as the summary gives them, with and without a non-private client."""
+    ledger = _mixed_ledger(seed)
+    for delta in (1e-5, 1e-9):
+        summary = ledger.summary(delta)
+        assert ledger.account(delta).epsilon == summary["worst"]["best"]
+        assert ledger.delta_split(delta) == summary["delta_split"]
+    ledger.add("clear", acc.NonPrivateEvent("sent in the clear"), "model")
+    summary = ledger.summary(1e-5)
+    assert ledger.account(1e-5).epsilon == summary["worst"]["best"] == math.inf
+    assert ledger.delta_split(1e-5) == summary["delta_split"]
+    assert ledger.delta_split(1e-5)["clear"]["non_private"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_worst_client_pruned_by_rdp_is_every_clients_worst(seed):
+    """``epsilon(delta)`` takes the clients' best in decreasing order of their RDP epsilon and stops
+    where the rest's RDP epsilon is below the worst found; it must give the worst of every
+    client's best: the same epsilon, accountant and client, ties included (the first in client
+    order), with (epsilon, delta)-only entries, a non-private client and adaptive multipliers."""
+    ledger = _mixed_ledger(seed)
     calls = []
     original = ledger._account_one
 
