@@ -56,6 +56,22 @@ def _claim_from(claims: dict) -> dict | None:
     return out
 
 
+def _at_claim_delta(ledger, summary: dict, cd: float, head: str, accountants: list[str]):
+    """The headline accountant's worst-client epsilon at the paper's delta ``cd``: the summary's
+    where ``cd`` is its delta; for the best of every accountant :meth:`Ledger.account`, the
+    summary's same number at ``cd`` without its other clients and accountants (seconds of basic
+    and advanced composition per client); otherwise a summary at ``cd``."""
+    from accountants.ledger import (
+        ACCOUNTANTS as EVERY,
+    )  # those Ledger.account's best minimises over
+
+    if cd == summary["delta"]:
+        return summary["worst"].get(head)
+    if head == "best" and sorted(accountants) == sorted(EVERY):
+        return ledger.account(cd).epsilon
+    return ledger.summary(cd, accountants=accountants)["worst"].get(head)
+
+
 def guarantee_facts(summary: dict) -> dict:
     """What the formal-DP rule (``reports.formal_dp_status``) needs from a ``Ledger.summary``:
     ``fixed_delta``, the delta already spent by (epsilon, delta)-only mechanisms (worst client; no
@@ -119,9 +135,7 @@ def account_method(
     cd = claim.get("delta") if claim else None
     if isinstance(cd, (int, float)) and 0 < cd < 1:
         try:
-            at_claim = (summary if cd == delta else ledger.summary(cd, accountants=accountants))[
-                "worst"
-            ].get(head)
+            at_claim = _at_claim_delta(ledger, summary, cd, head, accountants)
         except ValueError as exc:
             errors["claim_delta"] = str(exc)
     neighbouring = sorted({r for r in summary["neighbouring"].values() if r})
