@@ -194,9 +194,10 @@ def _headline(result, federation, claims_dp: bool) -> dict[str, Any]:
     eps, note, facts = math.inf, None, {"fixed_delta": None, "non_private": []}
     if result.ledger.clients:
         try:
-            # the worst client under the best accountant, as the summary's worst "best" (the same
-            # number), without the summary's other accountants and clients: those cannot change
-            # it (Ledger._worst_best) and cost seconds (a quick FedKADP's: 16 s against 3 s)
+            # the worst client under the best accountant: the summary's worst "best" without the
+            # clients and accountants that cannot give it (Ledger._worst_best, and basic and
+            # advanced composition where their plain estimate already loses), which cost seconds
+            # (a quick FedKADP's whole summary 16 s); equal to the summary's on every ledger tested
             eps = result.ledger.account(delta).epsilon
             facts = guarantee_facts({"delta_split": result.ledger.delta_split(delta)})
         except ValueError as exc:  # an event no accountant handles: say so, do not hide it

@@ -61,9 +61,8 @@ def _at_claim_delta(ledger, summary: dict, cd: float, head: str, accountants: li
     where ``cd`` is its delta; for the best of every accountant :meth:`Ledger.account`, the
     summary's same number at ``cd`` without its other clients and accountants (seconds of basic
     and advanced composition per client); otherwise a summary at ``cd``."""
-    from accountants.ledger import (
-        ACCOUNTANTS as EVERY,
-    )  # those Ledger.account's best minimises over
+    # the accountants Ledger.account's best minimises over
+    from accountants.ledger import ACCOUNTANTS as EVERY
 
     if cd == summary["delta"]:
         return summary["worst"].get(head)
