@@ -58,9 +58,10 @@ def _claim_from(claims: dict) -> dict | None:
 
 def _at_claim_delta(ledger, summary: dict, cd: float, head: str, accountants: list[str]):
     """The headline accountant's worst-client epsilon at the paper's delta ``cd``: the summary's
-    where ``cd`` is its delta; for the best of every accountant :meth:`Ledger.account`, the
-    summary's same number at ``cd`` without its other clients and accountants (seconds of basic
-    and advanced composition per client); otherwise a summary at ``cd``."""
+    where ``cd`` is its delta; for the best of every accountant
+    :meth:`accountants.Ledger.account`, the summary's same number at ``cd`` without its other
+    clients and accountants (seconds of basic and advanced composition per client); otherwise a
+    summary at ``cd``."""
     # the accountants Ledger.account's best minimises over
     from accountants.ledger import ACCOUNTANTS as EVERY
 
