@@ -199,7 +199,7 @@ def _headline(result, federation, claims_dp: bool) -> dict[str, Any]:
             # advanced composition where their plain estimate already loses), which cost seconds
             # (a quick FedKADP's whole summary 16 s); equal to the summary's on every ledger tested
             eps = result.ledger.account(delta).epsilon
-            facts = guarantee_facts({"delta_split": result.ledger.delta_split(delta)})
+            facts = guarantee_facts(result.ledger.delta_split(delta))
         except ValueError as exc:  # an event no accountant handles: say so, do not hide it
             eps, note = math.nan, str(exc)
     rule = formal_dp_status(

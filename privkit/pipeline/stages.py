@@ -72,11 +72,12 @@ def _at_claim_delta(ledger, summary: dict, cd: float, head: str, accountants: li
     return ledger.summary(cd, accountants=accountants)["worst"].get(head)
 
 
-def guarantee_facts(summary: dict) -> dict:
-    """What the formal-DP rule (``reports.formal_dp_status``) needs from a ``Ledger.summary``:
-    ``fixed_delta``, the delta already spent by (epsilon, delta)-only mechanisms (worst client; no
-    finite epsilon below it), and ``non_private``, the labels of releases without noise."""
-    split = summary.get("delta_split", {}).values()
+def guarantee_facts(delta_split: dict) -> dict:
+    """What the formal-DP rule (``reports.formal_dp_status``) needs from a ledger's per-client
+    delta split (``Ledger.delta_split``, a summary's ``delta_split``): ``fixed_delta``, the delta
+    already spent by (epsilon, delta)-only mechanisms (worst client; no finite epsilon below it),
+    and ``non_private``, the labels of releases without noise."""
+    split = delta_split.values()
     return {
         "fixed_delta": max((float(c.get("fixed_delta") or 0.0) for c in split), default=0.0),
         "non_private": sorted(
@@ -153,7 +154,7 @@ def account_method(
         "delta": delta,
         "accountant": head,
         **brackets,
-        **guarantee_facts(summary),
+        **guarantee_facts(summary["delta_split"]),
         "accountants": accountants + ["best"],
         "pld_grid": ledger.value_discretization_interval,
         "curve_accountant": curve_kind,
