@@ -22,7 +22,10 @@ model (``ghost_clipping``, else the ``torch.func`` fallback).
 
 Models: ``resnet_small`` (a GroupNorm ResNet of 78k parameters, 32x32x3 inputs, batch 64);
 ``transformer`` (a transformer-block classifier: token and position embeddings, LayerNorm,
-4-head attention by ``nn.Linear`` q/k/v/out maps, MLP; 64 tokens, batch 64); with ``--big``
+4-head attention by ``nn.Linear`` q/k/v/out maps, MLP; 64 tokens, batch 64); ``encoder`` (the
+same block as torch's ``nn.TransformerEncoderLayer`` builds it, its ``nn.MultiheadAttention``
+included: opacus trains it as its ``ModuleValidator.fix`` replaces the attention, by
+``DPMultiheadAttention``); with ``--big``
 ``resnet18`` (ResNet-18 with GroupNorm, 11.2M parameters, 32x32x3 inputs, batch 256: about a
 minute per repeat on one CPU thread, the model of issue 32's GPU figures).
 
@@ -136,6 +139,25 @@ class TransformerClassifier(nn.Module):
         return self.head(self.ln_f(h).mean(1))
 
 
+class EncoderClassifier(nn.Module):
+    """Token and position embeddings, torch's ``nn.TransformerEncoderLayer`` (its
+    ``nn.MultiheadAttention``; batch-first, pre-norm, GELU), mean pooling, a linear head: the
+    transformer block above as torch's modules build it."""
+
+    def __init__(self, vocab=1000, d=128, heads=4, length=64, classes=10):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(length, d)
+        self.block = nn.TransformerEncoderLayer(
+            d, heads, 4 * d, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        )
+        self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, classes)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        b, t = idx.shape
+        pos = torch.arange(t, device=idx.device).repeat(b, 1)
+        return self.head(self.ln_f(self.block(self.tok(idx) + self.pos(pos))).mean(1))
+
+
 def build(name: str) -> tuple[nn.Module, str, int]:
     """The model, a description, and its batch size."""
     if name == "resnet18":
@@ -148,12 +170,18 @@ def build(name: str) -> tuple[nn.Module, str, int]:
             "transformer block: vocab 1000, d 128, 4 heads, MLP 512, 64 tokens",
             64,
         )
+    if name == "encoder":
+        return (
+            EncoderClassifier(),
+            "nn.TransformerEncoderLayer: vocab 1000, d 128, 4 heads, MLP 512, 64 tokens",
+            64,
+        )
     raise ValueError(name)
 
 
 def batch(name: str, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    if name == "transformer":
+    if name in ("transformer", "encoder"):
         x = torch.randint(0, 1000, (size, 64), generator=g)
     else:
         x = torch.randn(size, 3, 32, 32, generator=g)
@@ -167,6 +195,7 @@ def _per_example_loss(logits, y, _aux):
 def steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict:
     """One step function per variant, each on its own copy of ``model``."""
     from opacus import PrivacyEngine
+    from opacus.validators import ModuleValidator
 
     n = x.shape[0]
     loader = torch.utils.data.DataLoader(
@@ -184,7 +213,9 @@ def steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.devi
 
     out["sgd"] = sgd
     for mode in ("hooks", "ghost"):
-        m = copy.deepcopy(model)
+        # opacus takes nn.MultiheadAttention only as its DPMultiheadAttention (nn.Linear maps):
+        # its documented replacement, the same function and weights
+        m = ModuleValidator.fix(copy.deepcopy(model))
         o = torch.optim.SGD(m.parameters(), lr=LR)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -292,7 +323,7 @@ def main() -> None:
         torch.set_num_threads(1)
     else:
         torch.backends.cudnn.benchmark = False  # Poisson batch sizes vary in training
-    names = ["resnet_small", "transformer"] + (["resnet18"] if args.big else [])
+    names = ["resnet_small", "transformer", "encoder"] + (["resnet18"] if args.big else [])
     if args.models:
         names = args.models.split(",")
     start = time.perf_counter()

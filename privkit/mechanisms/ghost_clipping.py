@@ -35,6 +35,13 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
 * **Embedding**: ``G_i`` adds ``g_t`` into row ``idx_t``; the rows an example touches are summed
   (tokens repeated within an example add up before the norm) by one ``index_add`` over
   ``(example, token)`` keys: exact and linear in the tokens.
+* **MultiheadAttention** (batch-first; ``nn.TransformerEncoderLayer`` and ``DecoderLayer`` with
+  ``batch_first=True``): its forward is replaced for the pass by
+  :func:`privkit.mechanisms.ghost_attention.forward`, the same computation with its linear maps in
+  the open. Its input projection is a linear map per distinct input over rows of the packed
+  weight (self-attention: one map to all ``3E`` rows), each taken as a linear layer above; the
+  packed weight's per-example gradient is the maps' stacked, so their squared norms add; its
+  ``out_proj`` is called as an ``nn.Linear`` layer.
 
 Squared norms add over layers (flat clipping over every trainable parameter), the clip factors are
 ``min(1, C / ||g_i||)`` exactly as :func:`privkit.mechanisms.dp_sgd_step.clip_per_sample` (``C =
@@ -45,12 +52,13 @@ where ``G_i`` was materialised anyway); no second backward pass.
 
 Anything else is refused with :class:`~privkit.mechanisms.stacked.UnsupportedModelError` (the caller
 falls back to ``torch.func`` per-example gradients) rather than computed wrong: a trainable
-parameter outside the layers above (``nn.MultiheadAttention``'s packed projection, a bare
-``nn.Parameter``, an LSTM), BatchNorm in training mode or with trainable parameters (it mixes the
-batch's examples), a layer run twice in one forward or a parameter shared by two layers (their
-cross terms), a layer's parameter used outside the layer's call (``nn.MultiheadAttention`` uses its
-``out_proj`` through ``F.linear``; an output tied by ``h @ emb.weight.T``: the autograd graph is
-checked for one edge into each parameter), a subclass of a layer above with its own ``forward``, a layer applied to a tensor whose first dimension is not the batch's (a positional
+parameter outside the layers above (a bare ``nn.Parameter``, an LSTM, attention's ``add_bias_kv``),
+attention with ``batch_first=False`` (a sequence-first model), BatchNorm in training mode or with
+trainable parameters (it mixes the batch's examples), a layer run twice in one forward or a
+parameter shared by two layers (their cross terms), a layer's parameter used outside the layer's
+call (an output tied by ``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere: the
+autograd graph is checked for one edge into each parameter), a subclass of a layer above with its
+own ``forward``, a layer applied to a tensor whose first dimension is not the batch's (a positional
 embedding of ``arange(T)`` broadcast over the batch: expand the positions to ``(B, T)``), grouped or
 non-2-d convolutions, an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input
 modified in place after the layer read it (in-place operations on a layer's *output*, such as
@@ -72,11 +80,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
+from privkit.mechanisms import ghost_attention
 from privkit.mechanisms.stacked import UnsupportedModelError
 
 __all__ = ["MATERIALISE_LIMIT", "SUPPORTED", "clipped_sum", "per_example_norms"]
 
-#: the layer types whose per-example gradient norms and clipped sums this module forms
+#: the layer types whose per-example gradient norms and clipped sums this module forms (and
+#: ``nn.MultiheadAttention``'s input projections: :mod:`privkit.mechanisms.ghost_attention`)
 SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm, nn.Embedding)
 
 #: per-example weight gradients of one layer are materialised up to this many elements (``B in
@@ -118,6 +128,9 @@ class _Layer:
     grad: torch.Tensor | None = None
     per_example: dict[str, torch.Tensor] = field(default_factory=dict)  # formed for the norms
     rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # an embedding's
+    # an attention's input projections (ghost_attention.Projection), their output gradients
+    plan: list = field(default_factory=list)
+    grads: list[torch.Tensor] = field(default_factory=list)
 
 
 def _layers(model: nn.Module) -> list[_Layer]:
@@ -134,9 +147,13 @@ def _layers(model: nn.Module) -> list[_Layer]:
                 f"{prefix}: {type(module).__name__} in training mode mixes the examples"
             )
         own = {k: p for k, p in module.named_parameters(recurse=False) if p.requires_grad}
+        full = {k: f"{prefix}.{k}" if prefix else k for k in own}
+        if isinstance(module, nn.MultiheadAttention):
+            if any(p.requires_grad for p in module.parameters()):  # its own or its out_proj's
+                layers.append(_attention_layer(prefix, module, full))
+            continue
         if not own:
             continue
-        full = {k: f"{prefix}.{k}" if prefix else k for k in own}
         if not isinstance(module, SUPPORTED) or set(own) - {"weight", "bias"}:
             raise UnsupportedModelError(
                 f"{prefix or 'the model'}: trainable parameters of {type(module).__name__} "
@@ -163,6 +180,15 @@ def _layers(model: nn.Module) -> list[_Layer]:
     if not layers:
         raise UnsupportedModelError("the model has no trainable parameters")
     return layers
+
+
+def _attention_layer(prefix: str, module: nn.MultiheadAttention, names: dict[str, str]) -> _Layer:
+    """An attention module's layer: its input projections' trainable weights and bias (its
+    ``out_proj`` is an ``nn.Linear`` layer of its own, called by :func:`ghost_attention.forward`)."""
+    why = ghost_attention.refusal(module)
+    if why is not None:
+        raise UnsupportedModelError(f"{prefix}: {why}")
+    return _Layer(module, names)
 
 
 def _forward_backward(
@@ -196,14 +222,44 @@ def _forward_backward(
 
         return store
 
+    def projected(layer: _Layer):
+        def record(projection, a: torch.Tensor, out: torch.Tensor) -> None:
+            if a.shape[:1] != x.shape[:1]:
+                raise UnsupportedModelError(
+                    "MultiheadAttention runs on a tensor whose first dimension is not the batch's"
+                )
+            if layer.names:  # only out_proj trainable: nothing of the projections is needed
+                layer.plan.append(projection)
+                layer.inputs.append(a.detach())
+                layer.versions.append(a._version)
+                layer.edges.append(get_gradient_edge(out))
+
+        def attention(*args, **kwargs):
+            if layer.plan:
+                raise UnsupportedModelError("MultiheadAttention runs twice in one forward pass")
+            return ghost_attention.forward(
+                cast(nn.MultiheadAttention, layer.module), record, *args, **kwargs
+            )
+
+        return attention
+
     # first among the module's forward hooks: the edge of the layer's own output, whatever a
-    # user's hook makes of it afterwards
-    handles = [layer.module.register_forward_hook(hook(layer), prepend=True) for layer in layers]
+    # user's hook makes of it afterwards; an attention's forward with its linear maps in the open
+    # (an instance attribute, taken away again after the pass)
+    handles, replaced = [], []
+    for layer in layers:
+        if isinstance(layer.module, nn.MultiheadAttention):
+            layer.module.forward = projected(layer)  # type: ignore[method-assign]
+            replaced.append(layer.module)
+        else:
+            handles.append(layer.module.register_forward_hook(hook(layer), prepend=True))
     try:
         logits = model(x)
     finally:
         for h in handles:
             h.remove()
+        for module in replaced:
+            del module.forward
     ran = [layer for layer in layers if layer.edges]
     losses = example_losses(logits, slice(None))
     if losses.shape != (x.shape[0],):
@@ -214,21 +270,27 @@ def _forward_backward(
     _check_parameter_uses(total, layers)
     if not ran:
         return
-    grads = torch.autograd.grad(total, [layer.edges[0] for layer in ran], allow_unused=True)
-    for layer, g in zip(ran, grads, strict=True):
-        if layer.inputs[0]._version != layer.versions[0]:
+    edges = [edge for layer in ran for edge in layer.edges]
+    grads = iter(torch.autograd.grad(total, edges, allow_unused=True))
+    for layer in ran:
+        if any(a._version != v for a, v in zip(layer.inputs, layer.versions, strict=True)):
             raise UnsupportedModelError(
                 f"the input of {type(layer.module).__name__} was modified in place after it ran"
             )
-        layer.grad = g
+        layer.grads = [next(grads) for _ in layer.edges]
+        layer.grad = layer.grads[0]
+        if layer.plan and any(g is None for g in layer.grads) and layer.grad is not None:
+            raise UnsupportedModelError(
+                "an input projection of MultiheadAttention does not reach the loss"
+            )
 
 
 def _check_parameter_uses(total: torch.Tensor, layers: list[_Layer]) -> None:
     """UnsupportedModelError unless every trainable parameter reaches the loss only through its
     own layer's one call: the autograd graph has one edge into each parameter of a layer that ran
-    and none into a layer's that did not (a weight used by a functional call elsewhere, as
-    ``nn.MultiheadAttention`` uses its ``out_proj``, or an output layer tied by ``h @ emb.weight.T``,
-    would add its gradient where the hooks do not see it)."""
+    and none into a layer's that did not (a weight used by a functional call elsewhere, or an
+    output layer tied by ``h @ emb.weight.T``, would add its gradient where the hooks do not see
+    it)."""
     if total.grad_fn is None:
         return
     edges: dict[int, int] = {}
@@ -282,6 +344,31 @@ def _patches(layer: _Layer) -> Iterator[torch.Tensor]:
             yield view.reshape(a.shape[0], a.shape[1], ho * wo)
 
 
+def _linear_weight_sq(
+    a: torch.Tensor, g: torch.Tensor, per_example: dict[str, torch.Tensor], key: str
+) -> torch.Tensor:
+    """Squared norms of a linear map's per-example weight gradients ``sum_t g_t a_t^T`` (input
+    ``a``, output gradient ``g``, any leading shape after the batch), by the Gram matrices or by
+    the gradients themselves (then kept in ``per_example[key]`` for the clipped sum)."""
+    b = a.shape[0]
+    a, g = a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
+    t, n_in, n_out = a.shape[1], a.shape[2], g.shape[2]
+    if t == 1:
+        return a[:, 0].pow(2).sum(1) * g[:, 0].pow(2).sum(1)
+    if _ghost(False, b, t, n_in, n_out):
+        gram = torch.bmm(a, a.transpose(1, 2))
+        return (gram * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+    w = torch.bmm(g.transpose(1, 2), a)  # (B, out, in)
+    per_example[key] = w
+    return w.pow(2).sum((1, 2))  # cascade sums: vector_norm loses 1e-4 at 1e6 terms
+
+
+def _linear_weight_sum(a: torch.Tensor, cg: torch.Tensor) -> torch.Tensor:
+    """A linear map's weight gradient ``(out, in)`` for the output gradients ``cg``, as plain
+    training forms it."""
+    return cg.reshape(-1, cg.shape[-1]).T @ a.reshape(-1, a.shape[-1])
+
+
 def _weight_sq(layer: _Layer) -> torch.Tensor:
     """Squared norms of the per-example weight gradients ``sum_t g_t a_t^T`` (``T`` positions of a
     sequence or of a convolution's output), by the ``T x T`` Gram matrices or by materialising the
@@ -289,16 +376,7 @@ def _weight_sq(layer: _Layer) -> torch.Tensor:
     m, a, g = layer.module, layer.inputs[0], cast(torch.Tensor, layer.grad)
     b = a.shape[0]
     if isinstance(m, nn.Linear):
-        a, g = a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
-        t, n_in, n_out = a.shape[1], a.shape[2], g.shape[2]
-        if t == 1:
-            return a[:, 0].pow(2).sum(1) * g[:, 0].pow(2).sum(1)
-        if _ghost(False, b, t, n_in, n_out):
-            gram = torch.bmm(a, a.transpose(1, 2))
-            return (gram * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
-        w = torch.bmm(g.transpose(1, 2), a)  # (B, out, in)
-        layer.per_example["weight"] = w
-        return w.pow(2).sum((1, 2))  # cascade sums: vector_norm loses 1e-4 at 1e6 terms
+        return _linear_weight_sq(a, g, layer.per_example, "weight")
     conv = cast(nn.Conv2d, m)
     t, n_out = g.shape[2] * g.shape[3], g.shape[1]
     n_in = conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1]
@@ -431,6 +509,8 @@ def _sq_norms(layer: _Layer, b: int) -> torch.Tensor:
     """Squared norm of each example's gradient of this layer's trainable parameters (what is
     formed on the way is kept in ``layer`` for the clipped sum)."""
     m, names, g = layer.module, layer.names, cast(torch.Tensor, layer.grad)
+    if isinstance(m, nn.MultiheadAttention):
+        return _attention_sq(layer, b)
     if isinstance(m, nn.Embedding):
         layer.rows = _embedding_rows(layer)
         example, _, summed = layer.rows
@@ -451,6 +531,38 @@ def _sq_norms(layer: _Layer, b: int) -> torch.Tensor:
     return cast(torch.Tensor, sq)  # a tensor: the layer has a trainable weight or bias
 
 
+def _attention_sq(layer: _Layer, b: int) -> torch.Tensor:
+    """An attention's input projections: each a linear map over rows of the packed weight (or of
+    its own weight) and of the bias, whose squared norms add (the packed weight's per-example
+    gradient is its projections' stacked)."""
+    sq = torch.zeros(b, dtype=layer.grads[0].dtype, device=layer.grads[0].device)
+    for j, (p, a, g) in enumerate(zip(layer.plan, layer.inputs, layer.grads, strict=True)):
+        if p.weight in layer.names:
+            sq = sq + _linear_weight_sq(a, g, layer.per_example, f"{j}.weight")
+        if "in_proj_bias" in layer.names:
+            sq = sq + g.reshape(b, -1, g.shape[-1]).sum(1).pow(2).sum(1)
+    return sq
+
+
+def _attention_clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``sum_i c_i G_i`` of an attention's input projections' trainable weights and bias, each
+    projection's rows from its materialised per-example gradients or book-kept, then stacked in
+    the rows' order."""
+    blocks: dict[str, list[torch.Tensor]] = {k: [] for k in layer.names}
+    for j, (p, a, g) in enumerate(zip(layer.plan, layer.inputs, layer.grads, strict=True)):
+        c = c.to(g.dtype)
+        w = layer.per_example.get(f"{j}.weight")
+        if p.weight in layer.names and w is not None:  # materialised for the norms
+            blocks[p.weight].append(torch.tensordot(c, w, dims=1))
+        if (p.weight in layer.names and w is None) or "in_proj_bias" in layer.names:
+            cg = g * c.view(-1, 1, 1)  # (B, T, rows) weighted by the clip factors
+            if p.weight in layer.names and w is None:
+                blocks[p.weight].append(_linear_weight_sum(a, cg))
+            if "in_proj_bias" in layer.names:
+                blocks["in_proj_bias"].append(cg.reshape(-1, cg.shape[-1]).sum(0))
+    return {k: v[0] if len(v) == 1 else torch.cat(v) for k, v in blocks.items()}
+
+
 def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
     """``sum_i c_i G_i`` of the layer's trainable parameters: from the per-example gradients the
     norms formed where they did, else book-kept from the stored input and the factor-weighted
@@ -458,6 +570,8 @@ def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
     m, names = layer.module, layer.names
     if layer.grad is None:  # an unused layer: zero gradients
         return {k: torch.zeros_like(getattr(m, k)) for k in names}
+    if isinstance(m, nn.MultiheadAttention):
+        return _attention_clipped(layer, c)
     g = layer.grad
     c = c.to(g.dtype)
     out: dict[str, torch.Tensor] = {}
@@ -485,7 +599,7 @@ def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
         return out | {k: v.sum(0) for k, v in per.items()}
     if "weight" in missing:
         if isinstance(m, nn.Linear):
-            w = cg.reshape(-1, cg.shape[-1]).T @ layer.inputs[0].reshape(-1, m.in_features)
+            w = _linear_weight_sum(layer.inputs[0], cg)
         else:
             w = _conv_weight_grad(layer, cg)
         out["weight"] = w.reshape(cast(torch.Tensor, m.weight).shape)

@@ -326,20 +326,6 @@ class TiedByFunction(nn.Module):
         return self.emb(idx).mean(1) @ self.emb.weight.T
 
 
-class Attention(nn.Module):
-    """nn.MultiheadAttention with its packed projection frozen: its out_proj (an nn.Linear) is
-    trainable but used through F.linear, never called."""
-
-    def __init__(self):
-        super().__init__()
-        self.att = nn.MultiheadAttention(4, 2, batch_first=True)
-        self.att.in_proj_weight.requires_grad_(False)
-        self.att.in_proj_bias.requires_grad_(False)
-
-    def forward(self, x):
-        return self.att(x, x, x, need_weights=False)[0].mean(1)[:, :3]
-
-
 class ScaledLinear(nn.Linear):
     """A Linear subclass with its own forward: not the map the layer's maths assumes."""
 
@@ -369,7 +355,6 @@ class Broadcast(nn.Module):
         (Twice(), torch.randn(6, 3)),
         (Tied(), torch.randint(0, 5, (6, 4))),
         (TiedByFunction(), torch.randint(0, 5, (6, 4))),
-        (Attention(), torch.randn(6, 5, 4)),
         (Broadcast(), torch.randint(0, 5, (6, 4))),
         (nn.Sequential(ScaledLinear(4, 3)), torch.randn(6, 4)),
         (nn.Sequential(nn.Conv2d(2, 2, 1, groups=2), nn.Flatten()), torch.randn(6, 2, 1, 1)),
@@ -380,7 +365,6 @@ class Broadcast(nn.Module):
         "twice",
         "tied",
         "tied-functional",
-        "mha",
         "broadcast",
         "subclass",
         "grouped",

@@ -84,6 +84,34 @@ def test_unfolded_convolution_input_on_the_device_is_f_unfold():
     assert torch.equal(got.cpu(), F.unfold(a, 3, 1, 1, 2))
 
 
+def test_attention_norms_on_the_device_are_torch_funcs():
+    """Ghost clipping of torch's transformer layers (``nn.MultiheadAttention`` with its linear
+    maps in the open) on the device: the per-example norms of ``torch.func``'s per-example
+    gradients in float64 on the CPU, to float32's accuracy."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from privkit.mechanisms import dp_sgd_step, ghost_clipping
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True), nn.Flatten()
+    )
+    x, y = torch.randn(6, 5, 16), torch.randint(0, 80, (6,))
+
+    def loss(logits, target, _aux):
+        return F.cross_entropy(logits, target)
+
+    per = dp_sgd_step.per_sample_gradients(model.double(), x.double(), y, loss)
+    want = dp_sgd_step.clip_per_sample(per, 1.0)[1]
+    got = ghost_clipping.per_example_norms(
+        model.float().to(DEVICE),
+        x.to(DEVICE),
+        lambda logits, s: F.cross_entropy(logits, y.to(DEVICE)[s], reduction="none"),
+    )
+    torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=0)
+
+
 def test_canaries_read_a_release_on_the_device_as_on_the_cpu():
     """The canaries' joined read of a release on the device (one gather, one transfer) gives the
     CPU's projections bit for bit and its noise scale up to float rounding."""
