@@ -27,7 +27,8 @@ same block as torch's ``nn.TransformerEncoderLayer`` builds it, its ``nn.Multihe
 included: opacus trains it as its ``ModuleValidator.fix`` replaces the attention, by
 ``DPMultiheadAttention``); with ``--big``
 ``resnet18`` (ResNet-18 with GroupNorm, 11.2M parameters, 32x32x3 inputs, batch 256: about a
-minute per repeat on one CPU thread, the model of issue 32's GPU figures).
+minute per repeat on one CPU thread, the model of issue 32's GPU figures) and ``encoder_large``
+(two such layers of width 512, 8 heads, 6.9M parameters, 128 tokens, batch 32).
 
     python benchmarks/dpsgd_step.py --json [--device cuda] [--repeats 7] [--big]
 
@@ -144,18 +145,19 @@ class EncoderClassifier(nn.Module):
     ``nn.MultiheadAttention``; batch-first, pre-norm, GELU), mean pooling, a linear head: the
     transformer block above as torch's modules build it."""
 
-    def __init__(self, vocab=1000, d=128, heads=4, length=64, classes=10):
+    def __init__(self, vocab=1000, d=128, heads=4, length=64, classes=10, layers=1):
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(length, d)
-        self.block = nn.TransformerEncoderLayer(
+        block = nn.TransformerEncoderLayer(
             d, heads, 4 * d, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
         )
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
         self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, classes)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         b, t = idx.shape
         pos = torch.arange(t, device=idx.device).repeat(b, 1)
-        return self.head(self.ln_f(self.block(self.tok(idx) + self.pos(pos))).mean(1))
+        return self.head(self.ln_f(self.blocks(self.tok(idx) + self.pos(pos))).mean(1))
 
 
 def build(name: str) -> tuple[nn.Module, str, int]:
@@ -176,13 +178,19 @@ def build(name: str) -> tuple[nn.Module, str, int]:
             "nn.TransformerEncoderLayer: vocab 1000, d 128, 4 heads, MLP 512, 64 tokens",
             64,
         )
+    if name == "encoder_large":
+        return (
+            EncoderClassifier(d=512, heads=8, length=128, layers=2),
+            "2 nn.TransformerEncoderLayers: vocab 1000, d 512, 8 heads, MLP 2048, 128 tokens",
+            32,
+        )
     raise ValueError(name)
 
 
 def batch(name: str, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    if name in ("transformer", "encoder"):
-        x = torch.randint(0, 1000, (size, 64), generator=g)
+    if name in ("transformer", "encoder", "encoder_large"):
+        x = torch.randint(0, 1000, (size, 128 if name == "encoder_large" else 64), generator=g)
     else:
         x = torch.randn(size, 3, 32, 32, generator=g)
     return x.to(device), torch.randint(0, 10, (size,), generator=g).to(device)
@@ -311,7 +319,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--big", action="store_true", help="add ResNet-18 (slow on a CPU)")
+    ap.add_argument(
+        "--big", action="store_true", help="add ResNet-18 and a 6.9M encoder (slow on a CPU)"
+    )
     ap.add_argument("--models", default=None, help="comma-separated subset of the models")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -323,7 +333,8 @@ def main() -> None:
         torch.set_num_threads(1)
     else:
         torch.backends.cudnn.benchmark = False  # Poisson batch sizes vary in training
-    names = ["resnet_small", "transformer", "encoder"] + (["resnet18"] if args.big else [])
+    big = ["resnet18", "encoder_large"] if args.big else []
+    names = ["resnet_small", "transformer", "encoder", *big]
     if args.models:
         names = args.models.split(",")
     start = time.perf_counter()
