@@ -29,8 +29,8 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   training's weight gradient runs; ``F.unfold``'s ``im2col`` is several times slower on a CPU);
   the ghost norm sums the patch Gram over the ``k^2`` kernel offsets, one strided slice of the
   input at a time (no ``k^2``-fold unfolded copy).
-* **GroupNorm**, **LayerNorm**: the affine weight's gradient is ``sum`` over every non-batch
-  position of ``g * x_hat`` per channel (``x_hat`` the normalised input, recomputed from the stored
+* **GroupNorm**, **LayerNorm**, **RMSNorm**: the affine weight's gradient is ``sum`` over every
+  non-batch position of ``g * x_hat`` per channel (``x_hat`` the normalised input, recomputed from the stored
   input), the bias' ``sum g``: small per-example vectors, formed directly.
 * **Embedding**: ``G_i`` adds ``g_t`` into row ``idx_t``; the rows an example touches are summed
   (tokens repeated within an example add up before the norm) by one ``index_add`` over
@@ -87,7 +87,9 @@ __all__ = ["MATERIALISE_LIMIT", "SUPPORTED", "clipped_sum", "per_example_norms"]
 
 #: the layer types whose per-example gradient norms and clipped sums this module forms (and
 #: ``nn.MultiheadAttention``'s input projections: :mod:`privkit.mechanisms.ghost_attention`)
-SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm, nn.Embedding)
+SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm, nn.RMSNorm, nn.Embedding)
+
+_NORMS = (nn.GroupNorm, nn.LayerNorm, nn.RMSNorm)
 
 #: per-example weight gradients of one layer are materialised up to this many elements (``B in
 #: out``: 64 MiB in float32); beyond it the ghost norm is taken wherever its Gram matrices are smaller
@@ -465,9 +467,10 @@ def _conv_per_example(layer: _Layer, b: int, n_out: int) -> torch.Tensor:
 
 
 def _norm_affine(
-    m: nn.GroupNorm | nn.LayerNorm, a: torch.Tensor, g: torch.Tensor, names
+    m: nn.GroupNorm | nn.LayerNorm | nn.RMSNorm, a: torch.Tensor, g: torch.Tensor, names
 ) -> dict[str, torch.Tensor]:
-    """Per-example gradients of a GroupNorm's or LayerNorm's affine weight and bias, ``(B, C...)``."""
+    """Per-example gradients of a GroupNorm's, LayerNorm's or RMSNorm's affine weight and bias,
+    ``(B, C...)``."""
     out: dict[str, torch.Tensor] = {}
     b = a.shape[0]
     if isinstance(m, nn.GroupNorm):
@@ -480,7 +483,10 @@ def _norm_affine(
         return out
     shape = tuple(m.normalized_shape)
     if "weight" in names:
-        x_hat = F.layer_norm(a, shape, None, None, m.eps)
+        if isinstance(m, nn.RMSNorm):
+            x_hat = F.rms_norm(a, shape, None, m.eps)
+        else:
+            x_hat = F.layer_norm(a, shape, None, None, m.eps)
         out["weight"] = (g * x_hat).reshape(b, -1, *shape).sum(1)
     if "bias" in names:
         out["bias"] = g.reshape(b, -1, *shape).sum(1)
@@ -516,7 +522,7 @@ def _sq_norms(layer: _Layer, b: int) -> torch.Tensor:
         example, _, summed = layer.rows
         zero = torch.zeros(b, dtype=summed.dtype, device=summed.device)
         return zero.index_add_(0, example, summed.pow(2).sum(1))
-    if isinstance(m, (nn.GroupNorm, nn.LayerNorm)):
+    if isinstance(m, _NORMS):
         layer.per_example = _norm_affine(m, layer.inputs[0], g, names)
         parts = (v.reshape(b, -1).pow(2).sum(1) for v in layer.per_example.values())
         return cast(torch.Tensor, sum(parts))
@@ -594,7 +600,7 @@ def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
             flat, rows = flat[keep], rows[keep]
         out["weight"] = torch.zeros_like(m.weight).index_add_(0, flat, rows)
         return out
-    if isinstance(m, (nn.GroupNorm, nn.LayerNorm)):
+    if isinstance(m, _NORMS):
         per = _norm_affine(m, layer.inputs[0], cg, missing)
         return out | {k: v.sum(0) for k, v in per.items()}
     if "weight" in missing:

@@ -2,7 +2,7 @@
 
 For every layer it covers (linear on rows and on sequences, by the Gram matrices and by the
 materialised per-example gradient; convolutions of both kinds and their paddings; GroupNorm,
-LayerNorm, embeddings with repeated and padding tokens) and for whole models (a GroupNorm ResNet,
+LayerNorm, RMSNorm, embeddings with repeated and padding tokens) and for whole models (a GroupNorm ResNet,
 a transformer block), the per-example norms and the flat-clipped sum equal ``torch.func``'s
 per-example gradients clipped by ``clip_per_sample`` (float64, clip norm between the examples'
 norms). A layer it does not cover raises ``UnsupportedModelError`` and ``clipped_gradient_sum``
@@ -158,7 +158,7 @@ def test_unfolded_input_is_f_unfold(conv, size, channels_last, monkeypatch):
     assert got is not None and torch.equal(got, want)
 
 
-def test_group_norm_and_layer_norm(monkeypatch):
+def test_group_norm_layer_norm_and_rms_norm(monkeypatch):
     torch.manual_seed(3)
     model = nn.Sequential(
         nn.Conv2d(2, 4, 3),
@@ -167,14 +167,20 @@ def test_group_norm_and_layer_norm(monkeypatch):
         nn.LayerNorm(36),
         nn.Linear(36, 4),
         nn.LayerNorm(4, bias=False),
-        nn.Linear(4, 3),
+        nn.Linear(4, 6),
+        nn.Unflatten(1, (2, 3)),
+        nn.RMSNorm(3, eps=1e-3),  # over the last dimension of a sequence
+        nn.Flatten(),
+        nn.RMSNorm(6),  # eps: the dtype's
+        nn.Linear(6, 3),
     )
     for m in model:  # non-trivial affine parameters
-        if isinstance(m, (nn.GroupNorm, nn.LayerNorm)):
+        if isinstance(m, (nn.GroupNorm, nn.LayerNorm, nn.RMSNorm)):
             nn.init.normal_(m.weight, 1.0, 0.3)
-            if m.bias is not None:
+            if getattr(m, "bias", None) is not None:
                 nn.init.normal_(m.bias, 0.0, 0.3)
-    _check(model, torch.randn(7, 2, 5, 5), torch.randint(0, 3, (7,)), monkeypatch)
+    got = _check(model, torch.randn(7, 2, 5, 5), torch.randint(0, 3, (7,)), monkeypatch)
+    assert {"8.weight", "10.weight"} <= set(got)
 
 
 class Bag(nn.Module):
