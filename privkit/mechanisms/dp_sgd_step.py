@@ -9,10 +9,10 @@ The step is exactly what the subsampled-Gaussian accountant assumes
 2. **Per-sample gradients**, so no record's gradient depends on another's (the models have no
    BatchNorm): for privkit's models the per-record norms and the clipped sum come from each
    layer's inputs and output gradients (:func:`privkit.mechanisms.stacked.clipped_sum_one`; no
-   per-record weight gradients of linear layers are formed), for other models of linear,
-   convolution, GroupNorm/LayerNorm/RMSNorm, embedding and batch-first ``nn.MultiheadAttention`` layers
-   by book-keeping ghost clipping (:mod:`privkit.mechanisms.ghost_clipping`: one forward and one
-   backward pass), for any other
+   per-record weight gradients of linear layers are formed), for other models of linear, 1-d
+   and 2-d convolution, GroupNorm/LayerNorm/RMSNorm, embedding and batch-first
+   ``nn.MultiheadAttention`` layers by book-keeping ghost clipping
+   (:mod:`privkit.mechanisms.ghost_clipping`: one forward and one backward pass), for any other
    model from ``torch.func`` (``vmap(grad(loss))``); they agree up to float rounding (tested).
 3. **Clipping** of each record's whole gradient to L2 norm ``clip_norm`` (flat clipping).
 4. **Noise**: ``N(0, (noise_multiplier * clip_norm)^2 I)`` added to the *sum* of clipped gradients,
@@ -149,10 +149,10 @@ def clipped_gradient_sum(
     """``sum_i min(1, c / ||g_i||) g_i`` over the trainable parameters (``g_i``: record i's gradient).
 
     privkit's own models take the stacked layers (:func:`privkit.mechanisms.stacked.clipped_sum_one`),
-    any other model of linear, convolution, GroupNorm/LayerNorm/RMSNorm, embedding and batch-first
-    ``nn.MultiheadAttention`` layers book-keeping ghost clipping
-    (:mod:`privkit.mechanisms.ghost_clipping`), anything else ``torch.func``
-    per-example gradients; all three agree up to float rounding (tested).
+    any other model of linear, 1-d and 2-d convolution, GroupNorm/LayerNorm/RMSNorm, embedding
+    and batch-first ``nn.MultiheadAttention`` layers book-keeping ghost clipping
+    (:mod:`privkit.mechanisms.ghost_clipping`), anything else ``torch.func`` per-example
+    gradients; all three agree up to float rounding (tested).
 
     Parameters
     ----------

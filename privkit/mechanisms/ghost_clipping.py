@@ -28,7 +28,9 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   from one grouped convolution's weight gradient with the batch as the groups (the kernel plain
   training's weight gradient runs; ``F.unfold``'s ``im2col`` is several times slower on a CPU);
   the ghost norm sums the patch Gram over the ``k^2`` kernel offsets, one strided slice of the
-  input at a time (no ``k^2``-fold unfolded copy).
+  input at a time (no ``k^2``-fold unfolded copy). A **Conv1d** is taken as a Conv2d of height 1.
+  A grouped convolution (depthwise included) has its per-example gradients materialised, the
+  batch times its groups as the groups of that one weight gradient.
 * **GroupNorm**, **LayerNorm**, **RMSNorm**: the affine weight's gradient is ``sum`` over every
   non-batch position of ``g * x_hat`` per channel (``x_hat`` the normalised input, recomputed from the stored
   input), the bias' ``sum g``: small per-example vectors, formed directly.
@@ -59,8 +61,8 @@ parameter shared by two layers (their cross terms), a layer's parameter used out
 call (an output tied by ``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere: the
 autograd graph is checked for one edge into each parameter), a subclass of a layer above with its
 own ``forward``, a layer applied to a tensor whose first dimension is not the batch's (a positional
-embedding of ``arange(T)`` broadcast over the batch: expand the positions to ``(B, T)``), grouped or
-non-2-d convolutions, an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input
+embedding of ``arange(T)`` broadcast over the batch: expand the positions to ``(B, T)``), 3-d and
+transposed convolutions, an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input
 modified in place after the layer read it (in-place operations on a layer's *output*, such as
 ``ReLU(inplace=True)``, are fine: the output's gradient edge is taken before them). Not detected,
 and outside what any per-example clipping can handle: a model that mixes examples by its own code
@@ -87,7 +89,15 @@ __all__ = ["MATERIALISE_LIMIT", "SUPPORTED", "clipped_sum", "per_example_norms"]
 
 #: the layer types whose per-example gradient norms and clipped sums this module forms (and
 #: ``nn.MultiheadAttention``'s input projections: :mod:`privkit.mechanisms.ghost_attention`)
-SUPPORTED = (nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm, nn.RMSNorm, nn.Embedding)
+SUPPORTED = (
+    nn.Linear,
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.RMSNorm,
+    nn.Embedding,
+)
 
 _NORMS = (nn.GroupNorm, nn.LayerNorm, nn.RMSNorm)
 
@@ -163,15 +173,13 @@ def _layers(model: nn.Module) -> list[_Layer]:
             )
         base = next(t for t in SUPPORTED if isinstance(module, t))
         if type(module).forward is not base.forward or (
-            base is nn.Conv2d
-            and isinstance(module, nn.Conv2d)
-            and type(module)._conv_forward is not nn.Conv2d._conv_forward
+            isinstance(module, (nn.Conv1d, nn.Conv2d))
+            and type(module)._conv_forward
+            is not (nn.Conv1d if isinstance(module, nn.Conv1d) else nn.Conv2d)._conv_forward
         ):
             raise UnsupportedModelError(
                 f"{prefix}: {type(module).__name__} overrides {base.__name__}'s forward"
             )
-        if isinstance(module, nn.Conv2d) and module.groups != 1:
-            raise UnsupportedModelError(f"{prefix}: grouped convolution")
         if isinstance(module, nn.Embedding) and (
             module.max_norm is not None or module.scale_grad_by_freq
         ):
@@ -316,10 +324,59 @@ def _check_parameter_uses(total: torch.Tensor, layers: list[_Layer]) -> None:
                 )
 
 
-def _padded(m: nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+@dataclass(frozen=True)
+class _Conv:
+    """A convolution's geometry in two dimensions: a Conv2d's own, a Conv1d's as one row of
+    height 1 (its input ``(B, C, L)`` seen as ``(B, C, 1, L)``), so both take the same forms."""
+
+    kernel_size: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int] | str
+    dilation: tuple[int, int]
+    padding_mode: str
+    reversed_padding: tuple[int, ...]  # F.pad's order, for padding modes other than zeros
+    in_channels: int
+    groups: int
+    weight_shape: tuple[int, int, int, int]  # (out, in / groups, kh, kw)
+
+
+def _conv_of(layer: _Layer) -> tuple[_Conv, torch.Tensor, torch.Tensor]:
+    """The layer's convolution geometry, input and output gradient, in two dimensions."""
+    m, a, g = layer.module, layer.inputs[0], cast(torch.Tensor, layer.grad)
+    if isinstance(m, nn.Conv1d):
+        geometry = _Conv(
+            (1, m.kernel_size[0]),
+            (1, m.stride[0]),
+            m.padding if isinstance(m.padding, str) else (0, m.padding[0]),
+            (1, m.dilation[0]),
+            m.padding_mode,
+            (*m._reversed_padding_repeated_twice, 0, 0),
+            m.in_channels,
+            m.groups,
+            (m.out_channels, m.in_channels // m.groups, 1, m.kernel_size[0]),
+        )
+        return geometry, a.unsqueeze(2), g.unsqueeze(2)
+    conv = cast(nn.Conv2d, m)
+    geometry = _Conv(
+        cast(tuple[int, int], tuple(conv.kernel_size)),
+        cast(tuple[int, int], tuple(conv.stride)),
+        conv.padding
+        if isinstance(conv.padding, str)
+        else cast(tuple[int, int], tuple(conv.padding)),
+        cast(tuple[int, int], tuple(conv.dilation)),
+        conv.padding_mode,
+        tuple(conv._reversed_padding_repeated_twice),
+        conv.in_channels,
+        conv.groups,
+        cast(tuple[int, int, int, int], tuple(conv.weight.shape)),
+    )
+    return geometry, a, g
+
+
+def _padded(m: _Conv, a: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
     """A convolution's input and the zero padding left to apply, as the convolution pads it."""
     if m.padding_mode != "zeros":
-        return F.pad(a, m._reversed_padding_repeated_twice, mode=m.padding_mode), (0, 0)
+        return F.pad(a, list(m.reversed_padding), mode=m.padding_mode), (0, 0)
     if isinstance(m.padding, str):  # "same" (extra padding on the right and bottom) or "valid"
         pads = []
         for k, d in zip(reversed(m.kernel_size), reversed(m.dilation), strict=True):
@@ -329,13 +386,11 @@ def _padded(m: nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...
     return a, tuple(m.padding)
 
 
-def _patches(layer: _Layer) -> Iterator[torch.Tensor]:
+def _patches(m: _Conv, a: torch.Tensor, g: torch.Tensor) -> Iterator[torch.Tensor]:
     """A convolution's input at each kernel offset ``(kh, kw)`` in turn (row-major) as ``(B, in,
     T)``: the values each output position multiplies by ``weight[:, :, kh, kw]``. One offset at
     a time (a strided slice, copied): ``F.unfold``'s ``k^2``-fold copy of the input is never held,
     and on the CPU its slow ``im2col`` is avoided."""
-    m, a = cast(nn.Conv2d, layer.module), layer.inputs[0]
-    g = cast(torch.Tensor, layer.grad)
     a, padding = _padded(m, a)
     if any(padding):
         a = F.pad(a, [p for p in reversed(padding) for _ in range(2)])
@@ -379,19 +434,22 @@ def _weight_sq(layer: _Layer) -> torch.Tensor:
     b = a.shape[0]
     if isinstance(m, nn.Linear):
         return _linear_weight_sq(a, g, layer.per_example, "weight")
-    conv = cast(nn.Conv2d, m)
+    conv, a, g = _conv_of(layer)
     t, n_out = g.shape[2] * g.shape[3], g.shape[1]
-    n_in = conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1]
-    if _ghost(True, b, t, n_in, n_out):
-        u = _unfolded(layer)
+    n_in = conv.weight_shape[1] * conv.kernel_size[0] * conv.kernel_size[1]
+    # a grouped convolution's gradients are materialised (its Gram matrices would be per group;
+    # its per-example gradients are the groups-fold smaller)
+    if conv.groups == 1 and _ghost(True, b, t, n_in, n_out):
+        u = _unfolded(conv, a, g)
         if u is not None:  # a GPU: one product, not one per kernel offset
             gram = torch.bmm(u.transpose(1, 2), u)
         else:
-            gram = cast(torch.Tensor, sum(torch.bmm(p.transpose(1, 2), p) for p in _patches(layer)))
+            patches = _patches(conv, a, g)
+            gram = cast(torch.Tensor, sum(torch.bmm(p.transpose(1, 2), p) for p in patches))
         g = g.reshape(b, n_out, t)
         return (gram * torch.bmm(g.transpose(1, 2), g)).sum((1, 2))
-    w = _conv_per_example(layer, b, n_out)
-    layer.per_example["weight"] = w
+    w = _conv_per_example(conv, a, g)
+    layer.per_example["weight"] = w.reshape(b, *cast(torch.Tensor, m.weight).shape)
     return w.pow(2).sum((1, 2, 3, 4))
 
 
@@ -409,16 +467,19 @@ def _offsets_on(device: torch.device) -> bool:
 UNFOLD_LIMIT = 1 << 27
 
 
-def _unfolded(layer: _Layer) -> torch.Tensor | None:
+def _unfolded(m: _Conv, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor | None:
     """A convolution's input unfolded, ``(B, in k^2, T)`` in ``F.unfold``'s order (channel, then
-    kernel row, then column), where :func:`_offsets_on` and :data:`UNFOLD_LIMIT` allow; else
-    ``None``. One strided view of the padded input copied once: one kernel where the
-    offset-by-offset form launches a copy and a product per offset. Not ``F.unfold``: on a GPU
-    its ``im2col`` runs one kernel per example (an H200's ResNet-18 step at batch 256: 4,096
-    launches and 15 ms of its 61), and on the CPU it is slow."""
-    m, a, g = cast(nn.Conv2d, layer.module), layer.inputs[0], cast(torch.Tensor, layer.grad)
+    kernel row, then column), where :func:`_offsets_on` and :data:`UNFOLD_LIMIT` allow and the
+    convolution is not grouped; else ``None``. One strided view of the padded input copied once:
+    one kernel where the offset-by-offset form launches a copy and a product per offset. Not
+    ``F.unfold``: on a GPU its ``im2col`` runs one kernel per example (an H200's ResNet-18 step at
+    batch 256: 4,096 launches and 15 ms of its 61), and on the CPU it is slow."""
     k = m.kernel_size[0] * m.kernel_size[1]
-    if not _offsets_on(g.device) or a.shape[0] * m.in_channels * k * g[0, 0].numel() > UNFOLD_LIMIT:
+    if (
+        m.groups != 1
+        or not _offsets_on(g.device)
+        or a.shape[0] * m.in_channels * k * g[0, 0].numel() > UNFOLD_LIMIT
+    ):
         return None
     a, padding = _padded(m, a)
     if any(padding):
@@ -434,36 +495,35 @@ def _unfolded(layer: _Layer) -> torch.Tensor | None:
     return window.reshape(b, c * k, ho * wo)
 
 
-def _conv_per_example(layer: _Layer, b: int, n_out: int) -> torch.Tensor:
-    """A convolution's per-example weight gradients, ``(B, *weight.shape)`` (a view)."""
-    conv, g = cast(nn.Conv2d, layer.module), cast(torch.Tensor, layer.grad)
-    u = _unfolded(layer)
+def _conv_per_example(m: _Conv, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """A convolution's per-example weight gradients, ``(B, out, in / groups, kh, kw)`` (a view)."""
+    b, n_out = g.shape[:2]
+    u = _unfolded(m, a, g)
     if u is not None:  # every offset at once: (B, out, T) x (B, T, in k^2), in the weight's order
-        return torch.bmm(g.reshape(b, n_out, -1), u.transpose(1, 2)).view(b, *conv.weight.shape)
-    if _offsets_on(g.device):
-        kh, kw = conv.kernel_size
+        return torch.bmm(g.reshape(b, n_out, -1), u.transpose(1, 2)).view(b, *m.weight_shape)
+    if m.groups == 1 and _offsets_on(g.device):
+        kh, kw = m.kernel_size
         rows = g.reshape(b, n_out, -1)
-        w = g.new_empty(kh * kw, b, n_out, conv.in_channels)
-        for j, patch in enumerate(_patches(layer)):  # sum_t g_t a_t^T at each kernel offset
+        w = g.new_empty(kh * kw, b, n_out, m.in_channels)
+        for j, patch in enumerate(_patches(m, a, g)):  # sum_t g_t a_t^T at each kernel offset
             torch.bmm(rows, patch.transpose(1, 2), out=w[j])
         return w.permute(1, 2, 3, 0).unflatten(3, (kh, kw))
-    # the batch as the groups of one grouped convolution's weight gradient (the kernel plain
-    # training's weight gradient runs)
-    a, padding = _padded(conv, layer.inputs[0])
-    shape = (b * n_out, conv.in_channels, *conv.kernel_size)
+    # the batch times the groups as the groups of one grouped convolution's weight gradient (the
+    # kernel plain training's weight gradient runs): example i's group j is group i * groups + j
+    a, padding = _padded(m, a)
     return torch.ops.aten.convolution_backward(
         g.reshape(1, b * n_out, *g.shape[2:]),
-        a.reshape(1, b * conv.in_channels, *a.shape[2:]),
-        a.new_empty(1).expand(shape),
+        a.reshape(1, b * m.in_channels, *a.shape[2:]),
+        a.new_empty(1).expand(b * n_out, *m.weight_shape[1:]),
         None,
-        conv.stride,
+        m.stride,
         padding,
-        conv.dilation,
+        m.dilation,
         False,
         [0, 0],
-        b,
+        b * m.groups,
         [False, True, False],
-    )[1].reshape(b, *conv.weight.shape)
+    )[1].reshape(b, *m.weight_shape)
 
 
 def _norm_affine(
@@ -612,27 +672,28 @@ def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
     if "bias" in missing:
         out["bias"] = (
             cg.reshape(cg.shape[0], cg.shape[1], -1).sum((0, 2))
-            if isinstance(m, nn.Conv2d)
+            if isinstance(m, (nn.Conv1d, nn.Conv2d))
             else cg.reshape(-1, cg.shape[-1]).sum(0)
         )
     return out
 
 
 def _conv_weight_grad(layer: _Layer, cg: torch.Tensor) -> torch.Tensor:
-    """A convolution's weight gradient for output gradients ``cg``, as plain training forms it."""
-    m = cast(nn.Conv2d, layer.module)
-    a, padding = _padded(m, layer.inputs[0])
+    """A convolution's weight gradient for output gradients ``cg``, as plain training forms it
+    (in two dimensions: a Conv1d's with a unit height)."""
+    m, a, _ = _conv_of(layer)
+    a, padding = _padded(m, a)
     return torch.ops.aten.convolution_backward(
-        cg,
+        cg.unsqueeze(2) if cg.dim() == 3 else cg,
         a,
-        m.weight.detach(),
+        a.new_empty(1).expand(m.weight_shape),
         None,
         m.stride,
         padding,
         m.dilation,
         False,
         [0, 0],
-        1,
+        m.groups,
         [False, True, False],
     )[1]
 

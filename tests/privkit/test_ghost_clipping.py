@@ -1,7 +1,8 @@
 """Book-keeping ghost clipping (privkit.mechanisms.ghost_clipping) against torch.func.
 
 For every layer it covers (linear on rows and on sequences, by the Gram matrices and by the
-materialised per-example gradient; convolutions of both kinds and their paddings; GroupNorm,
+materialised per-example gradient; 2-d and 1-d convolutions of both kinds, grouped and
+depthwise ones, and their paddings; GroupNorm,
 LayerNorm, RMSNorm, embeddings with repeated and padding tokens) and for whole models (a GroupNorm ResNet,
 a transformer block), the per-example norms and the flat-clipped sum equal ``torch.func``'s
 per-example gradients clipped by ``clip_per_sample`` (float64, clip norm between the examples'
@@ -101,8 +102,9 @@ class Conv(nn.Module):
     def __init__(self, conv, size):
         super().__init__()
         self.conv = conv
+        shape = (size,) if isinstance(conv, nn.Conv1d) else (size, size)
         with torch.no_grad():
-            n = conv(torch.zeros(1, conv.in_channels, size, size)).numel()
+            n = conv(torch.zeros(1, conv.in_channels, *shape)).numel()
         self.head = nn.Linear(n, 3)
 
     def forward(self, x):
@@ -119,14 +121,22 @@ class Conv(nn.Module):
         (nn.Conv2d(2, 3, (3, 2), dilation=2, padding=(1, 2)), 7),
         (nn.Conv2d(2, 3, 4, padding="same"), 5),  # asymmetric "same" padding
         (nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect"), 5),
+        (nn.Conv2d(4, 6, 3, padding=1, groups=2), 5),  # grouped
+        (nn.Conv2d(4, 8, 3, stride=2, padding=1, groups=4, bias=False), 6),  # depthwise, x2
+        (nn.Conv1d(2, 3, 3, padding=1), 9),
+        (nn.Conv1d(8, 8, 3, stride=2, dilation=2, padding=2), 8),  # strided ghost at 0
+        (nn.Conv1d(2, 3, 4, padding="same"), 7),
+        (nn.Conv1d(2, 3, 3, padding=2, padding_mode="circular"), 7),
+        (nn.Conv1d(6, 6, 5, padding=2, groups=6), 8),  # depthwise
     ],
 )
-def test_conv2d(conv, size, monkeypatch):
+def test_convolutions(conv, size, monkeypatch):
     torch.manual_seed(2)
     conv.reset_parameters()  # the same weights whatever the tests collected before drew
+    shape = (size,) if isinstance(conv, nn.Conv1d) else (size, size)
     _check(
         Conv(conv, size),
-        torch.randn(6, conv.in_channels, size, size),
+        torch.randn(6, conv.in_channels, *shape),
         torch.randint(0, 3, (6,)),
         monkeypatch,
     )
@@ -152,8 +162,9 @@ def test_unfolded_input_is_f_unfold(conv, size, channels_last, monkeypatch):
         a = a.contiguous(memory_format=torch.channels_last)
     layer = ghost_clipping._Layer(conv, {"weight": "weight"}, inputs=[a], grad=conv(a))
     monkeypatch.setattr(ghost_clipping, "_offsets_on", lambda device: True)
-    got = ghost_clipping._unfolded(layer)
-    padded, padding = ghost_clipping._padded(conv, a)
+    geometry = ghost_clipping._conv_of(layer)
+    got = ghost_clipping._unfolded(*geometry)
+    padded, padding = ghost_clipping._padded(geometry[0], a)
     want = F.unfold(padded, conv.kernel_size, conv.dilation, padding, conv.stride)
     assert got is not None and torch.equal(got, want)
 
@@ -363,7 +374,7 @@ class Broadcast(nn.Module):
         (TiedByFunction(), torch.randint(0, 5, (6, 4))),
         (Broadcast(), torch.randint(0, 5, (6, 4))),
         (nn.Sequential(ScaledLinear(4, 3)), torch.randn(6, 4)),
-        (nn.Sequential(nn.Conv2d(2, 2, 1, groups=2), nn.Flatten()), torch.randn(6, 2, 1, 1)),
+        (nn.Sequential(nn.Conv3d(2, 2, 1), nn.Flatten()), torch.randn(6, 2, 1, 1, 1)),
     ],
     ids=[
         "batchnorm2d",
@@ -373,7 +384,7 @@ class Broadcast(nn.Module):
         "tied-functional",
         "broadcast",
         "subclass",
-        "grouped",
+        "conv3d",
     ],
 )
 def test_unsupported_layers_are_refused(model, x):

@@ -76,7 +76,7 @@ def test_unfolded_convolution_input_on_the_device_is_f_unfold():
     a = torch.randn(6, 3, 9, 9)
     layer = ghost_clipping._Layer(conv, {"weight": "weight"}, inputs=[a.to(DEVICE)])
     layer.grad = conv.to(DEVICE)(a.to(DEVICE)).detach()
-    got = ghost_clipping._unfolded(layer)
+    got = ghost_clipping._unfolded(*ghost_clipping._conv_of(layer))
     if DEVICE == "cpu":  # the CPU keeps the offset-by-offset form
         assert got is None
         return
