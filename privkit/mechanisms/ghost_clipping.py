@@ -686,7 +686,7 @@ def _conv_weight_grad(layer: _Layer, cg: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten.convolution_backward(
         cg.unsqueeze(2) if cg.dim() == 3 else cg,
         a,
-        a.new_empty(1).expand(m.weight_shape),
+        cast(torch.Tensor, layer.module.weight).detach().view(m.weight_shape),
         None,
         m.stride,
         padding,
