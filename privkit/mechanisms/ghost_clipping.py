@@ -32,8 +32,8 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   A grouped convolution (depthwise included) has its per-example gradients materialised, the
   batch times its groups as the groups of that one weight gradient.
 * **GroupNorm**, **LayerNorm**, **RMSNorm**: the affine weight's gradient is ``sum`` over every
-  non-batch position of ``g * x_hat`` per channel (``x_hat`` the normalised input, recomputed from the stored
-  input), the bias' ``sum g``: small per-example vectors, formed directly.
+  non-batch position of ``g * x_hat`` per channel (``x_hat`` the normalised input, recomputed from
+  the stored input), the bias' ``sum g``: small per-example vectors, formed directly.
 * **Embedding**: ``G_i`` adds ``g_t`` into row ``idx_t``; the rows an example touches are summed
   (tokens repeated within an example add up before the norm) by one ``index_add`` over
   ``(example, token)`` keys: exact and linear in the tokens.
@@ -197,7 +197,8 @@ def _layers(model: nn.Module) -> list[_Layer]:
 
 def _attention_layer(prefix: str, module: nn.MultiheadAttention, names: dict[str, str]) -> _Layer:
     """An attention module's layer: its input projections' trainable weights and bias (its
-    ``out_proj`` is an ``nn.Linear`` layer of its own, called by :func:`ghost_attention.forward`)."""
+    ``out_proj`` is an ``nn.Linear`` layer of its own, called by
+    :func:`privkit.mechanisms.ghost_attention.forward`)."""
     why = ghost_attention.refusal(module)
     if why is not None:
         raise UnsupportedModelError(f"{prefix}: {why}")

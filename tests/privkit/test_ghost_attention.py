@@ -3,8 +3,8 @@
 Its forward with the linear maps in the open gives ``nn.MultiheadAttention``'s own outputs and
 attention weights (float64, every mask kind, ``need_weights`` both ways, ``add_zero_attn``,
 separate key and value widths, train and eval); models built on it (the module alone in
-self-attention, cross-attention and with distinct query, key and value; ``nn.TransformerEncoderLayer``
-and ``nn.TransformerDecoderLayer``; frozen projections) get ghost clipping's per-example norms and
+self-attention, cross-attention and with distinct query, key and value;
+``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer``; frozen projections) get ghost clipping's per-example norms and
 clipped sums equal to ``torch.func``'s (``test_ghost_clipping._check``); what it does not cover is
 refused and DP-SGD falls back to ``torch.func``.
 """

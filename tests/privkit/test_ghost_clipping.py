@@ -1,13 +1,13 @@
 """Book-keeping ghost clipping (privkit.mechanisms.ghost_clipping) against torch.func.
 
 For every layer it covers (linear on rows and on sequences, by the Gram matrices and by the
-materialised per-example gradient; 2-d and 1-d convolutions of both kinds, grouped and
-depthwise ones, and their paddings; GroupNorm,
-LayerNorm, RMSNorm, embeddings with repeated and padding tokens) and for whole models (a GroupNorm ResNet,
-a transformer block), the per-example norms and the flat-clipped sum equal ``torch.func``'s
-per-example gradients clipped by ``clip_per_sample`` (float64, clip norm between the examples'
-norms). A layer it does not cover raises ``UnsupportedModelError`` and ``clipped_gradient_sum``
-falls back to ``torch.func``.
+materialised per-example gradient; 2-d and 1-d convolutions of both kinds, grouped and depthwise
+ones, and their paddings; GroupNorm, LayerNorm, RMSNorm, embeddings with repeated and padding
+tokens) and for whole models (a GroupNorm ResNet, a transformer block), the per-example norms and
+the flat-clipped sum equal ``torch.func``'s per-example gradients clipped by ``clip_per_sample``
+(float64, clip norm between the examples' norms). A layer it does not cover raises
+``UnsupportedModelError`` and ``clipped_gradient_sum`` falls back to ``torch.func``; so does a
+model whose layer outputs' rows are not its examples (the row check).
 """
 
 import math
