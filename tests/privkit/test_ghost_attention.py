@@ -242,3 +242,60 @@ def test_a_subclass_with_its_own_forward_is_refused():
     x, y = torch.randn(B, L, E), torch.randint(0, 3, (B,))
     with pytest.raises(UnsupportedModelError, match="overrides"):
         ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
+
+
+class TokenEncoder(nn.Module):
+    """Token embeddings, one ``nn.TransformerEncoderLayer``, mean pooling, two classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(50, 16)
+        self.enc = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, idx):
+        return self.head(self.enc(self.tok(idx)).mean(1))
+
+
+def _audited(seed: int, sigma: float) -> tuple[str, tuple[str, ...]]:
+    """A white-box canary audit (docs/auditing-methods.md's) of 100 DP-SGD steps of
+    :class:`TokenEncoder` claiming sigma 1.5 at q 0.05: its verdict and rejected tests."""
+    from attacks.whitebox import GradientCanaries
+
+    torch.manual_seed(seed)
+    x, y = torch.randint(0, 50, (400, 12)), torch.randint(0, 2, (400,))
+    model = TokenEncoder()
+    step = dp_sgd_step.DpSgdStep(1.0, sigma, 0.05, 400)
+    canaries = GradientCanaries.for_parameters(
+        list(model.parameters()),
+        500,
+        clip_norm=1.0,
+        sample_rate=0.05,
+        noise_multiplier=1.5,
+        steps=100,
+        seed=seed,
+    )
+    opt, gen = torch.optim.SGD(model.parameters(), lr=0.1), torch.Generator().manual_seed(seed)
+    for _ in range(100):
+        b = step.sample(gen)
+        step.apply(model, opt, x[b], y[b], _loss, gen, canaries=canaries)
+    result = canaries.audit(delta=1e-5)
+    return result.verdict, tuple(result.conformance.rejected)
+
+
+def test_a_transformers_dp_sgd_audit_sees_its_bugs(monkeypatch):
+    """A torch transformer's DP-SGD (ghost clipping through its attention) audited white-box: as
+    claimed it is not a violation, and half the noise or clipping switched off are caught, at
+    each of three seeds (the audit's error rates are tested on many seeds in
+    ``tests/attacks/test_conformance.py``; here the clipping path is a transformer's)."""
+    from privkit.mechanisms.mutations import MUTATIONS, mutated
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.func per-example gradients")
+
+    monkeypatch.setattr(dp_sgd_step, "per_sample_gradients", refuse)
+    for seed in range(3):
+        assert _audited(seed, 1.5)[0] != "violation"
+        assert _audited(seed, 0.75) == ("violation", ("noise",))
+        with mutated(MUTATIONS["clipping off"]):
+            assert _audited(seed, 1.5) == ("violation", ("influence",))
