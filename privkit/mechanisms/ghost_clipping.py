@@ -29,8 +29,9 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   training's weight gradient runs; ``F.unfold``'s ``im2col`` is several times slower on a CPU);
   the ghost norm sums the patch Gram over the ``k^2`` kernel offsets, one strided slice of the
   input at a time (no ``k^2``-fold unfolded copy). A **Conv1d** is taken as a Conv2d of height 1.
-  A grouped convolution (depthwise included) has its per-example gradients materialised, the
-  batch times its groups as the groups of that one weight gradient.
+  A grouped convolution (depthwise included) has its per-example gradients materialised: on the
+  CPU the batch times its groups as the groups of that one weight gradient, on a GPU one batched
+  product of the unfolded input group by group.
 * **GroupNorm**, **LayerNorm**, **RMSNorm**: the affine weight's gradient is ``sum`` over every
   non-batch position of ``g * x_hat`` per channel (``x_hat`` the normalised input, recomputed from
   the stored input), the bias' ``sum g``: small per-example vectors, formed directly.
@@ -519,17 +520,13 @@ UNFOLD_LIMIT = 1 << 27
 
 def _unfolded(m: _Conv, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor | None:
     """A convolution's input unfolded, ``(B, in k^2, T)`` in ``F.unfold``'s order (channel, then
-    kernel row, then column), where :func:`_offsets_on` and :data:`UNFOLD_LIMIT` allow and the
-    convolution is not grouped; else ``None``. One strided view of the padded input copied once:
-    one kernel where the offset-by-offset form launches a copy and a product per offset. Not
-    ``F.unfold``: on a GPU its ``im2col`` runs one kernel per example (an H200's ResNet-18 step at
-    batch 256: 4,096 launches and 15 ms of its 61), and on the CPU it is slow."""
+    kernel row, then column), where :func:`_offsets_on` and :data:`UNFOLD_LIMIT` allow; else
+    ``None``. One strided view of the padded input copied once: one kernel where the
+    offset-by-offset form launches a copy and a product per offset. Not ``F.unfold``: on a GPU
+    its ``im2col`` runs one kernel per example (an H200's ResNet-18 step at batch 256: 4,096
+    launches and 15 ms of its 61), and on the CPU it is slow."""
     k = m.kernel_size[0] * m.kernel_size[1]
-    if (
-        m.groups != 1
-        or not _offsets_on(g.device)
-        or a.shape[0] * m.in_channels * k * g[0, 0].numel() > UNFOLD_LIMIT
-    ):
+    if not _offsets_on(g.device) or a.shape[0] * m.in_channels * k * g[0, 0].numel() > UNFOLD_LIMIT:
         return None
     a, padding = _padded(m, a)
     if any(padding):
@@ -550,7 +547,15 @@ def _conv_per_example(m: _Conv, a: torch.Tensor, g: torch.Tensor) -> torch.Tenso
     b, n_out = g.shape[:2]
     u = _unfolded(m, a, g)
     if u is not None:  # every offset at once: (B, out, T) x (B, T, in k^2), in the weight's order
-        return torch.bmm(g.reshape(b, n_out, -1), u.transpose(1, 2)).view(b, *m.weight_shape)
+        if m.groups == 1:
+            return torch.bmm(g.reshape(b, n_out, -1), u.transpose(1, 2)).view(b, *m.weight_shape)
+        # group by group in one product (B, groups, out / groups, T) x (B, groups, T, in / groups
+        # k^2): the unfolded rows are channel-major, so each group's are contiguous. A grouped
+        # convolution with the batch times the groups as its groups ran one kernel per group on a
+        # GPU (a depthwise layer: batch x channels launches)
+        rows = g.reshape(b, m.groups, n_out // m.groups, -1)
+        cols = u.view(b, m.groups, -1, u.shape[-1])
+        return torch.matmul(rows, cols.transpose(-1, -2)).view(b, *m.weight_shape)
     if m.groups == 1 and _offsets_on(g.device):
         kh, kw = m.kernel_size
         rows = g.reshape(b, n_out, -1)

@@ -112,6 +112,38 @@ def test_attention_norms_on_the_device_are_torch_funcs():
     torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=0)
 
 
+def test_grouped_convolution_norms_on_the_device_are_torch_funcs():
+    """Ghost clipping of grouped and depthwise convolutions (2-d and 1-d) on the device (on a GPU
+    their per-example gradients by one product group by group): ``torch.func``'s per-example
+    norms in float64 on the CPU, to float32's accuracy."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from privkit.mechanisms import dp_sgd_step, ghost_clipping
+
+    torch.manual_seed(1)
+    model = nn.Sequential(
+        nn.Conv2d(4, 8, 3, padding=1, groups=4),
+        nn.Conv2d(8, 8, 3, stride=2, groups=2),
+        nn.Flatten(2),
+        nn.Conv1d(8, 8, 3, groups=8),
+        nn.Flatten(),
+    )
+    x, y = torch.randn(6, 4, 7, 7), torch.randint(0, 8, (6,))
+
+    def loss(logits, target, _aux):
+        return F.cross_entropy(logits, target)
+
+    per = dp_sgd_step.per_sample_gradients(model.double(), x.double(), y, loss)
+    want = dp_sgd_step.clip_per_sample(per, 1.0)[1]
+    got = ghost_clipping.per_example_norms(
+        model.float().to(DEVICE),
+        x.to(DEVICE),
+        lambda logits, s: F.cross_entropy(logits, y.to(DEVICE)[s], reduction="none"),
+    )
+    torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=0)
+
+
 def test_canaries_read_a_release_on_the_device_as_on_the_cpu():
     """The canaries' joined read of a release on the device (one gather, one transfer) gives the
     CPU's projections bit for bit and its noise scale up to float rounding."""
