@@ -28,6 +28,7 @@ the noisy sum lies on the data-independent grid of :mod:`privkit.mechanisms.grid
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ PerSampleLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torc
 """``loss_fn(logits (1, C), target (1,), aux (1, ...) or None)``: the scalar loss of one record."""
 
 __all__ = [
+    "ClippingFallbackWarning",
     "DpSgdStep",
     "PerSampleLoss",
     "clip_per_sample",
@@ -195,9 +197,22 @@ def clipped_gradient_sum(
         pass
     try:
         return ghost_clipping.clipped_sum(model, x, example_losses, clip_norm)
-    except UnsupportedModelError:  # a layer ghost clipping does not cover: torch.func
+    except UnsupportedModelError as why:  # a layer ghost clipping does not cover: torch.func
+        warnings.warn(
+            f"per-example gradients by torch.func for {type(model).__name__} ({why}): the "
+            "same clipped sum, slower, with every example's gradient held",
+            ClippingFallbackWarning,
+            stacklevel=3,
+        )
         clipped, _ = clip_per_sample(per_sample_gradients(model, x, y, loss_fn, aux), clip_norm)
         return {k: g.sum(0) for k, g in clipped.items()}
+
+
+class ClippingFallbackWarning(UserWarning):
+    """DP-SGD's clipped sum of a model comes from ``torch.func`` per-example gradients: a layer or
+    a use of one that book-keeping ghost clipping does not cover (the warning names it). The
+    result is the same up to float rounding; the step is slower and holds every example's
+    gradient. Shown once per reason and place (Python's default warning filter)."""
 
 
 @dataclass(frozen=True)
