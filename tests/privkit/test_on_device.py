@@ -84,44 +84,18 @@ def test_unfolded_convolution_input_on_the_device_is_f_unfold():
     assert torch.equal(got.cpu(), F.unfold(a, 3, 1, 1, 2))
 
 
-def test_attention_norms_on_the_device_are_torch_funcs():
-    """Ghost clipping of torch's transformer layers (``nn.MultiheadAttention`` with its linear
-    maps in the open) on the device: the per-example norms of ``torch.func``'s per-example
-    gradients in float64 on the CPU, to float32's accuracy."""
-    import torch.nn.functional as F
+def _transformer_layer():
     from torch import nn
 
-    from privkit.mechanisms import dp_sgd_step, ghost_clipping
-
-    torch.manual_seed(0)
     model = nn.Sequential(
         nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True), nn.Flatten()
     )
-    x, y = torch.randn(6, 5, 16), torch.randint(0, 80, (6,))
-
-    def loss(logits, target, _aux):
-        return F.cross_entropy(logits, target)
-
-    per = dp_sgd_step.per_sample_gradients(model.double(), x.double(), y, loss)
-    want = dp_sgd_step.clip_per_sample(per, 1.0)[1]
-    got = ghost_clipping.per_example_norms(
-        model.float().to(DEVICE),
-        x.to(DEVICE),
-        lambda logits, s: F.cross_entropy(logits, y.to(DEVICE)[s], reduction="none"),
-    )
-    torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=0)
+    return model, torch.randn(6, 5, 16), 80
 
 
-def test_grouped_convolution_norms_on_the_device_are_torch_funcs():
-    """Ghost clipping of grouped and depthwise convolutions (2-d and 1-d) on the device (on a GPU
-    their per-example gradients by one product group by group): ``torch.func``'s per-example
-    norms in float64 on the CPU, to float32's accuracy."""
-    import torch.nn.functional as F
+def _grouped_convolutions():
     from torch import nn
 
-    from privkit.mechanisms import dp_sgd_step, ghost_clipping
-
-    torch.manual_seed(1)
     model = nn.Sequential(
         nn.Conv2d(4, 8, 3, padding=1, groups=4),
         nn.Conv2d(8, 8, 3, stride=2, groups=2),
@@ -129,7 +103,24 @@ def test_grouped_convolution_norms_on_the_device_are_torch_funcs():
         nn.Conv1d(8, 8, 3, groups=8),
         nn.Flatten(),
     )
-    x, y = torch.randn(6, 4, 7, 7), torch.randint(0, 8, (6,))
+    return model, torch.randn(6, 4, 7, 7), 8
+
+
+@pytest.mark.parametrize(
+    "build", [_transformer_layer, _grouped_convolutions], ids=["attention", "grouped-conv"]
+)
+def test_ghost_clipping_norms_on_the_device_are_torch_funcs(build):
+    """Ghost clipping on the device of torch's transformer layer (``nn.MultiheadAttention`` with
+    its linear maps in the open) and of grouped and depthwise convolutions, 2-d and 1-d (on a GPU
+    their per-example gradients by one product group by group): the per-example norms of
+    ``torch.func``'s per-example gradients in float64 on the CPU, to float32's accuracy."""
+    import torch.nn.functional as F
+
+    from privkit.mechanisms import dp_sgd_step, ghost_clipping
+
+    torch.manual_seed(0)
+    model, x, classes = build()
+    y = torch.randint(0, classes, (x.shape[0],))
 
     def loss(logits, target, _aux):
         return F.cross_entropy(logits, target)
