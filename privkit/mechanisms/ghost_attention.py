@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privkit.mechanisms.stacked import UnsupportedModelError
+
 __all__ = ["Projection", "forward", "projections", "refusal"]
 
 
@@ -175,7 +177,10 @@ def forward(
     ``record(projection, input, output)`` (:func:`projections`' order) and ``m.out_proj`` called
     as a module."""
     if query.dim() != 3:
-        raise ValueError(f"a batched (3-d) query is needed; found {query.dim()} dimensions")
+        raise UnsupportedModelError(
+            f"MultiheadAttention on an unbatched ({query.dim()}-d) query: its first dimension is "
+            "not the batch's"
+        )
     kpm, mask, causal = _masks(m, query, key_padding_mask, attn_mask, need_weights, is_causal)
     q, k, v = _in_projection(m, {"query": query, "key": key, "value": value}, record)
     b, length, e = q.shape

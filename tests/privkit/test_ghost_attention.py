@@ -198,6 +198,19 @@ class SequenceFirst(nn.Module):
         return self.head(out.mean(0 if not self.att.batch_first else 1))
 
 
+class Unbatched(nn.Module):
+    """Attention over the batch's rows (an unbatched call on ``(B, E)``): examples mixed."""
+
+    def __init__(self):
+        super().__init__()
+        self.att = nn.MultiheadAttention(E, HEADS, batch_first=True)
+        self.head = nn.Linear(E, 3)
+
+    def forward(self, x):
+        h = x.mean(1)
+        return self.head(self.att(h, h, h)[0])
+
+
 class OwnForward(nn.MultiheadAttention):
     def forward(self, query, key, value, **kwargs):
         return super().forward(2 * query, key, value, **kwargs)
@@ -220,8 +233,9 @@ class Twice(nn.Module):
         (SequenceFirst, "batch_first=False"),
         (lambda: SequenceFirst(batch_first=True, add_bias_kv=True), "add_bias_kv"),
         (Twice, "runs twice"),
+        (Unbatched, "unbatched"),
     ],
-    ids=["sequence-first", "bias-kv", "twice"],
+    ids=["sequence-first", "bias-kv", "twice", "unbatched"],
 )
 def test_what_is_not_covered_is_refused_and_falls_back(build, match):
     torch.manual_seed(5)
