@@ -670,8 +670,8 @@ def _attention_clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor
     projection's rows from its materialised per-example gradients or book-kept, then stacked in
     the rows' order."""
     blocks: dict[str, list[torch.Tensor]] = {k: [] for k in layer.names}
+    c = c.to(layer.grads[0].dtype)
     for j, (p, a, g) in enumerate(zip(layer.plan, layer.inputs, layer.grads, strict=True)):
-        c = c.to(g.dtype)
         w = layer.per_example.get(f"{j}.weight")
         if p.weight in layer.names and w is not None:  # materialised for the norms
             blocks[p.weight].append(torch.tensordot(c, w, dims=1))

@@ -38,11 +38,23 @@ def _loss(logits, target, aux):
 
 
 def _dpsgd(
-    sigma, claimed_sigma, *, seed, steps=60, q=0.05, m=400, kind="dirac", know_batch=True, hidden=32
+    sigma,
+    claimed_sigma,
+    *,
+    seed,
+    steps=60,
+    q=0.05,
+    m=400,
+    kind="dirac",
+    know_batch=True,
+    hidden=32,
+    model=None,
+    data=None,
 ):
-    """privkit's DP-SGD step with gradient canaries; returns the canaries after ``steps`` steps."""
-    x, y = _data(seed=seed)
-    model = _model(seed, hidden=hidden)
+    """privkit's DP-SGD step with gradient canaries; returns the canaries after ``steps`` steps
+    (of ``model`` on ``data`` where given, else of this file's MLP on its data)."""
+    x, y = _data(seed=seed) if data is None else data
+    model = _model(seed, hidden=hidden) if model is None else model
     step = DpSgdStep(clip_norm=1.0, noise_multiplier=sigma, sample_rate=q, dataset_size=len(y))
     can = GradientCanaries.for_parameters(
         list(model.parameters()),

@@ -273,27 +273,13 @@ class TokenEncoder(nn.Module):
 
 
 def _audited(seed: int, sigma: float) -> tuple[str, tuple[str, ...]]:
-    """A white-box canary audit (docs/auditing-methods.md's) of 100 DP-SGD steps of
+    """A white-box canary audit (test_whitebox's DP-SGD run with canaries) of 100 steps of
     :class:`TokenEncoder` claiming sigma 1.5 at q 0.05: its verdict and rejected tests."""
-    from attacks.whitebox import GradientCanaries
+    from tests.attacks.test_whitebox import _dpsgd
 
     torch.manual_seed(seed)
-    x, y = torch.randint(0, 50, (400, 12)), torch.randint(0, 2, (400,))
-    model = TokenEncoder()
-    step = dp_sgd_step.DpSgdStep(1.0, sigma, 0.05, 400)
-    canaries = GradientCanaries.for_parameters(
-        list(model.parameters()),
-        500,
-        clip_norm=1.0,
-        sample_rate=0.05,
-        noise_multiplier=1.5,
-        steps=100,
-        seed=seed,
-    )
-    opt, gen = torch.optim.SGD(model.parameters(), lr=0.1), torch.Generator().manual_seed(seed)
-    for _ in range(100):
-        b = step.sample(gen)
-        step.apply(model, opt, x[b], y[b], _loss, gen, canaries=canaries)
+    data = torch.randint(0, 50, (400, 12)), torch.randint(0, 2, (400,))
+    canaries = _dpsgd(sigma, 1.5, seed=seed, steps=100, m=500, model=TokenEncoder(), data=data)
     result = canaries.audit(delta=1e-5)
     return result.verdict, tuple(result.conformance.rejected)
 
