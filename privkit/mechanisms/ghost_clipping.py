@@ -75,18 +75,20 @@ then on.
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import cast
+from typing import NoReturn, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
-from privkit.mechanisms import ghost_attention
+from privkit.mechanisms import ghost_attention, ghost_parameters
 from privkit.mechanisms.stacked import UnsupportedModelError
 
 __all__ = ["MATERIALISE_LIMIT", "SUPPORTED", "clipped_sum", "per_example_norms"]
@@ -147,6 +149,8 @@ class _Layer:
     # an attention's input projections (ghost_attention.Projection), their output gradients
     plan: list = field(default_factory=list)
     grads: list[torch.Tensor] = field(default_factory=list)
+    # a bare parameter of its module (``names``' one entry), clipped by a per-example stand-in
+    bare: bool = False
 
 
 def _layers(model: nn.Module) -> list[_Layer]:
@@ -169,6 +173,10 @@ def _layers(model: nn.Module) -> list[_Layer]:
                 layers.append(_attention_layer(prefix, module, full))
             continue
         if not own:
+            continue
+        if not isinstance(module, SUPPORTED) and ghost_parameters.may_stand_in(module):
+            # a model's own module reading its parameters in its forward (a class token)
+            layers.extend(_Layer(module, {k: full[k]}, bare=True) for k in own)
             continue
         if not isinstance(module, SUPPORTED) or set(own) - {"weight", "bias"}:
             raise UnsupportedModelError(
@@ -260,21 +268,36 @@ def _forward_backward(
 
     # first among the module's forward hooks: the edge of the layer's own output, whatever a
     # user's hook makes of it afterwards; an attention's forward with its linear maps in the open
-    # (an instance attribute, taken away again after the pass)
-    handles, replaced = [], []
-    for layer in layers:
-        if isinstance(layer.module, nn.MultiheadAttention):
-            layer.module.forward = projected(layer)  # type: ignore[method-assign]
-            replaced.append(layer.module)
-        else:
-            handles.append(layer.module.register_forward_hook(hook(layer), prepend=True))
+    attention = [layer for layer in layers if isinstance(layer.module, nn.MultiheadAttention)]
+    bare = [layer for layer in layers if layer.bare]
+    handles = [
+        layer.module.register_forward_hook(hook(layer), prepend=True)
+        for layer in layers
+        if not layer.bare and layer not in attention
+    ]
+    check = model not in _ROWS_CHECKED and x.shape[0] > 1
+    before = ghost_parameters.RandomState(x.device) if bare else None
+    owners = [(layer.module, next(iter(layer.names))) for layer in bare]
     try:
-        logits = model(x)
-    finally:
-        for h in handles:
-            h.remove()
-        for module in replaced:
-            del module.forward
+        try:
+            with (
+                _in_the_open(attention, projected),
+                ghost_parameters.standing_in(owners, x.shape[0]) as stand_ins,
+            ):
+                for layer, s in zip(bare, stand_ins, strict=True):
+                    layer.edges.append(get_gradient_edge(s))
+                logits = model(x)
+        finally:
+            for h in handles:
+                h.remove()
+    except UnsupportedModelError:
+        raise
+    except (RuntimeError, ValueError, IndexError, TypeError) as e:
+        if before is None:
+            raise
+        _refuse_stand_ins(model, x, attention, bare, before, e)
+    if before is not None and check:
+        _check_outputs(model, x, attention, logits, before)
     ran = [layer for layer in layers if layer.edges]
     losses = example_losses(logits, slice(None))
     if losses.shape != (x.shape[0],):
@@ -286,7 +309,6 @@ def _forward_backward(
     if not ran:
         return
     edges = [edge for layer in ran for edge in layer.edges]
-    check = model not in _ROWS_CHECKED and x.shape[0] > 1
     found = torch.autograd.grad(total, edges, allow_unused=True, retain_graph=check)
     if check:
         _check_rows(model, losses, edges, found)
@@ -304,8 +326,75 @@ def _forward_backward(
             )
 
 
+@contextmanager
+def _in_the_open(attention: list[_Layer], forward_of: Callable) -> Iterator[None]:
+    """Within the block, each attention layer's forward replaced by ``forward_of(layer)`` (an
+    instance attribute, taken away again however the block ends)."""
+    try:
+        for layer in attention:
+            layer.module.forward = forward_of(layer)  # type: ignore[method-assign]
+        yield
+    finally:
+        for layer in attention:
+            layer.module.__dict__.pop("forward", None)
+
+
+def _own_forward(model: nn.Module, x: torch.Tensor, attention: list[_Layer]) -> torch.Tensor:
+    """``model(x)`` with its own parameters and no gradient, its attention layers' forward in the
+    open as in the pass (whose dropout draws differ from torch's fused attention's), nothing
+    recorded."""
+
+    def plain(layer: _Layer):
+        return functools.partial(ghost_attention.forward, layer.module, lambda *_: None)
+
+    with _in_the_open(attention, plain), torch.no_grad():
+        return model(x)
+
+
+def _refuse_stand_ins(
+    model: nn.Module,
+    x: torch.Tensor,
+    attention: list[_Layer],
+    bare: list[_Layer],
+    before: ghost_parameters.RandomState,
+    error: Exception,
+) -> NoReturn:
+    """The forward failed with stand-ins for the bare parameters: the model's own error where its
+    own forward fails too, else UnsupportedModelError, remembered for the model (a parameter used
+    in a way a stand-in does not follow; ``torch.func`` clips it). The random state is put back
+    to where the pass began."""
+    before.restore()
+    _own_forward(model, x, attention)
+    before.restore()
+    names = ", ".join(name for layer in bare for name in layer.names.values())
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    why = f"the forward fails with per-example stand-ins of the bare parameters {names} ({first})"
+    _ROWS_CHECKED[model] = why
+    raise UnsupportedModelError(why) from error
+
+
+def _check_outputs(
+    model: nn.Module,
+    x: torch.Tensor,
+    attention: list[_Layer],
+    logits: torch.Tensor,
+    before: ghost_parameters.RandomState,
+) -> None:
+    """Once per model with bare parameters: the forward with their stand-ins gave the model's own
+    outputs (else UnsupportedModelError, remembered for the model)."""
+    own = functools.partial(_own_forward, model, x, attention)
+    if not ghost_parameters.same_outputs(own, logits, before, ROWS_RTOL):
+        why = (
+            "the forward with per-example stand-ins of its bare parameters gives other outputs "
+            "than the model's own"
+        )
+        _ROWS_CHECKED[model] = why
+        raise UnsupportedModelError(why)
+
+
 #: models whose layer outputs were checked row by row (:func:`_check_rows`): ``None`` where every
-#: row belongs to one example, else why not (the model is then refused at once)
+#: row belongs to one example, else why not (the model is then refused at once; also a model whose
+#: bare parameters' stand-ins fail its forward or change its outputs)
 _ROWS_CHECKED: weakref.WeakKeyDictionary[nn.Module, str | None] = weakref.WeakKeyDictionary()
 
 #: the largest difference :func:`_check_rows` puts down to float rounding, relative to the layer
@@ -369,7 +458,8 @@ def _check_parameter_uses(total: torch.Tensor, layers: list[_Layer]) -> None:
     for layer in layers:
         for k, name in layer.names.items():
             n = edges.get(id(getattr(layer.module, k)), 0)
-            if n > (1 if layer.edges else 0):
+            # a bare parameter reaches the loss through its stand-in only
+            if n > (1 if layer.edges and not layer.bare else 0):
                 raise UnsupportedModelError(
                     f"parameter {name} reaches the loss other than through its layer's one call"
                 )
@@ -632,6 +722,8 @@ def _sq_norms(layer: _Layer, b: int) -> torch.Tensor:
     m, names, g = layer.module, layer.names, cast(torch.Tensor, layer.grad)
     if isinstance(m, nn.MultiheadAttention):
         return _attention_sq(layer, b)
+    if layer.bare:  # the stand-in's gradient rows are the per-example gradients
+        return g.reshape(b, -1).pow(2).sum(1)
     if isinstance(m, nn.Embedding):
         layer.rows = _embedding_rows(layer)
         example, _, summed = layer.rows
@@ -695,6 +787,10 @@ def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
         return _attention_clipped(layer, c)
     g = layer.grad
     c = c.to(g.dtype)
+    if layer.bare:
+        (k,) = names
+        shape = getattr(m, k).shape
+        return {k: torch.tensordot(c, g.reshape(g.shape[0], -1), dims=1).reshape(shape)}
     out: dict[str, torch.Tensor] = {}
     for k, v in layer.per_example.items():
         out[k] = torch.tensordot(c, v, dims=1)

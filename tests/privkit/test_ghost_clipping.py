@@ -403,17 +403,17 @@ class Recurrent(nn.Module):
         return self.head(self.lstm(x)[0][:, -1])
 
 
-class Scaled(nn.Module):
-    """A Conv1d and a bare trainable parameter: outside ghost clipping, inside torch.func."""
+class Projected(nn.Module):
+    """A Conv1d and a weight of the model's own passed to ``F.linear``: its per-example stand-in
+    fails the forward, so ghost clipping refuses the model and ``torch.func`` clips it."""
 
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv1d(2, 3, 2)
-        self.scale = nn.Parameter(torch.tensor([1.5, 0.5, 1.0]))
-        self.head = nn.Linear(3, 3)
+        self.weight = nn.Parameter(torch.randn(3, 3))
 
     def forward(self, x):
-        return self.head(torch.tanh(self.conv(x)).mean(2) * self.scale)
+        return F.linear(torch.tanh(self.conv(x)).mean(2), self.weight)
 
 
 def test_layers_outside_fall_back_to_torch_func():
@@ -421,12 +421,12 @@ def test_layers_outside_fall_back_to_torch_func():
     y = torch.randint(0, 3, (6,))
     with pytest.raises(UnsupportedModelError, match="LSTM"):
         ghost_clipping.clipped_sum(Recurrent(), torch.randn(6, 4, 3), _example_losses(y), 1.0)
-    model = Scaled().double()
+    model = Projected().double()
     x = torch.randn(6, 2, 5, dtype=torch.float64)
-    with pytest.raises(UnsupportedModelError, match="Scaled are not covered"):
+    with pytest.raises(UnsupportedModelError, match="stand-ins of the bare parameters weight"):
         ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
     _, clip, want = _reference(model, x, y)
-    with pytest.warns(dp_sgd_step.ClippingFallbackWarning, match="Scaled are not covered"):
+    with pytest.warns(dp_sgd_step.ClippingFallbackWarning, match="bare parameters weight"):
         got = dp_sgd_step.clipped_gradient_sum(model, x, y, _loss, clip)
     for k in want:
         torch.testing.assert_close(got[k], want[k])
