@@ -7,7 +7,7 @@ per-example gradients clipped (float64, every form of ghost clipping's layers). 
 does not follow are refused, each by the check meant for it, and fall back to ``torch.func``: a
 forward that fails with the stand-in, one whose outputs it changes, one that gives one example's
 row to every example (``P[0]``, and a per-feature scale broadcast over a sequence as long as the
-batch). Dropout's random draws are replayed by the check of the outputs, not drawn twice.
+batch), one that reads the parameter itself, not its stand-in. Dropout's random draws are replayed by the check of the outputs, not drawn twice.
 """
 
 import copy
@@ -204,15 +204,30 @@ class TokenScaled(nn.Module):
         return self.head((self.gamma * torch.tanh(self.lin(x))).mean(1))
 
 
+class Listed(nn.Module):
+    """A scale read through a plain list that holds the parameter itself: the stand-in is not
+    what the forward reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.scale = nn.Parameter(torch.rand(3) + 0.5)
+        self.scales = [self.scale]
+
+    def forward(self, x):
+        return self.lin(x) * self.scales[0]
+
+
 @pytest.mark.parametrize(
     "build, shape, why",
     [
+        (Listed, (5, 4), "scale reaches the loss other than through"),
         (FirstRow, (5, 4), "not the batch's examples"),
         (Summed, (5, 4), "other outputs than the model's own"),
         (TokenScaled, (5, 6, 4), "forward fails with per-example stand-ins of the bare"),
         (TokenScaled, (5, 5, 4), "not the batch's examples"),
     ],
-    ids=["first-row", "summed", "token-scale", "token-scale-as-long-as-the-batch"],
+    ids=["listed", "first-row", "summed", "token-scale", "token-scale-as-long-as-the-batch"],
 )
 def test_uses_a_stand_in_does_not_follow_are_refused_and_fall_back(build, shape, why):
     """Each refused by its check, for this step and every later one, and clipped by
