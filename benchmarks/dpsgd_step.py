@@ -25,10 +25,13 @@ Models: ``resnet_small`` (a GroupNorm ResNet of 78k parameters, 32x32x3 inputs, 
 4-head attention by ``nn.Linear`` q/k/v/out maps, MLP; 64 tokens, batch 64); ``encoder`` (the
 same block as torch's ``nn.TransformerEncoderLayer`` builds it, its ``nn.MultiheadAttention``
 included: opacus trains it as its ``ModuleValidator.fix`` replaces the attention, by
-``DPMultiheadAttention``); with ``--big``
+``DPMultiheadAttention``); ``vit`` (torchvision's vision transformer at a small size: 4x4
+patches of 32x32x3 images, a class token and a position embedding as bare parameters, two such
+encoder layers, 0.41M parameters, batch 64); with ``--big``
 ``resnet18`` (ResNet-18 with GroupNorm, 11.2M parameters, 32x32x3 inputs, batch 256: about a
-minute per repeat on one CPU thread, the model of issue 32's GPU figures) and ``encoder_large``
-(two such layers of width 512, 8 heads, 6.9M parameters, 128 tokens, batch 32).
+minute per repeat on one CPU thread, the model of issue 32's GPU figures), ``encoder_large``
+(two such layers of width 512, 8 heads, 6.9M parameters, 128 tokens, batch 32) and ``vit_large``
+(the ViT at width 384, 6 heads, 4 layers, 7.1M parameters, batch 32).
 
     python benchmarks/dpsgd_step.py --json [--device cuda] [--repeats 7] [--big]
 
@@ -160,6 +163,28 @@ class EncoderClassifier(nn.Module):
         return self.head(self.ln_f(self.blocks(self.tok(idx) + self.pos(pos))).mean(1))
 
 
+class VisionTransformer(nn.Module):
+    """torchvision's ViT at a small size: 4x4 patches by a strided convolution, a class token and
+    a position embedding as bare parameters (``nn.Parameter`` of the model itself), batch-first
+    pre-norm ``nn.TransformerEncoderLayer``s, the class token's head."""
+
+    def __init__(self, d=128, heads=4, patch=4, size=32, classes=10, layers=2):
+        super().__init__()
+        self.conv_proj = nn.Conv2d(3, d, patch, stride=patch)
+        self.class_token = nn.Parameter(torch.zeros(1, 1, d))
+        self.pos_embedding = nn.Parameter(0.02 * torch.randn(1, (size // patch) ** 2 + 1, d))
+        block = nn.TransformerEncoderLayer(
+            d, heads, 4 * d, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        )
+        self.encoder = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv_proj(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return self.head(self.ln(self.encoder(x + self.pos_embedding))[:, 0])
+
+
 def build(name: str) -> tuple[nn.Module, str, int]:
     """The model, a description, and its batch size."""
     if name == "resnet18":
@@ -184,12 +209,26 @@ def build(name: str) -> tuple[nn.Module, str, int]:
             "2 nn.TransformerEncoderLayers: vocab 1000, d 512, 8 heads, MLP 2048, 128 tokens",
             32,
         )
+    if name == "vit":
+        return (
+            VisionTransformer(),
+            "ViT: 32x32x3 in 4x4 patches, d 128, 4 heads, MLP 512, 2 layers, class token and "
+            "position embedding",
+            64,
+        )
+    if name == "vit_large":
+        return (
+            VisionTransformer(d=384, heads=6, layers=4),
+            "ViT: 32x32x3 in 4x4 patches, d 384, 6 heads, MLP 1536, 4 layers, class token and "
+            "position embedding",
+            32,
+        )
     raise ValueError(name)
 
 
 def batch(name: str, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    if name in ("transformer", "encoder", "encoder_large"):
+    if name in ("transformer", "encoder", "encoder_large"):  # tokens; else 32x32x3 images
         x = torch.randint(0, 1000, (size, 128 if name == "encoder_large" else 64), generator=g)
     else:
         x = torch.randn(size, 3, 32, 32, generator=g)
@@ -320,7 +359,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument(
-        "--big", action="store_true", help="add ResNet-18 and a 6.9M encoder (slow on a CPU)"
+        "--big",
+        action="store_true",
+        help="add ResNet-18, a 6.9M encoder and a 7.1M ViT (slow on a CPU)",
     )
     ap.add_argument("--models", default=None, help="comma-separated subset of the models")
     ap.add_argument("--json", action="store_true")
@@ -333,8 +374,8 @@ def main() -> None:
         torch.set_num_threads(1)
     else:
         torch.backends.cudnn.benchmark = False  # Poisson batch sizes vary in training
-    big = ["resnet18", "encoder_large"] if args.big else []
-    names = ["resnet_small", "transformer", "encoder", *big]
+    big = ["resnet18", "encoder_large", "vit_large"] if args.big else []
+    names = ["resnet_small", "transformer", "encoder", "vit", *big]
     if args.models:
         names = args.models.split(",")
     start = time.perf_counter()

@@ -74,7 +74,7 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.gpu_form:
         ghost_clipping._offsets_on = lambda device: True
-    names = ["resnet_small", "transformer", "encoder"] + (["resnet18"] if args.big else [])
+    names = ["resnet_small", "transformer", "encoder", "vit"] + (["resnet18"] if args.big else [])
     start = time.perf_counter()
     res = {
         "schema_version": SCHEMA_VERSION,

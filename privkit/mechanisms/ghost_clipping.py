@@ -45,6 +45,11 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   weight (self-attention: one map to all ``3E`` rows), each taken as a linear layer above; the
   packed weight's per-example gradient is the maps' stacked, so their squared norms add; its
   ``out_proj`` is called as an ``nn.Linear`` layer.
+* **Bare parameters** of the model's own modules (a vision transformer's class token and position
+  embedding, a layer scale): replaced for the pass by per-example stand-ins, ``P`` repeated along
+  a batch axis, whose output gradient holds each example's gradient of ``P`` in its row
+  (:mod:`privkit.mechanisms.ghost_parameters`; the first pass checks that the stand-ins change no
+  output and that each row belongs to one example).
 
 Squared norms add over layers (flat clipping over every trainable parameter), the clip factors are
 ``min(1, C / ||g_i||)`` exactly as :func:`privkit.mechanisms.dp_sgd_step.clip_per_sample` (``C =
@@ -55,7 +60,9 @@ where ``G_i`` was materialised anyway); no second backward pass.
 
 Anything else is refused with :class:`~privkit.mechanisms.stacked.UnsupportedModelError` (the caller
 falls back to ``torch.func`` per-example gradients) rather than computed wrong: a trainable
-parameter outside the layers above (a bare ``nn.Parameter``, an LSTM, attention's ``add_bias_kv``),
+parameter of one of torch's own modules other than the layers above (an LSTM, a PReLU,
+attention's ``add_bias_kv``), a bare parameter used in a way its stand-in does not follow
+(indexed, passed to a functional layer, read through another reference),
 attention with ``batch_first=False`` (a sequence-first model), BatchNorm in training mode or with
 trainable parameters (it mixes the batch's examples), a layer run twice in one forward or a
 parameter shared by two layers (their cross terms), a layer's parameter used outside the layer's
@@ -332,7 +339,7 @@ def _in_the_open(attention: list[_Layer], forward_of: Callable) -> Iterator[None
     instance attribute, taken away again however the block ends)."""
     try:
         for layer in attention:
-            layer.module.forward = forward_of(layer)  # type: ignore[method-assign]
+            layer.module.forward = forward_of(layer)
         yield
     finally:
         for layer in attention:
@@ -345,7 +352,8 @@ def _own_forward(model: nn.Module, x: torch.Tensor, attention: list[_Layer]) -> 
     recorded."""
 
     def plain(layer: _Layer):
-        return functools.partial(ghost_attention.forward, layer.module, lambda *_: None)
+        module = cast(nn.MultiheadAttention, layer.module)
+        return functools.partial(ghost_attention.forward, module, lambda *_: None)
 
     with _in_the_open(attention, plain), torch.no_grad():
         return model(x)

@@ -272,23 +272,24 @@ class TokenEncoder(nn.Module):
         return self.head(self.enc(self.tok(idx)).mean(1))
 
 
-def _audited(seed: int, sigma: float) -> tuple[str, tuple[str, ...]]:
-    """A white-box canary audit (test_whitebox's DP-SGD run with canaries) of 100 steps of
-    :class:`TokenEncoder` claiming sigma 1.5 at q 0.05: its verdict and rejected tests."""
+def _audited(seed: int, sigma: float, build) -> tuple[str, tuple[str, ...]]:
+    """A white-box canary audit (test_whitebox's DP-SGD run with canaries) of 100 steps of the
+    model and data ``build()`` gives, claiming sigma 1.5 at q 0.05: its verdict and rejected
+    tests."""
     from tests.attacks.test_whitebox import _dpsgd
 
     torch.manual_seed(seed)
-    data = torch.randint(0, 50, (400, 12)), torch.randint(0, 2, (400,))
-    canaries = _dpsgd(sigma, 1.5, seed=seed, steps=100, m=500, model=TokenEncoder(), data=data)
+    model, data = build()
+    canaries = _dpsgd(sigma, 1.5, seed=seed, steps=100, m=500, model=model, data=data)
     result = canaries.audit(delta=1e-5)
     return result.verdict, tuple(result.conformance.rejected)
 
 
-def test_a_transformers_dp_sgd_audit_sees_its_bugs(monkeypatch):
-    """A torch transformer's DP-SGD (ghost clipping through its attention) audited white-box: as
-    claimed it is not a violation, and half the noise or clipping switched off are caught, at
-    each of three seeds (the audit's error rates are tested on many seeds in
-    ``tests/attacks/test_conformance.py``; here the clipping path is a transformer's)."""
+def audit_sees_its_bugs(monkeypatch, build) -> None:
+    """The model's DP-SGD, clipped by ghost clipping (``torch.func`` made to fail), audited
+    white-box: as claimed it is not a violation, and half the noise or clipping switched off are
+    caught, at each of three seeds (the audit's error rates are tested on many seeds in
+    ``tests/attacks/test_conformance.py``; here the clipping path is the model's)."""
     from privkit.mechanisms.mutations import MUTATIONS, mutated
 
     def refuse(*args, **kwargs):
@@ -296,7 +297,17 @@ def test_a_transformers_dp_sgd_audit_sees_its_bugs(monkeypatch):
 
     monkeypatch.setattr(dp_sgd_step, "per_sample_gradients", refuse)
     for seed in range(3):
-        assert _audited(seed, 1.5)[0] != "violation"
-        assert _audited(seed, 0.75) == ("violation", ("noise",))
+        assert _audited(seed, 1.5, build)[0] != "violation"
+        assert _audited(seed, 0.75, build) == ("violation", ("noise",))
         with mutated(MUTATIONS["clipping off"]):
-            assert _audited(seed, 1.5) == ("violation", ("influence",))
+            assert _audited(seed, 1.5, build) == ("violation", ("influence",))
+
+
+def test_a_transformers_dp_sgd_audit_sees_its_bugs(monkeypatch):
+    """A torch transformer's DP-SGD (ghost clipping through its attention) audited white-box."""
+
+    def build():
+        data = torch.randint(0, 50, (400, 12)), torch.randint(0, 2, (400,))
+        return TokenEncoder(), data
+
+    audit_sees_its_bugs(monkeypatch, build)

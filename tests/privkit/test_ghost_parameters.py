@@ -255,3 +255,16 @@ def test_torchs_own_layers_take_no_stand_ins():
     ):
         with pytest.raises(UnsupportedModelError, match="PReLU are not covered"):
             ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
+
+
+def test_a_vision_transformers_dp_sgd_audit_sees_its_bugs(monkeypatch):
+    """A ViT's DP-SGD (ghost clipping with stand-ins for its class token and position embedding)
+    audited white-box, canaries on every parameter: as claimed it is not a violation, and half
+    the noise or clipping switched off are caught, at each of three seeds."""
+    from tests.privkit.test_ghost_attention import audit_sees_its_bugs
+
+    def build():
+        data = torch.randn(400, 3, 8, 8), torch.randint(0, 2, (400,))
+        return VisionTransformer(d=8, classes=2), data
+
+    audit_sees_its_bugs(monkeypatch, build)

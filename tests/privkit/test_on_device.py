@@ -106,13 +106,23 @@ def _grouped_convolutions():
     return model, torch.randn(6, 4, 7, 7), 8
 
 
+def _vision_transformer():
+    from tests.privkit.test_ghost_parameters import VisionTransformer
+
+    return VisionTransformer(), torch.randn(6, 3, 8, 8), 3
+
+
 @pytest.mark.parametrize(
-    "build", [_transformer_layer, _grouped_convolutions], ids=["attention", "grouped-conv"]
+    "build",
+    [_transformer_layer, _grouped_convolutions, _vision_transformer],
+    ids=["attention", "grouped-conv", "vision-transformer"],
 )
 def test_ghost_clipping_norms_on_the_device_are_torch_funcs(build):
     """Ghost clipping on the device of torch's transformer layer (``nn.MultiheadAttention`` with
-    its linear maps in the open) and of grouped and depthwise convolutions, 2-d and 1-d (on a GPU
-    their per-example gradients by one product group by group): the per-example norms of
+    its linear maps in the open), of grouped and depthwise convolutions, 2-d and 1-d (on a GPU
+    their per-example gradients by one product group by group), and of a vision transformer's
+    bare parameters (stand-ins on the device; the check of its outputs replays the device's
+    random state): the per-example norms of
     ``torch.func``'s per-example gradients in float64 on the CPU, to float32's accuracy."""
     import torch.nn.functional as F
 
