@@ -38,6 +38,11 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
 * **Embedding**: ``G_i`` adds ``g_t`` into row ``idx_t``; the rows an example touches are summed
   (tokens repeated within an example add up before the norm) by one ``index_add`` over
   ``(example, token)`` keys: exact and linear in the tokens.
+* **An output layer tied to the embedding** (``head.weight = emb.weight``, a language model's
+  head): the weight's per-example gradient is the embedding's rows ``s_j`` (tokens ``r_j``) plus
+  the head's ``sum_t g_t a_t^T``, so its squared norm is the two layers' plus twice
+  ``sum_j s_j . sum_t g_t[r_j] a_t`` (:func:`_tied_inner`), and its clipped sum is the two
+  layers' added.
 * **MultiheadAttention** (batch-first; ``nn.TransformerEncoderLayer`` and ``DecoderLayer`` with
   ``batch_first=True``): its forward is replaced for the pass by
   :func:`privkit.mechanisms.ghost_attention.forward`, the same computation with its linear maps in
@@ -65,7 +70,8 @@ attention's ``add_bias_kv``), a bare parameter used in a way its stand-in does n
 (indexed, passed to a functional layer, read through another reference),
 attention with ``batch_first=False`` (a sequence-first model), BatchNorm in training mode or with
 trainable parameters (it mixes the batch's examples), a layer run twice in one forward or a
-parameter shared by two layers (their cross terms), a layer's parameter used outside the layer's
+parameter shared by two layers other than a linear layer tied to an embedding, a layer's
+parameter used outside the layer's
 call (an output tied by ``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere: the
 autograd graph is checked for one edge into each parameter), a subclass of a layer above with its
 own ``forward``, a layer applied to a tensor whose first dimension is not the batch's (a positional
@@ -158,15 +164,19 @@ class _Layer:
     grads: list[torch.Tensor] = field(default_factory=list)
     # a bare parameter of its module (``names``' one entry), clipped by a per-example stand-in
     bare: bool = False
+    # a linear layer's: the embedding layer whose weight its weight is (an output layer tied to
+    # the input embedding), whose per-example gradients add to its own
+    tied: _Layer | None = None
 
 
 def _layers(model: nn.Module) -> list[_Layer]:
     """The model's parametrised layers with trainable parameters; UnsupportedModelError for any
     trainable parameter this module cannot clip or a layer that mixes examples."""
-    owners: dict[int, str] = {}
+    owners: dict[int, str] = {}  # each trainable parameter's name (its first, where shared)
+    shared: dict[int, str] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         if p.requires_grad and owners.setdefault(id(p), name) != name:
-            raise UnsupportedModelError(f"parameter {name} is shared with {owners[id(p)]}")
+            shared[id(p)] = name
     layers = []
     for prefix, module in model.named_modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.training:
@@ -174,7 +184,7 @@ def _layers(model: nn.Module) -> list[_Layer]:
                 f"{prefix}: {type(module).__name__} in training mode mixes the examples"
             )
         own = {k: p for k, p in module.named_parameters(recurse=False) if p.requires_grad}
-        full = {k: f"{prefix}.{k}" if prefix else k for k in own}
+        full = {k: owners[id(p)] for k, p in own.items()}
         if isinstance(module, nn.MultiheadAttention):
             if any(p.requires_grad for p in module.parameters()):  # its own or its out_proj's
                 layers.append(_attention_layer(prefix, module, full))
@@ -208,7 +218,28 @@ def _layers(model: nn.Module) -> list[_Layer]:
         layers.append(_Layer(module, full))
     if not layers:
         raise UnsupportedModelError("the model has no trainable parameters")
+    for pid, name in shared.items():
+        _tie(layers, pid, f"parameter {name} is shared with {owners[pid]}")
     return layers
+
+
+def _tie(layers: list[_Layer], pid: int, why: str) -> None:
+    """A parameter shared by two layers: an output linear layer's weight tied to an input
+    embedding's (``head.weight = emb.weight``, GPT-2's and BERT's language-model heads) is linked
+    (``tied``; its per-example gradient is the two layers' summed); any other sharing is refused
+    (``why``)."""
+    holders = [
+        (layer, k)
+        for layer in layers
+        for k in layer.names
+        if id(getattr(layer.module, k)) == pid and not layer.bare
+    ]
+    kinds = sorted((type(layer.module).__name__, k) for layer, k in holders)
+    embedding = [layer for layer, _ in holders if isinstance(layer.module, nn.Embedding)]
+    linear = [layer for layer, _ in holders if isinstance(layer.module, nn.Linear)]
+    if kinds != [("Embedding", "weight"), ("Linear", "weight")] or not (embedding and linear):
+        raise UnsupportedModelError(why)
+    linear[0].tied = embedding[0]
 
 
 def _attention_layer(prefix: str, module: nn.MultiheadAttention, names: dict[str, str]) -> _Layer:
@@ -463,11 +494,16 @@ def _check_parameter_uses(total: torch.Tensor, layers: list[_Layer]) -> None:
             if node not in seen:
                 seen.add(node)
                 stack.append(node)
+    allowed: dict[int, int] = {}  # one edge per call of a layer holding it (two where tied)
+    for layer in layers:
+        for k in layer.names:
+            pid = id(getattr(layer.module, k))
+            # a bare parameter reaches the loss through its stand-in only
+            allowed[pid] = allowed.get(pid, 0) + (1 if layer.edges and not layer.bare else 0)
     for layer in layers:
         for k, name in layer.names.items():
-            n = edges.get(id(getattr(layer.module, k)), 0)
-            # a bare parameter reaches the loss through its stand-in only
-            if n > (1 if layer.edges and not layer.bare else 0):
+            pid = id(getattr(layer.module, k))
+            if edges.get(pid, 0) > allowed[pid]:
                 raise UnsupportedModelError(
                     f"parameter {name} reaches the loss other than through its layer's one call"
                 )
@@ -875,7 +911,38 @@ def _run(
     b = x.shape[0]
     if not ran:
         return layers, torch.zeros(b, device=x.device)
-    return layers, cast(torch.Tensor, sum(_sq_norms(layer, b) for layer in ran)).sqrt()
+    sq = cast(torch.Tensor, sum(_sq_norms(layer, b) for layer in ran))
+    for layer in ran:  # a tied weight's norm: the two layers' parts and twice their inner product
+        if layer.tied is not None and layer.tied.grad is not None:
+            sq = sq + 2 * _tied_inner(layer.tied, layer, b)
+    return layers, sq.sqrt()
+
+
+def _tied_inner(embedding: _Layer, linear: _Layer, b: int) -> torch.Tensor:
+    """Each example's inner product of its gradients of a tied weight through the embedding
+    (rows ``s_j`` at tokens ``r_j``, :func:`_embedding_rows`, formed by its norms) and through the
+    linear layer (``sum_t g_t a_t^T``): ``sum_j s_j . sum_t g_t[r_j] a_t``, from the linear
+    layer's materialised gradients where the norms formed them, else from its input and output
+    gradient, ``(a_t . s_j) g_t[r_j]`` summed over the positions (``B x T x U`` values, ``U`` the
+    most distinct tokens of an example: no larger than the ghost norm's Gram matrices)."""
+    example, token, rows = cast(tuple[torch.Tensor, ...], embedding.rows)
+    out = torch.zeros(b, dtype=rows.dtype, device=rows.device)
+    if not len(example):
+        return out
+    w = linear.per_example.get("weight")
+    if w is not None:  # (B, V, d)
+        return out.index_add_(0, example, (w[example, token] * rows).sum(1))
+    a, g = linear.inputs[0], cast(torch.Tensor, linear.grad)
+    a, g = a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
+    counts = torch.bincount(example, minlength=b)
+    slot = torch.arange(len(example), device=example.device) - (counts.cumsum(0) - counts)[example]
+    u = int(counts.max())
+    s = torch.zeros(b, u, rows.shape[1], dtype=rows.dtype, device=rows.device)
+    s[example, slot] = rows  # the entries come sorted by example (torch.unique of their keys)
+    r = torch.zeros(b, u, dtype=torch.long, device=rows.device)
+    r[example, slot] = token  # padding slots: token 0 against a zero row, adding nothing
+    picked = torch.gather(g, 2, r[:, None, :].expand(-1, g.shape[1], -1))  # g_t[r_j]: (B, T, U)
+    return (torch.bmm(a, s.transpose(1, 2)) * picked).sum((1, 2))
 
 
 def per_example_norms(
@@ -942,6 +1009,7 @@ def clipped_sum(
     sums: dict[str, torch.Tensor] = {}
     for layer in layers:
         for k, v in _clipped(layer, factor).items():
-            sums[layer.names[k]] = v
+            name = layer.names[k]  # a tied weight's two layers add
+            sums[name] = sums[name] + v if name in sums else v
     order = [k for k, p in model.named_parameters() if p.requires_grad]
     return {k: sums[k] for k in order}
