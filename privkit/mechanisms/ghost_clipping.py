@@ -846,6 +846,8 @@ def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
     missing = [k for k in names if k not in out]
     if not missing:
         return out
+    if isinstance(m, nn.Linear) and layer.inputs[0].numel() < g.numel():
+        return out | _linear_clipped_by_input(layer.inputs[0], g, c, missing)
     cg = g * c.view(-1, *([1] * (g.dim() - 1)))
     if isinstance(m, nn.Embedding):  # clipping off: no norms were formed
         flat = layer.inputs[0].flatten()
@@ -870,6 +872,20 @@ def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
             if isinstance(m, (nn.Conv1d, nn.Conv2d))
             else cg.reshape(-1, cg.shape[-1]).sum(0)
         )
+    return out
+
+
+def _linear_clipped_by_input(
+    a: torch.Tensor, g: torch.Tensor, c: torch.Tensor, missing: list[str]
+) -> dict[str, torch.Tensor]:
+    """A linear layer's ``sum_i c_i G_i`` with the factors on its input, ``g^T (c a)``, where the
+    input is the smaller of the two (a language model's output layer: ``d`` against the
+    vocabulary), rather than on its output gradient; its bias' ``c . sum_t g_t``."""
+    out: dict[str, torch.Tensor] = {}
+    if "weight" in missing:
+        out["weight"] = _linear_weight_sum(a * c.view(-1, *([1] * (a.dim() - 1))), g)
+    if "bias" in missing:
+        out["bias"] = torch.tensordot(c, g.reshape(g.shape[0], -1, g.shape[-1]).sum(1), dims=1)
     return out
 
 
