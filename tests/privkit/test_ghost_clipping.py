@@ -43,6 +43,16 @@ def _reference(model, x, y, loss=_loss):
     return norms, clip, {k: g.sum(0) for k, g in clipped.items()}
 
 
+def falls_back(model, x, y, why):
+    """DP-SGD's clipping of ``model`` falls back to ``torch.func`` (its warning naming ``why``),
+    with ``torch.func``'s clipped sum."""
+    _, clip, want = _reference(model, x, y)
+    with pytest.warns(dp_sgd_step.ClippingFallbackWarning, match=why):
+        got = dp_sgd_step.clipped_gradient_sum(model, x, y, _loss, clip)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k])
+
+
 def _check(model, x, y, monkeypatch, loss=_loss, example_losses=_example_losses):
     """Both ways of every weight's norms: materialised per-example gradients (the default for
     these small layers; a convolution's by one grouped convolution, the CPU's form, and by a GPU's
@@ -413,11 +423,7 @@ def test_layers_outside_fall_back_to_torch_func():
     x = torch.randn(6, 2, 5, dtype=torch.float64)
     with pytest.raises(UnsupportedModelError, match="stand-ins of the bare parameters weight"):
         ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
-    _, clip, want = _reference(model, x, y)
-    with pytest.warns(dp_sgd_step.ClippingFallbackWarning, match="bare parameters weight"):
-        got = dp_sgd_step.clipped_gradient_sum(model, x, y, _loss, clip)
-    for k in want:
-        torch.testing.assert_close(got[k], want[k])
+    falls_back(model, x, y, "bare parameters weight")
 
 
 def test_float32_norms_of_large_layers_are_accurate():
@@ -475,11 +481,7 @@ def test_rows_that_are_not_examples_are_refused_and_fall_back(build, shape):
         ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
     with pytest.raises(UnsupportedModelError, match="not the batch's examples"):
         ghost_clipping.per_example_norms(model, x[:, :4] if x.dim() == 3 else x, _example_losses(y))
-    _, clip, want = _reference(model, x, y)
-    with pytest.warns(dp_sgd_step.ClippingFallbackWarning, match="not the batch's examples"):
-        got = dp_sgd_step.clipped_gradient_sum(model, x, y, _loss, clip)
-    for k in want:
-        torch.testing.assert_close(got[k], want[k])
+    falls_back(model, x, y, "not the batch's examples")
 
 
 def test_rows_are_checked_once_per_model_and_pass_in_float32(monkeypatch):

@@ -20,7 +20,7 @@ from torch import nn
 
 from privkit.mechanisms import dp_sgd_step, ghost_clipping, ghost_parameters
 from privkit.mechanisms.stacked import UnsupportedModelError
-from tests.privkit.test_ghost_clipping import _check, _example_losses, _loss, _reference
+from tests.privkit.test_ghost_clipping import _check, _example_losses, _loss, _reference, falls_back
 
 
 class VisionTransformer(nn.Module):
@@ -107,20 +107,22 @@ def test_frozen_bare_parameters_take_no_stand_in(monkeypatch):
     assert "class_token" not in got and "conv_proj.weight" in got
 
 
-def test_a_vision_transformers_dp_sgd_step_takes_ghost_clipping(monkeypatch):
-    """``DpSgdStep`` clips a ViT by ghost clipping (no fallback warning, torch.func unused), its
-    clipped sum that of torch.func's per-example gradients."""
-    torch.manual_seed(23)
-    model = VisionTransformer().double()
-    x, y = _images(8)
-    x = x.double()
-    _, clip, want = _reference(model, x, y)
+def takes_ghost_clipping(model, x, y, monkeypatch, loss=_loss):
+    """``DpSgdStep``'s clipped sum of ``model`` comes from ghost clipping (no fallback warning,
+    torch.func unused) and is that of torch.func's per-example gradients."""
+    _, clip, want = _reference(model, x, y, loss)
     monkeypatch.setattr(dp_sgd_step, "per_sample_gradients", None)
     with warnings.catch_warnings():
         warnings.simplefilter("error", dp_sgd_step.ClippingFallbackWarning)
-        got = dp_sgd_step.clipped_gradient_sum(model, x, y, _loss, clip)
+        got = dp_sgd_step.clipped_gradient_sum(model, x, y, loss, clip)
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-10, atol=1e-12, msg=k)
+
+
+def test_a_vision_transformers_dp_sgd_step_takes_ghost_clipping(monkeypatch):
+    torch.manual_seed(23)
+    x, y = _images(8)
+    takes_ghost_clipping(VisionTransformer().double(), x.double(), y, monkeypatch)
 
 
 def test_parameters_are_put_back_after_the_pass():
@@ -238,11 +240,7 @@ def test_uses_a_stand_in_does_not_follow_are_refused_and_fall_back(build, shape,
     for _ in range(2):
         with pytest.raises(UnsupportedModelError, match=why):
             ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
-    _, clip, want = _reference(model, x, y)
-    with pytest.warns(dp_sgd_step.ClippingFallbackWarning, match=why):
-        got = dp_sgd_step.clipped_gradient_sum(model, x, y, _loss, clip)
-    for k in want:
-        torch.testing.assert_close(got[k], want[k])
+    falls_back(model, x, y, why)
 
 
 def test_torchs_own_layers_take_no_stand_ins():

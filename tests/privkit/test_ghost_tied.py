@@ -10,7 +10,6 @@ tokens, and with the head declared first. Other sharing stays refused.
 """
 
 import math
-import warnings
 
 import pytest
 import torch
@@ -44,8 +43,8 @@ class LanguageModel(nn.Module):
 
     def forward(self, idx):
         b, t = idx.shape
-        h = self.tok(idx) + self.pos(torch.arange(t).repeat(b, 1))
-        mask = nn.Transformer.generate_square_subsequent_mask(t, dtype=h.dtype)
+        h = self.tok(idx) + self.pos(torch.arange(t, device=idx.device).repeat(b, 1))
+        mask = nn.Transformer.generate_square_subsequent_mask(t, h.device, h.dtype)
         return self.head(self.norm(self.enc(h, src_mask=mask, is_causal=True)))
 
 
@@ -123,16 +122,11 @@ def test_clipping_off_adds_the_two_layers_sums():
 
 
 def test_a_language_models_dp_sgd_step_takes_ghost_clipping(monkeypatch):
+    from tests.privkit.test_ghost_parameters import takes_ghost_clipping
+
     torch.manual_seed(34)
-    model = LanguageModel().double()
     x, y = _tokens(8)
-    _, clip, want = _reference(model, x, y, _next_token_loss)
-    monkeypatch.setattr(dp_sgd_step, "per_sample_gradients", None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", dp_sgd_step.ClippingFallbackWarning)
-        got = dp_sgd_step.clipped_gradient_sum(model, x, y, _next_token_loss, clip)
-    for k in want:
-        torch.testing.assert_close(got[k], want[k], rtol=1e-10, atol=1e-12, msg=k)
+    takes_ghost_clipping(LanguageModel().double(), x, y, monkeypatch, _next_token_loss)
 
 
 class TwoLinears(nn.Module):
@@ -167,3 +161,23 @@ def test_other_sharing_is_refused(model, x, why):
     y = torch.randint(0, 3, (6,))
     with pytest.raises(UnsupportedModelError, match=why):
         ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
+
+
+class NextToken(LanguageModel):
+    """The language model predicting each sequence's next token from its last position."""
+
+    def forward(self, idx):
+        return super().forward(idx)[:, -1]
+
+
+def test_a_language_models_dp_sgd_audit_sees_its_bugs(monkeypatch):
+    """A language model's DP-SGD, its tied weight clipped as one parameter, audited white-box
+    with canaries on every parameter (the tied weight's included): as claimed it is not a
+    violation, and half the noise or clipping switched off are caught, at each of three seeds."""
+    from tests.privkit.test_ghost_attention import audit_sees_its_bugs
+
+    def build():
+        data = torch.randint(0, V, (400, T)), torch.randint(0, V, (400,))
+        return NextToken(), data
+
+    audit_sees_its_bugs(monkeypatch, build)

@@ -112,17 +112,24 @@ def _vision_transformer():
     return VisionTransformer(), torch.randn(6, 3, 8, 8), 3
 
 
+def _tied_language_model():
+    from tests.privkit.test_ghost_tied import NextToken, V
+
+    return NextToken(), torch.randint(0, V, (6, 6)), V
+
+
 @pytest.mark.parametrize(
     "build",
-    [_transformer_layer, _grouped_convolutions, _vision_transformer],
-    ids=["attention", "grouped-conv", "vision-transformer"],
+    [_transformer_layer, _grouped_convolutions, _vision_transformer, _tied_language_model],
+    ids=["attention", "grouped-conv", "vision-transformer", "tied-head"],
 )
 def test_ghost_clipping_norms_on_the_device_are_torch_funcs(build):
     """Ghost clipping on the device of torch's transformer layer (``nn.MultiheadAttention`` with
     its linear maps in the open), of grouped and depthwise convolutions, 2-d and 1-d (on a GPU
-    their per-example gradients by one product group by group), and of a vision transformer's
+    their per-example gradients by one product group by group), of a vision transformer's
     bare parameters (stand-ins on the device; the check of its outputs replays the device's
-    random state): the per-example norms of
+    random state) and of a language model's output layer tied to its embedding: the per-example
+    norms of
     ``torch.func``'s per-example gradients in float64 on the CPU, to float32's accuracy."""
     import torch.nn.functional as F
 
@@ -131,11 +138,12 @@ def test_ghost_clipping_norms_on_the_device_are_torch_funcs(build):
     torch.manual_seed(0)
     model, x, classes = build()
     y = torch.randint(0, classes, (x.shape[0],))
+    x_cpu = x.double() if x.is_floating_point() else x  # tokens stay integers
 
     def loss(logits, target, _aux):
         return F.cross_entropy(logits, target)
 
-    per = dp_sgd_step.per_sample_gradients(model.double(), x.double(), y, loss)
+    per = dp_sgd_step.per_sample_gradients(model.double(), x_cpu, y, loss)
     want = dp_sgd_step.clip_per_sample(per, 1.0)[1]
     got = ghost_clipping.per_example_norms(
         model.float().to(DEVICE),
