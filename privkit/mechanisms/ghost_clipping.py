@@ -50,6 +50,10 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   weight (self-attention: one map to all ``3E`` rows), each taken as a linear layer above; the
   packed weight's per-example gradient is the maps' stacked, so their squared norms add; its
   ``out_proj`` is called as an ``nn.Linear`` layer.
+* **A layer run several times** in one forward pass (a linear layer, an embedding, a LayerNorm or
+  an RMSNorm: an RNN's cells over the time steps, opacus' ``DPLSTM``, a block shared across
+  depth): ``G_i = sum_calls sum_t g_t a_t^T``, so its calls are taken as one call over all of
+  their positions (:func:`_merge_calls`).
 * **Bare parameters** of the model's own modules (a vision transformer's class token and position
   embedding, a layer scale): replaced for the pass by per-example stand-ins, ``P`` repeated along
   a batch axis, whose output gradient holds each example's gradient of ``P`` in its row
@@ -69,8 +73,9 @@ parameter of one of torch's own modules other than the layers above (an LSTM, a 
 attention's ``add_bias_kv``), a bare parameter used in a way its stand-in does not follow
 (indexed, passed to a functional layer, read through another reference),
 attention with ``batch_first=False`` (a sequence-first model), BatchNorm in training mode or with
-trainable parameters (it mixes the batch's examples), a layer run twice in one forward or a
-parameter shared by two layers other than a linear layer tied to an embedding, a layer's
+trainable parameters (it mixes the batch's examples), a convolution, a GroupNorm or an attention
+run twice in one forward, a parameter shared by two layers other than a linear layer tied to an
+embedding, a layer's
 parameter used outside the layer's
 call (an output tied by ``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere: the
 autograd graph is checked for one edge into each parameter), a subclass of a layer above with its
@@ -219,20 +224,30 @@ def _layers(model: nn.Module) -> list[_Layer]:
     if not layers:
         raise UnsupportedModelError("the model has no trainable parameters")
     for pid, name in shared.items():
-        _tie(layers, pid, f"parameter {name} is shared with {owners[pid]}")
+        holders = [layer for layer in layers if pid in _parameter_ids(layer)]
+        if any(not layer.bare for layer in holders):
+            # a layer's parameter also registered on a module of the model's own (opacus' DPLSTM
+            # names its cells' weights as nn.LSTM does): read through the layer, no stand-in (a
+            # read through the other name is found in the autograd graph)
+            layers = [layer for layer in layers if not (layer.bare and layer in holders)]
+            holders = [layer for layer in holders if not layer.bare]
+        if len(holders) > 1:
+            _tie(holders, pid, f"parameter {name} is shared with {owners[pid]}")
     return layers
 
 
+def _parameter_ids(layer: _Layer) -> set[int]:
+    """The ids of the layer's trainable parameters."""
+    return {id(getattr(layer.module, k)) for k in layer.names}
+
+
 def _tie(layers: list[_Layer], pid: int, why: str) -> None:
-    """A parameter shared by two layers: an output linear layer's weight tied to an input
+    """A parameter shared by the ``layers``: an output linear layer's weight tied to an input
     embedding's (``head.weight = emb.weight``, GPT-2's and BERT's language-model heads) is linked
     (``tied``; its per-example gradient is the two layers' summed); any other sharing is refused
     (``why``)."""
     holders = [
-        (layer, k)
-        for layer in layers
-        for k in layer.names
-        if id(getattr(layer.module, k)) == pid and not layer.bare
+        (layer, k) for layer in layers for k in layer.names if id(getattr(layer.module, k)) == pid
     ]
     kinds = sorted((type(layer.module).__name__, k) for layer, k in holders)
     embedding = [layer for layer, _ in holders if isinstance(layer.module, nn.Embedding)]
@@ -263,7 +278,7 @@ def _forward_backward(
 
     def hook(layer: _Layer):
         def store(_module, args, out):
-            if len(layer.inputs) == 1:
+            if layer.inputs and not isinstance(_module, _MERGED):
                 raise UnsupportedModelError(
                     f"{type(_module).__name__} runs twice in one forward pass"
                 )
@@ -362,6 +377,43 @@ def _forward_backward(
             raise UnsupportedModelError(
                 "an input projection of MultiheadAttention does not reach the loss"
             )
+        if len(layer.edges) > 1 and not layer.plan:
+            _merge_calls(layer)
+
+
+#: layers that may run several times in one forward pass (a layer shared across depth, an RNN
+#: cell's maps over the time steps): each call's positions are more positions of one call. Not
+#: convolutions (their calls' shapes may differ) nor GroupNorm (its statistics are per call)
+_MERGED = (nn.Linear, nn.LayerNorm, nn.RMSNorm, nn.Embedding)
+
+
+def _merge_calls(layer: _Layer) -> None:
+    """A layer run several times in one pass as one call over all of their positions: per
+    example, its inputs (and output gradients) of every call whose output reached the loss,
+    concatenated along one position axis. ``G_i = sum_calls sum_t g_t a_t^T`` is then one sum
+    over positions (a linear layer; an embedding's rows; a LayerNorm's or RMSNorm's affine
+    gradients, whose statistics are per position)."""
+    module = layer.module
+    trailing = (
+        len(cast(nn.LayerNorm, module).normalized_shape)
+        if isinstance(module, (nn.LayerNorm, nn.RMSNorm))
+        else 0
+        if isinstance(module, nn.Embedding)
+        else 1
+    )
+    calls = [(a, g) for a, g in zip(layer.inputs, layer.grads, strict=True) if g is not None]
+    if not calls:
+        return
+
+    def joined(parts: list[torch.Tensor], keep: int) -> torch.Tensor:
+        b = parts[0].shape[0]
+        tail = parts[0].shape[parts[0].dim() - keep :]
+        return torch.cat([p.reshape(b, -1, *tail) for p in parts], dim=1)
+
+    layer.inputs = [joined([a for a, _ in calls], trailing)]
+    # an embedding's output gradient keeps its width: one row per token
+    layer.grad = joined([g for _, g in calls], trailing or 1)
+    layer.grads = [layer.grad]
 
 
 @contextmanager
@@ -496,10 +548,14 @@ def _check_parameter_uses(total: torch.Tensor, layers: list[_Layer]) -> None:
                 stack.append(node)
     allowed: dict[int, int] = {}  # one edge per call of a layer holding it (two where tied)
     for layer in layers:
+        # a bare parameter reaches the loss through its stand-in only; an attention's packed
+        # weight through one split however many projections read it
+        calls = 0 if layer.bare else len(layer.edges)
+        if isinstance(layer.module, nn.MultiheadAttention):
+            calls = min(calls, 1)
         for k in layer.names:
             pid = id(getattr(layer.module, k))
-            # a bare parameter reaches the loss through its stand-in only
-            allowed[pid] = allowed.get(pid, 0) + (1 if layer.edges and not layer.bare else 0)
+            allowed[pid] = allowed.get(pid, 0) + calls
     for layer in layers:
         for k, name in layer.names.items():
             pid = id(getattr(layer.module, k))

@@ -323,13 +323,15 @@ def test_clipping_off_is_the_plain_sum_and_dp_sgd_takes_this_path(monkeypatch):
         torch.testing.assert_close(noisy[k], g.sum(0) / 5, rtol=1e-10, atol=1e-12)
 
 
-class Twice(nn.Module):
+class ConvTwice(nn.Module):
+    """A convolution run twice in one forward pass (its calls are not merged)."""
+
     def __init__(self):
         super().__init__()
-        self.lin = nn.Linear(3, 3)
+        self.conv = nn.Conv2d(2, 2, 1)
 
     def forward(self, x):
-        return self.lin(torch.tanh(self.lin(x)))
+        return self.conv(torch.tanh(self.conv(x))).flatten(1)
 
 
 class TiedByFunction(nn.Module):
@@ -369,7 +371,7 @@ class Broadcast(nn.Module):
             torch.randn(6, 2, 3, 3),
         ),
         (nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.BatchNorm1d(3)), torch.randn(6, 4)),
-        (Twice(), torch.randn(6, 3)),
+        (ConvTwice(), torch.randn(6, 2, 4, 4)),
         (TiedByFunction(), torch.randint(0, 5, (6, 4))),
         (Broadcast(), torch.randint(0, 5, (6, 4))),
         (nn.Sequential(ScaledLinear(4, 3)), torch.randn(6, 4)),
@@ -378,7 +380,7 @@ class Broadcast(nn.Module):
     ids=[
         "batchnorm2d",
         "batchnorm1d",
-        "twice",
+        "conv-twice",
         "tied-functional",
         "broadcast",
         "subclass",
