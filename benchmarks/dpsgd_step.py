@@ -30,7 +30,9 @@ included: opacus trains it as its ``ModuleValidator.fix`` replaces the attention
 patches of 32x32x3 images, a class token and a position embedding as bare parameters, two such
 encoder layers, 0.41M parameters, batch 64); ``lm`` (nanoGPT in small: vocab 5000, width 128, two
 causal blocks, 64 tokens, its output layer tied to the token embedding as GPT-2's, each example's
-loss the mean next-token cross-entropy of its sequence; 1.05M parameters, batch 32); with ``--big``
+loss the mean next-token cross-entropy of its sequence; 1.05M parameters, batch 32); ``lstm``
+(a text classifier on opacus' ``DPLSTM``, whose cells' ``nn.Linear`` maps run once per time
+step: vocab 1000, width 64, hidden 128, 32 tokens, 0.16M parameters, batch 64); with ``--big``
 ``resnet18`` (ResNet-18 with GroupNorm, 11.2M parameters, 32x32x3 inputs, batch 256: about a
 minute per repeat on one CPU thread, the model of issue 32's GPU figures), ``encoder_large``
 (two such layers of width 512, 8 heads, 6.9M parameters, 128 tokens, batch 32) and ``vit_large``
@@ -231,6 +233,22 @@ class LanguageModel(nn.Module):
         return self.lm_head(self.ln_f(self.blocks(self.wte(idx) + self.wpe(pos))))
 
 
+class LSTMClassifier(nn.Module):
+    """A text classifier on opacus' ``DPLSTM`` (its LSTM of ``nn.Linear`` cells, run once per
+    time step): token embeddings, one layer, the last step's output to a linear head."""
+
+    def __init__(self, vocab=1000, d=64, hidden=128, classes=10):
+        from opacus.layers import DPLSTM
+
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.lstm = DPLSTM(d, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(self.emb(idx))[0][:, -1])
+
+
 def build(name: str) -> tuple[nn.Module, str, int]:
     """The model, a description, and its batch size."""
     if name == "resnet18":
@@ -269,6 +287,12 @@ def build(name: str) -> tuple[nn.Module, str, int]:
             "position embedding",
             32,
         )
+    if name == "lstm":
+        return (
+            LSTMClassifier(),
+            "opacus' DPLSTM: vocab 1000, d 64, hidden 128, 32 tokens, last step's output",
+            64,
+        )
     if name == "lm":
         return (
             LanguageModel(),
@@ -284,8 +308,9 @@ def batch(name: str, size: int, device: torch.device) -> tuple[torch.Tensor, tor
     if name == "lm":  # a sequence and its next tokens
         tokens = torch.randint(0, 5000, (size, 65), generator=g)
         return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
-    if name in ("transformer", "encoder", "encoder_large"):  # tokens; else 32x32x3 images
-        x = torch.randint(0, 1000, (size, 128 if name == "encoder_large" else 64), generator=g)
+    if name in ("transformer", "encoder", "encoder_large", "lstm"):  # tokens; else images
+        length = {"encoder_large": 128, "lstm": 32}.get(name, 64)
+        x = torch.randint(0, 1000, (size, length), generator=g)
     else:
         x = torch.randn(size, 3, 32, 32, generator=g)
     return x.to(device), torch.randint(0, 10, (size,), generator=g).to(device)
@@ -452,7 +477,7 @@ def main() -> None:
     else:
         torch.backends.cudnn.benchmark = False  # Poisson batch sizes vary in training
     big = ["resnet18", "encoder_large", "vit_large"] if args.big else []
-    names = ["resnet_small", "transformer", "encoder", "vit", "lm", *big]
+    names = ["resnet_small", "transformer", "encoder", "vit", "lm", "lstm", *big]
     if args.models:
         names = args.models.split(",")
     start = time.perf_counter()

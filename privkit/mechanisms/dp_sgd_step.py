@@ -11,9 +11,9 @@ The step is exactly what the subsampled-Gaussian accountant assumes
    layer's inputs and output gradients (:func:`privkit.mechanisms.stacked.clipped_sum_one`; no
    per-record weight gradients of linear layers are formed), for other models of linear, 1-d
    and 2-d convolution, GroupNorm/LayerNorm/RMSNorm, embedding and batch-first
-   ``nn.MultiheadAttention`` layers, bare parameters of the model's own modules (a vision
-   transformer's class token) and an output layer tied to the embedding, by book-keeping ghost
-   clipping
+   ``nn.MultiheadAttention`` layers (a layer run several times, an RNN's cells, included), bare
+   parameters of the model's own modules (a vision transformer's class token) and an output
+   layer tied to the embedding, by book-keeping ghost clipping
    (:mod:`privkit.mechanisms.ghost_clipping`: one forward and one backward pass), for any other
    model from ``torch.func`` (``vmap(grad(loss))``); they agree up to float rounding (tested).
 3. **Clipping** of each record's whole gradient to L2 norm ``clip_norm`` (flat clipping).

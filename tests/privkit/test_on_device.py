@@ -118,18 +118,30 @@ def _tied_language_model():
     return NextToken(), torch.randint(0, V, (6, 6)), V
 
 
+def _recurrent():
+    from tests.privkit.test_ghost_calls import Recurrent
+
+    return Recurrent(), torch.randint(0, 7, (6, 4)), 3
+
+
 @pytest.mark.parametrize(
     "build",
-    [_transformer_layer, _grouped_convolutions, _vision_transformer, _tied_language_model],
-    ids=["attention", "grouped-conv", "vision-transformer", "tied-head"],
+    [
+        _transformer_layer,
+        _grouped_convolutions,
+        _vision_transformer,
+        _tied_language_model,
+        _recurrent,
+    ],
+    ids=["attention", "grouped-conv", "vision-transformer", "tied-head", "dplstm"],
 )
 def test_ghost_clipping_norms_on_the_device_are_torch_funcs(build):
     """Ghost clipping on the device of torch's transformer layer (``nn.MultiheadAttention`` with
     its linear maps in the open), of grouped and depthwise convolutions, 2-d and 1-d (on a GPU
     their per-example gradients by one product group by group), of a vision transformer's
     bare parameters (stand-ins on the device; the check of its outputs replays the device's
-    random state) and of a language model's output layer tied to its embedding: the per-example
-    norms of
+    random state), of a language model's output layer tied to its embedding and of opacus'
+    DPLSTM (its cells run once per step): the per-example norms of
     ``torch.func``'s per-example gradients in float64 on the CPU, to float32's accuracy."""
     import torch.nn.functional as F
 
