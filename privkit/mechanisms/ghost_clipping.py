@@ -75,10 +75,9 @@ attention's ``add_bias_kv``), a bare parameter used in a way its stand-in does n
 attention with ``batch_first=False`` (a sequence-first model), BatchNorm in training mode or with
 trainable parameters (it mixes the batch's examples), a convolution, a GroupNorm or an attention
 run twice in one forward, a parameter shared by two layers other than a linear layer tied to an
-embedding, a layer's
-parameter used outside the layer's
-call (an output tied by ``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere: the
-autograd graph is checked for one edge into each parameter), a subclass of a layer above with its
+embedding, a layer's parameter used outside the layer's call (an output tied by
+``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere: the autograd graph is checked for
+one edge into each parameter and call), a subclass of a layer above with its
 own ``forward``, a layer applied to a tensor whose first dimension is not the batch's (a positional
 embedding of ``arange(T)`` broadcast over the batch: expand the positions to ``(B, T)``), 3-d and
 transposed convolutions, an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input
@@ -249,10 +248,10 @@ def _tie(layers: list[_Layer], pid: int, why: str) -> None:
     holders = [
         (layer, k) for layer in layers for k in layer.names if id(getattr(layer.module, k)) == pid
     ]
-    kinds = sorted((type(layer.module).__name__, k) for layer, k in holders)
-    embedding = [layer for layer, _ in holders if isinstance(layer.module, nn.Embedding)]
-    linear = [layer for layer, _ in holders if isinstance(layer.module, nn.Linear)]
-    if kinds != [("Embedding", "weight"), ("Linear", "weight")] or not (embedding and linear):
+    weights = [layer for layer, k in holders if k == "weight"]
+    embedding = [layer for layer in weights if isinstance(layer.module, nn.Embedding)]
+    linear = [layer for layer in weights if isinstance(layer.module, nn.Linear)]
+    if len(holders) != 2 or len(embedding) != 1 or len(linear) != 1:
         raise UnsupportedModelError(why)
     linear[0].tied = embedding[0]
 
@@ -331,11 +330,12 @@ def _forward_backward(
     check = model not in _ROWS_CHECKED and x.shape[0] > 1
     before = ghost_parameters.RandomState(x.device) if bare else None
     owners = [(layer.module, next(iter(layer.names))) for layer in bare]
+    form = _FORMS.get(model, 0)
     try:
         try:
             with (
                 _in_the_open(attention, projected),
-                ghost_parameters.standing_in(owners, x.shape[0]) as stand_ins,
+                ghost_parameters.standing_in(owners, x.shape[0], form) as stand_ins,
             ):
                 for layer, s in zip(bare, stand_ins, strict=True):
                     layer.edges.append(get_gradient_edge(s))
@@ -348,9 +348,9 @@ def _forward_backward(
     except (RuntimeError, ValueError, IndexError, TypeError) as e:
         if before is None:
             raise
-        _refuse_stand_ins(model, x, attention, bare, before, e)
+        _refuse_stand_ins(model, x, attention, bare, before, e, form)
     if before is not None and check:
-        _check_outputs(model, x, attention, logits, before)
+        _check_outputs(model, x, attention, logits, before, bare, form)
     ran = [layer for layer in layers if layer.edges]
     losses = example_losses(logits, slice(None))
     if losses.shape != (x.shape[0],):
@@ -364,7 +364,12 @@ def _forward_backward(
     edges = [edge for layer in ran for edge in layer.edges]
     found = torch.autograd.grad(total, edges, allow_unused=True, retain_graph=check)
     if check:
-        _check_rows(model, losses, edges, found)
+        try:
+            _check_rows(model, losses, edges, found)
+        except UnsupportedModelError:  # a stand-in broadcast against the wrong dimension?
+            if before is not None:
+                _next_form(model, bare, form, before)
+            raise
     grads = iter(found)
     for layer in ran:
         if any(a._version != v for a, v in zip(layer.inputs, layer.versions, strict=True)):
@@ -449,13 +454,16 @@ def _refuse_stand_ins(
     bare: list[_Layer],
     before: ghost_parameters.RandomState,
     error: Exception,
+    form: int,
 ) -> NoReturn:
-    """The forward failed with stand-ins for the bare parameters: the model's own error where its
-    own forward fails too, else UnsupportedModelError, remembered for the model (a parameter used
-    in a way a stand-in does not follow; ``torch.func`` clips it). The random state is put back
-    to where the pass began."""
+    """The forward failed with stand-ins for the bare parameters in ``form``: the model's own error
+    where its own forward fails too; else the next form where one gives a parameter another shape
+    (:class:`_NextForm`), or UnsupportedModelError, remembered for the model (a parameter used in
+    a way no stand-in follows; ``torch.func`` clips it). The random state is put back to where the
+    pass began."""
     before.restore()
     _own_forward(model, x, attention)
+    _next_form(model, bare, form, before)
     before.restore()
     names = ", ".join(name for layer in bare for name in layer.names.values())
     first = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -470,11 +478,15 @@ def _check_outputs(
     attention: list[_Layer],
     logits: torch.Tensor,
     before: ghost_parameters.RandomState,
+    bare: list[_Layer],
+    form: int,
 ) -> None:
-    """Once per model with bare parameters: the forward with their stand-ins gave the model's own
-    outputs (else UnsupportedModelError, remembered for the model)."""
+    """Once per model with bare parameters: the forward with their stand-ins in ``form`` gave the
+    model's own outputs (else the next form, or UnsupportedModelError, remembered for the
+    model)."""
     own = functools.partial(_own_forward, model, x, attention)
     if not ghost_parameters.same_outputs(own, logits, before, ROWS_RTOL):
+        _next_form(model, bare, form, before)
         why = (
             "the forward with per-example stand-ins of its bare parameters gives other outputs "
             "than the model's own"
@@ -482,6 +494,31 @@ def _check_outputs(
         _ROWS_CHECKED[model] = why
         raise UnsupportedModelError(why)
 
+
+class _NextForm(UnsupportedModelError):
+    """The pass is to be taken again with the model's next form of stand-ins."""
+
+
+def _next_form(
+    model: nn.Module, bare: list[_Layer], form: int, before: ghost_parameters.RandomState
+) -> None:
+    """Where a next form of stand-ins gives some bare parameter another shape: remember it for the
+    model, put the random state back to where the pass began, and raise :class:`_NextForm`."""
+    changes = any(
+        ghost_parameters.changes_with_form(getattr(layer.module, k))
+        for layer in bare
+        for k in layer.names
+    )
+    if form + 1 < ghost_parameters.FORMS and changes:
+        _FORMS[model] = form + 1
+        _ROWS_CHECKED.pop(model, None)
+        before.restore()
+        raise _NextForm
+
+
+#: the form of stand-ins (:data:`privkit.mechanisms.ghost_parameters.FORMS`) a model's forward
+#: takes, where not the first
+_FORMS: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
 
 #: models whose layer outputs were checked row by row (:func:`_check_rows`): ``None`` where every
 #: row belongs to one example, else why not (the model is then refused at once; also a model whose
@@ -975,8 +1012,13 @@ def _run(
     why = _ROWS_CHECKED.get(model)
     if why is not None:
         raise UnsupportedModelError(why)
-    layers = _layers(model)
-    _forward_backward(model, x, example_losses, layers)
+    while True:
+        layers = _layers(model)
+        try:
+            _forward_backward(model, x, example_losses, layers)
+            break
+        except _NextForm:  # a pass with fresh layers and the next form of stand-ins
+            continue
     ran = [layer for layer in layers if layer.grad is not None]
     if not norms:
         return layers, None

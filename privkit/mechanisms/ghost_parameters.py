@@ -8,7 +8,9 @@ pass: the module's entry for ``P`` is replaced by ``S``, ``P``'s values repeated
 axis, a leaf tensor of its own (a stride-0 view: no memory). Its shape is ``(B, *P.shape[1:])``
 where ``P``'s first dimension is 1 (the convention of parameters broadcast over the batch, as
 torchvision's and timm's class tokens and position embeddings are), else ``(B, *P.shape)``
-(a layer scale ``(C, 1, 1)`` against ``(B, C, H, W)`` activations).
+(a layer scale ``(C, 1, 1)`` against ``(B, C, H, W)`` activations); where that form fails, the
+second form gives such a parameter ``(B, 1, *P.shape)`` (timm's and DINOv2's layer scale
+``(d,)`` against ``(B, N, d)`` tokens), and the form that passes is kept for the model.
 
 Where the forward uses ``S`` as it used ``P``, broadcast over the batch, example ``i``'s losses
 read row ``i`` of ``S`` alone, so the gradient of the summed per-example losses w.r.t. ``S`` (one
@@ -17,12 +19,14 @@ more output gradient of the one backward pass) holds example ``i``'s gradient of
 per-example affine gradients.
 
 The shapes cannot show that use, so nothing rests on them. A forward that fails with the
-stand-ins (``P`` indexed, reshaped, or passed to torch's functional layers with a shape they
-refuse) refuses the model. The first pass of a model with stand-ins on two or more examples checks
+stand-ins of every form (``P`` indexed, reshaped, or passed to torch's functional layers with a
+shape they refuse) refuses the model. The first pass of a model with stand-ins on two or more examples checks
 that the forward with stand-ins gives the model's own outputs (:func:`same_outputs`, one more
 forward pass, with the random state of dropout replayed), and ghost clipping's row check then
 checks that row ``i`` of each stand-in's gradient belongs to example ``i`` (``P[0]`` or a batch
-mean over ``S`` break it). A model failing either is refused from then on. Torch's own modules
+mean over ``S`` break it; so does a first-form ``(B, d)`` layer scale against ``B`` tokens of
+``B`` examples, which then takes the second form). A model failing either in its last form is
+refused from then on. Torch's own modules
 read their parameters their own ways (an LSTM's flat weights, ``F.prelu``): those not covered by
 ghost clipping are refused rather than given stand-ins, and any use of ``P`` itself during the
 pass is found in the autograd graph.
@@ -36,7 +40,15 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-__all__ = ["RandomState", "may_stand_in", "same_outputs", "stand_in_shape", "standing_in"]
+__all__ = [
+    "FORMS",
+    "RandomState",
+    "changes_with_form",
+    "may_stand_in",
+    "same_outputs",
+    "stand_in_shape",
+    "standing_in",
+]
 
 
 def may_stand_in(module: nn.Module) -> bool:
@@ -46,18 +58,32 @@ def may_stand_in(module: nn.Module) -> bool:
     return not type(module).__module__.startswith("torch.")
 
 
-def stand_in_shape(p: torch.Tensor, b: int) -> tuple[int, ...]:
+#: the stand-in shapes tried for a model, in turn: a parameter without a leading 1 gets a batch
+#: dimension in front (``(C, 1, 1)`` against ``(B, C, H, W)``), then a batch dimension and a unit
+#: one (a timm or DINOv2 layer scale ``(d,)`` against ``(B, N, d)`` tokens)
+FORMS = 2
+
+
+def stand_in_shape(p: torch.Tensor, b: int, form: int = 0) -> tuple[int, ...]:
     """The stand-in's shape for ``b`` examples: ``P``'s leading dimension of 1 taken as the batch's,
-    else a batch dimension in front."""
+    else a batch dimension in front (and, in ``form`` 1, a unit dimension after it)."""
     if p.dim() and p.shape[0] == 1:
         return (b, *p.shape[1:])
-    return (b, *p.shape)
+    return (b, *p.shape) if form == 0 else (b, 1, *p.shape)
+
+
+def changes_with_form(p: torch.Tensor) -> bool:
+    """Whether the forms give ``P`` different stand-in shapes (no leading 1)."""
+    return not (p.dim() and p.shape[0] == 1)
 
 
 @contextmanager
-def standing_in(owners: list[tuple[nn.Module, str]], b: int) -> Iterator[list[torch.Tensor]]:
+def standing_in(
+    owners: list[tuple[nn.Module, str]], b: int, form: int = 0
+) -> Iterator[list[torch.Tensor]]:
     """Within the block, each ``(module, name)`` parameter replaced in its module by its stand-in
-    for ``b`` examples (yielded in order); the parameters are put back however the block ends.
+    for ``b`` examples in ``form`` (yielded in order); the parameters are put back however the
+    block ends.
 
     The stand-in goes into the module's parameter table directly (``Module.__setattr__`` takes
     ``nn.Parameter`` only there), so the module's ``self.name`` reads it."""
@@ -66,7 +92,7 @@ def standing_in(owners: list[tuple[nn.Module, str]], b: int) -> Iterator[list[to
         for module, name in owners:
             p = module._parameters[name]
             assert p is not None  # a trainable parameter (ghost_clipping's _layers)
-            s = p.detach().expand(stand_in_shape(p, b)).requires_grad_()
+            s = p.detach().expand(stand_in_shape(p, b, form)).requires_grad_()
             module._parameters[name] = s  # type: ignore[assignment]  # the pass's stand-in
             put.append((module, name, p))
             stand_ins.append(s)

@@ -160,10 +160,11 @@ def test_dropout_is_replayed_by_the_check_of_the_outputs():
 
 
 def test_stand_in_shapes():
-    assert ghost_parameters.stand_in_shape(torch.zeros(1, 5, 4), 3) == (3, 5, 4)
-    assert ghost_parameters.stand_in_shape(torch.zeros(4, 1, 1), 3) == (3, 4, 1, 1)
-    assert ghost_parameters.stand_in_shape(torch.zeros(4), 3) == (3, 4)
-    assert ghost_parameters.stand_in_shape(torch.zeros(()), 3) == (3,)
+    shape = ghost_parameters.stand_in_shape
+    assert shape(torch.zeros(1, 5, 4), 3) == shape(torch.zeros(1, 5, 4), 3, 1) == (3, 5, 4)
+    assert shape(torch.zeros(4, 1, 1), 3) == (3, 4, 1, 1)
+    assert shape(torch.zeros(4), 3) == (3, 4) and shape(torch.zeros(4), 3, 1) == (3, 1, 4)
+    assert shape(torch.zeros(()), 3) == (3,) and shape(torch.zeros(()), 3, 1) == (3, 1)
 
 
 class FirstRow(nn.Module):
@@ -192,9 +193,10 @@ class Summed(nn.Module):
 
 
 class TokenScaled(nn.Module):
-    """timm's layer scale: ``gamma (d,)`` times ``(B, N, d)`` tokens. Its stand-in ``(B, d)``
-    broadcasts against the tokens only where ``N`` equals ``B``, and then wrongly (token ``n``
-    scaled by example ``n``'s row)."""
+    """timm's and DINOv2's layer scale: ``gamma (d,)`` times ``(B, N, d)`` tokens. Its first
+    stand-in ``(B, d)`` fails against the tokens, or, where ``N`` equals ``B``, broadcasts wrongly
+    (token ``n`` scaled by example ``n``'s row: the row check); the second, ``(B, 1, d)``, is
+    right."""
 
     def __init__(self):
         super().__init__()
@@ -220,16 +222,38 @@ class Listed(nn.Module):
         return self.lin(x) * self.scales[0]
 
 
+class ChannelScaled(nn.Module):
+    """timm ConvNeXt's layer scale, ``gamma (C,)`` reshaped to ``(1, C, 1, 1)``: no stand-in's
+    shape survives the reshape."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+        self.gamma = nn.Parameter(torch.rand(3) + 0.5)
+
+    def forward(self, x):
+        return (self.conv(x) * self.gamma.reshape(1, -1, 1, 1)).mean((2, 3))
+
+
+@pytest.mark.parametrize("tokens", [6, 5], ids=["tokens", "as-many-tokens-as-examples"])
+def test_a_layer_scale_on_tokens_takes_the_second_form(tokens, monkeypatch):
+    """The first form fails (or, with as many tokens as examples, fails the row check), the
+    second is taken and kept for the model."""
+    torch.manual_seed(29)
+    model = TokenScaled()
+    _check(model, torch.randn(5, tokens, 4), torch.randint(0, 3, (5,)), monkeypatch)
+    assert ghost_clipping._FORMS[model.double()] == 1
+
+
 @pytest.mark.parametrize(
     "build, shape, why",
     [
         (Listed, (5, 4), "scale reaches the loss other than through"),
         (FirstRow, (5, 4), "not the batch's examples"),
         (Summed, (5, 4), "other outputs than the model's own"),
-        (TokenScaled, (5, 6, 4), "forward fails with per-example stand-ins of the bare"),
-        (TokenScaled, (5, 5, 4), "not the batch's examples"),
+        (ChannelScaled, (5, 3, 4, 4), "forward fails with per-example stand-ins of the bare"),
     ],
-    ids=["listed", "first-row", "summed", "token-scale", "token-scale-as-long-as-the-batch"],
+    ids=["listed", "first-row", "summed", "channel-scale-reshaped"],
 )
 def test_uses_a_stand_in_does_not_follow_are_refused_and_fall_back(build, shape, why):
     """Each refused by its check, for this step and every later one, and clipped by
