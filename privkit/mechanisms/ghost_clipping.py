@@ -37,7 +37,10 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   the stored input), the bias' ``sum g``: small per-example vectors, formed directly.
 * **Embedding**: ``G_i`` adds ``g_t`` into row ``idx_t``; the rows an example touches are summed
   (tokens repeated within an example add up before the norm) by one ``index_add`` over
-  ``(example, token)`` keys: exact and linear in the tokens.
+  ``(example, token)`` keys: exact and linear in the tokens. Positions shared by the batch
+  (nanoGPT's ``arange(T)``, GPT-2's ``(1, T)`` ids, whose output the model broadcasts over the
+  batch) have the output repeated for each example for the pass (:func:`_per_example`; the
+  first pass checks that the model's outputs do not change, as for bare parameters below).
 * **An output layer tied to the embedding** (``head.weight = emb.weight``, a language model's
   head): the weight's per-example gradient is the embedding's rows ``s_j`` (tokens ``r_j``) plus
   the head's ``sum_t g_t a_t^T``, so its squared norm is the two layers' plus twice
@@ -78,8 +81,8 @@ run twice in one forward, a parameter shared by two layers other than a linear l
 embedding, a layer's parameter used outside the layer's call (an output tied by
 ``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere: the autograd graph is checked for
 one edge into each parameter and call), a subclass of a layer above with its
-own ``forward``, a layer applied to a tensor whose first dimension is not the batch's (a positional
-embedding of ``arange(T)`` broadcast over the batch: expand the positions to ``(B, T)``), 3-d and
+own ``forward``, a layer other than an embedding applied to a tensor whose first dimension is not
+the batch's, 3-d and
 transposed convolutions, an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input
 modified in place after the layer read it (in-place operations on a layer's *output*, such as
 ``ReLU(inplace=True)``, are fine: the output's gradient edge is taken before them). The shapes
@@ -275,6 +278,8 @@ def _forward_backward(
     """One forward pass storing each layer's input and output edge, one backward pass to those
     edges: ``layer.grad`` = gradient of the summed per-example losses w.r.t. the layer's output."""
 
+    expanded: list[_Layer] = []  # embeddings of positions shared by the batch, made per example
+
     def hook(layer: _Layer):
         def store(_module, args, out):
             if layer.inputs and not isinstance(_module, _MERGED):
@@ -286,14 +291,22 @@ def _forward_backward(
                     f"{type(_module).__name__} called without its one positional input"
                 )
             a = args[0]
+            version = a._version
+            if isinstance(_module, nn.Embedding) and (
+                _module in _SHARED_POSITIONS or (a.dim() and a.shape[0] != x.shape[0])
+            ):
+                _SHARED_POSITIONS.add(_module)
+                expanded.append(layer)
+                a, out = _per_example(a, out, x.shape[0])
             if a.shape[:1] != x.shape[:1] or out.shape[:1] != x.shape[:1]:
                 raise UnsupportedModelError(
                     f"{type(_module).__name__} runs on a tensor whose first dimension is not "
                     "the batch's"
                 )
             layer.inputs.append(a.detach())
-            layer.versions.append(a._version)
+            layer.versions.append(version)
             layer.edges.append(get_gradient_edge(out))
+            return out if layer in expanded else None
 
         return store
 
@@ -328,7 +341,7 @@ def _forward_backward(
         if not layer.bare and layer not in attention
     ]
     check = model not in _ROWS_CHECKED and x.shape[0] > 1
-    before = ghost_parameters.RandomState(x.device) if bare else None
+    before = ghost_parameters.RandomState(x.device)  # to replay the pass (a few kB)
     owners = [(layer.module, next(iter(layer.names))) for layer in bare]
     form = _FORMS.get(model, 0)
     try:
@@ -346,10 +359,10 @@ def _forward_backward(
     except UnsupportedModelError:
         raise
     except (RuntimeError, ValueError, IndexError, TypeError) as e:
-        if before is None:
+        if not (bare or expanded):
             raise
-        _refuse_stand_ins(model, x, attention, bare, before, e, form)
-    if before is not None and check:
+        _refuse_stand_ins(model, x, attention, (bare, expanded), before, e, form)
+    if check and (bare or expanded):
         _check_outputs(model, x, attention, logits, before, bare, form)
     ran = [layer for layer in layers if layer.edges]
     losses = example_losses(logits, slice(None))
@@ -367,8 +380,7 @@ def _forward_backward(
         try:
             _check_rows(model, losses, edges, found)
         except UnsupportedModelError:  # a stand-in broadcast against the wrong dimension?
-            if before is not None:
-                _next_form(model, bare, form, before)
+            _next_form(model, bare, form, before)
             raise
     grads = iter(found)
     for layer in ran:
@@ -451,23 +463,27 @@ def _refuse_stand_ins(
     model: nn.Module,
     x: torch.Tensor,
     attention: list[_Layer],
-    bare: list[_Layer],
+    stood_in: tuple[list[_Layer], list[_Layer]],
     before: ghost_parameters.RandomState,
     error: Exception,
     form: int,
 ) -> NoReturn:
-    """The forward failed with stand-ins for the bare parameters in ``form``: the model's own error
-    where its own forward fails too; else the next form where one gives a parameter another shape
-    (:class:`_NextForm`), or UnsupportedModelError, remembered for the model (a parameter used in
-    a way no stand-in follows; ``torch.func`` clips it). The random state is put back to where the
-    pass began."""
+    """The forward failed with stand-ins (``stood_in``: for the bare parameters in ``form``, and
+    for the outputs of embeddings of positions shared by the batch): the model's own error where
+    its own forward fails too; else the next form where one gives a parameter another shape
+    (:class:`_NextForm`), or UnsupportedModelError, remembered for the model (a use no stand-in
+    follows; ``torch.func`` clips it). The random state is put back to where the pass began."""
+    bare, expanded = stood_in
     before.restore()
     _own_forward(model, x, attention)
     _next_form(model, bare, form, before)
     before.restore()
-    names = ", ".join(name for layer in bare for name in layer.names.values())
+    names = ", ".join(
+        [name for layer in bare for name in layer.names.values()]
+        + [f"the positions of {layer.names['weight']}" for layer in expanded if layer.names]
+    )
     first = str(error).splitlines()[0] if str(error) else type(error).__name__
-    why = f"the forward fails with per-example stand-ins of the bare parameters {names} ({first})"
+    why = f"the forward fails with per-example stand-ins of {names} ({first})"
     _ROWS_CHECKED[model] = why
     raise UnsupportedModelError(why) from error
 
@@ -488,11 +504,26 @@ def _check_outputs(
     if not ghost_parameters.same_outputs(own, logits, before, ROWS_RTOL):
         _next_form(model, bare, form, before)
         why = (
-            "the forward with per-example stand-ins of its bare parameters gives other outputs "
-            "than the model's own"
+            "the forward with per-example stand-ins of its bare parameters or shared positions "
+            "gives other outputs than the model's own"
         )
         _ROWS_CHECKED[model] = why
         raise UnsupportedModelError(why)
+
+
+#: embeddings seen on positions shared by the batch (``arange(T)``, ``(1, T)``): taken so at every
+#: pass after, also where ``T`` equals the batch size and the shapes could not tell
+_SHARED_POSITIONS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def _per_example(idx: torch.Tensor, out: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """An embedding's positions shared by the batch and its output, repeated for each of the
+    ``b`` examples (stride-0 views): a leading dimension of 1 taken as the batch's, else one put
+    in front. The model's code broadcast the output over the batch; the repeated output is what
+    that broadcast gives, and its gradient holds each example's rows."""
+    if idx.dim() > 1 and idx.shape[0] == 1:
+        return idx.expand(b, *idx.shape[1:]), out.expand(b, *out.shape[1:])
+    return idx.expand(b, *idx.shape), out.expand(b, *out.shape)
 
 
 class _NextForm(UnsupportedModelError):

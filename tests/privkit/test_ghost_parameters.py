@@ -251,7 +251,7 @@ def test_a_layer_scale_on_tokens_takes_the_second_form(tokens, monkeypatch):
         (Listed, (5, 4), "scale reaches the loss other than through"),
         (FirstRow, (5, 4), "not the batch's examples"),
         (Summed, (5, 4), "other outputs than the model's own"),
-        (ChannelScaled, (5, 3, 4, 4), "forward fails with per-example stand-ins of the bare"),
+        (ChannelScaled, (5, 3, 4, 4), "forward fails with per-example stand-ins of gamma"),
     ],
     ids=["listed", "first-row", "summed", "channel-scale-reshaped"],
 )
