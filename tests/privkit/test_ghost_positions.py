@@ -7,11 +7,13 @@ broadcast gives), so its gradient holds each example's rows. Norms and clipped s
 ``torch.func``'s (float64, every form of ghost clipping's layers), for both forms of positions;
 the embedding is taken so at every later pass, also where the sequence is as long as the batch
 (whose shapes could not tell). A model whose forward fails with the repeated output, or that uses
-it other than broadcast over the batch, is refused and clipped by ``torch.func``.
+it other than broadcast over the batch, is refused and clipped by ``torch.func``. nanoGPT's model as its code writes it (tied head,
+shared positions, causal attention) takes ghost clipping, no fallback.
 """
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from privkit.mechanisms import ghost_clipping
@@ -81,3 +83,58 @@ def test_other_uses_of_shared_positions_are_refused_and_fall_back(build, why):
     with pytest.raises(UnsupportedModelError, match=why):
         ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
     falls_back(model, x, y, why)
+
+
+class CausalBlock(nn.Module):
+    """nanoGPT's block: one ``nn.Linear`` to q, k and v, causal attention, a GELU MLP."""
+
+    def __init__(self, d=8, heads=2):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.c_fc, self.mlp_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.heads = heads
+
+    def forward(self, x):
+        b, t, d = x.shape
+
+        def split(u):
+            return u.view(b, t, self.heads, -1).transpose(1, 2)
+
+        q, k, v = (split(u) for u in self.c_attn(self.ln_1(x)).split(d, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+class NanoGPT(nn.Module):
+    """nanoGPT's model as its code writes it: ``wte.weight = lm_head.weight`` (the head declared
+    first), positions ``arange(T)`` broadcast over the batch."""
+
+    def __init__(self, vocab=13, d=8, length=8):
+        super().__init__()
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(length, d)
+        self.wte.weight = self.lm_head.weight
+        self.h = nn.ModuleList([CausalBlock(d), CausalBlock(d)])
+        self.ln_f = nn.LayerNorm(d)
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def test_nanogpt_takes_ghost_clipping(monkeypatch):
+    """nanoGPT's model through ``DpSgdStep``'s clipping, no fallback: its tied head and its shared
+    positions, at three batch shapes (the second with a sequence as long as the batch)."""
+    from tests.privkit.test_ghost_parameters import takes_ghost_clipping
+    from tests.privkit.test_ghost_tied import _next_token_loss
+
+    torch.manual_seed(52)
+    model = NanoGPT().double()
+    for b, t in ((5, 7), (6, 6), (3, 8)):
+        x, y = torch.randint(0, 13, (b, t)), torch.randint(0, 13, (b, t))
+        with monkeypatch.context() as patched:  # torch.func back for the next reference
+            takes_ghost_clipping(model, x, y, patched, _next_token_loss)
