@@ -53,10 +53,12 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   weight (self-attention: one map to all ``3E`` rows), each taken as a linear layer above; the
   packed weight's per-example gradient is the maps' stacked, so their squared norms add; its
   ``out_proj`` is called as an ``nn.Linear`` layer.
-* **A layer run several times** in one forward pass (a linear layer, an embedding, a LayerNorm or
-  an RMSNorm: an RNN's cells over the time steps, opacus' ``DPLSTM``, a block shared across
-  depth): ``G_i = sum_calls sum_t g_t a_t^T``, so its calls are taken as one call over all of
-  their positions (:func:`_merge_calls`).
+* **A layer run several times** in one forward pass (an RNN's cells over the time steps, opacus'
+  ``DPLSTM``, a block shared across depth): ``G_i = sum_calls sum_t g_t a_t^T``. A linear layer's,
+  an embedding's, a LayerNorm's or an RMSNorm's calls are taken as one call over all of their
+  positions (:func:`_merge_calls`); a convolution's (whose calls may differ in shape) and a
+  GroupNorm's (whose statistics are per call) per-example gradients are formed call by call and
+  summed (:func:`_summed_over_calls`).
 * **Bare parameters** of the model's own modules (a vision transformer's class token and position
   embedding, a layer scale): replaced for the pass by per-example stand-ins, ``P`` repeated along
   a batch axis, whose output gradient holds each example's gradient of ``P`` in its row
@@ -76,9 +78,8 @@ parameter of one of torch's own modules other than the layers above (an LSTM, a 
 attention's ``add_bias_kv``), a bare parameter used in a way its stand-in does not follow
 (indexed, passed to a functional layer, read through another reference),
 attention with ``batch_first=False`` (a sequence-first model), BatchNorm in training mode or with
-trainable parameters (it mixes the batch's examples), a convolution, a GroupNorm or an attention
-run twice in one forward, a parameter shared by two layers other than a linear layer tied to an
-embedding, a layer's parameter used outside the layer's call (an output tied by
+trainable parameters (it mixes the batch's examples), an attention run twice in one forward, a
+parameter shared by two layers other than a linear layer tied to an embedding, a layer's parameter used outside the layer's call (an output tied by
 ``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere: the autograd graph is checked for
 one edge into each parameter and call), a subclass of a layer above with its
 own ``forward``, a layer other than an embedding applied to a tensor whose first dimension is not
@@ -282,10 +283,6 @@ def _forward_backward(
 
     def hook(layer: _Layer):
         def store(_module, args, out):
-            if layer.inputs and not isinstance(_module, _MERGED):
-                raise UnsupportedModelError(
-                    f"{type(_module).__name__} runs twice in one forward pass"
-                )
             if len(args) != 1:  # an input passed by keyword
                 raise UnsupportedModelError(
                     f"{type(_module).__name__} called without its one positional input"
@@ -389,19 +386,50 @@ def _forward_backward(
                 f"the input of {type(layer.module).__name__} was modified in place after it ran"
             )
         layer.grads = [next(grads) for _ in layer.edges]
-        layer.grad = layer.grads[0]
+        layer.grad = next((g for g in layer.grads if g is not None), None)  # None: unused
         if layer.plan and any(g is None for g in layer.grads) and layer.grad is not None:
             raise UnsupportedModelError(
                 "an input projection of MultiheadAttention does not reach the loss"
             )
-        if len(layer.edges) > 1 and not layer.plan:
+        if len(layer.edges) > 1 and not layer.plan and isinstance(layer.module, _MERGED):
             _merge_calls(layer)
 
 
-#: layers that may run several times in one forward pass (a layer shared across depth, an RNN
-#: cell's maps over the time steps): each call's positions are more positions of one call. Not
-#: convolutions (their calls' shapes may differ) nor GroupNorm (its statistics are per call)
+#: layers run several times in one forward pass (a layer shared across depth, an RNN cell's maps
+#: over the time steps) whose calls are merged: each call's positions are more positions of one
+#: call. A convolution's calls may differ in shape and a GroupNorm's statistics are per call:
+#: their per-example gradients are formed call by call and summed (:func:`_summed_over_calls`)
 _MERGED = (nn.Linear, nn.LayerNorm, nn.RMSNorm, nn.Embedding)
+
+
+def _several_calls(layer: _Layer) -> bool:
+    """Whether the layer ran several times and its calls were not merged."""
+    return len(layer.edges) > 1 and not layer.plan and not isinstance(layer.module, _MERGED)
+
+
+def _summed_over_calls(layer: _Layer, b: int) -> None:
+    """A convolution or GroupNorm run several times: ``layer.per_example``, its per-example
+    gradients formed call by call (a convolution's materialised whatever their size: no more
+    than ``torch.func`` would hold for the layer) and summed over the calls whose output reached
+    the loss."""
+    m, names = layer.module, layer.names
+    total: dict[str, torch.Tensor] = {}
+    for a, g in zip(layer.inputs, layer.grads, strict=True):
+        if g is None:
+            continue
+        if isinstance(m, nn.GroupNorm):
+            part = _norm_affine(m, a, g, names)
+        else:
+            part = {}
+            if "weight" in names:
+                conv, a2, g2 = _conv_of(_Layer(m, names, inputs=[a], grad=g))
+                weight = cast(torch.Tensor, m.weight)
+                part["weight"] = _conv_per_example(conv, a2, g2).reshape(b, *weight.shape)
+            if "bias" in names:
+                part["bias"] = g.reshape(b, g.shape[1], -1).sum(2)
+        for k, v in part.items():
+            total[k] = total[k] + v if k in total else v
+    layer.per_example = total
 
 
 def _merge_calls(layer: _Layer) -> None:
@@ -892,6 +920,11 @@ def _sq_norms(layer: _Layer, b: int) -> torch.Tensor:
         return _attention_sq(layer, b)
     if layer.bare:  # the stand-in's gradient rows are the per-example gradients
         return g.reshape(b, -1).pow(2).sum(1)
+    if _several_calls(layer):
+        _summed_over_calls(layer, b)
+        return cast(
+            torch.Tensor, sum(v.reshape(b, -1).pow(2).sum(1) for v in layer.per_example.values())
+        )
     if isinstance(m, nn.Embedding):
         layer.rows = _embedding_rows(layer)
         example, _, summed = layer.rows
@@ -959,6 +992,8 @@ def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
         (k,) = names
         shape = getattr(m, k).shape
         return {k: torch.tensordot(c, g.reshape(g.shape[0], -1), dims=1).reshape(shape)}
+    if _several_calls(layer) and not layer.per_example:  # clipping off: no norms were formed
+        _summed_over_calls(layer, g.shape[0])
     out: dict[str, torch.Tensor] = {}
     for k, v in layer.per_example.items():
         out[k] = torch.tensordot(c, v, dims=1)

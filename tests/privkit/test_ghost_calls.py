@@ -6,12 +6,17 @@ time steps, a block shared across depth as ALBERT's) has the per-example gradien
 clipped sums equal ``torch.func``'s per-example gradients clipped (float64, every form of ghost
 clipping's layers) for an Elman RNN of ``nn.Linear`` cells, a shared block applied three times,
 opacus' ``DPLSTM`` (two bidirectional layers: its cells' ``nn.Linear`` maps over the steps, its
-weights registered under ``nn.LSTM``'s names too), and a call whose output is not used.
-Convolutions and GroupNorm run twice stay refused.
+weights registered under ``nn.LSTM``'s names too), and a call whose output is not used. A
+convolution (2-d, 1-d, grouped) or a GroupNorm run several times has its per-example gradients
+formed call by call and summed (their calls may differ in shape; GroupNorm's statistics are per
+call).
 """
+
+import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from privkit.mechanisms import ghost_clipping
@@ -69,15 +74,37 @@ class Recurrent(nn.Module):
 
 
 class Unused(nn.Module):
-    """A layer called twice, its second output not used."""
+    """A linear layer and a convolution called twice, their first outputs not used."""
 
     def __init__(self):
         super().__init__()
-        self.lin = nn.Linear(4, 3)
+        self.conv = nn.Conv1d(1, 2, 2)
+        self.lin = nn.Linear(6, 3)
 
     def forward(self, x):
-        self.lin(2 * x)
-        return self.lin(x)
+        self.lin(2 * self.conv(2 * x[:, None]).flatten(1))
+        return self.lin(self.conv(x[:, None]).flatten(1))
+
+
+class SharedConvolutions(nn.Module):
+    """A convolution and a GroupNorm applied at two depths (the second call on a smaller map), a
+    1-d convolution twice: their per-example gradients are formed call by call and summed."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.conv, self.norm = nn.Conv2d(4, 4, 3, padding=1), nn.GroupNorm(2, 4)
+        self.conv1d = nn.Conv1d(4, 4, 2, groups=2)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.stem(x)
+        h = h + torch.tanh(self.norm(self.conv(h)))
+        h = F.avg_pool2d(h, 2)
+        h = h + torch.tanh(self.norm(self.conv(h)))
+        s = h.flatten(2)
+        s = torch.tanh(self.conv1d(torch.tanh(self.conv1d(s))))
+        return self.head(s.mean(2))
 
 
 @pytest.mark.parametrize(
@@ -88,30 +115,15 @@ class Unused(nn.Module):
         (Shared, lambda: torch.randn(6, 5, 3)),
         (Recurrent, lambda: torch.randint(0, 7, (6, 4))),
         (Unused, lambda: torch.randn(6, 4)),
+        (SharedConvolutions, lambda: torch.randn(6, 3, 8, 8)),
     ],
-    ids=["rnn", "rnn-rmsnorm", "shared-block", "opacus-dplstm", "unused-call"],
+    ids=["rnn", "rnn-rmsnorm", "shared-block", "opacus-dplstm", "unused-call", "convolutions"],
 )
 def test_layers_run_several_times(build, x, monkeypatch):
     torch.manual_seed(40)
     model, x = build(), x()
     got = _check(model, x, torch.randint(0, 3, (6,)), monkeypatch)
     assert list(got) == [k for k, p in model.named_parameters() if p.requires_grad]
-
-
-class GroupNormTwice(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = nn.GroupNorm(2, 4)
-
-    def forward(self, x):
-        return self.norm(torch.tanh(self.norm(x))).flatten(1)[:, :3]
-
-
-def test_group_norm_run_twice_is_refused():
-    """GroupNorm's statistics are per call: its calls are not merged."""
-    x, y = torch.randn(6, 4, 3), torch.randint(0, 3, (6,))
-    with pytest.raises(UnsupportedModelError, match="GroupNorm runs twice"):
-        ghost_clipping.clipped_sum(GroupNormTwice(), x, _example_losses(y), 1.0)
 
 
 class Aliased(nn.Module):
@@ -131,3 +143,17 @@ def test_an_alias_read_in_the_forward_is_refused():
     x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
     with pytest.raises(UnsupportedModelError, match="other than through its layer"):
         ghost_clipping.clipped_sum(Aliased(), x, _example_losses(y), 1.0)
+
+
+def test_clipping_off_sums_every_call():
+    """With clipping off (no norms formed) the calls' gradients still all add."""
+    from privkit.mechanisms import dp_sgd_step
+    from tests.privkit.test_ghost_clipping import _loss
+
+    torch.manual_seed(41)
+    model = SharedConvolutions().double()
+    x, y = torch.randn(6, 3, 8, 8, dtype=torch.float64), torch.randint(0, 3, (6,))
+    per = dp_sgd_step.per_sample_gradients(model, x, y, _loss)
+    got = ghost_clipping.clipped_sum(model, x, _example_losses(y), math.inf)
+    for k, g in per.items():
+        torch.testing.assert_close(got[k], g.sum(0), rtol=1e-10, atol=1e-12, msg=k)

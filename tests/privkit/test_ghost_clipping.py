@@ -323,17 +323,6 @@ def test_clipping_off_is_the_plain_sum_and_dp_sgd_takes_this_path(monkeypatch):
         torch.testing.assert_close(noisy[k], g.sum(0) / 5, rtol=1e-10, atol=1e-12)
 
 
-class ConvTwice(nn.Module):
-    """A convolution run twice in one forward pass (its calls are not merged)."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(2, 2, 1)
-
-    def forward(self, x):
-        return self.conv(torch.tanh(self.conv(x))).flatten(1)
-
-
 class TiedByFunction(nn.Module):
     """An output layer tied to the embedding by a functional call: no shared module parameter."""
 
@@ -360,7 +349,6 @@ class ScaledLinear(nn.Linear):
             torch.randn(6, 2, 3, 3),
         ),
         (nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.BatchNorm1d(3)), torch.randn(6, 4)),
-        (ConvTwice(), torch.randn(6, 2, 4, 4)),
         (TiedByFunction(), torch.randint(0, 5, (6, 4))),
         (nn.Sequential(ScaledLinear(4, 3)), torch.randn(6, 4)),
         (nn.Sequential(nn.Conv3d(2, 2, 1), nn.Flatten()), torch.randn(6, 2, 1, 1, 1)),
@@ -368,7 +356,6 @@ class ScaledLinear(nn.Linear):
     ids=[
         "batchnorm2d",
         "batchnorm1d",
-        "conv-twice",
         "tied-functional",
         "subclass",
         "conv3d",
