@@ -305,16 +305,24 @@ def test_a_hook_changing_a_layer_output_is_differentiated_through(monkeypatch):
     _check(model, torch.randn(7, 4), torch.randint(0, 3, (7,)), monkeypatch)
 
 
+def clipping_off_is_the_plain_sum(model, x, y, loss=_loss, example_losses=_example_losses):
+    """``clipped_sum`` with ``clip = inf`` is the sum of torch.func's per-example gradients, in
+    ``named_parameters`` order; returns those gradients."""
+    per = dp_sgd_step.per_sample_gradients(model, x, y, loss)
+    got = ghost_clipping.clipped_sum(model, x, example_losses(y), math.inf)
+    assert list(got) == list(per)
+    for k, g in per.items():
+        torch.testing.assert_close(got[k], g.sum(0), rtol=1e-10, atol=1e-12, msg=k)
+    return per
+
+
 def test_clipping_off_is_the_plain_sum_and_dp_sgd_takes_this_path(monkeypatch):
     """``clip = inf`` (an audit's clipping-off mutation) sums the raw gradients; a DP-SGD step of a
     model outside privkit's own layers runs here, not through torch.func."""
     torch.manual_seed(7)
     model = small_resnet().double()
     x, y = torch.randn(5, 3, 8, 8, dtype=torch.float64), torch.randint(0, 3, (5,))
-    per = dp_sgd_step.per_sample_gradients(model, x, y, _loss)
-    got = ghost_clipping.clipped_sum(model, x, _example_losses(y), math.inf)
-    for k, g in per.items():
-        torch.testing.assert_close(got[k], g.sum(0), rtol=1e-10, atol=1e-12)
+    per = clipping_off_is_the_plain_sum(model, x, y)
     monkeypatch.setattr(dp_sgd_step, "per_sample_gradients", None)  # no torch.func fallback
     step = dp_sgd_step.DpSgdStep(0.1, 0.0, 0.5, 10)
     with mutations.mutated(mutations.Mutation(clipping=False)):
