@@ -155,7 +155,7 @@ def _ghost(conv: bool, b: int, t: int, n_in: int, n_out: int) -> bool:
     return 2 * t * t * (n_in + n_out) + t * weights // 2 < t * weights + 8 * weights
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity (``layer in expanded``): its fields hold tensors
 class _Layer:
     """One parametrised layer's trainable parameters and what the pass stored for it."""
 
