@@ -338,7 +338,9 @@ def _forward_backward(
         if not layer.bare and layer not in attention
     ]
     check = model not in _ROWS_CHECKED and x.shape[0] > 1
-    before = ghost_parameters.RandomState(x.device)  # to replay the pass (a few kB)
+    # the random state, to replay the pass, only where something may stand in for it
+    may_stand_in = bare or any(isinstance(layer.module, nn.Embedding) for layer in layers)
+    before = ghost_parameters.RandomState(x.device) if may_stand_in else None
     owners = [(layer.module, next(iter(layer.names))) for layer in bare]
     form = _FORMS.get(model, 0)
     try:
@@ -356,10 +358,10 @@ def _forward_backward(
     except UnsupportedModelError:
         raise
     except (RuntimeError, ValueError, IndexError, TypeError) as e:
-        if not (bare or expanded):
+        if before is None or not (bare or expanded):
             raise
         _refuse_stand_ins(model, x, attention, (bare, expanded), before, e, form)
-    if check and (bare or expanded):
+    if check and before is not None and (bare or expanded):
         _check_outputs(model, x, attention, logits, before, bare, form)
     ran = [layer for layer in layers if layer.edges]
     losses = example_losses(logits, slice(None))
@@ -377,7 +379,8 @@ def _forward_backward(
         try:
             _check_rows(model, losses, edges, found)
         except UnsupportedModelError:  # a stand-in broadcast against the wrong dimension?
-            _next_form(model, bare, form, before)
+            if before is not None:
+                _next_form(model, bare, form, before)
             raise
     grads = iter(found)
     for layer in ran:
@@ -422,7 +425,7 @@ def _summed_over_calls(layer: _Layer, b: int) -> None:
         else:
             part = {}
             if "weight" in names:
-                conv, a2, g2 = _conv_of(_Layer(m, names, inputs=[a], grad=g))
+                conv, a2, g2 = _conv_of(m, a, g)
                 weight = cast(torch.Tensor, m.weight)
                 part["weight"] = _conv_per_example(conv, a2, g2).reshape(b, *weight.shape)
             if "bias" in names:
@@ -677,9 +680,10 @@ class _Conv:
     weight_shape: tuple[int, int, int, int]  # (out, in / groups, kh, kw)
 
 
-def _conv_of(layer: _Layer) -> tuple[_Conv, torch.Tensor, torch.Tensor]:
-    """The layer's convolution geometry, input and output gradient, in two dimensions."""
-    m, a, g = layer.module, layer.inputs[0], cast(torch.Tensor, layer.grad)
+def _conv_of(
+    m: nn.Module, a: torch.Tensor, g: torch.Tensor
+) -> tuple[_Conv, torch.Tensor, torch.Tensor]:
+    """A convolution's geometry, input ``a`` and output gradient ``g``, in two dimensions."""
     if isinstance(m, nn.Conv1d):
         geometry = _Conv(
             (1, m.kernel_size[0]),
@@ -771,7 +775,7 @@ def _weight_sq(layer: _Layer) -> torch.Tensor:
     b = a.shape[0]
     if isinstance(m, nn.Linear):
         return _linear_weight_sq(a, g, layer.per_example, "weight")
-    conv, a, g = _conv_of(layer)
+    conv, a, g = _conv_of(m, a, g)
     t, n_out = g.shape[2] * g.shape[3], g.shape[1]
     n_in = conv.weight_shape[1] * conv.kernel_size[0] * conv.kernel_size[1]
     # a grouped convolution's gradients are materialised (its Gram matrices would be per group;
@@ -1051,7 +1055,7 @@ def _linear_clipped_by_input(
 def _conv_weight_grad(layer: _Layer, cg: torch.Tensor) -> torch.Tensor:
     """A convolution's weight gradient for output gradients ``cg``, as plain training forms it
     (in two dimensions: a Conv1d's with a unit height)."""
-    m, a, _ = _conv_of(layer)
+    m, a, _ = _conv_of(layer.module, layer.inputs[0], cg)
     a, padding = _padded(m, a)
     return torch.ops.aten.convolution_backward(
         cg.unsqueeze(2) if cg.dim() == 3 else cg,

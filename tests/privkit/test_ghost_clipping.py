@@ -171,9 +171,8 @@ def test_unfolded_input_is_f_unfold(conv, size, channels_last, monkeypatch):
     a = torch.randn(5, conv.in_channels, size, size)
     if channels_last:
         a = a.contiguous(memory_format=torch.channels_last)
-    layer = ghost_clipping._Layer(conv, {"weight": "weight"}, inputs=[a], grad=conv(a))
     monkeypatch.setattr(ghost_clipping, "_offsets_on", lambda device: True)
-    geometry = ghost_clipping._conv_of(layer)
+    geometry = ghost_clipping._conv_of(conv, a, conv(a))
     got = ghost_clipping._unfolded(*geometry)
     padded, padding = ghost_clipping._padded(geometry[0], a)
     want = F.unfold(padded, conv.kernel_size, conv.dilation, padding, conv.stride)

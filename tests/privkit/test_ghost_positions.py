@@ -11,14 +11,19 @@ it other than broadcast over the batch, is refused and clipped by ``torch.func``
 shared positions, causal attention) takes ghost clipping, no fallback.
 """
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from privkit.mechanisms import ghost_clipping
 from privkit.mechanisms.stacked import UnsupportedModelError
 from tests.privkit.test_ghost_clipping import _check, _example_losses, falls_back
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from dpsgd_step import CausalBlock
 
 
 class Positions(nn.Module):
@@ -85,28 +90,6 @@ def test_other_uses_of_shared_positions_are_refused_and_fall_back(build, why):
     falls_back(model, x, y, why)
 
 
-class CausalBlock(nn.Module):
-    """nanoGPT's block: one ``nn.Linear`` to q, k and v, causal attention, a GELU MLP."""
-
-    def __init__(self, d=8, heads=2):
-        super().__init__()
-        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.c_fc, self.mlp_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.heads = heads
-
-    def forward(self, x):
-        b, t, d = x.shape
-
-        def split(u):
-            return u.view(b, t, self.heads, -1).transpose(1, 2)
-
-        q, k, v = (split(u) for u in self.c_attn(self.ln_1(x)).split(d, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.c_proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
-
-
 class NanoGPT(nn.Module):
     """nanoGPT's model as its code writes it: ``wte.weight = lm_head.weight`` (the head declared
     first), positions ``arange(T)`` broadcast over the batch."""
@@ -116,7 +99,7 @@ class NanoGPT(nn.Module):
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(length, d)
         self.wte.weight = self.lm_head.weight
-        self.h = nn.ModuleList([CausalBlock(d), CausalBlock(d)])
+        self.h = nn.ModuleList([CausalBlock(d, 2), CausalBlock(d, 2)])
         self.ln_f = nn.LayerNorm(d)
 
     def forward(self, idx):

@@ -72,11 +72,10 @@ def test_unfolded_convolution_input_on_the_device_is_f_unfold():
     from privkit.mechanisms import ghost_clipping
 
     torch.manual_seed(0)
-    conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+    conv = nn.Conv2d(3, 4, 3, stride=2, padding=1).to(DEVICE)
     a = torch.randn(6, 3, 9, 9)
-    layer = ghost_clipping._Layer(conv, {"weight": "weight"}, inputs=[a.to(DEVICE)])
-    layer.grad = conv.to(DEVICE)(a.to(DEVICE)).detach()
-    got = ghost_clipping._unfolded(*ghost_clipping._conv_of(layer))
+    on = a.to(DEVICE)
+    got = ghost_clipping._unfolded(*ghost_clipping._conv_of(conv, on, conv(on).detach()))
     if DEVICE == "cpu":  # the CPU keeps the offset-by-offset form
         assert got is None
         return
