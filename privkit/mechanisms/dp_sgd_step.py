@@ -11,8 +11,9 @@ The step is exactly what the subsampled-Gaussian accountant assumes
    layer's inputs and output gradients (:func:`privkit.mechanisms.stacked.clipped_sum_one`; no
    per-record weight gradients of linear layers are formed), for other models of linear, 1-d
    and 2-d convolution, GroupNorm/LayerNorm/RMSNorm, embedding and batch-first
-   ``nn.MultiheadAttention`` layers (a layer run several times, an RNN's cells, included), bare
-   parameters of the model's own modules (a vision transformer's class token) and an output
+   ``nn.MultiheadAttention`` layers (a layer run several times, an RNN's cells, included), linear
+   layers of the model's own (HF's ``Conv1D`` in GPT-2), bare parameters of the model's own
+   modules (a vision transformer's class token) and an output
    layer tied to the embedding, by book-keeping ghost clipping
    (:mod:`privkit.mechanisms.ghost_clipping`: one forward and one backward pass), for any other
    model from ``torch.func`` (``vmap(grad(loss))``); they agree up to float rounding (tested).
@@ -154,8 +155,8 @@ def clipped_gradient_sum(
 
     privkit's own models take the stacked layers (:func:`privkit.mechanisms.stacked.clipped_sum_one`),
     any other model of linear, 1-d and 2-d convolution, GroupNorm/LayerNorm/RMSNorm, embedding
-    and batch-first ``nn.MultiheadAttention`` layers (and bare parameters of its own modules)
-    book-keeping ghost clipping
+    and batch-first ``nn.MultiheadAttention`` layers (and linear layers and bare parameters of
+    its own modules) book-keeping ghost clipping
     (:mod:`privkit.mechanisms.ghost_clipping`), anything else ``torch.func`` per-example
     gradients; all three agree up to float rounding (tested).
 

@@ -23,6 +23,11 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   per-example gradients would not fit (beyond :data:`MATERIALISE_LIMIT` elements: ResNet-18's
   256- and 512-channel convolutions at batch 256); the choice weighs both (``_ghost``). Bias:
   ``sum_t g_t``.
+* **A linear layer of the model's own** (HF transformers' ``Conv1D``, GPT-2's maps, whose weight
+  is stored ``(in, out)``; a hand-written layer over ``F.linear``): a module of the model's own code
+  with a 2-d ``weight`` and a bias is taken as a linear layer in the layout its first call's
+  weight gradient shows (:mod:`privkit.mechanisms.ghost_affine`), else its parameters stand in
+  as bare ones (below).
 * **Conv2d** is a linear map of the input patches (``in k^2`` values at each of ``T`` output
   positions), so the same two choices apply: materialised, the per-example weight gradients come
   from one grouped convolution's weight gradient with the batch as the groups (the kernel plain
@@ -109,7 +114,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
-from privkit.mechanisms import ghost_attention, ghost_parameters
+from privkit.mechanisms import ghost_affine, ghost_attention, ghost_parameters
 from privkit.mechanisms.stacked import UnsupportedModelError
 
 __all__ = ["MATERIALISE_LIMIT", "SUPPORTED", "clipped_sum", "per_example_norms"]
@@ -175,6 +180,19 @@ class _Layer:
     # a linear layer's: the embedding layer whose weight its weight is (an output layer tied to
     # the input embedding), whose per-example gradients add to its own
     tied: _Layer | None = None
+    # a linear layer of the model's own (HF's Conv1D): privkit.mechanisms.ghost_affine
+    affine: bool = False
+
+
+def _linear(layer: _Layer) -> bool:
+    """Whether the layer is a linear map ``a W + b``: an ``nn.Linear`` or one of the model's own."""
+    return layer.affine or isinstance(layer.module, nn.Linear)
+
+
+def _as_stored(layer: _Layer, w: torch.Tensor) -> torch.Tensor:
+    """A linear layer's weight gradient(s) ``(..., out, in)`` in the layout its weight is
+    stored in (``(in, out)`` for HF's Conv1D)."""
+    return w.mT if layer.affine and ghost_affine.verified(layer.module) else w
 
 
 def _layers(model: nn.Module) -> list[_Layer]:
@@ -198,6 +216,9 @@ def _layers(model: nn.Module) -> list[_Layer]:
                 layers.append(_attention_layer(prefix, module, full))
             continue
         if not own:
+            continue
+        if not isinstance(module, SUPPORTED) and ghost_affine.may_be_affine(module):
+            layers.append(_Layer(module, full, affine=True))  # verified on its first call
             continue
         if not isinstance(module, SUPPORTED) and ghost_parameters.may_stand_in(module):
             # a model's own module reading its parameters in its forward (a class token)
@@ -300,6 +321,8 @@ def _forward_backward(
                     f"{type(_module).__name__} runs on a tensor whose first dimension is not "
                     "the batch's"
                 )
+            if layer.affine and ghost_affine.verified(_module) is None:
+                _verify_affine(_module, a, out, cast(ghost_parameters.RandomState, before))
             layer.inputs.append(a.detach())
             layer.versions.append(version)
             layer.edges.append(get_gradient_edge(out))
@@ -338,8 +361,13 @@ def _forward_backward(
         if not layer.bare and layer not in attention
     ]
     check = model not in _ROWS_CHECKED and x.shape[0] > 1
-    # the random state, to replay the pass, only where something may stand in for it
-    may_stand_in = bare or any(isinstance(layer.module, nn.Embedding) for layer in layers)
+    # the random state, to replay the pass, only where something may stand in for it (or a
+    # linear layer of the model's own found otherwise on its first call takes the pass again)
+    may_stand_in = bare or any(
+        isinstance(layer.module, nn.Embedding)
+        or (layer.affine and ghost_affine.verified(layer.module) is None)
+        for layer in layers
+    )
     before = ghost_parameters.RandomState(x.device) if may_stand_in else None
     owners = [(layer.module, next(iter(layer.names))) for layer in bare]
     form = _FORMS.get(model, 0)
@@ -394,7 +422,11 @@ def _forward_backward(
             raise UnsupportedModelError(
                 "an input projection of MultiheadAttention does not reach the loss"
             )
-        if len(layer.edges) > 1 and not layer.plan and isinstance(layer.module, _MERGED):
+        if (
+            len(layer.edges) > 1
+            and not layer.plan
+            and (layer.affine or isinstance(layer.module, _MERGED))
+        ):
             _merge_calls(layer)
 
 
@@ -407,7 +439,12 @@ _MERGED = (nn.Linear, nn.LayerNorm, nn.RMSNorm, nn.Embedding)
 
 def _several_calls(layer: _Layer) -> bool:
     """Whether the layer ran several times and its calls were not merged."""
-    return len(layer.edges) > 1 and not layer.plan and not isinstance(layer.module, _MERGED)
+    return (
+        len(layer.edges) > 1
+        and not layer.plan
+        and not layer.affine
+        and not isinstance(layer.module, _MERGED)
+    )
 
 
 def _summed_over_calls(layer: _Layer, b: int) -> None:
@@ -625,6 +662,20 @@ def _check_rows(
     _ROWS_CHECKED[model] = None
 
 
+def _verify_affine(
+    module: nn.Module, a: torch.Tensor, out: torch.Tensor, before: ghost_parameters.RandomState
+) -> None:
+    """The first call of a linear layer of the model's own: its layout
+    (:func:`privkit.mechanisms.ghost_affine.layout`); where it shows none, the random state is put
+    back to where the pass began and the pass is taken again (:class:`_NextForm`), the module's
+    parameters then standing in as bare ones."""
+    try:
+        ghost_affine.layout(module, a, out, max(ROWS_RTOL, 8 * torch.finfo(out.dtype).eps))
+    except ghost_affine.NotAffine:
+        before.restore()
+        raise _NextForm from None
+
+
 def _check_parameter_uses(total: torch.Tensor, layers: list[_Layer]) -> None:
     """UnsupportedModelError unless every trainable parameter reaches the loss only through its
     own layer's one call: the autograd graph has one edge into each parameter of a layer that ran
@@ -773,8 +824,11 @@ def _weight_sq(layer: _Layer) -> torch.Tensor:
     gradients (kept for the clipped sum), whichever costs less for the shapes."""
     m, a, g = layer.module, layer.inputs[0], cast(torch.Tensor, layer.grad)
     b = a.shape[0]
-    if isinstance(m, nn.Linear):
-        return _linear_weight_sq(a, g, layer.per_example, "weight")
+    if _linear(layer):
+        sq = _linear_weight_sq(a, g, layer.per_example, "weight")
+        if "weight" in layer.per_example:
+            layer.per_example["weight"] = _as_stored(layer, layer.per_example["weight"])
+        return sq
     conv, a, g = _conv_of(m, a, g)
     t, n_out = g.shape[2] * g.shape[3], g.shape[1]
     n_in = conv.weight_shape[1] * conv.kernel_size[0] * conv.kernel_size[1]
@@ -940,7 +994,7 @@ def _sq_norms(layer: _Layer, b: int) -> torch.Tensor:
         return cast(torch.Tensor, sum(parts))
     sq: torch.Tensor | int = _weight_sq(layer) if "weight" in names else 0
     if "bias" in names:
-        if isinstance(m, nn.Linear):
+        if _linear(layer):
             bias = g.reshape(b, -1, g.shape[-1]).sum(1)
         else:
             bias = g.reshape(b, g.shape[1], -1).sum(2)
@@ -1009,8 +1063,11 @@ def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
     missing = [k for k in names if k not in out]
     if not missing:
         return out
-    if isinstance(m, nn.Linear) and layer.inputs[0].numel() < g.numel():
-        return out | _linear_clipped_by_input(layer.inputs[0], g, c, missing)
+    if _linear(layer) and layer.inputs[0].numel() < g.numel():
+        by_input = _linear_clipped_by_input(layer.inputs[0], g, c, missing)
+        if "weight" in by_input:
+            by_input["weight"] = _as_stored(layer, by_input["weight"])
+        return out | by_input
     cg = g * c.view(-1, *([1] * (g.dim() - 1)))
     if isinstance(m, nn.Embedding):  # clipping off: no norms were formed
         flat = layer.inputs[0].flatten()
@@ -1024,8 +1081,8 @@ def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
         per = _norm_affine(m, layer.inputs[0], cg, missing)
         return out | {k: v.sum(0) for k, v in per.items()}
     if "weight" in missing:
-        if isinstance(m, nn.Linear):
-            w = _linear_weight_sum(layer.inputs[0], cg)
+        if _linear(layer):
+            w = _as_stored(layer, _linear_weight_sum(layer.inputs[0], cg))
         else:
             w = _conv_weight_grad(layer, cg)
         out["weight"] = w.reshape(cast(torch.Tensor, m.weight).shape)
