@@ -30,7 +30,10 @@ included: opacus trains it as its ``ModuleValidator.fix`` replaces the attention
 patches of 32x32x3 images, a class token and a position embedding as bare parameters, two such
 encoder layers, 0.41M parameters, batch 64); ``lm`` (nanoGPT in small: vocab 5000, width 128, two
 causal blocks, 64 tokens, its output layer tied to the token embedding as GPT-2's, each example's
-loss the mean next-token cross-entropy of its sequence; 1.05M parameters, batch 32); ``lstm``
+loss the mean next-token cross-entropy of its sequence; 1.05M parameters, batch 32); ``gpt2``
+(HF transformers' ``GPT2LMHeadModel`` at ``lm``'s size, no pretrained weights: its attention and
+MLP maps are ``Conv1D`` layers, a linear map with its weight stored ``(in, out)``; 1.06M
+parameters, batch 32); ``lstm``
 (a text classifier on opacus' ``DPLSTM``, whose cells' ``nn.Linear`` maps run once per time
 step: vocab 1000, width 64, hidden 128, 32 tokens, 0.16M parameters, batch 64); with ``--big``
 ``resnet18`` (ResNet-18 with GroupNorm, 11.2M parameters, 32x32x3 inputs, batch 256: about a
@@ -51,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import os
 import platform
@@ -249,6 +253,33 @@ class LSTMClassifier(nn.Module):
         return self.head(self.lstm(self.emb(idx))[0][:, -1])
 
 
+class HfLogits(nn.Module):
+    """A HF transformers model called on token ids, its logits out. Its position ids are passed
+    per example, ``(B, T)``: opacus' hooks take no ``(1, T)`` positions (privkit takes either)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device).expand(idx.shape[0], -1)
+        return self.model(input_ids=idx, position_ids=pos).logits
+
+
+def gpt2(vocab=5000, d=128, heads=4, layers=2) -> nn.Module:
+    """HF transformers' GPT-2 (``GPT2LMHeadModel``, no pretrained weights) at the size of ``lm``:
+    its maps are ``Conv1D`` layers, its head is tied to the token embedding, its positions are
+    ``(1, T)`` ids; no dropout (as ``lm``)."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.GPT2Config(
+        vocab_size=vocab, n_positions=64, n_embd=d, n_layer=layers, n_head=heads,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    return HfLogits(transformers.GPT2LMHeadModel(config))
+
+
 def build(name: str) -> tuple[nn.Module, str, int]:
     """The model, a description, and its batch size."""
     if name == "resnet18":
@@ -300,12 +331,19 @@ def build(name: str) -> tuple[nn.Module, str, int]:
             "layer tied to the token embedding, next-token loss on every position",
             32,
         )
+    if name == "gpt2":
+        return (
+            gpt2(),
+            "HF transformers' GPT2LMHeadModel: vocab 5000, d 128, 4 heads, 2 layers, 64 tokens, "
+            "Conv1D maps, head tied to the token embedding, next-token loss on every position",
+            32,
+        )
     raise ValueError(name)
 
 
 def batch(name: str, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    if name == "lm":  # a sequence and its next tokens
+    if name in ("lm", "gpt2"):  # a sequence and its next tokens
         tokens = torch.randint(0, 5000, (size, 65), generator=g)
         return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
     if name in ("transformer", "encoder", "encoder_large", "lstm"):  # tokens; else images
@@ -458,6 +496,14 @@ def measure(name: str, device: torch.device, repeats: int) -> dict:
     }
 
 
+#: the library a model needs besides torch and opacus
+NEEDS = {"gpt2": "transformers"}
+
+
+def _importable(module: str | None) -> bool:
+    return module is None or importlib.util.find_spec(module) is not None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
@@ -479,11 +525,13 @@ def main() -> None:
     else:
         torch.backends.cudnn.benchmark = False  # Poisson batch sizes vary in training
     big = ["resnet18", "encoder_large", "vit_large"] if args.big else []
-    names = ["resnet_small", "transformer", "encoder", "vit", "lm", "lstm", *big]
+    names = ["resnet_small", "transformer", "encoder", "vit", "lm", "gpt2", "lstm", *big]
     if args.models:
         names = args.models.split(",")
+    # a model whose library is not installed (a GPU machine without transformers) is left out
+    left_out = {n: f"{NEEDS[n]} is not installed" for n in names if not _importable(NEEDS.get(n))}
     start = time.perf_counter()
-    results = {name: measure(name, device, args.repeats) for name in names}
+    results = {name: measure(name, device, args.repeats) for name in names if name not in left_out}
     import opacus
 
     res = {
@@ -504,6 +552,7 @@ def main() -> None:
             "load_average": list(os.getloadavg()),
         },
         "models": results,
+        "left_out": left_out,
         "wall_s": time.perf_counter() - start,
     }
     if args.json:
@@ -519,6 +568,8 @@ def main() -> None:
             )
         for v, why in r["unavailable"].items():
             print(f"  {v:15s} unavailable: {why}")
+    for name, why in left_out.items():
+        print(f"{name}: left out ({why})")
 
 
 if __name__ == "__main__":

@@ -824,11 +824,8 @@ def _weight_sq(layer: _Layer) -> torch.Tensor:
     gradients (kept for the clipped sum), whichever costs less for the shapes."""
     m, a, g = layer.module, layer.inputs[0], cast(torch.Tensor, layer.grad)
     b = a.shape[0]
-    if _linear(layer):
-        sq = _linear_weight_sq(a, g, layer.per_example, "weight")
-        if "weight" in layer.per_example:
-            layer.per_example["weight"] = _as_stored(layer, layer.per_example["weight"])
-        return sq
+    if _linear(layer):  # materialised ``(B, out, in)``, whatever the layout the weight is stored in
+        return _linear_weight_sq(a, g, layer.per_example, "weight")
     conv, a, g = _conv_of(m, a, g)
     t, n_out = g.shape[2] * g.shape[3], g.shape[1]
     n_in = conv.weight_shape[1] * conv.kernel_size[0] * conv.kernel_size[1]
@@ -1055,6 +1052,8 @@ def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for k, v in layer.per_example.items():
         out[k] = torch.tensordot(c, v, dims=1)
+    if layer.affine and "weight" in out:  # summed first: the transpose of one weight, not B
+        out["weight"] = _as_stored(layer, out["weight"])
     if isinstance(m, nn.Embedding) and layer.rows is not None:
         example, token, summed = layer.rows
         weighted = summed * c[example, None]

@@ -123,6 +123,12 @@ def _recurrent():
     return Recurrent(), torch.randint(0, 7, (6, 4)), 3
 
 
+def _gpt2():
+    from tests.privkit.test_ghost_transformers import Logits, V, gpt2  # skips without transformers
+
+    return Logits(gpt2(), last=True).eval(), torch.randint(0, V, (6, 8)), V
+
+
 @pytest.mark.parametrize(
     "build",
     [
@@ -131,16 +137,18 @@ def _recurrent():
         _vision_transformer,
         _tied_language_model,
         _recurrent,
+        _gpt2,
     ],
-    ids=["attention", "grouped-conv", "vision-transformer", "tied-head", "dplstm"],
+    ids=["attention", "grouped-conv", "vision-transformer", "tied-head", "dplstm", "gpt2"],
 )
 def test_ghost_clipping_norms_on_the_device_are_torch_funcs(build):
     """Ghost clipping on the device of torch's transformer layer (``nn.MultiheadAttention`` with
     its linear maps in the open), of grouped and depthwise convolutions, 2-d and 1-d (on a GPU
     their per-example gradients by one product group by group), of a vision transformer's
     bare parameters (stand-ins on the device; the check of its outputs replays the device's
-    random state), of a language model's output layer tied to its embedding and of opacus'
-    DPLSTM (its cells run once per step): the per-example norms of
+    random state), of a language model's output layer tied to its embedding, of opacus'
+    DPLSTM (its cells run once per step) and of HF's GPT-2 (its Conv1D layers' layout checked
+    on the device): the per-example norms of
     ``torch.func``'s per-example gradients in float64 on the CPU, to float32's accuracy."""
     import torch.nn.functional as F
 
