@@ -12,8 +12,9 @@ The step is exactly what the subsampled-Gaussian accountant assumes
    per-record weight gradients of linear layers are formed), for other models of linear, 1-d
    and 2-d convolution, GroupNorm/LayerNorm/RMSNorm, embedding and batch-first
    ``nn.MultiheadAttention`` layers (a layer run several times, an RNN's cells, included), linear
-   layers of the model's own (HF's ``Conv1D`` in GPT-2), bare parameters of the model's own
-   modules (a vision transformer's class token) and an output
+   layers of the model's own (HF's ``Conv1D`` in GPT-2), embedding subclasses (HF's scaled word
+   embeddings), bare parameters of the model's own modules (a vision transformer's class token)
+   and an output
    layer tied to the embedding, by book-keeping ghost clipping
    (:mod:`privkit.mechanisms.ghost_clipping`: one forward and one backward pass), for any other
    model from ``torch.func`` (``vmap(grad(loss))``); they agree up to float rounding (tested).

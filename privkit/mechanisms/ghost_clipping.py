@@ -23,6 +23,9 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   per-example gradients would not fit (beyond :data:`MATERIALISE_LIMIT` elements: ResNet-18's
   256- and 512-channel convolutions at batch 256); the choice weighs both (``_ghost``). Bias:
   ``sum_t g_t``.
+* **Rows that flatten the batch**: a linear layer, LayerNorm or RMSNorm on ``(B k, ...)`` rows
+  (OPT's MLP on ``(B T, d)``) is taken on ``(B, k, ...)``; the row check shows the rows to be
+  example-major on the first pass.
 * **A linear layer of the model's own** (HF transformers' ``Conv1D``, GPT-2's maps, whose weight
   is stored ``(in, out)``; a hand-written layer over ``F.linear``): a module of the model's own code
   with a 2-d ``weight`` and a bias is taken as a linear layer in the layout its first call's
@@ -46,6 +49,10 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   (nanoGPT's ``arange(T)``, GPT-2's ``(1, T)`` ids, whose output the model broadcasts over the
   batch) have the output repeated for each example for the pass (:func:`_per_example`; the
   first pass checks that the model's outputs do not change, as for bare parameters below).
+  Embeddings of one table (T5's and BART's encoder and decoder) are one layer called by each. A
+  subclass with a forward of its own (HF's scaled word embeddings, OPT's offset positions) is
+  seen by its table's ``F.embedding`` lookups, not by its module's call
+  (:mod:`privkit.mechanisms.ghost_lookups`).
 * **An output layer tied to the embedding** (``head.weight = emb.weight``, a language model's
   head): the weight's per-example gradient is the embedding's rows ``s_j`` (tokens ``r_j``) plus
   the head's ``sum_t g_t a_t^T``, so its squared norm is the two layers' plus twice
@@ -84,11 +91,11 @@ attention's ``add_bias_kv``), a bare parameter used in a way its stand-in does n
 (indexed, passed to a functional layer, read through another reference),
 attention with ``batch_first=False`` (a sequence-first model), BatchNorm in training mode or with
 trainable parameters (it mixes the batch's examples), an attention run twice in one forward, a
-parameter shared by two layers other than a linear layer tied to an embedding, a layer's parameter used outside the layer's call (an output tied by
+parameter shared by layers other than embeddings of one table and a linear layer tied to it, a layer's parameter used outside the layer's call (an output tied by
 ``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere: the autograd graph is checked for
-one edge into each parameter and call), a subclass of a layer above with its
-own ``forward``, a layer other than an embedding applied to a tensor whose first dimension is not
-the batch's, 3-d and
+one edge into each parameter and call), a subclass of a layer above (other than an embedding)
+with its own ``forward``, a layer applied to a tensor whose first dimension is not the batch's
+(nor, for a position-wise layer, a multiple of it), 3-d and
 transposed convolutions, an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input
 modified in place after the layer read it (in-place operations on a layer's *output*, such as
 ``ReLU(inplace=True)``, are fine: the output's gradient edge is taken before them). The shapes
@@ -105,7 +112,7 @@ import functools
 import math
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import NoReturn, cast
 
@@ -114,7 +121,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
-from privkit.mechanisms import ghost_affine, ghost_attention, ghost_parameters
+from privkit.mechanisms import ghost_affine, ghost_attention, ghost_lookups, ghost_parameters
 from privkit.mechanisms.stacked import UnsupportedModelError
 
 __all__ = ["MATERIALISE_LIMIT", "SUPPORTED", "clipped_sum", "per_example_norms"]
@@ -182,6 +189,8 @@ class _Layer:
     tied: _Layer | None = None
     # a linear layer of the model's own (HF's Conv1D): privkit.mechanisms.ghost_affine
     affine: bool = False
+    # an embedding's: the other embeddings of its table, whose calls are its calls
+    also: list[nn.Module] = field(default_factory=list)
 
 
 def _linear(layer: _Layer) -> bool:
@@ -230,7 +239,9 @@ def _layers(model: nn.Module) -> list[_Layer]:
                 "are not covered by ghost clipping"
             )
         base = next(t for t in SUPPORTED if isinstance(module, t))
-        if type(module).forward is not base.forward or (
+        if (
+            type(module).forward is not base.forward and not ghost_lookups.overrides_forward(module)
+        ) or (
             isinstance(module, (nn.Conv1d, nn.Conv2d))
             and type(module)._conv_forward
             is not (nn.Conv1d if isinstance(module, nn.Conv1d) else nn.Conv2d)._conv_forward
@@ -256,8 +267,15 @@ def _layers(model: nn.Module) -> list[_Layer]:
             layers = [layer for layer in layers if not (layer.bare and layer in holders)]
             holders = [layer for layer in holders if not layer.bare]
         if len(holders) > 1:
-            _tie(holders, pid, f"parameter {name} is shared with {owners[pid]}")
+            layers = _tie(layers, holders, pid, f"parameter {name} is shared with {owners[pid]}")
     return layers
+
+
+def _by_lookups(layer: _Layer) -> bool:
+    """Whether an embedding layer is seen by its table's lookups
+    (:mod:`privkit.mechanisms.ghost_lookups`) rather than by its modules' calls: where one of
+    its modules is a subclass with a forward of its own (HF's scaled word embeddings)."""
+    return any(ghost_lookups.overrides_forward(m) for m in (layer.module, *layer.also))
 
 
 def _parameter_ids(layer: _Layer) -> set[int]:
@@ -265,20 +283,29 @@ def _parameter_ids(layer: _Layer) -> set[int]:
     return {id(getattr(layer.module, k)) for k in layer.names}
 
 
-def _tie(layers: list[_Layer], pid: int, why: str) -> None:
-    """A parameter shared by the ``layers``: an output linear layer's weight tied to an input
-    embedding's (``head.weight = emb.weight``, GPT-2's and BERT's language-model heads) is linked
-    (``tied``; its per-example gradient is the two layers' summed); any other sharing is refused
-    (``why``)."""
-    holders = [
-        (layer, k) for layer in layers for k in layer.names if id(getattr(layer.module, k)) == pid
+def _tie(layers: list[_Layer], holders: list[_Layer], pid: int, why: str) -> list[_Layer]:
+    """``layers`` with a weight shared by the ``holders`` as one parameter: embeddings of one
+    table (T5's encoder and decoder token embeddings) are one embedding layer called by each
+    (``also``: its per-example gradient sums their lookups, as a layer run several times), and an
+    output linear layer's weight tied to it (``head.weight = emb.weight``, GPT-2's and BERT's
+    language-model heads) is linked (``tied``; its per-example gradient is the two layers'
+    summed). Any other sharing is refused (``why``)."""
+    keys = [
+        (layer, k) for layer in holders for k in layer.names if id(getattr(layer.module, k)) == pid
     ]
-    weights = [layer for layer, k in holders if k == "weight"]
+    weights = [layer for layer, k in keys if k == "weight"]
     embedding = [layer for layer in weights if isinstance(layer.module, nn.Embedding)]
     linear = [layer for layer in weights if isinstance(layer.module, nn.Linear)]
-    if len(holders) != 2 or len(embedding) != 1 or len(linear) != 1:
+    if len(keys) != len(embedding) + len(linear) or not embedding or len(linear) > 1:
         raise UnsupportedModelError(why)
-    linear[0].tied = embedding[0]
+    first, *rest = embedding
+    padding = cast(nn.Embedding, first.module).padding_idx
+    if any(cast(nn.Embedding, e.module).padding_idx != padding for e in rest):
+        raise UnsupportedModelError(f"{why}, by embeddings of different padding rows")
+    first.also.extend(e.module for e in rest)
+    if linear:
+        linear[0].tied = first
+    return [layer for layer in layers if layer not in rest]
 
 
 def _attention_layer(prefix: str, module: nn.MultiheadAttention, names: dict[str, str]) -> _Layer:
@@ -316,7 +343,9 @@ def _forward_backward(
                 _SHARED_POSITIONS.add(_module)
                 expanded.append(layer)
                 a, out = _per_example(a, out, x.shape[0])
-            if a.shape[:1] != x.shape[:1] or out.shape[:1] != x.shape[:1]:
+            if _flattened(layer, a, out, x.shape[0]):  # (B k, ...) rows: (B, k, ...)
+                a = a.reshape(x.shape[0], -1, *a.shape[1:])
+            elif a.shape[:1] != x.shape[:1] or out.shape[:1] != x.shape[:1]:
                 raise UnsupportedModelError(
                     f"{type(_module).__name__} runs on a tensor whose first dimension is not "
                     "the batch's"
@@ -329,6 +358,14 @@ def _forward_backward(
             return out if layer in expanded else None
 
         return store
+
+    def looked_up(layer: _Layer) -> ghost_lookups.Report:
+        store = hook(layer)
+
+        def report(ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
+            return store(layer.module, (ids,), out)
+
+        return report
 
     def projected(layer: _Layer):
         def record(projection, a: torch.Tensor, out: torch.Tensor) -> None:
@@ -355,11 +392,21 @@ def _forward_backward(
     # user's hook makes of it afterwards; an attention's forward with its linear maps in the open
     attention = [layer for layer in layers if isinstance(layer.module, nn.MultiheadAttention)]
     bare = [layer for layer in layers if layer.bare]
+    # an embedding table read by a subclass' forward of its own: its lookups, as they happen
+    lookups = [layer for layer in layers if _by_lookups(layer)]
     handles = [
-        layer.module.register_forward_hook(hook(layer), prepend=True)
+        module.register_forward_hook(hook(layer), prepend=True)
         for layer in layers
-        if not layer.bare and layer not in attention
+        if not layer.bare and layer not in attention and layer not in lookups
+        for module in (layer.module, *layer.also)
     ]
+    seen = {
+        id(cast(nn.Embedding, layer.module).weight): (
+            cast(nn.Embedding, layer.module).padding_idx,
+            looked_up(layer),
+        )
+        for layer in lookups
+    }
     check = model not in _ROWS_CHECKED and x.shape[0] > 1
     # the random state, to replay the pass, only where something may stand in for it (or a
     # linear layer of the model's own found otherwise on its first call takes the pass again)
@@ -379,7 +426,8 @@ def _forward_backward(
             ):
                 for layer, s in zip(bare, stand_ins, strict=True):
                     layer.edges.append(get_gradient_edge(s))
-                logits = model(x)
+                with ghost_lookups.Lookups(seen, UnsupportedModelError) if seen else nullcontext():
+                    logits = model(x)
         finally:
             for h in handles:
                 h.remove()
@@ -416,7 +464,7 @@ def _forward_backward(
             raise UnsupportedModelError(
                 f"the input of {type(layer.module).__name__} was modified in place after it ran"
             )
-        layer.grads = [next(grads) for _ in layer.edges]
+        layer.grads = [_by_example(next(grads), x.shape[0]) for _ in layer.edges]
         layer.grad = next((g for g in layer.grads if g is not None), None)  # None: unused
         if layer.plan and any(g is None for g in layer.grads) and layer.grad is not None:
             raise UnsupportedModelError(
@@ -435,6 +483,24 @@ def _forward_backward(
 #: call. A convolution's calls may differ in shape and a GroupNorm's statistics are per call:
 #: their per-example gradients are formed call by call and summed (:func:`_summed_over_calls`)
 _MERGED = (nn.Linear, nn.LayerNorm, nn.RMSNorm, nn.Embedding)
+
+
+def _flattened(layer: _Layer, a: torch.Tensor, out: torch.Tensor, b: int) -> bool:
+    """Whether a position-wise layer (linear, LayerNorm, RMSNorm) runs on rows that flatten the
+    batch with more positions, ``(B k, ...)`` (OPT's MLP on ``(B T, d)``; a windowed attention's
+    maps on ``(B windows, ...)``): taken as ``(B, k, ...)``, example-major (the row check shows
+    it on the first pass)."""
+    position_wise = _linear(layer) or isinstance(layer.module, (nn.LayerNorm, nn.RMSNorm))
+    n = a.shape[0] if a.dim() > 1 else 0
+    return position_wise and b > 0 and n > b and n % b == 0 and out.shape[:1] == a.shape[:1]
+
+
+def _by_example(g: torch.Tensor, b: int) -> torch.Tensor:
+    """A layer's output gradient on rows ``(B k, ...)`` as ``(B, k, ...)`` (:func:`_flattened`;
+    ``None``, an unused call's, as it is)."""
+    if g is None or g.shape[0] == b:
+        return g
+    return g.reshape(b, -1, *g.shape[1:])
 
 
 def _several_calls(layer: _Layer) -> bool:
@@ -650,7 +716,8 @@ def _check_rows(
     for g, gw in zip(grads, weighted, strict=True):
         if g is None or gw is None:
             continue
-        want = g * w.view(-1, *([1] * (g.dim() - 1)))
+        g, gw = g.reshape(b, -1), gw.reshape(b, -1)  # rows (B k, ...) example-major: _flattened
+        want = g * w[:, None]
         rtol = max(ROWS_RTOL, 8 * torch.finfo(g.dtype).eps)
         if float((gw - want).abs().max()) > rtol * float(want.abs().max()):
             why = (

@@ -1,12 +1,15 @@
 """HF transformers' models under ghost clipping, as a user builds them, against torch.func.
 
 GPT-2 (``Conv1D`` maps, its head tied to the token embedding, ``(1, T)`` position ids), BERT (its
-``(1, T)`` position ids and token-type ids expanded over the batch, a pooler and a classifier) and
-Llama (its own RMSNorm, rotary positions, grouped-query attention): ``DpSgdStep``'s clipped sums
-come from ghost clipping without fallback and equal ``torch.func``'s per-example gradients clipped
-(float64, small configurations, no pretrained weights). In training mode, where ``torch.func``
-cannot draw dropout, GPT-2's sum with clipping off is the plain backward pass' for the same
-random draws. GPT-2's DP-SGD is audited white-box.
+``(1, T)`` position ids and token-type ids expanded over the batch, a pooler and a classifier),
+Llama (its own RMSNorm, rotary positions, grouped-query attention), OPT (learned positions by an
+embedding subclass, its MLP on ``(B T, d)`` rows), Gemma (scaled word embeddings by a subclass,
+tied to the head) and BART (one scaled table for encoder, decoder and head, a classifier on the
+end-of-sequence token): ``DpSgdStep``'s clipped sums come from ghost clipping without fallback
+and equal per-example gradients clipped (``torch.func``'s; for BART, whose boolean pooling
+``torch.func`` cannot batch, a loop's), in float64, small configurations, no pretrained weights.
+In training mode, where ``torch.func`` cannot draw dropout, GPT-2's sum with clipping off is the
+plain backward pass' for the same random draws. GPT-2's DP-SGD is audited white-box.
 """
 
 import math
@@ -16,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privkit.mechanisms import ghost_clipping
+from privkit.mechanisms import dp_sgd_step, ghost_clipping
 from tests.privkit.test_ghost_parameters import takes_ghost_clipping
 
 transformers = pytest.importorskip("transformers")
@@ -110,3 +113,63 @@ def test_a_gpt2_dp_sgd_audit_sees_its_bugs(monkeypatch):
         return Logits(gpt2(), last=True).eval(), data
 
     audit_sees_its_bugs(monkeypatch, build)
+
+
+def test_opt_takes_ghost_clipping(monkeypatch):
+    torch.manual_seed(55)
+    config = transformers.OPTConfig(
+        num_hidden_layers=2, hidden_size=32, num_attention_heads=4, ffn_dim=64, vocab_size=V,
+        max_position_embeddings=32, word_embed_proj_dim=32, pad_token_id=1, bos_token_id=2,
+        eos_token_id=2,
+    )  # fmt: skip
+    model = Logits(transformers.OPTForCausalLM(config)).eval().double()
+    ids = torch.randint(3, V, (6, T))
+    takes_ghost_clipping(model, ids, ids, monkeypatch, _next_token_loss)
+
+
+def test_gemma_takes_ghost_clipping(monkeypatch):
+    torch.manual_seed(56)
+    config = transformers.GemmaConfig(
+        num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, head_dim=8, vocab_size=V, max_position_embeddings=32,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    model = Logits(transformers.GemmaForCausalLM(config)).eval().double()
+    ids = torch.randint(3, V, (6, T))
+    takes_ghost_clipping(model, ids, ids, monkeypatch, _next_token_loss)
+
+
+def _looped(model, x, y, loss_fn, aux=None):
+    """Per-example gradients by a loop over the examples (plain autograd, one at a time)."""
+    params = {k: p for k, p in model.named_parameters() if p.requires_grad}
+    rows = {k: [] for k in params}
+    for i in range(x.shape[0]):
+        grads = torch.autograd.grad(
+            loss_fn(model(x[i : i + 1]), y[i : i + 1], None),
+            list(params.values()),
+            allow_unused=True,
+        )
+        for (k, p), g in zip(params.items(), grads, strict=True):
+            rows[k].append(torch.zeros_like(p) if g is None else g)
+    return {k: torch.stack(v) for k, v in rows.items()}
+
+
+def test_bart_takes_ghost_clipping_where_torch_func_cannot(monkeypatch):
+    torch.manual_seed(57)
+    config = transformers.BartConfig(
+        encoder_layers=1, decoder_layers=1, d_model=32, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=V,
+        max_position_embeddings=32, num_labels=3, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        scale_embedding=True,
+    )  # fmt: skip
+    model = Logits(transformers.BartForSequenceClassification(config)).eval().double()
+    ids, y = torch.randint(3, V, (6, T)), torch.randint(0, 3, (6,))
+    ids[:, -1] = 2  # the end-of-sequence token the classifier reads
+    with pytest.raises(RuntimeError, match="vmap"):
+        dp_sgd_step.per_sample_gradients(model, ids, y, _class_loss)
+    monkeypatch.setattr(dp_sgd_step, "per_sample_gradients", _looped)
+    takes_ghost_clipping(model, ids, y, monkeypatch)
+
+
+def _class_loss(logits, y, _aux):
+    return F.cross_entropy(logits, y)

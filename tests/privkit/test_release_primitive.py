@@ -47,6 +47,10 @@ ALLOWED = {
     "trainers/flip.py": "FLiP's synthetic samples' initialisation (no DP release)",
     "trainers/pretrain.py": "data augmentation of public pre-training (no DP release)",
     "trainers/heads.py": "a random unit direction for a degenerate head (no DP release)",
+    "mechanisms/ghost_affine.py": (
+        "a random cotangent checking a linear layer's weight gradient on its first call (no DP "
+        "release)"
+    ),
     "batched/used_inputs.py": (
         "an audit's reference client's unused inputs' share of its round's releases, summed "
         "(the steps' releases hold its receipts; never released on its own)"
