@@ -51,8 +51,9 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   first pass checks that the model's outputs do not change, as for bare parameters below).
   Embeddings of one table (T5's and BART's encoder and decoder) are one layer called by each. A
   subclass with a forward of its own (HF's scaled word embeddings, OPT's offset positions) is
-  seen by its table's ``F.embedding`` lookups, not by its module's call
-  (:mod:`privkit.mechanisms.ghost_lookups`).
+  seen by its table's ``F.embedding`` lookups, not by its module's call, as is a linear or
+  normalisation layer's subclass by its functional calls (ConvNeXt's LayerNorm on permuted
+  channels; :mod:`privkit.mechanisms.ghost_subclasses`).
 * **An output layer tied to the embedding** (``head.weight = emb.weight``, a language model's
   head): the weight's per-example gradient is the embedding's rows ``s_j`` (tokens ``r_j``) plus
   the head's ``sum_t g_t a_t^T``, so its squared norm is the two layers' plus twice
@@ -93,8 +94,7 @@ attention with ``batch_first=False`` (a sequence-first model), BatchNorm in trai
 trainable parameters (it mixes the batch's examples), an attention run twice in one forward, a
 parameter shared by layers other than embeddings of one table and a linear layer tied to it, a layer's parameter used outside the layer's call (an output tied by
 ``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere: the autograd graph is checked for
-one edge into each parameter and call), a subclass of a layer above (other than an embedding)
-with its own ``forward``, a layer applied to a tensor whose first dimension is not the batch's
+one edge into each parameter and call), a subclass of a convolution with its own ``forward``, a layer applied to a tensor whose first dimension is not the batch's
 (nor, for a position-wise layer, a multiple of it), 3-d and
 transposed convolutions, an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input
 modified in place after the layer read it (in-place operations on a layer's *output*, such as
@@ -121,7 +121,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
-from privkit.mechanisms import ghost_affine, ghost_attention, ghost_lookups, ghost_parameters
+from privkit.mechanisms import ghost_affine, ghost_attention, ghost_parameters, ghost_subclasses
 from privkit.mechanisms.stacked import UnsupportedModelError
 
 __all__ = ["MATERIALISE_LIMIT", "SUPPORTED", "clipped_sum", "per_example_norms"]
@@ -240,7 +240,8 @@ def _layers(model: nn.Module) -> list[_Layer]:
             )
         base = next(t for t in SUPPORTED if isinstance(module, t))
         if (
-            type(module).forward is not base.forward and not ghost_lookups.overrides_forward(module)
+            type(module).forward is not base.forward
+            and not ghost_subclasses.overrides_forward(module)
         ) or (
             isinstance(module, (nn.Conv1d, nn.Conv2d))
             and type(module)._conv_forward
@@ -271,11 +272,12 @@ def _layers(model: nn.Module) -> list[_Layer]:
     return layers
 
 
-def _by_lookups(layer: _Layer) -> bool:
-    """Whether an embedding layer is seen by its table's lookups
-    (:mod:`privkit.mechanisms.ghost_lookups`) rather than by its modules' calls: where one of
-    its modules is a subclass with a forward of its own (HF's scaled word embeddings)."""
-    return any(ghost_lookups.overrides_forward(m) for m in (layer.module, *layer.also))
+def _by_calls(layer: _Layer) -> bool:
+    """Whether a layer is seen by the functional calls on its weight
+    (:mod:`privkit.mechanisms.ghost_subclasses`) rather than by its modules' calls: where one of
+    its modules is a subclass with a forward of its own (HF's scaled word embeddings, ConvNeXt's
+    LayerNorm)."""
+    return any(ghost_subclasses.overrides_forward(m) for m in (layer.module, *layer.also))
 
 
 def _parameter_ids(layer: _Layer) -> set[int]:
@@ -359,7 +361,7 @@ def _forward_backward(
 
         return store
 
-    def looked_up(layer: _Layer) -> ghost_lookups.Report:
+    def called(layer: _Layer) -> ghost_subclasses.Report:
         store = hook(layer)
 
         def report(ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
@@ -392,20 +394,17 @@ def _forward_backward(
     # user's hook makes of it afterwards; an attention's forward with its linear maps in the open
     attention = [layer for layer in layers if isinstance(layer.module, nn.MultiheadAttention)]
     bare = [layer for layer in layers if layer.bare]
-    # an embedding table read by a subclass' forward of its own: its lookups, as they happen
-    lookups = [layer for layer in layers if _by_lookups(layer)]
+    # a layer subclass with a forward of its own: its functional calls, as they happen
+    by_calls = [layer for layer in layers if _by_calls(layer)]
     handles = [
         module.register_forward_hook(hook(layer), prepend=True)
         for layer in layers
-        if not layer.bare and layer not in attention and layer not in lookups
+        if not layer.bare and layer not in attention and layer not in by_calls
         for module in (layer.module, *layer.also)
     ]
     seen = {
-        id(cast(nn.Embedding, layer.module).weight): (
-            cast(nn.Embedding, layer.module).padding_idx,
-            looked_up(layer),
-        )
-        for layer in lookups
+        id(cast(torch.Tensor, layer.module.weight)): (layer.module, called(layer))
+        for layer in by_calls
     }
     check = model not in _ROWS_CHECKED and x.shape[0] > 1
     # the random state, to replay the pass, only where something may stand in for it (or a
@@ -426,7 +425,8 @@ def _forward_backward(
             ):
                 for layer, s in zip(bare, stand_ins, strict=True):
                     layer.edges.append(get_gradient_edge(s))
-                with ghost_lookups.Lookups(seen, UnsupportedModelError) if seen else nullcontext():
+                calls = ghost_subclasses.FunctionalCalls(seen, UnsupportedModelError)
+                with calls if seen else nullcontext():
                     logits = model(x)
         finally:
             for h in handles:

@@ -10,7 +10,8 @@ where ``P``'s first dimension is 1 (the convention of parameters broadcast over 
 torchvision's and timm's class tokens and position embeddings are), else ``(B, *P.shape)``
 (a layer scale ``(C, 1, 1)`` against ``(B, C, H, W)`` activations); where that form fails, the
 second form gives such a parameter ``(B, 1, *P.shape)`` (timm's and DINOv2's layer scale
-``(d,)`` against ``(B, N, d)`` tokens), and the form that passes is kept for the model.
+``(d,)`` against ``(B, N, d)`` tokens) and the third ``(B, 1, 1, *P.shape)`` (ConvNeXt's against
+channels-last ``(B, H, W, C)`` maps), and the form that passes is kept for the model.
 
 Where the forward uses ``S`` as it used ``P``, broadcast over the batch, example ``i``'s losses
 read row ``i`` of ``S`` alone, so the gradient of the summed per-example losses w.r.t. ``S`` (one
@@ -60,16 +61,17 @@ def may_stand_in(module: nn.Module) -> bool:
 
 #: the stand-in shapes tried for a model, in turn: a parameter without a leading 1 gets a batch
 #: dimension in front (``(C, 1, 1)`` against ``(B, C, H, W)``), then a batch dimension and a unit
-#: one (a timm or DINOv2 layer scale ``(d,)`` against ``(B, N, d)`` tokens)
-FORMS = 2
+#: one (a timm or DINOv2 layer scale ``(d,)`` against ``(B, N, d)`` tokens), then two unit ones
+#: (ConvNeXt's layer scale ``(C,)`` against channels-last ``(B, H, W, C)`` maps)
+FORMS = 3
 
 
 def stand_in_shape(p: torch.Tensor, b: int, form: int = 0) -> tuple[int, ...]:
     """The stand-in's shape for ``b`` examples: ``P``'s leading dimension of 1 taken as the batch's,
-    else a batch dimension in front (and, in ``form`` 1, a unit dimension after it)."""
+    else a batch dimension in front and ``form`` unit dimensions after it."""
     if p.dim() and p.shape[0] == 1:
         return (b, *p.shape[1:])
-    return (b, *p.shape) if form == 0 else (b, 1, *p.shape)
+    return (b, *[1] * form, *p.shape)
 
 
 def changes_with_form(p: torch.Tensor) -> bool:

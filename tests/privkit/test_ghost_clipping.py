@@ -341,8 +341,9 @@ class TiedByFunction(nn.Module):
         return self.emb(idx).mean(1) @ self.emb.weight.T
 
 
-class ScaledLinear(nn.Linear):
-    """A Linear subclass with its own forward: not the map the layer's maths assumes."""
+class ScaledConv(nn.Conv2d):
+    """A Conv2d subclass with its own forward: refused (only linear, normalisation and embedding
+    subclasses are seen by their functional calls)."""
 
     def forward(self, x):
         return super().forward(2 * x)
@@ -357,7 +358,7 @@ class ScaledLinear(nn.Linear):
         ),
         (nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.BatchNorm1d(3)), torch.randn(6, 4)),
         (TiedByFunction(), torch.randint(0, 5, (6, 4))),
-        (nn.Sequential(ScaledLinear(4, 3)), torch.randn(6, 4)),
+        (nn.Sequential(ScaledConv(2, 3, 1), nn.Flatten()), torch.randn(6, 2, 1, 1)),
         (nn.Sequential(nn.Conv3d(2, 2, 1), nn.Flatten()), torch.randn(6, 2, 1, 1, 1)),
     ],
     ids=[

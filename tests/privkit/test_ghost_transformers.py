@@ -1,106 +1,111 @@
-"""HF transformers' models under ghost clipping, as a user builds them, against torch.func.
+"""HF transformers' models under ghost clipping, as a user builds them, against per-example
+gradients.
 
-GPT-2 (``Conv1D`` maps, its head tied to the token embedding, ``(1, T)`` position ids), BERT (its
-``(1, T)`` position ids and token-type ids expanded over the batch, a pooler and a classifier),
-Llama (its own RMSNorm, rotary positions, grouped-query attention), OPT (learned positions by an
-embedding subclass, its MLP on ``(B T, d)`` rows), Gemma (scaled word embeddings by a subclass,
-tied to the head) and BART (one scaled table for encoder, decoder and head, a classifier on the
-end-of-sequence token): ``DpSgdStep``'s clipped sums come from ghost clipping without fallback
-and equal per-example gradients clipped (``torch.func``'s; for BART, whose boolean pooling
-``torch.func`` cannot batch, a loop's), in float64, small configurations, no pretrained weights.
-In training mode, where ``torch.func`` cannot draw dropout, GPT-2's sum with clipping off is the
-plain backward pass' for the same random draws. GPT-2's DP-SGD is audited white-box.
+Every family of ``benchmarks/hf_models.py`` that ghost clipping takes, at a small size with no
+pretrained weights, goes through ``DpSgdStep`` without fallback, and its clipped sum equals the
+per-example gradients clipped (float64; ``torch.func``'s, or for BART, whose boolean pooling
+``torch.func`` cannot batch, a loop's). Among them: GPT-2 (``Conv1D`` maps, its head tied to the
+token embedding, ``(1, T)`` position ids), BERT (position and token-type ids shared by the
+batch), Llama, Mistral, Qwen2 (their own RMSNorm, rotary positions, grouped-query attention),
+OPT (offset positions by an embedding subclass, its MLP on ``(B T, d)`` rows), Gemma (scaled word
+embeddings by a subclass, tied to the head), BART (one scaled table for encoder, decoder and
+head), ViT and DeiT (class and distillation tokens, position embeddings), ConvNeXt (its
+LayerNorm subclass on permuted channels, a channels-last layer scale). T5 (a relative-position
+table read on ``(T, T)`` positions), Swin (a bias table indexed by positions) and ResNet
+(BatchNorm) fall back to the same clipped sum, with the reason. In training mode, where
+``torch.func`` cannot draw dropout, GPT-2's sum with clipping off is the plain backward pass' for
+the same random draws. GPT-2's DP-SGD is audited white-box.
 """
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from privkit.mechanisms import dp_sgd_step, ghost_clipping
 from tests.privkit.test_ghost_parameters import takes_ghost_clipping
 
-transformers = pytest.importorskip("transformers")
-transformers.logging.set_verbosity_error()
+pytest.importorskip("transformers")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from hf_models import CAUSAL, Logits, batch, build, example_losses, looped, record_loss
 
-V, T = 50, 10
-
-
-class Logits(nn.Module):
-    """A HF model called on token ids, its logits out (what ``DpSgdStep`` takes)."""
-
-    def __init__(self, model, last=False):
-        super().__init__()
-        self.model, self.last = model, last
-
-    def forward(self, ids):
-        logits = self.model(input_ids=ids).logits
-        return logits[:, -1] if self.last else logits
+V = 50
+TAKEN = (
+    "gpt2", "llama", "mistral", "qwen2", "gemma", "phi", "gpt_neo", "opt", "bert", "roberta",
+    "electra", "albert", "distilbert", "bart", "vit", "deit", "convnext",
+)  # fmt: skip
+REFUSED = {
+    "t5": "stand-ins of",
+    "swin": "stand-ins of",
+    "resnet": "BatchNorm2d",
+}
 
 
-def gpt2(dropout=0.0):
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=4, vocab_size=V, n_positions=32, bos_token_id=0,
-        eos_token_id=0, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
-    )  # fmt: skip
-    return transformers.GPT2LMHeadModel(config)
-
-
-def _next_token_loss(logits, y, _aux):
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1), y[:, 1:].flatten())
-
-
-def _next_token_losses(y):
-    def losses(logits, s):
-        flat = F.cross_entropy(logits[:, :-1].transpose(1, 2), y[s][:, 1:], reduction="none")
-        return flat.mean(1)
-
-    return losses
-
-
-def test_gpt2_takes_ghost_clipping(monkeypatch):
+def _model(family: str):
+    """The family's small model in float64, 6 examples and their targets (classes, or for a
+    causal model the sequence itself, whose first token is 3, 4, 5, 3, 4, 5), and its kind."""
     torch.manual_seed(50)
-    model = Logits(gpt2()).eval().double()
-    ids = torch.randint(0, V, (6, T))
-    takes_ghost_clipping(model, ids, ids, monkeypatch, _next_token_loss)
-    assert model.model.lm_head.weight is model.model.transformer.wte.weight
+    model, kind = build(family, vocab=V)
+    x, y = batch(kind, 6, V, 12)
+    if kind == CAUSAL:
+        x[:, 0] = 3 + torch.arange(6) % 3
+    else:
+        y = torch.arange(6) % 3
+    return Logits(model, kind).double(), (x.double() if x.is_floating_point() else x), y, kind
+
+
+def _spread(loss):
+    """A record's loss times 1, 2 or 3 by its target (its first token): the examples' gradient
+    norms in three groups, so that a clip norm between two of them clips some and not others."""
+
+    def spread(logits, y, aux):
+        return loss(logits, y, aux) * (1 + y.reshape(-1)[0] % 3)
+
+    return spread
+
+
+@pytest.mark.parametrize("family", TAKEN)
+def test_hf_models_take_ghost_clipping(family, monkeypatch):
+    model, x, y, kind = _model(family)
+    if family == "bart":  # torch.func cannot batch its end-of-sequence pooling
+        with pytest.raises(RuntimeError, match="vmap"):
+            dp_sgd_step.per_sample_gradients(model, x, y, record_loss(kind))
+        monkeypatch.setattr(dp_sgd_step, "per_sample_gradients", looped)
+    takes_ghost_clipping(model, x, y, monkeypatch, _spread(record_loss(kind)))
+
+
+@pytest.mark.parametrize("family", REFUSED)
+def test_hf_models_ghost_clipping_refuses_fall_back(family):
+    from tests.privkit.test_ghost_clipping import _reference
+
+    model, x, y, kind = _model(family)
+    loss = _spread(record_loss(kind))
+    _, clip, want = _reference(model, x, y, loss)
+    with pytest.warns(dp_sgd_step.ClippingFallbackWarning, match=REFUSED[family]):
+        got = dp_sgd_step.clipped_gradient_sum(model, x, y, loss, clip)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k])
 
 
 def test_gpt2_with_dropout_clipping_off_is_the_plain_pass():
-    torch.manual_seed(51)
-    model = Logits(gpt2(dropout=0.2)).train().double()
-    ids = torch.randint(0, V, (6, T))
+    model, ids, _, kind = _model("gpt2")
+    model.train()  # dropout 0.1 in the attention, the residuals and the embeddings
+
+    losses = example_losses(kind, ids)
     torch.manual_seed(52)
-    got = ghost_clipping.clipped_sum(model, ids, _next_token_losses(ids), math.inf)
+    got = ghost_clipping.clipped_sum(model, ids, losses, math.inf)
     torch.manual_seed(52)
-    _next_token_losses(ids)(model(ids), slice(None)).sum().backward()
+    losses(model(ids), slice(None)).sum().backward()
     for k, p in model.named_parameters():
         torch.testing.assert_close(got[k], p.grad, rtol=1e-10, atol=1e-12, msg=k)
 
 
-def test_bert_classifier_takes_ghost_clipping(monkeypatch):
-    torch.manual_seed(53)
-    config = transformers.BertConfig(
-        num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64,
-        vocab_size=V, max_position_embeddings=32, num_labels=3,
-    )  # fmt: skip
-    model = Logits(transformers.BertForSequenceClassification(config)).eval().double()
-    ids, y = torch.randint(0, V, (6, T)), torch.randint(0, 3, (6,))
-    takes_ghost_clipping(model, ids, y, monkeypatch)
-
-
-def test_llama_takes_ghost_clipping(monkeypatch):
-    torch.manual_seed(54)
-    config = transformers.LlamaConfig(
-        num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=64, vocab_size=V, max_position_embeddings=32, bos_token_id=0,
-        eos_token_id=0,
-    )  # fmt: skip
-    model = Logits(transformers.LlamaForCausalLM(config)).eval().double()
-    ids = torch.randint(0, V, (6, T))
-    takes_ghost_clipping(model, ids, ids, monkeypatch, _next_token_loss)
+def gpt2_predicting_the_last_token():
+    """GPT-2 (small, no dropout) as a classifier of each sequence's next token."""
+    model, _ = build("gpt2", vocab=V)
+    return Logits(model, CAUSAL, last=True)
 
 
 def test_a_gpt2_dp_sgd_audit_sees_its_bugs(monkeypatch):
@@ -108,68 +113,8 @@ def test_a_gpt2_dp_sgd_audit_sees_its_bugs(monkeypatch):
     on every parameter: as claimed not a violation; half the noise, clipping off caught."""
     from tests.privkit.test_ghost_attention import audit_sees_its_bugs
 
-    def build():
-        data = torch.randint(0, V, (400, T)), torch.randint(0, V, (400,))
-        return Logits(gpt2(), last=True).eval(), data
+    def build_audited():
+        data = torch.randint(0, V, (400, 10)), torch.randint(0, V, (400,))
+        return gpt2_predicting_the_last_token(), data
 
-    audit_sees_its_bugs(monkeypatch, build)
-
-
-def test_opt_takes_ghost_clipping(monkeypatch):
-    torch.manual_seed(55)
-    config = transformers.OPTConfig(
-        num_hidden_layers=2, hidden_size=32, num_attention_heads=4, ffn_dim=64, vocab_size=V,
-        max_position_embeddings=32, word_embed_proj_dim=32, pad_token_id=1, bos_token_id=2,
-        eos_token_id=2,
-    )  # fmt: skip
-    model = Logits(transformers.OPTForCausalLM(config)).eval().double()
-    ids = torch.randint(3, V, (6, T))
-    takes_ghost_clipping(model, ids, ids, monkeypatch, _next_token_loss)
-
-
-def test_gemma_takes_ghost_clipping(monkeypatch):
-    torch.manual_seed(56)
-    config = transformers.GemmaConfig(
-        num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=64, head_dim=8, vocab_size=V, max_position_embeddings=32,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
-    model = Logits(transformers.GemmaForCausalLM(config)).eval().double()
-    ids = torch.randint(3, V, (6, T))
-    takes_ghost_clipping(model, ids, ids, monkeypatch, _next_token_loss)
-
-
-def _looped(model, x, y, loss_fn, aux=None):
-    """Per-example gradients by a loop over the examples (plain autograd, one at a time)."""
-    params = {k: p for k, p in model.named_parameters() if p.requires_grad}
-    rows = {k: [] for k in params}
-    for i in range(x.shape[0]):
-        grads = torch.autograd.grad(
-            loss_fn(model(x[i : i + 1]), y[i : i + 1], None),
-            list(params.values()),
-            allow_unused=True,
-        )
-        for (k, p), g in zip(params.items(), grads, strict=True):
-            rows[k].append(torch.zeros_like(p) if g is None else g)
-    return {k: torch.stack(v) for k, v in rows.items()}
-
-
-def test_bart_takes_ghost_clipping_where_torch_func_cannot(monkeypatch):
-    torch.manual_seed(57)
-    config = transformers.BartConfig(
-        encoder_layers=1, decoder_layers=1, d_model=32, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=V,
-        max_position_embeddings=32, num_labels=3, pad_token_id=1, bos_token_id=0, eos_token_id=2,
-        scale_embedding=True,
-    )  # fmt: skip
-    model = Logits(transformers.BartForSequenceClassification(config)).eval().double()
-    ids, y = torch.randint(3, V, (6, T)), torch.randint(0, 3, (6,))
-    ids[:, -1] = 2  # the end-of-sequence token the classifier reads
-    with pytest.raises(RuntimeError, match="vmap"):
-        dp_sgd_step.per_sample_gradients(model, ids, y, _class_loss)
-    monkeypatch.setattr(dp_sgd_step, "per_sample_gradients", _looped)
-    takes_ghost_clipping(model, ids, y, monkeypatch)
-
-
-def _class_loss(logits, y, _aux):
-    return F.cross_entropy(logits, y)
+    audit_sees_its_bugs(monkeypatch, build_audited)

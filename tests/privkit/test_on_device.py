@@ -124,9 +124,12 @@ def _recurrent():
 
 
 def _gpt2():
-    from tests.privkit.test_ghost_transformers import Logits, V, gpt2  # skips without transformers
+    from tests.privkit.test_ghost_transformers import (  # skips without transformers
+        V,
+        gpt2_predicting_the_last_token,
+    )
 
-    return Logits(gpt2(), last=True).eval(), torch.randint(0, V, (6, 8)), V
+    return gpt2_predicting_the_last_token(), torch.randint(0, V, (6, 8)), V
 
 
 @pytest.mark.parametrize(

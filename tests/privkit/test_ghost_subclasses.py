@@ -1,10 +1,12 @@
-"""Embedding tables read by subclasses, shared by several embeddings, and layers on rows that
-flatten the batch, under ghost clipping, against torch.func.
+"""Layer subclasses with a forward of their own, embedding tables shared by several embeddings,
+and layers on rows that flatten the batch, under ghost clipping, against torch.func.
 
-- An ``nn.Embedding`` subclass with a forward of its own (HF's scaled word embeddings,
-  ``super().forward(ids) * scale``; OPT's and BART's learned positions, ``super().forward(positions +
-  offset)``) is seen by its table's lookups (``privkit.mechanisms.ghost_lookups``); one that reads
-  its weight otherwise, or looks up with another padding row or a ``max_norm``, is refused.
+- A subclass of an embedding, linear or normalisation layer with a forward of its own (HF's
+  scaled word embeddings, ``super().forward(ids) * scale``; OPT's and BART's learned positions,
+  ``super().forward(positions + offset)``; ConvNeXt's LayerNorm on permuted channels) is seen by
+  its functional calls on its weight (``privkit.mechanisms.ghost_subclasses``); one that reads
+  its weight otherwise, or calls with another padding row, ``max_norm``, bias or epsilon than its
+  own, is refused. ConvNeXt's channels-last layer scale takes the third form of stand-ins.
 - Embeddings of one table (T5's and BART's encoder and decoder token embeddings, an output layer
   tied to it) are one embedding layer called by each.
 - Linear and normalisation layers on ``(B T, d)`` rows (OPT's MLP) are taken per example; rows
@@ -144,7 +146,7 @@ class MaxNorm(nn.Embedding):
     "kind, why",
     [
         (Indexed, "other than through its layer"),
-        (OtherPadding, "padding_idx 0, not None"),
+        (OtherPadding, "padding_idx 0, not its own None"),
         (MaxNorm, "max_norm"),
     ],
     ids=["indexed", "other-padding", "max-norm"],
@@ -196,3 +198,80 @@ def test_a_padding_row_counted_from_the_end_is_the_layers(monkeypatch):
     ids, y = _tokens()
     ids[1, :2] = V - 1
     _check(model, ids, y, monkeypatch)
+
+
+class InputScaled(nn.Linear):
+    """A linear subclass scaling its input before its own map."""
+
+    def forward(self, x):
+        return super().forward(2 * x)
+
+
+class ChannelsFirstNorm(nn.LayerNorm):
+    """ConvNeXt's LayerNorm over the channels of ``(B, C, H, W)`` maps, permuted around it."""
+
+    def forward(self, x):
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class Halved(nn.GroupNorm):
+    """A GroupNorm subclass halving its output."""
+
+    def forward(self, x):
+        return super().forward(x) / 2
+
+
+class ConvNextBlock(nn.Module):
+    """ConvNeXt's block: depthwise convolution, the channels-first LayerNorm, channels-last
+    point-wise maps, a layer scale ``(C,)`` on channels-last maps (the third form of stand-ins),
+    then a GroupNorm subclass and a linear subclass on the pooled features."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 3, padding=1, groups=c)
+        self.norm = ChannelsFirstNorm(c, eps=1e-6)
+        self.pw1, self.pw2 = nn.Linear(c, 2 * c), nn.Linear(2 * c, c)
+        self.gamma = nn.Parameter(torch.rand(c) + 0.5)
+        self.gn = Halved(2, c)
+        self.head = InputScaled(c, 3)
+
+    def forward(self, x):
+        h = self.norm(self.dw(x)).permute(0, 2, 3, 1)
+        h = (self.gamma * self.pw2(F.gelu(self.pw1(h)))).permute(0, 3, 1, 2)
+        return self.head(self.gn(x + h).mean((2, 3)))
+
+
+def test_a_convnext_block_of_subclasses_and_a_channels_last_layer_scale(monkeypatch):
+    torch.manual_seed(65)
+    model = ConvNextBlock()
+    x, y = torch.randn(6, 4, 5, 5), torch.randint(0, 3, (6,))
+    _check(model, x, y, monkeypatch)
+    assert ghost_clipping._FORMS[model.double()] == 2
+
+
+class OtherEps(nn.LayerNorm):
+    """A LayerNorm subclass normalising with another epsilon than its own."""
+
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, 1e-3)
+
+
+class NoBias(nn.Linear):
+    """A linear subclass leaving its own bias out of its map (and adding it otherwise)."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight) + self.bias
+
+
+@pytest.mark.parametrize(
+    "layer, why",
+    [(OtherEps(T * D), "eps 0.001, not its own 1e-05"), (NoBias(T * D, T * D), "bias")],
+    ids=["other-eps", "bias-otherwise"],
+)
+def test_a_subclass_calling_with_other_arguments_is_refused(layer, why):
+    torch.manual_seed(66)
+    model = nn.Sequential(nn.Flatten(), layer, nn.Linear(T * D, 3)).double()
+    x, y = torch.randn(5, T, D, dtype=torch.float64), torch.randint(0, 3, (5,))
+    with pytest.raises(UnsupportedModelError, match=why):
+        ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
+    falls_back(model, x, y, why)
