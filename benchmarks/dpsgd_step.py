@@ -39,7 +39,8 @@ step: vocab 1000, width 64, hidden 128, 32 tokens, 0.16M parameters, batch 64); 
 ``resnet18`` (ResNet-18 with GroupNorm, 11.2M parameters, 32x32x3 inputs, batch 256: about a
 minute per repeat on one CPU thread, the model of issue 32's GPU figures), ``encoder_large``
 (two such layers of width 512, 8 heads, 6.9M parameters, 128 tokens, batch 32) and ``vit_large``
-(the ViT at width 384, 6 heads, 4 layers, 7.1M parameters, batch 32).
+(the ViT at width 384, 6 heads, 4 layers, 7.1M parameters, batch 32) and ``gpt2_small`` (HF's
+GPT-2 at its small size, 124M parameters, 64 tokens, batch 4).
 
     python benchmarks/dpsgd_step.py --json [--device cuda] [--repeats 7] [--big]
 
@@ -331,6 +332,13 @@ def build(name: str) -> tuple[nn.Module, str, int]:
             "layer tied to the token embedding, next-token loss on every position",
             32,
         )
+    if name == "gpt2_small":
+        return (
+            gpt2(vocab=50257, d=768, heads=12, layers=12),
+            "HF transformers' GPT2LMHeadModel at GPT-2 small's size (124M): vocab 50257, d 768, "
+            "12 heads, 12 layers, 64 tokens, next-token loss on every position",
+            4,
+        )
     if name == "gpt2":
         return (
             gpt2(),
@@ -343,8 +351,9 @@ def build(name: str) -> tuple[nn.Module, str, int]:
 
 def batch(name: str, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    if name in ("lm", "gpt2"):  # a sequence and its next tokens
-        tokens = torch.randint(0, 5000, (size, 65), generator=g)
+    if name in ("lm", "gpt2", "gpt2_small"):  # a sequence and its next tokens
+        vocab = 50257 if name == "gpt2_small" else 5000
+        tokens = torch.randint(0, vocab, (size, 65), generator=g)
         return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
     if name in ("transformer", "encoder", "encoder_large", "lstm"):  # tokens; else images
         length = {"encoder_large": 128, "lstm": 32}.get(name, 64)
@@ -497,7 +506,7 @@ def measure(name: str, device: torch.device, repeats: int) -> dict:
 
 
 #: the library a model needs besides torch and opacus
-NEEDS = {"gpt2": "transformers"}
+NEEDS = {"gpt2": "transformers", "gpt2_small": "transformers"}
 
 
 def _importable(module: str | None) -> bool:
@@ -511,7 +520,7 @@ def main() -> None:
     ap.add_argument(
         "--big",
         action="store_true",
-        help="add ResNet-18, a 6.9M encoder and a 7.1M ViT (slow on a CPU)",
+        help="add ResNet-18, a 6.9M encoder, a 7.1M ViT and GPT-2 small (slow on a CPU)",
     )
     ap.add_argument("--models", default=None, help="comma-separated subset of the models")
     ap.add_argument("--json", action="store_true")
@@ -524,7 +533,7 @@ def main() -> None:
         torch.set_num_threads(1)
     else:
         torch.backends.cudnn.benchmark = False  # Poisson batch sizes vary in training
-    big = ["resnet18", "encoder_large", "vit_large"] if args.big else []
+    big = ["resnet18", "encoder_large", "vit_large", "gpt2_small"] if args.big else []
     names = ["resnet_small", "transformer", "encoder", "vit", "lm", "gpt2", "lstm", *big]
     if args.models:
         names = args.models.split(",")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import statistics
 import time
@@ -263,26 +264,31 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--length", type=int, default=32)
+    ap.add_argument("--check-only", action="store_true", help="the paths and norms, no timing")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     for name in ("repeats", "batch", "width", "length"):
         if getattr(args, name) < 1:
-            raise SystemExit(f"--{name} must be >= 1; found {getattr(args, name)}")
+            ap.error(f"--{name} must be >= 1; found {getattr(args, name)}")  # exit code 2
     unknown = [f for f in args.families.split(",") if f not in FAMILIES]
     if unknown:
-        raise SystemExit(f"--families must be among {','.join(FAMILIES)}; found {unknown[0]}")
+        ap.error(f"--families must be among {','.join(FAMILIES)}; found {unknown[0]}")
+    if importlib.util.find_spec("transformers") is None:
+        raise SystemExit("benchmarks/hf_models.py needs transformers: pip install -e '.[test]'")
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     import transformers
 
     results = {}
     for family in args.families.split(","):
-        results[family] = check(family) | timed_steps(
-            family, args.repeats, args.batch, args.width, args.length
-        )
+        results[family] = check(family)
+        if not args.check_only:
+            results[family] |= timed_steps(
+                family, args.repeats, args.batch, args.width, args.length
+            )
         if not args.json:
             r = results[family]
-            ratios = " ".join(f"{v} {x:.2f}x" for v, x in r["vs_sgd"].items() if v != "sgd")
+            ratios = " ".join(f"{v} {x:.2f}x" for v, x in r.get("vs_sgd", {}).items() if v != "sgd")
             print(f"{family:10s} {r['path'][:70]:70s} {ratios}")
     out = {
         "schema_version": SCHEMA_VERSION,
