@@ -71,6 +71,7 @@ from privkit.mechanisms import ghost_clipping
 from privkit.mechanisms.dp_random import DpRandom
 from privkit.mechanisms.dp_sgd_step import DpSgdStep
 from privkit.mechanisms.stacked import UnsupportedModelError
+from privkit.memory import keep_freed_memory
 
 SCHEMA_VERSION = 1
 CLIP, SIGMA, LR, DATASET = 1.0, 1.0, 0.05, 50_000
@@ -523,11 +524,18 @@ def main() -> None:
         help="add ResNet-18, a 6.9M encoder, a 7.1M ViT and GPT-2 small (slow on a CPU)",
     )
     ap.add_argument("--models", default=None, help="comma-separated subset of the models")
+    ap.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="keep freed memory in the process (privkit.memory.keep_freed_memory, as privkit's "
+        "command line does): every variant's large tensors reuse freed pages",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1; found {args.repeats}")
     device = torch.device(args.device)
+    kept = keep_freed_memory() if args.keep_freed_memory else False
     warnings.filterwarnings("ignore", message="Full backward hook is firing")  # opacus' hooks
     if device.type == "cpu":
         torch.set_num_threads(1)
@@ -559,6 +567,7 @@ def main() -> None:
             "clock": "CPU: this process's CPU time (one torch thread; robust to other processes' "
             "load on a shared machine); CUDA: wall time between synchronisations",
             "load_average": list(os.getloadavg()),
+            "freed_memory_kept": kept,
         },
         "models": results,
         "left_out": left_out,

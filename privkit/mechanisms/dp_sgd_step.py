@@ -234,6 +234,13 @@ class DpSgdStep:
         The Poisson rate ``q`` (the accountant's ``q``), in ``(0, 1]``.
     dataset_size : int
         ``n``, the number of records the batch is drawn from.
+
+    Notes
+    -----
+    In a training loop of a large model on a CPU, call :func:`privkit.memory.keep_freed_memory`
+    once (``privkit``'s command line does): with glibc's own policy each step's large tensors are
+    fresh pages, faulted in and zeroed. GPT-2 small's step (124M parameters, release noise) took
+    8.67 s with it off and 4.11 s with it on (``benchmarks/results/dpsgd_step_cpu_gpt2_small*``).
     """
 
     clip_norm: float
