@@ -91,9 +91,11 @@ def _layout_of(module: nn.Module, a: torch.Tensor, out: torch.Tensor, rtol: floa
     weight = cast(torch.Tensor, module.weight)
     bias = getattr(module, "bias", None)
     bias = bias if isinstance(bias, torch.Tensor) else None
-    if a.dim() == 0 or out.dim() == 0 or out.shape[:-1] != a.shape[:-1] or out.grad_fn is None:
+    if a.dim() == 0 or out.dim() == 0 or out.grad_fn is None:
         return None
     n_in, n_out = a.shape[-1], out.shape[-1]
+    if a.shape[:-1].numel() != out.shape[:-1].numel() or not a.numel():  # a row out per row in
+        return None  # (no rows: any layout fits)
     if tuple(weight.shape) not in ((n_in, n_out), (n_out, n_in)):
         return None
     if bias is not None and bias.requires_grad and bias.shape[0] != n_out:

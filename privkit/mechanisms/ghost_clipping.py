@@ -352,7 +352,8 @@ def _forward_backward(
                     f"{type(_module).__name__} runs on a tensor whose first dimension is not "
                     "the batch's"
                 )
-            if layer.affine and ghost_affine.verified(_module) is None:
+            # (an empty call shows no layout, and its sums are zeros either way)
+            if layer.affine and ghost_affine.verified(_module) is None and a.numel():
                 _verify_affine(_module, a, out, cast(ghost_parameters.RandomState, before))
             layer.inputs.append(a.detach())
             layer.versions.append(version)

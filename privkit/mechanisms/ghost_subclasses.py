@@ -22,6 +22,7 @@ these layers as for all.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -64,9 +65,14 @@ def overrides_forward(module: nn.Module) -> bool:
 
 
 def _own(module: nn.Module, key: str):
-    """The module's own value of a functional argument ``key``."""
-    value = getattr(module, key)
+    """The module's own value of a functional argument ``key`` (a marker no call's value equals
+    where the module has none)."""
+    value: Any = getattr(module, key, _NONE_OF_ITS_OWN)
     return tuple(value) if key == "normalized_shape" else value
+
+
+#: the value of an argument the module has no attribute for
+_NONE_OF_ITS_OWN = object()
 
 
 def _disagreement(module: nn.Module, call: dict, defaults: dict) -> str | None:
@@ -79,7 +85,8 @@ def _disagreement(module: nn.Module, call: dict, defaults: dict) -> str | None:
         if call["padding_idx"] is not None and call["padding_idx"] < 0:  # as F.embedding reads it
             call["padding_idx"] += module.num_embeddings
     for key, value in call.items():
-        if key in ("input", "weight", "norm_type", "max_norm", "scale_grad_by_freq"):
+        if key in ("input", "weight", "norm_type", "max_norm", "scale_grad_by_freq", "sparse"):
+            # (a sparse gradient has the dense one's values: ghost clipping's sums are dense)
             continue
         value = tuple(value) if key == "normalized_shape" else value
         own = _own(module, key)

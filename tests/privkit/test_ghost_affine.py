@@ -223,3 +223,33 @@ def test_a_bias_entering_otherwise_is_not_a_linear_layers():
     x, y = torch.randn(6, D, dtype=torch.float64), torch.randint(0, 3, (6,))
     falls_back(model, x, y, "other outputs than the model.s own")
     assert not ghost_affine.may_be_affine(model[1])
+
+
+class FlatRows(nn.Module):
+    """Conv1D maps on ``(B T, d)`` rows (the sequence flattened into the batch, as OPT's MLP)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c_fc = Conv1D(2 * D, D)
+        self.head = nn.Linear(2 * D, 3)
+
+    def forward(self, x):
+        b = x.shape[0]
+        h = torch.tanh(self.c_fc(x.reshape(-1, D)))
+        return self.head(h.reshape(b, T, 2 * D).mean(1))
+
+
+def test_a_conv1d_on_rows_that_flatten_the_batch(monkeypatch):
+    torch.manual_seed(49)
+    model = FlatRows()
+    _check(model, *_batch(), monkeypatch)
+    assert ghost_affine.verified(model.c_fc) is True
+
+
+def test_no_rows_show_no_layout():
+    """A call on no rows fits either layout: the check claims none (and ghost clipping does not
+    ask it on an empty call, leaving the layout to a later one)."""
+    layer = OwnLinear(D)
+    a = torch.randn(0, D)
+    with pytest.raises(ghost_affine.NotAffine):
+        ghost_affine.layout(layer, a, layer(a), 1e-3)

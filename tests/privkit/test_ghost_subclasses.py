@@ -15,6 +15,8 @@ and layers on rows that flatten the batch, under ghost clipping, against torch.f
 Norms and clipped sums equal ``torch.func``'s per-example gradients clipped (float64).
 """
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -275,3 +277,22 @@ def test_a_subclass_calling_with_other_arguments_is_refused(layer, why):
     with pytest.raises(UnsupportedModelError, match=why):
         ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
     falls_back(model, x, y, why)
+
+
+class SparseLookup(nn.Embedding):
+    """A subclass looking up with a sparse gradient (its values are the dense one's)."""
+
+    def forward(self, ids):
+        return 2 * F.embedding(ids, self.weight, sparse=True)
+
+
+def test_a_sparse_lookup_is_the_layers():
+    """Clipping off, the sum is plain autograd's (its sparse gradient made dense)."""
+    torch.manual_seed(67)
+    model = nn.Sequential(SparseLookup(V, D), nn.Flatten(), nn.Linear(T * D, 3)).double()
+    ids, y = _tokens()
+    got = ghost_clipping.clipped_sum(model, ids, _example_losses(y), math.inf)
+    F.cross_entropy(model(ids), y, reduction="sum").backward()
+    for k, p in model.named_parameters():
+        want = p.grad.to_dense() if p.grad.is_sparse else p.grad
+        torch.testing.assert_close(got[k], want, rtol=1e-10, atol=1e-12, msg=k)
