@@ -118,3 +118,21 @@ def test_a_gpt2_dp_sgd_audit_sees_its_bugs(monkeypatch):
         return gpt2_predicting_the_last_token(), data
 
     audit_sees_its_bugs(monkeypatch, build_audited)
+
+
+@pytest.mark.parametrize(
+    "family, targets", [("gpt2", ["c_attn", "c_proj"]), ("llama", ["q_proj", "v_proj"])]
+)
+def test_lora_adapters_by_peft_take_ghost_clipping(family, targets, monkeypatch):
+    """DP fine-tuning by LoRA (PEFT's adapters, the base model frozen): only the adapters'
+    ``nn.Linear`` maps train, GPT-2's frozen ``Conv1D`` maps under them."""
+    peft = pytest.importorskip("peft")
+    model, x, y, kind = _model(family)
+    config = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=targets, fan_in_fan_out=family == "gpt2"
+    )
+    model.model = peft.get_peft_model(model.model, config)
+    model = model.double()
+    trainable = [k for k, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in k for k in trainable)
+    takes_ghost_clipping(model, x, y, monkeypatch, _spread(record_loss(kind)))
