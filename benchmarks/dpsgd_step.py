@@ -39,8 +39,10 @@ step: vocab 1000, width 64, hidden 128, 32 tokens, 0.16M parameters, batch 64); 
 ``resnet18`` (ResNet-18 with GroupNorm, 11.2M parameters, 32x32x3 inputs, batch 256: about a
 minute per repeat on one CPU thread, the model of issue 32's GPU figures), ``encoder_large``
 (two such layers of width 512, 8 heads, 6.9M parameters, 128 tokens, batch 32) and ``vit_large``
-(the ViT at width 384, 6 heads, 4 layers, 7.1M parameters, batch 32) and ``gpt2_small`` (HF's
-GPT-2 at its small size, 124M parameters, 64 tokens, batch 4).
+(the ViT at width 384, 6 heads, 4 layers, 7.1M parameters, batch 32), ``gpt2_small`` (HF's
+GPT-2 at its small size, 124M parameters, 64 tokens, batch 4) and ``gpt2_small_lora`` (the same
+with PEFT's LoRA adapters of rank 8 on its attention maps, the base frozen: DP fine-tuning as
+it is mostly done).
 
     python benchmarks/dpsgd_step.py --json [--device cuda] [--repeats 7] [--big]
 
@@ -62,6 +64,7 @@ import platform
 import statistics
 import time
 import warnings
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -282,6 +285,16 @@ def gpt2(vocab=5000, d=128, heads=4, layers=2) -> nn.Module:
     return HfLogits(transformers.GPT2LMHeadModel(config))
 
 
+def lora(model: HfLogits, targets: list[str], r: int = 8) -> HfLogits:
+    """``model`` with LoRA adapters of rank ``r`` on the ``targets`` maps (PEFT's
+    ``get_peft_model``): only the adapters train, the base model frozen."""
+    import peft
+
+    config = peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets, fan_in_fan_out=True)
+    model.model = peft.get_peft_model(model.model, config)
+    return model
+
+
 def build(name: str) -> tuple[nn.Module, str, int]:
     """The model, a description, and its batch size."""
     if name == "resnet18":
@@ -333,6 +346,13 @@ def build(name: str) -> tuple[nn.Module, str, int]:
             "layer tied to the token embedding, next-token loss on every position",
             32,
         )
+    if name == "gpt2_small_lora":
+        return (
+            lora(cast(HfLogits, gpt2(vocab=50257, d=768, heads=12, layers=12)), ["c_attn"]),
+            "GPT-2 small (124M) with LoRA adapters of rank 8 on its attention maps (PEFT), the "
+            "base model frozen: 295k trainable parameters; 64 tokens",
+            4,
+        )
     if name == "gpt2_small":
         return (
             gpt2(vocab=50257, d=768, heads=12, layers=12),
@@ -352,8 +372,8 @@ def build(name: str) -> tuple[nn.Module, str, int]:
 
 def batch(name: str, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    if name in ("lm", "gpt2", "gpt2_small"):  # a sequence and its next tokens
-        vocab = 50257 if name == "gpt2_small" else 5000
+    if name in ("lm", "gpt2", "gpt2_small", "gpt2_small_lora"):  # a sequence and its next tokens
+        vocab = 50257 if name.startswith("gpt2_small") else 5000
         tokens = torch.randint(0, vocab, (size, 65), generator=g)
         return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
     if name in ("transformer", "encoder", "encoder_large", "lstm"):  # tokens; else images
@@ -507,7 +527,7 @@ def measure(name: str, device: torch.device, repeats: int) -> dict:
 
 
 #: the library a model needs besides torch and opacus
-NEEDS = {"gpt2": "transformers", "gpt2_small": "transformers"}
+NEEDS = {"gpt2": "transformers", "gpt2_small": "transformers", "gpt2_small_lora": "peft"}
 
 
 def _importable(module: str | None) -> bool:
@@ -521,7 +541,8 @@ def main() -> None:
     ap.add_argument(
         "--big",
         action="store_true",
-        help="add ResNet-18, a 6.9M encoder, a 7.1M ViT and GPT-2 small (slow on a CPU)",
+        help="add ResNet-18, a 6.9M encoder, a 7.1M ViT and GPT-2 small, whole and by LoRA (slow "
+        "on a CPU)",
     )
     ap.add_argument("--models", default=None, help="comma-separated subset of the models")
     ap.add_argument(
@@ -541,7 +562,8 @@ def main() -> None:
         torch.set_num_threads(1)
     else:
         torch.backends.cudnn.benchmark = False  # Poisson batch sizes vary in training
-    big = ["resnet18", "encoder_large", "vit_large", "gpt2_small"] if args.big else []
+    big = ["resnet18", "encoder_large", "vit_large", "gpt2_small", "gpt2_small_lora"]
+    big = big if args.big else []
     names = ["resnet_small", "transformer", "encoder", "vit", "lm", "gpt2", "lstm", *big]
     if args.models:
         names = args.models.split(",")
