@@ -68,6 +68,7 @@ from typing import cast
 
 import torch
 import torch.nn.functional as F
+from hf_models import CAUSAL, Logits  # the same directory: run as a script
 from torch import nn
 
 from privkit.mechanisms import ghost_clipping
@@ -258,19 +259,6 @@ class LSTMClassifier(nn.Module):
         return self.head(self.lstm(self.emb(idx))[0][:, -1])
 
 
-class HfLogits(nn.Module):
-    """A HF transformers model called on token ids, its logits out. Its position ids are passed
-    per example, ``(B, T)``: opacus' hooks take no ``(1, T)`` positions (privkit takes either)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device).expand(idx.shape[0], -1)
-        return self.model(input_ids=idx, position_ids=pos).logits
-
-
 def gpt2(vocab=5000, d=128, heads=4, layers=2) -> nn.Module:
     """HF transformers' GPT-2 (``GPT2LMHeadModel``, no pretrained weights) at the size of ``lm``:
     its maps are ``Conv1D`` layers, its head is tied to the token embedding, its positions are
@@ -282,10 +270,10 @@ def gpt2(vocab=5000, d=128, heads=4, layers=2) -> nn.Module:
         vocab_size=vocab, n_positions=64, n_embd=d, n_layer=layers, n_head=heads,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
     )  # fmt: skip
-    return HfLogits(transformers.GPT2LMHeadModel(config))
+    return Logits(transformers.GPT2LMHeadModel(config), CAUSAL, positions=True)
 
 
-def lora(model: HfLogits, targets: list[str], r: int = 8) -> HfLogits:
+def lora(model: Logits, targets: list[str], r: int = 8) -> Logits:
     """``model`` with LoRA adapters of rank ``r`` on the ``targets`` maps (PEFT's
     ``get_peft_model``): only the adapters train, the base model frozen."""
     import peft
@@ -348,7 +336,7 @@ def build(name: str) -> tuple[nn.Module, str, int]:
         )
     if name == "gpt2_small_lora":
         return (
-            lora(cast(HfLogits, gpt2(vocab=50257, d=768, heads=12, layers=12)), ["c_attn"]),
+            lora(cast(Logits, gpt2(vocab=50257, d=768, heads=12, layers=12)), ["c_attn"]),
             "GPT-2 small (124M) with LoRA adapters of rank 8 on its attention maps (PEFT), the "
             "base model frozen: 295k trainable parameters; 64 tokens",
             4,

@@ -38,18 +38,23 @@ TEXT, IMAGE, CAUSAL = "classifier on tokens", "classifier on images", "causal la
 
 class Logits(nn.Module):
     """A HF model called on token ids (or pixel values), its logits out (for a causal language
-    model with ``last``, the last position's: next-token prediction as a classifier)."""
+    model with ``last``, the last position's: next-token prediction as a classifier). With
+    ``positions`` its position ids are passed per example, ``(B, T)``: opacus' hooks take no
+    ``(1, T)`` positions (privkit takes either)."""
 
-    def __init__(self, model: nn.Module, kind: str, last: bool = False):
+    def __init__(self, model: nn.Module, kind: str, last: bool = False, positions: bool = False):
         super().__init__()
-        self.model, self.kind, self.last = model, kind, last
+        self.model, self.kind, self.last, self.positions = model, kind, last, positions
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == IMAGE:
             return self.model(pixel_values=x).logits
         if self.model.config.is_encoder_decoder and self.kind == CAUSAL:  # T5: decode the input
             return self.model(input_ids=x, decoder_input_ids=x).logits
-        logits = self.model(input_ids=x).logits
+        ids = {"input_ids": x}
+        if self.positions:
+            ids["position_ids"] = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        logits = self.model(**ids).logits
         return logits[:, -1] if self.last else logits
 
 
