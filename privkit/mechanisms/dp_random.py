@@ -18,7 +18,9 @@ this type existed, so seeded results are bit-identical to theirs.
 Gaussian noise a release carries is drawn through :func:`privkit.mechanisms.gaussian_release`
 (one function for every single-model mechanism): in release mode the released floats lie on a grid
 fixed by the noise scale alone and the grid offset is drawn exactly (:mod:`privkit.mechanisms.grid_noise`), so
-the floating-point attack on ``clean + sigma * z`` does not apply.
+the floating-point attack on ``clean + sigma * z`` does not apply.  Its bits come from the same
+cipher computed by OpenSSL (:class:`privkit.mechanisms.grid_noise.CipherBits`, a third of
+randomgen's time a word), keyed with 128 bits of the AES stream.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ class DpRandom:
                 f"{type(normals).__name__} on {getattr(normals, 'device', None)}"
             )
         self.normals = normals
+        self._cipher = None  # the noise's bit stream (bits()), keyed on first use
 
     @classmethod
     def secret(cls, device: str | torch.device = "cpu", on_device: bool | None = None) -> DpRandom:
@@ -156,16 +159,18 @@ class DpRandom:
 
     def bits(self):
         """The release stream as raw bits (a :class:`privkit.mechanisms.grid_noise.BitSource`): the device
-        stream when there is one, else the AES stream.  Release mode only."""
-        from privkit.mechanisms.grid_noise import NumpyBits, WordBits
+        stream when there is one, else AES-128-CTR computed by OpenSSL
+        (:class:`privkit.mechanisms.grid_noise.CipherBits`) under a key of 128 bits drawn from the
+        AES stream on the first call, the same stream for every later call.  Release mode only."""
+        from privkit.mechanisms.grid_noise import CipherBits, WordBits
 
         if self.seeded_torch:
             raise ValueError("bits() is for release mode; found a seeded torch Generator")
-        return (
-            WordBits(self.normals)
-            if self.normals is not None
-            else NumpyBits(self.source, self.device)
-        )
+        if self.normals is not None:
+            return WordBits(self.normals)
+        if self._cipher is None:  # keyed once, from this stream, on the first release
+            self._cipher = CipherBits(self.source, self.device)
+        return self._cipher
 
     def mask(self, *size: int, rate: float | torch.Tensor) -> torch.Tensor:
         """Independent Bernoulli(``rate``) inclusions of shape ``size`` (a bool CPU tensor);

@@ -369,11 +369,11 @@ def _numpy_release(
 ) -> np.ndarray:
     if not is_secret(rng):  # one draw of the whole shape, as numpy draws it
         return clean + rng.normal(0.0, std, size=clean.shape).astype(clean.dtype, copy=False)
-    from privkit.mechanisms.grid_noise import Grid, NumpyBits, grid_release
+    from privkit.mechanisms.grid_noise import CipherBits, Grid, grid_release
 
     grid = Grid.for_release(std, sens, clean.size if dim is None else dim)
     value = torch.from_numpy(np.ascontiguousarray(clean))
-    return grid_release(value, grid, NumpyBits(rng)).numpy()
+    return grid_release(value, grid, CipherBits(rng)).numpy()
 
 
 def gaussian_release(

@@ -371,3 +371,73 @@ def test_settle_ends_on_the_same_integer_from_any_start(scale):
         k = _settle(int(cell), scale, src)
         for guess in (float(k), float(k + 4), float(k - 3), math.inf):
             assert _settle(int(cell), scale, src, guess) == k
+
+
+# ----------------------------------------------------------------------------- the release's bits
+def test_cipher_bits_are_aes_128_in_counter_mode_under_a_key_from_the_stream():
+    """CipherBits' words are AES-128 of the counter blocks 0, 1, 2, ... (big-endian, as CTR mode
+    counts) under the key the stream's first two words make, read on across calls: checked
+    against the block cipher applied to each counter block on its own (ECB)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    from privkit.mechanisms.grid_noise import CipherBits
+
+    key = aes_generator(key=21).bit_generator.random_raw(2).astype("<u8").tobytes()
+    blocks = b"".join(i.to_bytes(16, "big") for i in range(40))
+    stream = Cipher(algorithms.AES(key), modes.ECB()).encryptor().update(blocks)
+    words = np.frombuffer(stream, dtype="<u8")
+    bits = CipherBits(aes_generator(key=21))
+    first, word, rest = bits.bits53(7), bits.bits64(), bits.bits53(72)
+    assert torch.equal(first, torch.from_numpy((words[:7] >> np.uint64(11)).astype(np.float64)))
+    assert word == int(words[7])
+    assert torch.equal(rest, torch.from_numpy((words[8:80] >> np.uint64(11)).astype(np.float64)))
+
+
+def test_a_release_stream_keys_its_noise_once_and_reads_on():
+    """One DpRandom: one noise stream for all its releases (never the same bits twice); two
+    secret streams: two keys."""
+    src = DpRandom.secret()
+    assert src.bits() is src.bits()
+    a, b = src.bits().bits53(64), src.bits().bits53(64)
+    assert not torch.equal(a, b)
+    assert not torch.equal(DpRandom.secret().bits().bits53(64), DpRandom.secret().bits().bits53(64))
+    u = src.bits().bits53(200_000).numpy() / 2.0**53
+    assert stats.kstest(u, "uniform").pvalue > 1e-4
+
+
+def _boundary_cells(scale: float, boundary: float, reach: int = 4) -> list[int]:
+    """The 53-bit cells around ``Phi(boundary / scale)``: the one holding it and ``reach`` on
+    each side."""
+    with mp.workprec(200):
+        at = int(mp.floor(mp.ncdf(mp.mpf(boundary) / scale) * 2**53))
+    return [at + d for d in range(-reach, reach + 1)]
+
+
+@pytest.mark.parametrize("scale", [3.0, 1000.25, 2.0**24 + 0.5, 1.5 * 2.0**24])
+def test_draws_near_a_boundary_are_settled_as_the_exact_search_settles_them(scale):
+    """Cells next to a boundary (the only ones the one-boundary settle sees) get the integer of
+    the two-sided exact search, on both sides of zero and of the boundary."""
+    from privkit.mechanisms.grid_noise import _MARGIN, _settle, _undecided
+
+    for boundary in (0.5, -0.5, 7.5, -float(math.floor(2.1 * scale)) - 0.5):
+        cells = _boundary_cells(scale, boundary)
+        got = _undecided(torch.tensor(cells, dtype=torch.float64), scale, _bits(30), _MARGIN)
+        want = [_settle(c, scale, _bits(30)) for c in cells]
+        assert got.tolist() == want
+        assert want[0] == boundary - 0.5 and want[-1] == boundary + 0.5
+
+
+def test_chunked_releases_decide_their_open_draws_together_as_one_pass_would(monkeypatch):
+    """Several chunks (small ones here): their undecided draws, decided after the last chunk, get
+    the integers every draw settled exactly gets, and the release snaps them."""
+    from privkit.mechanisms import grid_noise
+
+    monkeypatch.setattr(grid_noise, "_CHUNK", 700)
+    scale = 2.0**24 + 12345.678
+    fast = rounded_gaussian(scale, 3000, _bits(31))
+    exact = rounded_gaussian(scale, 3000, _bits(31), margin=1.0)
+    assert torch.equal(fast, exact)
+    grid = Grid(2.0**-20, 1.5)  # s = 1.5: the tail, |k| > 4, left to the end
+    clean = torch.randn(3000, generator=torch.Generator().manual_seed(1))
+    want = snap_add(clean, rounded_gaussian(grid.scale, 3000, _bits(32)), grid.gamma)
+    assert torch.equal(grid_release(clean, grid, _bits(32)), want)

@@ -63,17 +63,18 @@ def test_primitive_outside_an_audit_is_todays_release():
 
 def test_primitive_on_the_release_stream_is_the_grid_release():
     """Release mode (the AES stream): the grid release of privkit.mechanisms.grid_noise, its noise covering the
-    rounding of a 15-number release of sensitivity 0.1."""
+    rounding of a 15-number release of sensitivity 0.1, its bits from OpenSSL's AES-CTR keyed by
+    the stream."""
     import torch
 
-    from privkit.mechanisms.grid_noise import Grid, NumpyBits, grid_release
+    from privkit.mechanisms.grid_noise import CipherBits, Grid, grid_release
 
     clean = np.random.default_rng(0).normal(size=(3, 5))
     released = gaussian_output_perturbation(
         clean, sigma=0.3, sensitivity=0.1, rng=aes_generator(key=123), client=0, label="class-head"
     )
     grid = Grid.for_release(0.3, 0.1, 15)
-    want = grid_release(torch.from_numpy(clean), grid, NumpyBits(aes_generator(key=123))).numpy()
+    want = grid_release(torch.from_numpy(clean), grid, CipherBits(aes_generator(key=123))).numpy()
     np.testing.assert_array_equal(released, want)
     assert np.all(released / grid.gamma == np.round(released / grid.gamma))
 
