@@ -488,7 +488,9 @@ def _settle_at(cell: int, boundary: float, scale: float, bits: BitSource) -> int
         width += 64
 
 
-def snap_add(clean: torch.Tensor, k: torch.Tensor, gamma: float) -> torch.Tensor:
+def snap_add(
+    clean: torch.Tensor, k: torch.Tensor, gamma: float, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """``gamma * (round(clean / gamma) + k)`` in float64, then in ``clean``'s dtype.
 
     ``clean / gamma`` and the product by ``gamma`` are exact (power of two), the sum of two integers
@@ -503,10 +505,13 @@ def snap_add(clean: torch.Tensor, k: torch.Tensor, gamma: float) -> torch.Tensor
         ``clean``'s shape.
     gamma : float
         The grid step, a power of two.
+    out : torch.Tensor, optional
+        Written in place (``clean``'s shape and dtype) and returned: the cast to ``clean``'s
+        dtype and the copy into a chunk of a larger release are one pass.
     """
     c = clean.to(torch.float64, copy=True)  # in place from here on (0.75x the time of new tensors)
     c.mul_(1.0 / gamma).round_().add_(k.to(device=c.device, dtype=torch.float64)).mul_(gamma)
-    return c.to(clean.dtype)
+    return c.to(clean.dtype) if out is None else out.copy_(c)
 
 
 def grid_release(clean: torch.Tensor, grid: Grid, bits: BitSource) -> torch.Tensor:
@@ -532,7 +537,7 @@ def grid_release(clean: torch.Tensor, grid: Grid, bits: BitSource) -> torch.Tens
     for start in range(0, flat.numel(), _CHUNK):  # chunks that stay in cache
         part = flat[start : start + _CHUNK]
         k, rest, u_rest = _bulk(grid.scale, part.numel(), bits, _MARGIN)
-        out[start : start + _CHUNK] = snap_add(part, k, grid.gamma)
+        snap_add(part, k, grid.gamma, out=out[start : start + _CHUNK])
         pending.append((rest + start, u_rest))
     # the draws the chunks left open, together; their coordinates snapped again
     idx, u = (torch.cat(parts) for parts in zip(*pending))

@@ -51,8 +51,8 @@ def grid(monkeypatch):
         assert self.seeded_torch, "release mode drew float normals"
         return randn(self, *args, **kwargs)
 
-    def checked(clean, k, gamma):
-        out = snap(clean, k, gamma)
+    def checked(clean, k, gamma, out=None):
+        out = snap(clean, k, gamma, out=out)
         scaled = out.double() / gamma
         assert torch.equal(scaled, torch.round(scaled)), "a release off the grid"
         seen["releases"] += 1
