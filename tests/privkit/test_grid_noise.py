@@ -441,3 +441,21 @@ def test_chunked_releases_decide_their_open_draws_together_as_one_pass_would(mon
     clean = torch.randn(3000, generator=torch.Generator().manual_seed(1))
     want = snap_add(clean, rounded_gaussian(grid.scale, 3000, _bits(32)), grid.gamma)
     assert torch.equal(grid_release(clean, grid, _bits(32)), want)
+
+
+@pytest.mark.parametrize("scale", [0.15, 3.0, 2.0**24 + 0.5, 1.5 * 2.0**24])
+def test_tail_cells_get_the_exact_integer_however_they_are_decided(scale):
+    """Cells deep in both tails (|z| from 4.4 to 8.3, where a cell's image is up to a grid unit
+    wide and more): decided by float64 with their own width, by one boundary or by the two-sided
+    search, each gets the exact search's integer."""
+    from privkit.mechanisms.grid_noise import _MARGIN, _settle, _undecided
+
+    rng = np.random.default_rng(33)
+    low = np.concatenate(  # Phi^-1(2**-19) = -4.4 and below; |z| near 6, where the image of a
+        # cell at s = 2**24 is a grid unit wide
+        [rng.integers(0, 2**34, 200), rng.integers(2**20, 2**25, 100), [0]]
+    )
+    cells = np.concatenate([low, 2**53 - 1 - low]).tolist()
+    for c in cells:  # each on the same fresh stream: a cell spanning integers reads more bits
+        got = _undecided(torch.tensor([float(c)], dtype=torch.float64), scale, _bits(34), _MARGIN)
+        assert got.item() == _settle(c, scale, _bits(34)), c
