@@ -459,3 +459,20 @@ def test_tail_cells_get_the_exact_integer_however_they_are_decided(scale):
     for c in cells:  # each on the same fresh stream: a cell spanning integers reads more bits
         got = _undecided(torch.tensor([float(c)], dtype=torch.float64), scale, _bits(34), _MARGIN)
         assert got.item() == _settle(c, scale, _bits(34)), c
+
+
+def test_the_tail_decides_alike_in_torch_as_on_an_accelerator_and_in_numpy():
+    """The CPU decides the open draws in numpy, an accelerator in torch: one function over both,
+    run here with torch's functions on the CPU, gives the numpy path's integers (tail cells and
+    cells next to a boundary, each on the same fresh stream)."""
+    from privkit.mechanisms.grid_noise import _MARGIN, _NUMPY, _decide, _midpoint, _Torch
+
+    scale = 1.5 * 2.0**24
+    rng = np.random.default_rng(35)
+    cells = rng.integers(0, 2**36, 60).tolist() + _boundary_cells(scale, 12345.5)
+    for c in cells + [2**53 - 1 - c for c in cells]:
+        u = torch.tensor([float(c)], dtype=torch.float64)
+        a = torch.special.ndtri(_midpoint(u)).mul_(scale)
+        in_torch = _decide(a.clone(), u, scale, _bits(36), _MARGIN, _Torch(torch.device("cpu")))
+        in_numpy = _decide(a.numpy().copy(), u.numpy(), scale, _bits(36), _MARGIN, _NUMPY)
+        assert in_torch.tolist() == in_numpy.tolist()
