@@ -10,16 +10,18 @@ Everything else (the trainers, the batched engine, the seeded reference noise) i
 
 Measured, one torch thread, CPU seconds (``process_time``), medians over ``--repeats``:
 
-* ``release_s``: a grid release of ``--n`` float32 coordinates at noise 1, sensitivity 1;
+* ``release_<n>``: a grid release of ``n`` float32 coordinates at noise 1, sensitivity 1, for
+  each ``n`` of ``--n`` (10 million, and 51,000: one step's release of the quick DP-SGD MLP; the
+  small one repeated 20 times a measurement);
 * ``train_s`` per method: one release-mode training (``privkit.batched.many.train_one``, the
   method's quick configuration on the quickstart federation: what ``privkit train`` runs).
 
 Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/release_noise_paired.py --before 8b006d1 \\
-        [--methods dpsgd,dp-fedavg,fedkadp,fedkd-dp] [--repeats 5] [--n 10000000] [--json]
+        [--methods dpsgd,dp-fedavg,fedkadp,fedkd-dp] [--repeats 5] [--n 10000000,51000] [--json]
 
-Bad input (an unknown method, a revision git does not know, ``--repeats`` below 1) exits with
+Bad input (an unknown method, a revision git does not know, ``--repeats`` or a size below 1) exits with
 code 2 and one line naming it.
 """
 
@@ -90,7 +92,7 @@ def cpu_seconds(fn) -> float:
     return time.process_time() - start
 
 
-def measure(old, methods: list[str], repeats: int, n: int) -> dict:
+def measure(old, methods: list[str], repeats: int, sizes: list[int]) -> dict:
     import audit_cost
 
     from privkit.batched.many import train_one
@@ -100,17 +102,25 @@ def measure(old, methods: list[str], repeats: int, n: int) -> dict:
     from privkit.trainers.pretrain import clear_cache
 
     fed = audit_cost._federation()
-    clean = torch.randn(n, generator=torch.Generator().manual_seed(0))
-    grid = grid_noise.Grid.for_release(1.0, 1.0, n)
 
-    def release():
-        grid_noise.grid_release(clean, grid, DpRandom.secret().bits())
+    def release(n):
+        clean = torch.randn(n, generator=torch.Generator().manual_seed(0))
+        grid = grid_noise.Grid.for_release(1.0, 1.0, n)
+        times = 20 if n < 1_000_000 else 1  # a small release: 20 of them a measurement
+
+        def run():
+            bits = DpRandom.secret().bits()
+            for _ in range(times):
+                grid_noise.grid_release(clean, grid, bits)
+
+        return run
 
     def training(method):
         clear_cache()
         train_one(method, fed, REGISTRY[method].quick_config(), 0)
 
-    jobs = {"release": release, **{m: (lambda m=m: training(m)) for m in methods}}
+    jobs = {f"release_{n}": release(n) for n in sizes}
+    jobs.update({m: (lambda m=m: training(m)) for m in methods})
     times: dict[str, dict[str, list[float]]] = {k: {"before": [], "after": []} for k in jobs}
     for job in jobs.values():  # untimed: lazy imports, first calls
         with revision(old):
@@ -130,11 +140,11 @@ def measure(old, methods: list[str], repeats: int, n: int) -> dict:
     for name, sides in times.items():
         before, after = (statistics.median(sides[s]) for s in ("before", "after"))
         out[name] = {
-            "before_s": round(before, 4),
-            "after_s": round(after, 4),
-            "ratio": round(after / before, 3),
-            "before_all_s": [round(t, 4) for t in sides["before"]],
-            "after_all_s": [round(t, 4) for t in sides["after"]],
+            "before_s": round(before, 6),
+            "after_s": round(after, 6),
+            "ratio": round(after / before, 4),
+            "before_all_s": [round(t, 6) for t in sides["before"]],
+            "after_all_s": [round(t, 6) for t in sides["after"]],
         }
     return out
 
@@ -146,7 +156,7 @@ def main() -> None:
     ap.add_argument("--before", required=True, help="the git revision to compare against")
     ap.add_argument("--methods", default="dpsgd,dp-fedavg,fedkadp,fedkd-dp")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--n", type=int, default=10_000_000)
+    ap.add_argument("--n", default="10000000,51000", help="comma-separated release sizes")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     methods = [m for m in args.methods.split(",") if m]
@@ -154,8 +164,15 @@ def main() -> None:
     if unknown:
         print(f"--methods: unknown method {unknown[0]!r}", file=sys.stderr)
         sys.exit(2)
-    if args.repeats < 1 or args.n < 1:
-        print(f"--repeats and --n must be >= 1; found {args.repeats}, {args.n}", file=sys.stderr)
+    try:
+        sizes = [int(v) for v in args.n.split(",") if v]
+    except ValueError:
+        sizes = [0]
+    if not sizes or min(sizes) < 1:
+        print(f"--n must be sizes >= 1, comma-separated; found {args.n!r}", file=sys.stderr)
+        sys.exit(2)
+    if args.repeats < 1:
+        print(f"--repeats must be >= 1; found {args.repeats}", file=sys.stderr)
         sys.exit(2)
     try:
         old = load_revision(args.before)
@@ -171,11 +188,11 @@ def main() -> None:
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip(),
         "repeats": args.repeats,
-        "n": args.n,
+        "sizes": sizes,
         "torch_threads": 1,
         "platform": platform.platform(),
         "load_average_start": [round(v, 2) for v in os.getloadavg()],
-        "results": measure(old, methods, args.repeats, args.n),
+        "results": measure(old, methods, args.repeats, sizes),
         "load_average_end": [round(v, 2) for v in os.getloadavg()],
     }
     if args.json:
