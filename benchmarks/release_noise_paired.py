@@ -8,7 +8,8 @@ into ``privkit.mechanisms.grid_noise`` and its ``NumpyBits`` over the release st
 ``DpRandom.bits`` (the release's bits as that revision drew them); "after" is this checkout.
 Everything else (the trainers, the batched engine, the seeded reference noise) is the same code.
 
-Measured, one torch thread, CPU seconds (``process_time``), medians over ``--repeats``:
+Measured, one torch thread, CPU seconds (``process_time``), medians over ``--repeats``, their
+quotient (``ratio``) and the median of each repeat's quotient (``ratio_paired_median``):
 
 * ``release_<n>``: a grid release of ``n`` float32 coordinates at noise 1, sensitivity 1, for
   each ``n`` of ``--n`` (10 million, and 51,000: one step's release of the quick DP-SGD MLP; the
@@ -143,6 +144,11 @@ def measure(old, methods: list[str], repeats: int, sizes: list[int]) -> dict:
             "before_s": round(before, 6),
             "after_s": round(after, 6),
             "ratio": round(after / before, 4),
+            # each repeat's two measurements ran back to back: the median of their quotients
+            # is what the machine's drift between repeats moves least
+            "ratio_paired_median": round(
+                statistics.median(a / b for a, b in zip(sides["after"], sides["before"])), 4
+            ),
             "before_all_s": [round(t, 6) for t in sides["before"]],
             "after_all_s": [round(t, 6) for t in sides["after"]],
         }
@@ -199,7 +205,10 @@ def main() -> None:
         print(json.dumps(res, indent=1))
         return
     for name, r in res["results"].items():
-        print(f"{name}: before {r['before_s']} s, after {r['after_s']} s, {r['ratio']}x")
+        print(
+            f"{name}: before {r['before_s']} s, after {r['after_s']} s, {r['ratio']}x "
+            f"(paired {r['ratio_paired_median']}x)"
+        )
 
 
 if __name__ == "__main__":
