@@ -96,6 +96,10 @@ class DpRandom:
         self.normals = normals
         self._cipher = None  # the noise's bit stream (bits()), keyed on first use
 
+    def __getstate__(self) -> dict:
+        # the noise's cipher is OpenSSL state: a copy keys its own from its copy of the stream
+        return {**self.__dict__, "_cipher": None}
+
     @classmethod
     def secret(cls, device: str | torch.device = "cpu", on_device: bool | None = None) -> DpRandom:
         """Release mode: a fresh AES-CTR stream keyed from the OS CSPRNG; normals on an

@@ -403,6 +403,10 @@ def test_a_release_stream_keys_its_noise_once_and_reads_on():
     assert not torch.equal(DpRandom.secret().bits().bits53(64), DpRandom.secret().bits().bits53(64))
     u = src.bits().bits53(200_000).numpy() / 2.0**53
     assert stats.kstest(u, "uniform").pvalue > 1e-4
+    import pickle  # a copy (a worker's) keys its own noise stream from its copy of the AES stream
+
+    copy = pickle.loads(pickle.dumps(DpRandom(aes_generator(key=22))))
+    assert copy._cipher is None and copy.bits().bits53(8).shape == (8,)
 
 
 def _boundary_cells(scale: float, boundary: float, reach: int = 4) -> list[int]:
@@ -476,3 +480,43 @@ def test_the_tail_decides_alike_in_torch_as_on_an_accelerator_and_in_numpy():
         in_torch = _decide(a.clone(), u, scale, _bits(36), _MARGIN, _Torch(torch.device("cpu")))
         in_numpy = _decide(a.numpy().copy(), u.numpy(), scale, _bits(36), _MARGIN, _NUMPY)
         assert in_torch.tolist() == in_numpy.tolist()
+
+
+def test_a_stream_on_an_accelerator_draws_a_long_release_in_one_pass():
+    """WordBits carries its stream's device: a stream on an accelerator draws every coordinate in
+    one pass (the CPU's chunks would copy each chunk to the host), here a CPU ChaCha20 stream that
+    says it is on a GPU."""
+    from privkit.mechanisms.device_random import ChaChaStream
+    from privkit.mechanisms.grid_noise import _CHUNK, WordBits
+
+    class OnAGpu:
+        device = torch.device("cuda")
+
+        def __init__(self):
+            self.inner, self.calls = ChaChaStream("cpu", key=37), []
+
+        def bits53(self, n):
+            self.calls.append(n)
+            return self.inner.bits53(n)
+
+        def words(self, blocks):
+            return self.inner.words(blocks)
+
+    stream = OnAGpu()
+    bits = WordBits(stream)
+    assert bits.device.type == "cuda"
+    draws = rounded_gaussian(2.0**24, 2 * _CHUNK + 5, bits)
+    assert stream.calls == [2 * _CHUNK + 5] and len(draws) == 2 * _CHUNK + 5
+    cpu = WordBits(ChaChaStream("cpu", key=37))
+    assert torch.equal(draws, rounded_gaussian(2.0**24, 2 * _CHUNK + 5, cpu))
+
+
+def test_a_long_draw_of_cipher_bits_reads_the_stream_a_chunk_at_a_time():
+    """More words than a chunk at once (a release drawn in one pass for an accelerator) are the
+    same words as drawn chunk by chunk."""
+    from privkit.mechanisms.grid_noise import _CHUNK, CipherBits
+
+    whole = CipherBits(aes_generator(key=23)).bits53(2 * _CHUNK + 3)
+    parts = CipherBits(aes_generator(key=23))
+    pieces = [parts.bits53(_CHUNK), parts.bits53(_CHUNK + 3)]
+    assert torch.equal(whole, torch.cat(pieces))
