@@ -54,12 +54,13 @@ def load_revision(rev: str):
     text = subprocess.run(
         ["git", "show", f"{rev}:{MODULE}"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
-    path = Path(tempfile.mkdtemp()) / "grid_noise_before.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("grid_noise_before", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory() as folder:  # read once, by exec_module
+        path = Path(folder) / "grid_noise_before.py"
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location("grid_noise_before", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up
+        spec.loader.exec_module(module)
     return module
 
 

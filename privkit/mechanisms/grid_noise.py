@@ -114,6 +114,11 @@ class BitSource(Protocol):
         ...
 
 
+def _top53(words: np.ndarray, device: torch.device) -> torch.Tensor:
+    """The top 53 bits of each 64-bit word, as exact float64 integers on ``device``."""
+    return torch.from_numpy(np.right_shift(words, np.uint64(11)).astype(np.float64)).to(device)
+
+
 class NumpyBits:
     """:class:`BitSource` over a numpy Generator's bit generator (the AES-CTR stream)."""
 
@@ -122,9 +127,7 @@ class NumpyBits:
         self.device = torch.device(device)
 
     def bits53(self, n: int) -> torch.Tensor:
-        raw = self.bit_generator.random_raw(n)
-        raw >>= np.uint64(11)
-        return torch.from_numpy(raw.astype(np.float64)).to(self.device)
+        return _top53(self.bit_generator.random_raw(n), self.device)
 
     def bits64(self) -> int:
         return int(self.bit_generator.random_raw())
@@ -172,8 +175,7 @@ class CipherBits:
         return out
 
     def bits53(self, n: int) -> torch.Tensor:
-        raw = np.right_shift(self._words(n), np.uint64(11))
-        return torch.from_numpy(raw.astype(np.float64)).to(self.device)
+        return _top53(self._words(n), self.device)
 
     def bits64(self) -> int:
         return int(self._words(1)[0])
