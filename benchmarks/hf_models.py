@@ -9,7 +9,10 @@ For each model family (a small configuration of its HF class, no pretrained weig
   (BART's boolean pooling), a loop over the examples;
 * per step (float32, one torch thread, CPU time, medians of interleaved repeats): non-private SGD,
   privkit's ``DpSgdStep`` (seeded noise) as it clips the model, and the same step made to take
-  ``torch.func`` (ghost clipping refused), with their ratios.
+  ``torch.func`` (ghost clipping refused), with their ratios;
+* with ``--memory``: each of the three's peak resident memory over two steps, each in a process
+  of its own (Linux's ``VmHWM``, which a process starts afresh at ``exec``; ``ru_maxrss`` carries
+  the parent's peak into its children), beside what the process held before its first step.
 
 ``python benchmarks/hf_models.py --json`` (results in ``benchmarks/results/hf_models_cpu.json``).
 """
@@ -20,9 +23,13 @@ import argparse
 import copy
 import importlib.util
 import json
+import resource
 import statistics
+import subprocess
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -205,11 +212,11 @@ def check(family: str) -> dict:
     }
 
 
-def timed_steps(family: str, repeats: int, size: int, d: int, length: int) -> dict:
-    """One step's CPU time: non-private SGD, privkit's DP-SGD as it clips the model, and the
-    same step made to take torch.func (ghost clipping refused); medians, ratios."""
+def _steps(family: str, size: int, d: int, length: int, layers: int):
+    """The model and one step of each variant: non-private SGD, privkit's DP-SGD as it clips the
+    model, and the same step made to take torch.func (ghost clipping refused)."""
     torch.manual_seed(0)
-    model, kind = build(family, d=d, vocab=1000, length=length)
+    model, kind = build(family, d=d, vocab=1000, length=length, layers=layers)
     x, y = batch(kind, size, 1000, length)
     loss = record_loss(kind)
     step = DpSgdStep(1.0, 1.0, size / 10_000, 10_000)
@@ -233,7 +240,13 @@ def timed_steps(family: str, repeats: int, size: int, d: int, length: int) -> di
         finally:
             ghost_clipping.clipped_sum = refuse
 
-    fns = {"sgd": sgd, "privkit": privkit, "torch_func": torch_func}
+    return model, {"sgd": sgd, "privkit": privkit, "torch_func": torch_func}
+
+
+def timed_steps(family: str, repeats: int, size: int, d: int, length: int, layers: int) -> dict:
+    """One step's CPU time: non-private SGD, privkit's DP-SGD as it clips the model, and the
+    same step made to take torch.func (ghost clipping refused); medians, ratios."""
+    model, fns = _steps(family, size, d, length, layers)
     unavailable = {}
     for v, fn in list(fns.items()):
         try:
@@ -260,6 +273,42 @@ def timed_steps(family: str, repeats: int, size: int, d: int, length: int) -> di
     }
 
 
+def _peak_gb() -> float:
+    """This process' peak resident memory so far, GB: ``VmHWM`` (its own since ``exec``), else
+    ``ru_maxrss`` (which on Linux includes the parent's peak at ``fork``)."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def peak_memory(family: str, variant: str, size: int, d: int, length: int, layers: int) -> dict:
+    """In this process: the memory held before the first step and the peak over two steps of
+    ``variant`` (GB); run by :func:`memory` in a process of its own per variant."""
+    _, fns = _steps(family, size, d, length, layers)
+    before = _peak_gb()
+    for _ in range(2):
+        fns[variant]()
+    return {"before_gb": round(before, 3), "peak_gb": round(_peak_gb(), 3)}
+
+
+def memory(family: str, args) -> dict:
+    """Each variant's :func:`peak_memory`, each in a fresh process (a peak is per process)."""
+    out = {}
+    for variant in ("sgd", "privkit", "torch_func"):
+        shape = [f"--{k}={getattr(args, k)}" for k in ("batch", "width", "length", "layers")]
+        run = subprocess.run(
+            [sys.executable, __file__, f"--peak-of={family},{variant}", *shape],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        out[variant] = json.loads(run.stdout) if run.returncode == 0 else run.stderr[-200:]
+    return out
+
+
 def _refused(*_args, **_kwargs):
     raise UnsupportedModelError("refused for the benchmark's torch.func row")
 
@@ -271,10 +320,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--length", type=int, default=32)
+    ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--check-only", action="store_true", help="the paths and norms, no timing")
+    ap.add_argument("--memory", action="store_true", help="also each step's peak memory")
+    ap.add_argument("--peak-of", help=argparse.SUPPRESS)  # FAMILY,VARIANT: one process's peak
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    for name in ("repeats", "batch", "width", "length"):
+    for name in ("repeats", "batch", "width", "length", "layers"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1; found {getattr(args, name)}")  # exit code 2
     unknown = [f for f in args.families.split(",") if f not in FAMILIES]
@@ -286,13 +338,21 @@ def main() -> None:
     torch.set_num_threads(1)
     import transformers
 
+    if args.peak_of:
+        family, variant = args.peak_of.split(",")
+        shape = (args.batch, args.width, args.length, args.layers)
+        print(json.dumps(peak_memory(family, variant, *shape)))
+        return
+
     results = {}
     for family in args.families.split(","):
         results[family] = check(family)
         if not args.check_only:
             results[family] |= timed_steps(
-                family, args.repeats, args.batch, args.width, args.length
+                family, args.repeats, args.batch, args.width, args.length, args.layers
             )
+        if args.memory:
+            results[family]["memory"] = memory(family, args)
         if not args.json:
             r = results[family]
             ratios = " ".join(f"{v} {x:.2f}x" for v, x in r.get("vs_sgd", {}).items() if v != "sgd")
@@ -304,7 +364,7 @@ def main() -> None:
         "threads": 1,
         "setup": {
             "check": "float64, 6 examples, width 32, 2 layers, 12 tokens, vocabulary 50",
-            "steps": f"float32, batch {args.batch}, width {args.width}, 2 layers, "
+            "steps": f"float32, batch {args.batch}, width {args.width}, {args.layers} layers, "
             f"{args.length} tokens (32x32x3 images), vocabulary 1000; {args.repeats} "
             "interleaved repeats after one warm-up, this process' CPU time",
             "clip_norm": 1.0,

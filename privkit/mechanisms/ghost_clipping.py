@@ -48,7 +48,11 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   ``(example, token)`` keys: exact and linear in the tokens. Positions shared by the batch
   (nanoGPT's ``arange(T)``, GPT-2's ``(1, T)`` ids, whose output the model broadcasts over the
   batch) have the output repeated for each example for the pass (:func:`_per_example`; the
-  first pass checks that the model's outputs do not change, as for bare parameters below).
+  first pass checks that the model's outputs do not change, as for bare parameters below). Where
+  the model's code does not take a repeated output (T5 permutes its ``(T, T, H)`` relative-position
+  bias as a 3-d tensor), the output is followed to where it meets the batch
+  (:mod:`privkit.mechanisms.ghost_broadcast`), and each example's output gradient comes from
+  there.
   Embeddings of one table (T5's and BART's encoder and decoder) are one layer called by each. A
   subclass with a forward of its own (HF's scaled word embeddings, OPT's offset positions) is
   seen by its table's ``F.embedding`` lookups, not by its module's call, as is a linear or
@@ -76,7 +80,9 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   embedding, a layer scale): replaced for the pass by per-example stand-ins, ``P`` repeated along
   a batch axis, whose output gradient holds each example's gradient of ``P`` in its row
   (:mod:`privkit.mechanisms.ghost_parameters`; the first pass checks that the stand-ins change no
-  output and that each row belongs to one example).
+  output and that each row belongs to one example). Where no form of stand-in gets through the
+  forward (Swin's bias table, indexed by positions), ``P`` itself is followed to where it meets
+  the batch (:mod:`privkit.mechanisms.ghost_broadcast`).
 
 Squared norms add over layers (flat clipping over every trainable parameter), the clip factors are
 ``min(1, C / ||g_i||)`` exactly as :func:`privkit.mechanisms.dp_sgd_step.clip_per_sample` (``C =
@@ -88,8 +94,8 @@ where ``G_i`` was materialised anyway); no second backward pass.
 Anything else is refused with :class:`~privkit.mechanisms.stacked.UnsupportedModelError` (the caller
 falls back to ``torch.func`` per-example gradients) rather than computed wrong: a trainable
 parameter of one of torch's own modules other than the layers above (an LSTM, a PReLU,
-attention's ``add_bias_kv``), a bare parameter used in a way its stand-in does not follow
-(indexed, passed to a functional layer, read through another reference),
+attention's ``add_bias_kv``), a bare parameter used in a way neither its stand-in nor following
+it to the batch covers (passed to a functional layer, read through another reference),
 attention with ``batch_first=False`` (a sequence-first model), BatchNorm in training mode or with
 trainable parameters (it mixes the batch's examples), an attention run twice in one forward, a
 parameter shared by layers other than embeddings of one table and a linear layer tied to it, a layer's parameter used outside the layer's call (an output tied by
@@ -121,7 +127,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
-from privkit.mechanisms import ghost_affine, ghost_attention, ghost_parameters, ghost_subclasses
+from privkit.mechanisms import (
+    ghost_affine,
+    ghost_attention,
+    ghost_broadcast,
+    ghost_parameters,
+    ghost_subclasses,
+)
 from privkit.mechanisms.stacked import UnsupportedModelError
 
 __all__ = ["MATERIALISE_LIMIT", "SUPPORTED", "clipped_sum", "per_example_norms"]
@@ -191,6 +203,9 @@ class _Layer:
     affine: bool = False
     # an embedding's: the other embeddings of its table, whose calls are its calls
     also: list[nn.Module] = field(default_factory=list)
+    # an embedding of positions whose output the model broadcasts over the batch, followed to
+    # where it meets the batch (ghost_broadcast): one traced source per call
+    sources: list = field(default_factory=list)
 
 
 def _linear(layer: _Layer) -> bool:
@@ -330,6 +345,7 @@ def _forward_backward(
     edges: ``layer.grad`` = gradient of the summed per-example losses w.r.t. the layer's output."""
 
     expanded: list[_Layer] = []  # embeddings of positions shared by the batch, made per example
+    traced: list[_Layer] = []  # such embeddings whose output is followed to the batch instead
 
     def hook(layer: _Layer):
         def store(_module, args, out):
@@ -343,6 +359,8 @@ def _forward_backward(
                 _module in _SHARED_POSITIONS or (a.dim() and a.shape[0] != x.shape[0])
             ):
                 _SHARED_POSITIONS.add(_module)
+                if trace is not None and _module in _TRACED_POSITIONS:
+                    return _traced_call(layer, a, out, version)
                 expanded.append(layer)
                 a, out = _per_example(a, out, x.shape[0])
             if _flattened(layer, a, out, x.shape[0]):  # (B k, ...) rows: (B, k, ...)
@@ -361,6 +379,16 @@ def _forward_backward(
             return out if layer in expanded else None
 
         return store
+
+    def _traced_call(layer: _Layer, a: torch.Tensor, out: torch.Tensor, version: int) -> None:
+        """An embedding call whose output the model keeps as it is, followed to the batch."""
+        if layer not in traced:
+            traced.append(layer)
+        layer.inputs.append(a.expand(x.shape[0], *a.shape).detach())  # each example's positions
+        layer.versions.append(version)
+        name = f"the output of {layer.names.get('weight', type(layer.module).__name__)}"
+        layer.sources.append(cast(ghost_broadcast.BroadcastTrace, trace).source(out, name))
+        return None
 
     def called(layer: _Layer) -> ghost_subclasses.Report:
         store = hook(layer)
@@ -395,6 +423,15 @@ def _forward_backward(
     # user's hook makes of it afterwards; an attention's forward with its linear maps in the open
     attention = [layer for layer in layers if isinstance(layer.module, nn.MultiheadAttention)]
     bare = [layer for layer in layers if layer.bare]
+    # bare parameters no form of stand-ins got through the forward: followed to the batch
+    followed = [layer for layer in bare if _followed(layer)]
+    bare = [layer for layer in bare if layer not in followed]
+    trace = (
+        ghost_broadcast.BroadcastTrace(x.shape[0])
+        if followed
+        or any(m in _TRACED_POSITIONS for layer in layers for m in (layer.module, *layer.also))
+        else None
+    )
     # a layer subclass with a forward of its own: its functional calls, as they happen
     by_calls = [layer for layer in layers if _by_calls(layer)]
     handles = [
@@ -410,10 +447,14 @@ def _forward_backward(
     check = model not in _ROWS_CHECKED and x.shape[0] > 1
     # the random state, to replay the pass, only where something may stand in for it (or a
     # linear layer of the model's own found otherwise on its first call takes the pass again)
-    may_stand_in = bare or any(
-        isinstance(layer.module, nn.Embedding)
-        or (layer.affine and ghost_affine.verified(layer.module) is None)
-        for layer in layers
+    may_stand_in = (
+        bare
+        or followed
+        or any(
+            isinstance(layer.module, nn.Embedding)
+            or (layer.affine and ghost_affine.verified(layer.module) is None)
+            for layer in layers
+        )
     )
     before = ghost_parameters.RandomState(x.device) if may_stand_in else None
     owners = [(layer.module, next(iter(layer.names))) for layer in bare]
@@ -426,19 +467,35 @@ def _forward_backward(
             ):
                 for layer, s in zip(bare, stand_ins, strict=True):
                     layer.edges.append(get_gradient_edge(s))
+                for layer in followed:  # the parameter itself
+                    ((k, name),) = layer.names.items()
+                    source = cast(ghost_broadcast.BroadcastTrace, trace).source(
+                        getattr(layer.module, k), name
+                    )
+                    layer.sources = [source]
                 calls = ghost_subclasses.FunctionalCalls(seen, UnsupportedModelError)
-                with calls if seen else nullcontext():
+                with calls if seen else nullcontext(), trace if trace else nullcontext():
+                    if trace is not None:  # the input and the stand-ins hold examples
+                        for held in (x, *stand_ins):
+                            trace.batch(held)
                     logits = model(x)
+                if trace is not None:
+                    trace.escaped(logits)
         finally:
             for h in handles:
                 h.remove()
+    except ghost_broadcast.Untraceable as e:
+        _ROWS_CHECKED[model] = str(e)  # refused from then on
+        raise
     except UnsupportedModelError:
         raise
     except (RuntimeError, ValueError, IndexError, TypeError) as e:
-        if before is None or not (bare or expanded):
+        if before is None or not (bare or expanded or traced or followed):
             raise
-        _refuse_stand_ins(model, x, attention, (bare, expanded), before, e, form)
-    if check and before is not None and (bare or expanded):
+        _refuse_stand_ins(model, x, attention, (bare, expanded, traced + followed), before, e, form)
+    for layer in traced + followed:  # the edges of where its source met the batch
+        layer.edges = [edge for source in layer.sources for edge in source.edges]
+    if check and before is not None and (bare or expanded or traced or followed):
         _check_outputs(model, x, attention, logits, before, bare, form)
     ran = [layer for layer in layers if layer.edges]
     losses = example_losses(logits, slice(None))
@@ -465,7 +522,17 @@ def _forward_backward(
             raise UnsupportedModelError(
                 f"the input of {type(layer.module).__name__} was modified in place after it ran"
             )
-        layer.grads = [_by_example(next(grads), x.shape[0]) for _ in layer.edges]
+        if layer.sources:  # per call, each example's gradient of the output it followed
+            per_call = [
+                ghost_broadcast.per_example_grads(
+                    source, [next(grads) for _ in source.meetings], x.shape[0]
+                )
+                for source in layer.sources
+            ]
+            layer.grads = cast(list[torch.Tensor], per_call)  # None: a call unused, as below
+            layer.edges = layer.sources  # one per call, as for a layer's own calls
+        else:
+            layer.grads = [_by_example(next(grads), x.shape[0]) for _ in layer.edges]
         layer.grad = next((g for g in layer.grads if g is not None), None)  # None: unused
         if layer.plan and any(g is None for g in layer.grads) and layer.grad is not None:
             raise UnsupportedModelError(
@@ -598,24 +665,43 @@ def _refuse_stand_ins(
     model: nn.Module,
     x: torch.Tensor,
     attention: list[_Layer],
-    stood_in: tuple[list[_Layer], list[_Layer]],
+    stood_in: tuple[list[_Layer], list[_Layer], list[_Layer]],
     before: ghost_parameters.RandomState,
     error: Exception,
     form: int,
 ) -> NoReturn:
-    """The forward failed with stand-ins (``stood_in``: for the bare parameters in ``form``, and
-    for the outputs of embeddings of positions shared by the batch): the model's own error where
-    its own forward fails too; else the next form where one gives a parameter another shape
-    (:class:`_NextForm`), or UnsupportedModelError, remembered for the model (a use no stand-in
-    follows; ``torch.func`` clips it). The random state is put back to where the pass began."""
-    bare, expanded = stood_in
+    """The forward failed with stand-ins (``stood_in``: for the bare parameters in ``form``, for
+    the outputs of embeddings of positions shared by the batch, and such outputs followed to the
+    batch): the model's own error where its own forward fails too; else the next form where one
+    gives a parameter another shape (:class:`_NextForm`); else UnsupportedModelError, remembered
+    for the model (a use no stand-in follows; ``torch.func`` clips it). Where outputs of shared
+    positions were repeated per example, the pass is first taken again with those outputs as the
+    model makes them, followed to where they meet the batch
+    (:mod:`~privkit.mechanisms.ghost_broadcast`: T5's relative-position bias, which its code
+    permutes as a ``(T, T, H)`` tensor; following is right wherever repeating was). The random
+    state is put back to where the pass began."""
+    bare, expanded, traced = stood_in
     before.restore()
     _own_forward(model, x, attention)
+    if expanded:  # followed instead: right wherever the repeated outputs were
+        _TRACED_POSITIONS.update(m for layer in expanded for m in (layer.module, *layer.also))
+        before.restore()
+        raise _NextForm
     _next_form(model, bare, form, before)
+    if bare:  # no form got through: the parameters followed to the batch, from the first form
+        for layer in bare:
+            _FOLLOWED.setdefault(layer.module, set()).update(layer.names)
+        _FORMS.pop(model, None)
+        before.restore()
+        raise _NextForm
     before.restore()
     names = ", ".join(
         [name for layer in bare for name in layer.names.values()]
-        + [f"the positions of {layer.names['weight']}" for layer in expanded if layer.names]
+        + [
+            f"the positions of {layer.names['weight']}"
+            for layer in expanded + traced
+            if layer.names
+        ]
     )
     first = str(error).splitlines()[0] if str(error) else type(error).__name__
     why = f"the forward fails with per-example stand-ins of {names} ({first})"
@@ -649,6 +735,19 @@ def _check_outputs(
 #: embeddings seen on positions shared by the batch (``arange(T)``, ``(1, T)``): taken so at every
 #: pass after, also where ``T`` equals the batch size and the shapes could not tell
 _SHARED_POSITIONS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+#: those of them whose output repeated per example failed the model's forward: their output is
+#: followed to where it meets the batch (:mod:`privkit.mechanisms.ghost_broadcast`) at every pass
+_TRACED_POSITIONS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+#: bare parameters (by module, the names of its own) whose stand-ins no form got through the
+#: model's forward (Swin's bias table, indexed by positions): followed to the batch at every pass
+_FOLLOWED: weakref.WeakKeyDictionary[nn.Module, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _followed(layer: _Layer) -> bool:
+    """Whether the bare parameter of ``layer`` is followed to the batch (:data:`_FOLLOWED`)."""
+    return bool(set(layer.names) & _FOLLOWED.get(layer.module, set()))
 
 
 def _per_example(idx: torch.Tensor, out: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -768,7 +867,10 @@ def _check_parameter_uses(total: torch.Tensor, layers: list[_Layer]) -> None:
     for layer in layers:
         # a bare parameter reaches the loss through its stand-in only; an attention's packed
         # weight through one split however many projections read it
-        calls = 0 if layer.bare else len(layer.edges)
+        # (a followed one through each operation the trace saw read it)
+        calls = len(layer.sources) or len(layer.edges)
+        if layer.bare:
+            calls = sum(source.uses for source in layer.sources)
         if isinstance(layer.module, nn.MultiheadAttention):
             calls = min(calls, 1)
         for k in layer.names:

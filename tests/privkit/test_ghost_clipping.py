@@ -405,9 +405,11 @@ def test_layers_outside_fall_back_to_torch_func():
         ghost_clipping.clipped_sum(Recurrent(), torch.randn(6, 4, 3), _example_losses(y), 1.0)
     model = Projected().double()
     x = torch.randn(6, 2, 5, dtype=torch.float64)
-    with pytest.raises(UnsupportedModelError, match="per-example stand-ins of weight"):
+    # no stand-in gets through F.linear, nor does following the weight to the batch
+    why = "weight, followed to where it meets the batch, is used by linear"
+    with pytest.raises(UnsupportedModelError, match=why):
         ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
-    falls_back(model, x, y, "stand-ins of weight")
+    falls_back(model, x, y, why)
 
 
 def test_float32_norms_of_large_layers_are_accurate():

@@ -224,7 +224,8 @@ class Listed(nn.Module):
 
 class ChannelScaled(nn.Module):
     """timm ConvNeXt's layer scale, ``gamma (C,)`` reshaped to ``(1, C, 1, 1)``: no stand-in's
-    shape survives the reshape."""
+    shape survives the reshape; followed to the batch instead
+    (:mod:`privkit.mechanisms.ghost_broadcast`), it meets it in the product."""
 
     def __init__(self):
         super().__init__()
@@ -233,6 +234,27 @@ class ChannelScaled(nn.Module):
 
     def forward(self, x):
         return (self.conv(x) * self.gamma.reshape(1, -1, 1, 1)).mean((2, 3))
+
+
+class Convolved(nn.Module):
+    """A bare kernel passed to ``F.conv2d``: no stand-in gets through, and following it to the
+    batch stops at the convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernel = nn.Parameter(torch.randn(3, 3, 1, 1))
+
+    def forward(self, x):
+        return F.conv2d(x, self.kernel).mean((2, 3))
+
+
+def test_a_reshaped_layer_scale_is_followed_to_the_batch(monkeypatch):
+    """Every form of stand-ins fails the forward; the scale followed through its reshape to the
+    product with the batch's maps is taken, and kept for the model."""
+    torch.manual_seed(30)
+    model = ChannelScaled()
+    _check(model, torch.randn(5, 3, 4, 4), torch.randint(0, 3, (5,)), monkeypatch)
+    assert ghost_clipping._FOLLOWED[model] == {"gamma"}
 
 
 @pytest.mark.parametrize("tokens", [6, 5], ids=["tokens", "as-many-tokens-as-examples"])
@@ -251,9 +273,9 @@ def test_a_layer_scale_on_tokens_takes_the_second_form(tokens, monkeypatch):
         (Listed, (5, 4), "scale reaches the loss other than through"),
         (FirstRow, (5, 4), "not the batch's examples"),
         (Summed, (5, 4), "other outputs than the model's own"),
-        (ChannelScaled, (5, 3, 4, 4), "forward fails with per-example stand-ins of gamma"),
+        (Convolved, (5, 3, 4, 4), "kernel, followed to where it meets the batch, is used by"),
     ],
-    ids=["listed", "first-row", "summed", "channel-scale-reshaped"],
+    ids=["listed", "first-row", "summed", "kernel-convolved"],
 )
 def test_uses_a_stand_in_does_not_follow_are_refused_and_fall_back(build, shape, why):
     """Each refused by its check, for this step and every later one, and clipped by

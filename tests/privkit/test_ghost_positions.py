@@ -65,7 +65,7 @@ class Unpooled(Positions):
 class Stacked(Positions):
     """The position embedding's output given a batch dimension by the model's code
     (``unsqueeze(0).expand(B, -1, -1)``) and stacked under the tokens: a repeated output no longer
-    fits it."""
+    fits it, and following it to the batch stops at the concatenation."""
 
     def forward(self, idx):
         p = self.pos(torch.arange(2, device=idx.device)).unsqueeze(0)
@@ -73,13 +73,23 @@ class Stacked(Positions):
         return self.lin(torch.tanh(h))[:, 0]
 
 
+class Multiplied(Positions):
+    """The position embedding's output in a matrix product with the tokens' features: neither a
+    repeated output nor following it to the batch gets through."""
+
+    def forward(self, idx):
+        p = self.pos(torch.arange(idx.shape[1], device=idx.device))  # (T, d)
+        return self.lin(torch.tanh(self.tok(idx) @ p.T @ p).mean(1))
+
+
 @pytest.mark.parametrize(
     "build, why",
     [
         (Unpooled, "other outputs than the model's own"),
-        (Stacked, "forward fails with per-example stand-ins of the positions of pos.weight"),
+        (Stacked, "the output of pos.weight, followed to where it meets the batch, is used by"),
+        (Multiplied, "the output of pos.weight, followed to where it meets the batch, is used by"),
     ],
-    ids=["summed-over-the-batch", "expanded-by-the-model"],
+    ids=["summed-over-the-batch", "expanded-by-the-model", "in-a-matrix-product"],
 )
 def test_other_uses_of_shared_positions_are_refused_and_fall_back(build, why):
     torch.manual_seed(51)

@@ -10,9 +10,12 @@ batch), Llama, Mistral, Qwen2 (their own RMSNorm, rotary positions, grouped-quer
 OPT (offset positions by an embedding subclass, its MLP on ``(B T, d)`` rows), Gemma (scaled word
 embeddings by a subclass, tied to the head), BART (one scaled table for encoder, decoder and
 head), ViT and DeiT (class and distillation tokens, position embeddings), ConvNeXt (its
-LayerNorm subclass on permuted channels, a channels-last layer scale). T5 (a relative-position
-table read on ``(T, T)`` positions), Swin (a bias table indexed by positions) and ResNet
-(BatchNorm) fall back to the same clipped sum, with the reason. In training mode, where
+LayerNorm subclass on permuted channels, a channels-last layer scale), T5 (a relative-position
+table read on ``(T, T)`` positions, permuted and passed to attention as its mask, and its
+RMSNorm's bare weights) and Swin (a bias table indexed by positions, added to every window's
+scores): the last two followed to where they meet the batch
+(``privkit.mechanisms.ghost_broadcast``). ResNet (BatchNorm) falls back to the same clipped sum,
+with the reason. In training mode, where
 ``torch.func`` cannot draw dropout, GPT-2's sum with clipping off is the plain backward pass' for
 the same random draws. GPT-2's DP-SGD is audited white-box.
 """
@@ -34,13 +37,9 @@ from hf_models import CAUSAL, Logits, batch, build, example_losses, looped, reco
 V = 50
 TAKEN = (
     "gpt2", "llama", "mistral", "qwen2", "gemma", "phi", "gpt_neo", "opt", "bert", "roberta",
-    "electra", "albert", "distilbert", "bart", "vit", "deit", "convnext",
+    "electra", "albert", "distilbert", "bart", "vit", "deit", "convnext", "t5", "swin",
 )  # fmt: skip
-REFUSED = {
-    "t5": "stand-ins of",
-    "swin": "stand-ins of",
-    "resnet": "BatchNorm2d",
-}
+REFUSED = {"resnet": "BatchNorm2d"}
 
 
 def _model(family: str):

@@ -1,6 +1,6 @@
 """benchmarks/hf_models.py in a small configuration: its JSON, the paths it reports against the
 tests' (GPT-2 by ghost clipping now, ResNet's BatchNorm by torch.func), its norms' agreement,
-and bad input refused with exit code 2."""
+each step's peak memory in a process of its own, and bad input refused with exit code 2."""
 
 import json
 import subprocess
@@ -30,9 +30,33 @@ def test_the_benchmark_reports_paths_norms_and_ratios():
     assert set(gpt2["vs_sgd"]) == {"sgd", "privkit", "torch_func"} and gpt2["vs_sgd"]["sgd"] == 1
 
 
+def test_peak_memory_per_step_in_processes_of_their_own():
+    """Each variant's peak in a fresh process: the same memory before the first step in each
+    (one process would carry the earlier variants' peaks into the later ones' start), and both
+    DP-SGD steps above plain SGD's (each holds per-example quantities SGD does not)."""
+    run = _run(
+        "--families", "t5", "--batch", "16", "--width", "128", "--length", "16", "--memory",
+        "--check-only", "--json",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    t5 = json.loads(run.stdout)["families"]["t5"]
+    assert t5["path"] == "ghost_clipping"
+    memory = t5["memory"]
+    assert all(0 < m["before_gb"] <= m["peak_gb"] for m in memory.values()), memory
+    starts = [m["before_gb"] for m in memory.values()]
+    assert max(starts) - min(starts) < 0.05, memory
+    assert memory["sgd"]["peak_gb"] < min(
+        memory["privkit"]["peak_gb"], memory["torch_func"]["peak_gb"]
+    )
+
+
 @pytest.mark.parametrize(
     "args, named",
-    [(["--repeats", "0"], "--repeats must be >= 1; found 0"), (["--families", "xl"], "found xl")],
+    [
+        (["--repeats", "0"], "--repeats must be >= 1; found 0"),
+        (["--layers", "0"], "--layers must be >= 1; found 0"),
+        (["--families", "xl"], "found xl"),
+    ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args, named):
     run = _run(*args)
