@@ -208,6 +208,12 @@ def test_uses_that_are_not_followed_fall_back_to_the_same_sum(how, why):
     x, y = _tokens()
     with pytest.raises(UnsupportedModelError, match=why):
         ghost_clipping.per_example_norms(model, x, _example_losses(y))
+    calls = []
+    hook = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    with pytest.raises(UnsupportedModelError, match=why):  # remembered: no pass taken again
+        ghost_clipping.per_example_norms(model, x, _example_losses(y))
+    assert not calls
+    hook.remove()
     falls_back(model, x, y, why)
 
 
