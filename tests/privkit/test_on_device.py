@@ -132,6 +132,18 @@ def _gpt2():
     return gpt2_predicting_the_last_token(), torch.randint(0, V, (6, 8)), V
 
 
+def _relative_bias():
+    from tests.privkit.test_ghost_broadcast import TinyT5, V
+
+    return TinyT5("sdpa"), torch.randint(0, V, (5, 6)), 3
+
+
+def _bias_table():
+    from tests.privkit.test_ghost_broadcast import TinySwin
+
+    return TinySwin(), torch.randn(5, 4, 4, 3), 3
+
+
 @pytest.mark.parametrize(
     "build",
     [
@@ -141,8 +153,19 @@ def _gpt2():
         _tied_language_model,
         _recurrent,
         _gpt2,
+        _relative_bias,
+        _bias_table,
     ],
-    ids=["attention", "grouped-conv", "vision-transformer", "tied-head", "dplstm", "gpt2"],
+    ids=[
+        "attention",
+        "grouped-conv",
+        "vision-transformer",
+        "tied-head",
+        "dplstm",
+        "gpt2",
+        "relative-bias",
+        "bias-table",
+    ],
 )
 def test_ghost_clipping_norms_on_the_device_are_torch_funcs(build):
     """Ghost clipping on the device of torch's transformer layer (``nn.MultiheadAttention`` with
@@ -150,8 +173,9 @@ def test_ghost_clipping_norms_on_the_device_are_torch_funcs(build):
     their per-example gradients by one product group by group), of a vision transformer's
     bare parameters (stand-ins on the device; the check of its outputs replays the device's
     random state), of a language model's output layer tied to its embedding, of opacus'
-    DPLSTM (its cells run once per step) and of HF's GPT-2 (its Conv1D layers' layout checked
-    on the device): the per-example norms of
+    DPLSTM (its cells run once per step), of HF's GPT-2 (its Conv1D layers' layout checked
+    on the device) and of a T5-style relative bias and a Swin-style bias table followed to the
+    batch on the device (``ghost_broadcast``): the per-example norms of
     ``torch.func``'s per-example gradients in float64 on the CPU, to float32's accuracy."""
     import torch.nn.functional as F
 
