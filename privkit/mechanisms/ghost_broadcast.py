@@ -33,9 +33,11 @@ Example ``i``'s gradient of the source is then the vector-Jacobian product of th
 at the source, applied to the sum of its rows of each meeting's gradient
 (:func:`per_example_grads`, ``torch.func.vjp`` under ``vmap``). Ghost clipping's row check covers
 the meetings' edges on a model's first pass (each row's gradient must be one example's: rows
-that are positions, not examples, are refused), the first pass checks that the model's outputs
-are its own, and the autograd graph's edges into a followed parameter must be the uses the trace
-saw.
+that are positions, not examples, are refused), the first pass also checks that the model's
+outputs are its own and that each source's per-example gradients add up to its whole gradient
+(a path the trace did not see, such as an ``autograd.Function`` whose backward is not its
+forward's, breaks it), and the autograd graph's edges into a followed parameter must be the uses
+the trace saw.
 """
 
 from __future__ import annotations

@@ -203,8 +203,8 @@ class _Layer:
     affine: bool = False
     # an embedding's: the other embeddings of its table, whose calls are its calls
     also: list[nn.Module] = field(default_factory=list)
-    # an embedding of positions whose output the model broadcasts over the batch, followed to
-    # where it meets the batch (ghost_broadcast): one traced source per call
+    # followed to where it meets the batch (ghost_broadcast): an embedding's output on positions
+    # shared by the batch, one source per call; a bare parameter itself, one source
     sources: list = field(default_factory=list)
 
 
@@ -508,7 +508,13 @@ def _forward_backward(
     if not ran:
         return
     edges = [edge for layer in ran for edge in layer.edges]
-    found = torch.autograd.grad(total, edges, allow_unused=True, retain_graph=check)
+    # on the first pass, also each followed source's whole gradient, to check that it reaches
+    # the loss only where it met the batch (_check_followed)
+    sources = [s for layer in ran for s in layer.sources] if check else []
+    found = torch.autograd.grad(
+        total, [*edges, *(s.tensor for s in sources)], allow_unused=True, retain_graph=check
+    )
+    found, whole = found[: len(edges)], found[len(edges) :]
     if check:
         try:
             _check_rows(model, losses, edges, found)
@@ -530,6 +536,9 @@ def _forward_backward(
                 for source in layer.sources
             ]
             layer.grads = cast(list[torch.Tensor], per_call)  # None: a call unused, as below
+            if check:
+                _check_followed(model, layer, per_call, whole[: len(per_call)])
+                whole = whole[len(per_call) :]
             layer.edges = layer.sources  # one per call, as for a layer's own calls
         else:
             layer.grads = [_by_example(next(grads), x.shape[0]) for _ in layer.edges]
@@ -698,9 +707,9 @@ def _refuse_stand_ins(
     names = ", ".join(
         [name for layer in bare for name in layer.names.values()]
         + [
-            f"the positions of {layer.names['weight']}"
+            name if layer.bare else f"the positions of {name}"
             for layer in expanded + traced
-            if layer.names
+            for name in layer.names.values()
         ]
     )
     first = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -795,6 +804,34 @@ _ROWS_CHECKED: weakref.WeakKeyDictionary[nn.Module, str | None] = weakref.WeakKe
 #: models: 0.0625). Measured: float32 models up to 1.4e-6 (ResNet-18 included), bfloat16 ones 0.011;
 #: a linear layer on a sequence-first tensor is off by 0.44 (in either dtype)
 ROWS_RTOL = 1e-3
+
+
+def _check_followed(
+    model: nn.Module,
+    layer: _Layer,
+    per_example: list[torch.Tensor | None],
+    whole: tuple[torch.Tensor | None, ...],
+) -> None:
+    """Once per model: each followed source's per-example gradients (from where it met the batch)
+    add up to its whole gradient, as they do when every path from it to the loss runs through a
+    meeting; a path the trace did not see (an operation outside torch's function overrides) adds
+    to the whole only: UnsupportedModelError, remembered for the model."""
+    for got, want in zip(per_example, whole, strict=True):
+        summed = None if got is None else got.sum(0)
+        if want is None and summed is None:
+            continue
+        if want is None or summed is None:
+            far = True
+        else:
+            tol = max(ROWS_RTOL, 8 * torch.finfo(want.dtype).eps) * float(want.abs().max())
+            far = float((summed - want).abs().max()) > tol
+        if far:
+            why = (
+                f"{layer.sources[0].name} reaches the loss other than where it meets the batch "
+                "(its examples' gradients do not add up to its gradient)"
+            )
+            _ROWS_CHECKED[model] = why
+            raise UnsupportedModelError(why)
 
 
 def _check_rows(

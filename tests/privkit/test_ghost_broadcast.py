@@ -11,8 +11,9 @@ bias meeting the batch through a bare parameter's stand-in. The switch is rememb
 clipped by ``torch.func`` to the same sum where checked): a followed tensor in a matrix product,
 added to in place, indexed by the batch's tokens, returned as the model's output, in attention
 among tensors of no example, broadcast against a sequence-first tensor (rows of positions: the
-row check; rows not a multiple of the batch), or read through a view made before the pass (the
-count of the autograd graph's edges).
+row check; rows not a multiple of the batch), read through a view made before the pass (the
+count of the autograd graph's edges), or through an ``autograd.Function`` whose backward is not its
+forward's (the examples' gradients do not add up to the whole).
 """
 
 import math
@@ -427,3 +428,48 @@ def test_with_clipping_off_the_sum_is_the_plain_gradient(build):
     F.cross_entropy(model(x), y, reduction="sum").backward()
     for k, p in model.named_parameters():
         torch.testing.assert_close(got[k], p.grad, rtol=1e-10, atol=1e-12)
+
+
+class _Tripled(torch.autograd.Function):
+    """Doubles in the forward and triples the gradient in the backward (a straight-through-style
+    estimator): ``Function.apply`` runs outside torch's function overrides, so the trace sees the
+    forward's operations only."""
+
+    @staticmethod
+    def forward(v):
+        return v * 2
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+    @staticmethod
+    def vmap(info, in_dims, v):  # torch.func's reference batches it
+        return v * 2, in_dims[0]
+
+
+class CustomBackward(TinyT5):
+    """The relative bias through :class:`_Tripled` before the attention layers."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        bias = _Tripled.apply(self.bias(ids.shape[1], ids.device))
+        for layer in self.layers:
+            h = h + layer(h, bias)
+        return self.head(h.mean(1))
+
+
+def test_a_path_with_its_own_backward_is_refused_by_the_sum_of_the_examples():
+    """The trace takes the forward's doubling for the map, autograd triples: the examples'
+    gradients of the bias do not add up to its whole gradient (checked on the first pass)."""
+    torch.manual_seed(14)
+    model = CustomBackward().double()
+    x, y = _tokens()
+    why = "reaches the loss other than where it meets the batch"
+    with pytest.raises(UnsupportedModelError, match=why):
+        ghost_clipping.per_example_norms(model, x, _example_losses(y))
+    falls_back(model, x, y, why)
