@@ -36,8 +36,9 @@ the meetings' edges on a model's first pass (each row's gradient must be one exa
 that are positions, not examples, are refused), the first pass also checks that the model's
 outputs are its own and that each source's per-example gradients add up to its whole gradient
 (a path the trace did not see, such as an ``autograd.Function`` whose backward is not its
-forward's, breaks it), and the autograd graph's edges into a followed parameter must be the uses
-the trace saw.
+forward's, breaks it; a source that meets the batch nowhere must not reach the loss), a meeting
+where autograd records nothing (within ``no_grad`` or a custom function's forward) is refused,
+and the autograd graph's edges into a followed parameter must be the uses the trace saw.
 """
 
 from __future__ import annotations
@@ -257,6 +258,11 @@ class BroadcastTrace(TorchFunctionMode):
             )
         _, src, maps = self._traced[id(t)]
         repeated = t.reshape(padded).expand(shape[0], *padded[1:])
+        if repeated.grad_fn is None:  # autograd records nothing here (no_grad, a Function)
+            raise Untraceable(
+                f"{self._name(t)}, followed to where it meets the batch, meets it where autograd "
+                "records no gradient (within no_grad or a custom autograd Function)"
+            )
         src.meetings.append(_Meeting(get_gradient_edge(repeated), maps, t.shape))
         return repeated
 

@@ -510,11 +510,12 @@ def _forward_backward(
     edges = [edge for layer in ran for edge in layer.edges]
     # on the first pass, also each followed source's whole gradient, to check that it reaches
     # the loss only where it met the batch (_check_followed)
-    sources = [s for layer in ran for s in layer.sources] if check else []
+    sources = [s for layer in traced + followed for s in layer.sources] if check else []
     found = torch.autograd.grad(
         total, [*edges, *(s.tensor for s in sources)], allow_unused=True, retain_graph=check
     )
     found, whole = found[: len(edges)], found[len(edges) :]
+    whole_of: dict[int, torch.Tensor | None] = dict(zip(map(id, sources), whole, strict=True))
     if check:
         try:
             _check_rows(model, losses, edges, found)
@@ -537,8 +538,7 @@ def _forward_backward(
             ]
             layer.grads = cast(list[torch.Tensor], per_call)  # None: a call unused, as below
             if check:
-                _check_followed(model, layer, per_call, whole[: len(per_call)])
-                whole = whole[len(per_call) :]
+                _check_followed(model, layer, per_call, [whole_of[id(s)] for s in layer.sources])
             layer.edges = layer.sources  # one per call, as for a layer's own calls
         else:
             layer.grads = [_by_example(next(grads), x.shape[0]) for _ in layer.edges]
@@ -553,6 +553,10 @@ def _forward_backward(
             and (layer.affine or isinstance(layer.module, _MERGED))
         ):
             _merge_calls(layer)
+    for layer in traced + followed:  # met the batch nowhere: it must not reach the loss either
+        if check and layer not in ran:
+            unmet = [whole_of[id(s)] for s in layer.sources]
+            _check_followed(model, layer, [None] * len(unmet), unmet)
 
 
 #: layers run several times in one forward pass (a layer shared across depth, an RNN cell's maps
@@ -810,22 +814,20 @@ def _check_followed(
     model: nn.Module,
     layer: _Layer,
     per_example: list[torch.Tensor | None],
-    whole: tuple[torch.Tensor | None, ...],
+    whole: list[torch.Tensor | None],
 ) -> None:
     """Once per model: each followed source's per-example gradients (from where it met the batch)
     add up to its whole gradient, as they do when every path from it to the loss runs through a
     meeting; a path the trace did not see (an operation outside torch's function overrides) adds
     to the whole only: UnsupportedModelError, remembered for the model."""
     for got, want in zip(per_example, whole, strict=True):
-        summed = None if got is None else got.sum(0)
-        if want is None and summed is None:
+        if got is None and want is None:
             continue
-        if want is None or summed is None:
-            far = True
-        else:
-            tol = max(ROWS_RTOL, 8 * torch.finfo(want.dtype).eps) * float(want.abs().max())
-            far = float((summed - want).abs().max()) > tol
-        if far:
+        summed = got.sum(0) if got is not None else torch.zeros_like(cast(torch.Tensor, want))
+        want = torch.zeros_like(summed) if want is None else want
+        scale = max(float(want.abs().max()), float(summed.abs().max()))
+        tol = max(ROWS_RTOL, 8 * torch.finfo(want.dtype).eps) * scale
+        if float((summed - want).abs().max()) > tol:
             why = (
                 f"{layer.sources[0].name} reaches the loss other than where it meets the batch "
                 "(its examples' gradients do not add up to its gradient)"

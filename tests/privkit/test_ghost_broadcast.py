@@ -473,3 +473,61 @@ def test_a_path_with_its_own_backward_is_refused_by_the_sum_of_the_examples():
     with pytest.raises(UnsupportedModelError, match=why):
         ghost_clipping.per_example_norms(model, x, _example_losses(y))
     falls_back(model, x, y, why)
+
+
+class _AddInside(torch.autograd.Function):
+    """``scores + bias`` computed inside a custom function: the meeting happens where autograd
+    records nothing."""
+
+    @staticmethod
+    def forward(ctx, scores, bias):
+        return scores + bias
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, g.sum(0, keepdim=True)
+
+
+class _Unseen(torch.autograd.Function):
+    """The bias read through numpy inside a custom function: it reaches the loss by the
+    function's backward only, meeting the batch nowhere the trace sees."""
+
+    @staticmethod
+    def forward(ctx, h, bias):
+        return h + torch.from_numpy(bias.detach().numpy()).mean()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, torch.full((1, H, T, T), float(g.sum()) / (H * T * T), dtype=g.dtype)
+
+
+class BiasInside(TinyT5):
+    """The relative bias handed to a custom autograd function with the batch's features."""
+
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        bias = self.bias(ids.shape[1], ids.device)
+        h = self.embed(ids)
+        if self.function is _AddInside:
+            pooled = _AddInside.apply(h[:, None, :, :H].transpose(1, 3).expand(-1, H, T, T), bias)
+            return self.head(pooled.mean((2, 3))[:, :1].expand(-1, D))
+        return self.head(_Unseen.apply(h, bias).mean(1))
+
+
+@pytest.mark.parametrize(
+    ("function", "why"),
+    [
+        (_AddInside, "where autograd records no gradient"),
+        (_Unseen, "reaches the loss other than where it meets the batch"),
+    ],
+    ids=["meeting-inside-a-function", "no-meeting-seen"],
+)
+def test_paths_autograd_hides_from_the_trace_are_refused(function, why):
+    torch.manual_seed(15)
+    model = BiasInside(function).double()
+    x, y = _tokens()
+    with pytest.raises(UnsupportedModelError, match=why):
+        ghost_clipping.per_example_norms(model, x, _example_losses(y))
