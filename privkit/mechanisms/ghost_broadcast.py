@@ -139,7 +139,6 @@ class BroadcastTrace(TorchFunctionMode):
     def __init__(self, b: int) -> None:
         super().__init__()
         self.b = b
-        self.sources: list[Source] = []
         # id -> (tensor, its source, the maps from the source to it); the tensor is held so that
         # its id is not reused while the pass runs
         self._traced: dict[int, tuple[torch.Tensor, Source, tuple]] = {}
@@ -149,7 +148,6 @@ class BroadcastTrace(TorchFunctionMode):
     def source(self, tensor: torch.Tensor, name: str) -> Source:
         """Follow ``tensor`` (called ``name`` in messages) from here on."""
         found = Source(tensor, name)
-        self.sources.append(found)
         self._traced[id(tensor)] = (tensor, found, ())
         return found
 
@@ -290,15 +288,23 @@ def per_example_grads(
     source: Source, grads: list[torch.Tensor | None], b: int
 ) -> torch.Tensor | None:
     """Each example's gradient of ``source``'s tensor, ``(b, *shape)``, from the gradients of its
-    meetings' edges (in order; ``None``: that meeting did not reach the loss)."""
-    total: torch.Tensor | None = None
-    base = source.tensor.detach()
+    meetings' edges (in order; ``None``: that meeting did not reach the loss). Meetings of one
+    traced tensor (T5's bias, added in every layer) share their maps: their cotangents are summed
+    first, one vector-Jacobian product for all of them."""
+    # id of the maps (one tuple per traced tensor) -> (maps, the summed per-example cotangent)
+    summed: dict[int, tuple[tuple, torch.Tensor]] = {}
     for meeting, g in zip(source.meetings, grads, strict=True):
         if g is None:
             continue
         cotangent = g.reshape(b, -1, *g.shape[1:]).sum(1).reshape(b, *meeting.shape)
+        if id(meeting.maps) in summed:
+            cotangent = summed[id(meeting.maps)][1] + cotangent
+        summed[id(meeting.maps)] = (meeting.maps, cotangent)
+    total: torch.Tensor | None = None
+    base = source.tensor.detach()
+    for steps, cotangent in summed.values():
 
-        def maps(v: torch.Tensor, steps=meeting.maps) -> torch.Tensor:
+        def maps(v: torch.Tensor, steps=steps) -> torch.Tensor:
             for step in steps:
                 v = step(v)
             return v
