@@ -13,6 +13,11 @@ For each model family (a small configuration of its HF class, no pretrained weig
 * with ``--memory``: each of the three's peak resident memory over two steps, each in a process
   of its own (Linux's ``VmHWM``, which a process starts afresh at ``exec``; ``ru_maxrss`` carries
   the parent's peak into its children), beside what the process held before its first step.
+* with ``--trace-cost``: what following tensors of no example costs a model
+  (:class:`~privkit.mechanisms.ghost_broadcast.BroadcastTrace`, which sees every torch operation
+  of the forward pass to tell which hold examples): the model's forward and backward pass plain
+  and under the trace with its input registered, medians of interleaved repeats, the ratio, and
+  the operations the trace saw.
 
 ``python benchmarks/hf_models.py --json`` (results in ``benchmarks/results/hf_models_cpu.json``).
 """
@@ -35,7 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privkit.mechanisms import dp_sgd_step, ghost_clipping
+from torch.overrides import TorchFunctionMode
+
+from privkit.mechanisms import dp_sgd_step, ghost_broadcast, ghost_clipping
 from privkit.mechanisms.dp_sgd_step import DpSgdStep
 from privkit.mechanisms.stacked import UnsupportedModelError
 
@@ -273,6 +280,58 @@ def timed_steps(family: str, repeats: int, size: int, d: int, length: int, layer
     }
 
 
+class _Operations(TorchFunctionMode):
+    """Counts the torch operations called within it (what a trace's ``__torch_function__`` sees)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def trace_cost(family: str, repeats: int, size: int, d: int, length: int, layers: int) -> dict:
+    """The model's forward and backward pass (float32, CPU time) plain and under a
+    :class:`~privkit.mechanisms.ghost_broadcast.BroadcastTrace` with the input registered as the
+    batch: every operation of the forward then takes the trace's check, as in a step of a model
+    with a followed tensor. Medians of interleaved repeats, the ratio, the operations seen."""
+    torch.manual_seed(0)
+    model, kind = build(family, d=d, vocab=1000, length=length, layers=layers)
+    x, _ = batch(kind, size, 1000, length)
+    logits = Logits(model, kind)
+
+    def plain() -> None:
+        logits(x).sum().backward()
+
+    def traced() -> None:
+        trace = ghost_broadcast.BroadcastTrace(size)
+        with trace:
+            trace.batch(x)
+            out = logits(x)
+        out.sum().backward()
+
+    with _Operations() as seen:
+        logits(x)
+    times: dict[str, list[float]] = {"plain": [], "traced": []}
+    for _ in range(repeats + 1):  # the first round warms up
+        for name, fn in (("plain", plain), ("traced", traced)):
+            start = time.process_time()
+            fn()
+            times[name].append(time.process_time() - start)
+    plain_ms, traced_ms = (1e3 * statistics.median(times[k][1:]) for k in ("plain", "traced"))
+    return {
+        "plain_ms": plain_ms,
+        "traced_ms": traced_ms,
+        "ratio": statistics.median(
+            a / b for a, b in zip(times["traced"][1:], times["plain"][1:], strict=True)
+        ),
+        "operations": seen.count,
+        "us_per_operation": 1e3 * (traced_ms - plain_ms) / seen.count,
+    }
+
+
 def _peak_gb() -> float:
     """This process' peak resident memory so far, GB: ``VmHWM`` (its own since ``exec``), else
     ``ru_maxrss`` (which on Linux includes the parent's peak at ``fork``)."""
@@ -323,6 +382,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--check-only", action="store_true", help="the paths and norms, no timing")
     ap.add_argument("--memory", action="store_true", help="also each step's peak memory")
+    ap.add_argument(
+        "--trace-cost", action="store_true", help="also what following tensors costs a pass"
+    )
     ap.add_argument("--peak-of", help=argparse.SUPPRESS)  # FAMILY,VARIANT: one process's peak
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -353,6 +415,9 @@ def main() -> None:
             )
         if args.memory:
             results[family]["memory"] = memory(family, args)
+        if args.trace_cost:
+            shape = (args.batch, args.width, args.length, args.layers)
+            results[family]["trace_cost"] = trace_cost(family, args.repeats, *shape)
         if not args.json:
             r = results[family]
             ratios = " ".join(f"{v} {x:.2f}x" for v, x in r.get("vs_sgd", {}).items() if v != "sgd")

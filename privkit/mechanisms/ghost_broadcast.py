@@ -142,8 +142,10 @@ class BroadcastTrace(TorchFunctionMode):
         # id -> (tensor, its source, the maps from the source to it); the tensor is held so that
         # its id is not reused while the pass runs
         self._traced: dict[int, tuple[torch.Tensor, Source, tuple]] = {}
-        # the tensors computed from the batch, held weakly (an entry goes with its tensor)
-        self._batch: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+        # id -> a weak reference to each tensor computed from the batch: a dead or reused id's
+        # reference does not give the tensor back. Marked at every operation of the forward pass:
+        # a plain dict of references costs a quarter of a WeakValueDictionary's entries
+        self._batch: dict[int, weakref.ref] = {}
 
     def source(self, tensor: torch.Tensor, name: str) -> Source:
         """Follow ``tensor`` (called ``name`` in messages) from here on."""
@@ -153,13 +155,14 @@ class BroadcastTrace(TorchFunctionMode):
 
     def batch(self, tensor: torch.Tensor) -> None:
         """``tensor`` holds the batch's examples (the model's input)."""
-        self._batch[id(tensor)] = tensor
+        self._batch[id(tensor)] = weakref.ref(tensor)
 
     def _of(self, t: Any) -> tuple[torch.Tensor, Source, tuple] | None:
         return self._traced.get(id(t)) if isinstance(t, torch.Tensor) else None
 
     def _holds_examples(self, t: Any) -> bool:
-        return isinstance(t, torch.Tensor) and self._batch.get(id(t)) is t
+        ref = self._batch.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return ref is not None and ref() is t
 
     def escaped(self, out: Any) -> None:
         """:class:`Untraceable` where the model's output is a followed tensor itself: its gradient
@@ -171,18 +174,27 @@ class BroadcastTrace(TorchFunctionMode):
                 )
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        # every operation of the forward pass comes here: one pass over its tensors says whether
+        # one is followed (rare: the operations of the followed tensors) and whether one holds
+        # examples (then so do its results)
         kwargs = kwargs or {}
-        leaves = _tensors(*args, kwargs)
-        out = self._dispatch(func, args, kwargs, leaves)
-        if any(self._batch.get(id(t)) is t for t in leaves):
-            for t in _tensors(out):
-                self._batch[id(t)] = t
+        leaves = _tensors(*args, kwargs) if kwargs else _tensors(*args)
+        traced, batch = self._traced, self._batch
+        followed = examples = False
+        for t in leaves:
+            followed = followed or id(t) in traced
+            if not examples:
+                ref = batch.get(id(t))
+                examples = ref is not None and ref() is t
+        out = self._dispatch(func, args, kwargs, leaves) if followed else func(*args, **kwargs)
+        if examples:
+            for t in (out,) if isinstance(out, torch.Tensor) else _tensors(out):
+                batch[id(t)] = weakref.ref(t)
         return out
 
     def _dispatch(self, func, args: tuple, kwargs: dict, leaves: list) -> Any:
+        """An operation reading a followed tensor."""
         hits = [i for i, t in enumerate(leaves) if self._of(t) is not None]
-        if not hits:
-            return func(*args, **kwargs)
         for i in hits:
             _, source, _ = self._traced[id(leaves[i])]
             source.uses += leaves[i] is source.tensor  # an operation reading the source itself

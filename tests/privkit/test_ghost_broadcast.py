@@ -296,6 +296,42 @@ def test_the_meeting_is_told_by_where_tensors_come_from_not_by_their_shapes(monk
     assert ghost_clipping._FOLLOWED[model] == {"shift"}
 
 
+def test_a_trace_with_nothing_to_follow_changes_nothing():
+    """Under a trace that follows nothing (every operation still passes through it), the model's
+    output and gradients are the plain pass's, bit for bit."""
+    torch.manual_seed(3)
+    model = TinySwin().double()
+    x, _ = _images(4)
+    plain = model(x)
+    grads = torch.autograd.grad(plain.sum(), list(model.parameters()))
+    trace = ghost_broadcast.BroadcastTrace(4)
+    with trace:
+        trace.batch(x)
+        traced = model(x)
+    assert torch.equal(traced, plain)
+    again = torch.autograd.grad(traced.sum(), list(model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(again, grads, strict=True))
+
+
+def test_what_holds_examples_follows_the_data_not_a_reused_id():
+    """A tensor computed from the batch holds examples, one of no example does not, and a batch
+    tensor's id, once the tensor is gone and the id is another tensor's, does not make that one
+    the batch's."""
+    trace = ghost_broadcast.BroadcastTrace(4)
+    x, table = torch.randn(4, 3), torch.randn(3)
+    with trace:
+        trace.batch(x)
+        from_batch, alone = x * 2.0 + 1.0, table.exp()
+        held = trace._holds_examples(from_batch), trace._holds_examples(alone)
+        gone = {id(x * 3.0) for _ in range(50)}  # each freed at once, its memory free again
+        reused = [t for t in (torch.zeros(3) for _ in range(200)) if id(t) in gone]
+        computed = [t + 1.0 for t in reused]  # nor what is computed from it
+    assert held == (True, False)
+    if not reused:
+        pytest.skip("this interpreter gave no freed tensor's id to a new tensor")
+    assert not any(trace._holds_examples(t) for t in reused + computed)
+
+
 class ViewedBefore(TinySwin):
     """The bias table also read through a view made when the model was built: a path to the
     loss the trace does not see (the autograd graph's edges into the table count it)."""

@@ -1,6 +1,7 @@
 """benchmarks/hf_models.py in a small configuration: its JSON, the paths it reports against the
 tests' (GPT-2 by ghost clipping now, ResNet's BatchNorm by torch.func), its norms' agreement,
-each step's peak memory in a process of its own, and bad input refused with exit code 2."""
+each step's peak memory in a process of its own, the trace's cost per operation, and bad input
+refused with exit code 2."""
 
 import json
 import subprocess
@@ -48,6 +49,17 @@ def test_peak_memory_per_step_in_processes_of_their_own():
     assert memory["sgd"]["peak_gb"] < min(
         memory["privkit"]["peak_gb"], memory["torch_func"]["peak_gb"]
     )
+
+
+def test_the_trace_cost_is_a_pass_plain_against_traced():
+    """``--trace-cost``: both passes timed, the ratio and the cost per operation from them."""
+    run = _run("--families", "swin", "--check-only", "--trace-cost", "--repeats", "3", "--json")
+    assert run.returncode == 0, run.stderr
+    cost = json.loads(run.stdout)["families"]["swin"]["trace_cost"]
+    assert cost["plain_ms"] > 0 and cost["traced_ms"] > 0 and cost["ratio"] > 0
+    assert cost["operations"] > 50  # Swin's forward: attention, windows, norms, MLPs
+    added = (cost["traced_ms"] - cost["plain_ms"]) * 1e3 / cost["operations"]
+    assert cost["us_per_operation"] == pytest.approx(added)
 
 
 @pytest.mark.parametrize(
