@@ -39,7 +39,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 from torch.overrides import TorchFunctionMode
 
 from privkit.mechanisms import dp_sgd_step, ghost_broadcast, ghost_clipping
