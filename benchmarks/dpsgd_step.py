@@ -47,8 +47,9 @@ it is mostly done).
     python benchmarks/dpsgd_step.py --json [--device cuda] [--repeats 7] [--big]
 
 On the CPU torch runs one thread and a step's time is the process's CPU time (the machines this
-was written on are shared: wall time there measures the neighbours); on a GPU, wall time between
-synchronisations. ``benchmarks/results/dpsgd_step_cpu.json`` is this repository's
+was written on are shared: wall time there measures the neighbours); with ``--threads N`` (N > 1)
+torch runs N threads and a step's time is wall time (CPU time would add the threads' up); on a
+GPU, wall time between synchronisations. ``benchmarks/results/dpsgd_step_cpu.json`` is this repository's
 CPU run, ``dpsgd_step_cuda.json`` its GPU run (``--device cuda --big --json --repeats 15`` on an
 NVIDIA H200, by ``benchmarks/run_gpu.sh``).
 """
@@ -467,12 +468,18 @@ def measure(name: str, device: torch.device, repeats: int) -> dict:
     model = model.to(device)
     x, y = batch(name, size, device)
     fns = steps(model, x, y, device)
+    # one CPU thread: this process's CPU time, robust to other load; several: wall time
+    cpu_clock = device.type != "cuda" and torch.get_num_threads() == 1
 
     def timed(fn) -> float:
-        if device.type != "cuda":  # one thread: this process's CPU time, robust to other load
+        if cpu_clock:
             start = time.process_time()
             fn()
             return time.process_time() - start
+        if device.type != "cuda":
+            start = time.perf_counter()
+            fn()
+            return time.perf_counter() - start
         torch.cuda.synchronize()
         start = time.perf_counter()
         fn()
@@ -539,15 +546,24 @@ def main() -> None:
         help="keep freed memory in the process (privkit.memory.keep_freed_memory, as privkit's "
         "command line does): every variant's large tensors reuse freed pages",
     )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads on the CPU (more than one: wall time, not CPU time)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if args.repeats < 1:
-        raise SystemExit(f"--repeats must be >= 1; found {args.repeats}")
+    for name in ("repeats", "threads"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1; found {getattr(args, name)}")  # exit code 2
     device = torch.device(args.device)
+    if args.threads > 1 and device.type != "cpu":
+        ap.error(f"--threads sets the CPU's torch threads; found --device {args.device}")
     kept = keep_freed_memory() if args.keep_freed_memory else False
     warnings.filterwarnings("ignore", message="Full backward hook is firing")  # opacus' hooks
     if device.type == "cpu":
-        torch.set_num_threads(1)
+        torch.set_num_threads(args.threads)
     else:
         torch.backends.cudnn.benchmark = False  # Poisson batch sizes vary in training
     big = ["resnet18", "encoder_large", "vit_large", "gpt2_small", "gpt2_small_lora"]
@@ -574,8 +590,11 @@ def main() -> None:
             "noise_multiplier": SIGMA,
             "batch": "fixed, the expected Poisson batch size; the same examples for every variant",
             "order": "interleaved: each repeat runs every variant once, in turn; 2 warm-up steps",
-            "clock": "CPU: this process's CPU time (one torch thread; robust to other processes' "
-            "load on a shared machine); CUDA: wall time between synchronisations",
+            "clock": (
+                "CPU, one torch thread: this process's CPU time (robust to other processes' load "
+                "on a shared machine); CPU, several threads: wall time; CUDA: wall time between "
+                "synchronisations"
+            ),
             "load_average": list(os.getloadavg()),
             "freed_memory_kept": kept,
         },
