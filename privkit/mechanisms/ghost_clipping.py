@@ -42,7 +42,9 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   product of the unfolded input group by group.
 * **GroupNorm**, **LayerNorm**, **RMSNorm**: the affine weight's gradient is ``sum`` over every
   non-batch position of ``g * x_hat`` per channel (``x_hat`` the normalised input, recomputed from
-  the stored input), the bias' ``sum g``: small per-example vectors, formed directly.
+  the stored input), the bias' ``sum g``: small per-example vectors, formed directly, and
+  with every layer's bias joined into one block whose squared norms and clipped sums take one
+  operation each (:mod:`privkit.mechanisms.ghost_joined`).
 * **Embedding**: ``G_i`` adds ``g_t`` into row ``idx_t``; the rows an example touches are summed
   (tokens repeated within an example add up before the norm) by one ``index_add`` over
   ``(example, token)`` keys: exact and linear in the tokens. Positions shared by the batch
@@ -131,6 +133,7 @@ from privkit.mechanisms import (
     ghost_affine,
     ghost_attention,
     ghost_broadcast,
+    ghost_joined,
     ghost_parameters,
     ghost_subclasses,
 )
@@ -190,6 +193,9 @@ class _Layer:
     edges: list = field(default_factory=list)
     grad: torch.Tensor | None = None
     per_example: dict[str, torch.Tensor] = field(default_factory=dict)  # formed for the norms
+    # the small ones (a normalisation's affine weight and bias, a bias), (B, ...): their norms
+    # and clipped sums are taken with every layer's at once (ghost_joined)
+    small: dict[str, torch.Tensor] = field(default_factory=dict)
     rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # an embedding's
     # an attention's input projections (ghost_attention.Projection), their output gradients
     plan: list = field(default_factory=list)
@@ -1176,9 +1182,10 @@ def _embedding_rows(layer: _Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return unique // n, unique % n, summed
 
 
-def _sq_norms(layer: _Layer, b: int) -> torch.Tensor:
+def _sq_norms(layer: _Layer, b: int) -> torch.Tensor | int:
     """Squared norm of each example's gradient of this layer's trainable parameters (what is
-    formed on the way is kept in ``layer`` for the clipped sum)."""
+    formed on the way is kept in ``layer`` for the clipped sum), less its small parameters' (kept
+    in ``layer.small``, whose norms are taken with every layer's: :mod:`ghost_joined`)."""
     m, names, g = layer.module, layer.names, cast(torch.Tensor, layer.grad)
     if isinstance(m, nn.MultiheadAttention):
         return _attention_sq(layer, b)
@@ -1194,19 +1201,15 @@ def _sq_norms(layer: _Layer, b: int) -> torch.Tensor:
         example, _, summed = layer.rows
         zero = torch.zeros(b, dtype=summed.dtype, device=summed.device)
         return zero.index_add_(0, example, summed.pow(2).sum(1))
-    if isinstance(m, _NORMS):
-        layer.per_example = _norm_affine(m, layer.inputs[0], g, names)
-        parts = (v.reshape(b, -1).pow(2).sum(1) for v in layer.per_example.values())
-        return cast(torch.Tensor, sum(parts))
-    sq: torch.Tensor | int = _weight_sq(layer) if "weight" in names else 0
-    if "bias" in names:
+    if isinstance(m, _NORMS):  # joined with the other layers' small ones
+        layer.small = _norm_affine(m, layer.inputs[0], g, names)
+        return 0
+    if "bias" in names:  # joined with the other layers' small ones
         if _linear(layer):
-            bias = g.reshape(b, -1, g.shape[-1]).sum(1)
+            layer.small["bias"] = g.reshape(b, -1, g.shape[-1]).sum(1)
         else:
-            bias = g.reshape(b, g.shape[1], -1).sum(2)
-        layer.per_example["bias"] = bias
-        sq = sq + bias.pow(2).sum(1)
-    return cast(torch.Tensor, sq)  # a tensor: the layer has a trainable weight or bias
+            layer.small["bias"] = g.reshape(b, g.shape[1], -1).sum(2)
+    return _weight_sq(layer) if "weight" in names else 0
 
 
 def _attention_sq(layer: _Layer, b: int) -> torch.Tensor:
@@ -1241,10 +1244,14 @@ def _attention_clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor
     return {k: v[0] if len(v) == 1 else torch.cat(v) for k, v in blocks.items()}
 
 
-def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``sum_i c_i G_i`` of the layer's trainable parameters: from the per-example gradients the
-    norms formed where they did, else book-kept from the stored input and the factor-weighted
-    output gradients (one weight gradient as plain training forms it)."""
+def _clipped(
+    layer: _Layer, c: torch.Tensor, small: dict[tuple[int, str], torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """``sum_i c_i G_i`` of the layer's trainable parameters: its small ones' from ``small`` (every
+    layer's, by ``(id(layer), key)``: :meth:`ghost_joined.JoinedRows.clipped`), the others' from
+    the per-example gradients the norms formed where they did, else book-kept from the stored
+    input and the factor-weighted output gradients (one weight gradient as plain training forms
+    it)."""
     m, names = layer.module, layer.names
     if layer.grad is None:  # an unused layer: zero gradients
         return {k: torch.zeros_like(getattr(m, k)) for k in names}
@@ -1258,7 +1265,7 @@ def _clipped(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
         return {k: torch.tensordot(c, g.reshape(g.shape[0], -1), dims=1).reshape(shape)}
     if _several_calls(layer) and not layer.per_example:  # clipping off: no norms were formed
         _summed_over_calls(layer, g.shape[0])
-    out: dict[str, torch.Tensor] = {}
+    out = {k: small[(id(layer), k)] for k in layer.small}
     for k, v in layer.per_example.items():
         out[k] = torch.tensordot(c, v, dims=1)
     if layer.affine and "weight" in out:  # summed first: the transpose of one weight, not B
@@ -1342,8 +1349,9 @@ def _run(
     x: torch.Tensor,
     example_losses: Callable[[torch.Tensor, slice], torch.Tensor],
     norms: bool,
-) -> tuple[list[_Layer], torch.Tensor | None]:
-    """The pass, and each example's gradient norm where ``norms`` (unused layers add zero)."""
+) -> tuple[list[_Layer], torch.Tensor | None, ghost_joined.JoinedRows | None]:
+    """The pass, each example's gradient norm where ``norms`` (unused layers add zero), and the
+    small parameters' per-example gradients joined (for the clipped sum)."""
     why = _ROWS_CHECKED.get(model)
     if why is not None:
         raise UnsupportedModelError(why)
@@ -1356,15 +1364,24 @@ def _run(
             continue
     ran = [layer for layer in layers if layer.grad is not None]
     if not norms:
-        return layers, None
+        return layers, None, None
     b = x.shape[0]
     if not ran:
-        return layers, torch.zeros(b, device=x.device)
-    sq = cast(torch.Tensor, sum(_sq_norms(layer, b) for layer in ran))
+        return layers, torch.zeros(b, device=x.device), None
+    sq = sum(_sq_norms(layer, b) for layer in ran)
+    joined = ghost_joined.JoinedRows(
+        [
+            (layer, k, v, cast(torch.Tensor, getattr(layer.module, k)).shape)
+            for layer in ran
+            for k, v in layer.small.items()
+        ],
+        b,
+    )
+    sq = cast(torch.Tensor, sq + joined.squared_norms())  # a tensor: some layer ran
     for layer in ran:  # a tied weight's norm: the two layers' parts and twice their inner product
         if layer.tied is not None and layer.tied.grad is not None:
             sq = sq + 2 * _tied_inner(layer.tied, layer, b)
-    return layers, sq.sqrt()
+    return layers, sq.sqrt(), joined
 
 
 def _tied_inner(embedding: _Layer, linear: _Layer, b: int) -> torch.Tensor:
@@ -1450,14 +1467,15 @@ def clipped_sum(
     """
     if not clip > 0:
         raise ValueError(f"clip must be > 0; found {clip}")
-    layers, norms = _run(model, x, example_losses, norms=not math.isinf(clip))
+    layers, norms, joined = _run(model, x, example_losses, norms=not math.isinf(clip))
     if norms is None:
         factor = torch.ones(x.shape[0], device=x.device)
     else:
         factor = torch.clamp(clip / torch.clamp(norms, min=1e-12), max=1.0)
+    small = joined.clipped(factor) if joined is not None else {}
     sums: dict[str, torch.Tensor] = {}
     for layer in layers:
-        for k, v in _clipped(layer, factor).items():
+        for k, v in _clipped(layer, factor, small).items():
             name = layer.names[k]  # a tied weight's two layers add
             sums[name] = sums[name] + v if name in sums else v
     order = [k for k, p in model.named_parameters() if p.requires_grad]
