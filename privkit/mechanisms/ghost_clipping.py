@@ -1368,7 +1368,7 @@ def _run(
     b = x.shape[0]
     if not ran:
         return layers, torch.zeros(b, device=x.device), None
-    sq = sum(_sq_norms(layer, b) for layer in ran)
+    parts = [sq for sq in (_sq_norms(layer, b) for layer in ran) if isinstance(sq, torch.Tensor)]
     joined = ghost_joined.JoinedRows(
         [
             (layer, k, v, cast(torch.Tensor, getattr(layer.module, k)).shape)
@@ -1377,11 +1377,20 @@ def _run(
         ],
         b,
     )
-    sq = cast(torch.Tensor, sq + joined.squared_norms())  # a tensor: some layer ran
+    parts += joined.squared_norms()
     for layer in ran:  # a tied weight's norm: the two layers' parts and twice their inner product
         if layer.tied is not None and layer.tied.grad is not None:
-            sq = sq + 2 * _tied_inner(layer.tied, layer, b)
-    return layers, sq.sqrt(), joined
+            parts.append(2 * _tied_inner(layer.tied, layer, b))
+    return layers, _added(parts).sqrt(), joined
+
+
+def _added(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The layers' squared norms added up (some layer ran: one part at least): one stack and one
+    sum where they share a dtype and a device (on a GPU two launches, where an addition per layer
+    took one each), else one by one."""
+    if len({(p.dtype, p.device) for p in parts}) == 1:
+        return torch.stack(parts).sum(0)
+    return cast(torch.Tensor, sum(parts))
 
 
 def _tied_inner(embedding: _Layer, linear: _Layer, b: int) -> torch.Tensor:

@@ -45,12 +45,9 @@ class JoinedRows:
             joined = torch.cat([rows.reshape(b, -1) for _, _, rows, _ in members], 1)
             self.blocks.append(_Block(joined, places))
 
-    def squared_norms(self) -> torch.Tensor | int:
-        """Each example's squared norm over every joined parameter (0 where none is joined)."""
-        total: torch.Tensor | int = 0
-        for block in self.blocks:
-            total = total + block.rows.pow(2).sum(1)
-        return total
+    def squared_norms(self) -> list[torch.Tensor]:
+        """Each example's squared norm over the joined parameters, one ``(B,)`` part per block."""
+        return [block.rows.pow(2).sum(1) for block in self.blocks]
 
     def clipped(self, c: torch.Tensor) -> dict[tuple[int, str], torch.Tensor]:
         """``sum_i c_i G_i`` of every joined parameter, by ``(id(owner), key)``: one product of the

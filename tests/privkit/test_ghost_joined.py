@@ -28,7 +28,8 @@ def test_the_blocks_give_each_tensors_norms_and_clipped_sums():
     assert [b.rows.dtype for b in joined.blocks] == [torch.float32, torch.float64]
     c = torch.rand(5, dtype=torch.float64)
     want_sq = sum(rows.reshape(5, -1).double().pow(2).sum(1) for _, _, rows, _ in entries)
-    torch.testing.assert_close(joined.squared_norms().double(), want_sq)
+    got_sq = sum(part.double() for part in joined.squared_norms())
+    torch.testing.assert_close(got_sq, want_sq)
     sums = joined.clipped(c)
     assert len(sums) == len(entries)
     for owner, key, rows, shape in entries:
@@ -39,7 +40,7 @@ def test_the_blocks_give_each_tensors_norms_and_clipped_sums():
 
 def test_nothing_joined_adds_nothing():
     joined = JoinedRows([], 3)
-    assert joined.squared_norms() == 0 and joined.clipped(torch.ones(3)) == {}
+    assert joined.squared_norms() == [] and joined.clipped(torch.ones(3)) == {}
 
 
 class _Count(TorchDispatchMode):
@@ -73,3 +74,15 @@ def test_a_groupnorm_models_small_parameters_cost_a_few_operations():
     # 25 small tensors (16 GroupNorm, 9 biases), about four operations each tensor by tensor
     # (measured: 49 more when joined, 142 tensor by tensor)
     assert counted.n < unclipped.n + 80, (counted.n, unclipped.n)
+
+
+def test_the_layers_norms_add_up_in_one_sum_or_one_by_one_across_dtypes():
+    """``_added``: parts of one dtype in one stacked sum, parts of several dtypes one by one
+    (promoted as the additions promote them); both the parts' sum."""
+    g = torch.Generator().manual_seed(1)
+    same = [torch.rand(6, generator=g) for _ in range(5)]
+    torch.testing.assert_close(ghost_clipping._added(same), sum(same))
+    mixed = [same[0], same[1].double()]
+    got = ghost_clipping._added(mixed)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, same[0].double() + same[1].double())
