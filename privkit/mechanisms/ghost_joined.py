@@ -41,7 +41,7 @@ class JoinedRows:
             places, at = [], 0
             for owner, key, rows, shape in members:
                 places.append((owner, key, at, shape))
-                at += rows[0].numel()
+                at += rows.shape[1:].numel()
             joined = torch.cat([rows.reshape(b, -1) for _, _, rows, _ in members], 1)
             self.blocks.append(_Block(joined, places))
 
