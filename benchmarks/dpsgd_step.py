@@ -468,23 +468,18 @@ def measure(name: str, device: torch.device, repeats: int) -> dict:
     model = model.to(device)
     x, y = batch(name, size, device)
     fns = steps(model, x, y, device)
-    # one CPU thread: this process's CPU time, robust to other load; several: wall time
+    # one CPU thread: this process's CPU time, robust to other load; several threads or a GPU:
+    # wall time (on a GPU between synchronisations)
     cpu_clock = device.type != "cuda" and torch.get_num_threads() == 1
+    clock = time.process_time if cpu_clock else time.perf_counter
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def timed(fn) -> float:
-        if cpu_clock:
-            start = time.process_time()
-            fn()
-            return time.process_time() - start
-        if device.type != "cuda":
-            start = time.perf_counter()
-            fn()
-            return time.perf_counter() - start
-        torch.cuda.synchronize()
-        start = time.perf_counter()
+        sync()
+        start = clock()
         fn()
-        torch.cuda.synchronize()
-        return time.perf_counter() - start
+        sync()
+        return clock() - start
 
     unavailable = {}
     for v, fn in list(fns.items()):  # warm-up: allocations, kernel selection, opacus' first hooks

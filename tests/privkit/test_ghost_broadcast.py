@@ -18,6 +18,7 @@ forward's (the examples' gradients do not add up to the whole).
 
 import math
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -314,22 +315,25 @@ def test_a_trace_with_nothing_to_follow_changes_nothing():
 
 
 def test_what_holds_examples_follows_the_data_not_a_reused_id():
-    """A tensor computed from the batch holds examples, one of no example does not, and a batch
-    tensor's id, once the tensor is gone and the id is another tensor's, does not make that one
-    the batch's."""
+    """A tensor computed from the batch holds examples, one of no example does not, and an id
+    whose entry is another tensor's (one that is gone, or one alive elsewhere: ids are reused
+    once a tensor is freed) does not make the tensor now holding it the batch's, nor what is
+    computed from it."""
     trace = ghost_broadcast.BroadcastTrace(4)
     x, table = torch.randn(4, 3), torch.randn(3)
     with trace:
         trace.batch(x)
         from_batch, alone = x * 2.0 + 1.0, table.exp()
         held = trace._holds_examples(from_batch), trace._holds_examples(alone)
-        gone = {id(x * 3.0) for _ in range(50)}  # each freed at once, its memory free again
-        reused = [t for t in (torch.zeros(3) for _ in range(200)) if id(t) in gone]
-        computed = [t + 1.0 for t in reused]  # nor what is computed from it
-    assert held == (True, False)
-    if not reused:
-        pytest.skip("this interpreter gave no freed tensor's id to a new tensor")
-    assert not any(trace._holds_examples(t) for t in reused + computed)
+        gone, other = x * 3.0, x * 4.0  # both hold examples
+        dead = weakref.ref(gone)
+        del gone  # its entry's reference now gives nothing back
+        first, second = torch.zeros(3), torch.zeros(3)
+        trace._batch[id(first)] = dead  # as if ``first`` had the freed tensor's id
+        trace._batch[id(second)] = weakref.ref(other)  # an entry for another, live tensor
+        computed = [first + 1.0, second + 1.0]
+    assert held == (True, False) and dead() is None
+    assert not any(trace._holds_examples(t) for t in [first, second, *computed])
 
 
 class ViewedBefore(TinySwin):
