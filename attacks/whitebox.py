@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,6 +83,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from attacks.canary_records import CanaryRecords
 from attacks.experiment import stream
 from attacks.sparse_add import add_at, add_in_place
+from attacks.transfers import HostCopy
 
 KINDS = ("dirac", "random")
 STATISTICS = ("auto", "sum", "lr")
@@ -116,6 +117,11 @@ __all__ = [
 ]
 
 TensorLike = torch.Tensor | Sequence[torch.Tensor]
+#: one release as observed: projections, witnesses and the noise share's sum of squares, or the
+#: function that gives them once their copy to the host has run
+_Observed = (
+    tuple[np.ndarray, np.ndarray, float] | Callable[[], tuple[np.ndarray, np.ndarray, float]]
+)
 
 
 def _flat(tensors: TensorLike) -> torch.Tensor:
@@ -324,6 +330,7 @@ class GradientCanaries:
         self._noise_dof: list[int] = []
         self._clean: torch.Tensor | None = None
         self._pending = False
+        self._queued: Callable[[], None] | None = None  # a release's copy still on its way
         self._clean_known = know_batch  # False once a step is observed without the clean sum
         self._record_influence: list[float] = []
         self.influence_tolerance = 1e-6
@@ -338,6 +345,7 @@ class GradientCanaries:
         self._appear_rows: list[np.ndarray] = []
 
     def __getstate__(self) -> dict:
+        self._settle()  # a queued copy is the device's: recorded first
         state = dict(self.__dict__)
         state.pop("_layouts", None)  # index tensors cached per device (:class:`_Layout`)
         state.pop("_shares", None)  # and per device (:class:`_NoiseShare`)
@@ -350,8 +358,8 @@ class GradientCanaries:
 
     @property
     def steps(self) -> int:
-        """Number of releases observed so far."""
-        return len(self._proj)
+        """Number of releases observed so far (a release still on its way to the host included)."""
+        return len(self._proj) + (getattr(self, "_queued", None) is not None)
 
     @property
     def noise_stride(self) -> int:
@@ -364,7 +372,7 @@ class GradientCanaries:
     def _noise_share(self) -> _NoiseShare:
         """The blocks the noise scale reads at the release being observed."""
         stride = self.noise_stride
-        return _NoiseShare.of(self, stride, len(self._noise_ss) % stride)
+        return _NoiseShare.of(self, stride, self.steps % stride)
 
     def _witness_coordinates(self, count: int) -> np.ndarray:
         """``count`` coordinates no canary uses (Dirac canaries only): the noise's own witnesses."""
@@ -549,8 +557,11 @@ class GradientCanaries:
         Dirac canaries read the release where it lies: only their own and the witnesses'
         coordinates are gathered (on the tensors' device) and copied to the host; the noise scale
         along the other coordinates (without canary records) is one sum of squares reduced on
-        the device. Random directions project the whole release (on the host).
+        the device. Random directions project the whole release (on the host). On a CUDA device
+        that copy is queued and read at the next observation (or when the evidence is asked
+        for): the step goes on without waiting for the device (:mod:`attacks.transfers`).
         """
+        self._settle()
         records = self.records_state is not None
         # the noise's witnesses: where the auditor injects the canaries itself, or canary records
         # reserve them (privkit's own mechanisms, :meth:`vector`, are tested on scale alone)
@@ -566,23 +577,54 @@ class GradientCanaries:
             self._clean_known = False
         share = self._noise_share() if self._u is None else None
         if share is not None:
-            x, wit, rest = self._observe_sparse(released, base, scale, share, dense=not records)
+            got = self._observe_sparse(released, base, scale, share, dense=not records)
         else:
-            x, wit, rest = self._observe_dense(released, base, scale, share)
-        self._proj.append(x)
+            got = self._observe_dense(released, base, scale, share)
+        # this release's draws by the user's sampler, taken now: the next batch counts anew
+        counts = self._step_counts.copy() if records else None
         if records:
+            self._step_counts[:] = 0
+        keep_witness = bool(witness and self._witness.size and (records or base is not None))
+
+        def record(x: np.ndarray, wit: np.ndarray, rest: float) -> None:
+            self._record(x, wit, rest, share, counts, keep_witness)
+
+        if callable(got):  # a copy on its way to the host: recorded once it is there
+            self._queued = lambda: record(*got())
+        else:
+            record(*got)
+        self._clean, self._pending = None, False
+
+    def _record(
+        self,
+        x: np.ndarray,
+        wit: np.ndarray,
+        rest: float,
+        share: _NoiseShare | None,
+        counts: np.ndarray | None,
+        keep_witness: bool,
+    ) -> None:
+        """One release's projections, noise scale, appearances (canary records: ``counts``) and
+        witnesses, appended to the evidence."""
+        self._proj.append(x)
+        if counts is not None:
             exc = x[~self.included]
             ss, dof = float(np.square(exc).sum() + np.square(wit).sum()), int(exc.size + wit.size)
         else:
             ss, dof = self._noise_part(rest, x, share)
         self._noise_ss.append(ss)
         self._noise_dof.append(dof)
-        if records:
-            self._appear_rows.append(self._step_counts.copy())
-            self._step_counts[:] = 0
-        if witness and self._witness.size and (records or base is not None):
+        if counts is not None:
+            self._appear_rows.append(counts)
+        if keep_witness:
             self._witness_rows.append(wit.copy())
-        self._clean, self._pending = None, False
+
+    def _settle(self) -> None:
+        """Record the release whose copy to the host was queued (:meth:`observe`), if any."""
+        queued = getattr(self, "_queued", None)  # absent from canaries pickled before it
+        if queued is not None:
+            self._queued = None
+            queued()
 
     def _observe_dense(
         self,
@@ -620,7 +662,7 @@ class GradientCanaries:
         scale: float,
         share: _NoiseShare,
         dense: bool,
-    ) -> tuple[np.ndarray, np.ndarray, float]:
+    ) -> _Observed:
         """As :meth:`_observe_dense` for Dirac canaries, reading only the reserved coordinates
         (the same floats: gathered, then the same operations) and, with ``dense``, the noise's
         sum of squares reduced on the device, less the included canaries' coordinates: the
@@ -684,14 +726,16 @@ class GradientCanaries:
         scale: float,
         share: _NoiseShare,
         dense: bool,
-    ) -> tuple[np.ndarray, np.ndarray, float]:
+    ) -> Callable[[], tuple[np.ndarray, np.ndarray, float]]:
         """:meth:`_observe_sparse` off the CPU, in a handful of launches whatever the number of
         tensors: the release (and the clean sum) joined into one vector (one copy, cheap on a
         device), one gather each, the noise's sum of squares in one reduction, and one transfer
         to the host for all of it. Per tensor these were about five launches each and two host
         synchronisations, the canaries' fixed cost of a small model's step on a GPU. The
-        gathered floats are the per-tensor path's bit for bit; the sum of squares is reduced in
-        one pass rather than per tensor (it differs by float rounding)."""
+        transfer is queued (:class:`attacks.transfers.HostCopy`): what comes back is read by the
+        function returned, at the next observation. The gathered floats are the per-tensor
+        path's bit for bit; the sum of squares is reduced in one pass rather than per tensor (it
+        differs by float rounding)."""
         flat = torch.cat(rel) if len(rel) > 1 else rel[0]
         if scale != 1.0:
             flat = flat * scale
@@ -711,22 +755,27 @@ class GradientCanaries:
                 ]
             ss = sums[0] if len(sums) == 1 else torch.stack(sums).sum()
             parts.append(ss.to(torch.float64).reshape(1))
-        host = torch.cat(parts).cpu()  # the step's one synchronisation
-        n = idx.numel()
-        got = host[:n]
-        r = got if ref is None else got - host[n : 2 * n]
-        units = (r / self.clip_norm).numpy()
-        x, wit = units[layout.at_coords], units[layout.at_witness]
-        if not dense:
-            return x, wit, 0.0
-        # the included canaries' coordinates leave the noise's share, their difference taken in
-        # the release's dtype as the per-tensor path takes it
-        d = got.to(flat.dtype)
-        if ref is not None:
-            d = d - host[n : 2 * n].to(flat.dtype)
-        inc = share.included_on(d.device, layout)  # host: d came back with the transfer
-        noise_ss = float(host[-1]) - float(d[inc].to(torch.float64).square().sum())
-        return x, wit, max(0.0, noise_ss) / self.clip_norm**2
+        copy = HostCopy(torch.cat(parts))  # the step's one transfer, queued on a CUDA device
+        n, dtype = idx.numel(), flat.dtype
+
+        def read() -> tuple[np.ndarray, np.ndarray, float]:
+            host = copy.result()
+            got = host[:n]
+            r = got if ref is None else got - host[n : 2 * n]
+            units = (r / self.clip_norm).numpy()
+            x, wit = units[layout.at_coords], units[layout.at_witness]
+            if not dense:
+                return x, wit, 0.0
+            # the included canaries' coordinates leave the noise's share, their difference taken
+            # in the release's dtype as the per-tensor path takes it
+            d = got.to(dtype)
+            if ref is not None:
+                d = d - host[n : 2 * n].to(dtype)
+            inc = share.included_on(d.device, layout)  # host: d came back with the transfer
+            noise_ss = float(host[-1]) - float(d[inc].to(torch.float64).square().sum())
+            return x, wit, max(0.0, noise_ss) / self.clip_norm**2
+
+        return read
 
     # ------------------------------------------------------------------ scores and the audit
     def claim(self, steps: int | None = None) -> MechanismClaim:
@@ -742,6 +791,7 @@ class GradientCanaries:
 
     def evidence(self) -> ProbeEvidence:
         """What the canaries observed (:class:`attacks.conformance.ProbeEvidence`)."""
+        self._settle()
         proj = np.stack(self._proj) if self._proj else np.zeros((0, self.n))
         witness = None
         if self._witness_rows and len(self._witness_rows) == len(self._proj):

@@ -388,9 +388,14 @@ class DpSgdStep:
         held, the addition and the restore took three launches per tensor (the canaries' fixed
         cost of a small model's step on a GPU). The values are :meth:`_with_canaries`'s bit for
         bit (the same float32 additions at distinct coordinates)."""
+        from attacks.transfers import to_device
+
         coords, values = self._canary_addition(canaries, source)
         flat = torch.cat([total[k].reshape(-1) for k in names])
-        flat.index_add_(0, coords.to(flat.device), values.to(device=flat.device, dtype=flat.dtype))
+        # queued behind the step's kernels (a plain copy to a GPU waits for all of them first)
+        flat.index_add_(
+            0, to_device(coords, flat.device), to_device(values.to(flat.dtype), flat.device)
+        )
         joined, at = dict(total), 0
         for k in names:
             n = total[k].numel()

@@ -118,6 +118,7 @@ def test_the_share_is_the_same_read_on_every_path(shared, monkeypatch):
     _observe(cpu, 7)
     monkeypatch.setattr(whitebox, "joined_on", lambda device: True)
     _observe(joined, 7)
+    joined._settle()  # its last release's copy is recorded at the next observation, or when read
     assert cpu._noise_dof == joined._noise_dof
     np.testing.assert_allclose(cpu._noise_ss, joined._noise_ss, rtol=1e-6)
 

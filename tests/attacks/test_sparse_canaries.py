@@ -4,7 +4,9 @@ coordinates) equal the dense path's (``vector`` added everywhere, the whole rele
 and DP-SGD released gradients, evidence and audit verdicts on seeds are the same either way."""
 
 import importlib.util
+import pickle
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -136,6 +138,8 @@ def test_sparse_observation_equals_the_dense_one(
         given = {"list": base, "flat": torch.cat([t.reshape(-1) for t in base]), "none": None}
         for c in (sparse, dense):
             c.observe(released, clean=given[clean], scale=scale)
+    assert sparse.steps == dense.steps == 4
+    sparse._settle()  # a joined observation's copy is recorded at the next one, or when read
     for key in ("_proj", "_witness_rows"):
         got, want = getattr(sparse, key), getattr(dense, key)
         assert len(got) == len(want)
@@ -144,6 +148,42 @@ def test_sparse_observation_equals_the_dense_one(
     np.testing.assert_allclose(sparse._noise_ss, dense._noise_ss, rtol=2.5e-7)
     assert sparse._noise_dof == dense._noise_dof
     assert sparse._clean_known == dense._clean_known
+
+
+def test_a_joined_observation_is_recorded_later_as_it_was_observed(monkeypatch):
+    """The joined read (a GPU's form) queues its copy to the host: the release counts at once,
+    its evidence is recorded at the next observation, when the evidence is asked for or when
+    the canaries are pickled, and it is the release as it was when observed (its tensors
+    changed afterwards, canary records counted for the next release meanwhile)."""
+    monkeypatch.setattr(whitebox, "joined_on", lambda device: True)
+    queued, plain = _canaries(), _canaries()
+    for c in (queued, plain):
+        # canary records (their appearances per release), with no sampler's record
+        c.records_state = SimpleNamespace(batch_sizes=[])
+    for step in range(3):
+        released = _tensors(50 + step)
+        for c in (queued, plain):
+            c.count_appearances(np.array([step, step + 1, step + 1]))
+            c.observe([t.clone() for t in released] if c is plain else released)
+            if c is plain:
+                c._settle()
+        assert queued.steps == plain.steps == step + 1
+        assert queued._queued is not None and len(queued._proj) == step
+        for t in released:  # the release's tensors reused once observed
+            t.zero_()
+        queued.count_appearances(np.array([7]))  # the next release's batch, before it is recorded
+        plain.count_appearances(np.array([7]))
+    ev, want = queued.evidence(), plain.evidence()
+    assert queued._queued is None and len(queued._proj) == 3
+    np.testing.assert_array_equal(ev.projections, want.projections)
+    np.testing.assert_array_equal(ev.appearances, want.appearances)
+    assert ev.appearances[:, 7].tolist() == [0, 1, 1]
+    np.testing.assert_array_equal(ev.noise_squares, want.noise_squares)
+    np.testing.assert_array_equal(ev.witness, want.witness)
+    released = _tensors(60)
+    queued.observe(released)
+    state = pickle.loads(pickle.dumps(queued))  # pickled: recorded first
+    assert queued._queued is None and state.steps == 4 and len(state._proj) == 4
 
 
 def test_inject_then_sparse_observe_equals_the_dense_one():
@@ -194,8 +234,6 @@ def test_observe_checks_the_release_s_size():
 
 
 def test_cached_layouts_are_not_pickled():
-    import pickle
-
     c = _canaries()
     c.observe(_tensors(0), clean=_tensors(1))
     assert c._layouts

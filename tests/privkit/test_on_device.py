@@ -215,8 +215,26 @@ def test_canaries_read_a_release_on_the_device_as_on_the_cpu():
     )
     cpu.observe(released, clean=clean)
     dev.observe([t.to(DEVICE) for t in released], clean=[t.to(DEVICE) for t in clean])
+    assert dev.steps == 1
+    dev._settle()  # on a GPU the copy is queued: recorded at the next observation, or when read
     np.testing.assert_array_equal(dev._proj[0], cpu._proj[0])
     np.testing.assert_allclose(dev._noise_ss, cpu._noise_ss, rtol=2.5e-7)
+
+
+def test_queued_copies_to_and_from_the_device_are_plain_copies():
+    """:mod:`attacks.transfers` on the device: what arrives is what was sent, and a copy back
+    keeps the values its tensor had when it was made."""
+    from attacks.transfers import HostCopy, to_device
+
+    host = torch.arange(1000, dtype=torch.float64)
+    there = to_device(host, torch.device(DEVICE))
+    assert there.device.type == torch.device(DEVICE).type and torch.equal(there.cpu(), host)
+    back = HostCopy(there * 2)
+    source = there.clone()
+    copy = HostCopy(source)
+    source.zero_()  # queued after the copy: not in it
+    assert torch.equal(back.result(), host * 2) and torch.equal(copy.result(), host)
+    assert back.result().device.type == "cpu"
 
 
 def test_privkit_train_on_the_device_trains_through_the_batched_engine():
