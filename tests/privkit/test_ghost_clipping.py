@@ -2,15 +2,17 @@
 
 For every layer it covers (linear on rows and on sequences, by the Gram matrices and by the
 materialised per-example gradient; 2-d and 1-d convolutions of both kinds, grouped and depthwise
-ones, and their paddings; GroupNorm, LayerNorm, RMSNorm, embeddings with repeated and padding
-tokens) and for whole models (a GroupNorm ResNet, a transformer block), the per-example norms and
-the flat-clipped sum equal ``torch.func``'s per-example gradients clipped by ``clip_per_sample``
-(float64, clip norm between the examples' norms). A layer it does not cover raises
+ones, and their paddings, chosen by hand and sixty of random geometry; GroupNorm, LayerNorm,
+RMSNorm, embeddings with repeated and padding tokens) and for whole models (a GroupNorm ResNet, a
+transformer block), the per-example norms and the flat-clipped sum equal ``torch.func``'s
+per-example gradients clipped by ``clip_per_sample`` (float64, clip norm between the examples'
+norms). A layer it does not cover raises
 ``UnsupportedModelError`` and ``clipped_gradient_sum`` falls back to ``torch.func``; so does a
 model whose layer outputs' rows are not its examples (the row check).
 """
 
 import math
+import random
 
 import pytest
 import torch
@@ -113,7 +115,10 @@ class Conv(nn.Module):
     def __init__(self, conv, size):
         super().__init__()
         self.conv = conv
-        shape = (size,) if isinstance(conv, nn.Conv1d) else (size, size)
+        # a square (or 1-d) input of this size, or this shape
+        shape = (
+            size if isinstance(size, tuple) else (size,) * (1 if isinstance(conv, nn.Conv1d) else 2)
+        )
         with torch.no_grad():
             n = conv(torch.zeros(1, conv.in_channels, *shape)).numel()
         self.head = nn.Linear(n, 3)
@@ -177,6 +182,76 @@ def test_unfolded_input_is_f_unfold(conv, size, channels_last, monkeypatch):
     padded, padding = ghost_clipping._padded(geometry[0], a)
     want = F.unfold(padded, conv.kernel_size, conv.dilation, padding, conv.stride)
     assert got is not None and torch.equal(got, want)
+
+
+def _random_convolution(rng: random.Random) -> tuple[nn.Module, tuple[int, ...]] | None:
+    """A convolution of random geometry (1-d or 2-d; kernel, stride, dilation, integer, tuple,
+    "same" or "valid" padding, every padding mode, groups, depthwise, bias or not) and an input
+    shape it accepts, or None where torch refuses the draw."""
+    one_d = rng.random() < 0.4
+    groups = rng.choice([1, 1, 1, 2, 3])
+    c_in, c_out = groups * rng.randint(1, 3), groups * rng.randint(1, 3)
+    if rng.random() < 0.2:  # depthwise
+        groups = c_out = c_in
+    pair = (
+        (lambda lo, hi: rng.randint(lo, hi))
+        if one_d
+        else (lambda lo, hi: (rng.randint(lo, hi), rng.randint(lo, hi)))
+    )
+    mode = rng.choice(["zeros", "zeros", "reflect", "replicate", "circular"])
+    if rng.random() < 0.25:
+        padding, stride = rng.choice(["same", "valid"]), pair(1, 1)
+        mode = "zeros" if padding == "valid" else mode
+    else:
+        padding, stride = pair(0, 2), pair(1, 3)
+    cls = nn.Conv1d if one_d else nn.Conv2d
+    shape = (rng.randint(3, 9),) if one_d else (rng.randint(3, 9), rng.randint(3, 9))
+    try:
+        conv = cls(
+            c_in,
+            c_out,
+            pair(1, 4),
+            stride,
+            padding,
+            pair(1, 2),
+            groups,
+            bias=rng.random() < 0.6,
+            padding_mode=mode,
+        )
+        with torch.no_grad():
+            if conv(torch.zeros(1, c_in, *shape)).numel() == 0:
+                return None
+    except (ValueError, RuntimeError):  # a padding larger than the input, "same" with a stride
+        return None
+    return conv, shape
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_convolutions_of_random_geometry(seed, monkeypatch):
+    """Twenty convolutions of random geometry per seed, on inputs in either memory layout, all
+    six ways of ``_check``: the cases above chosen by hand, and the combinations between them."""
+    rng = random.Random(seed)
+    checked = 0
+    while checked < 20:
+        drawn = _random_convolution(rng)
+        if drawn is None:
+            continue
+        conv, shape = drawn
+        torch.manual_seed(100 * seed + checked)
+        b = rng.randint(3, 7)
+        # each example's input at its own scale: the norms spread, some clipped and some not
+        x = torch.randn(b, conv.in_channels, *shape) * torch.exp2(4 * torch.rand(b) - 2).view(
+            b, *[1] * (len(shape) + 1)
+        )
+        if len(shape) == 2 and rng.random() < 0.3:
+            x = x.contiguous(memory_format=torch.channels_last)
+        _check(
+            Conv(conv, shape),
+            x,
+            torch.randint(0, 3, (b,)),
+            monkeypatch,
+        )
+        checked += 1
 
 
 def test_group_norm_layer_norm_and_rms_norm(monkeypatch):
