@@ -331,6 +331,7 @@ class GradientCanaries:
         self._clean: torch.Tensor | None = None
         self._pending = False
         self._queued: Callable[[], None] | None = None  # a release's copy still on its way
+        self._coins: torch.Tensor | None = None  # this step's sampled canaries, on a device
         self._clean_known = know_batch  # False once a step is observed without the clean sum
         self._record_influence: list[float] = []
         self.influence_tolerance = 1e-6
@@ -346,8 +347,10 @@ class GradientCanaries:
 
     def __getstate__(self) -> dict:
         self._settle()  # a queued copy is the device's: recorded first
+        self._count_coins()
         state = dict(self.__dict__)
         state.pop("_layouts", None)  # index tensors cached per device (:class:`_Layout`)
+        state.pop("_included_on", None)  # and the included canaries' coordinates
         state.pop("_shares", None)  # and per device (:class:`_NoiseShare`)
         return state
 
@@ -530,6 +533,43 @@ class GradientCanaries:
         self.appearances[ids[w[nz] > 0]] += 1
         return torch.from_numpy(self._coords.numpy()[ids]), torch.from_numpy(w[nz])
 
+    def included_coordinates_on(self, device: torch.device) -> torch.Tensor:
+        """The included Dirac canaries' flat coordinates (:attr:`included_ids` order) on
+        ``device``, kept per device: where a mechanism adds its canaries' weights on the device,
+        zero for those it did not sample (:meth:`sampled_on_device`)."""
+        if self._u is not None:
+            raise ValueError("random-direction canaries touch every coordinate; use add_to")
+        cache = self.__dict__.setdefault("_included_on", {})
+        if device not in cache:
+            cache[device] = torch.as_tensor(self.coordinates_of(self.included_ids)).to(device)
+        return cache[device]
+
+    def sampled_on_device(self, sampled: torch.Tensor) -> None:
+        """The included canaries a mechanism sampled this step (a bool tensor in
+        :attr:`included_ids` order), drawn on a device: counted in :attr:`appearances` once they
+        reach the host, with this step's release (:meth:`observe`), so that drawing them there
+        costs no wait for the device."""
+        if sampled.shape != (self.included_ids.size,):
+            raise ValueError(
+                f"sampled must have one entry per included canary ({self.included_ids.size}); "
+                f"found shape {tuple(sampled.shape)}"
+            )
+        self._count_coins()  # a step's coins never observed: counted now
+        self._coins = sampled
+
+    def _count_coins(self) -> None:
+        """Count the sampled canaries of :meth:`sampled_on_device` not yet counted, reading them
+        from the device now."""
+        coins = getattr(self, "_coins", None)  # absent from canaries pickled before it
+        if coins is not None:
+            self._coins = None
+            self._count_sampled(coins.cpu().numpy())
+
+    def _count_sampled(self, drawn: np.ndarray) -> None:
+        """One release's sampled included canaries (``drawn``, nonzero where sampled, in
+        :attr:`included_ids` order) in :attr:`appearances`."""
+        self.appearances[self.included_ids[drawn != 0]] += 1
+
     def add_to(
         self, tensors: Sequence[torch.Tensor], weights: torch.Tensor | np.ndarray
     ) -> list[torch.Tensor]:
@@ -580,6 +620,7 @@ class GradientCanaries:
             got = self._observe_sparse(released, base, scale, share, dense=not records)
         else:
             got = self._observe_dense(released, base, scale, share)
+        self._count_coins()  # a path that did not take them with the release (none left if it did)
         # this release's draws by the user's sampler, taken now: the next batch counts anew
         counts = self._step_counts.copy() if records else None
         if records:
@@ -745,6 +786,9 @@ class GradientCanaries:
         if ref is not None:
             flat_ref = torch.cat(ref) if len(ref) > 1 else ref[0]
             parts.append(flat_ref.index_select(0, idx).to(torch.float64))
+        coins, self._coins = getattr(self, "_coins", None), None
+        if coins is not None:  # this step's sampled canaries ride with the release's copy
+            parts.append(coins.to(device=flat.device, dtype=torch.float64))
         if dense:
             if flat_ref is None:
                 sums = [a.square().sum() for a in share.read(flat)]
@@ -760,6 +804,9 @@ class GradientCanaries:
 
         def read() -> tuple[np.ndarray, np.ndarray, float]:
             host = copy.result()
+            if coins is not None:
+                at = (2 if ref is not None else 1) * n
+                self._count_sampled(host[at : at + coins.numel()].numpy())
             got = host[:n]
             r = got if ref is None else got - host[n : 2 * n]
             units = (r / self.clip_norm).numpy()
@@ -970,6 +1017,8 @@ class GradientCanaries:
         return MechanismAudit.of(conf, one_run, confidence)
 
     def summary(self) -> dict:
+        self._settle()  # appearances: the queued release's sampled canaries counted
+        self._count_coins()
         inc = self.included
         return {
             "kind": self.kind,

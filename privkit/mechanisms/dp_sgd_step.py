@@ -35,6 +35,7 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -58,6 +59,16 @@ __all__ = [
     "per_sample_gradients",
     "poisson_batch",
 ]
+
+
+def _coins_on_device(source: DpRandom, canaries) -> bool:
+    """Whether a step draws its canaries' coins on the device and keeps them there: a seeded torch
+    generator off the CPU (whose draws :meth:`DpRandom.mask` would copy back, waiting for the
+    device) and Dirac canaries (a coordinate each)."""
+    gen = source.source
+    return (
+        isinstance(gen, torch.Generator) and gen.device.type != "cpu" and canaries.kind == "dirac"
+    )
 
 
 def poisson_batch(
@@ -369,6 +380,25 @@ class DpSgdStep:
         raw = torch.full((len(ids),), canaries.raw_norm)
         return canaries.sparse_addition(sampled * self.clip_factor(raw) * raw)
 
+    def _canary_addition_on_device(
+        self, canaries, source: DpRandom, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_canary_addition` where a seeded generator on a device draws the canaries'
+        coins (:meth:`DpRandom.mask`'s draw, left there): every included canary's coordinate,
+        its weight zero where it was not sampled (adding zero changes no value). The coins reach
+        the host with the release's one copy
+        (:meth:`attacks.whitebox.GradientCanaries.sampled_on_device`), where reading them back
+        took the step's one wait for the device."""
+        from attacks.transfers import to_device
+
+        gen = cast(torch.Generator, source.source)
+        ids = canaries.included_ids
+        sampled = torch.rand(len(ids), generator=gen, device=gen.device) < self.sample_rate
+        canaries.sampled_on_device(sampled)
+        raw = torch.full((len(ids),), canaries.raw_norm)
+        clipped = to_device(self.clip_factor(raw) * raw, device)  # as sampled * factor * raw
+        return canaries.included_coordinates_on(device), sampled.to(device) * clipped
+
     def _with_canaries(
         self, total: dict[str, torch.Tensor], names: list[str], canaries, source: DpRandom
     ) -> Callable[[], None]:
@@ -390,12 +420,14 @@ class DpSgdStep:
         bit (the same float32 additions at distinct coordinates)."""
         from attacks.transfers import to_device
 
-        coords, values = self._canary_addition(canaries, source)
         flat = torch.cat([total[k].reshape(-1) for k in names])
-        # queued behind the step's kernels (a plain copy to a GPU waits for all of them first)
-        flat.index_add_(
-            0, to_device(coords, flat.device), to_device(values.to(flat.dtype), flat.device)
-        )
+        if _coins_on_device(source, canaries):
+            coords, values = self._canary_addition_on_device(canaries, source, flat.device)
+        else:
+            coords, values = self._canary_addition(canaries, source)
+            # queued behind the step's kernels (a plain copy to a GPU waits for all of them first)
+            coords, values = to_device(coords, flat.device), to_device(values, flat.device)
+        flat.index_add_(0, coords, values.to(flat.dtype))
         joined, at = dict(total), 0
         for k in names:
             n = total[k].numel()

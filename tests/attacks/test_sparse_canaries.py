@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from accountants import dpsgd_epsilon
 from attacks import whitebox
 from attacks.whitebox import GradientCanaries, add_at, add_in_place
+from privkit.mechanisms import dp_sgd_step
 from privkit.mechanisms.dp_random import DpRandom
 from privkit.mechanisms.dp_sgd_step import DpSgdStep
 
@@ -288,12 +289,17 @@ def _train(sigma, claimed, seed, *, dense, release=False, steps=40, q=0.05):
 
 
 @pytest.mark.parametrize("release", [False, True])
-@pytest.mark.parametrize("chunk", [None, 64, "joined", "share"])
+@pytest.mark.parametrize("chunk", [None, 64, "joined", "joined-coins", "share"])
 def test_dp_sgd_step_releases_and_audits_exactly_as_the_dense_path(release, chunk, monkeypatch):
-    if (
-        chunk == "joined"
-    ):  # a GPU's forms: canaries added to the joined sum, the release read joined
+    if chunk in ("joined", "joined-coins"):
+        # a GPU's forms: canaries added to the joined sum, the release read joined
         monkeypatch.setattr(whitebox, "joined_on", lambda device: True)
+    if chunk == "joined-coins":  # and a seeded generator's coins kept where it draws them
+        monkeypatch.setattr(
+            dp_sgd_step,
+            "_coins_on_device",
+            lambda source, canaries: isinstance(source.source, torch.Generator),
+        )
     elif chunk == "share":  # the release (515 entries) read in a share of 32-entry blocks
         monkeypatch.setattr(whitebox, "NOISE_READ", 200)
         monkeypatch.setattr(whitebox, "NOISE_BLOCK", 32)

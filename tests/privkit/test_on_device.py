@@ -289,3 +289,50 @@ def test_a_dp_sgd_step_with_canaries_on_the_device_releases_as_on_the_cpu():
         assert can.steps == 1
     for k in released[0]:
         torch.testing.assert_close(released[1][k], released[0][k], rtol=1e-5, atol=1e-6)
+
+
+def test_canaries_coins_drawn_on_the_device_release_and_count_as_read_back(monkeypatch):
+    """A seeded generator on the device: the canaries' coins kept there (added with zero weight
+    where unsampled, counted with the release's copy) give the releases, the evidence and the
+    appearances of the coins read back at once."""
+    from torch import nn
+    from torch.nn import functional as F
+
+    from attacks import whitebox
+    from attacks.whitebox import GradientCanaries
+    from privkit.mechanisms import dp_sgd_step
+    from privkit.mechanisms.dp_random import DpRandom
+    from privkit.mechanisms.dp_sgd_step import DpSgdStep
+
+    monkeypatch.setattr(whitebox, "joined_on", lambda device: True)  # the device's forms anywhere
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(60, 6, generator=g), torch.randint(0, 3, (60,), generator=g)
+    runs = []
+    for kept in (True, False):
+        monkeypatch.setattr(dp_sgd_step, "_coins_on_device", lambda source, canaries, k=kept: k)
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)).to(DEVICE)
+        can = GradientCanaries.for_parameters(
+            list(model.parameters()), 40, clip_norm=1.0, sample_rate=0.3, noise_multiplier=1.0
+        )
+        step = DpSgdStep(1.0, 1.0, 0.3, 60)
+        noise = DpRandom(torch.Generator(device=DEVICE).manual_seed(3), DEVICE)
+        out = []
+        for t in range(4):
+            b = torch.arange(t * 10, t * 10 + 15)
+            got = step.noisy_gradient(
+                model,
+                x[b].to(DEVICE),
+                y[b].to(DEVICE),
+                lambda lo, yy, aux: F.cross_entropy(lo, yy),
+                noise,
+                canaries=can,
+            )
+            out.append({k: v.cpu() for k, v in got.items()})
+        runs.append((out, can.evidence(), can.appearances.copy()))
+    (kept_out, kept_ev, kept_app), (back_out, back_ev, back_app) = runs
+    for a, b in zip(kept_out, back_out):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    np.testing.assert_array_equal(kept_ev.projections, back_ev.projections)
+    np.testing.assert_array_equal(kept_app, back_app)
+    assert kept_app.sum() > 0
