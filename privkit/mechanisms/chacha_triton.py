@@ -25,6 +25,8 @@ from collections.abc import Callable
 
 import torch
 
+from attacks.transfers import to_device
+
 Reference = Callable[[torch.Tensor, int, int], torch.Tensor]
 
 __all__ = ["available", "bits53"]
@@ -53,7 +55,9 @@ def bits53(key_words: torch.Tensor, counter: int, n: int) -> torch.Tensor:
     if n == 0:
         return out
     key = key_words.to(torch.int64)  # words below 2**32: exact, cast to uint32 in the kernel
-    start = torch.tensor([counter], dtype=torch.int64, device=dev)
+    # the first counter, copied queued: a plain copy to the device would wait for every kernel
+    # queued before this draw (inside a DP-SGD step, its whole backward pass)
+    start = to_device(torch.tensor([counter], dtype=torch.int64), dev)
     blocks = -(-n // 8)
     _kernel[(-(-blocks // _BLOCK),)](out, key, start, n, BLOCK=_BLOCK)
     return out

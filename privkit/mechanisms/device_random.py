@@ -26,6 +26,7 @@ import secrets
 
 import torch
 
+from attacks.transfers import to_device
 from privkit.mechanisms import chacha_triton
 
 __all__ = ["ChaChaStream", "chacha20_blocks", "torch_bits53"]
@@ -62,7 +63,8 @@ def chacha20_blocks(key_words: torch.Tensor, words12_15: torch.Tensor) -> torch.
     n = words12_15.shape[1]
     dev = words12_15.device
     init = torch.empty(16, n, dtype=torch.int64, device=dev)
-    init[:4] = torch.tensor(_CONSTANTS, dtype=torch.int64, device=dev).unsqueeze(1)
+    # copied queued: a plain copy to a GPU would wait for every kernel queued before the draw
+    init[:4] = to_device(torch.tensor(_CONSTANTS, dtype=torch.int64), dev).unsqueeze(1)
     init[4:12] = key_words.to(device=dev, dtype=torch.int64).unsqueeze(1)
     init[12:] = words12_15
     s = init.clone()

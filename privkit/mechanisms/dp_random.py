@@ -95,10 +95,24 @@ class DpRandom:
             )
         self.normals = normals
         self._cipher = None  # the noise's bit stream (bits()), keyed on first use
+        self._ahead = None  # the grid's draws made a release ahead (grid_ahead())
 
     def __getstate__(self) -> dict:
-        # the noise's cipher is OpenSSL state: a copy keys its own from its copy of the stream
-        return {**self.__dict__, "_cipher": None}
+        # the noise's cipher is OpenSSL state: a copy keys its own from its copy of the stream;
+        # draws made ahead are secret noise on a device, never written anywhere
+        return {**self.__dict__, "_cipher": None, "_ahead": None}
+
+    def grid_ahead(self):
+        """The grid's draws made one release ahead on the device
+        (:class:`privkit.mechanisms.grid_ahead.GridAhead`), for a release stream on an accelerator
+        (:attr:`normals`); None elsewhere (the CPU draws its releases in cache-sized chunks)."""
+        if self.normals is None:
+            return None
+        if getattr(self, "_ahead", None) is None:  # absent from streams pickled before it
+            from privkit.mechanisms.grid_ahead import GridAhead
+
+            self._ahead = GridAhead()
+        return self._ahead
 
     @classmethod
     def secret(cls, device: str | torch.device = "cpu", on_device: bool | None = None) -> DpRandom:

@@ -356,7 +356,7 @@ def _torch_release(
     # one release, one vector: a few long draws instead of one short draw per tensor
     flat = torch.cat([t.reshape(-1) for t in tensors])
     grid = Grid.for_release(std, sens, flat.numel() if dim is None else dim)
-    released = grid_release(flat, grid, source.bits())
+    released = grid_release(flat, grid, source.bits(), source.grid_ahead())
     parts, at = [], 0
     for t in tensors:
         parts.append(released[at : at + t.numel()].view_as(t))

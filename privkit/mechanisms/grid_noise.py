@@ -69,12 +69,15 @@ import math
 import secrets
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
 from privkit.errors import PrivkitError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from privkit.mechanisms.grid_ahead import GridAhead
 
 __all__ = [
     "GRID_BITS",
@@ -341,6 +344,19 @@ def _bulk(
     :func:`_undecided`. A release on the CPU decides its chunks' bulk first and all their
     undecided draws together: a chunk's tail alone took 25 small operations (60-120 us a chunk)."""
     u = bits.bits53(n)
+    decided = bulk_decision(u, scale, margin, _not_below)
+    if decided is None:  # a scale below 1 / 6 or above 2**42 (or a test's margin): one by one
+        k, rest = torch.empty_like(u), torch.arange(n, device=u.device)
+    else:
+        k, rest = decided
+    return k, rest, u[rest]
+
+
+def bulk_decision(u: torch.Tensor, scale: float, margin: float, undecided):
+    """The bulk's integers ``k`` (float64) of the 53-bit cells ``u``, and ``undecided(off,
+    limit)`` of how far each draw's estimate lies from its integer (``off``; a draw is decided
+    where ``off < limit``), or None where no draw can be decided in bulk (a scale below 1 / 6 or
+    above 2**42, or a test's margin)."""
     # the cell [u, u + 1) * 2**-53 around its midpoint; z = Phi^-1(midpoint), a = scale * z
     a = _bulk_inverse(u, scale)
     # The cell lies within 2**-53 of the computed midpoint (half its width, plus the midpoint's
@@ -354,12 +370,11 @@ def _bulk(
     # boundary) is checked draw by draw with ndtri and its own width (_undecided).
     bound = math.floor(_Z_BULK * scale - 0.5) + 0.5
     limit = 0.5 - _BULK_WIDTH * scale - margin * (bound + 1.0)
-    if bound > 0 and limit > 0:  # then scale < 2**43: bound is a half-integer exactly
-        k = torch.round(a.clamp_(-bound, bound))
-        rest = _not_below(a.sub_(k).abs_(), limit)
-    else:  # a scale below 1 / 6 or above 2**42 (or a test's margin): every draw on its own
-        k, rest = torch.empty_like(u), torch.arange(n, device=u.device)
-    return k, rest, u[rest]
+    if not (bound > 0 and limit > 0):
+        return None
+    # then scale < 2**43: bound is a half-integer exactly
+    k = torch.round(a.clamp_(-bound, bound))
+    return k, undecided(a.sub_(k).abs_(), limit)
 
 
 def _undecided(u: torch.Tensor, scale: float, bits: BitSource, margin: float) -> torch.Tensor:
@@ -576,7 +591,9 @@ def snap_add(
     return c.to(clean.dtype) if out is None else out.copy_(c)
 
 
-def grid_release(clean: torch.Tensor, grid: Grid, bits: BitSource) -> torch.Tensor:
+def grid_release(
+    clean: torch.Tensor, grid: Grid, bits: BitSource, ahead: GridAhead | None = None
+) -> torch.Tensor:
     """``clean`` released with the grid's Gaussian noise: ``gamma * (round(clean / gamma) + k)``,
     ``k`` drawn by :func:`rounded_gaussian` from ``bits`` (see the module docstring).
 
@@ -588,8 +605,14 @@ def grid_release(clean: torch.Tensor, grid: Grid, bits: BitSource) -> torch.Tens
         The grid step ``gamma`` and noise scale ``s`` (:meth:`Grid.for_release`).
     bits : BitSource
         The secret stream the noise is drawn from.
+    ahead : privkit.mechanisms.grid_ahead.GridAhead, optional
+        A device stream's draws made one release ahead (no wait for the device inside the
+        release: :meth:`privkit.mechanisms.dp_random.DpRandom.grid_ahead`); ``None`` draws now.
     """
     flat = clean.reshape(-1)
+    if ahead is not None:
+        k = ahead.take(grid.scale, flat.numel(), bits)
+        return snap_add(flat, k, grid.gamma).view(clean.shape)
     if flat.device.type != "cpu" or flat.numel() <= _CHUNK:
         return snap_add(flat, rounded_gaussian(grid.scale, flat.numel(), bits), grid.gamma).view(
             clean.shape

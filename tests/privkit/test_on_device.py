@@ -336,3 +336,22 @@ def test_canaries_coins_drawn_on_the_device_release_and_count_as_read_back(monke
     np.testing.assert_array_equal(kept_ev.projections, back_ev.projections)
     np.testing.assert_array_equal(kept_app, back_app)
     assert kept_app.sum() > 0
+
+
+def test_grid_draws_made_ahead_on_the_device_are_rounded_gaussians():
+    """The grid's draws made one release ahead on the device (its open draws' positions compacted
+    there, copied to the host and back queued) equal rounded_gaussian's on a twin stream."""
+    from privkit.mechanisms.device_random import ChaChaStream
+    from privkit.mechanisms.dp_random import DpRandom, aes_generator
+    from privkit.mechanisms.gaussian import gaussian_release
+    from privkit.mechanisms.grid_noise import Grid, WordBits, rounded_gaussian, snap_add
+
+    n = 200_000
+    clean = torch.linspace(-1, 1, n, device=DEVICE)
+    source = DpRandom(aes_generator(key=1), DEVICE, normals=ChaChaStream(DEVICE, key=4))
+    twin = WordBits(ChaChaStream(DEVICE, key=4))
+    grid = Grid.for_release(1.0, 1.0, n)
+    for _ in range(3):
+        got, _ = gaussian_release(clean, std=1.0, sensitivity=1.0, source=source)
+        want = snap_add(clean, rounded_gaussian(grid.scale, n, twin), grid.gamma)
+        assert torch.equal(got.cpu(), want.cpu())
