@@ -7,9 +7,9 @@ host stops until the forward and backward passes it has queued have run, and the
 idles while the host queues the rest (on an H200 the release noise took ResNet-18's step from
 2.64x SGD with seeded noise to 3.68x). The draws do not depend on the data: this module draws
 the next release's integers right after a release, queues the copy of its open draws to the
-host (:class:`attacks.transfers.HostCopy`, into page-locked memory, their positions compacted on
-the device into a buffer of fixed length: no read of a count) and settles them when that
-release comes, by which time the copy has long run. The settled integers go back by a queued
+host (:class:`attacks.transfers.HostCopy`, into page-locked memory; their positions put first
+on the device by a stable sort of their flags and cut to a fixed length: no read of a count)
+and settles them when that release comes, by which time the copy has long run. The settled integers go back by a queued
 copy too; the device writes them into the draw before the release reads it (stream order).
 
 The law is :func:`rounded_gaussian`'s: the same bulk decision and the same settling of the open
@@ -48,8 +48,8 @@ _OPEN_MARGIN = 1024
 
 
 def open_capacity(n: int) -> int:
-    """How many open draws of ``n`` the buffer copied to the host holds."""
-    return math.ceil(n * _OPEN_SHARE) + _OPEN_MARGIN
+    """How many open draws of ``n`` the buffer copied to the host holds (all, for a short draw)."""
+    return min(n, math.ceil(n * _OPEN_SHARE) + _OPEN_MARGIN)
 
 
 @dataclass
@@ -75,14 +75,12 @@ class _Ahead:
             return None
         k, open_ = decided
         cap = open_capacity(n)
-        # the open draws' positions in order, compacted without reading their count: draw i goes
-        # to slot (open draws before it), closed ones and any past the buffer to a spare slot
-        slot = torch.where(open_, open_.cumsum(0) - 1, cap).clamp_(max=cap)
-        where = torch.zeros(cap + 1, dtype=torch.long, device=u.device)
-        where.scatter_(0, slot, torch.arange(n, device=u.device))
-        where = where[:cap]
+        # the open draws' positions in order, first, without reading their count: a stable sort
+        # of the flags (a scatter of every closed draw into one spare slot would make millions of
+        # stores to one address)
+        where = torch.sort(open_.to(torch.uint8), descending=True, stable=True).indices[:cap]
         count = open_.sum().to(torch.float64).reshape(1)
-        # positions below 2**53 are exact in float64; slots past the count hold position 0
+        # positions below 2**53 are exact in float64; past the count they are closed draws'
         copy = HostCopy(torch.cat([count, where.to(torch.float64), u[where]]))
         stream = torch.cuda.current_stream(u.device) if u.device.type == "cuda" else None
         return cls(key, k, copy, stream)

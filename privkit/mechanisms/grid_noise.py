@@ -54,7 +54,9 @@ rounded Gaussian exactly, as long as the inverse stays within its measured error
 ``ncdf`` is accurate to that separation (it is accurate to its working precision).
 
 The bits come from :class:`CipherBits` on the CPU (AES-128-CTR by OpenSSL) and :class:`WordBits`
-on an accelerator (ChaCha20 on the device).  A CPU release of more than one chunk (65,536 draws,
+on an accelerator (ChaCha20 on the device), where a release stream draws each release's
+integers one release ahead (:mod:`privkit.mechanisms.grid_ahead`: the same integers, without a
+wait for the device inside the release).  A CPU release of more than one chunk (65,536 draws,
 kept in cache) decides each chunk's bulk and snaps it, then decides the draws every chunk left
 open (the tail, those near a boundary) together and snaps those coordinates again.
 
