@@ -355,3 +355,54 @@ def test_grid_draws_made_ahead_on_the_device_are_rounded_gaussians():
         got, _ = gaussian_release(clean, std=1.0, sensitivity=1.0, source=source)
         want = snap_add(clean, rounded_gaussian(grid.scale, n, twin), grid.gamma)
         assert torch.equal(got.cpu(), want.cpu())
+
+
+@pytest.mark.skipif(not DEVICE.startswith("cuda"), reason="CUDA's synchronisation check")
+@pytest.mark.parametrize("noise", ["release", "seeded"])
+def test_a_dp_sgd_step_with_canaries_never_waits_for_the_device(noise):
+    """Past its first steps, a DP-SGD step on the GPU (ghost clipping, canaries, release noise
+    drawn a release ahead or seeded noise with the canaries' coins kept there, the optimiser)
+    makes no synchronising call: torch's synchronisation check set to raise."""
+    from torch import nn
+    from torch.nn import functional as F
+
+    from attacks.whitebox import GradientCanaries
+    from privkit.mechanisms.dp_random import DpRandom
+    from privkit.mechanisms.dp_sgd_step import DpSgdStep
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 3, 8, 8, generator=g).to(DEVICE)
+    y = torch.randint(0, 4, (64,), generator=g).to(DEVICE)
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.GroupNorm(2, 8),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(512, 4),
+    ).to(DEVICE)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    can = GradientCanaries.for_parameters(
+        list(model.parameters()), 100, clip_norm=1.0, sample_rate=0.1, noise_multiplier=1.0
+    )
+    source = (
+        DpRandom.secret(DEVICE)
+        if noise == "release"
+        else DpRandom(torch.Generator(device=DEVICE).manual_seed(1), DEVICE)
+    )
+    step = DpSgdStep(1.0, 1.0, 0.1, 640)
+
+    def one():
+        step.apply(
+            model, opt, x, y, lambda lo, t, aux: F.cross_entropy(lo, t), source, canaries=can
+        )
+
+    for _ in range(3):  # first passes: the row checks, the first draw, caches
+        one()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            one()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert can.steps == 6
