@@ -25,8 +25,6 @@ from collections.abc import Callable
 
 import torch
 
-from attacks.transfers import to_device
-
 Reference = Callable[[torch.Tensor, int, int], torch.Tensor]
 
 __all__ = ["available", "bits53"]
@@ -55,6 +53,8 @@ def bits53(key_words: torch.Tensor, counter: int, n: int) -> torch.Tensor:
     if n == 0:
         return out
     key = key_words.to(torch.int64)  # words below 2**32: exact, cast to uint32 in the kernel
+    from attacks.transfers import to_device  # here: the attacks package loads in 1.3 s
+
     # the first counter, copied queued: a plain copy to the device would wait for every kernel
     # queued before this draw (inside a DP-SGD step, its whole backward pass)
     start = to_device(torch.tensor([counter], dtype=torch.int64), dev)

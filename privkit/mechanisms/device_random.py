@@ -26,7 +26,6 @@ import secrets
 
 import torch
 
-from attacks.transfers import to_device
 from privkit.mechanisms import chacha_triton
 
 __all__ = ["ChaChaStream", "chacha20_blocks", "torch_bits53"]
@@ -63,6 +62,8 @@ def chacha20_blocks(key_words: torch.Tensor, words12_15: torch.Tensor) -> torch.
     n = words12_15.shape[1]
     dev = words12_15.device
     init = torch.empty(16, n, dtype=torch.int64, device=dev)
+    from attacks.transfers import to_device  # here: the attacks package loads in 1.3 s
+
     # copied queued: a plain copy to a GPU would wait for every kernel queued before the draw
     init[:4] = to_device(torch.tensor(_CONSTANTS, dtype=torch.int64), dev).unsqueeze(1)
     init[4:12] = key_words.to(device=dev, dtype=torch.int64).unsqueeze(1)

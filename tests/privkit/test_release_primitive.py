@@ -44,6 +44,9 @@ ALLOWED = {
     "mechanisms/gaussian.py": "the release primitive",
     "mechanisms/dp_random.py": "the random source the primitive draws from (DpRandom.randn)",
     "mechanisms/grid_noise.py": "the grid release the primitive calls in release mode",
+    "mechanisms/grid_ahead.py": (
+        "the grid release's draws on a device, made one release ahead (called by grid_release)"
+    ),
     "trainers/flip.py": "FLiP's synthetic samples' initialisation (no DP release)",
     "trainers/pretrain.py": "data augmentation of public pre-training (no DP release)",
     "trainers/heads.py": "a random unit direction for a degenerate head (no DP release)",
