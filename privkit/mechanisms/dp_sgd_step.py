@@ -387,8 +387,8 @@ class DpSgdStep:
         coins (:meth:`DpRandom.mask`'s draw, left there): every included canary's coordinate,
         its weight zero where it was not sampled (adding zero changes no value). The coins reach
         the host with the release's one copy
-        (:meth:`attacks.whitebox.GradientCanaries.sampled_on_device`), where reading them back
-        took the step's one wait for the device."""
+        (:meth:`attacks.whitebox.GradientCanaries.sampled_on_device`): read back here, they made
+        the host wait for the step's forward and backward passes."""
         from attacks.transfers import to_device
 
         gen = cast(torch.Generator, source.source)
