@@ -1,0 +1,197 @@
+"""Where a DP-SGD step waits for its device: the synchronising calls of steady-state steps.
+
+A call that waits for a CUDA device (a plain copy between host and device, ``.cpu()``, ``.item()``,
+``torch.nonzero``, a stream's synchronisation) stops the host until every kernel queued before it
+has run: inside a step, the host can then no longer queue the step's kernels while the device
+runs them. This runs privkit's :class:`~privkit.mechanisms.dp_sgd_step.DpSgdStep` on the models of
+``dpsgd_step.py`` (release noise and seeded noise, with and without white-box canaries) past its
+first steps (the first pass's checks, the first release's direct draw, the caches), then a few
+more steps under torch's synchronisation check (``torch.cuda.set_sync_debug_mode("warn")``), and
+lists each synchronising call with the line of privkit (or of its ``attacks`` library) that made
+it. ``tests/privkit/test_on_device.py`` asserts that there are none; this says where they are
+when there are.
+
+    python benchmarks/device_waits.py --device cuda --json [--models resnet_small,transformer]
+        [--steps 3] [--canaries 500]
+
+The check is CUDA's: on another device the script refuses in one line (exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import traceback
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+SCHEMA_VERSION = 1
+ROOT = Path(__file__).resolve().parents[1]
+#: where a wait is attributed: the innermost frame in these packages of this repository
+PACKAGES = ("privkit", "attacks", "accountants", "reports")
+#: what torch's synchronisation check says when it warns
+SYNC_MESSAGE = "synchroniz"
+
+
+def site_of(stack: list[traceback.FrameSummary]) -> str:
+    """The innermost frame of ``stack`` in this repository's packages, as ``path:line function``
+    (``outside privkit`` where none is: a wait made by torch or a user's code alone)."""
+    for frame in reversed(stack):
+        path = Path(frame.filename).resolve()
+        try:
+            rel = path.relative_to(ROOT)
+        except ValueError:
+            continue
+        if rel.parts and rel.parts[0] in PACKAGES:
+            return f"{rel.as_posix()}:{frame.lineno} {frame.name}"
+    return "outside privkit"
+
+
+@contextmanager
+def waits() -> Iterator[Counter]:
+    """Count the synchronising calls made inside, by :func:`site_of` (torch's check set to warn
+    while inside, where the device is CUDA; the warnings are counted, not shown)."""
+    sites: Counter = Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None) -> None:
+        if SYNC_MESSAGE in str(message).lower():
+            sites[site_of(traceback.extract_stack()[:-1])] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield sites
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode(0)
+
+
+def _step(name: str, noise: str, canaries: int, device: torch.device) -> Callable[[], None]:
+    """One privkit DP-SGD step of ``dpsgd_step.py``'s model ``name`` on its fixed batch."""
+    from dpsgd_step import CLIP, DATASET, LR, SIGMA, batch, build  # this folder is on sys.path
+
+    from attacks.whitebox import GradientCanaries
+    from privkit.mechanisms.dp_random import DpRandom
+    from privkit.mechanisms.dp_sgd_step import DpSgdStep
+
+    torch.manual_seed(0)
+    model, _, size = build(name)
+    model = model.to(device)
+    x, y = batch(name, size, device)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    step = DpSgdStep(CLIP, SIGMA, size / DATASET, DATASET)
+    source = (
+        DpRandom.secret(device)
+        if noise == "release"
+        else DpRandom(torch.Generator(device=device).manual_seed(1), device)
+    )
+    can = (
+        GradientCanaries.for_parameters(
+            list(model.parameters()),
+            canaries,
+            clip_norm=CLIP,
+            sample_rate=size / DATASET,
+            noise_multiplier=SIGMA,
+        )
+        if canaries
+        else None
+    )
+
+    def loss(logits, target, _aux):
+        return F.cross_entropy(logits.flatten(0, -2), target.flatten())
+
+    def one() -> None:
+        step.apply(model, opt, x, y, loss, source, canaries=can)
+
+    return one
+
+
+def measure(name: str, noise: str, canaries: int, device: torch.device, steps: int) -> dict:
+    """The synchronising calls of ``steps`` steady-state steps, by site."""
+    one = _step(name, noise, canaries, device)
+    for _ in range(3):  # first passes: the row checks, the first release's own draw, caches
+        one()
+    torch.cuda.synchronize(device)
+    with waits() as sites:
+        for _ in range(steps):
+            one()
+    torch.cuda.synchronize(device)
+    total = sum(sites.values())
+    return {
+        "model": name,
+        "noise": noise,
+        "canaries": canaries,
+        "waits_per_step": total / steps,
+        "sites": {site: n / steps for site, n in sites.most_common()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--models", default="resnet_small,transformer")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--canaries", type=int, default=500)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.steps < 1 or args.canaries < 0:
+        print(
+            f"--steps must be >= 1 and --canaries >= 0; found {args.steps}, {args.canaries}",
+            file=sys.stderr,
+        )
+        return 2
+    from dpsgd_step import build  # this folder is on sys.path
+
+    for name in args.models.split(","):
+        try:
+            build(name)
+        except ValueError:
+            print(f"--models must name models of dpsgd_step.py; found {name!r}", file=sys.stderr)
+            return 2
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        device = torch.device("meta")  # refused below, by its name
+    if device.type != "cuda" or not torch.cuda.is_available():
+        print(
+            f"--device must be an available CUDA device (the synchronisation check is CUDA's); "
+            f"found {args.device}",
+            file=sys.stderr,
+        )
+        return 2
+    rows = [
+        measure(name, noise, n, device, args.steps)
+        for name in args.models.split(",")
+        for noise in ("release", "seeded")
+        for n in sorted({0, args.canaries})
+    ]
+    out = {
+        "schema_version": SCHEMA_VERSION,
+        "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "steps": args.steps,
+        "rows": rows,
+    }
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        for r in rows:
+            print(r["model"], r["noise"], r["canaries"], r["waits_per_step"], r["sites"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
