@@ -4,9 +4,9 @@ For every layer it covers (linear on rows and on sequences, by the Gram matrices
 materialised per-example gradient; 2-d and 1-d convolutions of both kinds, grouped and depthwise
 ones, and their paddings, chosen by hand and sixty of random geometry; GroupNorm, LayerNorm,
 RMSNorm, embeddings with repeated and padding tokens) and for whole models (a GroupNorm ResNet, a
-transformer block), the per-example norms and the flat-clipped sum equal ``torch.func``'s
-per-example gradients clipped by ``clip_per_sample`` (float64, clip norm between the examples'
-norms). A layer it does not cover raises
+transformer block, forty-five random stacks of sequence layers), the per-example norms and the
+flat-clipped sum equal ``torch.func``'s per-example gradients clipped by ``clip_per_sample``
+(float64, clip norm between the examples' norms). A layer it does not cover raises
 ``UnsupportedModelError`` and ``clipped_gradient_sum`` falls back to ``torch.func``; so does a
 model whose layer outputs' rows are not its examples (the row check).
 """
@@ -252,6 +252,81 @@ def test_convolutions_of_random_geometry(seed, monkeypatch):
             monkeypatch,
         )
         checked += 1
+
+
+class _Channels(nn.Module):
+    """A layer over channels applied to a sequence ``(B, T, d)``: ``(B, d, T)`` in and out."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        return self.layer(x.transpose(1, 2)).transpose(1, 2)
+
+
+def _random_sequence_model(rng: random.Random) -> tuple[nn.Module, torch.Tensor]:
+    """Random layers over a sequence ``(B, T, d)`` (tokens through an embedding, with or without a
+    padding index, or features): linear maps with and without bias, LayerNorm over the last one
+    or two dimensions (with and without its affine parameters and bias), RMSNorm, GroupNorm and
+    "same" 1-d convolutions over the channels, activations; then a linear head over the
+    flattened sequence; each parameter frozen with probability 0.15; and a batch of 3-7 records
+    at scales spread over 2**-2..2**2."""
+    vocab, length, d = rng.randint(5, 12), rng.randint(2, 6), rng.choice([3, 4, 6, 8])
+    tokens = rng.random() < 0.5
+    layers: list[nn.Module] = [nn.Embedding(vocab, d, padding_idx=rng.choice([None, 0]))] * tokens
+    width = d
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.choice(["linear", "ln", "ln2", "rms", "act", "conv", "gn"])
+        if kind == "linear":
+            out = rng.choice([2, 3, 5, 8])
+            layers.append(nn.Linear(width, out, bias=rng.random() < 0.7))
+            width = out
+        elif kind == "ln":
+            affine = rng.random() < 0.8
+            layers.append(nn.LayerNorm(width, elementwise_affine=affine, bias=rng.random() < 0.7))
+        elif kind == "ln2":
+            layers.append(nn.LayerNorm((length, width)))
+        elif kind == "rms":
+            layers.append(nn.RMSNorm(width, eps=rng.choice([None, 1e-3])))
+        elif kind == "act":
+            layers.append(rng.choice([nn.Tanh(), nn.GELU(), nn.SiLU()]))
+        elif kind == "conv":
+            out = rng.choice([2, 4, 6])
+            conv = nn.Conv1d(
+                width, out, rng.choice([1, 3]), padding="same", bias=rng.random() < 0.5
+            )
+            layers.append(_Channels(conv))
+            width = out
+        else:
+            groups = rng.choice([g for g in (1, 2, 3) if width % g == 0])
+            layers.append(_Channels(nn.GroupNorm(groups, width, affine=rng.random() < 0.8)))
+    model = nn.Sequential(*layers, nn.Flatten(), nn.Linear(length * width, 3))
+    for m in model.modules():  # affine parameters away from their initial ones and zeros
+        if isinstance(m, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)) and m.weight is not None:
+            nn.init.normal_(m.weight, 1.0, 0.3)
+            if getattr(m, "bias", None) is not None:
+                nn.init.normal_(m.bias, 0.0, 0.3)
+    params = list(model.parameters())
+    for q in params:
+        q.requires_grad_(rng.random() >= 0.15)
+    params[-1].requires_grad_(True)  # something to train
+    b = rng.randint(3, 7)
+    if tokens:
+        return model, torch.randint(0, vocab, (b, length))
+    return model, torch.randn(b, length, d) * torch.exp2(4 * torch.rand(b) - 2).view(b, 1, 1)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sequence_models_of_random_layers(seed, monkeypatch):
+    """Fifteen random stacks of sequence layers per seed (:func:`_random_sequence_model`), all
+    six ways of ``_check``: the layers' book-kept norms and sums together, in orders and
+    combinations the hand-written models do not take."""
+    rng = random.Random(seed)
+    for i in range(15):
+        torch.manual_seed(100 * seed + i)
+        model, x = _random_sequence_model(rng)
+        _check(model, x, torch.randint(0, 3, (x.shape[0],)), monkeypatch)
 
 
 def test_group_norm_layer_norm_and_rms_norm(monkeypatch):
