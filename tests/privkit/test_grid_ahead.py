@@ -18,7 +18,13 @@ from privkit.mechanisms.device_random import ChaChaStream
 from privkit.mechanisms.dp_random import DpRandom, aes_generator
 from privkit.mechanisms.gaussian import gaussian_release
 from privkit.mechanisms.grid_ahead import GridAhead
-from privkit.mechanisms.grid_noise import Grid, WordBits, rounded_gaussian, snap_add
+from privkit.mechanisms.grid_noise import (
+    Grid,
+    WordBits,
+    rounded_gaussian,
+    snap_add,
+    tail_estimates,
+)
 
 SCALE = Grid.for_release(1.0, 1.0, 20_000).scale  # the scale of a release at multiplier 1
 
@@ -55,7 +61,9 @@ def test_open_draws_are_compacted_in_order():
     where = host[1 : 1 + count].long()
     assert 20 < count < grid_ahead.open_capacity(5000)
     assert torch.equal(where, where.sort().values) and len(set(where.tolist())) == count
-    assert torch.equal(host[1 + grid_ahead.open_capacity(5000) :][:count], u[where])
+    cap = grid_ahead.open_capacity(5000)
+    assert torch.equal(host[1 + cap :][:count], u[where])
+    assert torch.equal(host[1 + 2 * cap :][:count], tail_estimates(u[where], 1000.0))
     # what is left closed is the bulk's decision: the estimate within the limit of its integer
     closed = torch.ones(5000, dtype=torch.bool)
     closed[where] = False
