@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from attacks.transfers import to_device
 from privkit.batched.buffers import kept
 from privkit.errors import PrivkitError
 from privkit.mechanisms import mutations
@@ -411,7 +412,7 @@ def local_dp_sgd(
     for _ in range(steps):
         counts, glob = _step_batches(jobs, joint, offsets)
         width = glob.shape[1]
-        glob = glob.to(device)
+        glob = to_device(glob, device)  # queued: a plain copy would wait for the device
         if len(gathered) < width * m:
             gathered = x_all.new_empty((width * m, *x_all.shape[1:]))
         # gathered example-major: a chunk of it is already the (B, M*C, H, W) layout of convolutions
@@ -630,7 +631,7 @@ def rows_of(rows: Sequence[int], device: torch.device) -> slice | torch.Tensor:
     lo = rows[0] if rows else 0
     if list(rows) == list(range(lo, lo + len(rows))):
         return slice(lo, lo + len(rows))
-    return torch.tensor(list(rows), device=device)
+    return to_device(torch.tensor(list(rows)), device)  # queued: a plain copy would wait
 
 
 def joint_release(

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from attacks.transfers import to_device
 from privkit.batched.class_axis import cross_entropy
 from privkit.batched.many import stacked_on
 from privkit.mechanisms.stacked import LinearSums, StackedModels, UnsupportedModelError
@@ -231,9 +232,9 @@ def _train_batched(federations: list, configs: list, seeds: list[int]) -> list |
             xb = torch.zeros((m, width, *runs[0].x.shape[1:]), device=device)
             yb = torch.zeros((m, width), dtype=torch.long, device=device)
             for j in live:
-                idx = batches[j][t].to(device)
+                idx = to_device(batches[j][t], device)  # queued: a plain copy would wait
                 xb[j, : len(idx)], yb[j, : len(idx)] = runs[j].x[idx], runs[j].y[idx]
-            count = torch.tensor(counts, device=device)
+            count = to_device(torch.tensor(counts), device)
             grads, losses = step_gradients(net, params, buffers, xb, yb, count)
             with torch.no_grad():  # a model without a batch this step has a zero gradient
                 for k in names:

@@ -49,6 +49,7 @@ import math
 import numpy as np
 import torch
 
+from attacks.transfers import to_device
 from privkit.batched.batched_sgd import load_states
 from privkit.batched.buffers import kept
 from privkit.batched.class_axis import cross_entropy
@@ -237,7 +238,8 @@ class _Records:
             own, self.joint, self.offsets, len(self.runs), pad=self.pad, alive=self.steps > t
         )
         m, width = glob.shape
-        at = self.lookup[glob.view(-1)].to(self.x.device)
+        # queued: a plain copy to a GPU would wait for every kernel queued before it
+        at = to_device(self.lookup[glob.view(-1)], self.x.device)
         xb = kept(scratch, "xb", (m, width, *self.x.shape[1:]), self.x)
         yb = kept(scratch, "yb", (m, width), self.y)
         torch.index_select(self.x, 0, at, out=xb.view(m * width, *self.x.shape[1:]))
@@ -327,15 +329,16 @@ def train_dpsgd_runs(
         live = [j for j, r in enumerate(runs) if t < r.steps]
         counts, xb, yb, nb = records.batches(t, live, scratch)
         losses = torch.zeros(m, device=device)
+        sizes = to_device(torch.tensor(counts), device)  # queued: a plain copy would wait
 
         # called within this step only; the defaults bind this step's batch all the same
         def example_losses(
-            out: torch.Tensor, models: torch.Tensor, s: slice, yb=yb, counts=counts, losses=losses
+            out: torch.Tensor, models: torch.Tensor, s: slice, yb=yb, sizes=sizes, losses=losses
         ) -> torch.Tensor:
             ce = cross_entropy(out, yb[models, s])
             keep = (
                 torch.arange(s.start, s.start + ce.shape[1], device=device)[None, :]
-                < torch.tensor(counts, device=device)[models, None]
+                < sizes[models, None]
             )
             losses.index_add_(0, models, torch.where(keep, ce, 0.0).detach().sum(1))
             return ce

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from attacks.transfers import to_device
 from privkit.batched.buffers import kept
 from privkit.batched.exact_mlp import Model, adam_step
 from privkit.batched.many_central import step_gradients
@@ -139,7 +140,7 @@ def _train_group(
                 xb[i, len(b) :].zero_()
                 yb[i, len(b) :].zero_()
         live = {k: v[:a] for k, v in params.items()}
-        size = torch.tensor(counts, device=xb.device)
+        size = to_device(torch.tensor(counts), xb.device)  # queued: a plain copy would wait
         grads, mean = step_gradients(net, live, {}, xb, yb, size)
         with torch.no_grad():
             loss = mean.double()

@@ -343,7 +343,9 @@ class StackedModels:
         counts = [width] * m if counts is None else counts
         if len(counts) != m or min(counts) < 0 or max(counts) > width:
             raise ValueError(f"counts must be {m} numbers in [0, {width}]; found {counts}")
-        size = torch.tensor(counts, device=x.device)
+        from attacks.transfers import to_device  # queued: a plain copy waits for the device
+
+        size = to_device(torch.tensor(counts), x.device)
         sums: dict[str, torch.Tensor] = {}
         norms = x.new_zeros(m, width)
         step = self.chunk_size(x)
@@ -359,7 +361,7 @@ class StackedModels:
             if len(rows) == m:
                 models, sub, p, bf = torch.arange(m, device=x.device), x[:, sl], params, buffers
             else:
-                models = torch.tensor(rows, device=x.device)
+                models = to_device(torch.tensor(rows), x.device)
                 sub = x[models, sl]
                 p = {k: v[models] for k, v in params.items()}
                 bf = {k: v[models] for k, v in buffers.items()}
