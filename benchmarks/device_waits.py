@@ -12,7 +12,10 @@ it. ``tests/privkit/test_on_device.py`` asserts that there are none; this says w
 when there are.
 
     python benchmarks/device_waits.py --device cuda --json [--models resnet_small,transformer]
-        [--steps 3] [--canaries 500]
+        [--steps 3] [--canaries 500] [--train dp-fedavg,dpsgd]
+
+With ``--train`` it also lists the waits of one quick training of each method named, by
+``privkit train``'s engine (the batched one where the method has it), after a first training.
 
 The check is CUDA's: on another device the script refuses in one line (exit code 2).
 """
@@ -138,12 +141,41 @@ def measure(name: str, noise: str, canaries: int, device: torch.device, steps: i
     }
 
 
+def measure_training(method: str, device: torch.device) -> dict:
+    """The synchronising calls of one quick training of ``method`` on the quickstart federation
+    (``privkit train``'s engine, the batched one where the method has it), after one training
+    that pays the first-use costs."""
+    from audit_cost import _federation  # this folder is on sys.path
+
+    from privkit.flower_engine.engine import train
+    from privkit.trainers import REGISTRY
+
+    cfg = {**REGISTRY[method].quick_config(), "device": str(device)}
+    fed = _federation()
+    train(method, fed, cfg, seed=0)
+    torch.cuda.synchronize(device)
+    with waits() as sites:
+        train(method, fed, cfg, seed=0)
+    torch.cuda.synchronize(device)
+    return {
+        "method": method,
+        "waits_per_training": sum(sites.values()),
+        "sites": dict(sites.most_common()),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--models", default="resnet_small,transformer")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--canaries", type=int, default=500)
+    ap.add_argument(
+        "--train",
+        default="",
+        help="comma-separated methods whose quick training's waits are listed too (privkit "
+        "train's engine)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.canaries < 0:
@@ -153,6 +185,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     from dpsgd_step import build  # this folder is on sys.path
+
+    from privkit.trainers import REGISTRY
+
+    methods = [m for m in args.train.split(",") if m]
+    unknown = [m for m in methods if m not in REGISTRY]
+    if unknown:
+        print(f"--train must name privkit's methods; found {unknown[0]!r}", file=sys.stderr)
+        return 2
 
     for name in args.models.split(","):
         try:
@@ -184,12 +224,15 @@ def main(argv: list[str] | None = None) -> int:
         "platform": platform.platform(),
         "steps": args.steps,
         "rows": rows,
+        "trainings": [measure_training(method, device) for method in methods],
     }
     if args.json:
         print(json.dumps(out, indent=1))
     else:
         for r in rows:
             print(r["model"], r["noise"], r["canaries"], r["waits_per_step"], r["sites"])
+        for r in out["trainings"]:
+            print(r["method"], r["waits_per_training"], r["sites"])
     return 0
 
 

@@ -136,7 +136,8 @@ cat /tmp/pipeline.log
 fi
 if stage waits; then
 echo "== where a DP-SGD step waits for the device (printed here: the files back are eight at most)"
-timeout 120 python3 benchmarks/device_waits.py --device $DEV --models resnet_small,transformer --json
+timeout 150 python3 benchmarks/device_waits.py --device $DEV --models resnet_small,transformer \
+  --train dp-fedavg,dpsgd --json
 
 fi
 if stage tests; then

@@ -42,6 +42,7 @@ def test_only_synchronisation_warnings_are_counted():
         (["--device", "gpu!"], "found gpu!"),
         (["--steps", "0"], "--steps must be >= 1 and --canaries >= 0; found 0, 500"),
         (["--models", "resnet_small,alexnet"], "--models must name models of dpsgd_step.py"),
+        (["--train", "dpsgd,fedsgd"], "--train must name privkit's methods; found 'fedsgd'"),
     ],
 )
 def test_bad_input_is_refused_in_one_line(args, named):
@@ -50,3 +51,25 @@ def test_bad_input_is_refused_in_one_line(args, named):
     )
     assert run.returncode == 2 and named in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_a_training_s_waits_are_those_of_its_second_run(monkeypatch):
+    """``--train``: one quick training first (its first-use costs), then the waits of a second;
+    on the CPU a stand-in training that makes one synchronising call per run, counted once."""
+    import torch
+
+    import privkit.flower_engine.engine as engine
+
+    calls = []
+
+    def train(method, fed, cfg, seed):
+        calls.append((method, cfg["device"], seed))
+        warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+
+    monkeypatch.setattr(engine, "train", train)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    with warnings.catch_warnings():  # the first run's, not counted, not shown
+        warnings.simplefilter("ignore")
+        out = device_waits.measure_training("dpsgd", torch.device("cpu"))
+    assert calls == [("dpsgd", "cpu", 0)] * 2
+    assert out == {"method": "dpsgd", "waits_per_training": 1, "sites": {"outside privkit": 1}}
