@@ -34,7 +34,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 SCHEMA_VERSION = 1
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +82,15 @@ def waits() -> Iterator[Counter]:
 
 def _step(name: str, noise: str, canaries: int, device: torch.device) -> Callable[[], None]:
     """One privkit DP-SGD step of ``dpsgd_step.py``'s model ``name`` on its fixed batch."""
-    from dpsgd_step import CLIP, DATASET, LR, SIGMA, batch, build  # this folder is on sys.path
+    from dpsgd_step import (  # this folder is on sys.path
+        CLIP,
+        DATASET,
+        LR,
+        SIGMA,
+        _per_example_loss,
+        batch,
+        build,
+    )
 
     from attacks.whitebox import GradientCanaries
     from privkit.mechanisms.dp_random import DpRandom
@@ -112,11 +119,8 @@ def _step(name: str, noise: str, canaries: int, device: torch.device) -> Callabl
         else None
     )
 
-    def loss(logits, target, _aux):
-        return F.cross_entropy(logits.flatten(0, -2), target.flatten())
-
     def one() -> None:
-        step.apply(model, opt, x, y, loss, source, canaries=can)
+        step.apply(model, opt, x, y, _per_example_loss, source, canaries=can)
 
     return one
 

@@ -375,10 +375,15 @@ class DpSgdStep:
     def _canary_addition(self, canaries, source: DpRandom) -> tuple[torch.Tensor, torch.Tensor]:
         """The included canaries this step samples, each clipped like a record, as ``(flat
         coordinates, values)`` (:meth:`attacks.whitebox.GradientCanaries.sparse_addition`)."""
-        ids = canaries.included_ids
-        sampled = source.mask(len(ids), rate=self.sample_rate).to(torch.float32)
-        raw = torch.full((len(ids),), canaries.raw_norm)
-        return canaries.sparse_addition(sampled * self.clip_factor(raw) * raw)
+        sampled = source.mask(len(canaries.included_ids), rate=self.sample_rate)
+        return canaries.sparse_addition(sampled.to(torch.float32) * self._canary_weight(canaries))
+
+    def _canary_weight(self, canaries) -> torch.Tensor:
+        """What each included canary adds when sampled: its raw gradient norm clipped as a
+        record's, ``clip_factor(raw) * raw`` (float32, one per included canary; times the 0 or 1
+        of its coin, the same floats in either order)."""
+        raw = torch.full((len(canaries.included_ids),), canaries.raw_norm)
+        return self.clip_factor(raw) * raw
 
     def _canary_addition_on_device(
         self, canaries, source: DpRandom, device: torch.device
@@ -392,12 +397,11 @@ class DpSgdStep:
         from attacks.transfers import to_device
 
         gen = cast(torch.Generator, source.source)
-        ids = canaries.included_ids
-        sampled = torch.rand(len(ids), generator=gen, device=gen.device) < self.sample_rate
+        n = len(canaries.included_ids)
+        sampled = torch.rand(n, generator=gen, device=gen.device) < self.sample_rate
         canaries.sampled_on_device(sampled)
-        raw = torch.full((len(ids),), canaries.raw_norm)
-        clipped = to_device(self.clip_factor(raw) * raw, device)  # as sampled * factor * raw
-        return canaries.included_coordinates_on(device), sampled.to(device) * clipped
+        weight = to_device(self._canary_weight(canaries), device)
+        return canaries.included_coordinates_on(device), sampled.to(device) * weight
 
     def _with_canaries(
         self, total: dict[str, torch.Tensor], names: list[str], canaries, source: DpRandom
