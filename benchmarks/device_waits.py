@@ -17,7 +17,15 @@ when there are.
 With ``--train`` it also lists the waits of one quick training of each method named, by
 ``privkit train``'s engine (the batched one where the method has it), after a first training.
 
-The check is CUDA's: on another device the script refuses in one line (exit code 2).
+The check is CUDA's. On the CPU (``--device cpu``) the script counts instead the operations that
+on a CUDA device read a value of the device back to the host (``.item()``, ``int()`` or
+``bool()`` of a tensor, ``torch.nonzero``, ``torch.unique``, a boolean mask's indexing,
+``bincount``, ...: :class:`HostReads`) in steps with privkit's GPU forms (seeded noise, no
+canaries: on a CPU the release noise is the host's own draw and the canaries take their CPU
+path), the sites a GPU's check would list among its waits. What it cannot see there: copies
+between host and device (on the CPU there is none) and torch's own waits inside an operation.
+``tests/privkit/test_host_reads.py`` asserts that the benchmark's models make none.
+Any other device is refused in one line (exit code 2).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 SCHEMA_VERSION = 1
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,8 +89,83 @@ def waits() -> Iterator[Counter]:
                 torch.cuda.set_sync_debug_mode(0)
 
 
-def _step(name: str, noise: str, canaries: int, device: torch.device) -> Callable[[], None]:
-    """One privkit DP-SGD step of ``dpsgd_step.py``'s model ``name`` on its fixed batch."""
+#: operations that read a device's value back to the host, by ATen name: a scalar read
+#: (``.item()``, ``int()``, ``bool()``), a count of selected elements, a result's size found by
+#: the device (on CUDA each waits for every kernel queued before it)
+READS = frozenset(
+    {
+        "_local_scalar_dense",
+        "nonzero",
+        "_unique",
+        "_unique2",
+        "unique_dim",
+        "unique_consecutive",
+        "masked_select",
+        "bincount",
+        "repeat_interleave",
+        "equal",
+    }
+)
+
+
+class HostReads(TorchDispatchMode):
+    """Counts, by :func:`site_of`, the operations dispatched inside it that on a CUDA device read
+    a device value to the host: :data:`READS`, and indexing by a boolean mask (``x[mask]``,
+    ``x[mask] = v``: its ``nonzero``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sites: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in READS or (name in ("index", "index_put", "index_put_") and _masked(args[1])):
+            self.sites[site_of(traceback.extract_stack()[:-1])] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _masked(indices) -> bool:
+    return any(t is not None and t.dtype == torch.bool for t in indices)
+
+
+@contextmanager
+def gpu_forms() -> Iterator[None]:
+    """privkit's GPU forms on any device while inside (the convolutions' per-example gradients
+    offset by offset, as on a GPU: ``step_kernels.py --gpu-form``)."""
+    from privkit.mechanisms import ghost_clipping
+
+    offsets_on = ghost_clipping._offsets_on
+    ghost_clipping._offsets_on = lambda device: True
+    try:
+        yield
+    finally:
+        ghost_clipping._offsets_on = offsets_on
+
+
+def measure_reads(name: str, steps: int, batch: int | None = None) -> dict:
+    """The host reads of ``steps`` steady-state CPU steps (GPU forms, seeded noise, no canaries)
+    of ``dpsgd_step.py``'s model ``name``, by site (at ``batch`` records where given)."""
+    with gpu_forms():
+        one = _step(name, "seeded", 0, torch.device("cpu"), batch)
+        for _ in range(3):  # first passes: the row checks, caches
+            one()
+        with HostReads() as reads:
+            for _ in range(steps):
+                one()
+    return {
+        "model": name,
+        "noise": "seeded",
+        "canaries": 0,
+        "host_reads_per_step": sum(reads.sites.values()) / steps,
+        "sites": {site: n / steps for site, n in reads.sites.most_common()},
+    }
+
+
+def _step(
+    name: str, noise: str, canaries: int, device: torch.device, records: int | None = None
+) -> Callable[[], None]:
+    """One privkit DP-SGD step of ``dpsgd_step.py``'s model ``name`` on its fixed batch (of
+    ``records`` records where given, else the benchmark's)."""
     from dpsgd_step import (  # this folder is on sys.path
         CLIP,
         DATASET,
@@ -98,6 +182,7 @@ def _step(name: str, noise: str, canaries: int, device: torch.device) -> Callabl
 
     torch.manual_seed(0)
     model, _, size = build(name)
+    size = records or size
     model = model.to(device)
     x, y = batch(name, size, device)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -208,10 +293,18 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device(args.device)
     except RuntimeError:
         device = torch.device("meta")  # refused below, by its name
+    if device.type == "cpu":
+        if methods:
+            print(
+                "--train lists a training's waits on a CUDA device; found --device cpu",
+                file=sys.stderr,
+            )
+            return 2
+        return _report_reads(args.models.split(","), args.steps, args.json)
     if device.type != "cuda" or not torch.cuda.is_available():
         print(
-            f"--device must be an available CUDA device (the synchronisation check is CUDA's); "
-            f"found {args.device}",
+            f"--device must be an available CUDA device (the synchronisation check is CUDA's) or "
+            f"cpu (the host reads); found {args.device}",
             file=sys.stderr,
         )
         return 2
@@ -237,6 +330,28 @@ def main(argv: list[str] | None = None) -> int:
             print(r["model"], r["noise"], r["canaries"], r["waits_per_step"], r["sites"])
         for r in out["trainings"]:
             print(r["method"], r["waits_per_training"], r["sites"])
+    return 0
+
+
+def _report_reads(models: list[str], steps: int, as_json: bool) -> int:
+    """The CPU's report: each model's host reads per step (:func:`measure_reads`)."""
+    torch.set_num_threads(1)
+    rows = [measure_reads(name, steps) for name in models]
+    out = {
+        "schema_version": SCHEMA_VERSION,
+        "device": "cpu",
+        "measured": "host reads (HostReads): the operations that on a CUDA device read a device "
+        "value back to the host, in steps with privkit's GPU forms",
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "steps": steps,
+        "rows": rows,
+    }
+    if as_json:
+        print(json.dumps(out, indent=1))
+    else:
+        for r in rows:
+            print(r["model"], r["host_reads_per_step"], r["sites"])
     return 0
 
 

@@ -1166,20 +1166,47 @@ def _norm_affine(
 
 def _embedding_rows(layer: _Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """An embedding's per-example gradient rows: ``(example of each row, token of each row, the
-    row: the sum of that example's output gradients at that token)``."""
+    row: the sum of that example's output gradients at that token)``, one row per token of the
+    batch: the distinct ``(example, token)`` pairs first, in their sorted order, then zero rows of
+    example ``B`` (no example; token 0), as are the padding index's tokens.
+
+    A size fixed by the batch's shape, where :func:`torch.unique` gave one row per distinct pair:
+    on a GPU its count is read back, a wait for every kernel queued before it in the middle of
+    the step. The pairs are grouped by sorting their keys instead (each row's group is the count
+    of distinct keys before it), and each group's rows added in the batch's order, as
+    ``index_add`` over ``unique``'s inverse added them: the same sums, bit for bit on the CPU."""
     m, idx = cast(nn.Embedding, layer.module), layer.inputs[0]
     g = cast(torch.Tensor, layer.grad)
     b, n = idx.shape[0], m.num_embeddings
     idx = idx.reshape(b, -1)
     keys = (torch.arange(b, device=idx.device)[:, None] * n + idx).flatten()
     rows = g.reshape(keys.shape[0], -1)
-    if m.padding_idx is not None:  # the padding row receives no gradient
+    if m.padding_idx is not None:  # the padding row receives no gradient: no example's row
         keep = idx.flatten() != m.padding_idx
-        keys, rows = keys[keep], rows[keep]
-    unique, inverse = torch.unique(keys, return_inverse=True)
-    summed = torch.zeros(len(unique), rows.shape[1], dtype=rows.dtype, device=rows.device)
-    summed.index_add_(0, inverse, rows)
-    return unique // n, unique % n, summed
+        keys = torch.where(keep, keys, b * n)
+        rows = torch.where(keep[:, None], rows, 0.0)
+    ordered, order = torch.sort(keys)
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    group = first.cumsum(0) - 1  # each sorted key's group: the distinct keys before it
+    summed = torch.zeros_like(rows).index_add_(
+        0, torch.empty_like(group).scatter_(0, order, group), rows
+    )
+    # each group's key; the rows past the last group: example B's (no example)
+    key = torch.full_like(ordered, b * n).scatter_(0, group, ordered)
+    return key // n, key % n, summed
+
+
+def _per_example_of_rows(example: torch.Tensor, values: torch.Tensor, b: int) -> torch.Tensor:
+    """``values`` (one per embedding row) added up by example, the rows of no example (example
+    ``B``: :func:`_embedding_rows`) left out."""
+    out = torch.zeros(b + 1, dtype=values.dtype, device=values.device)
+    return out.index_add_(0, example, values)[:b]
+
+
+def _row_factors(c: torch.Tensor, example: torch.Tensor) -> torch.Tensor:
+    """Each embedding row's clip factor (0 for the rows of no example)."""
+    return torch.cat([c, c.new_zeros(1)])[example]
 
 
 def _sq_norms(layer: _Layer, b: int) -> torch.Tensor | int:
@@ -1199,8 +1226,7 @@ def _sq_norms(layer: _Layer, b: int) -> torch.Tensor | int:
     if isinstance(m, nn.Embedding):
         layer.rows = _embedding_rows(layer)
         example, _, summed = layer.rows
-        zero = torch.zeros(b, dtype=summed.dtype, device=summed.device)
-        return zero.index_add_(0, example, summed.pow(2).sum(1))
+        return _per_example_of_rows(example, summed.pow(2).sum(1), b)
     if isinstance(m, _NORMS):  # joined with the other layers' small ones
         layer.small = _norm_affine(m, layer.inputs[0], g, names)
         return 0
@@ -1272,7 +1298,7 @@ def _clipped(
         out["weight"] = _as_stored(layer, out["weight"])
     if isinstance(m, nn.Embedding) and layer.rows is not None:
         example, token, summed = layer.rows
-        weighted = summed * c[example, None]
+        weighted = summed * _row_factors(c, example)[:, None]
         out["weight"] = torch.zeros_like(m.weight).index_add_(0, token, weighted)
         return out
     missing = [k for k in names if k not in out]
@@ -1289,7 +1315,7 @@ def _clipped(
         rows = cg.reshape(flat.shape[0], -1)
         if m.padding_idx is not None:
             keep = flat != m.padding_idx
-            flat, rows = flat[keep], rows[keep]
+            rows = torch.where(keep[:, None], rows, 0.0)  # (a mask's count: a device wait)
         out["weight"] = torch.zeros_like(m.weight).index_add_(0, flat, rows)
         return out
     if isinstance(m, _NORMS):
@@ -1401,21 +1427,28 @@ def _tied_inner(embedding: _Layer, linear: _Layer, b: int) -> torch.Tensor:
     gradient, ``(a_t . s_j) g_t[r_j]`` summed over the positions (``B x T x U`` values, ``U`` the
     most distinct tokens of an example: no larger than the ghost norm's Gram matrices)."""
     example, token, rows = cast(tuple[torch.Tensor, ...], embedding.rows)
-    out = torch.zeros(b, dtype=rows.dtype, device=rows.device)
     if not len(example):
-        return out
+        return torch.zeros(b, dtype=rows.dtype, device=rows.device)
     w = linear.per_example.get("weight")
-    if w is not None:  # (B, V, d)
-        return out.index_add_(0, example, (w[example, token] * rows).sum(1))
+    if w is not None:  # (B, V, d); the rows of no example (example B) are zero rows
+        inner = (w[example.clamp(max=b - 1), token] * rows).sum(1)
+        return _per_example_of_rows(example, inner, b)
     a, g = linear.inputs[0], cast(torch.Tensor, linear.grad)
     a, g = a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
-    counts = torch.bincount(example, minlength=b)
+    # an example's rows in slots 0, 1, ... (the entries come sorted by example), at most its
+    # tokens' count: a bound known on the host, where their largest count was read back
+    u = len(example) // b
+    ones = torch.ones_like(example)
+    counts = torch.zeros(b + 1, dtype=example.dtype, device=example.device).index_add_(
+        0, example, ones
+    )
     slot = torch.arange(len(example), device=example.device) - (counts.cumsum(0) - counts)[example]
-    u = int(counts.max())
-    s = torch.zeros(b, u, rows.shape[1], dtype=rows.dtype, device=rows.device)
-    s[example, slot] = rows  # the entries come sorted by example (torch.unique of their keys)
-    r = torch.zeros(b, u, dtype=torch.long, device=rows.device)
+    slot = torch.where(example < b, slot, 0)  # the rows of no example: zero rows, one slot
+    s = torch.zeros(b + 1, u, rows.shape[1], dtype=rows.dtype, device=rows.device)
+    s[example, slot] = rows
+    r = torch.zeros(b + 1, u, dtype=torch.long, device=rows.device)
     r[example, slot] = token  # padding slots: token 0 against a zero row, adding nothing
+    s, r = s[:b], r[:b]
     picked = torch.gather(g, 2, r[:, None, :].expand(-1, g.shape[1], -1))  # g_t[r_j]: (B, T, U)
     return (torch.bmm(a, s.transpose(1, 2)) * picked).sum((1, 2))
 

@@ -38,7 +38,10 @@ def test_only_synchronisation_warnings_are_counted():
 @pytest.mark.parametrize(
     "args, named",
     [
-        (["--device", "cpu"], "--device must be an available CUDA device"),
+        (
+            ["--device", "cpu", "--train", "dpsgd"],
+            "--train lists a training's waits on a CUDA device",
+        ),
         (["--device", "gpu!"], "found gpu!"),
         (["--steps", "0"], "--steps must be >= 1 and --canaries >= 0; found 0, 500"),
         (["--models", "resnet_small,alexnet"], "--models must name models of dpsgd_step.py"),

@@ -373,6 +373,21 @@ def test_embedding_with_repeated_and_padding_tokens(padding_idx, monkeypatch):
     _check(Bag(padding_idx), idx, torch.randint(0, 3, (9,)), monkeypatch)
 
 
+def test_clipping_off_leaves_the_padding_row_without_gradient():
+    """``clip = inf`` over an embedding with a padding index: the plain sum, the padding row's
+    exactly zero (its tokens' rows are zeroed where they stand, not selected away: a selection's
+    count is read back from a device)."""
+    torch.manual_seed(4)
+    idx = torch.randint(0, 6, (9, 7))
+    idx[1, :3] = 0
+    y = torch.randint(0, 3, (9,))
+    model = Bag(0).double()
+    clipping_off_is_the_plain_sum(model, idx, y)
+    got = ghost_clipping.clipped_sum(model, idx, _example_losses(y), math.inf)
+    assert int(torch.count_nonzero(got["emb.weight"][0])) == 0
+    assert int(torch.count_nonzero(got["emb.weight"][1:])) > 0
+
+
 class Block(nn.Module):
     """GroupNorm residual block (ResNet-18's basic block, GroupNorm for BatchNorm)."""
 
