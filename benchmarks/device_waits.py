@@ -20,11 +20,14 @@ With ``--train`` it also lists the waits of one quick training of each method na
 The check is CUDA's. On the CPU (``--device cpu``) the script counts instead the operations that
 on a CUDA device read a value of the device back to the host (``.item()``, ``int()`` or
 ``bool()`` of a tensor, ``torch.nonzero``, ``torch.unique``, a boolean mask's indexing,
-``bincount``, ...: :class:`HostReads`) in steps with privkit's GPU forms (seeded noise, no
-canaries: on a CPU the release noise is the host's own draw and the canaries take their CPU
-path), the sites a GPU's check would list among its waits. What it cannot see there: copies
-between host and device (on the CPU there is none) and torch's own waits inside an operation.
-``tests/privkit/test_host_reads.py`` asserts that the benchmark's models make none.
+``bincount``, ...: :class:`HostReads`), in the same steps with privkit's GPU forms forced
+(:func:`gpu_forms`: the release stream's ChaCha20 normals and draws ahead computed on the CPU,
+the canaries' joined read and device coins): the sites a GPU's check would list among its
+waits. The reads made by the functions that settle a queued copy's result on the host
+(:data:`HOST_SIDE`: the release's open draws, the canaries' observation) are counted apart, as
+host memory's. What the count cannot see: copies between host and device (on the CPU there is
+none), torch's own waits inside an operation, reads by numpy (the CPU's own forms of some
+steps: the GPU forms above take torch's), and a device read slipped into a host-side function. ``tests/privkit/test_host_reads.py`` asserts that the benchmark's models make none.
 Any other device is refused in one line (exit code 2).
 """
 
@@ -128,36 +131,80 @@ def _masked(indices) -> bool:
     return any(t is not None and t.dtype == torch.bool for t in indices)
 
 
+#: the functions that read, on the host, what a queued copy (``attacks.transfers.HostCopy``)
+#: brought back from the device: the reads they make are of host memory (on a GPU too)
+HOST_SIDE = (
+    ("privkit/mechanisms/grid_ahead.py", "settled"),  # the open draws, settled on the host
+    ("attacks/whitebox.py", "read"),  # the canaries' observation
+)
+
+
+def host_side(site: str) -> bool:
+    """Whether a :func:`site_of` site lies in one of the :data:`HOST_SIDE` functions."""
+    path, _, function = site.partition(" ")
+    return any(path.startswith(f"{f}:") and function == name for f, name in HOST_SIDE)
+
+
 @contextmanager
 def gpu_forms() -> Iterator[None]:
-    """privkit's GPU forms on any device while inside (the convolutions' per-example gradients
-    offset by offset, as on a GPU: ``step_kernels.py --gpu-form``)."""
-    from privkit.mechanisms import ghost_clipping
+    """privkit's GPU forms on any device while inside: the convolutions' per-example gradients
+    offset by offset (``step_kernels.py --gpu-form``), the canaries added to the joined sum and
+    read back in one queued copy, a seeded generator's canary coins kept where it draws them, and
+    a release stream's normals and draws ahead computed where the model is (ChaCha20 on the
+    CPU)."""
+    from attacks import whitebox
+    from privkit.mechanisms import dp_sgd_step, ghost_clipping
+    from privkit.mechanisms.dp_random import DpRandom
 
-    offsets_on = ghost_clipping._offsets_on
-    ghost_clipping._offsets_on = lambda device: True
+    secret = DpRandom.__dict__["secret"]
+    forms = [
+        (ghost_clipping, "_offsets_on", lambda device: True),
+        (whitebox, "joined_on", lambda device: True),
+        (
+            dp_sgd_step,
+            "_coins_on_device",
+            lambda source, canaries: isinstance(source.source, torch.Generator),
+        ),
+        (
+            DpRandom,
+            "secret",
+            classmethod(
+                lambda cls, device="cpu", on_device=None: secret.__func__(cls, device, True)
+            ),
+        ),
+    ]
+    kept = [(owner, name, owner.__dict__[name]) for owner, name, _ in forms]
     try:
+        for owner, name, form in forms:
+            setattr(owner, name, form)
         yield
     finally:
-        ghost_clipping._offsets_on = offsets_on
+        for owner, name, value in kept:
+            setattr(owner, name, value)
 
 
-def measure_reads(name: str, steps: int, batch: int | None = None) -> dict:
-    """The host reads of ``steps`` steady-state CPU steps (GPU forms, seeded noise, no canaries)
-    of ``dpsgd_step.py``'s model ``name``, by site (at ``batch`` records where given)."""
+def measure_reads(
+    name: str, noise: str, canaries: int, steps: int, batch: int | None = None
+) -> dict:
+    """The host reads of ``steps`` steady-state CPU steps of ``dpsgd_step.py``'s model ``name``
+    with privkit's GPU forms (:func:`gpu_forms`), by site (at ``batch`` records where given):
+    ``host_reads_per_step`` those of device values, ``host_side_per_step`` those of a queued
+    copy's result (:data:`HOST_SIDE`)."""
     with gpu_forms():
-        one = _step(name, "seeded", 0, torch.device("cpu"), batch)
-        for _ in range(3):  # first passes: the row checks, caches
+        one = _step(name, noise, canaries, torch.device("cpu"), batch)
+        for _ in range(3):  # first passes: the row checks, the first release's own draw, caches
             one()
         with HostReads() as reads:
             for _ in range(steps):
                 one()
+    sites = reads.sites.most_common()
     return {
         "model": name,
-        "noise": "seeded",
-        "canaries": 0,
-        "host_reads_per_step": sum(reads.sites.values()) / steps,
-        "sites": {site: n / steps for site, n in reads.sites.most_common()},
+        "noise": noise,
+        "canaries": canaries,
+        "host_reads_per_step": sum(n for site, n in sites if not host_side(site)) / steps,
+        "host_side_per_step": sum(n for site, n in sites if host_side(site)) / steps,
+        "sites": {site: n / steps for site, n in sites},
     }
 
 
@@ -300,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        return _report_reads(args.models.split(","), args.steps, args.json)
+        return _report_reads(args.models.split(","), args.steps, args.canaries, args.json)
     if device.type != "cuda" or not torch.cuda.is_available():
         print(
             f"--device must be an available CUDA device (the synchronisation check is CUDA's) or "
@@ -333,10 +380,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _report_reads(models: list[str], steps: int, as_json: bool) -> int:
+def _report_reads(models: list[str], steps: int, canaries: int, as_json: bool) -> int:
     """The CPU's report: each model's host reads per step (:func:`measure_reads`)."""
     torch.set_num_threads(1)
-    rows = [measure_reads(name, steps) for name in models]
+    rows = [
+        measure_reads(name, noise, n, steps)
+        for name in models
+        for noise in ("release", "seeded")
+        for n in sorted({0, canaries})
+    ]
     out = {
         "schema_version": SCHEMA_VERSION,
         "device": "cpu",
@@ -351,7 +403,7 @@ def _report_reads(models: list[str], steps: int, as_json: bool) -> int:
         print(json.dumps(out, indent=1))
     else:
         for r in rows:
-            print(r["model"], r["host_reads_per_step"], r["sites"])
+            print(r["model"], r["noise"], r["canaries"], r["host_reads_per_step"], r["sites"])
     return 0
 
 
