@@ -44,7 +44,17 @@ GPT-2 at its small size, 124M parameters, 64 tokens, batch 4) and ``gpt2_small_l
 with PEFT's LoRA adapters of rank 8 on its attention maps, the base frozen: DP fine-tuning as
 it is mostly done).
 
-    python benchmarks/dpsgd_step.py --json [--device cuda] [--repeats 7] [--big]
+    python benchmarks/dpsgd_step.py --json [--device cuda] [--repeats 7] [--big] [--host-bound]
+
+``--host-bound`` (on the CPU) measures what bounds a step on a GPU that waits for its host: the
+host's own work. Each model at 4 records, images cropped to 8x8 and sequences to 8 positions (the
+ViT keeps its 32x32 images, its position embedding's length), so that the kernels are a small
+part of each step and its time is mostly Python, torch's dispatch and the operations' fixed
+costs, as when a GPU runs the kernels; privkit takes its GPU forms
+(``device_waits.gpu_forms``: the convolutions' offsets). The ratios to SGD then say how much more
+host time a step takes. Seeded noise only: release noise's ChaCha20 stream is computed by torch's
+operations on a CPU (about 1,100 of them a draw, and the whole draw's arithmetic), where a GPU
+runs one Triton kernel.
 
 On the CPU torch runs one thread and a step's time is the process's CPU time (the machines this
 was written on are shared: wall time there measures the neighbours); with ``--threads N`` (N > 1)
@@ -462,12 +472,39 @@ def privkit_path(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> str:
     return "ghost_clipping"
 
 
-def measure(name: str, device: torch.device, repeats: int) -> dict:
+#: ``--host-bound``: records per step, and the images' and sequences' cropped size
+HOST_BOUND_RECORDS, HOST_BOUND_SIZE = 4, 8
+
+
+def _host_bound(name: str, x: torch.Tensor, y: torch.Tensor):
+    """``--host-bound``'s batch: images cropped to 8x8 (the ViT's kept whole: its position
+    embedding's length), sequences and their targets to 8 positions."""
+    k = HOST_BOUND_SIZE
+    if x.dim() == 4:
+        return (x, y) if name.startswith("vit") else (x[:, :, :k, :k].contiguous(), y)
+    return x[:, :k].contiguous(), (y[:, :k].contiguous() if y.dim() == 2 else y)
+
+
+def measure(name: str, device: torch.device, repeats: int, host_bound: bool = False) -> dict:
+    if host_bound:
+        from device_waits import gpu_forms  # this folder is on sys.path
+
+        with gpu_forms():
+            return _measure(name, device, repeats, host_bound)
+    return _measure(name, device, repeats, host_bound)
+
+
+def _measure(name: str, device: torch.device, repeats: int, host_bound: bool) -> dict:
     torch.manual_seed(0)
     model, description, size = build(name)
     model = model.to(device)
+    size = HOST_BOUND_RECORDS if host_bound else size
     x, y = batch(name, size, device)
+    if host_bound:
+        x, y = _host_bound(name, x, y)
     fns = steps(model, x, y, device)
+    if host_bound:  # its ChaCha20 stream is torch's operations here, one Triton kernel on a GPU
+        del fns["privkit"]
     # one CPU thread: this process's CPU time, robust to other load; several threads or a GPU:
     # wall time (on a GPU between synchronisations)
     cpu_clock = device.type != "cuda" and torch.get_num_threads() == 1
@@ -547,12 +584,20 @@ def main() -> None:
         default=1,
         help="torch threads on the CPU (more than one: wall time, not CPU time)",
     )
+    ap.add_argument(
+        "--host-bound",
+        action="store_true",
+        help="the host's work per step (CPU): 4 records, 8x8 images, 8 positions, privkit's GPU "
+        "forms",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     for name in ("repeats", "threads"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1; found {getattr(args, name)}")  # exit code 2
     device = torch.device(args.device)
+    if args.host_bound and device.type != "cpu":
+        ap.error(f"--host-bound measures the host's work on the CPU; found --device {args.device}")
     if args.threads > 1 and device.type != "cpu":
         ap.error(f"--threads sets the CPU's torch threads; found --device {args.device}")
     kept = keep_freed_memory() if args.keep_freed_memory else False
@@ -569,7 +614,11 @@ def main() -> None:
     # a model whose library is not installed (a GPU machine without transformers) is left out
     left_out = {n: f"{NEEDS[n]} is not installed" for n in names if not _importable(NEEDS.get(n))}
     start = time.perf_counter()
-    results = {name: measure(name, device, args.repeats) for name in names if name not in left_out}
+    results = {
+        name: measure(name, device, args.repeats, args.host_bound)
+        for name in names
+        if name not in left_out
+    }
     import opacus
 
     res = {
@@ -583,7 +632,15 @@ def main() -> None:
         "setup": {
             "clip_norm": CLIP,
             "noise_multiplier": SIGMA,
-            "batch": "fixed, the expected Poisson batch size; the same examples for every variant",
+            "batch": (
+                f"fixed, {HOST_BOUND_RECORDS} records, images cropped to {HOST_BOUND_SIZE}x"
+                f"{HOST_BOUND_SIZE} and sequences to {HOST_BOUND_SIZE} positions (host-bound); "
+                "privkit's GPU forms"
+                if args.host_bound
+                else "fixed, the expected Poisson batch size"
+            )
+            + "; the same examples for every variant",
+            "host_bound": args.host_bound,
             "order": "interleaved: each repeat runs every variant once, in turn; 2 warm-up steps",
             "clock": (
                 "CPU, one torch thread: this process's CPU time (robust to other processes' load "
