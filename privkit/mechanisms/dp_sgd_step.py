@@ -208,7 +208,10 @@ def clipped_gradient_sum(
         )
 
     try:
-        return clipped_sum_one(model, x, example_losses, clip_norm)
+        # privkit's own layers in their parameters' dtype under autocast: each example's norm
+        # and contribution from the same values (ghost clipping's stored values are cast up)
+        with ghost_clipping.autocast_off(x.device):
+            return clipped_sum_one(model, x, example_losses, clip_norm)
     except UnsupportedModelError:  # not privkit's own layers: any model of common layers
         pass
     try:

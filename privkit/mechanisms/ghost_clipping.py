@@ -1381,6 +1381,8 @@ def _run(
     why = _ROWS_CHECKED.get(model)
     if why is not None:
         raise UnsupportedModelError(why)
+    if model not in _ROWS_CHECKED and x.shape[0] > 1 and _autocast_on(x.device):
+        _checked_in_full_precision(model, x, example_losses)
     while True:
         layers = _layers(model)
         try:
@@ -1389,11 +1391,22 @@ def _run(
         except _NextForm:  # a pass with fresh layers and the next form of stand-ins
             continue
     ran = [layer for layer in layers if layer.grad is not None]
+    for layer in ran:
+        _in_parameter_dtype(layer)
     if not norms:
         return layers, None, None
+    with autocast_off(x.device):
+        return layers, *_norms(ran, x)
+
+
+def _norms(
+    ran: list[_Layer], x: torch.Tensor
+) -> tuple[torch.Tensor, ghost_joined.JoinedRows | None]:
+    """Each example's gradient norm over the layers that ran, and their small parameters'
+    per-example gradients joined."""
     b = x.shape[0]
     if not ran:
-        return layers, torch.zeros(b, device=x.device), None
+        return torch.zeros(b, device=x.device), None
     parts = [sq for sq in (_sq_norms(layer, b) for layer in ran) if isinstance(sq, torch.Tensor)]
     joined = ghost_joined.JoinedRows(
         [
@@ -1407,7 +1420,62 @@ def _run(
     for layer in ran:  # a tied weight's norm: the two layers' parts and twice their inner product
         if layer.tied is not None and layer.tied.grad is not None:
             parts.append(2 * _tied_inner(layer.tied, layer, b))
-    return layers, _added(parts).sqrt(), joined
+    return _added(parts).sqrt(), joined
+
+
+def _in_parameter_dtype(layer: _Layer) -> None:
+    """The layer's stored inputs and output gradients in its parameters' dtype where they are of
+    another floating type: under autocast (mixed precision) a layer's output, and so its output
+    gradient, is half precision while its parameters are float32. Each example's norm and its
+    contribution to the sum are then formed from the same float32 values, so that an example's
+    clipped gradient stays within the clip norm up to float32 rounding, as without autocast (a
+    norm taken in half precision missed it by up to 0.4%, and the half-precision convolution
+    weight gradients did not run at all)."""
+    dtype = next(cast(torch.Tensor, getattr(layer.module, k)).dtype for k in layer.names)
+
+    def up(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
+
+    layer.inputs = [up(a) for a in layer.inputs]
+    layer.grads = [g if g is None else up(g) for g in layer.grads]
+    layer.grad = next((g for g in layer.grads if g is not None), None)
+
+
+def _autocast_on(device: torch.device) -> bool:
+    """Whether autocast is on for ``device``'s type."""
+    try:
+        return torch.is_autocast_enabled(device.type)
+    except RuntimeError:  # a device type autocast does not know
+        return False
+
+
+@contextmanager
+def autocast_off(device: torch.device) -> Iterator[None]:
+    """Autocast off while inside where it is on for ``device``: the norms and the clipped sum are
+    computed in the parameters' dtype (:func:`_in_parameter_dtype`), not cast down again."""
+    if _autocast_on(device):
+        with torch.autocast(device.type, enabled=False):
+            yield
+    else:
+        yield
+
+
+def _checked_in_full_precision(
+    model: nn.Module, x: torch.Tensor, example_losses: Callable[[torch.Tensor, slice], torch.Tensor]
+) -> None:
+    """Under autocast, a model's first-pass checks (its output rows, its stand-ins' outputs, its
+    followed outputs) taken on a pass of their own with autocast off; the random state put back
+    after it, so that the step's pass draws what it would have drawn. The checks compare values
+    to a relative tolerance: an output gradient that went through half-precision operations
+    differs from its rows' weighted sum by 0.5-0.9% (bfloat16, the transformer block of
+    ``benchmarks/dpsgd_step.py``), past the checks' 0.1%, and half precision's own tolerance
+    (8 units: 6% for bfloat16) would let a model that mixes its examples a little pass."""
+    before = ghost_parameters.RandomState(x.device)
+    try:
+        with autocast_off(x.device):
+            _run(model, x, example_losses, norms=False)
+    finally:
+        before.restore()
 
 
 def _added(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -1514,11 +1582,12 @@ def clipped_sum(
         factor = torch.ones(x.shape[0], device=x.device)
     else:
         factor = torch.clamp(clip / torch.clamp(norms, min=1e-12), max=1.0)
-    small = joined.clipped(factor) if joined is not None else {}
     sums: dict[str, torch.Tensor] = {}
-    for layer in layers:
-        for k, v in _clipped(layer, factor, small).items():
-            name = layer.names[k]  # a tied weight's two layers add
-            sums[name] = sums[name] + v if name in sums else v
+    with autocast_off(x.device):
+        small = joined.clipped(factor) if joined is not None else {}
+        for layer in layers:
+            for k, v in _clipped(layer, factor, small).items():
+                name = layer.names[k]  # a tied weight's two layers add
+                sums[name] = sums[name] + v if name in sums else v
     order = [k for k, p in model.named_parameters() if p.requires_grad]
     return {k: sums[k] for k in order}
