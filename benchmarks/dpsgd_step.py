@@ -46,6 +46,11 @@ it is mostly done).
 
     python benchmarks/dpsgd_step.py --json [--device cuda] [--repeats 7] [--big] [--host-bound]
 
+``--autocast`` runs every variant's step under ``torch.autocast`` in bfloat16 (mixed
+precision: the forward and backward passes in half precision; privkit forms each record's norm
+and contribution in float32 from them); a variant of opacus that fails under it is left out
+with its error under ``unavailable``.
+
 ``--host-bound`` (on the CPU) measures what bounds a step on a GPU that waits for its host: the
 host's own work. Each model at 4 records, images cropped to 8x8 and sequences to 8 positions (the
 ViT keeps its 32x32 images, its position embedding's length), so that the kernels are a small
@@ -485,16 +490,30 @@ def _host_bound(name: str, x: torch.Tensor, y: torch.Tensor):
     return x[:, :k].contiguous(), (y[:, :k].contiguous() if y.dim() == 2 else y)
 
 
-def measure(name: str, device: torch.device, repeats: int, host_bound: bool = False) -> dict:
+def measure(
+    name: str, device: torch.device, repeats: int, host_bound: bool = False, autocast: bool = False
+) -> dict:
     if host_bound:
         from device_waits import gpu_forms  # this folder is on sys.path
 
         with gpu_forms():
-            return _measure(name, device, repeats, host_bound)
-    return _measure(name, device, repeats, host_bound)
+            return _measure(name, device, repeats, host_bound, autocast)
+    return _measure(name, device, repeats, host_bound, autocast)
 
 
-def _measure(name: str, device: torch.device, repeats: int, host_bound: bool) -> dict:
+def _autocast(fn, device: torch.device):
+    """``fn`` run under bfloat16 autocast on ``device`` (``--autocast``)."""
+
+    def run():
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            fn()
+
+    return run
+
+
+def _measure(
+    name: str, device: torch.device, repeats: int, host_bound: bool, autocast: bool
+) -> dict:
     torch.manual_seed(0)
     model, description, size = build(name)
     model = model.to(device)
@@ -505,6 +524,8 @@ def _measure(name: str, device: torch.device, repeats: int, host_bound: bool) ->
     fns = steps(model, x, y, device)
     if host_bound:  # its ChaCha20 stream is torch's operations here, one Triton kernel on a GPU
         del fns["privkit"]
+    if autocast:
+        fns = {v: _autocast(fn, device) for v, fn in fns.items()}
     # one CPU thread: this process's CPU time, robust to other load; several threads or a GPU:
     # wall time (on a GPU between synchronisations)
     cpu_clock = device.type != "cuda" and torch.get_num_threads() == 1
@@ -523,10 +544,12 @@ def _measure(name: str, device: torch.device, repeats: int, host_bound: bool) ->
         try:
             fn()
             fn()
-        except NotImplementedError as e:
-            if not v.startswith("opacus"):  # privkit's variants never refuse a model
+        except (NotImplementedError, RuntimeError) as e:
+            # privkit's variants never refuse a model; opacus refuses some (its ghost clipping:
+            # tied weights) and may fail under autocast (half-precision per-example gradients)
+            if not v.startswith("opacus") or (isinstance(e, RuntimeError) and not autocast):
                 raise
-            unavailable[v] = str(e)  # opacus refusing one (its ghost clipping: tied weights)
+            unavailable[v] = f"{type(e).__name__}: {e}"[:300]
             del fns[v]
     variants = [v for v in VARIANTS if v in fns]
     times: dict[str, list[float]] = {v: [] for v in variants}
@@ -590,6 +613,11 @@ def main() -> None:
         help="the host's work per step (CPU): 4 records, 8x8 images, 8 positions, privkit's GPU "
         "forms",
     )
+    ap.add_argument(
+        "--autocast",
+        action="store_true",
+        help="every variant's step under bfloat16 autocast (mixed precision)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     for name in ("repeats", "threads"):
@@ -615,7 +643,7 @@ def main() -> None:
     left_out = {n: f"{NEEDS[n]} is not installed" for n in names if not _importable(NEEDS.get(n))}
     start = time.perf_counter()
     results = {
-        name: measure(name, device, args.repeats, args.host_bound)
+        name: measure(name, device, args.repeats, args.host_bound, args.autocast)
         for name in names
         if name not in left_out
     }
@@ -641,6 +669,7 @@ def main() -> None:
             )
             + "; the same examples for every variant",
             "host_bound": args.host_bound,
+            "autocast": "bfloat16" if args.autocast else None,
             "order": "interleaved: each repeat runs every variant once, in turn; 2 warm-up steps",
             "clock": (
                 "CPU, one torch thread: this process's CPU time (robust to other processes' load "

@@ -7,7 +7,7 @@
 # Packages missing on that machine travel as wheels in .whl/: installed into /tmp/site when present.
 #   DPSGD_REPEATS (15), CANARY_REPEATS (15), PIPELINE_METHODS (dp-fedavg,dpsgd),
 #   ALL=1 also runs the earlier measurements (noise throughput, many models at once).
-#   STAGES (step,kernels,canary,profile,noise,pipeline,trainprofile,waits,tests): the stages to run, so that a
+#   STAGES (step,kernels,canary,profile,noise,pipeline,trainprofile,waits,autocast,tests): the stages to run, so that a
 #   lease too short for all of them can take them in two calls.
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/gpu}
@@ -22,7 +22,7 @@ export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 nvidia-smi -L || true
 python3 -c "import torch, opacus; print('torch', torch.__version__, torch.cuda.is_available() and torch.cuda.get_device_name(), 'opacus', opacus.__version__)"
 METHODS=${PIPELINE_METHODS:-dp-fedavg,dpsgd}
-STAGES=,${STAGES:-step,kernels,canary,profile,noise,pipeline,trainprofile,waits,tests},
+STAGES=,${STAGES:-step,kernels,canary,profile,noise,pipeline,trainprofile,waits,autocast,tests},
 stage() { [[ $STAGES == *,$1,* ]]; }
 DEV=${DEV:-cuda}  # DEV=cpu BIG= CANARY_MODELS=mlp: a dry run of this script on a machine without a GPU
 
@@ -138,6 +138,12 @@ if stage waits; then
 echo "== where a DP-SGD step waits for the device (printed here: the files back are eight at most)"
 timeout 150 python3 benchmarks/device_waits.py --device $DEV --models resnet_small,transformer \
   --train dp-fedavg,dpsgd --json
+
+fi
+if stage autocast; then
+echo "== one DP-SGD step under bfloat16 autocast (printed here: the files back are eight at most)"
+timeout 200 python3 benchmarks/dpsgd_step.py --device $DEV --autocast --models ${AUTOCAST_MODELS:-resnet18,transformer,lm} \
+  --repeats 10 --json | python3 -c "import json,sys; d=json.load(sys.stdin); [print(n, {v: round(t, 1) for v, t in r['median_ms'].items()}, 'vs sgd', {v: round(t, 2) for v, t in r['vs_sgd'].items()}, r['unavailable']) for n, r in d['models'].items()]"
 
 fi
 if stage tests; then

@@ -35,12 +35,54 @@ def test_the_benchmark_times_every_variant_on_the_threads_asked(threads):
     assert r["median_ms"]["sgd"] == pytest.approx(statistics.median(r["times_ms"]["sgd"]))
 
 
+def test_host_bound_steps_are_small_and_seeded():
+    """``--host-bound``: 4 records of 8x8 images, seeded noise only (the release's ChaCha20 is
+    torch's operations on a CPU), privkit's GPU forms."""
+    run = _run("--models", "resnet_small", "--repeats", "2", "--host-bound", "--json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["setup"]["host_bound"] and out["setup"]["batch"].startswith("fixed, 4 records")
+    r = out["models"]["resnet_small"]
+    assert r["batch"] == 4 and "privkit" not in r["times_ms"] and "privkit_seeded" in r["times_ms"]
+
+
+def test_the_host_bound_batch_is_cropped():
+    sys.path.insert(0, str(SCRIPT.parent))
+    import torch
+    from dpsgd_step import _host_bound
+
+    x, y = _host_bound("resnet_small", torch.zeros(4, 3, 32, 32), torch.zeros(4))
+    assert x.shape == (4, 3, 8, 8) and y.shape == (4,)
+    x, y = _host_bound("vit", torch.zeros(4, 3, 32, 32), torch.zeros(4))
+    assert x.shape == (4, 3, 32, 32)  # its position embedding's length
+    x, y = _host_bound("lm", torch.zeros(4, 64, dtype=torch.long), torch.zeros(4, 64))
+    assert x.shape == (4, 8) and y.shape == (4, 8)
+
+
+def test_autocast_runs_every_variant_under_it_or_says_why_not():
+    run = _run("--models", "resnet_small", "--repeats", "2", "--autocast", "--json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["setup"]["autocast"] == "bfloat16"
+    r = out["models"]["resnet_small"]
+    assert {"sgd", "privkit", "privkit_seeded"} <= set(r["times_ms"])
+    # opacus' hooks assign half-precision per-example gradients to float32 parameters
+    assert set(r["times_ms"]) | set(r["unavailable"]) == {
+        "sgd",
+        "opacus_hooks",
+        "opacus_ghost",
+        "privkit",
+        "privkit_seeded",
+    }
+
+
 @pytest.mark.parametrize(
     "args, named",
     [
         (["--repeats", "0"], "--repeats must be >= 1; found 0"),
         (["--threads", "0"], "--threads must be >= 1; found 0"),
         (["--threads", "2", "--device", "meta"], "found --device meta"),
+        (["--host-bound", "--device", "meta"], "--host-bound measures the host's work on the CPU"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args, named):
