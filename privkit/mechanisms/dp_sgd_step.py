@@ -223,7 +223,10 @@ def clipped_gradient_sum(
             ClippingFallbackWarning,
             stacklevel=3,
         )
-        clipped, _ = clip_per_sample(per_sample_gradients(model, x, y, loss_fn, aux), clip_norm)
+        per = per_sample_gradients(model, x, y, loss_fn, aux)
+        # a half-precision parameter's norms and sums in float32 (ghost_clipping.compute_dtype)
+        per = {k: g.to(ghost_clipping.compute_dtype(g.dtype)) for k, g in per.items()}
+        clipped, _ = clip_per_sample(per, clip_norm)
         return {k: g.sum(0) for k, g in clipped.items()}
 
 
@@ -341,7 +344,11 @@ class DpSgdStep:
         if len(y) > 0:
             total = clipped_gradient_sum(model, x, y, loss_fn, clip, aux)
         else:  # an empty Poisson batch releases noise only
-            total = {k: torch.zeros_like(p) for k, p in params.items()}
+            from privkit.mechanisms.ghost_clipping import compute_dtype
+
+            total = {
+                k: torch.zeros_like(p, dtype=compute_dtype(p.dtype)) for k, p in params.items()
+            }
         clean = None
         if canaries is not None:  # at the sampled canaries' coordinates only
             from attacks.whitebox import joined_on
@@ -510,7 +517,7 @@ class DpSgdStep:
         """
         g = self.noisy_gradient(model, x, y, loss_fn, noise_generator, aux, canaries, receipts)
         for k, p in model.named_parameters():
-            if p.requires_grad:
-                p.grad = g[k].detach()
+            if p.requires_grad:  # (a half-precision parameter's noisy gradient rounded to it)
+                p.grad = g[k].detach().to(p.dtype)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

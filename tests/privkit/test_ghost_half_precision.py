@@ -1,14 +1,18 @@
-"""DP-SGD's clipped sum under autocast (mixed precision), on the CPU's bfloat16.
+"""DP-SGD's clipped sum in half precision: under autocast (mixed precision) and of a model held in
+bfloat16, on the CPU's bfloat16.
 
 Under ``torch.autocast`` a layer's output, and so its output gradient, is half precision while
-its parameters are float32. An example's norm and its contribution to the sum must come from the
-same values, or the contribution exceeds the clip norm that calibrates the noise: in half
-precision the norms missed by up to 0.4% and convolutions did not run. Here, for the models of
-``benchmarks/dpsgd_step.py`` (book-keeping ghost clipping), privkit's own models (the stacked
-layers) and a model only ``torch.func`` clips: each example alone contributes at most the clip
-norm (up to float32 rounding), the sums come in the parameters' dtype and agree with the float32
-step's to half precision, a model that mixes its examples is still refused, and the first pass's
-checks, taken in full precision on a pass of their own, leave the random state as they found it.
+its parameters are float32; a model held in bfloat16 has all three in it. An example's norm and
+its contribution to the sum must come from the same values, in float32 or wider, or the
+contribution exceeds the clip norm that calibrates the noise: in half precision the norms missed
+by up to 0.4% (autocast) and 0.7% (a bfloat16 model), and convolutions did not run. Here, for
+the models of ``benchmarks/dpsgd_step.py`` (book-keeping ghost clipping), privkit's own models
+(the stacked layers) and a model only ``torch.func`` clips: each example alone contributes at
+most the clip norm (up to float32 rounding), the sums come in float32 (the parameters' dtype
+under autocast) and agree with the float32 step's to half precision, a model that mixes its
+examples is still refused under autocast, the first pass's checks, taken in full precision on a
+pass of their own, leave the random state as they found it, and whole steps (release noise,
+canaries, an empty batch) keep each parameter's dtype.
 """
 
 import importlib.util
@@ -197,5 +201,68 @@ def test_a_dp_sgd_step_with_canaries_under_autocast_keeps_float32():
         with _bf16():
             step.apply(model, opt, x, y, _per_example_loss, source, canaries=canaries)
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert canaries.steps == 3
+
+
+def _bf16_model(name: str):
+    model, x, y = _model(name)
+    model = model.to(torch.bfloat16)
+    return model, (x.to(torch.bfloat16) if x.is_floating_point() else x), y
+
+
+def _float_loss(logits, y, aux):
+    return _per_example_loss(logits.float(), y, aux)
+
+
+@pytest.mark.parametrize("gpu_form", [False, True], ids=["cpu-form", "gpu-form"])
+@pytest.mark.parametrize("name", MODELS)
+def test_a_bfloat16_model_s_example_contributes_at_most_the_clip_norm(name, gpu_form, monkeypatch):
+    """Norms and sums in float32 from the bfloat16 inputs and output gradients: the sums come in
+    float32 (the noise is added there; the optimiser's gradient is rounded to bfloat16 after)."""
+    if gpu_form:
+        if name not in ("resnet_small", "vit"):
+            pytest.skip("the GPU forms differ from the CPU's for convolutions only")
+        monkeypatch.setattr(ghost_clipping, "_offsets_on", lambda device: True)
+    model, x, y = _bf16_model(name)
+    for i in range(3):
+        got = clipped_gradient_sum(model, x[i : i + 1], y[i : i + 1], _float_loss, 1e-3)
+        assert {v.dtype for v in got.values()} == {torch.float32}
+        assert 1e-3 * (1 - 1e-5) <= _norm(got) <= 1e-3 * (1 + 1e-5)
+
+
+def test_a_bfloat16_model_only_torch_func_clips_stays_within_the_clip_norm():
+    torch.manual_seed(6)
+    model = TorchFuncOnly().to(torch.bfloat16)
+    x, y = torch.randn(3, 6, dtype=torch.bfloat16), torch.randint(0, 3, (3,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dp_sgd_step.ClippingFallbackWarning)
+        for i in range(3):
+            got = clipped_gradient_sum(model, x[i : i + 1], y[i : i + 1], _float_loss, 1e-3)
+            assert {v.dtype for v in got.values()} == {torch.float32}
+            assert _norm(got) <= 1e-3 * (1 + 1e-5)
+
+
+@pytest.mark.parametrize("noise", ["release", "seeded"])
+def test_a_dp_sgd_step_of_a_bfloat16_model_keeps_bfloat16(noise):
+    """Release or seeded noise, canaries, an empty batch (noise alone, drawn in float32): the
+    parameters stay bfloat16 and finite, the canaries observe every release."""
+    from attacks.whitebox import GradientCanaries
+    from privkit.mechanisms.dp_random import DpRandom
+
+    model, x, y = _bf16_model("lm")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    step = dp_sgd_step.DpSgdStep(1.0, 1.0, 6 / 1000, 1000)
+    canaries = GradientCanaries.for_parameters(
+        list(model.parameters()), 20, clip_norm=1.0, sample_rate=6 / 1000, noise_multiplier=1.0
+    )
+    source = (
+        DpRandom.secret("cpu")
+        if noise == "release"
+        else DpRandom(torch.Generator().manual_seed(1), torch.device("cpu"))
+    )
+    for batch_ in (slice(None), slice(0), slice(None)):
+        step.apply(model, opt, x[batch_], y[batch_], _float_loss, source, canaries=canaries)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert canaries.steps == 3
