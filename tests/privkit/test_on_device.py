@@ -406,3 +406,52 @@ def test_a_dp_sgd_step_with_canaries_never_waits_for_the_device(noise):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert can.steps == 6
+
+
+class _GramLayers(torch.nn.Module):
+    """Layers whose norms ghost clipping takes by Gram matrices (few positions, wide maps), so
+    that the clipped sum is formed by another kernel than the norms (a convolution's weight
+    gradient by cuDNN, a linear map's by a matrix product): the case where a GPU's TF32 (cuDNN's
+    default for float32 convolutions) could make the two disagree."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.conv = nn.Sequential(
+            nn.Conv2d(3, 64, 3, padding=1), nn.GroupNorm(8, 64), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
+        )  # fmt: skip
+        self.seq = nn.Linear(64, 256)
+        self.head = nn.Linear(256, 4)
+
+    def forward(self, x):
+        h = self.conv(x).flatten(2).transpose(1, 2)  # (B, 16 positions, 64)
+        return self.head(torch.relu(self.seq(h)).mean(1))
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16-autocast"])
+def test_one_example_s_clipped_gradient_stays_within_the_clip_norm_on_the_device(precision):
+    """On the device with torch's precision settings as they are (TF32 for cuDNN's float32
+    convolutions by default on a GPU), in float32 and under bfloat16 autocast: each example alone
+    contributes the clip norm (all are clipped), within float32 rounding."""
+    from torch.nn import functional as F
+
+    from privkit.mechanisms import ghost_clipping
+    from privkit.mechanisms.dp_sgd_step import clipped_gradient_sum
+
+    torch.manual_seed(0)
+    model = _GramLayers().to(DEVICE)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 3, 4, 4, generator=g).to(DEVICE)
+    y = torch.randint(0, 4, (4,), generator=g).to(DEVICE)
+    assert ghost_clipping._ghost(True, 1, 16, 64 * 9, 64)  # the conv's norms by Gram matrices
+    autocast = torch.autocast(
+        torch.device(DEVICE).type, dtype=torch.bfloat16, enabled=precision != "float32"
+    )
+    for i in range(4):
+        with autocast:
+            got = clipped_gradient_sum(
+                model, x[i : i + 1], y[i : i + 1], lambda lo, t, aux: F.cross_entropy(lo, t), 1e-3
+            )
+        norm = float(torch.sqrt(sum(v.double().pow(2).sum() for v in got.values())))
+        assert 1e-3 * (1 - 1e-5) <= norm <= 1e-3 * (1 + 1e-5)
