@@ -367,6 +367,8 @@ def _torch_release(
 def _numpy_release(
     clean: np.ndarray, std: float, rng: np.random.Generator, sens: float, dim: int | None
 ) -> np.ndarray:
+    if clean.dtype == np.float16:  # released in float32, rounded back after (_widened)
+        return _numpy_release(clean.astype(np.float32), std, rng, sens, dim).astype(np.float16)
     if not is_secret(rng):  # one draw of the whole shape, as numpy draws it
         return clean + rng.normal(0.0, std, size=clean.shape).astype(clean.dtype, copy=False)
     from privkit.mechanisms.grid_noise import CipherBits, Grid, grid_release
@@ -467,15 +469,32 @@ def _with_noise(
             )
         return _numpy_release(clean, drawn, source, sensitivity, dim)
     tensors, rebuild = _tensors(clean)
+    dtypes = [t.dtype for t in tensors]
+    tensors = [_widened(t) for t in tensors]
     if isinstance(source, NormalRows):
-        return rebuild(_row_release(tensors, drawn, source))
-    if isinstance(source, ModelRows):
-        return rebuild(_model_rows_release(tensors, drawn, sensitivity, source, dim))
-    if isinstance(source, np.random.Generator):
-        source = DpRandom(source)
-    return rebuild(
-        _torch_release(tensors, drawn, DpRandom.of(source), sensitivity, dim, releases, out)
-    )
+        released = _row_release(tensors, drawn, source)
+    elif isinstance(source, ModelRows):
+        released = _model_rows_release(tensors, drawn, sensitivity, source, dim)
+    else:
+        if isinstance(source, np.random.Generator):
+            source = DpRandom(source)
+        released = _torch_release(
+            tensors, drawn, DpRandom.of(source), sensitivity, dim, releases, out
+        )
+    return rebuild([r if r.dtype == d else r.to(d) for r, d in zip(released, dtypes, strict=True)])
+
+
+#: floating types narrower than float32, released in float32 (:func:`_widened`)
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _widened(t: torch.Tensor) -> torch.Tensor:
+    """A half-precision tensor in float32, for its release; others as they are. Noise drawn and
+    added in bfloat16 (8 bits: a spacing of 8 at 1000) is no longer Gaussian noise on the value:
+    release mode's grid cannot be held, and a value's rounding can tell neighbours apart (1003.9
+    and 1004.1 round to 1000 and 1008 under noise of deviation 0.5). The float32 release rounded
+    back to the tensor's dtype is post-processing."""
+    return t.float() if t.dtype in _HALF else t
 
 
 def gaussian_release_rows(
