@@ -254,6 +254,12 @@ class DpSgdStep:
 
     Notes
     -----
+    Mixed precision: call :meth:`apply` inside ``torch.autocast`` as plain training runs its
+    forward pass; each record's norm and clipped gradient are formed in float32 from the pass's
+    half-precision values, and the noise is added in float32, so that no record contributes more
+    than ``c``. A model held in bfloat16 or float16 alike; its noisy gradient is rounded to the
+    parameter's dtype after (post-processing).
+
     In a training loop of a large model on a CPU, call :func:`privkit.memory.keep_freed_memory`
     once (``privkit``'s command line does): with glibc's own policy each step's large tensors are
     fresh pages, faulted in and zeroed. GPT-2 small's step (124M parameters, release noise) took
