@@ -194,6 +194,7 @@ def clipped_gradient_sum(
         The clipped sum of each trainable parameter, by name.
     """
     from privkit.mechanisms import ghost_clipping
+    from privkit.mechanisms.clip_precision import compute_dtype, full_precision
     from privkit.mechanisms.stacked import UnsupportedModelError, clipped_sum_one
 
     if clip_norm <= 0:
@@ -210,7 +211,7 @@ def clipped_gradient_sum(
     try:
         # privkit's own layers in their parameters' dtype under autocast: each example's norm
         # and contribution from the same values (ghost clipping's stored values are cast up)
-        with ghost_clipping.autocast_off(x.device):
+        with full_precision(x.device):
             return clipped_sum_one(model, x, example_losses, clip_norm)
     except UnsupportedModelError:  # not privkit's own layers: any model of common layers
         pass
@@ -224,8 +225,8 @@ def clipped_gradient_sum(
             stacklevel=3,
         )
         per = per_sample_gradients(model, x, y, loss_fn, aux)
-        # a half-precision parameter's norms and sums in float32 (ghost_clipping.compute_dtype)
-        per = {k: g.to(ghost_clipping.compute_dtype(g.dtype)) for k, g in per.items()}
+        # a half-precision parameter's norms and sums in float32 (clip_precision)
+        per = {k: g.to(compute_dtype(g.dtype)) for k, g in per.items()}
         clipped, _ = clip_per_sample(per, clip_norm)
         return {k: g.sum(0) for k, g in clipped.items()}
 
@@ -350,7 +351,7 @@ class DpSgdStep:
         if len(y) > 0:
             total = clipped_gradient_sum(model, x, y, loss_fn, clip, aux)
         else:  # an empty Poisson batch releases noise only
-            from privkit.mechanisms.ghost_clipping import compute_dtype
+            from privkit.mechanisms.clip_precision import compute_dtype
 
             total = {
                 k: torch.zeros_like(p, dtype=compute_dtype(p.dtype)) for k, p in params.items()

@@ -137,6 +137,7 @@ from privkit.mechanisms import (
     ghost_parameters,
     ghost_subclasses,
 )
+from privkit.mechanisms.clip_precision import compute_dtype, full_precision, lowered
 from privkit.mechanisms.stacked import UnsupportedModelError
 
 __all__ = ["MATERIALISE_LIMIT", "SUPPORTED", "clipped_sum", "per_example_norms"]
@@ -1355,9 +1356,22 @@ def _linear_clipped_by_input(
 
 
 def _conv_weight_grad(layer: _Layer, cg: torch.Tensor) -> torch.Tensor:
-    """A convolution's weight gradient for output gradients ``cg``, as plain training forms it
-    (in two dimensions: a Conv1d's with a unit height)."""
-    m, a, _ = _conv_of(layer.module, layer.inputs[0], cg)
+    """A convolution's weight gradient for output gradients ``cg`` (in two dimensions: a Conv1d's
+    with a unit height): on the CPU as plain training forms it (oneDNN's weight gradient); in a
+    GPU's forms (:func:`_offsets_on`, ungrouped) by matrix products of the unfolded input (or of
+    each kernel offset's patch), the values and the library the norms' Gram matrices took. cuDNN's
+    weight gradient runs in TF32 by default on a GPU (``torch.backends.cudnn.conv.fp32_precision``),
+    cuBLAS's products in float32: a clipped sum in TF32 against norms in float32 could carry an
+    example past the clip norm by TF32's rounding (10 bits)."""
+    m, a, g = _conv_of(layer.module, layer.inputs[0], cg)
+    if m.groups == 1 and _offsets_on(cg.device):
+        rows = g.reshape(g.shape[0], g.shape[1], -1)  # (B, out, T)
+        u = _unfolded(m, a, g)
+        if u is not None:  # (out, in k^2), in the weight's order
+            return torch.tensordot(rows, u, dims=([0, 2], [0, 2]))
+        kh, kw = m.kernel_size
+        per_offset = [torch.tensordot(rows, p, dims=([0, 2], [0, 2])) for p in _patches(m, a, g)]
+        return torch.stack(per_offset, -1).unflatten(-1, (kh, kw))  # (out, in, kh, kw)
     a, padding = _padded(m, a)
     return torch.ops.aten.convolution_backward(
         cg.unsqueeze(2) if cg.dim() == 3 else cg,
@@ -1385,7 +1399,7 @@ def _run(
     why = _ROWS_CHECKED.get(model)
     if why is not None:
         raise UnsupportedModelError(why)
-    if model not in _ROWS_CHECKED and x.shape[0] > 1 and _autocast_on(x.device):
+    if model not in _ROWS_CHECKED and x.shape[0] > 1 and lowered(x.device):
         _checked_in_full_precision(model, x, example_losses)
     while True:
         layers = _layers(model)
@@ -1399,7 +1413,7 @@ def _run(
         _in_parameter_dtype(layer)
     if not norms:
         return layers, None, None
-    with autocast_off(x.device):
+    with full_precision(x.device):
         return layers, *_norms(ran, x)
 
 
@@ -1427,23 +1441,14 @@ def _norms(
     return _added(parts).sqrt(), joined
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a parameter of ``dtype`` has its norms and clipped sums formed in: its own, or
-    float32 where it is narrower (bfloat16, float16)."""
-    return torch.promote_types(dtype, torch.float32)
-
-
 def _in_parameter_dtype(layer: _Layer) -> None:
     """The layer's stored inputs and output gradients in its parameters' compute dtype
-    (:func:`compute_dtype`) where they are of another floating type: under autocast (mixed
-    precision) a layer's output, and so its output gradient, is half precision while its
-    parameters are float32; a model held in bfloat16 has all three in it. Each example's norm and
-    its contribution to the sum are then formed from the same float32 (or wider) values, so that
-    an example's clipped gradient stays within the clip norm up to float32 rounding (a norm
-    taken in half precision missed it by up to 0.4% under autocast and 0.7% in a bfloat16 model,
-    and half-precision convolution weight gradients did not run at all). The sums come in that
-    dtype: the noise is added to them there, and the noisy gradient takes the parameter's dtype
-    after (post-processing)."""
+    (:mod:`privkit.mechanisms.clip_precision`) where they are of another floating type: under
+    autocast a layer's output, and so its output gradient, is half precision while its parameters
+    are float32; a model held in bfloat16 has all three in it. Each example's norm and its
+    contribution to the sum are then formed from the same float32 (or wider) values. The sums
+    come in that dtype: the noise is added to them there, and the noisy gradient takes the
+    parameter's dtype after (post-processing)."""
     dtype = compute_dtype(
         next(cast(torch.Tensor, getattr(layer.module, k)).dtype for k in layer.names)
     )
@@ -1456,38 +1461,20 @@ def _in_parameter_dtype(layer: _Layer) -> None:
     layer.grad = next((g for g in layer.grads if g is not None), None)
 
 
-def _autocast_on(device: torch.device) -> bool:
-    """Whether autocast is on for ``device``'s type."""
-    try:
-        return torch.is_autocast_enabled(device.type)
-    except RuntimeError:  # a device type autocast does not know
-        return False
-
-
-@contextmanager
-def autocast_off(device: torch.device) -> Iterator[None]:
-    """Autocast off while inside where it is on for ``device``: the norms and the clipped sum are
-    computed in the parameters' dtype (:func:`_in_parameter_dtype`), not cast down again."""
-    if _autocast_on(device):
-        with torch.autocast(device.type, enabled=False):
-            yield
-    else:
-        yield
-
-
 def _checked_in_full_precision(
     model: nn.Module, x: torch.Tensor, example_losses: Callable[[torch.Tensor, slice], torch.Tensor]
 ) -> None:
-    """Under autocast, a model's first-pass checks (its output rows, its stand-ins' outputs, its
-    followed outputs) taken on a pass of their own with autocast off; the random state put back
-    after it, so that the step's pass draws what it would have drawn. The checks compare values
-    to a relative tolerance: an output gradient that went through half-precision operations
-    differs from its rows' weighted sum by 0.5-0.9% (bfloat16, the transformer block of
-    ``benchmarks/dpsgd_step.py``), past the checks' 0.1%, and half precision's own tolerance
-    (8 units: 6% for bfloat16) would let a model that mixes its examples a little pass."""
+    """Where the caller computes below float32 (autocast, lowered float32 products), a model's
+    first-pass checks (its output rows, its stand-ins' outputs, its followed outputs) taken on a
+    pass of their own at full precision; the random state put back after it, so that the step's
+    pass draws what it would have drawn. The checks compare values to a relative tolerance: an
+    output gradient that went through half-precision operations differs from its rows' weighted
+    sum by 0.5-0.9% (bfloat16, the transformer block of ``benchmarks/dpsgd_step.py``), past the
+    checks' 0.1%, and half precision's own tolerance (8 units: 6% for bfloat16) would let a model
+    that mixes its examples a little pass."""
     before = ghost_parameters.RandomState(x.device)
     try:
-        with autocast_off(x.device):
+        with full_precision(x.device):
             _run(model, x, example_losses, norms=False)
     finally:
         before.restore()
@@ -1598,7 +1585,7 @@ def clipped_sum(
     else:
         factor = torch.clamp(clip / torch.clamp(norms, min=1e-12), max=1.0)
     sums: dict[str, torch.Tensor] = {}
-    with autocast_off(x.device):
+    with full_precision(x.device):
         small = joined.clipped(factor) if joined is not None else {}
         for layer in layers:
             for k, v in _clipped(layer, factor, small).items():
