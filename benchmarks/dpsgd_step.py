@@ -547,7 +547,8 @@ def _measure(
         except (NotImplementedError, RuntimeError) as e:
             # privkit's variants never refuse a model; opacus refuses some (its ghost clipping:
             # tied weights) and may fail under autocast (half-precision per-example gradients)
-            if not v.startswith("opacus") or (isinstance(e, RuntimeError) and not autocast):
+            refused = isinstance(e, NotImplementedError)  # (itself a RuntimeError)
+            if not v.startswith("opacus") or not (refused or autocast):
                 raise
             unavailable[v] = f"{type(e).__name__}: {e}"[:300]
             del fns[v]

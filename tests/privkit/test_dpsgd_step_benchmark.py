@@ -46,6 +46,16 @@ def test_host_bound_steps_are_small_and_seeded():
     assert r["batch"] == 4 and "privkit" not in r["times_ms"] and "privkit_seeded" in r["times_ms"]
 
 
+def test_a_model_opacus_refuses_is_left_out_with_the_reason():
+    """opacus' ghost clipping refuses a tied head (its NotImplementedError, itself a
+    RuntimeError): the variant is left out, the others timed."""
+    run = _run("--models", "lm", "--repeats", "1", "--host-bound", "--json")
+    assert run.returncode == 0, run.stderr
+    r = json.loads(run.stdout)["models"]["lm"]
+    assert "Parameter tying" in r["unavailable"]["opacus_ghost"]
+    assert {"sgd", "opacus_hooks", "privkit_seeded"} == set(r["times_ms"])
+
+
 def test_the_host_bound_batch_is_cropped():
     sys.path.insert(0, str(SCRIPT.parent))
     import torch
