@@ -367,7 +367,7 @@ def _torch_release(
 def _numpy_release(
     clean: np.ndarray, std: float, rng: np.random.Generator, sens: float, dim: int | None
 ) -> np.ndarray:
-    if clean.dtype == np.float16:  # released in float32, rounded back after (_widened)
+    if clean.dtype == np.float16:  # released in float32, rounded back after (as _widened)
         return _numpy_release(clean.astype(np.float32), std, rng, sens, dim).astype(np.float16)
     if not is_secret(rng):  # one draw of the whole shape, as numpy draws it
         return clean + rng.normal(0.0, std, size=clean.shape).astype(clean.dtype, copy=False)
@@ -397,7 +397,8 @@ def gaussian_release(
         The pre-noise value of one release (a dict: one release over all its tensors, drawn in the
         order of its sorted names; a list: in its order), or ``releases`` releases stacked (rows;
         a list or dict of ``(releases, width)`` tensors: each release is a row of their
-        concatenation, seeded noise drawn as for that concatenation).
+        concatenation, seeded noise drawn as for that concatenation). Half-precision values
+        (bfloat16, float16) are released in float32 and rounded back to their dtype after.
     std : float
         The noise standard deviation the mechanism claims (``>= 0``; an audit's mutation scales
         what is drawn, not the receipt).
@@ -484,17 +485,16 @@ def _with_noise(
     return rebuild([r if r.dtype == d else r.to(d) for r, d in zip(released, dtypes, strict=True)])
 
 
-#: floating types narrower than float32, released in float32 (:func:`_widened`)
-_HALF = (torch.bfloat16, torch.float16)
-
-
 def _widened(t: torch.Tensor) -> torch.Tensor:
-    """A half-precision tensor in float32, for its release; others as they are. Noise drawn and
-    added in bfloat16 (8 bits: a spacing of 8 at 1000) is no longer Gaussian noise on the value:
-    release mode's grid cannot be held, and a value's rounding can tell neighbours apart (1003.9
-    and 1004.1 round to 1000 and 1008 under noise of deviation 0.5). The float32 release rounded
-    back to the tensor's dtype is post-processing."""
-    return t.float() if t.dtype in _HALF else t
+    """A half-precision tensor in float32 for its release
+    (:func:`privkit.mechanisms.clip_precision.compute_dtype`); others as they are. Noise drawn and
+    added in bfloat16 is the floating-point attack at its worst: a release from 0 lands off the
+    ``2**-8`` grid near zero 47% of the time, a release from 1 never (1 plus the noise is rounded
+    onto that grid there), and release mode's grid cannot be held in 8 bits. The float32 release
+    rounded back to the tensor's dtype is post-processing."""
+    from privkit.mechanisms.clip_precision import compute_dtype
+
+    return t.to(compute_dtype(t.dtype)) if t.is_floating_point() else t
 
 
 def gaussian_release_rows(

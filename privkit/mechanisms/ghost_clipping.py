@@ -1494,8 +1494,9 @@ def _tied_inner(embedding: _Layer, linear: _Layer, b: int) -> torch.Tensor:
     (rows ``s_j`` at tokens ``r_j``, :func:`_embedding_rows`, formed by its norms) and through the
     linear layer (``sum_t g_t a_t^T``): ``sum_j s_j . sum_t g_t[r_j] a_t``, from the linear
     layer's materialised gradients where the norms formed them, else from its input and output
-    gradient, ``(a_t . s_j) g_t[r_j]`` summed over the positions (``B x T x U`` values, ``U`` the
-    most distinct tokens of an example: no larger than the ghost norm's Gram matrices)."""
+    gradient, ``(a_t . s_j) g_t[r_j]`` summed over the positions (``B x T x U`` values, ``U`` an
+    example's token count, which bounds its distinct tokens: no larger than the ghost norm's Gram
+    matrices)."""
     example, token, rows = cast(tuple[torch.Tensor, ...], embedding.rows)
     if not len(example):
         return torch.zeros(b, dtype=rows.dtype, device=rows.device)
