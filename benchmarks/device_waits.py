@@ -27,8 +27,9 @@ waits. The reads made by the functions that settle a queued copy's result on the
 (:data:`HOST_SIDE`: the release's open draws, the canaries' observation) are counted apart, as
 host memory's. What the count cannot see: copies between host and device (on the CPU there is
 none), torch's own waits inside an operation, reads by numpy (the CPU's own forms of some
-steps: the GPU forms above take torch's), and a device read slipped into a host-side function. ``tests/privkit/test_host_reads.py`` asserts that the benchmark's models make none.
-Any other device is refused in one line (exit code 2).
+steps: the GPU forms above take torch's), and a device read slipped into a host-side function.
+``tests/privkit/test_host_reads.py`` asserts that the benchmark's models make none. Any other
+device is refused in one line (exit code 2).
 """
 
 from __future__ import annotations
