@@ -429,29 +429,35 @@ class _GramLayers(torch.nn.Module):
         return self.head(torch.relu(self.seq(h)).mean(1))
 
 
-@pytest.mark.parametrize("precision", ["float32", "bfloat16-autocast"])
+@pytest.mark.parametrize("precision", ["float32", "bfloat16-autocast", "bfloat16-model"])
 def test_one_example_s_clipped_gradient_stays_within_the_clip_norm_on_the_device(precision):
     """On the device with torch's precision settings as they are (TF32 for cuDNN's float32
-    convolutions by default on a GPU), in float32 and under bfloat16 autocast: each example alone
-    contributes the clip norm (all are clipped), within float32 rounding."""
+    convolutions by default on a GPU), in float32, under bfloat16 autocast and for a model held in
+    bfloat16: each example alone contributes the clip norm (all are clipped), within float32
+    rounding."""
     from torch.nn import functional as F
 
     from privkit.mechanisms import ghost_clipping
     from privkit.mechanisms.dp_sgd_step import clipped_gradient_sum
 
     torch.manual_seed(0)
-    model = _GramLayers().to(DEVICE)
+    dtype = torch.bfloat16 if precision == "bfloat16-model" else torch.float32
+    model = _GramLayers().to(DEVICE, dtype)
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(4, 3, 4, 4, generator=g).to(DEVICE)
+    x = torch.randn(4, 3, 4, 4, generator=g).to(DEVICE, dtype)
     y = torch.randint(0, 4, (4,), generator=g).to(DEVICE)
     assert ghost_clipping._ghost(True, 1, 16, 64 * 9, 64)  # the conv's norms by Gram matrices
     autocast = torch.autocast(
-        torch.device(DEVICE).type, dtype=torch.bfloat16, enabled=precision != "float32"
+        torch.device(DEVICE).type, dtype=torch.bfloat16, enabled=precision == "bfloat16-autocast"
     )
     for i in range(4):
         with autocast:
             got = clipped_gradient_sum(
-                model, x[i : i + 1], y[i : i + 1], lambda lo, t, aux: F.cross_entropy(lo, t), 1e-3
+                model,
+                x[i : i + 1],
+                y[i : i + 1],
+                lambda lo, t, aux: F.cross_entropy(lo.float(), t),
+                1e-3,
             )
         norm = float(torch.sqrt(sum(v.double().pow(2).sum() for v in got.values())))
         assert 1e-3 * (1 - 1e-5) <= norm <= 1e-3 * (1 + 1e-5)
