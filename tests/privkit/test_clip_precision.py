@@ -1,8 +1,12 @@
 """privkit.mechanisms.clip_precision: DP-SGD's norms and clipped sums at full precision whatever
 the caller set (autocast, ``torch.set_float32_matmul_precision``), the caller's settings put back
 after. On a GPU the lowered float32 products are TF32 (no such hardware here): what is checked is
-that the norms and sums run with the products at float32's precision and autocast off, and that
-every setting comes back, on an error too."""
+that the norms and sums run with the products at float32's precision and autocast off, through
+the legacy setting or torch's per-backend flags, and that every setting comes back, on an error
+too."""
+
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -48,20 +52,45 @@ def test_full_precision_inside_and_the_caller_s_settings_after_an_error_too(high
     assert torch.get_float32_matmul_precision() == "high"
 
 
-def test_newer_flags_in_use_are_left_as_they_are(monkeypatch):
-    """torch refuses to read the legacy setting once its per-backend flags were written: the
-    products' precision is then left alone (autocast is still turned off)."""
+PER_BACKEND = """
+import torch, torch.nn.functional as F
+from torch import nn
+from privkit.mechanisms import ghost_clipping
+from privkit.mechanisms.dp_sgd_step import clipped_gradient_sum
+b = torch.backends
+b.fp32_precision = "tf32"  # the caller's: every backend's float32 products in TF32
+try:
+    torch.get_float32_matmul_precision()
+    raise SystemExit("torch read the legacy setting beside the per-backend flags")
+except RuntimeError:
+    pass
+seen = []
+real = ghost_clipping._sq_norms
+def spy(*args):
+    seen.append((b.cuda.matmul.fp32_precision, b.mkldnn.matmul.fp32_precision))
+    return real(*args)
+ghost_clipping._sq_norms = spy
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+clipped_gradient_sum(model, torch.randn(4, 6), torch.randint(0, 3, (4,)),
+                     lambda lo, t, aux: F.cross_entropy(lo, t), 0.5)
+assert seen and set(seen) == {("ieee", "ieee")}, seen
+assert (b.cuda.matmul.fp32_precision, b.mkldnn.matmul.fp32_precision) == ("tf32", "tf32")
+assert b.fp32_precision == "tf32"
+print("ok")
+"""
 
-    def refuse():
-        raise RuntimeError("mix of the legacy and new APIs")
 
-    monkeypatch.setattr(torch, "get_float32_matmul_precision", refuse)
-    assert not clip_precision.lowered(torch.device("cpu"))
-    with (
-        torch.autocast("cpu", dtype=torch.bfloat16),
-        clip_precision.full_precision(torch.device("cpu")),
-    ):
-        assert not torch.is_autocast_enabled("cpu")
+def test_the_per_backend_flags_are_raised_and_put_back():
+    """Where the caller set torch's per-backend flags (torch then refuses to read the legacy
+    setting), the norms run with cuBLAS's and oneDNN's float32 products at IEEE precision, and
+    the flags come back to the precision they read (torch reads an inherited flag as its
+    parent's). In a process of its own: once written, those flags change what the legacy setting
+    may do in every later test."""
+    run = subprocess.run(
+        [sys.executable, "-c", PER_BACKEND], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
 
 
 def test_the_norms_and_sums_run_at_full_precision_under_the_caller_s_lowered_products(
