@@ -36,6 +36,12 @@ sys.path.insert(0, str(BENCH))
 from dpsgd_step import _per_example_loss, batch, build  # noqa: E402  (the benchmarks folder)
 
 MODELS = ["resnet_small", "transformer", "encoder", "vit", "lm", "lstm", "gpt2"]
+#: every model in the CPU's forms, and the models with convolutions (the GPU forms differ from
+#: the CPU's for convolutions only) in a GPU's too
+FORMS = [
+    *(pytest.param(n, False, id=f"{n}-cpu-form") for n in MODELS),
+    *(pytest.param(n, True, id=f"{n}-gpu-form") for n in ("resnet_small", "vit")),
+]
 
 
 def _bf16():
@@ -55,12 +61,9 @@ def _norm(sums: dict[str, torch.Tensor]) -> float:
     return math.sqrt(sum(float(v.double().pow(2).sum()) for v in sums.values()))
 
 
-@pytest.mark.parametrize("gpu_form", [False, True], ids=["cpu-form", "gpu-form"])
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name, gpu_form", FORMS)
 def test_one_example_contributes_at_most_the_clip_norm(name, gpu_form, monkeypatch):
     if gpu_form:
-        if name not in ("resnet_small", "vit"):
-            pytest.skip("the GPU forms differ from the CPU's for convolutions only")
         monkeypatch.setattr(ghost_clipping, "_offsets_on", lambda device: True)
     model, x, y = _model(name)
     clip = 1e-3  # below every example's norm: each is scaled to the clip norm
@@ -215,14 +218,11 @@ def _float_loss(logits, y, aux):
     return _per_example_loss(logits.float(), y, aux)
 
 
-@pytest.mark.parametrize("gpu_form", [False, True], ids=["cpu-form", "gpu-form"])
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name, gpu_form", FORMS)
 def test_a_bfloat16_model_s_example_contributes_at_most_the_clip_norm(name, gpu_form, monkeypatch):
     """Norms and sums in float32 from the bfloat16 inputs and output gradients: the sums come in
     float32 (the noise is added there; the optimiser's gradient is rounded to bfloat16 after)."""
     if gpu_form:
-        if name not in ("resnet_small", "vit"):
-            pytest.skip("the GPU forms differ from the CPU's for convolutions only")
         monkeypatch.setattr(ghost_clipping, "_offsets_on", lambda device: True)
     model, x, y = _bf16_model(name)
     for i in range(3):
