@@ -35,7 +35,7 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -45,6 +45,9 @@ from privkit.errors import PrivkitError
 from privkit.mechanisms import mutations
 from privkit.mechanisms.dp_random import DpRandom
 from privkit.mechanisms.gaussian import Receipt, gaussian_release
+
+if TYPE_CHECKING:
+    from privkit.mechanisms.step_replay import StepReplay
 
 # loss_fn(logits (1, C), target (1,), aux (1, ...) or None) -> scalar loss of ONE record
 PerSampleLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
@@ -162,6 +165,7 @@ def clipped_gradient_sum(
     loss_fn: PerSampleLoss,
     clip_norm: float,
     aux: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """``sum_i min(1, c / ||g_i||) g_i`` over the trainable parameters (``g_i``: record i's gradient).
 
@@ -187,6 +191,10 @@ def clipped_gradient_sum(
         clipping).
     aux : torch.Tensor, optional
         A per-record tensor passed to ``loss_fn`` (e.g. a teacher's logits for distillation).
+    weights : torch.Tensor, optional
+        ``(B,)`` zeros and ones: each record's loss times its weight, so that a row of weight 0
+        (a batch padded to a fixed size: :mod:`privkit.mechanisms.step_replay`) has gradient 0
+        and adds exactly nothing; rows of weight 1 are unchanged, bit for bit.
 
     Returns
     -------
@@ -204,9 +212,10 @@ def clipped_gradient_sum(
         return loss_fn(lo.unsqueeze(0), t.unsqueeze(0), None if a is None else a.unsqueeze(0))
 
     def example_losses(logits: torch.Tensor, s: slice) -> torch.Tensor:
-        return vmap(one, in_dims=(0, 0, 0 if aux is not None else None))(
+        losses = vmap(one, in_dims=(0, 0, 0 if aux is not None else None))(
             logits, y[s], None if aux is None else aux[s]
         )
+        return losses if weights is None else losses * weights[s].to(losses.dtype)
 
     try:
         # privkit's own layers in their parameters' dtype under autocast: each example's norm
@@ -228,6 +237,11 @@ def clipped_gradient_sum(
         # a half-precision parameter's norms and sums in float32 (clip_precision)
         per = {k: g.to(compute_dtype(g.dtype)) for k, g in per.items()}
         clipped, _ = clip_per_sample(per, clip_norm)
+        if weights is not None:  # a padded row's gradient zeroed after its clipping
+            clipped = {
+                k: g * weights.to(g.dtype).view(-1, *([1] * (g.dim() - 1)))
+                for k, g in clipped.items()
+            }
         return {k: g.sum(0) for k, g in clipped.items()}
 
 
@@ -307,6 +321,7 @@ class DpSgdStep:
         aux: torch.Tensor | None = None,
         canaries=None,
         receipts: list[Receipt] | None = None,
+        replay: StepReplay | None = None,
     ) -> dict[str, torch.Tensor]:
         """The privatised mean gradient of the batch ``(x, y)`` (may be empty).
 
@@ -339,6 +354,9 @@ class DpSgdStep:
             The audit's canaries for this step (:meth:`probes`); ``None`` outside an audit.
         receipts : list of Receipt, optional
             Where this step's receipt is appended, for the trainer's ledger.
+        replay : StepReplay, optional
+            Replay the clipped sum by batch size (:mod:`privkit.mechanisms.step_replay`: the
+            host's work of a step cut to its operations; the same values up to float rounding).
 
         Returns
         -------
@@ -348,7 +366,9 @@ class DpSgdStep:
         mutation = mutations.active()
         clip = self.clip_norm if mutation.clipping else math.inf
         params = {k: v for k, v in model.named_parameters() if v.requires_grad}
-        if len(y) > 0:
+        if len(y) > 0 and replay is not None:
+            total = replay.clipped_sum(model, x, y, loss_fn, clip, aux)
+        elif len(y) > 0:
             total = clipped_gradient_sum(model, x, y, loss_fn, clip, aux)
         else:  # an empty Poisson batch releases noise only
             from privkit.mechanisms.clip_precision import compute_dtype
@@ -495,6 +515,7 @@ class DpSgdStep:
         aux: torch.Tensor | None = None,
         canaries=None,
         receipts: list[Receipt] | None = None,
+        replay: StepReplay | None = None,
     ) -> None:
         """Write the noisy gradient into ``.grad`` and take one optimiser step (post-processing);
         the step's receipt goes to ``receipts`` where given.
@@ -521,8 +542,13 @@ class DpSgdStep:
             The audit's canaries for this step (:meth:`probes`); ``None`` outside an audit.
         receipts : list of Receipt, optional
             Where this step's receipt is appended, for the trainer's ledger.
+        replay : StepReplay, optional
+            Replay the clipped sum by batch size (:mod:`privkit.mechanisms.step_replay`), one
+            :class:`StepReplay` kept for the training.
         """
-        g = self.noisy_gradient(model, x, y, loss_fn, noise_generator, aux, canaries, receipts)
+        g = self.noisy_gradient(
+            model, x, y, loss_fn, noise_generator, aux, canaries, receipts, replay
+        )
         for k, p in model.named_parameters():
             if p.requires_grad:  # (a half-precision parameter's noisy gradient rounded to it)
                 p.grad = g[k].detach().to(p.dtype)

@@ -1,0 +1,267 @@
+"""A DP-SGD step's clipped sum traced by batch size and replayed (``privkit.mechanisms.step_replay``).
+
+What is pinned here, against the step computed without a replay (the reference: book-keeping
+ghost clipping, privkit's stacked layers, ``torch.func``):
+
+* the replayed sums equal the step's on Poisson-sized batches of every model of
+  ``benchmarks/dpsgd_step.py`` (padded to a few sizes), and a whole seeded training with
+  ``DpSgdStep.apply(replay=...)`` ends at the same parameters, bit for bit on the CPU;
+* a padded row (loss weight 0) adds exactly nothing, on all three clipping paths;
+* one record moves the replayed sum by at most the clip norm (the sensitivity the noise is
+  calibrated to), under autocast too;
+* a model or loss that reads its batch's values into Python (``.item()``, ``.tolist()``,
+  ``.numpy()``) is not replayed (a warning names it) and its steps stay the step's;
+* a change of the model (a parameter frozen or replaced, ``eval()``) is traced anew;
+* dropout draws as the step does (the first replay's check forks the random state);
+* a replay that differs from the step is caught by that check and dropped.
+"""
+
+import importlib.util
+import math
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privkit.mechanisms.dp_random import DpRandom
+from privkit.mechanisms.dp_sgd_step import DpSgdStep, clipped_gradient_sum
+from privkit.mechanisms.step_replay import ReplayRefusedWarning, StepReplay, padded_size
+from privkit.models import build_model
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+from dpsgd_step import _host_bound, _per_example_loss, batch, build  # noqa: E402
+
+MODELS = ["resnet_small", "transformer", "encoder", "vit", "lm", "lstm", "gpt2"]
+CLIP = 1.0
+
+
+def _model(name: str, records: int = 24):
+    if name == "gpt2" and importlib.util.find_spec("transformers") is None:
+        pytest.skip("HF transformers is not installed")
+    torch.manual_seed(0)
+    model, _, _ = build(name)
+    x, y = batch(name, records, torch.device("cpu"))
+    return (model, *_host_bound(name, x, y))  # images cropped to 8x8, sequences to 8 tokens
+
+
+def _poisson_batches(x, y, steps: int, seed: int = 0):
+    """``steps`` batches of the records, each record in with probability 3/4."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        keep = torch.rand(x.shape[0], generator=g) < 0.75
+        yield x[keep], y[keep]
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert list(a) == list(b)
+    return max(float((a[k] - b[k]).detach().abs().max()) for k in a)
+
+
+def test_padded_size_pads_little_and_takes_few_sizes():
+    sizes = [padded_size(b) for b in range(1, 5000)]
+    assert all(b <= s <= max(b, math.ceil(1.125 * b)) for b, s in zip(range(1, 5000), sizes))
+    assert sizes[:15] == list(range(1, 16))
+    for octave in range(4, 12):  # eight sizes from 2^k up to 2^(k+1) (the next octave's first)
+        sizes = {padded_size(b) for b in range(2**octave, 2 ** (octave + 1))}
+        assert len(sizes - {2 ** (octave + 1)}) == 8
+    assert padded_size(padded_size(777)) == padded_size(777)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_replayed_sums_equal_the_steps(name):
+    model, x, y = _model(name)
+    replay = StepReplay()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReplayRefusedWarning)
+        for xb, yb in _poisson_batches(x, y, 14):
+            got = replay.clipped_sum(model, xb, yb, _per_example_loss, CLIP)
+            want = clipped_gradient_sum(model, xb, yb, _per_example_loss, CLIP)
+            assert _max_diff(got, want) <= 1e-6 * CLIP
+    assert replay.traced >= 1 and replay.replayed >= 4 and not replay.refused
+
+
+@pytest.mark.parametrize("path", ["ghost", "stacked", "torch.func"])
+def test_a_padded_row_adds_nothing(path):
+    torch.manual_seed(1)
+    if path == "stacked":  # privkit's own MLP: its stacked layers
+        model = build_model("mlp", (1, 4, 5), 4)
+    elif path == "ghost":
+        model = nn.Sequential(nn.Linear(20, 16), nn.GroupNorm(4, 16), nn.ReLU(), nn.Linear(16, 4))
+    else:  # a layer ghost clipping does not cover: torch.func's per-example gradients
+        model = nn.Sequential(nn.Linear(20, 16), nn.PReLU(), nn.Linear(16, 4))
+    x, y = torch.randn(9, 20), torch.randint(0, 4, (9,))
+    if path == "stacked":
+        x = x.view(9, 1, 4, 5)
+    rows = torch.tensor([0, 1, 2])
+    xp, yp = torch.cat([x, x[rows]]), torch.cat([y, y[rows]])
+    w = torch.cat([torch.ones(9), torch.zeros(3)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.func's fallback warning
+        plain = clipped_gradient_sum(model, x, y, _per_example_loss, 0.05)
+        padded = clipped_gradient_sum(model, xp, yp, _per_example_loss, 0.05, weights=w)
+        both = clipped_gradient_sum(model, xp, yp, _per_example_loss, 0.05)
+    assert _max_diff(plain, padded) <= 1e-7
+    assert _max_diff(plain, both) > 1e-3  # the rows do count at weight 1: the test can fail
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_one_record_moves_the_replayed_sum_by_at_most_the_clip_norm(autocast):
+    model, x, y = _model("resnet_small", 20)
+    clip = 0.01  # every record clipped
+    replay = StepReplay()
+    cast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
+    with cast:
+        for _ in range(3):  # first step unreplayed, second traced, third checked
+            replay.clipped_sum(model, x[:18], y[:18], _per_example_loss, clip)
+            replay.clipped_sum(model, x[:17], y[:17], _per_example_loss, clip)
+        with_i = replay.clipped_sum(model, x[:18], y[:18], _per_example_loss, clip)
+        without = replay.clipped_sum(model, x[:17], y[:17], _per_example_loss, clip)
+    assert replay.replayed >= 2 and not replay.refused
+    d = math.sqrt(sum(float((with_i[k] - without[k]).pow(2).sum()) for k in with_i))
+    assert clip * 0.9 < d <= clip * (1 + 1e-5)
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_a_seeded_training_ends_where_the_unreplayed_one_does(pad):
+    results = []
+    for replay in (None, StepReplay(pad=pad)):
+        model, x, y = _model("transformer", 32)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        step = DpSgdStep(CLIP, 1.0, 0.75, 32)
+        noise = DpRandom(torch.Generator().manual_seed(5), torch.device("cpu"))
+        for xb, yb in _poisson_batches(x, y, 30, seed=2):
+            step.apply(model, opt, xb, yb, _per_example_loss, noise, replay=replay)
+        results.append({k: p.detach().clone() for k, p in model.named_parameters()})
+        if replay is not None:
+            assert replay.replayed >= 6
+    # unpadded: the same operations on the same shapes, bit for bit on the CPU; padded: the
+    # batch's sums over more rows (zeros), which may round otherwise
+    assert _max_diff(*results) <= (1e-6 if pad else 0.0)
+
+
+class _Reads(nn.Module):
+    """A model that reads its batch's values into Python: a trace would keep them."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how, self.fc = how, nn.Linear(6, 3)
+
+    def forward(self, x):
+        if self.how == "item":
+            scale = x.abs().max().item()
+        elif self.how == "tolist":
+            scale = max(x.abs().reshape(-1).tolist())
+        else:
+            scale = float(x.detach().abs().numpy().max())
+        return self.fc(x / scale)
+
+
+@pytest.mark.parametrize("how", ["item", "tolist", "numpy"])
+def test_a_model_that_reads_its_batch_is_not_replayed(how):
+    torch.manual_seed(2)
+    model, replay = _Reads(how), StepReplay()
+    with pytest.warns(ReplayRefusedWarning, match="not replayed"):
+        for i in range(6):
+            x, y = torch.randn(5, 6) * (1 + i), torch.randint(0, 3, (5,))
+            got = replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
+            assert _max_diff(got, clipped_gradient_sum(model, x, y, _per_example_loss, CLIP)) == 0
+    assert replay.replayed == 0 and len(replay.refused) == 1
+    # refused at the trace, before any replay could carry a value on
+    (reason,) = replay.refused.values()
+    assert ("_local_scalar_dense" if how == "item" else f"Tensor.{how}() read") in reason
+    assert torch.ones(2).tolist() == [1.0, 1.0]  # the reads are given back after the trace
+
+
+def test_a_changed_model_is_traced_anew():
+    model, x, y = _model("resnet_small", 16)
+    replay = StepReplay()
+
+    def check() -> None:
+        for _ in range(3):
+            got = replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
+            want = clipped_gradient_sum(model, x, y, _per_example_loss, CLIP)
+            assert _max_diff(got, want) <= 1e-6
+
+    check()
+    first = replay.traced
+    model.fc.weight.requires_grad_(False)  # frozen: no longer in the sum
+    check()
+    assert "fc.weight" not in replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
+    model.fc.weight = nn.Parameter(torch.randn_like(model.fc.weight))  # replaced
+    check()
+    model.eval()
+    check()
+    assert replay.traced == first + 3
+
+
+def test_dropout_draws_as_the_step_does():
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 3))
+    x, y = torch.randn(20, 8), torch.randint(0, 3, (20,))
+    replay = StepReplay()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReplayRefusedWarning)
+        for seed in range(5):
+            torch.manual_seed(seed)
+            got = replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
+            torch.manual_seed(seed)
+            want = clipped_gradient_sum(model, x, y, _per_example_loss, CLIP)
+            assert _max_diff(got, want) <= 1e-6
+    assert replay.replayed >= 2
+    torch.manual_seed(0)
+    a = replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
+    b = replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
+    assert _max_diff(a, b) > 1e-3  # fresh masks at every replay
+
+
+def test_a_replay_that_differs_from_the_step_is_dropped(monkeypatch):
+    model, x, y = _model("lstm", 16)
+    replay = StepReplay()
+    replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
+    replay.clipped_sum(model, x, y, _per_example_loss, CLIP)  # traced
+    (trace,) = replay._traces.values()
+    graph = trace.graph
+    trace.graph = lambda *batch: [t * 1.001 for t in graph(*batch)]  # a replay gone wrong
+    with pytest.warns(ReplayRefusedWarning, match="differed"):
+        got = replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
+    assert _max_diff(got, clipped_gradient_sum(model, x, y, _per_example_loss, CLIP)) == 0
+    for _ in range(2):
+        replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
+    assert replay.replayed == 0 and not replay._traces
+
+
+def test_an_empty_batch_and_the_trace_limit():
+    with pytest.raises(ValueError, match="max_traces must be >= 1; found 0"):
+        StepReplay(max_traces=0)
+    model, x, y = _model("transformer", 30)
+    replay = StepReplay(max_traces=2)
+    step = DpSgdStep(CLIP, 0.0, 0.5, 30)  # no noise: an empty batch's mean gradient is 0
+    noise = DpRandom(torch.Generator().manual_seed(0), torch.device("cpu"))
+    empty = step.noisy_gradient(model, x[:0], y[:0], _per_example_loss, noise, replay=replay)
+    assert all(float(t.abs().max()) == 0 for t in empty.values())
+    for n in (17, 19, 21, 17, 19, 21, 17):
+        replay.clipped_sum(model, x[:n], y[:n], _per_example_loss, CLIP)
+    assert len(replay._traces) == 2
+
+
+def test_functional_loss_with_aux_is_replayed():
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(10, 12), nn.Tanh(), nn.Linear(12, 4))
+    x, y, teacher = torch.randn(21, 10), torch.randint(0, 4, (21,)), torch.randn(21, 4)
+
+    def distil(logits, target, aux):
+        return F.kl_div(
+            logits.log_softmax(-1), aux.softmax(-1), reduction="batchmean"
+        ) + F.cross_entropy(logits, target)
+
+    replay = StepReplay()
+    for _ in range(4):
+        got = replay.clipped_sum(model, x, y, distil, CLIP, teacher)
+        want = clipped_gradient_sum(model, x, y, distil, CLIP, teacher)
+        assert _max_diff(got, want) <= 1e-6
+    assert replay.replayed >= 1
