@@ -14,7 +14,10 @@ turn, so drifts of the machine hit all of them alike), medians:
   grid, on a GPU the ChaCha20 stream on the device), the per-example norms and the clipped sum by
   book-keeping ghost clipping (:mod:`privkit.mechanisms.ghost_clipping`: one forward, one backward
   pass);
-* ``privkit_seeded``: the same with a seeded ``torch.Generator`` (reproducible mode).
+* ``privkit_seeded``: the same with a seeded ``torch.Generator`` (reproducible mode);
+* ``privkit_replay``, ``privkit_replay_seeded``: the two above with the clipped sum replayed
+  (:class:`privkit.mechanisms.step_replay.StepReplay`: traced once for the batch's size in the
+  warm-up, its replay checked there too).
 
 Ratios: each variant's median over non-private SGD's and over opacus ghost's (the per-repeat ratio
 of the interleaved pairs, median). A variant that refuses a model (opacus' ghost clipping refuses
@@ -91,11 +94,20 @@ from privkit.mechanisms import ghost_clipping
 from privkit.mechanisms.dp_random import DpRandom
 from privkit.mechanisms.dp_sgd_step import DpSgdStep
 from privkit.mechanisms.stacked import UnsupportedModelError
+from privkit.mechanisms.step_replay import StepReplay
 from privkit.memory import keep_freed_memory
 
 SCHEMA_VERSION = 1
 CLIP, SIGMA, LR, DATASET = 1.0, 1.0, 0.05, 50_000
-VARIANTS = ("sgd", "opacus_hooks", "opacus_ghost", "privkit", "privkit_seeded")
+VARIANTS = (
+    "sgd",
+    "opacus_hooks",
+    "opacus_ghost",
+    "privkit",
+    "privkit_seeded",
+    "privkit_replay",
+    "privkit_replay_seeded",
+)
 
 
 class Block(nn.Module):
@@ -447,15 +459,17 @@ def steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.devi
 
         out[f"opacus_{mode}"] = dp
     step = DpSgdStep(CLIP, SIGMA, n / DATASET, DATASET)
-    for variant, source in (
-        ("privkit", DpRandom.secret(device)),
-        ("privkit_seeded", torch.Generator(device=device).manual_seed(0)),
+    for variant, source, replay in (
+        ("privkit", DpRandom.secret(device), None),
+        ("privkit_seeded", torch.Generator(device=device).manual_seed(0), None),
+        ("privkit_replay", DpRandom.secret(device), StepReplay()),
+        ("privkit_replay_seeded", torch.Generator(device=device).manual_seed(0), StepReplay()),
     ):
         m = copy.deepcopy(model)
         o = torch.optim.SGD(m.parameters(), lr=LR)
 
-        def pk(m=m, o=o, source=source):
-            step.apply(m, o, x, y, _per_example_loss, source)
+        def pk(m=m, o=o, source=source, replay=replay):
+            step.apply(m, o, x, y, _per_example_loss, source, replay=replay)
 
         out[variant] = pk
     return out
@@ -523,7 +537,7 @@ def _measure(
         x, y = _host_bound(name, x, y)
     fns = steps(model, x, y, device)
     if host_bound:  # its ChaCha20 stream is torch's operations here, one Triton kernel on a GPU
-        del fns["privkit"]
+        del fns["privkit"], fns["privkit_replay"]
     if autocast:
         fns = {v: _autocast(fn, device) for v, fn in fns.items()}
     # one CPU thread: this process's CPU time, robust to other load; several threads or a GPU:
@@ -540,10 +554,12 @@ def _measure(
         return clock() - start
 
     unavailable = {}
-    for v, fn in list(fns.items()):  # warm-up: allocations, kernel selection, opacus' first hooks
+    # warm-up: allocations, kernel selection, opacus' first hooks, a replay's first step, its
+    # trace and its checked first replay
+    for v, fn in list(fns.items()):
         try:
-            fn()
-            fn()
+            for _ in range(3):
+                fn()
         except (NotImplementedError, RuntimeError) as e:
             # privkit's variants never refuse a model; opacus refuses some (its ghost clipping:
             # tied weights) and may fail under autocast (half-precision per-example gradients)

@@ -36,7 +36,7 @@ CPU_SIDE=$!
 fi
 if stage step; then
 echo "== one DP-SGD step: privkit against opacus and SGD"
-timeout 200 python3 benchmarks/dpsgd_step.py --device $DEV ${BIG---big} --repeats "${DPSGD_REPEATS:-15}" --json \
+timeout 280 python3 benchmarks/dpsgd_step.py --device $DEV ${BIG---big} --repeats "${DPSGD_REPEATS:-15}" --json \
   > "$OUT/dpsgd_step_cuda.json"
 python3 - "$OUT/dpsgd_step_cuda.json" <<'PY'
 import json, sys

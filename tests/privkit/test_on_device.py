@@ -461,3 +461,38 @@ def test_one_example_s_clipped_gradient_stays_within_the_clip_norm_on_the_device
             )
         norm = float(torch.sqrt(sum(v.double().pow(2).sum() for v in got.values())))
         assert 1e-3 * (1 - 1e-5) <= norm <= 1e-3 * (1 + 1e-5)
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16-autocast"])
+def test_a_replayed_clipped_sum_on_the_device_is_the_step_s(precision):
+    """``StepReplay`` on the device: Poisson-sized batches padded and replayed give the step's
+    sums (up to float rounding: a GPU's atomic additions), and one record moves the replayed sum
+    by the clip norm (every record clipped), under autocast too."""
+    from torch.nn import functional as F
+
+    from privkit.mechanisms.dp_sgd_step import clipped_gradient_sum
+    from privkit.mechanisms.step_replay import StepReplay
+
+    torch.manual_seed(0)
+    model = _GramLayers().to(DEVICE)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(20, 3, 4, 4, generator=g).to(DEVICE)
+    y = torch.randint(0, 4, (20,), generator=g).to(DEVICE)
+
+    def loss(lo, t, aux):
+        return F.cross_entropy(lo.float(), t)
+
+    replay, clip = StepReplay(), 1e-3
+    autocast = torch.autocast(
+        torch.device(DEVICE).type, dtype=torch.bfloat16, enabled=precision != "float32"
+    )
+    with autocast:
+        for n in (17, 18, 17, 18, 17, 18):
+            got = replay.clipped_sum(model, x[:n], y[:n], loss, clip)
+            want = clipped_gradient_sum(model, x[:n], y[:n], loss, clip)
+            assert all(torch.allclose(got[k], want[k], rtol=1e-4, atol=1e-7) for k in want)
+        with_i = replay.clipped_sum(model, x[:18], y[:18], loss, clip)
+        without = replay.clipped_sum(model, x[:17], y[:17], loss, clip)
+    assert replay.replayed >= 4 and not replay.refused
+    d = float(torch.sqrt(sum((with_i[k] - without[k]).double().pow(2).sum() for k in with_i)))
+    assert clip * 0.9 < d <= clip * (1 + 1e-5)
