@@ -177,7 +177,7 @@ class StepReplay:
         device = batch[0].device
         state = _random_state(device)
         try:
-            with _no_data_reads():
+            with _no_data_reads(), _without_value_metadata():
                 graph = make_fx(recorded, tracing_mode="real")(*batch)
         except Exception as why:  # whatever stops the trace: this size runs unreplayed
             _set_random_state(device, state)
@@ -305,3 +305,28 @@ def _no_data_reads() -> Iterator[None]:
     finally:
         for name, method in kept.items():
             setattr(torch.Tensor, name, method)
+
+
+@contextlib.contextmanager
+def _without_value_metadata() -> Iterator[None]:
+    """``make_fx`` without its metadata of each real tensor value while inside. In real mode it
+    records, for every operation's output, a fake tensor made in a fake-tensor mode of its own
+    (whose construction extracts a stack trace): 60-75% of a trace's time here, and nothing a
+    replay reads. Where torch's tracer no longer has that function, the trace keeps it."""
+    from torch.fx.experimental import proxy_tensor
+
+    kept = getattr(proxy_tensor, "extract_val", None)
+    if kept is None:
+        yield
+        return
+
+    def extract_val(val, include_real: bool = False):
+        if isinstance(val, torch.Tensor) and not proxy_tensor.is_fake(val):
+            return None
+        return kept(val, include_real)
+
+    proxy_tensor.extract_val = extract_val
+    try:
+        yield
+    finally:
+        proxy_tensor.extract_val = kept
