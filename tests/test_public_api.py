@@ -29,6 +29,7 @@ PAGES: dict[str, tuple[str, ...]] = {
         "privkit.trainers",
         "privkit.batched.batched_sgd",
         "privkit.mechanisms.dp_sgd_step",
+        "privkit.mechanisms.step_replay",
         "privkit.mechanisms",
         "privkit.mechanisms.dp_random",
         "privkit.mechanisms.grid_noise",

@@ -5,7 +5,8 @@ it returns (:mod:`~privkit.mechanisms.gaussian`), the random bits (:mod:`~privki
 dp_random`, :mod:`~privkit.mechanisms.device_random`), the floating-point defence
 (:mod:`~privkit.mechanisms.grid_noise`), per-example clipping (:mod:`~privkit.mechanisms.stacked`,
 :mod:`~privkit.mechanisms.stacked_pairs`, :mod:`~privkit.mechanisms.ghost_clipping`), one DP-SGD
-step (:mod:`~privkit.mechanisms.dp_sgd_step`), output perturbation
+step (:mod:`~privkit.mechanisms.dp_sgd_step`) and its clipped sum replayed by batch size
+(:mod:`~privkit.mechanisms.step_replay`), output perturbation
 (:mod:`~privkit.mechanisms.output_perturbation`), opacus drawing privkit's randomness
 (:mod:`~privkit.mechanisms.opacus_streams`), and what audits plant in them: probes
 (:mod:`~privkit.mechanisms.probes`) and mutations (:mod:`~privkit.mechanisms.mutations`).

@@ -544,7 +544,7 @@ class DpSgdStep:
             Where this step's receipt is appended, for the trainer's ledger.
         replay : StepReplay, optional
             Replay the clipped sum by batch size (:mod:`privkit.mechanisms.step_replay`), one
-            :class:`StepReplay` kept for the training.
+            :class:`~privkit.mechanisms.step_replay.StepReplay` kept for the training.
         """
         g = self.noisy_gradient(
             model, x, y, loss_fn, noise_generator, aux, canaries, receipts, replay

@@ -48,7 +48,7 @@ import math
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -81,7 +81,6 @@ class _Trace:
     checked: bool = False  # its first replay compared with the step itself
 
 
-@dataclass
 class StepReplay:
     """Replays a DP-SGD step's clipped sum by batch size (module docstring). Pass one to
     :meth:`privkit.mechanisms.dp_sgd_step.DpSgdStep.apply` (``replay=``) at every step of a
@@ -98,25 +97,27 @@ class StepReplay:
     Attributes
     ----------
     traced, replayed, unreplayed : int
-        Steps that took a trace, replayed one, ran unreplayed (a size's first step, a refused
-        trace, an empty batch).
+        Steps that took a trace, replayed one, ran unreplayed (a size's first step, a trace's
+        checked first replay, a refused trace, an empty batch).
     refused : dict of str to str
         Why a trace was refused, by the batch shape it was refused for.
     """
 
-    pad: bool = True
-    max_traces: int = 16
-    traced: int = 0
-    replayed: int = 0
-    unreplayed: int = 0
-    refused: dict[str, str] = field(default_factory=dict)
-    _traces: OrderedDict = field(default_factory=OrderedDict, repr=False)
-    _seen: OrderedDict = field(default_factory=OrderedDict, repr=False)
-    _refused_keys: set = field(default_factory=set, repr=False)
+    def __init__(self, pad: bool = True, max_traces: int = 16) -> None:
+        if max_traces < 1:
+            raise ValueError(f"max_traces must be >= 1; found {max_traces}")
+        self.pad, self.max_traces = pad, max_traces
+        self.traced = self.replayed = self.unreplayed = 0
+        self.refused: dict[str, str] = {}
+        self._traces: OrderedDict[Hashable, _Trace] = OrderedDict()
+        self._seen: OrderedDict[Hashable, None] = OrderedDict()  # sizes whose first step ran
+        self._refused_keys: set[Hashable] = set()
 
-    def __post_init__(self) -> None:
-        if self.max_traces < 1:
-            raise ValueError(f"max_traces must be >= 1; found {self.max_traces}")
+    def __repr__(self) -> str:
+        return (
+            f"StepReplay(pad={self.pad}, max_traces={self.max_traces}, traced={self.traced}, "
+            f"replayed={self.replayed}, unreplayed={self.unreplayed}, refused={self.refused})"
+        )
 
     def clipped_sum(
         self,
@@ -128,7 +129,29 @@ class StepReplay:
         aux: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """:func:`~privkit.mechanisms.dp_sgd_step.clipped_gradient_sum` of the batch, replayed
-        where a trace of its padded size is at hand (the same values up to float rounding)."""
+        where a trace of its padded size is at hand (the same values up to float rounding).
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The model; the sum is over its trainable parameters (``requires_grad``).
+        x : torch.Tensor
+            The batch's inputs, one record per row.
+        y : torch.Tensor
+            The batch's targets.
+        loss_fn : PerSampleLoss
+            ``loss_fn(logits (1, C), target (1,), aux (1, ...) or None)``: one record's loss (the
+            same object at every step: a trace is kept for it).
+        clip_norm : float
+            The L2 clipping norm of each record's gradient (``inf``: no clipping).
+        aux : torch.Tensor, optional
+            A per-record tensor passed to ``loss_fn``.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            The clipped sum of each trainable parameter, by name.
+        """
         from privkit.mechanisms.dp_sgd_step import clipped_gradient_sum
 
         if x.shape[0] == 0:
