@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dpsgd_step import (  # noqa: E402  (this folder)
+from dpsgd_step import (
     CLIP,
     LR,
     SIGMA,
@@ -43,9 +43,9 @@ from dpsgd_step import (  # noqa: E402  (this folder)
     build,
 )
 
-from privkit.mechanisms.dp_random import DpRandom  # noqa: E402
-from privkit.mechanisms.dp_sgd_step import DpSgdStep  # noqa: E402
-from privkit.mechanisms.step_replay import StepReplay  # noqa: E402
+from privkit.mechanisms.dp_random import DpRandom
+from privkit.mechanisms.dp_sgd_step import DpSgdStep
+from privkit.mechanisms.step_replay import StepReplay
 
 SCHEMA_VERSION = 1
 #: the dataset the Poisson batches are drawn from, per expected record of a batch

@@ -23,7 +23,8 @@ What a replay assumes, and what is checked:
   depends on anything but the inputs' shapes is fixed at the trace (as for CUDA graphs and
   ``torch.compile``). A trace is taken again where the model's parameters or buffers (identity,
   storage, shape, dtype, ``requires_grad``), any module's ``training`` flag, the inputs' shapes
-  and dtypes, the loss function, the clip norm or autocast change.
+  and dtypes, the loss function (its code and what it closes over), the clip norm or autocast
+  change.
 * **no value of the batch leaves the trace as a Python number**: a model or loss that reads one
   (``.item()``, ``bool()``, ``.tolist()``, ``.numpy()``) would carry the traced batch's values
   into every later step as a constant, a dependence on those records no clipping bounds. Such a
@@ -140,8 +141,9 @@ class StepReplay:
         y : torch.Tensor
             The batch's targets.
         loss_fn : PerSampleLoss
-            ``loss_fn(logits (1, C), target (1,), aux (1, ...) or None)``: one record's loss (the
-            same object at every step: a trace is kept for it).
+            ``loss_fn(logits (1, C), target (1,), aux (1, ...) or None)``: one record's loss. A
+            trace is kept for its code and what it closes over (a lambda written in the loop
+            finds its trace at every step; one that closes over a new tensor each step does not).
         clip_norm : float
             The L2 clipping norm of each record's gradient (``inf``: no clipping).
         aux : torch.Tensor, optional
@@ -280,7 +282,31 @@ def _key(model: nn.Module, batch: tuple, loss_fn: Callable, clip_norm: float) ->
     device = batch[0].device
     shapes = tuple(None if t is None else (t.shape, t.dtype, t.device) for t in batch)
     cast = torch.get_autocast_dtype(device.type) if autocast_on(device) else None
-    return (id(model), tuple(state), shapes, cast, loss_fn, clip_norm, torch.is_grad_enabled())
+    loss = _loss_key(loss_fn)
+    return (id(model), tuple(state), shapes, cast, loss, clip_norm, torch.is_grad_enabled())
+
+
+def _loss_key(loss_fn: Callable) -> Hashable:
+    """What a trace keeps of the loss function: its code, what it closes over, its defaults and
+    the object a bound method is bound to (held, so that no identity is reused), so that a lambda
+    written inside the training loop, a new object at every step, finds its trace; the function
+    itself where those are not hashable."""
+    code = getattr(loss_fn, "__code__", None)
+    if code is None:
+        return loss_fn
+    try:
+        cells = tuple(c.cell_contents for c in loss_fn.__closure__ or ())
+        key = (
+            code,
+            cells,
+            loss_fn.__defaults__,
+            tuple(sorted((loss_fn.__kwdefaults__ or {}).items())),
+            getattr(loss_fn, "__self__", None),
+        )
+        hash(key)
+    except (TypeError, ValueError):  # an unhashable capture, an empty cell
+        return loss_fn
+    return key
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, unit: float) -> bool:

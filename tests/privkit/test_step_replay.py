@@ -265,3 +265,23 @@ def test_functional_loss_with_aux_is_replayed():
         want = clipped_gradient_sum(model, x, y, distil, CLIP, teacher)
         assert _max_diff(got, want) <= 1e-6
     assert replay.replayed >= 1
+
+
+def test_a_loss_written_in_the_loop_finds_its_trace_and_one_over_new_values_does_not():
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(10, 12), nn.Tanh(), nn.Linear(12, 4))
+    x, y = torch.randn(20, 10), torch.randint(0, 4, (20,))
+    inline = StepReplay()
+    for _ in range(5):  # a new lambda object at every step, the same code and captures
+        inline.clipped_sum(model, x, y, lambda lo, t, _: F.cross_entropy(lo, t), CLIP)
+    assert inline.replayed == 2
+    moving = StepReplay()
+    for i in range(5):  # the loss closes over a new class weighting at every step
+        w = torch.rand(4, generator=torch.Generator().manual_seed(i)) + 0.5
+
+        def weighted(lo, t, _, w=None, cw=w):
+            return F.cross_entropy(lo, t, weight=cw)
+
+        got = moving.clipped_sum(model, x, y, weighted, CLIP)
+        assert _max_diff(got, clipped_gradient_sum(model, x, y, weighted, CLIP)) == 0
+    assert moving.replayed == 0
