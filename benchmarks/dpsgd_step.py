@@ -687,7 +687,10 @@ def main() -> None:
             + "; the same examples for every variant",
             "host_bound": args.host_bound,
             "autocast": "bfloat16" if args.autocast else None,
-            "order": "interleaved: each repeat runs every variant once, in turn; 2 warm-up steps",
+            "order": (
+                "interleaved: each repeat runs every variant once, in turn; 3 warm-up steps (a "
+                "replay's first step, its trace and its checked first replay among them)"
+            ),
             "clock": (
                 "CPU, one torch thread: this process's CPU time (robust to other processes' load "
                 "on a shared machine); CPU, several threads: wall time; CUDA: wall time between "
