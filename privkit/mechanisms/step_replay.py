@@ -29,7 +29,9 @@ What a replay assumes, and what is checked:
   (``.item()``, ``bool()``, ``.tolist()``, ``.numpy()``) would carry the traced batch's values
   into every later step as a constant, a dependence on those records no clipping bounds. Such a
   trace is refused (``make_fx`` refuses the scalar reads; the others are refused while tracing)
-  and the size runs unreplayed, with a :class:`ReplayRefusedWarning` naming the reason.
+  and the size runs unreplayed, with a :class:`ReplayRefusedWarning` naming the reason. (While
+  a recording runs, those three reads are refused in the whole process: another thread that
+  makes one then fails.)
 * **the replay computes what the step computes**: the first replay of each trace is checked
   against the unreplayed step on the same batch (the random state forked, so dropout draws
   alike), within float rounding; a mismatch refuses the trace.
