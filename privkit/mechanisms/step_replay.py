@@ -280,12 +280,21 @@ def _key(model: nn.Module, batch: tuple, loss_fn: Callable, clip_norm: float) ->
         state.append(m.training)
         for t in (*m._parameters.values(), *m._buffers.values()):
             if t is not None:
-                state.append((id(t), t.data_ptr(), t.shape, t.dtype, t.requires_grad))
+                state.append((id(t), _storage(t), t.shape, t.dtype, t.requires_grad))
     device = batch[0].device
     shapes = tuple(None if t is None else (t.shape, t.dtype, t.device) for t in batch)
     cast = torch.get_autocast_dtype(device.type) if autocast_on(device) else None
     loss = _loss_key(loss_fn)
     return (id(model), tuple(state), shapes, cast, loss, clip_norm, torch.is_grad_enabled())
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    """Where ``t``'s values live (a tensor given new storage, ``p.data = ...``, is traced anew);
+    ``None`` for a tensor without one (a subclass, a sparse tensor): its identity alone."""
+    try:
+        return t.data_ptr()
+    except RuntimeError:
+        return None
 
 
 def _loss_key(loss_fn: Callable) -> Hashable:

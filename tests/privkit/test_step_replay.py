@@ -194,9 +194,11 @@ def test_a_changed_model_is_traced_anew():
     assert "fc.weight" not in replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
     model.fc.weight = nn.Parameter(torch.randn_like(model.fc.weight))  # replaced
     check()
+    model.fc.bias.data = model.fc.bias.data + 1.0  # the same parameter, new storage
+    check()
     model.eval()
     check()
-    assert replay.traced == first + 3
+    assert replay.traced == first + 4
 
 
 def test_dropout_draws_as_the_step_does():
