@@ -13,7 +13,9 @@ ghost clipping, privkit's stacked layers, ``torch.func``):
   ``.numpy()``) is not replayed (a warning names it) and its steps stay the step's;
 * a change of the model (a parameter frozen or replaced, ``eval()``) is traced anew;
 * dropout draws as the step does (the first replay's check forks the random state);
-* a replay that differs from the step is caught by that check and dropped.
+* a replay that differs from the step is caught by that check and dropped;
+* a model only ``torch.func`` clips is replayed too, and white-box canaries observe a replayed
+  step's releases as the step's.
 """
 
 import importlib.util
@@ -287,3 +289,48 @@ def test_a_loss_written_in_the_loop_finds_its_trace_and_one_over_new_values_does
         got = moving.clipped_sum(model, x, y, weighted, CLIP)
         assert _max_diff(got, clipped_gradient_sum(model, x, y, weighted, CLIP)) == 0
     assert moving.replayed == 0
+
+
+def test_a_model_clipped_by_torch_func_is_replayed_too():
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(10, 12), nn.PReLU(), nn.Linear(12, 4))
+    x, y = torch.randn(21, 10), torch.randint(0, 4, (21,))
+    replay = StepReplay()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.func's fallback warning
+        for n in (17, 18, 17, 18, 17, 18):
+            got = replay.clipped_sum(model, x[:n], y[:n], _per_example_loss, CLIP)
+            want = clipped_gradient_sum(model, x[:n], y[:n], _per_example_loss, CLIP)
+            assert _max_diff(got, want) <= 1e-6
+    assert replay.replayed >= 3 and not replay.refused
+
+
+def test_canaries_observe_a_replayed_step_as_the_step():
+    """White-box canaries of a seeded training (their coins and the noise drawn from the same
+    stream) see the same releases with the clipped sum replayed, unpadded: bit for bit."""
+    from attacks.whitebox import GradientCanaries
+
+    scores = []
+    for replay in (None, StepReplay(pad=False)):
+        model, x, y = _model("lstm", 24)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        step = DpSgdStep(CLIP, 1.0, 0.75, 24)
+        noise = DpRandom(torch.Generator().manual_seed(7), torch.device("cpu"))
+        canaries = GradientCanaries.for_parameters(
+            list(model.parameters()), 50, clip_norm=CLIP, sample_rate=0.75, noise_multiplier=1.0
+        )
+        for _ in range(8):  # the same batch: one size, so that steps 3-8 are replayed
+            step.apply(
+                model,
+                opt,
+                x[:18],
+                y[:18],
+                _per_example_loss,
+                noise,
+                canaries=canaries,
+                replay=replay,
+            )
+        scores.append(canaries.scores())
+        if replay is not None:
+            assert replay.replayed >= 5
+    assert scores[0].shape == (50,) and (scores[0] == scores[1]).all()
