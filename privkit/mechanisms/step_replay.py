@@ -56,6 +56,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from privkit.errors import PrivkitError
+
 __all__ = ["ReplayRefusedWarning", "StepReplay", "padded_size"]
 
 
@@ -108,7 +110,7 @@ class StepReplay:
 
     def __init__(self, pad: bool = True, max_traces: int = 16) -> None:
         if max_traces < 1:
-            raise ValueError(f"max_traces must be >= 1; found {max_traces}")
+            raise PrivkitError(f"max_traces must be >= 1; found {max_traces}")
         self.pad, self.max_traces = pad, max_traces
         self.traced = self.replayed = self.unreplayed = 0
         self.refused: dict[str, str] = {}

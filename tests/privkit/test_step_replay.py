@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privkit.errors import PrivkitError
 from privkit.mechanisms.dp_random import DpRandom
 from privkit.mechanisms.dp_sgd_step import DpSgdStep, clipped_gradient_sum
 from privkit.mechanisms.step_replay import ReplayRefusedWarning, StepReplay, padded_size
@@ -240,7 +241,7 @@ def test_a_replay_that_differs_from_the_step_is_dropped(monkeypatch):
 
 
 def test_an_empty_batch_and_the_trace_limit():
-    with pytest.raises(ValueError, match="max_traces must be >= 1; found 0"):
+    with pytest.raises(PrivkitError, match="max_traces must be >= 1; found 0"):
         StepReplay(max_traces=0)
     model, x, y = _model("transformer", 30)
     replay = StepReplay(max_traces=2)
