@@ -60,6 +60,22 @@ def _poisson_batches(x, y, steps: int, seed: int = 0):
         yield x[keep], y[keep]
 
 
+def _training(name: str, records: int, seed: int):
+    """A seeded DP-SGD training's parts: the model and its records, its optimiser, its step (every
+    record in with probability 3/4) and its noise."""
+    model, x, y = _model(name, records)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    step = DpSgdStep(CLIP, 1.0, 0.75, records)
+    return (
+        model,
+        x,
+        y,
+        opt,
+        step,
+        DpRandom(torch.Generator().manual_seed(seed), torch.device("cpu")),
+    )
+
+
 def _max_diff(a: dict, b: dict) -> float:
     assert list(a) == list(b)
     return max(float((a[k] - b[k]).detach().abs().max()) for k in a)
@@ -133,10 +149,7 @@ def test_one_record_moves_the_replayed_sum_by_at_most_the_clip_norm(autocast):
 def test_a_seeded_training_ends_where_the_unreplayed_one_does(pad):
     results = []
     for replay in (None, StepReplay(pad=pad)):
-        model, x, y = _model("transformer", 32)
-        opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        step = DpSgdStep(CLIP, 1.0, 0.75, 32)
-        noise = DpRandom(torch.Generator().manual_seed(5), torch.device("cpu"))
+        model, x, y, opt, step, noise = _training("transformer", 32, seed=5)
         for xb, yb in _poisson_batches(x, y, 30, seed=2):
             step.apply(model, opt, xb, yb, _per_example_loss, noise, replay=replay)
         results.append({k: p.detach().clone() for k, p in model.named_parameters()})
@@ -313,10 +326,7 @@ def test_canaries_observe_a_replayed_step_as_the_step():
 
     scores = []
     for replay in (None, StepReplay(pad=False)):
-        model, x, y = _model("lstm", 24)
-        opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        step = DpSgdStep(CLIP, 1.0, 0.75, 24)
-        noise = DpRandom(torch.Generator().manual_seed(7), torch.device("cpu"))
+        model, x, y, opt, step, noise = _training("lstm", 24, seed=7)
         canaries = GradientCanaries.for_parameters(
             list(model.parameters()), 50, clip_norm=CLIP, sample_rate=0.75, noise_multiplier=1.0
         )
