@@ -115,8 +115,11 @@ class StepReplay:
         self.traced = self.replayed = self.unreplayed = 0
         self.refused: dict[str, str] = {}
         self._traces: OrderedDict[Hashable, _Trace] = OrderedDict()
-        self._seen: OrderedDict[Hashable, None] = OrderedDict()  # sizes whose first step ran
-        self._refused_keys: set[Hashable] = set()
+        # the keys' hashes only, not the keys: a key holds what the loss closes over, and a loss
+        # over a new tensor at every step would keep a batch's worth of them alive (a hash that
+        # collides only moves a size's trace one step earlier or leaves it unreplayed)
+        self._seen: OrderedDict[int, None] = OrderedDict()  # sizes whose first step ran
+        self._refused_keys: set[int] = set()
 
     def __repr__(self) -> str:
         return (
@@ -176,7 +179,7 @@ class StepReplay:
         if trace is not None:
             self._traces.move_to_end(key)
             outs = self._replay(trace, key, batch, step, clip_norm)
-        elif key in self._refused_keys or key not in self._seen:
+        elif hash(key) in self._refused_keys or hash(key) not in self._seen:
             # a size's first step runs as it is: a model's first-step checks (its rows, its
             # layers' layouts) are made there, not recorded in the trace
             self._remember(key)
@@ -187,8 +190,8 @@ class StepReplay:
         return dict(zip(names, outs, strict=True))
 
     def _remember(self, key: Hashable) -> None:
-        self._seen[key] = None
-        self._seen.move_to_end(key)
+        self._seen[hash(key)] = None
+        self._seen.move_to_end(hash(key))
         while len(self._seen) > 4 * self.max_traces:
             self._seen.popitem(last=False)
 
@@ -209,6 +212,8 @@ class StepReplay:
             with _no_data_reads(), _without_value_metadata():
                 graph = make_fx(recorded, tracing_mode="real")(*batch)
         except Exception as why:  # whatever stops the trace: this size runs unreplayed
+            # (the random state as the trace found it; what the half-run pass did to the model's
+            # buffers, a running statistic, stays: DP-SGD's models keep none per batch)
             _set_random_state(device, state)
             self._refuse(key, batch[0], f"{type(why).__name__}: {why}")
             self.unreplayed += 1
@@ -246,7 +251,7 @@ class StepReplay:
         return outs
 
     def _refuse(self, key: Hashable, x: torch.Tensor, reason: str) -> None:
-        self._refused_keys.add(key)
+        self._refused_keys.add(hash(key))
         shape = f"batch of {x.shape[0]} x {tuple(x.shape[1:])}"
         self.refused[shape] = reason[:300]
         warnings.warn(

@@ -18,10 +18,12 @@ ghost clipping, privkit's stacked layers, ``torch.func``):
   step's releases as the step's.
 """
 
+import gc
 import importlib.util
 import math
 import sys
 import warnings
+import weakref
 from pathlib import Path
 
 import pytest
@@ -293,9 +295,10 @@ def test_a_loss_written_in_the_loop_finds_its_trace_and_one_over_new_values_does
     for _ in range(5):  # a new lambda object at every step, the same code and captures
         inline.clipped_sum(model, x, y, lambda lo, t, _: F.cross_entropy(lo, t), CLIP)
     assert inline.replayed == 2
-    moving = StepReplay()
+    moving, kept = StepReplay(), []
     for i in range(5):  # the loss closes over a new class weighting at every step
         w = torch.rand(4, generator=torch.Generator().manual_seed(i)) + 0.5
+        kept.append(weakref.ref(w))
 
         def weighted(lo, t, _, w=None, cw=w):
             return F.cross_entropy(lo, t, weight=cw)
@@ -303,6 +306,9 @@ def test_a_loss_written_in_the_loop_finds_its_trace_and_one_over_new_values_does
         got = moving.clipped_sum(model, x, y, weighted, CLIP)
         assert _max_diff(got, clipped_gradient_sum(model, x, y, weighted, CLIP)) == 0
     assert moving.replayed == 0
+    del w, weighted
+    gc.collect()
+    assert all(ref() is None for ref in kept)  # what a loss closed over is not kept alive
 
 
 def test_a_model_clipped_by_torch_func_is_replayed_too():
