@@ -351,3 +351,34 @@ def test_canaries_observe_a_replayed_step_as_the_step():
         if replay is not None:
             assert replay.replayed >= 5
     assert scores[0].shape == (50,) and (scores[0] == scores[1]).all()
+
+
+@pytest.mark.parametrize("family", ["llama", "bert", "t5", "bart"])
+def test_hf_transformers_models_are_replayed_or_refused_with_the_reason(family):
+    """HF models in training mode (dropout on): replayed bit for bit at a size that needs no
+    padding, the random state alike; BART's classifier reads its end-of-sequence tokens' count
+    into Python, and is refused."""
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("HF transformers is not installed")
+    from hf_models import Logits, record_loss
+    from hf_models import batch as hf_batch
+    from hf_models import build as hf_build
+
+    torch.manual_seed(0)
+    model, kind = hf_build(family)
+    model = Logits(model, kind).train()
+    x, y = hf_batch(kind, 18, 50, 16)
+    loss, replay = record_loss(kind), StepReplay()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ReplayRefusedWarning)
+        for seed in range(5):
+            torch.manual_seed(seed)
+            got = replay.clipped_sum(model, x, y, loss, CLIP)
+            torch.manual_seed(seed)
+            assert _max_diff(got, clipped_gradient_sum(model, x, y, loss, CLIP)) == 0
+    refused = [w for w in caught if issubclass(w.category, ReplayRefusedWarning)]
+    if family == "bart":
+        assert replay.replayed == 0 and len(refused) == 1
+        assert "_local_scalar_dense" in str(refused[0].message)
+    else:
+        assert replay.replayed == 2 and not refused
