@@ -185,15 +185,22 @@ def gpu_forms() -> Iterator[None]:
 
 
 def measure_reads(
-    name: str, noise: str, canaries: int, steps: int, batch: int | None = None
+    name: str,
+    noise: str,
+    canaries: int,
+    steps: int,
+    batch: int | None = None,
+    replay: bool = False,
 ) -> dict:
     """The host reads of ``steps`` steady-state CPU steps of ``dpsgd_step.py``'s model ``name``
-    with privkit's GPU forms (:func:`gpu_forms`), by site (at ``batch`` records where given):
-    ``host_reads_per_step`` those of device values, ``host_side_per_step`` those of a queued
-    copy's result (:data:`HOST_SIDE`)."""
+    with privkit's GPU forms (:func:`gpu_forms`), by site (at ``batch`` records where given; with
+    ``replay``, the clipped sum replayed by a ``StepReplay``): ``host_reads_per_step`` those of
+    device values, ``host_side_per_step`` those of a queued copy's result (:data:`HOST_SIDE`)."""
     with gpu_forms():
-        one = _step(name, noise, canaries, torch.device("cpu"), batch)
-        for _ in range(3):  # first passes: the row checks, the first release's own draw, caches
+        one = _step(name, noise, canaries, torch.device("cpu"), batch, replay)
+        # first passes: the row checks, the first release's own draw, caches; a replay's first
+        # step, its recording and its checked first replay
+        for _ in range(3):
             one()
         with HostReads() as reads:
             for _ in range(steps):
@@ -206,14 +213,21 @@ def measure_reads(
         "host_reads_per_step": sum(n for site, n in sites if not host_side(site)) / steps,
         "host_side_per_step": sum(n for site, n in sites if host_side(site)) / steps,
         "sites": {site: n / steps for site, n in sites},
+        **({"replayed_steps": one.replay.replayed} if replay else {}),  # type: ignore[attr-defined]
     }
 
 
 def _step(
-    name: str, noise: str, canaries: int, device: torch.device, records: int | None = None
+    name: str,
+    noise: str,
+    canaries: int,
+    device: torch.device,
+    records: int | None = None,
+    replay: bool = False,
 ) -> Callable[[], None]:
     """One privkit DP-SGD step of ``dpsgd_step.py``'s model ``name`` on its fixed batch (of
-    ``records`` records where given, else the benchmark's)."""
+    ``records`` records where given, else the benchmark's; its clipped sum replayed where
+    ``replay``)."""
     from dpsgd_step import (  # this folder is on sys.path
         CLIP,
         DATASET,
@@ -252,9 +266,14 @@ def _step(
         else None
     )
 
-    def one() -> None:
-        step.apply(model, opt, x, y, _per_example_loss, source, canaries=can)
+    from privkit.mechanisms.step_replay import StepReplay
 
+    recorded = StepReplay() if replay else None
+
+    def one() -> None:
+        step.apply(model, opt, x, y, _per_example_loss, source, canaries=can, replay=recorded)
+
+    one.replay = recorded  # type: ignore[attr-defined]  (its counts, for measure_reads)
     return one
 
 

@@ -81,6 +81,16 @@ def test_a_dp_sgd_step_reads_nothing_back(name):
     assert out["host_reads_per_step"] == 0 and out["host_side_per_step"] == 0, out["sites"]
 
 
+@pytest.mark.parametrize("name", ["resnet_small", "transformer", "lm"])
+def test_a_replayed_step_reads_nothing_back(name):
+    """The clipped sum replayed (``StepReplay``): the padding, the key and the recorded
+    operations read nothing back once a size is recorded and checked."""
+    torch.manual_seed(0)
+    out = device_waits.measure_reads(name, "seeded", 0, steps=2, batch=9, replay=True)
+    assert out["host_reads_per_step"] == 0 and out["host_side_per_step"] == 0, out["sites"]
+    assert out["replayed_steps"] == 2  # the counted steps were replays
+
+
 @pytest.mark.parametrize("name", ["resnet_small", "lm"])
 @pytest.mark.parametrize("noise", ["release", "seeded"])
 def test_release_noise_and_canaries_read_only_their_queued_copies(name, noise):
