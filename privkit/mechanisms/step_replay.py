@@ -15,7 +15,9 @@ Poisson batches change size at nearly every step, so each batch is padded to one
 (:func:`padded_size`: at most 12.5% more rows, eight sizes an octave), its extra rows copies of
 its first ones with loss weight 0: their gradient is 0 and adds exactly nothing
 (``clipped_gradient_sum(weights=...)``), and the real rows' values are the unpadded batch's.
-JAX's DP libraries pad their batches for the same reason (one compiled step per size).
+jax_privacy pads its batches likewise, to a multiple of a size with padding examples whose
+gradients are zeroed (``batch_selection.pad_to_multiple_of``), so that a compiled step serves
+them.
 
 What a replay assumes, and what is checked:
 
