@@ -72,13 +72,24 @@ class _DataRead(RuntimeError):
     """A tensor's values read into Python while the clipped sum was being traced."""
 
 
-def padded_size(b: int) -> int:
+def padded_size(b: int, per_octave: int = 8) -> int:
     """The size a batch of ``b`` records is padded to: ``b`` rounded up to a multiple of
-    ``2 ** (floor(log2 b) - 3)`` (``b`` itself up to 15), at most 12.5% more rows and eight sizes
-    an octave (a Poisson batch of 64 expected records: about six sizes)."""
-    if b < 16:
+    ``2 ** floor(log2 b) / per_octave`` (``b`` itself below ``2 per_octave``): fewer than
+    ``b / per_octave`` rows more, and ``per_octave`` sizes an octave (the default: at most 12.5%
+    more rows; a Poisson batch of 64 expected records takes six to eight sizes).
+
+    Parameters
+    ----------
+    b : int
+        The batch's records.
+    per_octave : int
+        Sizes from one power of two to the next (a power of two).
+    """
+    if per_octave < 1 or per_octave & (per_octave - 1):
+        raise PrivkitError(f"per_octave must be a power of two; found {per_octave}")
+    if b < 2 * per_octave:
         return b
-    step = 1 << (b.bit_length() - 4)
+    step = 1 << (b.bit_length() - per_octave.bit_length())
     return -(-b // step) * step
 
 
@@ -98,6 +109,9 @@ class StepReplay:
     pad : bool
         Pad each batch to :func:`padded_size` (a trace per padded size) rather than trace every
         size a Poisson batch takes.
+    sizes_per_octave : int
+        :func:`padded_size`'s ``per_octave``: fewer sizes (fewer recordings) for more padded
+        rows (a power of two; 8: at most 12.5% more rows).
     max_traces : int
         Traces kept (the least recently used dropped beyond).
 
@@ -110,10 +124,11 @@ class StepReplay:
         Why a trace was refused, by the batch shape it was refused for.
     """
 
-    def __init__(self, pad: bool = True, max_traces: int = 16) -> None:
+    def __init__(self, pad: bool = True, sizes_per_octave: int = 8, max_traces: int = 16) -> None:
         if max_traces < 1:
             raise PrivkitError(f"max_traces must be >= 1; found {max_traces}")
-        self.pad, self.max_traces = pad, max_traces
+        padded_size(1, sizes_per_octave)  # a bad value refused here, not at the first step
+        self.pad, self.sizes_per_octave, self.max_traces = pad, sizes_per_octave, max_traces
         self.traced = self.replayed = self.unreplayed = 0
         self.refused: dict[str, str] = {}
         self._traces: OrderedDict[Hashable, _Trace] = OrderedDict()
@@ -125,7 +140,8 @@ class StepReplay:
 
     def __repr__(self) -> str:
         return (
-            f"StepReplay(pad={self.pad}, max_traces={self.max_traces}, traced={self.traced}, "
+            f"StepReplay(pad={self.pad}, sizes_per_octave={self.sizes_per_octave}, "
+            f"max_traces={self.max_traces}, traced={self.traced}, "
             f"replayed={self.replayed}, unreplayed={self.unreplayed}, refused={self.refused})"
         )
 
@@ -168,7 +184,8 @@ class StepReplay:
         if x.shape[0] == 0:
             self.unreplayed += 1
             return clipped_gradient_sum(model, x, y, loss_fn, clip_norm, aux)
-        size = padded_size(x.shape[0]) if self.pad else x.shape[0]
+        b = x.shape[0]
+        size = padded_size(b, self.sizes_per_octave) if self.pad else b
         batch = _padded(x, y, aux, size)
         names = [k for k, p in model.named_parameters() if p.requires_grad]
 

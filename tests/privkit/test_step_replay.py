@@ -83,14 +83,21 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).detach().abs().max()) for k in a)
 
 
-def test_padded_size_pads_little_and_takes_few_sizes():
-    sizes = [padded_size(b) for b in range(1, 5000)]
-    assert all(b <= s <= max(b, math.ceil(1.125 * b)) for b, s in zip(range(1, 5000), sizes))
-    assert sizes[:15] == list(range(1, 16))
-    for octave in range(4, 12):  # eight sizes from 2^k up to 2^(k+1) (the next octave's first)
-        sizes = {padded_size(b) for b in range(2**octave, 2 ** (octave + 1))}
-        assert len(sizes - {2 ** (octave + 1)}) == 8
-    assert padded_size(padded_size(777)) == padded_size(777)
+@pytest.mark.parametrize("per_octave", [1, 2, 4, 8, 16])
+def test_padded_size_pads_little_and_takes_few_sizes(per_octave):
+    sizes = [padded_size(b, per_octave) for b in range(1, 5000)]
+    assert all(b <= s < b * (1 + 1 / per_octave) for b, s in zip(range(1, 5000), sizes))
+    assert sizes[: 2 * per_octave - 1] == list(range(1, 2 * per_octave))
+    for octave in range(5, 12):  # per_octave sizes from 2^k up to 2^(k+1) (the next one's first)
+        got = {padded_size(b, per_octave) for b in range(2**octave, 2 ** (octave + 1))}
+        assert len(got - {2 ** (octave + 1)}) == per_octave
+    assert padded_size(padded_size(777, per_octave), per_octave) == padded_size(777, per_octave)
+
+
+@pytest.mark.parametrize("bad", [0, 3, 12])
+def test_sizes_per_octave_must_be_a_power_of_two(bad):
+    with pytest.raises(PrivkitError, match=f"per_octave must be a power of two; found {bad}"):
+        StepReplay(sizes_per_octave=bad)
 
 
 @pytest.mark.parametrize("name", MODELS)
