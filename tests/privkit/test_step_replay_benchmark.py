@@ -1,0 +1,52 @@
+"""benchmarks/step_replay.py in a small configuration: its JSON (both trainings timed on the same
+Poisson batches, the ratios from the repeats' pairs, the replay's own counts, the trainings'
+parameters compared), and bad input refused in one line with exit code 2."""
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "step_replay.py"
+
+
+def _run(*args):
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600
+    )
+
+
+def test_the_benchmark_trains_both_ways_on_the_same_batches():
+    run = _run("--models", "lstm", "--steps", "40", "--records", "4", "--repeats", "2",
+               "--host-bound", "--json")  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["schema_version"] == 1 and out["setup"]["host_bound"]
+    assert out["setup"]["dataset"] == 16 and out["setup"]["steps"] == 40
+    r = out["models"]["lstm"]
+    plain, replay = r["runs"]["plain"], r["runs"]["replay"]
+    assert len(plain) == len(replay) == 2
+    # the same batches: the same sizes; a batch of under 16 records is its own size
+    assert [p["sizes"] for p in plain] == [q["sizes"] for q in replay]
+    assert all(q["traces"] <= q["sizes"] and q["replayed"] > 0 for q in replay)
+    pairs = zip(replay, plain, strict=True)
+    assert r["training_ratio"] == pytest.approx(
+        statistics.median(a["seconds"] / b["seconds"] for a, b in pairs)
+    )
+    assert r["largest_parameter_difference"] < 1e-5  # the same training up to float rounding
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--steps", "0"], "--steps must be >= 1; found 0"),
+        (["--records", "0"], "--records must be >= 1; found 0"),
+        (["--repeats", "0"], "--repeats must be >= 1; found 0"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(args, named):
+    run = _run(*args)
+    assert run.returncode == 2 and named in run.stderr.splitlines()[-1]
