@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
@@ -132,11 +133,11 @@ class StepReplay:
         self.traced = self.replayed = self.unreplayed = 0
         self.refused: dict[str, str] = {}
         self._traces: OrderedDict[Hashable, _Trace] = OrderedDict()
-        # the keys' hashes only, not the keys: a key holds what the loss closes over, and a loss
-        # over a new tensor at every step would keep a batch's worth of them alive (a hash that
-        # collides only moves a size's trace one step earlier or leaves it unreplayed)
-        self._seen: OrderedDict[int, None] = OrderedDict()  # sizes whose first step ran
-        self._refused_keys: set[int] = set()
+        # the sizes whose first step ran, and those refused: by their keys' hashes and weak
+        # identities (_Identity), not the keys themselves, which hold what the loss closes over:
+        # a loss over a new tensor at every step would keep a batch's worth of them alive
+        self._seen: OrderedDict[int, _Identity] = OrderedDict()
+        self._refused_keys: dict[int, _Identity] = {}
 
     def __repr__(self) -> str:
         return (
@@ -198,7 +199,7 @@ class StepReplay:
         if trace is not None:
             self._traces.move_to_end(key)
             outs = self._replay(trace, key, batch, step, clip_norm)
-        elif hash(key) in self._refused_keys or hash(key) not in self._seen:
+        elif _Identity.among(self._refused_keys, key) or not _Identity.among(self._seen, key):
             # a size's first step runs as it is: a model's first-step checks (its rows, its
             # layers' layouts) are made there, not recorded in the trace
             self._remember(key)
@@ -209,7 +210,7 @@ class StepReplay:
         return dict(zip(names, outs, strict=True))
 
     def _remember(self, key: Hashable) -> None:
-        self._seen[hash(key)] = None
+        self._seen[hash(key)] = _Identity(key)
         self._seen.move_to_end(hash(key))
         while len(self._seen) > 4 * self.max_traces:
             self._seen.popitem(last=False)
@@ -270,7 +271,7 @@ class StepReplay:
         return outs
 
     def _refuse(self, key: Hashable, x: torch.Tensor, reason: str) -> None:
-        self._refused_keys.add(hash(key))
+        self._refused_keys[hash(key)] = _Identity(key)
         shape = f"batch of {x.shape[0]} x {tuple(x.shape[1:])}"
         self.refused[shape] = reason[:300]
         warnings.warn(
@@ -279,6 +280,44 @@ class StepReplay:
             ReplayRefusedWarning,
             stacklevel=5,
         )
+
+
+class _Identity:
+    """A key without holding it: its leaves, each object among them by a weak reference (a
+    tensor, a function, a model) and each plain value (a number, a shape, a dtype, code) as it
+    is. Another key is the same only where its objects are the very ones, still alive: an
+    object's identity reused after it was freed matches nothing."""
+
+    def __init__(self, key: Hashable) -> None:
+        self.leaves = tuple(_weak(leaf) for leaf in _leaves(key))
+
+    def same(self, key: Hashable) -> bool:
+        leaves = tuple(_leaves(key))
+        return len(leaves) == len(self.leaves) and all(
+            kept() is leaf if isinstance(kept, weakref.ref) else kept == leaf
+            for kept, leaf in zip(self.leaves, leaves, strict=True)
+        )
+
+    @staticmethod
+    def among(kept: dict, key: Hashable) -> bool:
+        """Whether ``key`` is one of ``kept``'s (a dict of hashes to identities)."""
+        identity = kept.get(hash(key))
+        return identity is not None and identity.same(key)
+
+
+def _leaves(key) -> Iterator:
+    for item in key:
+        if isinstance(item, tuple):
+            yield from _leaves(item)
+        else:
+            yield item
+
+
+def _weak(leaf):
+    try:
+        return weakref.ref(leaf)
+    except TypeError:  # a number, a dtype, code: kept as it is
+        return leaf
 
 
 def _padded(x, y, aux, size: int):
