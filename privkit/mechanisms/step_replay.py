@@ -12,8 +12,8 @@ noise, the receipt, the canaries and the optimiser step stay as they are (the re
 is not replayed).
 
 Poisson batches change size at nearly every step, so each batch is padded to one of a few sizes
-(:func:`padded_size`: at most 12.5% more rows, eight sizes an octave), its extra rows copies of
-its first ones with loss weight 0: their gradient is 0 and adds exactly nothing
+(:func:`padded_size`: by default at most 12.5% more rows, eight sizes an octave), its extra
+rows copies of its first ones with loss weight 0: their gradient is 0 and adds exactly nothing
 (``clipped_gradient_sum(weights=...)``), and the real rows' values are the unpadded batch's.
 jax_privacy pads its batches likewise, to a multiple of a size with padding examples whose
 gradients are zeroed (``batch_selection.pad_to_multiple_of``), so that a compiled step serves
