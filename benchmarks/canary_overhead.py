@@ -29,7 +29,11 @@ canaries' own work alone (adding them, putting them back, ``observe``) on the mo
 tensors, median of 50, for each path.
 
     OMP_NUM_THREADS=1 python benchmarks/canary_overhead.py --json [--device cpu|cuda] [--repeats 15]
-        [--paths sparse,full-read,dense]
+        [--paths sparse,full-read,dense] [--replay]
+
+(``--replay``: every configuration's clipped sum replayed by a ``StepReplay``, so that the
+canaries are weighed against a step whose host work is its operations, as on a GPU they would
+be with it.)
 
 (``--paths sparse,full-read`` leaves out the dense path, whose 15-30 MB host copies a step also
 churn the allocator under the configurations timed after them.)
@@ -58,6 +62,7 @@ from torch import nn
 from attacks.whitebox import GradientCanaries, joined_on
 from privkit.mechanisms.dp_random import DpRandom
 from privkit.mechanisms.dp_sgd_step import DpSgdStep
+from privkit.mechanisms.step_replay import StepReplay
 
 SCHEMA_VERSION = 1
 BATCH = 64
@@ -221,6 +226,12 @@ def main() -> None:
     ap.add_argument("--canaries", default="0,500,1000")
     ap.add_argument("--models", default="resnet_gn,mlp")
     ap.add_argument("--paths", default="sparse,full-read,dense", help="canary paths to time")
+    ap.add_argument(
+        "--replay",
+        action="store_true",
+        help="every step's clipped sum replayed (StepReplay): the canaries against a step whose "
+        "host work is its operations",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -257,14 +268,15 @@ def main() -> None:
             else DpRandom(torch.Generator(device=device).manual_seed(1), device)
         )
         can = _canaries(model, n, path)
+        replay = StepReplay() if args.replay else None
 
-        def run(model=model, step=step, src=src, can=can):
-            step.noisy_gradient(model, x, y, _loss, src, canaries=can)
+        def run(model=model, step=step, src=src, can=can, replay=replay):
+            step.noisy_gradient(model, x, y, _loss, src, canaries=can, replay=replay)
 
         runners[cfg] = run
-    for run in runners.values():  # warm-up
-        run()
-        run()
+    for run in runners.values():  # warm-up (a replay's first step, recording, checked replay)
+        for _ in range(3):
+            run()
     times: dict = {cfg: [] for cfg in configs}  # (wall s, this thread's CPU s) per round
     order = list(configs)
     rng = random.Random(0)
@@ -327,6 +339,7 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "commit": commit,
         "batch": BATCH,
+        "replay": args.replay,
         "parameters": {name: sum(p.numel() for p in m.parameters()) for name, m in state.items()},
         "repeats": args.repeats,
         "clock": "thread CPU time" if clock else "wall (synchronised)",

@@ -50,3 +50,17 @@ def test_the_benchmark_trains_both_ways_on_the_same_batches():
 def test_bad_input_is_one_line_and_exit_code_2(args, named):
     run = _run(*args)
     assert run.returncode == 2 and named in run.stderr.splitlines()[-1]
+
+
+def test_canary_overhead_weighs_the_canaries_against_a_replayed_step():
+    script = SCRIPT.parent / "canary_overhead.py"
+    run = subprocess.run(
+        [sys.executable, str(script), "--models", "resnet_gn", "--canaries", "0,50",
+         "--paths", "sparse", "--repeats", "1", "--replay", "--json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["replay"] is True
+    rows = {(r["noise"], r["canaries"]) for r in out["rows"]}
+    assert rows == {("release", 0), ("release", 50), ("seeded", 0), ("seeded", 50)}
