@@ -44,9 +44,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+if TYPE_CHECKING:
+    from privkit.mechanisms.step_replay import StepReplay
 
 SCHEMA_VERSION = 1
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,7 +201,10 @@ def measure_reads(
     ``replay``, the clipped sum replayed by a ``StepReplay``): ``host_reads_per_step`` those of
     device values, ``host_side_per_step`` those of a queued copy's result (:data:`HOST_SIDE`)."""
     with gpu_forms():
-        one = _step(name, noise, canaries, torch.device("cpu"), batch, replay)
+        from privkit.mechanisms.step_replay import StepReplay
+
+        recorded = StepReplay() if replay else None
+        one = _step(name, noise, canaries, torch.device("cpu"), batch, recorded)
         # first passes: the row checks, the first release's own draw, caches; a replay's first
         # step, its recording and its checked first replay
         for _ in range(3):
@@ -213,7 +220,7 @@ def measure_reads(
         "host_reads_per_step": sum(n for site, n in sites if not host_side(site)) / steps,
         "host_side_per_step": sum(n for site, n in sites if host_side(site)) / steps,
         "sites": {site: n / steps for site, n in sites},
-        **({"replayed_steps": one.replay.replayed} if replay else {}),  # type: ignore[attr-defined]
+        **({"replayed_steps": recorded.replayed} if recorded else {}),
     }
 
 
@@ -223,11 +230,11 @@ def _step(
     canaries: int,
     device: torch.device,
     records: int | None = None,
-    replay: bool = False,
+    replay: StepReplay | None = None,
 ) -> Callable[[], None]:
     """One privkit DP-SGD step of ``dpsgd_step.py``'s model ``name`` on its fixed batch (of
-    ``records`` records where given, else the benchmark's; its clipped sum replayed where
-    ``replay``)."""
+    ``records`` records where given, else the benchmark's; its clipped sum replayed by
+    ``replay`` where given)."""
     from dpsgd_step import (  # this folder is on sys.path
         CLIP,
         DATASET,
@@ -266,14 +273,9 @@ def _step(
         else None
     )
 
-    from privkit.mechanisms.step_replay import StepReplay
-
-    recorded = StepReplay() if replay else None
-
     def one() -> None:
-        step.apply(model, opt, x, y, _per_example_loss, source, canaries=can, replay=recorded)
+        step.apply(model, opt, x, y, _per_example_loss, source, canaries=can, replay=replay)
 
-    one.replay = recorded  # type: ignore[attr-defined]  (its counts, for measure_reads)
     return one
 
 

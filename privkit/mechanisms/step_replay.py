@@ -60,6 +60,7 @@ import torch
 from torch import nn
 
 from privkit.errors import PrivkitError
+from privkit.mechanisms.ghost_parameters import RandomState
 
 __all__ = ["ReplayRefusedWarning", "StepReplay", "padded_size"]
 
@@ -97,6 +98,7 @@ def padded_size(b: int, per_octave: int = 8) -> int:
 @dataclass
 class _Trace:
     graph: torch.fx.GraphModule
+    names: list[str]  # the trainable parameters' names, in the graph's output order
     checked: bool = False  # its first replay compared with the step itself
 
 
@@ -188,14 +190,17 @@ class StepReplay:
         b = x.shape[0]
         size = padded_size(b, self.sizes_per_octave) if self.pad else b
         batch = _padded(x, y, aux, size)
-        names = [k for k, p in model.named_parameters() if p.requires_grad]
+        key = _key(model, batch, loss_fn, clip_norm)
+        trace = self._traces.get(key)
+        # the trainable parameters' names: a trace's own (its key fixes them), else read
+        names = (
+            trace.names if trace else [k for k, p in model.named_parameters() if p.requires_grad]
+        )
 
         def step(xp, yp, ap, w) -> list[torch.Tensor]:
             total = clipped_gradient_sum(model, xp, yp, loss_fn, clip_norm, ap, w)
             return [total[k] for k in names]
 
-        key = _key(model, batch, loss_fn, clip_norm)
-        trace = self._traces.get(key)
         if trace is not None:
             self._traces.move_to_end(key)
             outs = self._replay(trace, key, batch, step, clip_norm)
@@ -206,7 +211,7 @@ class StepReplay:
             self.unreplayed += 1
             outs = step(*batch)
         else:
-            outs = self._trace(key, batch, step)
+            outs = self._trace(key, batch, step, names)
         return dict(zip(names, outs, strict=True))
 
     def _remember(self, key: Hashable) -> None:
@@ -215,7 +220,9 @@ class StepReplay:
         while len(self._seen) > 4 * self.max_traces:
             self._seen.popitem(last=False)
 
-    def _trace(self, key: Hashable, batch: tuple, step: Callable) -> list[torch.Tensor]:
+    def _trace(
+        self, key: Hashable, batch: tuple, step: Callable, names: list[str]
+    ) -> list[torch.Tensor]:
         """This step computed while recording its operations (real tensors: the recorded step's
         values are this step's result)."""
         from torch.fx.experimental.proxy_tensor import make_fx
@@ -226,19 +233,18 @@ class StepReplay:
             box.append(step(*batch))
             return box[-1]
 
-        device = batch[0].device
-        state = _random_state(device)
+        state = RandomState(batch[0].device)
         try:
             with _no_data_reads(), _without_value_metadata():
                 graph = make_fx(recorded, tracing_mode="real")(*batch)
         except Exception as why:  # whatever stops the trace: this size runs unreplayed
             # (the random state as the trace found it; what the half-run pass did to the model's
             # buffers, a running statistic, stays: DP-SGD's models keep none per batch)
-            _set_random_state(device, state)
+            state.restore()
             self._refuse(key, batch[0], f"{type(why).__name__}: {why}")
             self.unreplayed += 1
             return step(*batch)
-        self._traces[key] = _Trace(graph)
+        self._traces[key] = _Trace(graph, names)
         while len(self._traces) > self.max_traces:
             self._traces.popitem(last=False)
         self.traced += 1
@@ -397,17 +403,6 @@ def _close(a: torch.Tensor, b: torch.Tensor, unit: float) -> bool:
         return False
     tol = max(1e-4 * float(b.abs().max()), 1e-6 * unit)
     return bool(((a - b).abs() <= tol).all())
-
-
-def _random_state(device: torch.device) -> tuple:
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
-def _set_random_state(device: torch.device, state: tuple) -> None:
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state(state[1], device)
 
 
 @contextlib.contextmanager

@@ -13,9 +13,9 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "step_replay.py"
 
 
-def _run(*args):
+def _run(*args, script=SCRIPT):
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=600
     )
 
 
@@ -53,12 +53,8 @@ def test_bad_input_is_one_line_and_exit_code_2(args, named):
 
 
 def test_canary_overhead_weighs_the_canaries_against_a_replayed_step():
-    script = SCRIPT.parent / "canary_overhead.py"
-    run = subprocess.run(
-        [sys.executable, str(script), "--models", "resnet_gn", "--canaries", "0,50",
-         "--paths", "sparse", "--repeats", "1", "--replay", "--json"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    run = _run("--models", "resnet_gn", "--canaries", "0,50", "--paths", "sparse", "--repeats",
+               "1", "--replay", "--json", script=SCRIPT.parent / "canary_overhead.py")  # fmt: skip
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     assert out["replay"] is True
