@@ -194,7 +194,9 @@ class StepReplay:
         trace = self._traces.get(key)
         # the trainable parameters' names: a trace's own (its key fixes them), else read
         names = (
-            trace.names if trace else [k for k, p in model.named_parameters() if p.requires_grad]
+            trace.names
+            if trace is not None
+            else [k for k, p in model.named_parameters() if p.requires_grad]
         )
 
         def step(xp, yp, ap, w) -> list[torch.Tensor]:
