@@ -17,7 +17,9 @@ turn, so drifts of the machine hit all of them alike), medians:
 * ``privkit_seeded``: the same with a seeded ``torch.Generator`` (reproducible mode);
 * ``privkit_replay``, ``privkit_replay_seeded``: the two above with the clipped sum replayed
   (:class:`privkit.mechanisms.step_replay.StepReplay`: traced once for the batch's size in the
-  warm-up, its replay checked there too).
+  warm-up, its replay checked there too), the trace run by TorchScript's interpreter;
+* ``privkit_replay_python_seeded``: the seeded replay with the trace run as its Python code
+  (``StepReplay(script=False)``).
 
 Ratios: each variant's median over non-private SGD's and over opacus ghost's (the per-repeat ratio
 of the interleaved pairs, median). A variant that refuses a model (opacus' ghost clipping refuses
@@ -107,6 +109,7 @@ VARIANTS = (
     "privkit_seeded",
     "privkit_replay",
     "privkit_replay_seeded",
+    "privkit_replay_python_seeded",
 )
 
 
@@ -464,6 +467,11 @@ def steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.devi
         ("privkit_seeded", torch.Generator(device=device).manual_seed(0), None),
         ("privkit_replay", DpRandom.secret(device), StepReplay()),
         ("privkit_replay_seeded", torch.Generator(device=device).manual_seed(0), StepReplay()),
+        (
+            "privkit_replay_python_seeded",
+            torch.Generator(device=device).manual_seed(0),
+            StepReplay(script=False),
+        ),
     ):
         m = copy.deepcopy(model)
         o = torch.optim.SGD(m.parameters(), lr=LR)

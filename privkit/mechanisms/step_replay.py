@@ -7,9 +7,11 @@ whose kernels ran 24.8 ms of it). :class:`StepReplay` records the clipped sum
 (:func:`privkit.mechanisms.dp_sgd_step.clipped_gradient_sum`: the forward pass with its hooks,
 the backward pass, the per-example norms and the clipped sum) as the ATen operations it ran
 (``torch.fx.experimental.proxy_tensor.make_fx``, real tensors) and replays them on later batches
-of the same size: the hooks, the layer analysis and the module calls run once per size. The
-noise, the receipt, the canaries and the optimiser step stay as they are (the release primitive
-is not replayed).
+of the same size: the hooks, the layer analysis and the module calls run once per size. A trace
+is replayed by TorchScript's interpreter where it can be scripted
+(:mod:`privkit.mechanisms.scripted_trace`: the same operations without a Python call each), else
+as the trace's Python code. The noise, the receipt, the canaries and the optimiser step stay as
+they are (the release primitive is not replayed).
 
 Poisson batches change size at nearly every step, so each batch is padded to one of a few sizes
 (:func:`padded_size`: by default at most 12.5% more rows, eight sizes an octave), its extra
@@ -36,7 +38,8 @@ What a replay assumes, and what is checked:
   makes one then fails.)
 * **the replay computes what the step computes**: the first replay of each trace is checked
   against the unreplayed step on the same batch (the random state forked, so dropout draws
-  alike), within float rounding; a mismatch refuses the trace.
+  alike), within float rounding, both as scripted and as Python; a scripted trace that differs
+  runs as Python from then on, and a mismatch of both refuses the trace.
 
 Because the clipping is part of what is replayed, every record's contribution to the replayed
 sum is clipped to ``clip_norm`` whatever the model computes: the privacy of a step does not rest
@@ -61,6 +64,7 @@ from torch import nn
 
 from privkit.errors import PrivkitError
 from privkit.mechanisms.ghost_parameters import RandomState
+from privkit.mechanisms.scripted_trace import ScriptedTrace, run_unoptimised, scripted
 
 __all__ = ["ReplayRefusedWarning", "StepReplay", "padded_size"]
 
@@ -99,7 +103,12 @@ def padded_size(b: int, per_octave: int = 8) -> int:
 class _Trace:
     graph: torch.fx.GraphModule
     names: list[str]  # the trainable parameters' names, in the graph's output order
+    scripted: ScriptedTrace | None = None  # the graph run by TorchScript's interpreter
     checked: bool = False  # its first replay compared with the step itself
+
+    def runners(self) -> list[Callable]:
+        """How the trace can run, the fastest first."""
+        return [r for r in (self.scripted, self.graph) if r is not None]
 
 
 class StepReplay:
@@ -117,22 +126,35 @@ class StepReplay:
         rows (a power of two; 8: at most 12.5% more rows).
     max_traces : int
         Traces kept (the least recently used dropped beyond).
+    script : bool
+        Run each trace by TorchScript's interpreter where it can be scripted
+        (:mod:`privkit.mechanisms.scripted_trace`: the same operations, without a Python call
+        each), else as the trace's Python code.
 
     Attributes
     ----------
     traced, replayed, unreplayed : int
         Steps that took a trace, replayed one, ran unreplayed (a size's first step, a trace's
         checked first replay, a refused trace, an empty batch).
+    scripted : int
+        Traces run by TorchScript's interpreter (of ``traced``).
     refused : dict of str to str
         Why a trace was refused, by the batch shape it was refused for.
     """
 
-    def __init__(self, pad: bool = True, sizes_per_octave: int = 8, max_traces: int = 16) -> None:
+    def __init__(
+        self,
+        pad: bool = True,
+        sizes_per_octave: int = 8,
+        max_traces: int = 16,
+        script: bool = True,
+    ) -> None:
         if max_traces < 1:
             raise PrivkitError(f"max_traces must be >= 1; found {max_traces}")
         padded_size(1, sizes_per_octave)  # a bad value refused here, not at the first step
         self.pad, self.sizes_per_octave, self.max_traces = pad, sizes_per_octave, max_traces
-        self.traced = self.replayed = self.unreplayed = 0
+        self.script = script
+        self.traced = self.replayed = self.unreplayed = self.scripted = 0
         self.refused: dict[str, str] = {}
         self._traces: OrderedDict[Hashable, _Trace] = OrderedDict()
         # the sizes whose first step ran, and those refused: by their keys' hashes and weak
@@ -144,8 +166,9 @@ class StepReplay:
     def __repr__(self) -> str:
         return (
             f"StepReplay(pad={self.pad}, sizes_per_octave={self.sizes_per_octave}, "
-            f"max_traces={self.max_traces}, traced={self.traced}, "
-            f"replayed={self.replayed}, unreplayed={self.unreplayed}, refused={self.refused})"
+            f"max_traces={self.max_traces}, script={self.script}, traced={self.traced}, "
+            f"scripted={self.scripted}, replayed={self.replayed}, unreplayed={self.unreplayed}, "
+            f"refused={self.refused})"
         )
 
     def clipped_sum(
@@ -246,33 +269,43 @@ class StepReplay:
             self._refuse(key, batch[0], f"{type(why).__name__}: {why}")
             self.unreplayed += 1
             return step(*batch)
-        self._traces[key] = _Trace(graph, names)
+        trace = _Trace(graph, names, scripted(graph, batch) if self.script else None)
+        self._traces[key] = trace
         while len(self._traces) > self.max_traces:
             self._traces.popitem(last=False)
         self.traced += 1
+        self.scripted += trace.scripted is not None
         return box[-1]
 
     def _replay(
         self, trace: _Trace, key: Hashable, batch: tuple, step: Callable, clip_norm: float
     ) -> list[torch.Tensor]:
-        """The trace run on ``batch``; its first run checked against the step itself."""
+        """The trace run on ``batch``; its first run checked against the step itself (the
+        scripted trace and the graph both: the first that computes what the step computes is
+        kept)."""
         from privkit.mechanisms.clip_precision import full_precision
 
         device = batch[0].device
 
-        def run() -> list[torch.Tensor]:
-            with torch.no_grad(), full_precision(device):
-                return list(trace.graph(*batch))
+        def run(runner: Callable) -> list[torch.Tensor]:
+            with torch.no_grad(), full_precision(device), run_unoptimised():
+                return list(runner(*batch))
 
         if trace.checked:
             self.replayed += 1
-            return run()
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            replayed = run()  # the random state as the step below finds it: dropout alike
+            return run(trace.runners()[0])
+        runs = []
+        for runner in trace.runners():
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                runs.append(run(runner))  # the random state as the step finds it: dropout alike
         outs = step(*batch)
         trace.checked = True
         unit = clip_norm if math.isfinite(clip_norm) else 1.0
-        if not all(_close(a, b, unit) for a, b in zip(replayed, outs, strict=True)):
+        alike = [all(_close(a, b, unit) for a, b in zip(r, outs, strict=True)) for r in runs]
+        if trace.scripted is not None and not alike[0]:
+            trace.scripted, alike = None, alike[1:]
+            self.scripted -= 1
+        if not alike[0]:
             del self._traces[key]
             self._refuse(key, batch[0], "its replay differed from the step on the same batch")
         self.unreplayed += 1

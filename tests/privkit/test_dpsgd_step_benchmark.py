@@ -28,7 +28,7 @@ def test_the_benchmark_times_every_variant_on_the_threads_asked(threads):
     r = out["models"]["resnet_small"]
     assert r["privkit_path"] == "ghost_clipping"
     variants = {"sgd", "opacus_hooks", "opacus_ghost", "privkit", "privkit_seeded"}
-    variants |= {"privkit_replay", "privkit_replay_seeded"}
+    variants |= {"privkit_replay", "privkit_replay_seeded", "privkit_replay_python_seeded"}
     assert set(r["times_ms"]) == variants and all(len(t) == 2 for t in r["times_ms"].values())
     for v, times in r["times_ms"].items():  # the ratios are the repeats' paired ratios
         pairs = zip(times, r["times_ms"]["sgd"], strict=True)
@@ -55,7 +55,9 @@ def test_a_model_opacus_refuses_is_left_out_with_the_reason():
     assert run.returncode == 0, run.stderr
     r = json.loads(run.stdout)["models"]["lm"]
     assert "Parameter tying" in r["unavailable"]["opacus_ghost"]
-    assert {"sgd", "opacus_hooks", "privkit_seeded", "privkit_replay_seeded"} == set(r["times_ms"])
+    assert {"sgd", "opacus_hooks", "privkit_seeded", "privkit_replay_seeded"} | {
+        "privkit_replay_python_seeded"
+    } == set(r["times_ms"])
 
 
 def test_the_host_bound_batch_is_cropped():

@@ -252,8 +252,10 @@ def test_a_replay_that_differs_from_the_step_is_dropped(monkeypatch):
     replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
     replay.clipped_sum(model, x, y, _per_example_loss, CLIP)  # traced
     (trace,) = replay._traces.values()
+    assert trace.scripted is not None
     graph = trace.graph
     trace.graph = lambda *batch: [t * 1.001 for t in graph(*batch)]  # a replay gone wrong
+    trace.scripted = None  # (the scripted form's own check: test_scripted_trace.py)
     with pytest.warns(ReplayRefusedWarning, match="differed"):
         got = replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
     assert _max_diff(got, clipped_gradient_sum(model, x, y, _per_example_loss, CLIP)) == 0
