@@ -1,21 +1,27 @@
 """A DP-SGD training with its clipped sums replayed, against the same training without: what
 :class:`privkit.mechanisms.step_replay.StepReplay` saves once its traces are paid for.
 
-Each repeat trains the model of ``dpsgd_step.py`` twice from the same weights on Poisson batches
-(the same batches, the same seeded noise): once with ``DpSgdStep.apply`` as it is, once with a
-fresh ``StepReplay`` (its first step of each padded size unreplayed, its trace, its checked
-first replay, all counted in its time). The two trainings alternate within a repeat, in turn
-first, so that drifts of the machine hit both alike. Per training: the whole training's CPU
-time (one torch thread), its steps' median, how many sizes the batches took and how many traces
-the replay took. Ratios: replay over plain, per repeat, medians. Both trainings end at the same
-parameters up to float rounding (checked at each repeat: the largest difference is reported).
+Each repeat trains the model of ``dpsgd_step.py`` from the same weights on Poisson batches (the
+same batches, the same seeded noise): once with ``DpSgdStep.apply`` as it is, once per
+``--patience`` value with a fresh ``StepReplay`` (its unreplayed steps, its traces, their checked
+first replays, all counted in its time). The trainings alternate within a repeat, their order
+reversed at every other repeat, so that drifts of the machine hit all of them alike. Per
+training: the whole training's CPU time (one torch thread), its steps' median, how many sizes
+the batches took, how many traces the replay took and how many steps it replayed. Ratios:
+replay over plain, per repeat, medians. The trainings end at the same parameters up to float
+rounding (checked at each repeat: the largest difference is reported).
 
 ``--host-bound`` crops the images to 8x8 and the sequences to 8 positions and takes privkit's GPU
 forms (``device_waits.gpu_forms``), as ``dpsgd_step.py --host-bound`` does: the host's work of a
 step, what bounds a GPU that waits for its host.
 
     python benchmarks/step_replay.py --json [--models resnet_small,transformer,lstm] [--steps 200]
-        [--records 16] [--repeats 3] [--host-bound]
+        [--records 16] [--repeats 3] [--host-bound] [--patience 1,0]
+
+``--patience``: a replayed training per value of ``StepReplay(patience=...)`` (when a batch size
+is traced: 1, once its unreplayed steps have cost a trace; 0, at its second step), each against
+the plain training of its repeat (schema 2: ``training_ratio`` and ``step_ratio`` by variant,
+``replay_patience_1`` ...).
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from privkit.mechanisms.dp_random import DpRandom
 from privkit.mechanisms.dp_sgd_step import DpSgdStep
 from privkit.mechanisms.step_replay import StepReplay
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: the dataset the Poisson batches are drawn from, per expected record of a batch
 DATASET_PER_RECORD = 4
 
@@ -75,38 +81,47 @@ def train(model, x, y, steps: int, records: int, replay: StepReplay | None) -> d
     }
 
 
-def measure(name: str, steps: int, records: int, repeats: int, host_bound: bool) -> dict:
+def measure(
+    name: str, steps: int, records: int, repeats: int, host_bound: bool, patience: list[float]
+) -> dict:
     torch.manual_seed(0)
     model, description, _ = build(name)
     x, y = batch(name, records * DATASET_PER_RECORD, torch.device("cpu"))
     if host_bound:
         x, y = _host_bound(name, x, y)
-    rows: dict[str, list] = {"plain": [], "replay": []}
+    variants = {"plain": None, **{f"replay_patience_{p:g}": p for p in patience}}
+    rows: dict[str, list] = {v: [] for v in variants}
     differences = []
     for r in range(repeats):
         ends = {}
-        for variant in ("plain", "replay") if r % 2 == 0 else ("replay", "plain"):
+        order = list(variants) if r % 2 == 0 else list(variants)[::-1]
+        for variant in order:
             m = copy.deepcopy(model)
-            replay = StepReplay() if variant == "replay" else None
+            p = variants[variant]
+            replay = None if p is None else StepReplay(patience=p)
             row = train(m, x, y, steps, records, replay)
             if replay is not None:
                 row |= {"traces": replay.traced, "replayed": replay.replayed}
                 row["refused"] = replay.refused
             rows[variant].append(row)
-            ends[variant] = {k: p.detach() for k, p in m.named_parameters()}
+            ends[variant] = {k: q.detach() for k, q in m.named_parameters()}
         differences.append(
-            max(float((ends["plain"][k] - v).abs().max()) for k, v in ends["replay"].items())
+            max(
+                float((ends["plain"][k] - v).abs().max())
+                for variant in variants
+                for k, v in ends[variant].items()
+            )
         )
 
-    def ratio(key: str) -> float:
-        pairs = zip(rows["replay"], rows["plain"], strict=True)
+    def ratio(variant: str, key: str) -> float:
+        pairs = zip(rows[variant], rows["plain"], strict=True)
         return statistics.median(a[key] / b[key] for a, b in pairs)
 
     return {
         "model": description,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "training_ratio": ratio("seconds"),
-        "step_ratio": ratio("step_ms"),
+        "parameters": sum(q.numel() for q in model.parameters()),
+        "training_ratio": {v: ratio(v, "seconds") for v in variants if v != "plain"},
+        "step_ratio": {v: ratio(v, "step_ms") for v in variants if v != "plain"},
         "largest_parameter_difference": max(differences),
         "runs": rows,
     }
@@ -119,11 +134,20 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=16, help="expected records of a batch")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--host-bound", action="store_true")
+    ap.add_argument(
+        "--patience", default="1", help="StepReplay's patience, one replayed training per value"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     for flag in ("steps", "records", "repeats"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag} must be >= 1; found {getattr(args, flag)}")
+    try:
+        patience = [float(p) for p in args.patience.split(",")]
+    except ValueError:
+        patience = [-1.0]
+    if not all(p >= 0 for p in patience):
+        ap.error(f"--patience must be numbers >= 0; found {args.patience}")
     torch.set_num_threads(1)
     forms = contextlib.nullcontext()
     if args.host_bound:
@@ -133,15 +157,17 @@ def main() -> None:
     models = {}
     with forms:
         for name in args.models.split(","):
-            models[name] = measure(name, args.steps, args.records, args.repeats, args.host_bound)
-            r = models[name]
+            models[name] = r = measure(
+                name, args.steps, args.records, args.repeats, args.host_bound, patience
+            )
             if not args.json:
-                print(
-                    f"{name}: training {r['training_ratio']:.2f}x, step {r['step_ratio']:.2f}x "
-                    f"(replayed over plain), parameters within "
-                    f"{r['largest_parameter_difference']:.1e}",
-                    flush=True,
-                )
+                for v, t in r["training_ratio"].items():
+                    print(
+                        f"{name}, {v}: training {t:.2f}x, step {r['step_ratio'][v]:.2f}x "
+                        f"(replayed over plain), parameters within "
+                        f"{r['largest_parameter_difference']:.1e}",
+                        flush=True,
+                    )
     out = {
         "schema_version": SCHEMA_VERSION,
         "torch": torch.__version__,
@@ -152,6 +178,7 @@ def main() -> None:
             "dataset": args.records * DATASET_PER_RECORD,
             "repeats": args.repeats,
             "host_bound": args.host_bound,
+            "patience": patience,
             "clock": "process CPU time, one torch thread",
         },
         "models": models,

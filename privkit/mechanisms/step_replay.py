@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 import warnings
 import weakref
 from collections import OrderedDict
@@ -67,6 +68,11 @@ from privkit.mechanisms.ghost_parameters import RandomState
 from privkit.mechanisms.scripted_trace import ScriptedTrace, run_unoptimised, scripted
 
 __all__ = ["ReplayRefusedWarning", "StepReplay", "padded_size"]
+
+
+#: non-empty once a trace was taken in this process (the first pays one-time costs: torch's
+#: tracer and TorchScript warming up, 1-1.5 s against 0.2-0.5 s for a later one on this CPU)
+_TRACED_IN_PROCESS: list[bool] = []
 
 
 class ReplayRefusedWarning(UserWarning):
@@ -130,6 +136,14 @@ class StepReplay:
         Run each trace by TorchScript's interpreter where it can be scripted
         (:mod:`privkit.mechanisms.scripted_trace`: the same operations, without a Python call
         each), else as the trace's Python code.
+    patience : float
+        When a batch size is traced: once its unreplayed steps have cost ``patience`` times what
+        a trace costs, beyond what their replays would have (both measured as the training
+        runs; the first size is traced at its second step, before any trace has been timed).
+        1 is the rule of renting skis until the rent paid equals the price: a size's steps then
+        cost at most about twice what they would with foresight of how often it comes, and a
+        rare size of a Poisson batch's tail is not traced at all. 0: every size at its second
+        step.
 
     Attributes
     ----------
@@ -148,13 +162,19 @@ class StepReplay:
         sizes_per_octave: int = 8,
         max_traces: int = 16,
         script: bool = True,
+        patience: float = 1.0,
     ) -> None:
         if max_traces < 1:
             raise PrivkitError(f"max_traces must be >= 1; found {max_traces}")
+        if not patience >= 0:
+            raise PrivkitError(f"patience must be >= 0; found {patience}")
         padded_size(1, sizes_per_octave)  # a bad value refused here, not at the first step
         self.pad, self.sizes_per_octave, self.max_traces = pad, sizes_per_octave, max_traces
-        self.script = script
+        self.script, self.patience = script, float(patience)
         self.traced = self.replayed = self.unreplayed = self.scripted = 0
+        # seconds and steps: of unreplayed and of replayed steps, and the latest trace's seconds
+        self._eager, self._replays = [0.0, 0], [0.0, 0]
+        self._trace_seconds = 0.0
         self.refused: dict[str, str] = {}
         self._traces: OrderedDict[Hashable, _Trace] = OrderedDict()
         # the sizes whose first step ran, and those refused: by their keys' hashes and weak
@@ -226,24 +246,50 @@ class StepReplay:
             total = clipped_gradient_sum(model, xp, yp, loss_fn, clip_norm, ap, w)
             return [total[k] for k in names]
 
+        start = time.perf_counter()
         if trace is not None:
             self._traces.move_to_end(key)
             outs = self._replay(trace, key, batch, step, clip_norm)
-        elif _Identity.among(self._refused_keys, key) or not _Identity.among(self._seen, key):
-            # a size's first step runs as it is: a model's first-step checks (its rows, its
-            # layers' layouts) are made there, not recorded in the trace
-            self._remember(key)
+        elif _Identity.among(self._refused_keys, key):
             self.unreplayed += 1
             outs = step(*batch)
-        else:
+        elif _Identity.among(self._seen, key) and self._due(self._seen[hash(key)]):
             outs = self._trace(key, batch, step, names)
+            if _TRACED_IN_PROCESS:  # the first trace in a process pays torch's one-time costs
+                self._trace_seconds = time.perf_counter() - start
+            _TRACED_IN_PROCESS.append(True)
+        else:
+            # a size's first step runs as it is: a model's first-step checks (its rows, its
+            # layers' layouts) are made there, not recorded in the trace
+            seen = self._remember(key)
+            self.unreplayed += 1
+            outs = step(*batch)
+            seen.paid += self._saving(time.perf_counter() - start)
         return dict(zip(names, outs, strict=True))
 
-    def _remember(self, key: Hashable) -> None:
-        self._seen[hash(key)] = _Identity(key)
+    def _remember(self, key: Hashable) -> _Identity:
+        """The size's record among those seen (a new one where the key is new)."""
+        kept = self._seen.get(hash(key))
+        if kept is None or not kept.same(key):
+            kept = self._seen[hash(key)] = _Identity(key)
         self._seen.move_to_end(hash(key))
         while len(self._seen) > 4 * self.max_traces:
             self._seen.popitem(last=False)
+        return kept
+
+    def _saving(self, seconds: float) -> float:
+        """What an unreplayed step of ``seconds`` would have saved replayed (the replayed steps'
+        mean time over the unreplayed ones'; all of it before any step was replayed)."""
+        self._eager[0] += seconds
+        self._eager[1] += 1
+        if not self._replays[1]:
+            return seconds
+        ratio = (self._replays[0] / self._replays[1]) / (self._eager[0] / self._eager[1])
+        return seconds * max(0.0, 1.0 - ratio)
+
+    def _due(self, seen: _Identity) -> bool:
+        """Whether a size seen before is traced now (``patience``)."""
+        return seen.paid >= self.patience * self._trace_seconds
 
     def _trace(
         self, key: Hashable, batch: tuple, step: Callable, names: list[str]
@@ -293,7 +339,11 @@ class StepReplay:
 
         if trace.checked:
             self.replayed += 1
-            return run(trace.runners()[0])
+            start = time.perf_counter()
+            outs = run(trace.runners()[0])
+            self._replays[0] += time.perf_counter() - start
+            self._replays[1] += 1
+            return outs
         runs = []
         for runner in trace.runners():
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -331,6 +381,7 @@ class _Identity:
 
     def __init__(self, key: Hashable) -> None:
         self.leaves = tuple(_weak(leaf) for leaf in _leaves(key))
+        self.paid = 0.0  # seconds its unreplayed steps would have saved replayed (patience)
 
     def same(self, key: Hashable) -> bool:
         leaves = tuple(_leaves(key))

@@ -21,7 +21,7 @@ from tests.privkit.test_step_replay import CLIP, MODELS, _max_diff, _model, _per
 
 def _traced(model, x, y, **kwargs) -> StepReplay:
     """A replay that has taken its trace of the batch (a size's first step, then the recording)."""
-    replay = StepReplay(pad=False, **kwargs)
+    replay = StepReplay(pad=False, patience=0, **kwargs)
     for _ in range(2):
         replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
     assert replay.traced == 1

@@ -103,7 +103,7 @@ def test_sizes_per_octave_must_be_a_power_of_two(bad):
 @pytest.mark.parametrize("name", MODELS)
 def test_replayed_sums_equal_the_steps(name):
     model, x, y = _model(name)
-    replay = StepReplay()
+    replay = StepReplay(patience=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", ReplayRefusedWarning)
         for xb, yb in _poisson_batches(x, y, 14):
@@ -141,7 +141,7 @@ def test_a_padded_row_adds_nothing(path):
 def test_one_record_moves_the_replayed_sum_by_at_most_the_clip_norm(autocast):
     model, x, y = _model("resnet_small", 20)
     clip = 0.01  # every record clipped
-    replay = StepReplay()
+    replay = StepReplay(patience=0)
     cast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
     with cast:
         for _ in range(3):  # first step unreplayed, second traced, third checked
@@ -157,7 +157,7 @@ def test_one_record_moves_the_replayed_sum_by_at_most_the_clip_norm(autocast):
 @pytest.mark.parametrize("pad", [False, True])
 def test_a_seeded_training_ends_where_the_unreplayed_one_does(pad):
     results = []
-    for replay in (None, StepReplay(pad=pad)):
+    for replay in (None, StepReplay(pad=pad, patience=0)):
         model, x, y, opt, step, noise = _training("transformer", 32, seed=5)
         for xb, yb in _poisson_batches(x, y, 30, seed=2):
             step.apply(model, opt, xb, yb, _per_example_loss, noise, replay=replay)
@@ -189,7 +189,7 @@ class _Reads(nn.Module):
 @pytest.mark.parametrize("how", ["item", "tolist", "numpy"])
 def test_a_model_that_reads_its_batch_is_not_replayed(how):
     torch.manual_seed(2)
-    model, replay = _Reads(how), StepReplay()
+    model, replay = _Reads(how), StepReplay(patience=0)
     with pytest.warns(ReplayRefusedWarning, match="not replayed"):
         for i in range(6):
             x, y = torch.randn(5, 6) * (1 + i), torch.randint(0, 3, (5,))
@@ -204,7 +204,7 @@ def test_a_model_that_reads_its_batch_is_not_replayed(how):
 
 def test_a_changed_model_is_traced_anew():
     model, x, y = _model("resnet_small", 16)
-    replay = StepReplay()
+    replay = StepReplay(patience=0)
 
     def check() -> None:
         for _ in range(3):
@@ -230,7 +230,7 @@ def test_dropout_draws_as_the_step_does():
     torch.manual_seed(3)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 3))
     x, y = torch.randn(20, 8), torch.randint(0, 3, (20,))
-    replay = StepReplay()
+    replay = StepReplay(patience=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", ReplayRefusedWarning)
         for seed in range(5):
@@ -248,7 +248,7 @@ def test_dropout_draws_as_the_step_does():
 
 def test_a_replay_that_differs_from_the_step_is_dropped(monkeypatch):
     model, x, y = _model("lstm", 16)
-    replay = StepReplay()
+    replay = StepReplay(patience=0)
     replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
     replay.clipped_sum(model, x, y, _per_example_loss, CLIP)  # traced
     (trace,) = replay._traces.values()
@@ -268,7 +268,7 @@ def test_an_empty_batch_and_the_trace_limit():
     with pytest.raises(PrivkitError, match="max_traces must be >= 1; found 0"):
         StepReplay(max_traces=0)
     model, x, y = _model("transformer", 30)
-    replay = StepReplay(max_traces=2)
+    replay = StepReplay(max_traces=2, patience=0)
     step = DpSgdStep(CLIP, 0.0, 0.5, 30)  # no noise: an empty batch's mean gradient is 0
     noise = DpRandom(torch.Generator().manual_seed(0), torch.device("cpu"))
     empty = step.noisy_gradient(model, x[:0], y[:0], _per_example_loss, noise, replay=replay)
@@ -288,7 +288,7 @@ def test_functional_loss_with_aux_is_replayed():
             logits.log_softmax(-1), aux.softmax(-1), reduction="batchmean"
         ) + F.cross_entropy(logits, target)
 
-    replay = StepReplay()
+    replay = StepReplay(patience=0)
     for _ in range(4):
         got = replay.clipped_sum(model, x, y, distil, CLIP, teacher)
         want = clipped_gradient_sum(model, x, y, distil, CLIP, teacher)
@@ -300,11 +300,11 @@ def test_a_loss_written_in_the_loop_finds_its_trace_and_one_over_new_values_does
     torch.manual_seed(5)
     model = nn.Sequential(nn.Linear(10, 12), nn.Tanh(), nn.Linear(12, 4))
     x, y = torch.randn(20, 10), torch.randint(0, 4, (20,))
-    inline = StepReplay()
+    inline = StepReplay(patience=0)
     for _ in range(5):  # a new lambda object at every step, the same code and captures
         inline.clipped_sum(model, x, y, lambda lo, t, _: F.cross_entropy(lo, t), CLIP)
     assert inline.replayed == 2
-    moving, kept = StepReplay(), []
+    moving, kept = StepReplay(patience=0), []
     for i in range(5):  # the loss closes over a new class weighting at every step
         w = torch.rand(4, generator=torch.Generator().manual_seed(i)) + 0.5
         kept.append(weakref.ref(w))
@@ -333,7 +333,7 @@ def test_a_model_clipped_by_torch_func_is_replayed_too():
     torch.manual_seed(6)
     model = nn.Sequential(nn.Linear(10, 12), nn.PReLU(), nn.Linear(12, 4))
     x, y = torch.randn(21, 10), torch.randint(0, 4, (21,))
-    replay = StepReplay()
+    replay = StepReplay(patience=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.func's fallback warning
         for n in (17, 18, 17, 18, 17, 18):
@@ -349,7 +349,7 @@ def test_canaries_observe_a_replayed_step_as_the_step():
     from attacks.whitebox import GradientCanaries
 
     scores = []
-    for replay in (None, StepReplay(pad=False)):
+    for replay in (None, StepReplay(pad=False, patience=0)):
         model, x, y, opt, step, noise = _training("lstm", 24, seed=7)
         canaries = GradientCanaries.for_parameters(
             list(model.parameters()), 50, clip_norm=CLIP, sample_rate=0.75, noise_multiplier=1.0
@@ -386,7 +386,7 @@ def test_hf_transformers_models_are_replayed_or_refused_with_the_reason(family):
     model, kind = hf_build(family)
     model = Logits(model, kind).train()
     x, y = hf_batch(kind, 18, 50, 16)
-    loss, replay = record_loss(kind), StepReplay()
+    loss, replay = record_loss(kind), StepReplay(patience=0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ReplayRefusedWarning)
         for seed in range(5):
@@ -400,3 +400,75 @@ def test_hf_transformers_models_are_replayed_or_refused_with_the_reason(family):
         assert "_local_scalar_dense" in str(refused[0].message)
     else:
         assert replay.replayed == 2 and not refused
+
+
+class _Clock:
+    """A fake clock for the replay's timing: an unreplayed step takes 10 ms, a trace 300 ms more,
+    a replay 2 ms."""
+
+    def __init__(self, monkeypatch):
+        from privkit.mechanisms import dp_sgd_step, scripted_trace, step_replay
+
+        self.now = 0.0
+        monkeypatch.setattr(step_replay, "time", self)
+        step_fn, trace_fn = dp_sgd_step.clipped_gradient_sum, StepReplay._trace
+        call = scripted_trace.ScriptedTrace.__call__
+
+        def stepped(*args, **kwargs):
+            self.now += 0.010
+            return step_fn(*args, **kwargs)
+
+        def traced(replay, *args, **kwargs):
+            self.now += 0.300
+            return trace_fn(replay, *args, **kwargs)
+
+        def replayed(script, *args):
+            self.now += 0.002
+            return call(script, *args)
+
+        monkeypatch.setattr(dp_sgd_step, "clipped_gradient_sum", stepped)
+        monkeypatch.setattr(StepReplay, "_trace", traced)
+        monkeypatch.setattr(scripted_trace.ScriptedTrace, "__call__", replayed)
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("patience", [1.0, 0.5, 0.0])
+def test_a_size_is_traced_once_its_steps_have_paid_for_a_trace(monkeypatch, patience):
+    """Ski rental: the first size is traced at its second step; a later size once its unreplayed
+    steps would have saved, replayed, ``patience`` times the trace's cost (here 8 ms a step,
+    10 ms less the replay's 2 ms, against 310 ms: the 39th step at patience 1, the 20th at 0.5;
+    the second at 0)."""
+    from privkit.mechanisms import step_replay
+
+    monkeypatch.setattr(step_replay, "_TRACED_IN_PROCESS", [True])  # not a process's first
+    clock = _Clock(monkeypatch)
+    model, x, y = _model("lstm", 16)
+    replay = StepReplay(pad=False, patience=patience)
+    for _ in range(6):  # size 16: a step, its trace, its check, three replays
+        replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
+    assert (replay.traced, replay.replayed) == (1, 3)
+    assert replay._trace_seconds == pytest.approx(0.310)
+    due = {1.0: 39, 0.5: 20, 0.0: 1}[patience]  # unreplayed steps of size 12 before its trace
+    calls = 0
+    while replay.traced < 2 and calls < 60:
+        replay.clipped_sum(model, x[:12], y[:12], _per_example_loss, CLIP)
+        calls += 1
+    assert calls == due + 1 and clock.now > 0
+
+
+def test_a_processs_first_trace_is_not_the_price(monkeypatch):
+    """The first trace in a process pays one-time costs: it is not timed, and the next size is
+    traced at its second step (and timed)."""
+    from privkit.mechanisms import step_replay
+
+    monkeypatch.setattr(step_replay, "_TRACED_IN_PROCESS", [])
+    _Clock(monkeypatch)
+    model, x, y = _model("lstm", 16)
+    replay = StepReplay(pad=False)
+    for n in (16, 16, 16, 16, 12, 12):
+        replay.clipped_sum(model, x[:n], y[:n], _per_example_loss, CLIP)
+    assert replay.traced == 2 and replay._trace_seconds == pytest.approx(0.310)
+    with pytest.raises(PrivkitError, match="patience must be >= 0; found -1"):
+        StepReplay(patience=-1)

@@ -1,5 +1,5 @@
-"""benchmarks/step_replay.py in a small configuration: its JSON (both trainings timed on the same
-Poisson batches, the ratios from the repeats' pairs, the replay's own counts, the trainings'
+"""benchmarks/step_replay.py in a small configuration: its JSON (the plain training and one replayed
+per patience timed on the same Poisson batches, the ratios from the repeats' pairs, the replay's own counts, the trainings'
 parameters compared), and bad input refused in one line with exit code 2."""
 
 import json
@@ -19,23 +19,30 @@ def _run(*args, script=SCRIPT):
     )
 
 
-def test_the_benchmark_trains_both_ways_on_the_same_batches():
+def test_the_benchmark_trains_every_way_on_the_same_batches():
     run = _run("--models", "lstm", "--steps", "40", "--records", "4", "--repeats", "2",
-               "--host-bound", "--json")  # fmt: skip
+               "--host-bound", "--patience", "1,0", "--json")  # fmt: skip
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
-    assert out["schema_version"] == 1 and out["setup"]["host_bound"]
+    assert out["schema_version"] == 2 and out["setup"]["host_bound"]
     assert out["setup"]["dataset"] == 16 and out["setup"]["steps"] == 40
+    assert out["setup"]["patience"] == [1.0, 0.0]
     r = out["models"]["lstm"]
-    plain, replay = r["runs"]["plain"], r["runs"]["replay"]
-    assert len(plain) == len(replay) == 2
+    plain = r["runs"]["plain"]
+    eager, patient = r["runs"]["replay_patience_0"], r["runs"]["replay_patience_1"]
+    assert len(plain) == len(eager) == len(patient) == 2
     # the same batches: the same sizes; a batch of under 16 records is its own size
-    assert [p["sizes"] for p in plain] == [q["sizes"] for q in replay]
-    assert all(q["traces"] <= q["sizes"] and q["replayed"] > 0 for q in replay)
-    pairs = zip(replay, plain, strict=True)
-    assert r["training_ratio"] == pytest.approx(
-        statistics.median(a["seconds"] / b["seconds"] for a, b in pairs)
+    assert (
+        [p["sizes"] for p in plain] == [q["sizes"] for q in eager] == [q["sizes"] for q in patient]
     )
+    assert all(q["traces"] <= q["sizes"] and q["replayed"] > 0 for q in eager)
+    # patience 1 traces the first size, later ones once paid for: never more than patience 0
+    assert all(1 <= q["traces"] <= e["traces"] for q, e in zip(patient, eager, strict=True))
+    for variant, runs in (("replay_patience_0", eager), ("replay_patience_1", patient)):
+        pairs = zip(runs, plain, strict=True)
+        assert r["training_ratio"][variant] == pytest.approx(
+            statistics.median(a["seconds"] / b["seconds"] for a, b in pairs)
+        )
     assert r["largest_parameter_difference"] < 1e-5  # the same training up to float rounding
 
 
@@ -45,6 +52,8 @@ def test_the_benchmark_trains_both_ways_on_the_same_batches():
         (["--steps", "0"], "--steps must be >= 1; found 0"),
         (["--records", "0"], "--records must be >= 1; found 0"),
         (["--repeats", "0"], "--repeats must be >= 1; found 0"),
+        (["--patience", "1,-2"], "--patience must be numbers >= 0; found 1,-2"),
+        (["--patience", "soon"], "--patience must be numbers >= 0; found soon"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args, named):
