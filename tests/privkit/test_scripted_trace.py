@@ -58,8 +58,8 @@ def test_the_replay_runs_the_scripted_trace():
     replay = _traced(model, x, y)
     (trace,) = replay._traces.values()
     calls = []
-    module = trace.scripted.module
-    trace.scripted.module = lambda *a: calls.append(1) or module(*a)
+    function = trace.scripted.function
+    trace.scripted.function = lambda *a: calls.append(1) or function(*a)
     for _ in range(3):
         got = replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
         assert _max_diff(got, clipped_gradient_sum(model, x, y, _per_example_loss, CLIP)) == 0
@@ -70,10 +70,10 @@ def test_without_torchscript_the_trace_runs_as_python(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise RuntimeError("cannot script this")
 
-    monkeypatch.setattr(torch.jit, "script", refuse)
+    monkeypatch.setattr(torch.jit, "CompilationUnit", refuse)
     model, x, y = _model("transformer", 16)
     replay = _traced(model, x, y)
-    monkeypatch.delattr(torch.jit, "script")  # a torch without TorchScript at all
+    monkeypatch.delattr(torch.jit, "CompilationUnit")  # a torch without TorchScript at all
     replay.clipped_sum(model, x[:12], y[:12], _per_example_loss, CLIP)
     replay.clipped_sum(model, x[:12], y[:12], _per_example_loss, CLIP)
     assert replay.traced == 2 and replay.scripted == 0
@@ -97,8 +97,8 @@ def test_a_scripted_trace_that_differs_runs_as_python():
     model, x, y = _model("lstm", 16)
     replay = _traced(model, x, y)
     (trace,) = replay._traces.values()
-    module = trace.scripted.module
-    trace.scripted.module = lambda *a: [t * 1.001 for t in module(*a)]  # a script gone wrong
+    function = trace.scripted.function
+    trace.scripted.function = lambda *a: [t * 1.001 for t in function(*a)]  # a script gone wrong
     with warnings.catch_warnings():
         warnings.simplefilter("error", ReplayRefusedWarning)
         for _ in range(3):
@@ -127,3 +127,19 @@ def test_run_unoptimised_turns_torchscripts_optimisations_off_for_its_block():
     with run_unoptimised():
         assert not torch._C._get_graph_executor_optimize()
     assert torch._C._get_graph_executor_optimize()
+
+
+def test_a_trace_that_names_a_cuda_device_is_scripted():
+    """On a GPU a trace's creations name the device (``device(type='cuda', index=0)`` in its
+    code): TorchScript compiles them, so a GPU's replay runs scripted too (compiled here, not
+    run: no GPU in CI)."""
+    model, x, y = _model("transformer", 16)
+    (trace,) = _traced(model, x, y)._traces.values()
+    named = 0
+    for node in trace.graph.graph.nodes:
+        if isinstance(node.kwargs.get("device"), torch.device):
+            node.kwargs = {**node.kwargs, "device": torch.device("cuda", 0)}
+            named += 1
+    trace.graph.recompile()
+    assert named and "device(type='cuda', index=0)" in trace.graph.code
+    assert scripted(trace.graph, (x, y, None, torch.ones(x.shape[0]))) is not None
