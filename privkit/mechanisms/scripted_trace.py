@@ -55,6 +55,27 @@ def scripted(graph: torch.fx.GraphModule, inputs: tuple) -> ScriptedTrace | None
     unit = getattr(getattr(torch, "jit", None), "CompilationUnit", None)
     if unit is None:
         return None
+    copy = _by_packets(graph, inputs)
+    if copy is None:
+        return None
+    names = sorted({str(n.target) for n in copy.nodes if n.op == "get_attr"})
+    code = copy.python_code(root_module="self")
+    try:
+        with warnings.catch_warnings():  # TorchScript's deprecation: not the user's concern
+            warnings.simplefilter("ignore")
+            compiled = unit()
+            compiled.define(_source(code.src, names), rcb=code.globals.get)
+        constants = [operator.attrgetter(name)(graph) for name in names]
+    except Exception:  # whatever TorchScript cannot compile: the trace runs as Python
+        return None
+    kept = [i for i, v in enumerate(inputs) if v is not None]
+    return ScriptedTrace(compiled.forward, constants, kept)
+
+
+def _by_packets(graph: torch.fx.GraphModule, inputs: tuple) -> torch.fx.Graph | None:
+    """A copy of the trace's graph with each operation named by its overload packet and without
+    the placeholders of ``None`` inputs (``None`` where an input does not match a placeholder, a
+    ``None`` input is read, or the graph calls a module)."""
     copy = torch.fx.Graph()
     copy.output(copy.graph_copy(graph.graph, {}))
     holders = [n for n in copy.nodes if n.op == "placeholder"]
@@ -68,19 +89,7 @@ def scripted(graph: torch.fx.GraphModule, inputs: tuple) -> ScriptedTrace | None
     for node in copy.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
             node.target = node.target.overloadpacket
-    names = sorted({str(n.target) for n in copy.nodes if n.op == "get_attr"})
-    code = copy.python_code(root_module="self")
-    try:
-        with warnings.catch_warnings():  # TorchScript's deprecation: not the user's concern
-            warnings.simplefilter("ignore")
-            compiled = unit()
-            compiled.define(_source(code.src, names), rcb=code.globals.get)
-        constants = [operator.attrgetter(name)(graph) for name in names]
-    except Exception:  # whatever TorchScript cannot compile: the trace runs as Python
-        return None
-    return ScriptedTrace(
-        compiled.forward, constants, [i for i, v in enumerate(inputs) if v is not None]
-    )
+    return copy
 
 
 def _source(src: str, names: list[str]) -> str:
