@@ -257,7 +257,8 @@ class StepReplay:
             outs = self._trace(key, batch, step, names)
             if _TRACED_IN_PROCESS:  # the first trace in a process pays torch's one-time costs
                 self._trace_seconds = time.perf_counter() - start
-            _TRACED_IN_PROCESS.append(True)
+            else:
+                _TRACED_IN_PROCESS.append(True)
         else:
             # a size's first step runs as it is: a model's first-step checks (its rows, its
             # layers' layouts) are made there, not recorded in the trace
