@@ -127,6 +127,15 @@ def measure(
     }
 
 
+def _patience(text: str) -> list[float] | None:
+    """``--patience``'s values, or ``None`` where one is not a number >= 0."""
+    try:
+        values = [float(p) for p in text.split(",")]
+    except ValueError:
+        return None
+    return values if all(p >= 0 for p in values) else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="resnet_small,transformer,lstm")
@@ -142,11 +151,8 @@ def main() -> None:
     for flag in ("steps", "records", "repeats"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag} must be >= 1; found {getattr(args, flag)}")
-    try:
-        patience = [float(p) for p in args.patience.split(",")]
-    except ValueError:
-        patience = [-1.0]
-    if not all(p >= 0 for p in patience):
+    patience = _patience(args.patience)
+    if patience is None:
         ap.error(f"--patience must be numbers >= 0; found {args.patience}")
     torch.set_num_threads(1)
     forms = contextlib.nullcontext()

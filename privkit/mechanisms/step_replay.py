@@ -341,7 +341,7 @@ class StepReplay:
         if trace.checked:
             self.replayed += 1
             start = time.perf_counter()
-            outs = run(trace.runners()[0])
+            outs = run(trace.scripted or trace.graph)  # the fastest it has
             self._replays[0] += time.perf_counter() - start
             self._replays[1] += 1
             return outs
