@@ -352,6 +352,9 @@ class GradientCanaries:
         state.pop("_layouts", None)  # index tensors cached per device (:class:`_Layout`)
         state.pop("_included_on", None)  # and the included canaries' coordinates
         state.pop("_shares", None)  # and per device (:class:`_NoiseShare`)
+        state.pop(
+            "_included_layouts", None
+        )  # and the included canaries' offsets (:class:`_Included`)
         return state
 
     @classmethod
@@ -584,6 +587,36 @@ class GradientCanaries:
             )
         return add_at(tensors, *self.sparse_addition(weights))
 
+    def add_in_place(
+        self, tensors: Sequence[torch.Tensor], weights: torch.Tensor | np.ndarray
+    ) -> Callable[[], None]:
+        """Add what :meth:`add_to` adds to ``tensors`` themselves; returns the function that puts
+        back, bit for bit, what they held at the canaries' coordinates (for a mechanism that needs
+        its clean sum after the release, :meth:`observe`'s ``clean``).
+
+        Dirac canaries on contiguous CPU tensors are added at every included canary's coordinate,
+        an unsampled canary's weight 0 with the others (``x + 0`` is ``x``; a negative zero
+        becomes a positive one), through index tensors built once per layout of the tensors
+        (:class:`_Included`): about three operations per touched tensor a step, none that
+        depends on which canaries were sampled. Otherwise as
+        :func:`attacks.sparse_add.add_in_place` of :meth:`sparse_addition` (the sampled
+        coordinates alone, spread over the tensors anew each step). Each canary with a positive
+        weight appears in this step (:attr:`appearances`)."""
+        cpu = all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+        if self._u is not None or not cpu:
+            return add_in_place(tensors, *self.sparse_addition(weights))
+        w = torch.as_tensor(weights, dtype=torch.float32, device="cpu").reshape(-1)
+        if w.numel() != self.included_ids.size:
+            raise ValueError(
+                f"weights must have one entry per included canary ({self.included_ids.size}); "
+                f"found {w.numel()}"
+            )
+        sizes = tuple(int(t.numel()) for t in tensors)
+        if sum(sizes) != self.dim:
+            raise ValueError(f"the tensors must have dim = {self.dim} entries; found {sum(sizes)}")
+        self.appearances[self.included_ids[w.numpy() > 0]] += 1
+        return _Included.of(self, sizes).add_in_place(tensors, w)
+
     def observe(
         self, released: TensorLike, clean: TensorLike | None = None, *, scale: float = 1.0
     ) -> None:
@@ -741,23 +774,24 @@ class GradientCanaries:
                     )
                     for j, a, b in share.pieces(layout)
                 ]
-        got = layout.gather(rel, scale)
-        r = got.to(device="cpu", dtype=torch.float64)
+        # the few gathered values go on in numpy on the host (the same IEEE operations as
+        # torch's, each a fraction of a torch call's fixed cost)
+        got = layout.gather(rel, scale).cpu().numpy()
+        r = got.astype(np.float64)
         ref_got = None
         if ref is not None:
-            ref_got = layout.gather(ref).to(got.device)
-            r = r - ref_got.to(device="cpu", dtype=torch.float64)
-        units = (r / self.clip_norm).numpy()
+            ref_got = layout.gather(ref).cpu().numpy()
+            r = r - ref_got.astype(np.float64)
+        units = r / self.clip_norm
         x, wit = units[layout.at_coords], units[layout.at_witness]
         if not dense:
             return x, wit, 0.0
         # the noise scale: one pass per tensor (:meth:`_Layout.squared_difference`), the tensors'
         # sums added in float64
-        sums = [sq.to(device=got.device, dtype=torch.float64) for sq in sums]
         d = got if ref_got is None else got - ref_got  # as v, at the reserved coordinates
-        inc = share.included_on(d.device, layout)
-        ss = torch.stack(sums).sum() - d[inc].to(torch.float64).square().sum()
-        return x, wit, max(0.0, float(ss)) / self.clip_norm**2
+        at = d[layout.at_coords[share.included]].astype(np.float64)
+        ss = sum(float(sq) for sq in sums) - float(np.dot(at, at))
+        return x, wit, max(0.0, ss) / self.clip_norm**2
 
     def _observe_joined(
         self,
@@ -1171,6 +1205,50 @@ class _Layout:
             out.append(v * scale if scale != 1.0 else v)
         dev = out[0].device
         return torch.cat([v.to(dev) for v in out])
+
+
+class _Included:
+    """Where the included Dirac canaries' coordinates lie in a list of CPU tensors of the given
+    sizes: per touched tensor, the offsets in it (sorted) and where their weights sit in
+    :attr:`GradientCanaries.included_ids` order, as one permutation of the weights and a slice
+    per tensor."""
+
+    def __init__(self, canaries: GradientCanaries, sizes: tuple[int, ...]):
+        coords = canaries.coordinates_of(canaries.included_ids)
+        order = np.argsort(coords, kind="stable")
+        ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
+        starts = ends - np.asarray(sizes, dtype=np.int64)
+        which = np.searchsorted(ends, coords[order], side="right")
+        self.order = torch.from_numpy(order.astype(np.int64))
+        self.parts: list[tuple[int, torch.Tensor, int, int]] = []  # tensor, offsets, slice
+        for j in np.unique(which):
+            at = np.flatnonzero(which == j)
+            local = coords[order[at]] - starts[j]
+            self.parts.append((int(j), torch.from_numpy(local), int(at[0]), int(at[-1]) + 1))
+
+    @classmethod
+    def of(cls, canaries: GradientCanaries, sizes: tuple[int, ...]) -> _Included:
+        cache = canaries.__dict__.setdefault("_included_layouts", {})
+        if sizes not in cache:
+            cache[sizes] = cls(canaries, sizes)
+        return cache[sizes]
+
+    def add_in_place(self, tensors: Sequence[torch.Tensor], w: torch.Tensor) -> Callable[[], None]:
+        """Add ``w`` (float32, one per included canary) at the canaries' offsets in place (the
+        same float additions as ``index_put_(..., accumulate=True)`` of the sampled ones); the
+        function returned copies the saved values back."""
+        v = w.index_select(0, self.order)
+        saved = []
+        for j, local, a, b in self.parts:
+            flat = tensors[j].detach().view(-1)
+            saved.append((flat, local, flat.index_select(0, local)))
+            flat.index_add_(0, local, v[a:b].to(flat.dtype))
+
+        def restore() -> None:
+            for flat, local, old in saved:
+                flat.index_copy_(0, local, old)
+
+        return restore
 
 
 class _NoiseShare:

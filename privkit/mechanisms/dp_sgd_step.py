@@ -444,11 +444,12 @@ class DpSgdStep:
         self, total: dict[str, torch.Tensor], names: list[str], canaries, source: DpRandom
     ) -> Callable[[], None]:
         """Add to ``total`` (in place) the included canaries this step samples, each clipped like a
-        record; returns the function that takes them out again (:func:`attacks.whitebox.add_in_place`)."""
-        from attacks.whitebox import add_in_place
-
-        # only the sampled canaries' coordinates, on the tensors' device (no dense vector)
-        return add_in_place([total[k] for k in names], *self._canary_addition(canaries, source))
+        record; returns the function that takes them out again
+        (:meth:`attacks.whitebox.GradientCanaries.add_in_place`: the canaries' coordinates only,
+        on the tensors' device, no dense vector)."""
+        sampled = source.mask(len(canaries.included_ids), rate=self.sample_rate)
+        weights = sampled.to(torch.float32) * self._canary_weight(canaries)
+        return canaries.add_in_place([total[k] for k in names], weights)
 
     def _joined_with_canaries(
         self, total: dict[str, torch.Tensor], names: list[str], canaries, source: DpRandom

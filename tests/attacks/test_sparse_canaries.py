@@ -81,6 +81,63 @@ def test_add_in_place_touches_its_coordinates_and_restores_them_bit_for_bit():
         assert torch.equal(t.reshape(-1).view(torch.int32), t0.reshape(-1).view(torch.int32))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_method_add_in_place_adds_the_sampled_canaries_and_restores_bit_for_bit(dtype):
+    """``GradientCanaries.add_in_place`` (every included canary's coordinate, weight 0 where not
+    sampled, through offsets built once per layout) gives the floats of the sampled coordinates
+    added alone (:func:`add_in_place` of ``sparse_addition``), counts the same appearances, and
+    puts back every bit, negative zeros included, step after step and on a second layout."""
+    a, b = _canaries(n=40), _canaries(n=40)
+    rng = np.random.default_rng(3)
+    for shapes in (SHAPES, [(DIM,)], SHAPES):
+        g = torch.Generator().manual_seed(len(shapes))
+        mine = [torch.randn(s, generator=g, dtype=dtype) for s in shapes]
+        mine[0].view(-1)[::2] = -0.0  # zeros of both signs where canaries may land
+        theirs = [t.clone() for t in mine]
+        before = [t.clone() for t in mine]
+        for _ in range(4):
+            w = rng.uniform(0.1, 3, a.included_ids.size) * (rng.random(a.included_ids.size) < 0.4)
+            restore_mine = a.add_in_place(mine, torch.as_tensor(w, dtype=torch.float32))
+            restore_theirs = add_in_place(theirs, *b.sparse_addition(w))
+            for x, y in zip(mine, theirs):
+                assert torch.equal(x, y)  # equal values (an unsampled -0 reads +0 in mine)
+            changed = sum(int((x != t0).sum()) for x, t0 in zip(mine, before))
+            assert changed == int((w != 0).sum()) > 0  # the sampled canaries, and only they
+            restore_mine()
+            restore_theirs()
+            for t, t0 in zip(mine, before):
+                assert torch.equal(t.reshape(-1).view(torch.int8), t0.reshape(-1).view(torch.int8))
+        np.testing.assert_array_equal(a.appearances, b.appearances)
+    assert a.appearances.sum() > 0
+    with pytest.raises(ValueError, match="one entry per included canary"):
+        a.add_in_place(_tensors(0), torch.ones(3))
+    with pytest.raises(ValueError, match="dim"):
+        a.add_in_place(_tensors(0)[1:], torch.ones(a.included_ids.size))
+
+
+@pytest.mark.parametrize("case", ["random", "non-contiguous"])
+def test_the_method_add_in_place_falls_back_to_the_sampled_coordinates(case):
+    """Random directions (every coordinate) and a non-contiguous tensor take the general path:
+    the same floats as ``add_to``, put back bit for bit."""
+    a, b = (
+        _canaries(case if case == "random" else "dirac"),
+        _canaries(case if case == "random" else "dirac"),
+    )
+    tensors = _tensors(6)
+    if case == "non-contiguous":
+        tensors[0] = tensors[0].t()
+    before = [t.clone() for t in tensors]
+    w = np.full(a.included_ids.size, 0.5)
+    w[::2] = 0.0
+    restore = a.add_in_place(tensors, w)
+    for got, want in zip(tensors, b.add_to(before, w)):
+        assert torch.equal(got, want)
+    restore()
+    for t, t0 in zip(tensors, before):
+        assert torch.equal(t, t0)
+    np.testing.assert_array_equal(a.appearances, b.appearances)
+
+
 def test_probe_sets_sparse_additions_sum_as_their_vectors():
     """privkit's opacus DP-SGD adds several probe sets' canaries at once: summed coordinate by
     coordinate in the sets' order, they equal the dense vectors' sum (shared coordinates too)."""
