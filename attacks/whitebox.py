@@ -1210,7 +1210,7 @@ class _Layout:
 class _Included:
     """Where the included Dirac canaries' coordinates lie in a list of CPU tensors of the given
     sizes: per touched tensor, the offsets in it (sorted) and where their weights sit in
-    :attr:`GradientCanaries.included_ids` order, as one permutation of the weights and a slice
+    ``GradientCanaries.included_ids`` order, as one permutation of the weights and a slice
     per tensor."""
 
     def __init__(self, canaries: GradientCanaries, sizes: tuple[int, ...]):
