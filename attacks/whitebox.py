@@ -352,9 +352,7 @@ class GradientCanaries:
         state.pop("_layouts", None)  # index tensors cached per device (:class:`_Layout`)
         state.pop("_included_on", None)  # and the included canaries' coordinates
         state.pop("_shares", None)  # and per device (:class:`_NoiseShare`)
-        state.pop(
-            "_included_layouts", None
-        )  # and the included canaries' offsets (:class:`_Included`)
+        state.pop("_included_layouts", None)  # and their offsets (:class:`_Included`)
         return state
 
     @classmethod
