@@ -772,22 +772,24 @@ class GradientCanaries:
                     )
                     for j, a, b in share.pieces(layout)
                 ]
-        # the few gathered values go on in numpy on the host (the same IEEE operations as
-        # torch's, each a fraction of a torch call's fixed cost)
-        got = layout.gather(rel, scale).cpu().numpy()
-        r = got.astype(np.float64)
+        # the few gathered values, in float64, go on in numpy on the host (the same IEEE
+        # operations as torch's, each a fraction of a torch call's fixed cost)
+        got = layout.gather(rel, scale).cpu()
+        r = got.to(torch.float64).numpy()
         ref_got = None
         if ref is not None:
-            ref_got = layout.gather(ref).cpu().numpy()
-            r = r - ref_got.astype(np.float64)
+            ref_got = layout.gather(ref).cpu()
+            r = r - ref_got.to(torch.float64).numpy()
         units = r / self.clip_norm
         x, wit = units[layout.at_coords], units[layout.at_witness]
         if not dense:
             return x, wit, 0.0
         # the noise scale: one pass per tensor (:meth:`_Layout.squared_difference`), the tensors'
-        # sums added in float64
-        d = got if ref_got is None else got - ref_got  # as v, at the reserved coordinates
-        at = d[layout.at_coords[share.included]].astype(np.float64)
+        # sums added in float64, less the included canaries' coordinates, their difference taken
+        # in the tensors' dtypes (as v; torch's promotion, bfloat16 included)
+        wide = _wide(got.dtype) if ref_got is None else _wide(got.dtype, ref_got.dtype)
+        d = got.to(wide) if ref_got is None else got.to(wide) - ref_got.to(wide)
+        at = d[share.included_on(d.device, layout)].to(torch.float64).numpy()
         ss = sum(float(sq) for sq in sums) - float(np.dot(at, at))
         return x, wit, max(0.0, ss) / self.clip_norm**2
 
@@ -821,18 +823,19 @@ class GradientCanaries:
         coins, self._coins = getattr(self, "_coins", None), None
         if coins is not None:  # this step's sampled canaries ride with the release's copy
             parts.append(coins.to(device=flat.device, dtype=torch.float64))
+        dtype = _wide(flat.dtype) if flat_ref is None else _wide(flat.dtype, flat_ref.dtype)
         if dense:
             if flat_ref is None:
-                sums = [a.square().sum() for a in share.read(flat)]
+                sums = [a.to(dtype).square().sum() for a in share.read(flat)]
             else:
                 sums = [
-                    torch.nn.functional.mse_loss(a, b.to(a.dtype), reduction="sum")
+                    torch.nn.functional.mse_loss(a.to(dtype), b.to(dtype), reduction="sum")
                     for a, b in zip(share.read(flat), share.read(flat_ref))
                 ]
             ss = sums[0] if len(sums) == 1 else torch.stack(sums).sum()
             parts.append(ss.to(torch.float64).reshape(1))
         copy = HostCopy(torch.cat(parts))  # the step's one transfer, queued on a CUDA device
-        n, dtype = idx.numel(), flat.dtype
+        n = idx.numel()
 
         def read() -> tuple[np.ndarray, np.ndarray, float]:
             host = copy.result()
@@ -846,7 +849,7 @@ class GradientCanaries:
             if not dense:
                 return x, wit, 0.0
             # the included canaries' coordinates leave the noise's share, their difference taken
-            # in the release's dtype as the per-tensor path takes it
+            # in the statistic's dtype (:func:`_wide`) as the per-tensor path takes it
             d = got.to(dtype)
             if ref is not None:
                 d = d - host[n : 2 * n].to(dtype)
@@ -1101,6 +1104,16 @@ def joined_on(device: torch.device) -> bool:
     return device.type != "cpu"
 
 
+def _wide(*dtypes: torch.dtype) -> torch.dtype:
+    """The dtype the noise statistic is computed in: the tensors' promoted dtype, at least
+    float32. Squares of half-precision values rounded and summed in half precision move the sum
+    by about 0.3%, as much as the statistic's own spread over 262,144 coordinates."""
+    out = torch.float32
+    for d in dtypes:
+        out = torch.promote_types(out, d)
+    return out
+
+
 def _pieces(tensors: TensorLike) -> list[torch.Tensor]:
     return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
 
@@ -1128,41 +1141,48 @@ class _Layout:
         self, t: torch.Tensor, ref: torch.Tensor | None, scale: float = 1.0
     ) -> torch.Tensor:
         """``sum((t * scale - ref) ** 2)`` (``ref`` None: ``sum((t * scale) ** 2)``) of a flat
-        tensor ``t`` and a flat ``ref``, in ``t``'s dtype and on its device.
+        tensor ``t`` and a flat ``ref``, on ``t``'s device, in the tensors' promoted dtype and
+        at least float32 (:func:`_wide`: a half-precision release's squares are not rounded to
+        half precision; ``t * scale`` is rounded in ``t``'s dtype, as the release observed).
 
         A tensor of at most :data:`SQUARES_CHUNK` entries, any tensor off the CPU, and a ``ref``
         of another dtype or device take one fused operation over the whole tensor
         (``mse_loss(t * scale, ref, reduction="sum")``: the release minus the clean sum, squared
-        and summed in its dtype by cascade summation). A longer CPU tensor is read chunk by
+        and summed by cascade summation). A longer CPU tensor is read chunk by
         chunk through a scratch buffer kept in the core's cache: each chunk's difference is
         written there and its squares summed by one dot product of the chunk with itself
-        (``torch.dot``, in the tensor's dtype), and the chunks' sums are added in float64. The
+        (``torch.dot``), and the chunks' sums are added in float64. The
         tensors are read once, no buffer as large as the tensor is written and read back, no
         buffer is allocated per step, and the squares are never written (the dot product
         reads the chunk once more, from the cache). The sum differs from the one-pass float32
         sum by float rounding (about 1e-8 relative, within the one-pass sum's own bound of
         2.5e-7)."""
         n = int(t.numel())
+        wide = _wide(t.dtype) if ref is None else _wide(t.dtype, ref.dtype)
         if (
             n <= SQUARES_CHUNK
             or t.device.type != "cpu"
             or (ref is not None and (ref.dtype != t.dtype or ref.device != t.device))
         ):
-            v = t * scale if scale != 1.0 else t
+            v = (t * scale if scale != 1.0 else t).to(wide)
             if ref is None:
                 return v.square().sum()
-            if ref.dtype == v.dtype and ref.device == v.device:
-                return torch.nn.functional.mse_loss(v, ref, reduction="sum")
-            return (v - ref.to(v.device)).square().sum()
-        key = (t.device, t.dtype)
+            return torch.nn.functional.mse_loss(
+                v, ref.to(device=v.device, dtype=wide), reduction="sum"
+            )
+        key = (t.device, wide)
         if key not in self._scratch:
-            self._scratch[key] = torch.empty(SQUARES_CHUNK, dtype=t.dtype)
+            self._scratch[key] = torch.empty(SQUARES_CHUNK, dtype=wide)
         buf = self._scratch[key]
         refs = ref.split(SQUARES_CHUNK) if ref is not None else None
         total = 0.0
         for i, x in enumerate(t.split(SQUARES_CHUNK)):
             d = buf[: x.numel()]
-            if scale != 1.0:
+            if x.dtype != wide:  # widened first (scaled in the release's dtype, as observed)
+                d.copy_(x * scale if scale != 1.0 else x)
+                if refs is not None:
+                    d.sub_(refs[i])
+            elif scale != 1.0:
                 torch.mul(x, scale, out=d)
                 if refs is not None:
                     d.sub_(refs[i])
