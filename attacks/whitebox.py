@@ -452,7 +452,7 @@ class GradientCanaries:
         return watch_optimizer(optimizer, self, params, float(batch_size))
 
     # ------------------------------------------------------------------ auditor-side injection
-    def inject(self, summed: TensorLike) -> TensorLike:
+    def inject(self, summed: TensorLike, *, in_place: bool = False) -> TensorLike:
         """The clipped sum of this step plus the gradients of the included canaries sampled now.
 
         The auditor samples the canaries (rate ``sample_rate``) and adds them at norm
@@ -460,26 +460,55 @@ class GradientCanaries:
         opacus optimizer, a user's loop). ``summed`` is a flat tensor or a list of tensors (the
         loop's parameter order); the same structure comes back. Call :meth:`observe` with the
         released (noisy) sum before the next ``inject``.
+
+        Dirac canaries are added at their own coordinates (:func:`add_at`: a tensor none of them
+        falls in comes back as itself, a touched one as a new tensor; with ``in_place`` the
+        tensors of ``summed`` themselves take them, and ``summed`` comes back), and of the clean
+        sum the observation's comparison keeps only what it reads (:class:`_CleanShare`: the
+        reserved coordinates and the noise scale's share of this release): no dense vector and
+        no copy of the whole sum per step. Random directions touch every coordinate: their
+        vector is added to every tensor and the clean sum is kept whole.
         """
         if self._pending:
             raise RuntimeError(
                 "inject called twice without observe: call observe(released) every step"
             )
-        flat = _flat(summed).detach()
-        if flat.numel() != self.dim:
+        pieces = [t.detach() for t in _pieces(summed)]
+        found = sum(int(t.numel()) for t in pieces)
+        if found != self.dim:
             raise ValueError(
-                f"the summed gradient must have dim = {self.dim} entries; found {flat.numel()}"
+                f"the summed gradient must have dim = {self.dim} entries; found {found}"
             )
-        self._clean = flat.clone() if self.know_batch else None
+        dirac = self._u is None
+        if not self.know_batch:
+            self._clean = None
+        elif dirac:  # what the observation reads of the clean sum, not the whole of it
+            self._clean = _CleanShare.of(self, pieces, self._noise_share())
+        else:
+            self._clean = _flat(pieces).clone()
         sampled = (torch.rand(self.n, generator=self._sampling) < self.sample_rate) & self._inc
         self.appearances += sampled.numpy()
         self._pending = True
         if not bool(sampled.any()):
             return summed
+        if dirac:  # at the sampled canaries' coordinates only, each ``clip_norm`` long
+            values = torch.full((int(sampled.sum()),), self.clip_norm, dtype=torch.float64)
+            if in_place:
+                add_in_place(pieces, self._coords[sampled], values)
+                return summed
+            added = add_at(_pieces(summed), self._coords[sampled], values)
+            return added[0] if isinstance(summed, torch.Tensor) else added
+        flat = _flat(pieces)
         add = (
             self._direction_sum(sampled.to(torch.float32)).to(device=flat.device, dtype=flat.dtype)
             * self.clip_norm
         )
+        if in_place:
+            at = 0
+            for t in pieces:
+                t.add_(add[at : at + t.numel()].reshape(t.shape))
+                at += t.numel()
+            return summed
         if isinstance(summed, torch.Tensor):
             return summed + add.reshape(summed.shape)
         out, at = [], 0
@@ -752,14 +781,21 @@ class GradientCanaries:
                 f"the released sum must have dim = {self.dim} entries; found {sum(sizes)}"
             )
         ref = None
-        if base is not None:
+        kept = base if isinstance(base, _CleanShare) else None  # an injected step's
+        if base is not None and kept is None:
             ref = [t.detach().reshape(-1) for t in _pieces(base)]
             if tuple(int(t.numel()) for t in ref) != sizes:
                 ref = list(_flat(base).detach().split(sizes))
         layout = _Layout.of(self, sizes)
-        if joined_on(rel[0].device) and len({t.device for t in rel + (ref or [])}) == 1:
-            return self._observe_joined(rel, ref, layout, scale, share, dense)
-        if dense:  # the noise scale first: the gathers below then find the release in the cache
+        devices = {t.device for t in rel + (ref or [])} | ({kept.values.device} if kept else set())
+        if joined_on(rel[0].device) and len(devices) == 1:
+            return self._observe_joined(rel, kept or ref, layout, scale, share, dense)
+        if dense and kept is not None:
+            sums = [
+                layout.squared_difference(rel[j][a:b], r, scale)
+                for (j, a, b), r in zip(share.pieces(layout), kept.pieces(share, layout))
+            ]
+        elif dense:  # the noise scale first: the gathers below then find the release in the cache
             if share.whole:
                 sums = [
                     layout.squared_difference(t, None if ref is None else ref[j], scale)
@@ -777,8 +813,8 @@ class GradientCanaries:
         got = layout.gather(rel, scale).cpu()
         r = got.to(torch.float64).numpy()
         ref_got = None
-        if ref is not None:
-            ref_got = layout.gather(ref).cpu()
+        if ref is not None or kept is not None:
+            ref_got = kept.needed.cpu() if kept is not None else layout.gather(ref).cpu()
             r = r - ref_got.to(torch.float64).numpy()
         units = r / self.clip_norm
         x, wit = units[layout.at_coords], units[layout.at_witness]
@@ -796,7 +832,7 @@ class GradientCanaries:
     def _observe_joined(
         self,
         rel: list[torch.Tensor],
-        ref: list[torch.Tensor] | None,
+        ref: list[torch.Tensor] | _CleanShare | None,
         layout: _Layout,
         scale: float,
         share: _NoiseShare,
@@ -816,21 +852,25 @@ class GradientCanaries:
             flat = flat * scale
         idx = layout.index_on(flat.device)
         parts = [flat.index_select(0, idx).to(torch.float64)]
-        flat_ref = None
-        if ref is not None:
+        refs: list[torch.Tensor] | None = None  # the clean sum's share, as share.read gives it
+        if isinstance(ref, _CleanShare):  # an injected step's: gathered and copied already
+            parts.append(ref.needed.to(torch.float64))
+            refs = ref.read(share, flat.numel())
+        elif ref is not None:
             flat_ref = torch.cat(ref) if len(ref) > 1 else ref[0]
             parts.append(flat_ref.index_select(0, idx).to(torch.float64))
+            refs = share.read(flat_ref)
         coins, self._coins = getattr(self, "_coins", None), None
         if coins is not None:  # this step's sampled canaries ride with the release's copy
             parts.append(coins.to(device=flat.device, dtype=torch.float64))
-        dtype = _wide(flat.dtype) if flat_ref is None else _wide(flat.dtype, flat_ref.dtype)
+        dtype = _wide(flat.dtype) if refs is None else _wide(flat.dtype, refs[0].dtype)
         if dense:
-            if flat_ref is None:
+            if refs is None:
                 sums = [a.to(dtype).square().sum() for a in share.read(flat)]
             else:
                 sums = [
                     torch.nn.functional.mse_loss(a.to(dtype), b.to(dtype), reduction="sum")
-                    for a, b in zip(share.read(flat), share.read(flat_ref))
+                    for a, b in zip(share.read(flat), refs, strict=True)
                 ]
             ss = sums[0] if len(sums) == 1 else torch.stack(sums).sum()
             parts.append(ss.to(torch.float64).reshape(1))
@@ -1225,6 +1265,47 @@ class _Layout:
         return torch.cat([v.to(dev) for v in out])
 
 
+class _CleanShare:
+    """What the observation of an injected release reads of its clean sum, copied at
+    :meth:`GradientCanaries.inject`: the values at the reserved coordinates (sorted, as
+    :meth:`_Layout.gather` gives them) and those of the release's noise share (its flat ranges
+    one after another, as :meth:`_NoiseShare.pieces` and :meth:`_NoiseShare.read` walk them,
+    whatever tensors hold them)."""
+
+    def __init__(self, needed: torch.Tensor, values: torch.Tensor):
+        self.needed, self.values = needed, values
+
+    @classmethod
+    def of(
+        cls, canaries: GradientCanaries, pieces: list[torch.Tensor], share: _NoiseShare
+    ) -> _CleanShare:
+        flats = [t.reshape(-1) for t in pieces]
+        layout = _Layout.of(canaries, tuple(int(t.numel()) for t in flats))
+        parts = [flats[j][a:b] for j, a, b in share.pieces(layout)]
+        dev = parts[0].device
+        # copies (index_select, cat): the loop may change its sum in place before the release
+        return cls(layout.gather(flats), torch.cat([p.to(dev) for p in parts]))
+
+    def pieces(self, share: _NoiseShare, layout: _Layout) -> list[torch.Tensor]:
+        """The share's values for each of ``share.pieces(layout)``, in order."""
+        out, at = [], 0
+        for _, a, b in share.pieces(layout):
+            out.append(self.values[at : at + b - a])
+            at += b - a
+        return out
+
+    def read(self, share: _NoiseShare, dim: int) -> list[torch.Tensor]:
+        """The share's values shaped as ``share.read`` gives them of a joined vector of ``dim``."""
+        if share.whole:
+            return [self.values]
+        full = dim // share.block
+        rows = len(range(share.phase, full, share.stride))
+        out = [self.values[: rows * share.block].view(rows, share.block)]
+        if self.values.numel() > rows * share.block:
+            out.append(self.values[rows * share.block :])
+        return out
+
+
 class _Included:
     """Where the included Dirac canaries' coordinates lie in a list of CPU tensors of the given
     sizes: per touched tensor, the offsets in it (sorted) and where their weights sit in
@@ -1439,10 +1520,8 @@ def attach_to_opacus(optimizer, canaries: GradientCanaries, data_loader=None, *,
     original = optimizer.add_noise
 
     def add_noise() -> None:
-        summed = [p.summed_grad for p in params]
-        for p, before, after in zip(params, summed, canaries.inject(summed)):
-            if after is not before:  # in place: opacus marks summed_grad as processed
-                p.summed_grad.add_(after - before)
+        # in place: opacus marks summed_grad as processed
+        canaries.inject([p.summed_grad for p in params], in_place=True)
         original()
         canaries.observe([p.grad for p in params])
 

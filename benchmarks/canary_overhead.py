@@ -35,6 +35,11 @@ tensors, median of 50, for each path.
 canaries are weighed against a step whose host work is its operations, as on a GPU they would
 be with it.)
 
+(``--opacus``: also opacus' ghost-clipping step, its own noise, with the auditor's canaries
+inserted by ``attach_to_opacus`` without a loader, path ``inject``, and the same with the dense
+``inject`` it replaced, ``inject-dense``: the clean sum copied whole and the dense vector added
+to every tensor each step.)
+
 (``--paths sparse,full-read`` leaves out the dense path, whose 15-30 MB host copies a step also
 churn the allocator under the configurations timed after them.)
 
@@ -151,11 +156,53 @@ class DenseCanaryStep(DpSgdStep):
 
 
 def dense_observer(can: GradientCanaries) -> GradientCanaries:
-    """``can`` observing as before: the whole release and clean sum on the host, in float64."""
+    """``can`` observing as before: the whole release and clean sum on the host, in float64;
+    and injecting as before (:func:`dense_injector`)."""
     can._observe_sparse = lambda released, base, scale, share, dense: can._observe_dense(
         released, base, scale, share
     )
+    return dense_injector(can)
+
+
+def dense_injector(can: GradientCanaries) -> GradientCanaries:
+    """``can`` injecting as before its sparse ``inject``: the clean sum copied whole, the dense
+    vector added to every tensor (in place, as opacus' wrapper added it: ``after - before``)."""
+
+    def inject(summed, *, in_place=False):
+        out = _dense_inject(summed)
+        if in_place:
+            for t, after in zip(_listed(summed), _listed(out)):
+                if after is not t:
+                    t.add_(after - t)
+            return summed
+        return out
+
+    def _dense_inject(summed):
+        if can._pending:
+            raise RuntimeError("inject called twice without observe")
+        flat = torch.cat([t.detach().reshape(-1) for t in _listed(summed)])
+        can._clean = flat.clone() if can.know_batch else None
+        sampled = (torch.rand(can.n, generator=can._sampling) < can.sample_rate) & can._inc
+        can.appearances += sampled.numpy()
+        can._pending = True
+        if not bool(sampled.any()):
+            return summed
+        vec = can._direction_sum(sampled.to(torch.float32))
+        add = vec.to(device=flat.device, dtype=flat.dtype) * can.clip_norm
+        if isinstance(summed, torch.Tensor):
+            return summed + add.reshape(summed.shape)
+        out, at = [], 0
+        for t in summed:
+            out.append(t + add[at : at + t.numel()].reshape(t.shape))
+            at += t.numel()
+        return out
+
+    can.inject = inject
     return can
+
+
+def _listed(tensors) -> list[torch.Tensor]:
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
 
 
 def _sync(device: torch.device) -> None:
@@ -218,6 +265,46 @@ def canary_ops_ms(
     return out
 
 
+def opacus_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, n: int, path: str):
+    """One step of opacus' ghost clipping (its own noise) on a copy of ``model``, with ``n``
+    auditor's canaries (:func:`attacks.whitebox.attach_to_opacus` without a loader; ``path``
+    ``inject-dense``: the dense inject it replaced)."""
+    import copy
+    import warnings
+
+    from opacus import PrivacyEngine
+    from opacus.validators import ModuleValidator
+
+    from attacks.whitebox import attach_to_opacus
+
+    m = ModuleValidator.fix(copy.deepcopy(model))
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x.cpu(), y.cpu()), batch_size=len(y)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm, go, crit, _ = PrivacyEngine(accountant="rdp").make_private(
+            module=m,
+            optimizer=torch.optim.SGD(m.parameters(), lr=0.01),
+            criterion=nn.CrossEntropyLoss(),
+            data_loader=loader,
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            poisson_sampling=False,
+            grad_sample_mode="ghost",
+        )
+    can = _canaries(gm, n, "sparse")
+    if can is not None:
+        attach_to_opacus(go, dense_injector(can) if path == "inject-dense" else can)
+
+    def run():
+        go.zero_grad(set_to_none=True)
+        crit(gm(x), y).backward()
+        go.step()
+
+    return run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
@@ -231,6 +318,12 @@ def main() -> None:
         action="store_true",
         help="every step's clipped sum replayed (StepReplay): the canaries against a step whose "
         "host work is its operations",
+    )
+    ap.add_argument(
+        "--opacus",
+        action="store_true",
+        help="add opacus' ghost-clipping step with the auditor's canaries (attach_to_opacus "
+        "without a loader: inject, and the dense inject it replaced)",
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
@@ -255,10 +348,17 @@ def main() -> None:
             for n in counts:
                 for path in paths if n else ("none",):
                     configs.append((name, noise, n, path))
+        if args.opacus:
+            for n in counts:
+                for path in ("inject", "inject-dense") if n else ("none",):
+                    configs.append((name, "opacus", n, path))
     runners = {}
     for cfg in configs:
         name, noise, n, path = cfg
         model = state[name]
+        if noise == "opacus":
+            runners[cfg] = opacus_step(model, x, y, n, path)
+            continue
         step = (DenseCanaryStep if path == "dense" else DpSgdStep)(
             1.0, 1.0, BATCH / DATASET, DATASET
         )

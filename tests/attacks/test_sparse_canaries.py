@@ -281,17 +281,81 @@ def test_a_joined_observation_is_recorded_later_as_it_was_observed(monkeypatch):
     assert queued._queued is None and state.steps == 4 and len(state._proj) == 4
 
 
-def test_inject_then_sparse_observe_equals_the_dense_one():
-    sparse, dense = _canaries(), _dense(_canaries())
-    for step in range(4):
+@pytest.mark.parametrize("form", [None, 16, "joined", "share", "share-joined"])
+@pytest.mark.parametrize("given", ["list", "flat"])
+@pytest.mark.parametrize("know_batch", [True, False])
+def test_inject_then_sparse_observe_equals_the_dense_one(form, given, know_batch, monkeypatch):
+    """``inject`` adds the sampled Dirac canaries at their coordinates and keeps of the clean
+    sum only what the observation reads (:class:`whitebox._CleanShare`): the same sums as the
+    dense vector added to every tensor, and the same evidence as the whole clean sum kept, in
+    one pass, in chunks, joined and in a share; the loop's sum is left as it was, and a loop
+    that then changes it in place does not change what the canaries compare against."""
+    if form in ("share", "share-joined"):
+        monkeypatch.setattr(whitebox, "NOISE_READ", 40)
+        monkeypatch.setattr(whitebox, "NOISE_BLOCK", 8)
+    if form in ("joined", "share-joined"):
+        monkeypatch.setattr(whitebox, "joined_on", lambda device: True)
+    elif form == 16:
+        monkeypatch.setattr(whitebox, "SQUARES_CHUNK", form)
+    sparse, dense = _canaries(know_batch=know_batch), _dense(_canaries(know_batch=know_batch))
+    for step in range(5):
         summed = _tensors(30 + step)
-        noise = _tensors(40 + step)
+        if given == "flat":
+            summed = torch.cat([t.reshape(-1) for t in summed])
+        before = [t.clone() for t in _listed(summed)]
+        noise = [
+            torch.randn(t.shape, generator=torch.Generator().manual_seed(step)) for t in before
+        ]
+        released = {}
         for c in (sparse, dense):
-            out = c.inject(summed)
-            c.observe([o + z for o, z in zip(out, noise)])
+            out = _listed(c.inject(summed))
+            for t, t0 in zip(_listed(summed), before):
+                assert torch.equal(t, t0)  # the loop's sum untouched
+            released[id(c)] = [o + z for o, z in zip(out, noise)]
+        for a, b in zip(released[id(sparse)], released[id(dense)]):
+            assert torch.equal(a, b)
+        for t in _listed(summed):
+            t.add_(100.0)  # the loop reuses its sum before the release is observed
+        for c in (sparse, dense):
+            c.observe(released[id(c)])
+    sparse._settle()
+    assert sparse.steps == dense.steps == 5
     for g, w in zip(sparse._proj + sparse._witness_rows, dense._proj + dense._witness_rows):
         np.testing.assert_array_equal(g, w)
+    assert len(sparse._witness_rows) == len(dense._witness_rows)
     np.testing.assert_allclose(sparse._noise_ss, dense._noise_ss, rtol=2.5e-7)
+    np.testing.assert_array_equal(sparse.appearances, dense.appearances)
+    assert sparse.appearances.sum() > 0
+
+
+@pytest.mark.parametrize("kind", ["dirac", "random"])
+@pytest.mark.parametrize("given", ["list", "flat", "non-contiguous"])
+def test_inject_in_place_adds_what_inject_returns(kind, given):
+    """``inject(summed, in_place=True)`` leaves in ``summed`` itself the sums ``inject``
+    returns, and the canaries observe the same evidence either way."""
+    mine, theirs = _canaries(kind), _canaries(kind)
+    for step in range(4):
+        summed = _tensors(60 + step)
+        if given == "flat":
+            summed = torch.cat([t.reshape(-1) for t in summed])
+        elif given == "non-contiguous":
+            summed[0] = summed[0].t()
+        copy = summed.clone() if isinstance(summed, torch.Tensor) else [t.clone() for t in summed]
+        want = _listed(theirs.inject(copy))
+        assert mine.inject(summed, in_place=True) is summed
+        for got, w in zip(_listed(summed), want):
+            assert torch.equal(got, w)
+        noise = [torch.full(t.shape, 0.5) for t in want]
+        mine.observe([t + z for t, z in zip(_listed(summed), noise)])
+        theirs.observe([t + z for t, z in zip(want, noise)])
+    assert mine.appearances.sum() > 0
+    for g, w in zip(mine._proj + mine._witness_rows, theirs._proj + theirs._witness_rows):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(mine._noise_ss, theirs._noise_ss)
+
+
+def _listed(tensors) -> list[torch.Tensor]:
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
 
 
 @pytest.mark.parametrize("n", [1, 63, 64, 65, 64 * 5, 64 * 5 + 17])
