@@ -328,7 +328,7 @@ class GradientCanaries:
         self._proj: list[np.ndarray] = []
         self._noise_ss: list[float] = []
         self._noise_dof: list[int] = []
-        self._clean: torch.Tensor | None = None
+        self._clean: torch.Tensor | _CleanShare | None = None  # an injected step's clean sum
         self._pending = False
         self._queued: Callable[[], None] | None = None  # a release's copy still on its way
         self._coins: torch.Tensor | None = None  # this step's sampled canaries, on a device
@@ -666,7 +666,7 @@ class GradientCanaries:
         # the noise's witnesses: where the auditor injects the canaries itself, or canary records
         # reserve them (privkit's own mechanisms, :meth:`vector`, are tested on scale alone)
         witness = self._pending or records
-        base: TensorLike | None
+        base: TensorLike | _CleanShare | None
         if self._pending:
             base = self._clean
         elif clean is None or not (self.know_batch or records):
@@ -678,7 +678,8 @@ class GradientCanaries:
         share = self._noise_share() if self._u is None else None
         if share is not None:
             got = self._observe_sparse(released, base, scale, share, dense=not records)
-        else:
+        else:  # random directions: inject keeps the clean sum whole
+            assert not isinstance(base, _CleanShare)
             got = self._observe_dense(released, base, scale, share)
         self._count_coins()  # a path that did not take them with the release (none left if it did)
         # this release's draws by the user's sampler, taken now: the next batch counts anew
@@ -759,7 +760,7 @@ class GradientCanaries:
     def _observe_sparse(
         self,
         released: TensorLike,
-        base: TensorLike | None,
+        base: TensorLike | _CleanShare | None,
         scale: float,
         share: _NoiseShare,
         dense: bool,
@@ -780,9 +781,9 @@ class GradientCanaries:
             raise ValueError(
                 f"the released sum must have dim = {self.dim} entries; found {sum(sizes)}"
             )
-        ref = None
+        ref: list[torch.Tensor] | None = None
         kept = base if isinstance(base, _CleanShare) else None  # an injected step's
-        if base is not None and kept is None:
+        if base is not None and not isinstance(base, _CleanShare):
             ref = [t.detach().reshape(-1) for t in _pieces(base)]
             if tuple(int(t.numel()) for t in ref) != sizes:
                 ref = list(_flat(base).detach().split(sizes))
@@ -813,8 +814,11 @@ class GradientCanaries:
         got = layout.gather(rel, scale).cpu()
         r = got.to(torch.float64).numpy()
         ref_got = None
-        if ref is not None or kept is not None:
-            ref_got = kept.needed.cpu() if kept is not None else layout.gather(ref).cpu()
+        if kept is not None:
+            ref_got = kept.needed.cpu()
+        elif ref is not None:
+            ref_got = layout.gather(ref).cpu()
+        if ref_got is not None:
             r = r - ref_got.to(torch.float64).numpy()
         units = r / self.clip_norm
         x, wit = units[layout.at_coords], units[layout.at_witness]
