@@ -43,6 +43,20 @@ def _canaries(kind="dirac", n=30, **kw) -> GradientCanaries:
     return GradientCanaries(DIM, n, kind=kind, witness=kw.pop("witness", 25), **kw)
 
 
+def _observed_as(form, monkeypatch) -> None:
+    """The observation's form: ``None`` (one pass per tensor), ``16`` (the noise scale's pass read
+    in chunks of 16), ``joined`` (a GPU's form: one vector, one gather, one transfer), ``share``
+    (a release past the read limit: a rotating share of 8-coordinate blocks, stride 3) or
+    ``share-joined``."""
+    if form in ("share", "share-joined"):
+        monkeypatch.setattr(whitebox, "NOISE_READ", 40)
+        monkeypatch.setattr(whitebox, "NOISE_BLOCK", 8)
+    if form in ("joined", "share-joined"):
+        monkeypatch.setattr(whitebox, "joined_on", lambda device: True)
+    elif form == 16:
+        monkeypatch.setattr(whitebox, "SQUARES_CHUNK", form)
+
+
 @pytest.mark.parametrize("kind", ["dirac", "random"])
 def test_add_to_equals_the_dense_vector_added_everywhere(kind):
     a, b = _canaries(kind), _canaries(kind)
@@ -138,7 +152,7 @@ def test_the_method_add_in_place_falls_back_to_the_sampled_coordinates(case):
     np.testing.assert_array_equal(a.appearances, b.appearances)
 
 
-@pytest.mark.parametrize("form", [None, 16, "joined", "share-joined"])
+@pytest.mark.parametrize("form", [None, 16, "joined", "share", "share-joined"])
 @pytest.mark.parametrize("scale", [1.0, 2.5])
 @pytest.mark.parametrize("clean", ["float32", "bfloat16", "none"])
 def test_a_bfloat16_release_is_observed_as_its_float32_values(clean, scale, form, monkeypatch):
@@ -147,13 +161,7 @@ def test_a_bfloat16_release_is_observed_as_its_float32_values(clean, scale, form
     release rounded in bfloat16, as the loop would hold it), against a clean sum of either
     width: the projections equal, the noise statistic within float rounding where half-precision
     squares moved it by about 0.3%; in one pass, in chunks, joined, and read in a share."""
-    if form == "share-joined":
-        monkeypatch.setattr(whitebox, "NOISE_READ", 40)
-        monkeypatch.setattr(whitebox, "NOISE_BLOCK", 8)
-    if form in ("joined", "share-joined"):
-        monkeypatch.setattr(whitebox, "joined_on", lambda device: True)
-    elif form == 16:
-        monkeypatch.setattr(whitebox, "SQUARES_CHUNK", form)
+    _observed_as(form, monkeypatch)
     a, b = _canaries(n=40), _canaries(n=40)
     g = torch.Generator().manual_seed(8)
     for _ in range(3):
@@ -215,14 +223,7 @@ def test_sparse_addition_is_the_vector_s_support():
 def test_sparse_observation_equals_the_dense_one(
     know_batch, clean, scale, records, chunk, monkeypatch
 ):
-    if chunk in ("share", "share-joined"):
-        # a release past the read limit: a rotating share of 8-coordinate blocks (stride 3)
-        monkeypatch.setattr(whitebox, "NOISE_READ", 40)
-        monkeypatch.setattr(whitebox, "NOISE_BLOCK", 8)
-    if chunk in ("joined", "share-joined"):  # a GPU's form: joined, one gather, one transfer
-        monkeypatch.setattr(whitebox, "joined_on", lambda device: True)
-    elif chunk == 16:  # the noise scale's pass read in chunks (longer tensors than 16 here)
-        monkeypatch.setattr(whitebox, "SQUARES_CHUNK", chunk)
+    _observed_as(chunk, monkeypatch)
     sparse, dense = _canaries(know_batch=know_batch), _dense(_canaries(know_batch=know_batch))
     for c in (sparse, dense):
         if records:  # canary records: only the reserved coordinates are scored
@@ -290,13 +291,7 @@ def test_inject_then_sparse_observe_equals_the_dense_one(form, given, know_batch
     dense vector added to every tensor, and the same evidence as the whole clean sum kept, in
     one pass, in chunks, joined and in a share; the loop's sum is left as it was, and a loop
     that then changes it in place does not change what the canaries compare against."""
-    if form in ("share", "share-joined"):
-        monkeypatch.setattr(whitebox, "NOISE_READ", 40)
-        monkeypatch.setattr(whitebox, "NOISE_BLOCK", 8)
-    if form in ("joined", "share-joined"):
-        monkeypatch.setattr(whitebox, "joined_on", lambda device: True)
-    elif form == 16:
-        monkeypatch.setattr(whitebox, "SQUARES_CHUNK", form)
+    _observed_as(form, monkeypatch)
     sparse, dense = _canaries(know_batch=know_batch), _dense(_canaries(know_batch=know_batch))
     for step in range(5):
         summed = _tensors(30 + step)
