@@ -349,6 +349,57 @@ def test_inject_in_place_adds_what_inject_returns(kind, given):
     np.testing.assert_array_equal(mine._noise_ss, theirs._noise_ss)
 
 
+def test_opacus_with_injected_canaries_steps_as_with_the_dense_inject():
+    """``attach_to_opacus`` without a loader (the sparse ``inject`` in place on opacus'
+    ``summed_grad``) trains opacus' model as the dense ``inject`` it replaced did, and its
+    canaries see the same releases: parameters and projections within float rounding (the dense
+    path added ``(s + c) - s``, the sparse one ``c``), the same appearances."""
+    import warnings
+
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from attacks.whitebox import attach_to_opacus
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(256, 12, generator=g), torch.randint(0, 3, (256,), generator=g)
+    runs = []
+    for dense in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, opt, loader = PrivacyEngine(accountant="rdp").make_private(
+                module=model,
+                optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+                data_loader=DataLoader(TensorDataset(x, y), batch_size=32),
+                noise_multiplier=1.0,
+                max_grad_norm=1.0,
+                poisson_sampling=False,
+                noise_generator=torch.Generator().manual_seed(1),
+            )
+        can = GradientCanaries.for_parameters(
+            opt.params, 60, clip_norm=1.0, sample_rate=0.5, noise_multiplier=1.0, seed=2
+        )
+        attach_to_opacus(opt, _bench.dense_injector(can) if dense else can)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for xb, yb in loader:
+                opt.zero_grad()
+                F.cross_entropy(model(xb), yb).backward()
+                opt.step()
+        runs.append((model, can))
+    (a, ca), (b, cb) = runs
+    assert ca.steps == cb.steps == 8 and ca.appearances.sum() > 0
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.array(ca._proj), np.array(cb._proj), rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(ca.appearances, cb.appearances)
+    np.testing.assert_allclose(ca._noise_ss, cb._noise_ss, rtol=1e-6)
+
+
 def _listed(tensors) -> list[torch.Tensor]:
     return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
 

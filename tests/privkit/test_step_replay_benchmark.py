@@ -69,3 +69,19 @@ def test_canary_overhead_weighs_the_canaries_against_a_replayed_step():
     assert out["replay"] is True
     rows = {(r["noise"], r["canaries"]) for r in out["rows"]}
     assert rows == {("release", 0), ("release", 50), ("seeded", 0), ("seeded", 50)}
+
+
+def test_canary_overhead_times_opacus_with_the_injected_canaries():
+    """``--opacus``: opacus' ghost step without canaries, with the auditor's canaries through
+    the sparse ``inject`` and through the dense one it replaced, beside privkit's steps."""
+    run = _run("--models", "mlp", "--canaries", "0,50", "--paths", "sparse", "--repeats", "1",
+               "--opacus", "--json", script=SCRIPT.parent / "canary_overhead.py")  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    rows = {(r["noise"], r["canaries"], r["path"]): r for r in json.loads(run.stdout)["rows"]}
+    opacus = {k for k in rows if k[0] == "opacus"}
+    assert opacus == {
+        ("opacus", 0, "none"),
+        ("opacus", 50, "inject"),
+        ("opacus", 50, "inject-dense"),
+    }
+    assert all(r["median_ms"] > 0 and r["overhead"] is not None for r in rows.values())
