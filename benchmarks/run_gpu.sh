@@ -59,7 +59,7 @@ timeout 120 python3 benchmarks/canary_overhead.py --device $DEV --models ${CANAR
   --repeats "${CANARY_REPEATS:-15}" --json > "$OUT/canary_overhead_cuda.json"
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(r['model'], r['noise'], r['canaries'], r['path'], round(r['median_ms'], 2), round(r['overhead'], 3)) for r in d['rows']]" "$OUT/canary_overhead_cuda.json"
 echo "== canaries on the device, the clipped sum replayed (StepReplay)"
-timeout 120 python3 benchmarks/canary_overhead.py --device $DEV --models ${CANARY_MODELS:-resnet_gn,mlp,resnet18} \
+timeout 180 python3 benchmarks/canary_overhead.py --device $DEV --models ${CANARY_MODELS:-resnet_gn,mlp,resnet18} \
   --paths sparse --replay --opacus --repeats "${CANARY_REPEATS:-15}" --json > "$OUT/canary_overhead_cuda_replay.json"
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(r['model'], r['noise'], r['canaries'], r['path'], round(r['median_ms'], 2), round(r['overhead'], 3)) for r in d['rows']]" "$OUT/canary_overhead_cuda_replay.json"
 
