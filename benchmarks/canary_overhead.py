@@ -64,7 +64,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attacks.whitebox import GradientCanaries, joined_on
+from attacks.whitebox import GradientCanaries, _pieces, joined_on
 from privkit.mechanisms.dp_random import DpRandom
 from privkit.mechanisms.dp_sgd_step import DpSgdStep
 from privkit.mechanisms.step_replay import StepReplay
@@ -171,7 +171,7 @@ def dense_injector(can: GradientCanaries) -> GradientCanaries:
     def inject(summed, *, in_place=False):
         out = _dense_inject(summed)
         if in_place:
-            for t, after in zip(_listed(summed), _listed(out)):
+            for t, after in zip(_pieces(summed), _pieces(out)):
                 if after is not t:
                     t.add_(after - t)
             return summed
@@ -180,7 +180,7 @@ def dense_injector(can: GradientCanaries) -> GradientCanaries:
     def _dense_inject(summed):
         if can._pending:
             raise RuntimeError("inject called twice without observe")
-        flat = torch.cat([t.detach().reshape(-1) for t in _listed(summed)])
+        flat = torch.cat([t.detach().reshape(-1) for t in _pieces(summed)])
         can._clean = flat.clone() if can.know_batch else None
         sampled = (torch.rand(can.n, generator=can._sampling) < can.sample_rate) & can._inc
         can.appearances += sampled.numpy()
@@ -199,10 +199,6 @@ def dense_injector(can: GradientCanaries) -> GradientCanaries:
 
     can.inject = inject
     return can
-
-
-def _listed(tensors) -> list[torch.Tensor]:
-    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
 
 
 def _sync(device: torch.device) -> None:

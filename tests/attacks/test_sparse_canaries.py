@@ -297,19 +297,19 @@ def test_inject_then_sparse_observe_equals_the_dense_one(form, given, know_batch
         summed = _tensors(30 + step)
         if given == "flat":
             summed = torch.cat([t.reshape(-1) for t in summed])
-        before = [t.clone() for t in _listed(summed)]
+        before = [t.clone() for t in whitebox._pieces(summed)]
         noise = [
             torch.randn(t.shape, generator=torch.Generator().manual_seed(step)) for t in before
         ]
         released = {}
         for c in (sparse, dense):
-            out = _listed(c.inject(summed))
-            for t, t0 in zip(_listed(summed), before):
+            out = whitebox._pieces(c.inject(summed))
+            for t, t0 in zip(whitebox._pieces(summed), before):
                 assert torch.equal(t, t0)  # the loop's sum untouched
             released[id(c)] = [o + z for o, z in zip(out, noise)]
         for a, b in zip(released[id(sparse)], released[id(dense)]):
             assert torch.equal(a, b)
-        for t in _listed(summed):
+        for t in whitebox._pieces(summed):
             t.add_(100.0)  # the loop reuses its sum before the release is observed
         for c in (sparse, dense):
             c.observe(released[id(c)])
@@ -336,12 +336,12 @@ def test_inject_in_place_adds_what_inject_returns(kind, given):
         elif given == "non-contiguous":
             summed[0] = summed[0].t()
         copy = summed.clone() if isinstance(summed, torch.Tensor) else [t.clone() for t in summed]
-        want = _listed(theirs.inject(copy))
+        want = whitebox._pieces(theirs.inject(copy))
         assert mine.inject(summed, in_place=True) is summed
-        for got, w in zip(_listed(summed), want):
+        for got, w in zip(whitebox._pieces(summed), want):
             assert torch.equal(got, w)
         noise = [torch.full(t.shape, 0.5) for t in want]
-        mine.observe([t + z for t, z in zip(_listed(summed), noise)])
+        mine.observe([t + z for t, z in zip(whitebox._pieces(summed), noise)])
         theirs.observe([t + z for t, z in zip(want, noise)])
     assert mine.appearances.sum() > 0
     for g, w in zip(mine._proj + mine._witness_rows, theirs._proj + theirs._witness_rows):
@@ -398,10 +398,6 @@ def test_opacus_with_injected_canaries_steps_as_with_the_dense_inject():
     np.testing.assert_allclose(np.array(ca._proj), np.array(cb._proj), rtol=0, atol=1e-6)
     np.testing.assert_array_equal(ca.appearances, cb.appearances)
     np.testing.assert_allclose(ca._noise_ss, cb._noise_ss, rtol=1e-6)
-
-
-def _listed(tensors) -> list[torch.Tensor]:
-    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
 
 
 @pytest.mark.parametrize("n", [1, 63, 64, 65, 64 * 5, 64 * 5 + 17])
