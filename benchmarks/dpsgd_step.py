@@ -47,7 +47,15 @@ minute per repeat on one CPU thread, the model of issue 32's GPU figures), ``enc
 (the ViT at width 384, 6 heads, 4 layers, 7.1M parameters, batch 32), ``gpt2_small`` (HF's
 GPT-2 at its small size, 124M parameters, 64 tokens, batch 4) and ``gpt2_small_lora`` (the same
 with PEFT's LoRA adapters of rank 8 on its attention maps, the base frozen: DP fine-tuning as
-it is mostly done).
+it is mostly done); ``cnn3d`` (a 3-d CNN of medical imaging's kind: MedMNIST-3D's 28x28x28
+volumes, three ``Conv3d`` layers with GroupNorm and a PReLU of one slope per channel, 70k
+parameters, batch 32: torch's layers without a ghost-clipping rule, their per-example gradients
+by ``torch.func`` on each layer alone, :mod:`privkit.mechanisms.ghost_layer_vjp`).
+
+``--torch-func`` adds ``privkit_torch_func_seeded``: the seeded step with the clipped sum from
+``torch.func``'s per-example gradients of the whole model, what privkit computes for a model
+ghost clipping refuses (and computed for ``cnn3d`` before ``ghost_layer_vjp``); every example's
+gradient is held, so for small models only.
 
     python benchmarks/dpsgd_step.py --json [--device cuda] [--repeats 7] [--big] [--host-bound]
 
@@ -85,6 +93,8 @@ import platform
 import statistics
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import cast
 
 import torch
@@ -94,7 +104,7 @@ from torch import nn
 
 from privkit.mechanisms import ghost_clipping
 from privkit.mechanisms.dp_random import DpRandom
-from privkit.mechanisms.dp_sgd_step import DpSgdStep
+from privkit.mechanisms.dp_sgd_step import ClippingFallbackWarning, DpSgdStep
 from privkit.mechanisms.stacked import UnsupportedModelError
 from privkit.mechanisms.step_replay import StepReplay
 from privkit.memory import keep_freed_memory
@@ -111,6 +121,9 @@ VARIANTS = (
     "privkit_replay_seeded",
     "privkit_replay_python_seeded",
 )
+#: ``--torch-func``'s variant: the seeded step clipped from the whole model's per-example
+#: gradients by ``torch.func``
+TORCH_FUNC = "privkit_torch_func_seeded"
 
 
 class Block(nn.Module):
@@ -290,6 +303,24 @@ class LSTMClassifier(nn.Module):
         return self.head(self.lstm(self.emb(idx))[0][:, -1])
 
 
+class VolumeCNN(nn.Module):
+    """A 3-d CNN of medical imaging's kind (MedMNIST-3D's 28x28x28 volumes, one channel, 11
+    classes): three 3x3x3 convolutions (16, 32, 64 channels; the last two of stride 2), each
+    followed by GroupNorm and a PReLU of one slope per channel, pooled to a linear head."""
+
+    def __init__(self, widths: tuple[int, ...] = (16, 32, 64), classes: int = 11):
+        super().__init__()
+        layers, c = [], 1
+        for i, w in enumerate(widths):
+            layers += [nn.Conv3d(c, w, 3, 1 if i == 0 else 2, 1), nn.GroupNorm(4, w), nn.PReLU(w)]
+            c = w
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(c, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(F.adaptive_avg_pool3d(self.features(x), 1).flatten(1))
+
+
 def gpt2(vocab=5000, d=128, heads=4, layers=2) -> nn.Module:
     """HF transformers' GPT-2 (``GPT2LMHeadModel``, no pretrained weights) at the size of ``lm``:
     its maps are ``Conv1D`` layers, its head is tied to the token embedding, its positions are
@@ -352,6 +383,12 @@ def build(name: str) -> tuple[nn.Module, str, int]:
             "position embedding",
             32,
         )
+    if name == "cnn3d":
+        return (
+            VolumeCNN(),
+            "3-d CNN: 1x28x28x28 volumes, Conv3d 16-32-64, GroupNorm(4), PReLU per channel",
+            32,
+        )
     if name == "lstm":
         return (
             LSTMClassifier(),
@@ -398,6 +435,8 @@ def batch(name: str, size: int, device: torch.device) -> tuple[torch.Tensor, tor
     if name in ("transformer", "encoder", "encoder_large", "lstm"):  # tokens; else images
         length = {"encoder_large": 128, "lstm": 32}.get(name, 64)
         x = torch.randint(0, 1000, (size, length), generator=g)
+    elif name == "cnn3d":  # volumes
+        x = torch.randn(size, 1, 28, 28, 28, generator=g)
     else:
         x = torch.randn(size, 3, 32, 32, generator=g)
     return x.to(device), torch.randint(0, 10, (size,), generator=g).to(device)
@@ -409,8 +448,31 @@ def _per_example_loss(logits, y, _aux):
     return F.cross_entropy(logits.flatten(0, -2), y.flatten())
 
 
-def steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict:
-    """One step function per variant, each on its own copy of ``model``."""
+@contextmanager
+def _torch_func_only() -> Iterator[None]:
+    """Within the block, DP-SGD's clipped sums from ``torch.func``'s per-example gradients of the
+    whole model (``--torch-func``): what privkit computes for a model ghost clipping refuses, and
+    computed for any model with a layer of torch's own it had no rule for before
+    :mod:`privkit.mechanisms.ghost_layer_vjp`."""
+
+    def refuse(*_args, **_kwargs):
+        raise UnsupportedModelError("--torch-func")
+
+    real = ghost_clipping.clipped_sum
+    ghost_clipping.clipped_sum = refuse
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ClippingFallbackWarning)
+            yield
+    finally:
+        ghost_clipping.clipped_sum = real
+
+
+def steps(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device, torch_func=False
+) -> dict:
+    """One step function per variant, each on its own copy of ``model`` (``torch_func``: and
+    the seeded step with the whole model's per-example gradients by ``torch.func``)."""
     from opacus import PrivacyEngine
     from opacus.validators import ModuleValidator
 
@@ -480,10 +542,22 @@ def steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.devi
             step.apply(m, o, x, y, _per_example_loss, source, replay=replay)
 
         out[variant] = pk
+    if torch_func:
+        m = copy.deepcopy(model)
+        o = torch.optim.SGD(m.parameters(), lr=LR)
+        source = torch.Generator(device=device).manual_seed(0)
+
+        def whole(m=m, o=o, source=source):
+            with _torch_func_only():
+                step.apply(m, o, x, y, _per_example_loss, source)
+
+        out[TORCH_FUNC] = whole
     return out
 
 
 def privkit_path(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> str:
+    """``ghost_clipping`` (naming torch's layers it takes by ``torch.func`` on each alone), else
+    the ``torch.func`` fallback and why."""
     try:
         ghost_clipping.per_example_norms(
             model,
@@ -496,7 +570,10 @@ def privkit_path(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> str:
         )
     except UnsupportedModelError as e:
         return f"torch.func ({e})"
-    return "ghost_clipping"
+    alone = sorted(
+        {type(layer.module).__name__ for layer in ghost_clipping._layers(model) if layer.vjp}
+    )
+    return f"ghost_clipping (torch.func on {', '.join(alone)} alone)" if alone else "ghost_clipping"
 
 
 #: ``--host-bound``: records per step, and the images' and sequences' cropped size
@@ -507,20 +584,27 @@ def _host_bound(name: str, x: torch.Tensor, y: torch.Tensor):
     """``--host-bound``'s batch: images cropped to 8x8 (the ViT's kept whole: its position
     embedding's length), sequences and their targets to 8 positions."""
     k = HOST_BOUND_SIZE
+    if x.dim() == 5:  # volumes
+        return x[:, :, :k, :k, :k].contiguous(), y
     if x.dim() == 4:
         return (x, y) if name.startswith("vit") else (x[:, :, :k, :k].contiguous(), y)
     return x[:, :k].contiguous(), (y[:, :k].contiguous() if y.dim() == 2 else y)
 
 
 def measure(
-    name: str, device: torch.device, repeats: int, host_bound: bool = False, autocast: bool = False
+    name: str,
+    device: torch.device,
+    repeats: int,
+    host_bound: bool = False,
+    autocast: bool = False,
+    torch_func: bool = False,
 ) -> dict:
     if host_bound:
         from device_waits import gpu_forms  # this folder is on sys.path
 
         with gpu_forms():
-            return _measure(name, device, repeats, host_bound, autocast)
-    return _measure(name, device, repeats, host_bound, autocast)
+            return _measure(name, device, repeats, host_bound, autocast, torch_func)
+    return _measure(name, device, repeats, host_bound, autocast, torch_func)
 
 
 def _autocast(fn, device: torch.device):
@@ -534,7 +618,12 @@ def _autocast(fn, device: torch.device):
 
 
 def _measure(
-    name: str, device: torch.device, repeats: int, host_bound: bool, autocast: bool
+    name: str,
+    device: torch.device,
+    repeats: int,
+    host_bound: bool,
+    autocast: bool,
+    torch_func: bool = False,
 ) -> dict:
     torch.manual_seed(0)
     model, description, size = build(name)
@@ -543,7 +632,7 @@ def _measure(
     x, y = batch(name, size, device)
     if host_bound:
         x, y = _host_bound(name, x, y)
-    fns = steps(model, x, y, device)
+    fns = steps(model, x, y, device, torch_func)
     if host_bound:  # its ChaCha20 stream is torch's operations here, one Triton kernel on a GPU
         del fns["privkit"], fns["privkit_replay"]
     if autocast:
@@ -576,7 +665,7 @@ def _measure(
                 raise
             unavailable[v] = f"{type(e).__name__}: {e}"[:300]
             del fns[v]
-    variants = [v for v in VARIANTS if v in fns]
+    variants = [v for v in (*VARIANTS, TORCH_FUNC) if v in fns]
     times: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(repeats):
         for v in variants:
@@ -643,6 +732,12 @@ def main() -> None:
         action="store_true",
         help="every variant's step under bfloat16 autocast (mixed precision)",
     )
+    ap.add_argument(
+        "--torch-func",
+        action="store_true",
+        help="add the seeded step clipped from the whole model's per-example gradients by "
+        "torch.func (every example's gradient held: small models only)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     for name in ("repeats", "threads"):
@@ -661,14 +756,14 @@ def main() -> None:
         torch.backends.cudnn.benchmark = False  # Poisson batch sizes vary in training
     big = ["resnet18", "encoder_large", "vit_large", "gpt2_small", "gpt2_small_lora"]
     big = big if args.big else []
-    names = ["resnet_small", "transformer", "encoder", "vit", "lm", "gpt2", "lstm", *big]
+    names = ["resnet_small", "transformer", "encoder", "vit", "lm", "gpt2", "lstm", "cnn3d", *big]
     if args.models:
         names = args.models.split(",")
     # a model whose library is not installed (a GPU machine without transformers) is left out
     left_out = {n: f"{NEEDS[n]} is not installed" for n in names if not _importable(NEEDS.get(n))}
     start = time.perf_counter()
     results = {
-        name: measure(name, device, args.repeats, args.host_bound, args.autocast)
+        name: measure(name, device, args.repeats, args.host_bound, args.autocast, args.torch_func)
         for name in names
         if name not in left_out
     }
@@ -695,6 +790,7 @@ def main() -> None:
             + "; the same examples for every variant",
             "host_bound": args.host_bound,
             "autocast": "bfloat16" if args.autocast else None,
+            "torch_func": args.torch_func,
             "order": (
                 "interleaved: each repeat runs every variant once, in turn; 3 warm-up steps (a "
                 "replay's first step, its trace and its checked first replay among them)"

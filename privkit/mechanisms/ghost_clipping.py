@@ -78,6 +78,12 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   positions (:func:`_merge_calls`); a convolution's (whose calls may differ in shape) and a
   GroupNorm's (whose statistics are per call) per-example gradients are formed call by call and
   summed (:func:`_summed_over_calls`).
+* **Other layers of torch's own** without a rule here (a 3-d or transposed convolution,
+  InstanceNorm, PReLU, EmbeddingBag, BatchNorm in eval mode): each example's gradient of the
+  layer's parameters is the vector-Jacobian product of its call on that example's stored input
+  against its output gradient, by ``torch.func`` under ``vmap`` on the layer alone
+  (:mod:`privkit.mechanisms.ghost_layer_vjp`): only that layer's per-example gradients are
+  formed, and the first pass checks that its call on an example alone gives the example's row.
 * **Bare parameters** of the model's own modules (a vision transformer's class token and position
   embedding, a layer scale): replaced for the pass by per-example stand-ins, ``P`` repeated along
   a batch axis, whose output gradient holds each example's gradient of ``P`` in its row
@@ -95,16 +101,17 @@ where ``G_i`` was materialised anyway); no second backward pass.
 
 Anything else is refused with :class:`~privkit.mechanisms.stacked.UnsupportedModelError` (the caller
 falls back to ``torch.func`` per-example gradients) rather than computed wrong: a trainable
-parameter of one of torch's own modules other than the layers above (an LSTM, a PReLU,
-attention's ``add_bias_kv``), a bare parameter used in a way neither its stand-in nor following
+parameter of one of torch's own modules with children or hidden states (an LSTM, attention's
+``add_bias_kv``), one of torch's own layers called with keyword arguments or more than one input,
+returning more than one tensor, or updating buffers in training mode (InstanceNorm's running
+statistics), a bare parameter used in a way neither its stand-in nor following
 it to the batch covers (passed to a functional layer, read through another reference),
 attention with ``batch_first=False`` (a sequence-first model), BatchNorm in training mode or with
 trainable parameters (it mixes the batch's examples), an attention run twice in one forward, a
 parameter shared by layers other than embeddings of one table and a linear layer tied to it, a layer's parameter used outside the layer's call (an output tied by
 ``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere: the autograd graph is checked for
 one edge into each parameter and call), a subclass of a convolution with its own ``forward``, a layer applied to a tensor whose first dimension is not the batch's
-(nor, for a position-wise layer, a multiple of it), 3-d and
-transposed convolutions, an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input
+(nor, for a position-wise layer, a multiple of it), an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input
 modified in place after the layer read it (in-place operations on a layer's *output*, such as
 ``ReLU(inplace=True)``, are fine: the output's gradient edge is taken before them). The shapes
 cannot show a layer run on a sequence-first tensor whose length happens to equal the batch size,
@@ -134,6 +141,7 @@ from privkit.mechanisms import (
     ghost_attention,
     ghost_broadcast,
     ghost_joined,
+    ghost_layer_vjp,
     ghost_parameters,
     ghost_subclasses,
 )
@@ -213,6 +221,10 @@ class _Layer:
     # followed to where it meets the batch (ghost_broadcast): an embedding's output on positions
     # shared by the batch, one source per call; a bare parameter itself, one source
     sources: list = field(default_factory=list)
+    # one of torch's own layers without a rule here: its per-example gradients by torch.func on
+    # the layer alone (privkit.mechanisms.ghost_layer_vjp); its outputs kept on a checked pass
+    vjp: bool = False
+    outputs: list[torch.Tensor] = field(default_factory=list)
 
 
 def _linear(layer: _Layer) -> bool:
@@ -254,6 +266,12 @@ def _layers(model: nn.Module) -> list[_Layer]:
         if not isinstance(module, SUPPORTED) and ghost_parameters.may_stand_in(module):
             # a model's own module reading its parameters in its forward (a class token)
             layers.extend(_Layer(module, {k: full[k]}, bare=True) for k in own)
+            continue
+        if not isinstance(module, SUPPORTED) and ghost_layer_vjp.covers(module):
+            why = ghost_layer_vjp.refusal(module)
+            if why is not None:
+                raise UnsupportedModelError(f"{prefix}: {why}")
+            layers.append(_Layer(module, full, vjp=True))
             continue
         if not isinstance(module, SUPPORTED) or set(own) - {"weight", "bias"}:
             raise UnsupportedModelError(
@@ -387,6 +405,25 @@ def _forward_backward(
 
         return store
 
+    def vjp_hook(layer: _Layer):
+        """A hook for a layer taken by ghost_layer_vjp: its call recomputed later from the one
+        positional input it stores, so a call it could not recompute so is refused."""
+        store = hook(layer)
+
+        def stored(_module, args, kwargs, out):
+            name = type(_module).__name__
+            if kwargs:
+                raise UnsupportedModelError(
+                    f"{name} called with keyword arguments {sorted(kwargs)}"
+                )
+            if not isinstance(out, torch.Tensor):
+                raise UnsupportedModelError(f"{name} returns {type(out).__name__}, not one tensor")
+            if check:  # before any in-place operation on it
+                layer.outputs.append(out.detach().clone())
+            return store(_module, args, out)
+
+        return stored
+
     def _traced_call(layer: _Layer, a: torch.Tensor, out: torch.Tensor, version: int) -> None:
         """An embedding call whose output the model keeps as it is, followed to the batch."""
         if layer not in traced:
@@ -444,8 +481,13 @@ def _forward_backward(
     handles = [
         module.register_forward_hook(hook(layer), prepend=True)
         for layer in layers
-        if not layer.bare and layer not in attention and layer not in by_calls
+        if not layer.bare and not layer.vjp and layer not in attention and layer not in by_calls
         for module in (layer.module, *layer.also)
+    ]
+    handles += [
+        layer.module.register_forward_hook(vjp_hook(layer), prepend=True, with_kwargs=True)
+        for layer in layers
+        if layer.vjp
     ]
     seen = {
         id(cast(torch.Tensor, layer.module.weight)): (layer.module, called(layer))
@@ -564,6 +606,23 @@ def _forward_backward(
         if check and layer not in ran:
             unmet = [whole_of[id(s)] for s in layer.sources]
             _check_followed(model, layer, [None] * len(unmet), unmet)
+    if check:
+        _check_vjp_outputs(model, ran)
+
+
+def _check_vjp_outputs(model: nn.Module, ran: list[_Layer]) -> None:
+    """Once per model (with the rows check): each layer taken by ghost_layer_vjp gives, called on
+    each example alone, that example's row of its output; else UnsupportedModelError, remembered
+    for the model (``torch.func`` then clips every step)."""
+    for layer in ran:
+        if layer.vjp:
+            why = ghost_layer_vjp.check_outputs(
+                layer.module, layer.inputs, layer.outputs, ROWS_RTOL
+            )
+            layer.outputs = []
+            if why is not None:
+                _ROWS_CHECKED[model] = why
+                raise UnsupportedModelError(why)
 
 
 #: layers run several times in one forward pass (a layer shared across depth, an RNN cell's maps
@@ -1219,6 +1278,9 @@ def _sq_norms(layer: _Layer, b: int) -> torch.Tensor | int:
         return _attention_sq(layer, b)
     if layer.bare:  # the stand-in's gradient rows are the per-example gradients
         return g.reshape(b, -1).pow(2).sum(1)
+    if layer.vjp:
+        layer.per_example = ghost_layer_vjp.per_example(m, list(names), layer.inputs, layer.grads)
+        return _added([v.reshape(b, -1).pow(2).sum(1) for v in layer.per_example.values()])
     if _several_calls(layer):
         _summed_over_calls(layer, b)
         return cast(
@@ -1292,6 +1354,8 @@ def _clipped(
         (k,) = names
         shape = getattr(m, k).shape
         return {k: torch.tensordot(c, g.reshape(g.shape[0], -1), dims=1).reshape(shape)}
+    if layer.vjp and not layer.per_example:  # clipping off: no norms were formed
+        return ghost_layer_vjp.summed(m, list(names), layer.inputs, layer.grads, c)
     if _several_calls(layer) and not layer.per_example:  # clipping off: no norms were formed
         _summed_over_calls(layer, g.shape[0])
     out = {k: small[(id(layer), k)] for k in layer.small}

@@ -524,14 +524,12 @@ class ScaledConv(nn.Conv2d):
         (nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.BatchNorm1d(3)), torch.randn(6, 4)),
         (TiedByFunction(), torch.randint(0, 5, (6, 4))),
         (nn.Sequential(ScaledConv(2, 3, 1), nn.Flatten()), torch.randn(6, 2, 1, 1)),
-        (nn.Sequential(nn.Conv3d(2, 2, 1), nn.Flatten()), torch.randn(6, 2, 1, 1, 1)),
     ],
     ids=[
         "batchnorm2d",
         "batchnorm1d",
         "tied-functional",
         "subclass",
-        "conv3d",
     ],
 )
 def test_unsupported_layers_are_refused(model, x):

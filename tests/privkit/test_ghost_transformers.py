@@ -14,8 +14,10 @@ LayerNorm subclass on permuted channels, a channels-last layer scale), T5 (a rel
 table read on ``(T, T)`` positions, permuted and passed to attention as its mask, and its
 RMSNorm's bare weights) and Swin (a bias table indexed by positions, added to every window's
 scores): the last two followed to where they meet the batch
-(``privkit.mechanisms.ghost_broadcast``). ResNet (BatchNorm) falls back to the same clipped sum,
-with the reason. In training mode, where
+(``privkit.mechanisms.ghost_broadcast``), and ResNet in eval mode (its BatchNorm layers, on their
+running statistics, by ``torch.func`` on each layer alone: ``privkit.mechanisms.ghost_layer_vjp``);
+in training mode its BatchNorm mixes the batch's examples and it is refused, with the reason. In
+training mode, where
 ``torch.func`` cannot draw dropout, GPT-2's sum with clipping off is the plain backward pass' for
 the same random draws. GPT-2's DP-SGD is audited white-box.
 """
@@ -37,9 +39,10 @@ from hf_models import CAUSAL, Logits, batch, build, example_losses, looped, reco
 V = 50
 TAKEN = (
     "gpt2", "llama", "mistral", "qwen2", "gemma", "phi", "gpt_neo", "opt", "bert", "roberta",
-    "electra", "albert", "distilbert", "bart", "vit", "deit", "convnext", "t5", "swin",
+    "electra", "albert", "distilbert", "bart", "vit", "deit", "convnext", "t5", "swin", "resnet",
 )  # fmt: skip
-REFUSED = {"resnet": "BatchNorm2d"}
+#: refused in training mode (a BatchNorm there mixes the batch's examples)
+REFUSED = {"resnet": "BatchNorm2d in training mode"}
 
 
 def _model(family: str):
@@ -76,16 +79,15 @@ def test_hf_models_take_ghost_clipping(family, monkeypatch):
 
 
 @pytest.mark.parametrize("family", REFUSED)
-def test_hf_models_ghost_clipping_refuses_fall_back(family):
-    from tests.privkit.test_ghost_clipping import _reference
+def test_hf_models_ghost_clipping_refuses(family):
+    """In training mode (``torch.func`` cannot clip it either: a BatchNorm's running statistics
+    are updated in place within its transform)."""
+    from privkit.mechanisms.stacked import UnsupportedModelError
 
     model, x, y, kind = _model(family)
-    loss = _spread(record_loss(kind))
-    _, clip, want = _reference(model, x, y, loss)
-    with pytest.warns(dp_sgd_step.ClippingFallbackWarning, match=REFUSED[family]):
-        got = dp_sgd_step.clipped_gradient_sum(model, x, y, loss, clip)
-    for k in want:
-        torch.testing.assert_close(got[k], want[k])
+    model.train()
+    with pytest.raises(UnsupportedModelError, match=REFUSED[family]):
+        ghost_clipping.clipped_sum(model, x, example_losses(kind, y), 1.0)
 
 
 def test_gpt2_with_dropout_clipping_off_is_the_plain_pass():

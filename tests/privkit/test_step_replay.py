@@ -113,15 +113,29 @@ def test_replayed_sums_equal_the_steps(name):
     assert replay.traced >= 1 and replay.replayed >= 4 and not replay.refused
 
 
-@pytest.mark.parametrize("path", ["ghost", "stacked", "torch.func"])
+class _Recurrent(nn.Module):
+    """torch's LSTM, which ghost clipping does not cover: torch.func clips the model."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(5, 8, batch_first=True)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.lstm(x.view(x.shape[0], 4, 5))[0][:, -1])
+
+
+@pytest.mark.parametrize("path", ["ghost", "stacked", "layer-vjp", "torch.func"])
 def test_a_padded_row_adds_nothing(path):
     torch.manual_seed(1)
     if path == "stacked":  # privkit's own MLP: its stacked layers
         model = build_model("mlp", (1, 4, 5), 4)
     elif path == "ghost":
         model = nn.Sequential(nn.Linear(20, 16), nn.GroupNorm(4, 16), nn.ReLU(), nn.Linear(16, 4))
-    else:  # a layer ghost clipping does not cover: torch.func's per-example gradients
+    elif path == "layer-vjp":  # a PReLU's per-example gradients by torch.func on it alone
         model = nn.Sequential(nn.Linear(20, 16), nn.PReLU(), nn.Linear(16, 4))
+    else:  # a layer ghost clipping does not cover: torch.func's per-example gradients
+        model = _Recurrent()
     x, y = torch.randn(9, 20), torch.randint(0, 4, (9,))
     if path == "stacked":
         x = x.view(9, 1, 4, 5)
@@ -329,10 +343,15 @@ class _SameHash:
         return 7
 
 
-def test_a_model_clipped_by_torch_func_is_replayed_too():
+@pytest.mark.parametrize("path", ["layer-vjp", "torch.func"])
+def test_a_model_clipped_by_torch_func_is_replayed_too(path):
+    """The whole model's per-example gradients by torch.func, or a PReLU's alone."""
     torch.manual_seed(6)
-    model = nn.Sequential(nn.Linear(10, 12), nn.PReLU(), nn.Linear(12, 4))
-    x, y = torch.randn(21, 10), torch.randint(0, 4, (21,))
+    if path == "torch.func":
+        model = _Recurrent()
+    else:
+        model = nn.Sequential(nn.Linear(20, 12), nn.PReLU(), nn.Linear(12, 4))
+    x, y = torch.randn(21, 20), torch.randint(0, 4, (21,))
     replay = StepReplay(patience=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.func's fallback warning

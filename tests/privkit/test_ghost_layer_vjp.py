@@ -1,0 +1,300 @@
+"""torch's own layers without a ghost-clipping rule (privkit.mechanisms.ghost_layer_vjp): their
+per-example gradients from torch.func on the layer alone, the model's other layers ghost-clipped.
+
+Against ``torch.func``'s per-example gradients of the whole model (float64, the clip norm between
+the examples' norms, every way of the other layers' norms): 3-d and transposed convolutions,
+InstanceNorm, PReLU, EmbeddingBag, BatchNorm in eval mode, a layer called twice; clipping off
+gives the plain sum; only the layer's own gradients are materialised. A call that cannot be
+recomputed as the forward pass made it (keyword arguments, two inputs, a tuple output, buffers
+updated in training mode) and a layer that mixes examples are refused, and DP-SGD's clipping
+falls back to ``torch.func`` for the whole model; under autocast and in bfloat16 an example alone
+contributes the clip norm.
+"""
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privkit.mechanisms import dp_sgd_step, ghost_clipping, ghost_layer_vjp
+from privkit.mechanisms.stacked import UnsupportedModelError
+from tests.privkit.test_ghost_clipping import (
+    _check,
+    _example_losses,
+    _loss,
+    clipping_off_is_the_plain_sum,
+    falls_back,
+)
+
+#: vmap has no batching rule for EmbeddingBag and loops over the examples, saying so
+_NO_BATCHING_RULE = "There is a performance drop"
+
+
+class Bag(nn.Module):
+    """An EmbeddingBag of each example's tokens, then a linear head."""
+
+    def __init__(self, mode: str, padding_idx: int | None = None):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(20, 6, mode=mode, padding_idx=padding_idx)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(self.bag(x))
+
+
+class Twice(nn.Module):
+    """One PReLU after each of two linear layers: one layer, two calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.act = nn.Linear(5, 6), nn.Linear(6, 6), nn.PReLU(6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(self.act(self.b(self.act(self.a(x)))))
+
+
+def _cnn3d():
+    return nn.Sequential(
+        nn.Conv3d(2, 4, 3, padding=1, stride=2),
+        nn.GroupNorm(2, 4),
+        nn.PReLU(),
+        nn.Conv3d(4, 4, 2, groups=2, bias=False),
+        nn.Flatten(),
+        nn.LazyLinear(3),
+    ), torch.randn(7, 2, 6, 6, 6)
+
+
+def _transposed():
+    return nn.Sequential(
+        nn.ConvTranspose2d(2, 3, 3, stride=2, padding=1, output_padding=1),
+        nn.Tanh(),
+        nn.Flatten(2),
+        nn.ConvTranspose1d(3, 2, 2, groups=1, dilation=2),
+        nn.Flatten(),
+        nn.LazyLinear(3),
+    ), torch.randn(7, 2, 4, 4)
+
+
+def _instance_norms():
+    eval_norm = nn.InstanceNorm2d(4, affine=True, track_running_stats=True)
+    eval_norm.running_mean.normal_()
+    eval_norm.running_var.uniform_(0.5, 2.0)
+    return nn.Sequential(
+        nn.Conv2d(2, 4, 3),
+        nn.InstanceNorm2d(4, affine=True),
+        nn.Tanh(),
+        eval_norm.eval(),
+        nn.Flatten(2),
+        nn.InstanceNorm1d(4, affine=True),
+        nn.Flatten(),
+        nn.LazyLinear(3),
+    ), torch.randn(7, 2, 6, 6)
+
+
+def _batch_norm_in_eval():
+    norm = nn.BatchNorm2d(4)
+    norm.running_mean.normal_()
+    norm.running_var.uniform_(0.5, 2.0)
+    return nn.Sequential(
+        nn.Conv2d(2, 4, 3), norm.eval(), nn.Tanh(), nn.Flatten(), nn.LazyLinear(3)
+    ), torch.randn(7, 2, 5, 5)
+
+
+CASES = {
+    "conv3d": _cnn3d,
+    "conv-transpose": _transposed,
+    "instance-norm": _instance_norms,
+    "prelu": lambda: (
+        nn.Sequential(nn.Linear(5, 6), nn.PReLU(6), nn.Linear(6, 3), nn.PReLU()),
+        torch.randn(7, 5),
+    ),
+    "prelu-twice": lambda: (Twice(), torch.randn(7, 5)),
+    "bag-sum": lambda: (Bag("sum"), torch.randint(0, 20, (7, 4))),
+    "bag-mean-padding": lambda: (Bag("mean", padding_idx=0), torch.randint(0, 4, (7, 5))),
+    "bag-max": lambda: (Bag("max"), torch.randint(0, 20, (7, 4))),
+    "batch-norm-eval": _batch_norm_in_eval,
+}
+
+
+def _built(case: str):
+    torch.manual_seed(sorted(CASES).index(case))
+    model, x = CASES[case]()
+    model(x)  # a lazy layer's shape
+    return model, x, torch.randint(0, 3, (x.shape[0],))
+
+
+def _taken(model) -> set[str]:
+    """The layer types ghost_layer_vjp takes in ``model``."""
+    return {type(layer.module).__name__ for layer in ghost_clipping._layers(model) if layer.vjp}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_torchs_other_layers_against_torch_func(case, monkeypatch):
+    model, x, y = _built(case)
+    assert _taken(model), "the layer under test is not taken by ghost_layer_vjp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", message=_NO_BATCHING_RULE)
+        _check(model, x, y, monkeypatch)
+        model = model.float()
+        # DP-SGD's step takes this path: no fallback warning, no torch.func
+        monkeypatch.setattr(dp_sgd_step, "per_sample_gradients", None)
+        dp_sgd_step.clipped_gradient_sum(
+            model, x.float() if x.is_floating_point() else x, y, _loss, 1.0
+        )
+
+
+@pytest.mark.parametrize("case", ["conv3d", "prelu-twice", "bag-mean-padding", "instance-norm"])
+def test_clipping_off_is_the_plain_sum(case):
+    model, x, y = _built(case)
+    model = model.double()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_NO_BATCHING_RULE)
+        clipping_off_is_the_plain_sum(model, x.double() if x.is_floating_point() else x, y)
+
+
+def test_only_the_layers_own_gradients_are_materialised(monkeypatch):
+    """A wide linear layer between two PReLUs: the PReLUs' per-example gradients are formed, the
+    linear layer's norms by its Gram matrices (over a sequence, past the materialise limit),
+    never per example."""
+    torch.manual_seed(3)
+    model = nn.Sequential(
+        nn.PReLU(), nn.Linear(64, 64), nn.PReLU(4), nn.Flatten(), nn.Linear(256, 3)
+    )
+    formed = []
+    per_example = ghost_layer_vjp.per_example
+    monkeypatch.setattr(
+        ghost_layer_vjp,
+        "per_example",
+        lambda m, keys, *a: formed.append((type(m).__name__, keys)) or per_example(m, keys, *a),
+    )
+    monkeypatch.setattr(ghost_clipping, "MATERIALISE_LIMIT", 0)
+    x, y = torch.randn(5, 4, 64), torch.randint(0, 3, (5,))
+    layers = ghost_clipping._layers(model)
+    norms = ghost_clipping.per_example_norms(model, x, _example_losses(y))
+    assert formed == [("PReLU", ["weight"]), ("PReLU", ["weight"])]
+    assert sum(layer.vjp for layer in layers) == 2
+    per = dp_sgd_step.per_sample_gradients(model, x, y, _loss)
+    want = sum(g.reshape(5, -1).pow(2).sum(1) for g in per.values()).sqrt()
+    torch.testing.assert_close(norms, want, rtol=1e-5, atol=0)
+
+
+class Keyword(nn.Module):
+    """An EmbeddingBag called with per-sample weights by keyword."""
+
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(10, 4, mode="sum")
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.bag(x, per_sample_weights=(x % 2 + 1).to(torch.float64)))
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mix = nn.Bilinear(4, 4, 3)
+
+    def forward(self, x):
+        return self.mix(x, torch.tanh(x))
+
+
+class CellStates(nn.Module):
+    """An LSTM cell: its call returns the pair ``(h, c)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.LSTMCell(4, 5)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.head(self.cell(x)[0])
+
+
+class BatchMeanPReLU(nn.PReLU):
+    """A PReLU that centres its input on the batch's mean: it mixes examples (torch's namespace
+    only so that the test reaches the output check; a model's own module takes stand-ins)."""
+
+    __module__ = "torch.nn.modules.activation"
+
+    def forward(self, x):
+        return super().forward(x - x.mean(0, keepdim=True))
+
+
+@pytest.mark.parametrize(
+    "build, x, why",
+    [
+        (Keyword, torch.randint(0, 10, (6, 3)), "keyword arguments"),
+        (TwoInputs, torch.randn(6, 4), "without its one positional input"),
+        (CellStates, torch.randn(6, 4), "returns tuple, not one tensor"),
+        (
+            lambda: nn.Sequential(
+                nn.Conv2d(2, 3, 2),
+                nn.InstanceNorm2d(3, affine=True, track_running_stats=True),
+                nn.Flatten(),
+            ),
+            torch.randn(6, 2, 3, 3),
+            "training mode with buffers",
+        ),
+        (
+            # first: no layer before it, whose output rows the mixing would show to the rows check
+            lambda: nn.Sequential(BatchMeanPReLU(), nn.Linear(4, 3)),
+            torch.randn(6, 4),
+            "mixes examples",
+        ),
+    ],
+    ids=["keyword", "two-inputs", "tuple-output", "running-statistics", "mixes-examples"],
+)
+def test_calls_it_cannot_recompute_are_refused_and_fall_back(build, x, why):
+    torch.manual_seed(4)
+    model = build().double()
+    x = x.double() if x.is_floating_point() else x
+    y = torch.randint(0, 3, (6,))
+    for _ in range(2):  # the row and output checks' refusal is remembered for the model
+        with pytest.raises(UnsupportedModelError, match=why):
+            ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
+    # torch.func clips the others: the statistics it would update are the step's own (a batch
+    # of one each), and an LSTM cell's zero state, made inside its call, is not vmap's
+    if why not in ("training mode with buffers", "returns tuple, not one tensor"):
+        falls_back(model, x, y, why)
+
+
+def test_the_statistics_a_layer_keeps_are_not_touched():
+    """BatchNorm in eval mode: the step neither reads nor changes its running statistics other
+    than through its call (the recomputed call takes copies)."""
+    model, x, y = _built("batch-norm-eval")
+    norm = model[1]
+    before = (norm.running_mean.clone(), norm.running_var.clone(), int(norm.num_batches_tracked))
+    ghost_clipping.clipped_sum(model, x, _example_losses(y), 0.5)
+    assert torch.equal(norm.running_mean, before[0]) and torch.equal(norm.running_var, before[1])
+    assert int(norm.num_batches_tracked) == before[2]
+
+
+def _norm(sums: dict[str, torch.Tensor]) -> float:
+    return math.sqrt(sum(float(v.double().pow(2).sum()) for v in sums.values()))
+
+
+@pytest.mark.parametrize("precision", ["autocast", "bfloat16"])
+def test_an_example_alone_contributes_the_clip_norm_in_half_precision(precision):
+    """Under bfloat16 autocast and in a bfloat16 model, the layer's per-example gradients and
+    their sum come from the same float32 values: one example's clipped sum has the clip norm."""
+    model, x, y = _built("conv3d")
+    if precision == "bfloat16":
+        model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    dtype = torch.float32
+    for i in range(3):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "autocast"):
+            got = dp_sgd_step.clipped_gradient_sum(
+                model,
+                x[i : i + 1],
+                y[i : i + 1],
+                lambda lo, t, _a: F.cross_entropy(lo.float(), t),
+                1e-3,
+            )
+        assert {v.dtype for v in got.values()} == {dtype}
+        assert 1e-3 * (1 - 1e-5) <= _norm(got) <= 1e-3 * (1 + 1e-5)
