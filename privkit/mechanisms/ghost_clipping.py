@@ -248,9 +248,13 @@ def _layers(model: nn.Module) -> list[_Layer]:
             shared[id(p)] = name
     layers = []
     for prefix, module in model.named_modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.training:
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and (
+            module.training or not module.track_running_stats
+        ):
             raise UnsupportedModelError(
-                f"{prefix}: {type(module).__name__} in training mode mixes the examples"
+                f"{prefix}: {type(module).__name__} "
+                f"{'in training mode' if module.training else 'without running statistics'} "
+                "mixes the examples"
             )
         own = {k: p for k, p in module.named_parameters(recurse=False) if p.requires_grad}
         full = {k: owners[id(p)] for k, p in own.items()}

@@ -7,8 +7,9 @@ InstanceNorm, PReLU, EmbeddingBag, BatchNorm in eval mode, a layer called twice;
 gives the plain sum; only the layer's own gradients are materialised. A call that cannot be
 recomputed as the forward pass made it (keyword arguments, two inputs, a tuple output, buffers
 updated in training mode) and a layer that mixes examples are refused, and DP-SGD's clipping
-falls back to ``torch.func`` for the whole model; under autocast and in bfloat16 an example alone
-contributes the clip norm.
+falls back to ``torch.func`` for the whole model; BatchNorm on the batch's statistics is refused
+by DP-SGD's step in one line; under autocast and in bfloat16 an example alone contributes the
+clip norm.
 """
 
 import math
@@ -298,3 +299,35 @@ def test_an_example_alone_contributes_the_clip_norm_in_half_precision(precision)
             )
         assert {v.dtype for v in got.values()} == {dtype}
         assert 1e-3 * (1 - 1e-5) <= _norm(got) <= 1e-3 * (1 + 1e-5)
+
+
+@pytest.mark.parametrize(
+    "training, running",
+    [(True, True), (True, False), (False, False)],
+    ids=["train", "train-no-stats", "eval-no-stats"],
+)
+def test_batch_norm_on_the_batchs_statistics_is_refused(training, running):
+    """BatchNorm normalising by the batch's statistics (training mode, or eval mode without
+    running statistics) mixes the examples: ghost clipping refuses it, and DP-SGD's step refuses
+    the model in one line rather than clipping each example's gradient of another function
+    (``torch.func`` on one example alone); in eval mode on running statistics it is taken."""
+    from privkit.errors import PrivkitError
+
+    torch.manual_seed(5)
+    model = nn.Sequential(
+        nn.Conv2d(2, 3, 3),
+        nn.BatchNorm2d(3, track_running_stats=running),
+        nn.Flatten(),
+        nn.Linear(27, 3),
+    ).train(training)
+    x, y = torch.randn(6, 2, 5, 5), torch.randint(0, 3, (6,))
+    with pytest.raises(UnsupportedModelError, match="BatchNorm2d .*mixes the examples"):
+        ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
+    with pytest.raises(
+        PrivkitError, match=r"1 BatchNorm layer\(s\) using batch statistics \(1 \(BatchNorm2d\)\)"
+    ):
+        dp_sgd_step.clipped_gradient_sum(model, x, y, _loss, 1.0)
+    if running:
+        model.eval()
+        assert _taken(model) == {"BatchNorm2d"}
+        dp_sgd_step.clipped_gradient_sum(model, x, y, _loss, 1.0)
