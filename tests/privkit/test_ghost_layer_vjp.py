@@ -321,7 +321,7 @@ def test_batch_norm_on_the_batchs_statistics_is_refused(training, running):
         nn.Linear(27, 3),
     ).train(training)
     x, y = torch.randn(6, 2, 5, 5), torch.randint(0, 3, (6,))
-    with pytest.raises(UnsupportedModelError, match="BatchNorm2d .*mixes the examples"):
+    with pytest.raises(UnsupportedModelError, match=r"BatchNorm2d .*mixes the examples"):
         ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
     with pytest.raises(
         PrivkitError, match=r"1 BatchNorm layer\(s\) using batch statistics \(1 \(BatchNorm2d\)\)"
