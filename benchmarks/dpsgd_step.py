@@ -49,13 +49,12 @@ GPT-2 at its small size, 124M parameters, 64 tokens, batch 4) and ``gpt2_small_l
 with PEFT's LoRA adapters of rank 8 on its attention maps, the base frozen: DP fine-tuning as
 it is mostly done); ``cnn3d`` (a 3-d CNN of medical imaging's kind: MedMNIST-3D's 28x28x28
 volumes, three ``Conv3d`` layers with GroupNorm and a PReLU of one slope per channel, 70k
-parameters, batch 32: torch's layers without a ghost-clipping rule, their per-example gradients
-by ``torch.func`` on each layer alone, :mod:`privkit.mechanisms.ghost_layer_vjp`).
+parameters, batch 32).
 
 ``--torch-func`` adds ``privkit_torch_func_seeded``: the seeded step with the clipped sum from
 ``torch.func``'s per-example gradients of the whole model, what privkit computes for a model
-ghost clipping refuses (and computed for ``cnn3d`` before ``ghost_layer_vjp``); every example's
-gradient is held, so for small models only.
+ghost clipping refuses (and computed for ``cnn3d`` before privkit had rules for ``Conv3d`` and
+``PReLU``); every example's gradient is held, so for small models only.
 
     python benchmarks/dpsgd_step.py --json [--device cuda] [--repeats 7] [--big] [--host-bound]
 

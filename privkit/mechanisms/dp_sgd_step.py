@@ -173,8 +173,8 @@ def clipped_gradient_sum(
     any other model of linear, 1-d and 2-d convolution, GroupNorm/LayerNorm/RMSNorm, embedding
     and batch-first ``nn.MultiheadAttention`` layers (and linear layers and bare parameters of
     its own modules) book-keeping ghost clipping
-    (:mod:`privkit.mechanisms.ghost_clipping`; torch's other one-input layers among them, a 3-d
-    convolution or a PReLU, by ``torch.func`` on that layer alone), anything else ``torch.func``
+    (:mod:`privkit.mechanisms.ghost_clipping`; torch's other one-input layers among them, a
+    transposed convolution or an InstanceNorm, by ``torch.func`` on that layer alone), anything else ``torch.func``
     per-example gradients of the whole model; all three agree up to float rounding (tested).
 
     Parameters

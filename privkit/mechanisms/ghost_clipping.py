@@ -36,13 +36,15 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   from one grouped convolution's weight gradient with the batch as the groups (the kernel plain
   training's weight gradient runs; ``F.unfold``'s ``im2col`` is several times slower on a CPU);
   the ghost norm sums the patch Gram over the ``k^2`` kernel offsets, one strided slice of the
-  input at a time (no ``k^2``-fold unfolded copy). A **Conv1d** is taken as a Conv2d of height 1.
+  input at a time (no ``k^2``-fold unfolded copy). A **Conv1d** is taken as a Conv2d of height 1;
+  a **Conv3d**'s per-example gradients are always materialised, by the grouped weight gradient.
   A grouped convolution (depthwise included) has its per-example gradients materialised: on the
   CPU the batch times its groups as the groups of that one weight gradient, on a GPU one batched
   product of the unfolded input group by group.
 * **GroupNorm**, **LayerNorm**, **RMSNorm**: the affine weight's gradient is ``sum`` over every
   non-batch position of ``g * x_hat`` per channel (``x_hat`` the normalised input, recomputed from
-  the stored input), the bias' ``sum g``: small per-example vectors, formed directly, and
+  the stored input), the bias' ``sum g``; a **PReLU**'s slopes' ``sum g * min(0, a)`` per channel
+  (or over every value): small per-example vectors, formed directly, and
   with every layer's bias joined into one block whose squared norms and clipped sums take one
   operation each (:mod:`privkit.mechanisms.ghost_joined`).
 * **Embedding**: ``G_i`` adds ``g_t`` into row ``idx_t``; the rows an example touches are summed
@@ -78,8 +80,8 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   positions (:func:`_merge_calls`); a convolution's (whose calls may differ in shape) and a
   GroupNorm's (whose statistics are per call) per-example gradients are formed call by call and
   summed (:func:`_summed_over_calls`).
-* **Other layers of torch's own** without a rule here (a 3-d or transposed convolution,
-  InstanceNorm, PReLU, EmbeddingBag, BatchNorm in eval mode): each example's gradient of the
+* **Other layers of torch's own** without a rule here (a transposed convolution, InstanceNorm,
+  EmbeddingBag, BatchNorm in eval mode on its running statistics): each example's gradient of the
   layer's parameters is the vector-Jacobian product of its call on that example's stored input
   against its output gradient, by ``torch.func`` under ``vmap`` on the layer alone
   (:mod:`privkit.mechanisms.ghost_layer_vjp`): only that layer's per-example gradients are
@@ -156,13 +158,18 @@ SUPPORTED = (
     nn.Linear,
     nn.Conv1d,
     nn.Conv2d,
+    nn.Conv3d,
     nn.GroupNorm,
     nn.LayerNorm,
     nn.RMSNorm,
     nn.Embedding,
+    nn.PReLU,
 )
 
 _NORMS = (nn.GroupNorm, nn.LayerNorm, nn.RMSNorm)
+#: layers whose parameters are small per-example vectors formed directly (joined with the others')
+_SMALL = (*_NORMS, nn.PReLU)
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 #: per-example weight gradients of one layer are materialised up to this many elements (``B in
 #: out``: 64 MiB in float32); beyond it the ghost norm is taken wherever its Gram matrices are smaller
@@ -287,9 +294,9 @@ def _layers(model: nn.Module) -> list[_Layer]:
             type(module).forward is not base.forward
             and not ghost_subclasses.overrides_forward(module)
         ) or (
-            isinstance(module, (nn.Conv1d, nn.Conv2d))
+            isinstance(module, _CONVS)
             and type(module)._conv_forward
-            is not (nn.Conv1d if isinstance(module, nn.Conv1d) else nn.Conv2d)._conv_forward
+            is not next(c for c in _CONVS if isinstance(module, c))._conv_forward
         ):
             raise UnsupportedModelError(
                 f"{prefix}: {type(module).__name__} overrides {base.__name__}'s forward"
@@ -674,8 +681,8 @@ def _summed_over_calls(layer: _Layer, b: int) -> None:
     for a, g in zip(layer.inputs, layer.grads, strict=True):
         if g is None:
             continue
-        if isinstance(m, nn.GroupNorm):
-            part = _norm_affine(m, a, g, names)
+        if isinstance(m, (nn.GroupNorm, nn.PReLU)):
+            part = _small_of(m, a, g, names)
         else:
             part = {}
             if "weight" in names:
@@ -997,17 +1004,25 @@ def _check_parameter_uses(total: torch.Tensor, layers: list[_Layer]) -> None:
 @dataclass(frozen=True)
 class _Conv:
     """A convolution's geometry in two dimensions: a Conv2d's own, a Conv1d's as one row of
-    height 1 (its input ``(B, C, L)`` seen as ``(B, C, 1, L)``), so both take the same forms."""
+    height 1 (its input ``(B, C, L)`` seen as ``(B, C, 1, L)``), so both take the same forms; a
+    Conv3d's in its three (:attr:`volume`: materialised per-example gradients only)."""
 
-    kernel_size: tuple[int, int]
-    stride: tuple[int, int]
-    padding: tuple[int, int] | str
-    dilation: tuple[int, int]
+    kernel_size: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...] | str
+    dilation: tuple[int, ...]
     padding_mode: str
     reversed_padding: tuple[int, ...]  # F.pad's order, for padding modes other than zeros
     in_channels: int
     groups: int
-    weight_shape: tuple[int, int, int, int]  # (out, in / groups, kh, kw)
+    weight_shape: tuple[int, ...]  # (out, in / groups, kh, kw) or (out, in / groups, kd, kh, kw)
+
+    @property
+    def volume(self) -> bool:
+        """A 3-d convolution: its per-example gradients are materialised by one grouped
+        convolution's weight gradient on every device (the Gram matrices and the offset-by-offset
+        products are formed in two dimensions only)."""
+        return len(self.kernel_size) == 3
 
 
 def _conv_of(
@@ -1027,19 +1042,17 @@ def _conv_of(
             (m.out_channels, m.in_channels // m.groups, 1, m.kernel_size[0]),
         )
         return geometry, a.unsqueeze(2), g.unsqueeze(2)
-    conv = cast(nn.Conv2d, m)
+    conv = cast(nn.Conv2d | nn.Conv3d, m)
     geometry = _Conv(
-        cast(tuple[int, int], tuple(conv.kernel_size)),
-        cast(tuple[int, int], tuple(conv.stride)),
-        conv.padding
-        if isinstance(conv.padding, str)
-        else cast(tuple[int, int], tuple(conv.padding)),
-        cast(tuple[int, int], tuple(conv.dilation)),
+        tuple(conv.kernel_size),
+        tuple(conv.stride),
+        conv.padding if isinstance(conv.padding, str) else tuple(conv.padding),
+        tuple(conv.dilation),
         conv.padding_mode,
         tuple(conv._reversed_padding_repeated_twice),
         conv.in_channels,
         conv.groups,
-        cast(tuple[int, int, int, int], tuple(conv.weight.shape)),
+        tuple(conv.weight.shape),
     )
     return geometry, a, g
 
@@ -1047,13 +1060,13 @@ def _conv_of(
 def _padded(m: _Conv, a: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
     """A convolution's input and the zero padding left to apply, as the convolution pads it."""
     if m.padding_mode != "zeros":
-        return F.pad(a, list(m.reversed_padding), mode=m.padding_mode), (0, 0)
+        return F.pad(a, list(m.reversed_padding), mode=m.padding_mode), (0,) * len(m.stride)
     if isinstance(m.padding, str):  # "same" (extra padding on the right and bottom) or "valid"
         pads = []
         for k, d in zip(reversed(m.kernel_size), reversed(m.dilation), strict=True):
             total = 0 if m.padding == "valid" else d * (k - 1)
             pads += [total // 2, total - total // 2]
-        return F.pad(a, pads), (0, 0)
+        return F.pad(a, pads), (0,) * len(m.stride)
     return a, tuple(m.padding)
 
 
@@ -1106,11 +1119,12 @@ def _weight_sq(layer: _Layer) -> torch.Tensor:
     if _linear(layer):  # materialised ``(B, out, in)``, whatever the layout the weight is stored in
         return _linear_weight_sq(a, g, layer.per_example, "weight")
     conv, a, g = _conv_of(m, a, g)
-    t, n_out = g.shape[2] * g.shape[3], g.shape[1]
-    n_in = conv.weight_shape[1] * conv.kernel_size[0] * conv.kernel_size[1]
+    t, n_out = math.prod(g.shape[2:]), g.shape[1]
+    n_in = math.prod(conv.weight_shape[1:])
     # a grouped convolution's gradients are materialised (its Gram matrices would be per group;
-    # its per-example gradients are the groups-fold smaller)
-    if conv.groups == 1 and _ghost(True, b, t, n_in, n_out):
+    # its per-example gradients are the groups-fold smaller); so are a 3-d one's, whatever their
+    # size (no more than torch.func would hold for the layer)
+    if conv.groups == 1 and not conv.volume and _ghost(True, b, t, n_in, n_out):
         u = _unfolded(conv, a, g)
         if u is not None:  # a GPU: one product, not one per kernel offset
             gram = torch.bmm(u.transpose(1, 2), u)
@@ -1121,7 +1135,7 @@ def _weight_sq(layer: _Layer) -> torch.Tensor:
         return (gram * torch.bmm(g.transpose(1, 2), g)).sum((1, 2))
     w = _conv_per_example(conv, a, g)
     layer.per_example["weight"] = w.reshape(b, *cast(torch.Tensor, m.weight).shape)
-    return w.pow(2).sum((1, 2, 3, 4))
+    return w.pow(2).sum(tuple(range(1, w.dim())))
 
 
 def _offsets_on(device: torch.device) -> bool:
@@ -1145,8 +1159,12 @@ def _unfolded(m: _Conv, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor | None
     offset-by-offset form launches a copy and a product per offset. Not ``F.unfold``: on a GPU
     its ``im2col`` runs one kernel per example (an H200's ResNet-18 step at batch 256: 4,096
     launches and 15 ms of its 61), and on the CPU it is slow."""
-    k = m.kernel_size[0] * m.kernel_size[1]
-    if not _offsets_on(g.device) or a.shape[0] * m.in_channels * k * g[0, 0].numel() > UNFOLD_LIMIT:
+    k = math.prod(m.kernel_size)
+    if (
+        m.volume
+        or not _offsets_on(g.device)
+        or a.shape[0] * m.in_channels * k * g[0, 0].numel() > UNFOLD_LIMIT
+    ):
         return None
     a, padding = _padded(m, a)
     if any(padding):
@@ -1176,7 +1194,7 @@ def _conv_per_example(m: _Conv, a: torch.Tensor, g: torch.Tensor) -> torch.Tenso
         rows = g.reshape(b, m.groups, n_out // m.groups, -1)
         cols = u.view(b, m.groups, -1, u.shape[-1])
         return torch.matmul(rows, cols.transpose(-1, -2)).view(b, *m.weight_shape)
-    if m.groups == 1 and _offsets_on(g.device):
+    if m.groups == 1 and not m.volume and _offsets_on(g.device):
         kh, kw = m.kernel_size
         rows = g.reshape(b, n_out, -1)
         w = g.new_empty(kh * kw, b, n_out, m.in_channels)
@@ -1195,7 +1213,7 @@ def _conv_per_example(m: _Conv, a: torch.Tensor, g: torch.Tensor) -> torch.Tenso
         padding,
         m.dilation,
         False,
-        [0, 0],
+        [0] * len(m.stride),
         b * m.groups,
         [False, True, False],
     )[1].reshape(b, *m.weight_shape)
@@ -1226,6 +1244,19 @@ def _norm_affine(
     if "bias" in names:
         out["bias"] = g.reshape(b, -1, *shape).sum(1)
     return out
+
+
+def _small_of(m: nn.Module, a: torch.Tensor, g: torch.Tensor, names) -> dict[str, torch.Tensor]:
+    """Per-example gradients of a normalisation's affine weight and bias, or of a PReLU's slopes,
+    ``(B, ...)``."""
+    if not isinstance(m, nn.PReLU):
+        return _norm_affine(cast(nn.GroupNorm | nn.LayerNorm | nn.RMSNorm, m), a, g, names)
+    # y = max(0, a) + w min(0, a): the slope of channel j (dimension 1), or of every value
+    negative = g * a.clamp(max=0)
+    b = a.shape[0]
+    if m.num_parameters == 1:
+        return {"weight": negative.reshape(b, -1).sum(1, keepdim=True)}
+    return {"weight": negative.reshape(b, m.num_parameters, -1).sum(2)}
 
 
 def _embedding_rows(layer: _Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -1294,8 +1325,8 @@ def _sq_norms(layer: _Layer, b: int) -> torch.Tensor | int:
         layer.rows = _embedding_rows(layer)
         example, _, summed = layer.rows
         return _per_example_of_rows(example, summed.pow(2).sum(1), b)
-    if isinstance(m, _NORMS):  # joined with the other layers' small ones
-        layer.small = _norm_affine(m, layer.inputs[0], g, names)
+    if isinstance(m, _SMALL):  # joined with the other layers' small ones
+        layer.small = _small_of(m, layer.inputs[0], g, names)
         return 0
     if "bias" in names:  # joined with the other layers' small ones
         if _linear(layer):
@@ -1391,8 +1422,8 @@ def _clipped(
             rows = torch.where(keep[:, None], rows, 0.0)  # (a mask's count: a device wait)
         out["weight"] = torch.zeros_like(m.weight, dtype=rows.dtype).index_add_(0, flat, rows)
         return out
-    if isinstance(m, _NORMS):
-        per = _norm_affine(m, layer.inputs[0], cg, missing)
+    if isinstance(m, _SMALL):
+        per = _small_of(m, layer.inputs[0], cg, missing)
         return out | {k: v.sum(0) for k, v in per.items()}
     if "weight" in missing:
         if _linear(layer):
@@ -1403,7 +1434,7 @@ def _clipped(
     if "bias" in missing:
         out["bias"] = (
             cg.reshape(cg.shape[0], cg.shape[1], -1).sum((0, 2))
-            if isinstance(m, (nn.Conv1d, nn.Conv2d))
+            if isinstance(m, _CONVS)
             else cg.reshape(-1, cg.shape[-1]).sum(0)
         )
     return out
@@ -1432,7 +1463,7 @@ def _conv_weight_grad(layer: _Layer, cg: torch.Tensor) -> torch.Tensor:
     cuBLAS's products in float32: a clipped sum in TF32 against norms in float32 could carry an
     example past the clip norm by TF32's rounding (10 bits)."""
     m, a, g = _conv_of(layer.module, layer.inputs[0], cg)
-    if m.groups == 1 and _offsets_on(cg.device):
+    if m.groups == 1 and not m.volume and _offsets_on(cg.device):
         rows = g.reshape(g.shape[0], g.shape[1], -1)  # (B, out, T)
         u = _unfolded(m, a, g)
         if u is not None:  # (out, in k^2), in the weight's order
@@ -1450,7 +1481,7 @@ def _conv_weight_grad(layer: _Layer, cg: torch.Tensor) -> torch.Tensor:
         padding,
         m.dilation,
         False,
-        [0, 0],
+        [0] * len(m.stride),
         m.groups,
         [False, True, False],
     )[1]

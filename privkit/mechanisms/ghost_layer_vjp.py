@@ -1,6 +1,6 @@
 """Per-example gradients of one of torch's own layers that book-keeping ghost clipping has no rule
-for (a 3-d or transposed convolution, InstanceNorm, PReLU, EmbeddingBag, BatchNorm in eval mode,
-a GRU cell), formed for that layer alone.
+for (a transposed convolution, InstanceNorm, EmbeddingBag, BatchNorm in eval mode on its running
+statistics, a GRU cell called on its input alone), formed for that layer alone.
 
 :mod:`privkit.mechanisms.ghost_clipping` stores each layer's input ``a`` and the gradient ``g`` of
 the summed per-example losses w.r.t. its output. For a layer without a closed form, example ``i``'s
@@ -12,7 +12,8 @@ every parameter's per-example gradient. The layer's call is computed a second ti
 forward and backward on the batch, once).
 
 This is example ``i``'s gradient only where the layer's output row ``i`` depends on ``a_i`` alone
-(the layer mixes no examples): BatchNorm in training mode does not, and is refused before. The
+(the layer mixes no examples): BatchNorm on the batch's statistics does not, and is refused
+before. The
 first pass of each model checks it (:func:`check_outputs`: the call on each example alone gives
 that example's row of the batch's output), with the rows check of the model's other layers. A
 layer is refused (the model then takes ``torch.func`` whole) where the recomputed call could

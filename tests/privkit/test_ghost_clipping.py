@@ -117,7 +117,9 @@ class Conv(nn.Module):
         self.conv = conv
         # a square (or 1-d) input of this size, or this shape
         shape = (
-            size if isinstance(size, tuple) else (size,) * (1 if isinstance(conv, nn.Conv1d) else 2)
+            size
+            if isinstance(size, tuple)
+            else (size,) * {nn.Conv1d: 1, nn.Conv2d: 2, nn.Conv3d: 3}[type(conv)]
         )
         with torch.no_grad():
             n = conv(torch.zeros(1, conv.in_channels, *shape)).numel()
@@ -144,12 +146,18 @@ class Conv(nn.Module):
         (nn.Conv1d(2, 3, 4, padding="same"), 7),
         (nn.Conv1d(2, 3, 3, padding=2, padding_mode="circular"), 7),
         (nn.Conv1d(6, 6, 5, padding=2, groups=6), 8),  # depthwise
+        # 3-d: materialised on every device
+        (nn.Conv3d(2, 3, 3, padding=1), 4),
+        (nn.Conv3d(2, 4, (3, 2, 2), stride=(2, 1, 2), dilation=(1, 2, 1), padding=(1, 0, 1)), 5),
+        (nn.Conv3d(2, 3, 2, padding="same"), 4),
+        (nn.Conv3d(2, 3, 3, padding=1, padding_mode="replicate"), 4),
+        (nn.Conv3d(4, 4, 3, padding=1, groups=4, bias=False), 4),  # depthwise
     ],
 )
 def test_convolutions(conv, size, monkeypatch):
     torch.manual_seed(2)
     conv.reset_parameters()  # the same weights whatever the tests collected before drew
-    shape = (size,) if isinstance(conv, nn.Conv1d) else (size, size)
+    shape = (size,) * {nn.Conv1d: 1, nn.Conv2d: 2, nn.Conv3d: 3}[type(conv)]
     _check(
         Conv(conv, size),
         torch.randn(6, conv.in_channels, *shape),
@@ -184,11 +192,14 @@ def test_unfolded_input_is_f_unfold(conv, size, channels_last, monkeypatch):
     assert got is not None and torch.equal(got, want)
 
 
-def _random_convolution(rng: random.Random) -> tuple[nn.Module, tuple[int, ...]] | None:
-    """A convolution of random geometry (1-d or 2-d; kernel, stride, dilation, integer, tuple,
-    "same" or "valid" padding, every padding mode, groups, depthwise, bias or not) and an input
-    shape it accepts, or None where torch refuses the draw."""
-    one_d = rng.random() < 0.4
+def _random_convolution(
+    rng: random.Random, volume: bool = False
+) -> tuple[nn.Module, tuple[int, ...]] | None:
+    """A convolution of random geometry (1-d or 2-d, or with ``volume`` 3-d; kernel, stride,
+    dilation, integer, tuple, "same" or "valid" padding, every padding mode, groups, depthwise,
+    bias or not) and an input shape it accepts, or None where torch refuses the draw."""
+    one_d = not volume and rng.random() < 0.4
+    dims = 3 if volume else 1 if one_d else 2
     groups = rng.choice([1, 1, 1, 2, 3])
     c_in, c_out = groups * rng.randint(1, 3), groups * rng.randint(1, 3)
     if rng.random() < 0.2:  # depthwise
@@ -196,7 +207,7 @@ def _random_convolution(rng: random.Random) -> tuple[nn.Module, tuple[int, ...]]
     pair = (
         (lambda lo, hi: rng.randint(lo, hi))
         if one_d
-        else (lambda lo, hi: (rng.randint(lo, hi), rng.randint(lo, hi)))
+        else (lambda lo, hi: tuple(rng.randint(lo, hi) for _ in range(dims)))
     )
     mode = rng.choice(["zeros", "zeros", "reflect", "replicate", "circular"])
     if rng.random() < 0.25:
@@ -204,8 +215,8 @@ def _random_convolution(rng: random.Random) -> tuple[nn.Module, tuple[int, ...]]
         mode = "zeros" if padding == "valid" else mode
     else:
         padding, stride = pair(0, 2), pair(1, 3)
-    cls = nn.Conv1d if one_d else nn.Conv2d
-    shape = (rng.randint(3, 9),) if one_d else (rng.randint(3, 9), rng.randint(3, 9))
+    cls = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[dims]
+    shape = tuple(rng.randint(3, 9 if dims < 3 else 6) for _ in range(dims))
     try:
         conv = cls(
             c_in,
@@ -226,14 +237,15 @@ def _random_convolution(rng: random.Random) -> tuple[nn.Module, tuple[int, ...]]
     return conv, shape
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_convolutions_of_random_geometry(seed, monkeypatch):
-    """Twenty convolutions of random geometry per seed, on inputs in either memory layout, all
-    six ways of ``_check``: the cases above chosen by hand, and the combinations between them."""
+@pytest.mark.parametrize("seed, volume", [(0, False), (1, False), (2, False), (3, True)])
+def test_convolutions_of_random_geometry(seed, volume, monkeypatch):
+    """Twenty convolutions of random geometry per seed (1-d and 2-d, or 3-d), on inputs in either
+    memory layout, all six ways of ``_check``: the cases above chosen by hand, and the
+    combinations between them."""
     rng = random.Random(seed)
     checked = 0
     while checked < 20:
-        drawn = _random_convolution(rng)
+        drawn = _random_convolution(rng, volume)
         if drawn is None:
             continue
         conv, shape = drawn
@@ -352,6 +364,49 @@ def test_group_norm_layer_norm_and_rms_norm(monkeypatch):
                 nn.init.normal_(m.bias, 0.0, 0.3)
     got = _check(model, torch.randn(7, 2, 5, 5), torch.randint(0, 3, (7,)), monkeypatch)
     assert {"8.weight", "10.weight"} <= set(got)
+
+
+class SharedPReLU(nn.Module):
+    """One PReLU after each of two linear layers: one layer, two calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.act = nn.Linear(5, 6), nn.Linear(6, 6), nn.PReLU(6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(self.act(self.b(self.act(self.a(x)))))
+
+
+@pytest.mark.parametrize(
+    "build, shape",
+    [
+        (lambda: nn.Sequential(nn.Linear(5, 6), nn.PReLU(6), nn.Linear(6, 3), nn.PReLU()), (5,)),
+        (
+            lambda: nn.Sequential(nn.Conv2d(2, 4, 3), nn.PReLU(4), nn.Flatten(), nn.Linear(36, 3)),
+            (2, 5, 5),
+        ),
+        # on a sequence (B, T, d): PReLU's channels are dimension 1, the positions
+        (
+            lambda: nn.Sequential(nn.Linear(5, 4), nn.PReLU(3), nn.Flatten(), nn.Linear(12, 3)),
+            (3, 5),
+        ),
+        (SharedPReLU, (5,)),
+    ],
+    ids=["rows", "channels", "sequence", "twice"],
+)
+def test_prelu_slopes(build, shape, monkeypatch):
+    """A PReLU's slope gradient is ``sum g min(0, a)`` per channel (or over every value): formed
+    per example directly, with the other layers' small parameters."""
+    torch.manual_seed(13)
+    model = build()
+    for m in model.modules():  # slopes of both signs
+        if isinstance(m, nn.PReLU):
+            nn.init.normal_(m.weight, 0.2, 0.5)
+    x, y = torch.randn(7, *shape), torch.randint(0, 3, (7,))
+    assert not any(layer.vjp for layer in ghost_clipping._layers(model))
+    _check(model, x, y, monkeypatch)
+    clipping_off_is_the_plain_sum(model, x.double(), y)
 
 
 class Bag(nn.Module):
