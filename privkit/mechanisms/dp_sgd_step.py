@@ -174,7 +174,7 @@ def clipped_gradient_sum(
     and batch-first ``nn.MultiheadAttention`` layers (and linear layers and bare parameters of
     its own modules) book-keeping ghost clipping
     (:mod:`privkit.mechanisms.ghost_clipping`; torch's other one-input layers among them, a
-    transposed convolution or an InstanceNorm, by ``torch.func`` on that layer alone), anything else ``torch.func``
+    transposed convolution or an EmbeddingBag, by ``torch.func`` on that layer alone), anything else ``torch.func``
     per-example gradients of the whole model; all three agree up to float rounding (tested).
 
     Parameters

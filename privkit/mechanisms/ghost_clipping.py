@@ -43,8 +43,10 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   product of the unfolded input group by group.
 * **GroupNorm**, **LayerNorm**, **RMSNorm**: the affine weight's gradient is ``sum`` over every
   non-batch position of ``g * x_hat`` per channel (``x_hat`` the normalised input, recomputed from
-  the stored input), the bias' ``sum g``; a **PReLU**'s slopes' ``sum g * min(0, a)`` per channel
-  (or over every value): small per-example vectors, formed directly, and
+  the stored input), the bias' ``sum g``; so for **BatchNorm in eval mode** (``x_hat`` by its
+  running statistics) and **InstanceNorm** (by the example's own, or in eval mode by the running
+  statistics it keeps); a **PReLU**'s slopes' ``sum g * min(0, a)`` per channel (or over every
+  value): small per-example vectors, formed directly, and
   with every layer's bias joined into one block whose squared norms and clipped sums take one
   operation each (:mod:`privkit.mechanisms.ghost_joined`).
 * **Embedding**: ``G_i`` adds ``g_t`` into row ``idx_t``; the rows an example touches are summed
@@ -80,12 +82,12 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   positions (:func:`_merge_calls`); a convolution's (whose calls may differ in shape) and a
   GroupNorm's (whose statistics are per call) per-example gradients are formed call by call and
   summed (:func:`_summed_over_calls`).
-* **Other layers of torch's own** without a rule here (a transposed convolution, InstanceNorm,
-  EmbeddingBag, BatchNorm in eval mode on its running statistics): each example's gradient of the
-  layer's parameters is the vector-Jacobian product of its call on that example's stored input
-  against its output gradient, by ``torch.func`` under ``vmap`` on the layer alone
-  (:mod:`privkit.mechanisms.ghost_layer_vjp`): only that layer's per-example gradients are
-  formed, and the first pass checks that its call on an example alone gives the example's row.
+* **Other layers of torch's own** without a rule here (a transposed convolution, EmbeddingBag):
+  each example's gradient of the layer's parameters is the vector-Jacobian product of its call on
+  that example's stored input against its output gradient, by ``torch.func`` under ``vmap`` on
+  the layer alone (:mod:`privkit.mechanisms.ghost_layer_vjp`): only that layer's per-example
+  gradients are formed, and the first pass checks that its call on an example alone gives the
+  example's row.
 * **Bare parameters** of the model's own modules (a vision transformer's class token and position
   embedding, a layer scale): replaced for the pass by per-example stand-ins, ``P`` repeated along
   a batch axis, whose output gradient holds each example's gradient of ``P`` in its row
@@ -105,11 +107,11 @@ Anything else is refused with :class:`~privkit.mechanisms.stacked.UnsupportedMod
 falls back to ``torch.func`` per-example gradients) rather than computed wrong: a trainable
 parameter of one of torch's own modules with children or hidden states (an LSTM, attention's
 ``add_bias_kv``), one of torch's own layers called with keyword arguments or more than one input,
-returning more than one tensor, or updating buffers in training mode (InstanceNorm's running
-statistics), a bare parameter used in a way neither its stand-in nor following
+returning more than one tensor, or updating buffers in training mode, InstanceNorm keeping
+running statistics in training mode (the batch's, kept in the model unnoised), a bare parameter used in a way neither its stand-in nor following
 it to the batch covers (passed to a functional layer, read through another reference),
-attention with ``batch_first=False`` (a sequence-first model), BatchNorm in training mode or with
-trainable parameters (it mixes the batch's examples), an attention run twice in one forward, a
+attention with ``batch_first=False`` (a sequence-first model), BatchNorm in training mode or
+without running statistics (it mixes the batch's examples), an attention run twice in one forward, a
 parameter shared by layers other than embeddings of one table and a linear layer tied to it, a layer's parameter used outside the layer's call (an output tied by
 ``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere: the autograd graph is checked for
 one edge into each parameter and call), a subclass of a convolution with its own ``forward``, a layer applied to a tensor whose first dimension is not the batch's
@@ -164,11 +166,14 @@ SUPPORTED = (
     nn.RMSNorm,
     nn.Embedding,
     nn.PReLU,
+    nn.modules.batchnorm._BatchNorm,  # in eval mode, on its running statistics
+    nn.modules.instancenorm._InstanceNorm,
 )
 
 _NORMS = (nn.GroupNorm, nn.LayerNorm, nn.RMSNorm)
+_FIXED_NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
 #: layers whose parameters are small per-example vectors formed directly (joined with the others')
-_SMALL = (*_NORMS, nn.PReLU)
+_SMALL = (*_NORMS, *_FIXED_NORMS, nn.PReLU)
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 #: per-example weight gradients of one layer are materialised up to this many elements (``B in
@@ -262,6 +267,15 @@ def _layers(model: nn.Module) -> list[_Layer]:
                 f"{prefix}: {type(module).__name__} "
                 f"{'in training mode' if module.training else 'without running statistics'} "
                 "mixes the examples"
+            )
+        if (
+            isinstance(module, nn.modules.instancenorm._InstanceNorm)
+            and module.training
+            and module.track_running_stats
+        ):
+            raise UnsupportedModelError(
+                f"{prefix}: {type(module).__name__} in training mode with running statistics "
+                "(the batch's, kept in the model unnoised)"
             )
         own = {k: p for k, p in module.named_parameters(recurse=False) if p.requires_grad}
         full = {k: owners[id(p)] for k, p in own.items()}
@@ -681,7 +695,7 @@ def _summed_over_calls(layer: _Layer, b: int) -> None:
     for a, g in zip(layer.inputs, layer.grads, strict=True):
         if g is None:
             continue
-        if isinstance(m, (nn.GroupNorm, nn.PReLU)):
+        if isinstance(m, (nn.GroupNorm, nn.PReLU, *_FIXED_NORMS)):
             part = _small_of(m, a, g, names)
         else:
             part = {}
@@ -1249,6 +1263,8 @@ def _norm_affine(
 def _small_of(m: nn.Module, a: torch.Tensor, g: torch.Tensor, names) -> dict[str, torch.Tensor]:
     """Per-example gradients of a normalisation's affine weight and bias, or of a PReLU's slopes,
     ``(B, ...)``."""
+    if isinstance(m, _FIXED_NORMS):
+        return _channel_affine(m, a, g, names)
     if not isinstance(m, nn.PReLU):
         return _norm_affine(cast(nn.GroupNorm | nn.LayerNorm | nn.RMSNorm, m), a, g, names)
     # y = max(0, a) + w min(0, a): the slope of channel j (dimension 1), or of every value
@@ -1257,6 +1273,34 @@ def _small_of(m: nn.Module, a: torch.Tensor, g: torch.Tensor, names) -> dict[str
     if m.num_parameters == 1:
         return {"weight": negative.reshape(b, -1).sum(1, keepdim=True)}
     return {"weight": negative.reshape(b, m.num_parameters, -1).sum(2)}
+
+
+def _channel_affine(
+    m: nn.Module, a: torch.Tensor, g: torch.Tensor, names
+) -> dict[str, torch.Tensor]:
+    """Per-example gradients of a BatchNorm's (eval mode, running statistics) or an InstanceNorm's
+    affine weight and bias, ``(B, C)``: ``sum g * x_hat`` and ``sum g`` over each channel's
+    positions (dimension 1), ``x_hat`` normalised as the layer's call normalised it (by the running
+    statistics, or by the example's own for an InstanceNorm without them or in training mode)."""
+    b, c = a.shape[:2]
+    out: dict[str, torch.Tensor] = {}
+    if "weight" in names:
+        mean, var = (
+            cast(torch.Tensor | None, m.running_mean),
+            cast(torch.Tensor | None, m.running_var),
+        )
+        eps = cast(float, m.eps)
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            x_hat = F.batch_norm(a, mean, var, None, None, False, 0.0, eps)
+        else:  # no statistics passed where the example's own are used: none are updated
+            own = m.training or not m.track_running_stats
+            x_hat = F.instance_norm(
+                a, None if own else mean, None if own else var, None, None, own, 0.0, eps
+            )
+        out["weight"] = (g * x_hat).reshape(b, c, -1).sum(2)
+    if "bias" in names:
+        out["bias"] = g.reshape(b, c, -1).sum(2)
+    return out
 
 
 def _embedding_rows(layer: _Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -1512,8 +1556,19 @@ def _run(
         _in_parameter_dtype(layer)
     if not norms:
         return layers, None, None
-    with full_precision(x.device):
+    with full_precision(x.device), _remembered(model):
         return layers, *_norms(ran, x)
+
+
+@contextmanager
+def _remembered(model: nn.Module) -> Iterator[None]:
+    """A layer found not to take torch.func's transforms on one example refuses the model from
+    then on (``torch.func`` then clips every step), as the rows check does."""
+    try:
+        yield
+    except ghost_layer_vjp.NotPerExample as e:
+        _ROWS_CHECKED[model] = str(e)
+        raise
 
 
 def _norms(
@@ -1685,7 +1740,7 @@ def clipped_sum(
     else:
         factor = torch.clamp(clip / torch.clamp(norms, min=1e-12), max=1.0)
     sums: dict[str, torch.Tensor] = {}
-    with full_precision(x.device):
+    with full_precision(x.device), _remembered(model):
         small = joined.clipped(factor) if joined is not None else {}
         for layer in layers:
             for k, v in _clipped(layer, factor, small).items():

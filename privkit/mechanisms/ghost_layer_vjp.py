@@ -1,6 +1,5 @@
 """Per-example gradients of one of torch's own layers that book-keeping ghost clipping has no rule
-for (a transposed convolution, InstanceNorm, EmbeddingBag, BatchNorm in eval mode on its running
-statistics, a GRU cell called on its input alone), formed for that layer alone.
+for (a transposed convolution, EmbeddingBag), formed for that layer alone.
 
 :mod:`privkit.mechanisms.ghost_clipping` stores each layer's input ``a`` and the gradient ``g`` of
 the summed per-example losses w.r.t. its output. For a layer without a closed form, example ``i``'s
@@ -13,14 +12,14 @@ forward and backward on the batch, once).
 
 This is example ``i``'s gradient only where the layer's output row ``i`` depends on ``a_i`` alone
 (the layer mixes no examples): BatchNorm on the batch's statistics does not, and is refused
-before. The
-first pass of each model checks it (:func:`check_outputs`: the call on each example alone gives
-that example's row of the batch's output), with the rows check of the model's other layers. A
-layer is refused (the model then takes ``torch.func`` whole) where the recomputed call could
-differ from the one the forward pass made: it updates buffers in training mode (InstanceNorm's
-running statistics, which the second call would update again), it is called with keyword
-arguments or more than one input (the hook sees one positional input), it returns more than one
-tensor (an LSTM's hidden states, batch second).
+before. The first pass of each model checks it (:func:`check_outputs`: the call on each example
+alone gives that example's row of the batch's output), with the rows check of the model's other
+layers. A layer is refused (the model then takes ``torch.func`` whole) where the recomputed call
+could differ from the one the forward pass made: it updates buffers in training mode (statistics
+the second call would update again), it is called with keyword arguments or more than one input
+(the hook sees one positional input), it returns more than one tensor (an LSTM's hidden states,
+batch second); and where its call does not take ``vmap`` on one example (an RNN cell making its
+zero state inside it: :class:`NotPerExample`, the model remembered as refused).
 """
 
 from __future__ import annotations
@@ -32,7 +31,15 @@ import torch
 from torch import nn
 from torch.func import functional_call, vjp, vmap
 
-__all__ = ["check_outputs", "covers", "per_example", "refusal", "summed"]
+from privkit.mechanisms.stacked import UnsupportedModelError
+
+__all__ = ["NotPerExample", "check_outputs", "covers", "per_example", "refusal", "summed"]
+
+
+class NotPerExample(UnsupportedModelError):
+    """The layer's call does not take ``torch.func``'s transforms on one example (an RNN cell
+    making its zero state inside its call, which ``vmap`` cannot batch): the model is clipped by
+    ``torch.func`` whole, or refused."""
 
 
 def covers(module: nn.Module) -> bool:
@@ -91,7 +98,12 @@ def per_example(
     for a, g in zip(inputs, grads, strict=True):
         if g is None:
             continue
-        part = cast(dict[str, torch.Tensor], vmap(one)(a, g))
+        try:
+            part = cast(dict[str, torch.Tensor], vmap(one)(a, g))
+        except RuntimeError as e:
+            raise NotPerExample(
+                f"{type(module).__name__} does not take torch.func's vjp on one example ({e})"
+            ) from None
         total = {k: total[k] + v for k, v in part.items()} if total else part
     return total
 
@@ -116,8 +128,13 @@ def summed(
         def call(p: dict[str, torch.Tensor], a: torch.Tensor = a) -> torch.Tensor:
             return functional_call(module, state | p, (a,))
 
-        pull = vjp(call, trainable)[1]
-        part = pull(g * c.to(g.dtype).view(-1, *[1] * (g.dim() - 1)))[0]
+        try:
+            pull = vjp(call, trainable)[1]
+            part = pull(g * c.to(g.dtype).view(-1, *[1] * (g.dim() - 1)))[0]
+        except RuntimeError as e:
+            raise NotPerExample(
+                f"{type(module).__name__} does not take torch.func's vjp ({e})"
+            ) from None
         total = {k: total[k] + v for k, v in part.items()} if total else part
     return total
 
@@ -138,7 +155,7 @@ def check_outputs(
         try:
             rows = vmap(alone)(a)
         except RuntimeError as e:  # an operation vmap has no rule for and cannot loop over
-            return f"{name} cannot be called on one example under torch.func.vmap ({e})"
+            return f"{name} does not take torch.func's vmap on one example ({e})"
         tol = max(rtol, 8 * torch.finfo(out.dtype).eps) * float(out.abs().max())
         if rows.shape != out.shape or float((rows - out).abs().max()) > tol:
             return (

@@ -366,6 +366,55 @@ def test_group_norm_layer_norm_and_rms_norm(monkeypatch):
     assert {"8.weight", "10.weight"} <= set(got)
 
 
+def _instance_norms():
+    eval_norm = nn.InstanceNorm2d(4, affine=True, track_running_stats=True)
+    eval_norm.running_mean.normal_()
+    eval_norm.running_var.uniform_(0.5, 2.0)
+    return nn.Sequential(
+        nn.Conv2d(2, 4, 3),
+        nn.InstanceNorm2d(4, affine=True),
+        nn.Tanh(),
+        eval_norm.eval(),
+        nn.Flatten(2),
+        nn.InstanceNorm1d(4, affine=True),
+        nn.Flatten(),
+        nn.LazyLinear(3),
+    ), torch.randn(7, 2, 6, 6)
+
+
+def _batch_norm_in_eval():
+    norm = nn.BatchNorm2d(4)
+    norm.running_mean.normal_()
+    norm.running_var.uniform_(0.5, 2.0)
+    return nn.Sequential(
+        nn.Conv2d(2, 4, 3), norm.eval(), nn.Tanh(), nn.Flatten(), nn.LazyLinear(3)
+    ), torch.randn(7, 2, 5, 5)
+
+
+@pytest.mark.parametrize(
+    "build", [_instance_norms, _batch_norm_in_eval], ids=["instance", "batch-eval"]
+)
+def test_batch_norm_in_eval_and_instance_norm(build, monkeypatch):
+    """Their affine weight's gradient is ``sum g * x_hat`` per channel, ``x_hat`` by the running
+    statistics (BatchNorm in eval mode, an InstanceNorm in eval mode keeping them) or by the
+    example's own (an InstanceNorm without them): formed per example directly; the statistics
+    are neither changed nor counted."""
+    torch.manual_seed(14)
+    model, x = build()
+    model(x)  # a lazy layer's shape
+    for m in model.modules():  # non-trivial affine parameters
+        if isinstance(m, (nn.BatchNorm2d, nn.InstanceNorm1d, nn.InstanceNorm2d)):
+            nn.init.normal_(m.weight, 1.0, 0.3)
+            nn.init.normal_(m.bias, 0.0, 0.3)
+    kept = {k: v.clone() for k, v in model.state_dict().items() if "running" in k or "tracked" in k}
+    assert not any(layer.vjp for layer in ghost_clipping._layers(model))
+    y = torch.randint(0, 3, (7,))
+    _check(model, x, y, monkeypatch)
+    clipping_off_is_the_plain_sum(model, x.double(), y)
+    state = model.state_dict()
+    assert kept and all(torch.equal(state[k], v.to(state[k].dtype)) for k, v in kept.items())
+
+
 class SharedPReLU(nn.Module):
     """One PReLU after each of two linear layers: one layer, two calls."""
 

@@ -113,6 +113,17 @@ def test_replayed_sums_equal_the_steps(name):
     assert replay.traced >= 1 and replay.replayed >= 4 and not replay.refused
 
 
+def _transposed() -> nn.Module:
+    """A transposed convolution (torch.func on it alone) between linear layers."""
+    return nn.Sequential(
+        nn.Linear(20, 20),
+        nn.Unflatten(1, (4, 5)),
+        nn.ConvTranspose1d(4, 4, 2),
+        nn.Flatten(),
+        nn.Linear(24, 4),
+    )
+
+
 class _Recurrent(nn.Module):
     """torch's LSTM, which ghost clipping does not cover: torch.func clips the model."""
 
@@ -132,8 +143,11 @@ def test_a_padded_row_adds_nothing(path):
         model = build_model("mlp", (1, 4, 5), 4)
     elif path == "ghost":
         model = nn.Sequential(nn.Linear(20, 16), nn.GroupNorm(4, 16), nn.ReLU(), nn.Linear(16, 4))
-    elif path == "layer-vjp":  # a PReLU's per-example gradients by torch.func on it alone
-        model = nn.Sequential(nn.Linear(20, 16), nn.PReLU(), nn.Linear(16, 4))
+    elif path == "layer-vjp":  # a transposed convolution's by torch.func on it alone
+        from privkit.mechanisms import ghost_clipping
+
+        model = _transposed()
+        assert [layer.vjp for layer in ghost_clipping._layers(model)] == [False, True, False]
     else:  # a layer ghost clipping does not cover: torch.func's per-example gradients
         model = _Recurrent()
     x, y = torch.randn(9, 20), torch.randint(0, 4, (9,))
@@ -345,12 +359,10 @@ class _SameHash:
 
 @pytest.mark.parametrize("path", ["layer-vjp", "torch.func"])
 def test_a_model_clipped_by_torch_func_is_replayed_too(path):
-    """The whole model's per-example gradients by torch.func, or a PReLU's alone."""
+    """The whole model's per-example gradients by torch.func, or a transposed convolution's
+    alone."""
     torch.manual_seed(6)
-    if path == "torch.func":
-        model = _Recurrent()
-    else:
-        model = nn.Sequential(nn.Linear(20, 12), nn.PReLU(), nn.Linear(12, 4))
+    model = _Recurrent() if path == "torch.func" else _transposed()
     x, y = torch.randn(21, 20), torch.randint(0, 4, (21,))
     replay = StepReplay(patience=0)
     with warnings.catch_warnings():
