@@ -27,6 +27,9 @@ tied parameters) is left out with its reason under ``unavailable``. ``privkit_pa
 model (``ghost_clipping``, else the ``torch.func`` fallback).
 
 Models: ``resnet_small`` (a GroupNorm ResNet of 78k parameters, 32x32x3 inputs, batch 64);
+``resnet_small_bn`` (the same with BatchNorm in eval mode, its statistics frozen as in
+fine-tuning a pretrained network; opacus refuses BatchNorm and trains it as its
+``ModuleValidator.fix`` makes it, with GroupNorm);
 ``transformer`` (a transformer-block classifier: token and position embeddings, LayerNorm,
 4-head attention by ``nn.Linear`` q/k/v/out maps, MLP; 64 tokens, batch 64); ``encoder`` (the
 same block as torch's ``nn.TransformerEncoderLayer`` builds it, its ``nn.MultiheadAttention``
@@ -125,22 +128,26 @@ VARIANTS = (
 TORCH_FUNC = "privkit_torch_func_seeded"
 
 
+def _norm(groups: int, c: int) -> nn.Module:
+    """GroupNorm of ``min(groups, c)`` groups, or BatchNorm where ``groups`` is 0."""
+    return nn.BatchNorm2d(c) if groups == 0 else nn.GroupNorm(min(groups, c), c)
+
+
 class Block(nn.Module):
-    """ResNet's basic block with GroupNorm for BatchNorm (ReLUs not in place: opacus' hooks refuse
-    an in-place operation on a hooked layer's output)."""
+    """ResNet's basic block with GroupNorm for BatchNorm (``groups`` 0: BatchNorm) (ReLUs not in
+    place: opacus' hooks refuse an in-place operation on a hooked layer's output)."""
 
     def __init__(self, c_in: int, c_out: int, stride: int, groups: int):
         super().__init__()
         self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
-        self.gn1 = nn.GroupNorm(min(groups, c_out), c_out)
+        self.gn1 = _norm(groups, c_out)
         self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
-        self.gn2 = nn.GroupNorm(min(groups, c_out), c_out)
+        self.gn2 = _norm(groups, c_out)
         self.relu = nn.ReLU()
         self.shortcut = nn.Sequential()
         if stride != 1 or c_in != c_out:
             self.shortcut = nn.Sequential(
-                nn.Conv2d(c_in, c_out, 1, stride, bias=False),
-                nn.GroupNorm(min(groups, c_out), c_out),
+                nn.Conv2d(c_in, c_out, 1, stride, bias=False), _norm(groups, c_out)
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -156,9 +163,7 @@ class ResNet(nn.Module):
     def __init__(self, widths: tuple[int, ...], blocks: int, groups: int, classes: int = 10):
         super().__init__()
         self.stem = nn.Sequential(
-            nn.Conv2d(3, widths[0], 3, 1, 1, bias=False),
-            nn.GroupNorm(min(groups, widths[0]), widths[0]),
-            nn.ReLU(),
+            nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), _norm(groups, widths[0]), nn.ReLU()
         )
         layers, c = [], widths[0]
         for i, w in enumerate(widths):
@@ -320,6 +325,16 @@ class VolumeCNN(nn.Module):
         return self.fc(F.adaptive_avg_pool3d(self.features(x), 1).flatten(1))
 
 
+def _statistics_frozen(model: nn.Module) -> nn.Module:
+    """``model`` in eval mode with its BatchNorm statistics those of a few batches of random
+    images: a pretrained network's, frozen for fine-tuning."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for _ in range(4):
+            model(torch.randn(64, 3, 32, 32, generator=g))
+    return model.eval()
+
+
 def gpt2(vocab=5000, d=128, heads=4, layers=2) -> nn.Module:
     """HF transformers' GPT-2 (``GPT2LMHeadModel``, no pretrained weights) at the size of ``lm``:
     its maps are ``Conv1D`` layers, its head is tied to the token embedding, its positions are
@@ -350,6 +365,14 @@ def build(name: str) -> tuple[nn.Module, str, int]:
         return ResNet((64, 128, 256, 512), 2, 32), "ResNet-18, GroupNorm(32), 32x32x3", 256
     if name == "resnet_small":
         return ResNet((16, 32, 64), 1, 4), "ResNet 16-32-64, 1 block/stage, GroupNorm(4)", 64
+    if name == "resnet_small_bn":
+        return (
+            _statistics_frozen(ResNet((16, 32, 64), 1, 0)),
+            "ResNet 16-32-64, 1 block/stage, BatchNorm in eval mode (statistics frozen, as in "
+            "fine-tuning a pretrained network); opacus trains it as ModuleValidator.fix makes it, "
+            "with GroupNorm",
+            64,
+        )
     if name == "transformer":
         return (
             TransformerClassifier(),
@@ -490,10 +513,16 @@ def steps(
         opt.step()
 
     out["sgd"] = sgd
+    frozen_statistics = any(
+        isinstance(layer, nn.modules.batchnorm._BatchNorm) and not layer.training
+        for layer in model.modules()
+    )
     for mode in ("hooks", "ghost"):
         # opacus takes nn.MultiheadAttention only as its DPMultiheadAttention (nn.Linear maps):
         # its documented replacement, the same function and weights
         m = ModuleValidator.fix(copy.deepcopy(model))
+        if frozen_statistics:  # its BatchNorm now GroupNorm: opacus asks for training mode
+            m.train()
         o = torch.optim.SGD(m.parameters(), lr=LR)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -755,7 +784,8 @@ def main() -> None:
         torch.backends.cudnn.benchmark = False  # Poisson batch sizes vary in training
     big = ["resnet18", "encoder_large", "vit_large", "gpt2_small", "gpt2_small_lora"]
     big = big if args.big else []
-    names = ["resnet_small", "transformer", "encoder", "vit", "lm", "gpt2", "lstm", "cnn3d", *big]
+    names = ["resnet_small", "resnet_small_bn", "transformer", "encoder", "vit", "lm", "gpt2", "lstm"]
+    names += ["cnn3d", *big]
     if args.models:
         names = args.models.split(",")
     # a model whose library is not installed (a GPU machine without transformers) is left out

@@ -99,3 +99,27 @@ def test_autocast_runs_every_variant_under_it_or_says_why_not():
 def test_bad_input_is_one_line_and_exit_code_2(args, named):
     run = _run(*args)
     assert run.returncode == 2 and named in run.stderr.splitlines()[-1]
+
+
+def test_torch_func_variant_and_the_models_of_torchs_other_layers():
+    """``--torch-func`` adds the step clipped from the whole model's per-example gradients;
+    the 3-d CNN and the ResNet with frozen BatchNorm take ghost clipping, opacus' variants
+    run (the latter with its BatchNorm made GroupNorm, in training mode)."""
+    run = _run(
+        "--models",
+        "cnn3d,resnet_small_bn",
+        "--repeats",
+        "1",
+        "--host-bound",
+        "--torch-func",
+        "--json",
+    )
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["setup"]["torch_func"]
+    for name in ("cnn3d", "resnet_small_bn"):
+        r = out["models"][name]
+        assert r["privkit_path"] == "ghost_clipping" and not r["unavailable"]
+        assert {"sgd", "opacus_hooks", "opacus_ghost", "privkit_torch_func_seeded"} <= set(
+            r["times_ms"]
+        )
