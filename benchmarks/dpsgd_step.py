@@ -784,7 +784,16 @@ def main() -> None:
         torch.backends.cudnn.benchmark = False  # Poisson batch sizes vary in training
     big = ["resnet18", "encoder_large", "vit_large", "gpt2_small", "gpt2_small_lora"]
     big = big if args.big else []
-    names = ["resnet_small", "resnet_small_bn", "transformer", "encoder", "vit", "lm", "gpt2", "lstm"]
+    names = [
+        "resnet_small",
+        "resnet_small_bn",
+        "transformer",
+        "encoder",
+        "vit",
+        "lm",
+        "gpt2",
+        "lstm",
+    ]
     names += ["cnn3d", *big]
     if args.models:
         names = args.models.split(",")

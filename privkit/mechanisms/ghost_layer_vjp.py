@@ -24,7 +24,7 @@ zero state inside it: :class:`NotPerExample`, the model remembered as refused).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch
@@ -76,6 +76,36 @@ def _dtype(grads: Sequence[torch.Tensor | None]) -> torch.dtype:
     return next(g for g in grads if g is not None).dtype
 
 
+def _over_calls(
+    module: nn.Module,
+    keys: list[str],
+    inputs: list[torch.Tensor],
+    grads: Sequence[torch.Tensor | None],
+    of_call: Callable[..., dict[str, torch.Tensor]],
+) -> dict[str, torch.Tensor]:
+    """``of_call(call, trainable, a, g)`` (``call(p, a)``: the layer's call with its trainable
+    parameters ``p``) summed over the layer's calls whose output reached the loss (``grads[j]``
+    ``None`` where it did not)."""
+    state = _state(module, _dtype(grads))
+    trainable = {k: state.pop(k) for k in keys}
+
+    def call(p: dict[str, torch.Tensor], a: torch.Tensor) -> torch.Tensor:
+        return functional_call(module, state | p, (a,))
+
+    total: dict[str, torch.Tensor] = {}
+    for a, g in zip(inputs, grads, strict=True):
+        if g is None:
+            continue
+        try:
+            part = of_call(call, trainable, a, g)
+        except RuntimeError as e:  # an operation vmap cannot batch (an RNN cell's zero state)
+            raise NotPerExample(
+                f"{type(module).__name__} does not take torch.func's vjp ({e})"
+            ) from None
+        total = {k: total[k] + v for k, v in part.items()} if total else part
+    return total
+
+
 def per_example(
     module: nn.Module,
     keys: list[str],
@@ -84,28 +114,15 @@ def per_example(
 ) -> dict[str, torch.Tensor]:
     """Each example's gradient of the layer's trainable parameters ``keys``, ``(B, ...)``, summed
     over its calls whose output reached the loss (``grads[j]`` ``None`` where it did not)."""
-    state = _state(module, _dtype(grads))
-    trainable = {k: state.pop(k) for k in keys}
 
-    def one(a: torch.Tensor, g: torch.Tensor) -> dict[str, torch.Tensor]:
-        def call(p: dict[str, torch.Tensor]) -> torch.Tensor:
-            return functional_call(module, state | p, (a.unsqueeze(0),))
+    def of_call(call, trainable, a, g) -> dict[str, torch.Tensor]:
+        def one(ai: torch.Tensor, gi: torch.Tensor) -> dict[str, torch.Tensor]:
+            pull = vjp(lambda p: call(p, ai.unsqueeze(0)), trainable)[1]
+            return pull(gi.unsqueeze(0))[0]
 
-        pull = vjp(call, trainable)[1]
-        return pull(g.unsqueeze(0))[0]
+        return cast(dict[str, torch.Tensor], vmap(one)(a, g))
 
-    total: dict[str, torch.Tensor] = {}
-    for a, g in zip(inputs, grads, strict=True):
-        if g is None:
-            continue
-        try:
-            part = cast(dict[str, torch.Tensor], vmap(one)(a, g))
-        except RuntimeError as e:
-            raise NotPerExample(
-                f"{type(module).__name__} does not take torch.func's vjp on one example ({e})"
-            ) from None
-        total = {k: total[k] + v for k, v in part.items()} if total else part
-    return total
+    return _over_calls(module, keys, inputs, grads, of_call)
 
 
 def summed(
@@ -118,25 +135,12 @@ def summed(
     """``sum_i c_i G_i`` of the layer's trainable parameters without forming the ``G_i`` (where no
     norms were taken: clipping off): the call's vector-Jacobian product on the whole batch against
     the output gradients weighted by the factors ``c``."""
-    state = _state(module, _dtype(grads))
-    trainable = {k: state.pop(k) for k in keys}
-    total: dict[str, torch.Tensor] = {}
-    for a, g in zip(inputs, grads, strict=True):
-        if g is None:
-            continue
 
-        def call(p: dict[str, torch.Tensor], a: torch.Tensor = a) -> torch.Tensor:
-            return functional_call(module, state | p, (a,))
+    def of_call(call, trainable, a, g) -> dict[str, torch.Tensor]:
+        pull = vjp(lambda p: call(p, a), trainable)[1]
+        return pull(g * c.to(g.dtype).view(-1, *[1] * (g.dim() - 1)))[0]
 
-        try:
-            pull = vjp(call, trainable)[1]
-            part = pull(g * c.to(g.dtype).view(-1, *[1] * (g.dim() - 1)))[0]
-        except RuntimeError as e:
-            raise NotPerExample(
-                f"{type(module).__name__} does not take torch.func's vjp ({e})"
-            ) from None
-        total = {k: total[k] + v for k, v in part.items()} if total else part
-    return total
+    return _over_calls(module, keys, inputs, grads, of_call)
 
 
 def check_outputs(
