@@ -103,20 +103,22 @@ book-kept: each layer's summed gradient with the output gradients weighted by th
 ``sum_i c_i G_i = (c g)^T a`` (one weight gradient as plain training forms it, or ``sum_i c_i G_i``
 where ``G_i`` was materialised anyway); no second backward pass.
 
-Anything else is refused with :class:`~privkit.mechanisms.stacked.UnsupportedModelError` (the caller
-falls back to ``torch.func`` per-example gradients) rather than computed wrong: a trainable
+Anything else is refused with :class:`~privkit.mechanisms.stacked.UnsupportedModelError` (the
+caller falls back to ``torch.func`` per-example gradients) rather than computed wrong: a trainable
 parameter of one of torch's own modules with children or hidden states (an LSTM, attention's
 ``add_bias_kv``), one of torch's own layers called with keyword arguments or more than one input,
-returning more than one tensor, or updating buffers in training mode, InstanceNorm keeping
-running statistics in training mode (the batch's, kept in the model unnoised), a bare parameter used in a way neither its stand-in nor following
-it to the batch covers (passed to a functional layer, read through another reference),
-attention with ``batch_first=False`` (a sequence-first model), BatchNorm in training mode or
-without running statistics (it mixes the batch's examples), an attention run twice in one forward, a
-parameter shared by layers other than embeddings of one table and a linear layer tied to it, a layer's parameter used outside the layer's call (an output tied by
+returning more than one tensor, or updating buffers in training mode, InstanceNorm keeping running
+statistics in training mode (the batch's, kept in the model unnoised), a bare parameter used in a
+way neither its stand-in nor following it to the batch covers (passed to a functional layer, read
+through another reference), attention with ``batch_first=False`` (a sequence-first model),
+BatchNorm in training mode or without running statistics (it mixes the batch's examples), an
+attention run twice in one forward, a parameter shared by layers other than embeddings of one table
+and a linear layer tied to it, a layer's parameter used outside the layer's call (an output tied by
 ``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere: the autograd graph is checked for
-one edge into each parameter and call), a subclass of a convolution with its own ``forward``, a layer applied to a tensor whose first dimension is not the batch's
-(nor, for a position-wise layer, a multiple of it), an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input
-modified in place after the layer read it (in-place operations on a layer's *output*, such as
+one edge into each parameter and call), a subclass of a convolution with its own ``forward``, a
+layer applied to a tensor whose first dimension is not the batch's (nor, for a position-wise layer,
+a multiple of it), an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input modified
+in place after the layer read it (in-place operations on a layer's *output*, such as
 ``ReLU(inplace=True)``, are fine: the output's gradient edge is taken before them). The shapes
 cannot show a layer run on a sequence-first tensor whose length happens to equal the batch size,
 nor a model that mixes examples by its own code (a batch mean in ``forward``): the first pass of
