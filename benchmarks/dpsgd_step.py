@@ -474,8 +474,8 @@ def _per_example_loss(logits, y, _aux):
 def _torch_func_only() -> Iterator[None]:
     """Within the block, DP-SGD's clipped sums from ``torch.func``'s per-example gradients of the
     whole model (``--torch-func``): what privkit computes for a model ghost clipping refuses, and
-    computed for any model with a layer of torch's own it had no rule for before
-    :mod:`privkit.mechanisms.ghost_layer_vjp`."""
+    computed for any model with a layer of torch's own it had no rule for (a ``Conv3d``, a
+    ``PReLU``, BatchNorm in eval mode) before they had theirs."""
 
     def refuse(*_args, **_kwargs):
         raise UnsupportedModelError("--torch-func")

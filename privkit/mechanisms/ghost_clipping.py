@@ -37,7 +37,9 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   training's weight gradient runs; ``F.unfold``'s ``im2col`` is several times slower on a CPU);
   the ghost norm sums the patch Gram over the ``k^2`` kernel offsets, one strided slice of the
   input at a time (no ``k^2``-fold unfolded copy). A **Conv1d** is taken as a Conv2d of height 1;
-  a **Conv3d**'s per-example gradients are always materialised, by the grouped weight gradient.
+  a **Conv3d**'s per-example gradients are always materialised, by the grouped weight gradient,
+  and so are a **transposed convolution**'s (1-d, 2-d, 3-d), by the grouped transposed weight
+  gradient, its output padding read from the shapes (as a call with ``output_size`` chose it).
   A grouped convolution (depthwise included) has its per-example gradients materialised: on the
   CPU the batch times its groups as the groups of that one weight gradient, on a GPU one batched
   product of the unfolded input group by group.
@@ -82,7 +84,7 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   positions (:func:`_merge_calls`); a convolution's (whose calls may differ in shape) and a
   GroupNorm's (whose statistics are per call) per-example gradients are formed call by call and
   summed (:func:`_summed_over_calls`).
-* **Other layers of torch's own** without a rule here (a transposed convolution, EmbeddingBag):
+* **Other layers of torch's own** without a rule here (EmbeddingBag):
   each example's gradient of the layer's parameters is the vector-Jacobian product of its call on
   that example's stored input against its output gradient, by ``torch.func`` under ``vmap`` on
   the layer alone (:mod:`privkit.mechanisms.ghost_layer_vjp`): only that layer's per-example
@@ -163,6 +165,9 @@ SUPPORTED = (
     nn.Conv1d,
     nn.Conv2d,
     nn.Conv3d,
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
     nn.GroupNorm,
     nn.LayerNorm,
     nn.RMSNorm,
@@ -177,6 +182,7 @@ _FIXED_NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._Instan
 #: layers whose parameters are small per-example vectors formed directly (joined with the others')
 _SMALL = (*_NORMS, *_FIXED_NORMS, nn.PReLU)
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_TRANSPOSED = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 #: per-example weight gradients of one layer are materialised up to this many elements (``B in
 #: out``: 64 MiB in float32); beyond it the ghost norm is taken wherever its Gram matrices are smaller
@@ -701,7 +707,9 @@ def _summed_over_calls(layer: _Layer, b: int) -> None:
             part = _small_of(m, a, g, names)
         else:
             part = {}
-            if "weight" in names:
+            if "weight" in names and isinstance(m, _TRANSPOSED):
+                part["weight"] = _transposed_weight_grad(m, a, g, per_example=True)
+            elif "weight" in names:
                 conv, a2, g2 = _conv_of(m, a, g)
                 weight = cast(torch.Tensor, m.weight)
                 part["weight"] = _conv_per_example(conv, a2, g2).reshape(b, *weight.shape)
@@ -1134,6 +1142,9 @@ def _weight_sq(layer: _Layer) -> torch.Tensor:
     b = a.shape[0]
     if _linear(layer):  # materialised ``(B, out, in)``, whatever the layout the weight is stored in
         return _linear_weight_sq(a, g, layer.per_example, "weight")
+    if isinstance(m, _TRANSPOSED):
+        w = layer.per_example["weight"] = _transposed_weight_grad(m, a, g, per_example=True)
+        return w.pow(2).sum(tuple(range(1, w.dim())))
     conv, a, g = _conv_of(m, a, g)
     t, n_out = math.prod(g.shape[2:]), g.shape[1]
     n_in = math.prod(conv.weight_shape[1:])
@@ -1260,6 +1271,45 @@ def _norm_affine(
     if "bias" in names:
         out["bias"] = g.reshape(b, -1, *shape).sum(1)
     return out
+
+
+def _transposed_weight_grad(
+    m: nn.ConvTranspose1d | nn.ConvTranspose2d | nn.ConvTranspose3d,
+    a: torch.Tensor,
+    g: torch.Tensor,
+    per_example: bool,
+) -> torch.Tensor:
+    """A transposed convolution's weight gradient ``(in, out / groups, k...)`` for input ``a`` and
+    output gradient ``g``, or each example's, ``(B, in, out / groups, k...)``: the batch times the
+    groups as the groups of one weight gradient, as for a convolution on the CPU (on every device
+    here). The output padding is read from the shapes, as the call chose it (its ``output_size``
+    included)."""
+    weight = cast(torch.Tensor, m.weight)
+    spans = zip(
+        a.shape[2:], g.shape[2:], m.stride, m.padding, m.dilation, m.kernel_size, strict=True
+    )
+    output_padding = [o - ((i - 1) * s - 2 * p + d * (k - 1) + 1) for i, o, s, p, d, k in spans]
+    b = a.shape[0]
+    if per_example:  # example i's channels are the i-th block of groups of one call
+        g, a = g.reshape(1, -1, *g.shape[2:]), a.reshape(1, -1, *a.shape[2:])
+        like = weight.new_empty(1).expand(b * weight.shape[0], *weight.shape[1:])
+        groups = b * m.groups
+    else:
+        like, groups = weight.detach().to(g.dtype), m.groups
+    w = torch.ops.aten.convolution_backward(
+        g,
+        a,
+        like,
+        None,
+        m.stride,
+        cast(tuple[int, ...], m.padding),
+        m.dilation,
+        True,
+        output_padding,
+        groups,
+        [False, True, False],
+    )[1]
+    return w.reshape(b, *weight.shape) if per_example else w
 
 
 def _small_of(m: nn.Module, a: torch.Tensor, g: torch.Tensor, names) -> dict[str, torch.Tensor]:
@@ -1480,7 +1530,7 @@ def _clipped(
     if "bias" in missing:
         out["bias"] = (
             cg.reshape(cg.shape[0], cg.shape[1], -1).sum((0, 2))
-            if isinstance(m, _CONVS)
+            if isinstance(m, (*_CONVS, *_TRANSPOSED))
             else cg.reshape(-1, cg.shape[-1]).sum(0)
         )
     return out
@@ -1508,6 +1558,8 @@ def _conv_weight_grad(layer: _Layer, cg: torch.Tensor) -> torch.Tensor:
     weight gradient runs in TF32 by default on a GPU (``torch.backends.cudnn.conv.fp32_precision``),
     cuBLAS's products in float32: a clipped sum in TF32 against norms in float32 could carry an
     example past the clip norm by TF32's rounding (10 bits)."""
+    if isinstance(layer.module, _TRANSPOSED):
+        return _transposed_weight_grad(layer.module, layer.inputs[0], cg, per_example=False)
     m, a, g = _conv_of(layer.module, layer.inputs[0], cg)
     if m.groups == 1 and not m.volume and _offsets_on(cg.device):
         rows = g.reshape(g.shape[0], g.shape[1], -1)  # (B, out, T)

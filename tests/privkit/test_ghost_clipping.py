@@ -415,6 +415,56 @@ def test_batch_norm_in_eval_and_instance_norm(build, monkeypatch):
     assert kept and all(torch.equal(state[k], v.to(state[k].dtype)) for k, v in kept.items())
 
 
+class Upsampled(nn.Module):
+    """A transposed convolution, called with an ``output_size`` (its output padding then chosen
+    per call) where given, or twice, then a linear head."""
+
+    def __init__(self, up: nn.Module, x_shape: tuple[int, ...], output_size=None, twice=False):
+        super().__init__()
+        self.up, self.output_size, self.twice = up, output_size, twice
+        with torch.no_grad():
+            n = self(torch.zeros(1, *x_shape), head=False).numel()
+        self.head = nn.Linear(n, 3)
+
+    def forward(self, x, head=True):
+        h = self.up(x, output_size=self.output_size)
+        if self.twice:  # the same layer on its own output (in channels = out channels)
+            h = self.up(torch.tanh(h))
+        return self.head(torch.tanh(h).flatten(1)) if head else h
+
+
+@pytest.mark.parametrize(
+    "up, x_shape, output_size, twice",
+    [
+        (
+            nn.ConvTranspose1d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2),
+            (4, 5),
+            None,
+            False,
+        ),
+        (
+            nn.ConvTranspose2d(2, 3, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2)),
+            (2, 4, 5),
+            None,
+            False,
+        ),
+        (nn.ConvTranspose2d(2, 3, 3, stride=2, padding=1), (2, 4, 4), (8, 8), False),
+        (nn.ConvTranspose2d(3, 3, 2, padding=1, bias=False), (3, 4, 4), None, True),
+        (nn.ConvTranspose3d(2, 4, 2, stride=2, groups=2), (2, 3, 3, 3), None, False),
+    ],
+    ids=["1d-grouped", "2d-dilated", "2d-output-size", "2d-twice", "3d-grouped"],
+)
+def test_transposed_convolutions(up, x_shape, output_size, twice, monkeypatch):
+    """Per-example weight gradients by one grouped weight gradient (transposed), the output
+    padding read from the shapes (an ``output_size`` call's own)."""
+    torch.manual_seed(15)
+    model = Upsampled(up, x_shape, output_size, twice)
+    x, y = torch.randn(6, *x_shape), torch.randint(0, 3, (6,))
+    assert not any(layer.vjp for layer in ghost_clipping._layers(model))
+    _check(model, x, y, monkeypatch)
+    clipping_off_is_the_plain_sum(model, x.double(), y)
+
+
 class SharedPReLU(nn.Module):
     """One PReLU after each of two linear layers: one layer, two calls."""
 

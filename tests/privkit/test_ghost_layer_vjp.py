@@ -2,8 +2,9 @@
 per-example gradients from torch.func on the layer alone, the model's other layers ghost-clipped.
 
 Against ``torch.func``'s per-example gradients of the whole model (float64, the clip norm between
-the examples' norms, every way of the other layers' norms): transposed convolutions (1-d, 2-d,
-3-d), EmbeddingBag, a layer called twice; clipping off
+the examples' norms, every way of the other layers' norms): EmbeddingBag in its three modes and
+called twice, and a stand-in for any other such layer (a gate per channel, in torch's namespace)
+on volumes and sequences; clipping off
 gives the plain sum; only the layer's own gradients are materialised. A call that cannot be
 recomputed as the forward pass made it (keyword arguments, two inputs, a tuple output, buffers
 updated in training mode, a call vmap cannot batch) and a layer that mixes examples are refused,
@@ -36,59 +37,58 @@ _NO_BATCHING_RULE = "There is a performance drop"
 
 
 class Bag(nn.Module):
-    """An EmbeddingBag of each example's tokens, then a linear head."""
+    """An EmbeddingBag of each example's tokens (with ``twice``, of each half of them: one
+    layer, two calls), then a linear head."""
 
-    def __init__(self, mode: str, padding_idx: int | None = None):
+    def __init__(self, mode: str, padding_idx: int | None = None, twice: bool = False):
         super().__init__()
         self.bag = nn.EmbeddingBag(20, 6, mode=mode, padding_idx=padding_idx)
         self.head = nn.Linear(6, 3)
+        self.twice = twice
 
     def forward(self, x):
+        if self.twice:
+            return self.head(self.bag(x[:, :2]) + torch.tanh(self.bag(x[:, 2:])))
         return self.head(self.bag(x))
 
 
-class Twice(nn.Module):
-    """One transposed convolution applied twice: one layer, two calls."""
+class ChannelGate(nn.Module):
+    """``tanh(x) * w`` per channel (dimension 1): a stand-in for a layer of torch's own without a
+    rule (torch's namespace, as its layers have; a model's own module would take stand-ins)."""
 
-    def __init__(self):
+    __module__ = "torch.nn.modules.gate"
+
+    def __init__(self, channels: int):
         super().__init__()
-        self.a, self.up = nn.Conv1d(2, 3, 2), nn.ConvTranspose1d(3, 3, 2, padding=1)
-        self.head = nn.Linear(6, 3)
+        self.weight = nn.Parameter(torch.randn(channels))
 
     def forward(self, x):
-        return self.head(self.up(torch.tanh(self.up(self.a(x)))).flatten(1))
+        return torch.tanh(x) * self.weight.view(1, -1, *[1] * (x.dim() - 2))
 
 
 def _volumes():
     return nn.Sequential(
         nn.Conv3d(2, 4, 3, padding=1, stride=2),
         nn.GroupNorm(2, 4),
-        nn.PReLU(),
+        ChannelGate(4),
         nn.ConvTranspose3d(4, 2, 2, stride=2, groups=2, bias=False),
-        nn.InstanceNorm3d(2, affine=True),
         nn.Flatten(),
         nn.LazyLinear(3),
     ), torch.randn(7, 2, 5, 5, 5)
 
 
-def _transposed():
-    return nn.Sequential(
-        nn.ConvTranspose2d(2, 3, 3, stride=2, padding=1, output_padding=1),
-        nn.Tanh(),
-        nn.Flatten(2),
-        nn.ConvTranspose1d(3, 2, 2, groups=1, dilation=2),
-        nn.Flatten(),
-        nn.LazyLinear(3),
-    ), torch.randn(7, 2, 4, 4)
-
-
 CASES = {
     "volumes": _volumes,
-    "conv-transpose": _transposed,
-    "called-twice": lambda: (Twice(), torch.randn(7, 2, 5)),
+    "gate-on-sequences": lambda: (
+        nn.Sequential(
+            nn.Linear(5, 6), nn.Unflatten(1, (2, 3)), ChannelGate(2), nn.Flatten(), nn.Linear(6, 3)
+        ),
+        torch.randn(7, 5),
+    ),
     "bag-sum": lambda: (Bag("sum"), torch.randint(0, 20, (7, 4))),
     "bag-mean-padding": lambda: (Bag("mean", padding_idx=0), torch.randint(0, 4, (7, 5))),
     "bag-max": lambda: (Bag("max"), torch.randint(0, 20, (7, 4))),
+    "bag-twice": lambda: (Bag("sum", twice=True), torch.randint(0, 20, (7, 4))),
 }
 
 
@@ -120,7 +120,7 @@ def test_torchs_other_layers_against_torch_func(case, monkeypatch):
         )
 
 
-@pytest.mark.parametrize("case", ["volumes", "called-twice", "bag-mean-padding", "conv-transpose"])
+@pytest.mark.parametrize("case", ["volumes", "bag-twice", "bag-mean-padding", "gate-on-sequences"])
 def test_clipping_off_is_the_plain_sum(case):
     model, x, y = _built(case)
     model = model.double()
@@ -130,16 +130,16 @@ def test_clipping_off_is_the_plain_sum(case):
 
 
 def test_only_the_layers_own_gradients_are_materialised(monkeypatch):
-    """A wide linear layer between two transposed convolutions: theirs per-example gradients are
-    formed, the linear layer's norms by its Gram matrices (over a sequence, past the materialise
-    limit), never per example."""
+    """A wide linear layer after an EmbeddingBag: the bag's per-example gradients are formed, the
+    linear layer's norms by its Gram matrices (over a sequence, past the materialise limit),
+    never per example."""
     torch.manual_seed(3)
     model = nn.Sequential(
-        nn.ConvTranspose1d(4, 4, 1),
-        nn.Linear(64, 64),
-        nn.ConvTranspose1d(4, 4, 1, bias=False),
+        nn.EmbeddingBag(20, 64),
+        nn.Unflatten(1, (4, 16)),
+        nn.Linear(16, 16),
         nn.Flatten(),
-        nn.Linear(256, 3),
+        nn.Linear(64, 3),
     )
     formed = []
     per_example = ghost_layer_vjp.per_example
@@ -149,11 +149,11 @@ def test_only_the_layers_own_gradients_are_materialised(monkeypatch):
         lambda m, keys, *a: formed.append((type(m).__name__, keys)) or per_example(m, keys, *a),
     )
     monkeypatch.setattr(ghost_clipping, "MATERIALISE_LIMIT", 0)
-    x, y = torch.randn(5, 4, 64), torch.randint(0, 3, (5,))
+    x, y = torch.randint(0, 20, (5, 6)), torch.randint(0, 3, (5,))
     layers = ghost_clipping._layers(model)
     norms = ghost_clipping.per_example_norms(model, x, _example_losses(y))
-    assert formed == [("ConvTranspose1d", ["weight", "bias"]), ("ConvTranspose1d", ["weight"])]
-    assert sum(layer.vjp for layer in layers) == 2
+    assert formed == [("EmbeddingBag", ["weight"])]
+    assert sum(layer.vjp for layer in layers) == 1
     per = dp_sgd_step.per_sample_gradients(model, x, y, _loss)
     want = sum(g.reshape(5, -1).pow(2).sum(1) for g in per.values()).sqrt()
     torch.testing.assert_close(norms, want, rtol=1e-5, atol=0)
@@ -192,25 +192,22 @@ class CellStates(nn.Module):
         return self.head(self.cell(x)[0])
 
 
-class BatchMeanConvTranspose(nn.ConvTranspose1d):
-    """A transposed convolution that centres its input on the batch's mean: it mixes examples
-    (torch's namespace only so that the test reaches the output check; a model's own module
-    takes stand-ins)."""
+class BatchMeanGate(ChannelGate):
+    """A gate that centres its input on the batch's mean: it mixes examples."""
 
-    __module__ = "torch.nn.modules.conv"
+    __module__ = ChannelGate.__module__
 
     def forward(self, x):
         return super().forward(x - x.mean(0, keepdim=True))
 
 
-class CountingConvTranspose(nn.ConvTranspose1d):
-    """A transposed convolution counting its calls in a buffer in training mode (torch's
-    namespace, as a layer of torch's own would be: its call is not recomputed)."""
+class CountingGate(ChannelGate):
+    """A gate counting its calls in a buffer in training mode: its call is not recomputed."""
 
-    __module__ = "torch.nn.modules.conv"
+    __module__ = ChannelGate.__module__
 
-    def __init__(self, *args):
-        super().__init__(*args)
+    def __init__(self, channels: int):
+        super().__init__(channels)
         self.register_buffer("calls", torch.zeros(()))
 
     def forward(self, x):
@@ -226,7 +223,7 @@ class CountingConvTranspose(nn.ConvTranspose1d):
         (TwoInputs, torch.randn(6, 4), "without its one positional input"),
         (CellStates, torch.randn(6, 4), "returns tuple, not one tensor"),
         (
-            lambda: nn.Sequential(CountingConvTranspose(2, 2, 2), nn.Flatten(), nn.Linear(10, 3)),
+            lambda: nn.Sequential(CountingGate(2), nn.Flatten(), nn.Linear(8, 3)),
             torch.randn(6, 2, 4),
             "training mode with buffers",
         ),
@@ -241,7 +238,7 @@ class CountingConvTranspose(nn.ConvTranspose1d):
         ),
         (
             # first: no layer before it, whose output rows the mixing would show to the rows check
-            lambda: nn.Sequential(BatchMeanConvTranspose(2, 2, 2), nn.Flatten(), nn.Linear(10, 3)),
+            lambda: nn.Sequential(BatchMeanGate(2), nn.Flatten(), nn.Linear(8, 3)),
             torch.randn(6, 2, 4),
             "mixes examples",
         ),
@@ -348,9 +345,9 @@ def test_a_call_vmap_cannot_batch_is_refused_and_remembered(monkeypatch):
     def failing(*_args, **_kwargs):
         raise RuntimeError("no batching rule")
 
-    transposed, xt, yt = _built("conv-transpose")
+    gated, xt, yt = _built("gate-on-sequences")
     monkeypatch.setattr(ghost_layer_vjp, "vjp", failing)
-    with pytest.raises(ghost_layer_vjp.NotPerExample, match="ConvTranspose2d does not take"):
-        ghost_clipping.clipped_sum(transposed, xt, _example_losses(yt), math.inf)
-    with pytest.raises(UnsupportedModelError, match="ConvTranspose2d does not take"):
-        ghost_clipping.clipped_sum(transposed, xt, _example_losses(yt), math.inf)
+    with pytest.raises(ghost_layer_vjp.NotPerExample, match="ChannelGate does not take"):
+        ghost_clipping.clipped_sum(gated, xt, _example_losses(yt), math.inf)
+    with pytest.raises(UnsupportedModelError, match="ChannelGate does not take"):
+        ghost_clipping.clipped_sum(gated, xt, _example_losses(yt), math.inf)

@@ -113,15 +113,17 @@ def test_replayed_sums_equal_the_steps(name):
     assert replay.traced >= 1 and replay.replayed >= 4 and not replay.refused
 
 
-def _transposed() -> nn.Module:
-    """A transposed convolution (torch.func on it alone) between linear layers."""
-    return nn.Sequential(
-        nn.Linear(20, 20),
-        nn.Unflatten(1, (4, 5)),
-        nn.ConvTranspose1d(4, 4, 2),
-        nn.Flatten(),
-        nn.Linear(24, 4),
-    )
+class _SignBag(nn.Module):
+    """An EmbeddingBag of each feature's sign as a token (torch.func on the bag alone)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(40, 8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        tokens = (x > 0).long() + 2 * torch.arange(x.shape[1], device=x.device)
+        return self.head(self.bag(tokens))
 
 
 class _Recurrent(nn.Module):
@@ -143,11 +145,11 @@ def test_a_padded_row_adds_nothing(path):
         model = build_model("mlp", (1, 4, 5), 4)
     elif path == "ghost":
         model = nn.Sequential(nn.Linear(20, 16), nn.GroupNorm(4, 16), nn.ReLU(), nn.Linear(16, 4))
-    elif path == "layer-vjp":  # a transposed convolution's by torch.func on it alone
+    elif path == "layer-vjp":  # an EmbeddingBag's by torch.func on it alone
         from privkit.mechanisms import ghost_clipping
 
-        model = _transposed()
-        assert [layer.vjp for layer in ghost_clipping._layers(model)] == [False, True, False]
+        model = _SignBag()
+        assert [layer.vjp for layer in ghost_clipping._layers(model)] == [True, False]
     else:  # a layer ghost clipping does not cover: torch.func's per-example gradients
         model = _Recurrent()
     x, y = torch.randn(9, 20), torch.randint(0, 4, (9,))
@@ -359,10 +361,9 @@ class _SameHash:
 
 @pytest.mark.parametrize("path", ["layer-vjp", "torch.func"])
 def test_a_model_clipped_by_torch_func_is_replayed_too(path):
-    """The whole model's per-example gradients by torch.func, or a transposed convolution's
-    alone."""
+    """The whole model's per-example gradients by torch.func, or an EmbeddingBag's alone."""
     torch.manual_seed(6)
-    model = _Recurrent() if path == "torch.func" else _transposed()
+    model = _Recurrent() if path == "torch.func" else _SignBag()
     x, y = torch.randn(21, 20), torch.randint(0, 4, (21,))
     replay = StepReplay(patience=0)
     with warnings.catch_warnings():
