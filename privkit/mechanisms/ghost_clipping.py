@@ -65,7 +65,10 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   subclass with a forward of its own (HF's scaled word embeddings, OPT's offset positions) is
   seen by its table's ``F.embedding`` lookups, not by its module's call, as is a linear or
   normalisation layer's subclass by its functional calls (ConvNeXt's LayerNorm on permuted
-  channels; :mod:`privkit.mechanisms.ghost_subclasses`).
+  channels; :mod:`privkit.mechanisms.ghost_subclasses`). An **EmbeddingBag** summing or
+  averaging each example's bag of tokens (a 2-d input, no offsets, no per-sample weights) is an
+  embedding of those tokens, each given its bag's output gradient (divided by the bag's count of
+  tokens other than the padding index in ``mean`` mode).
 * **An output layer tied to the embedding** (``head.weight = emb.weight``, a language model's
   head): the weight's per-example gradient is the embedding's rows ``s_j`` (tokens ``r_j``) plus
   the head's ``sum_t g_t a_t^T``, so its squared norm is the two layers' plus twice
@@ -84,7 +87,7 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   positions (:func:`_merge_calls`); a convolution's (whose calls may differ in shape) and a
   GroupNorm's (whose statistics are per call) per-example gradients are formed call by call and
   summed (:func:`_summed_over_calls`).
-* **Other layers of torch's own** without a rule here (EmbeddingBag):
+* **Other layers of torch's own** without a rule here (an EmbeddingBag in ``max`` mode):
   each example's gradient of the layer's parameters is the vector-Jacobian product of its call on
   that example's stored input against its output gradient, by ``torch.func`` under ``vmap`` on
   the layer alone (:mod:`privkit.mechanisms.ghost_layer_vjp`): only that layer's per-example
@@ -183,6 +186,8 @@ _FIXED_NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._Instan
 _SMALL = (*_NORMS, *_FIXED_NORMS, nn.PReLU)
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _TRANSPOSED = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+#: an EmbeddingBag summing or averaging its bag is taken as an embedding of its tokens
+_EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
 
 #: per-example weight gradients of one layer are materialised up to this many elements (``B in
 #: out``: 64 MiB in float32); beyond it the ghost norm is taken wherever its Gram matrices are smaller
@@ -293,6 +298,9 @@ def _layers(model: nn.Module) -> list[_Layer]:
             continue
         if not own:
             continue
+        if isinstance(module, nn.EmbeddingBag) and _bag_of_tokens(module):
+            layers.append(_Layer(module, full))
+            continue
         if not isinstance(module, SUPPORTED) and ghost_affine.may_be_affine(module):
             layers.append(_Layer(module, full, affine=True))  # verified on its first call
             continue
@@ -343,6 +351,18 @@ def _layers(model: nn.Module) -> list[_Layer]:
         if len(holders) > 1:
             layers = _tie(layers, holders, pid, f"parameter {name} is shared with {owners[pid]}")
     return layers
+
+
+def _bag_of_tokens(module: nn.EmbeddingBag) -> bool:
+    """Whether an EmbeddingBag is an embedding of its tokens whose output is their sum or mean:
+    torch's own forward, no ``max_norm`` nor ``scale_grad_by_freq`` (its ``max`` mode, and those,
+    are taken by :mod:`privkit.mechanisms.ghost_layer_vjp`)."""
+    return (
+        module.mode in ("sum", "mean")
+        and module.max_norm is None
+        and not module.scale_grad_by_freq
+        and type(module).forward is nn.EmbeddingBag.forward
+    )
 
 
 def _by_calls(layer: _Layer) -> bool:
@@ -438,9 +458,11 @@ def _forward_backward(
 
         return store
 
-    def vjp_hook(layer: _Layer):
-        """A hook for a layer taken by ghost_layer_vjp: its call recomputed later from the one
-        positional input it stores, so a call it could not recompute so is refused."""
+    def strict_hook(layer: _Layer):
+        """A hook for a layer whose call is known by its one positional input only: one taken by
+        ghost_layer_vjp (its call recomputed later from that input) or an EmbeddingBag (whose
+        offsets or per-sample weights would change its tokens' gradients): a call with keyword
+        arguments, or returning other than one tensor, is refused."""
         store = hook(layer)
 
         def stored(_module, args, kwargs, out):
@@ -451,7 +473,7 @@ def _forward_backward(
                 )
             if not isinstance(out, torch.Tensor):
                 raise UnsupportedModelError(f"{name} returns {type(out).__name__}, not one tensor")
-            if check:  # before any in-place operation on it
+            if check and layer.vjp:  # before any in-place operation on it
                 layer.outputs.append(out.detach().clone())
             return store(_module, args, out)
 
@@ -514,13 +536,16 @@ def _forward_backward(
     handles = [
         module.register_forward_hook(hook(layer), prepend=True)
         for layer in layers
-        if not layer.bare and not layer.vjp and layer not in attention and layer not in by_calls
+        if not layer.bare
+        and not _strict(layer)
+        and layer not in attention
+        and layer not in by_calls
         for module in (layer.module, *layer.also)
     ]
     handles += [
-        layer.module.register_forward_hook(vjp_hook(layer), prepend=True, with_kwargs=True)
+        layer.module.register_forward_hook(strict_hook(layer), prepend=True, with_kwargs=True)
         for layer in layers
-        if layer.vjp
+        if _strict(layer)
     ]
     seen = {
         id(cast(torch.Tensor, layer.module.weight)): (layer.module, called(layer))
@@ -624,6 +649,8 @@ def _forward_backward(
             layer.edges = layer.sources  # one per call, as for a layer's own calls
         else:
             layer.grads = [_by_example(next(grads), x.shape[0]) for _ in layer.edges]
+        if isinstance(layer.module, nn.EmbeddingBag) and not layer.vjp:
+            _as_tokens(layer)
         layer.grad = next((g for g in layer.grads if g is not None), None)  # None: unused
         if layer.plan and any(g is None for g in layer.grads) and layer.grad is not None:
             raise UnsupportedModelError(
@@ -632,6 +659,7 @@ def _forward_backward(
         if (
             len(layer.edges) > 1
             and not layer.plan
+            and not layer.vjp
             and (layer.affine or isinstance(layer.module, _MERGED))
         ):
             _merge_calls(layer)
@@ -641,6 +669,34 @@ def _forward_backward(
             _check_followed(model, layer, [None] * len(unmet), unmet)
     if check:
         _check_vjp_outputs(model, ran)
+
+
+def _strict(layer: _Layer) -> bool:
+    """Whether the layer's calls are hooked by ``strict_hook`` (:func:`_forward_backward`)."""
+    return layer.vjp or isinstance(layer.module, nn.EmbeddingBag)
+
+
+def _as_tokens(layer: _Layer) -> None:
+    """An EmbeddingBag's calls as an embedding's: each call's input ``(B, L)`` tokens, and its
+    output gradient ``(B, d)`` given to each of its tokens (divided by the bag's count of tokens
+    other than the padding index in ``mean`` mode, as its backward pass divides it; the padding
+    index's tokens are no example's rows: :func:`_embedding_rows`)."""
+    m = cast(nn.EmbeddingBag, layer.module)
+    grads: list[torch.Tensor | None] = []
+    for idx, g in zip(layer.inputs, layer.grads, strict=True):
+        if idx.dim() != 2:
+            raise UnsupportedModelError(
+                f"EmbeddingBag on a {idx.dim()}-d input: bags by offsets are not the batch's rows"
+            )
+        if g is None:
+            grads.append(None)
+            continue
+        tokens = g[:, None, :].expand(-1, idx.shape[1], -1)
+        if m.mode == "mean":
+            kept = idx != m.padding_idx if m.padding_idx is not None else torch.ones_like(idx)
+            tokens = tokens / kept.sum(1).clamp(min=1).to(g.dtype)[:, None, None]
+        grads.append(tokens)
+    layer.grads = cast(list[torch.Tensor], grads)
 
 
 def _check_vjp_outputs(model: nn.Module, ran: list[_Layer]) -> None:
@@ -662,7 +718,7 @@ def _check_vjp_outputs(model: nn.Module, ran: list[_Layer]) -> None:
 #: over the time steps) whose calls are merged: each call's positions are more positions of one
 #: call. A convolution's calls may differ in shape and a GroupNorm's statistics are per call:
 #: their per-example gradients are formed call by call and summed (:func:`_summed_over_calls`)
-_MERGED = (nn.Linear, nn.LayerNorm, nn.RMSNorm, nn.Embedding)
+_MERGED = (nn.Linear, nn.LayerNorm, nn.RMSNorm, *_EMBEDDINGS)
 
 
 def _flattened(layer: _Layer, a: torch.Tensor, out: torch.Tensor, b: int) -> bool:
@@ -731,7 +787,7 @@ def _merge_calls(layer: _Layer) -> None:
         len(cast(nn.LayerNorm, module).normalized_shape)
         if isinstance(module, (nn.LayerNorm, nn.RMSNorm))
         else 0
-        if isinstance(module, nn.Embedding)
+        if isinstance(module, _EMBEDDINGS)
         else 1
     )
     calls = [(a, g) for a, g in zip(layer.inputs, layer.grads, strict=True) if g is not None]
@@ -1366,7 +1422,7 @@ def _embedding_rows(layer: _Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     the step. The pairs are grouped by sorting their keys instead (each row's group is the count
     of distinct keys before it), and each group's rows added in the batch's order, as
     ``index_add`` over ``unique``'s inverse added them: the same sums, bit for bit on the CPU."""
-    m, idx = cast(nn.Embedding, layer.module), layer.inputs[0]
+    m, idx = cast(nn.Embedding | nn.EmbeddingBag, layer.module), layer.inputs[0]
     g = cast(torch.Tensor, layer.grad)
     b, n = idx.shape[0], m.num_embeddings
     idx = idx.reshape(b, -1)
@@ -1417,7 +1473,7 @@ def _sq_norms(layer: _Layer, b: int) -> torch.Tensor | int:
         return cast(
             torch.Tensor, sum(v.reshape(b, -1).pow(2).sum(1) for v in layer.per_example.values())
         )
-    if isinstance(m, nn.Embedding):
+    if isinstance(m, _EMBEDDINGS):
         layer.rows = _embedding_rows(layer)
         example, _, summed = layer.rows
         return _per_example_of_rows(example, summed.pow(2).sum(1), b)
@@ -1494,7 +1550,7 @@ def _clipped(
         out[k] = torch.tensordot(c, v, dims=1)
     if layer.affine and "weight" in out:  # summed first: the transpose of one weight, not B
         out["weight"] = _as_stored(layer, out["weight"])
-    if isinstance(m, nn.Embedding) and layer.rows is not None:
+    if isinstance(m, _EMBEDDINGS) and layer.rows is not None:
         example, token, summed = layer.rows
         weighted = summed * _row_factors(c, example)[:, None]
         out["weight"] = torch.zeros_like(m.weight, dtype=weighted.dtype).index_add_(
@@ -1510,7 +1566,7 @@ def _clipped(
             by_input["weight"] = _as_stored(layer, by_input["weight"])
         return out | by_input
     cg = g * c.view(-1, *([1] * (g.dim() - 1)))
-    if isinstance(m, nn.Embedding):  # clipping off: no norms were formed
+    if isinstance(m, _EMBEDDINGS):  # clipping off: no norms were formed
         flat = layer.inputs[0].flatten()
         rows = cg.reshape(flat.shape[0], -1)
         if m.padding_idx is not None:

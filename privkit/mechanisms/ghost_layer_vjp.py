@@ -1,5 +1,5 @@
 """Per-example gradients of one of torch's own layers that book-keeping ghost clipping has no rule
-for (an EmbeddingBag), formed for that layer alone.
+for (an EmbeddingBag in ``max`` mode, a layer torch adds), formed for that layer alone.
 
 :mod:`privkit.mechanisms.ghost_clipping` stores each layer's input ``a`` and the gradient ``g`` of
 the summed per-example losses w.r.t. its output. For a layer without a closed form, example ``i``'s

@@ -518,6 +518,60 @@ class Bag(nn.Module):
         return self.head(torch.tanh(self.emb(idx)).sum(1))
 
 
+class Bags(nn.Module):
+    """An EmbeddingBag of each example's tokens (with ``twice``, of each half of them: one layer,
+    two calls), then a linear head."""
+
+    def __init__(self, mode: str, padding_idx=None, twice=False):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(20, 6, mode=mode, padding_idx=padding_idx)
+        self.head = nn.Linear(6, 3)
+        self.twice = twice
+
+    def forward(self, x):
+        if self.twice:
+            return self.head(self.bag(x[:, :2]) + torch.tanh(self.bag(x[:, 2:])))
+        return self.head(self.bag(x))
+
+
+@pytest.mark.parametrize(
+    "mode, padding_idx, twice",
+    [("sum", None, False), ("mean", None, False), ("mean", 0, False), ("sum", 1, True)],
+    ids=["sum", "mean", "mean-padding", "sum-twice"],
+)
+def test_embedding_bags_of_tokens(mode, padding_idx, twice, monkeypatch):
+    """An EmbeddingBag summing or averaging its tokens as an embedding whose rows receive the
+    bag's output gradient (divided by the bag's count of tokens other than the padding index in
+    ``mean`` mode); a bag of padding tokens alone included (rows 0-1 of a vocabulary of 4)."""
+    torch.manual_seed(16)
+    model = Bags(mode, padding_idx, twice)
+    x, y = torch.randint(0, 4, (7, 5)), torch.randint(0, 3, (7,))
+    x[0] = 0 if padding_idx is None else padding_idx
+    assert not any(layer.vjp for layer in ghost_clipping._layers(model))
+    _check(model, x, y, monkeypatch)
+    clipping_off_is_the_plain_sum(model.double(), x, y)
+
+
+def test_embedding_bags_by_offsets_or_weights_are_refused():
+    """Bags given by offsets (a second input) or per-sample weights (a keyword) are not the
+    batch's rows or not an embedding's: refused, and torch.func clips them."""
+    bag = nn.EmbeddingBag(10, 3, mode="sum")
+    tokens = torch.randint(0, 10, (6, 4))
+    with pytest.raises(UnsupportedModelError, match="without its one positional input"):
+        ghost_clipping.per_example_norms(
+            nn.Sequential(_Offsets(bag)), tokens, _example_losses(torch.zeros(6, dtype=torch.long))
+        )
+
+
+class _Offsets(nn.Module):
+    def __init__(self, bag):
+        super().__init__()
+        self.bag = bag
+
+    def forward(self, x):
+        return self.bag(x.flatten(), torch.arange(0, x.numel(), x.shape[1]))
+
+
 @pytest.mark.parametrize("padding_idx", [None, 0])
 def test_embedding_with_repeated_and_padding_tokens(padding_idx, monkeypatch):
     torch.manual_seed(4)

@@ -291,14 +291,14 @@ def test_uses_a_stand_in_does_not_follow_are_refused_and_fall_back(build, shape,
 
 def test_torchs_own_layers_take_no_stand_ins():
     """torch's own layers read their parameters in their own ways: a PReLU's slopes take their
-    own rule, an EmbeddingBag's are taken on its call (ghost_layer_vjp), an
+    own rule, an EmbeddingBag's in ``max`` mode are taken on its call (ghost_layer_vjp), an
     LSTM's are refused by name; none is given stand-ins."""
     torch.manual_seed(28)
     y = torch.randint(0, 3, (6,))
     for model, x, kinds in (
         (nn.Sequential(nn.Linear(4, 3), nn.PReLU()), torch.randn(6, 4), [(False, False)] * 2),
         (
-            nn.Sequential(nn.EmbeddingBag(10, 3), nn.Linear(3, 3)),
+            nn.Sequential(nn.EmbeddingBag(10, 3, mode="max"), nn.Linear(3, 3)),
             torch.randint(0, 10, (6, 4)),
             [(True, False), (False, False)],
         ),

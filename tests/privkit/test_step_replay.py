@@ -114,11 +114,12 @@ def test_replayed_sums_equal_the_steps(name):
 
 
 class _SignBag(nn.Module):
-    """An EmbeddingBag of each feature's sign as a token (torch.func on the bag alone)."""
+    """An EmbeddingBag (``max`` mode) of each feature's sign as a token (torch.func on the bag
+    alone)."""
 
     def __init__(self):
         super().__init__()
-        self.bag = nn.EmbeddingBag(40, 8)
+        self.bag = nn.EmbeddingBag(40, 8, mode="max")
         self.head = nn.Linear(8, 4)
 
     def forward(self, x):
