@@ -52,7 +52,8 @@ GPT-2 at its small size, 124M parameters, 64 tokens, batch 4) and ``gpt2_small_l
 with PEFT's LoRA adapters of rank 8 on its attention maps, the base frozen: DP fine-tuning as
 it is mostly done); ``cnn3d`` (a 3-d CNN of medical imaging's kind: MedMNIST-3D's 28x28x28
 volumes, three ``Conv3d`` layers with GroupNorm and a PReLU of one slope per channel, 70k
-parameters, batch 32).
+parameters, batch 32); ``fasttext`` (a fastText-style text classifier: the mean of 64 tokens'
+embeddings by ``nn.EmbeddingBag``, vocabulary 20,000, width 64, 1.28M parameters, batch 64).
 
 ``--torch-func`` adds ``privkit_torch_func_seeded``: the seeded step with the clipped sum from
 ``torch.func``'s per-example gradients of the whole model, what privkit computes for a model
@@ -307,6 +308,19 @@ class LSTMClassifier(nn.Module):
         return self.head(self.lstm(self.emb(idx))[0][:, -1])
 
 
+class BagClassifier(nn.Module):
+    """A fastText-style text classifier: the mean of each text's token embeddings
+    (``nn.EmbeddingBag``), then a linear head."""
+
+    def __init__(self, vocab: int = 20_000, d: int = 64, classes: int = 10):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(vocab, d, mode="mean")
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head(self.bag(idx))
+
+
 class VolumeCNN(nn.Module):
     """A 3-d CNN of medical imaging's kind (MedMNIST-3D's 28x28x28 volumes, one channel, 11
     classes): three 3x3x3 convolutions (16, 32, 64 channels; the last two of stride 2), each
@@ -405,6 +419,12 @@ def build(name: str) -> tuple[nn.Module, str, int]:
             "position embedding",
             32,
         )
+    if name == "fasttext":
+        return (
+            BagClassifier(),
+            "fastText-style classifier: EmbeddingBag mean of 64 tokens, vocab 20000, d 64",
+            64,
+        )
     if name == "cnn3d":
         return (
             VolumeCNN(),
@@ -454,9 +474,10 @@ def batch(name: str, size: int, device: torch.device) -> tuple[torch.Tensor, tor
         vocab = 50257 if name.startswith("gpt2_small") else 5000
         tokens = torch.randint(0, vocab, (size, 65), generator=g)
         return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
-    if name in ("transformer", "encoder", "encoder_large", "lstm"):  # tokens; else images
+    if name in ("transformer", "encoder", "encoder_large", "lstm", "fasttext"):  # tokens
         length = {"encoder_large": 128, "lstm": 32}.get(name, 64)
-        x = torch.randint(0, 1000, (size, length), generator=g)
+        vocab = 20_000 if name == "fasttext" else 1000
+        x = torch.randint(0, vocab, (size, length), generator=g)
     elif name == "cnn3d":  # volumes
         x = torch.randn(size, 1, 28, 28, 28, generator=g)
     else:
@@ -685,10 +706,11 @@ def _measure(
         try:
             for _ in range(3):
                 fn()
-        except (NotImplementedError, RuntimeError) as e:
+        except (NotImplementedError, RuntimeError, ValueError) as e:
             # privkit's variants never refuse a model; opacus refuses some (its ghost clipping:
-            # tied weights) and may fail under autocast (half-precision per-example gradients)
-            refused = isinstance(e, NotImplementedError)  # (itself a RuntimeError)
+            # tied weights; an EmbeddingBag without offsets) and may fail under autocast
+            # (half-precision per-example gradients)
+            refused = isinstance(e, (NotImplementedError, ValueError))  # (the first a RuntimeError)
             if not v.startswith("opacus") or not (refused or autocast):
                 raise
             unavailable[v] = f"{type(e).__name__}: {e}"[:300]
@@ -794,7 +816,7 @@ def main() -> None:
         "gpt2",
         "lstm",
     ]
-    names += ["cnn3d", *big]
+    names += ["fasttext", "cnn3d", *big]
     if args.models:
         names = args.models.split(",")
     # a model whose library is not installed (a GPU machine without transformers) is left out

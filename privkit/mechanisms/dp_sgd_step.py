@@ -204,8 +204,7 @@ def clipped_gradient_sum(
     dict of str to torch.Tensor
         The clipped sum of each trainable parameter, by name.
     """
-    from privkit.check.models import batchnorm_finding
-    from privkit.mechanisms import ghost_clipping
+    from privkit.mechanisms import batch_statistics, ghost_clipping
     from privkit.mechanisms.clip_precision import compute_dtype, full_precision
     from privkit.mechanisms.stacked import UnsupportedModelError, clipped_sum_one
 
@@ -231,9 +230,9 @@ def clipped_gradient_sum(
     try:
         return ghost_clipping.clipped_sum(model, x, example_losses, clip_norm)
     except UnsupportedModelError as why:  # a layer ghost clipping does not cover: torch.func
-        mixing = batchnorm_finding(type(model).__name__, model)
-        if mixing is not None:  # torch.func would clip each example's own, other function
-            raise PrivkitError(mixing.message) from None
+        mixing = batch_statistics.batch_statistics_layers(model)
+        if mixing:  # torch.func would clip each example's own, other function
+            raise PrivkitError(batch_statistics.refusal(type(model).__name__, mixing)) from None
         warnings.warn(
             f"per-example gradients by torch.func for {type(model).__name__} ({why}): the "
             "same clipped sum, slower, with every example's gradient held",
