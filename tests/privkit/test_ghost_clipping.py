@@ -552,9 +552,9 @@ def test_embedding_bags_of_tokens(mode, padding_idx, twice, monkeypatch):
     clipping_off_is_the_plain_sum(model.double(), x, y)
 
 
-def test_embedding_bags_by_offsets_or_weights_are_refused():
-    """Bags given by offsets (a second input) or per-sample weights (a keyword) are not the
-    batch's rows or not an embedding's: refused, and torch.func clips them."""
+def test_embedding_bags_by_offsets_are_refused():
+    """Bags given by offsets (a second input) are not the batch's rows: refused (per-sample
+    weights, a keyword, are refused too: ``test_ghost_layer_vjp``'s keyword case)."""
     bag = nn.EmbeddingBag(10, 3, mode="sum")
     tokens = torch.randint(0, 10, (6, 4))
     with pytest.raises(UnsupportedModelError, match="without its one positional input"):
