@@ -52,7 +52,8 @@ GPT-2 at its small size, 124M parameters, 64 tokens, batch 4) and ``gpt2_small_l
 with PEFT's LoRA adapters of rank 8 on its attention maps, the base frozen: DP fine-tuning as
 it is mostly done); ``cnn3d`` (a 3-d CNN of medical imaging's kind: MedMNIST-3D's 28x28x28
 volumes, three ``Conv3d`` layers with GroupNorm and a PReLU of one slope per channel, 70k
-parameters, batch 32); ``fasttext`` (a fastText-style text classifier: the mean of 64 tokens'
+parameters, batch 32); ``lstm_torch`` (the ``lstm`` classifier on torch's own ``nn.LSTM``, which opacus trains as its
+``ModuleValidator.fix`` makes it, with ``DPLSTM``); ``fasttext`` (a fastText-style text classifier: the mean of 64 tokens'
 embeddings by ``nn.EmbeddingBag``, vocabulary 20,000, width 64, 1.28M parameters, batch 64).
 
 ``--torch-func`` adds ``privkit_torch_func_seeded``: the seeded step with the clipped sum from
@@ -294,14 +295,16 @@ class LanguageModel(nn.Module):
 
 class LSTMClassifier(nn.Module):
     """A text classifier on opacus' ``DPLSTM`` (its LSTM of ``nn.Linear`` cells, run once per
-    time step): token embeddings, one layer, the last step's output to a linear head."""
+    time step; with ``torch_lstm`` torch's own ``nn.LSTM``): token embeddings, one layer, the last
+    step's output to a linear head."""
 
-    def __init__(self, vocab=1000, d=64, hidden=128, classes=10):
+    def __init__(self, vocab=1000, d=64, hidden=128, classes=10, torch_lstm=False):
         from opacus.layers import DPLSTM
 
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
-        self.lstm = DPLSTM(d, hidden, batch_first=True)
+        lstm = nn.LSTM if torch_lstm else DPLSTM
+        self.lstm = lstm(d, hidden, batch_first=True)
         self.head = nn.Linear(hidden, classes)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -431,6 +434,13 @@ def build(name: str) -> tuple[nn.Module, str, int]:
             "3-d CNN: 1x28x28x28 volumes, Conv3d 16-32-64, GroupNorm(4), PReLU per channel",
             32,
         )
+    if name == "lstm_torch":
+        return (
+            LSTMClassifier(torch_lstm=True),
+            "torch's nn.LSTM: vocab 1000, d 64, hidden 128, 32 tokens, last step's output; opacus "
+            "trains it as ModuleValidator.fix makes it, with DPLSTM",
+            64,
+        )
     if name == "lstm":
         return (
             LSTMClassifier(),
@@ -474,8 +484,8 @@ def batch(name: str, size: int, device: torch.device) -> tuple[torch.Tensor, tor
         vocab = 50257 if name.startswith("gpt2_small") else 5000
         tokens = torch.randint(0, vocab, (size, 65), generator=g)
         return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
-    if name in ("transformer", "encoder", "encoder_large", "lstm", "fasttext"):  # tokens
-        length = {"encoder_large": 128, "lstm": 32}.get(name, 64)
+    if name in ("transformer", "encoder", "encoder_large", "lstm", "lstm_torch", "fasttext"):
+        length = {"encoder_large": 128, "lstm": 32, "lstm_torch": 32}.get(name, 64)
         vocab = 20_000 if name == "fasttext" else 1000
         x = torch.randint(0, vocab, (size, length), generator=g)
     elif name == "cnn3d":  # volumes
@@ -816,7 +826,7 @@ def main() -> None:
         "gpt2",
         "lstm",
     ]
-    names += ["fasttext", "cnn3d", *big]
+    names += ["lstm_torch", "fasttext", "cnn3d", *big]
     if args.models:
         names = args.models.split(",")
     # a model whose library is not installed (a GPU machine without transformers) is left out

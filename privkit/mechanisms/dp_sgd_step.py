@@ -172,7 +172,7 @@ def clipped_gradient_sum(
     privkit's own models take the stacked layers (:func:`privkit.mechanisms.stacked.clipped_sum_one`),
     any other model of linear, 1-d, 2-d and 3-d convolution (transposed too),
     GroupNorm/LayerNorm/RMSNorm, InstanceNorm, BatchNorm in eval mode, PReLU, embedding (and
-    EmbeddingBag) and batch-first ``nn.MultiheadAttention`` layers (and linear layers and bare
+    EmbeddingBag), recurrent (LSTM, GRU, RNN) and batch-first ``nn.MultiheadAttention`` layers (and linear layers and bare
     parameters of its own modules) book-keeping ghost clipping
     (:mod:`privkit.mechanisms.ghost_clipping`; torch's other one-input layers among them, an
     EmbeddingBag in ``max`` mode, by ``torch.func`` on that layer alone), anything else ``torch.func`` per-example gradients of the whole model; all three

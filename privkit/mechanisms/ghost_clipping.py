@@ -81,6 +81,11 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   weight (self-attention: one map to all ``3E`` rows), each taken as a linear layer above; the
   packed weight's per-example gradient is the maps' stacked, so their squared norms add; its
   ``out_proj`` is called as an ``nn.Linear`` layer.
+* **torch's recurrent layers** (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``; stacked, bidirectional,
+  either layout, from a given state): their forward written out for the pass, each layer and
+  direction's input and hidden maps called as linear layers on the recurrent layer's own
+  parameters (:mod:`privkit.mechanisms.ghost_rnn`), the hidden map's calls over the steps taken
+  as one call, as below.
 * **A layer run several times** in one forward pass (an RNN's cells over the time steps, opacus'
   ``DPLSTM``, a block shared across depth): ``G_i = sum_calls sum_t g_t a_t^T``. A linear layer's,
   an embedding's, a LayerNorm's or an RMSNorm's calls are taken as one call over all of their
@@ -110,8 +115,8 @@ where ``G_i`` was materialised anyway); no second backward pass.
 
 Anything else is refused with :class:`~privkit.mechanisms.stacked.UnsupportedModelError` (the
 caller falls back to ``torch.func`` per-example gradients) rather than computed wrong: a trainable
-parameter of one of torch's own modules with children or hidden states (an LSTM, attention's
-``add_bias_kv``), one of torch's own layers called with keyword arguments or more than one input,
+parameter of one of torch's own modules with children or hidden states (an LSTM with
+``proj_size``, attention's ``add_bias_kv``), one of torch's own layers called with keyword arguments or more than one input,
 returning more than one tensor, or updating buffers in training mode, InstanceNorm keeping running
 statistics in training mode (the batch's, kept in the model unnoised), a bare parameter used in a
 way neither its stand-in nor following it to the batch covers (passed to a functional layer, read
@@ -154,6 +159,7 @@ from privkit.mechanisms import (
     ghost_joined,
     ghost_layer_vjp,
     ghost_parameters,
+    ghost_rnn,
     ghost_subclasses,
 )
 from privkit.mechanisms.clip_precision import compute_dtype, full_precision, lowered
@@ -250,6 +256,9 @@ class _Layer:
     # the layer alone (privkit.mechanisms.ghost_layer_vjp); its outputs kept on a checked pass
     vjp: bool = False
     outputs: list[torch.Tensor] = field(default_factory=list)
+    # a map of torch's recurrent layer (privkit.mechanisms.ghost_rnn), called by that layer's
+    # forward written out for the pass
+    rnn: nn.Module | None = None
 
 
 def _linear(layer: _Layer) -> bool:
@@ -297,6 +306,12 @@ def _layers(model: nn.Module) -> list[_Layer]:
                 layers.append(_attention_layer(prefix, module, full))
             continue
         if not own:
+            continue
+        if isinstance(module, nn.RNNBase) and not isinstance(module, nn.MultiheadAttention):
+            why = ghost_rnn.refusal(module)
+            if why is not None:
+                raise UnsupportedModelError(f"{prefix}: {why}")
+            layers.extend(_recurrent_layers(module, own, full))
             continue
         if isinstance(module, nn.EmbeddingBag) and _bag_of_tokens(module):
             layers.append(_Layer(module, full))
@@ -350,6 +365,19 @@ def _layers(model: nn.Module) -> list[_Layer]:
             holders = [layer for layer in holders if not layer.bare]
         if len(holders) > 1:
             layers = _tie(layers, holders, pid, f"parameter {name} is shared with {owners[pid]}")
+    return layers
+
+
+def _recurrent_layers(
+    module: nn.RNNBase, own: dict[str, nn.Parameter], full: dict[str, str]
+) -> list[_Layer]:
+    """A recurrent layer's input and hidden maps with trainable parameters, each a linear layer
+    (:mod:`privkit.mechanisms.ghost_rnn`)."""
+    layers = []
+    for name, m in ghost_rnn.maps(module).items():
+        names = {k: full[f"{k}_{name}"] for k in ("weight", "bias") if f"{k}_{name}" in own}
+        if names:
+            layers.append(_Layer(m, names, rnn=module))
     return layers
 
 
@@ -570,6 +598,7 @@ def _forward_backward(
         try:
             with (
                 _in_the_open(attention, projected),
+                _written_out(layers),
                 ghost_parameters.standing_in(owners, x.shape[0], form) as stand_ins,
             ):
                 for layer, s in zip(bare, stand_ins, strict=True):
@@ -816,6 +845,21 @@ def _in_the_open(attention: list[_Layer], forward_of: Callable) -> Iterator[None
     finally:
         for layer in attention:
             layer.module.__dict__.pop("forward", None)
+
+
+@contextmanager
+def _written_out(layers: list[_Layer]) -> Iterator[None]:
+    """Within the block, each recurrent layer's forward written out with its maps
+    (:func:`privkit.mechanisms.ghost_rnn.forward`; an instance attribute, taken away again
+    however the block ends)."""
+    rnns = {id(layer.rnn): cast(nn.RNNBase, layer.rnn) for layer in layers if layer.rnn is not None}
+    try:
+        for rnn in rnns.values():
+            rnn.forward = functools.partial(ghost_rnn.forward, rnn)
+        yield
+    finally:
+        for rnn in rnns.values():
+            rnn.__dict__.pop("forward", None)
 
 
 def _own_forward(model: nn.Module, x: torch.Tensor, attention: list[_Layer]) -> torch.Tensor:

@@ -103,18 +103,18 @@ def test_bad_input_is_one_line_and_exit_code_2(args, named):
 
 def test_torch_func_variant_and_the_models_of_torchs_other_layers():
     """``--torch-func`` adds the step clipped from the whole model's per-example gradients;
-    the 3-d CNN, the ResNet with frozen BatchNorm and the EmbeddingBag classifier take ghost
-    clipping; opacus' variants run the first two (the ResNet with its BatchNorm made GroupNorm,
-    in training mode) and are left out of the third with opacus' reason (it takes bags by
-    offsets only)."""
+    the 3-d CNN, the ResNet with frozen BatchNorm, the EmbeddingBag classifier and torch's LSTM
+    take ghost clipping; opacus' variants run the ResNet with its BatchNorm made GroupNorm (in
+    training mode) and the LSTM made DPLSTM, and are left out of the EmbeddingBag classifier with
+    opacus' reason (it takes bags by offsets only)."""
     run = _run(
-        "--models", "cnn3d,resnet_small_bn,fasttext", "--repeats", "1", "--host-bound",
+        "--models", "cnn3d,resnet_small_bn,fasttext,lstm_torch", "--repeats", "1", "--host-bound",
         "--torch-func", "--json",
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     assert out["setup"]["torch_func"]
-    for name in ("cnn3d", "resnet_small_bn", "fasttext"):
+    for name in ("cnn3d", "resnet_small_bn", "fasttext", "lstm_torch"):
         r = out["models"][name]
         assert r["privkit_path"] == "ghost_clipping"
         assert {"sgd", "privkit_seeded", "privkit_torch_func_seeded"} <= set(r["times_ms"])

@@ -747,10 +747,13 @@ def test_unsupported_layers_are_refused(model, x):
 
 
 class Recurrent(nn.Module):
+    """torch's LSTM with a projection of its hidden state, which ghost clipping does not write
+    out (``privkit.mechanisms.ghost_rnn``)."""
+
     def __init__(self):
         super().__init__()
-        self.lstm = nn.LSTM(3, 4, batch_first=True)
-        self.head = nn.Linear(4, 3)
+        self.lstm = nn.LSTM(3, 4, batch_first=True, proj_size=2)
+        self.head = nn.Linear(2, 3)
 
     def forward(self, x):
         return self.head(self.lstm(x)[0][:, -1])
@@ -772,7 +775,7 @@ class Projected(nn.Module):
 def test_layers_outside_fall_back_to_torch_func():
     torch.manual_seed(8)
     y = torch.randint(0, 3, (6,))
-    with pytest.raises(UnsupportedModelError, match="LSTM"):
+    with pytest.raises(UnsupportedModelError, match="LSTM with proj_size 2"):
         ghost_clipping.clipped_sum(Recurrent(), torch.randn(6, 4, 3), _example_losses(y), 1.0)
     model = Projected().double()
     x = torch.randn(6, 2, 5, dtype=torch.float64)

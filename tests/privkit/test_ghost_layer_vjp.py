@@ -25,6 +25,7 @@ from torch import nn
 from privkit.mechanisms import dp_sgd_step, ghost_clipping, ghost_layer_vjp
 from privkit.mechanisms.stacked import UnsupportedModelError
 from tests.privkit.test_ghost_clipping import (
+    Bags,
     _check,
     _example_losses,
     _loss,
@@ -34,22 +35,6 @@ from tests.privkit.test_ghost_clipping import (
 
 #: vmap has no batching rule for EmbeddingBag and loops over the examples, saying so
 _NO_BATCHING_RULE = "There is a performance drop"
-
-
-class Bag(nn.Module):
-    """An EmbeddingBag of each example's tokens (with ``twice``, of each half of them: one
-    layer, two calls), then a linear head."""
-
-    def __init__(self, mode: str, padding_idx: int | None = None, twice: bool = False):
-        super().__init__()
-        self.bag = nn.EmbeddingBag(20, 6, mode=mode, padding_idx=padding_idx)
-        self.head = nn.Linear(6, 3)
-        self.twice = twice
-
-    def forward(self, x):
-        if self.twice:
-            return self.head(self.bag(x[:, :2]) + torch.tanh(self.bag(x[:, 2:])))
-        return self.head(self.bag(x))
 
 
 class ChannelGate(nn.Module):
@@ -85,8 +70,8 @@ CASES = {
         ),
         torch.randn(7, 5),
     ),
-    "bag-max": lambda: (Bag("max"), torch.randint(0, 20, (7, 4))),
-    "bag-max-twice": lambda: (Bag("max", twice=True), torch.randint(0, 20, (7, 4))),
+    "bag-max": lambda: (Bags("max"), torch.randint(0, 20, (7, 4))),
+    "bag-max-twice": lambda: (Bags("max", twice=True), torch.randint(0, 20, (7, 4))),
 }
 
 

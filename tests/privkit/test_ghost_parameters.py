@@ -292,7 +292,7 @@ def test_uses_a_stand_in_does_not_follow_are_refused_and_fall_back(build, shape,
 def test_torchs_own_layers_take_no_stand_ins():
     """torch's own layers read their parameters in their own ways: a PReLU's slopes take their
     own rule, an EmbeddingBag's in ``max`` mode are taken on its call (ghost_layer_vjp), an
-    LSTM's are refused by name; none is given stand-ins."""
+    LSTM's through its maps written out (ghost_rnn); none is given stand-ins."""
     torch.manual_seed(28)
     y = torch.randint(0, 3, (6,))
     for model, x, kinds in (
@@ -307,8 +307,8 @@ def test_torchs_own_layers_take_no_stand_ins():
         assert [(layer.vjp, layer.bare) for layer in layers] == kinds
         ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
     lstm = nn.LSTM(4, 3, batch_first=True)
-    with pytest.raises(UnsupportedModelError, match="LSTM are not covered"):
-        ghost_clipping._layers(nn.Sequential(lstm))
+    layers = ghost_clipping._layers(nn.Sequential(lstm))
+    assert layers and all(layer.rnn is lstm and not layer.bare for layer in layers)
 
 
 def test_a_vision_transformers_dp_sgd_audit_sees_its_bugs(monkeypatch):

@@ -127,16 +127,17 @@ class _SignBag(nn.Module):
         return self.head(self.bag(tokens))
 
 
-class _Recurrent(nn.Module):
-    """torch's LSTM, which ghost clipping does not cover: torch.func clips the model."""
+class _Reused(nn.Module):
+    """A weight the model's own code reads twice, which ghost clipping does not cover: torch.func
+    clips the model."""
 
     def __init__(self):
         super().__init__()
-        self.lstm = nn.LSTM(5, 8, batch_first=True)
+        self.w = nn.Parameter(torch.randn(8, 20) * 0.3)
         self.head = nn.Linear(8, 4)
 
     def forward(self, x):
-        return self.head(self.lstm(x.view(x.shape[0], 4, 5))[0][:, -1])
+        return self.head(torch.tanh(x @ self.w.T * self.w.sum()))
 
 
 @pytest.mark.parametrize("path", ["ghost", "stacked", "layer-vjp", "torch.func"])
@@ -152,7 +153,7 @@ def test_a_padded_row_adds_nothing(path):
         model = _SignBag()
         assert [layer.vjp for layer in ghost_clipping._layers(model)] == [True, False]
     else:  # a layer ghost clipping does not cover: torch.func's per-example gradients
-        model = _Recurrent()
+        model = _Reused()
     x, y = torch.randn(9, 20), torch.randint(0, 4, (9,))
     if path == "stacked":
         x = x.view(9, 1, 4, 5)
@@ -364,7 +365,7 @@ class _SameHash:
 def test_a_model_clipped_by_torch_func_is_replayed_too(path):
     """The whole model's per-example gradients by torch.func, or an EmbeddingBag's alone."""
     torch.manual_seed(6)
-    model = _Recurrent() if path == "torch.func" else _SignBag()
+    model = _Reused() if path == "torch.func" else _SignBag()
     x, y = torch.randn(21, 20), torch.randint(0, 4, (21,))
     replay = StepReplay(patience=0)
     with warnings.catch_warnings():
@@ -505,3 +506,30 @@ def test_a_processs_first_trace_is_not_the_price(monkeypatch):
     assert replay.traced == 2 and replay._trace_seconds == pytest.approx(0.310)
     with pytest.raises(PrivkitError, match="patience must be >= 0; found -1"):
         StepReplay(patience=-1)
+
+
+@pytest.mark.parametrize("both", [False, True])
+def test_a_trace_that_raises_on_its_checked_run_is_not_kept(both, monkeypatch):
+    """A scripted trace (or both runners) raising on the checked first replay, as TorchScript did
+    on torch.func's vmap of an LSTM: the step's own result is returned, the scripted runner
+    dropped (the graph replayed after it), or with both the size refused with a warning."""
+    from privkit.mechanisms import step_replay
+
+    def failing(*_args, **_kwargs):
+        raise RuntimeError("a trace that records but does not run")
+
+    monkeypatch.setattr(step_replay, "scripted", lambda graph, batch: failing)
+    if both:
+        monkeypatch.setattr(step_replay._Trace, "runners", lambda self: [failing, failing])
+    torch.manual_seed(9)
+    model = nn.Sequential(nn.Linear(20, 12), nn.Tanh(), nn.Linear(12, 4))
+    x, y = torch.randn(12, 20), torch.randint(0, 4, (12,))
+    replay = StepReplay(pad=False, patience=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", step_replay.ReplayRefusedWarning)
+        for _ in range(5):
+            got = replay.clipped_sum(model, x, y, _per_example_loss, CLIP)
+            want = clipped_gradient_sum(model, x, y, _per_example_loss, CLIP)
+            assert _max_diff(got, want) <= 1e-6
+    assert replay.scripted == 0
+    assert bool(replay.refused) == both and (replay.replayed == 0) == both

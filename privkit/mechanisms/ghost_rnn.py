@@ -1,0 +1,144 @@
+"""torch's recurrent layers (``nn.RNN``, ``nn.LSTM``, ``nn.GRU``) under ghost clipping: their linear
+maps in the open.
+
+torch runs a recurrent layer as one fused kernel, whose per-example gradients no hook sees. Each
+layer and direction of it is two linear maps, the input map ``x_t W_ih^T + b_ih`` and the hidden
+map ``h_{t-1} W_hh^T + b_hh``, feeding the cell's gates. For the pass of
+:mod:`privkit.mechanisms.ghost_clipping` its forward is replaced by the same recurrence written out
+(:func:`forward`): the input map over every step at once, the hidden map at each step, each called
+as an ``nn.Linear`` whose weight and bias are the recurrent layer's own parameters (:class:`Map`).
+Ghost clipping takes them as linear layers: the input map's ``G_i = sum_t g_t x_t^T`` over the
+``T`` steps, the hidden map's ``T`` calls merged into one call over ``T`` positions (a layer run
+several times), as it takes opacus' ``DPLSTM``, whose cells are ``nn.Linear`` layers. The gates
+are torch's: LSTM ``i, f, g, o`` (``c' = f c + i g``, ``h' = o tanh(c')``), GRU ``r, z, n``
+(``n = tanh(x_n + r (h_n))``, ``h' = (1 - z) n + z h``), RNN ``tanh`` or ``relu`` of the sum.
+
+Refused (:func:`refusal`; the model then takes ``torch.func``): an LSTM with ``proj_size``, dropout
+between layers in training mode (the fused kernel's draws are its own), and at the call a
+``PackedSequence`` or an unbatched input.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import cast
+
+import torch
+from torch import nn
+
+from privkit.mechanisms.stacked import UnsupportedModelError
+
+__all__ = ["Map", "forward", "maps", "refusal"]
+
+
+class Map(nn.Linear):
+    """A recurrent layer's input or hidden map as a linear layer: its ``weight`` and ``bias`` are
+    the recurrent layer's own parameters (the same tensors, not copies)."""
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.weight = weight
+        self.register_parameter("bias", bias)
+
+
+#: each recurrent layer's maps, by name (``ih_l0``, ``hh_l0_reverse``, ...), made once: the same
+#: modules from step to step (not registered on the layer: its parameters would appear twice)
+_MAPS: weakref.WeakKeyDictionary[nn.RNNBase, dict[str, Map]] = weakref.WeakKeyDictionary()
+
+
+def _suffixes(module: nn.RNNBase) -> list[str]:
+    """The suffixes of its parameters' names, layer by layer, each layer's directions in turn."""
+    directions = ["", "_reverse"] if module.bidirectional else [""]
+    return [f"_l{k}{d}" for k in range(module.num_layers) for d in directions]
+
+
+def maps(module: nn.RNNBase) -> dict[str, Map]:
+    """The recurrent layer's maps by name: ``ih`` and ``hh`` and the suffix of its parameters'."""
+    made = _MAPS.get(module)
+    if made is None or any(
+        m.weight is not getattr(module, f"weight_{name[:2]}{name[2:]}") for name, m in made.items()
+    ):  # its parameters replaced since (a load_state_dict with assign, a model moved by hand)
+        made = {
+            f"{kind}{s}": Map(
+                getattr(module, f"weight_{kind}{s}"), getattr(module, f"bias_{kind}{s}", None)
+            )
+            for s in _suffixes(module)
+            for kind in ("ih", "hh")
+        }
+        _MAPS[module] = made
+    return made
+
+
+def refusal(module: nn.RNNBase) -> str | None:
+    """Why the recurrent layer cannot be written out as its fused kernel runs it, or ``None``."""
+    name = type(module).__name__
+    if isinstance(module, nn.LSTM) and module.proj_size > 0:
+        return f"{name} with proj_size {module.proj_size}"
+    if module.training and module.dropout > 0 and module.num_layers > 1:
+        return f"{name} with dropout {module.dropout} between its layers in training mode"
+    if type(module) not in (nn.RNN, nn.LSTM, nn.GRU):  # its forward may differ from torch's
+        return f"{name}, a subclass of torch's recurrent layers"
+    return None
+
+
+def _cell(
+    module: nn.RNNBase, gx: torch.Tensor, gh: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One step of the cell from the input map's and the hidden map's outputs."""
+    if isinstance(module, nn.LSTM):
+        i, f, g, o = (gx + gh).chunk(4, 1)
+        c = torch.sigmoid(f) * cast(torch.Tensor, c) + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c), c
+    if isinstance(module, nn.GRU):
+        xr, xz, xn = gx.chunk(3, 1)
+        hr, hz, hn = gh.chunk(3, 1)
+        r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+        n = torch.tanh(xn + r * hn)
+        return (1 - z) * n + z * h, None
+    total = gx + gh
+    return (torch.tanh(total) if module.nonlinearity == "tanh" else torch.relu(total)), None
+
+
+def forward(module: nn.RNNBase, input, hx=None):
+    """``module(input, hx)`` written out with its maps (:func:`maps`) called at each step: the same
+    outputs as torch's fused kernel, up to float rounding."""
+    name = type(module).__name__
+    if isinstance(input, nn.utils.rnn.PackedSequence):
+        raise UnsupportedModelError(f"{name} on a PackedSequence")
+    if input.dim() != 3:
+        raise UnsupportedModelError(f"{name} on an unbatched input")
+    x = input if module.batch_first else input.transpose(0, 1)  # (B, T, in)
+    b, steps = x.shape[:2]
+    lstm = isinstance(module, nn.LSTM)
+    d = 2 if module.bidirectional else 1
+    if hx is None:
+        zeros = x.new_zeros(module.num_layers * d, b, module.hidden_size)
+        hx = (zeros, zeros) if lstm else zeros
+    h0, c0 = hx if lstm else (hx, None)
+    found = maps(module)
+    h_n, c_n = [], []
+    for layer in range(module.num_layers):
+        outs = []
+        for direction in range(d):
+            k = layer * d + direction
+            suffix = f"_l{layer}" + ("_reverse" if direction else "")
+            h, c = h0[k], (c0[k] if c0 is not None else None)
+            xs = x.flip(1) if direction else x
+            gx = found[f"ih{suffix}"](xs)  # every step at once: (B, T, gates)
+            hh = found[f"hh{suffix}"]
+            seq = []
+            for s in range(steps):
+                h, c = _cell(module, gx[:, s], hh(h), h, c)
+                seq.append(h)
+            out = torch.stack(seq, 1) if seq else x.new_zeros(b, 0, module.hidden_size)
+            outs.append(out.flip(1) if direction else out)
+            h_n.append(h)
+            c_n.append(c)
+        x = torch.cat(outs, 2) if d == 2 else outs[0]
+        if layer < module.num_layers - 1 and module.dropout > 0 and module.training:
+            raise UnsupportedModelError(refusal(module) or name)  # refused before; kept exact
+    out = x if module.batch_first else x.transpose(0, 1)
+    if lstm:
+        return out, (torch.stack(h_n), torch.stack(cast(list[torch.Tensor], c_n)))
+    return out, torch.stack(h_n)

@@ -1,0 +1,173 @@
+"""torch's recurrent layers under ghost clipping (privkit.mechanisms.ghost_rnn): their forward
+written out with their input and hidden maps as linear layers.
+
+The written-out forward equals torch's fused kernel (outputs and final states; LSTM, GRU, RNN;
+stacked, bidirectional, sequence-first, without bias, from a given state); the per-example norms
+and the clipped sum equal per-example gradients taken one example at a time by autograd (float64,
+where ``torch.func`` cannot batch the fused kernel; every way of the other layers' norms; clipping
+off is the plain sum); DP-SGD's step takes the path without fallback; what it cannot write out
+(``proj_size``, dropout between layers in training mode, a subclass, a PackedSequence) is refused
+and clipped by ``torch.func`` whole.
+"""
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privkit.mechanisms import dp_sgd_step, ghost_clipping, ghost_rnn
+from privkit.mechanisms.stacked import UnsupportedModelError
+from tests.privkit.test_ghost_clipping import _check, _example_losses, _loss
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from hf_models import looped as _looped
+
+
+class Classifier(nn.Module):
+    """A recurrent layer on ``(B, T, 4)`` (transposed for a sequence-first one), its last step's
+    output or (``final``) its last layer's final states to a linear head; with ``given`` its
+    initial state computed from the input."""
+
+    def __init__(self, rnn: nn.RNNBase, final: bool = False, given: bool = False):
+        super().__init__()
+        self.rnn, self.final, self.given = rnn, final, given
+        self.directions = 2 if rnn.bidirectional else 1
+        self.head = nn.Linear(rnn.hidden_size * self.directions, 3)
+
+    def forward(self, x):
+        seq = x if self.rnn.batch_first else x.transpose(0, 1)
+        states = ()
+        if self.given:
+            h = torch.tanh(x.mean(1)).repeat(1, 2)[:, : self.rnn.hidden_size]
+            h0 = h.unsqueeze(0).repeat(self.rnn.num_layers * self.directions, 1, 1)
+            states = ((h0, 0.5 * h0),) if isinstance(self.rnn, nn.LSTM) else (h0,)
+        out, final = self.rnn(seq, *states)
+        if self.final:
+            h = final[0] if isinstance(self.rnn, nn.LSTM) else final
+            return self.head(h[-self.directions :].transpose(0, 1).flatten(1))
+        out = out if self.rnn.batch_first else out.transpose(0, 1)
+        return self.head(out[:, -1])
+
+
+CASES = {
+    "lstm": lambda: Classifier(nn.LSTM(4, 5, batch_first=True)),
+    "lstm-stacked-bidirectional-sequence-first": lambda: Classifier(
+        nn.LSTM(4, 5, num_layers=2, bidirectional=True), final=True, given=True
+    ),
+    "gru-without-bias": lambda: Classifier(nn.GRU(4, 5, batch_first=True, bias=False), given=True),
+    "gru-bidirectional": lambda: Classifier(nn.GRU(4, 3, batch_first=True, bidirectional=True)),
+    "rnn-relu-stacked": lambda: Classifier(
+        nn.RNN(4, 5, num_layers=2, nonlinearity="relu", batch_first=True), final=True
+    ),
+}
+
+
+def _built(case: str):
+    torch.manual_seed(sorted(CASES).index(case))
+    model = CASES[case]()
+    return model, torch.randn(7, 6, 4), torch.randint(0, 3, (7,))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_written_out_forward_is_torchs(case):
+    model, x, _ = _built(case)
+    seq = x if model.rnn.batch_first else x.transpose(0, 1)
+    with torch.no_grad():
+        want, got = model.rnn(seq), ghost_rnn.forward(model.rnn, seq)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    if isinstance(model.rnn, nn.LSTM):
+        for g, w in zip(got[1], want[1], strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    else:
+        torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_recurrent_layers_against_per_example_gradients(case, monkeypatch):
+    model, x, y = _built(case)
+    monkeypatch.setattr(dp_sgd_step, "per_sample_gradients", _looped)
+    maps = [layer for layer in ghost_clipping._layers(model) if layer.rnn is not None]
+    assert maps and all(isinstance(layer.module, ghost_rnn.Map) for layer in maps)
+    got = _check(model, x, y, monkeypatch)
+    assert {k for k in got if k.startswith("rnn.")} == {
+        f"rnn.{k}" for k, _ in model.rnn.named_parameters()
+    }
+    per = _looped(model.double(), x.double(), y, _loss)
+    plain = ghost_clipping.clipped_sum(model, x.double(), _example_losses(y), float("inf"))
+    for k, g in per.items():
+        torch.testing.assert_close(plain[k], g.sum(0), rtol=1e-10, atol=1e-12, msg=k)
+
+
+def test_dp_sgd_takes_the_path_and_leaves_the_layer_as_it_was():
+    """No fallback, no torch.func; the recurrent layer's own forward is back after the step."""
+    model, x, y = _built("lstm")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dp_sgd_step.ClippingFallbackWarning)
+        dp_sgd_step.clipped_gradient_sum(model, x, y, _loss, 1.0)
+    assert "forward" not in model.rnn.__dict__
+    assert not any(isinstance(m, ghost_rnn.Map) for m in model.modules())
+
+
+class OwnLSTM(nn.LSTM):
+    """A subclass of torch's LSTM (its forward could be anything)."""
+
+
+@pytest.mark.parametrize(
+    "rnn, why",
+    [
+        (nn.LSTM(4, 5, batch_first=True, proj_size=2), "proj_size 2"),
+        (nn.GRU(4, 5, num_layers=2, dropout=0.5, batch_first=True), "dropout 0.5"),
+        (OwnLSTM(4, 5, batch_first=True), "a subclass of torch's recurrent layers"),
+    ],
+    ids=["projection", "dropout", "subclass"],
+)
+def test_what_it_cannot_write_out_is_refused(rnn, why):
+    torch.manual_seed(3)
+    model = Classifier(rnn)
+    x, y = torch.randn(7, 6, 4), torch.randint(0, 3, (7,))
+    with pytest.raises(UnsupportedModelError, match=why):
+        ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
+    if why == "dropout 0.5":
+        model.eval()  # in eval mode there are no draws: taken
+        ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
+
+
+def test_a_packed_sequence_is_refused():
+    class Packed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.GRU(4, 5, batch_first=True)
+            self.head = nn.Linear(5, 3)
+
+        def forward(self, x):
+            packed = nn.utils.rnn.pack_padded_sequence(
+                x, [x.shape[1]] * x.shape[0], batch_first=True
+            )
+            return self.head(self.rnn(packed)[1][-1])
+
+    torch.manual_seed(4)
+    x, y = torch.randn(5, 3, 4), torch.randint(0, 3, (5,))
+    with pytest.raises(UnsupportedModelError, match="PackedSequence"):
+        ghost_clipping.clipped_sum(Packed(), x, _example_losses(y), 1.0)
+
+
+def test_an_lstm_trains_by_dp_sgd_with_per_example_norms_as_autograd_s():
+    """Three DP-SGD steps of the LSTM classifier in float32 (seeded noise): finite, and each step's
+    norms as autograd's one example at a time (to float32 rounding)."""
+    from privkit.mechanisms.dp_random import DpRandom
+
+    model, x, y = _built("lstm")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = dp_sgd_step.DpSgdStep(1.0, 1.0, 7 / 100, 100)
+    source = DpRandom(torch.Generator().manual_seed(0))
+    for _ in range(3):
+        norms = ghost_clipping.per_example_norms(model, x, _example_losses(y))
+        per = _looped(model, x, y, _loss)
+        want = sum(g.reshape(7, -1).pow(2).sum(1) for g in per.values()).sqrt()
+        torch.testing.assert_close(norms, want, rtol=1e-4, atol=1e-6)
+        step.apply(model, opt, x, y, lambda lo, t, a: F.cross_entropy(lo, t), source)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
