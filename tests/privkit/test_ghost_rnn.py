@@ -5,9 +5,10 @@ The written-out forward equals torch's fused kernel (outputs and final states; L
 stacked, bidirectional, sequence-first, without bias, from a given state); the per-example norms
 and the clipped sum equal per-example gradients taken one example at a time by autograd (float64,
 where ``torch.func`` cannot batch the fused kernel; every way of the other layers' norms; clipping
-off is the plain sum); DP-SGD's step takes the path without fallback; what it cannot write out
-(``proj_size``, dropout between layers in training mode, a subclass, a PackedSequence) is refused
-and clipped by ``torch.func`` whole.
+off is the plain sum); DP-SGD's step takes the path without fallback, and under autocast and in
+bfloat16 one record alone contributes the clip norm; what it cannot write out (``proj_size``,
+dropout between layers in training mode, a subclass, a PackedSequence) is refused and clipped by
+``torch.func`` whole.
 """
 
 import sys
@@ -171,3 +172,28 @@ def test_an_lstm_trains_by_dp_sgd_with_per_example_norms_as_autograd_s():
         torch.testing.assert_close(norms, want, rtol=1e-4, atol=1e-6)
         step.apply(model, opt, x, y, lambda lo, t, a: F.cross_entropy(lo, t), source)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("precision", ["autocast", "bfloat16"])
+def test_an_example_alone_contributes_the_clip_norm_in_half_precision(precision):
+    """A stacked GRU under bfloat16 autocast and held in bfloat16: each record's norm and its
+    contribution from the same float32 values, one record alone clipped to the clip norm."""
+    import math
+
+    torch.manual_seed(5)
+    model = Classifier(nn.GRU(4, 5, num_layers=2, batch_first=True))
+    x, y = torch.randn(4, 6, 4), torch.randint(0, 3, (4,))
+    if precision == "bfloat16":
+        model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    for i in range(3):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "autocast"):
+            got = dp_sgd_step.clipped_gradient_sum(
+                model,
+                x[i : i + 1],
+                y[i : i + 1],
+                lambda lo, t, _a: F.cross_entropy(lo.float(), t),
+                1e-3,
+            )
+        assert {v.dtype for v in got.values()} == {torch.float32}
+        norm = math.sqrt(sum(float(v.double().pow(2).sum()) for v in got.values()))
+        assert 1e-3 * (1 - 1e-5) <= norm <= 1e-3 * (1 + 1e-5)
