@@ -57,7 +57,9 @@ def maps(module: nn.RNNBase) -> dict[str, Map]:
     """The recurrent layer's maps by name: ``ih`` and ``hh`` and the suffix of its parameters'."""
     made = _MAPS.get(module)
     if made is None or any(
-        m.weight is not getattr(module, f"weight_{name[:2]}{name[2:]}") for name, m in made.items()
+        m.weight is not getattr(module, f"weight_{name}")
+        or m.bias is not getattr(module, f"bias_{name}", None)
+        for name, m in made.items()
     ):  # its parameters replaced since (a load_state_dict with assign, a model moved by hand)
         made = {
             f"{kind}{s}": Map(

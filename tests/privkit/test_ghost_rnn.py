@@ -197,3 +197,17 @@ def test_an_example_alone_contributes_the_clip_norm_in_half_precision(precision)
         assert {v.dtype for v in got.values()} == {torch.float32}
         norm = math.sqrt(sum(float(v.double().pow(2).sum()) for v in got.values()))
         assert 1e-3 * (1 - 1e-5) <= norm <= 1e-3 * (1 + 1e-5)
+
+
+def test_parameters_replaced_are_the_ones_clipped(monkeypatch):
+    """The maps follow the recurrent layer's parameters when they are replaced (a state dict
+    loaded with ``assign``): norms of the new weights, not of the first ones."""
+    model, x, y = _built("gru-without-bias")
+    ghost_clipping.per_example_norms(model, x, _example_losses(y))
+    torch.manual_seed(11)
+    fresh = nn.GRU(4, 5, batch_first=True, bias=False)
+    model.rnn.load_state_dict(fresh.state_dict(), assign=True)
+    norms = ghost_clipping.per_example_norms(model, x, _example_losses(y))
+    per = _looped(model, x, y, _loss)
+    want = sum(g.reshape(7, -1).pow(2).sum(1) for g in per.values()).sqrt()
+    torch.testing.assert_close(norms, want, rtol=1e-4, atol=1e-6)
