@@ -255,14 +255,13 @@ def _norm(sums: dict[str, torch.Tensor]) -> float:
     return math.sqrt(sum(float(v.double().pow(2).sum()) for v in sums.values()))
 
 
-@pytest.mark.parametrize("precision", ["autocast", "bfloat16"])
-def test_an_example_alone_contributes_the_clip_norm_in_half_precision(precision):
-    """Under bfloat16 autocast and in a bfloat16 model, the layer's per-example gradients and
-    their sum come from the same float32 values: one example's clipped sum has the clip norm."""
-    model, x, y = _built("volumes")
+def each_record_alone_is_clipped_to_the_norm(model, x, y, precision: str) -> None:
+    """Under bfloat16 autocast (``precision`` "autocast") or with the model and inputs in
+    bfloat16: each of three records alone gives a float32 clipped sum of the clip norm, its norm
+    and its contribution formed from the same float32 values."""
     if precision == "bfloat16":
-        model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
-    dtype = torch.float32
+        model = model.to(torch.bfloat16)
+        x = x.to(torch.bfloat16) if x.is_floating_point() else x
     for i in range(3):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "autocast"):
             got = dp_sgd_step.clipped_gradient_sum(
@@ -272,8 +271,14 @@ def test_an_example_alone_contributes_the_clip_norm_in_half_precision(precision)
                 lambda lo, t, _a: F.cross_entropy(lo.float(), t),
                 1e-3,
             )
-        assert {v.dtype for v in got.values()} == {dtype}
+        assert {v.dtype for v in got.values()} == {torch.float32}
         assert 1e-3 * (1 - 1e-5) <= _norm(got) <= 1e-3 * (1 + 1e-5)
+
+
+@pytest.mark.parametrize("precision", ["autocast", "bfloat16"])
+def test_an_example_alone_contributes_the_clip_norm_in_half_precision(precision):
+    """The layer's per-example gradients and their sum from the same float32 values."""
+    each_record_alone_is_clipped_to_the_norm(*_built("volumes"), precision)
 
 
 @pytest.mark.parametrize(
