@@ -717,10 +717,11 @@ def _measure(
             for _ in range(3):
                 fn()
         except (NotImplementedError, RuntimeError, ValueError) as e:
-            # privkit's variants never refuse a model; opacus refuses some (its ghost clipping:
-            # tied weights; an EmbeddingBag without offsets) and may fail under autocast
-            # (half-precision per-example gradients)
-            refused = isinstance(e, (NotImplementedError, ValueError))  # (the first a RuntimeError)
+            # privkit's variants never refuse a model; opacus refuses some (its ghost clipping
+            # tied weights, by NotImplementedError, a RuntimeError; its EmbeddingBag sampler an
+            # input without offsets, by ValueError) and may fail under autocast (a RuntimeError:
+            # half-precision per-example gradients)
+            refused = isinstance(e, (NotImplementedError, ValueError))
             if not v.startswith("opacus") or not (refused or autocast):
                 raise
             unavailable[v] = f"{type(e).__name__}: {e}"[:300]

@@ -15,7 +15,24 @@ from __future__ import annotations
 
 from torch import nn
 
-__all__ = ["batch_statistics_layers", "refusal"]
+__all__ = ["batch_statistics_layers", "refusal", "uses_batch_statistics"]
+
+
+def uses_batch_statistics(module: nn.Module) -> bool:
+    """Whether ``module`` is a BatchNorm normalising by its batch's statistics (training mode, or
+    no running statistics kept).
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+
+    Returns
+    -------
+    bool
+    """
+    return isinstance(module, nn.modules.batchnorm._BatchNorm) and (
+        module.training or not module.track_running_stats
+    )
 
 
 def batch_statistics_layers(model: nn.Module) -> list[str]:
@@ -34,8 +51,7 @@ def batch_statistics_layers(model: nn.Module) -> list[str]:
     return [
         f"{path} ({type(m).__name__})" if path else type(m).__name__
         for path, m in model.named_modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm)
-        and (m.training or not m.track_running_stats)
+        if uses_batch_statistics(m)
     ]
 
 

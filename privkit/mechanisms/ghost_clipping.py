@@ -153,6 +153,7 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
 from privkit.mechanisms import (
+    batch_statistics,
     ghost_affine,
     ghost_attention,
     ghost_broadcast,
@@ -282,9 +283,7 @@ def _layers(model: nn.Module) -> list[_Layer]:
             shared[id(p)] = name
     layers = []
     for prefix, module in model.named_modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm) and (
-            module.training or not module.track_running_stats
-        ):
+        if batch_statistics.uses_batch_statistics(module):
             raise UnsupportedModelError(
                 f"{prefix}: {type(module).__name__} "
                 f"{'in training mode' if module.training else 'without running statistics'} "

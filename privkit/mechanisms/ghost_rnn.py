@@ -137,9 +137,7 @@ def forward(module: nn.RNNBase, input, hx=None):
             outs.append(out.flip(1) if direction else out)
             h_n.append(h)
             c_n.append(c)
-        x = torch.cat(outs, 2) if d == 2 else outs[0]
-        if layer < module.num_layers - 1 and module.dropout > 0 and module.training:
-            raise UnsupportedModelError(refusal(module) or name)  # refused before; kept exact
+        x = torch.cat(outs, 2) if d == 2 else outs[0]  # (dropout in training refused before)
     out = x if module.batch_first else x.transpose(0, 1)
     if lstm:
         return out, (torch.stack(h_n), torch.stack(cast(list[torch.Tensor], c_n)))

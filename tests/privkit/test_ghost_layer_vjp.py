@@ -32,6 +32,7 @@ from tests.privkit.test_ghost_clipping import (
     clipping_off_is_the_plain_sum,
     falls_back,
 )
+from tests.privkit.test_ghost_half_precision import _norm
 
 #: vmap has no batching rule for EmbeddingBag and loops over the examples, saying so
 _NO_BATCHING_RULE = "There is a performance drop"
@@ -249,10 +250,6 @@ def test_calls_it_cannot_recompute_are_refused_and_fall_back(build, x, why):
     # the mixing layer on one example alone gives every example the same norm)
     if why in ("keyword arguments", "without its one positional input"):
         falls_back(model, x, y, why)
-
-
-def _norm(sums: dict[str, torch.Tensor]) -> float:
-    return math.sqrt(sum(float(v.double().pow(2).sum()) for v in sums.values()))
 
 
 def each_record_alone_is_clipped_to_the_norm(model, x, y, precision: str) -> None:
