@@ -44,7 +44,7 @@ class Finding:
     kind : str
         What is mismatched: ``"shuffle"``, ``"fixed_order"``, ``"with_replacement"``,
         ``"weighted"`` (without replacement), ``"unknown_sampler"``, ``"sample_rate"``, ``"distributed"``, ``"noise_multiplier"``,
-        ``"secure_mode"``, ``"batchnorm"``, or a Flower kind (``"flower_"`` followed by one of
+        ``"secure_mode"``, ``"batchnorm"``, ``"running_statistics"``, or a Flower kind (``"flower_"`` followed by one of
         :data:`privkit.flower.checks.WARNING_KINDS`, or ``"flower_strategy"``).
     message : str
         One line naming the object, the parameters found and the epsilons.

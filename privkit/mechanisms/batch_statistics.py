@@ -1,5 +1,5 @@
 """Layers that normalise each example by its batch's statistics, so that no example's gradient is
-its own.
+its own, and layers that keep their batches' statistics in the model unnoised.
 
 DP-SGD's sensitivity argument needs each example's gradient to depend on that example alone.
 ``BatchNorm`` in training mode (or without running statistics) normalises each example by its
@@ -9,13 +9,27 @@ released with the model unnoised (jax_privacy's "cross-example operations"; opac
 modules in ``make_private``). DP-SGD's step refuses them
 (:func:`privkit.mechanisms.dp_sgd_step.clipped_gradient_sum`), and ``privkit check`` reports them
 in a user's training.
+
+``InstanceNorm`` with running statistics in training mode normalises each example by its own
+statistics (its gradient is its own) but averages the batch's into running statistics kept in the
+model: released with it, without noise, they are a function of every record of every batch (opacus'
+validator refuses it for that reason). The step refuses it too and ``privkit check`` reports it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import nn
 
-__all__ = ["batch_statistics_layers", "refusal", "uses_batch_statistics"]
+__all__ = [
+    "batch_statistics_layers",
+    "keeps_batch_statistics",
+    "kept_statistics_layers",
+    "kept_statistics_refusal",
+    "refusal",
+    "uses_batch_statistics",
+]
 
 
 def uses_batch_statistics(module: nn.Module) -> bool:
@@ -35,6 +49,75 @@ def uses_batch_statistics(module: nn.Module) -> bool:
     )
 
 
+def keeps_batch_statistics(module: nn.Module) -> bool:
+    """Whether ``module`` is an InstanceNorm in training mode keeping running statistics: the
+    batch's statistics averaged into buffers released with the model, unnoised.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+
+    Returns
+    -------
+    bool
+    """
+    return (
+        isinstance(module, nn.modules.instancenorm._InstanceNorm)
+        and module.training
+        and module.track_running_stats
+    )
+
+
+def _named(model: nn.Module, which: Callable[[nn.Module], bool]) -> list[str]:
+    return [
+        f"{path} ({type(m).__name__})" if path else type(m).__name__
+        for path, m in model.named_modules()
+        if which(m)
+    ]
+
+
+def _shown(layers: list[str]) -> str:
+    return ", ".join(layers[:3]) + (f" and {len(layers) - 3} more" if len(layers) > 3 else "")
+
+
+def kept_statistics_layers(model: nn.Module) -> list[str]:
+    """The layers of ``model`` that keep their batches' statistics unnoised
+    (:func:`keeps_batch_statistics`), as ``"path (Type)"``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model that will be trained.
+
+    Returns
+    -------
+    list of str
+        One entry per such layer, in the model's order (empty where there is none).
+    """
+    return _named(model, keeps_batch_statistics)
+
+
+def kept_statistics_refusal(name: str, layers: list[str]) -> str:
+    """Why a model named ``name`` with the running-statistics ``layers`` has no DP-SGD epsilon.
+
+    Parameters
+    ----------
+    name : str
+        The model's name in the message.
+    layers : list of str
+        :func:`kept_statistics_layers` of the model (at least one).
+
+    Returns
+    -------
+    str
+    """
+    return (
+        f"{name}: {len(layers)} InstanceNorm layer(s) keeping running statistics in training mode "
+        f"({_shown(layers)}): the batches' statistics are kept in the model without noise, so no "
+        "epsilon holds for the model released (use track_running_stats=False)"
+    )
+
+
 def batch_statistics_layers(model: nn.Module) -> list[str]:
     """The BatchNorm layers of ``model`` that use the batch's statistics, as ``"path (Type)"``.
 
@@ -48,11 +131,7 @@ def batch_statistics_layers(model: nn.Module) -> list[str]:
     list of str
         One entry per such layer, in the model's order (empty where there is none).
     """
-    return [
-        f"{path} ({type(m).__name__})" if path else type(m).__name__
-        for path, m in model.named_modules()
-        if uses_batch_statistics(m)
-    ]
+    return _named(model, uses_batch_statistics)
 
 
 def refusal(name: str, layers: list[str]) -> str:
@@ -69,9 +148,8 @@ def refusal(name: str, layers: list[str]) -> str:
     -------
     str
     """
-    shown = ", ".join(layers[:3]) + (f" and {len(layers) - 3} more" if len(layers) > 3 else "")
     return (
-        f"{name}: {len(layers)} BatchNorm layer(s) using batch statistics ({shown}): a cross-example "
+        f"{name}: {len(layers)} BatchNorm layer(s) using batch statistics ({_shown(layers)}): a cross-example "
         "operation, so per-example clipping does not bound one record's influence and no epsilon "
         "holds (use GroupNorm or LayerNorm, or freeze the layers in eval mode)"
     )

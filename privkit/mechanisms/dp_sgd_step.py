@@ -233,6 +233,11 @@ def clipped_gradient_sum(
         mixing = batch_statistics.batch_statistics_layers(model)
         if mixing:  # torch.func would clip each example's own, other function
             raise PrivkitError(batch_statistics.refusal(type(model).__name__, mixing)) from None
+        kept = batch_statistics.kept_statistics_layers(model)
+        if kept:  # torch.func would clip right and leave the batches' statistics in the model
+            raise PrivkitError(
+                batch_statistics.kept_statistics_refusal(type(model).__name__, kept)
+            ) from None
         warnings.warn(
             f"per-example gradients by torch.func for {type(model).__name__} ({why}): the "
             "same clipped sum, slower, with every example's gradient held",

@@ -289,11 +289,7 @@ def _layers(model: nn.Module) -> list[_Layer]:
                 f"{'in training mode' if module.training else 'without running statistics'} "
                 "mixes the examples"
             )
-        if (
-            isinstance(module, nn.modules.instancenorm._InstanceNorm)
-            and module.training
-            and module.track_running_stats
-        ):
+        if batch_statistics.keeps_batch_statistics(module):
             raise UnsupportedModelError(
                 f"{prefix}: {type(module).__name__} in training mode with running statistics "
                 "(the batch's, kept in the model unnoised)"

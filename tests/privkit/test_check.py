@@ -243,6 +243,21 @@ def test_batchnorm_is_a_cross_example_operation():
     assert check_training(model, delta=DELTA).findings == ()
 
 
+def test_instance_norm_running_statistics_are_kept_unnoised():
+    """InstanceNorm normalises each example alone, but with running statistics in training mode
+    it keeps the batches' statistics in the model: no epsilon holds for the model released."""
+    norm = torch.nn.InstanceNorm1d(4, track_running_stats=True)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Unflatten(1, (4, 2)), norm)
+    f = only(check_training(model, delta=DELTA), "running_statistics")
+    assert f.changes_epsilon and f.epsilon_upper is None and "2 (InstanceNorm1d)" in f.message
+    assert check_training(model, delta=DELTA).exit_code == 1
+    model.eval()  # normalised by the running statistics, which no longer move
+    assert check_training(model, delta=DELTA).findings == ()
+    model.train()
+    norm.track_running_stats = False
+    assert check_training(model, delta=DELTA).findings == ()
+
+
 def test_flower_local_dp_mod_and_strategies():
     mod = LocalDpMod(clipping_norm=1.0, sensitivity=1.0, epsilon=10.0, delta=DELTA)
     result = check_training(mod, delta=DELTA)

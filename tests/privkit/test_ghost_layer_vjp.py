@@ -310,6 +310,42 @@ def test_batch_norm_on_the_batchs_statistics_is_refused(training, running):
         dp_sgd_step.clipped_gradient_sum(model, x, y, _loss, 1.0)
 
 
+def test_instance_norm_keeping_running_statistics_is_refused():
+    """InstanceNorm in training mode with running statistics normalises each example by its own
+    statistics but averages the batch's into buffers released with the model: DP-SGD's step
+    refuses the model in one line (torch.func would clip right and leave them in the model), and
+    the buffers it refuses to train are the ones a step would have moved; in eval mode, or
+    without running statistics, it is taken and the buffers stay as they were."""
+    from privkit.errors import PrivkitError
+
+    torch.manual_seed(8)
+    model = nn.Sequential(
+        nn.Conv2d(2, 3, 3),
+        nn.InstanceNorm2d(3, affine=True, track_running_stats=True),
+        nn.Flatten(),
+        nn.Linear(27, 3),
+    )
+    x, y = torch.randn(6, 2, 5, 5), torch.randint(0, 3, (6,))
+    before = model[1].running_mean.clone()
+    model(x)  # a plain forward pass moves the buffers: the batch's statistics kept
+    assert not torch.equal(model[1].running_mean, before)
+    moved = model[1].running_mean.clone()
+    with pytest.raises(
+        PrivkitError,
+        match=r"Sequential: 1 InstanceNorm layer\(s\) keeping running statistics in training "
+        r"mode \(1 \(InstanceNorm2d\)\)",
+    ):
+        dp_sgd_step.clipped_gradient_sum(model, x, y, _loss, 1.0)
+    model.eval()
+    dp_sgd_step.clipped_gradient_sum(model, x, y, _loss, 1.0)
+    assert torch.equal(model[1].running_mean, moved)
+    free = nn.Sequential(nn.Conv2d(2, 3, 3), nn.InstanceNorm2d(3, affine=True), nn.Flatten())
+    free.append(nn.Linear(27, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # taken by ghost clipping's rule, no fallback
+        dp_sgd_step.clipped_gradient_sum(free, x, y, _loss, 1.0)
+
+
 def test_a_call_vmap_cannot_batch_is_refused_and_remembered(monkeypatch):
     """A GRU cell called on its input alone makes its zero state inside its call, which vmap
     cannot batch: the step's norms refuse the model, and later steps refuse it at once (no pass
