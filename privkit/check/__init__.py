@@ -96,7 +96,7 @@ def check_training(
     """
     from privkit.check.flower import flower_findings
     from privkit.check.loaders import Accounting, loader_findings, loader_steps
-    from privkit.check.models import batchnorm_finding, running_statistics_finding, unwrap
+    from privkit.check.models import statistics_findings, unwrap
     from privkit.check.objects import KINDS, classify, flatten
     from privkit.check.opacus import noise_finding, read_opacus, secure_mode_finding
 
@@ -140,7 +140,7 @@ def check_training(
         findings += loader_findings(name, loader, acc)
     models = {id(unwrap(m)): (name, m) for name, m in reversed(by_kind["model"])}
     for name, m in reversed(models.values()):
-        findings += [batchnorm_finding(name, m), running_statistics_finding(name, m)]
+        findings += statistics_findings(name, m)
     findings.append(secure_mode_finding(setup, release))
     flower = [(n, k, o) for k in ("local_dp", "client_app", "strategy") for n, o in by_kind[k]]
     if flower:

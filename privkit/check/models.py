@@ -8,7 +8,7 @@ from typing import Any
 
 from privkit.check.findings import Finding
 
-__all__ = ["batchnorm_finding", "running_statistics_finding", "unwrap"]
+__all__ = ["statistics_findings", "unwrap"]
 
 
 def unwrap(model: Any) -> Any:
@@ -29,47 +29,28 @@ def unwrap(model: Any) -> Any:
     return inner
 
 
-def batchnorm_finding(name: str, model: Any) -> Finding | None:
-    """A finding for the BatchNorm layers of ``model`` that use batch statistics.
+def statistics_findings(name: str, model: Any) -> list[Finding]:
+    """The findings for the layers of ``model`` that use their batch's statistics (``batchnorm``:
+    BatchNorm in training mode) or keep them unnoised (``running_statistics``: InstanceNorm with
+    running statistics in training mode).
 
     Parameters
     ----------
     name : str
-        The model's name in the message.
+        The model's name in the messages.
     model : torch.nn.Module
         The model that will be trained.
 
     Returns
     -------
-    Finding or None
+    list of Finding
+        One per kind found (empty where there is none).
     """
     from privkit.mechanisms.batch_statistics import batch_statistics_layers, refusal
 
-    layers = batch_statistics_layers(unwrap(model))
-    if not layers:
-        return None
-    message = refusal(name, layers)
-    return Finding("batchnorm", message, True)
-
-
-def running_statistics_finding(name: str, model: Any) -> Finding | None:
-    """A finding for the InstanceNorm layers of ``model`` that keep running statistics in
-    training mode (the batches' statistics released with the model, unnoised).
-
-    Parameters
-    ----------
-    name : str
-        The model's name in the message.
-    model : torch.nn.Module
-        The model that will be trained.
-
-    Returns
-    -------
-    Finding or None
-    """
-    from privkit.mechanisms.batch_statistics import kept_statistics_layers, kept_statistics_refusal
-
-    layers = kept_statistics_layers(unwrap(model))
-    if not layers:
-        return None
-    return Finding("running_statistics", kept_statistics_refusal(name, layers), True)
+    findings = []
+    for kind, kept in (("batchnorm", False), ("running_statistics", True)):
+        layers = batch_statistics_layers(unwrap(model), kept=kept)
+        if layers:
+            findings.append(Finding(kind, refusal(name, layers, kept=kept), True))
+    return findings

@@ -18,15 +18,11 @@ validator refuses it for that reason). The step refuses it too and ``privkit che
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from torch import nn
 
 __all__ = [
     "batch_statistics_layers",
     "keeps_batch_statistics",
-    "kept_statistics_layers",
-    "kept_statistics_refusal",
     "refusal",
     "uses_batch_statistics",
 ]
@@ -68,7 +64,24 @@ def keeps_batch_statistics(module: nn.Module) -> bool:
     )
 
 
-def _named(model: nn.Module, which: Callable[[nn.Module], bool]) -> list[str]:
+def batch_statistics_layers(model: nn.Module, kept: bool = False) -> list[str]:
+    """The BatchNorm layers of ``model`` that use the batch's statistics (:func:`uses_batch_statistics`)
+    or, with ``kept``, the layers that keep their batches' statistics unnoised
+    (:func:`keeps_batch_statistics`), as ``"path (Type)"``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model that will be trained.
+    kept : bool
+        The layers keeping the statistics rather than those normalising by them.
+
+    Returns
+    -------
+    list of str
+        One entry per such layer, in the model's order (empty where there is none).
+    """
+    which = keeps_batch_statistics if kept else uses_batch_statistics
     return [
         f"{path} ({type(m).__name__})" if path else type(m).__name__
         for path, m in model.named_modules()
@@ -76,65 +89,7 @@ def _named(model: nn.Module, which: Callable[[nn.Module], bool]) -> list[str]:
     ]
 
 
-def _shown(layers: list[str]) -> str:
-    return ", ".join(layers[:3]) + (f" and {len(layers) - 3} more" if len(layers) > 3 else "")
-
-
-def kept_statistics_layers(model: nn.Module) -> list[str]:
-    """The layers of ``model`` that keep their batches' statistics unnoised
-    (:func:`keeps_batch_statistics`), as ``"path (Type)"``.
-
-    Parameters
-    ----------
-    model : torch.nn.Module
-        The model that will be trained.
-
-    Returns
-    -------
-    list of str
-        One entry per such layer, in the model's order (empty where there is none).
-    """
-    return _named(model, keeps_batch_statistics)
-
-
-def kept_statistics_refusal(name: str, layers: list[str]) -> str:
-    """Why a model named ``name`` with the running-statistics ``layers`` has no DP-SGD epsilon.
-
-    Parameters
-    ----------
-    name : str
-        The model's name in the message.
-    layers : list of str
-        :func:`kept_statistics_layers` of the model (at least one).
-
-    Returns
-    -------
-    str
-    """
-    return (
-        f"{name}: {len(layers)} InstanceNorm layer(s) keeping running statistics in training mode "
-        f"({_shown(layers)}): the batches' statistics are kept in the model without noise, so no "
-        "epsilon holds for the model released (use track_running_stats=False)"
-    )
-
-
-def batch_statistics_layers(model: nn.Module) -> list[str]:
-    """The BatchNorm layers of ``model`` that use the batch's statistics, as ``"path (Type)"``.
-
-    Parameters
-    ----------
-    model : torch.nn.Module
-        The model that will be trained.
-
-    Returns
-    -------
-    list of str
-        One entry per such layer, in the model's order (empty where there is none).
-    """
-    return _named(model, uses_batch_statistics)
-
-
-def refusal(name: str, layers: list[str]) -> str:
+def refusal(name: str, layers: list[str], kept: bool = False) -> str:
     """Why a model named ``name`` with the batch-statistics ``layers`` has no DP-SGD epsilon.
 
     Parameters
@@ -142,14 +97,23 @@ def refusal(name: str, layers: list[str]) -> str:
     name : str
         The model's name in the message.
     layers : list of str
-        :func:`batch_statistics_layers` of the model (at least one).
+        :func:`batch_statistics_layers` of the model (at least one), with the same ``kept``.
+    kept : bool
+        The layers keep their batches' statistics (InstanceNorm) rather than normalise by them.
 
     Returns
     -------
     str
     """
+    shown = ", ".join(layers[:3]) + (f" and {len(layers) - 3} more" if len(layers) > 3 else "")
+    if kept:
+        return (
+            f"{name}: {len(layers)} InstanceNorm layer(s) keeping running statistics in training "
+            f"mode ({shown}): the batches' statistics are kept in the model without noise, so no "
+            "epsilon holds for the model released (use track_running_stats=False)"
+        )
     return (
-        f"{name}: {len(layers)} BatchNorm layer(s) using batch statistics ({_shown(layers)}): a cross-example "
+        f"{name}: {len(layers)} BatchNorm layer(s) using batch statistics ({shown}): a cross-example "
         "operation, so per-example clipping does not bound one record's influence and no epsilon "
         "holds (use GroupNorm or LayerNorm, or freeze the layers in eval mode)"
     )

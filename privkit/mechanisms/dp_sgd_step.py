@@ -233,11 +233,10 @@ def clipped_gradient_sum(
         mixing = batch_statistics.batch_statistics_layers(model)
         if mixing:  # torch.func would clip each example's own, other function
             raise PrivkitError(batch_statistics.refusal(type(model).__name__, mixing)) from None
-        kept = batch_statistics.kept_statistics_layers(model)
+        kept = batch_statistics.batch_statistics_layers(model, kept=True)
         if kept:  # torch.func would clip right and leave the batches' statistics in the model
-            raise PrivkitError(
-                batch_statistics.kept_statistics_refusal(type(model).__name__, kept)
-            ) from None
+            message = batch_statistics.refusal(type(model).__name__, kept, kept=True)
+            raise PrivkitError(message) from None
         warnings.warn(
             f"per-example gradients by torch.func for {type(model).__name__} ({why}): the "
             "same clipped sum, slower, with every example's gradient held",

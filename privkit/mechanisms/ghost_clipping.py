@@ -82,10 +82,11 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   packed weight's per-example gradient is the maps' stacked, so their squared norms add; its
   ``out_proj`` is called as an ``nn.Linear`` layer.
 * **torch's recurrent layers** (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``; stacked, bidirectional,
-  either layout, from a given state): their forward written out for the pass, each layer and
-  direction's input and hidden maps called as linear layers on the recurrent layer's own
-  parameters (:mod:`privkit.mechanisms.ghost_rnn`), the hidden map's calls over the steps taken
-  as one call, as below.
+  either layout, from a given state) **and cells** (``nn.LSTMCell``, ``nn.GRUCell``,
+  ``nn.RNNCell``, in a loop of the model's own): their forward written out for the pass, each
+  layer and direction's input and hidden maps called as linear layers on the recurrent layer's
+  own parameters (:mod:`privkit.mechanisms.ghost_rnn`), the maps' calls over the steps taken as
+  one call, as below.
 * **A layer run several times** in one forward pass (an RNN's cells over the time steps, opacus'
   ``DPLSTM``, a block shared across depth): ``G_i = sum_calls sum_t g_t a_t^T``. A linear layer's,
   an embedding's, a LayerNorm's or an RMSNorm's calls are taken as one call over all of their
@@ -259,7 +260,7 @@ class _Layer:
     outputs: list[torch.Tensor] = field(default_factory=list)
     # a map of torch's recurrent layer (privkit.mechanisms.ghost_rnn), called by that layer's
     # forward written out for the pass
-    rnn: nn.Module | None = None
+    rnn: ghost_rnn.Recurrent | None = None
 
 
 def _linear(layer: _Layer) -> bool:
@@ -302,7 +303,7 @@ def _layers(model: nn.Module) -> list[_Layer]:
             continue
         if not own:
             continue
-        if isinstance(module, nn.RNNBase) and not isinstance(module, nn.MultiheadAttention):
+        if isinstance(module, (nn.RNNBase, nn.RNNCellBase)):
             why = ghost_rnn.refusal(module)
             if why is not None:
                 raise UnsupportedModelError(f"{prefix}: {why}")
@@ -364,9 +365,9 @@ def _layers(model: nn.Module) -> list[_Layer]:
 
 
 def _recurrent_layers(
-    module: nn.RNNBase, own: dict[str, nn.Parameter], full: dict[str, str]
+    module: ghost_rnn.Recurrent, own: dict[str, nn.Parameter], full: dict[str, str]
 ) -> list[_Layer]:
-    """A recurrent layer's input and hidden maps with trainable parameters, each a linear layer
+    """A recurrent layer's (or cell's) input and hidden maps with trainable parameters, each a linear layer
     (:mod:`privkit.mechanisms.ghost_rnn`)."""
     layers = []
     for name, m in ghost_rnn.maps(module).items():
@@ -847,7 +848,7 @@ def _written_out(layers: list[_Layer]) -> Iterator[None]:
     """Within the block, each recurrent layer's forward written out with its maps
     (:func:`privkit.mechanisms.ghost_rnn.forward`; an instance attribute, taken away again
     however the block ends)."""
-    rnns = {id(layer.rnn): cast(nn.RNNBase, layer.rnn) for layer in layers if layer.rnn is not None}
+    rnns = {id(layer.rnn): layer.rnn for layer in layers if layer.rnn is not None}
     try:
         for rnn in rnns.values():
             rnn.forward = functools.partial(ghost_rnn.forward, rnn)

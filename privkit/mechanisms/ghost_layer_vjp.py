@@ -18,8 +18,10 @@ layers. A layer is refused (the model then takes ``torch.func`` whole) where the
 could differ from the one the forward pass made: it updates buffers in training mode (statistics
 the second call would update again), it is called with keyword arguments or more than one input
 (the hook sees one positional input), it returns more than one tensor (an LSTM's hidden states,
-batch second); and where its call does not take ``vmap`` on one example (an RNN cell making its
-zero state inside it: :class:`NotPerExample`, the model remembered as refused).
+batch second); and where its call does not take ``vmap`` on one example (one writing a batched
+value into a tensor it makes inside its call: :class:`NotPerExample`, the model remembered as
+refused). torch's recurrent cells, which return a pair or take a state, have their own rule
+(:mod:`privkit.mechanisms.ghost_rnn`).
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ __all__ = ["NotPerExample", "check_outputs", "covers", "per_example", "refusal",
 
 
 class NotPerExample(UnsupportedModelError):
-    """The layer's call does not take ``torch.func``'s transforms on one example (an RNN cell
-    making its zero state inside its call, which ``vmap`` cannot batch): the model is clipped by
-    ``torch.func`` whole, or refused."""
+    """The layer's call does not take ``torch.func``'s transforms on one example (one writing a
+    batched value into a tensor it makes inside its call, which ``vmap`` cannot batch): the model
+    is clipped by ``torch.func`` whole, or refused."""
 
 
 def covers(module: nn.Module) -> bool:
@@ -47,7 +49,7 @@ def covers(module: nn.Module) -> bool:
     return (
         type(module).__module__.startswith("torch.nn.")
         and next(module.children(), None) is None
-        and not isinstance(module, (nn.RNNBase, nn.MultiheadAttention))
+        and not isinstance(module, (nn.RNNBase, nn.RNNCellBase, nn.MultiheadAttention))
     )
 
 
@@ -98,7 +100,7 @@ def _over_calls(
             continue
         try:
             part = of_call(call, trainable, a, g)
-        except RuntimeError as e:  # an operation vmap cannot batch (an RNN cell's zero state)
+        except RuntimeError as e:  # an operation vmap cannot batch (a write into a new tensor)
             raise NotPerExample(
                 f"{type(module).__name__} does not take torch.func's vjp ({e})"
             ) from None

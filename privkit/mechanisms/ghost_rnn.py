@@ -1,5 +1,5 @@
-"""torch's recurrent layers (``nn.RNN``, ``nn.LSTM``, ``nn.GRU``) under ghost clipping: their linear
-maps in the open.
+"""torch's recurrent layers (``nn.RNN``, ``nn.LSTM``, ``nn.GRU``) and cells (``nn.RNNCell``,
+``nn.LSTMCell``, ``nn.GRUCell``) under ghost clipping: their linear maps in the open.
 
 torch runs a recurrent layer as one fused kernel, whose per-example gradients no hook sees. Each
 layer and direction of it is two linear maps, the input map ``x_t W_ih^T + b_ih`` and the hidden
@@ -13,9 +13,15 @@ several times), as it takes opacus' ``DPLSTM``, whose cells are ``nn.Linear`` la
 are torch's: LSTM ``i, f, g, o`` (``c' = f c + i g``, ``h' = o tanh(c')``), GRU ``r, z, n``
 (``n = tanh(x_n + r (h_n))``, ``h' = (1 - z) n + z h``), RNN ``tanh`` or ``relu`` of the sum.
 
+A cell is one step of the same: its forward written out (:func:`cell_forward`) calls its input map
+and its hidden map once each, on its own ``weight_ih``, ``weight_hh`` and biases. A user's loop
+over the time steps calls the cell, so each map, once per step: ghost clipping takes those calls
+as one call over the steps (a layer run several times), and the zero state a cell makes when it
+is called on its input alone is made outside any map.
+
 Refused (:func:`refusal`; the model then takes ``torch.func``): an LSTM with ``proj_size``, dropout
-between layers in training mode (the fused kernel's draws are its own), and at the call a
-``PackedSequence`` or an unbatched input.
+between layers in training mode (the fused kernel's draws are its own), a subclass (its forward
+may be its own), and at the call a ``PackedSequence`` or an unbatched input.
 """
 
 from __future__ import annotations
@@ -28,7 +34,14 @@ from torch import nn
 
 from privkit.mechanisms.stacked import UnsupportedModelError
 
-__all__ = ["Map", "forward", "maps", "refusal"]
+__all__ = ["Map", "Recurrent", "cell_forward", "forward", "maps", "refusal"]
+
+
+#: a recurrent layer or cell of torch's, whose maps this module writes out
+Recurrent = nn.RNNBase | nn.RNNCellBase
+
+#: torch's own cells (a subclass's forward may be its own)
+_CELLS = (nn.RNNCell, nn.LSTMCell, nn.GRUCell)
 
 
 class Map(nn.Linear):
@@ -44,17 +57,21 @@ class Map(nn.Linear):
 
 #: each recurrent layer's maps, by name (``ih_l0``, ``hh_l0_reverse``, ...), made once: the same
 #: modules from step to step (not registered on the layer: its parameters would appear twice)
-_MAPS: weakref.WeakKeyDictionary[nn.RNNBase, dict[str, Map]] = weakref.WeakKeyDictionary()
+_MAPS: weakref.WeakKeyDictionary[Recurrent, dict[str, Map]] = weakref.WeakKeyDictionary()
 
 
-def _suffixes(module: nn.RNNBase) -> list[str]:
-    """The suffixes of its parameters' names, layer by layer, each layer's directions in turn."""
+def _suffixes(module: Recurrent) -> list[str]:
+    """The suffixes of its parameters' names, layer by layer, each layer's directions in turn (a
+    cell's: none)."""
+    if isinstance(module, nn.RNNCellBase):
+        return [""]
     directions = ["", "_reverse"] if module.bidirectional else [""]
     return [f"_l{k}{d}" for k in range(module.num_layers) for d in directions]
 
 
-def maps(module: nn.RNNBase) -> dict[str, Map]:
-    """The recurrent layer's maps by name: ``ih`` and ``hh`` and the suffix of its parameters'."""
+def maps(module: Recurrent) -> dict[str, Map]:
+    """The recurrent layer's (or cell's) maps by name: ``ih`` and ``hh`` and the suffix of its
+    parameters'."""
     made = _MAPS.get(module)
     if made is None or any(
         m.weight is not getattr(module, f"weight_{name}")
@@ -72,9 +89,12 @@ def maps(module: nn.RNNBase) -> dict[str, Map]:
     return made
 
 
-def refusal(module: nn.RNNBase) -> str | None:
-    """Why the recurrent layer cannot be written out as its fused kernel runs it, or ``None``."""
+def refusal(module: Recurrent) -> str | None:
+    """Why the recurrent layer (or cell) cannot be written out as its fused kernel runs it, or
+    ``None``."""
     name = type(module).__name__
+    if isinstance(module, nn.RNNCellBase):
+        return None if type(module) in _CELLS else f"{name}, a subclass of torch's recurrent cells"
     if isinstance(module, nn.LSTM) and module.proj_size > 0:
         return f"{name} with proj_size {module.proj_size}"
     if module.training and module.dropout > 0 and module.num_layers > 1:
@@ -85,26 +105,44 @@ def refusal(module: nn.RNNBase) -> str | None:
 
 
 def _cell(
-    module: nn.RNNBase, gx: torch.Tensor, gh: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None
+    module: Recurrent, gx: torch.Tensor, gh: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One step of the cell from the input map's and the hidden map's outputs."""
-    if isinstance(module, nn.LSTM):
+    if isinstance(module, (nn.LSTM, nn.LSTMCell)):
         i, f, g, o = (gx + gh).chunk(4, 1)
         c = torch.sigmoid(f) * cast(torch.Tensor, c) + torch.sigmoid(i) * torch.tanh(g)
         return torch.sigmoid(o) * torch.tanh(c), c
-    if isinstance(module, nn.GRU):
+    if isinstance(module, (nn.GRU, nn.GRUCell)):
         xr, xz, xn = gx.chunk(3, 1)
         hr, hz, hn = gh.chunk(3, 1)
         r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
         n = torch.tanh(xn + r * hn)
         return (1 - z) * n + z * h, None
     total = gx + gh
-    return (torch.tanh(total) if module.nonlinearity == "tanh" else torch.relu(total)), None
+    nonlinearity = cast(str, module.nonlinearity)
+    return (torch.tanh(total) if nonlinearity == "tanh" else torch.relu(total)), None
 
 
-def forward(module: nn.RNNBase, input, hx=None):
+def cell_forward(module: nn.RNNCellBase, input: torch.Tensor, hx=None):
+    """``module(input, hx)`` of a cell written out with its two maps (:func:`maps`): the same
+    output as torch's fused cell, up to float rounding (an LSTM cell's ``(h, c)``)."""
+    if input.dim() != 2:
+        raise UnsupportedModelError(f"{type(module).__name__} on an unbatched input")
+    lstm = isinstance(module, nn.LSTMCell)
+    if hx is None:  # the zero state, made here rather than inside a map's call
+        zeros = input.new_zeros(input.shape[0], module.hidden_size)
+        hx = (zeros, zeros) if lstm else zeros
+    h, c = hx if lstm else (hx, None)
+    found = maps(module)
+    h, c = _cell(module, found["ih"](input), found["hh"](h), h, c)
+    return (h, c) if lstm else h
+
+
+def forward(module: Recurrent, input, hx=None):
     """``module(input, hx)`` written out with its maps (:func:`maps`) called at each step: the same
     outputs as torch's fused kernel, up to float rounding."""
+    if isinstance(module, nn.RNNCellBase):
+        return cell_forward(module, input, hx)
     name = type(module).__name__
     if isinstance(input, nn.utils.rnn.PackedSequence):
         raise UnsupportedModelError(f"{name} on a PackedSequence")

@@ -2,6 +2,7 @@
 from the interleaved repeats), the clock it says it used with one torch thread and with several,
 and bad input refused in one line with exit code 2."""
 
+import copy
 import json
 import statistics
 import subprocess
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "dpsgd_step.py"
 
@@ -124,3 +126,25 @@ def test_torch_func_variant_and_the_models_of_torchs_other_layers():
             assert all("ValueError" in why for why in r["unavailable"].values())
         else:
             assert not r["unavailable"] and opacus <= set(r["times_ms"])
+
+
+def test_a_cell_loop_and_opacus_form_of_it():
+    """torch's ``nn.LSTMCell`` in the model's loop takes ghost clipping; opacus trains its
+    ``DPLSTMCell`` of the same weights (the same function), and the whole model's ``torch.func``
+    gradients, which cannot batch the cell's zero state, are left out with torch's error."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import dpsgd_step
+
+    torch.manual_seed(0)
+    model = dpsgd_step.CellLoopClassifier(vocab=50, d=6, hidden=5)
+    x = torch.randint(0, 50, (4, 7))
+    converted = dpsgd_step.opacus_cells(copy.deepcopy(model))
+    assert type(converted.cell).__name__ == "DPLSTMCell"
+    torch.testing.assert_close(converted(x), model(x), rtol=1e-5, atol=1e-6)
+    run = _run("--models", "lstm_cell", "--repeats", "1", "--host-bound", "--torch-func", "--json")
+    assert run.returncode == 0, run.stderr
+    r = json.loads(run.stdout)["models"]["lstm_cell"]
+    assert r["privkit_path"] == "ghost_clipping"
+    assert {"sgd", "opacus_hooks", "opacus_ghost", "privkit_seeded"} <= set(r["times_ms"])
+    assert list(r["unavailable"]) == ["privkit_torch_func_seeded"]
+    assert r["unavailable"]["privkit_torch_func_seeded"].startswith("RuntimeError")

@@ -165,16 +165,37 @@ class TwoInputs(nn.Module):
         return self.mix(x, torch.tanh(x))
 
 
+class PairGate(ChannelGate):
+    """A gate whose call returns a pair (as an LSTM cell's ``(h, c)``)."""
+
+    __module__ = ChannelGate.__module__
+
+    def forward(self, x):
+        out = super().forward(x)
+        return out, 2 * out
+
+
 class CellStates(nn.Module):
-    """An LSTM cell: its call returns the pair ``(h, c)``."""
+    """A pair-returning layer's first output to a linear head."""
 
     def __init__(self):
         super().__init__()
-        self.cell = nn.LSTMCell(4, 5)
-        self.head = nn.Linear(5, 3)
+        self.gate = PairGate(4)
+        self.head = nn.Linear(4, 3)
 
     def forward(self, x):
-        return self.head(self.cell(x)[0])
+        return self.head(self.gate(x)[0])
+
+
+class ZeroStart(ChannelGate):
+    """A gate writing its output into zeros it makes in its call (as an RNN cell called on its
+    input alone makes its zero state): vmap cannot write a batched value into them."""
+
+    __module__ = ChannelGate.__module__
+
+    def forward(self, x):
+        out = torch.zeros(x.shape, dtype=x.dtype)
+        return out.copy_(super().forward(x))
 
 
 class BatchMeanGate(ChannelGate):
@@ -347,19 +368,18 @@ def test_instance_norm_keeping_running_statistics_is_refused():
 
 
 def test_a_call_vmap_cannot_batch_is_refused_and_remembered(monkeypatch):
-    """A GRU cell called on its input alone makes its zero state inside its call, which vmap
-    cannot batch: the step's norms refuse the model, and later steps refuse it at once (no pass
-    taken); clipping off, the batched vjp of a layer that raises is refused too."""
+    """A layer writing into zeros it makes inside its call, which vmap cannot batch: the first
+    pass's check of its rows refuses the model, and later steps refuse it at once (no pass taken);
+    a layer whose vjp cannot be batched (the check passed) is refused by the norms and, clipping
+    off, by the batched vjp, and remembered too."""
     torch.manual_seed(6)
-    model = nn.Sequential(nn.Linear(5, 6), nn.GRUCell(6, 4), nn.Linear(4, 3))
+    model = nn.Sequential(nn.Linear(5, 4), ZeroStart(4), nn.Linear(4, 3))
     x, y = torch.randn(7, 5), torch.randint(0, 3, (7,))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_NO_BATCHING_RULE)
-        with pytest.raises(ghost_layer_vjp.NotPerExample, match="GRUCell does not take"):
-            ghost_clipping.per_example_norms(model, x, _example_losses(y))
+    with pytest.raises(UnsupportedModelError, match=r"ZeroStart does not take torch\.func's vmap"):
+        ghost_clipping.per_example_norms(model, x, _example_losses(y))
     passes = []
     monkeypatch.setattr(ghost_clipping, "_forward_backward", lambda *a: passes.append(a))
-    with pytest.raises(UnsupportedModelError, match="GRUCell does not take"):
+    with pytest.raises(UnsupportedModelError, match="ZeroStart does not take"):
         ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
     assert not passes
     monkeypatch.undo()
@@ -367,9 +387,14 @@ def test_a_call_vmap_cannot_batch_is_refused_and_remembered(monkeypatch):
     def failing(*_args, **_kwargs):
         raise RuntimeError("no batching rule")
 
-    gated, xt, yt = _built("gate-on-sequences")
     monkeypatch.setattr(ghost_layer_vjp, "vjp", failing)
+    gated, xt, yt = _built("gate-on-sequences")
     with pytest.raises(ghost_layer_vjp.NotPerExample, match="ChannelGate does not take"):
+        ghost_clipping.per_example_norms(gated, xt, _example_losses(yt))
+    gated, xt, yt = _built("gate-on-sequences")
+    with pytest.raises(ghost_layer_vjp.NotPerExample, match="ChannelGate does not take"):
+        ghost_clipping.clipped_sum(gated, xt, _example_losses(yt), math.inf)
+    with pytest.raises(UnsupportedModelError, match="ChannelGate does not take"):
         ghost_clipping.clipped_sum(gated, xt, _example_losses(yt), math.inf)
     with pytest.raises(UnsupportedModelError, match="ChannelGate does not take"):
         ghost_clipping.clipped_sum(gated, xt, _example_losses(yt), math.inf)

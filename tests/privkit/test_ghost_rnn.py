@@ -90,12 +90,21 @@ def test_the_written_out_forward_is_torchs(case):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_recurrent_layers_against_per_example_gradients(case, monkeypatch):
     model, x, y = _built(case)
+    _against_autograd(model, "rnn", x, y, monkeypatch)
+
+
+def _against_autograd(model: nn.Module, name: str, x, y, monkeypatch) -> None:
+    """The recurrent layer or cell ``name``'s maps taken as linear layers on its own parameters;
+    norms and clipped sums as autograd's one example at a time, every way of the other layers'
+    norms; clipping off, the plain sum."""
     monkeypatch.setattr(dp_sgd_step, "per_sample_gradients", _looped)
+    recurrent = getattr(model, name)
     maps = [layer for layer in ghost_clipping._layers(model) if layer.rnn is not None]
     assert maps and all(isinstance(layer.module, ghost_rnn.Map) for layer in maps)
+    assert all(layer.rnn is recurrent for layer in maps)
     got = _check(model, x, y, monkeypatch)
-    assert {k for k in got if k.startswith("rnn.")} == {
-        f"rnn.{k}" for k, _ in model.rnn.named_parameters()
+    assert {k for k in got if k.startswith(f"{name}.")} == {
+        f"{name}.{k}" for k, _ in recurrent.named_parameters()
     }
     per = _looped(model.double(), x.double(), y, _loss)
     plain = ghost_clipping.clipped_sum(model, x.double(), _example_losses(y), float("inf"))
@@ -198,3 +207,126 @@ def test_parameters_replaced_are_the_ones_clipped(monkeypatch):
     per = _looped(model, x, y, _loss)
     want = sum(g.reshape(7, -1).pow(2).sum(1) for g in per.values()).sqrt()
     torch.testing.assert_close(norms, want, rtol=1e-4, atol=1e-6)
+
+
+class CellLoop(nn.Module):
+    """A cell run over the steps of ``(B, T, 4)`` by the model's own loop, its last state to a
+    linear head; with ``given`` its first state computed from the input, else the cell's zeros
+    (the cell called on its input alone)."""
+
+    def __init__(self, cell: nn.RNNCellBase, given: bool = False):
+        super().__init__()
+        self.cell, self.given = cell, given
+        self.head = nn.Linear(cell.hidden_size, 3)
+
+    def forward(self, x):
+        lstm = isinstance(self.cell, nn.LSTMCell)
+        state = None
+        if self.given:
+            h = torch.tanh(x.mean(1)).repeat(1, 2)[:, : self.cell.hidden_size]
+            state = (h, 0.5 * h) if lstm else h
+        for t in range(x.shape[1]):
+            state = self.cell(x[:, t]) if state is None else self.cell(x[:, t], state)
+        return self.head(state[0] if lstm else state)
+
+
+CELLS = {
+    "lstm-cell": lambda: CellLoop(nn.LSTMCell(4, 5)),
+    "lstm-cell-given": lambda: CellLoop(nn.LSTMCell(4, 5), given=True),
+    "gru-cell-without-bias": lambda: CellLoop(nn.GRUCell(4, 5, bias=False), given=True),
+    "gru-cell": lambda: CellLoop(nn.GRUCell(4, 3)),
+    "rnn-cell-relu": lambda: CellLoop(nn.RNNCell(4, 5, nonlinearity="relu")),
+    "rnn-cell-tanh-given": lambda: CellLoop(nn.RNNCell(4, 5), given=True),
+}
+
+
+def _cell_built(case: str):
+    torch.manual_seed(10 + sorted(CELLS).index(case))
+    return CELLS[case](), torch.randn(7, 6, 4), torch.randint(0, 3, (7,))
+
+
+@pytest.mark.parametrize("case", sorted(CELLS))
+def test_the_written_out_cell_is_torchs(case):
+    model, x, _ = _cell_built(case)
+    h = torch.randn(7, model.cell.hidden_size)
+    state = (h, torch.randn_like(h)) if isinstance(model.cell, nn.LSTMCell) else h
+    with torch.no_grad():
+        for args in ((x[:, 0],), (x[:, 0], state)):
+            want, got = model.cell(*args), ghost_rnn.forward(model.cell, *args)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        with ghost_clipping._written_out(ghost_clipping._layers(model)):
+            torch.testing.assert_close(model(x), _own(model, x), rtol=1e-5, atol=1e-6)
+
+
+def _own(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's output by torch's fused cell (the written-out forward taken away)."""
+    forward = model.cell.__dict__.pop("forward")
+    try:
+        return model(x)
+    finally:
+        model.cell.forward = forward
+
+
+@pytest.mark.parametrize("case", sorted(CELLS))
+def test_cells_in_a_loop_against_per_example_gradients(case, monkeypatch):
+    """Each map called once per step (six calls, merged)."""
+    model, x, y = _cell_built(case)
+    _against_autograd(model, "cell", x, y, monkeypatch)
+
+
+def test_dp_sgd_takes_the_path_for_a_cell_and_leaves_it_as_it_was():
+    """No fallback, no torch.func; the cell's own forward is back after the step, and a cell and
+    a recurrent layer in one model are both written out."""
+
+    class Both(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.loop = nn.GRU(4, 4, batch_first=True), CellLoop(nn.LSTMCell(4, 5))
+
+        def forward(self, x):
+            return self.loop(self.rnn(x)[0])
+
+    torch.manual_seed(12)
+    x, y = torch.randn(7, 6, 4), torch.randint(0, 3, (7,))
+    for model in (_cell_built("lstm-cell")[0], Both()):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", dp_sgd_step.ClippingFallbackWarning)
+            got = dp_sgd_step.clipped_gradient_sum(model, x, y, _loss, 0.5)
+        assert set(got) == {k for k, _ in model.named_parameters()}
+        assert not any("forward" in m.__dict__ for m in model.modules())
+        norms = ghost_clipping.per_example_norms(model, x, _example_losses(y))
+        per = _looped(model, x, y, _loss)
+        want = sum(g.reshape(7, -1).pow(2).sum(1) for g in per.values()).sqrt()
+        torch.testing.assert_close(norms, want, rtol=1e-4, atol=1e-6)
+
+
+class OwnGRUCell(nn.GRUCell):
+    """A subclass of torch's GRU cell (its forward could be anything)."""
+
+
+def test_what_a_cell_cannot_write_out_is_refused():
+    """A subclass of a cell, and a cell on an unbatched input: refused, clipped by torch.func."""
+    torch.manual_seed(13)
+    x, y = torch.randn(7, 6, 4), torch.randint(0, 3, (7,))
+    with pytest.raises(UnsupportedModelError, match="a subclass of torch's recurrent cells"):
+        ghost_clipping.clipped_sum(CellLoop(OwnGRUCell(4, 5)), x, _example_losses(y), 1.0)
+
+    class Unbatched(CellLoop):
+        def forward(self, x):
+            states = [torch.tanh(row[0]).repeat(2)[: self.cell.hidden_size] for row in x]
+            return self.head(torch.stack([self.cell(r[0], h) for r, h in zip(x, states)]))
+
+    with pytest.raises(UnsupportedModelError, match="GRUCell on an unbatched input"):
+        ghost_clipping.clipped_sum(Unbatched(nn.GRUCell(4, 5)), x, _example_losses(y), 1.0)
+    with pytest.warns(dp_sgd_step.ClippingFallbackWarning, match="unbatched input"):
+        dp_sgd_step.clipped_gradient_sum(Unbatched(nn.GRUCell(4, 5)), x, y, _loss, 1.0)
+
+
+def test_a_cell_alone_contributes_the_clip_norm_in_half_precision():
+    """An LSTM cell's loop under bfloat16 autocast: one record alone clipped to the clip norm."""
+    from tests.privkit.test_ghost_layer_vjp import each_record_alone_is_clipped_to_the_norm
+
+    torch.manual_seed(14)
+    model = CellLoop(nn.LSTMCell(4, 5))
+    x, y = torch.randn(4, 6, 4), torch.randint(0, 3, (4,))
+    each_record_alone_is_clipped_to_the_norm(model, x, y, "autocast")
