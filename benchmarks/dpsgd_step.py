@@ -54,7 +54,9 @@ it is mostly done); ``cnn3d`` (a 3-d CNN of medical imaging's kind: MedMNIST-3D'
 volumes, three ``Conv3d`` layers with GroupNorm and a PReLU of one slope per channel, 70k
 parameters, batch 32); ``lstm_torch`` (the ``lstm`` classifier on torch's own ``nn.LSTM``, which opacus trains as its
 ``ModuleValidator.fix`` makes it, with ``DPLSTM``); ``lstm_cell`` (the same classifier with torch's ``nn.LSTMCell``
-called once per token by the model's own loop; opacus trains it with its ``DPLSTMCell`` of the same weights); ``fasttext`` (a fastText-style text classifier: the mean of 64 tokens'
+called once per token by the model's own loop; opacus trains it with its ``DPLSTMCell`` of the same weights);
+``encoder_seq_first`` (``encoder`` sequence-first, ``batch_first=False`` as torch's tutorials build it; opacus, whose
+hooks take the batch on every layer's first dimension, trains its batch-first twin of the same weights); ``fasttext`` (a fastText-style text classifier: the mean of 64 tokens'
 embeddings by ``nn.EmbeddingBag``, vocabulary 20,000, width 64, 1.28M parameters, batch 64).
 
 ``--torch-func`` adds ``privkit_torch_func_seeded``: the seeded step with the clipped sum from
@@ -212,21 +214,38 @@ class TransformerClassifier(nn.Module):
 class EncoderClassifier(nn.Module):
     """Token and position embeddings, torch's ``nn.TransformerEncoderLayer`` (its
     ``nn.MultiheadAttention``; batch-first, pre-norm, GELU), mean pooling, a linear head: the
-    transformer block above as torch's modules build it."""
+    transformer block above as torch's modules build it. With ``batch_first=False`` the same
+    model sequence-first, as torch's tutorials write it: every layer on ``(T, B, d)``."""
 
-    def __init__(self, vocab=1000, d=128, heads=4, length=64, classes=10, layers=1):
+    def __init__(
+        self, vocab=1000, d=128, heads=4, length=64, classes=10, layers=1, batch_first=True
+    ):
         super().__init__()
+        self.sizes = {"vocab": vocab, "d": d, "heads": heads, "length": length}
+        self.sizes |= {"classes": classes, "layers": layers}
+        self.batch_first = batch_first
         self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(length, d)
         block = nn.TransformerEncoderLayer(
-            d, heads, 4 * d, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
-        )
+            d, heads, 4 * d, dropout=0.0, activation="gelu", batch_first=batch_first,
+            norm_first=True,
+        )  # fmt: skip
         self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
         self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, classes)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         b, t = idx.shape
         pos = torch.arange(t, device=idx.device).repeat(b, 1)
-        return self.head(self.ln_f(self.blocks(self.tok(idx) + self.pos(pos))).mean(1))
+        if not self.batch_first:
+            idx, pos = idx.T, pos.T
+        h = self.ln_f(self.blocks(self.tok(idx) + self.pos(pos)))
+        return self.head(h.mean(1 if self.batch_first else 0))
+
+    def batch_first_twin(self) -> EncoderClassifier:
+        """The same model (its weights) batch-first: the form opacus trains, whose hooks take
+        the batch on the first dimension of every layer's input."""
+        twin = EncoderClassifier(**self.sizes, batch_first=True)
+        twin.load_state_dict(self.state_dict())
+        return twin.to(self.head.weight.device)
 
 
 class VisionTransformer(nn.Module):
@@ -440,6 +459,13 @@ def build(name: str) -> tuple[nn.Module, str, int]:
             "nn.TransformerEncoderLayer: vocab 1000, d 128, 4 heads, MLP 512, 64 tokens",
             64,
         )
+    if name == "encoder_seq_first":
+        return (
+            EncoderClassifier(batch_first=False),
+            "nn.TransformerEncoderLayer sequence-first (batch_first=False, torch's default): "
+            "vocab 1000, d 128, 4 heads, MLP 512, 64 tokens; opacus trains its batch-first twin",
+            64,
+        )
     if name == "encoder_large":
         return (
             EncoderClassifier(d=512, heads=8, length=128, layers=2),
@@ -529,7 +555,8 @@ def batch(name: str, size: int, device: torch.device) -> tuple[torch.Tensor, tor
         vocab = 50257 if name.startswith("gpt2_small") else 5000
         tokens = torch.randint(0, vocab, (size, 65), generator=g)
         return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
-    texts = ("transformer", "encoder", "encoder_large", "lstm", "lstm_torch", "lstm_cell")
+    texts = ("transformer", "encoder", "encoder_seq_first", "encoder_large", "lstm", "lstm_torch")
+    texts += ("lstm_cell",)
     if name in (*texts, "fasttext"):
         length = {"encoder_large": 128, "lstm": 32, "lstm_torch": 32, "lstm_cell": 32}.get(name, 64)
         vocab = 20_000 if name == "fasttext" else 1000
@@ -597,7 +624,9 @@ def steps(
     for mode in ("hooks", "ghost"):
         # opacus takes nn.MultiheadAttention only as its DPMultiheadAttention (nn.Linear maps):
         # its documented replacement, the same function and weights
-        m = opacus_cells(ModuleValidator.fix(copy.deepcopy(model)))
+        twin = getattr(model, "batch_first_twin", None)
+        m = copy.deepcopy(model) if twin is None or model.batch_first else twin()
+        m = opacus_cells(ModuleValidator.fix(m))
         if frozen_statistics:  # its BatchNorm now GroupNorm: opacus asks for training mode
             m.train()
         o = torch.optim.SGD(m.parameters(), lr=LR)
@@ -876,7 +905,7 @@ def main() -> None:
         "gpt2",
         "lstm",
     ]
-    names += ["lstm_torch", "lstm_cell", "fasttext", "cnn3d", *big]
+    names += ["encoder_seq_first", "lstm_torch", "lstm_cell", "fasttext", "cnn3d", *big]
     if args.models:
         names = args.models.split(",")
     # a model whose library is not installed (a GPU machine without transformers) is left out

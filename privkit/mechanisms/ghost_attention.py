@@ -6,9 +6,10 @@ torch's attention runs its input projection (the packed ``in_proj_weight``, or `
 projection (``out_proj``, an ``nn.Linear``) inside ``F.multi_head_attention_forward`` by
 ``F.linear``: no module hook sees their inputs or outputs, which is what per-example norms without
 per-example gradients need (:mod:`privkit.mechanisms.ghost_clipping`). :func:`forward` is the
-module's forward for batch-first inputs, written with its linear maps in the open: each input
-projection's input and output go to a callback, and ``out_proj`` is *called* (its forward hooks
-fire, so the module is an ``nn.Linear`` layer like any other). Everything between the maps
+module's forward written with its linear maps in the open (a sequence-first module's on its
+inputs' batch-first views): each input projection's input and output go to a callback, and
+``out_proj`` is *called* (its forward hooks fire, so the module is an ``nn.Linear`` layer like
+any other). Everything between the maps
 (the heads' split, the masks, the scaled dot products, softmax, dropout, the returned attention
 weights) follows ``F.multi_head_attention_forward`` step by step, in batch-first order: the same
 values up to float rounding (``tests/privkit/test_ghost_attention.py`` against the module itself,
@@ -21,9 +22,8 @@ maps. A packed weight is split once (one autograd node into the parameter, the g
 :mod:`~privkit.mechanisms.ghost_clipping`).
 
 Not covered (ghost clipping refuses the module, and DP-SGD falls back to ``torch.func``):
-``batch_first=False`` (a sequence-first model, whose other layers' batch dimension ghost clipping
-could not tell from their sequence's), ``add_bias_kv`` (``bias_k``, ``bias_v``), a subclass with its
-own ``forward``, unbatched (2-d) inputs.
+``add_bias_kv`` (``bias_k``, ``bias_v``), a subclass with its own ``forward``, unbatched (2-d)
+inputs.
 """
 
 from __future__ import annotations
@@ -60,11 +60,6 @@ def refusal(m: nn.MultiheadAttention) -> str | None:
         return f"{type(m).__name__} overrides MultiheadAttention's forward"
     if "forward" in m.__dict__:
         return "a MultiheadAttention whose forward was replaced on the instance"
-    if not m.batch_first:
-        return (
-            "MultiheadAttention with batch_first=False (a sequence-first model: set "
-            "batch_first=True)"
-        )
     if m.bias_k is not None or m.bias_v is not None:
         return "MultiheadAttention with add_bias_kv"
     return None
@@ -172,15 +167,62 @@ def forward(
     average_attn_weights: bool = True,
     is_causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``m(query, key, value, ...)`` for a batch-first ``m`` (:func:`refusal` is ``None``) and
-    batched inputs, with each input projection, its input and its output handed to
-    ``record(projection, input, output)`` (:func:`projections`' order) and ``m.out_proj`` called
-    as a module."""
+    """``m(query, key, value, ...)`` for an ``m`` :func:`refusal` takes and batched inputs, with
+    each input projection, its input and its output handed to ``record(projection, input,
+    output)`` (:func:`projections`' order) and ``m.out_proj`` called as a module. A
+    sequence-first ``m`` (``batch_first=False``) computes on its inputs' batch-first views, as
+    torch's batch-first module computes on its inputs' sequence-first ones: its maps see batch-first
+    tensors, and its output is transposed back."""
     if query.dim() != 3:
         raise UnsupportedModelError(
             f"MultiheadAttention on an unbatched ({query.dim()}-d) query: its first dimension is "
             "not the batch's"
         )
+    if m.batch_first:
+        return _forward(
+            m,
+            record,
+            query,
+            key,
+            value,
+            key_padding_mask,
+            need_weights,
+            attn_mask,
+            average_attn_weights,
+            is_causal,
+        )
+    # one view per distinct input: self-attention stays one input, as torch's identity checks see it
+    q = query.transpose(0, 1)
+    k = q if key is query else key.transpose(0, 1)
+    v = q if value is query else k if value is key else value.transpose(0, 1)
+    out, weights = _forward(
+        m,
+        record,
+        q,
+        k,
+        v,
+        key_padding_mask,
+        need_weights,
+        attn_mask,
+        average_attn_weights,
+        is_causal,
+    )
+    return out.transpose(0, 1), weights
+
+
+def _forward(
+    m: nn.MultiheadAttention,
+    record: Callable[[Projection, torch.Tensor, torch.Tensor], None],
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    need_weights: bool,
+    attn_mask: torch.Tensor | None,
+    average_attn_weights: bool,
+    is_causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`forward` on batch-first inputs."""
     kpm, mask, causal = _masks(m, query, key_padding_mask, attn_mask, need_weights, is_causal)
     q, k, v = _in_projection(m, {"query": query, "key": key, "value": value}, record)
     b, length, e = q.shape

@@ -74,8 +74,8 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   the head's ``sum_t g_t a_t^T``, so its squared norm is the two layers' plus twice
   ``sum_j s_j . sum_t g_t[r_j] a_t`` (:func:`_tied_inner`), and its clipped sum is the two
   layers' added.
-* **MultiheadAttention** (batch-first; ``nn.TransformerEncoderLayer`` and ``DecoderLayer`` with
-  ``batch_first=True``): its forward is replaced for the pass by
+* **MultiheadAttention** (and ``nn.TransformerEncoderLayer`` and ``DecoderLayer``, batch-first
+  or sequence-first): its forward is replaced for the pass by
   :func:`privkit.mechanisms.ghost_attention.forward`, the same computation with its linear maps in
   the open. Its input projection is a linear map per distinct input over rows of the packed
   weight (self-attention: one map to all ``3E`` rows), each taken as a linear layer above; the
@@ -121,21 +121,28 @@ parameter of one of torch's own modules with children or hidden states (an LSTM 
 returning more than one tensor, or updating buffers in training mode, InstanceNorm keeping running
 statistics in training mode (the batch's, kept in the model unnoised), a bare parameter used in a
 way neither its stand-in nor following it to the batch covers (passed to a functional layer, read
-through another reference), attention with ``batch_first=False`` (a sequence-first model),
-BatchNorm in training mode or without running statistics (it mixes the batch's examples), an
+through another reference), BatchNorm in training mode or without running statistics (it mixes the batch's examples), an
 attention run twice in one forward, a parameter shared by layers other than embeddings of one table
 and a linear layer tied to it, a layer's parameter used outside the layer's call (an output tied by
 ``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere: the autograd graph is checked for
 one edge into each parameter and call), a subclass of a convolution with its own ``forward``, a
 layer applied to a tensor whose first dimension is not the batch's (nor, for a position-wise layer,
-a multiple of it), an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input modified
+a multiple of it or a sequence-first tensor's second dimension), an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input modified
 in place after the layer read it (in-place operations on a layer's *output*, such as
-``ReLU(inplace=True)``, are fine: the output's gradient edge is taken before them). The shapes
-cannot show a layer run on a sequence-first tensor whose length happens to equal the batch size,
-nor a model that mixes examples by its own code (a batch mean in ``forward``): the first pass of
-each model on two or more examples checks that every layer's output gradient row belongs to one
-example (one more backward pass, once: ``_check_rows``), and a model failing it is refused from
-then on.
+``ReLU(inplace=True)``, are fine: the output's gradient edge is taken before them).
+
+**Sequence-first models.** A position-wise layer (linear, LayerNorm, RMSNorm, embedding) on a
+sequence-first tensor ``(T, B, ...)`` (``batch_first=False``, torch's default for its transformer
+layers) is taken with its input and output gradient transposed to ``(B, T, ...)``. Its shapes
+tell where the batch is unless the sequence is as long as the batch (or a multiple of it): each
+call's layout is remembered per layer from the passes where they told it (:func:`_layout`), and a
+call they never told is guessed batch-first on the checked first pass or refused for its pass.
+
+The shapes cannot show a wrong guess, nor a model that mixes examples by its own code (a batch
+mean in ``forward``): the first pass of each model on two or more examples checks that every
+layer's output gradient row belongs to one example (one more backward pass, once:
+``_check_rows``), and a model failing it is refused from then on (a failing guess refuses that
+pass only, and the next pass is checked again).
 """
 
 from __future__ import annotations
@@ -242,6 +249,11 @@ class _Layer:
     # an attention's input projections (ghost_attention.Projection), their output gradients
     plan: list = field(default_factory=list)
     grads: list[torch.Tensor] = field(default_factory=list)
+    # per call: run on a sequence-first tensor ``(T, B, ...)``, stored batch-first
+    sequence_first: list[bool] = field(default_factory=list)
+    # called by a forward privkit writes out (an attention's out_proj, a recurrent layer's maps),
+    # always on batch-first tensors
+    written: bool = False
     # a bare parameter of its module (``names``' one entry), clipped by a per-example stand-in
     bare: bool = False
     # a linear layer's: the embedding layer whose weight its weight is (an output layer tied to
@@ -351,6 +363,9 @@ def _layers(model: nn.Module) -> list[_Layer]:
         layers.append(_Layer(module, full))
     if not layers:
         raise UnsupportedModelError("the model has no trainable parameters")
+    out_projs = {id(m.out_proj) for m in model.modules() if isinstance(m, nn.MultiheadAttention)}
+    for layer in layers:
+        layer.written = layer.rnn is not None or id(layer.module) in out_projs
     for pid, name in shared.items():
         holders = [layer for layer in layers if pid in _parameter_ids(layer)]
         if any(not layer.bare for layer in holders):
@@ -447,6 +462,9 @@ def _forward_backward(
     edges: ``layer.grad`` = gradient of the summed per-example losses w.r.t. the layer's output."""
 
     expanded: list[_Layer] = []  # embeddings of positions shared by the batch, made per example
+    # calls whose layout the shapes left open on a checked pass, taken batch-first (_layout)
+    guessed: list[tuple[nn.Module, int]] = []
+    sequence_first = model in _SEQUENCE_FIRST  # guessed sequence-first before the other layouts
     traced: list[_Layer] = []  # such embeddings whose output is followed to the batch instead
 
     def hook(layer: _Layer):
@@ -457,24 +475,26 @@ def _forward_backward(
                 )
             a = args[0]
             version = a._version
-            if isinstance(_module, nn.Embedding) and (
-                _module in _SHARED_POSITIONS or (a.dim() and a.shape[0] != x.shape[0])
+            b = x.shape[0]
+            if (
+                isinstance(_module, nn.Embedding)
+                and (_module in _SHARED_POSITIONS or (a.dim() and a.shape[0] != b))
+                and not _sequence_first(layer, a, out, b)
             ):
                 _SHARED_POSITIONS.add(_module)
                 if trace is not None and _module in _TRACED_POSITIONS:
                     return _traced_call(layer, a, out, version)
                 expanded.append(layer)
-                a, out = _per_example(a, out, x.shape[0])
-            if _flattened(layer, a, out, x.shape[0]):  # (B k, ...) rows: (B, k, ...)
-                a = a.reshape(x.shape[0], -1, *a.shape[1:])
-            elif a.shape[:1] != x.shape[:1] or out.shape[:1] != x.shape[:1]:
-                raise UnsupportedModelError(
-                    f"{type(_module).__name__} runs on a tensor whose first dimension is not "
-                    "the batch's"
-                )
+                a, out = _per_example(a, out, b)
+            layout = _layout(layer, a, out, b, len(layer.inputs), check, guessed, sequence_first)
             # (an empty call shows no layout, and its sums are zeros either way)
             if layer.affine and ghost_affine.verified(_module) is None and a.numel():
                 _verify_affine(_module, a, out, cast(ghost_parameters.RandomState, before))
+            if layout == "flattened":  # (B k, ...) rows: (B, k, ...)
+                a = a.reshape(b, -1, *a.shape[1:])
+            elif layout == "sequence":  # (T, B, ...): (B, T, ...), its gradient likewise
+                a = a.transpose(0, 1)
+            layer.sequence_first.append(layout == "sequence")
             layer.inputs.append(a.detach())
             layer.versions.append(version)
             layer.edges.append(get_gradient_edge(out))
@@ -588,6 +608,8 @@ def _forward_backward(
         )
     )
     before = ghost_parameters.RandomState(x.device) if may_stand_in else None
+    # a checked pass may be taken again with other layouts guessed (_layout): from the same draws
+    start = before if before is not None or not check else ghost_parameters.RandomState(x.device)
     owners = [(layer.module, next(iter(layer.names))) for layer in bare]
     form = _FORMS.get(model, 0)
     try:
@@ -649,11 +671,16 @@ def _forward_backward(
     found, whole = found[: len(edges)], found[len(edges) :]
     whole_of: dict[int, torch.Tensor | None] = dict(zip(map(id, sources), whole, strict=True))
     if check:
+        sequence = [first for layer in ran for first in _orders(layer)]
         try:
-            _check_rows(model, losses, edges, found)
+            _check_rows(model, losses, edges, found, sequence)
         except UnsupportedModelError:  # a stand-in broadcast against the wrong dimension?
-            if before is not None:
+            for module, call in guessed:  # or a layout guessed wrong: guessed again next pass
+                _LAYOUTS.get(module, {}).pop(call, None)
+            if before is not None:  # the stand-ins' next form first, layouts guessed as before
                 _next_form(model, bare, form, before)
+            if guessed:
+                _guessed_wrong(model, cast(ghost_parameters.RandomState, start))
             raise
     grads = iter(found)
     for layer in ran:
@@ -673,7 +700,9 @@ def _forward_backward(
                 _check_followed(model, layer, per_call, [whole_of[id(s)] for s in layer.sources])
             layer.edges = layer.sources  # one per call, as for a layer's own calls
         else:
-            layer.grads = [_by_example(next(grads), x.shape[0]) for _ in layer.edges]
+            layer.grads = [
+                _by_example(next(grads), x.shape[0], sequence) for sequence in _orders(layer)
+            ]
         if isinstance(layer.module, nn.EmbeddingBag) and not layer.vjp:
             _as_tokens(layer)
         layer.grad = next((g for g in layer.grads if g is not None), None)  # None: unused
@@ -756,10 +785,112 @@ def _flattened(layer: _Layer, a: torch.Tensor, out: torch.Tensor, b: int) -> boo
     return position_wise and b > 0 and n > b and n % b == 0 and out.shape[:1] == a.shape[:1]
 
 
-def _by_example(g: torch.Tensor, b: int) -> torch.Tensor:
-    """A layer's output gradient on rows ``(B k, ...)`` as ``(B, k, ...)`` (:func:`_flattened`;
-    ``None``, an unused call's, as it is)."""
-    if g is None or g.shape[0] == b:
+def _sequence_first(layer: _Layer, a: torch.Tensor, out: torch.Tensor, b: int) -> bool:
+    """Whether a position-wise layer (linear, LayerNorm, RMSNorm, embedding) may run on a
+    sequence-first tensor ``(T, B, ...)``: a sequence-first model's (``nn.TransformerEncoderLayer``
+    with ``batch_first=False``, as torch's tutorials build them). An embedding's ``(1, T)``
+    positions are positions shared by the batch, not one position of ``T`` examples; a layer
+    called by a forward privkit writes out is batch-first."""
+    module = layer.module
+    if layer.written:
+        return False
+    embedding = isinstance(module, nn.Embedding) and module not in _SHARED_POSITIONS
+    position_wise = _linear(layer) or isinstance(module, (nn.LayerNorm, nn.RMSNorm))
+    if not (embedding and a.dim() >= 2 and a.shape[0] > 1) and not (position_wise and a.dim() >= 3):
+        return False
+    return b > 0 and a.shape[1] == b and out.dim() >= 2 and out.shape[1] == b
+
+
+#: models whose checked pass guessed its layouts batch-first and failed the rows check: their
+#: layouts guessed sequence-first from then on (:func:`_layout`)
+_SEQUENCE_FIRST: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def _guessed_wrong(model: nn.Module, start: ghost_parameters.RandomState) -> None:
+    """A checked pass whose guessed layouts failed the rows check: guessed batch-first, the pass
+    is taken again (from the same random state) guessing sequence-first (:class:`_NextForm`);
+    guessed both ways, the model is refused as any failing the check is."""
+    if model in _SEQUENCE_FIRST:
+        _SEQUENCE_FIRST.discard(model)
+        return  # _check_rows remembered the refusal
+    _ROWS_CHECKED.pop(model, None)
+    _SEQUENCE_FIRST.add(model)
+    start.restore()
+    raise _NextForm
+
+
+#: each layer's calls' layouts, by call (``"batch"``, ``"sequence"``, ``"flattened"``): where a
+#: later pass's shapes admit two (a sequence as long as the batch), the one its shapes chose
+_LAYOUTS: weakref.WeakKeyDictionary[nn.Module, dict[int, str]] = weakref.WeakKeyDictionary()
+
+
+def _layout(
+    layer: _Layer,
+    a: torch.Tensor,
+    out: torch.Tensor,
+    b: int,
+    call: int,
+    check: bool,
+    guessed: list[tuple[nn.Module, int]],
+    sequence_first: bool = False,
+) -> str:
+    """Where a layer's call has the batch: ``"batch"`` (its first dimension), ``"flattened"``
+    (rows ``(B k, ...)``: :func:`_flattened`) or ``"sequence"`` (its second:
+    :func:`_sequence_first`). Where the shapes admit more than one, the one this call had before;
+    on a checked pass without one, the first of that order (``sequence_first``: sequence-first
+    before it), the guess noted in ``guessed`` (the rows check shows a wrong one:
+    :func:`_guessed_wrong`); on another, UnsupportedModelError. With one example every layout
+    gives it every row."""
+    admitted = [
+        name
+        for name, fits in (
+            ("batch", a.shape[:1] == (b,) and out.shape[:1] == (b,)),
+            ("flattened", _flattened(layer, a, out, b)),
+            ("sequence", _sequence_first(layer, a, out, b)),
+        )
+        if fits
+    ]
+    if sequence_first and "sequence" in admitted:
+        admitted.remove("sequence")
+        admitted.insert(0, "sequence")
+    name = type(layer.module).__name__
+    if not admitted:
+        raise UnsupportedModelError(
+            f"{name} runs on a tensor whose first dimension is not the batch's"
+        )
+    if b == 1:  # one example: every row is its own, whatever the layout (none learnt)
+        return admitted[0]
+    known = _LAYOUTS.setdefault(layer.module, {})
+    if known.get(call) in admitted:
+        return known[call]
+    if len(admitted) > 1:
+        if not check:
+            raise UnsupportedModelError(
+                f"{name}'s call {call} admits {' and '.join(admitted)} layouts and has not run "
+                "on shapes that tell them apart"
+            )
+        guessed.append((layer.module, call))
+    known[call] = admitted[0]
+    return admitted[0]
+
+
+def _orders(layer: _Layer) -> list[bool]:
+    """Per output edge of the layer, whether its call ran sequence-first (an attention's
+    projections and a followed source's meetings are batch-first)."""
+    if len(layer.sequence_first) == len(layer.edges):
+        return layer.sequence_first
+    return [False] * len(layer.edges)
+
+
+def _by_example(g: torch.Tensor, b: int, sequence: bool = False) -> torch.Tensor:
+    """A layer's output gradient on rows ``(B k, ...)`` as ``(B, k, ...)`` (:func:`_flattened`),
+    on a sequence-first tensor ``(T, B, ...)`` (``sequence``) as ``(B, T, ...)``; ``None``, an
+    unused call's, as it is."""
+    if g is None:
+        return g
+    if sequence:
+        return g.transpose(0, 1)
+    if g.shape[0] == b:
         return g
     return g.reshape(b, -1, *g.shape[1:])
 
@@ -1038,6 +1169,7 @@ def _check_rows(
     losses: torch.Tensor,
     edges: list,
     grads: tuple[torch.Tensor | None, ...],
+    sequence: list[bool],
 ) -> None:
     """Once per model (on a batch of two or more examples): each layer's output gradient for the
     weighted loss ``sum_i w_i L_i`` (distinct weights ``w_i``) is its gradient for ``sum_i L_i``
@@ -1049,9 +1181,11 @@ def _check_rows(
     b = losses.shape[0]
     w = 1 + torch.arange(b, dtype=losses.dtype, device=losses.device) / b
     weighted = torch.autograd.grad((losses * w).sum(), edges, allow_unused=True)
-    for g, gw in zip(grads, weighted, strict=True):
+    for g, gw, first in zip(grads, weighted, sequence, strict=True):
         if g is None or gw is None:
             continue
+        if first:  # (T, B, ...): _sequence_first
+            g, gw = g.transpose(0, 1), gw.transpose(0, 1)
         g, gw = g.reshape(b, -1), gw.reshape(b, -1)  # rows (B k, ...) example-major: _flattened
         want = g * w[:, None]
         rtol = max(ROWS_RTOL, 8 * torch.finfo(g.dtype).eps)

@@ -4,7 +4,8 @@ Its forward with the linear maps in the open gives ``nn.MultiheadAttention``'s o
 attention weights (float64, every mask kind, ``need_weights`` both ways, ``add_zero_attn``,
 separate key and value widths, train and eval); models built on it (the module alone in
 self-attention, cross-attention and with distinct query, key and value;
-``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer``; frozen projections) get ghost clipping's per-example norms and
+``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer``; frozen projections; each
+sequence-first too) get ghost clipping's per-example norms and
 clipped sums equal to ``torch.func``'s (``test_ghost_clipping._check``); what it does not cover is
 refused and DP-SGD falls back to ``torch.func``.
 """
@@ -78,15 +79,25 @@ def _keywords(kwargs, x):
 CALLS = _calls()
 
 
+def _sequence_first(args: tuple) -> tuple:
+    """Batch-first inputs as ``(T, B, E)``, one view per distinct input (self-attention's three
+    inputs stay one tensor)."""
+    views: dict[int, torch.Tensor] = {}
+    return tuple(views.setdefault(id(t), t.transpose(0, 1)) for t in args)
+
+
+@pytest.mark.parametrize("batch_first", [True, False], ids=["batch-first", "sequence-first"])
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("name, options, inputs, kwargs", CALLS, ids=[c[0] for c in CALLS])
-def test_forward_is_the_modules(name, options, inputs, kwargs, training):
+def test_forward_is_the_modules(name, options, inputs, kwargs, training, batch_first):
     torch.manual_seed(0)
-    m = nn.MultiheadAttention(E, HEADS, batch_first=True, **options).double().train(training)
+    m = nn.MultiheadAttention(E, HEADS, batch_first=batch_first, **options)
+    m = m.double().train(training)
     x = torch.randn(B, L, E, dtype=torch.float64)
     memory = torch.randn(B, S, E, dtype=torch.float64)
     value = torch.randn(B, S, 7, dtype=torch.float64)
     args = inputs(x, memory, value)
+    args = args if batch_first else _sequence_first(args)
     kwargs = _keywords(kwargs, x)
     seen = []
     got = ghost_attention.forward(m, lambda p, a, o: seen.append(p), *args, **kwargs)
@@ -103,28 +114,34 @@ def test_forward_is_the_modules(name, options, inputs, kwargs, training):
 
 
 class Attend(nn.Module):
-    """An attention module on a batch of sequences, pooled to three classes."""
+    """An attention module on a batch of sequences, pooled to three classes (a sequence-first
+    module: on the sequence-first views of the same inputs, its output transposed back)."""
 
-    def __init__(self, call, options):
+    def __init__(self, call, options, batch_first=True):
         super().__init__()
         _, self.options, self.inputs, self.kwargs = call
-        self.att = nn.MultiheadAttention(E, HEADS, batch_first=True, **options)
+        self.att = nn.MultiheadAttention(E, HEADS, batch_first=batch_first, **options)
         self.memory = nn.Linear(E, E)
         self.head = nn.Linear(E, 3)
 
     def forward(self, x):
         memory = self.memory(x[:, :S])  # per example: cross-attention on a computed memory
         value = torch.cat([memory, memory[..., :-1]], -1)[..., :7]
-        out = self.att(*self.inputs(x, memory, value), **_keywords(self.kwargs, x))[0]
+        args = self.inputs(x, memory, value)
+        if not self.att.batch_first:
+            args = _sequence_first(args)
+        out = self.att(*args, **_keywords(self.kwargs, x))[0]
+        out = out if self.att.batch_first else out.transpose(0, 1)
         return self.head(out.mean(1))
 
 
+@pytest.mark.parametrize("batch_first", [True, False], ids=["batch-first", "sequence-first"])
 @pytest.mark.parametrize("name, options, inputs, kwargs", CALLS, ids=[c[0] for c in CALLS])
 def test_attention_norms_and_clipped_sums_are_torch_funcs(
-    name, options, inputs, kwargs, monkeypatch
+    name, options, inputs, kwargs, batch_first, monkeypatch
 ):
     torch.manual_seed(1)
-    model = Attend((name, options, inputs, kwargs), options)
+    model = Attend((name, options, inputs, kwargs), options, batch_first)
     got = _check(model, torch.randn(B, L, E), torch.randint(0, 3, (B,)), monkeypatch)
     assert "att.out_proj.weight" in got
 
@@ -144,28 +161,32 @@ def test_frozen_projections_leave_the_rest_trainable(monkeypatch):
 
 class Encoder(nn.Module):
     """Token embeddings, a pre-norm encoder layer and a decoder layer over a memory, as torch's
-    transformer layers build them (batch-first), pooled to three classes."""
+    transformer layers build them, pooled to three classes; sequence-first (``batch_first=False``,
+    torch's default, its tutorials' layout): every layer on ``(T, B, E)``, the token embedding on
+    ``(T, B)`` ids."""
 
-    def __init__(self):
+    def __init__(self, batch_first=True):
         super().__init__()
         self.tok = nn.Embedding(11, E)
-        options = {"dim_feedforward": 16, "dropout": 0.0, "batch_first": True}
+        options = {"dim_feedforward": 16, "dropout": 0.0, "batch_first": batch_first}
         self.enc = nn.TransformerEncoderLayer(E, HEADS, norm_first=True, **options)
         self.dec = nn.TransformerDecoderLayer(E, HEADS, activation="gelu", **options)
         self.head = nn.Linear(E, 3)
+        self.batch_first = batch_first
 
     def forward(self, idx):
-        h = self.tok(idx)
+        h = self.tok(idx if self.batch_first else idx.T)
         memory = self.enc(h, src_key_padding_mask=idx == 0)
         out = self.dec(h, memory, tgt_mask=CAUSAL.to(h.dtype), tgt_is_causal=True)
-        return self.head(out.mean(1))
+        return self.head(out.mean(1 if self.batch_first else 0))
 
 
-def test_transformer_layers(monkeypatch):
+@pytest.mark.parametrize("batch_first", [True, False], ids=["batch-first", "sequence-first"])
+def test_transformer_layers(batch_first, monkeypatch):
     torch.manual_seed(3)
     idx = torch.randint(1, 11, (B, L))
     idx[3:, -2:] = 0  # padding tokens of two examples
-    got = _check(Encoder(), idx, torch.randint(0, 3, (B,)), monkeypatch)
+    got = _check(Encoder(batch_first), idx, torch.randint(0, 3, (B,)), monkeypatch)
     assert {"enc.self_attn.in_proj_weight", "dec.multihead_attn.in_proj_weight"} <= set(got)
 
 
@@ -230,12 +251,11 @@ class Twice(nn.Module):
 @pytest.mark.parametrize(
     "build, match",
     [
-        (SequenceFirst, "batch_first=False"),
         (lambda: SequenceFirst(batch_first=True, add_bias_kv=True), "add_bias_kv"),
         (Twice, "runs twice"),
         (Unbatched, "unbatched"),
     ],
-    ids=["sequence-first", "bias-kv", "twice", "unbatched"],
+    ids=["bias-kv", "twice", "unbatched"],
 )
 def test_what_is_not_covered_is_refused_and_falls_back(build, match):
     torch.manual_seed(5)
