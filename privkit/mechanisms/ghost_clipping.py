@@ -1134,7 +1134,7 @@ _ROWS_CHECKED: weakref.WeakKeyDictionary[nn.Module, str | None] = weakref.WeakKe
 #: the largest difference :func:`_check_rows` puts down to float rounding, relative to the layer
 #: output gradient's largest value, or 8 units of the dtype's precision where that is more (bfloat16
 #: models: 0.0625). Measured: float32 models up to 1.4e-6 (ResNet-18 included), bfloat16 ones 0.011;
-#: a linear layer on a sequence-first tensor is off by 0.44 (in either dtype)
+#: a linear layer on a sequence-first tensor taken batch-first is off by 0.44 (in either dtype)
 ROWS_RTOL = 1e-3
 
 
@@ -1174,10 +1174,10 @@ def _check_rows(
     """Once per model (on a batch of two or more examples): each layer's output gradient for the
     weighted loss ``sum_i w_i L_i`` (distinct weights ``w_i``) is its gradient for ``sum_i L_i``
     with row ``i`` times ``w_i``, as it is when row ``i`` of every layer's output belongs to example
-    ``i`` alone. A layer run on a sequence-first tensor whose length equals the batch size (the
-    shapes cannot tell it: with Poisson batches it happens on some steps of a sequence-first
-    model), or a model that mixes examples in its own code (a batch mean), breaks it:
-    UnsupportedModelError, remembered for the model (``torch.func`` then clips every step)."""
+    ``i`` alone (``sequence``: per edge, its call's rows transposed from ``(T, B, ...)``). A
+    layout guessed wrong (:func:`_layout`), or a model that mixes examples in its own code (a
+    batch mean), breaks it: UnsupportedModelError, remembered for the model (``torch.func`` then
+    clips every step) unless the pass guessed a layout (:func:`_guessed_wrong`)."""
     b = losses.shape[0]
     w = 1 + torch.arange(b, dtype=losses.dtype, device=losses.device) / b
     weighted = torch.autograd.grad((losses * w).sum(), edges, allow_unused=True)
@@ -1191,8 +1191,8 @@ def _check_rows(
         rtol = max(ROWS_RTOL, 8 * torch.finfo(g.dtype).eps)
         if float((gw - want).abs().max()) > rtol * float(want.abs().max()):
             why = (
-                "a layer's output rows are not the batch's examples (a sequence-first tensor "
-                "whose length equals the batch size, or examples mixed by the model's code)"
+                "a layer's output rows are not the batch's examples (examples mixed by the "
+                "model's code, or a layout the shapes could not tell)"
             )
             _ROWS_CHECKED[model] = why
             raise UnsupportedModelError(why)

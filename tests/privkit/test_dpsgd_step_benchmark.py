@@ -148,3 +148,22 @@ def test_a_cell_loop_and_opacus_form_of_it():
     assert {"sgd", "opacus_hooks", "opacus_ghost", "privkit_seeded"} <= set(r["times_ms"])
     assert list(r["unavailable"]) == ["privkit_torch_func_seeded"]
     assert r["unavailable"]["privkit_torch_func_seeded"].startswith("RuntimeError")
+
+
+def test_a_sequence_first_encoder_and_its_batch_first_twin():
+    """The sequence-first encoder takes ghost clipping; opacus trains its batch-first twin of the
+    same weights (the same function)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import dpsgd_step
+
+    torch.manual_seed(0)
+    model = dpsgd_step.EncoderClassifier(vocab=50, d=8, heads=2, length=6, batch_first=False)
+    x = torch.randint(0, 50, (4, 6))
+    twin = model.batch_first_twin()
+    assert twin.batch_first and all(b.self_attn.batch_first for b in twin.blocks.layers)
+    torch.testing.assert_close(twin(x), model(x), rtol=1e-5, atol=1e-6)
+    run = _run("--models", "encoder_seq_first", "--repeats", "1", "--host-bound", "--json")
+    assert run.returncode == 0, run.stderr
+    r = json.loads(run.stdout)["models"]["encoder_seq_first"]
+    assert r["privkit_path"] == "ghost_clipping" and not r["unavailable"]
+    assert {"sgd", "opacus_hooks", "opacus_ghost", "privkit_seeded"} <= set(r["times_ms"])

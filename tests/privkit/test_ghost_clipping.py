@@ -859,10 +859,12 @@ def test_a_sequence_first_layer_is_taken_by_its_shapes(monkeypatch):
     x, y = torch.randn(5, 5, 4, dtype=torch.float64), torch.randint(0, 3, (5,))
     for first in (x, x[:, :4]):  # T = B = 5 (guessed), T = 4 (told)
         model = SequenceFirst().double()
-        passes = []
+        passes: list[int] = []
         real = ghost_clipping._forward_backward
         monkeypatch.setattr(
-            ghost_clipping, "_forward_backward", lambda *a: passes.append(1) or real(*a)
+            ghost_clipping,
+            "_forward_backward",
+            lambda *a, passes=passes, real=real: passes.append(1) or real(*a),
         )
         norms = ghost_clipping.per_example_norms(model, first, _example_losses(y))
         assert len(passes) == (2 if first is x else 1)
