@@ -56,7 +56,9 @@ parameters, batch 32); ``lstm_torch`` (the ``lstm`` classifier on torch's own ``
 ``ModuleValidator.fix`` makes it, with ``DPLSTM``); ``lstm_cell`` (the same classifier with torch's ``nn.LSTMCell``
 called once per token by the model's own loop; opacus trains it with its ``DPLSTMCell`` of the same weights);
 ``encoder_seq_first`` (``encoder`` sequence-first, ``batch_first=False`` as torch's tutorials build it; opacus, whose
-hooks take the batch on every layer's first dimension, trains its batch-first twin of the same weights); ``fasttext`` (a fastText-style text classifier: the mean of 64 tokens'
+hooks take the batch on every layer's first dimension, trains its batch-first twin of the same weights); ``lstm_packed``
+(``lstm_torch`` on texts of 8 to 32 tokens padded with 0 and packed by ``pack_padded_sequence``, its final state to the
+head; opacus on its ``DPLSTM`` form, which takes packed sequences); ``fasttext`` (a fastText-style text classifier: the mean of 64 tokens'
 embeddings by ``nn.EmbeddingBag``, vocabulary 20,000, width 64, 1.28M parameters, batch 64).
 
 ``--torch-func`` adds ``privkit_torch_func_seeded``: the seeded step with the clipped sum from
@@ -331,6 +333,22 @@ class LSTMClassifier(nn.Module):
         return self.head(self.lstm(self.emb(idx))[0][:, -1])
 
 
+class PackedLSTMClassifier(LSTMClassifier):
+    """The ``lstm_torch`` classifier on texts of different lengths, as NLP code feeds an LSTM: the
+    padded token ids (0 the padding) packed by their lengths (``pack_padded_sequence``), the last
+    layer's final state to the head."""
+
+    def __init__(self):
+        super().__init__(torch_lstm=True)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        lengths = (idx != 0).sum(1).cpu()
+        packed = nn.utils.rnn.pack_padded_sequence(
+            self.emb(idx), lengths, batch_first=True, enforce_sorted=False
+        )
+        return self.head(self.lstm(packed)[1][0][-1])
+
+
 class CellLoopClassifier(nn.Module):
     """The ``LSTMClassifier`` written as its users write a recurrence of their own: torch's
     ``nn.LSTMCell`` called once per token by the model's loop, from the cell's zero state."""
@@ -505,6 +523,13 @@ def build(name: str) -> tuple[nn.Module, str, int]:
             "trains it as ModuleValidator.fix makes it, with DPLSTM",
             64,
         )
+    if name == "lstm_packed":
+        return (
+            PackedLSTMClassifier(),
+            "torch's nn.LSTM on packed texts of 8 to 32 tokens (pack_padded_sequence): vocab 1000, "
+            "d 64, hidden 128, the final state; opacus trains it with DPLSTM",
+            64,
+        )
     if name == "lstm_cell":
         return (
             CellLoopClassifier(),
@@ -556,11 +581,15 @@ def batch(name: str, size: int, device: torch.device) -> tuple[torch.Tensor, tor
         tokens = torch.randint(0, vocab, (size, 65), generator=g)
         return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
     texts = ("transformer", "encoder", "encoder_seq_first", "encoder_large", "lstm", "lstm_torch")
-    texts += ("lstm_cell",)
+    texts += ("lstm_cell", "lstm_packed")
     if name in (*texts, "fasttext"):
-        length = {"encoder_large": 128, "lstm": 32, "lstm_torch": 32, "lstm_cell": 32}.get(name, 64)
+        lengths = {"encoder_large": 128, "lstm": 32, "lstm_torch": 32, "lstm_cell": 32}
+        length = (lengths | {"lstm_packed": 32}).get(name, 64)
         vocab = 20_000 if name == "fasttext" else 1000
-        x = torch.randint(0, vocab, (size, length), generator=g)
+        x = torch.randint(int(name == "lstm_packed"), vocab, (size, length), generator=g)
+        if name == "lstm_packed":  # each text 8 to 32 tokens, padded with 0
+            kept = torch.randint(8, length + 1, (size, 1), generator=g)
+            x = x.masked_fill(torch.arange(length) >= kept, 0)
     elif name == "cnn3d":  # volumes
         x = torch.randn(size, 1, 28, 28, 28, generator=g)
     else:
@@ -905,7 +934,8 @@ def main() -> None:
         "gpt2",
         "lstm",
     ]
-    names += ["encoder_seq_first", "lstm_torch", "lstm_cell", "fasttext", "cnn3d", *big]
+    names += ["encoder_seq_first", "lstm_torch", "lstm_cell", "lstm_packed", "fasttext", "cnn3d"]
+    names += big
     if args.models:
         names = args.models.split(",")
     # a model whose library is not installed (a GPU machine without transformers) is left out

@@ -82,7 +82,7 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   packed weight's per-example gradient is the maps' stacked, so their squared norms add; its
   ``out_proj`` is called as an ``nn.Linear`` layer.
 * **torch's recurrent layers** (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``; stacked, bidirectional,
-  either layout, from a given state) **and cells** (``nn.LSTMCell``, ``nn.GRUCell``,
+  either layout, from a given state, on packed sequences) **and cells** (``nn.LSTMCell``, ``nn.GRUCell``,
   ``nn.RNNCell``, in a loop of the model's own): their forward written out for the pass, each
   layer and direction's input and hidden maps called as linear layers on the recurrent layer's
   own parameters (:mod:`privkit.mechanisms.ghost_rnn`), the maps' calls over the steps taken as

@@ -21,7 +21,8 @@ is called on its input alone is made outside any map.
 
 Refused (:func:`refusal`; the model then takes ``torch.func``): an LSTM with ``proj_size``, dropout
 between layers in training mode (the fused kernel's draws are its own), a subclass (its forward
-may be its own), and at the call a ``PackedSequence`` or an unbatched input.
+may be its own), and at the call an unbatched input. A ``PackedSequence`` (sequences of
+different lengths) runs padded, each example's steps past its length leaving its state as it was.
 """
 
 from __future__ import annotations
@@ -140,43 +141,83 @@ def cell_forward(module: nn.RNNCellBase, input: torch.Tensor, hx=None):
 
 def forward(module: Recurrent, input, hx=None):
     """``module(input, hx)`` written out with its maps (:func:`maps`) called at each step: the same
-    outputs as torch's fused kernel, up to float rounding."""
+    outputs as torch's fused kernel, up to float rounding. A ``PackedSequence`` runs padded, in
+    the batch's own order: each example's state is kept past its last step (and, in the reverse
+    direction, left as it was until its last step), so the steps beyond its length, whose outputs
+    are not packed, reach nothing."""
     if isinstance(module, nn.RNNCellBase):
         return cell_forward(module, input, hx)
-    name = type(module).__name__
-    if isinstance(input, nn.utils.rnn.PackedSequence):
-        raise UnsupportedModelError(f"{name} on a PackedSequence")
-    if input.dim() != 3:
-        raise UnsupportedModelError(f"{name} on an unbatched input")
-    x = input if module.batch_first else input.transpose(0, 1)  # (B, T, in)
-    b, steps = x.shape[:2]
+    packed = isinstance(input, nn.utils.rnn.PackedSequence)
+    if packed:
+        x, lengths = nn.utils.rnn.pad_packed_sequence(input, batch_first=True)
+        active = (torch.arange(x.shape[1])[None, :] < lengths[:, None]).to(x.device)
+    elif input.dim() != 3:
+        raise UnsupportedModelError(f"{type(module).__name__} on an unbatched input")
+    else:
+        x, active = (input if module.batch_first else input.transpose(0, 1)), None  # (B, T, in)
+    b = x.shape[0]
     lstm = isinstance(module, nn.LSTM)
     d = 2 if module.bidirectional else 1
     if hx is None:
         zeros = x.new_zeros(module.num_layers * d, b, module.hidden_size)
         hx = (zeros, zeros) if lstm else zeros
     h0, c0 = hx if lstm else (hx, None)
-    found = maps(module)
     h_n, c_n = [], []
     for layer in range(module.num_layers):
         outs = []
         for direction in range(d):
             k = layer * d + direction
             suffix = f"_l{layer}" + ("_reverse" if direction else "")
-            h, c = h0[k], (c0[k] if c0 is not None else None)
-            xs = x.flip(1) if direction else x
-            gx = found[f"ih{suffix}"](xs)  # every step at once: (B, T, gates)
-            hh = found[f"hh{suffix}"]
-            seq = []
-            for s in range(steps):
-                h, c = _cell(module, gx[:, s], hh(h), h, c)
-                seq.append(h)
-            out = torch.stack(seq, 1) if seq else x.new_zeros(b, 0, module.hidden_size)
-            outs.append(out.flip(1) if direction else out)
+            out, h, c = _direction(module, suffix, x, h0[k], c0[k] if c0 is not None else None,
+                                   bool(direction), active)  # fmt: skip
+            outs.append(out)
             h_n.append(h)
             c_n.append(c)
         x = torch.cat(outs, 2) if d == 2 else outs[0]  # (dropout in training refused before)
-    out = x if module.batch_first else x.transpose(0, 1)
+    if not packed:
+        x = x if module.batch_first else x.transpose(0, 1)
+    out = _packed_like(x, input) if packed else x
     if lstm:
         return out, (torch.stack(h_n), torch.stack(cast(list[torch.Tensor], c_n)))
     return out, torch.stack(h_n)
+
+
+def _direction(
+    module: nn.RNNBase,
+    suffix: str,
+    x: torch.Tensor,
+    h: torch.Tensor,
+    c: torch.Tensor | None,
+    reverse: bool,
+    active: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One layer and direction over ``x`` ``(B, T, in)`` from the state ``(h, c)``: its outputs
+    ``(B, T, hidden)`` and final state. ``active`` ``(B, T)``: the steps within each example's
+    length (a packed sequence's), the others leaving the state as it was."""
+    found = maps(module)
+    gx = found[f"ih{suffix}"](x)  # every step at once: (B, T, gates)
+    hh = found[f"hh{suffix}"]
+    steps = x.shape[1]
+    seq: list[torch.Tensor] = [x] * steps  # each replaced below
+    for s in range(steps - 1, -1, -1) if reverse else range(steps):
+        h_s, c_s = _cell(module, gx[:, s], hh(h), h, c)
+        if active is not None:
+            on = active[:, s, None]
+            h_s = torch.where(on, h_s, h)
+            c_s = None if c is None else torch.where(on, cast(torch.Tensor, c_s), c)
+        h, c = h_s, c_s
+        seq[s] = h
+    out = torch.stack(seq, 1) if steps else x.new_zeros(x.shape[0], 0, module.hidden_size)
+    return out, h, c
+
+
+def _packed_like(x: torch.Tensor, packed: nn.utils.rnn.PackedSequence):
+    """The padded outputs ``x`` ``(B, T, ...)`` (the batch's own order) packed as ``packed`` is:
+    step by step, each step's examples in ``packed``'s sorted order."""
+    sizes = packed.batch_sizes
+    step = torch.repeat_interleave(torch.arange(len(sizes)), sizes)
+    rank = torch.cat([torch.arange(int(n)) for n in sizes])
+    order = packed.sorted_indices
+    example = rank if order is None else order.cpu()[rank]
+    data = x[example.to(x.device), step.to(x.device)]
+    return nn.utils.rnn.PackedSequence(data, sizes, packed.sorted_indices, packed.unsorted_indices)

@@ -2,12 +2,12 @@
 written out with their input and hidden maps as linear layers.
 
 The written-out forward equals torch's fused kernel (outputs and final states; LSTM, GRU, RNN;
-stacked, bidirectional, sequence-first, without bias, from a given state); the per-example norms
-and the clipped sum equal per-example gradients taken one example at a time by autograd (float64,
+stacked, bidirectional, sequence-first, without bias, from a given state, on packed sequences of different
+lengths); the per-example norms and the clipped sum equal per-example gradients taken one example at a time by autograd (float64,
 where ``torch.func`` cannot batch the fused kernel; every way of the other layers' norms; clipping
 off is the plain sum); DP-SGD's step takes the path without fallback, and under autocast and in
 bfloat16 one record alone contributes the clip norm; what it cannot write out (``proj_size``,
-dropout between layers in training mode, a subclass, a PackedSequence) is refused and clipped by
+dropout between layers in training mode, a subclass) is refused and clipped by
 ``torch.func`` whole.
 """
 
@@ -146,23 +146,84 @@ def test_what_it_cannot_write_out_is_refused(rnn, why):
         ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
 
 
-def test_a_packed_sequence_is_refused():
-    class Packed(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.rnn = nn.GRU(4, 5, batch_first=True)
-            self.head = nn.Linear(5, 3)
+def _lengths(x: torch.Tensor) -> torch.Tensor:
+    """Each example's length, from its own first value."""
+    return 1 + (x[:, 0, 0].detach().abs() * 10).long() % x.shape[1]
 
-        def forward(self, x):
-            packed = nn.utils.rnn.pack_padded_sequence(
-                x, [x.shape[1]] * x.shape[0], batch_first=True
-            )
-            return self.head(self.rnn(packed)[1][-1])
 
-    torch.manual_seed(4)
-    x, y = torch.randn(5, 3, 4), torch.randint(0, 3, (5,))
-    with pytest.raises(UnsupportedModelError, match="PackedSequence"):
-        ghost_clipping.clipped_sum(Packed(), x, _example_losses(y), 1.0)
+class Packed(nn.Module):
+    """A recurrent layer on sequences of different lengths, packed (each example's length from its
+    own values, so that an example alone packs as in its batch; with ``sort`` packed as given,
+    ``enforce_sorted``): its final states (``final``) or its outputs unpacked and averaged over
+    each example's steps, to a linear head. A packed sequence has no layout: the recurrent layer
+    takes it batch-first or not."""
+
+    def __init__(self, rnn: nn.RNNBase, final: bool = False, given: bool = False, sort=False):
+        super().__init__()
+        self.rnn, self.final, self.given, self.sort = rnn, final, given, sort
+        self.directions = 2 if rnn.bidirectional else 1
+        self.head = nn.Linear(rnn.hidden_size * self.directions, 3)
+
+    def forward(self, x):
+        packed = nn.utils.rnn.pack_padded_sequence(
+            x, _lengths(x), batch_first=True, enforce_sorted=self.sort
+        )
+        states = ()
+        if self.given:
+            h = torch.tanh(x.mean(1)).repeat(1, 2)[:, : self.rnn.hidden_size]
+            h0 = h.unsqueeze(0).repeat(self.rnn.num_layers * self.directions, 1, 1)
+            states = ((h0, 0.5 * h0),) if isinstance(self.rnn, nn.LSTM) else (h0,)
+        out, final = self.rnn(packed, *states)
+        if self.final:
+            h = final[0] if isinstance(self.rnn, nn.LSTM) else final
+            return self.head(h[-self.directions :].transpose(0, 1).flatten(1))
+        padded, lengths = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+        return self.head(padded.sum(1) / lengths[:, None].to(padded.dtype))
+
+
+PACKED = {
+    "lstm-packed": lambda: Packed(nn.LSTM(4, 5, batch_first=True)),
+    "lstm-packed-stacked-bidirectional-final": lambda: Packed(
+        nn.LSTM(4, 5, num_layers=2, bidirectional=True), final=True, given=True
+    ),
+    "gru-packed-bidirectional": lambda: Packed(nn.GRU(4, 3, bidirectional=True)),
+    "rnn-packed-sorted-final": lambda: Packed(nn.RNN(4, 5), final=True, sort=True),
+}
+
+
+def _packed_built(case: str):
+    torch.manual_seed(20 + sorted(PACKED).index(case))
+    model, x = PACKED[case](), torch.randn(7, 6, 4)
+    if model.sort:  # lengths 6, 5, ..., 1, 1: the batch longest first
+        x[:, 0, 0] = torch.tensor([5, 4, 3, 2, 1, 0, 0]) / 10 + 0.05
+    return model, x, torch.randint(0, 3, (7,))
+
+
+@pytest.mark.parametrize("case", sorted(PACKED))
+def test_the_written_out_forward_of_a_packed_sequence_is_torchs(case):
+    """Outputs packed as torch packs them (its batch sizes and orders), final states per example
+    in the batch's order."""
+    model, x, _ = _packed_built(case)
+    packed = nn.utils.rnn.pack_padded_sequence(
+        x, _lengths(x), batch_first=True, enforce_sorted=model.sort
+    )
+    with torch.no_grad():
+        want, got = model.rnn(packed), ghost_rnn.forward(model.rnn, packed)
+    torch.testing.assert_close(got[0].data, want[0].data, rtol=1e-5, atol=1e-6)
+    assert torch.equal(got[0].batch_sizes, want[0].batch_sizes)
+    for g_order, w_order in zip(got[0][2:], want[0][2:], strict=True):
+        assert (g_order is None and w_order is None) or torch.equal(g_order, w_order)
+    finals = (
+        zip(got[1], want[1], strict=True) if isinstance(want[1], tuple) else [(got[1], want[1])]
+    )
+    for g, w in finals:
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", sorted(PACKED))
+def test_packed_sequences_against_per_example_gradients(case, monkeypatch):
+    model, x, y = _packed_built(case)
+    _against_autograd(model, "rnn", x, y, monkeypatch)
 
 
 def test_an_lstm_trains_by_dp_sgd_with_per_example_norms_as_autograd_s():
@@ -275,8 +336,8 @@ def test_cells_in_a_loop_against_per_example_gradients(case, monkeypatch):
 
 
 def test_dp_sgd_takes_the_path_for_a_cell_and_leaves_it_as_it_was():
-    """No fallback, no torch.func; the cell's own forward is back after the step, and a cell and
-    a recurrent layer in one model are both written out."""
+    """No fallback, no torch.func; the cell's own forward is back after the step, a cell and a
+    recurrent layer in one model are both written out, and an LSTM on packed sequences is too."""
 
     class Both(nn.Module):
         def __init__(self):
@@ -288,7 +349,7 @@ def test_dp_sgd_takes_the_path_for_a_cell_and_leaves_it_as_it_was():
 
     torch.manual_seed(12)
     x, y = torch.randn(7, 6, 4), torch.randint(0, 3, (7,))
-    for model in (_cell_built("lstm-cell")[0], Both()):
+    for model in (_cell_built("lstm-cell")[0], Both(), _packed_built("lstm-packed")[0]):
         with warnings.catch_warnings():
             warnings.simplefilter("error", dp_sgd_step.ClippingFallbackWarning)
             got = dp_sgd_step.clipped_gradient_sum(model, x, y, _loss, 0.5)
