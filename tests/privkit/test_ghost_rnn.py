@@ -28,6 +28,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from hf_models import looped as _looped
 
 
+def _given(model: nn.Module, x: torch.Tensor) -> tuple:
+    """With ``model.given``, the recurrent layer's first state computed from the input ``(B, T,
+    in)``; else none (its zeros)."""
+    if not model.given:
+        return ()
+    rnn = model.rnn
+    h = torch.tanh(x.mean(1)).repeat(1, 2)[:, : rnn.hidden_size]
+    h0 = h.unsqueeze(0).repeat(rnn.num_layers * model.directions, 1, 1)
+    return ((h0, 0.5 * h0),) if isinstance(rnn, nn.LSTM) else (h0,)
+
+
+def _from_final(model: nn.Module, final) -> torch.Tensor:
+    """The head on the last layer's final states (both directions')."""
+    h = final[0] if isinstance(model.rnn, nn.LSTM) else final
+    return model.head(h[-model.directions :].transpose(0, 1).flatten(1))
+
+
 class Classifier(nn.Module):
     """A recurrent layer on ``(B, T, 4)`` (transposed for a sequence-first one), its last step's
     output or (``final``) its last layer's final states to a linear head; with ``given`` its
@@ -41,15 +58,9 @@ class Classifier(nn.Module):
 
     def forward(self, x):
         seq = x if self.rnn.batch_first else x.transpose(0, 1)
-        states = ()
-        if self.given:
-            h = torch.tanh(x.mean(1)).repeat(1, 2)[:, : self.rnn.hidden_size]
-            h0 = h.unsqueeze(0).repeat(self.rnn.num_layers * self.directions, 1, 1)
-            states = ((h0, 0.5 * h0),) if isinstance(self.rnn, nn.LSTM) else (h0,)
-        out, final = self.rnn(seq, *states)
+        out, final = self.rnn(seq, *_given(self, x))
         if self.final:
-            h = final[0] if isinstance(self.rnn, nn.LSTM) else final
-            return self.head(h[-self.directions :].transpose(0, 1).flatten(1))
+            return _from_final(self, final)
         out = out if self.rnn.batch_first else out.transpose(0, 1)
         return self.head(out[:, -1])
 
@@ -168,15 +179,9 @@ class Packed(nn.Module):
         packed = nn.utils.rnn.pack_padded_sequence(
             x, _lengths(x), batch_first=True, enforce_sorted=self.sort
         )
-        states = ()
-        if self.given:
-            h = torch.tanh(x.mean(1)).repeat(1, 2)[:, : self.rnn.hidden_size]
-            h0 = h.unsqueeze(0).repeat(self.rnn.num_layers * self.directions, 1, 1)
-            states = ((h0, 0.5 * h0),) if isinstance(self.rnn, nn.LSTM) else (h0,)
-        out, final = self.rnn(packed, *states)
+        out, final = self.rnn(packed, *_given(self, x))
         if self.final:
-            h = final[0] if isinstance(self.rnn, nn.LSTM) else final
-            return self.head(h[-self.directions :].transpose(0, 1).flatten(1))
+            return _from_final(self, final)
         padded, lengths = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
         return self.head(padded.sum(1) / lengths[:, None].to(padded.dtype))
 
