@@ -646,11 +646,11 @@ def _forward_backward(
     except (RuntimeError, ValueError, IndexError, TypeError) as e:
         if before is None or not (bare or expanded or traced or followed):
             raise
-        _refuse_stand_ins(model, x, attention, (bare, expanded, traced + followed), before, e, form)
+        _refuse_stand_ins(model, x, layers, (bare, expanded, traced + followed), before, e, form)
     for layer in traced + followed:  # the edges of where its source met the batch
         layer.edges = [edge for source in layer.sources for edge in source.edges]
     if check and before is not None and (bare or expanded or traced or followed):
-        _check_outputs(model, x, attention, logits, before, bare, form)
+        _check_outputs(model, x, layers, logits, before, bare, form)
     ran = [layer for layer in layers if layer.edges]
     losses = example_losses(logits, slice(None))
     if losses.shape != (x.shape[0],):
@@ -989,23 +989,24 @@ def _written_out(layers: list[_Layer]) -> Iterator[None]:
             rnn.__dict__.pop("forward", None)
 
 
-def _own_forward(model: nn.Module, x: torch.Tensor, attention: list[_Layer]) -> torch.Tensor:
-    """``model(x)`` with its own parameters and no gradient, its attention layers' forward in the
-    open as in the pass (whose dropout draws differ from torch's fused attention's), nothing
-    recorded."""
+def _own_forward(model: nn.Module, x: torch.Tensor, layers: list[_Layer]) -> torch.Tensor:
+    """``model(x)`` with its own parameters and no gradient, its attention layers' and recurrent
+    layers' forward in the open as in the pass (whose dropout draws differ from torch's fused
+    kernels'), nothing recorded."""
+    attention = [layer for layer in layers if isinstance(layer.module, nn.MultiheadAttention)]
 
     def plain(layer: _Layer):
         module = cast(nn.MultiheadAttention, layer.module)
         return functools.partial(ghost_attention.forward, module, lambda *_: None)
 
-    with _in_the_open(attention, plain), torch.no_grad():
+    with _in_the_open(attention, plain), _written_out(layers), torch.no_grad():
         return model(x)
 
 
 def _refuse_stand_ins(
     model: nn.Module,
     x: torch.Tensor,
-    attention: list[_Layer],
+    layers: list[_Layer],
     stood_in: tuple[list[_Layer], list[_Layer], list[_Layer]],
     before: ghost_parameters.RandomState,
     error: Exception,
@@ -1023,7 +1024,7 @@ def _refuse_stand_ins(
     state is put back to where the pass began."""
     bare, expanded, traced = stood_in
     before.restore()
-    _own_forward(model, x, attention)
+    _own_forward(model, x, layers)
     if expanded:  # followed instead: right wherever the repeated outputs were
         _TRACED_POSITIONS.update(m for layer in expanded for m in (layer.module, *layer.also))
         before.restore()
@@ -1053,7 +1054,7 @@ def _refuse_stand_ins(
 def _check_outputs(
     model: nn.Module,
     x: torch.Tensor,
-    attention: list[_Layer],
+    layers: list[_Layer],
     logits: torch.Tensor,
     before: ghost_parameters.RandomState,
     bare: list[_Layer],
@@ -1062,7 +1063,7 @@ def _check_outputs(
     """Once per model with bare parameters: the forward with their stand-ins in ``form`` gave the
     model's own outputs (else the next form, or UnsupportedModelError, remembered for the
     model)."""
-    own = functools.partial(_own_forward, model, x, attention)
+    own = functools.partial(_own_forward, model, x, layers)
     if not ghost_parameters.same_outputs(own, logits, before, ROWS_RTOL):
         _next_form(model, bare, form, before)
         why = (

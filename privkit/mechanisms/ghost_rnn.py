@@ -19,10 +19,12 @@ over the time steps calls the cell, so each map, once per step: ghost clipping t
 as one call over the steps (a layer run several times), and the zero state a cell makes when it
 is called on its input alone is made outside any map.
 
-Refused (:func:`refusal`; the model then takes ``torch.func``): an LSTM with ``proj_size``, dropout
-between layers in training mode (the fused kernel's draws are its own), a subclass (its forward
-may be its own), and at the call an unbatched input. A ``PackedSequence`` (sequences of
+Dropout between stacked layers in training mode is drawn by the written-out forward
+(``F.dropout`` on each layer's output but the last, from torch's generator): the fused kernel's
+law, not its draws, as any two steps draw differently. A ``PackedSequence`` (sequences of
 different lengths) runs padded, each example's steps past its length leaving its state as it was.
+Refused (:func:`refusal`; the model then takes ``torch.func``): an LSTM with ``proj_size``, a
+subclass (its forward may be its own), and at the call an unbatched input.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import weakref
 from typing import cast
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from privkit.mechanisms.stacked import UnsupportedModelError
@@ -98,8 +101,6 @@ def refusal(module: Recurrent) -> str | None:
         return None if type(module) in _CELLS else f"{name}, a subclass of torch's recurrent cells"
     if isinstance(module, nn.LSTM) and module.proj_size > 0:
         return f"{name} with proj_size {module.proj_size}"
-    if module.training and module.dropout > 0 and module.num_layers > 1:
-        return f"{name} with dropout {module.dropout} between its layers in training mode"
     if type(module) not in (nn.RNN, nn.LSTM, nn.GRU):  # its forward may differ from torch's
         return f"{name}, a subclass of torch's recurrent layers"
     return None
@@ -173,7 +174,9 @@ def forward(module: Recurrent, input, hx=None):
             outs.append(out)
             h_n.append(h)
             c_n.append(c)
-        x = torch.cat(outs, 2) if d == 2 else outs[0]  # (dropout in training refused before)
+        x = torch.cat(outs, 2) if d == 2 else outs[0]
+        if module.training and module.dropout > 0 and layer < module.num_layers - 1:
+            x = F.dropout(x, module.dropout, training=True)  # between layers, as torch's kernel
     if not packed:
         x = x if module.batch_first else x.transpose(0, 1)
     out = _packed_like(x, input) if packed else x

@@ -2,15 +2,17 @@
 written out with their input and hidden maps as linear layers.
 
 The written-out forward equals torch's fused kernel (outputs and final states; LSTM, GRU, RNN;
-stacked, bidirectional, sequence-first, without bias, from a given state, on packed sequences of different
-lengths); the per-example norms and the clipped sum equal per-example gradients taken one example at a time by autograd (float64,
-where ``torch.func`` cannot batch the fused kernel; every way of the other layers' norms; clipping
-off is the plain sum); DP-SGD's step takes the path without fallback, and under autocast and in
-bfloat16 one record alone contributes the clip norm; what it cannot write out (``proj_size``,
-dropout between layers in training mode, a subclass) is refused and clipped by
-``torch.func`` whole.
+stacked, bidirectional, sequence-first, without bias, from a given state, on packed sequences of
+different lengths; with dropout between layers, torch's single layers with the same masks); the
+per-example norms and the clipped sum equal per-example gradients taken one example at a time by
+autograd (float64, where ``torch.func`` cannot batch the fused kernel; every way of the other
+layers' norms; clipping off is the plain sum); DP-SGD's step takes the path without fallback, and
+under autocast and in bfloat16 one record alone contributes the clip norm; what it cannot write
+out (``proj_size``, a subclass) is refused and clipped by ``torch.func`` whole. torch's cells in a
+model's loop are written out likewise.
 """
 
+import functools
 import sys
 import warnings
 from pathlib import Path
@@ -141,10 +143,9 @@ class OwnLSTM(nn.LSTM):
     "rnn, why",
     [
         (nn.LSTM(4, 5, batch_first=True, proj_size=2), "proj_size 2"),
-        (nn.GRU(4, 5, num_layers=2, dropout=0.5, batch_first=True), "dropout 0.5"),
         (OwnLSTM(4, 5, batch_first=True), "a subclass of torch's recurrent layers"),
     ],
-    ids=["projection", "dropout", "subclass"],
+    ids=["projection", "subclass"],
 )
 def test_what_it_cannot_write_out_is_refused(rnn, why):
     torch.manual_seed(3)
@@ -152,9 +153,51 @@ def test_what_it_cannot_write_out_is_refused(rnn, why):
     x, y = torch.randn(7, 6, 4), torch.randint(0, 3, (7,))
     with pytest.raises(UnsupportedModelError, match=why):
         ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
-    if why == "dropout 0.5":
-        model.eval()  # in eval mode there are no draws: taken
-        ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
+
+
+def _value_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """Dropout whose mask comes from each value itself: the same masks for an example alone as in
+    its batch, so that autograd one example at a time sees what the batch's pass saw."""
+    keep = (x.detach() * 997).frac().abs() >= p
+    return x * keep / (1 - p) if training else x
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["one-way", "bidirectional"])
+def test_dropout_between_layers_in_training(bidirectional, monkeypatch):
+    """A stacked LSTM with dropout in training mode: the written-out forward drops each layer's
+    output but the last, as torch's kernel (its single layers run one by one with the same
+    masks), and its norms and sums are autograd's one example at a time through it."""
+    torch.manual_seed(6)
+    monkeypatch.setattr(ghost_rnn.F, "dropout", _value_dropout)
+    rnn = nn.LSTM(4, 5, num_layers=3, dropout=0.4, batch_first=True, bidirectional=bidirectional)
+    model = Classifier(rnn, final=True).double()
+    x, y = torch.randn(7, 6, 4, dtype=torch.float64), torch.randint(0, 3, (7,))
+    d = 2 if bidirectional else 1
+    layers = [
+        nn.LSTM(4 if k == 0 else 5 * d, 5, batch_first=True, bidirectional=bidirectional)
+        for k in range(3)
+    ]
+    h, finals = x, []
+    with torch.no_grad():
+        for k, layer in enumerate(layers):
+            for name, p in layer.double().named_parameters():  # weight_ih_l0(_reverse) ...
+                p.copy_(getattr(rnn, name.replace("_l0", f"_l{k}")))
+            h, (h_n, _) = layer(h)
+            finals.append(h_n)
+            h = _value_dropout(h, 0.4) if k < 2 else h
+        out, (h_n, _) = ghost_rnn.forward(rnn, x)
+    torch.testing.assert_close(out, h, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(h_n, torch.cat(finals), rtol=1e-10, atol=1e-12)
+
+    def written_looped(m, xs, ys, loss, aux=None):  # autograd through the written-out forward
+        m.rnn.forward = functools.partial(ghost_rnn.forward, m.rnn)
+        try:
+            return _looped(m, xs, ys, loss, aux)
+        finally:
+            m.rnn.__dict__.pop("forward", None)
+
+    monkeypatch.setattr(dp_sgd_step, "per_sample_gradients", written_looped)
+    _check(model, x, y, monkeypatch)
 
 
 def _lengths(x: torch.Tensor) -> torch.Tensor:
