@@ -116,8 +116,8 @@ where ``G_i`` was materialised anyway); no second backward pass.
 
 Anything else is refused with :class:`~privkit.mechanisms.stacked.UnsupportedModelError` (the
 caller falls back to ``torch.func`` per-example gradients) rather than computed wrong: a trainable
-parameter of one of torch's own modules with children or hidden states (an LSTM with
-``proj_size``, attention's ``add_bias_kv``), one of torch's own layers called with keyword arguments or more than one input,
+parameter of one of torch's own modules with children or hidden states (attention's
+``add_bias_kv``), one of torch's own layers called with keyword arguments or more than one input,
 returning more than one tensor, or updating buffers in training mode, InstanceNorm keeping running
 statistics in training mode (the batch's, kept in the model unnoised), a bare parameter used in a
 way neither its stand-in nor following it to the batch covers (passed to a functional layer, read

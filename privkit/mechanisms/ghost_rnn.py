@@ -23,8 +23,9 @@ Dropout between stacked layers in training mode is drawn by the written-out forw
 (``F.dropout`` on each layer's output but the last, from torch's generator): the fused kernel's
 law, not its draws, as any two steps draw differently. A ``PackedSequence`` (sequences of
 different lengths) runs padded, each example's steps past its length leaving its state as it was.
-Refused (:func:`refusal`; the model then takes ``torch.func``): an LSTM with ``proj_size``, a
-subclass (its forward may be its own), and at the call an unbatched input.
+An LSTM with ``proj_size`` projects each step's hidden state by a third map, ``h = W_hr (o
+tanh(c))``, taken as a linear layer without bias. Refused (:func:`refusal`; the model then takes
+``torch.func``): a subclass (its forward may be its own), and at the call an unbatched input.
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ class Map(nn.Linear):
         self.register_parameter("bias", bias)
 
 
+#: its maps' kinds: the input map, the hidden map, and an LSTM's projection of its hidden state
+#: (``proj_size``; a weight without bias)
+_KINDS = ("ih", "hh", "hr")
+
 #: each recurrent layer's maps, by name (``ih_l0``, ``hh_l0_reverse``, ...), made once: the same
 #: modules from step to step (not registered on the layer: its parameters would appear twice)
 _MAPS: weakref.WeakKeyDictionary[Recurrent, dict[str, Map]] = weakref.WeakKeyDictionary()
@@ -74,8 +79,8 @@ def _suffixes(module: Recurrent) -> list[str]:
 
 
 def maps(module: Recurrent) -> dict[str, Map]:
-    """The recurrent layer's (or cell's) maps by name: ``ih`` and ``hh`` and the suffix of its
-    parameters'."""
+    """The recurrent layer's (or cell's) maps by name: ``ih``, ``hh`` (and an LSTM's projection
+    ``hr``) and the suffix of its parameters'."""
     made = _MAPS.get(module)
     if made is None or any(
         m.weight is not getattr(module, f"weight_{name}")
@@ -87,7 +92,7 @@ def maps(module: Recurrent) -> dict[str, Map]:
                 getattr(module, f"weight_{kind}{s}"), getattr(module, f"bias_{kind}{s}", None)
             )
             for s in _suffixes(module)
-            for kind in ("ih", "hh")
+            for kind in _KINDS[: 3 if getattr(module, "proj_size", 0) else 2]
         }
         _MAPS[module] = made
     return made
@@ -99,8 +104,6 @@ def refusal(module: Recurrent) -> str | None:
     name = type(module).__name__
     if isinstance(module, nn.RNNCellBase):
         return None if type(module) in _CELLS else f"{name}, a subclass of torch's recurrent cells"
-    if isinstance(module, nn.LSTM) and module.proj_size > 0:
-        return f"{name} with proj_size {module.proj_size}"
     if type(module) not in (nn.RNN, nn.LSTM, nn.GRU):  # its forward may differ from torch's
         return f"{name}, a subclass of torch's recurrent layers"
     return None
@@ -159,9 +162,10 @@ def forward(module: Recurrent, input, hx=None):
     b = x.shape[0]
     lstm = isinstance(module, nn.LSTM)
     d = 2 if module.bidirectional else 1
-    if hx is None:
+    if hx is None:  # an LSTM's h of its projection's size
+        size = getattr(module, "proj_size", 0) or module.hidden_size
         zeros = x.new_zeros(module.num_layers * d, b, module.hidden_size)
-        hx = (zeros, zeros) if lstm else zeros
+        hx = (zeros[..., :size], zeros) if lstm else zeros
     h0, c0 = hx if lstm else (hx, None)
     h_n, c_n = [], []
     for layer in range(module.num_layers):
@@ -199,18 +203,20 @@ def _direction(
     length (a packed sequence's), the others leaving the state as it was."""
     found = maps(module)
     gx = found[f"ih{suffix}"](x)  # every step at once: (B, T, gates)
-    hh = found[f"hh{suffix}"]
+    hh, hr = found[f"hh{suffix}"], found.get(f"hr{suffix}")
     steps = x.shape[1]
     seq: list[torch.Tensor] = [x] * steps  # each replaced below
     for s in range(steps - 1, -1, -1) if reverse else range(steps):
         h_s, c_s = _cell(module, gx[:, s], hh(h), h, c)
+        if hr is not None:  # h = W_hr (o tanh(c)): an LSTM with proj_size
+            h_s = hr(h_s)
         if active is not None:
             on = active[:, s, None]
             h_s = torch.where(on, h_s, h)
             c_s = None if c is None else torch.where(on, cast(torch.Tensor, c_s), c)
         h, c = h_s, c_s
         seq[s] = h
-    out = torch.stack(seq, 1) if steps else x.new_zeros(x.shape[0], 0, module.hidden_size)
+    out = torch.stack(seq, 1) if steps else x.new_zeros(x.shape[0], 0, h.shape[-1])
     return out, h, c
 
 

@@ -2,13 +2,13 @@
 written out with their input and hidden maps as linear layers.
 
 The written-out forward equals torch's fused kernel (outputs and final states; LSTM, GRU, RNN;
-stacked, bidirectional, sequence-first, without bias, from a given state, on packed sequences of
-different lengths; with dropout between layers, torch's single layers with the same masks); the
+stacked, bidirectional, sequence-first, without bias, from a given state, an LSTM's projection,
+on packed sequences of different lengths; with dropout between layers, torch's single layers with the same masks); the
 per-example norms and the clipped sum equal per-example gradients taken one example at a time by
 autograd (float64, where ``torch.func`` cannot batch the fused kernel; every way of the other
 layers' norms; clipping off is the plain sum); DP-SGD's step takes the path without fallback, and
 under autocast and in bfloat16 one record alone contributes the clip norm; what it cannot write
-out (``proj_size``, a subclass) is refused and clipped by ``torch.func`` whole. torch's cells in a
+out (a subclass) is refused and clipped by ``torch.func`` whole. torch's cells in a
 model's loop are written out likewise.
 """
 
@@ -38,7 +38,9 @@ def _given(model: nn.Module, x: torch.Tensor) -> tuple:
     rnn = model.rnn
     h = torch.tanh(x.mean(1)).repeat(1, 2)[:, : rnn.hidden_size]
     h0 = h.unsqueeze(0).repeat(rnn.num_layers * model.directions, 1, 1)
-    return ((h0, 0.5 * h0),) if isinstance(rnn, nn.LSTM) else (h0,)
+    if not isinstance(rnn, nn.LSTM):
+        return (h0,)
+    return ((h0[..., : rnn.proj_size or rnn.hidden_size], 0.5 * h0),)  # h projected, c not
 
 
 def _from_final(model: nn.Module, final) -> torch.Tensor:
@@ -56,7 +58,8 @@ class Classifier(nn.Module):
         super().__init__()
         self.rnn, self.final, self.given = rnn, final, given
         self.directions = 2 if rnn.bidirectional else 1
-        self.head = nn.Linear(rnn.hidden_size * self.directions, 3)
+        width = getattr(rnn, "proj_size", 0) or rnn.hidden_size
+        self.head = nn.Linear(width * self.directions, 3)
 
     def forward(self, x):
         seq = x if self.rnn.batch_first else x.transpose(0, 1)
@@ -71,6 +74,11 @@ CASES = {
     "lstm": lambda: Classifier(nn.LSTM(4, 5, batch_first=True)),
     "lstm-stacked-bidirectional-sequence-first": lambda: Classifier(
         nn.LSTM(4, 5, num_layers=2, bidirectional=True), final=True, given=True
+    ),
+    "lstm-projected-stacked-bidirectional": lambda: Classifier(
+        nn.LSTM(4, 5, num_layers=2, bidirectional=True, proj_size=3, batch_first=True),
+        final=True,
+        given=True,
     ),
     "gru-without-bias": lambda: Classifier(nn.GRU(4, 5, batch_first=True, bias=False), given=True),
     "gru-bidirectional": lambda: Classifier(nn.GRU(4, 3, batch_first=True, bidirectional=True)),
@@ -142,10 +150,9 @@ class OwnLSTM(nn.LSTM):
 @pytest.mark.parametrize(
     "rnn, why",
     [
-        (nn.LSTM(4, 5, batch_first=True, proj_size=2), "proj_size 2"),
         (OwnLSTM(4, 5, batch_first=True), "a subclass of torch's recurrent layers"),
     ],
-    ids=["projection", "subclass"],
+    ids=["subclass"],
 )
 def test_what_it_cannot_write_out_is_refused(rnn, why):
     torch.manual_seed(3)
@@ -216,7 +223,8 @@ class Packed(nn.Module):
         super().__init__()
         self.rnn, self.final, self.given, self.sort = rnn, final, given, sort
         self.directions = 2 if rnn.bidirectional else 1
-        self.head = nn.Linear(rnn.hidden_size * self.directions, 3)
+        width = getattr(rnn, "proj_size", 0) or rnn.hidden_size
+        self.head = nn.Linear(width * self.directions, 3)
 
     def forward(self, x):
         packed = nn.utils.rnn.pack_padded_sequence(
@@ -234,6 +242,7 @@ PACKED = {
     "lstm-packed-stacked-bidirectional-final": lambda: Packed(
         nn.LSTM(4, 5, num_layers=2, bidirectional=True), final=True, given=True
     ),
+    "lstm-packed-projected": lambda: Packed(nn.LSTM(4, 5, batch_first=True, proj_size=2)),
     "gru-packed-bidirectional": lambda: Packed(nn.GRU(4, 3, bidirectional=True)),
     "rnn-packed-sorted-final": lambda: Packed(nn.RNN(4, 5), final=True, sort=True),
 }
