@@ -68,6 +68,10 @@ ghost clipping refuses (and computed for ``cnn3d`` before privkit had rules for 
 
     python benchmarks/dpsgd_step.py --json [--device cuda] [--repeats 7] [--big] [--host-bound]
 
+A line on stderr follows each model measured (``--big``: ResNet-18 first). Stopped by SIGTERM (a
+lent machine's time limit, ``timeout``), the run still writes its JSON: the models it measured,
+and under ``stopped`` which it did not.
+
 ``--autocast`` runs every variant's step under ``torch.autocast`` in bfloat16 (mixed
 precision: the forward and backward passes in half precision; privkit forms each record's norm
 and contribution in float32 from them); a variant of opacus that fails under it is left out
@@ -99,7 +103,9 @@ import importlib.util
 import json
 import os
 import platform
+import signal
 import statistics
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -866,6 +872,35 @@ def _importable(module: str | None) -> bool:
     return module is None or importlib.util.find_spec(module) is not None
 
 
+class _Stopped(Exception):
+    """The run was asked to stop (SIGTERM: a time limit's ``timeout``)."""
+
+
+def _measured(names: list[str], measure_one) -> tuple[dict, str | None]:
+    """Each model's measurement in turn, a line on stderr after each; on SIGTERM (the time limit
+    of a lent machine's stage) the models measured so far and why the run stopped, so that the
+    JSON keeps them."""
+
+    def stop(signum, _frame):
+        raise _Stopped(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    results: dict = {}
+    try:
+        for name in names:
+            begun = time.perf_counter()
+            results[name] = measure_one(name)
+            print(f"measured {name} in {time.perf_counter() - begun:.1f} s", file=sys.stderr)
+    except _Stopped as e:
+        left = [n for n in names if n not in results]
+        return results, f"{e} after {len(results)} of {len(names)} models; not measured: " + (
+            ", ".join(left)
+        )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return results, None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
@@ -935,17 +970,18 @@ def main() -> None:
         "lstm",
     ]
     names += ["encoder_seq_first", "lstm_torch", "lstm_cell", "lstm_packed", "fasttext", "cnn3d"]
-    names += big
+    names = big[:1] + names + big[1:]  # ResNet-18, the issue's headline, first
     if args.models:
         names = args.models.split(",")
     # a model whose library is not installed (a GPU machine without transformers) is left out
     left_out = {n: f"{NEEDS[n]} is not installed" for n in names if not _importable(NEEDS.get(n))}
     start = time.perf_counter()
-    results = {
-        name: measure(name, device, args.repeats, args.host_bound, args.autocast, args.torch_func)
-        for name in names
-        if name not in left_out
-    }
+    results, stopped = _measured(
+        [n for n in names if n not in left_out],
+        lambda name: measure(
+            name, device, args.repeats, args.host_bound, args.autocast, args.torch_func
+        ),
+    )
     import opacus
 
     res = {
@@ -984,6 +1020,7 @@ def main() -> None:
         },
         "models": results,
         "left_out": left_out,
+        "stopped": stopped,
         "wall_s": time.perf_counter() - start,
     }
     if args.json:
@@ -1001,6 +1038,8 @@ def main() -> None:
             print(f"  {v:15s} unavailable: {why}")
     for name, why in left_out.items():
         print(f"{name}: left out ({why})")
+    if stopped:
+        print(f"stopped: {stopped}")
 
 
 if __name__ == "__main__":

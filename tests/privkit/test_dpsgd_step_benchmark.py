@@ -172,3 +172,25 @@ def test_a_sequence_first_encoder_and_its_batch_first_twin():
     r = json.loads(run.stdout)["models"]["encoder_seq_first"]
     assert r["privkit_path"] == "ghost_clipping" and not r["unavailable"]
     assert {"sgd", "opacus_hooks", "opacus_ghost", "privkit_seeded"} <= set(r["times_ms"])
+
+
+def test_a_run_stopped_by_sigterm_keeps_the_models_it_measured():
+    """A stage's time limit (``timeout``'s SIGTERM) after the first model: the JSON holds it, and
+    says the run stopped and which models it did not measure."""
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--models", "resnet_small,lm,vit", "--repeats", "3",
+         "--host-bound", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    for line in proc.stderr:  # progress: a line per model measured
+        if line.startswith("measured resnet_small"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0
+    run = json.loads(out)
+    assert list(run["models"]) == ["resnet_small"]
+    assert run["stopped"] == "SIGTERM after 1 of 3 models; not measured: lm, vit"
