@@ -58,7 +58,8 @@ called once per token by the model's own loop; opacus trains it with its ``DPLST
 ``encoder_seq_first`` (``encoder`` sequence-first, ``batch_first=False`` as torch's tutorials build it; opacus, whose
 hooks take the batch on every layer's first dimension, trains its batch-first twin of the same weights); ``lstm_packed``
 (``lstm_torch`` on texts of 8 to 32 tokens padded with 0 and packed by ``pack_padded_sequence``, its final state to the
-head; opacus on its ``DPLSTM`` form, which takes packed sequences); ``fasttext`` (a fastText-style text classifier: the mean of 64 tokens'
+head; opacus on its ``DPLSTM`` form, which takes packed sequences); ``lstm_stacked`` (``lstm_torch`` with two
+layers and dropout 0.3 between them in training mode); ``fasttext`` (a fastText-style text classifier: the mean of 64 tokens'
 embeddings by ``nn.EmbeddingBag``, vocabulary 20,000, width 64, 1.28M parameters, batch 64).
 
 ``--torch-func`` adds ``privkit_torch_func_seeded``: the seeded step with the clipped sum from
@@ -323,16 +324,18 @@ class LanguageModel(nn.Module):
 
 class LSTMClassifier(nn.Module):
     """A text classifier on opacus' ``DPLSTM`` (its LSTM of ``nn.Linear`` cells, run once per
-    time step; with ``torch_lstm`` torch's own ``nn.LSTM``): token embeddings, one layer, the last
-    step's output to a linear head."""
+    time step; with ``torch_lstm`` torch's own ``nn.LSTM``): token embeddings, one layer (or
+    ``layers``, with ``dropout`` between them), the last step's output to a linear head."""
 
-    def __init__(self, vocab=1000, d=64, hidden=128, classes=10, torch_lstm=False):
+    def __init__(
+        self, vocab=1000, d=64, hidden=128, classes=10, torch_lstm=False, layers=1, dropout=0.0
+    ):
         from opacus.layers import DPLSTM
 
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
         lstm = nn.LSTM if torch_lstm else DPLSTM
-        self.lstm = lstm(d, hidden, batch_first=True)
+        self.lstm = lstm(d, hidden, num_layers=layers, dropout=dropout, batch_first=True)
         self.head = nn.Linear(hidden, classes)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -529,6 +532,13 @@ def build(name: str) -> tuple[nn.Module, str, int]:
             "trains it as ModuleValidator.fix makes it, with DPLSTM",
             64,
         )
+    if name == "lstm_stacked":
+        return (
+            LSTMClassifier(torch_lstm=True, layers=2, dropout=0.3),
+            "torch's nn.LSTM of 2 layers with dropout 0.3 between them: vocab 1000, d 64, hidden "
+            "128, 32 tokens; opacus trains it with DPLSTM",
+            64,
+        )
     if name == "lstm_packed":
         return (
             PackedLSTMClassifier(),
@@ -587,10 +597,10 @@ def batch(name: str, size: int, device: torch.device) -> tuple[torch.Tensor, tor
         tokens = torch.randint(0, vocab, (size, 65), generator=g)
         return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
     texts = ("transformer", "encoder", "encoder_seq_first", "encoder_large", "lstm", "lstm_torch")
-    texts += ("lstm_cell", "lstm_packed")
+    texts += ("lstm_cell", "lstm_packed", "lstm_stacked")
     if name in (*texts, "fasttext"):
         lengths = {"encoder_large": 128, "lstm": 32, "lstm_torch": 32, "lstm_cell": 32}
-        length = (lengths | {"lstm_packed": 32}).get(name, 64)
+        length = (lengths | {"lstm_packed": 32, "lstm_stacked": 32}).get(name, 64)
         vocab = 20_000 if name == "fasttext" else 1000
         x = torch.randint(int(name == "lstm_packed"), vocab, (size, length), generator=g)
         if name == "lstm_packed":  # each text 8 to 32 tokens, padded with 0
@@ -969,7 +979,8 @@ def main() -> None:
         "gpt2",
         "lstm",
     ]
-    names += ["encoder_seq_first", "lstm_torch", "lstm_cell", "lstm_packed", "fasttext", "cnn3d"]
+    names += ["encoder_seq_first", "lstm_torch", "lstm_cell", "lstm_packed", "lstm_stacked"]
+    names += ["fasttext", "cnn3d"]
     names = big[:1] + names + big[1:]  # ResNet-18, the issue's headline, first
     if args.models:
         names = args.models.split(",")

@@ -129,10 +129,11 @@ def test_torch_func_variant_and_the_models_of_torchs_other_layers():
 
 
 def test_a_cell_loop_and_opacus_form_of_it():
-    """torch's ``nn.LSTMCell`` in the model's loop, and ``nn.LSTM`` on packed texts, take ghost
-    clipping; opacus trains a ``DPLSTMCell`` of the same weights (the same function) and
-    ``DPLSTM``, and the whole model's ``torch.func`` gradients, which cannot batch the cell's zero
-    state nor the packing, are left out with torch's error."""
+    """torch's ``nn.LSTMCell`` in the model's loop, ``nn.LSTM`` on packed texts and a stacked
+    ``nn.LSTM`` with dropout take ghost clipping; opacus trains a ``DPLSTMCell`` of the same
+    weights (the same function) and ``DPLSTM``, and the whole model's ``torch.func`` gradients,
+    which cannot batch the cell's zero state, the packing nor the dropout's draws, are left out
+    with torch's error."""
     sys.path.insert(0, str(SCRIPT.parent))
     import dpsgd_step
 
@@ -143,11 +144,12 @@ def test_a_cell_loop_and_opacus_form_of_it():
     assert type(converted.cell).__name__ == "DPLSTMCell"
     torch.testing.assert_close(converted(x), model(x), rtol=1e-5, atol=1e-6)
     run = _run(
-        "--models", "lstm_cell,lstm_packed", "--repeats", "1", "--host-bound", "--torch-func",
+        "--models", "lstm_cell,lstm_packed,lstm_stacked", "--repeats", "1", "--host-bound",
+        "--torch-func",
         "--json",
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    for name in ("lstm_cell", "lstm_packed"):  # the packed texts: torch.func cannot batch them
+    for name in ("lstm_cell", "lstm_packed", "lstm_stacked"):  # nor torch.func the whole model
         r = json.loads(run.stdout)["models"][name]
         assert r["privkit_path"] == "ghost_clipping"
         assert {"sgd", "opacus_hooks", "opacus_ghost", "privkit_seeded"} <= set(r["times_ms"])
