@@ -52,15 +52,17 @@ GPT-2 at its small size, 124M parameters, 64 tokens, batch 4) and ``gpt2_small_l
 with PEFT's LoRA adapters of rank 8 on its attention maps, the base frozen: DP fine-tuning as
 it is mostly done); ``cnn3d`` (a 3-d CNN of medical imaging's kind: MedMNIST-3D's 28x28x28
 volumes, three ``Conv3d`` layers with GroupNorm and a PReLU of one slope per channel, 70k
-parameters, batch 32); ``lstm_torch`` (the ``lstm`` classifier on torch's own ``nn.LSTM``, which opacus trains as its
-``ModuleValidator.fix`` makes it, with ``DPLSTM``); ``lstm_cell`` (the same classifier with torch's ``nn.LSTMCell``
-called once per token by the model's own loop; opacus trains it with its ``DPLSTMCell`` of the same weights);
-``encoder_seq_first`` (``encoder`` sequence-first, ``batch_first=False`` as torch's tutorials build it; opacus, whose
-hooks take the batch on every layer's first dimension, trains its batch-first twin of the same weights); ``lstm_packed``
-(``lstm_torch`` on texts of 8 to 32 tokens padded with 0 and packed by ``pack_padded_sequence``, its final state to the
-head; opacus on its ``DPLSTM`` form, which takes packed sequences); ``lstm_stacked`` (``lstm_torch`` with two
-layers and dropout 0.3 between them in training mode); ``fasttext`` (a fastText-style text classifier: the mean of 64 tokens'
-embeddings by ``nn.EmbeddingBag``, vocabulary 20,000, width 64, 1.28M parameters, batch 64).
+parameters, batch 32); ``lstm_torch`` (the ``lstm`` classifier on torch's own ``nn.LSTM``, which
+opacus trains as its ``ModuleValidator.fix`` makes it, with ``DPLSTM``); ``lstm_cell`` (the same
+classifier with torch's ``nn.LSTMCell`` called once per token by the model's own loop; opacus
+trains it with its ``DPLSTMCell`` of the same weights); ``encoder_seq_first`` (``encoder``
+sequence-first, ``batch_first=False`` as torch's tutorials build it; opacus, whose hooks take the
+batch on every layer's first dimension, trains its batch-first twin of the same weights);
+``lstm_packed`` (``lstm_torch`` on texts of 8 to 32 tokens padded with 0 and packed by
+``pack_padded_sequence``, its final state to the head; opacus on its ``DPLSTM`` form, which takes
+packed sequences); ``lstm_stacked`` (``lstm_torch`` with two layers and dropout 0.3 between them in
+training mode); ``fasttext`` (a fastText-style text classifier: the mean of 64 tokens' embeddings
+by ``nn.EmbeddingBag``, vocabulary 20,000, width 64, 1.28M parameters, batch 64).
 
 ``--torch-func`` adds ``privkit_torch_func_seeded``: the seeded step with the clipped sum from
 ``torch.func``'s per-example gradients of the whole model, what privkit computes for a model

@@ -65,9 +65,9 @@ def keeps_batch_statistics(module: nn.Module) -> bool:
 
 
 def batch_statistics_layers(model: nn.Module, kept: bool = False) -> list[str]:
-    """The BatchNorm layers of ``model`` that use the batch's statistics (:func:`uses_batch_statistics`)
-    or, with ``kept``, the layers that keep their batches' statistics unnoised
-    (:func:`keeps_batch_statistics`), as ``"path (Type)"``.
+    """The BatchNorm layers of ``model`` that use the batch's statistics
+    (:func:`uses_batch_statistics`) or, with ``kept``, the layers that keep their batches'
+    statistics unnoised (:func:`keeps_batch_statistics`), as ``"path (Type)"``.
 
     Parameters
     ----------
@@ -113,7 +113,7 @@ def refusal(name: str, layers: list[str], kept: bool = False) -> str:
             "epsilon holds for the model released (use track_running_stats=False)"
         )
     return (
-        f"{name}: {len(layers)} BatchNorm layer(s) using batch statistics ({shown}): a cross-example "
-        "operation, so per-example clipping does not bound one record's influence and no epsilon "
-        "holds (use GroupNorm or LayerNorm, or freeze the layers in eval mode)"
+        f"{name}: {len(layers)} BatchNorm layer(s) using batch statistics ({shown}): a "
+        "cross-example operation, so per-example clipping does not bound one record's influence "
+        "and no epsilon holds (use GroupNorm or LayerNorm, or freeze the layers in eval mode)"
     )

@@ -9,11 +9,11 @@ per-example gradients need (:mod:`privkit.mechanisms.ghost_clipping`). :func:`fo
 module's forward written with its linear maps in the open (a sequence-first module's on its
 inputs' batch-first views): each input projection's input and output go to a callback, and
 ``out_proj`` is *called* (its forward hooks fire, so the module is an ``nn.Linear`` layer like
-any other). Everything between the maps
-(the heads' split, the masks, the scaled dot products, softmax, dropout, the returned attention
-weights) follows ``F.multi_head_attention_forward`` step by step, in batch-first order: the same
-values up to float rounding (``tests/privkit/test_ghost_attention.py`` against the module itself,
-with every mask kind, ``need_weights``, ``add_zero_attn``, separate key and value widths).
+any other). Everything between the maps (the heads' split, the masks, the scaled dot products,
+softmax, dropout, the returned attention weights) follows ``F.multi_head_attention_forward`` step
+by step, in batch-first order: the same values up to float rounding
+(``tests/privkit/test_ghost_attention.py`` against the module itself, with every mask kind,
+``need_weights``, ``add_zero_attn``, separate key and value widths, either layout).
 
 An input projection is one linear map per distinct input, over rows of the weight: self-attention
 (``query is key is value``) is one map to all ``3E`` rows, as torch computes it; with ``key is
@@ -171,42 +171,21 @@ def forward(
     each input projection, its input and its output handed to ``record(projection, input,
     output)`` (:func:`projections`' order) and ``m.out_proj`` called as a module. A
     sequence-first ``m`` (``batch_first=False``) computes on its inputs' batch-first views, as
-    torch's batch-first module computes on its inputs' sequence-first ones: its maps see batch-first
-    tensors, and its output is transposed back."""
+    torch's batch-first module computes on its inputs' sequence-first ones: its maps see
+    batch-first tensors, and its output is transposed back."""
     if query.dim() != 3:
         raise UnsupportedModelError(
             f"MultiheadAttention on an unbatched ({query.dim()}-d) query: its first dimension is "
             "not the batch's"
         )
+    options = (key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal)
     if m.batch_first:
-        return _forward(
-            m,
-            record,
-            query,
-            key,
-            value,
-            key_padding_mask,
-            need_weights,
-            attn_mask,
-            average_attn_weights,
-            is_causal,
-        )
+        return _forward(m, record, query, key, value, *options)
     # one view per distinct input: self-attention stays one input, as torch's identity checks see it
     q = query.transpose(0, 1)
     k = q if key is query else key.transpose(0, 1)
     v = q if value is query else k if value is key else value.transpose(0, 1)
-    out, weights = _forward(
-        m,
-        record,
-        q,
-        k,
-        v,
-        key_padding_mask,
-        need_weights,
-        attn_mask,
-        average_attn_weights,
-        is_causal,
-    )
+    out, weights = _forward(m, record, q, k, v, *options)
     return out.transpose(0, 1), weights
 
 

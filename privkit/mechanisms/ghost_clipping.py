@@ -82,11 +82,12 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   packed weight's per-example gradient is the maps' stacked, so their squared norms add; its
   ``out_proj`` is called as an ``nn.Linear`` layer.
 * **torch's recurrent layers** (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``; stacked, bidirectional,
-  either layout, from a given state, on packed sequences) **and cells** (``nn.LSTMCell``, ``nn.GRUCell``,
-  ``nn.RNNCell``, in a loop of the model's own): their forward written out for the pass, each
-  layer and direction's input and hidden maps called as linear layers on the recurrent layer's
-  own parameters (:mod:`privkit.mechanisms.ghost_rnn`), the maps' calls over the steps taken as
-  one call, as below.
+  either layout, from a given state, on packed sequences, with dropout between layers, an LSTM's
+  projection) **and cells** (``nn.LSTMCell``, ``nn.GRUCell``, ``nn.RNNCell``, in a loop of the
+  model's own): their forward written out for the pass, each layer and direction's input and
+  hidden maps called as linear layers on the recurrent layer's own parameters
+  (:mod:`privkit.mechanisms.ghost_rnn`), the maps' calls over the steps taken as one call, as
+  below.
 * **A layer run several times** in one forward pass (an RNN's cells over the time steps, opacus'
   ``DPLSTM``, a block shared across depth): ``G_i = sum_calls sum_t g_t a_t^T``. A linear layer's,
   an embedding's, a LayerNorm's or an RMSNorm's calls are taken as one call over all of their
@@ -121,22 +122,24 @@ parameter of one of torch's own modules with children or hidden states (attentio
 returning more than one tensor, or updating buffers in training mode, InstanceNorm keeping running
 statistics in training mode (the batch's, kept in the model unnoised), a bare parameter used in a
 way neither its stand-in nor following it to the batch covers (passed to a functional layer, read
-through another reference), BatchNorm in training mode or without running statistics (it mixes the batch's examples), an
-attention run twice in one forward, a parameter shared by layers other than embeddings of one table
-and a linear layer tied to it, a layer's parameter used outside the layer's call (an output tied by
-``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere: the autograd graph is checked for
-one edge into each parameter and call), a subclass of a convolution with its own ``forward``, a
-layer applied to a tensor whose first dimension is not the batch's (nor, for a position-wise layer,
-a multiple of it or a sequence-first tensor's second dimension), an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input modified
-in place after the layer read it (in-place operations on a layer's *output*, such as
+through another reference), BatchNorm in training mode or without running statistics (it mixes
+the batch's examples), an attention run twice in one forward, a parameter shared by layers other
+than embeddings of one table and a linear layer tied to it, a layer's parameter used outside the
+layer's call (an output tied by ``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere:
+the autograd graph is checked for one edge into each parameter and call), a subclass of a
+convolution with its own ``forward``, a layer applied to a tensor whose first dimension is not the
+batch's (nor, for a position-wise layer, a multiple of it or a sequence-first tensor's second
+dimension), an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input modified in
+place after the layer read it (in-place operations on a layer's *output*, such as
 ``ReLU(inplace=True)``, are fine: the output's gradient edge is taken before them).
 
 **Sequence-first models.** A position-wise layer (linear, LayerNorm, RMSNorm, embedding) on a
 sequence-first tensor ``(T, B, ...)`` (``batch_first=False``, torch's default for its transformer
 layers) is taken with its input and output gradient transposed to ``(B, T, ...)``. Its shapes
 tell where the batch is unless the sequence is as long as the batch (or a multiple of it): each
-call's layout is remembered per layer from the passes where they told it (:func:`_layout`), and a
-call they never told is guessed batch-first on the checked first pass or refused for its pass.
+call's layout is remembered per layer from the passes where they told it (:func:`_layout`). A
+call they never told is guessed on the checked first pass, batch-first and, where the rows check
+then fails, sequence-first (the pass taken again); on a later pass it is refused for that pass.
 
 The shapes cannot show a wrong guess, nor a model that mixes examples by its own code (a batch
 mean in ``forward``): the first pass of each model on two or more examples checks that every
@@ -382,7 +385,7 @@ def _layers(model: nn.Module) -> list[_Layer]:
 def _recurrent_layers(
     module: ghost_rnn.Recurrent, own: dict[str, nn.Parameter], full: dict[str, str]
 ) -> list[_Layer]:
-    """A recurrent layer's (or cell's) input and hidden maps with trainable parameters, each a linear layer
+    """A recurrent layer's (or cell's) maps with trainable parameters, each a linear layer
     (:mod:`privkit.mechanisms.ghost_rnn`)."""
     layers = []
     for name, m in ghost_rnn.maps(module).items():
@@ -462,7 +465,7 @@ def _forward_backward(
     edges: ``layer.grad`` = gradient of the summed per-example losses w.r.t. the layer's output."""
 
     expanded: list[_Layer] = []  # embeddings of positions shared by the batch, made per example
-    # calls whose layout the shapes left open on a checked pass, taken batch-first (_layout)
+    # calls whose layout the shapes left open on a checked pass, guessed (_layout)
     guessed: list[tuple[nn.Module, int]] = []
     sequence_first = model in _SEQUENCE_FIRST  # guessed sequence-first before the other layouts
     traced: list[_Layer] = []  # such embeddings whose output is followed to the batch instead

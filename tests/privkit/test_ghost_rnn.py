@@ -2,14 +2,14 @@
 written out with their input and hidden maps as linear layers.
 
 The written-out forward equals torch's fused kernel (outputs and final states; LSTM, GRU, RNN;
-stacked, bidirectional, sequence-first, without bias, from a given state, an LSTM's projection,
-on packed sequences of different lengths; with dropout between layers, torch's single layers with the same masks); the
-per-example norms and the clipped sum equal per-example gradients taken one example at a time by
-autograd (float64, where ``torch.func`` cannot batch the fused kernel; every way of the other
-layers' norms; clipping off is the plain sum); DP-SGD's step takes the path without fallback, and
-under autocast and in bfloat16 one record alone contributes the clip norm; what it cannot write
-out (a subclass) is refused and clipped by ``torch.func`` whole. torch's cells in a
-model's loop are written out likewise.
+stacked, bidirectional, sequence-first, without bias, from a given state, an LSTM's projection, on
+packed sequences of different lengths; with dropout between layers, torch's single layers with the
+same masks); the per-example norms and the clipped sum equal per-example gradients taken one
+example at a time by autograd (float64, where ``torch.func`` cannot batch the fused kernel; every
+way of the other layers' norms; clipping off is the plain sum); DP-SGD's step takes the path
+without fallback, and under autocast and in bfloat16 one record alone contributes the clip norm;
+what it cannot write out (a subclass) is refused and clipped by ``torch.func`` whole. torch's cells
+in a model's loop are written out likewise.
 """
 
 import functools
