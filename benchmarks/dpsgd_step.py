@@ -29,7 +29,9 @@ model (``ghost_clipping``, else the ``torch.func`` fallback).
 Models: ``resnet_small`` (a GroupNorm ResNet of 78k parameters, 32x32x3 inputs, batch 64);
 ``resnet_small_bn`` (the same with BatchNorm in eval mode, its statistics frozen as in
 fine-tuning a pretrained network; opacus refuses BatchNorm and trains it as its
-``ModuleValidator.fix`` makes it, with GroupNorm);
+``ModuleValidator.fix`` makes it, with GroupNorm); ``resnet_small_ws`` (the GroupNorm ResNet
+with every convolution's weight standardised by a ``torch.nn.utils.parametrize``
+parametrization, De et al. 2022's DP recipe; opacus' hooks fail on parametrized weights);
 ``transformer`` (a transformer-block classifier: token and position embeddings, LayerNorm,
 4-head attention by ``nn.Linear`` q/k/v/out maps, MLP; 64 tokens, batch 64); ``encoder`` (the
 same block as torch's ``nn.TransformerEncoderLayer`` builds it, its ``nn.MultiheadAttention``
@@ -428,6 +430,27 @@ class VolumeCNN(nn.Module):
         return self.fc(F.adaptive_avg_pool3d(self.features(x), 1).flatten(1))
 
 
+class Standardised(nn.Module):
+    """Weight standardisation as a parametrization: each output unit's weights less their mean,
+    over their standard deviation (De et al. 2022's DP image classifiers: standardised
+    convolutions and GroupNorm)."""
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        dims = tuple(range(1, w.dim()))
+        mean, var = w.mean(dims, keepdim=True), w.var(dims, keepdim=True, unbiased=False)
+        return (w - mean) / torch.sqrt(var + 1e-5)
+
+
+def _standardised(model: nn.Module) -> nn.Module:
+    """``model`` with every convolution's weight standardised (``parametrize``)."""
+    from torch.nn.utils import parametrize
+
+    for m in list(model.modules()):
+        if isinstance(m, nn.Conv2d):
+            parametrize.register_parametrization(m, "weight", Standardised())
+    return model
+
+
 def _statistics_frozen(model: nn.Module) -> nn.Module:
     """``model`` in eval mode with its BatchNorm statistics those of a few batches of random
     images: a pretrained network's, frozen for fine-tuning."""
@@ -468,6 +491,13 @@ def build(name: str) -> tuple[nn.Module, str, int]:
         return ResNet((64, 128, 256, 512), 2, 32), "ResNet-18, GroupNorm(32), 32x32x3", 256
     if name == "resnet_small":
         return ResNet((16, 32, 64), 1, 4), "ResNet 16-32-64, 1 block/stage, GroupNorm(4)", 64
+    if name == "resnet_small_ws":
+        return (
+            _standardised(ResNet((16, 32, 64), 1, 4)),
+            "ResNet 16-32-64, 1 block/stage, GroupNorm(4), every convolution's weight "
+            "standardised by a parametrization (torch.nn.utils.parametrize)",
+            64,
+        )
     if name == "resnet_small_bn":
         return (
             _statistics_frozen(ResNet((16, 32, 64), 1, 0)),
@@ -673,7 +703,15 @@ def steps(
         # its documented replacement, the same function and weights
         twin = getattr(model, "batch_first_twin", None)
         m = copy.deepcopy(model) if twin is None or model.batch_first else twin()
-        m = opacus_cells(ModuleValidator.fix(m))
+        try:
+            m = opacus_cells(ModuleValidator.fix(m))
+        except RuntimeError as e:  # its copy of the model pickles it: not a parametrized one
+
+            def refused(e=e):
+                raise NotImplementedError(f"opacus' ModuleValidator.fix: {e}")
+
+            out[f"opacus_{mode}"] = refused
+            continue
         if frozen_statistics:  # its BatchNorm now GroupNorm: opacus asks for training mode
             m.train()
         o = torch.optim.SGD(m.parameters(), lr=LR)
@@ -838,14 +876,15 @@ def _measure(
         try:
             for _ in range(3):
                 fn()
-        except (NotImplementedError, RuntimeError, ValueError) as e:
+        except (NotImplementedError, RuntimeError, ValueError, IndexError) as e:
             # privkit's variants never refuse a model; opacus refuses some (its ghost clipping
             # tied weights, by NotImplementedError, a RuntimeError; its EmbeddingBag sampler an
-            # input without offsets, by ValueError) and may fail under autocast (a RuntimeError:
-            # half-precision per-example gradients); torch.func's whole-model gradients fail
-            # where vmap cannot batch a call (an RNN cell making its zero state in its call:
-            # the model privkit clipped by torch.func before cells had their rule)
-            refused = isinstance(e, (NotImplementedError, ValueError))
+            # input without offsets, by ValueError; its hooks fail on parametrized weights, by
+            # IndexError) and may fail under autocast (a RuntimeError: half-precision
+            # per-example gradients); torch.func's whole-model gradients fail where vmap cannot
+            # batch a call (an RNN cell making its zero state in its call: the model privkit
+            # clipped by torch.func before cells had their rule)
+            refused = isinstance(e, (NotImplementedError, ValueError, IndexError))
             whole = v == TORCH_FUNC and isinstance(e, RuntimeError)
             if not whole and (not v.startswith("opacus") or not (refused or autocast)):
                 raise
@@ -974,6 +1013,7 @@ def main() -> None:
     names = [
         "resnet_small",
         "resnet_small_bn",
+        "resnet_small_ws",
         "transformer",
         "encoder",
         "vit",

@@ -88,6 +88,12 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   hidden maps called as linear layers on the recurrent layer's own parameters
   (:mod:`privkit.mechanisms.ghost_rnn`), the maps' calls over the steps taken as one call, as
   below.
+* **A parametrized weight** (``torch.nn.utils.parametrize``: weight normalisation, spectral
+  normalisation, orthogonal weights, a standardisation of the user's own) of a linear layer or a
+  convolution: the per-example gradients ``G_i`` of the weight the pass computed (once:
+  ``parametrize.cached``) are materialised, and each example's gradient of the tensors it is
+  computed from is ``J^T G_i`` through the recorded graph
+  (:mod:`privkit.mechanisms.ghost_parametrized`).
 * **A layer run several times** in one forward pass (an RNN's cells over the time steps, opacus'
   ``DPLSTM``, a block shared across depth): ``G_i = sum_calls sum_t g_t a_t^T``. A linear layer's,
   an embedding's, a LayerNorm's or an RMSNorm's calls are taken as one call over all of their
@@ -162,6 +168,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
+from torch.nn.utils import parametrize
 
 from privkit.mechanisms import (
     batch_statistics,
@@ -171,6 +178,7 @@ from privkit.mechanisms import (
     ghost_joined,
     ghost_layer_vjp,
     ghost_parameters,
+    ghost_parametrized,
     ghost_rnn,
     ghost_subclasses,
 )
@@ -276,11 +284,37 @@ class _Layer:
     # a map of torch's recurrent layer (privkit.mechanisms.ghost_rnn), called by that layer's
     # forward written out for the pass
     rnn: ghost_rnn.Recurrent | None = None
+    # a layer whose weight a parametrization computes (privkit.mechanisms.ghost_parametrized):
+    # ``names`` holds the tensors it is computed from; ``derived`` the weight the pass used
+    parametrized: bool = False
+    derived: torch.Tensor | None = None
 
 
 def _linear(layer: _Layer) -> bool:
     """Whether the layer is a linear map ``a W + b``: an ``nn.Linear`` or one of the model's own."""
     return layer.affine or isinstance(layer.module, nn.Linear)
+
+
+def _parameter(layer: _Layer, k: str) -> torch.Tensor:
+    """The layer's trainable tensor ``k`` (a parametrization's by its path in the module)."""
+    return layer.module.get_parameter(k) if "." in k else getattr(layer.module, k)
+
+
+def _thetas(layer: _Layer) -> list[str]:
+    """A parametrized layer's trainable tensors its weight is computed from (their keys)."""
+    return [k for k in layer.names if k.startswith("parametrizations.")]
+
+
+def _weight_shape(layer: _Layer) -> torch.Size:
+    """The shape of the weight the layer's calls used (a parametrized one's as the pass computed
+    it, not computed again)."""
+    weight = layer.derived if layer.parametrized else layer.module.weight
+    return cast(torch.Tensor, weight).shape
+
+
+def _weight_trained(layer: _Layer) -> bool:
+    """Whether the layer's weight, or what a parametrization computes it from, is trained."""
+    return "weight" in layer.names or bool(_thetas(layer))
 
 
 def _as_stored(layer: _Layer, w: torch.Tensor) -> torch.Tensor:
@@ -298,7 +332,10 @@ def _layers(model: nn.Module) -> list[_Layer]:
         if p.requires_grad and owners.setdefault(id(p), name) != name:
             shared[id(p)] = name
     layers = []
+    inside: list[str] = []  # the parametrizations of layers taken: part of their owner's layer
     for prefix, module in model.named_modules():
+        if any(prefix == p or prefix.startswith(p + ".") for p in inside):
+            continue
         if batch_statistics.uses_batch_statistics(module):
             raise UnsupportedModelError(
                 f"{prefix}: {type(module).__name__} "
@@ -312,6 +349,16 @@ def _layers(model: nn.Module) -> list[_Layer]:
             )
         own = {k: p for k, p in module.named_parameters(recurse=False) if p.requires_grad}
         full = {k: owners[id(p)] for k, p in own.items()}
+        if ghost_parametrized.covers(module):
+            why = ghost_parametrized.refusal(module)
+            if why is not None:
+                raise UnsupportedModelError(f"{prefix or 'the model'}: {why}")
+            inside.append(f"{prefix}.parametrizations" if prefix else "parametrizations")
+            thetas = ghost_parametrized.originals(module)
+            full |= {k: owners[id(p)] for k, p in thetas.items()}
+            if full:
+                layers.append(_Layer(module, full, parametrized=True))
+            continue
         if isinstance(module, nn.MultiheadAttention):
             if any(p.requires_grad for p in module.parameters()):  # its own or its out_proj's
                 layers.append(_attention_layer(prefix, module, full))
@@ -417,7 +464,7 @@ def _by_calls(layer: _Layer) -> bool:
 
 def _parameter_ids(layer: _Layer) -> set[int]:
     """The ids of the layer's trainable parameters."""
-    return {id(getattr(layer.module, k)) for k in layer.names}
+    return {id(_parameter(layer, k)) for k in layer.names}
 
 
 def _tie(layers: list[_Layer], holders: list[_Layer], pid: int, why: str) -> list[_Layer]:
@@ -427,9 +474,7 @@ def _tie(layers: list[_Layer], holders: list[_Layer], pid: int, why: str) -> lis
     output linear layer's weight tied to it (``head.weight = emb.weight``, GPT-2's and BERT's
     language-model heads) is linked (``tied``; its per-example gradient is the two layers'
     summed). Any other sharing is refused (``why``)."""
-    keys = [
-        (layer, k) for layer in holders for k in layer.names if id(getattr(layer.module, k)) == pid
-    ]
+    keys = [(layer, k) for layer in holders for k in layer.names if id(_parameter(layer, k)) == pid]
     weights = [layer for layer, k in keys if k == "weight"]
     embedding = [layer for layer in weights if isinstance(layer.module, nn.Embedding)]
     linear = [layer for layer in weights if isinstance(layer.module, nn.Linear)]
@@ -498,6 +543,8 @@ def _forward_backward(
             elif layout == "sequence":  # (T, B, ...): (B, T, ...), its gradient likewise
                 a = a.transpose(0, 1)
             layer.sequence_first.append(layout == "sequence")
+            if layer.parametrized and layer.derived is None:  # cached: the weight the call used
+                layer.derived = cast(torch.Tensor, _module.weight)
             layer.inputs.append(a.detach())
             layer.versions.append(version)
             layer.edges.append(get_gradient_edge(out))
@@ -621,6 +668,7 @@ def _forward_backward(
                 _in_the_open(attention, projected),
                 _written_out(layers),
                 ghost_parameters.standing_in(owners, x.shape[0], form) as stand_ins,
+                parametrize.cached(),  # a parametrized weight computed once, as the calls used it
             ):
                 for layer, s in zip(bare, stand_ins, strict=True):
                     layer.edges.append(get_gradient_edge(s))
@@ -924,15 +972,30 @@ def _summed_over_calls(layer: _Layer, b: int) -> None:
             part = {}
             if "weight" in names and isinstance(m, _TRANSPOSED):
                 part["weight"] = _transposed_weight_grad(m, a, g, per_example=True)
-            elif "weight" in names:
+            elif _weight_trained(layer):
                 conv, a2, g2 = _conv_of(m, a, g)
-                weight = cast(torch.Tensor, m.weight)
-                part["weight"] = _conv_per_example(conv, a2, g2).reshape(b, *weight.shape)
+                part["weight"] = _conv_per_example(conv, a2, g2).reshape(b, *_weight_shape(layer))
             if "bias" in names:
                 part["bias"] = g.reshape(b, g.shape[1], -1).sum(2)
         for k, v in part.items():
             total[k] = total[k] + v if k in total else v
     layer.per_example = total
+    if layer.parametrized:
+        _to_thetas(layer)
+
+
+def _to_thetas(layer: _Layer) -> None:
+    """A parametrized layer's per-example weight gradients ``G_i`` (``layer.per_example``'s
+    ``weight``) as the per-example gradients of the tensors the weight is computed from, ``J^T
+    G_i`` (:func:`privkit.mechanisms.ghost_parametrized.per_example`)."""
+    per_weight = layer.per_example.pop("weight", None)
+    keys = _thetas(layer)
+    if per_weight is None or not keys:
+        return
+    found = ghost_parametrized.per_example(
+        cast(torch.Tensor, layer.derived), [_parameter(layer, k) for k in keys], per_weight
+    )
+    layer.per_example |= dict(zip(keys, found, strict=True))
 
 
 def _merge_calls(layer: _Layer) -> None:
@@ -1222,21 +1285,11 @@ def _check_parameter_uses(total: torch.Tensor, layers: list[_Layer]) -> None:
     own layer's one call: the autograd graph has one edge into each parameter of a layer that ran
     and none into a layer's that did not (a weight used by a functional call elsewhere, or an
     output layer tied by ``h @ emb.weight.T``, would add its gradient where the hooks do not see
-    it)."""
+    it). A parametrization's tensors reach it through the weight they compute, once per pass
+    (``parametrize.cached``), by as many edges as the parametrization reads them."""
     if total.grad_fn is None:
         return
-    edges: dict[int, int] = {}
-    seen, stack = {total.grad_fn}, [total.grad_fn]
-    while stack:
-        for node, _ in stack.pop().next_functions:
-            if node is None:
-                continue
-            leaf = getattr(node, "variable", None)
-            if leaf is not None:
-                edges[id(leaf)] = edges.get(id(leaf), 0) + 1
-            if node not in seen:
-                seen.add(node)
-                stack.append(node)
+    edges = ghost_parametrized.leaf_edges(total)
     allowed: dict[int, int] = {}  # one edge per call of a layer holding it (two where tied)
     for layer in layers:
         # a bare parameter reaches the loss through its stand-in only; an attention's packed
@@ -1247,12 +1300,14 @@ def _check_parameter_uses(total: torch.Tensor, layers: list[_Layer]) -> None:
             calls = sum(source.uses for source in layer.sources)
         if isinstance(layer.module, nn.MultiheadAttention):
             calls = min(calls, 1)
+        reads = ghost_parametrized.leaf_edges(layer.derived) if layer.derived is not None else {}
         for k in layer.names:
-            pid = id(getattr(layer.module, k))
-            allowed[pid] = allowed.get(pid, 0) + calls
+            pid = id(_parameter(layer, k))
+            uses = reads.get(pid, 0) if k.startswith("parametrizations.") else calls
+            allowed[pid] = allowed.get(pid, 0) + uses
     for layer in layers:
         for k, name in layer.names.items():
-            pid = id(getattr(layer.module, k))
+            pid = id(_parameter(layer, k))
             if edges.get(pid, 0) > allowed[pid]:
                 raise UnsupportedModelError(
                     f"parameter {name} reaches the loss other than through its layer's one call"
@@ -1310,7 +1365,7 @@ def _conv_of(
         tuple(conv._reversed_padding_repeated_twice),
         conv.in_channels,
         conv.groups,
-        tuple(conv.weight.shape),
+        (conv.out_channels, conv.in_channels // conv.groups, *conv.kernel_size),
     )
     return geometry, a, g
 
@@ -1663,7 +1718,28 @@ def _sq_norms(layer: _Layer, b: int) -> torch.Tensor | int:
             layer.small["bias"] = g.reshape(b, -1, g.shape[-1]).sum(1)
         else:
             layer.small["bias"] = g.reshape(b, g.shape[1], -1).sum(2)
+    if layer.parametrized:
+        return _parametrized_sq(layer, b)
     return _weight_sq(layer) if "weight" in names else 0
+
+
+def _parametrized_sq(layer: _Layer, b: int) -> torch.Tensor | int:
+    """A parametrized layer's per-example gradients of the tensors its weight is computed from:
+    its per-example weight gradients materialised, then ``J^T G_i`` (:func:`_to_thetas`)."""
+    if not _thetas(layer):
+        return 0
+    a, g = layer.inputs[0], cast(torch.Tensor, layer.grad)
+    if _linear(layer):
+        layer.per_example["weight"] = torch.bmm(
+            g.reshape(b, -1, g.shape[-1]).transpose(1, 2), a.reshape(b, -1, a.shape[-1])
+        )
+    else:
+        conv, a2, g2 = _conv_of(layer.module, a, g)
+        layer.per_example["weight"] = _conv_per_example(conv, a2, g2).reshape(
+            b, *_weight_shape(layer)
+        )
+    _to_thetas(layer)
+    return _added([v.reshape(b, -1).pow(2).sum(1) for k, v in layer.per_example.items()])
 
 
 def _attention_sq(layer: _Layer, b: int) -> torch.Tensor:
@@ -1709,7 +1785,8 @@ def _clipped(
     m, names = layer.module, layer.names
     if layer.grad is None:  # an unused layer: zero gradients
         return {
-            k: torch.zeros_like(w := getattr(m, k), dtype=compute_dtype(w.dtype)) for k in names
+            k: torch.zeros_like(w := _parameter(layer, k), dtype=compute_dtype(w.dtype))
+            for k in names
         }
     if isinstance(m, nn.MultiheadAttention):
         return _attention_clipped(layer, c)
@@ -1736,6 +1813,9 @@ def _clipped(
         )
         return out
     missing = [k for k in names if k not in out]
+    if layer.parametrized and set(_thetas(layer)) & set(missing):  # clipping off
+        out |= _parametrized_sum(layer, c)
+        missing = [k for k in missing if k not in out]
     if not missing:
         return out
     if _linear(layer) and layer.inputs[0].numel() < g.numel():
@@ -1768,6 +1848,24 @@ def _clipped(
             else cg.reshape(-1, cg.shape[-1]).sum(0)
         )
     return out
+
+
+def _parametrized_sum(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``J^T sum_i c_i G_i`` for the tensors a parametrized layer's weight is computed from: the
+    weight's gradient for the factor-weighted output gradients, as plain training forms it, then
+    one vector-Jacobian product of the parametrization."""
+    g = cast(torch.Tensor, layer.grad)
+    cg = g * c.view(-1, *([1] * (g.dim() - 1)))
+    if _linear(layer):
+        weight_sum = _linear_weight_sum(layer.inputs[0], cg)
+    else:
+        weight_sum = _conv_weight_grad(layer, cg)
+    keys = _thetas(layer)
+    weight = cast(torch.Tensor, layer.derived)
+    found = ghost_parametrized.summed(
+        weight, [_parameter(layer, k) for k in keys], weight_sum.reshape(weight.shape)
+    )
+    return dict(zip(keys, found, strict=True))
 
 
 def _linear_clipped_by_input(
@@ -1807,7 +1905,10 @@ def _conv_weight_grad(layer: _Layer, cg: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten.convolution_backward(
         cg.unsqueeze(2) if cg.dim() == 3 else cg,
         a,
-        cast(torch.Tensor, layer.module.weight).detach().view(m.weight_shape).to(cg.dtype),
+        cast(torch.Tensor, layer.derived if layer.parametrized else layer.module.weight)
+        .detach()
+        .view(m.weight_shape)
+        .to(cg.dtype),
         None,
         m.stride,
         padding,
@@ -1870,7 +1971,7 @@ def _norms(
     parts = [sq for sq in (_sq_norms(layer, b) for layer in ran) if isinstance(sq, torch.Tensor)]
     joined = ghost_joined.JoinedRows(
         [
-            (layer, k, v, cast(torch.Tensor, getattr(layer.module, k)).shape)
+            (layer, k, v, _parameter(layer, k).shape)
             for layer in ran
             for k, v in layer.small.items()
         ],
@@ -1891,9 +1992,7 @@ def _in_parameter_dtype(layer: _Layer) -> None:
     contribution to the sum are then formed from the same float32 (or wider) values. The sums
     come in that dtype: the noise is added to them there, and the noisy gradient takes the
     parameter's dtype after (post-processing)."""
-    dtype = compute_dtype(
-        next(cast(torch.Tensor, getattr(layer.module, k)).dtype for k in layer.names)
-    )
+    dtype = compute_dtype(next(_parameter(layer, k).dtype for k in layer.names))
 
     def up(t: torch.Tensor) -> torch.Tensor:
         return t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t

@@ -81,7 +81,7 @@ def test_autocast_runs_every_variant_under_it_or_says_why_not():
     out = json.loads(run.stdout)
     assert out["setup"]["autocast"] == "bfloat16"
     r = out["models"]["resnet_small"]
-    assert {"sgd", "privkit", "privkit_seeded"} <= set(r["times_ms"])
+    assert {"sgd", "privkit_seeded", "privkit_replay_seeded"} <= set(r["times_ms"])
     # opacus' hooks assign half-precision per-example gradients to float32 parameters
     sys.path.insert(0, str(SCRIPT.parent))
     from dpsgd_step import VARIANTS
@@ -196,3 +196,15 @@ def test_a_run_stopped_by_sigterm_keeps_the_models_it_measured():
     run = json.loads(out)
     assert list(run["models"]) == ["resnet_small"]
     assert run["stopped"] == "SIGTERM after 1 of 3 models; not measured: lm, vit"
+
+
+def test_standardised_convolutions_take_ghost_clipping_where_opacus_cannot():
+    """The ResNet with parametrized (standardised) convolutions: privkit's path is ghost
+    clipping; opacus' variants are left out with its reason."""
+    run = _run("--models", "resnet_small_ws", "--repeats", "1", "--host-bound", "--json")
+    assert run.returncode == 0, run.stderr
+    r = json.loads(run.stdout)["models"]["resnet_small_ws"]
+    assert r["privkit_path"] == "ghost_clipping"
+    assert set(r["unavailable"]) == {"opacus_hooks", "opacus_ghost"}
+    assert all("ModuleValidator.fix" in why for why in r["unavailable"].values())
+    assert {"sgd", "privkit_seeded", "privkit_replay_seeded"} <= set(r["times_ms"])

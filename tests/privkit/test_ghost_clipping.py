@@ -746,17 +746,16 @@ def test_unsupported_layers_are_refused(model, x):
         ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
 
 
-class Recurrent(nn.Module):
-    """torch's LSTM with a projection of its hidden state, which ghost clipping does not write
-    out (``privkit.mechanisms.ghost_rnn``)."""
+class Paired(nn.Module):
+    """A bilinear form of each sequence's first and last step: ``nn.Bilinear`` takes two inputs,
+    which no rule of ghost clipping covers."""
 
     def __init__(self):
         super().__init__()
-        self.lstm = nn.LSTM(3, 4, batch_first=True, proj_size=2)
-        self.head = nn.Linear(2, 3)
+        self.pair = nn.Bilinear(3, 3, 3)
 
     def forward(self, x):
-        return self.head(self.lstm(x)[0][:, -1])
+        return self.pair(x[:, 0], x[:, -1])
 
 
 class Projected(nn.Module):
@@ -775,8 +774,8 @@ class Projected(nn.Module):
 def test_layers_outside_fall_back_to_torch_func():
     torch.manual_seed(8)
     y = torch.randint(0, 3, (6,))
-    with pytest.raises(UnsupportedModelError, match="LSTM with proj_size 2"):
-        ghost_clipping.clipped_sum(Recurrent(), torch.randn(6, 4, 3), _example_losses(y), 1.0)
+    with pytest.raises(UnsupportedModelError, match="Bilinear called without its one positional"):
+        ghost_clipping.clipped_sum(Paired(), torch.randn(6, 4, 3), _example_losses(y), 1.0)
     model = Projected().double()
     x = torch.randn(6, 2, 5, dtype=torch.float64)
     # no stand-in gets through F.linear, nor does following the weight to the batch
