@@ -995,7 +995,8 @@ def _to_thetas(layer: _Layer) -> None:
     found = ghost_parametrized.per_example(
         cast(torch.Tensor, layer.derived), [_parameter(layer, k) for k in keys], per_weight
     )
-    layer.per_example |= dict(zip(keys, found, strict=True))
+    # a half-precision model's in float32: each example's norm and contribution from them
+    layer.per_example |= {k: v.to(compute_dtype(v.dtype)) for k, v in zip(keys, found, strict=True)}
 
 
 def _merge_calls(layer: _Layer) -> None:
@@ -1865,7 +1866,7 @@ def _parametrized_sum(layer: _Layer, c: torch.Tensor) -> dict[str, torch.Tensor]
     found = ghost_parametrized.summed(
         weight, [_parameter(layer, k) for k in keys], weight_sum.reshape(weight.shape)
     )
-    return dict(zip(keys, found, strict=True))
+    return {k: v.to(compute_dtype(v.dtype)) for k, v in zip(keys, found, strict=True)}
 
 
 def _linear_clipped_by_input(

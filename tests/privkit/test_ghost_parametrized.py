@@ -205,3 +205,35 @@ def test_what_is_not_taken_falls_back(build, why):
     with pytest.raises(UnsupportedModelError, match=why):
         ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
     falls_back(model.double(), x.double() if not embedding else x, y, why)
+
+
+@pytest.mark.parametrize("precision", ["autocast", "bfloat16"])
+def test_an_example_alone_contributes_the_clip_norm_in_half_precision(precision):
+    """A weight-normalised convolution under bfloat16 autocast and held in bfloat16: one record
+    alone clipped to the clip norm, its norm and contribution from the same float32 values."""
+    from tests.privkit.test_ghost_layer_vjp import each_record_alone_is_clipped_to_the_norm
+
+    model, x, y = _built("weight-norm-conv2d")
+    each_record_alone_is_clipped_to_the_norm(model, x, y, precision)
+
+
+class ReadElsewhere(nn.Module):
+    """A weight-normalised layer whose magnitude the model also reads outside it: its gradient
+    has a path the layer's calls do not see."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = weight_norm(nn.Linear(5, 3))
+
+    def forward(self, x):
+        return self.lin(x) * self.lin.parametrizations.weight.original0.sum()
+
+
+def test_a_parametrization_tensor_read_outside_the_layer_is_refused():
+    torch.manual_seed(5)
+    model = ReadElsewhere().double()
+    x, y = torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 3, (6,))
+    why = "original0 reaches the loss other than through its layer's one call"
+    with pytest.raises(UnsupportedModelError, match=why):
+        ghost_clipping.clipped_sum(model, x, _example_losses(y), 1.0)
+    falls_back(model, x, y, why)
