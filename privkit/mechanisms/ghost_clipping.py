@@ -99,7 +99,9 @@ sequence or of a convolution's output, ``a_t``, ``g_t`` an example's rows):
   an embedding's, a LayerNorm's or an RMSNorm's calls are taken as one call over all of their
   positions (:func:`_merge_calls`); a convolution's (whose calls may differ in shape) and a
   GroupNorm's (whose statistics are per call) per-example gradients are formed call by call and
-  summed (:func:`_summed_over_calls`).
+  summed (:func:`_summed_over_calls`). An attention's input projections are merged range of rows
+  by range of rows, cut where the calls split the packed rows otherwise
+  (:func:`_merge_projections`).
 * **Other layers of torch's own** without a rule here (an EmbeddingBag in ``max`` mode):
   each example's gradient of the layer's parameters is the vector-Jacobian product of its call on
   that example's stored input against its output gradient, by ``torch.func`` under ``vmap`` on
@@ -128,16 +130,16 @@ parameter of one of torch's own modules with children or hidden states (attentio
 returning more than one tensor, or updating buffers in training mode, InstanceNorm keeping running
 statistics in training mode (the batch's, kept in the model unnoised), a bare parameter used in a
 way neither its stand-in nor following it to the batch covers (passed to a functional layer, read
-through another reference), BatchNorm in training mode or without running statistics (it mixes
-the batch's examples), an attention run twice in one forward, a parameter shared by layers other
-than embeddings of one table and a linear layer tied to it, a layer's parameter used outside the
-layer's call (an output tied by ``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere:
-the autograd graph is checked for one edge into each parameter and call), a subclass of a
-convolution with its own ``forward``, a layer applied to a tensor whose first dimension is not the
-batch's (nor, for a position-wise layer, a multiple of it or a sequence-first tensor's second
-dimension), an embedding with ``max_norm`` or ``scale_grad_by_freq``, a layer input modified in
-place after the layer read it (in-place operations on a layer's *output*, such as
-``ReLU(inplace=True)``, are fine: the output's gradient edge is taken before them).
+through another reference), BatchNorm in training mode or without running statistics (it mixes the
+batch's examples), a parameter shared by layers other than embeddings of one table and a linear
+layer tied to it, a layer's parameter used outside the layer's call (an output tied by
+``h @ emb.weight.T`` or a weight read by ``F.linear`` elsewhere: the autograd graph is checked for one
+edge into each parameter and call), a subclass of a convolution with its own ``forward``, a layer
+applied to a tensor whose first dimension is not the batch's (nor, for a position-wise layer, a
+multiple of it or a sequence-first tensor's second dimension), an embedding with ``max_norm`` or
+``scale_grad_by_freq``, a layer input modified in place after the layer read it (in-place
+operations on a layer's *output*, such as ``ReLU(inplace=True)``, are fine: the output's gradient
+edge is taken before them).
 
 **Sequence-first models.** A position-wise layer (linear, LayerNorm, RMSNorm, embedding) on a
 sequence-first tensor ``(T, B, ...)`` (``batch_first=False``, torch's default for its transformer
@@ -156,7 +158,9 @@ pass only, and the next pass is checked again).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
 import math
 import weakref
 from collections.abc import Callable, Iterator
@@ -284,6 +288,8 @@ class _Layer:
     # a map of torch's recurrent layer (privkit.mechanisms.ghost_rnn), called by that layer's
     # forward written out for the pass
     rnn: ghost_rnn.Recurrent | None = None
+    # an attention's calls in the pass (each splits its packed weight once)
+    calls: int = 0
     # a layer whose weight a parametrization computes (privkit.mechanisms.ghost_parametrized):
     # ``names`` holds the tensors it is computed from; ``derived`` the weight the pass used
     parametrized: bool = False
@@ -604,8 +610,7 @@ def _forward_backward(
                 layer.edges.append(get_gradient_edge(out))
 
         def attention(*args, **kwargs):
-            if layer.plan:
-                raise UnsupportedModelError("MultiheadAttention runs twice in one forward pass")
+            layer.calls += 1
             return ghost_attention.forward(
                 cast(nn.MultiheadAttention, layer.module), record, *args, **kwargs
             )
@@ -761,6 +766,8 @@ def _forward_backward(
             raise UnsupportedModelError(
                 "an input projection of MultiheadAttention does not reach the loss"
             )
+        if layer.calls > 1 and layer.plan:
+            _merge_projections(layer)
         if (
             len(layer.edges) > 1
             and not layer.plan
@@ -1026,6 +1033,41 @@ def _merge_calls(layer: _Layer) -> None:
     # an embedding's output gradient keeps its width: one row per token
     layer.grad = joined([g for _, g in calls], trailing or 1)
     layer.grads = [layer.grad]
+
+
+def _merge_projections(layer: _Layer) -> None:
+    """An attention run several times in one pass (a block shared across depth): each range of
+    rows of its weights as one call over all of the positions of the calls that mapped it, as a
+    linear layer's (:func:`_merge_calls`). Calls that split the rows otherwise (self-attention's
+    one map to all ``3E`` rows in one call, cross-attention's query and key maps in another) are
+    cut at every call's boundaries first: a map's gradient restricted to some of its rows is the
+    map of those rows."""
+    cuts: dict[str, set[int]] = {}
+    for p in layer.plan:  # a separate weight's map takes all of its rows (``slice(None)``)
+        cuts.setdefault(p.weight, set()).update((p.rows.start, p.rows.stop))
+    merged: dict[tuple, tuple[ghost_attention.Projection, list, list]] = {}
+    for p, a, g in zip(layer.plan, layer.inputs, layer.grads, strict=True):
+        a, g = a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
+        if p.rows.start is None:
+            _, inputs, grads = merged.setdefault((p.weight, None, None), (p, [], []))
+            inputs.append(a)
+            grads.append(g)
+            continue
+        bounds = sorted(c for c in cuts[p.weight] if p.rows.start <= c <= p.rows.stop)
+        for lo, hi in itertools.pairwise(bounds):
+            shift = p.bias_rows.start - p.rows.start
+            piece = dataclasses.replace(
+                p, rows=slice(lo, hi), bias_rows=slice(lo + shift, hi + shift)
+            )
+            _, inputs, grads = merged.setdefault((p.weight, lo, hi), (piece, [], []))
+            inputs.append(a)
+            grads.append(g[..., lo - p.rows.start : hi - p.rows.start])
+    # in the packed rows' order, as the clipped sum stacks them (the bias across the weights)
+    pieces = sorted(merged.values(), key=lambda piece: piece[0].bias_rows.start)
+    layer.plan = [p for p, _, _ in pieces]
+    layer.inputs = [torch.cat(inputs, 1) for _, inputs, _ in pieces]
+    layer.grads = [torch.cat(grads, 1) for _, _, grads in pieces]
+    layer.grad = layer.grads[0]
 
 
 @contextmanager
@@ -1300,7 +1342,7 @@ def _check_parameter_uses(total: torch.Tensor, layers: list[_Layer]) -> None:
         if layer.bare:
             calls = sum(source.uses for source in layer.sources)
         if isinstance(layer.module, nn.MultiheadAttention):
-            calls = min(calls, 1)
+            calls = layer.calls
         reads = ghost_parametrized.leaf_edges(layer.derived) if layer.derived is not None else {}
         for k in layer.names:
             pid = id(_parameter(layer, k))

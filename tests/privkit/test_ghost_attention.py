@@ -238,24 +238,62 @@ class OwnForward(nn.MultiheadAttention):
 
 
 class Twice(nn.Module):
+    """One attention run twice a pass: self-attention then (``mixed``) cross-attention on the
+    first call's output, whose maps split the packed rows otherwise; with ``kdim`` separate key
+    and value weights (the bias packed across them)."""
+
+    def __init__(self, mixed=False, kdim=None):
+        super().__init__()
+        self.att = nn.MultiheadAttention(E, HEADS, batch_first=True, kdim=kdim, vdim=kdim)
+        self.head = nn.Linear(E, 3)
+        self.mixed, self.kdim = mixed, kdim
+
+    def forward(self, x):
+        if self.kdim is not None:  # keys and values of their own width, both calls
+            memory = torch.tanh(x[..., :1]).repeat(1, 1, self.kdim)
+            h = self.att(x, memory, memory)[0]
+            return self.head(self.att(h, memory, memory)[0].mean(1))
+        h = self.att(x, x, x)[0]
+        h = self.att(h, x, x)[0] if self.mixed else self.att(h, h, h)[0]
+        return self.head(h.mean(1))
+
+
+class SharedAcrossDepth(nn.Module):
+    """One sequence-first ``nn.TransformerEncoderLayer`` applied three times (a universal
+    transformer's, ALBERT's sharing)."""
+
     def __init__(self):
         super().__init__()
-        self.att = nn.MultiheadAttention(E, HEADS, batch_first=True)
+        self.block = nn.TransformerEncoderLayer(E, HEADS, 16, dropout=0.0)
         self.head = nn.Linear(E, 3)
 
     def forward(self, x):
-        h = self.att(x, x, x)[0]
-        return self.head(self.att(h, h, h)[0].mean(1))
+        h = x.transpose(0, 1)
+        for _ in range(3):
+            h = self.block(h)
+        return self.head(h.mean(0))
+
+
+@pytest.mark.parametrize(
+    "build",
+    [Twice, lambda: Twice(mixed=True), lambda: Twice(kdim=5), SharedAcrossDepth],
+    ids=["self-twice", "self-then-cross", "separate-weights-twice", "shared-across-depth"],
+)
+def test_an_attention_run_several_times(build, monkeypatch):
+    """Each range of the packed rows merged over the calls that mapped it (cut at every call's
+    boundaries where the calls split the rows otherwise): torch.func's norms and sums."""
+    torch.manual_seed(6)
+    got = _check(build(), torch.randn(B, L, E), torch.randint(0, 3, (B,)), monkeypatch)
+    assert any(k.endswith("out_proj.weight") for k in got)
 
 
 @pytest.mark.parametrize(
     "build, match",
     [
         (lambda: SequenceFirst(batch_first=True, add_bias_kv=True), "add_bias_kv"),
-        (Twice, "runs twice"),
         (Unbatched, "unbatched"),
     ],
-    ids=["bias-kv", "twice", "unbatched"],
+    ids=["bias-kv", "unbatched"],
 )
 def test_what_is_not_covered_is_refused_and_falls_back(build, match):
     torch.manual_seed(5)
