@@ -104,6 +104,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import importlib.util
 import json
 import os
@@ -671,6 +672,16 @@ def _torch_func_only() -> Iterator[None]:
         ghost_clipping.clipped_sum = real
 
 
+class OpacusRefusal(Exception):
+    """opacus cannot set the model up for training (its ``ModuleValidator.fix`` copies a model by
+    pickling it, which a parametrized model refuses): the variant is left out with the reason."""
+
+
+def _refuse(why: str) -> None:
+    """A variant that opacus could not set up: raises :class:`OpacusRefusal` when run."""
+    raise OpacusRefusal(why)
+
+
 def steps(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device, torch_func=False
 ) -> dict:
@@ -706,11 +717,7 @@ def steps(
         try:
             m = opacus_cells(ModuleValidator.fix(m))
         except RuntimeError as e:  # its copy of the model pickles it: not a parametrized one
-
-            def refused(e=e):
-                raise NotImplementedError(f"opacus' ModuleValidator.fix: {e}")
-
-            out[f"opacus_{mode}"] = refused
+            out[f"opacus_{mode}"] = functools.partial(_refuse, f"ModuleValidator.fix: {e}")
             continue
         if frozen_statistics:  # its BatchNorm now GroupNorm: opacus asks for training mode
             m.train()
@@ -876,15 +883,15 @@ def _measure(
         try:
             for _ in range(3):
                 fn()
-        except (NotImplementedError, RuntimeError, ValueError, IndexError) as e:
+        except (NotImplementedError, RuntimeError, ValueError, OpacusRefusal) as e:
             # privkit's variants never refuse a model; opacus refuses some (its ghost clipping
             # tied weights, by NotImplementedError, a RuntimeError; its EmbeddingBag sampler an
-            # input without offsets, by ValueError; its hooks fail on parametrized weights, by
-            # IndexError) and may fail under autocast (a RuntimeError: half-precision
-            # per-example gradients); torch.func's whole-model gradients fail where vmap cannot
-            # batch a call (an RNN cell making its zero state in its call: the model privkit
-            # clipped by torch.func before cells had their rule)
-            refused = isinstance(e, (NotImplementedError, ValueError, IndexError))
+            # input without offsets, by ValueError; a model it cannot set up: OpacusRefusal)
+            # and may fail under autocast (a RuntimeError: half-precision per-example
+            # gradients); torch.func's whole-model gradients fail where vmap cannot batch a
+            # call (an RNN cell making its zero state in its call: the model privkit clipped by
+            # torch.func before cells had their rule)
+            refused = isinstance(e, (NotImplementedError, ValueError, OpacusRefusal))
             whole = v == TORCH_FUNC and isinstance(e, RuntimeError)
             if not whole and (not v.startswith("opacus") or not (refused or autocast)):
                 raise

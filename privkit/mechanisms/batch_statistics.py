@@ -46,17 +46,8 @@ def uses_batch_statistics(module: nn.Module) -> bool:
 
 
 def keeps_batch_statistics(module: nn.Module) -> bool:
-    """Whether ``module`` is an InstanceNorm in training mode keeping running statistics: the
-    batch's statistics averaged into buffers released with the model, unnoised.
-
-    Parameters
-    ----------
-    module : torch.nn.Module
-
-    Returns
-    -------
-    bool
-    """
+    """Whether the torch module ``module`` is an InstanceNorm in training mode keeping running
+    statistics: the batch's statistics averaged into buffers released with the model, unnoised."""
     return (
         isinstance(module, nn.modules.instancenorm._InstanceNorm)
         and module.training

@@ -1323,6 +1323,27 @@ def _verify_affine(
         raise _NextForm from None
 
 
+def _leaf_edges(tensor: torch.Tensor) -> dict[int, int]:
+    """The edges into each leaf tensor (by id) of the autograd graph that computed ``tensor``:
+    for a loss, how many times the model's operations read each parameter; for a parametrized
+    weight, how many times its parametrization reads each of its tensors."""
+    edges: dict[int, int] = {}
+    if tensor.grad_fn is None:
+        return edges
+    seen, stack = {tensor.grad_fn}, [tensor.grad_fn]
+    while stack:
+        for node, _ in stack.pop().next_functions:
+            if node is None:
+                continue
+            leaf = getattr(node, "variable", None)
+            if leaf is not None:
+                edges[id(leaf)] = edges.get(id(leaf), 0) + 1
+            if node not in seen:
+                seen.add(node)
+                stack.append(node)
+    return edges
+
+
 def _check_parameter_uses(total: torch.Tensor, layers: list[_Layer]) -> None:
     """UnsupportedModelError unless every trainable parameter reaches the loss only through its
     own layer's one call: the autograd graph has one edge into each parameter of a layer that ran
@@ -1330,9 +1351,7 @@ def _check_parameter_uses(total: torch.Tensor, layers: list[_Layer]) -> None:
     output layer tied by ``h @ emb.weight.T``, would add its gradient where the hooks do not see
     it). A parametrization's tensors reach it through the weight they compute, once per pass
     (``parametrize.cached``), by as many edges as the parametrization reads them."""
-    if total.grad_fn is None:
-        return
-    edges = ghost_parametrized.leaf_edges(total)
+    edges = _leaf_edges(total)
     allowed: dict[int, int] = {}  # one edge per call of a layer holding it (two where tied)
     for layer in layers:
         # a bare parameter reaches the loss through its stand-in only; an attention's packed
@@ -1343,7 +1362,7 @@ def _check_parameter_uses(total: torch.Tensor, layers: list[_Layer]) -> None:
             calls = sum(source.uses for source in layer.sources)
         if isinstance(layer.module, nn.MultiheadAttention):
             calls = layer.calls
-        reads = ghost_parametrized.leaf_edges(layer.derived) if layer.derived is not None else {}
+        reads = _leaf_edges(layer.derived) if layer.derived is not None else {}
         for k in layer.names:
             pid = id(_parameter(layer, k))
             uses = reads.get(pid, 0) if k.startswith("parametrizations.") else calls

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-__all__ = ["BASES", "covers", "leaf_edges", "originals", "per_example", "refusal", "summed"]
+__all__ = ["BASES", "covers", "originals", "per_example", "refusal", "summed"]
 
 #: the layers whose parametrized weight this module takes
 BASES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -108,24 +108,3 @@ def summed(
         weight, thetas, weight_sum.to(weight.dtype), retain_graph=True, allow_unused=True
     )
     return _filled(grads, thetas, None)
-
-
-def leaf_edges(tensor: torch.Tensor) -> dict[int, int]:
-    """The edges into each leaf tensor (by id) of the autograd graph that computed ``tensor``:
-    for a parametrized weight, how many times ``f`` reads each of its tensors; for a loss, how
-    many times the model's operations read each parameter."""
-    edges: dict[int, int] = {}
-    if tensor.grad_fn is None:
-        return edges
-    seen, stack = {tensor.grad_fn}, [tensor.grad_fn]
-    while stack:
-        for node, _ in stack.pop().next_functions:
-            if node is None:
-                continue
-            leaf = getattr(node, "variable", None)
-            if leaf is not None:
-                edges[id(leaf)] = edges.get(id(leaf), 0) + 1
-            if node not in seen:
-                seen.add(node)
-                stack.append(node)
-    return edges
